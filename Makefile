@@ -1,0 +1,33 @@
+# Two entry points: `make run` (the embedded default, end to end) and `make test`.
+# Both create .venv and install what they need; the install is redone only when
+# pyproject.toml or the constraints change.
+PYTHON ?= python3
+VENV ?= .venv
+CONSTRAINTS ?= constraints/cpu.txt
+CORES ?= 2
+BIN := $(abspath $(VENV))/bin
+export PATH := $(BIN):$(PATH)
+
+.PHONY: run test bench lint clean
+
+$(VENV)/.installed-%: pyproject.toml $(CONSTRAINTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[$*]'
+	touch $@
+
+run: $(VENV)/.installed-test
+	$(BIN)/snakemake --cores $(CORES)
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.installed-test,bench
+	$(BIN)/python bench/pack.py
+	$(BIN)/python bench/pretokenize.py
+
+lint: $(VENV)/.installed-test
+	$(BIN)/snakemake --lint
+
+clean:
+	rm -rf results .snakemake

@@ -1,0 +1,21 @@
+# wattgate: pretokenize -> pack-and-balance -> invariant gate -> FSDP2 train -> power analysis.
+# Stages live in workflow/rules/*.smk and call the `wattgate` CLI; see ARCHITECTURE.md.
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+
+
+rule all:
+    input:
+        "results/plan/plan.json",
+    default_target: True

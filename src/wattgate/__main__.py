@@ -1,0 +1,5 @@
+import sys
+
+from wattgate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,113 @@
+"""`wattgate <stage>`: one subcommand per stage, the same under Snakemake and by hand.
+
+Exit status: 0 success, 1 the stage ran and found a failure, 2 usage or input
+error with a one-line message on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from wattgate.errors import InputError, StageFailed
+
+
+def _demo_corpus(args, config) -> None:
+    from wattgate.data.demo_corpus import write_demo_corpus
+
+    c = config["demo_corpus"]
+    n = write_demo_corpus(args.out, c["num_docs"], c["seed"], c["max_turns"])
+    print(f"demo-corpus: {n} conversations -> {args.out}")
+
+
+def _train_tokenizer(args, config) -> None:
+    from collections import Counter
+
+    from wattgate.data.records import BadRecordPolicy, Fields, read_records
+    from wattgate.data.tokenizer import save_hf_tokenizer, train_bpe, training_texts
+
+    d = config["data"]
+    policy = BadRecordPolicy(config["pretokenize"]["on_bad_record"], Counter())
+    records = read_records(args.corpus or d["inputs"], Fields(d["text_field"], d["messages_field"]), policy)
+    t = config["tokenizer"]
+    tok = train_bpe(training_texts(records), t["vocab_size"], t["min_frequency"])
+    save_hf_tokenizer(tok, args.out)
+    print(f"train-tokenizer: vocab {tok.get_vocab_size()} -> {args.out}")
+
+
+def _pretokenize(args, config) -> None:
+    from wattgate.data.pretokenize import pretokenize
+
+    tokenizer = args.tokenizer or config["tokenizer"]["path"]
+    if not tokenizer:
+        raise InputError("pretokenize: no tokenizer: pass --tokenizer DIR or set tokenizer.path")
+    m = pretokenize(config, tokenizer, args.out)
+    print(
+        f"pretokenize: {m['num_docs']} docs, {m['num_tokens']} tokens ({m['num_loss_tokens']} trained on), "
+        f"{len(m['shards'])} shard(s), dropped {m['dropped'] or 'none'} -> {args.out}"
+    )
+
+
+def _pack(args, config) -> None:
+    from wattgate.pack.plan import build_plan
+
+    plan = build_plan(config, args.pretokenized, args.out)
+    s = plan["stats"]
+    steps = {tuple(x) for x in s["per_rank_steps_per_epoch"]}
+    print(
+        f"pack: {plan['strategy']}, {s['packs_per_epoch']} packs/epoch, efficiency {s['efficiency']:.4f}, "
+        f"steps/epoch per rank {sorted(steps)}, max rank cost ratio (step) {s['max_rank_cost_ratio_step']:.3f} "
+        f"-> {args.out}"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wattgate", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
+
+    def stage(name: str, func, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument("--config", required=True, type=Path, help="run config (YAML)")
+        p.set_defaults(func=func)
+        return p
+
+    p = stage("demo-corpus", _demo_corpus, "write the seeded demo chat corpus (JSONL)")
+    p.add_argument("--out", required=True, type=Path)
+
+    p = stage("train-tokenizer", _train_tokenizer, "train a byte-level BPE tokenizer on the corpus")
+    p.add_argument("--corpus", nargs="+", type=Path, help="corpus files (default: data.inputs)")
+    p.add_argument("--out", required=True, type=Path)
+
+    p = stage("pretokenize", _pretokenize, "tokenize the corpus into Arrow shards")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: tokenizer.path)")
+    p.add_argument("--out", required=True, type=Path)
+
+    p = stage("pack", _pack, "pack-and-balance: equal micro-batches on every rank")
+    p.add_argument("--pretokenized", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from wattgate.config import load_config
+
+    try:
+        config = load_config(args.config)
+        args.func(args, config)
+    except InputError as exc:
+        print(f"wattgate {args.stage}: error: {exc}", file=sys.stderr)
+        return 2
+    except StageFailed as exc:
+        print(f"wattgate {args.stage}: failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"wattgate {args.stage}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""One loader for run configs: the same JSON Schema (with defaults) the Snakefile validates with."""
+
+from __future__ import annotations
+
+import copy
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from wattgate.errors import InputError
+
+SCHEMA_RESOURCE = "schemas/config.schema.yaml"
+
+
+def load_schema() -> dict:
+    text = resources.files("wattgate").joinpath(SCHEMA_RESOURCE).read_text()
+    return yaml.safe_load(text)
+
+
+def _validator_with_defaults(schema: dict):
+    """Draft 2020-12 validator that fills in `default`s while it validates (as Snakemake does)."""
+    from jsonschema import Draft202012Validator, validators
+
+    validate_properties = Draft202012Validator.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, subschema):
+        if isinstance(instance, dict):
+            for key, sub in properties.items():
+                if "default" in sub:
+                    # deepcopy: a shared default object must not be mutated by nested defaults
+                    instance.setdefault(key, copy.deepcopy(sub["default"]))
+        yield from validate_properties(validator, properties, instance, subschema)
+
+    cls = validators.extend(Draft202012Validator, {"properties": set_defaults})
+    return cls(schema)
+
+
+def _key_path(error) -> str:
+    path = ".".join(str(p) for p in error.absolute_path)
+    return path or "<top level>"
+
+
+def validate_config(config: dict, source: str = "config") -> dict:
+    """Validate `config` in place (filling defaults) and return it; one-line InputError if invalid."""
+    from jsonschema.exceptions import best_match
+
+    if not isinstance(config, dict):
+        raise InputError(f"{source}: the config must be a mapping of keys, got {type(config).__name__}")
+    validator = _validator_with_defaults(load_schema())
+    error = best_match(validator.iter_errors(config))
+    if error is not None:
+        if error.validator == "additionalProperties":
+            allowed = sorted(error.schema.get("properties", {}))
+            raise InputError(
+                f"{source}: {error.message} at '{_key_path(error)}' (allowed keys: {', '.join(allowed)})"
+            )
+        raise InputError(f"{source}: key '{_key_path(error)}': {error.message}")
+    return config
+
+
+def load_config(path: str | Path) -> dict:
+    """Read a YAML config file and validate it against the schema (defaults filled in)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read config ({exc.strerror})") from None
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise InputError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    return validate_config(config if config is not None else {}, source=str(path))
+
+
+def max_doc_tokens(config: dict) -> int:
+    """Longest document pretokenize keeps whole: `pretokenize.max_tokens`, else `train.seq_len`."""
+    return config["pretokenize"]["max_tokens"] or config["train"]["seq_len"]
+
+
+def world_size(config: dict) -> int:
+    return config["cluster"]["nodes"] * config["cluster"]["gpus_per_node"]
+
+
+def dump_resolved(config: dict, dest: str | Path) -> str:
+    """Write the validated config (defaults filled) for CLI stages; rewrite only on change.
+
+    Keeping the file untouched when nothing changed keeps its mtime, so Snakemake
+    does not rerun stages for an unchanged config.
+    """
+    from wattgate.artifacts import write_bytes_atomic
+
+    dest = Path(dest)
+    data = yaml.safe_dump(config, sort_keys=True).encode()
+    if not dest.exists() or dest.read_bytes() != data:
+        write_bytes_atomic(dest, data)
+    return str(dest)

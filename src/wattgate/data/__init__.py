@@ -1,0 +1,1 @@
+"""Data stages: demo corpus, tokenizer training, pretokenization."""

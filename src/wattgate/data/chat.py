@@ -1,0 +1,98 @@
+"""Render chat documents with the tokenizer's own template and find the assistant spans.
+
+Approach: for each distinct sequence of roles, render the template once with
+placeholder contents. The pieces between placeholders are the template's own
+text, so `piece0 + content0 + piece1 + ...` rebuilds a conversation and tells
+exactly where each content sits. Each real rendering is compared with the
+rebuilt one; templates that change content (trim, split reasoning, ...) fall
+back to rendering prefixes of the conversation. The span of an assistant turn
+covers its content plus the end-of-turn special token that follows it, so the
+model learns to stop.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from wattgate.errors import InputError
+
+_PLACEHOLDER = "\ue000{}\ue001"  # private-use code points: never in real text
+_PLACEHOLDER_RE = re.compile("\ue000(\\d+)\ue001")
+
+Span = tuple[int, int]
+
+
+class TemplateError(Exception):
+    """The chat template refused this conversation (e.g. roles out of order)."""
+
+
+class ChatRenderer:
+    def __init__(self, tokenizer, source: str = "tokenizer"):
+        if not getattr(tokenizer, "chat_template", None):
+            raise InputError(f"{source}: tokenizer has no chat template; chat documents need one")
+        self.tok = tokenizer
+        self.source = source
+        # longest first so "<|im_end|>" wins over a shorter special token it starts with
+        self.special = sorted({t for t in tokenizer.all_special_tokens if t}, key=len, reverse=True)
+        self._skeletons: dict[tuple[str, ...], list[str] | None] = {}
+
+    def _render(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
+        try:
+            return self.tok.apply_chat_template(
+                list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except Exception as exc:  # jinja raises TemplateError, templates may raise anything
+            raise TemplateError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+    def _skeleton(self, roles: tuple[str, ...]) -> list[str] | None:
+        """Template pieces around each content for this role sequence, or None if not verbatim."""
+        if roles not in self._skeletons:
+            probe = [{"role": r, "content": _PLACEHOLDER.format(i)} for i, r in enumerate(roles)]
+            try:
+                text = self._render(probe)
+            except TemplateError:
+                self._skeletons[roles] = None
+                return None
+            parts = _PLACEHOLDER_RE.split(text)
+            order = [int(x) for x in parts[1::2]]
+            self._skeletons[roles] = parts[0::2] if order == list(range(len(roles))) else None
+        return self._skeletons[roles]
+
+    def _end_of_turn(self, following: str) -> int:
+        for tok in self.special:
+            if following.startswith(tok):
+                return len(tok)
+        return 0
+
+    def render(self, messages: Sequence[dict]) -> tuple[str, list[Span]]:
+        """The rendered conversation and the character spans of assistant turns."""
+        text = self._render(messages)
+        pieces = self._skeleton(tuple(m["role"] for m in messages))
+        if pieces is not None:
+            spans, out, pos = [], [pieces[0]], len(pieces[0])
+            for m, piece in zip(messages, pieces[1:]):
+                start, pos = pos, pos + len(m["content"])
+                if m["role"] == "assistant":
+                    spans.append((start, pos + self._end_of_turn(piece)))
+                out += (m["content"], piece)
+                pos += len(piece)
+            if "".join(out) == text:
+                return text, spans
+        return text, self._spans_from_prefixes(messages, text)
+
+    def _spans_from_prefixes(self, messages: Sequence[dict], text: str) -> list[Span]:
+        spans = []
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            before = self._render(messages[:i], add_generation_prompt=True) if i else ""
+            through = self._render(messages[: i + 1])
+            if not (text.startswith(before) and text.startswith(through) and len(before) <= len(through)):
+                raise InputError(
+                    f"{self.source}: chat template renders a conversation differently from its prefixes, "
+                    "so assistant spans cannot be located; set pretokenize.loss_on: all"
+                )
+            end = len(through.rstrip())
+            spans.append((len(before), end))
+        return spans

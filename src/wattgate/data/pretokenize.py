@@ -1,0 +1,273 @@
+"""Pretokenize a corpus into reproducible Arrow shards (see ARCHITECTURE.md, results/pretokenized/).
+
+One row per document: dense `doc_id`, `input_ids`, `loss_mask` (1 = the token
+is a training target) and `num_tokens`. Position 0 of every document is never
+a target: nothing precedes it to predict it from. Documents with no target
+left (e.g. a chat whose assistant turns were truncated away) are dropped and
+counted, because a pack of them would carry no loss.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from wattgate.artifacts import atomic_dir, sha256_tree, write_json_atomic
+from wattgate.config import max_doc_tokens
+from wattgate.data.chat import ChatRenderer, TemplateError
+from wattgate.data.records import BadRecord, BadRecordPolicy, Fields, Record, read_records
+from wattgate.data.tokenizer import load_tokenizer
+from wattgate.errors import InputError
+
+FORMAT_VERSION = 1
+
+SHARD_SCHEMA = pa.schema(
+    [
+        ("doc_id", pa.int64()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("num_tokens", pa.int32()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class PretokenizeSettings:
+    loss_on: str
+    max_tokens: int
+    overlong: str
+    on_bad_record: str
+    append_eos: bool
+    batch_size: int
+    shard_docs: int
+    text_field: str
+    messages_field: str
+
+    @classmethod
+    def from_config(cls, config: dict) -> "PretokenizeSettings":
+        p = config["pretokenize"]
+        return cls(
+            loss_on=p["loss_on"],
+            max_tokens=max_doc_tokens(config),
+            overlong=p["overlong"],
+            on_bad_record=p["on_bad_record"],
+            append_eos=p["append_eos"],
+            batch_size=p["batch_size"],
+            shard_docs=p["shard_docs"],
+            text_field=config["data"]["text_field"],
+            messages_field=config["data"]["messages_field"],
+        )
+
+
+def spans_to_mask(encoding, n: int, spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 for tokens whose first character lies in an assistant span, else 0."""
+    mask = np.zeros(n, dtype=np.int8)
+    for start, end in spans:
+        first = _first_token_at_or_after(encoding, start, end)
+        if first is None:
+            continue
+        last = encoding.char_to_token(end - 1)
+        while last is None and end - 1 > start:
+            end -= 1
+            last = encoding.char_to_token(end - 1)
+        if last is not None and last >= first:
+            mask[first : last + 1] = 1
+    return mask
+
+
+def _first_token_at_or_after(encoding, start: int, end: int) -> int | None:
+    for pos in range(start, end):
+        tok = encoding.char_to_token(pos)
+        if tok is None:
+            continue
+        # a token that began before the span belongs to the prompt
+        return tok if encoding.token_to_chars(tok)[0] >= start else tok + 1
+    return None
+
+
+def cut_overlong(ids: np.ndarray, mask: np.ndarray, max_tokens: int, policy: str, stats: Counter):
+    """Apply the overlong policy; yields (ids, mask) pieces, each <= max_tokens."""
+    n = len(ids)
+    if n <= max_tokens:
+        yield ids, mask
+        return
+    stats[f"overlong_{policy}"] += 1
+    if policy == "drop":
+        return
+    if policy == "truncate":
+        yield ids[:max_tokens], mask[:max_tokens]
+        return
+    for start in range(0, n, max_tokens):
+        yield ids[start : start + max_tokens], mask[start : start + max_tokens]
+
+
+class ShardWriter:
+    """Buffers documents and writes `shard-NNNNN.parquet` files of `shard_docs` rows."""
+
+    def __init__(self, out: Path, shard_docs: int):
+        self.out, self.shard_docs = out, shard_docs
+        self.ids: list[np.ndarray] = []
+        self.masks: list[np.ndarray] = []
+        self.shards: list[str] = []
+        self.num_docs = 0
+        self.num_tokens = 0
+        self.num_loss_tokens = 0
+        self.max_token_id = -1
+
+    def add(self, ids: np.ndarray, mask: np.ndarray) -> None:
+        self.ids.append(ids)
+        self.masks.append(mask)
+        if len(self.ids) >= self.shard_docs:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.ids:
+            return
+        lengths = np.fromiter((len(x) for x in self.ids), dtype=np.int32, count=len(self.ids))
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        flat_ids = np.concatenate(self.ids).astype(np.int32, copy=False)
+        flat_mask = np.concatenate(self.masks).astype(np.int8, copy=False)
+        doc_ids = np.arange(self.num_docs, self.num_docs + len(lengths), dtype=np.int64)
+        table = pa.Table.from_arrays(
+            [
+                pa.array(doc_ids),
+                pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_ids)),
+                pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_mask)),
+                pa.array(lengths),
+            ],
+            schema=SHARD_SCHEMA,
+        )
+        name = f"shard-{len(self.shards):05d}.parquet"
+        pq.write_table(table, self.out / name, compression="zstd", row_group_size=16384)
+        self.shards.append(name)
+        self.num_docs += len(lengths)
+        self.num_tokens += int(lengths.sum())
+        self.num_loss_tokens += int(flat_mask.sum(dtype=np.int64))
+        self.max_token_id = max(self.max_token_id, int(flat_ids.max()))
+        self.ids, self.masks = [], []
+
+
+class Tokenize:
+    """Turns batches of records into (ids, loss_mask) arrays with one tokenizer."""
+
+    def __init__(self, tokenizer, settings: PretokenizeSettings, policy: BadRecordPolicy, source: str):
+        self.tok = tokenizer
+        self.backend = tokenizer.backend_tokenizer
+        self.settings = settings
+        self.policy = policy
+        self.eos_id = tokenizer.eos_token_id if settings.append_eos else None
+        if settings.append_eos and self.eos_id is None:
+            raise InputError(f"{source}: tokenizer has no eos_token; set pretokenize.append_eos: false")
+        self.chat = None
+        self.source = source
+
+    def _chat(self) -> ChatRenderer:
+        if self.chat is None:
+            self.chat = ChatRenderer(self.tok, self.source)
+        return self.chat
+
+    def texts(self, records: list[Record]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        encs = self.backend.encode_batch_fast([r.text for r in records], add_special_tokens=True)
+        for enc in encs:
+            ids = enc.ids
+            if self.eos_id is not None:
+                ids.append(self.eos_id)
+            yield np.asarray(ids, dtype=np.int32), np.ones(len(ids), dtype=np.int8)
+
+    def chats(self, records: list[Record]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        chat = self._chat()
+        rendered, kept = [], []
+        for r in records:
+            try:
+                rendered.append(chat.render(r.messages))
+                kept.append(r)
+            except TemplateError as exc:
+                self.policy.handle(r.where, BadRecord("template_error", f"chat template failed: {exc}"))
+        all_tokens = self.settings.loss_on == "all"
+        encs = self.backend.encode_batch([text for text, _ in rendered], add_special_tokens=False)
+        for enc, (_, spans) in zip(encs, rendered):
+            ids = np.asarray(enc.ids, dtype=np.int32)
+            mask = np.ones(len(ids), dtype=np.int8) if all_tokens else spans_to_mask(enc, len(ids), spans)
+            yield ids, mask
+
+    def batch(self, records: list[Record]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        # Keep input order: runs of text and chat records are encoded separately.
+        for is_chat, group in itertools.groupby(records, key=lambda r: r.messages is not None):
+            group = list(group)
+            yield from (self.chats(group) if is_chat else self.texts(group))
+
+
+def _batched(it, n: int):
+    it = iter(it)
+    while batch := list(itertools.islice(it, n)):
+        yield batch
+
+
+def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progress: bool | None = None) -> dict:
+    """Run the stage; returns the manifest written to `out/manifest.json`."""
+    settings = PretokenizeSettings.from_config(config)
+    inputs = list(config["data"]["inputs"])
+    tokenizer = load_tokenizer(tokenizer_dir)
+    dropped: Counter = Counter()
+    overlong: Counter = Counter()
+    policy = BadRecordPolicy(settings.on_bad_record, dropped)
+    fields = Fields(text=settings.text_field, messages=settings.messages_field)
+    tokenize = Tokenize(tokenizer, settings, policy, str(tokenizer_dir))
+    split_chunks = 0
+
+    from tqdm import tqdm
+
+    with atomic_dir(out) as tmp:
+        writer = ShardWriter(tmp, settings.shard_docs)
+        records = read_records(inputs, fields, policy)
+        bar = tqdm(unit="doc", desc="pretokenize", disable=None if progress is None else not progress, file=sys.stderr)
+        for batch in _batched(records, settings.batch_size):
+            for ids, mask in tokenize.batch(batch):
+                pieces = list(cut_overlong(ids, mask, settings.max_tokens, settings.overlong, overlong))
+                split_chunks += len(pieces) if len(pieces) > 1 else 0
+                for piece_ids, piece_mask in pieces:
+                    piece_mask = piece_mask.copy()
+                    piece_mask[0] = 0
+                    if not piece_mask.any():
+                        dropped["no_loss_tokens"] += 1
+                        continue
+                    writer.add(piece_ids, piece_mask)
+            bar.update(len(batch))
+        bar.close()
+        writer.flush()
+        if overlong["overlong_drop"]:
+            dropped["overlong"] = overlong["overlong_drop"]
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "tokenizer_sha256": sha256_tree([tokenizer_dir]),
+            "tokenizer_path": str(tokenizer_dir),
+            "vocab_size": len(tokenizer),
+            "max_token_id": writer.max_token_id,
+            "source_sha256": sha256_tree(inputs),
+            "sources": [str(p) for p in inputs],
+            "num_docs": writer.num_docs,
+            "num_tokens": writer.num_tokens,
+            "num_loss_tokens": writer.num_loss_tokens,
+            "shards": writer.shards,
+            "dropped": dict(sorted(dropped.items())),
+            "overlong": {
+                "max_tokens": settings.max_tokens,
+                "policy": settings.overlong,
+                "documents": sum(overlong.values()),
+                "split_chunks": split_chunks,
+            },
+            "config": asdict(settings),
+        }
+        if writer.num_docs == 0:
+            raise InputError(f"{', '.join(inputs)}: no document survived pretokenization (dropped: {dict(dropped)})")
+        write_json_atomic(tmp / "manifest.json", manifest)
+    return manifest

@@ -1,0 +1,108 @@
+"""Byte-level BPE training and offline tokenizer loading.
+
+The embedded default trains a small tokenizer on the corpus; real configs point
+`tokenizer.path` at a local model directory (e.g. a Qwen3 checkout). Both are
+loaded the same way: `AutoTokenizer.from_pretrained(dir)` with the hub off.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from wattgate.artifacts import atomic_dir
+from wattgate.errors import InputError
+
+PAD_TOKEN = "<|endoftext|>"
+BOS_TURN = "<|im_start|>"
+EOS_TURN = "<|im_end|>"
+SPECIAL_TOKENS = [PAD_TOKEN, BOS_TURN, EOS_TURN]
+
+# ChatML, as Qwen uses it. The {% generation %} markers let transformers'
+# `return_assistant_tokens_mask` (and TRL's assistant_only_loss) see the same
+# assistant spans that pretokenize marks in loss_mask.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{%- generation -%}{{- message['content'] + '<|im_end|>' -}}{%- endgeneration -%}"
+    "{%- else -%}{{- message['content'] + '<|im_end|>' -}}{%- endif -%}"
+    "{{- '\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def _offline() -> None:
+    # Never reach for a hub: tokenizers and models come from local folders only.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int):
+    """Train a byte-level BPE tokenizer (digits split one by one, as Qwen does)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def save_hf_tokenizer(tok, out: str | Path) -> None:
+    """Save as a Hugging Face tokenizer folder (tokenizer.json, config, chat template)."""
+    _offline()
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TURN,
+        pad_token=PAD_TOKEN,
+        additional_special_tokens=[BOS_TURN],
+        model_max_length=1 << 20,
+    )
+    hf.chat_template = CHAT_TEMPLATE
+    with atomic_dir(out) as tmp:
+        hf.save_pretrained(str(tmp))
+
+
+def load_tokenizer(path: str | Path):
+    """Load a tokenizer from a local folder, never from a hub."""
+    _offline()
+    path = Path(path)
+    if not path.is_dir():
+        raise InputError(f"{path}: tokenizer folder not found (set tokenizer.path, or null to train one)")
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"{path}: cannot load tokenizer ({first})") from None
+    if getattr(tok, "backend_tokenizer", None) is None:
+        raise InputError(f"{path}: tokenizer has no fast (Rust) backend; wattgate needs tokenizer.json")
+    return tok
+
+
+def training_texts(records: Iterator) -> Iterator[str]:
+    """Texts a tokenizer learns from: plain text, or each chat turn's role and content."""
+    for rec in records:
+        if rec.text is not None:
+            yield rec.text
+        else:
+            for m in rec.messages:
+                yield m["role"] + "\n" + m["content"]

@@ -1,0 +1,69 @@
+# Data stages: demo corpus -> tokenizer -> pretokenize -> pack-and-balance.
+# `params.settings` holds the config sections each stage reads, so Snakemake's
+# params trigger reruns exactly the stages whose settings changed.
+
+
+rule demo_corpus:
+    output:
+        "results/corpus/demo.jsonl",
+    params:
+        config=RUN_CONFIG,
+        settings=config["demo_corpus"],
+    log:
+        "results/corpus/demo_corpus.log",
+    benchmark:
+        "results/corpus/demo_corpus.benchmark.tsv"
+    shell:
+        "wattgate demo-corpus --config {params.config} --out {output} > {log} 2>&1"
+
+
+rule train_tokenizer:
+    input:
+        config["data"]["inputs"],
+    output:
+        directory("results/tokenizer"),
+    params:
+        config=RUN_CONFIG,
+        settings=config["tokenizer"],
+    log:
+        "results/train_tokenizer.log",
+    benchmark:
+        "results/train_tokenizer.benchmark.tsv"
+    shell:
+        "wattgate train-tokenizer --config {params.config} --corpus {input} --out {output} > {log} 2>&1"
+
+
+rule pretokenize:
+    input:
+        corpus=config["data"]["inputs"],
+        tokenizer=tokenizer_dir(),
+    output:
+        directory("results/pretokenized"),
+    params:
+        config=RUN_CONFIG,
+        settings=[config["data"], config["pretokenize"], config["train"]["seq_len"]],
+    log:
+        "results/pretokenize.log",
+    benchmark:
+        "results/pretokenize.benchmark.tsv"
+    threads: 2
+    shell:
+        "wattgate pretokenize --config {params.config} --tokenizer {input.tokenizer} --out {output}"
+        " > {log} 2>&1"
+
+
+rule pack_and_balance:
+    input:
+        "results/pretokenized",
+    output:
+        plan="results/plan/plan.json",
+        packs="results/plan/packs.parquet",
+    params:
+        config=RUN_CONFIG,
+        settings=[config["pack"], config["train"], config["cluster"]],
+    log:
+        "results/plan/pack.log",
+    benchmark:
+        "results/plan/pack.benchmark.tsv"
+    shell:
+        "wattgate pack --config {params.config} --pretokenized {input} --out results/plan > {log} 2>&1"
