@@ -53,8 +53,11 @@ def validate_config(config: dict, source: str = "config") -> dict:
     if error is not None:
         if error.validator == "additionalProperties":
             allowed = sorted(error.schema.get("properties", {}))
+            prefix = ".".join(str(p) for p in error.absolute_path)
+            unknown = [f"{prefix}.{k}" if prefix else k for k in error.instance if k not in allowed]
             raise InputError(
-                f"{source}: {error.message} at '{_key_path(error)}' (allowed keys: {', '.join(allowed)})"
+                f"{source}: unknown key '{', '.join(unknown)}' (allowed under '{prefix or '<top level>'}': "
+                f"{', '.join(allowed)})"
             )
         raise InputError(f"{source}: key '{_key_path(error)}': {error.message}")
     return config
@@ -88,8 +91,10 @@ def world_size(config: dict) -> int:
 def dump_resolved(config: dict, dest: str | Path) -> str:
     """Write the validated config (defaults filled) for CLI stages; rewrite only on change.
 
-    Keeping the file untouched when nothing changed keeps its mtime, so Snakemake
-    does not rerun stages for an unchanged config.
+    It mirrors the config of the latest Snakemake invocation (including
+    --config/--configfile overrides). An unchanged file keeps its mtime, and
+    rules pass only its fixed path, so it never triggers reruns by itself;
+    each rule's `params.settings` does that for the keys it reads.
     """
     from wattgate.artifacts import write_bytes_atomic
 

@@ -1,5 +1,5 @@
-# Shared wiring: the validated config (defaults filled) is written once for the
-# CLI stages, so a stage run by Snakemake and by hand reads the same settings.
+# Shared wiring: the validated config (defaults filled) is written for the CLI
+# stages, so a stage run by Snakemake and by hand reads the same settings.
 from wattgate.config import dump_resolved
 
 RUN_CONFIG = dump_resolved(config, "results/config.yaml")
@@ -8,3 +8,8 @@ RUN_CONFIG = dump_resolved(config, "results/config.yaml")
 def tokenizer_dir():
     """A local tokenizer folder from config, else the one the train_tokenizer rule makes."""
     return config["tokenizer"]["path"] or "results/tokenizer"
+
+
+# Used only with --sw-deployment-method conda; otherwise rules run in the
+# current environment (the .venv that `make` creates). Relative to this file.
+WATTGATE_ENV = "../envs/wattgate.yaml"

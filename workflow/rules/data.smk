@@ -9,6 +9,8 @@ rule demo_corpus:
     params:
         config=RUN_CONFIG,
         settings=config["demo_corpus"],
+    conda:
+        WATTGATE_ENV
     log:
         "results/corpus/demo_corpus.log",
     benchmark:
@@ -25,6 +27,8 @@ rule train_tokenizer:
     params:
         config=RUN_CONFIG,
         settings=config["tokenizer"],
+    conda:
+        WATTGATE_ENV
     log:
         "results/train_tokenizer.log",
     benchmark:
@@ -42,6 +46,8 @@ rule pretokenize:
     params:
         config=RUN_CONFIG,
         settings=[config["data"], config["pretokenize"], config["train"]["seq_len"]],
+    conda:
+        WATTGATE_ENV
     log:
         "results/pretokenize.log",
     benchmark:
@@ -61,6 +67,8 @@ rule pack_and_balance:
     params:
         config=RUN_CONFIG,
         settings=[config["pack"], config["train"], config["cluster"]],
+    conda:
+        WATTGATE_ENV
     log:
         "results/plan/pack.log",
     benchmark:

@@ -67,8 +67,7 @@ def read_doc_lengths(pretokenized: Path, manifest: dict) -> np.ndarray:
     return np.concatenate(lengths).astype(np.int64)
 
 
-def plan_stats(packs_docs, placement, lengths, costs, layout: Layout, seq_len: int, dropped_docs) -> dict:
-    tokens = np.array([int(lengths[p].sum()) for p in packs_docs])
+def plan_stats(placement, lengths, tokens, costs, layout: Layout, seq_len: int, dropped_docs) -> dict:
     W = layout.world_size
     per_rank_tokens = np.bincount(placement.rank, weights=tokens[placement.pack], minlength=W).astype(np.int64)
     per_rank_packs = np.bincount(placement.rank, minlength=W)
@@ -86,8 +85,8 @@ def plan_stats(packs_docs, placement, lengths, costs, layout: Layout, seq_len: i
     stats = {
         "num_docs": int(len(lengths)),
         "num_tokens": int(lengths.sum()),
-        "packs_per_epoch": int(len(packs_docs)),
-        "efficiency": float(tokens.sum() / (len(packs_docs) * seq_len)),
+        "packs_per_epoch": int(len(tokens)),
+        "efficiency": float(tokens.sum() / (len(tokens) * seq_len)),
         "per_rank_tokens": per_rank_tokens.tolist(),
         "per_rank_packs": per_rank_packs.tolist(),
         "per_rank_micro_batches_per_epoch": per_rank_micro,
@@ -99,6 +98,20 @@ def plan_stats(packs_docs, placement, lengths, costs, layout: Layout, seq_len: i
         stats["dropped"]["remainder"] = {"docs": int(len(dropped_docs)), "tokens": int(lengths[dropped_docs].sum())}
     stats.update(rank_cost_ratios(placement, costs, W))
     return stats
+
+
+def plan_packs(lengths: np.ndarray, seq_len: int, layout: Layout, remainder: str, epochs: int, seed: int,
+               attn_weight: float):
+    """Pure core of the stage: (packs, placement, tokens per pack, cost per pack)."""
+    packs = apply_remainder(lengths, seq_len, remainder, layout.world_size, layout.packs_per_step)
+    tokens = np.array([int(lengths[p].sum()) for p in packs.docs], dtype=np.int64)
+    sum_sq = np.array([int((lengths[p] ** 2).sum()) for p in packs.docs], dtype=np.int64)
+    costs = pack_costs(tokens, sum_sq, attn_weight)
+    if packs.rank_of_pack is not None:
+        placement = assign_uneven(packs.rank_of_pack, layout, epochs, seed)
+    else:
+        placement = assign_ranks(costs, layout, epochs, seed)
+    return packs, placement, tokens, costs
 
 
 def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
@@ -114,18 +127,13 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
             "rerun pretokenize with pretokenize.max_tokens <= seq_len"
         )
     layout = Layout(world_size(config), train["micro_batch_size"], train["grad_accum"])
-    packs = apply_remainder(lengths, seq_len, pack["remainder"], layout.world_size, layout.packs_per_step)
-    tokens = np.array([int(lengths[p].sum()) for p in packs.docs])
-    sum_sq = np.array([int((lengths[p] ** 2).sum()) for p in packs.docs])
-    costs = pack_costs(tokens, sum_sq, pack["attn_weight"])
-    if packs.rank_of_pack is not None:
-        placement = assign_uneven(packs.rank_of_pack, layout, train["epochs"], pack["seed"])
-    else:
-        placement = assign_ranks(costs, layout, train["epochs"], pack["seed"])
+    packs, placement, tokens, costs = plan_packs(
+        lengths, seq_len, layout, pack["remainder"], train["epochs"], pack["seed"], pack["attn_weight"]
+    )
 
     packs_path = out / "packs.parquet"
     write_packs(packs_path, placement, packs.docs, lengths, tokens)
-    stats = plan_stats(packs.docs, placement, lengths, costs, layout, seq_len, packs.dropped_docs)
+    stats = plan_stats(placement, lengths, tokens, costs, layout, seq_len, packs.dropped_docs)
     plan = {
         "format_version": FORMAT_VERSION,
         "world_size": layout.world_size,

@@ -57,7 +57,7 @@ def rebin(packs: list[np.ndarray], lengths: np.ndarray, multiple: int) -> list[n
     receivers = [i for i, t in enumerate(tokens) if t < target]
     is_receiver = set(receivers)
     donors = [i for i in range(len(docs)) if i not in is_receiver]
-    while True:
+    while receivers:
         empty = any(not docs[j] for j in receivers)
         offers = []
         for i in donors:

@@ -1,0 +1,100 @@
+"""End to end through Snakemake on a small corpus: the data stages from a fresh copy of the workflow."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from conftest import REPO
+
+BIN = Path(sys.executable).parent
+
+
+def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run(
+        [str(BIN / "snakemake"), "--cores", "2", *args], cwd=workdir, env=env, capture_output=True, text=True
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def workflow_copy(tmp_path_factory):
+    work = tmp_path_factory.mktemp("wf")
+    shutil.copy(REPO / "Snakefile", work)
+    shutil.copytree(REPO / "workflow", work / "workflow", symlinks=False)
+    shutil.copytree(REPO / "config", work / "config")
+    config = yaml.safe_load((work / "config/config.yaml").read_text())
+    config["demo_corpus"]["num_docs"] = 400
+    config["tokenizer"]["vocab_size"] = 512
+    config["train"].update(seq_len=256, micro_batch_size=2, grad_accum=2)
+    (work / "config/config.yaml").write_text(yaml.safe_dump(config))
+    return work
+
+
+ARTIFACTS = ["results/corpus/demo.jsonl", "results/tokenizer", "results/pretokenized", "results/plan/plan.json",
+             "results/plan/packs.parquet"]
+
+
+def snapshot(work: Path) -> dict[str, bytes]:
+    files = {}
+    for rel in ARTIFACTS:
+        path = work / rel
+        for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if f.is_file():
+                files[str(f.relative_to(work))] = f.read_bytes()
+    return files
+
+
+@pytest.mark.slow
+def test_plan_from_fresh_copy_then_byte_identical_rerun(workflow_copy):
+    snakemake(workflow_copy, "results/plan/plan.json")
+    plan = json.loads((workflow_copy / "results/plan/plan.json").read_text())
+    assert plan["world_size"] == 2 and plan["remainder"] == "rebin"
+    assert plan["stats"]["dropped"] == {}
+    steps = plan["stats"]["per_rank_steps_per_epoch"]
+    assert steps[0] == steps[1] == [plan["steps_per_epoch"]] * plan["epochs"]
+    assert plan["stats"]["efficiency"] > 0.9
+    packs = pq.read_table(workflow_copy / "results/plan/packs.parquet").to_pydict()
+    assert max(packs["num_tokens"]) <= 256
+    for log in ["results/corpus/demo_corpus.log", "results/pretokenize.log", "results/plan/pack.log"]:
+        assert (workflow_copy / log).exists()
+    assert (workflow_copy / "results/plan/pack.benchmark.tsv").exists()
+
+    first = snapshot(workflow_copy)
+    assert "Nothing to be done" in snakemake(workflow_copy, "results/plan/plan.json").stderr
+    snakemake(workflow_copy, "--forceall", "results/plan/plan.json")
+    second = snapshot(workflow_copy)
+    assert first.keys() == second.keys()
+    changed = [name for name in first if first[name] != second[name]]
+    assert changed == []
+
+
+@pytest.mark.slow
+def test_changed_pack_setting_reruns_only_pack(workflow_copy, tmp_path):
+    snakemake(workflow_copy, "results/plan/plan.json")
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("pack:\n  seed: 3\n")
+    proc = snakemake(workflow_copy, "results/plan/plan.json", "--configfile", str(extra), "-n")
+    table = proc.stdout.split("Job stats:")[1].split("total")[0].splitlines()[3:]
+    assert sorted(line.split()[0] for line in table if line.strip()) == ["pack_and_balance"]
+
+
+def test_bad_config_stops_before_any_job(workflow_copy):
+    proc = snakemake(workflow_copy, "-n", "--config", "train={'seq_len': 'long', 'epochs': 1}", check=False)
+    assert proc.returncode != 0
+    assert "seq_len" in proc.stdout + proc.stderr
+
+
+def test_lint_is_clean():
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run([str(BIN / "snakemake"), "--lint"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
