@@ -204,3 +204,24 @@ def test_cli_reports_one_line_and_exit_2(tmp_path, tokenizer_dir):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
     assert "bad.jsonl:2: malformed JSON" in proc.stderr
+
+
+def test_model_folder_as_tokenizer_path_hashes_only_tokenizer_files(tmp_path, tokenizer_dir):
+    from wattgate.data.tokenizer import tokenizer_sha256
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tokenizer_dir, model_dir)
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    before = tokenizer_sha256(model_dir)
+    (model_dir / "model.safetensors").write_bytes(b"\0" * 1024)
+    assert tokenizer_sha256(model_dir) == before
+    assert load_tokenizer(model_dir).eos_token == "<|im_end|>"
+    (model_dir / "tokenizer_config.json").write_text(
+        (model_dir / "tokenizer_config.json").read_text().replace("<|im_end|>", "<|endoftext|>", 1)
+    )
+    assert tokenizer_sha256(model_dir) != before
+
+
+def test_missing_tokenizer_folder_is_an_input_error(tmp_path):
+    with pytest.raises(InputError, match="tokenizer folder not found"):
+        load_tokenizer(tmp_path / "nope")

@@ -24,7 +24,7 @@ from wattgate.artifacts import atomic_dir, sha256_tree, write_json_atomic
 from wattgate.config import max_doc_tokens
 from wattgate.data.chat import ChatRenderer, TemplateError
 from wattgate.data.records import BadRecord, BadRecordPolicy, Fields, Record, read_records
-from wattgate.data.tokenizer import load_tokenizer
+from wattgate.data.tokenizer import load_tokenizer, tokenizer_sha256
 from wattgate.errors import InputError
 
 FORMAT_VERSION = 1
@@ -248,7 +248,7 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
             dropped["overlong"] = overlong["overlong_drop"]
         manifest = {
             "format_version": FORMAT_VERSION,
-            "tokenizer_sha256": sha256_tree([tokenizer_dir]),
+            "tokenizer_sha256": tokenizer_sha256(tokenizer_dir),
             "tokenizer_path": str(tokenizer_dir),
             "vocab_size": len(tokenizer),
             "max_token_id": writer.max_token_id,

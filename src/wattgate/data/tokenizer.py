@@ -98,6 +98,21 @@ def load_tokenizer(path: str | Path):
     return tok
 
 
+# Files that define a tokenizer; a model folder's weights are not among them.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model",
+)
+
+
+def tokenizer_sha256(path: str | Path) -> str:
+    """Hash of the tokenizer's own files, so a multi-GB model folder is not read to hash it."""
+    from wattgate.artifacts import sha256_tree
+
+    files = sorted(p for p in Path(path).iterdir() if p.name in TOKENIZER_FILES)
+    return sha256_tree(files)
+
+
 def training_texts(records: Iterator) -> Iterator[str]:
     """Texts a tokenizer learns from: plain text, or each chat turn's role and content."""
     for rec in records:
