@@ -61,7 +61,7 @@ def make_text_docs(target_bytes: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     vocab = make_vocabulary(rng, 4000)
     freq = 1.0 / np.arange(1, len(vocab) + 1) ** 1.1
-    n_words = target_bytes // 7  # ~6 characters and a space per word
+    n_words = target_bytes // 9  # ~9 bytes of JSONL per word (letters, punctuation, space)
     words = vocab[rng.choice(len(vocab), size=n_words, p=freq / freq.sum())]
     suffix = rng.choice(np.array(["", ",", ".", ".\n\n"]), size=n_words, p=[0.86, 0.06, 0.07, 0.01])
     tokens = np.char.add(words, suffix).tolist()

@@ -93,20 +93,15 @@ def _first_token_at_or_after(encoding, start: int, end: int) -> int | None:
     return None
 
 
-def cut_overlong(ids: np.ndarray, mask: np.ndarray, max_tokens: int, policy: str, stats: Counter):
-    """Apply the overlong policy; yields (ids, mask) pieces, each <= max_tokens."""
-    n = len(ids)
-    if n <= max_tokens:
-        yield ids, mask
-        return
-    stats[f"overlong_{policy}"] += 1
+def cut_overlong(ids: np.ndarray, mask: np.ndarray, max_tokens: int, policy: str):
+    """Pieces of at most max_tokens under the overlong policy (truncate | split | drop)."""
+    if len(ids) <= max_tokens:
+        return [(ids, mask)]
     if policy == "drop":
-        return
+        return []
     if policy == "truncate":
-        yield ids[:max_tokens], mask[:max_tokens]
-        return
-    for start in range(0, n, max_tokens):
-        yield ids[start : start + max_tokens], mask[start : start + max_tokens]
+        return [(ids[:max_tokens], mask[:max_tokens])]
+    return [(ids[s : s + max_tokens], mask[s : s + max_tokens]) for s in range(0, len(ids), max_tokens)]
 
 
 class ShardWriter:
@@ -185,11 +180,10 @@ class Tokenize:
 
     def chats(self, records: list[Record]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         chat = self._chat()
-        rendered, kept = [], []
+        rendered = []
         for r in records:
             try:
                 rendered.append(chat.render(r.messages))
-                kept.append(r)
             except TemplateError as exc:
                 self.policy.handle(r.where, BadRecord("template_error", f"chat template failed: {exc}"))
         all_tokens = self.settings.loss_on == "all"
@@ -218,11 +212,10 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
     inputs = list(config["data"]["inputs"])
     tokenizer = load_tokenizer(tokenizer_dir)
     dropped: Counter = Counter()
-    overlong: Counter = Counter()
     policy = BadRecordPolicy(settings.on_bad_record, dropped)
     fields = Fields(text=settings.text_field, messages=settings.messages_field)
     tokenize = Tokenize(tokenizer, settings, policy, str(tokenizer_dir))
-    split_chunks = 0
+    overlong_docs = split_chunks = 0
 
     from tqdm import tqdm
 
@@ -232,11 +225,12 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
         bar = tqdm(unit="doc", desc="pretokenize", disable=None if progress is None else not progress, file=sys.stderr)
         for batch in _batched(records, settings.batch_size):
             for ids, mask in tokenize.batch(batch):
-                pieces = list(cut_overlong(ids, mask, settings.max_tokens, settings.overlong, overlong))
-                split_chunks += len(pieces) if len(pieces) > 1 else 0
+                pieces = cut_overlong(ids, mask, settings.max_tokens, settings.overlong)
+                if len(ids) > settings.max_tokens:
+                    overlong_docs += 1
+                    split_chunks += len(pieces) if settings.overlong == "split" else 0
                 for piece_ids, piece_mask in pieces:
-                    piece_mask = piece_mask.copy()
-                    piece_mask[0] = 0
+                    piece_mask[0] = 0  # pieces never overlap, so this touches only this piece
                     if not piece_mask.any():
                         dropped["no_loss_tokens"] += 1
                         continue
@@ -244,8 +238,8 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
             bar.update(len(batch))
         bar.close()
         writer.flush()
-        if overlong["overlong_drop"]:
-            dropped["overlong"] = overlong["overlong_drop"]
+        if settings.overlong == "drop" and overlong_docs:
+            dropped["overlong"] = overlong_docs
         manifest = {
             "format_version": FORMAT_VERSION,
             "tokenizer_sha256": tokenizer_sha256(tokenizer_dir),
@@ -262,7 +256,7 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
             "overlong": {
                 "max_tokens": settings.max_tokens,
                 "policy": settings.overlong,
-                "documents": sum(overlong.values()),
+                "documents": overlong_docs,
                 "split_chunks": split_chunks,
             },
             "config": asdict(settings),

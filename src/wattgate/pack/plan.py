@@ -14,7 +14,7 @@ from wattgate.artifacts import atomic_path, sha256_file, write_json_atomic
 from wattgate.config import world_size
 from wattgate.errors import InputError
 from wattgate.pack.assign import Layout, assign_ranks, assign_uneven, pack_costs, rank_cost_ratios
-from wattgate.pack.remainder import apply_remainder
+from wattgate.pack.remainder import Packs, apply_remainder
 
 FORMAT_VERSION = 1
 
@@ -104,8 +104,8 @@ def plan_packs(lengths: np.ndarray, seq_len: int, layout: Layout, remainder: str
                attn_weight: float):
     """Pure core of the stage: (packs, placement, tokens per pack, cost per pack)."""
     packs = apply_remainder(lengths, seq_len, remainder, layout.world_size, layout.packs_per_step)
-    tokens = np.array([int(lengths[p].sum()) for p in packs.docs], dtype=np.int64)
-    sum_sq = np.array([int((lengths[p] ** 2).sum()) for p in packs.docs], dtype=np.int64)
+    tokens = packs.sum_per_pack(lengths)
+    sum_sq = packs.sum_per_pack(lengths**2)
     costs = pack_costs(tokens, sum_sq, attn_weight)
     if packs.rank_of_pack is not None:
         placement = assign_uneven(packs.rank_of_pack, layout, epochs, seed)
@@ -132,7 +132,7 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
     )
 
     packs_path = out / "packs.parquet"
-    write_packs(packs_path, placement, packs.docs, lengths, tokens)
+    write_packs(packs_path, placement, packs, lengths, tokens)
     stats = plan_stats(placement, lengths, tokens, costs, layout, seq_len, packs.dropped_docs)
     plan = {
         "format_version": FORMAT_VERSION,
@@ -154,11 +154,8 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
     return plan
 
 
-def write_packs(path: Path, placement, packs_docs, lengths: np.ndarray, tokens: np.ndarray) -> None:
-    sizes = np.array([len(p) for p in packs_docs], dtype=np.int64)
-    flat_docs = np.concatenate(packs_docs).astype(np.int64)
-    starts = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=starts[1:])
+def write_packs(path: Path, placement, packs: Packs, lengths: np.ndarray, tokens: np.ndarray) -> None:
+    sizes, flat_docs, starts = packs.sizes, packs.docs, packs.offsets
     # rows follow the placement; gather each row's pack documents into one flat list
     row_sizes = sizes[placement.pack]
     offsets = np.zeros(len(row_sizes) + 1, dtype=np.int64)

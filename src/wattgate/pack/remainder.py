@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,106 +23,177 @@ from wattgate.pack.bfd import group_by_pack, pack_bfd
 
 @dataclass
 class Packs:
-    """Packs as lists of document indices (into the manifest's doc order)."""
+    """Packs in CSR form: pack p holds the documents docs[offsets[p]:offsets[p + 1]] (manifest doc ids)."""
 
-    docs: list[np.ndarray]
+    docs: np.ndarray
+    offsets: np.ndarray
     dropped_docs: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # only for `none`: the rank that owns each pack
     rank_of_pack: np.ndarray | None = None
 
+    @classmethod
+    def from_assignment(cls, pack_of_doc: np.ndarray, doc_ids: np.ndarray | None = None) -> "Packs":
+        order, offsets = group_by_pack(pack_of_doc)
+        return cls(docs=order if doc_ids is None else doc_ids[order], offsets=offsets)
 
-def packs_from_assignment(pack_of_doc: np.ndarray) -> list[np.ndarray]:
-    docs, offsets = group_by_pack(pack_of_doc)
-    return [docs[offsets[p] : offsets[p + 1]] for p in range(len(offsets) - 1)]
+    @classmethod
+    def from_pack_ids(cls, pack_of_doc: np.ndarray, docs: np.ndarray, n_packs: int) -> "Packs":
+        order = np.argsort(pack_of_doc, kind="stable")
+        offsets = np.zeros(n_packs + 1, dtype=np.int64)
+        np.cumsum(np.bincount(pack_of_doc, minlength=n_packs), out=offsets[1:])
+        return cls(docs=docs[order].astype(np.int64), offsets=offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def members(self, p: int) -> np.ndarray:
+        return self.docs[self.offsets[p] : self.offsets[p + 1]]
+
+    def pack_of_doc(self) -> np.ndarray:
+        """The pack of each entry of `docs`."""
+        return np.repeat(np.arange(len(self)), self.sizes)
+
+    def sum_per_pack(self, per_doc: np.ndarray) -> np.ndarray:
+        """Sum of a per-document quantity (e.g. lengths) over each pack."""
+        sums = np.bincount(self.pack_of_doc(), weights=per_doc[self.docs], minlength=len(self))
+        return np.rint(sums).astype(np.int64)
 
 
-def rebin(packs: list[np.ndarray], lengths: np.ndarray, multiple: int) -> list[np.ndarray]:
+# Relative floors a donor pack may be lowered to, tried in turn until every
+# receiver is filled: most corpora settle at the first (packs within 2%).
+DONOR_FLOORS = (0.98, 0.95, 0.90, 0.75, 0.5, 0.0)
+
+
+def rebin(packs: Packs, lengths: np.ndarray, multiple: int) -> Packs:
     """Add packs, made of documents moved out of existing ones, until len(packs) % multiple == 0.
 
     The new packs, and any pack left light by packing (BFD's last bins), are
-    topped up towards the mean pack size with the smallest document of many
-    different full packs; a move is made only if the donor stays at least as
-    heavy as the receiver, so every move narrows the spread.
+    topped up towards the mean pack size with the smallest documents of full
+    packs. A donor gives only while it stays above a floor near the mean (and
+    at least as heavy as the receiver), so no pack ends up a light outlier
+    whose rank would idle at the next collective; the floor is lowered only if
+    the receivers cannot otherwise be filled. Offers and receivers sit in
+    heaps: O(moves x log packs).
     """
-    need = (-len(packs)) % multiple
-    n_docs = sum(len(p) for p in packs)
-    if n_docs < len(packs) + need:
+    n_packs = len(packs)
+    need = (-n_packs) % multiple
+    if len(packs.docs) < n_packs + need:
         raise InputError(
-            f"pack: {n_docs} documents cannot fill {len(packs) + need} packs (a multiple of "
+            f"pack: {len(packs.docs)} documents cannot fill {n_packs + need} packs (a multiple of "
             f"world_size x micro_batch_size x grad_accum = {multiple}); use a smaller world or batch, "
             "more data, or pack.remainder: drop"
         )
-    docs = [list(map(int, p)) for p in packs] + [[] for _ in range(need)]
-    tokens = [int(lengths[p].sum()) for p in packs] + [0] * need
-    target = sum(tokens) / len(docs)
-    receivers = [i for i, t in enumerate(tokens) if t < target]
-    is_receiver = set(receivers)
-    donors = [i for i in range(len(docs)) if i not in is_receiver]
-    while receivers:
-        empty = any(not docs[j] for j in receivers)
-        offers = []
-        for i in donors:
-            if len(docs[i]) > 1:
-                k = min(range(len(docs[i])), key=lambda k: (lengths[docs[i][k]], k))
-                offers.append((int(lengths[docs[i][k]]), i, k))
-        offers.sort()
-        moved = False
-        for length, i, k in offers:
-            j = min(receivers, key=lambda j: (tokens[j], j))
-            if docs[j] and tokens[j] + length > target:
-                break  # offers ascend: none of the rest fits the lightest receiver either
-            if docs[j] and tokens[i] - length < tokens[j] + length:
-                continue  # the move would leave the donor lighter than the receiver
-            docs[j].append(docs[i].pop(k))
-            tokens[j] += length
-            tokens[i] -= length
-            moved = True
-        if not moved or (not empty and min(tokens[j] for j in receivers) >= target):
+    pack_of = packs.pack_of_doc()
+    order = np.lexsort((packs.docs, lengths[packs.docs], pack_of))  # per pack, smallest document first
+    docs, pack_of = packs.docs[order], pack_of[order]
+    state = _Donors(docs.tolist(), packs.offsets.tolist(), lengths.tolist(), need)
+    tokens = packs.sum_per_pack(lengths).tolist() + [0] * need
+    target = sum(tokens) / len(tokens)
+    received: dict[int, list[int]] = {j: [] for j in range(len(tokens)) if tokens[j] < target}
+    for floor in (f * target for f in DONOR_FLOORS if received):
+        _fill_receivers(state, tokens, received, target, floor)
+        if all(received[j] or j < n_packs for j in received) and min(tokens[j] for j in received) >= floor:
             break
-    if any(not docs[j] for j in receivers):
+    kept = np.ones(len(docs), dtype=bool)
+    for i, g in enumerate(state.given):
+        if g:
+            kept[state.starts[i] : state.starts[i] + g] = False
+    moved = [(j, d) for j, ds in received.items() for d in ds]
+    to_pack = np.concatenate([pack_of[kept], np.array([j for j, _ in moved], dtype=np.int64)])
+    to_doc = np.concatenate([docs[kept], np.array([d for _, d in moved], dtype=np.int64)])
+    out = Packs.from_pack_ids(to_pack, to_doc, n_packs + need)
+    if (out.sizes == 0).any():
         raise InputError(
-            f"pack: could not move a document into each of {need} new packs (every pack holds one "
-            "document); use pack.remainder: drop or a smaller world or batch"
+            f"pack: could not move a document into each of {need} new packs (too few packs hold more "
+            "than one document); use pack.remainder: drop or a smaller world or batch"
         )
-    return [np.asarray(sorted(p) if i >= len(packs) else p, dtype=np.int64) for i, p in enumerate(docs)]
+    return out
 
 
-def drop_remainder(packs: list[np.ndarray], lengths: np.ndarray, multiple: int) -> tuple[list[np.ndarray], np.ndarray]:
-    """Keep the largest multiple of `multiple` packs; drop the lightest ones. Returns (kept, dropped docs)."""
-    excess = len(packs) % multiple
+class _Donors:
+    """Each existing pack's documents, smallest first, and how many it has given away."""
+
+    def __init__(self, docs: list[int], offsets: list[int], size: list[int], extra: int):
+        self.docs, self.size = docs, size
+        self.starts = offsets[:-1] + [offsets[-1]] * extra
+        self.ends = offsets[1:] + [offsets[-1]] * extra
+        self.given = [0] * len(self.starts)
+
+    def left(self, i: int) -> int:
+        return self.ends[i] - self.starts[i] - self.given[i]
+
+    def next_doc(self, i: int) -> int:
+        return self.docs[self.starts[i] + self.given[i]]
+
+
+def _fill_receivers(donors: _Donors, tokens: list[int], received: dict, target: float, floor: float) -> None:
+    """One pass of moves, smallest offered document first, to the lightest receiver."""
+    size = donors.size
+    receivers = [(tokens[j], j) for j in received]
+    offers = [(size[donors.next_doc(i)], i) for i in range(len(tokens)) if i not in received and donors.left(i) > 1]
+    heapq.heapify(receivers)
+    heapq.heapify(offers)
+    while offers:
+        length, i = heapq.heappop(offers)
+        fill, j = receivers[0]
+        holds = fill > 0 or bool(received[j])  # an empty new pack takes any document
+        if holds and fill + length > target:
+            return  # offers ascend: none of the rest fits the lightest receiver either
+        if tokens[i] - length < floor or (holds and tokens[i] - length < fill + length):
+            continue  # this donor's later offers are larger still: it is done giving
+        received[j].append(donors.next_doc(i))
+        donors.given[i] += 1
+        tokens[i] -= length
+        tokens[j] = fill + length
+        heapq.heapreplace(receivers, (tokens[j], j))
+        if donors.left(i) > 1:
+            heapq.heappush(offers, (size[donors.next_doc(i)], i))
+
+
+def drop_remainder(packs: Packs, lengths: np.ndarray, multiple: int) -> Packs:
+    """Keep the largest multiple of `multiple` packs; drop the lightest ones (listed in dropped_docs)."""
     if len(packs) < multiple:
         raise InputError(
             f"pack: only {len(packs)} packs, fewer than one global batch of {multiple}; "
             "pack.remainder: drop would drop everything (use rebin)"
         )
-    if excess == 0:
-        return packs, np.zeros(0, dtype=np.int64)
-    tokens = np.array([int(lengths[p].sum()) for p in packs])
-    lightest = set(np.argsort(tokens, kind="stable")[:excess].tolist())
-    kept = [p for i, p in enumerate(packs) if i not in lightest]
-    dropped = np.sort(np.concatenate([packs[i] for i in sorted(lightest)]))
-    return kept, dropped
+    excess = len(packs) % multiple
+    keep = np.ones(len(packs), dtype=bool)
+    keep[np.argsort(packs.sum_per_pack(lengths), kind="stable")[:excess]] = False
+    pack_of = packs.pack_of_doc()
+    kept_doc = keep[pack_of]
+    renumber = np.cumsum(keep) - 1
+    out = Packs.from_pack_ids(renumber[pack_of[kept_doc]], packs.docs[kept_doc], int(keep.sum()))
+    out.dropped_docs = np.sort(packs.docs[~kept_doc])
+    return out
 
 
 def pack_per_rank(lengths: np.ndarray, seq_len: int, world_size: int) -> Packs:
     """Naive baseline: documents dealt round-robin to ranks, each rank packs its own (uneven counts)."""
-    docs: list[np.ndarray] = []
-    owners: list[int] = []
+    pack_ids, docs, owners, n_packs = [], [], [], 0
     for rank in range(world_size):
         mine = np.arange(rank, len(lengths), world_size)
         if len(mine) == 0:
             continue
-        for p in packs_from_assignment(pack_bfd(lengths[mine], seq_len)):
-            docs.append(mine[p])
-            owners.append(rank)
-    return Packs(docs=docs, rank_of_pack=np.asarray(owners, dtype=np.int64))
+        local = pack_bfd(lengths[mine], seq_len)
+        pack_ids.append(local + n_packs)
+        docs.append(mine)
+        count = int(local.max()) + 1
+        owners.append(np.full(count, rank))
+        n_packs += count
+    out = Packs.from_pack_ids(np.concatenate(pack_ids), np.concatenate(docs), n_packs)
+    out.rank_of_pack = np.concatenate(owners).astype(np.int64)
+    return out
 
 
 def apply_remainder(lengths: np.ndarray, seq_len: int, policy: str, world_size: int, multiple: int) -> Packs:
     if policy == "none":
         return pack_per_rank(lengths, seq_len, world_size)
-    packs = packs_from_assignment(pack_bfd(lengths, seq_len))
+    packs = Packs.from_assignment(pack_bfd(lengths, seq_len))
     if policy == "rebin":
-        return Packs(docs=rebin(packs, lengths, multiple))
-    kept, dropped = drop_remainder(packs, lengths, multiple)
-    return Packs(docs=kept, dropped_docs=dropped)
+        return rebin(packs, lengths, multiple)
+    return drop_remainder(packs, lengths, multiple)
