@@ -36,6 +36,8 @@ def test_chat_loss_mask_matches_transformers_assistant_mask(tmp_path, make_confi
     manifest, rows = run(make_config, tokenizer_dir, tmp_path / "out", [corpus], train={"seq_len": 4096})
     tok = load_tokenizer(tokenizer_dir)
     assert manifest["num_docs"] == 80 and rows["doc_id"] == list(range(80))
+    assert rows["num_loss_tokens"] == [sum(m) for m in rows["loss_mask"]]
+    assert manifest["num_loss_tokens"] == sum(rows["num_loss_tokens"])
     for doc, ids, mask in zip(demo_docs[:80], rows["input_ids"], rows["loss_mask"]):
         ref = tok.apply_chat_template(
             doc["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True

@@ -35,6 +35,8 @@ SHARD_SCHEMA = pa.schema(
         ("input_ids", pa.list_(pa.int32())),
         ("loss_mask", pa.list_(pa.int8())),
         ("num_tokens", pa.int32()),
+        # beyond the contract's four columns: lets the gate check loss-bearing packs without reading masks
+        ("num_loss_tokens", pa.int32()),
     ]
 )
 
@@ -131,6 +133,7 @@ class ShardWriter:
         np.cumsum(lengths, out=offsets[1:])
         flat_ids = np.concatenate(self.ids).astype(np.int32, copy=False)
         flat_mask = np.concatenate(self.masks).astype(np.int8, copy=False)
+        loss_tokens = np.add.reduceat(flat_mask, offsets[:-1], dtype=np.int32)
         doc_ids = np.arange(self.num_docs, self.num_docs + len(lengths), dtype=np.int64)
         table = pa.Table.from_arrays(
             [
@@ -138,6 +141,7 @@ class ShardWriter:
                 pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_ids)),
                 pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_mask)),
                 pa.array(lengths),
+                pa.array(loss_tokens),
             ],
             schema=SHARD_SCHEMA,
         )
@@ -146,7 +150,7 @@ class ShardWriter:
         self.shards.append(name)
         self.num_docs += len(lengths)
         self.num_tokens += int(lengths.sum())
-        self.num_loss_tokens += int(flat_mask.sum(dtype=np.int64))
+        self.num_loss_tokens += int(loss_tokens.sum(dtype=np.int64))
         self.max_token_id = max(self.max_token_id, int(flat_ids.max()))
         self.ids, self.masks = [], []
 
