@@ -13,9 +13,11 @@ validate(config, "workflow/schemas/config.schema.yaml")
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/gate.smk"
 
 
 rule all:
     input:
         "results/plan/plan.json",
+        gate_result(),
     default_target: True

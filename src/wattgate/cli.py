@@ -62,6 +62,25 @@ def _pack(args, config) -> None:
     )
 
 
+def _gate(args, config) -> None:
+    from wattgate.gate.run import run_gate
+
+    report = run_gate(config, args.pretokenized, args.plan, args.out)
+    failed = [c for c in report["checks"] if not c["passed"]]
+    for c in report["checks"]:
+        mark = "ok  " if c["passed"] else "FAIL"
+        print(f"gate: {mark} {c['name']}: {c['detail']}", file=sys.stderr if not c["passed"] else sys.stdout)
+    if not failed:
+        print(f"gate: PASSED ({len(report['checks'])} checks in {report['elapsed_s']:.3f} s) -> {args.out}/PASSED")
+        return
+    names = ", ".join(c["name"] for c in failed)
+    if not config["gate"]["enforce"]:
+        print(f"gate: WARNING: FAILED ({names}) but gate.enforce is false: continuing on purpose. "
+              f"See {args.out}/gate.md", file=sys.stderr)
+        return
+    raise StageFailed(f"{len(failed)} check(s) failed: {names}; see {args.out}/gate.md")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wattgate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
@@ -85,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = stage("pack", _pack, "pack-and-balance: equal micro-batches on every rank")
     p.add_argument("--pretokenized", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    p = stage("gate", _gate, "invariant gate: prove the plan safe before any GPU job")
+    p.add_argument("--pretokenized", required=True, type=Path)
+    p.add_argument("--plan", required=True, type=Path)
     p.add_argument("--out", required=True, type=Path)
     return parser
 

@@ -13,3 +13,8 @@ def tokenizer_dir():
 # Used only with --sw-deployment-method conda; otherwise rules run in the
 # current environment (the .venv that `make` creates). Relative to this file.
 WATTGATE_ENV = "../envs/wattgate.yaml"
+
+
+def gate_result():
+    """What downstream rules wait on: a pass, or (gate.enforce: false, on purpose) just the report."""
+    return "results/gate/PASSED" if config["gate"]["enforce"] else "results/gate/gate.json"

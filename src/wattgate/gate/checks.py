@@ -1,0 +1,254 @@
+"""The gate's checks: small pure functions over loaded artifacts, each returning a named verdict.
+
+Names are stable (tests, gate.json readers and people grep for them):
+equal_steps, pack_contents, conservation, launch, provenance, fit,
+checkpoint_space, balance, schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wattgate.gate.inputs import PackRows
+
+GIB = 1 << 30
+MAX_LISTED = 8  # offending items named in a detail line before "..."
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
+def _listed(items: list[str]) -> str:
+    more = f" ... (+{len(items) - MAX_LISTED} more)" if len(items) > MAX_LISTED else ""
+    return "; ".join(items[:MAX_LISTED]) + more
+
+
+def _where(packs: PackRows, rows: np.ndarray) -> str:
+    r = int(rows[0])
+    return f"epoch {packs.epoch[r]} step {packs.step[r]} micro {packs.micro[r]} rank {packs.rank[r]} slot {packs.slot[r]}"
+
+
+def _per_rank(counts: np.ndarray) -> str:
+    return "{" + ", ".join(f"{r}: {int(c)}" for r, c in enumerate(counts)) + "}"
+
+
+def check_equal_steps(packs: PackRows, world_size: int, epochs: int, micro_batch_size: int, grad_accum: int,
+                      steps_per_epoch: int) -> Check:
+    """Every rank runs the same (step, micro) sequence with full micro-batches in every epoch."""
+    name = "equal_steps"
+    if len(packs) == 0:
+        return Check(name, False, "the plan has no packs")
+    bad_rank = (packs.rank < 0) | (packs.rank >= world_size)
+    if bad_rank.any():
+        return Check(name, False, f"rank outside 0..{world_size - 1} at {_where(packs, np.flatnonzero(bad_rank))}")
+    if set(np.unique(packs.epoch).tolist()) != set(range(epochs)):
+        return Check(name, False, f"plan has epochs {sorted(set(packs.epoch.tolist()))}, expected 0..{epochs - 1}")
+    n_micro_max = int(packs.micro.max()) + 1
+    n_step_max = int(packs.step.max()) + 1
+    # one integer per (epoch, rank, step, micro)
+    key = ((packs.epoch * world_size + packs.rank) * n_step_max + packs.step) * n_micro_max + packs.micro
+    keys, per_key = np.unique(key, return_counts=True)
+    owner = keys // (n_step_max * n_micro_max)  # epoch * world_size + rank
+    step_of_key = (keys // n_micro_max) % n_step_max
+    problems = []
+    for epoch in range(epochs):
+        sel_epoch = (owner // world_size) == epoch
+        ranks = owner[sel_epoch] % world_size
+        micro = np.bincount(ranks, minlength=world_size)
+        rank_steps = np.unique(ranks * n_step_max + step_of_key[sel_epoch])
+        steps = np.bincount(rank_steps // n_step_max, minlength=world_size)
+        packs_per_rank = np.bincount(packs.rank[packs.epoch == epoch], minlength=world_size)
+        if micro.min() != micro.max() or steps.min() != steps.max() or packs_per_rank.min() != packs_per_rank.max():
+            problems.append(f"epoch {epoch}: ranks differ: micro-batches per rank {_per_rank(micro)}, "
+                            f"optimizer steps {_per_rank(steps)}, packs {_per_rank(packs_per_rank)}")
+            continue
+        sequences = [keys[sel_epoch & (owner % world_size == r)] % (n_step_max * n_micro_max) for r in range(world_size)]
+        if any(not np.array_equal(sequences[0], s) for s in sequences[1:]):
+            problems.append(f"epoch {epoch}: ranks run different (step, micro) sequences")
+        elif micro[0] != steps[0] * grad_accum:
+            problems.append(f"epoch {epoch}: {micro[0]} micro-batches over {steps[0]} steps, grad_accum is {grad_accum}")
+        elif steps[0] != steps_per_epoch:
+            problems.append(f"epoch {epoch}: {steps[0]} steps, plan.json says steps_per_epoch {steps_per_epoch}")
+    partial = np.flatnonzero(per_key != micro_batch_size)
+    if partial.size:
+        problems.append(f"{partial.size} micro-batch(es) with a pack count other than micro_batch_size "
+                        f"{micro_batch_size} (first holds {per_key[partial[0]]})")
+    if problems:
+        return Check(name, False, _listed(problems))
+    return Check(name, True, f"{world_size} ranks x {steps_per_epoch} steps x {grad_accum} micro-batches "
+                             f"x {micro_batch_size} packs, identical in all {epochs} epoch(s)")
+
+
+def check_pack_contents(packs: PackRows, seq_len: int, doc_tokens: np.ndarray, doc_loss_tokens: np.ndarray) -> Check:
+    """Every pack fits seq_len, holds documents whose lengths match the shards, and carries loss."""
+    name = "pack_contents"
+    problems = []
+    empty = np.flatnonzero(packs.docs_per_row == 0)
+    if empty.size:
+        problems.append(f"{empty.size} empty pack(s), first at {_where(packs, empty)}")
+    over = np.flatnonzero(packs.num_tokens > seq_len)
+    if over.size:
+        problems.append(f"{over.size} pack(s) over seq_len {seq_len}, first {packs.num_tokens[over[0]]} tokens "
+                        f"at {_where(packs, over)}")
+    ids = packs.doc_ids
+    if len(ids) and (ids.min() < 0 or ids.max() >= len(doc_tokens)):
+        return Check(name, False, _listed(problems + [f"doc_id outside 0..{len(doc_tokens) - 1}"]))
+    wrong_sum = np.flatnonzero(packs.sum_per_row(packs.doc_lengths) != packs.num_tokens)
+    if wrong_sum.size:
+        problems.append(f"{wrong_sum.size} pack(s) whose num_tokens differs from the sum of doc_lengths, "
+                        f"first at {_where(packs, wrong_sum)}")
+    wrong_len = np.flatnonzero(doc_tokens[ids] != packs.doc_lengths)
+    if wrong_len.size:
+        d = int(ids[wrong_len[0]])
+        problems.append(f"{wrong_len.size} doc_lengths differ from the shards, e.g. doc_id {d}: "
+                        f"{packs.doc_lengths[wrong_len[0]]} vs {doc_tokens[d]}")
+    no_loss = np.flatnonzero((packs.sum_per_row(doc_loss_tokens[ids]) == 0) & (packs.docs_per_row > 0))
+    if no_loss.size:
+        problems.append(f"{no_loss.size} pack(s) without a loss-bearing token, first at {_where(packs, no_loss)}")
+    if problems:
+        return Check(name, False, _listed(problems))
+    return Check(name, True, f"{len(packs)} packs, each 1..{seq_len} tokens with loss; longest "
+                             f"{int(packs.num_tokens.max()) if len(packs) else 0}")
+
+
+def check_conservation(packs: PackRows, epochs: int, doc_tokens: np.ndarray, manifest_tokens: int,
+                       dropped_doc_ids: list[int], dropped_reasons: dict) -> Check:
+    """Each document exactly once per epoch, or listed as dropped with a reason; token sums match."""
+    name = "conservation"
+    n = len(doc_tokens)
+    problems = []
+    if int(doc_tokens.sum()) != manifest_tokens:
+        problems.append(f"shards hold {int(doc_tokens.sum())} tokens, manifest says {manifest_tokens}")
+    dropped = np.asarray(dropped_doc_ids, dtype=np.int64)
+    if len(dropped) and (dropped.min() < 0 or dropped.max() >= n or len(np.unique(dropped)) != len(dropped)):
+        problems.append("dropped_doc_ids out of range or repeated")
+        dropped = dropped[(dropped >= 0) & (dropped < n)]
+    reasons_total = sum(int(v.get("docs", 0)) for v in dropped_reasons.values())
+    if reasons_total != len(dropped_doc_ids):
+        problems.append(f"{len(dropped_doc_ids)} dropped documents but reasons account for {reasons_total}")
+    ids = packs.doc_ids
+    if len(ids) and (ids.min() < 0 or ids.max() >= n):
+        return Check(name, False, _listed(problems + [f"doc_id outside 0..{n - 1}"]))
+    expected = np.ones(n, dtype=np.int64)
+    expected[dropped] = 0
+    entry_epoch = np.repeat(packs.epoch, packs.docs_per_row)
+    for epoch in range(epochs):
+        seen = np.bincount(ids[entry_epoch == epoch], minlength=n)
+        twice = np.flatnonzero(seen > 1)
+        missing = np.flatnonzero((seen == 0) & (expected == 1))
+        used_dropped = np.flatnonzero((seen > 0) & (expected == 0))
+        if twice.size:
+            problems.append(f"epoch {epoch}: {twice.size} document(s) more than once, e.g. doc_id {twice[0]} "
+                            f"x{seen[twice[0]]}")
+        if missing.size:
+            problems.append(f"epoch {epoch}: {missing.size} document(s) neither packed nor dropped, "
+                            f"e.g. doc_id {missing[0]}")
+        if used_dropped.size:
+            problems.append(f"epoch {epoch}: {used_dropped.size} dropped document(s) packed anyway")
+    if problems:
+        return Check(name, False, _listed(problems))
+    kept_tokens = manifest_tokens - int(doc_tokens[dropped].sum())
+    return Check(name, True, f"{n - len(dropped)} documents ({kept_tokens} tokens) exactly once in each of "
+                             f"{epochs} epoch(s); {len(dropped)} dropped with reasons")
+
+
+def check_launch(plan: dict, config: dict) -> Check:
+    """The plan was made for the launch that will run it."""
+    c, t = config["cluster"], config["train"]
+    expected = {
+        "world_size": (c["nodes"] * c["gpus_per_node"], "cluster.nodes x cluster.gpus_per_node"),
+        "micro_batch_size": (t["micro_batch_size"], "train.micro_batch_size"),
+        "grad_accum": (t["grad_accum"], "train.grad_accum"),
+        "seq_len": (t["seq_len"], "train.seq_len"),
+        "epochs": (t["epochs"], "train.epochs"),
+    }
+    wrong = [f"plan {k} {plan.get(k)} != {src} {v}" for k, (v, src) in expected.items() if plan.get(k) != v]
+    if wrong:
+        return Check("launch", False, _listed(wrong) + "; rerun pack for this launch")
+    return Check("launch", True, f"world {plan['world_size']} = {c['nodes']} node(s) x {c['gpus_per_node']}, "
+                                 f"micro_batch_size {plan['micro_batch_size']}, grad_accum {plan['grad_accum']}")
+
+
+def check_provenance(plan: dict, packs_sha256: str, manifest_sha256: str, manifest: dict, model_vocab: int) -> Check:
+    """The plan describes these exact files, and every token id exists in the model's embedding."""
+    problems = []
+    if plan.get("packs_sha256") != packs_sha256:
+        problems.append("packs.parquet changed since it was planned (sha256 differs from plan.json)")
+    if plan.get("pretokenized_manifest_sha256") != manifest_sha256:
+        problems.append("the pretokenized data changed since the plan was made (manifest sha256 differs); rerun pack")
+    max_id = manifest.get("max_token_id")
+    if not isinstance(max_id, int) or max_id >= model_vocab:
+        problems.append(f"largest token id {max_id} does not fit the model's vocab_size {model_vocab}")
+    if isinstance(manifest.get("vocab_size"), int) and manifest["vocab_size"] > model_vocab:
+        problems.append(f"tokenizer has {manifest['vocab_size']} tokens, model embeds {model_vocab}")
+    if problems:
+        return Check("provenance", False, _listed(problems))
+    return Check("provenance", True, f"packs and manifest hashes match; max token id {max_id} < vocab {model_vocab}")
+
+
+def check_fit(terms: dict[str, int], budget_bytes: int, budget_source: str, headroom: float) -> Check:
+    """Estimated peak memory per GPU within the device memory, less headroom."""
+    total = sum(terms.values())
+    limit = budget_bytes * (1 - headroom)
+    detail = (f"estimated peak {total / GIB:.1f} GiB per rank vs {limit / GIB:.1f} GiB usable "
+              f"({budget_bytes / GIB:.1f} GiB from {budget_source}, {headroom:.0%} headroom)")
+    if total > limit:
+        biggest = max(terms, key=terms.get)
+        return Check("fit", False, f"{detail}; largest term {biggest} {terms[biggest] / GIB:.1f} GiB "
+                                   "(try train.activation_checkpointing, a smaller micro batch, or more GPUs)")
+    return Check("fit", True, detail)
+
+
+def check_checkpoint_space(checkpoint_bytes: int, keep: int, final_bytes: int, free_bytes: int, where: str) -> Check:
+    """Room for keep checkpoints (+1 being written before the oldest is deleted) and the final export."""
+    need = (keep + 1) * checkpoint_bytes + final_bytes
+    detail = (f"need {need / GIB:.2f} GiB ({keep}+1 x {checkpoint_bytes / GIB:.2f} GiB checkpoints + "
+              f"{final_bytes / GIB:.2f} GiB final), {free_bytes / GIB:.1f} GiB free at {where}")
+    return Check("checkpoint_space", need <= free_bytes, detail)
+
+
+def step_rank_costs(packs: PackRows, world_size: int, attn_weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """Cost per (epoch, step) and rank, and the (epoch, step) of each row of that matrix."""
+    cost = packs.num_tokens + attn_weight * packs.sum_per_row(packs.doc_lengths.astype(np.float64) ** 2)
+    n_steps = int(packs.step.max()) + 1
+    key = packs.epoch * n_steps + packs.step
+    keys, idx = np.unique(key, return_inverse=True)
+    per_rank = np.zeros((len(keys), world_size))
+    np.add.at(per_rank, (idx, packs.rank), cost)
+    return per_rank, keys
+
+
+def check_balance(packs: PackRows, world_size: int, attn_weight: float, max_ratio: float) -> Check:
+    """max/mean rank cost of every optimizer step within tolerance (no rank a permanent straggler)."""
+    if len(packs) == 0 or packs.rank.min() < 0 or packs.rank.max() >= world_size:
+        return Check("balance", False, "no packs or ranks out of range (see equal_steps)")
+    per_rank, keys = step_rank_costs(packs, world_size, attn_weight)
+    ratio = per_rank.max(axis=1) / np.maximum(per_rank.mean(axis=1), 1e-9)
+    worst = int(np.argmax(ratio))
+    n_steps = int(packs.step.max()) + 1
+    detail = (f"max/mean rank cost per step: worst {ratio[worst]:.3f} (epoch {keys[worst] // n_steps} step "
+              f"{keys[worst] % n_steps}), mean {ratio.mean():.3f}, limit {max_ratio:.3f}")
+    return Check("balance", bool(ratio[worst] <= max_ratio), detail)
+
+
+def check_schedule(plan: dict, config: dict) -> Check:
+    """At least one step; warmup shorter than the run; a checkpoint falls within the run."""
+    t = config["train"]
+    total = plan["epochs"] * plan["steps_per_epoch"]
+    problems = []
+    if total < 1:
+        problems.append("the plan has no optimizer step")
+    if t["warmup_steps"] >= total:
+        problems.append(f"train.warmup_steps {t['warmup_steps']} >= total steps {total}")
+    if t["checkpoint_every"] > total:
+        problems.append(f"train.checkpoint_every {t['checkpoint_every']} > total steps {total}: no checkpoint")
+    if problems:
+        return Check("schedule", False, _listed(problems))
+    return Check("schedule", True, f"{total} steps, warmup {t['warmup_steps']}, checkpoint every "
+                                   f"{t['checkpoint_every']}")
