@@ -79,8 +79,8 @@ def test_equal_steps_names_per_rank_counts_when_a_rank_is_short(inputs):
     assert not check.passed
     n = int(((p.epoch == 1) & (p.rank == 0)).sum()) // 2
     assert f"epoch 1: ranks differ: micro-batches per rank {{0: {n}, 1: {n - 1}}}" in check.detail
-    # the dropped documents also break conservation; nothing else
-    assert failed(broken) == ["conservation", "equal_steps"]
+    # its documents are now missing (conservation) and its last step idles (balance); nothing else
+    assert failed(broken) == ["balance", "conservation", "equal_steps"]
 
 
 def test_equal_steps_catches_partial_micro_batches_with_equal_counts(inputs):
