@@ -246,7 +246,10 @@ def test_stale_pass_is_removed_when_the_gate_fails(stage_dirs, tmp_path):
     bad = json.loads(json.dumps(config))
     bad["train"]["warmup_steps"] = 10_000
     assert not run_gate(bad, work / "pretokenized", work / "plan", out)["passed"]
-    assert not (out / "PASSED").exists()
+    assert not (out / "PASSED").exists() and not (out / "UNENFORCED").exists()
+    bad["gate"]["enforce"] = False  # the explicit override: a marker downstream rules can wait on
+    assert not run_gate(bad, work / "pretokenized", work / "plan", out)["passed"]
+    assert "FAILED, not enforced" in (out / "UNENFORCED").read_text() and not (out / "PASSED").exists()
 
 
 def test_missing_plan_is_exit_2(tmp_path, capsys):

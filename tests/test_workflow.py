@@ -98,3 +98,46 @@ def test_lint_is_clean():
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
     proc = subprocess.run([str(BIN / "snakemake"), "--lint"], cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def output(proc) -> str:
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_gate_passes_default_then_stops_the_dag_on_uneven_or_edited_plans(workflow_copy, tmp_path):
+    import pyarrow.parquet as pq
+
+    gate = workflow_copy / "results/gate"
+    proc = snakemake(workflow_copy)  # rule all: plan + gate
+    assert (gate / "PASSED").exists() and "gate: PASSED" in output(proc)
+    assert "# Invariant gate: PASSED" in (gate / "gate.md").read_text()
+
+    # the negative control: per-rank packing, uneven micro-batches
+    none = tmp_path / "none.yaml"
+    none.write_text("pack:\n  remainder: none\n")
+    proc = snakemake(workflow_copy, "--configfile", str(none), check=False)
+    assert proc.returncode != 0
+    assert "gate: FAIL equal_steps" in output(proc)  # in the Snakemake output, not only the log
+    assert not (gate / "PASSED").exists()
+    assert "localrule all:" not in output(proc)  # nothing downstream ran
+    report = json.loads((gate / "gate.json").read_text())
+    assert [c["name"] for c in report["checks"] if not c["passed"]][0] == "equal_steps"
+
+    # the loud override: the report is written, the run goes on, PASSED is not
+    override = tmp_path / "override.yaml"
+    override.write_text("pack:\n  remainder: none\ngate:\n  enforce: false\n")
+    proc = snakemake(workflow_copy, "--configfile", str(override))
+    assert "WARNING: FAILED (equal_steps" in output(proc) and "gate.enforce is false" in output(proc)
+    assert not (gate / "PASSED").exists() and (gate / "UNENFORCED").exists()
+    assert "gate.enforce is false" in (gate / "gate.md").read_text()
+
+    # back to the default plan, then a hand edit of packs.parquet after packing
+    snakemake(workflow_copy)
+    packs = workflow_copy / "results/plan/packs.parquet"
+    table = pq.read_table(packs)
+    pq.write_table(table.take(list(range(1, table.num_rows)) + [0]), packs)
+    proc = snakemake(workflow_copy, check=False)
+    assert proc.returncode != 0
+    assert "gate: FAIL provenance: packs.parquet changed since it was planned" in output(proc)
+    assert not (gate / "PASSED").exists()

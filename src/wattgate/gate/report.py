@@ -39,3 +39,7 @@ def write_report(out: Path, report: dict) -> None:
     write_bytes_atomic(out / "gate.md", gate_markdown(report).encode())
     if report["passed"]:
         write_bytes_atomic(out / "PASSED", b"all gate checks passed; see gate.md\n")
+    if not report["enforce"]:
+        # what downstream rules wait on when the user chose to run past the gate
+        verdict = "passed" if report["passed"] else "FAILED"
+        write_bytes_atomic(out / "UNENFORCED", f"gate {verdict}, not enforced (gate.enforce: false); see gate.md\n".encode())

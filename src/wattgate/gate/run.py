@@ -65,7 +65,8 @@ def run_checks(inputs: GateInputs, spec: ModelSpec, terms: dict[str, int]) -> li
 def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: str | Path) -> dict:
     """Run the gate; returns the report (also written to out/gate.json, out/gate.md, out/PASSED)."""
     out = Path(out)
-    (out / "PASSED").unlink(missing_ok=True)  # a stale pass must never outlive a new verdict
+    for marker in ("PASSED", "UNENFORCED"):  # a stale marker must never outlive a new verdict
+        (out / marker).unlink(missing_ok=True)
     start = time.perf_counter()
     checkpoint_dir = out.parent / "train" / config["run_name"] / "checkpoints"
     inputs = load_inputs(config, pretokenized, plan_dir, checkpoint_dir)
