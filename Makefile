@@ -25,6 +25,7 @@ test: $(VENV)/.installed-test
 bench: $(VENV)/.installed-test,bench
 	$(BIN)/python bench/pack.py
 	$(BIN)/python bench/pretokenize.py
+	$(BIN)/python bench/gate.py
 
 lint: $(VENV)/.installed-test
 	$(BIN)/snakemake --lint
