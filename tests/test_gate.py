@@ -63,7 +63,8 @@ def without_rows(packs, rows):
     offsets = np.concatenate(([0], np.cumsum(packs.docs_per_row[keep])))
     return dataclasses.replace(
         packs, **{f: getattr(packs, f)[keep] for f in ("epoch", "step", "micro", "rank", "slot", "num_tokens")},
-        doc_ids=packs.doc_ids[entry_keep], doc_lengths=packs.doc_lengths[entry_keep], offsets=offsets)
+        doc_ids=packs.doc_ids[entry_keep], doc_lengths=packs.doc_lengths[entry_keep], offsets=offsets,
+        length_offsets=offsets)
 
 
 def test_valid_plan_passes_every_check(inputs):
@@ -90,6 +91,28 @@ def test_equal_steps_catches_partial_micro_batches_with_equal_counts(inputs):
     moved[slot1] = 7  # same counts per rank, but micro-batch (0, 0) now holds one pack per rank
     check = C.check_equal_steps(dataclasses.replace(p, micro=moved), 2, 2, 2, 2, inputs.plan["steps_per_epoch"])
     assert not check.passed and "pack count other than micro_batch_size" in check.detail
+
+
+def test_equal_steps_catches_micro_batches_moved_between_steps(inputs):
+    p = inputs.packs
+    # every rank moves (step 1, micro 1) to (step 0, micro 2): equal totals, but 3 + 1 micro-batches per step
+    sel = (p.step == 1) & (p.micro == 1)
+    step, micro = p.step.copy(), p.micro.copy()
+    step[sel], micro[sel] = 0, 2
+    check = C.check_equal_steps(dataclasses.replace(p, step=step, micro=micro), 2, 2, 2, 2, inputs.plan["steps_per_epoch"])
+    assert not check.passed
+    assert "outside 0..1 (grad_accum)" in check.detail and "micro-batch count other than grad_accum 2" in check.detail
+
+
+def test_pack_contents_catches_misaligned_length_lists_without_crashing(inputs):
+    p = inputs.packs
+    shifted = p.length_offsets.copy()
+    shifted[1] -= 1  # row 0 lost its last length to row 1
+    check = C.check_pack_contents(dataclasses.replace(p, length_offsets=shifted), 256, inputs.doc_tokens,
+                                  inputs.doc_loss_tokens)
+    assert not check.passed and "doc_ids and doc_lengths lists differ in length" in check.detail
+    short = dataclasses.replace(p, doc_lengths=p.doc_lengths[:-1], length_offsets=np.minimum(p.length_offsets, len(p.doc_lengths) - 1))
+    assert not C.check_pack_contents(short, 256, inputs.doc_tokens, inputs.doc_loss_tokens).passed
 
 
 def test_pack_contents_overlong_and_lossless_packs(inputs):

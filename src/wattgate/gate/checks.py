@@ -71,10 +71,17 @@ def check_equal_steps(packs: PackRows, world_size: int, epochs: int, micro_batch
         sequences = [keys[sel_epoch & (owner % world_size == r)] % (n_step_max * n_micro_max) for r in range(world_size)]
         if any(not np.array_equal(sequences[0], s) for s in sequences[1:]):
             problems.append(f"epoch {epoch}: ranks run different (step, micro) sequences")
-        elif micro[0] != steps[0] * grad_accum:
-            problems.append(f"epoch {epoch}: {micro[0]} micro-batches over {steps[0]} steps, grad_accum is {grad_accum}")
         elif steps[0] != steps_per_epoch:
             problems.append(f"epoch {epoch}: {steps[0]} steps, plan.json says steps_per_epoch {steps_per_epoch}")
+    for field, limit, key_name in ((packs.micro, grad_accum, "grad_accum"), (packs.step, steps_per_epoch, "steps_per_epoch")):
+        outside = np.flatnonzero((field < 0) | (field >= limit))
+        if outside.size:
+            problems.append(f"index outside 0..{limit - 1} ({key_name}) at {_where(packs, outside)}")
+    _, micro_per_step = np.unique(keys // n_micro_max, return_counts=True)  # per (epoch, rank, step)
+    if (micro_per_step != grad_accum).any():
+        odd = micro_per_step[micro_per_step != grad_accum]
+        problems.append(f"{odd.size} (rank, step)s with a micro-batch count other than grad_accum {grad_accum} "
+                        f"(e.g. {odd[0]})")
     partial = np.flatnonzero(per_key != micro_batch_size)
     if partial.size:
         problems.append(f"{partial.size} micro-batch(es) with a pack count other than micro_batch_size "
@@ -99,6 +106,11 @@ def check_pack_contents(packs: PackRows, seq_len: int, doc_tokens: np.ndarray, d
     ids = packs.doc_ids
     if len(ids) and (ids.min() < 0 or ids.max() >= len(doc_tokens)):
         return Check(name, False, _listed(problems + [f"doc_id outside 0..{len(doc_tokens) - 1}"]))
+    if not np.array_equal(packs.offsets, packs.length_offsets):
+        rows = np.flatnonzero(np.diff(packs.offsets) != np.diff(packs.length_offsets))
+        return Check(name, False, _listed(problems + [
+            f"{rows.size} pack(s) whose doc_ids and doc_lengths lists differ in length, first at {_where(packs, rows)}"
+        ]))
     wrong_sum = np.flatnonzero(packs.sum_per_row(packs.doc_lengths) != packs.num_tokens)
     if wrong_sum.size:
         problems.append(f"{wrong_sum.size} pack(s) whose num_tokens differs from the sum of doc_lengths, "

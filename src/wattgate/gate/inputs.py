@@ -34,6 +34,7 @@ class PackRows:
     doc_ids: np.ndarray
     doc_lengths: np.ndarray
     offsets: np.ndarray  # row r holds doc_ids[offsets[r]:offsets[r + 1]]
+    length_offsets: np.ndarray  # the same for doc_lengths; must equal `offsets` (checked, not assumed)
 
     def __len__(self) -> int:
         return len(self.epoch)
@@ -54,13 +55,18 @@ class PackRows:
     @classmethod
     def from_table(cls, t: pa.Table) -> "PackRows":
         ids, lengths = t.column("doc_ids").combine_chunks(), t.column("doc_lengths").combine_chunks()
-        offsets = ids.offsets.to_numpy().astype(np.int64)
-        offsets = offsets - offsets[0]
+
+        def offsets_of(lists) -> np.ndarray:
+            o = lists.offsets.to_numpy().astype(np.int64)
+            return o - o[0]
+
+        offsets = offsets_of(ids)
         return cls(
             **{c: t.column(c).to_numpy().astype(np.int64) for c in ("epoch", "step", "micro", "rank", "slot", "num_tokens")},
             doc_ids=pc.list_flatten(ids).to_numpy().astype(np.int64),
             doc_lengths=pc.list_flatten(lengths).to_numpy().astype(np.int64),
             offsets=offsets,
+            length_offsets=offsets_of(lengths),
         )
 
 

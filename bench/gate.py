@@ -1,0 +1,341 @@
+"""Invariant gate speed: wattgate's `run_gate` vs a plain pandas implementation of the same checks.
+
+Both sides read the same artifacts from disk: a synthetic pretokenized folder
+(shards + manifest.json, written in the pretokenize stage's schema) and the
+plan that the real pack stage builds from it (plan.json + packs.parquet).
+Shards carry empty `input_ids`/`loss_mask` lists: the gate reads only doc_id,
+num_tokens and num_loss_tokens, and full token lists would be GBs on disk.
+
+The baseline is what a competent engineer would write with pandas idioms:
+`pd.read_parquet`, then explode / merge / groupby, sha256 via hashlib; the
+memory estimate (pure arithmetic) is reused from wattgate.gate.memory. Both
+sides must reach the same verdict on every check, on the real plan and on a
+broken one (last pack of rank 1 removed).
+
+    python bench/gate.py [--n 1000000] [--quick] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from wattgate.config import validate_config
+from wattgate.data.pretokenize import SHARD_SCHEMA
+from wattgate.gate.inputs import load_inputs
+from wattgate.gate.memory import checkpoint_bytes, device_memory_bytes, estimate_memory, load_model_spec
+from wattgate.gate.run import fit_settings, free_bytes_at, run_checks, run_gate
+from wattgate.pack.plan import build_plan
+
+SEQ_LEN = 8192
+WORLD_SIZE, GRAD_ACCUM = 16, 8  # 2 nodes x 8 GPUs, micro_batch_size 1
+TARGET_S = 1.0  # ours, 1M documents, epochs 1, on the 2-core bench VM
+SHARD_DOCS = 250_000
+MAX_TOKEN_ID, VOCAB = 151_000, 151_669
+QWEN3_32B = {
+    "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 5120, "intermediate_size": 25600,
+    "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+    "tie_word_embeddings": False,
+}
+# A 32B model's checkpoints need ~1.2 TB; the bench VM's disk cannot pass this check, and
+# both sides must then agree that it fails. Every other check must pass.
+ENVIRONMENTAL = {"checkpoint_space"}
+# Removing one pack of rank 1 must trip these (provenance: packs.parquet no longer matches its hash).
+BROKEN_FAILS = {"equal_steps", "conservation", "provenance"}
+
+# ---------------------------------------------------------------- inputs
+
+
+def lognormal_lengths(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.clip(np.rint(rng.lognormal(mean=6.0, sigma=1.0, size=n)), 1, SEQ_LEN).astype(np.int64)
+
+
+def write_pretokenized(folder: Path, lengths: np.ndarray) -> None:
+    """Shards in the pretokenize schema (token lists left empty) and a manifest that matches them."""
+    folder.mkdir(parents=True)
+    loss = np.maximum(1, lengths // 3)
+    names = []
+    for i, start in enumerate(range(0, len(lengths), SHARD_DOCS)):
+        stop = min(start + SHARD_DOCS, len(lengths))
+        empty_offsets = pa.array(np.zeros(stop - start + 1, dtype=np.int32))
+        table = pa.Table.from_arrays(
+            [
+                pa.array(np.arange(start, stop, dtype=np.int64)),
+                pa.ListArray.from_arrays(empty_offsets, pa.array([], pa.int32())),
+                pa.ListArray.from_arrays(empty_offsets, pa.array([], pa.int8())),
+                pa.array(lengths[start:stop].astype(np.int32)),
+                pa.array(loss[start:stop].astype(np.int32)),
+            ],
+            schema=SHARD_SCHEMA,
+        )
+        names.append(f"shard-{i:05d}.parquet")
+        pq.write_table(table, folder / names[-1], compression="zstd", row_group_size=16384)
+    manifest = {
+        "format_version": 1, "num_docs": len(lengths), "num_tokens": int(lengths.sum()),
+        "num_loss_tokens": int(loss.sum()), "max_token_id": MAX_TOKEN_ID, "vocab_size": VOCAB,
+        "shards": names, "dropped": {}, "sources": ["synthetic lognormal(6, 1) lengths"],
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def make_config(epochs: int, num_tokens: int) -> dict:
+    # checkpoint every 100 steps, or fewer when a small --n gives a shorter run (schedule check)
+    min_steps = num_tokens // (SEQ_LEN * WORLD_SIZE * GRAD_ACCUM)
+    return validate_config({
+        "train": {"seq_len": SEQ_LEN, "micro_batch_size": 1, "grad_accum": GRAD_ACCUM, "epochs": epochs,
+                  "warmup_steps": min(10, min_steps // 2), "checkpoint_every": max(1, min(100, min_steps)),
+                  "activation_checkpointing": True},
+        "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu_model": "B300"},
+        "model": {"config": dict(QWEN3_32B)},
+        "run_name": "bench",
+    })
+
+
+def break_plan(plan_dir: Path, dest: Path) -> None:
+    """A copy of the plan whose packs.parquet lacks rank 1's last row (plan.json unchanged)."""
+    dest.mkdir(parents=True)
+    shutil.copy(plan_dir / "plan.json", dest / "plan.json")
+    table = pq.read_table(plan_dir / "packs.parquet")
+    last = int(np.flatnonzero(table.column("rank").to_numpy() == 1)[-1])
+    keep = np.ones(len(table), dtype=bool)
+    keep[last] = False
+    pq.write_table(table.filter(pa.array(keep)), dest / "packs.parquet", compression="zstd")
+
+# ---------------------------------------------------------------- pandas baseline
+
+
+def pd_equal_steps(packs: pd.DataFrame, plan: dict) -> bool:
+    W, E = plan["world_size"], plan["epochs"]
+    if packs.empty or not packs["rank"].between(0, W - 1).all():
+        return False
+    if set(packs["epoch"].unique()) != set(range(E)):
+        return False
+    per_micro = packs.groupby(["epoch", "step", "micro", "rank"]).size()
+    if not (per_micro == plan["micro_batch_size"]).all():
+        return False
+    # every (epoch, step, micro) on all W ranks <=> all ranks run the same sequence
+    ranks_per_micro = per_micro.groupby(level=["epoch", "step", "micro"]).size()
+    if not (ranks_per_micro == W).all():
+        return False
+    if not (packs["micro"].between(0, plan["grad_accum"] - 1).all()
+            and packs["step"].between(0, plan["steps_per_epoch"] - 1).all()):
+        return False
+    # grad_accum micro-batches in every step of every rank
+    micro_per_step = per_micro.groupby(level=["epoch", "step", "rank"]).size()
+    if not (micro_per_step == plan["grad_accum"]).all():
+        return False
+    per_rank = packs.groupby(["epoch", "rank"]).agg(steps=("step", "nunique"), packs=("slot", "size"))
+    return bool((per_rank["steps"] == plan["steps_per_epoch"]).all()
+                and per_rank.groupby(level="epoch")["packs"].nunique().eq(1).all())
+
+
+def pd_pack_contents(packs: pd.DataFrame, entries: pd.DataFrame, seq_len: int) -> bool:
+    if (packs["num_tokens"] > seq_len).any():
+        return False
+    per_row = entries.groupby("row").agg(docs=("doc_id", "size"), tokens=("doc_length", "sum"),
+                                         loss=("num_loss_tokens", "sum"))
+    per_row = per_row.reindex(packs.index, fill_value=0)  # empty packs have no entries
+    return bool((per_row["docs"] > 0).all()
+                and (per_row["tokens"] == packs["num_tokens"]).all()
+                # a doc_id missing from the shards merged to NaN, which equals no length
+                and (entries["doc_length"] == entries["num_tokens"]).all()
+                and (per_row["loss"] > 0).all())
+
+
+def pd_conservation(entries: pd.DataFrame, docs: pd.DataFrame, manifest: dict, plan: dict) -> bool:
+    stats = plan.get("stats", {})
+    dropped = pd.Index(stats.get("dropped_doc_ids", []), dtype="int64")
+    reasons = sum(int(v.get("docs", 0)) for v in stats.get("dropped", {}).values())
+    if docs["num_tokens"].sum() != manifest.get("num_tokens", -1) or reasons != len(dropped) or dropped.has_duplicates:
+        return False
+    kept = pd.Index(docs["doc_id"]).difference(dropped)
+    for epoch in range(plan["epochs"]):
+        counts = entries.loc[entries["epoch"] == epoch, "doc_id"].value_counts()
+        if (counts != 1).any() or not counts.index.sort_values().equals(kept):
+            return False
+    return True
+
+
+def pd_launch(plan: dict, config: dict) -> bool:
+    c, t = config["cluster"], config["train"]
+    expected = {"world_size": c["nodes"] * c["gpus_per_node"], "micro_batch_size": t["micro_batch_size"],
+                "grad_accum": t["grad_accum"], "seq_len": t["seq_len"], "epochs": t["epochs"]}
+    return all(plan.get(k) == v for k, v in expected.items())
+
+
+def pd_provenance(plan: dict, packs_path: Path, manifest_raw: bytes, manifest: dict, vocab: int) -> bool:
+    packs_sha = hashlib.sha256(packs_path.read_bytes()).hexdigest()
+    max_id = manifest.get("max_token_id")
+    return (plan.get("packs_sha256") == packs_sha
+            and plan.get("pretokenized_manifest_sha256") == hashlib.sha256(manifest_raw).hexdigest()
+            and isinstance(max_id, int) and max_id < vocab and manifest.get("vocab_size", 0) <= vocab)
+
+
+def pd_balance(packs: pd.DataFrame, entries: pd.DataFrame, plan: dict, max_ratio: float) -> bool:
+    W = plan["world_size"]
+    sq = (entries["doc_length"].astype("float64") ** 2).groupby(entries["row"]).sum()
+    cost = packs["num_tokens"] + plan["attn_weight"] * sq.reindex(packs.index, fill_value=0.0)
+    per_rank = cost.groupby([packs["epoch"], packs["step"], packs["rank"]]).sum().unstack("rank", fill_value=0.0)
+    per_rank = per_rank.reindex(columns=range(W), fill_value=0.0)
+    return bool((per_rank.max(axis=1) / per_rank.mean(axis=1)).max() <= max_ratio)
+
+
+def pd_schedule(plan: dict, config: dict) -> bool:
+    t = config["train"]
+    total = plan["epochs"] * plan["steps_per_epoch"]
+    return total >= 1 and t["warmup_steps"] < total and t["checkpoint_every"] <= total
+
+
+def pandas_gate(config: dict, pretok: Path, plan_dir: Path, checkpoint_dir: Path) -> dict[str, bool]:
+    """The nine checks with pandas; verdict per check name."""
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    manifest_raw = (pretok / "manifest.json").read_bytes()
+    manifest = json.loads(manifest_raw)
+    packs = pd.read_parquet(plan_dir / "packs.parquet")
+    docs = pd.concat([pd.read_parquet(pretok / s, columns=["doc_id", "num_tokens", "num_loss_tokens"])
+                      for s in manifest["shards"]], ignore_index=True)
+    # one row per (pack, document), with the shard's counts for that document
+    entries = (packs[["epoch", "doc_ids", "doc_lengths"]].explode(["doc_ids", "doc_lengths"])
+               .dropna(subset=["doc_ids"]).rename(columns={"doc_ids": "doc_id", "doc_lengths": "doc_length"})
+               .astype({"doc_id": "int64", "doc_length": "int64"}).rename_axis("row").reset_index()
+               .merge(docs, on="doc_id", how="left"))
+
+    spec = load_model_spec(config)
+    settings = fit_settings(config)
+    budget, _ = device_memory_bytes(config)
+    need = ((config["train"]["checkpoint_keep"] + 1) * checkpoint_bytes(spec)
+            + spec.num_params * (2 if settings.mixed_precision else 4))
+    gate = config["gate"]
+    return {
+        "equal_steps": pd_equal_steps(packs, plan),
+        "pack_contents": pd_pack_contents(packs, entries, plan["seq_len"]),
+        "conservation": pd_conservation(entries, docs, manifest, plan),
+        "launch": pd_launch(plan, config),
+        "provenance": pd_provenance(plan, plan_dir / "packs.parquet", manifest_raw, manifest, spec.vocab_size),
+        "fit": sum(estimate_memory(spec, settings).values()) <= budget * (1 - gate["memory_headroom"]),
+        "checkpoint_space": need <= free_bytes_at(checkpoint_dir)[0],
+        "balance": pd_balance(packs, entries, plan, gate["max_rank_cost_ratio"]),
+        "schedule": pd_schedule(plan, config),
+    }
+
+# ---------------------------------------------------------------- timing
+
+
+def timed(fn, *args, repeat: int):
+    """Last result and all wall times of `repeat` calls."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        out = fn(*args)
+        times.append(time.perf_counter() - start)
+    return out, times
+
+
+def ours_split(config: dict, pretok: Path, plan_dir: Path, out: Path) -> tuple[float, float]:
+    """(load, checks) seconds of one in-process gate, as run_gate does them."""
+    start = time.perf_counter()
+    inputs = load_inputs(config, pretok, plan_dir, out.parent / "train" / config["run_name"] / "checkpoints")
+    loaded = time.perf_counter()
+    spec = load_model_spec(config)
+    run_checks(inputs, spec, estimate_memory(spec, fit_settings(config)))
+    return loaded - start, time.perf_counter() - loaded
+
+
+def verdicts(report: dict) -> dict[str, bool]:
+    return {c["name"]: c["passed"] for c in report["checks"]}
+
+
+def failed(verdict: dict[str, bool]) -> set[str]:
+    return {name for name, ok in verdict.items() if not ok}
+
+
+def compare(what: str, ours: dict[str, bool], theirs: dict[str, bool], must_fail: set[str]) -> None:
+    """Both sides agree on every check, and exactly `must_fail` (plus environmental ones) fail."""
+    assert ours == theirs, f"{what}: verdicts differ: ours {ours}, pandas {theirs}"
+    assert must_fail <= failed(ours) <= must_fail | ENVIRONMENTAL, \
+        f"{what}: failed {sorted(failed(ours))}, expected {sorted(must_fail)}"
+
+
+def plan_size(packs_path: Path) -> tuple[int, int]:
+    """(rows, (pack, document) entries) of packs.parquet."""
+    doc_ids = pq.read_table(packs_path, columns=["doc_ids"]).column("doc_ids")
+    return len(doc_ids), int(pc.sum(pc.list_value_length(doc_ids)).as_py())
+
+
+def bench_plan(tmp: Path, pretok: Path, num_tokens: int, epochs: int, repeat: int, pd_repeat: int) -> dict:
+    config = make_config(epochs, num_tokens)
+    plan_dir, out = tmp / f"plan-e{epochs}", tmp / f"gate-e{epochs}" / "gate"
+    build_plan(config, pretok, plan_dir)
+    out.mkdir(parents=True)
+    ckpt = out.parent / "train" / config["run_name"] / "checkpoints"
+    # warm-up: page cache, lazy imports, first-call setup are timed on neither side
+    run_gate(config, pretok, plan_dir, out)
+    pandas_gate(config, pretok, plan_dir, ckpt)
+
+    report, t_ours = timed(run_gate, config, pretok, plan_dir, out, repeat=repeat)
+    splits = [ours_split(config, pretok, plan_dir, out) for _ in range(repeat)]
+    theirs, t_pd = timed(pandas_gate, config, pretok, plan_dir, ckpt, repeat=pd_repeat)
+    compare(f"epochs {epochs}", verdicts(report), theirs, set())
+
+    broken = tmp / f"plan-e{epochs}-broken"
+    break_plan(plan_dir, broken)
+    broken_verdicts = verdicts(run_gate(config, pretok, broken, out))
+    compare(f"epochs {epochs}, broken", broken_verdicts, pandas_gate(config, pretok, broken, ckpt), BROKEN_FAILS)
+    rows, entries = plan_size(plan_dir / "packs.parquet")
+    return {"epochs": epochs, "rows": rows, "entries": entries, "t_ours": t_ours, "t_pd": t_pd,
+            "t_load": min(s[0] for s in splits), "t_checks": min(s[1] for s in splits), "checks": report["checks"],
+            "broken_fails": failed(broken_verdicts)}
+
+
+def report(r: dict, n: int, headline: bool) -> None:
+    best, med, t_pd = min(r["t_ours"]), statistics.median(r["t_ours"]), min(r["t_pd"])
+    print(f"== epochs {r['epochs']}: {n:,} docs, {r['rows'] // r['epochs']:,} packs/epoch, {r['rows']:,} rows, "
+          f"{r['entries']:,} (pack, doc) entries")
+    print(f"  wattgate run_gate   best {best:7.3f} s  median {med:7.3f} s  ({len(r['t_ours'])} runs)")
+    print(f"    in-process split  load {r['t_load']:7.3f} s  checks {r['t_checks']:7.3f} s  (best of each)")
+    print(f"  pandas baseline     best {t_pd:7.3f} s  median {statistics.median(r['t_pd']):7.3f} s  "
+          f"({len(r['t_pd'])} runs)")
+    print(f"  ratio pandas/ours   {t_pd / best:7.1f}x")
+    env = [c for c in r["checks"] if not c["passed"]]
+    print(f"  verdicts: both sides agree on all {len(r['checks'])} checks; all pass"
+          + "".join(f" except {c['name']} (this VM: {c['detail']})" for c in env))
+    print(f"  broken plan (rank 1 one pack short): both fail {', '.join(sorted(r['broken_fails'] - ENVIRONMENTAL))}")
+    if headline:
+        verdict = ("PASS" if best <= TARGET_S else "FAIL") if n == 1_000_000 else "n/a (target is for 1,000,000 docs)"
+        print(f"  target <= {TARGET_S:.1f} s: {verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1_000_000, help="documents")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 50,000 documents, 2 runs per side")
+    parser.add_argument("--repeat", type=int, help="timed runs of ours (default 5, quick 2; pandas at most 3)")
+    args = parser.parse_args()
+    n = 50_000 if args.quick else args.n
+    repeat = args.repeat or (2 if args.quick else 5)
+
+    with tempfile.TemporaryDirectory(prefix="wattgate-bench-gate-") as tmp:
+        tmp = Path(tmp)
+        pretok = tmp / "pretokenized"
+        lengths = lognormal_lengths(n)
+        write_pretokenized(pretok, lengths)
+        for epochs in (1, 2):
+            r = bench_plan(tmp, pretok, int(lengths.sum()), epochs, repeat, pd_repeat=min(3, repeat))
+            report(r, n, headline=epochs == 1)
+
+
+if __name__ == "__main__":
+    main()
