@@ -14,10 +14,10 @@ validate(config, "workflow/schemas/config.schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/gate.smk"
+include: "workflow/rules/train.smk"
 
 
 rule all:
     input:
-        "results/plan/plan.json",
-        gate_result(),
+        f"{TRAIN_DIR}/TRAINED",
     default_target: True

@@ -81,6 +81,20 @@ def _gate(args, config) -> None:
     raise StageFailed(f"{len(failed)} check(s) failed: {names}; see {args.out}/gate.md")
 
 
+def _train(args, config) -> None:
+    from wattgate.train.loop import train
+
+    train(config, args.pretokenized, args.plan, args.out)
+
+
+def _launch(args, config) -> None:
+    from wattgate.train.launch import run_launch
+
+    rc = run_launch(config, args.config, args.pretokenized, args.plan, args.out)
+    if rc != 0:
+        raise StageFailed(f"training exited with status {rc}; see the log above and {args.out}/heartbeat/")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wattgate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
@@ -106,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pretokenized", required=True, type=Path)
     p.add_argument("--out", required=True, type=Path)
     p = stage("gate", _gate, "invariant gate: prove the plan safe before any GPU job")
+    p.add_argument("--pretokenized", required=True, type=Path)
+    p.add_argument("--plan", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    p = stage("train", _train, "train one rank (run under torchrun; see `wattgate launch`)")
+    p.add_argument("--pretokenized", required=True, type=Path)
+    p.add_argument("--plan", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path)
+    p = stage("launch", _launch, "start the train stage on every rank (torchrun; srun on Slurm)")
     p.add_argument("--pretokenized", required=True, type=Path)
     p.add_argument("--plan", required=True, type=Path)
     p.add_argument("--out", required=True, type=Path)

@@ -3,6 +3,7 @@
 from wattgate.config import dump_resolved
 
 RUN_CONFIG = dump_resolved(config, "results/config.yaml")
+TRAIN_DIR = f"results/train/{config['run_name']}"
 
 
 def tokenizer_dir():

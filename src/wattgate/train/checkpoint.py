@@ -1,0 +1,110 @@
+"""Distributed checkpoints: model, optimizer, scheduler, RNG and data position, atomically published.
+
+Every rank writes its shards with torch.distributed.checkpoint into
+`step-<n>.tmp/`; rank 0 then writes `state.json` (data position, scheduler,
+and the size of every file) and renames the folder to `step-<n>/`. A folder
+is loaded only if state.json lists files that are all present with their
+sizes; anything else is skipped with a warning, never loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from wattgate.artifacts import write_json_atomic
+
+STATE = "state.json"
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def save_checkpoint(root: Path, step: int, model, optimizer, position: dict, keep: int) -> Path:
+    rank = dist.get_rank()
+    final = root / f"step-{step}"
+    tmp = root / f"step-{step}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+    dcp.save(state, checkpoint_id=str(tmp))
+    torch.save(_rng_state(), tmp / f"rng-rank-{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+        write_json_atomic(tmp / STATE, {"step": step, "position": position, "files": files,
+                                        "world_size": dist.get_world_size()})
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        prune(root, keep)
+    dist.barrier()
+    return final
+
+
+def prune(root: Path, keep: int) -> None:
+    complete = sorted((p for p in root.glob("step-*") if p.suffix != ".tmp"), key=_step_of)
+    for old in complete[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.name.split("-", 1)[1])
+    except ValueError:
+        return -1
+
+
+def is_complete(path: Path) -> tuple[bool, str]:
+    try:
+        state = json.loads((path / STATE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False, f"no readable {STATE}"
+    for name, size in state.get("files", {}).items():
+        f = path / name
+        if not f.exists():
+            return False, f"missing {name}"
+        if f.stat().st_size != size:
+            return False, f"{name} is {f.stat().st_size} bytes, expected {size}"
+    return True, ""
+
+
+def latest_complete(root: Path) -> Path | None:
+    """The newest loadable checkpoint; incomplete ones are reported and skipped."""
+    candidates = sorted((p for p in root.glob("step-*") if p.is_dir() and p.suffix != ".tmp"), key=_step_of, reverse=True)
+    for path in candidates:
+        ok, why = is_complete(path)
+        if ok:
+            return path
+        if dist.get_rank() == 0:
+            print(f"train: WARNING: skipping checkpoint {path}: {why}", file=sys.stderr, flush=True)
+    return None
+
+
+def load_checkpoint(path: Path, model, optimizer) -> dict:
+    """Restore model, optimizer and this rank's RNG; returns state.json (data position, step)."""
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(state, checkpoint_id=str(path))
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optim"])
+    rng_file = path / f"rng-rank-{dist.get_rank()}.pt"
+    if rng_file.exists():
+        rng = torch.load(rng_file, weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"]:
+            torch.cuda.set_rng_state_all(rng["cuda"])
+    return json.loads((path / STATE).read_text())

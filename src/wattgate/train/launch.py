@@ -1,0 +1,106 @@
+"""The train launcher: builds the torchrun (or srun + torchrun) command for this config, and runs it.
+
+Local (the embedded default): `torchrun --standalone --nproc-per-node N`.
+Slurm: one launcher task per node (`srun --nodes=N --ntasks-per-node=1`),
+each running torchrun with `--nnodes N`, a c10d rendezvous on the
+allocation's first host and a port derived from the job id (two jobs at once
+must not share a rendezvous). c10d assigns node ranks in join order, so the
+trainer reads its rank from the environment, never from --node_rank.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from wattgate.errors import InputError
+
+RDZV_PORT_BASE = 20000
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    nodes: int
+    procs_per_node: int
+    launcher: str  # local | slurm
+    omp_threads: int
+    rendezvous_host: str | None
+    job_id: str | None
+
+
+def resolve_launch(config: dict, environ: dict | None = None) -> LaunchSpec:
+    env = os.environ if environ is None else environ
+    c = config["cluster"]
+    launcher = c["launcher"]
+    if launcher == "auto":
+        launcher = "slurm" if env.get("SLURM_JOB_ID") else "local"
+    if launcher == "local" and c["nodes"] != 1:
+        raise InputError(f"config: cluster.nodes is {c['nodes']} but there is no Slurm allocation; "
+                         "multi-node runs go through Slurm (cluster.launcher: slurm)")
+    cpus = c["cpus_per_node"] or os.cpu_count() or 1
+    return LaunchSpec(
+        nodes=c["nodes"],
+        procs_per_node=c["gpus_per_node"],
+        launcher=launcher,
+        # one share of the node's cores per process: Snakemake's threads-derived value would oversubscribe
+        omp_threads=max(1, cpus // c["gpus_per_node"]),
+        rendezvous_host=c["rendezvous_host"],
+        job_id=env.get("SLURM_JOB_ID"),
+    )
+
+
+def train_args(config_path: Path, pretokenized: Path, plan: Path, out: Path) -> list[str]:
+    return ["-m", "wattgate", "train", "--config", str(config_path), "--pretokenized", str(pretokenized),
+            "--plan", str(plan), "--out", str(out)]
+
+
+def build_launch_command(spec: LaunchSpec, args: list[str], python: str = sys.executable) -> list[str]:
+    """argv that starts every rank of the job from this (first-node or local) process."""
+    torchrun = [python, "-m", "torch.distributed.run"]
+    if spec.launcher == "local":
+        return torchrun + ["--standalone", f"--nproc-per-node={spec.procs_per_node}"] + args
+    if not spec.job_id:
+        raise InputError("launcher slurm: SLURM_JOB_ID is not set; run inside an allocation (or launcher: local)")
+    port = RDZV_PORT_BASE + int(spec.job_id) % 10000
+    host = shlex.quote(spec.rendezvous_host) if spec.rendezvous_host else \
+        '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+    inner = " ".join(
+        [shlex.quote(x) for x in torchrun]
+        + [f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.procs_per_node}", "--rdzv-backend=c10d",
+           f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={shlex.quote(spec.job_id)}"]
+        + [shlex.quote(a) for a in args]
+    )
+    # the jobstep strips SLURM_* but the job id: srun must be told the node count itself
+    return ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--jobid={spec.job_id}",
+            "bash", "-c", f"exec {inner}"]
+
+
+def launch_env(spec: LaunchSpec, base: dict | None = None) -> dict:
+    env = dict(os.environ if base is None else base)
+    env["OMP_NUM_THREADS"] = str(spec.omp_threads)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def run_launch(config: dict, config_path: Path, pretokenized: Path, plan: Path, out: Path) -> int:
+    """Start the job in its own process group; forward SIGTERM/SIGINT; return its exit status."""
+    spec = resolve_launch(config)
+    argv = build_launch_command(spec, train_args(config_path, pretokenized, plan, out))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"launch: {' '.join(shlex.quote(a) for a in argv)}", flush=True)
+    proc = subprocess.Popen(argv, env=launch_env(spec), start_new_session=True)
+
+    def forward(signum, _frame):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    return proc.wait()

@@ -1,0 +1,277 @@
+"""`wattgate train`: one process per rank (under torchrun), running exactly its planned micro-batches."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from itertools import groupby
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from wattgate.artifacts import write_json_atomic
+from wattgate.data.tokenizer import TOKENIZER_FILES
+from wattgate.errors import InputError, StageFailed
+from wattgate.train import checkpoint as ckpt
+from wattgate.train.data import DocStore, MicroBatchPlan, build_batch, read_rank_plan
+from wattgate.train.loss import forward_logits, loss_sum, to_tensors
+from wattgate.train.model import build_model, count_params, parallelize
+from wattgate.train.telemetry_files import Heartbeat, MetricsTable
+
+METRICS_FLUSH_EVERY = 50  # steps; also at every checkpoint and at the end
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    seq_len: int
+    micro_batch_size: int
+    grad_accum: int
+    epochs: int
+    lr: float
+    min_lr_ratio: float
+    warmup_steps: int
+    weight_decay: float
+    betas: tuple[float, float]
+    grad_clip: float
+    seed: int
+    checkpoint_every: int
+    checkpoint_keep: int
+    collective_timeout_s: float
+    attn_implementation: str
+    activation_checkpointing: bool
+    mixed_precision: bool
+    data_cache: str
+    local_cache_dir: str | None
+    log_every: int
+
+    @classmethod
+    def from_config(cls, config: dict) -> "TrainSettings":
+        t = config["train"]
+        return cls(
+            **{k: t[k] for k in ("seq_len", "micro_batch_size", "grad_accum", "epochs", "lr", "min_lr_ratio",
+                                 "warmup_steps", "weight_decay", "grad_clip", "seed", "checkpoint_every",
+                                 "checkpoint_keep", "collective_timeout_s", "attn_implementation",
+                                 "activation_checkpointing", "data_cache", "local_cache_dir", "log_every")},
+            betas=tuple(t["betas"]),
+            mixed_precision=t["mixed_precision"] == "bf16",
+        )
+
+
+def lr_at(step: int, s: TrainSettings, total: int) -> float:
+    """Linear warmup to lr, then cosine down to lr * min_lr_ratio at the last step."""
+    if step < s.warmup_steps:
+        return s.lr * (step + 1) / s.warmup_steps
+    span = max(1, total - s.warmup_steps)
+    progress = min(1.0, (step - s.warmup_steps) / span)
+    return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def init_distributed(timeout_s: float, out: Path) -> tuple[int, int, torch.device]:
+    """Ranks come from torchrun's environment (c10d hands out ranks in join order, not --node_rank)."""
+    if "RANK" not in os.environ:  # run by hand: a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        # NCCL flight recorder: on a timeout every rank dumps its last collectives, naming the one missing
+        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        (out / "nccl-trace").mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(out / "nccl-trace" / "rank_"))
+        torch.cuda.set_device(local_rank)
+        backend, device = "nccl", torch.device("cuda", local_rank)
+    else:
+        backend, device = "gloo", torch.device("cpu")
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def check_planned_counts(micro_batches: list[MicroBatchPlan], device: torch.device) -> None:
+    """Defense in depth behind the gate: every rank must plan the same number of micro-batches and steps."""
+    mine = torch.tensor([len(micro_batches), len({(m.epoch, m.step) for m in micro_batches})],
+                        dtype=torch.int64, device=device)
+    lo, hi = mine.clone(), mine.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    if torch.equal(lo, hi):
+        return
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    micro = {r: int(t[0]) for r, t in enumerate(every)}
+    steps = {r: int(t[1]) for r, t in enumerate(every)}
+    raise StageFailed(f"planned counts differ across ranks (this would deadlock at the epoch end): "
+                      f"micro-batches per rank {micro}, optimizer steps per rank {steps}")
+
+
+def stage_local_copy(pretokenized: Path, s: TrainSettings, out: Path) -> tuple[Path, float]:
+    """data_cache local: copy the shards to node-local scratch once per node; returns (path, seconds)."""
+    if s.data_cache != "local":
+        return pretokenized, 0.0
+    root = Path(s.local_cache_dir or os.environ.get("TMPDIR") or "/tmp")
+    manifest = (pretokenized / "manifest.json").read_bytes()
+    import hashlib
+
+    dest = root / f"wattgate-{hashlib.sha256(manifest).hexdigest()[:16]}"
+    start = time.perf_counter()
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0 and not (dest / "manifest.json").exists():
+        tmp = root / f"{dest.name}.tmp-{os.getpid()}"
+        shutil.copytree(pretokenized, tmp, dirs_exist_ok=True)
+        tmp.rename(dest) if not dest.exists() else shutil.rmtree(tmp)
+    dist.barrier()  # local rank 0 copies; the others wait (a barrier across all ranks is simplest)
+    return dest, time.perf_counter() - start
+
+
+def export_final(model, out: Path, tokenizer_dir: str | None, rank: int) -> None:
+    """Hugging Face folder (safetensors, config, tokenizer) loadable offline with from_pretrained."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank != 0:
+        return
+    final = out / "final"
+    tmp = out / "final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp), state_dict=full, safe_serialization=True)
+    if tokenizer_dir and Path(tokenizer_dir).is_dir():
+        for p in Path(tokenizer_dir).iterdir():
+            if p.name in TOKENIZER_FILES:
+                shutil.copy(p, tmp / p.name)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+
+
+def group_steps(micro_batches: list[MicroBatchPlan]) -> list[list[MicroBatchPlan]]:
+    return [list(g) for _, g in groupby(micro_batches, key=lambda m: (m.epoch, m.step))]
+
+
+def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
+    s = TrainSettings.from_config(config)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    rank, world, device = init_distributed(s.collective_timeout_s, out)
+    try:
+        if plan["world_size"] != world:
+            raise InputError(f"{plan_dir}/plan.json: planned for world size {plan['world_size']}, "
+                             f"launched with {world}; rerun pack and gate for this launch")
+        micro_batches = read_rank_plan(plan_dir, rank)
+        check_planned_counts(micro_batches, device)
+        return _run(config, s, plan, rank, world, device, micro_batches, pretokenized, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pretokenized, out) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    heartbeat = Heartbeat(out, rank)
+    heartbeat.beat(0, 0, "init")
+    data_dir, copy_s = stage_local_copy(pretokenized, s, out)
+    store = DocStore(data_dir)
+    model = build_model(config["model"], s.attn_implementation, s.seed)
+    n_params = count_params(model)
+    on_cuda = device.type == "cuda"
+    model.to(device)
+    mesh = init_device_mesh(device.type, (world,))
+    parallelize(model, mesh, on_cuda, s.mixed_precision, s.activation_checkpointing)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay,
+                                  foreach=True)
+    steps = group_steps(micro_batches)
+    total = len(steps)
+    start = 0
+    latest = ckpt.latest_complete(out / "checkpoints")
+    if latest is not None:
+        state = ckpt.load_checkpoint(latest, model, optimizer)
+        start = int(state["step"])
+        if rank == 0:
+            print(f"train: resumed from {latest} at step {start}/{total}", flush=True)
+    metrics = MetricsTable.resume(out / "metrics.parquet", start) if rank == 0 else None
+    if rank == 0:
+        print(f"train: {world} rank(s) on {device.type}, {n_params / 1e6:.2f}M params, {total} steps, "
+              f"data_cache {s.data_cache} (copy {copy_s:.2f} s)", flush=True)
+
+    tokens_done, t_run = 0, time.perf_counter()
+    for g in range(start, total):
+        step_plan = steps[g]
+        epoch = step_plan[0].epoch
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(g, s, total)
+        t0 = time.perf_counter()
+        batches = [build_batch(store, m.packs, s.seq_len) for m in step_plan]
+        data_wait = time.perf_counter() - t0
+        counts = torch.tensor([sum(b.num_loss_tokens for b in batches)], dtype=torch.float64, device=device)
+        dist.all_reduce(counts)
+        global_loss_tokens = counts.item()
+        step_loss = torch.zeros((), dtype=torch.float64, device=device)
+        for i, batch in enumerate(batches):
+            t_d = time.perf_counter()
+            tensors = to_tensors(batch, device)
+            data_wait += time.perf_counter() - t_d
+            model.set_requires_gradient_sync(i == len(batches) - 1)  # reduce-scatter once per step
+            summed = loss_sum(forward_logits(model, tensors), tensors["labels"])
+            # FSDP averages gradients over ranks; x world turns that into a sum, so the step's gradient
+            # is the mean over every loss-bearing token of the global batch, however they were split.
+            (summed * (world / max(global_loss_tokens, 1.0))).backward()
+            step_loss += summed.detach().double()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if on_cuda:
+            torch.cuda.synchronize()
+        step_time = time.perf_counter() - t0
+        local = torch.tensor([step_loss.item(), sum(b.num_loss_tokens for b in batches),
+                              sum(b.num_tokens for b in batches), step_time, data_wait], dtype=torch.float64,
+                             device=device)
+        gathered = [torch.zeros_like(local) for _ in range(world)]
+        dist.all_gather(gathered, local)
+        now = time.time()
+        heartbeat.beat(g + 1, epoch, "train", loss=float(local[0] / max(local[1], 1)))
+        step_tokens = int(sum(float(t[2]) for t in gathered))
+        tokens_done += step_tokens
+        if rank == 0:
+            metrics.add([{"step": g + 1, "rank": r, "epoch": epoch, "loss": float(t[0] / max(t[1], 1)),
+                          "tokens": int(t[2]), "loss_tokens": int(t[1]), "step_time_s": float(t[3]),
+                          "data_wait_s": float(t[4]), "lr": lr_at(g, s, total), "time": now}
+                         for r, t in enumerate(gathered)])
+            if (g + 1) % s.log_every == 0 or g == start or g + 1 == total:
+                loss = sum(float(t[0]) for t in gathered) / max(global_loss_tokens, 1)
+                gn = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                print(f"train: step {g + 1}/{total} epoch {epoch} loss {loss:.4f} grad_norm {float(gn):.3f} "
+                      f"lr {lr_at(g, s, total):.2e} {step_tokens / step_time:.0f} tok/s "
+                      f"data_wait {100 * data_wait / step_time:.2f}%", flush=True)
+        if (g + 1) % s.checkpoint_every == 0 or g + 1 == total:
+            heartbeat.beat(g + 1, epoch, "checkpoint")
+            ckpt.save_checkpoint(out / "checkpoints", g + 1, model, optimizer, {"epoch": epoch, "step": g + 1},
+                                 s.checkpoint_keep)
+            heartbeat.beat(g + 1, epoch, "train")
+        if rank == 0 and ((g + 1) % METRICS_FLUSH_EVERY == 0 or (g + 1) % s.checkpoint_every == 0):
+            metrics.flush()
+    elapsed = time.perf_counter() - t_run
+    heartbeat.beat(total, steps[-1][0].epoch if steps else 0, "export")
+    manifest = json.loads((pretokenized / "manifest.json").read_text())
+    export_final(model, out, manifest.get("tokenizer_path"), rank)
+    summary = {}
+    if rank == 0:
+        metrics.flush()
+        per_step = {}
+        for row in metrics.rows:
+            per_step.setdefault(row["step"], []).append(row)
+        def step_loss(rows):
+            return sum(r["loss"] * r["loss_tokens"] for r in rows) / max(1, sum(r["loss_tokens"] for r in rows))
+        summary = {"steps": total, "resumed_from_step": start, "world_size": world, "device": device.type,
+                   "params": n_params, "first_loss": step_loss(per_step[min(per_step)]) if per_step else None,
+                   "final_loss": step_loss(per_step[max(per_step)]) if per_step else None,
+                   "tokens_per_s": tokens_done / elapsed if elapsed > 0 else None,
+                   "data_cache": s.data_cache, "data_copy_s": copy_s, "wall_s": elapsed}
+        write_json_atomic(out / "TRAINED", summary)
+        print(f"train: done: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
+              f"{summary['tokens_per_s']:.0f} tok/s -> {out}", flush=True)
+    heartbeat.beat(total, steps[-1][0].epoch if steps else 0, "done")
+    return summary
