@@ -90,7 +90,7 @@ def latest_complete(root: Path) -> Path | None:
         ok, why = is_complete(path)
         if ok:
             return path
-        if dist.get_rank() == 0:
+        if not dist.is_initialized() or dist.get_rank() == 0:
             print(f"train: WARNING: skipping checkpoint {path}: {why}", file=sys.stderr, flush=True)
     return None
 

@@ -51,6 +51,7 @@ class TrainSettings:
     data_cache: str
     local_cache_dir: str | None
     log_every: int
+    optimizer: str
 
     @classmethod
     def from_config(cls, config: dict) -> "TrainSettings":
@@ -59,10 +60,17 @@ class TrainSettings:
             **{k: t[k] for k in ("seq_len", "micro_batch_size", "grad_accum", "epochs", "lr", "min_lr_ratio",
                                  "warmup_steps", "weight_decay", "grad_clip", "seed", "checkpoint_every",
                                  "checkpoint_keep", "collective_timeout_s", "attn_implementation",
-                                 "activation_checkpointing", "data_cache", "local_cache_dir", "log_every")},
+                                 "activation_checkpointing", "data_cache", "local_cache_dir", "log_every",
+                                 "optimizer")},
             betas=tuple(t["betas"]),
             mixed_precision=t["mixed_precision"] == "bf16",
         )
+
+
+def build_optimizer(model, s: "TrainSettings") -> torch.optim.Optimizer:
+    if s.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay, foreach=True)
 
 
 def lr_at(step: int, s: TrainSettings, total: int) -> float:
@@ -72,6 +80,25 @@ def lr_at(step: int, s: TrainSettings, total: int) -> float:
     span = max(1, total - s.warmup_steps)
     progress = min(1.0, (step - s.warmup_steps) / span)
     return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def die_with_parent() -> None:
+    """Linux: SIGKILL this rank when its torchrun agent dies.
+
+    torchrun starts every worker in a session of its own, so killing the launcher's process
+    group (a watcher, scancel, kill -9) would otherwise leave orphan ranks running, holding
+    GPUs and racing a restarted job over the same checkpoints.
+    """
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # the agent died before the request took effect
+        os._exit(1)
 
 
 def init_distributed(timeout_s: float, out: Path) -> tuple[int, int, torch.device]:
@@ -130,22 +157,31 @@ def stage_local_copy(pretokenized: Path, s: TrainSettings, out: Path) -> tuple[P
 
 
 def export_final(model, out: Path, tokenizer_dir: str | None, rank: int) -> None:
-    """Hugging Face folder (safetensors, config, tokenizer) loadable offline with from_pretrained."""
+    """Hugging Face folder (safetensors, config, tokenizer) loadable offline with from_pretrained.
+
+    Rank 0 gathers the full state dict and saves it through a plain (unsharded) copy of the
+    model built on the meta device: save_pretrained on the FSDP-wrapped model would reach into
+    DTensors, and collectives there could wait for ranks that already moved on.
+    """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from transformers import AutoModelForCausalLM
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank != 0:
-        return
-    final = out / "final"
-    tmp = out / "final.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp), state_dict=full, safe_serialization=True)
-    if tokenizer_dir and Path(tokenizer_dir).is_dir():
-        for p in Path(tokenizer_dir).iterdir():
-            if p.name in TOKENIZER_FILES:
-                shutil.copy(p, tmp / p.name)
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    if rank == 0:
+        with torch.device("meta"):
+            plain = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+        plain.load_state_dict(full, assign=True)
+        plain.tie_weights()
+        tmp, final = out / "final.tmp", out / "final"
+        shutil.rmtree(tmp, ignore_errors=True)
+        plain.save_pretrained(str(tmp), safe_serialization=True)
+        if tokenizer_dir and Path(tokenizer_dir).is_dir():
+            for p in Path(tokenizer_dir).iterdir():
+                if p.name in TOKENIZER_FILES:
+                    shutil.copy(p, tmp / p.name)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+    dist.barrier()  # no rank leaves before the export is on disk
 
 
 def group_steps(micro_batches: list[MicroBatchPlan]) -> list[list[MicroBatchPlan]]:
@@ -156,13 +192,17 @@ def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
     s = TrainSettings.from_config(config)
     out.mkdir(parents=True, exist_ok=True)
     plan = json.loads((plan_dir / "plan.json").read_text())
+    die_with_parent()
     rank, world, device = init_distributed(s.collective_timeout_s, out)
     try:
         if plan["world_size"] != world:
             raise InputError(f"{plan_dir}/plan.json: planned for world size {plan['world_size']}, "
                              f"launched with {world}; rerun pack and gate for this launch")
         micro_batches = read_rank_plan(plan_dir, rank)
-        check_planned_counts(micro_batches, device)
+        if config["train"]["check_planned_counts"]:
+            check_planned_counts(micro_batches, device)
+        elif rank == 0:
+            print("train: WARNING: train.check_planned_counts is false: uneven plans will hang", file=sys.stderr)
         return _run(config, s, plan, rank, world, device, micro_batches, pretokenized, out)
     finally:
         dist.destroy_process_group()
@@ -181,8 +221,7 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
     model.to(device)
     mesh = init_device_mesh(device.type, (world,))
     parallelize(model, mesh, on_cuda, s.mixed_precision, s.activation_checkpointing)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay,
-                                  foreach=True)
+    optimizer = build_optimizer(model, s)
     steps = group_steps(micro_batches)
     total = len(steps)
     start = 0
@@ -246,13 +285,15 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
                 print(f"train: step {g + 1}/{total} epoch {epoch} loss {loss:.4f} grad_norm {float(gn):.3f} "
                       f"lr {lr_at(g, s, total):.2e} {step_tokens / step_time:.0f} tok/s "
                       f"data_wait {100 * data_wait / step_time:.2f}%", flush=True)
-        if (g + 1) % s.checkpoint_every == 0 or g + 1 == total:
+        checkpoint_now = (g + 1) % s.checkpoint_every == 0 or g + 1 == total
+        # metrics first: a published checkpoint at step n implies metrics through step n are on disk
+        if rank == 0 and (checkpoint_now or (g + 1) % METRICS_FLUSH_EVERY == 0):
+            metrics.flush()
+        if checkpoint_now:
             heartbeat.beat(g + 1, epoch, "checkpoint")
             ckpt.save_checkpoint(out / "checkpoints", g + 1, model, optimizer, {"epoch": epoch, "step": g + 1},
                                  s.checkpoint_keep)
             heartbeat.beat(g + 1, epoch, "train")
-        if rank == 0 and ((g + 1) % METRICS_FLUSH_EVERY == 0 or (g + 1) % s.checkpoint_every == 0):
-            metrics.flush()
     elapsed = time.perf_counter() - t_run
     heartbeat.beat(total, steps[-1][0].epoch if steps else 0, "export")
     manifest = json.loads((pretokenized / "manifest.json").read_text())
