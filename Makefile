@@ -26,6 +26,7 @@ bench: $(VENV)/.installed-test,bench
 	$(BIN)/python bench/pack.py
 	$(BIN)/python bench/pretokenize.py
 	$(BIN)/python bench/gate.py
+	$(BIN)/python bench/train_overhead.py
 
 lint: $(VENV)/.installed-test
 	$(BIN)/snakemake --lint

@@ -225,3 +225,23 @@ def test_incomplete_checkpoint_is_skipped_with_a_warning(tmp_path, capsys):
     assert "skipping checkpoint" in err and "missing __0_0.distcp" in err
     (root / "step-3" / ".metadata").write_bytes(b"")  # truncated
     assert latest_complete(root) is None
+
+
+@pytest.mark.slow
+def test_local_data_cache_and_activation_checkpointing_train_the_same(tmp_path):
+    lengths = np.random.default_rng(2).integers(5, 60, 60).tolist()
+    make_run(tmp_path, lengths, gpus=1, grad_accum=2, epochs=1)
+    run_train(tmp_path, 1, tmp_path / "shared")
+    scratch = tmp_path / "scratch"
+    make_run(tmp_path, lengths, gpus=1, grad_accum=2, epochs=1, data_cache="local",
+             local_cache_dir=str(scratch), activation_checkpointing=True)
+    proc = run_train(tmp_path, 1, tmp_path / "local")
+    summary = json.loads((tmp_path / "local/TRAINED").read_text())
+    assert summary["data_cache"] == "local" and summary["data_copy_s"] >= 0 and summary["tokens_per_s"] > 0
+    assert "data_cache local (copy" in proc.stdout
+    copies = list(scratch.glob("wattgate-*/manifest.json"))
+    assert len(copies) == 1
+    a = pq.read_table(tmp_path / "shared/metrics.parquet").to_pandas()
+    b = pq.read_table(tmp_path / "local/metrics.parquet").to_pandas()
+    assert a["step"].tolist() == b["step"].tolist()
+    assert np.allclose(a["loss"], b["loss"], rtol=1e-6, atol=1e-6)

@@ -143,3 +143,28 @@ def test_gate_passes_default_then_stops_the_dag_on_uneven_or_edited_plans(workfl
     assert proc.returncode != 0
     assert "gate: FAIL provenance: packs.parquet changed since it was planned" in output(proc)
     assert not (gate / "PASSED").exists()
+
+
+@pytest.mark.slow
+def test_embedded_default_end_to_end_learns(tmp_path_factory):
+    """The README run command's workflow, unmodified: the whole chain, and the loss at least halves."""
+    import time
+
+    work = tmp_path_factory.mktemp("default")
+    shutil.copy(REPO / "Snakefile", work)
+    shutil.copytree(REPO / "workflow", work / "workflow")
+    shutil.copytree(REPO / "config", work / "config")
+    start = time.monotonic()
+    snakemake(work)
+    wall = time.monotonic() - start
+    assert wall < 600
+    summary = json.loads((work / "results/train/demo/TRAINED").read_text())
+    assert summary["final_loss"] <= 0.5 * summary["first_loss"], summary
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    final = work / "results/train/demo/final"
+    model = AutoModelForCausalLM.from_pretrained(str(final), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(str(final), local_files_only=True)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    assert model(input_ids=ids).logits.shape[-1] == model.config.vocab_size

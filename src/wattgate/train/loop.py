@@ -28,6 +28,18 @@ from wattgate.train.telemetry_files import Heartbeat, MetricsTable
 
 METRICS_FLUSH_EVERY = 50  # steps; also at every checkpoint and at the end
 
+# Dense bf16 peak per GPU (TFLOP/s, datasheet) for MFU; unknown models report none.
+PEAK_BF16_TFLOPS = {"a100": 312, "a100-40gb": 312, "a100-80gb": 312, "h100": 989, "h200": 989,
+                    "b200": 2250, "b300": 2250}
+
+
+def model_flops_utilization(tokens_per_s: float, n_params: int, world: int, gpu_model: str) -> float | None:
+    """6 x params FLOPs per trained token (forward + backward) over the GPUs' peak; attention not counted."""
+    peak = PEAK_BF16_TFLOPS.get(gpu_model.lower())
+    if not peak:
+        return None
+    return 6 * n_params * tokens_per_s / (world * peak * 1e12)
+
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -218,6 +230,7 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
     model = build_model(config["model"], s.attn_implementation, s.seed)
     n_params = count_params(model)
     on_cuda = device.type == "cuda"
+    gpu_model = config["cluster"]["gpu_model"]
     model.to(device)
     mesh = init_device_mesh(device.type, (world,))
     parallelize(model, mesh, on_cuda, s.mixed_precision, s.activation_checkpointing)
@@ -282,9 +295,11 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
             if (g + 1) % s.log_every == 0 or g == start or g + 1 == total:
                 loss = sum(float(t[0]) for t in gathered) / max(global_loss_tokens, 1)
                 gn = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                mfu = model_flops_utilization(step_tokens / step_time, n_params, world, gpu_model) if on_cuda else None
                 print(f"train: step {g + 1}/{total} epoch {epoch} loss {loss:.4f} grad_norm {float(gn):.3f} "
                       f"lr {lr_at(g, s, total):.2e} {step_tokens / step_time:.0f} tok/s "
-                      f"data_wait {100 * data_wait / step_time:.2f}%", flush=True)
+                      f"data_wait {100 * data_wait / step_time:.2f}%" + (f" MFU {100 * mfu:.1f}%" if mfu else ""),
+                      flush=True)
         checkpoint_now = (g + 1) % s.checkpoint_every == 0 or g + 1 == total
         # metrics first: a published checkpoint at step n implies metrics through step n are on disk
         if rank == 0 and (checkpoint_now or (g + 1) % METRICS_FLUSH_EVERY == 0):
@@ -311,6 +326,9 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
                    "final_loss": step_loss(per_step[max(per_step)]) if per_step else None,
                    "tokens_per_s": tokens_done / elapsed if elapsed > 0 else None,
                    "data_cache": s.data_cache, "data_copy_s": copy_s, "wall_s": elapsed}
+        if on_cuda:
+            summary["mfu"] = model_flops_utilization(summary["tokens_per_s"] or 0, n_params, world, gpu_model)
+            summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / (1 << 30)
         write_json_atomic(out / "TRAINED", summary)
         print(f"train: done: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}, "
               f"{summary['tokens_per_s']:.0f} tok/s -> {out}", flush=True)

@@ -1,0 +1,293 @@
+"""Training-loop overhead: `wattgate train` vs a bare FSDP2 loop, same model, batches and ranks.
+
+Both sides run 2 CPU processes (gloo, OMP_NUM_THREADS=1) under torchrun on the
+same tiny Qwen3 (the embedded default's `model.config`), the same synthetic
+pretokenized data and the same pack plan. The bare loop is the minimum that
+does the same math: batches are built from the plan before timing and the
+global loss-token count of each step is precomputed, so its timed step is only
+lr set, forward, summed cross-entropy, backward (gradient sync on the last
+micro-batch), clip, AdamW step and zero_grad. Everything else wattgate does per
+step (build_batch, the token-count all-reduce, the metrics all_gather,
+heartbeat writes, metrics rows) is counted as its overhead.
+
+Two comparisons, each per step after warm-up, median over steps:
+  period:     wall time between consecutive step ends on rank 0 (ours: the `time`
+              column of metrics.parquet, taken after the metrics all_gather, so it
+              holds every per-step cost; bare: its own step-end stamps). The verdict.
+  step_time:  max over ranks of the per-rank step time (ours: step_time_s, which
+              excludes the all_gather and heartbeat; bare: its whole step).
+The sides run alternately (A B A B ...) and the best median of each counts,
+since timings on the 2-core bench VM drift by several percent between runs.
+
+    python bench/train_overhead.py [--quick] [--repeat N] [--steps N] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORLD = 2
+VOCAB = 2048
+TRAIN = {"seq_len": 512, "micro_batch_size": 2, "grad_accum": 2, "epochs": 1, "warmup_steps": 5,
+         "checkpoint_every": 100_000, "log_every": 100_000}  # no checkpoint but the final one, few prints
+WARMUP_STEPS = 5  # dropped from the statistics: FSDP lazy init, allocator and cache warm-up
+LOSS_CHECK_STEPS = 5
+LOSS_RTOL = 1e-4
+TARGET_RATIO = 1.05
+TARGET_DATA_WAIT = 0.01
+
+# ---------------------------------------------------------------- setup (not timed)
+
+
+def write_pretokenized(path: Path, num_tokens: int, seed: int = 0) -> None:
+    """Shards + manifest of random documents (16..400 tokens, ids < VOCAB, ~60% loss-bearing)."""
+    from wattgate.artifacts import write_json_atomic
+    from wattgate.data.pretokenize import ShardWriter
+
+    rng = np.random.default_rng(seed)
+    path.mkdir(parents=True)
+    writer = ShardWriter(path, shard_docs=500)
+    while writer.num_tokens + sum(len(x) for x in writer.ids) < num_tokens:
+        n = int(rng.integers(16, 401))
+        ids = rng.integers(0, VOCAB, n).astype(np.int32)
+        mask = (rng.random(n) < 0.6).astype(np.int8)
+        mask[0], mask[-1] = 0, 1
+        writer.add(ids, mask)
+    writer.flush()
+    write_json_atomic(path / "manifest.json", {
+        "format_version": 1, "num_docs": writer.num_docs, "num_tokens": writer.num_tokens,
+        "num_loss_tokens": writer.num_loss_tokens, "shards": writer.shards, "max_token_id": writer.max_token_id,
+        "vocab_size": VOCAB, "dropped": {}})
+
+
+def make_inputs(work: Path, steps: int) -> tuple[dict, int]:
+    """Pretokenized data, plan and config file for ~`steps` optimizer steps on WORLD ranks."""
+    from wattgate.config import validate_config
+    from wattgate.pack.plan import build_plan
+
+    model_cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())["model"]["config"]
+    config = validate_config({"run_name": "bench", "train": dict(TRAIN), "model": {"config": model_cfg},
+                              "cluster": {"nodes": 1, "gpus_per_node": WORLD}})
+    t = config["train"]
+    packs_per_step = WORLD * t["micro_batch_size"] * t["grad_accum"]
+    write_pretokenized(work / "pretokenized", int(steps * packs_per_step * t["seq_len"] * 0.97))
+    plan = build_plan(config, work / "pretokenized", work / "plan")
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    return config, plan["steps_per_epoch"] * plan["epochs"]
+
+
+def torchrun(args: list[str], log: Path) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with log.open("w") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    if proc.returncode:
+        sys.exit(f"{' '.join(args[:3])} failed (status {proc.returncode}); see {log}:\n{log.read_text()[-3000:]}")
+
+
+# ---------------------------------------------------------------- ours
+
+
+def run_ours(work: Path, out: Path) -> dict:
+    torchrun(["-m", "wattgate", "train", "--config", str(work / "config.yaml"), "--pretokenized",
+              str(work / "pretokenized"), "--plan", str(work / "plan"), "--out", str(out)], out.with_suffix(".log"))
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(out / "metrics.parquet").to_pylist()
+    by_step: dict[int, list[dict]] = {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append(r)
+    steps = sorted(by_step)
+    end = [by_step[s][0]["time"] for s in steps]  # rank 0's clock, after the metrics all_gather
+    keep = [i for i, s in enumerate(steps) if s > WARMUP_STEPS]
+    kept_rows = [r for i in keep for r in by_step[steps[i]]]
+    return {
+        "period": [end[i] - end[i - 1] for i in keep],
+        "step_time": [max(r["step_time_s"] for r in by_step[steps[i]]) for i in keep],
+        "data_wait_share": sum(r["data_wait_s"] for r in kept_rows) / sum(r["step_time_s"] for r in kept_rows),
+        "losses": [sum(r["loss"] * r["loss_tokens"] for r in by_step[s]) / sum(r["loss_tokens"] for r in by_step[s])
+                   for s in steps[:LOSS_CHECK_STEPS]],
+    }
+
+
+# ---------------------------------------------------------------- bare FSDP2 loop
+
+
+def run_bare(work: Path, out: Path) -> dict:
+    out.mkdir(parents=True)
+    torchrun([str(Path(__file__).resolve()), "--bare", str(work), str(out)], out.with_suffix(".log"))
+    res = json.loads((out / "bare.json").read_text())
+    ends, durations = np.array(res["ends"]), np.array(res["durations"])  # [rank, step]
+    keep = range(WARMUP_STEPS, ends.shape[1])
+    return {
+        "period": [ends[0, i] - ends[0, i - 1] for i in keep],
+        "step_time": [float(durations[:, i].max()) for i in keep],
+        "losses": res["losses"][:LOSS_CHECK_STEPS],
+    }
+
+
+def prepare_batches(work: Path, config: dict, rank: int, world: int):
+    """This rank's steps as lists of input tensors, and every step's global loss-token count."""
+    import torch
+    import torch.distributed as dist
+
+    from wattgate.train.data import DocStore, build_batch, read_rank_plan
+    from wattgate.train.loop import group_steps
+
+    t = config["train"]
+    store = DocStore(work / "pretokenized")
+    steps, counts = [], []
+    for step_plan in group_steps(read_rank_plan(work / "plan", rank)):
+        batches = [build_batch(store, m.packs, t["seq_len"]) for m in step_plan]
+        steps.append([{k: torch.from_numpy(getattr(b, k)) for k in ("input_ids", "labels", "position_ids")}
+                      for b in batches])
+        counts.append(sum(b.num_loss_tokens for b in batches))
+    counts_t = torch.tensor(counts, dtype=torch.float64)
+    dist.all_reduce(counts_t)  # once, before timing
+    return steps, counts_t.tolist()
+
+
+def bare_worker(work: Path, out: Path) -> None:
+    """One rank of the bare loop (run under torchrun): the same math as wattgate's step, nothing else."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from wattgate.train.loop import TrainSettings, lr_at
+    from wattgate.train.model import build_model
+
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    s = TrainSettings.from_config(config)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    steps, global_tokens = prepare_batches(work, config, rank, world)
+    lrs = [lr_at(g, s, len(steps)) for g in range(len(steps))]
+
+    model = build_model(config["model"], s.attn_implementation, s.seed)
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay, foreach=True)
+
+    dist.barrier()
+    ends, durations, losses = [], [], []
+    for g, micro in enumerate(steps):
+        t0 = time.perf_counter()
+        opt.param_groups[0]["lr"] = lrs[g]
+        scale = world / max(global_tokens[g], 1.0)
+        step_loss = []
+        for i, b in enumerate(micro):
+            model.set_requires_gradient_sync(i == len(micro) - 1)
+            logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"], use_cache=False).logits
+            summed = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), b["labels"][:, 1:].flatten(),
+                                     ignore_index=-100, reduction="sum")
+            (summed * scale).backward()
+            step_loss.append(summed.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t1 = time.perf_counter()
+        ends.append(t1)
+        durations.append(t1 - t0)
+        losses.append(sum(float(x) for x in step_loss))
+
+    # after timing: gather times and losses to rank 0
+    local = torch.tensor([ends, durations, losses], dtype=torch.float64)
+    every = [torch.zeros_like(local) for _ in range(world)]
+    dist.all_gather(every, local)
+    if rank == 0:
+        summed = sum(e[2] for e in every)
+        json.dump({"ends": [e[0].tolist() for e in every], "durations": [e[1].tolist() for e in every],
+                   "losses": [float(x) / n for x, n in zip(summed, global_tokens)]},
+                  (out / "bare.json").open("w"))
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- report
+
+
+def fmt_ms(x: float) -> str:
+    return f"{1000 * x:.2f} ms"
+
+
+def losses_agree(ours: list[float], bare: list[float]) -> bool:
+    print("loss check (global loss per step, first steps):")
+    ok = len(ours) == len(bare) > 0
+    for i, (a, b) in enumerate(zip(ours, bare)):
+        rel = abs(a - b) / max(abs(b), 1e-12)
+        ok &= rel <= LOSS_RTOL
+        print(f"  step {i + 1}: ours {a:.6f}  bare {b:.6f}  rel diff {rel:.1e}")
+    return ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: ~15 steps, one run per side")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 60)")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per side, alternating (default 2)")
+    parser.add_argument("--keep", type=Path, default=None, help="work folder to keep (default: a temp folder)")
+    args = parser.parse_args()
+    steps = args.steps or (15 if args.quick else 60)
+    repeat = args.repeat or (1 if args.quick else 2)
+
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="wattgate-train-bench-") as tmp:
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        config, total = make_inputs(work, steps)
+        t = config["train"]
+        print(f"setup: {total} steps, world {WORLD} (gloo, OMP_NUM_THREADS=1), seq_len {t['seq_len']}, "
+              f"micro_batch_size {t['micro_batch_size']}, grad_accum {t['grad_accum']}; "
+              f"first {WARMUP_STEPS} steps dropped", flush=True)
+        runs = {"ours": [], "bare": []}
+        for r in range(repeat):
+            for side, fn in (("ours", run_ours), ("bare", run_bare)):
+                res = fn(work, work / f"{side}-{r}")
+                runs[side].append(res)
+                extra = f", data_wait {100 * res['data_wait_share']:.2f}%" if side == "ours" else ""
+                print(f"  run {r + 1} {side}: period median {fmt_ms(statistics.median(res['period']))}, "
+                      f"step_time median {fmt_ms(statistics.median(res['step_time']))}{extra}", flush=True)
+
+    best = {side: {k: min(statistics.median(r[k]) for r in rs) for k in ("period", "step_time")}
+            for side, rs in runs.items()}
+    data_wait = min(r["data_wait_share"] for r in runs["ours"])
+    same_math = losses_agree(runs["ours"][0]["losses"], runs["bare"][0]["losses"])
+    print(f"best of {repeat} (median per run):")
+    verdicts = []
+    for k in ("period", "step_time"):
+        ratio = best["ours"][k] / best["bare"][k]
+        ok = ratio <= TARGET_RATIO
+        if k == "period":
+            verdicts.append(ok)
+        print(f"  {k:9s}: ours {fmt_ms(best['ours'][k])}  bare {fmt_ms(best['bare'][k])}  ratio {ratio:.3f} "
+              f"(target <= {TARGET_RATIO}) {'PASS' if ok else 'FAIL'}{'' if k == 'period' else ' (info)'}")
+    ok = data_wait < TARGET_DATA_WAIT
+    verdicts.append(ok)
+    print(f"  data_wait share of step time: {100 * data_wait:.3f}% (target < {100 * TARGET_DATA_WAIT:.0f}%) "
+          f"{'PASS' if ok else 'FAIL'}")
+    verdicts.append(same_math)
+    print(f"  same math (first {LOSS_CHECK_STEPS} losses within {LOSS_RTOL:g} rel): {'PASS' if same_math else 'FAIL'}")
+    print(f"overall: {'PASS' if all(verdicts) else 'FAIL'} (wall {time.perf_counter() - t_start:.0f} s)")
+    sys.exit(0 if all(verdicts) else 1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--bare":
+        bare_worker(Path(sys.argv[2]), Path(sys.argv[3]))
+    else:
+        main()
