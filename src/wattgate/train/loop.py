@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -156,14 +157,15 @@ def stage_local_copy(pretokenized: Path, s: TrainSettings, out: Path) -> tuple[P
         return pretokenized, 0.0
     root = Path(s.local_cache_dir or os.environ.get("TMPDIR") or "/tmp")
     manifest = (pretokenized / "manifest.json").read_bytes()
-    import hashlib
-
     dest = root / f"wattgate-{hashlib.sha256(manifest).hexdigest()[:16]}"
     start = time.perf_counter()
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and not (dest / "manifest.json").exists():
         tmp = root / f"{dest.name}.tmp-{os.getpid()}"
         shutil.copytree(pretokenized, tmp, dirs_exist_ok=True)
-        tmp.rename(dest) if not dest.exists() else shutil.rmtree(tmp)
+        if dest.exists():  # another job on this node finished the same copy first
+            shutil.rmtree(tmp)
+        else:
+            tmp.rename(dest)
     dist.barrier()  # local rank 0 copies; the others wait (a barrier across all ranks is simplest)
     return dest, time.perf_counter() - start
 
