@@ -99,38 +99,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wattgate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
 
-    def stage(name: str, func, help: str) -> argparse.ArgumentParser:
+    def stage(name: str, func, help: str, *paths: str) -> argparse.ArgumentParser:
+        """A subcommand taking --config, the named input folders, and --out."""
         p = sub.add_parser(name, help=help)
         p.add_argument("--config", required=True, type=Path, help="run config (YAML)")
+        for path in paths:
+            p.add_argument(f"--{path}", required=True, type=Path)
+        p.add_argument("--out", required=True, type=Path)
         p.set_defaults(func=func)
         return p
 
-    p = stage("demo-corpus", _demo_corpus, "write the seeded demo chat corpus (JSONL)")
-    p.add_argument("--out", required=True, type=Path)
-
+    stage("demo-corpus", _demo_corpus, "write the seeded demo chat corpus (JSONL)")
     p = stage("train-tokenizer", _train_tokenizer, "train a byte-level BPE tokenizer on the corpus")
     p.add_argument("--corpus", nargs="+", type=Path, help="corpus files (default: data.inputs)")
-    p.add_argument("--out", required=True, type=Path)
-
     p = stage("pretokenize", _pretokenize, "tokenize the corpus into Arrow shards")
     p.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: tokenizer.path)")
-    p.add_argument("--out", required=True, type=Path)
-
-    p = stage("pack", _pack, "pack-and-balance: equal micro-batches on every rank")
-    p.add_argument("--pretokenized", required=True, type=Path)
-    p.add_argument("--out", required=True, type=Path)
-    p = stage("gate", _gate, "invariant gate: prove the plan safe before any GPU job")
-    p.add_argument("--pretokenized", required=True, type=Path)
-    p.add_argument("--plan", required=True, type=Path)
-    p.add_argument("--out", required=True, type=Path)
-    p = stage("train", _train, "train one rank (run under torchrun; see `wattgate launch`)")
-    p.add_argument("--pretokenized", required=True, type=Path)
-    p.add_argument("--plan", required=True, type=Path)
-    p.add_argument("--out", required=True, type=Path)
-    p = stage("launch", _launch, "start the train stage on every rank (torchrun; srun on Slurm)")
-    p.add_argument("--pretokenized", required=True, type=Path)
-    p.add_argument("--plan", required=True, type=Path)
-    p.add_argument("--out", required=True, type=Path)
+    stage("pack", _pack, "pack-and-balance: equal micro-batches on every rank", "pretokenized")
+    stage("gate", _gate, "invariant gate: prove the plan safe before any GPU job", "pretokenized", "plan")
+    stage("train", _train, "train one rank (run under torchrun; see `wattgate launch`)", "pretokenized", "plan")
+    stage("launch", _launch, "start the train stage on every rank (torchrun; srun on Slurm)", "pretokenized", "plan")
     return parser
 
 
