@@ -198,6 +198,48 @@ def export_final(model, out: Path, tokenizer_dir: str | None, rank: int) -> None
     dist.barrier()  # no rank leaves before the export is on disk
 
 
+def train_step(model, optimizer, batches, world: int, device: torch.device, grad_clip: float):
+    """One optimizer step over this rank's micro-batches; returns (summed loss, grad norm, host->device s).
+
+    The loss is normalized by the loss-bearing tokens of the whole global batch (all-reduced), so the
+    gradient does not depend on how documents were packed or split over ranks and micro-batches.
+    """
+    counts = torch.tensor([sum(b.num_loss_tokens for b in batches)], dtype=torch.float64, device=device)
+    dist.all_reduce(counts)
+    # FSDP averages gradients over ranks; x world turns that average into a sum over ranks
+    scale = world / max(counts.item(), 1.0)
+    step_loss = torch.zeros((), dtype=torch.float64, device=device)
+    to_device_s = 0.0
+    for i, batch in enumerate(batches):
+        t = time.perf_counter()
+        tensors = to_tensors(batch, device)
+        to_device_s += time.perf_counter() - t
+        model.set_requires_gradient_sync(i == len(batches) - 1)  # reduce-scatter once per step
+        summed = loss_sum(forward_logits(model, tensors), tensors["labels"])
+        (summed * scale).backward()
+        step_loss += summed.detach().double()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: materialize it on every rank, together
+        grad_norm = grad_norm.full_tensor()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return step_loss.item(), float(grad_norm), to_device_s
+
+
+def loss_summary(rows: list[dict]) -> dict:
+    """First and final step loss (token-weighted over ranks) from metrics rows."""
+    per_step: dict[int, list[dict]] = {}
+    for row in rows:
+        per_step.setdefault(row["step"], []).append(row)
+
+    def step_loss(step_rows):
+        return sum(r["loss"] * r["loss_tokens"] for r in step_rows) / max(1, sum(r["loss_tokens"] for r in step_rows))
+
+    if not per_step:
+        return {"first_loss": None, "final_loss": None}
+    return {"first_loss": step_loss(per_step[min(per_step)]), "final_loss": step_loss(per_step[max(per_step)])}
+
+
 def group_steps(micro_batches: list[MicroBatchPlan]) -> list[list[MicroBatchPlan]]:
     return [list(g) for _, g in groupby(micro_batches, key=lambda m: (m.epoch, m.step))]
 
@@ -260,34 +302,20 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
         t0 = time.perf_counter()
         batches = [build_batch(store, m.packs, s.seq_len) for m in step_plan]
         data_wait = time.perf_counter() - t0
-        counts = torch.tensor([sum(b.num_loss_tokens for b in batches)], dtype=torch.float64, device=device)
-        dist.all_reduce(counts)
-        global_loss_tokens = counts.item()
-        step_loss = torch.zeros((), dtype=torch.float64, device=device)
-        for i, batch in enumerate(batches):
-            t_d = time.perf_counter()
-            tensors = to_tensors(batch, device)
-            data_wait += time.perf_counter() - t_d
-            model.set_requires_gradient_sync(i == len(batches) - 1)  # reduce-scatter once per step
-            summed = loss_sum(forward_logits(model, tensors), tensors["labels"])
-            # FSDP averages gradients over ranks; x world turns that into a sum, so the step's gradient
-            # is the mean over every loss-bearing token of the global batch, however they were split.
-            (summed * (world / max(global_loss_tokens, 1.0))).backward()
-            step_loss += summed.detach().double()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        step_loss, grad_norm, to_device_s = train_step(model, optimizer, batches, world, device, s.grad_clip)
+        data_wait += to_device_s
         if on_cuda:
             torch.cuda.synchronize()
         step_time = time.perf_counter() - t0
-        local = torch.tensor([step_loss.item(), sum(b.num_loss_tokens for b in batches),
+        local = torch.tensor([step_loss, sum(b.num_loss_tokens for b in batches),
                               sum(b.num_tokens for b in batches), step_time, data_wait], dtype=torch.float64,
                              device=device)
         gathered = [torch.zeros_like(local) for _ in range(world)]
-        dist.all_gather(gathered, local)
+        dist.all_gather(gathered, local)  # one small collective: every rank's step figures for rank 0
         now = time.time()
         heartbeat.beat(g + 1, epoch, "train", loss=float(local[0] / max(local[1], 1)))
         step_tokens = int(sum(float(t[2]) for t in gathered))
+        global_loss_tokens = sum(float(t[1]) for t in gathered)
         tokens_done += step_tokens
         if rank == 0:
             metrics.add([{"step": g + 1, "rank": r, "epoch": epoch, "loss": float(t[0] / max(t[1], 1)),
@@ -296,9 +324,8 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
                          for r, t in enumerate(gathered)])
             if (g + 1) % s.log_every == 0 or g == start or g + 1 == total:
                 loss = sum(float(t[0]) for t in gathered) / max(global_loss_tokens, 1)
-                gn = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
                 mfu = model_flops_utilization(step_tokens / step_time, n_params, world, gpu_model) if on_cuda else None
-                print(f"train: step {g + 1}/{total} epoch {epoch} loss {loss:.4f} grad_norm {float(gn):.3f} "
+                print(f"train: step {g + 1}/{total} epoch {epoch} loss {loss:.4f} grad_norm {grad_norm:.3f} "
                       f"lr {lr_at(g, s, total):.2e} {step_tokens / step_time:.0f} tok/s "
                       f"data_wait {100 * data_wait / step_time:.2f}%" + (f" MFU {100 * mfu:.1f}%" if mfu else ""),
                       flush=True)
@@ -318,16 +345,10 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
     summary = {}
     if rank == 0:
         metrics.flush()
-        per_step = {}
-        for row in metrics.rows:
-            per_step.setdefault(row["step"], []).append(row)
-        def step_loss(rows):
-            return sum(r["loss"] * r["loss_tokens"] for r in rows) / max(1, sum(r["loss_tokens"] for r in rows))
-        summary = {"steps": total, "resumed_from_step": start, "world_size": world, "device": device.type,
-                   "params": n_params, "first_loss": step_loss(per_step[min(per_step)]) if per_step else None,
-                   "final_loss": step_loss(per_step[max(per_step)]) if per_step else None,
-                   "tokens_per_s": tokens_done / elapsed if elapsed > 0 else None,
-                   "data_cache": s.data_cache, "data_copy_s": copy_s, "wall_s": elapsed}
+        summary = dict(loss_summary(metrics.rows), steps=total, resumed_from_step=start, world_size=world,
+                       device=device.type, params=n_params,
+                       tokens_per_s=tokens_done / elapsed if elapsed > 0 else None,
+                       data_cache=s.data_cache, data_copy_s=copy_s, wall_s=elapsed)
         if on_cuda:
             summary["mfu"] = model_flops_utilization(summary["tokens_per_s"] or 0, n_params, world, gpu_model)
             summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / (1 << 30)
