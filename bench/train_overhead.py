@@ -55,24 +55,13 @@ TARGET_DATA_WAIT = 0.01
 
 
 def write_pretokenized(path: Path, num_tokens: int, seed: int = 0) -> None:
-    """Shards + manifest of random documents (16..400 tokens, ids < VOCAB, ~60% loss-bearing)."""
-    from wattgate.artifacts import write_json_atomic
-    from wattgate.data.pretokenize import ShardWriter
+    """Random documents of 16..400 tokens (ids < VOCAB) until `num_tokens`, in the stage's format."""
+    from wattgate.data.synthetic import write_random_pretokenized
 
     rng = np.random.default_rng(seed)
-    path.mkdir(parents=True)
-    writer = ShardWriter(path, shard_docs=500)
-    while writer.num_tokens + sum(len(x) for x in writer.ids) < num_tokens:
-        n = int(rng.integers(16, 401))
-        ids = rng.integers(0, VOCAB, n).astype(np.int32)
-        mask = (rng.random(n) < 0.6).astype(np.int8)
-        mask[0], mask[-1] = 0, 1
-        writer.add(ids, mask)
-    writer.flush()
-    write_json_atomic(path / "manifest.json", {
-        "format_version": 1, "num_docs": writer.num_docs, "num_tokens": writer.num_tokens,
-        "num_loss_tokens": writer.num_loss_tokens, "shards": writer.shards, "max_token_id": writer.max_token_id,
-        "vocab_size": VOCAB, "dropped": {}})
+    lengths = rng.integers(16, 401, num_tokens // 16 + 1)
+    lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), num_tokens)) + 1]
+    write_random_pretokenized(path, lengths, VOCAB, seed)
 
 
 def make_inputs(work: Path, steps: int) -> tuple[dict, int]:

@@ -17,7 +17,7 @@ import yaml
 
 from wattgate.artifacts import write_json_atomic
 from wattgate.config import validate_config
-from wattgate.data.pretokenize import ShardWriter
+from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.pack.plan import build_plan
 from wattgate.train.checkpoint import latest_complete
 from wattgate.train.data import IGNORE, DocStore, build_batch, read_rank_plan
@@ -30,21 +30,8 @@ TINY = {"model_type": "qwen3", "vocab_size": 96, "hidden_size": 32, "intermediat
 
 
 def fake_pretokenized(path: Path, lengths, seed=0, vocab=96) -> Path:
-    """Shards + manifest with random token ids and loss masks (position 0 never trained)."""
-    rng = np.random.default_rng(seed)
-    path.mkdir(parents=True)
-    writer = ShardWriter(path, shard_docs=7)  # several shards and row groups
-    for n in lengths:
-        ids = rng.integers(0, vocab, n).astype(np.int32)
-        mask = (rng.random(n) < 0.6).astype(np.int8)
-        mask[0], mask[-1] = 0, 1
-        writer.add(ids, mask)
-    writer.flush()
-    write_json_atomic(path / "manifest.json", {
-        "format_version": 1, "num_docs": writer.num_docs, "num_tokens": writer.num_tokens,
-        "num_loss_tokens": writer.num_loss_tokens, "shards": writer.shards, "max_token_id": writer.max_token_id,
-        "vocab_size": vocab, "dropped": {}})
-    return path
+    # several shards and row groups even for small corpora
+    return write_random_pretokenized(path, lengths, vocab, seed, shard_docs=7)
 
 
 def train_config(**train) -> dict:
