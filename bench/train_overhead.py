@@ -16,11 +16,18 @@ Two comparisons, each per step after warm-up, median over steps:
               holds every per-step cost; bare: its own step-end stamps). The verdict.
   step_time:  max over ranks of the per-rank step time (ours: step_time_s, which
               excludes the all_gather and heartbeat; bare: its whole step).
-The sides run alternately (A B A B ...) and the best median of each counts:
-on the 2-core bench VM the median of one side drifts by 10-15% from run to run
-(170-230 ms for either side, same inputs), which is more than the target margin.
-The noise-free view of the overhead is printed too: ours' per-step extras
-measured in-run, and each extra timed alone inside the bare job after its loop.
+The sides run alternately (A B A B ...), several short runs rather than a few
+long ones, and the best median of each side counts: on the 2-core bench VM the
+median of one side drifts by 10-15% from run to run (170-250 ms per step for
+either side, same inputs), more than the target margin. A run during which
+other processes kept a CPU busy is rerun (up to MAX_TRIES). The overhead is
+also shown free of that noise: ours' per-step extras measured in-run, and each
+extra timed alone inside the bare job after its loop. Each run line gives the
+job's minor page faults too: on this VM, glibc handing freed memory back to the
+OS and faulting it in again every step costs several percent of a step, and it
+differs between processes with different allocation histories. Setting
+MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the environment applies to
+both sides.
 
     python bench/train_overhead.py [--quick] [--repeat N] [--steps N] [--keep DIR]
 """
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -46,6 +54,8 @@ VOCAB = 2048
 TRAIN = {"seq_len": 512, "micro_batch_size": 2, "grad_accum": 2, "epochs": 1, "warmup_steps": 5,
          "checkpoint_every": 100_000, "log_every": 100_000}  # no checkpoint but the final one, few prints
 WARMUP_STEPS = 5  # dropped from the statistics: FSDP lazy init, allocator and cache warm-up
+BUSY_CPUS = 0.15  # other processes' average CPU use that marks a run as disturbed (rerun)
+MAX_TRIES = 3  # per run
 LOSS_CHECK_STEPS = 5
 LOSS_RTOL = 1e-4
 TARGET_RATIO = 1.05
@@ -259,6 +269,46 @@ def bare_worker(work: Path, out: Path) -> None:
     dist.destroy_process_group()
 
 
+# ---------------------------------------------------------------- disturbance (other processes)
+
+
+def machine_cpu_s() -> float | None:
+    """Busy CPU seconds of the whole machine since boot (Linux /proc/stat); None elsewhere."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = fields
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def own_usage() -> tuple[float, int]:
+    """CPU seconds and minor page faults of this process and its reaped descendants (torchrun, ranks)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, me.ru_minflt + kids.ru_minflt
+
+
+def undisturbed_run(fn, work: Path, out: Path, label: str) -> dict:
+    """fn(work, out), rerun (fresh out) while other processes kept more than BUSY_CPUS busy.
+
+    Both sides need the 2 cores to themselves; a test suite running beside the bench
+    doubled step times in our runs, which no statistic over steps can undo.
+    """
+    for attempt in range(1, MAX_TRIES + 1):
+        run_out = out if attempt == 1 else out.with_name(f"{out.name}-try{attempt}")
+        (m0, (o0, f0)), t0 = (machine_cpu_s(), own_usage()), time.perf_counter()
+        res = fn(work, run_out)
+        (m1, (o1, f1)), wall = (machine_cpu_s(), own_usage()), time.perf_counter() - t0
+        res["other_cpus"] = None if m0 is None else max(0.0, (m1 - m0) - (o1 - o0)) / wall
+        res["page_faults"] = f1 - f0  # the whole job, startup included: a hint of allocator churn
+        if res["other_cpus"] is None or res["other_cpus"] <= BUSY_CPUS:
+            return res
+        print(f"  {label}: other processes kept {res['other_cpus']:.2f} CPUs busy "
+              f"(try {attempt}/{MAX_TRIES}){'; rerunning' if attempt < MAX_TRIES else '; kept, flagged'}",
+              flush=True)
+    return res
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -289,20 +339,45 @@ def explain_overhead(ours: list[dict], bare: list[dict], bare_step: float) -> No
           f"sum {fmt_ms(total)} = {100 * total / bare_step:.2f}% of the bare step")
 
 
+def report(runs: dict[str, list[dict]], quick: bool) -> bool:
+    """Print the verdicts; True when all pass (in --quick the ratio is shown, not judged)."""
+    best = {side: {k: min(statistics.median(r[k]) for r in rs) for k in ("period", "step_time")}
+            for side, rs in runs.items()}
+    data_wait = max(r["data_wait_share"] for r in runs["ours"])  # the worst run: a ceiling, not a best case
+    same_math = losses_agree(runs["ours"][0]["losses"], runs["bare"][0]["losses"])
+    explain_overhead(runs["ours"], runs["bare"], best["bare"]["period"])
+    spread = {side: [statistics.median(r["period"]) for r in rs] for side, rs in runs.items()}
+    print(f"best of {len(runs['ours'])} (median per run; run-to-run spread of period medians: "
+          + ", ".join(f"{side} {fmt_ms(min(v))}..{fmt_ms(max(v))}" for side, v in spread.items()) + "):")
+    verdicts = [same_math]
+    for k in ("period", "step_time"):
+        ratio = best["ours"][k] / best["bare"][k]
+        judged = k == "period" and not quick
+        if judged:
+            verdicts.append(ratio <= TARGET_RATIO)
+        print(f"  {k:9s}: ours {fmt_ms(best['ours'][k])}  bare {fmt_ms(best['bare'][k])}  ratio {ratio:.3f} "
+              f"(target <= {TARGET_RATIO}) {'PASS' if ratio <= TARGET_RATIO else 'FAIL'}{'' if judged else ' (info)'}")
+    verdicts.append(data_wait < TARGET_DATA_WAIT)
+    print(f"  data_wait share of step time: {100 * data_wait:.3f}% (target < {100 * TARGET_DATA_WAIT:.0f}%) "
+          f"{'PASS' if verdicts[-1] else 'FAIL'}")
+    print(f"  same math (first {LOSS_CHECK_STEPS} losses within {LOSS_RTOL:g} rel): {'PASS' if same_math else 'FAIL'}")
+    disturbed = sum(1 for rs in runs.values() for r in rs if (r["other_cpus"] or 0) > BUSY_CPUS)
+    if disturbed:
+        print(f"  note: {disturbed} run(s) ran beside other work (> {BUSY_CPUS} CPUs); their timings are not reliable")
+    return all(verdicts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: ~15 steps per run")
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 60)")
-    parser.add_argument("--repeat", type=int, default=None, help="runs per side, alternating (default 3)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 15 steps, 2 runs per side; the ratio is printed, not judged (too noisy)")
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 40)")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per side, alternating (default 4)")
     parser.add_argument("--keep", type=Path, default=None, help="work folder to keep (default: a temp folder)")
     args = parser.parse_args()
-    steps = args.steps or (15 if args.quick else 60)
-    repeat = args.repeat or (2 if args.quick else 3)
+    steps = args.steps or (15 if args.quick else 40)
+    repeat = args.repeat or (2 if args.quick else 4)
 
-    load = os.getloadavg()[0]
-    if load > 0.5:  # both sides need the 2 cores to themselves; other work shows up as noise
-        print(f"warning: 1-minute load average {load:.2f} before start: other work on this machine "
-              f"skews the timings", flush=True)
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="wattgate-train-bench-") as tmp:
         work = args.keep or Path(tmp)
@@ -315,36 +390,16 @@ def main() -> None:
         runs = {"ours": [], "bare": []}
         for r in range(repeat):
             for side, fn in (("ours", run_ours), ("bare", run_bare)):
-                res = fn(work, work / f"{side}-{r}")
+                res = undisturbed_run(fn, work, work / f"{side}-{r}", f"run {r + 1} {side}")
                 runs[side].append(res)
                 extra = f", data_wait {100 * res['data_wait_share']:.2f}%" if side == "ours" else ""
+                other = "" if res["other_cpus"] is None else f", other processes {res['other_cpus']:.2f} CPUs"
                 print(f"  run {r + 1} {side}: period median {fmt_ms(statistics.median(res['period']))}, "
-                      f"step_time median {fmt_ms(statistics.median(res['step_time']))}{extra}", flush=True)
-
-    best = {side: {k: min(statistics.median(r[k]) for r in rs) for k in ("period", "step_time")}
-            for side, rs in runs.items()}
-    data_wait = max(r["data_wait_share"] for r in runs["ours"])  # the worst run: a ceiling, not a best case
-    same_math = losses_agree(runs["ours"][0]["losses"], runs["bare"][0]["losses"])
-    explain_overhead(runs["ours"], runs["bare"], best["bare"]["period"])
-    spread = {side: [statistics.median(r["period"]) for r in rs] for side, rs in runs.items()}
-    print(f"best of {repeat} (median per run; run-to-run spread of period medians: "
-          + ", ".join(f"{side} {fmt_ms(min(v))}..{fmt_ms(max(v))}" for side, v in spread.items()) + "):")
-    verdicts = []
-    for k in ("period", "step_time"):
-        ratio = best["ours"][k] / best["bare"][k]
-        ok = ratio <= TARGET_RATIO
-        if k == "period":
-            verdicts.append(ok)
-        print(f"  {k:9s}: ours {fmt_ms(best['ours'][k])}  bare {fmt_ms(best['bare'][k])}  ratio {ratio:.3f} "
-              f"(target <= {TARGET_RATIO}) {'PASS' if ok else 'FAIL'}{'' if k == 'period' else ' (info)'}")
-    ok = data_wait < TARGET_DATA_WAIT
-    verdicts.append(ok)
-    print(f"  data_wait share of step time: {100 * data_wait:.3f}% (target < {100 * TARGET_DATA_WAIT:.0f}%) "
-          f"{'PASS' if ok else 'FAIL'}")
-    verdicts.append(same_math)
-    print(f"  same math (first {LOSS_CHECK_STEPS} losses within {LOSS_RTOL:g} rel): {'PASS' if same_math else 'FAIL'}")
-    print(f"overall: {'PASS' if all(verdicts) else 'FAIL'} (wall {time.perf_counter() - t_start:.0f} s)")
-    sys.exit(0 if all(verdicts) else 1)
+                      f"step_time median {fmt_ms(statistics.median(res['step_time']))}{extra}, "
+                      f"minor page faults {res['page_faults'] / 1000:.0f}k{other}", flush=True)
+    ok = report(runs, args.quick)
+    print(f"overall: {'PASS' if ok else 'FAIL'} (wall {time.perf_counter() - t_start:.0f} s)")
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -114,6 +114,29 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+# glibc mallopt parameters
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_memory() -> None:
+    """Linux/glibc: keep freed activation buffers in the heap instead of returning them to the OS.
+
+    With glibc's adaptive defaults the CPU path unmapped and re-faulted its large per-step
+    buffers every step: 30-80% more minor page faults and ~15% slower steps than a bare loop
+    (bench/train_overhead.py). Fixed thresholds keep the memory mapped between steps.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, 256 << 20)
+        libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
 def init_distributed(timeout_s: float, out: Path) -> tuple[int, int, torch.device]:
     """Ranks come from torchrun's environment (c10d hands out ranks in join order, not --node_rank)."""
     if "RANK" not in os.environ:  # run by hand: a world of one
@@ -249,6 +272,7 @@ def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     plan = json.loads((plan_dir / "plan.json").read_text())
     die_with_parent()
+    keep_freed_memory()
     rank, world, device = init_distributed(s.collective_timeout_s, out)
     try:
         if plan["world_size"] != world:
