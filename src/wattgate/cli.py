@@ -90,9 +90,39 @@ def _train(args, config) -> None:
 def _launch(args, config) -> None:
     from wattgate.train.launch import run_launch
 
-    rc = run_launch(config, args.config, args.pretokenized, args.plan, args.out)
-    if rc != 0:
-        raise StageFailed(f"training exited with status {rc}; see the log above and {args.out}/heartbeat/")
+    result = run_launch(config, args.config, args.pretokenized, args.plan, args.out)
+    w = result.watcher or {}
+    if w.get("verdict") not in (None, "running", "healthy"):
+        acted = "stopped the job" if w.get("action") == "kill" else "warned"
+        message = f"watcher {acted}: {w.get('reason')}; see {args.out}/watcher.json"
+        if result.returncode != 0 or w.get("action") == "kill":
+            raise StageFailed(message)
+        print(f"launch: WARNING: {message}", file=sys.stderr)
+    if result.returncode != 0:
+        raise StageFailed(f"training exited with status {result.returncode}; see the log above and "
+                          f"{args.out}/heartbeat/")
+
+
+def _sample(args, config) -> int:
+    from wattgate.telemetry.sampler import run_sampler
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return run_sampler(str(args.out), args.interval, args.flush_every, command or None, args.duration)
+
+
+def _watch(args, config) -> None:
+    from wattgate.config import world_size
+    from wattgate.telemetry.tables import SHIPPED, load_table_file, shipped_table
+    from wattgate.telemetry.watch import WatchSettings, watch
+
+    table_path = config["telemetry"]["table"]
+    model = config["cluster"]["gpu_model"].lower()
+    table = load_table_file(table_path) if table_path else \
+        shipped_table(model) if model.split("-")[0] in SHIPPED else None
+    record = watch(args.run, world_size(config), WatchSettings.from_config(config), table, args.pid,
+                   args.slurm_job, args.out)
+    if record["verdict"] not in ("healthy", "running") and record.get("action") == "kill":
+        raise StageFailed(record["reason"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,6 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
     stage("gate", _gate, "invariant gate: prove the plan safe before any GPU job", "pretokenized", "plan")
     stage("train", _train, "train one rank (run under torchrun; see `wattgate launch`)", "pretokenized", "plan")
     stage("launch", _launch, "start the train stage on every rank (torchrun; srun on Slurm)", "pretokenized", "plan")
+
+    p = sub.add_parser("sample", help="NVML telemetry sampler for this node (optionally beside a command)")
+    p.add_argument("--out", required=True, help="trace file; {host} becomes this node's name")
+    p.add_argument("--interval", type=float, default=0.1, help="seconds between samples (default 0.1)")
+    p.add_argument("--flush-every", type=float, default=2.0, help="seconds between crash-safe flushes")
+    p.add_argument("--duration", type=float, help="stop after this many seconds (default: until signalled)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD...: sample while CMD runs, exit with its status")
+    p.set_defaults(func=_sample, config=None)
+
+    p = sub.add_parser("watch", help="hang watcher: heartbeats + power; kills a deadlocked job")
+    p.add_argument("--config", required=True, type=Path, help="run config (YAML)")
+    p.add_argument("--run", required=True, type=Path, help="the train output folder (heartbeat/, telemetry/)")
+    p.add_argument("--pid", type=int, help="root of the job's process tree (killed on a verdict)")
+    p.add_argument("--slurm-job", help="Slurm job id (scancel on a verdict)")
+    p.add_argument("--out", type=Path, help="verdict file (default RUN/watcher.json)")
+    p.set_defaults(func=_watch)
     return parser
 
 
@@ -127,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     from wattgate.config import load_config
 
     try:
-        config = load_config(args.config)
-        args.func(args, config)
+        config = load_config(args.config) if args.config is not None else None
+        rc = args.func(args, config)
+        if isinstance(rc, int):
+            return rc
     except InputError as exc:
         print(f"wattgate {args.stage}: error: {exc}", file=sys.stderr)
         return 2

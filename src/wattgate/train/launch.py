@@ -10,6 +10,7 @@ trainer reads its rank from the environment, never from --node_rank.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wattgate.errors import InputError
+from wattgate.telemetry.sampler import sampler_command
 
 RDZV_PORT_BASE = 20000
 
@@ -59,18 +61,24 @@ def train_args(config_path: Path, pretokenized: Path, plan: Path, out: Path) -> 
             "--plan", str(plan), "--out", str(out)]
 
 
-def build_launch_command(spec: LaunchSpec, args: list[str], python: str = sys.executable) -> list[str]:
-    """argv that starts every rank of the job from this (first-node or local) process."""
+def build_launch_command(spec: LaunchSpec, args: list[str], python: str = sys.executable,
+                         sample: tuple[str, float] | None = None) -> list[str]:
+    """argv that starts every rank of the job from this (first-node or local) process.
+
+    With `sample=(trace_path, interval_s)` each node's torchrun runs under that
+    node's telemetry sampler (`{host}` in the path becomes the node's name).
+    """
     torchrun = [python, "-m", "torch.distributed.run"]
+    wrap = [] if sample is None else sampler_command(sample[0], sample[1], [], python)
     if spec.launcher == "local":
-        return torchrun + ["--standalone", f"--nproc-per-node={spec.procs_per_node}"] + args
+        return wrap + torchrun + ["--standalone", f"--nproc-per-node={spec.procs_per_node}"] + args
     if not spec.job_id:
         raise InputError("launcher slurm: SLURM_JOB_ID is not set; run inside an allocation (or launcher: local)")
     port = RDZV_PORT_BASE + int(spec.job_id) % 10000
     host = shlex.quote(spec.rendezvous_host) if spec.rendezvous_host else \
         '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
     inner = " ".join(
-        [shlex.quote(x) for x in torchrun]
+        [shlex.quote(x) for x in wrap + torchrun]
         + [f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.procs_per_node}", "--rdzv-backend=c10d",
            f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={shlex.quote(spec.job_id)}"]
         + [shlex.quote(a) for a in args]
@@ -87,20 +95,56 @@ def launch_env(spec: LaunchSpec, base: dict | None = None) -> dict:
     return env
 
 
-def run_launch(config: dict, config_path: Path, pretokenized: Path, plan: Path, out: Path) -> int:
-    """Start the job in its own process group; forward SIGTERM/SIGINT; return its exit status."""
+def watcher_command(config_path: Path, out: Path, pid: int, job_id: str | None,
+                    python: str = sys.executable) -> list[str]:
+    argv = [python, "-m", "wattgate", "watch", "--config", str(config_path), "--run", str(out), "--pid", str(pid)]
+    return argv + (["--slurm-job", job_id] if job_id else [])
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    returncode: int
+    watcher: dict | None  # watcher.json after the job ended (None when the watcher is off)
+
+
+def run_launch(config: dict, config_path: Path, pretokenized: Path, plan: Path, out: Path) -> LaunchResult:
+    """Start the job (under the node samplers) in its own session, with the watcher beside it.
+
+    SIGTERM/SIGINT are forwarded to the job; the watcher is stopped once the job has ended.
+    """
     spec = resolve_launch(config)
-    argv = build_launch_command(spec, train_args(config_path, pretokenized, plan, out))
+    tel = config["telemetry"]
+    sample = (str(out / "telemetry" / "{host}.parquet"), tel["interval_s"]) if tel["enabled"] else None
+    argv = build_launch_command(spec, train_args(config_path, pretokenized, plan, out), sample=sample)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "watcher.json").unlink(missing_ok=True)  # a verdict from an earlier attempt must not be read as ours
     print(f"launch: {' '.join(shlex.quote(a) for a in argv)}", flush=True)
     proc = subprocess.Popen(argv, env=launch_env(spec), start_new_session=True)
+    watcher = None
+    if config["watcher"]["enabled"]:
+        watcher = subprocess.Popen(watcher_command(config_path, out, proc.pid, spec.job_id), start_new_session=True)
 
     def forward(signum, _frame):
-        try:
-            os.killpg(proc.pid, signum)
-        except ProcessLookupError:
-            pass
+        for p in (proc, watcher):
+            if p is not None:
+                try:
+                    os.killpg(p.pid, signum)
+                except ProcessLookupError:
+                    pass
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    return proc.wait()
+    rc = proc.wait()
+    verdict = None
+    if watcher is not None:
+        if watcher.poll() is None:
+            watcher.send_signal(signal.SIGTERM)
+        try:
+            watcher.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            watcher.kill()
+        try:
+            verdict = json.loads((out / "watcher.json").read_text())
+        except (OSError, ValueError):
+            verdict = None
+    return LaunchResult(rc, verdict)

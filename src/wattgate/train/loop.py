@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from itertools import groupby
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -57,6 +58,7 @@ class TrainSettings:
     seed: int
     checkpoint_every: int
     checkpoint_keep: int
+    checkpoint_at_epoch_end: bool
     collective_timeout_s: float
     attn_implementation: str
     activation_checkpointing: bool
@@ -72,7 +74,7 @@ class TrainSettings:
         return cls(
             **{k: t[k] for k in ("seq_len", "micro_batch_size", "grad_accum", "epochs", "lr", "min_lr_ratio",
                                  "warmup_steps", "weight_decay", "grad_clip", "seed", "checkpoint_every",
-                                 "checkpoint_keep", "collective_timeout_s", "attn_implementation",
+                                 "checkpoint_keep", "checkpoint_at_epoch_end", "collective_timeout_s", "attn_implementation",
                                  "activation_checkpointing", "data_cache", "local_cache_dir", "log_every",
                                  "optimizer")},
             betas=tuple(t["betas"]),
@@ -157,6 +159,14 @@ def init_distributed(timeout_s: float, out: Path) -> tuple[int, int, torch.devic
     return dist.get_rank(), dist.get_world_size(), device
 
 
+def device_uuid(device: torch.device) -> str | None:
+    """The GPU's UUID as NVML reports it, so triage can match a rank to its trace rows."""
+    if device.type != "cuda":
+        return None
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+
+
 def check_planned_counts(micro_batches: list[MicroBatchPlan], device: torch.device) -> None:
     """Defense in depth behind the gate: every rank must plan the same number of micro-batches and steps."""
     mine = torch.tensor([len(micro_batches), len({(m.epoch, m.step) for m in micro_batches})],
@@ -221,8 +231,12 @@ def export_final(model, out: Path, tokenizer_dir: str | None, rank: int) -> None
     dist.barrier()  # no rank leaves before the export is on disk
 
 
-def train_step(model, optimizer, batches, world: int, device: torch.device, grad_clip: float):
+def train_step(model, optimizer, batches, world: int, device: torch.device, grad_clip: float,
+               on_micro: Callable[[int], None] | None = None):
     """One optimizer step over this rank's micro-batches; returns (summed loss, grad norm, host->device s).
+
+    `on_micro(k)` runs after the k-th micro-batch's backward (the heartbeat: a rank that
+    ran out of micro-batches early is then visibly ahead of one that did not).
 
     The loss is normalized by the loss-bearing tokens of the whole global batch (all-reduced), so the
     gradient does not depend on how documents were packed or split over ranks and micro-batches.
@@ -241,6 +255,8 @@ def train_step(model, optimizer, batches, world: int, device: torch.device, grad
         summed = loss_sum(forward_logits(model, tensors), tensors["labels"])
         (summed * scale).backward()
         step_loss += summed.detach().double()
+        if on_micro is not None:
+            on_micro(i + 1)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: materialize it on every rank, together
         grad_norm = grad_norm.full_tensor()
@@ -291,7 +307,7 @@ def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
 def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pretokenized, out) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
-    heartbeat = Heartbeat(out, rank)
+    heartbeat = Heartbeat(out, rank, int(os.environ.get("LOCAL_RANK", "0")), device_uuid(device))
     heartbeat.beat(0, 0, "init")
     data_dir, copy_s = stage_local_copy(pretokenized, s, out)
     store = DocStore(data_dir)
@@ -305,6 +321,8 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
     optimizer = build_optimizer(model, s)
     steps = group_steps(micro_batches)
     total = len(steps)
+    epoch_ends = [g + 1 for g in range(total) if g + 1 == total or steps[g + 1][0].epoch != steps[g][0].epoch]
+    heartbeat.set_plan(total, epoch_ends)
     start = 0
     latest = ckpt.latest_complete(out / "checkpoints")
     if latest is not None:
@@ -326,7 +344,9 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
         t0 = time.perf_counter()
         batches = [build_batch(store, m.packs, s.seq_len) for m in step_plan]
         data_wait = time.perf_counter() - t0
-        step_loss, grad_norm, to_device_s = train_step(model, optimizer, batches, world, device, s.grad_clip)
+        step_loss, grad_norm, to_device_s = train_step(
+            model, optimizer, batches, world, device, s.grad_clip,
+            on_micro=lambda k: heartbeat.beat(g, epoch, "train", micro=k, micros=len(batches)))
         data_wait += to_device_s
         if on_cuda:
             torch.cuda.synchronize()
@@ -353,7 +373,8 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
                       f"lr {lr_at(g, s, total):.2e} {step_tokens / step_time:.0f} tok/s "
                       f"data_wait {100 * data_wait / step_time:.2f}%" + (f" MFU {100 * mfu:.1f}%" if mfu else ""),
                       flush=True)
-        checkpoint_now = (g + 1) % s.checkpoint_every == 0 or g + 1 == total
+        checkpoint_now = (g + 1) % s.checkpoint_every == 0 or g + 1 == total or \
+            (s.checkpoint_at_epoch_end and g + 1 in epoch_ends)
         # metrics first: a published checkpoint at step n implies metrics through step n are on disk
         if rank == 0 and (checkpoint_now or (g + 1) % METRICS_FLUSH_EVERY == 0):
             metrics.flush()

@@ -34,15 +34,38 @@ METRICS_SCHEMA = pa.schema(
 )
 
 
+PHASES = ("init", "train", "checkpoint", "export", "done")
+
+
 class Heartbeat:
-    def __init__(self, out: Path, rank: int):
+    """`heartbeat/rank-<r>.json`: the rank's latest step and phase, rewritten atomically every step.
+
+    Phase changes are also appended to `rank-<r>.events.jsonl` (a few lines per
+    checkpoint, not per step) so triage can place checkpoints in time after the run.
+    """
+
+    def __init__(self, out: Path, rank: int, local_rank: int = 0, gpu: int | None = None):
         self.path = out / "heartbeat" / f"rank-{rank}.json"
+        self.events = out / "heartbeat" / f"rank-{rank}.events.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.base = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid()}
+        self.base = {"rank": rank, "local_rank": local_rank, "gpu": gpu, "host": socket.gethostname(),
+                     "pid": os.getpid()}
+        self.phase = None
+        self.plan: dict = {}
+
+    def set_plan(self, total_steps: int, epoch_ends: list[int]) -> None:
+        """This rank's planned schedule: total steps and the global step that ends each epoch."""
+        self.plan = {"total_steps": total_steps, "epoch_ends": epoch_ends}
 
     def beat(self, step: int, epoch: int, phase: str, **extra) -> None:
-        record = dict(self.base, step=step, epoch=epoch, phase=phase, time=time.time(), **extra)
+        assert phase in PHASES, phase
+        record = dict(self.base, step=step, epoch=epoch, phase=phase, time=time.time(), **self.plan, **extra)
         write_bytes_atomic(self.path, (json.dumps(record) + "\n").encode())
+        if phase != self.phase:
+            self.phase = phase
+            event = {"time": record["time"], "rank": self.base["rank"], "step": step, "epoch": epoch, "phase": phase}
+            with open(self.events, "a") as f:
+                f.write(json.dumps(event) + "\n")
 
 
 class MetricsTable:

@@ -1,0 +1,1 @@
+"""GPU telemetry: the NVML sampler, the hang watcher, power triage and calibration."""

@@ -1,0 +1,180 @@
+"""NVML readings for one node's GPUs, one row per GPU per call.
+
+Power: `nvmlDeviceGetPowerUsage` is a 1 s moving average on Ampere (except
+A100) and newer, too slow to see a 10 Hz phase change, so the instant field
+value (NVML_FI_DEV_POWER_INSTANT) is used wherever the driver supports it;
+the source actually used is recorded in the trace metadata. The total energy
+counter (mJ since driver load) gives exact energy regardless of sampling.
+GPM metrics (Hopper and newer) are differences of two samples, so each call
+reports the activity since the previous call.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+
+GPM_METRICS = {  # trace column -> pynvml metric constant name
+    "sm_active": "NVML_GPM_METRIC_SM_UTIL",
+    "sm_occupancy": "NVML_GPM_METRIC_SM_OCCUPANCY",
+    "tensor_active": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+    "dram_active": "NVML_GPM_METRIC_DRAM_BW_UTIL",
+    "nvlink_tx_bps": "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC",
+    "nvlink_rx_bps": "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC",
+}
+NVLINK_SCALE = float(2**20)  # nvml.h documents the GPM NVLink rates in MiB/s; the trace stores bytes/s
+
+
+class NvmlUnavailable(Exception):
+    """No NVML on this host (no driver / no GPU): the sampler writes an empty trace and the run goes on."""
+
+
+@dataclass
+class GpuHandle:
+    index: int
+    handle: object
+    name: str
+    uuid: str
+    instant_power: bool
+    gpm: bool
+    gpm_prev: object = None
+    info: dict = field(default_factory=dict)
+
+
+class NvmlSource:
+    def __init__(self, gpm: bool = True):
+        try:
+            import pynvml
+        except ImportError as exc:  # nvidia-ml-py not installed
+            raise NvmlUnavailable(f"nvidia-ml-py is not installed ({exc})") from None
+        self.nv = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise NvmlUnavailable(f"NVML unavailable: {exc}") from None
+        self.host = socket.gethostname()
+        self.driver = _str(pynvml.nvmlSystemGetDriverVersion())
+        self.gpus = [self._open(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        if not self.gpus:
+            raise NvmlUnavailable("NVML found no GPU")
+        self.use_gpm = gpm
+
+    def _open(self, index: int) -> GpuHandle:
+        nv = self.nv
+        h = nv.nvmlDeviceGetHandleByIndex(index)
+        instant = self._instant_power_mw(h) is not None
+        gpm = False
+        try:
+            gpm = bool(nv.nvmlGpmQueryDeviceSupport(h).isSupportedDevice)
+        except (nv.NVMLError, AttributeError):
+            pass
+        info = {}
+        for key, fn in (("power_limit_w", lambda: nv.nvmlDeviceGetPowerManagementLimit(h) / 1000.0),
+                        ("memory_total_mib", lambda: nv.nvmlDeviceGetMemoryInfo(h).total / 2**20),
+                        ("pci_bus_id", lambda: _str(nv.nvmlDeviceGetPciInfo(h).busId))):
+            try:
+                info[key] = fn()
+            except nv.NVMLError:
+                info[key] = None
+        return GpuHandle(index, h, _str(nv.nvmlDeviceGetName(h)), _str(nv.nvmlDeviceGetUUID(h)), instant, gpm,
+                         info=info)
+
+    def _instant_power_mw(self, h) -> float | None:
+        nv = self.nv
+        try:
+            v = nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_POWER_INSTANT])[0]
+        except (nv.NVMLError, AttributeError):
+            return None
+        if v.nvmlReturn != nv.NVML_SUCCESS:
+            return None
+        return float(v.value.uiVal)
+
+    def meta(self, interval_s: float) -> dict:
+        sources = {"instant" if g.instant_power else "average_1s" for g in self.gpus}
+        return {
+            "host": self.host,
+            "driver": self.driver,
+            "interval_s": interval_s,
+            "power_source": "/".join(sorted(sources)),
+            "gpus": [dict(index=g.index, name=g.name, uuid=g.uuid, instant_power=g.instant_power, gpm=g.gpm,
+                          **g.info) for g in self.gpus],
+        }
+
+    def read(self) -> list[dict]:
+        now = time.time()
+        return [self._read_gpu(g, now) for g in self.gpus]
+
+    def _read_gpu(self, g: GpuHandle, now: float) -> dict:
+        nv, h = self.nv, g.handle
+        row = {"time": now, "host": self.host, "gpu": g.index}
+        power = self._instant_power_mw(h) if g.instant_power else None
+        if power is None:
+            power = _maybe(nv, lambda: nv.nvmlDeviceGetPowerUsage(h))
+        row["power_w"] = power / 1000.0 if power is not None else None
+        energy = _maybe(nv, lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h))
+        row["energy_j"] = energy / 1000.0 if energy is not None else None
+        util = _maybe(nv, lambda: nv.nvmlDeviceGetUtilizationRates(h))
+        row["util_gpu"] = float(util.gpu) if util is not None else None
+        row["util_mem"] = float(util.memory) if util is not None else None
+        row["sm_clock_mhz"] = _maybe(nv, lambda: float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
+        mem = _maybe(nv, lambda: nv.nvmlDeviceGetMemoryInfo(h))
+        row["mem_used_mib"] = mem.used / 2**20 if mem is not None else None
+        row["temp_c"] = _maybe(nv, lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
+        if g.gpm and self.use_gpm:
+            row.update(self._gpm(g))
+        return row
+
+    def _gpm(self, g: GpuHandle) -> dict:
+        """Activity since the previous call (GPM metrics are computed from two samples)."""
+        nv = self.nv
+        try:
+            sample = nv.nvmlGpmSampleAlloc()
+            nv.nvmlGpmSampleGet(g.handle, sample)
+        except nv.NVMLError:
+            g.gpm = False  # e.g. not permitted in this container: stop trying
+            return {}
+        prev, g.gpm_prev = g.gpm_prev, sample
+        if prev is None:
+            return {}
+        req = nv.c_nvmlGpmMetricsGet_t()
+        req.version = nv.NVML_GPM_METRICS_GET_VERSION
+        req.numMetrics = len(GPM_METRICS)
+        req.sample1, req.sample2 = prev, sample
+        for i, const in enumerate(GPM_METRICS.values()):
+            req.metrics[i].metricId = getattr(nv, const)
+        try:
+            nv.nvmlGpmMetricsGet(req)
+        except nv.NVMLError:
+            return {}
+        finally:
+            nv.nvmlGpmSampleFree(prev)
+        out = {}
+        for i, col in enumerate(GPM_METRICS):
+            m = req.metrics[i]
+            if m.nvmlReturn == nv.NVML_SUCCESS:
+                out[col] = float(m.value) * (NVLINK_SCALE if col.startswith("nvlink") else 1.0)
+        return out
+
+    def close(self) -> None:
+        for g in self.gpus:
+            if g.gpm_prev is not None:
+                try:
+                    self.nv.nvmlGpmSampleFree(g.gpm_prev)
+                except self.nv.NVMLError:
+                    pass
+        try:
+            self.nv.nvmlShutdown()
+        except self.nv.NVMLError:
+            pass
+
+
+def _maybe(nv, fn):
+    try:
+        return fn()
+    except nv.NVMLError:
+        return None
+
+
+def _str(x) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)

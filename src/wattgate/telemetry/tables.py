@@ -1,0 +1,116 @@
+"""Triage tables: per GPU model, the power and utilization thresholds that separate phases.
+
+Shipped tables (`tables/<model>.yaml`) come from published caps and idle
+draws and say so in their provenance; `wattgate calibrate` writes the same
+format from measured phases on a real GPU, and a calibrated table given with
+`--table` (or placed at `tables/<model>.yaml`) takes precedence.
+
+Power bands, in window-mean watts:
+  [0, low_max_w)              low: idle, a waiting kernel (deadlock, a rank
+                              waiting on a checkpointing peer), checkpoint I/O
+  [low_max_w, compute_min_w)  communication (NCCL kernels move data, SMs idle)
+  [compute_min_w, ...)        compute
+Utilization splits the low band: >= busy_util_pct means a kernel stayed
+resident (a spinning NCCL wait reads ~100%); <= idle_util_pct means none ran.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from wattgate.errors import InputError
+
+SHIPPED = ("a100", "h100", "h200", "b200", "b300")
+PHASES = ("compute", "communication", "data_starvation", "checkpoint", "deadlock", "idle")
+
+
+@dataclass(frozen=True)
+class TriageTable:
+    gpu_model: str
+    match: tuple[str, ...]      # substrings of the NVML device name that select this table
+    tdp_w: float
+    idle_w: float               # typical idle draw
+    low_max_w: float            # top of the low-power band
+    compute_min_w: float        # bottom of the compute band
+    busy_util_pct: float = 85.0
+    idle_util_pct: float = 5.0
+    provenance: dict = field(default_factory=dict)
+    phases: dict = field(default_factory=dict)  # calibrated per-phase power/util percentiles
+
+    def to_yaml(self) -> str:
+        d = asdict(self)
+        d["match"] = list(self.match)
+        return yaml.safe_dump(d, sort_keys=False)
+
+
+REQUIRED = ("gpu_model", "match", "tdp_w", "idle_w", "low_max_w", "compute_min_w")
+
+
+def parse_table(d: dict, source: str) -> TriageTable:
+    if not isinstance(d, dict):
+        raise InputError(f"{source}: a triage table must be a mapping")
+    missing = [k for k in REQUIRED if k not in d]
+    if missing:
+        raise InputError(f"{source}: triage table lacks {', '.join(missing)}")
+    known = set(TriageTable.__dataclass_fields__)
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise InputError(f"{source}: unknown triage table key(s) {', '.join(unknown)}")
+    t = TriageTable(**dict(d, match=tuple(d["match"])))
+    if not (0 <= t.idle_w < t.low_max_w < t.compute_min_w <= 1.5 * t.tdp_w):
+        raise InputError(f"{source}: need 0 <= idle_w < low_max_w < compute_min_w <= 1.5 x tdp_w "
+                         f"(got {t.idle_w}, {t.low_max_w}, {t.compute_min_w}, tdp {t.tdp_w})")
+    if not (0 <= t.idle_util_pct < t.busy_util_pct <= 100):
+        raise InputError(f"{source}: need 0 <= idle_util_pct < busy_util_pct <= 100")
+    return t
+
+
+def load_table_file(path: str | os.PathLike) -> TriageTable:
+    path = Path(path)
+    try:
+        d = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such triage table") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML ({exc})") from None
+    return parse_table(d, str(path))
+
+
+def shipped_table(name: str) -> TriageTable:
+    key = name.lower().replace("nvidia", "").strip().split()[0] if name.strip() else ""
+    if key not in SHIPPED:
+        raise InputError(f"no triage table for GPU model {name!r}; shipped: {', '.join(SHIPPED)}; "
+                         "pass --table FILE (e.g. from `wattgate calibrate`)")
+    ref = resources.files("wattgate.telemetry").joinpath("tables", f"{key}.yaml")
+    return parse_table(yaml.safe_load(ref.read_text()), f"wattgate/telemetry/tables/{key}.yaml")
+
+
+def detect_table(device_names: list[str]) -> TriageTable | None:
+    """The shipped table whose `match` strings appear in the device name (longest match wins)."""
+    best, best_len = None, 0
+    for key in SHIPPED:
+        t = shipped_table(key)
+        for name in device_names:
+            for m in t.match:
+                if m.lower() in name.lower() and len(m) > best_len:
+                    best, best_len = t, len(m)
+    return best
+
+
+def resolve_table(table_path: str | None, gpu_model: str | None, device_names: list[str]) -> TriageTable:
+    """--table FILE, else --gpu-model NAME, else detection from the trace's device names."""
+    if table_path:
+        return load_table_file(table_path)
+    if gpu_model:
+        return shipped_table(gpu_model)
+    t = detect_table(device_names)
+    if t is None:
+        seen = ", ".join(sorted(set(device_names))) or "no device names in the trace"
+        raise InputError(f"cannot tell the GPU model ({seen}); pass --gpu-model {'|'.join(SHIPPED)} "
+                         "or --table FILE")
+    return t

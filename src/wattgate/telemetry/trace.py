@@ -1,0 +1,207 @@
+"""The telemetry trace contract: schema, a crash-safe writer, and a reader.
+
+A Parquet file is unreadable until its footer is written, so a sampler that
+is SIGKILLed mid-file would lose everything. The writer therefore publishes
+complete small Parquet segments every `flush_every_s` (atomic renames) into a
+hidden folder beside the final file, merges them into bigger ones as they
+pile up, and on a clean stop writes `<host>.parquet` (large row groups) and
+removes the segments. A killed sampler leaves only segments; every reader here
+accepts either, and the watcher reads the live segments during a run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from wattgate.artifacts import atomic_path
+from wattgate.errors import InputError
+
+TRACE_COLUMNS = [
+    ("time", pa.float64()),
+    ("host", pa.string()),
+    ("gpu", pa.int32()),
+    ("power_w", pa.float32()),
+    ("energy_j", pa.float64()),
+    ("util_gpu", pa.float32()),
+    ("util_mem", pa.float32()),
+    ("sm_clock_mhz", pa.float32()),
+    ("mem_used_mib", pa.float32()),
+    ("temp_c", pa.float32()),
+]
+# Hopper-and-newer GPM metrics (percent, and bytes/s for NVLink); null where not available
+EXTRA_COLUMNS = [
+    ("sm_active", pa.float32()),
+    ("sm_occupancy", pa.float32()),
+    ("tensor_active", pa.float32()),
+    ("dram_active", pa.float32()),
+    ("nvlink_tx_bps", pa.float64()),
+    ("nvlink_rx_bps", pa.float64()),
+]
+TRACE_SCHEMA = pa.schema(TRACE_COLUMNS + EXTRA_COLUMNS)
+META_KEY = b"wattgate.trace"
+SEGMENT_DIR_SUFFIX = ".segments"
+_SEGMENT = re.compile(r"^seg-(\d{10})-(\d{10})\.parquet$")
+FINAL_ROW_GROUP = 1 << 20
+
+
+def empty_columns() -> dict[str, list]:
+    return {name: [] for name in TRACE_SCHEMA.names}
+
+
+def schema_with_meta(meta: dict) -> pa.Schema:
+    return TRACE_SCHEMA.with_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
+
+
+def segment_dir(path: Path) -> Path:
+    return path.parent / f".{path.name}{SEGMENT_DIR_SUFFIX}"
+
+
+def expand_host(path: str | os.PathLike, host: str | None = None) -> Path:
+    """`telemetry/{host}.parquet` -> this node's file (one sampler per node under Slurm)."""
+    return Path(str(path).replace("{host}", host or socket.gethostname()))
+
+
+class TraceWriter:
+    """Buffer rows; publish a complete segment every flush; merge into the final file on close."""
+
+    def __init__(self, path: str | os.PathLike, meta: dict, flush_every_s: float = 2.0, merge_every: int = 32):
+        self.path = Path(path)
+        self.meta = meta
+        self.schema = schema_with_meta(meta)
+        self.flush_every_s = flush_every_s
+        self.merge_every = merge_every
+        self.segments = segment_dir(self.path)
+        if self.segments.exists():  # leftovers of a killed sampler on this path: start clean
+            shutil.rmtree(self.segments)
+        self.segments.mkdir(parents=True)
+        self.buffer = empty_columns()
+        self.next_seq = 0
+        self.small: list[Path] = []
+        self.last_flush = time.monotonic()
+        self.rows = 0
+
+    def add(self, row: dict) -> None:
+        for name, column in self.buffer.items():
+            column.append(row.get(name))
+        if time.monotonic() - self.last_flush >= self.flush_every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        self.last_flush = time.monotonic()
+        n = len(self.buffer["time"])
+        if n == 0:
+            return
+        table = pa.Table.from_pydict(self.buffer, schema=self.schema)
+        self.buffer = empty_columns()
+        seq = self.next_seq
+        self.next_seq += 1
+        self.rows += n
+        dest = self.segments / f"seg-{seq:010d}-{seq:010d}.parquet"
+        with atomic_path(dest) as tmp:
+            pq.write_table(table, tmp)
+        self.small.append(dest)
+        if len(self.small) >= self.merge_every:
+            self._merge_small()
+
+    def _merge_small(self) -> None:
+        """One segment covering the small ones' range; readers skip segments a wider one covers."""
+        first, last = _segment_range(self.small[0])[0], _segment_range(self.small[-1])[1]
+        dest = self.segments / f"seg-{first:010d}-{last:010d}.parquet"
+        with atomic_path(dest) as tmp:
+            pq.write_table(pa.concat_tables(pq.read_table(p) for p in self.small), tmp)
+        for p in self.small:
+            p.unlink()
+        self.small = []
+
+    def close(self) -> Path:
+        """Write the final trace (an empty one with the schema if no rows) and drop the segments."""
+        self.flush()
+        with atomic_path(self.path) as tmp:
+            with pq.ParquetWriter(tmp, self.schema) as writer:
+                table = read_segments(self.segments, self.schema)
+                writer.write_table(table, row_group_size=FINAL_ROW_GROUP)
+        shutil.rmtree(self.segments)
+        return self.path
+
+
+def _segment_range(path: Path) -> tuple[int, int]:
+    m = _SEGMENT.match(path.name)
+    return int(m.group(1)), int(m.group(2))
+
+
+def live_segments(folder: Path) -> list[Path]:
+    """Segments not covered by a wider merged one, in time order (a merge may be mid-way)."""
+    segs = sorted((_segment_range(p), p) for p in folder.glob("seg-*.parquet") if _SEGMENT.match(p.name))
+    keep = []
+    for (a, b), p in segs:
+        if any(a2 <= a and b <= b2 and (a2, b2) != (a, b) for (a2, b2), _ in segs):
+            continue
+        keep.append(p)
+    return keep
+
+
+def read_segments(folder: Path, schema: pa.Schema = TRACE_SCHEMA, since_seq: int = 0) -> pa.Table:
+    tables = []
+    for p in live_segments(folder):
+        if _segment_range(p)[1] < since_seq:
+            continue
+        try:
+            tables.append(pq.read_table(p))
+        except (OSError, pa.ArrowInvalid):
+            continue  # vanished between listing and reading (merged away): its rows are in the merged one
+    if not tables:
+        return schema.empty_table()
+    return pa.concat_tables(tables).cast(schema)
+
+
+def trace_meta(table_or_schema) -> dict:
+    schema = table_or_schema.schema if hasattr(table_or_schema, "schema") else table_or_schema
+    raw = (schema.metadata or {}).get(META_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def read_trace(path: str | os.PathLike) -> pa.Table:
+    """A finished trace, or the segments a killed sampler left beside its path."""
+    path = Path(path)
+    segs = segment_dir(path)
+    if path.is_file():
+        try:
+            table = pq.read_table(path)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
+    elif segs.is_dir():
+        table = read_segments(segs)
+        first = next(iter(live_segments(segs)), None)
+        if first is not None:
+            table = table.replace_schema_metadata(pq.read_schema(first).metadata)
+    else:
+        raise InputError(f"{path}: no such trace (and no segments of a killed sampler beside it)")
+    missing = [n for n, _ in TRACE_COLUMNS if n not in table.column_names]
+    if missing:
+        raise InputError(f"{path}: not a wattgate trace: missing column(s) {', '.join(missing)}; "
+                         "convert other collectors' logs with `wattgate import-trace`")
+    for name, typ in EXTRA_COLUMNS:  # older or foreign traces may lack the optional columns
+        if name not in table.column_names:
+            table = table.append_column(pa.field(name, typ), pa.nulls(len(table), typ))
+    meta = table.schema.metadata
+    return table.select(TRACE_SCHEMA.names).cast(TRACE_SCHEMA).replace_schema_metadata(meta)
+
+
+def trace_files(folder: str | os.PathLike) -> list[Path]:
+    """Every node's trace in a telemetry folder: finished files and killed samplers' segments."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = {p for p in folder.glob("*.parquet")}
+    for segs in folder.glob(f".*.parquet{SEGMENT_DIR_SUFFIX}"):
+        found.add(folder / segs.name[1:-len(SEGMENT_DIR_SUFFIX)])
+    return sorted(found)
