@@ -125,6 +125,13 @@ def _watch(args, config) -> None:
         raise StageFailed(record["reason"])
 
 
+def _calibrate(args, config) -> None:
+    from wattgate.telemetry.calibrate import calibrate
+
+    calibrate(args.gpu_model, args.out, args.seconds, interval_s=args.interval, device_index=args.device,
+              samples_out=args.samples)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wattgate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
@@ -164,6 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm-job", help="Slurm job id (scancel on a verdict)")
     p.add_argument("--out", type=Path, help="verdict file (default RUN/watcher.json)")
     p.set_defaults(func=_watch)
+
+    p = sub.add_parser("calibrate", help="measure known phases' power on this node's GPU; write a triage table")
+    p.add_argument("--gpu-model", required=True, help="model name for the table (a100, h100, h200, b200, b300, ...)")
+    p.add_argument("--out", required=True, type=Path, help="triage table (YAML)")
+    p.add_argument("--seconds", type=float, default=20.0, help="seconds per phase (default 20)")
+    p.add_argument("--interval", type=float, default=0.1, help="sampling period (default 0.1)")
+    p.add_argument("--device", type=int, default=0, help="CUDA device for the single-GPU phases")
+    p.add_argument("--samples", type=Path, help="also write the calibration samples as a trace (+ .labels.parquet)")
+    p.set_defaults(func=_calibrate, config=None)
     return parser
 
 

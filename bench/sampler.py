@@ -1,0 +1,112 @@
+"""Sampler overhead: CPU time per second of `wattgate sample` at 10 Hz (target < 1% of one core).
+
+Runs the real sample loop (fixed-rate ticks, crash-safe segment flushes,
+final merge) for --seconds, and reports process CPU time / wall time:
+- with NVML, on every GPU of this host (the number that matters; needs a GPU);
+- with a synthetic source of --gpus GPUs (always): the same loop and write
+  path with the NVML calls replaced by building rows, i.e. the write path's
+  own cost. Without a GPU only this second figure is measured.
+Baseline, in the same process: the same source read at the same rate with no
+writing, so the ratio shows what the trace writer adds.
+
+    .venv/bin/python bench/sampler.py [--seconds 30] [--gpus 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from wattgate.telemetry.sampler import StopFlag, sample_loop
+from wattgate.telemetry.trace import TraceWriter, read_trace
+
+
+class SyntheticSource:
+    """Rows shaped like NvmlSource.read() for `gpus` GPUs (no NVML involved)."""
+
+    def __init__(self, gpus: int):
+        self.gpus = gpus
+        self.host = socket.gethostname()
+        self.rng = random.Random(0)
+        self.energy = [0.0] * gpus
+
+    def read(self) -> list[dict]:
+        now = time.time()
+        rows = []
+        for g in range(self.gpus):
+            p = 300 + 100 * self.rng.random()
+            self.energy[g] += p * 0.1
+            rows.append({"time": now, "host": self.host, "gpu": g, "power_w": p, "energy_j": self.energy[g],
+                         "util_gpu": 100.0, "util_mem": 40.0, "sm_clock_mhz": 1980.0, "mem_used_mib": 70000.0,
+                         "temp_c": 60.0, "sm_active": 80.0, "sm_occupancy": 30.0, "tensor_active": 50.0,
+                         "dram_active": 40.0, "nvlink_tx_bps": 1e10, "nvlink_rx_bps": 1e10})
+        return rows
+
+    def close(self) -> None:
+        pass
+
+
+class NullWriter:
+    def add(self, row: dict) -> None:
+        pass
+
+
+def cpu_share(source, writer, seconds: float, interval: float) -> tuple[float, int]:
+    flag = StopFlag()
+    n_target = round(seconds / interval)
+    c0, w0 = time.process_time(), time.monotonic()
+    n = sample_loop(source, writer, interval, flag, max_samples=n_target)
+    if isinstance(writer, TraceWriter):
+        writer.close()
+    return (time.process_time() - c0) / (time.monotonic() - w0), n
+
+
+def measure(name: str, make_source, seconds: float, interval: float, folder: Path) -> None:
+    src = make_source()
+    base, _ = cpu_share(src, NullWriter(), seconds, interval)
+    src.close()
+    src = make_source()
+    meta = src.meta(interval) if hasattr(src, "meta") else {"synthetic": True}
+    path = folder / f"{name}.parquet"
+    full, n = cpu_share(src, TraceWriter(path, meta, flush_every_s=2.0), seconds, interval)
+    src.close()
+    rows = len(read_trace(path))
+    print(f"{name:>22}: read only {100 * base:.3f}% of a core | read + write {100 * full:.3f}% of a core "
+          f"({n} ticks, {rows} rows) | writer adds {100 * (full - base):.3f} points | "
+          f"target < 1%: {'met' if full < 0.01 else 'MISSED'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--interval", type=float, default=0.1)
+    ap.add_argument("--gpus", type=int, default=8)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        # one-time start-up (pyarrow's Parquet writer initializes on first use: ~0.25 s CPU) is not per-second cost
+        warm = TraceWriter(Path(tmp) / "warm.parquet", {})
+        warm.add(SyntheticSource(1).read()[0])
+        warm.close()
+        try:
+            from wattgate.telemetry.nvml import NvmlSource, NvmlUnavailable
+
+            probe = NvmlSource()
+            names = sorted({g.name for g in probe.gpus})
+            count = len(probe.gpus)
+            probe.close()
+            print(f"NVML: {count} GPU(s): {', '.join(names)}")
+            measure(f"nvml x{count}", NvmlSource, args.seconds, args.interval, Path(tmp))
+            measure(f"nvml x{count} (no GPM)", lambda: NvmlSource(gpm=False), args.seconds, args.interval,
+                    Path(tmp))
+        except NvmlUnavailable as exc:
+            print(f"NVML: not available here ({exc}); measuring the write path with a synthetic source only")
+        measure(f"synthetic x{args.gpus}", lambda: SyntheticSource(args.gpus), args.seconds, args.interval,
+                Path(tmp))
+
+
+if __name__ == "__main__":
+    main()
