@@ -4,7 +4,7 @@
 #   2. sampler overhead (bench/sampler.py) with real NVML;
 #   3. calibrate: known phases -> a calibrated triage table + its labelled samples;
 #   4. the CUDA/NCCL train path (bf16 FSDP2, world 1) under the sampler and the watcher.
-# Usage: bash bench/gpu_checks.sh OUTDIR [SECONDS_PER_PHASE]
+# Usage: [STEPS="1 2 3 4"] bash bench/gpu_checks.sh OUTDIR [SECONDS_PER_PHASE]
 # Needs python3 with torch (CUDA), nvidia-ml-py, pyarrow, pandas, transformers, tokenizers, jsonschema.
 set -u -o pipefail
 OUT=${1:?usage: gpu_checks.sh OUTDIR [SECONDS_PER_PHASE]}
@@ -14,12 +14,15 @@ export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 T
 PY=${PYTHON:-python3}
 W="$PY -m wattgate"
 t0=$(date +%s)
+STEPS=${STEPS:-1 2 3 4}
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 stamp "0. machine"
 nvidia-smi --query-gpu=name,driver_version,power.limit,power.draw,clocks.sm --format=csv
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
 
+if want 1; then
 stamp "1. sampler, 8 s on the idle GPU"
 $W sample --out "$OUT/sampler-idle.parquet" --duration 8
 $PY - "$OUT/sampler-idle.parquet" <<'EOF'
@@ -31,12 +34,18 @@ print("non-null columns:", [c for c in d.columns if d[c].notna().any()])
 print(d.drop(columns=["host"]).describe().T[["mean", "min", "max"]].round(2).to_string())
 EOF
 
+fi
+if want 2; then
 stamp "2. sampler overhead"
 $PY bench/sampler.py --seconds 10 --gpus 8
 
+fi
+if want 3; then
 stamp "3. calibrate (${PHASE_S} s per phase)"
 $W calibrate --gpu-model h200 --out "$OUT/h200.yaml" --seconds "$PHASE_S" --samples "$OUT/calibration-trace.parquet"
 
+fi
+if want 4; then
 stamp "4. CUDA train path under sampler + watcher"
 work=/tmp/wattgate-gpu
 rm -rf "$work"; mkdir -p "$work"
@@ -66,4 +75,5 @@ cat "$work/train/TRAINED" "$work/train/watcher.json" 2>/dev/null
 grep -h "estimated peak" "$work/gate/gate.md" 2>/dev/null
 tar -C "$work" -czf "$OUT/train-run.tar.gz" config.yaml gate/gate.json train/TRAINED train/watcher.json \
   train/metrics.parquet train/telemetry train/heartbeat 2>/dev/null
+fi
 stamp "done"

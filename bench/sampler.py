@@ -80,6 +80,33 @@ def measure(name: str, make_source, seconds: float, interval: float, folder: Pat
           f"target < 1%: {'met' if full < 0.01 else 'MISSED'}")
 
 
+def profile_nvml_calls(n: int = 200) -> None:
+    """CPU time per NVML call on GPU 0 (each is an ioctl; some are far dearer than others)."""
+    import pynvml as nv
+
+    nv.nvmlInit()
+    h = nv.nvmlDeviceGetHandleByIndex(0)
+    calls = {
+        "field values (power instant + energy)": lambda: nv.nvmlDeviceGetFieldValues(
+            h, [nv.NVML_FI_DEV_POWER_INSTANT, nv.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]),
+        "field value (power instant)": lambda: nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_POWER_INSTANT]),
+        "GetPowerUsage": lambda: nv.nvmlDeviceGetPowerUsage(h),
+        "GetTotalEnergyConsumption": lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h),
+        "GetUtilizationRates": lambda: nv.nvmlDeviceGetUtilizationRates(h),
+        "GetClockInfo(SM)": lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+        "GetMemoryInfo": lambda: nv.nvmlDeviceGetMemoryInfo(h),
+        "GetTemperature": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+    }
+    for name, fn in calls.items():
+        c = time.process_time()
+        w = time.perf_counter()
+        for _ in range(n):
+            fn()
+        print(f"  {name:>40}: {1e6 * (time.process_time() - c) / n:8.1f} us CPU, "
+              f"{1e6 * (time.perf_counter() - w) / n:8.1f} us wall per call")
+    nv.nvmlShutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=30.0)
@@ -99,6 +126,7 @@ def main() -> None:
             count = len(probe.gpus)
             probe.close()
             print(f"NVML: {count} GPU(s): {', '.join(names)}")
+            profile_nvml_calls()
             measure(f"nvml x{count}", NvmlSource, args.seconds, args.interval, Path(tmp))
             measure(f"nvml x{count} (no GPM)", lambda: NvmlSource(gpm=False), args.seconds, args.interval,
                     Path(tmp))

@@ -40,10 +40,11 @@ class GpuHandle:
     gpm: bool
     gpm_prev: object = None
     info: dict = field(default_factory=dict)
+    slow: dict = field(default_factory=dict)  # last slow-rate readings, repeated between refreshes
 
 
 class NvmlSource:
-    def __init__(self, gpm: bool = True):
+    def __init__(self, gpm: bool = True, slow_every_s: float = 1.0):
         try:
             import pynvml
         except ImportError as exc:  # nvidia-ml-py not installed
@@ -59,6 +60,8 @@ class NvmlSource:
         if not self.gpus:
             raise NvmlUnavailable("NVML found no GPU")
         self.use_gpm = gpm
+        self.slow_every_s = slow_every_s
+        self.last_slow = float("-inf")
 
     def _open(self, index: int) -> GpuHandle:
         nv = self.nv
@@ -102,28 +105,51 @@ class NvmlSource:
         }
 
     def read(self) -> list[dict]:
+        """Power, energy and utilization every call; clocks, memory, temperature and GPM at most every
+        `slow_every_s` (each NVML call is an ioctl into the driver: the sampler must stay under 1% of a core)."""
         now = time.time()
-        return [self._read_gpu(g, now) for g in self.gpus]
+        slow = now - self.last_slow >= self.slow_every_s
+        if slow:
+            self.last_slow = now
+        return [self._read_gpu(g, now, slow) for g in self.gpus]
 
-    def _read_gpu(self, g: GpuHandle, now: float) -> dict:
+    def _read_gpu(self, g: GpuHandle, now: float, slow: bool) -> dict:
         nv, h = self.nv, g.handle
         row = {"time": now, "host": self.host, "gpu": g.index}
-        power = self._instant_power_mw(h) if g.instant_power else None
-        if power is None:
-            power = _maybe(nv, lambda: nv.nvmlDeviceGetPowerUsage(h))
+        power, energy = self._fast_fields(g)
         row["power_w"] = power / 1000.0 if power is not None else None
-        energy = _maybe(nv, lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h))
         row["energy_j"] = energy / 1000.0 if energy is not None else None
         util = _maybe(nv, lambda: nv.nvmlDeviceGetUtilizationRates(h))
         row["util_gpu"] = float(util.gpu) if util is not None else None
         row["util_mem"] = float(util.memory) if util is not None else None
-        row["sm_clock_mhz"] = _maybe(nv, lambda: float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
-        mem = _maybe(nv, lambda: nv.nvmlDeviceGetMemoryInfo(h))
-        row["mem_used_mib"] = mem.used / 2**20 if mem is not None else None
-        row["temp_c"] = _maybe(nv, lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
-        if g.gpm and self.use_gpm:
-            row.update(self._gpm(g))
+        if slow:
+            g.slow = {
+                "sm_clock_mhz": _maybe(nv, lambda: float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))),
+                "mem_used_mib": _maybe(nv, lambda: nv.nvmlDeviceGetMemoryInfo(h).used / 2**20),
+                "temp_c": _maybe(nv, lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
+            }
+            if g.gpm and self.use_gpm:
+                g.slow.update(self._gpm(g))
+        row.update(g.slow)
         return row
+
+    def _fast_fields(self, g: GpuHandle) -> tuple[float | None, float | None]:
+        """Instant power and the energy counter in one field-values call (mW, mJ)."""
+        nv = self.nv
+        if g.instant_power:
+            try:
+                power, energy = nv.nvmlDeviceGetFieldValues(
+                    g.handle, [nv.NVML_FI_DEV_POWER_INSTANT, nv.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION])
+                p = float(power.value.uiVal) if power.nvmlReturn == nv.NVML_SUCCESS else None
+                e = float(energy.value.ullVal) if energy.nvmlReturn == nv.NVML_SUCCESS else None
+                if p is not None:
+                    if e is None:
+                        e = _maybe(nv, lambda: nv.nvmlDeviceGetTotalEnergyConsumption(g.handle))
+                    return p, e
+            except nv.NVMLError:
+                pass
+        return (_maybe(nv, lambda: nv.nvmlDeviceGetPowerUsage(g.handle)),
+                _maybe(nv, lambda: nv.nvmlDeviceGetTotalEnergyConsumption(g.handle)))
 
     def _gpm(self, g: GpuHandle) -> dict:
         """Activity since the previous call (GPM metrics are computed from two samples)."""

@@ -43,9 +43,24 @@ class TriageTable:
     phases: dict = field(default_factory=dict)  # calibrated per-phase power/util percentiles
 
     def to_yaml(self) -> str:
-        d = asdict(self)
+        d = _plain(asdict(self))
         d["match"] = list(self.match)
         return yaml.safe_dump(d, sort_keys=False)
+
+
+def _plain(x):
+    """Builtin types only (yaml.safe_dump refuses str subclasses such as torch's version string)."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, bool) or x is None:
+        return x
+    if isinstance(x, int):
+        return int(x)
+    if isinstance(x, float):
+        return float(x)
+    return str(x)
 
 
 REQUIRED = ("gpu_model", "match", "tdp_w", "idle_w", "low_max_w", "compute_min_w")
