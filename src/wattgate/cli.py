@@ -125,6 +125,15 @@ def _watch(args, config) -> None:
         raise StageFailed(record["reason"])
 
 
+def _triage(args, config) -> None:
+    from wattgate.telemetry.triage import run_triage
+
+    result = run_triage(args.trace, args.out, table_path=args.table, gpu_model=args.gpu_model, run_dir=args.run,
+                        window_s=args.window, deadlock_after_s=args.deadlock_after)
+    shown = ", ".join(f"{ph} {100 * v['share']:.1f}%" for ph, v in result["phases"].items())
+    print(f"triage: {result['gpus']} GPU(s), {shown or result['status']} -> {args.out}")
+
+
 def _calibrate(args, config) -> None:
     from wattgate.telemetry.calibrate import calibrate
 
@@ -171,6 +180,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm-job", help="Slurm job id (scancel on a verdict)")
     p.add_argument("--out", type=Path, help="verdict file (default RUN/watcher.json)")
     p.set_defaults(func=_watch)
+
+    p = sub.add_parser("triage", help="label each GPU's 1 s windows: compute/communication/.../deadlock/idle")
+    p.add_argument("--trace", required=True, nargs="+", type=Path, help="trace file(s), one per node")
+    p.add_argument("--table", help="triage table (YAML); default: shipped table for --gpu-model or the trace's GPUs")
+    p.add_argument("--gpu-model", help="a100, h100, h200, b200, b300 (default: from the trace's device names)")
+    p.add_argument("--run", type=Path, help="train output folder: heartbeats and metrics sharpen the labels")
+    p.add_argument("--window", type=float, default=1.0, help="window length in seconds (default 1)")
+    p.add_argument("--deadlock-after", type=float, default=60.0,
+                   help="a low-power busy wait this long that never ends is a deadlock (default 60)")
+    p.add_argument("--out", required=True, type=Path)
+    p.set_defaults(func=_triage, config=None)
 
     p = sub.add_parser("calibrate", help="measure known phases' power on this node's GPU; write a triage table")
     p.add_argument("--gpu-model", required=True, help="model name for the table (a100, h100, h200, b200, b300, ...)")
