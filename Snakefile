@@ -15,9 +15,11 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/gate.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/telemetry.smk"
 
 
 rule all:
     input:
         f"{TRAIN_DIR}/TRAINED",
+        f"{POWER_DIR}/triage.json",
     default_target: True

@@ -126,10 +126,20 @@ def _watch(args, config) -> None:
 
 
 def _triage(args, config) -> None:
+    from wattgate.telemetry.tables import SHIPPED
+    from wattgate.telemetry.trace import trace_files
     from wattgate.telemetry.triage import run_triage
 
-    result = run_triage(args.trace, args.out, table_path=args.table, gpu_model=args.gpu_model, run_dir=args.run,
-                        window_s=args.window, deadlock_after_s=args.deadlock_after)
+    table, model, window, deadlock_after = args.table, args.gpu_model, args.window, args.deadlock_after
+    if config is not None:  # the run's settings, unless given on the command line
+        cluster_model = config["cluster"]["gpu_model"].lower().split("-")[0]
+        table = table or config["telemetry"]["table"]
+        model = model or (cluster_model if cluster_model in SHIPPED else None)
+        window = window or config["telemetry"]["window_s"]
+        deadlock_after = deadlock_after or config["watcher"]["hang_after_s"]
+    traces = [f for p in args.trace for f in (trace_files(p) if p.is_dir() else [p])]
+    result = run_triage(traces, args.out, table_path=table, gpu_model=model, run_dir=args.run,
+                        window_s=window or 1.0, deadlock_after_s=deadlock_after or 60.0)
     shown = ", ".join(f"{ph} {100 * v['share']:.1f}%" for ph, v in result["phases"].items())
     print(f"triage: {result['gpus']} GPU(s), {shown or result['status']} -> {args.out}")
 
@@ -182,15 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_watch)
 
     p = sub.add_parser("triage", help="label each GPU's 1 s windows: compute/communication/.../deadlock/idle")
-    p.add_argument("--trace", required=True, nargs="+", type=Path, help="trace file(s), one per node")
+    p.add_argument("--config", type=Path, help="run config: table, window and hang limit from it")
+    p.add_argument("--trace", required=True, nargs="+", type=Path,
+                   help="trace file(s), one per node, or a run's telemetry folder")
     p.add_argument("--table", help="triage table (YAML); default: shipped table for --gpu-model or the trace's GPUs")
     p.add_argument("--gpu-model", help="a100, h100, h200, b200, b300 (default: from the trace's device names)")
     p.add_argument("--run", type=Path, help="train output folder: heartbeats and metrics sharpen the labels")
-    p.add_argument("--window", type=float, default=1.0, help="window length in seconds (default 1)")
-    p.add_argument("--deadlock-after", type=float, default=60.0,
-                   help="a low-power busy wait this long that never ends is a deadlock (default 60)")
+    p.add_argument("--window", type=float, help="window length in seconds (default 1, or telemetry.window_s)")
+    p.add_argument("--deadlock-after", type=float,
+                   help="a low-power busy wait this long that never ends is a deadlock "
+                        "(default 60, or watcher.hang_after_s)")
     p.add_argument("--out", required=True, type=Path)
-    p.set_defaults(func=_triage, config=None)
+    p.set_defaults(func=_triage)
 
     p = sub.add_parser("calibrate", help="measure known phases' power on this node's GPU; write a triage table")
     p.add_argument("--gpu-model", required=True, help="model name for the table (a100, h100, h200, b200, b300, ...)")

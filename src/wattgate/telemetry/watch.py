@@ -56,14 +56,16 @@ class WatchSettings:
         return cls(**{k: w[k] for k in cls.__dataclass_fields__})
 
 
-def read_heartbeats(run: Path) -> dict[int, dict]:
+def read_heartbeats(run: Path, since: float = 0.0) -> dict[int, dict]:
+    """Every rank's latest heartbeat written at or after `since` (older ones belong to an earlier attempt)."""
     beats = {}
     for p in (run / "heartbeat").glob("rank-*.json"):
         try:
             b = json.loads(p.read_text())
         except (OSError, ValueError):
             continue  # rewritten atomically, so only a vanished file lands here
-        beats[int(b["rank"])] = b
+        if b.get("time", 0) >= since:
+            beats[int(b["rank"])] = b
     return beats
 
 
@@ -111,11 +113,13 @@ class TraceTail:
         return out
 
 
-def position(beat: dict) -> tuple[float, int]:
-    """Progress in steps (micro-batches done count as fractions of the step) and phase order."""
+def position(beat: dict) -> tuple[int, int, float, int]:
+    """Where a rank is, comparable across ranks: steps done, phase, share of this step's micro-batches
+    started, and fewer planned micro-batches first (that rank reaches the step's gradient reduction
+    while its peers still run forward passes: the collective sequences no longer match)."""
     micros = beat.get("micros") or 0
-    progress = int(beat["step"]) + (beat.get("micro", 0) / micros if micros else 0.0)
-    return progress, PHASE_ORDER.get(beat["phase"], 0)
+    started = beat.get("micro", 0) / micros if micros else 0.0
+    return int(beat["step"]), PHASE_ORDER.get(beat["phase"], 0), started, -micros
 
 
 def phase_limit(beats: dict[int, dict], s: WatchSettings) -> tuple[float, str]:
@@ -170,7 +174,7 @@ def diagnose(beats: dict[int, dict], world: int, now: float, started: float,
     waiting = sorted(r for r, g in gpus.items() if table is not None and g and g[1] >= table.busy_util_pct)
     stuck = idle if idle and waiting else behind
     ranks = [describe_rank(b, now) | _power_fields(gpus.get(r)) for r, b in sorted(beats.items())]
-    where = ", ".join(f"rank {r['rank']} at step {r['step']} ({r['phase']}, epoch {r['epoch']})" for r in ranks)
+    where = "; ".join(where_is(beats[r], now) for r in sorted(beats))
     if in_low_band is None:
         signal_desc = "no power data: heartbeat stall alone"
     elif in_low_band:
@@ -179,7 +183,7 @@ def diagnose(beats: dict[int, dict], world: int, now: float, started: float,
         signal_desc = f"GPUs still busy at high power for {stalled_for:.0f} s"
     if behind:
         reason = (f"deadlock: no rank advanced for {stalled_for:.1f} s ({signal_desc}); rank(s) {_list(ahead)} ran "
-                  f"ahead to step {top[0]} {_phase_name(top[1])} while rank(s) {_list(behind)} stayed behind: {where}")
+                  f"ahead of rank(s) {_list(behind)}{_uneven_step(beats)}: {where}")
     elif stuck:
         reason = (f"deadlock: no rank advanced for {stalled_for:.1f} s ({signal_desc}); rank(s) {_list(stuck)} idle "
                   f"while the others wait in a collective: {where}")
@@ -190,8 +194,37 @@ def diagnose(beats: dict[int, dict], world: int, now: float, started: float,
             "stuck_ranks": stuck, "power_signal": signal_desc, "ranks": ranks}
 
 
-def _phase_name(order: int) -> str:
-    return next(k for k, v in PHASE_ORDER.items() if v == order)
+def _uneven_step(beats: dict[int, dict]) -> str:
+    """' (step 18 planned with 1 micro-batch on rank 0, 2 on rank 1)' when ranks in one step disagree."""
+    in_step = {r: b for r, b in beats.items() if b["phase"] == "train" and b.get("micros")}
+    steps = {b["step"] for b in in_step.values()}
+    if len(steps) != 1 or len({b["micros"] for b in in_step.values()}) < 2:
+        return ""
+    plans = ", ".join(f"{b['micros']} on rank {r}" for r, b in sorted(in_step.items()))
+    return f" (micro-batches planned for step {steps.pop() + 1}: {plans}; the collective sequences differ)"
+
+
+def where_is(b: dict, now: float) -> str:
+    """'rank 1: checkpointing after step 18, the last step of its epoch 0 (...)' for the verdict line."""
+    step, phase, epoch = int(b["step"]), b["phase"], b.get("epoch")
+    total = b.get("total_steps")
+    end = next((e for e in b.get("epoch_ends") or [] if e >= step), None)
+    if phase == "train":
+        if total is not None and step >= total:
+            pos = "past its last step"
+        elif b.get("micros"):
+            pos = f"in step {step + 1}, micro-batch {b.get('micro')} of {b['micros']}"
+        else:
+            pos = f"in step {step + 1}"
+        if end is not None and end > step:
+            pos += f" of epoch {epoch} (its epoch ends at step {end})"
+    else:
+        pos = {"init": "starting up", "checkpoint": f"checkpointing after step {step}",
+               "export": f"exporting after step {step}", "done": "done"}.get(phase, phase)
+        if phase == "checkpoint" and end == step:
+            pos += f", the last step of its epoch {epoch}"
+    plan = f", {total} steps planned" if total is not None else ""
+    return f"rank {b['rank']}: {pos} (last heartbeat {now - b['time']:.1f} s ago{plan})"
 
 
 def _list(ranks) -> str:
@@ -284,7 +317,7 @@ def watch(run: Path, world: int, s: WatchSettings, table: TriageTable | None, pi
     while not stop["flag"]:
         time.sleep(s.poll_s)
         now = time.time()
-        beats = read_heartbeats(run)
+        beats = read_heartbeats(run, since=started)
         tail.update()
         power = tail.window(now - s.hang_after_s)
         active = [b["time"] for b in beats.values() if b["phase"] != "done"]

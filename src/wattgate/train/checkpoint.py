@@ -10,8 +10,10 @@ sizes; anything else is skipped with a warning, never loaded.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -81,6 +83,31 @@ def is_complete(path: Path) -> tuple[bool, str]:
         if f.stat().st_size != size:
             return False, f"{name} is {f.stat().st_size} bytes, expected {size}"
     return True, ""
+
+
+def set_aside_foreign(root: Path, plan_sha256: str) -> Path | None:
+    """Move `root` aside when it holds checkpoints of another plan (the data or plan changed since).
+
+    Resuming those would train on a different schedule from a step that means
+    something else. Called by rank 0 before any rank looks for a checkpoint.
+    """
+    if not root.is_dir():
+        return None
+    foreign = []
+    for path in root.glob("step-*"):
+        try:
+            plan = json.loads((path / STATE).read_text()).get("position", {}).get("plan")
+        except (OSError, json.JSONDecodeError):
+            continue
+        if plan != plan_sha256:
+            foreign.append(path.name)
+    if not foreign:
+        return None
+    stale = root.with_name(f"{root.name}.stale-{int(time.time())}")
+    os.replace(root, stale)
+    print(f"train: WARNING: {root} held checkpoints of another plan ({', '.join(sorted(foreign))}); "
+          f"moved to {stale} and starting from step 0", file=sys.stderr, flush=True)
+    return stale
 
 
 def latest_complete(root: Path) -> Path | None:

@@ -117,7 +117,10 @@ def run_launch(config: dict, config_path: Path, pretokenized: Path, plan: Path, 
     sample = (str(out / "telemetry" / "{host}.parquet"), tel["interval_s"]) if tel["enabled"] else None
     argv = build_launch_command(spec, train_args(config_path, pretokenized, plan, out), sample=sample)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "watcher.json").unlink(missing_ok=True)  # a verdict from an earlier attempt must not be read as ours
+    # an earlier attempt's verdict and last heartbeats must not be read as this attempt's
+    (out / "watcher.json").unlink(missing_ok=True)
+    for stale in (out / "heartbeat").glob("rank-*.json"):
+        stale.unlink()
     print(f"launch: {' '.join(shlex.quote(a) for a in argv)}", flush=True)
     proc = subprocess.Popen(argv, env=launch_env(spec), start_new_session=True)
     watcher = None

@@ -235,8 +235,8 @@ def train_step(model, optimizer, batches, world: int, device: torch.device, grad
                on_micro: Callable[[int], None] | None = None):
     """One optimizer step over this rank's micro-batches; returns (summed loss, grad norm, host->device s).
 
-    `on_micro(k)` runs after the k-th micro-batch's backward (the heartbeat: a rank that
-    ran out of micro-batches early is then visibly ahead of one that did not).
+    `on_micro(k)` runs as the k-th micro-batch starts (the heartbeat: with the step's planned
+    micro-batch count it tells the watcher which rank reached the step's gradient reduction first).
 
     The loss is normalized by the loss-bearing tokens of the whole global batch (all-reduced), so the
     gradient does not depend on how documents were packed or split over ranks and micro-batches.
@@ -248,6 +248,8 @@ def train_step(model, optimizer, batches, world: int, device: torch.device, grad
     step_loss = torch.zeros((), dtype=torch.float64, device=device)
     to_device_s = 0.0
     for i, batch in enumerate(batches):
+        if on_micro is not None:
+            on_micro(i + 1)
         t = time.perf_counter()
         tensors = to_tensors(batch, device)
         to_device_s += time.perf_counter() - t
@@ -255,8 +257,6 @@ def train_step(model, optimizer, batches, world: int, device: torch.device, grad
         summed = loss_sum(forward_logits(model, tensors), tensors["labels"])
         (summed * scale).backward()
         step_loss += summed.detach().double()
-        if on_micro is not None:
-            on_micro(i + 1)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: materialize it on every rank, together
         grad_norm = grad_norm.full_tensor()
@@ -324,6 +324,9 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
     epoch_ends = [g + 1 for g in range(total) if g + 1 == total or steps[g + 1][0].epoch != steps[g][0].epoch]
     heartbeat.set_plan(total, epoch_ends)
     start = 0
+    if rank == 0:
+        ckpt.set_aside_foreign(out / "checkpoints", plan["packs_sha256"])
+    dist.barrier()
     latest = ckpt.latest_complete(out / "checkpoints")
     if latest is not None:
         state = ckpt.load_checkpoint(latest, model, optimizer)
@@ -380,7 +383,7 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
             metrics.flush()
         if checkpoint_now:
             heartbeat.beat(g + 1, epoch, "checkpoint")
-            ckpt.save_checkpoint(out / "checkpoints", g + 1, model, optimizer, {"epoch": epoch, "step": g + 1},
+            ckpt.save_checkpoint(out / "checkpoints", g + 1, model, optimizer, {"epoch": epoch, "step": g + 1, "plan": plan["packs_sha256"]},
                                  s.checkpoint_keep)
             heartbeat.beat(g + 1, epoch, "train")
     elapsed = time.perf_counter() - t_run

@@ -1,0 +1,43 @@
+# Power analysis after training: label every GPU's 1 s windows from the node traces the
+# samplers wrote beside torchrun, sharpened by the run's heartbeats and metrics. A CPU run's
+# traces are empty; the rule still writes its outputs, saying there was no GPU telemetry.
+# `snakemake calibrate` measures this cluster's GPU phases (a one-node GPU job) into a triage
+# table; point telemetry.table at it to use it.
+POWER_DIR = f"results/power/{config['run_name']}"
+CALIBRATION = f"results/calibrate/{config['cluster']['gpu_model'].lower()}.yaml"
+
+
+rule power_triage:
+    input:
+        trained=f"{TRAIN_DIR}/TRAINED",
+    output:
+        phases=f"{POWER_DIR}/phases.parquet",
+        summary=f"{POWER_DIR}/phase_summary.csv",
+        triage=f"{POWER_DIR}/triage.json",
+    params:
+        config=RUN_CONFIG,
+        run=lambda wildcards, input: os.path.dirname(input.trained),
+        out=lambda wildcards, output: os.path.dirname(output.triage),
+        settings=[config["telemetry"], config["watcher"]["hang_after_s"]],
+    conda:
+        WATTGATE_ENV
+    log:
+        f"{POWER_DIR}/triage.log",
+    shell:
+        "wattgate triage --config {params.config} --trace {params.run}/telemetry --run {params.run}"
+        " --out {params.out} > {log} 2>&1"
+
+
+rule calibrate:
+    output:
+        table=CALIBRATION,
+        samples=CALIBRATION.replace(".yaml", "-samples.parquet"),
+    params:
+        gpu_model=config["cluster"]["gpu_model"],
+    conda:
+        WATTGATE_ENV
+    log:
+        CALIBRATION.replace(".yaml", ".log"),
+    shell:
+        "wattgate calibrate --gpu-model {params.gpu_model} --out {output.table}"
+        " --samples {output.samples} 2>&1 | tee {log}"
