@@ -27,6 +27,8 @@ bench: $(VENV)/.installed-test,bench
 	$(BIN)/python bench/pretokenize.py
 	$(BIN)/python bench/gate.py
 	$(BIN)/python bench/train_overhead.py
+	$(BIN)/python bench/sampler.py
+	$(BIN)/python bench/triage_accuracy.py
 
 lint: $(VENV)/.installed-test
 	$(BIN)/snakemake --lint

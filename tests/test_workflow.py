@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -145,21 +146,75 @@ def test_gate_passes_default_then_stops_the_dag_on_uneven_or_edited_plans(workfl
     assert not (gate / "PASSED").exists()
 
 
+def planned_micro_batches(packs_path: Path) -> dict[int, list[int]]:
+    """Per rank, the micro-batch count of every step of epoch 0 (from the plan, independently of the watcher)."""
+    d = pq.read_table(packs_path).to_pandas()
+    d = d[d.epoch == 0].drop_duplicates(["rank", "step", "micro"])
+    return {r: g.groupby("step").size().tolist() for r, g in d.groupby("rank")}
+
+
+def first_rank_out_of_step(counts: dict[int, list[int]]) -> int:
+    """The rank that runs out of micro-batches first: it reaches the step's (or epoch's) end collectives early."""
+    cumulative = {r: np.cumsum(c) for r, c in counts.items()}
+    for i in range(max(len(c) for c in cumulative.values())):
+        ends = {r: (c[i] if i < len(c) else c[-1]) for r, c in cumulative.items()}
+        if len(set(ends.values())) > 1:
+            return min(ends, key=ends.get)
+    raise AssertionError("the plan is even: no deadlock to reproduce")
+
+
+@pytest.mark.slow
+def test_watcher_kills_the_uneven_plan_deadlock_and_names_the_rank_ahead(workflow_copy, tmp_path):
+    """The field report's hang, for real on gloo: per-rank packing (no rebalancing), the gate and the trainer's
+    own count check both overridden, so one rank reaches a collective the other never calls."""
+    uneven = tmp_path / "uneven.yaml"
+    uneven.write_text("pack: {remainder: none}\ngate: {enforce: false}\n"
+                      "train: {check_planned_counts: false, collective_timeout_s: 600}\nwatcher: {hang_after_s: 5}\n")
+    proc = snakemake(workflow_copy, "--configfile", str(uneven), check=False)
+    run = workflow_copy / "results/train/demo"
+    assert proc.returncode != 0
+    lines = [x for x in output(proc).splitlines() if "watcher stopped the job: deadlock" in x]
+    assert lines and lines[0].startswith("wattgate launch: failed:") and lines[0].endswith(f"see {run.relative_to(workflow_copy)}/watcher.json")
+    verdict = json.loads((run / "watcher.json").read_text())
+    expected = first_rank_out_of_step(planned_micro_batches(workflow_copy / "results/plan/packs.parquet"))
+    assert verdict["verdict"] == "deadlock" and verdict["ran_ahead"] == [expected], verdict["reason"]
+    last_beat = verdict["detected_at"] - verdict["stalled_for_s"]
+    latency = verdict["killed_at"] - last_beat
+    print(f"hang-kill latency: {latency:.2f} s after the last heartbeat (hang_after_s 5)")
+    assert latency <= 5 + 10
+    assert not (run / "TRAINED").exists()
+
+    # the same settings with the balanced plan: never killed, checkpoints (every 20 steps and at epoch ends)
+    # included, and the power analysis runs after it (no GPU here: it says so)
+    healthy = tmp_path / "healthy.yaml"
+    healthy.write_text("train: {collective_timeout_s: 600}\nwatcher: {hang_after_s: 5}\n")
+    snakemake(workflow_copy, "--configfile", str(healthy))
+    verdict = json.loads((run / "watcher.json").read_text())
+    assert verdict["verdict"] == "healthy" and verdict["longest_stall_s"] < 5
+    triage = json.loads((workflow_copy / "results/power/demo/triage.json").read_text())
+    assert triage["status"] == "no GPU telemetry" and triage["signals"]["heartbeats"]
+
+
 @pytest.mark.slow
 def test_embedded_default_end_to_end_learns(tmp_path_factory):
-    """The README run command's workflow, unmodified: the whole chain, and the loss at least halves."""
+    """The README run command's workflow (plus a 5 s hang limit): the whole chain, the loss at least
+    halves, and the watcher never fires over the whole run, checkpoints included."""
     import time
 
     work = tmp_path_factory.mktemp("default")
     shutil.copy(REPO / "Snakefile", work)
     shutil.copytree(REPO / "workflow", work / "workflow")
     shutil.copytree(REPO / "config", work / "config")
+    (work / "hang.yaml").write_text("watcher: {hang_after_s: 5}\n")
     start = time.monotonic()
-    snakemake(work)
+    snakemake(work, "--configfile", "hang.yaml")
     wall = time.monotonic() - start
     assert wall < 600
     summary = json.loads((work / "results/train/demo/TRAINED").read_text())
     assert summary["final_loss"] <= 0.5 * summary["first_loss"], summary
+    verdict = json.loads((work / "results/train/demo/watcher.json").read_text())
+    assert verdict["verdict"] == "healthy", verdict
+    assert (work / "results/power/demo/phases.parquet").exists()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     final = work / "results/train/demo/final"

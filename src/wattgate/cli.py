@@ -111,6 +111,9 @@ def _sample(args, config) -> int:
 
 
 def _watch(args, config) -> None:
+    import signal
+    import threading
+
     from wattgate.config import world_size
     from wattgate.telemetry.tables import SHIPPED, load_table_file, shipped_table
     from wattgate.telemetry.watch import WatchSettings, watch
@@ -119,8 +122,11 @@ def _watch(args, config) -> None:
     model = config["cluster"]["gpu_model"].lower()
     table = load_table_file(table_path) if table_path else \
         shipped_table(model) if model.split("-")[0] in SHIPPED else None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # the launcher's "the job has ended": finish the record
+        signal.signal(sig, lambda *_: stop.set())
     record = watch(args.run, world_size(config), WatchSettings.from_config(config), table, args.pid,
-                   args.slurm_job, args.out)
+                   args.slurm_job, args.out, stop)
     if record["verdict"] not in ("healthy", "running") and record.get("action") == "kill":
         raise StageFailed(record["reason"])
 

@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -302,20 +303,18 @@ def scancel(job_id: str) -> dict:
 
 
 def watch(run: Path, world: int, s: WatchSettings, table: TriageTable | None, pid: int | None = None,
-          slurm_job: str | None = None, out: Path | None = None) -> dict:
-    """Poll until the job finishes (all ranks done, or the watched process is gone) or a verdict acts."""
+          slurm_job: str | None = None, out: Path | None = None, stop: threading.Event | None = None) -> dict:
+    """Poll until the job finishes (all ranks done, the watched process is gone, or `stop` is set: the
+    launcher's SIGTERM once the job ended) or a verdict acts."""
     out = out or run / "watcher.json"
     started = time.time()
     tail = TraceTail(run / "telemetry", keep_s=max(s.hang_after_s, 10.0) * 2)
     record = {"verdict": "running", "started": started, "settings": asdict(s), "world_size": world,
               "table": table.gpu_model if table else None, "pid": pid, "slurm_job": slurm_job,
               "longest_stall_s": 0.0}
-    stop = {"flag": False}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.update(flag=True))
+    stop = stop or threading.Event()
     write_json_atomic(out, record)
-    while not stop["flag"]:
-        time.sleep(s.poll_s)
+    while not stop.wait(s.poll_s):
         now = time.time()
         beats = read_heartbeats(run, since=started)
         tail.update()
@@ -348,10 +347,14 @@ def watch(run: Path, world: int, s: WatchSettings, table: TriageTable | None, pi
 
 
 def _stop_job(pid: int | None, slurm_job: str | None, grace_s: float) -> dict:
-    result = {}
-    if pid is not None:
-        # under Slurm the local tree is the inner srun, which forwards the signals to every node's tasks
-        result.update(kill_tree(pid, grace_s))
-    if slurm_job and (pid is None or result.get("killed_after_grace")):
-        result.update(scancel(slurm_job))
-    return result
+    if slurm_job:
+        if pid is not None:  # the inner srun: it forwards SIGTERM to every node's tasks (and their samplers)
+            _signal(pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.1)
+            if not _alive(pid):
+                return {"terminated": [pid]}
+        return scancel(slurm_job)
+    # local: everything under the node's sampler wrapper, which then finishes its trace and exits
+    return kill_tree(pid, grace_s) if pid is not None else {}
