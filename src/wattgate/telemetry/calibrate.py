@@ -186,7 +186,7 @@ def derive_table(gpu_model: str, match: list[str], tdp_w: float, stats: dict, pr
     table = {
         "gpu_model": gpu_model, "match": match, "tdp_w": round(tdp_w, 1), "idle_w": round(idle_w, 1),
         "low_max_w": round(low_max, 1), "compute_min_w": round(compute_min, 1),
-        "busy_util_pct": float(np.clip(round(busy, 1), 50, 90)), "idle_util_pct": float(np.clip(idle_util, 1, 20)),
+        "busy_util_pct": float(np.clip(round(busy, 1), 50, 85)), "idle_util_pct": float(np.clip(idle_util, 1, 20)),
         "provenance": provenance, "phases": stats,
     }
     return parse_table(table, "calibration")
