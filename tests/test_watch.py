@@ -87,7 +87,8 @@ def test_checkpoint_every_rank_announced_gets_the_longer_limit():
     assert diagnose(all_ckpt, 2, NOW, NOW - 600, low, H100, S) is None  # ...and still not called one
     stuck = beats(beat(0, 20, "checkpoint", age=101), beat(1, 20, "checkpoint", age=101))
     v = diagnose(stuck, 2, NOW, NOW - 600, low, H100, S)
-    assert v["verdict"] == "deadlock" and v["limit_phase"] == "checkpoint" and v["limit_s"] == 100
+    assert v["verdict"] == "checkpoint_stalled" and v["limit_phase"] == "checkpoint" and v["limit_s"] == 100
+    assert "every rank has been in checkpoint for 101.0 s" in v["reason"]
 
 
 def test_busy_gpus_mean_a_slow_step_not_a_hang():

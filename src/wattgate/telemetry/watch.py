@@ -9,8 +9,9 @@ node's power trace, and decides:
   ahead; the rest are behind. With power data, a rank at ~0% utilization while
   its peers spin in a collective is named as the stuck one.
 - a checkpoint (or init / export) that every rank announced gets its own,
-  longer limit and is never called a hang; a phase that only some ranks
-  entered is a desynchronization and gets the plain hang limit.
+  longer limit and is never called a hang (past that limit the verdict is
+  `checkpoint_stalled`, etc.); a phase that only some ranks entered is a
+  desynchronization and gets the plain hang limit.
 - GPUs busy at high power with no heartbeat progress: a slow step, not a
   hang; only after `busy_stall_after_s` is it reported.
 Action `kill` SIGTERMs then SIGKILLs the job's process tree (torchrun's
@@ -182,7 +183,12 @@ def diagnose(beats: dict[int, dict], world: int, now: float, started: float,
         signal_desc = f"GPUs in the low power band (< {table.low_max_w:.0f} W)"
     else:
         signal_desc = f"GPUs still busy at high power for {stalled_for:.0f} s"
-    if behind:
+    verdict = "deadlock"
+    if limit_phase != "train":  # every rank announced it: an overlong phase, not a collective hang
+        verdict = f"{limit_phase}_stalled"
+        reason = (f"{verdict}: every rank has been in {limit_phase} for {stalled_for:.1f} s (limit {limit:.0f} s; "
+                  f"{signal_desc}): {where}")
+    elif behind:
         reason = (f"deadlock: no rank advanced for {stalled_for:.1f} s ({signal_desc}); rank(s) {_list(ahead)} ran "
                   f"ahead of rank(s) {_list(behind)}{_uneven_step(beats)}: {where}")
     elif stuck:
@@ -190,7 +196,7 @@ def diagnose(beats: dict[int, dict], world: int, now: float, started: float,
                   f"while the others wait in a collective: {where}")
     else:
         reason = f"deadlock: no rank advanced for {stalled_for:.1f} s ({signal_desc}): {where}"
-    return {"verdict": "deadlock", "reason": reason, "stalled_for_s": round(stalled_for, 3), "limit_s": limit,
+    return {"verdict": verdict, "reason": reason, "stalled_for_s": round(stalled_for, 3), "limit_s": limit,
             "limit_phase": limit_phase, "ran_ahead": ahead if behind else [], "behind": behind,
             "stuck_ranks": stuck, "power_signal": signal_desc, "ranks": ranks}
 
