@@ -16,6 +16,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/gate.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/telemetry.smk"
+include: "workflow/rules/experiments.smk"
 
 
 rule all:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -193,6 +194,22 @@ def test_watcher_kills_the_uneven_plan_deadlock_and_names_the_rank_ahead(workflo
     assert verdict["verdict"] == "healthy" and verdict["longest_stall_s"] < 5
     triage = json.loads((workflow_copy / "results/power/demo/triage.json").read_text())
     assert triage["status"] == "no GPU telemetry" and triage["signals"]["heartbeats"]
+
+
+@pytest.mark.slow
+def test_scaling_and_dataio_targets(workflow_copy):
+    """`snakemake scaling dataio`: each variant through the ordinary pack, gate and launch stages."""
+    snakemake(workflow_copy, "scaling", "dataio")
+    scaling = pd.read_csv(workflow_copy / "results/scaling/table.csv")
+    assert scaling["world_size"].tolist() == [1, 2] and scaling["grad_accum"].tolist() == [4, 2]
+    assert (scaling["tokens_per_s"] > 0).all() and scaling["scaling_efficiency"].iloc[0] == 1.0
+    for w in (1, 2):
+        plan = json.loads((workflow_copy / f"results/scaling/w{w}/plan/plan.json").read_text())
+        assert plan["world_size"] == w and (workflow_copy / f"results/scaling/w{w}/gate/PASSED").exists()
+    dataio = pd.read_csv(workflow_copy / "results/dataio/table.csv")
+    assert dataio["data_cache"].tolist() == ["shared", "local"]
+    assert dataio["data_copy_s"].iloc[1] > 0 and (dataio["tokens_per_s"] > 0).all()
+    assert (workflow_copy / "results/dataio/plot.png").exists()
 
 
 @pytest.mark.slow

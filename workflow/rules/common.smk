@@ -1,6 +1,7 @@
 # Shared wiring: the validated config (defaults filled) is written for the CLI
 # stages, so a stage run by Snakemake and by hand reads the same settings.
 from wattgate.config import dump_resolved
+from wattgate.experiments import variant_names
 
 RUN_CONFIG = dump_resolved(config, "results/config.yaml")
 TRAIN_DIR = f"results/train/{config['run_name']}"
@@ -16,6 +17,12 @@ def tokenizer_dir():
 WATTGATE_ENV = "../envs/wattgate.yaml"
 
 
-def gate_result():
+def gate_result(gate_dir="results/gate"):
     """What downstream rules wait on: a pass, or (gate.enforce: false, on purpose) any verdict."""
-    return "results/gate/PASSED" if config["gate"]["enforce"] else "results/gate/UNENFORCED"
+    return f"{gate_dir}/PASSED" if config["gate"]["enforce"] else f"{gate_dir}/UNENFORCED"
+
+
+def variant_runs(experiment):
+    """The finished train runs of one measurement target (`scaling` or `dataio`)."""
+    return expand("results/{experiment}/{variant}/train/TRAINED", experiment=experiment,
+                  variant=variant_names(config, experiment))

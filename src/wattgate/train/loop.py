@@ -67,6 +67,7 @@ class TrainSettings:
     local_cache_dir: str | None
     log_every: int
     optimizer: str
+    max_steps: int | None
 
     @classmethod
     def from_config(cls, config: dict) -> "TrainSettings":
@@ -76,7 +77,7 @@ class TrainSettings:
                                  "warmup_steps", "weight_decay", "grad_clip", "seed", "checkpoint_every",
                                  "checkpoint_keep", "checkpoint_at_epoch_end", "collective_timeout_s", "attn_implementation",
                                  "activation_checkpointing", "data_cache", "local_cache_dir", "log_every",
-                                 "optimizer")},
+                                 "optimizer", "max_steps")},
             betas=tuple(t["betas"]),
             mixed_precision=t["mixed_precision"] == "bf16",
         )
@@ -320,6 +321,8 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
     parallelize(model, mesh, on_cuda, s.mixed_precision, s.activation_checkpointing)
     optimizer = build_optimizer(model, s)
     steps = group_steps(micro_batches)
+    if s.max_steps:  # a measurement run (scaling, dataio): the plan's first steps only
+        steps = steps[:s.max_steps]
     total = len(steps)
     epoch_ends = [g + 1 for g in range(total) if g + 1 == total or steps[g + 1][0].epoch != steps[g][0].epoch]
     heartbeat.set_plan(total, epoch_ends)

@@ -1,0 +1,245 @@
+"""Measurement runs derived from the run config, and their comparison tables.
+
+- `scaling`: the train stage at each of `scaling.world_sizes`, the same global
+  batch (packs per optimizer step) in every run, `scaling.steps` steps each.
+  Grad accumulation absorbs the world size, so each run does the same work per
+  step and throughput per GPU compares directly.
+- `dataio`: the same run with `train.data_cache: shared` (read the pretokenized
+  shards where they are) and `local` (copy them to node-local scratch first).
+
+Each variant is a full config (`wattgate variant`), so its pack, gate and train
+stages are the ordinary ones; `wattgate compare` turns the finished runs into
+`table.csv`, `table.md` and `plot.png`. Throughput skips the first step
+(allocation, compilation, cache warm-up): per step, tokens over all ranks
+divided by the slowest rank's step time.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import yaml
+
+from wattgate.artifacts import write_bytes_atomic
+from wattgate.config import load_config, validate_config, world_size
+from wattgate.errors import InputError
+
+EXPERIMENTS = ("scaling", "dataio")
+DATA_CACHES = ("shared", "local")
+
+
+def variant_names(config: dict, experiment: str) -> list[str]:
+    if experiment == "scaling":
+        return [f"w{n}" for n in config["scaling"]["world_sizes"]]
+    if experiment == "dataio":
+        return list(DATA_CACHES)
+    raise InputError(f"unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
+
+
+def node_layout(world: int, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) for `world` GPUs on nodes of `gpus_per_node`: whole nodes, or part of one."""
+    if world <= gpus_per_node:
+        return 1, world
+    if world % gpus_per_node:
+        raise InputError(f"scaling.world_sizes: {world} does not fill whole nodes of cluster.gpus_per_node "
+                         f"{gpus_per_node}")
+    return world // gpus_per_node, gpus_per_node
+
+
+def global_batch_packs(config: dict) -> int:
+    t = config["train"]
+    return config["scaling"]["global_batch_packs"] or world_size(config) * t["micro_batch_size"] * t["grad_accum"]
+
+
+def variant_config(config: dict, experiment: str, variant: str) -> dict:
+    """The run config of one variant: a validated, complete config for the ordinary stages."""
+    out = copy.deepcopy(config)
+    t = out["train"]
+    if experiment == "scaling":
+        m = re.fullmatch(r"w(\d+)", variant)
+        if not m or int(m.group(1)) not in config["scaling"]["world_sizes"]:
+            raise InputError(f"scaling variant {variant!r}: expected w<N> for N in scaling.world_sizes "
+                             f"{config['scaling']['world_sizes']}")
+        world = int(m.group(1))
+        nodes, per_node = node_layout(world, config["cluster"]["gpus_per_node"])
+        batch = global_batch_packs(config)
+        accum, rest = divmod(batch, world * t["micro_batch_size"])
+        if rest or accum < 1:
+            raise InputError(f"scaling: a global batch of {batch} packs does not split over {world} GPU(s) x "
+                             f"micro_batch_size {t['micro_batch_size']}; set scaling.global_batch_packs to a "
+                             "multiple of every world size x micro_batch_size")
+        out["cluster"].update(nodes=nodes, gpus_per_node=per_node)
+        t["grad_accum"] = accum
+        steps = config["scaling"]["steps"]
+    elif experiment == "dataio":
+        if variant not in DATA_CACHES:
+            raise InputError(f"dataio variant {variant!r}: expected one of {', '.join(DATA_CACHES)}")
+        t["data_cache"] = variant
+        steps = config["dataio"]["steps"]
+    else:
+        raise InputError(f"unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
+    # a measurement: only the first steps, one checkpoint at the end, no warmup longer than the run
+    t.update(max_steps=steps, checkpoint_every=steps, checkpoint_at_epoch_end=False,
+             warmup_steps=min(t["warmup_steps"], steps - 1))
+    out["run_name"] = f"{config['run_name']}-{experiment}-{variant}"
+    return validate_config(out)
+
+
+def write_variant_config(config: dict, experiment: str, variant: str, dest: Path) -> dict:
+    derived = variant_config(config, experiment, variant)
+    write_bytes_atomic(dest, yaml.safe_dump(derived, sort_keys=True).encode())
+    return derived
+
+
+def step_throughput(metrics: pd.DataFrame, skip: int = 1) -> dict:
+    """Tokens/s over the measured steps: per step, all ranks' tokens over the slowest rank's time."""
+    steps = metrics.groupby("step").agg(tokens=("tokens", "sum"), time=("step_time_s", "max"),
+                                         wait=("data_wait_s", "max"), end=("time", "max"))
+    measured = steps.iloc[skip:] if len(steps) > skip else steps
+    if measured.empty or measured["time"].sum() <= 0:
+        raise InputError("metrics.parquet: no measured steps")
+    share = (metrics["data_wait_s"] / metrics["step_time_s"]).groupby(metrics["step"]).mean()
+    return {
+        "steps_measured": int(len(measured)),
+        "tokens": int(measured["tokens"].sum()),
+        "seconds": float(measured["time"].sum()),
+        "tokens_per_s": float(measured["tokens"].sum() / measured["time"].sum()),
+        "data_wait_share": float(share.loc[measured.index].mean()),
+        "data_wait_s_per_step": float(measured["wait"].mean()),
+        "start": float(measured["end"].iloc[0] - measured["time"].iloc[0]),
+        "end": float(measured["end"].iloc[-1]),
+    }
+
+
+def measured_energy_j(telemetry: Path, start: float, end: float) -> float | None:
+    """Board energy over [start, end] from the node traces (integrated instant power); None without GPUs."""
+    from wattgate.telemetry.trace import read_trace, trace_files
+
+    total, seen = 0.0, False
+    for path in trace_files(telemetry):
+        d = read_trace(path).select(["time", "host", "gpu", "power_w"]).to_pandas()
+        d = d[(d["time"] >= start) & (d["time"] <= end)].dropna(subset=["power_w"])
+        for _, g in d.sort_values("time").groupby(["host", "gpu"]):
+            if len(g) > 1:
+                seen = True
+                total += float(np.trapezoid(g["power_w"].to_numpy(), g["time"].to_numpy()))
+    return total if seen else None
+
+
+def run_row(variant_dir: Path) -> dict:
+    """One finished variant: its settings and measured throughput."""
+    config = load_config(variant_dir / "config.yaml")
+    train = variant_dir / "train"
+    try:
+        metrics = pq.read_table(train / "metrics.parquet").to_pandas()
+        summary = json.loads((train / "TRAINED").read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{train}: not a finished train run ({exc})") from None
+    m = step_throughput(metrics)
+    world = world_size(config)
+    energy = measured_energy_j(train / "telemetry", m["start"], m["end"])
+    return {
+        "run": config["run_name"], "world_size": world, "nodes": config["cluster"]["nodes"],
+        "device": summary.get("device"), "grad_accum": config["train"]["grad_accum"],
+        "micro_batch_size": config["train"]["micro_batch_size"], "data_cache": config["train"]["data_cache"],
+        "steps_measured": m["steps_measured"], "tokens_per_s": m["tokens_per_s"],
+        "tokens_per_s_per_gpu": m["tokens_per_s"] / world,
+        "gpu_hours_per_billion_tokens": world * 1e9 / m["tokens_per_s"] / 3600,
+        "joules_per_token": energy / m["tokens"] if energy is not None else None,
+        "data_wait_share": m["data_wait_share"], "data_wait_s_per_step": m["data_wait_s_per_step"],
+        "data_copy_s": summary.get("data_copy_s"),
+    }
+
+
+SCALING_COLUMNS = ["world_size", "nodes", "device", "grad_accum", "steps_measured", "tokens_per_s",
+                   "tokens_per_s_per_gpu", "scaling_efficiency", "gpu_hours_per_billion_tokens", "joules_per_token"]
+DATAIO_COLUMNS = ["data_cache", "world_size", "device", "steps_measured", "tokens_per_s", "data_wait_share",
+                  "data_wait_s_per_step", "data_copy_s", "joules_per_token"]
+
+
+def compare(experiment: str, variant_dirs: list[Path], out: Path) -> pd.DataFrame:
+    rows = [run_row(Path(d)) for d in variant_dirs]
+    table = pd.DataFrame(rows)
+    if experiment == "scaling":
+        table = table.sort_values("world_size").reset_index(drop=True)
+        base = table.iloc[0]
+        table["scaling_efficiency"] = table["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
+        table = table[SCALING_COLUMNS]
+        figure = _scaling_plot(table)
+    elif experiment == "dataio":
+        table = table.sort_values("data_cache", key=lambda c: c.map(DATA_CACHES.index)).reset_index(drop=True)
+        table = table[DATAIO_COLUMNS]
+        figure = _dataio_plot(table)
+    else:
+        raise InputError(f"unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
+    write_bytes_atomic(out / "table.csv", table.to_csv(index=False, float_format="%.6g").encode())
+    write_bytes_atomic(out / "table.md", _markdown(table).encode())
+    write_bytes_atomic(out / "plot.png", figure)
+    return table
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    def cell(v):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "n/a"
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _scaling_plot(table: pd.DataFrame) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    w = table["world_size"].to_numpy()
+    ax.plot(w, table["tokens_per_s"], "o-", label="measured")
+    ax.plot(w, table["tokens_per_s"].iloc[0] * w / w[0], "--", color="grey", label="linear")
+    for x, y, e in zip(w, table["tokens_per_s"], table["scaling_efficiency"]):
+        ax.annotate(f"{100 * e:.0f}%", (x, y), textcoords="offset points", xytext=(5, -12))
+    ax.set_xlabel(f"GPUs ({table['device'].iloc[0]} processes)" if table["device"].iloc[0] == "cpu" else "GPUs")
+    ax.set_ylabel("tokens/s")
+    ax.set_xticks(w)
+    ax.set_ylim(bottom=0)
+    ax.set_title("Strong scaling, same global batch (labels: efficiency per GPU)", fontsize=10)
+    ax.legend()
+    fig.tight_layout()
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+def _dataio_plot(table: pd.DataFrame) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.5))
+    a.bar(table["data_cache"], table["tokens_per_s"], color=["tab:blue", "tab:orange"][: len(table)])
+    a.set_ylabel("tokens/s")
+    b.bar(table["data_cache"], 100 * table["data_wait_share"], color=["tab:blue", "tab:orange"][: len(table)])
+    b.set_ylabel("data wait, % of step time")
+    fig.suptitle("Data path: shared folder vs node-local copy")
+    fig.tight_layout()
+    data = _png(fig)
+    plt.close(fig)
+    return data

@@ -1,0 +1,92 @@
+"""Measurement variants (scaling: same global batch at each world size; dataio: shared vs local shards)
+and the comparison tables built from finished runs."""
+
+import json
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from wattgate.errors import InputError
+from wattgate.experiments import compare, node_layout, step_throughput, variant_config, variant_names
+from wattgate.train.telemetry_files import METRICS_SCHEMA
+
+
+def test_scaling_variants_keep_the_global_batch(make_config):
+    base = make_config(cluster={"nodes": 2, "gpus_per_node": 8}, train={"micro_batch_size": 1, "grad_accum": 8},
+                       scaling={"world_sizes": [4, 8, 16], "steps": 20})
+    assert variant_names(base, "scaling") == ["w4", "w8", "w16"]
+    for world, nodes, per_node, accum in [(4, 1, 4, 32), (8, 1, 8, 16), (16, 2, 8, 8)]:
+        v = variant_config(base, "scaling", f"w{world}")
+        assert (v["cluster"]["nodes"], v["cluster"]["gpus_per_node"], v["train"]["grad_accum"]) == \
+            (nodes, per_node, accum)
+        assert v["train"]["max_steps"] == 20 and v["run_name"] == f"{base['run_name']}-scaling-w{world}"
+        assert v["train"]["checkpoint_every"] == 20 and not v["train"]["checkpoint_at_epoch_end"]
+
+
+def test_scaling_rejects_sizes_that_do_not_fit(make_config):
+    base = make_config(cluster={"gpus_per_node": 8}, scaling={"world_sizes": [12, 3]})
+    with pytest.raises(InputError, match="12 does not fill whole nodes"):
+        node_layout(12, 8)
+    with pytest.raises(InputError, match="does not split over 3 GPU"):
+        variant_config(base, "scaling", "w3")
+    with pytest.raises(InputError, match="expected w<N>"):
+        variant_config(base, "scaling", "w5")
+    with pytest.raises(InputError, match="expected one of shared, local"):
+        variant_config(base, "dataio", "nfs")
+
+
+def test_dataio_variants_differ_only_in_the_data_path(make_config):
+    base = make_config()
+    shared, local = (variant_config(base, "dataio", v) for v in ("shared", "local"))
+    assert shared["train"]["data_cache"] == "shared" and local["train"]["data_cache"] == "local"
+    shared["train"].pop("data_cache"), local["train"].pop("data_cache")
+    assert shared["train"] == local["train"] and shared["cluster"] == local["cluster"]
+
+
+def metrics(step_times, ranks=2, tokens=1000, wait=0.01):
+    rows, t = [], 100.0
+    for step, st in enumerate(step_times, start=1):
+        t += st
+        for r in range(ranks):
+            rows.append({"step": step, "rank": r, "epoch": 0, "loss": 1.0, "tokens": tokens, "loss_tokens": tokens,
+                         "step_time_s": st * (1.0 if r == 0 else 0.9), "data_wait_s": wait, "lr": 1e-3,
+                         "time": t})
+    return pd.DataFrame(rows)
+
+
+def test_throughput_skips_warmup_and_waits_for_the_slowest_rank():
+    m = step_throughput(metrics([5.0, 1.0, 1.0, 1.0]))
+    assert m["steps_measured"] == 3 and m["tokens_per_s"] == pytest.approx(2000.0)
+    assert m["data_wait_share"] == pytest.approx((0.01 / 1.0 + 0.01 / 0.9) / 2)
+
+
+def fake_run(folder, config, step_time, ranks, device="cpu"):
+    (folder / "train").mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    pq.write_table(pa.Table.from_pandas(metrics([3.0] + [step_time] * 5, ranks=ranks), schema=METRICS_SCHEMA,
+                                        preserve_index=False), folder / "train" / "metrics.parquet")
+    (folder / "train" / "TRAINED").write_text(json.dumps({"device": device, "data_copy_s": 0.0}))
+
+
+def test_scaling_table_efficiency_and_gpu_hours(make_config, tmp_path):
+    base = make_config(scaling={"world_sizes": [1, 2]})
+    fake_run(tmp_path / "w1", variant_config(base, "scaling", "w1"), 1.0, 1)
+    fake_run(tmp_path / "w2", variant_config(base, "scaling", "w2"), 0.6, 2)
+    table = compare("scaling", [tmp_path / "w2", tmp_path / "w1"], tmp_path / "out")
+    assert table["world_size"].tolist() == [1, 2]
+    assert table["tokens_per_s"].tolist() == pytest.approx([1000.0, 2000 / 0.6])
+    assert table["scaling_efficiency"].tolist() == pytest.approx([1.0, (2000 / 0.6 / 2) / 1000.0])
+    assert table["gpu_hours_per_billion_tokens"].iloc[0] == pytest.approx(1e9 / 1000 / 3600)
+    assert table["joules_per_token"].isna().all()  # no GPU traces
+    assert (tmp_path / "out" / "plot.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| world_size |" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_compare_names_an_unfinished_run(make_config, tmp_path):
+    (tmp_path / "w1" / "train").mkdir(parents=True)
+    (tmp_path / "w1" / "config.yaml").write_text(yaml.safe_dump(variant_config(make_config(), "scaling", "w1")))
+    with pytest.raises(InputError, match="w1/train: not a finished train run"):
+        compare("scaling", [tmp_path / "w1"], tmp_path / "out")
