@@ -29,6 +29,7 @@ bench: $(VENV)/.installed-test,bench
 	$(BIN)/python bench/train_overhead.py
 	$(BIN)/python bench/sampler.py
 	$(BIN)/python bench/triage_accuracy.py
+	$(BIN)/python bench/report.py
 
 lint: $(VENV)/.installed-test
 	$(BIN)/snakemake --lint

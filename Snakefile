@@ -16,6 +16,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/gate.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/telemetry.smk"
+include: "workflow/rules/report.smk"
 include: "workflow/rules/experiments.smk"
 
 
@@ -23,4 +24,5 @@ rule all:
     input:
         f"{TRAIN_DIR}/TRAINED",
         f"{POWER_DIR}/triage.json",
+        f"{REPORT_DIR}/index.html",
     default_target: True

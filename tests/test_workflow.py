@@ -232,6 +232,16 @@ def test_embedded_default_end_to_end_learns(tmp_path_factory):
     verdict = json.loads((work / "results/train/demo/watcher.json").read_text())
     assert verdict["verdict"] == "healthy", verdict
     assert (work / "results/power/demo/phases.parquet").exists()
+    # the run report, by rule all, and inside `snakemake --report`
+    page = (work / "results/report/demo/index.html").read_text()
+    assert "No GPU telemetry on this host" in page and "Loss" in page
+    report = json.loads((work / "results/report/demo/summary.json").read_text())
+    assert report["tokens"] > 0 and report["watcher"]["verdict"] == "healthy"
+    snakemake(work, "--report", "report.zip", "--configfile", "hang.yaml")
+    import zipfile
+
+    names = zipfile.ZipFile(work / "report.zip").namelist()
+    assert any(n.endswith("/index.html") for n in names) and any(n.endswith("/summary.json") for n in names)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     final = work / "results/train/demo/final"

@@ -131,6 +131,23 @@ def _watch(args, config) -> None:
         raise StageFailed(record["reason"])
 
 
+def _variant(args, config) -> None:
+    from wattgate.experiments import write_variant_config
+
+    derived = write_variant_config(config, args.experiment, args.variant, args.out)
+    t, c = derived["train"], derived["cluster"]
+    print(f"variant: {derived['run_name']}: {c['nodes']} node(s) x {c['gpus_per_node']}, grad_accum "
+          f"{t['grad_accum']}, data_cache {t['data_cache']}, {t['max_steps']} steps -> {args.out}")
+
+
+def _compare(args, config) -> None:
+    from wattgate.experiments import compare
+
+    table = compare(args.experiment, args.runs, args.out)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"compare: {len(table)} run(s) -> {args.out}/table.csv")
+
+
 def _triage(args, config) -> None:
     from wattgate.telemetry.tables import SHIPPED
     from wattgate.telemetry.trace import trace_files
@@ -148,6 +165,18 @@ def _triage(args, config) -> None:
                         window_s=window or 1.0, deadlock_after_s=deadlock_after or 60.0)
     shown = ", ".join(f"{ph} {100 * v['share']:.1f}%" for ph, v in result["phases"].items())
     print(f"triage: {result['gpus']} GPU(s), {shown or result['status']} -> {args.out}")
+
+
+def _report(args, config) -> None:
+    from wattgate.report import run_report
+
+    s = run_report(args.run, args.out, power_dir=args.power, gate_dir=args.gate,
+                   config_path=args.report_config)
+    energy = s["energy"]
+    kwh = f"{energy['kwh']:.4g} kWh ({energy['method'].replace('_', ' ')})" if energy["kwh"] is not None \
+        else "no GPU telemetry"
+    print(f"report: {s['run']['name']}: {s['tokens'] or 0} tokens, {kwh}, {len(s['anomalies'])} anomaly(ies) "
+          f"-> {args.out}/index.html")
 
 
 def _calibrate(args, config) -> None:
@@ -197,6 +226,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="verdict file (default RUN/watcher.json)")
     p.set_defaults(func=_watch)
 
+    p = sub.add_parser("variant", help="the config of one measurement run (scaling: w<N>; dataio: shared|local)")
+    p.add_argument("--config", required=True, type=Path, help="run config (YAML)")
+    p.add_argument("--experiment", required=True, choices=["scaling", "dataio"])
+    p.add_argument("--variant", required=True, help="w<N> (scaling) or shared|local (dataio)")
+    p.add_argument("--out", required=True, type=Path, help="the variant's config (YAML)")
+    p.set_defaults(func=_variant)
+
+    p = sub.add_parser("compare", help="table and plot of finished measurement runs")
+    p.add_argument("--experiment", required=True, choices=["scaling", "dataio"])
+    p.add_argument("--runs", required=True, nargs="+", type=Path, help="variant folders (config.yaml, train/)")
+    p.add_argument("--out", required=True, type=Path)
+    p.set_defaults(func=_compare, config=None)
+
     p = sub.add_parser("triage", help="label each GPU's 1 s windows: compute/communication/.../deadlock/idle")
     p.add_argument("--config", type=Path, help="run config: table, window and hang limit from it")
     p.add_argument("--trace", required=True, nargs="+", type=Path,
@@ -210,6 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 60, or watcher.hang_after_s)")
     p.add_argument("--out", required=True, type=Path)
     p.set_defaults(func=_triage)
+
+    p = sub.add_parser("report", help="summary.json and a self-contained index.html for one training run")
+    p.add_argument("--run", required=True, type=Path, help="train output folder (results/train/<run>)")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--power", type=Path, help="triage output (default results/power/<run>; else triage runs here)")
+    p.add_argument("--gate", type=Path, help="gate output folder (default results/gate beside results/train)")
+    # run_report loads it (its own dest: main() loads args.config, and the report's config is optional)
+    p.add_argument("--config", dest="report_config", metavar="C", type=Path,
+                   help="run config (default results/config.yaml)")
+    p.set_defaults(func=_report, config=None)
 
     p = sub.add_parser("calibrate", help="measure known phases' power on this node's GPU; write a triage table")
     p.add_argument("--gpu-model", required=True, help="model name for the table (a100, h100, h200, b200, b300, ...)")

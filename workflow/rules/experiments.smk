@@ -86,7 +86,7 @@ rule experiment_train:
     params:
         plan=lambda wildcards, input: os.path.dirname(input.plan),
         out=lambda wildcards, output: os.path.dirname(output.trained),
-    threads: workflow.cores
+    threads: lambda wildcards: workflow.cores
     conda:
         WATTGATE_ENV
     log:

@@ -17,7 +17,7 @@ rule train:
         config=RUN_CONFIG,
         out=lambda wildcards, output: os.path.dirname(output.trained),
         settings=[config["train"], config["model"], config["cluster"]],
-    threads: workflow.cores
+    threads: lambda wildcards: workflow.cores
     conda:
         WATTGATE_ENV
     log:

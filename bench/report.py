@@ -1,0 +1,261 @@
+"""Report speed: triage + report on 16 GPUs x 24 h x 10 Hz, and the summary numbers against pandas.
+
+Data. The 16-GPU day of bench/triage_accuracy.py (2 hosts x 8 B300s, long
+compute with communication, data starvation and a checkpoint every ~55 min,
+a hang in the last 10 minutes; tests/trace_builder.py draws the samples),
+written as the samplers would: one Parquet trace per host, rows in time order
+(all GPUs of a sample together) and the NVML energy counter on every 100th
+sample of a GPU (the sampler reads it every 10 s). Beside it the run's files:
+metrics for ~43k steps x 16 ranks (a step every 2 s, 60% data wait while
+starved), heartbeats with checkpoint events, TRAINED, watcher.json (the
+hang's verdict) and gate.json.
+
+Timed, best and median of --repeat runs:
+- end to end: run_triage (read both traces, triage with the run's heartbeats
+  and metrics, write phases.parquet and the rest) then run_report (summary.json
+  and index.html with every figure), against the 10 s target on the 2-core
+  bench VM;
+- the summary numbers alone (wattgate.report.summarize: read the traces,
+  phases, metrics and heartbeats; energy per GPU, phase time and energy
+  shares, anomalies) against a straightforward pandas version of the same
+  numbers (sort the trace by host, gpu and time; groupby diffs for the
+  trapezoid and the counter's edges; groupby host/gpu/window for window mean
+  power; merge with the phase labels; groupby phase for shares), with the
+  ratio, and a check that both give the same phase shares and energy.
+
+    python bench/report.py [--hours 24] [--repeat 2] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trace_builder import build_trace, gpus_of, job, write_run_info  # noqa: E402
+from triage_accuracy import day_schedule  # noqa: E402
+
+from wattgate.artifacts import write_json_atomic  # noqa: E402
+from wattgate.report import run_report, summarize  # noqa: E402
+from wattgate.telemetry.tables import shipped_table  # noqa: E402
+from wattgate.telemetry.trace import schema_with_meta, trace_files  # noqa: E402
+from wattgate.telemetry.triage import LABELS, run_triage  # noqa: E402
+
+TARGET_S = 10.0            # triage + report, 16 GPUs x 24 h x 10 Hz, 2-core bench VM
+COUNTER_EVERY = 100        # samples between energy counter reads (10 s at 10 Hz)
+STEP_S = 2.0
+
+# ---------------------------------------------------------------- the run on disk
+
+
+def with_energy_counter(table: pa.Table, rng: np.random.Generator) -> pa.Table:
+    """Fill energy_j on every COUNTER_EVERY-th sample of each GPU with the integral of its power
+    (rows arrive GPU-major from the builder; the counter starts at an arbitrary offset)."""
+    gpu = table.column("gpu").to_numpy()
+    t = table.column("time").to_numpy()
+    p = table.column("power_w").to_numpy().astype(np.float64)
+    energy = np.full(len(t), np.nan)
+    bounds = np.flatnonzero(np.diff(gpu)) + 1
+    for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(t)]):
+        pieces = np.diff(t[a:b]) * (p[a + 1:b] + p[a:b - 1]) * 0.5
+        cum = np.concatenate([[0.0], np.cumsum(pieces)]) + rng.uniform(1e8, 1e9)
+        energy[a:b][::COUNTER_EVERY] = cum[::COUNTER_EVERY]
+    col = pa.array(energy, pa.float64(), mask=np.isnan(energy))
+    return table.set_column(table.schema.get_field_index("energy_j"), "energy_j", col)
+
+
+def time_major(table: pa.Table) -> pa.Table:
+    """Sampler order: every GPU's reading of one sample before the next sample."""
+    return table.take(pc.sort_indices(table, [("time", "ascending")]))
+
+
+def write_traces(synth, folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+    paths = []
+    for host in sorted({h for h, _ in synth.gpus}):
+        t = synth.table.filter(pc.equal(synth.table.column("host"), host))
+        t = time_major(with_energy_counter(t, rng)).cast(schema_with_meta(synth.meta(host)))
+        paths.append(folder / f"{host}.parquet")
+        pq.write_table(t, paths[-1], row_group_size=1 << 20)
+    return paths
+
+
+def shape_metrics(run: Path) -> int:
+    """A falling loss and noisy step times instead of write_run_info's constants."""
+    m = pq.read_table(run / "metrics.parquet")
+    step = m.column("step").to_numpy().astype(np.float64)
+    rng = np.random.default_rng(3)
+    loss = 2.0 + 8.0 * np.exp(-step / 4000.0) + rng.normal(0, 0.05, len(step))
+    step_time = STEP_S * rng.uniform(0.97, 1.03, len(step))
+    for name, values in (("loss", loss), ("step_time_s", step_time)):
+        m = m.set_column(m.schema.get_field_index(name), name, pa.array(values, pa.float64()))
+    pq.write_table(m, run / "metrics.parquet")
+    return int(step.max())
+
+
+def write_run(tmp: Path, hours: float) -> tuple[Path, list[Path], int]:
+    table = shipped_table("b300")
+    synth = build_trace(job(gpus_of(2, 8), day_schedule(hours)), table, with_truth=False)
+    run = tmp / "results" / "train" / "bench"
+    paths = write_traces(synth, run / "telemetry")
+    write_run_info(run, synth, step_s=STEP_S)
+    steps = shape_metrics(run)
+    hang = synth.segments[synth.segments["phase"] == "deadlock"]
+    t_hang, t_end = float(hang["start"].min()), float(hang["end"].max())
+    write_json_atomic(run / "TRAINED", {"device": "cuda", "world_size": 16, "steps": steps,
+                                        "wall_s": t_hang - float(synth.segments["start"].min()),
+                                        "tokens_per_s": 16 * 4096 / STEP_S, "first_loss": 10.0,
+                                        "final_loss": 2.1, "mfu": 0.41, "peak_memory_gib": 201.5})
+    detected = t_hang + 60.0
+    write_json_atomic(run / "watcher.json", {
+        "verdict": "deadlock", "detected_at": detected, "stalled_for_s": 60.0, "action": "kill",
+        "reason": "deadlock: no rank advanced for 60.0 s (GPUs in the low power band (< 400 W))",
+        "stuck_ranks": [0], "behind": [0], "ran_ahead": list(range(1, 16)), "started": synth.segments["start"].min(),
+        "ended": min(detected + 5.0, t_end)})
+    write_json_atomic(tmp / "results" / "gate" / "gate.json", {
+        "passed": True, "enforce": True, "elapsed_s": 2.7,
+        "checks": [{"name": n, "passed": True, "detail": "ok"} for n in
+                   ("equal_steps", "pack_contents", "conservation", "launch", "provenance", "fit",
+                    "checkpoint_space", "balance", "schedule")]})
+    return run, paths, synth.table.num_rows
+
+# ---------------------------------------------------------------- the pandas baseline
+
+
+def pandas_summary(trace_paths: list[Path], phases_path: Path, window_s: float) -> dict:
+    """Energy per GPU (counter plus integrated edges, else integrated), phase time and energy shares."""
+    df = pd.concat([pd.read_parquet(p, columns=["time", "host", "gpu", "power_w", "energy_j"]) for p in trace_paths],
+                   ignore_index=True)
+    df["host"] = df["host"].astype(str)
+    df = df.sort_values(["host", "gpu", "time"], kind="stable", ignore_index=True)
+    by_gpu = df.groupby(["host", "gpu"], sort=True)
+    prev_t = by_gpu["time"].shift()
+    piece = (df["time"] - prev_t) * (df["power_w"].astype("float64") + by_gpu["power_w"].shift()) / 2
+    integrated = piece.groupby([df["host"], df["gpu"]]).sum()
+    read_at = df["time"].where(df["energy_j"].notna())
+    first_read = read_at.groupby([df["host"], df["gpu"]]).transform("min")
+    last_read = read_at.groupby([df["host"], df["gpu"]]).transform("max")
+    edge = piece.where((df["time"] <= first_read) | (prev_t >= last_read), 0.0)
+    readings = df[df["energy_j"].notna()].groupby(["host", "gpu"])["energy_j"]
+    counter = (readings.last() - readings.first()) + edge.groupby([df["host"], df["gpu"]]).sum()
+    energy = counter.reindex(integrated.index).fillna(integrated)
+
+    df["window"] = np.floor(df["time"] / window_s)
+    means = df.groupby(["host", "gpu", "window"])["power_w"].mean().rename("mean_w").reset_index()
+    phases = pd.read_parquet(phases_path)
+    phases["host"] = phases["host"].astype(str)
+    phases["window"] = np.floor(phases["start"] / window_s)
+    merged = phases.merge(means, on=["host", "gpu", "window"], how="left")
+    seconds = merged["end"] - merged["start"]
+    merged["energy_j"] = (merged["mean_w"] * seconds).fillna(0.0)
+    merged["seconds"] = seconds
+    per = merged.groupby("phase")[["seconds", "energy_j"]].sum()
+    return {"energy_kwh": float(energy.sum()) / 3.6e6,
+            "time_share": (per["seconds"] / per["seconds"].sum()).to_dict(),
+            "energy_share": (per["energy_j"] / per["energy_j"].sum()).to_dict()}
+
+
+def ours(summary: dict) -> dict:
+    by = summary["phases"]["by_phase"]
+    return {"energy_kwh": summary["energy"]["kwh"], "time_share": {p: v["time_share"] for p, v in by.items()},
+            "energy_share": {p: v["energy_share"] for p, v in by.items()}}
+
+
+def agree(a: dict, b: dict) -> list[str]:
+    """Differences beyond tolerance (shares 1e-4 absolute, energy 1e-4 relative); empty if none."""
+    bad = []
+    if abs(a["energy_kwh"] / b["energy_kwh"] - 1) > 1e-4:
+        bad.append(f"energy {a['energy_kwh']:.6f} vs {b['energy_kwh']:.6f} kWh")
+    for key in ("time_share", "energy_share"):
+        for p in LABELS:
+            x, y = a[key].get(p, 0.0), b[key].get(p, 0.0)
+            if abs(x - y) > 1e-4:
+                bad.append(f"{key} {p}: {x:.6f} vs {y:.6f}")
+    return bad
+
+# ---------------------------------------------------------------- timing
+
+
+def timed(fn, repeat: int):
+    times, out = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return out, times
+
+
+def line(name: str, t: list[float], extra: str = "") -> str:
+    return f"  {name:34s} best {min(t):6.2f} s  median {statistics.median(t):6.2f} s{extra}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hours", type=float, default=24.0)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--keep", type=Path, help="build the run here and keep it (to open index.html)")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="wattgate-bench-report-")) if args.keep is None else args.keep
+    try:
+        start = time.perf_counter()
+        run, paths, rows = write_run(tmp, args.hours)
+        m = pq.read_metadata(run / "metrics.parquet").num_rows
+        print(f"== report: 16 GPUs (2 hosts x 8) x {args.hours:g} h x 10 Hz = {rows:,} trace rows, "
+              f"{m:,} metrics rows (written in {time.perf_counter() - start:.1f} s)")
+        power, out = tmp / "results" / "power" / "bench", tmp / "results" / "report" / "bench"
+
+        def end_to_end():
+            t0 = time.perf_counter()
+            run_triage(trace_files(run / "telemetry"), power, run_dir=run, gpu_model="b300")
+            t1 = time.perf_counter()
+            summary = run_report(run, out)
+            return summary, (t1 - t0, time.perf_counter() - t1)
+
+        results = [end_to_end() for _ in range(args.repeat)]
+        summary = results[-1][0]
+        split = [r[1] for r in results]
+        t_e2e = [a + b for a, b in split]
+        best = int(np.argmin(t_e2e))
+        print(line("run_triage + run_report", t_e2e))
+        print(f"    best run: triage {split[best][0]:.2f} s + report {split[best][1]:.2f} s; index.html "
+              f"{(out / 'index.html').stat().st_size / 1e6:.2f} MB")
+
+        window_s = json.loads((power / "triage.json").read_text())["window_s"]
+        theirs, t_pd = timed(lambda: pandas_summary(paths, power / "phases.parquet", window_s), args.repeat)
+        analysis, t_ours = timed(lambda: summarize(run), args.repeat)
+        ratio = min(t_pd) / min(t_ours)
+        print(line("summary numbers: wattgate", t_ours))
+        print(line("summary numbers: pandas baseline", t_pd, f"   ratio {ratio:.1f}x"))
+        mine = ours(analysis.summary)
+        bad = agree(mine, theirs)
+        print(f"    same numbers: {'yes' if not bad else 'NO: ' + '; '.join(bad)} (energy {mine['energy_kwh']:.3f} "
+              f"kWh by {analysis.summary['energy']['method']}; pandas {theirs['energy_kwh']:.3f} kWh)")
+        shares = ", ".join(f"{p} {100 * v:.1f}%" for p, v in sorted(mine["time_share"].items()))
+        print(f"    phases (time): {shares}; anomalies: "
+              + ", ".join(f"{k} {sum(a['kind'] == k for a in summary['anomalies'])}"
+                          for k in sorted({a['kind'] for a in summary['anomalies']})))
+        if rows == 16 * 24 * 3600 * 10:
+            print(f"  target triage + report <= {TARGET_S:.0f} s: {'PASS' if t_e2e[best] <= TARGET_S else 'FAIL'}")
+        else:
+            print("  target: n/a (the target is for 24 h)")
+    finally:
+        if args.keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""index.html: one self-contained page (inline CSS, figures as base64 data URIs, no external URL)."""
+
+from __future__ import annotations
+
+import base64
+from html import escape
+
+from wattgate.report.phases import PHASE_COLORS
+from wattgate.telemetry.triage import LABELS
+
+CSS = """
+body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
+main{max-width:1180px;margin:0 auto;padding:20px 28px 40px}
+h1{font-size:24px;margin:8px 0 4px}h2{font-size:18px;margin:0 0 10px;border-bottom:1px solid #dde1e7;padding-bottom:6px}
+section{background:#fff;border:1px solid #dde1e7;border-radius:8px;padding:16px 20px;margin:16px 0}
+.sub{color:#5a6475;margin:0 0 12px}.badges span{display:inline-block;padding:3px 10px;border-radius:12px;
+margin:0 8px 6px 0;font-weight:600;font-size:13px}.ok{background:#dcf3e3;color:#135e2c}
+.bad{background:#fbe0e0;color:#8a1414}.na{background:#eceef2;color:#505a6b}.warn{background:#fff1d6;color:#7a4b00}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(170px,1fr));gap:10px;margin-top:10px}
+.card{background:#f3f5f8;border-radius:6px;padding:8px 10px}.card b{display:block;font-size:17px}
+.card small{color:#5a6475}table{border-collapse:collapse;font-size:13px;margin:8px 0;width:100%}
+th,td{border-bottom:1px solid #e5e8ed;padding:4px 8px;text-align:left;vertical-align:top}
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f3f5f8}
+img{max-width:100%;height:auto;display:block;margin:6px 0}.note{color:#5a6475;font-size:13px}
+.notes li{color:#6b5200}.swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px}
+#no-gpu-telemetry{border-left:5px solid #e0a800}code{background:#f0f2f5;padding:0 3px;border-radius:3px}
+"""
+
+# counts the figures the browser could decode: a broken data URI leaves naturalWidth at 0
+SCRIPT = ("window.addEventListener('load',function(){var im=document.querySelectorAll('img.figure'),n=0;"
+          "for(var i=0;i<im.length;i++){if(im[i].complete&&im[i].naturalWidth>0)n++;}"
+          "document.body.setAttribute('data-figures-rendered',n+'/'+im.length);});")
+
+# ---------------------------------------------------------------- formatting
+
+
+def fmt(x, digits: int = 3, unit: str = "") -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}{unit}"
+    return f"{x:,.{digits}f}{unit}" if abs(x) < 1e15 else f"{x:.3g}{unit}"
+
+
+def pct(x) -> str:
+    return "" if x is None else f"{100 * x:.1f}%"
+
+
+def duration(s) -> str:
+    if s is None:
+        return "n/a"
+    s = float(s)
+    if s < 120:
+        return f"{s:.1f} s"
+    h, rem = divmod(int(round(s)), 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d} min"
+
+
+def table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
+    """Cells are escaped unless wrapped in Raw."""
+    head = "".join(f'<th class="n">{escape(h)}</th>' if i in numeric else f"<th>{escape(h)}</th>"
+                   for i, h in enumerate(headers))
+    body = []
+    for row in rows:
+        cells = []
+        for i, c in enumerate(row):
+            text = c.html if isinstance(c, Raw) else escape(str(c))
+            cells.append(f'<td class="n">{text}</td>' if i in numeric else f"<td>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+class Raw:
+    def __init__(self, html: str):
+        self.html = html
+
+
+def badge(label: str, value: str, kind: str) -> str:
+    return f'<span class="{kind}">{escape(label)}: {escape(value)}</span>'
+
+
+def figure(png: bytes | None, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img class="figure" alt="{escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def section(sid: str, title: str, body: str) -> str:
+    return f'<section id="{sid}"><h2>{escape(title)}</h2>{body}</section>'
+
+
+def note(text: str) -> str:
+    return f'<p class="note">{escape(text)}</p>'
+
+
+def phase_name(p: str) -> Raw:
+    return Raw(f'<span class="swatch" style="background:{PHASE_COLORS.get(p, "#999")}"></span>{escape(p)}')
+
+
+# ---------------------------------------------------------------- sections
+
+
+def header(s: dict) -> str:
+    run = s["run"]
+    gate, watcher = s["gate"], s["watcher"]
+    if gate is None:
+        g = badge("gate", "not available", "na")
+    elif gate["passed"]:
+        g = badge("gate", "passed", "ok")
+    else:
+        g = badge("gate", "FAILED: " + ", ".join(gate["failed_checks"]), "bad")
+    if watcher is None:
+        w = badge("watcher", "not available", "na")
+    else:
+        v = str(watcher.get("verdict"))
+        w = badge("watcher", v, "ok" if v in ("healthy", "running") else "bad")
+    kinds = sorted({a["kind"] for a in s["anomalies"]})
+    n = len(s["anomalies"]) + s["anomalies_omitted"]
+    a = badge("anomalies", f"{n} ({', '.join(kinds)})" if n else "none", "warn" if n else "ok")
+    device = f"device {run['device']}" if run.get("device") else ""
+    names = ", ".join(run.get("gpu_names") or []) or run.get("gpu_model") or ""
+    sub = " · ".join(x for x in [device, names, f"world size {fmt(s['world_size'])}",
+                                 f"{s['gpus']} GPU(s) in the traces", f"started {run.get('start_utc') or 'n/a'}"] if x)
+    e = s["energy"]
+    loss = s["loss"]
+    cards = [
+        ("tokens", fmt(s["tokens"])), ("steps", fmt(s["steps"])), ("wall time", duration(s["wall_s"])),
+        ("tokens/s", fmt(s["tokens_per_s"], 0)),
+        ("tokens/s per GPU" if s["gpus"] else "tokens/s per rank",
+         fmt(s["tokens_per_s_per_gpu"] if s["gpus"] else s["tokens_per_s_per_rank"], 0)),
+        ("energy", fmt(e["kwh"], 4, " kWh") + (f" ({e['method'].replace('_', ' ')})" if e["method"] else "")),
+        ("J per token", fmt(e["j_per_token"], 4)), ("GPU-hours", fmt(s["gpu_hours"], 4)),
+        ("rank-hours", fmt(s["rank_hours"], 4)),
+        ("loss first → final", f"{fmt(loss['first'], 4)} → {fmt(loss['final'], 4)}"),
+        ("MFU", pct(s["mfu"]) or "n/a"), ("peak memory", fmt(s["peak_memory_gib"], 2, " GiB")),
+    ]
+    grid = "".join(f'<div class="card"><small>{escape(k)}</small><b>{escape(v)}</b></div>' for k, v in cards)
+    notes = ""
+    if s["notes"]:
+        notes = '<ul class="notes">' + "".join(f"<li>{escape(x)}</li>" for x in s["notes"]) + "</ul>"
+    return (f'<header><h1>wattgate report: {escape(run["name"])}</h1><p class="sub">{escape(sub)}</p>'
+            f'<div class="badges">{g}{w}{a}</div><div class="grid">{grid}</div>{notes}</header>')
+
+
+def power_section(s: dict, png: bytes | None, panels_shown: int) -> str:
+    sig = s["signals"]
+    if png is None:
+        why = ("the telemetry traces hold no rows: the sampler found no NVML on this host (a CPU run), "
+               "so it wrote an empty trace with the schema." if sig["traces"] else
+               "the run folder has no telemetry/*.parquet traces.")
+        nvml = s["run"].get("nvml")
+        if nvml:
+            why += f" The sampler said: NVML {nvml}."
+        body = (f"<p><b>No power, energy or phase data:</b> {escape(why)}</p>"
+                "<p>Every other section below comes from the run's metrics, heartbeats, TRAINED, the gate and "
+                "the watcher and is complete where those exist. Throughput per rank stands in for per GPU.</p>")
+        return section("no-gpu-telemetry", "No GPU telemetry on this host", body)
+    p = s["phases"]
+    source = p.get("source") or "no phases (triage could not run): raw power, uncoloured"
+    more = "" if panels_shown >= s["gpus"] else f" First {panels_shown} of {s['gpus']} GPUs shown."
+    caption = (f"One panel per GPU: power (W), each bin coloured by the phase that holds most of its time; the "
+               f"strip at the bottom of each panel is the same phase per bin. Shaded: checkpoint intervals from the "
+               f"heartbeat events. Top row: step ends from metrics. Phases: {source}.{more}")
+    return section("power", "Power per GPU over time", figure(png, "power per GPU over time") + note(caption))
+
+
+def phase_tables(s: dict, png: bytes | None) -> str:
+    p = s["phases"]
+    if not p.get("by_phase"):
+        return section("phases", "Phase breakdown", note("not available: no phase windows (no GPU telemetry, "
+                                                         "or triage could not pick a table)"))
+    rows = [[phase_name(ph), fmt(v["seconds"], 0), pct(v["time_share"]), fmt(v["energy_kwh"], 4),
+             pct(v["energy_share"])] for ph, v in _in_label_order(p["by_phase"])]
+    overall = table(["phase", "GPU-seconds", "time share", "energy (kWh)", "energy share"], rows, {1, 2, 3, 4})
+    present = [ph for ph in LABELS if ph in p["by_phase"]]
+
+    def breakdown(items, first: list[str], lead) -> str:
+        headers = first + [f"{ph} time" for ph in present] + ["energy (kWh)"]
+        body = [lead(r) + [pct(r["time_share"].get(ph, 0.0)) for ph in present]
+                + [fmt(sum(v for v in r["energy_kwh"].values() if v is not None), 4)] for r in items]
+        return table(headers, body, set(range(len(first), len(headers))))
+
+    per_node = breakdown(p["per_node"], ["node", "GPUs"], lambda r: [r["host"], r["gpus"]])
+    per_gpu = breakdown(p["per_gpu"], ["node", "GPU"], lambda r: [r["host"], r["gpu"]])
+    img = figure(png, "phase shares per GPU") if png else ""
+    text = (f"Windows of {p['window_s']:g} s labelled by power triage ({p.get('source')}). Energy per phase is "
+            "each window's mean power times its length.")
+    return section("phases", "Phase breakdown", note(text) + img + "<h3>All GPUs</h3>" + overall
+                   + "<h3>Per node</h3>" + per_node + "<h3>Per GPU</h3>" + per_gpu)
+
+
+def _in_label_order(d: dict):
+    return [(ph, d[ph]) for ph in LABELS if ph in d]
+
+
+def energy_section(s: dict) -> str:
+    e = s["energy"]
+    if e["kwh"] is None:
+        return section("energy", "Energy", note("not available: no power samples"))
+    text = {"energy_counter": "NVML total-energy counter (last minus first reading per GPU; the seconds before "
+                              "the first and after the last reading integrated from power)",
+            "integrated_power": "power integrated over time (trapezoid per GPU): the trace has no energy counter",
+            "mixed": "the energy counter where a GPU has one, integrated power elsewhere",
+            "phase_window_means": "window mean power times window length (no raw trace)"}.get(e["method"], "")
+    check = ""
+    if e.get("counter_kwh") is not None and e.get("integrated_kwh"):
+        diff = e["counter_kwh"] / e["integrated_kwh"] - 1
+        check = (f" Counter {fmt(e['counter_kwh'], 5)} kWh vs integrated power {fmt(e['integrated_kwh'], 5)} kWh "
+                 f"({100 * diff:+.2f}%).")
+    rows = [[r["host"], r["gpu"], fmt(r["kwh"], 5), fmt(r["mean_power_w"], 1), duration(r["span_s"]),
+             r["method"].replace("_", " ")] for r in e["per_gpu"]]
+    body = note(f"Total {fmt(e['kwh'], 5)} kWh by {text}; {fmt(e['j_per_token'], 4)} J per token (every traced "
+                f"second, start-up and teardown included, over the tokens trained).{check}")
+    if rows:
+        body += table(["node", "GPU", "energy (kWh)", "mean power (W)", "traced for", "method"], rows, {1, 2, 3})
+    return section("energy", "Energy", body)
+
+
+def figure_section(sid: str, title: str, png: bytes | None, missing: str, caption: str = "") -> str:
+    if png is None:
+        return section(sid, title, note(f"not available: {missing}"))
+    return section(sid, title, figure(png, title) + (note(caption) if caption else ""))
+
+
+def anomalies_section(s: dict) -> str:
+    rows = s["anomalies"]
+    checked = ("Checked: hangs (deadlock windows from power triage, the watcher's verdict), data starvation "
+               "(data_starvation runs of >= 5 s, steps waiting >= 20% for data) and stragglers (a rank's median "
+               "step time less data wait >= 1.10x the median over ranks).")
+    if not rows:
+        return section("anomalies", "Anomalies", note("None found. " + checked))
+    body = table(["kind", "start (UTC)", "from run start", "duration", "GPUs", "ranks", "evidence"],
+                 [[a["kind"], a["start_utc"], duration(a["start_offset_s"]),
+                   duration(a["duration_s"]), _short_list(a["gpus"]), _short_list(a["ranks"]), a["detail"]]
+                  for a in rows], {2, 3})
+    more = f" {s['anomalies_omitted']} more are not listed." if s["anomalies_omitted"] else ""
+    return section("anomalies", "Anomalies", body + note(checked + more))
+
+
+def _short_list(items: list, limit: int = 8) -> str:
+    shown = ", ".join(str(x) for x in items[:limit])
+    return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "") if items else "-"
+
+
+def gate_section(s: dict) -> str:
+    g = s["gate"]
+    if g is None:
+        return section("gate", "Invariant gate", note("not available: no gate.json"))
+    verdict = "passed" if g["passed"] else "FAILED"
+    went_ahead = not g["passed"] and g.get("enforce") is False
+    enforce = " (gate.enforce was false: the run went ahead anyway)" if went_ahead else ""
+    mark = {True: '<b style="color:#135e2c">pass</b>', False: '<b style="color:#8a1414">FAIL</b>'}
+    rows = [[c["name"], Raw(mark[c["passed"]]), c["detail"]] for c in g["checks"]]
+    return section("gate", "Invariant gate", f"<p>Gate <b>{verdict}</b>{escape(enforce)}.</p>"
+                   + table(["check", "result", "detail"], rows))
+
+
+def watcher_section(s: dict) -> str:
+    w = s["watcher"]
+    if w is None:
+        return section("watcher", "Watcher diagnosis", note("not available: no watcher.json"))
+    rows = []
+    for key, label in (("verdict", "verdict"), ("reason", "reason"), ("action", "action"),
+                       ("stalled_for_s", "stalled for (s)"), ("longest_stall_s", "longest stall seen (s)"),
+                       ("limit_s", "limit (s)"), ("limit_phase", "limit phase"), ("stuck_ranks", "stuck ranks"),
+                       ("ran_ahead", "ran ahead"), ("behind", "behind"), ("power_signal", "power signal"),
+                       ("table", "triage table")):
+        if key in w and w[key] not in (None, [], ""):
+            rows.append([label, _short_list(w[key], 32) if isinstance(w[key], list) else w[key]])
+    return section("watcher", "Watcher diagnosis", table(["field", "value"], rows))
+
+
+def inputs_section(s: dict) -> str:
+    sig = s["signals"]
+    rows = [[k.replace("_", " "), Raw("<b>yes</b>" if v else "no")] for k, v in sorted(sig.items())]
+    ck = s["checkpoints"]
+    steps = ", ".join(str(x) for x in ck["steps"]) or "none"
+    text = f"Run folder {s['run']['dir']}. Checkpoints kept: {steps}; final export: {'yes' if ck['final'] else 'no'}."
+    return section("inputs", "Inputs", note(text) + table(["input", "present"], rows))
+
+
+# ---------------------------------------------------------------- the page
+
+
+def render_page(s: dict, figures: dict[str, bytes | None], panels_shown: int) -> str:
+    body = "".join([
+        header(s),
+        power_section(s, figures.get("power"), panels_shown),
+        phase_tables(s, figures.get("phase_share")),
+        energy_section(s),
+        figure_section("steps", "Step time and data wait over time", figures.get("steps"),
+                       "no step_time_s in metrics.parquet (or no metrics)",
+                       "Per step: the slowest rank's step time and the mean data wait over ranks; shaded: "
+                       "checkpoint intervals."),
+        figure_section("loss", "Loss", figures.get("loss"), "no loss in metrics.parquet (or no metrics)"),
+        anomalies_section(s),
+        gate_section(s),
+        watcher_section(s),
+        inputs_section(s),
+    ])
+    title = escape(f"wattgate report: {s['run']['name']}")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{title}</title>"
+            f"<style>{CSS}</style></head><body><main>{body}"
+            "<footer class=\"note\">Written by <code>wattgate report</code>; the numbers are in summary.json.</footer>"
+            f"</main><script>{SCRIPT}</script></body></html>\n")

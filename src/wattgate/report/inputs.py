@@ -1,0 +1,388 @@
+"""Everything a report reads about one training run, each piece optional.
+
+A missing file becomes a note ("not available: ...") and a None; a file that
+exists but cannot be read is an InputError naming it, because a report built
+on a silently skipped input would be wrong rather than incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from wattgate.errors import InputError
+from wattgate.telemetry.tables import SHIPPED, load_table_file, resolve_table, shipped_table
+from wattgate.telemetry.trace import TRACE_SCHEMA, read_trace, trace_files, trace_meta
+from wattgate.telemetry.triage import PHASES_SCHEMA, RunInfo, load_run_info, triage
+
+TRACE_COLUMNS = ["time", "host", "gpu", "power_w", "energy_j"]
+METRICS_REQUIRED = ["step", "rank", "time"]
+METRICS_OPTIONAL = ["epoch", "loss", "tokens", "loss_tokens", "step_time_s", "data_wait_s"]
+_CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass
+class GpuSeries:
+    """One GPU's power samples in time order (often strided views into its file's columns)."""
+
+    host: str
+    gpu: int
+    time: np.ndarray              # float64
+    power: np.ndarray             # float32 or float64, NaN = missing
+    energy_pos: np.ndarray        # positions (into time/power) of samples with an energy reading
+    energy_j: np.ndarray          # the readings at those positions
+
+
+@dataclass
+class Samples:
+    series: list[GpuSeries]       # sorted by (host, gpu)
+
+    @property
+    def keys(self) -> list[tuple[str, int]]:
+        return [(s.host, s.gpu) for s in self.series]
+
+    @property
+    def rows(self) -> int:
+        return sum(len(s.time) for s in self.series)
+
+
+@dataclass
+class RunInputs:
+    run_dir: Path
+    run_name: str
+    config: dict | None = None
+    trained: dict | None = None
+    metrics: pd.DataFrame | None = None
+    events: pd.DataFrame | None = None          # heartbeat events: time, rank, step, epoch, phase
+    states: dict[int, dict] = field(default_factory=dict)
+    run_info: RunInfo | None = None              # the same, as triage reads it (rank -> GPU mapping)
+    watcher: dict | None = None
+    gate: dict | None = None
+    checkpoints: list[int] = field(default_factory=list)   # steps with a checkpoint folder
+    has_final: bool = False
+    trace_paths: list[Path] = field(default_factory=list)
+    trace_metas: list[dict] = field(default_factory=list)
+    samples: Samples | None = None
+    phases: pa.Table | None = None
+    phases_source: str | None = None
+    window_s: float = 1.0
+    triage_table: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+# ---------------------------------------------------------------- default locations
+
+
+def default_power_dir(run_dir: Path) -> Path | None:
+    """results/train/<run> -> results/power/<run>: the last `train` in the path becomes `power`."""
+    parts = list(run_dir.parts)
+    for i in range(len(parts) - 1, -1, -1):
+        if parts[i] == "train":
+            parts[i] = "power"
+            return Path(*parts)
+    return None
+
+
+def default_gate_dir(run_dir: Path) -> Path:
+    return run_dir.parent.parent / "gate"
+
+
+def default_config_path(run_dir: Path) -> Path:
+    return run_dir.parent.parent / "config.yaml"
+
+
+# ---------------------------------------------------------------- small readers
+
+
+def read_json(path: Path) -> dict | None:
+    """A JSON object, or None if the file does not exist."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_metrics(path: Path) -> pd.DataFrame | None:
+    if not path.is_file():
+        return None
+    try:
+        names = pq.read_schema(path).names
+        missing = [c for c in METRICS_REQUIRED if c not in names]
+        if missing:
+            raise InputError(f"{path}: not a metrics table: missing column(s) {', '.join(missing)}")
+        table = pq.read_table(path, columns=METRICS_REQUIRED + [c for c in METRICS_OPTIONAL if c in names])
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{path}: not a readable metrics table ({exc})") from None
+    return table.to_pandas()
+
+
+def checkpoint_steps(folder: Path) -> list[int]:
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in folder.iterdir() if p.is_dir() and (m := _CHECKPOINT_DIR.match(p.name)))
+
+
+# ---------------------------------------------------------------- traces
+
+
+def _read_trace_columns(path: Path, columns: list[str]) -> pa.Table:
+    """Only the columns the report needs (a 24 h trace has 16 columns of 10^7 rows); segments of a
+    killed sampler go through read_trace, which knows how to stitch them."""
+    if not path.is_file():
+        return read_trace(path).select(columns)
+    try:
+        names = pq.read_schema(path).names
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise InputError(f"{path}: not a wattgate trace: missing column(s) {', '.join(missing)}")
+    try:
+        table = pq.read_table(path, columns=columns, read_dictionary=["host"])
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
+    return table
+
+
+def _host_codes(column: pa.ChunkedArray) -> tuple[np.ndarray | None, list[str]]:
+    """Integer codes (None when the file holds one host, the usual case) and the names they index,
+    without materializing 10^7 Python strings."""
+    column = pc.fill_null(column, "") if column.null_count else column
+    if not pa.types.is_dictionary(column.type):
+        column = pc.dictionary_encode(column)
+    if column.num_chunks > 1:
+        column = column.unify_dictionaries()
+    if column.num_chunks == 0 or len(column) == 0:
+        return None, []
+    names = [str(h) for h in column.chunk(0).dictionary.to_pylist()]
+    if len(names) == 1:
+        return None, names
+    return np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in column.chunks]), names
+
+
+def _numbers(table: pa.Table, name: str, missing) -> np.ndarray:
+    col = table.column(name)
+    if col.null_count:
+        col = pc.fill_null(col, missing)
+    return col.to_numpy()
+
+
+def _periodic(key: np.ndarray, ngroups: int) -> bool:
+    """Rows cycle through every GPU in the same order (the sampler reads all GPUs each tick)."""
+    if len(key) % ngroups:
+        return False
+    head = key[:ngroups]
+    return bool(np.all(np.diff(head) > 0)) and bool((key.reshape(-1, ngroups) == head).all())
+
+
+def _in_time_order(t: np.ndarray, p: np.ndarray, pos: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, ...]:
+    if len(t) < 2 or not np.any(t[1:] < t[:-1]):
+        return t, p, pos, e
+    order = np.argsort(t, kind="stable")
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    new_pos = rank[pos]
+    by = np.argsort(new_pos, kind="stable")
+    return t[order], p[order], new_pos[by], e[by]
+
+
+def _file_series(table: pa.Table) -> list[GpuSeries]:
+    """Split one trace file's rows by GPU: strided views when rows cycle through the GPUs, else a sort."""
+    if table.num_rows == 0:
+        return []
+    codes, names = _host_codes(table.column("host"))
+    gpu = _numbers(table, "gpu", -1).astype(np.int64, copy=False)
+    time_ = _numbers(table, "time", np.nan).astype(np.float64, copy=False)
+    power = _numbers(table, "power_w", np.nan)
+    energy = table.column("energy_j")
+    valid = None if energy.null_count == len(energy) else pc.is_valid(energy).to_numpy(zero_copy_only=False)
+    readings = pc.drop_null(energy).to_numpy().astype(np.float64) if valid is not None else None
+    width = int(gpu.max()) + 1 if len(gpu) else 1
+    key = gpu if codes is None else codes.astype(np.int64) * width + gpu
+    key = np.where((gpu >= 0) & np.isfinite(time_), key, -1)
+    counts = np.bincount(key + 1)
+    present = np.flatnonzero(counts[1:])
+    groups = [(names[k // width] if codes is not None else names[0], int(k % width)) for k in present]
+    out = []
+    if counts[0] == 0 and _periodic(key, len(present)):
+        k = len(present)
+        pos = np.flatnonzero(valid) if valid is not None else np.zeros(0, np.int64)
+        for j, (h, g) in enumerate(groups):
+            mine = pos % k == j
+            parts = (time_[j::k], power[j::k], pos[mine] // k,
+                     readings[mine] if readings is not None else np.zeros(0))
+            out.append(GpuSeries(h, g, *_in_time_order(*parts)))
+        return out
+    # general layout: a stable sort on small integer keys keeps each GPU's rows in file order
+    lut = np.full(len(counts) - 1, -1, np.int64)
+    lut[present] = np.arange(len(present))
+    gid = np.where(key >= 0, lut[np.maximum(key, 0)], len(present))
+    order = np.argsort(gid.astype(np.int16 if len(present) < 1 << 15 else np.int64), kind="stable")
+    bounds = np.searchsorted(gid[order], np.arange(len(present) + 1))
+    t_sorted, p_sorted = time_[order], power[order]
+    if valid is not None:
+        rank = np.empty(len(order), np.int64)
+        rank[order] = np.arange(len(order))
+        epos = rank[np.flatnonzero(valid)]
+        by = np.argsort(epos, kind="stable")
+        epos, evals = epos[by], readings[by]
+    else:
+        epos, evals = np.zeros(0, np.int64), np.zeros(0)
+    for j, (h, g) in enumerate(groups):
+        a, b = bounds[j], bounds[j + 1]
+        lo, hi = np.searchsorted(epos, [a, b])
+        out.append(GpuSeries(h, g, *_in_time_order(t_sorted[a:b], p_sorted[a:b], epos[lo:hi] - a, evals[lo:hi])))
+    return out
+
+
+def read_samples(tables: list[pa.Table]) -> Samples:
+    """Every GPU's samples in time order, sorted by (host, gpu). A GPU found in two files (a restarted
+    sampler) is joined in time order."""
+    by_key: dict[tuple[str, int], list[GpuSeries]] = {}
+    for t in tables:
+        for s in _file_series(t):
+            by_key.setdefault((s.host, s.gpu), []).append(s)
+    series = []
+    for key in sorted(by_key):
+        parts = by_key[key]
+        if len(parts) == 1:
+            series.append(parts[0])
+            continue
+        offsets = np.cumsum([0] + [len(p.time) for p in parts[:-1]])
+        series.append(GpuSeries(key[0], key[1], *_in_time_order(
+            np.concatenate([p.time for p in parts]), np.concatenate([p.power for p in parts]),
+            np.concatenate([p.energy_pos + o for p, o in zip(parts, offsets)]),
+            np.concatenate([p.energy_j for p in parts]))))
+    return Samples(series)
+
+
+# ---------------------------------------------------------------- phases
+
+
+def _read_phases(power_dir: Path) -> tuple[pa.Table, float, str | None] | None:
+    path = power_dir / "phases.parquet"
+    if not path.is_file():
+        return None
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{path}: not a readable phases table ({exc})") from None
+    missing = [n for n in PHASES_SCHEMA.names if n not in table.column_names]
+    if missing:
+        raise InputError(f"{path}: not a phases table: missing column(s) {', '.join(missing)}")
+    meta = json.loads((table.schema.metadata or {}).get(b"wattgate.phases", b"{}"))
+    triage_json = read_json(power_dir / "triage.json") or {}
+    window_s = float(meta.get("window_s") or triage_json.get("window_s") or 1.0)
+    model = meta.get("gpu_model") or (triage_json.get("table") or {}).get("gpu_model")
+    return table.select(PHASES_SCHEMA.names).cast(PHASES_SCHEMA), window_s, model
+
+
+def _triage_table(config: dict | None, device_names: list[str]):
+    """The table `wattgate triage --config` would pick: telemetry.table, cluster.gpu_model, or the device names."""
+    if config:
+        path = (config.get("telemetry") or {}).get("table")
+        if path:
+            return load_table_file(path)
+        model = str((config.get("cluster") or {}).get("gpu_model", "")).lower().split("-")[0]
+        if model in SHIPPED:
+            return shipped_table(model)
+    return resolve_table(None, None, device_names)
+
+
+def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None) -> None:
+    names = sorted({str(g.get("name")) for m in inputs.trace_metas for g in m.get("gpus", []) if g.get("name")})
+    try:
+        table = _triage_table(inputs.config, names)
+    except InputError as exc:
+        inputs.note(f"phases not available: triage could not pick a table ({exc})")
+        return
+    cfg = inputs.config or {}
+    window_s = float((cfg.get("telemetry") or {}).get("window_s") or 1.0)
+    deadlock_after_s = float((cfg.get("watcher") or {}).get("hang_after_s") or 60.0)
+    inputs.phases = triage(trace, table, window_s, deadlock_after_s, info)
+    inputs.window_s = window_s
+    inputs.triage_table = table.gpu_model
+    inputs.phases_source = (f"in-process triage ({table.gpu_model} table, windows of {window_s:g} s, "
+                            f"deadlock after {deadlock_after_s:g} s)")
+
+
+# ---------------------------------------------------------------- all inputs
+
+
+def load_inputs(run_dir: str | os.PathLike, power_dir: str | os.PathLike | None = None,
+                gate_dir: str | os.PathLike | None = None, config_path: str | os.PathLike | None = None) -> RunInputs:
+    from wattgate.config import load_config
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise InputError(f"{run_dir}: no such run folder")
+    config = None
+    cfg_path = Path(config_path) if config_path else default_config_path(run_dir)
+    if config_path or cfg_path.is_file():
+        config = load_config(cfg_path)
+    inputs = RunInputs(run_dir, str((config or {}).get("run_name") or run_dir.name), config=config)
+    if config is None:
+        inputs.note(f"config not available ({cfg_path} not found): cluster and train settings not shown")
+
+    inputs.trained = read_json(run_dir / "TRAINED")
+    if inputs.trained is None:
+        inputs.note("TRAINED not available: the run did not finish, or this is not a run folder; "
+                    "wall time, MFU and loss come from metrics where possible")
+    inputs.metrics = read_metrics(run_dir / "metrics.parquet")
+    if inputs.metrics is None:
+        inputs.note("metrics.parquet not available: no tokens, step times, loss or straggler analysis")
+    inputs.watcher = read_json(run_dir / "watcher.json")
+    if inputs.watcher is None:
+        inputs.note("watcher.json not available: no hang watcher verdict")
+    gate_dir = Path(gate_dir) if gate_dir else default_gate_dir(run_dir)
+    inputs.gate = read_json(gate_dir / "gate.json")
+    if inputs.gate is None:
+        inputs.note(f"gate.json not available (looked in {gate_dir})")
+    inputs.checkpoints = checkpoint_steps(run_dir / "checkpoints")
+    inputs.has_final = (run_dir / "final").is_dir()
+
+    inputs.trace_paths = trace_files(run_dir / "telemetry")
+    tables = []
+    for path in inputs.trace_paths:
+        t = _read_trace_columns(path, TRACE_COLUMNS)
+        inputs.trace_metas.append(trace_meta(t) or (trace_meta(pq.read_schema(path)) if path.is_file() else {}))
+        tables.append(t)
+    if not inputs.trace_paths:
+        inputs.note("no telemetry traces (telemetry/*.parquet): no power, energy or phases")
+    inputs.samples = read_samples(tables)
+
+    info = load_run_info(run_dir, inputs.trace_metas)
+    inputs.events, inputs.states, inputs.run_info = info.events, info.states, info
+    if not info.has_heartbeats:
+        inputs.note("no heartbeats: checkpoint intervals and rank placement not shown")
+
+    power_dir = Path(power_dir) if power_dir else default_power_dir(run_dir)
+    found = _read_phases(power_dir) if power_dir else None
+    if found is not None:
+        inputs.phases, inputs.window_s, inputs.triage_table = found
+        inputs.phases_source = str(power_dir / "phases.parquet")
+    elif inputs.samples.rows:
+        # triage reads utilization too; only this path needs it, so it is read only here
+        trace = pa.concat_tables([_read_trace_columns(p, ["time", "host", "gpu", "power_w", "util_gpu"])
+                                  .cast(pa.schema([TRACE_SCHEMA.field(c) for c in
+                                                   ("time", "host", "gpu", "power_w", "util_gpu")]))
+                                  for p in inputs.trace_paths])
+        _triage_in_process(inputs, trace, info)
+    return inputs

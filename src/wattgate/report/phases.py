@@ -1,0 +1,92 @@
+"""Phase windows as arrays: time and energy per phase (per GPU, per node, overall) and runs of a phase."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from wattgate.telemetry.triage import LABELS
+
+PHASE_COLORS = {
+    "compute": "#2ca02c", "communication": "#1f77b4", "data_starvation": "#ff7f0e", "checkpoint": "#9467bd",
+    "deadlock": "#d62728", "idle": "#8c8c8c", "unknown": "#e0e0e0",
+}
+
+
+@dataclass
+class PhaseWindows:
+    keys: list[tuple[str, int]]   # (host, gpu), sorted
+    gid: np.ndarray               # index into keys per window, non-decreasing
+    start: np.ndarray
+    end: np.ndarray
+    code: np.ndarray              # index into LABELS
+    power: np.ndarray             # window mean W, NaN where unknown
+
+    @property
+    def seconds(self) -> np.ndarray:
+        return self.end - self.start
+
+    @property
+    def energy_j(self) -> np.ndarray:
+        return np.nan_to_num(self.power * self.seconds)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+def _codes(column: pa.ChunkedArray, names: list[str] | None = None) -> tuple[np.ndarray, list[str]]:
+    enc = pc.dictionary_encode(pc.fill_null(column, "")).combine_chunks()
+    found = [str(x) for x in enc.dictionary.to_pylist()]
+    codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    if names is None:
+        names = sorted(found)
+    remap = np.array([names.index(x) if x in names else len(names) - 1 for x in found], np.int64)
+    return (remap[codes] if len(codes) else codes), names
+
+
+def phase_windows(table: pa.Table) -> PhaseWindows:
+    """Arrays of a phases table, ordered by (host, gpu, start) whatever the file's row order."""
+    if table is None or table.num_rows == 0:
+        e = np.zeros(0)
+        return PhaseWindows([], np.zeros(0, np.int64), e, e, np.zeros(0, np.int64), e)
+    host, hosts = _codes(table.column("host"))
+    code, _ = _codes(table.column("phase"), list(LABELS))
+    gpu = table.column("gpu").to_numpy().astype(np.int64)
+    start = table.column("start").to_numpy().astype(np.float64)
+    end = table.column("end").to_numpy().astype(np.float64)
+    power = pc.fill_null(table.column("power_w").cast(pa.float64()), np.nan).to_numpy()
+    width = int(gpu.max()) + 1
+    key = host * width + gpu
+    present, gid = np.unique(key, return_inverse=True)
+    gid = gid.reshape(-1)
+    if len(gid) > 1 and not np.all((gid[1:] > gid[:-1]) | ((gid[1:] == gid[:-1]) & (start[1:] >= start[:-1]))):
+        order = np.lexsort((start, gid))
+        gid, start, end, code, power = gid[order], start[order], end[order], code[order], power[order]
+    keys = [(hosts[k // width], int(k % width)) for k in present]
+    return PhaseWindows(keys, gid, start, end, code, power)
+
+
+def totals(w: PhaseWindows, group: np.ndarray, ngroups: int) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, energy J) per (group, phase), shape (ngroups, len(LABELS))."""
+    nl = len(LABELS)
+    idx = group * nl + w.code
+    secs = np.bincount(idx, weights=w.seconds, minlength=ngroups * nl).reshape(ngroups, nl)
+    joules = np.bincount(idx, weights=w.energy_j, minlength=ngroups * nl).reshape(ngroups, nl)
+    return secs, joules
+
+
+def runs(w: PhaseWindows, phase: str, max_gap_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gid, start, end) of runs of `phase` windows on each GPU; gaps up to max_gap_s (unknown windows,
+    a blip of another phase) do not split a run."""
+    idx = np.flatnonzero(w.code == LABELS.index(phase))
+    if len(idx) == 0:
+        return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+    g, s, e = w.gid[idx], w.start[idx], w.end[idx]
+    new = np.ones(len(idx), bool)
+    new[1:] = (g[1:] != g[:-1]) | (s[1:] - e[:-1] > max_gap_s + 1e-9)
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(idx) - 1)
+    return g[first], s[first], e[last]

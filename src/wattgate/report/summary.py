@@ -1,0 +1,289 @@
+"""The numbers of a report (summary.json): throughput, energy, phase shares, anomalies, verdicts.
+
+Every float is rounded and every key sorted on output, so the same inputs give
+byte-identical files.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+
+from wattgate.report import anomalies as an
+from wattgate.report.energy import GpuEnergy, gpu_energy
+from wattgate.report.inputs import RunInputs
+from wattgate.report.phases import PhaseWindows, phase_windows, totals
+from wattgate.telemetry.triage import LABELS, map_ranks
+
+FORMAT_VERSION = 1
+J_PER_KWH = 3.6e6
+MAX_ANOMALIES = 500  # a pathological run must not produce a report of megabytes
+
+
+@dataclass
+class Analysis:
+    """What the figures and the page draw from: the inputs, their arrays, and the summary."""
+
+    inputs: RunInputs
+    energy: GpuEnergy | None
+    windows: PhaseWindows
+    t0: float | None          # earliest time any input saw
+    t1: float | None          # latest
+    summary: dict
+
+
+def num(x, digits: int = 6):
+    """A JSON-safe rounded float (None for missing, NaN or infinite)."""
+    if x is None:
+        return None
+    x = float(x)
+    return round(x, digits) if math.isfinite(x) else None
+
+
+def utc(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+# ---------------------------------------------------------------- pieces
+
+
+def run_span(inputs: RunInputs, energy: GpuEnergy | None, w: PhaseWindows) -> tuple[float | None, float | None]:
+    """Earliest and latest time any input saw: the range of every time axis."""
+    lo, hi = [], []
+    if energy is not None and len(energy.first):
+        lo.append(float(np.nanmin(energy.first)))
+        hi.append(float(np.nanmax(energy.last)))
+    elif len(w):
+        lo.append(float(w.start.min()))
+        hi.append(float(w.end.max()))
+    m = inputs.metrics
+    if m is not None and len(m):
+        begin = m["time"] - (m["step_time_s"] if "step_time_s" in m else 0.0)
+        lo.append(float(begin.min()))
+        hi.append(float(m["time"].max()))
+    if inputs.events is not None and len(inputs.events):
+        lo.append(float(inputs.events["time"].min()))
+        hi.append(float(inputs.events["time"].max()))
+    return (min(lo), max(hi)) if lo else (None, None)
+
+
+def step_table(metrics: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Per step: end time, slowest rank's step time, mean data wait, token-weighted loss, tokens."""
+    if metrics is None or metrics.empty:
+        return None
+    m = metrics
+    cols = {"time": ("time", "max")}
+    if "step_time_s" in m:
+        cols["step_time_s"] = ("step_time_s", "max")
+    if "data_wait_s" in m:
+        cols["data_wait_s"] = ("data_wait_s", "mean")
+    if "tokens" in m:
+        cols["tokens"] = ("tokens", "sum")
+    if "loss" in m:
+        weight = m["loss_tokens"] if "loss_tokens" in m else pd.Series(1.0, index=m.index)
+        m = m.assign(_wl=m["loss"] * weight, _w=weight)
+        cols["_wl"], cols["_w"] = ("_wl", "sum"), ("_w", "sum")
+    per = m.groupby("step", sort=True).agg(**cols)
+    if "_wl" in per:
+        per["loss"] = per["_wl"] / per["_w"].where(per["_w"] > 0)
+        per = per.drop(columns=["_wl", "_w"])
+    return per.reset_index()
+
+
+def throughput(inputs: RunInputs, steps: pd.DataFrame | None, gpus: int) -> dict:
+    t = inputs.trained or {}
+    tokens = int(steps["tokens"].sum()) if steps is not None and "tokens" in steps else None
+    wall = t.get("wall_s")
+    wall_source = "TRAINED" if wall is not None else None
+    if wall is None and steps is not None and inputs.metrics is not None:
+        m = inputs.metrics
+        begin = (m["time"] - m["step_time_s"]).min() if "step_time_s" in m else m["time"].min()
+        wall, wall_source = float(m["time"].max() - begin), "metrics (first step start to last step end)"
+    world = t.get("world_size")
+    if world is None and inputs.metrics is not None:
+        world = int(inputs.metrics["rank"].nunique())
+    if world is None and inputs.config:
+        c = inputs.config.get("cluster") or {}
+        world = int(c.get("nodes", 1)) * int(c.get("gpus_per_node", 1))
+    tps = t.get("tokens_per_s")
+    if tps is None and tokens is not None and wall:
+        tps = tokens / wall
+    return {
+        "tokens": tokens,
+        "steps": t.get("steps", int(steps["step"].max()) if steps is not None else None),
+        "wall_s": num(wall, 3),
+        "wall_source": wall_source,
+        "world_size": world,
+        "tokens_per_s": num(tps, 3),
+        "tokens_per_s_per_gpu": num(tps / gpus, 3) if tps is not None and gpus else None,
+        "tokens_per_s_per_rank": num(tps / world, 3) if tps is not None and world else None,
+        "rank_hours": num(world * wall / 3600.0, 6) if world and wall is not None else None,
+    }
+
+
+def loss(inputs: RunInputs, steps: pd.DataFrame | None) -> dict:
+    t = inputs.trained or {}
+    first, final = t.get("first_loss"), t.get("final_loss")
+    if (first is None or final is None) and steps is not None and "loss" in steps and len(steps):
+        first = steps["loss"].iloc[0] if first is None else first
+        final = steps["loss"].iloc[-1] if final is None else final
+    return {"first": num(first), "final": num(final)}
+
+
+def energy_summary(energy: GpuEnergy | None, w: PhaseWindows, tokens: int | None) -> dict:
+    if energy is not None and len(energy.keys):
+        joules = energy.joules
+        total, method = float(joules.sum()), energy.method
+        per_gpu = [{"host": h, "gpu": g, "kwh": num(j / J_PER_KWH), "method": m, "span_s": num(b - a, 3),
+                    "mean_power_w": num(j / (b - a), 3) if b > a else None}
+                   for (h, g), j, m, a, b in zip(energy.keys, joules, energy.methods, energy.first, energy.last)]
+        counter = energy.counter_j
+        out = {"kwh": num(total / J_PER_KWH), "method": method, "per_gpu": per_gpu,
+               "integrated_kwh": num(energy.integrated_j.sum() / J_PER_KWH),
+               "counter_kwh": num(np.nansum(counter) / J_PER_KWH) if np.isfinite(counter).all() else None}
+    elif len(w):
+        total = float(w.energy_j.sum())
+        out = {"kwh": num(total / J_PER_KWH), "method": "phase_window_means", "per_gpu": [],
+               "integrated_kwh": None, "counter_kwh": None}
+    else:
+        return {"kwh": None, "method": None, "per_gpu": [], "integrated_kwh": None, "counter_kwh": None,
+                "j_per_token": None}
+    out["j_per_token"] = num(total / tokens, 6) if tokens else None
+    return out
+
+
+def _share_rows(secs: np.ndarray, joules: np.ndarray) -> tuple[dict, dict, dict]:
+    """Per phase (with any time): time share, energy kWh and energy share of one row of totals."""
+    t, e = secs.sum(), joules.sum()
+    present = [i for i in range(len(LABELS)) if secs[i] > 0]
+    return ({LABELS[i]: num(secs[i] / t) for i in present},
+            {LABELS[i]: num(joules[i] / J_PER_KWH) for i in present},
+            {LABELS[i]: num(joules[i] / e) if e > 0 else None for i in present})
+
+
+def phase_section(inputs: RunInputs, w: PhaseWindows) -> dict:
+    out = {"source": inputs.phases_source, "table": inputs.triage_table, "window_s": inputs.window_s}
+    if not len(w):
+        return out | {"seconds": 0.0, "by_phase": {}, "per_gpu": [], "per_node": []}
+    ngpu = len(w.keys)
+    secs, joules = totals(w, w.gid, ngpu)
+    all_s, all_j = secs.sum(axis=0), joules.sum(axis=0)
+    share, kwh, eshare = _share_rows(all_s, all_j)
+    by_phase = {ph: {"seconds": num(all_s[LABELS.index(ph)], 3), "time_share": share[ph], "energy_kwh": kwh[ph],
+                     "energy_share": eshare[ph]} for ph in share}
+    per_gpu = []
+    for k, (h, g) in enumerate(w.keys):
+        s, k_, e = _share_rows(secs[k], joules[k])
+        per_gpu.append({"host": h, "gpu": g, "seconds": num(secs[k].sum(), 3), "time_share": s,
+                        "energy_kwh": k_, "energy_share": e})
+    hosts = sorted({h for h, _ in w.keys})
+    per_node = []
+    for h in hosts:
+        rows = [k for k, (hh, _) in enumerate(w.keys) if hh == h]
+        s, k_, e = _share_rows(secs[rows].sum(axis=0), joules[rows].sum(axis=0))
+        per_node.append({"host": h, "gpus": len(rows), "seconds": num(secs[rows].sum(), 3), "time_share": s,
+                         "energy_kwh": k_, "energy_share": e})
+    return out | {"seconds": num(all_s.sum(), 3), "by_phase": by_phase, "per_gpu": per_gpu, "per_node": per_node}
+
+
+def rank_gpus(inputs: RunInputs, keys: list[tuple[str, int]]) -> dict[int, str]:
+    if inputs.run_info is None or not keys:
+        return {}
+    return {r: f"{keys[g][0]}:{keys[g][1]}" for r, g in map_ranks(inputs.run_info, keys).items()}
+
+
+def find_anomalies(inputs: RunInputs, w: PhaseWindows, keys: list[tuple[str, int]]) -> list[an.Episode]:
+    return (an.hangs(w, inputs.watcher, inputs.window_s)
+            + an.starvation(w, inputs.metrics, inputs.window_s)
+            + an.stragglers(inputs.metrics, rank_gpus(inputs, keys)))
+
+
+def gate_section(gate: dict | None) -> dict | None:
+    if gate is None:
+        return None
+    checks = [{"name": str(c.get("name")), "passed": bool(c.get("passed")), "detail": str(c.get("detail", ""))}
+              for c in gate.get("checks") or []]
+    return {"passed": bool(gate.get("passed")), "enforce": gate.get("enforce"),
+            "failed_checks": [c["name"] for c in checks if not c["passed"]], "checks": checks}
+
+
+WATCHER_KEYS = ("verdict", "reason", "action", "stalled_for_s", "longest_stall_s", "limit_s", "limit_phase",
+                "stuck_ranks", "ran_ahead", "behind", "power_signal", "detected_at", "started", "ended", "table")
+
+
+def watcher_section(watcher: dict | None) -> dict | None:
+    if watcher is None:
+        return None
+    return {k: watcher[k] for k in WATCHER_KEYS if k in watcher}
+
+
+def device_of(inputs: RunInputs) -> dict:
+    names = sorted({str(g.get("name")) for m in inputs.trace_metas for g in m.get("gpus", []) if g.get("name")})
+    cluster = (inputs.config or {}).get("cluster") or {}
+    t = inputs.trained or {}
+    nvml = next((str(m["nvml"]) for m in inputs.trace_metas if m.get("nvml")), None)
+    return {"device": t.get("device"), "gpu_names": names, "nvml": nvml, "gpu_model": cluster.get("gpu_model"),
+            "nodes": cluster.get("nodes"), "gpus_per_node": cluster.get("gpus_per_node"), "params": t.get("params")}
+
+
+# ---------------------------------------------------------------- the summary
+
+
+def analyze(inputs: RunInputs) -> Analysis:
+    samples = inputs.samples
+    energy = gpu_energy(samples) if samples is not None and samples.rows else None
+    w = phase_windows(inputs.phases)
+    keys = energy.keys if energy is not None else w.keys
+    gpus = len(keys)
+    steps = step_table(inputs.metrics)
+    thr = throughput(inputs, steps, gpus)
+    gpu_seconds = float((energy.last - energy.first).sum()) if energy is not None else \
+        float(w.seconds.sum()) if len(w) else None
+    episodes = find_anomalies(inputs, w, keys)
+    records = an.anomaly_records(episodes)
+    t0, t1 = run_span(inputs, energy, w)
+    for r in records:
+        r["start_offset_s"] = num(r["start"] - t0, 3) if t0 is not None else None
+        r["start_utc"] = utc(r["start"])
+    trained = inputs.trained or {}
+    summary = {
+        "format_version": FORMAT_VERSION,
+        "run": {"name": inputs.run_name, "dir": str(inputs.run_dir), "start": num(t0, 3), "start_utc": utc(t0)}
+        | device_of(inputs),
+        **thr,
+        "gpus": gpus,
+        "gpu_hours": num(gpu_seconds / 3600.0) if gpus and gpu_seconds is not None else None,
+        "energy": energy_summary(energy, w, thr["tokens"]),
+        "loss": loss(inputs, steps),
+        "mfu": num(trained.get("mfu")),
+        "peak_memory_gib": num(trained.get("peak_memory_gib"), 4),
+        "phases": phase_section(inputs, w),
+        "anomalies": records[:MAX_ANOMALIES],
+        "anomalies_omitted": max(0, len(records) - MAX_ANOMALIES),
+        "gate": gate_section(inputs.gate),
+        "watcher": watcher_section(inputs.watcher),
+        "checkpoints": {"steps": inputs.checkpoints, "final": inputs.has_final},
+        "signals": signals(inputs, energy, w),
+        "notes": list(inputs.notes),
+    }
+    return Analysis(inputs, energy, w, t0, t1, summary)
+
+
+def signals(inputs: RunInputs, energy: GpuEnergy | None, w: PhaseWindows) -> dict:
+    return {
+        "traces": bool(inputs.trace_paths),
+        "power": energy is not None,
+        "energy_counter": bool(inputs.samples is not None and any(len(x.energy_pos) for x in inputs.samples.series)),
+        "phases": bool(len(w)),
+        "metrics": inputs.metrics is not None,
+        "heartbeats": bool(inputs.run_info is not None and inputs.run_info.has_heartbeats),
+        "trained": inputs.trained is not None,
+        "watcher": inputs.watcher is not None,
+        "gate": inputs.gate is not None,
+        "checkpoints": bool(inputs.checkpoints),
+        "config": inputs.config is not None,
+    }

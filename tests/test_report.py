@@ -1,0 +1,347 @@
+"""`wattgate report`: summary.json numbers, the self-contained page, anomalies, determinism and bad inputs.
+
+Real data: the H200 training run in tests/data/h200/train (one GPU, energy counter on every sample).
+Synthetic: trace_builder jobs for hangs, hand-written metrics for stragglers and data starvation,
+and an empty trace (what the sampler writes without NVML) for the CPU default.
+"""
+
+import base64
+import json
+import re
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from trace_builder import H200_DATA, T0, build_trace, gpus_of, job, write_run_info
+
+from wattgate.cli import main
+from wattgate.errors import InputError
+from wattgate.report import run_report
+from wattgate.report.figures import MAX_POINTS, bin_edges, bin_majority
+from wattgate.report.inputs import default_power_dir, read_samples
+from wattgate.report.energy import gpu_energy
+from wattgate.telemetry.tables import shipped_table
+from wattgate.telemetry.trace import TRACE_SCHEMA, TraceWriter, trace_files
+from wattgate.telemetry.triage import LABELS, run_triage
+from wattgate.train.telemetry_files import METRICS_SCHEMA
+
+TRAIN = H200_DATA / "train"
+SECTIONS = ("Phase breakdown", "Energy", "Step time and data wait over time", "Loss", "Anomalies",
+            "Invariant gate", "Watcher diagnosis", "Inputs")
+
+
+def images(page: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+
+
+def without_images(page: str) -> str:
+    return re.sub(r"base64,[^\"]+", "base64,", page)
+
+
+def write_metrics(run, ranks=2, steps=20, step_s=1.0, t0=T0, slow=None, starved=(), loss=None):
+    """metrics.parquet rows per (step, rank); `slow`: {rank: factor} on its compute time;
+    `starved`: steps whose data wait is half the step."""
+    rows = []
+    for step in range(1, steps + 1):
+        for r in range(ranks):
+            wait = 0.5 * step_s if step in starved else 0.01 * step_s
+            compute = (step_s - 0.01 * step_s) * (slow or {}).get(r, 1.0)
+            rows.append({"step": step, "rank": r, "epoch": 0, "loss": (loss or 5.0) / step ** 0.3, "tokens": 1000,
+                         "loss_tokens": 500, "step_time_s": compute + wait, "data_wait_s": wait, "lr": 1e-4,
+                         "time": t0 + step * step_s * 2})
+    run.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=METRICS_SCHEMA), run / "metrics.parquet")
+    return rows
+
+
+def write_heartbeats(run, ranks=2, t0=T0, checkpoint_at=(10.0, 14.0), host="cpu-host"):
+    beat = run / "heartbeat"
+    beat.mkdir(parents=True, exist_ok=True)
+    for r in range(ranks):
+        events = [(t0, "init"), (t0 + 1, "train"), (t0 + checkpoint_at[0], "checkpoint"),
+                  (t0 + checkpoint_at[1], "train"), (t0 + 41, "export"), (t0 + 42, "done")]
+        (beat / f"rank-{r}.events.jsonl").write_text("".join(
+            json.dumps({"time": t, "rank": r, "step": 0, "epoch": 0, "phase": ph}) + "\n" for t, ph in events))
+        (beat / f"rank-{r}.json").write_text(json.dumps(
+            {"rank": r, "local_rank": r, "gpu": None, "host": host, "step": 20, "epoch": 0, "phase": "done",
+             "time": t0 + 42}))
+
+
+@pytest.fixture(scope="module")
+def h200(tmp_path_factory):
+    """The H200 run reported twice: with run_triage's output, and with triage run in process."""
+    tmp = tmp_path_factory.mktemp("h200")
+    power = tmp / "power"
+    run_triage(trace_files(TRAIN / "telemetry"), power, run_dir=TRAIN)
+    with_power = run_report(TRAIN, tmp / "with-power", power_dir=power)
+    in_process = run_report(TRAIN, tmp / "in-process")
+    return tmp, with_power, in_process
+
+
+@pytest.fixture
+def cpu_run(tmp_path):
+    """The embedded CPU default's shape: an empty trace (no NVML), metrics, heartbeats, TRAINED, watcher."""
+    run = tmp_path / "results" / "train" / "demo"
+    TraceWriter(run / "telemetry" / "cpu-host.parquet", {"nvml": "unavailable: no driver", "interval_s": 0.1}).close()
+    write_metrics(run)
+    write_heartbeats(run)
+    (run / "TRAINED").write_text(json.dumps({"device": "cpu", "world_size": 2, "steps": 20, "wall_s": 40.0,
+                                             "tokens_per_s": 1000.0, "first_loss": 5.0, "final_loss": 2.0}))
+    (run / "watcher.json").write_text(json.dumps({"verdict": "healthy", "longest_stall_s": 3.0}))
+    gate = tmp_path / "results" / "gate"
+    gate.mkdir(parents=True)
+    (gate / "gate.json").write_text(json.dumps({"passed": True, "enforce": True, "elapsed_s": 0.1, "checks": [
+        {"name": "equal_steps", "passed": True, "detail": "20 steps on every rank"}]}))
+    return run
+
+
+# ---------------------------------------------------------------- the real H200 run
+
+
+def test_h200_summary_numbers(h200):
+    tmp, s, _ = h200
+    metrics = pq.read_table(TRAIN / "metrics.parquet").to_pandas()
+    trained = json.loads((TRAIN / "TRAINED").read_text())
+    assert s["tokens"] == int(metrics["tokens"].sum())
+    assert s["steps"] == 106 and s["world_size"] == 1 and s["gpus"] == 1
+    assert s["wall_s"] == pytest.approx(trained["wall_s"], abs=1e-3)
+    assert s["tokens_per_s_per_gpu"] == pytest.approx(trained["tokens_per_s"], rel=1e-6)
+    assert s["loss"] == {"first": pytest.approx(trained["first_loss"]), "final": pytest.approx(trained["final_loss"])}
+    e = s["energy"]
+    assert e["method"] == "energy_counter" and e["kwh"] > 0
+    assert e["j_per_token"] == pytest.approx(e["kwh"] * 3.6e6 / s["tokens"], rel=1e-4)
+    assert s["gpu_hours"] == pytest.approx(60.2 / 3600, rel=0.01)
+    by = s["phases"]["by_phase"]
+    assert sum(v["time_share"] for v in by.values()) == pytest.approx(1.0, abs=1e-5)
+    assert sum(v["energy_share"] for v in by.values()) == pytest.approx(1.0, abs=1e-5)
+    assert {"compute", "checkpoint", "idle"} <= set(by)
+    assert by["compute"]["energy_share"] > by["compute"]["time_share"]  # compute draws the most power
+    assert s["phases"]["source"].endswith("phases.parquet")
+    assert s["watcher"]["verdict"] == "healthy" and s["anomalies"] == []
+    assert s["signals"]["energy_counter"] and s["signals"]["heartbeats"] and not s["signals"]["gate"]
+
+
+def test_h200_energy_counter_and_integration_agree(h200):
+    _, s, _ = h200
+    e = s["energy"]
+    assert e["counter_kwh"] == pytest.approx(e["integrated_kwh"], rel=0.02)
+    # the integral, straight from the file
+    t = pq.read_table(TRAIN / "telemetry" / "vm.parquet", columns=["time", "power_w"]).to_pandas()
+    t = t.sort_values("time")
+    joules = np.sum(np.diff(t["time"]) * (t["power_w"].to_numpy()[1:] + t["power_w"].to_numpy()[:-1]) / 2)
+    assert e["integrated_kwh"] == pytest.approx(joules / 3.6e6, rel=1e-3)
+
+
+def test_h200_in_process_triage_gives_the_same_phases(h200):
+    _, with_power, in_process = h200
+    assert in_process["phases"]["source"].startswith("in-process triage (H200 table")
+    assert {p: v["time_share"] for p, v in in_process["phases"]["by_phase"].items()} == \
+        {p: v["time_share"] for p, v in with_power["phases"]["by_phase"].items()}
+    assert in_process["energy"] == with_power["energy"]
+
+
+def test_h200_page_is_self_contained_with_every_section(h200):
+    tmp, _, _ = h200
+    page = (tmp / "with-power" / "index.html").read_text()
+    text = without_images(page)
+    for title in ("Power per GPU over time",) + SECTIONS:
+        assert f">{title}</h2>" in text, title
+    assert "No GPU telemetry on this host" not in text
+    pngs = images(page)
+    assert len(pngs) == 4 and all(p.startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
+    assert not re.search(r"https?://|src=\"(?!data:)|href=|url\(", text)  # nothing to fetch
+    assert "data-figures-rendered" in text and "<script>" in text
+
+
+def test_report_is_deterministic(h200, tmp_path):
+    tmp, _, _ = h200
+    run_report(TRAIN, tmp_path / "again")
+    for name in ("summary.json", "index.html"):
+        assert (tmp_path / "again" / name).read_bytes() == (tmp / "in-process" / name).read_bytes(), name
+    assert not list((tmp_path / "again").glob(".*tmp"))  # atomic writes leave no temp files
+
+
+def test_default_power_and_gate_dirs_beside_the_run(tmp_path):
+    results = tmp_path / "results"
+    run = results / "train" / "demo"
+    shutil.copytree(TRAIN, run)
+    assert default_power_dir(run) == results / "power" / "demo"
+    run_triage(trace_files(run / "telemetry"), results / "power" / "demo", run_dir=run)
+    (results / "gate").mkdir()
+    (results / "gate" / "gate.json").write_text(json.dumps({"passed": False, "enforce": False, "checks": [
+        {"name": "balance", "passed": False, "detail": "max/mean 1.3 > 1.1"},
+        {"name": "equal_steps", "passed": True, "detail": "ok"}]}))
+    shutil.copy(TRAIN / "config.yaml", results / "config.yaml")
+    s = run_report(run, tmp_path / "out")
+    assert s["phases"]["source"] == str(results / "power" / "demo" / "phases.parquet")
+    assert s["gate"]["passed"] is False and s["gate"]["failed_checks"] == ["balance"]
+    assert s["run"]["name"] == "gpu" and s["run"]["gpu_model"] == "H200"  # from results/config.yaml
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "gate: FAILED: balance" in page and "gate.enforce was false" in page
+
+
+# ---------------------------------------------------------------- no GPU telemetry (the CPU default)
+
+
+def test_cpu_run_says_no_gpu_telemetry_and_keeps_every_other_section(cpu_run, tmp_path):
+    s = run_report(cpu_run, tmp_path / "out")
+    assert s["gpus"] == 0 and s["gpu_hours"] is None and s["energy"]["kwh"] is None
+    assert s["tokens"] == 40 * 1000 and s["tokens_per_s_per_rank"] == 500.0 and s["tokens_per_s_per_gpu"] is None
+    assert s["rank_hours"] == pytest.approx(2 * 40 / 3600, abs=1e-6)
+    assert s["phases"]["by_phase"] == {} and s["gate"]["passed"] and s["watcher"]["verdict"] == "healthy"
+    assert s["signals"]["traces"] and not s["signals"]["power"] and s["run"]["nvml"] == "unavailable: no driver"
+    page = (tmp_path / "out" / "index.html").read_text()
+    text = without_images(page)
+    assert ">No GPU telemetry on this host</h2>" in text and "NVML unavailable: no driver" in text
+    for title in SECTIONS:
+        assert f">{title}</h2>" in text, title
+    assert "Power per GPU over time" not in text
+    assert len(images(page)) == 2  # step time and loss
+
+
+# ---------------------------------------------------------------- anomalies
+
+
+def test_hang_at_the_end_is_an_anomaly_with_its_time(tmp_path):
+    run = tmp_path / "results" / "train" / "hang"
+    gpus = gpus_of(1, 2)
+    synth = build_trace(job(gpus, [("idle", 20), ("compute", 300), ("deadlock", 200)], stuck=1),
+                        shipped_table("h100"), seed=3)
+    synth.write(run / "telemetry")
+    write_run_info(run, synth)
+    hang_start = T0 + 320
+    (run / "watcher.json").write_text(json.dumps({
+        "verdict": "deadlock", "detected_at": hang_start + 60, "stalled_for_s": 60.0, "action": "kill",
+        "reason": "deadlock: no rank advanced for 60.0 s", "stuck_ranks": [1], "behind": [1]}))
+    s = run_report(run, tmp_path / "out")
+    hangs = [a for a in s["anomalies"] if a["kind"] == "hang"]
+    assert len(hangs) == 1, s["anomalies"]
+    h = hangs[0]
+    assert h["start"] == pytest.approx(hang_start, abs=5) and h["end"] >= hang_start + 190
+    assert h["gpus"] == ["node0:0", "node0:1"] and h["ranks"] == [1]
+    assert "power triage" in h["detail"] and "watcher: deadlock" in h["detail"]
+    assert h["start_offset_s"] == pytest.approx(320, abs=5)
+    assert s["phases"]["by_phase"]["deadlock"]["time_share"] > 0.3
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "watcher: deadlock" in page and h["start_utc"] in page
+
+
+def test_straggler_rank_and_starved_steps_are_named(tmp_path):
+    run = tmp_path / "run"
+    write_metrics(run, ranks=4, steps=40, slow={2: 1.3}, starved=range(10, 16))
+    s = run_report(run, tmp_path / "out")
+    stragglers = [a for a in s["anomalies"] if a["kind"] == "straggler"]
+    assert [a["ranks"] for a in stragglers] == [[2]]
+    assert "rank 2" in stragglers[0]["detail"] and "1.3" in stragglers[0]["detail"]
+    starved = [a for a in s["anomalies"] if a["kind"] == "starvation"]
+    assert len(starved) == 1 and starved[0]["ranks"] == [0, 1, 2, 3]
+    assert "6 step(s)" in starved[0]["detail"] or "24 step(s)" in starved[0]["detail"]
+    first = T0 + 10 * 2.0 - pq.read_table(run / "metrics.parquet").to_pandas().query("step == 10")["step_time_s"].max()
+    assert starved[0]["start"] == pytest.approx(first, abs=1e-3)
+
+
+def test_starvation_windows_of_at_least_5_s(tmp_path):
+    run = tmp_path / "run"
+    synth = build_trace(job(gpus_of(1, 1), [("compute", 60), ("data_starvation", 30), ("compute", 60),
+                                            ("data_starvation", 2), ("compute", 60)]), shipped_table("h100"), seed=1)
+    synth.write(run / "telemetry")
+    s = run_report(run, tmp_path / "out")
+    starved = [a for a in s["anomalies"] if a["kind"] == "starvation"]
+    assert len(starved) == 1 and starved[0]["gpus"] == ["node0:0"]
+    assert starved[0]["start"] == pytest.approx(T0 + 60, abs=3) and starved[0]["duration_s"] == pytest.approx(30, abs=4)
+
+
+# ---------------------------------------------------------------- missing and bad inputs
+
+
+def test_missing_inputs_are_notes_not_crashes(tmp_path):
+    run = tmp_path / "empty-run"
+    run.mkdir()
+    s = run_report(run, tmp_path / "out")
+    notes = " ".join(s["notes"])
+    for piece in ("TRAINED", "metrics.parquet", "watcher.json", "gate.json", "telemetry", "config"):
+        assert piece in notes, piece
+    assert s["tokens"] is None and s["energy"]["kwh"] is None and s["anomalies"] == []
+    assert not any(s["signals"].values())
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert ">No GPU telemetry on this host</h2>" in page and page.count("not available") >= 5
+    assert images(page) == []
+
+
+@pytest.mark.parametrize("name", ["metrics.parquet", "TRAINED", "watcher.json", "telemetry/vm.parquet",
+                                  "heartbeat/rank-0.events.jsonl"])
+def test_a_bad_file_is_an_input_error_naming_it(tmp_path, name):
+    run = tmp_path / "run"
+    shutil.copytree(TRAIN, run)
+    (run / name).write_bytes(b"{ not what it should be")
+    with pytest.raises(InputError, match=re.escape(str(run / name))):
+        run_report(run, tmp_path / "out")
+
+
+def test_bad_phases_and_gate_files_are_named(tmp_path):
+    power, gate = tmp_path / "power", tmp_path / "gate"
+    power.mkdir()
+    gate.mkdir()
+    (power / "phases.parquet").write_bytes(b"PAR1 nope")
+    with pytest.raises(InputError, match="phases.parquet"):
+        run_report(TRAIN, tmp_path / "out", power_dir=power)
+    (gate / "gate.json").write_text("[1, 2]")
+    with pytest.raises(InputError, match="gate.json: expected a JSON object"):
+        run_report(TRAIN, tmp_path / "out", gate_dir=gate)
+
+
+def test_cli_prints_one_line_and_exits_2_on_a_bad_input(tmp_path, capsys):
+    assert main(["report", "--run", str(TRAIN), "--out", str(tmp_path / "out"),
+                 "--config", str(TRAIN / "config.yaml")]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"report: gpu: 1728543 tokens, 0.003412 kWh (energy counter), 0 anomaly(ies) -> "
+                   f"{tmp_path / 'out'}/index.html"]
+    assert main(["report", "--run", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such run folder" in err[0]
+
+
+# ---------------------------------------------------------------- pieces
+
+
+def _trace(rows) -> pa.Table:
+    cols = {f.name: [r.get(f.name) for r in rows] for f in TRACE_SCHEMA}
+    return pa.Table.from_pydict(cols, schema=TRACE_SCHEMA)
+
+
+def test_samples_split_by_gpu_whatever_the_row_order():
+    """Sampler order (every GPU each tick), a GPU missing a tick, shuffled rows: the same per-GPU energy."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(200):
+        for g in (0, 1):
+            energy = 1000.0 + 100.0 * (i * 0.1) * (1 + g) if i % 10 == 0 else None
+            rows.append({"time": T0 + i * 0.1, "host": "h", "gpu": g, "power_w": 100.0 * (1 + g), "energy_j": energy})
+    periodic = gpu_energy(read_samples([_trace(rows)]))
+    gap = gpu_energy(read_samples([_trace([r for k, r in enumerate(rows) if k != 51])]))
+    shuffled = gpu_energy(read_samples([_trace([rows[k] for k in rng.permutation(len(rows))])]))
+    for e in (periodic, gap, shuffled):
+        assert e.keys == [("h", 0), ("h", 1)] and e.method == "energy_counter"
+        assert e.integrated_j == pytest.approx([100 * 19.9, 200 * 19.9])
+        assert e.joules == pytest.approx([100 * 19.9, 200 * 19.9])
+
+
+def test_integration_without_a_counter_and_with_a_reset():
+    rows = [{"time": T0 + i, "host": "h", "gpu": 0, "power_w": 50.0,
+             "energy_j": (5000.0 - 10 * i) if i % 5 == 0 else None} for i in range(11)]
+    e = gpu_energy(read_samples([_trace(rows)]))
+    assert e.method == "integrated_power" and e.joules == pytest.approx([500.0])  # a falling counter is unusable
+    rows = [dict(r, energy_j=None) for r in rows]
+    assert gpu_energy(read_samples([_trace(rows)])).joules == pytest.approx([500.0])
+
+
+def test_binning_keeps_long_runs_to_a_few_thousand_points():
+    edges = bin_edges(0.0, 86400.0, 0, 1.0)
+    assert len(edges) - 1 == MAX_POINTS
+    x = np.arange(0, 86400.0)
+    code = np.where(x < 43200, LABELS.index("compute"), LABELS.index("idle"))
+    major = bin_majority(x, code, edges, np.ones(len(x)))
+    assert set(major[: MAX_POINTS // 2 - 1]) == {LABELS.index("compute")}
+    assert set(major[MAX_POINTS // 2 + 1:]) == {LABELS.index("idle")}
