@@ -1,0 +1,409 @@
+"""`wattgate import-trace`: other collectors' logs -> the trace contract.
+
+- nvidia-smi CSV, as `nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits] -l/-lms N`
+  writes it: values with or without units ("72.36 W", "0 %"), the markers
+  "[N/A]" and "[Not Supported]" (null), timestamps "2025/07/27 00:34:45.155".
+  Without an `index` (or `pci.bus_id`) column, nvidia-smi still writes one row
+  per GPU in GPU order within each sampling burst (rows a few ms apart, bursts
+  an interval apart): the GPU index is inferred from the position in the
+  burst, and the trace metadata says so.
+- DCGM exporter text (Prometheus exposition format): `DCGM_FI_DEV_*` and
+  `DCGM_FI_PROF_*` samples with labels `gpu`, `Hostname`, `modelName`; a
+  scrape's time is the samples' trailing timestamp (ms), else a comment line
+  holding a time just before it (`# 2025-07-27T00:34:45Z` or `# 1753576485.1`),
+  else a unix time in the file name (a file per scrape).
+- Zeus power CSV: a time column plus one power column per GPU (`gpu0`,
+  `GPU1`, `power_gpu2`, ...; watts, or milliwatts when the header says mW), and
+  the legacy `zeus_monitor` form `Time,Power` (milliwatts, one GPU per file).
+A line that cannot be read is an error naming file:line and the field, or,
+with `skip_bad_lines`, a counted skip.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from wattgate.artifacts import atomic_path
+from wattgate.errors import InputError
+from wattgate.telemetry.trace import TRACE_SCHEMA, schema_with_meta
+
+FORMATS = ("nvidia-smi", "dcgm", "zeus")
+MISSING = {"", "[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]",
+           "[insufficient permissions]"}
+
+
+@dataclass
+class Imported:
+    columns: dict[str, list] = field(default_factory=lambda: {n: [] for n in TRACE_SCHEMA.names})
+    names: dict[tuple[str, int], str] = field(default_factory=dict)  # (host, gpu) -> device name
+    skipped: Counter = field(default_factory=Counter)  # reason -> lines
+    notes: list[str] = field(default_factory=list)
+    index_inferred: bool = False
+
+    def add(self, row: dict) -> None:
+        for name, column in self.columns.items():
+            column.append(row.get(name))
+
+    def table(self, meta: dict) -> pa.Table:
+        t = pa.Table.from_pydict(self.columns, schema=schema_with_meta(meta))
+        return t.sort_by([("host", "ascending"), ("gpu", "ascending"), ("time", "ascending")])
+
+
+class BadLine(Exception):
+    def __init__(self, field_name: str, value: str, why: str = ""):
+        super().__init__(f"field {field_name!r}: cannot read {value!r}{': ' + why if why else ''}")
+        self.field_name = field_name
+
+
+class Lines:
+    """Errors name file:line; with skip_bad_lines they are counted instead."""
+
+    def __init__(self, imported: Imported, skip_bad_lines: bool):
+        self.imported, self.skip = imported, skip_bad_lines
+
+    def bad(self, path: Path, lineno: int, exc: Exception) -> None:
+        if not self.skip:
+            raise InputError(f"{path}:{lineno}: {exc} (or pass --skip-bad-lines)") from None
+        self.imported.skipped[str(getattr(exc, "field_name", "line"))] += 1
+
+
+# --- nvidia-smi ------------------------------------------------------------------------------------
+
+SMI_FIELDS = {  # query field -> trace column (power: the instant reading wins over the 1 s average)
+    "timestamp": "time",
+    "index": "gpu",
+    "power.draw.instant": "power_w",
+    "power.draw": "power_w_avg",
+    "power.draw.average": "power_w_avg",
+    "utilization.gpu": "util_gpu",
+    "utilization.memory": "util_mem",
+    "memory.used": "mem_used_mib",
+    "clocks.sm": "sm_clock_mhz",
+    "clocks.current.sm": "sm_clock_mhz",
+    "temperature.gpu": "temp_c",
+    "name": "name",
+    "gpu_name": "name",
+    "pci.bus_id": "bus_id",
+    "gpu_bus_id": "bus_id",
+}
+SMI_TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S.%f")
+NUMBER = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z%/]*)\s*$")
+
+
+def parse_number(name: str, text: str) -> float | None:
+    if text.strip().lower() in MISSING:
+        return None
+    m = NUMBER.match(text)
+    if not m:
+        raise BadLine(name, text, "not a number")
+    return float(m.group(1))
+
+
+def parse_smi_time(text: str, tz) -> float:
+    text = text.strip()
+    for fmt in SMI_TIME_FORMATS:
+        try:
+            return dt.datetime.strptime(text, fmt).replace(tzinfo=tz).timestamp()
+        except ValueError:
+            continue
+    raise BadLine("timestamp", text, "expected e.g. 2025/07/27 00:34:45.155")
+
+
+def looks_like_sample(cells: list[str], tz) -> bool:
+    """A noheader log starts with a value: some cell is a timestamp or a number."""
+    for c in cells:
+        try:
+            parse_smi_time(c, tz)
+            return True
+        except BadLine:
+            pass
+        if NUMBER.match(c):
+            return True
+    return False
+
+
+def smi_header(cells: list[str]) -> list[str]:
+    """'power.draw [W]' -> 'power.draw'."""
+    return [re.sub(r"\s*\[[^\]]*\]\s*$", "", c).strip().lower() for c in cells]
+
+
+def read_nvidia_smi(path: Path, imported: Imported, lines: Lines, host: str, tz, fields: list[str] | None,
+                    gpu_offset: int = 0) -> None:
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        rows = list(csv.reader(f, skipinitialspace=True))
+    rows = [(i + 1, r) for i, r in enumerate(rows) if r and any(c.strip() for c in r)]
+    if not rows:
+        raise InputError(f"{path}: empty file")
+    first = smi_header(rows[0][1])
+    if "timestamp" in first or any(c in SMI_FIELDS for c in first) or not looks_like_sample(rows[0][1], tz):
+        header, body = first, rows[1:]
+    elif fields:
+        header, body = smi_header(fields), rows
+    else:
+        raise InputError(f"{path}: no header line (written with --format=csv,noheader?); pass --fields with the "
+                         "--query-gpu list it was written with, e.g. --fields timestamp,index,power.draw,"
+                         "utilization.gpu")
+    columns = {SMI_FIELDS[h]: i for i, h in reversed(list(enumerate(header))) if h in SMI_FIELDS}
+    if "time" not in columns or not ({"power_w", "power_w_avg"} & set(columns)):
+        raise InputError(f"{path}: an nvidia-smi log needs the columns timestamp and power.draw (or "
+                         f"power.draw.instant); found {', '.join(header)}")
+    ignored = sorted(set(header) - set(SMI_FIELDS))
+    if ignored:
+        imported.notes.append(f"{path.name}: ignored columns {', '.join(ignored)}")
+    parsed = []
+    for lineno, cells in body:
+        try:
+            if len(cells) != len(header):
+                raise BadLine("line", ",".join(cells), f"{len(cells)} fields, header has {len(header)}")
+            if smi_header(cells) == header:
+                continue  # a repeated header (a log restarted into the same file)
+            rec = {"time": parse_smi_time(cells[columns["time"]], tz)}
+            for col, i in columns.items():
+                if col in ("time", "name", "bus_id"):
+                    if col != "time":
+                        rec[col] = cells[i].strip()
+                    continue
+                rec[col] = parse_number(header[i], cells[i])
+            parsed.append((lineno, rec))
+        except BadLine as exc:
+            lines.bad(path, lineno, exc)
+    if not parsed:
+        raise InputError(f"{path}: no readable sample lines")
+    gpus = assign_smi_gpus(path, [r for _, r in parsed], imported)
+    for (_, rec), gpu in zip(parsed, gpus):
+        power = rec.get("power_w") if rec.get("power_w") is not None else rec.get("power_w_avg")
+        row = {k: rec.get(k) for k in ("time", "util_gpu", "util_mem", "mem_used_mib", "sm_clock_mhz", "temp_c")}
+        row.update(host=host, gpu=gpu + gpu_offset, power_w=power)
+        imported.add(row)
+        if rec.get("name"):
+            imported.names[(host, gpu + gpu_offset)] = rec["name"]
+    if "power_w" not in columns:
+        imported.notes.append(f"{path.name}: power.draw only (a 1 s average on recent GPUs); the instant "
+                              "reading is power.draw.instant")
+
+
+def assign_smi_gpus(path: Path, recs: list[dict], imported: Imported) -> list[int]:
+    if all(r.get("gpu") is not None for r in recs):
+        return [int(r["gpu"]) for r in recs]
+    if all(r.get("bus_id") for r in recs):
+        order = {b: i for i, b in enumerate(sorted({r["bus_id"].lower() for r in recs}))}
+        imported.notes.append(f"{path.name}: GPU index from the PCI bus id order (nvidia-smi's default order)")
+        return [order[r["bus_id"].lower()] for r in recs]
+    gpus, n, short = infer_burst_positions(np.array([r["time"] for r in recs]))
+    imported.notes.append(f"{path.name}: no index column: GPU index inferred from each sampling burst's row "
+                          f"order ({n} GPU(s); {short} short burst(s))")
+    imported.index_inferred = True
+    return gpus
+
+
+def infer_burst_positions(times: np.ndarray) -> tuple[list[int], int, int]:
+    """Rows come one per GPU a few ms apart, bursts an interval apart: index = position in the burst.
+
+    A burst ends where the gap to the next row exceeds half the typical interval. The GPU count is the
+    most common burst length; shorter bursts (a GPU that did not answer) take the first positions.
+    """
+    if len(times) == 1:
+        return [0], 1, 0
+    gaps = np.diff(times)
+    large = gaps[gaps >= 0.010]
+    if len(large) == 0:
+        return list(range(len(times))), len(times), 0
+    cut = 0.5 * float(np.median(large))
+    starts = np.concatenate([[0], np.nonzero(gaps > cut)[0] + 1])
+    lengths = np.diff(np.concatenate([starts, [len(times)]]))
+    n = Counter(lengths.tolist()).most_common(1)[0][0]
+    positions = np.arange(len(times)) - np.repeat(starts, lengths)
+    if (lengths > n).any():  # two bursts run together: wrap positions rather than invent GPUs
+        positions = positions % n
+    return positions.tolist(), int(n), int((lengths < n).sum())
+
+
+# --- DCGM exporter --------------------------------------------------------------------------------
+
+DCGM_FIELDS = {  # metric -> (trace column, scale)
+    "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0),
+    "DCGM_FI_DEV_POWER_USAGE_INSTANT": ("power_w_instant", 1.0),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("energy_j", 1e-3),  # mJ
+    "DCGM_FI_DEV_GPU_UTIL": ("util_gpu", 1.0),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": ("util_mem", 1.0),
+    "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", 1.0),
+    "DCGM_FI_DEV_FB_USED": ("mem_used_mib", 1.0),
+    "DCGM_FI_DEV_GPU_TEMP": ("temp_c", 1.0),
+    "DCGM_FI_PROF_SM_ACTIVE": ("sm_active", 100.0),  # ratios 0..1 -> %
+    "DCGM_FI_PROF_SM_OCCUPANCY": ("sm_occupancy", 100.0),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active", 100.0),
+    "DCGM_FI_PROF_DRAM_ACTIVE": ("dram_active", 100.0),
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": ("nvlink_tx_bps", 1.0),
+    "DCGM_FI_PROF_NVLINK_RX_BYTES": ("nvlink_rx_bps", 1.0),
+}
+SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(?:\s+(-?\d+))?\s*$")
+LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+TIME_IN_NAME = re.compile(r"(\d{10}(?:\.\d+)?)")
+
+
+def comment_time(text: str) -> float | None:
+    """`# 2025-07-27T00:34:45Z`, `# 2025-07-27 00:34:45.1`, `# 1753576485.1`, `# time=...` -> unix s."""
+    s = text.lstrip("#").strip()
+    s = s.split("=", 1)[1].strip() if "=" in s and not s.startswith(("HELP", "TYPE")) else s
+    if re.fullmatch(r"\d{9,10}(\.\d+)?", s):
+        return float(s)
+    try:
+        t = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
+def read_dcgm(path: Path, imported: Imported, lines: Lines, host: str | None) -> None:
+    name_time = TIME_IN_NAME.search(path.name)
+    block_time = float(name_time.group(1)) if name_time else None
+    samples: dict[tuple, dict] = {}
+    seen_in_block: set = set()
+    block = 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, start=1):
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("#"):
+                t = comment_time(line)
+                if t is not None:
+                    block_time, seen_in_block, block = t, set(), block + 1
+                continue
+            m = SAMPLE.match(line)
+            if not m:
+                lines.bad(path, lineno, BadLine("line", line, "not a Prometheus sample"))
+                continue
+            metric, labels, value, stamp = m.group(1), dict(LABEL.findall(m.group(3) or "")), m.group(4), m.group(5)
+            if metric not in DCGM_FIELDS:
+                continue
+            try:
+                if "gpu" not in labels:
+                    raise BadLine("gpu", m.group(2) or "", "no gpu label")
+                gpu = int(labels["gpu"])
+                v = float(value)
+                if stamp is not None:
+                    t = int(stamp) / 1000.0
+                elif block_time is not None:
+                    key = (metric, gpu, labels.get("Hostname"))
+                    if key in seen_in_block:  # the same series again: the next scrape (no time of its own)
+                        raise BadLine("timestamp", line, "a second scrape without a time line before it")
+                    seen_in_block.add(key)
+                    t = block_time
+                else:
+                    raise BadLine("timestamp", line, "no trailing timestamp, no time comment before the scrape, "
+                                                     "no unix time in the file name")
+            except (BadLine, ValueError) as exc:
+                lines.bad(path, lineno, exc if isinstance(exc, BadLine) else BadLine(metric, value))
+                continue
+            h = host or labels.get("Hostname") or path.stem
+            col, scale = DCGM_FIELDS[metric]
+            samples.setdefault((h, gpu, t), {})[col] = v * scale
+            if labels.get("modelName"):
+                imported.names[(h, gpu)] = labels["modelName"]
+    if not samples:
+        raise InputError(f"{path}: no DCGM samples (needs DCGM_FI_DEV_POWER_USAGE lines with a gpu label)")
+    for (h, gpu, t), cols in samples.items():
+        power = cols.pop("power_w_instant", None)
+        if power is not None:
+            cols["power_w"] = power
+        imported.add(dict(cols, time=t, host=h, gpu=gpu))
+
+
+# --- Zeus -----------------------------------------------------------------------------------------
+
+ZEUS_TIME = {"time", "timestamp", "t", "unix_time"}
+ZEUS_GPU = re.compile(r"^(?:power[_ ]?)?gpu[_ ]?(\d+)(?:[_ ]?power)?(?:\s*\((m?w)\))?$", re.IGNORECASE)
+
+
+def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index: int) -> None:
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        rows = [(i + 1, r) for i, r in enumerate(csv.reader(f, skipinitialspace=True)) if r]
+    if not rows:
+        raise InputError(f"{path}: empty file")
+    header = [c.strip() for c in rows[0][1]]
+    lower = [c.lower() for c in header]
+    time_col = next((i for i, c in enumerate(lower) if c in ZEUS_TIME), None)
+    gpus: dict[int, tuple[int, float]] = {}
+    for i, c in enumerate(header):
+        m = ZEUS_GPU.match(c)
+        if m:
+            gpus[i] = (int(m.group(1)), 1e-3 if (m.group(2) or "").lower() == "mw" or "mw" in c.lower() else 1.0)
+    if not gpus and "power" in lower:  # legacy zeus_monitor: Time,Power in mW, one GPU per file
+        gpus[lower.index("power")] = (gpu_index, 1e-3)
+    if time_col is None or not gpus:
+        raise InputError(f"{path}: a Zeus power CSV needs a time column ({', '.join(sorted(ZEUS_TIME))}) and "
+                         f"per-GPU power columns (gpu0, gpu1, ... or Power); found {', '.join(header)}")
+    for lineno, cells in rows[1:]:
+        try:
+            if len(cells) != len(header):
+                raise BadLine("line", ",".join(cells), f"{len(cells)} fields, header has {len(header)}")
+            t = parse_zeus_time(cells[time_col])
+            values = {g: (parse_number(header[i], cells[i]), s) for i, (g, s) in gpus.items()}
+        except BadLine as exc:
+            lines.bad(path, lineno, exc)
+            continue
+        for g, (v, scale) in values.items():
+            imported.add({"time": t, "host": host, "gpu": g, "power_w": None if v is None else v * scale})
+
+
+def parse_zeus_time(text: str) -> float:
+    s = text.strip()
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    frac = re.match(r"^(.*\.\d{6})\d+$", s)  # nanosecond digits: datetime takes microseconds
+    try:
+        t = dt.datetime.fromisoformat(frac.group(1) if frac else s)
+    except ValueError:
+        raise BadLine("time", text, "expected unix seconds or e.g. 2022-07-13 02:07:36.708783") from None
+    return (t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
+# --- entry point ----------------------------------------------------------------------------------
+
+
+def import_trace(fmt: str, files: list[Path], host: str | None = None, skip_bad_lines: bool = False,
+                 fields: list[str] | None = None, tz_name: str = "UTC", gpu_index: int = 0) -> tuple[pa.Table, dict]:
+    if fmt not in FORMATS:
+        raise InputError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    try:
+        tz = ZoneInfo(tz_name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InputError(f"--tz {tz_name!r}: not a time zone name (e.g. UTC, Europe/Berlin)") from None
+    imported = Imported()
+    lines = Lines(imported, skip_bad_lines)
+    for path in map(Path, files):
+        if not path.is_file():
+            raise InputError(f"{path}: no such file")
+        if fmt == "nvidia-smi":
+            read_nvidia_smi(path, imported, lines, host or path.stem, tz, fields)
+        elif fmt == "dcgm":
+            read_dcgm(path, imported, lines, host)
+        else:
+            read_zeus(path, imported, lines, host or path.stem, gpu_index)
+    hosts = sorted(set(imported.columns["host"]))
+    meta = {
+        "source": fmt, "files": [os.fspath(f) for f in files], "hosts": hosts,
+        "gpus": [{"host": h, "index": g, "name": n} for (h, g), n in sorted(imported.names.items())],
+        "gpu_index_inferred": imported.index_inferred, "skipped_lines": dict(imported.skipped),
+        "notes": imported.notes, "power_source": "imported",
+    }
+    return imported.table(meta), meta
+
+
+def write_trace(table: pa.Table, out: Path) -> None:
+    with atomic_path(out) as tmp:
+        pq.write_table(table, tmp)
