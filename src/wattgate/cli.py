@@ -148,6 +148,22 @@ def _compare(args, config) -> None:
     print(f"compare: {len(table)} run(s) -> {args.out}/table.csv")
 
 
+def _import_trace(args, config) -> None:
+    from wattgate.telemetry.importers import import_trace, write_trace
+
+    fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
+    table, meta = import_trace(args.source, args.files, args.host, args.skip_bad_lines, fields, args.tz,
+                               args.gpu_index)
+    write_trace(table, args.out)
+    gpus = len({(h, g) for h, g in zip(table["host"].to_pylist(), table["gpu"].to_pylist())})
+    skipped = sum(meta["skipped_lines"].values())
+    print(f"import-trace: {table.num_rows} rows, {gpus} GPU(s) on {len(meta['hosts'])} host(s)"
+          + (f", {skipped} bad line(s) skipped" if skipped else "")
+          + ("; GPU index inferred from sampling bursts" if meta["gpu_index_inferred"] else "") + f" -> {args.out}")
+    for note in meta["notes"]:
+        print(f"import-trace: note: {note}")
+
+
 def _triage(args, config) -> None:
     from wattgate.telemetry.tables import SHIPPED
     from wattgate.telemetry.trace import trace_files
@@ -238,6 +254,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", required=True, nargs="+", type=Path, help="variant folders (config.yaml, train/)")
     p.add_argument("--out", required=True, type=Path)
     p.set_defaults(func=_compare, config=None)
+
+    p = sub.add_parser("import-trace", help="nvidia-smi / DCGM / Zeus logs -> a wattgate trace (for triage, report)")
+    p.add_argument("--from", dest="source", required=True, choices=["nvidia-smi", "dcgm", "zeus"])
+    p.add_argument("files", nargs="+", type=Path, help="log file(s)")
+    p.add_argument("--out", required=True, type=Path, help="trace file (Parquet)")
+    p.add_argument("--host", help="host name for the rows (default: DCGM's Hostname label, else the file name)")
+    p.add_argument("--fields", help="nvidia-smi logs written with noheader: the --query-gpu list, comma-separated")
+    p.add_argument("--tz", default="UTC", help="time zone of nvidia-smi timestamps (default UTC)")
+    p.add_argument("--gpu-index", type=int, default=0, help="GPU of a legacy one-GPU Zeus log (default 0)")
+    p.add_argument("--skip-bad-lines", action="store_true", help="count unreadable lines instead of stopping")
+    p.set_defaults(func=_import_trace, config=None)
 
     p = sub.add_parser("triage", help="label each GPU's 1 s windows: compute/communication/.../deadlock/idle")
     p.add_argument("--config", type=Path, help="run config: table, window and hang limit from it")
