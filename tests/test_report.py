@@ -84,7 +84,7 @@ def h200(tmp_path_factory):
 def cpu_run(tmp_path):
     """The embedded CPU default's shape: an empty trace (no NVML), metrics, heartbeats, TRAINED, watcher."""
     run = tmp_path / "results" / "train" / "demo"
-    TraceWriter(run / "telemetry" / "cpu-host.parquet", {"nvml": "unavailable: no driver", "interval_s": 0.1}).close()
+    TraceWriter(run / "telemetry" / "cpu-host.parquet", {"nvml": "NVML unavailable: no driver", "interval_s": 0.1}).close()
     write_metrics(run)
     write_heartbeats(run)
     (run / "TRAINED").write_text(json.dumps({"device": "cpu", "world_size": 2, "steps": 20, "wall_s": 40.0,
@@ -191,7 +191,7 @@ def test_cpu_run_says_no_gpu_telemetry_and_keeps_every_other_section(cpu_run, tm
     assert s["tokens"] == 40 * 1000 and s["tokens_per_s_per_rank"] == 500.0 and s["tokens_per_s_per_gpu"] is None
     assert s["rank_hours"] == pytest.approx(2 * 40 / 3600, abs=1e-6)
     assert s["phases"]["by_phase"] == {} and s["gate"]["passed"] and s["watcher"]["verdict"] == "healthy"
-    assert s["signals"]["traces"] and not s["signals"]["power"] and s["run"]["nvml"] == "unavailable: no driver"
+    assert s["signals"]["traces"] and not s["signals"]["power"] and s["run"]["nvml"] == "NVML unavailable: no driver"
     page = (tmp_path / "out" / "index.html").read_text()
     text = without_images(page)
     assert ">No GPU telemetry on this host</h2>" in text and "NVML unavailable: no driver" in text

@@ -433,3 +433,39 @@ def train_agreement(phases: pa.Table, run_dir: Path) -> pd.DataFrame:
         rows.append({"part": part, "windows": int(mask.sum()), "agree": float((g == TRAIN_EXPECT[part]).mean()),
                      "read_as": dict(g.value_counts())})
     return pd.DataFrame(rows).set_index("part")
+
+
+# ---------------------------------------------------------------- foreign logs
+
+
+def write_nvidia_smi_csv(synth: SyntheticTrace, path: Path, name: str | None = None, na_every: int = 0,
+                         burst_gap_s: float = 0.002, index: bool = True) -> Path:
+    """The trace as `nvidia-smi --query-gpu=timestamp,index,name,power.draw,utilization.gpu --format=csv -lms 100`
+    writes it: one burst per sample (GPUs in index order, rows `burst_gap_s` apart), values with units, and
+    every `na_every`-th row's power `[N/A]` (0: none). One host; the i-th sample of every GPU is burst i."""
+    import datetime as dt
+
+    df = synth.table.select(["time", "gpu", "power_w", "util_gpu"]).to_pandas().sort_values(["gpu", "time"])
+    per_gpu = df.groupby("gpu")
+    n = int(per_gpu.size().min())
+    gpus = sorted(per_gpu.groups)
+    first = float(df["time"].min())
+    rows = []
+    interval = 1.0 / synth.hz
+    for i in range(n):
+        for g in gpus:
+            rows.append((first + i * interval + g * burst_gap_s, g))
+    power = {g: grp["power_w"].to_numpy()[:n] for g, grp in per_gpu}
+    util = {g: grp["util_gpu"].to_numpy()[:n] for g, grp in per_gpu}
+    device = name or synth.device_name
+    lines = ["timestamp, index, name, power.draw [W], utilization.gpu [%]"]
+    for k, (t, g) in enumerate(rows):
+        i = k // len(gpus)
+        stamp = dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+        p = "[N/A]" if na_every and k % na_every == na_every - 1 else f"{power[g][i]:.2f} W"
+        cells = [stamp] + ([str(g)] if index else []) + [device, p, f"{util[g][i]:.0f} %"]
+        lines.append(", ".join(cells))
+    if not index:
+        lines[0] = lines[0].replace(" index,", "")
+    path.write_text("\n".join(lines) + "\n")
+    return path

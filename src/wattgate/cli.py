@@ -186,8 +186,10 @@ def _triage(args, config) -> None:
 def _report(args, config) -> None:
     from wattgate.report import run_report
 
-    s = run_report(args.run, args.out, power_dir=args.power, gate_dir=args.gate,
-                   config_path=args.report_config)
+    if args.run is None and not args.trace:
+        raise InputError("report: pass --run DIR (a train run) or --trace FILE... (e.g. from wattgate import-trace)")
+    s = run_report(args.run, args.out, power_dir=args.power, gate_dir=args.gate, config_path=args.report_config,
+                   trace_paths=args.trace, gpu_model=args.gpu_model)
     energy = s["energy"]
     kwh = f"{energy['kwh']:.4g} kWh ({energy['method'].replace('_', ' ')})" if energy["kwh"] is not None \
         else "no GPU telemetry"
@@ -280,8 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path)
     p.set_defaults(func=_triage)
 
-    p = sub.add_parser("report", help="summary.json and a self-contained index.html for one training run")
-    p.add_argument("--run", required=True, type=Path, help="train output folder (results/train/<run>)")
+    p = sub.add_parser("report", help="summary.json and a self-contained index.html for a run (or a bare trace)")
+    p.add_argument("--run", type=Path, help="train output folder (results/train/<run>)")
+    p.add_argument("--trace", nargs="+", type=Path,
+                   help="trace file(s) or folder(s): power-only mode, or in place of RUN/telemetry")
+    p.add_argument("--gpu-model", help="a100, h100, h200, b200, b300, for traces that name no GPU")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--power", type=Path, help="triage output (default results/power/<run>; else triage runs here)")
     p.add_argument("--gate", type=Path, help="gate output folder (default results/gate beside results/train)")

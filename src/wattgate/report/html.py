@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from datetime import datetime, timezone
 from html import escape
 
 from wattgate.report.phases import PHASE_COLORS
@@ -152,7 +153,7 @@ def power_section(s: dict, png: bytes | None, panels_shown: int) -> str:
                "the run folder has no telemetry/*.parquet traces.")
         nvml = s["run"].get("nvml")
         if nvml:
-            why += f" The sampler said: NVML {nvml}."
+            why += f" The sampler said: {nvml}."
         body = (f"<p><b>No power, energy or phase data:</b> {escape(why)}</p>"
                 "<p>Every other section below comes from the run's metrics, heartbeats, TRAINED, the gate and "
                 "the watcher and is complete where those exist. Throughput per rank stands in for per GPU.</p>")
@@ -272,12 +273,48 @@ def watcher_section(s: dict) -> str:
     return section("watcher", "Watcher diagnosis", table(["field", "value"], rows))
 
 
+def power_only_section(s: dict) -> str:
+    """The verdict on power alone: the pauses, what was missing, what it could not tell apart, the rule."""
+    po = s.get("power_only")
+    if not po:
+        return ""
+    title = "Power-only verdict" if po["mode"] == "power only" else "Verdict without heartbeats"
+    body = "<ul>" + "".join(f"<li><b>{escape(v)}</b></li>" for v in po["verdict"]) + "</ul>"
+    pauses = s.get("pauses") or []
+    if pauses:
+        rows = [[p["kind"], utc_of(p["start"]), duration(p["start_offset_s"]), duration(p["duration_s"]),
+                 _short_list(p["waiting"]), _short_list(p["idle"]),
+                 "-" if not p["power_w"] else f"{p['power_w'][0]:.0f}-{p['power_w'][1]:.0f}",
+                 fmt(p["util_waiting"], 0, "%"), fmt(p["util_idle"], 0, "%"),
+                 "no: runs to the end of the trace" if p["open"] else "yes"] for p in pauses[:200]]
+        body += table(["pause", "start (UTC)", "from start", "duration", "waiting GPUs", "idle GPUs",
+                       "waiting power (W)", "util waiting", "util idle", "ended"], rows, {2, 3, 6, 7, 8})
+    body += "<h3>Missing signals</h3><ul>" + "".join(f"<li>{escape(m)}</li>" for m in po["missing"]) + "</ul>"
+    body += ("<h3>What it therefore could not tell apart</h3><ul>"
+             + "".join(f"<li>{escape(c)}</li>" for c in po["cannot_tell"]) + "</ul>")
+    body += f'<h3>The wait rule</h3><p id="wait-rule">{escape(po["wait_rule"])}</p>'
+    for imp in po.get("imported") or []:
+        skipped = sum((imp.get("skipped_lines") or {}).values())
+        extra = [f"{skipped} unreadable line(s) skipped"] if skipped else []
+        body += note(f"Imported from {imp['source']}: {imp['file']}. " + " ".join(
+            f"{x}." for x in extra + list(imp.get("notes") or [])))
+    return section("power-only", title, body)
+
+
+def utc_of(t) -> str:
+    return "n/a" if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def inputs_section(s: dict) -> str:
     sig = s["signals"]
     rows = [[k.replace("_", " "), Raw("<b>yes</b>" if v else "no")] for k, v in sorted(sig.items())]
     ck = s["checkpoints"]
     steps = ", ".join(str(x) for x in ck["steps"]) or "none"
-    text = f"Run folder {s['run']['dir']}. Checkpoints kept: {steps}; final export: {'yes' if ck['final'] else 'no'}."
+    if s["run"]["dir"] is None:
+        text = f"No run folder: traces {', '.join(s['run'].get('traces') or [])} only."
+    else:
+        text = (f"Run folder {s['run']['dir']}. Checkpoints kept: {steps}; "
+                f"final export: {'yes' if ck['final'] else 'no'}.")
     return section("inputs", "Inputs", note(text) + table(["input", "present"], rows))
 
 
@@ -287,6 +324,7 @@ def inputs_section(s: dict) -> str:
 def render_page(s: dict, figures: dict[str, bytes | None], panels_shown: int) -> str:
     body = "".join([
         header(s),
+        power_only_section(s),
         power_section(s, figures.get("power"), panels_shown),
         phase_tables(s, figures.get("phase_share")),
         energy_section(s),

@@ -3,6 +3,10 @@
 A missing file becomes a note ("not available: ...") and a None; a file that
 exists but cannot be read is an InputError naming it, because a report built
 on a silently skipped input would be wrong rather than incomplete.
+
+The run may also be bare traces (power-only mode: an imported nvidia-smi,
+DCGM or Zeus log, or a sampler's file) with no run folder: then only the
+traces, and a gate folder or config when given explicitly, are read.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import pyarrow.parquet as pq
 from wattgate.errors import InputError
 from wattgate.telemetry.tables import SHIPPED, load_table_file, resolve_table, shipped_table
 from wattgate.telemetry.trace import TRACE_SCHEMA, read_trace, trace_files, trace_meta
-from wattgate.telemetry.triage import PHASES_SCHEMA, RunInfo, load_run_info, triage
+from wattgate.telemetry.triage import EVENT_COLUMNS, PHASES_SCHEMA, RunInfo, load_run_info, triage
 
 TRACE_COLUMNS = ["time", "host", "gpu", "power_w", "energy_j"]
 METRICS_REQUIRED = ["step", "rank", "time"]
@@ -57,7 +61,7 @@ class Samples:
 
 @dataclass
 class RunInputs:
-    run_dir: Path
+    run_dir: Path | None                         # None: bare traces (power-only mode)
     run_name: str
     config: dict | None = None
     trained: dict | None = None
@@ -75,6 +79,7 @@ class RunInputs:
     phases: pa.Table | None = None
     phases_source: str | None = None
     window_s: float = 1.0
+    deadlock_after_s: float = 60.0
     triage_table: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -291,11 +296,15 @@ def _read_phases(power_dir: Path) -> tuple[pa.Table, float, str | None] | None:
     triage_json = read_json(power_dir / "triage.json") or {}
     window_s = float(meta.get("window_s") or triage_json.get("window_s") or 1.0)
     model = meta.get("gpu_model") or (triage_json.get("table") or {}).get("gpu_model")
-    return table.select(PHASES_SCHEMA.names).cast(PHASES_SCHEMA), window_s, model
+    deadlock_after_s = float(triage_json.get("deadlock_after_s") or 60.0)
+    return table.select(PHASES_SCHEMA.names).cast(PHASES_SCHEMA), window_s, model, deadlock_after_s
 
 
-def _triage_table(config: dict | None, device_names: list[str]):
-    """The table `wattgate triage --config` would pick: telemetry.table, cluster.gpu_model, or the device names."""
+def _triage_table(config: dict | None, device_names: list[str], gpu_model: str | None = None):
+    """The table `wattgate triage --config` would pick: telemetry.table, cluster.gpu_model, or the device names;
+    an explicit gpu_model first (a Zeus log names no device)."""
+    if gpu_model:
+        return resolve_table(None, gpu_model, device_names)
     if config:
         path = (config.get("telemetry") or {}).get("table")
         if path:
@@ -306,18 +315,20 @@ def _triage_table(config: dict | None, device_names: list[str]):
     return resolve_table(None, None, device_names)
 
 
-def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None) -> None:
+def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None, gpu_model: str | None) -> None:
     names = sorted({str(g.get("name")) for m in inputs.trace_metas for g in m.get("gpus", []) if g.get("name")})
     try:
-        table = _triage_table(inputs.config, names)
+        table = _triage_table(inputs.config, names, gpu_model)
     except InputError as exc:
+        if gpu_model:  # asked for by name: a wrong one is the caller's error, not a gap in the run
+            raise
         inputs.note(f"phases not available: triage could not pick a table ({exc})")
         return
     cfg = inputs.config or {}
     window_s = float((cfg.get("telemetry") or {}).get("window_s") or 1.0)
     deadlock_after_s = float((cfg.get("watcher") or {}).get("hang_after_s") or 60.0)
     inputs.phases = triage(trace, table, window_s, deadlock_after_s, info)
-    inputs.window_s = window_s
+    inputs.window_s, inputs.deadlock_after_s = window_s, deadlock_after_s
     inputs.triage_table = table.gpu_model
     inputs.phases_source = (f"in-process triage ({table.gpu_model} table, windows of {window_s:g} s, "
                             f"deadlock after {deadlock_after_s:g} s)")
@@ -326,21 +337,78 @@ def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None)
 # ---------------------------------------------------------------- all inputs
 
 
-def load_inputs(run_dir: str | os.PathLike, power_dir: str | os.PathLike | None = None,
-                gate_dir: str | os.PathLike | None = None, config_path: str | os.PathLike | None = None) -> RunInputs:
+def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike | None = None,
+                gate_dir: str | os.PathLike | None = None, config_path: str | os.PathLike | None = None,
+                trace_paths=None, gpu_model: str | None = None) -> RunInputs:
+    """A run folder's inputs; `trace_paths` (files or telemetry folders) replace its telemetry/, and
+    without a run folder (run_dir None) they are all there is."""
     from wattgate.config import load_config
 
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
+    run_dir = Path(run_dir) if run_dir is not None else None
+    if run_dir is None and not trace_paths:
+        raise InputError("nothing to report on: give a run folder or trace files")
+    if run_dir is not None and not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run folder")
+    traces = None
+    if trace_paths:
+        given = [Path(trace_paths)] if isinstance(trace_paths, (str, os.PathLike)) else [Path(p) for p in trace_paths]
+        traces = [f for p in given for f in (trace_files(p) if p.is_dir() else [p])]
+        if not traces:
+            raise InputError(f"{', '.join(map(str, given))}: no trace files (*.parquet)")
     config = None
-    cfg_path = Path(config_path) if config_path else default_config_path(run_dir)
-    if config_path or cfg_path.is_file():
+    cfg_path = Path(config_path) if config_path else default_config_path(run_dir) if run_dir else None
+    if config_path or (cfg_path is not None and cfg_path.is_file()):
         config = load_config(cfg_path)
-    inputs = RunInputs(run_dir, str((config or {}).get("run_name") or run_dir.name), config=config)
-    if config is None:
+    name = run_dir.name if run_dir else "+".join(p.stem for p in traces)
+    inputs = RunInputs(run_dir, str((config or {}).get("run_name") or name), config=config)
+    if run_dir is None:
+        inputs.note("power-only report: traces without a run folder (no TRAINED, metrics, heartbeats, "
+                    "checkpoints or watcher verdict)")
+    elif config is None:
         inputs.note(f"config not available ({cfg_path} not found): cluster and train settings not shown")
 
+    if run_dir is not None:
+        _read_run_files(inputs, run_dir)
+    gate_dir = Path(gate_dir) if gate_dir else default_gate_dir(run_dir) if run_dir else None
+    if gate_dir is not None:
+        inputs.gate = read_json(gate_dir / "gate.json")
+        if inputs.gate is None:
+            inputs.note(f"gate.json not available (looked in {gate_dir})")
+
+    inputs.trace_paths = traces if traces is not None else trace_files(run_dir / "telemetry")
+    tables = []
+    for path in inputs.trace_paths:
+        t = _read_trace_columns(path, TRACE_COLUMNS)
+        inputs.trace_metas.append(trace_meta(t) or (trace_meta(pq.read_schema(path)) if path.is_file() else {}))
+        tables.append(t)
+    if not inputs.trace_paths:
+        inputs.note("no telemetry traces (telemetry/*.parquet): no power, energy or phases")
+    inputs.samples = read_samples(tables)
+
+    if run_dir is not None:
+        info = load_run_info(run_dir, inputs.trace_metas)
+        if not info.has_heartbeats:
+            inputs.note("no heartbeats: checkpoint intervals and rank placement not shown")
+    else:  # nothing recorded beside the traces: triage runs on power alone
+        info = RunInfo(pd.DataFrame(columns=EVENT_COLUMNS), {}, None, source="")
+    inputs.events, inputs.states, inputs.run_info = info.events, info.states, info
+
+    power_dir = Path(power_dir) if power_dir else default_power_dir(run_dir) if run_dir else None
+    found = _read_phases(power_dir) if power_dir else None
+    if found is not None:
+        inputs.phases, inputs.window_s, inputs.triage_table, inputs.deadlock_after_s = found
+        inputs.phases_source = str(power_dir / "phases.parquet")
+    elif inputs.samples.rows:
+        # triage reads utilization too; only this path needs it, so it is read only here
+        trace = pa.concat_tables([_read_trace_columns(p, ["time", "host", "gpu", "power_w", "util_gpu"])
+                                  .cast(pa.schema([TRACE_SCHEMA.field(c) for c in
+                                                   ("time", "host", "gpu", "power_w", "util_gpu")]))
+                                  for p in inputs.trace_paths])
+        _triage_in_process(inputs, trace, info if run_dir is not None else None, gpu_model)
+    return inputs
+
+
+def _read_run_files(inputs: RunInputs, run_dir: Path) -> None:
     inputs.trained = read_json(run_dir / "TRAINED")
     if inputs.trained is None:
         inputs.note("TRAINED not available: the run did not finish, or this is not a run folder; "
@@ -351,38 +419,5 @@ def load_inputs(run_dir: str | os.PathLike, power_dir: str | os.PathLike | None 
     inputs.watcher = read_json(run_dir / "watcher.json")
     if inputs.watcher is None:
         inputs.note("watcher.json not available: no hang watcher verdict")
-    gate_dir = Path(gate_dir) if gate_dir else default_gate_dir(run_dir)
-    inputs.gate = read_json(gate_dir / "gate.json")
-    if inputs.gate is None:
-        inputs.note(f"gate.json not available (looked in {gate_dir})")
     inputs.checkpoints = checkpoint_steps(run_dir / "checkpoints")
     inputs.has_final = (run_dir / "final").is_dir()
-
-    inputs.trace_paths = trace_files(run_dir / "telemetry")
-    tables = []
-    for path in inputs.trace_paths:
-        t = _read_trace_columns(path, TRACE_COLUMNS)
-        inputs.trace_metas.append(trace_meta(t) or (trace_meta(pq.read_schema(path)) if path.is_file() else {}))
-        tables.append(t)
-    if not inputs.trace_paths:
-        inputs.note("no telemetry traces (telemetry/*.parquet): no power, energy or phases")
-    inputs.samples = read_samples(tables)
-
-    info = load_run_info(run_dir, inputs.trace_metas)
-    inputs.events, inputs.states, inputs.run_info = info.events, info.states, info
-    if not info.has_heartbeats:
-        inputs.note("no heartbeats: checkpoint intervals and rank placement not shown")
-
-    power_dir = Path(power_dir) if power_dir else default_power_dir(run_dir)
-    found = _read_phases(power_dir) if power_dir else None
-    if found is not None:
-        inputs.phases, inputs.window_s, inputs.triage_table = found
-        inputs.phases_source = str(power_dir / "phases.parquet")
-    elif inputs.samples.rows:
-        # triage reads utilization too; only this path needs it, so it is read only here
-        trace = pa.concat_tables([_read_trace_columns(p, ["time", "host", "gpu", "power_w", "util_gpu"])
-                                  .cast(pa.schema([TRACE_SCHEMA.field(c) for c in
-                                                   ("time", "host", "gpu", "power_w", "util_gpu")]))
-                                  for p in inputs.trace_paths])
-        _triage_in_process(inputs, trace, info)
-    return inputs

@@ -1,9 +1,10 @@
-"""`wattgate report`: one run's folder (plus its triage and gate outputs) -> summary.json and index.html."""
+"""`wattgate report`: a run folder (plus its triage and gate outputs), or bare traces -> summary.json, index.html."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterable
 
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.report.figures import MAX_PANELS, render_all
@@ -11,17 +12,26 @@ from wattgate.report.html import render_page
 from wattgate.report.inputs import load_inputs
 from wattgate.report.summary import Analysis, analyze, step_table
 
+PathLike = str | os.PathLike
 
-def summarize(run_dir: str | os.PathLike, power_dir: str | os.PathLike | None = None,
-              gate_dir: str | os.PathLike | None = None, config_path: str | os.PathLike | None = None) -> Analysis:
+
+def summarize(run_dir: PathLike | None, power_dir: PathLike | None = None, gate_dir: PathLike | None = None,
+              config_path: PathLike | None = None, trace_paths: Iterable[PathLike] | None = None,
+              gpu_model: str | None = None) -> Analysis:
     """Read every input and compute the numbers (no figures, nothing written)."""
-    return analyze(load_inputs(run_dir, power_dir, gate_dir, config_path))
+    return analyze(load_inputs(run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model))
 
 
-def run_report(run_dir: str | os.PathLike, out_dir: str | os.PathLike, power_dir: str | os.PathLike | None = None,
-               gate_dir: str | os.PathLike | None = None, config_path: str | os.PathLike | None = None) -> dict:
-    """Write out_dir/summary.json and out_dir/index.html; return the summary."""
-    analysis = summarize(run_dir, power_dir, gate_dir, config_path)
+def run_report(run_dir: PathLike | None, out_dir: PathLike, power_dir: PathLike | None = None,
+               gate_dir: PathLike | None = None, config_path: PathLike | None = None,
+               trace_paths: Iterable[PathLike] | None = None, gpu_model: str | None = None) -> dict:
+    """Write out_dir/summary.json and out_dir/index.html; return the summary.
+
+    `trace_paths` (trace files or folders of them) replace run_dir/telemetry; with run_dir None they are
+    the whole input (power-only mode: no metrics, heartbeats, TRAINED or watcher; a gate or config only
+    when given, phases from power_dir when given, else triage runs in process on power alone).
+    `gpu_model` picks the triage table for in-process triage when the traces name no device (Zeus)."""
+    analysis = summarize(run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model)
     figures = render_all(analysis, step_table(analysis.inputs.metrics))
     page = render_page(analysis.summary, figures, min(MAX_PANELS, analysis.summary["gpus"]))
     out_dir = Path(out_dir)

@@ -17,6 +17,7 @@ from wattgate.report import anomalies as an
 from wattgate.report.energy import GpuEnergy, gpu_energy
 from wattgate.report.inputs import RunInputs
 from wattgate.report.phases import PhaseWindows, phase_windows, totals
+from wattgate.telemetry import power_only
 from wattgate.telemetry.triage import LABELS, map_ranks
 
 FORMAT_VERSION = 1
@@ -250,9 +251,12 @@ def analyze(inputs: RunInputs) -> Analysis:
         r["start_offset_s"] = num(r["start"] - t0, 3) if t0 is not None else None
         r["start_utc"] = utc(r["start"])
     trained = inputs.trained or {}
+    sig = signals(inputs, energy, w)
+    found = power_only.pauses(inputs.phases)
     summary = {
         "format_version": FORMAT_VERSION,
-        "run": {"name": inputs.run_name, "dir": str(inputs.run_dir), "start": num(t0, 3), "start_utc": utc(t0)}
+        "run": {"name": inputs.run_name, "dir": str(inputs.run_dir) if inputs.run_dir is not None else None,
+                "traces": [str(p) for p in inputs.trace_paths], "start": num(t0, 3), "start_utc": utc(t0)}
         | device_of(inputs),
         **thr,
         "gpus": gpus,
@@ -267,16 +271,37 @@ def analyze(inputs: RunInputs) -> Analysis:
         "gate": gate_section(inputs.gate),
         "watcher": watcher_section(inputs.watcher),
         "checkpoints": {"steps": inputs.checkpoints, "final": inputs.has_final},
-        "signals": signals(inputs, energy, w),
+        "signals": sig,
+        "pauses": [p.record(t0) for p in found],
+        "power_only": power_only_section(inputs, sig, found, t0),
         "notes": list(inputs.notes),
     }
     return Analysis(inputs, energy, w, t0, t1, summary)
 
 
+def power_only_section(inputs: RunInputs, sig: dict, found: list, t0: float | None) -> dict | None:
+    """Without heartbeats the pauses rest on power alone: what was missing, what could not be told
+    apart, the wait rule, the verdict, and where an imported trace came from."""
+    if sig["heartbeats"] or not sig["phases"]:
+        return None
+    keys = ("heartbeats", "metrics", "util", "gate", "watcher", "energy_counter", "trained", "config")
+    inferred = any(m.get("gpu_index_inferred") for m in inputs.trace_metas)
+    out = power_only.limits({k: sig[k] for k in keys}, inputs.deadlock_after_s, inferred)
+    out["verdict"] = power_only.verdict(found, t0, inputs.window_s)
+    out["deadlock_after_s"] = inputs.deadlock_after_s
+    out["imported"] = [{"file": str(p), "source": m.get("source"), "notes": list(m.get("notes") or []),
+                        "skipped_lines": m.get("skipped_lines") or {},
+                        "gpu_index_inferred": bool(m.get("gpu_index_inferred"))}
+                       for p, m in zip(inputs.trace_paths, inputs.trace_metas) if m.get("power_source") == "imported"]
+    return out
+
+
 def signals(inputs: RunInputs, energy: GpuEnergy | None, w: PhaseWindows) -> dict:
+    util = inputs.phases is not None and inputs.phases.num_rows > inputs.phases.column("util_gpu").null_count
     return {
         "traces": bool(inputs.trace_paths),
         "power": energy is not None,
+        "util": bool(util),
         "energy_counter": bool(inputs.samples is not None and any(len(x.energy_pos) for x in inputs.samples.series)),
         "phases": bool(len(w)),
         "metrics": inputs.metrics is not None,

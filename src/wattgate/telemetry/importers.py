@@ -166,7 +166,7 @@ def read_nvidia_smi(path: Path, imported: Imported, lines: Lines, host: str, tz,
         try:
             if len(cells) != len(header):
                 raise BadLine("line", ",".join(cells), f"{len(cells)} fields, header has {len(header)}")
-            if smi_header(cells) == header:
+            if cells[0].strip().lower().startswith(header[0]) and smi_header(cells) == header:
                 continue  # a repeated header (a log restarted into the same file)
             rec = {"time": parse_smi_time(cells[columns["time"]], tz)}
             for col, i in columns.items():

@@ -80,7 +80,7 @@ def run_sampler(out: str, interval_s: float = 0.1, flush_every_s: float = 2.0, c
         source = NvmlSource()
     except NvmlUnavailable as exc:
         print(f"sample: no GPU telemetry on this host ({exc}); writing an empty trace to {path}", flush=True)
-        TraceWriter(path, {"nvml": f"unavailable: {exc}", "interval_s": interval_s}).close()
+        TraceWriter(path, {"nvml": str(exc), "interval_s": interval_s}).close()
         return _run_plain(command, flag)
     meta = source.meta(interval_s)
     writer = TraceWriter(path, meta, flush_every_s=flush_every_s)

@@ -39,10 +39,30 @@ Rules, in order (each sees the labels the earlier ones left):
      idle_w + 30% of (low_max_w - idle_w), else a wait.
 3. Majority filter: a window takes the most common class among itself and
    the 2 known windows on each side on its GPU; a tie keeps its own class.
-4. Waits: a contiguous wait shorter than deadlock_after_s is communication (a
-   sync wait). A longer one is checkpoint if compute, communication or data
-   starvation resumes on that GPU within deadlock_after_s after it (a peer was
-   checkpointing), else deadlock (it never ended, or the job died after it).
+4. Waits (the power-only wait rule). A contiguous wait *ends* when compute,
+   communication or data starvation resumes on that GPU within
+   deadlock_after_s after it; one that does not end is deadlock if it lasted
+   deadlock_after_s (it never ended, or the job died after it), else
+   communication (a trace that stops seconds into a wait proves nothing). A
+   wait that ends is checkpoint if it lasted deadlock_after_s (a peer was
+   checkpointing). A shorter one is communication (a sync wait: a straggler,
+   a slow collective) unless it lasted at least 10 s (CHECKPOINT_MIN_S) and
+   its episode (the ended waits of all GPUs of the input that overlap in time,
+   3 windows of slack) shows a checkpoint, by either of:
+   - the idle rank: a GPU that is not waiting in the episode is idle or
+     low-util for at least half of it, in one stretch that follows activity
+     (or a wait), is followed by activity (or a wait), and ends within 3
+     windows of the episode's end: the writer, whom the others wait for in a
+     collective (~100% utilization at near-idle power) until it comes back;
+   - periodicity: its own length is within x1.5 (LENGTH_RATIO) of at least 3
+     other episodes' (>= 10 s, long ones included), and of the intervals
+     between the starts of these consecutive similar episodes at least 3, and
+     at least half, are within 20% (PERIOD_TOLERANCE) of their median, one of
+     them next to it (a checkpoint every N steps). Three pauses are not a
+     series: two random intervals agree that well too often.
+   So a wait that never ends stays deadlock however many ranks sit idle in it
+   or however regular the pauses before it were; a wait of a few seconds, or
+   one with no idle rank that does not recur, stays communication.
 5. Peers (every GPU of the input, windows matched by time): a run of idle or
    low-util windows on a GPU that was active before it
    - with activity after it, overlapping peers' checkpoint waits for at least
@@ -86,7 +106,12 @@ Without metrics, a step held back by the host (a small model: launch-bound
 kernels at mid power and ~50% utilization) and a step starved by its data
 loader look alike: both read data_starvation. Only the run's data_wait_s
 tells them apart (rule 6). Likewise a checkpoint written by the only GPU of a
-job looks idle without heartbeats: no peer waits at low power for it.
+job looks idle without heartbeats: no peer waits at low power for it. And rule
+4 calls any ended pause of >= 10 s with one rank idle, or any regular series of
+them, a checkpoint: a rank held that long by other host work (a stalled data
+loader, evaluation on the CPU, a periodic upload) reads the same; a checkpoint
+shorter than 10 s, or a single one whose writer's GPU is not in the input,
+reads communication. Heartbeat events settle both (rule 6).
 
 Confidence: 0 for unknown, 1 for run-info labels; otherwise the distance of
 P from the nearest band edge in units of 2.5 margins (capped at 1), for
@@ -140,6 +165,10 @@ SMOOTH_RADIUS = 2        # majority filter and power median: windows on each sid
 SPARSE_SAMPLES = 2.5     # samples per window at or below which single empty windows are grid jitter
 PEER_SLACK = 3           # windows of slack around peers' waits when matching the stuck rank
 COVER_SHARE = 0.5        # share of a window inside a heartbeat interval that makes it count
+CHECKPOINT_MIN_S = 10.0  # a shorter pause is a sync wait, whatever its peers do
+PERIODIC_MIN = 4         # pauses in a series before it counts as periodic (3 match by chance too often)
+PERIOD_TOLERANCE = 0.2   # start-to-start interval within this share of the series' median
+LENGTH_RATIO = 1.5       # pauses of "similar length" are within this factor of each other
 _COUNT_SHIFT = float(1 << 26)  # packs high- and low-band sample counts into one bincount pass
 
 
@@ -569,6 +598,80 @@ def _resolve_waits(cls, index, gpu, ngpu, window_s, deadlock_after_s) -> np.ndar
     return out
 
 
+def _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s) -> np.ndarray:
+    """Rule 4, second half: a pause shorter than deadlock_after_s that shows a checkpoint (an idle
+    writer, or a periodic series) becomes checkpoint instead of communication."""
+    out = cls.copy()
+    starts, ends = _runs(smooth, gpu)
+    waits = smooth[starts] == WAIT
+    s, e = starts[waits], ends[waits]
+    if len(s) == 0:
+        return out
+    n = len(smooth)
+    gs, ge = _bounds(gpu, ngpu)
+    length = (index[e - 1] + 1 - index[s]) * window_s
+    # "ended" exactly as rule 4 measures it, so long pauses (already checkpoint) join the series
+    nxt = _next_true(np.isin(smooth, ACTIVE))
+    after = nxt[np.minimum(e, n - 1)]
+    resumes = (e < n) & (after < ge[gpu[s]])
+    gap = (index[np.minimum(after, n - 1)] - index[e - 1] - 1) * window_s
+    member = (length >= CHECKPOINT_MIN_S) & resumes & (gap < deadlock_after_s)
+    if not member.any():
+        return out
+    s, e = s[member], e[member]
+    a, b, g = index[s], index[e - 1] + 1, gpu[s]
+
+    # episodes: the pauses of every GPU that overlap in time (peers enter and leave a collective a
+    # window or two apart)
+    order = np.argsort(a, kind="stable")
+    a, b, g, s, e = a[order], b[order], g[order], s[order], e[order]
+    reach = np.maximum.accumulate(b)
+    new = np.ones(len(a), dtype=bool)
+    new[1:] = a[1:] > reach[:-1] + PEER_SLACK
+    ep = np.cumsum(new) - 1
+    ep_a = np.minimum.reduceat(a, np.flatnonzero(new))
+    ep_b = np.maximum.reduceat(b, np.flatnonzero(new))
+    nep = len(ep_a)
+
+    # the idle rank: a quiet stretch (idle or low-util) between activity on a GPU that is not pausing,
+    # ending with the episode (the others block until the writer comes back)
+    quiet = np.isin(smooth, (IDLE, LOW_UTIL))
+    qs, qe = _runs(quiet, gpu)
+    keep = quiet[qs]
+    qs, qe = qs[keep], qe[keep]
+    busy_or_wait = np.isin(smooth, ACTIVE + (WAIT,))
+    before = (qs > gs[gpu[qs]]) & busy_or_wait[np.maximum(qs - 1, 0)]
+    after_ok = (qe < ge[gpu[qs]]) & busy_or_wait[np.minimum(qe, n - 1)]
+    keep = before & after_ok & ((index[qe - 1] + 1 - index[qs]) * window_s >= 0.5 * CHECKPOINT_MIN_S)
+    qa, qb, qg = index[qs[keep]], index[qe[keep] - 1] + 1, gpu[qs[keep]]
+    writer = np.zeros(nep, dtype=bool)
+    for k in range(nep if len(qa) else 0):
+        overlap = np.minimum(qb, ep_b[k]) - np.maximum(qa, ep_a[k])
+        pausing = np.isin(qg, g[ep == k])
+        writer[k] = bool((~pausing & (overlap >= 0.5 * (ep_b[k] - ep_a[k]))
+                          & (np.abs(qb - ep_b[k]) <= PEER_SLACK)).any())
+
+    # periodicity: pauses of similar length at a regular interval (a checkpoint every N steps)
+    periodic = np.zeros(nep, dtype=bool)
+    ep_len = (ep_b - ep_a).astype(np.float64)
+    for k in range(nep):
+        similar = np.flatnonzero((ep_len <= LENGTH_RATIO * ep_len[k]) & (ep_len * LENGTH_RATIO >= ep_len[k]))
+        if len(similar) < PERIODIC_MIN:
+            continue
+        intervals = np.diff(ep_a[similar]).astype(np.float64)
+        regular = np.abs(intervals - np.median(intervals)) <= PERIOD_TOLERANCE * np.median(intervals)
+        at = int(np.searchsorted(similar, k))
+        own = (at > 0 and regular[at - 1]) or (at < len(intervals) and regular[at])
+        # most intervals regular: random stragglers' waits put ~15% of theirs within 20% of the median
+        periodic[k] = bool(own) and regular.sum() >= max(PERIODIC_MIN - 1, 0.5 * len(intervals))
+
+    hit = (writer | periodic)[ep]
+    if hit.any():
+        pos = _ranges(s[hit], e[hit])
+        out[pos[out[pos] == COMMUNICATION]] = CHECKPOINT
+    return out
+
+
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Concatenated aranges [starts[i], ends[i])."""
     lens = ends - starts
@@ -741,6 +844,7 @@ def triage(trace, table: TriageTable, window_s: float = 1.0, deadlock_after_s: f
     smooth = _majority(raw, gpu, ngpu, SMOOTH_RADIUS)
     from_wait = smooth == WAIT
     cls = _resolve_waits(smooth, index, gpu, ngpu, window_s, deadlock_after_s)
+    cls = _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s)
     cls = _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s)
 
     conf = _confidence(p, u, high, low, osc, raw, smooth, cls, table)
@@ -824,6 +928,12 @@ def _markdown(result: dict, summary: pd.DataFrame) -> str:
     pivot = summary.pivot_table(index=["host", "gpu"], columns="phase", values="share", fill_value=0.0)
     for (host, gpu), row in pivot.iterrows():
         lines.append(f"| {host} | {gpu} | " + " | ".join(f"{100 * row.get(ph, 0.0):.1f}%" for ph in LABELS) + " |")
+    po = result.get("power_only")
+    if po:
+        lines += ["", f"## Power-only verdict ({po['mode']})", ""] + [f"- {v}" for v in po["verdict"]]
+        lines += ["", "Missing: " + "; ".join(po["missing"]) + "." if po["missing"] else "Missing: nothing.", "",
+                  "Could therefore not tell apart:", ""] + [f"- {c}" for c in po["cannot_tell"]]
+        lines += ["", po["wait_rule"]]
     return "\n".join(lines) + "\n"
 
 
@@ -873,6 +983,17 @@ def run_triage(trace_paths, out_dir, table_path: str | None = None, gpu_model: s
                     "heartbeats": bool(info and info.has_heartbeats), "metrics": bool(info and info.has_metrics)},
         "phases": _totals(summary),
     }
+    # without heartbeats the pauses rest on power alone (rule 4): say what was missing and how they were read
+    from wattgate.telemetry import power_only
+
+    found = power_only.pauses(phases)
+    t0 = float(pc.min(phases.column("start")).as_py()) if phases.num_rows else None
+    result["pauses"] = [p.record(t0) for p in found]
+    result["power_only"] = None
+    if not result["signals"]["heartbeats"] and not empty:
+        inferred = any(m.get("gpu_index_inferred") for m in metas)
+        result["power_only"] = power_only.limits(result["signals"], deadlock_after_s, inferred) | {
+            "verdict": power_only.verdict(found, t0, window_s)}
     if info is not None and not empty:
         keys = [(h, int(g)) for h, g in summary[["host", "gpu"]].drop_duplicates().itertuples(index=False)]
         mapped = map_ranks(info, keys)

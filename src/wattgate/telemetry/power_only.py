@@ -1,0 +1,238 @@
+"""Power-only verdicts: the low-power pauses of a triaged trace in words, and what a trace alone cannot say.
+
+Built from phases windows only (phases.parquet), so `wattgate triage` and
+`wattgate report` say the same whether triage ran in process or earlier.
+
+A pause is an episode of checkpoint or deadlock windows: the runs of that
+phase on every GPU (gaps of up to 2 windows do not split a run) that overlap
+in time (3 windows of slack) make one. In it, a GPU whose windows average at
+least 50% utilization was waiting (spinning in a collective); one below was
+the idle rank (the checkpoint writer, or the stuck rank of a hang). A pause
+is open when it reaches the last window of the trace: it never ended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from wattgate.telemetry.triage import CHECKPOINT_MIN_S, LENGTH_RATIO, PERIOD_TOLERANCE, PERIODIC_MIN
+
+WAITING_UTIL = 50.0   # mean utilization in a pause above which a GPU was waiting, below which it was the idle one
+RUN_GAP = 2           # windows of another label that do not split a GPU's run
+EPISODE_SLACK = 3     # windows between GPUs' runs that still make one pause
+
+
+@dataclass
+class Pause:
+    kind: str                 # checkpoint | deadlock
+    start: float
+    end: float
+    waiting: list[str]        # host:gpu spinning at low power
+    idle: list[str]           # host:gpu near 0% utilization
+    power_w: tuple[float, float] | None   # range of the waiting GPUs' mean power
+    util_waiting: float | None
+    util_idle: float | None
+    open: bool                # reaches the end of the trace
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    def record(self, t0: float | None) -> dict:
+        def r(x, d=3):
+            return None if x is None else round(float(x), d)
+
+        return {"kind": self.kind, "start": r(self.start), "end": r(self.end), "duration_s": r(self.seconds),
+                "start_offset_s": r(self.start - t0) if t0 is not None else None,
+                "waiting": self.waiting, "idle": self.idle,
+                "power_w": [r(x, 1) for x in self.power_w] if self.power_w else None,
+                "util_waiting": r(self.util_waiting, 1), "util_idle": r(self.util_idle, 1), "open": self.open}
+
+
+def pauses(phases: pa.Table | None) -> list[Pause]:
+    """Checkpoint and deadlock episodes of a phases table, in time order."""
+    if phases is None or phases.num_rows == 0:
+        return []
+    cols = phases.select(["host", "gpu", "start", "end", "phase", "power_w", "util_gpu"]).to_pandas()
+    cols = cols.sort_values(["host", "gpu", "start"], kind="stable", ignore_index=True)
+    window = float((cols["end"] - cols["start"]).median())
+    last_end = float(cols["end"].max())
+    label = (cols["host"].astype(str) + ":" + cols["gpu"].astype(str)).to_numpy()
+    out = []
+    for kind in ("checkpoint", "deadlock"):
+        sel = cols[cols["phase"] == kind]
+        if sel.empty:
+            continue
+        lab, s, e = label[sel.index], sel["start"].to_numpy(), sel["end"].to_numpy()
+        new = np.ones(len(sel), dtype=bool)
+        new[1:] = (lab[1:] != lab[:-1]) | (s[1:] - e[:-1] > RUN_GAP * window + 1e-9)
+        run = np.cumsum(new) - 1
+        first, last = np.flatnonzero(new), np.append(np.flatnonzero(new)[1:] - 1, len(sel) - 1)
+        rs, re_, rl = s[first], e[last], lab[first]
+        order = np.argsort(rs, kind="stable")
+        reach = np.maximum.accumulate(re_[order])
+        ep_new = np.ones(len(order), dtype=bool)
+        ep_new[1:] = rs[order][1:] > reach[:-1] + EPISODE_SLACK * window
+        episode = np.empty(len(order), np.int64)
+        episode[order] = np.cumsum(ep_new) - 1
+        window_episode = episode[run]
+        power, util = sel["power_w"].to_numpy(float), sel["util_gpu"].to_numpy(float)
+        for k in range(int(episode.max()) + 1):
+            mine = window_episode == k
+            a, b = float(rs[episode == k].min()), float(re_[episode == k].max())
+            per = {}
+            for g in np.unique(lab[mine]):
+                m = mine & (lab == g)
+                per[str(g)] = (np.nanmean(power[m]) if np.isfinite(power[m]).any() else np.nan,
+                               np.nanmean(util[m]) if np.isfinite(util[m]).any() else np.nan)
+            # without utilization no GPU can be told waiting from idle: all count as waiting
+            waiting = sorted((g for g, (_, u) in per.items() if not u < WAITING_UTIL), key=_gpu_order)
+            idle = sorted((g for g, (_, u) in per.items() if u < WAITING_UTIL), key=_gpu_order)
+            wp = [per[g][0] for g in waiting if np.isfinite(per[g][0])]
+            out.append(Pause(kind, a, b, waiting, idle, (min(wp), max(wp)) if wp else None,
+                             _mean([per[g][1] for g in waiting]), _mean([per[g][1] for g in idle]),
+                             b >= last_end - EPISODE_SLACK * window))
+    return sorted(out, key=lambda p: (p.start, p.kind))
+
+
+def _mean(xs) -> float | None:
+    xs = [x for x in xs if np.isfinite(x)]
+    return float(np.mean(xs)) if xs else None
+
+
+def _gpu_order(label: str) -> tuple[str, int]:
+    host, _, gpu = label.rpartition(":")
+    return host, int(gpu) if gpu.isdigit() else -1
+
+
+def clock(s: float) -> str:
+    """Seconds as 42 s, 2:05 min or 1:02:03 h."""
+    s = float(s)
+    if s < 100:
+        return f"{s:.0f} s"
+    h, rem = divmod(int(round(s)), 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d} h" if h else f"{m}:{sec:02d} min"
+
+
+def span(a: float, b: float) -> str:
+    """A range of durations in one unit where they share it: 25-36 s, 2:25-2:33 min."""
+    lo, hi = clock(a), clock(b)
+    if lo == hi:
+        return lo
+    unit_lo, unit_hi = lo.rsplit(" ", 1)[1], hi.rsplit(" ", 1)[1]
+    return f"{lo.rsplit(' ', 1)[0]}-{hi}" if unit_lo == unit_hi else f"{lo}-{hi}"
+
+
+def _gpus(labels: list[str], limit: int = 4) -> str:
+    shown = ", ".join(labels[:limit])
+    return shown + (f" and {len(labels) - limit} more" if len(labels) > limit else "")
+
+
+def _who(p_list: list[Pause]) -> str:
+    """'GPU node0:0 idle (~4% util) while 7 GPUs waited at 131-152 W, ~99% util' over a set of pauses."""
+    idle = sorted({g for p in p_list for g in p.idle}, key=_gpu_order)
+    waiting = {g for p in p_list for g in p.waiting}
+    lo = [p.power_w[0] for p in p_list if p.power_w]
+    hi = [p.power_w[1] for p in p_list if p.power_w]
+    u_wait = _mean([p.util_waiting for p in p_list if p.util_waiting is not None])
+    u_idle = _mean([p.util_idle for p in p_list if p.util_idle is not None])
+    parts = []
+    if idle:
+        parts.append(f"GPU {_gpus(idle)} idle" + (f" (~{u_idle:.0f}% util)" if u_idle is not None else ""))
+    if u_wait is None and u_idle is None:
+        watts = f" at {min(lo):.0f}-{max(hi):.0f} W" if lo else ""
+        return f"{len(waiting)} GPU(s){watts} (no utilization in the trace: waiting and idle ranks not told apart)"
+    spin = f"{len(waiting)} GPU(s) waited"
+    if lo:
+        spin += f" at {min(lo):.0f}-{max(hi):.0f} W"
+    if u_wait is not None:
+        spin += f", ~{u_wait:.0f}% util"
+    parts.append(spin)
+    return " while ".join(parts) if idle else parts[0]
+
+
+def verdict(found: list[Pause], t0: float | None, window_s: float = 1.0) -> list[str]:
+    """One line for the checkpoints (a series when they recur), one per hang."""
+    lines = []
+    ck = [p for p in found if p.kind == "checkpoint"]
+    if ck:
+        lengths = [p.seconds for p in ck]
+        text = f"{len(ck)} checkpoint pause(s), {span(min(lengths), max(lengths))} each"
+        if len(ck) >= 2:
+            gaps = np.diff([p.start for p in ck])
+            text += f", every ~{clock(float(np.median(gaps)))}"
+            if len(gaps) >= 2:
+                text += f" (intervals {span(gaps.min(), gaps.max())})"
+        first = f"; first at +{clock(ck[0].start - t0)}" if t0 is not None else ""
+        lines.append(f"{text}{first}: {_who(ck)}. Each ended (work resumed): checkpoint, not a hang.")
+    for p in found:
+        if p.kind != "deadlock":
+            continue
+        at = f" at +{clock(p.start - t0)}" if t0 is not None else ""
+        end = (f"{clock(p.seconds)} to the end of the trace: it never ended" if p.open
+               else f"{clock(p.seconds)}, then no work resumed (the job was killed or died)")
+        lines.append(f"Deadlock{at}, {end}. {_who([p])}.")
+    if not lines:
+        lines.append("No low-power pause labelled checkpoint or deadlock.")
+    return lines
+
+
+# ---------------------------------------------------------------- what a trace alone cannot say
+
+SIGNALS = {  # signal -> what it would have added
+    "heartbeats": "heartbeats (rank progress, checkpoint events, which rank ran on which GPU)",
+    "metrics": "metrics (step times, data wait, tokens, loss)",
+    "util": "GPU utilization (waits told from idle by power alone)",
+    "gate": "the invariant gate (were the step counts equal on every rank?)",
+    "watcher": "the hang watcher's verdict (stuck ranks, when it acted)",
+    "energy_counter": "the NVML energy counter (energy integrated from power samples instead)",
+    "trained": "the run summary TRAINED (wall time, MFU)",
+    "config": "the run config (cluster and train settings)",
+}
+
+
+def wait_rule(deadlock_after_s: float) -> str:
+    dl = f"{deadlock_after_s:g} s"
+    return (f"Power-only wait rule: a low-power wait at ~100% utilization (a kernel spinning in a collective) "
+            f"that never ends (no compute, communication or data starvation resumes on that GPU within {dl}) "
+            f"and lasts {dl} (deadlock_after_s) is a deadlock. A wait that ends is a checkpoint if it lasted "
+            f"{dl}, or if it lasted at least {CHECKPOINT_MIN_S:g} s and either one GPU sat idle (near 0% "
+            "utilization) through it while the others spun, coming back as they did (the rank writing the "
+            f"checkpoint), or it recurs: at least {PERIODIC_MIN} pauses of similar length (within "
+            f"x{LENGTH_RATIO:g}) at a regular interval (most intervals within {100 * PERIOD_TOLERANCE:.0f}% of their "
+            "median). Any other wait is communication (a sync wait: a "
+            f"straggler, a slow collective). So a periodic checkpoint of tens of seconds, shorter than {dl}, is "
+            "a checkpoint, and a wait that never ends is a deadlock however many ranks sit idle in it.")
+
+
+def limits(signals: dict, deadlock_after_s: float, index_inferred: bool = False) -> dict:
+    """Missing signals (those in `signals` that are False) and what the triage therefore could not tell apart."""
+    missing = [text for key, text in SIGNALS.items() if key in signals and not signals[key]]
+    beats, metrics = signals.get("heartbeats", False), signals.get("metrics", False)
+    cannot = []
+    if not beats and not metrics:
+        cannot.append("a host-bound step (launch-bound small kernels, ~50% utilization) from a data-starved "
+                      "one: both read data_starvation")
+    if not beats:
+        dl = f"{deadlock_after_s:g} s"
+        cannot += [
+            "a checkpoint written by the only GPU of a job from idle (no peer waits for it), and a single "
+            f"checkpoint shorter than {dl} whose writer's GPU is not in the trace from a sync wait",
+            f"a checkpoint from any other pause of >= {CHECKPOINT_MIN_S:g} s with one rank idle or in a regular "
+            "series (a stalled data loader, evaluation on the host, a periodic upload)",
+            f"a hang killed and restarted within {dl} from a long checkpoint",
+            f"a hang still under {dl} when the trace ends from a sync wait (it reads communication)",
+            "which rank ran on which GPU: GPUs are named host:index",
+        ]
+    if "util" in signals and not signals["util"]:
+        cannot.append("a spinning wait from an idle GPU except by power (a low-band window more than 30% of "
+                      "the band above idle_w counts as a wait); the waiting and the idle rank of a pause")
+    if index_inferred:
+        cannot.append("which physical GPU a row came from: the GPU index was inferred from the row order in "
+                      "each nvidia-smi sampling burst")
+    mode = "power only" if not beats and not metrics else ("no heartbeats" if not beats else "run info")
+    return {"mode": mode, "missing": missing, "cannot_tell": cannot, "wait_rule": wait_rule(deadlock_after_s)}
