@@ -171,3 +171,23 @@ def test_cli_round_trip_and_one_line_errors(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "missing.csv: no such file" in proc.stderr
     proc = run("--from", "nvidia-smi", str(log), "--out", str(out), "--tz", "Mars/Olympus")
     assert proc.returncode == 2 and "not a time zone name" in proc.stderr
+
+
+def test_readme_two_commands_import_then_report_in_power_only_mode(tmp_path):
+    """`wattgate import-trace` then `wattgate report --trace`: a report from nothing but an nvidia-smi log."""
+    lines = ["timestamp, index, name, power.draw [W], utilization.gpu [%]"]
+    for i in range(600):  # 60 s at 10 Hz, 2 GPUs: busy, then both spin at low power until the log ends
+        busy = i < 300
+        ms = i * 100
+        stamp = f"2025/07/27 00:{34 + (45 + ms // 1000) // 60:02d}:{(45 + ms // 1000) % 60:02d}.{ms % 1000:03d}"
+        for g in range(2):
+            lines.append(f"{stamp}, {g}, NVIDIA H100 80GB HBM3, {600 if busy else 140}.0 W, {100} %")
+    log = write(tmp_path / "gpu.csv", "\n".join(lines) + "\n")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "wattgate", *a], capture_output=True, text=True,  # noqa: E731
+                                    cwd=REPO, timeout=120)
+    proc = run("import-trace", "--from", "nvidia-smi", str(log), "--out", str(tmp_path / "trace.parquet"))
+    assert proc.returncode == 0, proc.stderr
+    proc = run("report", "--trace", str(tmp_path / "trace.parquet"), "--out", str(tmp_path / "report"))
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "Power-only verdict" in page and "heartbeats" in page
