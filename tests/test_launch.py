@@ -1,5 +1,8 @@
 """The launch command is built by one function: local torchrun, or srun + torchrun on Slurm."""
 
+import socket
+import subprocess
+
 import pytest
 
 from wattgate.config import validate_config
@@ -23,29 +26,54 @@ def test_local_default_is_standalone_torchrun_with_explicit_omp_threads():
     assert launch_env(s, {"OMP_NUM_THREADS": "2"})["OMP_NUM_THREADS"] == "1"
 
 
-def test_auto_picks_slurm_inside_an_allocation():
+def test_auto_picks_slurm_inside_a_multi_node_allocation():
     s = spec({"SLURM_JOB_ID": "4242"}, nodes=2, gpus_per_node=8, cpus_per_node=64)
     assert s.launcher == "slurm" and s.omp_threads == 8
     argv = build_launch_command(s, ARGS, python="py")
-    assert argv[:4] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--jobid=4242"]
-    assert argv[4:6] == ["bash", "-c"]
-    inner = argv[6]
-    assert inner.startswith("exec py -m torch.distributed.run --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d")
-    # first host of the allocation, resolved inside each srun task; port from the job id
-    assert '--rdzv-endpoint=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):24242' in inner
+    # the jobstep strips SLURM_*: node count and CPUs per task are passed to srun explicitly
+    assert argv[:7] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=64", "--kill-on-bad-exit=1",
+                        "--jobid=4242", "bash"]
+    assert argv[7] == "-c" and len(argv) == 9
+    hello, inner = argv[8].split("; exec ", 1)
+    assert "$SLURMD_NODENAME" in hello.replace("{", "").replace(":-?}", "") and "SLURM_NODEID" in hello
+    assert inner.startswith("py -m torch.distributed.run --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d")
+    # the launcher's own host (the batch host, in the allocation); port from the job id
+    assert f"--rdzv-endpoint={socket.gethostname()}:24242" in inner
     assert "--rdzv-id=4242" in inner and inner.endswith("--out out")
     assert "--node-rank" not in inner and "--node_rank" not in inner  # c10d hands out ranks in join order
 
 
+def test_one_node_inside_an_allocation_runs_torchrun_locally():
+    s = spec({"SLURM_JOB_ID": "7"}, nodes=1, gpus_per_node=2, cpus_per_node=8)
+    assert s.launcher == "local" and s.omp_threads == 4
+    assert build_launch_command(s, ARGS, python="py")[3] == "--standalone"
+
+
+def test_slurm_without_cpus_per_node_gives_each_task_every_cpu_of_its_node():
+    s = spec({"SLURM_JOB_ID": "7"}, nodes=2, gpus_per_node=4)
+    assert s.cpus_per_node is None and s.omp_threads == 1  # the job asked for one CPU per process
+    assert not any(a.startswith("--cpus-per-task") for a in build_launch_command(s, ARGS))
+
+
+def test_each_node_samples_into_a_trace_named_after_its_slurm_node():
+    """Several slurmd may share one hostname (the localhost test cluster): the node name keeps traces apart."""
+    s = spec({"SLURM_JOB_ID": "9"}, nodes=2)
+    inner = build_launch_command(s, ARGS, python="py", sample=("run dir/telemetry/{host}.parquet", 0.1))[-1]
+    word = inner.split("--out ", 1)[1].split(" --interval", 1)[0]
+    echo = ["bash", "-c", f"printf '%s\\n' {word}"]
+    assert subprocess.run(echo, env={"SLURMD_NODENAME": "n2"}, capture_output=True, text=True).stdout == \
+        "run dir/telemetry/n2.parquet\n"
+
+
 def test_two_jobs_get_different_rendezvous_ports():
-    a = build_launch_command(spec({"SLURM_JOB_ID": "17"}, nodes=2), ARGS)[6]
-    b = build_launch_command(spec({"SLURM_JOB_ID": "18"}, nodes=2), ARGS)[6]
+    a = build_launch_command(spec({"SLURM_JOB_ID": "17"}, nodes=2), ARGS)[-1]
+    b = build_launch_command(spec({"SLURM_JOB_ID": "18"}, nodes=2), ARGS)[-1]
     assert ":20017" in a and ":20018" in b
 
 
 def test_configured_rendezvous_host_is_quoted():
     s = spec({"SLURM_JOB_ID": "5"}, nodes=2, rendezvous_host="127.0.0.1")
-    assert "--rdzv-endpoint=127.0.0.1:20005" in build_launch_command(s, ARGS)[6]
+    assert "--rdzv-endpoint=127.0.0.1:20005" in build_launch_command(s, ARGS)[-1]
 
 
 def test_multi_node_without_slurm_is_refused():

@@ -1,10 +1,12 @@
 # Shared wiring: the validated config (defaults filled) is written for the CLI
 # stages, so a stage run by Snakemake and by hand reads the same settings.
 from wattgate.config import dump_resolved
-from wattgate.experiments import variant_names
+from wattgate.experiments import variant_config, variant_names
 
 RUN_CONFIG = dump_resolved(config, "results/config.yaml")
 TRAIN_DIR = f"results/train/{config['run_name']}"
+# the cluster settings results depend on, for params-triggered reruns: where jobs queue does not count
+CLUSTER = {key: value for key, value in config["cluster"].items() if key != "slurm"}
 
 
 def tokenizer_dir():
@@ -26,3 +28,57 @@ def variant_runs(experiment):
     """The finished train runs of one measurement target (`scaling` or `dataio`)."""
     return expand("results/{experiment}/{variant}/train/TRAINED", experiment=experiment,
                   variant=variant_names(config, experiment))
+
+
+# Slurm job resources (read by `snakemake --profile slurm`, ignored by local runs), all from
+# cluster.slurm so a cluster is described in the config. Keys are only set when they have a value,
+# so the profile's default-resources fill the rest.
+SLURM = config["cluster"]["slurm"]
+
+
+def _slurm_placement(partition):
+    placed = {}
+    if partition:
+        placed["slurm_partition"] = partition
+    if SLURM["account"]:
+        placed["slurm_account"] = SLURM["account"]
+    return placed
+
+
+def cpu_job(kind):
+    """One-node CPU job: 'cpu' (pretokenize, pack) or 'small' (triage, report)."""
+    s = SLURM[kind]
+    return dict(cpus_per_task=s["cpus"], mem_mb=s["mem_mb"], runtime=s["runtime_min"],
+                **_slurm_placement(SLURM["cpu_partition"] or SLURM["partition"]))
+
+
+def gpu_job(cluster):
+    """The train (or calibrate) job: cluster["nodes"] nodes, one launcher task per node holding the
+    node's CPUs and GPUs. Multi-node jobs are `mpi` jobs: the jobstep then runs the rule's shell once,
+    on the first node, and `wattgate launch` starts one srun task per node itself; a one-node job
+    runs inside the jobstep's own srun step and launches torchrun locally (the plugin refuses mpi
+    with a single task)."""
+    nodes, gpu = cluster["nodes"], cluster["gpu_model"].lower() != "cpu"
+    res = dict(nodes=nodes, cpus_per_task=cluster["cpus_per_node"] or cluster["gpus_per_node"],
+               runtime=SLURM["train"]["runtime_min"], mem_mb=SLURM["train"]["mem_mb"],
+               **_slurm_placement(SLURM["partition"]))
+    if nodes > 1:
+        res.update(tasks=nodes, mpi="srun")
+    if gpu:
+        # per-node GPUs as GRES; tasks_per_gpu=0 keeps the plugin from adding --ntasks-per-gpu
+        # (which would start the launcher once per GPU)
+        res.update(gres=SLURM["gres"] or f"gpu:{cluster['gpus_per_node']}", tasks_per_gpu=0)
+    if SLURM["extra"]:
+        res["slurm_extra"] = SLURM["extra"]
+    return res
+
+
+def variant_gpu_job():
+    """gpu_job() of each measurement variant's own cluster section (its node count differs)."""
+    def key(name):
+        return lambda wildcards: gpu_job(
+            variant_config(config, wildcards.experiment, wildcards.variant)["cluster"]).get(name)
+
+    names = ["nodes", "tasks", "mpi", "cpus_per_task", "runtime", "mem_mb", "gres", "tasks_per_gpu",
+             "slurm_partition", "slurm_account", "slurm_extra"]
+    return {name: key(name) for name in names}

@@ -1,6 +1,13 @@
 # Data stages: demo corpus -> tokenizer -> pretokenize -> pack-and-balance.
 # `params.settings` holds the config sections each stage reads, so Snakemake's
 # params trigger reruns exactly the stages whose settings changed.
+# On Slurm the demo corpus and the tokenizer (seconds each) run on the submit host; pretokenize and
+# pack are one-node CPU jobs.
+
+
+localrules:
+    demo_corpus,
+    train_tokenizer,
 
 
 rule demo_corpus:
@@ -53,6 +60,8 @@ rule pretokenize:
     benchmark:
         "results/pretokenize.benchmark.tsv"
     threads: 2
+    resources:
+        **cpu_job("cpu"),
     shell:
         "wattgate pretokenize --config {params.config} --tokenizer {input.tokenizer} --out {output}"
         " > {log} 2>&1"
@@ -66,12 +75,14 @@ rule pack_and_balance:
         packs="results/plan/packs.parquet",
     params:
         config=RUN_CONFIG,
-        settings=[config["pack"], config["train"], config["cluster"]],
+        settings=[config["pack"], config["train"], CLUSTER],
     conda:
         WATTGATE_ENV
     log:
         "results/plan/pack.log",
     benchmark:
         "results/plan/pack.benchmark.tsv"
+    resources:
+        **cpu_job("cpu"),
     shell:
         "wattgate pack --config {params.config} --pretokenized {input} --out results/plan > {log} 2>&1"

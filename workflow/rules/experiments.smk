@@ -12,6 +12,7 @@ localrules:
     dataio,
     experiment_gate,
     experiment_config,
+    experiment_table,
 
 
 rule scaling:
@@ -29,7 +30,7 @@ rule experiment_config:
         "results/{experiment}/{variant}/config.yaml",
     params:
         config=RUN_CONFIG,
-        settings=[config["scaling"], config["dataio"], config["train"], config["cluster"], config["model"]],
+        settings=[config["scaling"], config["dataio"], config["train"], CLUSTER, config["model"]],
     conda:
         WATTGATE_ENV
     log:
@@ -48,6 +49,8 @@ rule experiment_pack:
         packs="results/{experiment}/{variant}/plan/packs.parquet",
     params:
         out=lambda wildcards, output: os.path.dirname(output.plan),
+    resources:
+        **cpu_job("cpu"),
     conda:
         WATTGATE_ENV
     log:
@@ -87,6 +90,8 @@ rule experiment_train:
         plan=lambda wildcards, input: os.path.dirname(input.plan),
         out=lambda wildcards, output: os.path.dirname(output.trained),
     threads: lambda wildcards: workflow.cores
+    resources:
+        **variant_gpu_job(),
     conda:
         WATTGATE_ENV
     log:

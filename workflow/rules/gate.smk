@@ -16,7 +16,7 @@ rule invariant_gate:
         gate_result(),
     params:
         config=RUN_CONFIG,
-        settings=[config["gate"], config["cluster"], config["train"], config["model"]],
+        settings=[config["gate"], CLUSTER, config["train"], config["model"]],
     conda:
         WATTGATE_ENV
     log:

@@ -20,6 +20,8 @@ rule run_report:
         power=lambda wildcards, input: os.path.dirname(input.triage),
         gate=lambda wildcards, input: os.path.dirname(input.gate),
         out=lambda wildcards, output: os.path.dirname(output.html),
+    resources:
+        **cpu_job("small"),
     conda:
         WATTGATE_ENV
     log:

@@ -19,6 +19,8 @@ rule power_triage:
         run=lambda wildcards, input: os.path.dirname(input.trained),
         out=lambda wildcards, output: os.path.dirname(output.triage),
         settings=[config["telemetry"], config["watcher"]["hang_after_s"]],
+    resources:
+        **cpu_job("small"),
     conda:
         WATTGATE_ENV
     log:
@@ -34,6 +36,8 @@ rule calibrate:
         samples=CALIBRATION.replace(".yaml", "-samples.parquet"),
     params:
         gpu_model=config["cluster"]["gpu_model"],
+    resources:
+        **gpu_job(config["cluster"] | {"nodes": 1}),
     conda:
         WATTGATE_ENV
     log:

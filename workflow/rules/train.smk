@@ -2,6 +2,7 @@
 # `wattgate launch` builds the torchrun (or srun + torchrun) command; rerunning after a kill
 # resumes from the newest complete checkpoint. Only TRAINED is declared: metrics, heartbeats
 # and checkpoints of a failed run stay on disk for the watcher and the report.
+# On Slurm it is one job of cluster.nodes nodes (see gpu_job in common.smk).
 import os
 
 
@@ -16,8 +17,10 @@ rule train:
     params:
         config=RUN_CONFIG,
         out=lambda wildcards, output: os.path.dirname(output.trained),
-        settings=[config["train"], config["model"], config["cluster"]],
+        settings=[config["train"], config["model"], CLUSTER],
     threads: lambda wildcards: workflow.cores
+    resources:
+        **gpu_job(config["cluster"]),
     conda:
         WATTGATE_ENV
     log:

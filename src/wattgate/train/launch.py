@@ -1,11 +1,14 @@
 """The train launcher: builds the torchrun (or srun + torchrun) command for this config, and runs it.
 
-Local (the embedded default): `torchrun --standalone --nproc-per-node N`.
-Slurm: one launcher task per node (`srun --nodes=N --ntasks-per-node=1`),
-each running torchrun with `--nnodes N`, a c10d rendezvous on the
-allocation's first host and a port derived from the job id (two jobs at once
-must not share a rendezvous). c10d assigns node ranks in join order, so the
-trainer reads its rank from the environment, never from --node_rank.
+Local (the embedded default, and a one-node Slurm job):
+`torchrun --standalone --nproc-per-node N`.
+Slurm, several nodes: this launcher runs once, on the allocation's first node
+(the batch host), and starts one task per node (`srun --nodes=N
+--ntasks-per-node=1`), each running its node's sampler around torchrun with
+`--nnodes N`, a c10d rendezvous on this host and a port derived from the job
+id (two jobs at once must not share a rendezvous). c10d assigns node ranks in
+join order, so the trainer reads its rank from the environment, never from
+--node_rank.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -33,6 +37,7 @@ class LaunchSpec:
     omp_threads: int
     rendezvous_host: str | None
     job_id: str | None
+    cpus_per_node: int | None = None  # Slurm: CPUs per node task (None: every CPU the job holds there)
 
 
 def resolve_launch(config: dict, environ: dict | None = None) -> LaunchSpec:
@@ -40,20 +45,36 @@ def resolve_launch(config: dict, environ: dict | None = None) -> LaunchSpec:
     c = config["cluster"]
     launcher = c["launcher"]
     if launcher == "auto":
-        launcher = "slurm" if env.get("SLURM_JOB_ID") else "local"
+        # one node needs no srun: a one-node Slurm job already runs inside its node's step
+        launcher = "slurm" if env.get("SLURM_JOB_ID") and c["nodes"] > 1 else "local"
     if launcher == "local" and c["nodes"] != 1:
         raise InputError(f"config: cluster.nodes is {c['nodes']} but there is no Slurm allocation; "
                          "multi-node runs go through Slurm (cluster.launcher: slurm)")
-    cpus = c["cpus_per_node"] or os.cpu_count() or 1
+    if launcher == "slurm":
+        # unset: the train rule asked for one CPU per process (gpu_job in workflow/rules/common.smk),
+        # though the job may hold more (--exclusive); each node's task gets them all
+        cpus = c["cpus_per_node"] or c["gpus_per_node"]
+    else:
+        cpus = c["cpus_per_node"] or _usable_cpus()
     return LaunchSpec(
         nodes=c["nodes"],
         procs_per_node=c["gpus_per_node"],
         launcher=launcher,
         # one share of the node's cores per process: Snakemake's threads-derived value would oversubscribe
         omp_threads=max(1, cpus // c["gpus_per_node"]),
-        rendezvous_host=c["rendezvous_host"],
+        # this launcher runs on the batch host, which is in the allocation (so its agent hosts the
+        # c10d store) and whose hostname resolves, where Slurm node names may not
+        rendezvous_host=c["rendezvous_host"] or (socket.gethostname() if launcher == "slurm" else None),
         job_id=env.get("SLURM_JOB_ID"),
+        cpus_per_node=c["cpus_per_node"] if launcher == "slurm" else None,
     )
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # inside a Slurm step: the step's CPUs, not the node's
+    except AttributeError:
+        return os.cpu_count() or 1
 
 
 def train_args(config_path: Path, pretokenized: Path, plan: Path, out: Path) -> list[str]:
@@ -78,14 +99,26 @@ def build_launch_command(spec: LaunchSpec, args: list[str], python: str = sys.ex
     host = shlex.quote(spec.rendezvous_host) if spec.rendezvous_host else \
         '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
     inner = " ".join(
-        [shlex.quote(x) for x in wrap + torchrun]
+        [_quote_node_path(x) for x in wrap + torchrun]
         + [f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.procs_per_node}", "--rdzv-backend=c10d",
            f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={shlex.quote(spec.job_id)}"]
         + [shlex.quote(a) for a in args]
     )
-    # the jobstep strips SLURM_* but the job id: srun must be told the node count itself
-    return ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--jobid={spec.job_id}",
-            "bash", "-c", f"exec {inner}"]
+    # each task names its Slurm node in the job's log (several nodes may share one hostname)
+    hello = ('echo "launch: node ${SLURMD_NODENAME:-?} (SLURM_NODEID ${SLURM_NODEID:-?} of '
+             '${SLURM_NNODES:-?}) on $(uname -n), job ${SLURM_JOB_ID:-?}"')
+    # The jobstep strips SLURM_* but the job id, so srun is told the node count itself. srun does not
+    # inherit the job's --cpus-per-task (Slurm >= 22.05): pass cluster.cpus_per_node when set, else
+    # leave it out so each task gets every CPU the job holds on its node. --kill-on-bad-exit ends
+    # every node's task when one fails instead of leaving the others waiting in a collective.
+    cpus = [f"--cpus-per-task={spec.cpus_per_node}"] if spec.cpus_per_node else []
+    return ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", *cpus, "--kill-on-bad-exit=1",
+            f"--jobid={spec.job_id}", "bash", "-c", f"{hello}; exec {inner}"]
+
+
+def _quote_node_path(arg: str) -> str:
+    """Shell-quote, with `{host}` (a per-node file name) becoming the task's Slurm node name."""
+    return '"${SLURMD_NODENAME:-$(uname -n)}"'.join(shlex.quote(part) for part in arg.split("{host}"))
 
 
 def launch_env(spec: LaunchSpec, base: dict | None = None) -> dict:
@@ -125,7 +158,9 @@ def run_launch(config: dict, config_path: Path, pretokenized: Path, plan: Path, 
     proc = subprocess.Popen(argv, env=launch_env(spec), start_new_session=True)
     watcher = None
     if config["watcher"]["enabled"]:
-        watcher = subprocess.Popen(watcher_command(config_path, out, proc.pid, spec.job_id), start_new_session=True)
+        # on Slurm the watched pid is the srun (its SIGTERM reaches every node); scancel is the fallback
+        slurm_job = spec.job_id if spec.launcher == "slurm" else None
+        watcher = subprocess.Popen(watcher_command(config_path, out, proc.pid, slurm_job), start_new_session=True)
 
     def forward(signum, _frame):
         for p in (proc, watcher):
