@@ -16,6 +16,16 @@ from wattgate.data.tokenizer import save_hf_tokenizer, train_bpe, training_texts
 REPO = Path(__file__).resolve().parents[1]
 
 
+def copy_workflow(work: Path) -> Path:
+    """A runnable copy of the workflow (Snakefile, rules, schema, config) in `work`."""
+    import shutil
+
+    shutil.copy(REPO / "Snakefile", work)
+    shutil.copytree(REPO / "workflow", work / "workflow", symlinks=False)
+    shutil.copytree(REPO / "config", work / "config")
+    return work
+
+
 def write_jsonl(path: Path, rows) -> Path:
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:

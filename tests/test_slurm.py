@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, copy_workflow
 
 BIN = Path(sys.executable).parent
 SLURM_DIR = REPO / "tests/slurm"
@@ -45,9 +45,7 @@ def cluster(tmp_path_factory):
 def slurm_workflow(tmp_path_factory):
     """The embedded default, small (as in test_workflow.py), trained as one job of 2 nodes x 1 CPU rank."""
     work = tmp_path_factory.mktemp("wf-slurm")
-    shutil.copy(REPO / "Snakefile", work)
-    shutil.copytree(REPO / "workflow", work / "workflow", symlinks=False)
-    shutil.copytree(REPO / "config", work / "config")
+    copy_workflow(work)
     shutil.copytree(REPO / "slurm", work / "slurm")
     shutil.copytree(SLURM_DIR / "profile", work / "tests/slurm/profile")
     config = yaml.safe_load((work / "config/config.yaml").read_text())
@@ -240,9 +238,7 @@ def test_b300_example_is_one_job_of_two_nodes_with_eight_gpus_each(tmp_path):
     all 8 GPUs and 96 CPUs of each node, no --ntasks-per-gpu (it would start the launcher once per GPU)."""
     work = tmp_path / "wf"
     work.mkdir()
-    shutil.copy(REPO / "Snakefile", work)
-    shutil.copytree(REPO / "workflow", work / "workflow", symlinks=False)
-    shutil.copytree(REPO / "config", work / "config")
+    copy_workflow(work)
     (tmp_path / "tok").mkdir()
     (tmp_path / "corpus.jsonl").write_text('{"text": "x"}\n')
     local = tmp_path / "paths.yaml"  # the example's site paths, pointed at files that exist here

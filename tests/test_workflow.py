@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, copy_workflow
 
 BIN = Path(sys.executable).parent
 
@@ -31,9 +30,7 @@ def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.Compl
 @pytest.fixture(scope="module")
 def workflow_copy(tmp_path_factory):
     work = tmp_path_factory.mktemp("wf")
-    shutil.copy(REPO / "Snakefile", work)
-    shutil.copytree(REPO / "workflow", work / "workflow", symlinks=False)
-    shutil.copytree(REPO / "config", work / "config")
+    copy_workflow(work)
     config = yaml.safe_load((work / "config/config.yaml").read_text())
     config["demo_corpus"]["num_docs"] = 400
     config["tokenizer"]["vocab_size"] = 512
@@ -219,9 +216,7 @@ def test_embedded_default_end_to_end_learns(tmp_path_factory):
     import time
 
     work = tmp_path_factory.mktemp("default")
-    shutil.copy(REPO / "Snakefile", work)
-    shutil.copytree(REPO / "workflow", work / "workflow")
-    shutil.copytree(REPO / "config", work / "config")
+    copy_workflow(work)
     (work / "hang.yaml").write_text("watcher: {hang_after_s: 5}\n")
     start = time.monotonic()
     snakemake(work, "--configfile", "hang.yaml")

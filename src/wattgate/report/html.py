@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from html import escape
 
 from wattgate.report.phases import PHASE_COLORS
+from wattgate.telemetry.power_only import clock
 from wattgate.telemetry.triage import LABELS
 
 CSS = """
@@ -52,12 +53,7 @@ def pct(x) -> str:
 def duration(s) -> str:
     if s is None:
         return "n/a"
-    s = float(s)
-    if s < 120:
-        return f"{s:.1f} s"
-    h, rem = divmod(int(round(s)), 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d} min"
+    return f"{float(s):.1f} s" if float(s) < 120 else clock(s)
 
 
 def table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:

@@ -578,15 +578,20 @@ def _next_true(mask: np.ndarray) -> np.ndarray:
     return np.minimum.accumulate(idx[::-1])[::-1]
 
 
-def _resolve_waits(cls, index, gpu, ngpu, window_s, deadlock_after_s) -> np.ndarray:
-    """Rule 4: a wait becomes communication, checkpoint or deadlock by its length and what follows."""
-    out = cls.copy()
+def _wait_runs(cls, index, gpu, window_s) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Start, end (exclusive) and length in seconds of every contiguous run of WAIT windows."""
     starts, ends = _runs(cls, gpu)
     waits = cls[starts] == WAIT
     s, e = starts[waits], ends[waits]
+    return s, e, (index[e - 1] + 1 - index[s]) * window_s if len(s) else np.zeros(0)
+
+
+def _resolve_waits(cls, index, gpu, ngpu, window_s, deadlock_after_s) -> np.ndarray:
+    """Rule 4: a wait becomes communication, checkpoint or deadlock by its length and what follows."""
+    out = cls.copy()
+    s, e, length = _wait_runs(cls, index, gpu, window_s)
     if len(s) == 0:
         return out
-    length = (index[e - 1] + 1 - index[s]) * window_s
     _, ge = _bounds(gpu, ngpu)
     nxt = _next_true(np.isin(cls, ACTIVE))
     resume = np.minimum(nxt[np.minimum(e, len(cls) - 1)], len(cls) - 1)
@@ -602,14 +607,11 @@ def _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s
     """Rule 4, second half: a pause shorter than deadlock_after_s that shows a checkpoint (an idle
     writer, or a periodic series) becomes checkpoint instead of communication."""
     out = cls.copy()
-    starts, ends = _runs(smooth, gpu)
-    waits = smooth[starts] == WAIT
-    s, e = starts[waits], ends[waits]
+    s, e, length = _wait_runs(smooth, index, gpu, window_s)
     if len(s) == 0:
         return out
     n = len(smooth)
     gs, ge = _bounds(gpu, ngpu)
-    length = (index[e - 1] + 1 - index[s]) * window_s
     # "ended" exactly as rule 4 measures it, so long pauses (already checkpoint) join the series
     nxt = _next_true(np.isin(smooth, ACTIVE))
     after = nxt[np.minimum(e, n - 1)]
