@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import yaml
 

@@ -62,7 +62,7 @@ def assign_ranks(costs: np.ndarray, layout: Layout, epochs: int, seed: int) -> P
     n = len(costs)
     if n == 0 or n % layout.packs_per_step:
         raise ValueError(f"{n} packs is not a positive multiple of {layout.packs_per_step}")
-    W, mbs, ga = layout.world_size, layout.micro_batch_size, layout.grad_accum
+    W, ga = layout.world_size, layout.grad_accum
     per_micro = layout.packs_per_micro
     n_micro = n // per_micro
     bucket = np.floor(np.log(np.maximum(costs, 1.0)) / np.log1p(COST_TIE_TOLERANCE))

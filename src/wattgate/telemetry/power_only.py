@@ -71,7 +71,7 @@ def pauses(phases: pa.Table | None) -> list[Pause]:
         new[1:] = (lab[1:] != lab[:-1]) | (s[1:] - e[:-1] > RUN_GAP * window + 1e-9)
         run = np.cumsum(new) - 1
         first, last = np.flatnonzero(new), np.append(np.flatnonzero(new)[1:] - 1, len(sel) - 1)
-        rs, re_, rl = s[first], e[last], lab[first]
+        rs, re_ = s[first], e[last]
         order = np.argsort(rs, kind="stable")
         reach = np.maximum.accumulate(re_[order])
         ep_new = np.ones(len(order), dtype=bool)

@@ -15,7 +15,6 @@ from itertools import groupby
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
