@@ -23,7 +23,6 @@ import math
 import re
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import yaml
@@ -121,16 +120,18 @@ def step_throughput(metrics: pd.DataFrame, skip: int = 1) -> dict:
 
 def measured_energy_j(telemetry: Path, start: float, end: float) -> float | None:
     """Board energy over [start, end] from the node traces (integrated instant power); None without GPUs."""
+    from wattgate.report.energy import trapezoids
     from wattgate.telemetry.trace import read_trace, trace_files
 
     total, seen = 0.0, False
     for path in trace_files(telemetry):
         d = read_trace(path).select(["time", "host", "gpu", "power_w"]).to_pandas()
-        d = d[(d["time"] >= start) & (d["time"] <= end)].dropna(subset=["power_w"])
+        d = d[(d["time"] >= start) & (d["time"] <= end)]
         for _, g in d.sort_values("time").groupby(["host", "gpu"]):
-            if len(g) > 1:
+            pieces = trapezoids(g["time"].to_numpy(), g["power_w"].to_numpy())
+            if len(pieces):
                 seen = True
-                total += float(np.trapezoid(g["power_w"].to_numpy(), g["time"].to_numpy()))
+                total += float(pieces.sum())
     return total if seen else None
 
 
