@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,10 +12,12 @@ import yaml
 from wattgate.cli import main
 from wattgate.config import validate_config
 from wattgate.data.pretokenize import pretokenize
+from wattgate.errors import InputError
 from wattgate.gate import checks as C
+from wattgate.gate import memory as M
 from wattgate.gate.inputs import load_inputs
-from wattgate.gate.memory import GIB, FitSettings, ModelSpec, estimate_memory
-from wattgate.gate.run import run_checks, run_gate
+from wattgate.gate.memory import GIB, Budget, FitSettings, ModelSpec, estimate_memory
+from wattgate.gate.run import config_fit_estimate, run_checks, run_gate
 from wattgate.pack.plan import build_plan
 
 from conftest import write_jsonl
@@ -178,10 +181,13 @@ def test_provenance_edited_packs_stale_manifest_and_small_vocab(inputs):
     assert not check.passed and "does not fit the model's vocab_size 100" in check.detail
 
 
+H100 = Budget(80 * GIB, "H100 table entry", "rank")
+
+
 def test_fit_fails_when_estimate_exceeds_memory():
-    check = C.check_fit({"activations": 90 * GIB, "runtime_overhead": 3 * GIB}, 80 * GIB, "H100 table entry", 0.1)
+    check = C.check_fit({"steady": {"activations": 90 * GIB, "runtime_overhead": 3 * GIB}}, {"steady": H100}, 0.1)
     assert not check.passed and "largest term activations" in check.detail
-    assert C.check_fit({"activations": 60 * GIB}, 80 * GIB, "H100", 0.1).passed
+    assert C.check_fit({"steady": {"activations": 60 * GIB}}, {"steady": H100}, 0.1).passed
 
 
 def test_checkpoint_space():
@@ -282,3 +288,271 @@ def test_missing_plan_is_exit_2(tmp_path, capsys):
                "--out", str(tmp_path / "g")])
     assert rc == 2
     assert "plan.json: cannot read plan" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- fit by phase: load, steady, export, host
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "config" / "examples"
+# Qwen3-32B's config.json (the fields the estimate and the loader read)
+QWEN3_32B_CONFIG_JSON = {**QWEN3_32B, "architectures": ["Qwen3ForCausalLM"], "torch_dtype": "bfloat16",
+                         "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000}
+DEVICE_PHASES = ("load", "steady", "export")
+
+
+def model_folder(path: Path, cfg: dict, safetensors: dict[str, int] | None = None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    for name, size in (safetensors or {}).items():
+        with open(path / name, "wb") as f:
+            f.truncate(size)  # sparse: only the size matters
+    return path
+
+
+def example_config(name: str, model_path: Path, **train) -> dict:
+    config = yaml.safe_load((EXAMPLES / name).read_text())
+    config["model"]["path"] = str(model_folder(model_path, QWEN3_32B_CONFIG_JSON))
+    config["train"].update(train)
+    return validate_config(config, source=name)
+
+
+def fit_of(config: dict):
+    fit = config_fit_estimate(config, M.load_model_spec(config))
+    return fit, C.check_fit(fit.phases, fit.budgets, config["gate"]["memory_headroom"])
+
+
+def fit_block(fit, headroom: float) -> list[str]:
+    """The estimate as the examples' header comments print it: a line per phase, then its terms."""
+    lines = []
+    for phase, terms in fit.phases.items():
+        budget = fit.budgets[phase]
+        lines.append(f"{phase} {sum(terms.values()) / GIB:.1f} GiB per {budget.per} of "
+                     f"{budget.bytes * (1 - headroom) / GIB:.1f} usable")
+        lines += [f"{name} {value / GIB:.2f}" for name, value in terms.items()]
+    return lines
+
+
+def header_lines(name: str) -> list[str]:
+    """The example's leading comment block, one whitespace-normalized line per comment line."""
+    lines = []
+    for line in (EXAMPLES / name).read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(" ".join(line.lstrip("#").split()))
+    return lines
+
+
+def in_order(expected: list[str], header: list[str]) -> list[str]:
+    """Expected lines not found, in order, as header lines (each may go on with a comment)."""
+    rest = iter(header)
+    return [line for line in expected if not any(h == line or h.startswith(line + " ") for h in rest)]
+
+
+@pytest.mark.parametrize("name,verdict", [("qwen3-32b-2x8-b300.yaml", "PASS"), ("qwen3-32b-2x8-h100.yaml", "PASS")])
+def test_example_fit_terms_and_verdict_match_its_header(name, verdict, tmp_path):
+    config = example_config(name, tmp_path / "Qwen3-32B")
+    fit, check = fit_of(config)
+    assert list(fit.phases) == [*DEVICE_PHASES, "host_per_node"]
+    for phase in DEVICE_PHASES:
+        assert fit.budgets[phase].per == "rank" and fit.phases[phase]["sharded_params_fp32"] > 0
+    assert {"largest_param_slice_file_dtype", "largest_param_slice_fp32"} <= set(fit.phases["load"])
+    assert {"sharded_adam_state_fp32", "gathered_param_export_dtype"} <= set(fit.phases["export"])
+    host = fit.phases["host_per_node"]
+    assert {"process_runtime", "param_staging", "loader_page_cache"} <= set(host)
+    assert fit.budgets["host_per_node"].source == "cluster.host_mem_gib"
+    # no safetensors in the folder: num_params x 2 bytes (bf16), half of it per node
+    assert host["loader_page_cache"] == pytest.approx(M.load_model_spec(config).num_params * 2 / 2, abs=1)
+    assert check.passed is (verdict == "PASS")
+    header = header_lines(name)
+    assert f"Gate fit verdict: {verdict}" in header
+    missing = in_order(fit_block(fit, config["gate"]["memory_headroom"]), header)
+    assert not missing, f"{name}'s header comment is stale; expected lines: {missing}"
+
+
+# What the examples' headers say about other settings: (example, train overrides, fits, largest term when not)
+HEADER_CLAIMS = [
+    ("qwen3-32b-2x8-h100.yaml", {"micro_batch_size": 2}, False, "logits"),
+    ("qwen3-32b-2x8-h100.yaml", {"activation_checkpointing": False}, False, "activations"),
+    ("qwen3-32b-2x8-b300.yaml", {"activation_checkpointing": False}, True, None),
+]
+
+
+@pytest.mark.parametrize("name,train,fits,largest", HEADER_CLAIMS)
+def test_example_header_claims_about_other_settings(name, train, fits, largest, tmp_path):
+    fit, check = fit_of(example_config(name, tmp_path / "m", **train))
+    assert check.passed is fits
+    if not fits:  # the steady state is what fails, named with its largest term
+        assert check.detail.startswith("steady: estimated peak") and f"largest term {largest}" in check.detail
+    steady = sum(fit.phases["steady"].values()) / GIB
+    assert f"{steady:.1f} GiB" in " ".join(header_lines(name)), (train, steady)
+
+
+def test_h100_example_reason(tmp_path):
+    """The H100 header's reason: steady state is the tightest phase, and loading the whole fp32 model
+    on every rank (the old loader) would not fit an H100."""
+    name = "qwen3-32b-2x8-h100.yaml"
+    config = example_config(name, tmp_path / "m")
+    fit, _ = fit_of(config)
+    totals = {p: sum(t.values()) for p, t in fit.phases.items() if p in DEVICE_PHASES}
+    assert max(totals, key=totals.get) == "steady"
+    whole_model = M.load_model_spec(config).num_params * 4
+    assert whole_model > 80 * GIB and f"{whole_model / GIB:.0f} GiB" in " ".join(header_lines(name))
+    steady = fit.phases["steady"]
+    assert max(steady, key=steady.get) == "sharded_adam_state_fp32"
+    for term in ("sharded_adam_state_fp32", "logits"):
+        assert f"{term} {steady[term] / GIB:.1f} GiB" in " ".join(header_lines(name))
+
+
+QWEN3_SETTINGS = dict(world_size=16, tokens_per_micro_batch=8192, activation_checkpointing=True, mixed_precision=True)
+
+
+def test_load_peak_is_far_below_the_whole_model_per_rank():
+    spec = ModelSpec.from_hf_config(QWEN3_32B, "qwen3-32b")
+    s = FitSettings(**QWEN3_SETTINGS, nodes=2, source=M.CheckpointSource("bfloat16", None))
+    load = M.estimate_load_memory(spec, s)
+    # from_pretrained on every rank: the whole fp32 model, 122 GiB, per rank; sharded: 1/16 of it + one slice
+    assert sum(load.values()) < 0.1 * spec.num_params * 4
+    assert load["sharded_params_fp32"] == spec.num_params * 4 // 16
+    # the largest slice is 1/16 of the embedding (151936 / 16 = 9496 rows x 5120), in bf16 and fp32
+    assert load["largest_param_slice_file_dtype"] == 9496 * 5120 * 2
+    assert load["largest_param_slice_fp32"] == 9496 * 5120 * 4
+    export = M.estimate_export_memory(spec, s)
+    assert export["gathered_param_export_dtype"] == 151936 * 5120 * 2  # the whole embedding, bf16
+    assert "sharded_grads_fp32" not in export  # freed before export
+    random_init = M.estimate_load_memory(spec, FitSettings(**QWEN3_SETTINGS))
+    assert random_init["init_block_fp32"] == M.INIT_BLOCK_ELEMENTS * 4
+
+
+def test_largest_parameter_is_the_embedding_for_dense_and_the_fused_experts_for_moe():
+    assert M.largest_param(ModelSpec.from_hf_config(QWEN3_32B, "x")) == ("embed_tokens", (151936, 5120))
+    tiny = ModelSpec.from_hf_config({**QWEN3_32B, "vocab_size": 1000}, "x")
+    assert M.largest_param(tiny)[0] == "mlp.gate_proj"  # 25600 x 5120 beats 1000 x 5120
+    # Qwen3-30B-A3B: transformers 5 stores each layer's 128 experts as one 3-D parameter
+    moe = ModelSpec.from_hf_config({**QWEN3_32B, "hidden_size": 2048, "num_experts": 128, "moe_intermediate_size": 768,
+                                    "num_attention_heads": 32, "num_key_value_heads": 4}, "x")
+    assert M.largest_param(moe) == ("experts.gate_up_proj", (128, 1536, 2048))
+    # 16 ranks shard the expert dimension: 8 experts each
+    assert M.largest_local_slice(moe, 16) == ("experts.gate_up_proj", 8 * 1536 * 2048)
+
+
+def test_host_term_scales_with_ranks_per_node():
+    spec = ModelSpec.from_hf_config(QWEN3_32B, "qwen3-32b")
+    source = M.CheckpointSource("bfloat16", 65_500_000_000)
+    eight = M.estimate_host_memory_per_node(spec, FitSettings(**QWEN3_SETTINGS, nodes=2, source=source))
+    four = M.estimate_host_memory_per_node(spec, FitSettings(**QWEN3_SETTINGS, nodes=4, source=source))
+    assert eight["process_runtime"] == 8 * M.HOST_RUNTIME_BYTES["gpu"] == 2 * four["process_runtime"]
+    assert eight["param_staging"] == 2 * four["param_staging"]
+    # while exporting, each rank may hold the whole embedding in bf16 on the host
+    assert eight["param_staging"] == 8 * 151936 * 5120 * 2
+    assert eight["loader_page_cache"] == 65_500_000_000 // 2 == 2 * four["loader_page_cache"]
+    assert "device_tensors_on_host" not in eight
+
+
+def test_cpu_ranks_count_their_device_tensors_on_the_host():
+    spec = ModelSpec.from_hf_config(TINY_MODEL, "tiny")
+    s = FitSettings(world_size=2, tokens_per_micro_batch=512, activation_checkpointing=False, mixed_precision=False,
+                    on_gpu=False)
+    host = M.estimate_host_memory_per_node(spec, s)
+    steady = sum(estimate_memory(spec, s).values())
+    assert host["device_tensors_on_host"] == 2 * (steady - M.RUNTIME_OVERHEAD_BYTES["cpu"])
+    assert host["process_runtime"] == 2 * M.RUNTIME_OVERHEAD_BYTES["cpu"] and host["loader_page_cache"] == 0
+
+
+def test_a_budget_too_small_fails_and_names_the_phase():
+    phases = {"load": {"sharded_params_fp32": 10 * GIB}, "steady": {"activations": 60 * GIB},
+              "export": {"sharded_adam_state_fp32": 50 * GIB, "gathered_param_export_dtype": 30 * GIB},
+              "host_per_node": {"process_runtime": 32 * GIB, "loader_page_cache": 40 * GIB}}
+    budgets = {"load": H100, "steady": H100, "export": H100, "host_per_node": Budget(64 * GIB, "cluster.host_mem_gib", "node")}
+    check = C.check_fit(phases, budgets, 0.1)
+    assert not check.passed
+    assert check.detail.startswith("export: estimated peak 80.0 GiB per rank > 72.0 GiB usable")
+    assert "largest term sharded_adam_state_fp32 50.0 GiB" in check.detail
+    assert "host_per_node: estimated peak 72.0 GiB per node > 57.6 GiB usable" in check.detail
+    assert "largest term loader_page_cache 40.0 GiB" in check.detail
+    assert "fits: load 10.0, steady 60.0 GiB per rank" in check.detail
+    # an unknown host budget is shown, not checked, and does not fail the gate
+    budgets["host_per_node"] = Budget(None, M.NOT_CHECKED, "node")
+    phases["export"] = {"sharded_adam_state_fp32": 50 * GIB}
+    check = C.check_fit(phases, budgets, 0.1)
+    assert check.passed and "host_per_node 72.0 GiB per node not checked: set cluster.host_mem_gib" in check.detail
+
+
+def test_example_with_a_small_host_fails_on_the_host_term(tmp_path):
+    config = example_config("qwen3-32b-2x8-h100.yaml", tmp_path / "m")
+    config["cluster"]["host_mem_gib"] = 64
+    _, check = fit_of(config)
+    assert not check.passed and check.detail.startswith("host_per_node: estimated peak 74.4 GiB per node")
+    assert "largest term process_runtime 32.0 GiB" in check.detail
+
+
+def test_host_budget_sources(make_config, tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24590288 kB\nMemFree:         1000 kB\n")
+    cpu = make_config(cluster={"gpu_model": "cpu"})
+    assert M.host_memory_budget(cpu, meminfo) == Budget(24590288 * 1024, f"{meminfo} MemTotal", "node")
+    gpu = make_config(cluster={"gpu_model": "H100"})
+    assert M.host_memory_budget(gpu, meminfo) == Budget(None, "not checked: set cluster.host_mem_gib", "node")
+    slurm = make_config(cluster={"gpu_model": "H100", "slurm": {"train": {"mem_mb": 512000}}})
+    assert M.host_memory_budget(slurm, meminfo) == Budget(512000 << 20, "cluster.slurm.train.mem_mb", "node")
+    both = make_config(cluster={"gpu_model": "cpu", "host_mem_gib": 1.5, "slurm": {"train": {"mem_mb": 1}}})
+    assert M.host_memory_budget(both, meminfo) == Budget(int(1.5 * GIB), "cluster.host_mem_gib", "node")
+    meminfo.write_text("garbage\n")
+    with pytest.raises(InputError, match="meminfo: no MemTotal line; set cluster.host_mem_gib"):
+        M.host_memory_budget(cpu, meminfo)
+    assert M.host_memory_budget(cpu).bytes > 0  # this machine's /proc/meminfo
+
+
+def test_export_dtype_name(make_config, tmp_path):
+    assert M.export_dtype_name(make_config(model={"config": TINY_MODEL})) == "bfloat16"  # nothing named: bf16
+    assert M.export_dtype_name(make_config(model={"config": {**TINY_MODEL, "torch_dtype": "float32"}})) == "float32"
+    explicit = make_config(model={"config": {**TINY_MODEL, "torch_dtype": "float32"}}, train={"export_dtype": "float16"})
+    assert M.export_dtype_name(explicit) == "float16"
+    folder = model_folder(tmp_path / "m", {**TINY_MODEL, "dtype": "torch.float16"})  # transformers 5 writes `dtype`
+    assert M.export_dtype_name(make_config(model={"path": str(folder)})) == "float16"
+    model_folder(folder, TINY_MODEL)  # the checkpoint names none: model.config's, then bf16
+    both = make_config(model={"path": str(folder), "config": {**TINY_MODEL, "torch_dtype": "float32"}})
+    assert M.export_dtype_name(both) == "float32"
+    assert M.export_dtype_name(make_config(model={"path": str(folder)})) == "bfloat16"
+    model_folder(folder, {**TINY_MODEL, "torch_dtype": "float8_e4m3fn"})
+    with pytest.raises(InputError, match=r"m/config.json: dtype float8_e4m3fn is not an export dtype .*set train.export_dtype"):
+        M.export_dtype_name(make_config(model={"path": str(folder)}))
+    model_folder(folder, {**TINY_MODEL, "torch_dtype": "int3"})
+    with pytest.raises(InputError, match="m/config.json: unknown dtype 'int3'"):
+        M.export_dtype_name(make_config(model={"path": str(folder)}))
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(InputError, match=r"m/config.json:1: invalid JSON in model config"):
+        M.export_dtype_name(make_config(model={"path": str(folder)}))
+    with pytest.raises(InputError, match=r"none/config.json: cannot read model config"):
+        M.checkpoint_source(make_config(model={"path": str(tmp_path / "none")}))
+
+
+def test_checkpoint_source_reads_file_dtype_and_safetensors_sizes(make_config, tmp_path):
+    folder = model_folder(tmp_path / "m", {**TINY_MODEL, "torch_dtype": "bfloat16"},
+                          {"model-00001-of-00002.safetensors": 3000, "model-00002-of-00002.safetensors": 1001})
+    (folder / "notes.txt").write_text("not a weight file")
+    config = make_config(model={"path": str(folder)}, cluster={"nodes": 2, "gpus_per_node": 1})
+    assert M.checkpoint_source(config) == M.CheckpointSource("bfloat16", 4001)
+    fit, _ = fit_of(config)
+    assert fit.phases["host_per_node"]["loader_page_cache"] == 2001  # ceil(4001 / 2 nodes)
+    model_folder(folder, TINY_MODEL)  # no dtype named: transformers' default, fp32
+    assert M.checkpoint_source(config).dtype == "float32"
+    assert M.checkpoint_source(make_config(model={"config": TINY_MODEL})) is None
+
+
+def test_gate_json_and_md_carry_every_phase(stage_dirs, tmp_path):
+    config, work = stage_dirs
+    report = run_gate(config, work / "pretokenized", work / "plan", tmp_path / "gate")
+    phases = report["memory_estimate_phases"]
+    assert list(phases) == ["load", "steady", "export", "host_per_node"]
+    assert phases["steady"]["terms_bytes"] == report["memory_estimate_bytes"]
+    for phase, p in phases.items():
+        assert set(p) == {"per", "terms_bytes", "total_bytes", "budget_bytes", "usable_bytes", "budget_source",
+                          "headroom", "fits", "note"}
+        assert p["total_bytes"] == sum(p["terms_bytes"].values()) and p["fits"] is True
+        assert p["per"] == ("node" if phase == "host_per_node" else "rank")
+    assert phases["host_per_node"]["budget_source"] == "/proc/meminfo MemTotal"  # a cpu run
+    md = (tmp_path / "gate/gate.md").read_text()
+    for title in ("### Load (device, per rank)", "### Steady state (device, per rank)",
+                  "### Export of final/ (device, per rank)", "### Host RAM (per node)", "| loader_page_cache |",
+                  "| gathered_param_export_dtype |"):
+        assert title in md
+    assert md.count("headroom): fits.") == 4

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from wattgate.gate.inputs import PackRows
+from wattgate.gate.memory import GIB, Budget
 
-GIB = 1 << 30
 MAX_LISTED = 8  # offending items named in a detail line before "..."
 
 
@@ -204,17 +204,43 @@ def check_provenance(plan: dict, packs_sha256: str, manifest_sha256: str, manife
     return Check("provenance", True, f"packs and manifest hashes match; max token id {max_id} < vocab {model_vocab}")
 
 
-def check_fit(terms: dict[str, int], budget_bytes: int, budget_source: str, headroom: float) -> Check:
-    """Estimated peak memory per GPU within the device memory, less headroom."""
-    total = sum(terms.values())
-    limit = budget_bytes * (1 - headroom)
-    detail = (f"estimated peak {total / GIB:.1f} GiB per rank vs {limit / GIB:.1f} GiB usable "
-              f"({budget_bytes / GIB:.1f} GiB from {budget_source}, {headroom:.0%} headroom)")
-    if total > limit:
-        biggest = max(terms, key=terms.get)
-        return Check("fit", False, f"{detail}; largest term {biggest} {terms[biggest] / GIB:.1f} GiB "
-                                   "(try train.activation_checkpointing, a smaller micro batch, or more GPUs)")
-    return Check("fit", True, detail)
+FIT_HINTS = {
+    "load": "more GPUs shard the fp32 parameters further",
+    "steady": "try train.activation_checkpointing, a smaller micro batch, or more GPUs",
+    "export": "more GPUs shard the parameters and AdamW state further",
+    "host_per_node": "fewer ranks per node, or set cluster.host_mem_gib to what the nodes have",
+}
+
+
+def _budget_text(budget: Budget, headroom: float) -> str:
+    usable = budget.bytes * (1 - headroom)
+    return f"{usable / GIB:.1f} GiB usable ({budget.bytes / GIB:.1f} GiB from {budget.source}, {headroom:.0%} headroom)"
+
+
+def check_fit(phases: dict[str, dict[str, int]], budgets: dict[str, Budget], headroom: float) -> Check:
+    """Estimated peak of every phase (device per rank: load, steady, export; host per node) within its budget.
+
+    A phase whose budget is unknown (bytes None) is reported as not checked and does not fail.
+    """
+    over, fits, unchecked = [], {}, []
+    for phase, terms in phases.items():
+        budget, total = budgets[phase], sum(terms.values())
+        if budget.bytes is None:
+            unchecked.append(f"{phase} {total / GIB:.1f} GiB per {budget.per} {budget.source}")
+        elif total > budget.bytes * (1 - headroom):
+            biggest = max(terms, key=terms.get)
+            over.append(f"{phase}: estimated peak {total / GIB:.1f} GiB per {budget.per} > "
+                        f"{_budget_text(budget, headroom)}; largest term {biggest} {terms[biggest] / GIB:.1f} GiB "
+                        f"({FIT_HINTS.get(phase, 'more GPUs')})")
+        else:
+            fits.setdefault(budget, []).append(f"{phase} {total / GIB:.1f}")
+    if over:
+        fitting = [f"{', '.join(items)} GiB per {budget.per}" for budget, items in fits.items()]
+        rest = ([f"fits: {', '.join(fitting)}"] if fitting else []) + unchecked
+        return Check("fit", False, "; ".join(over + rest))
+    fitting = [f"{', '.join(items)} GiB per {budget.per} of {_budget_text(budget, headroom)}"
+               for budget, items in fits.items()]
+    return Check("fit", True, "; ".join(fitting + unchecked))
 
 
 def check_checkpoint_space(checkpoint_bytes: int, keep: int, final_bytes: int, free_bytes: int, where: str) -> Check:

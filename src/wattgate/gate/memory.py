@@ -1,22 +1,36 @@
-"""Peak memory per GPU of an FSDP2 (ZeRO-3) full fine-tune, and checkpoint size, from a model config.
+"""Peak memory per GPU and per node of an FSDP2 (ZeRO-3) full fine-tune, and checkpoint size, from a model config.
 
-The estimate is a sum of named terms (printed in gate.md) so an operator can
-see which one does not fit. Byte counts per parameter follow FSDP2 with a bf16
-MixedPrecisionPolicy: sharded parameters, gradients and AdamW moments stay in
-fp32 (4 + 4 + 8 bytes, divided by the world size); each layer is all-gathered
-in bf16 for compute, the current and the prefetched one at a time, and its
-gradient is reduce-scattered in fp32.
+Each estimate is a sum of named terms (printed in gate.md) so an operator can
+see which one does not fit. Three phases peak differently on the device:
+
+- load: the model is built on the meta device, sharded, and only the local
+  fp32 shards are materialized; each parameter's local rows are then read
+  (safetensors `get_slice`, in the file's dtype) or random-initialized, one
+  parameter at a time.
+- steady state (`estimate_memory`): byte counts per parameter follow FSDP2
+  with a bf16 MixedPrecisionPolicy: sharded parameters, gradients and AdamW
+  moments stay in fp32 (4 + 4 + 8 bytes, divided by the world size); each
+  layer is all-gathered in bf16 for compute, the current and the prefetched
+  one at a time, and its gradient is reduce-scattered in fp32.
+- export: gradients are freed; per parameter every rank casts its shard to
+  the export dtype and all-gathers the full parameter, which the rank writing
+  the current file streams into it.
+
+The host (per node) holds every rank's process, the load/export staging
+copies, and the page cache of the memory-mapped checkpoint files.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from wattgate.errors import InputError
 
 GIB = 1 << 30
+MIB = 1 << 20
 
 # Usable device memory (GiB) of known accelerators; cluster.gpu_mem_gib overrides.
 GPU_MEMORY_GIB = {
@@ -32,6 +46,26 @@ GPU_MEMORY_GIB = {
 # What no formula below covers: on a GPU the CUDA context, NCCL buffers and
 # allocator slack; on a CPU rank the interpreter and torch (~0.75 GB measured).
 RUNTIME_OVERHEAD_BYTES = {"gpu": 3 * GIB, "cpu": 3 * GIB // 4}
+
+# Host RSS of one rank's process before any model tensor. GPU: an assumption, not
+# measured here: python + torch + the CUDA runtime and its libraries (cuBLAS, cuDNN),
+# NCCL and transformers typically hold 2-5 GB resident; we take 4 GiB. CPU: the
+# measured ~0.75 GB above (the same process; its device memory is host memory).
+HOST_RUNTIME_BYTES = {"gpu": 4 * GIB, "cpu": RUNTIME_OVERHEAD_BYTES["cpu"]}
+
+# One torchrun agent per node (measured ~225 MB on the two-node local Slurm test).
+TORCHRUN_AGENT_BYTES = 256 * MIB
+
+# Random init fills a parameter's local rows in blocks of this many elements.
+INIT_BLOCK_ELEMENTS = 1 << 20
+
+# Bytes per element of the dtypes a checkpoint or an export may hold.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
+EXPORT_DTYPES = ("bfloat16", "float16", "float32")  # train.export_dtype's choices besides auto
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
+                 "double": "float64"}
+# transformers' dtype when a config names none
+DEFAULT_CONFIG_DTYPE = "float32"
 
 
 @dataclass(frozen=True)
@@ -95,6 +129,24 @@ class ModelSpec:
     def num_params(self) -> int:
         return self.num_layers * self.layer_params + self.embedding_params + self.hidden_size
 
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The distinct weight shapes as transformers 5 stores them; FSDP2 shards dim 0.
+
+        MoE experts are one 3-D parameter per projection (Qwen3-MoE, Mixtral), so
+        they, not a single expert's matrix, are the candidates for the largest one.
+        """
+        h, inter = self.hidden_size, self.intermediate_size
+        shapes = {"embed_tokens": (self.vocab_size, h), "q_proj": (self.q_dim, h), "k_proj": (self.kv_dim, h),
+                  "o_proj": (h, self.q_dim)}
+        if not self.tied_embeddings:
+            shapes["lm_head"] = (self.vocab_size, h)
+        if self.num_experts:
+            e, ei = self.num_experts, self.expert_intermediate_size
+            shapes.update({"experts.gate_up_proj": (e, 2 * ei, h), "experts.down_proj": (e, h, ei)})
+        else:
+            shapes.update({"mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h), "mlp.down_proj": (h, inter)})
+        return shapes
+
     def activation_elements_per_token_layer(self) -> int:
         """bf16 tensors autograd keeps per token in one decoder layer (flash/sdpa attention: no s^2 term).
 
@@ -107,18 +159,113 @@ class ModelSpec:
         return 6 * self.hidden_size + 2 * (self.q_dim + 2 * self.kv_dim) + 2 * self.q_dim + 4 * inter
 
 
+def largest_param(spec: ModelSpec) -> tuple[str, tuple[int, ...]]:
+    """Name and shape of the parameter with the most elements (embedding or head, or an MLP matrix)."""
+    return max(spec.weight_shapes().items(), key=lambda kv: math.prod(kv[1]))
+
+
+def local_rows(shape: tuple[int, ...], world_size: int) -> int:
+    """Rows of dim 0 the fullest rank holds (FSDP2 pads dim 0 up to a multiple of the world size)."""
+    return -(-shape[0] // world_size)
+
+
+def largest_local_slice(spec: ModelSpec, world_size: int) -> tuple[str, int]:
+    """The parameter of which one rank holds the most elements, and that many elements."""
+    name, shape = max(spec.weight_shapes().items(),
+                      key=lambda kv: local_rows(kv[1], world_size) * math.prod(kv[1][1:]))
+    return name, local_rows(shape, world_size) * math.prod(shape[1:])
+
+
+def read_model_folder_config(model_path: str | Path) -> tuple[dict, Path]:
+    """model.path/config.json as a dict, and its path."""
+    path = Path(model_path) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read model config ({exc.strerror}); model.path must be a local model folder") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}: invalid JSON in model config ({exc.msg})") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    return cfg, path
+
+
 def load_model_spec(config: dict) -> ModelSpec:
     model = config["model"]
     if model.get("path"):
-        path = Path(model["path"]) / "config.json"
-        try:
-            cfg = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise InputError(f"{path}: cannot read model config ({exc})") from None
+        cfg, path = read_model_folder_config(model["path"])
         return ModelSpec.from_hf_config(cfg, str(path))
     if model.get("config"):
         return ModelSpec.from_hf_config(model["config"], "model.config")
     raise InputError("config: set model.path (a local model folder) or model.config (a transformers config)")
+
+
+def config_dtype_name(cfg: dict, source: str) -> str | None:
+    """The dtype a transformers config names ('dtype' in transformers 5, 'torch_dtype' before), or None."""
+    value = cfg.get("dtype") if cfg.get("dtype") is not None else cfg.get("torch_dtype")
+    if value is None or value == "auto":
+        return None
+    if not isinstance(value, str):
+        raise InputError(f"{source}: dtype/torch_dtype must be a string like 'bfloat16', got {value!r}")
+    name = value.removeprefix("torch.")
+    name = DTYPE_ALIASES.get(name, name)
+    if name not in DTYPE_BYTES:
+        raise InputError(f"{source}: unknown dtype '{value}' (known: {', '.join(DTYPE_BYTES)})")
+    return name
+
+
+def export_dtype_name(config: dict) -> str:
+    """dtype of final/: train.export_dtype, or for auto the input checkpoint's, else model.config's, else bfloat16."""
+    chosen = config["train"].get("export_dtype", "auto")
+    if chosen != "auto":
+        return chosen
+    model = config["model"]
+    candidates = []
+    if model.get("path"):
+        cfg, path = read_model_folder_config(model["path"])
+        candidates.append((cfg, str(path)))
+    candidates.append((model.get("config") or {}, "model.config"))
+    for cfg, source in candidates:
+        name = config_dtype_name(cfg, source)
+        if name is None:
+            continue
+        if name not in EXPORT_DTYPES:
+            raise InputError(f"{source}: dtype {name} is not an export dtype ({', '.join(EXPORT_DTYPES)}); "
+                             "set train.export_dtype")
+        return name
+    return "bfloat16"
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    """The safetensors checkpoint the loader reads its slices from."""
+
+    dtype: str  # of the tensors in the files
+    file_bytes: int | None  # sum of *.safetensors sizes; None: not there (yet), num_params x dtype bytes is assumed
+
+
+def safetensors_bytes(folder: Path) -> int | None:
+    """Total size of the *.safetensors files in `folder`, or None when there are none."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        try:
+            total += f.stat().st_size
+        except OSError as exc:
+            raise InputError(f"{f}: cannot read its size ({exc.strerror})") from None
+    return total
+
+
+def checkpoint_source(config: dict) -> CheckpointSource | None:
+    """What the loader reads for model.path: file dtype (config.json) and bytes; None for random init."""
+    model = config["model"]
+    if not model.get("path"):
+        return None
+    cfg, path = read_model_folder_config(model["path"])
+    dtype = config_dtype_name(cfg, str(path)) or DEFAULT_CONFIG_DTYPE
+    return CheckpointSource(dtype=dtype, file_bytes=safetensors_bytes(path.parent))
 
 
 @dataclass(frozen=True)
@@ -128,10 +275,21 @@ class FitSettings:
     activation_checkpointing: bool
     mixed_precision: bool  # bf16 compute with fp32 master weights; False: fp32 throughout
     on_gpu: bool = True
+    nodes: int = 1
+    source: CheckpointSource | None = None  # None: random init (model.config)
+    export_dtype: str = "bfloat16"
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nodes
+
+    @property
+    def runtime_kind(self) -> str:
+        return "gpu" if self.on_gpu else "cpu"
 
 
 def estimate_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
-    """Peak bytes per GPU, term by term."""
+    """Steady-state (training step) peak bytes per GPU, term by term."""
     compute = 2 if s.mixed_precision else 4
     per_layer_act = spec.activation_elements_per_token_layer() * compute
     tokens = s.tokens_per_micro_batch
@@ -149,13 +307,104 @@ def estimate_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
         "activations": activations,
         # logits in compute dtype, their fp32 upcast for the loss, and its gradient
         "logits": tokens * spec.vocab_size * (compute + 8),
-        "runtime_overhead": RUNTIME_OVERHEAD_BYTES["gpu" if s.on_gpu else "cpu"],
+        "runtime_overhead": RUNTIME_OVERHEAD_BYTES[s.runtime_kind],
+    }
+
+
+def load_staging_bytes(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
+    """The one parameter slice in flight while loading: in the file's dtype and its fp32 cast.
+
+    Random init instead generates fp32 blocks of INIT_BLOCK_ELEMENTS.
+    """
+    _, local = largest_local_slice(spec, s.world_size)
+    if s.source is None:
+        return {"init_block_fp32": min(local, INIT_BLOCK_ELEMENTS) * 4}
+    return {"largest_param_slice_file_dtype": local * DTYPE_BYTES[s.source.dtype],
+            "largest_param_slice_fp32": local * 4}
+
+
+def estimate_load_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
+    """Peak bytes per rank on the device while loading: the fp32 shards plus one slice in flight.
+
+    The slice is cast on the host or the device (the trainer's choice): counting
+    both copies on the device keeps this an upper bound; either is small.
+    """
+    return {
+        "sharded_params_fp32": spec.num_params * 4 // s.world_size,
+        **load_staging_bytes(spec, s),
+        "runtime_overhead": RUNTIME_OVERHEAD_BYTES[s.runtime_kind],
+    }
+
+
+def estimate_export_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
+    """Peak bytes per rank on the device while writing final/: one full parameter gathered at a time."""
+    dtype_bytes = DTYPE_BYTES[s.export_dtype]
+    _, shape = largest_param(spec)
+    return {
+        # still allocated: the model's shards and AdamW's moments (gradients were set to None)
+        "sharded_params_fp32": spec.num_params * 4 // s.world_size,
+        "sharded_adam_state_fp32": spec.num_params * 8 // s.world_size,
+        "gathered_param_export_dtype": math.prod(shape) * dtype_bytes,
+        "local_cast_export_dtype": largest_local_slice(spec, s.world_size)[1] * dtype_bytes,
+        "runtime_overhead": RUNTIME_OVERHEAD_BYTES[s.runtime_kind],
+    }
+
+
+def checkpoint_file_bytes(spec: ModelSpec, source: CheckpointSource | None) -> int:
+    """Bytes of the checkpoint files the loader maps (0 for random init)."""
+    if source is None:
+        return 0
+    if source.file_bytes is not None:
+        return source.file_bytes
+    return spec.num_params * DTYPE_BYTES[source.dtype]
+
+
+def estimate_host_memory_per_node(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
+    """Peak host RAM of one node, term by term: an upper bound, each term at its own worst phase.
+
+    Per rank the host holds its process, the load slice (file dtype + fp32 cast)
+    or, while exporting, the full parameter its file writer streams; on CPU ranks
+    also every device tensor. The memory-mapped checkpoint stays in the page cache
+    after loading: counted, since a Slurm job's cgroup is charged for it.
+    """
+    ranks = s.ranks_per_node
+    load_host = sum(load_staging_bytes(spec, s).values())
+    export_host = math.prod(largest_param(spec)[1]) * DTYPE_BYTES[s.export_dtype]
+    terms = {
+        "process_runtime": ranks * HOST_RUNTIME_BYTES[s.runtime_kind],
+        "param_staging": ranks * max(load_host, export_host),
+        "loader_page_cache": -(-checkpoint_file_bytes(spec, s.source) // s.nodes),
+        "torchrun_agent": TORCHRUN_AGENT_BYTES,
+    }
+    if not s.on_gpu:  # the device is the host: each rank's largest device peak, less the runtime counted above
+        device_peak = max(sum(estimate_load_memory(spec, s).values()), sum(estimate_memory(spec, s).values()),
+                          sum(estimate_export_memory(spec, s).values()))
+        terms["device_tensors_on_host"] = ranks * (device_peak - RUNTIME_OVERHEAD_BYTES["cpu"])
+    return terms
+
+
+def estimate_phases(spec: ModelSpec, s: FitSettings, steady: dict[str, int] | None = None) -> dict[str, dict[str, int]]:
+    """Every phase's terms: device per rank for load, steady, export; host RAM per node."""
+    return {
+        "load": estimate_load_memory(spec, s),
+        "steady": steady if steady is not None else estimate_memory(spec, s),
+        "export": estimate_export_memory(spec, s),
+        "host_per_node": estimate_host_memory_per_node(spec, s),
     }
 
 
 def checkpoint_bytes(spec: ModelSpec) -> int:
     """One DCP checkpoint: fp32 parameters plus the two AdamW moments."""
     return spec.num_params * 12
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Memory a phase may use, and where that number came from; bytes None means unknown (not checked)."""
+
+    bytes: int | None
+    source: str
+    per: str  # "rank" (device) or "node" (host)
 
 
 def device_memory_bytes(config: dict) -> tuple[int, str]:
@@ -176,3 +425,63 @@ def device_memory_bytes(config: dict) -> tuple[int, str]:
             "set cluster.gpu_mem_gib"
         )
     return GPU_MEMORY_GIB[key] * GIB, f"{key} table entry"
+
+
+def meminfo_total_bytes(meminfo: Path) -> int:
+    """MemTotal of a /proc/meminfo-format file, in bytes."""
+    try:
+        text = meminfo.read_text()
+    except OSError as exc:
+        raise InputError(f"{meminfo}: cannot read ({exc.strerror}); set cluster.host_mem_gib") from None
+    for line in text.splitlines():
+        fields = line.split()
+        if fields[:1] == ["MemTotal:"] and len(fields) >= 2 and fields[1].isdigit():
+            return int(fields[1]) * 1024  # the kernel writes kB meaning KiB
+    raise InputError(f"{meminfo}: no MemTotal line; set cluster.host_mem_gib")
+
+
+NOT_CHECKED = "not checked: set cluster.host_mem_gib"
+
+
+def host_memory_budget(config: dict, meminfo: Path = Path("/proc/meminfo")) -> Budget:
+    """Host RAM per node the train job may use: cluster.host_mem_gib, the Slurm --mem, local RAM on cpu runs."""
+    cluster = config["cluster"]
+    if cluster.get("host_mem_gib"):
+        return Budget(int(cluster["host_mem_gib"] * GIB), "cluster.host_mem_gib", "node")
+    mem_mb = cluster.get("slurm", {}).get("train", {}).get("mem_mb", 0)
+    if mem_mb:
+        return Budget(mem_mb * MIB, "cluster.slurm.train.mem_mb", "node")  # Slurm's MB are MiB
+    if cluster["gpu_model"].lower() == "cpu":
+        return Budget(meminfo_total_bytes(meminfo), f"{meminfo} MemTotal", "node")
+    return Budget(None, NOT_CHECKED, "node")
+
+
+@dataclass(frozen=True)
+class FitEstimate:
+    phases: dict[str, dict[str, int]]  # PHASES -> term -> bytes
+    budgets: dict[str, Budget]  # the same keys
+    notes: dict[str, str]  # phase -> what a person needs to read its terms (e.g. which parameter is largest)
+
+
+def phase_notes(spec: ModelSpec, s: FitSettings) -> dict[str, str]:
+    """One line per phase naming what its staging terms are made of."""
+    slice_name, slice_elements = largest_local_slice(spec, s.world_size)
+    name, shape = largest_param(spec)
+    if s.source is None:
+        source = "random init"
+    else:
+        found = "" if s.source.file_bytes is not None else " (no `*.safetensors` found: num_params x dtype assumed)"
+        source = f"{s.source.dtype} checkpoint of {checkpoint_file_bytes(spec, s.source) / GIB:.1f} GiB{found}"
+    return {
+        "load": f"largest local slice: {slice_name}, {slice_elements:,} elements per rank; {source}",
+        "export": f"largest parameter: {name} {list(shape)}, gathered in {s.export_dtype}",
+        "host_per_node": f"{s.ranks_per_node} rank(s) per node; page cache: the checkpoint / {s.nodes} node(s)",
+    }
+
+
+def fit_estimate(spec: ModelSpec, s: FitSettings, device: Budget, host: Budget,
+                 steady: dict[str, int] | None = None) -> FitEstimate:
+    """Every phase's terms with the budget it is checked against (device per rank, host per node)."""
+    return FitEstimate(phases=estimate_phases(spec, s, steady),
+                       budgets={"load": device, "steady": device, "export": device, "host_per_node": host},
+                       notes=phase_notes(spec, s))

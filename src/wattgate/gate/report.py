@@ -5,17 +5,65 @@ from __future__ import annotations
 from pathlib import Path
 
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
-from wattgate.gate.checks import GIB, Check
+from wattgate.gate.checks import Check
+from wattgate.gate.memory import GIB, FitEstimate
 
 
-def gate_json(passed: bool, elapsed_s: float, checks: list[Check], estimate: dict, enforce: bool) -> dict:
+def phases_json(fit: FitEstimate, headroom: float) -> dict:
+    """Per phase: its terms and total, the budget it is checked against, and whether it fits (None: unchecked)."""
+    out = {}
+    for phase, terms in fit.phases.items():
+        budget, total = fit.budgets[phase], sum(terms.values())
+        usable = None if budget.bytes is None else int(budget.bytes * (1 - headroom))
+        out[phase] = {
+            "per": budget.per,
+            "terms_bytes": dict(terms),
+            "total_bytes": total,
+            "budget_bytes": budget.bytes,
+            "usable_bytes": usable,
+            "budget_source": budget.source,
+            "headroom": headroom,
+            "fits": None if usable is None else total <= usable,
+            "note": fit.notes.get(phase, ""),
+        }
+    return out
+
+
+def gate_json(passed: bool, elapsed_s: float, checks: list[Check], fit: FitEstimate, headroom: float,
+              enforce: bool) -> dict:
     return {
         "passed": passed,
         "enforce": enforce,
         "elapsed_s": round(elapsed_s, 4),
         "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in checks],
-        "memory_estimate_bytes": estimate,
+        "memory_estimate_bytes": fit.phases["steady"],  # per rank; readers rely on this name
+        "memory_estimate_phases": phases_json(fit, headroom),
     }
+
+
+PHASE_TITLES = {
+    "load": "Load (device, per rank)",
+    "steady": "Steady state (device, per rank)",
+    "export": "Export of final/ (device, per rank)",
+    "host_per_node": "Host RAM (per node)",
+}
+
+
+def phase_markdown(phase: str, p: dict) -> list[str]:
+    lines = [f"### {PHASE_TITLES.get(phase, phase)}", ""]
+    if p.get("note"):
+        lines += [p["note"], ""]
+    lines += ["| term | GiB |", "|---|---:|"]
+    lines += [f"| {name} | {value / GIB:.2f} |" for name, value in p["terms_bytes"].items()]
+    lines.append(f"| **total** | **{p['total_bytes'] / GIB:.2f}** |")
+    if p["usable_bytes"] is None:
+        lines += ["", f"Budget: {p['budget_source']}.", ""]
+    else:
+        verdict = "fits" if p["fits"] else "**does not fit**"
+        lines += ["", f"Budget: {p['usable_bytes'] / GIB:.2f} GiB usable per {p['per']} "
+                      f"({p['budget_bytes'] / GIB:.2f} GiB from {p['budget_source']}, {p['headroom']:.0%} headroom): "
+                      f"{verdict}.", ""]
+    return lines
 
 
 def gate_markdown(report: dict) -> str:
@@ -27,10 +75,9 @@ def gate_markdown(report: dict) -> str:
     for c in report["checks"]:
         detail = c["detail"].replace("|", "\\|")
         lines.append(f"| {c['name']} | {'pass' if c['passed'] else '**FAIL**'} | {detail} |")
-    terms = report["memory_estimate_bytes"]
-    lines += ["", "## Memory estimate per rank", "", "| term | GiB |", "|---|---:|"]
-    lines += [f"| {name} | {value / GIB:.2f} |" for name, value in terms.items()]
-    lines += [f"| **total** | **{sum(terms.values()) / GIB:.2f}** |", ""]
+    lines += ["", "## Memory estimate by phase", ""]
+    for phase, p in report["memory_estimate_phases"].items():
+        lines += phase_markdown(phase, p)
     return "\n".join(lines)
 
 

@@ -10,26 +10,47 @@ from wattgate.config import world_size
 from wattgate.gate import checks as C
 from wattgate.gate.inputs import GateInputs, load_inputs
 from wattgate.gate.memory import (
+    DTYPE_BYTES,
+    Budget,
+    FitEstimate,
     FitSettings,
     ModelSpec,
     checkpoint_bytes,
+    checkpoint_source,
     device_memory_bytes,
-    estimate_memory,
+    export_dtype_name,
+    fit_estimate,
+    host_memory_budget,
     load_model_spec,
 )
 from wattgate.gate.report import gate_json, write_report
 
 
 def fit_settings(config: dict) -> FitSettings:
-    t = config["train"]
-    on_gpu = config["cluster"]["gpu_model"].lower() != "cpu"
+    """What the memory estimates need from the config (reads model.path's config.json and file sizes)."""
+    t, cluster = config["train"], config["cluster"]
+    on_gpu = cluster["gpu_model"].lower() != "cpu"
     return FitSettings(
         world_size=world_size(config),
         tokens_per_micro_batch=t["micro_batch_size"] * t["seq_len"],
         activation_checkpointing=t["activation_checkpointing"],
         mixed_precision=on_gpu and t["mixed_precision"] == "bf16",
         on_gpu=on_gpu,
+        nodes=cluster["nodes"],
+        source=checkpoint_source(config),
+        export_dtype=export_dtype_name(config),
     )
+
+
+def config_fit_estimate(config: dict, spec: ModelSpec, steady: dict[str, int] | None = None,
+                        meminfo: Path = Path("/proc/meminfo")) -> FitEstimate:
+    """All phases' terms for this config, with the device budget per rank and the host budget per node.
+
+    Needs no pretokenized data or plan: what the examples' tests and `fit` use.
+    """
+    device, source = device_memory_bytes(config)
+    return fit_estimate(spec, fit_settings(config), Budget(device, source, "rank"),
+                        host_memory_budget(config, meminfo), steady)
 
 
 def free_bytes_at(path: Path) -> tuple[int, str]:
@@ -40,12 +61,14 @@ def free_bytes_at(path: Path) -> tuple[int, str]:
     return shutil.disk_usage(probe).free, str(probe)
 
 
-def run_checks(inputs: GateInputs, spec: ModelSpec, terms: dict[str, int]) -> list[C.Check]:
+def run_checks(inputs: GateInputs, spec: ModelSpec, terms: dict[str, int],
+               fit: FitEstimate | None = None) -> list[C.Check]:
+    """Every check; `terms` is the steady-state estimate, `fit` all phases (computed from the config if None)."""
     config, plan, packs = inputs.config, inputs.plan, inputs.packs
     stats = plan.get("stats", {})
-    budget, source = device_memory_bytes(config)
+    fit = fit or config_fit_estimate(config, spec, terms)
     free, where = free_bytes_at(inputs.checkpoint_dir)
-    final_bytes = spec.num_params * (2 if fit_settings(config).mixed_precision else 4)
+    final_bytes = spec.num_params * DTYPE_BYTES[export_dtype_name(config)]
     return [
         C.check_equal_steps(packs, plan["world_size"], plan["epochs"], plan["micro_batch_size"], plan["grad_accum"],
                             plan["steps_per_epoch"]),
@@ -54,7 +77,7 @@ def run_checks(inputs: GateInputs, spec: ModelSpec, terms: dict[str, int]) -> li
                              stats.get("dropped_doc_ids", []), stats.get("dropped", {})),
         C.check_launch(plan, config),
         C.check_provenance(plan, inputs.packs_sha256, inputs.manifest_sha256, inputs.manifest, spec.vocab_size),
-        C.check_fit(terms, budget, source, config["gate"]["memory_headroom"]),
+        C.check_fit(fit.phases, fit.budgets, config["gate"]["memory_headroom"]),
         C.check_checkpoint_space(checkpoint_bytes(spec), config["train"]["checkpoint_keep"], final_bytes, free, where),
         C.check_balance(packs, plan["world_size"], float(plan.get("attn_weight", config["pack"]["attn_weight"])),
                         config["gate"]["max_rank_cost_ratio"]),
@@ -71,9 +94,9 @@ def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: 
     checkpoint_dir = out.parent / "train" / config["run_name"] / "checkpoints"
     inputs = load_inputs(config, pretokenized, plan_dir, checkpoint_dir)
     spec = load_model_spec(config)
-    terms = estimate_memory(spec, fit_settings(config))
-    results = run_checks(inputs, spec, terms)
-    report = gate_json(all(c.passed for c in results), time.perf_counter() - start, results, terms,
-                       config["gate"]["enforce"])
+    fit = config_fit_estimate(config, spec)
+    results = run_checks(inputs, spec, fit.phases["steady"], fit)
+    report = gate_json(all(c.passed for c in results), time.perf_counter() - start, results, fit,
+                       config["gate"]["memory_headroom"], config["gate"]["enforce"])
     write_report(out, report)
     return report
