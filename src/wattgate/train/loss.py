@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from wattgate.train.attention import packed_model_inputs
 from wattgate.train.data import IGNORE, Batch
 
 
@@ -17,10 +18,16 @@ def to_tensors(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def forward_logits(model, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-    # No attention_mask and no cache: that is how transformers recognizes packed rows from
-    # position_ids and keeps attention inside each document. With a cache (use_cache defaults
-    # to True) documents silently attend to each other.
-    return model(input_ids=tensors["input_ids"], position_ids=tensors["position_ids"], use_cache=False).logits
+    """Logits [micro_batch_size, seq_len, vocab] with attention kept inside each packed document.
+
+    No attention_mask and no cache: that is how transformers recognizes packed rows from
+    position_ids. With a cache (use_cache defaults to True) documents silently attend to each
+    other. Flash kernels need the micro-batch as one row (train/attention.py); logits are
+    reshaped back so loss_sum still shifts within each row.
+    """
+    inputs = packed_model_inputs(tensors["input_ids"], tensors["position_ids"], model.config._attn_implementation)
+    logits = model(**inputs, use_cache=False).logits
+    return logits.view(*tensors["input_ids"].shape, logits.shape[-1])
 
 
 def loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
