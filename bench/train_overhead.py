@@ -212,7 +212,8 @@ def bare_worker(work: Path, out: Path) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from wattgate.train.loop import TrainSettings, lr_at
-    from wattgate.train.model import build_model
+    from wattgate.train.attention import resolve_attn_implementation
+    from wattgate.train.model import build_unsharded_model
 
     config = yaml.safe_load((work / "config.yaml").read_text())
     s = TrainSettings.from_config(config)
@@ -221,7 +222,7 @@ def bare_worker(work: Path, out: Path) -> None:
     steps, global_tokens, build_s = prepare_batches(work, config, rank)
     lrs = [lr_at(g, s, len(steps)) for g in range(len(steps))]
 
-    model = build_model(config["model"], s.attn_implementation, s.seed)
+    model = build_unsharded_model(config["model"], resolve_attn_implementation(s.attn_implementation, "cpu"), s.seed)
     mesh = init_device_mesh("cpu", (world,))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)

@@ -21,8 +21,7 @@ from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.pack.plan import build_plan
 from wattgate.train.checkpoint import latest_complete
 from wattgate.train.data import IGNORE, DocStore, build_batch, read_rank_plan
-from wattgate.train.loss import forward_logits, loss_sum, to_tensors
-from wattgate.train.model import build_model
+from wattgate.train.model import build_unsharded_model
 
 TINY = {"model_type": "qwen3", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
@@ -70,37 +69,13 @@ def run_train(tmp: Path, gpus: int, out: Path) -> subprocess.CompletedProcess:
 def final_params(out: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    return load_file(out / "final" / "model.safetensors")
+    tensors = {}
+    for f in sorted((out / "final").glob("*.safetensors")):
+        tensors.update(load_file(f))
+    return tensors
 
 
 # ---------------------------------------------------------------- packing: attention stays in documents
-
-
-def test_packed_micro_batch_equals_documents_run_one_by_one(tmp_path):
-    pretok = fake_pretokenized(tmp_path / "p", [17, 9, 30, 5, 22])
-    store = DocStore(pretok)
-    packs = [np.array([0, 1, 2]), np.array([3, 4])]
-    batch = build_batch(store, packs, seq_len=64)
-    model = build_model({"config": TINY}, "sdpa", seed=0).eval()
-    with torch.no_grad():
-        tensors = to_tensors(batch, torch.device("cpu"))
-        packed = forward_logits(model, tensors)
-        packed_loss = loss_sum(packed, tensors["labels"])
-        separate_loss = torch.zeros(())
-        for row, docs in enumerate(packs):
-            pos = 0
-            for d in docs.tolist():
-                ids, mask = store.get(d)
-                ids_t = torch.from_numpy(ids.astype(np.int64))[None]
-                alone = model(input_ids=ids_t, use_cache=False).logits
-                assert torch.allclose(packed[row, pos:pos + len(ids)], alone[0], atol=1e-5)
-                labels = torch.where(torch.from_numpy(mask.astype(bool)), ids_t[0], IGNORE)[None]
-                separate_loss += loss_sum(alone, labels)
-                pos += len(ids)
-        assert torch.allclose(packed_loss, separate_loss, rtol=1e-5)
-        # the measured pitfall: with a cache (transformers' default), documents attend to each other
-        leaky = model(input_ids=tensors["input_ids"], position_ids=tensors["position_ids"], use_cache=True).logits
-        assert (leaky - packed).abs().max() > 1e-3
 
 
 def test_labels_and_positions_of_a_pack(tmp_path):
@@ -135,13 +110,14 @@ def test_rank_reads_only_its_rows_in_order(tmp_path):
 def test_one_step_same_parameters_world1_ga2_and_world2_ga1(tmp_path):
     # 4 documents that pack into exactly 2 packs of different loss-token counts: one global batch
     lengths = [40, 20, 30, 30]
-    kw = dict(optimizer="sgd", lr=1.0, grad_clip=1e9, weight_decay=0.0, epochs=1, micro_batch_size=1)
+    kw = dict(optimizer="sgd", lr=1.0, grad_clip=1e9, weight_decay=0.0, epochs=1, micro_batch_size=1,
+              export_dtype="float32")
     make_run(tmp_path, lengths, gpus=1, grad_accum=2, **kw)
     make_run(tmp_path, lengths, gpus=2, grad_accum=1, **kw)
     run_train(tmp_path, 1, tmp_path / "w1")
     run_train(tmp_path, 2, tmp_path / "w2")
     a, b = final_params(tmp_path / "w1"), final_params(tmp_path / "w2")
-    init = build_model({"config": TINY}, "sdpa", seed=0).state_dict()
+    init = build_unsharded_model({"config": TINY}, "sdpa", seed=0).state_dict()
     moved = max((a[k] - init[k]).abs().max().item() for k in a)
     assert moved > 1e-3  # the step really changed the weights
     for k in a:
@@ -232,3 +208,83 @@ def test_local_data_cache_and_activation_checkpointing_train_the_same(tmp_path):
     b = pq.read_table(tmp_path / "local/metrics.parquet").to_pandas()
     assert a["step"].tolist() == b["step"].tolist()
     assert np.allclose(a["loss"], b["loss"], rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------- export: dtype, values, kill and rerun
+
+
+def trained_params(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The fp32 model parameters of a DCP checkpoint, read without a process group."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dest = checkpoint.parent.parent / f"{checkpoint.name}.pt"
+    dcp_to_torch_save(str(checkpoint), str(dest))
+    state = torch.load(dest, weights_only=False)["model"]
+    return {k.replace("_checkpoint_wrapped_module.", ""): v for k, v in state.items()}
+
+
+def set_tokenizer_dir(tmp: Path, tokenizer: Path) -> None:
+    manifest = tmp / "pretokenized/manifest.json"
+    write_json_atomic(manifest, dict(json.loads(manifest.read_text()), tokenizer_path=str(tokenizer)))
+
+
+@pytest.mark.slow
+def test_export_is_the_trained_model_in_bf16_and_a_killed_export_reruns(tmp_path):
+    lengths = np.random.default_rng(3).integers(5, 60, 60).tolist()
+    make_run(tmp_path, lengths, gpus=2, epochs=1, export_max_shard_gib=1e-5)  # a file per tensor or two
+    tokenizer = tmp_path / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text('{"model": "stand-in tokenizer file"}')
+    set_tokenizer_dir(tmp_path, tokenizer)
+    straight = tmp_path / "straight"
+    run_train(tmp_path, 2, straight)
+    summary = json.loads((straight / "TRAINED").read_text())
+    final = straight / "final"
+    index = json.loads((final / "model.safetensors.index.json").read_text())
+    shards = sorted(p.name for p in final.glob("*.safetensors"))
+    assert shards == sorted(set(index["weight_map"].values())) and len(shards) > 2
+    assert (final / "tokenizer.json").read_text() == (tokenizer / "tokenizer.json").read_text()
+
+    # the values are the trained fp32 parameters (the last checkpoint) cast to bf16
+    exported = final_params(straight)
+    trained = trained_params(straight / "checkpoints" / f"step-{summary['steps']}")
+    assert set(exported) == set(trained)
+    assert all(exported[k].dtype == torch.bfloat16 and torch.equal(exported[k], trained[k].bfloat16()) for k in trained)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(final), local_files_only=True)
+    assert model.dtype == torch.bfloat16
+
+    # TRAINED: every rank's memory per phase, load and export times
+    assert summary["export_dtype"] == "bfloat16" and summary["load_s"] > 0 and summary["export_s"] > 0
+    ranks = summary["memory"]["per_rank"]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    assert all(set(r["phases"]) == {"load", "steady", "export"} for r in ranks)
+    assert all(p["host_peak_gib"] >= p["host_at_start_gib"] > 0 for r in ranks for p in r["phases"].values())
+
+    # kill during the export: the tokenizer file is a FIFO, so rank 0 blocks copying it after every shard is
+    # written, with final.tmp/ complete but unpublished. A deterministic point inside the export.
+    killed = tmp_path / "killed"
+    blocking = tmp_path / "tok-fifo"
+    blocking.mkdir()
+    os.mkfifo(blocking / "tokenizer.json")
+    set_tokenizer_dir(tmp_path, blocking)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    job = subprocess.Popen(torchrun(tmp_path, 2, killed), env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while not (killed / "final.tmp" / "config.json").exists():
+        assert job.poll() is None and time.time() < deadline, "the export never reached the tokenizer copy"
+        time.sleep(0.05)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    assert not (killed / "final").exists() and not (killed / "TRAINED").exists()
+    assert len(list((killed / "final.tmp").glob("*.safetensors"))) == len(shards)
+
+    set_tokenizer_dir(tmp_path, tokenizer)
+    proc = run_train(tmp_path, 2, killed)
+    assert json.loads((killed / "TRAINED").read_text())["resumed_from_step"] == summary["steps"], proc.stdout
+    assert not (killed / "final.tmp").exists()
+    assert sorted(p.name for p in (killed / "final").iterdir()) == sorted(p.name for p in final.iterdir())
+    for p in final.iterdir():  # byte for byte the uninterrupted run's export
+        assert (killed / "final" / p.name).read_bytes() == p.read_bytes(), p.name

@@ -87,6 +87,12 @@ def _train(args, config) -> None:
     train(config, args.pretokenized, args.plan, args.out)
 
 
+def _load_check(args, config) -> None:
+    from wattgate.train.loadcheck import load_check
+
+    load_check(config, args.out, args.export)
+
+
 def _launch(args, config) -> None:
     from wattgate.train.launch import run_launch
 
@@ -227,6 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
     stage("gate", _gate, "invariant gate: prove the plan safe before any GPU job", "pretokenized", "plan")
     stage("train", _train, "train one rank (run under torchrun; see `wattgate launch`)", "pretokenized", "plan")
     stage("launch", _launch, "start the train stage on every rank (torchrun; srun on Slurm)", "pretokenized", "plan")
+
+    p = sub.add_parser("load-check", help="the train stage's sharded model load (and export) alone, measured "
+                                          "(run under torchrun with the train job's ranks)")
+    p.add_argument("--config", required=True, type=Path, help="run config (YAML)")
+    p.add_argument("--out", required=True, type=Path, help="folder for load-check.json (and final/ with --export)")
+    p.add_argument("--export", action="store_true", help="also export final/ as the train stage would")
+    p.set_defaults(func=_load_check)
 
     p = sub.add_parser("sample", help="NVML telemetry sampler for this node (optionally beside a command)")
     p.add_argument("--out", required=True, help="trace file; {host} becomes this node's name")

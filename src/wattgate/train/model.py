@@ -1,4 +1,9 @@
-"""Build the model (local folder or config) and shard it with FSDP2 per decoder layer and at the root."""
+"""Build the model on the meta device and shard it with FSDP2 per decoder layer and at the root.
+
+No rank ever materializes the whole model: the module tree is built on the meta device
+(no memory), fully_shard turns every parameter into a DTensor sharded on dim 0, and only
+then does train/weights.py allocate and fill each rank's local shard.
+"""
 
 from __future__ import annotations
 
@@ -10,26 +15,42 @@ import torch
 from wattgate.errors import InputError
 
 
-def build_model(model_cfg: dict, attn_implementation: str, seed: int):
-    """A causal LM from `model.path` (pretrained weights) or `model.config` (random init, seeded)."""
+def model_hf_config(model_cfg: dict):
+    """The transformers config of `model.path` (config.json) or `model.config` (a dict), for training."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     if model_cfg.get("path"):
         path = Path(model_cfg["path"])
         if not (path / "config.json").exists():
             raise InputError(f"{path}: no config.json; model.path must be a local model folder")
-        return AutoModelForCausalLM.from_pretrained(
-            str(path), local_files_only=True, dtype=torch.float32, attn_implementation=attn_implementation
-        )
-    cfg = dict(model_cfg.get("config") or {})
-    model_type = cfg.pop("model_type", None)
-    if not model_type:
-        raise InputError("model.config: needs model_type (e.g. qwen3)")
-    config = AutoConfig.for_model(model_type, **cfg)
-    config.use_cache = False
-    torch.manual_seed(seed)  # the same initial weights on every rank and every run
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn_implementation)
+        try:
+            config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise InputError(f"{path}/config.json: not a transformers model config ({exc})") from None
+    else:
+        cfg = dict(model_cfg.get("config") or {})
+        model_type = cfg.pop("model_type", None)
+        if not model_type:
+            raise InputError("model.config: needs model_type (e.g. qwen3)")
+        try:
+            config = AutoConfig.for_model(model_type, **cfg)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"model.config: {exc}") from None
+    config.use_cache = False  # a cache makes packed documents attend to each other (PITFALLS)
+    return config
+
+
+def build_meta_model(model_cfg: dict, attn_implementation: str):
+    """The model's module tree on the meta device (no parameter memory), in fp32 master dtype."""
+    from transformers import AutoModelForCausalLM
+
+    config = model_hf_config(model_cfg)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn_implementation)
+    # FSDP2 renames the class (FSDPQwen3ForCausalLM); the export names the real one
+    model.config.architectures = [type(model).__name__]
+    return model
 
 
 LAYER_PATHS = ("model.layers", "transformer.h", "model.decoder.layers", "gpt_neox.layers")
@@ -70,3 +91,32 @@ def parallelize(model, mesh, on_cuda: bool, mixed_precision: bool, activation_ch
 
 def count_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def load_sharded_model(model_cfg: dict, s, mesh, device: torch.device, fill: bool = True):
+    """Meta build -> fully_shard -> local shards on `device` -> filled; returns (model, where values came from).
+
+    `s` is the train settings (attention, precision, activation checkpointing, seed).
+    fill=False when a checkpoint will overwrite every parameter (resume).
+    """
+    from wattgate.train.attention import resolve_attn_implementation
+    from wattgate.train.weights import materialize
+
+    on_cuda = device.type == "cuda"
+    attn = resolve_attn_implementation(s.attn_implementation, device.type, bf16=on_cuda and s.mixed_precision)
+    model = build_meta_model(model_cfg, attn)
+    parallelize(model, mesh, on_cuda, s.mixed_precision, s.activation_checkpointing)
+    source = materialize(model, device, model_cfg, s.seed, fill=fill)
+    return model, source
+
+
+def build_unsharded_model(model_cfg: dict, attn_implementation: str, seed: int, device: str = "cpu"):
+    """The whole model in one process, with the same weights the sharded loader gives every rank.
+
+    For references and baselines (tests, benches) only: it holds the whole model in fp32.
+    """
+    from wattgate.train.weights import materialize
+
+    model = build_meta_model(model_cfg, attn_implementation)
+    materialize(model, torch.device(device), model_cfg, seed)
+    return model

@@ -1,0 +1,51 @@
+"""`wattgate load-check`: the train stage's model load (and optionally its export), alone, measured.
+
+Run under torchrun with the train job's world size to learn, before a long job, whether each
+rank's shard loads, how long it takes and what it costs in host and device memory. It writes
+`load-check.json` (and `final/` with --export) into --out.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from wattgate.artifacts import write_json_atomic
+from wattgate.train.distributed import setup_rank
+from wattgate.train.loop import TrainSettings
+from wattgate.train.metrics import GIB, PhaseMemory, memory_summary
+from wattgate.train.model import build_meta_model, count_params, load_sharded_model
+from wattgate.train.weights import DTYPES, export_hf_folder
+
+
+def load_check(config: dict, out: Path, export: bool) -> dict:
+    s = TrainSettings.from_config(config)
+    out.mkdir(parents=True, exist_ok=True)
+    rank, world, device = setup_rank(s.collective_timeout_s, out)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        build_meta_model(config["model"], "sdpa")  # imports the model's code outside the measured phase
+        memory = PhaseMemory(device)
+        memory.start()
+        t0 = time.perf_counter()
+        model, source = load_sharded_model(config["model"], s, init_device_mesh(device.type, (world,)), device)
+        dist.barrier()
+        load_s = time.perf_counter() - t0
+        memory.end("load")
+        if export:
+            export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), [])
+            memory.end("export")
+        report = {"world_size": world, "device": device.type, "params": count_params(model), "source": source,
+                  "load_s": load_s, "export_dtype": s.export_dtype if export else None,
+                  "memory": memory_summary(memory.gather())}
+        if rank == 0:
+            write_json_atomic(out / "load-check.json", report)
+            worst = report["memory"]["max_over_ranks"]["load"]
+            print(f"load-check: {report['params'] / 1e6:.1f}M params on {world} rank(s) from {source} in "
+                  f"{load_s:.2f} s; peak host RSS {worst['host_peak_gib']:.2f} GiB per rank -> {out}", flush=True)
+        return report
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,150 @@
+"""What a run measures about itself: per-step figures for metrics.parquet and the log, MFU, and the
+host/device memory peak of each phase (load, steady state, export) for TRAINED and the report."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from wattgate.train.telemetry_files import MetricsTable
+
+GIB = 1 << 30
+METRICS_FLUSH_EVERY = 50  # steps; also at every checkpoint and at the end
+
+# Dense bf16 peak per GPU (TFLOP/s, datasheet) for MFU; unknown models report none.
+PEAK_BF16_TFLOPS = {"a100": 312, "a100-40gb": 312, "a100-80gb": 312, "h100": 989, "h200": 989,
+                    "b200": 2250, "b300": 2250}
+
+
+def model_flops_utilization(tokens_per_s: float, n_params: int, world: int, gpu_model: str) -> float | None:
+    """6 x params FLOPs per trained token (forward + backward) over the GPUs' peak; attention not counted."""
+    peak = PEAK_BF16_TFLOPS.get(gpu_model.lower())
+    if not peak:
+        return None
+    return 6 * n_params * tokens_per_s / (world * peak * 1e12)
+
+
+# ---------------------------------------------------------------- memory peaks per phase
+
+
+def _proc_status_kib(field_name: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set of this process since the last reset (Linux VmHWM; else the lifetime peak)."""
+    kib = _proc_status_kib("VmHWM")
+    if kib is None:
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return kib * 1024
+
+
+def current_rss_bytes() -> int:
+    kib = _proc_status_kib("VmRSS")
+    return (kib or 0) * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Start a new peak: writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@dataclass
+class PhaseMemory:
+    """Host RSS and CUDA peaks of consecutive phases of one rank, each peak reset at the phase start."""
+
+    device: torch.device
+    phases: dict[str, dict] = field(default_factory=dict)
+    _start: float = 0.0
+    _rss_at_start: int = 0
+
+    def start(self) -> None:
+        reset_peak_rss()
+        self._rss_at_start = current_rss_bytes()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._start = time.perf_counter()
+
+    def end(self, phase: str) -> None:
+        record = {"host_peak_gib": peak_rss_bytes() / GIB, "host_at_start_gib": self._rss_at_start / GIB,
+                  "seconds": time.perf_counter() - self._start}
+        if self.device.type == "cuda":
+            record["cuda_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / GIB
+            record["cuda_reserved_peak_gib"] = torch.cuda.max_memory_reserved(self.device) / GIB
+        self.phases[phase] = record
+        self.start()
+
+    def gather(self) -> list[dict]:
+        """Every rank's phases, on every rank (one small collective)."""
+        mine = {"rank": dist.get_rank(), "host": socket.gethostname(), "phases": self.phases}
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        return every
+
+
+def memory_summary(per_rank: list[dict]) -> dict:
+    """TRAINED's memory block: per-rank figures, and the maximum over ranks of each phase."""
+    phases = sorted({p for r in per_rank for p in r["phases"]}, key=["load", "steady", "export"].index)
+    worst = {}
+    for p in phases:
+        rows = [r["phases"][p] for r in per_rank if p in r["phases"]]
+        worst[p] = {k: max(row[k] for row in rows) for k in rows[0]}
+    return {"per_rank": per_rank, "max_over_ranks": worst}
+
+
+# ---------------------------------------------------------------- per-step figures
+
+
+@dataclass
+class StepLog:
+    """Rank 0's record of every step: metrics rows, the periodic log line, tokens for the summary."""
+
+    metrics: MetricsTable | None  # None on ranks other than 0
+    log_every: int
+    n_params: int
+    world: int
+    gpu_model: str
+    on_cuda: bool
+    tokens_done: int = 0
+
+    def record(self, g: int, epoch: int, start: int, total: int, gathered: list[torch.Tensor], lr: float,
+               grad_norm: float, now: float) -> None:
+        """`gathered`: per rank [loss sum, loss tokens, tokens, step s, data wait s] of optimizer step g."""
+        step_tokens = int(sum(float(t[2]) for t in gathered))
+        self.tokens_done += step_tokens
+        if self.metrics is None:
+            return
+        self.metrics.add([{"step": g + 1, "rank": r, "epoch": epoch, "loss": float(t[0] / max(t[1], 1)),
+                           "tokens": int(t[2]), "loss_tokens": int(t[1]), "step_time_s": float(t[3]),
+                           "data_wait_s": float(t[4]), "lr": lr, "time": now}
+                          for r, t in enumerate(gathered)])
+        if (g + 1) % self.log_every and g != start and g + 1 != total:
+            return
+        step_time, data_wait = float(gathered[0][3]), float(gathered[0][4])
+        loss = sum(float(t[0]) for t in gathered) / max(sum(float(t[1]) for t in gathered), 1)
+        mfu = model_flops_utilization(step_tokens / step_time, self.n_params, self.world, self.gpu_model) \
+            if self.on_cuda else None
+        print(f"train: step {g + 1}/{total} epoch {epoch} loss {loss:.4f} grad_norm {grad_norm:.3f} "
+              f"lr {lr:.2e} {step_tokens / step_time:.0f} tok/s "
+              f"data_wait {100 * data_wait / step_time:.2f}%" + (f" MFU {100 * mfu:.1f}%" if mfu else ""),
+              flush=True)
+
+    def flush_due(self, g: int, checkpoint_now: bool) -> bool:
+        return self.metrics is not None and (checkpoint_now or (g + 1) % METRICS_FLUSH_EVERY == 0)

@@ -1,0 +1,306 @@
+"""Each rank's local shards: allocated after fully_shard, filled from safetensors row slices or a seeded init,
+and exported back to a sharded Hugging Face folder without gathering the model on one rank.
+
+FSDP2 shards every parameter on dim 0, so a rank's local shard is a contiguous block of rows
+[offset, offset + rows) of the full tensor. Loading reads exactly that block from the
+checkpoint with one positioned read (safetensors_io), one parameter at a time: a rank's host
+peak is its shard plus one parameter slice, never the model.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from wattgate.artifacts import write_bytes_atomic, write_json_atomic
+from wattgate.errors import InputError
+from wattgate.train.safetensors_io import SafetensorsStream, TensorInfo, read_header, read_rows
+
+WRAPPER_PREFIX = "_checkpoint_wrapped_module."
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+INIT_BLOCK_ELEMENTS = 1 << 20  # random init is drawn in row blocks of about this many values
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def hf_name(name: str) -> str:
+    """The checkpoint key of a parameter (activation checkpointing wraps layers under another name)."""
+    return name.replace(WRAPPER_PREFIX, "")
+
+
+def local_rows(param: torch.Tensor) -> tuple[int, int]:
+    """(first row, row count) of this rank's shard along dim 0; the whole tensor when not sharded."""
+    from torch.distributed.tensor import DTensor
+
+    if param.ndim == 0:
+        return 0, 1
+    if not isinstance(param, DTensor):
+        return 0, param.shape[0]
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    if any(o != 0 for o in offset[1:]) or tuple(shape[1:]) != tuple(param.shape[1:]):
+        raise NotImplementedError(f"only dim-0 sharding is supported, got placements {param.placements}")
+    return int(offset[0]), int(shape[0])
+
+
+def local_tensor(param: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return param.to_local() if isinstance(param, DTensor) else param.data
+
+
+# ---------------------------------------------------------------- materialize: allocate and fill
+
+
+def materialize(model, device: torch.device, model_cfg: dict, seed: int, fill: bool = True) -> str:
+    """Allocate the local shards on `device` and fill them; returns where the values came from.
+
+    fill=False leaves parameters uninitialized (a checkpoint is about to overwrite every one).
+    """
+    model.to_empty(device=device)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()  # to_empty gives a module not under fully_shard separate head and embedding
+    restore_buffers(model, device)
+    with torch.no_grad():
+        if not fill:
+            return "checkpoint"
+        if model_cfg.get("path"):
+            load_local_shards(model, Path(model_cfg["path"]))
+            return f"{model_cfg['path']} (local slices)"
+        init_local_shards(model, seed)
+        return f"random init (seed {seed}, independent of world size)"
+
+
+def restore_buffers(model, device: torch.device) -> None:
+    """Recompute buffers (rotary inv_freq) that to_empty left uninitialized, module by module.
+
+    A buffer-owning module (the rotary embedding) is rebuilt from the model config on the
+    device: it is tiny, and computing it is the only way to get it without a checkpoint.
+    """
+    for name, module in model.named_modules():
+        own = list(module._buffers)
+        if not own:
+            continue
+        try:
+            with torch.device(device):
+                fresh = type(module)(config=model.config)
+        except TypeError as exc:
+            raise InputError(f"{type(module).__name__} ({name}): cannot rebuild its buffers {own} "
+                             f"from the model config ({exc})") from None
+        for b in own:
+            if module._buffers[b] is not None:
+                module._buffers[b] = fresh._buffers[b].to(device)
+
+
+def checkpoint_tensors(path: Path) -> dict[str, tuple[Path, TensorInfo]]:
+    """Tensor name -> (safetensors file, its header entry) of a Hugging Face model folder, sharded or not."""
+    index = path / SAFETENSORS_INDEX
+    if index.exists():
+        try:
+            files = sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
+        except (OSError, json.JSONDecodeError, KeyError, AttributeError) as exc:
+            raise InputError(f"{index}: unreadable safetensors index ({exc}); re-save the model") from None
+    elif (path / SINGLE_FILE).exists():
+        files = [path / SINGLE_FILE]
+    else:
+        raise InputError(f"{path}: no {SAFETENSORS_INDEX} or {SINGLE_FILE}; model.path needs safetensors weights "
+                         "(convert .bin checkpoints with save_pretrained(safe_serialization=True))")
+    return {name: (f, info) for f in files for name, info in read_header(f).items()}
+
+
+def _checkpoint_key(name: str, tensors: dict, base_prefix: str) -> str | None:
+    if name in tensors:
+        return name
+    # a base-model checkpoint (Qwen3Model) has no "model." prefix
+    if base_prefix and name.startswith(base_prefix + ".") and name[len(base_prefix) + 1:] in tensors:
+        return name[len(base_prefix) + 1:]
+    return None
+
+
+def load_local_shards(model, path: Path) -> None:
+    """Fill every parameter's local rows from the checkpoint, reading only those rows (cast on copy)."""
+    tensors = checkpoint_tensors(path)
+    base_prefix = getattr(model, "base_model_prefix", "")
+    for name, tensor in _local_state(model):
+        key = _checkpoint_key(hf_name(name), tensors, base_prefix)
+        if key is None:
+            raise InputError(f"{path}: no tensor '{hf_name(name)}' in the checkpoint; model.path does not "
+                             f"hold weights for this {model.config.architectures[0]}")
+        file, info = tensors[key]
+        if info.shape != tuple(tensor.shape):
+            raise InputError(f"{file}: '{key}' has shape {info.shape}, the model expects {tuple(tensor.shape)}; "
+                             "model.path and its config.json disagree")
+        offset, rows = local_rows(tensor)
+        if rows:
+            local_tensor(tensor).copy_(read_rows(file, info, offset, rows))
+
+
+def _local_state(model):
+    """(name, tensor) for every parameter (tied ones once) and persistent buffer."""
+    yield from model.named_parameters()
+    for mod_name, module in model.named_modules():
+        for b, buf in module._buffers.items():
+            if buf is not None and b not in module._non_persistent_buffers_set:
+                yield (f"{mod_name}.{b}" if mod_name else b), buf
+
+
+def _block_seed(seed: int, name: str, block: int) -> int:
+    digest = hashlib.sha256(f"{seed}:{name}:{block}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def seeded_normal_rows(name: str, shape: tuple[int, ...], offset: int, rows: int, seed: int) -> torch.Tensor:
+    """Rows [offset, offset + rows) of a standard-normal tensor of `shape` that does not depend on sharding.
+
+    The full tensor is cut into fixed row blocks, each drawn from a generator seeded by
+    (seed, name, block): any rank can draw any rows without drawing the rows before them.
+    """
+    row = math.prod(shape[1:])
+    per_block = max(1, INIT_BLOCK_ELEMENTS // max(row, 1))
+    out = torch.empty((rows, *shape[1:]))
+    for b in range(offset // per_block, (offset + rows - 1) // per_block + 1):
+        start, stop = b * per_block, min(shape[0], (b + 1) * per_block)
+        block = torch.randn((stop - start, *shape[1:]), generator=torch.Generator().manual_seed(_block_seed(seed, name, b)))
+        lo, hi = max(offset, start), min(offset + rows, stop)
+        out[lo - offset:hi - offset] = block[lo - start:hi - start]
+    return out
+
+
+def init_local_shards(model, seed: int) -> None:
+    """transformers' default init for decoder LMs (normal(0, initializer_range) for embeddings and
+    linear weights, zero biases, unit norm weights), drawn so that every world size gets the same model."""
+    std = float(getattr(model.config, "initializer_range", 0.02))
+    for name, param in model.named_parameters():
+        module_name, _, leaf = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        offset, rows = local_rows(param)
+        if rows == 0:
+            continue
+        local = local_tensor(param)
+        if leaf == "bias":
+            local.zero_()
+        elif "norm" in type(module).__name__.lower():
+            local.fill_(1.0)
+        elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            local.copy_(seeded_normal_rows(hf_name(name), tuple(param.shape), offset, rows, seed).mul_(std))
+            pad = getattr(module, "padding_idx", None)
+            if pad is not None and offset <= pad < offset + rows:
+                local[pad - offset].zero_()
+        else:
+            raise InputError(f"model.config: no random init rule for {name} ({type(module).__name__}); "
+                             "use model.path with pretrained weights")
+
+
+# ---------------------------------------------------------------- export: sharded safetensors
+
+
+@dataclass(frozen=True)
+class ExportEntry:
+    name: str  # checkpoint key
+    tensor: torch.Tensor  # the model's (sharded) parameter or buffer
+    shape: tuple[int, ...]
+
+    def nbytes(self, dtype: torch.dtype) -> int:
+        return math.prod(self.shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def export_entries(model) -> list[ExportEntry]:
+    return [ExportEntry(hf_name(n), t, tuple(t.shape)) for n, t in _local_state(model)]
+
+
+def plan_export_files(entries: list[ExportEntry], dtype: torch.dtype, max_shard_bytes: int) -> list[list[ExportEntry]]:
+    """Consecutive tensors grouped into files of at most max_shard_bytes (a bigger tensor gets a file alone)."""
+    files: list[list[ExportEntry]] = [[]]
+    size = 0
+    for e in entries:
+        if files[-1] and size + e.nbytes(dtype) > max_shard_bytes:
+            files.append([])
+            size = 0
+        files[-1].append(e)
+        size += e.nbytes(dtype)
+    return files
+
+
+def export_file_names(n: int) -> list[str]:
+    return [SINGLE_FILE] if n == 1 else [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
+
+
+def gather_full(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The whole tensor on every rank, cast before the all-gather (half the traffic for bf16)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(tensor, DTensor):
+        return tensor.detach().to(dtype).full_tensor()
+    return tensor.detach().to(dtype)
+
+
+def write_sharded_safetensors(model, folder: Path, dtype: torch.dtype, max_shard_bytes: int) -> dict[str, str]:
+    """Every rank takes part in each tensor's all-gather; file k is written by rank k % world.
+
+    Returns the index's weight_map (tensor -> file). No rank holds more than one full tensor.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    files = plan_export_files(export_entries(model), dtype, max_shard_bytes)
+    names = export_file_names(len(files))
+    for k, (name, entries) in enumerate(zip(names, files)):
+        stream = SafetensorsStream(folder / name, [(e.name, e.shape) for e in entries], dtype) \
+            if k % world == rank else None
+        for e in entries:
+            full = gather_full(e.tensor, dtype)
+            if stream is not None:
+                stream.write(full)
+            del full
+        if stream is not None:
+            stream.close()
+    return {e.name: name for name, entries in zip(names, files) for e in entries}
+
+
+def export_config(model, dtype: torch.dtype):
+    cfg = copy.deepcopy(model.config)
+    cfg.dtype = dtype  # written as "dtype" (transformers 5) and read back by from_pretrained
+    cfg.use_cache = True  # inference default; training turned it off
+    return cfg
+
+
+def export_hf_folder(model, out: Path, dtype: torch.dtype, max_shard_bytes: int, extra_files: list[Path]) -> Path:
+    """`out/final/`: sharded safetensors + index + config + `extra_files` (tokenizer), published atomically.
+
+    Ranks write into `final.tmp/`; rank 0 renames it onto `final/` only when every file is
+    complete, so a killed export leaves the previous final/ (or none), never a partial one.
+    """
+    rank = dist.get_rank()
+    tmp, final = out / "final.tmp", out / "final"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # a killed export's leftovers (wattgate wrote them)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    weight_map = write_sharded_safetensors(model, tmp, dtype, max_shard_bytes)
+    dist.barrier()
+    if rank == 0:
+        if len(set(weight_map.values())) > 1:
+            total = sum(e.nbytes(dtype) for e in export_entries(model))
+            write_json_atomic(tmp / SAFETENSORS_INDEX, {"metadata": {"total_size": total},
+                                                        "weight_map": dict(sorted(weight_map.items()))})
+        export_config(model, dtype).to_json_file(str(tmp / "config.json"))
+        for src in extra_files:
+            write_bytes_atomic(tmp / src.name, src.read_bytes())
+        if final.exists():
+            old = out / "final.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, final)
+    dist.barrier()  # no rank leaves before the export is published
+    return final
