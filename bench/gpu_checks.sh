@@ -3,8 +3,11 @@
 #   1. the NVML sampler on an idle GPU (power source, columns filled, GPM);
 #   2. sampler overhead (bench/sampler.py) with real NVML;
 #   3. calibrate: known phases -> a calibrated triage table + its labelled samples;
-#   4. the CUDA/NCCL train path (bf16 FSDP2, world 1) under the sampler and the watcher.
-# Usage: [STEPS="1 2 3 4"] bash bench/gpu_checks.sh OUTDIR [SECONDS_PER_PHASE]
+#   4. the CUDA/NCCL train path (bf16 FSDP2, world 1) under the sampler and the watcher;
+#   5. real-size load and step (issue 9): a Qwen3-shaped model (QWEN_SIZE=1.7b|4b) written as bf16
+#      safetensors, sharded load, seq_len 8192 packed, bf16, activation checkpointing on and off:
+#      steady-state MFU, tokens/s, peak memory against the gate's estimate, load and export time.
+# Usage: [STEPS="1 2 3 4 5"] bash bench/gpu_checks.sh OUTDIR [SECONDS_PER_PHASE]
 # Needs python3 with torch (CUDA), nvidia-ml-py, pyarrow, pandas, transformers, tokenizers, jsonschema.
 set -u -o pipefail
 OUT=${1:?usage: gpu_checks.sh OUTDIR [SECONDS_PER_PHASE]}
@@ -14,7 +17,7 @@ export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 T
 PY=${PYTHON:-python3}
 W="$PY -m wattgate"
 t0=$(date +%s)
-STEPS=${STEPS:-1 2 3 4}
+STEPS=${STEPS:-1 2 3 4 5}
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -75,5 +78,78 @@ cat "$work/train/TRAINED" "$work/train/watcher.json" 2>/dev/null
 grep -h "estimated peak" "$work/gate/gate.md" 2>/dev/null
 tar -C "$work" -czf "$OUT/train-run.tar.gz" config.yaml gate/gate.json train/TRAINED train/watcher.json \
   train/metrics.parquet train/telemetry train/heartbeat 2>/dev/null
+fi
+if want 5; then
+stamp "5. real-size model: sharded load, seq_len 8192, bf16, activation checkpointing on/off"
+work=/tmp/wattgate-real
+rm -rf "$work"; mkdir -p "$work"
+$PY - "$work" "${QWEN_SIZE:-1.7b}" <<'EOF'
+import sys, torch, yaml
+from pathlib import Path
+from transformers import AutoConfig, AutoModelForCausalLM
+from wattgate.data.synthetic import write_random_pretokenized
+work, size = Path(sys.argv[1]), sys.argv[2]
+shapes = {"1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, tie_word_embeddings=True),
+          "4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, tie_word_embeddings=True)}
+config = AutoConfig.for_model("qwen3", vocab_size=151936, head_dim=128, max_position_embeddings=40960,
+                              rope_theta=1000000, rms_norm_eps=1e-6, **shapes[size])
+with torch.device("meta"):
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+model.to_empty(device="cuda")
+with torch.no_grad():
+    for p in model.parameters():
+        p.normal_(0, 0.02)
+model.save_pretrained(str(work / "model"))  # bf16 safetensors, like a downloaded checkpoint
+del model
+torch.cuda.empty_cache()
+lengths = torch.randint(256, 8192, (2000,), generator=torch.Generator().manual_seed(0)).tolist()
+write_random_pretokenized(work / "pretokenized", lengths, 151936, seed=0)
+for ac in (True, False):
+    c = {"run_name": f"ac-{ac}", "model": {"path": str(work / "model")},
+         "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu_model": "H200"},
+         "train": {"seq_len": 8192, "micro_batch_size": 1, "grad_accum": 4, "epochs": 1, "max_steps": 20,
+                   "warmup_steps": 2, "checkpoint_every": 1000, "checkpoint_at_epoch_end": False,
+                   "activation_checkpointing": ac, "log_every": 5}}
+    yaml.safe_dump(c, open(work / f"ac-{ac}.yaml", "w"))
+EOF
+for ac in True False; do
+  C="$work/ac-$ac.yaml"
+  $W pack --config "$C" --pretokenized "$work/pretokenized" --out "$work/plan-$ac" &&
+  $W gate --config "$C" --pretokenized "$work/pretokenized" --plan "$work/plan-$ac" --out "$work/gate-$ac"
+  $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m wattgate train --config "$C" \
+    --pretokenized "$work/pretokenized" --plan "$work/plan-$ac" --out "$work/train-$ac" 2>&1 | grep -v Warning
+  echo "train (activation checkpointing $ac) exit status $?"
+done
+$PY - "$work" <<'EOF'
+import json, sys
+import pyarrow.parquet as pq
+from pathlib import Path
+from wattgate.train.metrics import model_flops_utilization
+work = Path(sys.argv[1])
+for ac in ("True", "False"):
+    try:
+        t = json.loads((work / f"train-{ac}" / "TRAINED").read_text())
+        g = json.loads((work / f"gate-{ac}" / "gate.json").read_text())
+    except OSError as exc:
+        print(f"activation checkpointing {ac}: no result ({exc})")
+        continue
+    m = pq.read_table(work / f"train-{ac}" / "metrics.parquet").to_pandas()
+    steady = m[m.step > 5]  # past compile and allocator warm-up
+    tps = steady.tokens.sum() / steady.groupby("step").step_time_s.max().sum()
+    worst = t["memory"]["max_over_ranks"]
+    estimates = g.get("memory_estimate_phases") or {}
+    print(f"AC {ac}: {t['params'] / 1e9:.2f}B params, load {t['load_s']:.1f} s, export {t['export_s']:.1f} s, "
+          f"steady {tps:.0f} tok/s, MFU {100 * model_flops_utilization(tps, t['params'], 1, 'h200'):.1f}% "
+          f"(6N, attention not counted)")
+    for p in ("load", "steady", "export"):
+        est = estimates.get(p, {}).get("total_bytes")
+        measured = worst[p].get("cuda_peak_gib", float("nan"))
+        ratio = f", measured/estimated {measured * 2**30 / est:.3f}" if est else ""
+        print(f"  {p}: CUDA peak {measured:.2f} GiB (reserved {worst[p].get('cuda_reserved_peak_gib', float('nan')):.2f}), "
+              f"host peak {worst[p]['host_peak_gib']:.2f} GiB; gate estimate "
+              f"{(est or float('nan')) / 2**30:.2f} GiB{ratio}")
+EOF
 fi
 stamp "done"

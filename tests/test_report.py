@@ -29,7 +29,7 @@ from wattgate.train.telemetry_files import METRICS_SCHEMA
 
 TRAIN = H200_DATA / "train"
 SECTIONS = ("Phase breakdown", "Energy", "Step time and data wait over time", "Loss", "Anomalies",
-            "Invariant gate", "Watcher diagnosis", "Inputs")
+            "Invariant gate", "Memory: measured and estimated", "Watcher diagnosis", "Inputs")
 
 
 def images(page: str) -> list[bytes]:
@@ -199,6 +199,32 @@ def test_cpu_run_says_no_gpu_telemetry_and_keeps_every_other_section(cpu_run, tm
         assert f">{title}</h2>" in text, title
     assert "Power per GPU over time" not in text
     assert len(images(page)) == 2  # step time and loss
+
+
+def test_memory_measured_per_phase_beside_the_gate_estimate(cpu_run, tmp_path):
+    gib = 1 << 30
+    phases = {p: {"host_peak_gib": 1.0 + i, "host_at_start_gib": 0.5, "seconds": 2.0 * (i + 1)}
+              for i, p in enumerate(("load", "steady", "export"))}
+    trained = json.loads((cpu_run / "TRAINED").read_text())
+    trained.update(load_s=2.0, export_s=6.0, export_dtype="bfloat16", memory={
+        "per_rank": [{"rank": r, "host": "n1", "phases": phases} for r in (0, 1)],
+        "max_over_ranks": phases})
+    (cpu_run / "TRAINED").write_text(json.dumps(trained))
+    gate_file = cpu_run.parent.parent / "gate" / "gate.json"
+    gate = json.loads(gate_file.read_text())
+    estimate = {"terms_bytes": {"sharded_params_fp32": gib, "activations": 2 * gib}, "total_bytes": 3 * gib,
+                "usable_bytes": 10 * gib, "fits": True, "per": "rank"}
+    gate["memory_estimate_phases"] = {"load": estimate, "steady": estimate, "export": estimate,
+                                      "host_per_node": dict(estimate, per="node", total_bytes=5 * gib)}
+    gate_file.write_text(json.dumps(gate))
+    s = run_report(cpu_run, tmp_path / "out")
+    rows = {r["phase"]: r for r in s["memory"]["phases"]}
+    assert rows["export"]["measured_host_peak_gib"] == 3.0 and rows["export"]["seconds"] == 6.0
+    assert rows["load"]["estimated_device_gib"] == 3.0 and rows["load"]["largest_term"] == "activations"
+    assert s["memory"]["measured_host_per_node_gib"] == {"n1": 6.0}  # two ranks' peaks on one node
+    assert s["memory"]["estimated_host_per_node_gib"] == 5.0 and s["memory"]["host_budget_gib"] == 10.0
+    text = without_images((tmp_path / "out" / "index.html").read_text())
+    assert ">Memory: measured and estimated</h2>" in text and "n1 6.00 GiB" in text
 
 
 # ---------------------------------------------------------------- anomalies

@@ -232,6 +232,13 @@ def test_embedded_default_end_to_end_learns(tmp_path_factory):
     assert "No GPU telemetry on this host" in page and "Loss" in page
     report = json.loads((work / "results/report/demo/summary.json").read_text())
     assert report["tokens"] > 0 and report["watcher"]["verdict"] == "healthy"
+    # measured memory per phase beside the gate's estimate of the same phase
+    assert "Memory: measured and estimated" in page
+    memory = {r["phase"]: r for r in report["memory"]["phases"]}
+    assert set(memory) == {"load", "steady", "export"}
+    for r in memory.values():
+        assert r["measured_host_peak_gib"] > 0 and r["estimated_device_gib"] > 0 and r["seconds"] >= 0
+    assert report["memory"]["estimated_host_per_node_gib"] > 0 and report["memory"]["export_dtype"] == "bfloat16"
     snakemake(work, "--report", "report.zip", "--configfile", "hang.yaml")
     import zipfile
 

@@ -254,6 +254,23 @@ def gate_section(s: dict) -> str:
                    + table(["check", "result", "detail"], rows))
 
 
+def memory_section(s: dict) -> str:
+    m = s.get("memory")
+    if m is None:
+        return section("memory", "Memory: measured and estimated", note("not available: no TRAINED memory or gate.json"))
+    rows = [[r["phase"], fmt(r["seconds"], 2, " s"), fmt(r["measured_host_peak_gib"], 2, " GiB"),
+             fmt(r["measured_device_peak_gib"], 2, " GiB"), fmt(r["estimated_device_gib"], 2, " GiB"),
+             fmt(r["usable_device_gib"], 2, " GiB"), r["largest_term"] or "-"] for r in m["phases"]]
+    measured_nodes = ", ".join(f"{h} {fmt(v, 2, ' GiB')}" for h, v in m["measured_host_per_node_gib"].items()) or "n/a"
+    text = (f"Host RAM per node: measured {measured_nodes} (sum of the node's ranks' peaks); gate estimate "
+            f"{fmt(m['estimated_host_per_node_gib'], 2, ' GiB')} of {fmt(m['host_budget_gib'], 2, ' GiB')} usable. "
+            f"Export dtype {m['export_dtype'] or 'n/a'}. Device peaks are per rank (on CPU runs the device is "
+            "the host); measured values are the maximum over ranks.")
+    return section("memory", "Memory: measured and estimated", f"<p>{escape(text)}</p>" + table(
+        ["phase", "time", "host peak / rank", "device peak / rank", "gate estimate / rank", "usable / rank",
+         "largest estimated term"], rows, numeric={1, 2, 3, 4, 5}))
+
+
 def watcher_section(s: dict) -> str:
     w = s["watcher"]
     if w is None:
@@ -331,6 +348,7 @@ def render_page(s: dict, figures: dict[str, bytes | None], panels_shown: int) ->
         figure_section("loss", "Loss", figures.get("loss"), "no loss in metrics.parquet (or no metrics)"),
         anomalies_section(s),
         gate_section(s),
+        memory_section(s),
         watcher_section(s),
         inputs_section(s),
     ])

@@ -212,6 +212,43 @@ def gate_section(gate: dict | None) -> dict | None:
             "failed_checks": [c["name"] for c in checks if not c["passed"]], "checks": checks}
 
 
+MEMORY_PHASES = ("load", "steady", "export")
+
+
+def memory_section(trained: dict | None, gate: dict | None) -> dict | None:
+    """Measured peaks per phase (TRAINED, max over ranks) beside the gate's estimate of the same phase.
+
+    The gate estimates device memory per rank (on CPU runs the device is the host) and host RAM per
+    node; measured host peaks are per rank, so the node figure is the sum over the node's ranks.
+    """
+    measured = ((trained or {}).get("memory") or {})
+    estimates = (gate or {}).get("memory_estimate_phases") or {}
+    if not measured and not estimates:
+        return None
+    worst = measured.get("max_over_ranks") or {}
+    gib = float(1 << 30)
+    rows = []
+    for phase in MEMORY_PHASES:
+        m, e = worst.get(phase) or {}, estimates.get(phase) or {}
+        rows.append({"phase": phase, "seconds": num(m.get("seconds"), 3),
+                     "measured_host_peak_gib": num(m.get("host_peak_gib"), 4),
+                     "measured_device_peak_gib": num(m.get("cuda_peak_gib"), 4),
+                     "estimated_device_gib": num(e["total_bytes"] / gib, 4) if e.get("total_bytes") else None,
+                     "usable_device_gib": num(e["usable_bytes"] / gib, 4) if e.get("usable_bytes") else None,
+                     "largest_term": max(e["terms_bytes"], key=e["terms_bytes"].get) if e.get("terms_bytes") else None})
+    per_host: dict[str, float] = {}
+    for r in measured.get("per_rank") or []:
+        peak = max((p.get("host_peak_gib") or 0.0) for p in (r.get("phases") or {}).values()) if r.get("phases") else 0.0
+        per_host[str(r.get("host"))] = per_host.get(str(r.get("host")), 0.0) + peak
+    host = estimates.get("host_per_node") or {}
+    return {"phases": rows,
+            "measured_host_per_node_gib": {h: num(v, 4) for h, v in sorted(per_host.items())},
+            "estimated_host_per_node_gib": num(host["total_bytes"] / gib, 4) if host.get("total_bytes") else None,
+            "host_budget_gib": num(host["usable_bytes"] / gib, 4) if host.get("usable_bytes") else None,
+            "load_s": num((trained or {}).get("load_s"), 3), "export_s": num((trained or {}).get("export_s"), 3),
+            "export_dtype": (trained or {}).get("export_dtype")}
+
+
 WATCHER_KEYS = ("verdict", "reason", "action", "stalled_for_s", "longest_stall_s", "limit_s", "limit_phase",
                 "stuck_ranks", "ran_ahead", "behind", "power_signal", "detected_at", "started", "ended", "table")
 
@@ -269,6 +306,7 @@ def analyze(inputs: RunInputs) -> Analysis:
         "anomalies": records[:MAX_ANOMALIES],
         "anomalies_omitted": max(0, len(records) - MAX_ANOMALIES),
         "gate": gate_section(inputs.gate),
+        "memory": memory_section(inputs.trained, inputs.gate),
         "watcher": watcher_section(inputs.watcher),
         "checkpoints": {"steps": inputs.checkpoints, "final": inputs.has_final},
         "signals": sig,
