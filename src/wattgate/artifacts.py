@@ -3,6 +3,20 @@
 Every artifact is written under a temporary name in the destination folder and
 renamed into place, so a killed stage never leaves a half-written file that a
 later stage (or Snakemake) could mistake for a finished one.
+
+Temporary names are `.{name}.{pid}@{host}.{random}.tmp` (and `.old` for a
+folder being replaced), beside the destination. When a stage publishes `dest`,
+the leftovers of killed writers of the same `dest` are swept: a temp of a dead
+process on this host, or (another host, or an older wattgate that did not put
+its pid in the name) one untouched for `STALE_AFTER_S`. A temp of a live
+writer is never removed.
+
+`atomic_dir` replaces a whole folder, so it only ever replaces a folder that
+wattgate published (it holds the marker file `OUTPUT_MARKER`) or an empty one;
+a non-empty folder without the marker is refused, never deleted.
+
+Files and folders are published with the user's umask (not mkstemp's 0600 /
+mkdtemp's 0700), so teammates on a shared project folder can read them.
 """
 
 from __future__ import annotations
@@ -10,13 +24,53 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
+import socket
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from wattgate.errors import InputError
+
 _CHUNK = 1 << 20
+
+# The marker `atomic_dir` writes into every folder it publishes; a dot-file, skipped by sha256_tree.
+OUTPUT_MARKER = ".wattgate-output"
+MARKER_FORMAT_VERSION = 1
+
+# A temp of another host (pid not checkable) or without a pid is stale after this long untouched.
+STALE_AFTER_S = 3600.0
+
+
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# Read once, at import (os.umask can only be read by setting it; process-wide).
+_UMASK = _read_umask()
+
+
+def _file_mode() -> int:
+    return 0o666 & ~_UMASK
+
+
+def _dir_mode() -> int:
+    return 0o777 & ~_UMASK
+
+
+def _host() -> str:
+    return (re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host")[:48]
+
+
+def _temp_prefix(dest: Path) -> str:
+    return f".{dest.name}.{os.getpid()}@{_host()}."
 
 
 @contextlib.contextmanager
@@ -24,15 +78,17 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `dest`; rename it onto `dest` on success."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(dest), suffix=".tmp", dir=dest.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        os.chmod(tmp_path, _file_mode())
         os.replace(tmp_path, dest)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+    sweep_stale_temps(dest)
 
 
 def write_bytes_atomic(dest: str | os.PathLike, data: bytes) -> None:
@@ -40,25 +96,112 @@ def write_bytes_atomic(dest: str | os.PathLike, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
-def canonical_json(obj: Any) -> str:
-    """JSON with sorted keys and a trailing newline: the same object gives the same bytes."""
-    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+def json_safe(obj: Any) -> Any:
+    """`obj` with every NaN or infinite float replaced by None (JSON null), for a writer that
+    knows a missing figure is legitimate (say so at the call: `write_json_atomic(..., nonfinite="null")`)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
-def write_json_atomic(dest: str | os.PathLike, obj: Any) -> None:
-    write_bytes_atomic(dest, canonical_json(obj).encode())
+def _nonfinite_path(obj: Any, path: str = "$") -> str | None:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return path
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for key, value in items:
+        if (found := _nonfinite_path(value, f"{path}[{key!r}]" if isinstance(obj, dict) else f"{path}[{key}]")):
+            return found
+    return None
+
+
+def canonical_json(obj: Any, *, nonfinite: str = "error") -> str:
+    """Strict JSON with sorted keys and a trailing newline: the same object gives the same bytes.
+
+    NaN and Infinity are not JSON: with nonfinite="error" (the default) they raise ValueError
+    naming where they are; nonfinite="null" writes them as null (the caller's deliberate choice).
+    """
+    if nonfinite not in ("error", "null"):
+        raise ValueError(f"nonfinite must be 'error' or 'null', not {nonfinite!r}")
+    if nonfinite == "null":
+        obj = json_safe(obj)
+    try:
+        return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n"
+    except ValueError:
+        where = _nonfinite_path(obj)
+        if where is None:
+            raise
+        raise ValueError(f"non-finite float (NaN or Infinity) at {where}: not valid JSON; "
+                         "write null for it, or pass nonfinite='null'") from None
+
+
+def write_json_atomic(dest: str | os.PathLike, obj: Any, *, nonfinite: str = "error") -> None:
+    """Write canonical, strict JSON atomically (see canonical_json for `nonfinite`)."""
+    write_bytes_atomic(dest, canonical_json(obj, nonfinite=nonfinite).encode())
+
+
+def _caller_stage() -> str:
+    """The stage that publishes a folder: the last part of the calling wattgate module's name."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module not in (__name__, "contextlib"):
+            return module.rsplit(".", 1)[-1] or "unknown"
+        frame = frame.f_back
+    return "unknown"
+
+
+def marker_bytes(stage: str) -> bytes:
+    """The marker's content: fixed for a stage, so byte-identical reruns stay byte-identical."""
+    return canonical_json({"format_version": MARKER_FORMAT_VERSION, "stage": stage, "written_by": "wattgate"}).encode()
+
+
+def check_replaceable(dest: str | os.PathLike) -> None:
+    """Refuse (InputError) to replace `dest` unless it is missing, an empty folder or a wattgate output."""
+    dest = Path(dest)
+    if not os.path.lexists(dest):
+        return
+    if dest.is_symlink():
+        what = "a symlink"
+    elif not dest.is_dir():
+        what = "not a folder"
+    else:
+        if (dest / OUTPUT_MARKER).is_file():
+            return
+        with os.scandir(dest) as entries:
+            if next(entries, None) is None:
+                return
+        what = f"a non-empty folder that wattgate did not write (no {OUTPUT_MARKER})"
+    raise InputError(
+        f"{dest}: output exists and is {what}; wattgate replaces only its own outputs: "
+        "choose an empty or new folder, or remove it yourself"
+    )
 
 
 @contextlib.contextmanager
-def atomic_dir(dest: str | os.PathLike) -> Iterator[Path]:
-    """Yield a fresh temporary folder beside `dest`; swap it in for `dest` on success."""
+def atomic_dir(dest: str | os.PathLike, stage: str | None = None) -> Iterator[Path]:
+    """Yield a fresh temporary folder beside `dest`; swap it in for `dest` on success.
+
+    The published folder holds `OUTPUT_MARKER` (naming `stage`, by default the calling
+    module). `dest` must be missing, empty, or an earlier wattgate output: anything else is
+    refused with InputError before any work is done, and checked again before the swap.
+    """
     dest = Path(dest)
+    stage = stage or _caller_stage()
+    check_replaceable(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(dest), suffix=".tmp", dir=dest.parent))
     try:
         yield tmp
-        if dest.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".old", dir=dest.parent))
+        with atomic_path(tmp / OUTPUT_MARKER) as marker:
+            marker.write_bytes(marker_bytes(stage))
+        os.chmod(tmp, _dir_mode())
+        check_replaceable(dest)  # it may have changed while the stage ran
+        if os.path.lexists(dest):
+            old = Path(tempfile.mkdtemp(prefix=_temp_prefix(dest), suffix=".old", dir=dest.parent))
             os.replace(dest, old / "x")
             os.replace(tmp, dest)
             shutil.rmtree(old)
@@ -67,6 +210,70 @@ def atomic_dir(dest: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+    sweep_stale_temps(dest)
+
+
+_TEMP_TAIL = re.compile(r"(?:(?P<pid>\d+)@(?P<host>[A-Za-z0-9-]+)\.)?[a-z0-9_]{8}\.(?:tmp|old)")
+
+
+def _newest_mtime(path: Path) -> float:
+    newest = path.lstat().st_mtime
+    if path.is_dir() and not path.is_symlink():
+        for root, dirs, files in os.walk(path):
+            for name in dirs + files:
+                with contextlib.suppress(OSError):
+                    newest = max(newest, os.lstat(os.path.join(root, name)).st_mtime)
+    return newest
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    except OSError:
+        return True  # cannot tell: keep
+    return True
+
+
+def _is_stale(path: Path, pid: str | None, host: str | None, now: float) -> bool:
+    if pid is not None and host == _host():
+        return int(pid) != os.getpid() and not _pid_alive(int(pid))
+    return now - _newest_mtime(path) > STALE_AFTER_S
+
+
+def sweep_stale_temps(dest: str | os.PathLike) -> list[Path]:
+    """Remove leftovers of killed writers of `dest` (see the module doc); returns what was removed.
+
+    Never raises: a temp that cannot be inspected or removed is left for a later sweep.
+    """
+    dest = Path(dest)
+    prefix = f".{dest.name}."
+    removed = []
+    now = time.time()
+    try:
+        with os.scandir(dest.parent) as entries:
+            names = [e.name for e in entries if e.name.startswith(prefix)]
+    except OSError:
+        return removed
+    for name in names:
+        m = _TEMP_TAIL.fullmatch(name[len(prefix):])
+        if m is None:
+            continue
+        path = dest.parent / name
+        try:
+            if not _is_stale(path, m.group("pid"), m.group("host"), now):
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path)
+        except OSError:
+            continue
+    return removed
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -78,11 +285,17 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 def sha256_tree(paths: list[str | os.PathLike]) -> str:
-    """Hash files and folders by relative name and content, in a fixed order."""
+    """Hash files and folders by relative name and content, in a fixed order.
+
+    A folder's `OUTPUT_MARKER` is not hashed: it says who wrote the folder, not what it holds.
+    """
     h = hashlib.sha256()
     for root in paths:
         root = Path(root)
-        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        if root.is_dir():
+            files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != OUTPUT_MARKER)
+        else:
+            files = [root]
         for f in files:
             name = f.relative_to(root).as_posix() if root.is_dir() else f.name
             h.update(name.encode() + b"\0")

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from wattgate.artifacts import atomic_path, sha256_file, write_json_atomic
+from wattgate.artifacts import atomic_path, canonical_json, sha256_file
 from wattgate.config import world_size
 from wattgate.errors import InputError
 from wattgate.pack.assign import Layout, assign_ranks, assign_uneven, pack_costs, rank_cost_ratios
@@ -131,8 +131,6 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
         lengths, seq_len, layout, pack["remainder"], train["epochs"], pack["seed"], pack["attn_weight"]
     )
 
-    packs_path = out / "packs.parquet"
-    write_packs(packs_path, placement, packs, lengths, tokens)
     stats = plan_stats(placement, lengths, tokens, costs, layout, seq_len, packs.dropped_docs)
     plan = {
         "format_version": FORMAT_VERSION,
@@ -147,14 +145,42 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
         "seed": pack["seed"],
         "attn_weight": pack["attn_weight"],
         "pretokenized_manifest_sha256": manifest_sha,
-        "packs_sha256": sha256_file(packs_path),
+        "packs_sha256": None,  # set from the written file in publish_plan
         "stats": stats,
     }
-    write_json_atomic(out / "plan.json", plan)
+    return publish_plan(out, plan, lambda tmp: write_packs_table(tmp, placement, packs, lengths, tokens))
+
+
+def publish_plan(out: Path, plan: dict, write_packs_to) -> dict:
+    """Publish packs.parquet and plan.json as one set: plan.json is the commit record.
+
+    Both are written in full under temporary names first. Then the old plan.json is removed,
+    packs.parquet is renamed into place, and plan.json (carrying packs_sha256) last. A kill at
+    any point leaves the old pair, or no plan.json (the stage reads as not run: rerun pack), or
+    the new pair: never a plan.json beside packs it does not describe. The folder itself is not
+    swapped, since it also holds files that are not pack's (Snakemake's pack.log, written while
+    pack runs).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    plan_path = out / "plan.json"
+    with atomic_path(plan_path) as plan_tmp:
+        with atomic_path(out / "packs.parquet") as packs_tmp:
+            write_packs_to(packs_tmp)
+            plan = dict(plan, packs_sha256=sha256_file(packs_tmp))
+            plan_tmp.write_bytes(canonical_json(plan).encode())
+            plan_path.unlink(missing_ok=True)  # retire the old commit record before its packs change
+        # packs.parquet is in place here; plan.json follows as this block ends
     return plan
 
 
 def write_packs(path: Path, placement, packs: Packs, lengths: np.ndarray, tokens: np.ndarray) -> None:
+    """Write packs.parquet on its own (atomically)."""
+    with atomic_path(path) as tmp:
+        write_packs_table(tmp, placement, packs, lengths, tokens)
+
+
+def write_packs_table(path: Path, placement, packs: Packs, lengths: np.ndarray, tokens: np.ndarray) -> None:
+    """Write the packs table to `path` as it is (the caller makes it atomic)."""
     sizes, flat_docs, starts = packs.sizes, packs.docs, packs.offsets
     # rows follow the placement; gather each row's pack documents into one flat list
     row_sizes = sizes[placement.pack]
@@ -177,5 +203,4 @@ def write_packs(path: Path, placement, packs: Packs, lengths: np.ndarray, tokens
         ],
         schema=PACKS_SCHEMA,
     )
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd", row_group_size=65536)
+    pq.write_table(table, path, compression="zstd", row_group_size=65536)

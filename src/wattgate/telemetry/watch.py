@@ -319,7 +319,7 @@ def watch(run: Path, world: int, s: WatchSettings, table: TriageTable | None, pi
               "table": table.gpu_model if table else None, "pid": pid, "slurm_job": slurm_job,
               "longest_stall_s": 0.0}
     stop = stop or threading.Event()
-    write_json_atomic(out, record)
+    write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
     while not stop.wait(s.poll_s):
         now = time.time()
         beats = read_heartbeats(run, since=started)
@@ -331,12 +331,12 @@ def watch(run: Path, world: int, s: WatchSettings, table: TriageTable | None, pi
         verdict = diagnose(beats, world, now, started, power, table, s)
         if verdict is not None:
             record.update(verdict, detected_at=now, action=s.action)
-            write_json_atomic(out, record)
+            write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
             print(f"watch: {verdict['reason']}", file=sys.stderr, flush=True)
             if s.action == "kill":
                 record["kill"] = _stop_job(pid, slurm_job, s.kill_grace_s)
                 record["killed_at"] = time.time()
-                write_json_atomic(out, record)
+                write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
                 return record
             s = WatchSettings(**(asdict(s) | {"hang_after_s": float("inf"), "checkpoint_after_s": float("inf"),
                                               "startup_after_s": float("inf"), "busy_stall_after_s": float("inf")}))
@@ -348,7 +348,7 @@ def watch(run: Path, world: int, s: WatchSettings, table: TriageTable | None, pi
     if record["verdict"] == "running":
         record["verdict"] = "healthy"
     record["ended"] = time.time()
-    write_json_atomic(out, record)
+    write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
     return record
 
 
