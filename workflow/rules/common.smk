@@ -1,5 +1,10 @@
 # Shared wiring: the validated config (defaults filled) is written for the CLI
 # stages, so a stage run by Snakemake and by hand reads the same settings.
+# Every value pasted into a rule's shell is quoted (`{input:q}`, `{params.x:q}`, ...; `:q` quotes
+# each item of a list on its own): config paths may hold spaces, and nothing in a config value may
+# run as shell code. Strings built here for a shell use shlex.quote.
+import shlex
+
 from wattgate.config import dump_resolved
 from wattgate.experiments import variant_config, variant_names
 
@@ -69,8 +74,16 @@ def gpu_job(cluster):
         # (which would start the launcher once per GPU)
         res.update(gres=SLURM["gres"] or f"gpu:{cluster['gpus_per_node']}", tasks_per_gpu=0)
     if SLURM["extra"]:
-        res["slurm_extra"] = SLURM["extra"]
+        res["slurm_extra"] = sbatch_flags(SLURM["extra"])
     return res
+
+
+def sbatch_flags(extra):
+    """cluster.slurm.extra as sbatch words the executor can paste into its `sbatch ...` shell line:
+    split like a shell would (quotes group), each word shlex-quoted, so the value stays raw flags
+    (`--exclusive --exclude=gpu[01-02]`) but nothing in it expands or runs. The schema pattern
+    already rejects shell metacharacters outside single quotes."""
+    return " ".join(shlex.quote(word) for word in shlex.split(extra))
 
 
 def variant_gpu_job():

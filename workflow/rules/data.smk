@@ -23,7 +23,7 @@ rule demo_corpus:
     benchmark:
         "results/corpus/demo_corpus.benchmark.tsv"
     shell:
-        "wattgate demo-corpus --config {params.config} --out {output} > {log} 2>&1"
+        "wattgate demo-corpus --config {params.config:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule train_tokenizer:
@@ -41,7 +41,7 @@ rule train_tokenizer:
     benchmark:
         "results/train_tokenizer.benchmark.tsv"
     shell:
-        "wattgate train-tokenizer --config {params.config} --corpus {input} --out {output} > {log} 2>&1"
+        "wattgate train-tokenizer --config {params.config:q} --corpus {input:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule pretokenize:
@@ -63,8 +63,8 @@ rule pretokenize:
     resources:
         **cpu_job("cpu"),
     shell:
-        "wattgate pretokenize --config {params.config} --tokenizer {input.tokenizer} --out {output}"
-        " > {log} 2>&1"
+        "wattgate pretokenize --config {params.config:q} --tokenizer {input.tokenizer:q} --out {output:q}"
+        " > {log:q} 2>&1"
 
 
 rule pack_and_balance:
@@ -85,4 +85,4 @@ rule pack_and_balance:
     resources:
         **cpu_job("cpu"),
     shell:
-        "wattgate pack --config {params.config} --pretokenized {input} --out results/plan > {log} 2>&1"
+        "wattgate pack --config {params.config:q} --pretokenized {input:q} --out results/plan > {log:q} 2>&1"

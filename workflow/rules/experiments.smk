@@ -36,8 +36,8 @@ rule experiment_config:
     log:
         "results/{experiment}/{variant}/variant.log",
     shell:
-        "wattgate variant --config {params.config} --experiment {wildcards.experiment}"
-        " --variant {wildcards.variant} --out {output} > {log} 2>&1"
+        "wattgate variant --config {params.config:q} --experiment {wildcards.experiment:q}"
+        " --variant {wildcards.variant:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule experiment_pack:
@@ -56,7 +56,7 @@ rule experiment_pack:
     log:
         "results/{experiment}/{variant}/plan/pack.log",
     shell:
-        "wattgate pack --config {input.config} --pretokenized {input.pretokenized} --out {params.out} > {log} 2>&1"
+        "wattgate pack --config {input.config:q} --pretokenized {input.pretokenized:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule experiment_gate:
@@ -74,8 +74,8 @@ rule experiment_gate:
     log:
         "results/{experiment}/{variant}/gate/gate.log",
     shell:
-        "wattgate gate --config {input.config} --pretokenized {input.pretokenized} --plan {params.plan}"
-        " --out {params.out} 2>&1 | tee {log}"
+        "wattgate gate --config {input.config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
+        " --out {params.out:q} 2>&1 | tee {log:q}"
 
 
 rule experiment_train:
@@ -97,8 +97,8 @@ rule experiment_train:
     log:
         "results/{experiment}/{variant}/train/train.log",
     shell:
-        "wattgate launch --config {input.config} --pretokenized {input.pretokenized} --plan {params.plan}"
-        " --out {params.out} 2>&1 | tee {log}"
+        "wattgate launch --config {input.config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
+        " --out {params.out:q} 2>&1 | tee {log:q}"
 
 
 rule experiment_table:
@@ -115,4 +115,4 @@ rule experiment_table:
     log:
         "results/{experiment}/compare.log",
     shell:
-        "wattgate compare --experiment {wildcards.experiment} --runs {params.runs} --out {params.out} 2>&1 | tee {log}"
+        "wattgate compare --experiment {wildcards.experiment:q} --runs {params.runs:q} --out {params.out:q} 2>&1 | tee {log:q}"

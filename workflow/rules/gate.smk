@@ -22,5 +22,5 @@ rule invariant_gate:
     log:
         "results/gate/gate.log",
     shell:
-        "wattgate gate --config {params.config} --pretokenized {input.pretokenized}"
-        " --plan results/plan --out results/gate 2>&1 | tee {log}"
+        "wattgate gate --config {params.config:q} --pretokenized {input.pretokenized:q}"
+        " --plan results/plan --out results/gate 2>&1 | tee {log:q}"

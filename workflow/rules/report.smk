@@ -27,5 +27,5 @@ rule run_report:
     log:
         f"{REPORT_DIR}/report.log",
     shell:
-        "wattgate report --config {params.config} --run {params.run} --power {params.power} --gate {params.gate}"
-        " --out {params.out} 2>&1 | tee {log}"
+        "wattgate report --config {params.config:q} --run {params.run:q} --power {params.power:q} --gate {params.gate:q}"
+        " --out {params.out:q} 2>&1 | tee {log:q}"

@@ -26,8 +26,8 @@ rule power_triage:
     log:
         f"{POWER_DIR}/triage.log",
     shell:
-        "wattgate triage --config {params.config} --trace {params.run}/telemetry --run {params.run}"
-        " --out {params.out} > {log} 2>&1"
+        "wattgate triage --config {params.config:q} --trace {params.run:q}/telemetry --run {params.run:q}"
+        " --out {params.out:q} > {log:q} 2>&1"
 
 
 rule calibrate:
@@ -43,5 +43,5 @@ rule calibrate:
     log:
         CALIBRATION.replace(".yaml", ".log"),
     shell:
-        "wattgate calibrate --gpu-model {params.gpu_model} --out {output.table}"
-        " --samples {output.samples} 2>&1 | tee {log}"
+        "wattgate calibrate --gpu-model {params.gpu_model:q} --out {output.table:q}"
+        " --samples {output.samples:q} 2>&1 | tee {log:q}"

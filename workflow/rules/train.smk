@@ -26,5 +26,5 @@ rule train:
     log:
         f"{TRAIN_DIR}/train.log",
     shell:
-        "wattgate launch --config {params.config} --pretokenized {input.pretokenized} --plan results/plan"
-        " --out {params.out} 2>&1 | tee {log}"
+        "wattgate launch --config {params.config:q} --pretokenized {input.pretokenized:q} --plan results/plan"
+        " --out {params.out:q} 2>&1 | tee {log:q}"
