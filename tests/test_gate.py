@@ -556,3 +556,119 @@ def test_gate_json_and_md_carry_every_phase(stage_dirs, tmp_path):
                   "| gathered_param_export_dtype |"):
         assert title in md
     assert md.count("headroom): fits.") == 4
+
+
+# ---------------------------------------------------------------- issue 13: remainder policy, max_steps, corrupt inputs
+
+
+def without_doc(packs, doc_id):
+    """The plan's rows with one document's entries removed (every epoch)."""
+    keep = packs.doc_ids != doc_id
+    per_row = np.add.reduceat(keep.astype(np.int64), packs.offsets[:-1]) if len(keep) else keep
+    offsets = np.concatenate(([0], np.cumsum(per_row)))
+    return dataclasses.replace(packs, doc_ids=packs.doc_ids[keep], doc_lengths=packs.doc_lengths[keep],
+                               offsets=offsets, length_offsets=offsets)
+
+
+def declared_drop(inputs, policy, reason="remainder", tokens=None):
+    d = int(inputs.packs.doc_ids[0])
+    n = int(inputs.doc_tokens[d])
+    plan = json.loads(json.dumps(inputs.plan))
+    plan["remainder"] = policy
+    plan["stats"]["dropped_doc_ids"] = [d]
+    plan["stats"]["dropped"] = {reason: {"docs": 1, "tokens": n if tokens is None else tokens}}
+    config = json.loads(json.dumps(inputs.config))
+    config["pack"]["remainder"] = policy
+    return dataclasses.replace(inputs, plan=plan, config=config, packs=without_doc(inputs.packs, d))
+
+
+def test_conservation_rebin_and_none_drop_nothing(inputs):
+    for policy in ("rebin", "none"):
+        broken = declared_drop(inputs, policy)
+        assert "conservation" in failed(broken)
+        assert f"pack.remainder: {policy} drops no document, plan drops 1" in verdicts(broken)["conservation"].detail
+
+
+def test_conservation_drop_accepts_less_than_a_global_batch_with_a_known_reason(inputs):
+    assert verdicts(declared_drop(inputs, "drop"))["conservation"].passed
+    detail = verdicts(declared_drop(inputs, "drop", reason="whim"))["conservation"].detail
+    assert "unknown drop reason 'whim'" in detail
+
+
+def test_conservation_drop_rejects_a_global_batch_or_more(inputs):
+    # world 2 x micro 2 x accum 2 = 8 packs per global batch; the dropped packs are the lightest, so their
+    # tokens cannot exceed 7 x the lightest kept pack
+    broken = declared_drop(inputs, "drop")
+    lots = int(broken.packs.num_tokens.min()) * 8
+    plan = json.loads(json.dumps(broken.plan))
+    plan["stats"]["dropped"]["remainder"]["tokens"] = lots
+    d = plan["stats"]["dropped_doc_ids"][0]
+    doc_tokens = broken.doc_tokens.copy()
+    doc_tokens[d] = lots
+    manifest = dict(broken.manifest, num_tokens=int(doc_tokens.sum()))
+    broken = dataclasses.replace(broken, plan=plan, doc_tokens=doc_tokens, manifest=manifest)
+    detail = verdicts(broken)["conservation"].detail
+    assert "a global batch" in detail and "pack.remainder: drop" in detail
+
+
+def test_conservation_plan_and_config_disagree_on_the_policy(inputs):
+    broken = declared_drop(inputs, "drop")
+    config = json.loads(json.dumps(broken.config))
+    config["pack"]["remainder"] = "rebin"
+    detail = verdicts(dataclasses.replace(broken, config=config))["conservation"].detail
+    assert "plan was made with pack.remainder drop, config says rebin; rerun pack" in detail
+
+
+def test_schedule_uses_max_steps(inputs):
+    total = inputs.plan["epochs"] * inputs.plan["steps_per_epoch"]
+    config = json.loads(json.dumps(inputs.config))
+    config["train"].update(max_steps=2, warmup_steps=2, checkpoint_every=1)
+    assert total > 2
+    check = verdicts(dataclasses.replace(inputs, config=config))["schedule"]
+    assert not check.passed and "train.warmup_steps 2 >= total steps 2 (train.max_steps 2)" in check.detail
+    config["train"].update(warmup_steps=1, checkpoint_every=3)
+    check = verdicts(dataclasses.replace(inputs, config=config))["schedule"]
+    assert not check.passed and "checkpoint_every 3 > total steps 2" in check.detail
+
+
+def gate_cli(stage_dirs, tmp_path, capsys, pretokenized=None, plan=None):
+    config, work = stage_dirs
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    rc = main(["gate", "--config", str(cfg), "--pretokenized", str(pretokenized or work / "pretokenized"),
+               "--plan", str(plan or work / "plan"), "--out", str(tmp_path / "gate")])
+    err = capsys.readouterr().err.strip().splitlines()
+    return rc, err
+
+
+def test_truncated_shard_is_exit_2_with_one_line(stage_dirs, tmp_path, capsys):
+    _, work = stage_dirs
+    pretok = tmp_path / "pretokenized"
+    shutil.copytree(work / "pretokenized", pretok)
+    shard = pretok / "shard-00000.parquet"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    rc, err = gate_cli(stage_dirs, tmp_path, capsys, pretokenized=pretok)
+    assert rc == 2 and len(err) == 1, err
+    assert "shard-00000.parquet" in err[0] and "rerun pretokenize" in err[0]
+
+
+def test_packs_missing_a_column_is_exit_2_with_one_line(stage_dirs, tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    _, work = stage_dirs
+    plan = tmp_path / "plan"
+    shutil.copytree(work / "plan", plan)
+    pq.write_table(pq.read_table(plan / "packs.parquet").drop_columns(["doc_lengths"]), plan / "packs.parquet")
+    rc, err = gate_cli(stage_dirs, tmp_path, capsys, plan=plan)
+    assert rc == 2 and len(err) == 1, err
+    assert "packs.parquet" in err[0] and "doc_lengths" in err[0] and "rerun pack" in err[0]
+
+
+def test_plan_json_not_an_object_is_exit_2_with_one_line(stage_dirs, tmp_path, capsys):
+    _, work = stage_dirs
+    plan = tmp_path / "plan"
+    shutil.copytree(work / "plan", plan)
+    (plan / "plan.json").write_text("[1, 2, 3]\n")
+    rc, err = gate_cli(stage_dirs, tmp_path, capsys, plan=plan)
+    assert rc == 2 and len(err) == 1, err
+    assert "plan.json" in err[0] and "not a JSON object" in err[0] and "rerun pack" in err[0]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from wattgate.artifacts import write_json_atomic
-from wattgate.data.pretokenize import FORMAT_VERSION, ShardWriter
+from wattgate.data.pretokenize import FORMAT_VERSION, ShardWriter, shard_hash_algorithm
 
 
 def write_random_pretokenized(path: Path, lengths, vocab: int, seed: int = 0, shard_docs: int = 500) -> Path:
@@ -26,6 +26,7 @@ def write_random_pretokenized(path: Path, lengths, vocab: int, seed: int = 0, sh
     writer.flush()
     write_json_atomic(path / "manifest.json", {
         "format_version": FORMAT_VERSION, "num_docs": writer.num_docs, "num_tokens": writer.num_tokens,
-        "num_loss_tokens": writer.num_loss_tokens, "shards": writer.shards, "max_token_id": writer.max_token_id,
+        "num_loss_tokens": writer.num_loss_tokens, "shards": writer.shards,
+        "shard_hashes": writer.shard_hashes, "shard_hash_algorithm": shard_hash_algorithm(), "max_token_id": writer.max_token_id,
         "vocab_size": vocab, "dropped": {}})
     return path

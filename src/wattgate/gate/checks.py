@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wattgate.gate.inputs import PackRows
+from wattgate.gate.inputs import PackRows, ShardContent
 from wattgate.gate.memory import GIB, Budget
+from wattgate.pack.remainder import DROP_REASONS, DROPPING_POLICIES
 
 MAX_LISTED = 8  # offending items named in a detail line before "..."
 
@@ -129,21 +130,53 @@ def check_pack_contents(packs: PackRows, seq_len: int, doc_tokens: np.ndarray, d
                              f"{int(packs.num_tokens.max()) if len(packs) else 0}")
 
 
+def remainder_problems(policy: str | None, dropped: np.ndarray, dropped_reasons: dict, doc_tokens: np.ndarray,
+                       packs: PackRows, global_batch_packs: int | None) -> list[str]:
+    """What pack.remainder promises about drops (see pack/remainder.py): rebin and none drop nothing; drop
+    drops, with reason 'remainder', the lightest packs beyond the last full global batch."""
+    problems = [f"unknown drop reason {r!r} (allowed: {', '.join(sorted(DROP_REASONS))})"
+                for r in dropped_reasons if r not in DROP_REASONS]
+    if policy is None or not len(dropped):
+        return problems
+    if policy not in DROPPING_POLICIES:
+        return problems + [f"pack.remainder: {policy} drops no document, plan drops {len(dropped)}; rerun pack"]
+    if global_batch_packs and len(packs):
+        # fewer than one global batch of packs, each no heavier than the lightest kept pack
+        limit = (global_batch_packs - 1) * int(packs.num_tokens.min())
+        dropped_tokens = int(doc_tokens[dropped].sum())
+        if dropped_tokens > limit:
+            problems.append(f"pack.remainder: drop drops less than a global batch ({global_batch_packs} packs, "
+                            f"each no heavier than the lightest kept pack: <= {limit} tokens), plan drops "
+                            f"{dropped_tokens} tokens; rerun pack")
+    return problems
+
+
 def check_conservation(packs: PackRows, epochs: int, doc_tokens: np.ndarray, manifest_tokens: int,
-                       dropped_doc_ids: list[int], dropped_reasons: dict) -> Check:
-    """Each document exactly once per epoch, or listed as dropped with a reason; token sums match."""
+                       dropped_doc_ids: list[int], dropped_reasons: dict, policy: str | None = None,
+                       global_batch_packs: int | None = None, config_policy: str | None = None) -> Check:
+    """Each document exactly once per epoch, or dropped as the remainder policy allows; token sums match.
+
+    `policy` (pack.remainder) and `global_batch_packs` (world x micro_batch_size x grad_accum) enforce
+    what the policy promises; None skips that part (and only checks reasons against DROP_REASONS).
+    `config_policy` (the run config's pack.remainder) must equal the plan's `policy` when both are given.
+    """
     name = "conservation"
     n = len(doc_tokens)
     problems = []
+    if not isinstance(dropped_reasons, dict) or not isinstance(dropped_doc_ids, list):
+        return Check(name, False, "plan stats.dropped is not an object or stats.dropped_doc_ids not a list; rerun pack")
     if int(doc_tokens.sum()) != manifest_tokens:
         problems.append(f"shards hold {int(doc_tokens.sum())} tokens, manifest says {manifest_tokens}")
     dropped = np.asarray(dropped_doc_ids, dtype=np.int64)
     if len(dropped) and (dropped.min() < 0 or dropped.max() >= n or len(np.unique(dropped)) != len(dropped)):
         problems.append("dropped_doc_ids out of range or repeated")
         dropped = dropped[(dropped >= 0) & (dropped < n)]
-    reasons_total = sum(int(v.get("docs", 0)) for v in dropped_reasons.values())
+    reasons_total = sum(int(v.get("docs", 0)) if isinstance(v, dict) else 0 for v in dropped_reasons.values())
     if reasons_total != len(dropped_doc_ids):
         problems.append(f"{len(dropped_doc_ids)} dropped documents but reasons account for {reasons_total}")
+    if policy is not None and config_policy is not None and policy != config_policy:
+        problems.append(f"plan was made with pack.remainder {policy}, config says {config_policy}; rerun pack")
+    problems += remainder_problems(policy, dropped, dropped_reasons, doc_tokens, packs, global_batch_packs)
     ids = packs.doc_ids
     if len(ids) and (ids.min() < 0 or ids.max() >= n):
         return Check(name, False, _listed(problems + [f"doc_id outside 0..{n - 1}"]))
@@ -187,21 +220,35 @@ def check_launch(plan: dict, config: dict) -> Check:
                                  f"micro_batch_size {plan['micro_batch_size']}, grad_accum {plan['grad_accum']}")
 
 
-def check_provenance(plan: dict, packs_sha256: str, manifest_sha256: str, manifest: dict, model_vocab: int) -> Check:
-    """The plan describes these exact files, and every token id exists in the model's embedding."""
+def check_provenance(plan: dict, packs_sha256: str, manifest_sha256: str, manifest: dict, model_vocab: int,
+                     content: ShardContent | None = None) -> Check:
+    """The plan describes these exact files, the shards hold what the manifest says, and every token id
+    exists in the model's embedding. `content` (verify_shards) None: shard bytes not checked."""
     problems = []
     if plan.get("packs_sha256") != packs_sha256:
         problems.append("packs.parquet changed since it was planned (sha256 differs from plan.json)")
     if plan.get("pretokenized_manifest_sha256") != manifest_sha256:
         problems.append("the pretokenized data changed since the plan was made (manifest sha256 differs); rerun pack")
+    if content is not None:
+        problems += list(content.problems)
     max_id = manifest.get("max_token_id")
     if not isinstance(max_id, int) or max_id >= model_vocab:
         problems.append(f"largest token id {max_id} does not fit the model's vocab_size {model_vocab}")
+    true_max = content.max_token_id if content is not None else None
+    if true_max is not None and true_max >= model_vocab:
+        problems.append(f"the shards hold token id {true_max} >= the model's vocab_size {model_vocab}; rerun "
+                        "pretokenize with the model's tokenizer")
+    if true_max is not None and isinstance(max_id, int) and true_max > max_id:
+        problems.append(f"the shards hold token id {true_max}, manifest max_token_id says {max_id}; rerun pretokenize")
     if isinstance(manifest.get("vocab_size"), int) and manifest["vocab_size"] > model_vocab:
         problems.append(f"tokenizer has {manifest['vocab_size']} tokens, model embeds {model_vocab}")
     if problems:
         return Check("provenance", False, _listed(problems))
-    return Check("provenance", True, f"packs and manifest hashes match; max token id {max_id} < vocab {model_vocab}")
+    shown = true_max if true_max is not None else max_id
+    shards = ("" if content is None else
+              f"; {content.shards} shard hashes match ({content.algorithm}), lengths verified {content.scope}")
+    return Check("provenance", True, f"packs and manifest hashes match{shards}; max token id {shown} < vocab "
+                                     f"{model_vocab}")
 
 
 FIT_HINTS = {
@@ -278,15 +325,18 @@ def check_balance(packs: PackRows, world_size: int, attn_weight: float, max_rati
 def check_schedule(plan: dict, config: dict) -> Check:
     """At least one step; warmup shorter than the run; a checkpoint falls within the run."""
     t = config["train"]
-    total = plan["epochs"] * plan["steps_per_epoch"]
+    planned = plan["epochs"] * plan["steps_per_epoch"]
+    max_steps = t.get("max_steps")
+    total = min(planned, max_steps) if max_steps else planned  # the trainer stops at train.max_steps
+    capped = f" (train.max_steps {max_steps})" if max_steps and max_steps < planned else ""
     problems = []
     if total < 1:
         problems.append("the plan has no optimizer step")
     if t["warmup_steps"] >= total:
-        problems.append(f"train.warmup_steps {t['warmup_steps']} >= total steps {total}")
+        problems.append(f"train.warmup_steps {t['warmup_steps']} >= total steps {total}{capped}")
     if t["checkpoint_every"] > total:
-        problems.append(f"train.checkpoint_every {t['checkpoint_every']} > total steps {total}: no checkpoint")
+        problems.append(f"train.checkpoint_every {t['checkpoint_every']} > total steps {total}{capped}: no checkpoint")
     if problems:
         return Check("schedule", False, _listed(problems))
-    return Check("schedule", True, f"{total} steps, warmup {t['warmup_steps']}, checkpoint every "
+    return Check("schedule", True, f"{total} steps{capped}, warmup {t['warmup_steps']}, checkpoint every "
                                    f"{t['checkpoint_every']}")

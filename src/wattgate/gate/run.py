@@ -6,6 +6,7 @@ import shutil
 import time
 from pathlib import Path
 
+from wattgate.artifacts import sha256_file
 from wattgate.config import world_size
 from wattgate.gate import checks as C
 from wattgate.gate.inputs import GateInputs, load_inputs
@@ -61,6 +62,17 @@ def free_bytes_at(path: Path) -> tuple[int, str]:
     return shutil.disk_usage(probe).free, str(probe)
 
 
+def remainder_policy(plan: dict, config: dict) -> str:
+    """The pack.remainder the plan was made with (plan.json 'remainder'; the config's if absent)."""
+    return plan.get("remainder", config["pack"]["remainder"])
+
+
+def manifest_tokens(manifest: dict) -> int:
+    """The manifest's num_tokens, or -1 (conservation then fails, naming the mismatch) when it is not a number."""
+    value = manifest.get("num_tokens", -1)
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
 def run_checks(inputs: GateInputs, spec: ModelSpec, terms: dict[str, int],
                fit: FitEstimate | None = None) -> list[C.Check]:
     """Every check; `terms` is the steady-state estimate, `fit` all phases (computed from the config if None)."""
@@ -73,10 +85,13 @@ def run_checks(inputs: GateInputs, spec: ModelSpec, terms: dict[str, int],
         C.check_equal_steps(packs, plan["world_size"], plan["epochs"], plan["micro_batch_size"], plan["grad_accum"],
                             plan["steps_per_epoch"]),
         C.check_pack_contents(packs, plan["seq_len"], inputs.doc_tokens, inputs.doc_loss_tokens),
-        C.check_conservation(packs, plan["epochs"], inputs.doc_tokens, int(inputs.manifest.get("num_tokens", -1)),
-                             stats.get("dropped_doc_ids", []), stats.get("dropped", {})),
+        C.check_conservation(packs, plan["epochs"], inputs.doc_tokens, manifest_tokens(inputs.manifest),
+                             stats.get("dropped_doc_ids", []), stats.get("dropped", {}), remainder_policy(plan, config),
+                             plan["world_size"] * plan["micro_batch_size"] * plan["grad_accum"],
+                             config["pack"]["remainder"]),
         C.check_launch(plan, config),
-        C.check_provenance(plan, inputs.packs_sha256, inputs.manifest_sha256, inputs.manifest, spec.vocab_size),
+        C.check_provenance(plan, inputs.packs_sha256, inputs.manifest_sha256, inputs.manifest, spec.vocab_size,
+                           inputs.content),
         C.check_fit(fit.phases, fit.budgets, config["gate"]["memory_headroom"]),
         C.check_checkpoint_space(checkpoint_bytes(spec), config["train"]["checkpoint_keep"], final_bytes, free, where),
         C.check_balance(packs, plan["world_size"], float(plan.get("attn_weight", config["pack"]["attn_weight"])),
@@ -98,5 +113,7 @@ def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: 
     results = run_checks(inputs, spec, fit.phases["steady"], fit)
     report = gate_json(all(c.passed for c in results), time.perf_counter() - start, results, fit,
                        config["gate"]["memory_headroom"], config["gate"]["enforce"])
+    # the verdict markers name the plan they are about; `wattgate launch` checks them
+    report["plan_sha256"] = {"plan.json": sha256_file(Path(plan_dir) / "plan.json"), "packs.parquet": inputs.packs_sha256}
     write_report(out, report)
     return report

@@ -14,7 +14,7 @@ from wattgate.artifacts import atomic_path, canonical_json, sha256_file
 from wattgate.config import world_size
 from wattgate.errors import InputError
 from wattgate.pack.assign import Layout, assign_ranks, assign_uneven, pack_costs, rank_cost_ratios
-from wattgate.pack.remainder import Packs, apply_remainder
+from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs, apply_remainder
 
 FORMAT_VERSION = 1
 
@@ -95,7 +95,7 @@ def plan_stats(placement, lengths, tokens, costs, layout: Layout, seq_len: int, 
         "dropped_doc_ids": [int(d) for d in dropped_docs],
     }
     if len(dropped_docs):
-        stats["dropped"]["remainder"] = {"docs": int(len(dropped_docs)), "tokens": int(lengths[dropped_docs].sum())}
+        stats["dropped"][DROP_REASON_REMAINDER] = {"docs": int(len(dropped_docs)), "tokens": int(lengths[dropped_docs].sum())}
     stats.update(rank_cost_ratios(placement, costs, W))
     return stats
 

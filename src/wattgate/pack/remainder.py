@@ -20,6 +20,13 @@ import numpy as np
 from wattgate.errors import InputError
 from wattgate.pack.bfd import group_by_pack, pack_bfd
 
+# The reasons a plan may list in stats.dropped, and the policies that may drop at all: only `drop`,
+# and only the lightest packs beyond the last full global batch (fewer than one global batch of packs,
+# each no heavier than any kept pack). `rebin` and `none` keep every document. The gate enforces this.
+DROP_REASON_REMAINDER = "remainder"
+DROP_REASONS = frozenset({DROP_REASON_REMAINDER})
+DROPPING_POLICIES = frozenset({"drop"})
+
 
 @dataclass
 class Packs:

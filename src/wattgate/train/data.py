@@ -10,7 +10,6 @@ lets the model keep attention inside each document.
 
 from __future__ import annotations
 
-import bisect
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -32,7 +31,25 @@ class MicroBatchPlan:
     epoch: int
     step: int
     micro: int
-    packs: list[np.ndarray]  # doc ids per slot
+    packs: list[np.ndarray]  # doc ids per slot (PlannedPack: each also carries the plan's doc_lengths)
+
+
+class PlannedPack(np.ndarray):
+    """A pack's doc ids (int64) that also carry the plan's `doc_lengths` for the same documents.
+
+    build_batch checks every document it reads against these lengths, so a shard that changed
+    after the plan was made is an InputError, never an overlong pack or a wrong document.
+    """
+
+    lengths: np.ndarray | None
+
+    def __new__(cls, doc_ids: np.ndarray, lengths: np.ndarray | None) -> "PlannedPack":
+        obj = np.asarray(doc_ids).view(cls)
+        obj.lengths = lengths
+        return obj
+
+    def __array_finalize__(self, obj) -> None:
+        self.lengths = getattr(obj, "lengths", None) if obj is not None and obj.shape == getattr(self, "shape", None) else None
 
 
 @dataclass
@@ -47,17 +64,23 @@ class Batch:
 def read_rank_plan(plan_dir: Path, rank: int) -> list[MicroBatchPlan]:
     """This rank's micro-batches in execution order (epoch, step, micro), packs in slot order."""
     table = pq.read_table(plan_dir / "packs.parquet", filters=[("rank", "=", rank)],
-                          columns=["epoch", "step", "micro", "slot", "doc_ids"])
+                          columns=["epoch", "step", "micro", "slot", "doc_ids", "doc_lengths"])
     cols = {c: table.column(c).to_numpy() for c in ("epoch", "step", "micro", "slot")}
     ids = table.column("doc_ids").combine_chunks()
     offsets = ids.offsets.to_numpy()
     offsets = offsets - offsets[0]
     flat = pc.list_flatten(ids).to_numpy()
+    lengths = table.column("doc_lengths").combine_chunks()
+    length_offsets = lengths.offsets.to_numpy()
+    if not np.array_equal(length_offsets - length_offsets[0], offsets):
+        raise InputError(f"{plan_dir / 'packs.parquet'}: doc_ids and doc_lengths differ in length; "
+                         "rerun pack and gate")
+    flat_lengths = pc.list_flatten(lengths).to_numpy().astype(np.int64)
     order = np.lexsort((cols["slot"], cols["micro"], cols["step"], cols["epoch"]))
     out: list[MicroBatchPlan] = []
     for r in order.tolist():
         key = (int(cols["epoch"][r]), int(cols["step"][r]), int(cols["micro"][r]))
-        docs = flat[offsets[r]: offsets[r + 1]]
+        docs = PlannedPack(flat[offsets[r]: offsets[r + 1]], flat_lengths[offsets[r]: offsets[r + 1]])
         if out and (out[-1].epoch, out[-1].step, out[-1].micro) == key:
             out[-1].packs.append(docs)
         else:
@@ -66,23 +89,48 @@ def read_rank_plan(plan_dir: Path, rank: int) -> list[MicroBatchPlan]:
 
 
 class DocStore:
-    """Documents by doc_id from the pretokenized shards, decoded one row group at a time."""
+    """Documents by doc_id from the pretokenized shards, decoded one row group at a time.
+
+    Documents are found through the shards' `doc_id` column (a doc_id -> (row group, row) map built
+    once from that column alone), never by row position: what the gate indexed is what is read.
+    """
 
     def __init__(self, pretokenized: Path, cache_row_groups: int = 8):
         manifest = json.loads((pretokenized / "manifest.json").read_text())
-        self.files = [pq.ParquetFile(pretokenized / name, memory_map=True) for name in manifest["shards"]]
-        # global row index of each row group's first row; doc ids are dense and in shard order
-        self.group_starts: list[int] = []
+        self.names = list(manifest["shards"])
+        self.files = [pq.ParquetFile(pretokenized / name, memory_map=True) for name in self.names]
         self.group_index: list[tuple[int, int]] = []
-        start = 0
+        group_of, row_of, ids_of = [], [], []
         for f_i, f in enumerate(self.files):
+            ids = f.read(columns=["doc_id"]).column("doc_id").to_numpy().astype(np.int64)
+            start = 0
             for g in range(f.metadata.num_row_groups):
-                self.group_starts.append(start)
+                n = f.metadata.row_group(g).num_rows
+                group_of.append(np.full(n, len(self.group_index), dtype=np.int64))
+                row_of.append(np.arange(n, dtype=np.int64))
                 self.group_index.append((f_i, g))
-                start += f.metadata.row_group(g).num_rows
-        self.num_docs = start
+                start += n
+            ids_of.append(ids)
+            if start != len(ids):
+                raise InputError(f"{pretokenized / self.names[f_i]}: row groups hold {start} rows, doc_id column "
+                                 f"{len(ids)}; rerun pretokenize/pack/gate")
+        ids = np.concatenate(ids_of) if ids_of else np.zeros(0, dtype=np.int64)
+        self.num_docs = int(ids.max()) + 1 if len(ids) else 0
+        if len(ids) and (ids.min() < 0 or np.bincount(ids, minlength=self.num_docs).max() > 1):
+            raise InputError(f"{pretokenized}: shards hold negative or repeated doc_ids; rerun pretokenize/pack/gate")
+        # -1: no shard holds this doc_id
+        self.group_of_doc = np.full(self.num_docs, -1, dtype=np.int64)
+        self.row_of_doc = np.full(self.num_docs, -1, dtype=np.int64)
+        if len(ids):
+            self.group_of_doc[ids] = np.concatenate(group_of)
+            self.row_of_doc[ids] = np.concatenate(row_of)
         self.cache: OrderedDict[int, tuple] = OrderedDict()
         self.cache_row_groups = cache_row_groups
+
+    def shard_of(self, doc_id: int) -> str:
+        """The shard file that holds doc_id (for messages)."""
+        gi = int(self.group_of_doc[doc_id]) if 0 <= doc_id < self.num_docs else -1
+        return self.names[self.group_index[gi][0]] if gi >= 0 else "no shard"
 
     def _group(self, gi: int):
         if gi in self.cache:
@@ -99,16 +147,21 @@ class DocStore:
         return entry
 
     def get(self, doc_id: int) -> tuple[np.ndarray, np.ndarray]:
-        if not 0 <= doc_id < self.num_docs:
-            raise InputError(f"plan names doc_id {doc_id}, shards hold 0..{self.num_docs - 1}; rerun pack and gate")
-        gi = bisect.bisect_right(self.group_starts, doc_id) - 1
+        gi = int(self.group_of_doc[doc_id]) if 0 <= doc_id < self.num_docs else -1
+        if gi < 0:
+            raise InputError(f"plan names doc_id {doc_id}, which no shard holds; rerun pretokenize/pack/gate")
         offsets, ids, mask = self._group(gi)
-        row = doc_id - self.group_starts[gi]
+        row = int(self.row_of_doc[doc_id])
         return ids[offsets[row]: offsets[row + 1]], mask[offsets[row]: offsets[row + 1]]
 
 
-def build_batch(store: DocStore, packs: list[np.ndarray], seq_len: int, pad_id: int = 0) -> Batch:
-    """Packed rows of seq_len tokens; padding is a separate position block with no loss."""
+def build_batch(store: DocStore, packs: list[np.ndarray], seq_len: int, pad_id: int = 0,
+                lengths: list[np.ndarray] | None = None) -> Batch:
+    """Packed rows of seq_len tokens; padding is a separate position block with no loss.
+
+    Each document's length is checked against the plan's doc_lengths: `lengths` per pack, or those a
+    PlannedPack (read_rank_plan) carries.
+    """
     n = len(packs)
     input_ids = np.full((n, seq_len), pad_id, dtype=np.int64)
     labels = np.full((n, seq_len), IGNORE, dtype=np.int64)
@@ -116,8 +169,13 @@ def build_batch(store: DocStore, packs: list[np.ndarray], seq_len: int, pad_id: 
     tokens = 0
     for row, docs in enumerate(packs):
         pos = 0
-        for doc_id in docs.tolist():
+        planned = lengths[row] if lengths is not None else getattr(docs, "lengths", None)
+        planned = None if planned is None else np.asarray(planned).tolist()
+        for i, doc_id in enumerate(np.asarray(docs).tolist()):
             ids, mask = store.get(doc_id)
+            if planned is not None and len(ids) != planned[i]:
+                raise InputError(f"{store.shard_of(doc_id)}: doc_id {doc_id} has {len(ids)} tokens, the plan's "
+                                 f"doc_lengths say {planned[i]}; rerun pretokenize/pack/gate")
             end = pos + len(ids)
             if end > seq_len:
                 raise InputError(f"pack holding doc_id {doc_id} exceeds seq_len {seq_len}; rerun pack and gate")
