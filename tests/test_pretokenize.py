@@ -138,10 +138,10 @@ def test_template_errors_are_bad_records(tmp_path, make_config, tokenizer_dir):
     )
     corpus = write_jsonl(tmp_path / "c.jsonl", [
         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
-        {"messages": [{"role": "robot", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+        {"messages": [{"role": "system", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
     ])
     config = make_config(data={"inputs": [str(corpus)]})
-    with pytest.raises(InputError, match=r"c.jsonl:2: chat template failed: unknown role robot \[template_error\]"):
+    with pytest.raises(InputError, match=r"c.jsonl:2: chat template failed: unknown role system \[template_error\]"):
         pretokenize(config, strict, tmp_path / "out", progress=False)
 
 

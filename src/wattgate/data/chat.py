@@ -8,6 +8,14 @@ rebuilt one; templates that change content (trim, split reasoning, ...) fall
 back to rendering prefixes of the conversation. The span of an assistant turn
 covers its content plus the end-of-turn special token that follows it, so the
 model learns to stop.
+
+A template that renders a turn without its content (e.g. one that ignores
+`system` messages) would lose that text silently: the placeholder probe shows
+it, and the conversation is refused with TemplateError naming the turn and its
+role (pretokenize counts it as the bad record `template_error`). Turn order is
+the template's business: one that demands alternation raises, one that does
+not renders the turns as given, and the loss mask follows the roles (see
+`wattgate.data.records` for the policy and how irregular orders are counted).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ class ChatRenderer:
         # longest first so "<|im_end|>" wins over a shorter special token it starts with
         self.special = sorted({t for t in tokenizer.all_special_tokens if t}, key=len, reverse=True)
         self._skeletons: dict[tuple[str, ...], list[str] | None] = {}
+        self._dropped: dict[tuple[str, ...], int | None] = {}  # first turn the template renders without content
 
     def _render(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
         try:
@@ -57,6 +66,7 @@ class ChatRenderer:
             parts = _PLACEHOLDER_RE.split(text)
             order = [int(x) for x in parts[1::2]]
             self._skeletons[roles] = parts[0::2] if order == list(range(len(roles))) else None
+            self._dropped[roles] = next((i for i in range(len(roles)) if i not in set(order)), None)
         return self._skeletons[roles]
 
     def _end_of_turn(self, following: str) -> int:
@@ -68,7 +78,12 @@ class ChatRenderer:
     def render(self, messages: Sequence[dict]) -> tuple[str, list[Span]]:
         """The rendered conversation and the character spans of assistant turns."""
         text = self._render(messages)
-        pieces = self._skeleton(tuple(m["role"] for m in messages))
+        roles = tuple(m["role"] for m in messages)
+        pieces = self._skeleton(roles)
+        dropped = self._dropped.get(roles)
+        if dropped is not None and messages[dropped]["content"]:
+            raise TemplateError(f"the chat template drops the content of messages[{dropped}] "
+                                f"(role {roles[dropped]!r}); fix the template or remove such turns")
         if pieces is not None:
             spans, out, pos = [], [pieces[0]], len(pieces[0])
             for m, piece in zip(messages, pieces[1:]):

@@ -3,12 +3,31 @@
 Each record is either plain text or a chat (`messages` of {role, content}).
 A malformed record raises InputError naming file:line (or file:row) and the
 problem, unless the policy is `skip`, in which case it is counted by reason.
+
+Chat policy (consistent with `pretokenize.on_bad_record`):
+- A role outside KNOWN_ROLES (e.g. ShareGPT's "human"/"gpt", or "developer")
+  is a bad record, reason `unknown_role`: templates render unknown roles in
+  different ways (some drop the content silently, some invent a header) and
+  loss masking only knows "assistant", so it is never guessed.
+- Turn order is NOT a bad record: the loss mask depends only on each turn's
+  role (assistant content, plus its end-of-turn token, is the target), so
+  "user, user" or "assistant first" train exactly what they say. Templates
+  that demand alternation raise, which pretokenize already counts as
+  `template_error`. Accepted irregular orders are counted in
+  `BadRecordPolicy.noted` as `chat:assistant_first` (an assistant turn before
+  any user turn) and `chat:consecutive_<role>` (the same user/assistant role
+  twice in a row), once per record and reason.
+- A record longer than `Fields.max_chars` characters (text, or the sum of a
+  chat's contents) is a bad record, reason `too_many_chars`: tokenizing one
+  huge string costs ~100-200 bytes of RAM per character (a 50 MB document
+  took 10 GB) before `pretokenize.max_doc_tokens` can cut it.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +36,9 @@ from typing import Any, Iterator
 from wattgate.errors import InputError
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
+KNOWN_ROLES = ("system", "user", "assistant", "tool")
+# ~100-200 bytes of tokenizer RAM per character: 8 M characters stays around 1-2 GB for one document
+DEFAULT_MAX_CHARS = 8_000_000
 
 
 @dataclass(frozen=True)
@@ -37,6 +59,7 @@ class BadRecord(Exception):
 class Fields:
     text: str = "text"
     messages: str = "messages"
+    max_chars: int = DEFAULT_MAX_CHARS  # per record (text, or the sum of a chat's contents); <= 0: no limit
 
 
 def input_format(path: Path) -> str:
@@ -69,34 +92,86 @@ def parse_record(obj: Any, fields: Fields, where: str) -> Record:
                     "wrong_type",
                     f"field '{fields.messages}[{i}]' must be an object with string 'role' and 'content'",
                 )
+        for i, m in enumerate(messages):
+            if m["role"] not in KNOWN_ROLES:
+                raise BadRecord(
+                    "unknown_role",
+                    f"field '{fields.messages}[{i}].role' is {m['role']!r}; expected one of "
+                    f"{', '.join(KNOWN_ROLES)} (map other names, e.g. human/gpt, to user/assistant)",
+                )
+        _check_length(sum(len(m["content"]) for m in messages), fields)
         if not any(m["content"].strip() for m in messages):
             raise BadRecord("empty_document", f"field '{fields.messages}' has no non-empty content")
         return Record(where, messages=[{"role": m["role"], "content": m["content"]} for m in messages])
     if text is not None:
         if not isinstance(text, str):
             raise BadRecord("wrong_type", f"field '{fields.text}' must be a string, got {type(text).__name__}")
+        _check_length(len(text), fields)
         if not text.strip():
             raise BadRecord("empty_document", f"field '{fields.text}' is empty")
         return Record(where, text=text)
     raise BadRecord("missing_field", f"missing field '{fields.text}' or '{fields.messages}'")
 
 
+def _check_length(n: int, fields: Fields) -> None:
+    if fields.max_chars > 0 and n > fields.max_chars:
+        raise BadRecord(
+            "too_many_chars",
+            f"document has {n} characters, over the limit of {fields.max_chars} per record (tokenizing one "
+            "string takes ~100-200 bytes of RAM per character); split it into smaller records",
+        )
+
+
+def chat_order_notes(messages: list[dict]) -> list[str]:
+    """Irregular but accepted turn orders in one chat (see the module docstring), each reason once."""
+    notes = []
+    roles = [m["role"] for m in messages]
+    first = next((r for r in roles if r in ("user", "assistant")), None)
+    if first == "assistant":
+        notes.append("chat:assistant_first")
+    for role in ("user", "assistant"):  # assistant, tool, assistant is the tool-call loop: not consecutive
+        if any(a == b == role for a, b in zip(roles, roles[1:])):
+            notes.append(f"chat:consecutive_{role}")
+    return notes
+
+
+def _decode_line(raw: bytes) -> Any:
+    """One JSONL line -> a decoded object, None for a blank line, or a BadRecord."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return BadRecord("undecodable_bytes", f"invalid UTF-8 at byte {exc.start}")
+    if not line.strip():
+        return None  # blank lines hold no document
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        return BadRecord("malformed_json", f"malformed JSON ({exc.msg} at column {exc.colno})")
+    except RecursionError:
+        return BadRecord("too_deeply_nested", "JSON nested too deeply to decode (arrays/objects inside each other)")
+    except ValueError as exc:  # e.g. an integer literal over Python's 4300-digit limit
+        return BadRecord("malformed_json", f"malformed JSON ({str(exc).split(';')[0]})")
+
+
 def _jsonl_objects(path: Path) -> Iterator[tuple[str, Any]]:
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
-    with opener(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield where, BadRecord("undecodable_bytes", f"invalid UTF-8 at byte {exc.start}")
-                continue
-            if not line.strip():
-                continue  # blank lines hold no document
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield where, BadRecord("malformed_json", f"malformed JSON ({exc.msg} at column {exc.colno})")
+    gz = path.name.lower().endswith(".gz")
+    lineno = 0
+    try:
+        with (gzip.open if gz else open)(path, "rb") as f:
+            for lineno, raw in enumerate(f, start=1):
+                obj = _decode_line(raw)
+                if obj is not None:
+                    yield f"{path}:{lineno}", obj
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        if lineno == 0 and isinstance(exc, gzip.BadGzipFile) and "Not a gzipped file" in str(exc):
+            raise InputError(f"{path}: not a gzip file; rename it without .gz or compress it with gzip") from None
+        raise InputError(
+            f"{path}:{lineno + 1}: truncated or corrupt gzip after {lineno} complete line(s) ({exc}); "
+            "re-download or re-compress the file"
+        ) from None
+    except OSError as exc:
+        at = f"{path}:{lineno + 1}" if lineno else str(path)
+        raise InputError(f"{at}: cannot read: {exc.strerror or exc}; check the file and its permissions") from None
 
 
 def _arrow_batches(path: Path, fmt: str, batch_rows: int):
@@ -128,7 +203,15 @@ def _table_objects(path: Path, fmt: str, fields: Fields, batch_rows: int = 4096)
             "set data.text_field / data.messages_field"
         )
     row = 0
-    for batch in batches:
+    it = iter(batches)
+    while True:
+        try:
+            batch = next(it, None)
+        except (OSError, ValueError) as exc:  # pyarrow: OSError for a damaged page, ArrowInvalid (a ValueError)
+            raise InputError(f"{path}:row {row}: cannot read the rows from here on ({exc}); re-create or "
+                             "re-download the file") from None
+        if batch is None:
+            break
         cols = {c: batch.column(c).to_pylist() for c in columns}
         for i in range(batch.num_rows):
             yield f"{path}:row {row}", {c: cols[c][i] for c in columns}
@@ -136,11 +219,16 @@ def _table_objects(path: Path, fmt: str, fields: Fields, batch_rows: int = 4096)
 
 
 class BadRecordPolicy:
-    """`error`: the first bad record stops the stage with file:line; `skip`: count it by reason."""
+    """`error`: the first bad record stops the stage with file:line; `skip`: count it by reason.
 
-    def __init__(self, mode: str, dropped: Counter):
+    `noted` counts records that were kept but are irregular (reason -> records, e.g.
+    `chat:assistant_first`); it is not part of `dropped`.
+    """
+
+    def __init__(self, mode: str, dropped: Counter, noted: Counter | None = None):
         self.mode = mode
         self.dropped = dropped
+        self.noted = Counter() if noted is None else noted
 
     def handle(self, where: str, bad: BadRecord) -> None:
         if self.mode != "skip":
@@ -162,6 +250,10 @@ def read_records(paths: list[str | Path], fields: Fields, policy: BadRecordPolic
             try:
                 if isinstance(obj, BadRecord):
                     raise obj
-                yield parse_record(obj, fields, where)
+                record = parse_record(obj, fields, where)
             except BadRecord as bad:
                 policy.handle(where, bad)
+                continue
+            if record.messages is not None:
+                policy.noted.update(chat_order_notes(record.messages))
+            yield record

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from wattgate.errors import InputError
 from wattgate.telemetry.tables import SHIPPED, load_table_file, resolve_table, shipped_table
-from wattgate.telemetry.trace import TRACE_SCHEMA, read_trace, trace_files, trace_meta
+from wattgate.telemetry.trace import TRACE_SCHEMA, null_invalid_values, read_trace, trace_files, trace_meta
 from wattgate.telemetry.triage import EVENT_COLUMNS, PHASES_SCHEMA, RunInfo, load_run_info, triage
 
 TRACE_COLUMNS = ["time", "host", "gpu", "power_w", "energy_j"]
@@ -163,7 +163,8 @@ def _read_trace_columns(path: Path, columns: list[str]) -> pa.Table:
         table = pq.read_table(path, columns=columns, read_dictionary=["host"])
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
-    return table
+    # a foreign trace may hold NaN, Inf or negative readings: null them as read_trace does
+    return null_invalid_values(table)[0]
 
 
 def _host_codes(column: pa.ChunkedArray) -> tuple[np.ndarray | None, list[str]]:

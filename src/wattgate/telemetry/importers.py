@@ -17,12 +17,20 @@
   the legacy `zeus_monitor` form `Time,Power` (milliwatts, one GPU per file).
 A line that cannot be read is an error naming file:line and the field, or,
 with `skip_bad_lines`, a counted skip.
+
+Units are kept per value: "350.12 W", "350120 mW" and "0.35 kW" in one column
+all read as 350 W. A value without a unit takes its column's unit (the header's
+`[mW]`, Zeus's `(mW)`), else the trace unit. An unknown unit is a bad line.
+Values that cannot be physical (NaN, +-Inf, negative power, energy, utilization,
+clocks or memory; beyond float32 for float32 columns) become null and are
+counted per column in the trace metadata under `invalid_values`.
 """
 
 from __future__ import annotations
 
 import csv
 import datetime as dt
+import math
 import os
 import re
 from collections import Counter
@@ -36,7 +44,7 @@ import pyarrow.parquet as pq
 
 from wattgate.artifacts import atomic_path
 from wattgate.errors import InputError
-from wattgate.telemetry.trace import TRACE_SCHEMA, schema_with_meta
+from wattgate.telemetry.trace import TRACE_SCHEMA, invalid_value, schema_with_meta
 
 FORMATS = ("nvidia-smi", "dcgm", "zeus")
 MISSING = {"", "[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]",
@@ -48,12 +56,17 @@ class Imported:
     columns: dict[str, list] = field(default_factory=lambda: {n: [] for n in TRACE_SCHEMA.names})
     names: dict[tuple[str, int], str] = field(default_factory=dict)  # (host, gpu) -> device name
     skipped: Counter = field(default_factory=Counter)  # reason -> lines
+    invalid: Counter = field(default_factory=Counter)  # column -> values made null by the range check
     notes: list[str] = field(default_factory=list)
     index_inferred: bool = False
 
     def add(self, row: dict) -> None:
         for name, column in self.columns.items():
-            column.append(row.get(name))
+            v = row.get(name)
+            if v is not None and invalid_value(name, v):
+                self.invalid[name] += 1
+                v = None
+            column.append(v)
 
     def table(self, meta: dict) -> pa.Table:
         t = pa.Table.from_pydict(self.columns, schema=schema_with_meta(meta))
@@ -98,16 +111,42 @@ SMI_FIELDS = {  # query field -> trace column (power: the instant reading wins o
     "gpu_bus_id": "bus_id",
 }
 SMI_TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S.%f")
-NUMBER = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z%/]*)\s*$")
+NUMBER = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z%/°]*)\s*$")
+
+# unit -> factor to the trace column's unit; case matters (mW is not MW)
+POWER_UNITS = {"W": 1.0, "w": 1.0, "mW": 1e-3, "mw": 1e-3, "kW": 1e3, "kw": 1e3}
+UNITS = {
+    "power_w": POWER_UNITS,
+    "power_w_avg": POWER_UNITS,
+    "energy_j": {"J": 1.0, "j": 1.0, "mJ": 1e-3, "mj": 1e-3, "kJ": 1e3, "kj": 1e3, "Wh": 3600.0, "kWh": 3.6e6},
+    "util_gpu": {"%": 1.0},
+    "util_mem": {"%": 1.0},
+    "mem_used_mib": {"MiB": 1.0, "KiB": 1 / 1024, "GiB": 1024.0, "B": 1 / 2 ** 20},
+    "sm_clock_mhz": {"MHz": 1.0, "kHz": 1e-3, "GHz": 1e3},
+    "temp_c": {"C": 1.0, "°C": 1.0},
+    "gpu": {},
+}
 
 
-def parse_number(name: str, text: str) -> float | None:
+def unit_factor(column: str | None, unit: str, name: str, text: str) -> float:
+    if not unit:
+        return 1.0
+    units = UNITS.get(column or "", {})
+    if unit not in units:
+        known = ", ".join(sorted(set(units))) or "no unit"
+        raise BadLine(name, text, f"unknown unit {unit!r} (expected {known})")
+    return units[unit]
+
+
+def parse_number(name: str, text: str, column: str | None = None, default_unit: str = "") -> float | None:
+    """A number in the trace column's unit: the value's own unit wins, else the column's `default_unit`."""
     if text.strip().lower() in MISSING:
         return None
     m = NUMBER.match(text)
     if not m:
         raise BadLine(name, text, "not a number")
-    return float(m.group(1))
+    unit = m.group(2) or default_unit
+    return float(m.group(1)) * unit_factor(column, unit, name, text)
 
 
 def parse_smi_time(text: str, tz) -> float:
@@ -138,6 +177,11 @@ def smi_header(cells: list[str]) -> list[str]:
     return [re.sub(r"\s*\[[^\]]*\]\s*$", "", c).strip().lower() for c in cells]
 
 
+def smi_header_units(cells: list[str]) -> list[str]:
+    """'power.draw [W]' -> 'W'; '' where the header names no unit."""
+    return [(m.group(1).strip() if (m := re.search(r"\[([^\]]*)\]\s*$", c)) else "") for c in cells]
+
+
 def read_nvidia_smi(path: Path, imported: Imported, lines: Lines, host: str, tz, fields: list[str] | None,
                     gpu_offset: int = 0) -> None:
     with open(path, newline="", encoding="utf-8", errors="replace") as f:
@@ -147,14 +191,23 @@ def read_nvidia_smi(path: Path, imported: Imported, lines: Lines, host: str, tz,
         raise InputError(f"{path}: empty file")
     first = smi_header(rows[0][1])
     if "timestamp" in first or any(c in SMI_FIELDS for c in first) or not looks_like_sample(rows[0][1], tz):
-        header, body = first, rows[1:]
+        header, units, body = first, smi_header_units(rows[0][1]), rows[1:]
+        header_line = rows[0][0]
     elif fields:
-        header, body = smi_header(fields), rows
+        header, units, body = smi_header(fields), smi_header_units(fields), rows
+        header_line = 0
     else:
         raise InputError(f"{path}: no header line (written with --format=csv,noheader?); pass --fields with the "
                          "--query-gpu list it was written with, e.g. --fields timestamp,index,power.draw,"
                          "utilization.gpu")
     columns = {SMI_FIELDS[h]: i for i, h in reversed(list(enumerate(header))) if h in SMI_FIELDS}
+    for col, i in columns.items():  # a header unit nobody can convert is an error before any line is read
+        if col in UNITS and units[i]:
+            try:
+                unit_factor(col, units[i], header[i], units[i])
+            except BadLine as exc:
+                where = f"{path}:{header_line}" if header_line else f"{path}: --fields"
+                raise InputError(f"{where}: column {header[i]!r}: {str(exc).split(': ', 2)[-1]}") from None
     if "time" not in columns or not ({"power_w", "power_w_avg"} & set(columns)):
         raise InputError(f"{path}: an nvidia-smi log needs the columns timestamp and power.draw (or "
                          f"power.draw.instant); found {', '.join(header)}")
@@ -174,7 +227,7 @@ def read_nvidia_smi(path: Path, imported: Imported, lines: Lines, host: str, tz,
                     if col != "time":
                         rec[col] = cells[i].strip()
                     continue
-                rec[col] = parse_number(header[i], cells[i])
+                rec[col] = parse_number(header[i], cells[i], col, units[i])
             parsed.append((lineno, rec))
         except BadLine as exc:
             lines.bad(path, lineno, exc)
@@ -292,7 +345,7 @@ def read_dcgm(path: Path, imported: Imported, lines: Lines, host: str | None) ->
                 if "gpu" not in labels:
                     raise BadLine("gpu", m.group(2) or "", "no gpu label")
                 gpu = int(labels["gpu"])
-                v = float(value)
+                v = float(value)  # Prometheus also writes NaN, +Inf, -Inf: the range check nulls and counts them
                 if stamp is not None:
                     t = int(stamp) / 1000.0
                 elif block_time is not None:
@@ -335,13 +388,13 @@ def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index
     header = [c.strip() for c in rows[0][1]]
     lower = [c.lower() for c in header]
     time_col = next((i for i, c in enumerate(lower) if c in ZEUS_TIME), None)
-    gpus: dict[int, tuple[int, float]] = {}
+    gpus: dict[int, tuple[int, str]] = {}  # column -> (gpu, the unit of values written without one)
     for i, c in enumerate(header):
         m = ZEUS_GPU.match(c)
         if m:
-            gpus[i] = (int(m.group(1)), 1e-3 if (m.group(2) or "").lower() == "mw" or "mw" in c.lower() else 1.0)
+            gpus[i] = (int(m.group(1)), "mW" if (m.group(2) or "").lower() == "mw" or "mw" in c.lower() else "W")
     if not gpus and "power" in lower:  # legacy zeus_monitor: Time,Power in mW, one GPU per file
-        gpus[lower.index("power")] = (gpu_index, 1e-3)
+        gpus[lower.index("power")] = (gpu_index, "mW")
     if time_col is None or not gpus:
         raise InputError(f"{path}: a Zeus power CSV needs a time column ({', '.join(sorted(ZEUS_TIME))}) and "
                          f"per-GPU power columns (gpu0, gpu1, ... or Power); found {', '.join(header)}")
@@ -350,20 +403,24 @@ def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index
             if len(cells) != len(header):
                 raise BadLine("line", ",".join(cells), f"{len(cells)} fields, header has {len(header)}")
             t = parse_zeus_time(cells[time_col])
-            values = {g: (parse_number(header[i], cells[i]), s) for i, (g, s) in gpus.items()}
+            values = {g: parse_number(header[i], cells[i], "power_w", unit) for i, (g, unit) in gpus.items()}
         except BadLine as exc:
             lines.bad(path, lineno, exc)
             continue
-        for g, (v, scale) in values.items():
-            imported.add({"time": t, "host": host, "gpu": g, "power_w": None if v is None else v * scale})
+        for g, v in values.items():
+            imported.add({"time": t, "host": host, "gpu": g, "power_w": v})
 
 
 def parse_zeus_time(text: str) -> float:
     s = text.strip()
     try:
-        return float(s)
+        t = float(s)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(t):
+            raise BadLine("time", text, "expected unix seconds or e.g. 2022-07-13 02:07:36.708783")
+        return t
     frac = re.match(r"^(.*\.\d{6})\d+$", s)  # nanosecond digits: datetime takes microseconds
     try:
         t = dt.datetime.fromisoformat(frac.group(1) if frac else s)
@@ -394,11 +451,15 @@ def import_trace(fmt: str, files: list[Path], host: str | None = None, skip_bad_
             read_dcgm(path, imported, lines, host)
         else:
             read_zeus(path, imported, lines, host or path.stem, gpu_index)
+    if imported.invalid:
+        imported.notes.append("values that cannot be readings (NaN, Inf, negative) set to null: " + ", ".join(
+            f"{name} {n}" for name, n in sorted(imported.invalid.items())))
     hosts = sorted(set(imported.columns["host"]))
     meta = {
         "source": fmt, "files": [os.fspath(f) for f in files], "hosts": hosts,
         "gpus": [{"host": h, "index": g, "name": n} for (h, g), n in sorted(imported.names.items())],
         "gpu_index_inferred": imported.index_inferred, "skipped_lines": dict(imported.skipped),
+        "invalid_values": dict(sorted(imported.invalid.items())),
         "notes": imported.notes, "power_source": "imported",
     }
     return imported.table(meta), meta

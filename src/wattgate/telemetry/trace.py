@@ -7,11 +7,18 @@ hidden folder beside the final file, merges them into bigger ones as they
 pile up, and on a clean stop writes `<host>.parquet` (large row groups) and
 removes the segments. A killed sampler leaves only segments; every reader here
 accepts either, and the watcher reads the live segments during a run.
+
+Range check: power, energy and the other measured columns cannot be NaN or
++-Inf, nor negative (temperature excepted). `read_trace` turns such values into
+null and adds their count per column to the metadata's `invalid_values`, so
+no stage downstream averages an infinity into a report, and JSON written from
+a trace stays strict JSON (`strict_json`: non-finite floats become null).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -20,9 +27,10 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from wattgate.artifacts import atomic_path
+from wattgate.artifacts import atomic_path, json_safe
 from wattgate.errors import InputError
 
 TRACE_COLUMNS = [
@@ -53,12 +61,33 @@ _SEGMENT = re.compile(r"^seg-(\d{10})-(\d{10})\.parquet$")
 FINAL_ROW_GROUP = 1 << 20
 
 
+# measured columns the range check covers; all but temperature must be >= 0
+MEASURED = [name for name, typ in TRACE_COLUMNS + EXTRA_COLUMNS if pa.types.is_floating(typ) and name != "time"]
+MAY_BE_NEGATIVE = {"temp_c"}
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def invalid_value(name: str, v) -> bool:
+    """True for a value of a measured column that cannot be a reading (NaN, +-Inf, negative, float32 overflow)."""
+    if name not in MEASURED:
+        return False
+    v = float(v)
+    if not math.isfinite(v) or (v < 0 and name not in MAY_BE_NEGATIVE):
+        return True
+    return TRACE_SCHEMA.field(name).type == pa.float32() and abs(v) > FLOAT32_MAX
+
+
+def strict_json(obj, **kwargs) -> str:
+    """json.dumps that never writes NaN/Infinity (not JSON): they become null, deliberately."""
+    return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
+
+
 def empty_columns() -> dict[str, list]:
     return {name: [] for name in TRACE_SCHEMA.names}
 
 
 def schema_with_meta(meta: dict) -> pa.Schema:
-    return TRACE_SCHEMA.with_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
+    return TRACE_SCHEMA.with_metadata({META_KEY: strict_json(meta, sort_keys=True).encode()})
 
 
 def segment_dir(path: Path) -> Path:
@@ -193,7 +222,50 @@ def read_trace(path: str | os.PathLike) -> pa.Table:
         if name not in table.column_names:
             table = table.append_column(pa.field(name, typ), pa.nulls(len(table), typ))
     meta = table.schema.metadata
-    return table.select(TRACE_SCHEMA.names).cast(TRACE_SCHEMA).replace_schema_metadata(meta)
+    table = table.select(TRACE_SCHEMA.names)
+    columns = []
+    for f in TRACE_SCHEMA:
+        try:
+            columns.append(table.column(f.name).cast(f.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            have = table.schema.field(f.name).type
+            what = "unix seconds" if f.name == "time" else f"a {f.type} value"
+            raise InputError(f"{path}: column {f.name!r} is {have} and cannot be read as {f.type} "
+                             f"({str(exc).splitlines()[0]}); it must hold {what}: convert other collectors' logs "
+                             "with `wattgate import-trace`") from None
+    table = pa.Table.from_arrays(columns, schema=TRACE_SCHEMA)
+    table, invalid = null_invalid_values(table)
+    if invalid:
+        info = trace_meta(pa.schema([], metadata=meta))
+        counts = dict(info.get("invalid_values") or {})
+        for name, n in invalid.items():
+            counts[name] = int(counts.get(name, 0)) + n
+        info["invalid_values"] = dict(sorted(counts.items()))
+        meta = dict(meta or {})
+        meta[META_KEY] = strict_json(info, sort_keys=True).encode()
+    return table.replace_schema_metadata(meta)
+
+
+def null_invalid_values(table: pa.Table) -> tuple[pa.Table, dict[str, int]]:
+    """Measured columns with NaN, +-Inf or negative values -> null there, and the count per column.
+
+    Works on any subset of the trace columns (e.g. a reader that loads only time, host, gpu, power_w)."""
+    counts = {}
+    for name in MEASURED:
+        if name not in table.column_names:
+            continue
+        col = table.column(name)
+        if col.null_count == len(col):
+            continue
+        bad = pc.or_(pc.is_nan(col), pc.is_inf(col))
+        if name not in MAY_BE_NEGATIVE:
+            bad = pc.or_(bad, pc.less(col, 0))
+        n = pc.sum(pc.cast(pc.fill_null(bad, False), pa.int64())).as_py() or 0
+        if n:
+            counts[name] = int(n)
+            i = table.schema.get_field_index(name)
+            table = table.set_column(i, table.schema.field(i), pc.if_else(bad, pa.scalar(None, col.type), col))
+    return table, counts
 
 
 def trace_files(folder: str | os.PathLike) -> list[Path]:

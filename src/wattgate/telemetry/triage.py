@@ -138,7 +138,7 @@ import pyarrow.parquet as pq
 from wattgate.artifacts import atomic_path, write_bytes_atomic, write_json_atomic
 from wattgate.errors import InputError
 from wattgate.telemetry.tables import PHASES, TriageTable, resolve_table
-from wattgate.telemetry.trace import read_trace, trace_meta
+from wattgate.telemetry.trace import read_trace, strict_json, trace_meta
 
 FORMAT_VERSION = 1
 LABELS = PHASES + ("unknown",)
@@ -1001,13 +1001,15 @@ def run_triage(trace_paths, out_dir, table_path: str | None = None, gpu_model: s
         mapped = map_ranks(info, keys)
         result["ranks"] = {"mapped": {str(r): {"host": keys[g][0], "gpu": keys[g][1]} for r, g in mapped.items()},
                            "unmapped": sorted(set(info.states) - set(mapped))}
-    meta = {b"wattgate.phases": json.dumps({"format_version": FORMAT_VERSION, "window_s": window_s,
-                                            "gpu_model": table.gpu_model if table else None},
-                                           sort_keys=True).encode()}
+    meta = {b"wattgate.phases": strict_json({"format_version": FORMAT_VERSION, "window_s": window_s,
+                                             "gpu_model": table.gpu_model if table else None},
+                                            sort_keys=True).encode()}
     with atomic_path(out_dir / "phases.parquet") as tmp:
         pq.write_table(phases.replace_schema_metadata(meta), tmp, compression="zstd")
     write_bytes_atomic(out_dir / "phase_summary.csv", summary.to_csv(index=False, float_format="%.10g").encode())
-    write_json_atomic(out_dir / "triage.json", result)
+    # strict JSON: read_trace already nulls non-finite power, so a NaN/Inf left here is a figure that could not
+    # be computed (e.g. a share of zero seconds) and is written as null, deliberately
+    write_json_atomic(out_dir / "triage.json", result, nonfinite="null")
     write_bytes_atomic(out_dir / "triage.md", _markdown(result, summary).encode())
     return result
 
