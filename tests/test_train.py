@@ -264,11 +264,11 @@ def test_export_is_the_trained_model_in_bf16_and_a_killed_export_reruns(tmp_path
 
     # kill during the export: the tokenizer file is a FIFO, so rank 0 blocks copying it after every shard is
     # written, with final.tmp/ complete but unpublished. A deterministic point inside the export.
+    # (the manifest is left as it is: it is part of the run identity, so editing it would start anew)
     killed = tmp_path / "killed"
-    blocking = tmp_path / "tok-fifo"
-    blocking.mkdir()
-    os.mkfifo(blocking / "tokenizer.json")
-    set_tokenizer_dir(tmp_path, blocking)
+    content = (tokenizer / "tokenizer.json").read_text()
+    (tokenizer / "tokenizer.json").unlink()
+    os.mkfifo(tokenizer / "tokenizer.json")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     job = subprocess.Popen(torchrun(tmp_path, 2, killed), env=env, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -281,7 +281,8 @@ def test_export_is_the_trained_model_in_bf16_and_a_killed_export_reruns(tmp_path
     assert not (killed / "final").exists() and not (killed / "TRAINED").exists()
     assert len(list((killed / "final.tmp").glob("*.safetensors"))) == len(shards)
 
-    set_tokenizer_dir(tmp_path, tokenizer)
+    (tokenizer / "tokenizer.json").unlink()
+    (tokenizer / "tokenizer.json").write_text(content)
     proc = run_train(tmp_path, 2, killed)
     assert json.loads((killed / "TRAINED").read_text())["resumed_from_step"] == summary["steps"], proc.stdout
     assert not (killed / "final.tmp").exists()

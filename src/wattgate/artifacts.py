@@ -85,6 +85,10 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
         yield tmp_path
         os.chmod(tmp_path, _file_mode())
         os.replace(tmp_path, dest)
+    except OSError as exc:
+        if exc.filename is None:  # a failed write() names no file: name the artifact being written
+            raise OSError(exc.errno, exc.strerror, str(dest)) from exc
+        raise
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -207,6 +211,10 @@ def atomic_dir(dest: str | os.PathLike, stage: str | None = None) -> Iterator[Pa
             shutil.rmtree(old)
         else:
             os.replace(tmp, dest)
+    except OSError as exc:
+        if exc.filename is None:  # a failed write() names no file: name the folder being written
+            raise OSError(exc.errno, exc.strerror, str(dest)) from exc
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

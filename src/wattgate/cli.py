@@ -29,7 +29,8 @@ def _train_tokenizer(args, config) -> None:
 
     d = config["data"]
     policy = BadRecordPolicy(config["pretokenize"]["on_bad_record"], Counter())
-    records = read_records(args.corpus or d["inputs"], Fields(d["text_field"], d["messages_field"]), policy)
+    fields = Fields(d["text_field"], d["messages_field"], max_chars=config["pretokenize"]["max_doc_chars"])
+    records = read_records(args.corpus or d["inputs"], fields, policy)
     t = config["tokenizer"]
     tok = train_bpe(training_texts(records), t["vocab_size"], t["min_frequency"])
     save_hf_tokenizer(tok, args.out)
@@ -96,7 +97,7 @@ def _load_check(args, config) -> None:
 def _launch(args, config) -> None:
     from wattgate.train.launch import run_launch
 
-    result = run_launch(config, args.config, args.pretokenized, args.plan, args.out)
+    result = run_launch(config, args.config, args.pretokenized, args.plan, args.out, args.gate)
     w = result.watcher or {}
     if w.get("verdict") not in (None, "running", "healthy"):
         acted = "stopped the job" if w.get("action") == "kill" else "warned"
@@ -232,7 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     stage("pack", _pack, "pack-and-balance: equal micro-batches on every rank", "pretokenized")
     stage("gate", _gate, "invariant gate: prove the plan safe before any GPU job", "pretokenized", "plan")
     stage("train", _train, "train one rank (run under torchrun; see `wattgate launch`)", "pretokenized", "plan")
-    stage("launch", _launch, "start the train stage on every rank (torchrun; srun on Slurm)", "pretokenized", "plan")
+    p = stage("launch", _launch, "start the train stage on every rank (torchrun; srun on Slurm)", "pretokenized", "plan")
+    p.add_argument("--gate", type=Path, help="the gate's output folder whose marker must name this plan "
+                                             "(default: gate/ beside the plan folder)")
 
     p = sub.add_parser("load-check", help="the train stage's sharded model load (and export) alone, measured "
                                           "(run under torchrun with the train job's ranks)")
@@ -319,6 +322,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OS_ERROR_ADVICE = {
+    "ENOSPC": "free space there or point --out elsewhere",
+    "EDQUOT": "free space in your quota or point --out elsewhere",
+    "EROFS": "the filesystem is read-only: point --out at a writable folder",
+    "EACCES": "check the permissions of the file and its folder",
+    "EPERM": "check the permissions of the file and its folder",
+    "ENOENT": "check the path",
+}
+
+
+def os_error_line(exc: OSError) -> str:
+    """'<file>: <what happened> (<what to do>)' for an OSError from anywhere in a stage."""
+    import errno
+
+    code = errno.errorcode.get(exc.errno or 0, "")
+    where = exc.filename if exc.filename is not None else "(no file named)"
+    what = exc.strerror or str(exc)
+    advice = OS_ERROR_ADVICE.get(code)
+    return f"{where}: {what}" + (f" ({advice})" if advice else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -335,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     except StageFailed as exc:
         print(f"wattgate {args.stage}: failed: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # disk full, read-only, permission, missing file: one line, never a traceback
+        print(f"wattgate {args.stage}: error: {os_error_line(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"wattgate {args.stage}: interrupted", file=sys.stderr)
         return 130

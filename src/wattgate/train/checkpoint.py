@@ -27,6 +27,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from wattgate.artifacts import write_json_atomic
+from wattgate.errors import InputError
+from wattgate.train.identity import identity_differences
 
 STATE = "state.json"
 
@@ -35,7 +37,7 @@ def _rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
-def save_checkpoint(root: Path, step: int, model, optimizer, position: dict, keep: int) -> Path:
+def save_checkpoint(root: Path, step: int, model, optimizer, position: dict, keep: int, identity: dict) -> Path:
     rank = dist.get_rank()
     final = root / f"step-{step}"
     tmp = root / f"step-{step}.tmp"
@@ -50,7 +52,7 @@ def save_checkpoint(root: Path, step: int, model, optimizer, position: dict, kee
     if rank == 0:
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
         write_json_atomic(tmp / STATE, {"step": step, "position": position, "files": files,
-                                        "world_size": dist.get_world_size()})
+                                        "world_size": dist.get_world_size(), "identity": identity})
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         prune(root, keep)
@@ -85,28 +87,31 @@ def is_complete(path: Path) -> tuple[bool, str]:
     return True, ""
 
 
-def set_aside_foreign(root: Path, plan_sha256: str) -> Path | None:
-    """Move `root` aside when it holds checkpoints of another plan (the data or plan changed since).
+def set_aside_mismatched(root: Path, identity: dict) -> Path | None:
+    """Move `root` aside when it holds checkpoints of another run identity (train/identity.py).
 
-    Resuming those would train on a different schedule from a step that means
-    something else. Called by rank 0 before any rank looks for a checkpoint.
+    Resuming those would return the old model (or mix its weights with a new schedule). Called
+    by rank 0 before it picks the resume point; one line names the keys that differ.
     """
     if not root.is_dir():
         return None
-    foreign = []
-    for path in root.glob("step-*"):
+    differing: dict[str, list[str]] = {}
+    for path in sorted(root.glob("step-*"), key=_step_of):
         try:
-            plan = json.loads((path / STATE).read_text()).get("position", {}).get("plan")
-        except (OSError, json.JSONDecodeError):
+            recorded = json.loads((path / STATE).read_text()).get("identity")
+        except (OSError, json.JSONDecodeError, AttributeError):
             continue
-        if plan != plan_sha256:
-            foreign.append(path.name)
-    if not foreign:
+        diffs = identity_differences(recorded, identity)
+        if diffs:
+            differing[path.name] = diffs
+    if not differing:
         return None
     stale = root.with_name(f"{root.name}.stale-{int(time.time())}")
     os.replace(root, stale)
-    print(f"train: WARNING: {root} held checkpoints of another plan ({', '.join(sorted(foreign))}); "
-          f"moved to {stale} and starting from step 0", file=sys.stderr, flush=True)
+    newest = max(differing, key=lambda name: _step_of(Path(name)))
+    print(f"train: WARNING: {root} held checkpoints of another run ({', '.join(sorted(differing, key=lambda n: _step_of(Path(n))))}; "
+          f"{newest} differs in {', '.join(differing[newest])}); moved to {stale}, starting from step 0",
+          file=sys.stderr, flush=True)
     return stale
 
 
@@ -130,8 +135,19 @@ def load_checkpoint(path: Path, model, optimizer) -> dict:
     set_optimizer_state_dict(model, optimizer, state["optim"])
     rng_file = path / f"rng-rank-{dist.get_rank()}.pt"
     if rng_file.exists():
-        rng = torch.load(rng_file, weights_only=False)
+        rng = read_rng_state(rng_file)
         torch.set_rng_state(rng["torch"])
         if rng["cuda"]:
             torch.cuda.set_rng_state_all(rng["cuda"])
     return json.loads((path / STATE).read_text())
+
+
+def read_rng_state(path: Path) -> dict:
+    """A rank's saved RNG state: tensors only, so a tampered file can never run code when unpickled."""
+    import pickle
+
+    try:
+        return torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        raise InputError(f"{path}: not an RNG state wattgate wrote ({str(exc).splitlines()[0]}); "
+                         "delete this checkpoint folder") from None

@@ -140,11 +140,41 @@ class LaunchResult:
     watcher: dict | None  # watcher.json after the job ended (None when the watcher is off)
 
 
-def run_launch(config: dict, config_path: Path, pretokenized: Path, plan: Path, out: Path) -> LaunchResult:
+def check_gate_marker(config: dict, plan: Path, gate: Path) -> Path:
+    """The gate's verdict marker for exactly this plan, or an InputError (exit 2) saying what to rerun.
+
+    With gate.enforce true only PASSED counts; with false, UNENFORCED (the user chose to run past
+    the gate) does too. Either way the marker must name the sha256 of this plan.json and packs.parquet.
+    """
+    from wattgate.artifacts import sha256_file
+    from wattgate.gate.report import MARKER_HASH_FILES, read_marker_hashes
+
+    names = ["PASSED"] if config["gate"]["enforce"] else ["PASSED", "UNENFORCED"]
+    marker = next((gate / n for n in names if (gate / n).is_file()), None)
+    if marker is None:
+        raise InputError(f"{gate}: no {' or '.join(names)} marker: the gate has not passed this plan; "
+                         f"run `wattgate gate ... --plan {plan} --out {gate}` (or snakemake) first")
+    recorded = read_marker_hashes(marker)
+    for name in MARKER_HASH_FILES:
+        try:
+            actual = sha256_file(plan / name)
+        except OSError as exc:
+            raise InputError(f"{plan / name}: cannot read ({exc.strerror})") from None
+        if recorded.get(name) != actual:
+            raise InputError(f"{marker}: the gate checked another {name} (sha256 {recorded.get(name, 'not recorded')}, "
+                             f"this one is {actual}); rerun the gate on this plan before launching")
+    return marker
+
+
+def run_launch(config: dict, config_path: Path, pretokenized: Path, plan: Path, out: Path,
+               gate: Path | None = None) -> LaunchResult:
     """Start the job (under the node samplers) in its own session, with the watcher beside it.
 
-    SIGTERM/SIGINT are forwarded to the job; the watcher is stopped once the job has ended.
+    Refuses (InputError) a plan the gate did not pass: `gate` defaults to the plan folder's sibling
+    `gate/` (results/plan -> results/gate). SIGTERM/SIGINT are forwarded to the job; the watcher is
+    stopped once the job has ended.
     """
+    check_gate_marker(config, plan, gate or plan.parent / "gate")
     spec = resolve_launch(config)
     tel = config["telemetry"]
     sample = (str(out / "telemetry" / "{host}.parquet"), tel["interval_s"]) if tel["enabled"] else None

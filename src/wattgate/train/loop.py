@@ -25,11 +25,12 @@ import torch.distributed as dist
 
 from wattgate.artifacts import write_json_atomic
 from wattgate.data.tokenizer import TOKENIZER_FILES
-from wattgate.errors import InputError
+from wattgate.errors import InputError, StageFailed
 from wattgate.gate.memory import export_dtype_name
 from wattgate.train import checkpoint as ckpt
 from wattgate.train.data import DocStore, MicroBatchPlan, build_batch, read_rank_plan
-from wattgate.train.distributed import check_equal_across_ranks, device_uuid, setup_rank
+from wattgate.train.distributed import device_uuid, equal_across_ranks, setup_rank
+from wattgate.train.identity import run_identity
 from wattgate.train.loss import forward_logits, loss_sum, to_tensors
 from wattgate.train.metrics import GIB, PhaseMemory, StepLog, memory_summary, model_flops_utilization
 from wattgate.train.model import count_params, load_sharded_model
@@ -166,11 +167,38 @@ def group_steps(micro_batches: list[MicroBatchPlan]) -> list[list[MicroBatchPlan
     return [list(g) for _, g in groupby(micro_batches, key=lambda m: (m.epoch, m.step))]
 
 
-def check_planned_counts(micro_batches: list[MicroBatchPlan], device: torch.device) -> None:
-    """Defense in depth behind the gate: every rank must plan the same number of micro-batches and steps."""
-    check_equal_across_ranks([len(micro_batches), len({(m.epoch, m.step) for m in micro_batches})],
-                             ["micro-batches", "optimizer steps"], device,
-                             "planned counts differ across ranks (this would deadlock at the epoch end)")
+def planned_sequence(micro_batches: list[MicroBatchPlan]) -> list[tuple[int, int, int, int]]:
+    """(epoch, step, micro, packs) of every micro-batch in order: the collectives this rank will issue."""
+    return [(m.epoch, m.step, m.micro, len(m.packs)) for m in micro_batches]
+
+
+def first_divergence(sequences: list[list[tuple]]) -> str:
+    """Where the ranks' planned sequences first differ, in words."""
+    for i in range(max(len(seq) for seq in sequences)):
+        items = [seq[i] if i < len(seq) else None for seq in sequences]
+        if len(set(items)) > 1:
+            said = "; ".join(f"rank {r}: " + (f"epoch {x[0]} step {x[1] + 1} micro-batch {x[2] + 1} ({x[3]} packs)"
+                                               if x else "no more micro-batches")
+                             for r, x in enumerate(items))
+            return f"micro-batch #{i + 1} of the run: {said}"
+    return "nowhere"
+
+
+def check_planned_sequences(micro_batches: list[MicroBatchPlan], device: torch.device) -> None:
+    """Defense in depth behind the gate: every rank must plan the same sequence of micro-batches.
+
+    Equal totals are not enough (a micro-batch moved from one step to the next keeps them and
+    still hangs), so each rank all-reduces a hash of its (epoch, step, micro, packs) sequence;
+    on a mismatch the sequences are gathered to name the first divergence.
+    """
+    sequence = planned_sequence(micro_batches)
+    digest = hashlib.sha256(json.dumps(sequence).encode()).digest()
+    if equal_across_ranks([int.from_bytes(digest[:7], "little")], device):
+        return
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, sequence)
+    raise StageFailed("planned counts differ across ranks (this would deadlock where they diverge): first at "
+                      f"{first_divergence(every)}; rerun pack and gate")
 
 
 def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
@@ -184,20 +212,27 @@ def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
                              f"launched with {world}; rerun pack and gate for this launch")
         micro_batches = read_rank_plan(plan_dir, rank)
         if config["train"]["check_planned_counts"]:
-            check_planned_counts(micro_batches, device)
+            check_planned_sequences(micro_batches, device)
         elif rank == 0:
             print("train: WARNING: train.check_planned_counts is false: uneven plans will hang", file=sys.stderr)
-        return _run(config, s, plan, rank, world, device, micro_batches, pretokenized, out)
+        return _run(config, s, plan, plan_dir, rank, world, device, micro_batches, pretokenized, out)
     finally:
         dist.destroy_process_group()
 
 
-def resume_checkpoint(out: Path, plan: dict, rank: int) -> Path | None:
-    """The newest complete checkpoint of this plan (checkpoints of another plan are set aside first)."""
+def resume_checkpoint(out: Path, identity: dict | None, rank: int) -> Path | None:
+    """The newest complete checkpoint of this run identity, chosen by rank 0 and broadcast.
+
+    Ranks never pick their own: on a shared filesystem with directory caching two ranks can
+    see different newest checkpoints, and the job would hang in its first collective.
+    """
+    choice: list = [None]
     if rank == 0:
-        ckpt.set_aside_foreign(out / "checkpoints", plan["packs_sha256"])
-    dist.barrier()
-    return ckpt.latest_complete(out / "checkpoints")
+        ckpt.set_aside_mismatched(out / "checkpoints", identity)
+        latest = ckpt.latest_complete(out / "checkpoints")
+        choice = [str(latest) if latest is not None else None]
+    dist.broadcast_object_list(choice, src=0)
+    return Path(choice[0]) if choice[0] is not None else None
 
 
 def epoch_end_steps(steps: list[list[MicroBatchPlan]]) -> list[int]:
@@ -219,7 +254,7 @@ def export_final(model, s: TrainSettings, out: Path, pretokenized: Path, model_c
     return export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), extra)
 
 
-def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pretokenized, out) -> dict:
+def _run(config, s: TrainSettings, plan, plan_dir, rank, world, device, micro_batches, pretokenized, out) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     heartbeat = Heartbeat(out, rank, int(os.environ.get("LOCAL_RANK", "0")), device_uuid(device))
@@ -229,7 +264,8 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
     memory = PhaseMemory(device)
     memory.start()
 
-    latest = resume_checkpoint(out, plan, rank)
+    identity = run_identity(config, plan_dir, pretokenized) if rank == 0 else None  # rank 0 writes state.json
+    latest = resume_checkpoint(out, identity, rank)
     model, source = load_sharded_model(config["model"], s, init_device_mesh(device.type, (world,)), device,
                                        fill=latest is None)
     optimizer = build_optimizer(model, s)
@@ -255,7 +291,7 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
 
     t_run = time.perf_counter()
     for g in range(start, total):
-        run_step(g, steps, start, model, optimizer, store, s, world, device, heartbeat, log, out, plan)
+        run_step(g, steps, start, model, optimizer, store, s, world, device, heartbeat, log, out, plan, identity)
     elapsed = time.perf_counter() - t_run
     memory.end("steady")
 
@@ -273,7 +309,7 @@ def _run(config, s: TrainSettings, plan, rank, world, device, micro_batches, pre
 
 
 def run_step(g, steps, start, model, optimizer, store, s: TrainSettings, world, device, heartbeat, log: StepLog,
-             out: Path, plan: dict) -> None:
+             out: Path, plan: dict, identity: dict | None) -> None:
     """Optimizer step g: its micro-batches, the step figures for rank 0, and a checkpoint when due."""
     step_plan, total = steps[g], len(steps)
     epoch = step_plan[0].epoch
@@ -304,7 +340,7 @@ def run_step(g, steps, start, model, optimizer, store, s: TrainSettings, world, 
     if checkpoint_now:
         heartbeat.beat(g + 1, epoch, "checkpoint")
         ckpt.save_checkpoint(out / "checkpoints", g + 1, model, optimizer,
-                             {"epoch": epoch, "step": g + 1, "plan": plan["packs_sha256"]}, s.checkpoint_keep)
+                             {"epoch": epoch, "step": g + 1, "plan": plan["packs_sha256"]}, s.checkpoint_keep, identity)
         heartbeat.beat(g + 1, epoch, "train")
 
 
@@ -324,7 +360,7 @@ def write_summary(out: Path, log: StepLog, per_rank_memory: list[dict], total: i
     if device.type == "cuda":
         summary["mfu"] = model_flops_utilization(summary["tokens_per_s"] or 0, n_params, world, gpu_model)
         summary["peak_memory_gib"] = max(p["cuda_peak_gib"] for p in worst.values())
-    write_json_atomic(out / "TRAINED", summary)
+    write_json_atomic(out / "TRAINED", summary, nonfinite="null")  # a diverged loss is NaN: null
     first, final = summary["first_loss"], summary["final_loss"]
     losses = f"loss {first:.4f} -> {final:.4f}" if first is not None else "no steps taken"
     print(f"train: done: {losses}, {summary['tokens_per_s'] or 0:.0f} tok/s; peak host RSS per rank "

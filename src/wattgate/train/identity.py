@@ -1,0 +1,83 @@
+"""Run identity: everything that changes what a run computes, recorded in every checkpoint.
+
+A checkpoint is resumed only by a run with the same identity: the same plan (plan.json bytes,
+which carry packs_sha256), the same pretokenized content (manifest.json bytes, which carry the
+shards' content hashes), the same model (its config and a fingerprint of every weight file)
+and the same result-changing train settings. Anything else (logging, checkpoint cadence,
+export dtype, attention kernel, activation checkpointing) may change between attempts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from wattgate.errors import InputError
+
+# train.* keys that change the computed weights or the schedule
+RESULT_SETTINGS = ("seq_len", "micro_batch_size", "grad_accum", "epochs", "lr", "min_lr_ratio", "warmup_steps",
+                   "weight_decay", "betas", "grad_clip", "seed", "optimizer", "max_steps", "mixed_precision")
+SAMPLE_BLOCKS = 16
+SAMPLE_BYTES = 1 << 16
+
+
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def weight_file_fingerprint(path: Path) -> str:
+    """sha256 of a weight file's size, its first and last MiB and 16 blocks spread over it.
+
+    A different checkpoint of the same shapes differs in every block; hashing all of a 60 GB
+    model on every start would cost minutes of I/O.
+    """
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    offsets = {0, max(0, size - (1 << 20))} | {size * k // SAMPLE_BLOCKS for k in range(SAMPLE_BLOCKS)}
+    try:
+        with open(path, "rb") as f:
+            for offset in sorted(offsets):
+                f.seek(offset)
+                h.update(f.read(1 << 20 if offset in (0, max(0, size - (1 << 20))) else SAMPLE_BYTES))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    return h.hexdigest()
+
+
+def model_identity(model_cfg: dict) -> dict[str, str]:
+    if model_cfg.get("path"):
+        path = Path(model_cfg["path"])
+        weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")) if path.is_dir() else []
+        return {"config": _sha256_bytes(_read(path / "config.json")),
+                "weights": _sha256_bytes("".join(f"{p.name}:{weight_file_fingerprint(p)}\n"
+                                                 for p in weights).encode())}
+    return {"config": _sha256_bytes(json.dumps(model_cfg.get("config"), sort_keys=True).encode()), "weights": "init"}
+
+
+def run_identity(config: dict, plan_dir: Path, pretokenized: Path) -> dict:
+    t = config["train"]
+    return {"plan": _sha256_bytes(_read(plan_dir / "plan.json")),
+            "pretokenized": _sha256_bytes(_read(pretokenized / "manifest.json")),
+            "model": model_identity(config["model"]),
+            "train": {k: (list(t[k]) if isinstance(t[k], (list, tuple)) else t[k]) for k in RESULT_SETTINGS}}
+
+
+def identity_differences(recorded: dict | None, current: dict) -> list[str]:
+    """The keys in which a checkpoint's identity differs from this run's (empty: resumable)."""
+    if not recorded:
+        return ["run identity (the checkpoint predates it)"]
+    diffs = [name for name in ("plan", "pretokenized") if recorded.get(name) != current[name]]
+    for part in ("config", "weights"):
+        if (recorded.get("model") or {}).get(part) != current["model"][part]:
+            diffs.append(f"model {part}")
+    before = recorded.get("train") or {}
+    diffs += [f"train.{k}" for k in RESULT_SETTINGS if before.get(k) != current["train"][k]]
+    return diffs
