@@ -5,7 +5,7 @@ see which one does not fit. Three phases peak differently on the device:
 
 - load: the model is built on the meta device, sharded, and only the local
   fp32 shards are materialized; each parameter's local rows are then read
-  (safetensors `get_slice`, in the file's dtype) or random-initialized, one
+  (one positioned read per tensor, in the file's dtype) or random-initialized, one
   parameter at a time.
 - steady state (`estimate_memory`): byte counts per parameter follow FSDP2
   with a bf16 MixedPrecisionPolicy: sharded parameters, gradients and AdamW
@@ -17,7 +17,7 @@ see which one does not fit. Three phases peak differently on the device:
   the current file streams into it.
 
 The host (per node) holds every rank's process, the load/export staging
-copies, and the page cache of the memory-mapped checkpoint files.
+copies, and the page cache of the checkpoint files its ranks read.
 """
 
 from __future__ import annotations
@@ -364,8 +364,9 @@ def estimate_host_memory_per_node(spec: ModelSpec, s: FitSettings) -> dict[str, 
 
     Per rank the host holds its process, the load slice (file dtype + fp32 cast)
     or, while exporting, the full parameter its file writer streams; on CPU ranks
-    also every device tensor. The memory-mapped checkpoint stays in the page cache
-    after loading: counted, since a Slurm job's cgroup is charged for it.
+    also every device tensor. The checkpoint pages the node's ranks read (positioned
+    reads, train/safetensors_io.py) stay in the page cache after loading: counted,
+    since a Slurm job's cgroup is charged for it.
     """
     ranks = s.ranks_per_node
     load_host = sum(load_staging_bytes(spec, s).values())
