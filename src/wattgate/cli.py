@@ -160,10 +160,10 @@ def _import_trace(args, config) -> None:
 
     fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
     table, meta = import_trace(args.source, args.files, args.host, args.skip_bad_lines, fields, args.tz,
-                               args.gpu_index)
+                               args.gpu_index, args.columns)
     write_trace(table, args.out)
     gpus = len({(h, g) for h, g in zip(table["host"].to_pylist(), table["gpu"].to_pylist())})
-    skipped = sum(meta["skipped_lines"].values())
+    skipped = sum(n for k, n in meta["skipped_lines"].items() if k != "truncated_final_line")
     print(f"import-trace: {table.num_rows} rows, {gpus} GPU(s) on {len(meta['hosts'])} host(s)"
           + (f", {skipped} bad line(s) skipped" if skipped else "")
           + ("; GPU index inferred from sampling bursts" if meta["gpu_index_inferred"] else "") + f" -> {args.out}")
@@ -196,7 +196,7 @@ def _report(args, config) -> None:
     if args.run is None and not args.trace:
         raise InputError("report: pass --run DIR (a train run) or --trace FILE... (e.g. from wattgate import-trace)")
     s = run_report(args.run, args.out, power_dir=args.power, gate_dir=args.gate, config_path=args.report_config,
-                   trace_paths=args.trace, gpu_model=args.gpu_model)
+                   trace_paths=args.trace, gpu_model=args.gpu_model, table_path=args.table)
     energy = s["energy"]
     kwh = f"{energy['kwh']:.4g} kWh ({energy['method'].replace('_', ' ')})" if energy["kwh"] is not None \
         else "no GPU telemetry"
@@ -273,13 +273,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path)
     p.set_defaults(func=_compare, config=None)
 
-    p = sub.add_parser("import-trace", help="nvidia-smi / DCGM / Zeus logs -> a wattgate trace (for triage, report)")
-    p.add_argument("--from", dest="source", required=True, choices=["nvidia-smi", "dcgm", "zeus"])
+    p = sub.add_parser("import-trace",
+                       help="nvidia-smi / DCGM / Zeus / any CSV logs -> a wattgate trace (for triage, report)")
+    p.add_argument("--from", dest="source", required=True, choices=["nvidia-smi", "dcgm", "zeus", "csv"])
     p.add_argument("files", nargs="+", type=Path, help="log file(s)")
     p.add_argument("--out", required=True, type=Path, help="trace file (Parquet)")
     p.add_argument("--host", help="host name for the rows (default: DCGM's Hostname label, else the file name)")
     p.add_argument("--fields", help="nvidia-smi logs written with noheader: the --query-gpu list, comma-separated")
-    p.add_argument("--tz", default="UTC", help="time zone of nvidia-smi timestamps (default UTC)")
+    p.add_argument("--columns", help="--from csv: trace field=header name[:unit], comma-separated, e.g. "
+                   "time=timestamp,gpu=gpu_index,power_w=power_mW:mW (time and power_w required; time units "
+                   "s, ms, us, ns or ISO-8601; no gpu means one GPU)")
+    p.add_argument("--tz", default="UTC",
+                   help="time zone of timestamps written without one (nvidia-smi, csv; default UTC)")
     p.add_argument("--gpu-index", type=int, default=0, help="GPU of a legacy one-GPU Zeus log (default 0)")
     p.add_argument("--skip-bad-lines", action="store_true", help="count unreadable lines instead of stopping")
     p.set_defaults(func=_import_trace, config=None)
@@ -303,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", nargs="+", type=Path,
                    help="trace file(s) or folder(s): power-only mode, or in place of RUN/telemetry")
     p.add_argument("--gpu-model", help="a100, h100, h200, b200, b300, for traces that name no GPU")
+    p.add_argument("--table", type=Path,
+                   help="triage table (YAML, as for `wattgate triage --table`), e.g. for a GPU with no shipped table")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--power", type=Path, help="triage output (default results/power/<run>; else triage runs here)")
     p.add_argument("--gate", type=Path, help="gate output folder (default results/gate beside results/train)")

@@ -301,9 +301,12 @@ def _read_phases(power_dir: Path) -> tuple[pa.Table, float, str | None] | None:
     return table.select(PHASES_SCHEMA.names).cast(PHASES_SCHEMA), window_s, model, deadlock_after_s
 
 
-def _triage_table(config: dict | None, device_names: list[str], gpu_model: str | None = None):
+def _triage_table(config: dict | None, device_names: list[str], gpu_model: str | None = None,
+                  table_path: str | os.PathLike | None = None):
     """The table `wattgate triage --config` would pick: telemetry.table, cluster.gpu_model, or the device names;
-    an explicit gpu_model first (a Zeus log names no device)."""
+    an explicit table file first, then an explicit gpu_model (a Zeus log names no device)."""
+    if table_path:
+        return load_table_file(table_path)
     if gpu_model:
         return resolve_table(None, gpu_model, device_names)
     if config:
@@ -316,12 +319,13 @@ def _triage_table(config: dict | None, device_names: list[str], gpu_model: str |
     return resolve_table(None, None, device_names)
 
 
-def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None, gpu_model: str | None) -> None:
+def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None, gpu_model: str | None,
+                       table_path: str | os.PathLike | None = None) -> None:
     names = sorted({str(g.get("name")) for m in inputs.trace_metas for g in m.get("gpus", []) if g.get("name")})
     try:
-        table = _triage_table(inputs.config, names, gpu_model)
+        table = _triage_table(inputs.config, names, gpu_model, table_path)
     except InputError as exc:
-        if gpu_model:  # asked for by name: a wrong one is the caller's error, not a gap in the run
+        if gpu_model or table_path:  # asked for by name: a wrong one is the caller's error, not a gap in the run
             raise
         inputs.note(f"phases not available: triage could not pick a table ({exc})")
         return
@@ -340,7 +344,8 @@ def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None,
 
 def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike | None = None,
                 gate_dir: str | os.PathLike | None = None, config_path: str | os.PathLike | None = None,
-                trace_paths=None, gpu_model: str | None = None) -> RunInputs:
+                trace_paths=None, gpu_model: str | None = None,
+                table_path: str | os.PathLike | None = None) -> RunInputs:
     """A run folder's inputs; `trace_paths` (files or telemetry folders) replace its telemetry/, and
     without a run folder (run_dir None) they are all there is."""
     from wattgate.config import load_config
@@ -405,7 +410,7 @@ def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike 
                                   .cast(pa.schema([TRACE_SCHEMA.field(c) for c in
                                                    ("time", "host", "gpu", "power_w", "util_gpu")]))
                                   for p in inputs.trace_paths])
-        _triage_in_process(inputs, trace, info if run_dir is not None else None, gpu_model)
+        _triage_in_process(inputs, trace, info if run_dir is not None else None, gpu_model, table_path)
     return inputs
 
 

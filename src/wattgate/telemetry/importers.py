@@ -15,8 +15,14 @@
 - Zeus power CSV: a time column plus one power column per GPU (`gpu0`,
   `GPU1`, `power_gpu2`, ...; watts, or milliwatts when the header says mW), and
   the legacy `zeus_monitor` form `Time,Power` (milliwatts, one GPU per file).
+- Any CSV with a header (`--from csv --columns time=ts,power_w=power_mW:mW,...`): trace fields mapped
+  to header names, each with an optional stated unit; time as unix s (or stated ms/us/ns) or ISO-8601.
+  An unmapped gpu means one GPU (index 0).
 A line that cannot be read is an error naming file:line and the field, or,
-with `skip_bad_lines`, a counted skip.
+with `skip_bad_lines`, a counted skip. A truncated final line in a CSV-like log (fewer fields than the
+header, or its last field cut off: what killing the logger leaves) is dropped and noted
+(`skipped_lines: {"truncated_final_line": 1}`). ISO-8601 times with `Z` or an offset keep it; naive
+times take `--tz` (nvidia-smi, csv) or UTC (Zeus).
 
 Units are kept per value: "350.12 W", "350120 mW" and "0.35 kW" in one column
 all read as 350 W. A value without a unit takes its column's unit (the header's
@@ -33,6 +39,7 @@ import datetime as dt
 import math
 import os
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +53,7 @@ from wattgate.artifacts import atomic_path
 from wattgate.errors import InputError
 from wattgate.telemetry.trace import TRACE_SCHEMA, invalid_value, schema_with_meta
 
-FORMATS = ("nvidia-smi", "dcgm", "zeus")
+FORMATS = ("nvidia-smi", "dcgm", "zeus", "csv")
 MISSING = {"", "[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]",
            "[insufficient permissions]"}
 
@@ -85,7 +92,12 @@ class Lines:
     def __init__(self, imported: Imported, skip_bad_lines: bool):
         self.imported, self.skip = imported, skip_bad_lines
 
-    def bad(self, path: Path, lineno: int, exc: Exception) -> None:
+    def bad(self, path: Path, lineno: int, exc: Exception, truncated: bool = False) -> None:
+        """`truncated`: the file's final line, cut short (a killed logger): dropped and noted, not an error."""
+        if truncated:
+            self.imported.skipped["truncated_final_line"] += 1
+            self.imported.notes.append(f"{path.name}:{lineno}: truncated final line dropped ({exc})")
+            return
         if not self.skip:
             raise InputError(f"{path}:{lineno}: {exc} (or pass --skip-bad-lines)") from None
         self.imported.skipped[str(getattr(exc, "field_name", "line"))] += 1
@@ -149,6 +161,21 @@ def parse_number(name: str, text: str, column: str | None = None, default_unit: 
     return float(m.group(1)) * unit_factor(column, unit, name, text)
 
 
+def parse_iso_time(text: str, tz) -> float | None:
+    """ISO-8601 (`2025-09-24T03:41:43.487Z`, `...+02:00`, `2025/09/24 ...`): its own zone wins, else `tz`."""
+    s = text.strip().replace("/", "-")
+    if s.endswith(("Z", "z")):
+        s = s[:-1] + "+00:00"
+    frac = re.match(r"^(.*[.,]\d{6})\d+(.*)$", s)  # nanosecond digits: datetime takes microseconds
+    if frac:
+        s = frac.group(1) + frac.group(2)
+    try:
+        t = dt.datetime.fromisoformat(s)
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=tz)).timestamp()
+
+
 def parse_smi_time(text: str, tz) -> float:
     text = text.strip()
     for fmt in SMI_TIME_FORMATS:
@@ -156,7 +183,29 @@ def parse_smi_time(text: str, tz) -> float:
             return dt.datetime.strptime(text, fmt).replace(tzinfo=tz).timestamp()
         except ValueError:
             continue
-    raise BadLine("timestamp", text, "expected e.g. 2025/07/27 00:34:45.155")
+    t = parse_iso_time(text, tz) if re.match(r"^\d{4}[-/]\d\d[-/]\d\d", text) else None
+    if t is None:
+        raise BadLine("timestamp", text, "expected e.g. 2025/07/27 00:34:45.155 or 2025-07-27T00:34:45.155Z")
+    return t
+
+
+def ends_mid_line(path: Path) -> bool:
+    """The file's last line has no line end: the writer stopped mid-line."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) not in (b"\n", b"\r")
+
+
+def truncated_final(path: Path, cells: list[str], header: list[str], exc: BadLine, final: bool) -> bool:
+    """The last line of a killed logger: fewer fields than the header, or, with no line end, its last field
+    unreadable (a number or unit cut off). A complete bad last line is still a bad line."""
+    if not final:
+        return False
+    return len(cells) < len(header) or (len(cells) == len(header) and exc.field_name == header[-1]
+                                        and ends_mid_line(path))
 
 
 def looks_like_sample(cells: list[str], tz) -> bool:
@@ -193,6 +242,9 @@ def read_nvidia_smi(path: Path, imported: Imported, lines: Lines, host: str, tz,
     if "timestamp" in first or any(c in SMI_FIELDS for c in first) or not looks_like_sample(rows[0][1], tz):
         header, units, body = first, smi_header_units(rows[0][1]), rows[1:]
         header_line = rows[0][0]
+        if fields:
+            print(f"import-trace: warning: {path}: has a header line; --fields ignored (the header wins)",
+                  file=sys.stderr)
     elif fields:
         header, units, body = smi_header(fields), smi_header_units(fields), rows
         header_line = 0
@@ -215,6 +267,7 @@ def read_nvidia_smi(path: Path, imported: Imported, lines: Lines, host: str, tz,
     if ignored:
         imported.notes.append(f"{path.name}: ignored columns {', '.join(ignored)}")
     parsed = []
+    last = body[-1][0] if body else 0
     for lineno, cells in body:
         try:
             if len(cells) != len(header):
@@ -230,7 +283,7 @@ def read_nvidia_smi(path: Path, imported: Imported, lines: Lines, host: str, tz,
                 rec[col] = parse_number(header[i], cells[i], col, units[i])
             parsed.append((lineno, rec))
         except BadLine as exc:
-            lines.bad(path, lineno, exc)
+            lines.bad(path, lineno, exc, truncated_final(path, cells, header, exc, lineno == last))
     if not parsed:
         raise InputError(f"{path}: no readable sample lines")
     gpus = assign_smi_gpus(path, [r for _, r in parsed], imported)
@@ -398,6 +451,7 @@ def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index
     if time_col is None or not gpus:
         raise InputError(f"{path}: a Zeus power CSV needs a time column ({', '.join(sorted(ZEUS_TIME))}) and "
                          f"per-GPU power columns (gpu0, gpu1, ... or Power); found {', '.join(header)}")
+    last = rows[-1][0]
     for lineno, cells in rows[1:]:
         try:
             if len(cells) != len(header):
@@ -405,7 +459,7 @@ def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index
             t = parse_zeus_time(cells[time_col])
             values = {g: parse_number(header[i], cells[i], "power_w", unit) for i, (g, unit) in gpus.items()}
         except BadLine as exc:
-            lines.bad(path, lineno, exc)
+            lines.bad(path, lineno, exc, truncated_final(path, cells, header, exc, lineno == last))
             continue
         for g, v in values.items():
             imported.add({"time": t, "host": host, "gpu": g, "power_w": v})
@@ -421,21 +475,120 @@ def parse_zeus_time(text: str) -> float:
         if not math.isfinite(t):
             raise BadLine("time", text, "expected unix seconds or e.g. 2022-07-13 02:07:36.708783")
         return t
-    frac = re.match(r"^(.*\.\d{6})\d+$", s)  # nanosecond digits: datetime takes microseconds
+    t = parse_iso_time(s, dt.timezone.utc)
+    if t is None:
+        raise BadLine("time", text, "expected unix seconds or e.g. 2022-07-13 02:07:36.708783")
+    return t
+
+
+# --- any CSV with a header ------------------------------------------------------------------------
+
+CSV_FIELDS = tuple(TRACE_SCHEMA.names)
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+HEADER_UNIT = re.compile(r"^(.*?)(?:\s*[\[(]([^\])]+)[\])]|[_ ]([A-Za-z%°]+))\s*$")
+
+
+def parse_columns(spec: str | None) -> dict[str, tuple[str, str]]:
+    """`time=ts:ms,power_w=power_mW:mW,gpu=gpu_index` -> {field: (header name, stated unit or '')}."""
+    if not spec:
+        raise InputError("--from csv needs --columns, e.g. --columns time=timestamp,gpu=gpu_index,power_w=power_W")
+    mapping: dict[str, tuple[str, str]] = {}
+    for item in (x.strip() for x in spec.split(",") if x.strip()):
+        name, eq, column = item.partition("=")
+        name, column = name.strip(), column.strip()
+        if not eq or not column:
+            raise InputError(f"--columns {item!r}: expected FIELD=HEADER[:UNIT], e.g. power_w=power_mW:mW")
+        if name not in CSV_FIELDS:
+            raise InputError(f"--columns {item!r}: unknown trace field {name!r}; known: {', '.join(CSV_FIELDS)}")
+        unit = ""
+        if ":" in column:
+            column, _, unit = column.rpartition(":")
+            column, unit = column.strip(), unit.strip()
+            known = TIME_UNITS if name == "time" else UNITS.get(name, {})
+            if unit not in known:
+                raise InputError(f"--columns {item!r}: unknown unit {unit!r} for {name} (expected "
+                                 f"{', '.join(sorted(known)) or 'no unit'})")
+        if name in mapping:
+            raise InputError(f"--columns: {name} mapped twice")
+        mapping[name] = (column, unit)
+    missing = [n for n in ("time", "power_w") if n not in mapping]
+    if missing:
+        raise InputError(f"--columns: {' and '.join(missing)} must be mapped, e.g. time=timestamp,power_w=power_W")
+    return mapping
+
+
+def header_unit(name: str, column: str) -> str:
+    """The unit a header names for a trace field: `power [mW]`, `power (mW)`, `power_mW`; '' if none known."""
+    m = HEADER_UNIT.match(column)
+    unit = (m.group(2) or m.group(3) or "").strip() if m else ""
+    return unit if unit in UNITS.get(name, {}) else ""
+
+
+def parse_csv_time(text: str, unit: str, tz) -> float:
+    s = text.strip()
     try:
-        t = dt.datetime.fromisoformat(frac.group(1) if frac else s)
+        v = float(s)
     except ValueError:
-        raise BadLine("time", text, "expected unix seconds or e.g. 2022-07-13 02:07:36.708783") from None
-    return (t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp()
+        t = None if unit else parse_iso_time(s, tz)
+    else:
+        t = v * TIME_UNITS[unit or "s"] if math.isfinite(v) else None
+    if t is None:
+        raise BadLine("time", text, "expected unix seconds" + (f" in {unit}" if unit else
+                                                                " or ISO-8601 such as 2025-09-24T03:41:43.487Z"))
+    return t
+
+
+def read_csv(path: Path, imported: Imported, lines: Lines, host: str, tz, mapping: dict[str, tuple[str, str]]) -> None:
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        rows = [(i + 1, r) for i, r in enumerate(csv.reader(f, skipinitialspace=True)) if r and any(c.strip() for c in r)]
+    if not rows:
+        raise InputError(f"{path}: empty file")
+    header = [c.strip() for c in rows[0][1]]
+    absent = [c for c, _ in mapping.values() if c not in header]
+    if absent:
+        raise InputError(f"{path}: --columns names {', '.join(map(repr, absent))}, not in the header "
+                         f"({', '.join(header)})")
+    cols = {name: (header.index(c), unit or ("" if name in ("time", "host") else header_unit(name, c)))
+            for name, (c, unit) in mapping.items()}
+    if "gpu" not in cols:
+        imported.notes.append(f"{path.name}: no gpu column mapped: one GPU (index 0)")
+    last = rows[-1][0]
+    for lineno, cells in rows[1:]:
+        try:
+            if len(cells) != len(header):
+                raise BadLine("line", ",".join(cells), f"{len(cells)} fields, header has {len(header)}")
+            row = {"host": host, "gpu": 0}
+            for name, (i, unit) in cols.items():
+                if name == "time":
+                    row["time"] = parse_csv_time(cells[i], unit, tz)
+                elif name == "host":
+                    row["host"] = cells[i].strip() or host
+                elif name == "gpu":
+                    g = parse_number(header[i], cells[i], "gpu")
+                    if g is None or g != int(g):
+                        raise BadLine(header[i], cells[i], "not a GPU index")
+                    row["gpu"] = int(g)
+                else:
+                    row[name] = parse_number(header[i], cells[i], name, unit)
+        except BadLine as exc:
+            field_name = exc.field_name if exc.field_name != "time" else header[cols["time"][0]]
+            lines.bad(path, lineno, exc, truncated_final(path, cells, header, BadLine(field_name, ""), lineno == last))
+            continue
+        imported.add(row)
 
 
 # --- entry point ----------------------------------------------------------------------------------
 
 
 def import_trace(fmt: str, files: list[Path], host: str | None = None, skip_bad_lines: bool = False,
-                 fields: list[str] | None = None, tz_name: str = "UTC", gpu_index: int = 0) -> tuple[pa.Table, dict]:
+                 fields: list[str] | None = None, tz_name: str = "UTC", gpu_index: int = 0,
+                 columns: str | None = None) -> tuple[pa.Table, dict]:
+    """`columns`: the `--columns` mapping of `--from csv` (FIELD=HEADER[:UNIT],...)."""
     if fmt not in FORMATS:
         raise InputError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    if columns and fmt != "csv":
+        raise InputError(f"--columns is for --from csv; --from {fmt} reads its own header")
+    mapping = parse_columns(columns) if fmt == "csv" else None
     try:
         tz = ZoneInfo(tz_name)
     except (ZoneInfoNotFoundError, ValueError):
@@ -449,6 +602,8 @@ def import_trace(fmt: str, files: list[Path], host: str | None = None, skip_bad_
             read_nvidia_smi(path, imported, lines, host or path.stem, tz, fields)
         elif fmt == "dcgm":
             read_dcgm(path, imported, lines, host)
+        elif fmt == "csv":
+            read_csv(path, imported, lines, host or path.stem, tz, mapping)
         else:
             read_zeus(path, imported, lines, host or path.stem, gpu_index)
     if imported.invalid:
