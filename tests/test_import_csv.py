@@ -145,3 +145,23 @@ provenance:
     s = json.loads((out / "summary.json").read_text())
     assert s["phases"]["table"] == "V100" and "compute" in s["phases"]["by_phase"]
     assert main(["report", "--trace", str(trace), "--table", str(tmp_path / "nope.yaml"), "--out", str(out)]) == 2
+
+
+NANOGPT = REPO / "tests" / "data" / "nanogpt-8xh100"  # real 8 x H100 logs (MIT, see LICENSE and SOURCE.md there)
+
+
+@pytest.mark.parametrize("name, span_s", [("baseline", 266), ("first", 217), ("25", 157)])
+def test_real_gzipped_logs_import_with_only_columns(name, span_s):
+    table, _ = import_trace("csv", [NANOGPT / f"gpu_metrics_{name}.csv.gz"], columns=COLUMNS)
+    d = table.to_pandas()
+    assert sorted(d["gpu"].unique()) == list(range(8)) and set(d["host"]) == {f"gpu_metrics_{name}"}
+    assert abs((d["time"].max() - d["time"].min()) - span_s) < 2
+    assert d["power_w"].between(50, 720).all() and d["util_gpu"].between(0, 100).all()
+
+
+def test_a_damaged_gzip_log_is_one_line_error(tmp_path):
+    data = (NANOGPT / "gpu_metrics_25.csv.gz").read_bytes()
+    cut = tmp_path / "cut.csv.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match="cut.csv.gz: damaged gzip stream"):
+        import_trace("csv", [cut], columns=COLUMNS)

@@ -35,11 +35,13 @@ counted per column in the trace metadata under `invalid_values`.
 from __future__ import annotations
 
 import csv
+import gzip
 import datetime as dt
 import math
 import os
 import re
 import sys
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,8 +191,42 @@ def parse_smi_time(text: str, tz) -> float:
     return t
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == GZIP_MAGIC
+
+
+def open_log(path: Path, newline: str | None = None):
+    """A log as text, gzip-compressed or not (loggers' files are often rotated to .gz)."""
+    if is_gzip(path):
+        return gzip.open(path, "rt", newline=newline, encoding="utf-8", errors="replace")
+    return open(path, newline=newline, encoding="utf-8", errors="replace")
+
+
+def log_stem(path: Path) -> str:
+    """'node7.csv.gz' -> 'node7': the default host name of a log."""
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    return Path(name).stem
+
+
+def read_log_rows(path: Path) -> list[list[str]]:
+    """Every CSV row of a log (gzip or plain); a damaged gzip stream is a one-line error."""
+    try:
+        with open_log(path, newline="") as f:
+            return list(csv.reader(f, skipinitialspace=True))
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise InputError(f"{path}: damaged gzip stream ({exc}); re-copy or re-compress the log") from None
+
+
 def ends_mid_line(path: Path) -> bool:
     """The file's last line has no line end: the writer stopped mid-line."""
+    if is_gzip(path):
+        with gzip.open(path, "rb") as g:
+            data = g.read()
+        return bool(data) and data[-1:] not in (b"\n", b"\r")
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
         if f.tell() == 0:
@@ -233,9 +269,7 @@ def smi_header_units(cells: list[str]) -> list[str]:
 
 def read_nvidia_smi(path: Path, imported: Imported, lines: Lines, host: str, tz, fields: list[str] | None,
                     gpu_offset: int = 0) -> None:
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
-        rows = list(csv.reader(f, skipinitialspace=True))
-    rows = [(i + 1, r) for i, r in enumerate(rows) if r and any(c.strip() for c in r)]
+    rows = [(i + 1, r) for i, r in enumerate(read_log_rows(path)) if r and any(c.strip() for c in r)]
     if not rows:
         raise InputError(f"{path}: empty file")
     first = smi_header(rows[0][1])
@@ -377,7 +411,7 @@ def read_dcgm(path: Path, imported: Imported, lines: Lines, host: str | None) ->
     samples: dict[tuple, dict] = {}
     seen_in_block: set = set()
     block = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open_log(path) as f:
         for lineno, line in enumerate(f, start=1):
             line = line.strip()
             if not line:
@@ -434,8 +468,7 @@ ZEUS_GPU = re.compile(r"^(?:power[_ ]?)?gpu[_ ]?(\d+)(?:[_ ]?power)?(?:\s*\((m?w
 
 
 def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index: int) -> None:
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
-        rows = [(i + 1, r) for i, r in enumerate(csv.reader(f, skipinitialspace=True)) if r]
+    rows = [(i + 1, r) for i, r in enumerate(read_log_rows(path)) if r]
     if not rows:
         raise InputError(f"{path}: empty file")
     header = [c.strip() for c in rows[0][1]]
@@ -539,8 +572,7 @@ def parse_csv_time(text: str, unit: str, tz) -> float:
 
 
 def read_csv(path: Path, imported: Imported, lines: Lines, host: str, tz, mapping: dict[str, tuple[str, str]]) -> None:
-    with open(path, newline="", encoding="utf-8", errors="replace") as f:
-        rows = [(i + 1, r) for i, r in enumerate(csv.reader(f, skipinitialspace=True)) if r and any(c.strip() for c in r)]
+    rows = [(i + 1, r) for i, r in enumerate(read_log_rows(path)) if r and any(c.strip() for c in r)]
     if not rows:
         raise InputError(f"{path}: empty file")
     header = [c.strip() for c in rows[0][1]]
@@ -598,14 +630,18 @@ def import_trace(fmt: str, files: list[Path], host: str | None = None, skip_bad_
     for path in map(Path, files):
         if not path.is_file():
             raise InputError(f"{path}: no such file")
-        if fmt == "nvidia-smi":
-            read_nvidia_smi(path, imported, lines, host or path.stem, tz, fields)
-        elif fmt == "dcgm":
-            read_dcgm(path, imported, lines, host)
-        elif fmt == "csv":
-            read_csv(path, imported, lines, host or path.stem, tz, mapping)
-        else:
-            read_zeus(path, imported, lines, host or path.stem, gpu_index)
+        name = host or log_stem(path)
+        try:
+            if fmt == "nvidia-smi":
+                read_nvidia_smi(path, imported, lines, name, tz, fields)
+            elif fmt == "dcgm":
+                read_dcgm(path, imported, lines, host)
+            elif fmt == "csv":
+                read_csv(path, imported, lines, name, tz, mapping)
+            else:
+                read_zeus(path, imported, lines, name, gpu_index)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            raise InputError(f"{path}: damaged gzip stream ({exc}); re-copy or re-compress the log") from None
     if imported.invalid:
         imported.notes.append("values that cannot be readings (NaN, Inf, negative) set to null: " + ", ".join(
             f"{name} {n}" for name, n in sorted(imported.invalid.items())))
