@@ -1,0 +1,174 @@
+"""Reading other collectors' logs line by line, shared by every importer (telemetry/importers.py):
+the rows being collected and the bad-line policy, numbers with units kept per value, ISO-8601
+times, gzip-compressed logs, and the truncated final line a killed logger leaves."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import gzip
+import os
+import re
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from wattgate.errors import InputError
+from wattgate.telemetry.trace import TRACE_SCHEMA, invalid_value, schema_with_meta
+
+MISSING = {"", "[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]",
+           "[insufficient permissions]"}
+
+
+@dataclass
+class Imported:
+    columns: dict[str, list] = field(default_factory=lambda: {n: [] for n in TRACE_SCHEMA.names})
+    names: dict[tuple[str, int], str] = field(default_factory=dict)  # (host, gpu) -> device name
+    skipped: Counter = field(default_factory=Counter)  # reason -> lines
+    invalid: Counter = field(default_factory=Counter)  # column -> values made null by the range check
+    notes: list[str] = field(default_factory=list)
+    index_inferred: bool = False
+
+    def add(self, row: dict) -> None:
+        for name, column in self.columns.items():
+            v = row.get(name)
+            if v is not None and invalid_value(name, v):
+                self.invalid[name] += 1
+                v = None
+            column.append(v)
+
+    def table(self, meta: dict) -> pa.Table:
+        t = pa.Table.from_pydict(self.columns, schema=schema_with_meta(meta))
+        return t.sort_by([("host", "ascending"), ("gpu", "ascending"), ("time", "ascending")])
+
+
+class BadLine(Exception):
+    def __init__(self, field_name: str, value: str, why: str = ""):
+        super().__init__(f"field {field_name!r}: cannot read {value!r}{': ' + why if why else ''}")
+        self.field_name = field_name
+
+
+class Lines:
+    """Errors name file:line; with skip_bad_lines they are counted instead."""
+
+    def __init__(self, imported: Imported, skip_bad_lines: bool):
+        self.imported, self.skip = imported, skip_bad_lines
+
+    def bad(self, path: Path, lineno: int, exc: Exception, truncated: bool = False) -> None:
+        """`truncated`: the file's final line, cut short (a killed logger): dropped and noted, not an error."""
+        if truncated:
+            self.imported.skipped["truncated_final_line"] += 1
+            self.imported.notes.append(f"{path.name}:{lineno}: truncated final line dropped ({exc})")
+            return
+        if not self.skip:
+            raise InputError(f"{path}:{lineno}: {exc} (or pass --skip-bad-lines)") from None
+        self.imported.skipped[str(getattr(exc, "field_name", "line"))] += 1
+
+
+NUMBER = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z%/°]*)\s*$")
+
+# unit -> factor to the trace column's unit; case matters (mW is not MW)
+POWER_UNITS = {"W": 1.0, "w": 1.0, "mW": 1e-3, "mw": 1e-3, "kW": 1e3, "kw": 1e3}
+UNITS = {
+    "power_w": POWER_UNITS,
+    "power_w_avg": POWER_UNITS,
+    "energy_j": {"J": 1.0, "j": 1.0, "mJ": 1e-3, "mj": 1e-3, "kJ": 1e3, "kj": 1e3, "Wh": 3600.0, "kWh": 3.6e6},
+    "util_gpu": {"%": 1.0},
+    "util_mem": {"%": 1.0},
+    "mem_used_mib": {"MiB": 1.0, "KiB": 1 / 1024, "GiB": 1024.0, "B": 1 / 2 ** 20},
+    "sm_clock_mhz": {"MHz": 1.0, "kHz": 1e-3, "GHz": 1e3},
+    "temp_c": {"C": 1.0, "°C": 1.0},
+    "gpu": {},
+}
+
+
+def unit_factor(column: str | None, unit: str, name: str, text: str) -> float:
+    if not unit:
+        return 1.0
+    units = UNITS.get(column or "", {})
+    if unit not in units:
+        known = ", ".join(sorted(set(units))) or "no unit"
+        raise BadLine(name, text, f"unknown unit {unit!r} (expected {known})")
+    return units[unit]
+
+
+def parse_number(name: str, text: str, column: str | None = None, default_unit: str = "") -> float | None:
+    """A number in the trace column's unit: the value's own unit wins, else the column's `default_unit`."""
+    if text.strip().lower() in MISSING:
+        return None
+    m = NUMBER.match(text)
+    if not m:
+        raise BadLine(name, text, "not a number")
+    unit = m.group(2) or default_unit
+    return float(m.group(1)) * unit_factor(column, unit, name, text)
+
+
+def parse_iso_time(text: str, tz) -> float | None:
+    """ISO-8601 (`2025-09-24T03:41:43.487Z`, `...+02:00`, `2025/09/24 ...`): its own zone wins, else `tz`."""
+    s = text.strip().replace("/", "-")
+    if s.endswith(("Z", "z")):
+        s = s[:-1] + "+00:00"
+    frac = re.match(r"^(.*[.,]\d{6})\d+(.*)$", s)  # nanosecond digits: datetime takes microseconds
+    if frac:
+        s = frac.group(1) + frac.group(2)
+    try:
+        t = dt.datetime.fromisoformat(s)
+    except ValueError:
+        return None
+    return (t if t.tzinfo else t.replace(tzinfo=tz)).timestamp()
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == GZIP_MAGIC
+
+
+def open_log(path: Path, newline: str | None = None):
+    """A log as text, gzip-compressed or not (loggers' files are often rotated to .gz)."""
+    if is_gzip(path):
+        return gzip.open(path, "rt", newline=newline, encoding="utf-8", errors="replace")
+    return open(path, newline=newline, encoding="utf-8", errors="replace")
+
+
+def log_stem(path: Path) -> str:
+    """'node7.csv.gz' -> 'node7': the default host name of a log."""
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    return Path(name).stem
+
+
+def read_log_rows(path: Path) -> list[list[str]]:
+    """Every CSV row of a log (gzip or plain); a damaged gzip stream is a one-line error."""
+    try:
+        with open_log(path, newline="") as f:
+            return list(csv.reader(f, skipinitialspace=True))
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise InputError(f"{path}: damaged gzip stream ({exc}); re-copy or re-compress the log") from None
+
+
+def ends_mid_line(path: Path) -> bool:
+    """The file's last line has no line end: the writer stopped mid-line."""
+    if is_gzip(path):
+        with gzip.open(path, "rb") as g:
+            data = g.read()
+        return bool(data) and data[-1:] not in (b"\n", b"\r")
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) not in (b"\n", b"\r")
+
+
+def truncated_final(path: Path, cells: list[str], header: list[str], exc: BadLine, final: bool) -> bool:
+    """The last line of a killed logger: fewer fields than the header, or, with no line end, its last field
+    unreadable (a number or unit cut off). A complete bad last line is still a bad line."""
+    if not final:
+        return False
+    return len(cells) < len(header) or (len(cells) == len(header) and exc.field_name == header[-1]
+                                        and ends_mid_line(path))
