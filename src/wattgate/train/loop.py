@@ -279,7 +279,8 @@ def _run(config, s: TrainSettings, plan, plan_dir, rank, world, device, micro_ba
     if s.max_steps:  # a measurement run (scaling, dataio): the plan's first steps only
         steps = steps[:s.max_steps]
     total = len(steps)
-    heartbeat.set_plan(total, epoch_end_steps(steps))
+    epoch_ends = epoch_end_steps(steps)
+    heartbeat.set_plan(total, epoch_ends)
     on_cuda = device.type == "cuda"
     n_params = count_params(model)
     log = StepLog(MetricsTable.resume(out / "metrics.parquet", start) if rank == 0 else None, s.log_every,
@@ -291,7 +292,8 @@ def _run(config, s: TrainSettings, plan, plan_dir, rank, world, device, micro_ba
 
     t_run = time.perf_counter()
     for g in range(start, total):
-        run_step(g, steps, start, model, optimizer, store, s, world, device, heartbeat, log, out, plan, identity)
+        run_step(g, steps, epoch_ends, start, model, optimizer, store, s, world, device, heartbeat, log, out, plan,
+                 identity)
     elapsed = time.perf_counter() - t_run
     memory.end("steady")
 
@@ -308,8 +310,8 @@ def _run(config, s: TrainSettings, plan, plan_dir, rank, world, device, micro_ba
     return summary
 
 
-def run_step(g, steps, start, model, optimizer, store, s: TrainSettings, world, device, heartbeat, log: StepLog,
-             out: Path, plan: dict, identity: dict | None) -> None:
+def run_step(g, steps, epoch_ends, start, model, optimizer, store, s: TrainSettings, world, device, heartbeat,
+             log: StepLog, out: Path, plan: dict, identity: dict | None) -> None:
     """Optimizer step g: its micro-batches, the step figures for rank 0, and a checkpoint when due."""
     step_plan, total = steps[g], len(steps)
     epoch = step_plan[0].epoch
@@ -333,7 +335,7 @@ def run_step(g, steps, start, model, optimizer, store, s: TrainSettings, world, 
     heartbeat.beat(g + 1, epoch, "train", loss=float(local[0] / max(local[1], 1)))
     log.record(g, epoch, start, total, gathered, lr, grad_norm, time.time())
     checkpoint_now = (g + 1) % s.checkpoint_every == 0 or g + 1 == total or \
-        (s.checkpoint_at_epoch_end and g + 1 in heartbeat.plan["epoch_ends"])
+        (s.checkpoint_at_epoch_end and g + 1 in epoch_ends)
     # metrics first: a published checkpoint at step n implies metrics through step n are on disk
     if log.flush_due(g, checkpoint_now):
         log.metrics.flush()
