@@ -34,10 +34,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from trace_builder import build_trace, gpus_of, job, write_nvidia_smi_csv  # noqa: E402
 
+from wattgate.power.importers import import_trace, write_trace  # noqa: E402
+from wattgate.power.tables import shipped_table  # noqa: E402
+from wattgate.power.triage import run_triage  # noqa: E402
 from wattgate.report import run_report  # noqa: E402
-from wattgate.telemetry.importers import import_trace, write_trace  # noqa: E402
-from wattgate.telemetry.tables import shipped_table  # noqa: E402
-from wattgate.telemetry.triage import run_triage  # noqa: E402
 
 TARGET_S = 10.0
 MINUTES = 12
@@ -81,9 +81,9 @@ COLD = """
 import sys, time
 start = time.perf_counter()
 from pathlib import Path
+from wattgate.power.importers import import_trace, write_trace
+from wattgate.power.triage import run_triage
 from wattgate.report import run_report
-from wattgate.telemetry.importers import import_trace, write_trace
-from wattgate.telemetry.triage import run_triage
 csv, work = Path(sys.argv[1]), Path(sys.argv[2])
 table, _ = import_trace("nvidia-smi", [csv])
 write_trace(table, work / "trace.parquet")

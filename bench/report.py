@@ -49,10 +49,10 @@ from trace_builder import build_trace, gpus_of, job, write_run_info  # noqa: E40
 from triage_accuracy import day_schedule  # noqa: E402
 
 from wattgate.artifacts import write_json_atomic  # noqa: E402
+from wattgate.power.tables import shipped_table  # noqa: E402
+from wattgate.power.triage import LABELS, run_triage  # noqa: E402
 from wattgate.report import run_report, summarize  # noqa: E402
-from wattgate.telemetry.tables import shipped_table  # noqa: E402
 from wattgate.telemetry.trace import schema_with_meta, trace_files  # noqa: E402
-from wattgate.telemetry.triage import LABELS, run_triage  # noqa: E402
 
 TARGET_S = 10.0            # triage + report, 16 GPUs x 24 h x 10 Hz, 2-core bench VM
 COUNTER_EVERY = 100        # samples between energy counter reads (10 s at 10 Hz)

@@ -62,9 +62,9 @@ from trace_builder import (  # noqa: E402
     H200_DATA, PUBLISHED_H200, accuracy, build_trace, calibration_agreement, gpus_of, job, train_agreement,
     write_run_info)
 
-from wattgate.telemetry.tables import SHIPPED, shipped_table  # noqa: E402
+from wattgate.power.tables import SHIPPED, shipped_table  # noqa: E402
+from wattgate.power.triage import load_run_info, run_triage, triage  # noqa: E402
 from wattgate.telemetry.trace import read_trace, trace_meta  # noqa: E402
-from wattgate.telemetry.triage import load_run_info, run_triage, triage  # noqa: E402
 
 DEADLOCK_AFTER_S = 60.0
 TARGET_TRIAGE_S = 3.0  # triage() alone, 16 GPUs x 24 h x 10 Hz, on the 2-core bench VM

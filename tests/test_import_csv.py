@@ -10,8 +10,8 @@ import pytest
 from conftest import REPO
 from wattgate.cli import main
 from wattgate.errors import InputError
+from wattgate.power.importers import import_trace, write_trace
 from wattgate.report import run_report
-from wattgate.telemetry.importers import import_trace, write_trace
 
 from test_import import rows, write  # the same small helpers
 

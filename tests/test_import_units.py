@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from wattgate.errors import InputError
-from wattgate.telemetry.importers import import_trace, write_trace
+from wattgate.power.importers import import_trace, write_trace
 from wattgate.telemetry.trace import TRACE_SCHEMA, read_trace, schema_with_meta, trace_meta
 
 
@@ -134,7 +134,7 @@ def test_schema_meta_is_strict_json():
 
 
 def test_triage_json_never_holds_infinity(tmp_path):
-    from wattgate.telemetry.triage import run_triage
+    from wattgate.power.triage import run_triage
 
     n = 120
     path = foreign_trace(tmp_path / "f.parquet", [float("inf") if i % 7 == 0 else 600.0 for i in range(n)])
@@ -146,11 +146,11 @@ def test_triage_json_never_holds_infinity(tmp_path):
 
 def test_triage_json_backstop_for_non_finite_values_from_any_source(tmp_path, monkeypatch):
     """Even if a non-finite float reaches the result by another path, triage.json stays strict JSON (null)."""
-    from wattgate.telemetry import triage as triage_mod
+    from wattgate.power.triage import stage as triage_mod
 
     path = foreign_trace(tmp_path / "f.parquet", [600.0] * 30)
-    real = triage_mod._totals
-    monkeypatch.setattr(triage_mod, "_totals", lambda s: {k: dict(v, energy_j=float("inf"))
+    real = triage_mod.totals
+    monkeypatch.setattr(triage_mod, "totals", lambda s: {k: dict(v, energy_j=float("inf"))
                                                           for k, v in real(s).items()})
     triage_mod.run_triage([path], tmp_path / "out", gpu_model="H100")
     data = json.loads((tmp_path / "out" / "triage.json").read_text(),

@@ -15,10 +15,10 @@ from trace_builder import build_trace, gpus_of, job, write_nvidia_smi_csv
 
 from wattgate.cli import main
 from wattgate.errors import InputError
+from wattgate.power.importers import import_trace, write_trace
+from wattgate.power.tables import shipped_table
+from wattgate.power.triage import run_triage, triage
 from wattgate.report import run_report
-from wattgate.telemetry.importers import import_trace, write_trace
-from wattgate.telemetry.tables import shipped_table
-from wattgate.telemetry.triage import run_triage, triage
 
 TABLE = shipped_table("h100")
 GPUS = gpus_of(1, 8)

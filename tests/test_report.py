@@ -18,13 +18,13 @@ from trace_builder import H200_DATA, T0, build_trace, gpus_of, job, write_run_in
 
 from wattgate.cli import main
 from wattgate.errors import InputError
+from wattgate.power.tables import shipped_table
+from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import run_report
+from wattgate.report.energy import gpu_energy
 from wattgate.report.figures import MAX_POINTS, bin_edges, bin_majority
 from wattgate.report.inputs import default_power_dir, read_samples
-from wattgate.report.energy import gpu_energy
-from wattgate.telemetry.tables import shipped_table
 from wattgate.telemetry.trace import TRACE_SCHEMA, TraceWriter, trace_files
-from wattgate.telemetry.triage import LABELS, run_triage
 from wattgate.train.telemetry_files import METRICS_SCHEMA
 
 TRAIN = H200_DATA / "train"

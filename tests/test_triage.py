@@ -10,9 +10,9 @@ import pytest
 from trace_builder import T0, accuracy, build_trace, gpus_of, job, write_run_info
 
 from wattgate.errors import InputError
-from wattgate.telemetry.tables import SHIPPED, TriageTable, shipped_table
+from wattgate.power.tables import SHIPPED, TriageTable, shipped_table
+from wattgate.power.triage import PHASES_SCHEMA, load_run_info, map_ranks, phase_summary, run_triage, triage
 from wattgate.telemetry.trace import TRACE_SCHEMA, TraceWriter
-from wattgate.telemetry.triage import PHASES_SCHEMA, load_run_info, map_ranks, phase_summary, run_triage, triage
 
 DL = 30.0  # deadlock_after_s in these tests: keeps the traces short
 MIXED = [("idle", 30), ("compute", 200), ("communication", 30), ("compute", 90), ("sync_wait", 12),

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from trace_builder import H200_DATA, PUBLISHED_H200, calibration_agreement, train_agreement, train_parts
 
-from wattgate.telemetry.tables import shipped_table
+from wattgate.power.tables import shipped_table
+from wattgate.power.triage import load_run_info, run_triage, triage
 from wattgate.telemetry.trace import read_trace, trace_meta
-from wattgate.telemetry.triage import load_run_info, run_triage, triage
 
 TRAIN = H200_DATA / "train"
 TABLES = {"calibrated": lambda: shipped_table("h200"), "published": lambda: PUBLISHED_H200}

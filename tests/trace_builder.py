@@ -61,7 +61,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from wattgate.telemetry.tables import TriageTable
+from wattgate.power.tables import TriageTable
 from wattgate.telemetry.trace import TRACE_SCHEMA, schema_with_meta
 
 T0 = 1_700_000_000.0

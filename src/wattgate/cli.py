@@ -122,13 +122,11 @@ def _watch(args, config) -> None:
     import threading
 
     from wattgate.config import world_size
-    from wattgate.telemetry.tables import SHIPPED, load_table_file, shipped_table
+    from wattgate.power.triage.settings import TriageSettings
     from wattgate.telemetry.watch import WatchSettings, watch
 
-    table_path = config["telemetry"]["table"]
-    model = config["cluster"]["gpu_model"].lower()
-    table = load_table_file(table_path) if table_path else \
-        shipped_table(model) if model.split("-")[0] in SHIPPED else None
+    settings = TriageSettings.merge(config)
+    table = settings.table() if settings.has_table else None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # the launcher's "the job has ended": finish the record
         signal.signal(sig, lambda *_: stop.set())
@@ -156,7 +154,7 @@ def _compare(args, config) -> None:
 
 
 def _import_trace(args, config) -> None:
-    from wattgate.telemetry.importers import import_trace, write_trace
+    from wattgate.power.importers import import_trace, write_trace
 
     fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
     table, meta = import_trace(args.source, args.files, args.host, args.skip_bad_lines, fields, args.tz,
@@ -172,20 +170,14 @@ def _import_trace(args, config) -> None:
 
 
 def _triage(args, config) -> None:
-    from wattgate.telemetry.tables import SHIPPED
+    from wattgate.power.triage import TriageSettings, run_triage
     from wattgate.telemetry.trace import trace_files
-    from wattgate.telemetry.triage import run_triage
 
-    table, model, window, deadlock_after = args.table, args.gpu_model, args.window, args.deadlock_after
-    if config is not None:  # the run's settings, unless given on the command line
-        cluster_model = config["cluster"]["gpu_model"].lower().split("-")[0]
-        table = table or config["telemetry"]["table"]
-        model = model or (cluster_model if cluster_model in SHIPPED else None)
-        window = window or config["telemetry"]["window_s"]
-        deadlock_after = deadlock_after or config["watcher"]["hang_after_s"]
+    # the run's settings, unless given on the command line
+    s = TriageSettings.merge(config, args.table, args.gpu_model, args.window, args.deadlock_after)
     traces = [f for p in args.trace for f in (trace_files(p) if p.is_dir() else [p])]
-    result = run_triage(traces, args.out, table_path=table, gpu_model=model, run_dir=args.run,
-                        window_s=window or 1.0, deadlock_after_s=deadlock_after or 60.0)
+    result = run_triage(traces, args.out, table_path=s.table_path, gpu_model=s.gpu_model, run_dir=args.run,
+                        window_s=s.window_s, deadlock_after_s=s.deadlock_after_s)
     shown = ", ".join(f"{ph} {100 * v['share']:.1f}%" for ph, v in result["phases"].items())
     print(f"triage: {result['gpus']} GPU(s), {shown or result['status']} -> {args.out}")
 
@@ -205,13 +197,15 @@ def _report(args, config) -> None:
 
 
 def _calibrate(args, config) -> None:
-    from wattgate.telemetry.calibrate import calibrate
+    from wattgate.power.calibrate import calibrate
 
     calibrate(args.gpu_model, args.out, args.seconds, interval_s=args.interval, device_index=args.device,
               samples_out=args.samples)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S
+
     parser = argparse.ArgumentParser(prog="wattgate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
 
@@ -296,10 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", help="triage table (YAML); default: shipped table for --gpu-model or the trace's GPUs")
     p.add_argument("--gpu-model", help="a100, h100, h200, b200, b300 (default: from the trace's device names)")
     p.add_argument("--run", type=Path, help="train output folder: heartbeats and metrics sharpen the labels")
-    p.add_argument("--window", type=float, help="window length in seconds (default 1, or telemetry.window_s)")
+    p.add_argument("--window", type=float,
+                   help=f"window length in seconds (default {DEFAULT_WINDOW_S:g}, or telemetry.window_s)")
     p.add_argument("--deadlock-after", type=float,
                    help="a low-power busy wait this long that never ends is a deadlock "
-                        "(default 60, or watcher.hang_after_s)")
+                        f"(default {DEFAULT_DEADLOCK_AFTER_S:g}, or watcher.hang_after_s)")
     p.add_argument("--out", required=True, type=Path)
     p.set_defaults(func=_triage)
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from wattgate.report.phases import PHASE_COLORS
 from wattgate.report.summary import Analysis
-from wattgate.telemetry.triage import LABELS
+from wattgate.power.triage.phases import LABELS
 
 MAX_POINTS = 2000       # per series: about one point per pixel column
 MAX_STEP_TICKS = 120    # step boundaries drawn; more are thinned to every n-th

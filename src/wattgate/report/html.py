@@ -7,8 +7,8 @@ from datetime import datetime, timezone
 from html import escape
 
 from wattgate.report.phases import PHASE_COLORS
-from wattgate.telemetry.power_only import clock
-from wattgate.telemetry.triage import LABELS
+from wattgate.power.power_only import clock
+from wattgate.power.triage.phases import LABELS
 
 CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}

@@ -24,9 +24,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from wattgate.errors import InputError
-from wattgate.telemetry.tables import SHIPPED, load_table_file, resolve_table, shipped_table
+from wattgate.power.triage.phases import read_phases
+from wattgate.power.triage.runinfo import EVENT_COLUMNS, RunInfo, load_run_info
+from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
+from wattgate.power.triage.stage import triage
 from wattgate.telemetry.trace import TRACE_SCHEMA, null_invalid_values, read_trace, trace_files, trace_meta
-from wattgate.telemetry.triage import EVENT_COLUMNS, PHASES_SCHEMA, RunInfo, load_run_info, triage
 
 TRACE_COLUMNS = ["time", "host", "gpu", "power_w", "energy_j"]
 METRICS_REQUIRED = ["step", "rank", "time"]
@@ -78,8 +80,8 @@ class RunInputs:
     samples: Samples | None = None
     phases: pa.Table | None = None
     phases_source: str | None = None
-    window_s: float = 1.0
-    deadlock_after_s: float = 60.0
+    window_s: float = DEFAULT_WINDOW_S
+    deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S
     triage_table: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -282,56 +284,20 @@ def read_samples(tables: list[pa.Table]) -> Samples:
 # ---------------------------------------------------------------- phases
 
 
-def _read_phases(power_dir: Path) -> tuple[pa.Table, float, str | None] | None:
-    path = power_dir / "phases.parquet"
-    if not path.is_file():
-        return None
-    try:
-        table = pq.read_table(path)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise InputError(f"{path}: not a readable phases table ({exc})") from None
-    missing = [n for n in PHASES_SCHEMA.names if n not in table.column_names]
-    if missing:
-        raise InputError(f"{path}: not a phases table: missing column(s) {', '.join(missing)}")
-    meta = json.loads((table.schema.metadata or {}).get(b"wattgate.phases", b"{}"))
-    triage_json = read_json(power_dir / "triage.json") or {}
-    window_s = float(meta.get("window_s") or triage_json.get("window_s") or 1.0)
-    model = meta.get("gpu_model") or (triage_json.get("table") or {}).get("gpu_model")
-    deadlock_after_s = float(triage_json.get("deadlock_after_s") or 60.0)
-    return table.select(PHASES_SCHEMA.names).cast(PHASES_SCHEMA), window_s, model, deadlock_after_s
-
-
-def _triage_table(config: dict | None, device_names: list[str], gpu_model: str | None = None,
-                  table_path: str | os.PathLike | None = None):
-    """The table `wattgate triage --config` would pick: telemetry.table, cluster.gpu_model, or the device names;
-    an explicit table file first, then an explicit gpu_model (a Zeus log names no device)."""
-    if table_path:
-        return load_table_file(table_path)
-    if gpu_model:
-        return resolve_table(None, gpu_model, device_names)
-    if config:
-        path = (config.get("telemetry") or {}).get("table")
-        if path:
-            return load_table_file(path)
-        model = str((config.get("cluster") or {}).get("gpu_model", "")).lower().split("-")[0]
-        if model in SHIPPED:
-            return shipped_table(model)
-    return resolve_table(None, None, device_names)
-
-
 def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None, gpu_model: str | None,
                        table_path: str | os.PathLike | None = None) -> None:
+    # the table, window and hang limit `wattgate triage --config` would use; a table file or GPU model
+    # given here first (a Zeus log names no device)
     names = sorted({str(g.get("name")) for m in inputs.trace_metas for g in m.get("gpus", []) if g.get("name")})
+    settings = TriageSettings.merge(inputs.config, table_path, gpu_model)
     try:
-        table = _triage_table(inputs.config, names, gpu_model, table_path)
+        table = settings.table(names)
     except InputError as exc:
         if gpu_model or table_path:  # asked for by name: a wrong one is the caller's error, not a gap in the run
             raise
         inputs.note(f"phases not available: triage could not pick a table ({exc})")
         return
-    cfg = inputs.config or {}
-    window_s = float((cfg.get("telemetry") or {}).get("window_s") or 1.0)
-    deadlock_after_s = float((cfg.get("watcher") or {}).get("hang_after_s") or 60.0)
+    window_s, deadlock_after_s = float(settings.window_s), float(settings.deadlock_after_s)
     inputs.phases = triage(trace, table, window_s, deadlock_after_s, info)
     inputs.window_s, inputs.deadlock_after_s = window_s, deadlock_after_s
     inputs.triage_table = table.gpu_model
@@ -400,7 +366,7 @@ def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike 
     inputs.events, inputs.states, inputs.run_info = info.events, info.states, info
 
     power_dir = Path(power_dir) if power_dir else default_power_dir(run_dir) if run_dir else None
-    found = _read_phases(power_dir) if power_dir else None
+    found = read_phases(power_dir / "phases.parquet") if power_dir else None
     if found is not None:
         inputs.phases, inputs.window_s, inputs.triage_table, inputs.deadlock_after_s = found
         inputs.phases_source = str(power_dir / "phases.parquet")

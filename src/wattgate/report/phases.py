@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from wattgate.telemetry.triage import LABELS
+from wattgate.power.triage.phases import LABELS
 
 PHASE_COLORS = {
     "compute": "#2ca02c", "communication": "#1f77b4", "data_starvation": "#ff7f0e", "checkpoint": "#9467bd",

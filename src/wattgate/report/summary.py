@@ -17,8 +17,9 @@ from wattgate.report import anomalies as an
 from wattgate.report.energy import GpuEnergy, gpu_energy
 from wattgate.report.inputs import RunInputs
 from wattgate.report.phases import PhaseWindows, phase_windows, totals
-from wattgate.telemetry import power_only
-from wattgate.telemetry.triage import LABELS, map_ranks
+from wattgate.power import power_only
+from wattgate.power.triage.phases import LABELS
+from wattgate.power.triage.runinfo import map_ranks
 
 FORMAT_VERSION = 1
 J_PER_KWH = 3.6e6

@@ -1,1 +1,1 @@
-"""GPU telemetry: the NVML sampler, the hang watcher, power triage and calibration."""
+"""GPU telemetry during training: the NVML sampler, the trace format, the hang watcher."""

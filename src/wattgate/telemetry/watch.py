@@ -36,7 +36,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from wattgate.artifacts import write_json_atomic
-from wattgate.telemetry.tables import TriageTable
+from wattgate.power.tables import TriageTable
+from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S
 from wattgate.telemetry.trace import SEGMENT_DIR_SUFFIX, _segment_range, live_segments
 
 PHASE_ORDER = {"init": 0, "train": 1, "checkpoint": 2, "export": 3, "done": 4}
@@ -44,7 +45,7 @@ PHASE_ORDER = {"init": 0, "train": 1, "checkpoint": 2, "export": 3, "done": 4}
 
 @dataclass(frozen=True)
 class WatchSettings:
-    hang_after_s: float = 60.0
+    hang_after_s: float = DEFAULT_DEADLOCK_AFTER_S
     checkpoint_after_s: float = 1800.0
     startup_after_s: float = 900.0
     busy_stall_after_s: float = 1800.0

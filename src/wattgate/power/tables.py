@@ -101,8 +101,8 @@ def shipped_table(name: str) -> TriageTable:
     if key not in SHIPPED:
         raise InputError(f"no triage table for GPU model {name!r}; shipped: {', '.join(SHIPPED)}; "
                          "pass --table FILE (e.g. from `wattgate calibrate`)")
-    ref = resources.files("wattgate.telemetry").joinpath("tables", f"{key}.yaml")
-    return parse_table(yaml.safe_load(ref.read_text()), f"wattgate/telemetry/tables/{key}.yaml")
+    ref = resources.files("wattgate.power").joinpath("tables", f"{key}.yaml")
+    return parse_table(yaml.safe_load(ref.read_text()), f"wattgate/power/tables/{key}.yaml")
 
 
 def detect_table(device_names: list[str]) -> TriageTable | None:

@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 from wattgate.artifacts import atomic_path
 from wattgate.errors import InputError
 from wattgate.telemetry.trace import TRACE_SCHEMA
-from wattgate.telemetry.log_parsing import (
+from wattgate.power.log_parsing import (
     Imported,
     BadLine,
     Lines,

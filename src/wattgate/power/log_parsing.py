@@ -1,4 +1,4 @@
-"""Reading other collectors' logs line by line, shared by every importer (telemetry/importers.py):
+"""Reading other collectors' logs line by line, shared by every importer (power/importers.py):
 the rows being collected and the bad-line policy, numbers with units kept per value, ISO-8601
 times, gzip-compressed logs, and the truncated final line a killed logger leaves."""
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from wattgate.telemetry.triage import CHECKPOINT_MIN_S, LENGTH_RATIO, PERIOD_TOLERANCE, PERIODIC_MIN
+from wattgate.power.triage.rules import CHECKPOINT_MIN_S, LENGTH_RATIO, PERIOD_TOLERANCE, PERIODIC_MIN
+from wattgate.power.triage.settings import DEFAULT_WINDOW_S
 
 WAITING_UTIL = 50.0   # mean utilization in a pause above which a GPU was waiting, below which it was the idle one
 RUN_GAP = 2           # windows of another label that do not split a GPU's run
@@ -155,7 +156,7 @@ def _who(p_list: list[Pause]) -> str:
     return " while ".join(parts) if idle else parts[0]
 
 
-def verdict(found: list[Pause], t0: float | None, window_s: float = 1.0) -> list[str]:
+def verdict(found: list[Pause], t0: float | None, window_s: float = DEFAULT_WINDOW_S) -> list[str]:
     """One line for the checkpoints (a series when they recur), one per hang."""
     lines = []
     ck = [p for p in found if p.kind == "checkpoint"]

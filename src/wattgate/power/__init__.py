@@ -1,0 +1,1 @@
+"""Power analysis after the fact: importing other collectors' logs, triage tables, calibration, triage."""

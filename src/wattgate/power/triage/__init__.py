@@ -1,0 +1,30 @@
+"""Power triage: label every GPU's time, window by window, with the training phase its power shows.
+
+phases.py: the phases.parquet contract; runinfo.py: what the run recorded;
+windows.py: samples into windows; rules.py: the rules; settings.py: table,
+window and hang limit; stage.py: triage() and the `wattgate triage` stage.
+
+The public names below load their module on first use, so that settings.py
+(the CLI's defaults, the watcher's) comes without pandas and the algorithm.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_HOMES = {
+    "LABELS": "phases", "PHASES_SCHEMA": "phases", "phase_summary": "phases", "read_phases": "phases",
+    "RunInfo": "runinfo", "load_run_info": "runinfo", "map_ranks": "runinfo",
+    "TriageSettings": "settings",
+    "run_triage": "stage", "triage": "stage",
+}
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -1,0 +1,171 @@
+"""What a training run recorded, as triage reads it: heartbeat events and states, metrics, rank -> GPU.
+
+Also the run-info facts rule 6 (rules.py) rests on: checkpoint intervals, when
+each rank said done, progress stamps, and interval arithmetic on windows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from wattgate.errors import InputError
+
+
+@dataclass
+class RunInfo:
+    """What the training run recorded: heartbeat events and states, metrics, and where ranks ran."""
+
+    events: pd.DataFrame                      # time, rank, step, epoch, phase (sorted by rank, time)
+    states: dict[int, dict]                   # rank -> latest heartbeat
+    metrics: pd.DataFrame | None = None       # rows per (step, rank)
+    gpu_uuids: dict[str, tuple[str, int]] = field(default_factory=dict)  # NVML UUID -> (host, index)
+    source: str = ""
+
+    @property
+    def has_heartbeats(self) -> bool:
+        return bool(len(self.events) or self.states)
+
+    @property
+    def has_metrics(self) -> bool:
+        return self.metrics is not None and len(self.metrics) > 0
+
+
+EVENT_COLUMNS = ["time", "rank", "step", "epoch", "phase"]
+
+
+def load_run_info(run_dir: str | os.PathLike, trace_metas: list[dict] | None = None) -> RunInfo:
+    """Heartbeat events/states and metrics.parquet of a run folder; every file is optional."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise InputError(f"{run_dir}: no such run folder")
+    events, states = [], {}
+    beat_dir = run_dir / "heartbeat"
+    for path in sorted(beat_dir.glob("rank-*.events.jsonl")):
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                e = json.loads(line)
+                events.append((float(e["time"]), int(e["rank"]), int(e.get("step", 0)), int(e.get("epoch", 0)),
+                               str(e["phase"])))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise InputError(f"{path}:{lineno}: not a heartbeat event ({exc})") from None
+    for path in sorted(beat_dir.glob("rank-*.json")):
+        try:
+            s = json.loads(path.read_text())
+            states[int(s["rank"])] = s
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"{path}: not a heartbeat ({exc})") from None
+    metrics = None
+    mpath = run_dir / "metrics.parquet"
+    if mpath.exists():
+        try:
+            metrics = pq.read_table(mpath, columns=["step", "rank", "time", "step_time_s", "data_wait_s"]).to_pandas()
+        except (OSError, pa.ArrowInvalid, KeyError) as exc:
+            raise InputError(f"{mpath}: not a readable metrics table ({exc})") from None
+    ev = pd.DataFrame(events, columns=EVENT_COLUMNS).sort_values(["rank", "time"], kind="stable", ignore_index=True)
+    uuids = {}
+    for meta in trace_metas or []:
+        for g in meta.get("gpus", []):
+            if g.get("uuid") and meta.get("host") is not None:
+                uuids[str(g["uuid"])] = (str(meta["host"]), int(g["index"]))
+    return RunInfo(ev, states, metrics, uuids, str(run_dir))
+
+
+def _short(host: str) -> str:
+    return host.split(".")[0]
+
+
+def map_ranks(info: RunInfo, gpu_keys: list[tuple[str, int]]) -> dict[int, int]:
+    """rank -> index into gpu_keys: the heartbeat's GPU UUID if the traces list it, else host + local_rank."""
+    index = {k: i for i, k in enumerate(gpu_keys)}
+    by_short = {(_short(h), g): i for (h, g), i in index.items()}
+    out = {}
+    for rank, s in sorted(info.states.items()):
+        gpu = s.get("gpu")
+        if isinstance(gpu, str) and gpu in info.gpu_uuids and info.gpu_uuids[gpu] in index:
+            out[rank] = index[info.gpu_uuids[gpu]]
+            continue
+        host, local = s.get("host"), s.get("local_rank")
+        if host is None or local is None:
+            continue
+        key = (str(host), int(local))
+        if key in index:
+            out[rank] = index[key]
+        elif (_short(str(host)), int(local)) in by_short:
+            out[rank] = by_short[(_short(str(host)), int(local))]
+    return out
+
+
+def _merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(starts) == 0:
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > reach[:-1]
+    return s[new], np.maximum.reduceat(e, np.flatnonzero(new))
+
+
+def _covered_share(starts: np.ndarray, ends: np.ndarray, w0: np.ndarray, w1: np.ndarray) -> np.ndarray:
+    """Share of each window [w0, w1) that the (unmerged) intervals cover."""
+    s, e = _merge_intervals(np.asarray(starts, float), np.asarray(ends, float))
+    if len(s) == 0:
+        return np.zeros(len(w0))
+    lens = e - s
+    cum = np.concatenate([[0.0], np.cumsum(lens)])
+
+    def covered_before(t):  # total interval length before time t
+        k = np.searchsorted(s, t, side="right")
+        last = np.maximum(k - 1, 0)
+        part = np.clip(t - s[last], 0.0, lens[last])
+        return np.where(k > 0, cum[last] + part, 0.0)
+
+    return (covered_before(w1) - covered_before(w0)) / (w1 - w0)
+
+
+def _checkpoint_intervals(events: pd.DataFrame) -> pd.DataFrame:
+    """Closed checkpoint intervals per rank: a "checkpoint" or "export" event to the rank's next event."""
+    if events.empty:
+        return pd.DataFrame({"rank": [], "start": [], "end": []})
+    ev = events.sort_values(["rank", "time"], kind="stable")
+    nxt_time = ev.groupby("rank")["time"].shift(-1)
+    ck = ev["phase"].isin(["checkpoint", "export"]) & nxt_time.notna()
+    return pd.DataFrame({"rank": ev["rank"][ck].to_numpy(), "start": ev["time"][ck].to_numpy(),
+                         "end": nxt_time[ck].to_numpy()})
+
+
+def _done_times(info: RunInfo) -> dict[int, float]:
+    """rank -> when it said done (inf if it never did), from events, else its heartbeat state."""
+    out = {int(r): math.inf for r in set(info.events["rank"]) | set(info.states)}
+    ev = info.events[info.events["phase"] == "done"]
+    for r, t in ev.groupby("rank")["time"].min().items():
+        out[int(r)] = float(t)
+    for r, st in info.states.items():
+        if st.get("phase") == "done" and "time" in st and not math.isfinite(out[r]):
+            out[r] = float(st["time"])
+    return out
+
+
+def _progress(info: RunInfo) -> tuple[np.ndarray, float]:
+    """(sorted progress stamps, when the run was over): the gaps between stamps are candidate stalls."""
+    stamps = [info.events["time"].to_numpy(float),
+              np.array([float(s["time"]) for s in info.states.values() if "time" in s])]
+    if info.has_metrics:
+        stamps.append(info.metrics["time"].to_numpy(float))
+    stamps = np.unique(np.concatenate(stamps))
+    over = [info.events["time"][info.events["phase"].isin(["export", "done"])].to_numpy(float)]
+    over.append(np.array([float(s["time"]) for s in info.states.values() if s.get("phase") in ("export", "done")]))
+    over = np.concatenate(over)
+    return stamps, float(over.min()) if len(over) else math.inf
+

@@ -1,0 +1,198 @@
+"""Power triage: label every GPU's time, window by window, with the training phase its power shows.
+
+triage() runs the windows (windows.py) through the rules (rules.py); run_triage
+is the `wattgate triage` stage: traces in, phases.parquet (phases.py),
+phase_summary.csv, triage.json and triage.md out.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from wattgate.artifacts import write_bytes_atomic, write_json_atomic
+from wattgate.errors import InputError
+from wattgate.power import power_only
+from wattgate.power.tables import TriageTable
+from wattgate.power.triage.phases import (
+    DATA_STARVATION, FORMAT_VERSION, LABELS, LOW_UTIL, PHASES_SCHEMA, UNKNOWN, WAIT, phase_summary, totals,
+    write_phases,
+)
+from wattgate.power.triage.rules import (
+    SMOOTH_RADIUS, _band, _classify, _confidence, _majority, _peer_rules, _resolve_waits, _rolling_median,
+    _run_info_rules, _short_checkpoints,
+)
+from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
+from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
+from wattgate.power.triage.windows import _samples, _Windows, _windows
+from wattgate.telemetry.trace import read_trace, trace_meta
+
+
+def triage(trace, table: TriageTable, window_s: float = DEFAULT_WINDOW_S,
+           deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S,
+           run_info: RunInfo | None = None) -> pa.Table:
+    """Label every window of every GPU in `trace` (a pa.Table, DataFrame or dict of columns)."""
+    if not window_s > 0:
+        raise InputError(f"window_s must be > 0 (got {window_s})")
+    if not deadlock_after_s > 0:
+        raise InputError(f"deadlock_after_s must be > 0 (got {deadlock_after_s})")
+    s = _samples(trace)
+    if len(s.time) == 0:
+        return PHASES_SCHEMA.empty_table()
+    win = _windows(s, table, window_s)
+    del s
+    ngpu = len(win.keys)
+    known = win.n > 0
+    kpos = np.flatnonzero(known)
+    gpu, index = win.gpu_id[kpos], win.index[kpos]
+    p, u, high, low = win.power[kpos], win.util[kpos], win.high[kpos], win.low[kpos]
+
+    band = _band(_rolling_median(p, gpu, ngpu, SMOOTH_RADIUS), gpu, table)
+    raw, osc = _classify(p, u, high, low, band, table)
+    smooth = _majority(raw, gpu, ngpu, SMOOTH_RADIUS)
+    from_wait = smooth == WAIT
+    cls = _resolve_waits(smooth, index, gpu, ngpu, window_s, deadlock_after_s)
+    cls = _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s)
+    cls = _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s)
+
+    conf = _confidence(p, u, high, low, osc, raw, smooth, cls, table)
+    if run_info is not None:
+        _run_info_rules(cls, conf, smooth, p, u, index, gpu, win.keys, run_info, table, window_s, deadlock_after_s)
+    cls[cls == LOW_UTIL] = DATA_STARVATION
+
+    labels = np.full(len(win.n), UNKNOWN, np.int8)
+    labels[kpos] = cls
+    confidence = np.zeros(len(win.n), np.float32)
+    confidence[kpos] = conf
+    return _phases_table(win, labels, confidence, window_s)
+
+
+def _phases_table(win: _Windows, labels: np.ndarray, confidence: np.ndarray, window_s: float) -> pa.Table:
+    hosts = sorted({h for h, _ in win.keys})
+    host_of_gpu = np.array([hosts.index(h) for h, _ in win.keys], np.int32)
+    gpu_of_gpu = np.array([g for _, g in win.keys], np.int32)
+    start = win.index * window_s
+    known = win.n > 0
+    return pa.Table.from_arrays([
+        pa.DictionaryArray.from_arrays(pa.array(host_of_gpu[win.gpu_id]), pa.array(hosts, pa.string()))
+        .cast(pa.string()),
+        pa.array(gpu_of_gpu[win.gpu_id], pa.int32()),
+        pa.array(start, pa.float64()),
+        pa.array((win.index + 1) * window_s, pa.float64()),
+        pa.DictionaryArray.from_arrays(pa.array(labels.astype(np.int32)), pa.array(list(LABELS))).cast(pa.string()),
+        pa.array(win.power.astype(np.float32), pa.float32(), mask=~known),
+        pa.array(win.util.astype(np.float32), pa.float32(), mask=~known | np.isnan(win.util)),
+        pa.array(confidence, pa.float32()),
+    ], schema=PHASES_SCHEMA)
+
+
+
+def _markdown(result: dict, summary: pd.DataFrame) -> str:
+    lines = ["# Power triage", ""]
+    if result["status"] != "ok":
+        return "\n".join(lines + [f"{result['status']}.", ""])
+    t = result["table"]
+    kind = t.get("provenance", {}).get("kind", "no provenance")
+    lines += [f"Table: {t['gpu_model']} ({result['table_source']}; {kind}), "
+              f"windows of {result['window_s']:g} s, deadlock after {result['deadlock_after_s']:g} s. "
+              f"Signals: {', '.join(k for k, v in result['signals'].items() if v) or 'none'}.", "",
+              "| phase | seconds | share | energy (kJ) |", "|---|---:|---:|---:|"]
+    for ph in LABELS:
+        r = result["phases"].get(ph)
+        if r:
+            lines.append(f"| {ph} | {r['seconds']:.0f} | {100 * r['share']:.1f}% | {r['energy_j'] / 1e3:.1f} |")
+    lines += ["", "Share of each GPU's time:", "",
+              "| host | gpu | " + " | ".join(LABELS) + " |", "|---|---:|" + "---:|" * len(LABELS)]
+    pivot = summary.pivot_table(index=["host", "gpu"], columns="phase", values="share", fill_value=0.0)
+    for (host, gpu), row in pivot.iterrows():
+        lines.append(f"| {host} | {gpu} | " + " | ".join(f"{100 * row.get(ph, 0.0):.1f}%" for ph in LABELS) + " |")
+    po = result.get("power_only")
+    if po:
+        lines += ["", f"## Power-only verdict ({po['mode']})", ""] + [f"- {v}" for v in po["verdict"]]
+        lines += ["", "Missing: " + "; ".join(po["missing"]) + "." if po["missing"] else "Missing: nothing.", "",
+                  "Could therefore not tell apart:", ""] + [f"- {c}" for c in po["cannot_tell"]]
+        lines += ["", po["wait_rule"]]
+    return "\n".join(lines) + "\n"
+
+
+def _read_traces(paths: list) -> tuple[pa.Table, list[dict]]:
+    tables, metas = [], []
+    for path in paths:
+        t = read_trace(path)
+        metas.append(trace_meta(t))
+        tables.append(t.replace_schema_metadata(None))
+    if not tables:
+        raise InputError("no trace files given")
+    return pa.concat_tables(tables), metas
+
+
+def run_triage(trace_paths, out_dir, table_path: str | None = None, gpu_model: str | None = None,
+               run_dir: str | None = None, window_s: float = DEFAULT_WINDOW_S,
+               deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S) -> dict:
+    """`wattgate triage`: traces (one per host) -> phases.parquet, phase_summary.csv, triage.json, triage.md."""
+    paths = [Path(p) for p in ([trace_paths] if isinstance(trace_paths, (str, os.PathLike)) else trace_paths)]
+    out_dir = Path(out_dir)
+    trace, metas = _read_traces(paths)
+    names = sorted({str(g.get("name", "")) for m in metas for g in m.get("gpus", []) if g.get("name")})
+    empty = trace.num_rows == 0
+    settings = TriageSettings(table_path, gpu_model, window_s, deadlock_after_s)
+    if empty and not (table_path or gpu_model):
+        table, source = None, None
+    else:
+        table, source = settings.table(names), settings.table_source(names)
+    info = load_run_info(run_dir, metas) if run_dir else None
+    phases = PHASES_SCHEMA.empty_table() if empty else triage(trace, table, window_s, deadlock_after_s, info)
+    summary = phase_summary(phases)
+    def present(column: str) -> bool:
+        return trace.column(column).null_count < trace.num_rows
+
+    result = {
+        "format_version": FORMAT_VERSION,
+        "status": "no GPU telemetry" if empty else "ok",
+        "traces": sorted(str(p) for p in paths),
+        "hosts": sorted(pc.unique(phases.column("host")).to_pylist()),
+        "gpus": 0 if empty else len(summary[["host", "gpu"]].drop_duplicates()),
+        "table": _table_dict(table),
+        "table_source": source,
+        "window_s": window_s,
+        "deadlock_after_s": deadlock_after_s,
+        "run_dir": str(run_dir) if run_dir else None,
+        "signals": {"power": present("power_w"), "util": present("util_gpu"),
+                    "heartbeats": bool(info and info.has_heartbeats), "metrics": bool(info and info.has_metrics)},
+        "phases": totals(summary),
+    }
+    # without heartbeats the pauses rest on power alone (rule 4): say what was missing and how they were read
+    found = power_only.pauses(phases)
+    t0 = float(pc.min(phases.column("start")).as_py()) if phases.num_rows else None
+    result["pauses"] = [p.record(t0) for p in found]
+    result["power_only"] = None
+    if not result["signals"]["heartbeats"] and not empty:
+        inferred = any(m.get("gpu_index_inferred") for m in metas)
+        result["power_only"] = power_only.limits(result["signals"], deadlock_after_s, inferred) | {
+            "verdict": power_only.verdict(found, t0, window_s)}
+    if info is not None and not empty:
+        keys = [(h, int(g)) for h, g in summary[["host", "gpu"]].drop_duplicates().itertuples(index=False)]
+        mapped = map_ranks(info, keys)
+        result["ranks"] = {"mapped": {str(r): {"host": keys[g][0], "gpu": keys[g][1]} for r, g in mapped.items()},
+                           "unmapped": sorted(set(info.states) - set(mapped))}
+    write_phases(phases, out_dir / "phases.parquet", window_s, table.gpu_model if table else None)
+    write_bytes_atomic(out_dir / "phase_summary.csv", summary.to_csv(index=False, float_format="%.10g").encode())
+    # strict JSON: read_trace already nulls non-finite power, so a NaN/Inf left here is a figure that could not
+    # be computed (e.g. a share of zero seconds) and is written as null, deliberately
+    write_json_atomic(out_dir / "triage.json", result, nonfinite="null")
+    write_bytes_atomic(out_dir / "triage.md", _markdown(result, summary).encode())
+    return result
+
+
+def _table_dict(table: TriageTable | None) -> dict | None:
+    if table is None:
+        return None
+    d = asdict(table)
+    d["match"] = list(table.match)
+    return d
