@@ -174,10 +174,11 @@ def _triage(args, config) -> None:
     from wattgate.telemetry.trace import trace_files
 
     # the run's settings, unless given on the command line
-    s = TriageSettings.merge(config, args.table, args.gpu_model, args.window, args.deadlock_after)
+    s = TriageSettings.merge(config, args.table, args.gpu_model, args.window, args.deadlock_after,
+                             args.power_cap_w)
     traces = [f for p in args.trace for f in (trace_files(p) if p.is_dir() else [p])]
     result = run_triage(traces, args.out, table_path=s.table_path, gpu_model=s.gpu_model, run_dir=args.run,
-                        window_s=s.window_s, deadlock_after_s=s.deadlock_after_s)
+                        window_s=s.window_s, deadlock_after_s=s.deadlock_after_s, power_cap_w=s.power_cap_w)
     shown = ", ".join(f"{ph} {100 * v['share']:.1f}%" for ph, v in result["phases"].items())
     print(f"triage: {result['gpus']} GPU(s), {shown or result['status']} -> {args.out}")
 
@@ -188,7 +189,8 @@ def _report(args, config) -> None:
     if args.run is None and not args.trace:
         raise InputError("report: pass --run DIR (a train run) or --trace FILE... (e.g. from wattgate import-trace)")
     s = run_report(args.run, args.out, power_dir=args.power, gate_dir=args.gate, config_path=args.report_config,
-                   trace_paths=args.trace, gpu_model=args.gpu_model, table_path=args.table)
+                   trace_paths=args.trace, gpu_model=args.gpu_model, table_path=args.table,
+                   power_cap_w=args.power_cap_w)
     energy = s["energy"]
     kwh = f"{energy['kwh']:.4g} kWh ({energy['method'].replace('_', ' ')})" if energy["kwh"] is not None \
         else "no GPU telemetry"
@@ -201,6 +203,17 @@ def _calibrate(args, config) -> None:
 
     calibrate(args.gpu_model, args.out, args.seconds, interval_s=args.interval, device_index=args.device,
               samples_out=args.samples)
+
+
+def _positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (a power cap of 0 or NaN W would derive a meaningless table)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be > 0 (got {text})")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -290,6 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", help="triage table (YAML); default: shipped table for --gpu-model or the trace's GPUs")
     p.add_argument("--gpu-model", help="a100, h100, h200, b200, b300 (default: from the trace's device names)")
     p.add_argument("--run", type=Path, help="train output folder: heartbeats and metrics sharpen the labels")
+    p.add_argument("--power-cap-w", type=_positive_float, metavar="W",
+                   help="the GPUs' power cap in W: at the cap is compute whatever the utilization, and for a GPU "
+                        "no table ships for (V100, L40S, ...) a table is derived from it (an imported log records "
+                        "no cap; the sampler records NVML's enforced limit)")
     p.add_argument("--window", type=float,
                    help=f"window length in seconds (default {DEFAULT_WINDOW_S:g}, or telemetry.window_s)")
     p.add_argument("--deadlock-after", type=float,
@@ -305,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-model", help="a100, h100, h200, b200, b300, for traces that name no GPU")
     p.add_argument("--table", type=Path,
                    help="triage table (YAML, as for `wattgate triage --table`), e.g. for a GPU with no shipped table")
+    p.add_argument("--power-cap-w", type=_positive_float, metavar="W",
+                   help="the GPUs' power cap in W: at the cap is compute whatever the utilization, and for a GPU "
+                        "no table ships for (V100, L40S, ...) a table is derived from it (an imported log records "
+                        "no cap; the sampler records NVML's enforced limit)")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--power", type=Path, help="triage output (default results/power/<run>; else triage runs here)")
     p.add_argument("--gate", type=Path, help="gate output folder (default results/gate beside results/train)")

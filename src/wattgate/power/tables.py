@@ -100,7 +100,7 @@ def shipped_table(name: str) -> TriageTable:
     key = name.lower().replace("nvidia", "").strip().split()[0] if name.strip() else ""
     if key not in SHIPPED:
         raise InputError(f"no triage table for GPU model {name!r}; shipped: {', '.join(SHIPPED)}; "
-                         "pass --table FILE (e.g. from `wattgate calibrate`)")
+                         "pass --table FILE (e.g. from `wattgate calibrate`) or --power-cap-w W (a table derived from the cap)")
     ref = resources.files("wattgate.power").joinpath("tables", f"{key}.yaml")
     return parse_table(yaml.safe_load(ref.read_text()), f"wattgate/power/tables/{key}.yaml")
 
@@ -117,15 +117,42 @@ def detect_table(device_names: list[str]) -> TriageTable | None:
     return best
 
 
-def resolve_table(table_path: str | None, gpu_model: str | None, device_names: list[str]) -> TriageTable:
-    """--table FILE, else --gpu-model NAME, else detection from the trace's device names."""
+# Shares of the power cap at which the shipped tables put their edges (medians over A100, H100, H200, B200
+# and B300: idle 0.10-0.17, low band top 0.30-0.40, compute 0.54-0.65 of tdp_w)
+CAP_SHARES = {"idle_w": 0.15, "low_max_w": 0.36, "compute_min_w": 0.58}
+
+
+def table_from_power_cap(cap_w: float, name: str = "") -> TriageTable:
+    """A table for a GPU no table ships for (V100, L40S, MI-series, anything new), from its power cap alone:
+    the shipped tables' edges as shares of their caps. Triage refines it from the run (levels.py)."""
+    if not cap_w > 0:
+        raise InputError(f"power cap must be > 0 W (got {cap_w})")
+    label = name.strip() or f"{cap_w:g} W GPU"
+    return TriageTable(gpu_model=label, match=(), tdp_w=float(cap_w),
+                       **{k: round(share * cap_w, 1) for k, share in CAP_SHARES.items()},
+                       provenance={"kind": "derived from the power cap",
+                                   "basis": f"cap {cap_w:g} W x the shipped tables' median shares "
+                                            + ", ".join(f"{k} {v:g}" for k, v in CAP_SHARES.items())})
+
+
+def resolve_table(table_path: str | None, gpu_model: str | None, device_names: list[str],
+                  power_cap_w: float | None = None) -> TriageTable:
+    """--table FILE, else --gpu-model NAME, else detection from the trace's device names; when no table ships
+    for the model, one derived from the power cap (--power-cap-w, or the limit the sampler recorded)."""
     if table_path:
         return load_table_file(table_path)
     if gpu_model:
-        return shipped_table(gpu_model)
+        try:
+            return shipped_table(gpu_model)
+        except InputError:
+            if not power_cap_w:
+                raise
+            return table_from_power_cap(power_cap_w, gpu_model)
     t = detect_table(device_names)
     if t is None:
+        if power_cap_w:
+            return table_from_power_cap(power_cap_w, ", ".join(sorted(set(device_names))))
         seen = ", ".join(sorted(set(device_names))) or "no device names in the trace"
-        raise InputError(f"cannot tell the GPU model ({seen}); pass --gpu-model {'|'.join(SHIPPED)} "
-                         "or --table FILE")
+        raise InputError(f"cannot tell the GPU model ({seen}) and no power cap is recorded; pass --gpu-model "
+                         f"{'|'.join(SHIPPED)}, --table FILE, or --power-cap-w W (a table derived from the cap)")
     return t

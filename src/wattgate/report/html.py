@@ -163,6 +163,20 @@ def power_section(s: dict, png: bytes | None, panels_shown: int) -> str:
     return section("power", "Power per GPU over time", figure(png, "power per GPU over time") + note(caption))
 
 
+def gaps_text(g: dict | None) -> str:
+    """The telemetry gaps in one sentence: unknown time is time no sample covers."""
+    if not g:
+        return ""
+    if not g["unknown_s"]:
+        text = "Telemetry gaps: none unknown"
+    else:
+        text = (f"Telemetry gaps: {g['unknown_s']:.0f} GPU-seconds unknown (no sample; {g['unknown_gaps']} gap(s), "
+                f"longest {g['longest_gap_s']:.0f} s)")
+    if g.get("filled_s"):
+        text += f"; {g['filled_s']:.0f} s of gaps of a few sampling periods took the phase around them"
+    return text + "."
+
+
 def phase_tables(s: dict, png: bytes | None) -> str:
     p = s["phases"]
     if not p.get("by_phase"):
@@ -183,7 +197,7 @@ def phase_tables(s: dict, png: bytes | None) -> str:
     per_gpu = breakdown(p["per_gpu"], ["node", "GPU"], lambda r: [r["host"], r["gpu"]])
     img = figure(png, "phase shares per GPU") if png else ""
     text = (f"Windows of {p['window_s']:g} s labelled by power triage ({p.get('source')}). Energy per phase is "
-            "each window's mean power times its length.")
+            "each window's mean power times its length. " + gaps_text(p.get("gaps")))
     return section("phases", "Phase breakdown", note(text) + img + "<h3>All GPUs</h3>" + overall
                    + "<h3>Per node</h3>" + per_node + "<h3>Per GPU</h3>" + per_gpu)
 

@@ -27,7 +27,7 @@ from wattgate.errors import InputError
 from wattgate.power.triage.phases import read_phases
 from wattgate.power.triage.runinfo import EVENT_COLUMNS, RunInfo, load_run_info
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
-from wattgate.power.triage.stage import triage
+from wattgate.power.triage.stage import recorded_caps, triage
 from wattgate.telemetry.trace import TRACE_SCHEMA, null_invalid_values, read_trace, trace_files, trace_meta
 
 TRACE_COLUMNS = ["time", "host", "gpu", "power_w", "energy_j"]
@@ -285,20 +285,21 @@ def read_samples(tables: list[pa.Table]) -> Samples:
 
 
 def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None, gpu_model: str | None,
-                       table_path: str | os.PathLike | None = None) -> None:
+                       table_path: str | os.PathLike | None = None, power_cap_w: float | None = None) -> None:
     # the table, window and hang limit `wattgate triage --config` would use; a table file or GPU model
     # given here first (a Zeus log names no device)
     names = sorted({str(g.get("name")) for m in inputs.trace_metas for g in m.get("gpus", []) if g.get("name")})
-    settings = TriageSettings.merge(inputs.config, table_path, gpu_model)
+    settings = TriageSettings.merge(inputs.config, table_path, gpu_model, power_cap_w=power_cap_w)
+    caps = recorded_caps(inputs.trace_metas)
     try:
-        table = settings.table(names)
+        table = settings.table(names, list(caps.values()))
     except InputError as exc:
-        if gpu_model or table_path:  # asked for by name: a wrong one is the caller's error, not a gap in the run
+        if gpu_model or table_path or power_cap_w:  # asked for by name: a wrong one is the caller's error, not a gap in the run
             raise
         inputs.note(f"phases not available: triage could not pick a table ({exc})")
         return
     window_s, deadlock_after_s = float(settings.window_s), float(settings.deadlock_after_s)
-    inputs.phases = triage(trace, table, window_s, deadlock_after_s, info)
+    inputs.phases = triage(trace, table, window_s, deadlock_after_s, info, caps, power_cap_w)
     inputs.window_s, inputs.deadlock_after_s = window_s, deadlock_after_s
     inputs.triage_table = table.gpu_model
     inputs.phases_source = (f"in-process triage ({table.gpu_model} table, windows of {window_s:g} s, "
@@ -311,7 +312,7 @@ def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None,
 def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike | None = None,
                 gate_dir: str | os.PathLike | None = None, config_path: str | os.PathLike | None = None,
                 trace_paths=None, gpu_model: str | None = None,
-                table_path: str | os.PathLike | None = None) -> RunInputs:
+                table_path: str | os.PathLike | None = None, power_cap_w: float | None = None) -> RunInputs:
     """A run folder's inputs; `trace_paths` (files or telemetry folders) replace its telemetry/, and
     without a run folder (run_dir None) they are all there is."""
     from wattgate.config import load_config
@@ -376,7 +377,8 @@ def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike 
                                   .cast(pa.schema([TRACE_SCHEMA.field(c) for c in
                                                    ("time", "host", "gpu", "power_w", "util_gpu")]))
                                   for p in inputs.trace_paths])
-        _triage_in_process(inputs, trace, info if run_dir is not None else None, gpu_model, table_path)
+        _triage_in_process(inputs, trace, info if run_dir is not None else None, gpu_model, table_path,
+                           power_cap_w)
     return inputs
 
 

@@ -17,23 +17,26 @@ PathLike = str | os.PathLike
 
 def summarize(run_dir: PathLike | None, power_dir: PathLike | None = None, gate_dir: PathLike | None = None,
               config_path: PathLike | None = None, trace_paths: Iterable[PathLike] | None = None,
-              gpu_model: str | None = None, table_path: PathLike | None = None) -> Analysis:
+              gpu_model: str | None = None, table_path: PathLike | None = None,
+              power_cap_w: float | None = None) -> Analysis:
     """Read every input and compute the numbers (no figures, nothing written)."""
-    return analyze(load_inputs(run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path))
+    return analyze(load_inputs(run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path,
+                               power_cap_w))
 
 
 def run_report(run_dir: PathLike | None, out_dir: PathLike, power_dir: PathLike | None = None,
                gate_dir: PathLike | None = None, config_path: PathLike | None = None,
                trace_paths: Iterable[PathLike] | None = None, gpu_model: str | None = None,
-               table_path: PathLike | None = None) -> dict:
+               table_path: PathLike | None = None, power_cap_w: float | None = None) -> dict:
     """Write out_dir/summary.json and out_dir/index.html; return the summary.
 
     `trace_paths` (trace files or folders of them) replace run_dir/telemetry; with run_dir None they are
     the whole input (power-only mode: no metrics, heartbeats, TRAINED or watcher; a gate or config only
     when given, phases from power_dir when given, else triage runs in process on power alone).
     `gpu_model` picks the triage table for in-process triage when the traces name no device (Zeus);
-    `table_path` (a triage table YAML) is used instead of any shipped table (a GPU with none)."""
-    analysis = summarize(run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path)
+    `table_path` (a triage table YAML) is used instead of any shipped table (a GPU with none);
+    `power_cap_w` derives one from the power cap for a GPU no table ships for (an imported log)."""
+    analysis = summarize(run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path, power_cap_w)
     figures = render_all(analysis, step_table(analysis.inputs.metrics))
     page = render_page(analysis.summary, figures, min(MAX_PANELS, analysis.summary["gpus"]))
     out_dir = Path(out_dir)

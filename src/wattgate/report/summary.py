@@ -18,7 +18,7 @@ from wattgate.report.energy import GpuEnergy, gpu_energy
 from wattgate.report.inputs import RunInputs
 from wattgate.report.phases import PhaseWindows, phase_windows, totals
 from wattgate.power import power_only
-from wattgate.power.triage.phases import LABELS
+from wattgate.power.triage.phases import LABELS, gap_summary, phases_meta
 from wattgate.power.triage.runinfo import map_ranks
 
 FORMAT_VERSION = 1
@@ -169,6 +169,8 @@ def _share_rows(secs: np.ndarray, joules: np.ndarray) -> tuple[dict, dict, dict]
 
 def phase_section(inputs: RunInputs, w: PhaseWindows) -> dict:
     out = {"source": inputs.phases_source, "table": inputs.triage_table, "window_s": inputs.window_s}
+    if inputs.phases is not None:
+        out["gaps"] = gap_summary(inputs.phases, inputs.window_s, phases_meta(inputs.phases).get("filled_s", 0.0))
     if not len(w):
         return out | {"seconds": 0.0, "by_phase": {}, "per_gpu": [], "per_node": []}
     ngpu = len(w.keys)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -39,10 +40,13 @@ PHASES_SCHEMA = pa.schema([
 ])
 
 
-def write_phases(phases: pa.Table, path: Path, window_s: float, gpu_model: str | None) -> None:
-    """phases.parquet, with the window length and the table's GPU model in its metadata."""
+def write_phases(phases: pa.Table, path: Path, window_s: float, gpu_model: str | None,
+                 levels: dict | None = None, filled_s: float = 0.0) -> None:
+    """phases.parquet, with the window length, the table's GPU model, the levels learned per GPU and the
+    seconds of short gaps filled in its metadata."""
     meta = {b"wattgate.phases": strict_json({"format_version": FORMAT_VERSION, "window_s": window_s,
-                                             "gpu_model": gpu_model},
+                                             "gpu_model": gpu_model, "levels": levels or {},
+                                             "filled_s": round(float(filled_s), 6)},
                                             sort_keys=True).encode()}
     with atomic_path(path) as tmp:
         pq.write_table(phases.replace_schema_metadata(meta), tmp, compression="zstd")
@@ -66,7 +70,76 @@ def read_phases(path: str | Path) -> tuple[pa.Table, float, str | None, float] |
     window_s = float(meta.get("window_s") or triage_json.get("window_s") or DEFAULT_WINDOW_S)
     model = meta.get("gpu_model") or (triage_json.get("table") or {}).get("gpu_model")
     deadlock_after_s = float(triage_json.get("deadlock_after_s") or DEFAULT_DEADLOCK_AFTER_S)
-    return table.select(PHASES_SCHEMA.names).cast(PHASES_SCHEMA), window_s, model, deadlock_after_s
+    phases = table.select(PHASES_SCHEMA.names).cast(PHASES_SCHEMA).replace_schema_metadata(table.schema.metadata)
+    return phases, window_s, model, deadlock_after_s
+
+
+def phases_meta(phases: pa.Table) -> dict:
+    """What triage learned, from a phases table's metadata ({} if none): levels per GPU and filled_s, from
+    phases.parquet (wattgate.phases) or from triage() run in process (wattgate.triage)."""
+    meta = phases.schema.metadata or {}
+    for key in (b"wattgate.phases", b"wattgate.triage"):
+        if key in meta:
+            try:
+                return json.loads(meta[key])
+            except ValueError:
+                return {}
+    return {}
+
+
+def gap_summary(phases: pa.Table, window_s: float, filled_s: float = 0.0) -> dict:
+    """Telemetry gaps: seconds of unknown windows over all GPUs, how many gaps (runs of unknown windows on a
+    GPU) and the longest, and the seconds of short gaps that took the phase around them."""
+    if phases.num_rows == 0:
+        return {"unknown_s": 0.0, "unknown_gaps": 0, "longest_gap_s": 0.0, "filled_s": round(filled_s, 6)}
+    df = phases.select(["host", "gpu", "start", "phase"]).to_pandas()
+    df = df.sort_values(["host", "gpu", "start"], kind="stable")
+    unknown = (df["phase"] == "unknown").to_numpy()
+    gpu_key = (df["host"].astype(str) + ":" + df["gpu"].astype(str)).to_numpy()
+    start = df["start"].to_numpy()
+    new = unknown.copy()
+    new[1:] &= ~(unknown[:-1] & (gpu_key[1:] == gpu_key[:-1]) & np.isclose(start[1:] - start[:-1], window_s))
+    run_id = np.cumsum(new)[unknown]
+    lengths = np.bincount(run_id)[1:] * window_s if unknown.any() else np.zeros(0)
+    return {"unknown_s": round(float(unknown.sum() * window_s), 6), "unknown_gaps": int(len(lengths)),
+            "longest_gap_s": round(float(lengths.max()), 6) if len(lengths) else 0.0,
+            "filled_s": round(float(filled_s), 6)}
+
+
+def peer_departures(phases: pa.Table, window_s: float, min_s: float = 10.0) -> dict:
+    """GPUs doing something other than their peers: in each window (matched by time over every GPU of the
+    input), the label that at least half of the GPUs and two share is the peers' phase; a GPU with another
+    known label there departs. GPUs departing for at least `min_s` are listed with what they read instead."""
+    out = {"windows_compared": 0, "agree_share": None, "departures": []}
+    if phases.num_rows == 0:
+        return out
+    df = phases.select(["host", "gpu", "start", "phase"]).to_pandas()
+    code = pd.Categorical(df["phase"], categories=list(LABELS)).codes.astype(np.int64)
+    idx = np.rint(df["start"].to_numpy() / window_s).astype(np.int64)
+    uniq, grp = np.unique(idx, return_inverse=True)
+    nl = len(LABELS)
+    known = code != UNKNOWN
+    votes = np.bincount(grp[known] * nl + code[known], minlength=len(uniq) * nl).reshape(len(uniq), nl)
+    present = votes.sum(axis=1)
+    modal, top = votes.argmax(axis=1), votes.max(axis=1)
+    settled = (present >= 2) & (top >= 2) & (2 * top >= present)
+    compared = known & settled[grp]
+    departs = compared & (code != modal[grp])
+    out["windows_compared"] = int(compared.sum())
+    out["agree_share"] = round(1.0 - float(departs.sum()) / max(int(compared.sum()), 1), 6)
+    if not departs.any():
+        return out
+    who = (df["host"].astype(str) + ":" + df["gpu"].astype(str)).to_numpy()
+    d = pd.DataFrame({"gpu": who[departs], "read": df["phase"].to_numpy()[departs],
+                      "peers": np.asarray(LABELS, dtype=object)[modal[grp[departs]]]})
+    for gpu, rows in d.groupby("gpu", sort=True):
+        seconds = len(rows) * window_s
+        if seconds >= min_s:
+            pairs = rows.groupby(["read", "peers"]).size().sort_values(ascending=False)
+            out["departures"].append({"gpu": gpu, "seconds": round(seconds, 6), "read_vs_peers": [
+                {"read": r, "peers": p, "seconds": round(n * window_s, 6)} for (r, p), n in pairs.items()]})
+    out["departures"].sort(key=lambda x: -x["seconds"])
+    return out
 
 
 def _read_json(path: Path) -> dict:

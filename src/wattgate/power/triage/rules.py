@@ -1,29 +1,46 @@
 """Power triage's rules: each window's class from its power and utilization, its peers and the run.
 
+Band edges are per GPU: the table's, refined by the levels the run shows
+(levels.py: idle with a context held, the wait level, compute plateaus), so
+"idle_w", "low_max_w" and "compute_min_w" below are the GPU's own.
+
 Rules, in order (each sees the labels the earlier ones left):
 1. Band of the median P of the window and the 2 known windows on each side
    (a median keeps steps sharp and drops single-window spikes), with
    hysteresis: a window within a margin of a band edge keeps the band of the
    window before it when that band touches the edge (margins: 10% of
    compute_min_w - low_max_w at compute_min_w, 10% of low_max_w - idle_w at
-   low_max_w), so noise around an edge does not flap.
+   low_max_w), so noise around an edge does not flap. The median never moves
+   a window two bands from its own P, nor out of the high band when its own P
+   is past the margin there: no GPU draws that much without computing, so a
+   1 s step between waits stays compute.
 2. Class of a window:
-   - >= 15% of its samples high and >= 15% low: data_starvation (kernel
-     bursts between host gaps; a 1 s window at 10 Hz sees both);
+   - P >= 90% of the power cap (AT_CAP_SHARE): compute, whatever U reads
+     (a GPU held at its cap is working flat out);
+   - >= 15% of its samples high and >= 15% low, U < busy_util_pct:
+     data_starvation (kernel bursts between host gaps; a 1 s window at 10 Hz
+     sees both; at busy U the low samples were a kernel waiting, not a gap);
    - high band: U >= busy_util_pct -> compute, else data_starvation (gaps
      with no kernel between bursts, as a 1 s average reads them);
    - mid band: U >= busy_util_pct -> communication, else data_starvation;
    - low band: U >= busy_util_pct -> a wait (a kernel resident at low
      power: rule 4), U <= idle_util_pct -> idle; in between: idle when P is
-     at most idle_w + 30% of (low_max_w - idle_w), U < 25% and no sample is in
-     the high band (work too light to draw power: host copies of a
-     checkpoint, teardown; compute bursts filling that share of the time
-     would lift P above it),
-     else low-util (data_starvation unless rule 5 claims it);
+     at most idle_w + 30% of (low_max_w - idle_w), U < 10% and no sample is in
+     the high band (host copies of a checkpoint, teardown: a kernel for a few
+     % of the time at idle power), else low-util (data_starvation unless rule
+     5 claims it: light inference at 5-25% is work, not idle);
    - no utilization in the window: mid -> communication; low -> idle below
      idle_w + 30% of (low_max_w - idle_w), else a wait.
+   Then peers: in each window (matched by time over every GPU of the input),
+   the GPUs within 12% of the peers' median power and 15 points of their
+   median U, if at least half of them and two, take their most common class
+   (a strict plurality): GPUs doing the same thing at the same time read the
+   same, and a GPU that departs from them keeps its own class.
 3. Majority filter: a window takes the most common class among itself and
-   the 2 known windows on each side on its GPU; a tie keeps its own class.
+   the 2 known windows on each side on its GPU; a tie keeps its own class, and
+   so does a window whose own P is two bands from the winner's class (compute
+   high, communication mid, waits and idle low) or that is compute past the
+   high margin.
 4. Waits (the power-only wait rule). A contiguous wait *ends* when compute,
    communication or data starvation resumes on that GPU within
    deadlock_after_s after it; one that does not end is deadlock if it lasted
@@ -110,7 +127,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from wattgate.power.tables import TriageTable
+from wattgate.power.triage.arrays import _bounds, _ranges, _runs
+from wattgate.power.triage.levels import _Edges
 from wattgate.power.triage.phases import (
     ACTIVE, CHECKPOINT, COMMUNICATION, COMPUTE, DATA_STARVATION, DEADLOCK, IDLE, LOW_UTIL, WAIT,
 )
@@ -121,7 +139,7 @@ from wattgate.power.triage.runinfo import (
 EDGE_MARGIN = 0.10       # hysteresis margin, share of the band next to the edge
 OSCILLATION_SHARE = 0.15  # share of samples high and low that marks kernel bursts between gaps
 NO_UTIL_IDLE_SHARE = 0.30  # without utilization: low-band power this far above idle is a wait
-LIGHT_UTIL_PCT = 25.0    # below this, utilization at idle power is light work, not a starved step
+LIGHT_UTIL_PCT = 10.0    # below this, utilization at idle power is too light to be work (host copies, teardown)
 SMOOTH_RADIUS = 2        # majority filter and power median: windows on each side
 COVER_SHARE = 0.5        # share of a window inside a heartbeat interval that makes it count
 PEER_SLACK = 3           # windows of slack around peers' waits when matching the stuck rank
@@ -129,12 +147,11 @@ CHECKPOINT_MIN_S = 10.0  # a shorter pause is a sync wait, whatever its peers do
 PERIODIC_MIN = 4         # pauses in a series before it counts as periodic (3 match by chance too often)
 PERIOD_TOLERANCE = 0.2   # start-to-start interval within this share of the series' median
 LENGTH_RATIO = 1.5       # pauses of "similar length" are within this factor of each other
+AT_CAP_SHARE = 0.9       # a window at this share of the power cap is compute whatever its utilization
+PEER_POWER_TOL = 0.12    # a GPU within this share of its peers' median power (and PEER_UTIL_TOL) is with them
+PEER_UTIL_TOL = 15.0
 
 
-def _bounds(gpu: np.ndarray, ngpu: int) -> tuple[np.ndarray, np.ndarray]:
-    """[start, end) positions of each GPU's windows in a GPU-sorted array."""
-    ids = np.arange(ngpu)
-    return np.searchsorted(gpu, ids, "left"), np.searchsorted(gpu, ids, "right")
 
 
 def _rolling_median(x: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int) -> np.ndarray:
@@ -154,34 +171,47 @@ def _rolling_median(x: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int) -> n
     return np.partition(np.stack(cols, axis=1), radius, axis=1)[:, radius]
 
 
-def _band(p: np.ndarray, gpu: np.ndarray, table: TriageTable) -> np.ndarray:
-    """0 low, 1 mid, 2 high, with hysteresis at both edges (rule 1), of the window power median."""
-    lo, hi = table.low_max_w, table.compute_min_w
-    m_lo, m_hi = EDGE_MARGIN * (lo - table.idle_w), EDGE_MARGIN * (hi - lo)
-    raw = (p >= lo).astype(np.int8) + (p >= hi)
-    definite = (p < lo - m_lo) | ((p >= lo + m_lo) & (p < hi - m_hi)) | (p >= hi + m_hi)
+def _raw_band(p: np.ndarray, e: _Edges) -> np.ndarray:
+    return ((p >= e.lo).astype(np.int8) + (p >= e.hi)).astype(np.int8)
+
+
+def _band(p_med: np.ndarray, p: np.ndarray, gpu: np.ndarray, e: _Edges) -> np.ndarray:
+    """0 low, 1 mid, 2 high (rule 1): the band of the window power median, with hysteresis at both edges;
+    never two bands away from the window's own power (a burst between waits stays high)."""
+    lo, hi = e.lo, e.hi
+    m_lo, m_hi = EDGE_MARGIN * (lo - e.idle), EDGE_MARGIN * (hi - lo)
+    raw = _raw_band(p_med, e)
+    definite = (p_med < lo - m_lo) | ((p_med >= lo + m_lo) & (p_med < hi - m_hi)) | (p_med >= hi + m_hi)
     definite[np.flatnonzero(np.diff(gpu)) + 1] = True  # hysteresis never crosses GPUs
     if len(definite):
         definite[0] = True
-    lower = np.where(p < (lo + hi) / 2, 0, 1).astype(np.int8)  # the bands touching the nearer edge
-    positions = np.arange(len(p))
+    lower = np.where(p_med < (lo + hi) / 2, 0, 1).astype(np.int8)  # the bands touching the nearer edge
+    positions = np.arange(len(p_med))
+    out = raw
     for _ in range(64):
         last = np.maximum.accumulate(np.where(definite, positions, 0))
         prev = raw[last]
         fits = (prev == lower) | (prev == lower + 1)
         jump = ~definite & ~fits  # arrived from a band away from this edge: it takes its raw band
         if not jump.any():
-            return np.where(definite, raw, prev)
+            out = np.where(definite, raw, prev)
+            break
         # only the first such window after each definite one is certain; the ones after it carry its band
         at = np.flatnonzero(jump)
         _, first = np.unique(last[at], return_index=True)
         definite[at[first]] = True
-    return raw  # pathological alternation between edges: no hysteresis
+    own = _raw_band(p, e)
+    # the median may not move a window two bands, nor lower one clearly in the compute band: no GPU draws
+    # that much power without computing, however short the burst
+    keep_own = (np.abs(out.astype(np.int16) - own) >= 2) | (p >= hi + m_hi)
+    return np.where(keep_own, own, out).astype(np.int8)
 
 
-def _classify(p, u, high, low, band, table: TriageTable) -> tuple[np.ndarray, np.ndarray]:
+def _classify(p, u, high, low, band, e: _Edges) -> tuple[np.ndarray, np.ndarray]:
     """(class, oscillating) per window (rule 2)."""
-    busy, idle = u >= table.busy_util_pct, u <= table.idle_util_pct
+    with np.errstate(invalid="ignore"):
+        busy, idle = u >= e.busy_util, u <= e.idle_util
+        light_util = u < LIGHT_UTIL_PCT
     no_util = np.isnan(u)
     cls = np.full(len(p), LOW_UTIL, np.int8)
     cls[(band == 2) & (busy | no_util)] = COMPUTE
@@ -191,19 +221,29 @@ def _classify(p, u, high, low, band, table: TriageTable) -> tuple[np.ndarray, np
     low_band = band == 0
     cls[low_band & busy] = WAIT
     cls[low_band & idle] = IDLE
-    quiet = table.idle_w + NO_UTIL_IDLE_SHARE * (table.low_max_w - table.idle_w)
+    quiet = e.idle + NO_UTIL_IDLE_SHARE * (e.lo - e.idle)
     # a little utilization at idle power with no sample in the high band is work too light to draw
     # power (host copies, teardown): compute bursts filling that share of the time would lift P above `quiet`
-    light = low_band & ~busy & ~idle & (u < LIGHT_UTIL_PCT) & (p <= quiet) & (high == 0)
+    light = low_band & ~busy & ~idle & light_util & (p <= quiet) & (high == 0)
     cls[light] = IDLE
-    cls[low_band & no_util] = np.where(p[low_band & no_util] <= quiet, IDLE, WAIT)
-    osc = (high >= OSCILLATION_SHARE) & (low >= OSCILLATION_SHARE)
+    cls[low_band & no_util] = np.where((p <= quiet)[low_band & no_util], IDLE, WAIT)
+    # kernel bursts between host gaps; at busy utilization the low samples were a kernel waiting, not a gap
+    osc = (high >= OSCILLATION_SHARE) & (low >= OSCILLATION_SHARE) & ~busy
     cls[osc] = DATA_STARVATION
+    # at the power cap the GPU is working flat out whatever utilization reads (sampled kernel occupancy)
+    at_cap = p >= AT_CAP_SHARE * e.cap
+    cls[at_cap] = COMPUTE
+    osc &= ~at_cap
     return cls, osc
 
 
-def _majority(cls: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int) -> np.ndarray:
-    """Most common class within `radius` windows on each side on the same GPU; ties keep the window's own."""
+_CLASS_BAND = np.array([2, 1, -1, -1, -1, 0, -1, 0, -1], np.int8)  # band a class implies; -1: any
+
+
+def _majority(cls: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int, own_band: np.ndarray,
+              keep: np.ndarray | None = None) -> np.ndarray:
+    """Most common class within `radius` windows on each side on the same GPU; ties keep the window's own,
+    and so do a window whose own power is two bands from the winner's and the windows in `keep`."""
     if len(cls) == 0 or radius <= 0:
         return cls
     values = np.unique(cls)
@@ -218,18 +258,49 @@ def _majority(cls: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int) -> np.nd
     counts = cum[b] - cum[a]
     best = counts.max(axis=1)
     own = counts[pos, compact]
-    return np.where(own == best, cls, values[np.argmax(counts, axis=1)]).astype(cls.dtype)
+    winner = values[np.argmax(counts, axis=1)].astype(cls.dtype)
+    wb = _CLASS_BAND[winner]
+    stay = (own == best) | ((wb >= 0) & (np.abs(wb.astype(np.int16) - own_band) >= 2))
+    if keep is not None:
+        stay |= keep
+    return np.where(stay, cls, winner).astype(cls.dtype)
 
 
-def _runs(mask_or_cls: np.ndarray, gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[start, end) of the runs of equal values on each GPU."""
-    n = len(gpu)
+def _peer_vote(cls, p, u, index, e: _Edges) -> np.ndarray:
+    """GPUs doing the same thing at the same time get the same class: in each window (matched by time over
+    every GPU of the input), the GPUs within PEER_POWER_TOL of the peers' median power and PEER_UTIL_TOL of
+    their median utilization, if at least half of them and two, take their most common class (a strict
+    plurality; a tie changes nothing). A GPU that departs from its peers keeps its own class."""
+    n = len(cls)
     if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    change = np.ones(n, dtype=bool)
-    change[1:] = (mask_or_cls[1:] != mask_or_cls[:-1]) | (gpu[1:] != gpu[:-1])
-    starts = np.flatnonzero(change)
-    return starts, np.append(starts[1:], n)
+        return cls
+    order = np.lexsort((p, index))
+    idx = index[order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = idx[1:] != idx[:-1]
+    starts = np.flatnonzero(new)
+    counts = np.diff(np.append(starts, n))
+    grp = np.empty(n, np.int64)
+    grp[order] = np.cumsum(new) - 1
+    med_p = p[order][starts + (counts - 1) // 2]
+    uu = np.where(np.isnan(u), -1.0, u)
+    order_u = np.lexsort((uu, index))
+    med_u = uu[order_u][starts + (counts - 1) // 2]
+    with_peers = (np.abs(p - med_p[grp]) <= PEER_POWER_TOL * np.maximum(med_p[grp], e.lo)) & \
+                 (np.abs(uu - med_u[grp]) <= PEER_UTIL_TOL)
+    n_with = np.bincount(grp, weights=with_peers, minlength=len(starts))
+    ok = (counts >= 2) & (n_with >= np.maximum(2, np.ceil(counts / 2)))
+    votes = np.zeros((len(starts), 9), np.int32)
+    sel = with_peers & ok[grp]
+    np.add.at(votes, (grp[sel], cls[sel]), 1)
+    best = votes.argmax(axis=1)
+    top = votes.max(axis=1)
+    votes[np.arange(len(starts)), best] = -1
+    strict = top > votes.max(axis=1)
+    take = sel & strict[grp]
+    out = cls.copy()
+    out[take] = best[grp[take]]
+    return out
 
 
 def _next_true(mask: np.ndarray) -> np.ndarray:
@@ -335,13 +406,6 @@ def _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s
     return out
 
 
-def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Concatenated aranges [starts[i], ends[i])."""
-    lens = ends - starts
-    if lens.sum() == 0:
-        return np.zeros(0, np.int64)
-    offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
-    return np.arange(lens.sum()) + offsets
 
 
 def _near(index: np.ndarray, mask: np.ndarray, slack: int = 0) -> np.ndarray:
@@ -386,14 +450,16 @@ def _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s) ->
     return out
 
 
-def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, table, window_s, deadlock_after_s):
+def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e: _Edges, window_s,
+                    deadlock_after_s):
     """Rule 6: heartbeat- and metrics-backed labels, in place."""
     rank_gpu = map_ranks(info, keys)
     ngpu = len(keys)
     gs, ge = _bounds(gpu, ngpu)
     w0, w1 = index * window_s, (index + 1) * window_s
-    below = p < table.compute_min_w
-    busy = u >= table.busy_util_pct
+    below = p < e.hi
+    with np.errstate(invalid="ignore"):
+        busy = u >= e.busy_util
     run_gpus = np.zeros(ngpu, dtype=bool)
     run_gpus[list(set(rank_gpu.values()))] = True
     if not run_gpus.any():  # no rank maps to a GPU: run-wide facts apply to all of them
@@ -459,7 +525,7 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, ta
     hit = stepping & ~stalled & np.isin(cls, (DATA_STARVATION, LOW_UTIL, IDLE))
     cls[hit], conf[hit] = COMPUTE, 1.0
     # after the run said done the GPU is being released: quiet windows are idle, not starved
-    hit = finished & (p < table.low_max_w) & ~busy & np.isin(cls, (DATA_STARVATION, LOW_UTIL))
+    hit = finished & (p < e.lo) & ~busy & np.isin(cls, (DATA_STARVATION, LOW_UTIL))
     cls[hit], conf[hit] = IDLE, 1.0
     hit = in_ckpt & below
     cls[hit], conf[hit] = CHECKPOINT, 1.0
@@ -469,14 +535,18 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, ta
     cls[hit], conf[hit] = DEADLOCK, 1.0
 
 
-def _confidence(p, u, high, low, osc, raw, smooth, final, table: TriageTable) -> np.ndarray:
-    lo, hi = table.low_max_w, table.compute_min_w
-    m_lo, m_hi = EDGE_MARGIN * (lo - table.idle_w), EDGE_MARGIN * (hi - lo)
+def _confidence(p, u, high, low, osc, raw, smooth, final, filled, e: _Edges) -> np.ndarray:
+    lo, hi = e.lo, e.hi
+    m_lo, m_hi = EDGE_MARGIN * (lo - e.idle), EDGE_MARGIN * (hi - lo)
     conf_p = np.minimum(np.abs(p - lo) / (2.5 * m_lo), np.abs(p - hi) / (2.5 * m_hi))
-    du = np.minimum(np.abs(u - table.busy_util_pct), np.abs(u - table.idle_util_pct)) / 5.0
+    du = np.minimum(np.abs(u - e.busy_util), np.abs(u - e.idle_util)) / 5.0
     conf_u = np.where(np.isnan(u), 1.0, du)
     conf = np.where(final == COMPUTE, conf_p, np.minimum(conf_p, conf_u))
     conf = np.where(osc, np.minimum(high, low) / 0.3, conf)  # bursts are judged by shares, not by the means
     conf = np.where(raw != smooth, np.minimum(conf, 0.5), conf)
+    conf = np.where(filled, np.minimum(conf, 0.5), conf)  # no sample: the phase around a short gap
     return np.clip(conf, 0.0, 1.0).astype(np.float32)
+
+
+# ---------------------------------------------------------------- triage
 

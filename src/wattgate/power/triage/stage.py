@@ -21,23 +21,27 @@ from wattgate.errors import InputError
 from wattgate.power import power_only
 from wattgate.power.tables import TriageTable
 from wattgate.power.triage.phases import (
-    DATA_STARVATION, FORMAT_VERSION, LABELS, LOW_UTIL, PHASES_SCHEMA, UNKNOWN, WAIT, phase_summary, totals,
-    write_phases,
+    COMPUTE, DATA_STARVATION, FORMAT_VERSION, LABELS, LOW_UTIL, PHASES_SCHEMA, UNKNOWN, WAIT, gap_summary,
+    peer_departures, phase_summary, phases_meta, totals, write_phases,
 )
+from wattgate.power.triage.levels import _Edges
 from wattgate.power.triage.rules import (
-    SMOOTH_RADIUS, _band, _classify, _confidence, _majority, _peer_rules, _resolve_waits, _rolling_median,
-    _run_info_rules, _short_checkpoints,
+    EDGE_MARGIN, SMOOTH_RADIUS, _band, _classify, _raw_band, _confidence, _majority, _peer_rules, _peer_vote, _resolve_waits,
+    _rolling_median, _run_info_rules, _short_checkpoints,
 )
 from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.windows import _samples, _Windows, _windows
-from wattgate.telemetry.trace import read_trace, trace_meta
+from wattgate.telemetry.trace import read_trace, strict_json, trace_meta
 
 
 def triage(trace, table: TriageTable, window_s: float = DEFAULT_WINDOW_S,
            deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S,
-           run_info: RunInfo | None = None) -> pa.Table:
-    """Label every window of every GPU in `trace` (a pa.Table, DataFrame or dict of columns)."""
+           run_info: RunInfo | None = None, caps: dict | None = None, power_cap_w: float | None = None) -> pa.Table:
+    """Label every window of every GPU in `trace` (a pa.Table, DataFrame or dict of columns).
+
+    caps: (host, gpu) -> the power cap the sampler recorded (NVML's enforced limit); power_cap_w, when given,
+    is every GPU's cap (an imported log records none); else the table's tdp_w."""
     if not window_s > 0:
         raise InputError(f"window_s must be > 0 (got {window_s})")
     if not deadlock_after_s > 0:
@@ -45,32 +49,39 @@ def triage(trace, table: TriageTable, window_s: float = DEFAULT_WINDOW_S,
     s = _samples(trace)
     if len(s.time) == 0:
         return PHASES_SCHEMA.empty_table()
-    win = _windows(s, table, window_s)
+    win = _windows(s, table, window_s, caps, power_cap_w)
     del s
     ngpu = len(win.keys)
     known = win.n > 0
     kpos = np.flatnonzero(known)
     gpu, index = win.gpu_id[kpos], win.index[kpos]
     p, u, high, low = win.power[kpos], win.util[kpos], win.high[kpos], win.low[kpos]
+    edges = _Edges.of(win.levels, gpu, table)
 
-    band = _band(_rolling_median(p, gpu, ngpu, SMOOTH_RADIUS), gpu, table)
-    raw, osc = _classify(p, u, high, low, band, table)
-    smooth = _majority(raw, gpu, ngpu, SMOOTH_RADIUS)
+    band = _band(_rolling_median(p, gpu, ngpu, SMOOTH_RADIUS), p, gpu, edges)
+    raw, osc = _classify(p, u, high, low, band, edges)
+    raw = _peer_vote(raw, p, u, index, edges)
+    # a window clearly in the compute band at busy utilization is compute however short (a step between waits)
+    burst = (raw == COMPUTE) & (p >= edges.hi + EDGE_MARGIN * (edges.hi - edges.lo))
+    smooth = _majority(raw, gpu, ngpu, SMOOTH_RADIUS, _raw_band(p, edges), burst)
     from_wait = smooth == WAIT
     cls = _resolve_waits(smooth, index, gpu, ngpu, window_s, deadlock_after_s)
     cls = _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s)
     cls = _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s)
 
-    conf = _confidence(p, u, high, low, osc, raw, smooth, cls, table)
+    conf = _confidence(p, u, high, low, osc, raw, smooth, cls, win.filled[kpos], edges)
     if run_info is not None:
-        _run_info_rules(cls, conf, smooth, p, u, index, gpu, win.keys, run_info, table, window_s, deadlock_after_s)
+        _run_info_rules(cls, conf, smooth, p, u, index, gpu, win.keys, run_info, edges, window_s, deadlock_after_s)
     cls[cls == LOW_UTIL] = DATA_STARVATION
 
     labels = np.full(len(win.n), UNKNOWN, np.int8)
     labels[kpos] = cls
     confidence = np.zeros(len(win.n), np.float32)
     confidence[kpos] = conf
-    return _phases_table(win, labels, confidence, window_s)
+    phases = _phases_table(win, labels, confidence, window_s)
+    # what the run taught (levels per GPU) and how much of it was filled in, for run_triage and the report
+    learned = {"levels": win.levels.records(win.keys), "filled_s": float(win.filled.sum()) * window_s}
+    return phases.replace_schema_metadata({b"wattgate.triage": strict_json(learned, sort_keys=True).encode()})
 
 
 def _phases_table(win: _Windows, labels: np.ndarray, confidence: np.ndarray, window_s: float) -> pa.Table:
@@ -112,6 +123,7 @@ def _markdown(result: dict, summary: pd.DataFrame) -> str:
     pivot = summary.pivot_table(index=["host", "gpu"], columns="phase", values="share", fill_value=0.0)
     for (host, gpu), row in pivot.iterrows():
         lines.append(f"| {host} | {gpu} | " + " | ".join(f"{100 * row.get(ph, 0.0):.1f}%" for ph in LABELS) + " |")
+    lines += _gaps_and_peers_md(result)
     po = result.get("power_only")
     if po:
         lines += ["", f"## Power-only verdict ({po['mode']})", ""] + [f"- {v}" for v in po["verdict"]]
@@ -119,6 +131,35 @@ def _markdown(result: dict, summary: pd.DataFrame) -> str:
                   "Could therefore not tell apart:", ""] + [f"- {c}" for c in po["cannot_tell"]]
         lines += ["", po["wait_rule"]]
     return "\n".join(lines) + "\n"
+
+
+def _gaps_and_peers_md(result: dict) -> list[str]:
+    g, peers = result["gaps"], result["peers"]
+    lines = [""]
+    if g["unknown_s"] or g["filled_s"]:
+        lines.append(f"Telemetry gaps: {g['unknown_s']:.0f} s unknown over all GPUs ({g['unknown_gaps']} gap(s), "
+                     f"longest {g['longest_gap_s']:.0f} s); {g['filled_s']:.0f} s of short gaps (a few sampling "
+                     "periods) took the phase around them.")
+    else:
+        lines.append("Telemetry gaps: none (every window has samples).")
+    if peers["departures"]:
+        lines += ["", "GPUs departing from their peers (the label most GPUs share in the same window):", ""]
+        for d in peers["departures"]:
+            what = ", ".join(f"{x['read']} while peers read {x['peers']} {x['seconds']:.0f} s"
+                             for x in d["read_vs_peers"][:3])
+            lines.append(f"- {d['gpu']}: {d['seconds']:.0f} s ({what})")
+    elif peers["agree_share"] is not None:
+        lines.append(f"Peers: every GPU read the same as most of its peers in {100 * peers['agree_share']:.1f}% "
+                     "of the compared windows; none departed for long.")
+    if result["levels"]:
+        lines += ["", "Levels learned from the run (W; the table's values where the run showed too little):", "",
+                  "| GPU | idle | wait | compute plateau | low band top | compute from | cap |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+        for gpu, lv in result["levels"].items():
+            lines.append(f"| {gpu} | {fmt(lv['idle_w'])} | {fmt(lv['wait_w'])} | {fmt(lv['plateau_w'])} | "
+                         f"{fmt(lv['low_max_w'])} | {fmt(lv['compute_min_w'])} | {fmt(lv['cap_w'])} |")
+    return lines
 
 
 def _read_traces(paths: list) -> tuple[pa.Table, list[dict]]:
@@ -132,22 +173,37 @@ def _read_traces(paths: list) -> tuple[pa.Table, list[dict]]:
     return pa.concat_tables(tables), metas
 
 
+def recorded_caps(metas: list[dict]) -> dict[tuple[str, int], float]:
+    """(host, gpu index) -> the enforced power limit the sampler recorded (trace meta gpus[].power_limit_w)."""
+    caps = {}
+    for meta in metas:
+        for g in meta.get("gpus", []):
+            cap = g.get("power_limit_w")
+            if cap and meta.get("host") is not None and g.get("index") is not None:
+                caps[(str(meta["host"]), int(g["index"]))] = float(cap)
+    return caps
+
+
 def run_triage(trace_paths, out_dir, table_path: str | None = None, gpu_model: str | None = None,
                run_dir: str | None = None, window_s: float = DEFAULT_WINDOW_S,
-               deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S) -> dict:
+               deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S, power_cap_w: float | None = None) -> dict:
     """`wattgate triage`: traces (one per host) -> phases.parquet, phase_summary.csv, triage.json, triage.md."""
     paths = [Path(p) for p in ([trace_paths] if isinstance(trace_paths, (str, os.PathLike)) else trace_paths)]
     out_dir = Path(out_dir)
     trace, metas = _read_traces(paths)
     names = sorted({str(g.get("name", "")) for m in metas for g in m.get("gpus", []) if g.get("name")})
     empty = trace.num_rows == 0
-    settings = TriageSettings(table_path, gpu_model, window_s, deadlock_after_s)
+    settings = TriageSettings(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w)
+    caps = recorded_caps(metas)
     if empty and not (table_path or gpu_model):
         table, source = None, None
     else:
-        table, source = settings.table(names), settings.table_source(names)
+        table = settings.table(names, list(caps.values()))
+        source = settings.table_source(table, names)
     info = load_run_info(run_dir, metas) if run_dir else None
-    phases = PHASES_SCHEMA.empty_table() if empty else triage(trace, table, window_s, deadlock_after_s, info)
+    phases = PHASES_SCHEMA.empty_table() if empty else \
+        triage(trace, table, window_s, deadlock_after_s, info, caps, power_cap_w)
+    learned = phases_meta(phases)
     summary = phase_summary(phases)
     def present(column: str) -> bool:
         return trace.column(column).null_count < trace.num_rows
@@ -166,6 +222,9 @@ def run_triage(trace_paths, out_dir, table_path: str | None = None, gpu_model: s
         "signals": {"power": present("power_w"), "util": present("util_gpu"),
                     "heartbeats": bool(info and info.has_heartbeats), "metrics": bool(info and info.has_metrics)},
         "phases": totals(summary),
+        "gaps": gap_summary(phases, window_s, learned.get("filled_s", 0.0)),
+        "levels": learned.get("levels", {}),
+        "peers": peer_departures(phases, window_s),
     }
     # without heartbeats the pauses rest on power alone (rule 4): say what was missing and how they were read
     found = power_only.pauses(phases)
@@ -181,7 +240,8 @@ def run_triage(trace_paths, out_dir, table_path: str | None = None, gpu_model: s
         mapped = map_ranks(info, keys)
         result["ranks"] = {"mapped": {str(r): {"host": keys[g][0], "gpu": keys[g][1]} for r, g in mapped.items()},
                            "unmapped": sorted(set(info.states) - set(mapped))}
-    write_phases(phases, out_dir / "phases.parquet", window_s, table.gpu_model if table else None)
+    write_phases(phases, out_dir / "phases.parquet", window_s, table.gpu_model if table else None,
+                 result["levels"], result["gaps"]["filled_s"])
     write_bytes_atomic(out_dir / "phase_summary.csv", summary.to_csv(index=False, float_format="%.10g").encode())
     # strict JSON: read_trace already nulls non-finite power, so a NaN/Inf left here is a figure that could not
     # be computed (e.g. a share of zero seconds) and is written as null, deliberately

@@ -3,17 +3,19 @@
 Input is a telemetry trace (ARCHITECTURE.md, "Telemetry trace"); output is
 phases.parquet: one row per GPU per window. Windows are floor(time /
 window_s) on the unix clock, so the windows of all GPUs and hosts line up.
-Each GPU gets every window from its first sample to its last; a window with no
-power sample is `unknown` and takes no part in the rules: runs of the other
-windows are measured across it, so a gap neither splits nor relabels them.
-(On a GPU sampled about once per window, a single empty window between two
-full ones is the sampler's grid jittering across a window edge, not missing
-data: it takes the values of the window before it.)
+Each GPU gets every window from its first sample to its last. A gap in the
+samples shorter than a few sampling periods (GAP_FILL_PERIODS, and always
+one of up to GAP_FILL_MIN_WINDOWS windows: the sampler's grid jittering
+across a window edge) is not missing data: its empty windows take the values
+of the nearest window with samples, so they take the phase around them (with
+confidence at most 0.5). A longer gap is `unknown` and takes no part in the
+rules: runs of the other windows are measured across it, so it neither splits
+nor relabels them; triage.json and the report say how much time it was.
 
 Per window: mean power P, mean utilization U, and the shares of samples in
-the high band (>= compute_min_w) and the low band (< low_max_w). Bands come
-from the triage table: low [0, low_max_w), mid [low_max_w, compute_min_w),
-high [compute_min_w, ...).
+the high band (>= compute_min_w) and the low band (< low_max_w), against the
+GPU's own edges (levels.py): low [0, low_max_w), mid [low_max_w,
+compute_min_w), high [compute_min_w, ...).
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ import pyarrow.compute as pc
 
 from wattgate.errors import InputError
 from wattgate.power.tables import TriageTable
+from wattgate.power.triage.arrays import _ranges, _runs
+from wattgate.power.triage.levels import Levels, learn_levels
 
-SPARSE_SAMPLES = 2.5     # samples per window at or below which single empty windows are grid jitter
+GAP_FILL_PERIODS = 4.0   # an empty stretch shorter than this many sampling periods takes the phase around it
+GAP_FILL_MIN_WINDOWS = 2  # ... and always one of up to this many windows (the sampler's grid jittering at an edge)
 _COUNT_SHIFT = float(1 << 26)  # packs high- and low-band sample counts into one bincount pass
 
 
@@ -93,11 +98,14 @@ class _Windows:
     n: np.ndarray                 # power samples
     power: np.ndarray             # mean, NaN where n == 0
     util: np.ndarray              # mean, NaN where no utilization sample
-    high: np.ndarray              # share of samples >= compute_min_w
-    low: np.ndarray               # share of samples < low_max_w
+    high: np.ndarray              # share of samples >= the GPU's compute_min_w
+    low: np.ndarray               # share of samples < the GPU's low_max_w
+    filled: np.ndarray            # no sample, but inside a short gap: values of the nearest window
+    levels: Levels
 
 
-def _windows(s: _Samples, table: TriageTable, window_s: float) -> _Windows:
+def _windows(s: _Samples, table: TriageTable, window_s: float, caps: dict | None = None,
+             power_cap_w: float | None = None) -> _Windows:
     ngpu_idx = int(s.gpu.max()) + 1
     key = s.host * ngpu_idx + s.gpu
     if len(s.hosts) * ngpu_idx <= 1 << 20:  # the usual case: a lookup table is faster than a sort
@@ -124,20 +132,15 @@ def _windows(s: _Samples, table: TriageTable, window_s: float) -> _Windows:
     pos = wf.astype(np.int64)
     del wf
     samples_per_gpu = np.bincount(gid, minlength=len(keys))
-    del gid
     valid = ~np.isnan(s.power)
     if not valid.all():
-        pos, power, util = pos[valid], s.power[valid], s.util[valid]
+        pos, gid, power, util = pos[valid], gid[valid], s.power[valid], s.util[valid]
     else:
         power, util = s.power, s.util
     # bincount is ~10x faster with float64 weights than with float32 ones
     power = power.astype(np.float64)
     n = np.bincount(pos, minlength=total)
     psum = np.bincount(pos, weights=power, minlength=total)
-    bands = (power >= table.compute_min_w) * _COUNT_SHIFT
-    bands += power < table.low_max_w
-    bands = np.bincount(pos, weights=bands, minlength=total)
-    del power
     uvalid = ~np.isnan(util)
     if uvalid.all():
         nu = n
@@ -149,24 +152,58 @@ def _windows(s: _Samples, table: TriageTable, window_s: float) -> _Windows:
         nf = n.astype(np.float64)
         mean_p = psum / nf
         mean_u = np.where(nu > 0, usum / np.maximum(nu, 1), np.nan)
-        high = np.floor(bands / _COUNT_SHIFT) / nf
-        low = np.mod(bands, _COUNT_SHIFT) / nf
     gpu_id = np.repeat(np.arange(len(keys)), span)
     index = np.arange(total) - base[gpu_id] + first.astype(np.int64)[gpu_id]
-    win = _Windows(keys, gpu_id, index, n, mean_p, mean_u, high, low)
-    _fill_grid_holes(win, samples_per_gpu)
+
+    known = n > 0
+    cap = np.array([_cap_of(k, caps, power_cap_w, table) for k in keys], float)
+    levels = learn_levels(mean_p[known], mean_u[known], gpu_id[known], len(keys), table, window_s, cap)
+    # per-sample bands against the GPU's own edges: the oscillation rule counts samples, not means
+    bands = (power >= levels.compute_min_w[gid]) * _COUNT_SHIFT
+    bands += power < levels.low_max_w[gid]
+    del gid, power
+    bands = np.bincount(pos, weights=bands, minlength=total)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        high = np.floor(bands / _COUNT_SHIFT) / nf
+        low = np.mod(bands, _COUNT_SHIFT) / nf
+    win = _Windows(keys, gpu_id, index, n, mean_p, mean_u, high, low, np.zeros(total, dtype=bool), levels)
+    _fill_short_gaps(win, samples_per_gpu, window_s)
     return win
 
 
-def _fill_grid_holes(win: _Windows, samples_per_gpu: np.ndarray) -> None:
-    """A GPU sampled about once per window leaves single empty windows where the sampler's grid
-    jitters across a window edge: not missing data, so such a hole takes the window before it."""
-    known = win.n > 0
-    per_window = samples_per_gpu / np.maximum(np.bincount(win.gpu_id[known], minlength=len(samples_per_gpu)), 1)
-    hole = np.zeros(len(known), dtype=bool)
-    hole[1:-1] = ~known[1:-1] & known[:-2] & known[2:] & (win.gpu_id[:-2] == win.gpu_id[2:])
-    hole &= per_window[win.gpu_id] <= SPARSE_SAMPLES
-    at = np.flatnonzero(hole)
-    for a in (win.n, win.power, win.util, win.high, win.low):
-        a[at] = a[at - 1]
+def _cap_of(key, caps: dict | None, power_cap_w: float | None, table: TriageTable) -> float:
+    """The GPU's power cap: --power-cap-w, else the enforced limit the sampler recorded, else the table's tdp_w."""
+    if power_cap_w:
+        return float(power_cap_w)
+    cap = (caps or {}).get(key)
+    return float(cap) if cap else float(table.tdp_w)
 
+
+def _fill_short_gaps(win: _Windows, samples_per_gpu: np.ndarray, window_s: float) -> None:
+    """Empty windows inside a gap of fewer than GAP_FILL_PERIODS sampling periods (or GAP_FILL_MIN_WINDOWS
+    windows: the sampler's grid jittering across a window edge) take the values of the nearest known
+    window; longer gaps stay unknown."""
+    known = win.n > 0
+    ngpu = len(samples_per_gpu)
+    per_window = samples_per_gpu / np.maximum(np.bincount(win.gpu_id[known], minlength=ngpu), 1)
+    period = window_s / np.maximum(per_window, 1e-9)
+    limit = np.maximum(GAP_FILL_PERIODS * period, GAP_FILL_MIN_WINDOWS * window_s)  # seconds, per GPU
+    starts, ends = _runs(known, win.gpu_id)
+    empty = ~known[starts]
+    starts, ends = starts[empty], ends[empty]
+    if len(starts) == 0:
+        return
+    g = win.gpu_id[starts]
+    interior = (starts > 0) & (ends < len(known))
+    interior &= (win.gpu_id[np.maximum(starts - 1, 0)] == g) & (win.gpu_id[np.minimum(ends, len(known) - 1)] == g)
+    gap_s = (ends - starts + 1) * window_s  # from the last sample's window to the next sample's
+    short = interior & (gap_s <= limit[g] + 1e-9)
+    s, e = starts[short], ends[short]
+    if len(s) == 0:
+        return
+    at = _ranges(s, e)
+    mid = np.repeat(s + (e - s) // 2, e - s)
+    src = np.where(at < mid, np.repeat(s - 1, e - s), np.repeat(e, e - s))
+    for arr in (win.n, win.power, win.util, win.high, win.low):
+        arr[at] = arr[src]
+    win.filled[at] = True

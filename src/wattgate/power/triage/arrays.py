@@ -1,0 +1,40 @@
+"""Array helpers the triage rules share: per-GPU bounds, runs of equal values, concatenated ranges.
+
+Windows are held GPU-major (all of GPU 0's known windows in time order, then GPU 1's...), so a GPU's
+windows are one slice and a run never crosses GPUs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _bounds(gpu: np.ndarray, ngpu: int) -> tuple[np.ndarray, np.ndarray]:
+    """[start, end) positions of each GPU's windows in a GPU-sorted array."""
+    ids = np.arange(ngpu)
+    return np.searchsorted(gpu, ids, "left"), np.searchsorted(gpu, ids, "right")
+
+
+def _runs(mask_or_cls: np.ndarray, gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[start, end) of the runs of equal values on each GPU."""
+    n = len(gpu)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    change = np.ones(n, dtype=bool)
+    change[1:] = (mask_or_cls[1:] != mask_or_cls[:-1]) | (gpu[1:] != gpu[:-1])
+    starts = np.flatnonzero(change)
+    return starts, np.append(starts[1:], n)
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Concatenated aranges [starts[i], ends[i])."""
+    lens = ends - starts
+    if lens.sum() == 0:
+        return np.zeros(0, np.int64)
+    offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
+    return np.arange(lens.sum()) + offsets
+
+
+def _cumsum0(x: np.ndarray) -> np.ndarray:
+    """Cumulative sum with a leading 0: the sum over [a, b) is c[b] - c[a]."""
+    return np.concatenate([[0.0], np.cumsum(x, dtype=np.float64)])

@@ -1,0 +1,137 @@
+"""Levels each GPU shows in its own run, learned on top of the triage table, and the band edges they give.
+
+The table (published figures, a calibration, or one derived from the power
+cap) is the prior. A run shows more: where its GPUs idle with a context held,
+the power its kernels spin at while waiting, and the plateau(s) its compute
+settles on (a small model on an H100 computes at 400 W, a large one at 690 W).
+Windows are then banded against those levels, per GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from wattgate.power.tables import TriageTable
+from wattgate.power.triage.arrays import _bounds, _cumsum0, _ranges, _runs
+
+LEVEL_MIN_WINDOWS = 5    # windows a learned level needs; fewer and the table's value stands
+IDLE_QUANTILE = 0.2      # idle level: this quantile of the quiet windows (the ramp after start-up reads above it)
+WAIT_MIN_S = 10.0        # a wait level is learned from stretches of busy low-band windows this long
+WAIT_SPREADS = 3.0       # the low band reaches this many robust spreads (1.4826 MAD) above the wait level
+PLATEAU_MIN_S = 90.0     # a compute plateau lasts this long (communication phases last seconds, not minutes)
+PLATEAU_MIN_WINDOWS = 10
+PLATEAU_SHARE = 0.9      # share of a plateau's windows that are busy and above the plateau floor
+PLATEAU_CV = 0.08        # a plateau's power varies by at most this share of its mean (sd)
+PLATEAU_BAND = 0.12      # compute band starts this share below the run's lowest plateau
+
+
+@dataclass
+class Levels:
+    """Per GPU (arrays indexed by GPU id): the levels learned from the run, and the bands they give.
+
+    The table is the prior; the run refines it where it shows enough windows:
+    - idle_w: the IDLE_QUANTILE of windows at <= idle_util_pct in the low band
+      (idle with a context held), else the table's idle_w;
+    - wait_w: the median of busy windows in the low band (a kernel spinning at
+      near-idle power) in stretches of WAIT_MIN_S, NaN if none; the low band reaches
+      WAIT_SPREADS robust spreads above it (a hang drawn just under the edge stays a wait);
+    - plateau_w: the lowest compute plateau, PLATEAU_MIN_S of busy windows at a
+      steady power above the middle of the communication band, NaN if none; the
+      compute band starts PLATEAU_BAND below it (never above the table's);
+    - cap_w: the power cap (NVML's enforced limit, --power-cap-w, else tdp_w).
+    """
+
+    idle_w: np.ndarray
+    wait_w: np.ndarray
+    plateau_w: np.ndarray
+    cap_w: np.ndarray
+    low_max_w: np.ndarray
+    compute_min_w: np.ndarray
+
+    def records(self, keys: list[tuple[str, int]]) -> dict:
+        def r(x):
+            return round(float(x), 1) if np.isfinite(x) else None
+        return {f"{h}:{g}": {"idle_w": r(self.idle_w[i]), "wait_w": r(self.wait_w[i]),
+                             "plateau_w": r(self.plateau_w[i]), "cap_w": r(self.cap_w[i]),
+                             "low_max_w": r(self.low_max_w[i]), "compute_min_w": r(self.compute_min_w[i])}
+                for i, (h, g) in enumerate(keys)}
+
+
+def learn_levels(p, u, gpu, ngpu: int, table: TriageTable, window_s: float, cap_w: np.ndarray) -> Levels:
+    """Levels of each GPU from its known windows (p, u, gpu sorted by GPU, then time)."""
+    gs, ge = _bounds(gpu, ngpu)
+    with np.errstate(invalid="ignore"):
+        busy = u >= table.busy_util_pct
+        quiet = (u <= table.idle_util_pct) & (p < table.low_max_w)
+    waiting = busy & (p < table.low_max_w)
+    floor = table.low_max_w + 0.5 * (table.compute_min_w - table.low_max_w)
+    cand = busy & (p >= floor)
+    # plateau cores: centred spans of k windows on one GPU, nearly all candidates, at a steady power
+    k = max(PLATEAU_MIN_WINDOWS, int(math.ceil(PLATEAU_MIN_S / window_s)))
+    n = len(p)
+    pos = np.arange(n)
+    a, b = pos - k // 2, pos - k // 2 + k
+    inside = (a >= gs[gpu]) & (b <= ge[gpu])
+    a, b = np.clip(a, 0, n), np.clip(b, 0, n)
+    pz = np.where(cand, p, 0.0)
+    cnt = _cumsum0(cand)
+    cnt = cnt[b] - cnt[a]
+    s1, s2 = _cumsum0(pz), _cumsum0(pz * pz)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = (s1[b] - s1[a]) / cnt
+        sd = np.sqrt(np.maximum((s2[b] - s2[a]) / cnt - mean * mean, 0.0))
+    core = inside & cand & (cnt >= PLATEAU_SHARE * k) & (sd <= PLATEAU_CV * mean)
+
+    # waits: stretches of WAIT_MIN_S of busy windows in the low band (a spinning kernel), not single
+    # windows of a noisy communication phase that dip under the edge
+    rs, re_ = _runs(waiting, gpu)
+    long_wait = waiting[rs] & ((re_ - rs) * window_s >= WAIT_MIN_S)
+    in_wait = np.zeros(n, dtype=bool)
+    in_wait[_ranges(rs[long_wait], re_[long_wait])] = True
+
+    idle = np.full(ngpu, float(table.idle_w))
+    wait = np.full(ngpu, np.nan)
+    wait_spread = np.zeros(ngpu)
+    plateau = np.full(ngpu, np.nan)
+    for g in range(ngpu):
+        sl = slice(gs[g], ge[g])
+        q = p[sl][quiet[sl]]
+        if len(q) >= LEVEL_MIN_WINDOWS:
+            idle[g] = float(np.quantile(q, IDLE_QUANTILE))
+        w = p[sl][in_wait[sl]]
+        if len(w) >= LEVEL_MIN_WINDOWS:
+            wait[g] = float(np.median(w))
+            wait_spread[g] = 1.4826 * float(np.median(np.abs(w - wait[g])))
+        c = core[sl]
+        if c.any():
+            plateau[g] = float(mean[sl][c].min())
+    compute_min = np.full(ngpu, float(table.compute_min_w))
+    has = np.isfinite(plateau)
+    compute_min[has] = np.clip(plateau[has] * (1 - PLATEAU_BAND), floor, table.compute_min_w)
+    # the low band holds the run's waits: it reaches WAIT_SPREADS robust spreads above their level
+    low_max = np.full(ngpu, float(table.low_max_w))
+    has = np.isfinite(wait)
+    low_max[has] = np.clip(wait[has] + WAIT_SPREADS * wait_spread[has], table.low_max_w,
+                           (table.low_max_w + compute_min[has]) / 2)
+    idle = np.minimum(idle, 0.8 * low_max)
+    return Levels(idle, wait, plateau, np.asarray(cap_w, float), low_max, compute_min)
+
+
+@dataclass
+class _Edges:
+    """Band edges of every known window: its GPU's learned levels (per-window arrays) and the table's utilization."""
+
+    idle: np.ndarray
+    lo: np.ndarray     # low_max_w
+    hi: np.ndarray     # compute_min_w
+    cap: np.ndarray
+    busy_util: float
+    idle_util: float
+
+    @classmethod
+    def of(cls, levels: Levels, gpu: np.ndarray, table: TriageTable) -> _Edges:
+        return cls(levels.idle_w[gpu], levels.low_max_w[gpu], levels.compute_min_w[gpu], levels.cap_w[gpu],
+                   table.busy_util_pct, table.idle_util_pct)
