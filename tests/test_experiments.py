@@ -85,6 +85,22 @@ def test_scaling_table_efficiency_and_gpu_hours(make_config, tmp_path):
     assert "| world_size |" in (tmp_path / "out" / "table.md").read_text()
 
 
+def test_compare_tabulates_the_gates_forecast_error(make_config, tmp_path):
+    base = make_config(scaling={"world_sizes": [1, 2]})
+    for name, ranks, forecast, measured in (("w1", 1, 12.0, 10.0), ("w2", 2, None, 8.0)):
+        fake_run(tmp_path / name, variant_config(base, "scaling", name), 1.0, ranks)
+        trained = tmp_path / name / "train" / "TRAINED"
+        trained.write_text(json.dumps(json.loads(trained.read_text()) | {"job_s": measured}))
+        (tmp_path / name / "gate").mkdir()
+        gate = {"forecast": {"wall_s": forecast, "throughput": {"source": "analytic"}} if forecast else None}
+        (tmp_path / name / "gate" / "gate.json").write_text(json.dumps(gate))
+    table = compare("scaling", [tmp_path / "w1", tmp_path / "w2"], tmp_path / "out")
+    assert table["forecast_wall_s"].tolist()[0] == 12.0 and table["measured_wall_s"].tolist() == [10.0, 8.0]
+    assert table["forecast_error"].iloc[0] == pytest.approx(0.2) and pd.isna(table["forecast_error"].iloc[1])
+    assert table["forecast_source"].tolist()[0] == "analytic"
+    assert "forecast_error" in (tmp_path / "out" / "table.md").read_text()
+
+
 def test_compare_names_an_unfinished_run(make_config, tmp_path):
     (tmp_path / "w1" / "train").mkdir(parents=True)
     (tmp_path / "w1" / "config.yaml").write_text(yaml.safe_dump(variant_config(make_config(), "scaling", "w1")))

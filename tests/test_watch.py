@@ -223,6 +223,14 @@ def test_watcher_kills_a_low_power_hang_and_records_why(tmp_path, job_tree):
     assert job_tree.wait(timeout=10) is not None
     on_disk = json.loads((run / "watcher.json").read_text())
     assert on_disk["verdict"] == "deadlock" and on_disk["kill"]["terminated"]
+    # what the hang cost from the last progress to the kill, against the collective timeout without the watcher
+    cost = on_disk["cost"]
+    assert cost["spent_s"] == pytest.approx(record["killed_at"] - start, abs=0.01) and cost["gpus"] == 2
+    assert cost["power_w"] == pytest.approx(212.0, abs=1.0)
+    assert cost["spent_kwh"] == pytest.approx(cost["power_w"] * cost["spent_s"] / 3.6e6, rel=1e-3)
+    assert cost["without_watcher"]["timeout_s"] == 600.0  # NCCL's default when no timeout is given
+    assert cost["without_watcher"]["gpu_hours"] == pytest.approx(600 * 2 / 3600)
+    assert "GPU-hours saved" in cost["line"]
 
 
 def test_watcher_leaves_a_checkpoint_alone_then_sees_the_job_finish(tmp_path, job_tree):

@@ -123,7 +123,7 @@ def _watch(args, config) -> None:
 
     from wattgate.config import world_size
     from wattgate.power.triage.settings import TriageSettings
-    from wattgate.telemetry.watch import WatchSettings, watch
+    from wattgate.telemetry.watch import CostBasis, WatchSettings, watch
 
     settings = TriageSettings.merge(config)
     table = settings.table() if settings.has_table else None
@@ -131,7 +131,7 @@ def _watch(args, config) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):  # the launcher's "the job has ended": finish the record
         signal.signal(sig, lambda *_: stop.set())
     record = watch(args.run, world_size(config), WatchSettings.from_config(config), table, args.pid,
-                   args.slurm_job, args.out, stop)
+                   args.slurm_job, args.out, stop, CostBasis.from_config(config))
     if record["verdict"] not in ("healthy", "running") and record.get("action") == "kill":
         raise StageFailed(record["reason"])
 

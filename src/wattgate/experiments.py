@@ -120,7 +120,7 @@ def step_throughput(metrics: pd.DataFrame, skip: int = 1) -> dict:
 
 def measured_energy_j(telemetry: Path, start: float, end: float) -> float | None:
     """Board energy over [start, end] from the node traces (integrated instant power); None without GPUs."""
-    from wattgate.report.energy import trapezoids
+    from wattgate.power.energy import trapezoids
     from wattgate.telemetry.trace import read_trace, trace_files
 
     total, seen = 0.0, False
@@ -157,13 +157,30 @@ def run_row(variant_dir: Path) -> dict:
         "joules_per_token": energy / m["tokens"] if energy is not None else None,
         "data_wait_share": m["data_wait_share"], "data_wait_s_per_step": m["data_wait_s_per_step"],
         "data_copy_s": summary.get("data_copy_s"),
-    }
+    } | forecast_columns(variant_dir / "gate" / "gate.json", summary)
 
 
+def forecast_columns(gate_json: Path, trained: dict) -> dict:
+    """The gate's forecast of the train job's wall time beside what TRAINED measured, and the error."""
+    try:
+        fc = json.loads(gate_json.read_text()).get("forecast") if gate_json.is_file() else None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{gate_json}: not readable ({exc})") from None
+    measured = trained.get("job_s")
+    out = {"forecast_source": None, "forecast_wall_s": None, "measured_wall_s": measured, "forecast_error": None}
+    if fc:
+        out.update(forecast_source=fc["throughput"]["source"], forecast_wall_s=fc["wall_s"])
+        if measured:
+            out["forecast_error"] = fc["wall_s"] / measured - 1
+    return out
+
+
+FORECAST_COLUMNS = ["forecast_source", "forecast_wall_s", "measured_wall_s", "forecast_error"]
 SCALING_COLUMNS = ["world_size", "nodes", "device", "grad_accum", "steps_measured", "tokens_per_s",
-                   "tokens_per_s_per_gpu", "scaling_efficiency", "gpu_hours_per_billion_tokens", "joules_per_token"]
+                   "tokens_per_s_per_gpu", "scaling_efficiency", "gpu_hours_per_billion_tokens",
+                   "joules_per_token"] + FORECAST_COLUMNS
 DATAIO_COLUMNS = ["data_cache", "world_size", "device", "steps_measured", "tokens_per_s", "data_wait_share",
-                  "data_wait_s_per_step", "data_copy_s", "joules_per_token"]
+                  "data_wait_s_per_step", "data_copy_s", "joules_per_token"] + FORECAST_COLUMNS
 
 
 def compare(experiment: str, variant_dirs: list[Path], out: Path) -> pd.DataFrame:

@@ -2,7 +2,7 @@
 
 Names are stable (tests, gate.json readers and people grep for them):
 equal_steps, pack_contents, conservation, launch, provenance, fit,
-checkpoint_space, balance, schedule.
+checkpoint_space, balance, schedule, budget (gate/cost.py).
 """
 
 from __future__ import annotations

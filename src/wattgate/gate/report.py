@@ -6,6 +6,7 @@ from pathlib import Path
 
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.gate.checks import Check
+from wattgate.gate.cost import cost_markdown
 from wattgate.gate.memory import GIB, FitEstimate
 
 
@@ -75,6 +76,8 @@ def gate_markdown(report: dict) -> str:
     for c in report["checks"]:
         detail = c["detail"].replace("|", "\\|")
         lines.append(f"| {c['name']} | {'pass' if c['passed'] else '**FAIL**'} | {detail} |")
+    if "forecast" in report:
+        lines += cost_markdown(report)
     lines += ["", "## Memory estimate by phase", ""]
     for phase, p in report["memory_estimate_phases"].items():
         lines += phase_markdown(phase, p)

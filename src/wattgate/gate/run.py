@@ -9,6 +9,7 @@ from pathlib import Path
 from wattgate.artifacts import sha256_file
 from wattgate.config import world_size
 from wattgate.gate import checks as C
+from wattgate.gate.cost import cost_section
 from wattgate.gate.inputs import GateInputs, load_inputs
 from wattgate.gate.memory import (
     DTYPE_BYTES,
@@ -111,8 +112,12 @@ def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: 
     spec = load_model_spec(config)
     fit = config_fit_estimate(config, spec)
     results = run_checks(inputs, spec, fit.phases["steady"], fit)
+    # what the plan will cost, the budget check on it, and what a hang it would cause would have cost
+    cost, budget = cost_section(inputs, spec, next(c for c in results if c.name == "equal_steps"))
+    results.append(budget)
     report = gate_json(all(c.passed for c in results), time.perf_counter() - start, results, fit,
                        config["gate"]["memory_headroom"], config["gate"]["enforce"])
+    report.update(cost)
     # the verdict markers name the plan they are about; `wattgate launch` checks them
     report["plan_sha256"] = {"plan.json": sha256_file(Path(plan_dir) / "plan.json"), "packs.parquet": inputs.packs_sha256}
     write_report(out, report)

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from wattgate.artifacts import write_json_atomic
+from wattgate.forecast import hang_cost
 from wattgate.power.tables import TriageTable
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S
 from wattgate.telemetry.trace import SEGMENT_DIR_SUFFIX, _segment_range, live_segments
@@ -309,8 +310,32 @@ def scancel(job_id: str) -> dict:
     return {"scancel": job_id, "returncode": r.returncode, "stderr": r.stderr.strip()}
 
 
+@dataclass(frozen=True)
+class CostBasis:
+    """What a hang would have cost without the watcher: the collective timeout, and the Slurm job's time limit."""
+
+    collective_timeout_s: float | None = None
+    job_limit_s: float | None = None
+
+    @classmethod
+    def from_config(cls, config: dict) -> "CostBasis":
+        slurm = config["cluster"]["launcher"] != "local"
+        return cls(config["train"]["collective_timeout_s"],
+                   config["cluster"]["slurm"]["train"]["runtime_min"] * 60.0 if slurm else None)
+
+
+def _hang_cost(record: dict, verdict: dict, power: dict, world: int, basis: CostBasis, started: float) -> dict:
+    """watcher.json's cost: GPU-hours and energy from the last progress to the kill, and without the watcher."""
+    last_progress = record["detected_at"] - float(verdict.get("stalled_for_s") or 0.0)
+    draws = [p for p, _, _ in power.values() if p == p]  # NaN: no reading
+    gpus = len(power) or world
+    return hang_cost(last_progress, record["killed_at"], gpus, sum(draws) if draws else None,
+                     basis.collective_timeout_s, basis.job_limit_s, started)
+
+
 def watch(run: Path, world: int, s: WatchSettings, table: TriageTable | None, pid: int | None = None,
-          slurm_job: str | None = None, out: Path | None = None, stop: threading.Event | None = None) -> dict:
+          slurm_job: str | None = None, out: Path | None = None, stop: threading.Event | None = None,
+          cost_basis: CostBasis = CostBasis()) -> dict:
     """Poll until the job finishes (all ranks done, the watched process is gone, or `stop` is set: the
     launcher's SIGTERM once the job ended) or a verdict acts."""
     out = out or run / "watcher.json"
@@ -337,6 +362,7 @@ def watch(run: Path, world: int, s: WatchSettings, table: TriageTable | None, pi
             if s.action == "kill":
                 record["kill"] = _stop_job(pid, slurm_job, s.kill_grace_s)
                 record["killed_at"] = time.time()
+                record["cost"] = _hang_cost(record, verdict, power, world, cost_basis, started)
                 write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
                 return record
             s = WatchSettings(**(asdict(s) | {"hang_after_s": float("inf"), "checkpoint_after_s": float("inf"),

@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from itertools import groupby
 from pathlib import Path
 from typing import Callable
@@ -26,13 +26,18 @@ import torch.distributed as dist
 from wattgate.artifacts import write_json_atomic
 from wattgate.data.tokenizer import TOKENIZER_FILES
 from wattgate.errors import InputError, StageFailed
-from wattgate.gate.memory import export_dtype_name
+from wattgate.forecast import append_ledger, process_age_s, run_record
+from wattgate.gate.cost import plan_step_costs
+from wattgate.gate.inputs import read_packs
+from wattgate.gate.memory import export_dtype_name, load_model_spec
 from wattgate.train import checkpoint as ckpt
 from wattgate.train.data import DocStore, MicroBatchPlan, build_batch, read_rank_plan
 from wattgate.train.distributed import device_uuid, equal_across_ranks, setup_rank
 from wattgate.train.identity import run_identity
 from wattgate.train.loss import forward_logits, loss_sum, to_tensors
-from wattgate.train.metrics import GIB, PhaseMemory, StepLog, memory_summary, model_flops_utilization
+from wattgate.train.metrics import (
+    GIB, PhaseMemory, StepLog, folder_bytes, memory_summary, model_flops_utilization,
+)
 from wattgate.train.model import count_params, load_sharded_model
 from wattgate.train.telemetry_files import Heartbeat, MetricsTable
 from wattgate.train.weights import DTYPES, export_hf_folder
@@ -257,6 +262,7 @@ def export_final(model, s: TrainSettings, out: Path, pretokenized: Path, model_c
 def _run(config, s: TrainSettings, plan, plan_dir, rank, world, device, micro_batches, pretokenized, out) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
+    startup_s = process_age_s()  # launch, imports and process-group init: the forecast's start-up term
     heartbeat = Heartbeat(out, rank, int(os.environ.get("LOCAL_RANK", "0")), device_uuid(device))
     heartbeat.beat(0, 0, "init")
     data_dir, copy_s = stage_local_copy(pretokenized, s, out)
@@ -305,9 +311,29 @@ def _run(config, s: TrainSettings, plan, plan_dir, rank, world, device, micro_ba
     summary = {}
     if rank == 0:
         summary = write_summary(out, log, per_rank, total, start, world, device, n_params, elapsed, s, copy_s,
-                                config["cluster"]["gpu_model"])
+                                config["cluster"]["gpu_model"], startup_s)
+        append_throughput(config, plan, plan_dir, out, log, summary, start, total)
     heartbeat.beat(total, last_epoch, "done")
     return summary
+
+
+def append_throughput(config: dict, plan: dict, plan_dir: Path, out: Path, log: StepLog, summary: dict, start: int,
+                      total: int) -> None:
+    """One line in the throughput ledger (forecast.ledger): this run's rate in the planner's cost units, start-up,
+    load and storage times, for the gate's forecast of the next run of the same shape, world size and GPU."""
+    if total <= start or not log.step_times:
+        return
+    costs = plan_step_costs(read_packs(plan_dir / "packs.parquet"), plan, config, total)
+    t = config["train"]
+    record = run_record(
+        run_name=config["run_name"], shape=asdict(load_model_spec(config)), gpu_model=config["cluster"]["gpu_model"],
+        world_size=plan["world_size"], seq_len=t["seq_len"], micro_batch_size=t["micro_batch_size"],
+        attn_weight=float(plan.get("attn_weight", config["pack"]["attn_weight"])),
+        step_costs=costs.step_max_cost[start:start + len(log.step_times)], step_times=log.step_times,
+        tokens=log.tokens_done, startup_s=summary["startup_s"], load_s=summary["load_s"], checkpoints=log.checkpoints,
+        checkpoint_s=log.checkpoint_s, checkpoint_bytes=log.checkpoint_bytes, export_s=summary["export_s"],
+        export_bytes=folder_bytes(out / "final"), job_s=summary["job_s"])
+    append_ledger(Path(config["forecast"]["ledger"]), record)
 
 
 def run_step(g, steps, epoch_ends, start, model, optimizer, store, s: TrainSettings, world, device, heartbeat,
@@ -341,14 +367,18 @@ def run_step(g, steps, epoch_ends, start, model, optimizer, store, s: TrainSetti
         log.metrics.flush()
     if checkpoint_now:
         heartbeat.beat(g + 1, epoch, "checkpoint")
-        ckpt.save_checkpoint(out / "checkpoints", g + 1, model, optimizer,
-                             {"epoch": epoch, "step": g + 1, "plan": plan["packs_sha256"]}, s.checkpoint_keep, identity)
+        t_ckpt = time.perf_counter()
+        folder = ckpt.save_checkpoint(out / "checkpoints", g + 1, model, optimizer,
+                                      {"epoch": epoch, "step": g + 1, "plan": plan["packs_sha256"]},
+                                      s.checkpoint_keep, identity)
+        if log.metrics is not None:
+            log.record_checkpoint(time.perf_counter() - t_ckpt, folder)
         heartbeat.beat(g + 1, epoch, "train")
 
 
 def write_summary(out: Path, log: StepLog, per_rank_memory: list[dict], total: int, start: int, world: int,
                   device: torch.device, n_params: int, elapsed: float, s: TrainSettings, copy_s: float,
-                  gpu_model: str) -> dict:
+                  gpu_model: str, startup_s: float = 0.0) -> dict:
     """TRAINED (rank 0): losses, throughput, and each rank's memory peak per phase with load/export times."""
     log.metrics.flush()
     memory = memory_summary(per_rank_memory)
@@ -358,7 +388,9 @@ def write_summary(out: Path, log: StepLog, per_rank_memory: list[dict], total: i
                    tokens_per_s=log.tokens_done / elapsed if elapsed > 0 else None,
                    data_cache=s.data_cache, data_copy_s=copy_s, wall_s=elapsed,
                    load_s=worst["load"]["seconds"], export_s=worst["export"]["seconds"],
-                   export_dtype=s.export_dtype, memory=memory)
+                   export_dtype=s.export_dtype, memory=memory, startup_s=round(startup_s, 3),
+                   checkpoints=log.checkpoints, checkpoint_s=round(log.checkpoint_s, 3),
+                   job_s=round(process_age_s(), 3))  # rank 0's whole process: what the forecast predicts
     if device.type == "cuda":
         summary["mfu"] = model_flops_utilization(summary["tokens_per_s"] or 0, n_params, world, gpu_model)
         summary["peak_memory_gib"] = max(p["cuda_peak_gib"] for p in worst.values())

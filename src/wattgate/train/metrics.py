@@ -11,22 +11,32 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from wattgate.gpus import peak_bf16_flops
 from wattgate.train.telemetry_files import MetricsTable
 
 GIB = 1 << 30
 METRICS_FLUSH_EVERY = 50  # steps; also at every checkpoint and at the end
 
-# Dense bf16 peak per GPU (TFLOP/s, datasheet) for MFU; unknown models report none.
-PEAK_BF16_TFLOPS = {"a100": 312, "a100-40gb": 312, "a100-80gb": 312, "h100": 989, "h200": 989,
-                    "b200": 2250, "b300": 2250}
-
-
 def model_flops_utilization(tokens_per_s: float, n_params: int, world: int, gpu_model: str) -> float | None:
     """6 x params FLOPs per trained token (forward + backward) over the GPUs' peak; attention not counted."""
-    peak = PEAK_BF16_TFLOPS.get(gpu_model.lower())
+    peak = peak_bf16_flops(gpu_model)
     if not peak:
         return None
-    return 6 * n_params * tokens_per_s / (world * peak * 1e12)
+    return 6 * n_params * tokens_per_s / (world * peak)
+
+
+def folder_bytes(folder) -> int:
+    """Bytes of the files under a folder (0 if it is gone)."""
+    from pathlib import Path
+
+    total = 0
+    for p in Path(folder).rglob("*"):
+        try:
+            if p.is_file():
+                total += p.stat().st_size
+        except OSError:
+            pass
+    return total
 
 
 # ---------------------------------------------------------------- memory peaks per phase
@@ -123,12 +133,17 @@ class StepLog:
     gpu_model: str
     on_cuda: bool
     tokens_done: int = 0
+    step_times: list = field(default_factory=list)  # per step, the slowest rank's time (the throughput ledger)
+    checkpoints: int = 0
+    checkpoint_s: float = 0.0
+    checkpoint_bytes: int = 0    # the last checkpoint's size on disk
 
     def record(self, g: int, epoch: int, start: int, total: int, gathered: list[torch.Tensor], lr: float,
                grad_norm: float, now: float) -> None:
         """`gathered`: per rank [loss sum, loss tokens, tokens, step s, data wait s] of optimizer step g."""
         step_tokens = int(sum(float(t[2]) for t in gathered))
         self.tokens_done += step_tokens
+        self.step_times.append(max(float(t[3]) for t in gathered))
         if self.metrics is None:
             return
         self.metrics.add([{"step": g + 1, "rank": r, "epoch": epoch, "loss": float(t[0] / max(t[1], 1)),
@@ -145,6 +160,11 @@ class StepLog:
               f"lr {lr:.2e} {step_tokens / step_time:.0f} tok/s "
               f"data_wait {100 * data_wait / step_time:.2f}%" + (f" MFU {100 * mfu:.1f}%" if mfu else ""),
               flush=True)
+
+    def record_checkpoint(self, seconds: float, folder) -> None:
+        self.checkpoints += 1
+        self.checkpoint_s += seconds
+        self.checkpoint_bytes = folder_bytes(folder)
 
     def flush_due(self, g: int, checkpoint_now: bool) -> bool:
         return self.metrics is not None and (checkpoint_now or (g + 1) % METRICS_FLUSH_EVERY == 0)
