@@ -55,6 +55,11 @@ def _pack(args, config) -> None:
 
     plan = build_plan(config, args.pretokenized, args.out)
     s = plan["stats"]
+    if plan.get("segments"):
+        r = plan["resumed_from"]
+        print(f"pack: continues step {r['step']} of {r['checkpoint']} in segment {len(plan['segments'])}: "
+              f"{s['segment_packs']} packs, {plan['segments'][-1]['end_step'] - r['step']} more steps -> {args.out}")
+        return
     steps = {tuple(x) for x in s["per_rank_steps_per_epoch"]}
     print(
         f"pack: {plan['strategy']}, {s['packs_per_epoch']} packs/epoch, efficiency {s['efficiency']:.4f}, "
@@ -240,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     stage("pack", _pack, "pack-and-balance: equal micro-batches on every rank", "pretokenized")
     stage("gate", _gate, "invariant gate: prove the plan safe before any GPU job", "pretokenized", "plan")
     stage("train", _train, "train one rank (run under torchrun; see `wattgate launch`)", "pretokenized", "plan")
-    p = stage("launch", _launch, "start the train stage on every rank (torchrun; srun on Slurm)", "pretokenized", "plan")
+    p = stage("launch", _launch, "start the train stage on every rank (torchrun; srun on Slurm)",
+              "pretokenized", "plan")
     p.add_argument("--gate", type=Path, help="the gate's output folder whose marker must name this plan "
                                              "(default: gate/ beside the plan folder)")
 

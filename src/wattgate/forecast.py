@@ -290,7 +290,8 @@ def check_budget(fc: dict | None, max_gpu_hours: float | None, max_kwh: float | 
     """(within budget, detail) for gate.max_gpu_hours and gate.max_kwh."""
     if fc is None:
         if max_gpu_hours or max_kwh:
-            return False, "no forecast (see the forecast section), so gate.max_gpu_hours / gate.max_kwh cannot be checked"
+            return False, ("no forecast (see the forecast section), "
+                           "so gate.max_gpu_hours / gate.max_kwh cannot be checked")
         return True, "no forecast; no budget set"
     shown = f"forecast {fmt_hours(fc['wall_s'])} wall, {fc['gpu_hours']:.4g} GPU-hours" + \
         (f", {fc['kwh']:.4g} kWh" if fc["kwh"] is not None else "")
@@ -343,8 +344,8 @@ def failure_cost(div: dict, costs: PlanCosts, fc: dict, s: Settings) -> dict:
     rate = fc["storage_gbps"] * 1e9
     n_ckpt = len([g for g in checkpoint_steps(len(costs.step_max_cost), s.checkpoint_every, costs.epoch_ends,
                                              s.checkpoint_at_epoch_end) if g <= reached_steps])
-    reach_s = terms["startup_s"] + terms["load_s"] + terms["warmup_s"] + float(costs.step_max_cost[before].sum()) / tp_cost + \
-        n_ckpt * s.checkpoint_bytes / rate
+    reach_s = (terms["startup_s"] + terms["load_s"] + terms["warmup_s"]
+               + float(costs.step_max_cost[before].sum()) / tp_cost + n_ckpt * s.checkpoint_bytes / rate)
     gpus = s.world_size
     timeout = s.collective_timeout_s or NCCL_DEFAULT_TIMEOUT_S
     out = {"reach_s": round(reach_s, 3), "reach_gpu_hours": round(reach_s * gpus / 3600, 4), "gpus": gpus,
@@ -407,7 +408,8 @@ def hang_cost(last_progress: float, killed_at: float, gpus: int, power_w: float 
     if job_limit_s:
         saved += f"-{max(w['limit_gpu_hours'] - out['spent_gpu_hours'], 0):.3g}"
     energy = f", {out['spent_kwh']:.3g} kWh" if out["spent_kwh"] is not None else ""
-    out["line"] = (f"the hang cost {fmt_hours(spent_s)} on {gpus} GPUs = {out['spent_gpu_hours']:.3g} GPU-hours{energy} "
+    out["line"] = (f"the hang cost {fmt_hours(spent_s)} on {gpus} GPUs = "
+                   f"{out['spent_gpu_hours']:.3g} GPU-hours{energy} "
                    f"from the last progress to the kill; without the watcher it would have waited "
                    f"{fmt_hours(timeout)} (the collective timeout)"
                    + (f" or up to {fmt_hours(w['until_limit_s'])} (the Slurm job's time limit)" if job_limit_s else "")

@@ -2,7 +2,7 @@
 
 Names are stable (tests, gate.json readers and people grep for them):
 equal_steps, pack_contents, conservation, launch, provenance, fit,
-checkpoint_space, balance, schedule, budget (gate/cost.py).
+checkpoint_space, balance, schedule, segments, budget (gate/cost.py).
 """
 
 from __future__ import annotations
@@ -39,17 +39,23 @@ def _per_rank(counts: np.ndarray) -> str:
     return "{" + ", ".join(f"{r}: {int(c)}" for r, c in enumerate(counts)) + "}"
 
 
-def check_equal_steps(packs: PackRows, world_size: int, epochs: int, micro_batch_size: int, grad_accum: int,
-                      steps_per_epoch: int) -> Check:
-    """Every rank runs the same (step, micro) sequence with full micro-batches in every epoch."""
+def check_equal_steps(packs: PackRows, world_size: int, epochs: int | list[int], micro_batch_size: int,
+                      grad_accum: int, steps_per_epoch: int | dict[int, int]) -> Check:
+    """Every rank runs the same (step, micro) sequence with full micro-batches in every epoch.
+
+    `epochs` and `steps_per_epoch` may list the epochs of one segment of a continued plan and each one's
+    step count there (pack/segments.py); an int means epochs 0..epochs-1 of steps_per_epoch steps each."""
     name = "equal_steps"
+    epoch_list = list(range(epochs)) if isinstance(epochs, int) else sorted(int(e) for e in epochs)
+    per_epoch = {e: steps_per_epoch for e in epoch_list} if isinstance(steps_per_epoch, int) else \
+        {int(e): int(n) for e, n in steps_per_epoch.items()}
     if len(packs) == 0:
         return Check(name, False, "the plan has no packs")
     bad_rank = (packs.rank < 0) | (packs.rank >= world_size)
     if bad_rank.any():
         return Check(name, False, f"rank outside 0..{world_size - 1} at {_where(packs, np.flatnonzero(bad_rank))}")
-    if set(np.unique(packs.epoch).tolist()) != set(range(epochs)):
-        return Check(name, False, f"plan has epochs {sorted(set(packs.epoch.tolist()))}, expected 0..{epochs - 1}")
+    if set(np.unique(packs.epoch).tolist()) != set(epoch_list):
+        return Check(name, False, f"plan has epochs {sorted(set(packs.epoch.tolist()))}, expected {epoch_list}")
     n_micro_max = int(packs.micro.max()) + 1
     n_step_max = int(packs.step.max()) + 1
     # one integer per (epoch, rank, step, micro)
@@ -58,7 +64,7 @@ def check_equal_steps(packs: PackRows, world_size: int, epochs: int, micro_batch
     owner = keys // (n_step_max * n_micro_max)  # epoch * world_size + rank
     step_of_key = (keys // n_micro_max) % n_step_max
     problems = []
-    for epoch in range(epochs):
+    for epoch in epoch_list:
         sel_epoch = (owner // world_size) == epoch
         ranks = owner[sel_epoch] % world_size
         micro = np.bincount(ranks, minlength=world_size)
@@ -72,9 +78,10 @@ def check_equal_steps(packs: PackRows, world_size: int, epochs: int, micro_batch
         sequences = [keys[sel_epoch & (owner % world_size == r)] % (n_step_max * n_micro_max) for r in range(world_size)]
         if any(not np.array_equal(sequences[0], s) for s in sequences[1:]):
             problems.append(f"epoch {epoch}: ranks run different (step, micro) sequences")
-        elif steps[0] != steps_per_epoch:
-            problems.append(f"epoch {epoch}: {steps[0]} steps, plan.json says steps_per_epoch {steps_per_epoch}")
-    for field, limit, key_name in ((packs.micro, grad_accum, "grad_accum"), (packs.step, steps_per_epoch, "steps_per_epoch")):
+        elif steps[0] != per_epoch.get(epoch):
+            problems.append(f"epoch {epoch}: {steps[0]} steps, plan.json says {per_epoch.get(epoch)}")
+    for field, limit, key_name in ((packs.micro, grad_accum, "grad_accum"),
+                                   (packs.step, max(per_epoch.values()), "steps_per_epoch")):
         outside = np.flatnonzero((field < 0) | (field >= limit))
         if outside.size:
             problems.append(f"index outside 0..{limit - 1} ({key_name}) at {_where(packs, outside)}")
@@ -89,8 +96,9 @@ def check_equal_steps(packs: PackRows, world_size: int, epochs: int, micro_batch
                         f"{micro_batch_size} (first holds {per_key[partial[0]]})")
     if problems:
         return Check(name, False, _listed(problems))
-    return Check(name, True, f"{world_size} ranks x {steps_per_epoch} steps x {grad_accum} micro-batches "
-                             f"x {micro_batch_size} packs, identical in all {epochs} epoch(s)")
+    shown = steps_per_epoch if isinstance(steps_per_epoch, int) else "/".join(str(per_epoch[e]) for e in epoch_list)
+    return Check(name, True, f"{world_size} ranks x {shown} steps x {grad_accum} micro-batches "
+                             f"x {micro_batch_size} packs, identical in all {len(epoch_list)} epoch(s)")
 
 
 def check_pack_contents(packs: PackRows, seq_len: int, doc_tokens: np.ndarray, doc_loss_tokens: np.ndarray) -> Check:
@@ -213,7 +221,9 @@ def check_launch(plan: dict, config: dict) -> Check:
         "seq_len": (t["seq_len"], "train.seq_len"),
         "epochs": (t["epochs"], "train.epochs"),
     }
-    wrong = [f"plan {k} {plan.get(k)} != {src} {v}" for k, (v, src) in expected.items() if plan.get(k) != v]
+    # a plan continuing another world size's run runs its own grad_accum (pack/segments.py), made from the config's
+    made_for = dict(plan, grad_accum=plan.get("config_grad_accum", plan.get("grad_accum")))
+    wrong = [f"plan {k} {made_for.get(k)} != {src} {v}" for k, (v, src) in expected.items() if made_for.get(k) != v]
     if wrong:
         return Check("launch", False, _listed(wrong) + "; rerun pack for this launch")
     return Check("launch", True, f"world {plan['world_size']} = {c['nodes']} node(s) x {c['gpus_per_node']}, "
@@ -325,7 +335,8 @@ def check_balance(packs: PackRows, world_size: int, attn_weight: float, max_rati
 def check_schedule(plan: dict, config: dict) -> Check:
     """At least one step; warmup shorter than the run; a checkpoint falls within the run."""
     t = config["train"]
-    planned = plan["epochs"] * plan["steps_per_epoch"]
+    segments = plan.get("segments")
+    planned = int(segments[-1]["end_step"]) if segments else plan["epochs"] * plan["steps_per_epoch"]
     max_steps = t.get("max_steps")
     total = min(planned, max_steps) if max_steps else planned  # the trainer stops at train.max_steps
     capped = f" (train.max_steps {max_steps})" if max_steps and max_steps < planned else ""
@@ -340,3 +351,63 @@ def check_schedule(plan: dict, config: dict) -> Check:
         return Check("schedule", False, _listed(problems))
     return Check("schedule", True, f"{total} steps{capped}, warmup {t['warmup_steps']}, checkpoint every "
                                    f"{t['checkpoint_every']}")
+
+
+def _steps_of(packs: PackRows) -> int:
+    return int(len(np.unique(packs.epoch * (int(packs.step.max()) + 1) + packs.step))) if len(packs) else 0
+
+
+def check_segments(plan: dict, config: dict, packs: PackRows, prefix: PackRows | None, problems: tuple) -> Check:
+    """A plan that continues a run on another world size: its segments chain, the prefix is what ran, and the
+    learning rate and the tokens per step go on across the boundary (pack/segments.py)."""
+    segs = plan.get("segments")
+    if not segs:
+        return Check("segments", True, "one segment: the plan starts at step 0")
+    probs = list(problems)
+    if segs[0].get("first_step") != 0:
+        probs.append(f"segment 0 starts at step {segs[0].get('first_step')}, not 0")
+    for k, (a, b) in enumerate(zip(segs, segs[1:])):
+        if a.get("end_step") != b.get("first_step"):
+            probs.append(f"segment {k} ends at step {a.get('end_step')} but segment {k + 1} starts at "
+                         f"{b.get('first_step')}: steps would be skipped or repeated")
+    boundary, end = int(segs[-1]["first_step"]), int(segs[-1]["end_step"])
+    if end - boundary != _steps_of(packs):
+        probs.append(f"the current segment has {_steps_of(packs)} steps, plan.json says {end - boundary}")
+    if prefix is not None and _steps_of(prefix) > boundary:
+        probs.append(f"the consumed prefix holds {_steps_of(prefix)} steps, more than the {boundary} before the boundary")
+    resumed = (plan.get("resumed_from") or {}).get("step")
+    if resumed != boundary:
+        probs.append(f"the checkpoint it continues is at step {resumed}, the boundary at {boundary}")
+    if probs:
+        return Check("segments", False, _listed(probs))
+    # the learning rate: the prefix ran towards its own total; the continuation schedules the new total
+    from wattgate.train.schedule import learning_rate
+
+    t = config["train"]
+    old_total = int(segs[-2].get("plan_total_steps", end))
+
+    def lr(step: int, total: int) -> float:
+        return learning_rate(step, total, t["lr"], t["warmup_steps"], t["min_lr_ratio"])
+
+    before, ran, now = lr(boundary - 1, old_total), lr(boundary, old_total), lr(boundary, end)
+    jump, step_change = abs(now - ran), abs(ran - before)
+    tokens_before = float(prefix.num_tokens[prefix.epoch >= 0].sum()) / max(_steps_of(prefix), 1) \
+        if prefix is not None else float("nan")
+    tokens_after = float(packs.num_tokens.sum()) / max(_steps_of(packs), 1)
+    ratio = tokens_after / tokens_before if tokens_before == tokens_before and tokens_before > 0 else float("nan")
+    old_pps = segs[-2]["world_size"] * segs[-2]["micro_batch_size"] * segs[-2]["grad_accum"]
+    new_pps = segs[-1]["world_size"] * segs[-1]["micro_batch_size"] * segs[-1]["grad_accum"]
+    closest = max(1, round(old_pps / (segs[-1]["world_size"] * segs[-1]["micro_batch_size"])))
+    detail = (f"{len(segs)} segments: steps 0-{boundary} on {segs[-2]['world_size']} ranks (grad_accum "
+              f"{segs[-2]['grad_accum']}), {boundary}-{end} on {segs[-1]['world_size']} (grad_accum "
+              f"{segs[-1]['grad_accum']}); lr at the boundary {now:.3g} (the prefix's schedule: {ran:.3g}, one step "
+              f"before {before:.3g}); tokens per step {tokens_before:.0f} -> {tokens_after:.0f} (x{ratio:.3f}), "
+              f"{old_pps} -> {new_pps} packs per step")
+    bad = []
+    if jump > max(2 * step_change, 1e-6 * t["lr"]):
+        bad.append(f"lr jumps by {jump:.3g} at the boundary (a step moves it {step_change:.3g})")
+    if segs[-1]["grad_accum"] != closest and new_pps != old_pps:
+        bad.append(f"grad_accum {segs[-1]['grad_accum']} is not the closest to the old global batch ({closest})")
+    if bad:
+        return Check("segments", False, "; ".join(bad) + ": " + detail)
+    return Check("segments", True, detail)

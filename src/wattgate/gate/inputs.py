@@ -91,6 +91,8 @@ class GateInputs:
     manifest_sha256: str
     checkpoint_dir: Path
     content: "ShardContent | None" = None  # shard hashes, true lengths and token ids (None: not verified)
+    prefix: "PackRows | None" = None  # a continued plan's consumed steps of its earlier segments (pack/segments.py)
+    prefix_problems: tuple = ()        # archived segments that are missing or do not hash to plan.json's record
 
 
 @dataclass(frozen=True)
@@ -293,4 +295,42 @@ def load_inputs(config: dict, pretokenized: str | Path, plan_dir: str | Path, ch
         manifest_sha256=hashlib.sha256(manifest_raw).hexdigest(),
         checkpoint_dir=checkpoint_dir,
         content=content,
+        **dict(zip(("prefix", "prefix_problems"), read_prefix(plan_dir, plan))),
     )
+
+
+def concat_packs(parts: list[PackRows]) -> PackRows:
+    """Rows of several plans as one PackRows (doc lists re-offset)."""
+    base = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])
+    offsets = np.concatenate([[0]] + [p.offsets[1:] + b for p, b in zip(parts, base)])
+    return PackRows(**{f: np.concatenate([getattr(p, f) for p in parts])
+                       for f in ("epoch", "step", "micro", "rank", "slot", "num_tokens", "doc_ids", "doc_lengths")},
+                    offsets=offsets, length_offsets=offsets)
+
+
+def consumed_rows(packs: PackRows, steps: int) -> PackRows:
+    """The rows of a segment's first `steps` optimizer steps in run order."""
+    key = packs.epoch * (int(packs.step.max()) + 1) + packs.step
+    _, ordinal = np.unique(key, return_inverse=True)
+    keep = ordinal < steps
+    entry_keep = np.repeat(keep, packs.docs_per_row)
+    offsets = np.concatenate([[0], np.cumsum(packs.docs_per_row[keep])])
+    return PackRows(**{f: getattr(packs, f)[keep] for f in ("epoch", "step", "micro", "rank", "slot", "num_tokens")},
+                    doc_ids=packs.doc_ids[entry_keep], doc_lengths=packs.doc_lengths[entry_keep], offsets=offsets,
+                    length_offsets=offsets)
+
+
+def read_prefix(plan_dir: Path, plan: dict) -> tuple[PackRows | None, tuple]:
+    """The consumed steps of every earlier segment of a continued plan, and what is wrong with their archives."""
+    segments = plan.get("segments") or []
+    parts, problems = [], []
+    for k, seg in enumerate(segments[:-1]):
+        path = plan_dir / str(seg.get("packs", ""))
+        if not path.is_file():
+            problems.append(f"segment {k}: {path} is missing (pack keeps it under history/; rerun pack)")
+            continue
+        if sha256_file(path) != seg.get("packs_sha256"):
+            problems.append(f"segment {k}: {path} does not hash to plan.json's packs_sha256")
+            continue
+        parts.append(consumed_rows(read_packs(path), int(seg["end_step"]) - int(seg["first_step"])))
+    return (concat_packs(parts) if parts else None), tuple(problems)

@@ -10,7 +10,7 @@ from wattgate.artifacts import sha256_file
 from wattgate.config import world_size
 from wattgate.gate import checks as C
 from wattgate.gate.cost import cost_section
-from wattgate.gate.inputs import GateInputs, load_inputs
+from wattgate.gate.inputs import GateInputs, concat_packs, load_inputs
 from wattgate.gate.memory import (
     DTYPE_BYTES,
     Budget,
@@ -82,11 +82,15 @@ def run_checks(inputs: GateInputs, spec: ModelSpec, terms: dict[str, int],
     fit = fit or config_fit_estimate(config, spec, terms)
     free, where = free_bytes_at(inputs.checkpoint_dir)
     final_bytes = spec.num_params * DTYPE_BYTES[export_dtype_name(config)]
+    # a plan that continues a run on another world size (pack/segments.py): equal steps within its current
+    # segment, documents exactly once per epoch over the consumed prefix and the current segment together
+    segment_steps = {int(e): n for e, n in plan["segment_steps"].items()} if plan.get("segments") else None
+    whole = concat_packs([inputs.prefix, packs]) if inputs.prefix is not None else packs
     return [
-        C.check_equal_steps(packs, plan["world_size"], plan["epochs"], plan["micro_batch_size"], plan["grad_accum"],
-                            plan["steps_per_epoch"]),
+        C.check_equal_steps(packs, plan["world_size"], sorted(segment_steps) if segment_steps else plan["epochs"],
+                            plan["micro_batch_size"], plan["grad_accum"], segment_steps or plan["steps_per_epoch"]),
         C.check_pack_contents(packs, plan["seq_len"], inputs.doc_tokens, inputs.doc_loss_tokens),
-        C.check_conservation(packs, plan["epochs"], inputs.doc_tokens, manifest_tokens(inputs.manifest),
+        C.check_conservation(whole, plan["epochs"], inputs.doc_tokens, manifest_tokens(inputs.manifest),
                              stats.get("dropped_doc_ids", []), stats.get("dropped", {}), remainder_policy(plan, config),
                              plan["world_size"] * plan["micro_batch_size"] * plan["grad_accum"],
                              config["pack"]["remainder"]),
@@ -98,6 +102,7 @@ def run_checks(inputs: GateInputs, spec: ModelSpec, terms: dict[str, int],
         C.check_balance(packs, plan["world_size"], float(plan.get("attn_weight", config["pack"]["attn_weight"])),
                         config["gate"]["max_rank_cost_ratio"]),
         C.check_schedule(plan, config),
+        C.check_segments(plan, config, packs, inputs.prefix, inputs.prefix_problems),
     ]
 
 

@@ -15,6 +15,7 @@ from wattgate.config import world_size
 from wattgate.errors import InputError
 from wattgate.pack.assign import Layout, assign_ranks, assign_uneven, pack_costs, rank_cost_ratios
 from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs, apply_remainder
+from wattgate.pack.segments import HISTORY, continue_plan, keep_in_history, resume_source, segment_rows, step_ordinal
 
 FORMAT_VERSION = 1
 
@@ -127,6 +128,16 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
             "rerun pretokenize with pretokenize.max_tokens <= seq_len"
         )
     layout = Layout(world_size(config), train["micro_batch_size"], train["grad_accum"])
+    settings = {"world_size": layout.world_size, "seq_len": seq_len, "micro_batch_size": layout.micro_batch_size,
+                "epochs": train["epochs"], "remainder": pack["remainder"], "seed": pack["seed"],
+                "attn_weight": pack["attn_weight"], "pretokenized_manifest_sha256": manifest_sha}
+    # a run with checkpoints of an earlier plan that differs only in the world size goes on from them
+    checkpoints = out.parent / "train" / config["run_name"] / "checkpoints"
+    state, old, old_folder = resume_source(out, checkpoints, settings)
+    if state is not None:
+        return build_continued_plan(out, settings, state, old, old_folder, lengths, layout, train["grad_accum"])
+    if old != "no complete checkpoint":
+        print(f"pack: not continuing from {checkpoints}: {old}; the new plan starts over", flush=True)
     packs, placement, tokens, costs = plan_packs(
         lengths, seq_len, layout, pack["remainder"], train["epochs"], pack["seed"], pack["attn_weight"]
     )
@@ -148,7 +159,79 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
         "packs_sha256": None,  # set from the written file in publish_plan
         "stats": stats,
     }
-    return publish_plan(out, plan, lambda tmp: write_packs_table(tmp, placement, packs, lengths, tokens))
+    plan = publish_plan(out, plan, lambda tmp: write_packs_table(tmp, placement, packs, lengths, tokens))
+    keep_in_history(out, plan)
+    return plan
+
+
+def build_continued_plan(out: Path, settings: dict, state: dict, old: dict, old_folder: Path, lengths: np.ndarray,
+                         layout: Layout, config_grad_accum: int) -> dict:
+    """The old plan's consumed prefix (kept in history/) and the rest for the new world size, as one plan."""
+    cols, info = continue_plan(old, old_folder, state, lengths, layout)
+    boundary, ga = info["first_step"], info["grad_accum"]
+    ordinal = step_ordinal(cols["epoch"], cols["step"])
+    n_new = int(ordinal.max()) + 1
+    step_epoch = np.zeros(n_new, np.int64)
+    step_epoch[ordinal] = cols["epoch"]
+    new_ends = [boundary + g + 1 for g in range(n_new) if g + 1 == n_new or step_epoch[g + 1] != step_epoch[g]]
+    old_rows = segment_rows(old_folder)
+    old_ord = step_ordinal(old_rows["epoch"], old_rows["step"])
+    first_old = info["segments"][-1]["first_step"]
+    old_epoch = np.zeros(int(old_ord.max()) + 1, np.int64)
+    old_epoch[old_ord] = old_rows["epoch"]
+    prior_ends = [e for e in old.get("epoch_ends", []) if e <= first_old]
+    prior_ends += [first_old + g + 1 for g in range(len(old_epoch) - 1) if old_epoch[g + 1] != old_epoch[g]
+                   and first_old + g + 1 < boundary]
+    segments = [dict(seg) for seg in info["segments"][:-1]]
+    segments.append(dict(info["segments"][-1], packs=f"{HISTORY}/{old['packs_sha256'][:16]}/packs.parquet",
+                         packs_sha256=old["packs_sha256"], end_step=boundary,
+                         plan_total_steps=first_old + len(old_epoch)))  # what its LR schedule ran towards
+    segments.append({"packs": "packs.parquet", "world_size": layout.world_size, "grad_accum": ga,
+                     "micro_batch_size": layout.micro_batch_size, "first_step": boundary,
+                     "end_step": boundary + n_new})
+    old_pps = info["old_world_size"] * layout.micro_batch_size * info["old_grad_accum"]
+    new_pps = layout.world_size * layout.micro_batch_size * ga
+    change = (f"world size {info['old_world_size']} -> {layout.world_size}: grad_accum {info['old_grad_accum']} -> "
+              f"{ga} keeps the global batch at {new_pps} packs of {settings['seq_len']} tokens per step"
+              + ("" if new_pps == old_pps else f" (was {old_pps}: the closest the new world size allows)")
+              + f"; {info['how']}")
+    seg_steps = {int(e): int(len(np.unique(cols["step"][cols["epoch"] == e]))) for e in np.unique(cols["epoch"])}
+    tokens = cols["num_tokens"]
+    plan = dict(settings, **{
+        "format_version": FORMAT_VERSION,
+        "grad_accum": ga,
+        "config_grad_accum": config_grad_accum,
+        "steps_per_epoch": max(seg_steps.values()),
+        "segment_steps": {str(e): n for e, n in seg_steps.items()},
+        "epoch_ends": sorted(set(prior_ends) | set(new_ends)),
+        "strategy": STRATEGY[settings["remainder"]],
+        "packs_sha256": None,
+        "segments": segments,
+        "resumed_from": {"checkpoint": state["path"], "step": boundary,
+                         "epoch": int((state.get("position") or {}).get("epoch", 0)), "change": change},
+        "stats": {"num_docs": int(len(lengths)), "num_tokens": int(lengths.sum()),
+                  "segment_packs": int(len(tokens)), "segment_tokens": int(tokens.sum()),
+                  "dropped": old.get("stats", {}).get("dropped", {}),
+                  "dropped_doc_ids": old.get("stats", {}).get("dropped_doc_ids", [])},
+    })
+    print(f"pack: continuing {state['path']} (step {boundary}): {change}", flush=True)
+    plan = publish_plan(out, plan, lambda tmp: write_rows_table(tmp, cols, lengths))
+    keep_in_history(out, plan)
+    return plan
+
+
+def write_rows_table(path: Path, cols: dict, lengths: np.ndarray) -> None:
+    """packs.parquet from row columns (epoch, step, micro, rank, slot, num_tokens, CSR doc_ids)."""
+    offsets, docs = cols["offsets"], cols["doc_ids"]
+    table = pa.Table.from_arrays(
+        [pa.array(cols[c].astype(np.int32)) for c in ("epoch", "step", "micro", "rank", "slot")]
+        + [pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(docs)).cast(pa.list_(pa.int64())),
+           pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(lengths[docs].astype(np.int32))).cast(
+               pa.list_(pa.int32())),
+           pa.array(cols["num_tokens"].astype(np.int32))],
+        schema=PACKS_SCHEMA,
+    )
+    pq.write_table(table, path, compression="zstd", row_group_size=65536)
 
 
 def publish_plan(out: Path, plan: dict, write_packs_to) -> dict:

@@ -98,10 +98,11 @@ def set_aside_mismatched(root: Path, identity: dict) -> Path | None:
     differing: dict[str, list[str]] = {}
     for path in sorted(root.glob("step-*"), key=_step_of):
         try:
-            recorded = json.loads((path / STATE).read_text()).get("identity")
+            state = json.loads((path / STATE).read_text())
+            recorded, position = state.get("identity"), state.get("position")
         except (OSError, json.JSONDecodeError, AttributeError):
             continue
-        diffs = identity_differences(recorded, identity)
+        diffs = identity_differences(recorded, identity, position)
         if diffs:
             differing[path.name] = diffs
     if not differing:
@@ -109,7 +110,8 @@ def set_aside_mismatched(root: Path, identity: dict) -> Path | None:
     stale = root.with_name(f"{root.name}.stale-{int(time.time())}")
     os.replace(root, stale)
     newest = max(differing, key=lambda name: _step_of(Path(name)))
-    print(f"train: WARNING: {root} held checkpoints of another run ({', '.join(sorted(differing, key=lambda n: _step_of(Path(n))))}; "
+    held = ", ".join(sorted(differing, key=lambda n: _step_of(Path(n))))
+    print(f"train: WARNING: {root} held checkpoints of another run ({held}; "
           f"{newest} differs in {', '.join(differing[newest])}); moved to {stale}, starting from step 0",
           file=sys.stderr, flush=True)
     return stale
@@ -117,7 +119,8 @@ def set_aside_mismatched(root: Path, identity: dict) -> Path | None:
 
 def latest_complete(root: Path) -> Path | None:
     """The newest loadable checkpoint; incomplete ones are reported and skipped."""
-    candidates = sorted((p for p in root.glob("step-*") if p.is_dir() and p.suffix != ".tmp"), key=_step_of, reverse=True)
+    candidates = sorted((p for p in root.glob("step-*") if p.is_dir() and p.suffix != ".tmp"),
+                        key=_step_of, reverse=True)
     for path in candidates:
         ok, why = is_complete(path)
         if ok:

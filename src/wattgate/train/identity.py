@@ -64,17 +64,32 @@ def model_identity(model_cfg: dict) -> dict[str, str]:
 
 def run_identity(config: dict, plan_dir: Path, pretokenized: Path) -> dict:
     t = config["train"]
-    return {"plan": _sha256_bytes(_read(plan_dir / "plan.json")),
+    plan_bytes = _read(plan_dir / "plan.json")
+    try:
+        segments = json.loads(plan_bytes).get("segments") or []
+    except ValueError:
+        segments = []
+    return {"plan": _sha256_bytes(plan_bytes),
+            # earlier plans this one continues (pack/segments.py): their checkpoints up to each boundary resume
+            "links": [{"packs_sha256": seg["packs_sha256"], "end_step": seg["end_step"]} for seg in segments[:-1]],
             "pretokenized": _sha256_bytes(_read(pretokenized / "manifest.json")),
             "model": model_identity(config["model"]),
             "train": {k: (list(t[k]) if isinstance(t[k], (list, tuple)) else t[k]) for k in RESULT_SETTINGS}}
 
 
-def identity_differences(recorded: dict | None, current: dict) -> list[str]:
-    """The keys in which a checkpoint's identity differs from this run's (empty: resumable)."""
+def identity_differences(recorded: dict | None, current: dict, position: dict | None = None) -> list[str]:
+    """The keys in which a checkpoint's identity differs from this run's (empty: resumable).
+
+    A checkpoint of an earlier plan that the current plan continues on another world size (its segments
+    link to that plan's packs up to a boundary step at or after the checkpoint) is not a difference."""
     if not recorded:
         return ["run identity (the checkpoint predates it)"]
     diffs = [name for name in ("plan", "pretokenized") if recorded.get(name) != current[name]]
+    position = position or {}
+    if diffs[:1] == ["plan"] and any(link["packs_sha256"] == position.get("plan")
+                                     and int(position.get("step", -1)) <= link["end_step"]
+                                     for link in current.get("links", [])):
+        diffs.remove("plan")
     for part in ("config", "weights"):
         if (recorded.get("model") or {}).get(part) != current["model"][part]:
             diffs.append(f"model {part}")

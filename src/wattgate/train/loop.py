@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
 import sys
@@ -39,6 +38,7 @@ from wattgate.train.metrics import (
     GIB, PhaseMemory, StepLog, folder_bytes, memory_summary, model_flops_utilization,
 )
 from wattgate.train.model import count_params, load_sharded_model
+from wattgate.train.schedule import learning_rate
 from wattgate.train.telemetry_files import Heartbeat, MetricsTable
 from wattgate.train.weights import DTYPES, export_hf_folder
 
@@ -93,12 +93,8 @@ def build_optimizer(model, s: "TrainSettings") -> torch.optim.Optimizer:
 
 
 def lr_at(step: int, s: TrainSettings, total: int) -> float:
-    """Linear warmup to lr, then cosine down to lr * min_lr_ratio at the last step."""
-    if step < s.warmup_steps:
-        return s.lr * (step + 1) / s.warmup_steps
-    span = max(1, total - s.warmup_steps)
-    progress = min(1.0, (step - s.warmup_steps) / span)
-    return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    """Linear warmup to lr, then cosine down to lr * min_lr_ratio at the last step (train/schedule.py)."""
+    return learning_rate(step, total, s.lr, s.warmup_steps, s.min_lr_ratio)
 
 
 def stage_local_copy(pretokenized: Path, s: TrainSettings, out: Path) -> tuple[Path, float]:
@@ -281,11 +277,17 @@ def _run(config, s: TrainSettings, plan, plan_dir, rank, world, device, micro_ba
         source = f"{latest}"
     memory.end("load")
 
-    steps = group_steps(micro_batches)
+    # a plan that continues another world size's run (pack/segments.py) starts at its first global step: the
+    # steps before it were run by the earlier segment and are only placeholders here
+    first_step = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0
+    if start < first_step:
+        raise InputError(f"checkpoint step {start} is before step {first_step}, where this plan continues the "
+                         "earlier world size's run; restore that checkpoint or delete the checkpoints and rerun pack")
+    steps = [None] * first_step + group_steps(micro_batches)
     if s.max_steps:  # a measurement run (scaling, dataio): the plan's first steps only
         steps = steps[:s.max_steps]
     total = len(steps)
-    epoch_ends = epoch_end_steps(steps)
+    epoch_ends = [e for e in plan["epoch_ends"] if e <= total] if plan.get("epoch_ends") else epoch_end_steps(steps)
     heartbeat.set_plan(total, epoch_ends)
     on_cuda = device.type == "cuda"
     n_params = count_params(model)
@@ -323,13 +325,14 @@ def append_throughput(config: dict, plan: dict, plan_dir: Path, out: Path, log: 
     load and storage times, for the gate's forecast of the next run of the same shape, world size and GPU."""
     if total <= start or not log.step_times:
         return
-    costs = plan_step_costs(read_packs(plan_dir / "packs.parquet"), plan, config, total)
+    first = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0  # packs.parquet's first step
+    costs = plan_step_costs(read_packs(plan_dir / "packs.parquet"), plan, config, total - first)
     t = config["train"]
     record = run_record(
         run_name=config["run_name"], shape=asdict(load_model_spec(config)), gpu_model=config["cluster"]["gpu_model"],
         world_size=plan["world_size"], seq_len=t["seq_len"], micro_batch_size=t["micro_batch_size"],
         attn_weight=float(plan.get("attn_weight", config["pack"]["attn_weight"])),
-        step_costs=costs.step_max_cost[start:start + len(log.step_times)], step_times=log.step_times,
+        step_costs=costs.step_max_cost[start - first:start - first + len(log.step_times)], step_times=log.step_times,
         tokens=log.tokens_done, startup_s=summary["startup_s"], load_s=summary["load_s"], checkpoints=log.checkpoints,
         checkpoint_s=log.checkpoint_s, checkpoint_bytes=log.checkpoint_bytes, export_s=summary["export_s"],
         export_bytes=folder_bytes(out / "final"), job_s=summary["job_s"])
