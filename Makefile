@@ -1,5 +1,6 @@
-# Two entry points: `make run` (the embedded default, end to end) and `make test`.
-# Both create .venv and install what they need; the install is redone only when
+# Entry points: `make run` (the embedded default, end to end), `make test` and `make lint`
+# (CI runs `make lint test`).
+# Each creates .venv and installs what it needs; the install is redone only when
 # pyproject.toml or the constraints change.
 PYTHON ?= python3
 VENV ?= .venv
@@ -31,7 +32,12 @@ bench: $(VENV)/.installed-test,bench
 	$(BIN)/python bench/triage_accuracy.py
 	$(BIN)/python bench/report.py
 
+# Lint only checks; the formatters themselves are `ruff format src tests bench` and
+# `snakefmt Snakefile workflow/` (settings in pyproject.toml).
 lint: $(VENV)/.installed-test
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/snakefmt --check Snakefile workflow/
 	$(BIN)/snakemake --lint
 
 clean:

@@ -1,5 +1,5 @@
 # wattgate: pretokenize -> pack-and-balance -> invariant gate -> FSDP2 train -> power analysis.
-# Stages live in workflow/rules/*.smk and call the `wattgate` CLI; see ARCHITECTURE.md.
+# Stages live in workflow/rules/*.smk and call the `wattgate` CLI; see docs/architecture.md.
 from snakemake.utils import min_version, validate
 
 min_version("9.0")

@@ -61,7 +61,7 @@ def timed(fn, *args, repeat: int = 1):
 
 
 def build_dataset(lengths: np.ndarray):
-    """A Dataset whose `input_ids` rows have the given lengths (content irrelevant), built straight from Arrow buffers."""
+    """A Dataset whose `input_ids` rows have the given lengths (content irrelevant), built from Arrow buffers."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     values = pa.array(np.ones(int(offsets[-1]), dtype=np.int32))  # ones, not zeros: pages resident like real data
@@ -156,15 +156,20 @@ def report(r: dict) -> None:
     print(f"== {r['name']}: {r['n']:,} docs, {r['tokens']:,} tokens, seq_len {SEQ_LEN}, "
           f"world {WORLD_SIZE} x mbs {MICRO_BATCH} x ga {GRAD_ACCUM}")
     print(f"  dataset build (not timed below)  {r['t_build']:8.2f} s")
-    print(f"  TRL pack_dataset bfd             {r['t_trl']:8.2f} s  {r['trl_rows']:,} rows  efficiency {r['eff_trl']:.5f}")
-    print(f"  ours pack_bfd                    {r['t_bfd']:8.2f} s  {r['bfd_packs']:,} packs efficiency {r['eff_bfd']:.5f}")
-    print(f"  ours bfd+rebin+assign            {r['t_full']:8.2f} s  {r['rebin_packs']:,} packs efficiency {r['eff_rebin']:.5f}")
+    print(f"  TRL pack_dataset bfd             {r['t_trl']:8.2f} s  {r['trl_rows']:,} rows  "
+          f"efficiency {r['eff_trl']:.5f}")
+    print(f"  ours pack_bfd                    {r['t_bfd']:8.2f} s  {r['bfd_packs']:,} packs "
+          f"efficiency {r['eff_bfd']:.5f}")
+    print(f"  ours bfd+rebin+assign            {r['t_full']:8.2f} s  {r['rebin_packs']:,} packs "
+          f"efficiency {r['eff_rebin']:.5f}")
     print(f"  speedup TRL/ours (BFD)   {sp_bfd:8.1f}x  target >= {TARGET_SPEEDUP:.0f}x  {ok(sp_bfd >= TARGET_SPEEDUP)}")
-    print(f"  speedup TRL/ours (full)  {sp_full:8.1f}x  target >= {TARGET_SPEEDUP:.0f}x  {ok(sp_full >= TARGET_SPEEDUP)}")
+    print(f"  speedup TRL/ours (full)  {sp_full:8.1f}x  target >= {TARGET_SPEEDUP:.0f}x  "
+          f"{ok(sp_full >= TARGET_SPEEDUP)}")
     if r["name"] == "lognormal":
         print(f"  efficiency (rebin) {r['eff_rebin']:.5f}  target >= {TARGET_EFFICIENCY}  "
               f"{ok(r['eff_rebin'] >= TARGET_EFFICIENCY)}")
-    print(f"  check: pack count on first {CHECK_DOCS:,} docs, ours {r['check'][0]:,} == TRL one-batch {r['check'][1]:,}")
+    print(f"  check: pack count on first {CHECK_DOCS:,} docs, ours {r['check'][0]:,} "
+          f"== TRL one-batch {r['check'][1]:,}")
 
 
 def main() -> None:

@@ -25,16 +25,16 @@ from pathlib import Path
 for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 
-import datasets
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+import datasets  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
 
-from wattgate.config import validate_config
-from wattgate.data.demo_corpus import generate
-from wattgate.data.pretokenize import pretokenize
-from wattgate.data.tokenizer import load_tokenizer, save_hf_tokenizer, train_bpe
+from wattgate.config import validate_config  # noqa: E402
+from wattgate.data.demo_corpus import generate  # noqa: E402
+from wattgate.data.pretokenize import pretokenize  # noqa: E402
+from wattgate.data.tokenizer import load_tokenizer, save_hf_tokenizer, train_bpe  # noqa: E402
 
 TEXT_BYTES = 20_000_000
 CHAT_DOCS = 55_000  # ~280 bytes each: ~15 MB

@@ -270,7 +270,8 @@ def test_every_schema_choice_validates():
     base = {"run_name": "t", "model": {"config": TINY}, "cluster": {"nodes": 1, "gpus_per_node": 1}}
     assert validate_config(base)["train"]["attn_implementation"] == "auto"
     for choice in SCHEMA_CHOICES:
-        assert validate_config(dict(base, train={"attn_implementation": choice}))["train"]["attn_implementation"] == choice
+        checked = validate_config(dict(base, train={"attn_implementation": choice}))
+        assert checked["train"]["attn_implementation"] == choice
 
 
 def test_auto_resolves_to_sdpa_on_cpu():

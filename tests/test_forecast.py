@@ -137,7 +137,7 @@ def test_gate_json_and_md_give_the_cost_of_the_hang_it_prevented(uneven, tmp_pat
     assert c["limit_gpu_hours"] == pytest.approx(7200 * 3 / 3600, rel=1e-3)
     md = (tmp_path / "gate" / "gate.md").read_text()
     assert "## Cost of the failure the gate prevented" in md and "the gate saved them" in md
-    assert "Slurm job's time limit" in md and f"on 3 GPUs" in md
+    assert "Slurm job's time limit" in md and "on 3 GPUs" in md
 
 
 def test_budget_keys_fail_the_gate_with_the_numbers(uneven, tmp_path):

@@ -72,7 +72,7 @@ def without_rows(packs, rows):
 
 def test_valid_plan_passes_every_check(inputs):
     assert failed(inputs) == []
-    assert len(verdicts(inputs)) == 9
+    assert len(verdicts(inputs)) == 10  # the nine invariants and segments (budget is added by run_gate)
 
 
 def test_equal_steps_names_per_rank_counts_when_a_rank_is_short(inputs):
@@ -102,7 +102,8 @@ def test_equal_steps_catches_micro_batches_moved_between_steps(inputs):
     sel = (p.step == 1) & (p.micro == 1)
     step, micro = p.step.copy(), p.micro.copy()
     step[sel], micro[sel] = 0, 2
-    check = C.check_equal_steps(dataclasses.replace(p, step=step, micro=micro), 2, 2, 2, 2, inputs.plan["steps_per_epoch"])
+    check = C.check_equal_steps(dataclasses.replace(p, step=step, micro=micro), 2, 2, 2, 2,
+                                inputs.plan["steps_per_epoch"])
     assert not check.passed
     assert "outside 0..1 (grad_accum)" in check.detail and "micro-batch count other than grad_accum 2" in check.detail
 
@@ -114,7 +115,8 @@ def test_pack_contents_catches_misaligned_length_lists_without_crashing(inputs):
     check = C.check_pack_contents(dataclasses.replace(p, length_offsets=shifted), 256, inputs.doc_tokens,
                                   inputs.doc_loss_tokens)
     assert not check.passed and "doc_ids and doc_lengths lists differ in length" in check.detail
-    short = dataclasses.replace(p, doc_lengths=p.doc_lengths[:-1], length_offsets=np.minimum(p.length_offsets, len(p.doc_lengths) - 1))
+    short = dataclasses.replace(p, doc_lengths=p.doc_lengths[:-1],
+                                length_offsets=np.minimum(p.length_offsets, len(p.doc_lengths) - 1))
     assert not C.check_pack_contents(short, 256, inputs.doc_tokens, inputs.doc_loss_tokens).passed
 
 
@@ -162,7 +164,8 @@ def test_conservation_duplicate_and_missing_document(inputs):
 
 
 def test_conservation_dropped_without_reason(inputs):
-    check = C.check_conservation(inputs.packs, 2, inputs.doc_tokens, int(inputs.manifest["num_tokens"]), [], {"x": {"docs": 3}})
+    check = C.check_conservation(inputs.packs, 2, inputs.doc_tokens, int(inputs.manifest["num_tokens"]), [],
+                                 {"x": {"docs": 3}})
     assert not check.passed and "reasons account for 3" in check.detail
 
 
@@ -229,7 +232,8 @@ def test_qwen3_32b_on_2x8_b300_estimate_is_plausible():
     with_ac = estimate_memory(spec, FitSettings(16, 8192, activation_checkpointing=True, mixed_precision=True))
     # fp32 params + grads + Adam = 16 B/param / 16 ranks = 32.8 GB; bf16 layer inputs 8192 x 64 x 5120 x 2 = 5.4 GB
     # + one recomputed layer 2.8 GB; logits 8192 x 151936 x 10 B = 12.4 GB; gathered params ~5 GB; ~70 GB total
-    assert with_ac["sharded_params_fp32"] + with_ac["sharded_grads_fp32"] + with_ac["sharded_adam_state_fp32"] == pytest.approx(32.8e9, rel=0.01)
+    sharded = with_ac["sharded_params_fp32"] + with_ac["sharded_grads_fp32"] + with_ac["sharded_adam_state_fp32"]
+    assert sharded == pytest.approx(32.8e9, rel=0.01)
     assert 55 * GIB < sum(with_ac.values()) < 85 * GIB
     without = estimate_memory(spec, FitSettings(16, 8192, activation_checkpointing=False, mixed_precision=True))
     # all 64 layers keep ~340 KB per token: 8192 x 64 x 340 KB = 178 GB of activations
@@ -461,7 +465,8 @@ def test_a_budget_too_small_fails_and_names_the_phase():
     phases = {"load": {"sharded_params_fp32": 10 * GIB}, "steady": {"activations": 60 * GIB},
               "export": {"sharded_adam_state_fp32": 50 * GIB, "gathered_param_export_dtype": 30 * GIB},
               "host_per_node": {"process_runtime": 32 * GIB, "loader_page_cache": 40 * GIB}}
-    budgets = {"load": H100, "steady": H100, "export": H100, "host_per_node": Budget(64 * GIB, "cluster.host_mem_gib", "node")}
+    budgets = {"load": H100, "steady": H100, "export": H100,
+               "host_per_node": Budget(64 * GIB, "cluster.host_mem_gib", "node")}
     check = C.check_fit(phases, budgets, 0.1)
     assert not check.passed
     assert check.detail.startswith("export: estimated peak 80.0 GiB per rank > 72.0 GiB usable")
@@ -504,7 +509,8 @@ def test_host_budget_sources(make_config, tmp_path):
 def test_export_dtype_name(make_config, tmp_path):
     assert M.export_dtype_name(make_config(model={"config": TINY_MODEL})) == "bfloat16"  # nothing named: bf16
     assert M.export_dtype_name(make_config(model={"config": {**TINY_MODEL, "torch_dtype": "float32"}})) == "float32"
-    explicit = make_config(model={"config": {**TINY_MODEL, "torch_dtype": "float32"}}, train={"export_dtype": "float16"})
+    explicit = make_config(model={"config": {**TINY_MODEL, "torch_dtype": "float32"}},
+                           train={"export_dtype": "float16"})
     assert M.export_dtype_name(explicit) == "float16"
     folder = model_folder(tmp_path / "m", {**TINY_MODEL, "dtype": "torch.float16"})  # transformers 5 writes `dtype`
     assert M.export_dtype_name(make_config(model={"path": str(folder)})) == "float16"
@@ -513,7 +519,8 @@ def test_export_dtype_name(make_config, tmp_path):
     assert M.export_dtype_name(both) == "float32"
     assert M.export_dtype_name(make_config(model={"path": str(folder)})) == "bfloat16"
     model_folder(folder, {**TINY_MODEL, "torch_dtype": "float8_e4m3fn"})
-    with pytest.raises(InputError, match=r"m/config.json: dtype float8_e4m3fn is not an export dtype .*set train.export_dtype"):
+    with pytest.raises(InputError,
+                       match=r"m/config.json: dtype float8_e4m3fn is not an export dtype .*set train.export_dtype"):
         M.export_dtype_name(make_config(model={"path": str(folder)}))
     model_folder(folder, {**TINY_MODEL, "torch_dtype": "int3"})
     with pytest.raises(InputError, match="m/config.json: unknown dtype 'int3'"):

@@ -162,8 +162,10 @@ def test_zeus_wide_and_legacy_milliwatt_logs(tmp_path):
 def test_cli_round_trip_and_one_line_errors(tmp_path):
     log = write(tmp_path / "n.csv", f"{SMI_HEADER}\n2025/07/27 00:34:45.155, 0, NVIDIA H200, 80 W, 79 W, 0 %, 1 MiB\n")
     out = tmp_path / "t.parquet"
-    run = lambda *a: subprocess.run([sys.executable, "-m", "wattgate", "import-trace", *a], capture_output=True,  # noqa: E731
-                                    text=True, cwd=REPO, timeout=60)
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "wattgate", "import-trace", *a], capture_output=True,
+                              text=True, cwd=REPO, timeout=60)
+
     proc = run("--from", "nvidia-smi", str(log), "--out", str(out), "--host", "gpu-node-3")
     assert proc.returncode == 0, proc.stderr
     assert read_trace(out)["host"].to_pylist() == ["gpu-node-3"]
@@ -183,8 +185,10 @@ def test_readme_two_commands_import_then_report_in_power_only_mode(tmp_path):
         for g in range(2):
             lines.append(f"{stamp}, {g}, NVIDIA H100 80GB HBM3, {600 if busy else 140}.0 W, {100} %")
     log = write(tmp_path / "gpu.csv", "\n".join(lines) + "\n")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "wattgate", *a], capture_output=True, text=True,  # noqa: E731
-                                    cwd=REPO, timeout=120)
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "wattgate", *a], capture_output=True, text=True,
+                              cwd=REPO, timeout=120)
+
     proc = run("import-trace", "--from", "nvidia-smi", str(log), "--out", str(tmp_path / "trace.parquet"))
     assert proc.returncode == 0, proc.stderr
     proc = run("report", "--trace", str(tmp_path / "trace.parquet"), "--out", str(tmp_path / "report"))

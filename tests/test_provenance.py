@@ -94,7 +94,8 @@ def test_pretokenize_records_shard_hashes_and_the_true_max_token_id(tmp_path, to
     assert len(manifest["shards"]) > 1 and manifest["shard_hash_algorithm"] == "xxh3_128"
     assert manifest["shard_hashes"] == {
         n: xxhash.xxh3_128((tmp_path / "p" / n).read_bytes()).hexdigest() for n in manifest["shards"]}
-    ids = [max(x) for n in manifest["shards"] for x in pq.read_table(tmp_path / "p" / n).column("input_ids").to_pylist()]
+    ids = [max(x) for n in manifest["shards"]
+           for x in pq.read_table(tmp_path / "p" / n).column("input_ids").to_pylist()]
     assert manifest["max_token_id"] == max(ids) < manifest["vocab_size"]
 
 

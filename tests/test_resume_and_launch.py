@@ -38,7 +38,8 @@ def test_identity_names_what_changed(tmp_path):
     assert identity_differences(base, run_identity(config, plan, tmp_path / "pretokenized")) == []
     changed = json.loads(json.dumps(config))
     changed["train"].update(lr=0.5, seed=7, log_every=3, checkpoint_every=5)  # the last two change nothing computed
-    assert identity_differences(base, run_identity(changed, plan, tmp_path / "pretokenized")) == ["train.lr", "train.seed"]
+    differences = identity_differences(base, run_identity(changed, plan, tmp_path / "pretokenized"))
+    assert differences == ["train.lr", "train.seed"]
     assert identity_differences(None, base) == ["run identity (the checkpoint predates it)"]
 
 
@@ -171,7 +172,8 @@ def test_os_errors_are_one_line_naming_the_file(small_tmpfs, tmp_path, case):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     expected = "No space left on device" if case == "disk full" else "Read-only file system"
-    assert lines[0].startswith("wattgate demo-corpus: error: ") and str(small_tmpfs) in lines[0] and expected in lines[0]
+    assert lines[0].startswith("wattgate demo-corpus: error: ")
+    assert str(small_tmpfs) in lines[0] and expected in lines[0]
 
 
 class _RunsCode:

@@ -175,6 +175,6 @@ def test_launch_wraps_each_node_in_its_sampler_and_starts_the_watcher_command():
     argv = build_launch_command(slurm, ["-m", "wattgate", "train"], python="py", sample=("t/{host}.parquet", 0.1))
     assert argv[:3] == ["srun", "--nodes=2", "--ntasks-per-node=1"]
     # each node's trace is named after its Slurm node (several slurmd may share one hostname)
-    assert '; exec py -m wattgate sample --out t/"${SLURMD_NODENAME:-$(uname -n)}".parquet --interval 0.1 -- py -m torch' \
-        in argv[-1]
+    sample = '; exec py -m wattgate sample --out t/"${SLURMD_NODENAME:-$(uname -n)}".parquet --interval 0.1'
+    assert sample + " -- py -m torch" in argv[-1]
     assert watcher_command("c.yaml", "out", 77, "4242", python="py")[-4:] == ["--pid", "77", "--slurm-job", "4242"]

@@ -172,7 +172,8 @@ def test_watcher_kills_the_uneven_plan_deadlock_and_names_the_rank_ahead(workflo
     run = workflow_copy / "results/train/demo"
     assert proc.returncode != 0
     lines = [x for x in output(proc).splitlines() if "watcher stopped the job: deadlock" in x]
-    assert lines and lines[0].startswith("wattgate launch: failed:") and lines[0].endswith(f"see {run.relative_to(workflow_copy)}/watcher.json")
+    assert lines and lines[0].startswith("wattgate launch: failed:")
+    assert lines[0].endswith(f"see {run.relative_to(workflow_copy)}/watcher.json")
     verdict = json.loads((run / "watcher.json").read_text())
     expected = first_rank_out_of_step(planned_micro_batches(workflow_copy / "results/plan/packs.parquet"))
     assert verdict["verdict"] == "deadlock" and verdict["ran_ahead"] == [expected], verdict["reason"]

@@ -32,8 +32,9 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from wattgate.errors import InputError
 

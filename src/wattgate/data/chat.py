@@ -21,7 +21,7 @@ not renders the turns as given, and the loss mask follows the roles (see
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from wattgate.errors import InputError
 

@@ -1,4 +1,4 @@
-"""Pretokenize a corpus into reproducible Arrow shards (see ARCHITECTURE.md, results/pretokenized/).
+"""Pretokenize a corpus into reproducible Arrow shards (see docs/architecture.md, results/pretokenized/).
 
 One row per document: dense `doc_id`, `input_ids`, `loss_mask` (1 = the token
 is a training target) and `num_tokens`. Position 0 of every document is never
@@ -15,9 +15,9 @@ import mmap
 import os
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -91,7 +91,7 @@ class PretokenizeSettings:
     max_doc_chars: int
 
     @classmethod
-    def from_config(cls, config: dict) -> "PretokenizeSettings":
+    def from_config(cls, config: dict) -> PretokenizeSettings:
         p = config["pretokenize"]
         return cls(
             loss_on=p["loss_on"],

@@ -29,9 +29,10 @@ import gzip
 import json
 import zlib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from wattgate.errors import InputError
 

@@ -8,8 +8,8 @@ loaded the same way: `AutoTokenizer.from_pretrained(dir)` with the hub off.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from wattgate.artifacts import atomic_dir
 from wattgate.errors import InputError

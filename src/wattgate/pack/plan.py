@@ -1,4 +1,4 @@
-"""The pack stage: pretokenized manifest -> plan.json + packs.parquet (see ARCHITECTURE.md)."""
+"""The pack stage: pretokenized manifest -> plan.json + packs.parquet (see docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ class WatchSettings:
     kill_grace_s: float = 10.0
 
     @classmethod
-    def from_config(cls, config: dict) -> "WatchSettings":
+    def from_config(cls, config: dict) -> WatchSettings:
         w = config["watcher"]
         return cls(**{k: w[k] for k in cls.__dataclass_fields__})
 
@@ -318,7 +318,7 @@ class CostBasis:
     job_limit_s: float | None = None
 
     @classmethod
-    def from_config(cls, config: dict) -> "CostBasis":
+    def from_config(cls, config: dict) -> CostBasis:
         slurm = config["cluster"]["launcher"] != "local"
         return cls(config["train"]["collective_timeout_s"],
                    config["cluster"]["slurm"]["train"]["runtime_min"] * 60.0 if slurm else None)

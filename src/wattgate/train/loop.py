@@ -292,7 +292,8 @@ def _run(config, s: TrainSettings, plan, plan_dir, rank, world, device, micro_ba
     on_cuda = device.type == "cuda"
     n_params = count_params(model)
     log = StepLog(MetricsTable.resume(out / "metrics.parquet", start) if rank == 0 else None, s.log_every,
-                  n_params, world, config["cluster"]["gpu_model"], on_cuda)
+                  n_params, world, config["cluster"]["gpu_model"], on_cuda,
+                  tensorboard=config["train"]["tensorboard"])
     if rank == 0:
         print(f"train: {world} rank(s) on {device.type}, {n_params / 1e6:.2f}M params from {source} "
               f"(load {memory.phases['load']['seconds']:.1f} s), step {start}/{total}, "

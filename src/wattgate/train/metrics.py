@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from wattgate.gpus import peak_bf16_flops
 from wattgate.train.telemetry_files import MetricsTable
+from wattgate.train.tensorboard import TensorBoardLog, open_tensorboard
 
 GIB = 1 << 30
 METRICS_FLUSH_EVERY = 50  # steps; also at every checkpoint and at the end
@@ -124,7 +125,9 @@ def memory_summary(per_rank: list[dict]) -> dict:
 
 @dataclass
 class StepLog:
-    """Rank 0's record of every step: metrics rows, the periodic log line, tokens for the summary."""
+    """Rank 0's record of every step: metrics rows, TensorBoard scalars, the periodic log line, tokens for the
+    summary. The TensorBoard writer opens at rank 0's first step under the metrics file's folder (the run folder)
+    when `tensorboard` (train.tensorboard) is true, and closes after the last step."""
 
     metrics: MetricsTable | None  # None on ranks other than 0
     log_every: int
@@ -137,6 +140,9 @@ class StepLog:
     checkpoints: int = 0
     checkpoint_s: float = 0.0
     checkpoint_bytes: int = 0    # the last checkpoint's size on disk
+    tensorboard: bool = True     # train.tensorboard: event files under <run>/tensorboard/ (rank 0)
+    board: TensorBoardLog | None = field(default=None, repr=False)
+    _board_opened: bool = field(default=False, repr=False)
 
     def record(self, g: int, epoch: int, start: int, total: int, gathered: list[torch.Tensor], lr: float,
                grad_norm: float, now: float) -> None:
@@ -150,6 +156,7 @@ class StepLog:
                            "tokens": int(t[2]), "loss_tokens": int(t[1]), "step_time_s": float(t[3]),
                            "data_wait_s": float(t[4]), "lr": lr, "time": now}
                           for r, t in enumerate(gathered)])
+        self._board_step(g, total, gathered, step_tokens, lr, grad_norm)
         if (g + 1) % self.log_every and g != start and g + 1 != total:
             return
         step_time, data_wait = float(gathered[0][3]), float(gathered[0][4])
@@ -161,10 +168,33 @@ class StepLog:
               f"data_wait {100 * data_wait / step_time:.2f}%" + (f" MFU {100 * mfu:.1f}%" if mfu else ""),
               flush=True)
 
+    def _board_step(self, g: int, total: int, gathered: list[torch.Tensor], step_tokens: int, lr: float,
+                    grad_norm: float) -> None:
+        if not self._board_opened:
+            self._board_opened = True
+            self.board = open_tensorboard(self.metrics.path.parent, self.tensorboard, first_step=g + 1)
+        if self.board is None:
+            return
+        loss = sum(float(t[0]) for t in gathered) / max(sum(float(t[1]) for t in gathered), 1)
+        slowest = max(float(t[3]) for t in gathered)
+        self.board.add_step(g + 1, loss=loss, lr=lr, grad_norm=grad_norm,
+                            tokens_per_s=step_tokens / slowest if slowest > 0 else 0.0,
+                            data_wait_s=max(float(t[4]) for t in gathered))
+        if g + 1 == total:
+            self.close()
+
+    def close(self) -> None:
+        """Flush and close the TensorBoard writer (after the last step; safe to call again)."""
+        if self.board is not None:
+            self.board.close()
+            self.board = None
+
     def record_checkpoint(self, seconds: float, folder) -> None:
         self.checkpoints += 1
         self.checkpoint_s += seconds
         self.checkpoint_bytes = folder_bytes(folder)
+        if self.board is not None:
+            self.board.flush()  # curves on disk at least as far as the checkpoint
 
     def flush_due(self, g: int, checkpoint_now: bool) -> bool:
         return self.metrics is not None and (checkpoint_now or (g + 1) % METRICS_FLUSH_EVERY == 0)

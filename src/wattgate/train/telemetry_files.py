@@ -2,7 +2,7 @@
 
 The watcher (outside the training processes) reads heartbeats to tell
 progress from a hang; the report reads metrics.parquet. Both follow the
-contracts in ARCHITECTURE.md.
+contracts in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class MetricsTable:
         self.rows: list[dict] = rows or []
 
     @classmethod
-    def resume(cls, path: Path, upto_step: int) -> "MetricsTable":
+    def resume(cls, path: Path, upto_step: int) -> MetricsTable:
         """Rows of steps already taken (<= upto_step) from an earlier, interrupted run."""
         if not path.exists() or upto_step < 0:
             return cls(path)

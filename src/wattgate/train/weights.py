@@ -170,7 +170,8 @@ def seeded_normal_rows(name: str, shape: tuple[int, ...], offset: int, rows: int
     out = torch.empty((rows, *shape[1:]))
     for b in range(offset // per_block, (offset + rows - 1) // per_block + 1):
         start, stop = b * per_block, min(shape[0], (b + 1) * per_block)
-        block = torch.randn((stop - start, *shape[1:]), generator=torch.Generator().manual_seed(_block_seed(seed, name, b)))
+        gen = torch.Generator().manual_seed(_block_seed(seed, name, b))
+        block = torch.randn((stop - start, *shape[1:]), generator=gen)
         lo, hi = max(offset, start), min(offset + rows, stop)
         out[lo - offset:hi - offset] = block[lo - start:hi - start]
     return out
