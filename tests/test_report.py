@@ -21,7 +21,7 @@ from wattgate.errors import InputError
 from wattgate.power.tables import shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import run_report
-from wattgate.report.energy import gpu_energy
+from wattgate.power.energy import gpu_energy
 from wattgate.report.figures import MAX_POINTS, bin_edges, bin_majority
 from wattgate.report.inputs import default_power_dir, read_samples
 from wattgate.telemetry.trace import TRACE_SCHEMA, TraceWriter, trace_files
@@ -371,3 +371,72 @@ def test_binning_keeps_long_runs_to_a_few_thousand_points():
     major = bin_majority(x, code, edges, np.ones(len(x)))
     assert set(major[: MAX_POINTS // 2 - 1]) == {LABELS.index("compute")}
     assert set(major[MAX_POINTS // 2 + 1:]) == {LABELS.index("idle")}
+
+
+def _pause_run(tmp_path):
+    run = tmp_path / "results" / "train" / "pauses"
+    synth = build_trace(job(gpus_of(1, 2), [("compute", 300), ("checkpoint", 120), ("compute", 200),
+                                            ("deadlock", 200)], stuck=1), shipped_table("h100"), seed=5)
+    synth.write(run / "telemetry")
+    write_run_info(run, synth)
+    power = tmp_path / "results" / "power" / "pauses"
+    run_triage(trace_files(run / "telemetry"), power, run_dir=run, gpu_model="h100")
+    return run, power
+
+
+def test_report_takes_pauses_energy_and_gaps_from_triage_json(tmp_path, monkeypatch):
+    """triage.json beside phases.parquet already holds the pauses, the gaps and (for the same trace files)
+    each GPU's energy: the report takes them and reads neither the traces' rows nor recomputes any."""
+    import wattgate.report.inputs as inputs_mod
+    import wattgate.report.summary as summary_mod
+    from wattgate.power.energy import records
+
+    run, power = _pause_run(tmp_path)
+    recomputed = run_report(run, tmp_path / "recomputed", power_dir=power)  # before triage.json has "energy"
+    record = json.loads((power / "triage.json").read_text())
+    if "energy" not in record:  # written by hand where run_triage does not write it (yet)
+        tables = [inputs_mod._read_trace_columns(p, inputs_mod.TRACE_COLUMNS) for p in trace_files(run / "telemetry")]
+        samples = read_samples(tables)
+        record["energy"] = records(gpu_energy(samples), [len(s.energy_pos) for s in samples.series])
+        (power / "triage.json").write_text(json.dumps(record))
+    assert record["pauses"] and {p["kind"] for p in record["pauses"]} == {"checkpoint", "deadlock"}
+
+    def boom(*_, **__):
+        raise AssertionError("recomputed what triage.json holds")
+
+    monkeypatch.setattr(inputs_mod, "read_samples", boom)
+    monkeypatch.setattr(inputs_mod, "_read_trace_columns", boom)
+    monkeypatch.setattr(summary_mod.power_only, "pauses", boom)
+    monkeypatch.setattr(summary_mod, "gap_summary", boom)
+    monkeypatch.setattr(summary_mod, "gpu_energy", boom)
+    taken = run_report(run, tmp_path / "taken", power_dir=power)
+    assert taken == recomputed and taken["pauses"]
+    assert taken["energy"]["per_gpu"] and taken["signals"]["energy_counter"] == recomputed["signals"]["energy_counter"]
+    assert len(images((tmp_path / "taken" / "index.html").read_text())) == 4
+
+
+def test_report_reads_the_traces_when_triage_json_is_for_other_files(tmp_path, monkeypatch):
+    """Energy from triage.json only for the very trace files it lists, none modified since."""
+    import os
+
+    import wattgate.report.inputs as inputs_mod
+
+    run, power = _pause_run(tmp_path)
+    expected = run_report(run, tmp_path / "expected", power_dir=power)
+    record = json.loads((power / "triage.json").read_text())
+    record["energy"] = {k: dict(v, integrated_j=1.0, counter_j=None) for k, v in (record.get("energy") or {
+        "node0:0": {"first": T0, "last": T0 + 1, "readings": 0}}).items()}
+    calls = []
+    real = inputs_mod.read_samples
+    monkeypatch.setattr(inputs_mod, "read_samples", lambda tables: calls.append(1) or real(tables))
+    for change in ("traces", "mtime"):
+        if change == "traces":
+            (power / "triage.json").write_text(json.dumps(dict(record, traces=[str(tmp_path / "other.parquet")])))
+        else:
+            (power / "triage.json").write_text(json.dumps(record))
+            trace = trace_files(run / "telemetry")[0]
+            later = (power / "triage.json").stat().st_mtime + 10
+            os.utime(trace, (later, later))
+        s = run_report(run, tmp_path / change, power_dir=power)
+        assert calls and s["energy"] == expected["energy"], change
+        calls.clear()

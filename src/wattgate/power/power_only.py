@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from wattgate.power.triage.rules import CHECKPOINT_MIN_S, LENGTH_RATIO, PERIOD_TOLERANCE, PERIODIC_MIN
 from wattgate.power.triage.settings import DEFAULT_WINDOW_S
@@ -57,46 +58,84 @@ def pauses(phases: pa.Table | None) -> list[Pause]:
     """Checkpoint and deadlock episodes of a phases table, in time order."""
     if phases is None or phases.num_rows == 0:
         return []
-    cols = phases.select(["host", "gpu", "start", "end", "phase", "power_w", "util_gpu"]).to_pandas()
-    cols = cols.sort_values(["host", "gpu", "start"], kind="stable", ignore_index=True)
-    window = float((cols["end"] - cols["start"]).median())
-    last_end = float(cols["end"].max())
-    label = (cols["host"].astype(str) + ":" + cols["gpu"].astype(str)).to_numpy()
+    start_all = _floats(phases.column("start"))
+    end_all = _floats(phases.column("end"))
+    window = float(np.median(end_all - start_all))
+    last_end = float(end_all.max())
     out = []
     for kind in ("checkpoint", "deadlock"):
-        sel = cols[cols["phase"] == kind]
-        if sel.empty:
+        rows = np.flatnonzero(_equals(phases.column("phase"), kind))
+        if len(rows) == 0:
             continue
-        lab, s, e = label[sel.index], sel["start"].to_numpy(), sel["end"].to_numpy()
-        new = np.ones(len(sel), dtype=bool)
-        new[1:] = (lab[1:] != lab[:-1]) | (s[1:] - e[:-1] > RUN_GAP * window + 1e-9)
-        run = np.cumsum(new) - 1
-        first, last = np.flatnonzero(new), np.append(np.flatnonzero(new)[1:] - 1, len(sel) - 1)
-        rs, re_ = s[first], e[last]
-        order = np.argsort(rs, kind="stable")
-        reach = np.maximum.accumulate(re_[order])
-        ep_new = np.ones(len(order), dtype=bool)
-        ep_new[1:] = rs[order][1:] > reach[:-1] + EPISODE_SLACK * window
-        episode = np.empty(len(order), np.int64)
-        episode[order] = np.cumsum(ep_new) - 1
-        window_episode = episode[run]
-        power, util = sel["power_w"].to_numpy(float), sel["util_gpu"].to_numpy(float)
-        for k in range(int(episode.max()) + 1):
-            mine = window_episode == k
-            a, b = float(rs[episode == k].min()), float(re_[episode == k].max())
-            per = {}
-            for g in np.unique(lab[mine]):
-                m = mine & (lab == g)
-                per[str(g)] = (np.nanmean(power[m]) if np.isfinite(power[m]).any() else np.nan,
-                               np.nanmean(util[m]) if np.isfinite(util[m]).any() else np.nan)
-            # without utilization no GPU can be told waiting from idle: all count as waiting
-            waiting = sorted((g for g, (_, u) in per.items() if not u < WAITING_UTIL), key=_gpu_order)
-            idle = sorted((g for g, (_, u) in per.items() if u < WAITING_UTIL), key=_gpu_order)
-            wp = [per[g][0] for g in waiting if np.isfinite(per[g][0])]
-            out.append(Pause(kind, a, b, waiting, idle, (min(wp), max(wp)) if wp else None,
-                             _mean([per[g][1] for g in waiting]), _mean([per[g][1] for g in idle]),
-                             b >= last_end - EPISODE_SLACK * window))
+        out += _episodes(kind, phases.take(pa.array(rows)), window, last_end)
     return sorted(out, key=lambda p: (p.start, p.kind))
+
+
+def _episodes(kind: str, sel: pa.Table, window: float, last_end: float) -> list[Pause]:
+    """The pauses of one kind from its windows (every GPU's)."""
+    host = pc.dictionary_encode(pc.fill_null(sel.column("host").cast(pa.string()), "")).combine_chunks()
+    names = [str(h) for h in host.dictionary.to_pylist()]
+    rank = np.empty(len(names), np.int64)
+    rank[np.argsort(np.array(names, dtype=object), kind="stable")] = np.arange(len(names))
+    hosts = sorted(names)
+    gpu = sel.column("gpu").to_numpy().astype(np.int64)
+    width = int(gpu.max()) + 1 if len(gpu) else 1
+    # GPUs as integers in (host, gpu) order; each GPU's windows in time order
+    key = rank[host.indices.to_numpy(zero_copy_only=False)] * width + gpu
+    s, e = _floats(sel.column("start")), _floats(sel.column("end"))
+    order = np.lexsort((s, key))
+    key, s, e = key[order], s[order], e[order]
+    power, util = _floats(sel.column("power_w"))[order], _floats(sel.column("util_gpu"))[order]
+    # runs of a GPU (gaps of up to RUN_GAP windows do not split one), then runs overlapping in time: episodes
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = (key[1:] != key[:-1]) | (s[1:] - e[:-1] > RUN_GAP * window + 1e-9)
+    run = np.cumsum(new) - 1
+    first, last = np.flatnonzero(new), np.append(np.flatnonzero(new)[1:] - 1, len(s) - 1)
+    rs, re_ = s[first], e[last]
+    by_start = np.argsort(rs, kind="stable")
+    reach = np.maximum.accumulate(re_[by_start])
+    ep_new = np.ones(len(by_start), dtype=bool)
+    ep_new[1:] = rs[by_start][1:] > reach[:-1] + EPISODE_SLACK * window
+    episode = np.empty(len(by_start), np.int64)
+    episode[by_start] = np.cumsum(ep_new) - 1
+    nep = int(episode.max()) + 1
+    ep_a, ep_b = np.full(nep, np.inf), np.full(nep, -np.inf)
+    np.minimum.at(ep_a, episode, rs)
+    np.maximum.at(ep_b, episode, re_)
+    # a GPU's windows in one episode are one stretch of this order (its runs' episodes never go back)
+    window_episode = episode[run]
+    cut = np.ones(len(s), dtype=bool)
+    cut[1:] = (key[1:] != key[:-1]) | (window_episode[1:] != window_episode[:-1])
+    bounds = np.append(np.flatnonzero(cut), len(s))
+    per: list[dict] = [{} for _ in range(nep)]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        pw, ut = power[a:b], util[a:b]
+        k = int(key[a])
+        per[int(window_episode[a])][f"{hosts[k // width]}:{k % width}"] = (
+            np.nanmean(pw) if np.isfinite(pw).any() else np.nan, np.nanmean(ut) if np.isfinite(ut).any() else np.nan)
+    out = []
+    for k in range(nep):
+        a, b, gpus = float(ep_a[k]), float(ep_b[k]), per[k]
+        # without utilization no GPU can be told waiting from idle: all count as waiting
+        waiting = sorted((g for g, (_, u) in gpus.items() if not u < WAITING_UTIL), key=_gpu_order)
+        idle = sorted((g for g, (_, u) in gpus.items() if u < WAITING_UTIL), key=_gpu_order)
+        wp = [gpus[g][0] for g in waiting if np.isfinite(gpus[g][0])]
+        out.append(Pause(kind, a, b, waiting, idle, (min(wp), max(wp)) if wp else None,
+                         _mean([gpus[g][1] for g in waiting]), _mean([gpus[g][1] for g in idle]),
+                         b >= last_end - EPISODE_SLACK * window))
+    return out
+
+
+def _floats(col) -> np.ndarray:
+    """A numeric column as float64, null -> NaN."""
+    return np.asarray(col.to_numpy(zero_copy_only=False), np.float64)
+
+
+def _equals(col, value: str) -> np.ndarray:
+    """col == value per row (False for null), for a string or dictionary column."""
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(pa.string())
+    return pc.fill_null(pc.equal(col, value), False).to_numpy(zero_copy_only=False)
 
 
 def _mean(xs) -> float | None:

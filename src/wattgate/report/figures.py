@@ -1,8 +1,10 @@
 """Report figures as PNG bytes (matplotlib's Agg canvas, no pyplot state).
 
 Long runs are binned to at most MAX_POINTS points per series before drawing,
-so a 16 GPU x 24 h run draws as fast as a short one. PNGs carry no software
-or time stamp, so the same data gives the same bytes.
+so a 16 GPU x 24 h run draws as fast as a short one. Many GPUs share one axes
+(a lane each) and stacked bars are one collection of rectangles: matplotlib's
+per-axes tick machinery and per-patch drawing, not the data, were the cost.
+PNGs carry no software or time stamp, so the same data gives the same bytes.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from wattgate.power.triage.phases import LABELS
 
 MAX_POINTS = 2000       # per series: about one point per pixel column
 MAX_STEP_TICKS = 120    # step boundaries drawn; more are thinned to every n-th
-MAX_PANELS = 32         # GPUs drawn one panel each
+MAX_PANELS = 32         # GPUs drawn, one lane each
 DPI = 100
 LEGEND_IN = 0.4         # figure-level legend above the axes
 AXIS_IN = 0.45          # x tick labels and axis label below them
@@ -131,34 +133,62 @@ def _shade_checkpoints(ax, spans, t0: float, unit: float) -> None:
 # ---------------------------------------------------------------- figures
 
 
-def _phase_line(ax, x: np.ndarray, y: np.ndarray, codes: np.ndarray, gap: float) -> None:
-    """A power line whose pieces take the colour of their bin's phase; gaps and empty bins break it.
-    One line per phase (NaN elsewhere) draws 10x faster than a collection of 2000 segments."""
-    y = np.where(np.r_[False, np.diff(x) > gap], np.nan, y)  # a NaN at a gap breaks the line there
+def _phase_lines(ax, x: np.ndarray, lanes: list[tuple[np.ndarray, np.ndarray]], gap: float) -> None:
+    """Every lane's power line, each piece in the colour of its bin's phase, as one Line2D per phase:
+    the lanes are laid end to end with a NaN between them (gaps and empty bins break a line too), so
+    16 GPUs draw as fast as one."""
+    if not lanes:
+        return
+    breaks = np.r_[False, np.diff(x) > gap]
+    xs = np.concatenate([np.r_[x, np.nan] for _ in lanes])
+    ys = np.concatenate([np.r_[np.where(breaks, np.nan, y), np.nan] for y, _ in lanes])
+    cs = np.concatenate([np.r_[c, -2] for _, c in lanes])
     for i, p in enumerate(LABELS + ("",)):
-        mine = codes == (i if p else -1)
+        mine = cs == (i if p else -1)
         if not mine.any():
             continue
         # a bin's piece runs from its point to the next one, so each run of the phase keeps the point after it
         keep = mine | np.r_[False, mine[:-1]]
-        ax.plot(x, np.where(keep, y, np.nan), color=PHASE_COLORS.get(p, "#555555"), lw=1.0)
+        ax.plot(xs, np.where(keep, ys, np.nan), color=PHASE_COLORS.get(p, "#555555"), lw=1.0)
 
 
-def _phase_strip(ax, codes: np.ndarray, x0: float, x1: float, y0: float, y1: float) -> None:
-    from matplotlib.colors import ListedColormap
+def _code_rects(ax, rows: list[np.ndarray], edges: np.ndarray, y0: list[float], height: float) -> None:
+    """Runs of one code per row as rectangles [edge_a, edge_b) x [y0, y0 + height), coloured by phase, in
+    one collection (an image of the strips resamples the whole axes; hundreds of bar patches draw slowly)."""
+    from matplotlib.collections import PolyCollection
 
-    cmap = ListedColormap([PHASE_COLORS[p] for p in LABELS])
-    img = np.ma.masked_less(codes[None, :].astype(float), 0)
-    ax.imshow(img, aspect="auto", extent=(x0, x1, y0, y1), cmap=cmap, vmin=-0.5, vmax=len(LABELS) - 0.5,
-              interpolation="nearest", origin="lower", zorder=1)
+    verts, colors = [], []
+    palette = [PHASE_COLORS[p] for p in LABELS]
+    for codes, y in zip(rows, y0):
+        change = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+        ends = np.r_[change[1:], len(codes)]
+        for a, b in zip(change, ends):
+            c = int(codes[a])
+            if c < 0:
+                continue
+            xa, xb = float(edges[a]), float(edges[b])
+            verts.append(((xa, y), (xa, y + height), (xb, y + height), (xb, y)))
+            colors.append(palette[c])
+    if verts:
+        ax.add_collection(PolyCollection(verts, facecolors=colors, edgecolors="none", linewidths=0, zorder=1,
+                                         antialiased=False), autolim=False)
+
+
+LANE = 1.0              # power lanes on one axes: GPU k's strip and 0..ymax drawn in [base, base + 0.92 LANE)
+STRIP = 0.1             # its phase strip at the bottom of the lane (share of LANE)
+STEPS_LANE = 0.45       # the step ticks above the GPUs
 
 
 def power_figure(analysis: Analysis) -> bytes | None:
-    """One panel per GPU: power over time coloured by phase, a phase strip, checkpoints shaded, step ticks."""
+    """Power over time per GPU, coloured by phase, with a phase strip, checkpoints shaded and step ticks.
+
+    One axes, one lane per GPU (offset series sharing one power scale): a figure of 17 axes spent most of
+    its time in tick machinery."""
     w, energy, s = analysis.windows, analysis.energy, analysis.inputs.samples
-    if not len(w) and energy is None:
+    if not len(w) and (energy is None or s is None):
         return None
     from matplotlib.patches import Patch
+    from matplotlib.ticker import FixedLocator
 
     keys = w.keys if len(w) else energy.keys
     shown = keys[:MAX_PANELS]
@@ -176,11 +206,6 @@ def power_figure(analysis: Analysis) -> bytes | None:
     ticks, every = step_ends(analysis)
 
     n = len(shown)
-    height = LEGEND_IN + 0.35 + 0.9 * n + AXIS_IN
-    fig = _figure(height)
-    gs = fig.add_gridspec(n + 1, 1, height_ratios=[0.35] + [0.9] * n, hspace=0.12,
-                          left=0.09, right=0.985, top=1 - LEGEND_IN / height, bottom=AXIS_IN / height)
-    top = fig.add_subplot(gs[0])
     ymax = 1.0
     series = []
     for k in range(n):
@@ -196,27 +221,30 @@ def power_figure(analysis: Analysis) -> bytes | None:
         if np.isfinite(y).any():
             ymax = max(ymax, float(np.nanmax(y)))
     ymax *= 1.08
-    axes = []
-    for k, (y, codes) in enumerate(series):
-        ax = fig.add_subplot(gs[k + 1], sharex=top)
-        axes.append(ax)
-        _shade_checkpoints(ax, spans, t0, unit)
-        _phase_line(ax, centers, y, codes, gap)
-        if len(w):
-            _phase_strip(ax, codes, (edges[0] - t0) / unit, (edges[-1] - t0) / unit, 0, 0.07 * ymax)
-        ax.set_ylim(0, ymax)
-        ax.set_ylabel(f"{shown[k][0]}:{shown[k][1]}\nW", rotation=0, ha="right", va="center", labelpad=4)
-        ax.tick_params(axis="x", labelbottom=k == n - 1)
-        ax.grid(axis="y", lw=0.3, alpha=0.5)
-    top.set_xlim(0, (analysis.t1 - t0) / unit)  # the whole run: steps and heartbeats may outlast the trace
-    _shade_checkpoints(top, spans, t0, unit)
+    # lane k (top to bottom: the first GPU on top) spans [base, base + LANE); power 0..ymax fills its upper part
+    base = [(n - 1 - k) * LANE for k in range(n)]
+    floor = STRIP * LANE if len(w) else 0.0
+    scale = (LANE * 0.92 - floor) / ymax
+    lanes = [(base[k] + floor + y * scale, c) for k, (y, c) in enumerate(series)]
+
+    height = LEGEND_IN + 0.3 + (0.9 if n <= 4 else 0.55) * n + AXIS_IN  # a few GPUs get taller lanes
+    fig = _figure(height)
+    ax = fig.add_axes((0.09, AXIS_IN / height, 0.895, 1 - (LEGEND_IN + AXIS_IN) / height))
+    _shade_checkpoints(ax, spans, t0, unit)
+    ax.hlines([b + floor for b in base], 0, 1, transform=ax.get_yaxis_transform(), color="#bbbbbb", lw=0.4,
+              zorder=0.5)
+    _phase_lines(ax, centers, lanes, gap)
+    if len(w):
+        _code_rects(ax, [c for _, c in series], (edges - t0) / unit, base, STRIP * LANE)
+    top = n * LANE
     if len(ticks):
-        top.vlines((ticks - t0) / unit, 0.1, 0.9, color="#333333", lw=0.5)
-    top.set_ylim(0, 1)
-    top.set_yticks([])
-    top.tick_params(axis="x", labelbottom=False)
-    top.set_ylabel("steps", rotation=0, ha="right", va="center", labelpad=4)
-    axes[-1].set_xlabel(f"time since run start ({uname})")
+        ax.vlines((ticks - t0) / unit, top + 0.1 * STEPS_LANE, top + 0.9 * STEPS_LANE, color="#333333", lw=0.5)
+    ax.set_xlim(0, (analysis.t1 - t0) / unit)  # the whole run: steps and heartbeats may outlast the trace
+    ax.set_ylim(0, top + STEPS_LANE)
+    ax.yaxis.set_major_locator(FixedLocator([b + LANE / 2 for b in base] + [top + STEPS_LANE / 2]))
+    ax.set_yticklabels([f"{h}:{g}" for h, g in shown] + ["steps"])
+    ax.tick_params(axis="y", length=0)
+    ax.set_xlabel(f"time since run start ({uname}); each GPU's lane spans 0-{ymax:.0f} W")
     present = [p for p in LABELS if len(w) and np.any(w.code == LABELS.index(p))]
     handles = [Patch(color=PHASE_COLORS[p], label=p.replace("_", " ")) for p in present]
     handles.append(Patch(color=CHECKPOINT_SHADE, alpha=0.6, label="checkpoint interval (heartbeats)"))
@@ -227,10 +255,15 @@ def power_figure(analysis: Analysis) -> bytes | None:
 
 
 def phase_share_figure(analysis: Analysis) -> bytes | None:
-    """Stacked bars per GPU: share of time and of energy in each phase."""
+    """Stacked bars per GPU: share of time and of energy in each phase (one collection of rectangles per
+    axes: hundreds of bar patches cost more than the rest of the figure)."""
     w = analysis.windows
     if not len(w):
         return None
+    from matplotlib.collections import PolyCollection
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FixedLocator
+
     from wattgate.report.phases import totals
 
     keys = w.keys[:MAX_PANELS]
@@ -239,26 +272,32 @@ def phase_share_figure(analysis: Analysis) -> bytes | None:
     labels = [f"{h}:{g}" for h, g in keys]
     height = LEGEND_IN + 0.3 + 0.25 * len(keys) + AXIS_IN
     fig = _figure(height)
-    axes = fig.subplots(1, 2, sharey=True, gridspec_kw={"wspace": 0.06, "left": 0.09, "right": 0.985,
-                                                        "top": 1 - (LEGEND_IN + 0.25) / height,
-                                                        "bottom": AXIS_IN / height})
-    y = np.arange(len(keys))
-    for ax, values, title in ((axes[0], secs, "share of time"), (axes[1], joules, "share of energy")):
+    bottom, top = AXIS_IN / height, 1 - (LEGEND_IN + 0.25) / height
+    present = np.zeros(len(LABELS), bool)
+    for i, (values, title) in enumerate(((secs, "share of time"), (joules, "share of energy"))):
+        ax = fig.add_axes((0.09 + i * 0.4775, bottom, 0.4175, top - bottom))
         total = values.sum(axis=1, keepdims=True)
         share = np.divide(values, total, out=np.zeros_like(values), where=total > 0)
-        left = np.zeros(len(keys))
-        for i, p in enumerate(LABELS):
-            if share[:, i].any():
-                ax.barh(y, share[:, i], left=left, color=PHASE_COLORS[p], height=0.75,
-                        label=p.replace("_", " "))
-                left += share[:, i]
+        present |= share.any(axis=0)
+        cum = np.concatenate([np.zeros((len(keys), 1)), np.cumsum(share, axis=1)], axis=1)
+        # 0.75-high stacked bars, one rectangle per (GPU, phase present), in one collection
+        on = [(k, j) for k in range(len(keys)) for j in range(len(LABELS)) if share[k, j] > 0]
+        ax.add_collection(PolyCollection(
+            [((cum[k, j], k - 0.375), (cum[k, j], k + 0.375), (cum[k, j + 1], k + 0.375), (cum[k, j + 1], k - 0.375))
+             for k, j in on], facecolors=[PHASE_COLORS[LABELS[j]] for _, j in on], edgecolors="none",
+            linewidths=0, antialiased=False), autolim=False)
         ax.set_xlim(0, 1)
+        ax.set_ylim(len(keys) - 0.5, -0.5)
         ax.set_title(title)
+        ax.xaxis.set_major_locator(FixedLocator([0, 0.2, 0.4, 0.6, 0.8, 1.0]))
         ax.xaxis.set_major_formatter(_percent())
-    axes[0].set_yticks(y, labels)
-    axes[0].invert_yaxis()
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="upper center", ncol=len(names), frameon=False, bbox_to_anchor=(0.5, 1.0))
+        ax.yaxis.set_major_locator(FixedLocator(np.arange(len(keys))))
+        if i == 0:
+            ax.set_yticklabels(labels)
+        else:
+            ax.tick_params(axis="y", labelleft=False)
+    handles = [Patch(color=PHASE_COLORS[p], label=p.replace("_", " ")) for i, p in enumerate(LABELS) if present[i]]
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, 1.0))
     return png_bytes(fig)
 
 
@@ -297,6 +336,11 @@ def steps_figure(analysis: Analysis, steps) -> bytes | None:
             ax.fill_between((x - t0) / unit, 0, dw, color="#ff7f0e", alpha=0.6, lw=0, step="pre",
                             label="data wait (mean over ranks)")
     ax.set_ylim(bottom=0)
+    for seg in analysis.summary.get("segments", [])[1:]:  # a resized run: where the world size changed
+        ax.axvline((seg["start"] - t0) / unit, color="#8a1414", lw=1.0, ls="--")
+        ax.annotate(f"{seg['world_size']} ranks from step {seg['first_step']}", ((seg["start"] - t0) / unit, 0),
+                    xycoords=("data", "axes fraction"), xytext=(3, 4), textcoords="offset points", fontsize=7,
+                    color="#8a1414")
     ax.set_xlim(0, (analysis.t1 - t0) / unit)  # the power figure's time range, so the two line up
     ax.set_xlabel(f"time since run start ({uname})")
     ax.set_ylabel("seconds")

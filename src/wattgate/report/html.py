@@ -157,9 +157,10 @@ def power_section(s: dict, png: bytes | None, panels_shown: int) -> str:
     p = s["phases"]
     source = p.get("source") or "no phases (triage could not run): raw power, uncoloured"
     more = "" if panels_shown >= s["gpus"] else f" First {panels_shown} of {s['gpus']} GPUs shown."
-    caption = (f"One panel per GPU: power (W), each bin coloured by the phase that holds most of its time; the "
-               f"strip at the bottom of each panel is the same phase per bin. Shaded: checkpoint intervals from the "
-               f"heartbeat events. Top row: step ends from metrics. Phases: {source}.{more}")
+    caption = (f"One lane per GPU, all on one power scale (the lane's height, in the time axis label): power, "
+               f"each bin coloured by the phase that holds most of its time; the strip at the bottom of each lane "
+               f"is the same phase per bin. Shaded: checkpoint intervals from the heartbeat events. Top row: step "
+               f"ends from metrics. Phases: {source}.{more}")
     return section("power", "Power per GPU over time", figure(png, "power per GPU over time") + note(caption))
 
 
@@ -268,6 +269,32 @@ def gate_section(s: dict) -> str:
                    + table(["check", "result", "detail"], rows))
 
 
+def forecast_section(s: dict) -> str:
+    f = s.get("forecast")
+    if not f:
+        return section("forecast", "Forecast against actual", note("not available: no forecast in gate.json"))
+    fc, act, err = f["forecast"], f["actual"], f["error"] or {}
+    rows = []
+    for key, label, unit, digits in (("wall_s", "wall time", "", 0), ("gpu_hours", "GPU-hours", "", 4),
+                                     ("kwh", "energy (kWh, GPUs)", "", 4)):
+        shown = (lambda v: duration(v)) if key == "wall_s" else (lambda v: fmt(v, digits))
+        rows.append([label, shown(fc[key]) if fc and fc[key] is not None else "n/a",
+                     shown(act[key]) if act and act.get(key) is not None else "n/a",
+                     pct(err.get(key)) if err.get(key) is not None else "n/a"])
+    text = (f"The gate's forecast ({fc['source']}: {fc['detail']}) beside what the run measured (TRAINED job_s: "
+            "rank 0's process from start to the end of export).") if fc else "No forecast."
+    body = f"<p>{escape(text)}</p>" + table(["", "forecast", "actual", "error"], rows, {1, 2, 3})
+    if f.get("failure"):
+        body += f"<p>{escape('Gate: ' + f['failure'])}</p>"
+    segs = s.get("segments") or []
+    if len(segs) > 1:
+        body += "<h3>World size over the run</h3>" + table(
+            ["steps", "ranks", "optimizer steps", "tokens"],
+            [[f"{g['first_step']}-{g['last_step']}", g["world_size"], g["steps"], g["tokens"]] for g in segs],
+            {1, 2, 3})
+    return section("forecast", "Forecast against actual", body)
+
+
 def memory_section(s: dict) -> str:
     m = s.get("memory")
     if m is None:
@@ -289,7 +316,7 @@ def watcher_section(s: dict) -> str:
     w = s["watcher"]
     if w is None:
         return section("watcher", "Watcher diagnosis", note("not available: no watcher.json"))
-    rows = []
+    rows = [["cost", w["cost"]["line"]]] if w.get("cost") else []
     for key, label in (("verdict", "verdict"), ("reason", "reason"), ("action", "action"),
                        ("stalled_for_s", "stalled for (s)"), ("longest_stall_s", "longest stall seen (s)"),
                        ("limit_s", "limit (s)"), ("limit_phase", "limit phase"), ("stuck_ranks", "stuck ranks"),
@@ -362,6 +389,7 @@ def render_page(s: dict, figures: dict[str, bytes | None], panels_shown: int) ->
         figure_section("loss", "Loss", figures.get("loss"), "no loss in metrics.parquet (or no metrics)"),
         anomalies_section(s),
         gate_section(s),
+        forecast_section(s),
         memory_section(s),
         watcher_section(s),
         inputs_section(s),

@@ -77,7 +77,10 @@ class RunInputs:
     has_final: bool = False
     trace_paths: list[Path] = field(default_factory=list)
     trace_metas: list[dict] = field(default_factory=list)
-    samples: Samples | None = None
+    samples: Samples | None = None               # None when triage.json's energy stands in for the traces
+    triage_energy: dict | None = None            # triage.json "energy" ("host:gpu" -> figures) for these traces
+    pause_records: list[dict] | None = None      # triage.json "pauses" for these phases
+    gaps: dict | None = None                     # triage.json "gaps" for these phases
     phases: pa.Table | None = None
     phases_source: str | None = None
     window_s: float = DEFAULT_WINDOW_S
@@ -349,14 +352,32 @@ def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike 
             inputs.note(f"gate.json not available (looked in {gate_dir})")
 
     inputs.trace_paths = traces if traces is not None else trace_files(run_dir / "telemetry")
-    tables = []
-    for path in inputs.trace_paths:
-        t = _read_trace_columns(path, TRACE_COLUMNS)
-        inputs.trace_metas.append(trace_meta(t) or (trace_meta(pq.read_schema(path)) if path.is_file() else {}))
-        tables.append(t)
+    power_dir = Path(power_dir) if power_dir else default_power_dir(run_dir) if run_dir else None
+    found = read_phases(power_dir / "phases.parquet") if power_dir else None
+    record = _triage_record(inputs, power_dir / "triage.json") if found is not None else None
+    if record is not None and not _written_after(power_dir / "triage.json", power_dir / "phases.parquet"):
+        record = None  # not the triage.json of these phases (its write failed, or it was copied in)
+    if found is not None:
+        inputs.phases, inputs.window_s, inputs.triage_table, inputs.deadlock_after_s = found
+        inputs.phases_source = str(power_dir / "phases.parquet")
+        # what triage.json says of the very phases beside it is not computed again
+        if isinstance((record or {}).get("pauses"), list):
+            inputs.pause_records = record["pauses"]
+        if isinstance((record or {}).get("gaps"), dict):
+            inputs.gaps = record["gaps"]
+    inputs.triage_energy = _energy_of(record, inputs.trace_paths, power_dir / "triage.json") if record else None
+    if inputs.triage_energy is not None:
+        # triage read these very files and wrote each GPU's energy: the traces' 10^7 rows are not read again
+        inputs.trace_metas = [trace_meta(pq.read_schema(p)) for p in inputs.trace_paths]
+    else:
+        tables = []
+        for path in inputs.trace_paths:
+            t = _read_trace_columns(path, TRACE_COLUMNS)
+            inputs.trace_metas.append(trace_meta(t) or (trace_meta(pq.read_schema(path)) if path.is_file() else {}))
+            tables.append(t)
+        inputs.samples = read_samples(tables)
     if not inputs.trace_paths:
         inputs.note("no telemetry traces (telemetry/*.parquet): no power, energy or phases")
-    inputs.samples = read_samples(tables)
 
     if run_dir is not None:
         info = load_run_info(run_dir, inputs.trace_metas)
@@ -366,12 +387,7 @@ def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike 
         info = RunInfo(pd.DataFrame(columns=EVENT_COLUMNS), {}, None, source="")
     inputs.events, inputs.states, inputs.run_info = info.events, info.states, info
 
-    power_dir = Path(power_dir) if power_dir else default_power_dir(run_dir) if run_dir else None
-    found = read_phases(power_dir / "phases.parquet") if power_dir else None
-    if found is not None:
-        inputs.phases, inputs.window_s, inputs.triage_table, inputs.deadlock_after_s = found
-        inputs.phases_source = str(power_dir / "phases.parquet")
-    elif inputs.samples.rows:
+    if found is None and inputs.samples is not None and inputs.samples.rows:
         # triage reads utilization too; only this path needs it, so it is read only here
         trace = pa.concat_tables([_read_trace_columns(p, ["time", "host", "gpu", "power_w", "util_gpu"])
                                   .cast(pa.schema([TRACE_SCHEMA.field(c) for c in
@@ -380,6 +396,45 @@ def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike 
         _triage_in_process(inputs, trace, info if run_dir is not None else None, gpu_model, table_path,
                            power_cap_w)
     return inputs
+
+
+def _triage_record(inputs: RunInputs, path: Path) -> dict | None:
+    """triage.json beside a phases.parquet, or None (missing or unreadable: the report then recomputes what it
+    would have taken from it, so a damaged file costs time, not the report)."""
+    try:
+        return read_json(path)
+    except InputError as exc:
+        inputs.note(f"{exc}; its pauses and energy are recomputed")
+        return None
+
+
+def _written_after(path: Path, other: Path) -> bool:
+    try:
+        return path.stat().st_mtime >= other.stat().st_mtime
+    except OSError:
+        return False
+
+
+def _energy_of(record: dict, trace_paths: list[Path], path: Path) -> dict | None:
+    """triage.json's per-GPU energy when it was computed from exactly these trace files, unchanged since
+    (each an ordinary file, none modified after triage.json was written); else None."""
+    energy = record.get("energy")
+    listed = record.get("traces")
+    if not isinstance(energy, dict) or not energy or not isinstance(listed, list) or not trace_paths:
+        return None
+    if not all(isinstance(e, dict) for e in energy.values()):
+        return None
+    try:
+        if not all(p.is_file() for p in trace_paths):
+            return None  # segments of a killed sampler: read them as before
+        if sorted(str(Path(p).resolve()) for p in listed) != sorted(str(p.resolve()) for p in trace_paths):
+            return None
+        written = path.stat().st_mtime
+        if any(p.stat().st_mtime > written for p in trace_paths):
+            return None
+    except OSError:
+        return None
+    return energy
 
 
 def _read_run_files(inputs: RunInputs, run_dir: Path) -> None:

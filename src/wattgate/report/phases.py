@@ -60,8 +60,14 @@ def phase_windows(table: pa.Table) -> PhaseWindows:
     power = pc.fill_null(table.column("power_w").cast(pa.float64()), np.nan).to_numpy()
     width = int(gpu.max()) + 1
     key = host * width + gpu
-    present, gid = np.unique(key, return_inverse=True)
-    gid = gid.reshape(-1)
+    if len(hosts) * width <= 1 << 20 and gpu.min() >= 0:  # small keys: a lookup table, not np.unique's sort
+        present = np.flatnonzero(np.bincount(key, minlength=len(hosts) * width))
+        lut = np.zeros(len(hosts) * width, np.int64)
+        lut[present] = np.arange(len(present))
+        gid = lut[key]
+    else:
+        present, gid = np.unique(key, return_inverse=True)
+        gid = gid.reshape(-1)
     if len(gid) > 1 and not np.all((gid[1:] > gid[:-1]) | ((gid[1:] == gid[:-1]) & (start[1:] >= start[:-1]))):
         order = np.lexsort((start, gid))
         gid, start, end, code, power = gid[order], start[order], end[order], code[order], power[order]

@@ -10,7 +10,7 @@ from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.report.figures import MAX_PANELS, render_all
 from wattgate.report.html import render_page
 from wattgate.report.inputs import load_inputs
-from wattgate.report.summary import Analysis, analyze, step_table
+from wattgate.report.summary import Analysis, analyze
 
 PathLike = str | os.PathLike
 
@@ -37,7 +37,7 @@ def run_report(run_dir: PathLike | None, out_dir: PathLike, power_dir: PathLike 
     `table_path` (a triage table YAML) is used instead of any shipped table (a GPU with none);
     `power_cap_w` derives one from the power cap for a GPU no table ships for (an imported log)."""
     analysis = summarize(run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path, power_cap_w)
-    figures = render_all(analysis, step_table(analysis.inputs.metrics))
+    figures = render_all(analysis, analysis.steps)
     page = render_page(analysis.summary, figures, min(MAX_PANELS, analysis.summary["gpus"]))
     out_dir = Path(out_dir)
     write_json_atomic(out_dir / "summary.json", analysis.summary)

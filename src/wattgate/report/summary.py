@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from wattgate.report import anomalies as an
-from wattgate.report.energy import GpuEnergy, gpu_energy
+from wattgate.power.energy import GpuEnergy, gpu_energy
 from wattgate.report.inputs import RunInputs
 from wattgate.report.phases import PhaseWindows, phase_windows, totals
 from wattgate.power import power_only
@@ -36,6 +36,7 @@ class Analysis:
     t0: float | None          # earliest time any input saw
     t1: float | None          # latest
     summary: dict
+    steps: pd.DataFrame | None = None   # step_table of the metrics, for the figures
 
 
 def num(x, digits: int = 6):
@@ -89,6 +90,7 @@ def step_table(metrics: pd.DataFrame | None) -> pd.DataFrame | None:
         weight = m["loss_tokens"] if "loss_tokens" in m else pd.Series(1.0, index=m.index)
         m = m.assign(_wl=m["loss"] * weight, _w=weight)
         cols["_wl"], cols["_w"] = ("_wl", "sum"), ("_w", "sum")
+    cols["ranks"] = ("rank", "nunique")  # the world size each step ran on (it changes when a run is resized)
     per = m.groupby("step", sort=True).agg(**cols)
     if "_wl" in per:
         per["loss"] = per["_wl"] / per["_w"].where(per["_w"] > 0)
@@ -169,7 +171,9 @@ def _share_rows(secs: np.ndarray, joules: np.ndarray) -> tuple[dict, dict, dict]
 
 def phase_section(inputs: RunInputs, w: PhaseWindows) -> dict:
     out = {"source": inputs.phases_source, "table": inputs.triage_table, "window_s": inputs.window_s}
-    if inputs.phases is not None:
+    if inputs.gaps is not None:
+        out["gaps"] = inputs.gaps
+    elif inputs.phases is not None:
         out["gaps"] = gap_summary(inputs.phases, inputs.window_s, phases_meta(inputs.phases).get("filled_s", 0.0))
     if not len(w):
         return out | {"seconds": 0.0, "by_phase": {}, "per_gpu": [], "per_node": []}
@@ -252,7 +256,7 @@ def memory_section(trained: dict | None, gate: dict | None) -> dict | None:
             "export_dtype": (trained or {}).get("export_dtype")}
 
 
-WATCHER_KEYS = ("verdict", "reason", "action", "stalled_for_s", "longest_stall_s", "limit_s", "limit_phase",
+WATCHER_KEYS = ("cost", "verdict", "reason", "action", "stalled_for_s", "longest_stall_s", "limit_s", "limit_phase",
                 "stuck_ranks", "ran_ahead", "behind", "power_signal", "detected_at", "started", "ended", "table")
 
 
@@ -274,9 +278,37 @@ def device_of(inputs: RunInputs) -> dict:
 # ---------------------------------------------------------------- the summary
 
 
+def recorded_energy(energy: dict) -> GpuEnergy | None:
+    """GpuEnergy from triage.json's "energy" ("host:gpu" -> first, last, integrated_j, counter_j (null: the
+    counter was unusable), readings), in (host, gpu) order as read_samples gives it."""
+    def f(x):
+        return np.nan if x is None else float(x)
+
+    rows = []
+    for label, e in energy.items():
+        host, _, gpu = str(label).rpartition(":")
+        rows.append(((host, int(gpu)), f(e.get("first")), f(e.get("last")), f(e.get("integrated_j")),
+                     f(e.get("counter_j"))))
+    if not rows:
+        return None
+    rows.sort(key=lambda r: r[0])
+    keys, first, last, integrated, counter = zip(*rows)
+    return GpuEnergy(list(keys), np.array(first), np.array(last), np.array(integrated), np.array(counter))
+
+
+def recorded_pauses(records: list[dict]) -> list[power_only.Pause]:
+    """Pause objects back from the records triage.json keeps of them (Pause.record)."""
+    return [power_only.Pause(r["kind"], float(r["start"]), float(r["end"]), list(r["waiting"]), list(r["idle"]),
+                             tuple(r["power_w"]) if r.get("power_w") else None, r.get("util_waiting"),
+                             r.get("util_idle"), bool(r["open"])) for r in records]
+
+
 def analyze(inputs: RunInputs) -> Analysis:
     samples = inputs.samples
-    energy = gpu_energy(samples) if samples is not None and samples.rows else None
+    if inputs.triage_energy is not None:
+        energy = recorded_energy(inputs.triage_energy)
+    else:
+        energy = gpu_energy(samples) if samples is not None and samples.rows else None
     w = phase_windows(inputs.phases)
     keys = energy.keys if energy is not None else w.keys
     gpus = len(keys)
@@ -292,7 +324,9 @@ def analyze(inputs: RunInputs) -> Analysis:
         r["start_utc"] = utc(r["start"])
     trained = inputs.trained or {}
     sig = signals(inputs, energy, w)
-    found = power_only.pauses(inputs.phases)
+    found = recorded_pauses(inputs.pause_records) if inputs.pause_records is not None \
+        else power_only.pauses(inputs.phases)
+    energy_section = energy_summary(energy, w, thr["tokens"])
     summary = {
         "format_version": FORMAT_VERSION,
         "run": {"name": inputs.run_name, "dir": str(inputs.run_dir) if inputs.run_dir is not None else None,
@@ -301,7 +335,7 @@ def analyze(inputs: RunInputs) -> Analysis:
         **thr,
         "gpus": gpus,
         "gpu_hours": num(gpu_seconds / 3600.0) if gpus and gpu_seconds is not None else None,
-        "energy": energy_summary(energy, w, thr["tokens"]),
+        "energy": energy_section,
         "loss": loss(inputs, steps),
         "mfu": num(trained.get("mfu")),
         "peak_memory_gib": num(trained.get("peak_memory_gib"), 4),
@@ -309,6 +343,8 @@ def analyze(inputs: RunInputs) -> Analysis:
         "anomalies": records[:MAX_ANOMALIES],
         "anomalies_omitted": max(0, len(records) - MAX_ANOMALIES),
         "gate": gate_section(inputs.gate),
+        "forecast": forecast_section(inputs.gate, trained, energy_section.get("kwh")),
+        "segments": segments_section(steps),
         "memory": memory_section(inputs.trained, inputs.gate),
         "watcher": watcher_section(inputs.watcher),
         "checkpoints": {"steps": inputs.checkpoints, "final": inputs.has_final},
@@ -317,7 +353,43 @@ def analyze(inputs: RunInputs) -> Analysis:
         "power_only": power_only_section(inputs, sig, found, t0),
         "notes": list(inputs.notes),
     }
-    return Analysis(inputs, energy, w, t0, t1, summary)
+    return Analysis(inputs, energy, w, t0, t1, summary, steps)
+
+
+def forecast_section(gate: dict | None, trained: dict, kwh: float | None) -> dict | None:
+    """The gate's forecast of the train job beside what the run measured (TRAINED job_s, ranks, energy)."""
+    fc = (gate or {}).get("forecast")
+    failure = (gate or {}).get("failure")
+    if not fc and not failure:
+        return None
+    out = {"forecast": None, "actual": None, "error": None, "failure": (failure or {}).get("line")}
+    if fc:
+        out["forecast"] = {"wall_s": fc["wall_s"], "gpu_hours": fc["gpu_hours"], "kwh": fc["kwh"],
+                           "source": fc["throughput"]["source"], "detail": fc["throughput"]["detail"],
+                           "terms_s": fc["terms_s"]}
+    wall, world = trained.get("job_s"), trained.get("world_size")
+    if wall:
+        out["actual"] = {"wall_s": wall, "gpu_hours": num(wall * world / 3600) if world else None, "kwh": kwh}
+        if fc:
+            out["error"] = {k: num(out["actual"][k] / fc[k] - 1, 4) if out["actual"][k] and fc[k] else None
+                            for k in ("wall_s", "gpu_hours", "kwh")}
+    return out
+
+
+def segments_section(steps: pd.DataFrame | None) -> list[dict]:
+    """Runs of steps on the same world size: a resized run (pack/segments.py) shows each with its tokens."""
+    if steps is None or "ranks" not in steps or not len(steps):
+        return []
+    ranks = steps["ranks"].to_numpy()
+    cut = np.flatnonzero(np.diff(ranks)) + 1
+    out = []
+    for a, b in zip(np.concatenate([[0], cut]), np.concatenate([cut, [len(ranks)]])):
+        part = steps.iloc[a:b]
+        out.append({"first_step": int(part["step"].iloc[0]), "last_step": int(part["step"].iloc[-1]),
+                    "world_size": int(ranks[a]), "steps": int(b - a),
+                    "tokens": int(part["tokens"].sum()) if "tokens" in part else None,
+                    "start": num(float(part["time"].iloc[0]), 3)})
+    return out
 
 
 def power_only_section(inputs: RunInputs, sig: dict, found: list, t0: float | None) -> dict | None:
@@ -337,13 +409,21 @@ def power_only_section(inputs: RunInputs, sig: dict, found: list, t0: float | No
     return out
 
 
+def counter_read(inputs: RunInputs) -> bool:
+    """Whether any GPU's trace has an energy counter reading."""
+    if inputs.triage_energy is not None:
+        return any((e.get("readings") or 0) > 0 if "readings" in e else e.get("counter_j") is not None
+                   for e in inputs.triage_energy.values())
+    return bool(inputs.samples is not None and any(len(x.energy_pos) for x in inputs.samples.series))
+
+
 def signals(inputs: RunInputs, energy: GpuEnergy | None, w: PhaseWindows) -> dict:
     util = inputs.phases is not None and inputs.phases.num_rows > inputs.phases.column("util_gpu").null_count
     return {
         "traces": bool(inputs.trace_paths),
         "power": energy is not None,
         "util": bool(util),
-        "energy_counter": bool(inputs.samples is not None and any(len(x.energy_pos) for x in inputs.samples.series)),
+        "energy_counter": counter_read(inputs),
         "phases": bool(len(w)),
         "metrics": inputs.metrics is not None,
         "heartbeats": bool(inputs.run_info is not None and inputs.run_info.has_heartbeats),

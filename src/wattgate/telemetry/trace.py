@@ -198,9 +198,15 @@ def trace_meta(table_or_schema) -> dict:
     return json.loads(raw) if raw else {}
 
 
-def read_trace(path: str | os.PathLike) -> pa.Table:
-    """A finished trace, or the segments a killed sampler left beside its path."""
+def read_trace(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
+    """A finished trace, or the segments a killed sampler left beside its path.
+
+    columns: read only these (in this order; the range check and the casts cover only them), host as a
+    dictionary column (read that way, never re-encoded), the metadata still the file's. A trace lacking one
+    of the TRACE_COLUMNS is refused either way; an optional column it lacks comes back all null."""
     path = Path(path)
+    if columns is not None:
+        return _read_columns(path, list(columns))
     segs = segment_dir(path)
     if path.is_file():
         try:
@@ -214,26 +220,76 @@ def read_trace(path: str | os.PathLike) -> pa.Table:
             table = table.replace_schema_metadata(pq.read_schema(first).metadata)
     else:
         raise InputError(f"{path}: no such trace (and no segments of a killed sampler beside it)")
-    missing = [n for n, _ in TRACE_COLUMNS if n not in table.column_names]
-    if missing:
-        raise InputError(f"{path}: not a wattgate trace: missing column(s) {', '.join(missing)}; "
-                         "convert other collectors' logs with `wattgate import-trace`")
+    _check_columns(path, table.column_names)
     for name, typ in EXTRA_COLUMNS:  # older or foreign traces may lack the optional columns
         if name not in table.column_names:
             table = table.append_column(pa.field(name, typ), pa.nulls(len(table), typ))
     meta = table.schema.metadata
     table = table.select(TRACE_SCHEMA.names)
-    columns = []
-    for f in TRACE_SCHEMA:
-        try:
-            columns.append(table.column(f.name).cast(f.type))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-            have = table.schema.field(f.name).type
-            what = "unix seconds" if f.name == "time" else f"a {f.type} value"
-            raise InputError(f"{path}: column {f.name!r} is {have} and cannot be read as {f.type} "
-                             f"({str(exc).splitlines()[0]}); it must hold {what}: convert other collectors' logs "
-                             "with `wattgate import-trace`") from None
+    columns = [_cast(path, table, f) for f in TRACE_SCHEMA]
     table = pa.Table.from_arrays(columns, schema=TRACE_SCHEMA)
+    return _checked(table, meta)
+
+
+def _check_columns(path: Path, names: list[str]) -> None:
+    missing = [n for n, _ in TRACE_COLUMNS if n not in names]
+    if missing:
+        raise InputError(f"{path}: not a wattgate trace: missing column(s) {', '.join(missing)}; "
+                         "convert other collectors' logs with `wattgate import-trace`")
+
+
+def _cast(path: Path, table: pa.Table, f: pa.Field, keep_dictionary: bool = False) -> pa.ChunkedArray:
+    """Column f of table as the trace schema's type (with keep_dictionary, a dictionary column keeps its
+    codes and gets string values)."""
+    col = table.column(f.name)
+    target = f.type
+    if keep_dictionary and pa.types.is_dictionary(col.type) and pa.types.is_string(f.type):
+        target = pa.dictionary(col.type.index_type, pa.string())
+    if col.type == target:
+        return col
+    try:
+        return col.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        have = table.schema.field(f.name).type
+        what = "unix seconds" if f.name == "time" else f"a {f.type} value"
+        raise InputError(f"{path}: column {f.name!r} is {have} and cannot be read as {f.type} "
+                         f"({str(exc).splitlines()[0]}); it must hold {what}: convert other collectors' logs "
+                         "with `wattgate import-trace`") from None
+
+
+def _read_columns(path: Path, columns: list[str]) -> pa.Table:
+    """read_trace(path, columns): only those columns read, cast and range-checked; host as a dictionary."""
+    unknown = [c for c in columns if c not in TRACE_SCHEMA.names]
+    if unknown:
+        raise ValueError(f"not trace columns: {', '.join(unknown)}")
+    if path.is_file():
+        try:
+            schema = pq.read_schema(path)
+            have = [c for c in columns if c in schema.names]
+            table = pq.read_table(path, columns=have, read_dictionary=["host"] if "host" in have else None)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
+        _check_columns(path, schema.names)
+        meta = schema.metadata
+    else:  # a killed sampler's segments (or nothing): the full reader stitches them
+        table = read_trace(path)
+        meta = table.schema.metadata
+        table = table.select(columns)
+        if "host" in columns:  # as a file's is read: a dictionary column
+            i = table.schema.get_field_index("host")
+            table = table.set_column(i, "host", pc.dictionary_encode(table.column("host")))
+    for name in columns:
+        if name not in table.column_names:  # an optional column the trace lacks
+            typ = TRACE_SCHEMA.field(name).type
+            table = table.append_column(pa.field(name, typ), pa.nulls(len(table), typ))
+    table = table.select(columns)
+    out = [_cast(path, table, TRACE_SCHEMA.field(c), keep_dictionary=True) for c in columns]
+    table = pa.Table.from_arrays(out, names=columns)
+    return _checked(table, meta)
+
+
+def _checked(table: pa.Table, meta) -> pa.Table:
+    """Range-check the measured columns, count what was nulled into the metadata's invalid_values."""
     table, invalid = null_invalid_values(table)
     if invalid:
         info = trace_meta(pa.schema([], metadata=meta))
@@ -257,14 +313,13 @@ def null_invalid_values(table: pa.Table) -> tuple[pa.Table, dict[str, int]]:
         col = table.column(name)
         if col.null_count == len(col):
             continue
-        bad = pc.or_(pc.is_nan(col), pc.is_inf(col))
-        if name not in MAY_BE_NEGATIVE:
-            bad = pc.or_(bad, pc.less(col, 0))
-        n = pc.sum(pc.cast(pc.fill_null(bad, False), pa.int64())).as_py() or 0
+        # a reading is finite and (but for temperature) >= 0; NaN compares false, nulls stay null
+        ok = pc.is_finite(col) if name in MAY_BE_NEGATIVE else pc.and_(pc.greater_equal(col, 0), pc.is_finite(col))
+        n = len(col) - col.null_count - (pc.sum(ok).as_py() or 0)
         if n:
             counts[name] = int(n)
             i = table.schema.get_field_index(name)
-            table = table.set_column(i, table.schema.field(i), pc.if_else(bad, pa.scalar(None, col.type), col))
+            table = table.set_column(i, table.schema.field(i), pc.if_else(ok, col, pa.scalar(None, col.type)))
     return table, counts
 
 

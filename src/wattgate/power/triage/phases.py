@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from wattgate.artifacts import atomic_path
@@ -48,8 +49,11 @@ def write_phases(phases: pa.Table, path: Path, window_s: float, gpu_model: str |
                                              "gpu_model": gpu_model, "levels": levels or {},
                                              "filled_s": round(float(filled_s), 6)},
                                             sort_keys=True).encode()}
+    # snappy, dictionary pages only where they pay (host and phase), no statistics: a day of 16 GPUs
+    # (1.4M windows) writes in a third of the time zstd with dictionaries everywhere took, and reads faster
     with atomic_path(path) as tmp:
-        pq.write_table(phases.replace_schema_metadata(meta), tmp, compression="zstd")
+        pq.write_table(phases.replace_schema_metadata(meta), tmp, compression="snappy",
+                       use_dictionary=["host", "phase"], write_statistics=False)
 
 
 def read_phases(path: str | Path) -> tuple[pa.Table, float, str | None, float] | None:
@@ -92,11 +96,14 @@ def gap_summary(phases: pa.Table, window_s: float, filled_s: float = 0.0) -> dic
     GPU) and the longest, and the seconds of short gaps that took the phase around them."""
     if phases.num_rows == 0:
         return {"unknown_s": 0.0, "unknown_gaps": 0, "longest_gap_s": 0.0, "filled_s": round(filled_s, 6)}
-    df = phases.select(["host", "gpu", "start", "phase"]).to_pandas()
-    df = df.sort_values(["host", "gpu", "start"], kind="stable")
-    unknown = (df["phase"] == "unknown").to_numpy()
-    gpu_key = (df["host"].astype(str) + ":" + df["gpu"].astype(str)).to_numpy()
-    start = df["start"].to_numpy()
+    names, host = _codes(phases.column("host"))
+    gpu = phases.column("gpu").to_numpy(zero_copy_only=False).astype(np.int64)
+    start = phases.column("start").to_numpy(zero_copy_only=False).astype(np.float64)
+    unknown = _codes(phases.column("phase"), list(LABELS))[1] == UNKNOWN
+    gpu_key = _gpu_key(names, host, gpu)
+    order = _sorted_by(gpu_key, start)
+    if order is not None:
+        unknown, gpu_key, start = unknown[order], gpu_key[order], start[order]
     new = unknown.copy()
     new[1:] &= ~(unknown[:-1] & (gpu_key[1:] == gpu_key[:-1]) & np.isclose(start[1:] - start[:-1], window_s))
     run_id = np.cumsum(new)[unknown]
@@ -113,9 +120,8 @@ def peer_departures(phases: pa.Table, window_s: float, min_s: float = 10.0) -> d
     out = {"windows_compared": 0, "agree_share": None, "departures": []}
     if phases.num_rows == 0:
         return out
-    df = phases.select(["host", "gpu", "start", "phase"]).to_pandas()
-    code = pd.Categorical(df["phase"], categories=list(LABELS)).codes.astype(np.int64)
-    idx = np.rint(df["start"].to_numpy() / window_s).astype(np.int64)
+    code = _codes(phases.column("phase"), list(LABELS))[1]
+    idx = np.rint(phases.column("start").to_numpy(zero_copy_only=False) / window_s).astype(np.int64)
     uniq, grp = np.unique(idx, return_inverse=True)
     nl = len(LABELS)
     known = code != UNKNOWN
@@ -129,8 +135,10 @@ def peer_departures(phases: pa.Table, window_s: float, min_s: float = 10.0) -> d
     out["agree_share"] = round(1.0 - float(departs.sum()) / max(int(compared.sum()), 1), 6)
     if not departs.any():
         return out
-    who = (df["host"].astype(str) + ":" + df["gpu"].astype(str)).to_numpy()
-    d = pd.DataFrame({"gpu": who[departs], "read": df["phase"].to_numpy()[departs],
+    rows = np.flatnonzero(departs)
+    sel = phases.select(["host", "gpu", "phase"]).take(pa.array(rows)).to_pandas()
+    who = (sel["host"].astype(str) + ":" + sel["gpu"].astype(str)).to_numpy()
+    d = pd.DataFrame({"gpu": who, "read": sel["phase"].to_numpy(),
                       "peers": np.asarray(LABELS, dtype=object)[modal[grp[departs]]]})
     for gpu, rows in d.groupby("gpu", sort=True):
         seconds = len(rows) * window_s
@@ -140,6 +148,36 @@ def peer_departures(phases: pa.Table, window_s: float, min_s: float = 10.0) -> d
                 {"read": r, "peers": p, "seconds": round(n * window_s, 6)} for (r, p), n in pairs.items()]})
     out["departures"].sort(key=lambda x: -x["seconds"])
     return out
+
+
+def _codes(col, categories: list[str] | None = None) -> tuple[list, np.ndarray]:
+    """(values, code per row) of a string (or dictionary) column, null -> code -1; with categories, the
+    codes index them (a value not among them -> -1), as pandas.Categorical's codes."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    enc = col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(col)
+    values = enc.dictionary.to_pylist()
+    idx = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    if categories is None:
+        return values, idx
+    lut = np.array([categories.index(v) if v in categories else -1 for v in values] + [-1], np.int64)
+    return categories, lut[idx]
+
+
+def _gpu_key(names: list, host: np.ndarray, gpu: np.ndarray) -> np.ndarray:
+    """An integer per (host, gpu) ordered as (host name, gpu) sort."""
+    rank = np.empty(len(names) + 1, np.int64)
+    rank[sorted(range(len(names)), key=lambda i: str(names[i]))] = np.arange(len(names))
+    rank[-1] = len(names)  # a null host (code -1) sorts last, as pandas sorts a missing value
+    lo, hi = (int(gpu.min()), int(gpu.max())) if len(gpu) else (0, 0)
+    return rank[host] * (hi - lo + 1) + (gpu - lo)
+
+
+def _sorted_by(key: np.ndarray, start: np.ndarray) -> np.ndarray | None:
+    """The stable order by (key, start), None when the rows already are in it (triage writes them so)."""
+    dk, ds = np.diff(key), np.diff(start)
+    if bool(np.all((dk > 0) | ((dk == 0) & (ds >= 0)))):
+        return None
+    return np.lexsort((start, key))
 
 
 def _read_json(path: Path) -> dict:

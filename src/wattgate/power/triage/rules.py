@@ -168,6 +168,11 @@ def _rolling_median(x: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int) -> n
         j = np.where(j < lo, 2 * lo - j, j)
         j = np.where(j > hi, 2 * hi - j, j)
         cols.append(x[np.clip(j, lo, hi)])
+    if radius == 2 and not np.isnan(x).any():  # the median of 5 by min/max (picks the same value)
+        a, b, c, d, e = cols
+        f = np.maximum(np.minimum(a, b), np.minimum(c, d))
+        g = np.minimum(np.maximum(a, b), np.maximum(c, d))
+        return np.maximum(np.minimum(e, f), np.minimum(np.maximum(e, f), g))
     return np.partition(np.stack(cols, axis=1), radius, axis=1)[:, radius]
 
 
@@ -248,9 +253,9 @@ def _majority(cls: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int, own_band
         return cls
     values = np.unique(cls)
     compact = np.searchsorted(values, cls)
-    onehot = np.zeros((len(cls) + 1, len(values)), np.int32)
+    onehot = np.zeros((len(cls) + 1, len(values)), np.uint8)
     onehot[np.arange(1, len(cls) + 1), compact] = 1
-    cum = np.cumsum(onehot, axis=0)
+    cum = np.cumsum(onehot, axis=0, dtype=np.int32)
     gs, ge = _bounds(gpu, ngpu)
     pos = np.arange(len(cls))
     a = np.maximum(pos - radius, gs[gpu])
@@ -266,7 +271,7 @@ def _majority(cls: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int, own_band
     return np.where(stay, cls, winner).astype(cls.dtype)
 
 
-def _peer_vote(cls, p, u, index, e: _Edges) -> np.ndarray:
+def _peer_vote(cls, p, u, index, e: _Edges, gpu: np.ndarray | None = None) -> np.ndarray:
     """GPUs doing the same thing at the same time get the same class: in each window (matched by time over
     every GPU of the input), the GPUs within PEER_POWER_TOL of the peers' median power and PEER_UTIL_TOL of
     their median utilization, if at least half of them and two, take their most common class (a strict
@@ -274,33 +279,51 @@ def _peer_vote(cls, p, u, index, e: _Edges) -> np.ndarray:
     n = len(cls)
     if n == 0:
         return cls
-    order = np.lexsort((p, index))
-    idx = index[order]
-    new = np.ones(n, dtype=bool)
-    new[1:] = idx[1:] != idx[:-1]
-    starts = np.flatnonzero(new)
-    counts = np.diff(np.append(starts, n))
-    grp = np.empty(n, np.int64)
-    grp[order] = np.cumsum(new) - 1
-    med_p = p[order][starts + (counts - 1) // 2]
     uu = np.where(np.isnan(u), -1.0, u)
-    order_u = np.lexsort((uu, index))
-    med_u = uu[order_u][starts + (counts - 1) // 2]
+    lo = int(index.min())
+    span = int(index.max()) - lo + 1
+    if gpu is not None and span * (int(gpu.max()) + 1) <= 2 * n + (1 << 20) and not np.isnan(p).any():
+        # the usual case, GPUs over the same hours: a (time x GPU) grid sorted along each row
+        row = index - lo
+        counts = np.bincount(row, minlength=span)
+        mid = np.maximum(counts - 1, 0) // 2
+        med_p, med_u = (_row_median(x, row, gpu, span, mid) for x in (p, uu))
+        grp = row
+    else:
+        order = np.lexsort((p, index))
+        idx = index[order]
+        new = np.ones(n, dtype=bool)
+        new[1:] = idx[1:] != idx[:-1]
+        starts = np.flatnonzero(new)
+        counts = np.diff(np.append(starts, n))
+        grp = np.empty(n, np.int64)
+        grp[order] = np.cumsum(new) - 1
+        med_p = p[order][starts + (counts - 1) // 2]
+        order_u = np.lexsort((uu, index))
+        med_u = uu[order_u][starts + (counts - 1) // 2]
+    ngrp = len(counts)
     with_peers = (np.abs(p - med_p[grp]) <= PEER_POWER_TOL * np.maximum(med_p[grp], e.lo)) & \
                  (np.abs(uu - med_u[grp]) <= PEER_UTIL_TOL)
-    n_with = np.bincount(grp, weights=with_peers, minlength=len(starts))
+    n_with = np.bincount(grp, weights=with_peers, minlength=ngrp)
     ok = (counts >= 2) & (n_with >= np.maximum(2, np.ceil(counts / 2)))
-    votes = np.zeros((len(starts), 9), np.int32)
     sel = with_peers & ok[grp]
-    np.add.at(votes, (grp[sel], cls[sel]), 1)
+    votes = np.bincount(grp[sel] * 9 + cls[sel], minlength=ngrp * 9).reshape(ngrp, 9)
     best = votes.argmax(axis=1)
     top = votes.max(axis=1)
-    votes[np.arange(len(starts)), best] = -1
+    votes[np.arange(ngrp), best] = -1
     strict = top > votes.max(axis=1)
     take = sel & strict[grp]
     out = cls.copy()
     out[take] = best[grp[take]]
     return out
+
+
+def _row_median(x: np.ndarray, row: np.ndarray, gpu: np.ndarray, span: int, mid: np.ndarray) -> np.ndarray:
+    """Per row of a (time x GPU) grid: the (counts - 1) // 2-th smallest of its values (the lower median)."""
+    grid = np.full((span, int(gpu.max()) + 1), np.inf)
+    grid[row, gpu] = x
+    grid.sort(axis=1)
+    return grid[np.arange(span), mid]
 
 
 def _next_true(mask: np.ndarray) -> np.ndarray:
@@ -472,13 +495,16 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e:
     starving = np.zeros(len(cls), dtype=bool)
     stepping = np.zeros(len(cls), dtype=bool)
     finished = np.zeros(len(cls), dtype=bool)
+    if info.has_metrics:  # as arrays once: the GPUs' rows are picked out of them below
+        m_rank = info.metrics["rank"].to_numpy()
+        m_time, m_step, m_wait = (info.metrics[c].to_numpy(float) for c in ("time", "step_time_s", "data_wait_s"))
     for g in range(ngpu):
         sl = slice(gs[g], ge[g])
         ranks = [r for r, gg in rank_gpu.items() if gg == g]
         if info.has_metrics and ranks:
-            m = info.metrics[info.metrics["rank"].isin(ranks)]
-            step_s, wait_s = m["step_time_s"].to_numpy(float), m["data_wait_s"].to_numpy(float)
-            begin = m["time"].to_numpy(float) - step_s
+            mine = np.isin(m_rank, ranks)
+            step_s, wait_s = m_step[mine], m_wait[mine]
+            begin = m_time[mine] - step_s
             # a data wait, or all of a step that waited for data most of its time
             starved = wait_s >= COVER_SHARE * step_s
             share = _covered_share(np.concatenate([begin, begin[starved]]),

@@ -131,7 +131,16 @@ def _covered_share(starts: np.ndarray, ends: np.ndarray, w0: np.ndarray, w1: np.
         part = np.clip(t - s[last], 0.0, lens[last])
         return np.where(k > 0, cum[last] + part, 0.0)
 
-    return (covered_before(w1) - covered_before(w0)) / (w1 - w0)
+    w0, w1 = np.asarray(w0, float), np.asarray(w1, float)
+    before0 = covered_before(w0)
+    # where a window ends where the next one starts (most do), that start's figure is the end's
+    before1 = np.empty_like(before0)
+    if len(w0):
+        before1[:-1] = before0[1:]
+        own = np.ones(len(w0), dtype=bool)
+        own[:-1] = w1[:-1] != w0[1:]
+        before1[own] = covered_before(w1[own])
+    return (before1 - before0) / (w1 - w0)
 
 
 def _checkpoint_intervals(events: pd.DataFrame) -> pd.DataFrame:

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.errors import InputError
+from wattgate.power import energy as energy_mod
 from wattgate.power import power_only
 from wattgate.power.tables import TriageTable
 from wattgate.power.triage.phases import (
@@ -31,7 +32,7 @@ from wattgate.power.triage.rules import (
 )
 from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
-from wattgate.power.triage.windows import _samples, _Windows, _windows
+from wattgate.power.triage.windows import _gpus, _samples, _Samples, _Windows, _windows
 from wattgate.telemetry.trace import read_trace, strict_json, trace_meta
 
 
@@ -42,15 +43,23 @@ def triage(trace, table: TriageTable, window_s: float = DEFAULT_WINDOW_S,
 
     caps: (host, gpu) -> the power cap the sampler recorded (NVML's enforced limit); power_cap_w, when given,
     is every GPU's cap (an imported log records none); else the table's tdp_w."""
+    _check_limits(window_s, deadlock_after_s)
+    return _triage(_samples(trace), table, window_s, deadlock_after_s, run_info, caps, power_cap_w)
+
+
+def _check_limits(window_s: float, deadlock_after_s: float) -> None:
     if not window_s > 0:
         raise InputError(f"window_s must be > 0 (got {window_s})")
     if not deadlock_after_s > 0:
         raise InputError(f"deadlock_after_s must be > 0 (got {deadlock_after_s})")
-    s = _samples(trace)
+
+
+def _triage(s: _Samples, table: TriageTable, window_s: float, deadlock_after_s: float, run_info: RunInfo | None,
+            caps: dict | None, power_cap_w: float | None) -> pa.Table:
+    """triage() on samples already read (run_triage also takes the energy from them)."""
     if len(s.time) == 0:
         return PHASES_SCHEMA.empty_table()
     win = _windows(s, table, window_s, caps, power_cap_w)
-    del s
     ngpu = len(win.keys)
     known = win.n > 0
     kpos = np.flatnonzero(known)
@@ -60,7 +69,7 @@ def triage(trace, table: TriageTable, window_s: float = DEFAULT_WINDOW_S,
 
     band = _band(_rolling_median(p, gpu, ngpu, SMOOTH_RADIUS), p, gpu, edges)
     raw, osc = _classify(p, u, high, low, band, edges)
-    raw = _peer_vote(raw, p, u, index, edges)
+    raw = _peer_vote(raw, p, u, index, edges, gpu)
     # a window clearly in the compute band at busy utilization is compute however short (a step between waits)
     burst = (raw == COMPUTE) & (p >= edges.hi + EDGE_MARGIN * (edges.hi - edges.lo))
     smooth = _majority(raw, gpu, ngpu, SMOOTH_RADIUS, _raw_band(p, edges), burst)
@@ -162,15 +171,42 @@ def _gaps_and_peers_md(result: dict) -> list[str]:
     return lines
 
 
-def _read_traces(paths: list) -> tuple[pa.Table, list[dict]]:
+# what triage reads of a trace: the windows' columns and the energy counter (energy.py)
+TRIAGE_COLUMNS = ["time", "host", "gpu", "power_w", "util_gpu", "energy_j"]
+
+
+def _read_traces(paths: list) -> tuple[pa.Table, list[dict], list[int]]:
+    """The traces' rows end to end (TRIAGE_COLUMNS), each file's metadata and row count."""
     tables, metas = [], []
     for path in paths:
-        t = read_trace(path)
+        t = read_trace(path, columns=TRIAGE_COLUMNS)
         metas.append(trace_meta(t))
         tables.append(t.replace_schema_metadata(None))
     if not tables:
         raise InputError("no trace files given")
-    return pa.concat_tables(tables), metas
+    return pa.concat_tables(tables), metas, [t.num_rows for t in tables]
+
+
+def _energy(trace: pa.Table, s: _Samples, file_rows: list[int]) -> dict:
+    """triage.json's "energy" (energy.records) from the samples triage holds, per file as the report splits
+    them."""
+    if len(s.time) == 0:
+        return {}
+    if s.kept is not None:  # rows without a GPU or a finite time: the report leaves them out too
+        bounds = np.concatenate([[0], np.cumsum(file_rows)])
+        kept = np.concatenate([[0], np.cumsum(s.kept)])
+        file_rows = [int(kept[b] - kept[a]) for a, b in zip(bounds[:-1], bounds[1:])]
+    col = trace.column("energy_j")
+    valid = readings = None
+    if col.null_count < len(col):
+        valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
+        if s.kept is not None:
+            valid = valid[s.kept]
+            col = col.filter(pa.array(s.kept))
+        readings = pc.drop_null(col).to_numpy().astype(np.float64)
+    keys, gid, _ = _gpus(s)
+    series = energy_mod.split_samples(keys, gid, s.time, s.power, valid, readings, file_rows)
+    return energy_mod.records(energy_mod.gpu_energy(series), [len(x.energy_pos) for x in series.series])
 
 
 def recorded_caps(metas: list[dict]) -> dict[tuple[str, int], float]:
@@ -190,7 +226,7 @@ def run_triage(trace_paths, out_dir, table_path: str | None = None, gpu_model: s
     """`wattgate triage`: traces (one per host) -> phases.parquet, phase_summary.csv, triage.json, triage.md."""
     paths = [Path(p) for p in ([trace_paths] if isinstance(trace_paths, (str, os.PathLike)) else trace_paths)]
     out_dir = Path(out_dir)
-    trace, metas = _read_traces(paths)
+    trace, metas, file_rows = _read_traces(paths)
     names = sorted({str(g.get("name", "")) for m in metas for g in m.get("gpus", []) if g.get("name")})
     empty = trace.num_rows == 0
     settings = TriageSettings(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w)
@@ -201,8 +237,14 @@ def run_triage(trace_paths, out_dir, table_path: str | None = None, gpu_model: s
         table = settings.table(names, list(caps.values()))
         source = settings.table_source(table, names)
     info = load_run_info(run_dir, metas) if run_dir else None
-    phases = PHASES_SCHEMA.empty_table() if empty else \
-        triage(trace, table, window_s, deadlock_after_s, info, caps, power_cap_w)
+    if empty:
+        phases, energy = PHASES_SCHEMA.empty_table(), {}
+    else:
+        _check_limits(window_s, deadlock_after_s)
+        s = _samples(trace)
+        energy = _energy(trace, s, file_rows)
+        phases = _triage(s, table, window_s, deadlock_after_s, info, caps, power_cap_w)
+        del s
     learned = phases_meta(phases)
     summary = phase_summary(phases)
     def present(column: str) -> bool:
@@ -225,6 +267,8 @@ def run_triage(trace_paths, out_dir, table_path: str | None = None, gpu_model: s
         "gaps": gap_summary(phases, window_s, learned.get("filled_s", 0.0)),
         "levels": learned.get("levels", {}),
         "peers": peer_departures(phases, window_s),
+        # per GPU "host:gpu": the energy the report shows (energy.records), from the same samples
+        "energy": energy,
     }
     # without heartbeats the pauses rest on power alone (rule 4): say what was missing and how they were read
     found = power_only.pauses(phases)

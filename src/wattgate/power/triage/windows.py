@@ -1,6 +1,6 @@
 """Power triage's windows: a trace's samples cut into per-GPU windows and their features.
 
-Input is a telemetry trace (ARCHITECTURE.md, "Telemetry trace"); output is
+Input is a telemetry trace (docs/architecture.md, "Telemetry trace"); output is
 phases.parquet: one row per GPU per window. Windows are floor(time /
 window_s) on the unix clock, so the windows of all GPUs and hosts line up.
 Each GPU gets every window from its first sample to its last. A gap in the
@@ -45,6 +45,14 @@ class _Samples:
     time: np.ndarray
     power: np.ndarray       # float32, NaN = missing
     util: np.ndarray        # float32, NaN = missing
+    kept: np.ndarray | None = None  # the input's rows kept (those with a GPU and a finite time); None: all
+    # instead of host and gpu: host rank * width + gpu per row (a trace read with a dictionary host)
+    key: np.ndarray | None = None
+    width: int = 0
+    # GPU ids (_gpus, once): (host, gpu) per id, the id of every sample, samples per id
+    keys: list | None = None
+    gid: np.ndarray | None = None
+    counts: np.ndarray | None = None
 
 
 NEEDED = ("time", "host", "gpu", "power_w", "util_gpu")
@@ -57,13 +65,23 @@ def _samples(trace) -> _Samples:
             raise InputError(f"trace lacks column(s) {', '.join(missing)}")
         if trace.num_rows == 0:
             return _Samples([], *(np.zeros(0, t) for t in (np.int64, np.int64, np.float64, np.float32, np.float32)))
-        encoded = pc.dictionary_encode(pc.fill_null(trace.column("host"), "")).combine_chunks()
-        names = [str(h) for h in encoded.dictionary.to_pylist()]
-        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-        gpu = pc.fill_null(trace.column("gpu"), -1).to_numpy().astype(np.int64)
-        time_ = trace.column("time").to_numpy().astype(np.float64, copy=False)
-        power = trace.column("power_w").to_numpy().astype(np.float32, copy=False)
-        util = trace.column("util_gpu").to_numpy().astype(np.float32, copy=False)
+        # each column straight into its array, chunk by chunk: no concatenated copy to convert again
+        if pa.types.is_dictionary(trace.column("host").type):  # read_trace(columns=): one key per row
+            hosts, width, key = _row_keys(trace.column("host"), trace.column("gpu"))
+            time_ = _column(trace.column("time"), np.float64)
+            power = _column(trace.column("power_w"), np.float32)
+            util = _column(trace.column("util_gpu"), np.float32)
+            ok = (key >= 0) & np.isfinite(time_)
+            kept = None
+            if not ok.all():
+                key, time_, power, util = (a[ok] for a in (key, time_, power, util))
+                kept = ok
+            return _Samples(hosts, None, None, time_, power, util, kept, key, width)
+        names, codes = _host_codes(trace.column("host"))
+        gpu = _column(trace.column("gpu"), np.int64, -1)
+        time_ = _column(trace.column("time"), np.float64)
+        power = _column(trace.column("power_w"), np.float32)
+        util = _column(trace.column("util_gpu"), np.float32)
     else:
         df = trace if isinstance(trace, pd.DataFrame) else pd.DataFrame({c: trace[c] for c in NEEDED if c in trace})
         missing = [c for c in NEEDED if c not in df.columns]
@@ -82,9 +100,62 @@ def _samples(trace) -> _Samples:
     rank[order] = np.arange(len(names))
     hosts = [names[i] for i in order]
     ok = (gpu >= 0) & np.isfinite(time_)
+    kept = None
     if not ok.all():
         codes, gpu, time_, power, util = (a[ok] for a in (codes, gpu, time_, power, util))
-    return _Samples(hosts, rank[codes] if len(codes) else codes, gpu, time_, power, util)
+        kept = ok
+    return _Samples(hosts, rank[codes] if len(codes) else codes, gpu, time_, power, util, kept)
+
+
+def _column(col: pa.ChunkedArray, dtype, fill=None) -> np.ndarray:
+    """A numeric column as one numpy array of dtype (null -> fill, else NaN)."""
+    out = np.empty(len(col), dtype)
+    a = 0
+    for chunk in col.chunks:
+        if fill is not None and chunk.null_count:
+            chunk = pc.fill_null(chunk, fill)
+        b = a + len(chunk)
+        np.copyto(out[a:b], chunk.to_numpy(zero_copy_only=False), casting="unsafe")
+        a = b
+    return out
+
+
+def _row_keys(host: pa.ChunkedArray, gpu: pa.ChunkedArray) -> tuple[list[str], int, np.ndarray]:
+    """(sorted host names, width, rank of the row's host * width + gpu per row; -1 where the row has no GPU)
+    of a dictionary host column, chunk by chunk through the chunks' small dictionaries."""
+    names = {"" if v is None else str(v) for c in host.chunks for v in c.dictionary.to_pylist()}
+    if host.null_count:
+        names.add("")  # a missing host is ""
+    hosts = sorted(names)
+    rank = {h: i for i, h in enumerate(hosts)}
+    top = pc.max(gpu).as_py()
+    width = max(int(top) + 1 if top is not None else 1, 1)
+    out = np.empty(len(host), np.int64)
+    a = 0
+    for batch in pa.table({"host": host, "gpu": gpu}).to_batches():  # the two columns' chunks lined up
+        hc, gc = batch.column(0), batch.column(1)
+        values = ["" if v is None else str(v) for v in hc.dictionary.to_pylist()]
+        lut = np.array([rank[v] for v in values] + [rank.get("", -1)], np.int64)
+        idx = hc.indices
+        if hc.null_count:
+            idx = pc.fill_null(idx, len(values))
+        b = a + len(hc)
+        seg = out[a:b]
+        np.take(lut, idx.to_numpy(zero_copy_only=False), out=seg)
+        seg *= width
+        g = (pc.fill_null(gc, -1) if gc.null_count else gc).to_numpy(zero_copy_only=False)
+        seg += g
+        if g.min(initial=0) < 0:
+            seg[g < 0] = -1
+        a = b
+    return hosts, width, out
+
+
+def _host_codes(host: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
+    """(names, code per row) of a string host column; a missing host is "" (a dictionary one: _row_keys)."""
+    encoded = pc.dictionary_encode(pc.fill_null(host.cast(pa.string()), "")).combine_chunks()
+    names = [str(h) for h in encoded.dictionary.to_pylist()]
+    return names, encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 # ---------------------------------------------------------------- window features
@@ -104,50 +175,70 @@ class _Windows:
     levels: Levels
 
 
-def _windows(s: _Samples, table: TriageTable, window_s: float, caps: dict | None = None,
-             power_cap_w: float | None = None) -> _Windows:
-    ngpu_idx = int(s.gpu.max()) + 1
-    key = s.host * ngpu_idx + s.gpu
+def _gpus(s: _Samples) -> tuple[list[tuple[str, int]], np.ndarray, np.ndarray]:
+    """(keys: (host, gpu) per GPU id, sorted; the GPU id of every sample;
+    samples per GPU id), computed once per _Samples."""
+    if s.gid is not None:
+        return s.keys, s.gid, s.counts
+    if s.key is not None:
+        ngpu_idx, key = s.width, s.key
+        s.key = None
+    else:
+        ngpu_idx = int(s.gpu.max()) + 1
+        key = s.host * ngpu_idx + s.gpu
     if len(s.hosts) * ngpu_idx <= 1 << 20:  # the usual case: a lookup table is faster than a sort
-        present = np.flatnonzero(np.bincount(key, minlength=len(s.hosts) * ngpu_idx))
-        lut = np.full(len(s.hosts) * ngpu_idx, -1, np.int64)
+        counts = np.bincount(key, minlength=len(s.hosts) * ngpu_idx)
+        present = np.flatnonzero(counts)
+        counts = counts[present]
+        lut = np.full(len(s.hosts) * ngpu_idx, -1, np.intp)  # intp: numpy gathers by it without a copy
         lut[present] = np.arange(len(present))
         gid = lut[key]
     else:  # odd GPU indexes in a foreign trace
-        present, gid = np.unique(key, return_inverse=True)
+        present, gid, counts = np.unique(key, return_inverse=True, return_counts=True)
     del key
-    keys = [(s.hosts[k // ngpu_idx], int(k % ngpu_idx)) for k in present]
-    # window index, then position in the output (GPU-major), kept in float64 until the end:
-    # at 10^7 rows every extra temporary array costs more than the arithmetic
-    wf = s.time / window_s
-    np.floor(wf, out=wf)
+    s.keys = [(s.hosts[k // ngpu_idx], int(k % ngpu_idx)) for k in present]
+    s.gid, s.counts = gid, counts
+    return s.keys, gid, counts
+
+
+def _windows(s: _Samples, table: TriageTable, window_s: float, caps: dict | None = None,
+             power_cap_w: float | None = None) -> _Windows:
+    keys, gid, samples_per_gpu = _gpus(s)
+    # window index, then position in the output (GPU-major), kept in float64 until the end; at 10^7 rows
+    # every fresh temporary costs more than the arithmetic (page faults), so two float64 buffers are reused
+    buf = s.time / window_s
+    np.floor(buf, out=buf)
     first = np.full(len(keys), np.inf)
     last = np.full(len(keys), -np.inf)
-    np.minimum.at(first, gid, wf)
-    np.maximum.at(last, gid, wf)
+    np.minimum.at(first, gid, buf)
+    np.maximum.at(last, gid, buf)
     span = (last - first + 1).astype(np.int64)
     base = np.concatenate([[0], np.cumsum(span)])
     total = int(base[-1])
-    wf += (base[:-1] - first)[gid]
-    pos = wf.astype(np.int64)
-    del wf
-    samples_per_gpu = np.bincount(gid, minlength=len(keys))
+    buf2 = np.take(base[:-1] - first, gid)
+    buf += buf2
+    pos = buf.astype(np.int64)
     valid = ~np.isnan(s.power)
     if not valid.all():
+        del buf, buf2
         pos, gid, power, util = pos[valid], gid[valid], s.power[valid], s.util[valid]
+        # bincount is ~10x faster with float64 weights than with float32 ones
+        power = power.astype(np.float64)
+        util = util.astype(np.float64)
     else:
-        power, util = s.power, s.util
-    # bincount is ~10x faster with float64 weights than with float32 ones
-    power = power.astype(np.float64)
+        power, util = buf, buf2
+        power[:] = s.power
+        util[:] = s.util
     n = np.bincount(pos, minlength=total)
     psum = np.bincount(pos, weights=power, minlength=total)
     uvalid = ~np.isnan(util)
     if uvalid.all():
         nu = n
-        usum = np.bincount(pos, weights=util.astype(np.float64), minlength=total)
+        usum = np.bincount(pos, weights=util, minlength=total)
     else:
         nu = np.bincount(pos[uvalid], minlength=total)
-        usum = np.bincount(pos[uvalid], weights=util[uvalid].astype(np.float64), minlength=total)
+        usum = np.bincount(pos[uvalid], weights=util[uvalid], minlength=total)
+    del uvalid
     with np.errstate(invalid="ignore", divide="ignore"):
         nf = n.astype(np.float64)
         mean_p = psum / nf
@@ -159,9 +250,15 @@ def _windows(s: _Samples, table: TriageTable, window_s: float, caps: dict | None
     cap = np.array([_cap_of(k, caps, power_cap_w, table) for k in keys], float)
     levels = learn_levels(mean_p[known], mean_u[known], gpu_id[known], len(keys), table, window_s, cap)
     # per-sample bands against the GPU's own edges: the oscillation rule counts samples, not means
-    bands = (power >= levels.compute_min_w[gid]) * _COUNT_SHIFT
-    bands += power < levels.low_max_w[gid]
-    del gid, power
+    # (into util's buffer: high samples count _COUNT_SHIFT, low ones 1)
+    bands, high_mask, low_mask = util, np.empty(len(power), bool), np.empty(len(power), bool)
+    np.take(levels.compute_min_w, gid, out=bands)
+    np.greater_equal(power, bands, out=high_mask)
+    np.take(levels.low_max_w, gid, out=bands)
+    np.less(power, bands, out=low_mask)
+    np.multiply(high_mask, _COUNT_SHIFT, out=bands)
+    bands += low_mask
+    del gid, power, high_mask, low_mask
     bands = np.bincount(pos, weights=bands, minlength=total)
     with np.errstate(invalid="ignore", divide="ignore"):
         high = np.floor(bands / _COUNT_SHIFT) / nf

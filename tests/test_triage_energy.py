@@ -1,0 +1,120 @@
+"""Triage computes each GPU's energy once (triage.json "energy"), the same numbers the report computes from
+the traces; read_trace(columns=) reads only what triage needs."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from trace_builder import build_trace, gpus_of, job
+
+from wattgate.errors import InputError
+from wattgate.power.energy import gpu_energy, records
+from wattgate.power.tables import shipped_table
+from wattgate.power.triage import run_triage
+from wattgate.report.inputs import read_samples
+from wattgate.telemetry.trace import TRACE_SCHEMA, read_trace, schema_with_meta
+
+PHASES = [("idle", 20), ("compute", 60), ("communication", 10), ("compute", 40)]
+
+
+def with_counter(table: pa.Table, rng, every: int = 37) -> pa.Table:
+    """An NVML-like energy counter on every `every`-th row (cumulative power per GPU), some power NaN."""
+    n = table.num_rows
+    power = table.column("power_w").to_numpy().astype(np.float64)
+    power[rng.random(n) < 0.01] = np.nan
+    energy = np.full(n, np.nan)
+    energy[::every] = np.arange(len(energy[::every])) * 100.0 + 5e6
+    arrays = [pa.array(power, pa.float32(), from_pandas=True) if f.name == "power_w" else
+              pa.array(energy, pa.float64(), from_pandas=True) if f.name == "energy_j" else table.column(f.name)
+              for f in TRACE_SCHEMA]
+    return pa.Table.from_arrays(arrays, schema=TRACE_SCHEMA)
+
+
+def write(table: pa.Table, path, host: str) -> None:
+    pq.write_table(table.replace_schema_metadata(schema_with_meta({"host": host, "gpus": []}).metadata), path)
+
+
+@pytest.mark.parametrize("layout", ["periodic", "shuffled", "restarted"])
+def test_triage_json_energy_is_what_the_report_computes(tmp_path, layout):
+    rng = np.random.default_rng(3)
+    synth = build_trace(job(gpus_of(2, 2), PHASES), shipped_table("h100"), seed=3)
+    table = with_counter(synth.table, rng)
+    paths = []
+    for host in ("node0", "node1"):
+        t = table.filter(pa.compute.equal(table.column("host"), host))
+        if layout == "shuffled":  # rows of a tick in any order, and not quite in time order
+            t = t.take(pa.array(rng.permutation(t.num_rows)[np.argsort(np.arange(t.num_rows) // 7, kind="stable")]))
+        if layout == "restarted" and host == "node1":  # a restarted sampler: the GPU in two files
+            half = t.num_rows // 2
+            write(t.slice(half), tmp_path / "node1b.parquet", host)
+            paths.append(tmp_path / "node1b.parquet")
+            t = t.slice(0, half)
+        write(t, tmp_path / f"{host}.parquet", host)
+        paths.append(tmp_path / f"{host}.parquet")
+    result = run_triage(paths, tmp_path / "out", gpu_model="h100")
+    on_disk = json.loads((tmp_path / "out" / "triage.json").read_text())["energy"]
+
+    samples = read_samples([read_trace(p).select(["time", "host", "gpu", "power_w", "energy_j"]) for p in paths])
+    expected = records(gpu_energy(samples), [len(s.energy_pos) for s in samples.series])
+    assert result["energy"] == expected
+    assert on_disk == expected
+    assert sorted(expected) == ["node0:0", "node0:1", "node1:0", "node1:1"]
+    first = expected["node0:0"]
+    assert set(first) == {"first", "last", "integrated_j", "counter_j", "energy_j", "method", "readings"}
+    assert first["method"] == "energy_counter" and first["readings"] > 2 and first["energy_j"] == first["counter_j"]
+
+
+def test_triage_json_energy_without_a_counter_is_integrated(tmp_path):
+    synth = build_trace(job(gpus_of(1, 2), PHASES), shipped_table("h100"), seed=1)
+    e = run_triage(synth.write(tmp_path / "t"), tmp_path / "out", gpu_model="h100")["energy"]
+    assert {v["method"] for v in e.values()} == {"integrated_power"}
+    assert all(v["counter_j"] is None and v["readings"] == 0 and v["energy_j"] == v["integrated_j"] > 0
+               for v in e.values())
+
+
+def test_read_trace_columns_reads_only_those_with_a_dictionary_host(tmp_path):
+    synth = build_trace(job(gpus_of(1, 2), PHASES), shipped_table("h100"), seed=1)
+    t = synth.table
+    power = t.column("power_w").to_numpy().copy()
+    power[:3] = [np.nan, -1.0, np.inf]
+    util = t.column("util_gpu").to_numpy().copy()
+    util[5] = np.nan
+    t = t.set_column(t.schema.get_field_index("power_w"), "power_w", pa.array(power, pa.float32()))
+    t = t.set_column(t.schema.get_field_index("util_gpu"), "util_gpu", pa.array(util, pa.float32()))
+    write(t.drop_columns(["sm_active", "nvlink_tx_bps"]), tmp_path / "n.parquet", "node0")
+
+    full = read_trace(tmp_path / "n.parquet")
+    part = read_trace(tmp_path / "n.parquet", columns=["time", "host", "gpu", "power_w", "sm_active"])
+    assert part.column_names == ["time", "host", "gpu", "power_w", "sm_active"]
+    assert pa.types.is_dictionary(part.schema.field("host").type)
+    assert part.column("host").cast(pa.string()).equals(full.column("host"))
+    for name in ("time", "gpu", "power_w", "sm_active"):
+        assert part.column(name).equals(full.column(name)), name
+    meta = json.loads(part.schema.metadata[b"wattgate.trace"])
+    assert meta["host"] == "node0" and meta["invalid_values"] == {"power_w": 3}  # util_gpu was not read
+    assert json.loads(full.schema.metadata[b"wattgate.trace"])["invalid_values"] == {"power_w": 3, "util_gpu": 1}
+
+
+def test_read_trace_columns_still_refuses_a_foreign_table(tmp_path):
+    pq.write_table(pa.table({"time": [1.0], "host": ["a"], "gpu": [0], "power_w": [1.0]}), tmp_path / "f.parquet")
+    with pytest.raises(InputError, match="missing column"):
+        read_trace(tmp_path / "f.parquet", columns=["time", "power_w"])
+
+
+def test_run_triage_takes_a_finished_trace_and_a_killed_samplers_segments_together(tmp_path):
+    from wattgate.telemetry.trace import TraceWriter, segment_dir
+
+    synth = build_trace(job(gpus_of(2, 1), PHASES), shipped_table("h100"), seed=2)
+    paths = synth.write(tmp_path / "t")
+    w = TraceWriter(tmp_path / "t" / "live.parquet", synth.meta("node1"), flush_every_s=1e9)
+    for row in synth.host_table("node1").slice(0, 500).to_pylist():
+        w.add(row | {"host": "node2"})
+    w.flush()  # killed: segments only
+    assert segment_dir(tmp_path / "t" / "live.parquet").is_dir()
+    part = read_trace(tmp_path / "t" / "live.parquet", columns=["time", "host", "gpu"])
+    assert pa.types.is_dictionary(part.schema.field("host").type)
+    result = run_triage(paths + [tmp_path / "t" / "live.parquet"], tmp_path / "out", gpu_model="h100")
+    assert sorted(result["energy"]) == ["node0:0", "node1:0", "node2:0"] and result["hosts"] == ["node0", "node1",
+                                                                                                  "node2"]
