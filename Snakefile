@@ -11,6 +11,9 @@ configfile: "config/config.yaml"
 validate(config, "workflow/schemas/config.schema.yaml")
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/gate.smk"
@@ -21,8 +24,8 @@ include: "workflow/rules/experiments.smk"
 
 
 rule all:
-    input:
-        f"{TRAIN_DIR}/TRAINED",
-        f"{POWER_DIR}/triage.json",
-        f"{REPORT_DIR}/index.html",
     default_target: True
+    input:
+        rules.train.output.trained,
+        rules.power_triage.output.triage,
+        rules.run_report.output.html,

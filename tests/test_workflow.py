@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +103,75 @@ def test_lint_is_clean():
 
 def output(proc) -> str:
     return proc.stdout + proc.stderr
+
+
+def test_snakefmt_is_clean():
+    proc = subprocess.run([str(BIN / "snakefmt"), "--check", "Snakefile", "workflow/"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_snakefile_holds_only_the_entry_point():
+    """configfile, validate, the report caption, includes and rule all; the rest lives in workflow/rules."""
+    lines = [x for x in (REPO / "Snakefile").read_text().splitlines() if x and not x[0].isspace() and x[0] != "#"]
+    heads = [x.split("(")[0].split(":")[0].split()[0] for x in lines]
+    assert set(heads) <= {"from", "min_version", "configfile", "validate", "report", "include", "rule"}, heads
+    assert "report" in heads and [x for x in lines if x.startswith("rule ")] == ["rule all:"]
+    assert (REPO / "workflow/report/workflow.rst").is_file()
+
+
+def shell_strings(text: str) -> list[str]:
+    """The literal strings of each `shell:` directive in a .smk file."""
+    blocks = re.findall(r"^ +shell:\n((?: {8}.*\n?)+)", text, re.M)
+    return [s for block in blocks for s in re.findall(r'"([^"]*)"', block)]
+
+
+def test_no_path_is_typed_into_a_shell():
+    """Shells get paths from the rule's input, output, params and log (all `:q`), never typed in."""
+    shells = {smk.name: shell_strings(smk.read_text()) for smk in (REPO / "workflow/rules").glob("*.smk")}
+    assert shells["data.smk"] and shells["telemetry.smk"]
+    for name, strings in shells.items():
+        assert not [s for s in strings if "results" in s], name
+    common = (REPO / "workflow/rules/common.smk").read_text()
+    commands = re.findall(r'"(wattgate [^"]*)"', common)
+    assert commands and all("results" not in c for c in commands)
+    for name in ["TRAIN_DIR", "POWER_DIR", "REPORT_DIR", "PLAN_DIR", "GATE_DIR", "CALIBRATION"]:
+        homes = [p.name for p in (REPO / "workflow/rules").glob("*.smk")
+                 if re.search(rf"^{name} = ", p.read_text(), re.M)]
+        assert homes == ["common.smk"], (name, homes)
+
+
+def dry_run_commands(work: Path, *targets: str) -> dict[str, list[str]]:
+    """rule name -> the shell commands `snakemake -n -p` would run for it."""
+    proc = snakemake(work, "-n", "-p", "--forceall", *targets)
+    commands: dict[str, list[str]] = {}
+    rule = None
+    for line in output(proc).splitlines():
+        if m := re.match(r"(?:local)?rule (\w+):", line):
+            rule = m.group(1)
+        elif line.startswith("Shell command: ") and rule:
+            commands.setdefault(rule, []).append(line.removeprefix("Shell command: "))
+    return commands
+
+
+def test_experiment_rules_run_the_main_rules_commands(workflow_copy):
+    """experiment_pack/gate/train run the very command of pack_and_balance/invariant_gate/train (one
+    definition, STAGE_SHELL in common.smk): the same words, only the config and the folders differ."""
+    commands = dry_run_commands(workflow_copy, "all", "scaling")
+    for main, twin in [("pack_and_balance", "experiment_pack"), ("invariant_gate", "experiment_gate"),
+                       ("train", "experiment_train")]:
+        [ours] = commands[main]
+        main_words = shlex.split(ours)
+        for theirs in commands[twin]:
+            twin_words = shlex.split(theirs)
+            assert len(twin_words) == len(main_words)
+            variant = twin_words[main_words.index("--config") + 1].removesuffix("/config.yaml")
+            assert variant.startswith("results/scaling/w")
+            for a, b in zip(main_words, twin_words):
+                if a.startswith("results/") and a != "results/pretokenized":
+                    assert b.startswith(variant + "/") or b == variant, (a, b)
+                else:
+                    assert a == b, (ours, theirs)
 
 
 @pytest.mark.slow
@@ -243,8 +314,12 @@ def test_embedded_default_end_to_end_learns(tmp_path_factory):
     snakemake(work, "--report", "report.zip", "--configfile", "hang.yaml")
     import zipfile
 
-    names = zipfile.ZipFile(work / "report.zip").namelist()
+    archive = zipfile.ZipFile(work / "report.zip")
+    names = archive.namelist()
     assert any(n.endswith("/index.html") for n in names) and any(n.endswith("/summary.json") for n in names)
+    # the workflow-level caption (Snakefile `report:`, workflow/report/workflow.rst) heads the report
+    page = next(archive.read(n).decode() for n in names if n.endswith("report.html"))
+    assert "wattgate run" in page and "proves the plan" in page
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     final = work / "results/train/demo/final"

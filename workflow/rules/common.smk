@@ -3,20 +3,32 @@
 # Every value pasted into a rule's shell is quoted (`{input:q}`, `{params.x:q}`, ...; `:q` quotes
 # each item of a list on its own): config paths may hold spaces, and nothing in a config value may
 # run as shell code. Strings built here for a shell use shlex.quote.
+import os
 import shlex
 
 from wattgate.config import dump_resolved
 from wattgate.experiments import variant_config, variant_names
 
-RUN_CONFIG = dump_resolved(config, "results/config.yaml")
-TRAIN_DIR = f"results/train/{config['run_name']}"
+# --- paths: the one home of each stage's folder. Rules name their files under these; a rule that reads
+# another stage's files takes them from that rule's outputs (`rules.pack_and_balance.output.plan`), and a
+# folder passed to a shell is derived from the rule's own inputs/outputs in its params.
+RESULTS = "results"
+RUN_CONFIG = dump_resolved(config, f"{RESULTS}/config.yaml")
+CORPUS_DIR = f"{RESULTS}/corpus"
+TOKENIZER_DIR = f"{RESULTS}/tokenizer"
+PRETOKENIZED_DIR = f"{RESULTS}/pretokenized"
+PLAN_DIR = f"{RESULTS}/plan"
+GATE_DIR = f"{RESULTS}/gate"
+TRAIN_DIR = f"{RESULTS}/train/{config['run_name']}"
+POWER_DIR = f"{RESULTS}/power/{config['run_name']}"
+REPORT_DIR = f"{RESULTS}/report/{config['run_name']}"
+CALIBRATION = f"{RESULTS}/calibrate/{config['cluster']['gpu_model'].lower()}.yaml"
+# measurement targets (experiments.smk): one folder per experiment, one per variant inside it
+EXPERIMENT_DIR = f"{RESULTS}/{{experiment}}"
+VARIANT_DIR = f"{EXPERIMENT_DIR}/{{variant}}"
+
 # the cluster settings results depend on, for params-triggered reruns: where jobs queue does not count
 CLUSTER = {key: value for key, value in config["cluster"].items() if key != "slurm"}
-
-
-def tokenizer_dir():
-    """A local tokenizer folder from config, else the one the train_tokenizer rule makes."""
-    return config["tokenizer"]["path"] or "results/tokenizer"
 
 
 # Used only with --sw-deployment-method conda; otherwise rules run in the
@@ -24,15 +36,42 @@ def tokenizer_dir():
 WATTGATE_ENV = "../envs/wattgate.yaml"
 
 
-def gate_result(gate_dir="results/gate"):
+# --- stage commands run both by a main rule (pack_and_balance, invariant_gate, train) and by its experiment_*
+# twin, written once, so a flag added to a stage is added here. `{config:q}` is the config file the stage
+# reads, filled in by stage_shell(): the main rules pass the resolved run config (params.config), the
+# experiment rules their variant's config (input.config, made by experiment_config). Every other value comes
+# quoted from the rule's own input, params and log.
+STAGE_SHELL = {
+    "pack": "wattgate pack --config {config:q} --pretokenized {input.pretokenized:q} --out {params.out:q} > {log:q} 2>&1",
+    "gate": (
+        "wattgate gate --config {config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
+        " --out {params.out:q} 2>&1 | tee {log:q}"
+    ),
+    "launch": (
+        "wattgate launch --config {config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
+        " --out {params.out:q} 2>&1 | tee {log:q}"
+    ),
+}
+
+
+def stage_shell(stage, config="params.config"):
+    """STAGE_SHELL[stage] reading the config file the rule names as `config` (params.config or input.config)."""
+    return STAGE_SHELL[stage].replace("{config:q}", "{%s:q}" % config)
+
+
+def gate_result(gate_dir=GATE_DIR):
     """What downstream rules wait on: a pass, or (gate.enforce: false, on purpose) any verdict."""
     return f"{gate_dir}/PASSED" if config["gate"]["enforce"] else f"{gate_dir}/UNENFORCED"
 
 
 def variant_runs(experiment):
-    """The finished train runs of one measurement target (`scaling` or `dataio`)."""
-    return expand("results/{experiment}/{variant}/train/TRAINED", experiment=experiment,
-                  variant=variant_names(config, experiment))
+    """The finished train runs of one measurement target (`scaling` or `dataio`): experiment_train's
+    output per variant (called when the DAG is built, after experiments.smk defined that rule)."""
+    return expand(
+        rules.experiment_train.output.trained,
+        experiment=experiment,
+        variant=variant_names(config, experiment),
+    )
 
 
 # Slurm job resources (read by `snakemake --profile slurm`, ignored by local runs), all from
@@ -53,8 +92,12 @@ def _slurm_placement(partition):
 def cpu_job(kind):
     """One-node CPU job: 'cpu' (pretokenize, pack) or 'small' (triage, report)."""
     s = SLURM[kind]
-    return dict(cpus_per_task=s["cpus"], mem_mb=s["mem_mb"], runtime=s["runtime_min"],
-                **_slurm_placement(SLURM["cpu_partition"] or SLURM["partition"]))
+    return dict(
+        cpus_per_task=s["cpus"],
+        mem_mb=s["mem_mb"],
+        runtime=s["runtime_min"],
+        **_slurm_placement(SLURM["cpu_partition"] or SLURM["partition"]),
+    )
 
 
 def gpu_job(cluster):
@@ -64,9 +107,13 @@ def gpu_job(cluster):
     runs inside the jobstep's own srun step and launches torchrun locally (the plugin refuses mpi
     with a single task)."""
     nodes, gpu = cluster["nodes"], cluster["gpu_model"].lower() != "cpu"
-    res = dict(nodes=nodes, cpus_per_task=cluster["cpus_per_node"] or cluster["gpus_per_node"],
-               runtime=SLURM["train"]["runtime_min"], mem_mb=SLURM["train"]["mem_mb"],
-               **_slurm_placement(SLURM["partition"]))
+    res = dict(
+        nodes=nodes,
+        cpus_per_task=cluster["cpus_per_node"] or cluster["gpus_per_node"],
+        runtime=SLURM["train"]["runtime_min"],
+        mem_mb=SLURM["train"]["mem_mb"],
+        **_slurm_placement(SLURM["partition"]),
+    )
     if nodes > 1:
         res.update(tasks=nodes, mpi="srun")
     if gpu:
@@ -88,10 +135,23 @@ def sbatch_flags(extra):
 
 def variant_gpu_job():
     """gpu_job() of each measurement variant's own cluster section (its node count differs)."""
+
     def key(name):
         return lambda wildcards: gpu_job(
-            variant_config(config, wildcards.experiment, wildcards.variant)["cluster"]).get(name)
+            variant_config(config, wildcards.experiment, wildcards.variant)["cluster"]
+        ).get(name)
 
-    names = ["nodes", "tasks", "mpi", "cpus_per_task", "runtime", "mem_mb", "gres", "tasks_per_gpu",
-             "slurm_partition", "slurm_account", "slurm_extra"]
+    names = [
+        "nodes",
+        "tasks",
+        "mpi",
+        "cpus_per_task",
+        "runtime",
+        "mem_mb",
+        "gres",
+        "tasks_per_gpu",
+        "slurm_partition",
+        "slurm_account",
+        "slurm_extra",
+    ]
     return {name: key(name) for name in names}

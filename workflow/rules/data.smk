@@ -12,16 +12,16 @@ localrules:
 
 rule demo_corpus:
     output:
-        "results/corpus/demo.jsonl",
+        f"{CORPUS_DIR}/demo.jsonl",
+    log:
+        f"{CORPUS_DIR}/demo_corpus.log",
+    benchmark:
+        f"{CORPUS_DIR}/demo_corpus.benchmark.tsv"
+    conda:
+        WATTGATE_ENV
     params:
         config=RUN_CONFIG,
         settings=config["demo_corpus"],
-    conda:
-        WATTGATE_ENV
-    log:
-        "results/corpus/demo_corpus.log",
-    benchmark:
-        "results/corpus/demo_corpus.benchmark.tsv"
     shell:
         "wattgate demo-corpus --config {params.config:q} --out {output:q} > {log:q} 2>&1"
 
@@ -30,16 +30,16 @@ rule train_tokenizer:
     input:
         config["data"]["inputs"],
     output:
-        directory("results/tokenizer"),
+        directory(TOKENIZER_DIR),
+    log:
+        f"{RESULTS}/train_tokenizer.log",
+    benchmark:
+        f"{RESULTS}/train_tokenizer.benchmark.tsv"
+    conda:
+        WATTGATE_ENV
     params:
         config=RUN_CONFIG,
         settings=config["tokenizer"],
-    conda:
-        WATTGATE_ENV
-    log:
-        "results/train_tokenizer.log",
-    benchmark:
-        "results/train_tokenizer.benchmark.tsv"
     shell:
         "wattgate train-tokenizer --config {params.config:q} --corpus {input:q} --out {output:q} > {log:q} 2>&1"
 
@@ -47,21 +47,22 @@ rule train_tokenizer:
 rule pretokenize:
     input:
         corpus=config["data"]["inputs"],
-        tokenizer=tokenizer_dir(),
+        # a local tokenizer folder from config, else the one train_tokenizer makes
+        tokenizer=config["tokenizer"]["path"] or rules.train_tokenizer.output[0],
     output:
-        directory("results/pretokenized"),
-    params:
-        config=RUN_CONFIG,
-        settings=[config["data"], config["pretokenize"], config["train"]["seq_len"]],
+        directory(PRETOKENIZED_DIR),
+    log:
+        f"{RESULTS}/pretokenize.log",
+    benchmark:
+        f"{RESULTS}/pretokenize.benchmark.tsv"
     conda:
         WATTGATE_ENV
-    log:
-        "results/pretokenize.log",
-    benchmark:
-        "results/pretokenize.benchmark.tsv"
     threads: 2
     resources:
         **cpu_job("cpu"),
+    params:
+        config=RUN_CONFIG,
+        settings=[config["data"], config["pretokenize"], config["train"]["seq_len"]],
     shell:
         "wattgate pretokenize --config {params.config:q} --tokenizer {input.tokenizer:q} --out {output:q}"
         " > {log:q} 2>&1"
@@ -69,20 +70,21 @@ rule pretokenize:
 
 rule pack_and_balance:
     input:
-        "results/pretokenized",
+        pretokenized=rules.pretokenize.output[0],
     output:
-        plan="results/plan/plan.json",
-        packs="results/plan/packs.parquet",
-    params:
-        config=RUN_CONFIG,
-        settings=[config["pack"], config["train"], CLUSTER],
+        plan=f"{PLAN_DIR}/plan.json",
+        packs=f"{PLAN_DIR}/packs.parquet",
+    log:
+        f"{PLAN_DIR}/pack.log",
+    benchmark:
+        f"{PLAN_DIR}/pack.benchmark.tsv"
     conda:
         WATTGATE_ENV
-    log:
-        "results/plan/pack.log",
-    benchmark:
-        "results/plan/pack.benchmark.tsv"
     resources:
         **cpu_job("cpu"),
+    params:
+        config=RUN_CONFIG,
+        out=lambda wildcards, output: os.path.dirname(output.plan),
+        settings=[config["pack"], config["train"], CLUSTER],
     shell:
-        "wattgate pack --config {params.config:q} --pretokenized {input:q} --out results/plan > {log:q} 2>&1"
+        stage_shell("pack")

@@ -15,104 +15,106 @@ localrules:
     experiment_table,
 
 
-rule scaling:
-    input:
-        "results/scaling/table.csv",
-
-
-rule dataio:
-    input:
-        "results/dataio/table.csv",
-
-
 rule experiment_config:
     output:
-        "results/{experiment}/{variant}/config.yaml",
+        f"{VARIANT_DIR}/config.yaml",
+    log:
+        f"{VARIANT_DIR}/variant.log",
+    conda:
+        WATTGATE_ENV
     params:
         config=RUN_CONFIG,
         settings=[config["scaling"], config["dataio"], config["train"], CLUSTER, config["model"]],
-    conda:
-        WATTGATE_ENV
-    log:
-        "results/{experiment}/{variant}/variant.log",
     shell:
         "wattgate variant --config {params.config:q} --experiment {wildcards.experiment:q}"
         " --variant {wildcards.variant:q} --out {output:q} > {log:q} 2>&1"
 
 
+# experiment_pack, _gate and _train run the main rules' commands (STAGE_SHELL in common.smk) on the variant's
+# config and folders.
+
+
 rule experiment_pack:
     input:
-        config="results/{experiment}/{variant}/config.yaml",
-        pretokenized="results/pretokenized",
+        config=rules.experiment_config.output[0],
+        pretokenized=rules.pretokenize.output[0],
     output:
-        plan="results/{experiment}/{variant}/plan/plan.json",
-        packs="results/{experiment}/{variant}/plan/packs.parquet",
-    params:
-        out=lambda wildcards, output: os.path.dirname(output.plan),
-    resources:
-        **cpu_job("cpu"),
+        plan=f"{VARIANT_DIR}/plan/plan.json",
+        packs=f"{VARIANT_DIR}/plan/packs.parquet",
+    log:
+        f"{VARIANT_DIR}/plan/pack.log",
     conda:
         WATTGATE_ENV
-    log:
-        "results/{experiment}/{variant}/plan/pack.log",
+    resources:
+        **cpu_job("cpu"),
+    params:
+        out=lambda wildcards, output: os.path.dirname(output.plan),
     shell:
-        "wattgate pack --config {input.config:q} --pretokenized {input.pretokenized:q} --out {params.out:q} > {log:q} 2>&1"
+        stage_shell("pack", config="input.config")
 
 
 rule experiment_gate:
     input:
-        config="results/{experiment}/{variant}/config.yaml",
-        pretokenized="results/pretokenized",
-        plan="results/{experiment}/{variant}/plan/plan.json",
+        config=rules.experiment_config.output[0],
+        pretokenized=rules.pretokenize.output[0],
+        plan=rules.experiment_pack.output.plan,
     output:
-        gate_result("results/{experiment}/{variant}/gate"),
+        gate_result(f"{VARIANT_DIR}/gate"),
+    log:
+        f"{VARIANT_DIR}/gate/gate.log",
+    conda:
+        WATTGATE_ENV
     params:
         plan=lambda wildcards, input: os.path.dirname(input.plan),
         out=lambda wildcards, output: os.path.dirname(output[0]),
-    conda:
-        WATTGATE_ENV
-    log:
-        "results/{experiment}/{variant}/gate/gate.log",
     shell:
-        "wattgate gate --config {input.config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
-        " --out {params.out:q} 2>&1 | tee {log:q}"
+        stage_shell("gate", config="input.config")
 
 
 rule experiment_train:
     input:
-        config="results/{experiment}/{variant}/config.yaml",
-        gate=gate_result("results/{experiment}/{variant}/gate"),
-        pretokenized="results/pretokenized",
-        plan="results/{experiment}/{variant}/plan/plan.json",
+        config=rules.experiment_config.output[0],
+        gate=rules.experiment_gate.output[0],
+        pretokenized=rules.pretokenize.output[0],
+        plan=rules.experiment_pack.output.plan,
     output:
-        trained="results/{experiment}/{variant}/train/TRAINED",
-    params:
-        plan=lambda wildcards, input: os.path.dirname(input.plan),
-        out=lambda wildcards, output: os.path.dirname(output.trained),
+        trained=f"{VARIANT_DIR}/train/TRAINED",
+    log:
+        f"{VARIANT_DIR}/train/train.log",
+    conda:
+        WATTGATE_ENV
     threads: lambda wildcards: workflow.cores
     resources:
         **variant_gpu_job(),
-    conda:
-        WATTGATE_ENV
-    log:
-        "results/{experiment}/{variant}/train/train.log",
+    params:
+        plan=lambda wildcards, input: os.path.dirname(input.plan),
+        out=lambda wildcards, output: os.path.dirname(output.trained),
     shell:
-        "wattgate launch --config {input.config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
-        " --out {params.out:q} 2>&1 | tee {log:q}"
+        stage_shell("launch", config="input.config")
 
 
 rule experiment_table:
     input:
         lambda wildcards: variant_runs(wildcards.experiment),
     output:
-        table=report("results/{experiment}/table.csv", caption="../report/experiment.rst", category="Experiments"),
-        plot=report("results/{experiment}/plot.png", caption="../report/experiment.rst", category="Experiments"),
+        table=report(f"{EXPERIMENT_DIR}/table.csv", caption="../report/experiment.rst", category="Experiments"),
+        plot=report(f"{EXPERIMENT_DIR}/plot.png", caption="../report/experiment.rst", category="Experiments"),
+    log:
+        f"{EXPERIMENT_DIR}/compare.log",
+    conda:
+        WATTGATE_ENV
     params:
         runs=lambda wildcards, input: [os.path.dirname(os.path.dirname(t)) for t in input],
         out=lambda wildcards, output: os.path.dirname(output.table),
-    conda:
-        WATTGATE_ENV
-    log:
-        "results/{experiment}/compare.log",
     shell:
         "wattgate compare --experiment {wildcards.experiment:q} --runs {params.runs:q} --out {params.out:q} 2>&1 | tee {log:q}"
+
+
+rule scaling:
+    input:
+        expand(rules.experiment_table.output.table, experiment="scaling"),
+
+
+rule dataio:
+    input:
+        expand(rules.experiment_table.output.table, experiment="dataio"),

@@ -9,18 +9,19 @@ localrules:
 
 rule invariant_gate:
     input:
-        pretokenized="results/pretokenized",
-        plan="results/plan/plan.json",
-        packs="results/plan/packs.parquet",
+        pretokenized=rules.pretokenize.output[0],
+        plan=rules.pack_and_balance.output.plan,
+        packs=rules.pack_and_balance.output.packs,
     output:
         gate_result(),
-    params:
-        config=RUN_CONFIG,
-        settings=[config["gate"], CLUSTER, config["train"], config["model"]],
+    log:
+        f"{GATE_DIR}/gate.log",
     conda:
         WATTGATE_ENV
-    log:
-        "results/gate/gate.log",
+    params:
+        config=RUN_CONFIG,
+        plan=lambda wildcards, input: os.path.dirname(input.plan),
+        out=lambda wildcards, output: os.path.dirname(output[0]),
+        settings=[config["gate"], CLUSTER, config["train"], config["model"]],
     shell:
-        "wattgate gate --config {params.config:q} --pretokenized {input.pretokenized:q}"
-        " --plan results/plan --out results/gate 2>&1 | tee {log:q}"
+        stage_shell("gate")

@@ -3,28 +3,26 @@
 # traces are empty; the rule still writes its outputs, saying there was no GPU telemetry.
 # `snakemake calibrate` measures this cluster's GPU phases (a one-node GPU job) into a triage
 # table; point telemetry.table at it to use it.
-POWER_DIR = f"results/power/{config['run_name']}"
-CALIBRATION = f"results/calibrate/{config['cluster']['gpu_model'].lower()}.yaml"
 
 
 rule power_triage:
     input:
-        trained=f"{TRAIN_DIR}/TRAINED",
+        trained=rules.train.output.trained,
     output:
         phases=f"{POWER_DIR}/phases.parquet",
         summary=f"{POWER_DIR}/phase_summary.csv",
         triage=f"{POWER_DIR}/triage.json",
+    log:
+        f"{POWER_DIR}/triage.log",
+    conda:
+        WATTGATE_ENV
+    resources:
+        **cpu_job("small"),
     params:
         config=RUN_CONFIG,
         run=lambda wildcards, input: os.path.dirname(input.trained),
         out=lambda wildcards, output: os.path.dirname(output.triage),
         settings=[config["telemetry"], config["watcher"]["hang_after_s"]],
-    resources:
-        **cpu_job("small"),
-    conda:
-        WATTGATE_ENV
-    log:
-        f"{POWER_DIR}/triage.log",
     shell:
         "wattgate triage --config {params.config:q} --trace {params.run:q}/telemetry --run {params.run:q}"
         " --out {params.out:q} > {log:q} 2>&1"
@@ -34,14 +32,14 @@ rule calibrate:
     output:
         table=CALIBRATION,
         samples=CALIBRATION.replace(".yaml", "-samples.parquet"),
-    params:
-        gpu_model=config["cluster"]["gpu_model"],
-    resources:
-        **gpu_job(config["cluster"] | {"nodes": 1}),
-    conda:
-        WATTGATE_ENV
     log:
         CALIBRATION.replace(".yaml", ".log"),
+    conda:
+        WATTGATE_ENV
+    resources:
+        **gpu_job(config["cluster"] | {"nodes": 1}),
+    params:
+        gpu_model=config["cluster"]["gpu_model"],
     shell:
         "wattgate calibrate --gpu-model {params.gpu_model:q} --out {output.table:q}"
         " --samples {output.samples:q} 2>&1 | tee {log:q}"

@@ -3,28 +3,25 @@
 # resumes from the newest complete checkpoint. Only TRAINED is declared: metrics, heartbeats
 # and checkpoints of a failed run stay on disk for the watcher and the report.
 # On Slurm it is one job of cluster.nodes nodes (see gpu_job in common.smk).
-import os
-
-
 rule train:
     input:
-        gate=gate_result(),
-        pretokenized="results/pretokenized",
-        plan="results/plan/plan.json",
-        packs="results/plan/packs.parquet",
+        gate=rules.invariant_gate.output[0],
+        pretokenized=rules.pretokenize.output[0],
+        plan=rules.pack_and_balance.output.plan,
+        packs=rules.pack_and_balance.output.packs,
     output:
         trained=f"{TRAIN_DIR}/TRAINED",
-    params:
-        config=RUN_CONFIG,
-        out=lambda wildcards, output: os.path.dirname(output.trained),
-        settings=[config["train"], config["model"], CLUSTER],
+    log:
+        f"{TRAIN_DIR}/train.log",
+    conda:
+        WATTGATE_ENV
     threads: lambda wildcards: workflow.cores
     resources:
         **gpu_job(config["cluster"]),
-    conda:
-        WATTGATE_ENV
-    log:
-        f"{TRAIN_DIR}/train.log",
+    params:
+        config=RUN_CONFIG,
+        plan=lambda wildcards, input: os.path.dirname(input.plan),
+        out=lambda wildcards, output: os.path.dirname(output.trained),
+        settings=[config["train"], config["model"], CLUSTER],
     shell:
-        "wattgate launch --config {params.config:q} --pretokenized {input.pretokenized:q} --plan results/plan"
-        " --out {params.out:q} 2>&1 | tee {log:q}"
+        stage_shell("launch")
