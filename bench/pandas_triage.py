@@ -74,12 +74,9 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-try:  # the triage modules are moving from wattgate.telemetry to wattgate.power
-    from wattgate.power.tables import PHASES, resolve_table, shipped_table
-except ImportError:  # pragma: no cover - older layout
-    from wattgate.telemetry.tables import PHASES, resolve_table, shipped_table
+from wattgate.power.tables import POWER_PHASES, resolve_table, shipped_table
 
-LABELS = PHASES + ("unknown",)
+LABELS = POWER_PHASES + ("unknown",)
 DEADLOCK_AFTER_S = 60.0
 RADIUS = 2                  # windows on each side: rolling median and majority filter over 5
 OSCILLATION_SHARE = 0.15

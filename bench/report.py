@@ -2,7 +2,7 @@
 
 Data. The 16-GPU day of bench/triage_accuracy.py (2 hosts x 8 B300s, long
 compute with communication, data starvation and a checkpoint every ~55 min,
-a hang in the last 10 minutes; tests/trace_builder.py draws the samples),
+a hang in the last 10 minutes; wattgate.data.synthetic_trace draws the samples),
 written as the samplers would: one Parquet trace per host, rows in time order
 (all GPUs of a sample together) and the NVML energy counter on every 100th
 sample of a GPU (the sampler reads it every 10 s). Beside it the run's files:
@@ -52,16 +52,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trace_builder import build_trace, gpus_of, job, write_run_info  # noqa: E402
-from triage_accuracy import day_schedule  # noqa: E402
+from triage_accuracy import day_schedule  # bench/, on sys.path as the script's folder
 
-from wattgate.artifacts import write_json_atomic  # noqa: E402
-from wattgate.power.tables import shipped_table  # noqa: E402
-from wattgate.power.triage import LABELS, run_triage  # noqa: E402
-from wattgate.report import run_report, summarize  # noqa: E402
-from wattgate.telemetry.trace import schema_with_meta, trace_files  # noqa: E402
+from wattgate.artifacts import write_json_atomic
+from wattgate.data.synthetic_trace import build_trace, gpus_of, job, write_run_info
+from wattgate.power.tables import shipped_table
+from wattgate.power.triage import LABELS, run_triage
+from wattgate.report import run_report, summarize
+from wattgate.telemetry.trace import schema_with_meta, trace_files
 
 TARGET_S = 10.0            # triage + report, 16 GPUs x 24 h x 10 Hz, 2-core bench VM
 TARGET_RATIO = 8.0         # issue 14: triage + report at least 8x faster than the pandas baseline

@@ -177,7 +177,7 @@ def extras_cost(out: Path, rank: int, world: int, n: int = 200) -> dict[str, flo
     import torch
     import torch.distributed as dist
 
-    from wattgate.train.telemetry_files import Heartbeat
+    from wattgate.run_files import Heartbeat
 
     def median_s(fn) -> float:
         dist.barrier()

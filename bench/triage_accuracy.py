@@ -1,7 +1,7 @@
 """Power triage: accuracy per phase on labelled synthetic traces, and speed on a 24 h, 16-GPU trace.
 
 Accuracy. For each shipped table (A100, H100, H200, B200, B300), two jobs on
-2 nodes x 2 GPUs built by tests/trace_builder.py (see its docstring for the
+2 nodes x 2 GPUs built by wattgate.data.synthetic_trace (see its docstring for the
 power and utilization of each phase as a function of the table): one ends in
 a hang with one rank stuck at 0% utilization, one finishes and idles. Between
 long compute stretches come communication, short sync waits, data
@@ -32,7 +32,7 @@ idle (one GPU, no heartbeats: nothing but idle power to see). Then a real
 106-step training run of a small, host-bound model, with its heartbeats and
 metrics and power only: its steps should read compute, its checkpoint
 intervals checkpoint, the init before the first step and the teardown after
-"done" idle (see trace_builder.train_parts).
+"done" idle (see synthetic_trace.train_parts).
 
 Speed. triage() on a 16 GPU x 24 h x 10 Hz trace (13.8M rows, built in
 memory), best and median of --repeat runs, against the target of ~3 s on the
@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -56,15 +55,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import pyarrow.parquet as pq  # noqa: E402
-from trace_builder import (  # noqa: E402
-    H200_DATA, PUBLISHED_H200, accuracy, build_trace, calibration_agreement, gpus_of, job, train_agreement,
-    write_run_info)
+import pyarrow.parquet as pq
 
-from wattgate.power.tables import SHIPPED, shipped_table  # noqa: E402
-from wattgate.power.triage import load_run_info, run_triage, triage  # noqa: E402
-from wattgate.telemetry.trace import read_trace, trace_meta  # noqa: E402
+from wattgate.data.synthetic_trace import (
+    PUBLISHED_H200, accuracy, build_trace, calibration_agreement, gpus_of, job, train_agreement, write_run_info)
+from wattgate.gpus import SHIPPED
+from wattgate.power.tables import shipped_table
+from wattgate.power.triage import load_run_info, run_triage, triage
+from wattgate.telemetry.trace import read_trace, trace_meta
+
+H200_DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200"  # the real traces kept with the tests
 
 DEADLOCK_AFTER_S = 60.0
 TARGET_TRIAGE_S = 3.0  # triage() alone, 16 GPUs x 24 h x 10 Hz, on the 2-core bench VM

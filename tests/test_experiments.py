@@ -11,7 +11,7 @@ import yaml
 
 from wattgate.errors import InputError
 from wattgate.experiments import compare, node_layout, step_throughput, variant_config, variant_names
-from wattgate.train.telemetry_files import METRICS_SCHEMA
+from wattgate.run_files import METRICS_SCHEMA
 
 
 def test_scaling_variants_keep_the_global_batch(make_config):

@@ -13,7 +13,7 @@ from wattgate.errors import InputError
 from wattgate.power.importers import import_trace, write_trace
 from wattgate.report import run_report
 
-from test_import import rows, write  # the same small helpers
+from test_import_trace import rows, write  # the same small helpers
 
 T0 = dt.datetime(2025, 9, 24, 3, 41, 43, 487000, tzinfo=dt.timezone.utc).timestamp()
 CUSTOM = "timestamp,gpu_index,temperature_C,utilization_gpu_percent,power_W"

@@ -1,7 +1,7 @@
 """`wattgate report`: summary.json numbers, the self-contained page, anomalies, determinism and bad inputs.
 
 Real data: the H200 training run in tests/data/h200/train (one GPU, energy counter on every sample).
-Synthetic: trace_builder jobs for hangs, hand-written metrics for stragglers and data starvation,
+Synthetic: wattgate.data.synthetic_trace jobs for hangs, hand-written metrics for stragglers and data starvation,
 and an empty trace (what the sampler writes without NVML) for the CPU default.
 """
 
@@ -14,9 +14,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from trace_builder import H200_DATA, T0, build_trace, gpus_of, job, write_run_info
+from real_traces import H200_DATA
 
 from wattgate.cli import main
+from wattgate.data.synthetic_trace import T0, build_trace, gpus_of, job, write_run_info
 from wattgate.errors import InputError
 from wattgate.power.tables import shipped_table
 from wattgate.power.triage import LABELS, run_triage
@@ -25,7 +26,7 @@ from wattgate.power.energy import gpu_energy
 from wattgate.report.figures import MAX_POINTS, bin_edges, bin_majority
 from wattgate.report.inputs import default_power_dir, read_samples
 from wattgate.telemetry.trace import TRACE_SCHEMA, TraceWriter, trace_files
-from wattgate.train.telemetry_files import METRICS_SCHEMA
+from wattgate.run_files import METRICS_SCHEMA
 
 TRAIN = H200_DATA / "train"
 SECTIONS = ("Phase breakdown", "Energy", "Step time and data wait over time", "Loss", "Anomalies",
@@ -314,7 +315,7 @@ def test_bad_phases_and_gate_files_are_named(tmp_path):
     with pytest.raises(InputError, match="phases.parquet"):
         run_report(TRAIN, tmp_path / "out", power_dir=power)
     (gate / "gate.json").write_text("[1, 2]")
-    with pytest.raises(InputError, match="gate.json: expected a JSON object"):
+    with pytest.raises(InputError, match="gate.json: the gate report is not a JSON object"):
         run_report(TRAIN, tmp_path / "out", gate_dir=gate)
 
 

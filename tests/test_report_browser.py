@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from trace_builder import H200_DATA
+from real_traces import H200_DATA
 
 from wattgate.report import run_report
 from wattgate.telemetry.trace import TraceWriter

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from wattgate.train.metrics import StepLog
-from wattgate.train.telemetry_files import MetricsTable
+from wattgate.run_files import MetricsTable
 from wattgate.train.tensorboard import TAGS
 
 pytest.importorskip("tensorboard")

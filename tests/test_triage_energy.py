@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from trace_builder import build_trace, gpus_of, job
 
+from wattgate.data.synthetic_trace import build_trace, gpus_of, job
 from wattgate.errors import InputError
 from wattgate.power.energy import gpu_energy, records
 from wattgate.power.tables import shipped_table

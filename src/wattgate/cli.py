@@ -22,18 +22,9 @@ def _demo_corpus(args, config) -> None:
 
 
 def _train_tokenizer(args, config) -> None:
-    from collections import Counter
+    from wattgate.data.tokenizer import train_tokenizer
 
-    from wattgate.data.records import BadRecordPolicy, Fields, read_records
-    from wattgate.data.tokenizer import save_hf_tokenizer, train_bpe, training_texts
-
-    d = config["data"]
-    policy = BadRecordPolicy(config["pretokenize"]["on_bad_record"], Counter())
-    fields = Fields(d["text_field"], d["messages_field"], max_chars=config["pretokenize"]["max_doc_chars"])
-    records = read_records(args.corpus or d["inputs"], fields, policy)
-    t = config["tokenizer"]
-    tok = train_bpe(training_texts(records), t["vocab_size"], t["min_frequency"])
-    save_hf_tokenizer(tok, args.out)
+    tok = train_tokenizer(config, args.out, args.corpus)
     print(f"train-tokenizer: vocab {tok.get_vocab_size()} -> {args.out}")
 
 
@@ -123,20 +114,9 @@ def _sample(args, config) -> int:
 
 
 def _watch(args, config) -> None:
-    import signal
-    import threading
+    from wattgate.telemetry.watch import run_watch
 
-    from wattgate.config import world_size
-    from wattgate.power.triage.settings import TriageSettings
-    from wattgate.telemetry.watch import CostBasis, WatchSettings, watch
-
-    settings = TriageSettings.merge(config)
-    table = settings.table() if settings.has_table else None
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # the launcher's "the job has ended": finish the record
-        signal.signal(sig, lambda *_: stop.set())
-    record = watch(args.run, world_size(config), WatchSettings.from_config(config), table, args.pid,
-                   args.slurm_job, args.out, stop, CostBasis.from_config(config))
+    record = run_watch(config, args.run, args.pid, args.slurm_job, args.out)
     if record["verdict"] not in ("healthy", "running") and record.get("action") == "kill":
         raise StageFailed(record["reason"])
 
@@ -193,7 +173,7 @@ def _report(args, config) -> None:
 
     if args.run is None and not args.trace:
         raise InputError("report: pass --run DIR (a train run) or --trace FILE... (e.g. from wattgate import-trace)")
-    s = run_report(args.run, args.out, power_dir=args.power, gate_dir=args.gate, config_path=args.report_config,
+    s = run_report(args.run, args.out, power_dir=args.power, gate_dir=args.gate, config=config,
                    trace_paths=args.trace, gpu_model=args.gpu_model, table_path=args.table,
                    power_cap_w=args.power_cap_w)
     energy = s["energy"]
@@ -335,10 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--power", type=Path, help="triage output (default results/power/<run>; else triage runs here)")
     p.add_argument("--gate", type=Path, help="gate output folder (default results/gate beside results/train)")
-    # run_report loads it (its own dest: main() loads args.config, and the report's config is optional)
-    p.add_argument("--config", dest="report_config", metavar="C", type=Path,
-                   help="run config (default results/config.yaml)")
-    p.set_defaults(func=_report, config=None)
+    p.add_argument("--config", type=Path, help="run config (YAML; default results/config.yaml beside the run)")
+    p.set_defaults(func=_report)
 
     p = sub.add_parser("calibrate", help="measure known phases' power on this node's GPU; write a triage table")
     p.add_argument("--gpu-model", required=True, help="model name for the table (a100, h100, h200, b200, b300, ...)")

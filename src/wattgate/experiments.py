@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import copy
 import io
-import json
 import math
 import re
 from pathlib import Path
 
 import pandas as pd
-import pyarrow.parquet as pq
 import yaml
 
 from wattgate.artifacts import write_bytes_atomic
 from wattgate.config import load_config, validate_config, world_size
 from wattgate.errors import InputError
+from wattgate.run_files import METRICS, TRAINED, read_gate_report, read_metrics, read_trained
 
 EXPERIMENTS = ("scaling", "dataio")
 DATA_CACHES = ("shared", "local")
@@ -139,11 +138,11 @@ def run_row(variant_dir: Path) -> dict:
     """One finished variant: its settings and measured throughput."""
     config = load_config(variant_dir / "config.yaml")
     train = variant_dir / "train"
-    try:
-        metrics = pq.read_table(train / "metrics.parquet").to_pandas()
-        summary = json.loads((train / "TRAINED").read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{train}: not a finished train run ({exc})") from None
+    metrics = read_metrics(train, ["step", "rank", "time", "tokens", "step_time_s", "data_wait_s"])
+    summary = read_trained(train)
+    if metrics is None or summary is None:
+        missing = " and ".join(name for name, found in ((METRICS, metrics), (TRAINED, summary)) if found is None)
+        raise InputError(f"{train}: not a finished train run (no {missing}); rerun its train stage")
     m = step_throughput(metrics)
     world = world_size(config)
     energy = measured_energy_j(train / "telemetry", m["start"], m["end"])
@@ -157,15 +156,12 @@ def run_row(variant_dir: Path) -> dict:
         "joules_per_token": energy / m["tokens"] if energy is not None else None,
         "data_wait_share": m["data_wait_share"], "data_wait_s_per_step": m["data_wait_s_per_step"],
         "data_copy_s": summary.get("data_copy_s"),
-    } | forecast_columns(variant_dir / "gate" / "gate.json", summary)
+    } | forecast_columns(variant_dir / "gate", summary)
 
 
-def forecast_columns(gate_json: Path, trained: dict) -> dict:
+def forecast_columns(gate_dir: Path, trained: dict) -> dict:
     """The gate's forecast of the train job's wall time beside what TRAINED measured, and the error."""
-    try:
-        fc = json.loads(gate_json.read_text()).get("forecast") if gate_json.is_file() else None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{gate_json}: not readable ({exc})") from None
+    fc = (read_gate_report(gate_dir) or {}).get("forecast")
     measured = trained.get("job_s")
     out = {"forecast_source": None, "forecast_wall_s": None, "measured_wall_s": measured, "forecast_error": None}
     if fc:

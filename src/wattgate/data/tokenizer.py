@@ -8,10 +8,12 @@ loaded the same way: `AutoTokenizer.from_pretrained(dir)` with the hub off.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from wattgate.artifacts import atomic_dir
+from wattgate.data.records import BadRecordPolicy, Fields, read_records
 from wattgate.errors import InputError
 
 PAD_TOKEN = "<|endoftext|>"
@@ -121,3 +123,15 @@ def training_texts(records: Iterator) -> Iterator[str]:
         else:
             for m in rec.messages:
                 yield m["role"] + "\n" + m["content"]
+
+
+def train_tokenizer(config: dict, out: str | Path, corpus: list[str | Path] | None = None):
+    """The train-tokenizer stage: BPE on the corpus (`corpus`, else data.inputs), its records read and
+    checked as pretokenize reads them; saved as a Hugging Face tokenizer folder. Returns the tokenizer."""
+    d, p, t = config["data"], config["pretokenize"], config["tokenizer"]
+    policy = BadRecordPolicy(p["on_bad_record"], Counter())
+    fields = Fields(d["text_field"], d["messages_field"], max_chars=p["max_doc_chars"])
+    records = read_records(corpus or d["inputs"], fields, policy)
+    tok = train_bpe(training_texts(records), t["vocab_size"], t["min_frequency"])
+    save_hf_tokenizer(tok, out)
+    return tok

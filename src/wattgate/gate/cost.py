@@ -12,7 +12,7 @@ from wattgate.errors import InputError
 from wattgate.gate.checks import Check, step_rank_costs
 from wattgate.gate.inputs import GateInputs, PackRows
 from wattgate.gate.memory import DTYPE_BYTES, ModelSpec, checkpoint_bytes, checkpoint_source, export_dtype_name
-from wattgate.gpus import peak_bf16_flops
+from wattgate.gpus import is_cpu, peak_bf16_flops
 
 
 def plan_step_costs(packs: PackRows, plan: dict, config: dict, max_steps: int | None) -> F.PlanCosts:
@@ -28,7 +28,7 @@ def forecast_settings(config: dict, spec: ModelSpec) -> F.Settings:
     load_bytes = 0 if source is None else (source.file_bytes or spec.num_params * DTYPE_BYTES[source.dtype])
     slurm = cluster["launcher"] != "local"
     return F.Settings(
-        world_size=world_size(config), on_gpu=cluster["gpu_model"].lower() != "cpu",
+        world_size=world_size(config), on_gpu=not is_cpu(cluster["gpu_model"]),
         checkpoint_every=t["checkpoint_every"], checkpoint_at_epoch_end=t["checkpoint_at_epoch_end"],
         checkpoint_bytes=checkpoint_bytes(spec), export_bytes=spec.num_params * DTYPE_BYTES[export_dtype_name(config)],
         load_bytes=load_bytes, storage_gbps=cluster["storage_gbps"], collective_timeout_s=t["collective_timeout_s"],

@@ -1,4 +1,4 @@
-"""Load the artifacts the gate checks: plan, packs, pretokenized manifest and shard columns.
+"""Load the artifacts the gate checks: plan, packs and manifest (wattgate.run_files), and shard columns.
 
 Everything is read into flat numpy arrays once; each check is then a pure
 function over these arrays. Unreadable or malformed input is an InputError
@@ -8,7 +8,6 @@ function over these arrays. Unreadable or malformed input is an InputError
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,63 +19,15 @@ import pyarrow.parquet as pq
 from wattgate.artifacts import sha256_file
 from wattgate.data.pretokenize import shard_hash, shard_hash_algorithm
 from wattgate.errors import InputError
+from wattgate.run_files import (PACKS, PackRows, first_line, parquet_columns, read_manifest, read_packs, read_parquet,
+                                read_plan)
 
-PACKS_COLUMNS = ("epoch", "step", "micro", "rank", "slot", "doc_ids", "doc_lengths", "num_tokens")
 # Up to this many tokens in all shards, the gate decodes every document's input_ids (~60M tokens/s on the
 # 2-core bench VM, so <= ~0.07 s) to
 # check its length against num_tokens and the true max token id. Above it, the per-row-group checks from
 # the Parquet metadata stand in (leaf value count == sum of num_tokens, column statistics max), the shard
 # hashes prove the bytes are those pretokenize wrote, and the trainer checks each document it reads.
 FULL_CONTENT_CHECK_TOKENS = 4_000_000
-
-
-@dataclass(frozen=True)
-class PackRows:
-    """packs.parquet as arrays: one entry per row, documents flattened with row offsets."""
-
-    epoch: np.ndarray
-    step: np.ndarray
-    micro: np.ndarray
-    rank: np.ndarray
-    slot: np.ndarray
-    num_tokens: np.ndarray
-    doc_ids: np.ndarray
-    doc_lengths: np.ndarray
-    offsets: np.ndarray  # row r holds doc_ids[offsets[r]:offsets[r + 1]]
-    length_offsets: np.ndarray  # the same for doc_lengths; must equal `offsets` (checked, not assumed)
-
-    def __len__(self) -> int:
-        return len(self.epoch)
-
-    @property
-    def docs_per_row(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    def row_of_doc(self) -> np.ndarray:
-        return np.repeat(np.arange(len(self)), self.docs_per_row)
-
-    def sum_per_row(self, per_entry: np.ndarray) -> np.ndarray:
-        """Sum of a per-document-entry array over each row (rows may be empty)."""
-        totals = np.zeros(len(per_entry) + 1, dtype=np.result_type(per_entry.dtype, np.int64))
-        np.cumsum(per_entry, out=totals[1:])
-        return totals[self.offsets[1:]] - totals[self.offsets[:-1]]
-
-    @classmethod
-    def from_table(cls, t: pa.Table) -> "PackRows":
-        ids, lengths = t.column("doc_ids").combine_chunks(), t.column("doc_lengths").combine_chunks()
-
-        def offsets_of(lists) -> np.ndarray:
-            o = lists.offsets.to_numpy().astype(np.int64)
-            return o - o[0]
-
-        offsets = offsets_of(ids)
-        return cls(
-            **{c: t.column(c).to_numpy().astype(np.int64) for c in ("epoch", "step", "micro", "rank", "slot", "num_tokens")},
-            doc_ids=pc.list_flatten(ids).to_numpy().astype(np.int64),
-            doc_lengths=pc.list_flatten(lengths).to_numpy().astype(np.int64),
-            offsets=offsets,
-            length_offsets=offsets_of(lengths),
-        )
 
 
 @dataclass(frozen=True)
@@ -90,8 +41,8 @@ class GateInputs:
     packs_sha256: str  # of the files on disk
     manifest_sha256: str
     checkpoint_dir: Path
-    content: "ShardContent | None" = None  # shard hashes, true lengths and token ids (None: not verified)
-    prefix: "PackRows | None" = None  # a continued plan's consumed steps of its earlier segments (pack/segments.py)
+    content: ShardContent | None = None  # shard hashes, true lengths and token ids (None: not verified)
+    prefix: PackRows | None = None  # a continued plan's consumed steps of its earlier segments (pack/segments.py)
     prefix_problems: tuple = ()        # archived segments that are missing or do not hash to plan.json's record
 
 
@@ -106,70 +57,19 @@ class ShardContent:
     shards: int
 
 
-def _read_json(path: Path, what: str, rerun: str) -> tuple[dict, bytes]:
-    try:
-        raw = path.read_bytes()
-        obj = json.loads(raw)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read {what} ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        where = f":{exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
-        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-        raise InputError(f"{path}{where}: invalid JSON in {what} ({msg}); rerun {rerun}") from None
-    if not isinstance(obj, dict):
-        raise InputError(f"{path}: {what} is not a JSON object (found {type(obj).__name__}); rerun {rerun}")
-    return obj, raw
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _read_parquet(path: Path, columns: list[str] | None = None, rerun: str = "the stage that wrote it") -> pa.Table:
-    try:
-        return pq.read_table(path, columns=columns)
-    except (OSError, pa.ArrowException, KeyError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read ({_first_line(exc)}); rerun {rerun}") from None
-
-
-def _schema_names(path: Path, rerun: str) -> list[str]:
-    try:
-        return pq.read_schema(path).names
-    except (OSError, pa.ArrowException, ValueError) as exc:
-        raise InputError(f"{path}: cannot read ({_first_line(exc)}); rerun {rerun}") from None
-
-
-def read_packs(path: Path) -> PackRows:
-    names = _schema_names(path, "pack")
-    missing = [c for c in PACKS_COLUMNS if c not in names]
-    if missing:
-        raise InputError(f"{path}: missing column(s) {', '.join(missing)}; rerun pack")
-    table = _read_parquet(path, list(PACKS_COLUMNS), "pack")
-    try:
-        return PackRows.from_table(table)
-    except (pa.ArrowException, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InputError(f"{path}: malformed columns ({_first_line(exc)}); rerun pack") from None
-
-
 def read_doc_columns(pretokenized: Path, manifest: dict) -> tuple[np.ndarray, np.ndarray]:
     """num_tokens and num_loss_tokens of every document, indexed by doc_id."""
-    n = manifest.get("num_docs", 0)
-    if not isinstance(n, int) or n < 0:
-        raise InputError(f"{pretokenized / 'manifest.json'}: 'num_docs' is not a count; rerun pretokenize")
+    n = manifest["num_docs"]  # a count, and shards a list of names: read_manifest checked
     tokens = np.full(n, -1, dtype=np.int64)
     loss = np.zeros(n, dtype=np.int64)
-    shards = manifest.get("shards", [])
-    if not isinstance(shards, list) or not all(isinstance(s, str) for s in shards):
-        raise InputError(f"{pretokenized / 'manifest.json'}: 'shards' is not a list of file names; rerun pretokenize")
-    for name in shards:
+    for name in manifest["shards"]:
         path = pretokenized / name
-        names = _schema_names(path, "pretokenize")
+        names = parquet_columns(path, "pretokenize")
         has_loss = "num_loss_tokens" in names
         missing = [c for c in ("doc_id", "num_tokens") if c not in names]
         if missing:
             raise InputError(f"{path}: missing column(s) {', '.join(missing)}; rerun pretokenize")
-        t = _read_parquet(path, ["doc_id", "num_tokens", "num_loss_tokens" if has_loss else "loss_mask"],
+        t = read_parquet(path, ["doc_id", "num_tokens", "num_loss_tokens" if has_loss else "loss_mask"],
                           "pretokenize")
         ids = t.column("doc_id").to_numpy()
         if len(ids) and (ids.min() < 0 or ids.max() >= n):
@@ -180,7 +80,8 @@ def read_doc_columns(pretokenized: Path, manifest: dict) -> tuple[np.ndarray, np
         else:  # shards from before the num_loss_tokens column
             loss[ids] = [int(np.sum(m)) for m in t.column("loss_mask").to_pylist()]
     if (tokens < 0).any():
-        raise InputError(f"{pretokenized}: shards miss {(tokens < 0).sum()} of the manifest's doc_ids; rerun pretokenize")
+        raise InputError(f"{pretokenized}: shards miss {(tokens < 0).sum()} of the manifest's doc_ids; "
+                         "rerun pretokenize")
     return tokens, loss
 
 
@@ -228,7 +129,7 @@ def verify_shards(pretokenized: Path, manifest: dict, full: bool | None = None) 
             elif max_id is not None:
                 max_id = _check_row_groups(path, name, problems, max_id)
         except (OSError, pa.ArrowException, KeyError, ValueError) as exc:
-            raise InputError(f"{path}: cannot read ({_first_line(exc)}); rerun pretokenize") from None
+            raise InputError(f"{path}: cannot read ({first_line(exc)}); rerun pretokenize") from None
     return ShardContent(tuple(problems), None if max_id is None or max_id < 0 else max_id,
                         "per document" if full else "per row group", algorithm, len(shards))
 
@@ -273,14 +174,9 @@ def _check_row_groups(path: Path, name: str, problems: list[str], max_id: int) -
 
 def load_inputs(config: dict, pretokenized: str | Path, plan_dir: str | Path, checkpoint_dir: Path) -> GateInputs:
     pretokenized, plan_dir = Path(pretokenized), Path(plan_dir)
-    plan, _ = _read_json(plan_dir / "plan.json", "plan", "pack")
-    manifest, manifest_raw = _read_json(pretokenized / "manifest.json", "pretokenized manifest", "pretokenize")
-    for key in ("world_size", "seq_len", "micro_batch_size", "grad_accum", "epochs", "steps_per_epoch"):
-        if not isinstance(plan.get(key), int):
-            raise InputError(f"{plan_dir / 'plan.json'}: missing or non-integer '{key}'; rerun pack")
-    if not isinstance(plan.get("stats", {}), dict):
-        raise InputError(f"{plan_dir / 'plan.json'}: 'stats' is not a JSON object; rerun pack")
-    packs_path = plan_dir / "packs.parquet"
+    plan, _ = read_plan(plan_dir)
+    manifest, manifest_raw = read_manifest(pretokenized)
+    packs_path = plan_dir / PACKS
     packs = read_packs(packs_path)
     doc_tokens, doc_loss = read_doc_columns(pretokenized, manifest)
     content = verify_shards(pretokenized, manifest)

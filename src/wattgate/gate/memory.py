@@ -28,20 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wattgate.errors import InputError
+from wattgate.gpus import is_cpu, memory_gib, memory_names
 
 GIB = 1 << 30
 MIB = 1 << 20
-
-# Usable device memory (GiB) of known accelerators; cluster.gpu_mem_gib overrides.
-GPU_MEMORY_GIB = {
-    "A100-40GB": 40,
-    "A100-80GB": 80,
-    "A100": 80,
-    "H100": 80,
-    "H200": 141,
-    "B200": 180,
-    "B300": 288,
-}
 
 # What no formula below covers: on a GPU the CUDA context, NCCL buffers and
 # allocator slack; on a CPU rank the interpreter and torch (~0.75 GB measured).
@@ -84,7 +74,7 @@ class ModelSpec:
     expert_intermediate_size: int = 0
 
     @classmethod
-    def from_hf_config(cls, cfg: dict, source: str) -> "ModelSpec":
+    def from_hf_config(cls, cfg: dict, source: str) -> ModelSpec:
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -182,7 +172,8 @@ def read_model_folder_config(model_path: str | Path) -> tuple[dict, Path]:
     try:
         cfg = json.loads(path.read_text())
     except OSError as exc:
-        raise InputError(f"{path}: cannot read model config ({exc.strerror}); model.path must be a local model folder") from None
+        raise InputError(f"{path}: cannot read model config ({exc.strerror}); "
+                         "model.path must be a local model folder") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}:{exc.lineno}: invalid JSON in model config ({exc.msg})") from None
     if not isinstance(cfg, dict):
@@ -414,18 +405,19 @@ def device_memory_bytes(config: dict) -> tuple[int, str]:
     if cluster["gpu_mem_gib"]:
         return int(cluster["gpu_mem_gib"] * GIB), "cluster.gpu_mem_gib"
     model = cluster["gpu_model"]
-    if model.lower() == "cpu":
+    if is_cpu(model):
         import os
 
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return host // cluster["gpus_per_node"], f"host memory / {cluster['gpus_per_node']} processes"
-    key = next((k for k in GPU_MEMORY_GIB if k.lower() == model.lower()), None)
-    if key is None:
+    known = memory_gib(model)
+    if known is None:
         raise InputError(
-            f"config: cluster.gpu_model '{model}' is not in the memory table ({', '.join(GPU_MEMORY_GIB)}); "
+            f"config: cluster.gpu_model '{model}' is not in the memory table ({', '.join(memory_names())}); "
             "set cluster.gpu_mem_gib"
         )
-    return GPU_MEMORY_GIB[key] * GIB, f"{key} table entry"
+    gib, entry = known
+    return gib * GIB, f"{entry} table entry"
 
 
 def meminfo_total_bytes(meminfo: Path) -> int:
@@ -452,14 +444,14 @@ def host_memory_budget(config: dict, meminfo: Path = Path("/proc/meminfo")) -> B
     mem_mb = cluster.get("slurm", {}).get("train", {}).get("mem_mb", 0)
     if mem_mb:
         return Budget(mem_mb * MIB, "cluster.slurm.train.mem_mb", "node")  # Slurm's MB are MiB
-    if cluster["gpu_model"].lower() == "cpu":
+    if is_cpu(cluster["gpu_model"]):
         return Budget(meminfo_total_bytes(meminfo), f"{meminfo} MemTotal", "node")
     return Budget(None, NOT_CHECKED, "node")
 
 
 @dataclass(frozen=True)
 class FitEstimate:
-    phases: dict[str, dict[str, int]]  # PHASES -> term -> bytes
+    phases: dict[str, dict[str, int]]  # load, steady, export, host_per_node -> term -> bytes
     budgets: dict[str, Budget]  # the same keys
     notes: dict[str, str]  # phase -> what a person needs to read its terms (e.g. which parameter is largest)
 

@@ -10,6 +10,7 @@ from wattgate.artifacts import sha256_file
 from wattgate.config import world_size
 from wattgate.gate import checks as C
 from wattgate.gate.cost import cost_section
+from wattgate.gpus import is_cpu
 from wattgate.gate.inputs import GateInputs, concat_packs, load_inputs
 from wattgate.gate.memory import (
     DTYPE_BYTES,
@@ -31,7 +32,7 @@ from wattgate.gate.report import gate_json, write_report
 def fit_settings(config: dict) -> FitSettings:
     """What the memory estimates need from the config (reads model.path's config.json and file sizes)."""
     t, cluster = config["train"], config["cluster"]
-    on_gpu = cluster["gpu_model"].lower() != "cpu"
+    on_gpu = not is_cpu(cluster["gpu_model"])
     return FitSettings(
         world_size=world_size(config),
         tokens_per_micro_batch=t["micro_batch_size"] * t["seq_len"],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from wattgate.errors import InputError
 from wattgate.pack.assign import Layout, assign_ranks, assign_uneven, pack_costs, rank_cost_ratios
 from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs, apply_remainder
 from wattgate.pack.segments import HISTORY, continue_plan, keep_in_history, resume_source, segment_rows, step_ordinal
+from wattgate.run_files import read_manifest
 
 FORMAT_VERSION = 1
 
@@ -33,21 +33,6 @@ PACKS_SCHEMA = pa.schema(
 )
 
 STRATEGY = {"rebin": "bfd+rebin", "drop": "bfd+drop", "none": "per-rank-bfd (uneven control)"}
-
-
-def read_manifest(pretokenized: Path) -> tuple[dict, str]:
-    path = pretokenized / "manifest.json"
-    try:
-        raw = path.read_bytes()
-        manifest = json.loads(raw)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read pretokenized manifest ({exc.strerror}); run pretokenize first") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
-    for key in ("format_version", "num_docs", "shards"):
-        if key not in manifest:
-            raise InputError(f"{path}: missing key '{key}'; rerun pretokenize")
-    return manifest, hashlib.sha256(raw).hexdigest()
 
 
 def read_doc_lengths(pretokenized: Path, manifest: dict) -> np.ndarray:
@@ -117,7 +102,8 @@ def plan_packs(lengths: np.ndarray, seq_len: int, layout: Layout, remainder: str
 
 def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
     pretokenized, out = Path(pretokenized), Path(out)
-    manifest, manifest_sha = read_manifest(pretokenized)
+    manifest, manifest_raw = read_manifest(pretokenized)
+    manifest_sha = hashlib.sha256(manifest_raw).hexdigest()
     lengths = read_doc_lengths(pretokenized, manifest)
     train, pack = config["train"], config["pack"]
     seq_len = train["seq_len"]

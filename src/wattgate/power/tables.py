@@ -24,9 +24,10 @@ from pathlib import Path
 import yaml
 
 from wattgate.errors import InputError
+from wattgate.gpus import SHIPPED, triage_table_name
 
-SHIPPED = ("a100", "h100", "h200", "b200", "b300")
-PHASES = ("compute", "communication", "data_starvation", "checkpoint", "deadlock", "idle")
+# The power phases triage labels a window with (not the training loop's heartbeat phases).
+POWER_PHASES = ("compute", "communication", "data_starvation", "checkpoint", "deadlock", "idle")
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,12 @@ def load_table_file(path: str | os.PathLike) -> TriageTable:
 
 
 def shipped_table(name: str) -> TriageTable:
-    key = name.lower().replace("nvidia", "").strip().split()[0] if name.strip() else ""
-    if key not in SHIPPED:
+    """The table that ships for GPU model `name` (any spelling gpus.model_key reads: 'h100', 'A100-80GB')."""
+    key = triage_table_name(name)
+    if key is None:
         raise InputError(f"no triage table for GPU model {name!r}; shipped: {', '.join(SHIPPED)}; "
-                         "pass --table FILE (e.g. from `wattgate calibrate`) or --power-cap-w W (a table derived from the cap)")
+                         "pass --table FILE (e.g. from `wattgate calibrate`) "
+                         "or --power-cap-w W (a table derived from the cap)")
     ref = resources.files("wattgate.power").joinpath("tables", f"{key}.yaml")
     return parse_table(yaml.safe_load(ref.read_text()), f"wattgate/power/tables/{key}.yaml")
 

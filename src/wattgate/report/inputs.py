@@ -11,7 +11,6 @@ traces, and a gate folder or config when given explicitly, are read.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -25,13 +24,15 @@ import pyarrow.parquet as pq
 
 from wattgate.errors import InputError
 from wattgate.power.triage.phases import read_phases
-from wattgate.power.triage.runinfo import EVENT_COLUMNS, RunInfo, load_run_info
+from wattgate.power.triage.runinfo import RunInfo, load_run_info
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.stage import recorded_caps, triage
+from wattgate.run_files import (HEARTBEAT_EVENT_COLUMNS, read_gate_report, read_json_object, read_metrics,
+                                read_trained, read_watcher)
 from wattgate.telemetry.trace import TRACE_SCHEMA, null_invalid_values, read_trace, trace_files, trace_meta
 
 TRACE_COLUMNS = ["time", "host", "gpu", "power_w", "energy_j"]
-METRICS_REQUIRED = ["step", "rank", "time"]
+METRICS_REQUIRED = ["step", "rank", "time"]  # metrics.parquet: the report needs these, reads the rest if there
 METRICS_OPTIONAL = ["epoch", "loss", "tokens", "loss_tokens", "step_time_s", "data_wait_s"]
 _CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
 
@@ -114,33 +115,6 @@ def default_config_path(run_dir: Path) -> Path:
 
 
 # ---------------------------------------------------------------- small readers
-
-
-def read_json(path: Path) -> dict | None:
-    """A JSON object, or None if the file does not exist."""
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-def read_metrics(path: Path) -> pd.DataFrame | None:
-    if not path.is_file():
-        return None
-    try:
-        names = pq.read_schema(path).names
-        missing = [c for c in METRICS_REQUIRED if c not in names]
-        if missing:
-            raise InputError(f"{path}: not a metrics table: missing column(s) {', '.join(missing)}")
-        table = pq.read_table(path, columns=METRICS_REQUIRED + [c for c in METRICS_OPTIONAL if c in names])
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise InputError(f"{path}: not a readable metrics table ({exc})") from None
-    return table.to_pandas()
 
 
 def checkpoint_steps(folder: Path) -> list[int]:
@@ -297,7 +271,8 @@ def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None,
     try:
         table = settings.table(names, list(caps.values()))
     except InputError as exc:
-        if gpu_model or table_path or power_cap_w:  # asked for by name: a wrong one is the caller's error, not a gap in the run
+        # asked for by name: a wrong one is the caller's error, not a gap in the run
+        if gpu_model or table_path or power_cap_w:
             raise
         inputs.note(f"phases not available: triage could not pick a table ({exc})")
         return
@@ -315,9 +290,11 @@ def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None,
 def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike | None = None,
                 gate_dir: str | os.PathLike | None = None, config_path: str | os.PathLike | None = None,
                 trace_paths=None, gpu_model: str | None = None,
-                table_path: str | os.PathLike | None = None, power_cap_w: float | None = None) -> RunInputs:
+                table_path: str | os.PathLike | None = None, power_cap_w: float | None = None, *,
+                config: dict | None = None) -> RunInputs:
     """A run folder's inputs; `trace_paths` (files or telemetry folders) replace its telemetry/, and
-    without a run folder (run_dir None) they are all there is."""
+    without a run folder (run_dir None) they are all there is. The run config: `config` (loaded), else
+    `config_path`, else results/config.yaml beside the run when there is one."""
     from wattgate.config import load_config
 
     run_dir = Path(run_dir) if run_dir is not None else None
@@ -331,9 +308,8 @@ def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike 
         traces = [f for p in given for f in (trace_files(p) if p.is_dir() else [p])]
         if not traces:
             raise InputError(f"{', '.join(map(str, given))}: no trace files (*.parquet)")
-    config = None
     cfg_path = Path(config_path) if config_path else default_config_path(run_dir) if run_dir else None
-    if config_path or (cfg_path is not None and cfg_path.is_file()):
+    if config is None and (config_path or (cfg_path is not None and cfg_path.is_file())):
         config = load_config(cfg_path)
     name = run_dir.name if run_dir else "+".join(p.stem for p in traces)
     inputs = RunInputs(run_dir, str((config or {}).get("run_name") or name), config=config)
@@ -347,7 +323,7 @@ def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike 
         _read_run_files(inputs, run_dir)
     gate_dir = Path(gate_dir) if gate_dir else default_gate_dir(run_dir) if run_dir else None
     if gate_dir is not None:
-        inputs.gate = read_json(gate_dir / "gate.json")
+        inputs.gate = read_gate_report(gate_dir)
         if inputs.gate is None:
             inputs.note(f"gate.json not available (looked in {gate_dir})")
 
@@ -384,7 +360,7 @@ def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike 
         if not info.has_heartbeats:
             inputs.note("no heartbeats: checkpoint intervals and rank placement not shown")
     else:  # nothing recorded beside the traces: triage runs on power alone
-        info = RunInfo(pd.DataFrame(columns=EVENT_COLUMNS), {}, None, source="")
+        info = RunInfo(pd.DataFrame(columns=HEARTBEAT_EVENT_COLUMNS), {}, None, source="")
     inputs.events, inputs.states, inputs.run_info = info.events, info.states, info
 
     if found is None and inputs.samples is not None and inputs.samples.rows:
@@ -402,7 +378,7 @@ def _triage_record(inputs: RunInputs, path: Path) -> dict | None:
     """triage.json beside a phases.parquet, or None (missing or unreadable: the report then recomputes what it
     would have taken from it, so a damaged file costs time, not the report)."""
     try:
-        return read_json(path)
+        return read_json_object(path, "the triage record", "triage")
     except InputError as exc:
         inputs.note(f"{exc}; its pauses and energy are recomputed")
         return None
@@ -438,14 +414,14 @@ def _energy_of(record: dict, trace_paths: list[Path], path: Path) -> dict | None
 
 
 def _read_run_files(inputs: RunInputs, run_dir: Path) -> None:
-    inputs.trained = read_json(run_dir / "TRAINED")
+    inputs.trained = read_trained(run_dir)
     if inputs.trained is None:
         inputs.note("TRAINED not available: the run did not finish, or this is not a run folder; "
                     "wall time, MFU and loss come from metrics where possible")
-    inputs.metrics = read_metrics(run_dir / "metrics.parquet")
+    inputs.metrics = read_metrics(run_dir, METRICS_REQUIRED, METRICS_OPTIONAL)
     if inputs.metrics is None:
         inputs.note("metrics.parquet not available: no tokens, step times, loss or straggler analysis")
-    inputs.watcher = read_json(run_dir / "watcher.json")
+    inputs.watcher = read_watcher(run_dir)
     if inputs.watcher is None:
         inputs.note("watcher.json not available: no hang watcher verdict")
     inputs.checkpoints = checkpoint_steps(run_dir / "checkpoints")

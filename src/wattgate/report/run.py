@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.report.figures import MAX_PANELS, render_all
@@ -18,16 +18,17 @@ PathLike = str | os.PathLike
 def summarize(run_dir: PathLike | None, power_dir: PathLike | None = None, gate_dir: PathLike | None = None,
               config_path: PathLike | None = None, trace_paths: Iterable[PathLike] | None = None,
               gpu_model: str | None = None, table_path: PathLike | None = None,
-              power_cap_w: float | None = None) -> Analysis:
+              power_cap_w: float | None = None, *, config: dict | None = None) -> Analysis:
     """Read every input and compute the numbers (no figures, nothing written)."""
     return analyze(load_inputs(run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path,
-                               power_cap_w))
+                               power_cap_w, config=config))
 
 
 def run_report(run_dir: PathLike | None, out_dir: PathLike, power_dir: PathLike | None = None,
                gate_dir: PathLike | None = None, config_path: PathLike | None = None,
                trace_paths: Iterable[PathLike] | None = None, gpu_model: str | None = None,
-               table_path: PathLike | None = None, power_cap_w: float | None = None) -> dict:
+               table_path: PathLike | None = None, power_cap_w: float | None = None, *,
+               config: dict | None = None) -> dict:
     """Write out_dir/summary.json and out_dir/index.html; return the summary.
 
     `trace_paths` (trace files or folders of them) replace run_dir/telemetry; with run_dir None they are
@@ -35,8 +36,11 @@ def run_report(run_dir: PathLike | None, out_dir: PathLike, power_dir: PathLike 
     when given, phases from power_dir when given, else triage runs in process on power alone).
     `gpu_model` picks the triage table for in-process triage when the traces name no device (Zeus);
     `table_path` (a triage table YAML) is used instead of any shipped table (a GPU with none);
-    `power_cap_w` derives one from the power cap for a GPU no table ships for (an imported log)."""
-    analysis = summarize(run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path, power_cap_w)
+    `power_cap_w` derives one from the power cap for a GPU no table ships for (an imported log).
+    `config` is the run config already loaded (`wattgate report --config`); without it `config_path`
+    is loaded, else results/config.yaml beside the run when there is one."""
+    analysis = summarize(run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path, power_cap_w,
+                         config=config)
     figures = render_all(analysis, analysis.steps)
     page = render_page(analysis.summary, figures, min(MAX_PANELS, analysis.summary["gpus"]))
     out_dir = Path(out_dir)

@@ -22,7 +22,6 @@ verdict either way.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -39,9 +38,10 @@ from wattgate.artifacts import write_json_atomic
 from wattgate.forecast import hang_cost
 from wattgate.power.tables import TriageTable
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S
+from wattgate.run_files import HEARTBEAT_PHASES, WATCHER, read_heartbeats
 from wattgate.telemetry.trace import SEGMENT_DIR_SUFFIX, _segment_range, live_segments
 
-PHASE_ORDER = {"init": 0, "train": 1, "checkpoint": 2, "export": 3, "done": 4}
+PHASE_ORDER = {phase: i for i, phase in enumerate(HEARTBEAT_PHASES)}
 
 
 @dataclass(frozen=True)
@@ -58,19 +58,6 @@ class WatchSettings:
     def from_config(cls, config: dict) -> WatchSettings:
         w = config["watcher"]
         return cls(**{k: w[k] for k in cls.__dataclass_fields__})
-
-
-def read_heartbeats(run: Path, since: float = 0.0) -> dict[int, dict]:
-    """Every rank's latest heartbeat written at or after `since` (older ones belong to an earlier attempt)."""
-    beats = {}
-    for p in (run / "heartbeat").glob("rank-*.json"):
-        try:
-            b = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue  # rewritten atomically, so only a vanished file lands here
-        if b.get("time", 0) >= since:
-            beats[int(b["rank"])] = b
-    return beats
 
 
 class TraceTail:
@@ -338,7 +325,7 @@ def watch(run: Path, world: int, s: WatchSettings, table: TriageTable | None, pi
           cost_basis: CostBasis = CostBasis()) -> dict:
     """Poll until the job finishes (all ranks done, the watched process is gone, or `stop` is set: the
     launcher's SIGTERM once the job ended) or a verdict acts."""
-    out = out or run / "watcher.json"
+    out = out or run / WATCHER
     started = time.time()
     tail = TraceTail(run / "telemetry", keep_s=max(s.hang_after_s, 10.0) * 2)
     record = {"verdict": "running", "started": started, "settings": asdict(s), "world_size": world,
@@ -377,6 +364,24 @@ def watch(run: Path, world: int, s: WatchSettings, table: TriageTable | None, pi
     record["ended"] = time.time()
     write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
     return record
+
+
+def run_watch(config: dict, run: Path, pid: int | None = None, slurm_job: str | None = None,
+              out: Path | None = None) -> dict:
+    """`wattgate watch`: watch one job with the run's settings and triage table until it ends or a verdict acts.
+
+    SIGTERM or SIGINT (the launcher's "the job has ended") finish the record instead of killing the watcher.
+    """
+    from wattgate.config import world_size
+    from wattgate.power.triage.settings import TriageSettings
+
+    settings = TriageSettings.merge(config)
+    table = settings.table() if settings.has_table else None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return watch(run, world_size(config), WatchSettings.from_config(config), table, pid, slurm_job, out, stop,
+                 CostBasis.from_config(config))
 
 
 def _stop_job(pid: int | None, slurm_job: str | None, grace_s: float) -> dict:

@@ -10,7 +10,6 @@ lets the model keep attention inside each document.
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from wattgate.errors import InputError
+from wattgate.run_files import PACKS, read_manifest, read_rank_packs
 
 IGNORE = -100
 
@@ -43,13 +43,14 @@ class PlannedPack(np.ndarray):
 
     lengths: np.ndarray | None
 
-    def __new__(cls, doc_ids: np.ndarray, lengths: np.ndarray | None) -> "PlannedPack":
+    def __new__(cls, doc_ids: np.ndarray, lengths: np.ndarray | None) -> PlannedPack:
         obj = np.asarray(doc_ids).view(cls)
         obj.lengths = lengths
         return obj
 
     def __array_finalize__(self, obj) -> None:
-        self.lengths = getattr(obj, "lengths", None) if obj is not None and obj.shape == getattr(self, "shape", None) else None
+        same_shape = obj is not None and obj.shape == getattr(self, "shape", None)
+        self.lengths = getattr(obj, "lengths", None) if same_shape else None
 
 
 @dataclass
@@ -63,8 +64,7 @@ class Batch:
 
 def read_rank_plan(plan_dir: Path, rank: int) -> list[MicroBatchPlan]:
     """This rank's micro-batches in execution order (epoch, step, micro), packs in slot order."""
-    table = pq.read_table(plan_dir / "packs.parquet", filters=[("rank", "=", rank)],
-                          columns=["epoch", "step", "micro", "slot", "doc_ids", "doc_lengths"])
+    table = read_rank_packs(plan_dir, rank, ["epoch", "step", "micro", "slot", "doc_ids", "doc_lengths"])
     cols = {c: table.column(c).to_numpy() for c in ("epoch", "step", "micro", "slot")}
     ids = table.column("doc_ids").combine_chunks()
     offsets = ids.offsets.to_numpy()
@@ -73,7 +73,7 @@ def read_rank_plan(plan_dir: Path, rank: int) -> list[MicroBatchPlan]:
     lengths = table.column("doc_lengths").combine_chunks()
     length_offsets = lengths.offsets.to_numpy()
     if not np.array_equal(length_offsets - length_offsets[0], offsets):
-        raise InputError(f"{plan_dir / 'packs.parquet'}: doc_ids and doc_lengths differ in length; "
+        raise InputError(f"{Path(plan_dir) / PACKS}: doc_ids and doc_lengths differ in length; "
                          "rerun pack and gate")
     flat_lengths = pc.list_flatten(lengths).to_numpy().astype(np.int64)
     order = np.lexsort((cols["slot"], cols["micro"], cols["step"], cols["epoch"]))
@@ -96,7 +96,7 @@ class DocStore:
     """
 
     def __init__(self, pretokenized: Path, cache_row_groups: int = 8):
-        manifest = json.loads((pretokenized / "manifest.json").read_text())
+        manifest, _ = read_manifest(pretokenized)
         self.names = list(manifest["shards"])
         self.files = [pq.ParquetFile(pretokenized / name, memory_map=True) for name in self.names]
         self.group_index: list[tuple[int, int]] = []

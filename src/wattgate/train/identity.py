@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from wattgate.errors import InputError
+from wattgate.run_files import read_manifest, read_plan
 
 # train.* keys that change the computed weights or the schedule
 RESULT_SETTINGS = ("seq_len", "micro_batch_size", "grad_accum", "epochs", "lr", "min_lr_ratio", "warmup_steps",
@@ -64,15 +65,12 @@ def model_identity(model_cfg: dict) -> dict[str, str]:
 
 def run_identity(config: dict, plan_dir: Path, pretokenized: Path) -> dict:
     t = config["train"]
-    plan_bytes = _read(plan_dir / "plan.json")
-    try:
-        segments = json.loads(plan_bytes).get("segments") or []
-    except ValueError:
-        segments = []
+    plan, plan_bytes = read_plan(plan_dir)
+    segments = plan.get("segments") or []
     return {"plan": _sha256_bytes(plan_bytes),
             # earlier plans this one continues (pack/segments.py): their checkpoints up to each boundary resume
             "links": [{"packs_sha256": seg["packs_sha256"], "end_step": seg["end_step"]} for seg in segments[:-1]],
-            "pretokenized": _sha256_bytes(_read(pretokenized / "manifest.json")),
+            "pretokenized": _sha256_bytes(read_manifest(pretokenized)[1]),
             "model": model_identity(config["model"]),
             "train": {k: (list(t[k]) if isinstance(t[k], (list, tuple)) else t[k]) for k in RESULT_SETTINGS}}
 

@@ -3,7 +3,8 @@
 `_run` is the outline of a run: load the sharded model, resume, take the planned steps
 (checkpointing on the way), export, summarize. Each part lives in its own module:
 distributed (process group), model/weights (build, load, export), data (the plan's batches),
-checkpoint (DCP), metrics (step log, memory peaks), telemetry_files (heartbeats, metrics table).
+checkpoint (DCP), metrics (step log, memory peaks); wattgate.run_files reads the plan and manifest
+and writes the heartbeats and metrics table.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from wattgate.data.tokenizer import TOKENIZER_FILES
 from wattgate.errors import InputError, StageFailed
 from wattgate.forecast import append_ledger, process_age_s, run_record
 from wattgate.gate.cost import plan_step_costs
-from wattgate.gate.inputs import read_packs
 from wattgate.gate.memory import export_dtype_name, load_model_spec
+from wattgate.run_files import (MANIFEST, METRICS, PACKS, PLAN, Heartbeat, MetricsTable, read_manifest, read_packs,
+                                read_plan)
 from wattgate.train import checkpoint as ckpt
 from wattgate.train.data import DocStore, MicroBatchPlan, build_batch, read_rank_plan
 from wattgate.train.distributed import device_uuid, equal_across_ranks, setup_rank
@@ -39,7 +41,6 @@ from wattgate.train.metrics import (
 )
 from wattgate.train.model import count_params, load_sharded_model
 from wattgate.train.schedule import learning_rate
-from wattgate.train.telemetry_files import Heartbeat, MetricsTable
 from wattgate.train.weights import DTYPES, export_hf_folder
 
 
@@ -102,10 +103,10 @@ def stage_local_copy(pretokenized: Path, s: TrainSettings, out: Path) -> tuple[P
     if s.data_cache != "local":
         return pretokenized, 0.0
     root = Path(s.local_cache_dir or os.environ.get("TMPDIR") or "/tmp")
-    manifest = (pretokenized / "manifest.json").read_bytes()
+    _, manifest = read_manifest(pretokenized)
     dest = root / f"wattgate-{hashlib.sha256(manifest).hexdigest()[:16]}"
     start = time.perf_counter()
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0 and not (dest / "manifest.json").exists():
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0 and not (dest / MANIFEST).exists():
         tmp = root / f"{dest.name}.tmp-{os.getpid()}"
         shutil.copytree(pretokenized, tmp, dirs_exist_ok=True)
         if dest.exists():  # another job on this node finished the same copy first
@@ -205,11 +206,11 @@ def check_planned_sequences(micro_batches: list[MicroBatchPlan], device: torch.d
 def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
     s = TrainSettings.from_config(config)
     out.mkdir(parents=True, exist_ok=True)
-    plan = json.loads((plan_dir / "plan.json").read_text())
+    plan, _ = read_plan(plan_dir)
     rank, world, device = setup_rank(s.collective_timeout_s, out)
     try:
         if plan["world_size"] != world:
-            raise InputError(f"{plan_dir}/plan.json: planned for world size {plan['world_size']}, "
+            raise InputError(f"{plan_dir / PLAN}: planned for world size {plan['world_size']}, "
                              f"launched with {world}; rerun pack and gate for this launch")
         micro_batches = read_rank_plan(plan_dir, rank)
         if config["train"]["check_planned_counts"]:
@@ -245,7 +246,7 @@ def epoch_end_steps(steps: list[list[MicroBatchPlan]]) -> list[int]:
 def export_final(model, s: TrainSettings, out: Path, pretokenized: Path, model_cfg: dict) -> Path:
     """final/: sharded safetensors in the export dtype, the config, the tokenizer the data was made with,
     and the input model's generation_config.json (its stop tokens and sampling defaults)."""
-    manifest = json.loads((pretokenized / "manifest.json").read_text())
+    manifest, _ = read_manifest(pretokenized)
     tokenizer_dir = manifest.get("tokenizer_path")
     extra = sorted(p for p in Path(tokenizer_dir).iterdir() if p.name in TOKENIZER_FILES) \
         if tokenizer_dir and Path(tokenizer_dir).is_dir() else []
@@ -291,7 +292,7 @@ def _run(config, s: TrainSettings, plan, plan_dir, rank, world, device, micro_ba
     heartbeat.set_plan(total, epoch_ends)
     on_cuda = device.type == "cuda"
     n_params = count_params(model)
-    log = StepLog(MetricsTable.resume(out / "metrics.parquet", start) if rank == 0 else None, s.log_every,
+    log = StepLog(MetricsTable.resume(out / METRICS, start) if rank == 0 else None, s.log_every,
                   n_params, world, config["cluster"]["gpu_model"], on_cuda,
                   tensorboard=config["train"]["tensorboard"])
     if rank == 0:
@@ -327,7 +328,7 @@ def append_throughput(config: dict, plan: dict, plan_dir: Path, out: Path, log: 
     if total <= start or not log.step_times:
         return
     first = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0  # packs.parquet's first step
-    costs = plan_step_costs(read_packs(plan_dir / "packs.parquet"), plan, config, total - first)
+    costs = plan_step_costs(read_packs(plan_dir / PACKS), plan, config, total - first)
     t = config["train"]
     record = run_record(
         run_name=config["run_name"], shape=asdict(load_model_spec(config)), gpu_model=config["cluster"]["gpu_model"],

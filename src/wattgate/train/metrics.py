@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from wattgate.gpus import peak_bf16_flops
-from wattgate.train.telemetry_files import MetricsTable
+from wattgate.run_files import MetricsTable
 from wattgate.train.tensorboard import TensorBoardLog, open_tensorboard
 
 GIB = 1 << 30

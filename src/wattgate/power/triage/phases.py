@@ -19,12 +19,12 @@ import pyarrow.parquet as pq
 
 from wattgate.artifacts import atomic_path
 from wattgate.errors import InputError
-from wattgate.power.tables import PHASES
+from wattgate.power.tables import POWER_PHASES
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S
 from wattgate.telemetry.trace import strict_json
 
 FORMAT_VERSION = 1
-LABELS = PHASES + ("unknown",)
+LABELS = POWER_PHASES + ("unknown",)
 COMPUTE, COMMUNICATION, DATA_STARVATION, CHECKPOINT, DEADLOCK, IDLE, UNKNOWN = range(7)
 WAIT, LOW_UTIL = 7, 8  # internal classes, resolved before output
 ACTIVE = (COMPUTE, COMMUNICATION, DATA_STARVATION)

@@ -6,7 +6,6 @@ each rank said done, progress stamps, and interval arithmetic on windows.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -14,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from wattgate.errors import InputError
+from wattgate.run_files import HEARTBEAT_EVENT_COLUMNS, read_heartbeat_events, read_heartbeats, read_metrics
 
 
 @dataclass
@@ -39,7 +37,7 @@ class RunInfo:
         return self.metrics is not None and len(self.metrics) > 0
 
 
-EVENT_COLUMNS = ["time", "rank", "step", "epoch", "phase"]
+EVENT_COLUMNS = HEARTBEAT_EVENT_COLUMNS
 
 
 def load_run_info(run_dir: str | os.PathLike, trace_metas: list[dict] | None = None) -> RunInfo:
@@ -47,32 +45,8 @@ def load_run_info(run_dir: str | os.PathLike, trace_metas: list[dict] | None = N
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run folder")
-    events, states = [], {}
-    beat_dir = run_dir / "heartbeat"
-    for path in sorted(beat_dir.glob("rank-*.events.jsonl")):
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                e = json.loads(line)
-                events.append((float(e["time"]), int(e["rank"]), int(e.get("step", 0)), int(e.get("epoch", 0)),
-                               str(e["phase"])))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise InputError(f"{path}:{lineno}: not a heartbeat event ({exc})") from None
-    for path in sorted(beat_dir.glob("rank-*.json")):
-        try:
-            s = json.loads(path.read_text())
-            states[int(s["rank"])] = s
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InputError(f"{path}: not a heartbeat ({exc})") from None
-    metrics = None
-    mpath = run_dir / "metrics.parquet"
-    if mpath.exists():
-        try:
-            metrics = pq.read_table(mpath, columns=["step", "rank", "time", "step_time_s", "data_wait_s"]).to_pandas()
-        except (OSError, pa.ArrowInvalid, KeyError) as exc:
-            raise InputError(f"{mpath}: not a readable metrics table ({exc})") from None
-    ev = pd.DataFrame(events, columns=EVENT_COLUMNS).sort_values(["rank", "time"], kind="stable", ignore_index=True)
+    ev, states = read_heartbeat_events(run_dir), read_heartbeats(run_dir)  # wattgate.run_files: one error policy
+    metrics = read_metrics(run_dir, ["step", "rank", "time", "step_time_s", "data_wait_s"])
     uuids = {}
     for meta in trace_metas or []:
         for g in meta.get("gpus", []):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from wattgate.power.tables import SHIPPED, TriageTable, resolve_table
+from wattgate.gpus import triage_table_name
+from wattgate.power.tables import TriageTable, resolve_table
 
 DEFAULT_WINDOW_S = 1.0
 DEFAULT_DEADLOCK_AFTER_S = 60.0
@@ -28,7 +29,7 @@ class TriageSettings:
     @classmethod
     def merge(cls, config: dict | None, table_path: str | os.PathLike | None = None, gpu_model: str | None = None,
               window_s: float | None = None, deadlock_after_s: float | None = None,
-              power_cap_w: float | None = None) -> "TriageSettings":
+              power_cap_w: float | None = None) -> TriageSettings:
         """A run config's telemetry.table, cluster.gpu_model, telemetry.window_s and watcher.hang_after_s,
         each overridden by the command-line flag when given (a table file or GPU model given on the command
         line replaces the config's table choice as a whole)."""
@@ -36,8 +37,7 @@ class TriageSettings:
         if not (table_path or gpu_model):
             table_path = (cfg.get("telemetry") or {}).get("table") or None
             if not table_path:
-                model = str((cfg.get("cluster") or {}).get("gpu_model", "")).lower().split("-")[0]
-                gpu_model = model if model in SHIPPED else None
+                gpu_model = triage_table_name(str((cfg.get("cluster") or {}).get("gpu_model", "")))
         window_s = window_s or (cfg.get("telemetry") or {}).get("window_s") or DEFAULT_WINDOW_S
         deadlock_after_s = deadlock_after_s or (cfg.get("watcher") or {}).get("hang_after_s") \
             or DEFAULT_DEADLOCK_AFTER_S

@@ -1,4 +1,4 @@
-"""Labelled synthetic telemetry traces (and the run files beside them) for the triage and watcher tests.
+"""Labelled synthetic telemetry traces (and the run files beside them) for the triage and watcher tests and benches.
 
 A schedule gives each GPU a list of segments `(variant, seconds)` or
 `(variant, seconds, overrides)`; `build_trace` turns it into trace rows in the
@@ -46,6 +46,9 @@ high) uniform range) and `phase` (the truth label). Samples can be dropped
 (`drop`) to leave windows without data: their truth is `unknown`.
 `write_run_info` writes the heartbeat events, heartbeat states and
 metrics.parquet that the training loop would have written for a `job`.
+`write_nvidia_smi_csv` writes a trace as an nvidia-smi CSV log. The "real
+traces" helpers score triage against a labelled real trace and a real run
+(the repository keeps one of each under tests/data/h200).
 """
 
 from __future__ import annotations
@@ -314,7 +317,7 @@ def write_run_info(run_dir: Path, synth: SyntheticTrace, step_s: float = 2.0, us
     (then the heartbeats stop at the last step). `heartbeat_host` overrides the host the
     heartbeats name (to test runs whose ranks cannot be matched to GPUs).
     """
-    from wattgate.train.telemetry_files import METRICS_SCHEMA
+    from wattgate.run_files import METRICS_SCHEMA
 
     ranks = ranks or synth.gpus
     beat_dir = run_dir / "heartbeat"
@@ -357,9 +360,8 @@ def write_run_info(run_dir: Path, synth: SyntheticTrace, step_s: float = 2.0, us
     return run_dir
 
 
-# ---------------------------------------------------------------- real traces (tests/data/h200)
+# ---------------------------------------------------------------- real traces
 
-H200_DATA = Path(__file__).resolve().parent / "data" / "h200"
 # the published-figure H200 table that the calibrated one replaced (its comment keeps these numbers)
 PUBLISHED_H200 = TriageTable(gpu_model="H200", match=("H200",), tdp_w=700, idle_w=78, low_max_w=210,
                              compute_min_w=380, busy_util_pct=85, idle_util_pct=5,

@@ -1,0 +1,386 @@
+"""Run files: what one stage writes and a later stage reads, each reader beside its writer.
+
+The pack stage's plan (plan.json, packs.parquet), the pretokenized manifest.json, the train stage's
+heartbeats (state and phase events), metrics.parquet and TRAINED, the watcher's watcher.json and the
+gate's gate.json. Formats: docs/architecture.md.
+
+One error policy for every reader: a missing file is None (or, where the caller cannot go on without
+it, an InputError saying which stage to run first); a file that exists but is damaged is a one-line
+InputError naming the file and the stage to rerun. A report built on a silently skipped input would
+be wrong rather than incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from wattgate.artifacts import atomic_path, write_bytes_atomic
+from wattgate.errors import InputError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+MANIFEST = "manifest.json"        # pretokenize
+PLAN = "plan.json"                # pack (the commit record: carries packs_sha256)
+PACKS = "packs.parquet"           # pack
+HEARTBEAT_DIR = "heartbeat"       # train: rank-<r>.json (state), rank-<r>.events.jsonl (phase changes)
+METRICS = "metrics.parquet"       # train (rank 0)
+TRAINED = "TRAINED"               # train (rank 0), the stage's declared output
+WATCHER = "watcher.json"          # watch (started by launch)
+GATE_REPORT = "gate.json"         # gate
+
+PLAN_INT_KEYS = ("world_size", "seq_len", "micro_batch_size", "grad_accum", "epochs", "steps_per_epoch")
+PACKS_COLUMNS = ("epoch", "step", "micro", "rank", "slot", "doc_ids", "doc_lengths", "num_tokens")
+HEARTBEAT_EVENT_COLUMNS = ["time", "rank", "step", "epoch", "phase"]
+
+
+# ---------------------------------------------------------------- the error policy
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _missing(path: Path, what: str, stage: str, exc: OSError | None = None) -> InputError:
+    reason = exc.strerror if exc is not None and exc.strerror else "not found"
+    return InputError(f"{path}: cannot read {what} ({reason}); run {stage} first")
+
+
+def read_json_object(path: str | os.PathLike, what: str, rerun: str, *, required: bool = False) -> dict | None:
+    """A JSON object; None if the file is missing (InputError "run <rerun> first" if `required`)."""
+    found = read_json_bytes(path, what, rerun, required=required)
+    return found[0] if found is not None else None
+
+
+def read_json_bytes(path: str | os.PathLike, what: str, rerun: str, *,
+                    required: bool = True) -> tuple[dict, bytes] | None:
+    """A JSON object and the bytes it was parsed from (for a hash of exactly what was read)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
+        if required:
+            raise _missing(path, what, rerun, exc) from None
+        return None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read {what} ({exc.strerror or first_line(exc)}); rerun {rerun}") from None
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = f":{exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+        raise InputError(f"{path}{where}: invalid JSON in {what} ({msg}); rerun {rerun}") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{path}: {what} is not a JSON object (found {type(obj).__name__}); rerun {rerun}")
+    return obj, raw
+
+
+def read_parquet(path: str | os.PathLike, columns: Sequence[str] | None = None, rerun: str = "the stage that wrote it",
+                 **kwargs) -> pa.Table:
+    """A Parquet table (InputError naming the file and `rerun` if it cannot be read)."""
+    try:
+        return pq.read_table(path, columns=None if columns is None else list(columns), **kwargs)
+    except FileNotFoundError as exc:
+        raise _missing(Path(path), "table", rerun, exc) from None
+    except (OSError, pa.ArrowException, KeyError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read ({first_line(exc)}); rerun {rerun}") from None
+
+
+def parquet_columns(path: str | os.PathLike, rerun: str) -> list[str]:
+    """The column names of a Parquet file (its schema alone)."""
+    try:
+        return pq.read_schema(path).names
+    except FileNotFoundError as exc:
+        raise _missing(Path(path), "table", rerun, exc) from None
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise InputError(f"{path}: cannot read ({first_line(exc)}); rerun {rerun}") from None
+
+
+# ---------------------------------------------------------------- pretokenize: manifest.json
+
+
+def read_manifest(pretokenized: str | os.PathLike) -> tuple[dict, bytes]:
+    """The pretokenized manifest and its bytes (the content hash every later stage records). Required."""
+    path = Path(pretokenized) / MANIFEST
+    manifest, raw = read_json_bytes(path, "pretokenized manifest", "pretokenize")
+    for key in ("format_version", "num_docs", "shards"):
+        if key not in manifest:
+            raise InputError(f"{path}: missing key '{key}'; rerun pretokenize")
+    n = manifest["num_docs"]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise InputError(f"{path}: 'num_docs' is not a count; rerun pretokenize")
+    shards = manifest["shards"]
+    if not isinstance(shards, list) or not all(isinstance(s, str) for s in shards):
+        raise InputError(f"{path}: 'shards' is not a list of file names; rerun pretokenize")
+    return manifest, raw
+
+
+# ---------------------------------------------------------------- pack: plan.json, packs.parquet
+
+
+def read_plan(plan_dir: str | os.PathLike) -> tuple[dict, bytes]:
+    """plan.json and its bytes. Required: without it the pack stage has not run."""
+    path = Path(plan_dir) / PLAN
+    plan, raw = read_json_bytes(path, "plan", "pack")
+    for key in PLAN_INT_KEYS:
+        if not isinstance(plan.get(key), int):
+            raise InputError(f"{path}: missing or non-integer '{key}'; rerun pack")
+    if not isinstance(plan.get("stats", {}), dict):
+        raise InputError(f"{path}: 'stats' is not a JSON object; rerun pack")
+    return plan, raw
+
+
+@dataclass(frozen=True)
+class PackRows:
+    """packs.parquet as arrays: one entry per row, documents flattened with row offsets."""
+
+    epoch: np.ndarray
+    step: np.ndarray
+    micro: np.ndarray
+    rank: np.ndarray
+    slot: np.ndarray
+    num_tokens: np.ndarray
+    doc_ids: np.ndarray
+    doc_lengths: np.ndarray
+    offsets: np.ndarray  # row r holds doc_ids[offsets[r]:offsets[r + 1]]
+    length_offsets: np.ndarray  # the same for doc_lengths; must equal `offsets` (checked, not assumed)
+
+    def __len__(self) -> int:
+        return len(self.epoch)
+
+    @property
+    def docs_per_row(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def row_of_doc(self) -> np.ndarray:
+        return np.repeat(np.arange(len(self)), self.docs_per_row)
+
+    def sum_per_row(self, per_entry: np.ndarray) -> np.ndarray:
+        """Sum of a per-document-entry array over each row (rows may be empty)."""
+        totals = np.zeros(len(per_entry) + 1, dtype=np.result_type(per_entry.dtype, np.int64))
+        np.cumsum(per_entry, out=totals[1:])
+        return totals[self.offsets[1:]] - totals[self.offsets[:-1]]
+
+    @classmethod
+    def from_table(cls, t: pa.Table) -> PackRows:
+        ids, lengths = t.column("doc_ids").combine_chunks(), t.column("doc_lengths").combine_chunks()
+
+        def offsets_of(lists) -> np.ndarray:
+            o = lists.offsets.to_numpy().astype(np.int64)
+            return o - o[0]
+
+        offsets = offsets_of(ids)
+        return cls(
+            **{c: t.column(c).to_numpy().astype(np.int64)
+               for c in ("epoch", "step", "micro", "rank", "slot", "num_tokens")},
+            doc_ids=pc.list_flatten(ids).to_numpy().astype(np.int64),
+            doc_lengths=pc.list_flatten(lengths).to_numpy().astype(np.int64),
+            offsets=offsets,
+            length_offsets=offsets_of(lengths),
+        )
+
+
+def read_packs(path: str | os.PathLike) -> PackRows:
+    """A packs.parquet (the current one, or an archived segment's under history/) as PackRows."""
+    names = parquet_columns(path, "pack")
+    missing = [c for c in PACKS_COLUMNS if c not in names]
+    if missing:
+        raise InputError(f"{path}: missing column(s) {', '.join(missing)}; rerun pack")
+    table = read_parquet(path, PACKS_COLUMNS, "pack")
+    try:
+        return PackRows.from_table(table)
+    except (pa.ArrowException, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InputError(f"{path}: malformed columns ({first_line(exc)}); rerun pack") from None
+
+
+def read_rank_packs(plan_dir: str | os.PathLike, rank: int, columns: Sequence[str]) -> pa.Table:
+    """One rank's rows of packs.parquet (a rank never reads the others')."""
+    return read_parquet(Path(plan_dir) / PACKS, columns, "pack", filters=[("rank", "=", rank)])
+
+
+# ---------------------------------------------------------------- train: heartbeats, metrics, TRAINED
+
+
+def heartbeat_path(run: str | os.PathLike, rank: int) -> Path:
+    return Path(run) / HEARTBEAT_DIR / f"rank-{rank}.json"
+
+
+def heartbeat_events_path(run: str | os.PathLike, rank: int) -> Path:
+    return Path(run) / HEARTBEAT_DIR / f"rank-{rank}.events.jsonl"
+
+
+def read_heartbeats(run: str | os.PathLike, since: float = 0.0) -> dict[int, dict]:
+    """rank -> its latest heartbeat written at or after `since` (older ones belong to an earlier attempt).
+
+    A rank without a file (not started, or its file cleared by a relaunch while listing) is absent.
+    """
+    beats = {}
+    for path in sorted((Path(run) / HEARTBEAT_DIR).glob("rank-*.json")):
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: cannot read heartbeat ({first_line(exc)}); rerun train") from None
+        try:
+            beat = json.loads(text)
+            rank, written = int(beat["rank"]), float(beat.get("time", 0))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"{path}: not a heartbeat ({first_line(exc)}); rerun train") from None
+        if written >= since:
+            beats[rank] = beat
+    return beats
+
+
+def read_heartbeat_events(run: str | os.PathLike) -> pd.DataFrame:
+    """Every rank's phase changes (HEARTBEAT_EVENT_COLUMNS), sorted by rank and time; empty without any."""
+    events = []
+    for path in sorted((Path(run) / HEARTBEAT_DIR).glob("rank-*.events.jsonl")):
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: cannot read heartbeat events ({first_line(exc)}); rerun train") from None
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                e = json.loads(line)
+                events.append((float(e["time"]), int(e["rank"]), int(e.get("step", 0)), int(e.get("epoch", 0)),
+                               str(e["phase"])))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise InputError(f"{path}:{lineno}: not a heartbeat event ({first_line(exc)}); rerun train") from None
+    import pandas as pd  # not at import: the training ranks write heartbeats and never read them
+
+    frame = pd.DataFrame(events, columns=HEARTBEAT_EVENT_COLUMNS)
+    return frame.sort_values(["rank", "time"], kind="stable", ignore_index=True)
+
+
+def _read_metrics_table(path: Path, columns: Sequence[str] | None = None,
+                        optional: Sequence[str] = ()) -> pa.Table | None:
+    if not path.is_file():
+        return None
+    names = parquet_columns(path, "train")
+    missing = [c for c in columns or () if c not in names]
+    if missing:
+        raise InputError(f"{path}: not a metrics table: missing column(s) {', '.join(missing)}; rerun train")
+    wanted = None if columns is None else [*columns, *(c for c in optional if c in names)]
+    return read_parquet(path, wanted, "train")
+
+
+def read_metrics(run: str | os.PathLike, columns: Sequence[str] | None = None,
+                 optional: Sequence[str] = ()) -> pd.DataFrame | None:
+    """metrics.parquet (rows per step and rank): `columns` must be there, `optional` are read if there
+    (columns None: all). None without the file."""
+    table = _read_metrics_table(Path(run) / METRICS, columns, optional)
+    return table.to_pandas() if table is not None else None
+
+
+def read_trained(run: str | os.PathLike, *, required: bool = False) -> dict | None:
+    """TRAINED, the train stage's summary (None: the run did not finish)."""
+    return read_json_object(Path(run) / TRAINED, "the train summary", "train", required=required)
+
+
+# ---------------------------------------------------------------- watch, gate
+
+
+def read_watcher(run: str | os.PathLike) -> dict | None:
+    """watcher.json, the hang watcher's verdict (None: no watcher ran)."""
+    return read_json_object(Path(run) / WATCHER, "the watcher's verdict", "launch (its watcher)")
+
+
+def read_gate_report(gate_dir: str | os.PathLike) -> dict | None:
+    """gate.json, the gate's checks and forecast (None: the gate has not run)."""
+    return read_json_object(Path(gate_dir) / GATE_REPORT, "the gate report", "gate")
+
+
+# ---------------------------------------------------------------- the writers
+
+
+METRICS_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("rank", pa.int32()),
+        ("epoch", pa.int32()),
+        ("loss", pa.float64()),
+        ("tokens", pa.int64()),
+        ("loss_tokens", pa.int64()),
+        ("step_time_s", pa.float64()),
+        ("data_wait_s", pa.float64()),
+        ("lr", pa.float64()),
+        ("time", pa.float64()),
+    ]
+)
+
+
+# what a rank is doing, in order (heartbeats; not the power phases of power/tables.py)
+HEARTBEAT_PHASES = ("init", "train", "checkpoint", "export", "done")
+
+
+class Heartbeat:
+    """`heartbeat/rank-<r>.json`: the rank's latest step and phase, rewritten atomically every step.
+
+    Phase changes are also appended to `rank-<r>.events.jsonl` (a few lines per
+    checkpoint, not per step) so triage can place checkpoints in time after the run.
+    """
+
+    def __init__(self, out: Path, rank: int, local_rank: int = 0, gpu: int | None = None):
+        self.path = heartbeat_path(out, rank)
+        self.events = heartbeat_events_path(out, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.base = {"rank": rank, "local_rank": local_rank, "gpu": gpu, "host": socket.gethostname(),
+                     "pid": os.getpid()}
+        self.phase = None
+        self.plan: dict = {}
+
+    def set_plan(self, total_steps: int, epoch_ends: list[int]) -> None:
+        """This rank's planned schedule: total steps and the global step that ends each epoch."""
+        self.plan = {"total_steps": total_steps, "epoch_ends": epoch_ends}
+
+    def beat(self, step: int, epoch: int, phase: str, **extra) -> None:
+        assert phase in HEARTBEAT_PHASES, phase
+        record = dict(self.base, step=step, epoch=epoch, phase=phase, time=time.time(), **self.plan, **extra)
+        write_bytes_atomic(self.path, (json.dumps(record) + "\n").encode())
+        if phase != self.phase:
+            self.phase = phase
+            event = {"time": record["time"], "rank": self.base["rank"], "step": step, "epoch": epoch, "phase": phase}
+            with open(self.events, "a") as f:
+                f.write(json.dumps(event) + "\n")
+
+
+class MetricsTable:
+    """Rows per (step, rank), held by rank 0 and rewritten atomically (so a kill keeps all flushed rows)."""
+
+    def __init__(self, path: Path, rows: list[dict] | None = None):
+        self.path = path
+        self.rows: list[dict] = rows or []
+
+    @classmethod
+    def resume(cls, path: Path, upto_step: int) -> MetricsTable:
+        """Rows of steps already taken (<= upto_step) from an earlier, interrupted run."""
+        table = _read_metrics_table(path) if upto_step >= 0 else None
+        if table is None:
+            return cls(path)
+        return cls(path, [r for r in table.to_pylist() if r["step"] <= upto_step])
+
+    def add(self, rows: list[dict]) -> None:
+        self.rows.extend(rows)
+
+    def flush(self) -> None:
+        table = pa.Table.from_pylist(self.rows, schema=METRICS_SCHEMA)
+        with atomic_path(self.path) as tmp:
+            pq.write_table(table, tmp)
