@@ -31,9 +31,18 @@ from wattgate.gate.memory import ModelSpec
 from wattgate.pack.assign import Layout
 from wattgate.pack.plan import plan_packs
 
-QWEN3_32B = {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 5120, "intermediate_size": 25600,
-             "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
-             "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+QWEN3_32B = {
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 5120,
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
 
 
 def pack_rows(placement, packs, lengths: np.ndarray, tokens: np.ndarray) -> PackRows:
@@ -44,9 +53,18 @@ def pack_rows(placement, packs, lengths: np.ndarray, tokens: np.ndarray) -> Pack
     entry = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(counts.sum())
     docs = packs.docs[entry]
     offsets = np.concatenate([[0], np.cumsum(counts)])
-    return PackRows(epoch=placement.epoch, step=placement.step, micro=placement.micro, rank=placement.rank,
-                    slot=placement.slot, num_tokens=tokens[placement.pack], doc_ids=docs, doc_lengths=lengths[docs],
-                    offsets=offsets, length_offsets=offsets)
+    return PackRows(
+        epoch=placement.epoch,
+        step=placement.step,
+        micro=placement.micro,
+        rank=placement.rank,
+        slot=placement.slot,
+        num_tokens=tokens[placement.pack],
+        doc_ids=docs,
+        doc_lengths=lengths[docs],
+        offsets=offsets,
+        length_offsets=offsets,
+    )
 
 
 def main() -> None:
@@ -56,8 +74,11 @@ def main() -> None:
     parser.add_argument("--mean-tokens", type=float, default=2100.0, help="mean document length (default 2,100)")
     parser.add_argument("--remainder", help="override pack.remainder (e.g. none: the uneven plan the gate stops)")
     parser.add_argument("--model-config", type=Path, help="transformers config.json (default: Qwen3-32B's shape)")
-    parser.add_argument("--ledger", default="/nonexistent/throughput.jsonl",
-                        help="throughput ledger (default: none, so the forecast is calibrated or analytic)")
+    parser.add_argument(
+        "--ledger",
+        default="/nonexistent/throughput.jsonl",
+        help="throughput ledger (default: none, so the forecast is calibrated or analytic)",
+    )
     args = parser.parse_args()
 
     config = load_config(args.config)
@@ -74,22 +95,32 @@ def main() -> None:
     t, p = config["train"], config["pack"]
     rng = np.random.default_rng(0)
     sigma = 0.9
-    lengths = np.clip(rng.lognormal(np.log(args.mean_tokens) - sigma ** 2 / 2, sigma, args.docs), 16,
-                      4 * t["seq_len"]).astype(np.int64)
+    lengths = np.clip(
+        rng.lognormal(np.log(args.mean_tokens) - sigma**2 / 2, sigma, args.docs), 16, 4 * t["seq_len"]
+    ).astype(np.int64)
     lengths = np.minimum(lengths, t["seq_len"])  # pretokenize's overlong: split keeps every piece <= seq_len
     world = config["cluster"]["nodes"] * config["cluster"]["gpus_per_node"]
     layout = Layout(world, t["micro_batch_size"], t["grad_accum"])
-    packs, placement, tokens, _ = plan_packs(lengths, t["seq_len"], layout, p["remainder"], t["epochs"], p["seed"],
-                                             p["attn_weight"])
+    packs, placement, tokens, _ = plan_packs(
+        lengths, t["seq_len"], layout, p["remainder"], t["epochs"], p["seed"], p["attn_weight"]
+    )
     rows = pack_rows(placement, packs, lengths, tokens)
     steps_per_epoch = int(rows.step[rows.epoch == 0].max()) + 1
-    plan = {"world_size": world, "epochs": t["epochs"], "steps_per_epoch": steps_per_epoch,
-            "attn_weight": p["attn_weight"], "micro_batch_size": t["micro_batch_size"], "grad_accum": t["grad_accum"]}
+    plan = {
+        "world_size": world,
+        "epochs": t["epochs"],
+        "steps_per_epoch": steps_per_epoch,
+        "attn_weight": p["attn_weight"],
+        "micro_batch_size": t["micro_batch_size"],
+        "grad_accum": t["grad_accum"],
+    }
     inputs = SimpleNamespace(config=config, plan=plan, packs=rows)
     eq = check_equal_steps(rows, world, t["epochs"], t["micro_batch_size"], t["grad_accum"], steps_per_epoch)
     out, budget = cost_section(inputs, spec, eq)
-    print(f"{args.config}: {args.docs:,} documents, {int(lengths.sum()):,} tokens, pack.remainder "
-          f"{p['remainder']}, {world} ranks, {steps_per_epoch} steps per epoch; {spec.num_params / 1e9:.1f}B params")
+    print(
+        f"{args.config}: {args.docs:,} documents, {int(lengths.sum()):,} tokens, pack.remainder "
+        f"{p['remainder']}, {world} ranks, {steps_per_epoch} steps per epoch; {spec.num_params / 1e9:.1f}B params"
+    )
     print(f"equal_steps: {'pass' if eq.passed else 'FAIL'}: {eq.detail}")
     print(f"budget: {'pass' if budget.passed else 'FAIL'}: {budget.detail}")
     print("\n".join(cost_markdown(out)))

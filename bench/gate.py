@@ -51,8 +51,14 @@ TARGET_S = 1.0  # ours, 1M documents, epochs 1, on the 2-core bench VM
 SHARD_DOCS = 250_000
 MAX_TOKEN_ID, VOCAB = 151_000, 151_669
 QWEN3_32B = {
-    "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 5120, "intermediate_size": 25600,
-    "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 5120,
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
     "tie_word_embeddings": False,
 }
 # A 32B model's checkpoints need ~1.2 TB; the bench VM's disk cannot pass this check, and
@@ -97,10 +103,17 @@ def write_pretokenized(folder: Path, lengths: np.ndarray) -> None:
         pq.write_table(table, folder / names[-1], compression="zstd", row_group_size=16384)
         hashes[names[-1]] = shard_hash(folder / names[-1])
     manifest = {
-        "format_version": 1, "num_docs": len(lengths), "num_tokens": int(lengths.sum()),
-        "num_loss_tokens": int(loss.sum()), "max_token_id": MAX_TOKEN_ID, "vocab_size": VOCAB,
-        "shards": names, "shard_hashes": hashes, "shard_hash_algorithm": shard_hash_algorithm(),
-        "dropped": {}, "sources": ["synthetic lognormal(6, 1) lengths"],
+        "format_version": 1,
+        "num_docs": len(lengths),
+        "num_tokens": int(lengths.sum()),
+        "num_loss_tokens": int(loss.sum()),
+        "max_token_id": MAX_TOKEN_ID,
+        "vocab_size": VOCAB,
+        "shards": names,
+        "shard_hashes": hashes,
+        "shard_hash_algorithm": shard_hash_algorithm(),
+        "dropped": {},
+        "sources": ["synthetic lognormal(6, 1) lengths"],
     }
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
@@ -108,14 +121,22 @@ def write_pretokenized(folder: Path, lengths: np.ndarray) -> None:
 def make_config(epochs: int, num_tokens: int) -> dict:
     # checkpoint every 100 steps, or fewer when a small --n gives a shorter run (schedule check)
     min_steps = num_tokens // (SEQ_LEN * WORLD_SIZE * GRAD_ACCUM)
-    return validate_config({
-        "train": {"seq_len": SEQ_LEN, "micro_batch_size": 1, "grad_accum": GRAD_ACCUM, "epochs": epochs,
-                  "warmup_steps": min(10, min_steps // 2), "checkpoint_every": max(1, min(100, min_steps)),
-                  "activation_checkpointing": True},
-        "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu_model": "B300"},
-        "model": {"config": dict(QWEN3_32B)},
-        "run_name": "bench",
-    })
+    return validate_config(
+        {
+            "train": {
+                "seq_len": SEQ_LEN,
+                "micro_batch_size": 1,
+                "grad_accum": GRAD_ACCUM,
+                "epochs": epochs,
+                "warmup_steps": min(10, min_steps // 2),
+                "checkpoint_every": max(1, min(100, min_steps)),
+                "activation_checkpointing": True,
+            },
+            "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu_model": "B300"},
+            "model": {"config": dict(QWEN3_32B)},
+            "run_name": "bench",
+        }
+    )
 
 
 def break_plan(plan_dir: Path, dest: Path) -> None:
@@ -127,6 +148,7 @@ def break_plan(plan_dir: Path, dest: Path) -> None:
     keep = np.ones(len(table), dtype=bool)
     keep[last] = False
     pq.write_table(table.filter(pa.array(keep)), dest / "packs.parquet", compression="zstd")
+
 
 # ---------------------------------------------------------------- pandas baseline
 
@@ -144,29 +166,36 @@ def pd_equal_steps(packs: pd.DataFrame, plan: dict) -> bool:
     ranks_per_micro = per_micro.groupby(level=["epoch", "step", "micro"]).size()
     if not (ranks_per_micro == W).all():
         return False
-    if not (packs["micro"].between(0, plan["grad_accum"] - 1).all()
-            and packs["step"].between(0, plan["steps_per_epoch"] - 1).all()):
+    if not (
+        packs["micro"].between(0, plan["grad_accum"] - 1).all()
+        and packs["step"].between(0, plan["steps_per_epoch"] - 1).all()
+    ):
         return False
     # grad_accum micro-batches in every step of every rank
     micro_per_step = per_micro.groupby(level=["epoch", "step", "rank"]).size()
     if not (micro_per_step == plan["grad_accum"]).all():
         return False
     per_rank = packs.groupby(["epoch", "rank"]).agg(steps=("step", "nunique"), packs=("slot", "size"))
-    return bool((per_rank["steps"] == plan["steps_per_epoch"]).all()
-                and per_rank.groupby(level="epoch")["packs"].nunique().eq(1).all())
+    return bool(
+        (per_rank["steps"] == plan["steps_per_epoch"]).all()
+        and per_rank.groupby(level="epoch")["packs"].nunique().eq(1).all()
+    )
 
 
 def pd_pack_contents(packs: pd.DataFrame, entries: pd.DataFrame, seq_len: int) -> bool:
     if (packs["num_tokens"] > seq_len).any():
         return False
-    per_row = entries.groupby("row").agg(docs=("doc_id", "size"), tokens=("doc_length", "sum"),
-                                         loss=("num_loss_tokens", "sum"))
+    per_row = entries.groupby("row").agg(
+        docs=("doc_id", "size"), tokens=("doc_length", "sum"), loss=("num_loss_tokens", "sum")
+    )
     per_row = per_row.reindex(packs.index, fill_value=0)  # empty packs have no entries
-    return bool((per_row["docs"] > 0).all()
-                and (per_row["tokens"] == packs["num_tokens"]).all()
-                # a doc_id missing from the shards merged to NaN, which equals no length
-                and (entries["doc_length"] == entries["num_tokens"]).all()
-                and (per_row["loss"] > 0).all())
+    return bool(
+        (per_row["docs"] > 0).all()
+        and (per_row["tokens"] == packs["num_tokens"]).all()
+        # a doc_id missing from the shards merged to NaN, which equals no length
+        and (entries["doc_length"] == entries["num_tokens"]).all()
+        and (per_row["loss"] > 0).all()
+    )
 
 
 def pd_conservation(entries: pd.DataFrame, docs: pd.DataFrame, manifest: dict, plan: dict) -> bool:
@@ -185,21 +214,31 @@ def pd_conservation(entries: pd.DataFrame, docs: pd.DataFrame, manifest: dict, p
 
 def pd_launch(plan: dict, config: dict) -> bool:
     c, t = config["cluster"], config["train"]
-    expected = {"world_size": c["nodes"] * c["gpus_per_node"], "micro_batch_size": t["micro_batch_size"],
-                "grad_accum": t["grad_accum"], "seq_len": t["seq_len"], "epochs": t["epochs"]}
+    expected = {
+        "world_size": c["nodes"] * c["gpus_per_node"],
+        "micro_batch_size": t["micro_batch_size"],
+        "grad_accum": t["grad_accum"],
+        "seq_len": t["seq_len"],
+        "epochs": t["epochs"],
+    }
     return all(plan.get(k) == v for k, v in expected.items())
 
 
-def pd_provenance(plan: dict, packs_path: Path, manifest_raw: bytes, manifest: dict, vocab: int,
-                  pretok: Path) -> bool:
+def pd_provenance(plan: dict, packs_path: Path, manifest_raw: bytes, manifest: dict, vocab: int, pretok: Path) -> bool:
     packs_sha = hashlib.sha256(packs_path.read_bytes()).hexdigest()
     max_id = manifest.get("max_token_id")
     hashes = manifest.get("shard_hashes", {})
     shards_ok = sorted(hashes) == sorted(manifest["shards"]) and all(
-        xxhash.xxh3_128((pretok / s).read_bytes()).hexdigest() == h for s, h in hashes.items())
-    return (shards_ok and plan.get("packs_sha256") == packs_sha
-            and plan.get("pretokenized_manifest_sha256") == hashlib.sha256(manifest_raw).hexdigest()
-            and isinstance(max_id, int) and max_id < vocab and manifest.get("vocab_size", 0) <= vocab)
+        xxhash.xxh3_128((pretok / s).read_bytes()).hexdigest() == h for s, h in hashes.items()
+    )
+    return (
+        shards_ok
+        and plan.get("packs_sha256") == packs_sha
+        and plan.get("pretokenized_manifest_sha256") == hashlib.sha256(manifest_raw).hexdigest()
+        and isinstance(max_id, int)
+        and max_id < vocab
+        and manifest.get("vocab_size", 0) <= vocab
+    )
 
 
 def pd_balance(packs: pd.DataFrame, entries: pd.DataFrame, plan: dict, max_ratio: float) -> bool:
@@ -223,32 +262,41 @@ def pandas_gate(config: dict, pretok: Path, plan_dir: Path, checkpoint_dir: Path
     manifest_raw = (pretok / "manifest.json").read_bytes()
     manifest = json.loads(manifest_raw)
     packs = pd.read_parquet(plan_dir / "packs.parquet")
-    docs = pd.concat([pd.read_parquet(pretok / s, columns=["doc_id", "num_tokens", "num_loss_tokens"])
-                      for s in manifest["shards"]], ignore_index=True)
+    docs = pd.concat(
+        [pd.read_parquet(pretok / s, columns=["doc_id", "num_tokens", "num_loss_tokens"]) for s in manifest["shards"]],
+        ignore_index=True,
+    )
     # one row per (pack, document), with the shard's counts for that document
-    entries = (packs[["epoch", "doc_ids", "doc_lengths"]].explode(["doc_ids", "doc_lengths"])
-               .dropna(subset=["doc_ids"]).rename(columns={"doc_ids": "doc_id", "doc_lengths": "doc_length"})
-               .astype({"doc_id": "int64", "doc_length": "int64"}).rename_axis("row").reset_index()
-               .merge(docs, on="doc_id", how="left"))
+    entries = (
+        packs[["epoch", "doc_ids", "doc_lengths"]]
+        .explode(["doc_ids", "doc_lengths"])
+        .dropna(subset=["doc_ids"])
+        .rename(columns={"doc_ids": "doc_id", "doc_lengths": "doc_length"})
+        .astype({"doc_id": "int64", "doc_length": "int64"})
+        .rename_axis("row")
+        .reset_index()
+        .merge(docs, on="doc_id", how="left")
+    )
 
     spec = load_model_spec(config)
     settings = fit_settings(config)
     budget, _ = device_memory_bytes(config)
-    need = ((config["train"]["checkpoint_keep"] + 1) * checkpoint_bytes(spec)
-            + spec.num_params * (2 if settings.mixed_precision else 4))
+    need = (config["train"]["checkpoint_keep"] + 1) * checkpoint_bytes(spec) + spec.num_params * (
+        2 if settings.mixed_precision else 4
+    )
     gate = config["gate"]
     return {
         "equal_steps": pd_equal_steps(packs, plan),
         "pack_contents": pd_pack_contents(packs, entries, plan["seq_len"]),
         "conservation": pd_conservation(entries, docs, manifest, plan),
         "launch": pd_launch(plan, config),
-        "provenance": pd_provenance(plan, plan_dir / "packs.parquet", manifest_raw, manifest, spec.vocab_size,
-                                    pretok),
+        "provenance": pd_provenance(plan, plan_dir / "packs.parquet", manifest_raw, manifest, spec.vocab_size, pretok),
         "fit": sum(estimate_memory(spec, settings).values()) <= budget * (1 - gate["memory_headroom"]),
         "checkpoint_space": need <= free_bytes_at(checkpoint_dir)[0],
         "balance": pd_balance(packs, entries, plan, gate["max_rank_cost_ratio"]),
         "schedule": pd_schedule(plan, config),
     }
+
 
 # ---------------------------------------------------------------- timing
 
@@ -284,8 +332,9 @@ def failed(verdict: dict[str, bool]) -> set[str]:
 def compare(what: str, ours: dict[str, bool], theirs: dict[str, bool], must_fail: set[str]) -> None:
     """Both sides agree on every check, and exactly `must_fail` (plus environmental ones) fail."""
     assert ours == theirs, f"{what}: verdicts differ: ours {ours}, pandas {theirs}"
-    assert must_fail <= failed(ours) <= must_fail | ENVIRONMENTAL, \
+    assert must_fail <= failed(ours) <= must_fail | ENVIRONMENTAL, (
         f"{what}: failed {sorted(failed(ours))}, expected {sorted(must_fail)}"
+    )
 
 
 def plan_size(packs_path: Path) -> tuple[int, int]:
@@ -314,23 +363,37 @@ def bench_plan(tmp: Path, pretok: Path, num_tokens: int, epochs: int, repeat: in
     broken_verdicts = verdicts(run_gate(config, pretok, broken, out))
     compare(f"epochs {epochs}, broken", broken_verdicts, pandas_gate(config, pretok, broken, ckpt), BROKEN_FAILS)
     rows, entries = plan_size(plan_dir / "packs.parquet")
-    return {"epochs": epochs, "rows": rows, "entries": entries, "t_ours": t_ours, "t_pd": t_pd,
-            "t_load": min(s[0] for s in splits), "t_checks": min(s[1] for s in splits), "checks": report["checks"],
-            "broken_fails": failed(broken_verdicts)}
+    return {
+        "epochs": epochs,
+        "rows": rows,
+        "entries": entries,
+        "t_ours": t_ours,
+        "t_pd": t_pd,
+        "t_load": min(s[0] for s in splits),
+        "t_checks": min(s[1] for s in splits),
+        "checks": report["checks"],
+        "broken_fails": failed(broken_verdicts),
+    }
 
 
 def report(r: dict, n: int, headline: bool) -> None:
     best, med, t_pd = min(r["t_ours"]), statistics.median(r["t_ours"]), min(r["t_pd"])
-    print(f"== epochs {r['epochs']}: {n:,} docs, {r['rows'] // r['epochs']:,} packs/epoch, {r['rows']:,} rows, "
-          f"{r['entries']:,} (pack, doc) entries")
+    print(
+        f"== epochs {r['epochs']}: {n:,} docs, {r['rows'] // r['epochs']:,} packs/epoch, {r['rows']:,} rows, "
+        f"{r['entries']:,} (pack, doc) entries"
+    )
     print(f"  wattgate run_gate   best {best:7.3f} s  median {med:7.3f} s  ({len(r['t_ours'])} runs)")
     print(f"    in-process split  load {r['t_load']:7.3f} s  checks {r['t_checks']:7.3f} s  (best of each)")
-    print(f"  pandas baseline     best {t_pd:7.3f} s  median {statistics.median(r['t_pd']):7.3f} s  "
-          f"({len(r['t_pd'])} runs)")
+    print(
+        f"  pandas baseline     best {t_pd:7.3f} s  median {statistics.median(r['t_pd']):7.3f} s  "
+        f"({len(r['t_pd'])} runs)"
+    )
     print(f"  ratio pandas/ours   {t_pd / best:7.1f}x")
     env = [c for c in r["checks"] if not c["passed"]]
-    print(f"  verdicts: both sides agree on all {len(r['checks'])} checks; all pass"
-          + "".join(f" except {c['name']} (this VM: {c['detail']})" for c in env))
+    print(
+        f"  verdicts: both sides agree on all {len(r['checks'])} checks; all pass"
+        + "".join(f" except {c['name']} (this VM: {c['detail']})" for c in env)
+    )
     prov = next(c for c in r["checks"] if c["name"] == "provenance")
     print(f"  provenance: {prov['detail']}")
     print(f"  broken plan (rank 1 one pack short): both fail {', '.join(sorted(r['broken_fails'] - ENVIRONMENTAL))}")
@@ -361,9 +424,11 @@ def main() -> None:
         shard_hash(probe)
         speed = (256 << 20) / (time.perf_counter() - start)
         probe.unlink()
-        print(f"shards: {shard_bytes / 1e6:,.1f} MB on disk, {int(lengths.sum()):,} tokens; {shard_hash_algorithm()} "
-              f"hashes {speed / 1e9:.1f} GB/s (page cache): random-id shards (~2.2 B/token zstd) would add "
-              f"~{int(lengths.sum()) * 2.2 / speed:.2f} s")
+        print(
+            f"shards: {shard_bytes / 1e6:,.1f} MB on disk, {int(lengths.sum()):,} tokens; {shard_hash_algorithm()} "
+            f"hashes {speed / 1e9:.1f} GB/s (page cache): random-id shards (~2.2 B/token zstd) would add "
+            f"~{int(lengths.sum()) * 2.2 / speed:.2f} s"
+        )
         for epochs in (1, 2):
             r = bench_plan(tmp, pretok, int(lengths.sum()), epochs, repeat, pd_repeat=min(3, repeat))
             report(r, n, headline=epochs == 1)

@@ -52,8 +52,13 @@ def schedule() -> list[tuple]:
 
 
 def make_csv(folder: Path, index: bool = True) -> Path:
-    synth = build_trace(job(gpus_of(1, 8), schedule(), writer=0, stuck=5), shipped_table("h100"), seed=7,
-                        device_name=DEVICE, with_truth=False)
+    synth = build_trace(
+        job(gpus_of(1, 8), schedule(), writer=0, stuck=5),
+        shipped_table("h100"),
+        seed=7,
+        device_name=DEVICE,
+        with_truth=False,
+    )
     folder.mkdir(parents=True, exist_ok=True)
     return write_nvidia_smi_csv(synth, folder / "node0.csv", na_every=997, index=index)  # host: the file stem
 
@@ -103,8 +108,10 @@ def main() -> None:
         start = time.perf_counter()
         csv = make_csv(root)
         lines = sum(1 for _ in csv.open()) - 1
-        print(f"== {csv.name}: 8 GPUs x {MINUTES} min x 10 Hz = {lines:,} sample lines, "
-              f"{csv.stat().st_size / 1e6:.1f} MB (written in {time.perf_counter() - start:.1f} s)")
+        print(
+            f"== {csv.name}: 8 GPUs x {MINUTES} min x 10 Hz = {lines:,} sample lines, "
+            f"{csv.stat().st_size / 1e6:.1f} MB (written in {time.perf_counter() - start:.1f} s)"
+        )
         runs = []
         for k in range(args.repeat):
             work = root / f"run-{k}"
@@ -117,19 +124,23 @@ def main() -> None:
         best = min(r["total"] for r in runs)
         cold_dir = root / "cold"
         cold_dir.mkdir(exist_ok=True)
-        out = subprocess.run([sys.executable, "-c", COLD, str(csv), str(cold_dir)], capture_output=True, text=True,
-                             check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", COLD, str(csv), str(cold_dir)], capture_output=True, text=True, check=True
+        )
         cold = float(out.stdout.strip().splitlines()[-1])
         print(f"  fresh interpreter (imports included): {cold:.2f} s")
-        print(f"  target import + triage + report < {TARGET_S:.0f} s: "
-              f"{'PASS' if max(best, cold) < TARGET_S else 'FAIL'}")
+        print(
+            f"  target import + triage + report < {TARGET_S:.0f} s: {'PASS' if max(best, cold) < TARGET_S else 'FAIL'}"
+        )
 
         work = root / "noindex"
         noindex = make_csv(work, index=False)
         t, s2 = pipeline(noindex, work)
         same = s2["power_only"]["verdict"] == summary["power_only"]["verdict"]
-        print(f"  without the index column (GPU from burst order): {t['total']:.2f} s, "
-              f"verdict {'identical' if same else 'DIFFERENT'}")
+        print(
+            f"  without the index column (GPU from burst order): {t['total']:.2f} s, "
+            f"verdict {'identical' if same else 'DIFFERENT'}"
+        )
 
         print("== the report's power-only verdict")
         for line in summary["power_only"]["verdict"]:

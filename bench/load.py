@@ -36,9 +36,18 @@ GIB = 1 << 30
 def qwen3_config(layers: int, vocab: int, quick: bool) -> dict:
     """A Qwen3-0.6B-like shape (hidden 1024, 16 heads, 8 KV heads) with `layers` decoder layers."""
     hidden, inter = (512, 1536) if quick else (1024, 3072)
-    return {"model_type": "qwen3", "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": inter,
-            "num_hidden_layers": layers, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-            "max_position_embeddings": 4096, "tie_word_embeddings": True}
+    return {
+        "model_type": "qwen3",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    }
 
 
 def write_bf16_folder(path: Path, cfg: dict) -> int:
@@ -73,8 +82,9 @@ def full_worker(model_dir: Path, out: Path) -> None:
     build_meta_model({"path": str(model_dir)}, "sdpa")  # import the model's code outside the measurement
     memory = PhaseMemory(device)
     memory.start()
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float32,
-                                                 attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), local_files_only=True, dtype=torch.float32, attn_implementation="sdpa"
+    )
     model.to(device)
     parallelize(model, init_device_mesh(device.type, (world,)), False, False, False)
     dist.barrier()
@@ -101,13 +111,22 @@ def measure(path: str, ranks: int, model_dir: Path, work: Path) -> dict:
         per_rank = json.loads((out / "full.json").read_text())
     else:
         cfg = out / "config.yaml"
-        cfg.write_text(json.dumps({"run_name": "bench", "model": {"path": str(model_dir)},
-                                   "cluster": {"nodes": 1, "gpus_per_node": ranks}}))
+        cfg.write_text(
+            json.dumps(
+                {
+                    "run_name": "bench",
+                    "model": {"path": str(model_dir)},
+                    "cluster": {"nodes": 1, "gpus_per_node": ranks},
+                }
+            )
+        )
         torchrun(ranks, ["-m", "wattgate", "load-check", "--config", str(cfg), "--out", str(out)])
         per_rank = json.loads((out / "load-check.json").read_text())["memory"]["per_rank"]
     loads = [r["phases"]["load"] for r in per_rank]
-    return {"seconds": max(p["seconds"] for p in loads),
-            "grown": max((p["host_peak_gib"] - p["host_at_start_gib"]) * GIB for p in loads)}
+    return {
+        "seconds": max(p["seconds"] for p in loads),
+        "grown": max((p["host_peak_gib"] - p["host_at_start_gib"]) * GIB for p in loads),
+    }
 
 
 def slope(xs: list[float], ys: list[float]) -> float:
@@ -136,8 +155,11 @@ def main() -> None:
             model_dir = work / f"qwen3-{layers}l"
             t0 = time.perf_counter()
             params = write_bf16_folder(model_dir, qwen3_config(layers, vocab, args.quick))
-            print(f"model: {layers} layers, {params / 1e9:.3f}B params, bf16 folder written in "
-                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+            print(
+                f"model: {layers} layers, {params / 1e9:.3f}B params, bf16 folder written in "
+                f"{time.perf_counter() - t0:.1f} s",
+                flush=True,
+            )
             row = {"layers": layers, "params": params, "fp32_bytes": params * 4}
             for path in ("full", "sharded"):
                 row[path] = measure(path, args.ranks, model_dir, work)
@@ -145,21 +167,23 @@ def main() -> None:
             for f in model_dir.iterdir():  # free the disk (and page cache) before the next size
                 f.unlink()
 
-    print(f"\nload on {args.ranks} CPU ranks (gloo), bf16 safetensors -> fp32 FSDP2 shards; "
-          "max over ranks")
-    print("| layers | params | fp32 model | full: load s | full: RSS growth/rank | sharded: load s "
-          "| sharded: RSS growth/rank | RSS ratio full/sharded | load-time ratio full/sharded |")
+    print(f"\nload on {args.ranks} CPU ranks (gloo), bf16 safetensors -> fp32 FSDP2 shards; max over ranks")
+    print(
+        "| layers | params | fp32 model | full: load s | full: RSS growth/rank | sharded: load s "
+        "| sharded: RSS growth/rank | RSS ratio full/sharded | load-time ratio full/sharded |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         f, s = r["full"], r["sharded"]
-        print(f"| {r['layers']} | {r['params'] / 1e9:.3f}B | {r['fp32_bytes'] / MIB:.0f} MiB | {f['seconds']:.2f} "
-              f"| {f['grown'] / MIB:.0f} MiB | {s['seconds']:.2f} | {s['grown'] / MIB:.0f} MiB "
-              f"| {f['grown'] / s['grown']:.2f}x | {f['seconds'] / s['seconds']:.2f}x |")
+        print(
+            f"| {r['layers']} | {r['params'] / 1e9:.3f}B | {r['fp32_bytes'] / MIB:.0f} MiB | {f['seconds']:.2f} "
+            f"| {f['grown'] / MIB:.0f} MiB | {s['seconds']:.2f} | {s['grown'] / MIB:.0f} MiB "
+            f"| {f['grown'] / s['grown']:.2f}x | {f['seconds'] / s['seconds']:.2f}x |"
+        )
     added = [r["fp32_bytes"] for r in rows]
     for path in ("full", "sharded"):
         k = slope(added, [r[path]["grown"] for r in rows])
-        print(f"{path}: per-rank peak RSS grows by {k:.3f} x the added fp32 bytes "
-              f"(1/ranks = {1 / args.ranks:.3f})")
+        print(f"{path}: per-rank peak RSS grows by {k:.3f} x the added fp32 bytes (1/ranks = {1 / args.ranks:.3f})")
 
 
 if __name__ == "__main__":

@@ -143,33 +143,54 @@ def run(name: str, lengths: np.ndarray, repeat: int) -> dict:
 
     eff = lambda n_packs: total / (n_packs * SEQ_LEN)  # noqa: E731
     return {
-        "name": name, "n": len(lengths), "tokens": total, "t_build": t_build, "t_trl": t_trl,
-        "t_bfd": t_bfd, "t_full": t_full, "trl_rows": trl_rows, "bfd_packs": n_bfd,
-        "rebin_packs": len(packs), "eff_trl": eff(trl_rows), "eff_bfd": eff(n_bfd),
-        "eff_rebin": eff(len(packs)), "check": (check_ours, check_trl),
+        "name": name,
+        "n": len(lengths),
+        "tokens": total,
+        "t_build": t_build,
+        "t_trl": t_trl,
+        "t_bfd": t_bfd,
+        "t_full": t_full,
+        "trl_rows": trl_rows,
+        "bfd_packs": n_bfd,
+        "rebin_packs": len(packs),
+        "eff_trl": eff(trl_rows),
+        "eff_bfd": eff(n_bfd),
+        "eff_rebin": eff(len(packs)),
+        "check": (check_ours, check_trl),
     }
 
 
 def report(r: dict) -> None:
     sp_bfd, sp_full = r["t_trl"] / r["t_bfd"], r["t_trl"] / r["t_full"]
     ok = lambda cond: "PASS" if cond else "FAIL"  # noqa: E731
-    print(f"== {r['name']}: {r['n']:,} docs, {r['tokens']:,} tokens, seq_len {SEQ_LEN}, "
-          f"world {WORLD_SIZE} x mbs {MICRO_BATCH} x ga {GRAD_ACCUM}")
+    print(
+        f"== {r['name']}: {r['n']:,} docs, {r['tokens']:,} tokens, seq_len {SEQ_LEN}, "
+        f"world {WORLD_SIZE} x mbs {MICRO_BATCH} x ga {GRAD_ACCUM}"
+    )
     print(f"  dataset build (not timed below)  {r['t_build']:8.2f} s")
-    print(f"  TRL pack_dataset bfd             {r['t_trl']:8.2f} s  {r['trl_rows']:,} rows  "
-          f"efficiency {r['eff_trl']:.5f}")
-    print(f"  ours pack_bfd                    {r['t_bfd']:8.2f} s  {r['bfd_packs']:,} packs "
-          f"efficiency {r['eff_bfd']:.5f}")
-    print(f"  ours bfd+rebin+assign            {r['t_full']:8.2f} s  {r['rebin_packs']:,} packs "
-          f"efficiency {r['eff_rebin']:.5f}")
+    print(
+        f"  TRL pack_dataset bfd             {r['t_trl']:8.2f} s  {r['trl_rows']:,} rows  efficiency {r['eff_trl']:.5f}"
+    )
+    print(
+        f"  ours pack_bfd                    {r['t_bfd']:8.2f} s  {r['bfd_packs']:,} packs "
+        f"efficiency {r['eff_bfd']:.5f}"
+    )
+    print(
+        f"  ours bfd+rebin+assign            {r['t_full']:8.2f} s  {r['rebin_packs']:,} packs "
+        f"efficiency {r['eff_rebin']:.5f}"
+    )
     print(f"  speedup TRL/ours (BFD)   {sp_bfd:8.1f}x  target >= {TARGET_SPEEDUP:.0f}x  {ok(sp_bfd >= TARGET_SPEEDUP)}")
-    print(f"  speedup TRL/ours (full)  {sp_full:8.1f}x  target >= {TARGET_SPEEDUP:.0f}x  "
-          f"{ok(sp_full >= TARGET_SPEEDUP)}")
+    print(
+        f"  speedup TRL/ours (full)  {sp_full:8.1f}x  target >= {TARGET_SPEEDUP:.0f}x  {ok(sp_full >= TARGET_SPEEDUP)}"
+    )
     if r["name"] == "lognormal":
-        print(f"  efficiency (rebin) {r['eff_rebin']:.5f}  target >= {TARGET_EFFICIENCY}  "
-              f"{ok(r['eff_rebin'] >= TARGET_EFFICIENCY)}")
-    print(f"  check: pack count on first {CHECK_DOCS:,} docs, ours {r['check'][0]:,} "
-          f"== TRL one-batch {r['check'][1]:,}")
+        print(
+            f"  efficiency (rebin) {r['eff_rebin']:.5f}  target >= {TARGET_EFFICIENCY}  "
+            f"{ok(r['eff_rebin'] >= TARGET_EFFICIENCY)}"
+        )
+    print(
+        f"  check: pack count on first {CHECK_DOCS:,} docs, ours {r['check'][0]:,} == TRL one-batch {r['check'][1]:,}"
+    )
 
 
 def main() -> None:

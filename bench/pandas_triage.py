@@ -78,7 +78,7 @@ from wattgate.power.tables import POWER_PHASES, resolve_table, shipped_table
 
 LABELS = POWER_PHASES + ("unknown",)
 DEADLOCK_AFTER_S = 60.0
-RADIUS = 2                  # windows on each side: rolling median and majority filter over 5
+RADIUS = 2  # windows on each side: rolling median and majority filter over 5
 OSCILLATION_SHARE = 0.15
 NO_UTIL_IDLE_SHARE = 0.30
 LIGHT_UTIL_PCT = 10.0
@@ -123,15 +123,23 @@ def windows(df: pd.DataFrame, window_s: float) -> tuple[pd.DataFrame, pd.DataFra
     its first to its last; the samples with their window, for the band shares once the levels are known."""
     samples_per_gpu = df.groupby(GPU).size()
     df = df[df["power_w"].notna()]
-    work = pd.DataFrame({"host": df["host"], "gpu": df["gpu"],
-                         "window": np.floor(df["time"] / window_s).astype("int64"),
-                         "power": df["power_w"].astype("float64"), "util": df["util_gpu"].astype("float64")})
+    work = pd.DataFrame(
+        {
+            "host": df["host"],
+            "gpu": df["gpu"],
+            "window": np.floor(df["time"] / window_s).astype("int64"),
+            "power": df["power_w"].astype("float64"),
+            "util": df["util_gpu"].astype("float64"),
+        }
+    )
     win = work.groupby(["host", "gpu", "window"], sort=True).agg(
-        n=("power", "size"), power=("power", "mean"), util=("util", "mean"))
+        n=("power", "size"), power=("power", "mean"), util=("util", "mean")
+    )
     # every window from each GPU's first to its last
     span = win.reset_index().groupby(GPU)["window"].agg(["min", "max"])
-    full = [pd.MultiIndex.from_product([[h], [g], range(int(r["min"]), int(r["max"]) + 1)])
-            for (h, g), r in span.iterrows()]
+    full = [
+        pd.MultiIndex.from_product([[h], [g], range(int(r["min"]), int(r["max"]) + 1)]) for (h, g), r in span.iterrows()
+    ]
     win = win.reindex(full[0].append(full[1:]).set_names(["host", "gpu", "window"]))
     win["n"] = win["n"].fillna(0).astype("int64")
     return win.reset_index(), work, samples_per_gpu
@@ -159,37 +167,53 @@ def learn_levels(k: pd.DataFrame, table, window_s: float, caps: dict, power_cap_
     in_wait = waiting & (waiting.groupby(run).transform("size") * window_s >= WAIT_MIN_S)
     w = p[in_wait].groupby([k["host"][in_wait], k["gpu"][in_wait]])
     wait = w.median().where(w.size() >= LEVEL_MIN_WINDOWS)
-    dev = (p[in_wait] - wait.reindex(pd.MultiIndex.from_arrays([k["host"][in_wait], k["gpu"][in_wait]]))
-           .to_numpy()).abs()
+    dev = (
+        p[in_wait] - wait.reindex(pd.MultiIndex.from_arrays([k["host"][in_wait], k["gpu"][in_wait]])).to_numpy()
+    ).abs()
     spread = 1.4826 * dev.groupby([k["host"][in_wait], k["gpu"][in_wait]]).median()
     out["wait_w"], out["spread"] = wait.reindex(gpus), spread.reindex(gpus).fillna(0.0)
     # compute plateaus: centred spans of PLATEAU_MIN_S, nearly all busy at a steady power above the floor
     span = max(PLATEAU_MIN_WINDOWS, int(math.ceil(PLATEAU_MIN_S / window_s)))
     pz = p.where(cand, 0.0)
-    roll = pd.DataFrame({"cnt": cand.astype("float64"), "s1": pz, "s2": pz * pz}).groupby(keys) \
-        .rolling(span, center=True, min_periods=span).sum().reset_index(level=[0, 1], drop=True).reindex(k.index)
+    roll = (
+        pd.DataFrame({"cnt": cand.astype("float64"), "s1": pz, "s2": pz * pz})
+        .groupby(keys)
+        .rolling(span, center=True, min_periods=span)
+        .sum()
+        .reset_index(level=[0, 1], drop=True)
+        .reindex(k.index)
+    )
     mean = roll["s1"] / roll["cnt"]
     sd = np.sqrt((roll["s2"] / roll["cnt"] - mean * mean).clip(lower=0.0))
     core = cand & (roll["cnt"] >= PLATEAU_SHARE * span) & (sd <= PLATEAU_CV * mean)
     plateau = mean[core].groupby([k["host"][core], k["gpu"][core]]).min()
     out["plateau_w"] = plateau.reindex(gpus)
-    out["compute_min_w"] = (out["plateau_w"] * (1 - PLATEAU_BAND)).clip(floor, table.compute_min_w) \
-        .fillna(float(table.compute_min_w))
+    out["compute_min_w"] = (
+        (out["plateau_w"] * (1 - PLATEAU_BAND)).clip(floor, table.compute_min_w).fillna(float(table.compute_min_w))
+    )
     low_max = (out["wait_w"] + WAIT_SPREADS * out["spread"]).clip(
-        lower=float(table.low_max_w), upper=(table.low_max_w + out["compute_min_w"]) / 2)
+        lower=float(table.low_max_w), upper=(table.low_max_w + out["compute_min_w"]) / 2
+    )
     out["low_max_w"] = low_max.fillna(float(table.low_max_w))
     out["idle_w"] = np.minimum(out["idle_w"], 0.8 * out["low_max_w"])
-    out["cap_w"] = [float(power_cap_w) if power_cap_w else caps.get((h, int(g)), float(table.tdp_w))
-                    for h, g in out.index]
+    out["cap_w"] = [
+        float(power_cap_w) if power_cap_w else caps.get((h, int(g)), float(table.tdp_w)) for h, g in out.index
+    ]
     return out
 
 
 def band_shares(win: pd.DataFrame, work: pd.DataFrame, levels: pd.DataFrame) -> pd.DataFrame:
     """Share of each window's samples in its GPU's high band (>= compute_min_w) and low band (< low_max_w)."""
     edges = work[GPU].join(levels[["compute_min_w", "low_max_w"]], on=GPU)
-    bands = pd.DataFrame({"host": work["host"], "gpu": work["gpu"], "window": work["window"],
-                          "high": (work["power"] >= edges["compute_min_w"]).astype("float64"),
-                          "low": (work["power"] < edges["low_max_w"]).astype("float64")})
+    bands = pd.DataFrame(
+        {
+            "host": work["host"],
+            "gpu": work["gpu"],
+            "window": work["window"],
+            "high": (work["power"] >= edges["compute_min_w"]).astype("float64"),
+            "low": (work["power"] < edges["low_max_w"]).astype("float64"),
+        }
+    )
     shares = bands.groupby(["host", "gpu", "window"])[["high", "low"]].mean()
     return win.join(shares, on=["host", "gpu", "window"])
 
@@ -220,8 +244,12 @@ def fill_short_gaps(win: pd.DataFrame, samples_per_gpu: pd.Series, window_s: flo
 def band(k: pd.DataFrame) -> pd.Series:
     """Rule 1 without hysteresis: band of the rolling median of power over 5 known windows against the GPU's
     edges, never two bands from the window's own power nor out of the high band past its margin."""
-    median = (k.groupby(GPU)["power"].rolling(2 * RADIUS + 1, center=True, min_periods=1).median()
-              .reset_index(level=[0, 1], drop=True))
+    median = (
+        k.groupby(GPU)["power"]
+        .rolling(2 * RADIUS + 1, center=True, min_periods=1)
+        .median()
+        .reset_index(level=[0, 1], drop=True)
+    )
     med_band = (median >= k["lo"]).astype(int) + (median >= k["hi"]).astype(int)
     own = (k["power"] >= k["lo"]).astype(int) + (k["power"] >= k["hi"]).astype(int)
     keep_own = ((med_band - own).abs() >= 2) | (k["power"] >= k["hi"] + EDGE_MARGIN * (k["hi"] - k["lo"]))
@@ -258,8 +286,9 @@ def peer_vote(k: pd.DataFrame, cls: pd.Series) -> pd.Series:
     # the lower median (an odd count's middle, an even count's lower middle), as the package takes it
     med_p = k["window"].map(by["power"].quantile(0.5, interpolation="lower"))
     med_u = k["window"].map(uu.groupby(k["window"]).quantile(0.5, interpolation="lower"))
-    with_peers = ((k["power"] - med_p).abs() <= PEER_POWER_TOL * np.maximum(med_p, k["lo"])) & \
-                 ((uu - med_u).abs() <= PEER_UTIL_TOL)
+    with_peers = ((k["power"] - med_p).abs() <= PEER_POWER_TOL * np.maximum(med_p, k["lo"])) & (
+        (uu - med_u).abs() <= PEER_UTIL_TOL
+    )
     count = by["power"].transform("size")
     n_with = with_peers.groupby(k["window"]).transform("sum")
     sel = with_peers & (count >= 2) & (n_with >= np.maximum(2, np.ceil(count / 2)))
@@ -277,8 +306,13 @@ def majority(k: pd.DataFrame, cls: pd.Series) -> pd.Series:
     own, and so do a window whose own power is two bands from the winner's class and a compute burst."""
     onehot = pd.get_dummies(cls, dtype="float64")
     keys = [k["host"], k["gpu"]]
-    counts = (onehot.groupby(keys).rolling(2 * RADIUS + 1, center=True, min_periods=1).sum()
-              .reset_index(level=[0, 1], drop=True).reindex(onehot.index))
+    counts = (
+        onehot.groupby(keys)
+        .rolling(2 * RADIUS + 1, center=True, min_periods=1)
+        .sum()
+        .reset_index(level=[0, 1], drop=True)
+        .reindex(onehot.index)
+    )
     best = counts.idxmax(axis=1)
     own = pd.Series(counts.to_numpy()[np.arange(len(counts)), counts.columns.get_indexer(cls)], index=cls.index)
     own_band = (k["power"] >= k["lo"]).astype(int) + (k["power"] >= k["hi"]).astype(int)
@@ -291,22 +325,34 @@ def resolve_waits(k: pd.DataFrame, cls: pd.Series, window_s: float, deadlock_aft
     """Rule 4, first half: each run of waits by its length and whether activity resumes soon after it."""
     gpu_change = (k["host"] != k["host"].shift()) | (k["gpu"] != k["gpu"].shift())
     run = ((cls != cls.shift()) | gpu_change).cumsum()
-    runs = pd.DataFrame({"host": k["host"], "gpu": k["gpu"], "cls": cls, "window": k["window"], "run": run}) \
-        .groupby("run").agg(host=("host", "first"), gpu=("gpu", "first"), cls=("cls", "first"),
-                            first=("window", "min"), last=("window", "max"))
+    runs = (
+        pd.DataFrame({"host": k["host"], "gpu": k["gpu"], "cls": cls, "window": k["window"], "run": run})
+        .groupby("run")
+        .agg(
+            host=("host", "first"),
+            gpu=("gpu", "first"),
+            cls=("cls", "first"),
+            first=("window", "min"),
+            last=("window", "max"),
+        )
+    )
     active_start = runs["first"].where(runs["cls"].isin(ACTIVE))
     next_active = active_start.groupby([runs["host"], runs["gpu"]]).shift(-1)
     next_active = next_active.groupby([runs["host"], runs["gpu"]]).bfill()
     length = (runs["last"] + 1 - runs["first"]) * window_s
     gap = (next_active - runs["last"] - 1) * window_s
-    label = np.where(length < deadlock_after_s, "communication",
-                     np.where(next_active.notna() & (gap < deadlock_after_s), "checkpoint", "deadlock"))
+    label = np.where(
+        length < deadlock_after_s,
+        "communication",
+        np.where(next_active.notna() & (gap < deadlock_after_s), "checkpoint", "deadlock"),
+    )
     runs["resolved"] = np.where(runs["cls"] == "wait", label, runs["cls"])
     return run.map(runs["resolved"])
 
 
-def label(win: pd.DataFrame, levels: pd.DataFrame, table, window_s: float,
-          deadlock_after_s: float = DEADLOCK_AFTER_S) -> pd.Series:
+def label(
+    win: pd.DataFrame, levels: pd.DataFrame, table, window_s: float, deadlock_after_s: float = DEADLOCK_AFTER_S
+) -> pd.Series:
     known = win[win["n"] > 0].copy()
     edges = known[GPU].join(levels, on=GPU)
     known["lo"], known["hi"] = edges["low_max_w"], edges["compute_min_w"]
@@ -327,8 +373,13 @@ def energy_by_gpu(df: pd.DataFrame) -> dict:
     return {(str(h), int(gp)): float(v) for (h, gp), v in piece.groupby([d["host"], d["gpu"]]).sum().items()}
 
 
-def pandas_triage_and_summary(trace_paths, table, window_s: float = 1.0,
-                              deadlock_after_s: float = DEADLOCK_AFTER_S, power_cap_w: float | None = None) -> tuple[pd.DataFrame, dict, dict]:
+def pandas_triage_and_summary(
+    trace_paths,
+    table,
+    window_s: float = 1.0,
+    deadlock_after_s: float = DEADLOCK_AFTER_S,
+    power_cap_w: float | None = None,
+) -> tuple[pd.DataFrame, dict, dict]:
     """(phases_df, shares_by_phase, energy_by_gpu_j): phases_df has per (host, gpu, phase) windows,
     seconds, share of the GPU's time and energy_j; shares_by_phase is each phase's share of all GPU time."""
     df, caps = read_traces(trace_paths)
@@ -339,8 +390,11 @@ def pandas_triage_and_summary(trace_paths, table, window_s: float = 1.0,
     win["phase"] = label(win, levels, table, window_s, deadlock_after_s)
     win["seconds"] = window_s
     win["energy_j"] = (win["power"] * window_s).fillna(0.0)
-    phases = win.groupby(["host", "gpu", "phase"]).agg(windows=("seconds", "size"), seconds=("seconds", "sum"),
-                                                       energy_j=("energy_j", "sum")).reset_index()
+    phases = (
+        win.groupby(["host", "gpu", "phase"])
+        .agg(windows=("seconds", "size"), seconds=("seconds", "sum"), energy_j=("energy_j", "sum"))
+        .reset_index()
+    )
     phases["share"] = phases["seconds"] / phases.groupby(["host", "gpu"])["seconds"].transform("sum")
     per = phases.groupby("phase")["seconds"].sum()
     shares = (per / per.sum()).to_dict()
@@ -391,17 +445,21 @@ def main() -> None:
         start = time.perf_counter()
         phases, shares, energy = pandas_triage_and_summary(args.traces, table, args.window_s)
         times.append(time.perf_counter() - start)
-    print(f"pandas triage + summary: best {min(times):.2f} s over {len(times)} run(s); "
-          f"{int(phases['windows'].sum()):,} windows, {len(energy)} GPUs, "
-          f"{sum(energy.values()) / 3.6e6:.3f} kWh (trapezoid)")
+    print(
+        f"pandas triage + summary: best {min(times):.2f} s over {len(times)} run(s); "
+        f"{int(phases['windows'].sum()):,} windows, {len(energy)} GPUs, "
+        f"{sum(energy.values()) / 3.6e6:.3f} kWh (trapezoid)"
+    )
     print(f"  pandas shares:  {shares_line(shares)}")
     if args.compare:
         modes = [("package, power only", None)] + ([("package, run info", args.run_dir)] if args.run_dir else [])
         for name, run_dir in modes:
             theirs, t = package_shares(args.traces, args.gpu_model or table.gpu_model.lower(), args.window_s, run_dir)
             diff = max(abs(shares.get(p, 0.0) - theirs.get(p, 0.0)) for p in LABELS)
-            print(f"  {name + ':':22s}{shares_line(theirs)}  (triage() {t:.2f} s; "
-                  f"largest share difference {100 * diff:.1f} points)")
+            print(
+                f"  {name + ':':22s}{shares_line(theirs)}  (triage() {t:.2f} s; "
+                f"largest share difference {100 * diff:.1f} points)"
+            )
 
 
 if __name__ == "__main__":

@@ -180,8 +180,14 @@ def compare(kind: str, corpus: Path, tokenizer_dir: Path, work: Path, repeat: in
     same = len(ours[0]) == len(theirs[0]) and np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[1], theirs[1])
     mismatch = None if same else first_mismatch(ours, theirs, load_tokenizer(tokenizer_dir))
     return {
-        "kind": kind, "bytes": corpus.stat().st_size, "docs": manifest["num_docs"], "rows": mapped.num_rows,
-        "tokens": int(ours[0].sum()), "dropped": manifest["dropped"], "t_ours": min(t_ours), "t_base": min(t_base),
+        "kind": kind,
+        "bytes": corpus.stat().st_size,
+        "docs": manifest["num_docs"],
+        "rows": mapped.num_rows,
+        "tokens": int(ours[0].sum()),
+        "dropped": manifest["dropped"],
+        "t_ours": min(t_ours),
+        "t_base": min(t_base),
         "mismatch": mismatch,
     }
 
@@ -189,8 +195,10 @@ def compare(kind: str, corpus: Path, tokenizer_dir: Path, work: Path, repeat: in
 def report(r: dict) -> None:
     ours, base = r["tokens"] / r["t_ours"], r["tokens"] / r["t_base"]
     ratio, target = ours / base, TARGETS[r["kind"]]
-    print(f"== {r['kind']}: {r['bytes'] / 1e6:.1f} MB JSONL, {r['docs']:,} docs (baseline rows {r['rows']:,}), "
-          f"{r['tokens']:,} tokens, dropped {r['dropped'] or 'none'}")
+    print(
+        f"== {r['kind']}: {r['bytes'] / 1e6:.1f} MB JSONL, {r['docs']:,} docs (baseline rows {r['rows']:,}), "
+        f"{r['tokens']:,} tokens, dropped {r['dropped'] or 'none'}"
+    )
     print(f"  datasets load_dataset+map  {r['t_base']:7.2f} s  {base:12,.0f} tokens/s")
     print(f"  wattgate pretokenize()     {r['t_ours']:7.2f} s  {ours:12,.0f} tokens/s")
     print(f"  ratio ours/baseline {ratio:.2f}x  target >= {target}x  {'PASS' if ratio >= target else 'FAIL'}")

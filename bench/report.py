@@ -61,9 +61,9 @@ from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import run_report, summarize
 from wattgate.telemetry.trace import schema_with_meta, trace_files
 
-TARGET_S = 10.0            # triage + report, 16 GPUs x 24 h x 10 Hz, 2-core bench VM
-TARGET_RATIO = 8.0         # issue 14: triage + report at least 8x faster than the pandas baseline
-COUNTER_EVERY = 100        # samples between energy counter reads (10 s at 10 Hz)
+TARGET_S = 10.0  # triage + report, 16 GPUs x 24 h x 10 Hz, 2-core bench VM
+TARGET_RATIO = 8.0  # issue 14: triage + report at least 8x faster than the pandas baseline
+COUNTER_EVERY = 100  # samples between energy counter reads (10 s at 10 Hz)
 STEP_S = 2.0
 
 # ---------------------------------------------------------------- the run on disk
@@ -78,7 +78,7 @@ def with_energy_counter(table: pa.Table, rng: np.random.Generator) -> pa.Table:
     energy = np.full(len(t), np.nan)
     bounds = np.flatnonzero(np.diff(gpu)) + 1
     for a, b in zip(np.r_[0, bounds], np.r_[bounds, len(t)]):
-        pieces = np.diff(t[a:b]) * (p[a + 1:b] + p[a:b - 1]) * 0.5
+        pieces = np.diff(t[a:b]) * (p[a + 1 : b] + p[a : b - 1]) * 0.5
         cum = np.concatenate([[0.0], np.cumsum(pieces)]) + rng.uniform(1e8, 1e9)
         energy[a:b][::COUNTER_EVERY] = cum[::COUNTER_EVERY]
     col = pa.array(energy, pa.float64(), mask=np.isnan(energy))
@@ -124,30 +124,70 @@ def write_run(tmp: Path, hours: float) -> tuple[Path, list[Path], int]:
     steps = shape_metrics(run)
     hang = synth.segments[synth.segments["phase"] == "deadlock"]
     t_hang, t_end = float(hang["start"].min()), float(hang["end"].max())
-    write_json_atomic(run / "TRAINED", {"device": "cuda", "world_size": 16, "steps": steps,
-                                        "wall_s": t_hang - float(synth.segments["start"].min()),
-                                        "tokens_per_s": 16 * 4096 / STEP_S, "first_loss": 10.0,
-                                        "final_loss": 2.1, "mfu": 0.41, "peak_memory_gib": 201.5})
+    write_json_atomic(
+        run / "TRAINED",
+        {
+            "device": "cuda",
+            "world_size": 16,
+            "steps": steps,
+            "wall_s": t_hang - float(synth.segments["start"].min()),
+            "tokens_per_s": 16 * 4096 / STEP_S,
+            "first_loss": 10.0,
+            "final_loss": 2.1,
+            "mfu": 0.41,
+            "peak_memory_gib": 201.5,
+        },
+    )
     detected = t_hang + 60.0
-    write_json_atomic(run / "watcher.json", {
-        "verdict": "deadlock", "detected_at": detected, "stalled_for_s": 60.0, "action": "kill",
-        "reason": "deadlock: no rank advanced for 60.0 s (GPUs in the low power band (< 400 W))",
-        "stuck_ranks": [0], "behind": [0], "ran_ahead": list(range(1, 16)), "started": synth.segments["start"].min(),
-        "ended": min(detected + 5.0, t_end)})
-    write_json_atomic(tmp / "results" / "gate" / "gate.json", {
-        "passed": True, "enforce": True, "elapsed_s": 2.7,
-        "checks": [{"name": n, "passed": True, "detail": "ok"} for n in
-                   ("equal_steps", "pack_contents", "conservation", "launch", "provenance", "fit",
-                    "checkpoint_space", "balance", "schedule")]})
+    write_json_atomic(
+        run / "watcher.json",
+        {
+            "verdict": "deadlock",
+            "detected_at": detected,
+            "stalled_for_s": 60.0,
+            "action": "kill",
+            "reason": "deadlock: no rank advanced for 60.0 s (GPUs in the low power band (< 400 W))",
+            "stuck_ranks": [0],
+            "behind": [0],
+            "ran_ahead": list(range(1, 16)),
+            "started": synth.segments["start"].min(),
+            "ended": min(detected + 5.0, t_end),
+        },
+    )
+    write_json_atomic(
+        tmp / "results" / "gate" / "gate.json",
+        {
+            "passed": True,
+            "enforce": True,
+            "elapsed_s": 2.7,
+            "checks": [
+                {"name": n, "passed": True, "detail": "ok"}
+                for n in (
+                    "equal_steps",
+                    "pack_contents",
+                    "conservation",
+                    "launch",
+                    "provenance",
+                    "fit",
+                    "checkpoint_space",
+                    "balance",
+                    "schedule",
+                )
+            ],
+        },
+    )
     return run, paths, synth.table.num_rows
+
 
 # ---------------------------------------------------------------- the pandas baseline
 
 
 def pandas_summary(trace_paths: list[Path], phases_path: Path, window_s: float) -> dict:
     """Energy per GPU (counter plus integrated edges, else integrated), phase time and energy shares."""
-    df = pd.concat([pd.read_parquet(p, columns=["time", "host", "gpu", "power_w", "energy_j"]) for p in trace_paths],
-                   ignore_index=True)
+    df = pd.concat(
+        [pd.read_parquet(p, columns=["time", "host", "gpu", "power_w", "energy_j"]) for p in trace_paths],
+        ignore_index=True,
+    )
     df["host"] = df["host"].astype(str)
     df = df.sort_values(["host", "gpu", "time"], kind="stable", ignore_index=True)
     by_gpu = df.groupby(["host", "gpu"], sort=True)
@@ -172,15 +212,20 @@ def pandas_summary(trace_paths: list[Path], phases_path: Path, window_s: float) 
     merged["energy_j"] = (merged["mean_w"] * seconds).fillna(0.0)
     merged["seconds"] = seconds
     per = merged.groupby("phase")[["seconds", "energy_j"]].sum()
-    return {"energy_kwh": float(energy.sum()) / 3.6e6,
-            "time_share": (per["seconds"] / per["seconds"].sum()).to_dict(),
-            "energy_share": (per["energy_j"] / per["energy_j"].sum()).to_dict()}
+    return {
+        "energy_kwh": float(energy.sum()) / 3.6e6,
+        "time_share": (per["seconds"] / per["seconds"].sum()).to_dict(),
+        "energy_share": (per["energy_j"] / per["energy_j"].sum()).to_dict(),
+    }
 
 
 def ours(summary: dict) -> dict:
     by = summary["phases"]["by_phase"]
-    return {"energy_kwh": summary["energy"]["kwh"], "time_share": {p: v["time_share"] for p, v in by.items()},
-            "energy_share": {p: v["energy_share"] for p, v in by.items()}}
+    return {
+        "energy_kwh": summary["energy"]["kwh"],
+        "time_share": {p: v["time_share"] for p, v in by.items()},
+        "energy_share": {p: v["energy_share"] for p, v in by.items()},
+    }
 
 
 def agree(a: dict, b: dict) -> list[str]:
@@ -194,6 +239,7 @@ def agree(a: dict, b: dict) -> list[str]:
             if abs(x - y) > 1e-4:
                 bad.append(f"{key} {p}: {x:.6f} vs {y:.6f}")
     return bad
+
 
 # ---------------------------------------------------------------- timing
 
@@ -216,13 +262,16 @@ def child(args: argparse.Namespace) -> None:
         table = shipped_table("b300")
         t0 = time.perf_counter()
         _, shares, energy = pandas_triage_and_summary(paths, table, 1.0)
-        print(json.dumps({"seconds": time.perf_counter() - t0, "shares": shares,
-                          "kwh": sum(energy.values()) / 3.6e6}))
+        print(json.dumps({"seconds": time.perf_counter() - t0, "shares": shares, "kwh": sum(energy.values()) / 3.6e6}))
 
 
 def fresh(side: str, run: Path) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--child", side, "--run", str(run)], capture_output=True,
-                          text=True, env=dict(os.environ))
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", side, "--run", str(run)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+    )
     if done.returncode:
         raise SystemExit(f"{side} run failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -245,8 +294,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--keep", type=Path, help="build the run here and keep it (to open index.html); "
-                        "a run already there (same --hours) is reused")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="build the run here and keep it (to open index.html); a run already there (same --hours) is reused",
+    )
     parser.add_argument("--child", choices=["wattgate", "pandas"], help=argparse.SUPPRESS)
     parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -266,8 +318,10 @@ def main() -> None:
             stamp.write_text(json.dumps({"hours": args.hours}))
             how = f"written in {time.perf_counter() - start:.1f} s"
         m = pq.read_metadata(run / "metrics.parquet").num_rows
-        print(f"== report: 16 GPUs (2 hosts x 8) x {args.hours:g} h x 10 Hz = {rows:,} trace rows, "
-              f"{m:,} metrics rows ({how})")
+        print(
+            f"== report: 16 GPUs (2 hosts x 8) x {args.hours:g} h x 10 Hz = {rows:,} trace rows, "
+            f"{m:,} metrics rows ({how})"
+        )
         power, out = tmp / "results" / "power" / "bench", tmp / "results" / "report" / "bench"
 
         load_before = os.getloadavg()[0]
@@ -280,21 +334,31 @@ def main() -> None:
         t_pd = [r["seconds"] for r in pandas_runs]
         best = int(np.argmin(t_e2e))
         ratio = min(t_pd) / min(t_e2e)
-        print(f"  each side in a fresh process, best of {args.repeat} (load average {load_before:.1f} before, "
-              f"{os.getloadavg()[0]:.1f} after: other work on the machine slows both sides, unevenly):")
+        print(
+            f"  each side in a fresh process, best of {args.repeat} (load average {load_before:.1f} before, "
+            f"{os.getloadavg()[0]:.1f} after: other work on the machine slows both sides, unevenly):"
+        )
         print(line("wattgate: run_triage + run_report", t_e2e))
-        print(f"    best run: triage {split[best][0]:.2f} s + report {split[best][1]:.2f} s; index.html "
-              f"{(out / 'index.html').stat().st_size / 1e6:.2f} MB")
+        print(
+            f"    best run: triage {split[best][0]:.2f} s + report {split[best][1]:.2f} s; index.html "
+            f"{(out / 'index.html').stat().st_size / 1e6:.2f} MB"
+        )
         print(line("pandas: triage + summary", t_pd))
-        print(f"  ratio (pandas / wattgate, best of each): {ratio:.1f}x   target >= {TARGET_RATIO:g}x: "
-              f"{'PASS' if ratio >= TARGET_RATIO else 'FAIL'}")
+        print(
+            f"  ratio (pandas / wattgate, best of each): {ratio:.1f}x   target >= {TARGET_RATIO:g}x: "
+            f"{'PASS' if ratio >= TARGET_RATIO else 'FAIL'}"
+        )
         mine, theirs = ours_runs[-1]["shares"], pandas_runs[-1]["shares"]
         diff = max(abs(mine.get(p, 0.0) - theirs.get(p, 0.0)) for p in LABELS)
-        print("    phase time shares, wattgate: " + ", ".join(f"{p} {100 * mine.get(p, 0):.1f}%" for p in LABELS
-                                                          if mine.get(p, 0) or theirs.get(p, 0)))
-        print("                         pandas: " + ", ".join(f"{p} {100 * theirs.get(p, 0):.1f}%" for p in LABELS
-                                                          if mine.get(p, 0) or theirs.get(p, 0))
-              + f"  (largest difference {100 * diff:.2f} points)")
+        print(
+            "    phase time shares, wattgate: "
+            + ", ".join(f"{p} {100 * mine.get(p, 0):.1f}%" for p in LABELS if mine.get(p, 0) or theirs.get(p, 0))
+        )
+        print(
+            "                         pandas: "
+            + ", ".join(f"{p} {100 * theirs.get(p, 0):.1f}%" for p in LABELS if mine.get(p, 0) or theirs.get(p, 0))
+            + f"  (largest difference {100 * diff:.2f} points)"
+        )
         if rows == 16 * 24 * 3600 * 10:
             print(f"  target triage + report <= {TARGET_S:.0f} s: {'PASS' if t_e2e[best] <= TARGET_S else 'FAIL'}")
         else:
@@ -304,14 +368,23 @@ def main() -> None:
         window_s = json.loads((power / "triage.json").read_text())["window_s"]
         theirs, t_pd = timed(lambda: pandas_summary(paths, power / "phases.parquet", window_s), 1)
         analysis, t_ours = timed(lambda: summarize(run), 1)
-        print("  check, not the issue's ratio: the summary numbers alone, in this process, once "
-              f"(wattgate.report.summarize {t_ours[0]:.2f} s, pandas_summary {t_pd[0]:.2f} s)")
+        print(
+            "  check, not the issue's ratio: the summary numbers alone, in this process, once "
+            f"(wattgate.report.summarize {t_ours[0]:.2f} s, pandas_summary {t_pd[0]:.2f} s)"
+        )
         mine = ours(analysis.summary)
         bad = agree(mine, theirs)
-        print(f"    same numbers: {'yes' if not bad else 'NO: ' + '; '.join(bad)} (energy {mine['energy_kwh']:.3f} "
-              f"kWh by {analysis.summary['energy']['method']}; pandas {theirs['energy_kwh']:.3f} kWh)")
-        print("    anomalies: " + ", ".join(f"{k} {sum(a['kind'] == k for a in summary['anomalies'])}"
-                                             for k in sorted({a['kind'] for a in summary['anomalies']})))
+        print(
+            f"    same numbers: {'yes' if not bad else 'NO: ' + '; '.join(bad)} (energy {mine['energy_kwh']:.3f} "
+            f"kWh by {analysis.summary['energy']['method']}; pandas {theirs['energy_kwh']:.3f} kWh)"
+        )
+        print(
+            "    anomalies: "
+            + ", ".join(
+                f"{k} {sum(a['kind'] == k for a in summary['anomalies'])}"
+                for k in sorted({a["kind"] for a in summary["anomalies"]})
+            )
+        )
     finally:
         if args.keep is None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -40,10 +40,26 @@ class SyntheticSource:
         for g in range(self.gpus):
             p = 300 + 100 * self.rng.random()
             self.energy[g] += p * 0.1
-            rows.append({"time": now, "host": self.host, "gpu": g, "power_w": p, "energy_j": self.energy[g],
-                         "util_gpu": 100.0, "util_mem": 40.0, "sm_clock_mhz": 1980.0, "mem_used_mib": 70000.0,
-                         "temp_c": 60.0, "sm_active": 80.0, "sm_occupancy": 30.0, "tensor_active": 50.0,
-                         "dram_active": 40.0, "nvlink_tx_bps": 1e10, "nvlink_rx_bps": 1e10})
+            rows.append(
+                {
+                    "time": now,
+                    "host": self.host,
+                    "gpu": g,
+                    "power_w": p,
+                    "energy_j": self.energy[g],
+                    "util_gpu": 100.0,
+                    "util_mem": 40.0,
+                    "sm_clock_mhz": 1980.0,
+                    "mem_used_mib": 70000.0,
+                    "temp_c": 60.0,
+                    "sm_active": 80.0,
+                    "sm_occupancy": 30.0,
+                    "tensor_active": 50.0,
+                    "dram_active": 40.0,
+                    "nvlink_tx_bps": 1e10,
+                    "nvlink_rx_bps": 1e10,
+                }
+            )
         return rows
 
     def close(self) -> None:
@@ -75,9 +91,11 @@ def measure(name: str, make_source, seconds: float, interval: float, folder: Pat
     full, n = cpu_share(src, TraceWriter(path, meta, flush_every_s=2.0), seconds, interval)
     src.close()
     rows = len(read_trace(path))
-    print(f"{name:>22}: read only {100 * base:.3f}% of a core | read + write {100 * full:.3f}% of a core "
-          f"({n} ticks, {rows} rows) | writer adds {100 * (full - base):.3f} points | "
-          f"target < 1%: {'met' if full < 0.01 else 'MISSED'}")
+    print(
+        f"{name:>22}: read only {100 * base:.3f}% of a core | read + write {100 * full:.3f}% of a core "
+        f"({n} ticks, {rows} rows) | writer adds {100 * (full - base):.3f} points | "
+        f"target < 1%: {'met' if full < 0.01 else 'MISSED'}"
+    )
 
 
 def profile_nvml_calls(n: int = 200) -> None:
@@ -88,7 +106,8 @@ def profile_nvml_calls(n: int = 200) -> None:
     h = nv.nvmlDeviceGetHandleByIndex(0)
     calls = {
         "field values (power instant + energy)": lambda: nv.nvmlDeviceGetFieldValues(
-            h, [nv.NVML_FI_DEV_POWER_INSTANT, nv.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]),
+            h, [nv.NVML_FI_DEV_POWER_INSTANT, nv.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]
+        ),
         "field value (power instant)": lambda: nv.nvmlDeviceGetFieldValues(h, [nv.NVML_FI_DEV_POWER_INSTANT]),
         "GetPowerUsage": lambda: nv.nvmlDeviceGetPowerUsage(h),
         "GetTotalEnergyConsumption": lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h),
@@ -102,8 +121,10 @@ def profile_nvml_calls(n: int = 200) -> None:
         w = time.perf_counter()
         for _ in range(n):
             fn()
-        print(f"  {name:>40}: {1e6 * (time.process_time() - c) / n:8.1f} us CPU, "
-              f"{1e6 * (time.perf_counter() - w) / n:8.1f} us wall per call")
+        print(
+            f"  {name:>40}: {1e6 * (time.process_time() - c) / n:8.1f} us CPU, "
+            f"{1e6 * (time.perf_counter() - w) / n:8.1f} us wall per call"
+        )
     nv.nvmlShutdown()
 
 
@@ -128,12 +149,10 @@ def main() -> None:
             print(f"NVML: {count} GPU(s): {', '.join(names)}")
             profile_nvml_calls()
             measure(f"nvml x{count}", NvmlSource, args.seconds, args.interval, Path(tmp))
-            measure(f"nvml x{count} (no GPM)", lambda: NvmlSource(gpm=False), args.seconds, args.interval,
-                    Path(tmp))
+            measure(f"nvml x{count} (no GPM)", lambda: NvmlSource(gpm=False), args.seconds, args.interval, Path(tmp))
         except NvmlUnavailable as exc:
             print(f"NVML: not available here ({exc}); measuring the write path with a synthetic source only")
-        measure(f"synthetic x{args.gpus}", lambda: SyntheticSource(args.gpus), args.seconds, args.interval,
-                Path(tmp))
+        measure(f"synthetic x{args.gpus}", lambda: SyntheticSource(args.gpus), args.seconds, args.interval, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -51,8 +51,15 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
 VOCAB = 2048
-TRAIN = {"seq_len": 512, "micro_batch_size": 2, "grad_accum": 2, "epochs": 1, "warmup_steps": 5,
-         "checkpoint_every": 100_000, "log_every": 100_000}  # no checkpoint but the final one, few prints
+TRAIN = {
+    "seq_len": 512,
+    "micro_batch_size": 2,
+    "grad_accum": 2,
+    "epochs": 1,
+    "warmup_steps": 5,
+    "checkpoint_every": 100_000,
+    "log_every": 100_000,
+}  # no checkpoint but the final one, few prints
 WARMUP_STEPS = 5  # dropped from the statistics: FSDP lazy init, allocator and cache warm-up
 BUSY_CPUS = 0.15  # other processes' average CPU use that marks a run as disturbed (rerun)
 MAX_TRIES = 3  # per run
@@ -80,8 +87,14 @@ def make_inputs(work: Path, steps: int) -> tuple[dict, int]:
     from wattgate.pack.plan import build_plan
 
     model_cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())["model"]["config"]
-    config = validate_config({"run_name": "bench", "train": dict(TRAIN), "model": {"config": model_cfg},
-                              "cluster": {"nodes": 1, "gpus_per_node": WORLD}})
+    config = validate_config(
+        {
+            "run_name": "bench",
+            "train": dict(TRAIN),
+            "model": {"config": model_cfg},
+            "cluster": {"nodes": 1, "gpus_per_node": WORLD},
+        }
+    )
     t = config["train"]
     packs_per_step = WORLD * t["micro_batch_size"] * t["grad_accum"]
     write_pretokenized(work / "pretokenized", int(steps * packs_per_step * t["seq_len"] * 0.97))
@@ -103,8 +116,22 @@ def torchrun(args: list[str], log: Path) -> None:
 
 
 def run_ours(work: Path, out: Path) -> dict:
-    torchrun(["-m", "wattgate", "train", "--config", str(work / "config.yaml"), "--pretokenized",
-              str(work / "pretokenized"), "--plan", str(work / "plan"), "--out", str(out)], out.with_suffix(".log"))
+    torchrun(
+        [
+            "-m",
+            "wattgate",
+            "train",
+            "--config",
+            str(work / "config.yaml"),
+            "--pretokenized",
+            str(work / "pretokenized"),
+            "--plan",
+            str(work / "plan"),
+            "--out",
+            str(out),
+        ],
+        out.with_suffix(".log"),
+    )
     import pyarrow.parquet as pq
 
     rows = pq.read_table(out / "metrics.parquet").to_pylist()
@@ -123,8 +150,10 @@ def run_ours(work: Path, out: Path) -> dict:
         "outside_step_time": [p - t for p, t in zip(period, step_time)],
         "data_wait": [max(r["data_wait_s"] for r in by_step[steps[i]]) for i in keep],
         "data_wait_share": sum(r["data_wait_s"] for r in kept_rows) / sum(r["step_time_s"] for r in kept_rows),
-        "losses": [sum(r["loss"] * r["loss_tokens"] for r in by_step[s]) / sum(r["loss_tokens"] for r in by_step[s])
-                   for s in steps[:LOSS_CHECK_STEPS]],
+        "losses": [
+            sum(r["loss"] * r["loss_tokens"] for r in by_step[s]) / sum(r["loss_tokens"] for r in by_step[s])
+            for s in steps[:LOSS_CHECK_STEPS]
+        ],
     }
 
 
@@ -160,8 +189,9 @@ def prepare_batches(work: Path, config: dict, rank: int):
         t0 = time.perf_counter()
         batches = [build_batch(store, m.packs, t["seq_len"]) for m in step_plan]
         build_s.append(time.perf_counter() - t0)
-        steps.append([{k: torch.from_numpy(getattr(b, k)) for k in ("input_ids", "labels", "position_ids")}
-                      for b in batches])
+        steps.append(
+            [{k: torch.from_numpy(getattr(b, k)) for k in ("input_ids", "labels", "position_ids")} for b in batches]
+        )
         counts.append(sum(b.num_loss_tokens for b in batches))
     counts_t = torch.tensor(counts, dtype=torch.float64)
     dist.all_reduce(counts_t)  # once, before timing
@@ -199,8 +229,11 @@ def extras_cost(out: Path, rank: int, world: int, n: int = 200) -> dict[str, flo
         dist.all_gather(gathered, local)
 
     heartbeat = Heartbeat(out, rank)
-    return {"count all_reduce": median_s(count_all_reduce), "metrics all_gather": median_s(metrics_all_gather),
-            "heartbeat write": median_s(lambda: heartbeat.beat(1, 0, "train", loss=1.0))}
+    return {
+        "count all_reduce": median_s(count_all_reduce),
+        "metrics all_gather": median_s(metrics_all_gather),
+        "heartbeat write": median_s(lambda: heartbeat.beat(1, 0, "train", loss=1.0)),
+    }
 
 
 def bare_worker(work: Path, out: Path) -> None:
@@ -239,8 +272,9 @@ def bare_worker(work: Path, out: Path) -> None:
         for i, b in enumerate(micro):
             model.set_requires_gradient_sync(i == len(micro) - 1)
             logits = model(input_ids=b["input_ids"], position_ids=b["position_ids"], use_cache=False).logits
-            summed = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), b["labels"][:, 1:].flatten(),
-                                     ignore_index=-100, reduction="sum")
+            summed = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), b["labels"][:, 1:].flatten(), ignore_index=-100, reduction="sum"
+            )
             (summed * scale).backward()
             step_loss.append(summed.detach())
         torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
@@ -260,10 +294,15 @@ def bare_worker(work: Path, out: Path) -> None:
     dist.all_gather_object(extras_every, extras)
     if rank == 0:
         loss_sums = sum(e[2] for e in every)
-        json.dump({"ends": [e[0].tolist() for e in every], "durations": [e[1].tolist() for e in every],
-                   "losses": [float(x) / n for x, n in zip(loss_sums, global_tokens)],
-                   "extras": {k: max(e[k] for e in extras_every) for k in extras}},
-                  (out / "bare.json").open("w"))
+        json.dump(
+            {
+                "ends": [e[0].tolist() for e in every],
+                "durations": [e[1].tolist() for e in every],
+                "losses": [float(x) / n for x, n in zip(loss_sums, global_tokens)],
+                "extras": {k: max(e[k] for e in extras_every) for k in extras},
+            },
+            (out / "bare.json").open("w"),
+        )
     # Both ranks tear gloo down together: once (1 run in ~60) rank 0 aborted in teardown with
     # "terminate called without an active exception" after rank 1 had already left.
     dist.barrier()
@@ -304,9 +343,11 @@ def undisturbed_run(fn, work: Path, out: Path, label: str) -> dict:
         res["page_faults"] = f1 - f0  # the whole job, startup included: a hint of allocator churn
         if res["other_cpus"] is None or res["other_cpus"] <= BUSY_CPUS:
             return res
-        print(f"  {label}: other processes kept {res['other_cpus']:.2f} CPUs busy "
-              f"(try {attempt}/{MAX_TRIES}){'; rerunning' if attempt < MAX_TRIES else '; kept, flagged'}",
-              flush=True)
+        print(
+            f"  {label}: other processes kept {res['other_cpus']:.2f} CPUs busy "
+            f"(try {attempt}/{MAX_TRIES}){'; rerunning' if attempt < MAX_TRIES else '; kept, flagged'}",
+            flush=True,
+        )
     return res
 
 
@@ -331,36 +372,49 @@ def explain_overhead(ours: list[dict], bare: list[dict], bare_step: float) -> No
     """Where ours spends time the bare loop does not: in-run figures, then each extra timed alone."""
     outside = min(statistics.median(r["outside_step_time"]) for r in ours)
     wait = min(statistics.median(r["data_wait"]) for r in ours)
-    print(f"ours' per-step extras, in-run (medians): data_wait {fmt_ms(wait)}, after step_time_s "
-          f"(metrics all_gather, heartbeat, metrics rows) {fmt_ms(outside)}")
+    print(
+        f"ours' per-step extras, in-run (medians): data_wait {fmt_ms(wait)}, after step_time_s "
+        f"(metrics all_gather, heartbeat, metrics rows) {fmt_ms(outside)}"
+    )
     extras = {k: min(r["extras"][k] for r in bare) for k in bare[0]["extras"]}
     parts = ", ".join(f"{k} {fmt_ms(v)}" for k, v in extras.items())
     total = sum(extras.values())
-    print(f"ours' per-step extras, each timed alone (max over ranks of medians): {parts}; "
-          f"sum {fmt_ms(total)} = {100 * total / bare_step:.2f}% of the bare step")
+    print(
+        f"ours' per-step extras, each timed alone (max over ranks of medians): {parts}; "
+        f"sum {fmt_ms(total)} = {100 * total / bare_step:.2f}% of the bare step"
+    )
 
 
 def report(runs: dict[str, list[dict]], quick: bool) -> bool:
     """Print the verdicts; True when all pass (in --quick the ratio is shown, not judged)."""
-    best = {side: {k: min(statistics.median(r[k]) for r in rs) for k in ("period", "step_time")}
-            for side, rs in runs.items()}
+    best = {
+        side: {k: min(statistics.median(r[k]) for r in rs) for k in ("period", "step_time")}
+        for side, rs in runs.items()
+    }
     data_wait = max(r["data_wait_share"] for r in runs["ours"])  # the worst run: a ceiling, not a best case
     same_math = losses_agree(runs["ours"][0]["losses"], runs["bare"][0]["losses"])
     explain_overhead(runs["ours"], runs["bare"], best["bare"]["period"])
     spread = {side: [statistics.median(r["period"]) for r in rs] for side, rs in runs.items()}
-    print(f"best of {len(runs['ours'])} (median per run; run-to-run spread of period medians: "
-          + ", ".join(f"{side} {fmt_ms(min(v))}..{fmt_ms(max(v))}" for side, v in spread.items()) + "):")
+    print(
+        f"best of {len(runs['ours'])} (median per run; run-to-run spread of period medians: "
+        + ", ".join(f"{side} {fmt_ms(min(v))}..{fmt_ms(max(v))}" for side, v in spread.items())
+        + "):"
+    )
     verdicts = [same_math]
     for k in ("period", "step_time"):
         ratio = best["ours"][k] / best["bare"][k]
         judged = k == "period" and not quick
         if judged:
             verdicts.append(ratio <= TARGET_RATIO)
-        print(f"  {k:9s}: ours {fmt_ms(best['ours'][k])}  bare {fmt_ms(best['bare'][k])}  ratio {ratio:.3f} "
-              f"(target <= {TARGET_RATIO}) {'PASS' if ratio <= TARGET_RATIO else 'FAIL'}{'' if judged else ' (info)'}")
+        print(
+            f"  {k:9s}: ours {fmt_ms(best['ours'][k])}  bare {fmt_ms(best['bare'][k])}  ratio {ratio:.3f} "
+            f"(target <= {TARGET_RATIO}) {'PASS' if ratio <= TARGET_RATIO else 'FAIL'}{'' if judged else ' (info)'}"
+        )
     verdicts.append(data_wait < TARGET_DATA_WAIT)
-    print(f"  data_wait share of step time: {100 * data_wait:.3f}% (target < {100 * TARGET_DATA_WAIT:.0f}%) "
-          f"{'PASS' if verdicts[-1] else 'FAIL'}")
+    print(
+        f"  data_wait share of step time: {100 * data_wait:.3f}% (target < {100 * TARGET_DATA_WAIT:.0f}%) "
+        f"{'PASS' if verdicts[-1] else 'FAIL'}"
+    )
     print(f"  same math (first {LOSS_CHECK_STEPS} losses within {LOSS_RTOL:g} rel): {'PASS' if same_math else 'FAIL'}")
     disturbed = sum(1 for rs in runs.values() for r in rs if (r["other_cpus"] or 0) > BUSY_CPUS)
     if disturbed:
@@ -370,8 +424,11 @@ def report(runs: dict[str, list[dict]], quick: bool) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 15 steps, 2 runs per side; the ratio is printed, not judged (too noisy)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 15 steps, 2 runs per side; the ratio is printed, not judged (too noisy)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 40)")
     parser.add_argument("--repeat", type=int, default=None, help="runs per side, alternating (default 4)")
     parser.add_argument("--keep", type=Path, default=None, help="work folder to keep (default: a temp folder)")
@@ -385,9 +442,12 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         config, total = make_inputs(work, steps)
         t = config["train"]
-        print(f"setup: {total} steps, world {WORLD} (gloo, OMP_NUM_THREADS=1), seq_len {t['seq_len']}, "
-              f"micro_batch_size {t['micro_batch_size']}, grad_accum {t['grad_accum']}; "
-              f"first {WARMUP_STEPS} steps dropped", flush=True)
+        print(
+            f"setup: {total} steps, world {WORLD} (gloo, OMP_NUM_THREADS=1), seq_len {t['seq_len']}, "
+            f"micro_batch_size {t['micro_batch_size']}, grad_accum {t['grad_accum']}; "
+            f"first {WARMUP_STEPS} steps dropped",
+            flush=True,
+        )
         runs = {"ours": [], "bare": []}
         for r in range(repeat):
             for side, fn in (("ours", run_ours), ("bare", run_bare)):
@@ -395,9 +455,12 @@ def main() -> None:
                 runs[side].append(res)
                 extra = f", data_wait {100 * res['data_wait_share']:.2f}%" if side == "ours" else ""
                 other = "" if res["other_cpus"] is None else f", other processes {res['other_cpus']:.2f} CPUs"
-                print(f"  run {r + 1} {side}: period median {fmt_ms(statistics.median(res['period']))}, "
-                      f"step_time median {fmt_ms(statistics.median(res['step_time']))}{extra}, "
-                      f"minor page faults {res['page_faults'] / 1000:.0f}k{other}", flush=True)
+                print(
+                    f"  run {r + 1} {side}: period median {fmt_ms(statistics.median(res['period']))}, "
+                    f"step_time median {fmt_ms(statistics.median(res['step_time']))}{extra}, "
+                    f"minor page faults {res['page_faults'] / 1000:.0f}k{other}",
+                    flush=True,
+                )
     ok = report(runs, args.quick)
     print(f"overall: {'PASS' if ok else 'FAIL'} (wall {time.perf_counter() - t_start:.0f} s)")
     sys.exit(0 if ok else 1)

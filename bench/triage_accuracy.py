@@ -58,7 +58,15 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from wattgate.data.synthetic_trace import (
-    PUBLISHED_H200, accuracy, build_trace, calibration_agreement, gpus_of, job, train_agreement, write_run_info)
+    PUBLISHED_H200,
+    accuracy,
+    build_trace,
+    calibration_agreement,
+    gpus_of,
+    job,
+    train_agreement,
+    write_run_info,
+)
 from wattgate.gpus import SHIPPED
 from wattgate.power.tables import shipped_table
 from wattgate.power.triage import load_run_info, run_triage, triage
@@ -87,8 +95,12 @@ def mixed_job(rng: np.random.Generator, ends_in_hang: bool) -> list[tuple]:
     rng.shuffle(events)
     for event in events:
         segs.append(("compute", rng.uniform(120, 400)))
-        lengths = {"communication": (20, 60), "sync_wait": (5, 0.8 * DEADLOCK_AFTER_S), "data_starvation": (30, 120),
-                   "checkpoint": (DEADLOCK_AFTER_S + 15, 3 * DEADLOCK_AFTER_S)}[event]
+        lengths = {
+            "communication": (20, 60),
+            "sync_wait": (5, 0.8 * DEADLOCK_AFTER_S),
+            "data_starvation": (30, 120),
+            "checkpoint": (DEADLOCK_AFTER_S + 15, 3 * DEADLOCK_AFTER_S),
+        }[event]
         segs.append((event, rng.uniform(*lengths)))
     segs.append(("compute", rng.uniform(120, 300)))
     segs.append(("deadlock", rng.uniform(300, 600)) if ends_in_hang else ("idle", rng.uniform(60, 180)))
@@ -131,8 +143,11 @@ def scored(model: str, cond: dict, with_run_info: bool, tmp: Path, literal: bool
             info = load_run_info(run, [synth.meta(h) for h in sorted({h for h, _ in gpus})])
         phases = triage(synth.table, table, deadlock_after_s=DEADLOCK_AFTER_S, run_info=info)
         acc = accuracy(phases, synth)
-        rows.append(pd.DataFrame({"phase": acc["phase"], "windows": acc["windows"],
-                                  "right": np.rint(acc["recall"] * acc["windows"])}))
+        rows.append(
+            pd.DataFrame(
+                {"phase": acc["phase"], "windows": acc["windows"], "right": np.rint(acc["recall"] * acc["windows"])}
+            )
+        )
     return pd.concat(rows).groupby("phase")[["windows", "right"]].sum()
 
 
@@ -148,12 +163,17 @@ def recall_table(cond: dict, with_run_info: bool, tmp: Path, models: list[str], 
 def print_table(title: str, t: pd.DataFrame) -> None:
     print(f"  {title}")
     cols = [c for c in t.columns if c != "windows"]
-    print("    " + f"{'phase':16s}" + "".join(f"{c.upper() if c != 'all' else 'all':>8s}" for c in cols)
-          + f"{'windows':>9s}")
+    print(
+        "    "
+        + f"{'phase':16s}"
+        + "".join(f"{c.upper() if c != 'all' else 'all':>8s}" for c in cols)
+        + f"{'windows':>9s}"
+    )
     for phase, row in t.iterrows():
         print("    " + f"{phase:16s}" + "".join(f"{row[c]:8.3f}" for c in cols) + f"{int(row['windows']):9d}")
     low = t.loc[[p for p in PHASE_ORDER if p in t.index], "all"].min()
     print(f"    lowest pooled recall {low:.3f}")
+
 
 # ---------------------------------------------------------------- real data
 
@@ -166,14 +186,18 @@ def print_agreement(title: str, t: pd.DataFrame) -> None:
 
 
 def bench_real() -> None:
-    tables = {"calibrated H200 table": shipped_table("h200"),
-              "published-figure table (I 78, L 210, C 380)": PUBLISHED_H200}
+    tables = {
+        "calibrated H200 table": shipped_table("h200"),
+        "published-figure table (I 78, L 210, C 380)": PUBLISHED_H200,
+    }
     print("== real data (NVIDIA H200): share of windows read right")
     trace = read_trace(H200_DATA / "calibration-trace.parquet")
     labels = pq.read_table(H200_DATA / "calibration-trace.labels.parquet").to_pandas()
     for name, table in tables.items():
-        print_agreement(f"calibration trace, {name}, power only",
-                        calibration_agreement(triage(trace, table, deadlock_after_s=10), labels))
+        print_agreement(
+            f"calibration trace, {name}, power only",
+            calibration_agreement(triage(trace, table, deadlock_after_s=10), labels),
+        )
     run = H200_DATA / "train"
     trace = read_trace(run / "telemetry" / "vm.parquet")
     info = load_run_info(run, [trace_meta(trace)])
@@ -181,13 +205,21 @@ def bench_real() -> None:
         for label, ri in (("with heartbeats + metrics", info), ("power only", None)):
             print_agreement(f"train run, {name}, {label}", train_agreement(triage(trace, table, run_info=ri), run))
 
+
 # ---------------------------------------------------------------- speed
 
 
 def day_schedule(hours: float) -> list[tuple]:
     """`hours` of long compute with the usual interruptions, a checkpoint every ~55 min, a hang in the last 10 min."""
-    block = [("compute", 1500), ("communication", 60), ("compute", 600), ("data_starvation", 120),
-             ("compute", 900), ("checkpoint", 120), ("compute", 100)]
+    block = [
+        ("compute", 1500),
+        ("communication", 60),
+        ("compute", 600),
+        ("data_starvation", 120),
+        ("compute", 900),
+        ("checkpoint", 120),
+        ("compute", 100),
+    ]
     hang = min(600.0, hours * 3600 / 6)
     work = hours * 3600 - hang
     segs = block * int(work // sum(s for _, s in block))
@@ -213,23 +245,31 @@ def bench_speed(hours: float, repeat: int, tmp: Path) -> None:
     print(f"== speed: 16 GPUs (2 hosts x 8) x {hours:g} h x 10 Hz = {rows:,} rows (built in {built:.1f} s)")
     triage(synth.table, table)  # warm-up: lazy imports, first-touch allocations
     phases, t = timed(triage, synth.table, table, repeat=repeat)
-    print(f"  triage()           best {min(t):6.2f} s  median {statistics.median(t):6.2f} s  ({repeat} runs, "
-          f"{phases.num_rows:,} windows)")
+    print(
+        f"  triage()           best {min(t):6.2f} s  median {statistics.median(t):6.2f} s  ({repeat} runs, "
+        f"{phases.num_rows:,} windows)"
+    )
     write_run_info(tmp / "run", synth, step_s=2.0)
     info = load_run_info(tmp / "run", [synth.meta(h) for h in ("node0", "node1")])
     _, t_info = timed(triage, synth.table, table, repeat=repeat, run_info=info)
-    print(f"  + run info         best {min(t_info):6.2f} s  median {statistics.median(t_info):6.2f} s  "
-          f"(heartbeats of 16 ranks, {len(info.metrics):,} metrics rows)")
+    print(
+        f"  + run info         best {min(t_info):6.2f} s  median {statistics.median(t_info):6.2f} s  "
+        f"(heartbeats of 16 ranks, {len(info.metrics):,} metrics rows)"
+    )
     paths = synth.write(tmp / "telemetry")
     result, t_e2e = timed(run_triage, paths, tmp / "triage", repeat=repeat)
-    print(f"  run_triage()       best {min(t_e2e):6.2f} s  median {statistics.median(t_e2e):6.2f} s  "
-          "(read 2 host files, triage, write 4 artifacts)")
+    print(
+        f"  run_triage()       best {min(t_e2e):6.2f} s  median {statistics.median(t_e2e):6.2f} s  "
+        "(read 2 host files, triage, write 4 artifacts)"
+    )
     shares = ", ".join(f"{p} {100 * v['share']:.1f}%" for p, v in sorted(result["phases"].items()))
     print(f"  labels: {shares}")
     if rows == 16 * 24 * 3600 * 10:
-        print(f"  target triage() <= {TARGET_TRIAGE_S:.0f} s: {'PASS' if min(t) <= TARGET_TRIAGE_S else 'FAIL'}; "
-              f"run_triage() <= {TARGET_E2E_S:.0f} s (leaves the rest for the report): "
-              f"{'PASS' if min(t_e2e) <= TARGET_E2E_S else 'FAIL'}")
+        print(
+            f"  target triage() <= {TARGET_TRIAGE_S:.0f} s: {'PASS' if min(t) <= TARGET_TRIAGE_S else 'FAIL'}; "
+            f"run_triage() <= {TARGET_E2E_S:.0f} s (leaves the rest for the report): "
+            f"{'PASS' if min(t_e2e) <= TARGET_E2E_S else 'FAIL'}"
+        )
     else:
         print("  target: n/a (the targets are for 24 h)")
 
@@ -250,8 +290,7 @@ def main() -> None:
         bench_real()
         runs = tmp / "runs"
         runs.mkdir()
-        print(f"== accuracy: recall per true phase, deadlock_after_s {DEADLOCK_AFTER_S:g}, "
-              f"2 jobs x 4 GPUs per model")
+        print(f"== accuracy: recall per true phase, deadlock_after_s {DEADLOCK_AFTER_S:g}, 2 jobs x 4 GPUs per model")
         for name, cond in conditions.items():
             for with_run_info in (False, True):
                 t = recall_table(cond, with_run_info, runs, models)

@@ -14,14 +14,21 @@ from wattgate.config import load_schema, validate_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.train import attention
-from wattgate.train.attention import (FLASH_VARLEN, cu_seq_lens, packed_model_inputs,
-                                      resolve_attn_implementation)
+from wattgate.train.attention import FLASH_VARLEN, cu_seq_lens, packed_model_inputs, resolve_attn_implementation
 from wattgate.train.data import IGNORE, DocStore, build_batch
 from wattgate.train.loss import forward_logits, loss_sum, to_tensors
 
-TINY = {"model_type": "qwen3", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-        "max_position_embeddings": 128}
+TINY = {
+    "model_type": "qwen3",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "max_position_embeddings": 128,
+}
 SEQ_LEN = 64
 DOC_LENGTHS = [17, 9, 30, 5, 22]
 # row 0: three documents + 8 padding; row 1: two documents + 37 padding
@@ -102,7 +109,7 @@ def max_logit_delta(model, reference, store, micro_batch_size: int) -> float:
         delta = 0.0
         for row, start, ids, _ in documents(store, micro_batch_size):
             alone = reference(input_ids=ids, use_cache=False).logits[0]
-            delta = max(delta, (packed[row, start:start + ids.shape[1]].float() - alone.float()).abs().max().item())
+            delta = max(delta, (packed[row, start : start + ids.shape[1]].float() - alone.float()).abs().max().item())
     return delta
 
 
@@ -114,8 +121,10 @@ def max_grad_delta(model, reference, store, micro_batch_size: int) -> tuple[floa
     tensors = packed_tensors(store, micro_batch_size)
     packed_loss = loss_sum(forward_logits(model, tensors), tensors["labels"])
     packed_loss.backward()
-    separate_loss = sum(loss_sum(reference(input_ids=ids, use_cache=False).logits, labels)
-                        for _, _, ids, labels in documents(store, micro_batch_size))
+    separate_loss = sum(
+        loss_sum(reference(input_ids=ids, use_cache=False).logits, labels)
+        for _, _, ids, labels in documents(store, micro_batch_size)
+    )
     separate_loss.backward()
     loss_delta = ((packed_loss - separate_loss).abs() / separate_loss.abs()).item()
     grads = dict(reference.named_parameters())
@@ -169,8 +178,9 @@ def test_a_cache_makes_packed_documents_attend_to_each_other(store):
 
 def reference_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):
     """flash_attn_func's contract on CPU: q [B, S, H, D], k/v [B, S, H_kv, D], attention over each whole row."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         is_causal=causal, scale=softmax_scale, enable_gqa=True)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal, scale=softmax_scale, enable_gqa=True
+    )
     return out.transpose(1, 2)
 
 
@@ -182,20 +192,32 @@ def reference_flash_kernel(monkeypatch):
 
     varlen_calls: list[list[int]] = []
 
-    def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         dropout_p=0.0, softmax_scale=None, causal=False):
+    def reference_varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, softmax_scale=None, causal=False
+    ):
         # flash_attn_varlen_func: q/k/v [total, H, D]; each [cu[i], cu[i+1]) segment attends only to itself
         bounds = cu_seqlens_q.tolist()
         varlen_calls.append(bounds)
         assert cu_seqlens_k.tolist() == bounds and max_seqlen_q == max(np.diff(bounds))
-        return torch.cat([reference_flash_attn_func(q[None, a:b], k[None, a:b], v[None, a:b],
-                                                    dropout_p, softmax_scale, causal)[0]
-                          for a, b in zip(bounds, bounds[1:])])
+        return torch.cat(
+            [
+                reference_flash_attn_func(q[None, a:b], k[None, a:b], v[None, a:b], dropout_p, softmax_scale, causal)[0]
+                for a, b in zip(bounds, bounds[1:])
+            ]
+        )
 
     kernels = (reference_flash_attn_func, reference_varlen, None, fa._pad_input, fa._unpad_input)
     monkeypatch.setattr(fa, "_lazy_imports", lambda *args, **kwargs: kernels)
-    for name in ("_loaded_implementation", "_flash_fn", "_flash_varlen_fn", "_flash_with_kvcache_fn", "_pad_fn",
-                 "_unpad_fn", "_process_flash_kwargs_fn", "_process_with_kvcache_kwargs_fn"):
+    for name in (
+        "_loaded_implementation",
+        "_flash_fn",
+        "_flash_varlen_fn",
+        "_flash_with_kvcache_fn",
+        "_pad_fn",
+        "_unpad_fn",
+        "_process_flash_kwargs_fn",
+        "_process_with_kvcache_kwargs_fn",
+    ):
         monkeypatch.setattr(fa, name, None)
     return varlen_calls
 
@@ -280,12 +302,15 @@ def test_auto_resolves_to_sdpa_on_cpu():
     assert resolve_attn_implementation("eager", "cpu") == "eager"
 
 
-@pytest.mark.parametrize("flash, flex, bf16, expect", [
-    (True, True, True, "flash_attention_2"),
-    (True, True, False, "flex_attention"),  # flash_attn has no fp32 kernel
-    (False, True, True, "flex_attention"),
-    (False, False, True, "sdpa"),
-])
+@pytest.mark.parametrize(
+    "flash, flex, bf16, expect",
+    [
+        (True, True, True, "flash_attention_2"),
+        (True, True, False, "flex_attention"),  # flash_attn has no fp32 kernel
+        (False, True, True, "flex_attention"),
+        (False, False, True, "sdpa"),
+    ],
+)
 def test_auto_on_cuda_prefers_kernels_without_a_seq_len_squared_mask(monkeypatch, flash, flex, bf16, expect):
     monkeypatch.setattr(attention, "flash_attn_importable", lambda: flash)
     monkeypatch.setattr(attention, "flex_attention_trainable", lambda device_type: flex and device_type == "cuda")

@@ -15,13 +15,19 @@ from wattgate.run_files import METRICS_SCHEMA
 
 
 def test_scaling_variants_keep_the_global_batch(make_config):
-    base = make_config(cluster={"nodes": 2, "gpus_per_node": 8}, train={"micro_batch_size": 1, "grad_accum": 8},
-                       scaling={"world_sizes": [4, 8, 16], "steps": 20})
+    base = make_config(
+        cluster={"nodes": 2, "gpus_per_node": 8},
+        train={"micro_batch_size": 1, "grad_accum": 8},
+        scaling={"world_sizes": [4, 8, 16], "steps": 20},
+    )
     assert variant_names(base, "scaling") == ["w4", "w8", "w16"]
     for world, nodes, per_node, accum in [(4, 1, 4, 32), (8, 1, 8, 16), (16, 2, 8, 8)]:
         v = variant_config(base, "scaling", f"w{world}")
-        assert (v["cluster"]["nodes"], v["cluster"]["gpus_per_node"], v["train"]["grad_accum"]) == \
-            (nodes, per_node, accum)
+        assert (v["cluster"]["nodes"], v["cluster"]["gpus_per_node"], v["train"]["grad_accum"]) == (
+            nodes,
+            per_node,
+            accum,
+        )
         assert v["train"]["max_steps"] == 20 and v["run_name"] == f"{base['run_name']}-scaling-w{world}"
         assert v["train"]["checkpoint_every"] == 20 and not v["train"]["checkpoint_at_epoch_end"]
 
@@ -51,9 +57,20 @@ def metrics(step_times, ranks=2, tokens=1000, wait=0.01):
     for step, st in enumerate(step_times, start=1):
         t += st
         for r in range(ranks):
-            rows.append({"step": step, "rank": r, "epoch": 0, "loss": 1.0, "tokens": tokens, "loss_tokens": tokens,
-                         "step_time_s": st * (1.0 if r == 0 else 0.9), "data_wait_s": wait, "lr": 1e-3,
-                         "time": t})
+            rows.append(
+                {
+                    "step": step,
+                    "rank": r,
+                    "epoch": 0,
+                    "loss": 1.0,
+                    "tokens": tokens,
+                    "loss_tokens": tokens,
+                    "step_time_s": st * (1.0 if r == 0 else 0.9),
+                    "data_wait_s": wait,
+                    "lr": 1e-3,
+                    "time": t,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -66,8 +83,12 @@ def test_throughput_skips_warmup_and_waits_for_the_slowest_rank():
 def fake_run(folder, config, step_time, ranks, device="cpu"):
     (folder / "train").mkdir(parents=True)
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
-    pq.write_table(pa.Table.from_pandas(metrics([3.0] + [step_time] * 5, ranks=ranks), schema=METRICS_SCHEMA,
-                                        preserve_index=False), folder / "train" / "metrics.parquet")
+    pq.write_table(
+        pa.Table.from_pandas(
+            metrics([3.0] + [step_time] * 5, ranks=ranks), schema=METRICS_SCHEMA, preserve_index=False
+        ),
+        folder / "train" / "metrics.parquet",
+    )
     (folder / "train" / "TRAINED").write_text(json.dumps({"device": device, "data_copy_s": 0.0}))
 
 

@@ -29,8 +29,9 @@ from test_gate import TINY_MODEL, QWEN3_32B, without_rows
 
 def independent_divergence(packs: pd.DataFrame, world: int):
     """Walk every rank's own (epoch, step, micro) sequence side by side; the first position where they part."""
-    seqs = [sorted(set(map(tuple, g[["epoch", "step", "micro"]].to_numpy().tolist())))
-            for _, g in packs.groupby("rank")]
+    seqs = [
+        sorted(set(map(tuple, g[["epoch", "step", "micro"]].to_numpy().tolist()))) for _, g in packs.groupby("rank")
+    ]
     seqs += [[] for _ in range(world - len(seqs))]
     for i in range(max(map(len, seqs))):
         here = [s[i] if i < len(s) else None for s in seqs]
@@ -43,15 +44,23 @@ def independent_divergence(packs: pd.DataFrame, world: int):
 def uneven(tmp_path_factory, tokenizer_dir, demo_docs):
     """Plans with `pack.remainder: none` on 3 ranks: each epoch's leftover packs make the ranks' counts differ."""
     work = tmp_path_factory.mktemp("uneven")
-    config = validate_config({
-        "data": {"inputs": [str(write_jsonl(work / "c.jsonl", demo_docs))]},
-        "pack": {"remainder": "none"},
-        "train": {"seq_len": 256, "micro_batch_size": 2, "grad_accum": 2, "epochs": 3, "warmup_steps": 1,
-                  "checkpoint_every": 5},
-        "cluster": {"nodes": 1, "gpus_per_node": 3},
-        "model": {"config": TINY_MODEL},
-        "forecast": {"ledger": str(work / "throughput.jsonl")},
-    })
+    config = validate_config(
+        {
+            "data": {"inputs": [str(write_jsonl(work / "c.jsonl", demo_docs))]},
+            "pack": {"remainder": "none"},
+            "train": {
+                "seq_len": 256,
+                "micro_batch_size": 2,
+                "grad_accum": 2,
+                "epochs": 3,
+                "warmup_steps": 1,
+                "checkpoint_every": 5,
+            },
+            "cluster": {"nodes": 1, "gpus_per_node": 3},
+            "model": {"config": TINY_MODEL},
+            "forecast": {"ledger": str(work / "throughput.jsonl")},
+        }
+    )
     pretokenize(config, tokenizer_dir, work / "pretokenized", progress=False)
     build_plan(config, work / "pretokenized", work / "plan")
     return config, work
@@ -89,6 +98,7 @@ def test_the_divergence_named_is_the_one_the_packs_give(uneven, tmp_path, where)
     assert div["ranks_with"] == sorted(has) and div["ranks_without"] == sorted({0, 1, 2} - has)
     # the gate names the same point, with its cost
     from wattgate.gate.checks import check_equal_steps
+
     plan = inputs.plan
     eq = check_equal_steps(inputs.packs, 3, plan["epochs"], 2, 2, plan["steps_per_epoch"])
     assert not eq.passed
@@ -112,11 +122,29 @@ def test_gate_json_and_md_give_the_cost_of_the_hang_it_prevented(uneven, tmp_pat
     shape = dataclasses.asdict(spec)
     # a measured rate for this shape and world size: 1000 cost units/s, 2 s start-up, 1 s load; 1 GB written in
     # 3 s of checkpoints and export: 1/3 GB/s
-    F.append_ledger(ledger, F.run_record(
-        run_name="earlier", shape=shape, gpu_model="cpu", world_size=3, seq_len=256, micro_batch_size=2,
-        attn_weight=1e-5, step_costs=np.full(40, 1000.0), step_times=[1.0] * 40, tokens=40_000, startup_s=2.0,
-        load_s=1.0, checkpoints=2, checkpoint_s=2.0, checkpoint_bytes=250_000_000, export_s=1.0,
-        export_bytes=500_000_000, job_s=50.0))
+    F.append_ledger(
+        ledger,
+        F.run_record(
+            run_name="earlier",
+            shape=shape,
+            gpu_model="cpu",
+            world_size=3,
+            seq_len=256,
+            micro_batch_size=2,
+            attn_weight=1e-5,
+            step_costs=np.full(40, 1000.0),
+            step_times=[1.0] * 40,
+            tokens=40_000,
+            startup_s=2.0,
+            load_s=1.0,
+            checkpoints=2,
+            checkpoint_s=2.0,
+            checkpoint_bytes=250_000_000,
+            export_s=1.0,
+            export_bytes=500_000_000,
+            job_s=50.0,
+        ),
+    )
     cfg = json.loads(json.dumps(config))
     cfg["gate"]["enforce"] = True
     cfg["cluster"]["launcher"] = "slurm"
@@ -176,12 +204,27 @@ def test_b300_example_forecast_is_analytic_with_every_term(tmp_path):
     spec = ModelSpec.from_hf_config(QWEN3_32B, "qwen3-32b")
     tp = F.flops_throughput(spec.num_params, 2250e12, 0.35, "analytic", "datasheet")
     steps = 812
-    costs = F.PlanCosts(np.full(2 * steps, 4 * 8192.0), np.repeat([0, 1], steps), np.tile(np.arange(steps), 2),
-                        steps, [steps, 2 * steps])
-    s = F.Settings(world_size=16, on_gpu=True, checkpoint_every=200, checkpoint_at_epoch_end=True,
-                   checkpoint_bytes=spec.num_params * 12, export_bytes=spec.num_params * 2,
-                   load_bytes=spec.num_params * 2, storage_gbps=None, collective_timeout_s=1800, job_limit_s=48 * 3600)
+    costs = F.PlanCosts(
+        np.full(2 * steps, 4 * 8192.0),
+        np.repeat([0, 1], steps),
+        np.tile(np.arange(steps), 2),
+        steps,
+        [steps, 2 * steps],
+    )
+    s = F.Settings(
+        world_size=16,
+        on_gpu=True,
+        checkpoint_every=200,
+        checkpoint_at_epoch_end=True,
+        checkpoint_bytes=spec.num_params * 12,
+        export_bytes=spec.num_params * 2,
+        load_bytes=spec.num_params * 2,
+        storage_gbps=None,
+        collective_timeout_s=1800,
+        job_limit_s=48 * 3600,
+    )
     from wattgate.power.tables import shipped_table
+
     fc = F.forecast(costs, tp, s, F.table_levels(shipped_table("b300")))
     # 6 x 32.8e9 x 32768 tokens per step / (2250e12 x 0.35) = 8.2 s per step
     assert fc["terms_s"]["steps_s"] / (2 * steps) == pytest.approx(6 * spec.num_params * 32768 / (2250e12 * 0.35))
@@ -193,8 +236,9 @@ def test_b300_example_forecast_is_analytic_with_every_term(tmp_path):
 
 
 def wattgate(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "wattgate", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "wattgate", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_measured_forecast_of_a_second_cpu_run_is_within_20_percent(tmp_path):
@@ -218,8 +262,15 @@ def test_measured_forecast_of_a_second_cpu_run_is_within_20_percent(tmp_path):
         stage("pack", "--pretokenized", "results/pretokenized", "--out", "results/plan")
         stage("gate", "--pretokenized", "results/pretokenized", "--plan", "results/plan", "--out", "results/gate")
         gate = json.loads((tmp_path / "results/gate/gate.json").read_text())
-        stage("launch", "--pretokenized", "results/pretokenized", "--plan", "results/plan", "--out",
-              f"results/train/e{epochs}")
+        stage(
+            "launch",
+            "--pretokenized",
+            "results/pretokenized",
+            "--plan",
+            "results/plan",
+            "--out",
+            f"results/train/e{epochs}",
+        )
         return gate, json.loads((tmp_path / f"results/train/e{epochs}/TRAINED").read_text())
 
     config.write_text(yaml.safe_dump(cfg))

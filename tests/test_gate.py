@@ -22,20 +22,36 @@ from wattgate.pack.plan import build_plan
 
 from conftest import write_jsonl
 
-TINY_MODEL = {"model_type": "qwen3", "vocab_size": 600, "hidden_size": 32, "intermediate_size": 64,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+TINY_MODEL = {
+    "model_type": "qwen3",
+    "vocab_size": 600,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+}
 
 
 @pytest.fixture(scope="module")
 def stage_dirs(tmp_path_factory, tokenizer_dir, demo_docs):
     work = tmp_path_factory.mktemp("gate")
-    config = validate_config({
-        "data": {"inputs": [str(write_jsonl(work / "c.jsonl", demo_docs))]},
-        "train": {"seq_len": 256, "micro_batch_size": 2, "grad_accum": 2, "epochs": 2, "warmup_steps": 2,
-                  "checkpoint_every": 5},
-        "cluster": {"nodes": 1, "gpus_per_node": 2},
-        "model": {"config": TINY_MODEL},
-    })
+    config = validate_config(
+        {
+            "data": {"inputs": [str(write_jsonl(work / "c.jsonl", demo_docs))]},
+            "train": {
+                "seq_len": 256,
+                "micro_batch_size": 2,
+                "grad_accum": 2,
+                "epochs": 2,
+                "warmup_steps": 2,
+                "checkpoint_every": 5,
+            },
+            "cluster": {"nodes": 1, "gpus_per_node": 2},
+            "model": {"config": TINY_MODEL},
+        }
+    )
     pretokenize(config, tokenizer_dir, work / "pretokenized", progress=False)
     build_plan(config, work / "pretokenized", work / "plan")
     return config, work
@@ -65,9 +81,13 @@ def without_rows(packs, rows):
     entry_keep = np.repeat(keep, packs.docs_per_row)
     offsets = np.concatenate(([0], np.cumsum(packs.docs_per_row[keep])))
     return dataclasses.replace(
-        packs, **{f: getattr(packs, f)[keep] for f in ("epoch", "step", "micro", "rank", "slot", "num_tokens")},
-        doc_ids=packs.doc_ids[entry_keep], doc_lengths=packs.doc_lengths[entry_keep], offsets=offsets,
-        length_offsets=offsets)
+        packs,
+        **{f: getattr(packs, f)[keep] for f in ("epoch", "step", "micro", "rank", "slot", "num_tokens")},
+        doc_ids=packs.doc_ids[entry_keep],
+        doc_lengths=packs.doc_lengths[entry_keep],
+        offsets=offsets,
+        length_offsets=offsets,
+    )
 
 
 def test_valid_plan_passes_every_check(inputs):
@@ -102,8 +122,9 @@ def test_equal_steps_catches_micro_batches_moved_between_steps(inputs):
     sel = (p.step == 1) & (p.micro == 1)
     step, micro = p.step.copy(), p.micro.copy()
     step[sel], micro[sel] = 0, 2
-    check = C.check_equal_steps(dataclasses.replace(p, step=step, micro=micro), 2, 2, 2, 2,
-                                inputs.plan["steps_per_epoch"])
+    check = C.check_equal_steps(
+        dataclasses.replace(p, step=step, micro=micro), 2, 2, 2, 2, inputs.plan["steps_per_epoch"]
+    )
     assert not check.passed
     assert "outside 0..1 (grad_accum)" in check.detail and "micro-batch count other than grad_accum 2" in check.detail
 
@@ -112,11 +133,13 @@ def test_pack_contents_catches_misaligned_length_lists_without_crashing(inputs):
     p = inputs.packs
     shifted = p.length_offsets.copy()
     shifted[1] -= 1  # row 0 lost its last length to row 1
-    check = C.check_pack_contents(dataclasses.replace(p, length_offsets=shifted), 256, inputs.doc_tokens,
-                                  inputs.doc_loss_tokens)
+    check = C.check_pack_contents(
+        dataclasses.replace(p, length_offsets=shifted), 256, inputs.doc_tokens, inputs.doc_loss_tokens
+    )
     assert not check.passed and "doc_ids and doc_lengths lists differ in length" in check.detail
-    short = dataclasses.replace(p, doc_lengths=p.doc_lengths[:-1],
-                                length_offsets=np.minimum(p.length_offsets, len(p.doc_lengths) - 1))
+    short = dataclasses.replace(
+        p, doc_lengths=p.doc_lengths[:-1], length_offsets=np.minimum(p.length_offsets, len(p.doc_lengths) - 1)
+    )
     assert not C.check_pack_contents(short, 256, inputs.doc_tokens, inputs.doc_loss_tokens).passed
 
 
@@ -129,13 +152,14 @@ def test_pack_contents_overlong_and_lossless_packs(inputs):
     doc = p.doc_ids[p.offsets[0]]
     doc_tokens = inputs.doc_tokens.copy()
     doc_tokens[doc] += 300
-    broken = dataclasses.replace(inputs, packs=dataclasses.replace(p, num_tokens=tokens, doc_lengths=lengths),
-                                 doc_tokens=doc_tokens)
+    broken = dataclasses.replace(
+        inputs, packs=dataclasses.replace(p, num_tokens=tokens, doc_lengths=lengths), doc_tokens=doc_tokens
+    )
     check = C.check_pack_contents(broken.packs, 256, broken.doc_tokens, broken.doc_loss_tokens)
     assert not check.passed and "over seq_len 256" in check.detail
 
     loss = inputs.doc_loss_tokens.copy()
-    loss[p.doc_ids[p.offsets[3]:p.offsets[4]]] = 0
+    loss[p.doc_ids[p.offsets[3] : p.offsets[4]]] = 0
     broken = dataclasses.replace(inputs, doc_loss_tokens=loss)
     assert failed(broken) == ["pack_contents"]
     assert "without a loss-bearing token" in verdicts(broken)["pack_contents"].detail
@@ -164,8 +188,9 @@ def test_conservation_duplicate_and_missing_document(inputs):
 
 
 def test_conservation_dropped_without_reason(inputs):
-    check = C.check_conservation(inputs.packs, 2, inputs.doc_tokens, int(inputs.manifest["num_tokens"]), [],
-                                 {"x": {"docs": 3}})
+    check = C.check_conservation(
+        inputs.packs, 2, inputs.doc_tokens, int(inputs.manifest["num_tokens"]), [], {"x": {"docs": 3}}
+    )
     assert not check.passed and "reasons account for 3" in check.detail
 
 
@@ -219,9 +244,17 @@ def test_schedule(inputs):
     assert "no checkpoint" in verdicts(broken)["schedule"].detail
 
 
-QWEN3_32B = {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 5120, "intermediate_size": 25600,
-             "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
-             "tie_word_embeddings": False}
+QWEN3_32B = {
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 5120,
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "tie_word_embeddings": False,
+}
 
 
 def test_qwen3_32b_on_2x8_b300_estimate_is_plausible():
@@ -254,8 +287,19 @@ def test_gate_cli_fails_with_exit_1_and_names_check(stage_dirs, tmp_path, capsys
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(config))
     out = tmp_path / "gate"
-    rc = main(["gate", "--config", str(cfg), "--pretokenized", str(work / "pretokenized"), "--plan", str(plan),
-               "--out", str(out)])
+    rc = main(
+        [
+            "gate",
+            "--config",
+            str(cfg),
+            "--pretokenized",
+            str(work / "pretokenized"),
+            "--plan",
+            str(plan),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 1
     err = capsys.readouterr().err
     assert "FAIL provenance: packs.parquet changed since it was planned" in err
@@ -288,8 +332,19 @@ def test_stale_pass_is_removed_when_the_gate_fails(stage_dirs, tmp_path):
 def test_missing_plan_is_exit_2(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("{}")
-    rc = main(["gate", "--config", str(cfg), "--pretokenized", str(tmp_path), "--plan", str(tmp_path / "none"),
-               "--out", str(tmp_path / "g")])
+    rc = main(
+        [
+            "gate",
+            "--config",
+            str(cfg),
+            "--pretokenized",
+            str(tmp_path),
+            "--plan",
+            str(tmp_path / "none"),
+            "--out",
+            str(tmp_path / "g"),
+        ]
+    )
     assert rc == 2
     assert "plan.json: cannot read plan" in capsys.readouterr().err
 
@@ -298,8 +353,14 @@ def test_missing_plan_is_exit_2(tmp_path, capsys):
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "config" / "examples"
 # Qwen3-32B's config.json (the fields the estimate and the loader read)
-QWEN3_32B_CONFIG_JSON = {**QWEN3_32B, "architectures": ["Qwen3ForCausalLM"], "torch_dtype": "bfloat16",
-                         "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000}
+QWEN3_32B_CONFIG_JSON = {
+    **QWEN3_32B,
+    "architectures": ["Qwen3ForCausalLM"],
+    "torch_dtype": "bfloat16",
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+}
 DEVICE_PHASES = ("load", "steady", "export")
 
 
@@ -329,8 +390,10 @@ def fit_block(fit, headroom: float) -> list[str]:
     lines = []
     for phase, terms in fit.phases.items():
         budget = fit.budgets[phase]
-        lines.append(f"{phase} {sum(terms.values()) / GIB:.1f} GiB per {budget.per} of "
-                     f"{budget.bytes * (1 - headroom) / GIB:.1f} usable")
+        lines.append(
+            f"{phase} {sum(terms.values()) / GIB:.1f} GiB per {budget.per} of "
+            f"{budget.bytes * (1 - headroom) / GIB:.1f} usable"
+        )
         lines += [f"{name} {value / GIB:.2f}" for name, value in terms.items()]
     return lines
 
@@ -431,8 +494,17 @@ def test_largest_parameter_is_the_embedding_for_dense_and_the_fused_experts_for_
     tiny = ModelSpec.from_hf_config({**QWEN3_32B, "vocab_size": 1000}, "x")
     assert M.largest_param(tiny)[0] == "mlp.gate_proj"  # 25600 x 5120 beats 1000 x 5120
     # Qwen3-30B-A3B: transformers 5 stores each layer's 128 experts as one 3-D parameter
-    moe = ModelSpec.from_hf_config({**QWEN3_32B, "hidden_size": 2048, "num_experts": 128, "moe_intermediate_size": 768,
-                                    "num_attention_heads": 32, "num_key_value_heads": 4}, "x")
+    moe = ModelSpec.from_hf_config(
+        {
+            **QWEN3_32B,
+            "hidden_size": 2048,
+            "num_experts": 128,
+            "moe_intermediate_size": 768,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+        },
+        "x",
+    )
     assert M.largest_param(moe) == ("experts.gate_up_proj", (128, 1536, 2048))
     # 16 ranks shard the expert dimension: 8 experts each
     assert M.largest_local_slice(moe, 16) == ("experts.gate_up_proj", 8 * 1536 * 2048)
@@ -453,8 +525,9 @@ def test_host_term_scales_with_ranks_per_node():
 
 def test_cpu_ranks_count_their_device_tensors_on_the_host():
     spec = ModelSpec.from_hf_config(TINY_MODEL, "tiny")
-    s = FitSettings(world_size=2, tokens_per_micro_batch=512, activation_checkpointing=False, mixed_precision=False,
-                    on_gpu=False)
+    s = FitSettings(
+        world_size=2, tokens_per_micro_batch=512, activation_checkpointing=False, mixed_precision=False, on_gpu=False
+    )
     host = M.estimate_host_memory_per_node(spec, s)
     steady = sum(estimate_memory(spec, s).values())
     assert host["device_tensors_on_host"] == 2 * (steady - M.RUNTIME_OVERHEAD_BYTES["cpu"])
@@ -462,11 +535,18 @@ def test_cpu_ranks_count_their_device_tensors_on_the_host():
 
 
 def test_a_budget_too_small_fails_and_names_the_phase():
-    phases = {"load": {"sharded_params_fp32": 10 * GIB}, "steady": {"activations": 60 * GIB},
-              "export": {"sharded_adam_state_fp32": 50 * GIB, "gathered_param_export_dtype": 30 * GIB},
-              "host_per_node": {"process_runtime": 32 * GIB, "loader_page_cache": 40 * GIB}}
-    budgets = {"load": H100, "steady": H100, "export": H100,
-               "host_per_node": Budget(64 * GIB, "cluster.host_mem_gib", "node")}
+    phases = {
+        "load": {"sharded_params_fp32": 10 * GIB},
+        "steady": {"activations": 60 * GIB},
+        "export": {"sharded_adam_state_fp32": 50 * GIB, "gathered_param_export_dtype": 30 * GIB},
+        "host_per_node": {"process_runtime": 32 * GIB, "loader_page_cache": 40 * GIB},
+    }
+    budgets = {
+        "load": H100,
+        "steady": H100,
+        "export": H100,
+        "host_per_node": Budget(64 * GIB, "cluster.host_mem_gib", "node"),
+    }
     check = C.check_fit(phases, budgets, 0.1)
     assert not check.passed
     assert check.detail.startswith("export: estimated peak 80.0 GiB per rank > 72.0 GiB usable")
@@ -509,8 +589,9 @@ def test_host_budget_sources(make_config, tmp_path):
 def test_export_dtype_name(make_config, tmp_path):
     assert M.export_dtype_name(make_config(model={"config": TINY_MODEL})) == "bfloat16"  # nothing named: bf16
     assert M.export_dtype_name(make_config(model={"config": {**TINY_MODEL, "torch_dtype": "float32"}})) == "float32"
-    explicit = make_config(model={"config": {**TINY_MODEL, "torch_dtype": "float32"}},
-                           train={"export_dtype": "float16"})
+    explicit = make_config(
+        model={"config": {**TINY_MODEL, "torch_dtype": "float32"}}, train={"export_dtype": "float16"}
+    )
     assert M.export_dtype_name(explicit) == "float16"
     folder = model_folder(tmp_path / "m", {**TINY_MODEL, "dtype": "torch.float16"})  # transformers 5 writes `dtype`
     assert M.export_dtype_name(make_config(model={"path": str(folder)})) == "float16"
@@ -519,8 +600,9 @@ def test_export_dtype_name(make_config, tmp_path):
     assert M.export_dtype_name(both) == "float32"
     assert M.export_dtype_name(make_config(model={"path": str(folder)})) == "bfloat16"
     model_folder(folder, {**TINY_MODEL, "torch_dtype": "float8_e4m3fn"})
-    with pytest.raises(InputError,
-                       match=r"m/config.json: dtype float8_e4m3fn is not an export dtype .*set train.export_dtype"):
+    with pytest.raises(
+        InputError, match=r"m/config.json: dtype float8_e4m3fn is not an export dtype .*set train.export_dtype"
+    ):
         M.export_dtype_name(make_config(model={"path": str(folder)}))
     model_folder(folder, {**TINY_MODEL, "torch_dtype": "int3"})
     with pytest.raises(InputError, match="m/config.json: unknown dtype 'int3'"):
@@ -533,8 +615,11 @@ def test_export_dtype_name(make_config, tmp_path):
 
 
 def test_checkpoint_source_reads_file_dtype_and_safetensors_sizes(make_config, tmp_path):
-    folder = model_folder(tmp_path / "m", {**TINY_MODEL, "torch_dtype": "bfloat16"},
-                          {"model-00001-of-00002.safetensors": 3000, "model-00002-of-00002.safetensors": 1001})
+    folder = model_folder(
+        tmp_path / "m",
+        {**TINY_MODEL, "torch_dtype": "bfloat16"},
+        {"model-00001-of-00002.safetensors": 3000, "model-00002-of-00002.safetensors": 1001},
+    )
     (folder / "notes.txt").write_text("not a weight file")
     config = make_config(model={"path": str(folder)}, cluster={"nodes": 2, "gpus_per_node": 1})
     assert M.checkpoint_source(config) == M.CheckpointSource("bfloat16", 4001)
@@ -552,15 +637,29 @@ def test_gate_json_and_md_carry_every_phase(stage_dirs, tmp_path):
     assert list(phases) == ["load", "steady", "export", "host_per_node"]
     assert phases["steady"]["terms_bytes"] == report["memory_estimate_bytes"]
     for phase, p in phases.items():
-        assert set(p) == {"per", "terms_bytes", "total_bytes", "budget_bytes", "usable_bytes", "budget_source",
-                          "headroom", "fits", "note"}
+        assert set(p) == {
+            "per",
+            "terms_bytes",
+            "total_bytes",
+            "budget_bytes",
+            "usable_bytes",
+            "budget_source",
+            "headroom",
+            "fits",
+            "note",
+        }
         assert p["total_bytes"] == sum(p["terms_bytes"].values()) and p["fits"] is True
         assert p["per"] == ("node" if phase == "host_per_node" else "rank")
     assert phases["host_per_node"]["budget_source"] == "/proc/meminfo MemTotal"  # a cpu run
     md = (tmp_path / "gate/gate.md").read_text()
-    for title in ("### Load (device, per rank)", "### Steady state (device, per rank)",
-                  "### Export of final/ (device, per rank)", "### Host RAM (per node)", "| loader_page_cache |",
-                  "| gathered_param_export_dtype |"):
+    for title in (
+        "### Load (device, per rank)",
+        "### Steady state (device, per rank)",
+        "### Export of final/ (device, per rank)",
+        "### Host RAM (per node)",
+        "| loader_page_cache |",
+        "| gathered_param_export_dtype |",
+    ):
         assert title in md
     assert md.count("headroom): fits.") == 4
 
@@ -573,8 +672,9 @@ def without_doc(packs, doc_id):
     keep = packs.doc_ids != doc_id
     per_row = np.add.reduceat(keep.astype(np.int64), packs.offsets[:-1]) if len(keep) else keep
     offsets = np.concatenate(([0], np.cumsum(per_row)))
-    return dataclasses.replace(packs, doc_ids=packs.doc_ids[keep], doc_lengths=packs.doc_lengths[keep],
-                               offsets=offsets, length_offsets=offsets)
+    return dataclasses.replace(
+        packs, doc_ids=packs.doc_ids[keep], doc_lengths=packs.doc_lengths[keep], offsets=offsets, length_offsets=offsets
+    )
 
 
 def declared_drop(inputs, policy, reason="remainder", tokens=None):
@@ -642,8 +742,19 @@ def gate_cli(stage_dirs, tmp_path, capsys, pretokenized=None, plan=None):
     config, work = stage_dirs
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(config))
-    rc = main(["gate", "--config", str(cfg), "--pretokenized", str(pretokenized or work / "pretokenized"),
-               "--plan", str(plan or work / "plan"), "--out", str(tmp_path / "gate")])
+    rc = main(
+        [
+            "gate",
+            "--config",
+            str(cfg),
+            "--pretokenized",
+            str(pretokenized or work / "pretokenized"),
+            "--plan",
+            str(plan or work / "plan"),
+            "--out",
+            str(tmp_path / "gate"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     return rc, err
 

@@ -14,8 +14,17 @@ def test_each_row_agrees_with_its_shipped_triage_table(key):
     assert (table.tdp_w, table.idle_w) == (row.power_cap_w, row.idle_w)
 
 
-@pytest.mark.parametrize("name, key", [("H100", "h100"), ("h100", "h100"), ("NVIDIA H100 80GB HBM3", "h100"),
-                                       ("A100-80GB", "a100"), ("a100-40gb", "a100"), ("B300", "b300")])
+@pytest.mark.parametrize(
+    "name, key",
+    [
+        ("H100", "h100"),
+        ("h100", "h100"),
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("A100-80GB", "a100"),
+        ("a100-40gb", "a100"),
+        ("B300", "b300"),
+    ],
+)
 def test_one_normalisation_for_every_spelling(name, key):
     assert model_key(name) == key and triage_table_name(name) == key and peak_bf16_flops(name) > 0
 

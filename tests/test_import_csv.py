@@ -21,13 +21,16 @@ COLUMNS = "time=timestamp,gpu=gpu_index,power_w=power_W,util_gpu=utilization_gpu
 
 
 def test_custom_header_mapped_with_columns_and_iso_z_times(tmp_path):
-    log = write(tmp_path / "node7.csv", f"""
+    log = write(
+        tmp_path / "node7.csv",
+        f"""
 {CUSTOM}
 2025-09-24T03:41:43.487Z,0,41,0,72.5
 2025-09-24T03:41:43.487Z,1,43,100,650.25
 2025-09-24T03:41:44.487Z,0,42,98,610.0
 2025-09-24T03:41:44.487Z,1,44,100,655.0
-""")
+""",
+    )
     table, meta = import_trace("csv", [log], columns=COLUMNS)
     d = rows(table)
     assert d["time"].tolist() == pytest.approx([T0, T0 + 1, T0, T0 + 1], abs=1e-3)
@@ -39,11 +42,14 @@ def test_custom_header_mapped_with_columns_and_iso_z_times(tmp_path):
 
 def test_stated_units_epoch_ms_milliwatts_and_unmapped_gpu_is_one_gpu(tmp_path):
     ms = int(T0 * 1000)
-    log = write(tmp_path / "w.csv", f"""
+    log = write(
+        tmp_path / "w.csv",
+        f"""
 ts,power_mW,energy
 {ms},350120,1.5
 {ms + 500},0.36 kW,2.0
-""")
+""",
+    )
     table, meta = import_trace("csv", [log], columns="time=ts:ms,power_w=power_mW:mW,energy_j=energy:kJ")
     d = rows(table)
     assert d["time"].tolist() == pytest.approx([T0, T0 + 0.5], abs=1e-3)
@@ -63,33 +69,67 @@ def test_a_mapped_column_missing_from_the_header_names_file_and_header(tmp_path)
     with pytest.raises(InputError, match="--columns is for --from csv"):
         import_trace("zeus", [log], columns="time=timestamp,power_w=power_W")
     out = tmp_path / "t.parquet"
-    proc = subprocess.run([sys.executable, "-m", "wattgate", "import-trace", "--from", "csv", str(log), "--out",
-                           str(out), "--columns", "time=timestamp,power_w=watts"],
-                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wattgate",
+            "import-trace",
+            "--from",
+            "csv",
+            str(log),
+            "--out",
+            str(out),
+            "--columns",
+            "time=timestamp,power_w=watts",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "'watts', not in the header" in proc.stderr
 
 
 def test_nvidia_smi_reads_iso_times_with_z_or_an_offset_and_naive_ones_take_tz(tmp_path):
     header = "timestamp, index, power.draw [W]"
-    log = write(tmp_path / "n.csv", f"""
+    log = write(
+        tmp_path / "n.csv",
+        f"""
 {header}
 2025-09-24T03:41:43.487Z, 0, 100 W
 2025-09-24T05:41:44.487+02:00, 0, 110 W
 2025/09/24 05:41:45.487, 0, 120 W
-""")
+""",
+    )
     table, _ = import_trace("nvidia-smi", [log], tz_name="Europe/Berlin")  # CEST: UTC+2 for the naive one
     assert rows(table)["time"].tolist() == pytest.approx([T0, T0 + 1, T0 + 2], abs=1e-3)
 
 
-@pytest.mark.parametrize("fmt,text,kw", [
-    ("nvidia-smi", "timestamp, index, power.draw [W]\n2025/07/27 00:34:45.155, 0, 70 W\n"
-                   "2025/07/27 00:34:46.155, 0, 71 W\n2025/07/27 00:34:47.155, 0", {}),
-    ("nvidia-smi", "timestamp, index, power.draw [W]\n2025/07/27 00:34:45.155, 0, 70 W\n"
-                   "2025/07/27 00:34:46.155, 0, 71 W\n2025/07/27 00:34:47.155, 0, 70 m", {}),  # "70 mW" cut
-    ("zeus", "time,gpu0,gpu1\n1753576485.1,70,71\n1753576486.1,70,71\n1753576487.1,7", {}),
-    ("csv", f"{CUSTOM}\n2025-09-24T03:41:43.487Z,0,41,0,72.5\n2025-09-24T03:41:44.487Z,0,41,0,73\n"
-            "2025-09-24T03:41:45.4", {"columns": COLUMNS}),
-])
+@pytest.mark.parametrize(
+    "fmt,text,kw",
+    [
+        (
+            "nvidia-smi",
+            "timestamp, index, power.draw [W]\n2025/07/27 00:34:45.155, 0, 70 W\n"
+            "2025/07/27 00:34:46.155, 0, 71 W\n2025/07/27 00:34:47.155, 0",
+            {},
+        ),
+        (
+            "nvidia-smi",
+            "timestamp, index, power.draw [W]\n2025/07/27 00:34:45.155, 0, 70 W\n"
+            "2025/07/27 00:34:46.155, 0, 71 W\n2025/07/27 00:34:47.155, 0, 70 m",
+            {},
+        ),  # "70 mW" cut
+        ("zeus", "time,gpu0,gpu1\n1753576485.1,70,71\n1753576486.1,70,71\n1753576487.1,7", {}),
+        (
+            "csv",
+            f"{CUSTOM}\n2025-09-24T03:41:43.487Z,0,41,0,72.5\n2025-09-24T03:41:44.487Z,0,41,0,73\n"
+            "2025-09-24T03:41:45.4",
+            {"columns": COLUMNS},
+        ),
+    ],
+)
 def test_truncated_final_line_is_dropped_with_a_note_but_a_bad_middle_line_still_errors(tmp_path, fmt, text, kw):
     log = write(tmp_path / "log.csv", text)
     table, meta = import_trace(fmt, [log], **kw)
@@ -119,15 +159,19 @@ def test_report_table_for_a_gpu_with_no_shipped_table(tmp_path):
     lines = ["timestamp, index, name, power.draw [W], utilization.gpu [%]"]
     for i in range(120):
         for g in range(2):
-            lines.append(f"2025-07-27T00:{34 + (i // 60)}:{i % 60:02d}.000Z, {g}, Tesla V100-SXM2-32GB, "
-                         f"{250 if i < 60 else 60}.0 W, {100 if i < 60 else 0} %")
+            lines.append(
+                f"2025-07-27T00:{34 + (i // 60)}:{i % 60:02d}.000Z, {g}, Tesla V100-SXM2-32GB, "
+                f"{250 if i < 60 else 60}.0 W, {100 if i < 60 else 0} %"
+            )
     log = write(tmp_path / "v100.csv", "\n".join(lines) + "\n")
     table, _ = import_trace("nvidia-smi", [log])
     trace = tmp_path / "t.parquet"
     write_trace(table, trace)
     s = run_report(None, tmp_path / "plain", trace_paths=[trace])
     assert s["phases"]["by_phase"] == {} and any("could not pick a table" in n for n in s["notes"])
-    yaml_table = write(tmp_path / "v100.yaml", """
+    yaml_table = write(
+        tmp_path / "v100.yaml",
+        """
 gpu_model: V100
 match: ["V100"]
 tdp_w: 300
@@ -138,10 +182,12 @@ busy_util_pct: 85
 idle_util_pct: 5
 provenance:
   kind: test figures
-""")
+""",
+    )
     out = tmp_path / "report"
     assert main(["report", "--trace", str(trace), "--table", str(yaml_table), "--out", str(out)]) == 0
     import json
+
     s = json.loads((out / "summary.json").read_text())
     assert s["phases"]["table"] == "V100" and "compute" in s["phases"]["by_phase"]
     assert main(["report", "--trace", str(trace), "--table", str(tmp_path / "nope.yaml"), "--out", str(out)]) == 2

@@ -25,13 +25,16 @@ def rows(table):
 
 
 def test_nvidia_smi_with_units_markers_and_an_index(tmp_path):
-    log = write(tmp_path / "node1.csv", f"""
+    log = write(
+        tmp_path / "node1.csv",
+        f"""
 {SMI_HEADER}
 2025/07/27 00:34:45.155, 0, NVIDIA H100 80GB HBM3, 72.36 W, 75.10 W, 0 %, 1 MiB
 2025/07/27 00:34:45.158, 1, NVIDIA H100 80GB HBM3, 70.01 W, [N/A], [Not Supported], 1 MiB
 2025/07/27 00:34:45.255, 0, NVIDIA H100 80GB HBM3, 142.40 W, 141.90 W, 100 %, 70123 MiB
 2025/07/27 00:34:45.259, 1, NVIDIA H100 80GB HBM3, 70.00 W, 71.00 W, 3 %, 1 MiB
-""")
+""",
+    )
     table, meta = import_trace("nvidia-smi", [log])
     d = rows(table)
     assert table.schema.names == TRACE_SCHEMA.names
@@ -78,12 +81,15 @@ def test_noheader_needs_fields_and_nounits_values_work(tmp_path):
 
 
 def test_bad_lines_name_file_line_and_field_or_are_counted(tmp_path):
-    log = write(tmp_path / "n.csv", f"""
+    log = write(
+        tmp_path / "n.csv",
+        f"""
 {SMI_HEADER}
 2025/07/27 00:34:45.155, 0, NVIDIA H100, 72.36 W, 75.10 W, 0 %, 1 MiB
 2025/07/27 00:34:45.255, 0, NVIDIA H100, lots W, 75.10 W, 0 %, 1 MiB
 yesterday, 0, NVIDIA H100, 72.36 W, 75.10 W, 0 %, 1 MiB
-""")
+""",
+    )
     with pytest.raises(InputError, match=r"n\.csv:3: field 'power.draw': cannot read 'lots W'"):
         import_trace("nvidia-smi", [log])
     table, meta = import_trace("nvidia-smi", [log], skip_bad_lines=True)
@@ -104,17 +110,21 @@ def test_unknown_layout_says_which_columns_it_needs(tmp_path):
 
 
 def test_pci_bus_id_orders_gpus_when_there_is_no_index(tmp_path):
-    log = write(tmp_path / "n.csv", """
+    log = write(
+        tmp_path / "n.csv",
+        """
 timestamp, pci.bus_id, power.draw [W]
 2025/07/27 00:34:45.155, 00000000:CB:00.0, 300 W
 2025/07/27 00:34:45.157, 00000000:1B:00.0, 100 W
-""")
+""",
+    )
     table, meta = import_trace("nvidia-smi", [log])
     assert dict(zip(rows(table)["gpu"], rows(table)["power_w"])) == {0: 100.0, 1: 300.0}
 
 
-DCGM_LINE = ('DCGM_FI_DEV_{m}{{gpu="{g}",UUID="GPU-{g}",device="nvidia{g}",modelName="NVIDIA B200",'
-             'Hostname="node7"}} {v}{ts}\n')
+DCGM_LINE = (
+    'DCGM_FI_DEV_{m}{{gpu="{g}",UUID="GPU-{g}",device="nvidia{g}",modelName="NVIDIA B200",Hostname="node7"}} {v}{ts}\n'
+)
 
 
 def dcgm(metric, gpu, value, ts=""):
@@ -122,19 +132,29 @@ def dcgm(metric, gpu, value, ts=""):
 
 
 def test_dcgm_scrapes_with_timestamps_comment_times_or_a_time_in_the_file_name(tmp_path):
-    stamped = write(tmp_path / "a.prom", "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).\n"
-                    + dcgm("POWER_USAGE", 0, 412.5, " 1753576485100") + dcgm("GPU_UTIL", 0, 97, " 1753576485100")
-                    + dcgm("TOTAL_ENERGY_CONSUMPTION", 0, 5000, " 1753576485100")
-                    + 'DCGM_FI_PROF_SM_ACTIVE{gpu="0",Hostname="node7"} 0.42 1753576485100\n')
+    stamped = write(
+        tmp_path / "a.prom",
+        "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).\n"
+        + dcgm("POWER_USAGE", 0, 412.5, " 1753576485100")
+        + dcgm("GPU_UTIL", 0, 97, " 1753576485100")
+        + dcgm("TOTAL_ENERGY_CONSUMPTION", 0, 5000, " 1753576485100")
+        + 'DCGM_FI_PROF_SM_ACTIVE{gpu="0",Hostname="node7"} 0.42 1753576485100\n',
+    )
     table, meta = import_trace("dcgm", [stamped])
     d = rows(table)
     assert d[["host", "gpu"]].values.tolist() == [["node7", 0]]
     assert (d["power_w"].iloc[0], d["util_gpu"].iloc[0], d["energy_j"].iloc[0]) == pytest.approx((412.5, 97, 5.0))
     assert d["sm_active"].iloc[0] == pytest.approx(42.0) and d["time"].iloc[0] == pytest.approx(1753576485.1)
     assert meta["gpus"][0]["name"] == "NVIDIA B200"
-    blocks = write(tmp_path / "b.prom", "# 2025-07-27T00:34:45Z\n" + dcgm("POWER_USAGE", 0, 400) +
-                   dcgm("POWER_USAGE", 1, 401) + "# 2025-07-27T00:34:46Z\n" + dcgm("POWER_USAGE", 0, 402) +
-                   dcgm("POWER_USAGE", 1, 403))
+    blocks = write(
+        tmp_path / "b.prom",
+        "# 2025-07-27T00:34:45Z\n"
+        + dcgm("POWER_USAGE", 0, 400)
+        + dcgm("POWER_USAGE", 1, 401)
+        + "# 2025-07-27T00:34:46Z\n"
+        + dcgm("POWER_USAGE", 0, 402)
+        + dcgm("POWER_USAGE", 1, 403),
+    )
     d = rows(import_trace("dcgm", [blocks])[0])
     assert d["time"].tolist() == pytest.approx([1753576485.0, 1753576486.0] * 2)
     per_file = write(tmp_path / "scrape-1753576490.txt", dcgm("POWER_USAGE", 0, 399))
@@ -152,8 +172,11 @@ def test_zeus_wide_and_legacy_milliwatt_logs(tmp_path):
     legacy = write(tmp_path / "legacy.csv", "Time,Power\n2022-07-13 02:07:36.708783111,32402\n")
     table, _ = import_trace("zeus", [wide, legacy], host=None, gpu_index=3)
     d = table.to_pandas()
-    assert sorted(map(tuple, d[["host", "gpu"]].drop_duplicates().values.tolist())) == \
-        [("legacy", 3), ("wide", 0), ("wide", 1)]
+    assert sorted(map(tuple, d[["host", "gpu"]].drop_duplicates().values.tolist())) == [
+        ("legacy", 3),
+        ("wide", 0),
+        ("wide", 1),
+    ]
     assert d.loc[d.host == "legacy", "power_w"].iloc[0] == pytest.approx(32.402)  # mW -> W
     assert d.loc[d.host == "legacy", "time"].iloc[0] == pytest.approx(1657678056.708783)
     assert d.loc[(d.host == "wide") & (d.gpu == 1), "power_w"].isna().tolist() == [False, True]
@@ -162,9 +185,11 @@ def test_zeus_wide_and_legacy_milliwatt_logs(tmp_path):
 def test_cli_round_trip_and_one_line_errors(tmp_path):
     log = write(tmp_path / "n.csv", f"{SMI_HEADER}\n2025/07/27 00:34:45.155, 0, NVIDIA H200, 80 W, 79 W, 0 %, 1 MiB\n")
     out = tmp_path / "t.parquet"
+
     def run(*a):
-        return subprocess.run([sys.executable, "-m", "wattgate", "import-trace", *a], capture_output=True,
-                              text=True, cwd=REPO, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "wattgate", "import-trace", *a], capture_output=True, text=True, cwd=REPO, timeout=60
+        )
 
     proc = run("--from", "nvidia-smi", str(log), "--out", str(out), "--host", "gpu-node-3")
     assert proc.returncode == 0, proc.stderr
@@ -185,9 +210,11 @@ def test_readme_two_commands_import_then_report_in_power_only_mode(tmp_path):
         for g in range(2):
             lines.append(f"{stamp}, {g}, NVIDIA H100 80GB HBM3, {600 if busy else 140}.0 W, {100} %")
     log = write(tmp_path / "gpu.csv", "\n".join(lines) + "\n")
+
     def run(*a):
-        return subprocess.run([sys.executable, "-m", "wattgate", *a], capture_output=True, text=True,
-                              cwd=REPO, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "wattgate", *a], capture_output=True, text=True, cwd=REPO, timeout=120
+        )
 
     proc = run("import-trace", "--from", "nvidia-smi", str(log), "--out", str(tmp_path / "trace.parquet"))
     assert proc.returncode == 0, proc.stderr

@@ -23,20 +23,26 @@ def powers(table):
 
 
 def test_nvidia_smi_mixed_mw_and_w_rows_convert_each_value_by_its_own_unit(tmp_path):
-    log = write(tmp_path / "mixed.csv", """
+    log = write(
+        tmp_path / "mixed.csv",
+        """
 timestamp, index, power.draw [W]
 2025/07/27 00:34:45.155, 0, 350.12 W
 2025/07/27 00:34:45.255, 0, 350120 mW
 2025/07/27 00:34:45.355, 0, 0.35 kW
 2025/07/27 00:34:45.455, 0, 351
-""")
+""",
+    )
     table, _ = import_trace("nvidia-smi", [log])
     assert powers(table) == pytest.approx([350.12, 350.12, 350.0, 351.0])
 
 
 def test_nvidia_smi_header_unit_is_the_default_for_bare_values(tmp_path):
-    log = write(tmp_path / "mw.csv", "timestamp, index, power.draw [mW], memory.used [GiB]\n"
-                "2025/07/27 00:34:45.155, 0, 350120, 2\n2025/07/27 00:34:45.255, 0, 300 W, 1024 MiB\n")
+    log = write(
+        tmp_path / "mw.csv",
+        "timestamp, index, power.draw [mW], memory.used [GiB]\n"
+        "2025/07/27 00:34:45.155, 0, 350120, 2\n2025/07/27 00:34:45.255, 0, 300 W, 1024 MiB\n",
+    )
     table, _ = import_trace("nvidia-smi", [log])
     d = table.to_pandas().sort_values("time")
     assert d["power_w"].tolist() == pytest.approx([350.12, 300.0])
@@ -44,8 +50,10 @@ def test_nvidia_smi_header_unit_is_the_default_for_bare_values(tmp_path):
 
 
 def test_unknown_unit_is_an_error_naming_file_line_and_field(tmp_path):
-    log = write(tmp_path / "u.csv", "timestamp, index, power.draw [W]\n"
-                "2025/07/27 00:34:45.155, 0, 350 W\n2025/07/27 00:34:45.255, 0, 350 dBm\n")
+    log = write(
+        tmp_path / "u.csv",
+        "timestamp, index, power.draw [W]\n2025/07/27 00:34:45.155, 0, 350 W\n2025/07/27 00:34:45.255, 0, 350 dBm\n",
+    )
     with pytest.raises(InputError, match=r"u\.csv:3: field 'power.draw': cannot read '350 dBm': unknown unit 'dBm'"):
         import_trace("nvidia-smi", [log])
     table, meta = import_trace("nvidia-smi", [log], skip_bad_lines=True)
@@ -53,8 +61,7 @@ def test_unknown_unit_is_an_error_naming_file_line_and_field(tmp_path):
 
 
 def test_zeus_values_with_their_own_unit_override_the_column_unit(tmp_path):
-    log = write(tmp_path / "z.csv", "time,gpu0 (mW)\n1753576485.0,32402\n1753576485.1,32.5 W\n"
-                "1753576485.2,32402 mW\n")
+    log = write(tmp_path / "z.csv", "time,gpu0 (mW)\n1753576485.0,32402\n1753576485.1,32.5 W\n1753576485.2,32402 mW\n")
     table, _ = import_trace("zeus", [log])
     assert powers(table) == pytest.approx([32.402, 32.5, 32.402])
 
@@ -69,14 +76,16 @@ DCGM = 'DCGM_FI_DEV_{m}{{gpu="{g}",Hostname="n"}} {v} {ts}\n'
 
 def test_dcgm_nan_inf_and_negative_become_null_and_are_counted(tmp_path):
     ts = 1753576485000
-    text = "".join([
-        DCGM.format(m="POWER_USAGE", g=0, v="412.5", ts=ts),
-        DCGM.format(m="POWER_USAGE", g=0, v="+Inf", ts=ts + 100),
-        DCGM.format(m="POWER_USAGE", g=0, v="NaN", ts=ts + 200),
-        DCGM.format(m="POWER_USAGE", g=0, v="-5", ts=ts + 300),
-        DCGM.format(m="POWER_USAGE", g=0, v="1e40", ts=ts + 400),  # overflows float32
-        DCGM.format(m="TOTAL_ENERGY_CONSUMPTION", g=0, v="-Inf", ts=ts),
-    ])
+    text = "".join(
+        [
+            DCGM.format(m="POWER_USAGE", g=0, v="412.5", ts=ts),
+            DCGM.format(m="POWER_USAGE", g=0, v="+Inf", ts=ts + 100),
+            DCGM.format(m="POWER_USAGE", g=0, v="NaN", ts=ts + 200),
+            DCGM.format(m="POWER_USAGE", g=0, v="-5", ts=ts + 300),
+            DCGM.format(m="POWER_USAGE", g=0, v="1e40", ts=ts + 400),  # overflows float32
+            DCGM.format(m="TOTAL_ENERGY_CONSUMPTION", g=0, v="-Inf", ts=ts),
+        ]
+    )
     log = write(tmp_path / "d.prom", text)
     table, meta = import_trace("dcgm", [log])
     p = powers(table)
@@ -89,8 +98,10 @@ def test_dcgm_nan_inf_and_negative_become_null_and_are_counted(tmp_path):
 
 
 def test_nvidia_smi_negative_power_is_null_and_counted(tmp_path):
-    log = write(tmp_path / "n.csv", "timestamp, index, power.draw [W]\n"
-                "2025/07/27 00:34:45.155, 0, -1 W\n2025/07/27 00:34:45.255, 0, 80 W\n")
+    log = write(
+        tmp_path / "n.csv",
+        "timestamp, index, power.draw [W]\n2025/07/27 00:34:45.155, 0, -1 W\n2025/07/27 00:34:45.255, 0, 80 W\n",
+    )
     table, meta = import_trace("nvidia-smi", [log])
     assert table.column("power_w").null_count == 1 and meta["invalid_values"] == {"power_w": 1}
 
@@ -130,7 +141,9 @@ def test_schema_meta_is_strict_json():
     schema = schema_with_meta({"x": float("nan"), "y": [float("inf"), 1.0]})
     raw = schema.metadata[b"wattgate.trace"].decode()
     assert json.loads(raw, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}")) == {
-        "x": None, "y": [None, 1.0]}
+        "x": None,
+        "y": [None, 1.0],
+    }
 
 
 def test_triage_json_never_holds_infinity(tmp_path):
@@ -150,11 +163,12 @@ def test_triage_json_backstop_for_non_finite_values_from_any_source(tmp_path, mo
 
     path = foreign_trace(tmp_path / "f.parquet", [600.0] * 30)
     real = triage_mod.totals
-    monkeypatch.setattr(triage_mod, "totals", lambda s: {k: dict(v, energy_j=float("inf"))
-                                                          for k, v in real(s).items()})
+    monkeypatch.setattr(triage_mod, "totals", lambda s: {k: dict(v, energy_j=float("inf")) for k, v in real(s).items()})
     triage_mod.run_triage([path], tmp_path / "out", gpu_model="H100")
-    data = json.loads((tmp_path / "out" / "triage.json").read_text(),
-                      parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in triage.json"))
+    data = json.loads(
+        (tmp_path / "out" / "triage.json").read_text(),
+        parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in triage.json"),
+    )
     assert all(v["energy_j"] is None for v in data["phases"].values())
 
 

@@ -20,8 +20,19 @@ def test_local_default_is_standalone_torchrun_with_explicit_omp_threads():
     s = spec(cpus_per_node=2)
     argv = build_launch_command(s, ARGS, python="py")
     assert argv[:5] == ["py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    assert argv[5:] == ["-m", "wattgate", "train", "--config", "c.yaml", "--pretokenized", "pre", "--plan", "plan",
-                        "--out", "out"]
+    assert argv[5:] == [
+        "-m",
+        "wattgate",
+        "train",
+        "--config",
+        "c.yaml",
+        "--pretokenized",
+        "pre",
+        "--plan",
+        "plan",
+        "--out",
+        "out",
+    ]
     # Snakemake would set OMP_NUM_THREADS from threads: 2 cores / 2 processes -> 1 each
     assert launch_env(s, {"OMP_NUM_THREADS": "2"})["OMP_NUM_THREADS"] == "1"
 
@@ -31,8 +42,15 @@ def test_auto_picks_slurm_inside_a_multi_node_allocation():
     assert s.launcher == "slurm" and s.omp_threads == 8
     argv = build_launch_command(s, ARGS, python="py")
     # the jobstep strips SLURM_*: node count and CPUs per task are passed to srun explicitly
-    assert argv[:7] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=64", "--kill-on-bad-exit=1",
-                        "--jobid=4242", "bash"]
+    assert argv[:7] == [
+        "srun",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=64",
+        "--kill-on-bad-exit=1",
+        "--jobid=4242",
+        "bash",
+    ]
     assert argv[7] == "-c" and len(argv) == 9
     hello, inner = argv[8].split("; exec ", 1)
     assert "$SLURMD_NODENAME" in hello.replace("{", "").replace(":-?}", "") and "SLURM_NODEID" in hello
@@ -61,8 +79,10 @@ def test_each_node_samples_into_a_trace_named_after_its_slurm_node():
     inner = build_launch_command(s, ARGS, python="py", sample=("run dir/telemetry/{host}.parquet", 0.1))[-1]
     word = inner.split("--out ", 1)[1].split(" --interval", 1)[0]
     echo = ["bash", "-c", f"printf '%s\\n' {word}"]
-    assert subprocess.run(echo, env={"SLURMD_NODENAME": "n2"}, capture_output=True, text=True).stdout == \
-        "run dir/telemetry/n2.parquet\n"
+    assert (
+        subprocess.run(echo, env={"SLURMD_NODENAME": "n2"}, capture_output=True, text=True).stdout
+        == "run dir/telemetry/n2.parquet\n"
+    )
 
 
 def test_two_jobs_get_different_rendezvous_ports():

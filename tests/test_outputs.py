@@ -12,8 +12,15 @@ import time
 import pytest
 
 from wattgate import artifacts
-from wattgate.artifacts import (atomic_dir, atomic_path, canonical_json, sha256_file, sha256_tree, write_bytes_atomic,
-                                write_json_atomic)
+from wattgate.artifacts import (
+    atomic_dir,
+    atomic_path,
+    canonical_json,
+    sha256_file,
+    sha256_tree,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from wattgate.cli import main
 from wattgate.errors import InputError
 
@@ -35,6 +42,7 @@ def dead_pid() -> int:
 
 
 # --- item 7: --out never deletes what wattgate did not write -----------------------------------
+
 
 def test_out_refuses_a_folder_wattgate_did_not_write(tmp_path):
     data = tmp_path / "data"
@@ -65,8 +73,7 @@ def test_pretokenize_out_at_the_corpus_folder_keeps_the_corpus(tmp_path, tokeniz
     before = corpus.read_bytes()
     config = tmp_path / "c.yaml"
     config.write_text(json.dumps({"data": {"inputs": [str(corpus)]}, "train": {"seq_len": 256}}))
-    rc = main(["pretokenize", "--config", str(config), "--tokenizer", str(tokenizer_dir),
-               "--out", str(corpus.parent)])
+    rc = main(["pretokenize", "--config", str(config), "--tokenizer", str(tokenizer_dir), "--out", str(corpus.parent)])
     assert rc == 2
     assert corpus.read_bytes() == before
 
@@ -99,14 +106,16 @@ def test_marker_is_invisible_to_folder_hashes_and_reruns_are_byte_identical(tmp_
 
 # --- item 10: pack publishes plan.json and packs.parquet as one set ---------------------------
 
+
 @pytest.fixture(scope="module")
 def pretokenized(tmp_path_factory, tokenizer_dir, demo_docs):
     from wattgate.config import validate_config
     from wattgate.data.pretokenize import pretokenize
 
     work = tmp_path_factory.mktemp("outputs")
-    config = validate_config({"data": {"inputs": [str(write_jsonl(work / "c.jsonl", demo_docs))]},
-                              "train": {"seq_len": 256}})
+    config = validate_config(
+        {"data": {"inputs": [str(write_jsonl(work / "c.jsonl", demo_docs))]}, "train": {"seq_len": 256}}
+    )
     pretokenize(config, tokenizer_dir, work / "pretokenized", progress=False)
     return work / "pretokenized"
 
@@ -114,9 +123,14 @@ def pretokenized(tmp_path_factory, tokenizer_dir, demo_docs):
 def plan_config(seed):
     from wattgate.config import validate_config
 
-    return validate_config({"data": {"inputs": ["unused.jsonl"]},
-                            "train": {"seq_len": 256, "micro_batch_size": 2, "grad_accum": 2, "epochs": 1},
-                            "cluster": {"nodes": 1, "gpus_per_node": 2}, "pack": {"seed": seed}})
+    return validate_config(
+        {
+            "data": {"inputs": ["unused.jsonl"]},
+            "train": {"seq_len": 256, "micro_batch_size": 2, "grad_accum": 2, "epochs": 1},
+            "cluster": {"nodes": 1, "gpus_per_node": 2},
+            "pack": {"seed": seed},
+        }
+    )
 
 
 @pytest.mark.parametrize("killed_at", ["packs.parquet", "plan.json"])
@@ -152,16 +166,23 @@ def test_pack_killed_between_renames_never_leaves_a_mixed_pair(tmp_path, pretoke
 
 # --- stale temporaries of killed writers are swept -------------------------------------------
 
+
 def test_publishing_sweeps_temps_of_dead_writers_and_keeps_live_ones(tmp_path):
     dead, live = dead_pid(), os.getpid()
     old = time.time() - 2 * 3600
-    stale = [tmp_path / f".out.{dead}@{host()}.abcd1234.tmp", tmp_path / f".out.{dead}@{host()}.efgh5678.old",
-             tmp_path / ".out.legacy12.tmp", tmp_path / f".out.{live}@other-node.oldtemp1.tmp"]
-    kept = [tmp_path / f".out.{live}@{host()}.live1234.tmp",   # a live writer on this host
-            tmp_path / f".out.{dead}@other-node.fresh123.tmp",  # another host, recently touched
-            tmp_path / ".out.legacy99.tmp",                     # no pid, recently touched
-            tmp_path / f".outer.{dead}@{host()}.abcd1234.tmp",  # another destination's temp
-            tmp_path / "notes.tmp"]
+    stale = [
+        tmp_path / f".out.{dead}@{host()}.abcd1234.tmp",
+        tmp_path / f".out.{dead}@{host()}.efgh5678.old",
+        tmp_path / ".out.legacy12.tmp",
+        tmp_path / f".out.{live}@other-node.oldtemp1.tmp",
+    ]
+    kept = [
+        tmp_path / f".out.{live}@{host()}.live1234.tmp",  # a live writer on this host
+        tmp_path / f".out.{dead}@other-node.fresh123.tmp",  # another host, recently touched
+        tmp_path / ".out.legacy99.tmp",  # no pid, recently touched
+        tmp_path / f".outer.{dead}@{host()}.abcd1234.tmp",  # another destination's temp
+        tmp_path / "notes.tmp",
+    ]
     for p in stale[:2] + kept[:3]:
         p.mkdir()
         (p / "x").write_text("partial")
@@ -188,6 +209,7 @@ def test_temp_names_carry_pid_and_host(tmp_path):
 
 # --- files and folders follow the umask ---------------------------------------------------------
 
+
 def test_outputs_are_created_with_the_umask(tmp_path, monkeypatch):
     monkeypatch.setattr(artifacts, "_UMASK", 0o002, raising=False)
     write_bytes_atomic(tmp_path / "f.bin", b"1")
@@ -205,6 +227,7 @@ def test_umask_is_read_from_the_process():
 
 
 # --- strict JSON ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_json_outputs_are_strict(tmp_path, bad):

@@ -12,10 +12,29 @@ from wattgate.data.pretokenize import pretokenize
 
 from conftest import write_jsonl
 
-PLAN_KEYS = {"format_version", "world_size", "seq_len", "micro_batch_size", "grad_accum", "epochs",
-             "steps_per_epoch", "strategy", "pretokenized_manifest_sha256", "packs_sha256", "stats"}
-PACK_COLUMNS = {"epoch": "int32", "step": "int32", "micro": "int32", "rank": "int32", "slot": "int32",
-                "doc_ids": "list<element: int64>", "doc_lengths": "list<element: int32>", "num_tokens": "int32"}
+PLAN_KEYS = {
+    "format_version",
+    "world_size",
+    "seq_len",
+    "micro_batch_size",
+    "grad_accum",
+    "epochs",
+    "steps_per_epoch",
+    "strategy",
+    "pretokenized_manifest_sha256",
+    "packs_sha256",
+    "stats",
+}
+PACK_COLUMNS = {
+    "epoch": "int32",
+    "step": "int32",
+    "micro": "int32",
+    "rank": "int32",
+    "slot": "int32",
+    "doc_ids": "list<element: int64>",
+    "doc_lengths": "list<element: int32>",
+    "num_tokens": "int32",
+}
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +49,10 @@ def pretokenized(tmp_path_factory, tokenizer_dir, demo_docs):
 
 
 def write_config(path, **sections):
-    config = {"train": {"seq_len": 256, "micro_batch_size": 2, "grad_accum": 2, "epochs": 2},
-              "cluster": {"nodes": 2, "gpus_per_node": 2}}
+    config = {
+        "train": {"seq_len": 256, "micro_batch_size": 2, "grad_accum": 2, "epochs": 2},
+        "cluster": {"nodes": 2, "gpus_per_node": 2},
+    }
     for key, value in sections.items():
         config.setdefault(key, {}).update(value)
     path.write_text(yaml.safe_dump(config))
@@ -78,8 +99,16 @@ def test_drop_lists_dropped_documents(tmp_path, pretokenized):
 
 
 def test_none_control_is_uneven(tmp_path, pretokenized):
-    assert run_pack(tmp_path, pretokenized, tmp_path / "plan", pack={"remainder": "none"},
-                    cluster={"nodes": 1, "gpus_per_node": 3}) == 0
+    assert (
+        run_pack(
+            tmp_path,
+            pretokenized,
+            tmp_path / "plan",
+            pack={"remainder": "none"},
+            cluster={"nodes": 1, "gpus_per_node": 3},
+        )
+        == 0
+    )
     steps = json.loads((tmp_path / "plan/plan.json").read_text())["stats"]["per_rank_micro_batches_per_epoch"]
     assert len({tuple(s) for s in steps}) > 1
 

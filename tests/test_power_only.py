@@ -22,7 +22,7 @@ from wattgate.report import run_report
 
 TABLE = shipped_table("h100")
 GPUS = gpus_of(1, 8)
-CKPT_S = (26, 35, 30, 38)          # within x1.5 of each other: one series
+CKPT_S = (26, 35, 30, 38)  # within x1.5 of each other: one series
 DEVICE = "NVIDIA H100 80GB HBM3"
 
 
@@ -178,8 +178,15 @@ def test_report_on_a_bare_trace_states_what_power_alone_could_not_tell(imported,
     hangs = [a for a in s["anomalies"] if a["kind"] == "hang"]
     assert len(hangs) == 1 and hangs[0]["duration_s"] >= 60
     page = (tmp_path / "report" / "index.html").read_text()
-    for text in ("Power-only verdict", "Missing signals", "What it therefore could not tell apart",
-                 "Power-only wait rule", "never ends", "4 checkpoint pause(s)", "No run folder"):
+    for text in (
+        "Power-only verdict",
+        "Missing signals",
+        "What it therefore could not tell apart",
+        "Power-only wait rule",
+        "never ends",
+        "4 checkpoint pause(s)",
+        "No run folder",
+    ):
         assert text in page, text
     # triage run beforehand (power_dir) gives the same verdict as triage in process
     run_triage([tmp / "trace.parquet"], tmp_path / "power")

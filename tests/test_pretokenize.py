@@ -53,8 +53,9 @@ def test_chat_loss_mask_matches_transformers_assistant_mask(tmp_path, make_confi
 
 def test_loss_on_all_and_position_zero_never_trained(tmp_path, make_config, tokenizer_dir, demo_docs):
     corpus = write_jsonl(tmp_path / "chat.jsonl", demo_docs[:10])
-    _, rows = run(make_config, tokenizer_dir, tmp_path / "out", [corpus],
-                  train={"seq_len": 4096}, pretokenize={"loss_on": "all"})
+    _, rows = run(
+        make_config, tokenizer_dir, tmp_path / "out", [corpus], train={"seq_len": 4096}, pretokenize={"loss_on": "all"}
+    )
     for mask in rows["loss_mask"]:
         assert mask[0] == 0 and all(mask[1:])
 
@@ -74,8 +75,9 @@ def test_text_documents_get_eos_and_keep_input_order(tmp_path, make_config, toke
 def test_overlong_policies_are_counted(tmp_path, make_config, tokenizer_dir, policy):
     long_text = " ".join(["fox"] * 200)
     corpus = write_jsonl(tmp_path / "t.jsonl", [{"text": "short one"}, {"text": long_text}])
-    manifest, rows = run(make_config, tokenizer_dir, tmp_path / "out", [corpus],
-                         pretokenize={"overlong": policy, "max_tokens": 64})
+    manifest, rows = run(
+        make_config, tokenizer_dir, tmp_path / "out", [corpus], pretokenize={"overlong": policy, "max_tokens": 64}
+    )
     assert manifest["overlong"]["documents"] == 1
     assert all(n <= 64 for n in rows["num_tokens"])
     full = len(load_tokenizer(tokenizer_dir)(long_text)["input_ids"]) + 1
@@ -90,10 +92,13 @@ def test_overlong_policies_are_counted(tmp_path, make_config, tokenizer_dir, pol
 
 
 def test_documents_without_targets_are_dropped_and_counted(tmp_path, make_config, tokenizer_dir):
-    corpus = write_jsonl(tmp_path / "c.jsonl", [
-        {"messages": [{"role": "user", "content": "no answer here"}]},
-        {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]},
-    ])
+    corpus = write_jsonl(
+        tmp_path / "c.jsonl",
+        [
+            {"messages": [{"role": "user", "content": "no answer here"}]},
+            {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]},
+        ],
+    )
     manifest, rows = run(make_config, tokenizer_dir, tmp_path / "out", [corpus])
     assert manifest["num_docs"] == 1 and manifest["dropped"] == {"no_loss_tokens": 1}
 
@@ -112,18 +117,21 @@ BAD_MESSAGES = {
 }
 
 
-@pytest.mark.parametrize("reason,line", list(BAD_RECORDS.items()) + [
-    ("wrong_type", b'{"messages": [{"role": "user"}]}\n'),
-    ("empty_document", b'{"messages": [{"role": "user", "content": ""}]}\n'),
-])
+@pytest.mark.parametrize(
+    "reason,line",
+    list(BAD_RECORDS.items())
+    + [
+        ("wrong_type", b'{"messages": [{"role": "user"}]}\n'),
+        ("empty_document", b'{"messages": [{"role": "user", "content": ""}]}\n'),
+    ],
+)
 def test_each_bad_record_class_is_named_with_file_and_line(tmp_path, make_config, tokenizer_dir, reason, line):
     corpus = tmp_path / "bad.jsonl"
     corpus.write_bytes(b'{"text": "fine"}\n\n' + line + b'{"text": "also fine"}\n')
     with pytest.raises(InputError, match=rf"bad.jsonl:3: .*\[{reason}\]"):
         run(make_config, tokenizer_dir, tmp_path / "out", [corpus])
     assert not (tmp_path / "out").exists()  # nothing half-written
-    manifest, rows = run(make_config, tokenizer_dir, tmp_path / "out", [corpus],
-                         pretokenize={"on_bad_record": "skip"})
+    manifest, rows = run(make_config, tokenizer_dir, tmp_path / "out", [corpus], pretokenize={"on_bad_record": "skip"})
     assert manifest["num_docs"] == 2
     assert manifest["dropped"] == {f"bad_record:{reason}": 1}
 
@@ -136,10 +144,13 @@ def test_template_errors_are_bad_records(tmp_path, make_config, tokenizer_dir):
         "{%- for m in messages %}{%- if m['role'] not in ['user', 'assistant'] %}"
         "{{- raise_exception('unknown role ' + m['role']) }}{%- endif %}{%- endfor %}" + template
     )
-    corpus = write_jsonl(tmp_path / "c.jsonl", [
-        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
-        {"messages": [{"role": "system", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
-    ])
+    corpus = write_jsonl(
+        tmp_path / "c.jsonl",
+        [
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+            {"messages": [{"role": "system", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+        ],
+    )
     config = make_config(data={"inputs": [str(corpus)]})
     with pytest.raises(InputError, match=r"c.jsonl:2: chat template failed: unknown role system \[template_error\]"):
         pretokenize(config, strict, tmp_path / "out", progress=False)
@@ -198,9 +209,20 @@ def test_cli_reports_one_line_and_exit_2(tmp_path, tokenizer_dir):
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"data": {"inputs": [str(corpus)]}}))
     proc = subprocess.run(
-        [sys.executable, "-m", "wattgate", "pretokenize", "--config", str(config),
-         "--tokenizer", str(tokenizer_dir), "--out", str(tmp_path / "out")],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "wattgate",
+            "pretokenize",
+            "--config",
+            str(config),
+            "--tokenizer",
+            str(tokenizer_dir),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0

@@ -21,17 +21,33 @@ from wattgate.train.data import DocStore, build_batch, read_rank_plan
 from conftest import write_jsonl
 
 VOCAB = 2048
-MODEL = {"model_type": "qwen3", "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64,
-         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+MODEL = {
+    "model_type": "qwen3",
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+}
 
 
 def make_config() -> dict:
-    return validate_config({
-        "train": {"seq_len": 512, "micro_batch_size": 1, "grad_accum": 1, "epochs": 1, "warmup_steps": 0,
-                  "checkpoint_every": 1},
-        "cluster": {"nodes": 1, "gpus_per_node": 2},
-        "model": {"config": MODEL},
-    })
+    return validate_config(
+        {
+            "train": {
+                "seq_len": 512,
+                "micro_batch_size": 1,
+                "grad_accum": 1,
+                "epochs": 1,
+                "warmup_steps": 0,
+                "checkpoint_every": 1,
+            },
+            "cluster": {"nodes": 1, "gpus_per_node": 2},
+            "model": {"config": MODEL},
+        }
+    )
 
 
 @pytest.fixture
@@ -80,22 +96,24 @@ def big_token_id(rows):
     rows[3]["input_ids"][1] = 5000
 
 
-EDITS = {"reversed_rows": lambda rows: rows.reverse(), "grown_document": grow_first_doc,
-         "token_id_5000": big_token_id}
+EDITS = {"reversed_rows": lambda rows: rows.reverse(), "grown_document": grow_first_doc, "token_id_5000": big_token_id}
 
 
 # ---------------------------------------------------------------- pretokenize records content
 
 
 def test_pretokenize_records_shard_hashes_and_the_true_max_token_id(tmp_path, tokenizer_dir, demo_docs):
-    config = validate_config({"data": {"inputs": [str(write_jsonl(tmp_path / "c.jsonl", demo_docs))]},
-                              "pretokenize": {"shard_docs": 50}})
+    config = validate_config(
+        {"data": {"inputs": [str(write_jsonl(tmp_path / "c.jsonl", demo_docs))]}, "pretokenize": {"shard_docs": 50}}
+    )
     manifest = pretokenize(config, tokenizer_dir, tmp_path / "p", progress=False)
     assert len(manifest["shards"]) > 1 and manifest["shard_hash_algorithm"] == "xxh3_128"
     assert manifest["shard_hashes"] == {
-        n: xxhash.xxh3_128((tmp_path / "p" / n).read_bytes()).hexdigest() for n in manifest["shards"]}
-    ids = [max(x) for n in manifest["shards"]
-           for x in pq.read_table(tmp_path / "p" / n).column("input_ids").to_pylist()]
+        n: xxhash.xxh3_128((tmp_path / "p" / n).read_bytes()).hexdigest() for n in manifest["shards"]
+    }
+    ids = [
+        max(x) for n in manifest["shards"] for x in pq.read_table(tmp_path / "p" / n).column("input_ids").to_pylist()
+    ]
     assert manifest["max_token_id"] == max(ids) < manifest["vocab_size"]
 
 
@@ -118,10 +136,14 @@ def test_gate_rejects_a_shard_edited_after_pretokenize(run_dirs, tmp_path, edit)
     assert "shard-00000.parquet: content hash differs from the manifest" in provenance(report)["detail"]
 
 
-@pytest.mark.parametrize("shard, edit, expected", [
-    ("shard-00001.parquet", grow_first_doc, ["shard-00001.parquet: doc_id 25 holds 4", "num_tokens says"]),
-    ("shard-00000.parquet", big_token_id, ["token id 5000", "vocab_size 2048"]),
-], ids=["true lengths", "true max token id"])
+@pytest.mark.parametrize(
+    "shard, edit, expected",
+    [
+        ("shard-00001.parquet", grow_first_doc, ["shard-00001.parquet: doc_id 25 holds 4", "num_tokens says"]),
+        ("shard-00000.parquet", big_token_id, ["token id 5000", "vocab_size 2048"]),
+    ],
+    ids=["true lengths", "true max token id"],
+)
 def test_gate_checks_content_even_when_the_hash_was_restamped(run_dirs, tmp_path, shard, edit, expected):
     config, pretok, plan = run_dirs
     rewrite_shard(pretok / shard, edit)

@@ -110,13 +110,16 @@ def test_unknown_role_is_a_bad_record_naming_line_and_role(tmp_path):
 
 
 def test_non_alternating_turns_are_accepted_and_counted(tmp_path):
-    path = write_jsonl(tmp_path / "c.jsonl", [
-        chat("system", "user", "assistant"),
-        chat("user", "user", "assistant"),
-        chat("assistant", "user", "assistant"),
-        chat("system", "assistant", "user", "assistant", "assistant"),
-        chat("user", "assistant", "tool", "tool", "assistant"),
-    ])
+    path = write_jsonl(
+        tmp_path / "c.jsonl",
+        [
+            chat("system", "user", "assistant"),
+            chat("user", "user", "assistant"),
+            chat("assistant", "user", "assistant"),
+            chat("system", "assistant", "user", "assistant", "assistant"),
+            chat("user", "assistant", "tool", "tool", "assistant"),
+        ],
+    )
     out, policy = read([path])
     assert len(out) == 5 and not policy.dropped
     assert policy.noted == {"chat:assistant_first": 2, "chat:consecutive_user": 1, "chat:consecutive_assistant": 1}
@@ -142,8 +145,9 @@ def test_pretokenize_skip_counts_deep_and_unknown_role(tmp_path, make_config, to
     from wattgate.data.pretokenize import pretokenize
 
     deep = '{"text": ' + "[" * 100_000 + "]" * 100_000 + "}"
-    path = write_jsonl(tmp_path / "c.jsonl", [{"text": "fine text"}, deep, chat("user", "bot"),
-                                              chat("user", "assistant")])
+    path = write_jsonl(
+        tmp_path / "c.jsonl", [{"text": "fine text"}, deep, chat("user", "bot"), chat("user", "assistant")]
+    )
     config = make_config(data={"inputs": [str(path)]}, pretokenize={"on_bad_record": "skip"})
     manifest = pretokenize(config, tokenizer_dir, tmp_path / "out", progress=False)
     assert manifest["num_docs"] == 2
@@ -160,13 +164,20 @@ def test_template_that_drops_a_turn_is_a_template_error_not_silent_loss(tmp_path
     tpl = dropping / "chat_template.jinja"
     text = tpl.read_text()
     assert text.startswith("{%- for message in messages -%}") and "{%- endfor -%}" in text
-    tpl.write_text(text.replace("{%- for message in messages -%}",
-                                "{%- for message in messages -%}{%- if message['role'] != 'system' -%}", 1)
-                   .replace("{%- endfor -%}", "{%- endif -%}{%- endfor -%}", 1))
+    tpl.write_text(
+        text.replace(
+            "{%- for message in messages -%}",
+            "{%- for message in messages -%}{%- if message['role'] != 'system' -%}",
+            1,
+        ).replace("{%- endfor -%}", "{%- endif -%}{%- endfor -%}", 1)
+    )
     path = write_jsonl(tmp_path / "c.jsonl", [chat("user", "assistant"), chat("system", "user", "assistant")])
     config = make_config(data={"inputs": [str(path)]})
-    with pytest.raises(InputError, match=r"c\.jsonl:2: .*drops the content of messages\[0\] \(role 'system'\)"
-                                         r".*\[template_error\]"):
+    with pytest.raises(
+        InputError,
+        match=r"c\.jsonl:2: .*drops the content of messages\[0\] \(role 'system'\)"
+        r".*\[template_error\]",
+    ):
         pretokenize(config, dropping, tmp_path / "out", progress=False)
     config = make_config(data={"inputs": [str(path)]}, pretokenize={"on_bad_record": "skip"})
     manifest = pretokenize(config, dropping, tmp_path / "out", progress=False)
@@ -178,10 +189,11 @@ def test_damaged_parquet_page_is_one_line_error_naming_the_file(tmp_path):
     import pyarrow.parquet as pq
 
     path = tmp_path / "c.parquet"
-    pq.write_table(pa.table({"text": [f"doc {i} " * 50 for i in range(5000)]}), path, row_group_size=1000,
-                   compression="none")
+    pq.write_table(
+        pa.table({"text": [f"doc {i} " * 50 for i in range(5000)]}), path, row_group_size=1000, compression="none"
+    )
     raw = bytearray(path.read_bytes())
-    raw[len(raw) // 2: len(raw) // 2 + 2000] = b"\x07" * 2000
+    raw[len(raw) // 2 : len(raw) // 2 + 2000] = b"\x07" * 2000
     path.write_bytes(bytes(raw))
     with pytest.raises(InputError, match=r"c\.parquet:row \d+: cannot read"):
         read([path])
@@ -199,8 +211,22 @@ def test_cli_truncated_gzip_and_deep_nesting_exit_2_with_one_line(tmp_path, toke
     for corpus, expect in ((gz, "c.jsonl.gz:"), (deep, "deep.jsonl:2: ")):
         config = tmp_path / "c.yaml"
         config.write_text(yaml.safe_dump({"data": {"inputs": [str(corpus)]}}))
-        proc = subprocess.run([sys.executable, "-m", "wattgate", "pretokenize", "--config", str(config),
-                               "--tokenizer", str(tokenizer_dir), "--out", str(tmp_path / "out")],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "wattgate",
+                "pretokenize",
+                "--config",
+                str(config),
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--out",
+                str(tmp_path / "out"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.strip().count("\n") == 0 and expect in proc.stderr and "Traceback" not in proc.stderr

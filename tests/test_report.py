@@ -29,8 +29,17 @@ from wattgate.telemetry.trace import TRACE_SCHEMA, TraceWriter, trace_files
 from wattgate.run_files import METRICS_SCHEMA
 
 TRAIN = H200_DATA / "train"
-SECTIONS = ("Phase breakdown", "Energy", "Step time and data wait over time", "Loss", "Anomalies",
-            "Invariant gate", "Memory: measured and estimated", "Watcher diagnosis", "Inputs")
+SECTIONS = (
+    "Phase breakdown",
+    "Energy",
+    "Step time and data wait over time",
+    "Loss",
+    "Anomalies",
+    "Invariant gate",
+    "Memory: measured and estimated",
+    "Watcher diagnosis",
+    "Inputs",
+)
 
 
 def images(page: str) -> list[bytes]:
@@ -49,9 +58,20 @@ def write_metrics(run, ranks=2, steps=20, step_s=1.0, t0=T0, slow=None, starved=
         for r in range(ranks):
             wait = 0.5 * step_s if step in starved else 0.01 * step_s
             compute = (step_s - 0.01 * step_s) * (slow or {}).get(r, 1.0)
-            rows.append({"step": step, "rank": r, "epoch": 0, "loss": (loss or 5.0) / step ** 0.3, "tokens": 1000,
-                         "loss_tokens": 500, "step_time_s": compute + wait, "data_wait_s": wait, "lr": 1e-4,
-                         "time": t0 + step * step_s * 2})
+            rows.append(
+                {
+                    "step": step,
+                    "rank": r,
+                    "epoch": 0,
+                    "loss": (loss or 5.0) / step**0.3,
+                    "tokens": 1000,
+                    "loss_tokens": 500,
+                    "step_time_s": compute + wait,
+                    "data_wait_s": wait,
+                    "lr": 1e-4,
+                    "time": t0 + step * step_s * 2,
+                }
+            )
     run.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows, schema=METRICS_SCHEMA), run / "metrics.parquet")
     return rows
@@ -61,13 +81,31 @@ def write_heartbeats(run, ranks=2, t0=T0, checkpoint_at=(10.0, 14.0), host="cpu-
     beat = run / "heartbeat"
     beat.mkdir(parents=True, exist_ok=True)
     for r in range(ranks):
-        events = [(t0, "init"), (t0 + 1, "train"), (t0 + checkpoint_at[0], "checkpoint"),
-                  (t0 + checkpoint_at[1], "train"), (t0 + 41, "export"), (t0 + 42, "done")]
-        (beat / f"rank-{r}.events.jsonl").write_text("".join(
-            json.dumps({"time": t, "rank": r, "step": 0, "epoch": 0, "phase": ph}) + "\n" for t, ph in events))
-        (beat / f"rank-{r}.json").write_text(json.dumps(
-            {"rank": r, "local_rank": r, "gpu": None, "host": host, "step": 20, "epoch": 0, "phase": "done",
-             "time": t0 + 42}))
+        events = [
+            (t0, "init"),
+            (t0 + 1, "train"),
+            (t0 + checkpoint_at[0], "checkpoint"),
+            (t0 + checkpoint_at[1], "train"),
+            (t0 + 41, "export"),
+            (t0 + 42, "done"),
+        ]
+        (beat / f"rank-{r}.events.jsonl").write_text(
+            "".join(json.dumps({"time": t, "rank": r, "step": 0, "epoch": 0, "phase": ph}) + "\n" for t, ph in events)
+        )
+        (beat / f"rank-{r}.json").write_text(
+            json.dumps(
+                {
+                    "rank": r,
+                    "local_rank": r,
+                    "gpu": None,
+                    "host": host,
+                    "step": 20,
+                    "epoch": 0,
+                    "phase": "done",
+                    "time": t0 + 42,
+                }
+            )
+        )
 
 
 @pytest.fixture(scope="module")
@@ -85,16 +123,37 @@ def h200(tmp_path_factory):
 def cpu_run(tmp_path):
     """The embedded CPU default's shape: an empty trace (no NVML), metrics, heartbeats, TRAINED, watcher."""
     run = tmp_path / "results" / "train" / "demo"
-    TraceWriter(run / "telemetry" / "cpu-host.parquet", {"nvml": "NVML unavailable: no driver", "interval_s": 0.1}).close()
+    TraceWriter(
+        run / "telemetry" / "cpu-host.parquet", {"nvml": "NVML unavailable: no driver", "interval_s": 0.1}
+    ).close()
     write_metrics(run)
     write_heartbeats(run)
-    (run / "TRAINED").write_text(json.dumps({"device": "cpu", "world_size": 2, "steps": 20, "wall_s": 40.0,
-                                             "tokens_per_s": 1000.0, "first_loss": 5.0, "final_loss": 2.0}))
+    (run / "TRAINED").write_text(
+        json.dumps(
+            {
+                "device": "cpu",
+                "world_size": 2,
+                "steps": 20,
+                "wall_s": 40.0,
+                "tokens_per_s": 1000.0,
+                "first_loss": 5.0,
+                "final_loss": 2.0,
+            }
+        )
+    )
     (run / "watcher.json").write_text(json.dumps({"verdict": "healthy", "longest_stall_s": 3.0}))
     gate = tmp_path / "results" / "gate"
     gate.mkdir(parents=True)
-    (gate / "gate.json").write_text(json.dumps({"passed": True, "enforce": True, "elapsed_s": 0.1, "checks": [
-        {"name": "equal_steps", "passed": True, "detail": "20 steps on every rank"}]}))
+    (gate / "gate.json").write_text(
+        json.dumps(
+            {
+                "passed": True,
+                "enforce": True,
+                "elapsed_s": 0.1,
+                "checks": [{"name": "equal_steps", "passed": True, "detail": "20 steps on every rank"}],
+            }
+        )
+    )
     return run
 
 
@@ -138,8 +197,9 @@ def test_h200_energy_counter_and_integration_agree(h200):
 def test_h200_in_process_triage_gives_the_same_phases(h200):
     _, with_power, in_process = h200
     assert in_process["phases"]["source"].startswith("in-process triage (H200 table")
-    assert {p: v["time_share"] for p, v in in_process["phases"]["by_phase"].items()} == \
-        {p: v["time_share"] for p, v in with_power["phases"]["by_phase"].items()}
+    assert {p: v["time_share"] for p, v in in_process["phases"]["by_phase"].items()} == {
+        p: v["time_share"] for p, v in with_power["phases"]["by_phase"].items()
+    }
     assert in_process["energy"] == with_power["energy"]
 
 
@@ -171,9 +231,18 @@ def test_default_power_and_gate_dirs_beside_the_run(tmp_path):
     assert default_power_dir(run) == results / "power" / "demo"
     run_triage(trace_files(run / "telemetry"), results / "power" / "demo", run_dir=run)
     (results / "gate").mkdir()
-    (results / "gate" / "gate.json").write_text(json.dumps({"passed": False, "enforce": False, "checks": [
-        {"name": "balance", "passed": False, "detail": "max/mean 1.3 > 1.1"},
-        {"name": "equal_steps", "passed": True, "detail": "ok"}]}))
+    (results / "gate" / "gate.json").write_text(
+        json.dumps(
+            {
+                "passed": False,
+                "enforce": False,
+                "checks": [
+                    {"name": "balance", "passed": False, "detail": "max/mean 1.3 > 1.1"},
+                    {"name": "equal_steps", "passed": True, "detail": "ok"},
+                ],
+            }
+        )
+    )
     shutil.copy(TRAIN / "config.yaml", results / "config.yaml")
     s = run_report(run, tmp_path / "out")
     assert s["phases"]["source"] == str(results / "power" / "demo" / "phases.parquet")
@@ -204,19 +273,33 @@ def test_cpu_run_says_no_gpu_telemetry_and_keeps_every_other_section(cpu_run, tm
 
 def test_memory_measured_per_phase_beside_the_gate_estimate(cpu_run, tmp_path):
     gib = 1 << 30
-    phases = {p: {"host_peak_gib": 1.0 + i, "host_at_start_gib": 0.5, "seconds": 2.0 * (i + 1)}
-              for i, p in enumerate(("load", "steady", "export"))}
+    phases = {
+        p: {"host_peak_gib": 1.0 + i, "host_at_start_gib": 0.5, "seconds": 2.0 * (i + 1)}
+        for i, p in enumerate(("load", "steady", "export"))
+    }
     trained = json.loads((cpu_run / "TRAINED").read_text())
-    trained.update(load_s=2.0, export_s=6.0, export_dtype="bfloat16", memory={
-        "per_rank": [{"rank": r, "host": "n1", "phases": phases} for r in (0, 1)],
-        "max_over_ranks": phases})
+    trained.update(
+        load_s=2.0,
+        export_s=6.0,
+        export_dtype="bfloat16",
+        memory={"per_rank": [{"rank": r, "host": "n1", "phases": phases} for r in (0, 1)], "max_over_ranks": phases},
+    )
     (cpu_run / "TRAINED").write_text(json.dumps(trained))
     gate_file = cpu_run.parent.parent / "gate" / "gate.json"
     gate = json.loads(gate_file.read_text())
-    estimate = {"terms_bytes": {"sharded_params_fp32": gib, "activations": 2 * gib}, "total_bytes": 3 * gib,
-                "usable_bytes": 10 * gib, "fits": True, "per": "rank"}
-    gate["memory_estimate_phases"] = {"load": estimate, "steady": estimate, "export": estimate,
-                                      "host_per_node": dict(estimate, per="node", total_bytes=5 * gib)}
+    estimate = {
+        "terms_bytes": {"sharded_params_fp32": gib, "activations": 2 * gib},
+        "total_bytes": 3 * gib,
+        "usable_bytes": 10 * gib,
+        "fits": True,
+        "per": "rank",
+    }
+    gate["memory_estimate_phases"] = {
+        "load": estimate,
+        "steady": estimate,
+        "export": estimate,
+        "host_per_node": dict(estimate, per="node", total_bytes=5 * gib),
+    }
     gate_file.write_text(json.dumps(gate))
     s = run_report(cpu_run, tmp_path / "out")
     rows = {r["phase"]: r for r in s["memory"]["phases"]}
@@ -234,14 +317,25 @@ def test_memory_measured_per_phase_beside_the_gate_estimate(cpu_run, tmp_path):
 def test_hang_at_the_end_is_an_anomaly_with_its_time(tmp_path):
     run = tmp_path / "results" / "train" / "hang"
     gpus = gpus_of(1, 2)
-    synth = build_trace(job(gpus, [("idle", 20), ("compute", 300), ("deadlock", 200)], stuck=1),
-                        shipped_table("h100"), seed=3)
+    synth = build_trace(
+        job(gpus, [("idle", 20), ("compute", 300), ("deadlock", 200)], stuck=1), shipped_table("h100"), seed=3
+    )
     synth.write(run / "telemetry")
     write_run_info(run, synth)
     hang_start = T0 + 320
-    (run / "watcher.json").write_text(json.dumps({
-        "verdict": "deadlock", "detected_at": hang_start + 60, "stalled_for_s": 60.0, "action": "kill",
-        "reason": "deadlock: no rank advanced for 60.0 s", "stuck_ranks": [1], "behind": [1]}))
+    (run / "watcher.json").write_text(
+        json.dumps(
+            {
+                "verdict": "deadlock",
+                "detected_at": hang_start + 60,
+                "stalled_for_s": 60.0,
+                "action": "kill",
+                "reason": "deadlock: no rank advanced for 60.0 s",
+                "stuck_ranks": [1],
+                "behind": [1],
+            }
+        )
+    )
     s = run_report(run, tmp_path / "out")
     hangs = [a for a in s["anomalies"] if a["kind"] == "hang"]
     assert len(hangs) == 1, s["anomalies"]
@@ -271,8 +365,14 @@ def test_straggler_rank_and_starved_steps_are_named(tmp_path):
 
 def test_starvation_windows_of_at_least_5_s(tmp_path):
     run = tmp_path / "run"
-    synth = build_trace(job(gpus_of(1, 1), [("compute", 60), ("data_starvation", 30), ("compute", 60),
-                                            ("data_starvation", 2), ("compute", 60)]), shipped_table("h100"), seed=1)
+    synth = build_trace(
+        job(
+            gpus_of(1, 1),
+            [("compute", 60), ("data_starvation", 30), ("compute", 60), ("data_starvation", 2), ("compute", 60)],
+        ),
+        shipped_table("h100"),
+        seed=1,
+    )
     synth.write(run / "telemetry")
     s = run_report(run, tmp_path / "out")
     starved = [a for a in s["anomalies"] if a["kind"] == "starvation"]
@@ -297,8 +397,9 @@ def test_missing_inputs_are_notes_not_crashes(tmp_path):
     assert images(page) == []
 
 
-@pytest.mark.parametrize("name", ["metrics.parquet", "TRAINED", "watcher.json", "telemetry/vm.parquet",
-                                  "heartbeat/rank-0.events.jsonl"])
+@pytest.mark.parametrize(
+    "name", ["metrics.parquet", "TRAINED", "watcher.json", "telemetry/vm.parquet", "heartbeat/rank-0.events.jsonl"]
+)
 def test_a_bad_file_is_an_input_error_naming_it(tmp_path, name):
     run = tmp_path / "run"
     shutil.copytree(TRAIN, run)
@@ -320,11 +421,14 @@ def test_bad_phases_and_gate_files_are_named(tmp_path):
 
 
 def test_cli_prints_one_line_and_exits_2_on_a_bad_input(tmp_path, capsys):
-    assert main(["report", "--run", str(TRAIN), "--out", str(tmp_path / "out"),
-                 "--config", str(TRAIN / "config.yaml")]) == 0
+    assert (
+        main(["report", "--run", str(TRAIN), "--out", str(tmp_path / "out"), "--config", str(TRAIN / "config.yaml")])
+        == 0
+    )
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == [f"report: gpu: 1728543 tokens, 0.003412 kWh (energy counter), 0 anomaly(ies) -> "
-                   f"{tmp_path / 'out'}/index.html"]
+    assert out == [
+        f"report: gpu: 1728543 tokens, 0.003412 kWh (energy counter), 0 anomaly(ies) -> {tmp_path / 'out'}/index.html"
+    ]
     assert main(["report", "--run", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no such run folder" in err[0]
@@ -356,8 +460,10 @@ def test_samples_split_by_gpu_whatever_the_row_order():
 
 
 def test_integration_without_a_counter_and_with_a_reset():
-    rows = [{"time": T0 + i, "host": "h", "gpu": 0, "power_w": 50.0,
-             "energy_j": (5000.0 - 10 * i) if i % 5 == 0 else None} for i in range(11)]
+    rows = [
+        {"time": T0 + i, "host": "h", "gpu": 0, "power_w": 50.0, "energy_j": (5000.0 - 10 * i) if i % 5 == 0 else None}
+        for i in range(11)
+    ]
     e = gpu_energy(read_samples([_trace(rows)]))
     assert e.method == "integrated_power" and e.joules == pytest.approx([500.0])  # a falling counter is unusable
     rows = [dict(r, energy_j=None) for r in rows]
@@ -371,13 +477,16 @@ def test_binning_keeps_long_runs_to_a_few_thousand_points():
     code = np.where(x < 43200, LABELS.index("compute"), LABELS.index("idle"))
     major = bin_majority(x, code, edges, np.ones(len(x)))
     assert set(major[: MAX_POINTS // 2 - 1]) == {LABELS.index("compute")}
-    assert set(major[MAX_POINTS // 2 + 1:]) == {LABELS.index("idle")}
+    assert set(major[MAX_POINTS // 2 + 1 :]) == {LABELS.index("idle")}
 
 
 def _pause_run(tmp_path):
     run = tmp_path / "results" / "train" / "pauses"
-    synth = build_trace(job(gpus_of(1, 2), [("compute", 300), ("checkpoint", 120), ("compute", 200),
-                                            ("deadlock", 200)], stuck=1), shipped_table("h100"), seed=5)
+    synth = build_trace(
+        job(gpus_of(1, 2), [("compute", 300), ("checkpoint", 120), ("compute", 200), ("deadlock", 200)], stuck=1),
+        shipped_table("h100"),
+        seed=5,
+    )
     synth.write(run / "telemetry")
     write_run_info(run, synth)
     power = tmp_path / "results" / "power" / "pauses"
@@ -425,8 +534,10 @@ def test_report_reads_the_traces_when_triage_json_is_for_other_files(tmp_path, m
     run, power = _pause_run(tmp_path)
     expected = run_report(run, tmp_path / "expected", power_dir=power)
     record = json.loads((power / "triage.json").read_text())
-    record["energy"] = {k: dict(v, integrated_j=1.0, counter_j=None) for k, v in (record.get("energy") or {
-        "node0:0": {"first": T0, "last": T0 + 1, "readings": 0}}).items()}
+    record["energy"] = {
+        k: dict(v, integrated_j=1.0, counter_j=None)
+        for k, v in (record.get("energy") or {"node0:0": {"first": T0, "last": T0 + 1, "readings": 0}}).items()
+    }
     calls = []
     real = inputs_mod.read_samples
     monkeypatch.setattr(inputs_mod, "read_samples", lambda tables: calls.append(1) or real(tables))

@@ -21,9 +21,17 @@ pytestmark = pytest.mark.slow
 
 CHROMIUM = Path("/usr/bin/chromium")
 INSTALL = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--virtual-time-budget=5000"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--virtual-time-budget=5000",
+]
 SHOT_COPY = Path("/tmp/report-shot.png")
 
 
@@ -52,8 +60,12 @@ def chromium() -> Path:
 
 
 def browse(chromium: Path, page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(chromium), *FLAGS, f"--user-data-dir={profile}", *extra, page.resolve().as_uri()],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(chromium), *FLAGS, f"--user-data-dir={profile}", *extra, page.resolve().as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def rendered(chromium: Path, page: Path, profile: Path) -> tuple[int, int]:
@@ -85,8 +97,14 @@ def test_every_figure_renders_in_chromium(chromium, h200_page, tmp_path):
 
 def test_screenshot_is_not_blank(chromium, h200_page, tmp_path):
     shot = tmp_path / "shot.png"
-    p = browse(chromium, h200_page, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1400,2400",
-               "--hide-scrollbars")
+    p = browse(
+        chromium,
+        h200_page,
+        tmp_path / "profile",
+        f"--screenshot={shot}",
+        "--window-size=1400,2400",
+        "--hide-scrollbars",
+    )
     assert shot.is_file(), f"no screenshot: rc {p.returncode}, stderr {p.stderr[-400:]}"
     assert distinct_colours(shot) >= 200  # a blank or error page has a handful
     shutil.copy(shot, SHOT_COPY)

@@ -78,8 +78,7 @@ def test_changed_hyperparameters_train_anew_instead_of_resuming_the_old_run(tmp_
 
 @pytest.mark.slow
 def test_every_rank_resumes_from_rank_0s_choice(tmp_path):
-    identity = {"plan": "p", "pretokenized": "t", "model": {"config": "c", "weights": "w"},
-                "train": {}}
+    identity = {"plan": "p", "pretokenized": "t", "model": {"config": "c", "weights": "w"}, "train": {}}
     from wattgate.train.identity import RESULT_SETTINGS
 
     identity["train"] = {k: None for k in RESULT_SETTINGS}
@@ -93,9 +92,18 @@ def test_every_rank_resumes_from_rank_0s_choice(tmp_path):
             write_json_atomic(d / "state.json", {"step": step, "files": {"x.distcp": 1}, "identity": identity})
         views.append(view)
     (tmp_path / "identity.json").write_text(json.dumps(identity))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(REPO / "tests/dist/resume_choice.py"), str(views[0]), str(views[1]), str(tmp_path / "identity.json"),
-           str(tmp_path / "choice.json")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(REPO / "tests/dist/resume_choice.py"),
+        str(views[0]),
+        str(views[1]),
+        str(tmp_path / "identity.json"),
+        str(tmp_path / "choice.json"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env(), timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     choices = json.loads((tmp_path / "choice.json").read_text())
@@ -112,10 +120,13 @@ def test_a_micro_batch_moved_to_the_next_step_is_stopped_before_step_1(tmp_path)
     moved = (packs["rank"] == 0) & (packs["epoch"] == 0) & (packs["step"] == 0) & (packs["micro"] == 1)
     assert moved.sum() == 1
     packs.loc[moved, ["step", "micro"]] = [1, 2]  # totals per rank unchanged
-    pq.write_table(pa.Table.from_pandas(packs, schema=pq.read_schema(plan / "packs.parquet"), preserve_index=False),
-                   plan / "packs.parquet")
-    proc = subprocess.run(torchrun(tmp_path, 2, tmp_path / "out"), capture_output=True, text=True, env=env(),
-                          timeout=120)
+    pq.write_table(
+        pa.Table.from_pandas(packs, schema=pq.read_schema(plan / "packs.parquet"), preserve_index=False),
+        plan / "packs.parquet",
+    )
+    proc = subprocess.run(
+        torchrun(tmp_path, 2, tmp_path / "out"), capture_output=True, text=True, env=env(), timeout=120
+    )
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
     assert "planned counts differ across ranks" in text
@@ -142,8 +153,21 @@ def test_launch_refuses_a_plan_the_gate_did_not_pass(tmp_path):
     build_plan(config, tmp_path / "pretokenized", plan)
     with pytest.raises(InputError, match="the gate checked another plan.json"):
         check_gate_marker(config, plan, gate)
-    rc = main(["launch", "--config", str(tmp_path / "config-2.yaml"), "--pretokenized", str(tmp_path / "pretokenized"),
-               "--plan", str(plan), "--gate", str(gate), "--out", str(tmp_path / "train")])
+    rc = main(
+        [
+            "launch",
+            "--config",
+            str(tmp_path / "config-2.yaml"),
+            "--pretokenized",
+            str(tmp_path / "pretokenized"),
+            "--plan",
+            str(plan),
+            "--gate",
+            str(gate),
+            "--out",
+            str(tmp_path / "train"),
+        ]
+    )
     assert rc == 2 and not (tmp_path / "train").exists()
 
 
@@ -166,8 +190,20 @@ def test_os_errors_are_one_line_naming_the_file(small_tmpfs, tmp_path, case):
     config.write_text(yaml.safe_dump({"data": {"inputs": ["x.jsonl"]}, "demo_corpus": {"num_docs": 2000}}))
     if case == "read-only":
         subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
-    proc = subprocess.run([sys.executable, "-m", "wattgate", "demo-corpus", "--config", str(config),
-                           "--out", str(small_tmpfs / "corpus.jsonl")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wattgate",
+            "demo-corpus",
+            "--config",
+            str(config),
+            "--out",
+            str(small_tmpfs / "corpus.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr

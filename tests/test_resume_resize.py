@@ -82,8 +82,7 @@ def small_workflow(tmp_path_factory):
     config["demo_corpus"]["num_docs"] = 400
     config["tokenizer"]["vocab_size"] = 512
     config["model"]["config"]["vocab_size"] = 512
-    config["train"].update(seq_len=256, micro_batch_size=2, grad_accum=2, epochs=2, checkpoint_every=3,
-                           warmup_steps=2)
+    config["train"].update(seq_len=256, micro_batch_size=2, grad_accum=2, epochs=2, checkpoint_every=3, warmup_steps=2)
     config["cluster"]["gpus_per_node"] = 4
     config["watcher"] = {"enabled": False}
     (work / "config/config.yaml").write_text(yaml.safe_dump(config))
@@ -96,8 +95,14 @@ def test_4_ranks_lose_two_and_go_on_with_2_through_snakemake(small_workflow, tmp
     work = small_workflow
     run = work / "results/train/demo"
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.Popen([str(BIN / "snakemake"), "--cores", "4", "results/train/demo/TRAINED"], cwd=work,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(BIN / "snakemake"), "--cores", "4", "results/train/demo/TRAINED"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     kill_after_checkpoint(proc, run / "checkpoints", 3)  # mid-epoch 0
     boundary = int(newest(run / "checkpoints").name.split("-")[1])
     plan_4 = json.loads((work / "results/plan/plan.json").read_text())
@@ -148,13 +153,26 @@ def trained_alone(source: Path, work: Path, config: dict) -> None:
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     stage(work, "pack", "--pretokenized", "results/pretokenized", "--out", "results/plan")
     stage(work, "gate", "--pretokenized", "results/pretokenized", "--plan", "results/plan", "--out", "results/gate")
-    stage(work, "launch", "--pretokenized", "results/pretokenized", "--plan", "results/plan", "--out",
-          "results/train/demo")
+    stage(
+        work,
+        "launch",
+        "--pretokenized",
+        "results/pretokenized",
+        "--plan",
+        "results/plan",
+        "--out",
+        "results/train/demo",
+    )
 
 
 def stage(work: Path, *args) -> None:
-    r = subprocess.run([sys.executable, "-m", "wattgate", *map(str, args), "--config", "config.yaml"], cwd=work,
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "wattgate", *map(str, args), "--config", "config.yaml"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
 
 
@@ -171,9 +189,26 @@ def test_2_ranks_grow_to_3_with_the_closest_global_batch(small_workflow, tmp_pat
     stage(work, "pack", "--pretokenized", "results/pretokenized", "--out", "results/plan")
     stage(work, "gate", "--pretokenized", "results/pretokenized", "--plan", "results/plan", "--out", "results/gate")
     run = work / "results/train/demo"
-    proc = subprocess.Popen([sys.executable, "-m", "wattgate", "launch", "--config", "config.yaml", "--pretokenized",
-                             "results/pretokenized", "--plan", "results/plan", "--out", str(run)], cwd=work,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wattgate",
+            "launch",
+            "--config",
+            "config.yaml",
+            "--pretokenized",
+            "results/pretokenized",
+            "--plan",
+            "results/plan",
+            "--out",
+            str(run),
+        ],
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     kill_after_checkpoint(proc, run / "checkpoints", 3)
 
     config["cluster"]["gpus_per_node"] = 3

@@ -27,8 +27,9 @@ except Exception:  # noqa: BLE001 - any failure means: no GPU here
 
 
 def wattgate(*args, timeout=60, **kw):
-    return subprocess.run([sys.executable, "-m", "wattgate", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "wattgate", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, **kw
+    )
 
 
 @pytest.mark.skipif(HAVE_NVML, reason="checks the no-NVML path")
@@ -48,8 +49,12 @@ def test_wrapper_mode_exits_with_the_command_status(tmp_path):
 
 
 def test_wrapper_forwards_sigterm_to_the_command_and_finishes_the_trace(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "wattgate", "sample", "--out", str(tmp_path / "t.parquet"), "--",
-                             "sleep", "60"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wattgate", "sample", "--out", str(tmp_path / "t.parquet"), "--", "sleep", "60"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(2.0)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM  # the command died of the forwarded signal
@@ -91,8 +96,7 @@ def test_writer_merges_segments_and_readers_never_see_a_row_twice(tmp_path):
     small = [q for q in segs if q.name.split("-")[1] == q.name.split("-")[2].split(".")[0]]
     assert len(small) == 3
     first, last = small[0].name.split("-")[1], small[-1].name.split("-")[1]
-    pq.write_table(pa.concat_tables(pq.read_table(q) for q in small),
-                   segment_dir(path) / f"seg-{first}-{last}.parquet")
+    pq.write_table(pa.concat_tables(pq.read_table(q) for q in small), segment_dir(path) / f"seg-{first}-{last}.parquet")
     assert read_trace(path)["time"].to_pylist() == [float(i) for i in range(23)]
     w.close()
     assert pq.ParquetFile(path).metadata.num_row_groups == 1
@@ -160,8 +164,9 @@ def test_tables_round_trip_detect_and_reject(tmp_path):
     with pytest.raises(InputError, match="low_max_w < compute_min_w"):
         parse_table(dict(gpu_model="X", match=["X"], tdp_w=700, idle_w=70, low_max_w=400, compute_min_w=300), "t")
     with pytest.raises(InputError, match="unknown triage table key"):
-        parse_table(dict(gpu_model="X", match=["X"], tdp_w=700, idle_w=70, low_max_w=200, compute_min_w=300,
-                         lowmax=1), "t")
+        parse_table(
+            dict(gpu_model="X", match=["X"], tdp_w=700, idle_w=70, low_max_w=200, compute_min_w=300, lowmax=1), "t"
+        )
 
 
 def test_launch_wraps_each_node_in_its_sampler_and_starts_the_watcher_command():

@@ -29,6 +29,7 @@ BIN = Path(sys.executable).parent
 DOLLAR = "$(touch PWNED)"
 BACKTICK = "`touch PWNED`"
 
+
 # what `touch PWNED` would leave behind (an unquoted gpu_model also lands lower-cased in a path)
 def pwned(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.name.lower() == "pwned"]
@@ -38,17 +39,24 @@ def fake_wattgate(folder: Path) -> Path:
     """A `wattgate` that appends its argv (JSON, one line per call) to $ARGV_LOG and exits 0."""
     folder.mkdir(parents=True, exist_ok=True)
     exe = folder / "wattgate"
-    exe.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                   "with open(os.environ['ARGV_LOG'], 'a') as f:\n"
-                   "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    exe.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        "with open(os.environ['ARGV_LOG'], 'a') as f:\n"
+        "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+    )
     exe.chmod(0o755)
     return folder
 
 
 def snakemake(work: Path, *args: str, path_first: Path | None = None, **env) -> subprocess.CompletedProcess:
     path = os.pathsep.join(str(p) for p in [path_first, BIN] if p) + os.pathsep + os.environ["PATH"]
-    return subprocess.run([str(BIN / "snakemake"), "--cores", "1", *args], cwd=work, capture_output=True,
-                          text=True, env=dict(os.environ, PATH=path, **env))
+    return subprocess.run(
+        [str(BIN / "snakemake"), "--cores", "1", *args],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PATH=path, **env),
+    )
 
 
 # --- names: the schema rejects shell metacharacters, naming the key --------------------------------
@@ -61,8 +69,11 @@ NAMES = {  # key path -> real values the pattern must admit
     "cluster.slurm.cpu_partition": ["cpu"],
     "cluster.slurm.account": ["my-project", "proj_123"],
     "cluster.slurm.gres": ["gpu:8", "gpu:b300:8", "gpu:a100_80gb:4"],
-    "cluster.slurm.extra": ["--exclusive", "--exclusive --exclude=gpu[01-02] --mail-user=me@site.org",
-                            "--begin='now + 1 hour' --signal=B:USR1@60"],
+    "cluster.slurm.extra": [
+        "--exclusive",
+        "--exclusive --exclude=gpu[01-02] --mail-user=me@site.org",
+        "--begin='now + 1 hour' --signal=B:USR1@60",
+    ],
 }
 BAD = [DOLLAR, BACKTICK, "x;touch PWNED", "x\ntouch PWNED"]
 
@@ -90,8 +101,9 @@ def test_names_reject_shell_metacharacters_naming_the_key(key, payload):
         validate_config(with_key(key, payload))
 
 
-@pytest.mark.parametrize("key,payload", [("cluster.gpu_model", DOLLAR), ("cluster.gpu_model", BACKTICK),
-                                         ("run_name", DOLLAR)])
+@pytest.mark.parametrize(
+    "key,payload", [("cluster.gpu_model", DOLLAR), ("cluster.gpu_model", BACKTICK), ("run_name", DOLLAR)]
+)
 def test_snakemake_refuses_the_payload_before_any_shell_runs(tmp_path, key, payload):
     """A real run of `calibrate` (its shell gets --gpu-model, and run_name names every run folder):
     Snakemake's own validate() stops it; no shell ever sees the value."""
@@ -101,8 +113,7 @@ def test_snakemake_refuses_the_payload_before_any_shell_runs(tmp_path, key, payl
     (config.setdefault(section, {}) if section else config)[name] = payload
     (work / "config/config.yaml").write_text(yaml.safe_dump(config))
     log = tmp_path / "argv.jsonl"
-    proc = snakemake(work, "calibrate", "--forceall", path_first=fake_wattgate(tmp_path / "bin"),
-                     ARGV_LOG=str(log))
+    proc = snakemake(work, "calibrate", "--forceall", path_first=fake_wattgate(tmp_path / "bin"), ARGV_LOG=str(log))
     assert pwned(tmp_path) == []
     assert not log.exists(), log.read_text()
     assert proc.returncode != 0
@@ -110,6 +121,7 @@ def test_snakemake_refuses_the_payload_before_any_shell_runs(tmp_path, key, payl
 
 
 # --- cluster.slurm.extra: raw sbatch flags on purpose, re-quoted word by word ----------------------
+
 
 def sbatch_flags():
     """common.smk's sbatch_flags (plain Python), without loading the workflow."""
@@ -125,10 +137,14 @@ def test_slurm_extra_reaches_sbatch_as_its_words_and_runs_nothing(tmp_path):
     extra = "--exclusive --exclude=gpu[01-02]  --begin='now + 1 hour' --x='$(touch PWNED) `touch PWNED`'"
     validate_config(with_key("cluster.slurm.extra", extra))  # admitted: the payload is single-quoted
     (tmp_path / "gpu01").touch()  # an unquoted gpu[01-02] would glob to it
-    words = subprocess.run(["bash", "-c", f"printf '%s\\n' {sbatch_flags()(extra)}"], cwd=tmp_path,
-                           capture_output=True, text=True, check=True).stdout.splitlines()
-    assert words == ["--exclusive", "--exclude=gpu[01-02]", "--begin=now + 1 hour",
-                     "--x=$(touch PWNED) `touch PWNED`"]
+    words = subprocess.run(
+        ["bash", "-c", f"printf '%s\\n' {sbatch_flags()(extra)}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert words == ["--exclusive", "--exclude=gpu[01-02]", "--begin=now + 1 hour", "--x=$(touch PWNED) `touch PWNED`"]
     assert pwned(tmp_path) == []
 
 
@@ -161,15 +177,18 @@ def dry_run_shells(tmp_path_factory, demo_docs):
         (work / name).parent.mkdir(parents=True, exist_ok=True)
         write_jsonl(work / name, demo_docs[:5])
     (work / PATHS["tokenizer.path"]).mkdir(parents=True)
-    proc = snakemake(work, "-n", "--printshellcmds", "--forceall", "all", "results/tokenizer", "scaling",
-                     "dataio", "calibrate")
+    proc = snakemake(
+        work, "-n", "--printshellcmds", "--forceall", "all", "results/tokenizer", "scaling", "dataio", "calibrate"
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    commands = [line.split("Shell command: ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines()
-                if line.startswith("Shell command: ")]
+    commands = [
+        line.split("Shell command: ", 1)[1]
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if line.startswith("Shell command: ")
+    ]
     assert len(commands) >= 15, proc.stdout
     log = root / "argv.jsonl"
-    env = dict(os.environ, ARGV_LOG=str(log),
-               PATH=f"{fake_wattgate(root / 'bin')}{os.pathsep}{os.environ['PATH']}")
+    env = dict(os.environ, ARGV_LOG=str(log), PATH=f"{fake_wattgate(root / 'bin')}{os.pathsep}{os.environ['PATH']}")
     ran = []
     for command in commands:
         # the folders Snakemake would create for outputs and logs (all plain paths under results/)
@@ -208,11 +227,11 @@ def test_path_value_runs_nothing_and_is_never_split(dry_run_shells, key):
 def test_path_with_spaces_reaches_its_shell_as_one_argument(dry_run_shells, key):
     _, ran = dry_run_shells
     flag = IN_A_SHELL[key]
-    got = [argv[argv.index(flag) + 1:] for _, argv in ran if flag in argv]
+    got = [argv[argv.index(flag) + 1 :] for _, argv in ran if flag in argv]
     assert got, f"no shell got {flag}"
     values = _values(key)
     for rest in got:
-        assert rest[:len(values)] == values
+        assert rest[: len(values)] == values
 
 
 @pytest.mark.slow
@@ -229,8 +248,11 @@ def test_pretokenize_with_spaced_payload_paths_works(tmp_path, demo_docs, tokeni
     config["train"]["seq_len"] = 256
     (work / "config/config.yaml").write_text(yaml.safe_dump(config))
     proc = snakemake(work, "results/pretokenized")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + (
-        (work / "results/pretokenize.log").read_text() if (work / "results/pretokenize.log").exists() else "")
+    assert proc.returncode == 0, (
+        proc.stdout[-3000:]
+        + proc.stderr[-3000:]
+        + ((work / "results/pretokenize.log").read_text() if (work / "results/pretokenize.log").exists() else "")
+    )
     assert "pretokenize" in proc.stdout + proc.stderr and "train_tokenizer" not in proc.stdout + proc.stderr
     assert any((work / "results/pretokenized").iterdir())
     assert pwned(tmp_path) == []

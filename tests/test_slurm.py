@@ -28,16 +28,20 @@ def cluster(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("the Slurm test needs root (slurmd runs the jobs; the config must be /etc/slurm/slurm.conf)")
     state = tmp_path_factory.mktemp("slurm-state")
-    start = subprocess.run(["timeout", "-k", "10", "600", "bash", str(SLURM_DIR / "start.sh"), str(state)],
-                           capture_output=True, text=True)
+    start = subprocess.run(
+        ["timeout", "-k", "10", "600", "bash", str(SLURM_DIR / "start.sh"), str(state)], capture_output=True, text=True
+    )
     if start.returncode == 4:
         pytest.skip(f"Slurm is not installed and apt cannot install it: {start.stderr.strip()[-400:]}")
     try:
         assert start.returncode == 0, f"start.sh failed ({start.returncode}):\n{start.stdout}{start.stderr}"
         yield state
     finally:
-        stop = subprocess.run(["timeout", "-k", "5", "120", "bash", str(SLURM_DIR / "stop.sh"), str(state)],
-                              capture_output=True, text=True)
+        stop = subprocess.run(
+            ["timeout", "-k", "5", "120", "bash", str(SLURM_DIR / "stop.sh"), str(state)],
+            capture_output=True,
+            text=True,
+        )
         print(stop.stdout + stop.stderr)
 
 
@@ -54,9 +58,11 @@ def slurm_workflow(tmp_path_factory):
     config["train"].update(seq_len=256, micro_batch_size=2, grad_accum=2)
     config["cluster"].update(nodes=2, gpus_per_node=1)
     # job sizes for the test nodes (their CPUs and half the host's memory each)
-    config["cluster"]["slurm"] = {"train": {"mem_mb": 1500, "runtime_min": 30},
-                                  "cpu": {"cpus": 1, "mem_mb": 2000, "runtime_min": 30},
-                                  "small": {"mem_mb": 2000, "runtime_min": 30}}
+    config["cluster"]["slurm"] = {
+        "train": {"mem_mb": 1500, "runtime_min": 30},
+        "cpu": {"cpus": 1, "mem_mb": 2000, "runtime_min": 30},
+        "small": {"mem_mb": 2000, "runtime_min": 30},
+    }
     (work / "config/config.yaml").write_text(yaml.safe_dump(config))
     return work
 
@@ -64,8 +70,18 @@ def slurm_workflow(tmp_path_factory):
 def snakemake_slurm(work: Path, *args: str, limit_s: int = 600) -> subprocess.CompletedProcess:
     # the slurm executor ignores SIGTERM: timeout -k follows up with SIGKILL
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    argv = ["timeout", "-k", "20", str(limit_s), str(BIN / "snakemake"), "--profile", "slurm",
-            "--workflow-profile", "tests/slurm/profile", *args]
+    argv = [
+        "timeout",
+        "-k",
+        "20",
+        str(limit_s),
+        str(BIN / "snakemake"),
+        "--profile",
+        "slurm",
+        "--workflow-profile",
+        "tests/slurm/profile",
+        *args,
+    ]
     proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
     assert proc.returncode not in (124, 137), f"snakemake ran past {limit_s} s:\n{output(proc)[-4000:]}"
     return proc
@@ -83,8 +99,9 @@ def run_id(proc) -> str:
 def jobs(name: str | None = None) -> list[dict]:
     """The cluster's job list; finished jobs stay in squeue for MinJobAge (900 s) on the test cluster."""
     argv = ["timeout", "-k", "5", "30", "squeue", "--states=all", "-h", "-o", "%i|%j|%k|%T|%D|%N|%V|%S|%e"]
-    rows = subprocess.run(argv + (["--name", name] if name else []), capture_output=True, text=True,
-                          check=True).stdout.splitlines()
+    rows = subprocess.run(
+        argv + (["--name", name] if name else []), capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     return sorted((dict(zip(JOB_FIELDS, row.split("|"))) for row in rows), key=lambda j: int(j["id"]))
 
 
@@ -110,10 +127,22 @@ def test_two_node_train_job_through_snakemake_profile_slurm(cluster, slurm_workf
     print("\n".join("|".join(j.values()) for j in mine))
 
     # every rule completed; the light ones on the submit host, the rest as Slurm jobs
-    assert sorted(finished_rules(proc)) == sorted(["demo_corpus", "train_tokenizer", "pretokenize", "pack_and_balance",
-                                                   "invariant_gate", "train", "power_triage", "run_report", "all"])
+    assert sorted(finished_rules(proc)) == sorted(
+        [
+            "demo_corpus",
+            "train_tokenizer",
+            "pretokenize",
+            "pack_and_balance",
+            "invariant_gate",
+            "train",
+            "power_triage",
+            "run_report",
+            "all",
+        ]
+    )
     assert sorted(j["comment"] for j in mine) == sorted(
-        ["rule_pretokenize", "rule_pack_and_balance", "rule_train", "rule_power_triage", "rule_run_report"])
+        ["rule_pretokenize", "rule_pack_and_balance", "rule_train", "rule_power_triage", "rule_run_report"]
+    )
     assert all(j["state"] == "COMPLETED" for j in mine), mine
 
     # train: ONE Slurm job spread over both nodes ...
@@ -121,8 +150,9 @@ def test_two_node_train_job_through_snakemake_profile_slurm(cluster, slurm_workf
     assert train["nodes"] == "2" and train["nodelist"] == "n[1-2]", train
     # ... and by the job's own record: one launcher task per node, each naming its Slurm node, in that job
     run = work / "results/train/demo"
-    tasks = re.findall(r"^launch: node (\S+) \(SLURM_NODEID (\d+) of 2\) on \S+, job (\d+)$",
-                       (run / "train.log").read_text(), re.M)
+    tasks = re.findall(
+        r"^launch: node (\S+) \(SLURM_NODEID (\d+) of 2\) on \S+, job (\d+)$", (run / "train.log").read_text(), re.M
+    )
     assert sorted(tasks) == [("n1", "0", train["id"]), ("n2", "1", train["id"])], tasks
     assert sorted(p.name for p in (run / "telemetry").glob("*.parquet")) == ["n1.parquet", "n2.parquet"]
     assert sorted(p.name for p in (run / "heartbeat").glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
@@ -143,8 +173,14 @@ def test_two_node_train_job_through_snakemake_profile_slurm(cluster, slurm_workf
     moved = work / "moved.yaml"
     moved.write_text("cluster: {slurm: {partition: elsewhere, account: other, train: {runtime_min: 60}}}\n")
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    dry = subprocess.run([str(BIN / "snakemake"), "-n", "--configfile", "config/config.yaml", str(moved)], cwd=work,
-                         env=env, capture_output=True, text=True, timeout=120)
+    dry = subprocess.run(
+        [str(BIN / "snakemake"), "-n", "--configfile", "config/config.yaml", str(moved)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "Nothing to be done" in output(dry), output(dry)[-3000:]
 
 
@@ -171,8 +207,10 @@ def test_watcher_stops_a_hung_two_node_job_through_srun(cluster, slurm_workflow,
     """The uneven-plan deadlock (both guards off) as a two-node Slurm job: the watcher on the first node
     SIGTERMs the inner srun, which ends both nodes' tasks, and the rule fails with the watcher's line."""
     hang = tmp_path / "hang.yaml"
-    hang.write_text("pack: {remainder: none}\ngate: {enforce: false}\n"
-                    "train: {check_planned_counts: false, collective_timeout_s: 600}\nwatcher: {hang_after_s: 5}\n")
+    hang.write_text(
+        "pack: {remainder: none}\ngate: {enforce: false}\n"
+        "train: {check_planned_counts: false, collective_timeout_s: 600}\nwatcher: {hang_after_s: 5}\n"
+    )
     proc = snakemake_slurm(slurm_workflow, "--configfile", str(hang))
     assert proc.returncode != 0
     assert "wattgate launch: failed: watcher stopped the job: deadlock" in output(proc), output(proc)[-4000:]
@@ -215,12 +253,20 @@ class Resources(dict):
 def dry_run_resources(work: Path, *args: str) -> dict[str, dict]:
     """Every job's resources, from `snakemake -n` (which prints them)."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.run([str(BIN / "snakemake"), "-n", "--cores", "1", *args], cwd=work, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(BIN / "snakemake"), "-n", "--cores", "1", *args],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, output(proc)[-3000:]
     blocks = re.findall(r"^(?:local)?rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", proc.stdout, re.M)
-    return {rule: Resources((k, int(v) if v.isdigit() else v) for k, v in (kv.split("=", 1) for kv in res.split(", ")))
-            for rule, res in blocks}
+    return {
+        rule: Resources((k, int(v) if v.isdigit() else v) for k, v in (kv.split("=", 1) for kv in res.split(", ")))
+        for rule, res in blocks
+    }
 
 
 def sbatch_flags(resources: Resources) -> list[str]:
@@ -242,8 +288,15 @@ def test_b300_example_is_one_job_of_two_nodes_with_eight_gpus_each(tmp_path):
     (tmp_path / "tok").mkdir()
     (tmp_path / "corpus.jsonl").write_text('{"text": "x"}\n')
     local = tmp_path / "paths.yaml"  # the example's site paths, pointed at files that exist here
-    local.write_text(yaml.safe_dump({"data": {"inputs": [str(tmp_path / "corpus.jsonl")]},
-                                     "tokenizer": {"path": str(tmp_path / "tok")}, "model": {"path": str(tmp_path)}}))
+    local.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"inputs": [str(tmp_path / "corpus.jsonl")]},
+                "tokenizer": {"path": str(tmp_path / "tok")},
+                "model": {"path": str(tmp_path)},
+            }
+        )
+    )
     res = dry_run_resources(work, "--configfile", "config/examples/qwen3-32b-2x8-b300.yaml", str(local))
 
     train = res["train"]

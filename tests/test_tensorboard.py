@@ -28,15 +28,18 @@ def step_log(run, rank0=True, **kw) -> StepLog:
 
 def gathered(loss_sum, loss_tokens, tokens, step_s, wait_s):
     """Two ranks' [loss sum, loss tokens, tokens, step s, data wait s]; rank 1 is slower and waits longer."""
-    return [torch.tensor([loss_sum, loss_tokens, tokens, step_s, wait_s], dtype=torch.float64),
-            torch.tensor([loss_sum, loss_tokens, tokens, 2 * step_s, 2 * wait_s], dtype=torch.float64)]
+    return [
+        torch.tensor([loss_sum, loss_tokens, tokens, step_s, wait_s], dtype=torch.float64),
+        torch.tensor([loss_sum, loss_tokens, tokens, 2 * step_s, 2 * wait_s], dtype=torch.float64),
+    ]
 
 
 def test_step_log_writes_every_tag_per_step(tmp_path):
     log = step_log(tmp_path)
     for g in range(3):
-        log.record(g, 0, 0, 3, gathered(10.0 * (g + 1), 5, 100, 0.5, 0.01), lr=1e-3 * (g + 1),
-                   grad_norm=0.5 + g, now=1.0 + g)
+        log.record(
+            g, 0, 0, 3, gathered(10.0 * (g + 1), 5, 100, 0.5, 0.01), lr=1e-3 * (g + 1), grad_norm=0.5 + g, now=1.0 + g
+        )
     assert log.board is None  # closed after the last step
     curves = scalars(tmp_path / "tensorboard")
     assert set(curves) == set(TAGS)
@@ -57,8 +60,7 @@ def test_resume_hides_the_steps_a_killed_attempt_logged_past_its_checkpoint(tmp_
     for g in range(1, 4):
         again.record(g, 0, 1, 4, gathered(9.0, 1, 10, 1.0, 0.0), lr=0.1, grad_norm=1.0, now=0.0)
     loss = scalars(tmp_path / "tensorboard")["train/loss"]
-    assert loss == [(1, pytest.approx(1.0)), (2, pytest.approx(9.0)), (3, pytest.approx(9.0)),
-                    (4, pytest.approx(9.0))]
+    assert loss == [(1, pytest.approx(1.0)), (2, pytest.approx(9.0)), (3, pytest.approx(9.0)), (4, pytest.approx(9.0))]
 
 
 def test_off_and_other_ranks_write_nothing(tmp_path):

@@ -23,9 +23,17 @@ from wattgate.train.checkpoint import latest_complete
 from wattgate.train.data import IGNORE, DocStore, build_batch, read_rank_plan
 from wattgate.train.model import build_unsharded_model
 
-TINY = {"model_type": "qwen3", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-        "max_position_embeddings": 128}
+TINY = {
+    "model_type": "qwen3",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "max_position_embeddings": 128,
+}
 
 
 def fake_pretokenized(path: Path, lengths, seed=0, vocab=96) -> Path:
@@ -34,8 +42,16 @@ def fake_pretokenized(path: Path, lengths, seed=0, vocab=96) -> Path:
 
 
 def train_config(**train) -> dict:
-    base = {"seq_len": 64, "micro_batch_size": 1, "grad_accum": 2, "epochs": 1, "warmup_steps": 0,
-            "checkpoint_every": 100, "lr": 1e-2, "log_every": 1}
+    base = {
+        "seq_len": 64,
+        "micro_batch_size": 1,
+        "grad_accum": 2,
+        "epochs": 1,
+        "warmup_steps": 0,
+        "checkpoint_every": 100,
+        "lr": 1e-2,
+        "log_every": 1,
+    }
     base.update(train)
     return base
 
@@ -45,8 +61,14 @@ def make_run(tmp: Path, lengths, gpus: int, seed=0, **train) -> tuple[Path, dict
     pretok = tmp / "pretokenized"
     if not pretok.exists():
         fake_pretokenized(pretok, lengths, seed)
-    config = validate_config({"run_name": "t", "train": train_config(**train), "model": {"config": TINY},
-                              "cluster": {"nodes": 1, "gpus_per_node": gpus}})
+    config = validate_config(
+        {
+            "run_name": "t",
+            "train": train_config(**train),
+            "model": {"config": TINY},
+            "cluster": {"nodes": 1, "gpus_per_node": gpus},
+        }
+    )
     plan = tmp / f"plan-{gpus}"
     build_plan(config, pretok, plan)
     (tmp / f"config-{gpus}.yaml").write_text(yaml.safe_dump(config))
@@ -54,9 +76,24 @@ def make_run(tmp: Path, lengths, gpus: int, seed=0, **train) -> tuple[Path, dict
 
 
 def torchrun(tmp: Path, gpus: int, out: Path, **popen) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-            "-m", "wattgate", "train", "--config", str(tmp / f"config-{gpus}.yaml"),
-            "--pretokenized", str(tmp / "pretokenized"), "--plan", str(tmp / f"plan-{gpus}"), "--out", str(out)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={gpus}",
+        "-m",
+        "wattgate",
+        "train",
+        "--config",
+        str(tmp / f"config-{gpus}.yaml"),
+        "--pretokenized",
+        str(tmp / "pretokenized"),
+        "--plan",
+        str(tmp / f"plan-{gpus}"),
+        "--out",
+        str(out),
+    ]
 
 
 def run_train(tmp: Path, gpus: int, out: Path) -> subprocess.CompletedProcess:
@@ -89,7 +126,7 @@ def test_labels_and_positions_of_a_pack(tmp_path):
         ids, mask = store.get(d)
         expect = np.where(mask.astype(bool), ids, IGNORE)
         expect[0] = IGNORE
-        assert batch.labels[0, start:start + len(ids)].tolist() == expect.tolist()
+        assert batch.labels[0, start : start + len(ids)].tolist() == expect.tolist()
     assert batch.num_tokens == 9 and batch.num_loss_tokens == int((batch.labels != IGNORE).sum())
 
 
@@ -110,8 +147,9 @@ def test_rank_reads_only_its_rows_in_order(tmp_path):
 def test_one_step_same_parameters_world1_ga2_and_world2_ga1(tmp_path):
     # 4 documents that pack into exactly 2 packs of different loss-token counts: one global batch
     lengths = [40, 20, 30, 30]
-    kw = dict(optimizer="sgd", lr=1.0, grad_clip=1e9, weight_decay=0.0, epochs=1, micro_batch_size=1,
-              export_dtype="float32")
+    kw = dict(
+        optimizer="sgd", lr=1.0, grad_clip=1e9, weight_decay=0.0, epochs=1, micro_batch_size=1, export_dtype="float32"
+    )
     make_run(tmp_path, lengths, gpus=1, grad_accum=2, **kw)
     make_run(tmp_path, lengths, gpus=2, grad_accum=1, **kw)
     run_train(tmp_path, 1, tmp_path / "w1")
@@ -138,8 +176,13 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
 
     killed = tmp_path / "killed"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    job = subprocess.Popen(torchrun(tmp_path, 2, killed), env=env, start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = subprocess.Popen(
+        torchrun(tmp_path, 2, killed),
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     while not list(killed.glob("checkpoints/step-*/state.json")):  # the first published checkpoint
         assert job.poll() is None and time.time() < deadline, "no checkpoint published"
@@ -162,7 +205,8 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
     hb = json.loads((killed / "heartbeat/rank-1.json").read_text())
     assert hb["step"] == total and hb["phase"] == "done" and hb["rank"] == 1
     assert {"step", "rank", "loss", "tokens", "step_time_s", "data_wait_s", "time"} <= set(
-        pq.read_schema(killed / "metrics.parquet").names)
+        pq.read_schema(killed / "metrics.parquet").names
+    )
     kept = sorted(p.name for p in (killed / "checkpoints").iterdir())
     assert len(kept) == 2 and not any(k.endswith(".tmp") for k in kept)
 
@@ -196,8 +240,16 @@ def test_local_data_cache_and_activation_checkpointing_train_the_same(tmp_path):
     make_run(tmp_path, lengths, gpus=1, grad_accum=2, epochs=1)
     run_train(tmp_path, 1, tmp_path / "shared")
     scratch = tmp_path / "scratch"
-    make_run(tmp_path, lengths, gpus=1, grad_accum=2, epochs=1, data_cache="local",
-             local_cache_dir=str(scratch), activation_checkpointing=True)
+    make_run(
+        tmp_path,
+        lengths,
+        gpus=1,
+        grad_accum=2,
+        epochs=1,
+        data_cache="local",
+        local_cache_dir=str(scratch),
+        activation_checkpointing=True,
+    )
     proc = run_train(tmp_path, 1, tmp_path / "local")
     summary = json.loads((tmp_path / "local/TRAINED").read_text())
     assert summary["data_cache"] == "local" and summary["data_copy_s"] >= 0 and summary["tokens_per_s"] > 0
@@ -270,8 +322,13 @@ def test_export_is_the_trained_model_in_bf16_and_a_killed_export_reruns(tmp_path
     (tokenizer / "tokenizer.json").unlink()
     os.mkfifo(tokenizer / "tokenizer.json")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    job = subprocess.Popen(torchrun(tmp_path, 2, killed), env=env, start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = subprocess.Popen(
+        torchrun(tmp_path, 2, killed),
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     while not (killed / "final.tmp" / "config.json").exists():
         assert job.poll() is None and time.time() < deadline, "the export never reached the tokenizer copy"

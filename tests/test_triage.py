@@ -15,16 +15,33 @@ from wattgate.power.triage import PHASES_SCHEMA, load_run_info, map_ranks, phase
 from wattgate.telemetry.trace import TRACE_SCHEMA, TraceWriter
 
 DL = 30.0  # deadlock_after_s in these tests: keeps the traces short
-MIXED = [("idle", 30), ("compute", 200), ("communication", 30), ("compute", 90), ("sync_wait", 12),
-         ("compute", 80), ("data_starvation", 50), ("compute", 60), ("checkpoint", 60), ("compute", 150),
-         ("communication", 25), ("data_starvation", 40), ("compute", 90), ("checkpoint", 45), ("compute", 60),
-         ("deadlock", 150)]
+MIXED = [
+    ("idle", 30),
+    ("compute", 200),
+    ("communication", 30),
+    ("compute", 90),
+    ("sync_wait", 12),
+    ("compute", 80),
+    ("data_starvation", 50),
+    ("compute", 60),
+    ("checkpoint", 60),
+    ("compute", 150),
+    ("communication", 25),
+    ("data_starvation", 40),
+    ("compute", 90),
+    ("checkpoint", 45),
+    ("compute", 60),
+    ("deadlock", 150),
+]
 GPUS = gpus_of(2, 2)
 
 
 def phases_of(synth, **kw) -> np.ndarray:
-    return triage(synth.table, synth.triage_table, deadlock_after_s=DL, **kw).column("phase").to_numpy(
-        zero_copy_only=False)
+    return (
+        triage(synth.table, synth.triage_table, deadlock_after_s=DL, **kw)
+        .column("phase")
+        .to_numpy(zero_copy_only=False)
+    )
 
 
 def run_info(tmp_path, synth, **kw):
@@ -209,9 +226,9 @@ def test_finished_job_then_idle_is_not_a_deadlock(tmp_path):
         assert "deadlock" not in set(got)
 
 
-
-@pytest.mark.parametrize("variant,util", [("data_starvation", None), ("communication", (40, 60))],
-                         ids=["bursts", "mid-power"])
+@pytest.mark.parametrize(
+    "variant,util", [("data_starvation", None), ("communication", (40, 60))], ids=["bursts", "mid-power"]
+)
 def test_metrics_tell_a_host_bound_step_from_a_data_starved_one(tmp_path, variant, util):
     """Bursts between gaps, or mid power at ~50% utilization: power alone cannot say whether the host or
     the loader held the GPU back. Steps whose data wait is 1% are the step's own work: compute."""
@@ -253,8 +270,13 @@ def test_noise_at_band_edges_does_not_flap(model):
     table = shipped_table(model)
     mid = table.compute_min_w - table.low_max_w
     sd = 0.15 * mid  # per sample; a 1 s mean at 10 Hz still moves by ~5% of the band
-    segs = [("compute", 30), ("compute", 240, {"power_w": table.compute_min_w, "power_sd": sd}), ("compute", 30),
-            ("communication", 240, {"power_w": table.low_max_w + 0.02 * mid, "power_sd": sd}), ("compute", 30)]
+    segs = [
+        ("compute", 30),
+        ("compute", 240, {"power_w": table.compute_min_w, "power_sd": sd}),
+        ("compute", 30),
+        ("communication", 240, {"power_w": table.low_max_w + 0.02 * mid, "power_sd": sd}),
+        ("compute", 30),
+    ]
     synth = build_trace({("node0", 0): segs}, table, seed=7)
     got = phases_of(synth)
     edge_c, edge_l = got[30:270], got[300:540]
@@ -283,11 +305,24 @@ def test_heartbeats_call_the_final_export_a_checkpoint_not_a_hang(tmp_path):
     (run / "heartbeat").mkdir(parents=True)
     for rank, (host, gpu) in enumerate(GPUS):
         events = [(T0, "init"), (T0, "train"), (T0 + 60, "export"), (T0 + 140, "done")]
-        (run / "heartbeat" / f"rank-{rank}.events.jsonl").write_text("".join(
-            json.dumps({"time": t, "rank": rank, "step": 30, "epoch": 0, "phase": ph}) + "\n" for t, ph in events))
-        (run / "heartbeat" / f"rank-{rank}.json").write_text(json.dumps(
-            {"rank": rank, "local_rank": gpu, "gpu": None, "host": host, "step": 30, "phase": "done",
-             "time": T0 + 140}))
+        (run / "heartbeat" / f"rank-{rank}.events.jsonl").write_text(
+            "".join(
+                json.dumps({"time": t, "rank": rank, "step": 30, "epoch": 0, "phase": ph}) + "\n" for t, ph in events
+            )
+        )
+        (run / "heartbeat" / f"rank-{rank}.json").write_text(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "local_rank": gpu,
+                    "gpu": None,
+                    "host": host,
+                    "step": 30,
+                    "phase": "done",
+                    "time": T0 + 140,
+                }
+            )
+        )
     phases = triage(synth.table, table, deadlock_after_s=DL, run_info=load_run_info(run))
     got, truth = phases.column("phase").to_numpy(zero_copy_only=False), synth.truth_for(phases)
     assert "deadlock" not in set(got)
@@ -313,10 +348,10 @@ def test_missing_samples_are_unknown_and_do_not_relabel_neighbours():
 
 def test_util_missing_falls_back_to_power():
     table = shipped_table("h100")
-    synth = build_trace(job(GPUS[:2], [("idle", 30), ("compute", 60), ("communication", 30), ("deadlock", 90)]),
-                        table)
-    trace = synth.table.set_column(TRACE_SCHEMA.get_field_index("util_gpu"), "util_gpu",
-                                   pa.nulls(synth.table.num_rows, pa.float32()))
+    synth = build_trace(job(GPUS[:2], [("idle", 30), ("compute", 60), ("communication", 30), ("deadlock", 90)]), table)
+    trace = synth.table.set_column(
+        TRACE_SCHEMA.get_field_index("util_gpu"), "util_gpu", pa.nulls(synth.table.num_rows, pa.float32())
+    )
     phases = triage(trace, table, deadlock_after_s=DL)
     got, truth = phases.column("phase").to_numpy(zero_copy_only=False), synth.truth_for(phases)
     assert (got == truth).mean() >= 0.95
@@ -349,11 +384,19 @@ def test_run_triage_writes_every_artifact(tmp_path):
 
 
 def test_phase_summary_energy_and_shares():
-    phases = pa.table({"host": ["a"] * 4, "gpu": pa.array([0] * 4, pa.int32()), "start": [0.0, 1.0, 2.0, 3.0],
-                       "end": [1.0, 2.0, 3.0, 4.0], "phase": ["compute", "compute", "idle", "unknown"],
-                       "power_w": pa.array([500.0, 300.0, 70.0, None], pa.float32()),
-                       "util_gpu": pa.array([100.0, 100.0, 0.0, None], pa.float32()),
-                       "confidence": pa.array([1.0, 1.0, 1.0, 0.0], pa.float32())}, schema=PHASES_SCHEMA)
+    phases = pa.table(
+        {
+            "host": ["a"] * 4,
+            "gpu": pa.array([0] * 4, pa.int32()),
+            "start": [0.0, 1.0, 2.0, 3.0],
+            "end": [1.0, 2.0, 3.0, 4.0],
+            "phase": ["compute", "compute", "idle", "unknown"],
+            "power_w": pa.array([500.0, 300.0, 70.0, None], pa.float32()),
+            "util_gpu": pa.array([100.0, 100.0, 0.0, None], pa.float32()),
+            "confidence": pa.array([1.0, 1.0, 1.0, 0.0], pa.float32()),
+        },
+        schema=PHASES_SCHEMA,
+    )
     s = phase_summary(phases).set_index("phase")
     assert s.loc["compute", "energy_j"] == 800.0 and s.loc["compute", "windows"] == 2
     assert s.loc["compute", "share"] == 0.5 and s.loc["unknown", "energy_j"] == 0.0
@@ -415,8 +458,15 @@ def test_bad_inputs_are_one_line_input_errors(tmp_path):
 
 
 def test_calibrated_table_from_file(tmp_path):
-    table = TriageTable(gpu_model="H100", match=("H100",), tdp_w=700, idle_w=70, low_max_w=200, compute_min_w=400,
-                        provenance={"kind": "calibrated", "host": "n1"})
+    table = TriageTable(
+        gpu_model="H100",
+        match=("H100",),
+        tdp_w=700,
+        idle_w=70,
+        low_max_w=200,
+        compute_min_w=400,
+        provenance={"kind": "calibrated", "host": "n1"},
+    )
     path = tmp_path / "h100-calibrated.yaml"
     path.write_text(table.to_yaml())
     synth = build_trace(job(GPUS[:2], [("compute", 40), ("communication", 40)]), table)

@@ -26,9 +26,14 @@ def with_counter(table: pa.Table, rng, every: int = 37) -> pa.Table:
     power[rng.random(n) < 0.01] = np.nan
     energy = np.full(n, np.nan)
     energy[::every] = np.arange(len(energy[::every])) * 100.0 + 5e6
-    arrays = [pa.array(power, pa.float32(), from_pandas=True) if f.name == "power_w" else
-              pa.array(energy, pa.float64(), from_pandas=True) if f.name == "energy_j" else table.column(f.name)
-              for f in TRACE_SCHEMA]
+    arrays = [
+        pa.array(power, pa.float32(), from_pandas=True)
+        if f.name == "power_w"
+        else pa.array(energy, pa.float64(), from_pandas=True)
+        if f.name == "energy_j"
+        else table.column(f.name)
+        for f in TRACE_SCHEMA
+    ]
     return pa.Table.from_arrays(arrays, schema=TRACE_SCHEMA)
 
 
@@ -70,8 +75,9 @@ def test_triage_json_energy_without_a_counter_is_integrated(tmp_path):
     synth = build_trace(job(gpus_of(1, 2), PHASES), shipped_table("h100"), seed=1)
     e = run_triage(synth.write(tmp_path / "t"), tmp_path / "out", gpu_model="h100")["energy"]
     assert {v["method"] for v in e.values()} == {"integrated_power"}
-    assert all(v["counter_j"] is None and v["readings"] == 0 and v["energy_j"] == v["integrated_j"] > 0
-               for v in e.values())
+    assert all(
+        v["counter_j"] is None and v["readings"] == 0 and v["energy_j"] == v["integrated_j"] > 0 for v in e.values()
+    )
 
 
 def test_read_trace_columns_reads_only_those_with_a_dictionary_host(tmp_path):
@@ -116,5 +122,8 @@ def test_run_triage_takes_a_finished_trace_and_a_killed_samplers_segments_togeth
     part = read_trace(tmp_path / "t" / "live.parquet", columns=["time", "host", "gpu"])
     assert pa.types.is_dictionary(part.schema.field("host").type)
     result = run_triage(paths + [tmp_path / "t" / "live.parquet"], tmp_path / "out", gpu_model="h100")
-    assert sorted(result["energy"]) == ["node0:0", "node1:0", "node2:0"] and result["hosts"] == ["node0", "node1",
-                                                                                                  "node2"]
+    assert sorted(result["energy"]) == ["node0:0", "node1:0", "node2:0"] and result["hosts"] == [
+        "node0",
+        "node1",
+        "node2",
+    ]

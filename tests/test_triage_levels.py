@@ -31,8 +31,18 @@ def nanogpt(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nanogpt")
     for name in RUNS:
         trace = tmp / f"{name}.parquet"
-        main(["import-trace", "--from", "csv", "--columns", COLUMNS,
-              str(NANOGPT / f"gpu_metrics_{name}.csv.gz"), "--out", str(trace)])
+        main(
+            [
+                "import-trace",
+                "--from",
+                "csv",
+                "--columns",
+                COLUMNS,
+                str(NANOGPT / f"gpu_metrics_{name}.csv.gz"),
+                "--out",
+                str(trace),
+            ]
+        )
         for how, flags in (("h100", ["--gpu-model", "h100"]), ("cap", ["--power-cap-w", "700"])):
             main(["triage", "--trace", str(trace), *flags, "--out", str(tmp / f"{name}-{how}")])
             phases = pd.read_parquet(tmp / f"{name}-{how}" / "phases.parquet")
@@ -101,8 +111,15 @@ def write_frame(df, path, meta=None):
     from wattgate.data.synthetic_trace import trace_table
 
     from wattgate.telemetry.trace import schema_with_meta
-    table = trace_table(df["time"].to_numpy(), ["n0"], np.zeros(len(df), np.int32), df["gpu"].to_numpy(),
-                        df["power_w"].to_numpy(), df["util_gpu"].to_numpy())
+
+    table = trace_table(
+        df["time"].to_numpy(),
+        ["n0"],
+        np.zeros(len(df), np.int32),
+        df["gpu"].to_numpy(),
+        df["power_w"].to_numpy(),
+        df["util_gpu"].to_numpy(),
+    )
     pq.write_table(table.cast(schema_with_meta(meta or {"host": "n0"})), path)
     return path
 
@@ -118,8 +135,12 @@ def bursts_between_waits(rng, gpus=8):
     for name, dur in segs:
         for x in np.arange(t, t + dur, 0.1):
             for g in range(gpus):
-                p, u = {"idle": (70, 0), "wait": (140, 100), "step": (600, 100),
-                        "checkpoint": (80, 2) if g == 0 else (140, 100)}[name]
+                p, u = {
+                    "idle": (70, 0),
+                    "wait": (140, 100),
+                    "step": (600, 100),
+                    "checkpoint": (80, 2) if g == 0 else (140, 100),
+                }[name]
                 rows.append((x, g, p + rng.normal(0, 5), u))
         t += dur
     return frame(rows)
@@ -153,8 +174,7 @@ def stalled(rng, hz, stalls):
 def test_a_gap_of_a_few_sampling_periods_takes_the_phase_around_it():
     rng = np.random.default_rng(2)
     # at 1 Hz a missed sample or two leaves 1-2 empty windows: filled; a 20 s stall stays unknown
-    phases = triage(stalled(rng, 1.0, [(50.5, 1.0), (100.5, 2.0), (200.5, 20.0)]),
-                    shipped_table("h100")).to_pandas()
+    phases = triage(stalled(rng, 1.0, [(50.5, 1.0), (100.5, 2.0), (200.5, 20.0)]), shipped_table("h100")).to_pandas()
     per_gpu = phases[phases["gpu"] == 0]
     unknown = per_gpu[per_gpu["phase"] == "unknown"]
     assert len(unknown) == 20 and unknown["start"].min() >= 200
@@ -174,12 +194,15 @@ def test_unknown_time_is_reported(tmp_path):
     assert "Telemetry gaps: 12 s unknown" in (tmp_path / "out" / "triage.md").read_text()
     # the report says it too, whether it reads triage's phases or triages in process
     from wattgate.report import run_report
+
     for power_dir in (tmp_path / "out", None):
         out = tmp_path / f"report-{power_dir is None}"
         summary = run_report(None, out, power_dir=power_dir, trace_paths=[trace], gpu_model="h100")
         assert summary["phases"]["gaps"]["unknown_s"] == pytest.approx(12.0)
-        assert "Telemetry gaps: 12 GPU-seconds unknown (no sample; 2 gap(s), longest 6 s)" in \
-            (out / "index.html").read_text()
+        assert (
+            "Telemetry gaps: 12 GPU-seconds unknown (no sample; 2 gap(s), longest 6 s)"
+            in (out / "index.html").read_text()
+        )
 
 
 def light_inference(rng, with_idle_context):
@@ -205,8 +228,9 @@ def test_light_work_is_not_idle(context):
 
 def at_cap(rng, cap=300.0):
     """A V100 held at its 300 W power cap, utilization 56-96% (no table ships for it)."""
-    return frame([(x, g, cap - abs(rng.normal(0, 4)), rng.uniform(56, 96))
-                  for x in np.arange(0, 200, 0.2) for g in range(2)])
+    return frame(
+        [(x, g, cap - abs(rng.normal(0, 4)), rng.uniform(56, 96)) for x in np.arange(0, 200, 0.2) for g in range(2)]
+    )
 
 
 def test_at_the_power_cap_is_compute_whatever_the_util():
@@ -233,8 +257,9 @@ def test_a_table_is_derived_from_the_power_cap_when_none_matches(tmp_path):
     assert result["table_source"].startswith("derived from the 300 W power cap (--power-cap-w)")
     # the sampler's record of NVML's enforced limit serves as well
     recorded = tmp_path / "recorded.parquet"
-    write_frame(at_cap(np.random.default_rng(6)), recorded,
-                {"host": "n0", "gpus": [dict(g, power_limit_w=300.0) for g in gpus]})
+    write_frame(
+        at_cap(np.random.default_rng(6)), recorded, {"host": "n0", "gpus": [dict(g, power_limit_w=300.0) for g in gpus]}
+    )
     result = run_triage([recorded], tmp_path / "recorded")
     assert "recorded" in result["table_source"] and result["phases"]["compute"]["share"] == 1.0
 

@@ -23,8 +23,10 @@ TABLES = {"calibrated": lambda: shipped_table("h200"), "published": lambda: PUBL
 
 @pytest.fixture(scope="module")
 def calibration():
-    return (read_trace(H200_DATA / "calibration-trace.parquet"),
-            pq.read_table(H200_DATA / "calibration-trace.labels.parquet").to_pandas())
+    return (
+        read_trace(H200_DATA / "calibration-trace.parquet"),
+        pq.read_table(H200_DATA / "calibration-trace.labels.parquet").to_pandas(),
+    )
 
 
 @pytest.fixture(scope="module")

@@ -30,15 +30,28 @@ from wattgate.telemetry.watch import (
 )
 
 H100 = shipped_table("h100")
-S = WatchSettings(hang_after_s=10, checkpoint_after_s=100, startup_after_s=50, busy_stall_after_s=300,
-                  poll_s=0.2, kill_grace_s=2)
+S = WatchSettings(
+    hang_after_s=10, checkpoint_after_s=100, startup_after_s=50, busy_stall_after_s=300, poll_s=0.2, kill_grace_s=2
+)
 NOW = 1_000_000.0
 
 
-def beat(rank, step, phase="train", age=0.0, epoch=0, micro=None, micros=None, total=40, epoch_ends=(20, 40),
-         host="n1"):
-    b = {"rank": rank, "local_rank": rank, "gpu": None, "host": host, "pid": 1, "step": step, "epoch": epoch,
-         "phase": phase, "time": NOW - age, "total_steps": total, "epoch_ends": list(epoch_ends)}
+def beat(
+    rank, step, phase="train", age=0.0, epoch=0, micro=None, micros=None, total=40, epoch_ends=(20, 40), host="n1"
+):
+    b = {
+        "rank": rank,
+        "local_rank": rank,
+        "gpu": None,
+        "host": host,
+        "pid": 1,
+        "step": step,
+        "epoch": epoch,
+        "phase": phase,
+        "time": NOW - age,
+        "total_steps": total,
+        "epoch_ends": list(epoch_ends),
+    }
     if micro is not None:
         b.update(micro=micro, micros=micros)
     return b
@@ -277,8 +290,24 @@ def test_watch_cli_without_a_job_exits_cleanly(tmp_path):
     cfg.write_text("data: {inputs: [x.jsonl]}\nwatcher: {poll_s: 0.1}\n")
     dead = subprocess.Popen(["true"])
     dead.wait()
-    proc = subprocess.run([sys.executable, "-m", "wattgate", "watch", "--config", str(cfg), "--run", str(tmp_path),
-                           "--pid", str(dead.pid)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wattgate",
+            "watch",
+            "--config",
+            str(cfg),
+            "--run",
+            str(tmp_path),
+            "--pid",
+            str(dead.pid),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "watcher.json").read_text())["verdict"] == "healthy"
 

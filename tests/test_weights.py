@@ -16,22 +16,34 @@ from wattgate.train.safetensors_io import SafetensorsStream, read_header, read_r
 from wattgate.train.weights import export_file_names, plan_export_files, seeded_normal_rows, ExportEntry
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = {"model_type": "qwen3", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-        "max_position_embeddings": 128}
+TINY = {
+    "model_type": "qwen3",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "max_position_embeddings": 128,
+}
 
 
 def torchrun(ranks: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                          timeout=timeout, cwd=REPO)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=timeout, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
 
 def write_config(path: Path, ranks: int, model: dict, **train) -> Path:
-    path.write_text(yaml.safe_dump({"run_name": "t", "model": model, "train": train,
-                                    "cluster": {"nodes": 1, "gpus_per_node": ranks}}))
+    path.write_text(
+        yaml.safe_dump(
+            {"run_name": "t", "model": model, "train": train, "cluster": {"nodes": 1, "gpus_per_node": ranks}}
+        )
+    )
     return path
 
 
@@ -153,9 +165,18 @@ def test_export_in_the_input_dtype_round_trips_through_from_pretrained(tmp_path)
     assert folder_tensors(tmp_path / "ex32/final")["lm_head.weight"].dtype == torch.float32
 
 
-QWEN_SHAPED = {"model_type": "qwen3", "vocab_size": 16384, "hidden_size": 768, "intermediate_size": 2304,
-               "num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 96,
-               "max_position_embeddings": 512, "tie_word_embeddings": False}
+QWEN_SHAPED = {
+    "model_type": "qwen3",
+    "vocab_size": 16384,
+    "hidden_size": 768,
+    "intermediate_size": 2304,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 96,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+}
 
 
 @pytest.mark.slow

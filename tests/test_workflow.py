@@ -41,8 +41,13 @@ def workflow_copy(tmp_path_factory):
     return work
 
 
-ARTIFACTS = ["results/corpus/demo.jsonl", "results/tokenizer", "results/pretokenized", "results/plan/plan.json",
-             "results/plan/packs.parquet"]
+ARTIFACTS = [
+    "results/corpus/demo.jsonl",
+    "results/tokenizer",
+    "results/pretokenized",
+    "results/plan/plan.json",
+    "results/plan/packs.parquet",
+]
 
 
 def snapshot(work: Path) -> dict[str, bytes]:
@@ -106,8 +111,9 @@ def output(proc) -> str:
 
 
 def test_snakefmt_is_clean():
-    proc = subprocess.run([str(BIN / "snakefmt"), "--check", "Snakefile", "workflow/"], cwd=REPO,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(BIN / "snakefmt"), "--check", "Snakefile", "workflow/"], cwd=REPO, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -136,8 +142,9 @@ def test_no_path_is_typed_into_a_shell():
     commands = re.findall(r'"(wattgate [^"]*)"', common)
     assert commands and all("results" not in c for c in commands)
     for name in ["TRAIN_DIR", "POWER_DIR", "REPORT_DIR", "PLAN_DIR", "GATE_DIR", "CALIBRATION"]:
-        homes = [p.name for p in (REPO / "workflow/rules").glob("*.smk")
-                 if re.search(rf"^{name} = ", p.read_text(), re.M)]
+        homes = [
+            p.name for p in (REPO / "workflow/rules").glob("*.smk") if re.search(rf"^{name} = ", p.read_text(), re.M)
+        ]
         assert homes == ["common.smk"], (name, homes)
 
 
@@ -158,8 +165,11 @@ def test_experiment_rules_run_the_main_rules_commands(workflow_copy):
     """experiment_pack/gate/train run the very command of pack_and_balance/invariant_gate/train (one
     definition, STAGE_SHELL in common.smk): the same words, only the config and the folders differ."""
     commands = dry_run_commands(workflow_copy, "all", "scaling")
-    for main, twin in [("pack_and_balance", "experiment_pack"), ("invariant_gate", "experiment_gate"),
-                       ("train", "experiment_train")]:
+    for main, twin in [
+        ("pack_and_balance", "experiment_pack"),
+        ("invariant_gate", "experiment_gate"),
+        ("train", "experiment_train"),
+    ]:
         [ours] = commands[main]
         main_words = shlex.split(ours)
         for theirs in commands[twin]:
@@ -237,8 +247,10 @@ def test_watcher_kills_the_uneven_plan_deadlock_and_names_the_rank_ahead(workflo
     """The field report's hang, for real on gloo: per-rank packing (no rebalancing), the gate and the trainer's
     own count check both overridden, so one rank reaches a collective the other never calls."""
     uneven = tmp_path / "uneven.yaml"
-    uneven.write_text("pack: {remainder: none}\ngate: {enforce: false}\n"
-                      "train: {check_planned_counts: false, collective_timeout_s: 600}\nwatcher: {hang_after_s: 5}\n")
+    uneven.write_text(
+        "pack: {remainder: none}\ngate: {enforce: false}\n"
+        "train: {check_planned_counts: false, collective_timeout_s: 600}\nwatcher: {hang_after_s: 5}\n"
+    )
     proc = snakemake(workflow_copy, "--configfile", str(uneven), check=False)
     run = workflow_copy / "results/train/demo"
     assert proc.returncode != 0
@@ -325,6 +337,10 @@ def test_embedded_default_end_to_end_learns(tmp_path_factory):
     final = work / "results/train/demo/final"
     model = AutoModelForCausalLM.from_pretrained(str(final), local_files_only=True)
     tok = AutoTokenizer.from_pretrained(str(final), local_files_only=True)
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 2?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
     assert model(input_ids=ids).logits.shape[-1] == model.config.vocab_size

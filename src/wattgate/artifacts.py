@@ -118,7 +118,7 @@ def _nonfinite_path(obj: Any, path: str = "$") -> str | None:
         return path
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
     for key, value in items:
-        if (found := _nonfinite_path(value, f"{path}[{key!r}]" if isinstance(obj, dict) else f"{path}[{key}]")):
+        if found := _nonfinite_path(value, f"{path}[{key!r}]" if isinstance(obj, dict) else f"{path}[{key}]"):
             return found
     return None
 
@@ -139,8 +139,10 @@ def canonical_json(obj: Any, *, nonfinite: str = "error") -> str:
         where = _nonfinite_path(obj)
         if where is None:
             raise
-        raise ValueError(f"non-finite float (NaN or Infinity) at {where}: not valid JSON; "
-                         "write null for it, or pass nonfinite='null'") from None
+        raise ValueError(
+            f"non-finite float (NaN or Infinity) at {where}: not valid JSON; "
+            "write null for it, or pass nonfinite='null'"
+        ) from None
 
 
 def write_json_atomic(dest: str | os.PathLike, obj: Any, *, nonfinite: str = "error") -> None:
@@ -268,7 +270,7 @@ def sweep_stale_temps(dest: str | os.PathLike) -> list[Path]:
     except OSError:
         return removed
     for name in names:
-        m = _TEMP_TAIL.fullmatch(name[len(prefix):])
+        m = _TEMP_TAIL.fullmatch(name[len(prefix) :])
         if m is None:
             continue
         path = dest.parent / name

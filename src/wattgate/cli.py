@@ -48,8 +48,10 @@ def _pack(args, config) -> None:
     s = plan["stats"]
     if plan.get("segments"):
         r = plan["resumed_from"]
-        print(f"pack: continues step {r['step']} of {r['checkpoint']} in segment {len(plan['segments'])}: "
-              f"{s['segment_packs']} packs, {plan['segments'][-1]['end_step'] - r['step']} more steps -> {args.out}")
+        print(
+            f"pack: continues step {r['step']} of {r['checkpoint']} in segment {len(plan['segments'])}: "
+            f"{s['segment_packs']} packs, {plan['segments'][-1]['end_step'] - r['step']} more steps -> {args.out}"
+        )
         return
     steps = {tuple(x) for x in s["per_rank_steps_per_epoch"]}
     print(
@@ -72,8 +74,10 @@ def _gate(args, config) -> None:
         return
     names = ", ".join(c["name"] for c in failed)
     if not config["gate"]["enforce"]:
-        print(f"gate: WARNING: FAILED ({names}) but gate.enforce is false: continuing on purpose. "
-              f"See {args.out}/gate.md", file=sys.stderr)
+        print(
+            f"gate: WARNING: FAILED ({names}) but gate.enforce is false: continuing on purpose. See {args.out}/gate.md",
+            file=sys.stderr,
+        )
         return
     raise StageFailed(f"{len(failed)} check(s) failed: {names}; see {args.out}/gate.md")
 
@@ -102,8 +106,9 @@ def _launch(args, config) -> None:
             raise StageFailed(message)
         print(f"launch: WARNING: {message}", file=sys.stderr)
     if result.returncode != 0:
-        raise StageFailed(f"training exited with status {result.returncode}; see the log above and "
-                          f"{args.out}/heartbeat/")
+        raise StageFailed(
+            f"training exited with status {result.returncode}; see the log above and {args.out}/heartbeat/"
+        )
 
 
 def _sample(args, config) -> int:
@@ -126,8 +131,10 @@ def _variant(args, config) -> None:
 
     derived = write_variant_config(config, args.experiment, args.variant, args.out)
     t, c = derived["train"], derived["cluster"]
-    print(f"variant: {derived['run_name']}: {c['nodes']} node(s) x {c['gpus_per_node']}, grad_accum "
-          f"{t['grad_accum']}, data_cache {t['data_cache']}, {t['max_steps']} steps -> {args.out}")
+    print(
+        f"variant: {derived['run_name']}: {c['nodes']} node(s) x {c['gpus_per_node']}, grad_accum "
+        f"{t['grad_accum']}, data_cache {t['data_cache']}, {t['max_steps']} steps -> {args.out}"
+    )
 
 
 def _compare(args, config) -> None:
@@ -142,14 +149,18 @@ def _import_trace(args, config) -> None:
     from wattgate.power.importers import import_trace, write_trace
 
     fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
-    table, meta = import_trace(args.source, args.files, args.host, args.skip_bad_lines, fields, args.tz,
-                               args.gpu_index, args.columns)
+    table, meta = import_trace(
+        args.source, args.files, args.host, args.skip_bad_lines, fields, args.tz, args.gpu_index, args.columns
+    )
     write_trace(table, args.out)
     gpus = len({(h, g) for h, g in zip(table["host"].to_pylist(), table["gpu"].to_pylist())})
     skipped = sum(n for k, n in meta["skipped_lines"].items() if k != "truncated_final_line")
-    print(f"import-trace: {table.num_rows} rows, {gpus} GPU(s) on {len(meta['hosts'])} host(s)"
-          + (f", {skipped} bad line(s) skipped" if skipped else "")
-          + ("; GPU index inferred from sampling bursts" if meta["gpu_index_inferred"] else "") + f" -> {args.out}")
+    print(
+        f"import-trace: {table.num_rows} rows, {gpus} GPU(s) on {len(meta['hosts'])} host(s)"
+        + (f", {skipped} bad line(s) skipped" if skipped else "")
+        + ("; GPU index inferred from sampling bursts" if meta["gpu_index_inferred"] else "")
+        + f" -> {args.out}"
+    )
     for note in meta["notes"]:
         print(f"import-trace: note: {note}")
 
@@ -159,11 +170,18 @@ def _triage(args, config) -> None:
     from wattgate.telemetry.trace import trace_files
 
     # the run's settings, unless given on the command line
-    s = TriageSettings.merge(config, args.table, args.gpu_model, args.window, args.deadlock_after,
-                             args.power_cap_w)
+    s = TriageSettings.merge(config, args.table, args.gpu_model, args.window, args.deadlock_after, args.power_cap_w)
     traces = [f for p in args.trace for f in (trace_files(p) if p.is_dir() else [p])]
-    result = run_triage(traces, args.out, table_path=s.table_path, gpu_model=s.gpu_model, run_dir=args.run,
-                        window_s=s.window_s, deadlock_after_s=s.deadlock_after_s, power_cap_w=s.power_cap_w)
+    result = run_triage(
+        traces,
+        args.out,
+        table_path=s.table_path,
+        gpu_model=s.gpu_model,
+        run_dir=args.run,
+        window_s=s.window_s,
+        deadlock_after_s=s.deadlock_after_s,
+        power_cap_w=s.power_cap_w,
+    )
     shown = ", ".join(f"{ph} {100 * v['share']:.1f}%" for ph, v in result["phases"].items())
     print(f"triage: {result['gpus']} GPU(s), {shown or result['status']} -> {args.out}")
 
@@ -173,21 +191,40 @@ def _report(args, config) -> None:
 
     if args.run is None and not args.trace:
         raise InputError("report: pass --run DIR (a train run) or --trace FILE... (e.g. from wattgate import-trace)")
-    s = run_report(args.run, args.out, power_dir=args.power, gate_dir=args.gate, config=config,
-                   trace_paths=args.trace, gpu_model=args.gpu_model, table_path=args.table,
-                   power_cap_w=args.power_cap_w)
+    s = run_report(
+        args.run,
+        args.out,
+        power_dir=args.power,
+        gate_dir=args.gate,
+        config=config,
+        trace_paths=args.trace,
+        gpu_model=args.gpu_model,
+        table_path=args.table,
+        power_cap_w=args.power_cap_w,
+    )
     energy = s["energy"]
-    kwh = f"{energy['kwh']:.4g} kWh ({energy['method'].replace('_', ' ')})" if energy["kwh"] is not None \
+    kwh = (
+        f"{energy['kwh']:.4g} kWh ({energy['method'].replace('_', ' ')})"
+        if energy["kwh"] is not None
         else "no GPU telemetry"
-    print(f"report: {s['run']['name']}: {s['tokens'] or 0} tokens, {kwh}, {len(s['anomalies'])} anomaly(ies) "
-          f"-> {args.out}/index.html")
+    )
+    print(
+        f"report: {s['run']['name']}: {s['tokens'] or 0} tokens, {kwh}, {len(s['anomalies'])} anomaly(ies) "
+        f"-> {args.out}/index.html"
+    )
 
 
 def _calibrate(args, config) -> None:
     from wattgate.power.calibrate import calibrate
 
-    calibrate(args.gpu_model, args.out, args.seconds, interval_s=args.interval, device_index=args.device,
-              samples_out=args.samples)
+    calibrate(
+        args.gpu_model,
+        args.out,
+        args.seconds,
+        interval_s=args.interval,
+        device_index=args.device,
+        samples_out=args.samples,
+    )
 
 
 def _positive_float(text: str) -> float:
@@ -225,13 +262,20 @@ def build_parser() -> argparse.ArgumentParser:
     stage("pack", _pack, "pack-and-balance: equal micro-batches on every rank", "pretokenized")
     stage("gate", _gate, "invariant gate: prove the plan safe before any GPU job", "pretokenized", "plan")
     stage("train", _train, "train one rank (run under torchrun; see `wattgate launch`)", "pretokenized", "plan")
-    p = stage("launch", _launch, "start the train stage on every rank (torchrun; srun on Slurm)",
-              "pretokenized", "plan")
-    p.add_argument("--gate", type=Path, help="the gate's output folder whose marker must name this plan "
-                                             "(default: gate/ beside the plan folder)")
+    p = stage(
+        "launch", _launch, "start the train stage on every rank (torchrun; srun on Slurm)", "pretokenized", "plan"
+    )
+    p.add_argument(
+        "--gate",
+        type=Path,
+        help="the gate's output folder whose marker must name this plan (default: gate/ beside the plan folder)",
+    )
 
-    p = sub.add_parser("load-check", help="the train stage's sharded model load (and export) alone, measured "
-                                          "(run under torchrun with the train job's ranks)")
+    p = sub.add_parser(
+        "load-check",
+        help="the train stage's sharded model load (and export) alone, measured "
+        "(run under torchrun with the train job's ranks)",
+    )
     p.add_argument("--config", required=True, type=Path, help="run config (YAML)")
     p.add_argument("--out", required=True, type=Path, help="folder for load-check.json (and final/ with --export)")
     p.add_argument("--export", action="store_true", help="also export final/ as the train stage would")
@@ -266,52 +310,77 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path)
     p.set_defaults(func=_compare, config=None)
 
-    p = sub.add_parser("import-trace",
-                       help="nvidia-smi / DCGM / Zeus / any CSV logs -> a wattgate trace (for triage, report)")
+    p = sub.add_parser(
+        "import-trace", help="nvidia-smi / DCGM / Zeus / any CSV logs -> a wattgate trace (for triage, report)"
+    )
     p.add_argument("--from", dest="source", required=True, choices=["nvidia-smi", "dcgm", "zeus", "csv"])
     p.add_argument("files", nargs="+", type=Path, help="log file(s)")
     p.add_argument("--out", required=True, type=Path, help="trace file (Parquet)")
     p.add_argument("--host", help="host name for the rows (default: DCGM's Hostname label, else the file name)")
     p.add_argument("--fields", help="nvidia-smi logs written with noheader: the --query-gpu list, comma-separated")
-    p.add_argument("--columns", help="--from csv: trace field=header name[:unit], comma-separated, e.g. "
-                   "time=timestamp,gpu=gpu_index,power_w=power_mW:mW (time and power_w required; time units "
-                   "s, ms, us, ns or ISO-8601; no gpu means one GPU)")
-    p.add_argument("--tz", default="UTC",
-                   help="time zone of timestamps written without one (nvidia-smi, csv; default UTC)")
+    p.add_argument(
+        "--columns",
+        help="--from csv: trace field=header name[:unit], comma-separated, e.g. "
+        "time=timestamp,gpu=gpu_index,power_w=power_mW:mW (time and power_w required; time units "
+        "s, ms, us, ns or ISO-8601; no gpu means one GPU)",
+    )
+    p.add_argument(
+        "--tz", default="UTC", help="time zone of timestamps written without one (nvidia-smi, csv; default UTC)"
+    )
     p.add_argument("--gpu-index", type=int, default=0, help="GPU of a legacy one-GPU Zeus log (default 0)")
     p.add_argument("--skip-bad-lines", action="store_true", help="count unreadable lines instead of stopping")
     p.set_defaults(func=_import_trace, config=None)
 
     p = sub.add_parser("triage", help="label each GPU's 1 s windows: compute/communication/.../deadlock/idle")
     p.add_argument("--config", type=Path, help="run config: table, window and hang limit from it")
-    p.add_argument("--trace", required=True, nargs="+", type=Path,
-                   help="trace file(s), one per node, or a run's telemetry folder")
+    p.add_argument(
+        "--trace", required=True, nargs="+", type=Path, help="trace file(s), one per node, or a run's telemetry folder"
+    )
     p.add_argument("--table", help="triage table (YAML); default: shipped table for --gpu-model or the trace's GPUs")
     p.add_argument("--gpu-model", help="a100, h100, h200, b200, b300 (default: from the trace's device names)")
     p.add_argument("--run", type=Path, help="train output folder: heartbeats and metrics sharpen the labels")
-    p.add_argument("--power-cap-w", type=_positive_float, metavar="W",
-                   help="the GPUs' power cap in W: at the cap is compute whatever the utilization, and for a GPU "
-                        "no table ships for (V100, L40S, ...) a table is derived from it (an imported log records "
-                        "no cap; the sampler records NVML's enforced limit)")
-    p.add_argument("--window", type=float,
-                   help=f"window length in seconds (default {DEFAULT_WINDOW_S:g}, or telemetry.window_s)")
-    p.add_argument("--deadlock-after", type=float,
-                   help="a low-power busy wait this long that never ends is a deadlock "
-                        f"(default {DEFAULT_DEADLOCK_AFTER_S:g}, or watcher.hang_after_s)")
+    p.add_argument(
+        "--power-cap-w",
+        type=_positive_float,
+        metavar="W",
+        help="the GPUs' power cap in W: at the cap is compute whatever the utilization, and for a GPU "
+        "no table ships for (V100, L40S, ...) a table is derived from it (an imported log records "
+        "no cap; the sampler records NVML's enforced limit)",
+    )
+    p.add_argument(
+        "--window", type=float, help=f"window length in seconds (default {DEFAULT_WINDOW_S:g}, or telemetry.window_s)"
+    )
+    p.add_argument(
+        "--deadlock-after",
+        type=float,
+        help="a low-power busy wait this long that never ends is a deadlock "
+        f"(default {DEFAULT_DEADLOCK_AFTER_S:g}, or watcher.hang_after_s)",
+    )
     p.add_argument("--out", required=True, type=Path)
     p.set_defaults(func=_triage)
 
     p = sub.add_parser("report", help="summary.json and a self-contained index.html for a run (or a bare trace)")
     p.add_argument("--run", type=Path, help="train output folder (results/train/<run>)")
-    p.add_argument("--trace", nargs="+", type=Path,
-                   help="trace file(s) or folder(s): power-only mode, or in place of RUN/telemetry")
+    p.add_argument(
+        "--trace",
+        nargs="+",
+        type=Path,
+        help="trace file(s) or folder(s): power-only mode, or in place of RUN/telemetry",
+    )
     p.add_argument("--gpu-model", help="a100, h100, h200, b200, b300, for traces that name no GPU")
-    p.add_argument("--table", type=Path,
-                   help="triage table (YAML, as for `wattgate triage --table`), e.g. for a GPU with no shipped table")
-    p.add_argument("--power-cap-w", type=_positive_float, metavar="W",
-                   help="the GPUs' power cap in W: at the cap is compute whatever the utilization, and for a GPU "
-                        "no table ships for (V100, L40S, ...) a table is derived from it (an imported log records "
-                        "no cap; the sampler records NVML's enforced limit)")
+    p.add_argument(
+        "--table",
+        type=Path,
+        help="triage table (YAML, as for `wattgate triage --table`), e.g. for a GPU with no shipped table",
+    )
+    p.add_argument(
+        "--power-cap-w",
+        type=_positive_float,
+        metavar="W",
+        help="the GPUs' power cap in W: at the cap is compute whatever the utilization, and for a GPU "
+        "no table ships for (V100, L40S, ...) a table is derived from it (an imported log records "
+        "no cap; the sampler records NVML's enforced limit)",
+    )
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--power", type=Path, help="triage output (default results/power/<run>; else triage runs here)")
     p.add_argument("--gate", type=Path, help="gate output folder (default results/gate beside results/train)")

@@ -47,8 +47,9 @@ def node_layout(world: int, gpus_per_node: int) -> tuple[int, int]:
     if world <= gpus_per_node:
         return 1, world
     if world % gpus_per_node:
-        raise InputError(f"scaling.world_sizes: {world} does not fill whole nodes of cluster.gpus_per_node "
-                         f"{gpus_per_node}")
+        raise InputError(
+            f"scaling.world_sizes: {world} does not fill whole nodes of cluster.gpus_per_node {gpus_per_node}"
+        )
     return world // gpus_per_node, gpus_per_node
 
 
@@ -64,16 +65,20 @@ def variant_config(config: dict, experiment: str, variant: str) -> dict:
     if experiment == "scaling":
         m = re.fullmatch(r"w(\d+)", variant)
         if not m or int(m.group(1)) not in config["scaling"]["world_sizes"]:
-            raise InputError(f"scaling variant {variant!r}: expected w<N> for N in scaling.world_sizes "
-                             f"{config['scaling']['world_sizes']}")
+            raise InputError(
+                f"scaling variant {variant!r}: expected w<N> for N in scaling.world_sizes "
+                f"{config['scaling']['world_sizes']}"
+            )
         world = int(m.group(1))
         nodes, per_node = node_layout(world, config["cluster"]["gpus_per_node"])
         batch = global_batch_packs(config)
         accum, rest = divmod(batch, world * t["micro_batch_size"])
         if rest or accum < 1:
-            raise InputError(f"scaling: a global batch of {batch} packs does not split over {world} GPU(s) x "
-                             f"micro_batch_size {t['micro_batch_size']}; set scaling.global_batch_packs to a "
-                             "multiple of every world size x micro_batch_size")
+            raise InputError(
+                f"scaling: a global batch of {batch} packs does not split over {world} GPU(s) x "
+                f"micro_batch_size {t['micro_batch_size']}; set scaling.global_batch_packs to a "
+                "multiple of every world size x micro_batch_size"
+            )
         out["cluster"].update(nodes=nodes, gpus_per_node=per_node)
         t["grad_accum"] = accum
         steps = config["scaling"]["steps"]
@@ -85,8 +90,12 @@ def variant_config(config: dict, experiment: str, variant: str) -> dict:
     else:
         raise InputError(f"unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
     # a measurement: only the first steps, one checkpoint at the end, no warmup longer than the run
-    t.update(max_steps=steps, checkpoint_every=steps, checkpoint_at_epoch_end=False,
-             warmup_steps=min(t["warmup_steps"], steps - 1))
+    t.update(
+        max_steps=steps,
+        checkpoint_every=steps,
+        checkpoint_at_epoch_end=False,
+        warmup_steps=min(t["warmup_steps"], steps - 1),
+    )
     out["run_name"] = f"{config['run_name']}-{experiment}-{variant}"
     return validate_config(out)
 
@@ -99,8 +108,9 @@ def write_variant_config(config: dict, experiment: str, variant: str, dest: Path
 
 def step_throughput(metrics: pd.DataFrame, skip: int = 1) -> dict:
     """Tokens/s over the measured steps: per step, all ranks' tokens over the slowest rank's time."""
-    steps = metrics.groupby("step").agg(tokens=("tokens", "sum"), time=("step_time_s", "max"),
-                                         wait=("data_wait_s", "max"), end=("time", "max"))
+    steps = metrics.groupby("step").agg(
+        tokens=("tokens", "sum"), time=("step_time_s", "max"), wait=("data_wait_s", "max"), end=("time", "max")
+    )
     measured = steps.iloc[skip:] if len(steps) > skip else steps
     if measured.empty or measured["time"].sum() <= 0:
         raise InputError("metrics.parquet: no measured steps")
@@ -147,14 +157,20 @@ def run_row(variant_dir: Path) -> dict:
     world = world_size(config)
     energy = measured_energy_j(train / "telemetry", m["start"], m["end"])
     return {
-        "run": config["run_name"], "world_size": world, "nodes": config["cluster"]["nodes"],
-        "device": summary.get("device"), "grad_accum": config["train"]["grad_accum"],
-        "micro_batch_size": config["train"]["micro_batch_size"], "data_cache": config["train"]["data_cache"],
-        "steps_measured": m["steps_measured"], "tokens_per_s": m["tokens_per_s"],
+        "run": config["run_name"],
+        "world_size": world,
+        "nodes": config["cluster"]["nodes"],
+        "device": summary.get("device"),
+        "grad_accum": config["train"]["grad_accum"],
+        "micro_batch_size": config["train"]["micro_batch_size"],
+        "data_cache": config["train"]["data_cache"],
+        "steps_measured": m["steps_measured"],
+        "tokens_per_s": m["tokens_per_s"],
         "tokens_per_s_per_gpu": m["tokens_per_s"] / world,
         "gpu_hours_per_billion_tokens": world * 1e9 / m["tokens_per_s"] / 3600,
         "joules_per_token": energy / m["tokens"] if energy is not None else None,
-        "data_wait_share": m["data_wait_share"], "data_wait_s_per_step": m["data_wait_s_per_step"],
+        "data_wait_share": m["data_wait_share"],
+        "data_wait_s_per_step": m["data_wait_s_per_step"],
         "data_copy_s": summary.get("data_copy_s"),
     } | forecast_columns(variant_dir / "gate", summary)
 
@@ -172,11 +188,29 @@ def forecast_columns(gate_dir: Path, trained: dict) -> dict:
 
 
 FORECAST_COLUMNS = ["forecast_source", "forecast_wall_s", "measured_wall_s", "forecast_error"]
-SCALING_COLUMNS = ["world_size", "nodes", "device", "grad_accum", "steps_measured", "tokens_per_s",
-                   "tokens_per_s_per_gpu", "scaling_efficiency", "gpu_hours_per_billion_tokens",
-                   "joules_per_token"] + FORECAST_COLUMNS
-DATAIO_COLUMNS = ["data_cache", "world_size", "device", "steps_measured", "tokens_per_s", "data_wait_share",
-                  "data_wait_s_per_step", "data_copy_s", "joules_per_token"] + FORECAST_COLUMNS
+SCALING_COLUMNS = [
+    "world_size",
+    "nodes",
+    "device",
+    "grad_accum",
+    "steps_measured",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "scaling_efficiency",
+    "gpu_hours_per_billion_tokens",
+    "joules_per_token",
+] + FORECAST_COLUMNS
+DATAIO_COLUMNS = [
+    "data_cache",
+    "world_size",
+    "device",
+    "steps_measured",
+    "tokens_per_s",
+    "data_wait_share",
+    "data_wait_s_per_step",
+    "data_copy_s",
+    "joules_per_token",
+] + FORECAST_COLUMNS
 
 
 def compare(experiment: str, variant_dirs: list[Path], out: Path) -> pd.DataFrame:

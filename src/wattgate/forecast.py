@@ -49,10 +49,10 @@ from wattgate.errors import InputError
 LEDGER_NAME = "throughput.jsonl"
 LEDGER_VERSION = 1
 ASSUMED_STARTUP_S = {"cpu": 10.0, "gpu": 120.0}  # launch, imports, NCCL init: used until a run measures it
-ASSUMED_STORAGE_GBPS = 1.0   # GB/s of checkpoint writes when neither the config nor a run gives one
+ASSUMED_STORAGE_GBPS = 1.0  # GB/s of checkpoint writes when neither the config nor a run gives one
 NCCL_DEFAULT_TIMEOUT_S = 600.0
-WARMUP_STEPS = 5             # first steps of a run kept out of its measured rate (one-off costs)
-GIB = 1024 ** 3
+WARMUP_STEPS = 5  # first steps of a run kept out of its measured rate (one-off costs)
+GIB = 1024**3
 
 
 # ---------------------------------------------------------------- the trainer's checkpoint rule
@@ -93,8 +93,10 @@ def read_ledger(path: Path) -> list[dict]:
             if not isinstance(rec, dict) or not isinstance(rec.get("cost_per_s"), (int, float)):
                 raise ValueError("no cost_per_s")
         except ValueError as exc:
-            raise InputError(f"{path}:{lineno}: not a throughput record ({exc}); delete that line "
-                             "(train appends one per finished run)") from None
+            raise InputError(
+                f"{path}:{lineno}: not a throughput record ({exc}); delete that line "
+                "(train appends one per finished run)"
+            ) from None
         records.append(rec)
     return records
 
@@ -112,16 +114,33 @@ def warmup_steps(n: int) -> int:
     return min(WARMUP_STEPS, n // 4)
 
 
-def run_record(*, run_name: str, shape: dict, gpu_model: str, world_size: int, seq_len: int, micro_batch_size: int,
-               attn_weight: float, step_costs: np.ndarray, step_times: list[float], tokens: int, startup_s: float,
-               load_s: float, checkpoints: int, checkpoint_s: float, checkpoint_bytes: int, export_s: float,
-               export_bytes: int, job_s: float) -> dict:
+def run_record(
+    *,
+    run_name: str,
+    shape: dict,
+    gpu_model: str,
+    world_size: int,
+    seq_len: int,
+    micro_batch_size: int,
+    attn_weight: float,
+    step_costs: np.ndarray,
+    step_times: list[float],
+    tokens: int,
+    startup_s: float,
+    load_s: float,
+    checkpoints: int,
+    checkpoint_s: float,
+    checkpoint_bytes: int,
+    export_s: float,
+    export_bytes: int,
+    job_s: float,
+) -> dict:
     """A finished run's throughput: what a forecast for the same shape, world size and GPU model reuses.
 
     The rate is measured after the first warm-up steps; their time beyond that rate is warmup_s, a one-off
     term of every run (so a short first run does not make a long second one look slow)."""
     times = np.asarray(step_times, float)
-    costs = np.asarray(step_costs, float)[:len(times)]
+    costs = np.asarray(step_costs, float)[: len(times)]
     w = warmup_steps(len(times))
     steady_s, steady_cost = float(times[w:].sum()), float(costs[w:].sum())
     rate = steady_cost / steady_s if steady_s > 0 else 0.0
@@ -129,13 +148,27 @@ def run_record(*, run_name: str, shape: dict, gpu_model: str, world_size: int, s
     written = checkpoints * checkpoint_bytes + export_bytes
     io_s = checkpoint_s + export_s
     return {
-        "version": LEDGER_VERSION, "time": round(time.time(), 3), "run_name": run_name, "shape": shape,
-        "shape_key": shape_key(shape), "gpu_model": gpu_model.lower(), "world_size": world_size, "seq_len": seq_len,
-        "micro_batch_size": micro_batch_size, "attn_weight": attn_weight, "steps": int(len(times)),
-        "cost_per_s": rate, "tokens_per_s": tokens / float(times.sum()) if times.sum() > 0 else 0.0,
-        "step_s": round(float(times.sum()), 6), "warmup_s": round(warmup_s, 3), "startup_s": round(startup_s, 3),
-        "load_s": round(load_s, 3), "checkpoints": checkpoints, "checkpoint_s": round(checkpoint_s, 3),
-        "export_s": round(export_s, 3), "storage_gbps": written / io_s / 1e9 if io_s > 0 and written > 0 else None,
+        "version": LEDGER_VERSION,
+        "time": round(time.time(), 3),
+        "run_name": run_name,
+        "shape": shape,
+        "shape_key": shape_key(shape),
+        "gpu_model": gpu_model.lower(),
+        "world_size": world_size,
+        "seq_len": seq_len,
+        "micro_batch_size": micro_batch_size,
+        "attn_weight": attn_weight,
+        "steps": int(len(times)),
+        "cost_per_s": rate,
+        "tokens_per_s": tokens / float(times.sum()) if times.sum() > 0 else 0.0,
+        "step_s": round(float(times.sum()), 6),
+        "warmup_s": round(warmup_s, 3),
+        "startup_s": round(startup_s, 3),
+        "load_s": round(load_s, 3),
+        "checkpoints": checkpoints,
+        "checkpoint_s": round(checkpoint_s, 3),
+        "export_s": round(export_s, 3),
+        "storage_gbps": written / io_s / 1e9 if io_s > 0 and written > 0 else None,
         "job_s": round(job_s, 3),
     }
 
@@ -145,8 +178,8 @@ def run_record(*, run_name: str, shape: dict, gpu_model: str, world_size: int, s
 
 @dataclass(frozen=True)
 class Throughput:
-    source: str                    # measured | calibrated | analytic
-    cost_per_s: float              # pack-cost units per second per rank
+    source: str  # measured | calibrated | analytic
+    cost_per_s: float  # pack-cost units per second per rank
     detail: str
     startup_s: float | None = None  # measured with it (a measured source only)
     warmup_s: float | None = None
@@ -154,20 +187,33 @@ class Throughput:
     storage_gbps: float | None = None
 
 
-def measured_throughput(records: list[dict], shape: dict, world_size: int, gpu_model: str, seq_len: int,
-                        micro_batch_size: int) -> Throughput | None:
+def measured_throughput(
+    records: list[dict], shape: dict, world_size: int, gpu_model: str, seq_len: int, micro_batch_size: int
+) -> Throughput | None:
     """The newest ledger record of this shape, world size and GPU model (same seq_len and micro-batch first)."""
     key, model = shape_key(shape), gpu_model.lower()
-    same = [r for r in records if r.get("shape_key") == key and r.get("world_size") == world_size
-            and str(r.get("gpu_model", "")).lower() == model and r.get("cost_per_s", 0) > 0]
+    same = [
+        r
+        for r in records
+        if r.get("shape_key") == key
+        and r.get("world_size") == world_size
+        and str(r.get("gpu_model", "")).lower() == model
+        and r.get("cost_per_s", 0) > 0
+    ]
     if not same:
         return None
     closest = [r for r in same if r.get("seq_len") == seq_len and r.get("micro_batch_size") == micro_batch_size]
     r = max(closest or same, key=lambda x: x.get("time", 0))
-    return Throughput("measured", float(r["cost_per_s"]),
-                      f"run {r.get('run_name')!r} ({r.get('steps')} steps, {r.get('tokens_per_s', 0):.0f} tokens/s "
-                      f"on {world_size} ranks)", r.get("startup_s"), r.get("warmup_s"), r.get("load_s"),
-                      r.get("storage_gbps"))
+    return Throughput(
+        "measured",
+        float(r["cost_per_s"]),
+        f"run {r.get('run_name')!r} ({r.get('steps')} steps, {r.get('tokens_per_s', 0):.0f} tokens/s "
+        f"on {world_size} ranks)",
+        r.get("startup_s"),
+        r.get("warmup_s"),
+        r.get("load_s"),
+        r.get("storage_gbps"),
+    )
 
 
 def flops_throughput(num_params: int, flops_per_s: float, mfu: float, source: str, detail: str) -> Throughput:
@@ -207,15 +253,16 @@ def table_levels(table) -> Levels:
 class PlanCosts:
     """The plan as the forecast needs it: per optimizer step in run order, the costliest rank's cost."""
 
-    step_max_cost: np.ndarray     # float64, one per step the trainer will run (max_steps applied)
-    step_epoch: np.ndarray        # the epoch of each
+    step_max_cost: np.ndarray  # float64, one per step the trainer will run (max_steps applied)
+    step_epoch: np.ndarray  # the epoch of each
     step_in_epoch: np.ndarray
     steps_per_epoch: int
-    epoch_ends: list[int]         # 1-based global steps that end an epoch
+    epoch_ends: list[int]  # 1-based global steps that end an epoch
 
 
-def plan_costs(per_rank: np.ndarray, keys: np.ndarray, n_steps: int, steps_per_epoch: int,
-               max_steps: int | None) -> PlanCosts:
+def plan_costs(
+    per_rank: np.ndarray, keys: np.ndarray, n_steps: int, steps_per_epoch: int, max_steps: int | None
+) -> PlanCosts:
     """From step_rank_costs' (epoch, step) x rank matrix, in run order, cut at max_steps."""
     order = np.argsort(keys, kind="stable")
     cost = per_rank[order].max(axis=1)
@@ -234,10 +281,10 @@ class Settings:
     checkpoint_at_epoch_end: bool
     checkpoint_bytes: int
     export_bytes: int
-    load_bytes: int               # the input weights read at start (0: random init)
-    storage_gbps: float | None    # cluster.storage_gbps
+    load_bytes: int  # the input weights read at start (0: random init)
+    storage_gbps: float | None  # cluster.storage_gbps
     collective_timeout_s: float
-    job_limit_s: float | None     # the Slurm job's time limit (None: not a Slurm job)
+    job_limit_s: float | None  # the Slurm job's time limit (None: not a Slurm job)
 
 
 def _storage(tp: Throughput, s: Settings) -> tuple[float, str]:
@@ -255,13 +302,20 @@ def forecast(costs: PlanCosts, tp: Throughput, s: Settings, levels: Levels | Non
     startup = tp.startup_s if tp.startup_s is not None else ASSUMED_STARTUP_S["gpu" if s.on_gpu else "cpu"]
     load = tp.load_s if tp.load_s is not None else s.load_bytes / rate
     steps_s = float(costs.step_max_cost.sum()) / tp.cost_per_s
-    n_ckpt = len(checkpoint_steps(len(costs.step_max_cost), s.checkpoint_every, costs.epoch_ends,
-                                  s.checkpoint_at_epoch_end))
+    n_ckpt = len(
+        checkpoint_steps(len(costs.step_max_cost), s.checkpoint_every, costs.epoch_ends, s.checkpoint_at_epoch_end)
+    )
     ckpt_s = n_ckpt * s.checkpoint_bytes / rate
     export_s = s.export_bytes / rate
     warmup = tp.warmup_s or 0.0
-    terms = {"startup_s": startup, "load_s": load, "warmup_s": warmup, "steps_s": steps_s, "checkpoints_s": ckpt_s,
-             "export_s": export_s}
+    terms = {
+        "startup_s": startup,
+        "load_s": load,
+        "warmup_s": warmup,
+        "steps_s": steps_s,
+        "checkpoints_s": ckpt_s,
+        "export_s": export_s,
+    }
     wall = sum(terms.values())
     out = {
         "wall_s": round(wall, 3),
@@ -271,18 +325,30 @@ def forecast(costs: PlanCosts, tp: Throughput, s: Settings, levels: Levels | Non
         "steps": int(len(costs.step_max_cost)),
         "checkpoints": n_ckpt,
         "throughput": asdict(tp) | {"cost_per_s": round(tp.cost_per_s, 6)},
-        "storage_gbps": round(gbps, 4), "storage_source": gbps_source,
+        "storage_gbps": round(gbps, 4),
+        "storage_source": gbps_source,
         "startup_source": "measured" if tp.startup_s is not None else "assumed",
         "load_source": "measured" if tp.load_s is not None else "input weights / storage bandwidth",
-        "checkpoint_gib": round(s.checkpoint_bytes / GIB, 3), "export_gib": round(s.export_bytes / GIB, 3),
-        "world_size": s.world_size, "energy": None,
+        "checkpoint_gib": round(s.checkpoint_bytes / GIB, 3),
+        "export_gib": round(s.export_bytes / GIB, 3),
+        "world_size": s.world_size,
+        "energy": None,
     }
     if levels is not None:
-        joules = s.world_size * (steps_s * levels.compute_w + ckpt_s * levels.wait_w
-                                 + (startup + load + export_s) * levels.idle_w + warmup * levels.compute_w)
+        joules = s.world_size * (
+            steps_s * levels.compute_w
+            + ckpt_s * levels.wait_w
+            + (startup + load + export_s) * levels.idle_w
+            + warmup * levels.compute_w
+        )
         out["kwh"] = round(joules / 3.6e6, 4)
-        out["energy"] = {"compute_w": levels.compute_w, "wait_w": levels.wait_w, "idle_w": levels.idle_w,
-                         "source": levels.source, "gpus_only": True}
+        out["energy"] = {
+            "compute_w": levels.compute_w,
+            "wait_w": levels.wait_w,
+            "idle_w": levels.idle_w,
+            "source": levels.source,
+            "gpus_only": True,
+        }
     return out
 
 
@@ -290,11 +356,13 @@ def check_budget(fc: dict | None, max_gpu_hours: float | None, max_kwh: float | 
     """(within budget, detail) for gate.max_gpu_hours and gate.max_kwh."""
     if fc is None:
         if max_gpu_hours or max_kwh:
-            return False, ("no forecast (see the forecast section), "
-                           "so gate.max_gpu_hours / gate.max_kwh cannot be checked")
+            return False, (
+                "no forecast (see the forecast section), so gate.max_gpu_hours / gate.max_kwh cannot be checked"
+            )
         return True, "no forecast; no budget set"
-    shown = f"forecast {fmt_hours(fc['wall_s'])} wall, {fc['gpu_hours']:.4g} GPU-hours" + \
-        (f", {fc['kwh']:.4g} kWh" if fc["kwh"] is not None else "")
+    shown = f"forecast {fmt_hours(fc['wall_s'])} wall, {fc['gpu_hours']:.4g} GPU-hours" + (
+        f", {fc['kwh']:.4g} kWh" if fc["kwh"] is not None else ""
+    )
     over = []
     if max_gpu_hours and fc["gpu_hours"] > max_gpu_hours:
         over.append(f"{fc['gpu_hours']:.4g} GPU-hours > gate.max_gpu_hours {max_gpu_hours:g}")
@@ -313,8 +381,9 @@ def check_budget(fc: dict | None, max_gpu_hours: float | None, max_kwh: float | 
 # ---------------------------------------------------------------- a failure's cost
 
 
-def first_divergence(epoch: np.ndarray, step: np.ndarray, micro: np.ndarray, rank: np.ndarray,
-                     world_size: int) -> dict | None:
+def first_divergence(
+    epoch: np.ndarray, step: np.ndarray, micro: np.ndarray, rank: np.ndarray, world_size: int
+) -> dict | None:
     """The first (epoch, step, micro) in run order that not every rank runs: where the ranks' collective
     sequences part and the run would hang. None if every rank runs the same sequence."""
     if len(epoch) == 0:
@@ -330,27 +399,52 @@ def first_divergence(epoch: np.ndarray, step: np.ndarray, micro: np.ndarray, ran
     present = sorted(int(r) for r in pair[pair // world_size == k] % world_size)
     e, st, m = k // (n_step * n_micro), (k // n_micro) % n_step, k % n_micro
     steps_in_epoch = int(step[epoch == e].max()) + 1
-    return {"epoch": e, "step": st, "micro": m, "steps_in_epoch": steps_in_epoch,
-            "ranks_with": present, "ranks_without": sorted(set(range(world_size)) - set(present))}
+    return {
+        "epoch": e,
+        "step": st,
+        "micro": m,
+        "steps_in_epoch": steps_in_epoch,
+        "ranks_with": present,
+        "ranks_without": sorted(set(range(world_size)) - set(present)),
+    }
 
 
 def failure_cost(div: dict, costs: PlanCosts, fc: dict, s: Settings) -> dict:
     """What reaching the divergence costs, then the wait: the collective timeout, or the job's time limit."""
     tp_cost = fc["throughput"]["cost_per_s"]
-    before = (costs.step_epoch < div["epoch"]) | ((costs.step_epoch == div["epoch"]) &
-                                                  (costs.step_in_epoch < div["step"]))
+    before = (costs.step_epoch < div["epoch"]) | (
+        (costs.step_epoch == div["epoch"]) & (costs.step_in_epoch < div["step"])
+    )
     reached_steps = int(before.sum())
     terms = fc["terms_s"]
     rate = fc["storage_gbps"] * 1e9
-    n_ckpt = len([g for g in checkpoint_steps(len(costs.step_max_cost), s.checkpoint_every, costs.epoch_ends,
-                                             s.checkpoint_at_epoch_end) if g <= reached_steps])
-    reach_s = (terms["startup_s"] + terms["load_s"] + terms["warmup_s"]
-               + float(costs.step_max_cost[before].sum()) / tp_cost + n_ckpt * s.checkpoint_bytes / rate)
+    n_ckpt = len(
+        [
+            g
+            for g in checkpoint_steps(
+                len(costs.step_max_cost), s.checkpoint_every, costs.epoch_ends, s.checkpoint_at_epoch_end
+            )
+            if g <= reached_steps
+        ]
+    )
+    reach_s = (
+        terms["startup_s"]
+        + terms["load_s"]
+        + terms["warmup_s"]
+        + float(costs.step_max_cost[before].sum()) / tp_cost
+        + n_ckpt * s.checkpoint_bytes / rate
+    )
     gpus = s.world_size
     timeout = s.collective_timeout_s or NCCL_DEFAULT_TIMEOUT_S
-    out = {"reach_s": round(reach_s, 3), "reach_gpu_hours": round(reach_s * gpus / 3600, 4), "gpus": gpus,
-           "timeout_s": timeout, "timeout_gpu_hours": round((reach_s + timeout) * gpus / 3600, 4),
-           "job_limit_s": s.job_limit_s, "limit_gpu_hours": None}
+    out = {
+        "reach_s": round(reach_s, 3),
+        "reach_gpu_hours": round(reach_s * gpus / 3600, 4),
+        "gpus": gpus,
+        "timeout_s": timeout,
+        "timeout_gpu_hours": round((reach_s + timeout) * gpus / 3600, 4),
+        "job_limit_s": s.job_limit_s,
+        "limit_gpu_hours": None,
+    }
     if s.job_limit_s:
         out["limit_gpu_hours"] = round(max(s.job_limit_s, reach_s) * gpus / 3600, 4)
     out["line"] = failure_line(div, out)
@@ -367,9 +461,11 @@ def fmt_hours(seconds: float) -> str:
 
 def failure_line(div: dict, c: dict) -> str:
     """The cost line of gate.md: where it would hang, what reaching it costs, and the wait after."""
-    where = (f"would hang at epoch {div['epoch']} step {div['step'] + 1} of {div['steps_in_epoch']} "
-             f"(micro-batch {div['micro'] + 1}: ranks {_ranks(div['ranks_with'])} run it, "
-             f"{_ranks(div['ranks_without'])} do not)")
+    where = (
+        f"would hang at epoch {div['epoch']} step {div['step'] + 1} of {div['steps_in_epoch']} "
+        f"(micro-batch {div['micro'] + 1}: ranks {_ranks(div['ranks_with'])} run it, "
+        f"{_ranks(div['ranks_without'])} do not)"
+    )
     reach = f"after ~{fmt_hours(c['reach_s'])} on {c['gpus']} GPUs = {c['reach_gpu_hours']:.3g} GPU-hours"
     wait = f"then wait {fmt_hours(c['timeout_s'])} (train.collective_timeout_s, if the watchdog fires)"
     total = f"{c['timeout_gpu_hours']:.3g}"
@@ -385,35 +481,54 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks)) or "none"
 
 
-def hang_cost(last_progress: float, killed_at: float, gpus: int, power_w: float | None, timeout_s: float | None,
-              job_limit_s: float | None, job_started: float) -> dict:
+def hang_cost(
+    last_progress: float,
+    killed_at: float,
+    gpus: int,
+    power_w: float | None,
+    timeout_s: float | None,
+    job_limit_s: float | None,
+    job_started: float,
+) -> dict:
     """What the hang the watcher stopped cost (last progress to the kill), against what it would have cost
     without the watcher: until the collective timeout, or, if that does not fire, the job's time limit.
 
     power_w: the job's GPUs' total draw in the stall (None without telemetry)."""
     spent_s = max(killed_at - last_progress, 0.0)
     timeout = timeout_s or NCCL_DEFAULT_TIMEOUT_S
-    out = {"spent_s": round(spent_s, 3), "gpus": gpus, "spent_gpu_hours": round(spent_s * gpus / 3600, 6),
-           "spent_kwh": round(power_w * spent_s / 3.6e6, 9) if power_w is not None else None,
-           "power_w": round(power_w, 1) if power_w is not None else None,
-           "without_watcher": {"timeout_s": timeout, "gpu_hours": round(timeout * gpus / 3600, 6),
-                               "kwh": round(power_w * timeout / 3.6e6, 9) if power_w is not None else None}}
+    out = {
+        "spent_s": round(spent_s, 3),
+        "gpus": gpus,
+        "spent_gpu_hours": round(spent_s * gpus / 3600, 6),
+        "spent_kwh": round(power_w * spent_s / 3.6e6, 9) if power_w is not None else None,
+        "power_w": round(power_w, 1) if power_w is not None else None,
+        "without_watcher": {
+            "timeout_s": timeout,
+            "gpu_hours": round(timeout * gpus / 3600, 6),
+            "kwh": round(power_w * timeout / 3.6e6, 9) if power_w is not None else None,
+        },
+    }
     if job_limit_s:
         rest = max(job_limit_s - (last_progress - job_started), timeout)
-        out["without_watcher"] |= {"job_limit_s": job_limit_s, "until_limit_s": round(rest, 3),
-                                   "limit_gpu_hours": round(rest * gpus / 3600, 6),
-                                   "limit_kwh": round(power_w * rest / 3.6e6, 9) if power_w is not None else None}
+        out["without_watcher"] |= {
+            "job_limit_s": job_limit_s,
+            "until_limit_s": round(rest, 3),
+            "limit_gpu_hours": round(rest * gpus / 3600, 6),
+            "limit_kwh": round(power_w * rest / 3.6e6, 9) if power_w is not None else None,
+        }
     w = out["without_watcher"]
     saved = f"{max(w['gpu_hours'] - out['spent_gpu_hours'], 0):.3g}"
     if job_limit_s:
         saved += f"-{max(w['limit_gpu_hours'] - out['spent_gpu_hours'], 0):.3g}"
     energy = f", {out['spent_kwh']:.3g} kWh" if out["spent_kwh"] is not None else ""
-    out["line"] = (f"the hang cost {fmt_hours(spent_s)} on {gpus} GPUs = "
-                   f"{out['spent_gpu_hours']:.3g} GPU-hours{energy} "
-                   f"from the last progress to the kill; without the watcher it would have waited "
-                   f"{fmt_hours(timeout)} (the collective timeout)"
-                   + (f" or up to {fmt_hours(w['until_limit_s'])} (the Slurm job's time limit)" if job_limit_s else "")
-                   + f": {saved} GPU-hours saved")
+    out["line"] = (
+        f"the hang cost {fmt_hours(spent_s)} on {gpus} GPUs = "
+        f"{out['spent_gpu_hours']:.3g} GPU-hours{energy} "
+        f"from the last progress to the kill; without the watcher it would have waited "
+        f"{fmt_hours(timeout)} (the collective timeout)"
+        + (f" or up to {fmt_hours(w['until_limit_s'])} (the Slurm job's time limit)" if job_limit_s else "")
+        + f": {saved} GPU-hours saved"
+    )
     return out
 
 

@@ -32,14 +32,14 @@ from wattgate.errors import InputError
 if TYPE_CHECKING:
     import pandas as pd
 
-MANIFEST = "manifest.json"        # pretokenize
-PLAN = "plan.json"                # pack (the commit record: carries packs_sha256)
-PACKS = "packs.parquet"           # pack
-HEARTBEAT_DIR = "heartbeat"       # train: rank-<r>.json (state), rank-<r>.events.jsonl (phase changes)
-METRICS = "metrics.parquet"       # train (rank 0)
-TRAINED = "TRAINED"               # train (rank 0), the stage's declared output
-WATCHER = "watcher.json"          # watch (started by launch)
-GATE_REPORT = "gate.json"         # gate
+MANIFEST = "manifest.json"  # pretokenize
+PLAN = "plan.json"  # pack (the commit record: carries packs_sha256)
+PACKS = "packs.parquet"  # pack
+HEARTBEAT_DIR = "heartbeat"  # train: rank-<r>.json (state), rank-<r>.events.jsonl (phase changes)
+METRICS = "metrics.parquet"  # train (rank 0)
+TRAINED = "TRAINED"  # train (rank 0), the stage's declared output
+WATCHER = "watcher.json"  # watch (started by launch)
+GATE_REPORT = "gate.json"  # gate
 
 PLAN_INT_KEYS = ("world_size", "seq_len", "micro_batch_size", "grad_accum", "epochs", "steps_per_epoch")
 PACKS_COLUMNS = ("epoch", "step", "micro", "rank", "slot", "doc_ids", "doc_lengths", "num_tokens")
@@ -65,8 +65,9 @@ def read_json_object(path: str | os.PathLike, what: str, rerun: str, *, required
     return found[0] if found is not None else None
 
 
-def read_json_bytes(path: str | os.PathLike, what: str, rerun: str, *,
-                    required: bool = True) -> tuple[dict, bytes] | None:
+def read_json_bytes(
+    path: str | os.PathLike, what: str, rerun: str, *, required: bool = True
+) -> tuple[dict, bytes] | None:
     """A JSON object and the bytes it was parsed from (for a hash of exactly what was read)."""
     path = Path(path)
     try:
@@ -88,8 +89,9 @@ def read_json_bytes(path: str | os.PathLike, what: str, rerun: str, *,
     return obj, raw
 
 
-def read_parquet(path: str | os.PathLike, columns: Sequence[str] | None = None, rerun: str = "the stage that wrote it",
-                 **kwargs) -> pa.Table:
+def read_parquet(
+    path: str | os.PathLike, columns: Sequence[str] | None = None, rerun: str = "the stage that wrote it", **kwargs
+) -> pa.Table:
     """A Parquet table (InputError naming the file and `rerun` if it cannot be read)."""
     try:
         return pq.read_table(path, columns=None if columns is None else list(columns), **kwargs)
@@ -184,8 +186,10 @@ class PackRows:
 
         offsets = offsets_of(ids)
         return cls(
-            **{c: t.column(c).to_numpy().astype(np.int64)
-               for c in ("epoch", "step", "micro", "rank", "slot", "num_tokens")},
+            **{
+                c: t.column(c).to_numpy().astype(np.int64)
+                for c in ("epoch", "step", "micro", "rank", "slot", "num_tokens")
+            },
             doc_ids=pc.list_flatten(ids).to_numpy().astype(np.int64),
             doc_lengths=pc.list_flatten(lengths).to_numpy().astype(np.int64),
             offsets=offsets,
@@ -260,8 +264,9 @@ def read_heartbeat_events(run: str | os.PathLike) -> pd.DataFrame:
                 continue
             try:
                 e = json.loads(line)
-                events.append((float(e["time"]), int(e["rank"]), int(e.get("step", 0)), int(e.get("epoch", 0)),
-                               str(e["phase"])))
+                events.append(
+                    (float(e["time"]), int(e["rank"]), int(e.get("step", 0)), int(e.get("epoch", 0)), str(e["phase"]))
+                )
             except (ValueError, KeyError, TypeError) as exc:
                 raise InputError(f"{path}:{lineno}: not a heartbeat event ({first_line(exc)}); rerun train") from None
     import pandas as pd  # not at import: the training ranks write heartbeats and never read them
@@ -270,8 +275,9 @@ def read_heartbeat_events(run: str | os.PathLike) -> pd.DataFrame:
     return frame.sort_values(["rank", "time"], kind="stable", ignore_index=True)
 
 
-def _read_metrics_table(path: Path, columns: Sequence[str] | None = None,
-                        optional: Sequence[str] = ()) -> pa.Table | None:
+def _read_metrics_table(
+    path: Path, columns: Sequence[str] | None = None, optional: Sequence[str] = ()
+) -> pa.Table | None:
     if not path.is_file():
         return None
     names = parquet_columns(path, "train")
@@ -282,8 +288,9 @@ def _read_metrics_table(path: Path, columns: Sequence[str] | None = None,
     return read_parquet(path, wanted, "train")
 
 
-def read_metrics(run: str | os.PathLike, columns: Sequence[str] | None = None,
-                 optional: Sequence[str] = ()) -> pd.DataFrame | None:
+def read_metrics(
+    run: str | os.PathLike, columns: Sequence[str] | None = None, optional: Sequence[str] = ()
+) -> pd.DataFrame | None:
     """metrics.parquet (rows per step and rank): `columns` must be there, `optional` are read if there
     (columns None: all). None without the file."""
     table = _read_metrics_table(Path(run) / METRICS, columns, optional)
@@ -342,8 +349,13 @@ class Heartbeat:
         self.path = heartbeat_path(out, rank)
         self.events = heartbeat_events_path(out, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.base = {"rank": rank, "local_rank": local_rank, "gpu": gpu, "host": socket.gethostname(),
-                     "pid": os.getpid()}
+        self.base = {
+            "rank": rank,
+            "local_rank": local_rank,
+            "gpu": gpu,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
         self.phase = None
         self.plan: dict = {}
 

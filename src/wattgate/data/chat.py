@@ -82,8 +82,10 @@ class ChatRenderer:
         pieces = self._skeleton(roles)
         dropped = self._dropped.get(roles)
         if dropped is not None and messages[dropped]["content"]:
-            raise TemplateError(f"the chat template drops the content of messages[{dropped}] "
-                                f"(role {roles[dropped]!r}); fix the template or remove such turns")
+            raise TemplateError(
+                f"the chat template drops the content of messages[{dropped}] "
+                f"(role {roles[dropped]!r}); fix the template or remove such turns"
+            )
         if pieces is not None:
             spans, out, pos = [], [pieces[0]], len(pieces[0])
             for m, piece in zip(messages, pieces[1:]):

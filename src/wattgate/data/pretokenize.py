@@ -65,6 +65,7 @@ def shard_hash_algorithm() -> str:
     """The name recorded as manifest `shard_hash_algorithm` (what shard_hash computes on this install)."""
     return SHARD_HASH_ALGORITHM if importlib.util.find_spec("xxhash") is not None else "blake2b-128"
 
+
 SHARD_SCHEMA = pa.schema(
     [
         ("doc_id", pa.int64()),

@@ -209,8 +209,9 @@ def _table_objects(path: Path, fmt: str, fields: Fields, batch_rows: int = 4096)
         try:
             batch = next(it, None)
         except (OSError, ValueError) as exc:  # pyarrow: OSError for a damaged page, ArrowInvalid (a ValueError)
-            raise InputError(f"{path}:row {row}: cannot read the rows from here on ({exc}); re-create or "
-                             "re-download the file") from None
+            raise InputError(
+                f"{path}:row {row}: cannot read the rows from here on ({exc}); re-create or re-download the file"
+            ) from None
         if batch is None:
             break
         cols = {c: batch.column(c).to_pylist() for c in columns}

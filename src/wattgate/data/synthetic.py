@@ -24,10 +24,19 @@ def write_random_pretokenized(path: Path, lengths, vocab: int, seed: int = 0, sh
         mask[0], mask[-1] = 0, 1
         writer.add(ids, mask)
     writer.flush()
-    write_json_atomic(path / "manifest.json", {
-        "format_version": FORMAT_VERSION, "num_docs": writer.num_docs, "num_tokens": writer.num_tokens,
-        "num_loss_tokens": writer.num_loss_tokens, "shards": writer.shards,
-        "shard_hashes": writer.shard_hashes, "shard_hash_algorithm": shard_hash_algorithm(),
-        "max_token_id": writer.max_token_id,
-        "vocab_size": vocab, "dropped": {}})
+    write_json_atomic(
+        path / "manifest.json",
+        {
+            "format_version": FORMAT_VERSION,
+            "num_docs": writer.num_docs,
+            "num_tokens": writer.num_tokens,
+            "num_loss_tokens": writer.num_loss_tokens,
+            "shards": writer.shards,
+            "shard_hashes": writer.shard_hashes,
+            "shard_hash_algorithm": shard_hash_algorithm(),
+            "max_token_id": writer.max_token_id,
+            "vocab_size": vocab,
+            "dropped": {},
+        },
+    )
     return path

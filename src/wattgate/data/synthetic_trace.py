@@ -69,9 +69,15 @@ from wattgate.telemetry.trace import TRACE_SCHEMA, schema_with_meta
 
 T0 = 1_700_000_000.0
 PHASE_OF = {
-    "compute": "compute", "communication": "communication", "sync_wait": "communication",
-    "checkpoint": "checkpoint", "checkpoint_writer": "checkpoint", "deadlock": "deadlock",
-    "deadlock_stuck": "deadlock", "data_starvation": "data_starvation", "idle": "idle",
+    "compute": "compute",
+    "communication": "communication",
+    "sync_wait": "communication",
+    "checkpoint": "checkpoint",
+    "checkpoint_writer": "checkpoint",
+    "deadlock": "deadlock",
+    "deadlock_stuck": "deadlock",
+    "data_starvation": "data_starvation",
+    "idle": "idle",
 }
 TRUTH_LABELS = ("compute", "communication", "data_starvation", "checkpoint", "deadlock", "idle", "unknown")
 TRAIN_PHASES = ("compute", "communication", "data_starvation")
@@ -99,15 +105,17 @@ def _levels(variant: str, t: TriageTable, rng) -> tuple[float, float, tuple[floa
     raise ValueError(f"unknown segment variant {variant!r}")
 
 
-def _segment(variant: str, times: np.ndarray, t: TriageTable, rng, overrides: dict,
-             noise: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def _segment(
+    variant: str, times: np.ndarray, t: TriageTable, rng, overrides: dict, noise: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
     """Power and util samples of one segment at `times` (seconds from the segment start)."""
     n = len(times)
     if variant == "data_starvation":
         hi, lo = rng.uniform(0.75, 0.95) * t.tdp_w, rng.uniform(1.0, 1.1) * t.idle_w
         burst = _alternating(times, (0.2, 0.6), (0.3, 0.7), rng)
-        power = np.where(burst, hi + rng.normal(0, noise * 0.02 * t.tdp_w, n),
-                         lo + rng.normal(0, noise * 0.02 * t.idle_w, n))
+        power = np.where(
+            burst, hi + rng.normal(0, noise * 0.02 * t.tdp_w, n), lo + rng.normal(0, noise * 0.02 * t.idle_w, n)
+        )
         return power, np.where(burst, rng.uniform(95, 100, n), 0.0)
     mean, sd, (ulo, uhi) = _levels(variant, t, rng)
     mean, sd = overrides.get("power_w", mean), overrides.get("power_sd", noise * sd)
@@ -135,9 +143,9 @@ def _alternating(times: np.ndarray, first: tuple, second: tuple, rng) -> np.ndar
 
 @dataclass
 class SyntheticTrace:
-    table: pa.Table            # all hosts' rows in the trace schema
-    truth: pd.DataFrame        # host, gpu, start, phase: every window of every GPU's span
-    segments: pd.DataFrame     # host, gpu, variant, phase, start, end (unix s)
+    table: pa.Table  # all hosts' rows in the trace schema
+    truth: pd.DataFrame  # host, gpu, start, phase: every window of every GPU's span
+    segments: pd.DataFrame  # host, gpu, variant, phase, start, end (unix s)
     gpus: list[tuple[str, int]]
     triage_table: TriageTable
     hz: float
@@ -145,9 +153,12 @@ class SyntheticTrace:
     device_name: str
 
     def meta(self, host: str) -> dict:
-        return {"host": host, "interval_s": 1.0 / self.hz, "power_source": "instant",
-                "gpus": [{"index": g, "name": self.device_name, "uuid": gpu_uuid(h, g)}
-                         for h, g in self.gpus if h == host]}
+        return {
+            "host": host,
+            "interval_s": 1.0 / self.hz,
+            "power_source": "instant",
+            "gpus": [{"index": g, "name": self.device_name, "uuid": gpu_uuid(h, g)} for h, g in self.gpus if h == host],
+        }
 
     def host_table(self, host: str) -> pa.Table:
         mask = pc.equal(self.table.column("host"), host)
@@ -194,10 +205,20 @@ def gpus_of(hosts: int, per_host: int, prefix: str = "node") -> list[tuple[str, 
     return [(f"{prefix}{h}", g) for h in range(hosts) for g in range(per_host)]
 
 
-def build_trace(schedule: dict, table: TriageTable, hz: float = 10.0, seed: int = 0, t0: float = T0,
-                window_s: float = 1.0, drop: list[tuple] = (), device_name: str | None = None,
-                noise: float = 1.0, drop_share: float = 0.0, average_over: int = 1,
-                with_truth: bool = True) -> SyntheticTrace:
+def build_trace(
+    schedule: dict,
+    table: TriageTable,
+    hz: float = 10.0,
+    seed: int = 0,
+    t0: float = T0,
+    window_s: float = 1.0,
+    drop: list[tuple] = (),
+    device_name: str | None = None,
+    noise: float = 1.0,
+    drop_share: float = 0.0,
+    average_over: int = 1,
+    with_truth: bool = True,
+) -> SyntheticTrace:
     """Trace rows and per-window truth for `schedule` ({(host, gpu): [segments]}).
 
     `drop`: (key or None for every GPU, start_s, end_s) relative to t0: samples removed.
@@ -274,9 +295,14 @@ def trace_table(time, hosts: list[str], host_code, gpu, power_w, util_gpu) -> pa
 
 def _truth(data: dict, hosts: list[str], window_s: float) -> pd.DataFrame:
     """Majority truth label of each window's samples; windows without samples inside a GPU's span: unknown."""
-    df = pd.DataFrame({"host": np.array(hosts, dtype=object)[data["host"]], "gpu": data["gpu"],
-                       "w": np.floor(data["time"] / window_s).astype(np.int64),
-                       "label": data["label"]})
+    df = pd.DataFrame(
+        {
+            "host": np.array(hosts, dtype=object)[data["host"]],
+            "gpu": data["gpu"],
+            "w": np.floor(data["time"] / window_s).astype(np.int64),
+            "label": data["label"],
+        }
+    )
     counts = df.groupby(["host", "gpu", "w", "label"]).size().reset_index(name="n")
     counts = counts.sort_values(["host", "gpu", "w", "n", "label"], ascending=[True, True, True, False, True])
     best = counts.drop_duplicates(["host", "gpu", "w"])
@@ -285,8 +311,16 @@ def _truth(data: dict, hosts: list[str], window_s: float) -> pd.DataFrame:
         w = np.arange(g["w"].min(), g["w"].max() + 1)
         lab = np.full(len(w), TRUTH_LABELS.index("unknown"))
         lab[g["w"].to_numpy() - w[0]] = g["label"].to_numpy()
-        frames.append(pd.DataFrame({"host": host, "gpu": np.int32(gpu), "start": w * window_s,
-                                    "phase": np.array(TRUTH_LABELS, dtype=object)[lab]}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "host": host,
+                    "gpu": np.int32(gpu),
+                    "start": w * window_s,
+                    "phase": np.array(TRUTH_LABELS, dtype=object)[lab],
+                }
+            )
+        )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -299,16 +333,28 @@ def accuracy(phases: pa.Table, synth: SyntheticTrace) -> pd.DataFrame:
         t, g = truth == ph, got == ph
         if t.sum() == 0:
             continue
-        rows.append({"phase": ph, "windows": int(t.sum()), "recall": float((t & g).sum() / t.sum()),
-                     "precision": float((t & g).sum() / max(g.sum(), 1))})
+        rows.append(
+            {
+                "phase": ph,
+                "windows": int(t.sum()),
+                "recall": float((t & g).sum() / t.sum()),
+                "precision": float((t & g).sum() / max(g.sum(), 1)),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------- run files
 
 
-def write_run_info(run_dir: Path, synth: SyntheticTrace, step_s: float = 2.0, use_uuid: bool = True,
-                   heartbeat_host: str | None = None, ranks: list[tuple[str, int]] | None = None) -> Path:
+def write_run_info(
+    run_dir: Path,
+    synth: SyntheticTrace,
+    step_s: float = 2.0,
+    use_uuid: bool = True,
+    heartbeat_host: str | None = None,
+    ranks: list[tuple[str, int]] | None = None,
+) -> Path:
     """Heartbeat events and states and metrics.parquet for a lockstep `job`: rank r runs on ranks[r] (synth.gpus).
 
     The job starts at the first non-idle segment (init, train), emits checkpoint/train around
@@ -334,8 +380,16 @@ def write_run_info(run_dir: Path, synth: SyntheticTrace, step_s: float = 2.0, us
                 wait = 0.6 if seg.phase == "data_starvation" else 0.01
                 ends = np.arange(seg.start + step_s, seg.end + 1e-9, step_s)
                 if len(ends):
-                    metrics.append(pd.DataFrame({"step": step + 1 + np.arange(len(ends)), "rank": rank,
-                                                 "data_wait_s": wait * step_s, "time": ends}))
+                    metrics.append(
+                        pd.DataFrame(
+                            {
+                                "step": step + 1 + np.arange(len(ends)),
+                                "rank": rank,
+                                "data_wait_s": wait * step_s,
+                                "time": ends,
+                            }
+                        )
+                    )
                     step += len(ends)
                     last_progress = float(ends[-1])
             elif seg.phase == "checkpoint":
@@ -348,28 +402,56 @@ def write_run_info(run_dir: Path, synth: SyntheticTrace, step_s: float = 2.0, us
         with open(beat_dir / f"rank-{rank}.events.jsonl", "w") as f:
             for t, s, ph in events:
                 f.write(json.dumps({"time": t, "rank": rank, "step": s, "epoch": 0, "phase": ph}) + "\n")
-        state = {"rank": rank, "local_rank": key[1], "gpu": gpu_uuid(*key) if use_uuid else None,
-                 "host": heartbeat_host or key[0], "pid": 1000 + rank, "step": step, "epoch": 0, "phase": phase,
-                 "time": last_progress, "total_steps": step, "epoch_ends": [step]}
+        state = {
+            "rank": rank,
+            "local_rank": key[1],
+            "gpu": gpu_uuid(*key) if use_uuid else None,
+            "host": heartbeat_host or key[0],
+            "pid": 1000 + rank,
+            "step": step,
+            "epoch": 0,
+            "phase": phase,
+            "time": last_progress,
+            "total_steps": step,
+            "epoch_ends": [step],
+        }
         (beat_dir / f"rank-{rank}.json").write_text(json.dumps(state) + "\n")
-    m = pd.concat(metrics, ignore_index=True) if metrics else pd.DataFrame(
-        {"step": [], "rank": [], "data_wait_s": [], "time": []})
+    m = (
+        pd.concat(metrics, ignore_index=True)
+        if metrics
+        else pd.DataFrame({"step": [], "rank": [], "data_wait_s": [], "time": []})
+    )
     m = m.assign(epoch=0, loss=1.0, tokens=4096, loss_tokens=2048, step_time_s=step_s, lr=1e-5)
-    pq.write_table(pa.Table.from_pandas(m[METRICS_SCHEMA.names], schema=METRICS_SCHEMA, preserve_index=False),
-                   run_dir / "metrics.parquet")
+    pq.write_table(
+        pa.Table.from_pandas(m[METRICS_SCHEMA.names], schema=METRICS_SCHEMA, preserve_index=False),
+        run_dir / "metrics.parquet",
+    )
     return run_dir
 
 
 # ---------------------------------------------------------------- real traces
 
 # the published-figure H200 table that the calibrated one replaced (its comment keeps these numbers)
-PUBLISHED_H200 = TriageTable(gpu_model="H200", match=("H200",), tdp_w=700, idle_w=78, low_max_w=210,
-                             compute_min_w=380, busy_util_pct=85, idle_util_pct=5,
-                             provenance={"kind": "published figures, uncalibrated"})
+PUBLISHED_H200 = TriageTable(
+    gpu_model="H200",
+    match=("H200",),
+    tdp_w=700,
+    idle_w=78,
+    low_max_w=210,
+    compute_min_w=380,
+    busy_util_pct=85,
+    idle_util_pct=5,
+    provenance={"kind": "published figures, uncalibrated"},
+)
 # what each labelled phase of the calibration run may read as: a checkpoint on one GPU with no
 # heartbeats has no peer waiting on it, so its power (idle, host copies) can only say idle
-REAL_ACCEPT = {"idle": {"idle"}, "compute": {"compute"}, "data_starvation": {"data_starvation"},
-               "checkpoint": {"checkpoint", "idle"}, "deadlock": {"deadlock"}}
+REAL_ACCEPT = {
+    "idle": {"idle"},
+    "compute": {"compute"},
+    "data_starvation": {"data_starvation"},
+    "checkpoint": {"checkpoint", "idle"},
+    "deadlock": {"deadlock"},
+}
 
 
 def calibration_truth(labels: pd.DataFrame, window_s: float = 1.0) -> pd.DataFrame:
@@ -393,8 +475,14 @@ def calibration_agreement(phases: pa.Table, labels: pd.DataFrame) -> pd.DataFram
     truth["got"] = got.reindex(truth["start"]).to_numpy()
     rows = []
     for ph, g in truth.groupby("phase", sort=False):
-        rows.append({"phase": ph, "windows": len(g), "agree": float(g["got"].isin(REAL_ACCEPT[ph]).mean()),
-                     "read_as": dict(g["got"].value_counts())})
+        rows.append(
+            {
+                "phase": ph,
+                "windows": len(g),
+                "agree": float(g["got"].isin(REAL_ACCEPT[ph]).mean()),
+                "read_as": dict(g["got"].value_counts()),
+            }
+        )
     return pd.DataFrame(rows).set_index("phase")
 
 
@@ -432,16 +520,28 @@ def train_agreement(phases: pa.Table, run_dir: Path) -> pd.DataFrame:
     rows = []
     for part, mask in train_parts(phases, run_dir).items():
         g = pd.Series(got[mask])
-        rows.append({"part": part, "windows": int(mask.sum()), "agree": float((g == TRAIN_EXPECT[part]).mean()),
-                     "read_as": dict(g.value_counts())})
+        rows.append(
+            {
+                "part": part,
+                "windows": int(mask.sum()),
+                "agree": float((g == TRAIN_EXPECT[part]).mean()),
+                "read_as": dict(g.value_counts()),
+            }
+        )
     return pd.DataFrame(rows).set_index("part")
 
 
 # ---------------------------------------------------------------- foreign logs
 
 
-def write_nvidia_smi_csv(synth: SyntheticTrace, path: Path, name: str | None = None, na_every: int = 0,
-                         burst_gap_s: float = 0.002, index: bool = True) -> Path:
+def write_nvidia_smi_csv(
+    synth: SyntheticTrace,
+    path: Path,
+    name: str | None = None,
+    na_every: int = 0,
+    burst_gap_s: float = 0.002,
+    index: bool = True,
+) -> Path:
     """The trace as `nvidia-smi --query-gpu=timestamp,index,name,power.draw,utilization.gpu --format=csv -lms 100`
     writes it: one burst per sample (GPUs in index order, rows `burst_gap_s` apart), values with units, and
     every `na_every`-th row's power `[N/A]` (0: none). One host; the i-th sample of every GPU is burst i."""

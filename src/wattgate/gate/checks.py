@@ -32,23 +32,34 @@ def _listed(items: list[str]) -> str:
 
 def _where(packs: PackRows, rows: np.ndarray) -> str:
     r = int(rows[0])
-    return f"epoch {packs.epoch[r]} step {packs.step[r]} micro {packs.micro[r]} rank {packs.rank[r]} slot {packs.slot[r]}"
+    return (
+        f"epoch {packs.epoch[r]} step {packs.step[r]} micro {packs.micro[r]} rank {packs.rank[r]} slot {packs.slot[r]}"
+    )
 
 
 def _per_rank(counts: np.ndarray) -> str:
     return "{" + ", ".join(f"{r}: {int(c)}" for r, c in enumerate(counts)) + "}"
 
 
-def check_equal_steps(packs: PackRows, world_size: int, epochs: int | list[int], micro_batch_size: int,
-                      grad_accum: int, steps_per_epoch: int | dict[int, int]) -> Check:
+def check_equal_steps(
+    packs: PackRows,
+    world_size: int,
+    epochs: int | list[int],
+    micro_batch_size: int,
+    grad_accum: int,
+    steps_per_epoch: int | dict[int, int],
+) -> Check:
     """Every rank runs the same (step, micro) sequence with full micro-batches in every epoch.
 
     `epochs` and `steps_per_epoch` may list the epochs of one segment of a continued plan and each one's
     step count there (pack/segments.py); an int means epochs 0..epochs-1 of steps_per_epoch steps each."""
     name = "equal_steps"
     epoch_list = list(range(epochs)) if isinstance(epochs, int) else sorted(int(e) for e in epochs)
-    per_epoch = {e: steps_per_epoch for e in epoch_list} if isinstance(steps_per_epoch, int) else \
-        {int(e): int(n) for e, n in steps_per_epoch.items()}
+    per_epoch = (
+        {e: steps_per_epoch for e in epoch_list}
+        if isinstance(steps_per_epoch, int)
+        else {int(e): int(n) for e, n in steps_per_epoch.items()}
+    )
     if len(packs) == 0:
         return Check(name, False, "the plan has no packs")
     bad_rank = (packs.rank < 0) | (packs.rank >= world_size)
@@ -72,33 +83,46 @@ def check_equal_steps(packs: PackRows, world_size: int, epochs: int | list[int],
         steps = np.bincount(rank_steps // n_step_max, minlength=world_size)
         packs_per_rank = np.bincount(packs.rank[packs.epoch == epoch], minlength=world_size)
         if micro.min() != micro.max() or steps.min() != steps.max() or packs_per_rank.min() != packs_per_rank.max():
-            problems.append(f"epoch {epoch}: ranks differ: micro-batches per rank {_per_rank(micro)}, "
-                            f"optimizer steps {_per_rank(steps)}, packs {_per_rank(packs_per_rank)}")
+            problems.append(
+                f"epoch {epoch}: ranks differ: micro-batches per rank {_per_rank(micro)}, "
+                f"optimizer steps {_per_rank(steps)}, packs {_per_rank(packs_per_rank)}"
+            )
             continue
-        sequences = [keys[sel_epoch & (owner % world_size == r)] % (n_step_max * n_micro_max) for r in range(world_size)]
+        sequences = [
+            keys[sel_epoch & (owner % world_size == r)] % (n_step_max * n_micro_max) for r in range(world_size)
+        ]
         if any(not np.array_equal(sequences[0], s) for s in sequences[1:]):
             problems.append(f"epoch {epoch}: ranks run different (step, micro) sequences")
         elif steps[0] != per_epoch.get(epoch):
             problems.append(f"epoch {epoch}: {steps[0]} steps, plan.json says {per_epoch.get(epoch)}")
-    for field, limit, key_name in ((packs.micro, grad_accum, "grad_accum"),
-                                   (packs.step, max(per_epoch.values()), "steps_per_epoch")):
+    for field, limit, key_name in (
+        (packs.micro, grad_accum, "grad_accum"),
+        (packs.step, max(per_epoch.values()), "steps_per_epoch"),
+    ):
         outside = np.flatnonzero((field < 0) | (field >= limit))
         if outside.size:
             problems.append(f"index outside 0..{limit - 1} ({key_name}) at {_where(packs, outside)}")
     _, micro_per_step = np.unique(keys // n_micro_max, return_counts=True)  # per (epoch, rank, step)
     if (micro_per_step != grad_accum).any():
         odd = micro_per_step[micro_per_step != grad_accum]
-        problems.append(f"{odd.size} (rank, step)s with a micro-batch count other than grad_accum {grad_accum} "
-                        f"(e.g. {odd[0]})")
+        problems.append(
+            f"{odd.size} (rank, step)s with a micro-batch count other than grad_accum {grad_accum} (e.g. {odd[0]})"
+        )
     partial = np.flatnonzero(per_key != micro_batch_size)
     if partial.size:
-        problems.append(f"{partial.size} micro-batch(es) with a pack count other than micro_batch_size "
-                        f"{micro_batch_size} (first holds {per_key[partial[0]]})")
+        problems.append(
+            f"{partial.size} micro-batch(es) with a pack count other than micro_batch_size "
+            f"{micro_batch_size} (first holds {per_key[partial[0]]})"
+        )
     if problems:
         return Check(name, False, _listed(problems))
     shown = steps_per_epoch if isinstance(steps_per_epoch, int) else "/".join(str(per_epoch[e]) for e in epoch_list)
-    return Check(name, True, f"{world_size} ranks x {shown} steps x {grad_accum} micro-batches "
-                             f"x {micro_batch_size} packs, identical in all {len(epoch_list)} epoch(s)")
+    return Check(
+        name,
+        True,
+        f"{world_size} ranks x {shown} steps x {grad_accum} micro-batches "
+        f"x {micro_batch_size} packs, identical in all {len(epoch_list)} epoch(s)",
+    )
 
 
 def check_pack_contents(packs: PackRows, seq_len: int, doc_tokens: np.ndarray, doc_loss_tokens: np.ndarray) -> Check:
@@ -110,40 +134,67 @@ def check_pack_contents(packs: PackRows, seq_len: int, doc_tokens: np.ndarray, d
         problems.append(f"{empty.size} empty pack(s), first at {_where(packs, empty)}")
     over = np.flatnonzero(packs.num_tokens > seq_len)
     if over.size:
-        problems.append(f"{over.size} pack(s) over seq_len {seq_len}, first {packs.num_tokens[over[0]]} tokens "
-                        f"at {_where(packs, over)}")
+        problems.append(
+            f"{over.size} pack(s) over seq_len {seq_len}, first {packs.num_tokens[over[0]]} tokens "
+            f"at {_where(packs, over)}"
+        )
     ids = packs.doc_ids
     if len(ids) and (ids.min() < 0 or ids.max() >= len(doc_tokens)):
         return Check(name, False, _listed(problems + [f"doc_id outside 0..{len(doc_tokens) - 1}"]))
     if not np.array_equal(packs.offsets, packs.length_offsets):
         rows = np.flatnonzero(np.diff(packs.offsets) != np.diff(packs.length_offsets))
-        return Check(name, False, _listed(problems + [
-            f"{rows.size} pack(s) whose doc_ids and doc_lengths lists differ in length, first at {_where(packs, rows)}"
-        ]))
+        return Check(
+            name,
+            False,
+            _listed(
+                problems
+                + [
+                    f"{rows.size} pack(s) whose doc_ids and doc_lengths lists differ in length, "
+                    f"first at {_where(packs, rows)}"
+                ]
+            ),
+        )
     wrong_sum = np.flatnonzero(packs.sum_per_row(packs.doc_lengths) != packs.num_tokens)
     if wrong_sum.size:
-        problems.append(f"{wrong_sum.size} pack(s) whose num_tokens differs from the sum of doc_lengths, "
-                        f"first at {_where(packs, wrong_sum)}")
+        problems.append(
+            f"{wrong_sum.size} pack(s) whose num_tokens differs from the sum of doc_lengths, "
+            f"first at {_where(packs, wrong_sum)}"
+        )
     wrong_len = np.flatnonzero(doc_tokens[ids] != packs.doc_lengths)
     if wrong_len.size:
         d = int(ids[wrong_len[0]])
-        problems.append(f"{wrong_len.size} doc_lengths differ from the shards, e.g. doc_id {d}: "
-                        f"{packs.doc_lengths[wrong_len[0]]} vs {doc_tokens[d]}")
+        problems.append(
+            f"{wrong_len.size} doc_lengths differ from the shards, e.g. doc_id {d}: "
+            f"{packs.doc_lengths[wrong_len[0]]} vs {doc_tokens[d]}"
+        )
     no_loss = np.flatnonzero((packs.sum_per_row(doc_loss_tokens[ids]) == 0) & (packs.docs_per_row > 0))
     if no_loss.size:
         problems.append(f"{no_loss.size} pack(s) without a loss-bearing token, first at {_where(packs, no_loss)}")
     if problems:
         return Check(name, False, _listed(problems))
-    return Check(name, True, f"{len(packs)} packs, each 1..{seq_len} tokens with loss; longest "
-                             f"{int(packs.num_tokens.max()) if len(packs) else 0}")
+    return Check(
+        name,
+        True,
+        f"{len(packs)} packs, each 1..{seq_len} tokens with loss; longest "
+        f"{int(packs.num_tokens.max()) if len(packs) else 0}",
+    )
 
 
-def remainder_problems(policy: str | None, dropped: np.ndarray, dropped_reasons: dict, doc_tokens: np.ndarray,
-                       packs: PackRows, global_batch_packs: int | None) -> list[str]:
+def remainder_problems(
+    policy: str | None,
+    dropped: np.ndarray,
+    dropped_reasons: dict,
+    doc_tokens: np.ndarray,
+    packs: PackRows,
+    global_batch_packs: int | None,
+) -> list[str]:
     """What pack.remainder promises about drops (see pack/remainder.py): rebin and none drop nothing; drop
     drops, with reason 'remainder', the lightest packs beyond the last full global batch."""
-    problems = [f"unknown drop reason {r!r} (allowed: {', '.join(sorted(DROP_REASONS))})"
-                for r in dropped_reasons if r not in DROP_REASONS]
+    problems = [
+        f"unknown drop reason {r!r} (allowed: {', '.join(sorted(DROP_REASONS))})"
+        for r in dropped_reasons
+        if r not in DROP_REASONS
+    ]
     if policy is None or not len(dropped):
         return problems
     if policy not in DROPPING_POLICIES:
@@ -153,15 +204,25 @@ def remainder_problems(policy: str | None, dropped: np.ndarray, dropped_reasons:
         limit = (global_batch_packs - 1) * int(packs.num_tokens.min())
         dropped_tokens = int(doc_tokens[dropped].sum())
         if dropped_tokens > limit:
-            problems.append(f"pack.remainder: drop drops less than a global batch ({global_batch_packs} packs, "
-                            f"each no heavier than the lightest kept pack: <= {limit} tokens), plan drops "
-                            f"{dropped_tokens} tokens; rerun pack")
+            problems.append(
+                f"pack.remainder: drop drops less than a global batch ({global_batch_packs} packs, "
+                f"each no heavier than the lightest kept pack: <= {limit} tokens), plan drops "
+                f"{dropped_tokens} tokens; rerun pack"
+            )
     return problems
 
 
-def check_conservation(packs: PackRows, epochs: int, doc_tokens: np.ndarray, manifest_tokens: int,
-                       dropped_doc_ids: list[int], dropped_reasons: dict, policy: str | None = None,
-                       global_batch_packs: int | None = None, config_policy: str | None = None) -> Check:
+def check_conservation(
+    packs: PackRows,
+    epochs: int,
+    doc_tokens: np.ndarray,
+    manifest_tokens: int,
+    dropped_doc_ids: list[int],
+    dropped_reasons: dict,
+    policy: str | None = None,
+    global_batch_packs: int | None = None,
+    config_policy: str | None = None,
+) -> Check:
     """Each document exactly once per epoch, or dropped as the remainder policy allows; token sums match.
 
     `policy` (pack.remainder) and `global_batch_packs` (world x micro_batch_size x grad_accum) enforce
@@ -197,18 +258,24 @@ def check_conservation(packs: PackRows, epochs: int, doc_tokens: np.ndarray, man
         missing = np.flatnonzero((seen == 0) & (expected == 1))
         used_dropped = np.flatnonzero((seen > 0) & (expected == 0))
         if twice.size:
-            problems.append(f"epoch {epoch}: {twice.size} document(s) more than once, e.g. doc_id {twice[0]} "
-                            f"x{seen[twice[0]]}")
+            problems.append(
+                f"epoch {epoch}: {twice.size} document(s) more than once, e.g. doc_id {twice[0]} x{seen[twice[0]]}"
+            )
         if missing.size:
-            problems.append(f"epoch {epoch}: {missing.size} document(s) neither packed nor dropped, "
-                            f"e.g. doc_id {missing[0]}")
+            problems.append(
+                f"epoch {epoch}: {missing.size} document(s) neither packed nor dropped, e.g. doc_id {missing[0]}"
+            )
         if used_dropped.size:
             problems.append(f"epoch {epoch}: {used_dropped.size} dropped document(s) packed anyway")
     if problems:
         return Check(name, False, _listed(problems))
     kept_tokens = manifest_tokens - int(doc_tokens[dropped].sum())
-    return Check(name, True, f"{n - len(dropped)} documents ({kept_tokens} tokens) exactly once in each of "
-                             f"{epochs} epoch(s); {len(dropped)} dropped with reasons")
+    return Check(
+        name,
+        True,
+        f"{n - len(dropped)} documents ({kept_tokens} tokens) exactly once in each of "
+        f"{epochs} epoch(s); {len(dropped)} dropped with reasons",
+    )
 
 
 def check_launch(plan: dict, config: dict) -> Check:
@@ -226,12 +293,22 @@ def check_launch(plan: dict, config: dict) -> Check:
     wrong = [f"plan {k} {made_for.get(k)} != {src} {v}" for k, (v, src) in expected.items() if made_for.get(k) != v]
     if wrong:
         return Check("launch", False, _listed(wrong) + "; rerun pack for this launch")
-    return Check("launch", True, f"world {plan['world_size']} = {c['nodes']} node(s) x {c['gpus_per_node']}, "
-                                 f"micro_batch_size {plan['micro_batch_size']}, grad_accum {plan['grad_accum']}")
+    return Check(
+        "launch",
+        True,
+        f"world {plan['world_size']} = {c['nodes']} node(s) x {c['gpus_per_node']}, "
+        f"micro_batch_size {plan['micro_batch_size']}, grad_accum {plan['grad_accum']}",
+    )
 
 
-def check_provenance(plan: dict, packs_sha256: str, manifest_sha256: str, manifest: dict, model_vocab: int,
-                     content: ShardContent | None = None) -> Check:
+def check_provenance(
+    plan: dict,
+    packs_sha256: str,
+    manifest_sha256: str,
+    manifest: dict,
+    model_vocab: int,
+    content: ShardContent | None = None,
+) -> Check:
     """The plan describes these exact files, the shards hold what the manifest says, and every token id
     exists in the model's embedding. `content` (verify_shards) None: shard bytes not checked."""
     problems = []
@@ -246,8 +323,10 @@ def check_provenance(plan: dict, packs_sha256: str, manifest_sha256: str, manife
         problems.append(f"largest token id {max_id} does not fit the model's vocab_size {model_vocab}")
     true_max = content.max_token_id if content is not None else None
     if true_max is not None and true_max >= model_vocab:
-        problems.append(f"the shards hold token id {true_max} >= the model's vocab_size {model_vocab}; rerun "
-                        "pretokenize with the model's tokenizer")
+        problems.append(
+            f"the shards hold token id {true_max} >= the model's vocab_size {model_vocab}; rerun "
+            "pretokenize with the model's tokenizer"
+        )
     if true_max is not None and isinstance(max_id, int) and true_max > max_id:
         problems.append(f"the shards hold token id {true_max}, manifest max_token_id says {max_id}; rerun pretokenize")
     if isinstance(manifest.get("vocab_size"), int) and manifest["vocab_size"] > model_vocab:
@@ -255,10 +334,14 @@ def check_provenance(plan: dict, packs_sha256: str, manifest_sha256: str, manife
     if problems:
         return Check("provenance", False, _listed(problems))
     shown = true_max if true_max is not None else max_id
-    shards = ("" if content is None else
-              f"; {content.shards} shard hashes match ({content.algorithm}), lengths verified {content.scope}")
-    return Check("provenance", True, f"packs and manifest hashes match{shards}; max token id {shown} < vocab "
-                                     f"{model_vocab}")
+    shards = (
+        ""
+        if content is None
+        else f"; {content.shards} shard hashes match ({content.algorithm}), lengths verified {content.scope}"
+    )
+    return Check(
+        "provenance", True, f"packs and manifest hashes match{shards}; max token id {shown} < vocab {model_vocab}"
+    )
 
 
 FIT_HINTS = {
@@ -286,25 +369,30 @@ def check_fit(phases: dict[str, dict[str, int]], budgets: dict[str, Budget], hea
             unchecked.append(f"{phase} {total / GIB:.1f} GiB per {budget.per} {budget.source}")
         elif total > budget.bytes * (1 - headroom):
             biggest = max(terms, key=terms.get)
-            over.append(f"{phase}: estimated peak {total / GIB:.1f} GiB per {budget.per} > "
-                        f"{_budget_text(budget, headroom)}; largest term {biggest} {terms[biggest] / GIB:.1f} GiB "
-                        f"({FIT_HINTS.get(phase, 'more GPUs')})")
+            over.append(
+                f"{phase}: estimated peak {total / GIB:.1f} GiB per {budget.per} > "
+                f"{_budget_text(budget, headroom)}; largest term {biggest} {terms[biggest] / GIB:.1f} GiB "
+                f"({FIT_HINTS.get(phase, 'more GPUs')})"
+            )
         else:
             fits.setdefault(budget, []).append(f"{phase} {total / GIB:.1f}")
     if over:
         fitting = [f"{', '.join(items)} GiB per {budget.per}" for budget, items in fits.items()]
         rest = ([f"fits: {', '.join(fitting)}"] if fitting else []) + unchecked
         return Check("fit", False, "; ".join(over + rest))
-    fitting = [f"{', '.join(items)} GiB per {budget.per} of {_budget_text(budget, headroom)}"
-               for budget, items in fits.items()]
+    fitting = [
+        f"{', '.join(items)} GiB per {budget.per} of {_budget_text(budget, headroom)}" for budget, items in fits.items()
+    ]
     return Check("fit", True, "; ".join(fitting + unchecked))
 
 
 def check_checkpoint_space(checkpoint_bytes: int, keep: int, final_bytes: int, free_bytes: int, where: str) -> Check:
     """Room for keep checkpoints (+1 being written before the oldest is deleted) and the final export."""
     need = (keep + 1) * checkpoint_bytes + final_bytes
-    detail = (f"need {need / GIB:.2f} GiB ({keep}+1 x {checkpoint_bytes / GIB:.2f} GiB checkpoints + "
-              f"{final_bytes / GIB:.2f} GiB final), {free_bytes / GIB:.1f} GiB free at {where}")
+    detail = (
+        f"need {need / GIB:.2f} GiB ({keep}+1 x {checkpoint_bytes / GIB:.2f} GiB checkpoints + "
+        f"{final_bytes / GIB:.2f} GiB final), {free_bytes / GIB:.1f} GiB free at {where}"
+    )
     return Check("checkpoint_space", need <= free_bytes, detail)
 
 
@@ -327,8 +415,10 @@ def check_balance(packs: PackRows, world_size: int, attn_weight: float, max_rati
     ratio = per_rank.max(axis=1) / np.maximum(per_rank.mean(axis=1), 1e-9)
     worst = int(np.argmax(ratio))
     n_steps = int(packs.step.max()) + 1
-    detail = (f"max/mean rank cost per step: worst {ratio[worst]:.3f} (epoch {keys[worst] // n_steps} step "
-              f"{keys[worst] % n_steps}), mean {ratio.mean():.3f}, limit {max_ratio:.3f}")
+    detail = (
+        f"max/mean rank cost per step: worst {ratio[worst]:.3f} (epoch {keys[worst] // n_steps} step "
+        f"{keys[worst] % n_steps}), mean {ratio.mean():.3f}, limit {max_ratio:.3f}"
+    )
     return Check("balance", bool(ratio[worst] <= max_ratio), detail)
 
 
@@ -349,8 +439,9 @@ def check_schedule(plan: dict, config: dict) -> Check:
         problems.append(f"train.checkpoint_every {t['checkpoint_every']} > total steps {total}{capped}: no checkpoint")
     if problems:
         return Check("schedule", False, _listed(problems))
-    return Check("schedule", True, f"{total} steps{capped}, warmup {t['warmup_steps']}, checkpoint every "
-                                   f"{t['checkpoint_every']}")
+    return Check(
+        "schedule", True, f"{total} steps{capped}, warmup {t['warmup_steps']}, checkpoint every {t['checkpoint_every']}"
+    )
 
 
 def _steps_of(packs: PackRows) -> int:
@@ -368,13 +459,17 @@ def check_segments(plan: dict, config: dict, packs: PackRows, prefix: PackRows |
         probs.append(f"segment 0 starts at step {segs[0].get('first_step')}, not 0")
     for k, (a, b) in enumerate(zip(segs, segs[1:])):
         if a.get("end_step") != b.get("first_step"):
-            probs.append(f"segment {k} ends at step {a.get('end_step')} but segment {k + 1} starts at "
-                         f"{b.get('first_step')}: steps would be skipped or repeated")
+            probs.append(
+                f"segment {k} ends at step {a.get('end_step')} but segment {k + 1} starts at "
+                f"{b.get('first_step')}: steps would be skipped or repeated"
+            )
     boundary, end = int(segs[-1]["first_step"]), int(segs[-1]["end_step"])
     if end - boundary != _steps_of(packs):
         probs.append(f"the current segment has {_steps_of(packs)} steps, plan.json says {end - boundary}")
     if prefix is not None and _steps_of(prefix) > boundary:
-        probs.append(f"the consumed prefix holds {_steps_of(prefix)} steps, more than the {boundary} before the boundary")
+        probs.append(
+            f"the consumed prefix holds {_steps_of(prefix)} steps, more than the {boundary} before the boundary"
+        )
     resumed = (plan.get("resumed_from") or {}).get("step")
     if resumed != boundary:
         probs.append(f"the checkpoint it continues is at step {resumed}, the boundary at {boundary}")
@@ -391,18 +486,23 @@ def check_segments(plan: dict, config: dict, packs: PackRows, prefix: PackRows |
 
     before, ran, now = lr(boundary - 1, old_total), lr(boundary, old_total), lr(boundary, end)
     jump, step_change = abs(now - ran), abs(ran - before)
-    tokens_before = float(prefix.num_tokens[prefix.epoch >= 0].sum()) / max(_steps_of(prefix), 1) \
-        if prefix is not None else float("nan")
+    tokens_before = (
+        float(prefix.num_tokens[prefix.epoch >= 0].sum()) / max(_steps_of(prefix), 1)
+        if prefix is not None
+        else float("nan")
+    )
     tokens_after = float(packs.num_tokens.sum()) / max(_steps_of(packs), 1)
     ratio = tokens_after / tokens_before if tokens_before == tokens_before and tokens_before > 0 else float("nan")
     old_pps = segs[-2]["world_size"] * segs[-2]["micro_batch_size"] * segs[-2]["grad_accum"]
     new_pps = segs[-1]["world_size"] * segs[-1]["micro_batch_size"] * segs[-1]["grad_accum"]
     closest = max(1, round(old_pps / (segs[-1]["world_size"] * segs[-1]["micro_batch_size"])))
-    detail = (f"{len(segs)} segments: steps 0-{boundary} on {segs[-2]['world_size']} ranks (grad_accum "
-              f"{segs[-2]['grad_accum']}), {boundary}-{end} on {segs[-1]['world_size']} (grad_accum "
-              f"{segs[-1]['grad_accum']}); lr at the boundary {now:.3g} (the prefix's schedule: {ran:.3g}, one step "
-              f"before {before:.3g}); tokens per step {tokens_before:.0f} -> {tokens_after:.0f} (x{ratio:.3f}), "
-              f"{old_pps} -> {new_pps} packs per step")
+    detail = (
+        f"{len(segs)} segments: steps 0-{boundary} on {segs[-2]['world_size']} ranks (grad_accum "
+        f"{segs[-2]['grad_accum']}), {boundary}-{end} on {segs[-1]['world_size']} (grad_accum "
+        f"{segs[-1]['grad_accum']}); lr at the boundary {now:.3g} (the prefix's schedule: {ran:.3g}, one step "
+        f"before {before:.3g}); tokens per step {tokens_before:.0f} -> {tokens_after:.0f} (x{ratio:.3f}), "
+        f"{old_pps} -> {new_pps} packs per step"
+    )
     bad = []
     if jump > max(2 * step_change, 1e-6 * t["lr"]):
         bad.append(f"lr jumps by {jump:.3g} at the boundary (a step moves it {step_change:.3g})")

@@ -17,8 +17,9 @@ from wattgate.gpus import is_cpu, peak_bf16_flops
 
 def plan_step_costs(packs: PackRows, plan: dict, config: dict, max_steps: int | None) -> F.PlanCosts:
     """Each optimizer step's costliest rank in the planner's cost model, in run order, cut at max_steps."""
-    per_rank, keys = step_rank_costs(packs, plan["world_size"],
-                                     float(plan.get("attn_weight", config["pack"]["attn_weight"])))
+    per_rank, keys = step_rank_costs(
+        packs, plan["world_size"], float(plan.get("attn_weight", config["pack"]["attn_weight"]))
+    )
     return F.plan_costs(per_rank, keys, int(packs.step.max()) + 1, plan["steps_per_epoch"], max_steps)
 
 
@@ -28,34 +29,52 @@ def forecast_settings(config: dict, spec: ModelSpec) -> F.Settings:
     load_bytes = 0 if source is None else (source.file_bytes or spec.num_params * DTYPE_BYTES[source.dtype])
     slurm = cluster["launcher"] != "local"
     return F.Settings(
-        world_size=world_size(config), on_gpu=not is_cpu(cluster["gpu_model"]),
-        checkpoint_every=t["checkpoint_every"], checkpoint_at_epoch_end=t["checkpoint_at_epoch_end"],
-        checkpoint_bytes=checkpoint_bytes(spec), export_bytes=spec.num_params * DTYPE_BYTES[export_dtype_name(config)],
-        load_bytes=load_bytes, storage_gbps=cluster["storage_gbps"], collective_timeout_s=t["collective_timeout_s"],
-        job_limit_s=cluster["slurm"]["train"]["runtime_min"] * 60.0 if slurm else None)
+        world_size=world_size(config),
+        on_gpu=not is_cpu(cluster["gpu_model"]),
+        checkpoint_every=t["checkpoint_every"],
+        checkpoint_at_epoch_end=t["checkpoint_at_epoch_end"],
+        checkpoint_bytes=checkpoint_bytes(spec),
+        export_bytes=spec.num_params * DTYPE_BYTES[export_dtype_name(config)],
+        load_bytes=load_bytes,
+        storage_gbps=cluster["storage_gbps"],
+        collective_timeout_s=t["collective_timeout_s"],
+        job_limit_s=cluster["slurm"]["train"]["runtime_min"] * 60.0 if slurm else None,
+    )
 
 
 def throughput(config: dict, spec: ModelSpec, table) -> tuple[F.Throughput | None, str]:
     """The best throughput source: a measured run in the ledger, the calibrated matmul rate, the datasheet."""
     cluster, t = config["cluster"], config["train"]
     records = F.read_ledger(Path(config["forecast"]["ledger"]))
-    measured = F.measured_throughput(records, asdict(spec), world_size(config), cluster["gpu_model"], t["seq_len"],
-                                     t["micro_batch_size"])
+    measured = F.measured_throughput(
+        records, asdict(spec), world_size(config), cluster["gpu_model"], t["seq_len"], t["micro_batch_size"]
+    )
     if measured is not None:
         return measured, ""
     mfu = config["forecast"]["assumed_mfu"]
     calibrated = ((table.phases or {}).get("compute") or {}).get("matmul_tflops") if table is not None else None
     if calibrated:
-        return F.flops_throughput(spec.num_params, float(calibrated) * 1e12, mfu, "calibrated",
-                                  f"{calibrated:g} TFLOP/s bf16 matmul measured by `wattgate calibrate` x "
-                                  f"forecast.assumed_mfu {mfu:g}"), ""
+        return F.flops_throughput(
+            spec.num_params,
+            float(calibrated) * 1e12,
+            mfu,
+            "calibrated",
+            f"{calibrated:g} TFLOP/s bf16 matmul measured by `wattgate calibrate` x forecast.assumed_mfu {mfu:g}",
+        ), ""
     peak = peak_bf16_flops(cluster["gpu_model"])
     if peak:
-        return F.flops_throughput(spec.num_params, peak, mfu, "analytic",
-                                  f"datasheet {peak / 1e12:g} TFLOP/s bf16 x forecast.assumed_mfu {mfu:g}"), ""
-    return None, (f"no earlier run of this model shape on {world_size(config)} x {cluster['gpu_model']} in "
-                  f"{config['forecast']['ledger']} and no peak FLOP/s for {cluster['gpu_model']}: train once "
-                  "(it appends its throughput) and rerun the gate")
+        return F.flops_throughput(
+            spec.num_params,
+            peak,
+            mfu,
+            "analytic",
+            f"datasheet {peak / 1e12:g} TFLOP/s bf16 x forecast.assumed_mfu {mfu:g}",
+        ), ""
+    return None, (
+        f"no earlier run of this model shape on {world_size(config)} x {cluster['gpu_model']} in "
+        f"{config['forecast']['ledger']} and no peak FLOP/s for {cluster['gpu_model']}: train once "
+        "(it appends its throughput) and rerun the gate"
+    )
 
 
 def triage_table(config: dict):
@@ -90,17 +109,22 @@ def cost_section(inputs: GateInputs, spec: ModelSpec, equal_steps: Check) -> tup
         out["forecast"] = F.forecast(costs, tp, settings, F.table_levels(table) if table is not None else None)
     if not equal_steps.passed:
         div = F.first_divergence(packs.epoch, packs.step, packs.micro, packs.rank, world)
-        out["failure"] = {"divergence": div, "cost": None,
-                          "line": "every rank runs the same (epoch, step, micro) sequence: equal_steps failed for "
-                                  "another reason (see its detail), not one that hangs a collective"}
+        out["failure"] = {
+            "divergence": div,
+            "cost": None,
+            "line": "every rank runs the same (epoch, step, micro) sequence: equal_steps failed for "
+            "another reason (see its detail), not one that hangs a collective",
+        }
         if div is not None:
             if out["forecast"] is not None:
                 out["failure"]["cost"] = F.failure_cost(div, costs, out["forecast"], settings)
                 out["failure"]["line"] = out["failure"]["cost"]["line"]
             else:
-                out["failure"]["line"] = (f"would hang at epoch {div['epoch']} step {div['step'] + 1} of "
-                                          f"{div['steps_in_epoch']} (micro-batch {div['micro'] + 1}); its cost "
-                                          f"needs a forecast ({why})")
+                out["failure"]["line"] = (
+                    f"would hang at epoch {div['epoch']} step {div['step'] + 1} of "
+                    f"{div['steps_in_epoch']} (micro-batch {div['micro'] + 1}); its cost "
+                    f"needs a forecast ({why})"
+                )
     passed, detail = F.check_budget(out["forecast"], g["max_gpu_hours"], g["max_kwh"])
     return out, Check("budget", passed, detail)
 
@@ -113,29 +137,40 @@ def cost_markdown(report: dict) -> list[str]:
         lines.append(f"Not available: {report.get('forecast_unavailable')}.")
     else:
         tp = fc["throughput"]
-        lines += [f"**{F.fmt_hours(fc['wall_s'])} wall, {fc['gpu_hours']:.4g} GPU-hours on {fc['world_size']} GPUs"
-                  + (f", {fc['kwh']:.4g} kWh (GPUs only)" if fc["kwh"] is not None else ", energy not forecast "
-                     "(no triage table for this GPU model)") + "**", "",
-                  f"Throughput: {tp['source']}: {tp['detail']}; {tp['cost_per_s']:.6g} cost units/s per rank "
-                  "(tokens + attn_weight x squared document lengths, the planner's cost).", "",
-                  "| term | seconds | how |", "|---|---:|---|",
-                  f"| start-up | {fc['terms_s']['startup_s']:.1f} | {fc['startup_source']} |",
-                  f"| load | {fc['terms_s']['load_s']:.1f} | {fc['load_source']} |",
-                  f"| warm-up | {fc['terms_s']['warmup_s']:.1f} | the first steps' one-off cost "
-                  f"({'measured' if fc['throughput']['warmup_s'] is not None else 'not known before a run'}) |",
-                  f"| {fc['steps']} optimizer steps | {fc['terms_s']['steps_s']:.1f} | each step's costliest rank / "
-                  "throughput |",
-                  f"| {fc['checkpoints']} checkpoints | {fc['terms_s']['checkpoints_s']:.1f} | "
-                  f"{fc['checkpoint_gib']:.3g} GiB each at {fc['storage_gbps']:.3g} GB/s ({fc['storage_source']}) |",
-                  f"| export | {fc['terms_s']['export_s']:.1f} | {fc['export_gib']:.3g} GiB at "
-                  f"{fc['storage_gbps']:.3g} GB/s |",
-                  f"| **total** | **{fc['wall_s']:.1f}** | |"]
+        lines += [
+            f"**{F.fmt_hours(fc['wall_s'])} wall, {fc['gpu_hours']:.4g} GPU-hours on {fc['world_size']} GPUs"
+            + (
+                f", {fc['kwh']:.4g} kWh (GPUs only)"
+                if fc["kwh"] is not None
+                else ", energy not forecast (no triage table for this GPU model)"
+            )
+            + "**",
+            "",
+            f"Throughput: {tp['source']}: {tp['detail']}; {tp['cost_per_s']:.6g} cost units/s per rank "
+            "(tokens + attn_weight x squared document lengths, the planner's cost).",
+            "",
+            "| term | seconds | how |",
+            "|---|---:|---|",
+            f"| start-up | {fc['terms_s']['startup_s']:.1f} | {fc['startup_source']} |",
+            f"| load | {fc['terms_s']['load_s']:.1f} | {fc['load_source']} |",
+            f"| warm-up | {fc['terms_s']['warmup_s']:.1f} | the first steps' one-off cost "
+            f"({'measured' if fc['throughput']['warmup_s'] is not None else 'not known before a run'}) |",
+            f"| {fc['steps']} optimizer steps | {fc['terms_s']['steps_s']:.1f} | each step's costliest rank / "
+            "throughput |",
+            f"| {fc['checkpoints']} checkpoints | {fc['terms_s']['checkpoints_s']:.1f} | "
+            f"{fc['checkpoint_gib']:.3g} GiB each at {fc['storage_gbps']:.3g} GB/s ({fc['storage_source']}) |",
+            f"| export | {fc['terms_s']['export_s']:.1f} | {fc['export_gib']:.3g} GiB at "
+            f"{fc['storage_gbps']:.3g} GB/s |",
+            f"| **total** | **{fc['wall_s']:.1f}** | |",
+        ]
         if fc["energy"]:
             e = fc["energy"]
-            lines += ["", f"Energy: steps at {e['compute_w']:.0f} W, checkpoints at the wait level {e['wait_w']:.0f} W, "
-                          f"the rest at idle {e['idle_w']:.0f} W per GPU ({e['source']})."]
+            lines += [
+                "",
+                f"Energy: steps at {e['compute_w']:.0f} W, checkpoints at the wait level {e['wait_w']:.0f} W, "
+                f"the rest at idle {e['idle_w']:.0f} W per GPU ({e['source']}).",
+            ]
     failure = report.get("failure")
     if failure:
         lines += ["", "## Cost of the failure the gate prevented", "", failure["line"]]
     return lines
-

@@ -19,8 +19,16 @@ import pyarrow.parquet as pq
 from wattgate.artifacts import sha256_file
 from wattgate.data.pretokenize import shard_hash, shard_hash_algorithm
 from wattgate.errors import InputError
-from wattgate.run_files import (PACKS, PackRows, first_line, parquet_columns, read_manifest, read_packs, read_parquet,
-                                read_plan)
+from wattgate.run_files import (
+    PACKS,
+    PackRows,
+    first_line,
+    parquet_columns,
+    read_manifest,
+    read_packs,
+    read_parquet,
+    read_plan,
+)
 
 # Up to this many tokens in all shards, the gate decodes every document's input_ids (~60M tokens/s on the
 # 2-core bench VM, so <= ~0.07 s) to
@@ -43,7 +51,7 @@ class GateInputs:
     checkpoint_dir: Path
     content: ShardContent | None = None  # shard hashes, true lengths and token ids (None: not verified)
     prefix: PackRows | None = None  # a continued plan's consumed steps of its earlier segments (pack/segments.py)
-    prefix_problems: tuple = ()        # archived segments that are missing or do not hash to plan.json's record
+    prefix_problems: tuple = ()  # archived segments that are missing or do not hash to plan.json's record
 
 
 @dataclass(frozen=True)
@@ -69,8 +77,7 @@ def read_doc_columns(pretokenized: Path, manifest: dict) -> tuple[np.ndarray, np
         missing = [c for c in ("doc_id", "num_tokens") if c not in names]
         if missing:
             raise InputError(f"{path}: missing column(s) {', '.join(missing)}; rerun pretokenize")
-        t = read_parquet(path, ["doc_id", "num_tokens", "num_loss_tokens" if has_loss else "loss_mask"],
-                          "pretokenize")
+        t = read_parquet(path, ["doc_id", "num_tokens", "num_loss_tokens" if has_loss else "loss_mask"], "pretokenize")
         ids = t.column("doc_id").to_numpy()
         if len(ids) and (ids.min() < 0 or ids.max() >= n):
             raise InputError(f"{path}: doc_id outside 0..{n - 1} of the manifest; rerun pretokenize")
@@ -80,8 +87,9 @@ def read_doc_columns(pretokenized: Path, manifest: dict) -> tuple[np.ndarray, np
         else:  # shards from before the num_loss_tokens column
             loss[ids] = [int(np.sum(m)) for m in t.column("loss_mask").to_pylist()]
     if (tokens < 0).any():
-        raise InputError(f"{pretokenized}: shards miss {(tokens < 0).sum()} of the manifest's doc_ids; "
-                         "rerun pretokenize")
+        raise InputError(
+            f"{pretokenized}: shards miss {(tokens < 0).sum()} of the manifest's doc_ids; rerun pretokenize"
+        )
     return tokens, loss
 
 
@@ -109,8 +117,10 @@ def verify_shards(pretokenized: Path, manifest: dict, full: bool | None = None) 
     if not isinstance(expected, dict):
         problems.append("manifest has no shard_hashes; rerun pretokenize (then pack and gate)")
     elif algorithm != shard_hash_algorithm():
-        problems.append(f"manifest shard_hash_algorithm {algorithm!r}, this install hashes with "
-                        f"{shard_hash_algorithm()!r}; rerun pretokenize")
+        problems.append(
+            f"manifest shard_hash_algorithm {algorithm!r}, this install hashes with "
+            f"{shard_hash_algorithm()!r}; rerun pretokenize"
+        )
     elif sorted(expected) != sorted(shards):
         problems.append("manifest shard_hashes do not name the same files as shards; rerun pretokenize")
     max_id: int | None = -1
@@ -119,8 +129,10 @@ def verify_shards(pretokenized: Path, manifest: dict, full: bool | None = None) 
         if isinstance(expected, dict) and name in expected:
             try:
                 if shard_hash(path) != expected[name]:
-                    problems.append(f"{name}: content hash differs from the manifest (the shard changed after "
-                                    "pretokenize); rerun pretokenize, pack and gate")
+                    problems.append(
+                        f"{name}: content hash differs from the manifest (the shard changed after "
+                        "pretokenize); rerun pretokenize, pack and gate"
+                    )
             except OSError as exc:
                 raise InputError(f"{path}: cannot read ({exc.strerror}); rerun pretokenize") from None
         try:
@@ -130,8 +142,13 @@ def verify_shards(pretokenized: Path, manifest: dict, full: bool | None = None) 
                 max_id = _check_row_groups(path, name, problems, max_id)
         except (OSError, pa.ArrowException, KeyError, ValueError) as exc:
             raise InputError(f"{path}: cannot read ({first_line(exc)}); rerun pretokenize") from None
-    return ShardContent(tuple(problems), None if max_id is None or max_id < 0 else max_id,
-                        "per document" if full else "per row group", algorithm, len(shards))
+    return ShardContent(
+        tuple(problems),
+        None if max_id is None or max_id < 0 else max_id,
+        "per document" if full else "per row group",
+        algorithm,
+        len(shards),
+    )
 
 
 def _check_documents(path: Path, name: str, problems: list[str], max_id: int) -> int:
@@ -142,8 +159,10 @@ def _check_documents(path: Path, name: str, problems: list[str], max_id: int) ->
     wrong = np.flatnonzero(actual != claimed)
     if wrong.size:
         r = int(wrong[0])
-        problems.append(f"{name}: doc_id {t.column('doc_id')[r].as_py()} holds {actual[r]} tokens, num_tokens says "
-                        f"{claimed[r]} ({wrong.size} such document(s)); rerun pretokenize, pack and gate")
+        problems.append(
+            f"{name}: doc_id {t.column('doc_id')[r].as_py()} holds {actual[r]} tokens, num_tokens says "
+            f"{claimed[r]} ({wrong.size} such document(s)); rerun pretokenize, pack and gate"
+        )
     top = pc.max(pc.list_flatten(ids)).as_py()
     return max_id if top is None else max(max_id, int(top))
 
@@ -156,13 +175,15 @@ def _check_row_groups(path: Path, name: str, problems: list[str], max_id: int) -
     start = 0
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
-        n = int(claimed[start:start + rg.num_rows].sum())
+        n = int(claimed[start : start + rg.num_rows].sum())
         col = rg.column(leaf) if leaf is not None else None
         # one leaf value per token (an empty list would add one null level; documents are never empty)
         if col is None or col.num_values != n:
-            problems.append(f"{name}: row group {g} (rows {start}..{start + rg.num_rows - 1}) holds "
-                            f"{None if col is None else col.num_values} input_ids values, num_tokens sum to {n}; "
-                            "rerun pretokenize, pack and gate")
+            problems.append(
+                f"{name}: row group {g} (rows {start}..{start + rg.num_rows - 1}) holds "
+                f"{None if col is None else col.num_values} input_ids values, num_tokens sum to {n}; "
+                "rerun pretokenize, pack and gate"
+            )
         stats = col.statistics if col is not None else None
         if stats is None or not stats.has_min_max:
             max_id = None if n else max_id
@@ -199,9 +220,14 @@ def concat_packs(parts: list[PackRows]) -> PackRows:
     """Rows of several plans as one PackRows (doc lists re-offset)."""
     base = np.cumsum([0] + [int(p.offsets[-1]) for p in parts[:-1]])
     offsets = np.concatenate([[0]] + [p.offsets[1:] + b for p, b in zip(parts, base)])
-    return PackRows(**{f: np.concatenate([getattr(p, f) for p in parts])
-                       for f in ("epoch", "step", "micro", "rank", "slot", "num_tokens", "doc_ids", "doc_lengths")},
-                    offsets=offsets, length_offsets=offsets)
+    return PackRows(
+        **{
+            f: np.concatenate([getattr(p, f) for p in parts])
+            for f in ("epoch", "step", "micro", "rank", "slot", "num_tokens", "doc_ids", "doc_lengths")
+        },
+        offsets=offsets,
+        length_offsets=offsets,
+    )
 
 
 def consumed_rows(packs: PackRows, steps: int) -> PackRows:
@@ -211,9 +237,13 @@ def consumed_rows(packs: PackRows, steps: int) -> PackRows:
     keep = ordinal < steps
     entry_keep = np.repeat(keep, packs.docs_per_row)
     offsets = np.concatenate([[0], np.cumsum(packs.docs_per_row[keep])])
-    return PackRows(**{f: getattr(packs, f)[keep] for f in ("epoch", "step", "micro", "rank", "slot", "num_tokens")},
-                    doc_ids=packs.doc_ids[entry_keep], doc_lengths=packs.doc_lengths[entry_keep], offsets=offsets,
-                    length_offsets=offsets)
+    return PackRows(
+        **{f: getattr(packs, f)[keep] for f in ("epoch", "step", "micro", "rank", "slot", "num_tokens")},
+        doc_ids=packs.doc_ids[entry_keep],
+        doc_lengths=packs.doc_lengths[entry_keep],
+        offsets=offsets,
+        length_offsets=offsets,
+    )
 
 
 def read_prefix(plan_dir: Path, plan: dict) -> tuple[PackRows | None, tuple]:

@@ -52,8 +52,14 @@ INIT_BLOCK_ELEMENTS = 1 << 20
 # Bytes per element of the dtypes a checkpoint or an export may hold.
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
 EXPORT_DTYPES = ("bfloat16", "float16", "float32")  # train.export_dtype's choices besides auto
-DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
-                 "double": "float64"}
+DTYPE_ALIASES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float": "float32",
+    "double": "float64",
+}
 # transformers' dtype when a config names none
 DEFAULT_CONFIG_DTYPE = "float32"
 
@@ -126,8 +132,12 @@ class ModelSpec:
         they, not a single expert's matrix, are the candidates for the largest one.
         """
         h, inter = self.hidden_size, self.intermediate_size
-        shapes = {"embed_tokens": (self.vocab_size, h), "q_proj": (self.q_dim, h), "k_proj": (self.kv_dim, h),
-                  "o_proj": (h, self.q_dim)}
+        shapes = {
+            "embed_tokens": (self.vocab_size, h),
+            "q_proj": (self.q_dim, h),
+            "k_proj": (self.kv_dim, h),
+            "o_proj": (h, self.q_dim),
+        }
         if not self.tied_embeddings:
             shapes["lm_head"] = (self.vocab_size, h)
         if self.num_experts:
@@ -161,8 +171,7 @@ def local_rows(shape: tuple[int, ...], world_size: int) -> int:
 
 def largest_local_slice(spec: ModelSpec, world_size: int) -> tuple[str, int]:
     """The parameter of which one rank holds the most elements, and that many elements."""
-    name, shape = max(spec.weight_shapes().items(),
-                      key=lambda kv: local_rows(kv[1], world_size) * math.prod(kv[1][1:]))
+    name, shape = max(spec.weight_shapes().items(), key=lambda kv: local_rows(kv[1], world_size) * math.prod(kv[1][1:]))
     return name, local_rows(shape, world_size) * math.prod(shape[1:])
 
 
@@ -172,8 +181,9 @@ def read_model_folder_config(model_path: str | Path) -> tuple[dict, Path]:
     try:
         cfg = json.loads(path.read_text())
     except OSError as exc:
-        raise InputError(f"{path}: cannot read model config ({exc.strerror}); "
-                         "model.path must be a local model folder") from None
+        raise InputError(
+            f"{path}: cannot read model config ({exc.strerror}); model.path must be a local model folder"
+        ) from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}:{exc.lineno}: invalid JSON in model config ({exc.msg})") from None
     if not isinstance(cfg, dict):
@@ -221,8 +231,9 @@ def export_dtype_name(config: dict) -> str:
         if name is None:
             continue
         if name not in EXPORT_DTYPES:
-            raise InputError(f"{source}: dtype {name} is not an export dtype ({', '.join(EXPORT_DTYPES)}); "
-                             "set train.export_dtype")
+            raise InputError(
+                f"{source}: dtype {name} is not an export dtype ({', '.join(EXPORT_DTYPES)}); set train.export_dtype"
+            )
         return name
     return "bfloat16"
 
@@ -310,8 +321,10 @@ def load_staging_bytes(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     _, local = largest_local_slice(spec, s.world_size)
     if s.source is None:
         return {"init_block_fp32": min(local, INIT_BLOCK_ELEMENTS) * 4}
-    return {"largest_param_slice_file_dtype": local * DTYPE_BYTES[s.source.dtype],
-            "largest_param_slice_fp32": local * 4}
+    return {
+        "largest_param_slice_file_dtype": local * DTYPE_BYTES[s.source.dtype],
+        "largest_param_slice_fp32": local * 4,
+    }
 
 
 def estimate_load_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
@@ -369,8 +382,11 @@ def estimate_host_memory_per_node(spec: ModelSpec, s: FitSettings) -> dict[str, 
         "torchrun_agent": TORCHRUN_AGENT_BYTES,
     }
     if not s.on_gpu:  # the device is the host: each rank's largest device peak, less the runtime counted above
-        device_peak = max(sum(estimate_load_memory(spec, s).values()), sum(estimate_memory(spec, s).values()),
-                          sum(estimate_export_memory(spec, s).values()))
+        device_peak = max(
+            sum(estimate_load_memory(spec, s).values()),
+            sum(estimate_memory(spec, s).values()),
+            sum(estimate_export_memory(spec, s).values()),
+        )
         terms["device_tensors_on_host"] = ranks * (device_peak - RUNTIME_OVERHEAD_BYTES["cpu"])
     return terms
 
@@ -472,9 +488,12 @@ def phase_notes(spec: ModelSpec, s: FitSettings) -> dict[str, str]:
     }
 
 
-def fit_estimate(spec: ModelSpec, s: FitSettings, device: Budget, host: Budget,
-                 steady: dict[str, int] | None = None) -> FitEstimate:
+def fit_estimate(
+    spec: ModelSpec, s: FitSettings, device: Budget, host: Budget, steady: dict[str, int] | None = None
+) -> FitEstimate:
     """Every phase's terms with the budget it is checked against (device per rank, host per node)."""
-    return FitEstimate(phases=estimate_phases(spec, s, steady),
-                       budgets={"load": device, "steady": device, "export": device, "host_per_node": host},
-                       notes=phase_notes(spec, s))
+    return FitEstimate(
+        phases=estimate_phases(spec, s, steady),
+        budgets={"load": device, "steady": device, "export": device, "host_per_node": host},
+        notes=phase_notes(spec, s),
+    )

@@ -30,8 +30,9 @@ def phases_json(fit: FitEstimate, headroom: float) -> dict:
     return out
 
 
-def gate_json(passed: bool, elapsed_s: float, checks: list[Check], fit: FitEstimate, headroom: float,
-              enforce: bool) -> dict:
+def gate_json(
+    passed: bool, elapsed_s: float, checks: list[Check], fit: FitEstimate, headroom: float, enforce: bool
+) -> dict:
     return {
         "passed": passed,
         "enforce": enforce,
@@ -61,9 +62,13 @@ def phase_markdown(phase: str, p: dict) -> list[str]:
         lines += ["", f"Budget: {p['budget_source']}.", ""]
     else:
         verdict = "fits" if p["fits"] else "**does not fit**"
-        lines += ["", f"Budget: {p['usable_bytes'] / GIB:.2f} GiB usable per {p['per']} "
-                      f"({p['budget_bytes'] / GIB:.2f} GiB from {p['budget_source']}, {p['headroom']:.0%} headroom): "
-                      f"{verdict}.", ""]
+        lines += [
+            "",
+            f"Budget: {p['usable_bytes'] / GIB:.2f} GiB usable per {p['per']} "
+            f"({p['budget_bytes'] / GIB:.2f} GiB from {p['budget_source']}, {p['headroom']:.0%} headroom): "
+            f"{verdict}.",
+            "",
+        ]
     return lines
 
 
@@ -116,5 +121,6 @@ def write_report(out: Path, report: dict) -> None:
     if not report["enforce"]:
         # what downstream rules wait on when the user chose to run past the gate
         verdict = "passed" if report["passed"] else "FAILED"
-        write_bytes_atomic(out / "UNENFORCED", marker_text(
-            f"gate {verdict}, not enforced (gate.enforce: false); see gate.md", plan))
+        write_bytes_atomic(
+            out / "UNENFORCED", marker_text(f"gate {verdict}, not enforced (gate.enforce: false); see gate.md", plan)
+        )

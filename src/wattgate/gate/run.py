@@ -45,15 +45,17 @@ def fit_settings(config: dict) -> FitSettings:
     )
 
 
-def config_fit_estimate(config: dict, spec: ModelSpec, steady: dict[str, int] | None = None,
-                        meminfo: Path = Path("/proc/meminfo")) -> FitEstimate:
+def config_fit_estimate(
+    config: dict, spec: ModelSpec, steady: dict[str, int] | None = None, meminfo: Path = Path("/proc/meminfo")
+) -> FitEstimate:
     """All phases' terms for this config, with the device budget per rank and the host budget per node.
 
     Needs no pretokenized data or plan: what the examples' tests and `fit` use.
     """
     device, source = device_memory_bytes(config)
-    return fit_estimate(spec, fit_settings(config), Budget(device, source, "rank"),
-                        host_memory_budget(config, meminfo), steady)
+    return fit_estimate(
+        spec, fit_settings(config), Budget(device, source, "rank"), host_memory_budget(config, meminfo), steady
+    )
 
 
 def free_bytes_at(path: Path) -> tuple[int, str]:
@@ -75,8 +77,9 @@ def manifest_tokens(manifest: dict) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else -1
 
 
-def run_checks(inputs: GateInputs, spec: ModelSpec, terms: dict[str, int],
-               fit: FitEstimate | None = None) -> list[C.Check]:
+def run_checks(
+    inputs: GateInputs, spec: ModelSpec, terms: dict[str, int], fit: FitEstimate | None = None
+) -> list[C.Check]:
     """Every check; `terms` is the steady-state estimate, `fit` all phases (computed from the config if None)."""
     config, plan, packs = inputs.config, inputs.plan, inputs.packs
     stats = plan.get("stats", {})
@@ -88,20 +91,38 @@ def run_checks(inputs: GateInputs, spec: ModelSpec, terms: dict[str, int],
     segment_steps = {int(e): n for e, n in plan["segment_steps"].items()} if plan.get("segments") else None
     whole = concat_packs([inputs.prefix, packs]) if inputs.prefix is not None else packs
     return [
-        C.check_equal_steps(packs, plan["world_size"], sorted(segment_steps) if segment_steps else plan["epochs"],
-                            plan["micro_batch_size"], plan["grad_accum"], segment_steps or plan["steps_per_epoch"]),
+        C.check_equal_steps(
+            packs,
+            plan["world_size"],
+            sorted(segment_steps) if segment_steps else plan["epochs"],
+            plan["micro_batch_size"],
+            plan["grad_accum"],
+            segment_steps or plan["steps_per_epoch"],
+        ),
         C.check_pack_contents(packs, plan["seq_len"], inputs.doc_tokens, inputs.doc_loss_tokens),
-        C.check_conservation(whole, plan["epochs"], inputs.doc_tokens, manifest_tokens(inputs.manifest),
-                             stats.get("dropped_doc_ids", []), stats.get("dropped", {}), remainder_policy(plan, config),
-                             plan["world_size"] * plan["micro_batch_size"] * plan["grad_accum"],
-                             config["pack"]["remainder"]),
+        C.check_conservation(
+            whole,
+            plan["epochs"],
+            inputs.doc_tokens,
+            manifest_tokens(inputs.manifest),
+            stats.get("dropped_doc_ids", []),
+            stats.get("dropped", {}),
+            remainder_policy(plan, config),
+            plan["world_size"] * plan["micro_batch_size"] * plan["grad_accum"],
+            config["pack"]["remainder"],
+        ),
         C.check_launch(plan, config),
-        C.check_provenance(plan, inputs.packs_sha256, inputs.manifest_sha256, inputs.manifest, spec.vocab_size,
-                           inputs.content),
+        C.check_provenance(
+            plan, inputs.packs_sha256, inputs.manifest_sha256, inputs.manifest, spec.vocab_size, inputs.content
+        ),
         C.check_fit(fit.phases, fit.budgets, config["gate"]["memory_headroom"]),
         C.check_checkpoint_space(checkpoint_bytes(spec), config["train"]["checkpoint_keep"], final_bytes, free, where),
-        C.check_balance(packs, plan["world_size"], float(plan.get("attn_weight", config["pack"]["attn_weight"])),
-                        config["gate"]["max_rank_cost_ratio"]),
+        C.check_balance(
+            packs,
+            plan["world_size"],
+            float(plan.get("attn_weight", config["pack"]["attn_weight"])),
+            config["gate"]["max_rank_cost_ratio"],
+        ),
         C.check_schedule(plan, config),
         C.check_segments(plan, config, packs, inputs.prefix, inputs.prefix_problems),
     ]
@@ -121,10 +142,19 @@ def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: 
     # what the plan will cost, the budget check on it, and what a hang it would cause would have cost
     cost, budget = cost_section(inputs, spec, next(c for c in results if c.name == "equal_steps"))
     results.append(budget)
-    report = gate_json(all(c.passed for c in results), time.perf_counter() - start, results, fit,
-                       config["gate"]["memory_headroom"], config["gate"]["enforce"])
+    report = gate_json(
+        all(c.passed for c in results),
+        time.perf_counter() - start,
+        results,
+        fit,
+        config["gate"]["memory_headroom"],
+        config["gate"]["enforce"],
+    )
     report.update(cost)
     # the verdict markers name the plan they are about; `wattgate launch` checks them
-    report["plan_sha256"] = {"plan.json": sha256_file(Path(plan_dir) / "plan.json"), "packs.parquet": inputs.packs_sha256}
+    report["plan_sha256"] = {
+        "plan.json": sha256_file(Path(plan_dir) / "plan.json"),
+        "packs.parquet": inputs.packs_sha256,
+    }
     write_report(out, report)
     return report

@@ -107,22 +107,33 @@ def assign_uneven(rank_of_pack: np.ndarray, layout: Layout, epochs: int, seed: i
             i = np.arange(len(mine))
             m = i // layout.micro_batch_size
             cols.append(
-                (mine, np.full(len(mine), epoch), m // layout.grad_accum, m % layout.grad_accum,
-                 np.full(len(mine), rank), i % layout.micro_batch_size)
+                (
+                    mine,
+                    np.full(len(mine), epoch),
+                    m // layout.grad_accum,
+                    m % layout.grad_accum,
+                    np.full(len(mine), rank),
+                    i % layout.micro_batch_size,
+                )
             )
     return sort_placement(Placement(*[np.concatenate(c) for c in zip(*cols)]))
 
 
 def sort_placement(p: Placement) -> Placement:
     order = np.lexsort((p.slot, p.rank, p.micro, p.step, p.epoch))
-    return Placement(*(getattr(p, f)[order].astype(np.int64) for f in ("pack", "epoch", "step", "micro", "rank", "slot")))
+    return Placement(
+        *(getattr(p, f)[order].astype(np.int64) for f in ("pack", "epoch", "step", "micro", "rank", "slot"))
+    )
 
 
 def rank_cost_ratios(placement: Placement, costs: np.ndarray, world_size: int) -> dict:
     """max/mean rank cost per optimizer step and per micro-batch (1.0 = perfectly balanced)."""
     out = {}
     c = costs[placement.pack]
-    for name, keys in (("step", (placement.epoch, placement.step)), ("micro", (placement.epoch, placement.step, placement.micro))):
+    for name, keys in (
+        ("step", (placement.epoch, placement.step)),
+        ("micro", (placement.epoch, placement.step, placement.micro)),
+    ):
         key = np.zeros(len(c), dtype=np.int64)
         for k in keys:
             key = key * (int(k.max()) + 1) + k

@@ -49,7 +49,9 @@ def read_doc_lengths(pretokenized: Path, manifest: dict) -> np.ndarray:
     doc_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
     n = manifest["num_docs"]
     if len(doc_ids) != n or not np.array_equal(doc_ids, np.arange(n)):
-        raise InputError(f"{pretokenized}: shards hold {len(doc_ids)} doc_ids, manifest says {n} dense ids; rerun pretokenize")
+        raise InputError(
+            f"{pretokenized}: shards hold {len(doc_ids)} doc_ids, manifest says {n} dense ids; rerun pretokenize"
+        )
     return np.concatenate(lengths).astype(np.int64)
 
 
@@ -58,13 +60,11 @@ def plan_stats(placement, lengths, tokens, costs, layout: Layout, seq_len: int, 
     per_rank_tokens = np.bincount(placement.rank, weights=tokens[placement.pack], minlength=W).astype(np.int64)
     per_rank_packs = np.bincount(placement.rank, minlength=W)
     epochs = int(placement.epoch.max()) + 1
-    micro_key = (placement.step * (int(placement.micro.max()) + 1) + placement.micro)
+    micro_key = placement.step * (int(placement.micro.max()) + 1) + placement.micro
     per_rank_micro, per_rank_steps = [], []
     for r in range(W):
         sel = placement.rank == r
-        per_rank_micro.append(
-            [int(len(np.unique(micro_key[sel & (placement.epoch == e)]))) for e in range(epochs)]
-        )
+        per_rank_micro.append([int(len(np.unique(micro_key[sel & (placement.epoch == e)]))) for e in range(epochs)])
         per_rank_steps.append(
             [int(len(np.unique(placement.step[sel & (placement.epoch == e)]))) for e in range(epochs)]
         )
@@ -81,13 +81,17 @@ def plan_stats(placement, lengths, tokens, costs, layout: Layout, seq_len: int, 
         "dropped_doc_ids": [int(d) for d in dropped_docs],
     }
     if len(dropped_docs):
-        stats["dropped"][DROP_REASON_REMAINDER] = {"docs": int(len(dropped_docs)), "tokens": int(lengths[dropped_docs].sum())}
+        stats["dropped"][DROP_REASON_REMAINDER] = {
+            "docs": int(len(dropped_docs)),
+            "tokens": int(lengths[dropped_docs].sum()),
+        }
     stats.update(rank_cost_ratios(placement, costs, W))
     return stats
 
 
-def plan_packs(lengths: np.ndarray, seq_len: int, layout: Layout, remainder: str, epochs: int, seed: int,
-               attn_weight: float):
+def plan_packs(
+    lengths: np.ndarray, seq_len: int, layout: Layout, remainder: str, epochs: int, seed: int, attn_weight: float
+):
     """Pure core of the stage: (packs, placement, tokens per pack, cost per pack)."""
     packs = apply_remainder(lengths, seq_len, remainder, layout.world_size, layout.packs_per_step)
     tokens = packs.sum_per_pack(lengths)
@@ -114,9 +118,16 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
             "rerun pretokenize with pretokenize.max_tokens <= seq_len"
         )
     layout = Layout(world_size(config), train["micro_batch_size"], train["grad_accum"])
-    settings = {"world_size": layout.world_size, "seq_len": seq_len, "micro_batch_size": layout.micro_batch_size,
-                "epochs": train["epochs"], "remainder": pack["remainder"], "seed": pack["seed"],
-                "attn_weight": pack["attn_weight"], "pretokenized_manifest_sha256": manifest_sha}
+    settings = {
+        "world_size": layout.world_size,
+        "seq_len": seq_len,
+        "micro_batch_size": layout.micro_batch_size,
+        "epochs": train["epochs"],
+        "remainder": pack["remainder"],
+        "seed": pack["seed"],
+        "attn_weight": pack["attn_weight"],
+        "pretokenized_manifest_sha256": manifest_sha,
+    }
     # a run with checkpoints of an earlier plan that differs only in the world size goes on from them
     checkpoints = out.parent / "train" / config["run_name"] / "checkpoints"
     state, old, old_folder = resume_source(out, checkpoints, settings)
@@ -150,8 +161,16 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
     return plan
 
 
-def build_continued_plan(out: Path, settings: dict, state: dict, old: dict, old_folder: Path, lengths: np.ndarray,
-                         layout: Layout, config_grad_accum: int) -> dict:
+def build_continued_plan(
+    out: Path,
+    settings: dict,
+    state: dict,
+    old: dict,
+    old_folder: Path,
+    lengths: np.ndarray,
+    layout: Layout,
+    config_grad_accum: int,
+) -> dict:
     """The old plan's consumed prefix (kept in history/) and the rest for the new world size, as one plan."""
     cols, info = continue_plan(old, old_folder, state, lengths, layout)
     boundary, ga = info["first_step"], info["grad_accum"]
@@ -166,40 +185,67 @@ def build_continued_plan(out: Path, settings: dict, state: dict, old: dict, old_
     old_epoch = np.zeros(int(old_ord.max()) + 1, np.int64)
     old_epoch[old_ord] = old_rows["epoch"]
     prior_ends = [e for e in old.get("epoch_ends", []) if e <= first_old]
-    prior_ends += [first_old + g + 1 for g in range(len(old_epoch) - 1) if old_epoch[g + 1] != old_epoch[g]
-                   and first_old + g + 1 < boundary]
+    prior_ends += [
+        first_old + g + 1
+        for g in range(len(old_epoch) - 1)
+        if old_epoch[g + 1] != old_epoch[g] and first_old + g + 1 < boundary
+    ]
     segments = [dict(seg) for seg in info["segments"][:-1]]
-    segments.append(dict(info["segments"][-1], packs=f"{HISTORY}/{old['packs_sha256'][:16]}/packs.parquet",
-                         packs_sha256=old["packs_sha256"], end_step=boundary,
-                         plan_total_steps=first_old + len(old_epoch)))  # what its LR schedule ran towards
-    segments.append({"packs": "packs.parquet", "world_size": layout.world_size, "grad_accum": ga,
-                     "micro_batch_size": layout.micro_batch_size, "first_step": boundary,
-                     "end_step": boundary + n_new})
+    segments.append(
+        dict(
+            info["segments"][-1],
+            packs=f"{HISTORY}/{old['packs_sha256'][:16]}/packs.parquet",
+            packs_sha256=old["packs_sha256"],
+            end_step=boundary,
+            plan_total_steps=first_old + len(old_epoch),
+        )
+    )  # what its LR schedule ran towards
+    segments.append(
+        {
+            "packs": "packs.parquet",
+            "world_size": layout.world_size,
+            "grad_accum": ga,
+            "micro_batch_size": layout.micro_batch_size,
+            "first_step": boundary,
+            "end_step": boundary + n_new,
+        }
+    )
     old_pps = info["old_world_size"] * layout.micro_batch_size * info["old_grad_accum"]
     new_pps = layout.world_size * layout.micro_batch_size * ga
-    change = (f"world size {info['old_world_size']} -> {layout.world_size}: grad_accum {info['old_grad_accum']} -> "
-              f"{ga} keeps the global batch at {new_pps} packs of {settings['seq_len']} tokens per step"
-              + ("" if new_pps == old_pps else f" (was {old_pps}: the closest the new world size allows)")
-              + f"; {info['how']}")
+    change = (
+        f"world size {info['old_world_size']} -> {layout.world_size}: grad_accum {info['old_grad_accum']} -> "
+        f"{ga} keeps the global batch at {new_pps} packs of {settings['seq_len']} tokens per step"
+        + ("" if new_pps == old_pps else f" (was {old_pps}: the closest the new world size allows)")
+        + f"; {info['how']}"
+    )
     seg_steps = {int(e): int(len(np.unique(cols["step"][cols["epoch"] == e]))) for e in np.unique(cols["epoch"])}
     tokens = cols["num_tokens"]
-    plan = dict(settings, **{
-        "format_version": FORMAT_VERSION,
-        "grad_accum": ga,
-        "config_grad_accum": config_grad_accum,
-        "steps_per_epoch": max(seg_steps.values()),
-        "segment_steps": {str(e): n for e, n in seg_steps.items()},
-        "epoch_ends": sorted(set(prior_ends) | set(new_ends)),
-        "strategy": STRATEGY[settings["remainder"]],
-        "packs_sha256": None,
-        "segments": segments,
-        "resumed_from": {"checkpoint": state["path"], "step": boundary,
-                         "epoch": int((state.get("position") or {}).get("epoch", 0)), "change": change},
-        "stats": {"num_docs": int(len(lengths)), "num_tokens": int(lengths.sum()),
-                  "segment_packs": int(len(tokens)), "segment_tokens": int(tokens.sum()),
-                  "dropped": old.get("stats", {}).get("dropped", {}),
-                  "dropped_doc_ids": old.get("stats", {}).get("dropped_doc_ids", [])},
-    })
+    plan = dict(
+        settings,
+        format_version=FORMAT_VERSION,
+        grad_accum=ga,
+        config_grad_accum=config_grad_accum,
+        steps_per_epoch=max(seg_steps.values()),
+        segment_steps={str(e): n for e, n in seg_steps.items()},
+        epoch_ends=sorted(set(prior_ends) | set(new_ends)),
+        strategy=STRATEGY[settings["remainder"]],
+        packs_sha256=None,
+        segments=segments,
+        resumed_from={
+            "checkpoint": state["path"],
+            "step": boundary,
+            "epoch": int((state.get("position") or {}).get("epoch", 0)),
+            "change": change,
+        },
+        stats={
+            "num_docs": int(len(lengths)),
+            "num_tokens": int(lengths.sum()),
+            "segment_packs": int(len(tokens)),
+            "segment_tokens": int(tokens.sum()),
+            "dropped": old.get("stats", {}).get("dropped", {}),
+            "dropped_doc_ids": old.get("stats", {}).get("dropped_doc_ids", []),
+        },
+    )
     print(f"pack: continuing {state['path']} (step {boundary}): {change}", flush=True)
     plan = publish_plan(out, plan, lambda tmp: write_rows_table(tmp, cols, lengths))
     keep_in_history(out, plan)
@@ -211,10 +257,13 @@ def write_rows_table(path: Path, cols: dict, lengths: np.ndarray) -> None:
     offsets, docs = cols["offsets"], cols["doc_ids"]
     table = pa.Table.from_arrays(
         [pa.array(cols[c].astype(np.int32)) for c in ("epoch", "step", "micro", "rank", "slot")]
-        + [pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(docs)).cast(pa.list_(pa.int64())),
-           pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(lengths[docs].astype(np.int32))).cast(
-               pa.list_(pa.int32())),
-           pa.array(cols["num_tokens"].astype(np.int32))],
+        + [
+            pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(docs)).cast(pa.list_(pa.int64())),
+            pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(lengths[docs].astype(np.int32))).cast(
+                pa.list_(pa.int32())
+            ),
+            pa.array(cols["num_tokens"].astype(np.int32)),
+        ],
         schema=PACKS_SCHEMA,
     )
     pq.write_table(table, path, compression="zstd", row_group_size=65536)

@@ -39,12 +39,12 @@ class Packs:
     rank_of_pack: np.ndarray | None = None
 
     @classmethod
-    def from_assignment(cls, pack_of_doc: np.ndarray, doc_ids: np.ndarray | None = None) -> "Packs":
+    def from_assignment(cls, pack_of_doc: np.ndarray, doc_ids: np.ndarray | None = None) -> Packs:
         order, offsets = group_by_pack(pack_of_doc)
         return cls(docs=order if doc_ids is None else doc_ids[order], offsets=offsets)
 
     @classmethod
-    def from_pack_ids(cls, pack_of_doc: np.ndarray, docs: np.ndarray, n_packs: int) -> "Packs":
+    def from_pack_ids(cls, pack_of_doc: np.ndarray, docs: np.ndarray, n_packs: int) -> Packs:
         order = np.argsort(pack_of_doc, kind="stable")
         offsets = np.zeros(n_packs + 1, dtype=np.int64)
         np.cumsum(np.bincount(pack_of_doc, minlength=n_packs), out=offsets[1:])

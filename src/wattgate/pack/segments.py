@@ -33,8 +33,15 @@ from wattgate.pack.assign import Layout, assign_ranks, pack_costs, sort_placemen
 
 HISTORY = "history"
 # plan keys that must be unchanged for a re-plan to continue a run (anything else starts over)
-SAME_FOR_RESUME = ("seq_len", "micro_batch_size", "epochs", "remainder", "seed", "attn_weight",
-                   "pretokenized_manifest_sha256")
+SAME_FOR_RESUME = (
+    "seq_len",
+    "micro_batch_size",
+    "epochs",
+    "remainder",
+    "seed",
+    "attn_weight",
+    "pretokenized_manifest_sha256",
+)
 
 
 def keep_in_history(out: Path, plan: dict) -> Path:
@@ -59,13 +66,16 @@ def newest_checkpoint(checkpoints: Path) -> dict | None:
     """state.json of the newest complete checkpoint (every file it lists present at its size), or None."""
     if not checkpoints.is_dir():
         return None
+
     def step_of(p: Path) -> int:
         try:
             return int(p.name.split("-", 1)[1])
         except (IndexError, ValueError):
             return -1
-    for path in sorted((p for p in checkpoints.glob("step-*") if p.is_dir() and p.suffix != ".tmp"),
-                       key=step_of, reverse=True):
+
+    for path in sorted(
+        (p for p in checkpoints.glob("step-*") if p.is_dir() and p.suffix != ".tmp"), key=step_of, reverse=True
+    ):
         try:
             state = json.loads((path / "state.json").read_text())
         except (OSError, ValueError):
@@ -100,12 +110,13 @@ def resume_source(out: Path, checkpoints: Path, new: dict) -> tuple[dict, dict, 
 def segment_rows(folder: Path) -> dict[str, np.ndarray]:
     """A plan's packs.parquet as columns (doc lists flattened with offsets), rows in run order."""
     t = pq.read_table(folder / "packs.parquet")
-    cols = {c: t.column(c).to_numpy().astype(np.int64) for c in ("epoch", "step", "micro", "rank", "slot",
-                                                               "num_tokens")}
+    cols = {
+        c: t.column(c).to_numpy().astype(np.int64) for c in ("epoch", "step", "micro", "rank", "slot", "num_tokens")
+    }
     ids = t.column("doc_ids").combine_chunks()
     offsets = ids.offsets.to_numpy().astype(np.int64)
     cols["offsets"] = offsets - offsets[0]
-    cols["doc_ids"] = ids.values.to_numpy().astype(np.int64)[offsets[0]:offsets[-1]]
+    cols["doc_ids"] = ids.values.to_numpy().astype(np.int64)[offsets[0] : offsets[-1]]
     order = np.lexsort((cols["slot"], cols["rank"], cols["micro"], cols["step"], cols["epoch"]))
     return reorder(cols, order)
 
@@ -126,37 +137,71 @@ def step_ordinal(epoch: np.ndarray, step: np.ndarray) -> np.ndarray:
     return ordinal
 
 
-def continue_plan(old: dict, old_folder: Path, state: dict, lengths: np.ndarray, layout_new: Layout) -> tuple[dict, dict]:
+def continue_plan(
+    old: dict, old_folder: Path, state: dict, lengths: np.ndarray, layout_new: Layout
+) -> tuple[dict, dict]:
     """(columns of the current segment's rows, its plan fields) continuing `old` after checkpoint `state`."""
-    segments = old.get("segments") or [{"world_size": old["world_size"], "grad_accum": old["grad_accum"],
-                                        "micro_batch_size": old["micro_batch_size"], "first_step": 0}]
+    segments = old.get("segments") or [
+        {
+            "world_size": old["world_size"],
+            "grad_accum": old["grad_accum"],
+            "micro_batch_size": old["micro_batch_size"],
+            "first_step": 0,
+        }
+    ]
     first = int(segments[-1]["first_step"])
     boundary = int(state["step"])  # global optimizer steps done
     rows = segment_rows(old_folder)
     ordinal = step_ordinal(rows["epoch"], rows["step"])
     done = boundary - first  # steps of the old segment already run
     if not 0 < done <= int(ordinal.max()) + 1:
-        raise InputError(f"checkpoint step {boundary} is not inside the plan's last segment (steps {first} to "
-                         f"{first + int(ordinal.max()) + 1}); rerun pack from scratch (delete the checkpoints)")
+        raise InputError(
+            f"checkpoint step {boundary} is not inside the plan's last segment (steps {first} to "
+            f"{first + int(ordinal.max()) + 1}); rerun pack from scratch (delete the checkpoints)"
+        )
     mbs = old["micro_batch_size"]
     old_pps = old["world_size"] * mbs * old["grad_accum"]
     rest = ordinal >= done
     if old_pps % (layout_new.world_size * mbs) == 0:
         ga = old_pps // (layout_new.world_size * mbs)
-        cols = redeal_steps(rows, ordinal, rest, Layout(layout_new.world_size, mbs, ga), lengths,
-                            old["attn_weight"], old["seed"])
+        cols = redeal_steps(
+            rows, ordinal, rest, Layout(layout_new.world_size, mbs, ga), lengths, old["attn_weight"], old["seed"]
+        )
         how = "each remaining step keeps its packs"
     else:
         ga = max(1, round(old_pps / (layout_new.world_size * mbs)))
-        cols = repack_rest(rows, ordinal, rest, Layout(layout_new.world_size, mbs, ga), lengths, old["seq_len"],
-                           old["epochs"], old["seed"], old["attn_weight"], old["remainder"])
+        cols = repack_rest(
+            rows,
+            ordinal,
+            rest,
+            Layout(layout_new.world_size, mbs, ga),
+            lengths,
+            old["seq_len"],
+            old["epochs"],
+            old["seed"],
+            old["attn_weight"],
+            old["remainder"],
+        )
         how = "the remaining documents re-packed"
-    return cols, {"grad_accum": ga, "first_step": boundary, "old_world_size": old["world_size"],
-                  "old_grad_accum": old["grad_accum"], "how": how, "segments": segments}
+    return cols, {
+        "grad_accum": ga,
+        "first_step": boundary,
+        "old_world_size": old["world_size"],
+        "old_grad_accum": old["grad_accum"],
+        "how": how,
+        "segments": segments,
+    }
 
 
-def redeal_steps(rows: dict, ordinal: np.ndarray, rest: np.ndarray, layout: Layout, lengths: np.ndarray,
-                 attn_weight: float, seed: int) -> dict:
+def redeal_steps(
+    rows: dict,
+    ordinal: np.ndarray,
+    rest: np.ndarray,
+    layout: Layout,
+    lengths: np.ndarray,
+    attn_weight: float,
+    seed: int,
+) -> dict:
     """The remaining steps with exactly their packs, dealt over the new ranks and micro-batches by cost."""
     sel = np.flatnonzero(rest)
     sub = reorder(rows, sel)
@@ -178,34 +223,75 @@ def redeal_steps(rows: dict, ordinal: np.ndarray, rest: np.ndarray, layout: Layo
         s = epoch_of_step.setdefault(e, [])
         s.append(k)
         n = len(mine)
-        order[pos:pos + n] = mine[p.pack]
-        out["epoch"][pos:pos + n] = e
-        out["step"][pos:pos + n] = len(s) - 1
-        out["micro"][pos:pos + n], out["rank"][pos:pos + n], out["slot"][pos:pos + n] = p.micro, p.rank, p.slot
+        order[pos : pos + n] = mine[p.pack]
+        out["epoch"][pos : pos + n] = e
+        out["step"][pos : pos + n] = len(s) - 1
+        out["micro"][pos : pos + n], out["rank"][pos : pos + n], out["slot"][pos : pos + n] = p.micro, p.rank, p.slot
         pos += n
     moved = reorder(sub, order)
     return moved | out
 
 
-def repack_rest(rows: dict, ordinal: np.ndarray, rest: np.ndarray, layout: Layout, lengths: np.ndarray,
-                seq_len: int, epochs: int, seed: int, attn_weight: float, remainder: str) -> dict:
+def repack_rest(
+    rows: dict,
+    ordinal: np.ndarray,
+    rest: np.ndarray,
+    layout: Layout,
+    lengths: np.ndarray,
+    seq_len: int,
+    epochs: int,
+    seed: int,
+    attn_weight: float,
+    remainder: str,
+) -> dict:
     """The remaining documents of the boundary epoch, and every later epoch, packed afresh for `layout`."""
     boundary_epoch = int(rows["epoch"][np.flatnonzero(rest)[0]])
     entry_rest = np.repeat(rest & (rows["epoch"] == boundary_epoch), np.diff(rows["offsets"]))
     left = np.unique(rows["doc_ids"][entry_rest])
-    parts = [_planned(left, lengths, seq_len, layout, 1, seed * 1_000_003 + boundary_epoch, attn_weight, remainder,
-                      epoch_offset=boundary_epoch)]
+    parts = [
+        _planned(
+            left,
+            lengths,
+            seq_len,
+            layout,
+            1,
+            seed * 1_000_003 + boundary_epoch,
+            attn_weight,
+            remainder,
+            epoch_offset=boundary_epoch,
+        )
+    ]
     later = epochs - boundary_epoch - 1
     if later > 0:
         # every document an epoch of the old plan trained (the old plan's drops stay dropped)
         kept = np.unique(rows["doc_ids"][np.repeat(rows["epoch"] == boundary_epoch, np.diff(rows["offsets"]))])
-        parts.append(_planned(kept, lengths, seq_len, layout, later, seed * 1_000_003 + boundary_epoch + 1,
-                              attn_weight, remainder, epoch_offset=boundary_epoch + 1))
+        parts.append(
+            _planned(
+                kept,
+                lengths,
+                seq_len,
+                layout,
+                later,
+                seed * 1_000_003 + boundary_epoch + 1,
+                attn_weight,
+                remainder,
+                epoch_offset=boundary_epoch + 1,
+            )
+        )
     return concat_rows(parts)
 
 
-def _planned(doc_ids: np.ndarray, lengths: np.ndarray, seq_len: int, layout: Layout, epochs: int, seed: int,
-             attn_weight: float, remainder: str, epoch_offset: int) -> dict:
+def _planned(
+    doc_ids: np.ndarray,
+    lengths: np.ndarray,
+    seq_len: int,
+    layout: Layout,
+    epochs: int,
+    seed: int,
+    attn_weight: float,
+    remainder: str,
+    epoch_offset: int,
+) -> dict:
     """`doc_ids` packed and placed by the ordinary planner for `epochs` epochs, numbered from epoch_offset."""
     from wattgate.pack.plan import plan_packs  # plan.py publishes through this module
 
@@ -215,9 +301,16 @@ def _planned(doc_ids: np.ndarray, lengths: np.ndarray, seq_len: int, layout: Lay
     starts = packs.offsets[:-1][placement.pack]
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     gather = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1])
-    return {"epoch": placement.epoch + epoch_offset, "step": placement.step, "micro": placement.micro,
-            "rank": placement.rank, "slot": placement.slot, "num_tokens": tokens[placement.pack].astype(np.int64),
-            "offsets": offsets, "doc_ids": doc_ids[packs.docs[gather]]}
+    return {
+        "epoch": placement.epoch + epoch_offset,
+        "step": placement.step,
+        "micro": placement.micro,
+        "rank": placement.rank,
+        "slot": placement.slot,
+        "num_tokens": tokens[placement.pack].astype(np.int64),
+        "offsets": offsets,
+        "doc_ids": doc_ids[packs.docs[gather]],
+    }
 
 
 def concat_rows(parts: list[dict]) -> dict:
@@ -228,4 +321,3 @@ def concat_rows(parts: list[dict]) -> dict:
         base += int(p["offsets"][-1])
         docs.append(p["doc_ids"])
     return out | {"offsets": np.concatenate(offsets), "doc_ids": np.concatenate(docs)}
-

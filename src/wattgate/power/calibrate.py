@@ -112,7 +112,7 @@ def run_checkpoint(torch, device, seconds: float, folder: Path, gib: float = 2.0
             for i in range(0, host.nbytes, 1 << 26):
                 if not _until(deadline):
                     break
-                f.write(memoryview(host[i:i + (1 << 26)]))
+                f.write(memoryview(host[i : i + (1 << 26)]))
             f.flush()
             os.fsync(f.fileno())
     path.unlink(missing_ok=True)
@@ -163,8 +163,11 @@ def power_stats(values: np.ndarray) -> dict:
     if len(v) == 0:
         return {"n": 0}
     q = np.percentile(v, [1, 5, 25, 50, 75, 95, 99])
-    return {"n": int(len(v)), "mean": round(float(v.mean()), 2),
-            **{f"p{p}": round(float(x), 2) for p, x in zip((1, 5, 25, 50, 75, 95, 99), q)}}
+    return {
+        "n": int(len(v)),
+        "mean": round(float(v.mean()), 2),
+        **{f"p{p}": round(float(x), 2) for p, x in zip((1, 5, 25, 50, 75, 95, 99), q)},
+    }
 
 
 def derive_table(gpu_model: str, match: list[str], tdp_w: float, stats: dict, provenance: dict) -> TriageTable:
@@ -184,16 +187,30 @@ def derive_table(gpu_model: str, match: list[str], tdp_w: float, stats: dict, pr
     busy = min([u[ph]["p5"] for ph in ("deadlock", "compute") if ph in u] or [90.0]) - 5
     idle_util = (u["idle"]["p99"] + 2) if "idle" in u else 5.0
     table = {
-        "gpu_model": gpu_model, "match": match, "tdp_w": round(tdp_w, 1), "idle_w": round(idle_w, 1),
-        "low_max_w": round(low_max, 1), "compute_min_w": round(compute_min, 1),
-        "busy_util_pct": float(np.clip(round(busy, 1), 50, 85)), "idle_util_pct": float(np.clip(idle_util, 1, 20)),
-        "provenance": provenance, "phases": stats,
+        "gpu_model": gpu_model,
+        "match": match,
+        "tdp_w": round(tdp_w, 1),
+        "idle_w": round(idle_w, 1),
+        "low_max_w": round(low_max, 1),
+        "compute_min_w": round(compute_min, 1),
+        "busy_util_pct": float(np.clip(round(busy, 1), 50, 85)),
+        "idle_util_pct": float(np.clip(idle_util, 1, 20)),
+        "provenance": provenance,
+        "phases": stats,
     }
     return parse_table(table, "calibration")
 
 
-def calibrate(gpu_model: str, out: Path, seconds: float = 20.0, settle_s: float = 3.0, interval_s: float = 0.1,
-              device_index: int = 0, workdir: Path | None = None, samples_out: Path | None = None) -> dict:
+def calibrate(
+    gpu_model: str,
+    out: Path,
+    seconds: float = 20.0,
+    settle_s: float = 3.0,
+    interval_s: float = 0.1,
+    device_index: int = 0,
+    workdir: Path | None = None,
+    samples_out: Path | None = None,
+) -> dict:
     try:
         import torch
     except ImportError as exc:
@@ -240,20 +257,33 @@ def calibrate(gpu_model: str, out: Path, seconds: float = 20.0, settle_s: float 
         sel = [r for r in rows if r["phase"] == phase and lo <= r["time"] <= hi and r["gpu"] in gpus[phase]]
         stats[phase] = {
             "power_w": power_stats(np.array([r["power_w"] for r in sel], dtype=float)),
-            "util_gpu": power_stats(np.array([r["util_gpu"] if r["util_gpu"] is not None else np.nan for r in sel],
-                                             dtype=float)),
+            "util_gpu": power_stats(
+                np.array([r["util_gpu"] if r["util_gpu"] is not None else np.nan for r in sel], dtype=float)
+            ),
         }
-        print(f"calibrate: {phase}: power p5/p50/p95 {stats[phase]['power_w'].get('p5')}/"
-              f"{stats[phase]['power_w'].get('p50')}/{stats[phase]['power_w'].get('p95')} W, util p50 "
-              f"{stats[phase]['util_gpu'].get('p50')}% ({stats[phase]['power_w']['n']} samples)", flush=True)
+        print(
+            f"calibrate: {phase}: power p5/p50/p95 {stats[phase]['power_w'].get('p5')}/"
+            f"{stats[phase]['power_w'].get('p50')}/{stats[phase]['power_w'].get('p95')} W, util p50 "
+            f"{stats[phase]['util_gpu'].get('p50')}% ({stats[phase]['power_w']['n']} samples)",
+            flush=True,
+        )
     gpu = meta["gpus"][device_index]
     provenance = {
         "kind": "calibrated",
-        "host": meta["host"], "gpu": gpu["name"], "gpu_uuid": gpu["uuid"], "driver": meta["driver"],
-        "torch": torch.__version__, "cuda": torch.version.cuda, "platform": platform.platform(),
+        "host": meta["host"],
+        "gpu": gpu["name"],
+        "gpu_uuid": gpu["uuid"],
+        "driver": meta["driver"],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "platform": platform.platform(),
         "date": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
-        "power_source": meta["power_source"], "interval_s": interval_s, "seconds_per_phase": seconds,
-        "settle_s": settle_s, "samples": {ph: s["power_w"]["n"] for ph, s in stats.items()}, "skipped": skipped,
+        "power_source": meta["power_source"],
+        "interval_s": interval_s,
+        "seconds_per_phase": seconds,
+        "settle_s": settle_s,
+        "samples": {ph: s["power_w"]["n"] for ph, s in stats.items()},
+        "skipped": skipped,
     }
     try:
         published = shipped_table(gpu_model)
@@ -261,15 +291,23 @@ def calibrate(gpu_model: str, out: Path, seconds: float = 20.0, settle_s: float 
     except InputError:
         published, match, tdp = None, [gpu_model], gpu.get("power_limit_w") or 0.0
     table = derive_table(published.gpu_model if published else gpu_model, match, tdp, stats, provenance)
-    write_bytes_atomic(out, (f"# Calibrated on {meta['host']} ({gpu['name']}, driver {meta['driver']}) "
-                             f"by `wattgate calibrate`.\n" + table.to_yaml()).encode())
+    write_bytes_atomic(
+        out,
+        (
+            f"# Calibrated on {meta['host']} ({gpu['name']}, driver {meta['driver']}) "
+            f"by `wattgate calibrate`.\n" + table.to_yaml()
+        ).encode(),
+    )
     if samples_out is not None:
         write_calibration_trace(rows, meta, samples_out)
     result = {"table": table, "published": published, "stats": stats}
     if published is not None:
-        print(f"calibrate: bands vs published ({published.provenance.get('kind')}): "
-              f"idle {published.idle_w} -> {table.idle_w} W, low band top {published.low_max_w} -> "
-              f"{table.low_max_w} W, compute from {published.compute_min_w} -> {table.compute_min_w} W", flush=True)
+        print(
+            f"calibrate: bands vs published ({published.provenance.get('kind')}): "
+            f"idle {published.idle_w} -> {table.idle_w} W, low band top {published.low_max_w} -> "
+            f"{table.low_max_w} W, compute from {published.compute_min_w} -> {table.compute_min_w} W",
+            flush=True,
+        )
     print(f"calibrate: table -> {out}", flush=True)
     return result
 
@@ -280,7 +318,12 @@ def write_calibration_trace(rows: list[dict], meta: dict, out: Path) -> None:
     for r in rows:
         writer.add({k: v for k, v in r.items() if k != "phase"})
     writer.close()
-    labels = pa.table({"time": [r["time"] for r in rows], "gpu": pa.array([r["gpu"] for r in rows], pa.int32()),
-                       "phase": [r["phase"] for r in rows]})
+    labels = pa.table(
+        {
+            "time": [r["time"] for r in rows],
+            "gpu": pa.array([r["gpu"] for r in rows], pa.int32()),
+            "phase": [r["phase"] for r in rows],
+        }
+    )
     with atomic_path(out.with_suffix(".labels.parquet")) as tmp:
         pq.write_table(labels, tmp)

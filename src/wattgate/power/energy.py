@@ -27,10 +27,10 @@ class GpuSeries(Protocol):
 
     host: str
     gpu: int
-    time: np.ndarray              # float64
-    power: np.ndarray             # NaN = missing
-    energy_pos: np.ndarray        # positions (into time/power) of samples with an energy reading
-    energy_j: np.ndarray          # the readings at those positions
+    time: np.ndarray  # float64
+    power: np.ndarray  # NaN = missing
+    energy_pos: np.ndarray  # positions (into time/power) of samples with an energy reading
+    energy_j: np.ndarray  # the readings at those positions
 
 
 @dataclass
@@ -59,10 +59,10 @@ class SeriesSet:
 @dataclass
 class GpuEnergy:
     keys: list[tuple[str, int]]
-    first: np.ndarray         # first sample time per GPU
-    last: np.ndarray          # last sample time per GPU
+    first: np.ndarray  # first sample time per GPU
+    last: np.ndarray  # last sample time per GPU
     integrated_j: np.ndarray  # trapezoid over the GPU's power samples
-    counter_j: np.ndarray     # counter delta plus integrated edges; NaN where the counter is unusable
+    counter_j: np.ndarray  # counter delta plus integrated edges; NaN where the counter is unusable
 
     @property
     def joules(self) -> np.ndarray:
@@ -126,14 +126,25 @@ def gpu_energy(samples) -> GpuEnergy:
 def records(energy: GpuEnergy, readings: list[int] | None = None) -> dict:
     """triage.json's "energy": "host:gpu" -> first, last (sample times), integrated_j, counter_j (null where
     the counter is unusable), energy_j and method (what the report uses), readings (counter readings)."""
+
     def num(x):
         return None if not np.isfinite(x) else float(x)
 
     out = {}
-    for k, ((h, g), a, b, i, c, j, m) in enumerate(zip(energy.keys, energy.first, energy.last, energy.integrated_j,
-                                                       energy.counter_j, energy.joules, energy.methods)):
-        out[f"{h}:{g}"] = {"first": num(a), "last": num(b), "integrated_j": num(i), "counter_j": num(c),
-                           "energy_j": num(j), "method": m, "readings": int(readings[k]) if readings else 0}
+    for k, ((h, g), a, b, i, c, j, m) in enumerate(
+        zip(
+            energy.keys, energy.first, energy.last, energy.integrated_j, energy.counter_j, energy.joules, energy.methods
+        )
+    ):
+        out[f"{h}:{g}"] = {
+            "first": num(a),
+            "last": num(b),
+            "integrated_j": num(i),
+            "counter_j": num(c),
+            "energy_j": num(j),
+            "method": m,
+            "readings": int(readings[k]) if readings else 0,
+        }
     return out
 
 
@@ -181,8 +192,15 @@ def _part_series(keys, gid, time_, power, valid, readings) -> list[Series]:
     return out
 
 
-def split_samples(keys: list[tuple[str, int]], gid: np.ndarray, time_: np.ndarray, power: np.ndarray,
-                  valid: np.ndarray | None, readings: np.ndarray | None, file_rows: list[int]) -> SeriesSet:
+def split_samples(
+    keys: list[tuple[str, int]],
+    gid: np.ndarray,
+    time_: np.ndarray,
+    power: np.ndarray,
+    valid: np.ndarray | None,
+    readings: np.ndarray | None,
+    file_rows: list[int],
+) -> SeriesSet:
     """Every GPU's samples in time order, sorted by (host, gpu), from the rows of one or more files laid end
     to end (file_rows rows each; gid: each row's index into keys, the (host, gpu) sorted; valid: the rows
     with an energy reading, readings: those readings in row order). A GPU found in two files (a restarted
@@ -190,11 +208,12 @@ def split_samples(keys: list[tuple[str, int]], gid: np.ndarray, time_: np.ndarra
     by_key: dict[tuple[str, int], list[Series]] = {}
     a = r = 0
     for n in file_rows:
-        v = valid[a:a + n] if valid is not None else None
+        v = valid[a : a + n] if valid is not None else None
         nr = int(np.count_nonzero(v)) if v is not None else 0
         sl = slice(a, a + n)
-        for s in _part_series(keys, gid[sl], time_[sl], power[sl], v if nr else None,
-                              readings[r:r + nr] if nr else None):
+        for s in _part_series(
+            keys, gid[sl], time_[sl], power[sl], v if nr else None, readings[r : r + nr] if nr else None
+        ):
             by_key.setdefault((s.host, s.gpu), []).append(s)
         a, r = a + n, r + nr
     series = []
@@ -204,8 +223,16 @@ def split_samples(keys: list[tuple[str, int]], gid: np.ndarray, time_: np.ndarra
             series.append(parts[0])
             continue
         offsets = np.cumsum([0] + [len(p.time) for p in parts[:-1]])
-        series.append(Series(key[0], key[1], *in_time_order(
-            np.concatenate([p.time for p in parts]), np.concatenate([p.power for p in parts]),
-            np.concatenate([p.energy_pos + o for p, o in zip(parts, offsets)]),
-            np.concatenate([p.energy_j for p in parts]))))
+        series.append(
+            Series(
+                key[0],
+                key[1],
+                *in_time_order(
+                    np.concatenate([p.time for p in parts]),
+                    np.concatenate([p.power for p in parts]),
+                    np.concatenate([p.energy_pos + o for p, o in zip(parts, offsets)]),
+                    np.concatenate([p.energy_j for p in parts]),
+                ),
+            )
+        )
     return SeriesSet(series)

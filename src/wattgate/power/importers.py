@@ -88,6 +88,8 @@ SMI_FIELDS = {  # query field -> trace column (power: the instant reading wins o
     "gpu_bus_id": "bus_id",
 }
 SMI_TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S.%f")
+
+
 def parse_smi_time(text: str, tz) -> float:
     text = text.strip()
     for fmt in SMI_TIME_FORMATS:
@@ -124,8 +126,9 @@ def smi_header_units(cells: list[str]) -> list[str]:
     return [(m.group(1).strip() if (m := re.search(r"\[([^\]]*)\]\s*$", c)) else "") for c in cells]
 
 
-def read_nvidia_smi(path: Path, imported: Imported, lines: Lines, host: str, tz, fields: list[str] | None,
-                    gpu_offset: int = 0) -> None:
+def read_nvidia_smi(
+    path: Path, imported: Imported, lines: Lines, host: str, tz, fields: list[str] | None, gpu_offset: int = 0
+) -> None:
     rows = [(i + 1, r) for i, r in enumerate(read_log_rows(path)) if r and any(c.strip() for c in r)]
     if not rows:
         raise InputError(f"{path}: empty file")
@@ -134,15 +137,18 @@ def read_nvidia_smi(path: Path, imported: Imported, lines: Lines, host: str, tz,
         header, units, body = first, smi_header_units(rows[0][1]), rows[1:]
         header_line = rows[0][0]
         if fields:
-            print(f"import-trace: warning: {path}: has a header line; --fields ignored (the header wins)",
-                  file=sys.stderr)
+            print(
+                f"import-trace: warning: {path}: has a header line; --fields ignored (the header wins)", file=sys.stderr
+            )
     elif fields:
         header, units, body = smi_header(fields), smi_header_units(fields), rows
         header_line = 0
     else:
-        raise InputError(f"{path}: no header line (written with --format=csv,noheader?); pass --fields with the "
-                         "--query-gpu list it was written with, e.g. --fields timestamp,index,power.draw,"
-                         "utilization.gpu")
+        raise InputError(
+            f"{path}: no header line (written with --format=csv,noheader?); pass --fields with the "
+            "--query-gpu list it was written with, e.g. --fields timestamp,index,power.draw,"
+            "utilization.gpu"
+        )
     columns = {SMI_FIELDS[h]: i for i, h in reversed(list(enumerate(header))) if h in SMI_FIELDS}
     for col, i in columns.items():  # a header unit nobody can convert is an error before any line is read
         if col in UNITS and units[i]:
@@ -152,8 +158,10 @@ def read_nvidia_smi(path: Path, imported: Imported, lines: Lines, host: str, tz,
                 where = f"{path}:{header_line}" if header_line else f"{path}: --fields"
                 raise InputError(f"{where}: column {header[i]!r}: {str(exc).split(': ', 2)[-1]}") from None
     if "time" not in columns or not ({"power_w", "power_w_avg"} & set(columns)):
-        raise InputError(f"{path}: an nvidia-smi log needs the columns timestamp and power.draw (or "
-                         f"power.draw.instant); found {', '.join(header)}")
+        raise InputError(
+            f"{path}: an nvidia-smi log needs the columns timestamp and power.draw (or "
+            f"power.draw.instant); found {', '.join(header)}"
+        )
     ignored = sorted(set(header) - set(SMI_FIELDS))
     if ignored:
         imported.notes.append(f"{path.name}: ignored columns {', '.join(ignored)}")
@@ -186,8 +194,9 @@ def read_nvidia_smi(path: Path, imported: Imported, lines: Lines, host: str, tz,
         if rec.get("name"):
             imported.names[(host, gpu + gpu_offset)] = rec["name"]
     if "power_w" not in columns:
-        imported.notes.append(f"{path.name}: power.draw only (a 1 s average on recent GPUs); the instant "
-                              "reading is power.draw.instant")
+        imported.notes.append(
+            f"{path.name}: power.draw only (a 1 s average on recent GPUs); the instant reading is power.draw.instant"
+        )
 
 
 def assign_smi_gpus(path: Path, recs: list[dict], imported: Imported) -> list[int]:
@@ -198,8 +207,10 @@ def assign_smi_gpus(path: Path, recs: list[dict], imported: Imported) -> list[in
         imported.notes.append(f"{path.name}: GPU index from the PCI bus id order (nvidia-smi's default order)")
         return [order[r["bus_id"].lower()] for r in recs]
     gpus, n, short = infer_burst_positions(np.array([r["time"] for r in recs]))
-    imported.notes.append(f"{path.name}: no index column: GPU index inferred from each sampling burst's row "
-                          f"order ({n} GPU(s); {short} short burst(s))")
+    imported.notes.append(
+        f"{path.name}: no index column: GPU index inferred from each sampling burst's row "
+        f"order ({n} GPU(s); {short} short burst(s))"
+    )
     imported.index_inferred = True
     return gpus
 
@@ -299,8 +310,11 @@ def read_dcgm(path: Path, imported: Imported, lines: Lines, host: str | None) ->
                     seen_in_block.add(key)
                     t = block_time
                 else:
-                    raise BadLine("timestamp", line, "no trailing timestamp, no time comment before the scrape, "
-                                                     "no unix time in the file name")
+                    raise BadLine(
+                        "timestamp",
+                        line,
+                        "no trailing timestamp, no time comment before the scrape, no unix time in the file name",
+                    )
             except (BadLine, ValueError) as exc:
                 lines.bad(path, lineno, exc if isinstance(exc, BadLine) else BadLine(metric, value))
                 continue
@@ -339,8 +353,10 @@ def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index
     if not gpus and "power" in lower:  # legacy zeus_monitor: Time,Power in mW, one GPU per file
         gpus[lower.index("power")] = (gpu_index, "mW")
     if time_col is None or not gpus:
-        raise InputError(f"{path}: a Zeus power CSV needs a time column ({', '.join(sorted(ZEUS_TIME))}) and "
-                         f"per-GPU power columns (gpu0, gpu1, ... or Power); found {', '.join(header)}")
+        raise InputError(
+            f"{path}: a Zeus power CSV needs a time column ({', '.join(sorted(ZEUS_TIME))}) and "
+            f"per-GPU power columns (gpu0, gpu1, ... or Power); found {', '.join(header)}"
+        )
     last = rows[-1][0]
     for lineno, cells in rows[1:]:
         try:
@@ -396,8 +412,10 @@ def parse_columns(spec: str | None) -> dict[str, tuple[str, str]]:
             column, unit = column.strip(), unit.strip()
             known = TIME_UNITS if name == "time" else UNITS.get(name, {})
             if unit not in known:
-                raise InputError(f"--columns {item!r}: unknown unit {unit!r} for {name} (expected "
-                                 f"{', '.join(sorted(known)) or 'no unit'})")
+                raise InputError(
+                    f"--columns {item!r}: unknown unit {unit!r} for {name} (expected "
+                    f"{', '.join(sorted(known)) or 'no unit'})"
+                )
         if name in mapping:
             raise InputError(f"--columns: {name} mapped twice")
         mapping[name] = (column, unit)
@@ -423,8 +441,11 @@ def parse_csv_time(text: str, unit: str, tz) -> float:
     else:
         t = v * TIME_UNITS[unit or "s"] if math.isfinite(v) else None
     if t is None:
-        raise BadLine("time", text, "expected unix seconds" + (f" in {unit}" if unit else
-                                                                " or ISO-8601 such as 2025-09-24T03:41:43.487Z"))
+        raise BadLine(
+            "time",
+            text,
+            "expected unix seconds" + (f" in {unit}" if unit else " or ISO-8601 such as 2025-09-24T03:41:43.487Z"),
+        )
     return t
 
 
@@ -435,10 +456,13 @@ def read_csv(path: Path, imported: Imported, lines: Lines, host: str, tz, mappin
     header = [c.strip() for c in rows[0][1]]
     absent = [c for c, _ in mapping.values() if c not in header]
     if absent:
-        raise InputError(f"{path}: --columns names {', '.join(map(repr, absent))}, not in the header "
-                         f"({', '.join(header)})")
-    cols = {name: (header.index(c), unit or ("" if name in ("time", "host") else header_unit(name, c)))
-            for name, (c, unit) in mapping.items()}
+        raise InputError(
+            f"{path}: --columns names {', '.join(map(repr, absent))}, not in the header ({', '.join(header)})"
+        )
+    cols = {
+        name: (header.index(c), unit or ("" if name in ("time", "host") else header_unit(name, c)))
+        for name, (c, unit) in mapping.items()
+    }
     if "gpu" not in cols:
         imported.notes.append(f"{path.name}: no gpu column mapped: one GPU (index 0)")
     last = rows[-1][0]
@@ -469,9 +493,16 @@ def read_csv(path: Path, imported: Imported, lines: Lines, host: str, tz, mappin
 # --- entry point ----------------------------------------------------------------------------------
 
 
-def import_trace(fmt: str, files: list[Path], host: str | None = None, skip_bad_lines: bool = False,
-                 fields: list[str] | None = None, tz_name: str = "UTC", gpu_index: int = 0,
-                 columns: str | None = None) -> tuple[pa.Table, dict]:
+def import_trace(
+    fmt: str,
+    files: list[Path],
+    host: str | None = None,
+    skip_bad_lines: bool = False,
+    fields: list[str] | None = None,
+    tz_name: str = "UTC",
+    gpu_index: int = 0,
+    columns: str | None = None,
+) -> tuple[pa.Table, dict]:
     """`columns`: the `--columns` mapping of `--from csv` (FIELD=HEADER[:UNIT],...)."""
     if fmt not in FORMATS:
         raise InputError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
@@ -500,15 +531,21 @@ def import_trace(fmt: str, files: list[Path], host: str | None = None, skip_bad_
         except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
             raise InputError(f"{path}: damaged gzip stream ({exc}); re-copy or re-compress the log") from None
     if imported.invalid:
-        imported.notes.append("values that cannot be readings (NaN, Inf, negative) set to null: " + ", ".join(
-            f"{name} {n}" for name, n in sorted(imported.invalid.items())))
+        imported.notes.append(
+            "values that cannot be readings (NaN, Inf, negative) set to null: "
+            + ", ".join(f"{name} {n}" for name, n in sorted(imported.invalid.items()))
+        )
     hosts = sorted(set(imported.columns["host"]))
     meta = {
-        "source": fmt, "files": [os.fspath(f) for f in files], "hosts": hosts,
+        "source": fmt,
+        "files": [os.fspath(f) for f in files],
+        "hosts": hosts,
         "gpus": [{"host": h, "index": g, "name": n} for (h, g), n in sorted(imported.names.items())],
-        "gpu_index_inferred": imported.index_inferred, "skipped_lines": dict(imported.skipped),
+        "gpu_index_inferred": imported.index_inferred,
+        "skipped_lines": dict(imported.skipped),
         "invalid_values": dict(sorted(imported.invalid.items())),
-        "notes": imported.notes, "power_source": "imported",
+        "notes": imported.notes,
+        "power_source": "imported",
     }
     return imported.table(meta), meta
 

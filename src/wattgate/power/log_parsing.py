@@ -19,8 +19,16 @@ import pyarrow as pa
 from wattgate.errors import InputError
 from wattgate.telemetry.trace import TRACE_SCHEMA, invalid_value, schema_with_meta
 
-MISSING = {"", "[n/a]", "n/a", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]",
-           "[insufficient permissions]"}
+MISSING = {
+    "",
+    "[n/a]",
+    "n/a",
+    "[not supported]",
+    "not supported",
+    "[unknown error]",
+    "[gpu is lost]",
+    "[insufficient permissions]",
+}
 
 
 @dataclass
@@ -78,7 +86,7 @@ UNITS = {
     "energy_j": {"J": 1.0, "j": 1.0, "mJ": 1e-3, "mj": 1e-3, "kJ": 1e3, "kj": 1e3, "Wh": 3600.0, "kWh": 3.6e6},
     "util_gpu": {"%": 1.0},
     "util_mem": {"%": 1.0},
-    "mem_used_mib": {"MiB": 1.0, "KiB": 1 / 1024, "GiB": 1024.0, "B": 1 / 2 ** 20},
+    "mem_used_mib": {"MiB": 1.0, "KiB": 1 / 1024, "GiB": 1024.0, "B": 1 / 2**20},
     "sm_clock_mhz": {"MHz": 1.0, "kHz": 1e-3, "GHz": 1e3},
     "temp_c": {"C": 1.0, "°C": 1.0},
     "gpu": {},
@@ -170,5 +178,6 @@ def truncated_final(path: Path, cells: list[str], header: list[str], exc: BadLin
     unreadable (a number or unit cut off). A complete bad last line is still a bad line."""
     if not final:
         return False
-    return len(cells) < len(header) or (len(cells) == len(header) and exc.field_name == header[-1]
-                                        and ends_mid_line(path))
+    return len(cells) < len(header) or (
+        len(cells) == len(header) and exc.field_name == header[-1] and ends_mid_line(path)
+    )

@@ -22,22 +22,22 @@ import pyarrow.compute as pc
 from wattgate.power.triage.rules import CHECKPOINT_MIN_S, LENGTH_RATIO, PERIOD_TOLERANCE, PERIODIC_MIN
 from wattgate.power.triage.settings import DEFAULT_WINDOW_S
 
-WAITING_UTIL = 50.0   # mean utilization in a pause above which a GPU was waiting, below which it was the idle one
-RUN_GAP = 2           # windows of another label that do not split a GPU's run
-EPISODE_SLACK = 3     # windows between GPUs' runs that still make one pause
+WAITING_UTIL = 50.0  # mean utilization in a pause above which a GPU was waiting, below which it was the idle one
+RUN_GAP = 2  # windows of another label that do not split a GPU's run
+EPISODE_SLACK = 3  # windows between GPUs' runs that still make one pause
 
 
 @dataclass
 class Pause:
-    kind: str                 # checkpoint | deadlock
+    kind: str  # checkpoint | deadlock
     start: float
     end: float
-    waiting: list[str]        # host:gpu spinning at low power
-    idle: list[str]           # host:gpu near 0% utilization
-    power_w: tuple[float, float] | None   # range of the waiting GPUs' mean power
+    waiting: list[str]  # host:gpu spinning at low power
+    idle: list[str]  # host:gpu near 0% utilization
+    power_w: tuple[float, float] | None  # range of the waiting GPUs' mean power
     util_waiting: float | None
     util_idle: float | None
-    open: bool                # reaches the end of the trace
+    open: bool  # reaches the end of the trace
 
     @property
     def seconds(self) -> float:
@@ -47,11 +47,19 @@ class Pause:
         def r(x, d=3):
             return None if x is None else round(float(x), d)
 
-        return {"kind": self.kind, "start": r(self.start), "end": r(self.end), "duration_s": r(self.seconds),
-                "start_offset_s": r(self.start - t0) if t0 is not None else None,
-                "waiting": self.waiting, "idle": self.idle,
-                "power_w": [r(x, 1) for x in self.power_w] if self.power_w else None,
-                "util_waiting": r(self.util_waiting, 1), "util_idle": r(self.util_idle, 1), "open": self.open}
+        return {
+            "kind": self.kind,
+            "start": r(self.start),
+            "end": r(self.end),
+            "duration_s": r(self.seconds),
+            "start_offset_s": r(self.start - t0) if t0 is not None else None,
+            "waiting": self.waiting,
+            "idle": self.idle,
+            "power_w": [r(x, 1) for x in self.power_w] if self.power_w else None,
+            "util_waiting": r(self.util_waiting, 1),
+            "util_idle": r(self.util_idle, 1),
+            "open": self.open,
+        }
 
 
 def pauses(phases: pa.Table | None) -> list[Pause]:
@@ -112,7 +120,9 @@ def _episodes(kind: str, sel: pa.Table, window: float, last_end: float) -> list[
         pw, ut = power[a:b], util[a:b]
         k = int(key[a])
         per[int(window_episode[a])][f"{hosts[k // width]}:{k % width}"] = (
-            np.nanmean(pw) if np.isfinite(pw).any() else np.nan, np.nanmean(ut) if np.isfinite(ut).any() else np.nan)
+            np.nanmean(pw) if np.isfinite(pw).any() else np.nan,
+            np.nanmean(ut) if np.isfinite(ut).any() else np.nan,
+        )
     out = []
     for k in range(nep):
         a, b, gpus = float(ep_a[k]), float(ep_b[k]), per[k]
@@ -120,9 +130,19 @@ def _episodes(kind: str, sel: pa.Table, window: float, last_end: float) -> list[
         waiting = sorted((g for g, (_, u) in gpus.items() if not u < WAITING_UTIL), key=_gpu_order)
         idle = sorted((g for g, (_, u) in gpus.items() if u < WAITING_UTIL), key=_gpu_order)
         wp = [gpus[g][0] for g in waiting if np.isfinite(gpus[g][0])]
-        out.append(Pause(kind, a, b, waiting, idle, (min(wp), max(wp)) if wp else None,
-                         _mean([gpus[g][1] for g in waiting]), _mean([gpus[g][1] for g in idle]),
-                         b >= last_end - EPISODE_SLACK * window))
+        out.append(
+            Pause(
+                kind,
+                a,
+                b,
+                waiting,
+                idle,
+                (min(wp), max(wp)) if wp else None,
+                _mean([gpus[g][1] for g in waiting]),
+                _mean([gpus[g][1] for g in idle]),
+                b >= last_end - EPISODE_SLACK * window,
+            )
+        )
     return out
 
 
@@ -213,8 +233,11 @@ def verdict(found: list[Pause], t0: float | None, window_s: float = DEFAULT_WIND
         if p.kind != "deadlock":
             continue
         at = f" at +{clock(p.start - t0)}" if t0 is not None else ""
-        end = (f"{clock(p.seconds)} to the end of the trace: it never ended" if p.open
-               else f"{clock(p.seconds)}, then no work resumed (the job was killed or died)")
+        end = (
+            f"{clock(p.seconds)} to the end of the trace: it never ended"
+            if p.open
+            else f"{clock(p.seconds)}, then no work resumed (the job was killed or died)"
+        )
         lines.append(f"Deadlock{at}, {end}. {_who([p])}.")
     if not lines:
         lines.append("No low-power pause labelled checkpoint or deadlock.")
@@ -237,16 +260,18 @@ SIGNALS = {  # signal -> what it would have added
 
 def wait_rule(deadlock_after_s: float) -> str:
     dl = f"{deadlock_after_s:g} s"
-    return (f"Power-only wait rule: a low-power wait at ~100% utilization (a kernel spinning in a collective) "
-            f"that never ends (no compute, communication or data starvation resumes on that GPU within {dl}) "
-            f"and lasts {dl} (deadlock_after_s) is a deadlock. A wait that ends is a checkpoint if it lasted "
-            f"{dl}, or if it lasted at least {CHECKPOINT_MIN_S:g} s and either one GPU sat idle (near 0% "
-            "utilization) through it while the others spun, coming back as they did (the rank writing the "
-            f"checkpoint), or it recurs: at least {PERIODIC_MIN} pauses of similar length (within "
-            f"x{LENGTH_RATIO:g}) at a regular interval (most intervals within {100 * PERIOD_TOLERANCE:.0f}% of their "
-            "median). Any other wait is communication (a sync wait: a "
-            f"straggler, a slow collective). So a periodic checkpoint of tens of seconds, shorter than {dl}, is "
-            "a checkpoint, and a wait that never ends is a deadlock however many ranks sit idle in it.")
+    return (
+        f"Power-only wait rule: a low-power wait at ~100% utilization (a kernel spinning in a collective) "
+        f"that never ends (no compute, communication or data starvation resumes on that GPU within {dl}) "
+        f"and lasts {dl} (deadlock_after_s) is a deadlock. A wait that ends is a checkpoint if it lasted "
+        f"{dl}, or if it lasted at least {CHECKPOINT_MIN_S:g} s and either one GPU sat idle (near 0% "
+        "utilization) through it while the others spun, coming back as they did (the rank writing the "
+        f"checkpoint), or it recurs: at least {PERIODIC_MIN} pauses of similar length (within "
+        f"x{LENGTH_RATIO:g}) at a regular interval (most intervals within {100 * PERIOD_TOLERANCE:.0f}% of their "
+        "median). Any other wait is communication (a sync wait: a "
+        f"straggler, a slow collective). So a periodic checkpoint of tens of seconds, shorter than {dl}, is "
+        "a checkpoint, and a wait that never ends is a deadlock however many ranks sit idle in it."
+    )
 
 
 def limits(signals: dict, deadlock_after_s: float, index_inferred: bool = False) -> dict:
@@ -255,8 +280,10 @@ def limits(signals: dict, deadlock_after_s: float, index_inferred: bool = False)
     beats, metrics = signals.get("heartbeats", False), signals.get("metrics", False)
     cannot = []
     if not beats and not metrics:
-        cannot.append("a host-bound step (launch-bound small kernels, ~50% utilization) from a data-starved "
-                      "one: both read data_starvation")
+        cannot.append(
+            "a host-bound step (launch-bound small kernels, ~50% utilization) from a data-starved "
+            "one: both read data_starvation"
+        )
     if not beats:
         dl = f"{deadlock_after_s:g} s"
         cannot += [
@@ -269,10 +296,14 @@ def limits(signals: dict, deadlock_after_s: float, index_inferred: bool = False)
             "which rank ran on which GPU: GPUs are named host:index",
         ]
     if "util" in signals and not signals["util"]:
-        cannot.append("a spinning wait from an idle GPU except by power (a low-band window more than 30% of "
-                      "the band above idle_w counts as a wait); the waiting and the idle rank of a pause")
+        cannot.append(
+            "a spinning wait from an idle GPU except by power (a low-band window more than 30% of "
+            "the band above idle_w counts as a wait); the waiting and the idle rank of a pause"
+        )
     if index_inferred:
-        cannot.append("which physical GPU a row came from: the GPU index was inferred from the row order in "
-                      "each nvidia-smi sampling burst")
+        cannot.append(
+            "which physical GPU a row came from: the GPU index was inferred from the row order in "
+            "each nvidia-smi sampling burst"
+        )
     mode = "power only" if not beats and not metrics else ("no heartbeats" if not beats else "run info")
     return {"mode": mode, "missing": missing, "cannot_tell": cannot, "wait_rule": wait_rule(deadlock_after_s)}

@@ -33,11 +33,11 @@ POWER_PHASES = ("compute", "communication", "data_starvation", "checkpoint", "de
 @dataclass(frozen=True)
 class TriageTable:
     gpu_model: str
-    match: tuple[str, ...]      # substrings of the NVML device name that select this table
+    match: tuple[str, ...]  # substrings of the NVML device name that select this table
     tdp_w: float
-    idle_w: float               # typical idle draw
-    low_max_w: float            # top of the low-power band
-    compute_min_w: float        # bottom of the compute band
+    idle_w: float  # typical idle draw
+    low_max_w: float  # top of the low-power band
+    compute_min_w: float  # bottom of the compute band
     busy_util_pct: float = 85.0
     idle_util_pct: float = 5.0
     provenance: dict = field(default_factory=dict)
@@ -79,8 +79,10 @@ def parse_table(d: dict, source: str) -> TriageTable:
         raise InputError(f"{source}: unknown triage table key(s) {', '.join(unknown)}")
     t = TriageTable(**dict(d, match=tuple(d["match"])))
     if not (0 <= t.idle_w < t.low_max_w < t.compute_min_w <= 1.5 * t.tdp_w):
-        raise InputError(f"{source}: need 0 <= idle_w < low_max_w < compute_min_w <= 1.5 x tdp_w "
-                         f"(got {t.idle_w}, {t.low_max_w}, {t.compute_min_w}, tdp {t.tdp_w})")
+        raise InputError(
+            f"{source}: need 0 <= idle_w < low_max_w < compute_min_w <= 1.5 x tdp_w "
+            f"(got {t.idle_w}, {t.low_max_w}, {t.compute_min_w}, tdp {t.tdp_w})"
+        )
     if not (0 <= t.idle_util_pct < t.busy_util_pct <= 100):
         raise InputError(f"{source}: need 0 <= idle_util_pct < busy_util_pct <= 100")
     return t
@@ -101,9 +103,11 @@ def shipped_table(name: str) -> TriageTable:
     """The table that ships for GPU model `name` (any spelling gpus.model_key reads: 'h100', 'A100-80GB')."""
     key = triage_table_name(name)
     if key is None:
-        raise InputError(f"no triage table for GPU model {name!r}; shipped: {', '.join(SHIPPED)}; "
-                         "pass --table FILE (e.g. from `wattgate calibrate`) "
-                         "or --power-cap-w W (a table derived from the cap)")
+        raise InputError(
+            f"no triage table for GPU model {name!r}; shipped: {', '.join(SHIPPED)}; "
+            "pass --table FILE (e.g. from `wattgate calibrate`) "
+            "or --power-cap-w W (a table derived from the cap)"
+        )
     ref = resources.files("wattgate.power").joinpath("tables", f"{key}.yaml")
     return parse_table(yaml.safe_load(ref.read_text()), f"wattgate/power/tables/{key}.yaml")
 
@@ -131,15 +135,22 @@ def table_from_power_cap(cap_w: float, name: str = "") -> TriageTable:
     if not cap_w > 0:
         raise InputError(f"power cap must be > 0 W (got {cap_w})")
     label = name.strip() or f"{cap_w:g} W GPU"
-    return TriageTable(gpu_model=label, match=(), tdp_w=float(cap_w),
-                       **{k: round(share * cap_w, 1) for k, share in CAP_SHARES.items()},
-                       provenance={"kind": "derived from the power cap",
-                                   "basis": f"cap {cap_w:g} W x the shipped tables' median shares "
-                                            + ", ".join(f"{k} {v:g}" for k, v in CAP_SHARES.items())})
+    return TriageTable(
+        gpu_model=label,
+        match=(),
+        tdp_w=float(cap_w),
+        **{k: round(share * cap_w, 1) for k, share in CAP_SHARES.items()},
+        provenance={
+            "kind": "derived from the power cap",
+            "basis": f"cap {cap_w:g} W x the shipped tables' median shares "
+            + ", ".join(f"{k} {v:g}" for k, v in CAP_SHARES.items()),
+        },
+    )
 
 
-def resolve_table(table_path: str | None, gpu_model: str | None, device_names: list[str],
-                  power_cap_w: float | None = None) -> TriageTable:
+def resolve_table(
+    table_path: str | None, gpu_model: str | None, device_names: list[str], power_cap_w: float | None = None
+) -> TriageTable:
     """--table FILE, else --gpu-model NAME, else detection from the trace's device names; when no table ships
     for the model, one derived from the power cap (--power-cap-w, or the limit the sampler recorded)."""
     if table_path:
@@ -156,6 +167,8 @@ def resolve_table(table_path: str | None, gpu_model: str | None, device_names: l
         if power_cap_w:
             return table_from_power_cap(power_cap_w, ", ".join(sorted(set(device_names))))
         seen = ", ".join(sorted(set(device_names))) or "no device names in the trace"
-        raise InputError(f"cannot tell the GPU model ({seen}) and no power cap is recorded; pass --gpu-model "
-                         f"{'|'.join(SHIPPED)}, --table FILE, or --power-cap-w W (a table derived from the cap)")
+        raise InputError(
+            f"cannot tell the GPU model ({seen}) and no power cap is recorded; pass --gpu-model "
+            f"{'|'.join(SHIPPED)}, --table FILE, or --power-cap-w W (a table derived from the cap)"
+        )
     return t

@@ -14,9 +14,9 @@ import pandas as pd
 
 from wattgate.report.phases import PhaseWindows, runs
 
-STARVATION_MIN_S = 5.0         # a run of data_starvation windows shorter than this is a hiccup
-STARVED_STEP_SHARE = 0.2       # a step that waited this share of its time for data is starved
-STRAGGLER_RATIO = 1.10         # a rank this much slower (median compute time) than the median rank
+STARVATION_MIN_S = 5.0  # a run of data_starvation windows shorter than this is a hiccup
+STARVED_STEP_SHARE = 0.2  # a step that waited this share of its time for data is starved
+STRAGGLER_RATIO = 1.10  # a rank this much slower (median compute time) than the median rank
 HANG_VERDICTS = ("deadlock", "stuck_ranks")
 QUIET_VERDICTS = (None, "running", "healthy")
 
@@ -28,9 +28,9 @@ class Episode:
     end: float
     gpus: set = field(default_factory=set)
     ranks: set = field(default_factory=set)
-    facts: dict = field(default_factory=dict)   # evidence name -> count or text
+    facts: dict = field(default_factory=dict)  # evidence name -> count or text
 
-    def absorb(self, other: "Episode") -> None:
+    def absorb(self, other: Episode) -> None:
         self.start, self.end = min(self.start, other.start), max(self.end, other.end)
         self.gpus |= other.gpus
         self.ranks |= other.ranks
@@ -53,8 +53,10 @@ def _window_episodes(w: PhaseWindows, phase: str, kind: str, fact: str, min_s: f
     gid, start, end = runs(w, phase, gap_s)
     keep = (end - start) >= min_s
     labels = [f"{h}:{g}" for h, g in w.keys]
-    return [Episode(kind, float(s), float(e), {labels[g]}, set(), {fact: float(e - s)})
-            for g, s, e in zip(gid[keep], start[keep], end[keep])]
+    return [
+        Episode(kind, float(s), float(e), {labels[g]}, set(), {fact: float(e - s)})
+        for g, s, e in zip(gid[keep], start[keep], end[keep])
+    ]
 
 
 def watcher_episode(watcher: dict | None) -> Episode | None:
@@ -68,8 +70,9 @@ def watcher_episode(watcher: dict | None) -> Episode | None:
     start = float(end) - float(watcher.get("stalled_for_s") or 0.0)
     ranks = set(watcher.get("stuck_ranks") or watcher.get("behind") or [])
     kind = "hang" if verdict in HANG_VERDICTS else verdict
-    return Episode(kind, start, float(end), set(), {int(r) for r in ranks},
-                   {"watcher": watcher.get("reason") or verdict})
+    return Episode(
+        kind, start, float(end), set(), {int(r) for r in ranks}, {"watcher": watcher.get("reason") or verdict}
+    )
 
 
 def hangs(w: PhaseWindows, watcher: dict | None, window_s: float) -> list[Episode]:
@@ -97,17 +100,33 @@ def starved_steps(metrics: pd.DataFrame | None) -> list[Episode]:
     new[1:] = (rank[1:] != rank[:-1]) | (step[1:] != step[:-1] + 1)
     run = np.cumsum(new) - 1
     begin = m["time"].to_numpy(float) - m["step_time_s"].to_numpy(float)
-    g = pd.DataFrame({"run": run, "rank": rank, "begin": begin, "end": m["time"].to_numpy(float),
-                      "wait": m["data_wait_s"].to_numpy(float)}).groupby("run")
-    agg = g.agg(rank=("rank", "first"), begin=("begin", "min"), end=("end", "max"), steps=("end", "size"),
-                wait=("wait", "sum"))
-    return [Episode("starvation", float(r.begin), float(r.end), set(), {int(r.rank)},
-                    {"starved steps": int(r.steps), "data wait s": float(r.wait)}) for r in agg.itertuples()]
+    g = pd.DataFrame(
+        {
+            "run": run,
+            "rank": rank,
+            "begin": begin,
+            "end": m["time"].to_numpy(float),
+            "wait": m["data_wait_s"].to_numpy(float),
+        }
+    ).groupby("run")
+    agg = g.agg(
+        rank=("rank", "first"), begin=("begin", "min"), end=("end", "max"), steps=("end", "size"), wait=("wait", "sum")
+    )
+    return [
+        Episode(
+            "starvation",
+            float(r.begin),
+            float(r.end),
+            set(),
+            {int(r.rank)},
+            {"starved steps": int(r.steps), "data wait s": float(r.wait)},
+        )
+        for r in agg.itertuples()
+    ]
 
 
 def starvation(w: PhaseWindows, metrics: pd.DataFrame | None, window_s: float) -> list[Episode]:
-    found = _window_episodes(w, "data_starvation", "starvation", "starved GPU-seconds", STARVATION_MIN_S,
-                             2 * window_s)
+    found = _window_episodes(w, "data_starvation", "starvation", "starved GPU-seconds", STARVATION_MIN_S, 2 * window_s)
     steps = starved_steps(metrics)
     gap = 2 * window_s
     if metrics is not None and "step_time_s" in metrics.columns and len(metrics):
@@ -119,10 +138,12 @@ def stragglers(metrics: pd.DataFrame | None, rank_gpu: dict[int, str]) -> list[E
     """Ranks whose median step time less data wait is >= STRAGGLER_RATIO x the median over ranks."""
     if metrics is None or not {"step_time_s", "data_wait_s"} <= set(metrics.columns) or metrics.empty:
         return []
-    m = metrics.assign(compute=metrics["step_time_s"] - metrics["data_wait_s"],
-                       begin=metrics["time"] - metrics["step_time_s"])
-    per = m.groupby("rank").agg(compute=("compute", "median"), begin=("begin", "min"), end=("time", "max"),
-                                steps=("step", "size"))
+    m = metrics.assign(
+        compute=metrics["step_time_s"] - metrics["data_wait_s"], begin=metrics["time"] - metrics["step_time_s"]
+    )
+    per = m.groupby("rank").agg(
+        compute=("compute", "median"), begin=("begin", "min"), end=("time", "max"), steps=("step", "size")
+    )
     if len(per) < 2:
         return []
     typical = float(per["compute"].median())
@@ -130,11 +151,21 @@ def stragglers(metrics: pd.DataFrame | None, rank_gpu: dict[int, str]) -> list[E
         return []
     out = []
     for rank, r in per[per["compute"] >= STRAGGLER_RATIO * typical].iterrows():
-        text = (f"rank {rank}: median step time less data wait {r.compute:.4g} s = "
-                f"{r.compute / typical:.2f}x the median over {len(per)} ranks ({typical:.4g} s)")
+        text = (
+            f"rank {rank}: median step time less data wait {r.compute:.4g} s = "
+            f"{r.compute / typical:.2f}x the median over {len(per)} ranks ({typical:.4g} s)"
+        )
         gpus = {rank_gpu[int(rank)]} if int(rank) in rank_gpu else set()
-        out.append(Episode("straggler", float(r.begin), float(r.end), gpus, {int(rank)},
-                           {"straggler": text, "ratio": round(float(r.compute / typical), 4)}))
+        out.append(
+            Episode(
+                "straggler",
+                float(r.begin),
+                float(r.end),
+                gpus,
+                {int(rank)},
+                {"straggler": text, "ratio": round(float(r.compute / typical), 4)},
+            )
+        )
     return out
 
 
@@ -143,13 +174,17 @@ def describe(e: Episode) -> str:
     parts = []
     f = e.facts
     if "deadlock GPU-seconds" in f:
-        parts.append(f"power triage: low-power wait without progress on {len(e.gpus)} GPU(s) "
-                     f"({f['deadlock GPU-seconds']:.0f} GPU-s)")
+        parts.append(
+            f"power triage: low-power wait without progress on {len(e.gpus)} GPU(s) "
+            f"({f['deadlock GPU-seconds']:.0f} GPU-s)"
+        )
     if "starved GPU-seconds" in f:
         parts.append(f"power triage: data_starvation on {len(e.gpus)} GPU(s) ({f['starved GPU-seconds']:.0f} GPU-s)")
     if "starved steps" in f:
-        parts.append(f"metrics: {f['starved steps']} step(s) on {len(e.ranks)} rank(s) waited >= "
-                     f"{100 * STARVED_STEP_SHARE:.0f}% of the step for data ({f['data wait s']:.1f} s of waiting)")
+        parts.append(
+            f"metrics: {f['starved steps']} step(s) on {len(e.ranks)} rank(s) waited >= "
+            f"{100 * STARVED_STEP_SHARE:.0f}% of the step for data ({f['data wait s']:.1f} s of waiting)"
+        )
     if "watcher" in f:
         parts.append(f"watcher: {f['watcher']}")
     if "straggler" in f:
@@ -160,9 +195,17 @@ def describe(e: Episode) -> str:
 def anomaly_records(episodes: list[Episode]) -> list[dict]:
     rows = []
     for e in sorted(episodes, key=lambda e: (e.start, e.kind, e.end)):
-        rows.append({"kind": e.kind, "start": round(e.start, 3), "end": round(e.end, 3),
-                     "duration_s": round(e.end - e.start, 3), "gpus": sorted(e.gpus, key=_gpu_order),
-                     "ranks": sorted(e.ranks), "detail": describe(e)})
+        rows.append(
+            {
+                "kind": e.kind,
+                "start": round(e.start, 3),
+                "end": round(e.end, 3),
+                "duration_s": round(e.end - e.start, 3),
+                "gpus": sorted(e.gpus, key=_gpu_order),
+                "ranks": sorted(e.ranks),
+                "detail": describe(e),
+            }
+        )
     return rows
 
 

@@ -17,17 +17,26 @@ from wattgate.report.phases import PHASE_COLORS
 from wattgate.report.summary import Analysis
 from wattgate.power.triage.phases import LABELS
 
-MAX_POINTS = 2000       # per series: about one point per pixel column
-MAX_STEP_TICKS = 120    # step boundaries drawn; more are thinned to every n-th
-MAX_PANELS = 32         # GPUs drawn, one lane each
+MAX_POINTS = 2000  # per series: about one point per pixel column
+MAX_STEP_TICKS = 120  # step boundaries drawn; more are thinned to every n-th
+MAX_PANELS = 32  # GPUs drawn, one lane each
 DPI = 100
-LEGEND_IN = 0.4         # figure-level legend above the axes
-AXIS_IN = 0.45          # x tick labels and axis label below them
+LEGEND_IN = 0.4  # figure-level legend above the axes
+AXIS_IN = 0.45  # x tick labels and axis label below them
 WIDTH_IN = 11.0
 CHECKPOINT_SHADE = "#c5b0d5"
-STYLE = {"font.size": 8.5, "axes.titlesize": 10, "axes.labelsize": 8.5, "legend.fontsize": 8,
-         "xtick.labelsize": 8, "ytick.labelsize": 8, "axes.spines.top": False, "axes.spines.right": False,
-         "svg.hashsalt": "wattgate", "path.simplify": True}
+STYLE = {
+    "font.size": 8.5,
+    "axes.titlesize": 10,
+    "axes.labelsize": 8.5,
+    "legend.fontsize": 8,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "svg.hashsalt": "wattgate",
+    "path.simplify": True,
+}
 
 
 # ---------------------------------------------------------------- helpers
@@ -115,7 +124,7 @@ def step_ends(analysis: Analysis) -> tuple[np.ndarray, int]:
         return np.zeros(0), 1
     ends = m.groupby("step", sort=True)["time"].max().to_numpy(float)
     every = max(1, int(np.ceil(len(ends) / MAX_STEP_TICKS)))
-    return ends[every - 1::every], every
+    return ends[every - 1 :: every], every
 
 
 def _shade_checkpoints(ax, spans, t0: float, unit: float) -> None:
@@ -124,10 +133,13 @@ def _shade_checkpoints(ax, spans, t0: float, unit: float) -> None:
         return
     from matplotlib.collections import PolyCollection
 
-    verts = [[((a - t0) / unit, 0), ((a - t0) / unit, 1), ((b - t0) / unit, 1), ((b - t0) / unit, 0)]
-             for a, b in spans]
-    ax.add_collection(PolyCollection(verts, facecolors=CHECKPOINT_SHADE, alpha=0.45, linewidths=0, zorder=0,
-                                     transform=ax.get_xaxis_transform()), autolim=False)
+    verts = [[((a - t0) / unit, 0), ((a - t0) / unit, 1), ((b - t0) / unit, 1), ((b - t0) / unit, 0)] for a, b in spans]
+    ax.add_collection(
+        PolyCollection(
+            verts, facecolors=CHECKPOINT_SHADE, alpha=0.45, linewidths=0, zorder=0, transform=ax.get_xaxis_transform()
+        ),
+        autolim=False,
+    )
 
 
 # ---------------------------------------------------------------- figures
@@ -170,13 +182,15 @@ def _code_rects(ax, rows: list[np.ndarray], edges: np.ndarray, y0: list[float], 
             verts.append(((xa, y), (xa, y + height), (xb, y + height), (xb, y)))
             colors.append(palette[c])
     if verts:
-        ax.add_collection(PolyCollection(verts, facecolors=colors, edgecolors="none", linewidths=0, zorder=1,
-                                         antialiased=False), autolim=False)
+        ax.add_collection(
+            PolyCollection(verts, facecolors=colors, edgecolors="none", linewidths=0, zorder=1, antialiased=False),
+            autolim=False,
+        )
 
 
-LANE = 1.0              # power lanes on one axes: GPU k's strip and 0..ymax drawn in [base, base + 0.92 LANE)
-STRIP = 0.1             # its phase strip at the bottom of the lane (share of LANE)
-STEPS_LANE = 0.45       # the step ticks above the GPUs
+LANE = 1.0  # power lanes on one axes: GPU k's strip and 0..ymax drawn in [base, base + 0.92 LANE)
+STRIP = 0.1  # its phase strip at the bottom of the lane (share of LANE)
+STEPS_LANE = 0.45  # the step ticks above the GPUs
 
 
 def power_figure(analysis: Analysis) -> bytes | None:
@@ -231,8 +245,7 @@ def power_figure(analysis: Analysis) -> bytes | None:
     fig = _figure(height)
     ax = fig.add_axes((0.09, AXIS_IN / height, 0.895, 1 - (LEGEND_IN + AXIS_IN) / height))
     _shade_checkpoints(ax, spans, t0, unit)
-    ax.hlines([b + floor for b in base], 0, 1, transform=ax.get_yaxis_transform(), color="#bbbbbb", lw=0.4,
-              zorder=0.5)
+    ax.hlines([b + floor for b in base], 0, 1, transform=ax.get_yaxis_transform(), color="#bbbbbb", lw=0.4, zorder=0.5)
     _phase_lines(ax, centers, lanes, gap)
     if len(w):
         _code_rects(ax, [c for _, c in series], (edges - t0) / unit, base, STRIP * LANE)
@@ -249,8 +262,7 @@ def power_figure(analysis: Analysis) -> bytes | None:
     handles = [Patch(color=PHASE_COLORS[p], label=p.replace("_", " ")) for p in present]
     handles.append(Patch(color=CHECKPOINT_SHADE, alpha=0.6, label="checkpoint interval (heartbeats)"))
     handles.append(Patch(color="#333333", label="step end" if every == 1 else f"every {every}th step end"))
-    fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 5), frameon=False,
-               bbox_to_anchor=(0.5, 1.0))
+    fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 5), frameon=False, bbox_to_anchor=(0.5, 1.0))
     return png_bytes(fig)
 
 
@@ -282,10 +294,24 @@ def phase_share_figure(analysis: Analysis) -> bytes | None:
         cum = np.concatenate([np.zeros((len(keys), 1)), np.cumsum(share, axis=1)], axis=1)
         # 0.75-high stacked bars, one rectangle per (GPU, phase present), in one collection
         on = [(k, j) for k in range(len(keys)) for j in range(len(LABELS)) if share[k, j] > 0]
-        ax.add_collection(PolyCollection(
-            [((cum[k, j], k - 0.375), (cum[k, j], k + 0.375), (cum[k, j + 1], k + 0.375), (cum[k, j + 1], k - 0.375))
-             for k, j in on], facecolors=[PHASE_COLORS[LABELS[j]] for _, j in on], edgecolors="none",
-            linewidths=0, antialiased=False), autolim=False)
+        ax.add_collection(
+            PolyCollection(
+                [
+                    (
+                        (cum[k, j], k - 0.375),
+                        (cum[k, j], k + 0.375),
+                        (cum[k, j + 1], k + 0.375),
+                        (cum[k, j + 1], k - 0.375),
+                    )
+                    for k, j in on
+                ],
+                facecolors=[PHASE_COLORS[LABELS[j]] for _, j in on],
+                edgecolors="none",
+                linewidths=0,
+                antialiased=False,
+            ),
+            autolim=False,
+        )
         ax.set_xlim(0, 1)
         ax.set_ylim(len(keys) - 0.5, -0.5)
         ax.set_title(title)
@@ -330,17 +356,38 @@ def steps_figure(analysis: Analysis, steps) -> bytes | None:
     if "data_wait_s" in steps:
         dw = steps["data_wait_s"].to_numpy(float)
         if binned:
-            ax.fill_between(cx, 0, np.nan_to_num(bin_mean(x, dw, edges)), color="#ff7f0e", alpha=0.6, lw=0,
-                            label="data wait (mean over ranks, bin mean)")
+            ax.fill_between(
+                cx,
+                0,
+                np.nan_to_num(bin_mean(x, dw, edges)),
+                color="#ff7f0e",
+                alpha=0.6,
+                lw=0,
+                label="data wait (mean over ranks, bin mean)",
+            )
         else:
-            ax.fill_between((x - t0) / unit, 0, dw, color="#ff7f0e", alpha=0.6, lw=0, step="pre",
-                            label="data wait (mean over ranks)")
+            ax.fill_between(
+                (x - t0) / unit,
+                0,
+                dw,
+                color="#ff7f0e",
+                alpha=0.6,
+                lw=0,
+                step="pre",
+                label="data wait (mean over ranks)",
+            )
     ax.set_ylim(bottom=0)
     for seg in analysis.summary.get("segments", [])[1:]:  # a resized run: where the world size changed
         ax.axvline((seg["start"] - t0) / unit, color="#8a1414", lw=1.0, ls="--")
-        ax.annotate(f"{seg['world_size']} ranks from step {seg['first_step']}", ((seg["start"] - t0) / unit, 0),
-                    xycoords=("data", "axes fraction"), xytext=(3, 4), textcoords="offset points", fontsize=7,
-                    color="#8a1414")
+        ax.annotate(
+            f"{seg['world_size']} ranks from step {seg['first_step']}",
+            ((seg["start"] - t0) / unit, 0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, 4),
+            textcoords="offset points",
+            fontsize=7,
+            color="#8a1414",
+        )
     ax.set_xlim(0, (analysis.t1 - t0) / unit)  # the power figure's time range, so the two line up
     ax.set_xlabel(f"time since run start ({uname})")
     ax.set_ylabel("seconds")
@@ -358,8 +405,7 @@ def loss_figure(steps) -> bytes | None:
     fig.subplots_adjust(left=0.09, right=0.985, top=0.92, bottom=0.17)
     if len(x) > MAX_POINTS:
         edges = bin_edges(float(x.min()), float(x.max()), 0, 1.0)
-        ax.plot((edges[:-1] + edges[1:]) / 2, bin_mean(x, y, edges), color="#444444", lw=1.0,
-                label="loss (bin mean)")
+        ax.plot((edges[:-1] + edges[1:]) / 2, bin_mean(x, y, edges), color="#444444", lw=1.0, label="loss (bin mean)")
     else:
         ax.plot(x, y, color="#444444", lw=1.0, marker="." if len(x) <= 200 else None, ms=3, label="loss")
     ax.set_xlabel("optimizer step")
@@ -373,5 +419,9 @@ def render_all(analysis: Analysis, steps) -> dict[str, bytes | None]:
     import matplotlib
 
     with matplotlib.rc_context(STYLE):
-        return {"power": power_figure(analysis), "phase_share": phase_share_figure(analysis),
-                "steps": steps_figure(analysis, steps), "loss": loss_figure(steps)}
+        return {
+            "power": power_figure(analysis),
+            "phase_share": phase_share_figure(analysis),
+            "steps": steps_figure(analysis, steps),
+            "loss": loss_figure(steps),
+        }

@@ -27,8 +27,14 @@ from wattgate.power.triage.phases import read_phases
 from wattgate.power.triage.runinfo import RunInfo, load_run_info
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.stage import recorded_caps, triage
-from wattgate.run_files import (HEARTBEAT_EVENT_COLUMNS, read_gate_report, read_json_object, read_metrics,
-                                read_trained, read_watcher)
+from wattgate.run_files import (
+    HEARTBEAT_EVENT_COLUMNS,
+    read_gate_report,
+    read_json_object,
+    read_metrics,
+    read_trained,
+    read_watcher,
+)
 from wattgate.telemetry.trace import TRACE_SCHEMA, null_invalid_values, read_trace, trace_files, trace_meta
 
 TRACE_COLUMNS = ["time", "host", "gpu", "power_w", "energy_j"]
@@ -43,15 +49,15 @@ class GpuSeries:
 
     host: str
     gpu: int
-    time: np.ndarray              # float64
-    power: np.ndarray             # float32 or float64, NaN = missing
-    energy_pos: np.ndarray        # positions (into time/power) of samples with an energy reading
-    energy_j: np.ndarray          # the readings at those positions
+    time: np.ndarray  # float64
+    power: np.ndarray  # float32 or float64, NaN = missing
+    energy_pos: np.ndarray  # positions (into time/power) of samples with an energy reading
+    energy_j: np.ndarray  # the readings at those positions
 
 
 @dataclass
 class Samples:
-    series: list[GpuSeries]       # sorted by (host, gpu)
+    series: list[GpuSeries]  # sorted by (host, gpu)
 
     @property
     def keys(self) -> list[tuple[str, int]]:
@@ -64,24 +70,24 @@ class Samples:
 
 @dataclass
 class RunInputs:
-    run_dir: Path | None                         # None: bare traces (power-only mode)
+    run_dir: Path | None  # None: bare traces (power-only mode)
     run_name: str
     config: dict | None = None
     trained: dict | None = None
     metrics: pd.DataFrame | None = None
-    events: pd.DataFrame | None = None          # heartbeat events: time, rank, step, epoch, phase
+    events: pd.DataFrame | None = None  # heartbeat events: time, rank, step, epoch, phase
     states: dict[int, dict] = field(default_factory=dict)
-    run_info: RunInfo | None = None              # the same, as triage reads it (rank -> GPU mapping)
+    run_info: RunInfo | None = None  # the same, as triage reads it (rank -> GPU mapping)
     watcher: dict | None = None
     gate: dict | None = None
-    checkpoints: list[int] = field(default_factory=list)   # steps with a checkpoint folder
+    checkpoints: list[int] = field(default_factory=list)  # steps with a checkpoint folder
     has_final: bool = False
     trace_paths: list[Path] = field(default_factory=list)
     trace_metas: list[dict] = field(default_factory=list)
-    samples: Samples | None = None               # None when triage.json's energy stands in for the traces
-    triage_energy: dict | None = None            # triage.json "energy" ("host:gpu" -> figures) for these traces
-    pause_records: list[dict] | None = None      # triage.json "pauses" for these phases
-    gaps: dict | None = None                     # triage.json "gaps" for these phases
+    samples: Samples | None = None  # None when triage.json's energy stands in for the traces
+    triage_energy: dict | None = None  # triage.json "energy" ("host:gpu" -> figures) for these traces
+    pause_records: list[dict] | None = None  # triage.json "pauses" for these phases
+    gaps: dict | None = None  # triage.json "gaps" for these phases
     phases: pa.Table | None = None
     phases_source: str | None = None
     window_s: float = DEFAULT_WINDOW_S
@@ -211,8 +217,7 @@ def _file_series(table: pa.Table) -> list[GpuSeries]:
         pos = np.flatnonzero(valid) if valid is not None else np.zeros(0, np.int64)
         for j, (h, g) in enumerate(groups):
             mine = pos % k == j
-            parts = (time_[j::k], power[j::k], pos[mine] // k,
-                     readings[mine] if readings is not None else np.zeros(0))
+            parts = (time_[j::k], power[j::k], pos[mine] // k, readings[mine] if readings is not None else np.zeros(0))
             out.append(GpuSeries(h, g, *_in_time_order(*parts)))
         return out
     # general layout: a stable sort on small integer keys keeps each GPU's rows in file order
@@ -251,18 +256,32 @@ def read_samples(tables: list[pa.Table]) -> Samples:
             series.append(parts[0])
             continue
         offsets = np.cumsum([0] + [len(p.time) for p in parts[:-1]])
-        series.append(GpuSeries(key[0], key[1], *_in_time_order(
-            np.concatenate([p.time for p in parts]), np.concatenate([p.power for p in parts]),
-            np.concatenate([p.energy_pos + o for p, o in zip(parts, offsets)]),
-            np.concatenate([p.energy_j for p in parts]))))
+        series.append(
+            GpuSeries(
+                key[0],
+                key[1],
+                *_in_time_order(
+                    np.concatenate([p.time for p in parts]),
+                    np.concatenate([p.power for p in parts]),
+                    np.concatenate([p.energy_pos + o for p, o in zip(parts, offsets)]),
+                    np.concatenate([p.energy_j for p in parts]),
+                ),
+            )
+        )
     return Samples(series)
 
 
 # ---------------------------------------------------------------- phases
 
 
-def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None, gpu_model: str | None,
-                       table_path: str | os.PathLike | None = None, power_cap_w: float | None = None) -> None:
+def _triage_in_process(
+    inputs: RunInputs,
+    trace: pa.Table,
+    info: RunInfo | None,
+    gpu_model: str | None,
+    table_path: str | os.PathLike | None = None,
+    power_cap_w: float | None = None,
+) -> None:
     # the table, window and hang limit `wattgate triage --config` would use; a table file or GPU model
     # given here first (a Zeus log names no device)
     names = sorted({str(g.get("name")) for m in inputs.trace_metas for g in m.get("gpus", []) if g.get("name")})
@@ -280,18 +299,26 @@ def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None,
     inputs.phases = triage(trace, table, window_s, deadlock_after_s, info, caps, power_cap_w)
     inputs.window_s, inputs.deadlock_after_s = window_s, deadlock_after_s
     inputs.triage_table = table.gpu_model
-    inputs.phases_source = (f"in-process triage ({table.gpu_model} table, windows of {window_s:g} s, "
-                            f"deadlock after {deadlock_after_s:g} s)")
+    inputs.phases_source = (
+        f"in-process triage ({table.gpu_model} table, windows of {window_s:g} s, deadlock after {deadlock_after_s:g} s)"
+    )
 
 
 # ---------------------------------------------------------------- all inputs
 
 
-def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike | None = None,
-                gate_dir: str | os.PathLike | None = None, config_path: str | os.PathLike | None = None,
-                trace_paths=None, gpu_model: str | None = None,
-                table_path: str | os.PathLike | None = None, power_cap_w: float | None = None, *,
-                config: dict | None = None) -> RunInputs:
+def load_inputs(
+    run_dir: str | os.PathLike | None,
+    power_dir: str | os.PathLike | None = None,
+    gate_dir: str | os.PathLike | None = None,
+    config_path: str | os.PathLike | None = None,
+    trace_paths=None,
+    gpu_model: str | None = None,
+    table_path: str | os.PathLike | None = None,
+    power_cap_w: float | None = None,
+    *,
+    config: dict | None = None,
+) -> RunInputs:
     """A run folder's inputs; `trace_paths` (files or telemetry folders) replace its telemetry/, and
     without a run folder (run_dir None) they are all there is. The run config: `config` (loaded), else
     `config_path`, else results/config.yaml beside the run when there is one."""
@@ -314,8 +341,10 @@ def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike 
     name = run_dir.name if run_dir else "+".join(p.stem for p in traces)
     inputs = RunInputs(run_dir, str((config or {}).get("run_name") or name), config=config)
     if run_dir is None:
-        inputs.note("power-only report: traces without a run folder (no TRAINED, metrics, heartbeats, "
-                    "checkpoints or watcher verdict)")
+        inputs.note(
+            "power-only report: traces without a run folder (no TRAINED, metrics, heartbeats, "
+            "checkpoints or watcher verdict)"
+        )
     elif config is None:
         inputs.note(f"config not available ({cfg_path} not found): cluster and train settings not shown")
 
@@ -365,12 +394,15 @@ def load_inputs(run_dir: str | os.PathLike | None, power_dir: str | os.PathLike 
 
     if found is None and inputs.samples is not None and inputs.samples.rows:
         # triage reads utilization too; only this path needs it, so it is read only here
-        trace = pa.concat_tables([_read_trace_columns(p, ["time", "host", "gpu", "power_w", "util_gpu"])
-                                  .cast(pa.schema([TRACE_SCHEMA.field(c) for c in
-                                                   ("time", "host", "gpu", "power_w", "util_gpu")]))
-                                  for p in inputs.trace_paths])
-        _triage_in_process(inputs, trace, info if run_dir is not None else None, gpu_model, table_path,
-                           power_cap_w)
+        trace = pa.concat_tables(
+            [
+                _read_trace_columns(p, ["time", "host", "gpu", "power_w", "util_gpu"]).cast(
+                    pa.schema([TRACE_SCHEMA.field(c) for c in ("time", "host", "gpu", "power_w", "util_gpu")])
+                )
+                for p in inputs.trace_paths
+            ]
+        )
+        _triage_in_process(inputs, trace, info if run_dir is not None else None, gpu_model, table_path, power_cap_w)
     return inputs
 
 
@@ -416,8 +448,10 @@ def _energy_of(record: dict, trace_paths: list[Path], path: Path) -> dict | None
 def _read_run_files(inputs: RunInputs, run_dir: Path) -> None:
     inputs.trained = read_trained(run_dir)
     if inputs.trained is None:
-        inputs.note("TRAINED not available: the run did not finish, or this is not a run folder; "
-                    "wall time, MFU and loss come from metrics where possible")
+        inputs.note(
+            "TRAINED not available: the run did not finish, or this is not a run folder; "
+            "wall time, MFU and loss come from metrics where possible"
+        )
     inputs.metrics = read_metrics(run_dir, METRICS_REQUIRED, METRICS_OPTIONAL)
     if inputs.metrics is None:
         inputs.note("metrics.parquet not available: no tokens, step times, loss or straggler analysis")

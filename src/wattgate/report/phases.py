@@ -11,19 +11,24 @@ import pyarrow.compute as pc
 from wattgate.power.triage.phases import LABELS
 
 PHASE_COLORS = {
-    "compute": "#2ca02c", "communication": "#1f77b4", "data_starvation": "#ff7f0e", "checkpoint": "#9467bd",
-    "deadlock": "#d62728", "idle": "#8c8c8c", "unknown": "#e0e0e0",
+    "compute": "#2ca02c",
+    "communication": "#1f77b4",
+    "data_starvation": "#ff7f0e",
+    "checkpoint": "#9467bd",
+    "deadlock": "#d62728",
+    "idle": "#8c8c8c",
+    "unknown": "#e0e0e0",
 }
 
 
 @dataclass
 class PhaseWindows:
-    keys: list[tuple[str, int]]   # (host, gpu), sorted
-    gid: np.ndarray               # index into keys per window, non-decreasing
+    keys: list[tuple[str, int]]  # (host, gpu), sorted
+    gid: np.ndarray  # index into keys per window, non-decreasing
     start: np.ndarray
     end: np.ndarray
-    code: np.ndarray              # index into LABELS
-    power: np.ndarray             # window mean W, NaN where unknown
+    code: np.ndarray  # index into LABELS
+    power: np.ndarray  # window mean W, NaN where unknown
 
     @property
     def seconds(self) -> np.ndarray:

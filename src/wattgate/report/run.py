@@ -15,20 +15,39 @@ from wattgate.report.summary import Analysis, analyze
 PathLike = str | os.PathLike
 
 
-def summarize(run_dir: PathLike | None, power_dir: PathLike | None = None, gate_dir: PathLike | None = None,
-              config_path: PathLike | None = None, trace_paths: Iterable[PathLike] | None = None,
-              gpu_model: str | None = None, table_path: PathLike | None = None,
-              power_cap_w: float | None = None, *, config: dict | None = None) -> Analysis:
+def summarize(
+    run_dir: PathLike | None,
+    power_dir: PathLike | None = None,
+    gate_dir: PathLike | None = None,
+    config_path: PathLike | None = None,
+    trace_paths: Iterable[PathLike] | None = None,
+    gpu_model: str | None = None,
+    table_path: PathLike | None = None,
+    power_cap_w: float | None = None,
+    *,
+    config: dict | None = None,
+) -> Analysis:
     """Read every input and compute the numbers (no figures, nothing written)."""
-    return analyze(load_inputs(run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path,
-                               power_cap_w, config=config))
+    return analyze(
+        load_inputs(
+            run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path, power_cap_w, config=config
+        )
+    )
 
 
-def run_report(run_dir: PathLike | None, out_dir: PathLike, power_dir: PathLike | None = None,
-               gate_dir: PathLike | None = None, config_path: PathLike | None = None,
-               trace_paths: Iterable[PathLike] | None = None, gpu_model: str | None = None,
-               table_path: PathLike | None = None, power_cap_w: float | None = None, *,
-               config: dict | None = None) -> dict:
+def run_report(
+    run_dir: PathLike | None,
+    out_dir: PathLike,
+    power_dir: PathLike | None = None,
+    gate_dir: PathLike | None = None,
+    config_path: PathLike | None = None,
+    trace_paths: Iterable[PathLike] | None = None,
+    gpu_model: str | None = None,
+    table_path: PathLike | None = None,
+    power_cap_w: float | None = None,
+    *,
+    config: dict | None = None,
+) -> dict:
     """Write out_dir/summary.json and out_dir/index.html; return the summary.
 
     `trace_paths` (trace files or folders of them) replace run_dir/telemetry; with run_dir None they are
@@ -39,8 +58,9 @@ def run_report(run_dir: PathLike | None, out_dir: PathLike, power_dir: PathLike 
     `power_cap_w` derives one from the power cap for a GPU no table ships for (an imported log).
     `config` is the run config already loaded (`wattgate report --config`); without it `config_path`
     is loaded, else results/config.yaml beside the run when there is one."""
-    analysis = summarize(run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path, power_cap_w,
-                         config=config)
+    analysis = summarize(
+        run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path, power_cap_w, config=config
+    )
     figures = render_all(analysis, analysis.steps)
     page = render_page(analysis.summary, figures, min(MAX_PANELS, analysis.summary["gpus"]))
     out_dir = Path(out_dir)

@@ -33,10 +33,10 @@ class Analysis:
     inputs: RunInputs
     energy: GpuEnergy | None
     windows: PhaseWindows
-    t0: float | None          # earliest time any input saw
-    t1: float | None          # latest
+    t0: float | None  # earliest time any input saw
+    t1: float | None  # latest
     summary: dict
-    steps: pd.DataFrame | None = None   # step_table of the metrics, for the figures
+    steps: pd.DataFrame | None = None  # step_table of the metrics, for the figures
 
 
 def num(x, digits: int = 6):
@@ -142,20 +142,43 @@ def energy_summary(energy: GpuEnergy | None, w: PhaseWindows, tokens: int | None
     if energy is not None and len(energy.keys):
         joules = energy.joules
         total, method = float(joules.sum()), energy.method
-        per_gpu = [{"host": h, "gpu": g, "kwh": num(j / J_PER_KWH), "method": m, "span_s": num(b - a, 3),
-                    "mean_power_w": num(j / (b - a), 3) if b > a else None}
-                   for (h, g), j, m, a, b in zip(energy.keys, joules, energy.methods, energy.first, energy.last)]
+        per_gpu = [
+            {
+                "host": h,
+                "gpu": g,
+                "kwh": num(j / J_PER_KWH),
+                "method": m,
+                "span_s": num(b - a, 3),
+                "mean_power_w": num(j / (b - a), 3) if b > a else None,
+            }
+            for (h, g), j, m, a, b in zip(energy.keys, joules, energy.methods, energy.first, energy.last)
+        ]
         counter = energy.counter_j
-        out = {"kwh": num(total / J_PER_KWH), "method": method, "per_gpu": per_gpu,
-               "integrated_kwh": num(energy.integrated_j.sum() / J_PER_KWH),
-               "counter_kwh": num(np.nansum(counter) / J_PER_KWH) if np.isfinite(counter).all() else None}
+        out = {
+            "kwh": num(total / J_PER_KWH),
+            "method": method,
+            "per_gpu": per_gpu,
+            "integrated_kwh": num(energy.integrated_j.sum() / J_PER_KWH),
+            "counter_kwh": num(np.nansum(counter) / J_PER_KWH) if np.isfinite(counter).all() else None,
+        }
     elif len(w):
         total = float(w.energy_j.sum())
-        out = {"kwh": num(total / J_PER_KWH), "method": "phase_window_means", "per_gpu": [],
-               "integrated_kwh": None, "counter_kwh": None}
+        out = {
+            "kwh": num(total / J_PER_KWH),
+            "method": "phase_window_means",
+            "per_gpu": [],
+            "integrated_kwh": None,
+            "counter_kwh": None,
+        }
     else:
-        return {"kwh": None, "method": None, "per_gpu": [], "integrated_kwh": None, "counter_kwh": None,
-                "j_per_token": None}
+        return {
+            "kwh": None,
+            "method": None,
+            "per_gpu": [],
+            "integrated_kwh": None,
+            "counter_kwh": None,
+            "j_per_token": None,
+        }
     out["j_per_token"] = num(total / tokens, 6) if tokens else None
     return out
 
@@ -164,9 +187,11 @@ def _share_rows(secs: np.ndarray, joules: np.ndarray) -> tuple[dict, dict, dict]
     """Per phase (with any time): time share, energy kWh and energy share of one row of totals."""
     t, e = secs.sum(), joules.sum()
     present = [i for i in range(len(LABELS)) if secs[i] > 0]
-    return ({LABELS[i]: num(secs[i] / t) for i in present},
-            {LABELS[i]: num(joules[i] / J_PER_KWH) for i in present},
-            {LABELS[i]: num(joules[i] / e) if e > 0 else None for i in present})
+    return (
+        {LABELS[i]: num(secs[i] / t) for i in present},
+        {LABELS[i]: num(joules[i] / J_PER_KWH) for i in present},
+        {LABELS[i]: num(joules[i] / e) if e > 0 else None for i in present},
+    )
 
 
 def phase_section(inputs: RunInputs, w: PhaseWindows) -> dict:
@@ -181,20 +206,43 @@ def phase_section(inputs: RunInputs, w: PhaseWindows) -> dict:
     secs, joules = totals(w, w.gid, ngpu)
     all_s, all_j = secs.sum(axis=0), joules.sum(axis=0)
     share, kwh, eshare = _share_rows(all_s, all_j)
-    by_phase = {ph: {"seconds": num(all_s[LABELS.index(ph)], 3), "time_share": share[ph], "energy_kwh": kwh[ph],
-                     "energy_share": eshare[ph]} for ph in share}
+    by_phase = {
+        ph: {
+            "seconds": num(all_s[LABELS.index(ph)], 3),
+            "time_share": share[ph],
+            "energy_kwh": kwh[ph],
+            "energy_share": eshare[ph],
+        }
+        for ph in share
+    }
     per_gpu = []
     for k, (h, g) in enumerate(w.keys):
         s, k_, e = _share_rows(secs[k], joules[k])
-        per_gpu.append({"host": h, "gpu": g, "seconds": num(secs[k].sum(), 3), "time_share": s,
-                        "energy_kwh": k_, "energy_share": e})
+        per_gpu.append(
+            {
+                "host": h,
+                "gpu": g,
+                "seconds": num(secs[k].sum(), 3),
+                "time_share": s,
+                "energy_kwh": k_,
+                "energy_share": e,
+            }
+        )
     hosts = sorted({h for h, _ in w.keys})
     per_node = []
     for h in hosts:
         rows = [k for k, (hh, _) in enumerate(w.keys) if hh == h]
         s, k_, e = _share_rows(secs[rows].sum(axis=0), joules[rows].sum(axis=0))
-        per_node.append({"host": h, "gpus": len(rows), "seconds": num(secs[rows].sum(), 3), "time_share": s,
-                         "energy_kwh": k_, "energy_share": e})
+        per_node.append(
+            {
+                "host": h,
+                "gpus": len(rows),
+                "seconds": num(secs[rows].sum(), 3),
+                "time_share": s,
+                "energy_kwh": k_,
+                "energy_share": e,
+            }
+        )
     return out | {"seconds": num(all_s.sum(), 3), "by_phase": by_phase, "per_gpu": per_gpu, "per_node": per_node}
 
 
@@ -205,18 +253,26 @@ def rank_gpus(inputs: RunInputs, keys: list[tuple[str, int]]) -> dict[int, str]:
 
 
 def find_anomalies(inputs: RunInputs, w: PhaseWindows, keys: list[tuple[str, int]]) -> list[an.Episode]:
-    return (an.hangs(w, inputs.watcher, inputs.window_s)
-            + an.starvation(w, inputs.metrics, inputs.window_s)
-            + an.stragglers(inputs.metrics, rank_gpus(inputs, keys)))
+    return (
+        an.hangs(w, inputs.watcher, inputs.window_s)
+        + an.starvation(w, inputs.metrics, inputs.window_s)
+        + an.stragglers(inputs.metrics, rank_gpus(inputs, keys))
+    )
 
 
 def gate_section(gate: dict | None) -> dict | None:
     if gate is None:
         return None
-    checks = [{"name": str(c.get("name")), "passed": bool(c.get("passed")), "detail": str(c.get("detail", ""))}
-              for c in gate.get("checks") or []]
-    return {"passed": bool(gate.get("passed")), "enforce": gate.get("enforce"),
-            "failed_checks": [c["name"] for c in checks if not c["passed"]], "checks": checks}
+    checks = [
+        {"name": str(c.get("name")), "passed": bool(c.get("passed")), "detail": str(c.get("detail", ""))}
+        for c in gate.get("checks") or []
+    ]
+    return {
+        "passed": bool(gate.get("passed")),
+        "enforce": gate.get("enforce"),
+        "failed_checks": [c["name"] for c in checks if not c["passed"]],
+        "checks": checks,
+    }
 
 
 MEMORY_PHASES = ("load", "steady", "export")
@@ -228,7 +284,7 @@ def memory_section(trained: dict | None, gate: dict | None) -> dict | None:
     The gate estimates device memory per rank (on CPU runs the device is the host) and host RAM per
     node; measured host peaks are per rank, so the node figure is the sum over the node's ranks.
     """
-    measured = ((trained or {}).get("memory") or {})
+    measured = (trained or {}).get("memory") or {}
     estimates = (gate or {}).get("memory_estimate_phases") or {}
     if not measured and not estimates:
         return None
@@ -237,27 +293,53 @@ def memory_section(trained: dict | None, gate: dict | None) -> dict | None:
     rows = []
     for phase in MEMORY_PHASES:
         m, e = worst.get(phase) or {}, estimates.get(phase) or {}
-        rows.append({"phase": phase, "seconds": num(m.get("seconds"), 3),
-                     "measured_host_peak_gib": num(m.get("host_peak_gib"), 4),
-                     "measured_device_peak_gib": num(m.get("cuda_peak_gib"), 4),
-                     "estimated_device_gib": num(e["total_bytes"] / gib, 4) if e.get("total_bytes") else None,
-                     "usable_device_gib": num(e["usable_bytes"] / gib, 4) if e.get("usable_bytes") else None,
-                     "largest_term": max(e["terms_bytes"], key=e["terms_bytes"].get) if e.get("terms_bytes") else None})
+        rows.append(
+            {
+                "phase": phase,
+                "seconds": num(m.get("seconds"), 3),
+                "measured_host_peak_gib": num(m.get("host_peak_gib"), 4),
+                "measured_device_peak_gib": num(m.get("cuda_peak_gib"), 4),
+                "estimated_device_gib": num(e["total_bytes"] / gib, 4) if e.get("total_bytes") else None,
+                "usable_device_gib": num(e["usable_bytes"] / gib, 4) if e.get("usable_bytes") else None,
+                "largest_term": max(e["terms_bytes"], key=e["terms_bytes"].get) if e.get("terms_bytes") else None,
+            }
+        )
     per_host: dict[str, float] = {}
     for r in measured.get("per_rank") or []:
-        peak = max((p.get("host_peak_gib") or 0.0) for p in (r.get("phases") or {}).values()) if r.get("phases") else 0.0
+        peak = (
+            max((p.get("host_peak_gib") or 0.0) for p in (r.get("phases") or {}).values()) if r.get("phases") else 0.0
+        )
         per_host[str(r.get("host"))] = per_host.get(str(r.get("host")), 0.0) + peak
     host = estimates.get("host_per_node") or {}
-    return {"phases": rows,
-            "measured_host_per_node_gib": {h: num(v, 4) for h, v in sorted(per_host.items())},
-            "estimated_host_per_node_gib": num(host["total_bytes"] / gib, 4) if host.get("total_bytes") else None,
-            "host_budget_gib": num(host["usable_bytes"] / gib, 4) if host.get("usable_bytes") else None,
-            "load_s": num((trained or {}).get("load_s"), 3), "export_s": num((trained or {}).get("export_s"), 3),
-            "export_dtype": (trained or {}).get("export_dtype")}
+    return {
+        "phases": rows,
+        "measured_host_per_node_gib": {h: num(v, 4) for h, v in sorted(per_host.items())},
+        "estimated_host_per_node_gib": num(host["total_bytes"] / gib, 4) if host.get("total_bytes") else None,
+        "host_budget_gib": num(host["usable_bytes"] / gib, 4) if host.get("usable_bytes") else None,
+        "load_s": num((trained or {}).get("load_s"), 3),
+        "export_s": num((trained or {}).get("export_s"), 3),
+        "export_dtype": (trained or {}).get("export_dtype"),
+    }
 
 
-WATCHER_KEYS = ("cost", "verdict", "reason", "action", "stalled_for_s", "longest_stall_s", "limit_s", "limit_phase",
-                "stuck_ranks", "ran_ahead", "behind", "power_signal", "detected_at", "started", "ended", "table")
+WATCHER_KEYS = (
+    "cost",
+    "verdict",
+    "reason",
+    "action",
+    "stalled_for_s",
+    "longest_stall_s",
+    "limit_s",
+    "limit_phase",
+    "stuck_ranks",
+    "ran_ahead",
+    "behind",
+    "power_signal",
+    "detected_at",
+    "started",
+    "ended",
+    "table",
+)
 
 
 def watcher_section(watcher: dict | None) -> dict | None:
@@ -271,8 +353,15 @@ def device_of(inputs: RunInputs) -> dict:
     cluster = (inputs.config or {}).get("cluster") or {}
     t = inputs.trained or {}
     nvml = next((str(m["nvml"]) for m in inputs.trace_metas if m.get("nvml")), None)
-    return {"device": t.get("device"), "gpu_names": names, "nvml": nvml, "gpu_model": cluster.get("gpu_model"),
-            "nodes": cluster.get("nodes"), "gpus_per_node": cluster.get("gpus_per_node"), "params": t.get("params")}
+    return {
+        "device": t.get("device"),
+        "gpu_names": names,
+        "nvml": nvml,
+        "gpu_model": cluster.get("gpu_model"),
+        "nodes": cluster.get("nodes"),
+        "gpus_per_node": cluster.get("gpus_per_node"),
+        "params": t.get("params"),
+    }
 
 
 # ---------------------------------------------------------------- the summary
@@ -281,14 +370,16 @@ def device_of(inputs: RunInputs) -> dict:
 def recorded_energy(energy: dict) -> GpuEnergy | None:
     """GpuEnergy from triage.json's "energy" ("host:gpu" -> first, last, integrated_j, counter_j (null: the
     counter was unusable), readings), in (host, gpu) order as read_samples gives it."""
+
     def f(x):
         return np.nan if x is None else float(x)
 
     rows = []
     for label, e in energy.items():
         host, _, gpu = str(label).rpartition(":")
-        rows.append(((host, int(gpu)), f(e.get("first")), f(e.get("last")), f(e.get("integrated_j")),
-                     f(e.get("counter_j"))))
+        rows.append(
+            ((host, int(gpu)), f(e.get("first")), f(e.get("last")), f(e.get("integrated_j")), f(e.get("counter_j")))
+        )
     if not rows:
         return None
     rows.sort(key=lambda r: r[0])
@@ -298,9 +389,20 @@ def recorded_energy(energy: dict) -> GpuEnergy | None:
 
 def recorded_pauses(records: list[dict]) -> list[power_only.Pause]:
     """Pause objects back from the records triage.json keeps of them (Pause.record)."""
-    return [power_only.Pause(r["kind"], float(r["start"]), float(r["end"]), list(r["waiting"]), list(r["idle"]),
-                             tuple(r["power_w"]) if r.get("power_w") else None, r.get("util_waiting"),
-                             r.get("util_idle"), bool(r["open"])) for r in records]
+    return [
+        power_only.Pause(
+            r["kind"],
+            float(r["start"]),
+            float(r["end"]),
+            list(r["waiting"]),
+            list(r["idle"]),
+            tuple(r["power_w"]) if r.get("power_w") else None,
+            r.get("util_waiting"),
+            r.get("util_idle"),
+            bool(r["open"]),
+        )
+        for r in records
+    ]
 
 
 def analyze(inputs: RunInputs) -> Analysis:
@@ -314,8 +416,9 @@ def analyze(inputs: RunInputs) -> Analysis:
     gpus = len(keys)
     steps = step_table(inputs.metrics)
     thr = throughput(inputs, steps, gpus)
-    gpu_seconds = float((energy.last - energy.first).sum()) if energy is not None else \
-        float(w.seconds.sum()) if len(w) else None
+    gpu_seconds = (
+        float((energy.last - energy.first).sum()) if energy is not None else float(w.seconds.sum()) if len(w) else None
+    )
     episodes = find_anomalies(inputs, w, keys)
     records = an.anomaly_records(episodes)
     t0, t1 = run_span(inputs, energy, w)
@@ -324,13 +427,19 @@ def analyze(inputs: RunInputs) -> Analysis:
         r["start_utc"] = utc(r["start"])
     trained = inputs.trained or {}
     sig = signals(inputs, energy, w)
-    found = recorded_pauses(inputs.pause_records) if inputs.pause_records is not None \
-        else power_only.pauses(inputs.phases)
+    found = (
+        recorded_pauses(inputs.pause_records) if inputs.pause_records is not None else power_only.pauses(inputs.phases)
+    )
     energy_section = energy_summary(energy, w, thr["tokens"])
     summary = {
         "format_version": FORMAT_VERSION,
-        "run": {"name": inputs.run_name, "dir": str(inputs.run_dir) if inputs.run_dir is not None else None,
-                "traces": [str(p) for p in inputs.trace_paths], "start": num(t0, 3), "start_utc": utc(t0)}
+        "run": {
+            "name": inputs.run_name,
+            "dir": str(inputs.run_dir) if inputs.run_dir is not None else None,
+            "traces": [str(p) for p in inputs.trace_paths],
+            "start": num(t0, 3),
+            "start_utc": utc(t0),
+        }
         | device_of(inputs),
         **thr,
         "gpus": gpus,
@@ -364,15 +473,22 @@ def forecast_section(gate: dict | None, trained: dict, kwh: float | None) -> dic
         return None
     out = {"forecast": None, "actual": None, "error": None, "failure": (failure or {}).get("line")}
     if fc:
-        out["forecast"] = {"wall_s": fc["wall_s"], "gpu_hours": fc["gpu_hours"], "kwh": fc["kwh"],
-                           "source": fc["throughput"]["source"], "detail": fc["throughput"]["detail"],
-                           "terms_s": fc["terms_s"]}
+        out["forecast"] = {
+            "wall_s": fc["wall_s"],
+            "gpu_hours": fc["gpu_hours"],
+            "kwh": fc["kwh"],
+            "source": fc["throughput"]["source"],
+            "detail": fc["throughput"]["detail"],
+            "terms_s": fc["terms_s"],
+        }
     wall, world = trained.get("job_s"), trained.get("world_size")
     if wall:
         out["actual"] = {"wall_s": wall, "gpu_hours": num(wall * world / 3600) if world else None, "kwh": kwh}
         if fc:
-            out["error"] = {k: num(out["actual"][k] / fc[k] - 1, 4) if out["actual"][k] and fc[k] else None
-                            for k in ("wall_s", "gpu_hours", "kwh")}
+            out["error"] = {
+                k: num(out["actual"][k] / fc[k] - 1, 4) if out["actual"][k] and fc[k] else None
+                for k in ("wall_s", "gpu_hours", "kwh")
+            }
     return out
 
 
@@ -385,10 +501,16 @@ def segments_section(steps: pd.DataFrame | None) -> list[dict]:
     out = []
     for a, b in zip(np.concatenate([[0], cut]), np.concatenate([cut, [len(ranks)]])):
         part = steps.iloc[a:b]
-        out.append({"first_step": int(part["step"].iloc[0]), "last_step": int(part["step"].iloc[-1]),
-                    "world_size": int(ranks[a]), "steps": int(b - a),
-                    "tokens": int(part["tokens"].sum()) if "tokens" in part else None,
-                    "start": num(float(part["time"].iloc[0]), 3)})
+        out.append(
+            {
+                "first_step": int(part["step"].iloc[0]),
+                "last_step": int(part["step"].iloc[-1]),
+                "world_size": int(ranks[a]),
+                "steps": int(b - a),
+                "tokens": int(part["tokens"].sum()) if "tokens" in part else None,
+                "start": num(float(part["time"].iloc[0]), 3),
+            }
+        )
     return out
 
 
@@ -402,18 +524,27 @@ def power_only_section(inputs: RunInputs, sig: dict, found: list, t0: float | No
     out = power_only.limits({k: sig[k] for k in keys}, inputs.deadlock_after_s, inferred)
     out["verdict"] = power_only.verdict(found, t0, inputs.window_s)
     out["deadlock_after_s"] = inputs.deadlock_after_s
-    out["imported"] = [{"file": str(p), "source": m.get("source"), "notes": list(m.get("notes") or []),
-                        "skipped_lines": m.get("skipped_lines") or {},
-                        "gpu_index_inferred": bool(m.get("gpu_index_inferred"))}
-                       for p, m in zip(inputs.trace_paths, inputs.trace_metas) if m.get("power_source") == "imported"]
+    out["imported"] = [
+        {
+            "file": str(p),
+            "source": m.get("source"),
+            "notes": list(m.get("notes") or []),
+            "skipped_lines": m.get("skipped_lines") or {},
+            "gpu_index_inferred": bool(m.get("gpu_index_inferred")),
+        }
+        for p, m in zip(inputs.trace_paths, inputs.trace_metas)
+        if m.get("power_source") == "imported"
+    ]
     return out
 
 
 def counter_read(inputs: RunInputs) -> bool:
     """Whether any GPU's trace has an energy counter reading."""
     if inputs.triage_energy is not None:
-        return any((e.get("readings") or 0) > 0 if "readings" in e else e.get("counter_j") is not None
-                   for e in inputs.triage_energy.values())
+        return any(
+            (e.get("readings") or 0) > 0 if "readings" in e else e.get("counter_j") is not None
+            for e in inputs.triage_energy.values()
+        )
     return bool(inputs.samples is not None and any(len(x.energy_pos) for x in inputs.samples.series))
 
 

@@ -75,15 +75,18 @@ class NvmlSource:
         except (nv.NVMLError, AttributeError):
             pass
         info = {}
-        for key, fn in (("power_limit_w", lambda: nv.nvmlDeviceGetPowerManagementLimit(h) / 1000.0),
-                        ("memory_total_mib", lambda: nv.nvmlDeviceGetMemoryInfo(h).total / 2**20),
-                        ("pci_bus_id", lambda: _str(nv.nvmlDeviceGetPciInfo(h).busId))):
+        for key, fn in (
+            ("power_limit_w", lambda: nv.nvmlDeviceGetPowerManagementLimit(h) / 1000.0),
+            ("memory_total_mib", lambda: nv.nvmlDeviceGetMemoryInfo(h).total / 2**20),
+            ("pci_bus_id", lambda: _str(nv.nvmlDeviceGetPciInfo(h).busId)),
+        ):
             try:
                 info[key] = fn()
             except nv.NVMLError:
                 info[key] = None
-        return GpuHandle(index, h, _str(nv.nvmlDeviceGetName(h)), _str(nv.nvmlDeviceGetUUID(h)), instant, gpm,
-                         info=info)
+        return GpuHandle(
+            index, h, _str(nv.nvmlDeviceGetName(h)), _str(nv.nvmlDeviceGetUUID(h)), instant, gpm, info=info
+        )
 
     def _instant_power_mw(self, h) -> float | None:
         nv = self.nv
@@ -102,8 +105,10 @@ class NvmlSource:
             "driver": self.driver,
             "interval_s": interval_s,
             "power_source": "/".join(sorted(sources)),
-            "gpus": [dict(index=g.index, name=g.name, uuid=g.uuid, instant_power=g.instant_power, gpm=g.gpm,
-                          **g.info) for g in self.gpus],
+            "gpus": [
+                dict(index=g.index, name=g.name, uuid=g.uuid, instant_power=g.instant_power, gpm=g.gpm, **g.info)
+                for g in self.gpus
+            ],
         }
 
     def read(self) -> list[dict]:

@@ -70,8 +70,13 @@ def sample_loop(source, writer: TraceWriter, interval_s: float, flag: StopFlag, 
     return n
 
 
-def run_sampler(out: str, interval_s: float = 0.1, flush_every_s: float = 2.0, command: list[str] | None = None,
-                duration_s: float | None = None) -> int:
+def run_sampler(
+    out: str,
+    interval_s: float = 0.1,
+    flush_every_s: float = 2.0,
+    command: list[str] | None = None,
+    duration_s: float | None = None,
+) -> int:
     path = expand_host(out)
     flag = StopFlag()
     flag.install()
@@ -85,8 +90,11 @@ def run_sampler(out: str, interval_s: float = 0.1, flush_every_s: float = 2.0, c
     meta = source.meta(interval_s)
     writer = TraceWriter(path, meta, flush_every_s=flush_every_s)
     names = ", ".join(sorted({g["name"] for g in meta["gpus"]}))
-    print(f"sample: {len(meta['gpus'])} GPU(s) ({names}), power source {meta['power_source']}, "
-          f"every {interval_s} s -> {path}", flush=True)
+    print(
+        f"sample: {len(meta['gpus'])} GPU(s) ({names}), power source {meta['power_source']}, "
+        f"every {interval_s} s -> {path}",
+        flush=True,
+    )
     if command:
         flag.child = subprocess.Popen(command, start_new_session=True)
     max_samples = None if duration_s is None else max(1, round(duration_s / interval_s))

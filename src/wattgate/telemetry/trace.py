@@ -234,8 +234,10 @@ def read_trace(path: str | os.PathLike, columns: list[str] | None = None) -> pa.
 def _check_columns(path: Path, names: list[str]) -> None:
     missing = [n for n, _ in TRACE_COLUMNS if n not in names]
     if missing:
-        raise InputError(f"{path}: not a wattgate trace: missing column(s) {', '.join(missing)}; "
-                         "convert other collectors' logs with `wattgate import-trace`")
+        raise InputError(
+            f"{path}: not a wattgate trace: missing column(s) {', '.join(missing)}; "
+            "convert other collectors' logs with `wattgate import-trace`"
+        )
 
 
 def _cast(path: Path, table: pa.Table, f: pa.Field, keep_dictionary: bool = False) -> pa.ChunkedArray:
@@ -252,9 +254,11 @@ def _cast(path: Path, table: pa.Table, f: pa.Field, keep_dictionary: bool = Fals
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
         have = table.schema.field(f.name).type
         what = "unix seconds" if f.name == "time" else f"a {f.type} value"
-        raise InputError(f"{path}: column {f.name!r} is {have} and cannot be read as {f.type} "
-                         f"({str(exc).splitlines()[0]}); it must hold {what}: convert other collectors' logs "
-                         "with `wattgate import-trace`") from None
+        raise InputError(
+            f"{path}: column {f.name!r} is {have} and cannot be read as {f.type} "
+            f"({str(exc).splitlines()[0]}); it must hold {what}: convert other collectors' logs "
+            "with `wattgate import-trace`"
+        ) from None
 
 
 def _read_columns(path: Path, columns: list[str]) -> pa.Table:
@@ -330,5 +334,5 @@ def trace_files(folder: str | os.PathLike) -> list[Path]:
         return []
     found = {p for p in folder.glob("*.parquet")}
     for segs in folder.glob(f".*.parquet{SEGMENT_DIR_SUFFIX}"):
-        found.add(folder / segs.name[1:-len(SEGMENT_DIR_SUFFIX)])
+        found.add(folder / segs.name[1 : -len(SEGMENT_DIR_SUFFIX)])
     return sorted(found)

@@ -82,9 +82,15 @@ class TraceTail:
                     continue  # merged away between listing and reading; its rows arrive in the merged file
                 last = max(last, hi)
                 if len(t):
-                    self.chunks.append((t["time"].to_numpy(), np.array(t["host"].to_pylist(), dtype=object),
-                                        t["gpu"].to_numpy(), t["power_w"].to_numpy(zero_copy_only=False),
-                                        t["util_gpu"].to_numpy(zero_copy_only=False)))
+                    self.chunks.append(
+                        (
+                            t["time"].to_numpy(),
+                            np.array(t["host"].to_pylist(), dtype=object),
+                            t["gpu"].to_numpy(),
+                            t["power_w"].to_numpy(zero_copy_only=False),
+                            t["util_gpu"].to_numpy(zero_copy_only=False),
+                        )
+                    )
             self.seen[folder] = last
         if self.chunks:
             newest = max(c[0].max() for c in self.chunks)
@@ -99,8 +105,11 @@ class TraceTail:
         out = {}
         for key in set(zip(host[sel], gpu[sel])):
             m = sel & (host == key[0]) & (gpu == key[1])
-            out[(str(key[0]), int(key[1]))] = (float(np.nanmean(power[m])), float(np.nanmean(util[m])),
-                                               float(t[m].max() - t[m].min()))
+            out[(str(key[0]), int(key[1]))] = (
+                float(np.nanmean(power[m])),
+                float(np.nanmean(util[m])),
+                float(t[m].max() - t[m].min()),
+            )
         return out
 
 
@@ -133,9 +142,15 @@ def describe_rank(b: dict, now: float) -> dict:
     }
 
 
-def diagnose(beats: dict[int, dict], world: int, now: float, started: float,
-             power: dict[tuple[str, int], tuple[float, float, float]], table: TriageTable | None,
-             s: WatchSettings) -> dict | None:
+def diagnose(
+    beats: dict[int, dict],
+    world: int,
+    now: float,
+    started: float,
+    power: dict[tuple[str, int], tuple[float, float, float]],
+    table: TriageTable | None,
+    s: WatchSettings,
+) -> dict | None:
     """A verdict dict when the job must be stopped, else None. Pure: the tests drive it with files."""
     if len(beats) == world and all(b["phase"] == "done" for b in beats.values()):
         return None
@@ -143,10 +158,17 @@ def diagnose(beats: dict[int, dict], world: int, now: float, started: float,
     if missing:
         if now - started < s.startup_after_s:
             return None
-        return {"verdict": "stuck_ranks", "stuck_ranks": missing, "ran_ahead": sorted(beats), "behind": missing,
-                "stalled_for_s": round(now - started, 3), "limit_s": s.startup_after_s, "limit_phase": "init",
-                "reason": f"rank(s) {_list(missing)} never reported a heartbeat in {s.startup_after_s:.0f} s "
-                          f"while rank(s) {_list(sorted(beats))} started"}
+        return {
+            "verdict": "stuck_ranks",
+            "stuck_ranks": missing,
+            "ran_ahead": sorted(beats),
+            "behind": missing,
+            "stalled_for_s": round(now - started, 3),
+            "limit_s": s.startup_after_s,
+            "limit_phase": "init",
+            "reason": f"rank(s) {_list(missing)} never reported a heartbeat in {s.startup_after_s:.0f} s "
+            f"while rank(s) {_list(sorted(beats))} started",
+        }
     active = {r: b for r, b in beats.items() if b["phase"] != "done"}
     stalled_for = now - max(b["time"] for b in active.values())
     limit, limit_phase = phase_limit(active, s)
@@ -175,19 +197,34 @@ def diagnose(beats: dict[int, dict], world: int, now: float, started: float,
     verdict = "deadlock"
     if limit_phase != "train":  # every rank announced it: an overlong phase, not a collective hang
         verdict = f"{limit_phase}_stalled"
-        reason = (f"{verdict}: every rank has been in {limit_phase} for {stalled_for:.1f} s (limit {limit:.0f} s; "
-                  f"{signal_desc}): {where}")
+        reason = (
+            f"{verdict}: every rank has been in {limit_phase} for {stalled_for:.1f} s (limit {limit:.0f} s; "
+            f"{signal_desc}): {where}"
+        )
     elif behind:
-        reason = (f"deadlock: no rank advanced for {stalled_for:.1f} s ({signal_desc}); rank(s) {_list(ahead)} ran "
-                  f"ahead of rank(s) {_list(behind)}{_uneven_step(beats)}: {where}")
+        reason = (
+            f"deadlock: no rank advanced for {stalled_for:.1f} s ({signal_desc}); rank(s) {_list(ahead)} ran "
+            f"ahead of rank(s) {_list(behind)}{_uneven_step(beats)}: {where}"
+        )
     elif stuck:
-        reason = (f"deadlock: no rank advanced for {stalled_for:.1f} s ({signal_desc}); rank(s) {_list(stuck)} idle "
-                  f"while the others wait in a collective: {where}")
+        reason = (
+            f"deadlock: no rank advanced for {stalled_for:.1f} s ({signal_desc}); rank(s) {_list(stuck)} idle "
+            f"while the others wait in a collective: {where}"
+        )
     else:
         reason = f"deadlock: no rank advanced for {stalled_for:.1f} s ({signal_desc}): {where}"
-    return {"verdict": verdict, "reason": reason, "stalled_for_s": round(stalled_for, 3), "limit_s": limit,
-            "limit_phase": limit_phase, "ran_ahead": ahead if behind else [], "behind": behind,
-            "stuck_ranks": stuck, "power_signal": signal_desc, "ranks": ranks}
+    return {
+        "verdict": verdict,
+        "reason": reason,
+        "stalled_for_s": round(stalled_for, 3),
+        "limit_s": limit,
+        "limit_phase": limit_phase,
+        "ran_ahead": ahead if behind else [],
+        "behind": behind,
+        "stuck_ranks": stuck,
+        "power_signal": signal_desc,
+        "ranks": ranks,
+    }
 
 
 def _uneven_step(beats: dict[int, dict]) -> str:
@@ -215,8 +252,12 @@ def where_is(b: dict, now: float) -> str:
         if end is not None and end > step:
             pos += f" of epoch {epoch} (its epoch ends at step {end})"
     else:
-        pos = {"init": "starting up", "checkpoint": f"checkpointing after step {step}",
-               "export": f"exporting after step {step}", "done": "done"}.get(phase, phase)
+        pos = {
+            "init": "starting up",
+            "checkpoint": f"checkpointing after step {step}",
+            "export": f"exporting after step {step}",
+            "done": "done",
+        }.get(phase, phase)
         if phase == "checkpoint" and end == step:
             pos += f", the last step of its epoch {epoch}"
     plan = f", {total} steps planned" if total is not None else ""
@@ -307,8 +348,10 @@ class CostBasis:
     @classmethod
     def from_config(cls, config: dict) -> CostBasis:
         slurm = config["cluster"]["launcher"] != "local"
-        return cls(config["train"]["collective_timeout_s"],
-                   config["cluster"]["slurm"]["train"]["runtime_min"] * 60.0 if slurm else None)
+        return cls(
+            config["train"]["collective_timeout_s"],
+            config["cluster"]["slurm"]["train"]["runtime_min"] * 60.0 if slurm else None,
+        )
 
 
 def _hang_cost(record: dict, verdict: dict, power: dict, world: int, basis: CostBasis, started: float) -> dict:
@@ -316,21 +359,43 @@ def _hang_cost(record: dict, verdict: dict, power: dict, world: int, basis: Cost
     last_progress = record["detected_at"] - float(verdict.get("stalled_for_s") or 0.0)
     draws = [p for p, _, _ in power.values() if p == p]  # NaN: no reading
     gpus = len(power) or world
-    return hang_cost(last_progress, record["killed_at"], gpus, sum(draws) if draws else None,
-                     basis.collective_timeout_s, basis.job_limit_s, started)
+    return hang_cost(
+        last_progress,
+        record["killed_at"],
+        gpus,
+        sum(draws) if draws else None,
+        basis.collective_timeout_s,
+        basis.job_limit_s,
+        started,
+    )
 
 
-def watch(run: Path, world: int, s: WatchSettings, table: TriageTable | None, pid: int | None = None,
-          slurm_job: str | None = None, out: Path | None = None, stop: threading.Event | None = None,
-          cost_basis: CostBasis = CostBasis()) -> dict:
+def watch(
+    run: Path,
+    world: int,
+    s: WatchSettings,
+    table: TriageTable | None,
+    pid: int | None = None,
+    slurm_job: str | None = None,
+    out: Path | None = None,
+    stop: threading.Event | None = None,
+    cost_basis: CostBasis = CostBasis(),
+) -> dict:
     """Poll until the job finishes (all ranks done, the watched process is gone, or `stop` is set: the
     launcher's SIGTERM once the job ended) or a verdict acts."""
     out = out or run / WATCHER
     started = time.time()
     tail = TraceTail(run / "telemetry", keep_s=max(s.hang_after_s, 10.0) * 2)
-    record = {"verdict": "running", "started": started, "settings": asdict(s), "world_size": world,
-              "table": table.gpu_model if table else None, "pid": pid, "slurm_job": slurm_job,
-              "longest_stall_s": 0.0}
+    record = {
+        "verdict": "running",
+        "started": started,
+        "settings": asdict(s),
+        "world_size": world,
+        "table": table.gpu_model if table else None,
+        "pid": pid,
+        "slurm_job": slurm_job,
+        "longest_stall_s": 0.0,
+    }
     stop = stop or threading.Event()
     write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
     while not stop.wait(s.poll_s):
@@ -352,8 +417,17 @@ def watch(run: Path, world: int, s: WatchSettings, table: TriageTable | None, pi
                 record["cost"] = _hang_cost(record, verdict, power, world, cost_basis, started)
                 write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
                 return record
-            s = WatchSettings(**(asdict(s) | {"hang_after_s": float("inf"), "checkpoint_after_s": float("inf"),
-                                              "startup_after_s": float("inf"), "busy_stall_after_s": float("inf")}))
+            s = WatchSettings(
+                **(
+                    asdict(s)
+                    | {
+                        "hang_after_s": float("inf"),
+                        "checkpoint_after_s": float("inf"),
+                        "startup_after_s": float("inf"),
+                        "busy_stall_after_s": float("inf"),
+                    }
+                )
+            )
             continue  # warn: record once and keep watching silently
         if beats and len(beats) == world and all(b["phase"] == "done" for b in beats.values()):
             break
@@ -366,8 +440,9 @@ def watch(run: Path, world: int, s: WatchSettings, table: TriageTable | None, pi
     return record
 
 
-def run_watch(config: dict, run: Path, pid: int | None = None, slurm_job: str | None = None,
-              out: Path | None = None) -> dict:
+def run_watch(
+    config: dict, run: Path, pid: int | None = None, slurm_job: str | None = None, out: Path | None = None
+) -> dict:
     """`wattgate watch`: watch one job with the run's settings and triage table until it ends or a verdict acts.
 
     SIGTERM or SIGINT (the launcher's "the job has ended") finish the record instead of killing the watcher.
@@ -380,8 +455,17 @@ def run_watch(config: dict, run: Path, pid: int | None = None, slurm_job: str | 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    return watch(run, world_size(config), WatchSettings.from_config(config), table, pid, slurm_job, out, stop,
-                 CostBasis.from_config(config))
+    return watch(
+        run,
+        world_size(config),
+        WatchSettings.from_config(config),
+        table,
+        pid,
+        slurm_job,
+        out,
+        stop,
+        CostBasis.from_config(config),
+    )
 
 
 def _stop_job(pid: int | None, slurm_job: str | None, grace_s: float) -> dict:

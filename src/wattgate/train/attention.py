@@ -108,5 +108,11 @@ def packed_model_inputs(input_ids: torch.Tensor, position_ids: torch.Tensor, att
         return {"input_ids": input_ids, "position_ids": position_ids}
     cu = cu_seq_lens(position_ids)
     longest = int(cu.diff().max())  # flash_attn wants a Python int: one sync per micro-batch
-    return {"input_ids": input_ids.reshape(1, -1), "position_ids": position_ids.reshape(1, -1),
-            "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+    return {
+        "input_ids": input_ids.reshape(1, -1),
+        "position_ids": position_ids.reshape(1, -1),
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }

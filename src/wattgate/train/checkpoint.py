@@ -51,8 +51,16 @@ def save_checkpoint(root: Path, step: int, model, optimizer, position: dict, kee
     dist.barrier()
     if rank == 0:
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
-        write_json_atomic(tmp / STATE, {"step": step, "position": position, "files": files,
-                                        "world_size": dist.get_world_size(), "identity": identity})
+        write_json_atomic(
+            tmp / STATE,
+            {
+                "step": step,
+                "position": position,
+                "files": files,
+                "world_size": dist.get_world_size(),
+                "identity": identity,
+            },
+        )
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         prune(root, keep)
@@ -111,16 +119,20 @@ def set_aside_mismatched(root: Path, identity: dict) -> Path | None:
     os.replace(root, stale)
     newest = max(differing, key=lambda name: _step_of(Path(name)))
     held = ", ".join(sorted(differing, key=lambda n: _step_of(Path(n))))
-    print(f"train: WARNING: {root} held checkpoints of another run ({held}; "
-          f"{newest} differs in {', '.join(differing[newest])}); moved to {stale}, starting from step 0",
-          file=sys.stderr, flush=True)
+    print(
+        f"train: WARNING: {root} held checkpoints of another run ({held}; "
+        f"{newest} differs in {', '.join(differing[newest])}); moved to {stale}, starting from step 0",
+        file=sys.stderr,
+        flush=True,
+    )
     return stale
 
 
 def latest_complete(root: Path) -> Path | None:
     """The newest loadable checkpoint; incomplete ones are reported and skipped."""
-    candidates = sorted((p for p in root.glob("step-*") if p.is_dir() and p.suffix != ".tmp"),
-                        key=_step_of, reverse=True)
+    candidates = sorted(
+        (p for p in root.glob("step-*") if p.is_dir() and p.suffix != ".tmp"), key=_step_of, reverse=True
+    )
     for path in candidates:
         ok, why = is_complete(path)
         if ok:
@@ -152,5 +164,6 @@ def read_rng_state(path: Path) -> dict:
     try:
         return torch.load(path, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
-        raise InputError(f"{path}: not an RNG state wattgate wrote ({str(exc).splitlines()[0]}); "
-                         "delete this checkpoint folder") from None
+        raise InputError(
+            f"{path}: not an RNG state wattgate wrote ({str(exc).splitlines()[0]}); delete this checkpoint folder"
+        ) from None

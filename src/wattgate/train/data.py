@@ -73,14 +73,13 @@ def read_rank_plan(plan_dir: Path, rank: int) -> list[MicroBatchPlan]:
     lengths = table.column("doc_lengths").combine_chunks()
     length_offsets = lengths.offsets.to_numpy()
     if not np.array_equal(length_offsets - length_offsets[0], offsets):
-        raise InputError(f"{Path(plan_dir) / PACKS}: doc_ids and doc_lengths differ in length; "
-                         "rerun pack and gate")
+        raise InputError(f"{Path(plan_dir) / PACKS}: doc_ids and doc_lengths differ in length; rerun pack and gate")
     flat_lengths = pc.list_flatten(lengths).to_numpy().astype(np.int64)
     order = np.lexsort((cols["slot"], cols["micro"], cols["step"], cols["epoch"]))
     out: list[MicroBatchPlan] = []
     for r in order.tolist():
         key = (int(cols["epoch"][r]), int(cols["step"][r]), int(cols["micro"][r]))
-        docs = PlannedPack(flat[offsets[r]: offsets[r + 1]], flat_lengths[offsets[r]: offsets[r + 1]])
+        docs = PlannedPack(flat[offsets[r] : offsets[r + 1]], flat_lengths[offsets[r] : offsets[r + 1]])
         if out and (out[-1].epoch, out[-1].step, out[-1].micro) == key:
             out[-1].packs.append(docs)
         else:
@@ -112,8 +111,10 @@ class DocStore:
                 start += n
             ids_of.append(ids)
             if start != len(ids):
-                raise InputError(f"{pretokenized / self.names[f_i]}: row groups hold {start} rows, doc_id column "
-                                 f"{len(ids)}; rerun pretokenize/pack/gate")
+                raise InputError(
+                    f"{pretokenized / self.names[f_i]}: row groups hold {start} rows, doc_id column "
+                    f"{len(ids)}; rerun pretokenize/pack/gate"
+                )
         ids = np.concatenate(ids_of) if ids_of else np.zeros(0, dtype=np.int64)
         self.num_docs = int(ids.max()) + 1 if len(ids) else 0
         if len(ids) and (ids.min() < 0 or np.bincount(ids, minlength=self.num_docs).max() > 1):
@@ -152,11 +153,12 @@ class DocStore:
             raise InputError(f"plan names doc_id {doc_id}, which no shard holds; rerun pretokenize/pack/gate")
         offsets, ids, mask = self._group(gi)
         row = int(self.row_of_doc[doc_id])
-        return ids[offsets[row]: offsets[row + 1]], mask[offsets[row]: offsets[row + 1]]
+        return ids[offsets[row] : offsets[row + 1]], mask[offsets[row] : offsets[row + 1]]
 
 
-def build_batch(store: DocStore, packs: list[np.ndarray], seq_len: int, pad_id: int = 0,
-                lengths: list[np.ndarray] | None = None) -> Batch:
+def build_batch(
+    store: DocStore, packs: list[np.ndarray], seq_len: int, pad_id: int = 0, lengths: list[np.ndarray] | None = None
+) -> Batch:
     """Packed rows of seq_len tokens; padding is a separate position block with no loss.
 
     Each document's length is checked against the plan's doc_lengths: `lengths` per pack, or those a
@@ -174,8 +176,10 @@ def build_batch(store: DocStore, packs: list[np.ndarray], seq_len: int, pad_id: 
         for i, doc_id in enumerate(np.asarray(docs).tolist()):
             ids, mask = store.get(doc_id)
             if planned is not None and len(ids) != planned[i]:
-                raise InputError(f"{store.shard_of(doc_id)}: doc_id {doc_id} has {len(ids)} tokens, the plan's "
-                                 f"doc_lengths say {planned[i]}; rerun pretokenize/pack/gate")
+                raise InputError(
+                    f"{store.shard_of(doc_id)}: doc_id {doc_id} has {len(ids)} tokens, the plan's "
+                    f"doc_lengths say {planned[i]}; rerun pretokenize/pack/gate"
+                )
             end = pos + len(ids)
             if end > seq_len:
                 raise InputError(f"pack holding doc_id {doc_id} exceeds seq_len {seq_len}; rerun pack and gate")

@@ -11,7 +11,6 @@ import torch
 import torch.distributed as dist
 
 
-
 def die_with_parent() -> None:
     """Linux: SIGKILL this rank when its torchrun agent dies.
 

@@ -17,8 +17,22 @@ from wattgate.errors import InputError
 from wattgate.run_files import read_manifest, read_plan
 
 # train.* keys that change the computed weights or the schedule
-RESULT_SETTINGS = ("seq_len", "micro_batch_size", "grad_accum", "epochs", "lr", "min_lr_ratio", "warmup_steps",
-                   "weight_decay", "betas", "grad_clip", "seed", "optimizer", "max_steps", "mixed_precision")
+RESULT_SETTINGS = (
+    "seq_len",
+    "micro_batch_size",
+    "grad_accum",
+    "epochs",
+    "lr",
+    "min_lr_ratio",
+    "warmup_steps",
+    "weight_decay",
+    "betas",
+    "grad_clip",
+    "seed",
+    "optimizer",
+    "max_steps",
+    "mixed_precision",
+)
 SAMPLE_BLOCKS = 16
 SAMPLE_BYTES = 1 << 16
 
@@ -57,9 +71,10 @@ def model_identity(model_cfg: dict) -> dict[str, str]:
     if model_cfg.get("path"):
         path = Path(model_cfg["path"])
         weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")) if path.is_dir() else []
-        return {"config": _sha256_bytes(_read(path / "config.json")),
-                "weights": _sha256_bytes("".join(f"{p.name}:{weight_file_fingerprint(p)}\n"
-                                                 for p in weights).encode())}
+        return {
+            "config": _sha256_bytes(_read(path / "config.json")),
+            "weights": _sha256_bytes("".join(f"{p.name}:{weight_file_fingerprint(p)}\n" for p in weights).encode()),
+        }
     return {"config": _sha256_bytes(json.dumps(model_cfg.get("config"), sort_keys=True).encode()), "weights": "init"}
 
 
@@ -67,12 +82,14 @@ def run_identity(config: dict, plan_dir: Path, pretokenized: Path) -> dict:
     t = config["train"]
     plan, plan_bytes = read_plan(plan_dir)
     segments = plan.get("segments") or []
-    return {"plan": _sha256_bytes(plan_bytes),
-            # earlier plans this one continues (pack/segments.py): their checkpoints up to each boundary resume
-            "links": [{"packs_sha256": seg["packs_sha256"], "end_step": seg["end_step"]} for seg in segments[:-1]],
-            "pretokenized": _sha256_bytes(read_manifest(pretokenized)[1]),
-            "model": model_identity(config["model"]),
-            "train": {k: (list(t[k]) if isinstance(t[k], (list, tuple)) else t[k]) for k in RESULT_SETTINGS}}
+    return {
+        "plan": _sha256_bytes(plan_bytes),
+        # earlier plans this one continues (pack/segments.py): their checkpoints up to each boundary resume
+        "links": [{"packs_sha256": seg["packs_sha256"], "end_step": seg["end_step"]} for seg in segments[:-1]],
+        "pretokenized": _sha256_bytes(read_manifest(pretokenized)[1]),
+        "model": model_identity(config["model"]),
+        "train": {k: (list(t[k]) if isinstance(t[k], (list, tuple)) else t[k]) for k in RESULT_SETTINGS},
+    }
 
 
 def identity_differences(recorded: dict | None, current: dict, position: dict | None = None) -> list[str]:
@@ -84,9 +101,10 @@ def identity_differences(recorded: dict | None, current: dict, position: dict | 
         return ["run identity (the checkpoint predates it)"]
     diffs = [name for name in ("plan", "pretokenized") if recorded.get(name) != current[name]]
     position = position or {}
-    if diffs[:1] == ["plan"] and any(link["packs_sha256"] == position.get("plan")
-                                     and int(position.get("step", -1)) <= link["end_step"]
-                                     for link in current.get("links", [])):
+    if diffs[:1] == ["plan"] and any(
+        link["packs_sha256"] == position.get("plan") and int(position.get("step", -1)) <= link["end_step"]
+        for link in current.get("links", [])
+    ):
         diffs.remove("plan")
     for part in ("config", "weights"):
         if (recorded.get("model") or {}).get(part) != current["model"][part]:

@@ -48,8 +48,10 @@ def resolve_launch(config: dict, environ: dict | None = None) -> LaunchSpec:
         # one node needs no srun: a one-node Slurm job already runs inside its node's step
         launcher = "slurm" if env.get("SLURM_JOB_ID") and c["nodes"] > 1 else "local"
     if launcher == "local" and c["nodes"] != 1:
-        raise InputError(f"config: cluster.nodes is {c['nodes']} but there is no Slurm allocation; "
-                         "multi-node runs go through Slurm (cluster.launcher: slurm)")
+        raise InputError(
+            f"config: cluster.nodes is {c['nodes']} but there is no Slurm allocation; "
+            "multi-node runs go through Slurm (cluster.launcher: slurm)"
+        )
     if launcher == "slurm":
         # unset: the train rule asked for one CPU per process (gpu_job in workflow/rules/common.smk),
         # though the job may hold more (--exclusive); each node's task gets them all
@@ -78,12 +80,24 @@ def _usable_cpus() -> int:
 
 
 def train_args(config_path: Path, pretokenized: Path, plan: Path, out: Path) -> list[str]:
-    return ["-m", "wattgate", "train", "--config", str(config_path), "--pretokenized", str(pretokenized),
-            "--plan", str(plan), "--out", str(out)]
+    return [
+        "-m",
+        "wattgate",
+        "train",
+        "--config",
+        str(config_path),
+        "--pretokenized",
+        str(pretokenized),
+        "--plan",
+        str(plan),
+        "--out",
+        str(out),
+    ]
 
 
-def build_launch_command(spec: LaunchSpec, args: list[str], python: str = sys.executable,
-                         sample: tuple[str, float] | None = None) -> list[str]:
+def build_launch_command(
+    spec: LaunchSpec, args: list[str], python: str = sys.executable, sample: tuple[str, float] | None = None
+) -> list[str]:
     """argv that starts every rank of the job from this (first-node or local) process.
 
     With `sample=(trace_path, interval_s)` each node's torchrun runs under that
@@ -96,24 +110,43 @@ def build_launch_command(spec: LaunchSpec, args: list[str], python: str = sys.ex
     if not spec.job_id:
         raise InputError("launcher slurm: SLURM_JOB_ID is not set; run inside an allocation (or launcher: local)")
     port = RDZV_PORT_BASE + int(spec.job_id) % 10000
-    host = shlex.quote(spec.rendezvous_host) if spec.rendezvous_host else \
-        '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+    host = (
+        shlex.quote(spec.rendezvous_host)
+        if spec.rendezvous_host
+        else '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+    )
     inner = " ".join(
         [_quote_node_path(x) for x in wrap + torchrun]
-        + [f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.procs_per_node}", "--rdzv-backend=c10d",
-           f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={shlex.quote(spec.job_id)}"]
+        + [
+            f"--nnodes={spec.nodes}",
+            f"--nproc-per-node={spec.procs_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={host}:{port}",
+            f"--rdzv-id={shlex.quote(spec.job_id)}",
+        ]
         + [shlex.quote(a) for a in args]
     )
     # each task names its Slurm node in the job's log (several nodes may share one hostname)
-    hello = ('echo "launch: node ${SLURMD_NODENAME:-?} (SLURM_NODEID ${SLURM_NODEID:-?} of '
-             '${SLURM_NNODES:-?}) on $(uname -n), job ${SLURM_JOB_ID:-?}"')
+    hello = (
+        'echo "launch: node ${SLURMD_NODENAME:-?} (SLURM_NODEID ${SLURM_NODEID:-?} of '
+        '${SLURM_NNODES:-?}) on $(uname -n), job ${SLURM_JOB_ID:-?}"'
+    )
     # The jobstep strips SLURM_* but the job id, so srun is told the node count itself. srun does not
     # inherit the job's --cpus-per-task (Slurm >= 22.05): pass cluster.cpus_per_node when set, else
     # leave it out so each task gets every CPU the job holds on its node. --kill-on-bad-exit ends
     # every node's task when one fails instead of leaving the others waiting in a collective.
     cpus = [f"--cpus-per-task={spec.cpus_per_node}"] if spec.cpus_per_node else []
-    return ["srun", f"--nodes={spec.nodes}", "--ntasks-per-node=1", *cpus, "--kill-on-bad-exit=1",
-            f"--jobid={spec.job_id}", "bash", "-c", f"{hello}; exec {inner}"]
+    return [
+        "srun",
+        f"--nodes={spec.nodes}",
+        "--ntasks-per-node=1",
+        *cpus,
+        "--kill-on-bad-exit=1",
+        f"--jobid={spec.job_id}",
+        "bash",
+        "-c",
+        f"{hello}; exec {inner}",
+    ]
 
 
 def _quote_node_path(arg: str) -> str:
@@ -128,8 +161,9 @@ def launch_env(spec: LaunchSpec, base: dict | None = None) -> dict:
     return env
 
 
-def watcher_command(config_path: Path, out: Path, pid: int, job_id: str | None,
-                    python: str = sys.executable) -> list[str]:
+def watcher_command(
+    config_path: Path, out: Path, pid: int, job_id: str | None, python: str = sys.executable
+) -> list[str]:
     argv = [python, "-m", "wattgate", "watch", "--config", str(config_path), "--run", str(out), "--pid", str(pid)]
     return argv + (["--slurm-job", job_id] if job_id else [])
 
@@ -152,8 +186,10 @@ def check_gate_marker(config: dict, plan: Path, gate: Path) -> Path:
     names = ["PASSED"] if config["gate"]["enforce"] else ["PASSED", "UNENFORCED"]
     marker = next((gate / n for n in names if (gate / n).is_file()), None)
     if marker is None:
-        raise InputError(f"{gate}: no {' or '.join(names)} marker: the gate has not passed this plan; "
-                         f"run `wattgate gate ... --plan {plan} --out {gate}` (or snakemake) first")
+        raise InputError(
+            f"{gate}: no {' or '.join(names)} marker: the gate has not passed this plan; "
+            f"run `wattgate gate ... --plan {plan} --out {gate}` (or snakemake) first"
+        )
     recorded = read_marker_hashes(marker)
     for name in MARKER_HASH_FILES:
         try:
@@ -161,13 +197,16 @@ def check_gate_marker(config: dict, plan: Path, gate: Path) -> Path:
         except OSError as exc:
             raise InputError(f"{plan / name}: cannot read ({exc.strerror})") from None
         if recorded.get(name) != actual:
-            raise InputError(f"{marker}: the gate checked another {name} (sha256 {recorded.get(name, 'not recorded')}, "
-                             f"this one is {actual}); rerun the gate on this plan before launching")
+            raise InputError(
+                f"{marker}: the gate checked another {name} (sha256 {recorded.get(name, 'not recorded')}, "
+                f"this one is {actual}); rerun the gate on this plan before launching"
+            )
     return marker
 
 
-def run_launch(config: dict, config_path: Path, pretokenized: Path, plan: Path, out: Path,
-               gate: Path | None = None) -> LaunchResult:
+def run_launch(
+    config: dict, config_path: Path, pretokenized: Path, plan: Path, out: Path, gate: Path | None = None
+) -> LaunchResult:
     """Start the job (under the node samplers) in its own session, with the watcher beside it.
 
     Refuses (InputError) a plan the gate did not pass: `gate` defaults to the plan folder's sibling

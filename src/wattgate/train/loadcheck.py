@@ -38,14 +38,23 @@ def load_check(config: dict, out: Path, export: bool) -> dict:
         if export:
             export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), [])
             memory.end("export")
-        report = {"world_size": world, "device": device.type, "params": count_params(model), "source": source,
-                  "load_s": load_s, "export_dtype": s.export_dtype if export else None,
-                  "memory": memory_summary(memory.gather())}
+        report = {
+            "world_size": world,
+            "device": device.type,
+            "params": count_params(model),
+            "source": source,
+            "load_s": load_s,
+            "export_dtype": s.export_dtype if export else None,
+            "memory": memory_summary(memory.gather()),
+        }
         if rank == 0:
             write_json_atomic(out / "load-check.json", report)
             worst = report["memory"]["max_over_ranks"]["load"]
-            print(f"load-check: {report['params'] / 1e6:.1f}M params on {world} rank(s) from {source} in "
-                  f"{load_s:.2f} s; peak host RSS {worst['host_peak_gib']:.2f} GiB per rank -> {out}", flush=True)
+            print(
+                f"load-check: {report['params'] / 1e6:.1f}M params on {world} rank(s) from {source} in "
+                f"{load_s:.2f} s; peak host RSS {worst['host_peak_gib']:.2f} GiB per rank -> {out}",
+                flush=True,
+            )
         return report
     finally:
         dist.destroy_process_group()

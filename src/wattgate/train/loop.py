@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from itertools import groupby
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -29,15 +29,29 @@ from wattgate.errors import InputError, StageFailed
 from wattgate.forecast import append_ledger, process_age_s, run_record
 from wattgate.gate.cost import plan_step_costs
 from wattgate.gate.memory import export_dtype_name, load_model_spec
-from wattgate.run_files import (MANIFEST, METRICS, PACKS, PLAN, Heartbeat, MetricsTable, read_manifest, read_packs,
-                                read_plan)
+from wattgate.run_files import (
+    MANIFEST,
+    METRICS,
+    PACKS,
+    PLAN,
+    Heartbeat,
+    MetricsTable,
+    read_manifest,
+    read_packs,
+    read_plan,
+)
 from wattgate.train import checkpoint as ckpt
 from wattgate.train.data import DocStore, MicroBatchPlan, build_batch, read_rank_plan
 from wattgate.train.distributed import device_uuid, equal_across_ranks, setup_rank
 from wattgate.train.identity import run_identity
 from wattgate.train.loss import forward_logits, loss_sum, to_tensors
 from wattgate.train.metrics import (
-    GIB, PhaseMemory, StepLog, folder_bytes, memory_summary, model_flops_utilization,
+    GIB,
+    PhaseMemory,
+    StepLog,
+    folder_bytes,
+    memory_summary,
+    model_flops_utilization,
 )
 from wattgate.train.model import count_params, load_sharded_model
 from wattgate.train.schedule import learning_rate
@@ -73,21 +87,43 @@ class TrainSettings:
     export_max_shard_gib: float
 
     @classmethod
-    def from_config(cls, config: dict) -> "TrainSettings":
+    def from_config(cls, config: dict) -> TrainSettings:
         t = config["train"]
         return cls(
-            **{k: t[k] for k in ("seq_len", "micro_batch_size", "grad_accum", "epochs", "lr", "min_lr_ratio",
-                                 "warmup_steps", "weight_decay", "grad_clip", "seed", "checkpoint_every",
-                                 "checkpoint_keep", "checkpoint_at_epoch_end", "collective_timeout_s", "attn_implementation",
-                                 "activation_checkpointing", "data_cache", "local_cache_dir", "log_every",
-                                 "optimizer", "max_steps", "export_max_shard_gib")},
+            **{
+                k: t[k]
+                for k in (
+                    "seq_len",
+                    "micro_batch_size",
+                    "grad_accum",
+                    "epochs",
+                    "lr",
+                    "min_lr_ratio",
+                    "warmup_steps",
+                    "weight_decay",
+                    "grad_clip",
+                    "seed",
+                    "checkpoint_every",
+                    "checkpoint_keep",
+                    "checkpoint_at_epoch_end",
+                    "collective_timeout_s",
+                    "attn_implementation",
+                    "activation_checkpointing",
+                    "data_cache",
+                    "local_cache_dir",
+                    "log_every",
+                    "optimizer",
+                    "max_steps",
+                    "export_max_shard_gib",
+                )
+            },
             betas=tuple(t["betas"]),
             mixed_precision=t["mixed_precision"] == "bf16",
             export_dtype=export_dtype_name(config),
         )
 
 
-def build_optimizer(model, s: "TrainSettings") -> torch.optim.Optimizer:
+def build_optimizer(model, s: TrainSettings) -> torch.optim.Optimizer:
     if s.optimizer == "sgd":
         return torch.optim.SGD(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
     return torch.optim.AdamW(model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay, foreach=True)
@@ -117,8 +153,15 @@ def stage_local_copy(pretokenized: Path, s: TrainSettings, out: Path) -> tuple[P
     return dest, time.perf_counter() - start
 
 
-def train_step(model, optimizer, batches, world: int, device: torch.device, grad_clip: float,
-               on_micro: Callable[[int], None] | None = None):
+def train_step(
+    model,
+    optimizer,
+    batches,
+    world: int,
+    device: torch.device,
+    grad_clip: float,
+    on_micro: Callable[[int], None] | None = None,
+):
     """One optimizer step over this rank's micro-batches; returns (summed loss, grad norm, host->device s).
 
     `on_micro(k)` runs as the k-th micro-batch starts (the heartbeat: with the step's planned
@@ -179,9 +222,15 @@ def first_divergence(sequences: list[list[tuple]]) -> str:
     for i in range(max(len(seq) for seq in sequences)):
         items = [seq[i] if i < len(seq) else None for seq in sequences]
         if len(set(items)) > 1:
-            said = "; ".join(f"rank {r}: " + (f"epoch {x[0]} step {x[1] + 1} micro-batch {x[2] + 1} ({x[3]} packs)"
-                                               if x else "no more micro-batches")
-                             for r, x in enumerate(items))
+            said = "; ".join(
+                f"rank {r}: "
+                + (
+                    f"epoch {x[0]} step {x[1] + 1} micro-batch {x[2] + 1} ({x[3]} packs)"
+                    if x
+                    else "no more micro-batches"
+                )
+                for r, x in enumerate(items)
+            )
             return f"micro-batch #{i + 1} of the run: {said}"
     return "nowhere"
 
@@ -199,8 +248,10 @@ def check_planned_sequences(micro_batches: list[MicroBatchPlan], device: torch.d
         return
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, sequence)
-    raise StageFailed("planned counts differ across ranks (this would deadlock where they diverge): first at "
-                      f"{first_divergence(every)}; rerun pack and gate")
+    raise StageFailed(
+        "planned counts differ across ranks (this would deadlock where they diverge): first at "
+        f"{first_divergence(every)}; rerun pack and gate"
+    )
 
 
 def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
@@ -210,8 +261,10 @@ def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
     rank, world, device = setup_rank(s.collective_timeout_s, out)
     try:
         if plan["world_size"] != world:
-            raise InputError(f"{plan_dir / PLAN}: planned for world size {plan['world_size']}, "
-                             f"launched with {world}; rerun pack and gate for this launch")
+            raise InputError(
+                f"{plan_dir / PLAN}: planned for world size {plan['world_size']}, "
+                f"launched with {world}; rerun pack and gate for this launch"
+            )
         micro_batches = read_rank_plan(plan_dir, rank)
         if config["train"]["check_planned_counts"]:
             check_planned_sequences(micro_batches, device)
@@ -248,8 +301,11 @@ def export_final(model, s: TrainSettings, out: Path, pretokenized: Path, model_c
     and the input model's generation_config.json (its stop tokens and sampling defaults)."""
     manifest, _ = read_manifest(pretokenized)
     tokenizer_dir = manifest.get("tokenizer_path")
-    extra = sorted(p for p in Path(tokenizer_dir).iterdir() if p.name in TOKENIZER_FILES) \
-        if tokenizer_dir and Path(tokenizer_dir).is_dir() else []
+    extra = (
+        sorted(p for p in Path(tokenizer_dir).iterdir() if p.name in TOKENIZER_FILES)
+        if tokenizer_dir and Path(tokenizer_dir).is_dir()
+        else []
+    )
     generation = Path(model_cfg["path"]) / "generation_config.json" if model_cfg.get("path") else None
     if generation is not None and generation.is_file():
         extra.append(generation)
@@ -269,8 +325,9 @@ def _run(config, s: TrainSettings, plan, plan_dir, rank, world, device, micro_ba
 
     identity = run_identity(config, plan_dir, pretokenized) if rank == 0 else None  # rank 0 writes state.json
     latest = resume_checkpoint(out, identity, rank)
-    model, source = load_sharded_model(config["model"], s, init_device_mesh(device.type, (world,)), device,
-                                       fill=latest is None)
+    model, source = load_sharded_model(
+        config["model"], s, init_device_mesh(device.type, (world,)), device, fill=latest is None
+    )
     optimizer = build_optimizer(model, s)
     start = 0
     if latest is not None:
@@ -282,28 +339,40 @@ def _run(config, s: TrainSettings, plan, plan_dir, rank, world, device, micro_ba
     # steps before it were run by the earlier segment and are only placeholders here
     first_step = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0
     if start < first_step:
-        raise InputError(f"checkpoint step {start} is before step {first_step}, where this plan continues the "
-                         "earlier world size's run; restore that checkpoint or delete the checkpoints and rerun pack")
+        raise InputError(
+            f"checkpoint step {start} is before step {first_step}, where this plan continues the "
+            "earlier world size's run; restore that checkpoint or delete the checkpoints and rerun pack"
+        )
     steps = [None] * first_step + group_steps(micro_batches)
     if s.max_steps:  # a measurement run (scaling, dataio): the plan's first steps only
-        steps = steps[:s.max_steps]
+        steps = steps[: s.max_steps]
     total = len(steps)
     epoch_ends = [e for e in plan["epoch_ends"] if e <= total] if plan.get("epoch_ends") else epoch_end_steps(steps)
     heartbeat.set_plan(total, epoch_ends)
     on_cuda = device.type == "cuda"
     n_params = count_params(model)
-    log = StepLog(MetricsTable.resume(out / METRICS, start) if rank == 0 else None, s.log_every,
-                  n_params, world, config["cluster"]["gpu_model"], on_cuda,
-                  tensorboard=config["train"]["tensorboard"])
+    log = StepLog(
+        MetricsTable.resume(out / METRICS, start) if rank == 0 else None,
+        s.log_every,
+        n_params,
+        world,
+        config["cluster"]["gpu_model"],
+        on_cuda,
+        tensorboard=config["train"]["tensorboard"],
+    )
     if rank == 0:
-        print(f"train: {world} rank(s) on {device.type}, {n_params / 1e6:.2f}M params from {source} "
-              f"(load {memory.phases['load']['seconds']:.1f} s), step {start}/{total}, "
-              f"data_cache {s.data_cache} (copy {copy_s:.2f} s)", flush=True)
+        print(
+            f"train: {world} rank(s) on {device.type}, {n_params / 1e6:.2f}M params from {source} "
+            f"(load {memory.phases['load']['seconds']:.1f} s), step {start}/{total}, "
+            f"data_cache {s.data_cache} (copy {copy_s:.2f} s)",
+            flush=True,
+        )
 
     t_run = time.perf_counter()
     for g in range(start, total):
-        run_step(g, steps, epoch_ends, start, model, optimizer, store, s, world, device, heartbeat, log, out, plan,
-                 identity)
+        run_step(
+            g, steps, epoch_ends, start, model, optimizer, store, s, world, device, heartbeat, log, out, plan, identity
+        )
     elapsed = time.perf_counter() - t_run
     memory.end("steady")
 
@@ -314,15 +383,29 @@ def _run(config, s: TrainSettings, plan, plan_dir, rank, world, device, micro_ba
     per_rank = memory.gather()
     summary = {}
     if rank == 0:
-        summary = write_summary(out, log, per_rank, total, start, world, device, n_params, elapsed, s, copy_s,
-                                config["cluster"]["gpu_model"], startup_s)
+        summary = write_summary(
+            out,
+            log,
+            per_rank,
+            total,
+            start,
+            world,
+            device,
+            n_params,
+            elapsed,
+            s,
+            copy_s,
+            config["cluster"]["gpu_model"],
+            startup_s,
+        )
         append_throughput(config, plan, plan_dir, out, log, summary, start, total)
     heartbeat.beat(total, last_epoch, "done")
     return summary
 
 
-def append_throughput(config: dict, plan: dict, plan_dir: Path, out: Path, log: StepLog, summary: dict, start: int,
-                      total: int) -> None:
+def append_throughput(
+    config: dict, plan: dict, plan_dir: Path, out: Path, log: StepLog, summary: dict, start: int, total: int
+) -> None:
     """One line in the throughput ledger (forecast.ledger): this run's rate in the planner's cost units, start-up,
     load and storage times, for the gate's forecast of the next run of the same shape, world size and GPU."""
     if total <= start or not log.step_times:
@@ -331,18 +414,45 @@ def append_throughput(config: dict, plan: dict, plan_dir: Path, out: Path, log: 
     costs = plan_step_costs(read_packs(plan_dir / PACKS), plan, config, total - first)
     t = config["train"]
     record = run_record(
-        run_name=config["run_name"], shape=asdict(load_model_spec(config)), gpu_model=config["cluster"]["gpu_model"],
-        world_size=plan["world_size"], seq_len=t["seq_len"], micro_batch_size=t["micro_batch_size"],
+        run_name=config["run_name"],
+        shape=asdict(load_model_spec(config)),
+        gpu_model=config["cluster"]["gpu_model"],
+        world_size=plan["world_size"],
+        seq_len=t["seq_len"],
+        micro_batch_size=t["micro_batch_size"],
         attn_weight=float(plan.get("attn_weight", config["pack"]["attn_weight"])),
-        step_costs=costs.step_max_cost[start - first:start - first + len(log.step_times)], step_times=log.step_times,
-        tokens=log.tokens_done, startup_s=summary["startup_s"], load_s=summary["load_s"], checkpoints=log.checkpoints,
-        checkpoint_s=log.checkpoint_s, checkpoint_bytes=log.checkpoint_bytes, export_s=summary["export_s"],
-        export_bytes=folder_bytes(out / "final"), job_s=summary["job_s"])
+        step_costs=costs.step_max_cost[start - first : start - first + len(log.step_times)],
+        step_times=log.step_times,
+        tokens=log.tokens_done,
+        startup_s=summary["startup_s"],
+        load_s=summary["load_s"],
+        checkpoints=log.checkpoints,
+        checkpoint_s=log.checkpoint_s,
+        checkpoint_bytes=log.checkpoint_bytes,
+        export_s=summary["export_s"],
+        export_bytes=folder_bytes(out / "final"),
+        job_s=summary["job_s"],
+    )
     append_ledger(Path(config["forecast"]["ledger"]), record)
 
 
-def run_step(g, steps, epoch_ends, start, model, optimizer, store, s: TrainSettings, world, device, heartbeat,
-             log: StepLog, out: Path, plan: dict, identity: dict | None) -> None:
+def run_step(
+    g,
+    steps,
+    epoch_ends,
+    start,
+    model,
+    optimizer,
+    store,
+    s: TrainSettings,
+    world,
+    device,
+    heartbeat,
+    log: StepLog,
+    out: Path,
+    plan: dict,
+    identity: dict | None,
+) -> None:
     """Optimizer step g: its micro-batches, the step figures for rank 0, and a checkpoint when due."""
     step_plan, total = steps[g], len(steps)
     epoch = step_plan[0].epoch
@@ -353,56 +463,99 @@ def run_step(g, steps, epoch_ends, start, model, optimizer, store, s: TrainSetti
     batches = [build_batch(store, m.packs, s.seq_len) for m in step_plan]
     data_wait = time.perf_counter() - t0
     step_loss, grad_norm, to_device_s = train_step(
-        model, optimizer, batches, world, device, s.grad_clip,
-        on_micro=lambda k: heartbeat.beat(g, epoch, "train", micro=k, micros=len(batches)))
+        model,
+        optimizer,
+        batches,
+        world,
+        device,
+        s.grad_clip,
+        on_micro=lambda k: heartbeat.beat(g, epoch, "train", micro=k, micros=len(batches)),
+    )
     data_wait += to_device_s
     if device.type == "cuda":
         torch.cuda.synchronize()
     step_time = time.perf_counter() - t0
-    local = torch.tensor([step_loss, sum(b.num_loss_tokens for b in batches), sum(b.num_tokens for b in batches),
-                          step_time, data_wait], dtype=torch.float64, device=device)
+    local = torch.tensor(
+        [step_loss, sum(b.num_loss_tokens for b in batches), sum(b.num_tokens for b in batches), step_time, data_wait],
+        dtype=torch.float64,
+        device=device,
+    )
     gathered = [torch.zeros_like(local) for _ in range(world)]
     dist.all_gather(gathered, local)  # one small collective: every rank's step figures for rank 0
     heartbeat.beat(g + 1, epoch, "train", loss=float(local[0] / max(local[1], 1)))
     log.record(g, epoch, start, total, gathered, lr, grad_norm, time.time())
-    checkpoint_now = (g + 1) % s.checkpoint_every == 0 or g + 1 == total or \
-        (s.checkpoint_at_epoch_end and g + 1 in epoch_ends)
+    checkpoint_now = (
+        (g + 1) % s.checkpoint_every == 0 or g + 1 == total or (s.checkpoint_at_epoch_end and g + 1 in epoch_ends)
+    )
     # metrics first: a published checkpoint at step n implies metrics through step n are on disk
     if log.flush_due(g, checkpoint_now):
         log.metrics.flush()
     if checkpoint_now:
         heartbeat.beat(g + 1, epoch, "checkpoint")
         t_ckpt = time.perf_counter()
-        folder = ckpt.save_checkpoint(out / "checkpoints", g + 1, model, optimizer,
-                                      {"epoch": epoch, "step": g + 1, "plan": plan["packs_sha256"]},
-                                      s.checkpoint_keep, identity)
+        folder = ckpt.save_checkpoint(
+            out / "checkpoints",
+            g + 1,
+            model,
+            optimizer,
+            {"epoch": epoch, "step": g + 1, "plan": plan["packs_sha256"]},
+            s.checkpoint_keep,
+            identity,
+        )
         if log.metrics is not None:
             log.record_checkpoint(time.perf_counter() - t_ckpt, folder)
         heartbeat.beat(g + 1, epoch, "train")
 
 
-def write_summary(out: Path, log: StepLog, per_rank_memory: list[dict], total: int, start: int, world: int,
-                  device: torch.device, n_params: int, elapsed: float, s: TrainSettings, copy_s: float,
-                  gpu_model: str, startup_s: float = 0.0) -> dict:
+def write_summary(
+    out: Path,
+    log: StepLog,
+    per_rank_memory: list[dict],
+    total: int,
+    start: int,
+    world: int,
+    device: torch.device,
+    n_params: int,
+    elapsed: float,
+    s: TrainSettings,
+    copy_s: float,
+    gpu_model: str,
+    startup_s: float = 0.0,
+) -> dict:
     """TRAINED (rank 0): losses, throughput, and each rank's memory peak per phase with load/export times."""
     log.metrics.flush()
     memory = memory_summary(per_rank_memory)
     worst = memory["max_over_ranks"]
-    summary = dict(loss_summary(log.metrics.rows), steps=total, resumed_from_step=start, world_size=world,
-                   device=device.type, params=n_params,
-                   tokens_per_s=log.tokens_done / elapsed if elapsed > 0 else None,
-                   data_cache=s.data_cache, data_copy_s=copy_s, wall_s=elapsed,
-                   load_s=worst["load"]["seconds"], export_s=worst["export"]["seconds"],
-                   export_dtype=s.export_dtype, memory=memory, startup_s=round(startup_s, 3),
-                   checkpoints=log.checkpoints, checkpoint_s=round(log.checkpoint_s, 3),
-                   job_s=round(process_age_s(), 3))  # rank 0's whole process: what the forecast predicts
+    summary = dict(
+        loss_summary(log.metrics.rows),
+        steps=total,
+        resumed_from_step=start,
+        world_size=world,
+        device=device.type,
+        params=n_params,
+        tokens_per_s=log.tokens_done / elapsed if elapsed > 0 else None,
+        data_cache=s.data_cache,
+        data_copy_s=copy_s,
+        wall_s=elapsed,
+        load_s=worst["load"]["seconds"],
+        export_s=worst["export"]["seconds"],
+        export_dtype=s.export_dtype,
+        memory=memory,
+        startup_s=round(startup_s, 3),
+        checkpoints=log.checkpoints,
+        checkpoint_s=round(log.checkpoint_s, 3),
+        job_s=round(process_age_s(), 3),
+    )  # rank 0's whole process: what the forecast predicts
     if device.type == "cuda":
         summary["mfu"] = model_flops_utilization(summary["tokens_per_s"] or 0, n_params, world, gpu_model)
         summary["peak_memory_gib"] = max(p["cuda_peak_gib"] for p in worst.values())
     write_json_atomic(out / "TRAINED", summary, nonfinite="null")  # a diverged loss is NaN: null
     first, final = summary["first_loss"], summary["final_loss"]
     losses = f"loss {first:.4f} -> {final:.4f}" if first is not None else "no steps taken"
-    print(f"train: done: {losses}, {summary['tokens_per_s'] or 0:.0f} tok/s; peak host RSS per rank "
-          + ", ".join(f"{p} {worst[p]['host_peak_gib']:.2f} GiB" for p in worst)
-          + f"; export {summary['export_s']:.1f} s -> {out}", flush=True)
+    print(
+        f"train: done: {losses}, {summary['tokens_per_s'] or 0:.0f} tok/s; peak host RSS per rank "
+        + ", ".join(f"{p} {worst[p]['host_peak_gib']:.2f} GiB" for p in worst)
+        + f"; export {summary['export_s']:.1f} s -> {out}",
+        flush=True,
+    )
     return summary

@@ -18,6 +18,7 @@ from wattgate.train.tensorboard import TensorBoardLog, open_tensorboard
 GIB = 1 << 30
 METRICS_FLUSH_EVERY = 50  # steps; also at every checkpoint and at the end
 
+
 def model_flops_utilization(tokens_per_s: float, n_params: int, world: int, gpu_model: str) -> float | None:
     """6 x params FLOPs per trained token (forward + backward) over the GPUs' peak; attention not counted."""
     peak = peak_bf16_flops(gpu_model)
@@ -94,8 +95,11 @@ class PhaseMemory:
         self._start = time.perf_counter()
 
     def end(self, phase: str) -> None:
-        record = {"host_peak_gib": peak_rss_bytes() / GIB, "host_at_start_gib": self._rss_at_start / GIB,
-                  "seconds": time.perf_counter() - self._start}
+        record = {
+            "host_peak_gib": peak_rss_bytes() / GIB,
+            "host_at_start_gib": self._rss_at_start / GIB,
+            "seconds": time.perf_counter() - self._start,
+        }
         if self.device.type == "cuda":
             record["cuda_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / GIB
             record["cuda_reserved_peak_gib"] = torch.cuda.max_memory_reserved(self.device) / GIB
@@ -139,37 +143,65 @@ class StepLog:
     step_times: list = field(default_factory=list)  # per step, the slowest rank's time (the throughput ledger)
     checkpoints: int = 0
     checkpoint_s: float = 0.0
-    checkpoint_bytes: int = 0    # the last checkpoint's size on disk
-    tensorboard: bool = True     # train.tensorboard: event files under <run>/tensorboard/ (rank 0)
+    checkpoint_bytes: int = 0  # the last checkpoint's size on disk
+    tensorboard: bool = True  # train.tensorboard: event files under <run>/tensorboard/ (rank 0)
     board: TensorBoardLog | None = field(default=None, repr=False)
     _board_opened: bool = field(default=False, repr=False)
 
-    def record(self, g: int, epoch: int, start: int, total: int, gathered: list[torch.Tensor], lr: float,
-               grad_norm: float, now: float) -> None:
+    def record(
+        self,
+        g: int,
+        epoch: int,
+        start: int,
+        total: int,
+        gathered: list[torch.Tensor],
+        lr: float,
+        grad_norm: float,
+        now: float,
+    ) -> None:
         """`gathered`: per rank [loss sum, loss tokens, tokens, step s, data wait s] of optimizer step g."""
         step_tokens = int(sum(float(t[2]) for t in gathered))
         self.tokens_done += step_tokens
         self.step_times.append(max(float(t[3]) for t in gathered))
         if self.metrics is None:
             return
-        self.metrics.add([{"step": g + 1, "rank": r, "epoch": epoch, "loss": float(t[0] / max(t[1], 1)),
-                           "tokens": int(t[2]), "loss_tokens": int(t[1]), "step_time_s": float(t[3]),
-                           "data_wait_s": float(t[4]), "lr": lr, "time": now}
-                          for r, t in enumerate(gathered)])
+        self.metrics.add(
+            [
+                {
+                    "step": g + 1,
+                    "rank": r,
+                    "epoch": epoch,
+                    "loss": float(t[0] / max(t[1], 1)),
+                    "tokens": int(t[2]),
+                    "loss_tokens": int(t[1]),
+                    "step_time_s": float(t[3]),
+                    "data_wait_s": float(t[4]),
+                    "lr": lr,
+                    "time": now,
+                }
+                for r, t in enumerate(gathered)
+            ]
+        )
         self._board_step(g, total, gathered, step_tokens, lr, grad_norm)
         if (g + 1) % self.log_every and g != start and g + 1 != total:
             return
         step_time, data_wait = float(gathered[0][3]), float(gathered[0][4])
         loss = sum(float(t[0]) for t in gathered) / max(sum(float(t[1]) for t in gathered), 1)
-        mfu = model_flops_utilization(step_tokens / step_time, self.n_params, self.world, self.gpu_model) \
-            if self.on_cuda else None
-        print(f"train: step {g + 1}/{total} epoch {epoch} loss {loss:.4f} grad_norm {grad_norm:.3f} "
-              f"lr {lr:.2e} {step_tokens / step_time:.0f} tok/s "
-              f"data_wait {100 * data_wait / step_time:.2f}%" + (f" MFU {100 * mfu:.1f}%" if mfu else ""),
-              flush=True)
+        mfu = (
+            model_flops_utilization(step_tokens / step_time, self.n_params, self.world, self.gpu_model)
+            if self.on_cuda
+            else None
+        )
+        print(
+            f"train: step {g + 1}/{total} epoch {epoch} loss {loss:.4f} grad_norm {grad_norm:.3f} "
+            f"lr {lr:.2e} {step_tokens / step_time:.0f} tok/s "
+            f"data_wait {100 * data_wait / step_time:.2f}%" + (f" MFU {100 * mfu:.1f}%" if mfu else ""),
+            flush=True,
+        )
 
-    def _board_step(self, g: int, total: int, gathered: list[torch.Tensor], step_tokens: int, lr: float,
-                    grad_norm: float) -> None:
+    def _board_step(
+        self, g: int, total: int, gathered: list[torch.Tensor], step_tokens: int, lr: float, grad_norm: float
+    ) -> None:
         if not self._board_opened:
             self._board_opened = True
             self.board = open_tensorboard(self.metrics.path.parent, self.tensorboard, first_step=g + 1)
@@ -177,9 +209,14 @@ class StepLog:
             return
         loss = sum(float(t[0]) for t in gathered) / max(sum(float(t[1]) for t in gathered), 1)
         slowest = max(float(t[3]) for t in gathered)
-        self.board.add_step(g + 1, loss=loss, lr=lr, grad_norm=grad_norm,
-                            tokens_per_s=step_tokens / slowest if slowest > 0 else 0.0,
-                            data_wait_s=max(float(t[4]) for t in gathered))
+        self.board.add_step(
+            g + 1,
+            loss=loss,
+            lr=lr,
+            grad_norm=grad_norm,
+            tokens_per_s=step_tokens / slowest if slowest > 0 else 0.0,
+            data_wait_s=max(float(t[4]) for t in gathered),
+        )
         if g + 1 == total:
             self.close()
 

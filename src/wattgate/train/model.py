@@ -79,8 +79,11 @@ def parallelize(model, mesh, on_cuda: bool, mixed_precision: bool, activation_ch
         layers = layer_container(model)
         for i, layer in enumerate(list(layers)):
             layers[i] = checkpoint_wrapper(layer)
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-          if (on_cuda and mixed_precision) else None)
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if (on_cuda and mixed_precision)
+        else None
+    )
     kwargs = {"mesh": mesh}
     if mp is not None:
         kwargs["mp_policy"] = mp

@@ -21,9 +21,18 @@ import torch
 
 from wattgate.errors import InputError
 
-TORCH_DTYPE = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
-               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-               "BOOL": torch.bool}
+TORCH_DTYPE = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 DTYPE_CODE = {v: k for k, v in TORCH_DTYPE.items()}
 MAX_HEADER_BYTES = 100 << 20
 
@@ -62,8 +71,10 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
             continue
         dtype = TORCH_DTYPE.get(meta.get("dtype"))
         if dtype is None:
-            raise InputError(f"{path}: tensor '{name}' has dtype {meta.get('dtype')}, which wattgate cannot load "
-                             "(quantized checkpoints need dequantizing first)")
+            raise InputError(
+                f"{path}: tensor '{name}' has dtype {meta.get('dtype')}, which wattgate cannot load "
+                "(quantized checkpoints need dequantizing first)"
+            )
         begin, end = meta["data_offsets"]
         tensors[name] = TensorInfo(dtype, tuple(meta["shape"]), base + begin, base + end)
     return tensors

@@ -47,10 +47,16 @@ class TensorBoardLog:
         self.logdir = Path(logdir)
         self.writer = SummaryWriter(log_dir=str(self.logdir), purge_step=purge_step, flush_secs=flush_secs)
 
-    def add_step(self, step: int, *, loss: float, lr: float, grad_norm: float, tokens_per_s: float,
-                 data_wait_s: float) -> None:
-        values = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                  "train/tokens_per_s": tokens_per_s, "train/data_wait_s": data_wait_s}
+    def add_step(
+        self, step: int, *, loss: float, lr: float, grad_norm: float, tokens_per_s: float, data_wait_s: float
+    ) -> None:
+        values = {
+            "train/loss": loss,
+            "train/lr": lr,
+            "train/grad_norm": grad_norm,
+            "train/tokens_per_s": tokens_per_s,
+            "train/data_wait_s": data_wait_s,
+        }
         for tag, value in values.items():
             self.writer.add_scalar(tag, float(value), global_step=step)
 
@@ -66,8 +72,11 @@ def open_tensorboard(run_dir: Path, enabled: bool, first_step: int = 1) -> Tenso
     if not enabled:
         return None
     if not tensorboard_available():
-        print("train: WARNING: train.tensorboard is true but the tensorboard package is not installed; "
-              "no event files are written (pip install tensorboard, or set train.tensorboard: false)",
-              file=sys.stderr, flush=True)
+        print(
+            "train: WARNING: train.tensorboard is true but the tensorboard package is not installed; "
+            "no event files are written (pip install tensorboard, or set train.tensorboard: false)",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     return TensorBoardLog(Path(run_dir) / FOLDER, purge_step=first_step if first_step > 1 else None)

@@ -95,8 +95,9 @@ def restore_buffers(model, device: torch.device) -> None:
             with torch.device(device):
                 fresh = type(module)(config=model.config)
         except TypeError as exc:
-            raise InputError(f"{type(module).__name__} ({name}): cannot rebuild its buffers {own} "
-                             f"from the model config ({exc})") from None
+            raise InputError(
+                f"{type(module).__name__} ({name}): cannot rebuild its buffers {own} from the model config ({exc})"
+            ) from None
         for b in own:
             if module._buffers[b] is not None:
                 module._buffers[b] = fresh._buffers[b].to(device)
@@ -113,8 +114,10 @@ def checkpoint_tensors(path: Path) -> dict[str, tuple[Path, TensorInfo]]:
     elif (path / SINGLE_FILE).exists():
         files = [path / SINGLE_FILE]
     else:
-        raise InputError(f"{path}: no {SAFETENSORS_INDEX} or {SINGLE_FILE}; model.path needs safetensors weights "
-                         "(convert .bin checkpoints with save_pretrained(safe_serialization=True))")
+        raise InputError(
+            f"{path}: no {SAFETENSORS_INDEX} or {SINGLE_FILE}; model.path needs safetensors weights "
+            "(convert .bin checkpoints with save_pretrained(safe_serialization=True))"
+        )
     return {name: (f, info) for f in files for name, info in read_header(f).items()}
 
 
@@ -122,8 +125,8 @@ def _checkpoint_key(name: str, tensors: dict, base_prefix: str) -> str | None:
     if name in tensors:
         return name
     # a base-model checkpoint (Qwen3Model) has no "model." prefix
-    if base_prefix and name.startswith(base_prefix + ".") and name[len(base_prefix) + 1:] in tensors:
-        return name[len(base_prefix) + 1:]
+    if base_prefix and name.startswith(base_prefix + ".") and name[len(base_prefix) + 1 :] in tensors:
+        return name[len(base_prefix) + 1 :]
     return None
 
 
@@ -134,12 +137,16 @@ def load_local_shards(model, path: Path) -> None:
     for name, tensor in _local_state(model):
         key = _checkpoint_key(hf_name(name), tensors, base_prefix)
         if key is None:
-            raise InputError(f"{path}: no tensor '{hf_name(name)}' in the checkpoint; model.path does not "
-                             f"hold weights for this {model.config.architectures[0]}")
+            raise InputError(
+                f"{path}: no tensor '{hf_name(name)}' in the checkpoint; model.path does not "
+                f"hold weights for this {model.config.architectures[0]}"
+            )
         file, info = tensors[key]
         if info.shape != tuple(tensor.shape):
-            raise InputError(f"{file}: '{key}' has shape {info.shape}, the model expects {tuple(tensor.shape)}; "
-                             "model.path and its config.json disagree")
+            raise InputError(
+                f"{file}: '{key}' has shape {info.shape}, the model expects {tuple(tensor.shape)}; "
+                "model.path and its config.json disagree"
+            )
         offset, rows = local_rows(tensor)
         if rows:
             local_tensor(tensor).copy_(read_rows(file, info, offset, rows))
@@ -173,7 +180,7 @@ def seeded_normal_rows(name: str, shape: tuple[int, ...], offset: int, rows: int
         gen = torch.Generator().manual_seed(_block_seed(seed, name, b))
         block = torch.randn((stop - start, *shape[1:]), generator=gen)
         lo, hi = max(offset, start), min(offset + rows, stop)
-        out[lo - offset:hi - offset] = block[lo - start:hi - start]
+        out[lo - offset : hi - offset] = block[lo - start : hi - start]
     return out
 
 
@@ -198,8 +205,10 @@ def init_local_shards(model, seed: int) -> None:
             if pad is not None and offset <= pad < offset + rows:
                 local[pad - offset].zero_()
         else:
-            raise InputError(f"model.config: no random init rule for {name} ({type(module).__name__}); "
-                             "use model.path with pretrained weights")
+            raise InputError(
+                f"model.config: no random init rule for {name} ({type(module).__name__}); "
+                "use model.path with pretrained weights"
+            )
 
 
 # ---------------------------------------------------------------- export: sharded safetensors
@@ -254,8 +263,9 @@ def write_sharded_safetensors(model, folder: Path, dtype: torch.dtype, max_shard
     files = plan_export_files(export_entries(model), dtype, max_shard_bytes)
     names = export_file_names(len(files))
     for k, (name, entries) in enumerate(zip(names, files)):
-        stream = SafetensorsStream(folder / name, [(e.name, e.shape) for e in entries], dtype) \
-            if k % world == rank else None
+        stream = (
+            SafetensorsStream(folder / name, [(e.name, e.shape) for e in entries], dtype) if k % world == rank else None
+        )
         for e in entries:
             full = gather_full(e.tensor, dtype)
             if stream is not None:
@@ -290,8 +300,10 @@ def export_hf_folder(model, out: Path, dtype: torch.dtype, max_shard_bytes: int,
     if rank == 0:
         if len(set(weight_map.values())) > 1:
             total = sum(e.nbytes(dtype) for e in export_entries(model))
-            write_json_atomic(tmp / SAFETENSORS_INDEX, {"metadata": {"total_size": total},
-                                                        "weight_map": dict(sorted(weight_map.items()))})
+            write_json_atomic(
+                tmp / SAFETENSORS_INDEX,
+                {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
+            )
         export_config(model, dtype).to_json_file(str(tmp / "config.json"))
         for src in extra_files:
             write_bytes_atomic(tmp / src.name, src.read_bytes())

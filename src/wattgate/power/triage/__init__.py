@@ -13,10 +13,16 @@ from __future__ import annotations
 import importlib
 
 _HOMES = {
-    "LABELS": "phases", "PHASES_SCHEMA": "phases", "phase_summary": "phases", "read_phases": "phases",
-    "RunInfo": "runinfo", "load_run_info": "runinfo", "map_ranks": "runinfo",
+    "LABELS": "phases",
+    "PHASES_SCHEMA": "phases",
+    "phase_summary": "phases",
+    "read_phases": "phases",
+    "RunInfo": "runinfo",
+    "load_run_info": "runinfo",
+    "map_ranks": "runinfo",
     "TriageSettings": "settings",
-    "run_triage": "stage", "triage": "stage",
+    "run_triage": "stage",
+    "triage": "stage",
 }
 
 

@@ -17,15 +17,15 @@ import numpy as np
 from wattgate.power.tables import TriageTable
 from wattgate.power.triage.arrays import _bounds, _cumsum0, _ranges, _runs
 
-LEVEL_MIN_WINDOWS = 5    # windows a learned level needs; fewer and the table's value stands
-IDLE_QUANTILE = 0.2      # idle level: this quantile of the quiet windows (the ramp after start-up reads above it)
-WAIT_MIN_S = 10.0        # a wait level is learned from stretches of busy low-band windows this long
-WAIT_SPREADS = 3.0       # the low band reaches this many robust spreads (1.4826 MAD) above the wait level
-PLATEAU_MIN_S = 90.0     # a compute plateau lasts this long (communication phases last seconds, not minutes)
+LEVEL_MIN_WINDOWS = 5  # windows a learned level needs; fewer and the table's value stands
+IDLE_QUANTILE = 0.2  # idle level: this quantile of the quiet windows (the ramp after start-up reads above it)
+WAIT_MIN_S = 10.0  # a wait level is learned from stretches of busy low-band windows this long
+WAIT_SPREADS = 3.0  # the low band reaches this many robust spreads (1.4826 MAD) above the wait level
+PLATEAU_MIN_S = 90.0  # a compute plateau lasts this long (communication phases last seconds, not minutes)
 PLATEAU_MIN_WINDOWS = 10
-PLATEAU_SHARE = 0.9      # share of a plateau's windows that are busy and above the plateau floor
-PLATEAU_CV = 0.08        # a plateau's power varies by at most this share of its mean (sd)
-PLATEAU_BAND = 0.12      # compute band starts this share below the run's lowest plateau
+PLATEAU_SHARE = 0.9  # share of a plateau's windows that are busy and above the plateau floor
+PLATEAU_CV = 0.08  # a plateau's power varies by at most this share of its mean (sd)
+PLATEAU_BAND = 0.12  # compute band starts this share below the run's lowest plateau
 
 
 @dataclass
@@ -54,10 +54,18 @@ class Levels:
     def records(self, keys: list[tuple[str, int]]) -> dict:
         def r(x):
             return round(float(x), 1) if np.isfinite(x) else None
-        return {f"{h}:{g}": {"idle_w": r(self.idle_w[i]), "wait_w": r(self.wait_w[i]),
-                             "plateau_w": r(self.plateau_w[i]), "cap_w": r(self.cap_w[i]),
-                             "low_max_w": r(self.low_max_w[i]), "compute_min_w": r(self.compute_min_w[i])}
-                for i, (h, g) in enumerate(keys)}
+
+        return {
+            f"{h}:{g}": {
+                "idle_w": r(self.idle_w[i]),
+                "wait_w": r(self.wait_w[i]),
+                "plateau_w": r(self.plateau_w[i]),
+                "cap_w": r(self.cap_w[i]),
+                "low_max_w": r(self.low_max_w[i]),
+                "compute_min_w": r(self.compute_min_w[i]),
+            }
+            for i, (h, g) in enumerate(keys)
+        }
 
 
 def learn_levels(p, u, gpu, ngpu: int, table: TriageTable, window_s: float, cap_w: np.ndarray) -> Levels:
@@ -114,8 +122,9 @@ def learn_levels(p, u, gpu, ngpu: int, table: TriageTable, window_s: float, cap_
     # the low band holds the run's waits: it reaches WAIT_SPREADS robust spreads above their level
     low_max = np.full(ngpu, float(table.low_max_w))
     has = np.isfinite(wait)
-    low_max[has] = np.clip(wait[has] + WAIT_SPREADS * wait_spread[has], table.low_max_w,
-                           (table.low_max_w + compute_min[has]) / 2)
+    low_max[has] = np.clip(
+        wait[has] + WAIT_SPREADS * wait_spread[has], table.low_max_w, (table.low_max_w + compute_min[has]) / 2
+    )
     idle = np.minimum(idle, 0.8 * low_max)
     return Levels(idle, wait, plateau, np.asarray(cap_w, float), low_max, compute_min)
 
@@ -125,13 +134,19 @@ class _Edges:
     """Band edges of every known window: its GPU's learned levels (per-window arrays) and the table's utilization."""
 
     idle: np.ndarray
-    lo: np.ndarray     # low_max_w
-    hi: np.ndarray     # compute_min_w
+    lo: np.ndarray  # low_max_w
+    hi: np.ndarray  # compute_min_w
     cap: np.ndarray
     busy_util: float
     idle_util: float
 
     @classmethod
     def of(cls, levels: Levels, gpu: np.ndarray, table: TriageTable) -> _Edges:
-        return cls(levels.idle_w[gpu], levels.low_max_w[gpu], levels.compute_min_w[gpu], levels.cap_w[gpu],
-                   table.busy_util_pct, table.idle_util_pct)
+        return cls(
+            levels.idle_w[gpu],
+            levels.low_max_w[gpu],
+            levels.compute_min_w[gpu],
+            levels.cap_w[gpu],
+            table.busy_util_pct,
+            table.idle_util_pct,
+        )

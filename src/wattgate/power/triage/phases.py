@@ -29,31 +29,52 @@ COMPUTE, COMMUNICATION, DATA_STARVATION, CHECKPOINT, DEADLOCK, IDLE, UNKNOWN = r
 WAIT, LOW_UTIL = 7, 8  # internal classes, resolved before output
 ACTIVE = (COMPUTE, COMMUNICATION, DATA_STARVATION)
 
-PHASES_SCHEMA = pa.schema([
-    ("host", pa.string()),
-    ("gpu", pa.int32()),
-    ("start", pa.float64()),
-    ("end", pa.float64()),
-    ("phase", pa.string()),
-    ("power_w", pa.float32()),
-    ("util_gpu", pa.float32()),
-    ("confidence", pa.float32()),
-])
+PHASES_SCHEMA = pa.schema(
+    [
+        ("host", pa.string()),
+        ("gpu", pa.int32()),
+        ("start", pa.float64()),
+        ("end", pa.float64()),
+        ("phase", pa.string()),
+        ("power_w", pa.float32()),
+        ("util_gpu", pa.float32()),
+        ("confidence", pa.float32()),
+    ]
+)
 
 
-def write_phases(phases: pa.Table, path: Path, window_s: float, gpu_model: str | None,
-                 levels: dict | None = None, filled_s: float = 0.0) -> None:
+def write_phases(
+    phases: pa.Table,
+    path: Path,
+    window_s: float,
+    gpu_model: str | None,
+    levels: dict | None = None,
+    filled_s: float = 0.0,
+) -> None:
     """phases.parquet, with the window length, the table's GPU model, the levels learned per GPU and the
     seconds of short gaps filled in its metadata."""
-    meta = {b"wattgate.phases": strict_json({"format_version": FORMAT_VERSION, "window_s": window_s,
-                                             "gpu_model": gpu_model, "levels": levels or {},
-                                             "filled_s": round(float(filled_s), 6)},
-                                            sort_keys=True).encode()}
+    meta = {
+        b"wattgate.phases": strict_json(
+            {
+                "format_version": FORMAT_VERSION,
+                "window_s": window_s,
+                "gpu_model": gpu_model,
+                "levels": levels or {},
+                "filled_s": round(float(filled_s), 6),
+            },
+            sort_keys=True,
+        ).encode()
+    }
     # snappy, dictionary pages only where they pay (host and phase), no statistics: a day of 16 GPUs
     # (1.4M windows) writes in a third of the time zstd with dictionaries everywhere took, and reads faster
     with atomic_path(path) as tmp:
-        pq.write_table(phases.replace_schema_metadata(meta), tmp, compression="snappy",
-                       use_dictionary=["host", "phase"], write_statistics=False)
+        pq.write_table(
+            phases.replace_schema_metadata(meta),
+            tmp,
+            compression="snappy",
+            use_dictionary=["host", "phase"],
+            write_statistics=False,
+        )
 
 
 def read_phases(path: str | Path) -> tuple[pa.Table, float, str | None, float] | None:
@@ -108,9 +129,12 @@ def gap_summary(phases: pa.Table, window_s: float, filled_s: float = 0.0) -> dic
     new[1:] &= ~(unknown[:-1] & (gpu_key[1:] == gpu_key[:-1]) & np.isclose(start[1:] - start[:-1], window_s))
     run_id = np.cumsum(new)[unknown]
     lengths = np.bincount(run_id)[1:] * window_s if unknown.any() else np.zeros(0)
-    return {"unknown_s": round(float(unknown.sum() * window_s), 6), "unknown_gaps": int(len(lengths)),
-            "longest_gap_s": round(float(lengths.max()), 6) if len(lengths) else 0.0,
-            "filled_s": round(float(filled_s), 6)}
+    return {
+        "unknown_s": round(float(unknown.sum() * window_s), 6),
+        "unknown_gaps": int(len(lengths)),
+        "longest_gap_s": round(float(lengths.max()), 6) if len(lengths) else 0.0,
+        "filled_s": round(float(filled_s), 6),
+    }
 
 
 def peer_departures(phases: pa.Table, window_s: float, min_s: float = 10.0) -> dict:
@@ -138,14 +162,22 @@ def peer_departures(phases: pa.Table, window_s: float, min_s: float = 10.0) -> d
     rows = np.flatnonzero(departs)
     sel = phases.select(["host", "gpu", "phase"]).take(pa.array(rows)).to_pandas()
     who = (sel["host"].astype(str) + ":" + sel["gpu"].astype(str)).to_numpy()
-    d = pd.DataFrame({"gpu": who, "read": sel["phase"].to_numpy(),
-                      "peers": np.asarray(LABELS, dtype=object)[modal[grp[departs]]]})
+    d = pd.DataFrame(
+        {"gpu": who, "read": sel["phase"].to_numpy(), "peers": np.asarray(LABELS, dtype=object)[modal[grp[departs]]]}
+    )
     for gpu, rows in d.groupby("gpu", sort=True):
         seconds = len(rows) * window_s
         if seconds >= min_s:
             pairs = rows.groupby(["read", "peers"]).size().sort_values(ascending=False)
-            out["departures"].append({"gpu": gpu, "seconds": round(seconds, 6), "read_vs_peers": [
-                {"read": r, "peers": p, "seconds": round(n * window_s, 6)} for (r, p), n in pairs.items()]})
+            out["departures"].append(
+                {
+                    "gpu": gpu,
+                    "seconds": round(seconds, 6),
+                    "read_vs_peers": [
+                        {"read": r, "peers": p, "seconds": round(n * window_s, 6)} for (r, p), n in pairs.items()
+                    ],
+                }
+            )
     out["departures"].sort(key=lambda x: -x["seconds"])
     return out
 
@@ -198,13 +230,27 @@ def phase_summary(phases: pa.Table | pd.DataFrame) -> pd.DataFrame:
     df = phases.to_pandas() if isinstance(phases, pa.Table) else phases
     columns = ["host", "gpu", "phase", "windows", "seconds", "share", "energy_j"]
     if len(df) == 0:
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in zip(
-            columns, ["object", "int32", "object", "int64", "float64", "float64", "float64"])})
+        return pd.DataFrame(
+            {
+                c: pd.Series(dtype=t)
+                for c, t in zip(columns, ["object", "int32", "object", "int64", "float64", "float64", "float64"])
+            }
+        )
     seconds = df["end"] - df["start"]
-    work = pd.DataFrame({"host": df["host"], "gpu": df["gpu"], "phase": df["phase"], "seconds": seconds,
-                         "energy_j": (df["power_w"].astype("float64") * seconds).fillna(0.0)})
-    out = work.groupby(["host", "gpu", "phase"], sort=True).agg(
-        windows=("seconds", "size"), seconds=("seconds", "sum"), energy_j=("energy_j", "sum")).reset_index()
+    work = pd.DataFrame(
+        {
+            "host": df["host"],
+            "gpu": df["gpu"],
+            "phase": df["phase"],
+            "seconds": seconds,
+            "energy_j": (df["power_w"].astype("float64") * seconds).fillna(0.0),
+        }
+    )
+    out = (
+        work.groupby(["host", "gpu", "phase"], sort=True)
+        .agg(windows=("seconds", "size"), seconds=("seconds", "sum"), energy_j=("energy_j", "sum"))
+        .reset_index()
+    )
     per_gpu = out.groupby(["host", "gpu"])["seconds"].transform("sum")
     out["share"] = out["seconds"] / per_gpu
     return out[columns]
@@ -213,10 +259,16 @@ def phase_summary(phases: pa.Table | pd.DataFrame) -> pd.DataFrame:
 def totals(summary: pd.DataFrame) -> dict:
     if summary.empty:
         return {}
-    t = summary.groupby("phase").agg(windows=("windows", "sum"), seconds=("seconds", "sum"),
-                                     energy_j=("energy_j", "sum"))
+    t = summary.groupby("phase").agg(
+        windows=("windows", "sum"), seconds=("seconds", "sum"), energy_j=("energy_j", "sum")
+    )
     total = float(t["seconds"].sum())
-    return {ph: {"windows": int(r.windows), "seconds": round(float(r.seconds), 6),
-                 "share": round(float(r.seconds) / total, 6) if total else 0.0,
-                 "energy_j": round(float(r.energy_j), 3)} for ph, r in t.iterrows()}
-
+    return {
+        ph: {
+            "windows": int(r.windows),
+            "seconds": round(float(r.seconds), 6),
+            "share": round(float(r.seconds) / total, 6) if total else 0.0,
+            "energy_j": round(float(r.energy_j), 3),
+        }
+        for ph, r in t.iterrows()
+    }

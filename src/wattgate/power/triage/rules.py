@@ -130,28 +130,39 @@ import numpy as np
 from wattgate.power.triage.arrays import _bounds, _ranges, _runs
 from wattgate.power.triage.levels import _Edges
 from wattgate.power.triage.phases import (
-    ACTIVE, CHECKPOINT, COMMUNICATION, COMPUTE, DATA_STARVATION, DEADLOCK, IDLE, LOW_UTIL, WAIT,
+    ACTIVE,
+    CHECKPOINT,
+    COMMUNICATION,
+    COMPUTE,
+    DATA_STARVATION,
+    DEADLOCK,
+    IDLE,
+    LOW_UTIL,
+    WAIT,
 )
 from wattgate.power.triage.runinfo import (
-    RunInfo, _checkpoint_intervals, _covered_share, _done_times, _progress, map_ranks,
+    RunInfo,
+    _checkpoint_intervals,
+    _covered_share,
+    _done_times,
+    _progress,
+    map_ranks,
 )
 
-EDGE_MARGIN = 0.10       # hysteresis margin, share of the band next to the edge
+EDGE_MARGIN = 0.10  # hysteresis margin, share of the band next to the edge
 OSCILLATION_SHARE = 0.15  # share of samples high and low that marks kernel bursts between gaps
 NO_UTIL_IDLE_SHARE = 0.30  # without utilization: low-band power this far above idle is a wait
-LIGHT_UTIL_PCT = 10.0    # below this, utilization at idle power is too light to be work (host copies, teardown)
-SMOOTH_RADIUS = 2        # majority filter and power median: windows on each side
-COVER_SHARE = 0.5        # share of a window inside a heartbeat interval that makes it count
-PEER_SLACK = 3           # windows of slack around peers' waits when matching the stuck rank
+LIGHT_UTIL_PCT = 10.0  # below this, utilization at idle power is too light to be work (host copies, teardown)
+SMOOTH_RADIUS = 2  # majority filter and power median: windows on each side
+COVER_SHARE = 0.5  # share of a window inside a heartbeat interval that makes it count
+PEER_SLACK = 3  # windows of slack around peers' waits when matching the stuck rank
 CHECKPOINT_MIN_S = 10.0  # a shorter pause is a sync wait, whatever its peers do
-PERIODIC_MIN = 4         # pauses in a series before it counts as periodic (3 match by chance too often)
-PERIOD_TOLERANCE = 0.2   # start-to-start interval within this share of the series' median
-LENGTH_RATIO = 1.5       # pauses of "similar length" are within this factor of each other
-AT_CAP_SHARE = 0.9       # a window at this share of the power cap is compute whatever its utilization
-PEER_POWER_TOL = 0.12    # a GPU within this share of its peers' median power (and PEER_UTIL_TOL) is with them
+PERIODIC_MIN = 4  # pauses in a series before it counts as periodic (3 match by chance too often)
+PERIOD_TOLERANCE = 0.2  # start-to-start interval within this share of the series' median
+LENGTH_RATIO = 1.5  # pauses of "similar length" are within this factor of each other
+AT_CAP_SHARE = 0.9  # a window at this share of the power cap is compute whatever its utilization
+PEER_POWER_TOL = 0.12  # a GPU within this share of its peers' median power (and PEER_UTIL_TOL) is with them
 PEER_UTIL_TOL = 15.0
-
-
 
 
 def _rolling_median(x: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int) -> np.ndarray:
@@ -245,8 +256,9 @@ def _classify(p, u, high, low, band, e: _Edges) -> tuple[np.ndarray, np.ndarray]
 _CLASS_BAND = np.array([2, 1, -1, -1, -1, 0, -1, 0, -1], np.int8)  # band a class implies; -1: any
 
 
-def _majority(cls: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int, own_band: np.ndarray,
-              keep: np.ndarray | None = None) -> np.ndarray:
+def _majority(
+    cls: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int, own_band: np.ndarray, keep: np.ndarray | None = None
+) -> np.ndarray:
     """Most common class within `radius` windows on each side on the same GPU; ties keep the window's own,
     and so do a window whose own power is two bands from the winner's and the windows in `keep`."""
     if len(cls) == 0 or radius <= 0:
@@ -302,8 +314,9 @@ def _peer_vote(cls, p, u, index, e: _Edges, gpu: np.ndarray | None = None) -> np
         order_u = np.lexsort((uu, index))
         med_u = uu[order_u][starts + (counts - 1) // 2]
     ngrp = len(counts)
-    with_peers = (np.abs(p - med_p[grp]) <= PEER_POWER_TOL * np.maximum(med_p[grp], e.lo)) & \
-                 (np.abs(uu - med_u[grp]) <= PEER_UTIL_TOL)
+    with_peers = (np.abs(p - med_p[grp]) <= PEER_POWER_TOL * np.maximum(med_p[grp], e.lo)) & (
+        np.abs(uu - med_u[grp]) <= PEER_UTIL_TOL
+    )
     n_with = np.bincount(grp, weights=with_peers, minlength=ngrp)
     ok = (counts >= 2) & (n_with >= np.maximum(2, np.ceil(counts / 2)))
     sel = with_peers & ok[grp]
@@ -352,8 +365,9 @@ def _resolve_waits(cls, index, gpu, ngpu, window_s, deadlock_after_s) -> np.ndar
     resume = np.minimum(nxt[np.minimum(e, len(cls) - 1)], len(cls) - 1)
     resumes = (e < len(cls)) & (nxt[np.minimum(e, len(cls) - 1)] < ge[gpu[s]])
     gap = (index[resume] - index[e - 1] - 1) * window_s
-    label = np.where(length < deadlock_after_s, COMMUNICATION,
-                     np.where(resumes & (gap < deadlock_after_s), CHECKPOINT, DEADLOCK)).astype(cls.dtype)
+    label = np.where(
+        length < deadlock_after_s, COMMUNICATION, np.where(resumes & (gap < deadlock_after_s), CHECKPOINT, DEADLOCK)
+    ).astype(cls.dtype)
     out[_ranges(s, e)] = np.repeat(label, e - s)
     return out
 
@@ -405,8 +419,9 @@ def _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s
     for k in range(nep if len(qa) else 0):
         overlap = np.minimum(qb, ep_b[k]) - np.maximum(qa, ep_a[k])
         pausing = np.isin(qg, g[ep == k])
-        writer[k] = bool((~pausing & (overlap >= 0.5 * (ep_b[k] - ep_a[k]))
-                          & (np.abs(qb - ep_b[k]) <= PEER_SLACK)).any())
+        writer[k] = bool(
+            (~pausing & (overlap >= 0.5 * (ep_b[k] - ep_a[k])) & (np.abs(qb - ep_b[k]) <= PEER_SLACK)).any()
+        )
 
     # periodicity: pauses of similar length at a regular interval (a checkpoint every N steps)
     periodic = np.zeros(nep, dtype=bool)
@@ -427,8 +442,6 @@ def _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s
         pos = _ranges(s[hit], e[hit])
         out[pos[out[pos] == COMMUNICATION]] = CHECKPOINT
     return out
-
-
 
 
 def _near(index: np.ndarray, mask: np.ndarray, slack: int = 0) -> np.ndarray:
@@ -473,8 +486,7 @@ def _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s) ->
     return out
 
 
-def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e: _Edges, window_s,
-                    deadlock_after_s):
+def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e: _Edges, window_s, deadlock_after_s):
     """Rule 6: heartbeat- and metrics-backed labels, in place."""
     rank_gpu = map_ranks(info, keys)
     ngpu = len(keys)
@@ -507,8 +519,12 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e:
             begin = m_time[mine] - step_s
             # a data wait, or all of a step that waited for data most of its time
             starved = wait_s >= COVER_SHARE * step_s
-            share = _covered_share(np.concatenate([begin, begin[starved]]),
-                                   np.concatenate([begin + wait_s, begin[starved] + step_s[starved]]), w0[sl], w1[sl])
+            share = _covered_share(
+                np.concatenate([begin, begin[starved]]),
+                np.concatenate([begin + wait_s, begin[starved] + step_s[starved]]),
+                w0[sl],
+                w1[sl],
+            )
             starving[sl] = share >= COVER_SHARE
             fed = ~starved
             stepping[sl] = _covered_share(begin[fed], begin[fed] + step_s[fed], w0[sl], w1[sl]) >= COVER_SHARE
@@ -533,8 +549,7 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e:
         k_next = np.searchsorted(stamps, w1, side="left")
         nxt = np.where(k_next < len(stamps), stamps[np.minimum(k_next, len(stamps) - 1)], np.inf)
         trailing_ok = np.isfinite(nxt) | (w1[ge[gpu] - 1] - stamps[-1] >= deadlock_after_s)
-        stalled = (after_start & (w0 < run_over) & (nxt - prev >= deadlock_after_s) & trailing_ok & ~in_ckpt
-                   & in_run)
+        stalled = after_start & (w0 < run_over) & (nxt - prev >= deadlock_after_s) & trailing_ok & ~in_ckpt & in_run
 
     # power-only hang and checkpoint labels that the run's own record contradicts go back to what
     # the window showed: a wait that was no hang is a (long) sync wait, a quiet window is idle or low-util
@@ -575,4 +590,3 @@ def _confidence(p, u, high, low, osc, raw, smooth, final, filled, e: _Edges) -> 
 
 
 # ---------------------------------------------------------------- triage
-

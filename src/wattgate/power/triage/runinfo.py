@@ -22,9 +22,9 @@ from wattgate.run_files import HEARTBEAT_EVENT_COLUMNS, read_heartbeat_events, r
 class RunInfo:
     """What the training run recorded: heartbeat events and states, metrics, and where ranks ran."""
 
-    events: pd.DataFrame                      # time, rank, step, epoch, phase (sorted by rank, time)
-    states: dict[int, dict]                   # rank -> latest heartbeat
-    metrics: pd.DataFrame | None = None       # rows per (step, rank)
+    events: pd.DataFrame  # time, rank, step, epoch, phase (sorted by rank, time)
+    states: dict[int, dict]  # rank -> latest heartbeat
+    metrics: pd.DataFrame | None = None  # rows per (step, rank)
     gpu_uuids: dict[str, tuple[str, int]] = field(default_factory=dict)  # NVML UUID -> (host, index)
     source: str = ""
 
@@ -124,8 +124,9 @@ def _checkpoint_intervals(events: pd.DataFrame) -> pd.DataFrame:
     ev = events.sort_values(["rank", "time"], kind="stable")
     nxt_time = ev.groupby("rank")["time"].shift(-1)
     ck = ev["phase"].isin(["checkpoint", "export"]) & nxt_time.notna()
-    return pd.DataFrame({"rank": ev["rank"][ck].to_numpy(), "start": ev["time"][ck].to_numpy(),
-                         "end": nxt_time[ck].to_numpy()})
+    return pd.DataFrame(
+        {"rank": ev["rank"][ck].to_numpy(), "start": ev["time"][ck].to_numpy(), "end": nxt_time[ck].to_numpy()}
+    )
 
 
 def _done_times(info: RunInfo) -> dict[int, float]:
@@ -142,8 +143,10 @@ def _done_times(info: RunInfo) -> dict[int, float]:
 
 def _progress(info: RunInfo) -> tuple[np.ndarray, float]:
     """(sorted progress stamps, when the run was over): the gaps between stamps are candidate stalls."""
-    stamps = [info.events["time"].to_numpy(float),
-              np.array([float(s["time"]) for s in info.states.values() if "time" in s])]
+    stamps = [
+        info.events["time"].to_numpy(float),
+        np.array([float(s["time"]) for s in info.states.values() if "time" in s]),
+    ]
     if info.has_metrics:
         stamps.append(info.metrics["time"].to_numpy(float))
     stamps = np.unique(np.concatenate(stamps))
@@ -151,4 +154,3 @@ def _progress(info: RunInfo) -> tuple[np.ndarray, float]:
     over.append(np.array([float(s["time"]) for s in info.states.values() if s.get("phase") in ("export", "done")]))
     over = np.concatenate(over)
     return stamps, float(over.min()) if len(over) else math.inf
-

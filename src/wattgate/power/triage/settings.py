@@ -20,16 +20,22 @@ DEFAULT_DEADLOCK_AFTER_S = 60.0
 
 @dataclass(frozen=True)
 class TriageSettings:
-    table_path: str | os.PathLike | None = None   # a triage table file
-    gpu_model: str | None = None                  # a shipped table's GPU model
+    table_path: str | os.PathLike | None = None  # a triage table file
+    gpu_model: str | None = None  # a shipped table's GPU model
     window_s: float = DEFAULT_WINDOW_S
     deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S
-    power_cap_w: float | None = None              # every GPU's power cap (an imported log records none)
+    power_cap_w: float | None = None  # every GPU's power cap (an imported log records none)
 
     @classmethod
-    def merge(cls, config: dict | None, table_path: str | os.PathLike | None = None, gpu_model: str | None = None,
-              window_s: float | None = None, deadlock_after_s: float | None = None,
-              power_cap_w: float | None = None) -> TriageSettings:
+    def merge(
+        cls,
+        config: dict | None,
+        table_path: str | os.PathLike | None = None,
+        gpu_model: str | None = None,
+        window_s: float | None = None,
+        deadlock_after_s: float | None = None,
+        power_cap_w: float | None = None,
+    ) -> TriageSettings:
         """A run config's telemetry.table, cluster.gpu_model, telemetry.window_s and watcher.hang_after_s,
         each overridden by the command-line flag when given (a table file or GPU model given on the command
         line replaces the config's table choice as a whole)."""
@@ -39,8 +45,9 @@ class TriageSettings:
             if not table_path:
                 gpu_model = triage_table_name(str((cfg.get("cluster") or {}).get("gpu_model", "")))
         window_s = window_s or (cfg.get("telemetry") or {}).get("window_s") or DEFAULT_WINDOW_S
-        deadlock_after_s = deadlock_after_s or (cfg.get("watcher") or {}).get("hang_after_s") \
-            or DEFAULT_DEADLOCK_AFTER_S
+        deadlock_after_s = (
+            deadlock_after_s or (cfg.get("watcher") or {}).get("hang_after_s") or DEFAULT_DEADLOCK_AFTER_S
+        )
         return cls(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w)
 
     @property
@@ -64,5 +71,10 @@ class TriageSettings:
         if not table.match and (table.provenance or {}).get("kind") == "derived from the power cap":
             how = "--power-cap-w" if self.power_cap_w else "the power limit the sampler recorded"
             return f"derived from the {table.tdp_w:g} W power cap ({how})"
-        return (f"--table {self.table_path}" if self.table_path else f"--gpu-model {self.gpu_model}" if self.gpu_model
-                else f"detected from device names: {', '.join(device_names)}")
+        return (
+            f"--table {self.table_path}"
+            if self.table_path
+            else f"--gpu-model {self.gpu_model}"
+            if self.gpu_model
+            else f"detected from device names: {', '.join(device_names)}"
+        )

@@ -22,13 +22,36 @@ from wattgate.power import energy as energy_mod
 from wattgate.power import power_only
 from wattgate.power.tables import TriageTable
 from wattgate.power.triage.phases import (
-    COMPUTE, DATA_STARVATION, FORMAT_VERSION, LABELS, LOW_UTIL, PHASES_SCHEMA, UNKNOWN, WAIT, gap_summary,
-    peer_departures, phase_summary, phases_meta, totals, write_phases,
+    COMPUTE,
+    DATA_STARVATION,
+    FORMAT_VERSION,
+    LABELS,
+    LOW_UTIL,
+    PHASES_SCHEMA,
+    UNKNOWN,
+    WAIT,
+    gap_summary,
+    peer_departures,
+    phase_summary,
+    phases_meta,
+    totals,
+    write_phases,
 )
 from wattgate.power.triage.levels import _Edges
 from wattgate.power.triage.rules import (
-    EDGE_MARGIN, SMOOTH_RADIUS, _band, _classify, _raw_band, _confidence, _majority, _peer_rules, _peer_vote, _resolve_waits,
-    _rolling_median, _run_info_rules, _short_checkpoints,
+    EDGE_MARGIN,
+    SMOOTH_RADIUS,
+    _band,
+    _classify,
+    _raw_band,
+    _confidence,
+    _majority,
+    _peer_rules,
+    _peer_vote,
+    _resolve_waits,
+    _rolling_median,
+    _run_info_rules,
+    _short_checkpoints,
 )
 from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
@@ -36,9 +59,15 @@ from wattgate.power.triage.windows import _gpus, _samples, _Samples, _Windows, _
 from wattgate.telemetry.trace import read_trace, strict_json, trace_meta
 
 
-def triage(trace, table: TriageTable, window_s: float = DEFAULT_WINDOW_S,
-           deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S,
-           run_info: RunInfo | None = None, caps: dict | None = None, power_cap_w: float | None = None) -> pa.Table:
+def triage(
+    trace,
+    table: TriageTable,
+    window_s: float = DEFAULT_WINDOW_S,
+    deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S,
+    run_info: RunInfo | None = None,
+    caps: dict | None = None,
+    power_cap_w: float | None = None,
+) -> pa.Table:
     """Label every window of every GPU in `trace` (a pa.Table, DataFrame or dict of columns).
 
     caps: (host, gpu) -> the power cap the sampler recorded (NVML's enforced limit); power_cap_w, when given,
@@ -54,8 +83,15 @@ def _check_limits(window_s: float, deadlock_after_s: float) -> None:
         raise InputError(f"deadlock_after_s must be > 0 (got {deadlock_after_s})")
 
 
-def _triage(s: _Samples, table: TriageTable, window_s: float, deadlock_after_s: float, run_info: RunInfo | None,
-            caps: dict | None, power_cap_w: float | None) -> pa.Table:
+def _triage(
+    s: _Samples,
+    table: TriageTable,
+    window_s: float,
+    deadlock_after_s: float,
+    run_info: RunInfo | None,
+    caps: dict | None,
+    power_cap_w: float | None,
+) -> pa.Table:
     """triage() on samples already read (run_triage also takes the energy from them)."""
     if len(s.time) == 0:
         return PHASES_SCHEMA.empty_table()
@@ -99,18 +135,21 @@ def _phases_table(win: _Windows, labels: np.ndarray, confidence: np.ndarray, win
     gpu_of_gpu = np.array([g for _, g in win.keys], np.int32)
     start = win.index * window_s
     known = win.n > 0
-    return pa.Table.from_arrays([
-        pa.DictionaryArray.from_arrays(pa.array(host_of_gpu[win.gpu_id]), pa.array(hosts, pa.string()))
-        .cast(pa.string()),
-        pa.array(gpu_of_gpu[win.gpu_id], pa.int32()),
-        pa.array(start, pa.float64()),
-        pa.array((win.index + 1) * window_s, pa.float64()),
-        pa.DictionaryArray.from_arrays(pa.array(labels.astype(np.int32)), pa.array(list(LABELS))).cast(pa.string()),
-        pa.array(win.power.astype(np.float32), pa.float32(), mask=~known),
-        pa.array(win.util.astype(np.float32), pa.float32(), mask=~known | np.isnan(win.util)),
-        pa.array(confidence, pa.float32()),
-    ], schema=PHASES_SCHEMA)
-
+    return pa.Table.from_arrays(
+        [
+            pa.DictionaryArray.from_arrays(pa.array(host_of_gpu[win.gpu_id]), pa.array(hosts, pa.string())).cast(
+                pa.string()
+            ),
+            pa.array(gpu_of_gpu[win.gpu_id], pa.int32()),
+            pa.array(start, pa.float64()),
+            pa.array((win.index + 1) * window_s, pa.float64()),
+            pa.DictionaryArray.from_arrays(pa.array(labels.astype(np.int32)), pa.array(list(LABELS))).cast(pa.string()),
+            pa.array(win.power.astype(np.float32), pa.float32(), mask=~known),
+            pa.array(win.util.astype(np.float32), pa.float32(), mask=~known | np.isnan(win.util)),
+            pa.array(confidence, pa.float32()),
+        ],
+        schema=PHASES_SCHEMA,
+    )
 
 
 def _markdown(result: dict, summary: pd.DataFrame) -> str:
@@ -119,16 +158,25 @@ def _markdown(result: dict, summary: pd.DataFrame) -> str:
         return "\n".join(lines + [f"{result['status']}.", ""])
     t = result["table"]
     kind = t.get("provenance", {}).get("kind", "no provenance")
-    lines += [f"Table: {t['gpu_model']} ({result['table_source']}; {kind}), "
-              f"windows of {result['window_s']:g} s, deadlock after {result['deadlock_after_s']:g} s. "
-              f"Signals: {', '.join(k for k, v in result['signals'].items() if v) or 'none'}.", "",
-              "| phase | seconds | share | energy (kJ) |", "|---|---:|---:|---:|"]
+    lines += [
+        f"Table: {t['gpu_model']} ({result['table_source']}; {kind}), "
+        f"windows of {result['window_s']:g} s, deadlock after {result['deadlock_after_s']:g} s. "
+        f"Signals: {', '.join(k for k, v in result['signals'].items() if v) or 'none'}.",
+        "",
+        "| phase | seconds | share | energy (kJ) |",
+        "|---|---:|---:|---:|",
+    ]
     for ph in LABELS:
         r = result["phases"].get(ph)
         if r:
             lines.append(f"| {ph} | {r['seconds']:.0f} | {100 * r['share']:.1f}% | {r['energy_j'] / 1e3:.1f} |")
-    lines += ["", "Share of each GPU's time:", "",
-              "| host | gpu | " + " | ".join(LABELS) + " |", "|---|---:|" + "---:|" * len(LABELS)]
+    lines += [
+        "",
+        "Share of each GPU's time:",
+        "",
+        "| host | gpu | " + " | ".join(LABELS) + " |",
+        "|---|---:|" + "---:|" * len(LABELS),
+    ]
     pivot = summary.pivot_table(index=["host", "gpu"], columns="phase", values="share", fill_value=0.0)
     for (host, gpu), row in pivot.iterrows():
         lines.append(f"| {host} | {gpu} | " + " | ".join(f"{100 * row.get(ph, 0.0):.1f}%" for ph in LABELS) + " |")
@@ -136,8 +184,13 @@ def _markdown(result: dict, summary: pd.DataFrame) -> str:
     po = result.get("power_only")
     if po:
         lines += ["", f"## Power-only verdict ({po['mode']})", ""] + [f"- {v}" for v in po["verdict"]]
-        lines += ["", "Missing: " + "; ".join(po["missing"]) + "." if po["missing"] else "Missing: nothing.", "",
-                  "Could therefore not tell apart:", ""] + [f"- {c}" for c in po["cannot_tell"]]
+        lines += [
+            "",
+            "Missing: " + "; ".join(po["missing"]) + "." if po["missing"] else "Missing: nothing.",
+            "",
+            "Could therefore not tell apart:",
+            "",
+        ] + [f"- {c}" for c in po["cannot_tell"]]
         lines += ["", po["wait_rule"]]
     return "\n".join(lines) + "\n"
 
@@ -146,28 +199,39 @@ def _gaps_and_peers_md(result: dict) -> list[str]:
     g, peers = result["gaps"], result["peers"]
     lines = [""]
     if g["unknown_s"] or g["filled_s"]:
-        lines.append(f"Telemetry gaps: {g['unknown_s']:.0f} s unknown over all GPUs ({g['unknown_gaps']} gap(s), "
-                     f"longest {g['longest_gap_s']:.0f} s); {g['filled_s']:.0f} s of short gaps (a few sampling "
-                     "periods) took the phase around them.")
+        lines.append(
+            f"Telemetry gaps: {g['unknown_s']:.0f} s unknown over all GPUs ({g['unknown_gaps']} gap(s), "
+            f"longest {g['longest_gap_s']:.0f} s); {g['filled_s']:.0f} s of short gaps (a few sampling "
+            "periods) took the phase around them."
+        )
     else:
         lines.append("Telemetry gaps: none (every window has samples).")
     if peers["departures"]:
         lines += ["", "GPUs departing from their peers (the label most GPUs share in the same window):", ""]
         for d in peers["departures"]:
-            what = ", ".join(f"{x['read']} while peers read {x['peers']} {x['seconds']:.0f} s"
-                             for x in d["read_vs_peers"][:3])
+            what = ", ".join(
+                f"{x['read']} while peers read {x['peers']} {x['seconds']:.0f} s" for x in d["read_vs_peers"][:3]
+            )
             lines.append(f"- {d['gpu']}: {d['seconds']:.0f} s ({what})")
     elif peers["agree_share"] is not None:
-        lines.append(f"Peers: every GPU read the same as most of its peers in {100 * peers['agree_share']:.1f}% "
-                     "of the compared windows; none departed for long.")
+        lines.append(
+            f"Peers: every GPU read the same as most of its peers in {100 * peers['agree_share']:.1f}% "
+            "of the compared windows; none departed for long."
+        )
     if result["levels"]:
-        lines += ["", "Levels learned from the run (W; the table's values where the run showed too little):", "",
-                  "| GPU | idle | wait | compute plateau | low band top | compute from | cap |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "Levels learned from the run (W; the table's values where the run showed too little):",
+            "",
+            "| GPU | idle | wait | compute plateau | low band top | compute from | cap |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
         for gpu, lv in result["levels"].items():
-            lines.append(f"| {gpu} | {fmt(lv['idle_w'])} | {fmt(lv['wait_w'])} | {fmt(lv['plateau_w'])} | "
-                         f"{fmt(lv['low_max_w'])} | {fmt(lv['compute_min_w'])} | {fmt(lv['cap_w'])} |")
+            lines.append(
+                f"| {gpu} | {fmt(lv['idle_w'])} | {fmt(lv['wait_w'])} | {fmt(lv['plateau_w'])} | "
+                f"{fmt(lv['low_max_w'])} | {fmt(lv['compute_min_w'])} | {fmt(lv['cap_w'])} |"
+            )
     return lines
 
 
@@ -220,9 +284,16 @@ def recorded_caps(metas: list[dict]) -> dict[tuple[str, int], float]:
     return caps
 
 
-def run_triage(trace_paths, out_dir, table_path: str | None = None, gpu_model: str | None = None,
-               run_dir: str | None = None, window_s: float = DEFAULT_WINDOW_S,
-               deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S, power_cap_w: float | None = None) -> dict:
+def run_triage(
+    trace_paths,
+    out_dir,
+    table_path: str | None = None,
+    gpu_model: str | None = None,
+    run_dir: str | None = None,
+    window_s: float = DEFAULT_WINDOW_S,
+    deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S,
+    power_cap_w: float | None = None,
+) -> dict:
     """`wattgate triage`: traces (one per host) -> phases.parquet, phase_summary.csv, triage.json, triage.md."""
     paths = [Path(p) for p in ([trace_paths] if isinstance(trace_paths, (str, os.PathLike)) else trace_paths)]
     out_dir = Path(out_dir)
@@ -247,6 +318,7 @@ def run_triage(trace_paths, out_dir, table_path: str | None = None, gpu_model: s
         del s
     learned = phases_meta(phases)
     summary = phase_summary(phases)
+
     def present(column: str) -> bool:
         return trace.column(column).null_count < trace.num_rows
 
@@ -261,8 +333,12 @@ def run_triage(trace_paths, out_dir, table_path: str | None = None, gpu_model: s
         "window_s": window_s,
         "deadlock_after_s": deadlock_after_s,
         "run_dir": str(run_dir) if run_dir else None,
-        "signals": {"power": present("power_w"), "util": present("util_gpu"),
-                    "heartbeats": bool(info and info.has_heartbeats), "metrics": bool(info and info.has_metrics)},
+        "signals": {
+            "power": present("power_w"),
+            "util": present("util_gpu"),
+            "heartbeats": bool(info and info.has_heartbeats),
+            "metrics": bool(info and info.has_metrics),
+        },
         "phases": totals(summary),
         "gaps": gap_summary(phases, window_s, learned.get("filled_s", 0.0)),
         "levels": learned.get("levels", {}),
@@ -278,14 +354,23 @@ def run_triage(trace_paths, out_dir, table_path: str | None = None, gpu_model: s
     if not result["signals"]["heartbeats"] and not empty:
         inferred = any(m.get("gpu_index_inferred") for m in metas)
         result["power_only"] = power_only.limits(result["signals"], deadlock_after_s, inferred) | {
-            "verdict": power_only.verdict(found, t0, window_s)}
+            "verdict": power_only.verdict(found, t0, window_s)
+        }
     if info is not None and not empty:
         keys = [(h, int(g)) for h, g in summary[["host", "gpu"]].drop_duplicates().itertuples(index=False)]
         mapped = map_ranks(info, keys)
-        result["ranks"] = {"mapped": {str(r): {"host": keys[g][0], "gpu": keys[g][1]} for r, g in mapped.items()},
-                           "unmapped": sorted(set(info.states) - set(mapped))}
-    write_phases(phases, out_dir / "phases.parquet", window_s, table.gpu_model if table else None,
-                 result["levels"], result["gaps"]["filled_s"])
+        result["ranks"] = {
+            "mapped": {str(r): {"host": keys[g][0], "gpu": keys[g][1]} for r, g in mapped.items()},
+            "unmapped": sorted(set(info.states) - set(mapped)),
+        }
+    write_phases(
+        phases,
+        out_dir / "phases.parquet",
+        window_s,
+        table.gpu_model if table else None,
+        result["levels"],
+        result["gaps"]["filled_s"],
+    )
     write_bytes_atomic(out_dir / "phase_summary.csv", summary.to_csv(index=False, float_format="%.10g").encode())
     # strict JSON: read_trace already nulls non-finite power, so a NaN/Inf left here is a figure that could not
     # be computed (e.g. a share of zero seconds) and is written as null, deliberately

@@ -32,19 +32,19 @@ from wattgate.power.tables import TriageTable
 from wattgate.power.triage.arrays import _ranges, _runs
 from wattgate.power.triage.levels import Levels, learn_levels
 
-GAP_FILL_PERIODS = 4.0   # an empty stretch shorter than this many sampling periods takes the phase around it
+GAP_FILL_PERIODS = 4.0  # an empty stretch shorter than this many sampling periods takes the phase around it
 GAP_FILL_MIN_WINDOWS = 2  # ... and always one of up to this many windows (the sampler's grid jittering at an edge)
 _COUNT_SHIFT = float(1 << 26)  # packs high- and low-band sample counts into one bincount pass
 
 
 @dataclass
 class _Samples:
-    hosts: list[str]        # sorted host names
-    host: np.ndarray        # host code per row (index into hosts)
+    hosts: list[str]  # sorted host names
+    host: np.ndarray  # host code per row (index into hosts)
     gpu: np.ndarray
     time: np.ndarray
-    power: np.ndarray       # float32, NaN = missing
-    util: np.ndarray        # float32, NaN = missing
+    power: np.ndarray  # float32, NaN = missing
+    util: np.ndarray  # float32, NaN = missing
     kept: np.ndarray | None = None  # the input's rows kept (those with a GPU and a finite time); None: all
     # instead of host and gpu: host rank * width + gpu per row (a trace read with a dictionary host)
     key: np.ndarray | None = None
@@ -163,15 +163,15 @@ def _host_codes(host: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
 
 @dataclass
 class _Windows:
-    keys: list[tuple[str, int]]   # (host, gpu) per GPU id, sorted
-    gpu_id: np.ndarray            # per window
-    index: np.ndarray             # absolute window index floor(time / window_s)
-    n: np.ndarray                 # power samples
-    power: np.ndarray             # mean, NaN where n == 0
-    util: np.ndarray              # mean, NaN where no utilization sample
-    high: np.ndarray              # share of samples >= the GPU's compute_min_w
-    low: np.ndarray               # share of samples < the GPU's low_max_w
-    filled: np.ndarray            # no sample, but inside a short gap: values of the nearest window
+    keys: list[tuple[str, int]]  # (host, gpu) per GPU id, sorted
+    gpu_id: np.ndarray  # per window
+    index: np.ndarray  # absolute window index floor(time / window_s)
+    n: np.ndarray  # power samples
+    power: np.ndarray  # mean, NaN where n == 0
+    util: np.ndarray  # mean, NaN where no utilization sample
+    high: np.ndarray  # share of samples >= the GPU's compute_min_w
+    low: np.ndarray  # share of samples < the GPU's low_max_w
+    filled: np.ndarray  # no sample, but inside a short gap: values of the nearest window
     levels: Levels
 
 
@@ -201,8 +201,9 @@ def _gpus(s: _Samples) -> tuple[list[tuple[str, int]], np.ndarray, np.ndarray]:
     return s.keys, gid, counts
 
 
-def _windows(s: _Samples, table: TriageTable, window_s: float, caps: dict | None = None,
-             power_cap_w: float | None = None) -> _Windows:
+def _windows(
+    s: _Samples, table: TriageTable, window_s: float, caps: dict | None = None, power_cap_w: float | None = None
+) -> _Windows:
     keys, gid, samples_per_gpu = _gpus(s)
     # window index, then position in the output (GPU-major), kept in float64 until the end; at 10^7 rows
     # every fresh temporary costs more than the arithmetic (page faults), so two float64 buffers are reused
