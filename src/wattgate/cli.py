@@ -227,6 +227,18 @@ def _calibrate(args, config) -> None:
     )
 
 
+def add_power_cap(p: argparse.ArgumentParser) -> None:
+    """--power-cap-w, shared by triage and report (both may triage an imported log)."""
+    p.add_argument(
+        "--power-cap-w",
+        type=_positive_float,
+        metavar="W",
+        help="the GPUs' power cap in W: at the cap is compute whatever the utilization, and for a GPU "
+        "no table ships for (V100, L40S, ...) a table is derived from it (an imported log records "
+        "no cap; the sampler records NVML's enforced limit)",
+    )
+
+
 def _positive_float(text: str) -> float:
     """argparse type: a finite number > 0 (a power cap of 0 or NaN W would derive a meaningless table)."""
     try:
@@ -339,14 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--table", help="triage table (YAML); default: shipped table for --gpu-model or the trace's GPUs")
     p.add_argument("--gpu-model", help="a100, h100, h200, b200, b300 (default: from the trace's device names)")
     p.add_argument("--run", type=Path, help="train output folder: heartbeats and metrics sharpen the labels")
-    p.add_argument(
-        "--power-cap-w",
-        type=_positive_float,
-        metavar="W",
-        help="the GPUs' power cap in W: at the cap is compute whatever the utilization, and for a GPU "
-        "no table ships for (V100, L40S, ...) a table is derived from it (an imported log records "
-        "no cap; the sampler records NVML's enforced limit)",
-    )
+    add_power_cap(p)
     p.add_argument(
         "--window", type=float, help=f"window length in seconds (default {DEFAULT_WINDOW_S:g}, or telemetry.window_s)"
     )
@@ -373,14 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="triage table (YAML, as for `wattgate triage --table`), e.g. for a GPU with no shipped table",
     )
-    p.add_argument(
-        "--power-cap-w",
-        type=_positive_float,
-        metavar="W",
-        help="the GPUs' power cap in W: at the cap is compute whatever the utilization, and for a GPU "
-        "no table ships for (V100, L40S, ...) a table is derived from it (an imported log records "
-        "no cap; the sampler records NVML's enforced limit)",
-    )
+    add_power_cap(p)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--power", type=Path, help="triage output (default results/power/<run>; else triage runs here)")
     p.add_argument("--gate", type=Path, help="gate output folder (default results/gate beside results/train)")

@@ -112,6 +112,7 @@ def rebin(packs: Packs, lengths: np.ndarray, multiple: int) -> Packs:
     moved = [(j, d) for j, ds in received.items() for d in ds]
     to_pack = np.concatenate([pack_of[kept], np.array([j for j, _ in moved], dtype=np.int64)])
     to_doc = np.concatenate([docs[kept], np.array([d for _, d in moved], dtype=np.int64)])
+    _fill_empty(to_pack, to_doc, lengths, n_packs + need)
     out = Packs.from_pack_ids(to_pack, to_doc, n_packs + need)
     if (out.sizes == 0).any():
         raise InputError(
@@ -119,6 +120,21 @@ def rebin(packs: Packs, lengths: np.ndarray, multiple: int) -> Packs:
             "than one document); use pack.remainder: drop or a smaller world or batch"
         )
     return out
+
+
+def _fill_empty(to_pack: np.ndarray, to_doc: np.ndarray, lengths: np.ndarray, n: int) -> None:
+    """In place: a pack the balancing left empty (documents were scarce: light packs took them first) gets the
+    smallest document of the pack holding the most, so every pack holds one while there are enough."""
+    counts = np.bincount(to_pack, minlength=n)
+    for j in np.flatnonzero(counts == 0):
+        donor = int(np.argmax(counts))
+        if counts[donor] < 2:
+            return  # fewer documents than packs: the caller says so
+        entries = np.flatnonzero(to_pack == donor)
+        k = entries[np.argmin(lengths[to_doc[entries]])]
+        to_pack[k] = j
+        counts[donor] -= 1
+        counts[j] = 1
 
 
 class _Donors:

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from wattgate.artifacts import sha256_file
 from wattgate.errors import InputError
+from wattgate.run_files import read_plan
 from wattgate.pack.assign import Layout, assign_ranks, pack_costs, sort_placement
 
 HISTORY = "history"
@@ -96,7 +97,7 @@ def resume_source(out: Path, checkpoints: Path, new: dict) -> tuple[dict, dict, 
     folder = out / HISTORY / sha[:16]
     if not sha or not (folder / "plan.json").is_file():
         return None, f"the plan of checkpoint {state['path']} is not in {out / HISTORY}", None
-    old = json.loads((folder / "plan.json").read_text())
+    old, _ = read_plan(folder)
     if old.get("packs_sha256") != sha or sha256_file(folder / "packs.parquet") != sha:
         return None, f"{folder}: archived plan does not match its hash", None
     changed = [k for k in SAME_FOR_RESUME if old.get(k) != new.get(k)]

@@ -80,15 +80,20 @@ def run_idle(torch, device, seconds: float) -> None:
     del keep
 
 
-def run_compute(torch, device, seconds: float, n: int = 8192) -> None:
+def run_compute(torch, device, seconds: float, n: int = 8192) -> float:
+    """Back-to-back bf16 matmuls for `seconds`; returns the rate they ran at in TFLOP/s (2 n^3 each), the
+    calibrated peak the gate's forecast uses when no earlier run of the shape is in the ledger."""
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     deadline = time.monotonic() + seconds
+    start, done = time.monotonic(), 0
     while _until(deadline):
         for _ in range(10):
             c = a @ b
         torch.cuda.synchronize(device)
+        done += 10
     del c
+    return 2.0 * n**3 * done / max(time.monotonic() - start, 1e-9) / 1e12
 
 
 def run_data_starvation(torch, device, seconds: float, burst_s: float = 0.03, gap_s: float = 0.12) -> None:
@@ -226,10 +231,10 @@ def calibrate(
     workdir = Path(workdir or tempfile.gettempdir())  # the checkpoint phase writes GiBs: keep them out of the results
     workdir.mkdir(parents=True, exist_ok=True)
     n_gpus = torch.cuda.device_count()
-    skipped, spans = {}, {}
+    skipped, spans, measured = {}, {}, {}
     runners = {
         "idle": lambda: run_idle(torch, device, seconds),
-        "compute": lambda: run_compute(torch, device, seconds),
+        "compute": lambda: measured.update(matmul_tflops=run_compute(torch, device, seconds)),
         "data_starvation": lambda: run_data_starvation(torch, device, seconds),
         "checkpoint": lambda: run_checkpoint(torch, device, seconds, workdir),
         "communication": lambda: run_communication(torch, seconds),
@@ -267,6 +272,10 @@ def calibrate(
             f"{stats[phase]['util_gpu'].get('p50')}% ({stats[phase]['power_w']['n']} samples)",
             flush=True,
         )
+    if "compute" in stats and measured.get("matmul_tflops"):
+        # the bf16 matmul rate this GPU reached: the gate's "calibrated" forecast throughput (gate/cost.py)
+        stats["compute"]["matmul_tflops"] = round(measured["matmul_tflops"], 1)
+        print(f"calibrate: compute: bf16 matmul {stats['compute']['matmul_tflops']} TFLOP/s", flush=True)
     gpu = meta["gpus"][device_index]
     provenance = {
         "kind": "calibrated",

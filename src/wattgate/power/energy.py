@@ -216,6 +216,12 @@ def split_samples(
         ):
             by_key.setdefault((s.host, s.gpu), []).append(s)
         a, r = a + n, r + nr
+    return SeriesSet(join_parts(by_key, Series))
+
+
+def join_parts(by_key: dict, make) -> list:
+    """One series per (host, gpu), in key order: a GPU found in several files (a restarted sampler) is joined in
+    time order. `make(host, gpu, time, power, energy_pos, energy_j)` builds the series (report or energy type)."""
     series = []
     for key in sorted(by_key):
         parts = by_key[key]
@@ -224,7 +230,7 @@ def split_samples(
             continue
         offsets = np.cumsum([0] + [len(p.time) for p in parts[:-1]])
         series.append(
-            Series(
+            make(
                 key[0],
                 key[1],
                 *in_time_order(
@@ -235,4 +241,4 @@ def split_samples(
                 ),
             )
         )
-    return SeriesSet(series)
+    return series

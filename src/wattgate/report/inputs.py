@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from wattgate.errors import InputError
+from wattgate.power.energy import in_time_order, join_parts
 from wattgate.power.triage.phases import read_phases
 from wattgate.power.triage.runinfo import RunInfo, load_run_info
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
@@ -183,17 +184,6 @@ def _periodic(key: np.ndarray, ngroups: int) -> bool:
     return bool(np.all(np.diff(head) > 0)) and bool((key.reshape(-1, ngroups) == head).all())
 
 
-def _in_time_order(t: np.ndarray, p: np.ndarray, pos: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, ...]:
-    if len(t) < 2 or not np.any(t[1:] < t[:-1]):
-        return t, p, pos, e
-    order = np.argsort(t, kind="stable")
-    rank = np.empty(len(order), np.int64)
-    rank[order] = np.arange(len(order))
-    new_pos = rank[pos]
-    by = np.argsort(new_pos, kind="stable")
-    return t[order], p[order], new_pos[by], e[by]
-
-
 def _file_series(table: pa.Table) -> list[GpuSeries]:
     """Split one trace file's rows by GPU: strided views when rows cycle through the GPUs, else a sort."""
     if table.num_rows == 0:
@@ -218,7 +208,7 @@ def _file_series(table: pa.Table) -> list[GpuSeries]:
         for j, (h, g) in enumerate(groups):
             mine = pos % k == j
             parts = (time_[j::k], power[j::k], pos[mine] // k, readings[mine] if readings is not None else np.zeros(0))
-            out.append(GpuSeries(h, g, *_in_time_order(*parts)))
+            out.append(GpuSeries(h, g, *in_time_order(*parts)))
         return out
     # general layout: a stable sort on small integer keys keeps each GPU's rows in file order
     lut = np.full(len(counts) - 1, -1, np.int64)
@@ -238,7 +228,7 @@ def _file_series(table: pa.Table) -> list[GpuSeries]:
     for j, (h, g) in enumerate(groups):
         a, b = bounds[j], bounds[j + 1]
         lo, hi = np.searchsorted(epos, [a, b])
-        out.append(GpuSeries(h, g, *_in_time_order(t_sorted[a:b], p_sorted[a:b], epos[lo:hi] - a, evals[lo:hi])))
+        out.append(GpuSeries(h, g, *in_time_order(t_sorted[a:b], p_sorted[a:b], epos[lo:hi] - a, evals[lo:hi])))
     return out
 
 
@@ -249,26 +239,7 @@ def read_samples(tables: list[pa.Table]) -> Samples:
     for t in tables:
         for s in _file_series(t):
             by_key.setdefault((s.host, s.gpu), []).append(s)
-    series = []
-    for key in sorted(by_key):
-        parts = by_key[key]
-        if len(parts) == 1:
-            series.append(parts[0])
-            continue
-        offsets = np.cumsum([0] + [len(p.time) for p in parts[:-1]])
-        series.append(
-            GpuSeries(
-                key[0],
-                key[1],
-                *_in_time_order(
-                    np.concatenate([p.time for p in parts]),
-                    np.concatenate([p.power for p in parts]),
-                    np.concatenate([p.energy_pos + o for p, o in zip(parts, offsets)]),
-                    np.concatenate([p.energy_j for p in parts]),
-                ),
-            )
-        )
-    return Samples(series)
+    return Samples(join_parts(by_key, GpuSeries))
 
 
 # ---------------------------------------------------------------- phases

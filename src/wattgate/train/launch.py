@@ -13,7 +13,6 @@ join order, so the trainer reads its rank from the environment, never from
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -23,6 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from wattgate.run_files import read_watcher
 from wattgate.errors import InputError
 from wattgate.telemetry.sampler import sampler_command
 
@@ -251,7 +251,8 @@ def run_launch(
         except subprocess.TimeoutExpired:
             watcher.kill()
         try:
-            verdict = json.loads((out / "watcher.json").read_text())
-        except (OSError, ValueError):
+            verdict = read_watcher(out)
+        except InputError as exc:  # the job's own exit status still stands; say why there is no verdict
+            print(f"launch: WARNING: no watcher verdict: {exc}", file=sys.stderr, flush=True)
             verdict = None
     return LaunchResult(rc, verdict)
