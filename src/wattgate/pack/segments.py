@@ -182,6 +182,7 @@ def continue_plan(
             old["seed"],
             old["attn_weight"],
             old["remainder"],
+            old.get("stats", {}).get("dropped_doc_ids", []),
         )
         how = "the remaining documents re-packed"
     return cols, {
@@ -244,6 +245,7 @@ def repack_rest(
     seed: int,
     attn_weight: float,
     remainder: str,
+    dropped: list[int],
 ) -> dict:
     """The remaining documents of the boundary epoch, and every later epoch, packed afresh for `layout`."""
     boundary_epoch = int(rows["epoch"][np.flatnonzero(rest)[0]])
@@ -264,8 +266,9 @@ def repack_rest(
     ]
     later = epochs - boundary_epoch - 1
     if later > 0:
-        # every document an epoch of the old plan trained (the old plan's drops stay dropped)
-        kept = np.unique(rows["doc_ids"][np.repeat(rows["epoch"] == boundary_epoch, np.diff(rows["offsets"]))])
+        # every document of the corpus but those the original plan dropped (a segment may hold only part of an
+        # epoch when the run was resized before, so its rows cannot say which documents an epoch holds)
+        kept = np.setdiff1d(np.arange(len(lengths)), np.asarray(dropped, dtype=np.int64))
         parts.append(
             _planned(
                 kept,
