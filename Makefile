@@ -1,5 +1,5 @@
 # Entry points: `make run` (the embedded default, end to end), `make test` and `make lint`
-# (CI runs `make lint test`).
+# (.ci/run runs `make lint`, then `make test`).
 # Each creates .venv and installs what it needs; the install is redone only when
 # pyproject.toml or the constraints change.
 PYTHON ?= python3

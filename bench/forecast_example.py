@@ -31,18 +31,9 @@ from wattgate.gate.memory import ModelSpec
 from wattgate.pack.assign import Layout
 from wattgate.pack.plan import plan_packs
 
-QWEN3_32B = {
-    "model_type": "qwen3",
-    "vocab_size": 151936,
-    "hidden_size": 5120,
-    "intermediate_size": 25600,
-    "num_hidden_layers": 64,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-}
+from gate import QWEN3_32B as QWEN3_32B_SHAPE  # bench/gate.py, beside this script
+
+QWEN3_32B = dict(QWEN3_32B_SHAPE, torch_dtype="bfloat16")  # bf16 weights: what the load term reads
 
 
 def pack_rows(placement, packs, lengths: np.ndarray, tokens: np.ndarray) -> PackRows:
