@@ -482,3 +482,11 @@ def test_windows_span_from_first_to_last_sample_per_gpu():
     synth = build_trace(sched, table, t0=T0 + 0.5)
     df = triage(synth.table, table).to_pandas()
     assert df.groupby("gpu").size().to_dict() == {0: 21, 1: 36}  # t0 mid-window: one extra window
+
+
+def test_a_trace_with_no_active_window_anywhere_still_triages():
+    """One GPU waits for the whole trace, its peer idles: nothing to anchor a hang to, and no crash."""
+    table = shipped_table("h100")
+    synth = build_trace({("node0", 0): [("deadlock", 120)], ("node0", 1): [("idle", 120)]}, table)
+    got = triage(synth.table, table, deadlock_after_s=DL).column("phase").to_numpy(zero_copy_only=False)
+    assert set(got) <= {"deadlock", "idle", "unknown"} and (got == "idle").any()

@@ -37,6 +37,17 @@ def with_counter(table: pa.Table, rng, every: int = 37) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=TRACE_SCHEMA)
 
 
+def assert_same_energy(got: dict, want: dict) -> None:
+    """The same records, numbers to rounding (sums taken in pieces associate differently)."""
+    assert got.keys() == want.keys()
+    for key in want:
+        for field, value in want[key].items():
+            if isinstance(value, float):
+                assert got[key][field] == pytest.approx(value, rel=1e-12), (key, field)
+            else:
+                assert got[key][field] == value, (key, field)
+
+
 def write(table: pa.Table, path, host: str) -> None:
     pq.write_table(table.replace_schema_metadata(schema_with_meta({"host": host, "gpus": []}).metadata), path)
 
@@ -127,3 +138,47 @@ def test_run_triage_takes_a_finished_trace_and_a_killed_samplers_segments_togeth
         "node1",
         "node2",
     ]
+
+
+def test_interleaved_files_of_one_gpu_are_summed_from_their_rows_sorted_together(tmp_path):
+    """Two files holding alternate samples of the same GPUs overlap in time: their summaries cannot be joined,
+    so triage reads those GPUs' rows again and sorts them; the energy is the report's."""
+    rng = np.random.default_rng(5)
+    synth = build_trace(job(gpus_of(1, 2), PHASES), shipped_table("h100"), seed=5)
+    table = with_counter(synth.table, rng, every=11)
+    odd = np.arange(table.num_rows) % 2 == 1
+    paths = [tmp_path / "a.parquet", tmp_path / "b.parquet"]
+    write(table.filter(pa.array(~odd)), paths[0], "node0")
+    write(table.filter(pa.array(odd)), paths[1], "node0")
+    got = run_triage(paths, tmp_path / "out", gpu_model="h100")["energy"]
+    samples = read_samples([read_trace(p).select(["time", "host", "gpu", "power_w", "energy_j"]) for p in paths])
+    expected = records(gpu_energy(samples), [len(s.energy_pos) for s in samples.series])
+    assert_same_energy(got, expected)
+    assert got["node0:0"]["method"] == "energy_counter"
+
+
+def test_reading_a_trace_in_small_row_groups_changes_nothing(tmp_path, monkeypatch):
+    """Triage reduces a trace chunk by chunk: chunks that cut a tick, a window or a GPU's run anywhere give
+    the same phases, and the same energy to rounding."""
+    from wattgate.power.triage import stage
+
+    rng = np.random.default_rng(9)
+    synth = build_trace(job(gpus_of(1, 3), PHASES), shipped_table("h100"), seed=9)
+    table = with_counter(synth.table, rng, every=23)
+    table = table.take(pa.compute.sort_indices(table, [("time", "ascending")]))  # the sampler's order
+    whole, parts = tmp_path / "whole" / "node0.parquet", tmp_path / "parts" / "node0.parquet"
+    for path in (whole, parts):
+        path.parent.mkdir()
+    write(table, whole, "node0")
+    pq.write_table(
+        table.replace_schema_metadata(schema_with_meta({"host": "node0", "gpus": []}).metadata),
+        parts,
+        row_group_size=997,
+    )
+    a = run_triage([whole], tmp_path / "a", gpu_model="h100")
+    monkeypatch.setattr(stage, "CHUNK_ROWS", 331)  # batches smaller than the row groups, cut anywhere
+    b = run_triage([parts], tmp_path / "b", gpu_model="h100")
+    assert pq.read_metadata(parts).num_row_groups == 4  # and 12 batches of at most 331 rows
+    assert (tmp_path / "a" / "phases.parquet").read_bytes() == (tmp_path / "b" / "phases.parquet").read_bytes()
+    assert a["phases"] == b["phases"]
+    assert_same_energy(b["energy"], a["energy"])

@@ -34,29 +34,6 @@ class GpuSeries(Protocol):
 
 
 @dataclass
-class Series:
-    """A GpuSeries of triage's (split_samples)."""
-
-    host: str
-    gpu: int
-    time: np.ndarray
-    power: np.ndarray
-    energy_pos: np.ndarray
-    energy_j: np.ndarray
-
-
-@dataclass
-class SeriesSet:
-    """Every GPU's series, sorted by (host, gpu) (report.inputs.Samples is one)."""
-
-    series: list
-
-    @property
-    def keys(self) -> list[tuple[str, int]]:
-        return [(s.host, s.gpu) for s in self.series]
-
-
-@dataclass
 class GpuEnergy:
     keys: list[tuple[str, int]]
     first: np.ndarray  # first sample time per GPU
@@ -91,36 +68,26 @@ def trapezoids(t: np.ndarray, p: np.ndarray) -> np.ndarray:
     return np.diff(t) * (p[1:] + p[:-1]) * 0.5
 
 
-def series_energy(s: GpuSeries) -> tuple[float, float]:
-    """(integrated J, counter J or NaN) of one GPU."""
-    pieces = trapezoids(s.time, s.power)
-    integrated = float(pieces.sum())
-    if len(s.energy_pos) < 2:
-        return integrated, np.nan
-    delta = float(s.energy_j[-1] - s.energy_j[0])
-    i0, i1 = int(s.energy_pos[0]), int(s.energy_pos[-1])
-    if not delta > 0 or s.time[i1] <= s.time[i0]:
-        return integrated, np.nan  # a counter reset or one instant: integrate instead
-    # integral between the two readings; pieces index the intervals after each (finite-power) sample
-    ok = np.isfinite(s.power)
-    if ok.all():
-        a, b = i0, i1
-    else:
-        before = np.cumsum(ok)  # finite samples up to and including each position
-        a, b = max(int(before[i0]) - 1, 0), max(int(before[i1]) - 1, 0)
-    between = float(pieces[a:b].sum())
-    return integrated, delta + integrated - between
-
-
 def gpu_energy(samples) -> GpuEnergy:
     """Per GPU of `samples` (.series of GpuSeries in (host, gpu) order, .keys)."""
-    n = len(samples.series)
-    first, last = np.zeros(n), np.zeros(n)
-    integrated, counter = np.zeros(n), np.full(n, np.nan)
-    for k, s in enumerate(samples.series):
-        first[k], last[k] = (s.time[0], s.time[-1]) if len(s.time) else (np.nan, np.nan)
-        integrated[k], counter[k] = series_energy(s)
-    return GpuEnergy(samples.keys, first, last, integrated, counter)
+    series = samples.series
+    if not series:
+        return GpuEnergy([], np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0))
+    sizes = [len(s.time) for s in series]
+    gid = np.repeat(np.arange(len(series)), sizes)
+    readings = np.full(len(gid), np.nan)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    for s, o in zip(series, offsets):
+        readings[o + np.asarray(s.energy_pos, np.int64)] = s.energy_j
+    seg = summarize_segments(
+        gid,
+        np.concatenate([s.time for s in series]).astype(np.float64, copy=False),
+        np.concatenate([np.asarray(s.power, np.float64) for s in series]),
+        readings,
+    )
+    joined = join_segments(seg, len(series))
+    joined.keys = samples.keys
+    return joined
 
 
 def records(energy: GpuEnergy, readings: list[int] | None = None) -> dict:
@@ -148,7 +115,158 @@ def records(energy: GpuEnergy, readings: list[int] | None = None) -> dict:
     return out
 
 
-# ---------------------------------------------------------------- triage's samples split by GPU
+# ---------------------------------------------------------------- energy from summaries of pieces
+
+
+@dataclass
+class Segments:
+    """Rows summarised per GPU, one segment per GPU and run of rows (a row group, a file): all that joining
+    them needs, so a trace read a row group at a time is never held whole. Arrays, one entry per segment."""
+
+    gpu: np.ndarray  # the GPU's id
+    t0: np.ndarray  # first and last row's time (with or without power)
+    t1: np.ndarray
+    fin: np.ndarray  # has a sample with finite power
+    fin_t0: np.ndarray  # first and last finite-power sample
+    fin_p0: np.ndarray
+    fin_t1: np.ndarray
+    fin_p1: np.ndarray
+    integral: np.ndarray  # trapezoids between its finite samples
+    reads: np.ndarray  # counter readings
+    # first and last reading: time, value; the integral from the segment's first finite sample to the last one
+    # at or before the reading, and whether the segment has such a sample
+    r0_t: np.ndarray
+    r0_e: np.ndarray
+    r0_i: np.ndarray
+    r0_in: np.ndarray
+    r1_t: np.ndarray
+    r1_e: np.ndarray
+    r1_i: np.ndarray
+    r1_in: np.ndarray
+
+
+def summarize_segments(gid: np.ndarray, t: np.ndarray, p: np.ndarray, e: np.ndarray | None) -> Segments:
+    """Segments of rows grouped by GPU: gid contiguous per GPU, time order within it; p NaN = no power,
+    e NaN = no counter reading (None: no reading at all)."""
+    n = len(gid)
+    starts = np.flatnonzero(np.concatenate([[True], gid[1:] != gid[:-1]])) if n else np.zeros(0, np.int64)
+    ends = np.append(starts[1:], n).astype(np.int64)
+    finite = np.isfinite(p)
+    # k indexes the finite samples: pieces[k] runs from finite sample k to k + 1; all rows when all are
+    if finite.all():
+        fin, tf, pf = None, t, p.astype(np.float64, copy=False)
+        f0, f1 = starts, ends - 1
+    else:
+        fin = np.flatnonzero(finite)
+        tf, pf = t[fin], p[fin].astype(np.float64)
+        f0, f1 = np.searchsorted(fin, starts), np.searchsorted(fin, ends) - 1
+    has = f1 >= f0
+    pieces = pf[1:] + pf[:-1]
+    pieces *= np.diff(tf)
+    pieces *= 0.5
+    cross = f0[1:] - 1  # the piece into each segment's first finite sample comes from another GPU
+    pieces[cross[(cross >= 0) & (cross < len(pieces))]] = 0.0
+    f0, f1 = np.where(has, f0, 0), np.where(has, f1, 0)
+    if not len(tf):  # indexable when empty
+        tf, pf = np.full(1, np.nan), np.full(1, np.nan)
+
+    def integral_to(stop: np.ndarray) -> np.ndarray:
+        """Per segment: the pieces from its first finite sample up to finite sample stop, summed per GPU
+        (no other GPU's energy enters the rounding)."""
+        return _interval_sums(pieces, f0, np.maximum(stop, f0))
+
+    reading = np.flatnonzero(np.isfinite(e)) if e is not None else np.zeros(0, np.int64)
+    sr = np.searchsorted(starts, reading, "right") - 1  # each reading's segment
+    ids = np.arange(len(starts))
+    r_first = np.searchsorted(sr, ids, "left")
+    r_last = np.searchsorted(sr, ids, "right") - 1
+    reads = r_last - r_first + 1
+    got = reads > 0
+
+    def reading_at(which: np.ndarray) -> tuple[np.ndarray, ...]:
+        row = reading[np.clip(which, 0, len(reading) - 1)] if len(reading) else np.zeros(len(ids), np.int64)
+        last_fin = row if fin is None else np.searchsorted(fin, row, "right") - 1  # at or before the reading
+        inside = got & has & (last_fin >= f0)
+        integral = np.where(inside, integral_to(np.where(inside, last_fin, 0)), 0.0)
+        value = e[row] if e is not None else np.zeros(len(ids))
+        return np.where(got, t[row], np.nan), np.where(got, value, np.nan), integral, inside
+
+    return Segments(
+        gid[starts],
+        t[starts],
+        t[ends - 1],
+        has,
+        np.where(has, tf[f0], np.nan),
+        np.where(has, pf[f0], np.nan),
+        np.where(has, tf[f1], np.nan),
+        np.where(has, pf[f1], np.nan),
+        np.where(has, integral_to(f1), 0.0),
+        reads,
+        *reading_at(r_first),
+        *reading_at(r_last),
+    )
+
+
+def _interval_sums(x: np.ndarray, start: np.ndarray, stop: np.ndarray) -> np.ndarray:
+    """sum(x[start[i]:stop[i]]) for each i, 0 where empty; one pass (add.reduceat over the bounds)."""
+    if not len(start):
+        return np.zeros(0)
+    bounds = np.empty(2 * len(start), np.int64)
+    bounds[0::2], bounds[1::2] = start, stop
+    sums = np.add.reduceat(np.append(x, 0.0), np.minimum(bounds, len(x)))[0::2]
+    return np.where(stop > start, sums, 0.0)
+
+
+def concat_segments(parts: list[Segments]) -> Segments:
+    return Segments(*(np.concatenate([getattr(s, f) for s in parts]) for f in Segments.__dataclass_fields__))
+
+
+def overlapping(seg: Segments) -> np.ndarray:
+    """The GPU ids whose segments overlap in time (rows of two files interleaved): these cannot be joined
+    from summaries, their rows must be sorted together."""
+    if not len(seg.gpu):
+        return np.zeros(0, np.int64)
+    order = np.lexsort((seg.t0, seg.gpu))
+    g, t0, t1 = seg.gpu[order], seg.t0[order], seg.t1[order]
+    # the latest end so far on the same GPU: a running max that each GPU's offset keeps from the one before
+    base = float(min(t0.min(), t1.min()))
+    lift = 2.0 * (float(max(t0.max(), t1.max())) - base) + 1.0
+    ended = np.maximum.accumulate(t1 - base + g * lift) - g * lift + base
+    clash = (g[1:] == g[:-1]) & (t0[1:] < ended[:-1])
+    return np.unique(g[1:][clash])
+
+
+def join_segments(seg: Segments, ngpu: int) -> GpuEnergy:
+    """Per GPU id 0..ngpu-1 (keys left empty): its segments joined in time order (stable: row order breaks
+    ties); a trapezoid bridges one segment's last finite sample and the next one's first."""
+    first, last = np.full(ngpu, np.nan), np.full(ngpu, np.nan)
+    integrated, counter = np.zeros(ngpu), np.full(ngpu, np.nan)
+    order = np.lexsort((np.arange(len(seg.gpu)), seg.t0, seg.gpu))
+    bounds = np.searchsorted(seg.gpu[order], np.arange(ngpu + 1))
+    for g in range(ngpu):
+        mine = order[bounds[g] : bounds[g + 1]]
+        if not len(mine):
+            continue
+        first[g], last[g] = seg.t0[mine[0]], seg.t1[mine].max()
+        total, prev, reads = 0.0, None, 0
+        start = end = None  # (time, value, integral up to it) of the first and last reading
+        for k in mine:
+            into = total  # the integral up to this segment's first finite sample
+            if seg.fin[k] and prev is not None:
+                into += (seg.fin_t0[k] - prev[0]) * (seg.fin_p0[k] + prev[1]) * 0.5
+            if seg.reads[k]:
+                r0 = (seg.r0_t[k], seg.r0_e[k], into + seg.r0_i[k] if seg.r0_in[k] else total)
+                end = (seg.r1_t[k], seg.r1_e[k], into + seg.r1_i[k] if seg.r1_in[k] else total)
+                start = start or r0
+                reads += int(seg.reads[k])
+            if seg.fin[k]:
+                total, prev = into + seg.integral[k], (seg.fin_t1[k], seg.fin_p1[k])
+        integrated[g] = total
+        if reads >= 2:
+            delta = float(end[1] - start[1])
+            if delta > 0 and end[0] > start[0]:  # else a counter reset or one instant: integrate instead
+                counter[g] = delta + start[2] + (total - end[2])
+    return GpuEnergy([], first, last, integrated, counter)
 
 
 def in_time_order(t: np.ndarray, p: np.ndarray, pos: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -161,62 +279,6 @@ def in_time_order(t: np.ndarray, p: np.ndarray, pos: np.ndarray, e: np.ndarray) 
     new_pos = rank[pos]
     by = np.argsort(new_pos, kind="stable")
     return t[order], p[order], new_pos[by], e[by]
-
-
-def _part_series(keys, gid, time_, power, valid, readings) -> list[Series]:
-    """One file's rows (all with a GPU and a finite time; gid: index into keys, (host, gpu) sorted) split by
-    GPU in file order: strided views when rows cycle through the GPUs (the sampler reads every GPU each
-    tick), else a stable sort."""
-    if len(gid) == 0:
-        return []
-    present = np.flatnonzero(np.bincount(gid, minlength=len(keys)))
-    groups = [keys[k] for k in present]
-    pos = np.flatnonzero(valid) if valid is not None else np.zeros(0, np.int64)
-    k = len(present)
-    out = []
-    if len(gid) % k == 0 and bool((gid[:k] == present).all()) and bool((gid.reshape(-1, k) == gid[:k]).all()):
-        for j, (h, g) in enumerate(groups):
-            mine = pos % k == j
-            parts = (time_[j::k], power[j::k], pos[mine] // k, readings[mine] if valid is not None else np.zeros(0))
-            out.append(Series(h, g, *in_time_order(*parts)))
-        return out
-    # each GPU's rows in file order (what a stable sort by GPU gives), one GPU at a time: small arrays only
-    for j, (h, g) in enumerate(groups):
-        rows = np.flatnonzero(gid == present[j])
-        if valid is not None:  # the readings of this GPU, at their positions in its rows
-            mine = np.flatnonzero(gid[pos] == present[j])
-            epos, evals = np.searchsorted(rows, pos[mine]), readings[mine]
-        else:
-            epos, evals = np.zeros(0, np.int64), np.zeros(0)
-        out.append(Series(h, g, *in_time_order(time_[rows], power[rows], epos, evals)))
-    return out
-
-
-def split_samples(
-    keys: list[tuple[str, int]],
-    gid: np.ndarray,
-    time_: np.ndarray,
-    power: np.ndarray,
-    valid: np.ndarray | None,
-    readings: np.ndarray | None,
-    file_rows: list[int],
-) -> SeriesSet:
-    """Every GPU's samples in time order, sorted by (host, gpu), from the rows of one or more files laid end
-    to end (file_rows rows each; gid: each row's index into keys, the (host, gpu) sorted; valid: the rows
-    with an energy reading, readings: those readings in row order). A GPU found in two files (a restarted
-    sampler) is joined in time order."""
-    by_key: dict[tuple[str, int], list[Series]] = {}
-    a = r = 0
-    for n in file_rows:
-        v = valid[a : a + n] if valid is not None else None
-        nr = int(np.count_nonzero(v)) if v is not None else 0
-        sl = slice(a, a + n)
-        for s in _part_series(
-            keys, gid[sl], time_[sl], power[sl], v if nr else None, readings[r : r + nr] if nr else None
-        ):
-            by_key.setdefault((s.host, s.gpu), []).append(s)
-        a, r = a + n, r + nr
-    return SeriesSet(join_parts(by_key, Series))
 
 
 def join_parts(by_key: dict, make) -> list:

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from wattgate.power.triage.phases import LABELS, phase_codes
 from wattgate.power.triage.rules import CHECKPOINT_MIN_S, LENGTH_RATIO, PERIOD_TOLERANCE, PERIODIC_MIN
 from wattgate.power.triage.settings import DEFAULT_WINDOW_S
 
@@ -71,8 +72,9 @@ def pauses(phases: pa.Table | None) -> list[Pause]:
     window = float(np.median(end_all - start_all))
     last_end = float(end_all.max())
     out = []
+    codes = phase_codes(phases)
     for kind in ("checkpoint", "deadlock"):
-        rows = np.flatnonzero(_equals(phases.column("phase"), kind))
+        rows = np.flatnonzero(codes == LABELS.index(kind))
         if len(rows) == 0:
             continue
         out += _episodes(kind, phases.take(pa.array(rows)), window, last_end)
@@ -149,13 +151,6 @@ def _episodes(kind: str, sel: pa.Table, window: float, last_end: float) -> list[
 def _floats(col) -> np.ndarray:
     """A numeric column as float64, null -> NaN."""
     return np.asarray(col.to_numpy(zero_copy_only=False), np.float64)
-
-
-def _equals(col, value: str) -> np.ndarray:
-    """col == value per row (False for null), for a string or dictionary column."""
-    if pa.types.is_dictionary(col.type):
-        col = col.cast(pa.string())
-    return pc.fill_null(pc.equal(col, value), False).to_numpy(zero_copy_only=False)
 
 
 def _mean(xs) -> float | None:

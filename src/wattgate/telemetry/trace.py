@@ -24,6 +24,7 @@ import re
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -290,6 +291,37 @@ def _read_columns(path: Path, columns: list[str]) -> pa.Table:
     out = [_cast(path, table, TRACE_SCHEMA.field(c), keep_dictionary=True) for c in columns]
     table = pa.Table.from_arrays(out, names=columns)
     return _checked(table, meta)
+
+
+def read_trace_chunks(path: str | os.PathLike, columns: list[str], rows: int) -> tuple[dict, Iterator]:
+    """read_trace(path, columns) a batch of at most `rows` rows at a time, for a reader that reduces them as
+    they come: (the trace's metadata, an iterator of record batches cast as read_trace casts them). The range
+    check is the reader's to do (NaN, infinite or negative readings are not readings). A killed sampler's
+    segments are stitched whole first."""
+    path = Path(path)
+    if not path.is_file():
+        table = read_trace(path, columns=columns)
+        return trace_meta(table), iter(table.to_batches(max_chunksize=rows))
+    try:
+        pf = pq.ParquetFile(path, read_dictionary=["host"] if "host" in columns else None)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
+    _check_columns(path, pf.schema_arrow.names)
+    have = [c for c in columns if c in pf.schema_arrow.names]
+
+    def batches():
+        try:
+            for batch in pf.iter_batches(batch_size=rows, columns=have):
+                for name in columns:
+                    if name not in batch.schema.names:  # an optional column the trace lacks
+                        typ = TRACE_SCHEMA.field(name).type
+                        batch = batch.append_column(pa.field(name, typ), pa.nulls(batch.num_rows, typ))
+                cast = [_cast(path, batch, TRACE_SCHEMA.field(c), keep_dictionary=True) for c in columns]
+                yield pa.RecordBatch.from_arrays(cast, names=columns)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
+
+    return trace_meta(pf.schema_arrow), batches()
 
 
 def _checked(table: pa.Table, meta) -> pa.Table:

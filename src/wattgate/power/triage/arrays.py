@@ -26,6 +26,20 @@ def _runs(mask_or_cls: np.ndarray, gpu: np.ndarray) -> tuple[np.ndarray, np.ndar
     return starts, np.append(starts[1:], n)
 
 
+def _true_runs(mask: np.ndarray, gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[start, end) of the runs of True on each GPU: _runs' runs of True, from the True positions alone
+    (cheaper when they are few)."""
+    at = np.flatnonzero(mask)
+    if len(at) == 0:
+        return at, at
+    first = np.empty(len(at), dtype=bool)
+    first[0] = True
+    g = gpu[at]
+    first[1:] = (at[1:] != at[:-1] + 1) | (g[1:] != g[:-1])
+    last = np.append(first[1:], True)
+    return at[first], at[last] + 1
+
+
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Concatenated aranges [starts[i], ends[i])."""
     lens = ends - starts
@@ -37,4 +51,7 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 def _cumsum0(x: np.ndarray) -> np.ndarray:
     """Cumulative sum with a leading 0: the sum over [a, b) is c[b] - c[a]."""
-    return np.concatenate([[0.0], np.cumsum(x, dtype=np.float64)])
+    out = np.empty(len(x) + 1)
+    out[0] = 0.0
+    np.cumsum(x, dtype=np.float64, out=out[1:])
+    return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -71,33 +72,22 @@ class Levels:
 def learn_levels(p, u, gpu, ngpu: int, table: TriageTable, window_s: float, cap_w: np.ndarray) -> Levels:
     """Levels of each GPU from its known windows (p, u, gpu sorted by GPU, then time)."""
     gs, ge = _bounds(gpu, ngpu)
+    low = p < table.low_max_w
     with np.errstate(invalid="ignore"):
         busy = u >= table.busy_util_pct
-        quiet = (u <= table.idle_util_pct) & (p < table.low_max_w)
-    waiting = busy & (p < table.low_max_w)
+        quiet = u <= table.idle_util_pct
+    quiet &= low
+    waiting = busy & low
     floor = table.low_max_w + 0.5 * (table.compute_min_w - table.low_max_w)
-    cand = busy & (p >= floor)
     # plateau cores: centred spans of k windows on one GPU, nearly all candidates, at a steady power
     k = max(PLATEAU_MIN_WINDOWS, int(math.ceil(PLATEAU_MIN_S / window_s)))
-    n = len(p)
-    pos = np.arange(n)
-    a, b = pos - k // 2, pos - k // 2 + k
-    inside = (a >= gs[gpu]) & (b <= ge[gpu])
-    a, b = np.clip(a, 0, n), np.clip(b, 0, n)
-    pz = np.where(cand, p, 0.0)
-    cnt = _cumsum0(cand)
-    cnt = cnt[b] - cnt[a]
-    s1, s2 = _cumsum0(pz), _cumsum0(pz * pz)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = (s1[b] - s1[a]) / cnt
-        sd = np.sqrt(np.maximum((s2[b] - s2[a]) / cnt - mean * mean, 0.0))
-    core = inside & cand & (cnt >= PLATEAU_SHARE * k) & (sd <= PLATEAU_CV * mean)
+    mean, steady = _span_stats(p, busy & (p >= floor), k)  # span [j, j + k): its centre is window j + k // 2
 
     # waits: stretches of WAIT_MIN_S of busy windows in the low band (a spinning kernel), not single
     # windows of a noisy communication phase that dip under the edge
     rs, re_ = _runs(waiting, gpu)
     long_wait = waiting[rs] & ((re_ - rs) * window_s >= WAIT_MIN_S)
-    in_wait = np.zeros(n, dtype=bool)
+    in_wait = np.zeros(len(p), dtype=bool)
     in_wait[_ranges(rs[long_wait], re_[long_wait])] = True
 
     idle = np.full(ngpu, float(table.idle_w))
@@ -113,9 +103,10 @@ def learn_levels(p, u, gpu, ngpu: int, table: TriageTable, window_s: float, cap_
         if len(w) >= LEVEL_MIN_WINDOWS:
             wait[g] = float(np.median(w))
             wait_spread[g] = 1.4826 * float(np.median(np.abs(w - wait[g])))
-        c = core[sl]
+        inside = slice(gs[g], max(ge[g] - k + 1, gs[g]))  # spans that start and end on the GPU
+        c = steady[inside]
         if c.any():
-            plateau[g] = float(mean[sl][c].min())
+            plateau[g] = float(mean[inside][c].min())
     compute_min = np.full(ngpu, float(table.compute_min_w))
     has = np.isfinite(plateau)
     compute_min[has] = np.clip(plateau[has] * (1 - PLATEAU_BAND), floor, table.compute_min_w)
@@ -129,24 +120,72 @@ def learn_levels(p, u, gpu, ngpu: int, table: TriageTable, window_s: float, cap_
     return Levels(idle, wait, plateau, np.asarray(cap_w, float), low_max, compute_min)
 
 
+def _span_stats(p: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per span of k windows [j, j + k), j = 0 .. len - k: the candidates' mean power, and whether its
+    centre window is a candidate and nearly all of it are, at a steady power (a plateau core)."""
+    m = len(p) - k + 1
+    if m <= 0:
+        return np.zeros(0), np.zeros(0, dtype=bool)
+    cnt = np.zeros(len(p) + 1, np.int32 if len(p) < 1 << 31 else np.int64)  # counts add up faster than floats
+    np.cumsum(cand, dtype=cnt.dtype, out=cnt[1:])
+    cnt = cnt[k:] - cnt[:-k]
+    steady = cnt >= PLATEAU_SHARE * k
+    steady &= cand[k // 2 : k // 2 + m]
+    pz = np.where(cand, p, 0.0)
+    s1 = _cumsum0(pz)
+    np.multiply(pz, pz, out=pz)
+    s2 = _cumsum0(pz)
+    # each buffer is reused once what it held has been read: a fresh full-size array costs page faults
+    mean, var, tmp = pz[:m], s1[:m], s2[:m]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        np.subtract(s1[k:], s1[:-k], out=mean)
+        mean /= cnt
+        np.subtract(s2[k:], s2[:-k], out=var)
+        var /= cnt
+        np.multiply(mean, mean, out=tmp)
+        var -= tmp
+        np.maximum(var, 0.0, out=var)
+        np.sqrt(var, out=var)
+        np.multiply(mean, PLATEAU_CV, out=tmp)
+        steady &= var <= tmp
+    return mean, steady
+
+
 @dataclass
 class _Edges:
-    """Band edges of every known window: its GPU's learned levels (per-window arrays) and the table's utilization."""
+    """Band edges of the known windows (GPU-major: `gpu` sorted): their GPU's learned levels, and the table's
+    utilization thresholds. A rule takes each GPU's edges as numbers over its slice of windows (`spans`), or
+    per window (`lo`, `hi`: gathered on first use; `levels_at`: for a few windows)."""
 
-    idle: np.ndarray
-    lo: np.ndarray  # low_max_w
-    hi: np.ndarray  # compute_min_w
-    cap: np.ndarray
+    levels: Levels
+    gpu: np.ndarray
     busy_util: float
     idle_util: float
 
     @classmethod
     def of(cls, levels: Levels, gpu: np.ndarray, table: TriageTable) -> _Edges:
-        return cls(
-            levels.idle_w[gpu],
-            levels.low_max_w[gpu],
-            levels.compute_min_w[gpu],
-            levels.cap_w[gpu],
-            table.busy_util_pct,
-            table.idle_util_pct,
-        )
+        return cls(levels, gpu, table.busy_util_pct, table.idle_util_pct)
+
+    @cached_property
+    def spans(self) -> list[tuple[slice, float, float, float, float]]:
+        """(its windows, idle_w, low_max_w, compute_min_w, cap_w) of each GPU with windows."""
+        lv = self.levels
+        gs, ge = _bounds(self.gpu, len(lv.idle_w))
+        return [
+            (slice(a, b), lv.idle_w[g], lv.low_max_w[g], lv.compute_min_w[g], lv.cap_w[g])
+            for g, (a, b) in enumerate(zip(gs, ge))
+            if b > a
+        ]
+
+    def levels_at(self, windows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(idle_w, low_max_w, compute_min_w) of the windows at positions `windows`."""
+        g = self.gpu[windows]
+        return self.levels.idle_w[g], self.levels.low_max_w[g], self.levels.compute_min_w[g]
+
+    @cached_property
+    def lo(self) -> np.ndarray:  # low_max_w
+        return self.levels.low_max_w[self.gpu]
+
+    @cached_property
+    def hi(self) -> np.ndarray:  # compute_min_w
+        return self.levels.compute_min_w[self.gpu]

@@ -127,7 +127,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wattgate.power.triage.arrays import _bounds, _ranges, _runs
+from wattgate.power.triage.arrays import _bounds, _ranges, _true_runs
 from wattgate.power.triage.levels import _Edges
 from wattgate.power.triage.phases import (
     ACTIVE,
@@ -165,92 +165,167 @@ PEER_POWER_TOL = 0.12  # a GPU within this share of its peers' median power (and
 PEER_UTIL_TOL = 15.0
 
 
+def _edge_positions(gs: np.ndarray, ge: np.ndarray, radius: int) -> np.ndarray:
+    """Positions within `radius` windows of their GPU's first or last window, sorted, once each."""
+    starts = np.concatenate([gs, np.maximum(ge - radius, gs)])
+    ends = np.concatenate([np.minimum(gs + radius, ge), ge])
+    return np.unique(_ranges(starts, ends))
+
+
 def _rolling_median(x: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int) -> np.ndarray:
     """Median of each window and `radius` known windows on each side on the same GPU."""
     if len(x) == 0 or radius <= 0:
         return x
     gs, ge = _bounds(gpu, ngpu)
-    pos = np.arange(len(x))
-    lo, hi = gs[gpu], ge[gpu] - 1
-    # near a GPU's ends, mirror inside its range so the window stays centred and odd-sized
+    n = len(x)
+    if radius != 2 or np.isnan(x).any():
+        return _median_at(x, np.arange(n), gpu, gs, ge, radius)
+    # away from a GPU's ends the neighbours are shifted views of x: no gathers, no index arrays
+    out = np.empty_like(x)
+    if n > 4:
+        _median5(*(x[k : n - 4 + k] for k in range(5)), out=out[2 : n - 2])
+    edge = _edge_positions(gs, ge, radius)
+    out[edge] = _median_at(x, edge, gpu, gs, ge, radius)
+    return out
+
+
+def _median_at(x, pos, gpu, gs, ge, radius: int) -> np.ndarray:
+    """The rolling median at `pos`; near a GPU's ends the neighbours mirror inside its range so the window
+    stays centred and odd-sized."""
+    g = gpu[pos]
+    lo, hi = gs[g], ge[g] - 1
     cols = []
     for off in range(-radius, radius + 1):
         j = pos + off
         j = np.where(j < lo, 2 * lo - j, j)
         j = np.where(j > hi, 2 * hi - j, j)
         cols.append(x[np.clip(j, lo, hi)])
-    if radius == 2 and not np.isnan(x).any():  # the median of 5 by min/max (picks the same value)
-        a, b, c, d, e = cols
-        f = np.maximum(np.minimum(a, b), np.minimum(c, d))
-        g = np.minimum(np.maximum(a, b), np.maximum(c, d))
-        return np.maximum(np.minimum(e, f), np.minimum(np.maximum(e, f), g))
+    if radius == 2 and not np.isnan(x).any():
+        out = np.empty(len(pos), x.dtype)
+        _median5(*cols, out=out)
+        return out
     return np.partition(np.stack(cols, axis=1), radius, axis=1)[:, radius]
 
 
+def _median5(a, b, c, d, e, out: np.ndarray) -> None:
+    """The median of 5 (no NaN) by min/max, into out: it picks the same value a sort would."""
+    np.minimum(a, b, out=out)
+    t = np.minimum(c, d)
+    np.maximum(out, t, out=out)  # out: the larger of the two pairs' minima
+    g = np.maximum(a, b)
+    np.maximum(c, d, out=t)
+    np.minimum(g, t, out=g)  # g: the smaller of the two pairs' maxima
+    np.minimum(e, out, out=t)
+    np.maximum(e, out, out=out)
+    np.minimum(out, g, out=out)
+    np.maximum(t, out, out=out)
+
+
 def _raw_band(p: np.ndarray, e: _Edges) -> np.ndarray:
-    return ((p >= e.lo).astype(np.int8) + (p >= e.hi)).astype(np.int8)
+    band = np.empty(len(p), np.int8)
+    for sl, _, lo, hi, _ in e.spans:
+        x = p[sl]
+        band[sl] = x >= lo
+        band[sl] += x >= hi
+    return band
 
 
 def _band(p_med: np.ndarray, p: np.ndarray, gpu: np.ndarray, e: _Edges) -> np.ndarray:
     """0 low, 1 mid, 2 high (rule 1): the band of the window power median, with hysteresis at both edges;
-    never two bands away from the window's own power (a burst between waits stays high)."""
-    lo, hi = e.lo, e.hi
-    m_lo, m_hi = EDGE_MARGIN * (lo - e.idle), EDGE_MARGIN * (hi - lo)
-    raw = _raw_band(p_med, e)
-    definite = (p_med < lo - m_lo) | ((p_med >= lo + m_lo) & (p_med < hi - m_hi)) | (p_med >= hi + m_hi)
-    definite[np.flatnonzero(np.diff(gpu)) + 1] = True  # hysteresis never crosses GPUs
-    if len(definite):
-        definite[0] = True
-    lower = np.where(p_med < (lo + hi) / 2, 0, 1).astype(np.int8)  # the bands touching the nearer edge
-    positions = np.arange(len(p_med))
-    out = raw
+    never two bands away from the window's own power (a burst between waits stays high). `gpu`: the windows'
+    GPUs, as in `e`, which gives each GPU's slice."""
+    definite = np.empty(len(p_med), dtype=bool)
+    clear = np.empty(len(p_med), dtype=bool)  # P past the high margin: compute, however short the burst
+    for sl, idle, lo, hi, _ in e.spans:
+        m_lo, m_hi = EDGE_MARGIN * (lo - idle), EDGE_MARGIN * (hi - lo)
+        x = p_med[sl]
+        d = x < lo - m_lo
+        d |= (x >= lo + m_lo) & (x < hi - m_hi)
+        d |= x >= hi + m_hi
+        d[0] = True  # hysteresis never crosses GPUs
+        definite[sl] = d
+        np.greater_equal(p[sl], hi + m_hi, out=clear[sl])
+    out = _hysteresis(_raw_band(p_med, e), np.flatnonzero(~definite), p_med, e)
+    # the median may not move a window two bands, nor lower one clearly in the compute band: no GPU draws
+    # that much power without computing
+    own = _raw_band(p, e)
+    clear |= np.abs(out - own) >= 2
+    np.copyto(out, own, where=clear)
+    return out
+
+
+def _hysteresis(raw: np.ndarray, amb: np.ndarray, p_med: np.ndarray, e: _Edges) -> np.ndarray:
+    """The bands with hysteresis, in `raw`: a window within a margin of an edge (at `amb`, sorted; the rest
+    are definite) keeps the band of the definite window before it when that band touches the edge."""
+    if len(amb) == 0:
+        return raw
+    _, lo, hi = e.levels_at(amb)
+    lower = np.where(p_med[amb] < (lo + hi) / 2, 0, 1).astype(np.int8)  # the bands touching the nearer edge
+    # the definite window before each run of consecutive ambiguous ones (position 0 is always definite)
+    run_start = np.ones(len(amb), dtype=bool)
+    run_start[1:] = amb[1:] != amb[:-1] + 1
+    before = np.maximum.accumulate(np.where(run_start, amb - 1, 0))
+    settled = np.zeros(len(amb), dtype=bool)  # ambiguous windows found to take their own band
     for _ in range(64):
-        last = np.maximum.accumulate(np.where(definite, positions, 0))
+        last = np.maximum(before, np.maximum.accumulate(np.where(settled, amb, 0)))
         prev = raw[last]
         fits = (prev == lower) | (prev == lower + 1)
-        jump = ~definite & ~fits  # arrived from a band away from this edge: it takes its raw band
+        jump = ~settled & ~fits  # arrived from a band away from this edge: it takes its raw band
         if not jump.any():
-            out = np.where(definite, raw, prev)
-            break
+            raw[amb[~settled]] = prev[~settled]
+            return raw
         # only the first such window after each definite one is certain; the ones after it carry its band
         at = np.flatnonzero(jump)
         _, first = np.unique(last[at], return_index=True)
-        definite[at[first]] = True
-    own = _raw_band(p, e)
-    # the median may not move a window two bands, nor lower one clearly in the compute band: no GPU draws
-    # that much power without computing, however short the burst
-    keep_own = (np.abs(out.astype(np.int16) - own) >= 2) | (p >= hi + m_hi)
-    return np.where(keep_own, own, out).astype(np.int8)
+        settled[at[first]] = True
+    return raw  # not settled after that many rounds: every window keeps its raw band
+
+
+# class of a window in the mid or high band by (band, busy or no utilization); the low band is classed apart
+_ACTIVE_CLASS = np.array([LOW_UTIL, LOW_UTIL, DATA_STARVATION, COMMUNICATION, DATA_STARVATION, COMPUTE], np.int8)
 
 
 def _classify(p, u, high, low, band, e: _Edges) -> tuple[np.ndarray, np.ndarray]:
     """(class, oscillating) per window (rule 2)."""
     with np.errstate(invalid="ignore"):
+        busy = u >= e.busy_util
+    working = np.isnan(u)
+    working |= busy
+    key = band * np.int8(2)
+    key += working
+    cls = _ACTIVE_CLASS[key]
+    at = np.flatnonzero(band == 0)
+    idle_w, low_max_w, _ = e.levels_at(at)
+    cls[at] = _classify_low(p[at], u[at], high[at], idle_w, low_max_w, e)
+    # kernel bursts between host gaps; at busy utilization the low samples were a kernel waiting, not a gap
+    osc = high >= OSCILLATION_SHARE
+    osc &= low >= OSCILLATION_SHARE
+    osc &= ~busy
+    cls[osc] = DATA_STARVATION
+    # at the power cap the GPU is working flat out whatever utilization reads (sampled kernel occupancy)
+    at_cap = np.empty(len(p), dtype=bool)
+    for sl, _, _, _, cap in e.spans:
+        np.greater_equal(p[sl], AT_CAP_SHARE * cap, out=at_cap[sl])
+    cls[at_cap] = COMPUTE
+    osc &= ~at_cap
+    return cls, osc
+
+
+def _classify_low(p, u, high, idle_w, low_max_w, e: _Edges) -> np.ndarray:
+    """Class of windows in the low band."""
+    with np.errstate(invalid="ignore"):
         busy, idle = u >= e.busy_util, u <= e.idle_util
         light_util = u < LIGHT_UTIL_PCT
     no_util = np.isnan(u)
     cls = np.full(len(p), LOW_UTIL, np.int8)
-    cls[(band == 2) & (busy | no_util)] = COMPUTE
-    cls[(band == 2) & ~busy & ~no_util] = DATA_STARVATION
-    cls[(band == 1) & (busy | no_util)] = COMMUNICATION
-    cls[(band == 1) & ~busy & ~no_util] = DATA_STARVATION
-    low_band = band == 0
-    cls[low_band & busy] = WAIT
-    cls[low_band & idle] = IDLE
-    quiet = e.idle + NO_UTIL_IDLE_SHARE * (e.lo - e.idle)
+    cls[busy] = WAIT
+    cls[idle] = IDLE
+    quiet = p <= idle_w + NO_UTIL_IDLE_SHARE * (low_max_w - idle_w)
     # a little utilization at idle power with no sample in the high band is work too light to draw
     # power (host copies, teardown): compute bursts filling that share of the time would lift P above `quiet`
-    light = low_band & ~busy & ~idle & light_util & (p <= quiet) & (high == 0)
-    cls[light] = IDLE
-    cls[low_band & no_util] = np.where((p <= quiet)[low_band & no_util], IDLE, WAIT)
-    # kernel bursts between host gaps; at busy utilization the low samples were a kernel waiting, not a gap
-    osc = (high >= OSCILLATION_SHARE) & (low >= OSCILLATION_SHARE) & ~busy
-    cls[osc] = DATA_STARVATION
-    # at the power cap the GPU is working flat out whatever utilization reads (sampled kernel occupancy)
-    at_cap = p >= AT_CAP_SHARE * e.cap
-    cls[at_cap] = COMPUTE
-    osc &= ~at_cap
-    return cls, osc
+    cls[~busy & ~idle & light_util & quiet & (high == 0)] = IDLE
+    cls[no_util] = np.where(quiet[no_util], IDLE, WAIT)
+    return cls
 
 
 _CLASS_BAND = np.array([2, 1, -1, -1, -1, 0, -1, 0, -1], np.int8)  # band a class implies; -1: any
@@ -263,24 +338,40 @@ def _majority(
     and so do a window whose own power is two bands from the winner's and the windows in `keep`."""
     if len(cls) == 0 or radius <= 0:
         return cls
-    values = np.unique(cls)
-    compact = np.searchsorted(values, cls)
-    onehot = np.zeros((len(cls) + 1, len(values)), np.uint8)
-    onehot[np.arange(1, len(cls) + 1), compact] = 1
-    cum = np.cumsum(onehot, axis=0, dtype=np.int32)
+    n = len(cls)
     gs, ge = _bounds(gpu, ngpu)
-    pos = np.arange(len(cls))
-    a = np.maximum(pos - radius, gs[gpu])
-    b = np.minimum(pos + radius + 1, ge[gpu])
-    counts = cum[b] - cum[a]
-    best = counts.max(axis=1)
-    own = counts[pos, compact]
-    winner = values[np.argmax(counts, axis=1)].astype(cls.dtype)
+    # a window shared by more than `radius` of its 2 radius + 1 neighbourhood wins outright, so only the
+    # others (and the windows near a GPU's end, whose neighbourhood is cut short) need the full count
+    sub = [_edge_positions(gs, ge, radius)]
+    if n > 2 * radius:
+        agree = np.zeros(n - 2 * radius, np.int8)  # neighbours with the window's class, window radius + i
+        for d in range(1, radius + 1):
+            eq = cls[:-d] == cls[d:]  # eq[i]: windows i and i + d agree
+            agree += eq[radius - d : n - radius - d]
+            agree += eq[radius : n - radius]
+        sub.append(np.flatnonzero(agree < radius) + radius)
+    pos = np.unique(np.concatenate(sub))
+    own, best, winner = _majority_at(cls, pos, gpu, gs, ge, radius)
     wb = _CLASS_BAND[winner]
-    stay = (own == best) | ((wb >= 0) & (np.abs(wb.astype(np.int16) - own_band) >= 2))
+    stay = (own == best) | ((wb >= 0) & (np.abs(wb.astype(np.int16) - own_band[pos]) >= 2))
     if keep is not None:
-        stay |= keep
-    return np.where(stay, cls, winner).astype(cls.dtype)
+        stay |= keep[pos]
+    out = cls.copy()
+    out[pos[~stay]] = winner[~stay]
+    return out
+
+
+def _majority_at(cls, pos, gpu, gs, ge, radius: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """At `pos`: how many of the windows within `radius` on the same GPU share the window's class, how many
+    share the most common one, and that class (the lowest of a tie)."""
+    g = gpu[pos]
+    j = pos[:, None] + np.arange(-radius, radius + 1)
+    valid = (j >= gs[g][:, None]) & (j < ge[g][:, None])
+    c = cls[np.where(valid, j, pos[:, None])]
+    counts = ((c[:, :, None] == c[:, None, :]) & valid[:, None, :]).sum(axis=2) * valid
+    best = counts.max(axis=1)
+    winner = np.where(counts == best[:, None], c, np.iinfo(c.dtype).max).min(axis=1)
+    return counts[:, radius], best, winner
 
 
 def _peer_vote(cls, p, u, index, e: _Edges, gpu: np.ndarray | None = None) -> np.ndarray:
@@ -291,28 +382,22 @@ def _peer_vote(cls, p, u, index, e: _Edges, gpu: np.ndarray | None = None) -> np
     n = len(cls)
     if n == 0:
         return cls
-    uu = np.where(np.isnan(u), -1.0, u)
+    uu = np.where(np.isnan(u), -1.0, u) if np.isnan(u).any() else u
     lo = int(index.min())
     span = int(index.max()) - lo + 1
     if gpu is not None and span * (int(gpu.max()) + 1) <= 2 * n + (1 << 20) and not np.isnan(p).any():
-        # the usual case, GPUs over the same hours: a (time x GPU) grid sorted along each row
-        row = index - lo
-        counts = np.bincount(row, minlength=span)
-        mid = np.maximum(counts - 1, 0) // 2
-        med_p, med_u = (_row_median(x, row, gpu, span, mid) for x in (p, uu))
-        grp = row
-    else:
-        order = np.lexsort((p, index))
-        idx = index[order]
-        new = np.ones(n, dtype=bool)
-        new[1:] = idx[1:] != idx[:-1]
-        starts = np.flatnonzero(new)
-        counts = np.diff(np.append(starts, n))
-        grp = np.empty(n, np.int64)
-        grp[order] = np.cumsum(new) - 1
-        med_p = p[order][starts + (counts - 1) // 2]
-        order_u = np.lexsort((uu, index))
-        med_u = uu[order_u][starts + (counts - 1) // 2]
+        return _peer_vote_grid(cls, p, uu, index - lo, gpu, span, e)
+    order = np.lexsort((p, index))
+    idx = index[order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = idx[1:] != idx[:-1]
+    starts = np.flatnonzero(new)
+    counts = np.diff(np.append(starts, n))
+    grp = np.empty(n, np.int64)
+    grp[order] = np.cumsum(new) - 1
+    med_p = p[order][starts + (counts - 1) // 2]
+    order_u = np.lexsort((uu, index))
+    med_u = uu[order_u][starts + (counts - 1) // 2]
     ngrp = len(counts)
     with_peers = (np.abs(p - med_p[grp]) <= PEER_POWER_TOL * np.maximum(med_p[grp], e.lo)) & (
         np.abs(uu - med_u[grp]) <= PEER_UTIL_TOL
@@ -331,26 +416,88 @@ def _peer_vote(cls, p, u, index, e: _Edges, gpu: np.ndarray | None = None) -> np
     return out
 
 
-def _row_median(x: np.ndarray, row: np.ndarray, gpu: np.ndarray, span: int, mid: np.ndarray) -> np.ndarray:
-    """Per row of a (time x GPU) grid: the (counts - 1) // 2-th smallest of its values (the lower median)."""
-    grid = np.full((span, int(gpu.max()) + 1), np.inf)
-    grid[row, gpu] = x
-    grid.sort(axis=1)
-    return grid[np.arange(span), mid]
+def _peer_vote_grid(cls, p, uu, row, gpu, span: int, e: _Edges) -> np.ndarray:
+    """_peer_vote for GPUs over the same hours: on a (GPU x time) grid, which holds the windows in their own
+    (GPU-major) order, so a GPU seen at every time of the span needs no scatter and no gather."""
+    ngpu = int(gpu.max()) + 1
+    complete = len(cls) == ngpu * span  # each GPU has at most one window per time, so all of them
+
+    def grid(x, fill):
+        if complete:
+            return x.reshape(ngpu, span)
+        g = np.full(ngpu * span, fill, x.dtype)
+        g[flat] = x
+        return g.reshape(ngpu, span)
+
+    flat = None if complete else np.multiply(gpu, span, dtype=np.int64) + row
+    present = None if complete else grid(np.ones(len(cls), bool), False)
+    counts = np.full(span, ngpu) if complete else present.sum(axis=0)
+    mid = np.maximum(counts - 1, 0) // 2
+    grid_p, grid_u = grid(p, np.inf), grid(uu, np.inf)
+    med_p, med_u = (np.take_along_axis(np.sort(x, axis=0), mid[None, :], axis=0)[0] for x in (grid_p, grid_u))
+    with np.errstate(invalid="ignore"):  # inf - inf at times no GPU has a window: masked out below
+        dist = np.subtract(grid_p, med_p)
+        np.abs(dist, out=dist)
+        tol = np.maximum(med_p, e.levels.low_max_w[:ngpu, None])  # grid row g: GPU g
+        tol *= PEER_POWER_TOL
+        with_peers = dist <= tol
+        np.subtract(grid_u, med_u, out=dist)
+        np.abs(dist, out=dist)
+        with_peers &= dist <= PEER_UTIL_TOL
+    if present is not None:
+        with_peers &= present
+    ok = (counts >= 2) & (with_peers.sum(axis=0) >= np.maximum(2, np.ceil(counts / 2)))
+    with_peers &= ok
+    # the strict plurality of each time's voters: most times they agree, and only the others need counting
+    grid_c = grid(cls, 0)
+    info = np.iinfo(cls.dtype)
+    best = np.where(with_peers, grid_c, info.max).min(axis=0)
+    split = np.flatnonzero(best < np.where(with_peers, grid_c, info.min).max(axis=0))
+    strict = with_peers.any(axis=0)
+    if len(split):
+        best[split], strict[split] = _plurality(grid_c[:, split], with_peers[:, split])
+    with_peers &= strict
+    out = np.where(with_peers, best, grid_c).ravel()
+    return out if complete else out[flat]
 
 
-def _next_true(mask: np.ndarray) -> np.ndarray:
-    """Position of the first True at or after each position (len(mask) if none)."""
-    n = len(mask)
-    idx = np.where(mask, np.arange(n), n)
-    return np.minimum.accumulate(idx[::-1])[::-1]
+def _plurality(cls: np.ndarray, voter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per column: the most common class of the voters (the lowest of a tie), and whether it is strictly
+    the most common."""
+    top, second = np.zeros(cls.shape[1], np.int64), np.zeros(cls.shape[1], np.int64)
+    best = np.zeros(cls.shape[1], cls.dtype)
+    for k in np.unique(cls[voter]):  # ascending: a later class must beat the leader, not tie it
+        votes = (voter & (cls == k)).sum(axis=0)
+        more = votes > top
+        second = np.where(more, top, np.maximum(second, votes))
+        best[more] = k
+        top = np.where(more, votes, top)
+    return best, top > second
+
+
+def _is(cls: np.ndarray, classes) -> np.ndarray:
+    """cls in classes: one comparison per class (np.isin builds a lookup table on every call)."""
+    out = cls == classes[0]
+    for c in classes[1:]:
+        out |= cls == c
+    return out
+
+
+def _next_true_at(mask: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Position of the first True at or after each position in `at` (len(mask) if none), from the False
+    positions alone (few: the labels that are not activity)."""
+    out = at.copy()
+    off = np.flatnonzero(~mask)
+    if len(off):
+        run_last = off[np.append(off[1:] != off[:-1] + 1, True)]  # the last of each run of False
+        inside = ~mask[at]
+        out[inside] = run_last[np.searchsorted(run_last, at[inside])] + 1
+    return out
 
 
 def _wait_runs(cls, index, gpu, window_s) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Start, end (exclusive) and length in seconds of every contiguous run of WAIT windows."""
-    starts, ends = _runs(cls, gpu)
-    waits = cls[starts] == WAIT
-    s, e = starts[waits], ends[waits]
+    s, e = _true_runs(cls == WAIT, gpu)
     return s, e, (index[e - 1] + 1 - index[s]) * window_s if len(s) else np.zeros(0)
 
 
@@ -361,9 +508,9 @@ def _resolve_waits(cls, index, gpu, ngpu, window_s, deadlock_after_s) -> np.ndar
     if len(s) == 0:
         return out
     _, ge = _bounds(gpu, ngpu)
-    nxt = _next_true(np.isin(cls, ACTIVE))
-    resume = np.minimum(nxt[np.minimum(e, len(cls) - 1)], len(cls) - 1)
-    resumes = (e < len(cls)) & (nxt[np.minimum(e, len(cls) - 1)] < ge[gpu[s]])
+    nxt = _next_true_at(_is(cls, ACTIVE), np.minimum(e, len(cls) - 1))
+    resume = np.minimum(nxt, len(cls) - 1)
+    resumes = (e < len(cls)) & (nxt < ge[gpu[s]])
     gap = (index[resume] - index[e - 1] - 1) * window_s
     label = np.where(
         length < deadlock_after_s, COMMUNICATION, np.where(resumes & (gap < deadlock_after_s), CHECKPOINT, DEADLOCK)
@@ -382,8 +529,7 @@ def _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s
     n = len(smooth)
     gs, ge = _bounds(gpu, ngpu)
     # "ended" exactly as rule 4 measures it, so long pauses (already checkpoint) join the series
-    nxt = _next_true(np.isin(smooth, ACTIVE))
-    after = nxt[np.minimum(e, n - 1)]
+    after = _next_true_at(_is(smooth, ACTIVE), np.minimum(e, n - 1))
     resumes = (e < n) & (after < ge[gpu[s]])
     gap = (index[np.minimum(after, n - 1)] - index[e - 1] - 1) * window_s
     member = (length >= CHECKPOINT_MIN_S) & resumes & (gap < deadlock_after_s)
@@ -406,13 +552,9 @@ def _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s
 
     # the idle rank: a quiet stretch (idle or low-util) between activity on a GPU that is not pausing,
     # ending with the episode (the others block until the writer comes back)
-    quiet = np.isin(smooth, (IDLE, LOW_UTIL))
-    qs, qe = _runs(quiet, gpu)
-    keep = quiet[qs]
-    qs, qe = qs[keep], qe[keep]
-    busy_or_wait = np.isin(smooth, ACTIVE + (WAIT,))
-    before = (qs > gs[gpu[qs]]) & busy_or_wait[np.maximum(qs - 1, 0)]
-    after_ok = (qe < ge[gpu[qs]]) & busy_or_wait[np.minimum(qe, n - 1)]
+    qs, qe = _true_runs(_is(smooth, (IDLE, LOW_UTIL)), gpu)
+    before = (qs > gs[gpu[qs]]) & _is(smooth[np.maximum(qs - 1, 0)], ACTIVE + (WAIT,))
+    after_ok = (qe < ge[gpu[qs]]) & _is(smooth[np.minimum(qe, n - 1)], ACTIVE + (WAIT,))
     keep = before & after_ok & ((index[qe - 1] + 1 - index[qs]) * window_s >= 0.5 * CHECKPOINT_MIN_S)
     qa, qb, qg = index[qs[keep]], index[qe[keep] - 1] + 1, gpu[qs[keep]]
     writer = np.zeros(nep, dtype=bool)
@@ -444,13 +586,13 @@ def _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s
     return out
 
 
-def _near(index: np.ndarray, mask: np.ndarray, slack: int = 0) -> np.ndarray:
-    """Per window: does any window of `mask` (any GPU) lie within `slack` windows of its time?"""
-    marked = np.unique(index[mask])
+def _near(marked: np.ndarray, times: np.ndarray, slack: int = 0) -> np.ndarray:
+    """Per time in `times`: does any of the times `marked` (windows of any GPU) lie within `slack` windows?"""
+    marked = np.unique(marked)
     if len(marked) == 0:
-        return np.zeros(len(index), dtype=bool)
-    j = np.searchsorted(marked, index - slack)
-    return (j < len(marked)) & (marked[np.minimum(j, len(marked) - 1)] <= index + slack)
+        return np.zeros(len(times), dtype=bool)
+    j = np.searchsorted(marked, times - slack)
+    return (j < len(marked)) & (marked[np.minimum(j, len(marked) - 1)] <= times + slack)
 
 
 def _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s) -> np.ndarray:
@@ -458,23 +600,27 @@ def _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s) ->
     out = cls.copy()
     if len(cls) == 0:
         return out
-    ck = _near(index, (cls == CHECKPOINT) & from_wait)
-    dl_tight = _near(index, (cls == DEADLOCK) & from_wait)
-    dl = _near(index, (cls == DEADLOCK) & from_wait, PEER_SLACK)
-    if not (ck.any() or dl.any()):
+    ck_at = index[(cls == CHECKPOINT) & from_wait]  # peers' waits, by time
+    dl_at = index[(cls == DEADLOCK) & from_wait]
+    if not (len(ck_at) or len(dl_at)):
         return out
-    quiet = np.isin(cls, (IDLE, LOW_UTIL))
-    starts, ends = _runs(quiet, gpu)
-    keep = quiet[starts]
-    s, e = starts[keep], ends[keep]
+    s, e = _true_runs(_is(cls, (IDLE, LOW_UTIL)), gpu)
+    if len(s) == 0:
+        return out
     gs, ge = _bounds(gpu, ngpu)
-    active_pos = np.flatnonzero(np.isin(cls, ACTIVE))
-    k = np.searchsorted(active_pos, gs[gpu[s]])
-    first_active = np.where(k < len(active_pos), active_pos[np.minimum(k, len(active_pos) - 1)], len(cls))
-    was_active = first_active < s
+    active = _is(cls, ACTIVE)
+    first_active = np.full(ngpu, len(cls))  # on each GPU with a quiet run
+    for g in np.unique(gpu[s]):
+        seen = active[gs[g] : ge[g]]
+        if seen.any():
+            first_active[g] = gs[g] + int(seen.argmax())
+    was_active = first_active[gpu[s]] < s
     length = e - s
-    ck_c, dl_c = (np.concatenate([[0], np.cumsum(m)]) for m in (ck, dl_tight))
-    ck_overlap, dl_overlap = ck_c[e] - ck_c[s], dl_c[e] - dl_c[s]
+    # how many of each run's windows overlap peers' waits (the quiet windows alone are looked up)
+    quiet_at = _ranges(s, e)
+    run_end = np.cumsum(length)
+    ck_c, dl_c = (np.concatenate([[0], np.cumsum(_near(m, index[quiet_at]))]) for m in (ck_at, dl_at))
+    ck_overlap, dl_overlap = ck_c[run_end] - ck_c[run_end - length], dl_c[run_end] - dl_c[run_end - length]
     last = e == ge[gpu[s]]
     writer = was_active & ~last & (ck_overlap >= 0.5 * length)
     stuck = was_active & last & ((dl_overlap >= 0.5 * length) | (dl_overlap * window_s >= deadlock_after_s))
@@ -482,111 +628,174 @@ def _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s) ->
         out[_ranges(s[writer], e[writer])] = CHECKPOINT
     if stuck.any():
         pos = _ranges(s[stuck], e[stuck])
-        out[pos[dl[pos]]] = DEADLOCK
+        out[pos[_near(dl_at, index[pos], PEER_SLACK)]] = DEADLOCK
     return out
 
 
 def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e: _Edges, window_s, deadlock_after_s):
-    """Rule 6: heartbeat- and metrics-backed labels, in place."""
+    """Rule 6: heartbeat- and metrics-backed labels, in place. The run's intervals are laid over only the
+    windows whose label they can change (a step over a quiet window, not over hours of compute)."""
+    if len(cls) == 0:
+        return
     rank_gpu = map_ranks(info, keys)
     ngpu = len(keys)
     gs, ge = _bounds(gpu, ngpu)
-    w0, w1 = index * window_s, (index + 1) * window_s
-    below = p < e.hi
-    with np.errstate(invalid="ignore"):
-        busy = u >= e.busy_util
+    below = np.empty(len(p), dtype=bool)
+    for sl, _, _, hi, _ in e.spans:
+        np.less(p[sl], hi, out=below[sl])
     run_gpus = np.zeros(ngpu, dtype=bool)
     run_gpus[list(set(rank_gpu.values()))] = True
     if not run_gpus.any():  # no rank maps to a GPU: run-wide facts apply to all of them
         run_gpus[:] = True
-    in_run = run_gpus[gpu]
+    gpu_ranks = [[] for _ in range(ngpu)]
+    for r, g in rank_gpu.items():
+        gpu_ranks[g].append(r)
 
-    intervals = _checkpoint_intervals(info.events)
-    done = _done_times(info)
-    in_ckpt = np.zeros(len(cls), dtype=bool)
-    starving = np.zeros(len(cls), dtype=bool)
-    stepping = np.zeros(len(cls), dtype=bool)
-    finished = np.zeros(len(cls), dtype=bool)
-    if info.has_metrics:  # as arrays once: the GPUs' rows are picked out of them below
-        m_rank = info.metrics["rank"].to_numpy()
-        m_time, m_step, m_wait = (info.metrics[c].to_numpy(float) for c in ("time", "step_time_s", "data_wait_s"))
-    for g in range(ngpu):
-        sl = slice(gs[g], ge[g])
-        ranks = [r for r, gg in rank_gpu.items() if gg == g]
-        if info.has_metrics and ranks:
-            mine = np.isin(m_rank, ranks)
-            step_s, wait_s = m_step[mine], m_wait[mine]
-            begin = m_time[mine] - step_s
-            # a data wait, or all of a step that waited for data most of its time
-            starved = wait_s >= COVER_SHARE * step_s
-            share = _covered_share(
-                np.concatenate([begin, begin[starved]]),
-                np.concatenate([begin + wait_s, begin[starved] + step_s[starved]]),
-                w0[sl],
-                w1[sl],
-            )
-            starving[sl] = share >= COVER_SHARE
-            fed = ~starved
-            stepping[sl] = _covered_share(begin[fed], begin[fed] + step_s[fed], w0[sl], w1[sl]) >= COVER_SHARE
-        mine = intervals[intervals["rank"].isin(ranks) | ~intervals["rank"].isin(list(rank_gpu))]
-        share = _covered_share(mine["start"].to_numpy(float), mine["end"].to_numpy(float), w0[sl], w1[sl])
-        in_ckpt[sl] = share >= COVER_SHARE
-        # a GPU is done when all its ranks are; with no rank placed anywhere, when every rank is
-        owners = ranks or ([] if rank_gpu else list(done))
-        if owners:
-            end = max(done[r] for r in owners)
-            finished[sl] = w0[sl] + COVER_SHARE * window_s >= end
-    stepping &= ~starving
+    def share(at, starts, ends):  # share of each window at `at` inside the intervals
+        i = index[at]
+        return _covered_share(starts, ends, i * window_s, (i + 1) * window_s)
 
+    # stalls: gaps between progress stamps, worked out once per time (every GPU's window then reads the same)
     stamps, run_over = _progress(info)
     stalled = np.zeros(len(cls), dtype=bool)
-    during = np.zeros(len(cls), dtype=bool)
     if len(stamps):
-        k = np.searchsorted(stamps, w0, side="right")  # stamps[k-1] <= window start; k == 0: before the run
+        times, rows = _time_rows(index)
+        t0, t1 = times * window_s, (times + 1) * window_s
+        k = np.searchsorted(stamps, t0, side="right")  # stamps[k-1] <= window start; k == 0: before the run
         after_start = k > 0
-        during = in_run & after_start & (w0 < stamps[-1] + deadlock_after_s)
+        during = after_start & (t0 < stamps[-1] + deadlock_after_s)
         prev = stamps[np.maximum(k - 1, 0)]
-        k_next = np.searchsorted(stamps, w1, side="left")
+        k_next = np.searchsorted(stamps, t1, side="left")
         nxt = np.where(k_next < len(stamps), stamps[np.minimum(k_next, len(stamps) - 1)], np.inf)
-        trailing_ok = np.isfinite(nxt) | (w1[ge[gpu] - 1] - stamps[-1] >= deadlock_after_s)
-        stalled = after_start & (w0 < run_over) & (nxt - prev >= deadlock_after_s) & trailing_ok & ~in_ckpt & in_run
+        gap = after_start & (t0 < run_over) & (nxt - prev >= deadlock_after_s)
+        gap_closed = gap & np.isfinite(nxt)
+        for g in np.flatnonzero(run_gpus & (ge > gs)):
+            # the gap after the last stamp counts where the GPU's trace goes on for deadlock_after_s past it
+            trails = (index[ge[g] - 1] + 1) * window_s - stamps[-1] >= deadlock_after_s
+            stalled[gs[g] : ge[g]] = (gap if trails else gap_closed)[rows[gs[g] : ge[g]]]
+
+    intervals = _checkpoint_intervals(info.events)
+    ck_rank = intervals["rank"].to_numpy()
+    ck_start, ck_end = intervals["start"].to_numpy(float), intervals["end"].to_numpy(float)
+    unplaced = ~np.isin(ck_rank, list(rank_gpu))
+    in_ckpt = np.zeros(len(cls), dtype=bool)
+    need = below | stalled | (cls == CHECKPOINT)  # where in_ckpt is read below
+    for g in range(ngpu):
+        mine = np.isin(ck_rank, gpu_ranks[g]) | unplaced
+        if mine.any():
+            at = gs[g] + np.flatnonzero(need[gs[g] : ge[g]])
+            in_ckpt[at] = share(at, ck_start[mine], ck_end[mine]) >= COVER_SHARE
+    stalled &= ~in_ckpt
 
     # power-only hang and checkpoint labels that the run's own record contradicts go back to what
     # the window showed: a wait that was no hang is a (long) sync wait, a quiet window is idle or low-util
-    wrong = during & (cls == DEADLOCK) & ~stalled
-    if len(info.events):
-        wrong |= during & (cls == CHECKPOINT) & ~in_ckpt & ~stalled
-    cls[wrong] = np.where(smooth[wrong] == WAIT, COMMUNICATION, smooth[wrong])
+    at = np.flatnonzero(_is(cls, (DEADLOCK, CHECKPOINT)) if len(info.events) else cls == DEADLOCK)
+    if len(stamps) and len(at):
+        c = cls[at]
+        wrong = during[rows[at]] & run_gpus[gpu[at]] & ~stalled[at]
+        wrong &= (c == DEADLOCK) | ~in_ckpt[at]
+        at = at[wrong]
+        cls[at] = np.where(smooth[at] == WAIT, COMMUNICATION, smooth[at])
 
+    starving, stepping = _step_cover(cls, below, stalled, gs, ge, info, gpu_ranks, share)
     hit = starving & below
     cls[hit], conf[hit] = DATA_STARVATION, 1.0
     # the step's own work: a step that did not wait for data but left the GPU low or quiet was held
     # back by the host (launches, small kernels), not by the loader. A stall keeps the power labels
     # so the hang rules below still see an idle stuck rank.
-    hit = stepping & ~stalled & np.isin(cls, (DATA_STARVATION, LOW_UTIL, IDLE))
-    cls[hit], conf[hit] = COMPUTE, 1.0
-    # after the run said done the GPU is being released: quiet windows are idle, not starved
-    hit = finished & (p < e.lo) & ~busy & np.isin(cls, (DATA_STARVATION, LOW_UTIL))
+    cls[stepping], conf[stepping] = COMPUTE, 1.0
+    # after the run said done the GPU is being released: quiet windows are idle, not starved. A GPU is
+    # done when all its ranks are; with no rank placed anywhere, when every rank is
+    done = _done_times(info)
+    end = np.full(ngpu, np.inf)
+    for g in range(ngpu):
+        owners = gpu_ranks[g] or ([] if rank_gpu else list(done))
+        if owners:
+            end[g] = max(done[r] for r in owners)
+    at = np.flatnonzero(_is(cls, (DATA_STARVATION, LOW_UTIL)))
+    _, low_max_w, _ = e.levels_at(at)
+    with np.errstate(invalid="ignore"):
+        quiet = (p[at] < low_max_w) & ~(u[at] >= e.busy_util)
+    hit = at[quiet & (index[at] * window_s + COVER_SHARE * window_s >= end[gpu[at]])]
     cls[hit], conf[hit] = IDLE, 1.0
     hit = in_ckpt & below
     cls[hit], conf[hit] = CHECKPOINT, 1.0
-    waiting = stalled & below & busy
-    stuck = stalled & np.isin(cls, (IDLE, LOW_UTIL, DATA_STARVATION)) & below & ~busy & _near(index, waiting)
-    hit = waiting | stuck
-    cls[hit], conf[hit] = DEADLOCK, 1.0
+    at = np.flatnonzero(stalled & below)
+    if len(at):
+        with np.errstate(invalid="ignore"):
+            waiting = u[at] >= e.busy_util
+        stuck = _is(cls[at], (IDLE, LOW_UTIL, DATA_STARVATION)) & ~waiting & _near(index[at[waiting]], index[at])
+        hit = at[waiting | stuck]
+        cls[hit], conf[hit] = DEADLOCK, 1.0
+
+
+def _step_cover(cls, below, stalled, gs, ge, info: RunInfo, gpu_ranks, share) -> tuple[np.ndarray, np.ndarray]:
+    """Per window, from the metrics: (starving, stepping). Starving: >= COVER_SHARE inside a step's data wait,
+    or inside a step that waited for data for most of its time; stepping: >= COVER_SHARE inside the other
+    steps, not starving, not stalled and labelled data starvation, low-util or idle (what the step rule
+    relabels). Starving is worked out only where P is below the compute band or the window could be stepping:
+    nowhere else is it read."""
+    starving = np.zeros(len(cls), dtype=bool)
+    stepping = np.zeros(len(cls), dtype=bool)
+    if not info.has_metrics:
+        return starving, stepping
+    m_rank = info.metrics["rank"].to_numpy()
+    m_time, m_step, m_wait = (info.metrics[c].to_numpy(float) for c in ("time", "step_time_s", "data_wait_s"))
+    candidate = ~stalled & _is(cls, (DATA_STARVATION, LOW_UTIL, IDLE))
+    need = below | candidate
+    for g, ranks in enumerate(gpu_ranks):
+        if not ranks:
+            continue
+        mine = np.flatnonzero(_is(m_rank, ranks))  # positions: each column is then gathered at a few rows
+        step_s, wait_s = m_step[mine], m_wait[mine]
+        begin = m_time[mine] - step_s
+        # a data wait, or all of a step that waited for data most of its time
+        starved = wait_s >= COVER_SHARE * step_s
+        at = gs[g] + np.flatnonzero(need[gs[g] : ge[g]])
+        starving[at] = (
+            share(
+                at,
+                np.concatenate([begin, begin[starved]]),
+                np.concatenate([begin + wait_s, begin[starved] + step_s[starved]]),
+            )
+            >= COVER_SHARE
+        )
+        fed = ~starved
+        at = gs[g] + np.flatnonzero(candidate[gs[g] : ge[g]] & ~starving[gs[g] : ge[g]])
+        stepping[at] = share(at, begin[fed], begin[fed] + step_s[fed]) >= COVER_SHARE
+    return starving, stepping
+
+
+def _time_rows(index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct window times (every time of the span, when that is not much more) and each window's
+    row among them."""
+    lo, hi = int(index.min()), int(index.max())
+    if hi - lo + 1 <= 2 * len(index) + (1 << 20):
+        return np.arange(lo, hi + 1), index - lo
+    return np.unique(index, return_inverse=True)
 
 
 def _confidence(p, u, high, low, osc, raw, smooth, final, filled, e: _Edges) -> np.ndarray:
-    lo, hi = e.lo, e.hi
-    m_lo, m_hi = EDGE_MARGIN * (lo - e.idle), EDGE_MARGIN * (hi - lo)
-    conf_p = np.minimum(np.abs(p - lo) / (2.5 * m_lo), np.abs(p - hi) / (2.5 * m_hi))
-    du = np.minimum(np.abs(u - e.busy_util), np.abs(u - e.idle_util)) / 5.0
-    conf_u = np.where(np.isnan(u), 1.0, du)
-    conf = np.where(final == COMPUTE, conf_p, np.minimum(conf_p, conf_u))
-    conf = np.where(osc, np.minimum(high, low) / 0.3, conf)  # bursts are judged by shares, not by the means
-    conf = np.where(raw != smooth, np.minimum(conf, 0.5), conf)
-    conf = np.where(filled, np.minimum(conf, 0.5), conf)  # no sample: the phase around a short gap
-    return np.clip(conf, 0.0, 1.0).astype(np.float32)
+    # P's distance from the nearest band edge in units of 2.5 margins
+    conf = np.empty(len(p))
+    for sl, idle, lo, hi, _ in e.spans:
+        m_lo, m_hi = EDGE_MARGIN * (lo - idle), EDGE_MARGIN * (hi - lo)
+        to_lo, to_hi = np.abs(p[sl] - lo), np.abs(p[sl] - hi)
+        to_lo /= 2.5 * m_lo
+        to_hi /= 2.5 * m_hi
+        np.minimum(to_lo, to_hi, out=conf[sl])
+    # labels that also rest on U: U's distance from the nearest utilization threshold in 5-point units
+    at = np.flatnonzero(final != COMPUTE)
+    ua = u[at]
+    to_u = np.minimum(np.abs(ua - e.busy_util), np.abs(ua - e.idle_util)) / 5.0
+    to_u[np.isnan(ua)] = 1.0
+    conf[at] = np.minimum(conf[at], to_u)
+    at = np.flatnonzero(osc)  # bursts are judged by shares, not by the means
+    conf[at] = np.minimum(high[at], low[at]) / 0.3
+    np.minimum(conf, 0.5, out=conf, where=raw != smooth)
+    np.minimum(conf, 0.5, out=conf, where=filled)  # no sample: the phase around a short gap
+    np.clip(conf, 0.0, 1.0, out=conf)
+    return conf.astype(np.float32)
 
 
 # ---------------------------------------------------------------- triage

@@ -8,6 +8,7 @@ phase_summary.csv, triage.json and triage.md out.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -18,7 +19,6 @@ import pyarrow.compute as pc
 
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.errors import InputError
-from wattgate.power import energy as energy_mod
 from wattgate.power import power_only
 from wattgate.power.tables import TriageTable
 from wattgate.power.triage.phases import (
@@ -30,6 +30,7 @@ from wattgate.power.triage.phases import (
     PHASES_SCHEMA,
     UNKNOWN,
     WAIT,
+    contract,
     gap_summary,
     peer_departures,
     phase_summary,
@@ -55,8 +56,8 @@ from wattgate.power.triage.rules import (
 )
 from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
-from wattgate.power.triage.windows import _gpus, _samples, _Samples, _Windows, _windows
-from wattgate.telemetry.trace import read_trace, strict_json, trace_meta
+from wattgate.power.triage.windows import CHUNK_ROWS, _Ingest, _Windows, _windows, ingest, ingest_energy, table_chunks
+from wattgate.telemetry.trace import read_trace_chunks, strict_json
 
 
 def triage(
@@ -73,7 +74,8 @@ def triage(
     caps: (host, gpu) -> the power cap the sampler recorded (NVML's enforced limit); power_cap_w, when given,
     is every GPU's cap (an imported log records none); else the table's tdp_w."""
     _check_limits(window_s, deadlock_after_s)
-    return _triage(_samples(trace), table, window_s, deadlock_after_s, run_info, caps, power_cap_w)
+    acc = ingest(table_chunks(trace)(), window_s, with_energy=False)
+    return contract(_triage(acc, table, window_s, deadlock_after_s, run_info, caps, power_cap_w))
 
 
 def _check_limits(window_s: float, deadlock_after_s: float) -> None:
@@ -84,7 +86,7 @@ def _check_limits(window_s: float, deadlock_after_s: float) -> None:
 
 
 def _triage(
-    s: _Samples,
+    acc: _Ingest,
     table: TriageTable,
     window_s: float,
     deadlock_after_s: float,
@@ -92,10 +94,10 @@ def _triage(
     caps: dict | None,
     power_cap_w: float | None,
 ) -> pa.Table:
-    """triage() on samples already read (run_triage also takes the energy from them)."""
-    if len(s.time) == 0:
+    """triage() on a trace already reduced (run_triage also takes the energy from it)."""
+    if acc.empty:
         return PHASES_SCHEMA.empty_table()
-    win = _windows(s, table, window_s, caps, power_cap_w)
+    win = _windows(acc, table, window_s, caps, power_cap_w)
     ngpu = len(win.keys)
     known = win.n > 0
     kpos = np.flatnonzero(known)
@@ -135,20 +137,19 @@ def _phases_table(win: _Windows, labels: np.ndarray, confidence: np.ndarray, win
     gpu_of_gpu = np.array([g for _, g in win.keys], np.int32)
     start = win.index * window_s
     known = win.n > 0
+    # host and phase stay dictionaries until written (write_phases, contract()): the summaries read their codes
     return pa.Table.from_arrays(
         [
-            pa.DictionaryArray.from_arrays(pa.array(host_of_gpu[win.gpu_id]), pa.array(hosts, pa.string())).cast(
-                pa.string()
-            ),
+            pa.DictionaryArray.from_arrays(pa.array(host_of_gpu[win.gpu_id]), pa.array(hosts, pa.string())),
             pa.array(gpu_of_gpu[win.gpu_id], pa.int32()),
             pa.array(start, pa.float64()),
             pa.array((win.index + 1) * window_s, pa.float64()),
-            pa.DictionaryArray.from_arrays(pa.array(labels.astype(np.int32)), pa.array(list(LABELS))).cast(pa.string()),
+            pa.DictionaryArray.from_arrays(pa.array(labels.astype(np.int32)), pa.array(list(LABELS))),
             pa.array(win.power.astype(np.float32), pa.float32(), mask=~known),
             pa.array(win.util.astype(np.float32), pa.float32(), mask=~known | np.isnan(win.util)),
             pa.array(confidence, pa.float32()),
         ],
-        schema=PHASES_SCHEMA,
+        names=PHASES_SCHEMA.names,
     )
 
 
@@ -239,38 +240,17 @@ def _gaps_and_peers_md(result: dict) -> list[str]:
 TRIAGE_COLUMNS = ["time", "host", "gpu", "power_w", "util_gpu", "energy_j"]
 
 
-def _read_traces(paths: list) -> tuple[pa.Table, list[dict], list[int]]:
-    """The traces' rows end to end (TRIAGE_COLUMNS), each file's metadata and row count."""
-    tables, metas = [], []
-    for path in paths:
-        t = read_trace(path, columns=TRIAGE_COLUMNS)
-        metas.append(trace_meta(t))
-        tables.append(t.replace_schema_metadata(None))
-    if not tables:
+def _trace_chunks(paths: list) -> tuple[list[dict], Callable[[], Iterator]]:
+    """Each file's metadata, and its batches end to end (TRIAGE_COLUMNS), re-readable."""
+    if not paths:
         raise InputError("no trace files given")
-    return pa.concat_tables(tables), metas, [t.num_rows for t in tables]
+    metas = [read_trace_chunks(p, TRIAGE_COLUMNS, CHUNK_ROWS)[0] for p in paths]
 
+    def chunks():
+        for p in paths:
+            yield from read_trace_chunks(p, TRIAGE_COLUMNS, CHUNK_ROWS)[1]
 
-def _energy(trace: pa.Table, s: _Samples, file_rows: list[int]) -> dict:
-    """triage.json's "energy" (energy.records) from the samples triage holds, per file as the report splits
-    them."""
-    if len(s.time) == 0:
-        return {}
-    if s.kept is not None:  # rows without a GPU or a finite time: the report leaves them out too
-        bounds = np.concatenate([[0], np.cumsum(file_rows)])
-        kept = np.concatenate([[0], np.cumsum(s.kept)])
-        file_rows = [int(kept[b] - kept[a]) for a, b in zip(bounds[:-1], bounds[1:])]
-    col = trace.column("energy_j")
-    valid = readings = None
-    if col.null_count < len(col):
-        valid = pc.is_valid(col).to_numpy(zero_copy_only=False)
-        if s.kept is not None:
-            valid = valid[s.kept]
-            col = col.filter(pa.array(s.kept))
-        readings = pc.drop_null(col).to_numpy().astype(np.float64)
-    keys, gid, _ = _gpus(s)
-    series = energy_mod.split_samples(keys, gid, s.time, s.power, valid, readings, file_rows)
-    return energy_mod.records(energy_mod.gpu_energy(series), [len(x.energy_pos) for x in series.series])
+    return metas, chunks
 
 
 def recorded_caps(metas: list[dict]) -> dict[tuple[str, int], float]:
@@ -297,9 +277,11 @@ def run_triage(
     """`wattgate triage`: traces (one per host) -> phases.parquet, phase_summary.csv, triage.json, triage.md."""
     paths = [Path(p) for p in ([trace_paths] if isinstance(trace_paths, (str, os.PathLike)) else trace_paths)]
     out_dir = Path(out_dir)
-    trace, metas, file_rows = _read_traces(paths)
+    metas, chunks = _trace_chunks(paths)
+    _check_limits(window_s, deadlock_after_s)
+    acc = ingest(chunks(), window_s)
     names = sorted({str(g.get("name", "")) for m in metas for g in m.get("gpus", []) if g.get("name")})
-    empty = trace.num_rows == 0
+    empty = acc.empty
     settings = TriageSettings(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w)
     caps = recorded_caps(metas)
     if empty and not (table_path or gpu_model):
@@ -311,16 +293,12 @@ def run_triage(
     if empty:
         phases, energy = PHASES_SCHEMA.empty_table(), {}
     else:
-        _check_limits(window_s, deadlock_after_s)
-        s = _samples(trace)
-        energy = _energy(trace, s, file_rows)
-        phases = _triage(s, table, window_s, deadlock_after_s, info, caps, power_cap_w)
-        del s
+        energy = ingest_energy(acc, chunks)
+        phases = _triage(acc, table, window_s, deadlock_after_s, info, caps, power_cap_w)
+    power_seen, util_seen = acc.power, acc.util
+    del acc
     learned = phases_meta(phases)
     summary = phase_summary(phases)
-
-    def present(column: str) -> bool:
-        return trace.column(column).null_count < trace.num_rows
 
     result = {
         "format_version": FORMAT_VERSION,
@@ -334,8 +312,8 @@ def run_triage(
         "deadlock_after_s": deadlock_after_s,
         "run_dir": str(run_dir) if run_dir else None,
         "signals": {
-            "power": present("power_w"),
-            "util": present("util_gpu"),
+            "power": power_seen,
+            "util": util_seen,
             "heartbeats": bool(info and info.has_heartbeats),
             "metrics": bool(info and info.has_metrics),
         },

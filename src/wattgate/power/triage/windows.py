@@ -16,11 +16,21 @@ Per window: mean power P, mean utilization U, and the shares of samples in
 the high band (>= compute_min_w) and the low band (< low_max_w), against the
 GPU's own edges (levels.py): low [0, low_max_w), mid [low_max_w,
 compute_min_w), high [compute_min_w, ...).
+
+Samples are read a chunk (a trace's row group) at a time and reduced to sums
+per (GPU, window) and per-GPU energy summaries (energy.Segments) as they come:
+a day of 16 GPUs at 10 Hz is 14M rows, and holding them all, with the
+temporaries each numpy step makes, cost more than the arithmetic. Only each
+sample's power and cell stay until the GPUs' levels are known (the bands
+count samples against them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -28,134 +38,333 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from wattgate.errors import InputError
+from wattgate.power import energy as energy_mod
 from wattgate.power.tables import TriageTable
 from wattgate.power.triage.arrays import _ranges, _runs
 from wattgate.power.triage.levels import Levels, learn_levels
 
 GAP_FILL_PERIODS = 4.0  # an empty stretch shorter than this many sampling periods takes the phase around it
 GAP_FILL_MIN_WINDOWS = 2  # ... and always one of up to this many windows (the sampler's grid jittering at an edge)
-_COUNT_SHIFT = float(1 << 26)  # packs high- and low-band sample counts into one bincount pass
-
-
-@dataclass
-class _Samples:
-    hosts: list[str]  # sorted host names
-    host: np.ndarray  # host code per row (index into hosts)
-    gpu: np.ndarray
-    time: np.ndarray
-    power: np.ndarray  # float32, NaN = missing
-    util: np.ndarray  # float32, NaN = missing
-    kept: np.ndarray | None = None  # the input's rows kept (those with a GPU and a finite time); None: all
-    # instead of host and gpu: host rank * width + gpu per row (a trace read with a dictionary host)
-    key: np.ndarray | None = None
-    width: int = 0
-    # GPU ids (_gpus, once): (host, gpu) per id, the id of every sample, samples per id
-    keys: list | None = None
-    gid: np.ndarray | None = None
-    counts: np.ndarray | None = None
-
+CHUNK_ROWS = 1 << 20  # rows reduced at once (the sampler's row group): temporaries stay small and reused
 
 NEEDED = ("time", "host", "gpu", "power_w", "util_gpu")
 
 
-def _samples(trace) -> _Samples:
+# ---------------------------------------------------------------- rows, a chunk at a time
+
+
+@dataclass
+class _Rows:
+    """One chunk's usable rows (with a GPU and a finite time) as numpy columns."""
+
+    gid: np.ndarray  # GPU id (_GpuIds, in order of first sight)
+    time: np.ndarray  # float64
+    power: np.ndarray  # float32, NaN = missing or out of range
+    util: np.ndarray  # float32, NaN = missing or out of range
+    energy: np.ndarray | None  # float64 counter readings, NaN = none; None: no reading in the chunk
+    ngpu: int  # distinct ids in the chunk
+    signals: tuple[bool, bool]  # any power, any utilization reading
+
+
+class _GpuIds:
+    """(host, gpu) -> an id, in the order first seen; sorted() orders them once all rows are in."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+        self._id: dict[tuple[str, int], int] = {}
+
+    def of(self, hosts: list[str], host_code: np.ndarray, gpu: np.ndarray) -> tuple[np.ndarray, int]:
+        """(the id of every row, ids present) from host codes into `hosts` and GPU indexes (>= 0)."""
+        width = int(gpu.max()) + 1
+        if len(hosts) == 1:  # one host per file: the GPU is the key
+            pair = gpu
+        elif len(hosts) * width < 1 << 31:
+            pair = host_code * width + gpu
+        else:
+            pair = host_code.astype(np.int64) * width + gpu
+        if len(hosts) * width <= 1 << 20:  # the usual case: a lookup table is faster than a sort
+            present = np.flatnonzero(np.bincount(pair, minlength=len(hosts) * width))
+            lut = np.zeros(len(hosts) * width, np.int32)
+            lut[present] = [self._key_id(hosts[k // width], k % width) for k in present]
+            return lut[pair], len(present)
+        present, inverse = np.unique(pair, return_inverse=True)  # odd GPU indexes in a foreign trace
+        ids = np.array([self._key_id(hosts[k // width], k % width) for k in present], np.int32)
+        return ids[inverse], len(present)
+
+    def _key_id(self, host: str, gpu) -> int:
+        key = (host, int(gpu))
+        if key not in self._id:
+            self._id[key] = len(self.seen)
+            self.seen.append(key)
+        return self._id[key]
+
+    def sorted(self) -> tuple[list[tuple[str, int]], np.ndarray]:
+        """(keys sorted by (host, gpu), the sorted position of every id)."""
+        order = sorted(range(len(self.seen)), key=self.seen.__getitem__)
+        rank = np.empty(len(order), np.int64)
+        rank[order] = np.arange(len(order))
+        return [self.seen[i] for i in order], rank
+
+
+def _numbers(col, dtype, measured: bool) -> np.ndarray:
+    """A numeric arrow column as numpy (null -> NaN); a measured one also NaN where infinite or negative
+    (what read_trace nulls)."""
+    out = col.to_numpy(zero_copy_only=False)
+    if out.dtype != dtype:
+        out = out.astype(dtype)
+    # two reductions find the usual all-valid chunk without a mask
+    if measured and len(out) and not (np.fmin.reduce(out) >= 0 and np.fmax.reduce(out) < np.inf):
+        with np.errstate(invalid="ignore"):
+            bad = ~(out >= 0) | np.isinf(out)
+        out = out.copy() if not out.flags.writeable else out
+        out[bad] = np.nan
+    return out
+
+
+def _host_codes(col) -> tuple[list[str], np.ndarray]:
+    """(names, code per row) of a host column (dictionary or string); a missing host is ""."""
+    if not pa.types.is_dictionary(col.type):
+        col = pc.dictionary_encode(pc.fill_null(col.cast(pa.string()), ""))
+    names = ["" if v is None else str(v) for v in col.dictionary.to_pylist()]
+    idx = col.indices
+    if idx.null_count:
+        idx = pc.fill_null(idx, len(names))
+        names.append("")
+    return names, idx.to_numpy(zero_copy_only=False).astype(np.int32)
+
+
+def _rows(batch: pa.RecordBatch | pa.Table, ids: _GpuIds) -> _Rows | None:
+    """A chunk's usable rows; None when it has none."""
+    if isinstance(batch, pa.Table):
+        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else None
+    if batch is None or batch.num_rows == 0:
+        return None
+    gpu_col = batch.column("gpu")
+    gpu = (pc.fill_null(gpu_col, -1) if gpu_col.null_count else gpu_col).to_numpy(zero_copy_only=False)
+    gpu = gpu.astype(np.int32 if gpu.max(initial=0) < 1 << 30 else np.int64, copy=False)
+    time_ = _numbers(batch.column("time"), np.float64, False)
+    names, codes = _host_codes(batch.column("host"))
+    power = _numbers(batch.column("power_w"), np.float32, True)
+    util = _numbers(batch.column("util_gpu"), np.float32, True)
+    has_energy = "energy_j" in batch.schema.names and batch.column("energy_j").null_count < batch.num_rows
+    energy = _numbers(batch.column("energy_j"), np.float64, True) if has_energy else None
+    signals = (not np.isnan(power).all(), not np.isnan(util).all())
+    if gpu.min() < 0 or not np.isfinite(np.add.reduce(time_)):  # rows without a GPU or a time: dropped
+        ok = (gpu >= 0) & np.isfinite(time_)
+        if not ok.any():
+            return None
+        gpu, time_, codes, power, util = gpu[ok], time_[ok], codes[ok], power[ok], util[ok]
+        energy = energy[ok] if energy is not None else None
+    gid, ngpu = ids.of(names, codes, gpu)
+    return _Rows(gid, time_, power, util, energy, ngpu, signals)
+
+
+def table_chunks(trace) -> Callable[[], Iterator[pa.RecordBatch]]:
+    """A trace given in memory (a pa.Table, DataFrame or dict of columns) as chunks, re-readable."""
     if isinstance(trace, pa.Table):
         missing = [c for c in NEEDED if c not in trace.column_names]
         if missing:
             raise InputError(f"trace lacks column(s) {', '.join(missing)}")
-        if trace.num_rows == 0:
-            return _Samples([], *(np.zeros(0, t) for t in (np.int64, np.int64, np.float64, np.float32, np.float32)))
-        # each column straight into its array, chunk by chunk: no concatenated copy to convert again
-        if pa.types.is_dictionary(trace.column("host").type):  # read_trace(columns=): one key per row
-            hosts, width, key = _row_keys(trace.column("host"), trace.column("gpu"))
-            time_ = _column(trace.column("time"), np.float64)
-            power = _column(trace.column("power_w"), np.float32)
-            util = _column(trace.column("util_gpu"), np.float32)
-            ok = (key >= 0) & np.isfinite(time_)
-            kept = None
-            if not ok.all():
-                key, time_, power, util = (a[ok] for a in (key, time_, power, util))
-                kept = ok
-            return _Samples(hosts, None, None, time_, power, util, kept, key, width)
-        names, codes = _host_codes(trace.column("host"))
-        gpu = _column(trace.column("gpu"), np.int64, -1)
-        time_ = _column(trace.column("time"), np.float64)
-        power = _column(trace.column("power_w"), np.float32)
-        util = _column(trace.column("util_gpu"), np.float32)
+        table = trace
     else:
-        df = trace if isinstance(trace, pd.DataFrame) else pd.DataFrame({c: trace[c] for c in NEEDED if c in trace})
+        df = trace if isinstance(trace, pd.DataFrame) else pd.DataFrame({c: trace[c] for c in trace})
         missing = [c for c in NEEDED if c not in df.columns]
         if missing:
             raise InputError(f"trace lacks column(s) {', '.join(missing)}")
-        codes, uniques = pd.factorize(df["host"].fillna("").astype(str))
-        names = [str(h) for h in uniques]
-        codes = codes.astype(np.int64)
-        gpu = pd.to_numeric(df["gpu"]).fillna(-1).to_numpy().astype(np.int64)
-        time_ = pd.to_numeric(df["time"]).to_numpy(np.float64)
-        power = pd.to_numeric(df["power_w"]).to_numpy(np.float32, na_value=np.nan)
-        util = pd.to_numeric(df["util_gpu"]).to_numpy(np.float32, na_value=np.nan)
-    # a fixed host order (by name) keeps the output the same whatever the row or chunk order
-    order = np.argsort(np.array(names, dtype=object), kind="stable")
-    rank = np.empty(len(names), np.int64)
-    rank[order] = np.arange(len(names))
-    hosts = [names[i] for i in order]
-    ok = (gpu >= 0) & np.isfinite(time_)
-    kept = None
-    if not ok.all():
-        codes, gpu, time_, power, util = (a[ok] for a in (codes, gpu, time_, power, util))
-        kept = ok
-    return _Samples(hosts, rank[codes] if len(codes) else codes, gpu, time_, power, util, kept)
+        columns = {
+            "time": pa.array(pd.to_numeric(df["time"]).to_numpy(np.float64)),
+            "host": pa.array(df["host"].where(df["host"].notna(), "").astype(str).to_numpy(), pa.string()),
+            "gpu": pa.array(pd.to_numeric(df["gpu"]).fillna(-1).to_numpy().astype(np.int64)),
+            "power_w": pa.array(pd.to_numeric(df["power_w"]).to_numpy(np.float32, na_value=np.nan)),
+            "util_gpu": pa.array(pd.to_numeric(df["util_gpu"]).to_numpy(np.float32, na_value=np.nan)),
+        }
+        if "energy_j" in df.columns:
+            columns["energy_j"] = pa.array(pd.to_numeric(df["energy_j"]).to_numpy(np.float64, na_value=np.nan))
+        table = pa.table(columns)
+    return lambda: iter(table.to_batches(max_chunksize=CHUNK_ROWS))
 
 
-def _column(col: pa.ChunkedArray, dtype, fill=None) -> np.ndarray:
-    """A numeric column as one numpy array of dtype (null -> fill, else NaN)."""
-    out = np.empty(len(col), dtype)
-    a = 0
-    for chunk in col.chunks:
-        if fill is not None and chunk.null_count:
-            chunk = pc.fill_null(chunk, fill)
-        b = a + len(chunk)
-        np.copyto(out[a:b], chunk.to_numpy(zero_copy_only=False), casting="unsafe")
-        a = b
-    return out
+# ---------------------------------------------------------------- sums per (GPU, window)
 
 
-def _row_keys(host: pa.ChunkedArray, gpu: pa.ChunkedArray) -> tuple[list[str], int, np.ndarray]:
-    """(sorted host names, width, rank of the row's host * width + gpu per row; -1 where the row has no GPU)
-    of a dictionary host column, chunk by chunk through the chunks' small dictionaries."""
-    names = {"" if v is None else str(v) for c in host.chunks for v in c.dictionary.to_pylist()}
-    if host.null_count:
-        names.add("")  # a missing host is ""
-    hosts = sorted(names)
-    rank = {h: i for i, h in enumerate(hosts)}
-    top = pc.max(gpu).as_py()
-    width = max(int(top) + 1 if top is not None else 1, 1)
-    out = np.empty(len(host), np.int64)
-    a = 0
-    for batch in pa.table({"host": host, "gpu": gpu}).to_batches():  # the two columns' chunks lined up
-        hc, gc = batch.column(0), batch.column(1)
-        values = ["" if v is None else str(v) for v in hc.dictionary.to_pylist()]
-        lut = np.array([rank[v] for v in values] + [rank.get("", -1)], np.int64)
-        idx = hc.indices
-        if hc.null_count:
-            idx = pc.fill_null(idx, len(values))
-        b = a + len(hc)
-        seg = out[a:b]
-        np.take(lut, idx.to_numpy(zero_copy_only=False), out=seg)
-        seg *= width
-        g = (pc.fill_null(gc, -1) if gc.null_count else gc).to_numpy(zero_copy_only=False)
-        seg += g
-        if g.min(initial=0) < 0:
-            seg[g < 0] = -1
-        a = b
-    return hosts, width, out
+@dataclass
+class _Cells:
+    """One chunk's (GPU, window) cells: a grid of them, those with samples, and per power sample its cell and
+    power (kept for the bands, which need the GPUs' levels first)."""
+
+    grid: int  # cells in the chunk's grid
+    present: np.ndarray  # grid cells with rows
+    gid: np.ndarray  # per present cell
+    window: np.ndarray  # per present cell: int64 window index
+    rows: np.ndarray  # per present cell: rows, with or without power
+    n: np.ndarray  # power samples
+    psum: np.ndarray
+    nu: np.ndarray  # utilization samples (among the power samples)
+    usum: np.ndarray
+    cell: np.ndarray  # per power sample: its grid cell
+    power: np.ndarray  # per power sample (float32)
+    gpu: np.ndarray  # per power sample: its GPU id (small ints: a lookup in a tiny table gives its edges)
 
 
-def _host_codes(host: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
-    """(names, code per row) of a string host column; a missing host is "" (a dictionary one: _row_keys)."""
-    encoded = pc.dictionary_encode(pc.fill_null(host.cast(pa.string()), "")).combine_chunks()
-    names = [str(h) for h in encoded.dictionary.to_pylist()]
-    return names, encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+def _cells(r: _Rows, window_s: float, ngpu_seen: int) -> _Cells:
+    key = r.time / window_s if window_s != 1.0 else r.time.copy()
+    np.floor(key, out=key)
+    lo, hi = float(key.min()), float(key.max())
+    span = int(hi - lo) + 1
+    key -= lo  # window - lo, then the cell (window - lo) * GPUs + GPU, in one float64 buffer
+    key *= ngpu_seen
+    key += r.gid
+    key = key.astype(np.int32 if span * ngpu_seen < 1 << 31 else np.int64)
+    if span * ngpu_seen <= 4 * len(key) + 65536:  # rows in time order (the sampler's): a dense grid, no sort
+        grid = span * ngpu_seen
+        rows = np.bincount(key, minlength=grid)
+        present = np.flatnonzero(rows)
+        rows, cells = rows[present], present
+    else:
+        cells, key, rows = np.unique(key, return_inverse=True, return_counts=True)
+        grid, key = len(cells), key.astype(np.int32)
+        present = np.arange(grid)
+    valid = ~np.isnan(r.power)
+    small = r.gid.astype(np.int8 if ngpu_seen < 1 << 7 else np.int16 if ngpu_seen < 1 << 15 else np.int32)
+    if valid.all():
+        cell, power, util = key, r.power, r.util
+    else:
+        cell, power, util, small = key[valid], r.power[valid], r.util[valid], small[valid]
+
+    def per_cell(weights=None, at=None) -> np.ndarray:
+        c = cell if at is None else cell[at]
+        return np.bincount(c, weights=weights, minlength=grid)[present]
+
+    n = per_cell()
+    psum = per_cell(power.astype(np.float64))
+    uvalid = ~np.isnan(util)
+    if uvalid.all():
+        nu, usum = n, per_cell(util.astype(np.float64))
+    else:
+        nu, usum = per_cell(at=uvalid), per_cell(util[uvalid].astype(np.float64), uvalid)
+    return _Cells(
+        grid,
+        present,
+        (cells % ngpu_seen).astype(np.int64),
+        (cells // ngpu_seen).astype(np.int64) + int(lo),
+        rows,
+        n,
+        psum,
+        nu,
+        usum,
+        cell,
+        power,
+        small,
+    )
+
+
+def _gpu_major(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """The chunk's (gid, time, power, energy) grouped by GPU, each GPU's rows in time order (stable)."""
+    n, k = len(r.gid), r.ngpu
+    head = r.gid[:k]
+    if n % k == 0 and len(np.unique(head)) == k and bool((r.gid.reshape(-1, k) == head).all()):
+        # the sampler's layout, each tick's GPUs in the same order: a transpose groups them, no sort
+        def grouped(a):
+            return a.reshape(-1, k).T.ravel()
+
+        gid = np.repeat(head, n // k)
+    else:
+        order = np.argsort(r.gid.astype(np.int16 if r.gid.max() < 1 << 15 else np.int32), kind="stable")
+
+        def grouped(a):
+            return a[order]
+
+        gid = grouped(r.gid)
+    t = grouped(r.time)
+    if bool(((t[1:] < t[:-1]) & (gid[1:] == gid[:-1])).any()):  # a GPU's rows out of time order in the chunk
+        order = np.lexsort((r.time, r.gid))
+
+        def grouped(a):
+            return a[order]
+
+        gid, t = grouped(r.gid), grouped(r.time)
+    return gid, t, grouped(r.power), grouped(r.energy) if r.energy is not None else None
+
+
+def _energy_segments(r: _Rows) -> energy_mod.Segments:
+    return energy_mod.summarize_segments(*_gpu_major(r))
+
+
+@dataclass
+class _Ingest:
+    """What triage keeps of a trace read chunk by chunk."""
+
+    window_s: float
+    ids: _GpuIds = field(default_factory=_GpuIds)
+    cells: list[_Cells] = field(default_factory=list)
+    segments: list = field(default_factory=list)  # energy.Segments per chunk, or their futures
+    with_energy: bool = True
+    power: bool = False  # any power reading
+    util: bool = False  # any utilization reading
+
+    def add(self, batch, pool: ThreadPoolExecutor | None = None) -> None:
+        r = _rows(batch, self.ids)
+        if r is None:
+            return
+        self.power |= r.signals[0]
+        self.util |= r.signals[1]
+        if self.with_energy:  # on a second core when there is one: numpy lets go of the GIL in its loops
+            self.segments.append(pool.submit(_energy_segments, r) if pool else _energy_segments(r))
+        self.cells.append(_cells(r, self.window_s, len(self.ids.seen)))
+
+    @property
+    def empty(self) -> bool:
+        return not self.cells
+
+
+def ingest(chunks: Iterable, window_s: float, with_energy: bool = True) -> _Ingest:
+    acc = _Ingest(window_s, with_energy=with_energy)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if not with_energy or cores < 2:
+        for batch in chunks:
+            acc.add(batch)
+        return acc
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for batch in chunks:
+            acc.add(batch, pool)
+        acc.segments = [f.result() for f in acc.segments]
+    return acc
+
+
+def ingest_energy(acc: _Ingest, reread: Callable[[], Iterable]) -> dict:
+    """triage.json's "energy" (energy.records) from the chunks' summaries; a GPU whose rows of two chunks
+    overlap in time (interleaved files) is summed again from its rows sorted together (reread)."""
+    if acc.empty:
+        return {}
+    keys, rank = acc.ids.sorted()
+    seg = energy_mod.concat_segments(acc.segments)
+    clash = energy_mod.overlapping(seg)
+    if len(clash):
+        seg = _resummarized(seg, clash, acc, reread)
+    seg.gpu = rank[seg.gpu]
+    joined = energy_mod.join_segments(seg, len(keys))
+    joined.keys = keys
+    reads = np.bincount(seg.gpu, weights=seg.reads, minlength=len(keys)).astype(int)
+    return energy_mod.records(joined, [int(x) for x in reads])
+
+
+def _resummarized(seg: energy_mod.Segments, clash: np.ndarray, acc: _Ingest, reread) -> energy_mod.Segments:
+    ids = _GpuIds()  # the same ids again: the rows come in the same order
+    parts = []
+    for batch in reread():
+        r = _rows(batch, ids)
+        if r is None:
+            continue
+        mine = np.isin(r.gid, clash)
+        if mine.any():
+            e = r.energy[mine] if r.energy is not None else np.full(int(mine.sum()), np.nan)
+            parts.append((r.gid[mine], r.time[mine], r.power[mine], e))
+    g, t, p, e = (np.concatenate([x[i] for x in parts]) for i in range(4))
+    order = np.lexsort((t, g))  # stable: rows of equal time keep their file order
+    again = energy_mod.summarize_segments(g[order], t[order], p[order], e[order])
+    keep = ~np.isin(seg.gpu, clash)
+    kept = energy_mod.Segments(*(getattr(seg, f)[keep] for f in energy_mod.Segments.__dataclass_fields__))
+    return energy_mod.concat_segments([kept, again])
 
 
 # ---------------------------------------------------------------- window features
@@ -175,98 +384,68 @@ class _Windows:
     levels: Levels
 
 
-def _gpus(s: _Samples) -> tuple[list[tuple[str, int]], np.ndarray, np.ndarray]:
-    """(keys: (host, gpu) per GPU id, sorted; the GPU id of every sample;
-    samples per GPU id), computed once per _Samples."""
-    if s.gid is not None:
-        return s.keys, s.gid, s.counts
-    if s.key is not None:
-        ngpu_idx, key = s.width, s.key
-        s.key = None
-    else:
-        ngpu_idx = int(s.gpu.max()) + 1
-        key = s.host * ngpu_idx + s.gpu
-    if len(s.hosts) * ngpu_idx <= 1 << 20:  # the usual case: a lookup table is faster than a sort
-        counts = np.bincount(key, minlength=len(s.hosts) * ngpu_idx)
-        present = np.flatnonzero(counts)
-        counts = counts[present]
-        lut = np.full(len(s.hosts) * ngpu_idx, -1, np.intp)  # intp: numpy gathers by it without a copy
-        lut[present] = np.arange(len(present))
-        gid = lut[key]
-    else:  # odd GPU indexes in a foreign trace
-        present, gid, counts = np.unique(key, return_inverse=True, return_counts=True)
-    del key
-    s.keys = [(s.hosts[k // ngpu_idx], int(k % ngpu_idx)) for k in present]
-    s.gid, s.counts = gid, counts
-    return s.keys, gid, counts
-
-
 def _windows(
-    s: _Samples, table: TriageTable, window_s: float, caps: dict | None = None, power_cap_w: float | None = None
+    acc: _Ingest, table: TriageTable, window_s: float, caps: dict | None = None, power_cap_w: float | None = None
 ) -> _Windows:
-    keys, gid, samples_per_gpu = _gpus(s)
-    # window index, then position in the output (GPU-major), kept in float64 until the end; at 10^7 rows
-    # every fresh temporary costs more than the arithmetic (page faults), so two float64 buffers are reused
-    buf = s.time / window_s
-    np.floor(buf, out=buf)
-    first = np.full(len(keys), np.inf)
-    last = np.full(len(keys), -np.inf)
-    np.minimum.at(first, gid, buf)
-    np.maximum.at(last, gid, buf)
-    span = (last - first + 1).astype(np.int64)
+    keys, rank = acc.ids.sorted()
+    ngpu = len(keys)
+    gid = rank[np.concatenate([c.gid for c in acc.cells])]
+    index = np.concatenate([c.window for c in acc.cells])
+    first = np.full(ngpu, np.iinfo(np.int64).max)
+    last = np.full(ngpu, np.iinfo(np.int64).min)
+    np.minimum.at(first, gid, index)
+    np.maximum.at(last, gid, index)
+    span = last - first + 1
     base = np.concatenate([[0], np.cumsum(span)])
     total = int(base[-1])
-    buf2 = np.take(base[:-1] - first, gid)
-    buf += buf2
-    pos = buf.astype(np.int64)
-    valid = ~np.isnan(s.power)
-    if not valid.all():
-        del buf, buf2
-        pos, gid, power, util = pos[valid], gid[valid], s.power[valid], s.util[valid]
-        # bincount is ~10x faster with float64 weights than with float32 ones
-        power = power.astype(np.float64)
-        util = util.astype(np.float64)
-    else:
-        power, util = buf, buf2
-        power[:] = s.power
-        util[:] = s.util
-    n = np.bincount(pos, minlength=total)
-    psum = np.bincount(pos, weights=power, minlength=total)
-    uvalid = ~np.isnan(util)
-    if uvalid.all():
-        nu = n
-        usum = np.bincount(pos, weights=util, minlength=total)
-    else:
-        nu = np.bincount(pos[uvalid], minlength=total)
-        usum = np.bincount(pos[uvalid], weights=util[uvalid], minlength=total)
-    del uvalid
+    pos = base[gid] - first[gid] + index  # each cell's window in the GPU-major output (a cell may recur)
+
+    def summed(name: str) -> np.ndarray:
+        return np.bincount(pos, weights=np.concatenate([getattr(c, name) for c in acc.cells]), minlength=total)
+
+    n = summed("n").astype(np.int64)
+    samples_per_gpu = np.bincount(gid, weights=np.concatenate([c.rows for c in acc.cells]), minlength=ngpu)
     with np.errstate(invalid="ignore", divide="ignore"):
-        nf = n.astype(np.float64)
-        mean_p = psum / nf
-        mean_u = np.where(nu > 0, usum / np.maximum(nu, 1), np.nan)
-    gpu_id = np.repeat(np.arange(len(keys)), span)
-    index = np.arange(total) - base[gpu_id] + first.astype(np.int64)[gpu_id]
+        mean_p = summed("psum") / n
+        nu = summed("nu")
+        mean_u = np.where(nu > 0, summed("usum") / np.maximum(nu, 1), np.nan)
+    gpu_id = np.repeat(np.arange(ngpu), span)
+    index = np.arange(total) - base[gpu_id] + first[gpu_id]
 
     known = n > 0
     cap = np.array([_cap_of(k, caps, power_cap_w, table) for k in keys], float)
-    levels = learn_levels(mean_p[known], mean_u[known], gpu_id[known], len(keys), table, window_s, cap)
+    levels = learn_levels(mean_p[known], mean_u[known], gpu_id[known], ngpu, table, window_s, cap)
     # per-sample bands against the GPU's own edges: the oscillation rule counts samples, not means
-    # (into util's buffer: high samples count _COUNT_SHIFT, low ones 1)
-    bands, high_mask, low_mask = util, np.empty(len(power), bool), np.empty(len(power), bool)
-    np.take(levels.compute_min_w, gid, out=bands)
-    np.greater_equal(power, bands, out=high_mask)
-    np.take(levels.low_max_w, gid, out=bands)
-    np.less(power, bands, out=low_mask)
-    np.multiply(high_mask, _COUNT_SHIFT, out=bands)
-    bands += low_mask
-    del gid, power, high_mask, low_mask
-    bands = np.bincount(pos, weights=bands, minlength=total)
+    # by the ids of the chunks (first sight), as the samples hold them
+    hi_edge, lo_edge = _float32_edge(levels.compute_min_w)[rank], _float32_edge(levels.low_max_w)[rank]
+    high, low = np.zeros(total), np.zeros(total)
+    at = 0
+    for c in acc.cells:
+        cells = pos[at : at + len(c.gid)]
+        # per sample 2 if high, + 1 if low (both at once were the learned edges ever to cross), counted per cell
+        flags = (c.power >= hi_edge[c.gpu]).view(np.int8) * np.int8(2)
+        flags += c.power < lo_edge[c.gpu]
+        four = c.cell * 4 if c.grid < 1 << 29 else c.cell.astype(np.int64) * 4
+        four += flags
+        counts = np.bincount(four, minlength=4 * c.grid).reshape(-1, 4)[c.present]
+        high[cells] += counts[:, 2] + counts[:, 3]
+        low[cells] += counts[:, 1] + counts[:, 3]
+        at += len(c.gid)
     with np.errstate(invalid="ignore", divide="ignore"):
-        high = np.floor(bands / _COUNT_SHIFT) / nf
-        low = np.mod(bands, _COUNT_SHIFT) / nf
+        high /= n
+        low /= n
     win = _Windows(keys, gpu_id, index, n, mean_p, mean_u, high, low, np.zeros(total, dtype=bool), levels)
     _fill_short_gaps(win, samples_per_gpu, window_s)
     return win
+
+
+def _float32_edge(edge: np.ndarray) -> np.ndarray:
+    """The smallest float32 at or above each (float64) edge: a float32 power p is >= edge exactly when it is
+    >= this, so samples compare without converting them."""
+    e32 = edge.astype(np.float32)
+    below = e32.astype(np.float64) < edge
+    e32[below] = np.nextafter(e32[below], np.float32(np.inf))
+    return e32
 
 
 def _cap_of(key, caps: dict | None, power_cap_w: float | None, table: TriageTable) -> float:
