@@ -13,11 +13,11 @@ hang's verdict) and gate.json.
 The issue's ratio (issue 14: at least 8x), each side best of --repeat runs,
 each run in a fresh Python process (the first touch of 10^7-row arrays costs
 page faults that a warm process does not pay again), imports not timed:
-- wattgate: run_triage (read both traces, per-GPU energy, windows, every
-  triage rule with the run's heartbeats and metrics, pauses, write
-  phases.parquet, triage.json and the rest) then run_report (read
+- wattgate: run_triage (read both traces a row group at a time, per-GPU
+  energy, windows, every triage rule with the run's heartbeats and metrics,
+  pauses, write phases.parquet, triage.json and the rest) then run_report (read
   phases.parquet, triage.json and the run's metrics and heartbeats; summary.json
-  and index.html with every figure, matplotlib's import included);
+  and index.html with every figure, drawn as inline SVG);
 - pandas: bench/pandas_triage.py pandas_triage_and_summary on the same trace
   files (read, windowing, labelling with the package's rules written with
   groupby/rolling, per (GPU, phase) time and energy, per-GPU trapezoid energy;

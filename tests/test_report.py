@@ -5,10 +5,13 @@ Synthetic: wattgate.data.synthetic_trace jobs for hangs, hand-written metrics fo
 and an empty trace (what the sampler writes without NVML) for the CPU default.
 """
 
-import base64
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
 
 import numpy as np
 import pyarrow as pa
@@ -23,8 +26,9 @@ from wattgate.power.tables import shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import run_report
 from wattgate.power.energy import gpu_energy
-from wattgate.report.figures import MAX_POINTS, bin_edges, bin_majority
+from wattgate.report.figures import MAX_POINTS, bin_edges, bin_majority, nice_ticks, path_d
 from wattgate.report.inputs import default_power_dir, read_samples
+from wattgate.report.phases import PHASE_COLORS
 from wattgate.telemetry.trace import TRACE_SCHEMA, TraceWriter, trace_files
 from wattgate.run_files import METRICS_SCHEMA
 
@@ -42,12 +46,37 @@ SECTIONS = (
 )
 
 
-def images(page: str) -> list[bytes]:
-    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+def figure_spans(page: str) -> list[tuple[int, int]]:
+    """(start, end) of each inline figure: <svg class="figure"> to its matching </svg> (plots nest an svg)."""
+    spans = []
+    for m in re.finditer(r'<svg class="figure"', page):
+        depth, pos = 0, m.start()
+        for tag in re.finditer(r"<svg\b|</svg>", page[pos:]):
+            depth += 1 if tag.group() != "</svg>" else -1
+            if depth == 0:
+                spans.append((pos, pos + tag.end()))
+                break
+    return spans
 
 
-def without_images(page: str) -> str:
-    return re.sub(r"base64,[^\"]+", "base64,", page)
+def figures(page: str) -> list[ET.Element]:
+    """Every inline figure, parsed as XML: proof each is well-formed on its own."""
+    return [ET.fromstring(page[a:b]) for a, b in figure_spans(page)]
+
+
+def without_figures(page: str) -> str:
+    for a, b in reversed(figure_spans(page)):
+        page = page[:a] + "<svg/>" + page[b:]
+    return page
+
+
+def lanes(power: ET.Element) -> list[str]:
+    """The power figure's GPU lanes (groups titled host:gpu around what is drawn for that GPU), top to bottom."""
+    return [g.find("title").text for g in power.iter("g") if g.find("title") is not None and g.find("path") is not None]
+
+
+def colours(fig: ET.Element) -> set[str]:
+    return {e.get(a) for e in fig.iter() for a in ("fill", "stroke") if e.get(a)}
 
 
 def write_metrics(run, ranks=2, steps=20, step_s=1.0, t0=T0, slow=None, starved=(), loss=None):
@@ -206,13 +235,21 @@ def test_h200_in_process_triage_gives_the_same_phases(h200):
 def test_h200_page_is_self_contained_with_every_section(h200):
     tmp, _, _ = h200
     page = (tmp / "with-power" / "index.html").read_text()
-    text = without_images(page)
+    text = without_figures(page)
     for title in ("Power per GPU over time",) + SECTIONS:
         assert f">{title}</h2>" in text, title
     assert "No GPU telemetry on this host" not in text
-    pngs = images(page)
-    assert len(pngs) == 4 and all(p.startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
-    assert not re.search(r"https?://|src=\"(?!data:)|href=|url\(", text)  # nothing to fetch
+    power, shares, steps, loss = figures(page)
+    assert [f.get("aria-label") for f in (power, shares, steps, loss)] == [
+        "power per GPU over time",
+        "phase shares per GPU",
+        "Step time and data wait over time",
+        "Loss",
+    ]
+    assert lanes(power) == ["vm:0"]
+    phases = {PHASE_COLORS[p] for p in ("compute", "checkpoint", "idle")}
+    assert phases <= colours(power) and phases <= colours(shares)
+    assert not re.search(r"https?://|src=|href=|url\(|<img", page)  # nothing to fetch
     assert "data-figures-rendered" in text and "<script>" in text
 
 
@@ -222,6 +259,33 @@ def test_report_is_deterministic(h200, tmp_path):
     for name in ("summary.json", "index.html"):
         assert (tmp_path / "again" / name).read_bytes() == (tmp / "in-process" / name).read_bytes(), name
     assert not list((tmp_path / "again").glob(".*tmp"))  # atomic writes leave no temp files
+
+
+def test_index_html_is_byte_identical_from_another_process(h200, tmp_path):
+    """Nothing in the page may hang on the process: string hashing (set order) differs between the two.
+    That process also shows the report draws without importing matplotlib."""
+    tmp, _, _ = h200
+    code = (
+        f"import sys; from wattgate.report import run_report; run_report({str(TRAIN)!r}, {str(tmp_path / 'other')!r}); "
+        "assert 'matplotlib' not in sys.modules, 'the report imported matplotlib'"
+    )
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+    assert (tmp_path / "other" / "index.html").read_bytes() == (tmp / "in-process" / "index.html").read_bytes()
+
+
+def test_host_names_are_escaped_in_the_figures(tmp_path):
+    run = tmp_path / "run"
+    host = "n<&\"x'"
+    synth = build_trace(job(gpus_of(1, 1, prefix=host), [("compute", 60), ("idle", 30)]), shipped_table("h100"), seed=2)
+    synth.write(run / "telemetry")
+    run_report(run, tmp_path / "out")
+    page = (tmp_path / "out" / "index.html").read_text()
+    power, shares = figures(page)
+    assert lanes(power) == [f"{host}0:0"]  # parsed back: the markup held the name escaped
+    assert any(e.text == f"{host}0:0" for e in shares.iter("text"))
+    for a, b in figure_spans(page):
+        assert host not in page[a:b] and "n&lt;&amp;&quot;x&#x27;0:0" in page[a:b]
 
 
 def test_default_power_and_gate_dirs_beside_the_run(tmp_path):
@@ -263,12 +327,12 @@ def test_cpu_run_says_no_gpu_telemetry_and_keeps_every_other_section(cpu_run, tm
     assert s["phases"]["by_phase"] == {} and s["gate"]["passed"] and s["watcher"]["verdict"] == "healthy"
     assert s["signals"]["traces"] and not s["signals"]["power"] and s["run"]["nvml"] == "NVML unavailable: no driver"
     page = (tmp_path / "out" / "index.html").read_text()
-    text = without_images(page)
+    text = without_figures(page)
     assert ">No GPU telemetry on this host</h2>" in text and "NVML unavailable: no driver" in text
     for title in SECTIONS:
         assert f">{title}</h2>" in text, title
     assert "Power per GPU over time" not in text
-    assert len(images(page)) == 2  # step time and loss
+    assert [f.get("aria-label") for f in figures(page)] == ["Step time and data wait over time", "Loss"]
 
 
 def test_memory_measured_per_phase_beside_the_gate_estimate(cpu_run, tmp_path):
@@ -307,7 +371,7 @@ def test_memory_measured_per_phase_beside_the_gate_estimate(cpu_run, tmp_path):
     assert rows["load"]["estimated_device_gib"] == 3.0 and rows["load"]["largest_term"] == "activations"
     assert s["memory"]["measured_host_per_node_gib"] == {"n1": 6.0}  # two ranks' peaks on one node
     assert s["memory"]["estimated_host_per_node_gib"] == 5.0 and s["memory"]["host_budget_gib"] == 10.0
-    text = without_images((tmp_path / "out" / "index.html").read_text())
+    text = without_figures((tmp_path / "out" / "index.html").read_text())
     assert ">Memory: measured and estimated</h2>" in text and "n1 6.00 GiB" in text
 
 
@@ -394,7 +458,7 @@ def test_missing_inputs_are_notes_not_crashes(tmp_path):
     assert not any(s["signals"].values())
     page = (tmp_path / "out" / "index.html").read_text()
     assert ">No GPU telemetry on this host</h2>" in page and page.count("not available") >= 5
-    assert images(page) == []
+    assert figures(page) == [] and "<svg" not in page
 
 
 @pytest.mark.parametrize(
@@ -480,6 +544,39 @@ def test_binning_keeps_long_runs_to_a_few_thousand_points():
     assert set(major[MAX_POINTS // 2 + 1 :]) == {LABELS.index("idle")}
 
 
+def test_nice_ticks_are_round_and_inside_the_range():
+    assert nice_ticks(0.0, 23.98, 8) == (pytest.approx([0, 5, 10, 15, 20]), ["0", "5", "10", "15", "20"])
+    assert nice_ticks(0.0, 2.16, 5)[1] == ["0.0", "0.5", "1.0", "1.5", "2.0"]
+    assert nice_ticks(1.63, 10.42, 6)[1] == ["2", "4", "6", "8", "10"]
+    assert nice_ticks(-2100.0, 43300.0, 8)[1] == ["0", "10,000", "20,000", "30,000", "40,000"]
+
+
+def _polylines(d: str) -> list[np.ndarray]:
+    """Absolute points of each piece of path data written by path_d ("M x y l dx dy dx dy ...")."""
+    pieces = []
+    for piece in d.split("M")[1:]:
+        head, _, moves = piece.partition("l")
+        nums = [float(v) for v in re.findall(r"-?\d*\.?\d+", head + " " + moves)]
+        pieces.append(np.cumsum(np.array(nums).reshape(-1, 2), axis=0))
+    return pieces
+
+
+def test_path_data_keeps_every_point_on_the_drawn_line():
+    """Relative moves, a tenth of a pixel: each input point lies on the line drawn (a point left out lay
+    straight between its neighbours), NaN breaks the line and a lone point draws nothing."""
+    x = np.arange(0, 120, 0.5)
+    y = 50 + 20 * np.sin(x / 7) * (x > 40) + np.where(x > 90, 15.0, 0.0)  # flat, then a wave, then a step
+    y[[100, 150, 152]] = np.nan
+    d = path_d(x, y)
+    lines = _polylines(d)
+    assert len(lines) == 3 and len(d) < 0.6 * sum(len(f"{a:.1f} {b:.1f} ") for a, b in zip(x, y))
+    for line, piece in zip(lines, (slice(0, 100), slice(101, 150), slice(153, None))):
+        want = np.round(y[piece], 1)
+        assert np.abs(np.interp(x[piece], line[:, 0], line[:, 1]) - want).max() <= 0.1 + 1e-9
+        assert line[0, 0] == x[piece][0] and line[-1, 0] == x[piece][-1]
+    assert (lines[0][:, 0] <= 40).sum() == 2  # the flat stretch (81 points) is its two ends
+
+
 def _pause_run(tmp_path):
     run = tmp_path / "results" / "train" / "pauses"
     synth = build_trace(
@@ -522,7 +619,9 @@ def test_report_takes_pauses_energy_and_gaps_from_triage_json(tmp_path, monkeypa
     taken = run_report(run, tmp_path / "taken", power_dir=power)
     assert taken == recomputed and taken["pauses"]
     assert taken["energy"]["per_gpu"] and taken["signals"]["energy_counter"] == recomputed["signals"]["energy_counter"]
-    assert len(images((tmp_path / "taken" / "index.html").read_text())) == 4
+    power, *others = figures((tmp_path / "taken" / "index.html").read_text())
+    assert len(others) == 3 and lanes(power) == ["node0:0", "node0:1"]
+    assert {PHASE_COLORS[p] for p in ("compute", "checkpoint", "deadlock")} <= colours(power)
 
 
 def test_report_reads_the_traces_when_triage_json_is_for_other_files(tmp_path, monkeypatch):

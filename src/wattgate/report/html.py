@@ -1,8 +1,7 @@
-"""index.html: one self-contained page (inline CSS, figures as base64 data URIs, no external URL)."""
+"""index.html: one self-contained page (inline CSS, figures as inline SVG, no external URL, no script library)."""
 
 from __future__ import annotations
 
-import base64
 from datetime import datetime, timezone
 from html import escape
 
@@ -23,16 +22,17 @@ margin:0 8px 6px 0;font-weight:600;font-size:13px}.ok{background:#dcf3e3;color:#
 .card small{color:#5a6475}table{border-collapse:collapse;font-size:13px;margin:8px 0;width:100%}
 th,td{border-bottom:1px solid #e5e8ed;padding:4px 8px;text-align:left;vertical-align:top}
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f3f5f8}
-img{max-width:100%;height:auto;display:block;margin:6px 0}.note{color:#5a6475;font-size:13px}
+svg.figure{max-width:100%;height:auto;display:block;margin:6px 0}.note{color:#5a6475;font-size:13px}
 .notes li{color:#6b5200}.swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px}
 #no-gpu-telemetry{border-left:5px solid #e0a800}code{background:#f0f2f5;padding:0 3px;border-radius:3px}
 """
 
-# counts the figures the browser could decode: a broken data URI leaves naturalWidth at 0
+# counts the figures the browser laid out with something drawn in them: broken markup leaves no box
 SCRIPT = (
-    "window.addEventListener('load',function(){var im=document.querySelectorAll('img.figure'),n=0;"
-    "for(var i=0;i<im.length;i++){if(im[i].complete&&im[i].naturalWidth>0)n++;}"
-    "document.body.setAttribute('data-figures-rendered',n+'/'+im.length);});"
+    "window.addEventListener('load',function(){var f=document.querySelectorAll('svg.figure'),n=0;"
+    "for(var i=0;i<f.length;i++){var r=f[i].getBoundingClientRect(),b=f[i].getBBox();"
+    "if(r.width>0&&r.height>0&&b.width>0&&b.height>0)n++;}"
+    "document.body.setAttribute('data-figures-rendered',n+'/'+f.length);});"
 )
 
 # ---------------------------------------------------------------- formatting
@@ -82,9 +82,11 @@ def badge(label: str, value: str, kind: str) -> str:
     return f'<span class="{kind}">{escape(label)}: {escape(value)}</span>'
 
 
-def figure(png: bytes | None, alt: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return f'<img class="figure" alt="{escape(alt)}" src="data:image/png;base64,{data}">'
+def figure(svg: str, alt: str) -> str:
+    """A figure's SVG markup inline, labelled for screen readers."""
+    if not svg.startswith("<svg "):
+        raise ValueError("a figure must be <svg> markup")
+    return f'<svg class="figure" role="img" aria-label="{escape(alt)}" {svg[5:]}'
 
 
 def section(sid: str, title: str, body: str) -> str:
@@ -161,9 +163,9 @@ def header(s: dict) -> str:
     )
 
 
-def power_section(s: dict, png: bytes | None, panels_shown: int) -> str:
+def power_section(s: dict, svg: str | None, panels_shown: int) -> str:
     sig = s["signals"]
-    if png is None:
+    if svg is None:
         why = (
             "the telemetry traces hold no rows: the sampler found no NVML on this host (a CPU run), "
             "so it wrote an empty trace with the schema."
@@ -188,7 +190,7 @@ def power_section(s: dict, png: bytes | None, panels_shown: int) -> str:
         f"is the same phase per bin. Shaded: checkpoint intervals from the heartbeat events. Top row: step "
         f"ends from metrics. Phases: {source}.{more}"
     )
-    return section("power", "Power per GPU over time", figure(png, "power per GPU over time") + note(caption))
+    return section("power", "Power per GPU over time", figure(svg, "power per GPU over time") + note(caption))
 
 
 def gaps_text(g: dict | None) -> str:
@@ -207,7 +209,7 @@ def gaps_text(g: dict | None) -> str:
     return text + "."
 
 
-def phase_tables(s: dict, png: bytes | None) -> str:
+def phase_tables(s: dict, svg: str | None) -> str:
     p = s["phases"]
     if not p.get("by_phase"):
         return section(
@@ -234,7 +236,7 @@ def phase_tables(s: dict, png: bytes | None) -> str:
 
     per_node = breakdown(p["per_node"], ["node", "GPUs"], lambda r: [r["host"], r["gpus"]])
     per_gpu = breakdown(p["per_gpu"], ["node", "GPU"], lambda r: [r["host"], r["gpu"]])
-    img = figure(png, "phase shares per GPU") if png else ""
+    shares = figure(svg, "phase shares per GPU") if svg else ""
     text = (
         f"Windows of {p['window_s']:g} s labelled by power triage ({p.get('source')}). Energy per phase is "
         "each window's mean power times its length. " + gaps_text(p.get("gaps"))
@@ -243,7 +245,7 @@ def phase_tables(s: dict, png: bytes | None) -> str:
         "phases",
         "Phase breakdown",
         note(text)
-        + img
+        + shares
         + "<h3>All GPUs</h3>"
         + overall
         + "<h3>Per node</h3>"
@@ -295,10 +297,10 @@ def energy_section(s: dict) -> str:
     return section("energy", "Energy", body)
 
 
-def figure_section(sid: str, title: str, png: bytes | None, missing: str, caption: str = "") -> str:
-    if png is None:
+def figure_section(sid: str, title: str, svg: str | None, missing: str, caption: str = "") -> str:
+    if svg is None:
         return section(sid, title, note(f"not available: {missing}"))
-    return section(sid, title, figure(png, title) + (note(caption) if caption else ""))
+    return section(sid, title, figure(svg, title) + (note(caption) if caption else ""))
 
 
 def anomalies_section(s: dict) -> str:
@@ -542,7 +544,7 @@ def inputs_section(s: dict) -> str:
 # ---------------------------------------------------------------- the page
 
 
-def render_page(s: dict, figures: dict[str, bytes | None], panels_shown: int) -> str:
+def render_page(s: dict, figures: dict[str, str | None], panels_shown: int) -> str:
     body = "".join(
         [
             header(s),
