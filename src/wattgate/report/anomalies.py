@@ -7,6 +7,7 @@ into one episode when the time spans touch, so a table row is one event.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,42 +87,65 @@ def hangs(w: PhaseWindows, watcher: dict | None, window_s: float) -> list[Episod
     return merged
 
 
+def group_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row the index of its value among the sorted distinct values (-1 for NaN), and those values: the
+    groups of pandas' groupby(sort=True), without its machinery (a few times the arithmetic, and lazy
+    imports on first use). Integers in a range not much wider than the rows go through a lookup table."""
+    values = np.asarray(values)
+    if values.dtype.kind in "iu" and len(values):
+        lo, hi = int(values.min()), int(values.max())
+        if hi - lo <= 4 * len(values) + 1024 and hi <= np.iinfo(np.int64).max:
+            codes = np.subtract(values, lo, dtype=np.int64)
+            present = np.bincount(codes, minlength=hi - lo + 1) > 0
+            np.take(np.cumsum(present) - 1, codes, out=codes, mode="clip")  # in place: one array of the rows
+            return codes, (np.flatnonzero(present) + lo).astype(values.dtype)
+    valid = _notna(values)
+    uniques, inverse = np.unique(values[valid], return_inverse=True)
+    codes = np.full(len(values), -1, np.int64)
+    codes[valid] = inverse.reshape(-1)
+    return codes, uniques
+
+
+def _notna(values: np.ndarray) -> np.ndarray:
+    """Not NaN per row (a numeric column from Parquet: integers never are)."""
+    return ~np.isnan(values) if values.dtype.kind == "f" else np.ones(len(values), bool)
+
+
 def starved_steps(metrics: pd.DataFrame | None) -> list[Episode]:
     """Per rank, runs of consecutive steps that waited >= STARVED_STEP_SHARE of their time for data."""
     if metrics is None or not {"step_time_s", "data_wait_s"} <= set(metrics.columns) or metrics.empty:
         return []
-    m = metrics[["rank", "step", "time", "step_time_s", "data_wait_s"]].dropna()
-    m = m[(m["step_time_s"] > 0) & (m["data_wait_s"] >= STARVED_STEP_SHARE * m["step_time_s"])]
-    if m.empty:
+    rank, step, time_, step_s, wait = (
+        metrics[c].to_numpy() for c in ("rank", "step", "time", "step_time_s", "data_wait_s")
+    )
+    complete = _notna(rank) & _notna(step) & _notna(time_) & _notna(step_s) & _notna(wait)
+    rows = np.flatnonzero(complete & (step_s > 0) & (wait >= STARVED_STEP_SHARE * step_s))
+    if not len(rows):
         return []
-    m = m.sort_values(["rank", "step"], kind="stable")
-    rank, step = m["rank"].to_numpy(), m["step"].to_numpy()
-    new = np.ones(len(m), bool)
+    rows = rows[np.lexsort((step[rows], rank[rows]))]  # stable: rows of one (rank, step) keep their order
+    rank, step = rank[rows], step[rows]
+    new = np.ones(len(rows), bool)
     new[1:] = (rank[1:] != rank[:-1]) | (step[1:] != step[:-1] + 1)
     run = np.cumsum(new) - 1
-    begin = m["time"].to_numpy(float) - m["step_time_s"].to_numpy(float)
-    g = pd.DataFrame(
-        {
-            "run": run,
-            "rank": rank,
-            "begin": begin,
-            "end": m["time"].to_numpy(float),
-            "wait": m["data_wait_s"].to_numpy(float),
-        }
-    ).groupby("run")
-    agg = g.agg(
-        rank=("rank", "first"), begin=("begin", "min"), end=("end", "max"), steps=("end", "size"), wait=("wait", "sum")
-    )
+    first = np.flatnonzero(new)
+    end = time_[rows].astype(float)
+    begin = end - step_s[rows].astype(float)
+    runs = len(first)
+    lo, hi = np.full(runs, np.inf), np.full(runs, -np.inf)
+    np.minimum.at(lo, run, begin)
+    np.maximum.at(hi, run, end)
+    waited = np.bincount(run, weights=wait[rows].astype(float), minlength=runs)
+    steps = np.bincount(run, minlength=runs)
     return [
         Episode(
             "starvation",
-            float(r.begin),
-            float(r.end),
+            float(lo[k]),
+            float(hi[k]),
             set(),
-            {int(r.rank)},
-            {"starved steps": int(r.steps), "data wait s": float(r.wait)},
+            {int(rank[first[k]])},
+            {"starved steps": int(steps[k]), "data wait s": float(waited[k])},
         )
-        for r in agg.itertuples()
+        for k in range(runs)
     ]
 
 
@@ -130,7 +154,10 @@ def starvation(w: PhaseWindows, metrics: pd.DataFrame | None, window_s: float) -
     steps = starved_steps(metrics)
     gap = 2 * window_s
     if metrics is not None and "step_time_s" in metrics.columns and len(metrics):
-        gap = max(gap, 2 * float(metrics["step_time_s"].median()))  # neighbouring starved steps: one episode
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # no finite step time: NaN, as pandas gives
+            typical = float(np.nanmedian(metrics["step_time_s"].to_numpy(float)))
+        gap = max(gap, 2 * typical)  # neighbouring starved steps: one episode
     return merge(found + steps, gap)
 
 
@@ -138,32 +165,44 @@ def stragglers(metrics: pd.DataFrame | None, rank_gpu: dict[int, str]) -> list[E
     """Ranks whose median step time less data wait is >= STRAGGLER_RATIO x the median over ranks."""
     if metrics is None or not {"step_time_s", "data_wait_s"} <= set(metrics.columns) or metrics.empty:
         return []
-    m = metrics.assign(
-        compute=metrics["step_time_s"] - metrics["data_wait_s"], begin=metrics["time"] - metrics["step_time_s"]
-    )
-    per = m.groupby("rank").agg(
-        compute=("compute", "median"), begin=("begin", "min"), end=("time", "max"), steps=("step", "size")
-    )
-    if len(per) < 2:
+    group, ranks = group_codes(metrics["rank"].to_numpy())
+    if len(ranks) < 2:
         return []
-    typical = float(per["compute"].median())
+    time_, step_s = metrics["time"].to_numpy(float), metrics["step_time_s"].to_numpy(float)
+    compute = step_s - metrics["data_wait_s"].to_numpy(float)
+    if len(group) > 1 and not (group[1:] >= group[:-1]).all():  # train writes a step's ranks together
+        # as int16 (ranks < 2^15) numpy's stable sort is a radix sort: a tenth of a merge sort's time
+        compute = compute[np.argsort(group.astype(np.int16) if len(ranks) < 1 << 15 else group, kind="stable")]
+    bounds = np.cumsum(np.bincount(group + 1, minlength=len(ranks) + 1))  # rank k: bounds[k]:bounds[k + 1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a rank without a finite value: NaN, as pandas gives
+        # overwrite_input: compute is this function's own, and partitioning it in place saves a copy
+        median = np.array([np.nanmedian(compute[a:b], overwrite_input=True) for a, b in zip(bounds, bounds[1:])])
+        typical = float(np.nanmedian(median))
     if not typical > 0:
         return []
+    ranked = group >= 0  # rows of a NaN rank are in no rank's span
+    if ranked.all():
+        ranked = slice(None)
+    begin, end = np.full(len(ranks), np.nan), np.full(len(ranks), np.nan)
+    np.fmin.at(begin, group[ranked], (time_ - step_s)[ranked])
+    np.fmax.at(end, group[ranked], time_[ranked])
     out = []
-    for rank, r in per[per["compute"] >= STRAGGLER_RATIO * typical].iterrows():
+    for k in np.flatnonzero(median >= STRAGGLER_RATIO * typical):
+        rank = ranks[k]
         text = (
-            f"rank {rank}: median step time less data wait {r.compute:.4g} s = "
-            f"{r.compute / typical:.2f}x the median over {len(per)} ranks ({typical:.4g} s)"
+            f"rank {rank}: median step time less data wait {median[k]:.4g} s = "
+            f"{median[k] / typical:.2f}x the median over {len(ranks)} ranks ({typical:.4g} s)"
         )
         gpus = {rank_gpu[int(rank)]} if int(rank) in rank_gpu else set()
         out.append(
             Episode(
                 "straggler",
-                float(r.begin),
-                float(r.end),
+                float(begin[k]),
+                float(end[k]),
                 gpus,
                 {int(rank)},
-                {"straggler": text, "ratio": round(float(r.compute / typical), 4)},
+                {"straggler": text, "ratio": round(float(median[k] / typical), 4)},
             )
         )
     return out

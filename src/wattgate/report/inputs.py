@@ -24,15 +24,15 @@ import pyarrow.parquet as pq
 
 from wattgate.errors import InputError
 from wattgate.power.energy import in_time_order, join_parts
-from wattgate.power.triage.phases import read_phases
+from wattgate.power.triage.phases import PHASES_SCHEMA, read_phases
 from wattgate.power.triage.runinfo import RunInfo, load_run_info
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.stage import recorded_caps, triage
 from wattgate.run_files import (
     HEARTBEAT_EVENT_COLUMNS,
+    read_metrics,
     read_gate_report,
     read_json_object,
-    read_metrics,
     read_trained,
     read_watcher,
 )
@@ -40,7 +40,8 @@ from wattgate.telemetry.trace import TRACE_SCHEMA, null_invalid_values, read_tra
 
 TRACE_COLUMNS = ["time", "host", "gpu", "power_w", "energy_j"]
 METRICS_REQUIRED = ["step", "rank", "time"]  # metrics.parquet: the report needs these, reads the rest if there
-METRICS_OPTIONAL = ["epoch", "loss", "tokens", "loss_tokens", "step_time_s", "data_wait_s"]
+METRICS_OPTIONAL = ["loss", "tokens", "loss_tokens", "step_time_s", "data_wait_s"]
+PHASE_COLUMNS = [n for n in PHASES_SCHEMA.names if n != "confidence"]  # the report never shows a label's confidence
 _CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -293,8 +294,6 @@ def load_inputs(
     """A run folder's inputs; `trace_paths` (files or telemetry folders) replace its telemetry/, and
     without a run folder (run_dir None) they are all there is. The run config: `config` (loaded), else
     `config_path`, else results/config.yaml beside the run when there is one."""
-    from wattgate.config import load_config
-
     run_dir = Path(run_dir) if run_dir is not None else None
     if run_dir is None and not trace_paths:
         raise InputError("nothing to report on: give a run folder or trace files")
@@ -308,6 +307,8 @@ def load_inputs(
             raise InputError(f"{', '.join(map(str, given))}: no trace files (*.parquet)")
     cfg_path = Path(config_path) if config_path else default_config_path(run_dir) if run_dir else None
     if config is None and (config_path or (cfg_path is not None and cfg_path.is_file())):
+        from wattgate.config import load_config  # imported only when there is a file to load
+
         config = load_config(cfg_path)
     name = run_dir.name if run_dir else "+".join(p.stem for p in traces)
     inputs = RunInputs(run_dir, str((config or {}).get("run_name") or name), config=config)
@@ -329,7 +330,7 @@ def load_inputs(
 
     inputs.trace_paths = traces if traces is not None else trace_files(run_dir / "telemetry")
     power_dir = Path(power_dir) if power_dir else default_power_dir(run_dir) if run_dir else None
-    found = read_phases(power_dir / "phases.parquet") if power_dir else None
+    found = read_phases(power_dir / "phases.parquet", PHASE_COLUMNS, dictionary=True) if power_dir else None
     record = _triage_record(inputs, power_dir / "triage.json") if found is not None else None
     if record is not None and not _written_after(power_dir / "triage.json", power_dir / "phases.parquet"):
         record = None  # not the triage.json of these phases (its write failed, or it was copied in)
@@ -355,15 +356,17 @@ def load_inputs(
     if not inputs.trace_paths:
         inputs.note("no telemetry traces (telemetry/*.parquet): no power, energy or phases")
 
+    triaging = found is None and inputs.samples is not None and inputs.samples.rows > 0
     if run_dir is not None:
-        info = load_run_info(run_dir, inputs.trace_metas)
+        # with phases on disk only heartbeats and rank -> GPU are new: the metrics are read already
+        info = load_run_info(run_dir, inputs.trace_metas, None if triaging else inputs.metrics)
         if not info.has_heartbeats:
             inputs.note("no heartbeats: checkpoint intervals and rank placement not shown")
     else:  # nothing recorded beside the traces: triage runs on power alone
         info = RunInfo(pd.DataFrame(columns=HEARTBEAT_EVENT_COLUMNS), {}, None, source="")
     inputs.events, inputs.states, inputs.run_info = info.events, info.states, info
 
-    if found is None and inputs.samples is not None and inputs.samples.rows:
+    if triaging:
         # triage reads utilization too; only this path needs it, so it is read only here
         trace = pa.concat_tables(
             [

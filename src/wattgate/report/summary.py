@@ -75,27 +75,78 @@ def run_span(inputs: RunInputs, energy: GpuEnergy | None, w: PhaseWindows) -> tu
 
 
 def step_table(metrics: pd.DataFrame | None) -> pd.DataFrame | None:
-    """Per step: end time, slowest rank's step time, mean data wait, token-weighted loss, tokens."""
+    """Per step: end time, slowest rank's step time, mean data wait, tokens, ranks, token-weighted loss.
+
+    NaN is skipped as pandas' groupby skips it (a step with no value: NaN; tokens: 0); sums run in row
+    order, as pandas' do, without its compensation (the last bit of a float; summary.json rounds it away)."""
     if metrics is None or metrics.empty:
         return None
-    m = metrics
-    cols = {"time": ("time", "max")}
-    if "step_time_s" in m:
-        cols["step_time_s"] = ("step_time_s", "max")
-    if "data_wait_s" in m:
-        cols["data_wait_s"] = ("data_wait_s", "mean")
-    if "tokens" in m:
-        cols["tokens"] = ("tokens", "sum")
-    if "loss" in m:
-        weight = m["loss_tokens"] if "loss_tokens" in m else pd.Series(1.0, index=m.index)
-        m = m.assign(_wl=m["loss"] * weight, _w=weight)
-        cols["_wl"], cols["_w"] = ("_wl", "sum"), ("_w", "sum")
-    cols["ranks"] = ("rank", "nunique")  # the world size each step ran on (it changes when a run is resized)
-    per = m.groupby("step", sort=True).agg(**cols)
-    if "_wl" in per:
-        per["loss"] = per["_wl"] / per["_w"].where(per["_w"] > 0)
-        per = per.drop(columns=["_wl", "_w"])
-    return per.reset_index()
+    group, steps = an.group_codes(metrics["step"].to_numpy())
+    n = len(steps)
+    rows = None if (group >= 0).all() else group >= 0  # a row whose step is NaN is in no step, as in pandas
+    g = group if rows is None else group[rows]
+
+    def column(name: str) -> np.ndarray:
+        values = metrics[name].to_numpy()
+        return values if rows is None else values[rows]
+
+    out = {"step": steps, "time": _group_max(column("time"), g, n)}
+    if "step_time_s" in metrics:
+        out["step_time_s"] = _group_max(column("step_time_s"), g, n)
+    if "data_wait_s" in metrics:
+        out["data_wait_s"] = _group_mean(column("data_wait_s"), g, n)
+    if "tokens" in metrics:
+        out["tokens"] = _group_sum(column("tokens"), g, n)
+    rank_group, ranks = an.group_codes(column("rank"))
+    out["ranks"] = _distinct_per_group(g, rank_group, len(ranks), n)  # the world size each step ran on
+    if "loss" in metrics:
+        loss = column("loss").astype(float, copy=False)
+        weight = column("loss_tokens") if "loss_tokens" in metrics else np.ones(len(g))
+        weighted, weights = _group_sum(loss * weight, g, n), _group_sum(weight, g, n).astype(float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out["loss"] = np.where(weights > 0, weighted / np.where(weights > 0, weights, 1.0), np.nan)
+    return pd.DataFrame(out)
+
+
+def _group_max(values: np.ndarray, group: np.ndarray, n: int) -> np.ndarray:
+    """Per group the largest value, NaN skipped (NaN if none); integers stay integers."""
+    if values.dtype.kind in "iu":
+        out = np.full(n, np.iinfo(values.dtype).min, values.dtype)
+        np.maximum.at(out, group, values)
+        return out
+    out = np.full(n, np.nan)
+    np.fmax.at(out, group, values)
+    return out
+
+
+def _group_sum(values: np.ndarray, group: np.ndarray, n: int) -> np.ndarray:
+    """Per group the sum, NaN skipped; integers summed exactly as integers."""
+    if values.dtype.kind in "iu":
+        out = np.zeros(n, np.int64)
+        np.add.at(out, group, values.astype(np.int64, copy=False))
+        return out
+    values = values.astype(float, copy=False)
+    nan = np.isnan(values)
+    return np.bincount(group, weights=np.where(nan, 0.0, values) if nan.any() else values, minlength=n)
+
+
+def _group_mean(values: np.ndarray, group: np.ndarray, n: int) -> np.ndarray:
+    """Per group the mean, NaN skipped (NaN if none)."""
+    values = values.astype(float, copy=False)
+    nan = np.isnan(values)
+    counts = np.bincount(group[~nan] if nan.any() else group, minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return _group_sum(values, group, n) / counts
+
+
+def _distinct_per_group(group: np.ndarray, value_code: np.ndarray, values: int, n: int) -> np.ndarray:
+    """Per group the number of distinct non-NaN values (value codes from group_codes, -1 for NaN)."""
+    width = max(values, 1)
+    ok = value_code >= 0
+    key = group * width if ok.all() else group[ok] * width
+    key += value_code if ok.all() else value_code[ok]
+    seen = np.flatnonzero(np.bincount(key, minlength=n * width)) if n * width <= 1 << 24 else np.unique(key)
+    return np.bincount(seen // width, minlength=n)
 
 
 def throughput(inputs: RunInputs, steps: pd.DataFrame | None, gpus: int) -> dict:

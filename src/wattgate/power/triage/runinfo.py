@@ -15,7 +15,14 @@ import numpy as np
 import pandas as pd
 
 from wattgate.errors import InputError
-from wattgate.run_files import HEARTBEAT_EVENT_COLUMNS, read_heartbeat_events, read_heartbeats, read_metrics
+from wattgate.run_files import (
+    HEARTBEAT_EVENT_COLUMNS,
+    METRICS,
+    check_columns,
+    read_heartbeat_events,
+    read_heartbeats,
+    read_metrics,
+)
 
 
 @dataclass
@@ -40,13 +47,22 @@ class RunInfo:
 EVENT_COLUMNS = HEARTBEAT_EVENT_COLUMNS
 
 
-def load_run_info(run_dir: str | os.PathLike, trace_metas: list[dict] | None = None) -> RunInfo:
-    """Heartbeat events/states and metrics.parquet of a run folder; every file is optional."""
+RUN_INFO_METRICS = ["step", "rank", "time", "step_time_s", "data_wait_s"]  # what the run-info rules read
+
+
+def load_run_info(
+    run_dir: str | os.PathLike, trace_metas: list[dict] | None = None, metrics: pd.DataFrame | None = None
+) -> RunInfo:
+    """Heartbeat events/states and metrics.parquet of a run folder; every file is optional. `metrics`: the
+    file already read (with at least RUN_INFO_METRICS), so that it is not read twice."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run folder")
     ev, states = read_heartbeat_events(run_dir), read_heartbeats(run_dir)  # wattgate.run_files: one error policy
-    metrics = read_metrics(run_dir, ["step", "rank", "time", "step_time_s", "data_wait_s"])
+    if metrics is None:
+        metrics = read_metrics(run_dir, RUN_INFO_METRICS)
+    else:
+        check_columns(run_dir / METRICS, metrics.columns, RUN_INFO_METRICS, "metrics", "train")
     uuids = {}
     for meta in trace_metas or []:
         for g in meta.get("gpus", []):

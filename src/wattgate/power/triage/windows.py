@@ -235,7 +235,7 @@ def _cells(r: _Rows, window_s: float, ngpu_seen: int) -> _Cells:
         c = cell if at is None else cell[at]
         return np.bincount(c, weights=weights, minlength=grid)[present]
 
-    n = per_cell()
+    n = rows if len(cell) == len(key) else per_cell()  # every row has power: the row counts
     psum = per_cell(power.astype(np.float64))
     uvalid = ~np.isnan(util)
     if uvalid.all():
@@ -324,11 +324,22 @@ def ingest(chunks: Iterable, window_s: float, with_energy: bool = True) -> _Inge
         for batch in chunks:
             acc.add(batch)
         return acc
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        for batch in chunks:
+    # a second core decodes the next chunk and sums the energy while this one cuts windows (Parquet decoding
+    # and numpy's loops let go of the GIL)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for batch in _prefetched(iter(chunks), pool):
             acc.add(batch, pool)
         acc.segments = [f.result() for f in acc.segments]
     return acc
+
+
+def _prefetched(chunks: Iterator, pool: ThreadPoolExecutor) -> Iterator:
+    """The chunks, each read while the one before is being used."""
+    done = object()
+    ahead = pool.submit(next, chunks, done)
+    while (batch := ahead.result()) is not done:
+        ahead = pool.submit(next, chunks, done)
+        yield batch
 
 
 def ingest_energy(acc: _Ingest, reread: Callable[[], Iterable]) -> dict:
