@@ -182,3 +182,20 @@ def test_reading_a_trace_in_small_row_groups_changes_nothing(tmp_path, monkeypat
     assert (tmp_path / "a" / "phases.parquet").read_bytes() == (tmp_path / "b" / "phases.parquet").read_bytes()
     assert a["phases"] == b["phases"]
     assert_same_energy(b["energy"], a["energy"])
+
+
+def test_one_core_or_two_give_the_same_files(tmp_path, monkeypatch):
+    """With a second core triage decodes and sums energy on it; with one it does the same in turn."""
+    synth = build_trace(job(gpus_of(2, 2), PHASES), shipped_table("h100"), seed=4)
+    table = with_counter(synth.table, np.random.default_rng(4))
+    paths = []
+    for host in ("node0", "node1"):
+        paths.append(tmp_path / f"{host}.parquet")
+        write(table.filter(pa.compute.equal(table.column("host"), host)), paths[-1], host)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    two = run_triage(paths, tmp_path / "two", gpu_model="h100")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
+    one = run_triage(paths, tmp_path / "one", gpu_model="h100")
+    assert one == two
+    for name in ("phases.parquet", "triage.json", "triage.md", "phase_summary.csv"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name

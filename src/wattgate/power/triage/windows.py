@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -309,6 +309,8 @@ class _Ingest:
         self.power |= r.signals[0]
         self.util |= r.signals[1]
         if self.with_energy:  # on a second core when there is one: numpy lets go of the GIL in its loops
+            if pool and len(self.segments) >= 2 and isinstance(self.segments[-2], Future):
+                self.segments[-2] = self.segments[-2].result()  # two chunks in flight at most: they hold rows
             self.segments.append(pool.submit(_energy_segments, r) if pool else _energy_segments(r))
         self.cells.append(_cells(r, self.window_s, len(self.ids.seen)))
 
@@ -329,7 +331,7 @@ def ingest(chunks: Iterable, window_s: float, with_energy: bool = True) -> _Inge
     with ThreadPoolExecutor(max_workers=2) as pool:
         for batch in _prefetched(iter(chunks), pool):
             acc.add(batch, pool)
-        acc.segments = [f.result() for f in acc.segments]
+        acc.segments = [s.result() if isinstance(s, Future) else s for s in acc.segments]
     return acc
 
 
