@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from wattgate.codes import column_codes
 from wattgate.errors import InputError
 from wattgate.power.energy import in_time_order, join_parts
 from wattgate.power.triage.phases import PHASES_SCHEMA, read_phases
@@ -155,19 +156,14 @@ def _read_trace_columns(path: Path, columns: list[str]) -> pa.Table:
 
 
 def _host_codes(column: pa.ChunkedArray) -> tuple[np.ndarray | None, list[str]]:
-    """Integer codes (None when the file holds one host, the usual case) and the names they index,
-    without materializing 10^7 Python strings."""
-    column = pc.fill_null(column, "") if column.null_count else column
-    if not pa.types.is_dictionary(column.type):
-        column = pc.dictionary_encode(column)
-    if column.num_chunks > 1:
-        column = column.unify_dictionaries()
-    if column.num_chunks == 0 or len(column) == 0:
-        return None, []
-    names = [str(h) for h in column.chunk(0).dictionary.to_pylist()]
-    if len(names) == 1:
+    """Integer codes (None when the file holds one host, the usual case) and the names they index (a
+    missing host is "")."""
+    values, codes = column_codes(column)
+    text = ["" if v is None else str(v) for v in values]
+    names = list(dict.fromkeys(text))
+    if len(names) <= 1:
         return None, names
-    return np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in column.chunks]), names
+    return np.array([names.index(x) for x in text], np.int64)[codes], names
 
 
 def _numbers(table: pa.Table, name: str, missing) -> np.ndarray:

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from wattgate.codes import column_codes
 from wattgate.power.triage.phases import LABELS
 
 PHASE_COLORS = {
@@ -46,29 +47,14 @@ class PhaseWindows:
 
 def _codes(column: pa.ChunkedArray, names: list[str] | None = None) -> tuple[np.ndarray, list[str]]:
     """Integer codes of a string or dictionary column (null as ""), indexing `names`: by default the sorted
-    values found; when given, a value not among them takes the last name. A dictionary column (phases.parquet
-    as the report reads it) is mapped through its dictionaries, not its rows' strings."""
-    chunks = [c if pa.types.is_dictionary(c.type) else pc.dictionary_encode(c) for c in column.chunks]
-    values, indices = [], []
-    for c in chunks:
-        vals = ["" if v is None else str(v) for v in c.dictionary.to_pylist()]
-        idx = c.indices
-        if idx.null_count:
-            idx = pc.fill_null(idx, len(vals))
-            vals.append("")
-        values.append(vals)
-        indices.append(idx.to_numpy(zero_copy_only=False))
-    found = sorted({v for vals in values for v in vals})
+    values found; when given, a value not among them takes the last name."""
+    values, codes = column_codes(column)
+    text = ["" if v is None else str(v) for v in values]
+    found = sorted(set(text))
     if names is None:
         names = found
     where = {x: names.index(x) if x in names else len(names) - 1 for x in found}
-    out = np.empty(len(column), np.int64)
-    at = 0
-    for vals, idx in zip(values, indices):
-        # mode="clip": the indices are the dictionary's own; "raise" would copy through a buffer
-        np.take(np.array([where[v] for v in vals], np.int64), idx, out=out[at : at + len(idx)], mode="clip")
-        at += len(idx)
-    return out, names
+    return np.array([where[x] for x in text] or [0], np.int64)[codes], names
 
 
 def _floats(column: pa.ChunkedArray) -> np.ndarray:

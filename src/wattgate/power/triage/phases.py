@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from wattgate.artifacts import atomic_path
+from wattgate.codes import column_codes
 from wattgate.errors import InputError
 from wattgate.power.tables import POWER_PHASES
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S
@@ -216,14 +216,11 @@ def peer_departures(phases: pa.Table, window_s: float, min_s: float = 10.0) -> d
 def _codes(col, categories: list[str] | None = None) -> tuple[list, np.ndarray]:
     """(values, code per row) of a string (or dictionary) column, null -> code -1; with categories, the
     codes index them (a value not among them -> -1), as pandas.Categorical's codes."""
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    enc = col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(col)
-    values = enc.dictionary.to_pylist()
-    idx = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-    if categories is None:
-        return values, idx
-    lut = np.array([categories.index(v) if v in categories else -1 for v in values] + [-1], np.int64)
-    return categories, lut[idx]
+    values, codes = column_codes(col)
+    names = categories if categories is not None else [v for v in values if v is not None]
+    where = {v: i for i, v in enumerate(names)}
+    lut = np.array([-1 if v is None else where.get(v, -1) for v in values] or [-1], np.int64)
+    return names, lut[codes]
 
 
 def _gpu_key(names: list, host: np.ndarray, gpu: np.ndarray) -> np.ndarray:

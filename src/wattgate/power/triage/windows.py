@@ -37,6 +37,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from wattgate.codes import column_codes
 from wattgate.errors import InputError
 from wattgate.power import energy as energy_mod
 from wattgate.power.tables import TriageTable
@@ -123,14 +124,8 @@ def _numbers(col, dtype, measured: bool) -> np.ndarray:
 
 def _host_codes(col) -> tuple[list[str], np.ndarray]:
     """(names, code per row) of a host column (dictionary or string); a missing host is ""."""
-    if not pa.types.is_dictionary(col.type):
-        col = pc.dictionary_encode(pc.fill_null(col.cast(pa.string()), ""))
-    names = ["" if v is None else str(v) for v in col.dictionary.to_pylist()]
-    idx = col.indices
-    if idx.null_count:
-        idx = pc.fill_null(idx, len(names))
-        names.append("")
-    return names, idx.to_numpy(zero_copy_only=False).astype(np.int32)
+    values, codes = column_codes(col)
+    return ["" if v is None else str(v) for v in values], codes.astype(np.int32)
 
 
 def _rows(batch: pa.RecordBatch | pa.Table, ids: _GpuIds) -> _Rows | None:
