@@ -26,7 +26,8 @@ from wattgate.power.tables import shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import run_report
 from wattgate.power.energy import gpu_energy
-from wattgate.report.figures import MAX_POINTS, bin_edges, bin_majority, nice_ticks, path_d
+from wattgate.report.figures import MAX_POINTS, bin_edges, bin_majority
+from wattgate.report.svg import nice_ticks, path_d
 from wattgate.report.inputs import default_power_dir, read_samples
 from wattgate.report.phases import PHASE_COLORS
 from wattgate.telemetry.trace import TRACE_SCHEMA, TraceWriter, trace_files
