@@ -13,17 +13,15 @@ from wattgate.power.tables import TriageTable
 from wattgate.power.triage.arrays import _cumsum0, _runs, _true_runs
 from wattgate.power.triage.levels import PLATEAU_CV, PLATEAU_SHARE, Levels, _Edges, _span_stats
 from wattgate.power.triage.rules import (
-    _CLASS_BAND,
     EDGE_MARGIN,
     PEER_POWER_TOL,
     PEER_UTIL_TOL,
     _band,
-    _majority,
     _next_true_at,
     _peer_vote,
     _raw_band,
-    _rolling_median,
 )
+from wattgate.power.triage.smoothing import _CLASS_BAND, _majority, _rolling_median
 
 TABLE = TriageTable("x", ("x",), 700.0, 80.0, 200.0, 400.0)
 POWER = [60, 80, 150, 190, 199, 200, 201, 210, 250, 300, 385, 399, 400, 405, 420, 600, 700]

@@ -1,8 +1,11 @@
 """Power triage: label every GPU's time, window by window, with the training phase its power shows.
 
 phases.py: the phases.parquet contract; runinfo.py: what the run recorded;
-windows.py: samples into windows; rules.py: the rules; settings.py: table,
-window and hang limit; stage.py: triage() and the `wattgate triage` stage.
+windows.py: samples into windows; levels.py: each GPU's band edges; rules.py:
+the rules; smoothing.py: their per-GPU rolling median and majority filter;
+run_rules.py: rule 6, the run's record over power; arrays.py: shared array
+helpers; settings.py: table, window and hang limit; stage.py: triage() and the
+`wattgate triage` stage.
 
 The public names below load their module on first use, so that settings.py
 (the CLI's defaults, the watcher's) comes without pandas and the algorithm.

@@ -4,7 +4,8 @@ Band edges are per GPU: the table's, refined by the levels the run shows
 (levels.py: idle with a context held, the wait level, compute plateaus), so
 "idle_w", "low_max_w" and "compute_min_w" below are the GPU's own.
 
-Rules, in order (each sees the labels the earlier ones left):
+Rules, in order (each sees the labels the earlier ones left; the rolling median
+and the majority filter live in smoothing.py, rule 6 in run_rules.py):
 1. Band of the median P of the window and the 2 known windows on each side
    (a median keeps steps sharp and drops single-window spikes), with
    hysteresis: a window within a margin of a band edge keeps the band of the
@@ -140,21 +141,11 @@ from wattgate.power.triage.phases import (
     LOW_UTIL,
     WAIT,
 )
-from wattgate.power.triage.runinfo import (
-    RunInfo,
-    _checkpoint_intervals,
-    _covered_share,
-    _done_times,
-    _progress,
-    map_ranks,
-)
 
 EDGE_MARGIN = 0.10  # hysteresis margin, share of the band next to the edge
 OSCILLATION_SHARE = 0.15  # share of samples high and low that marks kernel bursts between gaps
 NO_UTIL_IDLE_SHARE = 0.30  # without utilization: low-band power this far above idle is a wait
 LIGHT_UTIL_PCT = 10.0  # below this, utilization at idle power is too light to be work (host copies, teardown)
-SMOOTH_RADIUS = 2  # majority filter and power median: windows on each side
-COVER_SHARE = 0.5  # share of a window inside a heartbeat interval that makes it count
 PEER_SLACK = 3  # windows of slack around peers' waits when matching the stuck rank
 CHECKPOINT_MIN_S = 10.0  # a shorter pause is a sync wait, whatever its peers do
 PERIODIC_MIN = 4  # pauses in a series before it counts as periodic (3 match by chance too often)
@@ -163,62 +154,6 @@ LENGTH_RATIO = 1.5  # pauses of "similar length" are within this factor of each 
 AT_CAP_SHARE = 0.9  # a window at this share of the power cap is compute whatever its utilization
 PEER_POWER_TOL = 0.12  # a GPU within this share of its peers' median power (and PEER_UTIL_TOL) is with them
 PEER_UTIL_TOL = 15.0
-
-
-def _edge_positions(gs: np.ndarray, ge: np.ndarray, radius: int) -> np.ndarray:
-    """Positions within `radius` windows of their GPU's first or last window, sorted, once each."""
-    starts = np.concatenate([gs, np.maximum(ge - radius, gs)])
-    ends = np.concatenate([np.minimum(gs + radius, ge), ge])
-    return np.unique(_ranges(starts, ends))
-
-
-def _rolling_median(x: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int) -> np.ndarray:
-    """Median of each window and `radius` known windows on each side on the same GPU."""
-    if len(x) == 0 or radius <= 0:
-        return x
-    gs, ge = _bounds(gpu, ngpu)
-    n = len(x)
-    if radius != 2 or np.isnan(x).any():
-        return _median_at(x, np.arange(n), gpu, gs, ge, radius)
-    # away from a GPU's ends the neighbours are shifted views of x: no gathers, no index arrays
-    out = np.empty_like(x)
-    if n > 4:
-        _median5(*(x[k : n - 4 + k] for k in range(5)), out=out[2 : n - 2])
-    edge = _edge_positions(gs, ge, radius)
-    out[edge] = _median_at(x, edge, gpu, gs, ge, radius)
-    return out
-
-
-def _median_at(x, pos, gpu, gs, ge, radius: int) -> np.ndarray:
-    """The rolling median at `pos`; near a GPU's ends the neighbours mirror inside its range so the window
-    stays centred and odd-sized."""
-    g = gpu[pos]
-    lo, hi = gs[g], ge[g] - 1
-    cols = []
-    for off in range(-radius, radius + 1):
-        j = pos + off
-        j = np.where(j < lo, 2 * lo - j, j)
-        j = np.where(j > hi, 2 * hi - j, j)
-        cols.append(x[np.clip(j, lo, hi)])
-    if radius == 2 and not np.isnan(x).any():
-        out = np.empty(len(pos), x.dtype)
-        _median5(*cols, out=out)
-        return out
-    return np.partition(np.stack(cols, axis=1), radius, axis=1)[:, radius]
-
-
-def _median5(a, b, c, d, e, out: np.ndarray) -> None:
-    """The median of 5 (no NaN) by min/max, into out: it picks the same value a sort would."""
-    np.minimum(a, b, out=out)
-    t = np.minimum(c, d)
-    np.maximum(out, t, out=out)  # out: the larger of the two pairs' minima
-    g = np.maximum(a, b)
-    np.maximum(c, d, out=t)
-    np.minimum(g, t, out=g)  # g: the smaller of the two pairs' maxima
-    np.minimum(e, out, out=t)
-    np.maximum(e, out, out=out)
-    np.minimum(out, g, out=out)
-    np.maximum(t, out, out=out)
 
 
 def _raw_band(p: np.ndarray, e: _Edges) -> np.ndarray:
@@ -326,52 +261,6 @@ def _classify_low(p, u, high, idle_w, low_max_w, e: _Edges) -> np.ndarray:
     cls[~busy & ~idle & light_util & quiet & (high == 0)] = IDLE
     cls[no_util] = np.where(quiet[no_util], IDLE, WAIT)
     return cls
-
-
-_CLASS_BAND = np.array([2, 1, -1, -1, -1, 0, -1, 0, -1], np.int8)  # band a class implies; -1: any
-
-
-def _majority(
-    cls: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int, own_band: np.ndarray, keep: np.ndarray | None = None
-) -> np.ndarray:
-    """Most common class within `radius` windows on each side on the same GPU; ties keep the window's own,
-    and so do a window whose own power is two bands from the winner's and the windows in `keep`."""
-    if len(cls) == 0 or radius <= 0:
-        return cls
-    n = len(cls)
-    gs, ge = _bounds(gpu, ngpu)
-    # a window shared by more than `radius` of its 2 radius + 1 neighbourhood wins outright, so only the
-    # others (and the windows near a GPU's end, whose neighbourhood is cut short) need the full count
-    sub = [_edge_positions(gs, ge, radius)]
-    if n > 2 * radius:
-        agree = np.zeros(n - 2 * radius, np.int8)  # neighbours with the window's class, window radius + i
-        for d in range(1, radius + 1):
-            eq = cls[:-d] == cls[d:]  # eq[i]: windows i and i + d agree
-            agree += eq[radius - d : n - radius - d]
-            agree += eq[radius : n - radius]
-        sub.append(np.flatnonzero(agree < radius) + radius)
-    pos = np.unique(np.concatenate(sub))
-    own, best, winner = _majority_at(cls, pos, gpu, gs, ge, radius)
-    wb = _CLASS_BAND[winner]
-    stay = (own == best) | ((wb >= 0) & (np.abs(wb.astype(np.int16) - own_band[pos]) >= 2))
-    if keep is not None:
-        stay |= keep[pos]
-    out = cls.copy()
-    out[pos[~stay]] = winner[~stay]
-    return out
-
-
-def _majority_at(cls, pos, gpu, gs, ge, radius: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """At `pos`: how many of the windows within `radius` on the same GPU share the window's class, how many
-    share the most common one, and that class (the lowest of a tie)."""
-    g = gpu[pos]
-    j = pos[:, None] + np.arange(-radius, radius + 1)
-    valid = (j >= gs[g][:, None]) & (j < ge[g][:, None])
-    c = cls[np.where(valid, j, pos[:, None])]
-    counts = ((c[:, :, None] == c[:, None, :]) & valid[:, None, :]).sum(axis=2) * valid
-    best = counts.max(axis=1)
-    winner = np.where(counts == best[:, None], c, np.iinfo(c.dtype).max).min(axis=1)
-    return counts[:, radius], best, winner
 
 
 def _peer_vote(cls, p, u, index, e: _Edges, gpu: np.ndarray | None = None) -> np.ndarray:
@@ -632,149 +521,6 @@ def _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s) ->
     return out
 
 
-def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e: _Edges, window_s, deadlock_after_s):
-    """Rule 6: heartbeat- and metrics-backed labels, in place. The run's intervals are laid over only the
-    windows whose label they can change (a step over a quiet window, not over hours of compute)."""
-    if len(cls) == 0:
-        return
-    rank_gpu = map_ranks(info, keys)
-    ngpu = len(keys)
-    gs, ge = _bounds(gpu, ngpu)
-    below = np.empty(len(p), dtype=bool)
-    for sl, _, _, hi, _ in e.spans:
-        np.less(p[sl], hi, out=below[sl])
-    run_gpus = np.zeros(ngpu, dtype=bool)
-    run_gpus[list(set(rank_gpu.values()))] = True
-    if not run_gpus.any():  # no rank maps to a GPU: run-wide facts apply to all of them
-        run_gpus[:] = True
-    gpu_ranks = [[] for _ in range(ngpu)]
-    for r, g in rank_gpu.items():
-        gpu_ranks[g].append(r)
-
-    def share(at, starts, ends):  # share of each window at `at` inside the intervals
-        i = index[at]
-        return _covered_share(starts, ends, i * window_s, (i + 1) * window_s)
-
-    # stalls: gaps between progress stamps, worked out once per time (every GPU's window then reads the same)
-    stamps, run_over = _progress(info)
-    stalled = np.zeros(len(cls), dtype=bool)
-    if len(stamps):
-        times, rows = _time_rows(index)
-        t0, t1 = times * window_s, (times + 1) * window_s
-        k = np.searchsorted(stamps, t0, side="right")  # stamps[k-1] <= window start; k == 0: before the run
-        after_start = k > 0
-        during = after_start & (t0 < stamps[-1] + deadlock_after_s)
-        prev = stamps[np.maximum(k - 1, 0)]
-        k_next = np.searchsorted(stamps, t1, side="left")
-        nxt = np.where(k_next < len(stamps), stamps[np.minimum(k_next, len(stamps) - 1)], np.inf)
-        gap = after_start & (t0 < run_over) & (nxt - prev >= deadlock_after_s)
-        gap_closed = gap & np.isfinite(nxt)
-        for g in np.flatnonzero(run_gpus & (ge > gs)):
-            # the gap after the last stamp counts where the GPU's trace goes on for deadlock_after_s past it
-            trails = (index[ge[g] - 1] + 1) * window_s - stamps[-1] >= deadlock_after_s
-            stalled[gs[g] : ge[g]] = (gap if trails else gap_closed)[rows[gs[g] : ge[g]]]
-
-    intervals = _checkpoint_intervals(info.events)
-    ck_rank = intervals["rank"].to_numpy()
-    ck_start, ck_end = intervals["start"].to_numpy(float), intervals["end"].to_numpy(float)
-    unplaced = ~np.isin(ck_rank, list(rank_gpu))
-    in_ckpt = np.zeros(len(cls), dtype=bool)
-    need = below | stalled | (cls == CHECKPOINT)  # where in_ckpt is read below
-    for g in range(ngpu):
-        mine = np.isin(ck_rank, gpu_ranks[g]) | unplaced
-        if mine.any():
-            at = gs[g] + np.flatnonzero(need[gs[g] : ge[g]])
-            in_ckpt[at] = share(at, ck_start[mine], ck_end[mine]) >= COVER_SHARE
-    stalled &= ~in_ckpt
-
-    # power-only hang and checkpoint labels that the run's own record contradicts go back to what
-    # the window showed: a wait that was no hang is a (long) sync wait, a quiet window is idle or low-util
-    at = np.flatnonzero(_is(cls, (DEADLOCK, CHECKPOINT)) if len(info.events) else cls == DEADLOCK)
-    if len(stamps) and len(at):
-        c = cls[at]
-        wrong = during[rows[at]] & run_gpus[gpu[at]] & ~stalled[at]
-        wrong &= (c == DEADLOCK) | ~in_ckpt[at]
-        at = at[wrong]
-        cls[at] = np.where(smooth[at] == WAIT, COMMUNICATION, smooth[at])
-
-    starving, stepping = _step_cover(cls, below, stalled, gs, ge, info, gpu_ranks, share)
-    hit = starving & below
-    cls[hit], conf[hit] = DATA_STARVATION, 1.0
-    # the step's own work: a step that did not wait for data but left the GPU low or quiet was held
-    # back by the host (launches, small kernels), not by the loader. A stall keeps the power labels
-    # so the hang rules below still see an idle stuck rank.
-    cls[stepping], conf[stepping] = COMPUTE, 1.0
-    # after the run said done the GPU is being released: quiet windows are idle, not starved. A GPU is
-    # done when all its ranks are; with no rank placed anywhere, when every rank is
-    done = _done_times(info)
-    end = np.full(ngpu, np.inf)
-    for g in range(ngpu):
-        owners = gpu_ranks[g] or ([] if rank_gpu else list(done))
-        if owners:
-            end[g] = max(done[r] for r in owners)
-    at = np.flatnonzero(_is(cls, (DATA_STARVATION, LOW_UTIL)))
-    _, low_max_w, _ = e.levels_at(at)
-    with np.errstate(invalid="ignore"):
-        quiet = (p[at] < low_max_w) & ~(u[at] >= e.busy_util)
-    hit = at[quiet & (index[at] * window_s + COVER_SHARE * window_s >= end[gpu[at]])]
-    cls[hit], conf[hit] = IDLE, 1.0
-    hit = in_ckpt & below
-    cls[hit], conf[hit] = CHECKPOINT, 1.0
-    at = np.flatnonzero(stalled & below)
-    if len(at):
-        with np.errstate(invalid="ignore"):
-            waiting = u[at] >= e.busy_util
-        stuck = _is(cls[at], (IDLE, LOW_UTIL, DATA_STARVATION)) & ~waiting & _near(index[at[waiting]], index[at])
-        hit = at[waiting | stuck]
-        cls[hit], conf[hit] = DEADLOCK, 1.0
-
-
-def _step_cover(cls, below, stalled, gs, ge, info: RunInfo, gpu_ranks, share) -> tuple[np.ndarray, np.ndarray]:
-    """Per window, from the metrics: (starving, stepping). Starving: >= COVER_SHARE inside a step's data wait,
-    or inside a step that waited for data for most of its time; stepping: >= COVER_SHARE inside the other
-    steps, not starving, not stalled and labelled data starvation, low-util or idle (what the step rule
-    relabels). Starving is worked out only where P is below the compute band or the window could be stepping:
-    nowhere else is it read."""
-    starving = np.zeros(len(cls), dtype=bool)
-    stepping = np.zeros(len(cls), dtype=bool)
-    if not info.has_metrics:
-        return starving, stepping
-    m_rank = info.metrics["rank"].to_numpy()
-    m_time, m_step, m_wait = (info.metrics[c].to_numpy(float) for c in ("time", "step_time_s", "data_wait_s"))
-    candidate = ~stalled & _is(cls, (DATA_STARVATION, LOW_UTIL, IDLE))
-    need = below | candidate
-    for g, ranks in enumerate(gpu_ranks):
-        if not ranks:
-            continue
-        mine = np.flatnonzero(_is(m_rank, ranks))  # positions: each column is then gathered at a few rows
-        step_s, wait_s = m_step[mine], m_wait[mine]
-        begin = m_time[mine] - step_s
-        # a data wait, or all of a step that waited for data most of its time
-        starved = wait_s >= COVER_SHARE * step_s
-        at = gs[g] + np.flatnonzero(need[gs[g] : ge[g]])
-        starving[at] = (
-            share(
-                at,
-                np.concatenate([begin, begin[starved]]),
-                np.concatenate([begin + wait_s, begin[starved] + step_s[starved]]),
-            )
-            >= COVER_SHARE
-        )
-        fed = ~starved
-        at = gs[g] + np.flatnonzero(candidate[gs[g] : ge[g]] & ~starving[gs[g] : ge[g]])
-        stepping[at] = share(at, begin[fed], begin[fed] + step_s[fed]) >= COVER_SHARE
-    return starving, stepping
-
-
-def _time_rows(index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct window times (every time of the span, when that is not much more) and each window's
-    row among them."""
-    lo, hi = int(index.min()), int(index.max())
-    if hi - lo + 1 <= 2 * len(index) + (1 << 20):
-        return np.arange(lo, hi + 1), index - lo
-    return np.unique(index, return_inverse=True)
-
-
 def _confidence(p, u, high, low, osc, raw, smooth, final, filled, e: _Edges) -> np.ndarray:
     # P's distance from the nearest band edge in units of 2.5 margins
     conf = np.empty(len(p))
@@ -796,6 +542,3 @@ def _confidence(p, u, high, low, osc, raw, smooth, final, filled, e: _Edges) -> 
     np.minimum(conf, 0.5, out=conf, where=filled)  # no sample: the phase around a short gap
     np.clip(conf, 0.0, 1.0, out=conf)
     return conf.astype(np.float32)
-
-
-# ---------------------------------------------------------------- triage

@@ -1,6 +1,6 @@
 """What a training run recorded, as triage reads it: heartbeat events and states, metrics, rank -> GPU.
 
-Also the run-info facts rule 6 (rules.py) rests on: checkpoint intervals, when
+Also the run-info facts rule 6 (run_rules.py) rests on: checkpoint intervals, when
 each rank said done, progress stamps, and interval arithmetic on windows.
 """
 

@@ -1,8 +1,9 @@
 """Power triage: label every GPU's time, window by window, with the training phase its power shows.
 
-triage() runs the windows (windows.py) through the rules (rules.py); run_triage
-is the `wattgate triage` stage: traces in, phases.parquet (phases.py),
-phase_summary.csv, triage.json and triage.md out.
+triage() runs the windows (windows.py) through the rules (rules.py,
+smoothing.py, run_rules.py); run_triage is the `wattgate triage` stage: traces
+in, phases.parquet (phases.py), phase_summary.csv, triage.json and triage.md
+out.
 """
 
 from __future__ import annotations
@@ -41,20 +42,18 @@ from wattgate.power.triage.phases import (
 from wattgate.power.triage.levels import _Edges
 from wattgate.power.triage.rules import (
     EDGE_MARGIN,
-    SMOOTH_RADIUS,
     _band,
     _classify,
     _raw_band,
     _confidence,
-    _majority,
     _peer_rules,
     _peer_vote,
     _resolve_waits,
-    _rolling_median,
-    _run_info_rules,
     _short_checkpoints,
 )
+from wattgate.power.triage.run_rules import _run_info_rules
 from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
+from wattgate.power.triage.smoothing import SMOOTH_RADIUS, _majority, _rolling_median
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.windows import CHUNK_ROWS, _Ingest, _Windows, _windows, ingest, ingest_energy, table_chunks
 from wattgate.telemetry.trace import read_trace_chunks, strict_json
