@@ -24,7 +24,7 @@ from wattgate.report import anomalies as an
 from wattgate.report.inputs import METRICS_OPTIONAL, METRICS_REQUIRED, PHASE_COLUMNS, load_inputs
 from wattgate.run_files import read_metrics
 from wattgate.report.phases import phase_windows, totals
-from wattgate.report.summary import step_table
+from wattgate.report.steps import step_table
 from wattgate.telemetry.trace import trace_files
 
 # ---------------------------------------------------------------- the pandas versions they replaced
