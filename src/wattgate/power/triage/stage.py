@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -297,57 +298,62 @@ def run_triage(
     power_seen, util_seen = acc.power, acc.util
     del acc
     learned = phases_meta(phases)
-    summary = phase_summary(phases)
+    # phases.parquet is written on another thread (Arrow lets go of the GIL) while the summaries are made;
+    # it is done before the files that describe it (the report checks they are newer)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        written = pool.submit(
+            write_phases,
+            phases,
+            out_dir / "phases.parquet",
+            window_s,
+            table.gpu_model if table else None,
+            learned.get("levels", {}),
+            learned.get("filled_s", 0.0),
+        )
+        summary = phase_summary(phases)
 
-    result = {
-        "format_version": FORMAT_VERSION,
-        "status": "no GPU telemetry" if empty else "ok",
-        "traces": sorted(str(p) for p in paths),
-        "hosts": sorted(pc.unique(phases.column("host")).to_pylist()),
-        "gpus": 0 if empty else len(summary[["host", "gpu"]].drop_duplicates()),
-        "table": _table_dict(table),
-        "table_source": source,
-        "window_s": window_s,
-        "deadlock_after_s": deadlock_after_s,
-        "run_dir": str(run_dir) if run_dir else None,
-        "signals": {
-            "power": power_seen,
-            "util": util_seen,
-            "heartbeats": bool(info and info.has_heartbeats),
-            "metrics": bool(info and info.has_metrics),
-        },
-        "phases": totals(summary),
-        "gaps": gap_summary(phases, window_s, learned.get("filled_s", 0.0)),
-        "levels": learned.get("levels", {}),
-        "peers": peer_departures(phases, window_s),
-        # per GPU "host:gpu": the energy the report shows (energy.records), from the same samples
-        "energy": energy,
-    }
-    # without heartbeats the pauses rest on power alone (rule 4): say what was missing and how they were read
-    found = power_only.pauses(phases)
-    t0 = float(pc.min(phases.column("start")).as_py()) if phases.num_rows else None
-    result["pauses"] = [p.record(t0) for p in found]
-    result["power_only"] = None
-    if not result["signals"]["heartbeats"] and not empty:
-        inferred = any(m.get("gpu_index_inferred") for m in metas)
-        result["power_only"] = power_only.limits(result["signals"], deadlock_after_s, inferred) | {
-            "verdict": power_only.verdict(found, t0, window_s)
+        result = {
+            "format_version": FORMAT_VERSION,
+            "status": "no GPU telemetry" if empty else "ok",
+            "traces": sorted(str(p) for p in paths),
+            "hosts": sorted(pc.unique(phases.column("host")).to_pylist()),
+            "gpus": 0 if empty else len(summary[["host", "gpu"]].drop_duplicates()),
+            "table": _table_dict(table),
+            "table_source": source,
+            "window_s": window_s,
+            "deadlock_after_s": deadlock_after_s,
+            "run_dir": str(run_dir) if run_dir else None,
+            "signals": {
+                "power": power_seen,
+                "util": util_seen,
+                "heartbeats": bool(info and info.has_heartbeats),
+                "metrics": bool(info and info.has_metrics),
+            },
+            "phases": totals(summary),
+            "gaps": gap_summary(phases, window_s, learned.get("filled_s", 0.0)),
+            "levels": learned.get("levels", {}),
+            "peers": peer_departures(phases, window_s),
+            # per GPU "host:gpu": the energy the report shows (energy.records), from the same samples
+            "energy": energy,
         }
-    if info is not None and not empty:
-        keys = [(h, int(g)) for h, g in summary[["host", "gpu"]].drop_duplicates().itertuples(index=False)]
-        mapped = map_ranks(info, keys)
-        result["ranks"] = {
-            "mapped": {str(r): {"host": keys[g][0], "gpu": keys[g][1]} for r, g in mapped.items()},
-            "unmapped": sorted(set(info.states) - set(mapped)),
-        }
-    write_phases(
-        phases,
-        out_dir / "phases.parquet",
-        window_s,
-        table.gpu_model if table else None,
-        result["levels"],
-        result["gaps"]["filled_s"],
-    )
+        # without heartbeats the pauses rest on power alone (rule 4): say what was missing and how they were read
+        found = power_only.pauses(phases)
+        t0 = float(pc.min(phases.column("start")).as_py()) if phases.num_rows else None
+        result["pauses"] = [p.record(t0) for p in found]
+        result["power_only"] = None
+        if not result["signals"]["heartbeats"] and not empty:
+            inferred = any(m.get("gpu_index_inferred") for m in metas)
+            result["power_only"] = power_only.limits(result["signals"], deadlock_after_s, inferred) | {
+                "verdict": power_only.verdict(found, t0, window_s)
+            }
+        if info is not None and not empty:
+            keys = [(h, int(g)) for h, g in summary[["host", "gpu"]].drop_duplicates().itertuples(index=False)]
+            mapped = map_ranks(info, keys)
+            result["ranks"] = {
+                "mapped": {str(r): {"host": keys[g][0], "gpu": keys[g][1]} for r, g in mapped.items()},
+                "unmapped": sorted(set(info.states) - set(mapped)),
+            }
+        written.result()
     write_bytes_atomic(out_dir / "phase_summary.csv", summary.to_csv(index=False, float_format="%.10g").encode())
     # strict JSON: read_trace already nulls non-finite power, so a NaN/Inf left here is a figure that could not
     # be computed (e.g. a share of zero seconds) and is written as null, deliberately
