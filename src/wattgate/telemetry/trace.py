@@ -297,11 +297,19 @@ def read_trace_chunks(path: str | os.PathLike, columns: list[str], rows: int) ->
     """read_trace(path, columns) a batch of at most `rows` rows at a time, for a reader that reduces them as
     they come: (the trace's metadata, an iterator of record batches cast as read_trace casts them). The range
     check is the reader's to do (NaN, infinite or negative readings are not readings). A killed sampler's
-    segments are stitched whole first."""
+    segments are stitched whole when the batches are first asked for; the metadata is the first segment's,
+    as read_trace gives it."""
     path = Path(path)
     if not path.is_file():
-        table = read_trace(path, columns=columns)
-        return trace_meta(table), iter(table.to_batches(max_chunksize=rows))
+        first = next(iter(live_segments(segment_dir(path))), None) if segment_dir(path).is_dir() else None
+        if first is None:  # no trace and no segments: read_trace says so (or gives the empty trace)
+            table = read_trace(path, columns=columns)
+            return trace_meta(table), iter(table.to_batches(max_chunksize=rows))
+
+        def stitched():
+            yield from read_trace(path, columns=columns).to_batches(max_chunksize=rows)
+
+        return trace_meta(pq.read_schema(first)), stitched()
     try:
         pf = pq.ParquetFile(path, read_dictionary=["host"] if "host" in columns else None)
     except (OSError, pa.ArrowInvalid) as exc:

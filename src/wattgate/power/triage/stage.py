@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,7 @@ from wattgate.power.triage.run_rules import _run_info_rules
 from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
 from wattgate.power.triage.smoothing import SMOOTH_RADIUS, _majority, _rolling_median
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
-from wattgate.power.triage.windows import CHUNK_ROWS, _Ingest, _Windows, _windows, ingest, ingest_energy, table_chunks
+from wattgate.power.triage.windows import CHUNK_ROWS, _Ingest, _Windows, _windows, ingest, ingest_energy, table_batches
 from wattgate.telemetry.trace import read_trace_chunks, strict_json
 
 
@@ -74,7 +75,7 @@ def triage(
     caps: (host, gpu) -> the power cap the sampler recorded (NVML's enforced limit); power_cap_w, when given,
     is every GPU's cap (an imported log records none); else the table's tdp_w."""
     _check_limits(window_s, deadlock_after_s)
-    acc = ingest(table_chunks(trace)(), window_s, with_energy=False)
+    acc = ingest(table_batches(trace), window_s, with_energy=False)
     return contract(_triage(acc, table, window_s, deadlock_after_s, run_info, caps, power_cap_w))
 
 
@@ -240,17 +241,18 @@ def _gaps_and_peers_md(result: dict) -> list[str]:
 TRIAGE_COLUMNS = ["time", "host", "gpu", "power_w", "util_gpu", "energy_j"]
 
 
-def _trace_chunks(paths: list) -> tuple[list[dict], Callable[[], Iterator]]:
-    """Each file's metadata, and its batches end to end (TRIAGE_COLUMNS), re-readable."""
+def _trace_chunks(paths: list) -> tuple[list[dict], Iterator, Callable[[], Iterator]]:
+    """Each file's metadata; its batches end to end (TRIAGE_COLUMNS), from the files opened for the metadata;
+    and a way to read them again (ingest_energy, for files that overlap in time)."""
     if not paths:
         raise InputError("no trace files given")
-    metas = [read_trace_chunks(p, TRIAGE_COLUMNS, CHUNK_ROWS)[0] for p in paths]
+    opened = [read_trace_chunks(p, TRIAGE_COLUMNS, CHUNK_ROWS) for p in paths]
 
-    def chunks():
+    def again():
         for p in paths:
             yield from read_trace_chunks(p, TRIAGE_COLUMNS, CHUNK_ROWS)[1]
 
-    return metas, chunks
+    return [meta for meta, _ in opened], chain.from_iterable(batches for _, batches in opened), again
 
 
 def recorded_caps(metas: list[dict]) -> dict[tuple[str, int], float]:
@@ -277,9 +279,9 @@ def run_triage(
     """`wattgate triage`: traces (one per host) -> phases.parquet, phase_summary.csv, triage.json, triage.md."""
     paths = [Path(p) for p in ([trace_paths] if isinstance(trace_paths, (str, os.PathLike)) else trace_paths)]
     out_dir = Path(out_dir)
-    metas, chunks = _trace_chunks(paths)
+    metas, chunks, again = _trace_chunks(paths)
     _check_limits(window_s, deadlock_after_s)
-    acc = ingest(chunks(), window_s)
+    acc = ingest(chunks, window_s)
     names = sorted({str(g.get("name", "")) for m in metas for g in m.get("gpus", []) if g.get("name")})
     empty = acc.empty
     settings = TriageSettings(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w)
@@ -293,7 +295,7 @@ def run_triage(
     if empty:
         phases, energy = PHASES_SCHEMA.empty_table(), {}
     else:
-        energy = ingest_energy(acc, chunks)
+        energy = ingest_energy(acc, again)
         phases = _triage(acc, table, window_s, deadlock_after_s, info, caps, power_cap_w)
     power_seen, util_seen = acc.power, acc.util
     del acc

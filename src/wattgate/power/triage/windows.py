@@ -154,8 +154,8 @@ def _rows(batch: pa.RecordBatch | pa.Table, ids: _GpuIds) -> _Rows | None:
     return _Rows(gid, time_, power, util, energy, ngpu, signals)
 
 
-def table_chunks(trace) -> Callable[[], Iterator[pa.RecordBatch]]:
-    """A trace given in memory (a pa.Table, DataFrame or dict of columns) as chunks, re-readable."""
+def table_batches(trace) -> Iterator[pa.RecordBatch]:
+    """A trace given in memory (a pa.Table, DataFrame or dict of columns) as chunks."""
     if isinstance(trace, pa.Table):
         missing = [c for c in NEEDED if c not in trace.column_names]
         if missing:
@@ -176,7 +176,7 @@ def table_chunks(trace) -> Callable[[], Iterator[pa.RecordBatch]]:
         if "energy_j" in df.columns:
             columns["energy_j"] = pa.array(pd.to_numeric(df["energy_j"]).to_numpy(np.float64, na_value=np.nan))
         table = pa.table(columns)
-    return lambda: iter(table.to_batches(max_chunksize=CHUNK_ROWS))
+    return iter(table.to_batches(max_chunksize=CHUNK_ROWS))
 
 
 # ---------------------------------------------------------------- sums per (GPU, window)
