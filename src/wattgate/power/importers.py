@@ -357,6 +357,7 @@ def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index
             f"{path}: a Zeus power CSV needs a time column ({', '.join(sorted(ZEUS_TIME))}) and "
             f"per-GPU power columns (gpu0, gpu1, ... or Power); found {', '.join(header)}"
         )
+    no_samples(path, rows)
     last = rows[-1][0]
     for lineno, cells in rows[1:]:
         try:
@@ -369,6 +370,12 @@ def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index
             continue
         for g, v in values.items():
             imported.add({"time": t, "host": host, "gpu": g, "power_w": v})
+
+
+def no_samples(path: Path, rows: list) -> None:
+    """A header and nothing under it is an error, as for nvidia-smi: an empty trace would pass silently."""
+    if len(rows) < 2:
+        raise InputError(f"{path}: a header line and no sample lines; import the log once its logger has written")
 
 
 def parse_zeus_time(text: str) -> float:
@@ -465,6 +472,7 @@ def read_csv(path: Path, imported: Imported, lines: Lines, host: str, tz, mappin
     }
     if "gpu" not in cols:
         imported.notes.append(f"{path.name}: no gpu column mapped: one GPU (index 0)")
+    no_samples(path, rows)
     last = rows[-1][0]
     for lineno, cells in rows[1:]:
         try:

@@ -138,10 +138,11 @@ def is_gzip(path: Path) -> bool:
 
 
 def open_log(path: Path, newline: str | None = None):
-    """A log as text, gzip-compressed or not (loggers' files are often rotated to .gz)."""
+    """A log as text, gzip-compressed or not (loggers' files are often rotated to .gz). utf-8-sig: a byte-order
+    mark (what Windows tools write first) is not part of the first header name."""
     if is_gzip(path):
-        return gzip.open(path, "rt", newline=newline, encoding="utf-8", errors="replace")
-    return open(path, newline=newline, encoding="utf-8", errors="replace")
+        return gzip.open(path, "rt", newline=newline, encoding="utf-8-sig", errors="replace")
+    return open(path, newline=newline, encoding="utf-8-sig", errors="replace")
 
 
 def log_stem(path: Path) -> str:
