@@ -45,6 +45,7 @@ import numpy as np
 
 from wattgate.artifacts import write_bytes_atomic
 from wattgate.errors import InputError
+from wattgate.ledger import record_problem
 
 LEDGER_NAME = "throughput.jsonl"
 LEDGER_VERSION = 1
@@ -90,11 +91,12 @@ def read_ledger(path: Path) -> list[dict]:
             continue
         try:
             rec = json.loads(line)
-            if not isinstance(rec, dict) or not isinstance(rec.get("cost_per_s"), (int, float)):
-                raise ValueError("no cost_per_s")
+            problem = record_problem(rec)
+            if problem:
+                raise ValueError(problem)
         except ValueError as exc:
             raise InputError(
-                f"{path}:{lineno}: not a throughput record ({exc}); delete that line "
+                f"{path}:{lineno}: not a throughput record ({exc}); fix or delete that line "
                 "(train appends one per finished run)"
             ) from None
         records.append(rec)
