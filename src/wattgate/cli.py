@@ -39,6 +39,11 @@ def _pretokenize(args, config) -> None:
         f"pretokenize: {m['num_docs']} docs, {m['num_tokens']} tokens ({m['num_loss_tokens']} trained on), "
         f"{len(m['shards'])} shard(s), dropped {m['dropped'] or 'none'} -> {args.out}"
     )
+    if v := m.get("validation"):
+        print(
+            f"pretokenize: validation ({v['source']}): {v['num_docs']} docs, {v['num_tokens']} tokens held out; "
+            f"{v['train_docs']} docs train"
+        )
 
 
 def _pack(args, config) -> None:
@@ -46,6 +51,12 @@ def _pack(args, config) -> None:
 
     plan = build_plan(config, args.pretokenized, args.out)
     s = plan["stats"]
+    if v := plan.get("validation"):
+        print(
+            f"pack: validation pass: {v['num_docs']} docs in {v['num_packs']} packs ({v['strategy']}, "
+            f"{v['empty_packs']} empty), {v['micro_batches_per_rank']} micro-batch(es) of {v['micro_batch_size']} "
+            "on every rank"
+        )
     if plan.get("segments"):
         r = plan["resumed_from"]
         print(

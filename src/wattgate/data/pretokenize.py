@@ -27,6 +27,7 @@ from wattgate.artifacts import atomic_dir, sha256_tree, write_json_atomic
 from wattgate.config import max_doc_tokens
 from wattgate.data.chat import ChatRenderer, TemplateError
 from wattgate.data.records import BadRecord, BadRecordPolicy, Fields, Record, read_records
+from wattgate.data.split import VALIDATION_FILE, SplitSettings, carve, doc_ids_sha256, write_validation_ids
 from wattgate.data.tokenizer import load_tokenizer, tokenizer_sha256
 from wattgate.errors import InputError
 
@@ -74,8 +75,18 @@ SHARD_SCHEMA = pa.schema(
         ("num_tokens", pa.int32()),
         # beyond the contract's four columns: lets the gate check loss-bearing packs without reading masks
         ("num_loss_tokens", pa.int32()),
+        # xxh3_64 of the document's token ids (int32 bytes) as int64: the validation carve and the gate's
+        # leakage check compare documents by it without reading their tokens (data/split.py)
+        ("content_hash", pa.int64()),
     ]
 )
+
+
+def content_hash(ids: np.ndarray) -> int:
+    """xxh3_64 of a document's token ids as int32 bytes, as a signed int64 (the shards' content_hash)."""
+    import xxhash
+
+    return int(np.uint64(xxhash.xxh3_64_intdigest(np.ascontiguousarray(ids, dtype=np.int32).tobytes())).view(np.int64))
 
 
 @dataclass(frozen=True)
@@ -158,8 +169,14 @@ class ShardWriter:
         self.num_tokens = 0
         self.num_loss_tokens = 0
         self.max_token_id = -1
+        self.hashes: list[int] = []  # content_hash of every document written or buffered, by doc_id
+        self.lengths: list[int] = []
+        self.loss_counts: list[int] = []
 
     def add(self, ids: np.ndarray, mask: np.ndarray) -> None:
+        self.hashes.append(content_hash(ids))
+        self.lengths.append(len(ids))
+        self.loss_counts.append(int(mask.sum()))
         self.ids.append(ids)
         self.masks.append(mask)
         if len(self.ids) >= self.shard_docs:
@@ -175,6 +192,7 @@ class ShardWriter:
         flat_mask = np.concatenate(self.masks).astype(np.int8, copy=False)
         loss_tokens = np.add.reduceat(flat_mask, offsets[:-1], dtype=np.int32)
         doc_ids = np.arange(self.num_docs, self.num_docs + len(lengths), dtype=np.int64)
+        hashes = np.asarray(self.hashes[self.num_docs : self.num_docs + len(lengths)], dtype=np.int64)
         table = pa.Table.from_arrays(
             [
                 pa.array(doc_ids),
@@ -182,6 +200,7 @@ class ShardWriter:
                 pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat_mask)),
                 pa.array(lengths),
                 pa.array(loss_tokens),
+                pa.array(hashes),
             ],
             schema=SHARD_SCHEMA,
         )
@@ -251,40 +270,120 @@ def _batched(it, n: int):
         yield batch
 
 
+def _tokenize_inputs(inputs, tokenize: Tokenize, settings: PretokenizeSettings, fields, policy, writer, bar) -> Counter:
+    """Stream `inputs` through the tokenizer into `writer`; returns overlong counts (documents, split chunks)."""
+    counts: Counter = Counter()
+    for batch in _batched(read_records(inputs, fields, policy), settings.batch_size):
+        for ids, mask in tokenize.batch(batch):
+            pieces = cut_overlong(ids, mask, settings.max_tokens, settings.overlong)
+            if len(ids) > settings.max_tokens:
+                counts["documents"] += 1
+                counts["split_chunks"] += len(pieces) if settings.overlong == "split" else 0
+            for piece_ids, piece_mask in pieces:
+                piece_mask[0] = 0  # pieces never overlap, so this touches only this piece
+                if not piece_mask.any():
+                    policy.dropped["no_loss_tokens"] += 1
+                    continue
+                writer.add(piece_ids, piece_mask)
+        bar.update(len(batch))
+    return counts
+
+
+def held_out_mask(split: SplitSettings, writer: ShardWriter, first_validation_input: int) -> np.ndarray:
+    """Which documents the validation split holds (see data/split.py), with one-line errors for empty sides."""
+    hashes = np.asarray(writer.hashes, dtype=np.int64)
+    n = len(hashes)
+    if split.inputs:
+        held = np.arange(n) >= first_validation_input
+        if not held.any():
+            raise InputError(f"data.validation.inputs ({', '.join(split.inputs)}): no document survived pretokenizing")
+        if np.isin(hashes[held], hashes[~held]).all():
+            raise InputError(
+                f"data.validation.inputs ({', '.join(split.inputs)}): all {int(held.sum())} documents are "
+                "exact copies of training documents; hold out documents the training data does not contain"
+            )
+    else:
+        held = carve(hashes, split.fraction, split.max_docs, split.seed)
+        asked = " and ".join(
+            part
+            for part in (
+                f"fraction {split.fraction}" if split.fraction else "",
+                f"max_docs {split.max_docs}" if split.max_docs else "",
+            )
+            if part
+        )
+        distinct = len(np.unique(hashes))
+        if not held.any():
+            raise InputError(
+                f"data.validation: {asked} of {n} documents ({distinct} distinct) holds out none; "
+                "raise data.validation.fraction or set max_docs"
+            )
+    if held.all():
+        raise InputError(
+            f"data.validation: the split holds out all {n} documents and leaves no training document; "
+            "lower data.validation.fraction or max_docs"
+        )
+    return held
+
+
+def validation_record(split: SplitSettings, writer: ShardWriter, held: np.ndarray) -> dict:
+    """manifest.json's `validation` section: the split's settings, sides and the hash of its doc_id list."""
+    hashes = np.asarray(writer.hashes, dtype=np.int64)
+    lengths = np.asarray(writer.lengths, dtype=np.int64)
+    loss = np.asarray(writer.loss_counts, dtype=np.int64)
+    ids = np.flatnonzero(held)
+    return {
+        "source": split.source,
+        "inputs": list(split.inputs),
+        "source_sha256": sha256_tree(list(split.inputs)) if split.inputs else None,
+        "fraction": split.fraction,
+        "max_docs": split.max_docs,
+        "seed": split.seed,
+        "file": VALIDATION_FILE,
+        "num_docs": int(len(ids)),
+        "num_tokens": int(lengths[held].sum()),
+        "num_loss_tokens": int(loss[held].sum()),
+        "doc_ids_sha256": doc_ids_sha256(ids),
+        "train_docs": int((~held).sum()),
+        "train_tokens": int(lengths[~held].sum()),
+        "train_loss_tokens": int(loss[~held].sum()),
+        # separate inputs may repeat training documents; the gate's leakage check names them
+        "copies_of_train": int(np.isin(hashes[held], hashes[~held]).sum()),
+    }
+
+
 def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progress: bool | None = None) -> dict:
     """Run the stage; returns the manifest written to `out/manifest.json`."""
     settings = PretokenizeSettings.from_config(config)
+    split = SplitSettings.from_config(config)
     inputs = list(config["data"]["inputs"])
     tokenizer = load_tokenizer(tokenizer_dir)
     dropped: Counter = Counter()
     policy = BadRecordPolicy(settings.on_bad_record, dropped)
     fields = Fields(text=settings.text_field, messages=settings.messages_field, max_chars=settings.max_doc_chars)
     tokenize = Tokenize(tokenizer, settings, policy, str(tokenizer_dir))
-    overlong_docs = split_chunks = 0
 
     from tqdm import tqdm
 
     with atomic_dir(out) as tmp:
         writer = ShardWriter(tmp, settings.shard_docs)
-        records = read_records(inputs, fields, policy)
         bar = tqdm(unit="doc", desc="pretokenize", disable=None if progress is None else not progress, file=sys.stderr)
-        for batch in _batched(records, settings.batch_size):
-            for ids, mask in tokenize.batch(batch):
-                pieces = cut_overlong(ids, mask, settings.max_tokens, settings.overlong)
-                if len(ids) > settings.max_tokens:
-                    overlong_docs += 1
-                    split_chunks += len(pieces) if settings.overlong == "split" else 0
-                for piece_ids, piece_mask in pieces:
-                    piece_mask[0] = 0  # pieces never overlap, so this touches only this piece
-                    if not piece_mask.any():
-                        dropped["no_loss_tokens"] += 1
-                        continue
-                    writer.add(piece_ids, piece_mask)
-            bar.update(len(batch))
+        overlong = _tokenize_inputs(inputs, tokenize, settings, fields, policy, writer, bar)
+        first_validation_input = len(writer.hashes)
+        if split.inputs:
+            overlong += _tokenize_inputs(list(split.inputs), tokenize, settings, fields, policy, writer, bar)
         bar.close()
         writer.flush()
+        overlong_docs, split_chunks = overlong["documents"], overlong["split_chunks"]
         if settings.overlong == "drop" and overlong_docs:
             dropped["overlong"] = overlong_docs
+        if writer.num_docs == 0:
+            raise InputError(f"{', '.join(inputs)}: no document survived pretokenization (dropped: {dict(dropped)})")
+        validation = None
+        if split.enabled:
+            held = held_out_mask(split, writer, first_validation_input)
+            write_validation_ids(tmp / VALIDATION_FILE, np.flatnonzero(held))
+            validation = validation_record(split, writer, held)
         manifest = {
             "format_version": FORMAT_VERSION,
             "tokenizer_sha256": tokenizer_sha256(tokenizer_dir),
@@ -308,8 +407,7 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
                 "split_chunks": split_chunks,
             },
             "config": asdict(settings),
+            "validation": validation,
         }
-        if writer.num_docs == 0:
-            raise InputError(f"{', '.join(inputs)}: no document survived pretokenization (dropped: {dict(dropped)})")
         write_json_atomic(tmp / "manifest.json", manifest)
     return manifest

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from wattgate.errors import InputError
 from wattgate.pack.assign import Layout, assign_ranks, assign_uneven, pack_costs, rank_cost_ratios
 from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs, apply_remainder
 from wattgate.pack.segments import HISTORY, continue_plan, keep_in_history, resume_source, segment_rows, step_ordinal
+from wattgate.data.split import read_validation_ids, train_doc_ids
+from wattgate.pack.validation import EVAL_PACKS, ValidationPlan, plan_validation
 from wattgate.run_files import read_manifest
 
 FORMAT_VERSION = 1
@@ -89,6 +92,52 @@ def plan_stats(placement, lengths, tokens, costs, layout: Layout, seq_len: int, 
     return stats
 
 
+def plan_subset(
+    doc_ids: np.ndarray,
+    lengths: np.ndarray,
+    seq_len: int,
+    layout: Layout,
+    remainder: str,
+    epochs: int,
+    seed: int,
+    attn_weight: float,
+):
+    """plan_packs over the documents `doc_ids` (the training side of the split); packs name manifest doc ids."""
+    packs, placement, tokens, costs = plan_packs(
+        lengths[doc_ids], seq_len, layout, remainder, epochs, seed, attn_weight
+    )
+    packs = Packs(
+        docs=doc_ids[packs.docs],
+        offsets=packs.offsets,
+        dropped_docs=np.sort(doc_ids[packs.dropped_docs]),
+        rank_of_pack=packs.rank_of_pack,
+    )
+    return packs, placement, tokens, costs
+
+
+def eval_micro_batch_size(train: dict) -> int:
+    """train.eval_micro_batch_size, defaulting to train.micro_batch_size."""
+    return int(train.get("eval_micro_batch_size") or train["micro_batch_size"])
+
+
+def validation_section(
+    held_out: np.ndarray, lengths: np.ndarray, settings: dict
+) -> tuple[dict | None, ValidationPlan | None]:
+    """plan.json's `validation` (statistics; packs_sha256 added on publish) and the pass's packs, or (None, None)."""
+    if not len(held_out):
+        return None, None
+    vplan = plan_validation(
+        held_out,
+        lengths,
+        settings["seq_len"],
+        settings["world_size"],
+        settings["eval_micro_batch_size"],
+        settings["seed"],
+        settings["attn_weight"],
+    )
+    return dict(vplan.stats, packs=EVAL_PACKS, packs_sha256=None), vplan
+
+
 def plan_packs(
     lengths: np.ndarray, seq_len: int, layout: Layout, remainder: str, epochs: int, seed: int, attn_weight: float
 ):
@@ -109,6 +158,8 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
     manifest, manifest_raw = read_manifest(pretokenized)
     manifest_sha = hashlib.sha256(manifest_raw).hexdigest()
     lengths = read_doc_lengths(pretokenized, manifest)
+    held_out = read_validation_ids(pretokenized, manifest)
+    train_ids = train_doc_ids(len(lengths), held_out)
     train, pack = config["train"], config["pack"]
     seq_len = train["seq_len"]
     if len(lengths) and lengths.max() > seq_len:
@@ -122,6 +173,7 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
         "world_size": layout.world_size,
         "seq_len": seq_len,
         "micro_batch_size": layout.micro_batch_size,
+        "eval_micro_batch_size": eval_micro_batch_size(train),
         "epochs": train["epochs"],
         "remainder": pack["remainder"],
         "seed": pack["seed"],
@@ -130,21 +182,27 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
     }
     # a run with checkpoints of an earlier plan that differs only in the world size goes on from them
     checkpoints = out.parent / "train" / config["run_name"] / "checkpoints"
+    validation, vplan = validation_section(held_out, lengths, settings)
     state, old, old_folder = resume_source(out, checkpoints, settings)
     if state is not None:
-        return build_continued_plan(out, settings, state, old, old_folder, lengths, layout, train["grad_accum"])
+        return build_continued_plan(
+            out, settings, state, old, old_folder, lengths, layout, train["grad_accum"], (validation, vplan), held_out
+        )
     if old != "no complete checkpoint":
         print(f"pack: not continuing from {checkpoints}: {old}; the new plan starts over", flush=True)
-    packs, placement, tokens, costs = plan_packs(
-        lengths, seq_len, layout, pack["remainder"], train["epochs"], pack["seed"], pack["attn_weight"]
+    packs, placement, tokens, costs = plan_subset(
+        train_ids, lengths, seq_len, layout, pack["remainder"], train["epochs"], pack["seed"], pack["attn_weight"]
     )
 
-    stats = plan_stats(placement, lengths, tokens, costs, layout, seq_len, packs.dropped_docs)
+    stats = plan_stats(placement, lengths[train_ids], tokens, costs, layout, seq_len, packs.dropped_docs)
+    if packs.dropped_docs.size:
+        stats["dropped"][DROP_REASON_REMAINDER]["tokens"] = int(lengths[packs.dropped_docs].sum())
     plan = {
         "format_version": FORMAT_VERSION,
         "world_size": layout.world_size,
         "seq_len": seq_len,
         "micro_batch_size": layout.micro_batch_size,
+        "eval_micro_batch_size": settings["eval_micro_batch_size"],
         "grad_accum": layout.grad_accum,
         "epochs": train["epochs"],
         "steps_per_epoch": int(placement.step.max()) + 1,
@@ -155,8 +213,11 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
         "pretokenized_manifest_sha256": manifest_sha,
         "packs_sha256": None,  # set from the written file in publish_plan
         "stats": stats,
+        "validation": validation,
     }
-    plan = publish_plan(out, plan, lambda tmp: write_packs_table(tmp, placement, packs, lengths, tokens))
+    plan = publish_plan(
+        out, plan, lambda tmp: write_packs_table(tmp, placement, packs, lengths, tokens), eval_writer(vplan, lengths)
+    )
     keep_in_history(out, plan)
     return plan
 
@@ -170,9 +231,12 @@ def build_continued_plan(
     lengths: np.ndarray,
     layout: Layout,
     config_grad_accum: int,
+    validation: tuple[dict | None, ValidationPlan | None] = (None, None),
+    held_out: tuple | np.ndarray = (),
 ) -> dict:
-    """The old plan's consumed prefix (kept in history/) and the rest for the new world size, as one plan."""
-    cols, info = continue_plan(old, old_folder, state, lengths, layout)
+    """The old plan's consumed prefix (kept in history/) and the rest for the new world size, as one plan;
+    the validation pass re-planned for the new ranks."""
+    cols, info = continue_plan(old, old_folder, state, lengths, layout, held_out)
     boundary, ga = info["first_step"], info["grad_accum"]
     ordinal = step_ordinal(cols["epoch"], cols["step"])
     n_new = int(ordinal.max()) + 1
@@ -245,9 +309,12 @@ def build_continued_plan(
             "dropped": old.get("stats", {}).get("dropped", {}),
             "dropped_doc_ids": old.get("stats", {}).get("dropped_doc_ids", []),
         },
+        validation=validation[0],
     )
     print(f"pack: continuing {state['path']} (step {boundary}): {change}", flush=True)
-    plan = publish_plan(out, plan, lambda tmp: write_rows_table(tmp, cols, lengths))
+    plan = publish_plan(
+        out, plan, lambda tmp: write_rows_table(tmp, cols, lengths), eval_writer(validation[1], lengths)
+    )
     keep_in_history(out, plan)
     return plan
 
@@ -269,7 +336,14 @@ def write_rows_table(path: Path, cols: dict, lengths: np.ndarray) -> None:
     pq.write_table(table, path, compression="zstd", row_group_size=65536)
 
 
-def publish_plan(out: Path, plan: dict, write_packs_to) -> dict:
+def eval_writer(vplan: ValidationPlan | None, lengths: np.ndarray):
+    """The writer of eval_packs.parquet for publish_plan (None: the plan has no validation pass)."""
+    if vplan is None:
+        return None
+    return lambda tmp: write_packs_table(tmp, vplan.placement, vplan.packs, lengths, vplan.tokens)
+
+
+def publish_plan(out: Path, plan: dict, write_packs_to, write_eval_to=None) -> dict:
     """Publish packs.parquet and plan.json as one set: plan.json is the commit record.
 
     Both are written in full under temporary names first. Then the old plan.json is removed,
@@ -277,17 +351,25 @@ def publish_plan(out: Path, plan: dict, write_packs_to) -> dict:
     any point leaves the old pair, or no plan.json (the stage reads as not run: rerun pack), or
     the new pair: never a plan.json beside packs it does not describe. The folder itself is not
     swapped, since it also holds files that are not pack's (Snakemake's pack.log, written while
-    pack runs).
+    pack runs). eval_packs.parquet (the validation pass, `write_eval_to`) is published with packs.parquet;
+    a plan without validation removes an earlier plan's.
     """
     out.mkdir(parents=True, exist_ok=True)
     plan_path = out / "plan.json"
     with atomic_path(plan_path) as plan_tmp:
-        with atomic_path(out / "packs.parquet") as packs_tmp:
+        with contextlib.ExitStack() as files:
+            packs_tmp = files.enter_context(atomic_path(out / "packs.parquet"))
             write_packs_to(packs_tmp)
             plan = dict(plan, packs_sha256=sha256_file(packs_tmp))
+            if write_eval_to is not None:
+                eval_tmp = files.enter_context(atomic_path(out / EVAL_PACKS))
+                write_eval_to(eval_tmp)
+                plan["validation"] = dict(plan["validation"], packs_sha256=sha256_file(eval_tmp))
             plan_tmp.write_bytes(canonical_json(plan).encode())
             plan_path.unlink(missing_ok=True)  # retire the old commit record before its packs change
-        # packs.parquet is in place here; plan.json follows as this block ends
+            if write_eval_to is None:
+                (out / EVAL_PACKS).unlink(missing_ok=True)  # an earlier plan's pass: never beside this plan
+        # packs.parquet (and eval_packs.parquet) are in place here; plan.json follows as this block ends
     return plan
 
 

@@ -139,9 +139,12 @@ def step_ordinal(epoch: np.ndarray, step: np.ndarray) -> np.ndarray:
 
 
 def continue_plan(
-    old: dict, old_folder: Path, state: dict, lengths: np.ndarray, layout_new: Layout
+    old: dict, old_folder: Path, state: dict, lengths: np.ndarray, layout_new: Layout, held_out=()
 ) -> tuple[dict, dict]:
-    """(columns of the current segment's rows, its plan fields) continuing `old` after checkpoint `state`."""
+    """(columns of the current segment's rows, its plan fields) continuing `old` after checkpoint `state`.
+
+    `held_out`: the validation split's doc_ids, never packed for training (a re-pack's later epochs hold
+    every other document but the original plan's drops)."""
     segments = old.get("segments") or [
         {
             "world_size": old["world_size"],
@@ -182,7 +185,7 @@ def continue_plan(
             old["seed"],
             old["attn_weight"],
             old["remainder"],
-            old.get("stats", {}).get("dropped_doc_ids", []),
+            list(old.get("stats", {}).get("dropped_doc_ids", [])) + [int(d) for d in held_out],
         )
         how = "the remaining documents re-packed"
     return cols, {

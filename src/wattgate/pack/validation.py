@@ -1,0 +1,91 @@
+"""The validation pass: every held-out document exactly once, the same micro-batch count on every rank.
+
+A validation pass is a forward pass only, but under FSDP2 every micro-batch still all-gathers every
+layer, so ranks with different counts hang exactly as in training. The held-out documents are packed
+by the same best-fit-decreasing packer and made a multiple of world_size x eval_micro_batch_size by the
+same `rebin`; where there are too few documents to split (fewer documents than packs needed, e.g. fewer
+than ranks), the missing packs are empty: padding rows that carry no loss token, so the loss, a sum over
+tokens divided by the all-reduced token count, is exact and independent of the world size. Nothing is
+duplicated (the DistributedSampler answer, which skews the metric) or dropped (equalize-to-minimum).
+
+eval_packs.parquet has packs.parquet's columns: epoch 0, step 0, `micro` the micro-batch index within
+the pass. The same pass runs at every evaluation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from wattgate.errors import InputError
+from wattgate.pack.assign import Layout, Placement, assign_ranks, pack_costs, rank_cost_ratios
+from wattgate.pack.bfd import pack_bfd
+from wattgate.pack.remainder import Packs, rebin
+
+EVAL_PACKS = "eval_packs.parquet"
+
+
+@dataclass(frozen=True)
+class ValidationPlan:
+    packs: Packs  # doc ids are the manifest's; empty packs are padding
+    placement: Placement
+    tokens: np.ndarray  # per pack
+    stats: dict
+
+
+def pad_with_empty(packs: Packs, count: int) -> Packs:
+    """`count` more packs that hold no document (padding rows, no loss tokens)."""
+    offsets = np.concatenate([packs.offsets, np.full(count, packs.offsets[-1], dtype=np.int64)])
+    return Packs(docs=packs.docs, offsets=offsets)
+
+
+def balanced_packs(held_out: np.ndarray, lengths: np.ndarray, seq_len: int, multiple: int) -> tuple[Packs, str]:
+    """The held-out documents in a multiple of `multiple` packs: rebin when they can be split, else padding."""
+    local = pack_bfd(lengths[held_out], seq_len)
+    packs = Packs.from_assignment(local, doc_ids=held_out)
+    need = (-len(packs)) % multiple
+    if not need:
+        return packs, "bfd"
+    if len(held_out) >= len(packs) + need:
+        try:
+            return rebin(packs, lengths, multiple), "bfd+rebin"
+        except InputError:  # too few packs with more than one document to split: pad instead
+            pass
+    return pad_with_empty(packs, need), "bfd+empty packs"
+
+
+def plan_validation(
+    held_out: np.ndarray,
+    lengths: np.ndarray,
+    seq_len: int,
+    world_size: int,
+    micro_batch_size: int,
+    seed: int,
+    attn_weight: float,
+) -> ValidationPlan:
+    """Pack and place the validation pass (one 'epoch', one 'step', micro = the micro-batch index)."""
+    layout = Layout(world_size, micro_batch_size, 1)
+    packs, strategy = balanced_packs(held_out, lengths, seq_len, layout.packs_per_micro)
+    tokens = packs.sum_per_pack(lengths) if len(packs.docs) else np.zeros(len(packs), dtype=np.int64)
+    sum_sq = packs.sum_per_pack(lengths**2) if len(packs.docs) else np.zeros(len(packs), dtype=np.int64)
+    costs = pack_costs(tokens, sum_sq, attn_weight)
+    placed = assign_ranks(costs, layout, 1, seed)
+    # one pass = one step: assign_ranks numbers micro-batches as steps when grad_accum is 1
+    placement = Placement(placed.pack, placed.epoch, np.zeros_like(placed.step), placed.step, placed.rank, placed.slot)
+    empty = int((packs.sizes == 0).sum())
+    per_rank_tokens = np.bincount(placement.rank, weights=tokens[placement.pack], minlength=world_size)
+    stats = {
+        "num_docs": int(len(held_out)),
+        "num_tokens": int(lengths[held_out].sum()),
+        "num_packs": int(len(packs)),
+        "empty_packs": empty,
+        "strategy": strategy,
+        "micro_batch_size": micro_batch_size,
+        "micro_batches_per_rank": int(len(packs) // layout.packs_per_micro),
+        "per_rank_tokens": per_rank_tokens.astype(np.int64).tolist(),
+        "efficiency": float(tokens.sum() / max(1, len(packs) * seq_len)),
+    }
+    # in `placed` each micro-batch is its own step: its per-step ratio is the per-micro-batch one
+    stats["max_rank_cost_ratio_micro"] = rank_cost_ratios(placed, costs, world_size)["max_rank_cost_ratio_step"]
+    return ValidationPlan(packs, placement, tokens, stats)
