@@ -423,7 +423,9 @@ def test_straggler_rank_and_starved_steps_are_named(tmp_path):
     assert "rank 2" in stragglers[0]["detail"] and "1.3" in stragglers[0]["detail"]
     starved = [a for a in s["anomalies"] if a["kind"] == "starvation"]
     assert len(starved) == 1 and starved[0]["ranks"] == [0, 1, 2, 3]
-    assert "6 step(s)" in starved[0]["detail"] or "24 step(s)" in starved[0]["detail"]
+    # 6 starved steps on each of 4 ranks, each waiting 0.5 s: 24 (rank, step) rows and 12 s of waiting
+    assert starved[0]["detail"].startswith("metrics: 24 step(s) on 4 rank(s) waited >= 20% of the step for data")
+    assert "(12.0 s of waiting)" in starved[0]["detail"]
     first = T0 + 10 * 2.0 - pq.read_table(run / "metrics.parquet").to_pandas().query("step == 10")["step_time_s"].max()
     assert starved[0]["start"] == pytest.approx(first, abs=1e-3)
 

@@ -213,17 +213,33 @@ def test_kill_tree_terminates_descendants_not_the_root(job_tree):
 
 
 def run_watch_in_thread(run, world, settings, table, pid):
+    """Start the watcher and return once it is watching: it ignores heartbeats older than its start, so a test
+    that wrote them earlier (a busy machine can take seconds to start a thread) would watch nothing."""
     box = {}
     t = threading.Thread(target=lambda: box.update(record=watch(run, world, settings, table, pid)), daemon=True)
     t.start()
+    wait_for_record(run, lambda r: r["verdict"] == "running")
     return t, box
+
+
+def wait_for_record(run, condition, timeout_s=60.0):
+    """The watcher.json that meets `condition`, polled until a deadline (never a fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            record = json.loads((run / "watcher.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            record = None
+        if record is not None and condition(record):
+            return record
+        time.sleep(0.02)
+    raise AssertionError(f"no watcher.json meeting the condition within {timeout_s} s")
 
 
 def test_watcher_kills_a_low_power_hang_and_records_why(tmp_path, job_tree):
     run = tmp_path / "run"
     s = replace(S, hang_after_s=2.0)
     t, box = run_watch_in_thread(run, 2, s, H100, job_tree.pid)
-    time.sleep(0.3)
     start = time.time()
     write_beat(run, beat(0, 12, micro=1, micros=2) | {"time": start})
     write_beat(run, beat(1, 12, "checkpoint", epoch_ends=(12, 24)) | {"time": start})
@@ -250,12 +266,11 @@ def test_watcher_leaves_a_checkpoint_alone_then_sees_the_job_finish(tmp_path, jo
     run = tmp_path / "run"
     s = replace(S, hang_after_s=1.0, checkpoint_after_s=60)
     t, box = run_watch_in_thread(run, 2, s, H100, job_tree.pid)
-    time.sleep(0.3)
     now = time.time()
     for r in (0, 1):  # both ranks announced the checkpoint; power is low, as in a hang
         write_beat(run, beat(r, 20, "checkpoint") | {"time": now})
     live_trace(run, "n1", {0: (140.0, 100.0), 1: (75.0, 3.0)}, seconds=3, t_end=now + 2.5)
-    time.sleep(3.0)
+    time.sleep(3.0)  # the claim is about a span: 3 x hang_after_s of low power inside a checkpoint
     assert t.is_alive() and job_tree.poll() is None
     for r in (0, 1):
         write_beat(run, beat(r, 40, "done") | {"time": time.time()})
@@ -267,12 +282,11 @@ def test_warn_action_records_but_does_not_kill(tmp_path, job_tree):
     run = tmp_path / "run"
     s = replace(S, hang_after_s=1.0, action="warn")
     t, box = run_watch_in_thread(run, 1, s, None, job_tree.pid)
-    time.sleep(0.3)
     write_beat(run, beat(0, 3) | {"time": time.time()})
-    time.sleep(2.5)
-    record = json.loads((run / "watcher.json").read_text())
+    record = wait_for_record(run, lambda r: r["verdict"] != "running")
     assert record["verdict"] == "deadlock" and record["action"] == "warn"
-    assert job_tree.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):  # the kill would follow the record at once: none comes
+        job_tree.wait(timeout=2.0)
     os.killpg(job_tree.pid, signal.SIGKILL)
     t.join(timeout=10)  # the watched process is gone: the watcher ends
 
