@@ -69,16 +69,36 @@ def layer_container(model) -> torch.nn.ModuleList:
     raise InputError(f"{type(model).__name__}: cannot find its decoder layers to shard")
 
 
-def parallelize(model, mesh, on_cuda: bool, mixed_precision: bool, activation_checkpointing: bool):
-    """fully_shard each decoder layer, then the root (embeddings, final norm, head)."""
+def apply_activation_checkpointing(model) -> None:
+    """Wrap each decoder layer so backward recomputes it (the wrapper keeps parameter names)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    layers = layer_container(model)
+    for i, layer in enumerate(list(layers)):
+        layers[i] = checkpoint_wrapper(layer)
+
+
+def compile_layers(model) -> None:
+    """torch.compile each decoder layer in place, as torchtitan does: one small graph reused by every
+    layer, and Module.compile keeps the parameter names (torch.compile(module) would prefix _orig_mod.)."""
+    for layer in layer_container(model):
+        layer.compile()
+
+
+def parallelize(
+    model, mesh, on_cuda: bool, mixed_precision: bool, activation_checkpointing: bool, compile: bool = False
+):
+    """fully_shard each decoder layer, then the root (embeddings, final norm, head).
+
+    The chunked loss (train/loss.py) runs as a forward method of the root, so the head weight is
+    gathered with the root's parameters.
+    """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if activation_checkpointing:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-
-        layers = layer_container(model)
-        for i, layer in enumerate(list(layers)):
-            layers[i] = checkpoint_wrapper(layer)
+        apply_activation_checkpointing(model)
+    if compile:
+        compile_layers(model)
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if (on_cuda and mixed_precision)
@@ -100,7 +120,7 @@ def count_params(model) -> int:
 def load_sharded_model(model_cfg: dict, s, mesh, device: torch.device, fill: bool = True):
     """Meta build -> fully_shard -> local shards on `device` -> filled; returns (model, where values came from).
 
-    `s` is the train settings (attention, precision, activation checkpointing, seed).
+    `s` is the train settings (attention, precision, activation checkpointing, compile, seed).
     fill=False when a checkpoint will overwrite every parameter (resume).
     """
     from wattgate.train.attention import resolve_attn_implementation
@@ -109,7 +129,8 @@ def load_sharded_model(model_cfg: dict, s, mesh, device: torch.device, fill: boo
     on_cuda = device.type == "cuda"
     attn = resolve_attn_implementation(s.attn_implementation, device.type, bf16=on_cuda and s.mixed_precision)
     model = build_meta_model(model_cfg, attn)
-    parallelize(model, mesh, on_cuda, s.mixed_precision, s.activation_checkpointing)
+    # train.compile: getattr until every TrainSettings carries it
+    parallelize(model, mesh, on_cuda, s.mixed_precision, s.activation_checkpointing, getattr(s, "compile", False))
     source = materialize(model, device, model_cfg, s.seed, fill=fill)
     return model, source
 
