@@ -32,11 +32,13 @@ bench: $(VENV)/.installed-test,bench
 	$(BIN)/python bench/triage_accuracy.py
 	$(BIN)/python bench/report.py
 
-# Lint only checks; the formatters themselves are `ruff format src tests bench` and
-# `snakefmt Snakefile workflow/` (settings in pyproject.toml).
+# Lint only checks; the formatters themselves are `ruff format src tests bench scripts`,
+# `snakefmt Snakefile workflow/` (settings in pyproject.toml) and, for the config reference,
+# `python scripts/config_docs.py --out docs/configuration.md`.
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/ruff format --check src tests bench scripts
+	$(BIN)/python scripts/config_docs.py --check docs/configuration.md
 	$(BIN)/snakefmt --check Snakefile workflow/
 	$(BIN)/snakemake --lint
 
