@@ -64,20 +64,59 @@ def read_header(path: Path) -> dict[str, TensorInfo]:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: corrupt safetensors header ({exc})") from None
+    if not isinstance(header, dict):
+        raise InputError(f"{path}: corrupt safetensors header (not a JSON object)")
     base = 8 + n
-    tensors = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = TORCH_DTYPE.get(meta.get("dtype"))
-        if dtype is None:
-            raise InputError(
-                f"{path}: tensor '{name}' has dtype {meta.get('dtype')}, which wattgate cannot load "
-                "(quantized checkpoints need dequantizing first)"
-            )
-        begin, end = meta["data_offsets"]
-        tensors[name] = TensorInfo(dtype, tuple(meta["shape"]), base + begin, base + end)
+    tensors = {name: _entry(path, name, meta, base) for name, meta in header.items() if name != "__metadata__"}
+    _check_layout(path, tensors, base)
     return tensors
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _entry(path: Path, name: str, meta, base: int) -> TensorInfo:
+    """One header entry, checked against itself: its byte range holds exactly shape x dtype."""
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: corrupt safetensors header (tensor '{name}' is not an object)")
+    dtype = TORCH_DTYPE.get(meta.get("dtype"))
+    if dtype is None:
+        raise InputError(
+            f"{path}: tensor '{name}' has dtype {meta.get('dtype')}, which wattgate cannot load "
+            "(quantized checkpoints need dequantizing first)"
+        )
+    shape, offsets = meta.get("shape"), meta.get("data_offsets")
+    if not isinstance(shape, list) or not all(map(_whole, shape)):
+        raise InputError(f"{path}: corrupt safetensors header (tensor '{name}' shape {shape!r})")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_whole, offsets)) or offsets[1] < offsets[0]:
+        raise InputError(f"{path}: corrupt safetensors header (tensor '{name}' data_offsets {offsets!r})")
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if offsets[1] - offsets[0] != size:
+        raise InputError(
+            f"{path}: tensor '{name}' claims {meta['dtype']} {shape} ({size} bytes) but its data_offsets hold "
+            f"{offsets[1] - offsets[0]} bytes: the header does not match the data; re-export or re-copy the model"
+        )
+    return TensorInfo(dtype, tuple(shape), base + offsets[0], base + offsets[1])
+
+
+def _check_layout(path: Path, tensors: dict[str, TensorInfo], base: int) -> None:
+    """The byte ranges tile the data exactly, in order, to the end of the file (the safetensors library's own
+    rule): an overlap would read another tensor's bytes, a gap or a short file bytes no tensor owns."""
+    at = base
+    for name, info in sorted(tensors.items(), key=lambda kv: (kv[1].start, kv[1].end)):
+        if info.start != at:
+            raise InputError(
+                f"{path}: tensor '{name}' starts at data byte {info.start - base}, expected {at - base} "
+                "(tensors overlap or leave a gap): the header does not match the data; re-copy the model"
+            )
+        at = info.end
+    size = os.path.getsize(path)
+    if size != at:
+        raise InputError(
+            f"{path}: the header describes {at} bytes, the file has {size}: "
+            f"{'truncated' if size < at else 'trailing bytes'}; re-copy the model"
+        )
 
 
 def read_rows(path: Path, info: TensorInfo, offset: int, rows: int) -> torch.Tensor:

@@ -14,7 +14,9 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,6 +136,7 @@ def load_local_shards(model, path: Path) -> None:
     """Fill every parameter's local rows from the checkpoint, reading only those rows (cast on copy)."""
     tensors = checkpoint_tensors(path)
     base_prefix = getattr(model, "base_model_prefix", "")
+    _check_all_used(model, path, tensors, base_prefix)
     for name, tensor in _local_state(model):
         key = _checkpoint_key(hf_name(name), tensors, base_prefix)
         if key is None:
@@ -150,6 +153,36 @@ def load_local_shards(model, path: Path) -> None:
         offset, rows = local_rows(tensor)
         if rows:
             local_tensor(tensor).copy_(read_rows(file, info, offset, rows))
+
+
+def unused_tensors(model, tensors: dict, base_prefix: str) -> list[str]:
+    """Checkpoint tensors no parameter or persistent buffer of the model reads (tied aliases count as read;
+    the names transformers itself ignores on load, such as old checkpoints' rotary inv_freq, are left out)."""
+    used = {
+        _checkpoint_key(hf_name(n), tensors, base_prefix) for n, _ in model.named_parameters(remove_duplicate=False)
+    }
+    used |= {_checkpoint_key(hf_name(n), tensors, base_prefix) for n, _ in _local_state(model)}
+    ignore = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])]
+    return sorted(
+        k
+        for k in tensors
+        if k not in used and not k.endswith("rotary_emb.inv_freq") and not any(p.search(k) for p in ignore)
+    )
+
+
+def _check_all_used(model, path: Path, tensors: dict, base_prefix: str) -> None:
+    """A checkpoint with weights the model does not use means config.json describes another model (fewer
+    layers, say): training it would silently drop those weights."""
+    unused = unused_tensors(model, tensors, base_prefix)
+    if unused:
+        shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
+        layers = getattr(model.config, "num_hidden_layers", None)
+        raise InputError(
+            f"{path}: {len(unused)} checkpoint tensor(s) the model does not use ({shown}): config.json "
+            f"({f'num_hidden_layers {layers}, ' if layers is not None else ''}"
+            f"{model.config.architectures[0] if model.config.architectures else type(model).__name__}) disagrees "
+            "with its weights; fix config.json or point model.path at the matching folder"
+        )
 
 
 def _local_state(model):
@@ -307,10 +340,9 @@ def export_hf_folder(model, out: Path, dtype: torch.dtype, max_shard_bytes: int,
         export_config(model, dtype).to_json_file(str(tmp / "config.json"))
         for src in extra_files:
             write_bytes_atomic(tmp / src.name, src.read_bytes())
-        if final.exists():
-            old = out / "final.old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
+        if final.exists():  # a fresh name for the old final/: a user's own final.old/ is never touched
+            old = Path(tempfile.mkdtemp(prefix=".final.", suffix=".old", dir=out))
+            os.replace(final, old / "final")
             os.replace(tmp, final)
             shutil.rmtree(old)
         else:
