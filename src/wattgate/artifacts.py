@@ -188,6 +188,37 @@ def check_replaceable(dest: str | os.PathLike) -> None:
     )
 
 
+def marker_stage(dest: str | os.PathLike) -> str | None:
+    """The stage named by `dest`'s OUTPUT_MARKER; None without one (or an unreadable one)."""
+    try:
+        return str(json.loads((Path(dest) / OUTPUT_MARKER).read_text()).get("stage"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_stage_output(dest: str | os.PathLike, stage: str, leftovers: tuple[str, ...] = ()) -> None:
+    """Refuse (InputError) to write into `dest` unless it is missing, empty (but for `leftovers`, names other
+    ranks of the same launch may already have made) or a folder this `stage` marked as its own: for stages
+    that write into their --out in place (load-check) rather than publishing a whole folder."""
+    dest = Path(dest)
+    if not os.path.lexists(dest):
+        return
+    if dest.is_dir() and not dest.is_symlink():
+        if marker_stage(dest) == stage:
+            return
+        with os.scandir(dest) as entries:
+            if all(e.name in leftovers for e in entries):
+                return
+        found = marker_stage(dest)
+        what = f"the output of wattgate {found}" if found else f"a non-empty folder that wattgate {stage} did not write"
+    else:
+        what = "a symlink" if dest.is_symlink() else "not a folder"
+    raise InputError(
+        f"{dest}: output exists and is {what}; {stage} writes only into an empty or new folder or its own "
+        "earlier output: choose another --out"
+    )
+
+
 @contextlib.contextmanager
 def atomic_dir(dest: str | os.PathLike, stage: str | None = None) -> Iterator[Path]:
     """Yield a fresh temporary folder beside `dest`; swap it in for `dest` on success.
