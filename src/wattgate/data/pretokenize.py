@@ -387,7 +387,7 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
         manifest = {
             "format_version": FORMAT_VERSION,
             "tokenizer_sha256": tokenizer_sha256(tokenizer_dir),
-            "tokenizer_path": str(tokenizer_dir),
+            "tokenizer_path": str(Path(tokenizer_dir).resolve()),  # the export finds it from any directory
             "vocab_size": len(tokenizer),
             "max_token_id": writer.max_token_id,
             "source_sha256": sha256_tree(inputs),
