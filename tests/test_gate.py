@@ -437,7 +437,10 @@ def test_example_fit_terms_and_verdict_match_its_header(name, verdict, tmp_path)
 
 # What the examples' headers say about other settings: (example, train overrides, fits, largest term when not)
 HEADER_CLAIMS = [
-    ("qwen3-32b-2x8-h100.yaml", {"micro_batch_size": 2}, False, "logits"),
+    ("qwen3-32b-2x8-h100.yaml", {"micro_batch_size": 2}, True, None),  # chunked loss (issue 23)
+    ("qwen3-32b-2x8-h100.yaml", {"micro_batch_size": 3}, True, None),
+    ("qwen3-32b-2x8-h100.yaml", {"micro_batch_size": 4}, False, "activations"),
+    ("qwen3-32b-2x8-h100.yaml", {"micro_batch_size": 2, "loss": "full"}, False, "logits"),
     ("qwen3-32b-2x8-h100.yaml", {"activation_checkpointing": False}, False, "activations"),
     ("qwen3-32b-2x8-b300.yaml", {"activation_checkpointing": False}, True, None),
 ]

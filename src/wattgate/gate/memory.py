@@ -280,6 +280,9 @@ class FitSettings:
     nodes: int = 1
     source: CheckpointSource | None = None  # None: random init (model.config)
     export_dtype: str = "bfloat16"
+    loss: str = "chunked"  # train.loss
+    loss_chunk_tokens: int = 1024  # train.loss_chunk_tokens
+    eval_tokens_per_micro_batch: int = 0  # the validation forward's micro-batch; 0: no validation
 
     @property
     def ranks_per_node(self) -> int:
@@ -290,15 +293,70 @@ class FitSettings:
         return "gpu" if self.on_gpu else "cpu"
 
 
-def estimate_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
-    """Steady-state (training step) peak bytes per GPU, term by term."""
+def validation_tokens_per_micro_batch(config: dict) -> int:
+    """Tokens of one validation micro-batch per rank (train.eval_micro_batch_size, else micro_batch_size, x
+    seq_len); 0 when data.validation names no held-out split."""
+    v, t = config.get("data", {}).get("validation") or {}, config["train"]
+    if not (v.get("inputs") or v.get("fraction") or v.get("max_docs")):
+        return 0
+    return (t.get("eval_micro_batch_size") or t["micro_batch_size"]) * t["seq_len"]
+
+
+def chunked_loss_bytes(spec: ModelSpec, s: FitSettings, tokens: int, with_grad: bool) -> int:
+    """Peak bytes of torch's chunked linear cross-entropy (train/loss.py) over `tokens` rows.
+
+    Read from torch 2.13's implementation (torch/nn/modules/linear_cross_entropy.py): one chunk's
+    logits in fp32 (its accumulation dtype), on CUDA with bf16 inputs also their bf16 copy for the
+    gradient matmuls; with a graph (reduction sum) the hidden state's [tokens, H] and the head's [V, H]
+    gradients, computed in the forward and held until backward, in the compute dtype. Without a graph
+    (validation, reduction none) the per-token losses.
+    """
+    compute = 2 if s.mixed_precision else 4
+    chunk = min(s.loss_chunk_tokens, tokens)
+    per_logit = 4 + (2 if s.mixed_precision and s.on_gpu else 0)
+    if not with_grad:
+        return chunk * spec.vocab_size * 4 + tokens * compute
+    return chunk * spec.vocab_size * per_logit + (tokens + spec.vocab_size) * spec.hidden_size * compute
+
+
+def logits_bytes(spec: ModelSpec, s: FitSettings, tokens: int, with_grad: bool = True) -> int:
+    """The loss's logits: one chunk's (train.loss chunked) or the micro-batch's (full)."""
+    if s.loss == "chunked":
+        return chunked_loss_bytes(spec, s, tokens, with_grad)
+    compute = 2 if s.mixed_precision else 4
+    # logits in compute dtype, their fp32 upcast for the loss, and its gradient (no gradient without a graph)
+    return tokens * spec.vocab_size * (compute + (8 if with_grad else 4))
+
+
+def activation_bytes(spec: ModelSpec, s: FitSettings) -> int:
+    """What autograd keeps through a training micro-batch's forward."""
     compute = 2 if s.mixed_precision else 4
     per_layer_act = spec.activation_elements_per_token_layer() * compute
     tokens = s.tokens_per_micro_batch
     if s.activation_checkpointing:
-        activations = tokens * spec.num_layers * spec.hidden_size * compute + tokens * per_layer_act
-    else:
-        activations = tokens * spec.num_layers * per_layer_act
+        return tokens * spec.num_layers * spec.hidden_size * compute + tokens * per_layer_act
+    return tokens * spec.num_layers * per_layer_act
+
+
+def validation_forward_bytes(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
+    """The validation forward (no graph): one layer's activations at a time and the loss's logits."""
+    tokens = s.eval_tokens_per_micro_batch
+    compute = 2 if s.mixed_precision else 4
+    return {
+        "activations": tokens * spec.activation_elements_per_token_layer() * compute,
+        "logits": logits_bytes(spec, s, tokens, with_grad=False),
+    }
+
+
+def estimate_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
+    """Steady-state (training step or validation forward) peak bytes per GPU, term by term.
+
+    `activations` and `logits` are each the larger of the training step's and the validation
+    forward's (train.eval_micro_batch_size may be larger than training's); the other terms are
+    the same in both.
+    """
+    compute = 2 if s.mixed_precision else 4
+    validation = validation_forward_bytes(spec, s) if s.eval_tokens_per_micro_batch else {}
     return {
         "sharded_params_fp32": spec.num_params * 4 // s.world_size,
         "sharded_grads_fp32": spec.num_params * 4 // s.world_size,
@@ -306,11 +364,25 @@ def estimate_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
         # two layers gathered (current + prefetched) and the root's embedding/head, in compute dtype
         "gathered_params": (2 * spec.layer_params + spec.embedding_params) * compute,
         "unsharded_grads_fp32": (spec.layer_params + spec.embedding_params) * 4,
-        "activations": activations,
-        # logits in compute dtype, their fp32 upcast for the loss, and its gradient
-        "logits": tokens * spec.vocab_size * (compute + 8),
+        "activations": max(activation_bytes(spec, s), validation.get("activations", 0)),
+        "logits": max(logits_bytes(spec, s, s.tokens_per_micro_batch), validation.get("logits", 0)),
         "runtime_overhead": RUNTIME_OVERHEAD_BYTES[s.runtime_kind],
     }
+
+
+def logits_note(spec: ModelSpec, s: FitSettings) -> str:
+    """gate.md's line naming what the steady `logits` term is."""
+    if s.loss != "chunked":
+        return (
+            f"logits: train.loss full, the whole [{s.tokens_per_micro_batch:,} tokens x {spec.vocab_size:,}] "
+            "logits, their fp32 upcast and gradient"
+        )
+    chunk = min(s.loss_chunk_tokens, s.tokens_per_micro_batch)
+    return (
+        f"logits: train.loss chunked, one chunk of {chunk:,} tokens x {spec.vocab_size:,} vocab in fp32, "
+        f"plus the hidden-state and head gradients the loss computes in its forward (never the whole "
+        f"{s.tokens_per_micro_batch:,}-token micro-batch's logits)"
+    )
 
 
 def load_staging_bytes(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
@@ -483,6 +555,7 @@ def phase_notes(spec: ModelSpec, s: FitSettings) -> dict[str, str]:
         source = f"{s.source.dtype} checkpoint of {checkpoint_file_bytes(spec, s.source) / GIB:.1f} GiB{found}"
     return {
         "load": f"largest local slice: {slice_name}, {slice_elements:,} elements per rank; {source}",
+        "steady": logits_note(spec, s),
         "export": f"largest parameter: {name} {list(shape)}, gathered in {s.export_dtype}",
         "host_per_node": f"{s.ranks_per_node} rank(s) per node; page cache: the checkpoint / {s.nodes} node(s)",
     }

@@ -25,6 +25,7 @@ from wattgate.gate.memory import (
     fit_estimate,
     host_memory_budget,
     load_model_spec,
+    validation_tokens_per_micro_batch,
 )
 from wattgate.gate.report import gate_json, write_report
 
@@ -42,6 +43,9 @@ def fit_settings(config: dict) -> FitSettings:
         nodes=cluster["nodes"],
         source=checkpoint_source(config),
         export_dtype=export_dtype_name(config),
+        loss=t.get("loss", "chunked"),
+        loss_chunk_tokens=t.get("loss_chunk_tokens", 1024),
+        eval_tokens_per_micro_batch=validation_tokens_per_micro_batch(config),
     )
 
 
