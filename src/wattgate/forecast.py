@@ -45,6 +45,7 @@ import numpy as np
 
 from wattgate.artifacts import write_bytes_atomic
 from wattgate.errors import InputError
+from wattgate.cadence import checkpoint_steps  # the trainer's own rule (one home, the loop's)
 from wattgate.ledger import record_problem
 
 LEDGER_NAME = "throughput.jsonl"
@@ -57,12 +58,6 @@ GIB = 1024**3
 
 
 # ---------------------------------------------------------------- the trainer's checkpoint rule
-
-
-def checkpoint_steps(total: int, every: int, epoch_ends: list[int], at_epoch_end: bool) -> list[int]:
-    """The 1-based optimizer steps after which the trainer writes a checkpoint."""
-    ends = set(epoch_ends) if at_epoch_end else set()
-    return [g for g in range(1, total + 1) if g % every == 0 or g == total or g in ends]
 
 
 # ---------------------------------------------------------------- the ledger

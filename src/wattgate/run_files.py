@@ -37,6 +37,7 @@ PLAN = "plan.json"  # pack (the commit record: carries packs_sha256)
 PACKS = "packs.parquet"  # pack
 HEARTBEAT_DIR = "heartbeat"  # train: rank-<r>.json (state), rank-<r>.events.jsonl (phase changes)
 METRICS = "metrics.parquet"  # train (rank 0)
+EVAL = "eval.parquet"  # train (rank 0): one row per validation pass
 TRAINED = "TRAINED"  # train (rank 0), the stage's declared output
 WATCHER = "watcher.json"  # watch (started by launch)
 GATE_REPORT = "gate.json"  # gate
@@ -213,9 +214,9 @@ def read_packs(path: str | os.PathLike) -> PackRows:
         raise InputError(f"{path}: malformed columns ({first_line(exc)}); rerun pack") from None
 
 
-def read_rank_packs(plan_dir: str | os.PathLike, rank: int, columns: Sequence[str]) -> pa.Table:
-    """One rank's rows of packs.parquet (a rank never reads the others')."""
-    return read_parquet(Path(plan_dir) / PACKS, columns, "pack", filters=[("rank", "=", rank)])
+def read_rank_packs(plan_dir: str | os.PathLike, rank: int, columns: Sequence[str], name: str = PACKS) -> pa.Table:
+    """One rank's rows of packs.parquet, or of the validation pass's eval_packs.parquet (never the others')."""
+    return read_parquet(Path(plan_dir) / name, columns, "pack", filters=[("rank", "=", rank)])
 
 
 # ---------------------------------------------------------------- train: heartbeats, metrics, TRAINED
@@ -343,7 +344,7 @@ METRICS_SCHEMA = pa.schema(
 
 
 # what a rank is doing, in order (heartbeats; not the power phases of power/tables.py)
-HEARTBEAT_PHASES = ("init", "train", "checkpoint", "export", "done")
+HEARTBEAT_PHASES = ("init", "train", "eval", "checkpoint", "export", "done")
 
 
 class Heartbeat:
@@ -385,6 +386,8 @@ class Heartbeat:
 class MetricsTable:
     """Rows per (step, rank), held by rank 0 and rewritten atomically (so a kill keeps all flushed rows)."""
 
+    SCHEMA = METRICS_SCHEMA
+
     def __init__(self, path: Path, rows: list[dict] | None = None):
         self.path = path
         self.rows: list[dict] = rows or []
@@ -401,6 +404,37 @@ class MetricsTable:
         self.rows.extend(rows)
 
     def flush(self) -> None:
-        table = pa.Table.from_pylist(self.rows, schema=METRICS_SCHEMA)
+        table = pa.Table.from_pylist(self.rows, schema=self.SCHEMA)
         with atomic_path(self.path) as tmp:
             pq.write_table(table, tmp)
+
+
+EVAL_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),  # the optimizer step the pass followed (1-based)
+        ("epoch", pa.int32()),
+        ("loss", pa.float64()),  # summed token losses / loss tokens, over every rank
+        ("perplexity", pa.float64()),
+        ("tokens", pa.int64()),  # loss tokens scored
+        ("seconds", pa.float64()),  # the pass's wall time
+        ("time", pa.float64()),  # unix s at its end
+    ]
+)
+
+
+class EvalTable(MetricsTable):
+    """eval.parquet: one row per validation pass (rank 0), rewritten after each pass, before any checkpoint of
+    the same step: a checkpoint at step n implies the passes through step n are on disk, and a resume keeps
+    exactly those (no duplicate rows)."""
+
+    SCHEMA = EVAL_SCHEMA
+
+
+def read_eval(run: str | os.PathLike) -> pd.DataFrame | None:
+    """eval.parquet as a frame (None: the run has no validation passes)."""
+    path = Path(run) / EVAL
+    if not path.is_file():
+        return None
+    table = read_parquet(path, None, "train")
+    check_columns(path, table.column_names, [f.name for f in EVAL_SCHEMA], "validation table", "train")
+    return table.to_pandas()

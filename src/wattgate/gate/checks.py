@@ -222,8 +222,11 @@ def check_conservation(
     policy: str | None = None,
     global_batch_packs: int | None = None,
     config_policy: str | None = None,
+    held_out: np.ndarray | None = None,
 ) -> Check:
-    """Each document exactly once per epoch, or dropped as the remainder policy allows; token sums match.
+    """Each training document exactly once per epoch, or dropped as the remainder policy allows; token sums match.
+
+    `held_out`: the validation split's doc_ids, which no epoch may hold (they are the validation pass's).
 
     `policy` (pack.remainder) and `global_batch_packs` (world x micro_batch_size x grad_accum) enforce
     what the policy promises; None skips that part (and only checks reasons against DROP_REASONS).
@@ -251,6 +254,10 @@ def check_conservation(
         return Check(name, False, _listed(problems + [f"doc_id outside 0..{n - 1}"]))
     expected = np.ones(n, dtype=np.int64)
     expected[dropped] = 0
+    held = np.zeros(n, dtype=bool)
+    if held_out is not None and len(held_out):
+        held[held_out[(held_out >= 0) & (held_out < n)]] = True
+        expected[held] = 0
     entry_epoch = np.repeat(packs.epoch, packs.docs_per_row)
     for epoch in range(epochs):
         seen = np.bincount(ids[entry_epoch == epoch], minlength=n)
@@ -267,14 +274,17 @@ def check_conservation(
             )
         if used_dropped.size:
             problems.append(f"epoch {epoch}: {used_dropped.size} dropped document(s) packed anyway")
+        if (trained_held := int((held & (seen > 0)).sum())) > 0:
+            problems.append(f"epoch {epoch}: {trained_held} held-out validation document(s) packed for training")
     if problems:
         return Check(name, False, _listed(problems))
-    kept_tokens = manifest_tokens - int(doc_tokens[dropped].sum())
+    kept_tokens = manifest_tokens - int(doc_tokens[dropped].sum()) - int(doc_tokens[held].sum())
+    aside = f"; {int(held.sum())} held out for validation" if held.any() else ""
     return Check(
         name,
         True,
-        f"{n - len(dropped)} documents ({kept_tokens} tokens) exactly once in each of "
-        f"{epochs} epoch(s); {len(dropped)} dropped with reasons",
+        f"{n - len(dropped) - int(held.sum())} documents ({kept_tokens} tokens) exactly once in each of "
+        f"{epochs} epoch(s); {len(dropped)} dropped with reasons{aside}",
     )
 
 
@@ -288,6 +298,9 @@ def check_launch(plan: dict, config: dict) -> Check:
         "seq_len": (t["seq_len"], "train.seq_len"),
         "epochs": (t["epochs"], "train.epochs"),
     }
+    if plan.get("validation"):
+        mbs = t.get("eval_micro_batch_size") or t["micro_batch_size"]
+        expected["eval_micro_batch_size"] = (mbs, "train.eval_micro_batch_size")
     # a plan continuing another world size's run runs its own grad_accum (pack/segments.py), made from the config's
     made_for = dict(plan, grad_accum=plan.get("config_grad_accum", plan.get("grad_accum")))
     wrong = [f"plan {k} {made_for.get(k)} != {src} {v}" for k, (v, src) in expected.items() if made_for.get(k) != v]
@@ -437,11 +450,31 @@ def check_schedule(plan: dict, config: dict) -> Check:
         problems.append(f"train.warmup_steps {t['warmup_steps']} >= total steps {total}{capped}")
     if t["checkpoint_every"] > total:
         problems.append(f"train.checkpoint_every {t['checkpoint_every']} > total steps {total}{capped}: no checkpoint")
+    notes = "".join(f"; note: {n}" for n in validation_schedule_notes(plan, config, total))
     if problems:
-        return Check("schedule", False, _listed(problems))
+        return Check("schedule", False, _listed(problems) + notes)
+    evals = f", validation every {t['eval_every']}" if plan.get("validation") and t.get("eval_every") else ""
     return Check(
-        "schedule", True, f"{total} steps{capped}, warmup {t['warmup_steps']}, checkpoint every {t['checkpoint_every']}"
+        "schedule",
+        True,
+        f"{total} steps{capped}, warmup {t['warmup_steps']}, checkpoint every {t['checkpoint_every']}{evals}{notes}",
     )
+
+
+def validation_schedule_notes(plan: dict, config: dict, total: int) -> list[str]:
+    """What the validation schedule will and will not do, for `schedule` (notes: none of these fails)."""
+    t = config["train"]
+    notes = []
+    has_split = bool(plan.get("validation"))
+    if t.get("eval_every") and not has_split:
+        notes.append(f"train.eval_every {t['eval_every']} without data.validation: no validation runs")
+    elif has_split and t.get("eval_every", 0) > total:
+        notes.append(
+            f"train.eval_every {t['eval_every']} > total steps {total}: validation only at epoch ends and the last step"
+        )
+    if t.get("export_from") == "best" and not has_split:
+        notes.append("train.export_from best without data.validation: final/ is the last step's")
+    return notes
 
 
 def _steps_of(packs: PackRows) -> int:

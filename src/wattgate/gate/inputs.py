@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from wattgate.artifacts import sha256_file
 from wattgate.data.pretokenize import shard_hash, shard_hash_algorithm
+from wattgate.data.split import read_validation_ids
 from wattgate.errors import InputError
 from wattgate.run_files import (
     PACKS,
@@ -52,6 +53,18 @@ class GateInputs:
     content: ShardContent | None = None  # shard hashes, true lengths and token ids (None: not verified)
     prefix: PackRows | None = None  # a continued plan's consumed steps of its earlier segments (pack/segments.py)
     prefix_problems: tuple = ()  # archived segments that are missing or do not hash to plan.json's record
+    validation: ValidationInputs | None = None  # the held-out split and its pass (None: no split)
+
+
+@dataclass(frozen=True)
+class ValidationInputs:
+    """The validation split (data/split.py) and the plan's validation pass (pack/validation.py)."""
+
+    held_out: np.ndarray  # sorted doc_ids
+    content_hashes: np.ndarray | None  # every document's content_hash by doc_id (None: shards predate it)
+    packs: PackRows | None  # eval_packs.parquet (None: the plan has no validation pass)
+    packs_sha256: str | None  # of the file on disk
+    problems: tuple[str, ...]  # what could not be read or does not match its record
 
 
 @dataclass(frozen=True)
@@ -65,11 +78,14 @@ class ShardContent:
     shards: int
 
 
-def read_doc_columns(pretokenized: Path, manifest: dict) -> tuple[np.ndarray, np.ndarray]:
-    """num_tokens and num_loss_tokens of every document, indexed by doc_id."""
+def read_doc_columns(pretokenized: Path, manifest: dict, hashes: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """num_tokens and num_loss_tokens of every document, indexed by doc_id; `hashes`, a list, receives the
+    content_hash column by doc_id (or None when a shard lacks it)."""
     n = manifest["num_docs"]  # a count, and shards a list of names: read_manifest checked
     tokens = np.full(n, -1, dtype=np.int64)
     loss = np.zeros(n, dtype=np.int64)
+    content = np.zeros(n, dtype=np.int64)
+    has_hashes = True
     for name in manifest["shards"]:
         path = pretokenized / name
         names = parquet_columns(path, "pretokenize")
@@ -77,11 +93,15 @@ def read_doc_columns(pretokenized: Path, manifest: dict) -> tuple[np.ndarray, np
         missing = [c for c in ("doc_id", "num_tokens") if c not in names]
         if missing:
             raise InputError(f"{path}: missing column(s) {', '.join(missing)}; rerun pretokenize")
-        t = read_parquet(path, ["doc_id", "num_tokens", "num_loss_tokens" if has_loss else "loss_mask"], "pretokenize")
+        has_hashes &= "content_hash" in names
+        columns = ["doc_id", "num_tokens", "num_loss_tokens" if has_loss else "loss_mask"]
+        t = read_parquet(path, columns + (["content_hash"] if has_hashes else []), "pretokenize")
         ids = t.column("doc_id").to_numpy()
         if len(ids) and (ids.min() < 0 or ids.max() >= n):
             raise InputError(f"{path}: doc_id outside 0..{n - 1} of the manifest; rerun pretokenize")
         tokens[ids] = t.column("num_tokens").to_numpy()
+        if has_hashes:
+            content[ids] = t.column("content_hash").to_numpy()
         if has_loss:
             loss[ids] = t.column("num_loss_tokens").to_numpy()
         else:  # shards from before the num_loss_tokens column
@@ -90,6 +110,8 @@ def read_doc_columns(pretokenized: Path, manifest: dict) -> tuple[np.ndarray, np
         raise InputError(
             f"{pretokenized}: shards miss {(tokens < 0).sum()} of the manifest's doc_ids; rerun pretokenize"
         )
+    if hashes is not None:
+        hashes.append(content if has_hashes else None)
     return tokens, loss
 
 
@@ -199,7 +221,8 @@ def load_inputs(config: dict, pretokenized: str | Path, plan_dir: str | Path, ch
     manifest, manifest_raw = read_manifest(pretokenized)
     packs_path = plan_dir / PACKS
     packs = read_packs(packs_path)
-    doc_tokens, doc_loss = read_doc_columns(pretokenized, manifest)
+    hashes: list = []
+    doc_tokens, doc_loss = read_doc_columns(pretokenized, manifest, hashes)
     content = verify_shards(pretokenized, manifest)
     return GateInputs(
         config=config,
@@ -213,7 +236,37 @@ def load_inputs(config: dict, pretokenized: str | Path, plan_dir: str | Path, ch
         checkpoint_dir=checkpoint_dir,
         content=content,
         **dict(zip(("prefix", "prefix_problems"), read_prefix(plan_dir, plan))),
+        validation=read_validation(pretokenized, plan_dir, manifest, plan, hashes[0]),
     )
+
+
+def read_validation(
+    pretokenized: Path, plan_dir: Path, manifest: dict, plan: dict, hashes: np.ndarray | None
+) -> ValidationInputs | None:
+    """The split and the validation pass as the gate checks them; a file that cannot be read is a problem of
+    the validation checks (they fail naming it), not an input error: the gate still reports every check."""
+    if not manifest.get("validation") and not plan.get("validation"):
+        return None
+    problems: list[str] = []
+    held = np.zeros(0, dtype=np.int64)
+    if manifest.get("validation"):
+        try:
+            held = read_validation_ids(pretokenized, manifest)
+        except InputError as exc:
+            problems.append(str(exc))
+    else:
+        problems.append("plan.json has a validation pass, the pretokenized data no split; rerun pack")
+    packs, sha = None, None
+    section = plan.get("validation")
+    if isinstance(section, dict):
+        path = plan_dir / str(section.get("packs", ""))
+        try:
+            packs, sha = read_packs(path), sha256_file(path)
+        except (InputError, OSError) as exc:
+            problems.append(str(exc))
+    elif manifest.get("validation"):
+        problems.append("the pretokenized data holds a validation split, plan.json no validation pass; rerun pack")
+    return ValidationInputs(held, hashes, packs, sha, tuple(problems))
 
 
 def concat_packs(parts: list[PackRows]) -> PackRows:

@@ -9,6 +9,7 @@ from pathlib import Path
 from wattgate.artifacts import sha256_file
 from wattgate.config import world_size
 from wattgate.gate import checks as C
+from wattgate.gate import validation_checks as V
 from wattgate.gate.cost import cost_section
 from wattgate.gpus import is_cpu
 from wattgate.gate.inputs import GateInputs, concat_packs, load_inputs
@@ -114,6 +115,7 @@ def run_checks(
             remainder_policy(plan, config),
             plan["world_size"] * plan["micro_batch_size"] * plan["grad_accum"],
             config["pack"]["remainder"],
+            inputs.validation.held_out if inputs.validation is not None else None,
         ),
         C.check_launch(plan, config),
         C.check_provenance(
@@ -129,6 +131,16 @@ def run_checks(
         ),
         C.check_schedule(plan, config),
         C.check_segments(plan, config, packs, inputs.prefix, inputs.prefix_problems),
+        V.check_validation_steps(
+            inputs.validation,
+            plan["world_size"],
+            int(plan.get("eval_micro_batch_size") or plan["micro_batch_size"]),
+            (plan.get("validation") or {}).get("micro_batches_per_rank"),
+        ),
+        V.check_validation_conservation(
+            inputs.validation, inputs.doc_tokens, inputs.manifest.get("validation"), plan["seq_len"]
+        ),
+        V.check_leakage(inputs.validation, whole),
     ]
 
 

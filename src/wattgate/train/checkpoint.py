@@ -37,7 +37,11 @@ def _rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
-def save_checkpoint(root: Path, step: int, model, optimizer, position: dict, keep: int, identity: dict) -> Path:
+def save_checkpoint(
+    root: Path, step: int, model, optimizer, position: dict, keep: int, identity: dict, keep_best: bool = False
+) -> Path:
+    """Write checkpoint `step` (all ranks), publish it, and prune to the newest `keep` (rank 0); `keep_best`
+    also keeps the one whose position holds the lowest validation loss (`eval_loss`, train.keep_best)."""
     rank = dist.get_rank()
     final = root / f"step-{step}"
     tmp = root / f"step-{step}.tmp"
@@ -63,15 +67,36 @@ def save_checkpoint(root: Path, step: int, model, optimizer, position: dict, kee
         )
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        prune(root, keep)
+        prune(root, keep, best_checkpoint(root) if keep_best else None)
     dist.barrier()
     return final
 
 
-def prune(root: Path, keep: int) -> None:
+def prune(root: Path, keep: int, also_keep: Path | None = None) -> None:
     complete = sorted((p for p in root.glob("step-*") if p.suffix != ".tmp"), key=_step_of)
     for old in complete[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if also_keep is None or old != also_keep:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def eval_loss_of(path: Path) -> float | None:
+    """The validation loss recorded with a complete checkpoint (None: no pass ran at its step, or unreadable)."""
+    try:
+        state = json.loads((path / STATE).read_text())
+        loss = (state.get("position") or {}).get("eval_loss")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    return float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
+
+
+def best_checkpoint(root: Path) -> Path | None:
+    """The complete checkpoint with the lowest validation loss (the newest of equals); None if none has one."""
+    scored = []
+    for path in root.glob("step-*"):
+        loss = eval_loss_of(path) if path.is_dir() and path.suffix != ".tmp" and is_complete(path)[0] else None
+        if loss is not None:
+            scored.append((loss, -_step_of(path), path))
+    return min(scored)[2] if scored else None
 
 
 def _step_of(path: Path) -> int:

@@ -11,12 +11,15 @@ lets the model keep attention inside each document.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import torch
 
 from wattgate.errors import InputError
 from wattgate.run_files import PACKS, read_manifest, read_rank_packs
@@ -62,9 +65,10 @@ class Batch:
     num_tokens: int
 
 
-def read_rank_plan(plan_dir: Path, rank: int) -> list[MicroBatchPlan]:
-    """This rank's micro-batches in execution order (epoch, step, micro), packs in slot order."""
-    table = read_rank_packs(plan_dir, rank, ["epoch", "step", "micro", "slot", "doc_ids", "doc_lengths"])
+def read_rank_plan(plan_dir: Path, rank: int, name: str = PACKS) -> list[MicroBatchPlan]:
+    """This rank's micro-batches in execution order (epoch, step, micro), packs in slot order; `name` the
+    validation pass's eval_packs.parquet for its micro-batches."""
+    table = read_rank_packs(plan_dir, rank, ["epoch", "step", "micro", "slot", "doc_ids", "doc_lengths"], name)
     cols = {c: table.column(c).to_numpy() for c in ("epoch", "step", "micro", "slot")}
     ids = table.column("doc_ids").combine_chunks()
     offsets = ids.offsets.to_numpy()
@@ -191,3 +195,43 @@ def build_batch(
         position_ids[row, pos:] = np.arange(seq_len - pos)
         tokens += pos
     return Batch(input_ids, labels, position_ids, int((labels != IGNORE).sum()), tokens)
+
+
+def host_tensors(batch: Batch, pin: bool) -> dict[str, torch.Tensor]:
+    """The batch as CPU tensors, in pinned (page-locked) memory when `pin`, so the copy to the GPU can be
+    asynchronous (non_blocking) and overlap the previous micro-batch's compute."""
+    out = {
+        "input_ids": torch.from_numpy(batch.input_ids),
+        "labels": torch.from_numpy(batch.labels),
+        "position_ids": torch.from_numpy(batch.position_ids),
+    }
+    return {k: v.pin_memory() for k, v in out.items()} if pin else out
+
+
+class StepPrefetcher:
+    """Builds the next optimizer step's batches on one background thread while the current step computes.
+
+    A bounded queue of one step: `get(g)` returns step g's batches (waiting only if they are not built yet:
+    that wait is the step's data wait) and starts building step g + 1. Errors in the builder (an InputError
+    for a changed shard) surface in `get`, on the training thread.
+    """
+
+    def __init__(self, build: Callable[[int], list], last: int):
+        self.build, self.last = build, last
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wattgate-batches")
+        self.pending: dict[int, Future] = {}
+
+    def _submit(self, g: int) -> None:
+        if g < self.last and g not in self.pending:
+            self.pending[g] = self.pool.submit(self.build, g)
+
+    def get(self, g: int) -> list:
+        self._submit(g)
+        future = self.pending.pop(g)
+        self._submit(g + 1)
+        return future.result()
+
+    def close(self) -> None:
+        for future in self.pending.values():
+            future.cancel()
+        self.pool.shutdown(wait=True)

@@ -1,16 +1,20 @@
 """`wattgate train`: one process per rank (under torchrun), running exactly its planned micro-batches.
 
-`_run` is the outline of a run: load the sharded model, resume, take the planned steps
-(checkpointing on the way), export, summarize. Each part lives in its own module:
-distributed (process group), model/weights (build, load, export), data (the plan's batches),
-checkpoint (DCP), metrics (step log, memory peaks); wattgate.run_files reads the plan and manifest
-and writes the heartbeats and metrics table.
+`Trainer.run` is the outline of a run: load the sharded model, resume, take the planned steps (each step's
+validation pass and checkpoint decided by wattgate.cadence, the rule the gate and the forecast read too),
+export, summarize. One Trainer holds the run's state (model, optimizer, document store, heartbeat, step
+log, typed settings); each part lives in its own module: distributed (process group), model/weights
+(build, load, export), data (the plan's batches, the prefetch thread), loss (the chunked loss), checkpoint
+(DCP), metrics (step log, memory peaks); wattgate.run_files reads the plan and manifest and writes the
+heartbeats and the metrics and validation tables.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -18,22 +22,25 @@ import time
 from dataclasses import asdict, dataclass
 from itertools import groupby
 from pathlib import Path
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 from wattgate.artifacts import write_json_atomic
+from wattgate.cadence import Cadence, StepActions, step_actions
 from wattgate.data.tokenizer import TOKENIZER_FILES
 from wattgate.errors import InputError, StageFailed
 from wattgate.forecast import append_ledger, process_age_s, run_record
 from wattgate.gate.cost import plan_step_costs
 from wattgate.gate.memory import export_dtype_name, load_model_spec
+from wattgate.pack.validation import EVAL_PACKS
 from wattgate.run_files import (
-    MANIFEST,
+    EVAL,
     METRICS,
+    MANIFEST,
     PACKS,
     PLAN,
+    EvalTable,
     Heartbeat,
     MetricsTable,
     read_manifest,
@@ -41,25 +48,25 @@ from wattgate.run_files import (
     read_plan,
 )
 from wattgate.train import checkpoint as ckpt
-from wattgate.train.data import DocStore, MicroBatchPlan, build_batch, read_rank_plan
+from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors, read_rank_plan
 from wattgate.train.distributed import device_uuid, equal_across_ranks, setup_rank
 from wattgate.train.identity import run_identity
-from wattgate.train.loss import forward_logits, loss_sum, to_tensors
-from wattgate.train.metrics import (
-    GIB,
-    PhaseMemory,
-    StepLog,
-    folder_bytes,
-    memory_summary,
-    model_flops_utilization,
-)
+from wattgate.train.loss import LossSettings, summed_token_loss
+from wattgate.train.metrics import GIB, PhaseMemory, StepLog, folder_bytes, memory_summary, model_flops_utilization
 from wattgate.train.model import count_params, load_sharded_model
 from wattgate.train.schedule import learning_rate
 from wattgate.train.weights import DTYPES, export_hf_folder
 
+# TrainSettings fields that are not a train.* key of the same name (built in from_config)
+_DERIVED = frozenset(
+    {"betas", "mixed_precision", "export_dtype", "eval_micro_batch_size", "loss", "run_name", "gpu_model", "ledger"}
+)
+
 
 @dataclass(frozen=True)
 class TrainSettings:
+    """Everything train/ reads from the config, typed, built once (the train.* keys keep their names)."""
+
     seq_len: int
     micro_batch_size: int
     grad_accum: int
@@ -68,7 +75,6 @@ class TrainSettings:
     min_lr_ratio: float
     warmup_steps: int
     weight_decay: float
-    betas: tuple[float, float]
     grad_clip: float
     seed: int
     checkpoint_every: int
@@ -77,49 +83,41 @@ class TrainSettings:
     collective_timeout_s: float
     attn_implementation: str
     activation_checkpointing: bool
-    mixed_precision: bool
     data_cache: str
     local_cache_dir: str | None
     log_every: int
     optimizer: str
     max_steps: int | None
-    export_dtype: str
     export_max_shard_gib: float
+    tensorboard: bool
+    check_planned_counts: bool
+    eval_every: int
+    keep_best: bool
+    export_from: str
+    betas: tuple[float, float]
+    mixed_precision: bool
+    export_dtype: str
+    eval_micro_batch_size: int
+    loss: LossSettings
+    run_name: str
+    gpu_model: str
+    ledger: Path
+    compile: bool = False
 
     @classmethod
     def from_config(cls, config: dict) -> TrainSettings:
         t = config["train"]
+        names = [f.name for f in dataclasses.fields(cls) if f.name not in _DERIVED]
         return cls(
-            **{
-                k: t[k]
-                for k in (
-                    "seq_len",
-                    "micro_batch_size",
-                    "grad_accum",
-                    "epochs",
-                    "lr",
-                    "min_lr_ratio",
-                    "warmup_steps",
-                    "weight_decay",
-                    "grad_clip",
-                    "seed",
-                    "checkpoint_every",
-                    "checkpoint_keep",
-                    "checkpoint_at_epoch_end",
-                    "collective_timeout_s",
-                    "attn_implementation",
-                    "activation_checkpointing",
-                    "data_cache",
-                    "local_cache_dir",
-                    "log_every",
-                    "optimizer",
-                    "max_steps",
-                    "export_max_shard_gib",
-                )
-            },
+            **{k: t[k] for k in names if k in t},
             betas=tuple(t["betas"]),
             mixed_precision=t["mixed_precision"] == "bf16",
             export_dtype=export_dtype_name(config),
+            eval_micro_batch_size=int(t.get("eval_micro_batch_size") or t["micro_batch_size"]),
+            loss=LossSettings.from_train(t),
+            run_name=config["run_name"],
+            gpu_model=config["cluster"]["gpu_model"],
+            ledger=Path(config["forecast"]["ledger"]),
         )
 
 
@@ -153,47 +151,6 @@ def stage_local_copy(pretokenized: Path, s: TrainSettings, out: Path) -> tuple[P
     return dest, time.perf_counter() - start
 
 
-def train_step(
-    model,
-    optimizer,
-    batches,
-    world: int,
-    device: torch.device,
-    grad_clip: float,
-    on_micro: Callable[[int], None] | None = None,
-):
-    """One optimizer step over this rank's micro-batches; returns (summed loss, grad norm, host->device s).
-
-    `on_micro(k)` runs as the k-th micro-batch starts (the heartbeat: with the step's planned
-    micro-batch count it tells the watcher which rank reached the step's gradient reduction first).
-
-    The loss is normalized by the loss-bearing tokens of the whole global batch (all-reduced), so the
-    gradient does not depend on how documents were packed or split over ranks and micro-batches.
-    """
-    counts = torch.tensor([sum(b.num_loss_tokens for b in batches)], dtype=torch.float64, device=device)
-    dist.all_reduce(counts)
-    # FSDP averages gradients over ranks; x world turns that average into a sum over ranks
-    scale = world / max(counts.item(), 1.0)
-    step_loss = torch.zeros((), dtype=torch.float64, device=device)
-    to_device_s = 0.0
-    for i, batch in enumerate(batches):
-        if on_micro is not None:
-            on_micro(i + 1)
-        t = time.perf_counter()
-        tensors = to_tensors(batch, device)
-        to_device_s += time.perf_counter() - t
-        model.set_requires_gradient_sync(i == len(batches) - 1)  # reduce-scatter once per step
-        summed = loss_sum(forward_logits(model, tensors), tensors["labels"])
-        (summed * scale).backward()
-        step_loss += summed.detach().double()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: materialize it on every rank, together
-        grad_norm = grad_norm.full_tensor()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return step_loss.item(), float(grad_norm), to_device_s
-
-
 def loss_summary(rows: list[dict]) -> dict:
     """First and final step loss (token-weighted over ranks) from metrics rows."""
     per_step: dict[int, list[dict]] = {}
@@ -208,13 +165,44 @@ def loss_summary(rows: list[dict]) -> dict:
     return {"first_loss": step_loss(per_step[min(per_step)]), "final_loss": step_loss(per_step[max(per_step)])}
 
 
+def validation_summary(rows: list[dict], exported_step: int | None, export_from: str) -> dict | None:
+    """TRAINED's `validation`: the final and the best pass (loss and step), and which step final/ holds."""
+    if not rows:
+        return None
+    final = max(rows, key=lambda r: r["step"])
+    best = min(rows, key=lambda r: (r["loss"], -r["step"]))
+    return {
+        "final_loss": final["loss"],
+        "final_step": final["step"],
+        "best_loss": best["loss"],
+        "best_step": best["step"],
+        "evaluations": len(rows),
+        "export_from": export_from,
+        "exported_step": exported_step,
+    }
+
+
 def group_steps(micro_batches: list[MicroBatchPlan]) -> list[list[MicroBatchPlan]]:
     return [list(g) for _, g in groupby(micro_batches, key=lambda m: (m.epoch, m.step))]
 
 
-def planned_sequence(micro_batches: list[MicroBatchPlan]) -> list[tuple[int, int, int, int]]:
-    """(epoch, step, micro, packs) of every micro-batch in order: the collectives this rank will issue."""
-    return [(m.epoch, m.step, m.micro, len(m.packs)) for m in micro_batches]
+EVAL_EPOCH = -1  # marks the validation pass's micro-batches in a planned sequence
+
+
+def planned_sequence(micro_batches: list[MicroBatchPlan], eval_batches: list[MicroBatchPlan] = ()) -> list[tuple]:
+    """(epoch, step, micro, packs) of every micro-batch in order, then the validation pass's (epoch -1): the
+    collectives this rank will issue."""
+    return [(m.epoch, m.step, m.micro, len(m.packs)) for m in micro_batches] + [
+        (EVAL_EPOCH, 0, m.micro, len(m.packs)) for m in eval_batches
+    ]
+
+
+def _said(x: tuple | None) -> str:
+    if x is None:
+        return "no more micro-batches"
+    if x[0] == EVAL_EPOCH:
+        return f"validation micro-batch {x[2] + 1} ({x[3]} packs)"
+    return f"epoch {x[0]} step {x[1] + 1} micro-batch {x[2] + 1} ({x[3]} packs)"
 
 
 def first_divergence(sequences: list[list[tuple]]) -> str:
@@ -222,27 +210,18 @@ def first_divergence(sequences: list[list[tuple]]) -> str:
     for i in range(max(len(seq) for seq in sequences)):
         items = [seq[i] if i < len(seq) else None for seq in sequences]
         if len(set(items)) > 1:
-            said = "; ".join(
-                f"rank {r}: "
-                + (
-                    f"epoch {x[0]} step {x[1] + 1} micro-batch {x[2] + 1} ({x[3]} packs)"
-                    if x
-                    else "no more micro-batches"
-                )
-                for r, x in enumerate(items)
-            )
+            said = "; ".join(f"rank {r}: {_said(x)}" for r, x in enumerate(items))
             return f"micro-batch #{i + 1} of the run: {said}"
     return "nowhere"
 
 
-def check_planned_sequences(micro_batches: list[MicroBatchPlan], device: torch.device) -> None:
+def check_planned_sequences(sequence: list[tuple], device: torch.device) -> None:
     """Defense in depth behind the gate: every rank must plan the same sequence of micro-batches.
 
     Equal totals are not enough (a micro-batch moved from one step to the next keeps them and
-    still hangs), so each rank all-reduces a hash of its (epoch, step, micro, packs) sequence;
-    on a mismatch the sequences are gathered to name the first divergence.
+    still hangs), so each rank all-reduces a hash of its (epoch, step, micro, packs) sequence, the
+    validation pass's included; on a mismatch the sequences are gathered to name the first divergence.
     """
-    sequence = planned_sequence(micro_batches)
     digest = hashlib.sha256(json.dumps(sequence).encode()).digest()
     if equal_across_ranks([int.from_bytes(digest[:7], "little")], device):
         return
@@ -252,27 +231,6 @@ def check_planned_sequences(micro_batches: list[MicroBatchPlan], device: torch.d
         "planned counts differ across ranks (this would deadlock where they diverge): first at "
         f"{first_divergence(every)}; rerun pack and gate"
     )
-
-
-def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
-    s = TrainSettings.from_config(config)
-    out.mkdir(parents=True, exist_ok=True)
-    plan, _ = read_plan(plan_dir)
-    rank, world, device = setup_rank(s.collective_timeout_s, out)
-    try:
-        if plan["world_size"] != world:
-            raise InputError(
-                f"{plan_dir / PLAN}: planned for world size {plan['world_size']}, "
-                f"launched with {world}; rerun pack and gate for this launch"
-            )
-        micro_batches = read_rank_plan(plan_dir, rank)
-        if config["train"]["check_planned_counts"]:
-            check_planned_sequences(micro_batches, device)
-        elif rank == 0:
-            print("train: WARNING: train.check_planned_counts is false: uneven plans will hang", file=sys.stderr)
-        return _run(config, s, plan, plan_dir, rank, world, device, micro_batches, pretokenized, out)
-    finally:
-        dist.destroy_process_group()
 
 
 def resume_checkpoint(out: Path, identity: dict | None, rank: int) -> Path | None:
@@ -312,250 +270,366 @@ def export_final(model, s: TrainSettings, out: Path, pretokenized: Path, model_c
     return export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), extra)
 
 
-def _run(config, s: TrainSettings, plan, plan_dir, rank, world, device, micro_batches, pretokenized, out) -> dict:
-    from torch.distributed.device_mesh import init_device_mesh
+def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
+    s = TrainSettings.from_config(config)
+    out.mkdir(parents=True, exist_ok=True)
+    plan, _ = read_plan(plan_dir)
+    rank, world, device = setup_rank(s.collective_timeout_s, out)
+    try:
+        if plan["world_size"] != world:
+            raise InputError(
+                f"{plan_dir / PLAN}: planned for world size {plan['world_size']}, "
+                f"launched with {world}; rerun pack and gate for this launch"
+            )
+        micro_batches = read_rank_plan(plan_dir, rank)
+        eval_batches = read_rank_plan(plan_dir, rank, EVAL_PACKS) if plan.get("validation") else []
+        if s.check_planned_counts:
+            check_planned_sequences(planned_sequence(micro_batches, eval_batches), device)
+        elif rank == 0:
+            print("train: WARNING: train.check_planned_counts is false: uneven plans will hang", file=sys.stderr)
+        trainer = Trainer(config, s, plan, Paths(pretokenized, plan_dir, out), (rank, world, device))
+        return trainer.run(micro_batches, eval_batches)
+    finally:
+        dist.destroy_process_group()
 
-    startup_s = process_age_s()  # launch, imports and process-group init: the forecast's start-up term
-    heartbeat = Heartbeat(out, rank, int(os.environ.get("LOCAL_RANK", "0")), device_uuid(device))
-    heartbeat.beat(0, 0, "init")
-    data_dir, copy_s = stage_local_copy(pretokenized, s, out)
-    store = DocStore(data_dir)
-    memory = PhaseMemory(device)
-    memory.start()
 
-    identity = run_identity(config, plan_dir, pretokenized) if rank == 0 else None  # rank 0 writes state.json
-    latest = resume_checkpoint(out, identity, rank)
-    model, source = load_sharded_model(
-        config["model"], s, init_device_mesh(device.type, (world,)), device, fill=latest is None
-    )
-    optimizer = build_optimizer(model, s)
-    start = 0
-    if latest is not None:
-        start = int(ckpt.load_checkpoint(latest, model, optimizer)["step"])
-        source = f"{latest}"
-    memory.end("load")
+@dataclass(frozen=True)
+class Paths:
+    pretokenized: Path
+    plan_dir: Path
+    out: Path
 
-    # a plan that continues another world size's run (pack/segments.py) starts at its first global step: the
-    # steps before it were run by the earlier segment and are only placeholders here
-    first_step = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0
-    if start < first_step:
-        raise InputError(
-            f"checkpoint step {start} is before step {first_step}, where this plan continues the "
-            "earlier world size's run; restore that checkpoint or delete the checkpoints and rerun pack"
+
+class Trainer:
+    """One rank's run: its state, and the outline `run` -> `run_step(g)` -> `train_step` / `evaluate`."""
+
+    def __init__(self, config: dict, s: TrainSettings, plan: dict, paths: Paths, where: tuple):
+        self.config, self.s, self.plan, self.paths = config, s, plan, paths
+        self.rank, self.world, self.device = where
+        self.startup_s = process_age_s()  # launch, imports and process-group init: the forecast's start-up term
+        self.heartbeat = Heartbeat(
+            paths.out, self.rank, int(os.environ.get("LOCAL_RANK", "0")), device_uuid(self.device)
         )
-    steps = [None] * first_step + group_steps(micro_batches)
-    if s.max_steps:  # a measurement run (scaling, dataio): the plan's first steps only
-        steps = steps[: s.max_steps]
-    total = len(steps)
-    epoch_ends = [e for e in plan["epoch_ends"] if e <= total] if plan.get("epoch_ends") else epoch_end_steps(steps)
-    heartbeat.set_plan(total, epoch_ends)
-    on_cuda = device.type == "cuda"
-    n_params = count_params(model)
-    log = StepLog(
-        MetricsTable.resume(out / METRICS, start) if rank == 0 else None,
-        s.log_every,
-        n_params,
-        world,
-        config["cluster"]["gpu_model"],
-        on_cuda,
-        tensorboard=config["train"]["tensorboard"],
-    )
-    if rank == 0:
+        self.heartbeat.beat(0, 0, "init")
+        data_dir, self.copy_s = stage_local_copy(paths.pretokenized, s, paths.out)
+        self.store = DocStore(data_dir)
+        self.memory = PhaseMemory(self.device)
+        self.pin = self.device.type == "cuda"
+
+    # ---------------------------------------------------------------- the outline
+
+    def run(self, micro_batches: list[MicroBatchPlan], eval_batches: list[MicroBatchPlan]) -> dict:
+        self.memory.start()
+        self.load()
+        self.schedule(micro_batches, eval_batches)
+        t_run = time.perf_counter()
+        prefetch = StepPrefetcher(self.step_batches, self.total)
+        try:
+            for g in range(self.start, self.total):
+                self.run_step(g, prefetch)
+        finally:
+            prefetch.close()
+        self.elapsed = time.perf_counter() - t_run
+        self.memory.end("steady")
+        self.export()
+        summary = self.summarize()
+        self.heartbeat.beat(self.total, self.last_epoch, "done")
+        return summary
+
+    def load(self) -> None:
+        """The sharded model and optimizer, from the newest checkpoint of this run when there is one."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        identity = run_identity(self.config, self.paths.plan_dir, self.paths.pretokenized) if self.rank == 0 else None
+        self.identity = identity  # rank 0 writes it into state.json
+        latest = resume_checkpoint(self.paths.out, identity, self.rank)
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        self.model, self.source = load_sharded_model(self.config["model"], self.s, mesh, self.device, latest is None)
+        self.optimizer = build_optimizer(self.model, self.s)
+        self.start = 0
+        if latest is not None:
+            self.start = int(ckpt.load_checkpoint(latest, self.model, self.optimizer)["step"])
+            self.source = f"{latest}"
+        self.memory.end("load")
+
+    def schedule(self, micro_batches: list[MicroBatchPlan], eval_batches: list[MicroBatchPlan]) -> None:
+        """The steps this rank runs, the epoch ends, the cadence, and rank 0's tables."""
+        plan, s, out = self.plan, self.s, self.paths.out
+        # a plan that continues another world size's run (pack/segments.py) starts at its first global step: the
+        # steps before it were run by the earlier segment and are only placeholders here
+        self.first_step = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0
+        if self.start < self.first_step:
+            raise InputError(
+                f"checkpoint step {self.start} is before step {self.first_step}, where this plan continues the "
+                "earlier world size's run; restore that checkpoint or delete the checkpoints and rerun pack"
+            )
+        steps = [None] * self.first_step + group_steps(micro_batches)
+        if s.max_steps:  # a measurement run (scaling, dataio): the plan's first steps only
+            steps = steps[: s.max_steps]
+        self.steps, self.total = steps, len(steps)
+        self.epoch_ends = (
+            [e for e in plan["epoch_ends"] if e <= self.total] if plan.get("epoch_ends") else epoch_end_steps(steps)
+        )
+        self.ends = frozenset(self.epoch_ends)
+        self.eval_batches = eval_batches
+        self.cadence = Cadence(
+            s.checkpoint_every, s.checkpoint_at_epoch_end, s.eval_every, bool(eval_batches), s.log_every
+        )
+        self.last_epoch = steps[-1][0].epoch if steps and steps[-1] else 0
+        self.heartbeat.set_plan(self.total, self.epoch_ends)
+        self.n_params = count_params(self.model)
+        lead = self.rank == 0
+        self.log = StepLog(
+            MetricsTable.resume(out / METRICS, self.start) if lead else None,
+            s.log_every,
+            self.n_params,
+            self.world,
+            s.gpu_model,
+            self.device.type == "cuda",
+            tensorboard=s.tensorboard,
+        )
+        self.evals = EvalTable.resume(out / EVAL, self.start) if lead and eval_batches else None
+        if lead:
+            print(
+                f"train: {self.world} rank(s) on {self.device.type}, {self.n_params / 1e6:.2f}M params from "
+                f"{self.source} (load {self.memory.phases['load']['seconds']:.1f} s), step {self.start}/{self.total}, "
+                f"data_cache {s.data_cache} (copy {self.copy_s:.2f} s)"
+                + (f", validation {len(eval_batches)} micro-batch(es) per pass" if eval_batches else ""),
+                flush=True,
+            )
+
+    def actions(self, g: int) -> StepActions:
+        """What follows step g (0-based; the cadence counts 1-based): wattgate.cadence, shared with the gate."""
+        return step_actions(g + 1, self.total, self.ends, self.cadence, first=self.start + 1)
+
+    def run_step(self, g: int, prefetch: StepPrefetcher) -> None:
+        """Optimizer step g: its micro-batches, the step figures for rank 0, then validation and a checkpoint
+        when wattgate.cadence says so."""
+        step_plan = self.steps[g]
+        epoch, act = step_plan[0].epoch, self.actions(g)
+        lr = lr_at(g, self.s, self.total)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        t0 = time.perf_counter()
+        batches = prefetch.get(g)  # built on the prefetch thread while step g - 1 ran
+        data_wait = time.perf_counter() - t0
+        step_loss, grad_norm, to_device_s = self.train_step(
+            batches, lambda k: self.heartbeat.beat(g, epoch, "train", micro=k, micros=len(batches))
+        )
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        step_time = time.perf_counter() - t0
+        loss_tokens, tokens = sum(b.num_loss_tokens for b, _ in batches), sum(b.num_tokens for b, _ in batches)
+        figures = [float(step_loss), loss_tokens, tokens, step_time, data_wait + to_device_s]
+        local = torch.tensor(figures, dtype=torch.float64, device=self.device)
+        gathered = [torch.zeros_like(local) for _ in range(self.world)]
+        dist.all_gather(gathered, local)  # one small collective: every rank's step figures for rank 0
+        gathered = list(torch.stack(gathered).cpu())
+        self.heartbeat.beat(g + 1, epoch, "train", loss=figures[0] / max(loss_tokens, 1))
+        self.log.record(g, epoch, self.start, self.total, gathered, lr, float(grad_norm), time.time())
+        eval_loss = self.evaluate(g + 1, epoch) if act.evaluate else None
+        # metrics first: a published checkpoint at step n implies metrics through step n are on disk
+        if self.log.flush_due(g, act.checkpoint):
+            self.log.metrics.flush()
+        if act.checkpoint:
+            self.save(g + 1, epoch, eval_loss)
+
+    def step_batches(self, g: int) -> list:
+        """Step g's (Batch, host tensors) per micro-batch: the prefetch thread's work."""
+        out = []
+        for m in self.steps[g]:
+            batch = build_batch(self.store, m.packs, self.s.seq_len)
+            out.append((batch, host_tensors(batch, self.pin)))
+        return out
+
+    def to_device(self, host: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device, non_blocking=True) for k, v in host.items()}
+
+    def train_step(self, batches: list, on_micro):
+        """One optimizer step over this rank's micro-batches; returns (summed loss, grad norm, host->device s),
+        the first two as device tensors: the host waits on the device once per step, at the metrics gather.
+
+        `on_micro(k)` runs as the k-th micro-batch starts (the heartbeat: with the step's planned
+        micro-batch count it tells the watcher which rank reached the step's gradient reduction first).
+
+        The loss is normalized by the loss-bearing tokens of the whole global batch (all-reduced), so the
+        gradient does not depend on how documents were packed or split over ranks and micro-batches.
+        """
+        model = self.model
+        counts = torch.tensor([sum(b.num_loss_tokens for b, _ in batches)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(counts)
+        # FSDP averages gradients over ranks; x world turns that average into a sum over ranks
+        scale = (self.world / counts.clamp_min(1.0)).float()
+        step_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        to_device_s = 0.0
+        for i, (_, host) in enumerate(batches):
+            on_micro(i + 1)
+            t = time.perf_counter()
+            tensors = self.to_device(host)
+            to_device_s += time.perf_counter() - t
+            model.set_requires_gradient_sync(i == len(batches) - 1)  # reduce-scatter once per step
+            summed = summed_token_loss(model, tensors, self.s.loss)
+            (summed * scale[0]).backward()
+            step_loss += summed.detach().double()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.s.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: materialize it on every rank, together
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return step_loss.cpu(), grad_norm, to_device_s
+
+    def evaluate(self, step: int, epoch: int) -> float:
+        """A validation pass after `step`: every held-out document once, forward only; the loss is the summed
+        token losses over the all-reduced loss-token count (fp64), the same on every rank and every world size."""
+        t0 = time.perf_counter()
+        self.model.eval()
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        with torch.no_grad():
+            for k, m in enumerate(self.eval_batches, 1):
+                self.heartbeat.beat(step, epoch, "eval", micro=k, micros=len(self.eval_batches))
+                batch = build_batch(self.store, m.packs, self.s.seq_len)
+                totals[0] += summed_token_loss(self.model, self.to_device(host_tensors(batch, self.pin)), self.s.loss)
+                totals[1] += batch.num_loss_tokens
+        dist.all_reduce(totals)
+        self.model.train()
+        loss = float(totals[0] / totals[1].clamp_min(1.0))
+        self.heartbeat.beat(step, epoch, "train")
+        if self.evals is not None:
+            row = {
+                "step": step,
+                "epoch": epoch,
+                "loss": loss,
+                "perplexity": math.exp(min(loss, 700.0)),
+                "tokens": int(totals[1]),
+                "seconds": time.perf_counter() - t0,
+                "time": time.time(),
+            }
+            self.evals.add([row])
+            self.evals.flush()  # before any checkpoint of this step: a resume keeps exactly these rows
+            self.log.record_eval(row)
+        return loss
+
+    def save(self, step: int, epoch: int, eval_loss: float | None) -> None:
+        self.heartbeat.beat(step, epoch, "checkpoint")
+        t_ckpt = time.perf_counter()
+        position = {"epoch": epoch, "step": step, "plan": self.plan["packs_sha256"]}
+        if eval_loss is not None:
+            position["eval_loss"] = eval_loss  # train.keep_best and export_from: best read it
+        folder = ckpt.save_checkpoint(
+            self.paths.out / "checkpoints",
+            step,
+            self.model,
+            self.optimizer,
+            position,
+            self.s.checkpoint_keep,
+            self.identity,
+            keep_best=self.s.keep_best and bool(self.eval_batches),
+        )
+        if self.log.metrics is not None:
+            self.log.record_checkpoint(time.perf_counter() - t_ckpt, folder)
+        self.heartbeat.beat(step, epoch, "train")
+
+    # ---------------------------------------------------------------- the end of the run
+
+    def export(self) -> None:
+        """final/ from the last step, or from the best validation checkpoint (train.export_from: best)."""
+        self.log.close()
+        self.heartbeat.beat(self.total, self.last_epoch, "export")
+        self.exported_step = self.total
+        if self.s.export_from == "best" and self.eval_batches:
+            choice: list = [None]
+            if self.rank == 0:  # rank 0 picks, as for resume: ranks never choose a checkpoint on their own
+                best = ckpt.best_checkpoint(self.paths.out / "checkpoints")
+                choice = [str(best) if best is not None else None]
+            dist.broadcast_object_list(choice, src=0)
+            if choice[0] is not None and Path(choice[0]).name != f"step-{self.total}":
+                self.exported_step = int(ckpt.load_checkpoint(Path(choice[0]), self.model, self.optimizer)["step"])
+        export_final(self.model, self.s, self.paths.out, self.paths.pretokenized, self.config["model"])
+        self.memory.end("export")
+
+    def summarize(self) -> dict:
+        """TRAINED and the ledger line (rank 0); every rank takes part in the memory gather."""
+        per_rank = self.memory.gather()
+        if self.rank != 0:
+            return {}
+        summary = self.write_summary(per_rank)
+        self.append_throughput(summary)
+        return summary
+
+    def write_summary(self, per_rank_memory: list[dict]) -> dict:
+        """TRAINED (rank 0): losses, throughput, and each rank's memory peak per phase with load/export times."""
+        log, s, elapsed = self.log, self.s, self.elapsed
+        log.metrics.flush()
+        memory = memory_summary(per_rank_memory)
+        worst = memory["max_over_ranks"]
+        summary = dict(
+            loss_summary(log.metrics.rows),
+            steps=self.total,
+            resumed_from_step=self.start,
+            world_size=self.world,
+            device=self.device.type,
+            params=self.n_params,
+            tokens_per_s=log.tokens_done / elapsed if elapsed > 0 else None,
+            data_cache=s.data_cache,
+            data_copy_s=self.copy_s,
+            wall_s=elapsed,
+            load_s=worst["load"]["seconds"],
+            export_s=worst["export"]["seconds"],
+            export_dtype=s.export_dtype,
+            memory=memory,
+            startup_s=round(self.startup_s, 3),
+            checkpoints=log.checkpoints,
+            checkpoint_s=round(log.checkpoint_s, 3),
+            validation=validation_summary(
+                self.evals.rows if self.evals is not None else [], self.exported_step, s.export_from
+            ),
+            job_s=round(process_age_s(), 3),
+        )  # job_s: rank 0's whole process, what the forecast predicts
+        if self.device.type == "cuda":
+            summary["mfu"] = model_flops_utilization(
+                summary["tokens_per_s"] or 0, self.n_params, self.world, s.gpu_model
+            )
+            summary["peak_memory_gib"] = max(p["cuda_peak_gib"] for p in worst.values())
+        write_json_atomic(self.paths.out / "TRAINED", summary, nonfinite="null")  # a diverged loss is NaN: null
+        first, final = summary["first_loss"], summary["final_loss"]
+        losses = f"loss {first:.4f} -> {final:.4f}" if first is not None else "no steps taken"
+        v = summary["validation"]
+        valid = f"; validation {v['final_loss']:.4f} (best {v['best_loss']:.4f} at step {v['best_step']})" if v else ""
         print(
-            f"train: {world} rank(s) on {device.type}, {n_params / 1e6:.2f}M params from {source} "
-            f"(load {memory.phases['load']['seconds']:.1f} s), step {start}/{total}, "
-            f"data_cache {s.data_cache} (copy {copy_s:.2f} s)",
+            f"train: done: {losses}{valid}, {summary['tokens_per_s'] or 0:.0f} tok/s; peak host RSS per rank "
+            + ", ".join(f"{p} {worst[p]['host_peak_gib']:.2f} GiB" for p in worst)
+            + f"; export {summary['export_s']:.1f} s -> {self.paths.out}",
             flush=True,
         )
+        return summary
 
-    t_run = time.perf_counter()
-    for g in range(start, total):
-        run_step(
-            g, steps, epoch_ends, start, model, optimizer, store, s, world, device, heartbeat, log, out, plan, identity
+    def append_throughput(self, summary: dict) -> None:
+        """One line in the throughput ledger (forecast.ledger): this run's rate in the planner's cost units,
+        start-up, load and storage times, for the gate's forecast of the next run of the same shape, world size
+        and GPU."""
+        log, plan, s, start, total = self.log, self.plan, self.s, self.start, self.total
+        if total <= start or not log.step_times:
+            return
+        first = self.first_step  # packs.parquet's first step
+        costs = plan_step_costs(read_packs(self.paths.plan_dir / PACKS), plan, self.config, total - first)
+        record = run_record(
+            run_name=s.run_name,
+            shape=asdict(load_model_spec(self.config)),
+            gpu_model=s.gpu_model,
+            world_size=plan["world_size"],
+            seq_len=s.seq_len,
+            micro_batch_size=s.micro_batch_size,
+            attn_weight=float(plan.get("attn_weight", self.config["pack"]["attn_weight"])),
+            step_costs=costs.step_max_cost[start - first : start - first + len(log.step_times)],
+            step_times=log.step_times,
+            tokens=log.tokens_done,
+            startup_s=summary["startup_s"],
+            load_s=summary["load_s"],
+            checkpoints=log.checkpoints,
+            checkpoint_s=log.checkpoint_s,
+            checkpoint_bytes=log.checkpoint_bytes,
+            export_s=summary["export_s"],
+            export_bytes=folder_bytes(self.paths.out / "final"),
+            job_s=summary["job_s"],
         )
-    elapsed = time.perf_counter() - t_run
-    memory.end("steady")
-
-    last_epoch = steps[-1][0].epoch if steps else 0
-    heartbeat.beat(total, last_epoch, "export")
-    export_final(model, s, out, pretokenized, config["model"])
-    memory.end("export")
-    per_rank = memory.gather()
-    summary = {}
-    if rank == 0:
-        summary = write_summary(
-            out,
-            log,
-            per_rank,
-            total,
-            start,
-            world,
-            device,
-            n_params,
-            elapsed,
-            s,
-            copy_s,
-            config["cluster"]["gpu_model"],
-            startup_s,
-        )
-        append_throughput(config, plan, plan_dir, out, log, summary, start, total)
-    heartbeat.beat(total, last_epoch, "done")
-    return summary
-
-
-def append_throughput(
-    config: dict, plan: dict, plan_dir: Path, out: Path, log: StepLog, summary: dict, start: int, total: int
-) -> None:
-    """One line in the throughput ledger (forecast.ledger): this run's rate in the planner's cost units, start-up,
-    load and storage times, for the gate's forecast of the next run of the same shape, world size and GPU."""
-    if total <= start or not log.step_times:
-        return
-    first = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0  # packs.parquet's first step
-    costs = plan_step_costs(read_packs(plan_dir / PACKS), plan, config, total - first)
-    t = config["train"]
-    record = run_record(
-        run_name=config["run_name"],
-        shape=asdict(load_model_spec(config)),
-        gpu_model=config["cluster"]["gpu_model"],
-        world_size=plan["world_size"],
-        seq_len=t["seq_len"],
-        micro_batch_size=t["micro_batch_size"],
-        attn_weight=float(plan.get("attn_weight", config["pack"]["attn_weight"])),
-        step_costs=costs.step_max_cost[start - first : start - first + len(log.step_times)],
-        step_times=log.step_times,
-        tokens=log.tokens_done,
-        startup_s=summary["startup_s"],
-        load_s=summary["load_s"],
-        checkpoints=log.checkpoints,
-        checkpoint_s=log.checkpoint_s,
-        checkpoint_bytes=log.checkpoint_bytes,
-        export_s=summary["export_s"],
-        export_bytes=folder_bytes(out / "final"),
-        job_s=summary["job_s"],
-    )
-    append_ledger(Path(config["forecast"]["ledger"]), record)
-
-
-def run_step(
-    g,
-    steps,
-    epoch_ends,
-    start,
-    model,
-    optimizer,
-    store,
-    s: TrainSettings,
-    world,
-    device,
-    heartbeat,
-    log: StepLog,
-    out: Path,
-    plan: dict,
-    identity: dict | None,
-) -> None:
-    """Optimizer step g: its micro-batches, the step figures for rank 0, and a checkpoint when due."""
-    step_plan, total = steps[g], len(steps)
-    epoch = step_plan[0].epoch
-    lr = lr_at(g, s, total)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    t0 = time.perf_counter()
-    batches = [build_batch(store, m.packs, s.seq_len) for m in step_plan]
-    data_wait = time.perf_counter() - t0
-    step_loss, grad_norm, to_device_s = train_step(
-        model,
-        optimizer,
-        batches,
-        world,
-        device,
-        s.grad_clip,
-        on_micro=lambda k: heartbeat.beat(g, epoch, "train", micro=k, micros=len(batches)),
-    )
-    data_wait += to_device_s
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    step_time = time.perf_counter() - t0
-    local = torch.tensor(
-        [step_loss, sum(b.num_loss_tokens for b in batches), sum(b.num_tokens for b in batches), step_time, data_wait],
-        dtype=torch.float64,
-        device=device,
-    )
-    gathered = [torch.zeros_like(local) for _ in range(world)]
-    dist.all_gather(gathered, local)  # one small collective: every rank's step figures for rank 0
-    heartbeat.beat(g + 1, epoch, "train", loss=float(local[0] / max(local[1], 1)))
-    log.record(g, epoch, start, total, gathered, lr, grad_norm, time.time())
-    checkpoint_now = (
-        (g + 1) % s.checkpoint_every == 0 or g + 1 == total or (s.checkpoint_at_epoch_end and g + 1 in epoch_ends)
-    )
-    # metrics first: a published checkpoint at step n implies metrics through step n are on disk
-    if log.flush_due(g, checkpoint_now):
-        log.metrics.flush()
-    if checkpoint_now:
-        heartbeat.beat(g + 1, epoch, "checkpoint")
-        t_ckpt = time.perf_counter()
-        folder = ckpt.save_checkpoint(
-            out / "checkpoints",
-            g + 1,
-            model,
-            optimizer,
-            {"epoch": epoch, "step": g + 1, "plan": plan["packs_sha256"]},
-            s.checkpoint_keep,
-            identity,
-        )
-        if log.metrics is not None:
-            log.record_checkpoint(time.perf_counter() - t_ckpt, folder)
-        heartbeat.beat(g + 1, epoch, "train")
-
-
-def write_summary(
-    out: Path,
-    log: StepLog,
-    per_rank_memory: list[dict],
-    total: int,
-    start: int,
-    world: int,
-    device: torch.device,
-    n_params: int,
-    elapsed: float,
-    s: TrainSettings,
-    copy_s: float,
-    gpu_model: str,
-    startup_s: float = 0.0,
-) -> dict:
-    """TRAINED (rank 0): losses, throughput, and each rank's memory peak per phase with load/export times."""
-    log.metrics.flush()
-    memory = memory_summary(per_rank_memory)
-    worst = memory["max_over_ranks"]
-    summary = dict(
-        loss_summary(log.metrics.rows),
-        steps=total,
-        resumed_from_step=start,
-        world_size=world,
-        device=device.type,
-        params=n_params,
-        tokens_per_s=log.tokens_done / elapsed if elapsed > 0 else None,
-        data_cache=s.data_cache,
-        data_copy_s=copy_s,
-        wall_s=elapsed,
-        load_s=worst["load"]["seconds"],
-        export_s=worst["export"]["seconds"],
-        export_dtype=s.export_dtype,
-        memory=memory,
-        startup_s=round(startup_s, 3),
-        checkpoints=log.checkpoints,
-        checkpoint_s=round(log.checkpoint_s, 3),
-        job_s=round(process_age_s(), 3),
-    )  # rank 0's whole process: what the forecast predicts
-    if device.type == "cuda":
-        summary["mfu"] = model_flops_utilization(summary["tokens_per_s"] or 0, n_params, world, gpu_model)
-        summary["peak_memory_gib"] = max(p["cuda_peak_gib"] for p in worst.values())
-    write_json_atomic(out / "TRAINED", summary, nonfinite="null")  # a diverged loss is NaN: null
-    first, final = summary["first_loss"], summary["final_loss"]
-    losses = f"loss {first:.4f} -> {final:.4f}" if first is not None else "no steps taken"
-    print(
-        f"train: done: {losses}, {summary['tokens_per_s'] or 0:.0f} tok/s; peak host RSS per rank "
-        + ", ".join(f"{p} {worst[p]['host_peak_gib']:.2f} GiB" for p in worst)
-        + f"; export {summary['export_s']:.1f} s -> {out}",
-        flush=True,
-    )
-    return summary
+        append_ledger(s.ledger, record)

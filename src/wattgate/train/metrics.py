@@ -217,14 +217,25 @@ class StepLog:
             tokens_per_s=step_tokens / slowest if slowest > 0 else 0.0,
             data_wait_s=max(float(t[4]) for t in gathered),
         )
-        if g + 1 == total:
-            self.close()
 
     def close(self) -> None:
         """Flush and close the TensorBoard writer (after the last step; safe to call again)."""
         if self.board is not None:
             self.board.close()
             self.board = None
+
+    def record_eval(self, row: dict) -> None:
+        """A validation pass's row of eval.parquet, on TensorBoard too (rank 0; the caller keeps the table)."""
+        if not self._board_opened:  # a run resumed at its last step evaluates before any step is recorded
+            self._board_opened = True
+            self.board = open_tensorboard(self.metrics.path.parent, self.tensorboard, first_step=row["step"])
+        if self.board is not None:
+            self.board.add_eval(row["step"], loss=row["loss"], perplexity=row["perplexity"])
+        print(
+            f"train: validation after step {row['step']}: loss {row['loss']:.4f} perplexity {row['perplexity']:.3f} "
+            f"({row['tokens']} tokens, {row['seconds']:.2f} s)",
+            flush=True,
+        )
 
     def record_checkpoint(self, seconds: float, folder) -> None:
         self.checkpoints += 1

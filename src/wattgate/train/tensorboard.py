@@ -25,6 +25,8 @@ TAGS = {
     "train/grad_norm": "the total gradient norm before clipping",
     "train/tokens_per_s": "the step's tokens over all ranks / the slowest rank's step time",
     "train/data_wait_s": "the longest data wait of any rank in the step (batch build and host-to-device copy)",
+    "eval/loss": "the validation pass's loss after this step: summed token losses / loss tokens over all ranks",
+    "eval/perplexity": "exp(eval/loss)",
 }
 FLUSH_SECS = 10  # a killed job loses at most this much of the curves
 
@@ -59,6 +61,11 @@ class TensorBoardLog:
         }
         for tag, value in values.items():
             self.writer.add_scalar(tag, float(value), global_step=step)
+
+    def add_eval(self, step: int, *, loss: float, perplexity: float) -> None:
+        self.writer.add_scalar("eval/loss", float(loss), global_step=step)
+        self.writer.add_scalar("eval/perplexity", float(perplexity), global_step=step)
+        self.writer.flush()  # a pass is rare and worth having on disk at once
 
     def flush(self) -> None:
         self.writer.flush()
