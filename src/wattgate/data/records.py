@@ -17,6 +17,11 @@ Chat policy (consistent with `pretokenize.on_bad_record`):
   `BadRecordPolicy.noted` as `chat:assistant_first` (an assistant turn before
   any user turn) and `chat:consecutive_<role>` (the same user/assistant role
   twice in a row), once per record and reason.
+- Every field of a turn besides role and content (`tool_calls`, `tool_call_id`, `name`, ...) is passed to
+  the chat template, which renders it: a tool call is part of the assistant turn it belongs to (and of its
+  loss). Content may be null beside `tool_calls` (the OpenAI form).
+- A lone UTF-16 surrogate anywhere in a record (JSON's "\\ud800" escape without its pair) is a bad record,
+  reason `lone_surrogate`: it is not text, and no tokenizer can encode it.
 - A record longer than `Fields.max_chars` characters (text, or the sum of a
   chat's contents) is a bad record, reason `too_many_chars`: tokenizing one
   huge string costs ~100-200 bytes of RAM per character (a 50 MB document
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -87,31 +93,78 @@ def parse_record(obj: Any, fields: Fields, where: str) -> Record:
     if messages is not None:
         if not isinstance(messages, list):
             raise BadRecord("wrong_type", f"field '{fields.messages}' must be a list, got {type(messages).__name__}")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise BadRecord(
-                    "wrong_type",
-                    f"field '{fields.messages}[{i}]' must be an object with string 'role' and 'content'",
-                )
-        for i, m in enumerate(messages):
-            if m["role"] not in KNOWN_ROLES:
-                raise BadRecord(
-                    "unknown_role",
-                    f"field '{fields.messages}[{i}].role' is {m['role']!r}; expected one of "
-                    f"{', '.join(KNOWN_ROLES)} (map other names, e.g. human/gpt, to user/assistant)",
-                )
-        _check_length(sum(len(m["content"]) for m in messages), fields)
-        if not any(m["content"].strip() for m in messages):
+        messages = [_message(m, i, fields) for i, m in enumerate(messages)]
+        _check_length(sum(len(m["content"]) + _extra_chars(m) for m in messages), fields)
+        if not any(m["content"].strip() or m.get("tool_calls") for m in messages):
             raise BadRecord("empty_document", f"field '{fields.messages}' has no non-empty content")
-        return Record(where, messages=[{"role": m["role"], "content": m["content"]} for m in messages])
+        _check_unicode(messages, fields.messages)
+        return Record(where, messages=messages)
     if text is not None:
         if not isinstance(text, str):
             raise BadRecord("wrong_type", f"field '{fields.text}' must be a string, got {type(text).__name__}")
         _check_length(len(text), fields)
+        _check_unicode(text, fields.text)
         if not text.strip():
             raise BadRecord("empty_document", f"field '{fields.text}' is empty")
         return Record(where, text=text)
     raise BadRecord("missing_field", f"missing field '{fields.text}' or '{fields.messages}'")
+
+
+def _message(m: Any, i: int, fields: Fields) -> dict:
+    """One chat turn as the template gets it: role and content, and every other field the turn has
+    (`tool_calls`, `tool_call_id`, `name`, `reasoning_content`, ...), which templates render. Content may be
+    null or absent only beside tool_calls (the OpenAI form of a pure tool call); it then renders as ""."""
+    if isinstance(m, dict) and m.get("content") is None and m.get("tool_calls") and isinstance(m.get("role"), str):
+        m = {**m, "content": ""}
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        raise BadRecord(
+            "wrong_type",
+            f"field '{fields.messages}[{i}]' must be an object with string 'role' and 'content' "
+            "(content may be null beside tool_calls)",
+        )
+    calls = m.get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+        raise BadRecord("wrong_type", f"field '{fields.messages}[{i}].tool_calls' must be a list of objects")
+    if m["role"] not in KNOWN_ROLES:
+        raise BadRecord(
+            "unknown_role",
+            f"field '{fields.messages}[{i}].role' is {m['role']!r}; expected one of "
+            f"{', '.join(KNOWN_ROLES)} (map other names, e.g. human/gpt, to user/assistant)",
+        )
+    return {"role": m["role"], "content": m["content"], **{k: v for k, v in m.items() if k not in ("role", "content")}}
+
+
+def _extra_chars(m: dict) -> int:
+    """Characters in a turn's other fields (tool call arguments can be long too)."""
+    extra = {k: v for k, v in m.items() if k not in ("role", "content")}
+    return len(json.dumps(extra, ensure_ascii=False, default=str)) if extra else 0
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _first_surrogate(value: Any, path: str) -> tuple[str, int] | None:
+    """(field path, index) of the first lone surrogate in any string inside `value`: JSON's \\ud800 escape
+    decodes to one, it is not a character, and no tokenizer can encode it."""
+    if isinstance(value, str):
+        m = _SURROGATE.search(value)
+        return (path, m.start()) if m else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _first_surrogate(v, f"{path}.{k}" if isinstance(k, str) else f"{path}[{k}]")
+        if found:
+            return found
+    return None
+
+
+def _check_unicode(value: Any, name: str) -> None:
+    found = _first_surrogate(value, name)
+    if found:
+        raise BadRecord(
+            "lone_surrogate",
+            f"field '{found[0]}' holds a lone UTF-16 surrogate at character {found[1]} (a \\ud800-style escape "
+            "without its pair): not text; fix the escape or drop the record",
+        )
 
 
 def _check_length(n: int, fields: Fields) -> None:
