@@ -52,7 +52,9 @@ def balanced_packs(held_out: np.ndarray, lengths: np.ndarray, seq_len: int, mult
             return rebin(packs, lengths, multiple), "bfd+rebin"
         except InputError:  # too few packs with more than one document to split: pad instead
             pass
-    return pad_with_empty(packs, need), "bfd+empty packs"
+    # scarce documents: one pack each (the most ranks do real work), the rest padding
+    single = Packs.from_assignment(np.arange(len(held_out)), doc_ids=held_out)
+    return pad_with_empty(single, (-len(single)) % multiple), "one document per pack+empty packs"
 
 
 def plan_validation(
