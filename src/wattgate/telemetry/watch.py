@@ -1,47 +1,47 @@
 """`wattgate watch`: one watcher per job, outside the training processes.
 
-Every `poll_s` it reads each rank's heartbeat and the last seconds of every
-node's power trace, and decides:
-- deadlock: no rank has advanced for `hang_after_s` while the GPUs sit in the
-  low power band with a kernel resident (or, without power data, on the
-  heartbeat stall alone). Ranks that reached a later position (next epoch, a
-  checkpoint or export the others never entered) are named as having run
-  ahead; the rest are behind. With power data, a rank at ~0% utilization while
-  its peers spin in a collective is named as the stuck one.
-- a checkpoint (or init / export) that every rank announced gets its own,
-  longer limit and is never called a hang (past that limit the verdict is
-  `checkpoint_stalled`, etc.); a phase that only some ranks entered is a
-  desynchronization and gets the plain hang limit.
-- GPUs busy at high power with no heartbeat progress: a slow step, not a
-  hang; only after `busy_stall_after_s` is it reported.
-Action `kill` SIGTERMs then SIGKILLs the job's process tree (torchrun's
-workers run in their own sessions, so a process-group kill would miss them),
-or cancels the Slurm job; `warn` only records. `watcher.json` holds the
-verdict either way.
+Every `poll_s` it reads each rank's heartbeat (a bad one is that rank's missing heartbeat,
+telemetry/watch_inputs.py), the last seconds of every node's power trace and, for ranks on this
+host, their processes' CPU time, and decides:
+- deadlock, only on its signature: ranks out of step (another step or phase, a different number of
+  planned micro-batches: one rank in a collective the others never call) with no sign of work, or
+  every rank waiting: the GPUs in the low power band, or without power data every rank process
+  idle (a rank blocked in a gloo collective uses no CPU; bench/watch_cpu_signal.py). Ranks that
+  reached a later position are named as having run ahead; the rest are behind. With power data, a
+  rank at ~0% utilization while its peers spin in a collective is named as the stuck one.
+- a slow step: ranks in step with work going on (busy GPUs, a computing rank) or no evidence either
+  way. Warned about at `hang_after_s`, stopped as `train_stalled` (or `eval_stalled`) only after
+  `busy_stall_after_s`; the first step of a phase in this attempt (compiles, first loads) and a
+  heartbeat saying `compiling` get `startup_after_s` instead, and low power there is no evidence.
+- a checkpoint (or init / export) that every rank announced gets its own, longer limit and is never
+  called a hang (past that limit the verdict is `checkpoint_stalled`, etc.); a phase that only some
+  ranks entered is a desynchronization. `eval` (validation) runs collectives like `train`.
+Action `kill` stops the job (telemetry/kill.py); `warn` only records. `watcher.json` holds the
+verdict either way, and claims a saving only for a confirmed deadlock.
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from wattgate.artifacts import write_json_atomic
-from wattgate.forecast import hang_cost
+from wattgate.forecast import fmt_hours, hang_cost
 from wattgate.power.tables import TriageTable
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S
-from wattgate.run_files import HEARTBEAT_PHASES, WATCHER, read_heartbeats
+from wattgate.run_files import WATCHER, read_heartbeats  # noqa: F401 (read_heartbeats: callers import it here)
+from wattgate.telemetry.kill import _alive, _stop_job, kill_tree, process_tree  # noqa: F401 (re-exported)
 from wattgate.telemetry.trace import SEGMENT_DIR_SUFFIX, _segment_range, live_segments
+from wattgate.telemetry.watch_inputs import COLLECTIVE_PHASES, WATCH_PHASES, ActivityMeter, BeatReader, first_steps
 
-PHASE_ORDER = {phase: i for i, phase in enumerate(HEARTBEAT_PHASES)}
+PHASE_ORDER = {phase: i for i, phase in enumerate(WATCH_PHASES)}
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def position(beat: dict) -> tuple[int, int, float, int]:
     started, and fewer planned micro-batches first (that rank reaches the step's gradient reduction
     while its peers still run forward passes: the collective sequences no longer match)."""
     micros = beat.get("micros") or 0
-    started = beat.get("micro", 0) / micros if micros else 0.0
+    started = (beat.get("micro") or 0) / micros if micros else 0.0
     return int(beat["step"]), PHASE_ORDER.get(beat["phase"], 0), started, -micros
 
 
@@ -131,7 +131,52 @@ def phase_limit(beats: dict[int, dict], s: WatchSettings) -> tuple[float, str]:
             return s.checkpoint_after_s, "checkpoint"
         if phase in ("init", "export"):
             return s.startup_after_s, phase
+        if phase == "eval":  # a validation pass runs collectives like a step: a stall there is a hang
+            return s.hang_after_s, "eval"
     return s.hang_after_s, "train"
+
+
+def in_step(beats: dict[int, dict]) -> bool:
+    """The ranks agree on where they are, up to a healthy step's skew: the same step and phase, the same planned
+    micro-batches, at most one micro-batch apart (a rank done with its backward pass starts the next
+    micro-batch and waits in its first all-gather for the slower ones)."""
+    if len({(b["step"], b["phase"]) for b in beats.values()}) > 1:
+        return False
+    if len({b["micros"] for b in beats.values() if b.get("micros")}) > 1:
+        return False
+    micro = [b.get("micro") or 0 for b in beats.values()]
+    return max(micro) - min(micro) <= 1
+
+
+def in_startup(beats: dict[int, dict], firsts: dict[int, dict[str, int]]) -> bool:
+    """Some rank is in the first step of its phase in this attempt, or says it compiles: start-up, where
+    compiles and first loads take long and leave the GPUs idle."""
+    return any(b.get("compiling") or firsts.get(r, {}).get(b["phase"]) == b["step"] for r, b in beats.items())
+
+
+def evidence(
+    gpus: dict, table: TriageTable | None, activity: dict, beats: dict, startup: bool
+) -> tuple[str | None, str]:
+    """('waiting' | 'working' | None: unknown, what it rests on) for a stall: power where the trace has it,
+    else the rank processes on this host."""
+    low = _low_band(gpus, table)
+    if low is False:
+        return "working", "GPUs still busy at high power"
+    if low:
+        band = f"GPUs in the low power band (< {table.low_max_w:.0f} W)"
+        return (None, f"{band} in a start-up step") if startup else ("waiting", band)
+    seen = {r: a for r, a in activity.items() if r in beats}
+    working = sorted(r for r, a in seen.items() if not a["waiting"])
+    if working:
+        busy = ", ".join(f"rank {r} {seen[r]['cpu_share']:.2f} of a core" for r in working)
+        return "working", f"no power data; rank processes working: {busy}"
+    if seen and len(seen) == len(beats):
+        top = max(a["cpu_share"] for a in seen.values())
+        over = min(a["over_s"] for a in seen.values())
+        return "waiting", f"no power data; every rank process waits: <= {top:.2f} of a core, no I/O, over {over:.0f} s"
+    if seen:
+        return None, f"no power data; rank(s) {_list(sorted(seen))} wait, the others are not on this host"
+    return None, "no power data and no rank process readable on this host"
 
 
 def describe_rank(b: dict, now: float) -> dict:
@@ -150,91 +195,136 @@ def diagnose(
     power: dict[tuple[str, int], tuple[float, float, float]],
     table: TriageTable | None,
     s: WatchSettings,
+    activity: dict[int, dict] | None = None,
+    firsts: dict[int, dict[str, int]] | None = None,
 ) -> dict | None:
     """A verdict dict when the job must be stopped, else None. Pure: the tests drive it with files."""
+    return assess(beats, world, now, started, power, table, s, activity, firsts)[0]
+
+
+def assess(beats, world, now, started, power, table, s, activity=None, firsts=None) -> tuple[dict | None, str | None]:
+    """(the verdict when the job must be stopped, else None; a warning when a stall is let run on).
+
+    Only the deadlock signature kills at `hang_after_s`: ranks out of step with no sign of work, or every rank
+    waiting (low power; without power data, every rank process idle). Anything else is a slow step: warned
+    about, and stopped as `<phase>_stalled` (not a confirmed deadlock) only after `busy_stall_after_s`, or
+    `startup_after_s` in a start-up step."""
+    activity, firsts = activity or {}, firsts or {}
     if len(beats) == world and all(b["phase"] == "done" for b in beats.values()):
-        return None
+        return None, None
     missing = sorted(set(range(world)) - set(beats))
     if missing:
         if now - started < s.startup_after_s:
-            return None
-        return {
-            "verdict": "stuck_ranks",
-            "stuck_ranks": missing,
-            "ran_ahead": sorted(beats),
-            "behind": missing,
-            "stalled_for_s": round(now - started, 3),
-            "limit_s": s.startup_after_s,
-            "limit_phase": "init",
-            "reason": f"rank(s) {_list(missing)} never reported a heartbeat in {s.startup_after_s:.0f} s "
-            f"while rank(s) {_list(sorted(beats))} started",
-        }
+            return None, None
+        reason = (
+            f"rank(s) {_list(missing)} never reported a heartbeat in {s.startup_after_s:.0f} s "
+            f"while rank(s) {_list(sorted(beats))} started"
+        )
+        v = _verdict(beats, now, {}, activity, "stuck_ranks", reason, now - started, s.startup_after_s, "init")
+        return v | {"stuck_ranks": missing, "ran_ahead": sorted(beats), "behind": missing}, None
     active = {r: b for r, b in beats.items() if b["phase"] != "done"}
     stalled_for = now - max(b["time"] for b in active.values())
     limit, limit_phase = phase_limit(active, s)
-    if stalled_for < limit:
-        return None
     gpus = _rank_power(beats, power)
-    in_low_band = _low_band(gpus, table)
-    if in_low_band is False:  # GPUs busy: a slow step, not a deadlock (yet)
-        if stalled_for < s.busy_stall_after_s:
-            return None
-    positions = {r: position(b) for r, b in beats.items()}
-    top = max(positions.values())
-    ahead = sorted(r for r, p in positions.items() if p == top)
-    behind = sorted(r for r, p in positions.items() if p != top)
-    idle = sorted(r for r, g in gpus.items() if table is not None and g and g[1] <= table.idle_util_pct)
-    waiting = sorted(r for r, g in gpus.items() if table is not None and g and g[1] >= table.busy_util_pct)
-    stuck = idle if idle and waiting else behind
-    ranks = [describe_rank(b, now) | _power_fields(gpus.get(r)) for r, b in sorted(beats.items())]
     where = "; ".join(where_is(beats[r], now) for r in sorted(beats))
-    if in_low_band is None:
-        signal_desc = "no power data: heartbeat stall alone"
-    elif in_low_band:
-        signal_desc = f"GPUs in the low power band (< {table.low_max_w:.0f} W)"
-    else:
-        signal_desc = f"GPUs still busy at high power for {stalled_for:.0f} s"
-    verdict = "deadlock"
-    if limit_phase != "train":  # every rank announced it: an overlong phase, not a collective hang
+    if limit_phase not in COLLECTIVE_PHASES:  # every rank announced it: an overlong phase, not a collective hang
+        if stalled_for < limit:
+            return None, None
+        desc = evidence(gpus, table, activity, active, False)[1]
         verdict = f"{limit_phase}_stalled"
         reason = (
             f"{verdict}: every rank has been in {limit_phase} for {stalled_for:.1f} s (limit {limit:.0f} s; "
-            f"{signal_desc}): {where}"
+            f"{desc}): {where}"
         )
-    elif behind:
+        return _verdict(beats, now, gpus, activity, verdict, reason, stalled_for, limit, limit_phase, desc), None
+    if stalled_for < s.hang_after_s:
+        return None, None
+    startup = in_startup(active, firsts)
+    kind, desc = evidence(gpus, table, activity, active, startup)
+    agree = in_step(beats)
+    if kind == "waiting" or (not agree and kind != "working"):
+        return _deadlock(beats, now, gpus, activity, table, s, stalled_for, limit_phase, desc, agree, where), None
+    long_limit = s.startup_after_s if startup else s.busy_stall_after_s
+    what = "a start-up step" if startup else "a slow step"
+    if stalled_for < long_limit:
+        warning = (
+            f"no rank advanced for {stalled_for:.0f} s ({desc}): {what}, not the deadlock signature; "
+            f"stopped only after {long_limit:.0f} s: {where}"
+        )
+        return None, warning
+    verdict = f"{limit_phase}_stalled"
+    reason = (
+        f"{verdict}: no rank advanced for {stalled_for:.1f} s, past the {long_limit:.0f} s allowed for {what} "
+        f"({desc}); not a confirmed deadlock: {where}"
+    )
+    return _verdict(beats, now, gpus, activity, verdict, reason, stalled_for, long_limit, limit_phase, desc), None
+
+
+def _deadlock(beats, now, gpus, activity, table, s, stalled_for, limit_phase, desc, agree, where) -> dict:
+    positions = {r: position(b) for r, b in beats.items()}
+    top = max(positions.values())
+    ahead = sorted(r for r, p in positions.items() if p == top)
+    behind = [] if agree else sorted(r for r, p in positions.items() if p != top)
+    idle = sorted(r for r, g in gpus.items() if table is not None and g and g[1] <= table.idle_util_pct)
+    waiting = sorted(r for r, g in gpus.items() if table is not None and g and g[1] >= table.busy_util_pct)
+    stuck = idle if idle and waiting else behind
+    if behind:
         reason = (
-            f"deadlock: no rank advanced for {stalled_for:.1f} s ({signal_desc}); rank(s) {_list(ahead)} ran "
-            f"ahead of rank(s) {_list(behind)}{_uneven_step(beats)}: {where}"
+            f"deadlock: no rank advanced for {stalled_for:.1f} s ({desc}); rank(s) {_list(ahead)} ran "
+            f"ahead of rank(s) {_list(behind)}{_phases_differ(beats)}{_uneven_step(beats)}: {where}"
         )
     elif stuck:
         reason = (
-            f"deadlock: no rank advanced for {stalled_for:.1f} s ({signal_desc}); rank(s) {_list(stuck)} idle "
+            f"deadlock: no rank advanced for {stalled_for:.1f} s ({desc}); rank(s) {_list(stuck)} idle "
             f"while the others wait in a collective: {where}"
         )
     else:
-        reason = f"deadlock: no rank advanced for {stalled_for:.1f} s ({signal_desc}): {where}"
+        reason = f"deadlock: no rank advanced for {stalled_for:.1f} s ({desc}): {where}"
+    v = _verdict(beats, now, gpus, activity, "deadlock", reason, stalled_for, s.hang_after_s, limit_phase, desc)
+    return v | {"ran_ahead": ahead if behind else [], "behind": behind, "stuck_ranks": stuck, "confirmed": True}
+
+
+def _verdict(beats, now, gpus, activity, verdict, reason, stalled_for, limit, limit_phase, desc="") -> dict:
+    """The fields every verdict carries; `confirmed` (a deadlock's signature) is what lets the cost claim a saving."""
+    ranks = [
+        describe_rank(b, now) | _power_fields(gpus.get(r)) | _activity_fields(activity.get(r))
+        for r, b in sorted(beats.items())
+    ]
     return {
         "verdict": verdict,
         "reason": reason,
+        "confirmed": False,
         "stalled_for_s": round(stalled_for, 3),
         "limit_s": limit,
         "limit_phase": limit_phase,
-        "ran_ahead": ahead if behind else [],
-        "behind": behind,
-        "stuck_ranks": stuck,
-        "power_signal": signal_desc,
+        "ran_ahead": [],
+        "behind": [],
+        "stuck_ranks": [],
+        "power_signal": desc,
         "ranks": ranks,
     }
 
 
+def _phases_differ(beats: dict[int, dict]) -> str:
+    """' (rank(s) 0 in train, rank(s) 1 in eval)' when the ranks are in different phases."""
+    by_phase: dict[str, list[int]] = {}
+    for r, b in sorted(beats.items()):
+        by_phase.setdefault(b["phase"], []).append(r)
+    if len(by_phase) < 2:
+        return ""
+    return " (" + ", ".join(f"rank(s) {_list(rs)} in {p}" for p, rs in by_phase.items()) + ")"
+
+
 def _uneven_step(beats: dict[int, dict]) -> str:
     """' (step 18 planned with 1 micro-batch on rank 0, 2 on rank 1)' when ranks in one step disagree."""
-    in_step = {r: b for r, b in beats.items() if b["phase"] == "train" and b.get("micros")}
-    steps = {b["step"] for b in in_step.values()}
-    if len(steps) != 1 or len({b["micros"] for b in in_step.values()}) < 2:
+    in_step_ = {r: b for r, b in beats.items() if b["phase"] in COLLECTIVE_PHASES and b.get("micros")}
+    steps = {(b["step"], b["phase"]) for b in in_step_.values()}
+    if len(steps) != 1 or len({b["micros"] for b in in_step_.values()}) < 2:
         return ""
-    plans = ", ".join(f"{b['micros']} on rank {r}" for r, b in sorted(in_step.items()))
-    return f" (micro-batches planned for step {steps.pop() + 1}: {plans}; the collective sequences differ)"
+    step, phase = steps.pop()
+    plans = ", ".join(f"{b['micros']} on rank {r}" for r, b in sorted(in_step_.items()))
+    what = f"step {step + 1}" if phase == "train" else f"the validation after step {step}"
+    return f" (micro-batches planned for {what}: {plans}; the collective sequences differ)"
 
 
 def where_is(b: dict, now: float) -> str:
@@ -251,6 +341,10 @@ def where_is(b: dict, now: float) -> str:
             pos = f"in step {step + 1}"
         if end is not None and end > step:
             pos += f" of epoch {epoch} (its epoch ends at step {end})"
+    elif phase == "eval":
+        pos = f"in validation after step {step}"
+        if b.get("micros"):
+            pos += f", micro-batch {b.get('micro')} of {b['micros']}"
     else:
         pos = {
             "init": "starting up",
@@ -276,66 +370,16 @@ def _power_fields(g) -> dict:
     return {} if not g else {"power_w": round(g[0], 1), "util_gpu": round(g[1], 1)}
 
 
+def _activity_fields(a) -> dict:
+    return {} if not a else {"cpu_share": a["cpu_share"], "io_bytes": a["io_bytes"], "proc_state": a["state"]}
+
+
 def _low_band(gpus: dict, table: TriageTable | None) -> bool | None:
     """True: every GPU we have data for is in the low band; False: some GPU is busy; None: no data."""
     have = [g for g in gpus.values() if g]
     if table is None or not have:
         return None
     return all(g[0] < table.low_max_w for g in have)
-
-
-def process_tree(root: int) -> list[int]:
-    """Descendants of `root` (not root itself), parents before children, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def kill_tree(root: int, grace_s: float) -> dict:
-    """SIGTERM every process under `root`, then SIGKILL what is left after `grace_s`."""
-    pids = process_tree(root)
-    for pid in pids:
-        _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.1)
-    survivors = [p for p in pids if _alive(p)]
-    for pid in survivors + [p for p in process_tree(root) if p not in pids]:
-        _signal(pid, signal.SIGKILL)
-    return {"terminated": pids, "killed_after_grace": survivors}
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def scancel(job_id: str) -> dict:
-    r = subprocess.run(["scancel", str(job_id)], capture_output=True, text=True, timeout=60)
-    return {"scancel": job_id, "returncode": r.returncode, "stderr": r.stderr.strip()}
 
 
 @dataclass(frozen=True)
@@ -355,11 +399,12 @@ class CostBasis:
 
 
 def _hang_cost(record: dict, verdict: dict, power: dict, world: int, basis: CostBasis, started: float) -> dict:
-    """watcher.json's cost: GPU-hours and energy from the last progress to the kill, and without the watcher."""
+    """watcher.json's cost: GPU-hours and energy from the last progress to the kill, and, for a confirmed deadlock
+    only, what it would have cost without the watcher (a stall that may have been slow work saved nothing sure)."""
     last_progress = record["detected_at"] - float(verdict.get("stalled_for_s") or 0.0)
     draws = [p for p, _, _ in power.values() if p == p]  # NaN: no reading
     gpus = len(power) or world
-    return hang_cost(
+    cost = hang_cost(
         last_progress,
         record["killed_at"],
         gpus,
@@ -368,6 +413,16 @@ def _hang_cost(record: dict, verdict: dict, power: dict, world: int, basis: Cost
         basis.job_limit_s,
         started,
     )
+    if verdict.get("confirmed"):
+        return cost
+    del cost["without_watcher"]
+    energy = f", {cost['spent_kwh']:.3g} kWh" if cost["spent_kwh"] is not None else ""
+    cost["line"] = (
+        f"the stall cost {fmt_hours(cost['spent_s'])} on {gpus} GPUs = {cost['spent_gpu_hours']:.3g} GPU-hours"
+        f"{energy} from the last progress to the kill; {verdict['verdict']} is not a confirmed deadlock, "
+        "so no saving is claimed"
+    )
+    return cost
 
 
 def watch(
@@ -386,6 +441,8 @@ def watch(
     out = out or run / WATCHER
     started = time.time()
     tail = TraceTail(run / "telemetry", keep_s=max(s.hang_after_s, 10.0) * 2)
+    reader, meter = BeatReader(run, world, started), ActivityMeter(s.hang_after_s)
+    firsts: dict[int, dict[str, int]] = {}
     record = {
         "verdict": "running",
         "started": started,
@@ -395,18 +452,32 @@ def watch(
         "pid": pid,
         "slurm_job": slurm_job,
         "longest_stall_s": 0.0,
+        "warnings": [],
+        "bad_heartbeats": {},
     }
     stop = stop or threading.Event()
     write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
+    warned_for = None  # the last progress time of the stall already warned about
     while not stop.wait(s.poll_s):
         now = time.time()
-        beats = read_heartbeats(run, since=started)
+        beats = reader.read()
+        if _note_bad_heartbeats(record, reader.bad):
+            write_json_atomic(out, record, nonfinite="null")
+        meter.sample(beats, now)
+        for r, b in beats.items():
+            if b["phase"] in COLLECTIVE_PHASES and b["phase"] not in firsts.get(r, {}):
+                firsts[r] = first_steps(run, r, started)
         tail.update()
         power = tail.window(now - s.hang_after_s)
         active = [b["time"] for b in beats.values() if b["phase"] != "done"]
         if active:
             record["longest_stall_s"] = round(max(record["longest_stall_s"], now - max(active)), 3)
-        verdict = diagnose(beats, world, now, started, power, table, s)
+        verdict, warning = assess(beats, world, now, started, power, table, s, meter.activity(now), firsts)
+        if warning and warned_for != max(active):
+            warned_for = max(active)
+            record["warnings"] = (record["warnings"] + [{"time": now, "warning": warning}])[-20:]
+            write_json_atomic(out, record, nonfinite="null")
+            print(f"watch: warning: {warning}", file=sys.stderr, flush=True)
         if verdict is not None:
             record.update(verdict, detected_at=now, action=s.action)
             write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
@@ -417,16 +488,9 @@ def watch(
                 record["cost"] = _hang_cost(record, verdict, power, world, cost_basis, started)
                 write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
                 return record
-            s = WatchSettings(
-                **(
-                    asdict(s)
-                    | {
-                        "hang_after_s": float("inf"),
-                        "checkpoint_after_s": float("inf"),
-                        "startup_after_s": float("inf"),
-                        "busy_stall_after_s": float("inf"),
-                    }
-                )
+            never = float("inf")
+            s = replace(
+                s, hang_after_s=never, checkpoint_after_s=never, startup_after_s=never, busy_stall_after_s=never
             )
             continue  # warn: record once and keep watching silently
         if beats and len(beats) == world and all(b["phase"] == "done" for b in beats.values()):
@@ -438,6 +502,15 @@ def watch(
     record["ended"] = time.time()
     write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
     return record
+
+
+def _note_bad_heartbeats(record: dict, bad: dict[str, str]) -> bool:
+    """Record and print each heartbeat problem once; True when watcher.json needs rewriting."""
+    new = {name: why for name, why in bad.items() if record["bad_heartbeats"].get(name) != why}
+    for name, why in new.items():
+        print(f"watch: heartbeat/{name}: {why}; that rank's last good heartbeat stands", file=sys.stderr, flush=True)
+    record["bad_heartbeats"].update(new)
+    return bool(new)
 
 
 def run_watch(
@@ -466,17 +539,3 @@ def run_watch(
         stop,
         CostBasis.from_config(config),
     )
-
-
-def _stop_job(pid: int | None, slurm_job: str | None, grace_s: float) -> dict:
-    if slurm_job:
-        if pid is not None:  # the inner srun: it forwards SIGTERM to every node's tasks (and their samplers)
-            _signal(pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and _alive(pid):
-                time.sleep(0.1)
-            if not _alive(pid):
-                return {"terminated": [pid]}
-        return scancel(slurm_job)
-    # local: everything under the node's sampler wrapper, which then finishes its trace and exits
-    return kill_tree(pid, grace_s) if pid is not None else {}
