@@ -19,6 +19,7 @@ from wattgate.pack.segments import HISTORY, continue_plan, keep_in_history, resu
 from wattgate.data.split import read_validation_ids, train_doc_ids
 from wattgate.pack.validation import EVAL_PACKS, ValidationPlan, plan_validation
 from wattgate.run_files import read_manifest
+from wattgate.train.identity import model_train_identity
 
 FORMAT_VERSION = 1
 
@@ -183,7 +184,7 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
     # a run with checkpoints of an earlier plan that differs only in the world size goes on from them
     checkpoints = out.parent / "train" / config["run_name"] / "checkpoints"
     validation, vplan = validation_section(held_out, lengths, settings)
-    state, old, old_folder = resume_source(out, checkpoints, settings)
+    state, old, old_folder = resume_source(out, checkpoints, settings, lambda: model_train_identity(config))
     if state is not None:
         return build_continued_plan(
             out, settings, state, old, old_folder, lengths, layout, train["grad_accum"], (validation, vplan), held_out

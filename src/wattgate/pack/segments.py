@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from wattgate.artifacts import sha256_file
 from wattgate.errors import InputError
 from wattgate.run_files import read_plan
 from wattgate.pack.assign import Layout, assign_ranks, pack_costs, sort_placement
+from wattgate.train.identity import model_train_differences
 
 HISTORY = "history"
 # plan keys that must be unchanged for a re-plan to continue a run (anything else starts over)
@@ -79,20 +81,41 @@ def newest_checkpoint(checkpoints: Path) -> dict | None:
     ):
         try:
             state = json.loads((path / "state.json").read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
-        files = state.get("files", {})
-        if all((path / n).is_file() and (path / n).stat().st_size == size for n, size in files.items()):
+        if not _is_state(state):  # train skips such a folder too (train/checkpoint.py is_complete)
+            print(f"pack: WARNING: skipping {path}: its state.json is not a checkpoint state", flush=True)
+            continue
+        if all((path / n).is_file() and (path / n).stat().st_size == size for n, size in state["files"].items()):
             return state | {"path": str(path)}
     return None
 
 
-def resume_source(out: Path, checkpoints: Path, new: dict) -> tuple[dict, dict, Path] | tuple[None, str, None]:
+def _is_state(state) -> bool:
+    """A state.json train wrote: an object with a whole `step`, a `position` object and `files` name -> size."""
+    files = state.get("files", {}) if isinstance(state, dict) else None
+    return (
+        isinstance(files, dict)
+        and all(isinstance(n, str) and isinstance(v, int) for n, v in files.items())
+        and isinstance(state.get("step"), int)
+        and isinstance(state.get("position") or {}, dict)
+    )
+
+
+def resume_source(
+    out: Path, checkpoints: Path, new: dict, identity_of: Callable[[], dict] | None = None
+) -> tuple[dict, dict, Path] | tuple[None, str, None]:
     """(checkpoint state, old plan, its history folder) when the run can go on under `new` plan settings,
-    else (None, why not, None)."""
+    else (None, why not, None).
+
+    `identity_of()`: this config's run identity parts `model` and `train` (train/identity.py; called only when
+    there is a checkpoint, since it reads the model's files). A checkpoint of another identity is never
+    continued: train would set it aside and find no step to go on from."""
     state = newest_checkpoint(checkpoints)
     if state is None:
         return None, "no complete checkpoint", None
+    if identity_of is not None and (diffs := model_train_differences(state.get("identity"), identity_of(), True)):
+        return None, f"the run identity of checkpoint step {state['step']} differs in {', '.join(diffs)}", None
     sha = str((state.get("position") or {}).get("plan", ""))
     folder = out / HISTORY / sha[:16]
     if not sha or not (folder / "plan.json").is_file():
@@ -163,6 +186,12 @@ def continue_plan(
             f"checkpoint step {boundary} is not inside the plan's last segment (steps {first} to "
             f"{first + int(ordinal.max()) + 1}); rerun pack from scratch (delete the checkpoints)"
         )
+    if done == int(ordinal.max()) + 1:
+        raise InputError(
+            f"{state['path']}: the run is complete (checkpoint step {boundary} is its last step), so there is "
+            f"nothing left to plan on {layout_new.world_size} ranks; to train again from step 0, move the "
+            f"checkpoints folder away (or change run_name) and rerun pack"
+        )
     mbs = old["micro_batch_size"]
     old_pps = old["world_size"] * mbs * old["grad_accum"]
     rest = ordinal >= done
@@ -184,7 +213,9 @@ def continue_plan(
             old["epochs"],
             old["seed"],
             old["attn_weight"],
-            old["remainder"],
+            # `drop` dropped its remainder once, the same documents in every epoch; a second drop here would
+            # lose documents from some epochs only (the gate's conservation refuses that): keep them all
+            "rebin" if old["remainder"] == "drop" else old["remainder"],
             list(old.get("stats", {}).get("dropped_doc_ids", [])) + [int(d) for d in held_out],
         )
         how = "the remaining documents re-packed"

@@ -109,9 +109,12 @@ def _step_of(path: Path) -> int:
 def is_complete(path: Path) -> tuple[bool, str]:
     try:
         state = json.loads((path / STATE).read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError, RecursionError):
         return False, f"no readable {STATE}"
-    for name, size in state.get("files", {}).items():
+    files = state.get("files", {}) if isinstance(state, dict) else None
+    if not isinstance(files, dict) or not isinstance(state.get("step"), int):
+        return False, f"{STATE} is not a checkpoint state (an object with a whole 'step' and 'files')"
+    for name, size in files.items():
         f = path / name
         if not f.exists():
             return False, f"missing {name}"

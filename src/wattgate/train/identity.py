@@ -78,8 +78,17 @@ def model_identity(model_cfg: dict) -> dict[str, str]:
     return {"config": _sha256_bytes(json.dumps(model_cfg.get("config"), sort_keys=True).encode()), "weights": "init"}
 
 
+def train_identity(train: dict) -> dict:
+    """The result-changing train keys as the identity records them."""
+    return {k: (list(train[k]) if isinstance(train[k], (list, tuple)) else train[k]) for k in RESULT_SETTINGS}
+
+
+def model_train_identity(config: dict) -> dict:
+    """The run identity's `model` and `train` parts: what a run continued on another world size must share."""
+    return {"model": model_identity(config["model"]), "train": train_identity(config["train"])}
+
+
 def run_identity(config: dict, plan_dir: Path, pretokenized: Path) -> dict:
-    t = config["train"]
     plan, plan_bytes = read_plan(plan_dir)
     segments = plan.get("segments") or []
     return {
@@ -88,7 +97,7 @@ def run_identity(config: dict, plan_dir: Path, pretokenized: Path) -> dict:
         "links": [{"packs_sha256": seg["packs_sha256"], "end_step": seg["end_step"]} for seg in segments[:-1]],
         "pretokenized": _sha256_bytes(read_manifest(pretokenized)[1]),
         "model": model_identity(config["model"]),
-        "train": {k: (list(t[k]) if isinstance(t[k], (list, tuple)) else t[k]) for k in RESULT_SETTINGS},
+        "train": train_identity(config["train"]),
     }
 
 
@@ -106,9 +115,19 @@ def identity_differences(recorded: dict | None, current: dict, position: dict | 
         for link in current.get("links", [])
     ):
         diffs.remove("plan")
-    for part in ("config", "weights"):
-        if (recorded.get("model") or {}).get(part) != current["model"][part]:
-            diffs.append(f"model {part}")
-    before = recorded.get("train") or {}
-    diffs += [f"train.{k}" for k in RESULT_SETTINGS if before.get(k) != current["train"][k]]
+    return diffs + model_train_differences(recorded, current)
+
+
+def model_train_differences(recorded: dict | None, current: dict, values: bool = False) -> list[str]:
+    """The model parts and train keys in which a recorded identity differs from `current` (`model` and `train`
+    parts only): what pack compares before it continues a run on another world size, so that train never
+    sets aside the checkpoints it continues. `values` adds 'old -> new' to each train key."""
+    if not isinstance(recorded, dict):
+        return ["run identity (the checkpoint predates it)"]
+    model = recorded.get("model") if isinstance(recorded.get("model"), dict) else {}
+    diffs = [f"model {part}" for part in ("config", "weights") if model.get(part) != current["model"][part]]
+    before = recorded.get("train") if isinstance(recorded.get("train"), dict) else {}
+    for k in RESULT_SETTINGS:
+        if before.get(k) != current["train"][k]:
+            diffs.append(f"train.{k} ({before.get(k)!r} -> {current['train'][k]!r})" if values else f"train.{k}")
     return diffs
