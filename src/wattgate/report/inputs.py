@@ -2,7 +2,11 @@
 
 A missing file becomes a note ("not available: ...") and a None; a file that
 exists but cannot be read is an InputError naming it, because a report built
-on a silently skipped input would be wrong rather than incomplete.
+on a silently skipped input would be wrong rather than incomplete. The run's
+own records are the exception, skipped loudly: a metrics.parquet without some
+columns, a bad heartbeat state file or bad lines among a rank's heartbeat
+events cost what they held, named in the notes (a report is most needed of
+a run that went wrong).
 
 The run may also be bare traces (power-only mode: an imported nvidia-smi,
 DCGM or Zeus log, or a sampler's file) with no run folder: then only the
@@ -11,6 +15,8 @@ traces, and a gate folder or config when given explicitly, are read.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -26,11 +32,15 @@ from wattgate.codes import column_codes
 from wattgate.errors import InputError
 from wattgate.power.energy import in_time_order, join_parts
 from wattgate.power.triage.phases import PHASES_SCHEMA, read_phases
-from wattgate.power.triage.runinfo import RunInfo, load_run_info
+from wattgate.power.triage.runinfo import RUN_INFO_METRICS, RunInfo
 from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.stage import recorded_caps, triage
 from wattgate.run_files import (
+    HEARTBEAT_DIR,
     HEARTBEAT_EVENT_COLUMNS,
+    METRICS,
+    first_line,
+    parquet_columns,
     read_metrics,
     read_gate_report,
     read_json_object,
@@ -354,8 +364,7 @@ def load_inputs(
 
     triaging = found is None and inputs.samples is not None and inputs.samples.rows > 0
     if run_dir is not None:
-        # with phases on disk only heartbeats and rank -> GPU are new: the metrics are read already
-        info = load_run_info(run_dir, inputs.trace_metas, None if triaging else inputs.metrics)
+        info = _run_info(inputs, run_dir)
         if not info.has_heartbeats:
             inputs.note("no heartbeats: checkpoint intervals and rank placement not shown")
     else:  # nothing recorded beside the traces: triage runs on power alone
@@ -422,7 +431,7 @@ def _read_run_files(inputs: RunInputs, run_dir: Path) -> None:
             "TRAINED not available: the run did not finish, or this is not a run folder; "
             "wall time, MFU and loss come from metrics where possible"
         )
-    inputs.metrics = read_metrics(run_dir, METRICS_REQUIRED, METRICS_OPTIONAL)
+    inputs.metrics = _metrics(inputs, run_dir)
     if inputs.metrics is None:
         inputs.note("metrics.parquet not available: no tokens, step times, loss or straggler analysis")
     inputs.watcher = read_watcher(run_dir)
@@ -430,3 +439,97 @@ def _read_run_files(inputs: RunInputs, run_dir: Path) -> None:
         inputs.note("watcher.json not available: no hang watcher verdict")
     inputs.checkpoints = checkpoint_steps(run_dir / "checkpoints")
     inputs.has_final = (run_dir / "final").is_dir()
+
+
+# ---------------------------------------------------------------- the run's own records, as far as they go
+# A report is read after the fact, often of a run that went wrong: a damaged or older record costs what it
+# held, named in the notes, never the whole report (the report draws what the other files give).
+
+
+def _metrics(inputs: RunInputs, run_dir: Path) -> pd.DataFrame | None:
+    """metrics.parquet with the columns it has; None (and a note) when it lacks step, rank or time."""
+    path = run_dir / METRICS
+    if not path.is_file():
+        return None
+    names = parquet_columns(path, "train")
+    missing = [c for c in METRICS_REQUIRED if c not in names]
+    if missing:
+        inputs.note(f"{path}: no column(s) {', '.join(missing)}: metrics not used")
+        return None
+    absent = [c for c in METRICS_OPTIONAL if c not in names]
+    if absent:
+        inputs.note(f"{path}: no column(s) {', '.join(absent)}: what they give is not shown")
+    return read_metrics(run_dir, METRICS_REQUIRED, METRICS_OPTIONAL)
+
+
+def _run_info(inputs: RunInputs, run_dir: Path) -> RunInfo:
+    """Heartbeats and metrics as triage's rules read them (runinfo.load_run_info), but a bad heartbeat file
+    or line is skipped and named, and metrics without the run-info columns take no part."""
+    metrics = inputs.metrics
+    if metrics is not None and not set(RUN_INFO_METRICS) <= set(metrics.columns):
+        metrics = None  # _metrics named the missing columns
+    uuids = {
+        str(g["uuid"]): (str(meta["host"]), int(g["index"]))
+        for meta in inputs.trace_metas
+        if meta.get("host") is not None
+        for g in meta.get("gpus", [])
+        if g.get("uuid")
+    }
+    events = _heartbeat_events(inputs, run_dir)
+    return RunInfo(events, _heartbeat_states(inputs, run_dir), metrics, uuids, str(run_dir))
+
+
+def _heartbeat_states(inputs: RunInputs, run_dir: Path) -> dict[int, dict]:
+    states = {}
+    for path in sorted((run_dir / HEARTBEAT_DIR).glob("rank-*.json")):
+        try:
+            beat = json.loads(path.read_text())
+            rank = int(beat["rank"])
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError) as exc:
+            inputs.note(f"{path}: not a heartbeat ({first_line(exc)}): that rank's placement is not shown")
+            continue
+        states[rank] = beat
+    return states
+
+
+def _event(line: str) -> tuple:
+    e = json.loads(line)
+    row = (float(e["time"]), int(e["rank"]), int(e.get("step", 0)), int(e.get("epoch", 0)), str(e["phase"]))
+    if not math.isfinite(row[0]):
+        raise ValueError(f"time {e['time']!r}")
+    return row
+
+
+def _heartbeat_events(inputs: RunInputs, run_dir: Path) -> pd.DataFrame:
+    """Every readable phase change (HEARTBEAT_EVENT_COLUMNS), sorted by rank and time; each file's bad
+    lines among good ones are skipped and counted in one note (a file with no readable line is an error)."""
+    rows = []
+    for path in sorted((run_dir / HEARTBEAT_DIR).glob("rank-*.events.jsonl")):
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            inputs.note(f"{path}: cannot read heartbeat events ({first_line(exc)}): that rank's phases are not shown")
+            continue
+        bad, good = [], []
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                good.append(_event(line))
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                bad.append((lineno, first_line(exc)))
+        if bad and not good:  # nothing in it is a heartbeat event: not a damaged record but another file
+            raise InputError(f"{path}:{bad[0][0]}: not a heartbeat event ({bad[0][1]}); rerun train")
+        rows += good
+        if bad:
+            more = f" and {len(bad) - 1} more line(s)" if len(bad) > 1 else ""
+            inputs.note(
+                f"{path}:{bad[0][0]}: not a heartbeat event ({bad[0][1]}){more}: skipped, the phases there come "
+                "from power and metrics alone"
+            )
+    frame = pd.DataFrame(rows, columns=HEARTBEAT_EVENT_COLUMNS)
+    return frame.sort_values(["rank", "time"], kind="stable", ignore_index=True)
