@@ -57,6 +57,7 @@ from wattgate.power.log_parsing import (
     BadLine,
     Lines,
     NUMBER,
+    check_ranges,
     UNITS,
     unit_factor,
     parse_number,
@@ -186,11 +187,11 @@ def read_nvidia_smi(
     if not parsed:
         raise InputError(f"{path}: no readable sample lines")
     gpus = assign_smi_gpus(path, [r for _, r in parsed], imported)
-    for (_, rec), gpu in zip(parsed, gpus):
+    for (lineno, rec), gpu in zip(parsed, gpus):
         power = rec.get("power_w") if rec.get("power_w") is not None else rec.get("power_w_avg")
         row = {k: rec.get(k) for k in ("time", "util_gpu", "util_mem", "mem_used_mib", "sm_clock_mhz", "temp_c")}
         row.update(host=host, gpu=gpu + gpu_offset, power_w=power)
-        imported.add(row)
+        imported.add(row, path, lineno)
         if rec.get("name"):
             imported.names[(host, gpu + gpu_offset)] = rec["name"]
     if "power_w" not in columns:
@@ -200,8 +201,8 @@ def read_nvidia_smi(
 
 
 def assign_smi_gpus(path: Path, recs: list[dict], imported: Imported) -> list[int]:
-    if all(r.get("gpu") is not None for r in recs):
-        return [int(r["gpu"]) for r in recs]
+    if all(r.get("gpu") is not None for r in recs):  # -1 (the range check's error) for an index that is none
+        return [int(r["gpu"]) if math.isfinite(r["gpu"]) and r["gpu"] == int(r["gpu"]) else -1 for r in recs]
     if all(r.get("bus_id") for r in recs):
         order = {b: i for i, b in enumerate(sorted({r["bus_id"].lower() for r in recs}))}
         imported.notes.append(f"{path.name}: GPU index from the PCI bus id order (nvidia-smi's default order)")
@@ -277,6 +278,7 @@ def read_dcgm(path: Path, imported: Imported, lines: Lines, host: str | None) ->
     name_time = TIME_IN_NAME.search(path.name)
     block_time = float(name_time.group(1)) if name_time else None
     samples: dict[tuple, dict] = {}
+    first_line: dict[tuple, int] = {}  # the sample's first line, for the range check's file:line
     seen_in_block: set = set()
     block = 0
     with open_log(path) as f:
@@ -321,6 +323,7 @@ def read_dcgm(path: Path, imported: Imported, lines: Lines, host: str | None) ->
             h = host or labels.get("Hostname") or path.stem
             col, scale = DCGM_FIELDS[metric]
             samples.setdefault((h, gpu, t), {})[col] = v * scale
+            first_line.setdefault((h, gpu, t), lineno)
             if labels.get("modelName"):
                 imported.names[(h, gpu)] = labels["modelName"]
     if not samples:
@@ -329,7 +332,7 @@ def read_dcgm(path: Path, imported: Imported, lines: Lines, host: str | None) ->
         power = cols.pop("power_w_instant", None)
         if power is not None:
             cols["power_w"] = power
-        imported.add(dict(cols, time=t, host=h, gpu=gpu))
+        imported.add(dict(cols, time=t, host=h, gpu=gpu), path, first_line[(h, gpu, t)])
 
 
 # --- Zeus -----------------------------------------------------------------------------------------
@@ -369,7 +372,7 @@ def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index
             lines.bad(path, lineno, exc, truncated_final(path, cells, header, exc, lineno == last))
             continue
         for g, v in values.items():
-            imported.add({"time": t, "host": host, "gpu": g, "power_w": v})
+            imported.add({"time": t, "host": host, "gpu": g, "power_w": v}, path, lineno)
 
 
 def no_samples(path: Path, rows: list) -> None:
@@ -495,7 +498,7 @@ def read_csv(path: Path, imported: Imported, lines: Lines, host: str, tz, mappin
             field_name = exc.field_name if exc.field_name != "time" else header[cols["time"][0]]
             lines.bad(path, lineno, exc, truncated_final(path, cells, header, BadLine(field_name, ""), lineno == last))
             continue
-        imported.add(row)
+        imported.add(row, path, lineno)
 
 
 # --- entry point ----------------------------------------------------------------------------------
@@ -538,6 +541,7 @@ def import_trace(
                 read_zeus(path, imported, lines, name, gpu_index)
         except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
             raise InputError(f"{path}: damaged gzip stream ({exc}); re-copy or re-compress the log") from None
+    check_ranges(imported, lines)
     if imported.invalid:
         imported.notes.append(
             "values that cannot be readings (NaN, Inf, negative) set to null: "

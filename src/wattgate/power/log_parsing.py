@@ -7,13 +7,16 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import gzip
+import itertools
 import os
+import time
 import re
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from wattgate.errors import InputError
@@ -39,14 +42,28 @@ class Imported:
     invalid: Counter = field(default_factory=Counter)  # column -> values made null by the range check
     notes: list[str] = field(default_factory=list)
     index_inferred: bool = False
+    files: list[Path] = field(default_factory=list)  # where each row came from, for file:line errors
+    row_file: list[int] = field(default_factory=list)  # index into files
+    row_line: list[int] = field(default_factory=list)
 
-    def add(self, row: dict) -> None:
+    def add(self, row: dict, path: Path | None = None, lineno: int = 0) -> None:
         for name, column in self.columns.items():
             v = row.get(name)
             if v is not None and invalid_value(name, v):
                 self.invalid[name] += 1
                 v = None
             column.append(v)
+        if path is not None and (not self.files or self.files[-1] != path):
+            self.files.append(path)
+        self.row_file.append(len(self.files) - 1)
+        self.row_line.append(lineno)
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Only the rows where `mask` is true (rows that failed a range check, with skip_bad_lines)."""
+        for name in self.columns:
+            self.columns[name] = list(itertools.compress(self.columns[name], mask))
+        self.row_file = list(itertools.compress(self.row_file, mask))
+        self.row_line = list(itertools.compress(self.row_line, mask))
 
     def table(self, meta: dict) -> pa.Table:
         t = pa.Table.from_pydict(self.columns, schema=schema_with_meta(meta))
@@ -181,4 +198,70 @@ def truncated_final(path: Path, cells: list[str], header: list[str], exc: BadLin
         return False
     return len(cells) < len(header) or (
         len(cells) == len(header) and exc.field_name == header[-1] and ends_mid_line(path)
+    )
+
+
+# ---------------------------------------------------------------- times and GPU indexes no log can hold
+
+EARLIEST_S = 0.0  # unix seconds; logs with times from their own start (0, 0.1, ...) are fine
+FUTURE_SLACK_S = 86400.0  # hosts' clocks disagree a little; a day ahead of this one is a broken clock
+FAR_FROM_REST_S = 30 * 86400.0  # a sample this far from its file's median time (and ...
+FAR_SPREADS = 20.0  # ... this many robust spreads of the file's times) is a clock jump, not a sample
+MAX_GPU_INDEX = 1023  # NVML and DCGM number a node's GPUs from 0; nothing has a thousand per host
+
+
+def _far_from_rest(t: np.ndarray) -> np.ndarray:
+    """Samples far from their file's other samples: the median and median absolute deviation ignore a few
+    wild times (0, -1e12, a year ahead) that would stretch the trace over a span nobody sampled."""
+    median = float(np.median(t))
+    spread = float(np.median(np.abs(t - median)))
+    return np.abs(t - median) > max(FAR_FROM_REST_S, FAR_SPREADS * spread)
+
+
+def _iso(t: float) -> str:
+    try:
+        return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return "no date"
+
+
+def check_ranges(imported: Imported, lines: Lines) -> None:
+    """Every row's time and GPU index within what a log can hold: an error naming file:line (with
+    skip_bad_lines, dropped and counted as `time_out_of_range` / `gpu_out_of_range`)."""
+    if not imported.row_file:
+        return
+    t = np.asarray(imported.columns["time"], np.float64)
+    gpu = np.asarray([-1 if g is None else g for g in imported.columns["gpu"]], np.float64)
+    where = np.asarray(imported.row_file, np.int64)
+    bad_time = ~np.isfinite(t) | (t < EARLIEST_S) | (t > time.time() + FUTURE_SLACK_S)
+    for f in np.unique(where):
+        mine = np.flatnonzero((where == f) & ~bad_time)
+        if len(mine) > 2:
+            bad_time[mine[_far_from_rest(t[mine])]] = True
+    bad_gpu = (gpu < 0) | (gpu > MAX_GPU_INDEX)
+    bad = bad_time | bad_gpu
+    if not bad.any():
+        return
+    if not lines.skip:
+        i = int(np.flatnonzero(bad)[0])
+        path, lineno = imported.files[imported.row_file[i]], imported.row_line[i]
+        if bad_time[i]:
+            shown = np.format_float_positional(t[i], trim="-")
+            what = f"time {shown} ({_iso(t[i])}) is {_time_problem(t[i], t[where == where[i]])}"
+        else:
+            what = f"GPU index {imported.columns['gpu'][i]} is outside 0..{MAX_GPU_INDEX}"
+        raise InputError(f"{path}:{lineno}: {what}; fix or delete that line (or pass --skip-bad-lines)")
+    imported.skipped["time_out_of_range"] += int(bad_time.sum())
+    imported.skipped["gpu_out_of_range"] += int((bad_gpu & ~bad_time).sum())
+    imported.keep(~bad)
+
+
+def _time_problem(t: float, same_file: np.ndarray) -> str:
+    if t < EARLIEST_S:
+        return "before 1970"
+    if t > time.time() + FUTURE_SLACK_S:
+        return "in the future"
+    return (
+        f"{abs(t - float(np.median(same_file))) / 86400:.0f} days from the file's other samples "
+        "(a clock jump: a trace would span time nobody sampled)"
     )

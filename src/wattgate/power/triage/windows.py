@@ -404,6 +404,7 @@ def _windows(
     np.minimum.at(first, gid, index)
     np.maximum.at(last, gid, index)
     span = last - first + 1
+    _check_sampled_span(keys, span, np.bincount(gid, minlength=ngpu), first, window_s)
     base = np.concatenate([[0], np.cumsum(span)])
     total = int(base[-1])
     pos = base[gid] - first[gid] + index  # each cell's window in the GPU-major output (a cell may recur)
@@ -445,6 +446,25 @@ def _windows(
     win = _Windows(keys, gpu_id, index, n, mean_p, mean_u, high, low, np.zeros(total, dtype=bool), levels)
     _fill_short_gaps(win, samples_per_gpu, window_s)
     return win
+
+
+MAX_UNSAMPLED_RATIO = 64  # windows from first to last sample per window with samples, beyond a floor of ...
+MIN_DENSE_WINDOWS = 1 << 21  # ... ~24 days of 1 s windows: a GPU's span is dense, a clock jump must not be
+
+
+def _check_sampled_span(keys: list, span: np.ndarray, sampled: np.ndarray, first: np.ndarray, window_s: float) -> None:
+    """Refuse a trace whose windows would mostly cover time nobody sampled (one sample at time 0 among
+    today's asked for 13 GiB): every GPU gets every window from its first sample to its last."""
+    if int(span.sum()) <= max(MIN_DENSE_WINDOWS, MAX_UNSAMPLED_RATIO * int(sampled.sum())):
+        return
+    g = int(np.argmax(span / np.maximum(sampled, 1)))
+    host, gpu = keys[g]
+    raise InputError(
+        f"trace: GPU {host or '?'}:{gpu} has samples from {first[g] * window_s:.17g} s to "
+        f"{(first[g] + span[g]) * window_s:.17g} s (unix time) but only {int(sampled[g])} of those "
+        f"{int(span[g])} windows of {window_s:g} s hold any: a time far from the rest (a clock jump, or a log's "
+        "time column misread); fix those rows (wattgate import-trace rejects them) or triage the parts separately"
+    )
 
 
 def _float32_edge(edge: np.ndarray) -> np.ndarray:
