@@ -499,9 +499,16 @@ def check_segments(plan: dict, config: dict, packs: PackRows, prefix: PackRows |
     boundary, end = int(segs[-1]["first_step"]), int(segs[-1]["end_step"])
     if end - boundary != _steps_of(packs):
         probs.append(f"the current segment has {_steps_of(packs)} steps, plan.json says {end - boundary}")
-    if prefix is not None and _steps_of(prefix) > boundary:
+    # counted in packs, segment by segment: step numbers restart in each segment's packs.parquet, so the
+    # prefix's (epoch, step) keys of two segments coincide and cannot count its steps
+    ran = [
+        (int(g["end_step"]) - int(g["first_step"])) * g["world_size"] * g["micro_batch_size"] * g["grad_accum"]
+        for g in segs[:-1]
+    ]
+    if prefix is not None and not problems and len(prefix) != sum(ran):
         probs.append(
-            f"the consumed prefix holds {_steps_of(prefix)} steps, more than the {boundary} before the boundary"
+            f"the consumed prefix holds {len(prefix)} packs, but its segments ran {sum(ran)} before the boundary "
+            f"at step {boundary} ({' + '.join(map(str, ran))}: steps x ranks x micro-batch x grad_accum)"
         )
     resumed = (plan.get("resumed_from") or {}).get("step")
     if resumed != boundary:
@@ -519,11 +526,7 @@ def check_segments(plan: dict, config: dict, packs: PackRows, prefix: PackRows |
 
     before, ran, now = lr(boundary - 1, old_total), lr(boundary, old_total), lr(boundary, end)
     jump, step_change = abs(now - ran), abs(ran - before)
-    tokens_before = (
-        float(prefix.num_tokens[prefix.epoch >= 0].sum()) / max(_steps_of(prefix), 1)
-        if prefix is not None
-        else float("nan")
-    )
+    tokens_before = float(prefix.num_tokens.sum()) / max(boundary, 1) if prefix is not None else float("nan")
     tokens_after = float(packs.num_tokens.sum()) / max(_steps_of(packs), 1)
     ratio = tokens_after / tokens_before if tokens_before == tokens_before and tokens_before > 0 else float("nan")
     old_pps = segs[-2]["world_size"] * segs[-2]["micro_batch_size"] * segs[-2]["grad_accum"]
