@@ -34,8 +34,11 @@ GIB = 1 << 30
 MIB = 1 << 20
 
 # What no formula below covers: on a GPU the CUDA context, NCCL buffers and
-# allocator slack; on a CPU rank the interpreter and torch (~0.75 GB measured).
-RUNTIME_OVERHEAD_BYTES = {"gpu": 3 * GIB, "cpu": 3 * GIB // 4}
+# allocator slack; on a CPU rank the interpreter, torch, transformers and gloo (0.36 GiB
+# when loading starts) and the heap the step leaves: 0.44-0.51 GiB beyond the other
+# steady terms with launch's glibc setting (train/launch.py CPU_ALLOCATOR_ENV), measured
+# on Qwen3 shapes of 12 and 24 layers by bench/steady_memory.py.
+RUNTIME_OVERHEAD_BYTES = {"gpu": 3 * GIB, "cpu": GIB // 2}
 
 # Host RSS of one rank's process before any model tensor. GPU: an assumption, not
 # measured here: python + torch + the CUDA runtime and its libraries (cuBLAS, cuDNN),
@@ -283,6 +286,7 @@ class FitSettings:
     loss: str = "chunked"  # train.loss
     loss_chunk_tokens: int = 1024  # train.loss_chunk_tokens
     eval_tokens_per_micro_batch: int = 0  # the validation forward's micro-batch; 0: no validation
+    optimizer: str = "adamw"  # train.optimizer: adamw keeps two fp32 moments, sgd (no momentum) none
 
     @property
     def ranks_per_node(self) -> int:
@@ -348,6 +352,11 @@ def validation_forward_bytes(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     }
 
 
+def optimizer_state(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
+    """AdamW's two fp32 moments per parameter, sharded; SGD without momentum keeps nothing."""
+    return {"sharded_adam_state_fp32": spec.num_params * 8 // s.world_size} if s.optimizer == "adamw" else {}
+
+
 def estimate_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     """Steady-state (training step or validation forward) peak bytes per GPU, term by term.
 
@@ -360,7 +369,7 @@ def estimate_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     return {
         "sharded_params_fp32": spec.num_params * 4 // s.world_size,
         "sharded_grads_fp32": spec.num_params * 4 // s.world_size,
-        "sharded_adam_state_fp32": spec.num_params * 8 // s.world_size,
+        **optimizer_state(spec, s),
         # two layers gathered (current + prefetched) and the root's embedding/head, in compute dtype
         "gathered_params": (2 * spec.layer_params + spec.embedding_params) * compute,
         "unsharded_grads_fp32": (spec.layer_params + spec.embedding_params) * 4,
@@ -419,7 +428,7 @@ def estimate_export_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     return {
         # still allocated: the model's shards and AdamW's moments (gradients were set to None)
         "sharded_params_fp32": spec.num_params * 4 // s.world_size,
-        "sharded_adam_state_fp32": spec.num_params * 8 // s.world_size,
+        **optimizer_state(spec, s),
         "gathered_param_export_dtype": math.prod(shape) * dtype_bytes,
         "local_cast_export_dtype": largest_local_slice(spec, s.world_size)[1] * dtype_bytes,
         "runtime_overhead": RUNTIME_OVERHEAD_BYTES[s.runtime_kind],

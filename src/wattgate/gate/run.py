@@ -47,6 +47,7 @@ def fit_settings(config: dict) -> FitSettings:
         loss=t.get("loss", "chunked"),
         loss_chunk_tokens=t.get("loss_chunk_tokens", 1024),
         eval_tokens_per_micro_batch=validation_tokens_per_micro_batch(config),
+        optimizer=t.get("optimizer", "adamw"),
     )
 
 

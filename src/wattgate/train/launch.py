@@ -24,9 +24,16 @@ from pathlib import Path
 
 from wattgate.run_files import read_watcher
 from wattgate.errors import InputError
+from wattgate.gpus import is_cpu
 from wattgate.telemetry.sampler import sampler_command
 
 RDZV_PORT_BASE = 20000
+
+# glibc settings for CPU ranks. With its adaptive defaults glibc keeps freed layer-sized buffers in
+# the heap, so a rank's peak grew by ~1.5x the added fp32 model per layer added (wattgate's former
+# fixed 256 MB mmap threshold: 3.8x); buffers above 1 MiB mapped and unmapped on their own made it
+# ~0.7x, what a sharded step needs (bench/steady_memory.py). A value already in the environment wins.
+CPU_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ class LaunchSpec:
     rendezvous_host: str | None
     job_id: str | None
     cpus_per_node: int | None = None  # Slurm: CPUs per node task (None: every CPU the job holds there)
+    cpu_ranks: bool = False  # cluster.gpu_model cpu: the ranks compute on the host (CPU_ALLOCATOR_ENV)
 
 
 def resolve_launch(config: dict, environ: dict | None = None) -> LaunchSpec:
@@ -69,6 +77,7 @@ def resolve_launch(config: dict, environ: dict | None = None) -> LaunchSpec:
         rendezvous_host=c["rendezvous_host"] or (socket.gethostname() if launcher == "slurm" else None),
         job_id=env.get("SLURM_JOB_ID"),
         cpus_per_node=c["cpus_per_node"] if launcher == "slurm" else None,
+        cpu_ranks=is_cpu(c["gpu_model"]),
     )
 
 
@@ -158,7 +167,20 @@ def launch_env(spec: LaunchSpec, base: dict | None = None) -> dict:
     env = dict(os.environ if base is None else base)
     env["OMP_NUM_THREADS"] = str(spec.omp_threads)
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if spec.cpu_ranks:
+        for name, value in CPU_ALLOCATOR_ENV.items():
+            env.setdefault(name, value)
     return env
+
+
+def allocator_record(environ: dict | None = None) -> dict:
+    """How this rank's glibc allocator is set, for TRAINED's `allocator`: the MALLOC_* environment when it
+    names an mmap threshold (launch sets one for CPU ranks), else train/distributed.py's keep_freed_memory
+    thresholds (256 MiB mmap, 1 GiB trim)."""
+    env = os.environ if environ is None else environ
+    given = {k: env[k] for k in sorted(env) if k.startswith("MALLOC_")}
+    source = "environment" if "MALLOC_MMAP_THRESHOLD_" in given else "keep_freed_memory"
+    return {"source": source, **given}
 
 
 def watcher_command(
