@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from wattgate.artifacts import write_json_atomic
+from wattgate.cadence import checkpoint_steps
 from wattgate.config import validate_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.pack.plan import build_plan
@@ -37,9 +38,9 @@ TINY = {
 }
 
 
-def fake_pretokenized(path: Path, lengths, seed=0, vocab=96) -> Path:
+def fake_pretokenized(path: Path, lengths, seed=0, vocab=96, validation_fraction=0.0) -> Path:
     # several shards and row groups even for small corpora
-    return write_random_pretokenized(path, lengths, vocab, seed, shard_docs=7)
+    return write_random_pretokenized(path, lengths, vocab, seed, shard_docs=7, validation_fraction=validation_fraction)
 
 
 def train_config(**train) -> dict:
@@ -57,11 +58,11 @@ def train_config(**train) -> dict:
     return base
 
 
-def make_run(tmp: Path, lengths, gpus: int, seed=0, **train) -> tuple[Path, dict]:
+def make_run(tmp: Path, lengths, gpus: int, seed=0, validation_fraction=0.0, **train) -> tuple[Path, dict]:
     """Pretokenized data + plan + config file for a CPU run with `gpus` ranks."""
     pretok = tmp / "pretokenized"
     if not pretok.exists():
-        fake_pretokenized(pretok, lengths, seed)
+        fake_pretokenized(pretok, lengths, seed, validation_fraction=validation_fraction)
     config = validate_config(
         {
             "run_name": "t",
@@ -169,7 +170,17 @@ def test_one_step_same_parameters_world1_ga2_and_world2_ga1(tmp_path):
 @pytest.mark.slow
 def test_kill_and_resume_is_bitwise_identical(tmp_path):
     lengths = np.random.default_rng(1).integers(5, 60, 400).tolist()
-    make_run(tmp_path, lengths, gpus=2, grad_accum=2, epochs=2, checkpoint_every=3, checkpoint_keep=2)
+    make_run(
+        tmp_path,
+        lengths,
+        gpus=2,
+        grad_accum=2,
+        epochs=2,
+        checkpoint_every=3,
+        checkpoint_keep=2,
+        validation_fraction=0.1,
+        eval_every=4,
+    )
     straight = tmp_path / "straight"
     run_train(tmp_path, 2, straight)
     total = json.loads((straight / "TRAINED").read_text())["steps"]
@@ -200,6 +211,13 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
     a = pq.read_table(straight / "metrics.parquet", columns=cols).to_pylist()
     b = pq.read_table(killed / "metrics.parquet", columns=cols).to_pylist()
     assert a == b  # every step once, same losses to the last bit
+    # validation on the same schedule (every 4 steps, each epoch end, the last step), no pass twice, same losses
+    cols = ["step", "epoch", "loss", "perplexity", "tokens"]
+    ea = pq.read_table(straight / "eval.parquet", columns=cols).to_pylist()
+    eb = pq.read_table(killed / "eval.parquet", columns=cols).to_pylist()
+    assert ea == eb and len({r["step"] for r in eb}) == len(eb)
+    assert [r["step"] for r in ea] == sorted({*range(4, total + 1, 4), total // 2, total})
+    assert summary["validation"]["final_step"] == total and summary["validation"]["evaluations"] == len(eb)
     pa_, pb = final_params(straight), final_params(killed)
     assert all(torch.equal(pa_[k], pb[k]) for k in pa_)
 
@@ -209,8 +227,13 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
     assert {"step", "rank", "loss", "tokens", "step_time_s", "data_wait_s", "time"} <= set(
         pq.read_schema(killed / "metrics.parquet").names
     )
+    # the newest checkpoint_keep, and (train.keep_best) the one with the best validation loss among those taken
+    # at a step that ran validation
+    ckpts = checkpoint_steps(total, 3, [total // 2, total], True)
+    scored = [r for r in eb if r["step"] in ckpts]
+    best = min(scored, key=lambda r: (r["loss"], -r["step"]))["step"]
     kept = sorted(p.name for p in (killed / "checkpoints").iterdir())
-    assert len(kept) == 2 and not any(k.endswith(".tmp") for k in kept)
+    assert kept == sorted({f"step-{n}" for n in (*ckpts[-2:], best)})
 
     from transformers import AutoModelForCausalLM
 

@@ -11,10 +11,20 @@ from pathlib import Path
 import numpy as np
 
 from wattgate.artifacts import write_json_atomic
-from wattgate.data.pretokenize import FORMAT_VERSION, ShardWriter, shard_hash_algorithm
+from wattgate.data.pretokenize import (
+    FORMAT_VERSION,
+    ShardWriter,
+    held_out_mask,
+    shard_hash_algorithm,
+    validation_record,
+)
+from wattgate.data.split import VALIDATION_FILE, SplitSettings, write_validation_ids
 
 
-def write_random_pretokenized(path: Path, lengths, vocab: int, seed: int = 0, shard_docs: int = 500) -> Path:
+def write_random_pretokenized(
+    path: Path, lengths, vocab: int, seed: int = 0, shard_docs: int = 500, validation_fraction: float = 0.0
+) -> Path:
+    """Random documents of `lengths`; `validation_fraction` > 0 carves a validation split as pretokenize does."""
     rng = np.random.default_rng(seed)
     path.mkdir(parents=True)
     writer = ShardWriter(path, shard_docs=shard_docs)
@@ -24,6 +34,12 @@ def write_random_pretokenized(path: Path, lengths, vocab: int, seed: int = 0, sh
         mask[0], mask[-1] = 0, 1
         writer.add(ids, mask)
     writer.flush()
+    validation = None
+    if validation_fraction:
+        split = SplitSettings((), validation_fraction, None, seed)
+        held = held_out_mask(split, writer, writer.num_docs)
+        write_validation_ids(path / VALIDATION_FILE, np.flatnonzero(held))
+        validation = validation_record(split, writer, held)
     write_json_atomic(
         path / "manifest.json",
         {
@@ -37,6 +53,7 @@ def write_random_pretokenized(path: Path, lengths, vocab: int, seed: int = 0, sh
             "max_token_id": writer.max_token_id,
             "vocab_size": vocab,
             "dropped": {},
+            "validation": validation,
         },
     )
     return path
