@@ -78,7 +78,7 @@ def test_triage_json_energy_is_what_the_report_computes(tmp_path, layout):
     assert on_disk == expected
     assert sorted(expected) == ["node0:0", "node0:1", "node1:0", "node1:1"]
     first = expected["node0:0"]
-    assert set(first) == {"first", "last", "integrated_j", "counter_j", "energy_j", "method", "readings"}
+    assert set(first) == {"first", "last", "integrated_j", "counter_j", "energy_j", "method", "readings", "gap_s"}
     assert first["method"] == "energy_counter" and first["readings"] > 2 and first["energy_j"] == first["counter_j"]
 
 

@@ -9,6 +9,14 @@ of CPU), so most rows carry no reading. Per GPU the counter gives the energy
 between its first and last reading; the seconds before the first and after
 the last reading are integrated from power so that both methods cover the
 GPU's whole trace and can be compared.
+
+Only sampled time counts. An interval between two power samples longer than
+GAP_PERIODS sampling periods (the GPU's median interval) and MIN_GAP_S is a
+gap, as triage's windows call it `unknown`: it is not integrated across (10 s
+at 100 W, an hour's hole, 30 s at 300 W read 0.2022 kWh instead of 0.00278),
+its seconds are reported (gap_s) and left out of the GPU's sampled seconds
+(GPU-hours). A counter whose readings span a gap would count the hole's
+energy too, so that GPU falls back to its integral.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import numpy as np
 
 COUNTER = "energy_counter"
 INTEGRATED = "integrated_power"
+GAP_PERIODS = 4.0  # as triage's windows (GAP_FILL_PERIODS): a longer silence is a gap, not a slow sample
+MIN_GAP_S = 2.0  # ... and never under two 1 s windows: a sampler's jitter is no gap
 
 
 class GpuSeries(Protocol):
@@ -38,8 +48,18 @@ class GpuEnergy:
     keys: list[tuple[str, int]]
     first: np.ndarray  # first sample time per GPU
     last: np.ndarray  # last sample time per GPU
-    integrated_j: np.ndarray  # trapezoid over the GPU's power samples
+    integrated_j: np.ndarray  # trapezoid over the GPU's power samples, gaps left out
     counter_j: np.ndarray  # counter delta plus integrated edges; NaN where the counter is unusable
+    gap_s: np.ndarray | None = None  # seconds in gaps between samples (None: not known, read as 0)
+
+    @property
+    def gaps(self) -> np.ndarray:
+        return np.zeros(len(self.first)) if self.gap_s is None else np.nan_to_num(self.gap_s)
+
+    @property
+    def sampled_s(self) -> np.ndarray:
+        """Seconds from the GPU's first sample to its last, less its gaps (its share of GPU-hours)."""
+        return np.maximum(self.last - self.first - self.gaps, 0.0)
 
     @property
     def joules(self) -> np.ndarray:
@@ -92,12 +112,14 @@ def gpu_energy(samples) -> GpuEnergy:
 
 def records(energy: GpuEnergy, readings: list[int] | None = None) -> dict:
     """triage.json's "energy": "host:gpu" -> first, last (sample times), integrated_j, counter_j (null where
-    the counter is unusable), energy_j and method (what the report uses), readings (counter readings)."""
+    the counter is unusable), energy_j and method (what the report uses), readings (counter readings), gap_s
+    (unsampled seconds between first and last)."""
 
     def num(x):
         return None if not np.isfinite(x) else float(x)
 
     out = {}
+    gaps = energy.gaps
     for k, ((h, g), a, b, i, c, j, m) in enumerate(
         zip(
             energy.keys, energy.first, energy.last, energy.integrated_j, energy.counter_j, energy.joules, energy.methods
@@ -111,6 +133,7 @@ def records(energy: GpuEnergy, readings: list[int] | None = None) -> dict:
             "energy_j": num(j),
             "method": m,
             "readings": int(readings[k]) if readings else 0,
+            "gap_s": num(gaps[k]),
         }
     return out
 
@@ -131,7 +154,9 @@ class Segments:
     fin_p0: np.ndarray
     fin_t1: np.ndarray
     fin_p1: np.ndarray
-    integral: np.ndarray  # trapezoids between its finite samples
+    integral: np.ndarray  # trapezoids between its finite samples, gaps left out
+    limit: np.ndarray  # the longest interval that is not a gap (inf: too few samples to tell)
+    gap: np.ndarray  # seconds in gaps between its finite samples
     reads: np.ndarray  # counter readings
     # first and last reading: time, value; the integral from the segment's first finite sample to the last one
     # at or before the reading, and whether the segment has such a sample
@@ -139,10 +164,12 @@ class Segments:
     r0_e: np.ndarray
     r0_i: np.ndarray
     r0_in: np.ndarray
+    r0_g: np.ndarray  # gap seconds from the first finite sample to the reading
     r1_t: np.ndarray
     r1_e: np.ndarray
     r1_i: np.ndarray
     r1_in: np.ndarray
+    r1_g: np.ndarray
 
 
 def summarize_segments(gid: np.ndarray, t: np.ndarray, p: np.ndarray, e: np.ndarray | None) -> Segments:
@@ -161,12 +188,17 @@ def summarize_segments(gid: np.ndarray, t: np.ndarray, p: np.ndarray, e: np.ndar
         tf, pf = t[fin], p[fin].astype(np.float64)
         f0, f1 = np.searchsorted(fin, starts), np.searchsorted(fin, ends) - 1
     has = f1 >= f0
+    dts = np.diff(tf)
     pieces = pf[1:] + pf[:-1]
-    pieces *= np.diff(tf)
+    pieces *= dts
     pieces *= 0.5
     cross = f0[1:] - 1  # the piece into each segment's first finite sample comes from another GPU
-    pieces[cross[(cross >= 0) & (cross < len(pieces))]] = 0.0
+    cross = cross[(cross >= 0) & (cross < len(pieces))]
+    pieces[cross] = 0.0
     f0, f1 = np.where(has, f0, 0), np.where(has, f1, 0)
+    limit, gaps = _gap_pieces(dts, f0, f1, has)
+    gaps[cross] = 0.0
+    pieces[gaps > 0] = 0.0
     if not len(tf):  # indexable when empty
         tf, pf = np.full(1, np.nan), np.full(1, np.nan)
 
@@ -174,6 +206,9 @@ def summarize_segments(gid: np.ndarray, t: np.ndarray, p: np.ndarray, e: np.ndar
         """Per segment: the pieces from its first finite sample up to finite sample stop, summed per GPU
         (no other GPU's energy enters the rounding)."""
         return _interval_sums(pieces, f0, np.maximum(stop, f0))
+
+    def gaps_to(stop: np.ndarray) -> np.ndarray:
+        return _interval_sums(gaps, f0, np.maximum(stop, f0))
 
     reading = np.flatnonzero(np.isfinite(e)) if e is not None else np.zeros(0, np.int64)
     sr = np.searchsorted(starts, reading, "right") - 1  # each reading's segment
@@ -188,8 +223,9 @@ def summarize_segments(gid: np.ndarray, t: np.ndarray, p: np.ndarray, e: np.ndar
         last_fin = row if fin is None else np.searchsorted(fin, row, "right") - 1  # at or before the reading
         inside = got & has & (last_fin >= f0)
         integral = np.where(inside, integral_to(np.where(inside, last_fin, 0)), 0.0)
+        gap = np.where(inside, gaps_to(np.where(inside, last_fin, 0)), 0.0)
         value = e[row] if e is not None else np.zeros(len(ids))
-        return np.where(got, t[row], np.nan), np.where(got, value, np.nan), integral, inside
+        return np.where(got, t[row], np.nan), np.where(got, value, np.nan), integral, inside, gap
 
     return Segments(
         gid[starts],
@@ -201,10 +237,27 @@ def summarize_segments(gid: np.ndarray, t: np.ndarray, p: np.ndarray, e: np.ndar
         np.where(has, tf[f1], np.nan),
         np.where(has, pf[f1], np.nan),
         np.where(has, integral_to(f1), 0.0),
+        limit,
+        np.where(has, gaps_to(f1), 0.0),
         reads,
         *reading_at(r_first),
         *reading_at(r_last),
     )
+
+
+def _gap_pieces(dts: np.ndarray, f0: np.ndarray, f1: np.ndarray, has: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per segment the longest interval that is not a gap (from its median sampling interval), and per piece
+    its length where it is a gap, else 0."""
+    limit = np.full(len(f0), np.inf)
+    gaps = np.zeros(len(dts))
+    for i in np.flatnonzero(has & (f1 - f0 >= 2)):  # a segment per GPU and chunk: a short loop
+        mine = dts[f0[i] : f1[i]]
+        typical = float(np.median(mine[:: max(1, len(mine) // 4096)]))  # a strided sample: the median is robust
+        limit[i] = max(GAP_PERIODS * typical, MIN_GAP_S)
+        over = mine > limit[i]
+        if over.any():
+            gaps[f0[i] : f1[i]] = np.where(over, mine, 0.0)
+    return limit, gaps
 
 
 def _interval_sums(x: np.ndarray, start: np.ndarray, stop: np.ndarray) -> np.ndarray:
@@ -240,7 +293,7 @@ def join_segments(seg: Segments, ngpu: int) -> GpuEnergy:
     """Per GPU id 0..ngpu-1 (keys left empty): its segments joined in time order (stable: row order breaks
     ties); a trapezoid bridges one segment's last finite sample and the next one's first."""
     first, last = np.full(ngpu, np.nan), np.full(ngpu, np.nan)
-    integrated, counter = np.zeros(ngpu), np.full(ngpu, np.nan)
+    integrated, counter, gap_s = np.zeros(ngpu), np.full(ngpu, np.nan), np.zeros(ngpu)
     order = np.lexsort((np.arange(len(seg.gpu)), seg.t0, seg.gpu))
     bounds = np.searchsorted(seg.gpu[order], np.arange(ngpu + 1))
     for g in range(ngpu):
@@ -248,25 +301,41 @@ def join_segments(seg: Segments, ngpu: int) -> GpuEnergy:
         if not len(mine):
             continue
         first[g], last[g] = seg.t0[mine[0]], seg.t1[mine].max()
-        total, prev, reads = 0.0, None, 0
-        start = end = None  # (time, value, integral up to it) of the first and last reading
+        total, gap, prev, reads = 0.0, 0.0, None, 0
+        start = end = None  # (time, value, integral up to it, gap seconds up to it) of the first and last reading
         for k in mine:
-            into = total  # the integral up to this segment's first finite sample
+            into, into_gap = total, gap  # the integral and gaps up to this segment's first finite sample
             if seg.fin[k] and prev is not None:
-                into += (seg.fin_t0[k] - prev[0]) * (seg.fin_p0[k] + prev[1]) * 0.5
+                dt = seg.fin_t0[k] - prev[0]
+                known = [x for x in (prev[2], seg.limit[k]) if np.isfinite(x)]
+                if known and dt > max(known):  # longer than either side's own gap limit
+                    into_gap += dt
+                else:
+                    into += dt * (seg.fin_p0[k] + prev[1]) * 0.5
             if seg.reads[k]:
-                r0 = (seg.r0_t[k], seg.r0_e[k], into + seg.r0_i[k] if seg.r0_in[k] else total)
-                end = (seg.r1_t[k], seg.r1_e[k], into + seg.r1_i[k] if seg.r1_in[k] else total)
+                r0 = (seg.r0_t[k], seg.r0_e[k], *_upto(seg, k, 0, into, into_gap, total, gap))
+                end = (seg.r1_t[k], seg.r1_e[k], *_upto(seg, k, 1, into, into_gap, total, gap))
                 start = start or r0
                 reads += int(seg.reads[k])
             if seg.fin[k]:
-                total, prev = into + seg.integral[k], (seg.fin_t1[k], seg.fin_p1[k])
-        integrated[g] = total
+                total, gap = into + seg.integral[k], into_gap + seg.gap[k]
+                prev = (seg.fin_t1[k], seg.fin_p1[k], seg.limit[k])
+        integrated[g], gap_s[g] = total, gap
         if reads >= 2:
             delta = float(end[1] - start[1])
-            if delta > 0 and end[0] > start[0]:  # else a counter reset or one instant: integrate instead
+            # else a counter reset, one instant, or a gap between the readings (the counter ran on while
+            # nobody sampled): integrate instead
+            if delta > 0 and end[0] > start[0] and end[3] == start[3]:
                 counter[g] = delta + start[2] + (total - end[2])
-    return GpuEnergy([], first, last, integrated, counter)
+    return GpuEnergy([], first, last, integrated, counter, gap_s)
+
+
+def _upto(seg: Segments, k: int, which: int, into: float, into_gap: float, total: float, gap: float) -> tuple:
+    """(integral, gap seconds) up to segment k's first (which 0) or last (1) reading, from the GPU's start."""
+    inside = (seg.r0_in if which == 0 else seg.r1_in)[k]
+    if not inside:
+        return total, gap
+    return into + (seg.r0_i if which == 0 else seg.r1_i)[k], into_gap + (seg.r0_g if which == 0 else seg.r1_g)[k]
 
 
 def in_time_order(t: np.ndarray, p: np.ndarray, pos: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, ...]:

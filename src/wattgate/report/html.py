@@ -291,6 +291,11 @@ def energy_section(s: dict) -> str:
     body = note(
         f"Total {fmt(e['kwh'], 5)} kWh by {text}; {fmt(e['j_per_token'], 4)} J per token (every traced "
         f"second, start-up and teardown included, over the tokens trained).{check}"
+        + (
+            f" {duration(e['gap_s'])} of gaps between samples are counted nowhere (no energy, no GPU-hours)."
+            if e.get("gap_s")
+            else ""
+        )
     )
     if rows:
         body += table(["node", "GPU", "energy (kWh)", "mean power (W)", "traced for", "method"], rows, {1, 2, 3})

@@ -70,6 +70,7 @@ def energy_summary(energy: GpuEnergy | None, w: PhaseWindows, tokens: int | None
     if energy is not None and len(energy.keys):
         joules = energy.joules
         total, method = float(joules.sum()), energy.method
+        sampled, gaps = energy.sampled_s, energy.gaps
         per_gpu = [
             {
                 "host": h,
@@ -77,9 +78,12 @@ def energy_summary(energy: GpuEnergy | None, w: PhaseWindows, tokens: int | None
                 "kwh": num(j / J_PER_KWH),
                 "method": m,
                 "span_s": num(b - a, 3),
-                "mean_power_w": num(j / (b - a), 3) if b > a else None,
+                "gap_s": num(gap, 3),
+                "mean_power_w": num(j / on, 3) if on > 0 else None,  # over sampled time: a gap counts no energy
             }
-            for (h, g), j, m, a, b in zip(energy.keys, joules, energy.methods, energy.first, energy.last)
+            for (h, g), j, m, a, b, on, gap in zip(
+                energy.keys, joules, energy.methods, energy.first, energy.last, sampled, gaps
+            )
         ]
         counter = energy.counter_j
         out = {
@@ -88,6 +92,7 @@ def energy_summary(energy: GpuEnergy | None, w: PhaseWindows, tokens: int | None
             "per_gpu": per_gpu,
             "integrated_kwh": num(energy.integrated_j.sum() / J_PER_KWH),
             "counter_kwh": num(np.nansum(counter) / J_PER_KWH) if np.isfinite(counter).all() else None,
+            "gap_s": num(float(gaps.sum()), 3),  # unsampled seconds between the GPUs' samples: counted nowhere
         }
     elif len(w):
         total = float(w.energy_j.sum())
@@ -97,6 +102,7 @@ def energy_summary(energy: GpuEnergy | None, w: PhaseWindows, tokens: int | None
             "per_gpu": [],
             "integrated_kwh": None,
             "counter_kwh": None,
+            "gap_s": None,
         }
     else:
         return {
@@ -105,6 +111,7 @@ def energy_summary(energy: GpuEnergy | None, w: PhaseWindows, tokens: int | None
             "per_gpu": [],
             "integrated_kwh": None,
             "counter_kwh": None,
+            "gap_s": None,
             "j_per_token": None,
         }
     out["j_per_token"] = num(total / tokens, 6) if tokens else None
@@ -297,7 +304,8 @@ def device_of(inputs: RunInputs) -> dict:
 
 def recorded_energy(energy: dict) -> GpuEnergy | None:
     """GpuEnergy from triage.json's "energy" ("host:gpu" -> first, last, integrated_j, counter_j (null: the
-    counter was unusable), readings), in (host, gpu) order as read_samples gives it."""
+    counter was unusable), readings, gap_s (absent before it was recorded: 0)), in (host, gpu) order as
+    read_samples gives it."""
 
     def f(x):
         return np.nan if x is None else float(x)
@@ -306,13 +314,20 @@ def recorded_energy(energy: dict) -> GpuEnergy | None:
     for label, e in energy.items():
         host, _, gpu = str(label).rpartition(":")
         rows.append(
-            ((host, int(gpu)), f(e.get("first")), f(e.get("last")), f(e.get("integrated_j")), f(e.get("counter_j")))
+            (
+                (host, int(gpu)),
+                f(e.get("first")),
+                f(e.get("last")),
+                f(e.get("integrated_j")),
+                f(e.get("counter_j")),
+                f(e.get("gap_s", 0.0)),
+            )
         )
     if not rows:
         return None
     rows.sort(key=lambda r: r[0])
-    keys, first, last, integrated, counter = zip(*rows)
-    return GpuEnergy(list(keys), np.array(first), np.array(last), np.array(integrated), np.array(counter))
+    keys, first, last, integrated, counter, gaps = zip(*rows)
+    return GpuEnergy(list(keys), *(np.array(x) for x in (first, last, integrated, counter, gaps)))
 
 
 def recorded_pauses(records: list[dict]) -> list[power_only.Pause]:
@@ -344,8 +359,8 @@ def analyze(inputs: RunInputs) -> Analysis:
     gpus = len(keys)
     steps = step_table(inputs.metrics)
     thr = throughput(inputs, steps, gpus)
-    gpu_seconds = (
-        float((energy.last - energy.first).sum()) if energy is not None else float(w.seconds.sum()) if len(w) else None
+    gpu_seconds = (  # sampled seconds only: a gap in the trace is no GPU time anyone measured
+        float(energy.sampled_s.sum()) if energy is not None else float(w.seconds.sum()) if len(w) else None
     )
     episodes = find_anomalies(inputs, w, keys)
     records = an.anomaly_records(episodes)
