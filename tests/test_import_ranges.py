@@ -89,3 +89,9 @@ def test_triage_refuses_a_span_nobody_sampled_instead_of_allocating_it():
     with pytest.raises(InputError, match=r"GPU h:0 has samples from 0 s to .* but only \d+ of those \d+ windows"):
         triage(trace, shipped_table("H100"), 1.0, 60.0)
     assert triage(trace.slice(1), shipped_table("H100"), 1.0, 60.0).num_rows == n
+
+
+def test_a_gpu_index_beyond_any_float_is_a_bad_line_not_a_traceback(tmp_path):
+    log = _csv(tmp_path, _normal(5) + [(T0 + 9, "1e400", 300.0)])
+    with pytest.raises(InputError, match=r"node1\.csv:7: field 'gpu': cannot read '1e400': not a GPU index"):
+        import_trace("csv", [log], columns=COLUMNS)

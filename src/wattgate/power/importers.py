@@ -489,7 +489,7 @@ def read_csv(path: Path, imported: Imported, lines: Lines, host: str, tz, mappin
                     row["host"] = cells[i].strip() or host
                 elif name == "gpu":
                     g = parse_number(header[i], cells[i], "gpu")
-                    if g is None or g != int(g):
+                    if g is None or not math.isfinite(g) or g != int(g):
                         raise BadLine(header[i], cells[i], "not a GPU index")
                     row["gpu"] = int(g)
                 else:
