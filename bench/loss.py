@@ -1,0 +1,198 @@
+"""Chunked against full-logits loss on CPU ranks: per-rank steady peak RSS and step time, with the gate's figures.
+
+Shape (issue 23, item 4): Qwen3 with vocab 151,936, hidden 1024, 2 layers (tied embeddings, as in
+Qwen3-0.6B), seq_len 4096, micro_batch_size 1 and 2, 2 gloo ranks (one thread each), AdamW, random
+init by wattgate's sharded loader. Each (loss kind, micro_batch_size) runs in its own torchrun, all
+in this one invocation: VmHWM is per process, reset after loading, so each peak is that loss's
+steady state (3 optimizer steps of one packed micro-batch; the first is warm-up for the time).
+
+Printed per variant: measured peak (max over ranks), the gate's steady estimate (gate/memory.py,
+the same config) and their ratio; per micro_batch_size the measured drop full -> chunked against the
+gate's (its `logits` terms' difference), and step time chunked / full (median of steps 2-3). A
+variant whose predicted peak over both ranks exceeds this machine's available memory is not run
+(the line says so).
+
+    python bench/loss.py [--micro-batch-sizes 1 2] [--steps 3] [--seq-len 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+WORLD = 2
+SHAPE = {
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+}
+SEQ_LEN = 4096
+GIB = 1 << 30
+TARGET_MATCH = 0.15  # |measured drop / predicted drop - 1|
+TARGET_TIME = 1.05  # chunked step time / full
+
+
+def config_for(kind: str, micro_batch_size: int, seq_len: int = SEQ_LEN) -> dict:
+    from wattgate.config import validate_config
+
+    return validate_config(
+        {
+            "run_name": "bench-loss",
+            "model": {"config": dict(SHAPE)},
+            "cluster": {"nodes": 1, "gpus_per_node": WORLD, "gpu_model": "cpu"},
+            "train": {
+                "seq_len": seq_len,
+                "micro_batch_size": micro_batch_size,
+                "grad_accum": 1,
+                "loss": kind,
+                "attn_implementation": "sdpa",
+            },
+        }
+    )
+
+
+def predicted(config: dict) -> dict[str, int]:
+    from wattgate.gate.memory import estimate_memory, load_model_spec
+    from wattgate.gate.run import fit_settings
+
+    return estimate_memory(load_model_spec(config), fit_settings(config))
+
+
+def available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_variant(work: Path, kind: str, micro_batch_size: int, steps: int, seq_len: int) -> dict:
+    from wattgate.train.launch import CPU_ALLOCATOR_ENV
+
+    config = config_for(kind, micro_batch_size, seq_len)
+    terms = predicted(config)
+    result = {"kind": kind, "mbs": micro_batch_size, "predicted": sum(terms.values()) / GIB}
+    result["predicted_logits"] = terms["logits"] / GIB
+    if WORLD * sum(terms.values()) > 0.9 * available_bytes():
+        result["skipped"] = (
+            f"{WORLD} x {result['predicted']:.1f} GiB predicted > 90% of the "
+            f"{available_bytes() / GIB:.1f} GiB available here"
+        )
+        return result
+    out = work / f"{kind}-{micro_batch_size}"
+    out.mkdir(parents=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(config))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}"]
+    cmd += [str(Path(__file__).resolve()), "--worker", str(out), str(steps)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"), **CPU_ALLOCATOR_ENV)
+    with (out / "log.txt").open("w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    if proc.returncode:
+        sys.exit(f"{kind} mbs {micro_batch_size} failed ({proc.returncode}):\n{(out / 'log.txt').read_text()[-3000:]}")
+    ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
+    result["peak"] = max(r["peak"] for r in ranks)
+    result["step_s"] = statistics.median(max(r["step_s"][i] for r in ranks) for i in range(1, steps))
+    result["loss"] = ranks[0]["loss"]
+    return result
+
+
+def worker(out: Path, steps: int) -> None:
+    """One rank: sharded load, then `steps` AdamW steps on one packed micro-batch each."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from wattgate.train.data import IGNORE
+    from wattgate.train.loop import TrainSettings, build_optimizer
+    from wattgate.train.loss import LossSettings, summed_token_loss
+    from wattgate.train.metrics import peak_rss_bytes, reset_peak_rss
+    from wattgate.train.model import load_sharded_model
+
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    s, loss = TrainSettings.from_config(config), LossSettings.from_train(config["train"])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, _ = load_sharded_model(config["model"], s, init_device_mesh("cpu", (world,)), torch.device("cpu"))
+    optimizer = build_optimizer(model, s)
+    g = torch.Generator().manual_seed(rank)
+    shape = (s.micro_batch_size, s.seq_len)
+    ids = torch.randint(0, SHAPE["vocab_size"], shape, generator=g)
+    # documents of 1024 tokens; the first 256 of each (a prompt) carry no loss
+    position_ids = (torch.arange(s.seq_len) % 1024).repeat(s.micro_batch_size, 1)
+    labels = torch.where(position_ids >= 256, ids, IGNORE)
+    tensors = {"input_ids": ids, "labels": labels, "position_ids": position_ids}
+    reset_peak_rss()
+    times, losses = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        summed = summed_token_loss(model, tensors, loss)
+        (summed * world / int((labels != IGNORE).sum())).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+        losses.append(float(summed.detach()))
+    record = {"peak": peak_rss_bytes() / GIB, "step_s": times, "loss": losses}
+    (out / f"rank-{rank}.json").write_text(json.dumps(record))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--seq-len", type=int, default=SEQ_LEN, help="a smaller one for a quick try (min 1024)")
+    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    a = parser.parse_args()
+    if a.worker:
+        return worker(Path(a.worker[0]), int(a.worker[1]))
+    work = Path(tempfile.mkdtemp(prefix="wattgate-loss-"))
+    rows = {}
+    for mbs in a.micro_batch_sizes:
+        for kind in ("chunked", "full"):
+            rows[kind, mbs] = r = run_variant(work, kind, mbs, a.steps, a.seq_len)
+            print(json.dumps(r), flush=True)
+    print(
+        f"\nper-rank steady peak RSS, GiB (max over {WORLD} ranks), vocab {SHAPE['vocab_size']:,}, seq_len {a.seq_len}"
+    )
+    print(f"{'loss':>8} {'mbs':>3} {'measured':>9} {'gate':>6} {'gate/measured':>13} {'step s':>7}")
+    for (kind, mbs), r in rows.items():
+        if "skipped" in r:
+            print(f"{kind:>8} {mbs:>3}  not run: {r['skipped']}; gate {r['predicted']:.2f}")
+            continue
+        ratio = r["predicted"] / r["peak"]
+        print(f"{kind:>8} {mbs:>3} {r['peak']:>9.2f} {r['predicted']:>6.2f} {ratio:>13.2f} {r['step_s']:>7.2f}")
+    ok = True
+    for mbs in a.micro_batch_sizes:
+        c, f = rows["chunked", mbs], rows["full", mbs]
+        if "peak" not in c or "peak" not in f:
+            continue
+        drop, want = f["peak"] - c["peak"], f["predicted_logits"] - c["predicted_logits"]
+        time_ratio = c["step_s"] / f["step_s"]
+        print(
+            f"mbs {mbs}: peak drop full -> chunked {drop:.2f} GiB, gate's logits terms {want:.2f} GiB "
+            f"(measured / predicted {drop / want:.2f}); step time chunked / full {time_ratio:.2f}; "
+            f"first-step loss chunked {c['loss'][0]:.2f}, full {f['loss'][0]:.2f}"
+        )
+        ok &= drop >= (1 - TARGET_MATCH) * want and abs(drop / want - 1) <= TARGET_MATCH and time_ratio <= TARGET_TIME
+    print(f"goal (drop >= the gate's within {TARGET_MATCH:.0%}, time <= {TARGET_TIME}x): {'met' if ok else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
