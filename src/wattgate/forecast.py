@@ -22,7 +22,9 @@ The throughput comes from the best source available, named in gate.json:
 - calibrated: 6 x params FLOPs per token over the bf16 matmul rate `wattgate
   calibrate` measured on this GPU model x forecast.assumed_mfu;
 - analytic: the same over the datasheet peak (train/metrics.py) x
-  forecast.assumed_mfu.
+  forecast.assumed_mfu;
+- host-matmul (CPU runs only): the same over an fp32 matmul timed on the
+  gate's host for ~0.3 s, shared by the ranks per node.
 
 A failure's cost: where the ranks' collective sequences first diverge
 (first_divergence) is where the run would hang; reaching it costs the
@@ -175,7 +177,7 @@ def run_record(
 
 @dataclass(frozen=True)
 class Throughput:
-    source: str  # measured | calibrated | analytic
+    source: str  # measured | calibrated | analytic | host-matmul
     cost_per_s: float  # pack-cost units per second per rank
     detail: str
     startup_s: float | None = None  # measured with it (a measured source only)
@@ -210,6 +212,32 @@ def measured_throughput(
         r.get("warmup_s"),
         r.get("load_s"),
         r.get("storage_gbps"),
+    )
+
+
+def host_matmul_flops(budget_s: float = 0.3, n: int = 512) -> float:
+    """FLOP/s of an fp32 n x n matmul on this host with every BLAS thread, the best of repeats within `budget_s`
+    (a short measurement: the CPU throughput source when no run of this shape is in the ledger)."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    a @ b  # BLAS threads start and pages are touched outside the timing
+    best, deadline = math.inf, time.perf_counter() + budget_s
+    while time.perf_counter() < deadline or best == math.inf:
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / max(best, 1e-9)
+
+
+def host_matmul_throughput(num_params: int, ranks_per_host: int, mfu: float, flops_per_s: float) -> Throughput:
+    """The `host-matmul` source: the host's measured matmul rate shared by the ranks on it, x `mfu`."""
+    return flops_throughput(
+        num_params,
+        flops_per_s / max(ranks_per_host, 1),
+        mfu,
+        "host-matmul",
+        f"fp32 matmul measured on this host (the gate's, {os.cpu_count()} CPUs): {flops_per_s / 1e9:.3g} GFLOP/s, "
+        f"shared by {ranks_per_host} rank(s) per node x forecast.assumed_mfu {mfu:g}",
     )
 
 

@@ -43,7 +43,8 @@ def forecast_settings(config: dict, spec: ModelSpec) -> F.Settings:
 
 
 def throughput(config: dict, spec: ModelSpec, table) -> tuple[F.Throughput | None, str]:
-    """The best throughput source: a measured run in the ledger, the calibrated matmul rate, the datasheet."""
+    """The best throughput source: a measured run in the ledger, the calibrated matmul rate, the datasheet, and on
+    CPU the host's own matmul rate."""
     cluster, t = config["cluster"], config["train"]
     records = F.read_ledger(Path(config["forecast"]["ledger"]))
     measured = F.measured_throughput(
@@ -70,6 +71,8 @@ def throughput(config: dict, spec: ModelSpec, table) -> tuple[F.Throughput | Non
             "analytic",
             f"datasheet {peak / 1e12:g} TFLOP/s bf16 x forecast.assumed_mfu {mfu:g}",
         ), ""
+    if is_cpu(cluster["gpu_model"]):  # ranks compute on the host: time its matmul rate (~0.3 s)
+        return F.host_matmul_throughput(spec.num_params, cluster["gpus_per_node"], mfu, F.host_matmul_flops()), ""
     return None, (
         f"no earlier run of this model shape on {world_size(config)} x {cluster['gpu_model']} in "
         f"{config['forecast']['ledger']} and no peak FLOP/s for {cluster['gpu_model']}: train once "

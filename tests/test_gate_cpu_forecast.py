@@ -1,0 +1,64 @@
+"""Issue 25, section 5: a smoke run's checkpoint cadence is a note, and a CPU run with no ledger line still gets
+a forecast (the host's matmul rate, named), so an uneven plan's 'would hang' line states its cost."""
+
+import json
+import time
+
+import numpy as np
+
+from wattgate import forecast as F
+from wattgate.config import validate_config
+from wattgate.data.synthetic import write_random_pretokenized
+from wattgate.gate.run import run_gate
+from wattgate.pack.plan import build_plan
+
+from test_train import TINY
+
+
+def gate_of(tmp_path, remainder="rebin", **train):
+    pretok = write_random_pretokenized(tmp_path / "pretokenized", np.random.default_rng(2).integers(8, 60, 80), 96, 0)
+    t = {"seq_len": 64, "micro_batch_size": 1, "grad_accum": 2, "epochs": 1, "warmup_steps": 0} | train
+    config = validate_config(
+        {
+            "run_name": "t",
+            "train": t,
+            "pack": {"remainder": remainder},
+            "gate": {"enforce": remainder != "none"},
+            "model": {"config": TINY},
+            "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu_model": "cpu"},
+            "forecast": {"ledger": str(tmp_path / "no-such-ledger.jsonl")},
+        }
+    )
+    build_plan(config, pretok, tmp_path / "plan")
+    return run_gate(config, pretok, tmp_path / "plan", tmp_path / "gate")
+
+
+def test_a_smoke_run_checkpoint_cadence_is_a_note_not_a_failure(tmp_path):
+    report = gate_of(tmp_path, max_steps=2, checkpoint_every=50)
+    schedule = next(c for c in report["checks"] if c["name"] == "schedule")
+    assert schedule["passed"], schedule["detail"]  # failed before: the loop checkpoints at the last step anyway
+    assert "note: train.checkpoint_every 50 > total steps 2 (train.max_steps 2)" in schedule["detail"]
+    assert "the only checkpoint is the one at the last step (2)" in schedule["detail"]
+
+
+def test_cpu_without_a_ledger_line_forecasts_from_the_host_matmul_and_costs_the_hang(tmp_path):
+    report = gate_of(tmp_path, remainder="none")
+    fc = report["forecast"]
+    assert fc is not None and fc["throughput"]["source"] == "host-matmul"  # None before: no source on CPU
+    assert "fp32 matmul measured on this host" in fc["throughput"]["detail"]
+    assert "shared by 2 rank(s) per node" in fc["throughput"]["detail"]
+    failure = report["failure"]
+    assert failure["divergence"] is not None and failure["cost"] is not None
+    assert "would hang at epoch" in failure["line"] and "GPU-hours" in failure["line"]
+    assert "needs a forecast" not in failure["line"]
+    on_disk = json.loads((tmp_path / "gate" / "gate.json").read_text())
+    assert on_disk["forecast"]["throughput"]["source"] == "host-matmul"
+
+
+def test_the_host_matmul_takes_under_a_second_and_reads_a_real_rate():
+    start = time.perf_counter()
+    flops = F.host_matmul_flops()
+    assert time.perf_counter() - start < 1.0
+    assert 1e8 < flops < 1e14  # between a tenth of a GFLOP/s and 100 TFLOP/s: a CPU, measured
+    tp = F.host_matmul_throughput(1_000_000, 4, 0.5, flops)
+    assert tp.cost_per_s == flops / 4 * 0.5 / 6e6 and tp.source == "host-matmul"
