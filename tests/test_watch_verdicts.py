@@ -289,11 +289,18 @@ def _wait(condition, timeout_s=60.0):
 
 
 def test_activity_meter_tells_a_waiting_process_from_a_computing_one():
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # the last argument puts 'wattgate' in their command lines, as a rank's `python -m wattgate train` has
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "wattgate"])
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass", "wattgate"])
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # a recycled pid
     try:
         host = socket.gethostname()
-        job = beats(beat(0, 1, host=host, pid=sleeper.pid), beat(1, 1, host=host, pid=spinner.pid), beat(2, 1))
+        job = beats(
+            beat(0, 1, host=host, pid=sleeper.pid),
+            beat(1, 1, host=host, pid=spinner.pid),
+            beat(2, 1),
+            beat(3, 1, host=host, pid=stranger.pid),
+        )
         meter = ActivityMeter(window_s=1.0)
         start = time.monotonic()
 
@@ -305,9 +312,9 @@ def test_activity_meter_tells_a_waiting_process_from_a_computing_one():
         got = meter.activity(time.monotonic())
         assert got[0]["waiting"] and got[0]["cpu_share"] < 0.05
         assert not got[1]["waiting"] and got[1]["cpu_share"] > 0.05  # a share of a loaded core, far above 0
-        assert 2 not in got  # on another host: no reading
+        assert 2 not in got and 3 not in got  # on another host, or not a wattgate process: no reading
     finally:
-        for p in (sleeper, spinner):
+        for p in (sleeper, spinner, stranger):
             p.kill()
             p.wait()
 

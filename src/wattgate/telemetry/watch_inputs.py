@@ -137,6 +137,16 @@ def proc_activity(pid: int) -> tuple[float, int, str] | None:
     return cpu, io, state
 
 
+def is_rank_process(pid: int) -> bool:
+    """The pid runs wattgate (a rank is `python -m wattgate train`): a pid from another PID namespace or one the
+    kernel gave to another process since must never be read as a rank waiting."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"wattgate" in f.read()
+    except OSError:
+        return False
+
+
 def cpu_seconds(pid: int) -> float | None:
     a = proc_activity(pid)
     return a[0] if a else None
@@ -160,7 +170,7 @@ class ActivityMeter:
             if rank not in self.samples or self.samples[rank][0] != pid:
                 self.samples[rank] = (pid, deque())
             history = self.samples[rank][1]
-            reading = proc_activity(pid)
+            reading = proc_activity(pid) if is_rank_process(pid) else None
             if reading is None:
                 history.clear()
                 continue
