@@ -241,3 +241,48 @@ def test_the_cadence_evaluates_every_n_steps_at_epoch_ends_and_after_the_last_st
     assert eval_steps(10, [5, 10], dataclasses.replace(c, validation=False)) == []
     act = step_actions(4, 10, frozenset({5, 10}), c)
     assert act.checkpoint and not act.evaluate and not act.epoch_end
+
+
+def test_triage_reads_a_validation_pass_from_the_heartbeats_as_compute(tmp_path):
+    """A pass of small forward-only micro-batches can sit low in power and between step stamps: the run's own
+    heartbeats (phase eval) make it compute, neither data starvation nor a hang; a pass that never ends stays a hang."""
+    from wattgate.data.synthetic_trace import T0, build_trace, gpus_of, job
+    from wattgate.power.tables import shipped_table
+    from wattgate.power.triage import load_run_info, triage
+
+    table, gpus = shipped_table("h100"), gpus_of(1, 2)
+    synth = build_trace(job(gpus, [("compute", 60), ("data_starvation", 80), ("compute", 60), ("idle", 20)]), table)
+    run = tmp_path / "run"
+    (run / "heartbeat").mkdir(parents=True)
+    for rank, (host, gpu) in enumerate(gpus):
+        events = [(T0, "init"), (T0, "train"), (T0 + 60, "eval"), (T0 + 140, "train"), (T0 + 200, "done")]
+        lines = [json.dumps({"time": t, "rank": rank, "step": 5, "epoch": 0, "phase": ph}) for t, ph in events]
+        (run / "heartbeat" / f"rank-{rank}.events.jsonl").write_text("\n".join(lines) + "\n")
+        state = {"rank": rank, "local_rank": gpu, "gpu": None, "host": host, "step": 9, "phase": "done"}
+        (run / "heartbeat" / f"rank-{rank}.json").write_text(json.dumps(state | {"time": T0 + 200}))
+    plain = triage(synth.table, table, deadlock_after_s=30.0).column("phase").to_numpy(zero_copy_only=False)
+    assert (plain[65:135] == "compute").mean() < 0.5  # power alone does not call it compute
+    phases = triage(synth.table, table, deadlock_after_s=30.0, run_info=load_run_info(run))
+    got = phases.column("phase").to_numpy(zero_copy_only=False)
+    start = phases.column("start").to_numpy()
+    in_pass = (start >= T0 + 61) & (start < T0 + 139)
+    assert set(got[in_pass]) == {"compute"}
+
+
+def test_pruning_keeps_the_best_validation_checkpoint(tmp_path):
+    from wattgate.artifacts import write_json_atomic
+    from wattgate.train.checkpoint import best_checkpoint, prune
+
+    root = tmp_path / "checkpoints"
+    for step, loss in ((3, 2.5), (6, 1.9), (9, None), (12, 2.1)):
+        d = root / f"step-{step}"
+        d.mkdir(parents=True)
+        (d / "x.distcp").write_bytes(b"x")
+        position = {"step": step} | ({"eval_loss": loss} if loss is not None else {})
+        write_json_atomic(d / "state.json", {"step": step, "position": position, "files": {"x.distcp": 1}})
+    (root / "step-15.tmp").mkdir()  # being written: never the best
+    assert best_checkpoint(root).name == "step-6"
+    prune(root, 2, best_checkpoint(root))
+    assert sorted(p.name for p in root.iterdir()) == ["step-12", "step-15.tmp", "step-6", "step-9"]
+    prune(root, 2)
+    assert sorted(p.name for p in root.iterdir()) == ["step-12", "step-15.tmp", "step-9"]

@@ -106,6 +106,8 @@ def test_an_uneven_validation_plan_hangs_in_eval_and_the_watcher_kills_it(tmp_pa
     with_extra_validation_micro_batch(plan_dir, rank=1)
     report = run_gate(config, pretok, plan_dir, gate_dir)
     assert not next(c for c in report["checks"] if c["name"] == "validation_steps")["passed"]
+    assert report["failure"]["line"].startswith("would hang in the first validation pass, after step 2 (epoch 0)")
+    assert report["failure"]["divergence"]["ranks_with"] == [1] and report["failure"]["divergence"]["phase"] == "eval"
     assert (gate_dir / "UNENFORCED").exists()  # the user chose to run past the gate
     cfg_path = tmp_path / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(config))

@@ -283,6 +283,12 @@ class PlanCosts:
     step_in_epoch: np.ndarray
     steps_per_epoch: int
     epoch_ends: list[int]  # 1-based global steps that end an epoch
+    eval_steps: tuple[int, ...] = ()  # 1-based steps followed by a validation pass (wattgate.cadence)
+    eval_pass_cost: float = 0.0  # one pass: its micro-batches' costliest ranks, x FORWARD_SHARE (no backward)
+
+
+# a validation micro-batch runs the forward only: ~2N of the ~6N FLOPs per token of a training step
+FORWARD_SHARE = 1 / 3
 
 
 def plan_costs(
@@ -333,11 +339,13 @@ def forecast(costs: PlanCosts, tp: Throughput, s: Settings, levels: Levels | Non
     ckpt_s = n_ckpt * s.checkpoint_bytes / rate
     export_s = s.export_bytes / rate
     warmup = tp.warmup_s or 0.0
+    validation_s = len(costs.eval_steps) * costs.eval_pass_cost / tp.cost_per_s
     terms = {
         "startup_s": startup,
         "load_s": load,
         "warmup_s": warmup,
         "steps_s": steps_s,
+        "validation_s": validation_s,
         "checkpoints_s": ckpt_s,
         "export_s": export_s,
     }
@@ -348,6 +356,7 @@ def forecast(costs: PlanCosts, tp: Throughput, s: Settings, levels: Levels | Non
         "kwh": None,
         "terms_s": {k: round(v, 3) for k, v in terms.items()},
         "steps": int(len(costs.step_max_cost)),
+        "validations": len(costs.eval_steps),
         "checkpoints": n_ckpt,
         "throughput": asdict(tp) | {"cost_per_s": round(tp.cost_per_s, 6)},
         "storage_gbps": round(gbps, 4),
@@ -361,7 +370,7 @@ def forecast(costs: PlanCosts, tp: Throughput, s: Settings, levels: Levels | Non
     }
     if levels is not None:
         joules = s.world_size * (
-            steps_s * levels.compute_w
+            (steps_s + validation_s) * levels.compute_w
             + ckpt_s * levels.wait_w
             + (startup + load + export_s) * levels.idle_w
             + warmup * levels.compute_w
@@ -457,6 +466,7 @@ def failure_cost(div: dict, costs: PlanCosts, fc: dict, s: Settings) -> dict:
         + terms["load_s"]
         + terms["warmup_s"]
         + float(costs.step_max_cost[before].sum()) / tp_cost
+        + sum(1 for e in costs.eval_steps if e <= reached_steps) * costs.eval_pass_cost / tp_cost
         + n_ckpt * s.checkpoint_bytes / rate
     )
     gpus = s.world_size
@@ -484,9 +494,10 @@ def fmt_hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def failure_line(div: dict, c: dict) -> str:
-    """The cost line of gate.md: where it would hang, what reaching it costs, and the wait after."""
-    where = (
+def failure_line(div: dict, c: dict, where: str | None = None) -> str:
+    """The cost line of gate.md: where it would hang (`where`, else the training step of `div`), what reaching
+    it costs, and the wait after."""
+    where = where or (
         f"would hang at epoch {div['epoch']} step {div['step'] + 1} of {div['steps_in_epoch']} "
         f"(micro-batch {div['micro'] + 1}: ranks {_ranks(div['ranks_with'])} run it, "
         f"{_ranks(div['ranks_without'])} do not)"

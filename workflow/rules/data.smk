@@ -46,7 +46,8 @@ rule train_tokenizer:
 
 rule pretokenize:
     input:
-        corpus=config["data"]["inputs"],
+        # the held-out files (data.validation.inputs) are read beside the corpus
+        corpus=config["data"]["inputs"] + config["data"]["validation"]["inputs"],
         # a local tokenizer folder from config, else the one train_tokenizer makes
         tokenizer=config["tokenizer"]["path"] or rules.train_tokenizer.output[0],
     output:

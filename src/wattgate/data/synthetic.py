@@ -54,6 +54,7 @@ def write_random_pretokenized(
             "vocab_size": vocab,
             "dropped": {},
             "validation": validation,
+            "synthetic": True,  # random ids: no tokenizer to export (train/export_files.py)
         },
     )
     return path

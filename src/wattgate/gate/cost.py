@@ -3,13 +3,18 @@ sequences differ, where the run would hang and what that would have cost (wattga
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict
 from pathlib import Path
+
+import numpy as np
 
 from wattgate import forecast as F
 from wattgate.config import world_size
 from wattgate.errors import InputError
+from wattgate.cadence import Cadence, eval_steps
 from wattgate.gate.checks import Check, step_rank_costs
+from wattgate.gate.validation_checks import validation_divergence
 from wattgate.gate.inputs import GateInputs, PackRows
 from wattgate.gate.memory import DTYPE_BYTES, ModelSpec, checkpoint_bytes, checkpoint_source, export_dtype_name
 from wattgate.gpus import is_cpu, peak_bf16_flops
@@ -102,7 +107,7 @@ def cost_section(inputs: GateInputs, spec: ModelSpec, equal_steps: Check) -> tup
     if len(packs) == 0 or packs.rank.min() < 0 or packs.rank.max() >= world:
         out["forecast_unavailable"] = "the plan has no packs or ranks out of range (see equal_steps)"
         return out, Check("budget", not (g["max_gpu_hours"] or g["max_kwh"]), out["forecast_unavailable"])
-    costs = plan_step_costs(packs, plan, config, config["train"].get("max_steps"))
+    costs = with_validation(plan_step_costs(packs, plan, config, config["train"].get("max_steps")), inputs)
     table = triage_table(config)
     tp, why = throughput(config, spec, table)
     settings = forecast_settings(config, spec)
@@ -128,8 +133,66 @@ def cost_section(inputs: GateInputs, spec: ModelSpec, equal_steps: Check) -> tup
                     f"{div['steps_in_epoch']} (micro-batch {div['micro'] + 1}); its cost "
                     f"needs a forecast ({why})"
                 )
+    elif (vdiv := validation_divergence_at(inputs, costs)) is not None:
+        out["failure"] = validation_failure(vdiv, costs, out["forecast"], settings, why)
     passed, detail = F.check_budget(out["forecast"], g["max_gpu_hours"], g["max_kwh"])
     return out, Check("budget", passed, detail)
+
+
+def with_validation(costs: F.PlanCosts, inputs: GateInputs) -> F.PlanCosts:
+    """The plan's costs with its validation passes: after which steps (wattgate.cadence) and what one costs."""
+    v, plan = inputs.validation, inputs.plan
+    if v is None or v.packs is None or not len(v.packs) or v.packs.rank.max() >= plan["world_size"]:
+        return costs
+    per_rank, _ = step_rank_costs(
+        dataclasses.replace(v.packs, step=v.packs.micro, micro=np.zeros_like(v.packs.micro)),
+        plan["world_size"],
+        float(plan.get("attn_weight", inputs.config["pack"]["attn_weight"])),
+    )  # one row per validation micro-batch: each is a collective-bounded unit, like a step
+    cadence = Cadence.from_train(inputs.config["train"], validation=True)
+    steps = eval_steps(len(costs.step_max_cost), costs.epoch_ends, cadence)
+    return dataclasses.replace(
+        costs, eval_steps=tuple(steps), eval_pass_cost=float(per_rank.max(axis=1).sum()) * F.FORWARD_SHARE
+    )
+
+
+def validation_divergence_at(inputs: GateInputs, costs: F.PlanCosts) -> dict | None:
+    """Where an uneven validation pass would hang: the first pass (its step) and the micro-batch only some ranks
+    run; None when the ranks' validation counts agree (or there is no pass to run)."""
+    v = inputs.validation
+    if v is None or v.packs is None or not len(v.packs) or not costs.eval_steps:
+        return None
+    div = validation_divergence(v.packs, inputs.plan["world_size"])
+    if div is None:
+        return None
+    g = costs.eval_steps[0]
+    return div | {
+        "step": g,
+        "epoch": int(costs.step_epoch[g - 1]),
+        "step_in_epoch": int(costs.step_in_epoch[g - 1]),
+        "steps_in_epoch": int((costs.step_epoch == costs.step_epoch[g - 1]).sum()),
+    }
+
+
+def validation_failure(vdiv: dict, costs: F.PlanCosts, fc: dict | None, settings: F.Settings, why: str) -> dict:
+    """gate.json's `failure` for an uneven validation pass: where, and what reaching it and waiting would cost."""
+    where = (
+        f"would hang in the first validation pass, after step {vdiv['step']} (epoch {vdiv['epoch']}): validation "
+        f"micro-batches per rank {vdiv['per_rank']}; rank(s) {', '.join(map(str, vdiv['ranks_with']))} run "
+        f"micro-batch {vdiv['micro'] + 1}, rank(s) {', '.join(map(str, vdiv['ranks_without']))} never do"
+    )
+    failure = {
+        "divergence": vdiv | {"phase": "eval"},
+        "cost": None,
+        "line": f"{where}; its cost needs a forecast ({why})",
+    }
+    if fc is not None:
+        # reaching the pass: every step up to and including the one it follows (the pass itself is not counted)
+        div = {"epoch": vdiv["epoch"], "step": vdiv["step_in_epoch"] + 1}
+        cost = F.failure_cost(div | {"micro": 0, "steps_in_epoch": vdiv["steps_in_epoch"]}, costs, fc, settings)
+        cost["line"] = F.failure_line(div, cost, where)
+        failure.update(cost=cost, line=cost["line"])
+    return failure
 
 
 def cost_markdown(report: dict) -> list[str]:
@@ -160,6 +223,8 @@ def cost_markdown(report: dict) -> list[str]:
             f"({'measured' if fc['throughput']['warmup_s'] is not None else 'not known before a run'}) |",
             f"| {fc['steps']} optimizer steps | {fc['terms_s']['steps_s']:.1f} | each step's costliest rank / "
             "throughput |",
+            f"| {fc.get('validations', 0)} validation passes | {fc['terms_s'].get('validation_s', 0.0):.1f} | each "
+            "pass's micro-batches' costliest ranks x 1/3 (forward only) / throughput |",
             f"| {fc['checkpoints']} checkpoints | {fc['terms_s']['checkpoints_s']:.1f} | "
             f"{fc['checkpoint_gib']:.3g} GiB each at {fc['storage_gbps']:.3g} GB/s ({fc['storage_source']}) |",
             f"| export | {fc['terms_s']['export_s']:.1f} | {fc['export_gib']:.3g} GiB at "

@@ -264,6 +264,8 @@ def read_validation(
             packs, sha = read_packs(path), sha256_file(path)
         except (InputError, OSError) as exc:
             problems.append(str(exc))
+        if sha is not None and sha != section.get("packs_sha256"):
+            problems.append(f"{path.name} changed since it was planned (sha256 differs from plan.json); rerun pack")
     elif manifest.get("validation"):
         problems.append("the pretokenized data holds a validation split, plan.json no validation pass; rerun pack")
     return ValidationInputs(held, hashes, packs, sha, tuple(problems))

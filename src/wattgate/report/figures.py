@@ -371,37 +371,66 @@ def _area_d(box: Box, x: np.ndarray, y: np.ndarray, step_pre: bool) -> str:
     return d + "z" if d else ""
 
 
-def loss_figure(steps) -> str | None:
-    if steps is None or "loss" not in steps or not steps["loss"].notna().any():
+TRAIN_COLOR, VALIDATION_COLOR = "#444", "#c0392b"
+
+
+def loss_figure(steps, evals=None) -> str | None:
+    """Training loss per step and, on the same axes, the validation loss of every pass (eval.parquet)."""
+    has_train = steps is not None and "loss" in steps and steps["loss"].notna().any()
+    has_eval = evals is not None and len(evals) and evals["loss"].notna().any()
+    if not has_train and not has_eval:
         return None
-    x, y = steps["step"].to_numpy(float), steps["loss"].to_numpy(float)
+    x = steps["step"].to_numpy(float) if has_train else np.zeros(0)
+    y = steps["loss"].to_numpy(float) if has_train else np.zeros(0)
     if len(x) > MAX_POINTS:
         edges = bin_edges(float(x.min()), float(x.max()), 0, 1.0)
         x, y = (edges[:-1] + edges[1:]) / 2, bin_mean(x, y, edges)
-    x0, x1 = padded(float(np.nanmin(x)), float(np.nanmax(x)))
-    y0, y1 = padded(float(np.nanmin(y)), float(np.nanmax(y)))
+    ex = evals["step"].to_numpy(float) if has_eval else np.zeros(0)
+    ey = evals["loss"].to_numpy(float) if has_eval else np.zeros(0)
+    all_x, all_y = np.r_[x, ex], np.r_[y, ey]
+    x0, x1 = padded(float(np.nanmin(all_x)), float(np.nanmax(all_x)))
+    y0, y1 = padded(float(np.nanmin(all_y)), float(np.nanmax(all_y)))
     yt, yl = nice_ticks(y0, y1, 6)
     xt, xl = nice_ticks(x0, x1, 8)
     left = y_margin(yl, True)
     box = Box(left, 14, WIDTH - left - RIGHT, 230.0, x0, x1, y0, y1)
-    line = f'<path d="{path_d(box.px(x), box.py(y))}" stroke="#444" stroke-width="1.2" fill="none"/>'
-    if len(x) <= 200:
-        line += dots(box.px(x), box.py(y), "#444", 3.5)
+    line = ""
+    if len(x):
+        line += f'<path d="{path_d(box.px(x), box.py(y))}" stroke="{TRAIN_COLOR}" stroke-width="1.2" fill="none"/>'
+        if len(x) <= 200:
+            line += dots(box.px(x), box.py(y), TRAIN_COLOR, 3.5)
+    if len(ex):
+        order = np.argsort(ex)
+        px, py = box.px(ex[order]), box.py(ey[order])
+        line += f'<path d="{path_d(px, py)}" stroke="{VALIDATION_COLOR}" stroke-width="2" fill="none"/>'
+        line += dots(px, py, VALIDATION_COLOR, 5)
+    legend = "".join(
+        f'<rect x="{box.left + 10 + 130 * i}" y="20" width="12" height="3" fill="{color}"/>'
+        f'<text x="{box.left + 26 + 130 * i}" y="25" font-size="11">{name}</text>'
+        for i, (name, color) in enumerate(
+            [
+                (n, c)
+                for n, c, shown in (("training", TRAIN_COLOR, len(x)), ("validation", VALIDATION_COLOR, len(ex)))
+                if shown
+            ]
+        )
+    )
     body = [
         x_grid(box, xt),
         y_grid(box, yt),
         clipped(box, line),
+        legend,
         y_axis(box, yt, yl, "loss (token-weighted over ranks)"),
     ]
     body.append(x_axis(box, xt, xl, "optimizer step"))
     return svg(box.bottom + 44, "".join(body))
 
 
-def render_all(analysis: Analysis, steps) -> dict[str, str | None]:
-    """Every figure by name as SVG markup (None where its inputs are missing)."""
+def render_all(analysis: Analysis, steps, evals=None) -> dict[str, str | None]:
+    """Every figure by name as SVG markup (None where its inputs are missing); `evals` the validation passes."""
     return {
         "power": power_figure(analysis),
         "phase_share": phase_share_figure(analysis),
         "steps": steps_figure(analysis, steps),
-        "loss": loss_figure(steps),
+        "loss": loss_figure(steps, evals),
     }

@@ -308,6 +308,27 @@ def figure_section(sid: str, title: str, svg: str | None, missing: str, caption:
     return section(sid, title, figure(svg, title) + (note(caption) if caption else ""))
 
 
+def validation_section(s: dict) -> str:
+    """Every validation pass: the held-out documents' loss after its step, the best one marked."""
+    v = s.get("validation")
+    if not v:
+        return ""
+    best = (v.get("best") or {}).get("step")
+    rows = [
+        [
+            f"{r['step']}" + (" (best)" if r["step"] == best else ""),
+            r["epoch"],
+            fmt(r["loss"], 4),
+            fmt(r["perplexity"], 4),
+            r["tokens"],
+            duration(r["seconds"]),
+        ]
+        for r in v["passes"]
+    ]
+    body = table(["after step", "epoch", "loss", "perplexity", "tokens", "time"], rows, {1, 2, 3, 4})
+    return section("validation", "Validation", body)
+
+
 def anomalies_section(s: dict) -> str:
     rows = s["anomalies"]
     checked = (
@@ -565,7 +586,17 @@ def render_page(s: dict, figures: dict[str, str | None], panels_shown: int) -> s
                 "Per step: the slowest rank's step time and the mean data wait over ranks; shaded: "
                 "checkpoint intervals.",
             ),
-            figure_section("loss", "Loss", figures.get("loss"), "no loss in metrics.parquet (or no metrics)"),
+            figure_section(
+                "loss",
+                "Loss",
+                figures.get("loss"),
+                "no loss in metrics.parquet (or no metrics)",
+                "Training loss per step (grey) and validation loss after each pass (red), both token-weighted over "
+                "every rank."
+                if s.get("validation")
+                else "",
+            ),
+            validation_section(s),
             anomalies_section(s),
             gate_section(s),
             forecast_section(s),

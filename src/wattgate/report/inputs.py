@@ -41,6 +41,7 @@ from wattgate.run_files import (
     METRICS,
     first_line,
     parquet_columns,
+    read_eval,
     read_metrics,
     read_gate_report,
     read_json_object,
@@ -88,6 +89,7 @@ class RunInputs:
     config: dict | None = None
     trained: dict | None = None
     metrics: pd.DataFrame | None = None
+    evals: pd.DataFrame | None = None  # eval.parquet: one row per validation pass (None: no validation)
     events: pd.DataFrame | None = None  # heartbeat events: time, rank, step, epoch, phase
     states: dict[int, dict] = field(default_factory=dict)
     run_info: RunInfo | None = None  # the same, as triage reads it (rank -> GPU mapping)
@@ -434,6 +436,10 @@ def _read_run_files(inputs: RunInputs, run_dir: Path) -> None:
     inputs.metrics = _metrics(inputs, run_dir)
     if inputs.metrics is None:
         inputs.note("metrics.parquet not available: no tokens, step times, loss or straggler analysis")
+    try:
+        inputs.evals = read_eval(run_dir)
+    except InputError as exc:  # a damaged validation table costs its rows, not the report
+        inputs.note(f"validation table not read: {exc}")
     inputs.watcher = read_watcher(run_dir)
     if inputs.watcher is None:
         inputs.note("watcher.json not available: no hang watcher verdict")

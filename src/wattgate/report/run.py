@@ -61,7 +61,7 @@ def run_report(
     analysis = summarize(
         run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path, power_cap_w, config=config
     )
-    figures = render_all(analysis, analysis.steps)
+    figures = render_all(analysis, analysis.steps, analysis.inputs.evals)
     page = render_page(analysis.summary, figures, min(MAX_PANELS, analysis.summary["gpus"]))
     out_dir = Path(out_dir)
     write_json_atomic(out_dir / "summary.json", analysis.summary)

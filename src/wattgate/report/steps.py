@@ -158,3 +158,28 @@ def segments_section(steps: pd.DataFrame | None) -> list[dict]:
             }
         )
     return out
+
+
+def validation_section(evals: pd.DataFrame | None) -> dict | None:
+    """The validation passes (eval.parquet) for summary.json and the page: every pass, the final and the best."""
+    if evals is None or not len(evals):
+        return None
+    rows = [
+        {
+            "step": int(r.step),
+            "epoch": int(r.epoch),
+            "loss": num(r.loss),
+            "perplexity": num(r.perplexity),
+            "tokens": int(r.tokens),
+            "seconds": num(r.seconds, 3),
+        }
+        for r in evals.sort_values("step").itertuples()
+    ]
+    scored = [r for r in rows if r["loss"] is not None]
+    best = min(scored, key=lambda r: (r["loss"], -r["step"])) if scored else None
+    return {
+        "passes": rows,
+        "final": rows[-1],
+        "best": best,
+        "seconds": num(float(evals["seconds"].sum()), 3),
+    }

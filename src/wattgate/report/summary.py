@@ -16,7 +16,7 @@ from wattgate.report import anomalies as an
 from wattgate.power.energy import GpuEnergy, gpu_energy
 from wattgate.report.inputs import RunInputs
 from wattgate.report.phases import PhaseWindows, phase_windows, totals
-from wattgate.report.steps import loss, num, segments_section, step_table, throughput
+from wattgate.report.steps import loss, num, segments_section, step_table, throughput, validation_section
 from wattgate.power import power_only
 from wattgate.power.triage.phases import LABELS, gap_summary, phases_meta
 from wattgate.power.triage.runinfo import map_ranks
@@ -389,6 +389,7 @@ def analyze(inputs: RunInputs) -> Analysis:
         "gpu_hours": num(gpu_seconds / 3600.0) if gpus and gpu_seconds is not None else None,
         "energy": energy_section,
         "loss": loss(inputs, steps),
+        "validation": validation_section(inputs.evals),
         "mfu": num(trained.get("mfu")),
         "peak_memory_gib": num(trained.get("peak_memory_gib"), 4),
         "phases": phase_section(inputs, w),

@@ -28,6 +28,8 @@ def tokenizer_folder(pretokenized: Path, manifest: dict) -> Path:
 def verified_tokenizer_files(pretokenized: Path) -> list[Path]:
     """The tokenizer files pretokenize used, checked against the manifest's tokenizer_sha256."""
     manifest, _ = read_manifest(pretokenized)
+    if manifest.get("synthetic") is True:  # random token ids (data/synthetic.py): no tokenizer made them
+        return []
     folder = tokenizer_folder(pretokenized, manifest)
     where = Path(pretokenized) / MANIFEST
     files = sorted(p for p in folder.iterdir() if p.name in TOKENIZER_FILES) if folder.is_dir() else []

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 import os
 import shutil
@@ -26,10 +25,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from wattgate.artifacts import write_json_atomic
+from wattgate.artifacts import sha256_file, write_json_atomic
 from wattgate.cadence import Cadence, StepActions, step_actions
-from wattgate.data.tokenizer import TOKENIZER_FILES
-from wattgate.errors import InputError, StageFailed
+from wattgate.errors import InputError
 from wattgate.forecast import append_ledger, process_age_s, run_record
 from wattgate.gate.cost import plan_step_costs
 from wattgate.gate.memory import export_dtype_name, load_model_spec
@@ -49,10 +47,21 @@ from wattgate.run_files import (
 )
 from wattgate.train import checkpoint as ckpt
 from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors, read_rank_plan
-from wattgate.train.distributed import device_uuid, equal_across_ranks, setup_rank
+from wattgate.train.distributed import device_uuid, setup_rank
+from wattgate.train.export_files import export_extra_files
 from wattgate.train.identity import run_identity
 from wattgate.train.loss import LossSettings, summed_token_loss
-from wattgate.train.metrics import GIB, PhaseMemory, StepLog, folder_bytes, memory_summary, model_flops_utilization
+from wattgate.train.metrics import (
+    GIB,
+    PhaseMemory,
+    StepLog,
+    folder_bytes,
+    loss_summary,
+    memory_summary,
+    model_flops_utilization,
+    validation_summary,
+)
+from wattgate.train.sequence_guard import check_planned_sequences, planned_sequence
 from wattgate.train.model import count_params, load_sharded_model
 from wattgate.train.schedule import learning_rate
 from wattgate.train.weights import DTYPES, export_hf_folder
@@ -151,86 +160,8 @@ def stage_local_copy(pretokenized: Path, s: TrainSettings, out: Path) -> tuple[P
     return dest, time.perf_counter() - start
 
 
-def loss_summary(rows: list[dict]) -> dict:
-    """First and final step loss (token-weighted over ranks) from metrics rows."""
-    per_step: dict[int, list[dict]] = {}
-    for row in rows:
-        per_step.setdefault(row["step"], []).append(row)
-
-    def step_loss(step_rows):
-        return sum(r["loss"] * r["loss_tokens"] for r in step_rows) / max(1, sum(r["loss_tokens"] for r in step_rows))
-
-    if not per_step:
-        return {"first_loss": None, "final_loss": None}
-    return {"first_loss": step_loss(per_step[min(per_step)]), "final_loss": step_loss(per_step[max(per_step)])}
-
-
-def validation_summary(rows: list[dict], exported_step: int | None, export_from: str) -> dict | None:
-    """TRAINED's `validation`: the final and the best pass (loss and step), and which step final/ holds."""
-    if not rows:
-        return None
-    final = max(rows, key=lambda r: r["step"])
-    best = min(rows, key=lambda r: (r["loss"], -r["step"]))
-    return {
-        "final_loss": final["loss"],
-        "final_step": final["step"],
-        "best_loss": best["loss"],
-        "best_step": best["step"],
-        "evaluations": len(rows),
-        "export_from": export_from,
-        "exported_step": exported_step,
-    }
-
-
 def group_steps(micro_batches: list[MicroBatchPlan]) -> list[list[MicroBatchPlan]]:
     return [list(g) for _, g in groupby(micro_batches, key=lambda m: (m.epoch, m.step))]
-
-
-EVAL_EPOCH = -1  # marks the validation pass's micro-batches in a planned sequence
-
-
-def planned_sequence(micro_batches: list[MicroBatchPlan], eval_batches: list[MicroBatchPlan] = ()) -> list[tuple]:
-    """(epoch, step, micro, packs) of every micro-batch in order, then the validation pass's (epoch -1): the
-    collectives this rank will issue."""
-    return [(m.epoch, m.step, m.micro, len(m.packs)) for m in micro_batches] + [
-        (EVAL_EPOCH, 0, m.micro, len(m.packs)) for m in eval_batches
-    ]
-
-
-def _said(x: tuple | None) -> str:
-    if x is None:
-        return "no more micro-batches"
-    if x[0] == EVAL_EPOCH:
-        return f"validation micro-batch {x[2] + 1} ({x[3]} packs)"
-    return f"epoch {x[0]} step {x[1] + 1} micro-batch {x[2] + 1} ({x[3]} packs)"
-
-
-def first_divergence(sequences: list[list[tuple]]) -> str:
-    """Where the ranks' planned sequences first differ, in words."""
-    for i in range(max(len(seq) for seq in sequences)):
-        items = [seq[i] if i < len(seq) else None for seq in sequences]
-        if len(set(items)) > 1:
-            said = "; ".join(f"rank {r}: {_said(x)}" for r, x in enumerate(items))
-            return f"micro-batch #{i + 1} of the run: {said}"
-    return "nowhere"
-
-
-def check_planned_sequences(sequence: list[tuple], device: torch.device) -> None:
-    """Defense in depth behind the gate: every rank must plan the same sequence of micro-batches.
-
-    Equal totals are not enough (a micro-batch moved from one step to the next keeps them and
-    still hangs), so each rank all-reduces a hash of its (epoch, step, micro, packs) sequence, the
-    validation pass's included; on a mismatch the sequences are gathered to name the first divergence.
-    """
-    digest = hashlib.sha256(json.dumps(sequence).encode()).digest()
-    if equal_across_ranks([int.from_bytes(digest[:7], "little")], device):
-        return
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, sequence)
-    raise StageFailed(
-        "planned counts differ across ranks (this would deadlock where they diverge): first at "
-        f"{first_divergence(every)}; rerun pack and gate"
-    )
 
 
 def resume_checkpoint(out: Path, identity: dict | None, rank: int) -> Path | None:
@@ -254,20 +185,26 @@ def epoch_end_steps(steps: list[list[MicroBatchPlan]]) -> list[int]:
     return [g + 1 for g in range(total) if g + 1 == total or steps[g + 1][0].epoch != steps[g][0].epoch]
 
 
-def export_final(model, s: TrainSettings, out: Path, pretokenized: Path, model_cfg: dict) -> Path:
-    """final/: sharded safetensors in the export dtype, the config, the tokenizer the data was made with,
-    and the input model's generation_config.json (its stop tokens and sampling defaults)."""
-    manifest, _ = read_manifest(pretokenized)
-    tokenizer_dir = manifest.get("tokenizer_path")
-    extra = (
-        sorted(p for p in Path(tokenizer_dir).iterdir() if p.name in TOKENIZER_FILES)
-        if tokenizer_dir and Path(tokenizer_dir).is_dir()
-        else []
-    )
-    generation = Path(model_cfg["path"]) / "generation_config.json" if model_cfg.get("path") else None
-    if generation is not None and generation.is_file():
-        extra.append(generation)
+def export_final(model, s: TrainSettings, out: Path, extra: list[Path]) -> Path:
+    """final/: sharded safetensors in the export dtype, the config, and `extra` (train/export_files.py: the
+    tokenizer the data was made with, verified by its hash, and the input model's generation_config.json)."""
     return export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), extra)
+
+
+def read_eval_plan(plan_dir: Path, plan: dict, rank: int) -> list[MicroBatchPlan]:
+    """This rank's validation micro-batches (none without a split), from the eval_packs.parquet plan.json names:
+    the gate's marker covers plan.json, and plan.json the pass's file by its hash."""
+    section = plan.get("validation")
+    if not section:
+        return []
+    path = plan_dir / EVAL_PACKS
+    try:
+        actual = sha256_file(path)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the validation pass ({exc.strerror}); rerun pack and gate") from None
+    if actual != section.get("packs_sha256"):
+        raise InputError(f"{path}: changed since it was planned (sha256 differs from plan.json); rerun pack and gate")
+    return read_rank_plan(plan_dir, rank, EVAL_PACKS)
 
 
 def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
@@ -282,7 +219,7 @@ def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
                 f"launched with {world}; rerun pack and gate for this launch"
             )
         micro_batches = read_rank_plan(plan_dir, rank)
-        eval_batches = read_rank_plan(plan_dir, rank, EVAL_PACKS) if plan.get("validation") else []
+        eval_batches = read_eval_plan(plan_dir, plan, rank)
         if s.check_planned_counts:
             check_planned_sequences(planned_sequence(micro_batches, eval_batches), device)
         elif rank == 0:
@@ -311,6 +248,8 @@ class Trainer:
             paths.out, self.rank, int(os.environ.get("LOCAL_RANK", "0")), device_uuid(self.device)
         )
         self.heartbeat.beat(0, 0, "init")
+        # checked now, not at the end: a tokenizer moved away must not cost the run before final/ is refused
+        export_extra_files(paths.pretokenized, config["model"])
         data_dir, self.copy_s = stage_local_copy(paths.pretokenized, s, paths.out)
         self.store = DocStore(data_dir)
         self.memory = PhaseMemory(self.device)
@@ -544,7 +483,9 @@ class Trainer:
             dist.broadcast_object_list(choice, src=0)
             if choice[0] is not None and Path(choice[0]).name != f"step-{self.total}":
                 self.exported_step = int(ckpt.load_checkpoint(Path(choice[0]), self.model, self.optimizer)["step"])
-        export_final(self.model, self.s, self.paths.out, self.paths.pretokenized, self.config["model"])
+        export_final(
+            self.model, self.s, self.paths.out, export_extra_files(self.paths.pretokenized, self.config["model"])
+        )
         self.memory.end("export")
 
     def summarize(self) -> dict:

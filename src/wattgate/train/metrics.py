@@ -246,3 +246,37 @@ class StepLog:
 
     def flush_due(self, g: int, checkpoint_now: bool) -> bool:
         return self.metrics is not None and (checkpoint_now or (g + 1) % METRICS_FLUSH_EVERY == 0)
+
+
+# ---------------------------------------------------------------- TRAINED's figures
+
+
+def loss_summary(rows: list[dict]) -> dict:
+    """First and final step loss (token-weighted over ranks) from metrics rows."""
+    per_step: dict[int, list[dict]] = {}
+    for row in rows:
+        per_step.setdefault(row["step"], []).append(row)
+
+    def step_loss(step_rows):
+        return sum(r["loss"] * r["loss_tokens"] for r in step_rows) / max(1, sum(r["loss_tokens"] for r in step_rows))
+
+    if not per_step:
+        return {"first_loss": None, "final_loss": None}
+    return {"first_loss": step_loss(per_step[min(per_step)]), "final_loss": step_loss(per_step[max(per_step)])}
+
+
+def validation_summary(rows: list[dict], exported_step: int | None, export_from: str) -> dict | None:
+    """TRAINED's `validation`: the final and the best pass (loss and step), and which step final/ holds."""
+    if not rows:
+        return None
+    final = max(rows, key=lambda r: r["step"])
+    best = min(rows, key=lambda r: (r["loss"], -r["step"]))
+    return {
+        "final_loss": final["loss"],
+        "final_step": final["step"],
+        "best_loss": best["loss"],
+        "best_step": best["step"],
+        "evaluations": len(rows),
+        "export_from": export_from,
+        "exported_step": exported_step,
+    }

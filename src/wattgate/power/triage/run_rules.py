@@ -24,6 +24,7 @@ from wattgate.power.triage.runinfo import (
     RunInfo,
     _checkpoint_intervals,
     _covered_share,
+    _eval_intervals,
     _done_times,
     _progress,
     map_ranks,
@@ -86,6 +87,8 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e:
             at = gs[g] + np.flatnonzero(need[gs[g] : ge[g]])
             in_ckpt[at] = share(at, ck_start[mine], ck_end[mine]) >= COVER_SHARE
     stalled &= ~in_ckpt
+    in_eval = _ranks_cover(_eval_intervals(info.events), rank_gpu, gpu_ranks, gs, ge, share, len(cls))
+    stalled &= ~in_eval  # a pass that ended was progress, however long it took
 
     # power-only hang and checkpoint labels that the run's own record contradicts go back to what
     # the window showed: a wait that was no hang is a (long) sync wait, a quiet window is idle or low-util
@@ -120,6 +123,8 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e:
     cls[hit], conf[hit] = IDLE, 1.0
     hit = in_ckpt & below
     cls[hit], conf[hit] = CHECKPOINT, 1.0
+    # a validation pass is forward passes: compute, never data starvation, a checkpoint or a hang
+    cls[in_eval], conf[in_eval] = COMPUTE, 1.0
     at = np.flatnonzero(stalled & below)
     if len(at):
         with np.errstate(invalid="ignore"):
@@ -127,6 +132,21 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e:
         stuck = _is(cls[at], (IDLE, LOW_UTIL, DATA_STARVATION)) & ~waiting & _near(index[at[waiting]], index[at])
         hit = at[waiting | stuck]
         cls[hit], conf[hit] = DEADLOCK, 1.0
+
+
+def _ranks_cover(intervals, rank_gpu, gpu_ranks, gs, ge, share, n) -> np.ndarray:
+    """Per window: inside (>= COVER_SHARE) one of its GPU's ranks' intervals (a rank on no GPU: every GPU's)."""
+    out = np.zeros(n, dtype=bool)
+    if not len(intervals):
+        return out
+    rank, start, end = (intervals[c].to_numpy() for c in ("rank", "start", "end"))
+    unplaced = ~np.isin(rank, list(rank_gpu))
+    for g, ranks in enumerate(gpu_ranks):
+        mine = np.isin(rank, ranks) | unplaced
+        if mine.any() and ge[g] > gs[g]:
+            at = np.arange(gs[g], ge[g])
+            out[at] = share(at, start[mine].astype(float), end[mine].astype(float)) >= COVER_SHARE
+    return out
 
 
 def _step_cover(cls, below, stalled, gs, ge, info: RunInfo, gpu_ranks, share) -> tuple[np.ndarray, np.ndarray]:

@@ -133,16 +133,28 @@ def _covered_share(starts: np.ndarray, ends: np.ndarray, w0: np.ndarray, w1: np.
     return (before1 - before0) / (w1 - w0)
 
 
-def _checkpoint_intervals(events: pd.DataFrame) -> pd.DataFrame:
-    """Closed checkpoint intervals per rank: a "checkpoint" or "export" event to the rank's next event."""
+def _phase_intervals(events: pd.DataFrame, phases: tuple[str, ...]) -> pd.DataFrame:
+    """Closed intervals per rank of the given heartbeat phases: such an event to the rank's next event (a phase
+    that never ended, e.g. a hang inside it, has no interval)."""
     if events.empty:
         return pd.DataFrame({"rank": [], "start": [], "end": []})
     ev = events.sort_values(["rank", "time"], kind="stable")
     nxt_time = ev.groupby("rank")["time"].shift(-1)
-    ck = ev["phase"].isin(["checkpoint", "export"]) & nxt_time.notna()
+    ck = ev["phase"].isin(list(phases)) & nxt_time.notna()
     return pd.DataFrame(
         {"rank": ev["rank"][ck].to_numpy(), "start": ev["time"][ck].to_numpy(), "end": nxt_time[ck].to_numpy()}
     )
+
+
+def _checkpoint_intervals(events: pd.DataFrame) -> pd.DataFrame:
+    """Closed checkpoint intervals per rank: a "checkpoint" or "export" event to the rank's next event."""
+    return _phase_intervals(events, ("checkpoint", "export"))
+
+
+def _eval_intervals(events: pd.DataFrame) -> pd.DataFrame:
+    """Closed validation passes per rank: an "eval" event to the rank's next event (the loop's forward-only
+    pass over the held-out documents: compute, whatever its power reads)."""
+    return _phase_intervals(events, ("eval",))
 
 
 def _done_times(info: RunInfo) -> dict[int, float]:
