@@ -198,3 +198,22 @@ def test_under_fsdp2_the_chunked_loss_gathers_the_head_and_equals_the_full_path(
     assert p["max_grad_delta"] <= RTOL * max(1.0, p["max_grad"])
     assert abs(p["no_grad_chunked"] - p["no_grad_full"]) <= RTOL * abs(p["no_grad_full"])
     assert p["resharded_after_backward"]  # the gathered head is freed again
+
+
+# ---------------------------------------------------------------- train.compile
+
+
+@pytest.mark.slow  # inductor compiles the layer on first use: ~50-80 s on this 2-core machine
+def test_compiled_layers_keep_their_names_and_give_the_eager_loss_and_gradients(store):
+    from wattgate.train.model import compile_layers
+
+    eager = tiny_model("sdpa", tied=True, activation_checkpointing=False)
+    compiled = tiny_model("sdpa", tied=True, activation_checkpointing=False)
+    compile_layers(compiled)
+    assert [n for n, _ in compiled.named_parameters()] == [n for n, _ in eager.named_parameters()]
+    tensors = batch(store, 2, "assistant")
+    eager_loss, eager_grads = loss_and_grads(eager, tensors, "chunked")
+    compiled_loss, compiled_grads = loss_and_grads(compiled, tensors, "chunked")
+    assert abs(compiled_loss - eager_loss) <= RTOL * abs(eager_loss)
+    scale = max(1.0, max(g.abs().max().item() for g in eager_grads.values()))
+    assert max((compiled_grads[n] - eager_grads[n]).abs().max().item() for n in eager_grads) <= RTOL * scale
