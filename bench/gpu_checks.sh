@@ -6,8 +6,11 @@
 #   4. the CUDA/NCCL train path (bf16 FSDP2, world 1) under the sampler and the watcher;
 #   5. real-size load and step (issue 9): a Qwen3-shaped model (QWEN_SIZE=1.7b|4b) written as bf16
 #      safetensors, sharded load, seq_len 8192 packed, bf16, activation checkpointing on and off:
-#      steady-state MFU, tokens/s, peak memory against the gate's estimate, load and export time.
-# Usage: [STEPS="1 2 3 4 5"] bash bench/gpu_checks.sh OUTDIR [SECONDS_PER_PHASE]
+#      steady-state MFU, tokens/s, peak memory against the gate's estimate, load and export time;
+#   6. the loss (issue 23): Qwen3-1.7B and -4B shapes (LOSS_SIZES), seq_len 8192, bf16, one GPU, train.loss
+#      full and chunked x micro_batch_size 1 and 2 x compile off and on (activation checkpointing on):
+#      tokens/s, MFU, torch.cuda.max_memory_allocated against the gate's steady estimate, each in its own process.
+# Usage: [STEPS="1 2 3 4 5 6"] bash bench/gpu_checks.sh OUTDIR [SECONDS_PER_PHASE]
 # Needs python3 with torch (CUDA), nvidia-ml-py, pyarrow, pandas, transformers, tokenizers, jsonschema.
 set -u -o pipefail
 OUT=${1:?usage: gpu_checks.sh OUTDIR [SECONDS_PER_PHASE]}
@@ -17,7 +20,7 @@ export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 T
 PY=${PYTHON:-python3}
 W="$PY -m wattgate"
 t0=$(date +%s)
-STEPS=${STEPS:-1 2 3 4 5}
+STEPS=${STEPS:-1 2 3 4 5 6}
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -151,5 +154,97 @@ for ac in ("True", "False"):
               f"host peak {worst[p]['host_peak_gib']:.2f} GiB; gate estimate "
               f"{(est or float('nan')) / 2**30:.2f} GiB{ratio}")
 EOF
+fi
+if want 6; then
+stamp "6. loss: full vs chunked, micro_batch_size 1/2, compile off/on, seq_len 8192, bf16"
+work=/tmp/wattgate-loss
+rm -rf "$work"; mkdir -p "$work"
+cat > "$work/step.py" <<'EOF'
+"""One variant in one process: sharded (world 1) random-init Qwen3 shape, AdamW, WARMUP + STEPS optimizer steps of
+one packed micro-batch (documents of 2048 tokens); prints one JSON line."""
+import dataclasses, json, sys, time, types
+from pathlib import Path
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from wattgate.config import validate_config
+from wattgate.gate.memory import GIB, estimate_memory, load_model_spec
+from wattgate.gate.run import fit_settings
+from wattgate.train.data import IGNORE
+from wattgate.train.distributed import setup_rank
+from wattgate.train.loop import TrainSettings, build_optimizer
+from wattgate.train.loss import LossSettings, summed_token_loss
+from wattgate.train.metrics import model_flops_utilization
+from wattgate.train.model import count_params, load_sharded_model
+
+size, kind, mbs, compile_, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", Path(sys.argv[5])
+WARMUP, STEPS, SEQ = 3, 10, 8192
+shapes = {"1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, tie_word_embeddings=True),
+          "4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, tie_word_embeddings=True)}
+model_cfg = dict(model_type="qwen3", vocab_size=151936, head_dim=128, max_position_embeddings=40960,
+                 rope_theta=1000000, rms_norm_eps=1e-6, **shapes[size])
+config = validate_config({
+    "run_name": "loss", "model": {"config": model_cfg},
+    "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu_model": "H200"},
+    "train": {"seq_len": SEQ, "micro_batch_size": mbs, "grad_accum": 1, "loss": kind, "compile": compile_,
+              "activation_checkpointing": True}})
+s = TrainSettings.from_config(config)
+# train.compile as the loop passes it (getattr in load_sharded_model until TrainSettings carries it)
+settings = types.SimpleNamespace(**dataclasses.asdict(s), compile=compile_)
+rank, world, device = setup_rank(600, out)
+model, _ = load_sharded_model(config["model"], settings, init_device_mesh("cuda", (1,)), device)
+optimizer = build_optimizer(model, s)
+loss = LossSettings.from_train(config["train"])
+ids = torch.randint(0, 151936, (mbs, SEQ), device=device)
+position_ids = (torch.arange(SEQ, device=device) % 2048).repeat(mbs, 1)
+labels = torch.where(position_ids > 0, ids, IGNORE)
+tensors = {"input_ids": ids, "labels": labels, "position_ids": position_ids}
+n_loss = int((labels != IGNORE).sum())
+times = []
+for i in range(WARMUP + STEPS):
+    if i == WARMUP:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    (summed_token_loss(model, tensors, loss) / n_loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    times.append(time.perf_counter() - t0)
+step_s = sorted(times[WARMUP:])[STEPS // 2]
+tps = mbs * SEQ / step_s
+terms = estimate_memory(load_model_spec(config), fit_settings(config))
+params = count_params(model)
+print(json.dumps({"size": size, "loss": kind, "mbs": mbs, "compile": compile_, "params_b": round(params / 1e9, 3),
+                  "first_step_s": round(times[0], 1), "step_s": round(step_s, 3), "tokens_per_s": round(tps),
+                  "mfu_pct": round(100 * model_flops_utilization(tps, params, 1, "h200"), 1),
+                  "peak_gib": round(torch.cuda.max_memory_allocated(device) / GIB, 2),
+                  "reserved_gib": round(torch.cuda.max_memory_reserved(device) / GIB, 2),
+                  "gate_gib": round(sum(terms.values()) / GIB, 2), "gate_logits_gib": round(terms["logits"] / GIB, 2)}),
+      flush=True)
+EOF
+for size in ${LOSS_SIZES:-1.7b 4b}; do
+  for kind in full chunked; do
+    for mbs in 1 2; do
+      for comp in 0 1; do
+        timeout 900 $PY -m torch.distributed.run --standalone --nproc-per-node=1 "$work/step.py" \
+          "$size" "$kind" "$mbs" "$comp" "$work/out" 2>"$work/err-$size-$kind-$mbs-$comp.txt" | tee -a "$work/loss.jsonl" \
+          || { echo "$size $kind mbs $mbs compile $comp: failed (an OOM is a result too):"; tail -3 "$work/err-$size-$kind-$mbs-$comp.txt"; }
+      done
+    done
+  done
+done
+$PY - "$work/loss.jsonl" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+print(f"{'size':>5} {'loss':>8} {'mbs':>3} {'compile':>7} {'tok/s':>7} {'MFU%':>5} {'peak GiB':>8} {'gate GiB':>8} "
+      f"{'peak/gate':>9} {'1st step s':>10}")
+for r in rows:
+    print(f"{r['size']:>5} {r['loss']:>8} {r['mbs']:>3} {str(r['compile']):>7} {r['tokens_per_s']:>7} {r['mfu_pct']:>5} "
+          f"{r['peak_gib']:>8} {r['gate_gib']:>8} {r['peak_gib'] / r['gate_gib']:>9.2f} {r['first_step_s']:>10}")
+EOF
+cp "$work/loss.jsonl" "$OUT/loss.jsonl" 2>/dev/null
 fi
 stamp "done"
