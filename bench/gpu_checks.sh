@@ -162,7 +162,7 @@ rm -rf "$work"; mkdir -p "$work"
 cat > "$work/step.py" <<'EOF'
 """One variant in one process: sharded (world 1) random-init Qwen3 shape, AdamW, WARMUP + STEPS optimizer steps of
 one packed micro-batch (documents of 2048 tokens); prints one JSON line."""
-import dataclasses, json, sys, time, types
+import json, sys, time
 from pathlib import Path
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -172,7 +172,7 @@ from wattgate.gate.run import fit_settings
 from wattgate.train.data import IGNORE
 from wattgate.train.distributed import setup_rank
 from wattgate.train.loop import TrainSettings, build_optimizer
-from wattgate.train.loss import LossSettings, summed_token_loss
+from wattgate.train.loss import summed_token_loss
 from wattgate.train.metrics import model_flops_utilization
 from wattgate.train.model import count_params, load_sharded_model
 
@@ -189,13 +189,11 @@ config = validate_config({
     "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu_model": "H200"},
     "train": {"seq_len": SEQ, "micro_batch_size": mbs, "grad_accum": 1, "loss": kind, "compile": compile_,
               "activation_checkpointing": True}})
-s = TrainSettings.from_config(config)
-# train.compile as the loop passes it (getattr in load_sharded_model until TrainSettings carries it)
-settings = types.SimpleNamespace(**dataclasses.asdict(s), compile=compile_)
+s = TrainSettings.from_config(config)  # carries train.compile and train.loss
 rank, world, device = setup_rank(600, out)
-model, _ = load_sharded_model(config["model"], settings, init_device_mesh("cuda", (1,)), device)
+model, _ = load_sharded_model(config["model"], s, init_device_mesh("cuda", (1,)), device)
 optimizer = build_optimizer(model, s)
-loss = LossSettings.from_train(config["train"])
+loss = s.loss
 ids = torch.randint(0, 151936, (mbs, SEQ), device=device)
 position_ids = (torch.arange(SEQ, device=device) % 2048).repeat(mbs, 1)
 labels = torch.where(position_ids > 0, ids, IGNORE)
