@@ -172,6 +172,18 @@ def test_one_rank_in_eval_while_another_trains_is_the_desync():
     assert diagnose(other, 2, NOW, NOW - 600, {}, None, settings())["ran_ahead"] == [1]
 
 
+def test_slow_step_warnings_are_kept_but_printed_at_most_every_five_minutes(capsys):
+    from wattgate.telemetry.watch import WARN_PRINT_EVERY_S, _note_warning
+
+    record, printed = {"warnings": [], "warnings_total": 0}, -float("inf")
+    for k in range(25):  # a run whose every step outlasts hang_after_s: a warning per step
+        printed = _note_warning(record, f"step {k} slow", NOW + 10 * k, printed)
+    lines = capsys.readouterr().err.splitlines()
+    assert record["warnings_total"] == 25 and len(record["warnings"]) == 20
+    assert record["warnings"][-1]["warning"] == "step 24 slow"
+    assert len(lines) == 1 + int(240 // WARN_PRINT_EVERY_S) and "step 0 slow" in lines[0]
+
+
 # ---------------------------------------------------------------- savings only for a confirmed deadlock
 
 

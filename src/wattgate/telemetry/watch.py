@@ -22,6 +22,7 @@ verdict either way, and claims a saving only for a confirmed deadlock.
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 import threading
@@ -453,11 +454,12 @@ def watch(
         "slurm_job": slurm_job,
         "longest_stall_s": 0.0,
         "warnings": [],
+        "warnings_total": 0,
         "bad_heartbeats": {},
     }
     stop = stop or threading.Event()
     write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
-    warned_for = None  # the last progress time of the stall already warned about
+    warned_for, printed_at = None, -math.inf  # the last progress time of the stall warned about; its print
     while not stop.wait(s.poll_s):
         now = time.time()
         beats = reader.read()
@@ -473,11 +475,10 @@ def watch(
         if active:
             record["longest_stall_s"] = round(max(record["longest_stall_s"], now - max(active)), 3)
         verdict, warning = assess(beats, world, now, started, power, table, s, meter.activity(now), firsts)
-        if warning and warned_for != max(active):
+        if warning and warned_for != max(active):  # once per stall
             warned_for = max(active)
-            record["warnings"] = (record["warnings"] + [{"time": now, "warning": warning}])[-20:]
+            printed_at = _note_warning(record, warning, now, printed_at)
             write_json_atomic(out, record, nonfinite="null")
-            print(f"watch: warning: {warning}", file=sys.stderr, flush=True)
         if verdict is not None:
             record.update(verdict, detected_at=now, action=s.action)
             write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
@@ -502,6 +503,21 @@ def watch(
     record["ended"] = time.time()
     write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
     return record
+
+
+WARN_PRINT_EVERY_S = 300.0  # a run whose every step outlasts hang_after_s would print a line per step
+
+
+def _note_warning(record: dict, warning: str, now: float, printed_at: float) -> float:
+    """Keep the last 20 slow-step warnings in watcher.json and print one every WARN_PRINT_EVERY_S at most;
+    returns when one was last printed."""
+    record["warnings"] = (record["warnings"] + [{"time": now, "warning": warning}])[-20:]
+    record["warnings_total"] += 1
+    if now - printed_at < WARN_PRINT_EVERY_S:
+        return printed_at
+    later = f" (more within {WARN_PRINT_EVERY_S:.0f} s go to watcher.json only)"
+    print(f"watch: warning: {warning}{later}", file=sys.stderr, flush=True)
+    return now
 
 
 def _note_bad_heartbeats(record: dict, bad: dict[str, str]) -> bool:
