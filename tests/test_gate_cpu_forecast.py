@@ -62,3 +62,27 @@ def test_the_host_matmul_takes_under_a_second_and_reads_a_real_rate():
     assert 1e8 < flops < 1e14  # between a tenth of a GFLOP/s and 100 TFLOP/s: a CPU, measured
     tp = F.host_matmul_throughput(1_000_000, 4, 0.5, flops)
     assert tp.cost_per_s == flops / 4 * 0.5 / 6e6 and tp.source == "host-matmul"
+
+
+def test_an_uneven_validation_pass_on_cpu_states_its_cost(tmp_path):
+    """With the host-matmul forecast the validation failure's cost is computed on CPU too (a KeyError there)."""
+    from test_validation_train import with_extra_validation_micro_batch
+
+    lengths = np.random.default_rng(4).integers(5, 60, 200)
+    pretok = write_random_pretokenized(tmp_path / "pretokenized", lengths, 96, 0, validation_fraction=0.2)
+    config = validate_config(
+        {
+            "run_name": "t",
+            "model": {"config": TINY},
+            "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu_model": "cpu"},
+            "gate": {"enforce": False},
+            "train": {"seq_len": 64, "micro_batch_size": 1, "grad_accum": 1, "warmup_steps": 0, "eval_every": 2},
+            "forecast": {"ledger": str(tmp_path / "no-such-ledger.jsonl")},
+        }
+    )
+    build_plan(config, pretok, tmp_path / "plan")
+    with_extra_validation_micro_batch(tmp_path / "plan", rank=1)
+    failure = run_gate(config, pretok, tmp_path / "plan", tmp_path / "gate")["failure"]
+    assert failure["cost"] is not None and failure["divergence"]["phase"] == "eval"
+    assert failure["line"].startswith("would hang in the first validation pass, after step 2")
+    assert "GPU-hours" in failure["line"] and "needs a forecast" not in failure["line"]

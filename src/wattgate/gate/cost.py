@@ -189,7 +189,8 @@ def validation_failure(vdiv: dict, costs: F.PlanCosts, fc: dict | None, settings
     if fc is not None:
         # reaching the pass: every step up to and including the one it follows (the pass itself is not counted)
         div = {"epoch": vdiv["epoch"], "step": vdiv["step_in_epoch"] + 1}
-        cost = F.failure_cost(div | {"micro": 0, "steps_in_epoch": vdiv["steps_in_epoch"]}, costs, fc, settings)
+        ranks = {k: vdiv[k] for k in ("ranks_with", "ranks_without")}  # failure_cost's own line names them
+        cost = F.failure_cost(div | {"micro": 0, "steps_in_epoch": vdiv["steps_in_epoch"]} | ranks, costs, fc, settings)
         cost["line"] = F.failure_line(div, cost, where)
         failure.update(cost=cost, line=cost["line"])
     return failure
