@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from wattgate.config import validate_config
-from wattgate.data.pretokenize import SHARD_SCHEMA, shard_hash, shard_hash_algorithm
+from wattgate.data.pretokenize import SHARD_SCHEMA, content_hash, shard_hash, shard_hash_algorithm
 from wattgate.gate.inputs import load_inputs
 from wattgate.gate.memory import checkpoint_bytes, device_memory_bytes, estimate_memory, load_model_spec
 from wattgate.gate.run import fit_settings, free_bytes_at, run_checks, run_gate
@@ -88,6 +88,9 @@ def write_pretokenized(folder: Path, lengths: np.ndarray) -> None:
         ids = np.repeat((np.arange(start, stop) % 64).astype(np.int32), n)
         if i == 0:
             ids[0] = MAX_TOKEN_ID  # the statistics' max is the manifest's max_token_id
+        content = np.fromiter(
+            (content_hash(ids[offsets[k] : offsets[k + 1]]) for k in range(stop - start)), np.int64, stop - start
+        )
         table = pa.Table.from_arrays(
             [
                 pa.array(np.arange(start, stop, dtype=np.int64)),
@@ -95,6 +98,7 @@ def write_pretokenized(folder: Path, lengths: np.ndarray) -> None:
                 pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.ones(len(ids), dtype=np.int8))),
                 pa.array(n.astype(np.int32)),
                 pa.array(loss[start:stop].astype(np.int32)),
+                pa.array(content),
             ],
             schema=SHARD_SCHEMA,
         )

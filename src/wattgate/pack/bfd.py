@@ -13,6 +13,8 @@ same packing item-by-item BFD gives (ties broken by bin age).
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 
@@ -32,24 +34,36 @@ def pack_bfd(lengths: np.ndarray, capacity: int) -> np.ndarray:
     ends = np.concatenate((bounds, [n])).tolist()
 
     bins_at: list[list[int]] = [[] for _ in range(capacity + 1)]  # bin ids by remaining room
-    room_count = np.zeros(capacity + 1, dtype=np.int64)
+    room_count = [0] * (capacity + 1)
+    # the distinct rooms that hold a bin, ascending: a class visits rooms >= its size from here, so its cost
+    # is the rooms it uses, not a scan of every possible room (a few thousand documents pack in ms)
+    rooms: list[int] = []
     placed = np.empty(n, dtype=np.int64)  # bin of each document, in sorted order
     next_bin = 0
 
     def move(ids: list[int], room: int) -> None:
+        if not ids:
+            return
+        if not room_count[room]:
+            bisect.insort(rooms, room)
         bins_at[room].extend(ids)
         room_count[room] += len(ids)
+
+    def set_room(room: int, ids: list[int]) -> None:
+        bins_at[room], room_count[room] = ids, len(ids)
+        if not ids:
+            del rooms[bisect.bisect_left(rooms, room)]
 
     for start, end in zip(starts, ends):
         size = int(sorted_len[start])
         pos, left = start, end - start
-        for room in (np.flatnonzero(room_count[size:]) + size).tolist():
+        for room in rooms[bisect.bisect_left(rooms, size) :]:
             per_bin = room // size
             bucket = bins_at[room]
             if left >= len(bucket) * per_bin:  # every bin here fills up with this class
                 take = len(bucket) * per_bin
                 placed[pos : pos + take] = np.repeat(bucket, per_bin)
-                bins_at[room], room_count[room] = [], 0
+                set_room(room, [])
                 move(bucket, room % size)
                 pos, left = pos + take, left - take
                 if left == 0:
@@ -59,7 +73,7 @@ def pack_bfd(lengths: np.ndarray, capacity: int) -> np.ndarray:
             placed[pos : pos + full * per_bin] = np.repeat(bucket[:full], per_bin)
             placed[pos + full * per_bin : pos + left] = bucket[full] if rest else 0
             done = full + (1 if rest else 0)
-            bins_at[room], room_count[room] = bucket[done:], len(bucket) - done
+            set_room(room, bucket[done:])
             move(bucket[:full], room % size)
             if rest:
                 move([bucket[full]], room - rest * size)

@@ -41,20 +41,24 @@ def pad_with_empty(packs: Packs, count: int) -> Packs:
 
 
 def balanced_packs(held_out: np.ndarray, lengths: np.ndarray, seq_len: int, multiple: int) -> tuple[Packs, str]:
-    """The held-out documents in a multiple of `multiple` packs: rebin when they can be split, else padding."""
-    local = pack_bfd(lengths[held_out], seq_len)
-    packs = Packs.from_assignment(local, doc_ids=held_out)
+    """The held-out documents in a multiple of `multiple` packs: rebin when they can be split, else padding.
+
+    Packed over the held-out documents' own lengths (indices 0..k-1, mapped back to doc ids at the end), so
+    the cost follows the split's size, not the corpus's."""
+    local = lengths[held_out]
+    packs = Packs.from_assignment(pack_bfd(local, seq_len))
     need = (-len(packs)) % multiple
-    if not need:
-        return packs, "bfd"
-    if len(held_out) >= len(packs) + need:
+    strategy = "bfd"
+    if need and len(held_out) >= len(packs) + need:
         try:
-            return rebin(packs, lengths, multiple), "bfd+rebin"
+            packs, strategy = rebin(packs, local, multiple), "bfd+rebin"
         except InputError:  # too few packs with more than one document to split: pad instead
-            pass
-    # scarce documents: one pack each (the most ranks do real work), the rest padding
-    single = Packs.from_assignment(np.arange(len(held_out)), doc_ids=held_out)
-    return pad_with_empty(single, (-len(single)) % multiple), "one document per pack+empty packs"
+            need = -1
+    if need and strategy == "bfd":
+        # scarce documents: one pack each (the most ranks do real work), the rest padding
+        single = Packs.from_assignment(np.arange(len(held_out)))
+        packs, strategy = pad_with_empty(single, (-len(single)) % multiple), "one document per pack+empty packs"
+    return Packs(docs=held_out[packs.docs], offsets=packs.offsets), strategy
 
 
 def plan_validation(
@@ -69,8 +73,9 @@ def plan_validation(
     """Pack and place the validation pass (one 'epoch', one 'step', micro = the micro-batch index)."""
     layout = Layout(world_size, micro_batch_size, 1)
     packs, strategy = balanced_packs(held_out, lengths, seq_len, layout.packs_per_micro)
-    tokens = packs.sum_per_pack(lengths) if len(packs.docs) else np.zeros(len(packs), dtype=np.int64)
-    sum_sq = packs.sum_per_pack(lengths**2) if len(packs.docs) else np.zeros(len(packs), dtype=np.int64)
+    doc_len = lengths[packs.docs].astype(np.float64)  # the held-out documents' only: not the corpus's
+    tokens = np.rint(np.bincount(packs.pack_of_doc(), weights=doc_len, minlength=len(packs))).astype(np.int64)
+    sum_sq = np.bincount(packs.pack_of_doc(), weights=doc_len**2, minlength=len(packs))
     costs = pack_costs(tokens, sum_sq, attn_weight)
     placed = assign_ranks(costs, layout, 1, seed)
     # one pass = one step: assign_ranks numbers micro-batches as steps when grad_accum is 1
@@ -79,7 +84,7 @@ def plan_validation(
     per_rank_tokens = np.bincount(placement.rank, weights=tokens[placement.pack], minlength=world_size)
     stats = {
         "num_docs": int(len(held_out)),
-        "num_tokens": int(lengths[held_out].sum()),
+        "num_tokens": int(tokens.sum()),
         "num_packs": int(len(packs)),
         "empty_packs": empty,
         "strategy": strategy,
