@@ -19,7 +19,7 @@ from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
 from wattgate.pack.segments import newest_checkpoint
 from wattgate.train.checkpoint import is_complete, set_aside_mismatched
-from wattgate.train.identity import run_identity
+from wattgate.identity import run_identity
 
 from test_train import TINY
 

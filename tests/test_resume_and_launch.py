@@ -17,7 +17,7 @@ from wattgate.artifacts import write_json_atomic
 from wattgate.cli import main
 from wattgate.errors import InputError
 from wattgate.gate.run import run_gate
-from wattgate.train.identity import identity_differences, model_identity, run_identity
+from wattgate.identity import identity_differences, model_identity, run_identity
 from wattgate.train.launch import check_gate_marker
 
 from test_train import final_params, make_run, run_train, torchrun
@@ -79,7 +79,7 @@ def test_changed_hyperparameters_train_anew_instead_of_resuming_the_old_run(tmp_
 @pytest.mark.slow
 def test_every_rank_resumes_from_rank_0s_choice(tmp_path):
     identity = {"plan": "p", "pretokenized": "t", "model": {"config": "c", "weights": "w"}, "train": {}}
-    from wattgate.train.identity import RESULT_SETTINGS
+    from wattgate.identity import RESULT_SETTINGS
 
     identity["train"] = {k: None for k in RESULT_SETTINGS}
     views = []

@@ -19,7 +19,7 @@ from wattgate.pack.segments import HISTORY, continue_plan, keep_in_history, resu
 from wattgate.data.split import read_validation_ids, train_doc_ids
 from wattgate.pack.validation import EVAL_PACKS, ValidationPlan, plan_validation
 from wattgate.run_files import read_manifest
-from wattgate.train.identity import model_train_identity
+from wattgate.identity import model_train_identity
 
 FORMAT_VERSION = 1
 

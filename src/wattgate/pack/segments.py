@@ -32,7 +32,7 @@ from wattgate.artifacts import sha256_file
 from wattgate.errors import InputError
 from wattgate.run_files import read_plan
 from wattgate.pack.assign import Layout, assign_ranks, pack_costs, sort_placement
-from wattgate.train.identity import model_train_differences
+from wattgate.identity import model_train_differences
 
 HISTORY = "history"
 # plan keys that must be unchanged for a re-plan to continue a run (anything else starts over)
@@ -108,7 +108,7 @@ def resume_source(
     """(checkpoint state, old plan, its history folder) when the run can go on under `new` plan settings,
     else (None, why not, None).
 
-    `identity_of()`: this config's run identity parts `model` and `train` (train/identity.py; called only when
+    `identity_of()`: this config's run identity parts `model` and `train` (wattgate/identity.py; called only when
     there is a checkpoint, since it reads the model's files). A checkpoint of another identity is never
     continued: train would set it aside and find no step to go on from."""
     state = newest_checkpoint(checkpoints)

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from wattgate.artifacts import write_json_atomic
 from wattgate.errors import InputError
-from wattgate.train.identity import identity_differences
+from wattgate.identity import identity_differences
 
 STATE = "state.json"
 
@@ -124,7 +124,7 @@ def is_complete(path: Path) -> tuple[bool, str]:
 
 
 def set_aside_mismatched(root: Path, identity: dict) -> Path | None:
-    """Move `root` aside when it holds checkpoints of another run identity (train/identity.py).
+    """Move `root` aside when it holds checkpoints of another run identity (wattgate/identity.py).
 
     Resuming those would return the old model (or mix its weights with a new schedule). Called
     by rank 0 before it picks the resume point; one line names the keys that differ.

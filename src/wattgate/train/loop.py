@@ -49,7 +49,7 @@ from wattgate.train import checkpoint as ckpt
 from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors, read_rank_plan
 from wattgate.train.distributed import device_uuid, setup_rank
 from wattgate.train.export_files import export_extra_files
-from wattgate.train.identity import run_identity
+from wattgate.identity import run_identity
 from wattgate.train.loss import LossSettings, summed_token_loss
 from wattgate.train.metrics import (
     GIB,
