@@ -131,6 +131,14 @@ def test_first_step_and_compiles_count_as_start_up():
     assert v["verdict"] == "train_stalled" and v["limit_s"] == 50
 
 
+def test_a_rank_still_starting_up_while_another_waits_in_the_first_step_is_start_up():
+    low = {("n1", 0): (120.0, 0.0, 10.0), ("n1", 1): (140.0, 100.0, 10.0)}  # loading; waiting in an all-gather
+    loading = beats(beat(0, 0, "init", age=40), beat(1, 0, micro=0, micros=2, age=40))
+    assert diagnose(loading, 2, NOW, NOW - 600, low, H100, settings()) is None  # a deadlock at 10 s before
+    v = diagnose({r: b | {"time": NOW - 51} for r, b in loading.items()}, 2, NOW, NOW - 600, low, H100, settings())
+    assert v["verdict"] == "init_stalled" and v["limit_s"] == 50 and not v["confirmed"]
+
+
 def test_first_steps_come_from_this_attempts_events(tmp_path):
     events = tmp_path / "heartbeat" / "rank-0.events.jsonl"
     events.parent.mkdir()

@@ -520,7 +520,7 @@ def check_segments(plan: dict, config: dict, packs: PackRows, prefix: PackRows |
     if probs:
         return Check("segments", False, _listed(probs))
     # the learning rate: the prefix ran towards its own total; the continuation schedules the new total
-    from wattgate.train.schedule import learning_rate
+    from wattgate.schedule import learning_rate
 
     t = config["train"]
     old_total = int(segs[-2].get("plan_total_steps", end))

@@ -124,7 +124,10 @@ def position(beat: dict) -> tuple[int, int, float, int]:
 
 
 def phase_limit(beats: dict[int, dict], s: WatchSettings) -> tuple[float, str]:
-    """The stall allowed now: long only for a phase every rank announced at the same step."""
+    """The stall allowed now: long only for a phase every rank announced at the same step, or while some rank
+    still starts up (a rank reading its weight shard while the others wait in the first step's all-gather)."""
+    if any(b["phase"] == "init" for b in beats.values()):
+        return s.startup_after_s, "init"
     phases = {(b["phase"], b["step"]) for b in beats.values()}
     if len(phases) == 1:
         phase = next(iter(phases))[0]

@@ -63,7 +63,7 @@ from wattgate.train.metrics import (
 )
 from wattgate.train.sequence_guard import check_planned_sequences, planned_sequence
 from wattgate.train.model import count_params, load_sharded_model
-from wattgate.train.schedule import learning_rate
+from wattgate.schedule import learning_rate
 from wattgate.train.weights import DTYPES, export_hf_folder
 
 # TrainSettings fields that are not a train.* key of the same name (built in from_config)
