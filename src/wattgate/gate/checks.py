@@ -14,6 +14,7 @@ import numpy as np
 from wattgate.gate.inputs import PackRows, ShardContent
 from wattgate.gate.memory import GIB, Budget
 from wattgate.pack.remainder import DROP_REASONS, DROPPING_POLICIES
+from wattgate.schedule import learning_rate
 
 MAX_LISTED = 8  # offending items named in a detail line before "..."
 
@@ -520,8 +521,6 @@ def check_segments(plan: dict, config: dict, packs: PackRows, prefix: PackRows |
     if probs:
         return Check("segments", False, _listed(probs))
     # the learning rate: the prefix ran towards its own total; the continuation schedules the new total
-    from wattgate.schedule import learning_rate
-
     t = config["train"]
     old_total = int(segs[-2].get("plan_total_steps", end))
 
