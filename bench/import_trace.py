@@ -33,7 +33,7 @@ from pathlib import Path
 
 from wattgate.data.synthetic_trace import build_trace, gpus_of, job, write_nvidia_smi_csv
 from wattgate.power.importers import import_trace, write_trace
-from wattgate.power.tables import shipped_table
+from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import run_triage
 from wattgate.report import run_report
 

@@ -74,7 +74,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from wattgate.power.tables import POWER_PHASES, resolve_table, shipped_table
+from wattgate.triage_tables import POWER_PHASES, resolve_table, shipped_table
 
 LABELS = POWER_PHASES + ("unknown",)
 DEADLOCK_AFTER_S = 60.0

@@ -56,7 +56,7 @@ from triage_accuracy import day_schedule  # bench/, on sys.path as the script's 
 
 from wattgate.artifacts import write_json_atomic
 from wattgate.data.synthetic_trace import build_trace, gpus_of, job, write_run_info
-from wattgate.power.tables import shipped_table
+from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import run_report, summarize
 from wattgate.telemetry.trace import schema_with_meta, trace_files

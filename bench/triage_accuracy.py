@@ -68,7 +68,7 @@ from wattgate.data.synthetic_trace import (
     write_run_info,
 )
 from wattgate.gpus import SHIPPED
-from wattgate.power.tables import shipped_table
+from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import load_run_info, run_triage, triage
 from wattgate.telemetry.trace import read_trace, trace_meta
 

@@ -223,7 +223,7 @@ def test_b300_example_forecast_is_analytic_with_every_term(tmp_path):
         collective_timeout_s=1800,
         job_limit_s=48 * 3600,
     )
-    from wattgate.power.tables import shipped_table
+    from wattgate.triage_tables import shipped_table
 
     fc = F.forecast(costs, tp, s, F.table_levels(shipped_table("b300")))
     # 6 x 32.8e9 x 32768 tokens per step / (2250e12 x 0.35) = 8.2 s per step
@@ -302,7 +302,7 @@ def test_measured_forecast_of_a_second_cpu_run_is_within_20_percent(tmp_path):
 
 def test_a_calibrated_matmul_rate_is_the_second_best_source(uneven, tmp_path):
     """No run in the ledger but a table from `wattgate calibrate` with its bf16 matmul rate: the forecast uses it."""
-    from wattgate.power.tables import shipped_table
+    from wattgate.triage_tables import shipped_table
 
     config, work = uneven
     cfg = json.loads(json.dumps(config))

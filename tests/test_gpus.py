@@ -3,7 +3,7 @@
 import pytest
 
 from wattgate.gpus import GPUS, SHIPPED, is_cpu, memory_gib, model_key, peak_bf16_flops, triage_table_name
-from wattgate.power.tables import shipped_table
+from wattgate.triage_tables import shipped_table
 
 
 @pytest.mark.parametrize("key", sorted(GPUS))

@@ -7,7 +7,7 @@ import pytest
 
 from wattgate.errors import InputError
 from wattgate.power.importers import import_trace
-from wattgate.power.tables import shipped_table
+from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import triage
 
 T0 = 1753576485.0

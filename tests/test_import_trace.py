@@ -8,7 +8,7 @@ import pytest
 from conftest import REPO
 from wattgate.errors import InputError
 from wattgate.power.importers import import_trace, infer_burst_positions, write_trace
-from wattgate.power.tables import resolve_table
+from wattgate.triage_tables import resolve_table
 from wattgate.telemetry.trace import TRACE_SCHEMA, read_trace, trace_meta
 
 SMI_HEADER = "timestamp, index, name, power.draw [W], power.draw.instant [W], utilization.gpu [%], memory.used [MiB]"

@@ -16,7 +16,7 @@ from wattgate.cli import main
 from wattgate.data.synthetic_trace import build_trace, gpus_of, job, write_nvidia_smi_csv
 from wattgate.errors import InputError
 from wattgate.power.importers import import_trace, write_trace
-from wattgate.power.tables import shipped_table
+from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import run_triage, triage
 from wattgate.report import run_report
 

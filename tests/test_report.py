@@ -22,7 +22,7 @@ from real_traces import H200_DATA
 from wattgate.cli import main
 from wattgate.data.synthetic_trace import T0, build_trace, gpus_of, job, write_run_info
 from wattgate.errors import InputError
-from wattgate.power.tables import shipped_table
+from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import run_report
 from wattgate.power.energy import gpu_energy

@@ -16,7 +16,7 @@ import pytest
 
 from wattgate.data.synthetic_trace import build_trace, gpus_of, job, write_run_info
 from wattgate.errors import InputError
-from wattgate.power.tables import shipped_table
+from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.power.triage.phases import read_phases
 from wattgate.power.triage.runinfo import load_run_info

@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO
 from wattgate.errors import InputError
 from wattgate.power.calibrate import derive_table, power_stats
-from wattgate.power.tables import load_table_file, parse_table, resolve_table, shipped_table
+from wattgate.triage_tables import load_table_file, parse_table, resolve_table, shipped_table
 from wattgate.telemetry.sampler import StopFlag, sample_loop
 from wattgate.telemetry.trace import TRACE_SCHEMA, TraceWriter, live_segments, read_trace, segment_dir, trace_files
 

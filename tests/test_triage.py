@@ -10,7 +10,7 @@ import pytest
 
 from wattgate.data.synthetic_trace import T0, accuracy, build_trace, gpus_of, job, write_run_info
 from wattgate.errors import InputError
-from wattgate.power.tables import SHIPPED, TriageTable, shipped_table
+from wattgate.triage_tables import SHIPPED, TriageTable, shipped_table
 from wattgate.power.triage import PHASES_SCHEMA, load_run_info, map_ranks, phase_summary, run_triage, triage
 from wattgate.telemetry.trace import TRACE_SCHEMA, TraceWriter
 

@@ -11,7 +11,7 @@ import pytest
 from wattgate.data.synthetic_trace import build_trace, gpus_of, job
 from wattgate.errors import InputError
 from wattgate.power.energy import gpu_energy, records
-from wattgate.power.tables import shipped_table
+from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import run_triage
 from wattgate.report.inputs import read_samples
 from wattgate.telemetry.trace import TRACE_SCHEMA, read_trace, schema_with_meta

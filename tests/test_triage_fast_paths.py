@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from wattgate.power.tables import TriageTable
+from wattgate.triage_tables import TriageTable
 from wattgate.power.triage.arrays import _cumsum0, _runs, _true_runs
 from wattgate.power.triage.levels import PLATEAU_CV, PLATEAU_SHARE, Levels, _Edges, _span_stats
 from wattgate.power.triage.rules import (

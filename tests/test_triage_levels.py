@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 from wattgate.cli import main
 from wattgate.errors import InputError
-from wattgate.power.tables import TriageTable, shipped_table, table_from_power_cap
+from wattgate.triage_tables import TriageTable, shipped_table, table_from_power_cap
 from wattgate.power.triage import run_triage, triage
 
 NANOGPT = REPO / "tests" / "data" / "nanogpt-8xh100"

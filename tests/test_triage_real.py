@@ -13,7 +13,7 @@ import pytest
 from real_traces import H200_DATA
 
 from wattgate.data.synthetic_trace import PUBLISHED_H200, calibration_agreement, train_agreement, train_parts
-from wattgate.power.tables import shipped_table
+from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import load_run_info, run_triage, triage
 from wattgate.telemetry.trace import read_trace, trace_meta
 

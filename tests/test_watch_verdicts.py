@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from wattgate.power.tables import shipped_table
+from wattgate.triage_tables import shipped_table
 from wattgate.telemetry.watch import CostBasis, _hang_cost, assess, diagnose, watch
 from wattgate.telemetry.watch_inputs import ActivityMeter, BeatReader, beat_problem, first_steps
 

@@ -177,8 +177,9 @@ def _import_trace(args, config) -> None:
 
 
 def _triage(args, config) -> None:
-    from wattgate.power.triage import TriageSettings, run_triage
+    from wattgate.power.triage import run_triage
     from wattgate.telemetry.trace import trace_files
+    from wattgate.triage_tables import TriageSettings
 
     # the run's settings, unless given on the command line
     s = TriageSettings.merge(config, args.table, args.gpu_model, args.window, args.deadlock_after, args.power_cap_w)
@@ -262,7 +263,7 @@ def _positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S
+    from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S
 
     parser = argparse.ArgumentParser(prog="wattgate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")

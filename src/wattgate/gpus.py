@@ -3,7 +3,7 @@
 One row per model: the datasheet's dense bf16 peak (MFU, the analytic
 forecast), usable device memory (the gate; a model sold with several sizes
 lists each, the default first), the power cap and idle draw (those of its
-shipped triage table, power/tables/<table>.yaml, which stays the triage
+shipped triage table, triage_tables/<table>.yaml, which stays the triage
 table proper) and the name of that table. `cpu` has no row.
 
 Names are matched by `model_key`: without case, without a leading "NVIDIA"
@@ -25,7 +25,7 @@ class GPU:
     memory_gib: tuple[int, ...]  # usable device memory of each size sold; the first when the name gives none
     power_cap_w: float  # the shipped triage table's tdp_w
     idle_w: float  # the shipped triage table's idle_w
-    triage_table: str | None  # power/tables/<triage_table>.yaml; None: none ships
+    triage_table: str | None  # triage_tables/<triage_table>.yaml; None: none ships
 
 
 GPUS = {
@@ -36,7 +36,7 @@ GPUS = {
     "b300": GPU("B300", 2250, (288,), power_cap_w=1100, idle_w=160, triage_table="b300"),
 }
 
-# The triage tables that ship with the package (power/tables/<name>.yaml).
+# The triage tables that ship with the package (triage_tables/<name>.yaml).
 SHIPPED = tuple(g.triage_table for g in GPUS.values() if g.triage_table)
 
 _SIZE = re.compile(r"(\d+)gi?b?")

@@ -343,7 +343,7 @@ METRICS_SCHEMA = pa.schema(
 )
 
 
-# what a rank is doing, in order (heartbeats; not the power phases of power/tables.py)
+# what a rank is doing, in order (heartbeats; not the power phases of triage_tables.py)
 HEARTBEAT_PHASES = ("init", "train", "eval", "checkpoint", "export", "done")
 
 

@@ -64,7 +64,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from wattgate.power.tables import TriageTable
+from wattgate.triage_tables import TriageTable
 from wattgate.telemetry.trace import TRACE_SCHEMA, schema_with_meta
 
 T0 = 1_700_000_000.0

@@ -18,6 +18,7 @@ from wattgate.gate.validation_checks import validation_divergence
 from wattgate.gate.inputs import GateInputs, PackRows
 from wattgate.gate.memory import DTYPE_BYTES, ModelSpec, checkpoint_bytes, checkpoint_source, export_dtype_name
 from wattgate.gpus import is_cpu, peak_bf16_flops
+from wattgate.triage_tables import TriageSettings
 
 
 def plan_step_costs(packs: PackRows, plan: dict, config: dict, max_steps: int | None) -> F.PlanCosts:
@@ -87,8 +88,6 @@ def throughput(config: dict, spec: ModelSpec, table) -> tuple[F.Throughput | Non
 
 def triage_table(config: dict):
     """The triage table the run would be triaged with, for the energy levels; None when there is none (cpu)."""
-    from wattgate.power.triage.settings import TriageSettings
-
     settings = TriageSettings.merge(config)
     if not settings.has_table:
         return None

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from wattgate.artifacts import atomic_path, write_bytes_atomic
 from wattgate.errors import InputError
 from wattgate.telemetry.nvml import NvmlSource, NvmlUnavailable
-from wattgate.power.tables import TriageTable, parse_table, shipped_table
+from wattgate.triage_tables import TriageTable, parse_table, shipped_table
 from wattgate.telemetry.trace import TraceWriter
 
 ORDER = ("idle", "compute", "data_starvation", "checkpoint", "communication", "deadlock")

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from wattgate.power.triage.phases import LABELS, phase_codes
 from wattgate.power.triage.rules import CHECKPOINT_MIN_S, LENGTH_RATIO, PERIOD_TOLERANCE, PERIODIC_MIN
-from wattgate.power.triage.settings import DEFAULT_WINDOW_S
+from wattgate.triage_tables import DEFAULT_WINDOW_S
 
 WAITING_UTIL = 50.0  # mean utilization in a pause above which a GPU was waiting, below which it was the idle one
 RUN_GAP = 2  # windows of another label that do not split a GPU's run

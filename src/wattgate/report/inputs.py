@@ -33,7 +33,7 @@ from wattgate.errors import InputError
 from wattgate.power.energy import in_time_order, join_parts
 from wattgate.power.triage.phases import PHASES_SCHEMA, read_phases
 from wattgate.power.triage.runinfo import RUN_INFO_METRICS, RunInfo
-from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
+from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.stage import recorded_caps, triage
 from wattgate.run_files import (
     HEARTBEAT_DIR,

@@ -35,8 +35,7 @@ import pyarrow.parquet as pq
 
 from wattgate.artifacts import write_json_atomic
 from wattgate.forecast import fmt_hours, hang_cost
-from wattgate.power.tables import TriageTable
-from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S
+from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, TriageSettings, TriageTable
 from wattgate.run_files import WATCHER, read_heartbeats  # noqa: F401 (read_heartbeats: callers import it here)
 from wattgate.telemetry.kill import _alive, _stop_job, kill_tree, process_tree  # noqa: F401 (re-exported)
 from wattgate.telemetry.trace import SEGMENT_DIR_SUFFIX, _segment_range, live_segments
@@ -540,7 +539,6 @@ def run_watch(
     SIGTERM or SIGINT (the launcher's "the job has ended") finish the record instead of killing the watcher.
     """
     from wattgate.config import world_size
-    from wattgate.power.triage.settings import TriageSettings
 
     settings = TriageSettings.merge(config)
     table = settings.table() if settings.has_table else None

@@ -4,11 +4,11 @@ phases.py: the phases.parquet contract; runinfo.py: what the run recorded;
 windows.py: samples into windows; levels.py: each GPU's band edges; rules.py:
 the rules; smoothing.py: their per-GPU rolling median and majority filter;
 run_rules.py: rule 6, the run's record over power; arrays.py: shared array
-helpers; settings.py: table, window and hang limit; stage.py: triage() and the
-`wattgate triage` stage.
+helpers; stage.py: triage() and the `wattgate triage` stage. The table, window
+and hang-limit settings live below every stage, in wattgate/triage_tables.py.
 
-The public names below load their module on first use, so that settings.py
-(the CLI's defaults, the watcher's) comes without pandas and the algorithm.
+The public names below load their module on first use, so that importing the
+package does not load pandas and the algorithm.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ _HOMES = {
     "RunInfo": "runinfo",
     "load_run_info": "runinfo",
     "map_ranks": "runinfo",
-    "TriageSettings": "settings",
     "run_triage": "stage",
     "triage": "stage",
 }

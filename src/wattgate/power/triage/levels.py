@@ -15,7 +15,7 @@ from functools import cached_property
 
 import numpy as np
 
-from wattgate.power.tables import TriageTable
+from wattgate.triage_tables import TriageTable
 from wattgate.power.triage.arrays import _bounds, _cumsum0, _ranges, _runs
 
 LEVEL_MIN_WINDOWS = 5  # windows a learned level needs; fewer and the table's value stands

@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 from wattgate.artifacts import atomic_path
 from wattgate.codes import column_codes
 from wattgate.errors import InputError
-from wattgate.power.tables import POWER_PHASES
-from wattgate.power.triage.settings import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S
+from wattgate.triage_tables import POWER_PHASES
+from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S
 from wattgate.telemetry.trace import strict_json
 
 FORMAT_VERSION = 1

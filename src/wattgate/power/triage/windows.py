@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 from wattgate.codes import column_codes
 from wattgate.errors import InputError
 from wattgate.power import energy as energy_mod
-from wattgate.power.tables import TriageTable
+from wattgate.triage_tables import TriageTable
 from wattgate.power.triage.arrays import _ranges, _runs
 from wattgate.power.triage.levels import Levels, learn_levels
 

@@ -1,9 +1,9 @@
 """Triage tables: per GPU model, the power and utilization thresholds that separate phases.
 
-Shipped tables (`tables/<model>.yaml`) come from published caps and idle
+Shipped tables (`triage_tables/<model>.yaml`) come from published caps and idle
 draws and say so in their provenance; `wattgate calibrate` writes the same
 format from measured phases on a real GPU, and a calibrated table given with
-`--table` (or placed at `tables/<model>.yaml`) takes precedence.
+`--table` (or placed at `triage_tables/<model>.yaml`) takes precedence.
 
 Power bands, in window-mean watts:
   [0, low_max_w)              low: idle, a waiting kernel (deadlock, a rank
@@ -12,6 +12,13 @@ Power bands, in window-mean watts:
   [compute_min_w, ...)        compute
 Utilization splits the low band: >= busy_util_pct means a kernel stayed
 resident (a spinning NCCL wait reads ~100%); <= idle_util_pct means none ran.
+
+TriageSettings is the one home of triage's defaults (1 s windows, a deadlock
+after 60 s) and of the order in which a table is picked: an explicit table
+file, else an explicit GPU model, else the run config's telemetry.table, else
+its cluster.gpu_model (when a table ships for it), else the trace's device
+names. It sits at the bottom with the tables because triage, the watcher, the
+gate's energy forecast and the report all pick a table the same way.
 """
 
 from __future__ import annotations
@@ -108,8 +115,8 @@ def shipped_table(name: str) -> TriageTable:
             "pass --table FILE (e.g. from `wattgate calibrate`) "
             "or --power-cap-w W (a table derived from the cap)"
         )
-    ref = resources.files("wattgate.power").joinpath("tables", f"{key}.yaml")
-    return parse_table(yaml.safe_load(ref.read_text()), f"wattgate/power/tables/{key}.yaml")
+    ref = resources.files("wattgate").joinpath("triage_tables", f"{key}.yaml")
+    return parse_table(yaml.safe_load(ref.read_text()), f"wattgate/triage_tables/{key}.yaml")
 
 
 def detect_table(device_names: list[str]) -> TriageTable | None:
@@ -172,3 +179,69 @@ def resolve_table(
             f"{'|'.join(SHIPPED)}, --table FILE, or --power-cap-w W (a table derived from the cap)"
         )
     return t
+
+
+DEFAULT_WINDOW_S = 1.0
+DEFAULT_DEADLOCK_AFTER_S = 60.0
+
+
+@dataclass(frozen=True)
+class TriageSettings:
+    table_path: str | os.PathLike | None = None  # a triage table file
+    gpu_model: str | None = None  # a shipped table's GPU model
+    window_s: float = DEFAULT_WINDOW_S
+    deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S
+    power_cap_w: float | None = None  # every GPU's power cap (an imported log records none)
+
+    @classmethod
+    def merge(
+        cls,
+        config: dict | None,
+        table_path: str | os.PathLike | None = None,
+        gpu_model: str | None = None,
+        window_s: float | None = None,
+        deadlock_after_s: float | None = None,
+        power_cap_w: float | None = None,
+    ) -> TriageSettings:
+        """A run config's telemetry.table, cluster.gpu_model, telemetry.window_s and watcher.hang_after_s,
+        each overridden by the command-line flag when given (a table file or GPU model given on the command
+        line replaces the config's table choice as a whole)."""
+        cfg = config or {}
+        if not (table_path or gpu_model):
+            table_path = (cfg.get("telemetry") or {}).get("table") or None
+            if not table_path:
+                gpu_model = triage_table_name(str((cfg.get("cluster") or {}).get("gpu_model", "")))
+        window_s = window_s or (cfg.get("telemetry") or {}).get("window_s") or DEFAULT_WINDOW_S
+        deadlock_after_s = (
+            deadlock_after_s or (cfg.get("watcher") or {}).get("hang_after_s") or DEFAULT_DEADLOCK_AFTER_S
+        )
+        return cls(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w)
+
+    @property
+    def has_table(self) -> bool:
+        """A table was named (file or GPU model), so device names are not needed to pick one."""
+        return bool(self.table_path or self.gpu_model)
+
+    def table(self, device_names: list[str] = (), recorded_caps: list[float] = ()) -> TriageTable:
+        """The table file, else the GPU model's shipped table, else detection from the device names; for a
+        GPU no table ships for, one derived from the power cap (--power-cap-w, else the limit the sampler
+        recorded)."""
+        return resolve_table(self.table_path, self.gpu_model, list(device_names), self.cap_w(recorded_caps))
+
+    def cap_w(self, recorded_caps: list[float] = ()) -> float | None:
+        """--power-cap-w, else the largest enforced limit the sampler recorded, else None."""
+        caps = [float(c) for c in recorded_caps if c]
+        return self.power_cap_w or (max(caps) if caps else None)
+
+    def table_source(self, table: TriageTable, device_names: list[str] = ()) -> str:
+        """How table() picked it, in words (triage.json's table_source)."""
+        if not table.match and (table.provenance or {}).get("kind") == "derived from the power cap":
+            how = "--power-cap-w" if self.power_cap_w else "the power limit the sampler recorded"
+            return f"derived from the {table.tdp_w:g} W power cap ({how})"
+        return (
+            f"--table {self.table_path}"
+            if self.table_path
+            else f"--gpu-model {self.gpu_model}"
+            if self.gpu_model
+            else f"detected from device names: {', '.join(device_names)}"
+        )
