@@ -340,7 +340,7 @@ def test_pauses_and_gaps_from_a_dictionary_phases_table_without_triage_json_reco
     """triage.json without pauses and gaps: they are computed from the dictionary-encoded phases as from strings."""
     import shutil
 
-    from wattgate.power import power_only
+    from wattgate.power.triage import power_only
     from wattgate.power.triage.phases import gap_summary
 
     run, power = triaged

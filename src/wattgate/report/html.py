@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 from html import escape
 
 from wattgate.report.phases import PHASE_COLORS
-from wattgate.power.power_only import clock
+from wattgate.power.triage.power_only import clock
 from wattgate.power.triage.phases import LABELS
 
 CSS = """

@@ -17,7 +17,7 @@ from wattgate.power.energy import GpuEnergy, gpu_energy
 from wattgate.report.inputs import RunInputs
 from wattgate.report.phases import PhaseWindows, phase_windows, totals
 from wattgate.report.steps import loss, num, segments_section, step_table, throughput, validation_section
-from wattgate.power import power_only
+from wattgate.power.triage import power_only
 from wattgate.power.triage.phases import LABELS, gap_summary, phases_meta
 from wattgate.power.triage.runinfo import map_ranks
 

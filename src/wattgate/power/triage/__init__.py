@@ -4,8 +4,9 @@ phases.py: the phases.parquet contract; runinfo.py: what the run recorded;
 windows.py: samples into windows; levels.py: each GPU's band edges; rules.py:
 the rules; smoothing.py: their per-GPU rolling median and majority filter;
 run_rules.py: rule 6, the run's record over power; arrays.py: shared array
-helpers; stage.py: triage() and the `wattgate triage` stage. The table, window
-and hang-limit settings live below every stage, in wattgate/triage_tables.py.
+helpers; power_only.py: the low-power pauses in words when no heartbeats came;
+stage.py: triage() and the `wattgate triage` stage. The table, window and
+hang-limit settings live below every stage, in wattgate/triage_tables.py.
 
 The public names below load their module on first use, so that importing the
 package does not load pandas and the algorithm.

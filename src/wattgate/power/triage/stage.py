@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.errors import InputError
-from wattgate.power import power_only
+from wattgate.power.triage import power_only
 from wattgate.triage_tables import TriageTable
 from wattgate.power.triage.phases import (
     COMPUTE,
