@@ -3,7 +3,7 @@
 The examples (config/examples/*.yaml) point at data and weights that live on a
 cluster. This script stands in for them: document lengths drawn from a
 log-normal (seeded; --docs and --mean-tokens set the corpus), packed and placed
-by the real planner (pack/plan.py plan_packs) with the config's pack settings,
+by the real planner (pack/planner.py plan_packs) with the config's pack settings,
 and the model shape from --model-config (a transformers config.json; default
 Qwen3-32B's) in place of model.path's weights. It prints what `wattgate gate` would write: the forecast with its
 terms (gate/cost.py, wattgate/forecast.py) and, with --remainder none, where
@@ -29,7 +29,7 @@ from wattgate.gate.cost import cost_markdown, cost_section
 from wattgate.gate.inputs import PackRows
 from wattgate.gate.memory import ModelSpec
 from wattgate.pack.assign import Layout
-from wattgate.pack.plan import plan_packs
+from wattgate.pack.planner import plan_packs
 
 from gate import QWEN3_32B as QWEN3_32B_SHAPE  # bench/gate.py, beside this script
 

@@ -28,7 +28,7 @@ from trl.data_utils import pack_dataset
 
 from wattgate.pack.assign import Layout
 from wattgate.pack.bfd import pack_bfd
-from wattgate.pack.plan import plan_packs
+from wattgate.pack.planner import plan_packs
 
 SEQ_LEN = 8192
 WORLD_SIZE, MICRO_BATCH, GRAD_ACCUM = 16, 1, 8

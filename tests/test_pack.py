@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from wattgate.errors import InputError
 from wattgate.pack.assign import Layout
 from wattgate.pack.bfd import pack_bfd
-from wattgate.pack.plan import plan_packs
+from wattgate.pack.planner import plan_packs
 
 
 def reference_bfd_bins(lengths, capacity):

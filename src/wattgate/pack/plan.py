@@ -13,8 +13,9 @@ import pyarrow.parquet as pq
 from wattgate.artifacts import atomic_path, canonical_json, sha256_file
 from wattgate.config import world_size
 from wattgate.errors import InputError
-from wattgate.pack.assign import Layout, assign_ranks, assign_uneven, pack_costs, rank_cost_ratios
-from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs, apply_remainder
+from wattgate.pack.assign import Layout, rank_cost_ratios
+from wattgate.pack.planner import plan_packs
+from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs
 from wattgate.pack.segments import HISTORY, continue_plan, keep_in_history, resume_source, segment_rows, step_ordinal
 from wattgate.data.split import read_validation_ids, train_doc_ids
 from wattgate.pack.validation import EVAL_PACKS, ValidationPlan, plan_validation
@@ -137,21 +138,6 @@ def validation_section(
         settings["attn_weight"],
     )
     return dict(vplan.stats, packs=EVAL_PACKS, packs_sha256=None), vplan
-
-
-def plan_packs(
-    lengths: np.ndarray, seq_len: int, layout: Layout, remainder: str, epochs: int, seed: int, attn_weight: float
-):
-    """Pure core of the stage: (packs, placement, tokens per pack, cost per pack)."""
-    packs = apply_remainder(lengths, seq_len, remainder, layout.world_size, layout.packs_per_step)
-    tokens = packs.sum_per_pack(lengths)
-    sum_sq = packs.sum_per_pack(lengths**2)
-    costs = pack_costs(tokens, sum_sq, attn_weight)
-    if packs.rank_of_pack is not None:
-        placement = assign_uneven(packs.rank_of_pack, layout, epochs, seed)
-    else:
-        placement = assign_ranks(costs, layout, epochs, seed)
-    return packs, placement, tokens, costs
 
 
 def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:

@@ -32,6 +32,7 @@ from wattgate.artifacts import sha256_file
 from wattgate.errors import InputError
 from wattgate.run_files import read_plan
 from wattgate.pack.assign import Layout, assign_ranks, pack_costs, sort_placement
+from wattgate.pack.planner import plan_packs
 from wattgate.identity import model_train_differences
 
 HISTORY = "history"
@@ -331,8 +332,6 @@ def _planned(
     epoch_offset: int,
 ) -> dict:
     """`doc_ids` packed and placed by the ordinary planner for `epochs` epochs, numbered from epoch_offset."""
-    from wattgate.pack.plan import plan_packs  # plan.py publishes through this module
-
     packs, placement, tokens, _ = plan_packs(lengths[doc_ids], seq_len, layout, remainder, epochs, seed, attn_weight)
     placement = sort_placement(placement)
     sizes = np.diff(packs.offsets)[placement.pack]
