@@ -1,6 +1,6 @@
 """Bring-your-own-telemetry speed: nvidia-smi CSV -> import -> power-only triage -> report, end to end.
 
-Data. An 8-GPU, 12-minute job on one host (H100 table levels, wattgate.data.synthetic_trace draws the
+Data. An 8-GPU, 12-minute job on one host (H100 table levels, wattgate.testing.synthetic_trace draws the
 samples): compute with a checkpoint every ~2.5 min (rank 0 writes at ~0-10% utilization while the
 other 7 GPUs wait in a collective at ~100% utilization and near-idle power for 26-38 s, shorter
 than deadlock_after_s), then a hang to the end of the log (rank 5 idle, the rest spinning). Written
@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from wattgate.data.synthetic_trace import build_trace, gpus_of, job, write_nvidia_smi_csv
+from wattgate.testing.synthetic_trace import build_trace, gpus_of, job, write_nvidia_smi_csv
 from wattgate.power.importers import import_trace, write_trace
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import run_triage

@@ -2,7 +2,7 @@
 
 Data. The 16-GPU day of bench/triage_accuracy.py (2 hosts x 8 B300s, long
 compute with communication, data starvation and a checkpoint every ~55 min,
-a hang in the last 10 minutes; wattgate.data.synthetic_trace draws the samples),
+a hang in the last 10 minutes; wattgate.testing.synthetic_trace draws the samples),
 written as the samplers would: one Parquet trace per host, rows in time order
 (all GPUs of a sample together) and the NVML energy counter on every 100th
 sample of a GPU (the sampler reads it every 10 s). Beside it the run's files:
@@ -55,7 +55,7 @@ import pyarrow.parquet as pq
 from triage_accuracy import day_schedule  # bench/, on sys.path as the script's folder
 
 from wattgate.artifacts import write_json_atomic
-from wattgate.data.synthetic_trace import build_trace, gpus_of, job, write_run_info
+from wattgate.testing.synthetic_trace import build_trace, gpus_of, job, write_run_info
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import run_report, summarize

@@ -1,7 +1,7 @@
 """Power triage: accuracy per phase on labelled synthetic traces, and speed on a 24 h, 16-GPU trace.
 
 Accuracy. For each shipped table (A100, H100, H200, B200, B300), two jobs on
-2 nodes x 2 GPUs built by wattgate.data.synthetic_trace (see its docstring for the
+2 nodes x 2 GPUs built by wattgate.testing.synthetic_trace (see its docstring for the
 power and utilization of each phase as a function of the table): one ends in
 a hang with one rank stuck at 0% utilization, one finishes and idles. Between
 long compute stretches come communication, short sync waits, data
@@ -57,7 +57,7 @@ import pandas as pd
 
 import pyarrow.parquet as pq
 
-from wattgate.data.synthetic_trace import (
+from wattgate.testing.synthetic_trace import (
     PUBLISHED_H200,
     accuracy,
     build_trace,

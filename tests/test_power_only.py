@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 from wattgate.cli import main
-from wattgate.data.synthetic_trace import build_trace, gpus_of, job, write_nvidia_smi_csv
+from wattgate.testing.synthetic_trace import build_trace, gpus_of, job, write_nvidia_smi_csv
 from wattgate.errors import InputError
 from wattgate.power.importers import import_trace, write_trace
 from wattgate.triage_tables import shipped_table
@@ -218,7 +218,7 @@ def test_report_needs_a_run_or_traces(tmp_path):
 
 def test_heartbeats_switch_power_only_off(tmp_path):
     """A run folder with heartbeats: no power-only section (the run's own record decides the pauses)."""
-    from wattgate.data.synthetic_trace import write_run_info
+    from wattgate.testing.synthetic_trace import write_run_info
 
     synth = build_trace(job(gpus_of(1, 2), [("compute", 60), ("checkpoint", 20), ("compute", 30)]), TABLE)
     run = tmp_path / "run"

@@ -1,7 +1,7 @@
 """`wattgate report`: summary.json numbers, the self-contained page, anomalies, determinism and bad inputs.
 
 Real data: the H200 training run in tests/data/h200/train (one GPU, energy counter on every sample).
-Synthetic: wattgate.data.synthetic_trace jobs for hangs, hand-written metrics for stragglers and data starvation,
+Synthetic: wattgate.testing.synthetic_trace jobs for hangs, hand-written metrics for stragglers and data starvation,
 and an empty trace (what the sampler writes without NVML) for the CPU default.
 """
 
@@ -20,7 +20,7 @@ import pytest
 from real_traces import H200_DATA
 
 from wattgate.cli import main
-from wattgate.data.synthetic_trace import T0, build_trace, gpus_of, job, write_run_info
+from wattgate.testing.synthetic_trace import T0, build_trace, gpus_of, job, write_run_info
 from wattgate.errors import InputError
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import LABELS, run_triage

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from wattgate.data.synthetic_trace import build_trace, gpus_of, job, write_run_info
+from wattgate.testing.synthetic_trace import build_trace, gpus_of, job, write_run_info
 from wattgate.errors import InputError
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import LABELS, run_triage

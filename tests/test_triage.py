@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from wattgate.data.synthetic_trace import T0, accuracy, build_trace, gpus_of, job, write_run_info
+from wattgate.testing.synthetic_trace import T0, accuracy, build_trace, gpus_of, job, write_run_info
 from wattgate.errors import InputError
 from wattgate.triage_tables import SHIPPED, TriageTable, shipped_table
 from wattgate.power.triage import PHASES_SCHEMA, load_run_info, map_ranks, phase_summary, run_triage, triage

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from wattgate.data.synthetic_trace import build_trace, gpus_of, job
+from wattgate.testing.synthetic_trace import build_trace, gpus_of, job
 from wattgate.errors import InputError
 from wattgate.power.energy import gpu_energy, records
 from wattgate.triage_tables import shipped_table

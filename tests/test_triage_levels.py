@@ -108,7 +108,7 @@ def frame(rows, host="n0"):
 def write_frame(df, path, meta=None):
     """A trace file as a sampler or import-trace leaves it, with `meta` (e.g. device names, power limits)."""
     import pyarrow.parquet as pq
-    from wattgate.data.synthetic_trace import trace_table
+    from wattgate.testing.synthetic_trace import trace_table
 
     from wattgate.telemetry.trace import schema_with_meta
 

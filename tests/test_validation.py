@@ -246,7 +246,7 @@ def test_the_cadence_evaluates_every_n_steps_at_epoch_ends_and_after_the_last_st
 def test_triage_reads_a_validation_pass_from_the_heartbeats_as_compute(tmp_path):
     """A pass of small forward-only micro-batches can sit low in power and between step stamps: the run's own
     heartbeats (phase eval) make it compute, neither data starvation nor a hang; a pass that never ends stays a hang."""
-    from wattgate.data.synthetic_trace import T0, build_trace, gpus_of, job
+    from wattgate.testing.synthetic_trace import T0, build_trace, gpus_of, job
     from wattgate.triage_tables import shipped_table
     from wattgate.power.triage import load_run_info, triage
 
