@@ -33,7 +33,7 @@ stamp "1. sampler, 8 s on the idle GPU"
 $W sample --out "$OUT/sampler-idle.parquet" --duration 8
 $PY - "$OUT/sampler-idle.parquet" <<'EOF'
 import sys
-from wattgate.telemetry.trace import read_trace, trace_meta
+from wattgate.trace import read_trace, trace_meta
 t = read_trace(sys.argv[1]); d = t.to_pandas(); m = trace_meta(t)
 print("rows", len(d), "power source", m.get("power_source"), "gpus", [(g["name"], g.get("gpm")) for g in m["gpus"]])
 print("non-null columns:", [c for c in d.columns if d[c].notna().any()])

@@ -412,7 +412,7 @@ def package_shares(trace_paths, gpu_model: str, window_s: float, run_dir=None) -
         from wattgate.telemetry.triage import load_run_info, triage
     import pyarrow as pa
 
-    from wattgate.telemetry.trace import read_trace, trace_meta
+    from wattgate.trace import read_trace, trace_meta
 
     start = time.perf_counter()
     tables = [read_trace(Path(p)) for p in trace_paths]

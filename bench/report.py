@@ -59,7 +59,7 @@ from wattgate.testing.synthetic_trace import build_trace, gpus_of, job, write_ru
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import run_report, summarize
-from wattgate.telemetry.trace import schema_with_meta, trace_files
+from wattgate.trace import schema_with_meta, trace_files
 
 TARGET_S = 10.0  # triage + report, 16 GPUs x 24 h x 10 Hz, 2-core bench VM
 TARGET_RATIO = 8.0  # issue 14: triage + report at least 8x faster than the pandas baseline

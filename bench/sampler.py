@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from wattgate.telemetry.sampler import StopFlag, sample_loop
-from wattgate.telemetry.trace import TraceWriter, read_trace
+from wattgate.trace import TraceWriter, read_trace
 
 
 class SyntheticSource:

@@ -70,7 +70,7 @@ from wattgate.testing.synthetic_trace import (
 from wattgate.gpus import SHIPPED
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import load_run_info, run_triage, triage
-from wattgate.telemetry.trace import read_trace, trace_meta
+from wattgate.trace import read_trace, trace_meta
 
 H200_DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200"  # the real traces kept with the tests
 

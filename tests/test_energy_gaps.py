@@ -9,7 +9,7 @@ import pytest
 from wattgate.power import energy as E
 from wattgate.power.triage import run_triage
 from wattgate.report import run_report
-from wattgate.telemetry.trace import TraceWriter
+from wattgate.trace import TraceWriter
 
 T0 = 1753576485.0
 J_PER_KWH = 3.6e6

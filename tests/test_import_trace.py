@@ -9,7 +9,7 @@ from conftest import REPO
 from wattgate.errors import InputError
 from wattgate.power.importers import import_trace, infer_burst_positions, write_trace
 from wattgate.triage_tables import resolve_table
-from wattgate.telemetry.trace import TRACE_SCHEMA, read_trace, trace_meta
+from wattgate.trace import TRACE_SCHEMA, read_trace, trace_meta
 
 SMI_HEADER = "timestamp, index, name, power.draw [W], power.draw.instant [W], utilization.gpu [%], memory.used [MiB]"
 T0 = 1753576485.155  # 2025/07/27 00:34:45.155 UTC

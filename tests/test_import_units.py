@@ -9,7 +9,7 @@ import pytest
 
 from wattgate.errors import InputError
 from wattgate.power.importers import import_trace, write_trace
-from wattgate.telemetry.trace import TRACE_SCHEMA, read_trace, schema_with_meta, trace_meta
+from wattgate.trace import TRACE_SCHEMA, read_trace, schema_with_meta, trace_meta
 
 
 def write(path, text):
@@ -179,7 +179,7 @@ def test_unknown_header_unit_is_an_error_naming_the_header_line(tmp_path):
 
 
 def test_null_invalid_values_works_on_a_column_subset():
-    from wattgate.telemetry.trace import null_invalid_values
+    from wattgate.trace import null_invalid_values
 
     t = pa.table({"time": [1.0, 2.0, 3.0], "power_w": pa.array([1.0, float("inf"), -1.0], pa.float32())})
     out, counts = null_invalid_values(t)

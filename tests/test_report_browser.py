@@ -16,7 +16,7 @@ import pytest
 from real_traces import H200_DATA
 
 from wattgate.report import run_report
-from wattgate.telemetry.trace import TraceWriter
+from wattgate.trace import TraceWriter
 
 pytestmark = pytest.mark.slow
 

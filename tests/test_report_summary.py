@@ -25,7 +25,7 @@ from wattgate.report.inputs import METRICS_OPTIONAL, METRICS_REQUIRED, PHASE_COL
 from wattgate.run_files import read_metrics
 from wattgate.report.phases import phase_windows, totals
 from wattgate.report.steps import step_table
-from wattgate.telemetry.trace import trace_files
+from wattgate.trace import trace_files
 
 # ---------------------------------------------------------------- the pandas versions they replaced
 

@@ -16,7 +16,7 @@ from wattgate.errors import InputError
 from wattgate.power.calibrate import derive_table, power_stats
 from wattgate.triage_tables import load_table_file, parse_table, resolve_table, shipped_table
 from wattgate.telemetry.sampler import StopFlag, sample_loop
-from wattgate.telemetry.trace import TRACE_SCHEMA, TraceWriter, live_segments, read_trace, segment_dir, trace_files
+from wattgate.trace import TRACE_SCHEMA, TraceWriter, live_segments, read_trace, segment_dir, trace_files
 
 try:
     import pynvml

@@ -12,7 +12,7 @@ from wattgate.testing.synthetic_trace import T0, accuracy, build_trace, gpus_of,
 from wattgate.errors import InputError
 from wattgate.triage_tables import SHIPPED, TriageTable, shipped_table
 from wattgate.power.triage import PHASES_SCHEMA, load_run_info, map_ranks, phase_summary, run_triage, triage
-from wattgate.telemetry.trace import TRACE_SCHEMA, TraceWriter
+from wattgate.trace import TRACE_SCHEMA, TraceWriter
 
 DL = 30.0  # deadlock_after_s in these tests: keeps the traces short
 MIXED = [

@@ -14,7 +14,7 @@ from wattgate.power.energy import gpu_energy, records
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import run_triage
 from wattgate.report.inputs import read_samples
-from wattgate.telemetry.trace import TRACE_SCHEMA, read_trace, schema_with_meta
+from wattgate.trace import TRACE_SCHEMA, read_trace, schema_with_meta
 
 PHASES = [("idle", 20), ("compute", 60), ("communication", 10), ("compute", 40)]
 
@@ -121,7 +121,7 @@ def test_read_trace_columns_still_refuses_a_foreign_table(tmp_path):
 
 
 def test_run_triage_takes_a_finished_trace_and_a_killed_samplers_segments_together(tmp_path):
-    from wattgate.telemetry.trace import TraceWriter, segment_dir
+    from wattgate.trace import TraceWriter, segment_dir
 
     synth = build_trace(job(gpus_of(2, 1), PHASES), shipped_table("h100"), seed=2)
     paths = synth.write(tmp_path / "t")

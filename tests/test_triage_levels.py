@@ -110,7 +110,7 @@ def write_frame(df, path, meta=None):
     import pyarrow.parquet as pq
     from wattgate.testing.synthetic_trace import trace_table
 
-    from wattgate.telemetry.trace import schema_with_meta
+    from wattgate.trace import schema_with_meta
 
     table = trace_table(
         df["time"].to_numpy(),

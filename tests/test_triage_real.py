@@ -15,7 +15,7 @@ from real_traces import H200_DATA
 from wattgate.testing.synthetic_trace import PUBLISHED_H200, calibration_agreement, train_agreement, train_parts
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import load_run_info, run_triage, triage
-from wattgate.telemetry.trace import read_trace, trace_meta
+from wattgate.trace import read_trace, trace_meta
 
 TRAIN = H200_DATA / "train"
 TABLES = {"calibrated": lambda: shipped_table("h200"), "published": lambda: PUBLISHED_H200}

@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 
 from wattgate.triage_tables import shipped_table
-from wattgate.telemetry.trace import TraceWriter, read_trace, segment_dir
+from wattgate.trace import TraceWriter, read_trace, segment_dir
 from wattgate.telemetry.watch import (
     TraceTail,
     WatchSettings,

@@ -178,7 +178,7 @@ def _import_trace(args, config) -> None:
 
 def _triage(args, config) -> None:
     from wattgate.power.triage import run_triage
-    from wattgate.telemetry.trace import trace_files
+    from wattgate.trace import trace_files
     from wattgate.triage_tables import TriageSettings
 
     # the run's settings, unless given on the command line

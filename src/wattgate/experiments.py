@@ -130,7 +130,7 @@ def step_throughput(metrics: pd.DataFrame, skip: int = 1) -> dict:
 def measured_energy_j(telemetry: Path, start: float, end: float) -> float | None:
     """Board energy over [start, end] from the node traces (integrated instant power); None without GPUs."""
     from wattgate.power.energy import trapezoids
-    from wattgate.telemetry.trace import read_trace, trace_files
+    from wattgate.trace import read_trace, trace_files
 
     total, seen = 0.0, False
     for path in trace_files(telemetry):

@@ -36,7 +36,7 @@ from wattgate.artifacts import atomic_path, write_bytes_atomic
 from wattgate.errors import InputError
 from wattgate.telemetry.nvml import NvmlSource, NvmlUnavailable
 from wattgate.triage_tables import TriageTable, parse_table, shipped_table
-from wattgate.telemetry.trace import TraceWriter
+from wattgate.trace import TraceWriter
 
 ORDER = ("idle", "compute", "data_starvation", "checkpoint", "communication", "deadlock")
 LOW_PHASES = ("idle", "checkpoint", "deadlock")

@@ -51,7 +51,7 @@ import pyarrow.parquet as pq
 
 from wattgate.artifacts import atomic_path
 from wattgate.errors import InputError
-from wattgate.telemetry.trace import TRACE_SCHEMA
+from wattgate.trace import TRACE_SCHEMA
 from wattgate.power.log_parsing import (
     Imported,
     BadLine,

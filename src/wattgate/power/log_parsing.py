@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from wattgate.errors import InputError
-from wattgate.telemetry.trace import TRACE_SCHEMA, invalid_value, schema_with_meta
+from wattgate.trace import TRACE_SCHEMA, invalid_value, schema_with_meta
 
 MISSING = {
     "",

@@ -48,7 +48,7 @@ from wattgate.run_files import (
     read_trained,
     read_watcher,
 )
-from wattgate.telemetry.trace import TRACE_SCHEMA, null_invalid_values, read_trace, trace_files, trace_meta
+from wattgate.trace import TRACE_SCHEMA, null_invalid_values, read_trace, trace_files, trace_meta
 
 TRACE_COLUMNS = ["time", "host", "gpu", "power_w", "energy_j"]
 METRICS_REQUIRED = ["step", "rank", "time"]  # metrics.parquet: the report needs these, reads the rest if there

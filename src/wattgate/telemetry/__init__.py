@@ -1,1 +1,1 @@
-"""GPU telemetry during training: the NVML sampler, the trace format, the hang watcher."""
+"""GPU telemetry during training: the NVML sampler and the hang watcher (the trace format is wattgate/trace.py)."""

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from wattgate.telemetry.nvml import NvmlSource, NvmlUnavailable
-from wattgate.telemetry.trace import TraceWriter, expand_host
+from wattgate.trace import TraceWriter, expand_host
 
 PR_SET_PDEATHSIG = 1
 

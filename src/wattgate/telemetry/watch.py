@@ -38,7 +38,7 @@ from wattgate.forecast import fmt_hours, hang_cost
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, TriageSettings, TriageTable
 from wattgate.run_files import WATCHER, read_heartbeats  # noqa: F401 (read_heartbeats: callers import it here)
 from wattgate.telemetry.kill import _alive, _stop_job, kill_tree, process_tree  # noqa: F401 (re-exported)
-from wattgate.telemetry.trace import SEGMENT_DIR_SUFFIX, _segment_range, live_segments
+from wattgate.trace import SEGMENT_DIR_SUFFIX, _segment_range, live_segments
 from wattgate.telemetry.watch_inputs import COLLECTIVE_PHASES, WATCH_PHASES, ActivityMeter, BeatReader, first_steps
 
 PHASE_ORDER = {phase: i for i, phase in enumerate(WATCH_PHASES)}

@@ -65,7 +65,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from wattgate.triage_tables import TriageTable
-from wattgate.telemetry.trace import TRACE_SCHEMA, schema_with_meta
+from wattgate.trace import TRACE_SCHEMA, schema_with_meta
 
 T0 = 1_700_000_000.0
 PHASE_OF = {

@@ -21,7 +21,7 @@ from wattgate.codes import column_codes
 from wattgate.errors import InputError
 from wattgate.triage_tables import POWER_PHASES
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S
-from wattgate.telemetry.trace import strict_json
+from wattgate.trace import strict_json
 
 FORMAT_VERSION = 1
 LABELS = POWER_PHASES + ("unknown",)

@@ -58,7 +58,7 @@ from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
 from wattgate.power.triage.smoothing import SMOOTH_RADIUS, _majority, _rolling_median
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.windows import CHUNK_ROWS, _Ingest, _Windows, _windows, ingest, ingest_energy, table_batches
-from wattgate.telemetry.trace import read_trace_chunks, strict_json
+from wattgate.trace import read_trace_chunks, strict_json
 
 
 def triage(
