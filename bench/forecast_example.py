@@ -6,7 +6,7 @@ log-normal (seeded; --docs and --mean-tokens set the corpus), packed and placed
 by the real planner (pack/planner.py plan_packs) with the config's pack settings,
 and the model shape from --model-config (a transformers config.json; default
 Qwen3-32B's) in place of model.path's weights. It prints what `wattgate gate` would write: the forecast with its
-terms (gate/cost.py, wattgate/forecast.py) and, with --remainder none, where
+terms (gate/cost.py, wattgate/forecast/) and, with --remainder none, where
 the uneven plan would hang and what that would have cost.
 
     python bench/forecast_example.py config/examples/qwen3-32b-2x8-b300.yaml --remainder none

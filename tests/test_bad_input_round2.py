@@ -72,9 +72,9 @@ def test_a_utf8_byte_order_mark_is_not_part_of_the_first_header_name(tmp_path, g
 def _ledger_record(**changes) -> dict:
     import numpy as np
 
-    from wattgate import forecast as F
+    from wattgate.ledger import run_record
 
-    rec = F.run_record(
+    rec = run_record(
         run_name="earlier",
         shape={"hidden_size": 64},
         gpu_model="cpu",
@@ -121,26 +121,26 @@ def _ledger_record(**changes) -> dict:
 def test_a_bad_ledger_line_is_rejected_with_file_line_and_field(tmp_path, line, field):
     import json
 
-    from wattgate import forecast as F
+    from wattgate.ledger import read_ledger
 
     ledger = tmp_path / "throughput.jsonl"
     ledger.write_text(json.dumps(_ledger_record()) + "\n" + line + "\n")
     pattern = r"throughput\.jsonl:2: not a throughput record \("
     pattern += rf"field '{field}' is .*expected" if field else "a JSON object expected"
     with pytest.raises(InputError, match=pattern):
-        F.read_ledger(ledger)
+        read_ledger(ledger)
 
 
 def test_a_negative_startup_no_longer_gives_a_forecast_that_fits(tmp_path):
     """Before: startup_s -1e6 passed and the forecast's wall time went negative."""
     import json
 
-    from wattgate import forecast as F
+    from wattgate.ledger import read_ledger
 
     ledger = tmp_path / "throughput.jsonl"
     good = _ledger_record()
     ledger.write_text(json.dumps(good) + "\n")
-    assert F.read_ledger(ledger) == [good]  # a record train writes is valid, every field checked
+    assert read_ledger(ledger) == [good]  # a record train writes is valid, every field checked
     ledger.write_text(json.dumps(_ledger_record(startup_s=-1e6)) + "\n")
     with pytest.raises(InputError, match=r"throughput\.jsonl:1: .*'startup_s' is -1000000"):
-        F.read_ledger(ledger)
+        read_ledger(ledger)

@@ -13,7 +13,11 @@ import pytest
 import yaml
 
 from conftest import REPO
-from wattgate import forecast as F
+from wattgate.cadence import checkpoint_steps
+from wattgate.forecast.failure import failure_cost, first_divergence
+from wattgate.forecast.throughput import flops_throughput
+from wattgate.forecast.walltime import PlanCosts, Settings, forecast, table_levels
+from wattgate.ledger import append_ledger, read_ledger, run_record
 from wattgate.config import validate_config
 from wattgate.data.pretokenize import pretokenize
 from wattgate.errors import InputError
@@ -91,7 +95,7 @@ def test_the_divergence_named_is_the_one_the_packs_give(uneven, tmp_path, where)
     frame = packs_frame(inputs.packs)
     expected = independent_divergence(frame, 3)
     assert expected is not None, "the plan should be uneven"
-    div = F.first_divergence(inputs.packs.epoch, inputs.packs.step, inputs.packs.micro, inputs.packs.rank, 3)
+    div = first_divergence(inputs.packs.epoch, inputs.packs.step, inputs.packs.micro, inputs.packs.rank, 3)
     assert (div["epoch"], div["step"], div["micro"]) == expected
     e, st, m = expected
     has = set(frame.loc[(frame["epoch"] == e) & (frame["step"] == st) & (frame["micro"] == m), "rank"])
@@ -111,7 +115,7 @@ def test_an_even_plan_has_no_divergence(tmp_path):
     e = np.repeat([0, 0, 1, 1], 2)
     s = np.array([0, 0, 1, 1, 0, 0, 1, 1])
     r = np.tile([0, 1], 4)
-    assert F.first_divergence(e, s, np.zeros(8, int), r, 2) is None
+    assert first_divergence(e, s, np.zeros(8, int), r, 2) is None
 
 
 def test_gate_json_and_md_give_the_cost_of_the_hang_it_prevented(uneven, tmp_path):
@@ -122,9 +126,9 @@ def test_gate_json_and_md_give_the_cost_of_the_hang_it_prevented(uneven, tmp_pat
     shape = dataclasses.asdict(spec)
     # a measured rate for this shape and world size: 1000 cost units/s, 2 s start-up, 1 s load; 1 GB written in
     # 3 s of checkpoints and export: 1/3 GB/s
-    F.append_ledger(
+    append_ledger(
         ledger,
-        F.run_record(
+        run_record(
             run_name="earlier",
             shape=shape,
             gpu_model="cpu",
@@ -196,22 +200,22 @@ def test_a_damaged_ledger_line_is_one_clear_error(tmp_path):
     ledger = tmp_path / "throughput.jsonl"
     ledger.write_text('{"cost_per_s": 5.0}\nnot json\n')
     with pytest.raises(InputError, match=r"throughput.jsonl:2: not a throughput record .*delete that line"):
-        F.read_ledger(ledger)
+        read_ledger(ledger)
 
 
 def test_b300_example_forecast_is_analytic_with_every_term(tmp_path):
     """The field report's 2 x 8 B300 Qwen3-32B config: before any run, the datasheet rate at 35% MFU."""
     spec = ModelSpec.from_hf_config(QWEN3_32B, "qwen3-32b")
-    tp = F.flops_throughput(spec.num_params, 2250e12, 0.35, "analytic", "datasheet")
+    tp = flops_throughput(spec.num_params, 2250e12, 0.35, "analytic", "datasheet")
     steps = 812
-    costs = F.PlanCosts(
+    costs = PlanCosts(
         np.full(2 * steps, 4 * 8192.0),
         np.repeat([0, 1], steps),
         np.tile(np.arange(steps), 2),
         steps,
         [steps, 2 * steps],
     )
-    s = F.Settings(
+    s = Settings(
         world_size=16,
         on_gpu=True,
         checkpoint_every=200,
@@ -225,13 +229,13 @@ def test_b300_example_forecast_is_analytic_with_every_term(tmp_path):
     )
     from wattgate.triage_tables import shipped_table
 
-    fc = F.forecast(costs, tp, s, F.table_levels(shipped_table("b300")))
+    fc = forecast(costs, tp, s, table_levels(shipped_table("b300")))
     # 6 x 32.8e9 x 32768 tokens per step / (2250e12 x 0.35) = 8.2 s per step
     assert fc["terms_s"]["steps_s"] / (2 * steps) == pytest.approx(6 * spec.num_params * 32768 / (2250e12 * 0.35))
-    assert fc["checkpoints"] == len(F.checkpoint_steps(2 * steps, 200, [steps, 2 * steps], True)) == 10
+    assert fc["checkpoints"] == len(checkpoint_steps(2 * steps, 200, [steps, 2 * steps], True)) == 10
     assert fc["gpu_hours"] == pytest.approx(fc["wall_s"] * 16 / 3600, rel=1e-3)
     div = {"epoch": 1, "step": steps - 1, "micro": 0, "steps_in_epoch": steps, "ranks_with": [0], "ranks_without": [1]}
-    line = F.failure_cost(div, costs, fc, s)["line"]
+    line = failure_cost(div, costs, fc, s)["line"]
     assert line.startswith(f"would hang at epoch 1 step {steps} of {steps}") and "the gate saved them" in line
 
 

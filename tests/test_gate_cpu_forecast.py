@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from wattgate import forecast as F
+from wattgate.forecast.throughput import host_matmul_flops, host_matmul_throughput
 from wattgate.config import validate_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.gate.run import run_gate
@@ -57,10 +57,10 @@ def test_cpu_without_a_ledger_line_forecasts_from_the_host_matmul_and_costs_the_
 
 def test_the_host_matmul_takes_under_a_second_and_reads_a_real_rate():
     start = time.perf_counter()
-    flops = F.host_matmul_flops()
+    flops = host_matmul_flops()
     assert time.perf_counter() - start < 1.0
     assert 1e8 < flops < 1e14  # between a tenth of a GFLOP/s and 100 TFLOP/s: a CPU, measured
-    tp = F.host_matmul_throughput(1_000_000, 4, 0.5, flops)
+    tp = host_matmul_throughput(1_000_000, 4, 0.5, flops)
     assert tp.cost_per_s == flops / 4 * 0.5 / 6e6 and tp.source == "host-matmul"
 
 

@@ -1,14 +1,29 @@
-"""What a throughput-ledger record may hold (forecast.read_ledger checks every line with it).
+"""The throughput ledger (results/throughput.jsonl): what a record may hold, and its reader and writer.
 
 The gate forecasts from these numbers, so a value no run can have is an input error naming the field, never
 a crash or a forecast that "fits" a budget because a term is negative. Fields are optional (a hand-written
 line may hold only `cost_per_s`), but any field present must be of its type and within its range.
+
+train appends one record per finished run (run_record, append_ledger); the gate reads them all (read_ledger)
+for the measured throughput of the same model shape, world size and GPU model.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
+from pathlib import Path
+
+import numpy as np
+
+from wattgate.artifacts import write_bytes_atomic
+from wattgate.errors import InputError
+
+LEDGER_NAME = "throughput.jsonl"
+LEDGER_VERSION = 1
+WARMUP_STEPS = 5  # first steps of a run kept out of its measured rate (one-off costs)
 
 MAX_SECONDS = 1e8  # ~3 years: longer than any job; a duration beyond it is a broken line, not a measurement
 MAX_RATE = 1e15  # cost units (token-equivalents) or tokens per second per rank: far above any accelerator
@@ -96,3 +111,110 @@ def record_problem(rec) -> str | None:
         if name in rec and (expected := check(rec[name])):
             return f"field {name!r} is {rec[name]!r}: expected {expected}"
     return None
+
+
+def shape_key(shape: dict) -> str:
+    """A short stable name for a model shape (the decoder's dimensions)."""
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def ledger_path(results: Path) -> Path:
+    return Path(results) / LEDGER_NAME
+
+
+def read_ledger(path: Path) -> list[dict]:
+    """Every record of a throughput ledger (none if it does not exist); a damaged line is an input error."""
+    if not path.is_file():
+        return []
+    records = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the throughput ledger ({exc.strerror or exc})") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            problem = record_problem(rec)
+            if problem:
+                raise ValueError(problem)
+        except ValueError as exc:
+            raise InputError(
+                f"{path}:{lineno}: not a throughput record ({exc}); fix or delete that line "
+                "(train appends one per finished run)"
+            ) from None
+        records.append(rec)
+    return records
+
+
+def append_ledger(path: Path, record: dict) -> None:
+    """Add one record; the ledger is rewritten to a temp name and renamed, so a killed job leaves no half line."""
+    existing = path.read_bytes() if path.is_file() else b""
+    if existing and not existing.endswith(b"\n"):
+        existing += b"\n"
+    write_bytes_atomic(path, existing + (json.dumps(record, sort_keys=True) + "\n").encode())
+
+
+def warmup_steps(n: int) -> int:
+    """Steps at the start of a run that carry one-off costs (allocator, thread pools, kernel selection)."""
+    return min(WARMUP_STEPS, n // 4)
+
+
+def run_record(
+    *,
+    run_name: str,
+    shape: dict,
+    gpu_model: str,
+    world_size: int,
+    seq_len: int,
+    micro_batch_size: int,
+    attn_weight: float,
+    step_costs: np.ndarray,
+    step_times: list[float],
+    tokens: int,
+    startup_s: float,
+    load_s: float,
+    checkpoints: int,
+    checkpoint_s: float,
+    checkpoint_bytes: int,
+    export_s: float,
+    export_bytes: int,
+    job_s: float,
+) -> dict:
+    """A finished run's throughput: what a forecast for the same shape, world size and GPU model reuses.
+
+    The rate is measured after the first warm-up steps; their time beyond that rate is warmup_s, a one-off
+    term of every run (so a short first run does not make a long second one look slow)."""
+    times = np.asarray(step_times, float)
+    costs = np.asarray(step_costs, float)[: len(times)]
+    w = warmup_steps(len(times))
+    steady_s, steady_cost = float(times[w:].sum()), float(costs[w:].sum())
+    rate = steady_cost / steady_s if steady_s > 0 else 0.0
+    warmup_s = max(float(times[:w].sum()) - float(costs[:w].sum()) / rate, 0.0) if rate > 0 else 0.0
+    written = checkpoints * checkpoint_bytes + export_bytes
+    io_s = checkpoint_s + export_s
+    return {
+        "version": LEDGER_VERSION,
+        "time": round(time.time(), 3),
+        "run_name": run_name,
+        "shape": shape,
+        "shape_key": shape_key(shape),
+        "gpu_model": gpu_model.lower(),
+        "world_size": world_size,
+        "seq_len": seq_len,
+        "micro_batch_size": micro_batch_size,
+        "attn_weight": attn_weight,
+        "steps": int(len(times)),
+        "cost_per_s": rate,
+        "tokens_per_s": tokens / float(times.sum()) if times.sum() > 0 else 0.0,
+        "step_s": round(float(times.sum()), 6),
+        "warmup_s": round(warmup_s, 3),
+        "startup_s": round(startup_s, 3),
+        "load_s": round(load_s, 3),
+        "checkpoints": checkpoints,
+        "checkpoint_s": round(checkpoint_s, 3),
+        "export_s": round(export_s, 3),
+        "storage_gbps": written / io_s / 1e9 if io_s > 0 and written > 0 else None,
+        "job_s": round(job_s, 3),
+    }

@@ -1,5 +1,5 @@
 """The gate's cost section: the train job's forecast (wall time, GPU-hours, kWh) and, when the ranks' step
-sequences differ, where the run would hang and what that would have cost (wattgate/forecast.py)."""
+sequences differ, where the run would hang and what that would have cost (wattgate/forecast/)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,25 @@ from pathlib import Path
 
 import numpy as np
 
-from wattgate import forecast as F
+from wattgate.durations import fmt_hours
+from wattgate.forecast.failure import failure_cost, failure_line, first_divergence
+from wattgate.forecast.throughput import (
+    Throughput,
+    flops_throughput,
+    host_matmul_flops,
+    host_matmul_throughput,
+    measured_throughput,
+)
+from wattgate.forecast.walltime import (
+    FORWARD_SHARE,
+    PlanCosts,
+    Settings,
+    check_budget,
+    forecast,
+    plan_costs,
+    table_levels,
+)
+from wattgate.ledger import read_ledger
 from wattgate.config import world_size
 from wattgate.errors import InputError
 from wattgate.cadence import Cadence, eval_steps
@@ -21,20 +39,20 @@ from wattgate.gpus import is_cpu, peak_bf16_flops
 from wattgate.triage_tables import TriageSettings
 
 
-def plan_step_costs(packs: PackRows, plan: dict, config: dict, max_steps: int | None) -> F.PlanCosts:
+def plan_step_costs(packs: PackRows, plan: dict, config: dict, max_steps: int | None) -> PlanCosts:
     """Each optimizer step's costliest rank in the planner's cost model, in run order, cut at max_steps."""
     per_rank, keys = step_rank_costs(
         packs, plan["world_size"], float(plan.get("attn_weight", config["pack"]["attn_weight"]))
     )
-    return F.plan_costs(per_rank, keys, int(packs.step.max()) + 1, plan["steps_per_epoch"], max_steps)
+    return plan_costs(per_rank, keys, int(packs.step.max()) + 1, plan["steps_per_epoch"], max_steps)
 
 
-def forecast_settings(config: dict, spec: ModelSpec) -> F.Settings:
+def forecast_settings(config: dict, spec: ModelSpec) -> Settings:
     cluster, t = config["cluster"], config["train"]
     source = checkpoint_source(config)
     load_bytes = 0 if source is None else (source.file_bytes or spec.num_params * DTYPE_BYTES[source.dtype])
     slurm = cluster["launcher"] != "local"
-    return F.Settings(
+    return Settings(
         world_size=world_size(config),
         on_gpu=not is_cpu(cluster["gpu_model"]),
         checkpoint_every=t["checkpoint_every"],
@@ -48,12 +66,12 @@ def forecast_settings(config: dict, spec: ModelSpec) -> F.Settings:
     )
 
 
-def throughput(config: dict, spec: ModelSpec, table) -> tuple[F.Throughput | None, str]:
+def throughput(config: dict, spec: ModelSpec, table) -> tuple[Throughput | None, str]:
     """The best throughput source: a measured run in the ledger, the calibrated matmul rate, the datasheet, and on
     CPU the host's own matmul rate."""
     cluster, t = config["cluster"], config["train"]
-    records = F.read_ledger(Path(config["forecast"]["ledger"]))
-    measured = F.measured_throughput(
+    records = read_ledger(Path(config["forecast"]["ledger"]))
+    measured = measured_throughput(
         records, asdict(spec), world_size(config), cluster["gpu_model"], t["seq_len"], t["micro_batch_size"]
     )
     if measured is not None:
@@ -61,7 +79,7 @@ def throughput(config: dict, spec: ModelSpec, table) -> tuple[F.Throughput | Non
     mfu = config["forecast"]["assumed_mfu"]
     calibrated = ((table.phases or {}).get("compute") or {}).get("matmul_tflops") if table is not None else None
     if calibrated:
-        return F.flops_throughput(
+        return flops_throughput(
             spec.num_params,
             float(calibrated) * 1e12,
             mfu,
@@ -70,7 +88,7 @@ def throughput(config: dict, spec: ModelSpec, table) -> tuple[F.Throughput | Non
         ), ""
     peak = peak_bf16_flops(cluster["gpu_model"])
     if peak:
-        return F.flops_throughput(
+        return flops_throughput(
             spec.num_params,
             peak,
             mfu,
@@ -78,7 +96,7 @@ def throughput(config: dict, spec: ModelSpec, table) -> tuple[F.Throughput | Non
             f"datasheet {peak / 1e12:g} TFLOP/s bf16 x forecast.assumed_mfu {mfu:g}",
         ), ""
     if is_cpu(cluster["gpu_model"]):  # ranks compute on the host: time its matmul rate (~0.3 s)
-        return F.host_matmul_throughput(spec.num_params, cluster["gpus_per_node"], mfu, F.host_matmul_flops()), ""
+        return host_matmul_throughput(spec.num_params, cluster["gpus_per_node"], mfu, host_matmul_flops()), ""
     return None, (
         f"no earlier run of this model shape on {world_size(config)} x {cluster['gpu_model']} in "
         f"{config['forecast']['ledger']} and no peak FLOP/s for {cluster['gpu_model']}: train once "
@@ -113,9 +131,9 @@ def cost_section(inputs: GateInputs, spec: ModelSpec, equal_steps: Check) -> tup
     if tp is None:
         out["forecast_unavailable"] = why
     else:
-        out["forecast"] = F.forecast(costs, tp, settings, F.table_levels(table) if table is not None else None)
+        out["forecast"] = forecast(costs, tp, settings, table_levels(table) if table is not None else None)
     if not equal_steps.passed:
-        div = F.first_divergence(packs.epoch, packs.step, packs.micro, packs.rank, world)
+        div = first_divergence(packs.epoch, packs.step, packs.micro, packs.rank, world)
         out["failure"] = {
             "divergence": div,
             "cost": None,
@@ -124,7 +142,7 @@ def cost_section(inputs: GateInputs, spec: ModelSpec, equal_steps: Check) -> tup
         }
         if div is not None:
             if out["forecast"] is not None:
-                out["failure"]["cost"] = F.failure_cost(div, costs, out["forecast"], settings)
+                out["failure"]["cost"] = failure_cost(div, costs, out["forecast"], settings)
                 out["failure"]["line"] = out["failure"]["cost"]["line"]
             else:
                 out["failure"]["line"] = (
@@ -134,11 +152,11 @@ def cost_section(inputs: GateInputs, spec: ModelSpec, equal_steps: Check) -> tup
                 )
     elif (vdiv := validation_divergence_at(inputs, costs)) is not None:
         out["failure"] = validation_failure(vdiv, costs, out["forecast"], settings, why)
-    passed, detail = F.check_budget(out["forecast"], g["max_gpu_hours"], g["max_kwh"])
+    passed, detail = check_budget(out["forecast"], g["max_gpu_hours"], g["max_kwh"])
     return out, Check("budget", passed, detail)
 
 
-def with_validation(costs: F.PlanCosts, inputs: GateInputs) -> F.PlanCosts:
+def with_validation(costs: PlanCosts, inputs: GateInputs) -> PlanCosts:
     """The plan's costs with its validation passes: after which steps (wattgate.cadence) and what one costs."""
     v, plan = inputs.validation, inputs.plan
     if v is None or v.packs is None or not len(v.packs) or v.packs.rank.max() >= plan["world_size"]:
@@ -151,11 +169,11 @@ def with_validation(costs: F.PlanCosts, inputs: GateInputs) -> F.PlanCosts:
     cadence = Cadence.from_train(inputs.config["train"], validation=True)
     steps = eval_steps(len(costs.step_max_cost), costs.epoch_ends, cadence)
     return dataclasses.replace(
-        costs, eval_steps=tuple(steps), eval_pass_cost=float(per_rank.max(axis=1).sum()) * F.FORWARD_SHARE
+        costs, eval_steps=tuple(steps), eval_pass_cost=float(per_rank.max(axis=1).sum()) * FORWARD_SHARE
     )
 
 
-def validation_divergence_at(inputs: GateInputs, costs: F.PlanCosts) -> dict | None:
+def validation_divergence_at(inputs: GateInputs, costs: PlanCosts) -> dict | None:
     """Where an uneven validation pass would hang: the first pass (its step) and the micro-batch only some ranks
     run; None when the ranks' validation counts agree (or there is no pass to run)."""
     v = inputs.validation
@@ -173,7 +191,7 @@ def validation_divergence_at(inputs: GateInputs, costs: F.PlanCosts) -> dict | N
     }
 
 
-def validation_failure(vdiv: dict, costs: F.PlanCosts, fc: dict | None, settings: F.Settings, why: str) -> dict:
+def validation_failure(vdiv: dict, costs: PlanCosts, fc: dict | None, settings: Settings, why: str) -> dict:
     """gate.json's `failure` for an uneven validation pass: where, and what reaching it and waiting would cost."""
     where = (
         f"would hang in the first validation pass, after step {vdiv['step']} (epoch {vdiv['epoch']}): validation "
@@ -189,8 +207,8 @@ def validation_failure(vdiv: dict, costs: F.PlanCosts, fc: dict | None, settings
         # reaching the pass: every step up to and including the one it follows (the pass itself is not counted)
         div = {"epoch": vdiv["epoch"], "step": vdiv["step_in_epoch"] + 1}
         ranks = {k: vdiv[k] for k in ("ranks_with", "ranks_without")}  # failure_cost's own line names them
-        cost = F.failure_cost(div | {"micro": 0, "steps_in_epoch": vdiv["steps_in_epoch"]} | ranks, costs, fc, settings)
-        cost["line"] = F.failure_line(div, cost, where)
+        cost = failure_cost(div | {"micro": 0, "steps_in_epoch": vdiv["steps_in_epoch"]} | ranks, costs, fc, settings)
+        cost["line"] = failure_line(div, cost, where)
         failure.update(cost=cost, line=cost["line"])
     return failure
 
@@ -204,7 +222,7 @@ def cost_markdown(report: dict) -> list[str]:
     else:
         tp = fc["throughput"]
         lines += [
-            f"**{F.fmt_hours(fc['wall_s'])} wall, {fc['gpu_hours']:.4g} GPU-hours on {fc['world_size']} GPUs"
+            f"**{fmt_hours(fc['wall_s'])} wall, {fc['gpu_hours']:.4g} GPU-hours on {fc['world_size']} GPUs"
             + (
                 f", {fc['kwh']:.4g} kWh (GPUs only)"
                 if fc["kwh"] is not None

@@ -34,7 +34,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from wattgate.artifacts import write_json_atomic
-from wattgate.forecast import fmt_hours, hang_cost
+from wattgate.durations import fmt_hours
+from wattgate.telemetry.hang_cost import hang_cost
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, TriageSettings, TriageTable
 from wattgate.run_files import WATCHER, read_heartbeats  # noqa: F401 (read_heartbeats: callers import it here)
 from wattgate.telemetry.kill import _alive, _stop_job, kill_tree, process_tree  # noqa: F401 (re-exported)

@@ -28,10 +28,11 @@ import torch.distributed as dist
 from wattgate.artifacts import sha256_file, write_json_atomic
 from wattgate.cadence import Cadence, StepActions, step_actions
 from wattgate.errors import InputError
-from wattgate.forecast import append_ledger, process_age_s, run_record
+from wattgate.ledger import append_ledger, run_record
 from wattgate.gate.cost import plan_step_costs
 from wattgate.gate.memory import export_dtype_name, load_model_spec
 from wattgate.pack.validation import EVAL_PACKS
+from wattgate.train.metrics import process_age_s
 from wattgate.run_files import (
     EVAL,
     METRICS,

@@ -3,10 +3,12 @@ host/device memory peak of each phase (load, steady state, export) for TRAINED a
 
 from __future__ import annotations
 
+import os
 import resource
 import socket
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -29,8 +31,6 @@ def model_flops_utilization(tokens_per_s: float, n_params: int, world: int, gpu_
 
 def folder_bytes(folder) -> int:
     """Bytes of the files under a folder (0 if it is gone)."""
-    from pathlib import Path
-
     total = 0
     for p in Path(folder).rglob("*"):
         try:
@@ -280,3 +280,14 @@ def validation_summary(rows: list[dict], exported_step: int | None, export_from:
         "export_from": export_from,
         "exported_step": exported_step,
     }
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux /proc; 0 where unknown): the start-up before a stage's code."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return 0.0

@@ -1,0 +1,178 @@
+"""The train job's wall time, GPU-hours and kWh, term by term, and the budget check (wattgate.forecast)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from wattgate.cadence import checkpoint_steps  # the trainer's own rule (one home, the loop's)
+from wattgate.durations import fmt_hours
+from wattgate.forecast.throughput import Throughput
+
+ASSUMED_STARTUP_S = {"cpu": 10.0, "gpu": 120.0}  # launch, imports, NCCL init: used until a run measures it
+ASSUMED_STORAGE_GBPS = 1.0  # GB/s of checkpoint writes when neither the config nor a run gives one
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Levels:
+    """Per-GPU power for the energy forecast (W), from the triage table."""
+
+    compute_w: float
+    wait_w: float
+    idle_w: float
+    source: str
+
+
+def table_levels(table) -> Levels:
+    """Compute, wait and idle draw from a triage table: its calibrated medians where it has them."""
+    calibrated = table.phases or {}
+
+    def median(phase: str, fallback: float) -> float:
+        p = (calibrated.get(phase) or {}).get("power_w") or {}
+        return float(p.get("p50", fallback)) if isinstance(p, dict) else fallback
+
+    compute = median("compute", (table.compute_min_w + table.tdp_w) / 2)
+    wait = median("deadlock", table.idle_w + 0.5 * (table.low_max_w - table.idle_w))
+    idle = median("idle", table.idle_w)
+    kind = (table.provenance or {}).get("kind", "")
+    return Levels(compute, wait, idle, f"{table.gpu_model} triage table ({kind})" if kind else table.gpu_model)
+
+
+@dataclass(frozen=True)
+class PlanCosts:
+    """The plan as the forecast needs it: per optimizer step in run order, the costliest rank's cost."""
+
+    step_max_cost: np.ndarray  # float64, one per step the trainer will run (max_steps applied)
+    step_epoch: np.ndarray  # the epoch of each
+    step_in_epoch: np.ndarray
+    steps_per_epoch: int
+    epoch_ends: list[int]  # 1-based global steps that end an epoch
+    eval_steps: tuple[int, ...] = ()  # 1-based steps followed by a validation pass (wattgate.cadence)
+    eval_pass_cost: float = 0.0  # one pass: its micro-batches' costliest ranks, x FORWARD_SHARE (no backward)
+
+
+# a validation micro-batch runs the forward only: ~2N of the ~6N FLOPs per token of a training step
+FORWARD_SHARE = 1 / 3
+
+
+def plan_costs(
+    per_rank: np.ndarray, keys: np.ndarray, n_steps: int, steps_per_epoch: int, max_steps: int | None
+) -> PlanCosts:
+    """From step_rank_costs' (epoch, step) x rank matrix, in run order, cut at max_steps."""
+    order = np.argsort(keys, kind="stable")
+    cost = per_rank[order].max(axis=1)
+    epoch, step = keys[order] // n_steps, keys[order] % n_steps
+    if max_steps:
+        cost, epoch, step = cost[:max_steps], epoch[:max_steps], step[:max_steps]
+    ends = [g + 1 for g in range(len(epoch)) if g + 1 == len(epoch) or epoch[g + 1] != epoch[g]]
+    return PlanCosts(cost, epoch, step, steps_per_epoch, ends)
+
+
+@dataclass(frozen=True)
+class Settings:
+    world_size: int
+    on_gpu: bool
+    checkpoint_every: int
+    checkpoint_at_epoch_end: bool
+    checkpoint_bytes: int
+    export_bytes: int
+    load_bytes: int  # the input weights read at start (0: random init)
+    storage_gbps: float | None  # cluster.storage_gbps
+    collective_timeout_s: float
+    job_limit_s: float | None  # the Slurm job's time limit (None: not a Slurm job)
+
+
+def _storage(tp: Throughput, s: Settings) -> tuple[float, str]:
+    if s.storage_gbps:
+        return float(s.storage_gbps), "cluster.storage_gbps"
+    if tp.storage_gbps:
+        return float(tp.storage_gbps), "measured with the throughput"
+    return ASSUMED_STORAGE_GBPS, "assumed (set cluster.storage_gbps)"
+
+
+def forecast(costs: PlanCosts, tp: Throughput, s: Settings, levels: Levels | None) -> dict:
+    """The train job's wall time, GPU-hours and kWh, term by term."""
+    gbps, gbps_source = _storage(tp, s)
+    rate = gbps * 1e9
+    startup = tp.startup_s if tp.startup_s is not None else ASSUMED_STARTUP_S["gpu" if s.on_gpu else "cpu"]
+    load = tp.load_s if tp.load_s is not None else s.load_bytes / rate
+    steps_s = float(costs.step_max_cost.sum()) / tp.cost_per_s
+    n_ckpt = len(
+        checkpoint_steps(len(costs.step_max_cost), s.checkpoint_every, costs.epoch_ends, s.checkpoint_at_epoch_end)
+    )
+    ckpt_s = n_ckpt * s.checkpoint_bytes / rate
+    export_s = s.export_bytes / rate
+    warmup = tp.warmup_s or 0.0
+    validation_s = len(costs.eval_steps) * costs.eval_pass_cost / tp.cost_per_s
+    terms = {
+        "startup_s": startup,
+        "load_s": load,
+        "warmup_s": warmup,
+        "steps_s": steps_s,
+        "validation_s": validation_s,
+        "checkpoints_s": ckpt_s,
+        "export_s": export_s,
+    }
+    wall = sum(terms.values())
+    out = {
+        "wall_s": round(wall, 3),
+        "gpu_hours": round(wall * s.world_size / 3600, 4),
+        "kwh": None,
+        "terms_s": {k: round(v, 3) for k, v in terms.items()},
+        "steps": int(len(costs.step_max_cost)),
+        "validations": len(costs.eval_steps),
+        "checkpoints": n_ckpt,
+        "throughput": asdict(tp) | {"cost_per_s": round(tp.cost_per_s, 6)},
+        "storage_gbps": round(gbps, 4),
+        "storage_source": gbps_source,
+        "startup_source": "measured" if tp.startup_s is not None else "assumed",
+        "load_source": "measured" if tp.load_s is not None else "input weights / storage bandwidth",
+        "checkpoint_gib": round(s.checkpoint_bytes / GIB, 3),
+        "export_gib": round(s.export_bytes / GIB, 3),
+        "world_size": s.world_size,
+        "energy": None,
+    }
+    if levels is not None:
+        joules = s.world_size * (
+            (steps_s + validation_s) * levels.compute_w
+            + ckpt_s * levels.wait_w
+            + (startup + load + export_s) * levels.idle_w
+            + warmup * levels.compute_w
+        )
+        out["kwh"] = round(joules / 3.6e6, 4)
+        out["energy"] = {
+            "compute_w": levels.compute_w,
+            "wait_w": levels.wait_w,
+            "idle_w": levels.idle_w,
+            "source": levels.source,
+            "gpus_only": True,
+        }
+    return out
+
+
+def check_budget(fc: dict | None, max_gpu_hours: float | None, max_kwh: float | None) -> tuple[bool, str]:
+    """(within budget, detail) for gate.max_gpu_hours and gate.max_kwh."""
+    if fc is None:
+        if max_gpu_hours or max_kwh:
+            return False, (
+                "no forecast (see the forecast section), so gate.max_gpu_hours / gate.max_kwh cannot be checked"
+            )
+        return True, "no forecast; no budget set"
+    shown = f"forecast {fmt_hours(fc['wall_s'])} wall, {fc['gpu_hours']:.4g} GPU-hours" + (
+        f", {fc['kwh']:.4g} kWh" if fc["kwh"] is not None else ""
+    )
+    over = []
+    if max_gpu_hours and fc["gpu_hours"] > max_gpu_hours:
+        over.append(f"{fc['gpu_hours']:.4g} GPU-hours > gate.max_gpu_hours {max_gpu_hours:g}")
+    if max_kwh:
+        if fc["kwh"] is None:
+            over.append(f"no energy forecast (no triage table) to check gate.max_kwh {max_kwh:g}")
+        elif fc["kwh"] > max_kwh:
+            over.append(f"{fc['kwh']:.4g} kWh > gate.max_kwh {max_kwh:g}")
+    limits = [f"gate.max_gpu_hours {max_gpu_hours:g}"] if max_gpu_hours else []
+    limits += [f"gate.max_kwh {max_kwh:g}"] if max_kwh else []
+    if over:
+        return False, f"{shown}: " + "; ".join(over)
+    return True, f"{shown}" + (f" (within {', '.join(limits)})" if limits else " (no budget set)")
