@@ -1,8 +1,8 @@
 """Run files: what one stage writes and a later stage reads, each reader beside its writer.
 
 The pack stage's plan (plan.json, packs.parquet), the pretokenized manifest.json, the train stage's
-heartbeats (state and phase events), metrics.parquet and TRAINED, the watcher's watcher.json and the
-gate's gate.json. Formats: docs/architecture.md.
+heartbeats (state and phase events), metrics.parquet and TRAINED, the watcher's watcher.json, the
+gate's gate.json and its verdict markers (PASSED, UNENFORCED). Formats: docs/architecture.md.
 
 One error policy for every reader: a missing file is None (or, where the caller cannot go on without
 it, an InputError saying which stage to run first); a file that exists but is damaged is a one-line
@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from wattgate.artifacts import atomic_path, write_bytes_atomic
+from wattgate.artifacts import atomic_path, write_bytes_atomic, write_json_atomic
 from wattgate.errors import InputError
 
 if TYPE_CHECKING:
@@ -322,6 +322,33 @@ def read_watcher(run: str | os.PathLike) -> dict | None:
 def read_gate_report(gate_dir: str | os.PathLike) -> dict | None:
     """gate.json, the gate's checks and forecast (None: the gate has not run)."""
     return read_json_object(Path(gate_dir) / GATE_REPORT, "the gate report", "gate")
+
+
+def write_gate_report(gate_dir: str | os.PathLike, report: dict) -> None:
+    write_json_atomic(Path(gate_dir) / GATE_REPORT, report)
+
+
+MARKER_HASH_FILES = (PLAN, PACKS)
+
+
+def marker_text(first_line: str, plan_sha256: dict | None) -> bytes:
+    """A verdict marker: one line for people, then the sha256 of the plan files it is about.
+
+    `wattgate launch` refuses a plan whose files do not hash to what the marker names, so a
+    pass can never be carried over to a plan the gate did not see.
+    """
+    lines = [first_line] + [f"{name} sha256 {(plan_sha256 or {}).get(name, 'unknown')}" for name in MARKER_HASH_FILES]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def read_marker_hashes(marker: Path) -> dict[str, str]:
+    """{file name: sha256} from a PASSED/UNENFORCED marker (empty for an old marker without them)."""
+    hashes = {}
+    for line in marker.read_text(errors="replace").splitlines()[1:]:
+        name, _, digest = line.partition(" sha256 ")
+        if name in MARKER_HASH_FILES and digest:
+            hashes[name] = digest.strip()
+    return hashes
 
 
 # ---------------------------------------------------------------- the writers

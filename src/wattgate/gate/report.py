@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from wattgate.artifacts import write_bytes_atomic, write_json_atomic
+from wattgate.artifacts import write_bytes_atomic
 from wattgate.gate.checks import Check
 from wattgate.gate.cost import cost_markdown
 from wattgate.gate.memory import GIB, FitEstimate
+from wattgate.run_files import marker_text, write_gate_report
 
 
 def phases_json(fit: FitEstimate, headroom: float) -> dict:
@@ -89,31 +90,8 @@ def gate_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-MARKER_HASH_FILES = ("plan.json", "packs.parquet")
-
-
-def marker_text(first_line: str, plan_sha256: dict | None) -> bytes:
-    """A verdict marker: one line for people, then the sha256 of the plan files it is about.
-
-    `wattgate launch` refuses a plan whose files do not hash to what the marker names, so a
-    pass can never be carried over to a plan the gate did not see.
-    """
-    lines = [first_line] + [f"{name} sha256 {(plan_sha256 or {}).get(name, 'unknown')}" for name in MARKER_HASH_FILES]
-    return ("\n".join(lines) + "\n").encode()
-
-
-def read_marker_hashes(marker: Path) -> dict[str, str]:
-    """{file name: sha256} from a PASSED/UNENFORCED marker (empty for an old marker without them)."""
-    hashes = {}
-    for line in marker.read_text(errors="replace").splitlines()[1:]:
-        name, _, digest = line.partition(" sha256 ")
-        if name in MARKER_HASH_FILES and digest:
-            hashes[name] = digest.strip()
-    return hashes
-
-
 def write_report(out: Path, report: dict) -> None:
-    write_json_atomic(out / "gate.json", report)
+    write_gate_report(out, report)
     write_bytes_atomic(out / "gate.md", gate_markdown(report).encode())
     plan = report.get("plan_sha256")
     if report["passed"]:

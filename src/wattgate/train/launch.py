@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from wattgate.run_files import read_watcher
+from wattgate.run_files import MARKER_HASH_FILES, read_marker_hashes, read_watcher
 from wattgate.errors import InputError
 from wattgate.gpus import is_cpu
 from wattgate.telemetry.sampler import sampler_command
@@ -203,7 +203,6 @@ def check_gate_marker(config: dict, plan: Path, gate: Path) -> Path:
     the gate) does too. Either way the marker must name the sha256 of this plan.json and packs.parquet.
     """
     from wattgate.artifacts import sha256_file
-    from wattgate.gate.report import MARKER_HASH_FILES, read_marker_hashes
 
     names = ["PASSED"] if config["gate"]["enforce"] else ["PASSED", "UNENFORCED"]
     marker = next((gate / n for n in names if (gate / n).is_file()), None)
