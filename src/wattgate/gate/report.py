@@ -84,10 +84,34 @@ def gate_markdown(report: dict) -> str:
         lines.append(f"| {c['name']} | {'pass' if c['passed'] else '**FAIL**'} | {detail} |")
     if "forecast" in report:
         lines += cost_markdown(report)
+    if report.get("collectives"):
+        lines += collectives_markdown(report["collectives"])
     lines += ["", "## Memory estimate by phase", ""]
     for phase, p in report["memory_estimate_phases"].items():
         lines += phase_markdown(phase, p)
     return "\n".join(lines)
+
+
+def collectives_markdown(p: dict) -> list[str]:
+    """The collective proof: the verdict, where ranks diverge, and each step class's fingerprint."""
+    lines = ["", "## Collectives (dry run on the fake process group)", "", p["detail"], ""]
+    if p.get("elapsed_s") is not None:
+        lines += [f"Proved in {p['elapsed_s']:.1f} s for {p.get('world_size')} ranks.", ""]
+    depth = p.get("depth") or {}
+    if depth:
+        lines += [f"Depth: {p.get('proxy_layers')} proxy layers of {depth.get('layers')} ({depth.get('why')}).", ""]
+    if p.get("classes"):
+        lines += ["| step class | steps | first step | collectives (proxy) | at full depth | fingerprint |"]
+        lines += ["|---|---:|---:|---:|---:|---|"]
+        for c in p["classes"]:
+            full = c.get("collectives_at_depth")
+            lines.append(
+                f"| {c['class']} | {c['steps']} | {c['first_step']} | {c['collectives']} | "
+                f"{full if full is not None else '-'} | `{c['fingerprint']}` |"
+            )
+        for name in ("startup", "end"):
+            lines.append(f"\n{name}: {p[name]['collectives']} collectives, fingerprint `{p[name]['fingerprint']}`")
+    return lines
 
 
 def write_report(out: Path, report: dict) -> None:

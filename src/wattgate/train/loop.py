@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from wattgate.artifacts import sha256_file, write_json_atomic
-from wattgate.cadence import Cadence, StepActions, step_actions
+from wattgate.cadence import StepActions
 from wattgate.errors import InputError
 from wattgate.ledger import append_ledger, run_record
 from wattgate.gate.cost import plan_step_costs
@@ -65,6 +65,7 @@ from wattgate.train.metrics import (
 from wattgate.train.sequence_guard import check_planned_sequences, planned_sequence
 from wattgate.train.model import count_params, load_sharded_model
 from wattgate.schedule import learning_rate
+from wattgate.train.steps import StepClass, rank_schedule, step_class
 from wattgate.train.weights import DTYPES, export_hf_folder
 
 # TrainSettings fields that are not a train.* key of the same name (built in from_config)
@@ -180,12 +181,6 @@ def resume_checkpoint(out: Path, identity: dict | None, rank: int) -> Path | Non
     return Path(choice[0]) if choice[0] is not None else None
 
 
-def epoch_end_steps(steps: list[list[MicroBatchPlan]]) -> list[int]:
-    """The 1-based global step that ends each epoch."""
-    total = len(steps)
-    return [g + 1 for g in range(total) if g + 1 == total or steps[g + 1][0].epoch != steps[g][0].epoch]
-
-
 def export_final(model, s: TrainSettings, out: Path, extra: list[Path]) -> Path:
     """final/: sharded safetensors in the export dtype, the config, and `extra` (train/export_files.py: the
     tokenizer the data was made with, verified by its hash, and the input model's generation_config.json)."""
@@ -219,16 +214,25 @@ def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
                 f"{plan_dir / PLAN}: planned for world size {plan['world_size']}, "
                 f"launched with {world}; rerun pack and gate for this launch"
             )
-        micro_batches = read_rank_plan(plan_dir, rank)
-        eval_batches = read_eval_plan(plan_dir, plan, rank)
-        if s.check_planned_counts:
-            check_planned_sequences(planned_sequence(micro_batches, eval_batches), device)
-        elif rank == 0:
-            print("train: WARNING: train.check_planned_counts is false: uneven plans will hang", file=sys.stderr)
-        trainer = Trainer(config, s, plan, Paths(pretokenized, plan_dir, out), (rank, world, device))
-        return trainer.run(micro_batches, eval_batches)
+        return run_rank(Trainer, (config, s, plan), Paths(pretokenized, plan_dir, out), (rank, world, device))
     finally:
         dist.destroy_process_group()
+
+
+def run_rank(trainer_class: type, settings: tuple, paths: Paths, where: tuple) -> dict:
+    """One rank's run once its process group is up: its plan, the sequence guard, the Trainer's outline.
+    `settings` is (config, TrainSettings, plan.json); the collective proof (wattgate.proof) calls this with its
+    dry-run Trainer on the fake process group, so start-up is proved as it runs."""
+    config, s, plan = settings
+    rank, _, device = where
+    micro_batches = read_rank_plan(paths.plan_dir, rank)
+    eval_batches = read_eval_plan(paths.plan_dir, plan, rank)
+    if s.check_planned_counts:
+        check_planned_sequences(planned_sequence(micro_batches, eval_batches), device)
+    elif rank == 0:
+        print("train: WARNING: train.check_planned_counts is false: uneven plans will hang", file=sys.stderr)
+    trainer = trainer_class(config, s, plan, paths, where)
+    return trainer.run(micro_batches, eval_batches)
 
 
 @dataclass(frozen=True)
@@ -265,7 +269,7 @@ class Trainer:
         t_run = time.perf_counter()
         prefetch = StepPrefetcher(self.step_batches, self.total)
         try:
-            for g in range(self.start, self.total):
+            for g in self.steps_to_run():
                 self.run_step(g, prefetch)
         finally:
             prefetch.close()
@@ -276,15 +280,17 @@ class Trainer:
         self.heartbeat.beat(self.total, self.last_epoch, "done")
         return summary
 
+    def steps_to_run(self) -> range:
+        """Every step from the resume point (the collective proof runs one step of each class instead)."""
+        return range(self.start, self.total)
+
     def load(self) -> None:
         """The sharded model and optimizer, from the newest checkpoint of this run when there is one."""
-        from torch.distributed.device_mesh import init_device_mesh
-
         identity = run_identity(self.config, self.paths.plan_dir, self.paths.pretokenized) if self.rank == 0 else None
         self.identity = identity  # rank 0 writes it into state.json
         latest = resume_checkpoint(self.paths.out, identity, self.rank)
-        mesh = init_device_mesh(self.device.type, (self.world,))
-        self.model, self.source = load_sharded_model(self.config["model"], self.s, mesh, self.device, latest is None)
+        mesh = self.device_mesh()
+        self.model, self.source = self.build_model(mesh, latest is None)
         self.optimizer = build_optimizer(self.model, self.s)
         self.start = 0
         if latest is not None:
@@ -292,29 +298,33 @@ class Trainer:
             self.source = f"{latest}"
         self.memory.end("load")
 
+    def device_mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(self.device.type, (self.world,))
+
+    def build_model(self, mesh, fill: bool):
+        """The sharded model and where its values came from (train/model.py); the collective proof
+        (wattgate.proof) builds its reduced-depth fake-tensor model here, and runs everything else as is."""
+        return load_sharded_model(self.config["model"], self.s, mesh, self.device, fill)
+
     def schedule(self, micro_batches: list[MicroBatchPlan], eval_batches: list[MicroBatchPlan]) -> None:
         """The steps this rank runs, the epoch ends, the cadence, and rank 0's tables."""
         plan, s, out = self.plan, self.s, self.paths.out
+        grouped = group_steps(micro_batches)
+        sched = rank_schedule(plan, [st[0].epoch for st in grouped], s, bool(eval_batches))
         # a plan that continues another world size's run (pack/segments.py) starts at its first global step: the
-        # steps before it were run by the earlier segment and are only placeholders here
-        self.first_step = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0
+        # steps before it were run by the earlier segment and are only placeholders here (train/steps.py)
+        self.first_step = sched.first_step
         if self.start < self.first_step:
             raise InputError(
                 f"checkpoint step {self.start} is before step {self.first_step}, where this plan continues the "
                 "earlier world size's run; restore that checkpoint or delete the checkpoints and rerun pack"
             )
-        steps = [None] * self.first_step + group_steps(micro_batches)
-        if s.max_steps:  # a measurement run (scaling, dataio): the plan's first steps only
-            steps = steps[: s.max_steps]
-        self.steps, self.total = steps, len(steps)
-        self.epoch_ends = (
-            [e for e in plan["epoch_ends"] if e <= self.total] if plan.get("epoch_ends") else epoch_end_steps(steps)
-        )
-        self.ends = frozenset(self.epoch_ends)
+        self.sched, self.total, self.epoch_ends = sched, sched.total, list(sched.epoch_ends)
+        self.steps = ([None] * self.first_step + grouped)[: self.total]
         self.eval_batches = eval_batches
-        self.cadence = Cadence(
-            s.checkpoint_every, s.checkpoint_at_epoch_end, s.eval_every, bool(eval_batches), s.log_every
-        )
+        steps = self.steps
         self.last_epoch = steps[-1][0].epoch if steps and steps[-1] else 0
         self.heartbeat.set_plan(self.total, self.epoch_ends)
         self.n_params = count_params(self.model)
@@ -340,7 +350,11 @@ class Trainer:
 
     def actions(self, g: int) -> StepActions:
         """What follows step g (0-based; the cadence counts 1-based): wattgate.cadence, shared with the gate."""
-        return step_actions(g + 1, self.total, self.ends, self.cadence, first=self.start + 1)
+        return self.sched.actions(g, self.start)
+
+    def step_class(self, g: int) -> StepClass:
+        """Step g's class (train/steps.py): what the collective proof enumerates from the plan for this rank."""
+        return step_class(len(self.steps[g]), self.actions(g), len(self.eval_batches))
 
     def run_step(self, g: int, prefetch: StepPrefetcher) -> None:
         """Optimizer step g: its micro-batches, the step figures for rank 0, then validation and a checkpoint

@@ -1,0 +1,82 @@
+"""The step classes a plan gives each rank, from packs.parquet, eval_packs.parquet and plan.json alone (no run):
+the same functions the loop calls (wattgate.train.steps), fed from the plan's columns instead of the rank's
+micro-batch list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from wattgate.pack.validation import EVAL_PACKS
+from wattgate.run_files import PACKS, read_parquet
+from wattgate.train.steps import StepClass, rank_schedule, rank_step_classes
+
+
+def rank_steps(epoch: np.ndarray, step: np.ndarray, micro: np.ndarray) -> tuple[list[int], list[int]]:
+    """One rank's planned steps in execution order: (each step's epoch, each step's micro-batch count)."""
+    if not len(epoch):
+        return [], []
+    keys = np.unique(np.stack([epoch, step, micro], axis=1).astype(np.int64), axis=0)  # sorted like read_rank_plan
+    steps, counts = np.unique(keys[:, :2], axis=0, return_counts=True)
+    return steps[:, 0].tolist(), counts.tolist()
+
+
+def plan_columns(plan_dir: Path, name: str) -> dict[str, np.ndarray] | None:
+    path = Path(plan_dir) / name
+    if not path.exists():
+        return None
+    table = read_parquet(path, ["epoch", "step", "micro", "rank"], "pack")
+    return {c: table.column(c).to_numpy() for c in ("epoch", "step", "micro", "rank")}
+
+
+def eval_micros_by_rank(cols: dict[str, np.ndarray] | None, world: int) -> list[int]:
+    """The validation pass's micro-batch count on each rank (0 without a pass)."""
+    if cols is None:
+        return [0] * world
+    return [len(np.unique(cols["micro"][cols["rank"] == r])) for r in range(world)]
+
+
+def classes_by_rank(plan: dict, plan_dir: Path, s) -> list[list[StepClass]]:
+    """Every rank's class at every global step it runs (a fresh start), from the plan's files."""
+    world = int(plan["world_size"])
+    cols = plan_columns(plan_dir, PACKS)
+    evals = eval_micros_by_rank(plan_columns(plan_dir, EVAL_PACKS) if plan.get("validation") else None, world)
+    validation = any(evals)
+    out = []
+    for r in range(world):
+        mine = cols["rank"] == r
+        epochs, micros = rank_steps(cols["epoch"][mine], cols["step"][mine], cols["micro"][mine])
+        sched = rank_schedule(plan, epochs, s, validation)
+        out.append(rank_step_classes(sched, micros, evals[r], start=sched.first_step))
+    return out
+
+
+def first_steps(classes: list[list[StepClass]], first: int = 0) -> list[int]:
+    """The global steps to dry-run: for every rank, the first step of each class it has (the union over ranks,
+    so a step where ranks differ is run by all of them)."""
+    chosen: set[int] = set()
+    for seq in classes:
+        seen: set[StepClass] = set()
+        for i, c in enumerate(seq):
+            if c not in seen:
+                seen.add(c)
+                chosen.add(first + i)
+    return sorted(chosen)
+
+
+def class_divergence(classes: list[list[StepClass]], first: int = 0) -> dict | None:
+    """Where some rank's class sequence first differs from rank 0's (None: every rank's is the same)."""
+    base = classes[0]
+    for r, seq in enumerate(classes[1:], 1):
+        for i in range(max(len(seq), len(base))):
+            mine = seq[i] if i < len(seq) else None
+            ref = base[i] if i < len(base) else None
+            if mine != ref:
+                return {
+                    "rank": r,
+                    "step": first + i + 1,
+                    "class": mine.label if mine else "no step",
+                    "rank0_class": ref.label if ref else "no step",
+                }
+    return None

@@ -1,0 +1,183 @@
+"""One rank of the planned world, dry-run: the trainer's own code (train/loop.py `run_rank`, `Trainer.run`) on
+the fake process group, with the model's tensors fake, recording every collective it issues.
+
+What differs from a real rank, and why each is outside what the proof claims:
+- the model is built at reduced depth (`proof_depth` decoder layers, full width) with FakeTensors: shapes and
+  dtypes without memory or arithmetic; the decoder layers are checked to be identical units (wattgate.proof.depth)
+  so each step's collectives at the real depth follow from the proxy's;
+- `steps_to_run` is one step of every class the plan gives any rank (wattgate.train.steps), each run in full:
+  its micro-batches, its log, validation pass and checkpoint;
+- tensor bytes are never written (a FakeTensor has none): torch.distributed.checkpoint's save is recorded as one
+  collective fingerprinted by the state dict's structure (its internal exchange is a function of that
+  structure), and the export's safetensors files are written sparse at their real sizes;
+- a shared filesystem is simulated for the folders rank 0 creates before the others write into them;
+- data_cache local is not copied (its barrier is on every rank alike), and the ledger line goes to the work
+  folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from wattgate.gpus import is_cpu
+from wattgate.proof.record import Collective, CollectiveRecorder, _default_group, object_collectives
+from wattgate.train.loop import Paths, Trainer, TrainSettings, run_rank
+
+PROOF_DEPTH = 2  # decoder layers in the proxy: two, so that layers can be compared with each other
+
+
+@dataclass
+class RankRecord:
+    """What one rank issued: start-up (before the first step), each dry-run step's collectives, and the end
+    (export, summary); `classes` each dry-run step's class key as the Trainer computed it."""
+
+    rank: int
+    startup: list[Collective] = field(default_factory=list)
+    steps: dict[int, list[Collective]] = field(default_factory=dict)
+    classes: dict[int, list] = field(default_factory=dict)
+    end: list[Collective] = field(default_factory=list)
+    layers: int = 0  # decoder layers in the proxy
+
+
+def proxy_model(model_cfg: dict, s: TrainSettings, mesh, on_gpu: bool, depth: int):
+    """The model at full width and `depth` layers on the meta device, sharded as the trainer shards it, then
+    given FakeTensor storage on the CPU (FSDP2 refuses meta parameters in its lazy init)."""
+    from transformers import AutoModelForCausalLM
+
+    from wattgate.train.model import model_hf_config, parallelize
+    from wattgate.train.weights import materialize
+
+    config = model_hf_config(model_cfg)
+    real_depth = int(config.num_hidden_layers)
+    config.num_hidden_layers = min(real_depth, depth)
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = config.layer_types[: config.num_hidden_layers]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    model.config.architectures = [type(model).__name__]
+    # on_cuda mirrors the real run's mixed-precision policy: its all-gathers are bf16 there
+    parallelize(model, mesh, on_gpu, s.mixed_precision, s.activation_checkpointing, False)
+    materialize(model, torch.device("cpu"), model_cfg, s.seed, fill=False)
+    return model
+
+
+class DryRunTrainer(Trainer):
+    """The Trainer with the dry run's model, its chosen steps, and each step's collectives cut out."""
+
+    proof: dict  # set by dry_run_rank: recorder, record, steps, depth, on_gpu
+
+    def device_mesh(self):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # the mesh's rank lookup reads its (tiny) tensor: a real one
+            return super().device_mesh()
+
+    def build_model(self, mesh, fill: bool):
+        p = self.proof
+        model = proxy_model(self.config["model"], self.s, mesh, p["on_gpu"], p["depth"])
+        p["record"].layers = int(model.config.num_hidden_layers)
+        return model, "fake tensors (collective proof)"
+
+    def steps_to_run(self) -> list[int]:
+        record, recorder = self.proof["record"], self.proof["recorder"]
+        record.startup = list(recorder.collectives)
+        self.proof["end_mark"] = len(recorder.collectives)
+        return [g for g in self.proof["steps"] if self.start <= g < self.total]
+
+    def run_step(self, g: int, prefetch) -> None:
+        recorder, record = self.proof["recorder"], self.proof["record"]
+        mark = len(recorder.collectives)
+        super().run_step(g, prefetch)
+        record.steps[g] = recorder.collectives[mark:]
+        record.classes[g] = self.step_class(g).key()
+        self.proof["end_mark"] = len(recorder.collectives)
+
+    def save(self, step: int, epoch: int, eval_loss: float | None) -> None:
+        if self.rank != 0:  # rank 0 made this folder on the shared filesystem before its first barrier
+            (self.paths.out / "checkpoints" / f"step-{step}.tmp").mkdir(parents=True, exist_ok=True)
+        super().save(step, epoch, eval_loss)
+
+    def export(self) -> None:
+        if self.rank != 0:
+            (self.paths.out / "final.tmp").mkdir(parents=True, exist_ok=True)
+        super().export()
+
+
+def state_structure(state: dict) -> str:
+    """16 hex of the state dict's structure (keys, global shapes, dtypes): what DCP's planning exchange reads."""
+
+    def walk(value, prefix: str, out: list) -> None:
+        if isinstance(value, dict):
+            for k in sorted(value, key=str):
+                walk(value[k], f"{prefix}.{k}", out)
+        elif isinstance(value, torch.Tensor):
+            out.append(f"{prefix}:{str(value.dtype)}{list(value.shape)}")
+        else:
+            out.append(f"{prefix}:{type(value).__name__}")
+
+    items: list[str] = []
+    walk(state, "", items)
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def byte_sinks(recorder: CollectiveRecorder):
+    """No tensor bytes: DCP's save becomes one recorded collective over the state's structure, and a
+    safetensors stream advances (sparse) by each tensor's size instead of reading its data."""
+    import torch.distributed.checkpoint as dcp
+
+    from wattgate.train import safetensors_io
+
+    real_save, real_write = dcp.save, safetensors_io.SafetensorsStream.write
+
+    def save(state, checkpoint_id=None, **kwargs):
+        recorder.add("dcp.save", _default_group(None), f"state {state_structure(state)}")
+        Path(checkpoint_id).mkdir(parents=True, exist_ok=True)
+
+    def write(self, tensor: torch.Tensor) -> None:
+        self.file.seek(tensor.numel() * torch.empty((), dtype=self.dtype).element_size(), 1)
+        self.file.truncate()
+
+    dcp.save, safetensors_io.SafetensorsStream.write = save, write
+    try:
+        yield
+    finally:
+        dcp.save, safetensors_io.SafetensorsStream.write = real_save, real_write
+
+
+def dry_run_rank(config: dict, paths: Paths, rank: int, steps: list[int], depth: int = PROOF_DEPTH) -> RankRecord:
+    """Rank `rank` of plan.json's world, from its plan to its export, on the fake process group."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from wattgate.run_files import read_plan
+
+    plan, _ = read_plan(paths.plan_dir)
+    world = int(plan["world_size"])
+    s = dataclasses.replace(
+        TrainSettings.from_config(config), data_cache="shared", ledger=paths.out / "throughput.jsonl"
+    )
+    record, recorder = RankRecord(rank), CollectiveRecorder()
+    proof = {"recorder": recorder, "record": record, "steps": sorted(steps), "depth": depth, "end_mark": 0}
+    proof["on_gpu"] = not is_cpu(config["cluster"]["gpu_model"])
+    trainer_class = type("DryRunTrainer", (DryRunTrainer,), {"proof": proof})
+    paths.out.mkdir(parents=True, exist_ok=True)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        fake = FakeTensorMode(allow_non_fake_inputs=True)
+        quiet = contextlib.redirect_stdout(io.StringIO())  # the trainer's progress lines are not the gate's
+        with quiet, fake, recorder, object_collectives(recorder), byte_sinks(recorder):
+            run_rank(trainer_class, (config, s, plan), paths, (rank, world, torch.device("cpu")))
+    finally:
+        dist.destroy_process_group()
+    record.end = recorder.collectives[proof["end_mark"] :]
+    return record

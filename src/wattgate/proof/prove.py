@@ -1,0 +1,179 @@
+"""The collective proof: dry-run every rank of the planned world (wattgate.proof.dryrun) over one step of each
+step class, and prove that every rank issues the identical collective sequence at start-up, in every class and
+at the end, and that every rank's sequence of classes (from the plan) is the same.
+
+Both together mean every step of the run issues the same collectives on every rank, given the premise the dry
+run cannot check: a step's collectives depend on its class only, never on the data's values (true of dense
+decoders; not of MoE routing, where split sizes follow the tokens: docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from wattgate.errors import InputError
+from wattgate.proof.classes import class_divergence, classes_by_rank, first_steps
+from wattgate.proof.depth import check_identical_layers, scaled_count
+from wattgate.proof.dryrun import RankRecord, dry_run_rank
+from wattgate.proof.record import Collective, fingerprint
+from wattgate.run_files import read_plan
+from wattgate.train.loop import Paths, TrainSettings
+
+
+def first_difference(mine: list[Collective], ref: list[Collective]) -> tuple[int, str, str] | None:
+    """(index, rank 0's collective, this rank's) at the first place two sequences differ, or None."""
+    for i in range(max(len(mine), len(ref))):
+        a = ref[i] if i < len(ref) else None
+        b = mine[i] if i < len(mine) else None
+        if a != b:
+            return i, str(a) if a else "nothing (its sequence ended)", str(b) if b else "nothing (its sequence ended)"
+    return None
+
+
+def _phases(rec: RankRecord, labels: dict[int, str]) -> list[tuple[str, int | None, list[Collective]]]:
+    return (
+        [("start-up", None, rec.startup)]
+        + [(labels.get(g, "?"), g + 1, rec.steps.get(g, [])) for g in sorted(labels)]
+        + [("export and summary", None, rec.end)]
+    )
+
+
+def collective_divergence(records: list[RankRecord], labels: dict[int, str]) -> dict | None:
+    """The first place some rank's collectives differ from rank 0's: rank, phase or step class, the step, the
+    collective's index within that phase, and both collectives."""
+    ref = _phases(records[0], labels)
+    for rec in records[1:]:
+        for (phase, step, seq), (_, _, ref_seq) in zip(_phases(rec, labels), ref):
+            diff = first_difference(seq, ref_seq)
+            if diff is not None:
+                i, expected, got = diff
+                return {
+                    "rank": rec.rank,
+                    "phase": phase,
+                    "step": step,
+                    "index": i,
+                    "rank0": expected,
+                    "this_rank": got,
+                }
+    return None
+
+
+def divergence_line(d: dict) -> str:
+    where = f"step {d['step']} (class {d['phase']})" if d.get("step") else d["phase"]
+    return (
+        f"rank {d['rank']} diverges from rank 0 at {where}, collective #{d['index'] + 1}: rank 0 issues "
+        f"{d['rank0']}, rank {d['rank']} issues {d['this_rank']}"
+    )
+
+
+def drift(records: list[RankRecord], classes: list[list], first: int) -> str | None:
+    """The loop's own step classes (Trainer.step_class) against the plan's: they are one function, so a
+    difference means the plan files and what the trainer read disagree."""
+    for rec in records:
+        for g, key in rec.classes.items():
+            planned = classes[rec.rank][g - first].key()
+            if key != planned:
+                return f"rank {rec.rank} step {g + 1}: the trainer ran class {key}, the plan says {planned}"
+    return None
+
+
+def class_table(records: list[RankRecord], classes: list[list], first: int, depth: dict) -> list[dict]:
+    """Per class (rank 0's steps): how many steps, its first, its fingerprint and collective count."""
+    rows: dict = {}
+    for i, c in enumerate(classes[0]):
+        row = rows.setdefault(c, {"class": c.label, "key": c.key(), "steps": 0, "first_step": first + i + 1})
+        row["steps"] += 1
+    for row in rows.values():
+        g = row["first_step"] - 1
+        seq = records[0].steps.get(g, [])
+        row["fingerprint"] = fingerprint(seq)
+        row["collectives"] = len(seq)
+        per_layer = depth.get("per_layer", {}).get(g)
+        row["collectives_at_depth"] = scaled_count(len(seq), per_layer, depth, records[0].layers)
+    return list(rows.values())
+
+
+def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Path | None = None) -> dict:
+    """The proof's report (gate.json `collectives`): `passed`, `detail` (one line), the classes and their
+    fingerprints, the start-up and end fingerprints, the depth scaling, and the seconds it took."""
+    t0 = time.perf_counter()
+    plan, _ = read_plan(plan_dir)
+    world = int(plan["world_size"])
+    s = TrainSettings.from_config(config)
+    classes = classes_by_rank(plan, plan_dir, s)
+    first = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0
+    steps = first_steps(classes, first)
+    labels = {g: classes[0][g - first].label if g - first < len(classes[0]) else "no step" for g in steps}
+    depth = check_identical_layers(config["model"])
+    own = work is None
+    work = Path(tempfile.mkdtemp(prefix="wattgate-proof-")) if own else Path(work)
+    try:
+        records = [
+            dry_run_rank(config, Paths(Path(pretokenized), Path(plan_dir), work / f"rank-{r}"), r, steps)
+            for r in range(world)
+        ]
+        if depth["identical"] and depth["layers"] > 1 and records[0].layers > 1:
+            depth["per_layer"] = per_layer_counts(
+                records[0], config, Paths(Path(pretokenized), Path(plan_dir), work / "one-layer"), steps
+            )
+    finally:
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+    report = {
+        "world_size": world,
+        "proxy_layers": records[0].layers if records else 0,
+        "depth": {k: v for k, v in depth.items() if k != "per_layer"},
+        "steps_run": [g + 1 for g in steps],
+        "classes": class_table(records, classes, first, depth),
+        "startup": {"fingerprint": fingerprint(records[0].startup), "collectives": len(records[0].startup)},
+        "end": {"fingerprint": fingerprint(records[0].end), "collectives": len(records[0].end)},
+    }
+    plan_diff = class_divergence(classes, first)
+    coll_diff = collective_divergence(records, labels)
+    loop_drift = drift(records, classes, first)
+    report["class_divergence"], report["divergence"] = plan_diff, coll_diff
+    problems = []
+    if coll_diff:
+        problems.append(divergence_line(coll_diff))
+    if plan_diff:
+        problems.append(
+            f"rank {plan_diff['rank']}'s step {plan_diff['step']} is '{plan_diff['class']}' where rank 0's is "
+            f"'{plan_diff['rank0_class']}'"
+        )
+    if loop_drift:
+        problems.append(loop_drift)
+    if not depth["identical"]:
+        problems.append(f"the decoder layers are not identical units ({depth['why']}): depth scaling is unsound")
+    report["passed"] = not problems
+    n = sum(len(r["key"]) and 1 for r in report["classes"])
+    report["detail"] = "; ".join(problems) or (
+        f"{world} ranks issue identical collectives in start-up, {n} step class(es) and the export "
+        f"({sum(r['collectives'] for r in report['classes'])} collectives per rank over the classes at "
+        f"{report['proxy_layers']} proxy layers)"
+    )
+    report["elapsed_s"] = round(time.perf_counter() - t0, 2)
+    return report
+
+
+def per_layer_counts(full: RankRecord, config: dict, paths: Paths, steps: list[int]) -> dict[int, int]:
+    """Each dry-run step's collectives per decoder layer: rank 0 at the proxy's depth less rank 0 at one layer
+    less (the layers are identical units, so each adds the same collectives)."""
+    less = dry_run_rank(config, paths, 0, steps, full.layers - 1)
+    return {
+        g: (len(full.steps.get(g, [])) - len(less.steps.get(g, []))) // (full.layers - (less.layers)) for g in steps
+    }
+
+
+def safe_prove(config: dict, pretokenized: Path, plan_dir: Path) -> dict:
+    """prove_collectives; a dry run that cannot start or breaks is a failed proof with its reason, never a
+    traceback out of the gate."""
+    try:
+        return prove_collectives(config, pretokenized, plan_dir)
+    except InputError as exc:
+        return {"passed": False, "detail": f"the dry run could not start: {exc}", "elapsed_s": None}
+    except Exception as exc:  # noqa: BLE001 - any failure of the dry run is this check's failure, named
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        return {"passed": False, "detail": f"the dry run failed: {type(exc).__name__}: {first}", "elapsed_s": None}

@@ -1,0 +1,218 @@
+"""The collective proof (issue 24): the trainer dry-run on the fake process group for every rank, one step of
+each class. Negative controls patch the trainer (nothing in src/) and must each be caught and named."""
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.distributed as dist
+
+from wattgate.gate.run import run_gate
+from wattgate.proof.classes import class_divergence, classes_by_rank, first_steps
+from wattgate.proof.prove import prove_collectives
+from wattgate.run_files import read_plan
+from wattgate.train import loop
+from wattgate.train.loop import TrainSettings
+
+from test_train import make_run
+
+# one epoch of ~13 steps, one micro-batch each: a log at step 1 and the last, validation and a checkpoint every 5
+# and at the end; activation checkpointing off (it only repeats forward ops): four classes, a few seconds a proof
+CADENCE = dict(
+    micro_batch_size=2,
+    grad_accum=1,
+    epochs=1,
+    checkpoint_every=5,
+    eval_every=5,
+    log_every=100,
+    activation_checkpointing=False,
+)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("proof")
+    lengths = np.random.default_rng(3).integers(5, 60, 120).tolist()
+    plan, config = make_run(tmp, lengths, gpus=2, validation_fraction=0.1, **CADENCE)
+    return tmp / "pretokenized", plan, config
+
+
+@pytest.fixture(scope="module")
+def clean(run):
+    pretokenized, plan, config = run
+    return prove_collectives(config, pretokenized, plan)
+
+
+def test_step_classes_come_from_the_plan_and_cover_every_kind(run):
+    _, plan_dir, config = run
+    plan, _ = read_plan(plan_dir)
+    classes = classes_by_rank(plan, plan_dir, TrainSettings.from_config(config))
+    total = plan["steps_per_epoch"]
+    assert len(classes) == 2 and classes[0] == classes[1] and len(classes[0]) == total > 10
+    labels = [c.label for c in classes[0]]
+    assert labels[:2] == ["1 micro-batch + log", "1 micro-batch"]
+    assert labels[4].startswith("1 micro-batch + validation (") and labels[4].endswith(" + checkpoint")
+    assert labels[-1].endswith("checkpoint + epoch end + last") and "log + validation" in labels[-1]
+    steps = first_steps(classes)
+    assert steps == [0, 1, 4, total - 1] and len(steps) == len(set(classes[0]))
+    assert class_divergence(classes) is None
+
+
+def test_the_clean_plan_is_proved_with_a_fingerprint_per_class(clean):
+    assert clean["passed"], clean["detail"]
+    assert clean["divergence"] is None and clean["class_divergence"] is None
+    kinds = {c["class"]: c for c in clean["classes"]}
+    assert sum(c["steps"] for c in clean["classes"]) == len(clean["steps_run"]) + sum(
+        c["steps"] - 1 for c in clean["classes"]
+    )
+    plain = kinds["1 micro-batch"]
+    ckpt = next(c for name, c in kinds.items() if "validation" in name and "last" not in name)
+    # a step: loss-token all-reduce, 2 x (root + 2 layers) forward all-gathers and 2 x 3 backward ones ... ;
+    # a validation pass and a checkpoint add collectives, and each class has its own fingerprint
+    assert ckpt["collectives"] > plain["collectives"] >= 10 and ckpt["fingerprint"] != plain["fingerprint"]
+    assert clean["startup"]["collectives"] == 3  # the sequence guard's two all-reduces, rank 0's resume choice
+    assert clean["end"]["collectives"] > 0 and clean["elapsed_s"] > 0
+    assert clean["depth"]["identical"] and clean["proxy_layers"] == 2
+
+
+def patched(monkeypatch, name, make):
+    """Trainer.<name> replaced by make(original): the dry run's Trainer subclass inherits it."""
+    original = getattr(loop.Trainer, name)
+    monkeypatch.setattr(loop.Trainer, name, make(original))
+
+
+def caught(run, expect_rank=1):
+    pretokenized, plan, config = run
+    report = prove_collectives(config, pretokenized, plan)
+    d = report["divergence"]
+    assert not report["passed"] and d is not None, report["detail"]
+    assert d["rank"] == expect_rank and d["rank0"] != d["this_rank"]
+    assert (
+        f"rank {expect_rank} diverges from rank 0" in report["detail"]
+        and f"collective #{d['index'] + 1}" in report["detail"]
+    )
+    return report, d
+
+
+def test_a_rank_0_only_all_reduce_on_log_steps_is_caught(run, monkeypatch):
+    def make(original):
+        def run_step(self, g, prefetch):
+            original(self, g, prefetch)
+            if self.rank == 0 and self.actions(g).log:
+                dist.all_reduce(torch.zeros(1))
+
+        return run_step
+
+    patched(monkeypatch, "run_step", make)
+    _, d = caught(run)
+    assert "log" in d["phase"] and d["step"] == 1
+    assert "allreduce_(float32[1], sum)" in d["rank0"]
+
+
+def test_a_barrier_only_on_rank_0_at_a_checkpoint_is_caught(run, monkeypatch):
+    def make(original):
+        def save(self, step, epoch, eval_loss):
+            if self.rank == 0:
+                dist.barrier()
+            original(self, step, epoch, eval_loss)
+
+        return save
+
+    patched(monkeypatch, "save", make)
+    _, d = caught(run)
+    assert "checkpoint" in d["phase"] and d["step"] == 5 and d["rank0"].startswith("barrier()")
+
+
+def test_an_extra_all_gather_on_one_rank_during_validation_is_caught(run, monkeypatch):
+    def make(original):
+        def evaluate(self, step, epoch):
+            if self.rank == 1:
+                dist.all_gather([torch.zeros(3) for _ in range(self.world)], torch.zeros(3))
+            return original(self, step, epoch)
+
+        return evaluate
+
+    patched(monkeypatch, "evaluate", make)
+    _, d = caught(run)
+    assert "validation" in d["phase"] and d["step"] == 5 and "allgather_(float32[3]" in d["this_rank"]
+
+
+def test_one_rank_skipping_clip_grad_norm_is_caught(run, monkeypatch):
+    real = torch.nn.utils.clip_grad_norm_
+
+    def clip(parameters, max_norm, *args, **kwargs):
+        if dist.get_rank() == 1:
+            return torch.zeros(())  # skipped: no norm reduction on this rank
+        return real(parameters, max_norm, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    _, d = caught(run)
+    assert d["step"] == 1 and "all_reduce" in d["rank0"] and "all_reduce" not in d["this_rank"]
+
+
+def test_an_object_collective_only_on_rank_0_is_caught(run, monkeypatch):
+    def make(original):
+        def export(self):
+            if self.rank == 0:
+                dist.broadcast_object_list([self.total], src=0)
+            original(self)
+
+        return export
+
+    patched(monkeypatch, "export", make)
+    _, d = caught(run)
+    assert d["phase"] == "export and summary" and d["step"] is None
+    assert d["rank0"].startswith("broadcast_object_list(1 objects, src 0)")
+
+
+def with_extra_micro_batch(plan_dir, rank: int, step: int) -> None:
+    """A planner bug on purpose: `rank` gets one more micro-batch (a copy of its first pack) in `step` of epoch 0."""
+    path = plan_dir / "packs.parquet"
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    mine = [r for r in rows if r["rank"] == rank and r["epoch"] == 0 and r["step"] == step]
+    extra = dict(mine[0], micro=max(r["micro"] for r in mine) + 1, slot=0)
+    pq.write_table(pa.Table.from_pylist(rows + [extra], schema=table.schema), path)
+
+
+def test_one_more_micro_batch_on_one_rank_in_one_step_is_caught_at_the_collective_level(run, tmp_path):
+    pretokenized, plan, config = run
+    uneven = tmp_path / "plan"
+    shutil.copytree(plan, uneven)
+    with_extra_micro_batch(uneven, rank=1, step=2)
+    report = prove_collectives(config, pretokenized, uneven)
+    assert not report["passed"]
+    assert report["class_divergence"]["rank"] == 1 and report["class_divergence"]["step"] == 3
+    assert report["class_divergence"]["class"] == "2 micro-batches"
+    d = report["divergence"]  # the extra micro-batch's forward all-gathers where rank 0 goes on to the backward
+    assert d["rank"] == 1 and d["step"] == 3 and d["rank0"] != d["this_rank"]
+    assert "rank 1 diverges from rank 0 at step 3 (class 1 micro-batch)" in report["detail"]
+
+
+@pytest.mark.slow
+def test_the_gate_runs_the_proof_as_its_collectives_check(run, tmp_path, monkeypatch):
+    pretokenized, plan, config = run
+    report = run_gate(config, pretokenized, plan, tmp_path / "gate")
+    check = next(c for c in report["checks"] if c["name"] == "collectives")
+    assert check["passed"], check["detail"]
+    on_disk = json.loads((tmp_path / "gate" / "gate.json").read_text())
+    assert on_disk["collectives"]["classes"] and on_disk["collectives"]["elapsed_s"] > 0
+    assert "## Collectives (dry run on the fake process group)" in (tmp_path / "gate" / "gate.md").read_text()
+
+    def make(original):
+        def save(self, step, epoch, eval_loss):
+            if self.rank == 0:
+                dist.barrier()
+            original(self, step, epoch, eval_loss)
+
+        return save
+
+    patched(monkeypatch, "save", make)
+    failed = run_gate(config, pretokenized, plan, tmp_path / "gate2")
+    assert not failed["passed"] and not (tmp_path / "gate2" / "PASSED").exists()
+    check = next(c for c in failed["checks"] if c["name"] == "collectives")
+    assert not check["passed"] and "rank 1 diverges" in check["detail"]
