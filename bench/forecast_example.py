@@ -27,7 +27,7 @@ from wattgate.config import load_config
 from wattgate.gate.checks import check_equal_steps
 from wattgate.gate.cost import cost_markdown, cost_section
 from wattgate.gate.inputs import PackRows
-from wattgate.gate.memory import ModelSpec
+from wattgate.model_spec import ModelSpec
 from wattgate.pack.assign import Layout
 from wattgate.pack.planner import plan_packs
 

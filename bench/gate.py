@@ -41,7 +41,8 @@ import xxhash
 from wattgate.config import validate_config
 from wattgate.data.pretokenize import SHARD_SCHEMA, content_hash, shard_hash, shard_hash_algorithm
 from wattgate.gate.inputs import load_inputs
-from wattgate.gate.memory import checkpoint_bytes, device_memory_bytes, estimate_memory, load_model_spec
+from wattgate.gate.memory import checkpoint_bytes, device_memory_bytes, estimate_memory
+from wattgate.model_spec import load_model_spec
 from wattgate.gate.run import fit_settings, free_bytes_at, run_checks, run_gate
 from wattgate.pack.plan import build_plan
 

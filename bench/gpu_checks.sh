@@ -167,7 +167,8 @@ from pathlib import Path
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from wattgate.config import validate_config
-from wattgate.gate.memory import GIB, estimate_memory, load_model_spec
+from wattgate.gate.memory import GIB, estimate_memory
+from wattgate.model_spec import load_model_spec
 from wattgate.gate.run import fit_settings
 from wattgate.train.data import IGNORE
 from wattgate.train.distributed import setup_rank

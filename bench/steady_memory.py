@@ -190,14 +190,15 @@ def plain_worker(folder: Path, out: Path) -> None:
 
 
 def gate_steady_gib(config: dict) -> float:
-    from wattgate.gate.memory import estimate_memory, load_model_spec
+    from wattgate.gate.memory import estimate_memory
+    from wattgate.model_spec import load_model_spec
     from wattgate.gate.run import fit_settings
 
     return sum(estimate_memory(load_model_spec(config), fit_settings(config)).values()) / GIB
 
 
 def fp32_model_gib(config: dict) -> float:
-    from wattgate.gate.memory import load_model_spec
+    from wattgate.model_spec import load_model_spec
 
     return load_model_spec(config).num_params * 4 / GIB
 

@@ -28,7 +28,8 @@ from gate import lognormal_lengths, make_config, write_pretokenized  # bench/gat
 from wattgate.data.split import VALIDATION_FILE, carve, carve_keys, doc_ids_sha256, write_validation_ids
 from wattgate.gate import validation_checks as V
 from wattgate.gate.inputs import load_inputs
-from wattgate.gate.memory import estimate_memory, load_model_spec
+from wattgate.gate.memory import estimate_memory
+from wattgate.model_spec import load_model_spec
 from wattgate.gate.run import fit_settings, run_checks
 from wattgate.pack.plan import build_plan
 

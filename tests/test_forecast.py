@@ -23,7 +23,7 @@ from wattgate.data.pretokenize import pretokenize
 from wattgate.errors import InputError
 from wattgate.gate.cost import cost_section, plan_step_costs
 from wattgate.gate.inputs import load_inputs
-from wattgate.gate.memory import ModelSpec, load_model_spec
+from wattgate.model_spec import ModelSpec, load_model_spec
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
 

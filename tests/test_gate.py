@@ -15,8 +15,10 @@ from wattgate.data.pretokenize import pretokenize
 from wattgate.errors import InputError
 from wattgate.gate import checks as C
 from wattgate.gate import memory as M
+from wattgate.model_spec import export_dtype_name, largest_local_slice, largest_param, load_model_spec
 from wattgate.gate.inputs import load_inputs
-from wattgate.gate.memory import GIB, Budget, FitSettings, ModelSpec, estimate_memory
+from wattgate.gate.memory import GIB, Budget, FitSettings, estimate_memory
+from wattgate.model_spec import ModelSpec
 from wattgate.gate.run import config_fit_estimate, run_checks, run_gate
 from wattgate.pack.plan import build_plan
 
@@ -64,7 +66,7 @@ def inputs(stage_dirs, tmp_path):
 
 
 def verdicts(inputs):
-    from wattgate.gate.memory import load_model_spec
+    from wattgate.model_spec import load_model_spec
     from wattgate.gate.run import fit_settings
 
     spec = load_model_spec(inputs.config)
@@ -382,7 +384,7 @@ def example_config(name: str, model_path: Path, **train) -> dict:
 
 
 def fit_of(config: dict):
-    fit = config_fit_estimate(config, M.load_model_spec(config))
+    fit = config_fit_estimate(config, load_model_spec(config))
     return fit, C.check_fit(fit.phases, fit.budgets, config["gate"]["memory_headroom"])
 
 
@@ -428,7 +430,7 @@ def test_example_fit_terms_and_verdict_match_its_header(name, verdict, tmp_path)
     assert {"process_runtime", "param_staging", "loader_page_cache"} <= set(host)
     assert fit.budgets["host_per_node"].source == "cluster.host_mem_gib"
     # no safetensors in the folder: num_params x 2 bytes (bf16), half of it per node
-    assert host["loader_page_cache"] == pytest.approx(M.load_model_spec(config).num_params * 2 / 2, abs=1)
+    assert host["loader_page_cache"] == pytest.approx(load_model_spec(config).num_params * 2 / 2, abs=1)
     assert check.passed is (verdict == "PASS")
     header = header_lines(name)
     assert f"Gate fit verdict: {verdict}" in header
@@ -465,7 +467,7 @@ def test_h100_example_reason(tmp_path):
     fit, _ = fit_of(config)
     totals = {p: sum(t.values()) for p, t in fit.phases.items() if p in DEVICE_PHASES}
     assert max(totals, key=totals.get) == "steady"
-    whole_model = M.load_model_spec(config).num_params * 4
+    whole_model = load_model_spec(config).num_params * 4
     assert whole_model > 80 * GIB and f"{whole_model / GIB:.0f} GiB" in " ".join(header_lines(name))
     steady = fit.phases["steady"]
     assert max(steady, key=steady.get) == "sharded_adam_state_fp32"
@@ -494,9 +496,9 @@ def test_load_peak_is_far_below_the_whole_model_per_rank():
 
 
 def test_largest_parameter_is_the_embedding_for_dense_and_the_fused_experts_for_moe():
-    assert M.largest_param(ModelSpec.from_hf_config(QWEN3_32B, "x")) == ("embed_tokens", (151936, 5120))
+    assert largest_param(ModelSpec.from_hf_config(QWEN3_32B, "x")) == ("embed_tokens", (151936, 5120))
     tiny = ModelSpec.from_hf_config({**QWEN3_32B, "vocab_size": 1000}, "x")
-    assert M.largest_param(tiny)[0] == "mlp.gate_proj"  # 25600 x 5120 beats 1000 x 5120
+    assert largest_param(tiny)[0] == "mlp.gate_proj"  # 25600 x 5120 beats 1000 x 5120
     # Qwen3-30B-A3B: transformers 5 stores each layer's 128 experts as one 3-D parameter
     moe = ModelSpec.from_hf_config(
         {
@@ -509,9 +511,9 @@ def test_largest_parameter_is_the_embedding_for_dense_and_the_fused_experts_for_
         },
         "x",
     )
-    assert M.largest_param(moe) == ("experts.gate_up_proj", (128, 1536, 2048))
+    assert largest_param(moe) == ("experts.gate_up_proj", (128, 1536, 2048))
     # 16 ranks shard the expert dimension: 8 experts each
-    assert M.largest_local_slice(moe, 16) == ("experts.gate_up_proj", 8 * 1536 * 2048)
+    assert largest_local_slice(moe, 16) == ("experts.gate_up_proj", 8 * 1536 * 2048)
 
 
 def test_host_term_scales_with_ranks_per_node():
@@ -591,29 +593,29 @@ def test_host_budget_sources(make_config, tmp_path):
 
 
 def test_export_dtype_name(make_config, tmp_path):
-    assert M.export_dtype_name(make_config(model={"config": TINY_MODEL})) == "bfloat16"  # nothing named: bf16
-    assert M.export_dtype_name(make_config(model={"config": {**TINY_MODEL, "torch_dtype": "float32"}})) == "float32"
+    assert export_dtype_name(make_config(model={"config": TINY_MODEL})) == "bfloat16"  # nothing named: bf16
+    assert export_dtype_name(make_config(model={"config": {**TINY_MODEL, "torch_dtype": "float32"}})) == "float32"
     explicit = make_config(
         model={"config": {**TINY_MODEL, "torch_dtype": "float32"}}, train={"export_dtype": "float16"}
     )
-    assert M.export_dtype_name(explicit) == "float16"
+    assert export_dtype_name(explicit) == "float16"
     folder = model_folder(tmp_path / "m", {**TINY_MODEL, "dtype": "torch.float16"})  # transformers 5 writes `dtype`
-    assert M.export_dtype_name(make_config(model={"path": str(folder)})) == "float16"
+    assert export_dtype_name(make_config(model={"path": str(folder)})) == "float16"
     model_folder(folder, TINY_MODEL)  # the checkpoint names none: model.config's, then bf16
     both = make_config(model={"path": str(folder), "config": {**TINY_MODEL, "torch_dtype": "float32"}})
-    assert M.export_dtype_name(both) == "float32"
-    assert M.export_dtype_name(make_config(model={"path": str(folder)})) == "bfloat16"
+    assert export_dtype_name(both) == "float32"
+    assert export_dtype_name(make_config(model={"path": str(folder)})) == "bfloat16"
     model_folder(folder, {**TINY_MODEL, "torch_dtype": "float8_e4m3fn"})
     with pytest.raises(
         InputError, match=r"m/config.json: dtype float8_e4m3fn is not an export dtype .*set train.export_dtype"
     ):
-        M.export_dtype_name(make_config(model={"path": str(folder)}))
+        export_dtype_name(make_config(model={"path": str(folder)}))
     model_folder(folder, {**TINY_MODEL, "torch_dtype": "int3"})
     with pytest.raises(InputError, match="m/config.json: unknown dtype 'int3'"):
-        M.export_dtype_name(make_config(model={"path": str(folder)}))
+        export_dtype_name(make_config(model={"path": str(folder)}))
     (folder / "config.json").write_text("{not json")
     with pytest.raises(InputError, match=r"m/config.json:1: invalid JSON in model config"):
-        M.export_dtype_name(make_config(model={"path": str(folder)}))
+        export_dtype_name(make_config(model={"path": str(folder)}))
     with pytest.raises(InputError, match=r"none/config.json: cannot read model config"):
         M.checkpoint_source(make_config(model={"path": str(tmp_path / "none")}))
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 from test_gate import QWEN3_32B, QWEN3_SETTINGS
 
 from wattgate.gate import memory as M
+from wattgate.model_spec import ModelSpec
 from wattgate.gate.report import phase_markdown, phases_json
 
-SPEC = M.ModelSpec.from_hf_config(QWEN3_32B, "test")
+SPEC = ModelSpec.from_hf_config(QWEN3_32B, "test")
 V, H = SPEC.vocab_size, SPEC.hidden_size
 
 

@@ -10,6 +10,7 @@ import sys
 from test_gate import QWEN3_32B, QWEN3_SETTINGS
 
 from wattgate.gate import memory as M
+from wattgate.model_spec import ModelSpec
 from wattgate.train.launch import CPU_ALLOCATOR_ENV, allocator_record, launch_env, resolve_launch
 
 CPU = {"cluster": {"nodes": 1, "gpus_per_node": 4, "gpu_model": "cpu", "launcher": "local", "cpus_per_node": 4}}
@@ -64,7 +65,7 @@ def test_a_rank_keeps_the_launchers_allocator():
 
 
 def test_the_gate_counts_optimizer_state_only_for_adamw():
-    spec = M.ModelSpec.from_hf_config(QWEN3_32B, "t")
+    spec = ModelSpec.from_hf_config(QWEN3_32B, "t")
     adamw = M.estimate_memory(spec, M.FitSettings(**QWEN3_SETTINGS))
     sgd = M.estimate_memory(spec, M.FitSettings(**QWEN3_SETTINGS, optimizer="sgd"))
     assert adamw["sharded_adam_state_fp32"] == spec.num_params * 8 // 16

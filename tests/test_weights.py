@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from wattgate.gate.memory import ModelSpec
+from wattgate.model_spec import ModelSpec
 from wattgate.train.safetensors_io import SafetensorsStream, read_header, read_rows
 from wattgate.train.weights import export_file_names, plan_export_files, seeded_normal_rows, ExportEntry
 

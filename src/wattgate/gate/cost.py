@@ -34,7 +34,8 @@ from wattgate.cadence import Cadence, eval_steps
 from wattgate.gate.checks import Check, step_rank_costs
 from wattgate.gate.validation_checks import validation_divergence
 from wattgate.gate.inputs import GateInputs, PackRows
-from wattgate.gate.memory import DTYPE_BYTES, ModelSpec, checkpoint_bytes, checkpoint_source, export_dtype_name
+from wattgate.gate.memory import checkpoint_bytes, checkpoint_source
+from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name
 from wattgate.gpus import is_cpu, peak_bf16_flops
 from wattgate.triage_tables import TriageSettings
 

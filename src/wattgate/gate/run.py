@@ -14,20 +14,17 @@ from wattgate.gate.cost import cost_section
 from wattgate.gpus import is_cpu
 from wattgate.gate.inputs import GateInputs, concat_packs, load_inputs
 from wattgate.gate.memory import (
-    DTYPE_BYTES,
     Budget,
     FitEstimate,
     FitSettings,
-    ModelSpec,
     checkpoint_bytes,
     checkpoint_source,
     device_memory_bytes,
-    export_dtype_name,
     fit_estimate,
     host_memory_budget,
-    load_model_spec,
     validation_tokens_per_micro_batch,
 )
+from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_model_spec
 from wattgate.gate.report import gate_json, write_report
 
 

@@ -30,7 +30,7 @@ from wattgate.cadence import StepActions
 from wattgate.errors import InputError
 from wattgate.ledger import append_ledger, run_record
 from wattgate.gate.cost import plan_step_costs
-from wattgate.gate.memory import export_dtype_name, load_model_spec
+from wattgate.model_spec import export_dtype_name, load_model_spec
 from wattgate.pack.validation import EVAL_PACKS
 from wattgate.train.metrics import process_age_s
 from wattgate.run_files import (

@@ -1,0 +1,202 @@
+"""The model spec: a decoder's shapes from a transformers config (model.path's config.json or model.config),
+its parameter count and dtype, and final/'s export dtype.
+
+Below every stage: the gate sizes memory and checkpoints from it, train builds and exports the model it
+describes, and the forecast counts its FLOPs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from wattgate.errors import InputError
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
+EXPORT_DTYPES = ("bfloat16", "float16", "float32")  # train.export_dtype's choices besides auto
+DTYPE_ALIASES = {
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "fp32": "float32",
+    "float": "float32",
+    "double": "float64",
+}
+# transformers' dtype when a config names none
+DEFAULT_CONFIG_DTYPE = "float32"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a dense or MoE decoder, enough to count parameters and activations."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tied_embeddings: bool
+    num_experts: int = 0
+    expert_intermediate_size: int = 0
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict, source: str) -> ModelSpec:
+        try:
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+            return cls(
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                num_layers=int(cfg["num_hidden_layers"]),
+                intermediate_size=int(cfg.get("intermediate_size") or 4 * hidden),
+                num_heads=heads,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
+                expert_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{source}: model config lacks a decoder shape ({exc}); cannot estimate memory") from None
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        h = self.hidden_size
+        attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h + 2 * self.head_dim
+        if self.num_experts:
+            mlp = self.num_experts * 3 * h * self.expert_intermediate_size + h * self.num_experts
+        else:
+            mlp = 3 * h * self.intermediate_size  # SwiGLU: gate, up, down
+        return attn + mlp + 2 * h
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+
+    @property
+    def num_params(self) -> int:
+        return self.num_layers * self.layer_params + self.embedding_params + self.hidden_size
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The distinct weight shapes as transformers 5 stores them; FSDP2 shards dim 0.
+
+        MoE experts are one 3-D parameter per projection (Qwen3-MoE, Mixtral), so
+        they, not a single expert's matrix, are the candidates for the largest one.
+        """
+        h, inter = self.hidden_size, self.intermediate_size
+        shapes = {
+            "embed_tokens": (self.vocab_size, h),
+            "q_proj": (self.q_dim, h),
+            "k_proj": (self.kv_dim, h),
+            "o_proj": (h, self.q_dim),
+        }
+        if not self.tied_embeddings:
+            shapes["lm_head"] = (self.vocab_size, h)
+        if self.num_experts:
+            e, ei = self.num_experts, self.expert_intermediate_size
+            shapes.update({"experts.gate_up_proj": (e, 2 * ei, h), "experts.down_proj": (e, h, ei)})
+        else:
+            shapes.update({"mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h), "mlp.down_proj": (h, inter)})
+        return shapes
+
+    def activation_elements_per_token_layer(self) -> int:
+        """bf16 tensors autograd keeps per token in one decoder layer (flash/sdpa attention: no s^2 term).
+
+        Norm inputs and outputs (4h), the layer input to each projection block
+        (2h), q/k/v before and after norm+rope (2 x (q + 2kv)), attention output
+        and o_proj input (2q), and in the MLP gate, up, act(gate), their product
+        (4 x intermediate).
+        """
+        inter = self.expert_intermediate_size if self.num_experts else self.intermediate_size
+        return 6 * self.hidden_size + 2 * (self.q_dim + 2 * self.kv_dim) + 2 * self.q_dim + 4 * inter
+
+
+def largest_param(spec: ModelSpec) -> tuple[str, tuple[int, ...]]:
+    """Name and shape of the parameter with the most elements (embedding or head, or an MLP matrix)."""
+    return max(spec.weight_shapes().items(), key=lambda kv: math.prod(kv[1]))
+
+
+def local_rows(shape: tuple[int, ...], world_size: int) -> int:
+    """Rows of dim 0 the fullest rank holds (FSDP2 pads dim 0 up to a multiple of the world size)."""
+    return -(-shape[0] // world_size)
+
+
+def largest_local_slice(spec: ModelSpec, world_size: int) -> tuple[str, int]:
+    """The parameter of which one rank holds the most elements, and that many elements."""
+    name, shape = max(spec.weight_shapes().items(), key=lambda kv: local_rows(kv[1], world_size) * math.prod(kv[1][1:]))
+    return name, local_rows(shape, world_size) * math.prod(shape[1:])
+
+
+def read_model_folder_config(model_path: str | Path) -> tuple[dict, Path]:
+    """model.path/config.json as a dict, and its path."""
+    path = Path(model_path) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except OSError as exc:
+        raise InputError(
+            f"{path}: cannot read model config ({exc.strerror}); model.path must be a local model folder"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{exc.lineno}: invalid JSON in model config ({exc.msg})") from None
+    if not isinstance(cfg, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    return cfg, path
+
+
+def load_model_spec(config: dict) -> ModelSpec:
+    model = config["model"]
+    if model.get("path"):
+        cfg, path = read_model_folder_config(model["path"])
+        return ModelSpec.from_hf_config(cfg, str(path))
+    if model.get("config"):
+        return ModelSpec.from_hf_config(model["config"], "model.config")
+    raise InputError("config: set model.path (a local model folder) or model.config (a transformers config)")
+
+
+def config_dtype_name(cfg: dict, source: str) -> str | None:
+    """The dtype a transformers config names ('dtype' in transformers 5, 'torch_dtype' before), or None."""
+    value = cfg.get("dtype") if cfg.get("dtype") is not None else cfg.get("torch_dtype")
+    if value is None or value == "auto":
+        return None
+    if not isinstance(value, str):
+        raise InputError(f"{source}: dtype/torch_dtype must be a string like 'bfloat16', got {value!r}")
+    name = value.removeprefix("torch.")
+    name = DTYPE_ALIASES.get(name, name)
+    if name not in DTYPE_BYTES:
+        raise InputError(f"{source}: unknown dtype '{value}' (known: {', '.join(DTYPE_BYTES)})")
+    return name
+
+
+def export_dtype_name(config: dict) -> str:
+    """dtype of final/: train.export_dtype, or for auto the input checkpoint's, else model.config's, else bfloat16."""
+    chosen = config["train"].get("export_dtype", "auto")
+    if chosen != "auto":
+        return chosen
+    model = config["model"]
+    candidates = []
+    if model.get("path"):
+        cfg, path = read_model_folder_config(model["path"])
+        candidates.append((cfg, str(path)))
+    candidates.append((model.get("config") or {}, "model.config"))
+    for cfg, source in candidates:
+        name = config_dtype_name(cfg, source)
+        if name is None:
+            continue
+        if name not in EXPORT_DTYPES:
+            raise InputError(
+                f"{source}: dtype {name} is not an export dtype ({', '.join(EXPORT_DTYPES)}); set train.export_dtype"
+            )
+        return name
+    return "bfloat16"
