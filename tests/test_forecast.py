@@ -16,12 +16,12 @@ from conftest import REPO
 from wattgate.cadence import checkpoint_steps
 from wattgate.forecast.failure import failure_cost, first_divergence
 from wattgate.forecast.throughput import flops_throughput
-from wattgate.forecast.walltime import PlanCosts, Settings, forecast, table_levels
+from wattgate.forecast.walltime import PlanCosts, Settings, forecast, plan_step_costs, table_levels
 from wattgate.ledger import append_ledger, read_ledger, run_record
 from wattgate.config import validate_config
 from wattgate.data.pretokenize import pretokenize
 from wattgate.errors import InputError
-from wattgate.gate.cost import cost_section, plan_step_costs
+from wattgate.gate.cost import cost_section
 from wattgate.gate.inputs import load_inputs
 from wattgate.model_spec import ModelSpec, load_model_spec
 from wattgate.gate.run import run_gate

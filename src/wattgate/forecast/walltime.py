@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from wattgate.cadence import checkpoint_steps  # the trainer's own rule (one home, the loop's)
 from wattgate.durations import fmt_hours
 from wattgate.forecast.throughput import Throughput
+
+if TYPE_CHECKING:
+    from wattgate.run_files import PackRows
 
 ASSUMED_STARTUP_S = {"cpu": 10.0, "gpu": 120.0}  # launch, imports, NCCL init: used until a run measures it
 ASSUMED_STORAGE_GBPS = 1.0  # GB/s of checkpoint writes when neither the config nor a run gives one
@@ -68,6 +72,25 @@ def plan_costs(
         cost, epoch, step = cost[:max_steps], epoch[:max_steps], step[:max_steps]
     ends = [g + 1 for g in range(len(epoch)) if g + 1 == len(epoch) or epoch[g + 1] != epoch[g]]
     return PlanCosts(cost, epoch, step, steps_per_epoch, ends)
+
+
+def step_rank_costs(packs: PackRows, world_size: int, attn_weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """Cost per (epoch, step) and rank, and the (epoch, step) of each row of that matrix."""
+    cost = packs.num_tokens + attn_weight * packs.sum_per_row(packs.doc_lengths.astype(np.float64) ** 2)
+    n_steps = int(packs.step.max()) + 1
+    key = packs.epoch * n_steps + packs.step
+    keys, idx = np.unique(key, return_inverse=True)
+    per_rank = np.zeros((len(keys), world_size))
+    np.add.at(per_rank, (idx, packs.rank), cost)
+    return per_rank, keys
+
+
+def plan_step_costs(packs: PackRows, plan: dict, config: dict, max_steps: int | None) -> PlanCosts:
+    """Each optimizer step's costliest rank in the planner's cost model, in run order, cut at max_steps."""
+    per_rank, keys = step_rank_costs(
+        packs, plan["world_size"], float(plan.get("attn_weight", config["pack"]["attn_weight"]))
+    )
+    return plan_costs(per_rank, keys, int(packs.step.max()) + 1, plan["steps_per_epoch"], max_steps)
 
 
 @dataclass(frozen=True)

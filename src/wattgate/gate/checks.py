@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wattgate.gate.inputs import PackRows, ShardContent
+from wattgate.forecast.walltime import step_rank_costs
 from wattgate.gate.memory import GIB, Budget
 from wattgate.pack.remainder import DROP_REASONS, DROPPING_POLICIES
 from wattgate.schedule import learning_rate
@@ -408,17 +409,6 @@ def check_checkpoint_space(checkpoint_bytes: int, keep: int, final_bytes: int, f
         f"{final_bytes / GIB:.2f} GiB final), {free_bytes / GIB:.1f} GiB free at {where}"
     )
     return Check("checkpoint_space", need <= free_bytes, detail)
-
-
-def step_rank_costs(packs: PackRows, world_size: int, attn_weight: float) -> tuple[np.ndarray, np.ndarray]:
-    """Cost per (epoch, step) and rank, and the (epoch, step) of each row of that matrix."""
-    cost = packs.num_tokens + attn_weight * packs.sum_per_row(packs.doc_lengths.astype(np.float64) ** 2)
-    n_steps = int(packs.step.max()) + 1
-    key = packs.epoch * n_steps + packs.step
-    keys, idx = np.unique(key, return_inverse=True)
-    per_rank = np.zeros((len(keys), world_size))
-    np.add.at(per_rank, (idx, packs.rank), cost)
-    return per_rank, keys
 
 
 def check_balance(packs: PackRows, world_size: int, attn_weight: float, max_ratio: float) -> Check:

@@ -24,28 +24,21 @@ from wattgate.forecast.walltime import (
     Settings,
     check_budget,
     forecast,
-    plan_costs,
+    plan_step_costs,
+    step_rank_costs,
     table_levels,
 )
 from wattgate.ledger import read_ledger
 from wattgate.config import world_size
 from wattgate.errors import InputError
 from wattgate.cadence import Cadence, eval_steps
-from wattgate.gate.checks import Check, step_rank_costs
+from wattgate.gate.checks import Check
 from wattgate.gate.validation_checks import validation_divergence
-from wattgate.gate.inputs import GateInputs, PackRows
+from wattgate.gate.inputs import GateInputs
 from wattgate.gate.memory import checkpoint_bytes, checkpoint_source
 from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name
 from wattgate.gpus import is_cpu, peak_bf16_flops
 from wattgate.triage_tables import TriageSettings
-
-
-def plan_step_costs(packs: PackRows, plan: dict, config: dict, max_steps: int | None) -> PlanCosts:
-    """Each optimizer step's costliest rank in the planner's cost model, in run order, cut at max_steps."""
-    per_rank, keys = step_rank_costs(
-        packs, plan["world_size"], float(plan.get("attn_weight", config["pack"]["attn_weight"]))
-    )
-    return plan_costs(per_rank, keys, int(packs.step.max()) + 1, plan["steps_per_epoch"], max_steps)
 
 
 def forecast_settings(config: dict, spec: ModelSpec) -> Settings:

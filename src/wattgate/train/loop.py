@@ -29,7 +29,7 @@ from wattgate.artifacts import sha256_file, write_json_atomic
 from wattgate.cadence import StepActions
 from wattgate.errors import InputError
 from wattgate.ledger import append_ledger, run_record
-from wattgate.gate.cost import plan_step_costs
+from wattgate.forecast.walltime import plan_step_costs
 from wattgate.model_spec import export_dtype_name, load_model_spec
 from wattgate.pack.validation import EVAL_PACKS
 from wattgate.train.metrics import process_age_s
