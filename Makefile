@@ -32,12 +32,14 @@ bench: $(VENV)/.installed-test,bench
 	$(BIN)/python bench/triage_accuracy.py
 	$(BIN)/python bench/report.py
 
-# Lint only checks; the formatters themselves are `ruff format src tests bench scripts`,
+# Lint only checks (lint-imports: the layer contracts in pyproject.toml, docs/architecture.md "Layers");
+# the formatters themselves are `ruff format src tests bench scripts`,
 # `snakefmt Snakefile workflow/` (settings in pyproject.toml) and, for the config reference,
 # `python scripts/config_docs.py --out docs/configuration.md`.
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/ruff format --check src tests bench scripts
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/config_docs.py --check docs/configuration.md
 	$(BIN)/snakefmt --check Snakefile workflow/
 	$(BIN)/snakemake --lint
