@@ -19,7 +19,8 @@ from wattgate.gate import validation_checks as V
 from wattgate.gate.inputs import load_inputs
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
-from wattgate.pack.validation import EVAL_PACKS, plan_validation
+from wattgate.pack.validation import plan_validation
+from wattgate.run_files import EVAL_PACKS
 
 from conftest import write_jsonl
 

@@ -19,7 +19,7 @@ from wattgate.config import validate_config
 from wattgate.data.split import read_validation_ids
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
-from wattgate.pack.validation import EVAL_PACKS
+from wattgate.run_files import EVAL_PACKS
 from wattgate.train.data import IGNORE, DocStore
 
 from test_train import TINY, fake_pretokenized, make_run, run_train

@@ -12,6 +12,7 @@ be wrong rather than incomplete.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -26,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from wattgate.artifacts import atomic_path, write_bytes_atomic, write_json_atomic
+from wattgate.artifacts import atomic_path, canonical_json, sha256_file, write_bytes_atomic, write_json_atomic
 from wattgate.errors import InputError
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ EVAL = "eval.parquet"  # train (rank 0): one row per validation pass
 TRAINED = "TRAINED"  # train (rank 0), the stage's declared output
 WATCHER = "watcher.json"  # watch (started by launch)
 GATE_REPORT = "gate.json"  # gate
+EVAL_PACKS = "eval_packs.parquet"  # pack: the validation pass, published with packs.parquet
 
 PLAN_INT_KEYS = ("world_size", "seq_len", "micro_batch_size", "grad_accum", "epochs", "steps_per_epoch")
 PACKS_COLUMNS = ("epoch", "step", "micro", "rank", "slot", "doc_ids", "doc_lengths", "num_tokens")
@@ -352,6 +354,40 @@ def read_marker_hashes(marker: Path) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------- the writers
+
+
+def write_manifest(folder: str | os.PathLike, manifest: dict) -> None:
+    write_json_atomic(Path(folder) / MANIFEST, manifest)
+
+
+def publish_plan(out: Path, plan: dict, write_packs_to, write_eval_to=None) -> dict:
+    """Publish packs.parquet and plan.json as one set: plan.json is the commit record.
+
+    Both are written in full under temporary names first. Then the old plan.json is removed,
+    packs.parquet is renamed into place, and plan.json (carrying packs_sha256) last. A kill at
+    any point leaves the old pair, or no plan.json (the stage reads as not run: rerun pack), or
+    the new pair: never a plan.json beside packs it does not describe. The folder itself is not
+    swapped, since it also holds files that are not pack's (Snakemake's pack.log, written while
+    pack runs). eval_packs.parquet (the validation pass, `write_eval_to`) is published with packs.parquet;
+    a plan without validation removes an earlier plan's.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    plan_path = out / PLAN
+    with atomic_path(plan_path) as plan_tmp:
+        with contextlib.ExitStack() as files:
+            packs_tmp = files.enter_context(atomic_path(out / PACKS))
+            write_packs_to(packs_tmp)
+            plan = dict(plan, packs_sha256=sha256_file(packs_tmp))
+            if write_eval_to is not None:
+                eval_tmp = files.enter_context(atomic_path(out / EVAL_PACKS))
+                write_eval_to(eval_tmp)
+                plan["validation"] = dict(plan["validation"], packs_sha256=sha256_file(eval_tmp))
+            plan_tmp.write_bytes(canonical_json(plan).encode())
+            plan_path.unlink(missing_ok=True)  # retire the old commit record before its packs change
+            if write_eval_to is None:
+                (out / EVAL_PACKS).unlink(missing_ok=True)  # an earlier plan's pass: never beside this plan
+        # packs.parquet (and eval_packs.parquet) are in place here; plan.json follows as this block ends
+    return plan
 
 
 METRICS_SCHEMA = pa.schema(

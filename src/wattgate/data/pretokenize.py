@@ -23,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from wattgate.artifacts import atomic_dir, sha256_tree, write_json_atomic
+from wattgate.artifacts import atomic_dir, sha256_tree
+from wattgate.run_files import write_manifest
 from wattgate.config import max_doc_tokens
 from wattgate.data.chat import ChatRenderer, TemplateError
 from wattgate.data.records import BadRecord, BadRecordPolicy, Fields, Record, read_records
@@ -172,6 +173,18 @@ class ShardWriter:
         self.hashes: list[int] = []  # content_hash of every document written or buffered, by doc_id
         self.lengths: list[int] = []
         self.loss_counts: list[int] = []
+
+    def manifest_fields(self) -> dict:
+        """What every manifest.json says of its shards (pretokenize's and the synthetic corpus's)."""
+        return {
+            "num_docs": self.num_docs,
+            "num_tokens": self.num_tokens,
+            "num_loss_tokens": self.num_loss_tokens,
+            "max_token_id": self.max_token_id,
+            "shards": self.shards,
+            "shard_hashes": self.shard_hashes,
+            "shard_hash_algorithm": shard_hash_algorithm(),
+        }
 
     def add(self, ids: np.ndarray, mask: np.ndarray) -> None:
         self.hashes.append(content_hash(ids))
@@ -389,15 +402,9 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
             "tokenizer_sha256": tokenizer_sha256(tokenizer_dir),
             "tokenizer_path": str(Path(tokenizer_dir).resolve()),  # the export finds it from any directory
             "vocab_size": len(tokenizer),
-            "max_token_id": writer.max_token_id,
             "source_sha256": sha256_tree(inputs),
             "sources": [str(p) for p in inputs],
-            "num_docs": writer.num_docs,
-            "num_tokens": writer.num_tokens,
-            "num_loss_tokens": writer.num_loss_tokens,
-            "shards": writer.shards,
-            "shard_hashes": writer.shard_hashes,
-            "shard_hash_algorithm": shard_hash_algorithm(),
+            **writer.manifest_fields(),
             "dropped": dict(sorted(dropped.items())),
             "chat_turns": dict(sorted(policy.noted.items())),  # kept but irregular (e.g. assistant first)
             "overlong": {
@@ -409,5 +416,5 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
             "config": asdict(settings),
             "validation": validation,
         }
-        write_json_atomic(tmp / "manifest.json", manifest)
+        write_manifest(tmp, manifest)
     return manifest

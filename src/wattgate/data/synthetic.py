@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from wattgate.artifacts import write_json_atomic
+from wattgate.run_files import write_manifest
 from wattgate.data.pretokenize import (
     FORMAT_VERSION,
     ShardWriter,
     held_out_mask,
-    shard_hash_algorithm,
     validation_record,
 )
 from wattgate.data.split import VALIDATION_FILE, SplitSettings, write_validation_ids
@@ -40,17 +39,11 @@ def write_random_pretokenized(
         held = held_out_mask(split, writer, writer.num_docs)
         write_validation_ids(path / VALIDATION_FILE, np.flatnonzero(held))
         validation = validation_record(split, writer, held)
-    write_json_atomic(
-        path / "manifest.json",
+    write_manifest(
+        path,
         {
             "format_version": FORMAT_VERSION,
-            "num_docs": writer.num_docs,
-            "num_tokens": writer.num_tokens,
-            "num_loss_tokens": writer.num_loss_tokens,
-            "shards": writer.shards,
-            "shard_hashes": writer.shard_hashes,
-            "shard_hash_algorithm": shard_hash_algorithm(),
-            "max_token_id": writer.max_token_id,
+            **writer.manifest_fields(),
             "vocab_size": vocab,
             "dropped": {},
             "validation": validation,

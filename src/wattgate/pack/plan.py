@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from wattgate.artifacts import atomic_path, canonical_json, sha256_file
+from wattgate.artifacts import atomic_path
 from wattgate.config import world_size
 from wattgate.errors import InputError
 from wattgate.pack.assign import Layout, rank_cost_ratios
@@ -18,8 +17,8 @@ from wattgate.pack.planner import plan_packs
 from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs
 from wattgate.pack.segments import HISTORY, continue_plan, keep_in_history, resume_source, segment_rows, step_ordinal
 from wattgate.data.split import read_validation_ids, train_doc_ids
-from wattgate.pack.validation import EVAL_PACKS, ValidationPlan, plan_validation
-from wattgate.run_files import read_manifest
+from wattgate.pack.validation import ValidationPlan, plan_validation
+from wattgate.run_files import EVAL_PACKS, PACKS, publish_plan, read_manifest
 from wattgate.identity import model_train_identity
 
 FORMAT_VERSION = 1
@@ -253,7 +252,7 @@ def build_continued_plan(
     )  # what its LR schedule ran towards
     segments.append(
         {
-            "packs": "packs.parquet",
+            "packs": PACKS,
             "world_size": layout.world_size,
             "grad_accum": ga,
             "micro_batch_size": layout.micro_batch_size,
@@ -328,36 +327,6 @@ def eval_writer(vplan: ValidationPlan | None, lengths: np.ndarray):
     if vplan is None:
         return None
     return lambda tmp: write_packs_table(tmp, vplan.placement, vplan.packs, lengths, vplan.tokens)
-
-
-def publish_plan(out: Path, plan: dict, write_packs_to, write_eval_to=None) -> dict:
-    """Publish packs.parquet and plan.json as one set: plan.json is the commit record.
-
-    Both are written in full under temporary names first. Then the old plan.json is removed,
-    packs.parquet is renamed into place, and plan.json (carrying packs_sha256) last. A kill at
-    any point leaves the old pair, or no plan.json (the stage reads as not run: rerun pack), or
-    the new pair: never a plan.json beside packs it does not describe. The folder itself is not
-    swapped, since it also holds files that are not pack's (Snakemake's pack.log, written while
-    pack runs). eval_packs.parquet (the validation pass, `write_eval_to`) is published with packs.parquet;
-    a plan without validation removes an earlier plan's.
-    """
-    out.mkdir(parents=True, exist_ok=True)
-    plan_path = out / "plan.json"
-    with atomic_path(plan_path) as plan_tmp:
-        with contextlib.ExitStack() as files:
-            packs_tmp = files.enter_context(atomic_path(out / "packs.parquet"))
-            write_packs_to(packs_tmp)
-            plan = dict(plan, packs_sha256=sha256_file(packs_tmp))
-            if write_eval_to is not None:
-                eval_tmp = files.enter_context(atomic_path(out / EVAL_PACKS))
-                write_eval_to(eval_tmp)
-                plan["validation"] = dict(plan["validation"], packs_sha256=sha256_file(eval_tmp))
-            plan_tmp.write_bytes(canonical_json(plan).encode())
-            plan_path.unlink(missing_ok=True)  # retire the old commit record before its packs change
-            if write_eval_to is None:
-                (out / EVAL_PACKS).unlink(missing_ok=True)  # an earlier plan's pass: never beside this plan
-        # packs.parquet (and eval_packs.parquet) are in place here; plan.json follows as this block ends
-    return plan
 
 
 def write_packs(path: Path, placement, packs: Packs, lengths: np.ndarray, tokens: np.ndarray) -> None:

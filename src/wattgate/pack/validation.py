@@ -23,8 +23,6 @@ from wattgate.pack.assign import Layout, Placement, assign_ranks, pack_costs, ra
 from wattgate.pack.bfd import pack_bfd
 from wattgate.pack.remainder import Packs, rebin
 
-EVAL_PACKS = "eval_packs.parquet"
-
 
 @dataclass(frozen=True)
 class ValidationPlan:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wattgate.pack.validation import EVAL_PACKS
+from wattgate.run_files import EVAL_PACKS
 from wattgate.run_files import PACKS, read_parquet
 from wattgate.train.steps import StepClass, rank_schedule, rank_step_classes
 

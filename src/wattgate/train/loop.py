@@ -31,7 +31,7 @@ from wattgate.errors import InputError
 from wattgate.ledger import append_ledger, run_record
 from wattgate.forecast.walltime import plan_step_costs
 from wattgate.model_spec import export_dtype_name, load_model_spec
-from wattgate.pack.validation import EVAL_PACKS
+from wattgate.run_files import EVAL_PACKS
 from wattgate.train.metrics import process_age_s
 from wattgate.run_files import (
     EVAL,
