@@ -68,6 +68,13 @@ def kill_after_checkpoint(proc: subprocess.Popen, checkpoints: Path, step: int, 
     proc.wait()
 
 
+def training_docs(work: Path) -> np.ndarray:
+    """Every doc_id but the embedded default's held-out validation documents."""
+    manifest = json.loads((work / "results/pretokenized/manifest.json").read_text())
+    held = pq.read_table(work / "results/pretokenized/validation.parquet").column("doc_id").to_numpy()
+    return np.setdiff1d(np.arange(manifest["num_docs"]), held)
+
+
 def write_config(work: Path, **cluster) -> None:
     config = yaml.safe_load((work / "config/config.yaml").read_text())
     config["cluster"].update(cluster)
@@ -127,9 +134,16 @@ def test_4_ranks_lose_two_and_go_on_with_2_through_snakemake(small_workflow, tmp
     ranks = metrics.groupby("step")["rank"].nunique()
     assert ranks.index.tolist() == list(range(1, plan["segments"][-1]["end_step"] + 1))
     assert (ranks[ranks.index <= boundary] == 4).all() and (ranks[ranks.index > boundary] == 2).all()
-    assert int(metrics["tokens"].sum()) == plan["epochs"] * manifest["num_tokens"]
+    # the embedded default holds out a validation split: every other document trains, once per epoch
+    split = manifest["validation"]
+    assert int(metrics["tokens"].sum()) == plan["epochs"] * split["train_tokens"]
     for epoch, docs in docs_per_epoch(work / "results/plan").items():
-        assert np.array_equal(np.sort(docs), np.arange(manifest["num_docs"])), f"epoch {epoch}"
+        assert np.array_equal(np.sort(docs), training_docs(work)), f"epoch {epoch}"
+    # the validation pass is re-planned for the 2 ranks left, and proven like the steps
+    assert plan["validation"]["num_docs"] == split["num_docs"] and plan_4["validation"]["num_docs"] == split["num_docs"]
+    assert checks["validation_steps"]["passed"] and checks["validation_steps"]["detail"].startswith("2 ranks x ")
+    evals = pq.read_table(run / "eval.parquet").to_pylist()
+    assert len({r["step"] for r in evals}) == len(evals) and evals[-1]["step"] == plan["segments"][-1]["end_step"]
 
     # the same training uninterrupted on 4 ranks (same global batch): the same parameters up to reduction order
     steady = tmp_path / "steady"
@@ -223,7 +237,8 @@ def test_2_ranks_grow_to_3_with_the_closest_global_batch(small_workflow, tmp_pat
     stage(work, "launch", "--pretokenized", "results/pretokenized", "--plan", "results/plan", "--out", run)
     manifest = json.loads((work / "results/pretokenized/manifest.json").read_text())
     metrics = pq.read_table(run / "metrics.parquet").to_pandas()
-    assert int(metrics["tokens"].sum()) == plan["epochs"] * manifest["num_tokens"]
+    assert int(metrics["tokens"].sum()) == plan["epochs"] * manifest["validation"]["train_tokens"]
     assert metrics.groupby("step")["rank"].nunique().max() == 3
+    # the re-packed rest holds every training document once per epoch, and no held-out one
     for epoch, docs in docs_per_epoch(work / "results/plan").items():
-        assert np.array_equal(np.sort(docs), np.arange(manifest["num_docs"])), f"epoch {epoch}"
+        assert np.array_equal(np.sort(docs), training_docs(work)), f"epoch {epoch}"
