@@ -7,7 +7,8 @@ import pytest
 
 from conftest import REPO
 from wattgate.errors import InputError
-from wattgate.power.importers import import_trace, infer_burst_positions, write_trace
+from wattgate.power.importers import import_trace, write_trace
+from wattgate.power.importers.nvidia_smi import infer_burst_positions
 from wattgate.triage_tables import resolve_table
 from wattgate.trace import TRACE_SCHEMA, read_trace, trace_meta
 
