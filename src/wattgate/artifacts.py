@@ -32,7 +32,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,21 @@ def _temp_prefix(dest: Path) -> str:
 
 
 @contextlib.contextmanager
+def _publishing(dest: Path, tmp: Path, remove: Callable[[Path], object]) -> Iterator[None]:
+    """Around writing `tmp` and renaming it onto `dest`: an OSError that names no file (a failed write()) is
+    raised naming `dest`, and `tmp` is removed whatever happens."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(dest)) from exc
+        raise
+    finally:
+        if tmp.exists():
+            remove(tmp)
+
+
+@contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `dest`; rename it onto `dest` on success."""
     dest = Path(dest)
@@ -82,17 +97,10 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(dest), suffix=".tmp", dir=dest.parent)
     os.close(fd)
     tmp_path = Path(tmp)
-    try:
+    with _publishing(dest, tmp_path, Path.unlink):
         yield tmp_path
         os.chmod(tmp_path, _file_mode())
         os.replace(tmp_path, dest)
-    except OSError as exc:
-        if exc.filename is None:  # a failed write() names no file: name the artifact being written
-            raise OSError(exc.errno, exc.strerror, str(dest)) from exc
-        raise
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
     sweep_stale_temps(dest)
 
 
@@ -232,7 +240,7 @@ def atomic_dir(dest: str | os.PathLike, stage: str | None = None) -> Iterator[Pa
     check_replaceable(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(dest), suffix=".tmp", dir=dest.parent))
-    try:
+    with _publishing(dest, tmp, shutil.rmtree):
         yield tmp
         with atomic_path(tmp / OUTPUT_MARKER) as marker:
             marker.write_bytes(marker_bytes(stage))
@@ -245,13 +253,6 @@ def atomic_dir(dest: str | os.PathLike, stage: str | None = None) -> Iterator[Pa
             shutil.rmtree(old)
         else:
             os.replace(tmp, dest)
-    except OSError as exc:
-        if exc.filename is None:  # a failed write() names no file: name the folder being written
-            raise OSError(exc.errno, exc.strerror, str(dest)) from exc
-        raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     sweep_stale_temps(dest)
 
 
