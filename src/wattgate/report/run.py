@@ -15,24 +15,10 @@ from wattgate.report.summary import Analysis, analyze
 PathLike = str | os.PathLike
 
 
-def summarize(
-    run_dir: PathLike | None,
-    power_dir: PathLike | None = None,
-    gate_dir: PathLike | None = None,
-    config_path: PathLike | None = None,
-    trace_paths: Iterable[PathLike] | None = None,
-    gpu_model: str | None = None,
-    table_path: PathLike | None = None,
-    power_cap_w: float | None = None,
-    *,
-    config: dict | None = None,
-) -> Analysis:
-    """Read every input and compute the numbers (no figures, nothing written)."""
-    return analyze(
-        load_inputs(
-            run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path, power_cap_w, config=config
-        )
-    )
+def summarize(run_dir: PathLike | None, *sources, **options) -> Analysis:
+    """Read every input and compute the numbers (no figures, nothing written); the arguments are load_inputs'
+    (report/inputs.py), as run_report passes them."""
+    return analyze(load_inputs(run_dir, *sources, **options))
 
 
 def run_report(
