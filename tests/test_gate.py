@@ -316,7 +316,7 @@ def test_gate_writes_passed_and_report(stage_dirs, tmp_path):
     assert report["passed"] and (tmp_path / "gate/PASSED").exists()
     md = (tmp_path / "gate/gate.md").read_text()
     assert "# Invariant gate: PASSED" in md and "| sharded_params_fp32 |" in md
-    assert report["elapsed_s"] < 5
+    assert report["elapsed_s"] - report["collectives"]["elapsed_s"] < 5  # the collective proof states its own time
 
 
 def test_stale_pass_is_removed_when_the_gate_fails(stage_dirs, tmp_path):

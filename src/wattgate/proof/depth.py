@@ -43,7 +43,7 @@ def check_identical_layers(model_cfg: dict) -> dict:
     return {"identical": True, "layers": layers, "why": f"{layers} identical {type(units[0]).__name__} layers"}
 
 
-def scaled_count(count: int, per_layer: int | None, depth: dict, proxy_layers: int = 2) -> int | None:
+def scaled_count(count: int, per_layer: int | None, depth: dict, proxy_layers: int) -> int | None:
     """A step's collective count at the real depth from the proxy's (None without a per-layer figure)."""
     if per_layer is None:
         return count if depth.get("layers", 0) <= proxy_layers else None

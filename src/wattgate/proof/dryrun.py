@@ -2,7 +2,7 @@
 the fake process group, with the model's tensors fake, recording every collective it issues.
 
 What differs from a real rank, and why each is outside what the proof claims:
-- the model is built at reduced depth (`proof_depth` decoder layers, full width) with FakeTensors: shapes and
+- the model is built at reduced depth (`depth` decoder layers, full width) with FakeTensors: shapes and
   dtypes without memory or arithmetic; the decoder layers are checked to be identical units (wattgate.proof.depth)
   so each step's collectives at the real depth follow from the proxy's;
 - `steps_to_run` is one step of every class the plan gives any rank (wattgate.train.steps), each run in full:
@@ -31,8 +31,6 @@ import torch.distributed as dist
 from wattgate.gpus import is_cpu
 from wattgate.proof.record import Collective, CollectiveRecorder, _default_group, object_collectives
 from wattgate.train.loop import Paths, Trainer, TrainSettings, run_rank
-
-PROOF_DEPTH = 2  # decoder layers in the proxy: two, so that layers can be compared with each other
 
 
 @dataclass
@@ -154,7 +152,7 @@ def byte_sinks(recorder: CollectiveRecorder):
         dcp.save, safetensors_io.SafetensorsStream.write = real_save, real_write
 
 
-def dry_run_rank(config: dict, paths: Paths, rank: int, steps: list[int], depth: int = PROOF_DEPTH) -> RankRecord:
+def dry_run_rank(config: dict, paths: Paths, rank: int, steps: list[int], depth: int) -> RankRecord:
     """Rank `rank` of plan.json's world, from its plan to its export, on the fake process group."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore

@@ -18,9 +18,12 @@ from wattgate.errors import InputError
 from wattgate.proof.classes import class_divergence, classes_by_rank, first_steps
 from wattgate.proof.depth import check_identical_layers, scaled_count
 from wattgate.proof.dryrun import RankRecord, dry_run_rank
+
 from wattgate.proof.record import Collective, fingerprint
 from wattgate.run_files import read_plan
 from wattgate.train.loop import Paths, TrainSettings
+
+PAIR = 2  # layers in the dry run that measures one layer's collectives
 
 
 def first_difference(mine: list[Collective], ref: list[Collective]) -> tuple[int, str, str] | None:
@@ -110,14 +113,15 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     depth = check_identical_layers(config["model"])
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="wattgate-proof-")) if own else Path(work)
+    proxy = proxy_depth(depth)
     try:
         records = [
-            dry_run_rank(config, Paths(Path(pretokenized), Path(plan_dir), work / f"rank-{r}"), r, steps)
+            dry_run_rank(config, Paths(Path(pretokenized), Path(plan_dir), work / f"rank-{r}"), r, steps, proxy)
             for r in range(world)
         ]
-        if depth["identical"] and depth["layers"] > 1 and records[0].layers > 1:
+        if depth["identical"] and proxy < depth["layers"]:
             depth["per_layer"] = per_layer_counts(
-                records[0], config, Paths(Path(pretokenized), Path(plan_dir), work / "one-layer"), steps
+                records[0], config, Paths(Path(pretokenized), Path(plan_dir), work / "two-layers"), steps
             )
     finally:
         if own:
@@ -158,13 +162,19 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     return report
 
 
-def per_layer_counts(full: RankRecord, config: dict, paths: Paths, steps: list[int]) -> dict[int, int]:
-    """Each dry-run step's collectives per decoder layer: rank 0 at the proxy's depth less rank 0 at one layer
-    less (the layers are identical units, so each adds the same collectives)."""
-    less = dry_run_rank(config, paths, 0, steps, full.layers - 1)
-    return {
-        g: (len(full.steps.get(g, [])) - len(less.steps.get(g, []))) // (full.layers - (less.layers)) for g in steps
-    }
+def proxy_depth(depth: dict) -> int:
+    """The decoder layers every rank's dry run builds: one when the real model's layers are identical units (the
+    per-layer collectives then come from rank 0 at two), else the model's own depth up to two."""
+    if depth["identical"] and depth["layers"] > PAIR:
+        return 1
+    return min(depth["layers"], PAIR)
+
+
+def per_layer_counts(one: RankRecord, config: dict, paths: Paths, steps: list[int]) -> dict[int, int]:
+    """Each dry-run step's collectives per decoder layer: rank 0 at two layers less rank 0 at one (the layers
+    are identical units, so each adds the same collectives)."""
+    two = dry_run_rank(config, paths, 0, steps, PAIR)
+    return {g: len(two.steps.get(g, [])) - len(one.steps.get(g, [])) for g in steps}
 
 
 def safe_prove(config: dict, pretokenized: Path, plan_dir: Path) -> dict:

@@ -1,0 +1,122 @@
+"""How long the collective proof (the gate's `collectives` check, wattgate/proof/) takes.
+
+1. The embedded default (config/config.yaml: 2 ranks, a tiny Qwen3): demo corpus, tokenizer, pretokenize and
+   pack through the CLI (not timed), then the proof. Target (issue 24): at most 10 s.
+2. Each Qwen3-32B example (config/examples/: 2 x 8 ranks, seq_len 8192) on a random corpus of `--docs`
+   documents with Qwen3's vocabulary, packed by the pack stage: the proof at full width (hidden 5120, vocab
+   151,936) with 2 proxy layers scaled to 64. Target: at most 60 s for world size 16.
+
+    python bench/collectives.py [--docs 4000] [--skip-default]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TARGET_S, EXAMPLE_TARGET_S = 10.0, 60.0
+QWEN3_32B = {  # Qwen3-32B's config.json: the fields the model build reads
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 5120,
+    "intermediate_size": 25600,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "torch_dtype": "bfloat16",
+}
+
+
+def cli(*args: str, cwd: Path) -> None:
+    subprocess.run([sys.executable, "-m", "wattgate", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def default_plan(work: Path) -> tuple[dict, Path, Path]:
+    from wattgate.config import validate_config
+
+    c = str(ROOT / "config" / "config.yaml")
+    cli("demo-corpus", "--config", c, "--out", "results/corpus/demo.jsonl", cwd=work)
+    cli("train-tokenizer", "--config", c, "--corpus", "results/corpus/demo.jsonl", "--out", "tok", cwd=work)
+    cli("pretokenize", "--config", c, "--tokenizer", "tok", "--out", "pretok", cwd=work)
+    cli("pack", "--config", c, "--pretokenized", "pretok", "--out", "plan", cwd=work)
+    config = validate_config(yaml.safe_load(Path(c).read_text()), source=c)
+    config["tokenizer"]["path"] = str(work / "tok")
+    return config, work / "pretok", work / "plan"
+
+
+def example_plan(name: str, work: Path, docs: int) -> tuple[dict, Path, Path]:
+    from wattgate.config import validate_config
+    from wattgate.data.synthetic import write_random_pretokenized
+    from wattgate.pack.plan import build_plan
+
+    model = work / "Qwen3-32B"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text(json.dumps(QWEN3_32B))
+    config = yaml.safe_load((ROOT / "config" / "examples" / name).read_text())
+    config["model"]["path"] = config["tokenizer"]["path"] = str(model)
+    config = validate_config(config, source=name)
+    seq = config["train"]["seq_len"]
+    lengths = np.clip(np.random.default_rng(0).lognormal(7.0, 1.0, docs), 16, seq).astype(int)
+    pretok = write_random_pretokenized(work / "pretok", lengths, QWEN3_32B["vocab_size"], validation_fraction=0.02)
+    build_plan(config, pretok, work / "plan")
+    return config, pretok, work / "plan"
+
+
+def prove(label: str, config: dict, pretok: Path, plan: Path, target: float) -> dict:
+    from wattgate.proof.prove import prove_collectives
+
+    t0 = time.perf_counter()
+    report = prove_collectives(config, pretok, plan)
+    wall = time.perf_counter() - t0
+    steps = sum(c["steps"] for c in report["classes"])
+    print(
+        f"{label}: {report['world_size']} ranks, {len(report['classes'])} step classes over {steps} steps "
+        f"(dry-run steps {report['steps_run']}), {report['proxy_layers']} proxy layers of "
+        f"{report['depth']['layers']}: {'PASS' if report['passed'] else 'FAIL'} in {wall:.1f} s "
+        f"(target {target:.0f} s: {'met' if wall <= target else 'MISSED'})"
+    )
+    for c in report["classes"]:
+        print(
+            f"  {c['class']}: {c['steps']} steps, {c['collectives']} collectives at the proxy's depth, "
+            f"{c['collectives_at_depth']} at full depth, {c['fingerprint']}"
+        )
+    if not report["passed"]:
+        print("  " + report["detail"])
+    return {"label": label, "seconds": round(wall, 2), "passed": report["passed"], "target_s": target}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=4000)
+    ap.add_argument("--skip-default", action="store_true")
+    args = ap.parse_args()
+    import torch  # noqa: F401 - imported before any timing: the gate process pays it once
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="wattgate-bench-collectives-") as tmp:
+        if not args.skip_default:
+            work = Path(tmp) / "default"
+            work.mkdir()
+            results.append(prove("embedded default", *default_plan(work), DEFAULT_TARGET_S))
+        for name in ("qwen3-32b-2x8-b300.yaml", "qwen3-32b-2x8-h100.yaml"):
+            results.append(prove(name, *example_plan(name, Path(tmp) / name, args.docs), EXAMPLE_TARGET_S))
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
