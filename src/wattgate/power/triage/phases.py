@@ -19,8 +19,7 @@ import pyarrow.parquet as pq
 from wattgate.artifacts import atomic_path
 from wattgate.codes import column_codes
 from wattgate.errors import InputError
-from wattgate.triage_tables import POWER_PHASES
-from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S
+from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, POWER_PHASES
 from wattgate.trace import strict_json
 
 FORMAT_VERSION = 1

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.errors import InputError
 from wattgate.power.triage import power_only
-from wattgate.triage_tables import TriageTable
+from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings, TriageTable
 from wattgate.power.triage.phases import (
     COMPUTE,
     DATA_STARVATION,
@@ -56,7 +56,6 @@ from wattgate.power.triage.rules import (
 from wattgate.power.triage.run_rules import _run_info_rules
 from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
 from wattgate.power.triage.smoothing import SMOOTH_RADIUS, _majority, _rolling_median
-from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.windows import CHUNK_ROWS, _Ingest, _Windows, _windows, ingest, ingest_energy, table_batches
 from wattgate.trace import read_trace_chunks, strict_json
 
