@@ -208,27 +208,34 @@ def stragglers(metrics: pd.DataFrame | None, rank_gpu: dict[int, str]) -> list[E
     return out
 
 
-def describe(e: Episode) -> str:
-    """One line of evidence for the anomalies table."""
-    parts = []
-    f = e.facts
-    if "deadlock GPU-seconds" in f:
-        parts.append(
+# each fact an episode can carry, and its line of evidence, in the order the table gives them
+EVIDENCE = (
+    (
+        "deadlock GPU-seconds",
+        lambda e, f: (
             f"power triage: low-power wait without progress on {len(e.gpus)} GPU(s) "
             f"({f['deadlock GPU-seconds']:.0f} GPU-s)"
-        )
-    if "starved GPU-seconds" in f:
-        parts.append(f"power triage: data_starvation on {len(e.gpus)} GPU(s) ({f['starved GPU-seconds']:.0f} GPU-s)")
-    if "starved steps" in f:
-        parts.append(
+        ),
+    ),
+    (
+        "starved GPU-seconds",
+        lambda e, f: f"power triage: data_starvation on {len(e.gpus)} GPU(s) ({f['starved GPU-seconds']:.0f} GPU-s)",
+    ),
+    (
+        "starved steps",
+        lambda e, f: (
             f"metrics: {f['starved steps']} step(s) on {len(e.ranks)} rank(s) waited >= "
             f"{100 * STARVED_STEP_SHARE:.0f}% of the step for data ({f['data wait s']:.1f} s of waiting)"
-        )
-    if "watcher" in f:
-        parts.append(f"watcher: {f['watcher']}")
-    if "straggler" in f:
-        parts.append(f["straggler"])
-    return "; ".join(parts)
+        ),
+    ),
+    ("watcher", lambda e, f: f"watcher: {f['watcher']}"),
+    ("straggler", lambda e, f: f["straggler"]),
+)
+
+
+def describe(e: Episode) -> str:
+    """One line of evidence for the anomalies table."""
+    return "; ".join(line(e, e.facts) for fact, line in EVIDENCE if fact in e.facts)
 
 
 def anomaly_records(episodes: list[Episode]) -> list[dict]:
