@@ -9,16 +9,7 @@ import numpy as np
 
 from wattgate.power.triage.arrays import _bounds
 from wattgate.power.triage.levels import _Edges
-from wattgate.power.triage.phases import (
-    CHECKPOINT,
-    COMMUNICATION,
-    COMPUTE,
-    DATA_STARVATION,
-    DEADLOCK,
-    IDLE,
-    LOW_UTIL,
-    WAIT,
-)
+from wattgate.power.triage import phases as P  # the phase codes
 from wattgate.power.triage.rules import _is, _near
 from wattgate.power.triage.runinfo import (
     RunInfo,
@@ -80,7 +71,7 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e:
     ck_start, ck_end = intervals["start"].to_numpy(float), intervals["end"].to_numpy(float)
     unplaced = ~np.isin(ck_rank, list(rank_gpu))
     in_ckpt = np.zeros(len(cls), dtype=bool)
-    need = below | stalled | (cls == CHECKPOINT)  # where in_ckpt is read below
+    need = below | stalled | (cls == P.CHECKPOINT)  # where in_ckpt is read below
     for g in range(ngpu):
         mine = np.isin(ck_rank, gpu_ranks[g]) | unplaced
         if mine.any():
@@ -92,21 +83,21 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e:
 
     # power-only hang and checkpoint labels that the run's own record contradicts go back to what
     # the window showed: a wait that was no hang is a (long) sync wait, a quiet window is idle or low-util
-    at = np.flatnonzero(_is(cls, (DEADLOCK, CHECKPOINT)) if len(info.events) else cls == DEADLOCK)
+    at = np.flatnonzero(_is(cls, (P.DEADLOCK, P.CHECKPOINT)) if len(info.events) else cls == P.DEADLOCK)
     if len(stamps) and len(at):
         c = cls[at]
         wrong = during[rows[at]] & run_gpus[gpu[at]] & ~stalled[at]
-        wrong &= (c == DEADLOCK) | ~in_ckpt[at]
+        wrong &= (c == P.DEADLOCK) | ~in_ckpt[at]
         at = at[wrong]
-        cls[at] = np.where(smooth[at] == WAIT, COMMUNICATION, smooth[at])
+        cls[at] = np.where(smooth[at] == P.WAIT, P.COMMUNICATION, smooth[at])
 
     starving, stepping = _step_cover(cls, below, stalled, gs, ge, info, gpu_ranks, share)
     hit = starving & below
-    cls[hit], conf[hit] = DATA_STARVATION, 1.0
+    cls[hit], conf[hit] = P.DATA_STARVATION, 1.0
     # the step's own work: a step that did not wait for data but left the GPU low or quiet was held
     # back by the host (launches, small kernels), not by the loader. A stall keeps the power labels
     # so the hang rules below still see an idle stuck rank.
-    cls[stepping], conf[stepping] = COMPUTE, 1.0
+    cls[stepping], conf[stepping] = P.COMPUTE, 1.0
     # after the run said done the GPU is being released: quiet windows are idle, not starved. A GPU is
     # done when all its ranks are; with no rank placed anywhere, when every rank is
     done = _done_times(info)
@@ -115,23 +106,23 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e:
         owners = gpu_ranks[g] or ([] if rank_gpu else list(done))
         if owners:
             end[g] = max(done[r] for r in owners)
-    at = np.flatnonzero(_is(cls, (DATA_STARVATION, LOW_UTIL)))
+    at = np.flatnonzero(_is(cls, (P.DATA_STARVATION, P.LOW_UTIL)))
     _, low_max_w, _ = e.levels_at(at)
     with np.errstate(invalid="ignore"):
         quiet = (p[at] < low_max_w) & ~(u[at] >= e.busy_util)
     hit = at[quiet & (index[at] * window_s + COVER_SHARE * window_s >= end[gpu[at]])]
-    cls[hit], conf[hit] = IDLE, 1.0
+    cls[hit], conf[hit] = P.IDLE, 1.0
     hit = in_ckpt & below
-    cls[hit], conf[hit] = CHECKPOINT, 1.0
+    cls[hit], conf[hit] = P.CHECKPOINT, 1.0
     # a validation pass is forward passes: compute, never data starvation, a checkpoint or a hang
-    cls[in_eval], conf[in_eval] = COMPUTE, 1.0
+    cls[in_eval], conf[in_eval] = P.COMPUTE, 1.0
     at = np.flatnonzero(stalled & below)
     if len(at):
         with np.errstate(invalid="ignore"):
             waiting = u[at] >= e.busy_util
-        stuck = _is(cls[at], (IDLE, LOW_UTIL, DATA_STARVATION)) & ~waiting & _near(index[at[waiting]], index[at])
+        stuck = _is(cls[at], (P.IDLE, P.LOW_UTIL, P.DATA_STARVATION)) & ~waiting & _near(index[at[waiting]], index[at])
         hit = at[waiting | stuck]
-        cls[hit], conf[hit] = DEADLOCK, 1.0
+        cls[hit], conf[hit] = P.DEADLOCK, 1.0
 
 
 def _ranks_cover(intervals, rank_gpu, gpu_ranks, gs, ge, share, n) -> np.ndarray:
@@ -161,7 +152,7 @@ def _step_cover(cls, below, stalled, gs, ge, info: RunInfo, gpu_ranks, share) ->
         return starving, stepping
     m_rank = info.metrics["rank"].to_numpy()
     m_time, m_step, m_wait = (info.metrics[c].to_numpy(float) for c in ("time", "step_time_s", "data_wait_s"))
-    candidate = ~stalled & _is(cls, (DATA_STARVATION, LOW_UTIL, IDLE))
+    candidate = ~stalled & _is(cls, (P.DATA_STARVATION, P.LOW_UTIL, P.IDLE))
     need = below | candidate
     for g, ranks in enumerate(gpu_ranks):
         if not ranks:
