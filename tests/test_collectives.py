@@ -250,3 +250,26 @@ def test_layers_that_are_not_identical_units_refuse_depth_scaling(extra, why):
     cfg = dict(TINY, **extra)
     depth = check_identical_layers({"config": cfg})
     assert not depth["identical"] and why in depth["why"]
+
+
+def test_a_continued_plan_is_proved_from_its_first_step(tmp_path):
+    """A plan continuing a 4-rank run on 3 ranks (pack/segments.py) starts at its segment's first step: before,
+    the dry run found no checkpoint there and the trainer refused to start ('checkpoint step 0 is before...')."""
+    from wattgate.identity import run_identity
+    from wattgate.pack.plan import build_plan
+    from wattgate.data.synthetic import write_random_pretokenized
+
+    from test_resize_refusals import config_for
+
+    pretok = write_random_pretokenized(tmp_path / "pretokenized", np.random.default_rng(5).integers(8, 60, 97), 96)
+    plan = build_plan(config_for(4), pretok, tmp_path / "plan")
+    folder = tmp_path / "train" / "t" / "checkpoints" / "step-2"
+    folder.mkdir(parents=True)
+    position = {"epoch": 0, "step": 2, "plan": plan["packs_sha256"]}
+    identity = run_identity(config_for(4), tmp_path / "plan", pretok)
+    (folder / "state.json").write_text(json.dumps({"step": 2, "position": position, "files": {}, "identity": identity}))
+    continued = build_plan(config_for(3), pretok, tmp_path / "plan")
+    first = continued["segments"][-1]["first_step"]
+    report = prove_collectives(config_for(3), pretok, tmp_path / "plan")
+    assert report["passed"], report["detail"]
+    assert report["world_size"] == 3 and report["steps_run"][0] == first + 1 == 3

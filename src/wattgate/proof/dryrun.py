@@ -11,6 +11,8 @@ What differs from a real rank, and why each is outside what the proof claims:
   collective fingerprinted by the state dict's structure (its internal exchange is a function of that
   structure), and the export's safetensors files are written sparse at their real sizes;
 - a shared filesystem is simulated for the folders rank 0 creates before the others write into them;
+- a continued plan (pack/segments.py) starts at its first step without loading a checkpoint (torch's DCP
+  load is not dry-run);
 - data_cache local is not copied (its barrier is on every rank alike), and the ledger line goes to the work
   folder.
 """
@@ -84,6 +86,11 @@ class DryRunTrainer(Trainer):
         model = proxy_model(self.config["model"], self.s, mesh, p["on_gpu"], p["depth"])
         p["record"].layers = int(model.config.num_hidden_layers)
         return model, "fake tensors (collective proof)"
+
+    def load(self) -> None:
+        super().load()
+        if self.plan.get("segments"):  # a continued plan resumes at its first step; the dry run has no checkpoint
+            self.start = int(self.plan["segments"][-1]["first_step"])
 
     def steps_to_run(self) -> list[int]:
         record, recorder = self.proof["record"], self.proof["recorder"]
