@@ -1,15 +1,37 @@
-"""The report's cards from the gate and the run: gate checks, forecast, memory, watcher, power-only verdicts."""
+"""The report's cards from the gate and the run: gate checks, forecast, memory, watcher, power-only verdicts.
+
+Each card has one home here: `<card>_record` builds its numbers (summary.json's entry of that name) and
+`<card>_section` draws them on the page, so the keys one writes and the other reads sit side by side.
+"""
 
 from __future__ import annotations
 
 from html import escape
 
+from wattgate.power.triage import power_only
+from wattgate.report.inputs import RunInputs
+from wattgate.report.steps import num
 from wattgate.report.markup import Raw, duration, fmt, note, pct, section, table, utc_of
 
 
 def short_list(items: list, limit: int = 8) -> str:
     shown = ", ".join(str(x) for x in items[:limit])
     return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "") if items else "-"
+
+
+def gate_record(gate: dict | None) -> dict | None:
+    if gate is None:
+        return None
+    checks = [
+        {"name": str(c.get("name")), "passed": bool(c.get("passed")), "detail": str(c.get("detail", ""))}
+        for c in gate.get("checks") or []
+    ]
+    return {
+        "passed": bool(gate.get("passed")),
+        "enforce": gate.get("enforce"),
+        "failed_checks": [c["name"] for c in checks if not c["passed"]],
+        "checks": checks,
+    }
 
 
 def gate_section(s: dict) -> str:
@@ -26,6 +48,33 @@ def gate_section(s: dict) -> str:
         "Invariant gate",
         f"<p>Gate <b>{verdict}</b>{escape(enforce)}.</p>" + table(["check", "result", "detail"], rows),
     )
+
+
+def forecast_record(gate: dict | None, trained: dict, kwh: float | None) -> dict | None:
+    """The gate's forecast of the train job beside what the run measured (TRAINED job_s, ranks, energy)."""
+    fc = (gate or {}).get("forecast")
+    failure = (gate or {}).get("failure")
+    if not fc and not failure:
+        return None
+    out = {"forecast": None, "actual": None, "error": None, "failure": (failure or {}).get("line")}
+    if fc:
+        out["forecast"] = {
+            "wall_s": fc["wall_s"],
+            "gpu_hours": fc["gpu_hours"],
+            "kwh": fc["kwh"],
+            "source": fc["throughput"]["source"],
+            "detail": fc["throughput"]["detail"],
+            "terms_s": fc["terms_s"],
+        }
+    wall, world = trained.get("job_s"), trained.get("world_size")
+    if wall:
+        out["actual"] = {"wall_s": wall, "gpu_hours": num(wall * world / 3600) if world else None, "kwh": kwh}
+        if fc:
+            out["error"] = {
+                k: num(out["actual"][k] / fc[k] - 1, 4) if out["actual"][k] and fc[k] else None
+                for k in ("wall_s", "gpu_hours", "kwh")
+            }
+    return out
 
 
 def forecast_section(s: dict) -> str:
@@ -70,6 +119,53 @@ def forecast_section(s: dict) -> str:
             {1, 2, 3},
         )
     return section("forecast", "Forecast against actual", body)
+
+
+MEMORY_PHASES = ("load", "steady", "export")
+
+
+def memory_record(trained: dict | None, gate: dict | None) -> dict | None:
+    """Measured peaks per phase (TRAINED, max over ranks) beside the gate's estimate of the same phase.
+
+    The gate estimates device memory per rank (on CPU runs the device is the host) and host RAM per
+    node; measured host peaks are per rank, so the node figure is the sum over the node's ranks.
+    """
+    measured = (trained or {}).get("memory") or {}
+    estimates = (gate or {}).get("memory_estimate_phases") or {}
+    if not measured and not estimates:
+        return None
+    worst = measured.get("max_over_ranks") or {}
+    gib = float(1 << 30)
+    rows = []
+    for phase in MEMORY_PHASES:
+        m, e = worst.get(phase) or {}, estimates.get(phase) or {}
+        rows.append(
+            {
+                "phase": phase,
+                "seconds": num(m.get("seconds"), 3),
+                "measured_host_peak_gib": num(m.get("host_peak_gib"), 4),
+                "measured_device_peak_gib": num(m.get("cuda_peak_gib"), 4),
+                "estimated_device_gib": num(e["total_bytes"] / gib, 4) if e.get("total_bytes") else None,
+                "usable_device_gib": num(e["usable_bytes"] / gib, 4) if e.get("usable_bytes") else None,
+                "largest_term": max(e["terms_bytes"], key=e["terms_bytes"].get) if e.get("terms_bytes") else None,
+            }
+        )
+    per_host: dict[str, float] = {}
+    for r in measured.get("per_rank") or []:
+        peak = (
+            max((p.get("host_peak_gib") or 0.0) for p in (r.get("phases") or {}).values()) if r.get("phases") else 0.0
+        )
+        per_host[str(r.get("host"))] = per_host.get(str(r.get("host")), 0.0) + peak
+    host = estimates.get("host_per_node") or {}
+    return {
+        "phases": rows,
+        "measured_host_per_node_gib": {h: num(v, 4) for h, v in sorted(per_host.items())},
+        "estimated_host_per_node_gib": num(host["total_bytes"] / gib, 4) if host.get("total_bytes") else None,
+        "host_budget_gib": num(host["usable_bytes"] / gib, 4) if host.get("usable_bytes") else None,
+        "load_s": num((trained or {}).get("load_s"), 3),
+        "export_s": num((trained or {}).get("export_s"), 3),
+        "export_dtype": (trained or {}).get("export_dtype"),
+    }
 
 
 def memory_section(s: dict) -> str:
@@ -117,6 +213,32 @@ def memory_section(s: dict) -> str:
     )
 
 
+WATCHER_KEYS = (
+    "cost",
+    "verdict",
+    "reason",
+    "action",
+    "stalled_for_s",
+    "longest_stall_s",
+    "limit_s",
+    "limit_phase",
+    "stuck_ranks",
+    "ran_ahead",
+    "behind",
+    "power_signal",
+    "detected_at",
+    "started",
+    "ended",
+    "table",
+)
+
+
+def watcher_record(watcher: dict | None) -> dict | None:
+    if watcher is None:
+        return None
+    return {k: watcher[k] for k in WATCHER_KEYS if k in watcher}
+
+
 def watcher_section(s: dict) -> str:
     w = s["watcher"]
     if w is None:
@@ -139,6 +261,30 @@ def watcher_section(s: dict) -> str:
         if key in w and w[key] not in (None, [], ""):
             rows.append([label, short_list(w[key], 32) if isinstance(w[key], list) else w[key]])
     return section("watcher", "Watcher diagnosis", table(["field", "value"], rows))
+
+
+def power_only_record(inputs: RunInputs, sig: dict, found: list, t0: float | None) -> dict | None:
+    """Without heartbeats the pauses rest on power alone: what was missing, what could not be told
+    apart, the wait rule, the verdict, and where an imported trace came from."""
+    if sig["heartbeats"] or not sig["phases"]:
+        return None
+    keys = ("heartbeats", "metrics", "util", "gate", "watcher", "energy_counter", "trained", "config")
+    inferred = any(m.get("gpu_index_inferred") for m in inputs.trace_metas)
+    out = power_only.limits({k: sig[k] for k in keys}, inputs.deadlock_after_s, inferred)
+    out["verdict"] = power_only.verdict(found, t0, inputs.window_s)
+    out["deadlock_after_s"] = inputs.deadlock_after_s
+    out["imported"] = [
+        {
+            "file": str(p),
+            "source": m.get("source"),
+            "notes": list(m.get("notes") or []),
+            "skipped_lines": m.get("skipped_lines") or {},
+            "gpu_index_inferred": bool(m.get("gpu_index_inferred")),
+        }
+        for p, m in zip(inputs.trace_paths, inputs.trace_metas)
+        if m.get("power_source") == "imported"
+    ]
+    return out
 
 
 def power_only_section(s: dict) -> str:
