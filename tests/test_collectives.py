@@ -273,3 +273,16 @@ def test_a_continued_plan_is_proved_from_its_first_step(tmp_path):
     report = prove_collectives(config_for(3), pretok, tmp_path / "plan")
     assert report["passed"], report["detail"]
     assert report["world_size"] == 3 and report["steps_run"][0] == first + 1 == 3
+
+
+def test_the_hang_hint_names_a_ranks_step_class_and_the_collective_expected_next(clean):
+    from wattgate.proof.expect import hang_hint
+
+    first = hang_hint(clean, 1, {"step": 0, "phase": "train", "micro": 1})
+    assert first.startswith("rank 1: step 1 (class 1 micro-batch + log), train micro-batch 1: the proof expects ")
+    assert "collective #2 of the step, c10d._allgather_base_(" in first  # after the loss-token all-reduce
+    ckpt = hang_hint(clean, 0, {"step": 5, "phase": "checkpoint"})
+    assert "step 5 (class 1 micro-batch + validation (" in ckpt and ", barrier() on group 0, or a later one" in ckpt
+    evaluating = hang_hint(clean, 1, {"step": 5, "phase": "eval", "micro": 1})
+    assert "eval micro-batch 1" in evaluating and "_allgather_base_" in evaluating
+    assert hang_hint(clean, 1, {"step": 999, "phase": "train"}) is None and hang_hint(None, 0, {}) is None

@@ -44,6 +44,7 @@ class RankRecord:
     startup: list[Collective] = field(default_factory=list)
     steps: dict[int, list[Collective]] = field(default_factory=dict)
     classes: dict[int, list] = field(default_factory=dict)
+    beats: dict[int, list[dict]] = field(default_factory=dict)  # per step: each heartbeat and the collective index
     end: list[Collective] = field(default_factory=list)
     layers: int = 0  # decoder layers in the proxy
 
@@ -75,6 +76,17 @@ class DryRunTrainer(Trainer):
 
     proof: dict  # set by dry_run_rank: recorder, record, steps, depth, on_gpu
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        recorder, beats, beat = self.proof["recorder"], self.proof["beats"], self.heartbeat.beat
+
+        def marked(step: int, epoch: int, phase: str, **extra) -> None:
+            # where the watcher's view of a rank (its heartbeat) sits in the collective sequence
+            beats.append({"index": len(recorder.collectives), "phase": phase, "micro": extra.get("micro")})
+            beat(step, epoch, phase, **extra)
+
+        self.heartbeat.beat = marked
+
     def device_mesh(self):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -100,9 +112,10 @@ class DryRunTrainer(Trainer):
 
     def run_step(self, g: int, prefetch) -> None:
         recorder, record = self.proof["recorder"], self.proof["record"]
-        mark = len(recorder.collectives)
+        mark, first_beat = len(recorder.collectives), len(self.proof["beats"])
         super().run_step(g, prefetch)
         record.steps[g] = recorder.collectives[mark:]
+        record.beats[g] = [dict(b, index=b["index"] - mark) for b in self.proof["beats"][first_beat:]]
         record.classes[g] = self.step_class(g).key()
         self.proof["end_mark"] = len(recorder.collectives)
 
@@ -172,7 +185,7 @@ def dry_run_rank(config: dict, paths: Paths, rank: int, steps: list[int], depth:
         TrainSettings.from_config(config), data_cache="shared", ledger=paths.out / "throughput.jsonl"
     )
     record, recorder = RankRecord(rank), CollectiveRecorder()
-    proof = {"recorder": recorder, "record": record, "steps": sorted(steps), "depth": depth, "end_mark": 0}
+    proof = {"recorder": recorder, "record": record, "steps": sorted(steps), "depth": depth, "end_mark": 0, "beats": []}
     proof["on_gpu"] = not is_cpu(config["cluster"]["gpu_model"])
     trainer_class = type("DryRunTrainer", (DryRunTrainer,), {"proof": proof})
     paths.out.mkdir(parents=True, exist_ok=True)

@@ -94,9 +94,24 @@ def class_table(records: list[RankRecord], classes: list[list], first: int, dept
         seq = records[0].steps.get(g, [])
         row["fingerprint"] = fingerprint(seq)
         row["collectives"] = len(seq)
+        row["sequence"] = [str(x) for x in seq]  # what the watcher names when a rank stops (proof/expect.py)
+        row["beats"] = records[0].beats.get(g, [])
         per_layer = depth.get("per_layer", {}).get(g)
         row["collectives_at_depth"] = scaled_count(len(seq), per_layer, depth, records[0].layers)
     return list(rows.values())
+
+
+def class_runs(seq: list, first: int) -> list[list[int]]:
+    """Rank 0's class at every step, run-length encoded: [first 1-based step, last, index into `classes`]."""
+    order: dict = {}
+    runs: list[list[int]] = []
+    for i, c in enumerate(seq):
+        k = order.setdefault(c, len(order))
+        if runs and runs[-1][2] == k and runs[-1][1] == first + i:
+            runs[-1][1] = first + i + 1
+        else:
+            runs.append([first + i + 1, first + i + 1, k])
+    return runs
 
 
 def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Path | None = None) -> dict:
@@ -132,6 +147,7 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
         "depth": {k: v for k, v in depth.items() if k != "per_layer"},
         "steps_run": [g + 1 for g in steps],
         "classes": class_table(records, classes, first, depth),
+        "class_runs": class_runs(classes[0], first),
         "startup": {"fingerprint": fingerprint(records[0].startup), "collectives": len(records[0].startup)},
         "end": {"fingerprint": fingerprint(records[0].end), "collectives": len(records[0].end)},
     }

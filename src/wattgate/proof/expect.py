@@ -1,0 +1,47 @@
+"""What the proof expected a rank to issue next, from its heartbeat: for the watcher's verdict on a hang.
+
+A heartbeat says where a rank is (step, phase, micro-batch); the proof recorded, for one step of every class,
+the collective index at each heartbeat the trainer wrote and the whole sequence. A rank that stopped after a
+heartbeat is blocked in the collective at that index or a later one of the same step.
+"""
+
+from __future__ import annotations
+
+
+def beat_position(beat: dict) -> tuple[int, str, int | None]:
+    """(1-based step whose collectives the rank is issuing, phase, micro-batch) from its heartbeat: during a
+    step's micro-batches `step` counts the steps done; after them (log, eval, checkpoint) it is this step."""
+    step, phase, micro = int(beat.get("step", 0)), str(beat.get("phase", "")), beat.get("micro")
+    return (step + 1 if phase == "train" and micro is not None else step), phase, micro
+
+
+def class_at(collectives: dict, step: int) -> dict | None:
+    """The proof's class row for 1-based `step` (None outside the planned steps)."""
+    for first, last, k in collectives.get("class_runs") or []:
+        if first <= step <= last:
+            return collectives["classes"][k]
+    return None
+
+
+def expected_next(row: dict, phase: str, micro: int | None) -> tuple[int, str] | None:
+    """(index, collective) the proof saw first after the heartbeat (phase, micro) in a step of this class."""
+    for b in row.get("beats") or []:
+        if b["phase"] == phase and b.get("micro") == micro:
+            i = b["index"]
+            seq = row.get("sequence") or []
+            return i, seq[i] if i < len(seq) else "nothing more in this step"
+    return None
+
+
+def hang_hint(collectives: dict | None, rank: int, beat: dict) -> str | None:
+    """One line for a watcher's verdict: the rank's step class and the collective the proof expected next."""
+    if not collectives or not collectives.get("classes"):
+        return None
+    step, phase, micro = beat_position(beat)
+    row = class_at(collectives, step)
+    if row is None:
+        return None
+    where = f"{phase} micro-batch {micro}" if micro is not None else phase
+    nxt = expected_next(row, phase, micro)
+    said = f"collective #{nxt[0] + 1} of the step, {nxt[1]}, or a later one" if nxt else "a collective of the step"
+    return f"rank {rank}: step {step} (class {row['class']}), {where}: the proof expects {said}"
