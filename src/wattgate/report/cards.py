@@ -11,7 +11,8 @@ from html import escape
 from wattgate.power.triage import power_only
 from wattgate.report.inputs import RunInputs
 from wattgate.report.steps import num
-from wattgate.report.markup import Raw, duration, fmt, note, pct, section, table, utc_of
+from wattgate.durations import duration
+from wattgate.report.markup import Raw, fmt, note, pct, section, table, utc_of
 
 
 def short_list(items: list, limit: int = 8) -> str:

@@ -13,7 +13,8 @@ from wattgate.report.cards import (
     watcher_section,
     power_only_section,
 )
-from wattgate.report.markup import Raw, badge, duration, figure, fmt, note, pct, phase_name, section, table
+from wattgate.durations import duration
+from wattgate.report.markup import Raw, badge, figure, fmt, note, pct, phase_name, section, table
 
 CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}

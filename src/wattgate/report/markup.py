@@ -1,11 +1,10 @@
-"""The report's HTML pieces: number and duration formats, tables, badges, sections (escaped unless Raw)."""
+"""The report's HTML pieces: number formats, tables, badges, sections (escaped unless Raw)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 from html import escape
 
-from wattgate.power.triage.power_only import clock
 from wattgate.report.phases import PHASE_COLORS
 
 
@@ -21,12 +20,6 @@ def fmt(x, digits: int = 3, unit: str = "") -> str:
 
 def pct(x) -> str:
     return "" if x is None else f"{100 * x:.1f}%"
-
-
-def duration(s) -> str:
-    if s is None:
-        return "n/a"
-    return f"{float(s):.1f} s" if float(s) < 120 else clock(s)
 
 
 def table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from wattgate.durations import clock
 from wattgate.power.triage.phases import LABELS, phase_codes
 from wattgate.power.triage.rules import CHECKPOINT_MIN_S, LENGTH_RATIO, PERIOD_TOLERANCE, PERIODIC_MIN
 from wattgate.triage_tables import DEFAULT_WINDOW_S
@@ -161,16 +162,6 @@ def _mean(xs) -> float | None:
 def _gpu_order(label: str) -> tuple[str, int]:
     host, _, gpu = label.rpartition(":")
     return host, int(gpu) if gpu.isdigit() else -1
-
-
-def clock(s: float) -> str:
-    """Seconds as 42 s, 2:05 min or 1:02:03 h."""
-    s = float(s)
-    if s < 100:
-        return f"{s:.0f} s"
-    h, rem = divmod(int(round(s)), 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}:{m:02d}:{sec:02d} h" if h else f"{m}:{sec:02d} min"
 
 
 def span(a: float, b: float) -> str:
