@@ -286,3 +286,30 @@ def test_the_hang_hint_names_a_ranks_step_class_and_the_collective_expected_next
     evaluating = hang_hint(clean, 1, {"step": 5, "phase": "eval", "micro": 1})
     assert "eval micro-batch 1" in evaluating and "_allgather_base_" in evaluating
     assert hang_hint(clean, 1, {"step": 999, "phase": "train"}) is None and hang_hint(None, 0, {}) is None
+
+
+def test_object_collectives_are_recorded_with_torchs_own_keyword_arguments():
+    """torch.distributed.checkpoint calls scatter_object_list by keyword: the wrapper must take torch's names."""
+    from datetime import timedelta
+
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from wattgate.proof.record import CollectiveRecorder, object_collectives
+
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=2)
+    try:
+        recorder = CollectiveRecorder()
+        with object_collectives(recorder):
+            out = [None]
+            dist.scatter_object_list(scatter_object_output_list=out, scatter_object_input_list=["a", "b"], src=0)
+            dist.barrier(timeout=timedelta(seconds=5))
+            gathered = [None, None]
+            dist.all_gather_object(gathered, {"x": 1})
+        assert out == ["b"] and gathered == [{"x": 1}, {"x": 1}]
+        assert [str(c) for c in recorder.collectives] == [
+            "scatter_object_list(src 0) on group 0",
+            "barrier() on group 0",
+            "all_gather_object(2 objects) on group 0",
+        ]
+    finally:
+        dist.destroy_process_group()

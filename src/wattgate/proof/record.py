@@ -164,12 +164,14 @@ def object_collectives(recorder: CollectiveRecorder):
         src = src if src is not None else group_src
         recorder.add("broadcast_object_list", _default_group(group), f"{len(object_list)} objects", f"src {src}")
 
-    def scatter_object_list(output, inputs, src=None, group=None, group_src=None):
+    def scatter_object_list(
+        scatter_object_output_list, scatter_object_input_list=None, src=None, group=None, group_src=None
+    ):
         recorder.add("scatter_object_list", _default_group(group), f"src {src if src is not None else group_src}")
-        if inputs:
-            output[0] = inputs[dist.get_rank()]
+        if scatter_object_input_list:
+            scatter_object_output_list[0] = scatter_object_input_list[dist.get_rank()]
 
-    def barrier(group=None, async_op=False, device_ids=None):
+    def barrier(group=None, async_op=False, device_ids=None, timeout=None):
         recorder.add("barrier", _default_group(group))
 
     def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
