@@ -43,7 +43,7 @@ MIB = 1 << 20
 
 # What no formula below covers: on a GPU the CUDA context, NCCL buffers and
 # allocator slack; on a CPU rank the interpreter, torch, transformers and gloo (0.36 GiB
-# when loading starts) and the heap the step leaves: 0.44-0.51 GiB beyond the other
+# when loading starts) and the heap the step leaves: 0.50-0.55 GiB beyond the other
 # steady terms with launch's glibc setting (train/launch.py CPU_ALLOCATOR_ENV), measured
 # on Qwen3 shapes of 12 and 24 layers by bench/steady_memory.py.
 RUNTIME_OVERHEAD_BYTES = {"gpu": 3 * GIB, "cpu": GIB // 2}
