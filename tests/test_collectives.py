@@ -192,7 +192,7 @@ def test_one_more_micro_batch_on_one_rank_in_one_step_is_caught_at_the_collectiv
     assert report["class_divergence"]["class"] == "2 micro-batches"
     d = report["divergence"]  # the extra micro-batch's forward all-gathers where rank 0 goes on to the backward
     assert d["rank"] == 1 and d["step"] == 3 and d["rank0"] != d["this_rank"]
-    assert "rank 1 diverges from rank 0 at step 3 (class 1 micro-batch)" in report["detail"]
+    assert "rank 1 diverges from rank 0 at step 3 (class 2 micro-batches)" in report["detail"]  # rank 1's class
 
 
 @pytest.mark.slow

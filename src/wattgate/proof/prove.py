@@ -44,12 +44,12 @@ def _phases(rec: RankRecord, labels: dict[int, str]) -> list[tuple[str, int | No
     )
 
 
-def collective_divergence(records: list[RankRecord], labels: dict[int, str]) -> dict | None:
+def collective_divergence(records: list[RankRecord], labels: list[dict[int, str]]) -> dict | None:
     """The first place some rank's collectives differ from rank 0's: rank, phase or step class, the step, the
-    collective's index within that phase, and both collectives."""
-    ref = _phases(records[0], labels)
+    collective's index within that phase, and both collectives; `labels` each rank's class label per step."""
+    ref = _phases(records[0], labels[0])
     for rec in records[1:]:
-        for (phase, step, seq), (_, _, ref_seq) in zip(_phases(rec, labels), ref):
+        for (phase, step, seq), (_, _, ref_seq) in zip(_phases(rec, labels[rec.rank]), ref):
             diff = first_difference(seq, ref_seq)
             if diff is not None:
                 i, expected, got = diff
@@ -124,7 +124,7 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     classes = classes_by_rank(plan, plan_dir, s)
     first = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0
     steps = first_steps(classes, first)
-    labels = {g: classes[0][g - first].label if g - first < len(classes[0]) else "no step" for g in steps}
+    labels = [{g: seq[g - first].label if g - first < len(seq) else "no step" for g in steps} for seq in classes]
     depth = check_identical_layers(config["model"])
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="wattgate-proof-")) if own else Path(work)
