@@ -130,10 +130,13 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     work = Path(tempfile.mkdtemp(prefix="wattgate-proof-")) if own else Path(work)
     proxy = proxy_depth(depth)
     try:
-        records = [
-            dry_run_rank(config, Paths(Path(pretokenized), Path(plan_dir), work / f"rank-{r}"), r, steps, proxy)
-            for r in range(world)
-        ]
+        records: list[RankRecord] = []
+        for r in range(world):
+            records.append(
+                dry_run_rank(config, Paths(Path(pretokenized), Path(plan_dir), work / f"rank-{r}"), r, steps, proxy)
+            )
+            if collective_divergence([records[0], records[-1]], labels):
+                break  # the first rank that diverges is the one named; the rest would add time, not news
         if depth["identical"] and proxy < depth["layers"]:
             depth["per_layer"] = per_layer_counts(
                 records[0], config, Paths(Path(pretokenized), Path(plan_dir), work / "two-layers"), steps
@@ -143,6 +146,7 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
             shutil.rmtree(work, ignore_errors=True)
     report = {
         "world_size": world,
+        "ranks_run": len(records),  # fewer than world_size when a rank diverged: the dry run stops there
         "proxy_layers": records[0].layers if records else 0,
         "depth": {k: v for k, v in depth.items() if k != "per_layer"},
         "steps_run": [g + 1 for g in steps],
