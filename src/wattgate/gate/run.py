@@ -139,6 +139,9 @@ def run_checks(
             inputs.validation, inputs.doc_tokens, inputs.manifest.get("validation"), plan["seq_len"]
         ),
         V.check_leakage(inputs.validation, whole),
+    ]
+
+
 def collectives_section(config: dict, pretokenized: Path, plan_dir: Path) -> dict | None:
     """gate.json's `collectives` (None with gate.collectives false); imported here: it needs torch."""
     if not config["gate"].get("collectives", True):
@@ -146,9 +149,6 @@ def collectives_section(config: dict, pretokenized: Path, plan_dir: Path) -> dic
     from wattgate.proof.prove import safe_prove
 
     return safe_prove(config, pretokenized, plan_dir)
-
-
-    ]
 
 
 def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: str | Path) -> dict:
@@ -162,23 +162,23 @@ def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: 
     spec = load_model_spec(config)
     fit = config_fit_estimate(config, spec)
     results = run_checks(inputs, spec, fit.phases["steady"], fit)
+    # what the plan will cost, the budget check on it, and what a hang it would cause would have cost
+    cost, budget = cost_section(inputs, spec, next(c for c in results if c.name == "equal_steps"))
+    results.append(budget)
     # the collective proof (wattgate.proof): the trainer dry-run on the fake process group, every rank
     proof = collectives_section(config, Path(pretokenized), Path(plan_dir))
     if proof is not None:
         results.append(C.Check("collectives", proof["passed"], proof["detail"]))
-    # what the plan will cost, the budget check on it, and what a hang it would cause would have cost
-    cost, budget = cost_section(inputs, spec, next(c for c in results if c.name == "equal_steps"))
-    results.append(budget)
     report = gate_json(
         all(c.passed for c in results),
         time.perf_counter() - start,
         results,
         fit,
         config["gate"]["memory_headroom"],
-    report["collectives"] = proof
         config["gate"]["enforce"],
     )
     report.update(cost)
+    report["collectives"] = proof
     # the verdict markers name the plan they are about; `wattgate launch` checks them
     report["plan_sha256"] = {
         "plan.json": sha256_file(Path(plan_dir) / "plan.json"),
