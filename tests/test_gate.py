@@ -94,7 +94,24 @@ def without_rows(packs, rows):
 
 def test_valid_plan_passes_every_check(inputs):
     assert failed(inputs) == []
-    assert len(verdicts(inputs)) == 10  # the nine invariants and segments (budget is added by run_gate)
+    # the nine invariants, segments and the three validation checks (budget and collectives: run_gate adds them)
+    assert sorted(verdicts(inputs)) == sorted(
+        [
+            "equal_steps",
+            "pack_contents",
+            "conservation",
+            "launch",
+            "provenance",
+            "fit",
+            "checkpoint_space",
+            "balance",
+            "schedule",
+            "segments",
+            "validation_steps",
+            "validation_conservation",
+            "leakage",
+        ]
+    )
 
 
 def test_equal_steps_names_per_rank_counts_when_a_rank_is_short(inputs):
