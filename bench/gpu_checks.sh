@@ -172,7 +172,8 @@ from wattgate.model_spec import load_model_spec
 from wattgate.gate.run import fit_settings
 from wattgate.train.data import IGNORE
 from wattgate.train.distributed import setup_rank
-from wattgate.train.loop import TrainSettings, build_optimizer
+from wattgate.train.loop import build_optimizer
+from wattgate.train.settings import TrainSettings
 from wattgate.train.loss import summed_token_loss
 from wattgate.train.metrics import model_flops_utilization
 from wattgate.train.model import count_params, load_sharded_model

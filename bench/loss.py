@@ -120,7 +120,8 @@ def worker(out: Path, steps: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from wattgate.train.data import IGNORE
-    from wattgate.train.loop import TrainSettings, build_optimizer
+    from wattgate.train.loop import build_optimizer
+    from wattgate.train.settings import TrainSettings
     from wattgate.train.loss import LossSettings, summed_token_loss
     from wattgate.train.metrics import peak_rss_bytes, reset_peak_rss
     from wattgate.train.model import load_sharded_model

@@ -158,7 +158,8 @@ def plain_worker(folder: Path, out: Path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from wattgate.train.data import IGNORE, DocStore, build_batch, read_rank_plan
-    from wattgate.train.loop import TrainSettings, group_steps
+    from wattgate.train.loop import group_steps
+    from wattgate.train.settings import TrainSettings
     from wattgate.train.metrics import peak_rss_bytes, reset_peak_rss
     from wattgate.train.model import load_sharded_model
 

@@ -244,7 +244,8 @@ def bare_worker(work: Path, out: Path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from wattgate.train.loop import TrainSettings, lr_at
+    from wattgate.train.loop import lr_at
+    from wattgate.train.settings import TrainSettings
     from wattgate.train.attention import resolve_attn_implementation
     from wattgate.train.model import build_unsharded_model
 

@@ -18,7 +18,7 @@ from wattgate.proof.dryrun import dry_run_rank
 from wattgate.proof.prove import prove_collectives
 from wattgate.run_files import read_plan
 from wattgate.train import loop
-from wattgate.train.loop import TrainSettings
+from wattgate.train.settings import TrainSettings
 
 from test_train import TINY, make_run
 
@@ -276,7 +276,7 @@ def test_a_continued_plan_is_proved_from_its_first_step(tmp_path):
 
 
 def test_the_hang_hint_names_a_ranks_step_class_and_the_collective_expected_next(clean):
-    from wattgate.proof.expect import hang_hint
+    from wattgate.collective_hints import hang_hint
 
     first = hang_hint(clean, 1, {"step": 0, "phase": "train", "micro": 1})
     assert first.startswith("rank 1: step 1 (class 1 micro-batch + log), train micro-batch 1: the proof expects ")
@@ -313,3 +313,14 @@ def test_object_collectives_are_recorded_with_torchs_own_keyword_arguments():
         ]
     finally:
         dist.destroy_process_group()
+
+
+def test_the_watchers_verdict_names_the_collective_the_proof_expected_next(clean):
+    from wattgate.telemetry.watch import with_expected_collectives
+
+    beats = {0: {"step": 5, "phase": "checkpoint"}, 1: {"step": 5, "phase": "eval", "micro": 1}}
+    verdict = {"verdict": "deadlock", "reason": "deadlock: no rank advanced", "behind": [1], "stuck_ranks": []}
+    out = with_expected_collectives(verdict, beats, clean)
+    assert set(out["expected"]) == {"0", "1"} and "eval micro-batch 1" in out["expected"]["1"]
+    assert out["reason"].startswith("deadlock: no rank advanced; rank 1: step 5 (")  # the rank behind is named
+    assert with_expected_collectives(verdict, beats, None) == verdict

@@ -121,4 +121,7 @@ def test_an_uneven_validation_plan_hangs_in_eval_and_the_watcher_kills_it(tmp_pa
     assert {v["rank"]: (v["phase"], v["step"]) for v in verdict["ranks"]} == {0: ("eval", 2), 1: ("eval", 2)}
     n = json.loads((plan_dir / "plan.json").read_text())["validation"]["micro_batches_per_rank"]
     assert f"validation after step 2: {n} on rank 0, {n + 1} on rank 1" in verdict["reason"], verdict["reason"]
+    # the gate's collective proof (copied beside the run) names the class and where rank 1's collectives parted
+    assert verdict["expected"]["1"].startswith(f"rank 1: step 2 (class 1 micro-batch + validation ({n} micro-batches))")
+    assert f"eval micro-batch {n + 1}" in verdict["expected"]["1"] and "the proof expects" in verdict["reason"]
     print(f"watcher: {verdict['reason']}")

@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from wattgate.config import validate_config
 from wattgate.train.distributed import setup_rank
-from wattgate.train.loop import TrainSettings
+from wattgate.train.settings import TrainSettings
 from wattgate.train.model import load_sharded_model
 
 config = validate_config(yaml.safe_load(Path(sys.argv[1]).read_text()))

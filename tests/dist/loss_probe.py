@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 from wattgate.config import validate_config
 from wattgate.train.data import IGNORE
 from wattgate.train.distributed import setup_rank
-from wattgate.train.loop import TrainSettings
+from wattgate.train.settings import TrainSettings
 from wattgate.train.loss import LossSettings, summed_token_loss
 from wattgate.train.model import load_sharded_model
 

@@ -32,7 +32,8 @@ import torch.distributed as dist
 
 from wattgate.gpus import is_cpu
 from wattgate.proof.record import Collective, CollectiveRecorder, _default_group, object_collectives
-from wattgate.train.loop import Paths, Trainer, TrainSettings, run_rank
+from wattgate.train.loop import Paths, Trainer, run_rank
+from wattgate.train.settings import TrainSettings
 
 
 @dataclass

@@ -21,7 +21,8 @@ from wattgate.proof.dryrun import RankRecord, dry_run_rank
 
 from wattgate.proof.record import Collective, fingerprint
 from wattgate.run_files import read_plan
-from wattgate.train.loop import Paths, TrainSettings
+from wattgate.train.loop import Paths
+from wattgate.train.settings import TrainSettings
 
 PAIR = 2  # layers in the dry run that measures one layer's collectives
 
@@ -94,7 +95,7 @@ def class_table(records: list[RankRecord], classes: list[list], first: int, dept
         seq = records[0].steps.get(g, [])
         row["fingerprint"] = fingerprint(seq)
         row["collectives"] = len(seq)
-        row["sequence"] = [str(x) for x in seq]  # what the watcher names when a rank stops (proof/expect.py)
+        row["sequence"] = [str(x) for x in seq]  # what the watcher names when a rank stops (collective_hints.py)
         row["beats"] = records[0].beats.get(g, [])
         per_layer = depth.get("per_layer", {}).get(g)
         row["collectives_at_depth"] = scaled_count(len(seq), per_layer, depth, records[0].layers)

@@ -22,6 +22,7 @@ verdict either way, and claims a saving only for a confirmed deadlock.
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import sys
@@ -33,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from wattgate.collective_hints import hang_hint
 from wattgate.artifacts import write_json_atomic
 from wattgate.durations import fmt_hours
 from wattgate.telemetry.hang_cost import hang_cost
@@ -461,6 +463,7 @@ def watch(
         "bad_heartbeats": {},
     }
     stop = stop or threading.Event()
+    collectives = read_collectives(run)
     write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
     warned_for, printed_at = None, -math.inf  # the last progress time of the stall warned about; its print
     while not stop.wait(s.poll_s):
@@ -483,6 +486,7 @@ def watch(
             printed_at = _note_warning(record, warning, now, printed_at)
             write_json_atomic(out, record, nonfinite="null")
         if verdict is not None:
+            verdict = with_expected_collectives(verdict, beats, collectives)
             record.update(verdict, detected_at=now, action=s.action)
             write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
             print(f"watch: {verdict['reason']}", file=sys.stderr, flush=True)
@@ -506,6 +510,33 @@ def watch(
     record["ended"] = time.time()
     write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
     return record
+
+
+COLLECTIVES = "collectives.json"  # launch copies the gate's collective proof into the run folder
+
+
+def read_collectives(run: Path) -> dict | None:
+    """The gate's collective proof for this run (gate.json `collectives`, copied by launch); None without one."""
+    try:
+        data = json.loads((Path(run) / COLLECTIVES).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def with_expected_collectives(verdict: dict, beats: dict[int, dict], collectives: dict | None) -> dict:
+    """The verdict with, per rank, its step class and the collective the proof expected next (`expected`), and
+    those of the ranks named behind or stuck added to the reason: where the ranks' collectives parted."""
+    expected = {r: hang_hint(collectives, r, b) for r, b in sorted(beats.items())} if collectives else {}
+    expected = {r: h for r, h in expected.items() if h}
+    if not expected:
+        return verdict
+    named = verdict.get("behind") or verdict.get("stuck_ranks") or sorted(expected)
+    lines = [expected[r] for r in named if r in expected]
+    return verdict | {
+        "expected": {str(r): h for r, h in expected.items()},
+        "reason": verdict["reason"] + ("; " + "; ".join(lines) if lines else ""),
+    }
 
 
 WARN_PRINT_EVERY_S = 300.0  # a run whose every step outlasts hang_after_s would print a line per step

@@ -22,7 +22,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from wattgate.run_files import MARKER_HASH_FILES, read_marker_hashes, read_watcher
+from wattgate.artifacts import write_json_atomic
+from wattgate.run_files import MARKER_HASH_FILES, read_gate_report, read_marker_hashes, read_watcher
+from wattgate.telemetry.watch import COLLECTIVES
 from wattgate.errors import InputError
 from wattgate.gpus import is_cpu
 from wattgate.telemetry.sampler import sampler_command
@@ -225,6 +227,18 @@ def check_gate_marker(config: dict, plan: Path, gate: Path) -> Path:
     return marker
 
 
+def copy_collectives(gate_dir: Path, out: Path) -> None:
+    """The gate's collective proof of this plan into the run folder, for the watcher's verdict on a hang (which
+    step class each rank was in, and the collective the proof expected next); an earlier plan's is removed."""
+    target = out / COLLECTIVES
+    report = read_gate_report(gate_dir)
+    proof = (report or {}).get("collectives")
+    if isinstance(proof, dict) and proof.get("classes"):
+        write_json_atomic(target, proof)
+    else:
+        target.unlink(missing_ok=True)
+
+
 def run_launch(
     config: dict, config_path: Path, pretokenized: Path, plan: Path, out: Path, gate: Path | None = None
 ) -> LaunchResult:
@@ -234,7 +248,8 @@ def run_launch(
     `gate/` (results/plan -> results/gate). SIGTERM/SIGINT are forwarded to the job; the watcher is
     stopped once the job has ended.
     """
-    check_gate_marker(config, plan, gate or plan.parent / "gate")
+    gate_dir = gate or plan.parent / "gate"
+    check_gate_marker(config, plan, gate_dir)
     spec = resolve_launch(config)
     tel = config["telemetry"]
     sample = (str(out / "telemetry" / "{host}.parquet"), tel["interval_s"]) if tel["enabled"] else None
@@ -244,6 +259,7 @@ def run_launch(
     (out / "watcher.json").unlink(missing_ok=True)
     for stale in (out / "heartbeat").glob("rank-*.json"):
         stale.unlink()
+    copy_collectives(gate_dir, out)
     print(f"launch: {' '.join(shlex.quote(a) for a in argv)}", flush=True)
     proc = subprocess.Popen(argv, env=launch_env(spec), start_new_session=True)
     watcher = None

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from wattgate.artifacts import OUTPUT_MARKER, check_stage_output, marker_bytes, write_bytes_atomic, write_json_atomic
 from wattgate.train.distributed import setup_rank
-from wattgate.train.loop import TrainSettings
+from wattgate.train.settings import TrainSettings
 from wattgate.train.metrics import GIB, PhaseMemory, memory_summary
 from wattgate.train.model import build_meta_model, count_params, load_sharded_model
 from wattgate.train.weights import DTYPES, export_hf_folder

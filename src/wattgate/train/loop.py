@@ -11,7 +11,6 @@ heartbeats and the metrics and validation tables.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import os
@@ -30,7 +29,7 @@ from wattgate.cadence import StepActions
 from wattgate.errors import InputError
 from wattgate.ledger import append_ledger, run_record
 from wattgate.forecast.walltime import plan_step_costs
-from wattgate.model_spec import export_dtype_name, load_model_spec
+from wattgate.model_spec import load_model_spec
 from wattgate.run_files import EVAL_PACKS
 from wattgate.train.metrics import process_age_s
 from wattgate.run_files import (
@@ -50,8 +49,9 @@ from wattgate.train import checkpoint as ckpt
 from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors, read_rank_plan
 from wattgate.train.distributed import device_uuid, setup_rank
 from wattgate.train.export_files import export_extra_files
+from wattgate.train.launch import allocator_record
 from wattgate.identity import run_identity
-from wattgate.train.loss import LossSettings, summed_token_loss
+from wattgate.train.loss import summed_token_loss
 from wattgate.train.metrics import (
     GIB,
     PhaseMemory,
@@ -63,73 +63,11 @@ from wattgate.train.metrics import (
     validation_summary,
 )
 from wattgate.train.sequence_guard import check_planned_sequences, planned_sequence
+from wattgate.train.settings import TrainSettings
 from wattgate.train.model import count_params, load_sharded_model
 from wattgate.schedule import learning_rate
 from wattgate.train.steps import StepClass, rank_schedule, step_class
 from wattgate.train.weights import DTYPES, export_hf_folder
-
-# TrainSettings fields that are not a train.* key of the same name (built in from_config)
-_DERIVED = frozenset(
-    {"betas", "mixed_precision", "export_dtype", "eval_micro_batch_size", "loss", "run_name", "gpu_model", "ledger"}
-)
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """Everything train/ reads from the config, typed, built once (the train.* keys keep their names)."""
-
-    seq_len: int
-    micro_batch_size: int
-    grad_accum: int
-    epochs: int
-    lr: float
-    min_lr_ratio: float
-    warmup_steps: int
-    weight_decay: float
-    grad_clip: float
-    seed: int
-    checkpoint_every: int
-    checkpoint_keep: int
-    checkpoint_at_epoch_end: bool
-    collective_timeout_s: float
-    attn_implementation: str
-    activation_checkpointing: bool
-    data_cache: str
-    local_cache_dir: str | None
-    log_every: int
-    optimizer: str
-    max_steps: int | None
-    export_max_shard_gib: float
-    tensorboard: bool
-    check_planned_counts: bool
-    eval_every: int
-    keep_best: bool
-    export_from: str
-    betas: tuple[float, float]
-    mixed_precision: bool
-    export_dtype: str
-    eval_micro_batch_size: int
-    loss: LossSettings
-    run_name: str
-    gpu_model: str
-    ledger: Path
-    compile: bool = False
-
-    @classmethod
-    def from_config(cls, config: dict) -> TrainSettings:
-        t = config["train"]
-        names = [f.name for f in dataclasses.fields(cls) if f.name not in _DERIVED]
-        return cls(
-            **{k: t[k] for k in names if k in t},
-            betas=tuple(t["betas"]),
-            mixed_precision=t["mixed_precision"] == "bf16",
-            export_dtype=export_dtype_name(config),
-            eval_micro_batch_size=int(t.get("eval_micro_batch_size") or t["micro_batch_size"]),
-            loss=LossSettings.from_train(t),
-            run_name=config["run_name"],
-            gpu_model=config["cluster"]["gpu_model"],
-            ledger=Path(config["forecast"]["ledger"]),
-        )
 
 
 def build_optimizer(model, s: TrainSettings) -> torch.optim.Optimizer:
@@ -139,7 +77,7 @@ def build_optimizer(model, s: TrainSettings) -> torch.optim.Optimizer:
 
 
 def lr_at(step: int, s: TrainSettings, total: int) -> float:
-    """Linear warmup to lr, then cosine down to lr * min_lr_ratio at the last step (train/schedule.py)."""
+    """Linear warmup to lr, then cosine down to lr * min_lr_ratio at the last step (wattgate/schedule.py)."""
     return learning_rate(step, total, s.lr, s.warmup_steps, s.min_lr_ratio)
 
 
@@ -445,6 +383,7 @@ class Trainer:
                 totals[0] += summed_token_loss(self.model, self.to_device(host_tensors(batch, self.pin)), self.s.loss)
                 totals[1] += batch.num_loss_tokens
         dist.all_reduce(totals)
+        self.model.reshard()  # a forward without backward leaves the root's parameters gathered: free them
         self.model.train()
         loss = float(totals[0] / totals[1].clamp_min(1.0))
         self.heartbeat.beat(step, epoch, "train")
@@ -534,6 +473,7 @@ class Trainer:
             export_dtype=s.export_dtype,
             memory=memory,
             startup_s=round(self.startup_s, 3),
+            allocator=allocator_record(),
             checkpoints=log.checkpoints,
             checkpoint_s=round(log.checkpoint_s, 3),
             validation=validation_summary(
