@@ -218,3 +218,16 @@ def test_launch_wraps_each_node_in_its_sampler_and_starts_the_watcher_command():
     sample = '; exec py -m wattgate sample --out t/"${SLURMD_NODENAME:-$(uname -n)}".parquet --interval 0.1'
     assert sample + " -- py -m torch" in argv[-1]
     assert watcher_command("c.yaml", "out", 77, "4242", python="py")[-4:] == ["--pid", "77", "--slurm-job", "4242"]
+
+
+def test_a_stop_signal_before_the_command_has_started_still_reaches_it():
+    """SIGTERM between the command's start and the flag knowing it: the flag passes it on as it adopts the child."""
+    import signal as _signal
+    import subprocess as _subprocess
+
+    from wattgate.telemetry.sampler import StopFlag
+
+    flag = StopFlag()
+    flag(_signal.SIGTERM, None)  # the launcher's SIGTERM, early
+    child = flag.adopt(_subprocess.Popen(["sleep", "60"], start_new_session=True))
+    assert child.wait(timeout=30) == -_signal.SIGTERM

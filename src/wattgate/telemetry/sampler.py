@@ -36,15 +36,26 @@ class StopFlag:
 
     def __init__(self):
         self.stop = False
+        self.signum: int | None = None
         self.child: subprocess.Popen | None = None
 
     def __call__(self, signum, _frame):
-        self.stop = True
-        if self.child is not None and self.child.poll() is None:
+        self.stop, self.signum = True, signum
+        self.forward()
+
+    def forward(self) -> None:
+        """Pass a stop signal on to the command; also called right after the command starts, so a signal that
+        arrived between its start and `child` being set still reaches it."""
+        if self.stop and self.child is not None and self.child.poll() is None:
             try:
-                os.killpg(self.child.pid, signum)
+                os.killpg(self.child.pid, self.signum or signal.SIGTERM)
             except ProcessLookupError:
                 pass
+
+    def adopt(self, child: subprocess.Popen) -> subprocess.Popen:
+        self.child = child
+        self.forward()
+        return child
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -96,7 +107,7 @@ def run_sampler(
         flush=True,
     )
     if command:
-        flag.child = subprocess.Popen(command, start_new_session=True)
+        flag.adopt(subprocess.Popen(command, start_new_session=True))
     max_samples = None if duration_s is None else max(1, round(duration_s / interval_s))
     try:
         sample_loop(source, writer, interval_s, flag, max_samples)
@@ -111,7 +122,7 @@ def run_sampler(
 def _run_plain(command: list[str] | None, flag: StopFlag) -> int:
     if not command:
         return 0
-    flag.child = subprocess.Popen(command, start_new_session=True)
+    flag.adopt(subprocess.Popen(command, start_new_session=True))
     return _exit_status(flag.child.wait())
 
 
