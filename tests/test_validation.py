@@ -23,17 +23,7 @@ from wattgate.pack.validation import plan_validation
 from wattgate.run_files import EVAL_PACKS
 
 from conftest import write_jsonl
-
-TINY_MODEL = {
-    "model_type": "qwen3",
-    "vocab_size": 600,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-}
+from test_gate import TINY_MODEL  # the gate tests' tiny Qwen3
 
 
 def config_for(inputs, validation, gpus=2, **train):
