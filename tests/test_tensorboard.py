@@ -4,6 +4,7 @@ checkpoint; off, other ranks and a missing package write nothing, and training g
 
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -40,9 +41,13 @@ def test_step_log_writes_every_tag_per_step(tmp_path):
         log.record(
             g, 0, 0, 3, gathered(10.0 * (g + 1), 5, 100, 0.5, 0.01), lr=1e-3 * (g + 1), grad_norm=0.5 + g, now=1.0 + g
         )
-    assert log.board is None  # closed after the last step
+    assert log.board is not None  # open until the run ends: the last step's validation pass still writes
+    log.record_eval({"step": 3, "loss": 2.5, "perplexity": 12.18, "tokens": 40, "seconds": 0.1})
+    log.close()
+    assert log.board is None
     curves = scalars(tmp_path / "tensorboard")
     assert set(curves) == set(TAGS)
+    assert curves["eval/loss"] == [(3, pytest.approx(2.5))]
     assert [s for s, _ in curves["train/loss"]] == [1, 2, 3]
     assert [v for _, v in curves["train/loss"]] == pytest.approx([2.0, 4.0, 6.0])  # (2 x sum) / (2 x tokens)
     assert [v for _, v in curves["train/lr"]] == pytest.approx([1e-3, 2e-3, 3e-3])
@@ -86,11 +91,13 @@ def test_missing_package_is_one_warning_line_and_training_goes_on(tmp_path, monk
 def test_a_real_cpu_run_writes_its_curves_under_the_run_folder(tmp_path):
     from test_train import make_run, run_train
 
-    make_run(tmp_path, [30, 50, 20, 64, 40, 10, 33, 60], gpus=2)
+    lengths = np.random.default_rng(5).integers(10, 64, 40).tolist()
+    make_run(tmp_path, lengths, gpus=2, validation_fraction=0.2)  # validation after the last step: eval/*
     out = tmp_path / "out"
     run_train(tmp_path, 2, out)
     curves = scalars(out / "tensorboard")
     assert set(curves) == set(TAGS)
+    assert [s for s, _ in curves["eval/loss"]] == [max(s for s, _ in curves["train/loss"])]
     steps = [s for s, _ in curves["train/loss"]]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 2
     assert all(v > 0 for _, v in curves["train/tokens_per_s"])

@@ -301,8 +301,14 @@ def trained_params(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def set_tokenizer_dir(tmp: Path, tokenizer: Path) -> None:
+    """The synthetic data's manifest names `tokenizer` and its hash, as pretokenize's does (the export checks it)."""
+    from wattgate.data.tokenizer import tokenizer_sha256
+
     manifest = tmp / "pretokenized/manifest.json"
-    write_json_atomic(manifest, dict(json.loads(manifest.read_text()), tokenizer_path=str(tokenizer)))
+    record = dict(
+        json.loads(manifest.read_text()), tokenizer_path=str(tokenizer), tokenizer_sha256=tokenizer_sha256(tokenizer)
+    )
+    write_json_atomic(manifest, record)
 
 
 @pytest.mark.slow

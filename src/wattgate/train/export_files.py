@@ -28,8 +28,8 @@ def tokenizer_folder(pretokenized: Path, manifest: dict) -> Path:
 def verified_tokenizer_files(pretokenized: Path) -> list[Path]:
     """The tokenizer files pretokenize used, checked against the manifest's tokenizer_sha256."""
     manifest, _ = read_manifest(pretokenized)
-    if manifest.get("synthetic") is True:  # random token ids (data/synthetic.py): no tokenizer made them
-        return []
+    if manifest.get("synthetic") is True and not manifest.get("tokenizer_path"):
+        return []  # random token ids (data/synthetic.py): no tokenizer made them
     folder = tokenizer_folder(pretokenized, manifest)
     where = Path(pretokenized) / MANIFEST
     files = sorted(p for p in folder.iterdir() if p.name in TOKENIZER_FILES) if folder.is_dir() else []
@@ -56,3 +56,17 @@ def export_extra_files(pretokenized: Path, model_cfg: dict) -> list[Path]:
     if generation is not None and generation.is_file():
         extra.append(generation)
     return extra
+
+
+def check_tokenizer_present(pretokenized: Path) -> None:
+    """Before the first step: the tokenizer folder the export will need is there (its files are verified by hash
+    at the export itself); an InputError naming it otherwise, so a long run does not end without a final/."""
+    manifest, _ = read_manifest(pretokenized)
+    if manifest.get("synthetic") is True and not manifest.get("tokenizer_path"):
+        return
+    folder = tokenizer_folder(pretokenized, manifest)
+    if not folder.is_dir() or not any((folder / name).exists() for name in TOKENIZER_FILES):
+        raise InputError(
+            f"{folder}: the tokenizer pretokenize used (named in {Path(pretokenized) / MANIFEST}) is gone; final/ "
+            "needs it: put the tokenizer folder back there, or rerun pretokenize with the tokenizer you mean"
+        )

@@ -18,6 +18,7 @@ import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from itertools import groupby
 from pathlib import Path
 
@@ -48,7 +49,7 @@ from wattgate.run_files import (
 from wattgate.train import checkpoint as ckpt
 from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors, read_rank_plan
 from wattgate.train.distributed import device_uuid, setup_rank
-from wattgate.train.export_files import export_extra_files
+from wattgate.train.export_files import check_tokenizer_present, export_extra_files
 from wattgate.train.launch import allocator_record
 from wattgate.identity import run_identity
 from wattgate.train.loss import summed_token_loss
@@ -119,7 +120,7 @@ def resume_checkpoint(out: Path, identity: dict | None, rank: int) -> Path | Non
     return Path(choice[0]) if choice[0] is not None else None
 
 
-def export_final(model, s: TrainSettings, out: Path, extra: list[Path]) -> Path:
+def export_final(model, s: TrainSettings, out: Path, extra) -> Path:
     """final/: sharded safetensors in the export dtype, the config, and `extra` (train/export_files.py: the
     tokenizer the data was made with, verified by its hash, and the input model's generation_config.json)."""
     return export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), extra)
@@ -192,7 +193,7 @@ class Trainer:
         )
         self.heartbeat.beat(0, 0, "init")
         # checked now, not at the end: a tokenizer moved away must not cost the run before final/ is refused
-        export_extra_files(paths.pretokenized, config["model"])
+        check_tokenizer_present(paths.pretokenized)
         data_dir, self.copy_s = stage_local_copy(paths.pretokenized, s, paths.out)
         self.store = DocStore(data_dir)
         self.memory = PhaseMemory(self.device)
@@ -437,9 +438,9 @@ class Trainer:
             dist.broadcast_object_list(choice, src=0)
             if choice[0] is not None and Path(choice[0]).name != f"step-{self.total}":
                 self.exported_step = int(ckpt.load_checkpoint(Path(choice[0]), self.model, self.optimizer)["step"])
-        export_final(
-            self.model, self.s, self.paths.out, export_extra_files(self.paths.pretokenized, self.config["model"])
-        )
+        # the tokenizer is verified by its hash on every rank once the weights are written (train/export_files.py)
+        extra = partial(export_extra_files, self.paths.pretokenized, self.config["model"])
+        export_final(self.model, self.s, self.paths.out, extra)
         self.memory.end("export")
 
     def summarize(self) -> dict:

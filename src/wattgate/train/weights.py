@@ -316,11 +316,13 @@ def export_config(model, dtype: torch.dtype):
     return cfg
 
 
-def export_hf_folder(model, out: Path, dtype: torch.dtype, max_shard_bytes: int, extra_files: list[Path]) -> Path:
+def export_hf_folder(model, out: Path, dtype: torch.dtype, max_shard_bytes: int, extra_files) -> Path:
     """`out/final/`: sharded safetensors + index + config + `extra_files` (tokenizer), published atomically.
 
     Ranks write into `final.tmp/`; rank 0 renames it onto `final/` only when every file is
     complete, so a killed export leaves the previous final/ (or none), never a partial one.
+    `extra_files` may be a callable returning the list: every rank calls it after the weights are written
+    (train/export_files.py verifies the tokenizer there, the same answer on every rank, so none waits alone).
     """
     rank = dist.get_rank()
     tmp, final = out / "final.tmp", out / "final"
@@ -338,6 +340,8 @@ def export_hf_folder(model, out: Path, dtype: torch.dtype, max_shard_bytes: int,
                 {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
             )
         export_config(model, dtype).to_json_file(str(tmp / "config.json"))
+    extra_files = extra_files() if callable(extra_files) else extra_files
+    if rank == 0:
         for src in extra_files:
             write_bytes_atomic(tmp / src.name, src.read_bytes())
         if final.exists():  # a fresh name for the old final/: a user's own final.old/ is never touched
