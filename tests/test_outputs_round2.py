@@ -9,17 +9,7 @@ import yaml
 
 from conftest import REPO
 
-TINY = {
-    "model_type": "qwen3",
-    "vocab_size": 96,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 128,
-}
+from test_train import TINY  # the train tests' tiny Qwen3
 
 
 def _load_check(tmp_path, out) -> subprocess.CompletedProcess:

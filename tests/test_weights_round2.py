@@ -10,17 +10,7 @@ import torch
 from wattgate.errors import InputError
 from wattgate.train.safetensors_io import SafetensorsStream, read_header, read_rows
 
-TINY = {
-    "model_type": "qwen3",
-    "vocab_size": 96,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 128,
-}
+from test_train import TINY  # the train tests' tiny Qwen3
 
 
 def _two_tensors(path):
