@@ -119,3 +119,20 @@ def test_a_config_with_fewer_layers_than_its_weights_is_an_error_naming_the_unus
     with pytest.raises(InputError, match=r"checkpoint tensor\(s\) the model does not use \(model\.layers\.1\.") as e:
         _load(tmp_path)
     assert "num_hidden_layers 1" in str(e.value)
+
+
+def test_a_config_whose_layer_types_disagree_with_its_depth_is_one_line(tmp_path):
+    """num_hidden_layers edited alone under a layer_types list: huggingface_hub's own validation error (not a
+    ValueError) was raised raw on every rank; now one line naming the file."""
+    import json
+
+    from transformers import Qwen3Config
+
+    from wattgate.errors import InputError
+    from wattgate.train.model import model_hf_config
+
+    cfg = Qwen3Config(**{k: v for k, v in TINY.items() if k != "model_type"}).to_dict()
+    cfg["num_hidden_layers"] = 1
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match=r"config\.json: not a usable transformers model config \(.*layer_type"):
+        model_hf_config({"path": str(tmp_path)})

@@ -20,14 +20,19 @@ def model_hf_config(model_cfg: dict):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoConfig
 
+    try:  # huggingface_hub's config validation (a subclass of Exception only): layer_types vs num_hidden_layers
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # pragma: no cover - older huggingface_hub
+        StrictDataclassError = ValueError  # noqa: N806
     if model_cfg.get("path"):
         path = Path(model_cfg["path"])
         if not (path / "config.json").exists():
             raise InputError(f"{path}: no config.json; model.path must be a local model folder")
         try:
             config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-        except (OSError, ValueError, KeyError) as exc:
-            raise InputError(f"{path}/config.json: not a transformers model config ({exc})") from None
+        except (OSError, ValueError, KeyError, StrictDataclassError) as exc:
+            msg = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise InputError(f"{path}/config.json: not a usable transformers model config ({msg})") from None
     else:
         cfg = dict(model_cfg.get("config") or {})
         model_type = cfg.pop("model_type", None)
@@ -35,8 +40,9 @@ def model_hf_config(model_cfg: dict):
             raise InputError("model.config: needs model_type (e.g. qwen3)")
         try:
             config = AutoConfig.for_model(model_type, **cfg)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InputError(f"model.config: {exc}") from None
+        except (ValueError, KeyError, TypeError, StrictDataclassError) as exc:
+            msg = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise InputError(f"model.config: {msg}") from None
     config.use_cache = False  # a cache makes packed documents attend to each other (PITFALLS)
     return config
 
