@@ -170,9 +170,10 @@ class ShardWriter:
         self.num_tokens = 0
         self.num_loss_tokens = 0
         self.max_token_id = -1
-        self.hashes: list[int] = []  # content_hash of every document written or buffered, by doc_id
-        self.lengths: list[int] = []
-        self.loss_counts: list[int] = []
+        # per written shard, every document's content_hash, length and loss tokens (compact arrays, not one
+        # Python int per document: the split reads them after the last flush)
+        self._parts: dict[str, list[np.ndarray]] = {"hashes": [], "lengths": [], "loss_counts": []}
+        self._pending_hashes: list[int] = []  # content_hash of each buffered document
 
     def manifest_fields(self) -> dict:
         """What every manifest.json says of its shards (pretokenize's and the synthetic corpus's)."""
@@ -186,10 +187,30 @@ class ShardWriter:
             "shard_hash_algorithm": shard_hash_algorithm(),
         }
 
+    def _written(self, name: str) -> np.ndarray:
+        parts = self._parts[name]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    @property
+    def hashes(self) -> np.ndarray:
+        """content_hash of every written document, by doc_id."""
+        return self._written("hashes")
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self._written("lengths")
+
+    @property
+    def loss_counts(self) -> np.ndarray:
+        return self._written("loss_counts")
+
+    @property
+    def docs_added(self) -> int:
+        """Documents written or buffered: the next document's doc_id."""
+        return self.num_docs + len(self.ids)
+
     def add(self, ids: np.ndarray, mask: np.ndarray) -> None:
-        self.hashes.append(content_hash(ids))
-        self.lengths.append(len(ids))
-        self.loss_counts.append(int(mask.sum()))
+        self._pending_hashes.append(content_hash(ids))
         self.ids.append(ids)
         self.masks.append(mask)
         if len(self.ids) >= self.shard_docs:
@@ -205,7 +226,7 @@ class ShardWriter:
         flat_mask = np.concatenate(self.masks).astype(np.int8, copy=False)
         loss_tokens = np.add.reduceat(flat_mask, offsets[:-1], dtype=np.int32)
         doc_ids = np.arange(self.num_docs, self.num_docs + len(lengths), dtype=np.int64)
-        hashes = np.asarray(self.hashes[self.num_docs : self.num_docs + len(lengths)], dtype=np.int64)
+        hashes = np.asarray(self._pending_hashes, dtype=np.int64)
         table = pa.Table.from_arrays(
             [
                 pa.array(doc_ids),
@@ -225,7 +246,9 @@ class ShardWriter:
         self.num_tokens += int(lengths.sum())
         self.num_loss_tokens += int(loss_tokens.sum(dtype=np.int64))
         self.max_token_id = max(self.max_token_id, int(flat_ids.max()))
-        self.ids, self.masks = [], []
+        for name, values in (("hashes", hashes), ("lengths", lengths), ("loss_counts", loss_tokens)):
+            self._parts[name].append(values.astype(np.int64))
+        self.ids, self.masks, self._pending_hashes = [], [], []
 
 
 class Tokenize:
@@ -382,7 +405,7 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
         writer = ShardWriter(tmp, settings.shard_docs)
         bar = tqdm(unit="doc", desc="pretokenize", disable=None if progress is None else not progress, file=sys.stderr)
         overlong = _tokenize_inputs(inputs, tokenize, settings, fields, policy, writer, bar)
-        first_validation_input = len(writer.hashes)
+        first_validation_input = writer.docs_added
         if split.inputs:
             overlong += _tokenize_inputs(list(split.inputs), tokenize, settings, fields, policy, writer, bar)
         bar.close()

@@ -55,18 +55,19 @@ def check_validation_steps(
         return Check(
             name, False, f"a row outside rank 0..{world_size - 1}, epoch 0, step 0 at {_where(packs, outside)}"
         )
-    micro = np.array([len(np.unique(packs.micro[packs.rank == r])) for r in range(world_size)])
     per_rank_packs = np.bincount(packs.rank, minlength=world_size)
     problems = []
-    if micro.min() != micro.max():
-        few, many = int(np.argmin(micro)), int(np.argmax(micro))
+    div = validation_divergence(packs, world_size)
+    sequences = [np.unique(packs.micro[packs.rank == r]) for r in range(world_size)]
+    micro = np.array([len(seq) for seq in sequences])
+    if div is not None:
+        few, many = div["ranks_without"][0], int(np.argmax(micro))
         problems.append(
             f"validation micro-batches per rank {_per_rank(micro)}: rank {many} would run micro-batch "
-            f"{int(micro[few]) + 1} of every validation pass alone and hang in its all-gather while rank {few} "
+            f"{div['micro'] + 1} of every validation pass alone and hang in its all-gather while rank {few} "
             "has left the pass"
         )
     else:
-        sequences = [np.unique(packs.micro[packs.rank == r]) for r in range(world_size)]
         if any(not np.array_equal(sequences[0], s) for s in sequences[1:]):
             problems.append("ranks run different validation micro-batch sequences")
         if planned_micro_batches is not None and micro[0] != planned_micro_batches:

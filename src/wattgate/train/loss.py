@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from wattgate.errors import InputError
 from wattgate.train.attention import packed_model_inputs
-from wattgate.train.data import IGNORE, Batch
+from wattgate.train.data import IGNORE, Batch, host_tensors
 
 LOSS_KINDS = ("chunked", "full")
 # 1024 rows x 151,936 vocab is 0.62 GB of fp32 logits per chunk: small next to a step's activations,
@@ -56,11 +56,8 @@ class LossSettings:
 
 
 def to_tensors(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
-    return {
-        "input_ids": torch.from_numpy(batch.input_ids).to(device, non_blocking=True),
-        "labels": torch.from_numpy(batch.labels).to(device, non_blocking=True),
-        "position_ids": torch.from_numpy(batch.position_ids).to(device, non_blocking=True),
-    }
+    """The batch's tensors on `device` (train/data.py host_tensors, then a copy)."""
+    return {k: v.to(device, non_blocking=True) for k, v in host_tensors(batch, pin=False).items()}
 
 
 def forward_logits(model, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
