@@ -86,10 +86,15 @@ def test_out_replaces_its_own_output_and_accepts_an_empty_folder(tmp_path):
     marker = json.loads((out / OUTPUT_MARKER).read_text())
     assert marker["written_by"] == "wattgate" and marker["format_version"] == 1
     assert marker["stage"] == "test_outputs"  # the calling module
-    with atomic_dir(out, stage="pretokenize") as tmp:  # a previous output: replaced
+    with atomic_dir(out) as tmp:  # its own previous output: replaced
         (tmp / "b.txt").write_text("2")
     assert sorted(p.name for p in out.iterdir()) == sorted([OUTPUT_MARKER, "b.txt"])
-    assert json.loads((out / OUTPUT_MARKER).read_text())["stage"] == "pretokenize"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    # another stage's output (a run folder's checkpoints, a pretokenized corpus) is never replaced
+    with pytest.raises(InputError, match="output exists and is the output of wattgate test_outputs"):
+        with atomic_dir(out, stage="pretokenize") as tmp:
+            (tmp / "c.txt").write_text("3")
+    assert sorted(p.name for p in out.iterdir()) == sorted([OUTPUT_MARKER, "b.txt"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
@@ -157,7 +162,7 @@ def test_pack_killed_between_renames_never_leaves_a_mixed_pair(tmp_path, pretoke
     plan = build_plan(plan_config(2), pretokenized, out)  # a rerun completes the set
     assert plan["packs_sha256"] == sha256_file(out / "packs.parquet")
     assert json.loads((out / "plan.json").read_text()) == plan
-    assert sorted(p.name for p in out.iterdir()) == ["history", "pack.log", "packs.parquet", "plan.json"]
+    assert sorted(p.name for p in out.iterdir()) == [OUTPUT_MARKER, "history", "pack.log", "packs.parquet", "plan.json"]
     # every published plan is kept by its hash (pack/segments.py: a resized run continues from it)
     kept = out / "history" / plan["packs_sha256"][:16]
     assert sha256_file(kept / "packs.parquet") == plan["packs_sha256"]

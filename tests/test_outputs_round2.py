@@ -38,7 +38,7 @@ def test_load_check_refuses_a_run_folder_and_leaves_final_and_final_old_as_they_
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
-    assert f"{run}: output exists and is a non-empty folder that wattgate loadcheck did not write" in lines[0]
+    assert f"{run}: output exists and is a folder wattgate loadcheck did not write (it holds TRAINED, final" in lines[0]
     assert _tree(run) == before
 
 

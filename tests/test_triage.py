@@ -380,7 +380,8 @@ def test_run_triage_writes_every_artifact(tmp_path):
     assert np.allclose(summary.groupby(["host", "gpu"])["share"].sum(), 1.0)
     assert abs(sum(p["seconds"] for p in result["phases"].values()) - len(phases)) < 1e-6
     assert "| compute |" in (tmp_path / "out" / "triage.md").read_text()
-    assert not list((tmp_path / "out").glob(".*"))  # no temporary files left
+    left = [p.name for p in (tmp_path / "out").glob(".*")]
+    assert left == [".wattgate-output"]  # the marker, and no temporary files left
 
 
 def test_phase_summary_energy_and_shares():

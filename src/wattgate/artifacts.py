@@ -12,8 +12,8 @@ its pid in the name) one untouched for `STALE_AFTER_S`. A temp of a live
 writer is never removed.
 
 `atomic_dir` replaces a whole folder, so it only ever replaces a folder that
-wattgate published (it holds the marker file `OUTPUT_MARKER`) or an empty one;
-a non-empty folder without the marker is refused, never deleted.
+the same stage published (it holds the marker file `OUTPUT_MARKER` naming it)
+or an empty one; any other non-empty folder is refused, never deleted.
 
 Files and folders are published with the user's umask (not mkstemp's 0600 /
 mkdtemp's 0700), so teammates on a shared project folder can read them.
@@ -22,6 +22,7 @@ mkdtemp's 0700), so teammates on a shared project folder can read them.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import json
 import math
@@ -91,8 +92,11 @@ def _publishing(dest: Path, tmp: Path, remove: Callable[[Path], object]) -> Iter
 
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `dest`; rename it onto `dest` on success."""
+    """Yield a temporary path beside `dest`; rename it onto `dest` on success (a folder at `dest` is refused
+    first: a file is never renamed onto one)."""
     dest = Path(dest)
+    if dest.is_dir():
+        raise InputError(f"{dest}: is a folder; this output is a file: give a file name")
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(dest), suffix=".tmp", dir=dest.parent)
     os.close(fd)
@@ -174,8 +178,9 @@ def marker_bytes(stage: str) -> bytes:
     return canonical_json({"format_version": MARKER_FORMAT_VERSION, "stage": stage, "written_by": "wattgate"}).encode()
 
 
-def check_replaceable(dest: str | os.PathLike) -> None:
-    """Refuse (InputError) to replace `dest` unless it is missing, an empty folder or a wattgate output."""
+def check_replaceable(dest: str | os.PathLike, stage: str) -> None:
+    """Refuse (InputError) to replace `dest` unless it is missing, an empty folder or `stage`'s own output
+    (another stage's output is refused too: a run folder's checkpoints are never a typo away)."""
     dest = Path(dest)
     if not os.path.lexists(dest):
         return
@@ -183,9 +188,11 @@ def check_replaceable(dest: str | os.PathLike) -> None:
         what = "a symlink"
     elif not dest.is_dir():
         what = "not a folder"
-    else:
-        if (dest / OUTPUT_MARKER).is_file():
+    elif (found := marker_stage(dest)) is not None:
+        if found == stage:
             return
+        what = f"the output of wattgate {found}"
+    else:
         with os.scandir(dest) as entries:
             if next(entries, None) is None:
                 return
@@ -204,27 +211,87 @@ def marker_stage(dest: str | os.PathLike) -> str | None:
         return None
 
 
-def check_stage_output(dest: str | os.PathLike, stage: str, leftovers: tuple[str, ...] = ()) -> None:
-    """Refuse (InputError) to write into `dest` unless it is missing, empty (but for `leftovers`, names other
-    ranks of the same launch may already have made) or a folder this `stage` marked as its own: for stages
-    that write into their --out in place (load-check) rather than publishing a whole folder."""
+# what a workflow engine puts into a stage's folder around the stage: Snakemake's `log:` (written while the
+# stage runs) and `benchmark:` files, and a directory() output's timestamp
+WORKFLOW_FILES = ("*.log", "*.benchmark.tsv", ".snakemake_timestamp")
+
+
+def _is_temp_name(name: str) -> bool:
+    """A temporary of atomic_path/atomic_dir (`.{name}.{pid}@{host}.{random}.tmp|old`): a killed writer's."""
+    return re.fullmatch(r"\..+\." + _TEMP_TAIL.pattern, name) is not None
+
+
+def _foreign_entries(dest: Path, own: tuple[str, ...]) -> list[str]:
+    """Names in `dest` that are none of `own` (fnmatch patterns), a workflow file or a wattgate temporary."""
+    patterns = (*own, *WORKFLOW_FILES)
+    with os.scandir(dest) as entries:
+        names = sorted(e.name for e in entries)
+    return [n for n in names if not _is_temp_name(n) and not any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+def check_stage_output(dest: str | os.PathLike, stage: str, own: tuple[str, ...] = ()) -> None:
+    """Refuse (InputError) to write into `dest` in place unless it is missing, a folder this `stage` marked as
+    its own, or one holding nothing but `own` (fnmatch patterns of the names the stage writes: an output of a
+    wattgate from before the marker, or what another rank of the same launch has made by now), workflow files
+    and wattgate temporaries. For stages that write their files into --out rather than publishing a folder."""
     dest = Path(dest)
     if not os.path.lexists(dest):
         return
     if dest.is_dir() and not dest.is_symlink():
-        if marker_stage(dest) == stage:
-            return
-        with os.scandir(dest) as entries:
-            if all(e.name in leftovers for e in entries):
-                return
         found = marker_stage(dest)
-        what = f"the output of wattgate {found}" if found else f"a non-empty folder that wattgate {stage} did not write"
+        if found == stage:
+            return
+        foreign = _foreign_entries(dest, own) if found is None else []
+        if found is None and not foreign:
+            return
+        what = (
+            f"the output of wattgate {found}"
+            if found
+            else f"a folder wattgate {stage} did not write (it holds {', '.join(foreign[:3])}"
+            + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            + f"; no {OUTPUT_MARKER})"
+        )
     else:
         what = "a symlink" if dest.is_symlink() else "not a folder"
     raise InputError(
         f"{dest}: output exists and is {what}; {stage} writes only into an empty or new folder or its own "
         "earlier output: choose another --out"
     )
+
+
+def claim_stage_output(dest: str | os.PathLike, stage: str, own: tuple[str, ...] = ()) -> Path:
+    """check_stage_output, then create `dest` and mark it as `stage`'s (before the stage writes anything)."""
+    dest = Path(dest)
+    check_stage_output(dest, stage, own)
+    dest.mkdir(parents=True, exist_ok=True)
+    if marker_stage(dest) != stage:
+        write_bytes_atomic(dest / OUTPUT_MARKER, marker_bytes(stage))
+    return dest
+
+
+def check_file_output(dest: str | os.PathLike, stage: str, ours: Callable[[Path], bool]) -> None:
+    """Refuse (InputError) to write the file `dest` unless it is missing or `ours(dest)` recognises it as
+    `stage`'s earlier output (by a signature it carries): a user's file at a file --out is never overwritten."""
+    dest = Path(dest)
+    if dest.is_dir():
+        raise InputError(f"{dest}: is a folder; this output is a file: give a file name")
+    if not os.path.lexists(dest):
+        return
+    try:
+        mine = dest.is_file() and not dest.is_symlink() and ours(dest)
+    except (OSError, ValueError, UnicodeDecodeError):  # unreadable or not even the format: not ours
+        mine = False
+    if not mine:
+        raise InputError(
+            f"{dest}: output exists and is a file wattgate {stage} did not write; {stage} replaces only its own "
+            "earlier output: choose another --out, or remove it yourself"
+        )
+
+
+def first_line_has(path: Path, text: str) -> bool:
+    """Whether the first line of the text file `path` contains `text` (a written-by header)."""
+    with open(path, "rb") as f:
+        return text.encode() in f.readline(4096)
 
 
 @contextlib.contextmanager
@@ -237,7 +304,7 @@ def atomic_dir(dest: str | os.PathLike, stage: str | None = None) -> Iterator[Pa
     """
     dest = Path(dest)
     stage = stage or _caller_stage()
-    check_replaceable(dest)
+    check_replaceable(dest, stage)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(dest), suffix=".tmp", dir=dest.parent))
     with _publishing(dest, tmp, shutil.rmtree):
@@ -245,7 +312,7 @@ def atomic_dir(dest: str | os.PathLike, stage: str | None = None) -> Iterator[Pa
         with atomic_path(tmp / OUTPUT_MARKER) as marker:
             marker.write_bytes(marker_bytes(stage))
         os.chmod(tmp, _dir_mode())
-        check_replaceable(dest)  # it may have changed while the stage ran
+        check_replaceable(dest, stage)  # it may have changed while the stage ran
         if os.path.lexists(dest):
             old = Path(tempfile.mkdtemp(prefix=_temp_prefix(dest), suffix=".old", dir=dest.parent))
             os.replace(dest, old / "x")

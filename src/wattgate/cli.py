@@ -158,7 +158,9 @@ def _compare(args, config) -> None:
 
 def _import_trace(args, config) -> None:
     from wattgate.power.importers import import_trace, write_trace
+    from wattgate.trace import check_trace_output
 
+    check_trace_output(args.out, "import-trace")  # before the parse: a file that is not a trace is never replaced
     fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
     table, meta = import_trace(
         args.source, args.files, args.host, args.skip_bad_lines, fields, args.tz, args.gpu_index, args.columns

@@ -17,6 +17,7 @@ divided by the slowest rank's step time.
 from __future__ import annotations
 
 import copy
+import glob
 import io
 import math
 import re
@@ -25,10 +26,18 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from wattgate.artifacts import write_bytes_atomic
+from wattgate.artifacts import check_file_output, first_line_has, write_bytes_atomic
 from wattgate.config import load_config, validate_config, world_size
 from wattgate.errors import InputError
-from wattgate.run_files import METRICS, TRAINED, read_gate_report, read_metrics, read_trained
+from wattgate.run_files import (
+    METRICS,
+    TRAINED,
+    check_output,
+    claim_output,
+    read_gate_report,
+    read_metrics,
+    read_trained,
+)
 
 EXPERIMENTS = ("scaling", "dataio")
 DATA_CACHES = ("shared", "local")
@@ -100,9 +109,14 @@ def variant_config(config: dict, experiment: str, variant: str) -> dict:
     return validate_config(out)
 
 
+VARIANT_HEADER = "# Derived by `wattgate variant`"
+
+
 def write_variant_config(config: dict, experiment: str, variant: str, dest: Path) -> dict:
+    check_file_output(dest, "variant", lambda p: first_line_has(p, VARIANT_HEADER))  # never a user's config
     derived = variant_config(config, experiment, variant)
-    write_bytes_atomic(dest, yaml.safe_dump(derived, sort_keys=True).encode())
+    header = f"{VARIANT_HEADER} ({experiment}, variant {variant}) from the run config.\n"
+    write_bytes_atomic(dest, header.encode() + yaml.safe_dump(derived, sort_keys=True).encode())
     return derived
 
 
@@ -214,6 +228,10 @@ DATAIO_COLUMNS = [
 
 
 def compare(experiment: str, variant_dirs: list[Path], out: Path) -> pd.DataFrame:
+    out = Path(out)
+    # results/<experiment>/ holds the variants' folders beside the table
+    variants = [glob.escape(Path(d).name) for d in variant_dirs if Path(d).resolve().parent == out.resolve()]
+    check_output(out, "compare", variants)
     rows = [run_row(Path(d)) for d in variant_dirs]
     table = pd.DataFrame(rows)
     if experiment == "scaling":
@@ -228,6 +246,7 @@ def compare(experiment: str, variant_dirs: list[Path], out: Path) -> pd.DataFram
         figure = _dataio_plot(table)
     else:
         raise InputError(f"unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
+    claim_output(out, "compare", variants)
     write_bytes_atomic(out / "table.csv", table.to_csv(index=False, float_format="%.6g").encode())
     write_bytes_atomic(out / "table.md", _markdown(table).encode())
     write_bytes_atomic(out / "plot.png", figure)

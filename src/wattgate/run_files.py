@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,7 +28,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from wattgate.artifacts import atomic_path, canonical_json, sha256_file, write_bytes_atomic, write_json_atomic
+from wattgate.artifacts import (
+    atomic_path,
+    canonical_json,
+    check_stage_output,
+    claim_stage_output,
+    sha256_file,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from wattgate.errors import InputError
 
 if TYPE_CHECKING:
@@ -43,6 +52,45 @@ TRAINED = "TRAINED"  # train (rank 0), the stage's declared output
 WATCHER = "watcher.json"  # watch (started by launch)
 GATE_REPORT = "gate.json"  # gate
 EVAL_PACKS = "eval_packs.parquet"  # pack: the validation pass, published with packs.parquet
+
+# The names each stage that writes into its --out in place (rather than publishing a whole folder) may
+# find there of its own: such a folder without the `.wattgate-output` marker is an output of a wattgate from
+# before the marker (or holds what another rank of the same launch has made by now), and is adopted.
+STAGE_FILES = {
+    "pack": (PLAN, PACKS, EVAL_PACKS, "history"),
+    "gate": (GATE_REPORT, "gate.md", "PASSED", "UNENFORCED"),
+    "train": (
+        TRAINED,
+        METRICS,
+        EVAL,
+        WATCHER,
+        "collectives.json",
+        HEARTBEAT_DIR,
+        "checkpoints",
+        "checkpoints.stale-*",
+        "final",
+        "final.tmp",
+        "telemetry",
+        "tensorboard",
+        "nccl-trace",
+    ),
+    "loadcheck": ("load-check.json", "nccl-trace"),  # not final/: a folder holding only a final/ is a user's
+    "triage": ("phases.parquet", "phase_summary.csv", "triage.json", "triage.md"),
+    "report": ("summary.json", "index.html"),
+    "compare": ("table.csv", "table.md", "plot.png"),
+}
+
+
+def check_output(out: str | os.PathLike, stage: str, also: Sequence[str] = ()) -> None:
+    """Refuse (InputError) an --out that `stage` may not write into (artifacts.check_stage_output); `also`:
+    more names that belong there (compare's variant folders)."""
+    check_stage_output(out, stage, (*STAGE_FILES[stage], *also))
+
+
+def claim_output(out: str | os.PathLike, stage: str, also: Sequence[str] = ()) -> Path:
+    """check_output, then create --out and mark it as `stage`'s, before the stage writes anything there."""
+    return claim_stage_output(out, stage, (*STAGE_FILES[stage], *also))
+
 
 PLAN_INT_KEYS = ("world_size", "seq_len", "micro_batch_size", "grad_accum", "epochs", "steps_per_epoch")
 PACKS_COLUMNS = ("epoch", "step", "micro", "rank", "slot", "doc_ids", "doc_lengths", "num_tokens")
@@ -232,10 +280,14 @@ def heartbeat_events_path(run: str | os.PathLike, rank: int) -> Path:
     return Path(run) / HEARTBEAT_DIR / f"rank-{rank}.events.jsonl"
 
 
-def read_heartbeats(run: str | os.PathLike, since: float = 0.0) -> dict[int, dict]:
+def read_heartbeats(
+    run: str | os.PathLike, since: float = 0.0, on_bad: Callable[[str], object] | None = None
+) -> dict[int, dict]:
     """rank -> its latest heartbeat written at or after `since` (older ones belong to an earlier attempt).
 
-    A rank without a file (not started, or its file cleared by a relaunch while listing) is absent.
+    A rank without a file (not started, or its file cleared by a relaunch while listing) is absent. A file that
+    is not a heartbeat is an InputError, or with `on_bad` (readers that show what they can: triage, report) a
+    one-line note passed to it, and that rank is absent.
     """
     beats = {}
     for path in sorted((Path(run) / HEARTBEAT_DIR).glob("rank-*.json")):
@@ -244,19 +296,40 @@ def read_heartbeats(run: str | os.PathLike, since: float = 0.0) -> dict[int, dic
         except FileNotFoundError:
             continue
         except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: cannot read heartbeat ({first_line(exc)}); rerun train") from None
+            _bad(on_bad, f"{path}: cannot read heartbeat ({first_line(exc)})", "that rank's placement is not shown")
+            continue
         try:
             beat = json.loads(text)
             rank, written = int(beat["rank"]), float(beat.get("time", 0))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InputError(f"{path}: not a heartbeat ({first_line(exc)}); rerun train") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            _bad(on_bad, f"{path}: not a heartbeat ({first_line(exc)})", "that rank's placement is not shown")
+            continue
         if written >= since:
             beats[rank] = beat
     return beats
 
 
-def read_heartbeat_events(run: str | os.PathLike) -> pd.DataFrame:
-    """Every rank's phase changes (HEARTBEAT_EVENT_COLUMNS), sorted by rank and time; empty without any."""
+def _bad(on_bad: Callable[[str], object] | None, problem: str, consequence: str) -> None:
+    """A damaged heartbeat record: an InputError without `on_bad`, else `on_bad(note)` and the reader goes on."""
+    if on_bad is None:
+        raise InputError(f"{problem}; rerun train")
+    on_bad(f"{problem}: {consequence}")
+
+
+def _heartbeat_event(line: str) -> tuple:
+    e = json.loads(line)
+    row = (float(e["time"]), int(e["rank"]), int(e.get("step", 0)), int(e.get("epoch", 0)), str(e["phase"]))
+    if not math.isfinite(row[0]):
+        raise ValueError(f"time {e['time']!r}")
+    return row
+
+
+def read_heartbeat_events(run: str | os.PathLike, on_bad: Callable[[str], object] | None = None) -> pd.DataFrame:
+    """Every rank's phase changes (HEARTBEAT_EVENT_COLUMNS), sorted by rank and time; empty without any.
+
+    A bad line is an InputError naming file:line; with `on_bad`, a file's bad lines among good ones are skipped
+    and counted in one note passed to it (a file with no readable line is still an error: another file).
+    """
     events = []
     for path in sorted((Path(run) / HEARTBEAT_DIR).glob("rank-*.events.jsonl")):
         try:
@@ -264,17 +337,26 @@ def read_heartbeat_events(run: str | os.PathLike) -> pd.DataFrame:
         except FileNotFoundError:
             continue
         except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: cannot read heartbeat events ({first_line(exc)}); rerun train") from None
+            problem = f"{path}: cannot read heartbeat events ({first_line(exc)})"
+            _bad(on_bad, problem, "that rank's phases are not shown")
+            continue
+        bad, good = [], []
         for lineno, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                e = json.loads(line)
-                events.append(
-                    (float(e["time"]), int(e["rank"]), int(e.get("step", 0)), int(e.get("epoch", 0)), str(e["phase"]))
-                )
-            except (ValueError, KeyError, TypeError) as exc:
-                raise InputError(f"{path}:{lineno}: not a heartbeat event ({first_line(exc)}); rerun train") from None
+                good.append(_heartbeat_event(line))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                bad.append((lineno, first_line(exc)))
+        if bad and (on_bad is None or not good):  # nothing in it is a heartbeat event: not damage but another file
+            raise InputError(f"{path}:{bad[0][0]}: not a heartbeat event ({bad[0][1]}); rerun train")
+        events += good
+        if bad:
+            more = f" and {len(bad) - 1} more line(s)" if len(bad) > 1 else ""
+            on_bad(
+                f"{path}:{bad[0][0]}: not a heartbeat event ({bad[0][1]}){more}: skipped, the phases there come "
+                "from power and metrics alone"
+            )
     import pandas as pd  # not at import: the training ranks write heartbeats and never read them
 
     frame = pd.DataFrame(events, columns=HEARTBEAT_EVENT_COLUMNS)
@@ -319,6 +401,12 @@ def read_trained(run: str | os.PathLike, *, required: bool = False) -> dict | No
 def read_watcher(run: str | os.PathLike) -> dict | None:
     """watcher.json, the hang watcher's verdict (None: no watcher ran)."""
     return read_json_object(Path(run) / WATCHER, "the watcher's verdict", "launch (its watcher)")
+
+
+def is_watcher_record(path: Path) -> bool:
+    """Whether `path` is a watcher.json (an earlier watcher's verdict, which a new watcher may replace)."""
+    record = json.loads(Path(path).read_text())
+    return isinstance(record, dict) and {"verdict", "started", "settings", "world_size"} <= record.keys()
 
 
 def read_gate_report(gate_dir: str | os.PathLike) -> dict | None:
@@ -371,7 +459,7 @@ def publish_plan(out: Path, plan: dict, write_packs_to, write_eval_to=None) -> d
     pack runs). eval_packs.parquet (the validation pass, `write_eval_to`) is published with packs.parquet;
     a plan without validation removes an earlier plan's.
     """
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output(out, "pack")
     plan_path = out / PLAN
     with atomic_path(plan_path) as plan_tmp:
         with contextlib.ExitStack() as files:

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from wattgate.artifacts import atomic_path, json_safe
+from wattgate.artifacts import atomic_path, check_file_output, json_safe
 from wattgate.errors import InputError
 
 TRACE_COLUMNS = [
@@ -191,6 +191,19 @@ def read_segments(folder: Path, schema: pa.Schema = TRACE_SCHEMA, since_seq: int
     if not tables:
         return schema.empty_table()
     return pa.concat_tables(tables).cast(schema)
+
+
+def is_trace_file(path: str | os.PathLike) -> bool:
+    """Whether `path` is a Parquet file carrying wattgate's trace metadata (a sampler's or import-trace's)."""
+    try:
+        return META_KEY in (pq.read_schema(path).metadata or {})
+    except (OSError, pa.ArrowException):
+        return False
+
+
+def check_trace_output(path: str | os.PathLike, stage: str) -> None:
+    """Refuse (InputError) a trace --out that holds a file other than a wattgate trace (artifacts.check_file_output)."""
+    check_file_output(path, stage, is_trace_file)
 
 
 def trace_meta(table_or_schema) -> dict:

@@ -15,7 +15,7 @@ import random
 import string
 from pathlib import Path
 
-from wattgate.artifacts import atomic_path
+from wattgate.artifacts import atomic_path, check_file_output
 
 _LETTERS = string.ascii_lowercase
 
@@ -77,9 +77,21 @@ def generate(num_docs: int, seed: int, max_turns: int) -> list[dict]:
     return [make_conversation(rng, max_turns) for _ in range(num_docs)]
 
 
+# every record says where it came from (pretokenize reads only the text and messages fields), so a rerun
+# knows an earlier demo corpus from a user's corpus at the same --out
+SOURCE = {"source": "wattgate demo-corpus"}
+
+
+def is_demo_corpus(path: Path) -> bool:
+    with open(path, encoding="utf-8") as f:
+        first = json.loads(f.readline(1 << 20) or "null")
+    return isinstance(first, dict) and first.get("source") == SOURCE["source"]
+
+
 def write_demo_corpus(out: str | Path, num_docs: int, seed: int, max_turns: int) -> int:
+    check_file_output(out, "demo-corpus", is_demo_corpus)  # a user's corpus there is never overwritten
     docs = generate(num_docs, seed, max_turns)
     with atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for doc in docs:
-            f.write(json.dumps(doc, ensure_ascii=False) + "\n")
+            f.write(json.dumps(doc | SOURCE, ensure_ascii=False) + "\n")
     return len(docs)

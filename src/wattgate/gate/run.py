@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from wattgate.artifacts import sha256_file
+from wattgate.run_files import claim_output
 from wattgate.config import world_size
 from wattgate.gate import checks as C
 from wattgate.gate import validation_checks as V
@@ -153,7 +154,7 @@ def collectives_section(config: dict, pretokenized: Path, plan_dir: Path) -> dic
 
 def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: str | Path) -> dict:
     """Run the gate; returns the report (also written to out/gate.json, out/gate.md, out/PASSED)."""
-    out = Path(out)
+    out = claim_output(out, "gate")  # a folder the gate did not write is refused before anything is removed
     for marker in ("PASSED", "UNENFORCED"):  # a stale marker must never outlive a new verdict
         (out / marker).unlink(missing_ok=True)
     start = time.perf_counter()

@@ -18,7 +18,7 @@ from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs
 from wattgate.pack.segments import HISTORY, continue_plan, keep_in_history, resume_source, segment_rows, step_ordinal
 from wattgate.data.split import read_validation_ids, train_doc_ids
 from wattgate.pack.validation import ValidationPlan, plan_validation
-from wattgate.run_files import EVAL_PACKS, PACKS, publish_plan, read_manifest
+from wattgate.run_files import EVAL_PACKS, PACKS, check_output, publish_plan, read_manifest
 from wattgate.identity import model_train_identity
 
 FORMAT_VERSION = 1
@@ -141,6 +141,7 @@ def validation_section(
 
 def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
     pretokenized, out = Path(pretokenized), Path(out)
+    check_output(out, "pack")  # before any work: a folder pack did not write is refused, never written into
     manifest, manifest_raw = read_manifest(pretokenized)
     manifest_sha = hashlib.sha256(manifest_raw).hexdigest()
     lengths = read_doc_lengths(pretokenized, manifest)

@@ -32,11 +32,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from wattgate.artifacts import atomic_path, write_bytes_atomic
+from wattgate.artifacts import atomic_path, check_file_output, first_line_has, write_bytes_atomic
 from wattgate.errors import InputError
 from wattgate.telemetry.nvml import NvmlSource, NvmlUnavailable
 from wattgate.triage_tables import TriageTable, parse_table, shipped_table
-from wattgate.trace import TraceWriter
+from wattgate.trace import TraceWriter, check_trace_output
 
 ORDER = ("idle", "compute", "data_starvation", "checkpoint", "communication", "deadlock")
 LOW_PHASES = ("idle", "checkpoint", "deadlock")
@@ -216,6 +216,11 @@ def calibrate(
     workdir: Path | None = None,
     samples_out: Path | None = None,
 ) -> dict:
+    # before minutes of GPU work: neither --out nor --samples replaces a file calibrate did not write
+    check_file_output(out, "calibrate", lambda p: first_line_has(p, CALIBRATED_BY))
+    if samples_out is not None:
+        check_trace_output(samples_out, "calibrate")
+        check_file_output(labels_path(samples_out), "calibrate", is_labels_file)
     try:
         import torch
     except ImportError as exc:
@@ -304,7 +309,7 @@ def calibrate(
         out,
         (
             f"# Calibrated on {meta['host']} ({gpu['name']}, driver {meta['driver']}) "
-            f"by `wattgate calibrate`.\n" + table.to_yaml()
+            f"{CALIBRATED_BY}.\n" + table.to_yaml()
         ).encode(),
     )
     if samples_out is not None:
@@ -321,6 +326,22 @@ def calibrate(
     return result
 
 
+CALIBRATED_BY = "by `wattgate calibrate`"
+LABEL_COLUMNS = ["time", "gpu", "phase"]
+
+
+def labels_path(samples: Path) -> Path:
+    return Path(samples).with_suffix(".labels.parquet")
+
+
+def is_labels_file(path: Path) -> bool:
+    """A calibration's `<samples>.labels.parquet` (its columns; it carries no metadata of its own)."""
+    try:
+        return pq.read_schema(path).names == LABEL_COLUMNS
+    except (OSError, pa.ArrowException):
+        return False
+
+
 def write_calibration_trace(rows: list[dict], meta: dict, out: Path) -> None:
     """The calibration's own samples as a trace, plus `<out>.labels.parquet` (time, gpu, phase) for checks."""
     writer = TraceWriter(out, dict(meta, calibration=True), flush_every_s=1e9)
@@ -334,5 +355,5 @@ def write_calibration_trace(rows: list[dict], meta: dict, out: Path) -> None:
             "phase": [r["phase"] for r in rows],
         }
     )
-    with atomic_path(out.with_suffix(".labels.parquet")) as tmp:
+    with atomic_path(labels_path(out)) as tmp:
         pq.write_table(labels, tmp)

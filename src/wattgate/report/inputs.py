@@ -15,8 +15,6 @@ traces, and a gate folder or config when given explicitly, are read.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -36,14 +34,14 @@ from wattgate.power.triage.runinfo import RUN_INFO_METRICS, RunInfo
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.stage import recorded_caps, triage
 from wattgate.run_files import (
-    HEARTBEAT_DIR,
     HEARTBEAT_EVENT_COLUMNS,
     METRICS,
-    first_line,
     parquet_columns,
     read_eval,
     read_metrics,
     read_gate_report,
+    read_heartbeat_events,
+    read_heartbeats,
     read_json_object,
     read_trained,
     read_watcher,
@@ -481,61 +479,5 @@ def _run_info(inputs: RunInputs, run_dir: Path) -> RunInfo:
         for g in meta.get("gpus", [])
         if g.get("uuid")
     }
-    events = _heartbeat_events(inputs, run_dir)
-    return RunInfo(events, _heartbeat_states(inputs, run_dir), metrics, uuids, str(run_dir))
-
-
-def _heartbeat_states(inputs: RunInputs, run_dir: Path) -> dict[int, dict]:
-    states = {}
-    for path in sorted((run_dir / HEARTBEAT_DIR).glob("rank-*.json")):
-        try:
-            beat = json.loads(path.read_text())
-            rank = int(beat["rank"])
-        except FileNotFoundError:
-            continue
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError) as exc:
-            inputs.note(f"{path}: not a heartbeat ({first_line(exc)}): that rank's placement is not shown")
-            continue
-        states[rank] = beat
-    return states
-
-
-def _event(line: str) -> tuple:
-    e = json.loads(line)
-    row = (float(e["time"]), int(e["rank"]), int(e.get("step", 0)), int(e.get("epoch", 0)), str(e["phase"]))
-    if not math.isfinite(row[0]):
-        raise ValueError(f"time {e['time']!r}")
-    return row
-
-
-def _heartbeat_events(inputs: RunInputs, run_dir: Path) -> pd.DataFrame:
-    """Every readable phase change (HEARTBEAT_EVENT_COLUMNS), sorted by rank and time; each file's bad
-    lines among good ones are skipped and counted in one note (a file with no readable line is an error)."""
-    rows = []
-    for path in sorted((run_dir / HEARTBEAT_DIR).glob("rank-*.events.jsonl")):
-        try:
-            lines = path.read_text().splitlines()
-        except FileNotFoundError:
-            continue
-        except (OSError, UnicodeDecodeError) as exc:
-            inputs.note(f"{path}: cannot read heartbeat events ({first_line(exc)}): that rank's phases are not shown")
-            continue
-        bad, good = [], []
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                good.append(_event(line))
-            except (ValueError, KeyError, TypeError, IndexError) as exc:
-                bad.append((lineno, first_line(exc)))
-        if bad and not good:  # nothing in it is a heartbeat event: not a damaged record but another file
-            raise InputError(f"{path}:{bad[0][0]}: not a heartbeat event ({bad[0][1]}); rerun train")
-        rows += good
-        if bad:
-            more = f" and {len(bad) - 1} more line(s)" if len(bad) > 1 else ""
-            inputs.note(
-                f"{path}:{bad[0][0]}: not a heartbeat event ({bad[0][1]}){more}: skipped, the phases there come "
-                "from power and metrics alone"
-            )
-    frame = pd.DataFrame(rows, columns=HEARTBEAT_EVENT_COLUMNS)
-    return frame.sort_values(["rank", "time"], kind="stable", ignore_index=True)
+    events = read_heartbeat_events(run_dir, on_bad=inputs.note)
+    return RunInfo(events, read_heartbeats(run_dir, on_bad=inputs.note), metrics, uuids, str(run_dir))

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from wattgate.telemetry.nvml import NvmlSource, NvmlUnavailable
-from wattgate.trace import TraceWriter, expand_host
+from wattgate.trace import TraceWriter, check_trace_output, expand_host
 
 PR_SET_PDEATHSIG = 1
 
@@ -89,6 +89,7 @@ def run_sampler(
     duration_s: float | None = None,
 ) -> int:
     path = expand_host(out)
+    check_trace_output(path, "sample")
     flag = StopFlag()
     flag.install()
     stop_with_parent()

@@ -35,11 +35,11 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from wattgate.collective_hints import hang_hint
-from wattgate.artifacts import write_json_atomic
+from wattgate.artifacts import check_file_output, write_json_atomic
 from wattgate.durations import fmt_hours
 from wattgate.telemetry.hang_cost import hang_cost
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, TriageSettings, TriageTable
-from wattgate.run_files import WATCHER, read_heartbeats  # noqa: F401 (read_heartbeats: callers import it here)
+from wattgate.run_files import WATCHER, is_watcher_record, read_heartbeats  # noqa: F401 (read_heartbeats: callers import it here)
 from wattgate.telemetry.kill import _alive, _stop_job, kill_tree, process_tree  # noqa: F401 (re-exported)
 from wattgate.trace import SEGMENT_DIR_SUFFIX, _segment_range, live_segments
 from wattgate.telemetry.watch_inputs import COLLECTIVE_PHASES, WATCH_PHASES, ActivityMeter, BeatReader, first_steps
@@ -572,6 +572,7 @@ def run_watch(
     """
     from wattgate.config import world_size
 
+    check_file_output(out or run / WATCHER, "watch", is_watcher_record)  # before the job is watched
     settings = TriageSettings.merge(config)
     table = settings.table() if settings.has_table else None
     stop = threading.Event()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wattgate.artifacts import write_json_atomic
-from wattgate.run_files import MARKER_HASH_FILES, read_gate_report, read_marker_hashes, read_watcher
+from wattgate.run_files import MARKER_HASH_FILES, claim_output, read_gate_report, read_marker_hashes, read_watcher
 from wattgate.telemetry.watch import COLLECTIVES
 from wattgate.errors import InputError
 from wattgate.gpus import is_cpu
@@ -250,11 +250,11 @@ def run_launch(
     """
     gate_dir = gate or plan.parent / "gate"
     check_gate_marker(config, plan, gate_dir)
+    claim_output(out, "train")  # a folder train did not write is refused before the job starts
     spec = resolve_launch(config)
     tel = config["telemetry"]
     sample = (str(out / "telemetry" / "{host}.parquet"), tel["interval_s"]) if tel["enabled"] else None
     argv = build_launch_command(spec, train_args(config_path, pretokenized, plan, out), sample=sample)
-    out.mkdir(parents=True, exist_ok=True)
     # an earlier attempt's verdict and last heartbeats must not be read as this attempt's
     (out / "watcher.json").unlink(missing_ok=True)
     for stale in (out / "heartbeat").glob("rank-*.json"):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from wattgate.artifacts import OUTPUT_MARKER, check_stage_output, marker_bytes, write_bytes_atomic, write_json_atomic
+from wattgate.artifacts import write_json_atomic
+from wattgate.run_files import claim_output
 from wattgate.train.distributed import setup_rank
 from wattgate.train.settings import TrainSettings
 from wattgate.train.metrics import GIB, PhaseMemory, memory_summary
@@ -24,14 +25,11 @@ STAGE = "loadcheck"
 
 def load_check(config: dict, out: Path, export: bool) -> dict:
     s = TrainSettings.from_config(config)
-    # every rank, before any writes: a run folder's final/ (or anything else) is never replaced; the only
-    # thing another rank can have made by now is the NCCL trace folder of init_distributed
-    check_stage_output(out, STAGE, leftovers=("nccl-trace",))
-    out.mkdir(parents=True, exist_ok=True)
+    # every rank, before any writes: a run folder's final/ (or anything else) is never replaced; what another
+    # rank can have made by now (the marker, the NCCL trace folder of init_distributed) is load-check's own
+    claim_output(out, STAGE)
     rank, world, device = setup_rank(s.collective_timeout_s, out)
     try:
-        if rank == 0:
-            write_bytes_atomic(out / OUTPUT_MARKER, marker_bytes(STAGE))
         from torch.distributed.device_mesh import init_device_mesh
 
         build_meta_model(config["model"], "sdpa")  # imports the model's code outside the measured phase

@@ -42,6 +42,7 @@ from wattgate.run_files import (
     EvalTable,
     Heartbeat,
     MetricsTable,
+    claim_output,
     read_manifest,
     read_packs,
     read_plan,
@@ -144,7 +145,7 @@ def read_eval_plan(plan_dir: Path, plan: dict, rank: int) -> list[MicroBatchPlan
 
 def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
     s = TrainSettings.from_config(config)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output(out, "train")  # every rank, before it writes: what another rank made by now is train's own
     plan, _ = read_plan(plan_dir)
     rank, world, device = setup_rank(s.collective_timeout_s, out)
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,14 +52,18 @@ RUN_INFO_METRICS = ["step", "rank", "time", "step_time_s", "data_wait_s"]  # wha
 
 
 def load_run_info(
-    run_dir: str | os.PathLike, trace_metas: list[dict] | None = None, metrics: pd.DataFrame | None = None
+    run_dir: str | os.PathLike,
+    trace_metas: list[dict] | None = None,
+    metrics: pd.DataFrame | None = None,
+    on_bad: Callable[[str], object] | None = None,
 ) -> RunInfo:
     """Heartbeat events/states and metrics.parquet of a run folder; every file is optional. `metrics`: the
-    file already read (with at least RUN_INFO_METRICS), so that it is not read twice."""
+    file already read (with at least RUN_INFO_METRICS), so that it is not read twice. `on_bad`: where a note
+    on a damaged heartbeat goes (it is then skipped, as run_files.read_heartbeats says); None: an error."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run folder")
-    ev, states = read_heartbeat_events(run_dir), read_heartbeats(run_dir)  # wattgate.run_files: one error policy
+    ev, states = read_heartbeat_events(run_dir, on_bad), read_heartbeats(run_dir, on_bad=on_bad)
     if metrics is None:
         metrics = read_metrics(run_dir, RUN_INFO_METRICS)
     else:

@@ -9,6 +9,7 @@ out.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -57,6 +58,7 @@ from wattgate.power.triage.run_rules import _run_info_rules
 from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
 from wattgate.power.triage.smoothing import SMOOTH_RADIUS, _majority, _rolling_median
 from wattgate.power.triage.windows import CHUNK_ROWS, _Ingest, _Windows, _windows, ingest, ingest_energy, table_batches
+from wattgate.run_files import check_output, claim_output
 from wattgate.trace import read_trace_chunks, strict_json
 
 
@@ -156,7 +158,7 @@ def _phases_table(win: _Windows, labels: np.ndarray, confidence: np.ndarray, win
 def _markdown(result: dict, summary: pd.DataFrame) -> str:
     lines = ["# Power triage", ""]
     if result["status"] != "ok":
-        return "\n".join(lines + [f"{result['status']}.", ""])
+        return "\n".join(lines + [f"{result['status']}.", ""] + _notes_md(result))
     t = result["table"]
     kind = t.get("provenance", {}).get("kind", "no provenance")
     lines += [
@@ -193,7 +195,11 @@ def _markdown(result: dict, summary: pd.DataFrame) -> str:
             "",
         ] + [f"- {c}" for c in po["cannot_tell"]]
         lines += ["", po["wait_rule"]]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _notes_md(result)) + "\n"
+
+
+def _notes_md(result: dict) -> list[str]:
+    return ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]] if result.get("notes") else []
 
 
 def _gaps_and_peers_md(result: dict) -> list[str]:
@@ -278,6 +284,7 @@ def run_triage(
     """`wattgate triage`: traces (one per host) -> phases.parquet, phase_summary.csv, triage.json, triage.md."""
     paths = [Path(p) for p in ([trace_paths] if isinstance(trace_paths, (str, os.PathLike)) else trace_paths)]
     out_dir = Path(out_dir)
+    check_output(out_dir, "triage")  # before any work: a folder triage did not write is refused
     metas, chunks, again = _trace_chunks(paths)
     _check_limits(window_s, deadlock_after_s)
     acc = ingest(chunks, window_s)
@@ -290,7 +297,10 @@ def run_triage(
     else:
         table = settings.table(names, list(caps.values()))
         source = settings.table_source(table, names)
-    info = load_run_info(run_dir, metas) if run_dir else None
+    notes: list[str] = []  # damaged heartbeat records: skipped and named (the phases there rest on power)
+    info = load_run_info(run_dir, metas, on_bad=notes.append) if run_dir else None
+    for note in notes:
+        print(f"triage: warning: {note}", file=sys.stderr, flush=True)
     if empty:
         phases, energy = PHASES_SCHEMA.empty_table(), {}
     else:
@@ -299,6 +309,7 @@ def run_triage(
     power_seen, util_seen = acc.power, acc.util
     del acc
     learned = phases_meta(phases)
+    claim_output(out_dir, "triage")
     # phases.parquet is written on another thread (Arrow lets go of the GIL) while the summaries are made;
     # it is done before the files that describe it (the report checks they are newer)
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -336,6 +347,7 @@ def run_triage(
             "peers": peer_departures(phases, window_s),
             # per GPU "host:gpu": the energy the report shows (energy.records), from the same samples
             "energy": energy,
+            "notes": notes,
         }
         # without heartbeats the pauses rest on power alone (rule 4): say what was missing and how they were read
         found = power_only.pauses(phases)
