@@ -151,9 +151,12 @@ def _variant(args, config) -> None:
 def _compare(args, config) -> None:
     from wattgate.experiments import compare
 
-    table = compare(args.experiment, args.runs, args.out)
+    notes: list[str] = []
+    table = compare(args.experiment, args.runs, args.out, note=notes.append)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"compare: {len(table)} run(s) -> {args.out}/table.csv")
+    for text in notes:  # what was left out of the table, and why (table.md lists them too)
+        print(f"compare: note: {text}")
 
 
 def _import_trace(args, config) -> None:
@@ -181,10 +184,14 @@ def _import_trace(args, config) -> None:
 def _triage(args, config) -> None:
     from wattgate.power.triage import run_triage
     from wattgate.trace import trace_files
-    from wattgate.triage_tables import TriageSettings
+    from wattgate.triage_tables import TriageSettings, positive_seconds, window_seconds
 
-    # the run's settings, unless given on the command line
-    s = TriageSettings.merge(config, args.table, args.gpu_model, args.window, args.deadlock_after, args.power_cap_w)
+    # the run's settings, unless given on the command line (a flag's 0, NaN or inf is refused by its name)
+    window_s = None if args.window is None else window_seconds(args.window, "--window")
+    deadlock_after_s = (
+        None if args.deadlock_after is None else positive_seconds(args.deadlock_after, "--deadlock-after")
+    )
+    s = TriageSettings.merge(config, args.table, args.gpu_model, window_s, deadlock_after_s, args.power_cap_w)
     traces = [f for p in args.trace for f in (trace_files(p) if p.is_dir() else [p])]
     result = run_triage(
         traces,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from importlib import resources
 from pathlib import Path
 
@@ -19,7 +20,8 @@ def load_schema() -> dict:
 
 
 def _validator_with_defaults(schema: dict):
-    """Draft 2020-12 validator that fills in `default`s while it validates (as Snakemake does)."""
+    """Draft 2020-12 validator that fills in `default`s while it validates (as Snakemake does), and whose
+    numbers are finite."""
     from jsonschema import Draft202012Validator, validators
 
     validate_properties = Draft202012Validator.VALIDATORS["properties"]
@@ -32,7 +34,15 @@ def _validator_with_defaults(schema: dict):
                     instance.setdefault(key, copy.deepcopy(sub["default"]))
         yield from validate_properties(validator, properties, instance, subschema)
 
-    cls = validators.extend(Draft202012Validator, {"properties": set_defaults})
+    base = Draft202012Validator.TYPE_CHECKER
+
+    def finite_number(checker, instance) -> bool:
+        # YAML's .nan and .inf are floats that pass every minimum and maximum (a NaN hang limit is never
+        # reached, an infinite poll period overflows), and no setting means them: not numbers here
+        return base.is_type(instance, "number") and math.isfinite(instance)
+
+    finite = base.redefine("number", finite_number)
+    cls = validators.extend(Draft202012Validator, {"properties": set_defaults}, type_checker=finite)
     return cls(schema)
 
 
@@ -58,8 +68,17 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"{source}: unknown key '{', '.join(unknown)}' (allowed under '{prefix or '<top level>'}': "
                 f"{', '.join(allowed)})"
             )
+        if _non_finite(error.instance):
+            raise InputError(
+                f"{source}: key '{_key_path(error)}': {error.instance!r} is not a finite number (NaN and infinity "
+                "are refused): give a finite number"
+            )
         raise InputError(f"{source}: key '{_key_path(error)}': {error.message}")
     return config
+
+
+def _non_finite(value) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def load_config(path: str | Path) -> dict:

@@ -21,15 +21,20 @@ import glob
 import io
 import math
 import re
+import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
 from wattgate.artifacts import check_file_output, first_line_has, write_bytes_atomic
 from wattgate.config import load_config, validate_config, world_size
 from wattgate.errors import InputError
+from wattgate.report.gate_input import forecast_problem, is_number
+from wattgate.report.metrics import trusted_metrics
 from wattgate.run_files import (
+    GATE_REPORT,
     METRICS,
     TRAINED,
     check_output,
@@ -120,21 +125,32 @@ def write_variant_config(config: dict, experiment: str, variant: str, dest: Path
     return derived
 
 
-def step_throughput(metrics: pd.DataFrame, skip: int = 1) -> dict:
-    """Tokens/s over the measured steps: per step, all ranks' tokens over the slowest rank's time."""
+def step_throughput(metrics: pd.DataFrame, skip: int = 1, source: str = METRICS, note=None) -> dict:
+    """Tokens/s over the measured steps: per step, all ranks' tokens over the slowest rank's time. A step
+    without a positive step time (0, or left out as damaged) has no throughput: it is left out, and so is a
+    rank's data wait share of a step time that is not positive (`note` names both)."""
+    note = note or (lambda text: None)
     steps = metrics.groupby("step").agg(
         tokens=("tokens", "sum"), time=("step_time_s", "max"), wait=("data_wait_s", "max"), end=("time", "max")
     )
     measured = steps.iloc[skip:] if len(steps) > skip else steps
-    if measured.empty or measured["time"].sum() <= 0:
-        raise InputError("metrics.parquet: no measured steps")
-    share = (metrics["data_wait_s"] / metrics["step_time_s"]).groupby(metrics["step"]).mean()
+    timed = measured["time"] > 0  # NaN compares False
+    if not timed.any():
+        raise InputError(f"{source}: no measured steps (none after the first has a positive step_time_s)")
+    if not timed.all():
+        note(f"{source}: {int((~timed).sum())} step(s) without a positive step_time_s left out of the throughput")
+        measured = measured[timed]
+    positive = metrics["step_time_s"] > 0
+    share = (metrics["data_wait_s"][positive] / metrics["step_time_s"][positive]).groupby(metrics["step"][positive])
+    wait_share = float(share.mean().reindex(measured.index).mean())  # NaN (an empty cell) when none has one
+    if not positive.all():
+        note(f"{source}: {int((~positive).sum())} row(s) without a positive step_time_s left out of data_wait_share")
     return {
         "steps_measured": int(len(measured)),
         "tokens": int(measured["tokens"].sum()),
         "seconds": float(measured["time"].sum()),
         "tokens_per_s": float(measured["tokens"].sum() / measured["time"].sum()),
-        "data_wait_share": float(share.loc[measured.index].mean()),
+        "data_wait_share": wait_share,
         "data_wait_s_per_step": float(measured["wait"].mean()),
         "start": float(measured["end"].iloc[0] - measured["time"].iloc[0]),
         "end": float(measured["end"].iloc[-1]),
@@ -158,8 +174,9 @@ def measured_energy_j(telemetry: Path, start: float, end: float) -> float | None
     return total if seen else None
 
 
-def run_row(variant_dir: Path) -> dict:
-    """One finished variant: its settings and measured throughput."""
+def run_row(variant_dir: Path, note=None) -> dict:
+    """One finished variant: its settings and measured throughput (`note`: what was left out, and why)."""
+    note = note or (lambda text: None)
     config = load_config(variant_dir / "config.yaml")
     train = variant_dir / "train"
     metrics = read_metrics(train, ["step", "rank", "time", "tokens", "step_time_s", "data_wait_s"])
@@ -167,9 +184,11 @@ def run_row(variant_dir: Path) -> dict:
     if metrics is None or summary is None:
         missing = " and ".join(name for name, found in ((METRICS, metrics), (TRAINED, summary)) if found is None)
         raise InputError(f"{train}: not a finished train run (no {missing}); rerun its train stage")
-    m = step_throughput(metrics)
+    metrics = trusted_metrics(metrics, train / METRICS, note)
+    m = step_throughput(metrics, source=str(train / METRICS), note=note)
     world = world_size(config)
     energy = measured_energy_j(train / "telemetry", m["start"], m["end"])
+    tps = m["tokens_per_s"] if m["tokens_per_s"] > 0 else None  # no tokens: no cost per token either
     return {
         "run": config["run_name"],
         "world_size": world,
@@ -181,8 +200,8 @@ def run_row(variant_dir: Path) -> dict:
         "steps_measured": m["steps_measured"],
         "tokens_per_s": m["tokens_per_s"],
         "tokens_per_s_per_gpu": m["tokens_per_s"] / world,
-        "gpu_hours_per_billion_tokens": world * 1e9 / m["tokens_per_s"] / 3600,
-        "joules_per_token": energy / m["tokens"] if energy is not None else None,
+        "gpu_hours_per_billion_tokens": world * 1e9 / tps / 3600 if tps else None,
+        "joules_per_token": energy / m["tokens"] if energy is not None and m["tokens"] > 0 else None,
         "data_wait_share": m["data_wait_share"],
         "data_wait_s_per_step": m["data_wait_s_per_step"],
         "data_copy_s": summary.get("data_copy_s"),
@@ -190,9 +209,14 @@ def run_row(variant_dir: Path) -> dict:
 
 
 def forecast_columns(gate_dir: Path, trained: dict) -> dict:
-    """The gate's forecast of the train job's wall time beside what TRAINED measured, and the error."""
+    """The gate's forecast of the train job's wall time beside what TRAINED measured, and the error. A
+    damaged forecast is refused: its row would compare with nothing."""
     fc = (read_gate_report(gate_dir) or {}).get("forecast")
+    problem = forecast_problem(fc)
+    if problem:
+        raise InputError(f"{gate_dir / GATE_REPORT}: {problem}; rerun this variant's gate stage")
     measured = trained.get("job_s")
+    measured = measured if is_number(measured) and measured > 0 else None  # TRAINED without a usable job time
     out = {"forecast_source": None, "forecast_wall_s": None, "measured_wall_s": measured, "forecast_error": None}
     if fc:
         out.update(forecast_source=fc["throughput"]["source"], forecast_wall_s=fc["wall_s"])
@@ -227,33 +251,55 @@ DATAIO_COLUMNS = [
 ] + FORECAST_COLUMNS
 
 
-def compare(experiment: str, variant_dirs: list[Path], out: Path) -> pd.DataFrame:
+def compare(experiment: str, variant_dirs: list[Path], out: Path, note=None) -> pd.DataFrame:
+    """table.csv, table.md and plot.png of the finished variants; `note` gets what was left out and why
+    (default: printed to stderr), and table.md lists it too."""
     out = Path(out)
     # results/<experiment>/ holds the variants' folders beside the table
     variants = [glob.escape(Path(d).name) for d in variant_dirs if Path(d).resolve().parent == out.resolve()]
     check_output(out, "compare", variants)
-    rows = [run_row(Path(d)) for d in variant_dirs]
+    notes: list[str] = []
+    rows = [run_row(Path(d), notes.append) for d in variant_dirs]
     table = pd.DataFrame(rows)
     if experiment == "scaling":
         table = table.sort_values("world_size").reset_index(drop=True)
-        base = table.iloc[0]
-        table["scaling_efficiency"] = table["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
-        table = table[SCALING_COLUMNS]
+        base = table.iloc[0]["tokens_per_s_per_gpu"]
+        table["scaling_efficiency"] = table["tokens_per_s_per_gpu"] / base if base > 0 else math.nan
+        table = _finite_cells(table, notes.append)[SCALING_COLUMNS]
         figure = _scaling_plot(table)
     elif experiment == "dataio":
         table = table.sort_values("data_cache", key=lambda c: c.map(DATA_CACHES.index)).reset_index(drop=True)
-        table = table[DATAIO_COLUMNS]
+        table = _finite_cells(table, notes.append)[DATAIO_COLUMNS]
         figure = _dataio_plot(table)
     else:
         raise InputError(f"unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
     claim_output(out, "compare", variants)
     write_bytes_atomic(out / "table.csv", table.to_csv(index=False, float_format="%.6g").encode())
-    write_bytes_atomic(out / "table.md", _markdown(table).encode())
+    write_bytes_atomic(out / "table.md", _markdown(table, notes).encode())
     write_bytes_atomic(out / "plot.png", figure)
+    for text in notes:
+        (note or _print_note)(text)
     return table
 
 
-def _markdown(table: pd.DataFrame) -> str:
+def _print_note(text: str) -> None:
+    print(f"compare: note: {text}", file=sys.stderr)
+
+
+def _finite_cells(table: pd.DataFrame, note) -> pd.DataFrame:
+    """The table with every infinite number an empty cell, named in `note`: an input's infinity (JSON's
+    Infinity parses) is no measurement, and table.csv holds measurements."""
+    numeric = table.select_dtypes("number")
+    infinite = [c for c in numeric.columns if np.isinf(numeric[c].to_numpy(dtype=float)).any()]
+    if not infinite:
+        return table
+    for c in infinite:
+        runs = table.loc[np.isinf(table[c].to_numpy(dtype=float)), "run"].tolist()
+        note(f"{c}: infinite for {', '.join(map(str, runs))}: left empty")
+    return table.replace([np.inf, -np.inf], np.nan)
+
+
+def _markdown(table: pd.DataFrame, notes: list[str] = ()) -> str:
     def cell(v):
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return "n/a"
@@ -261,6 +307,7 @@ def _markdown(table: pd.DataFrame) -> str:
 
     lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    lines += ["", "Notes:", *(f"- {text}" for text in notes)] if notes else []
     return "\n".join(lines) + "\n"
 
 

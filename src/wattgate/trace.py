@@ -9,7 +9,7 @@ removes the segments. A killed sampler leaves only segments; every reader here
 accepts either, and the watcher reads the live segments during a run.
 
 Range check: power, energy and the other measured columns cannot be NaN or
-+-Inf, nor negative (temperature excepted). `read_trace` turns such values into
++-Inf, nor negative (temperature excepted), and power not above MAX_POWER_W. `read_trace` turns such values into
 null and adds their count per column to the metadata's `invalid_values`, so
 no stage downstream averages an infinity into a report, and JSON written from
 a trace stays strict JSON (`strict_json`: non-finite floats become null).
@@ -66,14 +66,19 @@ FINAL_ROW_GROUP = 1 << 20
 MEASURED = [name for name, typ in TRACE_COLUMNS + EXTRA_COLUMNS if pa.types.is_floating(typ) and name != "time"]
 MAY_BE_NEGATIVE = {"temp_c"}
 FLOAT32_MAX = 3.4028234663852886e38
+# One GPU's board power: the largest accelerators draw ~1.4 kW (GB300), so 5 kW is generous headroom for
+# parts to come; a reading above it is a damaged value or a unit slip (mW read as W), never a reading.
+MAX_POWER_W = 5000.0
+UPPER_BOUNDS = {"power_w": MAX_POWER_W}  # column -> the largest value a reading can have
 
 
 def invalid_value(name: str, v) -> bool:
-    """True for a value of a measured column that cannot be a reading (NaN, +-Inf, negative, float32 overflow)."""
+    """True for a value of a measured column that cannot be a reading (NaN, +-Inf, negative, above its
+    UPPER_BOUNDS, float32 overflow)."""
     if name not in MEASURED:
         return False
     v = float(v)
-    if not math.isfinite(v) or (v < 0 and name not in MAY_BE_NEGATIVE):
+    if not math.isfinite(v) or (v < 0 and name not in MAY_BE_NEGATIVE) or v > UPPER_BOUNDS.get(name, math.inf):
         return True
     return TRACE_SCHEMA.field(name).type == pa.float32() and abs(v) > FLOAT32_MAX
 
@@ -180,17 +185,36 @@ def live_segments(folder: Path) -> list[Path]:
 
 
 def read_segments(folder: Path, schema: pa.Schema = TRACE_SCHEMA, since_seq: int = 0) -> pa.Table:
+    """The live segments' rows as `schema`. A segment is published by an atomic rename, so one that is there
+    but unreadable is damaged (an InputError naming it: dropping it would lose its span's energy silently);
+    one that vanished after the listing was merged away, its rows in the wider segment."""
     tables = []
     for p in live_segments(folder):
         if _segment_range(p)[1] < since_seq:
             continue
         try:
-            tables.append(pq.read_table(p))
-        except (OSError, pa.ArrowInvalid):
-            continue  # vanished between listing and reading (merged away): its rows are in the merged one
+            table = pq.read_table(p)
+        except (OSError, pa.ArrowInvalid) as exc:
+            if not p.exists():
+                continue
+            why = str(exc).splitlines()[0].replace(f" '{p}'", "")  # pyarrow names the file again
+            raise InputError(
+                f"{p}: damaged trace segment ({why}); move it aside to read the other segments (its samples are lost)"
+            ) from None
+        tables.append(_conformed(p, table, schema))
     if not tables:
         return schema.empty_table()
-    return pa.concat_tables(tables).cast(schema)
+    return pa.concat_tables(tables)
+
+
+def _conformed(path: Path, table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A segment as `schema`: the trace columns it must have, an optional one it lacks (a sampler without GPM)
+    all null, each cast to the schema's type."""
+    _check_columns(path, table.column_names)
+    for f in schema:
+        if f.name not in table.column_names:
+            table = table.append_column(pa.field(f.name, f.type), pa.nulls(len(table), f.type))
+    return pa.Table.from_arrays([_cast(path, table, f) for f in schema], schema=schema)
 
 
 def is_trace_file(path: str | os.PathLike) -> bool:
@@ -206,10 +230,53 @@ def check_trace_output(path: str | os.PathLike, stage: str) -> None:
     check_file_output(path, stage, is_trace_file)
 
 
-def trace_meta(table_or_schema) -> dict:
+# metadata keys the stages read, and the JSON type each must have (a trace may carry others)
+META_TYPES = {"gpus": list, "hosts": list, "files": list, "notes": list, "invalid_values": dict, "skipped_lines": dict}
+GPU_META_TYPES = {"index": int, "power_limit_w": (int, float)}  # per entry of `gpus`; name, uuid: any value
+
+
+def trace_meta(table_or_schema, path: str | os.PathLike | None = None) -> dict:
+    """The `wattgate.trace` metadata ({} if none), its shape checked so no stage meets a list where it reads a
+    dict: damaged metadata is an InputError naming `path` (where the caller knows it)."""
     schema = table_or_schema.schema if hasattr(table_or_schema, "schema") else table_or_schema
     raw = (schema.metadata or {}).get(META_KEY)
-    return json.loads(raw) if raw else {}
+    if not raw:
+        return {}
+    try:
+        meta = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        problem = f"not JSON: {exc}"
+    else:
+        problem = _meta_problem(meta)
+    if problem:
+        where = f"{path}: " if path is not None else ""
+        raise InputError(
+            f"{where}not a wattgate trace: damaged metadata under {META_KEY.decode()!r} ({problem}); "
+            "re-import the log with `wattgate import-trace` or sample again"
+        )
+    return meta
+
+
+def _meta_problem(meta) -> str:
+    """What is wrong with the shape of decoded trace metadata, '' if nothing."""
+    if not isinstance(meta, dict):
+        return f"a JSON {type(meta).__name__}, not an object"
+    for key, typ in META_TYPES.items():
+        if key in meta and meta[key] is not None and not isinstance(meta[key], typ):
+            return f"{key!r} is a {type(meta[key]).__name__}, not a {typ.__name__}"
+    for i, gpu in enumerate(meta.get("gpus") or []):
+        if not isinstance(gpu, dict):
+            return f"gpus[{i}] is a {type(gpu).__name__}, not an object"
+        for key, typ in GPU_META_TYPES.items():
+            v = gpu.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, typ)):
+                return f"gpus[{i}].{key} is {v!r}, not a number"
+    for key in ("invalid_values", "skipped_lines"):
+        counts = meta.get(key) or {}
+        bad = next((k for k, n in counts.items() if isinstance(n, bool) or not isinstance(n, int)), None)
+        if bad is not None:
+            return f"{key}[{bad!r}] is {counts[bad]!r}, not a count"
+    return ""
 
 
 def read_trace(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
@@ -235,6 +302,7 @@ def read_trace(path: str | os.PathLike, columns: list[str] | None = None) -> pa.
     else:
         raise InputError(f"{path}: no such trace (and no segments of a killed sampler beside it)")
     _check_columns(path, table.column_names)
+    trace_meta(table, path)  # damaged metadata is refused here, naming the file, not deep in a stage
     for name, typ in EXTRA_COLUMNS:  # older or foreign traces may lack the optional columns
         if name not in table.column_names:
             table = table.append_column(pa.field(name, typ), pa.nulls(len(table), typ))
@@ -242,7 +310,7 @@ def read_trace(path: str | os.PathLike, columns: list[str] | None = None) -> pa.
     table = table.select(TRACE_SCHEMA.names)
     columns = [_cast(path, table, f) for f in TRACE_SCHEMA]
     table = pa.Table.from_arrays(columns, schema=TRACE_SCHEMA)
-    return _checked(table, meta)
+    return _checked(table, meta, path)
 
 
 def _check_columns(path: Path, names: list[str]) -> None:
@@ -288,6 +356,7 @@ def _read_columns(path: Path, columns: list[str]) -> pa.Table:
         except (OSError, pa.ArrowInvalid) as exc:
             raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
         _check_columns(path, schema.names)
+        trace_meta(schema, path)
         meta = schema.metadata
     else:  # a killed sampler's segments (or nothing): the full reader stitches them
         table = read_trace(path)
@@ -303,7 +372,7 @@ def _read_columns(path: Path, columns: list[str]) -> pa.Table:
     table = table.select(columns)
     out = [_cast(path, table, TRACE_SCHEMA.field(c), keep_dictionary=True) for c in columns]
     table = pa.Table.from_arrays(out, names=columns)
-    return _checked(table, meta)
+    return _checked(table, meta, path)
 
 
 def read_trace_chunks(path: str | os.PathLike, columns: list[str], rows: int) -> tuple[dict, Iterator]:
@@ -317,12 +386,12 @@ def read_trace_chunks(path: str | os.PathLike, columns: list[str], rows: int) ->
         first = next(iter(live_segments(segment_dir(path))), None) if segment_dir(path).is_dir() else None
         if first is None:  # no trace and no segments: read_trace says so (or gives the empty trace)
             table = read_trace(path, columns=columns)
-            return trace_meta(table), iter(table.to_batches(max_chunksize=rows))
+            return trace_meta(table, path), iter(table.to_batches(max_chunksize=rows))
 
         def stitched():
             yield from read_trace(path, columns=columns).to_batches(max_chunksize=rows)
 
-        return trace_meta(pq.read_schema(first)), stitched()
+        return trace_meta(pq.read_schema(first), path), stitched()
     try:
         pf = pq.ParquetFile(path, read_dictionary=["host"] if "host" in columns else None)
     except (OSError, pa.ArrowInvalid) as exc:
@@ -342,14 +411,15 @@ def read_trace_chunks(path: str | os.PathLike, columns: list[str], rows: int) ->
         except (OSError, pa.ArrowInvalid) as exc:
             raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
 
-    return trace_meta(pf.schema_arrow), batches()
+    meta = trace_meta(pf.schema_arrow, path)
+    return meta, batches()
 
 
-def _checked(table: pa.Table, meta) -> pa.Table:
+def _checked(table: pa.Table, meta, path: Path) -> pa.Table:
     """Range-check the measured columns, count what was nulled into the metadata's invalid_values."""
     table, invalid = null_invalid_values(table)
     if invalid:
-        info = trace_meta(pa.schema([], metadata=meta))
+        info = trace_meta(pa.schema([], metadata=meta), path)
         counts = dict(info.get("invalid_values") or {})
         for name, n in invalid.items():
             counts[name] = int(counts.get(name, 0)) + n
@@ -360,7 +430,7 @@ def _checked(table: pa.Table, meta) -> pa.Table:
 
 
 def null_invalid_values(table: pa.Table) -> tuple[pa.Table, dict[str, int]]:
-    """Measured columns with NaN, +-Inf or negative values -> null there, and the count per column.
+    """Measured columns with NaN, +-Inf, negative or above-bound values -> null there, and the count per column.
 
     Works on any subset of the trace columns (e.g. a reader that loads only time, host, gpu, power_w)."""
     counts = {}
@@ -370,8 +440,11 @@ def null_invalid_values(table: pa.Table) -> tuple[pa.Table, dict[str, int]]:
         col = table.column(name)
         if col.null_count == len(col):
             continue
-        # a reading is finite and (but for temperature) >= 0; NaN compares false, nulls stay null
+        # a reading is finite and (but for temperature) >= 0, and within its upper bound; NaN compares false,
+        # nulls stay null
         ok = pc.is_finite(col) if name in MAY_BE_NEGATIVE else pc.and_(pc.greater_equal(col, 0), pc.is_finite(col))
+        if name in UPPER_BOUNDS:
+            ok = pc.and_(ok, pc.less_equal(col, UPPER_BOUNDS[name]))
         n = len(col) - col.null_count - (pc.sum(ok).as_py() or 0)
         if n:
             counts[name] = int(n)

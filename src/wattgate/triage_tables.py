@@ -23,7 +23,9 @@ gate's energy forecast and the report all pick a table the same way.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -72,37 +74,137 @@ def _plain(x):
 
 
 REQUIRED = ("gpu_model", "match", "tdp_w", "idle_w", "low_max_w", "compute_min_w")
+NUMBERS = ("tdp_w", "idle_w", "low_max_w", "compute_min_w", "busy_util_pct", "idle_util_pct")
+PHASE_STATS = ("power_w", "util_gpu")  # per calibrated phase: percentiles of each (calibrate.power_stats)
+_STAT_KEY = re.compile(r"^(n|mean|p\d{1,2})$")
 
 
 def parse_table(d: dict, source: str) -> TriageTable:
+    """A triage table from its mapping, every field checked: a bad one is an InputError naming source and key
+    (the stages read these fields as numbers, strings and mappings and must not meet anything else)."""
     if not isinstance(d, dict):
         raise InputError(f"{source}: a triage table must be a mapping")
     missing = [k for k in REQUIRED if k not in d]
     if missing:
         raise InputError(f"{source}: triage table lacks {', '.join(missing)}")
     known = set(TriageTable.__dataclass_fields__)
-    unknown = sorted(set(d) - known)
+    unknown = sorted(str(k) for k in d if k not in known)
     if unknown:
         raise InputError(f"{source}: unknown triage table key(s) {', '.join(unknown)}")
-    t = TriageTable(**dict(d, match=tuple(d["match"])))
+    t = TriageTable(
+        gpu_model=_text(d["gpu_model"], source, "gpu_model"),
+        match=_match(d["match"], source),
+        **{k: _number(d[k], source, k) for k in NUMBERS if k in d},
+        provenance=_provenance(d.get("provenance"), source),
+        phases=_phases(d.get("phases"), source),
+    )
     if not (0 <= t.idle_w < t.low_max_w < t.compute_min_w <= 1.5 * t.tdp_w):
         raise InputError(
             f"{source}: need 0 <= idle_w < low_max_w < compute_min_w <= 1.5 x tdp_w "
             f"(got {t.idle_w}, {t.low_max_w}, {t.compute_min_w}, tdp {t.tdp_w})"
         )
     if not (0 <= t.idle_util_pct < t.busy_util_pct <= 100):
-        raise InputError(f"{source}: need 0 <= idle_util_pct < busy_util_pct <= 100")
+        raise InputError(
+            f"{source}: need 0 <= idle_util_pct < busy_util_pct <= 100 (got {t.idle_util_pct}, {t.busy_util_pct})"
+        )
     return t
+
+
+def _number(value, source: str, key: str) -> float:
+    """A finite number; a numeric string too ("7e2": YAML 1.1 reads exponents without a dot as strings)."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"{source}: {key} must be a finite number (got {value!r})")
+    return value
+
+
+def _text(value, source: str, key: str) -> str:
+    """A non-empty string; a whole number too (a model named 4090 unquoted)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(f"{source}: {key} must be a non-empty string (got {value!r})")
+    return value
+
+
+def _match(value, source: str) -> tuple[str, ...]:
+    """The device-name substrings: a list of strings (one string alone is a list of one, not its letters)."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise InputError(f"{source}: match must be a list of device-name substrings (got {value!r})")
+    return tuple(_text(m, source, f"match[{i}]") for i, m in enumerate(items))
+
+
+def _provenance(value, source: str) -> dict:
+    """Where the figures come from: a mapping of named facts; its kind, when given, a string (shown and compared)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise InputError(
+            f"{source}: provenance must be a mapping of named facts, e.g. kind: calibrated (got {value!r})"
+        )
+    if "kind" in value:
+        _text(value["kind"], source, "provenance.kind")
+    return value
+
+
+def _phases(value, source: str) -> dict:
+    """Calibrated phases: phase -> {power_w: {n, mean, p1..p99}, util_gpu: {...}, matmul_tflops (compute)}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InputError(f"{source}: phases must be a mapping of phase -> measured figures (got {value!r})")
+    out = {}
+    for phase, record in value.items():
+        where = f"phases.{phase}"
+        if phase not in POWER_PHASES:
+            raise InputError(f"{source}: {where}: not a phase (one of {', '.join(POWER_PHASES)})")
+        if not isinstance(record, dict):
+            raise InputError(f"{source}: {where} must be a mapping of measured figures (got {record!r})")
+        out[phase] = {}
+        for key, figures in record.items():
+            if key == "matmul_tflops":
+                out[phase][key] = _number(figures, source, f"{where}.{key}")
+                if not out[phase][key] > 0:
+                    raise InputError(f"{source}: {where}.{key} must be > 0 (got {figures!r})")
+            elif key in PHASE_STATS:
+                out[phase][key] = _stats(figures, source, f"{where}.{key}")
+            else:
+                raise InputError(
+                    f"{source}: {where}: unknown key {key!r} (known: {', '.join(PHASE_STATS)}, matmul_tflops)"
+                )
+    return out
+
+
+def _stats(value, source: str, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise InputError(f"{source}: {where} must be a mapping of n, mean, p1..p99 (got {value!r})")
+    out = {}
+    for key, x in value.items():
+        if not isinstance(key, str) or not _STAT_KEY.match(key):
+            raise InputError(f"{source}: {where}: unknown figure {key!r} (known: n, mean, p1..p99)")
+        out[key] = _number(x, source, f"{where}.{key}")
+        if key == "n" and not (out[key] >= 0 and float(out[key]).is_integer()):
+            raise InputError(f"{source}: {where}.n must be a count of samples (got {x!r})")
+    return out
 
 
 def load_table_file(path: str | os.PathLike) -> TriageTable:
     path = Path(path)
     try:
-        d = yaml.safe_load(path.read_text())
+        d = yaml.safe_load(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: no such triage table") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the triage table ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not a triage table: not UTF-8 text (byte {exc.start}); pass a YAML file") from None
     except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML ({exc})") from None
+        raise InputError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
     return parse_table(d, str(path))
 
 
@@ -185,6 +287,36 @@ DEFAULT_WINDOW_S = 1.0
 DEFAULT_DEADLOCK_AFTER_S = 60.0
 
 
+# the shortest window: GPUs update their power reading every 20-100 ms, and unix time over a window of
+# picoseconds overflows the window index
+MIN_WINDOW_S = 1e-3
+
+
+def positive_seconds(value, name: str, least: float = 0.0) -> float:
+    """value as a finite number of seconds > 0 (and >= least), else an InputError naming `name` (a flag or a
+    config key): a window of 0 or inf s, or a deadlock after NaN s, has no meaning (and crashed the windowing)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number of seconds > 0 (got {value!r})") from None
+    if isinstance(value, bool) or not (seconds > 0 and math.isfinite(seconds)):
+        raise InputError(f"{name} must be a finite number of seconds > 0 (got {value!r})")
+    if seconds < least:
+        raise InputError(f"{name} must be at least {least:g} s (got {value!r}): GPUs read power every 20-100 ms")
+    return seconds
+
+
+def window_seconds(value, name: str) -> float:
+    """A triage window length: positive_seconds, at least MIN_WINDOW_S."""
+    return positive_seconds(value, name, MIN_WINDOW_S)
+
+
+def _config_seconds(cfg: dict, section: str, key: str, default: float, least: float = 0.0) -> float:
+    """The run config's section.key (the default when unset), checked: the schema passes NaN and inf."""
+    value = (cfg.get(section) or {}).get(key)
+    return default if value is None else positive_seconds(value, f"config {section}.{key}", least)
+
+
 @dataclass(frozen=True)
 class TriageSettings:
     table_path: str | os.PathLike | None = None  # a triage table file
@@ -211,10 +343,13 @@ class TriageSettings:
             table_path = (cfg.get("telemetry") or {}).get("table") or None
             if not table_path:
                 gpu_model = triage_table_name(str((cfg.get("cluster") or {}).get("gpu_model", "")))
-        window_s = window_s or (cfg.get("telemetry") or {}).get("window_s") or DEFAULT_WINDOW_S
-        deadlock_after_s = (
-            deadlock_after_s or (cfg.get("watcher") or {}).get("hang_after_s") or DEFAULT_DEADLOCK_AFTER_S
-        )
+        # `is None`, never `or`: a 0 given is refused, not replaced by the default
+        if window_s is None:
+            window_s = _config_seconds(cfg, "telemetry", "window_s", DEFAULT_WINDOW_S, MIN_WINDOW_S)
+        if deadlock_after_s is None:
+            deadlock_after_s = _config_seconds(cfg, "watcher", "hang_after_s", DEFAULT_DEADLOCK_AFTER_S)
+        window_s = window_seconds(window_s, "window_s")
+        deadlock_after_s = positive_seconds(deadlock_after_s, "deadlock_after_s")
         return cls(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w)
 
     @property

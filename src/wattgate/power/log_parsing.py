@@ -70,9 +70,19 @@ class Imported:
         return t.sort_by([("host", "ascending"), ("gpu", "ascending"), ("time", "ascending")])
 
 
+EXCERPT_CHARS = 80  # of a value shown in an error line: enough to recognise it, never the whole file
+HEADER_CHARS = 300  # of a header line shown in an error line: a long nvidia-smi query list fits
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """`text` for an error line: printable (repr escapes control and binary bytes), cut to `limit` characters."""
+    shown = repr(text[: limit + 1])[1:-1]
+    return shown if len(text) <= limit else shown[:limit] + f"... ({len(text)} chars)"
+
+
 class BadLine(Exception):
     def __init__(self, field_name: str, value: str, why: str = ""):
-        super().__init__(f"field {field_name!r}: cannot read {value!r}{': ' + why if why else ''}")
+        super().__init__(f"field {field_name!r}: cannot read '{excerpt(value)}'{': ' + why if why else ''}")
         self.field_name = field_name
 
 
@@ -131,8 +141,39 @@ def parse_number(name: str, text: str, column: str | None = None, default_unit: 
     return float(m.group(1)) * unit_factor(column, unit, name, text)
 
 
-def parse_iso_time(text: str, tz) -> float | None:
-    """ISO-8601 (`2025-09-24T03:41:43.487Z`, `...+02:00`, `2025/09/24 ...`): its own zone wins, else `tz`."""
+class LocalTimes:
+    """A log's naive local times -> unix s in `tz`, read in line order. In the hour a DST fall-back repeats,
+    a local time names two instants (fold 0 before the change, fold 1 after); a logger writes forward in
+    time, so the one nearer the latest time read so far is meant."""
+
+    def __init__(self, tz):
+        self.tz = tz
+        self.latest: float | None = None
+        self.second_pass = 0  # lines placed in the repeated hour's second occurrence
+
+    def timestamp(self, naive: dt.datetime) -> float:
+        first = naive.replace(tzinfo=self.tz, fold=0).timestamp()
+        second = naive.replace(tzinfo=self.tz, fold=1).timestamp()
+        t = first
+        # second > first only in a repeated hour (in a spring-forward gap fold 1 is the earlier reading)
+        if second > first and self.latest is not None and abs(second - self.latest) < abs(first - self.latest):
+            t = second
+            self.second_pass += 1
+        self.latest = t if self.latest is None else max(self.latest, t)
+        return t
+
+    def note(self, path: Path) -> list[str]:
+        if not self.second_pass:
+            return []
+        return [
+            f"{path.name}: {self.second_pass} line(s) in the hour repeated when {self.tz} set its clocks back "
+            "placed after the change, by line order"
+        ]
+
+
+def parse_iso_time(text: str, tz, local: LocalTimes | None = None) -> float | None:
+    """ISO-8601 (`2025-09-24T03:41:43.487Z`, `...+02:00`, `2025/09/24 ...`): its own zone wins, else `tz`
+    (through `local`, where given: a naive time in a repeated DST hour is read in line order)."""
     s = text.strip().replace("/", "-")
     if s.endswith(("Z", "z")):
         s = s[:-1] + "+00:00"
@@ -143,7 +184,9 @@ def parse_iso_time(text: str, tz) -> float | None:
         t = dt.datetime.fromisoformat(s)
     except ValueError:
         return None
-    return (t if t.tzinfo else t.replace(tzinfo=tz)).timestamp()
+    if t.tzinfo:
+        return t.timestamp()
+    return local.timestamp(t) if local is not None else t.replace(tzinfo=tz).timestamp()
 
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -154,9 +197,22 @@ def is_gzip(path: Path) -> bool:
         return f.read(2) == GZIP_MAGIC
 
 
+BINARY_PROBE_BYTES = 4096  # a text log has no NUL byte in its first few KiB; Parquet, images, core dumps do
+
+
+def check_text(path: Path) -> None:
+    """A binary file (a Parquet trace given to --from csv) is refused at once, not read as a garbage header."""
+    with gzip.open(path, "rb") if is_gzip(path) else open(path, "rb") as f:
+        head = f.read(BINARY_PROBE_BYTES)
+    if b"\x00" in head:
+        what = "a Parquet file (a wattgate trace needs no import)" if head.startswith(b"PAR1") else "binary data"
+        raise InputError(f"{path}: not a text log: {what}; import-trace reads text CSV or DCGM exporter logs")
+
+
 def open_log(path: Path, newline: str | None = None):
     """A log as text, gzip-compressed or not (loggers' files are often rotated to .gz). utf-8-sig: a byte-order
     mark (what Windows tools write first) is not part of the first header name."""
+    check_text(path)
     if is_gzip(path):
         return gzip.open(path, "rt", newline=newline, encoding="utf-8-sig", errors="replace")
     return open(path, newline=newline, encoding="utf-8-sig", errors="replace")
@@ -168,13 +224,43 @@ def log_stem(path: Path) -> str:
     return Path(name).stem
 
 
-def read_log_rows(path: Path) -> list[list[str]]:
-    """Every CSV row of a log (gzip or plain); a damaged gzip stream is a one-line error."""
+def read_log_rows(path: Path, lines: Lines) -> list[tuple[int, list[str]]]:
+    """(line number, cells) for every CSV row of a log (gzip or plain); a damaged gzip stream is a one-line
+    error. A log's row is one line: a stray '"' that would swallow the lines after it into one field is a bad
+    line of its own (`lines`), the lines after it read as they are."""
     try:
-        with open_log(path, newline="") as f:
-            return list(csv.reader(f, skipinitialspace=True))
+        rows = _rows_one_per_line(path)
+        return rows if rows is not None else _rows_line_by_line(path, lines)
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise InputError(f"{path}: damaged gzip stream ({exc}); re-copy or re-compress the log") from None
+
+
+def _rows_one_per_line(path: Path) -> list[tuple[int, list[str]]] | None:
+    """The fast path, one csv reader over the file; None where a row spans lines or overflows the csv field
+    limit (an open quote)."""
+    rows = []
+    with open_log(path, newline="") as f:
+        reader = csv.reader(f, skipinitialspace=True)
+        try:
+            for cells in reader:
+                lineno = len(rows) + 1
+                if reader.line_num != lineno:
+                    return None
+                rows.append((lineno, cells))
+        except csv.Error:
+            return None
+    return rows
+
+
+def _rows_line_by_line(path: Path, lines: Lines) -> list[tuple[int, list[str]]]:
+    rows = []
+    with open_log(path, newline="") as f:
+        for lineno, line in enumerate(f, start=1):
+            try:
+                rows.append((lineno, next(csv.reader([line], skipinitialspace=True, strict=True), [])))
+            except csv.Error as exc:
+                lines.bad(path, lineno, BadLine("line", line.rstrip("\r\n"), f"{exc} (a stray '\"' quote?)"))
+    return rows
 
 
 def ends_mid_line(path: Path) -> bool:

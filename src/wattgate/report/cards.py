@@ -28,7 +28,7 @@ def gate_record(gate: dict | None) -> dict | None:
         for c in gate.get("checks") or []
     ]
     return {
-        "passed": bool(gate.get("passed")),
+        "passed": gate.get("passed"),  # None: gate.json's verdict was damaged (report/gate_input.py)
         "enforce": gate.get("enforce"),
         "failed_checks": [c["name"] for c in checks if not c["passed"]],
         "checks": checks,
@@ -39,8 +39,10 @@ def gate_section(s: dict) -> str:
     g = s["gate"]
     if g is None:
         return section("gate", "Invariant gate", note("not available: no gate.json"))
-    verdict = "passed" if g["passed"] else "FAILED"
-    went_ahead = not g["passed"] and g.get("enforce") is False
+    verdict = {True: "passed", False: "FAILED", None: "of unknown outcome (gate.json's verdict is damaged)"}[
+        g["passed"]
+    ]
+    went_ahead = g["passed"] is False and g.get("enforce") is False
     enforce = " (gate.enforce was false: the run went ahead anyway)" if went_ahead else ""
     mark = {True: '<b style="color:#135e2c">pass</b>', False: '<b style="color:#8a1414">FAIL</b>'}
     rows = [[c["name"], Raw(mark[c["passed"]]), c["detail"]] for c in g["checks"]]
@@ -59,20 +61,20 @@ def forecast_record(gate: dict | None, trained: dict, kwh: float | None) -> dict
         return None
     out = {"forecast": None, "actual": None, "error": None, "failure": (failure or {}).get("line")}
     if fc:
-        out["forecast"] = {
+        out["forecast"] = {  # the shapes report/gate_input.py vouched for
             "wall_s": fc["wall_s"],
-            "gpu_hours": fc["gpu_hours"],
-            "kwh": fc["kwh"],
+            "gpu_hours": fc.get("gpu_hours"),
+            "kwh": fc.get("kwh"),
             "source": fc["throughput"]["source"],
-            "detail": fc["throughput"]["detail"],
-            "terms_s": fc["terms_s"],
+            "detail": str(fc["throughput"].get("detail", "")),
+            "terms_s": fc.get("terms_s") or {},
         }
     wall, world = trained.get("job_s"), trained.get("world_size")
     if wall:
         out["actual"] = {"wall_s": wall, "gpu_hours": num(wall * world / 3600) if world else None, "kwh": kwh}
         if fc:
             out["error"] = {
-                k: num(out["actual"][k] / fc[k] - 1, 4) if out["actual"][k] and fc[k] else None
+                k: num(out["actual"][k] / fc[k] - 1, 4) if out["actual"][k] and fc.get(k) else None
                 for k in ("wall_s", "gpu_hours", "kwh")
             }
     return out

@@ -50,6 +50,8 @@ def header(s: dict) -> str:
         g = badge("gate", "not available", "na")
     elif gate["passed"]:
         g = badge("gate", "passed", "ok")
+    elif gate["passed"] is None:
+        g = badge("gate", "unknown: gate.json damaged", "na")
     else:
         g = badge("gate", "FAILED: " + ", ".join(gate["failed_checks"]), "bad")
     if watcher is None:

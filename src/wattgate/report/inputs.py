@@ -29,11 +29,14 @@ import pyarrow.parquet as pq
 from wattgate.codes import column_codes
 from wattgate.errors import InputError
 from wattgate.power.energy import in_time_order, join_parts
-from wattgate.power.triage.phases import PHASES_SCHEMA, read_phases
+from wattgate.power.triage.phases import LABELS, PHASES_SCHEMA, read_phases
 from wattgate.power.triage.runinfo import RUN_INFO_METRICS, RunInfo
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.stage import recorded_caps, triage
+from wattgate.report.gate_input import usable_gate
+from wattgate.report.metrics import trusted_metrics
 from wattgate.run_files import (
+    GATE_REPORT,
     HEARTBEAT_EVENT_COLUMNS,
     METRICS,
     parquet_columns,
@@ -333,6 +336,8 @@ def load_inputs(
         inputs.gate = read_gate_report(gate_dir)
         if inputs.gate is None:
             inputs.note(f"gate.json not available (looked in {gate_dir})")
+        else:
+            inputs.gate = usable_gate(inputs.gate, gate_dir / GATE_REPORT, inputs.note)
 
     inputs.trace_paths = traces if traces is not None else trace_files(run_dir / "telemetry")
     power_dir = Path(power_dir) if power_dir else default_power_dir(run_dir) if run_dir else None
@@ -341,6 +346,7 @@ def load_inputs(
     if record is not None and not _written_after(power_dir / "triage.json", power_dir / "phases.parquet"):
         record = None  # not the triage.json of these phases (its write failed, or it was copied in)
     if found is not None:
+        check_phase_labels(found[0], power_dir / "phases.parquet")
         inputs.phases, inputs.window_s, inputs.triage_table, inputs.deadlock_after_s = found
         inputs.phases_source = str(power_dir / "phases.parquet")
         # what triage.json says of the very phases beside it is not computed again
@@ -351,12 +357,14 @@ def load_inputs(
     inputs.triage_energy = _energy_of(record, inputs.trace_paths, power_dir / "triage.json") if record else None
     if inputs.triage_energy is not None:
         # triage read these very files and wrote each GPU's energy: the traces' 10^7 rows are not read again
-        inputs.trace_metas = [trace_meta(pq.read_schema(p)) for p in inputs.trace_paths]
+        inputs.trace_metas = [trace_meta(pq.read_schema(p), p) for p in inputs.trace_paths]
     else:
         tables = []
         for path in inputs.trace_paths:
             t = _read_trace_columns(path, TRACE_COLUMNS)
-            inputs.trace_metas.append(trace_meta(t) or (trace_meta(pq.read_schema(path)) if path.is_file() else {}))
+            inputs.trace_metas.append(
+                trace_meta(t, path) or (trace_meta(pq.read_schema(path), path) if path.is_file() else {})
+            )
             tables.append(t)
         inputs.samples = read_samples(tables)
     if not inputs.trace_paths:
@@ -383,6 +391,23 @@ def load_inputs(
         )
         _triage_in_process(inputs, trace, info if run_dir is not None else None, gpu_model, table_path, power_cap_w)
     return inputs
+
+
+def check_phase_labels(phases: pa.Table, path: Path) -> None:
+    """Refuse a phases table with a label outside triage's set (LABELS): drawn, its windows would pass as
+    `unknown`, a telemetry gap no sample was missing for."""
+    values, codes = column_codes(phases.column("phase"))
+    if all(v in LABELS for v in values):
+        return
+    counts = np.bincount(codes, minlength=len(values))  # a dictionary entry no row uses is no label
+    foreign = [i for i, v in enumerate(values) if v not in LABELS and counts[i]]
+    if not foreign:
+        return
+    named = ", ".join(f"{values[i]!r} ({counts[i]} window(s))" for i in foreign[:5])
+    raise InputError(
+        f"{path}: column 'phase': label(s) {named} not among {', '.join(LABELS)}; "
+        "run `wattgate triage` again (or fix the labels)"
+    )
 
 
 def _triage_record(inputs: RunInputs, path: Path) -> dict | None:
@@ -463,7 +488,8 @@ def _metrics(inputs: RunInputs, run_dir: Path) -> pd.DataFrame | None:
     absent = [c for c in METRICS_OPTIONAL if c not in names]
     if absent:
         inputs.note(f"{path}: no column(s) {', '.join(absent)}: what they give is not shown")
-    return read_metrics(run_dir, METRICS_REQUIRED, METRICS_OPTIONAL)
+    metrics = read_metrics(run_dir, METRICS_REQUIRED, METRICS_OPTIONAL)
+    return trusted_metrics(metrics, path, inputs.note) if metrics is not None else None
 
 
 def _run_info(inputs: RunInputs, run_dir: Path) -> RunInfo:

@@ -41,7 +41,13 @@ class Analysis:
 
 
 def utc(t: float | None) -> str | None:
-    return None if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    """The time as a UTC date, None for none (or one no calendar date has: the inputs drop such times)."""
+    if t is None:
+        return None
+    try:
+        return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------- pieces

@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from wattgate.collective_hints import hang_hint
 from wattgate.artifacts import check_file_output, write_json_atomic
 from wattgate.durations import fmt_hours
+from wattgate.errors import InputError
 from wattgate.telemetry.hang_cost import hang_cost
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, TriageSettings, TriageTable
 from wattgate.run_files import WATCHER, is_watcher_record, read_heartbeats  # noqa: F401 (read_heartbeats: callers import it here)
@@ -563,6 +564,27 @@ def _note_bad_heartbeats(record: dict, bad: dict[str, str]) -> bool:
     return bool(new)
 
 
+QUIET_VERDICTS = ("running", "healthy")  # records that found nothing: a new watcher may replace them
+
+
+def check_no_finding(dest: Path) -> None:
+    """Refuse to replace a watcher.json whose verdict found something (a deadlock, a stall, missing ranks,
+    killed or only warned about): a standalone watch would overwrite the one record of what happened.
+    (launch removes its run's watcher.json itself before a new attempt starts.)"""
+    try:
+        record = json.loads(dest.read_text())
+    except (OSError, ValueError):
+        return  # missing (check_file_output vouched for the rest)
+    verdict = record.get("verdict") if isinstance(record, dict) else None
+    if verdict in QUIET_VERDICTS:
+        return
+    acted = {"kill": "the job was killed", "warn": "it was warned about"}.get(record.get("action"), "")
+    raise InputError(
+        f"{dest}: holds an earlier watcher's verdict '{verdict}'{f' ({acted})' if acted else ''}; a new watch "
+        "would replace it: pass --out elsewhere, or move or remove that file first"
+    )
+
+
 def run_watch(
     config: dict, run: Path, pid: int | None = None, slurm_job: str | None = None, out: Path | None = None
 ) -> dict:
@@ -572,7 +594,12 @@ def run_watch(
     """
     from wattgate.config import world_size
 
-    check_file_output(out or run / WATCHER, "watch", is_watcher_record)  # before the job is watched
+    run = Path(run)
+    if not run.is_dir():  # a mistyped --run would be watched as a job with no heartbeats, and called healthy
+        raise InputError(f"{run}: no such run folder (--run is the train output folder the job writes into)")
+    dest = Path(out) if out is not None else run / WATCHER
+    check_file_output(dest, "watch", is_watcher_record)  # before the job is watched
+    check_no_finding(dest)
     settings = TriageSettings.merge(config)
     table = settings.table() if settings.has_table else None
     stop = threading.Event()

@@ -28,8 +28,14 @@ Units are kept per value: "350.12 W", "350120 mW" and "0.35 kW" in one column
 all read as 350 W. A value without a unit takes its column's unit (the header's
 `[mW]`, Zeus's `(mW)`), else the trace unit. An unknown unit is a bad line.
 Values that cannot be physical (NaN, +-Inf, negative power, energy, utilization,
-clocks or memory; beyond float32 for float32 columns) become null and are
-counted per column in the trace metadata under `invalid_values`.
+clocks or memory; power above `MAX_POWER_W` per GPU; beyond float32 for float32
+columns) become null and are counted per column in the trace metadata under
+`invalid_values`.
+
+An import is refused (one line) where it would pass silently wrong: no sample
+line left to read (every line bad, with `skip_bad_lines`), a host without one
+power reading (a trace without energy), or two files that would take the same
+host name from their file names (two nodes merged into one) without `--host`.
 """
 
 from __future__ import annotations
@@ -47,11 +53,19 @@ from wattgate.artifacts import atomic_path
 from wattgate.errors import InputError
 from wattgate.power.importers import anycsv, dcgm, nvidia_smi, zeus
 from wattgate.power.importers.common import ReadOptions
-from wattgate.power.log_parsing import Imported, Lines, check_ranges, log_stem
+from wattgate.power.log_parsing import MAX_GPU_INDEX, Imported, Lines, check_ranges, log_stem
+from wattgate.trace import MAX_POWER_W
 
 # the readers, one module per format, one signature: read(path, imported, lines, ReadOptions)
 READERS = {"nvidia-smi": nvidia_smi.read, "dcgm": dcgm.read, "zeus": zeus.read, "csv": anycsv.read}
 FORMATS = tuple(READERS)
+# where each format's power comes from, for the error of a log without it
+POWER_FIELDS = {
+    "nvidia-smi": "power.draw or power.draw.instant",
+    "dcgm": "DCGM_FI_DEV_POWER_USAGE lines",
+    "zeus": "per-GPU power columns",
+    "csv": "the column --columns maps to power_w",
+}
 
 
 def import_trace(
@@ -69,6 +83,8 @@ def import_trace(
         raise InputError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
     if columns and fmt != "csv":
         raise InputError(f"--columns is for --from csv; --from {fmt} reads its own header")
+    if not 0 <= gpu_index <= MAX_GPU_INDEX:
+        raise InputError(f"--gpu-index {gpu_index}: a GPU index is 0..{MAX_GPU_INDEX}")
     mapping = anycsv.parse_columns(columns) if fmt == "csv" else None
     try:
         tz = ZoneInfo(tz_name)
@@ -76,18 +92,23 @@ def import_trace(
         raise InputError(f"--tz {tz_name!r}: not a time zone name (e.g. UTC, Europe/Berlin)") from None
     imported = Imported()
     lines = Lines(imported, skip_bad_lines)
+    named_by: dict[str, Path] = {}  # host name taken from a file's name -> that file
     for path in map(Path, files):
         if not path.is_file():
             raise InputError(f"{path}: no such file")
         options = ReadOptions(host or log_stem(path), host, tz, fields, gpu_index, mapping)
+        first_row = len(imported.row_file)
         try:
             READERS[fmt](path, imported, lines, options)
         except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
             raise InputError(f"{path}: damaged gzip stream ({exc}); re-copy or re-compress the log") from None
+        if host is None and options.host in set(imported.columns["host"][first_row:]):
+            claim_file_host(named_by, options.host, path)
     check_ranges(imported, lines)
+    check_power(fmt, imported)
     if imported.invalid:
         imported.notes.append(
-            "values that cannot be readings (NaN, Inf, negative) set to null: "
+            f"values that cannot be readings (NaN, Inf, negative, power above {MAX_POWER_W:.0f} W) set to null: "
             + ", ".join(f"{name} {n}" for name, n in sorted(imported.invalid.items()))
         )
     hosts = sorted(set(imported.columns["host"]))
@@ -101,8 +122,43 @@ def import_trace(
         "invalid_values": dict(sorted(imported.invalid.items())),
         "notes": imported.notes,
         "power_source": "imported",
+        # hosts named after their file (no --host, no host in the log): a guess, so triage refuses two traces
+        # whose guessed host is the same over the same time (two nodes' gpu.csv), see triage/stage.py
+        "hosts_from_file_names": sorted(named_by),
     }
     return imported.table(meta), meta
+
+
+def claim_file_host(named_by: dict[str, Path], name: str, path: Path) -> None:
+    """A host name from a file name is that file's: two files of one name (node1/gpu.csv, node2/gpu.csv) would
+    otherwise merge two nodes' GPUs into one host, and a hung node's silence would vanish under the other's."""
+    other = named_by.setdefault(name, path)
+    if other == path:
+        return
+    raise InputError(
+        f"{other} and {path} would both be host {name!r} (from the file name), merging two nodes into one; "
+        "import each with --host NAME (or rename the files)"
+    )
+
+
+def check_power(fmt: str, imported: Imported) -> None:
+    """Refuse an import that would give a trace without energy: no rows left (every line bad or out of range),
+    or a host none of whose rows holds a power reading."""
+    hosts, power = imported.columns["host"], imported.columns["power_w"]
+    if not hosts:
+        raise InputError(f"{', '.join(map(str, imported.files))}: no readable sample lines")
+    powered = {h for h, p in zip(hosts, power) if p is not None}
+    unpowered = sorted(set(hosts) - powered, key=str)
+    if not unpowered:
+        return
+    h = unpowered[0]
+    files = sorted({str(imported.files[f]) for f, row_host in zip(imported.row_file, hosts) if row_host == h})
+    nulled = imported.invalid.get("power_w", 0)
+    why = f"; {nulled} nulled as not readings (NaN, Inf, negative, above {MAX_POWER_W:.0f} W)" if nulled else ""
+    raise InputError(
+        f"{', '.join(files)}: no power reading for host {h!r} in {hosts.count(h)} sample row(s){why}; "
+        f"a trace needs power ({POWER_FIELDS[fmt]})"
+    )
 
 
 def write_trace(table: pa.Table, out: Path) -> None:

@@ -13,7 +13,10 @@ from wattgate.power.log_parsing import (
     Imported,
     BadLine,
     Lines,
+    LocalTimes,
     UNITS,
+    HEADER_CHARS,
+    excerpt,
     parse_number,
     parse_iso_time,
     read_log_rows,
@@ -63,12 +66,12 @@ def header_unit(name: str, column: str) -> str:
     return unit if unit in UNITS.get(name, {}) else ""
 
 
-def parse_csv_time(text: str, unit: str, tz) -> float:
+def parse_csv_time(text: str, unit: str, tz, local: LocalTimes | None = None) -> float:
     s = text.strip()
     try:
         v = float(s)
     except ValueError:
-        t = None if unit else parse_iso_time(s, tz)
+        t = None if unit else parse_iso_time(s, tz, local)
     else:
         t = v * TIME_UNITS[unit or "s"] if math.isfinite(v) else None
     if t is None:
@@ -85,27 +88,27 @@ def read(path: Path, imported: Imported, lines: Lines, o: ReadOptions) -> None:
 
 
 def read_csv(path: Path, imported: Imported, lines: Lines, host: str, tz, mapping: dict[str, tuple[str, str]]) -> None:
-    rows = [(i + 1, r) for i, r in enumerate(read_log_rows(path)) if r and any(c.strip() for c in r)]
+    rows = [(i, r) for i, r in read_log_rows(path, lines) if r and any(c.strip() for c in r)]
     if not rows:
         raise InputError(f"{path}: empty file")
     header = [c.strip() for c in rows[0][1]]
     absent = [c for c, _ in mapping.values() if c not in header]
     if absent:
-        raise InputError(
-            f"{path}: --columns names {', '.join(map(repr, absent))}, not in the header ({', '.join(header)})"
-        )
+        shown = excerpt(", ".join(header), HEADER_CHARS)
+        raise InputError(f"{path}: --columns names {', '.join(map(repr, absent))}, not in the header ({shown})")
     cols = {
         name: (header.index(c), unit or ("" if name in ("time", "host") else header_unit(name, c)))
         for name, (c, unit) in mapping.items()
     }
     if "gpu" not in cols:
         imported.notes.append(f"{path.name}: no gpu column mapped: one GPU (index 0)")
+    local = LocalTimes(tz)
 
     def parse(cells: list[str]) -> dict:
         row = {"host": host, "gpu": 0}
         for name, (i, unit) in cols.items():
             if name == "time":
-                row["time"] = parse_csv_time(cells[i], unit, tz)
+                row["time"] = parse_csv_time(cells[i], unit, tz, local)
             elif name == "host":
                 row["host"] = cells[i].strip() or host
             elif name == "gpu":
@@ -122,3 +125,4 @@ def read_csv(path: Path, imported: Imported, lines: Lines, host: str, tz, mappin
 
     for lineno, row in sample_rows(path, rows, header, lines, parse, as_truncated):
         imported.add(row, path, lineno)
+    imported.notes.extend(local.note(path))

@@ -41,6 +41,7 @@ def sample_rows(
     names the field for that test)."""
     no_samples(path, rows)
     last = rows[-1][0]
+    read = 0
     for lineno, cells in rows[1:]:
         try:
             if len(cells) != len(header):
@@ -49,4 +50,7 @@ def sample_rows(
         except BadLine as exc:
             lines.bad(path, lineno, exc, truncated_final(path, cells, header, as_truncated(exc), lineno == last))
             continue
+        read += 1
         yield lineno, parsed
+    if not read:  # every line skipped (--skip-bad-lines): an empty trace would pass silently
+        raise InputError(f"{path}: no readable sample lines")

@@ -51,10 +51,11 @@ def comment_time(text: str) -> float | None:
 
 
 def read(path: Path, imported: Imported, lines: Lines, o: ReadOptions) -> None:
-    read_dcgm(path, imported, lines, o.explicit_host)
+    read_dcgm(path, imported, lines, o.explicit_host, o.host)
 
 
-def read_dcgm(path: Path, imported: Imported, lines: Lines, host: str | None) -> None:
+def read_dcgm(path: Path, imported: Imported, lines: Lines, host: str | None, file_host: str) -> None:
+    """`host`: --host, which wins over the samples' Hostname label; `file_host`: the name where neither is."""
     name_time = TIME_IN_NAME.search(path.name)
     block_time = float(name_time.group(1)) if name_time else None
     samples: dict[tuple, dict] = {}
@@ -100,7 +101,7 @@ def read_dcgm(path: Path, imported: Imported, lines: Lines, host: str | None) ->
             except (BadLine, ValueError) as exc:
                 lines.bad(path, lineno, exc if isinstance(exc, BadLine) else BadLine(metric, value))
                 continue
-            h = host or labels.get("Hostname") or path.stem
+            h = host or labels.get("Hostname") or file_host
             col, scale = DCGM_FIELDS[metric]
             samples.setdefault((h, gpu, t), {})[col] = v * scale
             first_line.setdefault((h, gpu, t), lineno)

@@ -17,7 +17,10 @@ from wattgate.power.log_parsing import (
     Imported,
     BadLine,
     Lines,
+    LocalTimes,
     NUMBER,
+    HEADER_CHARS,
+    excerpt,
     UNITS,
     unit_factor,
     parse_number,
@@ -47,14 +50,16 @@ SMI_FIELDS = {  # query field -> trace column (power: the instant reading wins o
 SMI_TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S.%f")
 
 
-def parse_smi_time(text: str, tz) -> float:
+def parse_smi_time(text: str, tz, local: LocalTimes | None = None) -> float:
+    """nvidia-smi's local time in `tz` (through `local`, where given: a repeated DST hour read in line order)."""
     text = text.strip()
     for fmt in SMI_TIME_FORMATS:
         try:
-            return dt.datetime.strptime(text, fmt).replace(tzinfo=tz).timestamp()
+            naive = dt.datetime.strptime(text, fmt)
         except ValueError:
             continue
-    t = parse_iso_time(text, tz) if re.match(r"^\d{4}[-/]\d\d[-/]\d\d", text) else None
+        return local.timestamp(naive) if local is not None else naive.replace(tzinfo=tz).timestamp()
+    t = parse_iso_time(text, tz, local) if re.match(r"^\d{4}[-/]\d\d[-/]\d\d", text) else None
     if t is None:
         raise BadLine("timestamp", text, "expected e.g. 2025/07/27 00:34:45.155 or 2025-07-27T00:34:45.155Z")
     return t
@@ -90,7 +95,7 @@ def read(path: Path, imported: Imported, lines: Lines, o: ReadOptions) -> None:
 def read_nvidia_smi(
     path: Path, imported: Imported, lines: Lines, host: str, tz, fields: list[str] | None, gpu_offset: int = 0
 ) -> None:
-    rows = [(i + 1, r) for i, r in enumerate(read_log_rows(path)) if r and any(c.strip() for c in r)]
+    rows = [(i, r) for i, r in read_log_rows(path, lines) if r and any(c.strip() for c in r)]
     if not rows:
         raise InputError(f"{path}: empty file")
     first = smi_header(rows[0][1])
@@ -121,12 +126,13 @@ def read_nvidia_smi(
     if "time" not in columns or not ({"power_w", "power_w_avg"} & set(columns)):
         raise InputError(
             f"{path}: an nvidia-smi log needs the columns timestamp and power.draw (or "
-            f"power.draw.instant); found {', '.join(header)}"
+            f"power.draw.instant); found {excerpt(', '.join(header), HEADER_CHARS)}"
         )
     ignored = sorted(set(header) - set(SMI_FIELDS))
     if ignored:
         imported.notes.append(f"{path.name}: ignored columns {', '.join(ignored)}")
     parsed = []
+    local = LocalTimes(tz)
     last = body[-1][0] if body else 0
     for lineno, cells in body:
         try:
@@ -134,7 +140,7 @@ def read_nvidia_smi(
                 raise BadLine("line", ",".join(cells), f"{len(cells)} fields, header has {len(header)}")
             if cells[0].strip().lower().startswith(header[0]) and smi_header(cells) == header:
                 continue  # a repeated header (a log restarted into the same file)
-            rec = {"time": parse_smi_time(cells[columns["time"]], tz)}
+            rec = {"time": parse_smi_time(cells[columns["time"]], tz, local)}
             for col, i in columns.items():
                 if col in ("time", "name", "bus_id"):
                     if col != "time":
@@ -146,6 +152,7 @@ def read_nvidia_smi(
             lines.bad(path, lineno, exc, truncated_final(path, cells, header, exc, lineno == last))
     if not parsed:
         raise InputError(f"{path}: no readable sample lines")
+    imported.notes.extend(local.note(path))
     gpus = assign_smi_gpus(path, [r for _, r in parsed], imported)
     for (lineno, rec), gpu in zip(parsed, gpus):
         power = rec.get("power_w") if rec.get("power_w") is not None else rec.get("power_w_avg")

@@ -13,6 +13,8 @@ from wattgate.power.log_parsing import (
     Imported,
     BadLine,
     Lines,
+    HEADER_CHARS,
+    excerpt,
     parse_number,
     parse_iso_time,
     read_log_rows,
@@ -28,7 +30,7 @@ def read(path: Path, imported: Imported, lines: Lines, o: ReadOptions) -> None:
 
 
 def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index: int) -> None:
-    rows = [(i + 1, r) for i, r in enumerate(read_log_rows(path)) if r]
+    rows = [(i, r) for i, r in read_log_rows(path, lines) if r]
     if not rows:
         raise InputError(f"{path}: empty file")
     header = [c.strip() for c in rows[0][1]]
@@ -44,7 +46,7 @@ def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index
     if time_col is None or not gpus:
         raise InputError(
             f"{path}: a Zeus power CSV needs a time column ({', '.join(sorted(ZEUS_TIME))}) and "
-            f"per-GPU power columns (gpu0, gpu1, ... or Power); found {', '.join(header)}"
+            f"per-GPU power columns (gpu0, gpu1, ... or Power); found {excerpt(', '.join(header), HEADER_CHARS)}"
         )
 
     def parse(cells: list[str]) -> tuple[float, dict]:

@@ -19,7 +19,13 @@ import pyarrow.parquet as pq
 from wattgate.artifacts import atomic_path
 from wattgate.codes import column_codes
 from wattgate.errors import InputError
-from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, POWER_PHASES
+from wattgate.triage_tables import (
+    DEFAULT_DEADLOCK_AFTER_S,
+    DEFAULT_WINDOW_S,
+    POWER_PHASES,
+    positive_seconds,
+    window_seconds,
+)
 from wattgate.trace import strict_json
 
 FORMAT_VERSION = 1
@@ -108,16 +114,59 @@ def read_phases(
         raise InputError(f"{path}: not a readable phases table ({exc})") from None
     if missing:
         raise InputError(f"{path}: not a phases table: missing column(s) {', '.join(missing)}")
-    meta = json.loads((table.schema.metadata or {}).get(b"wattgate.phases", b"{}"))
-    triage_json = _read_json(path.parent / "triage.json")
-    window_s = float(meta.get("window_s") or triage_json.get("window_s") or DEFAULT_WINDOW_S)
-    model = meta.get("gpu_model") or (triage_json.get("table") or {}).get("gpu_model")
-    deadlock_after_s = float(triage_json.get("deadlock_after_s") or DEFAULT_DEADLOCK_AFTER_S)
-    cast = [
-        c if dictionary and pa.types.is_dictionary(c.type) else c.cast(PHASES_SCHEMA.field(n).type)
-        for n, c in zip(names, table.columns)
-    ]
+    meta = _metadata(path, table.schema.metadata)
+    record_path = path.parent / "triage.json"
+    record = _read_json(record_path)
+    # `is None`, never `or`: a damaged 0 is refused, not read as the default
+    window_s = _setting(("window_s", path, meta), ("window_s", record_path, record), default=DEFAULT_WINDOW_S)
+    deadlock_after_s = _setting(("deadlock_after_s", record_path, record), default=DEFAULT_DEADLOCK_AFTER_S)
+    model = _model(path, meta, record)
+    cast = [_column(path, n, c, dictionary) for n, c in zip(names, table.columns)]
     return pa.Table.from_arrays(cast, names=names, metadata=table.schema.metadata), window_s, model, deadlock_after_s
+
+
+def _metadata(path: Path, schema_meta: dict | None) -> dict:
+    """phases.parquet's wattgate.phases metadata ({} if none)."""
+    raw = (schema_meta or {}).get(b"wattgate.phases")
+    if raw is None:
+        return {}
+    try:
+        meta = json.loads(raw)
+    except ValueError as exc:
+        raise InputError(f"{path}: metadata wattgate.phases is not JSON ({exc}); run `wattgate triage` again") from None
+    if not isinstance(meta, dict):
+        raise InputError(f"{path}: metadata wattgate.phases is not a JSON object; run `wattgate triage` again")
+    return meta
+
+
+def _setting(*places: tuple[str, Path, dict], default: float) -> float:
+    """The first of the places (key, file, mapping) that holds key, checked (finite, > 0); else the default."""
+    for key, where, mapping in places:
+        if mapping.get(key) is not None:
+            return (window_seconds if key == "window_s" else positive_seconds)(mapping[key], f"{where}: {key}")
+    return default
+
+
+def _model(path: Path, meta: dict, record: dict) -> str | None:
+    """The table's GPU model: the metadata's, else triage.json's table.gpu_model (a string or nothing)."""
+    table = record.get("table")
+    model = meta.get("gpu_model") or (table.get("gpu_model") if isinstance(table, dict) else None)
+    if model is not None and not isinstance(model, str):
+        raise InputError(f"{path}: gpu_model must be a string (got {model!r}); run `wattgate triage` again")
+    return model
+
+
+def _column(path: Path, name: str, col: pa.ChunkedArray, dictionary: bool) -> pa.ChunkedArray:
+    """A phases column in PHASES_SCHEMA's type (a dictionary one kept as read when `dictionary`)."""
+    if dictionary and pa.types.is_dictionary(col.type):
+        return col
+    try:
+        return col.cast(PHASES_SCHEMA.field(name).type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        raise InputError(
+            f"{path}: column {name!r} is {col.type}, not {PHASES_SCHEMA.field(name).type} "
+            f"({str(exc).splitlines()[0]}); run `wattgate triage` again"
+        ) from None
 
 
 def phases_meta(phases: pa.Table) -> dict:
@@ -127,10 +176,24 @@ def phases_meta(phases: pa.Table) -> dict:
     for key in (b"wattgate.phases", b"wattgate.triage"):
         if key in meta:
             try:
-                return json.loads(meta[key])
+                learned = json.loads(meta[key])
             except ValueError:
                 return {}
+            return _learned(learned)
     return {}
+
+
+def _learned(learned) -> dict:
+    """phases_meta's record with what its readers take as numbers and mappings only so (else left out)."""
+    if not isinstance(learned, dict):
+        return {}
+    out = dict(learned)
+    filled = out.get("filled_s")
+    if isinstance(filled, bool) or not isinstance(filled, (int, float)) or not 0 <= filled < float("inf"):
+        out.pop("filled_s", None)
+    if not isinstance(out.get("levels", {}), dict):
+        out.pop("levels")
+    return out
 
 
 def gap_summary(phases: pa.Table, window_s: float, filled_s: float = 0.0) -> dict:

@@ -13,7 +13,6 @@ import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,14 @@ import pyarrow.compute as pc
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.errors import InputError
 from wattgate.power.triage import power_only
-from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings, TriageTable
+from wattgate.triage_tables import (
+    DEFAULT_DEADLOCK_AFTER_S,
+    DEFAULT_WINDOW_S,
+    TriageSettings,
+    TriageTable,
+    positive_seconds,
+    window_seconds,
+)
 from wattgate.power.triage.phases import (
     COMPUTE,
     DATA_STARVATION,
@@ -57,7 +63,16 @@ from wattgate.power.triage.rules import (
 from wattgate.power.triage.run_rules import _run_info_rules
 from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
 from wattgate.power.triage.smoothing import SMOOTH_RADIUS, _majority, _rolling_median
-from wattgate.power.triage.windows import CHUNK_ROWS, _Ingest, _Windows, _windows, ingest, ingest_energy, table_batches
+from wattgate.power.triage.windows import (
+    CHUNK_ROWS,
+    _Ingest,
+    _Windows,
+    _windows,
+    ingest,
+    ingest_energy,
+    overlapping_files,
+    table_batches,
+)
 from wattgate.run_files import check_output, claim_output
 from wattgate.trace import read_trace_chunks, strict_json
 
@@ -76,15 +91,14 @@ def triage(
     caps: (host, gpu) -> the power cap the sampler recorded (NVML's enforced limit); power_cap_w, when given,
     is every GPU's cap (an imported log records none); else the table's tdp_w."""
     _check_limits(window_s, deadlock_after_s)
-    acc = ingest(table_batches(trace), window_s, with_energy=False)
+    acc = ingest([table_batches(trace)], window_s, with_energy=False)
     return contract(_triage(acc, table, window_s, deadlock_after_s, run_info, caps, power_cap_w))
 
 
 def _check_limits(window_s: float, deadlock_after_s: float) -> None:
-    if not window_s > 0:
-        raise InputError(f"window_s must be > 0 (got {window_s})")
-    if not deadlock_after_s > 0:
-        raise InputError(f"deadlock_after_s must be > 0 (got {deadlock_after_s})")
+    """Both finite and > 0 (an infinite window has no windows; NaN compares false everywhere)."""
+    window_seconds(window_s, "window_s")
+    positive_seconds(deadlock_after_s, "deadlock_after_s")
 
 
 def _triage(
@@ -246,18 +260,60 @@ def _gaps_and_peers_md(result: dict) -> list[str]:
 TRIAGE_COLUMNS = ["time", "host", "gpu", "power_w", "util_gpu", "energy_j"]
 
 
-def _trace_chunks(paths: list) -> tuple[list[dict], Iterator, Callable[[], Iterator]]:
-    """Each file's metadata; its batches end to end (TRIAGE_COLUMNS), from the files opened for the metadata;
-    and a way to read them again (ingest_energy, for files that overlap in time)."""
+def _trace_chunks(paths: list) -> tuple[list[dict], list[Iterator], Callable[[], Iterator]]:
+    """Each file's metadata; each file's batches (TRIAGE_COLUMNS), from the files opened for the metadata;
+    and a way to read them all again, end to end (ingest_energy, for a file whose row groups overlap in time)."""
     if not paths:
         raise InputError("no trace files given")
+    _check_given_once(paths)
     opened = [read_trace_chunks(p, TRIAGE_COLUMNS, CHUNK_ROWS) for p in paths]
 
     def again():
         for p in paths:
             yield from read_trace_chunks(p, TRIAGE_COLUMNS, CHUNK_ROWS)[1]
 
-    return [meta for meta, _ in opened], chain.from_iterable(batches for _, batches in opened), again
+    return [meta for meta, _ in opened], [batches for _, batches in opened], again
+
+
+def _check_given_once(paths: list[Path]) -> None:
+    """A trace named twice (itself and through its folder) would count its samples twice."""
+    seen: dict[Path, Path] = {}
+    for p in paths:
+        key = p.resolve()
+        if key in seen:
+            raise InputError(f"{p}: trace given twice (also as {seen[key]}); pass each trace once")
+        seen[key] = p
+
+
+def _ranges_text(numbers: list[int]) -> str:
+    """'0-7, 9' for [0, 1, ..., 7, 9] (sorted): a node's GPUs in few characters."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _check_files_apart(acc: _Ingest, paths: list[Path], metas: list[dict]) -> None:
+    """Refuse two files holding the same host's GPUs over the same time (windows.overlapping_files) when both
+    took that host's name from their file names (import-trace without --host): two nodes' logs of one name.
+    A host both traces name for itself (a sampler's hostname, a log's host column) is one node whose samples
+    were split between files, and is summed from their rows sorted together (windows.ingest_energy)."""
+    guessed = [set(m.get("hosts_from_file_names") or ()) for m in metas]
+    clash = overlapping_files(acc, lambda a, b, host: host in guessed[a] and host in guessed[b])
+    if clash is None:
+        return
+    gpus = _ranges_text(clash.gpus)
+    raise InputError(
+        f"{paths[clash.first]} and {paths[clash.second]} both hold samples of host {clash.host or '(none)'!r} "
+        f"(named after their log files) GPU(s) {gpus} over the same time ({clash.start:.17g} to "
+        f"{clash.end:.17g} s, unix time): two nodes' logs under one host name would merge into one node's GPUs; "
+        "re-import one with "
+        "`wattgate import-trace --host NAME` (traces of the same GPUs that follow one another, a relaunch, "
+        "are fine)"
+    )
 
 
 def recorded_caps(metas: list[dict]) -> dict[tuple[str, int], float]:
@@ -288,6 +344,7 @@ def run_triage(
     metas, chunks, again = _trace_chunks(paths)
     _check_limits(window_s, deadlock_after_s)
     acc = ingest(chunks, window_s)
+    _check_files_apart(acc, paths, metas)
     names = sorted({str(g.get("name", "")) for m in metas for g in m.get("gpus", []) if g.get("name")})
     empty = acc.empty
     settings = TriageSettings(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w)
@@ -367,11 +424,13 @@ def run_triage(
                 "unmapped": sorted(set(info.states) - set(mapped)),
             }
         written.result()
-    write_bytes_atomic(out_dir / "phase_summary.csv", summary.to_csv(index=False, float_format="%.10g").encode())
+    # every text made before any is written: a failure leaves no triage.json without its triage.md
+    csv, md = summary.to_csv(index=False, float_format="%.10g").encode(), _markdown(result, summary).encode()
+    write_bytes_atomic(out_dir / "phase_summary.csv", csv)
     # strict JSON: read_trace already nulls non-finite power, so a NaN/Inf left here is a figure that could not
     # be computed (e.g. a share of zero seconds) and is written as null, deliberately
     write_json_atomic(out_dir / "triage.json", result, nonfinite="null")
-    write_bytes_atomic(out_dir / "triage.md", _markdown(result, summary).encode())
+    write_bytes_atomic(out_dir / "triage.md", md)
     return result
 
 

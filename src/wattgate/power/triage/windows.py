@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 from wattgate.codes import column_codes
 from wattgate.errors import InputError
 from wattgate.power import energy as energy_mod
+from wattgate.trace import UPPER_BOUNDS
 from wattgate.triage_tables import TriageTable
 from wattgate.power.triage.arrays import _ranges, _runs
 from wattgate.power.triage.levels import Levels, learn_levels
@@ -107,16 +108,19 @@ class _GpuIds:
         return [self.seen[i] for i in order], rank
 
 
-def _numbers(col, dtype, measured: bool) -> np.ndarray:
-    """A numeric arrow column as numpy (null -> NaN); a measured one also NaN where infinite or negative
-    (what read_trace nulls)."""
+FINITE = float(np.finfo(np.float64).max)  # the largest finite value: above it is +inf
+
+
+def _numbers(col, dtype, measured: bool, upper: float = np.inf) -> np.ndarray:
+    """A numeric arrow column as numpy (null -> NaN); a measured one also NaN where infinite, negative or above
+    `upper` (what read_trace nulls: trace.UPPER_BOUNDS)."""
     out = col.to_numpy(zero_copy_only=False)
     if out.dtype != dtype:
         out = out.astype(dtype)
     # two reductions find the usual all-valid chunk without a mask
-    if measured and len(out) and not (np.fmin.reduce(out) >= 0 and np.fmax.reduce(out) < np.inf):
+    if measured and len(out) and not (np.fmin.reduce(out) >= 0 and np.fmax.reduce(out) <= min(upper, FINITE)):
         with np.errstate(invalid="ignore"):
-            bad = ~(out >= 0) | np.isinf(out)
+            bad = ~(out >= 0) | np.isinf(out) | (out > upper)
         out = out.copy() if not out.flags.writeable else out
         out[bad] = np.nan
     return out
@@ -139,7 +143,7 @@ def _rows(batch: pa.RecordBatch | pa.Table, ids: _GpuIds) -> _Rows | None:
     gpu = gpu.astype(np.int32 if gpu.max(initial=0) < 1 << 30 else np.int64, copy=False)
     time_ = _numbers(batch.column("time"), np.float64, False)
     names, codes = _host_codes(batch.column("host"))
-    power = _numbers(batch.column("power_w"), np.float32, True)
+    power = _numbers(batch.column("power_w"), np.float32, True, UPPER_BOUNDS["power_w"])
     util = _numbers(batch.column("util_gpu"), np.float32, True)
     has_energy = "energy_j" in batch.schema.names and batch.column("energy_j").null_count < batch.num_rows
     energy = _numbers(batch.column("energy_j"), np.float64, True) if has_energy else None
@@ -296,11 +300,13 @@ class _Ingest:
     with_energy: bool = True
     power: bool = False  # any power reading
     util: bool = False  # any utilization reading
+    sources: list[int] = field(default_factory=list)  # per chunk kept (cells, segments): the file it came from
 
-    def add(self, batch, pool: ThreadPoolExecutor | None = None) -> None:
+    def add(self, batch, pool: ThreadPoolExecutor | None = None, source: int = 0) -> None:
         r = _rows(batch, self.ids)
         if r is None:
             return
+        self.sources.append(source)
         self.power |= r.signals[0]
         self.util |= r.signals[1]
         if self.with_energy:  # on a second core when there is one: numpy lets go of the GIL in its loops
@@ -314,18 +320,21 @@ class _Ingest:
         return not self.cells
 
 
-def ingest(chunks: Iterable, window_s: float, with_energy: bool = True) -> _Ingest:
+def ingest(files: Iterable[Iterable], window_s: float, with_energy: bool = True) -> _Ingest:
+    """Every file's chunks (an iterable of record batches per file), in turn; each chunk kept remembers its
+    file (the source, by position) for overlapping_files."""
     acc = _Ingest(window_s, with_energy=with_energy)
+    tagged = ((source, batch) for source, chunks in enumerate(files) for batch in chunks)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if not with_energy or cores < 2:
-        for batch in chunks:
-            acc.add(batch)
+        for source, batch in tagged:
+            acc.add(batch, source=source)
         return acc
     # a second core decodes the next chunk and sums the energy while this one cuts windows (Parquet decoding
     # and numpy's loops let go of the GIL)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for batch in _prefetched(iter(chunks), pool):
-            acc.add(batch, pool)
+        for source, batch in _prefetched(tagged, pool):
+            acc.add(batch, pool, source)
         acc.segments = [s.result() if isinstance(s, Future) else s for s in acc.segments]
     return acc
 
@@ -339,9 +348,53 @@ def _prefetched(chunks: Iterator, pool: ThreadPoolExecutor) -> Iterator:
         yield batch
 
 
+@dataclass(frozen=True)
+class FileClash:
+    """Two files (by position) holding samples of the same host's GPUs over the same time."""
+
+    first: int
+    second: int
+    host: str
+    gpus: list[int]
+    start: float  # unix seconds the two files' spans share
+    end: float
+
+
+def overlapping_files(acc: _Ingest, suspect: Callable[[int, int, str], bool]) -> FileClash | None:
+    """The first pair of files whose samples of one (host, gpu) overlap in time and that `suspect(file, file,
+    host)` says should not, or None. Two nodes' logs imported under one host name would otherwise merge into one
+    GPU per index (their windows averaged, the energy halved); a relaunch's traces of the same GPUs follow one
+    another and are kept. From the chunks' energy summaries (first and last row time per GPU), so it needs an
+    ingest with energy."""
+    if len(set(acc.sources)) < 2:
+        return None
+    spans: dict[tuple[int, int], list[float]] = {}  # (gpu id, file) -> [first, last] row time
+    for source, seg in zip(acc.sources, acc.segments):
+        for g, t0, t1 in zip(seg.gpu.tolist(), seg.t0.tolist(), seg.t1.tolist()):
+            span = spans.setdefault((g, source), [t0, t1])
+            span[0], span[1] = min(span[0], t0), max(span[1], t1)
+    per_gpu: dict[int, list[tuple[float, float, int]]] = {}
+    for (g, source), (t0, t1) in spans.items():
+        per_gpu.setdefault(g, []).append((t0, t1, source))
+    clashes: dict[tuple[int, int, str], list] = {}  # (file, file, host) -> [gpus, start, end]
+    for g, files in per_gpu.items():
+        files.sort()
+        for (_, a1, a), (b0, b1, b) in zip(files, files[1:]):
+            host, gpu = acc.ids.seen[g]
+            if b0 < a1 and suspect(a, b, host):  # the later starts before the earlier ends (touching: relaunch)
+                found = clashes.setdefault((min(a, b), max(a, b), host), [[], b0, min(a1, b1)])
+                found[0].append(gpu)
+                found[1], found[2] = min(found[1], b0), max(found[2], min(a1, b1))
+    if not clashes:
+        return None
+    (first, second, host), (gpus, start, end) = min(clashes.items())
+    return FileClash(first, second, host, sorted(gpus), start, end)
+
+
 def ingest_energy(acc: _Ingest, reread: Callable[[], Iterable]) -> dict:
     """triage.json's "energy" (energy.records) from the chunks' summaries; a GPU whose rows of two chunks
-    overlap in time (interleaved files) is summed again from its rows sorted together (reread)."""
+    overlap in time (interleaved files of one node, or a file's rows out of time order across its row groups)
+    is summed again from its rows sorted together (reread)."""
     if acc.empty:
         return {}
     keys, rank = acc.ids.sorted()
