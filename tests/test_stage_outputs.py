@@ -287,3 +287,19 @@ def test_a_file_out_replaces_the_stages_own_earlier_output(tmp_path):
             assert main([*argv, "--out", str(tmp_path / name)]) == 0, name
     assert json.loads((tmp_path / "demo.jsonl").read_text().splitlines()[0])["source"] == "wattgate demo-corpus"
     assert yaml.safe_load((tmp_path / "variant.yaml").read_text())["run_name"].endswith("-scaling-w2")
+
+
+def test_a_published_folder_with_files_added_by_someone_else_is_not_replaced(work, tokenizer_dir, tmp_path, capsys):
+    out = tmp_path / "pt"
+    argv = ["pretokenize", "--config", str(work / "c.yaml"), "--tokenizer", str(tokenizer_dir), "--out", str(out)]
+    assert main(argv) == 0
+    assert main(argv) == 0  # its own output, as published: replaced
+    (out / "notes.txt").write_text("mine")
+    before = _tree(out)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{out}: output exists and is wattgate pretokenize's output with notes.txt added by someone else" in err
+    assert _tree(out) == before
+    (out / "notes.txt").unlink()
+    (out / ".snakemake_timestamp").write_text("")  # what Snakemake adds to a directory() output
+    assert main(argv) == 0

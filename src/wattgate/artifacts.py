@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import glob
 import hashlib
 import json
 import math
@@ -173,9 +174,22 @@ def _caller_stage() -> str:
     return "unknown"
 
 
-def marker_bytes(stage: str) -> bytes:
-    """The marker's content: fixed for a stage, so byte-identical reruns stay byte-identical."""
-    return canonical_json({"format_version": MARKER_FORMAT_VERSION, "stage": stage, "written_by": "wattgate"}).encode()
+def marker_bytes(stage: str, names: list[str] | None = None) -> bytes:
+    """The marker's content: fixed for a stage (and, for a published folder, the names it published), so
+    byte-identical reruns stay byte-identical."""
+    marker = {"format_version": MARKER_FORMAT_VERSION, "stage": stage, "written_by": "wattgate"}
+    if names is not None:
+        marker["names"] = sorted(names)
+    return canonical_json(marker).encode()
+
+
+def _marker_names(dest: Path) -> set[str] | None:
+    """The names a published folder's marker lists (None: a marker from before the list, or none)."""
+    try:
+        names = json.loads((dest / OUTPUT_MARKER).read_text()).get("names")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return set(names) if isinstance(names, list) else None
 
 
 def check_replaceable(dest: str | os.PathLike, stage: str) -> None:
@@ -189,9 +203,18 @@ def check_replaceable(dest: str | os.PathLike, stage: str) -> None:
     elif not dest.is_dir():
         what = "not a folder"
     elif (found := marker_stage(dest)) is not None:
-        if found == stage:
+        published = _marker_names(dest)
+        # what a published folder holds beyond what it published (a directory() output's timestamp aside)
+        own = (OUTPUT_MARKER, *map(glob.escape, published or ()))
+        added = [] if published is None else _foreign_entries(dest, own, (".snakemake_timestamp",))
+        if found == stage and not added:
             return
-        what = f"the output of wattgate {found}"
+        what = (
+            f"the output of wattgate {found}"
+            if found != stage
+            else f"wattgate {stage}'s output with {', '.join(added[:3])}{' and more' if len(added) > 3 else ''} "
+            "added by someone else (replacing it would delete them: move them out first)"
+        )
     else:
         with os.scandir(dest) as entries:
             if next(entries, None) is None:
@@ -221,9 +244,9 @@ def _is_temp_name(name: str) -> bool:
     return re.fullmatch(r"\..+\." + _TEMP_TAIL.pattern, name) is not None
 
 
-def _foreign_entries(dest: Path, own: tuple[str, ...]) -> list[str]:
-    """Names in `dest` that are none of `own` (fnmatch patterns), a workflow file or a wattgate temporary."""
-    patterns = (*own, *WORKFLOW_FILES)
+def _foreign_entries(dest: Path, own: tuple[str, ...], workflow: tuple[str, ...] = WORKFLOW_FILES) -> list[str]:
+    """Names in `dest` that are none of `own` (fnmatch patterns), a `workflow` file or a wattgate temporary."""
+    patterns = (*own, *workflow)
     with os.scandir(dest) as entries:
         names = sorted(e.name for e in entries)
     return [n for n in names if not _is_temp_name(n) and not any(fnmatch.fnmatchcase(n, p) for p in patterns)]
@@ -310,7 +333,7 @@ def atomic_dir(dest: str | os.PathLike, stage: str | None = None) -> Iterator[Pa
     with _publishing(dest, tmp, shutil.rmtree):
         yield tmp
         with atomic_path(tmp / OUTPUT_MARKER) as marker:
-            marker.write_bytes(marker_bytes(stage))
+            marker.write_bytes(marker_bytes(stage, [p.name for p in tmp.iterdir() if p.name != marker.name]))
         os.chmod(tmp, _dir_mode())
         check_replaceable(dest, stage)  # it may have changed while the stage ran
         if os.path.lexists(dest):

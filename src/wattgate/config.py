@@ -81,20 +81,53 @@ def _non_finite(value) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last silently, so a
+    second `train:` block would drop every key of the first."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} given twice in one mapping (the later would replace the earlier)",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path) -> dict:
     """Read a YAML config file and validate it against the schema (defaults filled in)."""
+    return validate_config(read_config_file(path), source=str(path))
+
+
+def check_config_files(paths) -> None:
+    """The Snakefile's config files read as the CLI reads them (Snakemake's own loader keeps the last of a key
+    given twice): a duplicate key or a non-UTF-8 file stops the workflow with the same one line."""
+    for path in paths:
+        read_config_file(path)
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A YAML config file's mapping ({} when empty), not yet validated; one-line InputError when unreadable."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(f"{path}: cannot read config ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); save the config as UTF-8") from None
     try:
-        config = yaml.safe_load(text)
+        config = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise InputError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
-    return validate_config(config if config is not None else {}, source=str(path))
+    return config if config is not None else {}
 
 
 def max_doc_tokens(config: dict) -> int:

@@ -6,13 +6,14 @@
 import os
 import shlex
 
-from wattgate.config import dump_resolved
+from wattgate.config import check_config_files, dump_resolved
 from wattgate.experiments import variant_config, variant_names
 
 # --- paths: the one home of each stage's folder. Rules name their files under these; a rule that reads
 # another stage's files takes them from that rule's outputs (`rules.pack_and_balance.output.plan`), and a
 # folder passed to a shell is derived from the rule's own inputs/outputs in its params.
 RESULTS = "results"
+check_config_files(workflow.configfiles)
 RUN_CONFIG = dump_resolved(config, f"{RESULTS}/config.yaml")
 CORPUS_DIR = f"{RESULTS}/corpus"
 TOKENIZER_DIR = f"{RESULTS}/tokenizer"
