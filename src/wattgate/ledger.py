@@ -124,14 +124,10 @@ def ledger_path(results: Path) -> Path:
 
 def read_ledger(path: Path) -> list[dict]:
     """Every record of a throughput ledger (none if it does not exist); a damaged line is an input error."""
-    if not path.is_file():
+    if not path.exists():
         return []
     records = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the throughput ledger ({exc.strerror or exc})") from None
-    for lineno, line in enumerate(lines, 1):
+    for lineno, line in enumerate(_ledger_lines(path), 1):
         if not line.strip():
             continue
         try:
@@ -148,9 +144,31 @@ def read_ledger(path: Path) -> list[dict]:
     return records
 
 
+def _check_is_file(path: Path) -> None:
+    if not path.is_file():
+        raise InputError(f"{path}: forecast.ledger is not a file (a folder?); point it at a throughput.jsonl file")
+
+
+def _ledger_lines(path: Path) -> list[str]:
+    _check_is_file(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the throughput ledger ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        lineno = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(
+            f"{path}:{lineno}: the throughput ledger is not UTF-8 text (byte {exc.start}); fix or delete that line"
+        ) from None
+
+
 def append_ledger(path: Path, record: dict) -> None:
     """Add one record; the ledger is rewritten to a temp name and renamed, so a killed job leaves no half line."""
-    existing = path.read_bytes() if path.is_file() else b""
+    if path.exists():
+        _check_is_file(path)
+    existing = path.read_bytes() if path.exists() else b""
     if existing and not existing.endswith(b"\n"):
         existing += b"\n"
     write_bytes_atomic(path, existing + (json.dumps(record, sort_keys=True) + "\n").encode())

@@ -12,7 +12,9 @@ model learns to stop.
 A template that renders a turn without its content (e.g. one that ignores
 `system` messages) would lose that text silently: the placeholder probe shows
 it, and the conversation is refused with TemplateError naming the turn and its
-role (pretokenize counts it as the bad record `template_error`). Turn order is
+role (pretokenize counts it as the bad record `template_error`). A template that does not compile, or
+that fails on every chat record of the corpus, is the tokenizer's fault, not the records': the stage stops
+naming the template file (`check_template_compiles` here, the all-failed check in pretokenize). Turn order is
 the template's business: one that demands alternation raises, one that does
 not renders the turns as given, and the loss mask follows the roles (see
 `wattgate.data.records` for the policy and how irregular orders are counted).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 from wattgate.errors import InputError
 
@@ -35,12 +38,47 @@ class TemplateError(Exception):
     """The chat template refused this conversation (e.g. roles out of order)."""
 
 
+# Where a tokenizer folder keeps its chat template, in the order transformers prefers them.
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
+
+
+def template_file(source: str) -> str:
+    """The file a tokenizer folder's chat template comes from (the folder itself if none is there)."""
+    folder = Path(source)
+    found = next((folder / name for name in TEMPLATE_FILES if (folder / name).is_file()), None)
+    return str(found or folder)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_template_compiles(tokenizer, where: str) -> None:
+    """A template that does not compile fails every conversation alike: that is the tokenizer's fault, so it
+    stops the stage naming the template file instead of counting each record as bad."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # pragma: no cover - a transformers without it renders (and fails) per record
+        return
+    try:
+        _compile_jinja_template(tokenizer.get_chat_template())
+    except Exception as exc:  # jinja's TemplateSyntaxError, or ValueError for a dict without a default
+        line = getattr(exc, "lineno", None)
+        at = f", template line {line}" if line else ""
+        raise InputError(
+            f"{where}: chat template does not compile ({_first_line(exc)}{at}); fix the template"
+        ) from None
+
+
 class ChatRenderer:
     def __init__(self, tokenizer, source: str = "tokenizer"):
         if not getattr(tokenizer, "chat_template", None):
             raise InputError(f"{source}: tokenizer has no chat template; chat documents need one")
         self.tok = tokenizer
         self.source = source
+        self.template_file = template_file(source)
+        check_template_compiles(tokenizer, self.template_file)
         # longest first so "<|im_end|>" wins over a shorter special token it starts with
         self.special = sorted({t for t in tokenizer.all_special_tokens if t}, key=len, reverse=True)
         self._skeletons: dict[tuple[str, ...], list[str] | None] = {}
@@ -52,7 +90,7 @@ class ChatRenderer:
                 list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
             )
         except Exception as exc:  # jinja raises TemplateError, templates may raise anything
-            raise TemplateError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+            raise TemplateError(_first_line(exc)) from None
 
     def _skeleton(self, roles: tuple[str, ...]) -> list[str] | None:
         """Template pieces around each content for this role sequence, or None if not verbatim."""

@@ -16,6 +16,7 @@ import string
 from pathlib import Path
 
 from wattgate.artifacts import atomic_path, check_file_output
+from wattgate.errors import InputError
 
 _LETTERS = string.ascii_lowercase
 
@@ -90,6 +91,9 @@ def is_demo_corpus(path: Path) -> bool:
 
 def write_demo_corpus(out: str | Path, num_docs: int, seed: int, max_turns: int) -> int:
     check_file_output(out, "demo-corpus", is_demo_corpus)  # a user's corpus there is never overwritten
+    # the corpus is JSONL, and the readers go by the name: one that says Parquet or gzip would be misread
+    if not Path(out).name.lower().endswith(".jsonl"):
+        raise InputError(f"{out}: demo-corpus writes plain JSONL; give --out a name ending in .jsonl")
     docs = generate(num_docs, seed, max_turns)
     with atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for doc in docs:

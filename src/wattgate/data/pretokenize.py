@@ -264,6 +264,9 @@ class Tokenize:
             raise InputError(f"{source}: tokenizer has no eos_token; set pretokenize.append_eos: false")
         self.chat = None
         self.source = source
+        self.chats_rendered = 0
+        self.template_failed = 0
+        self.first_template_failure: tuple[str, str] | None = None  # (where, why)
 
     def _chat(self) -> ChatRenderer:
         if self.chat is None:
@@ -285,13 +288,30 @@ class Tokenize:
             try:
                 rendered.append(chat.render(r.messages))
             except TemplateError as exc:
-                self.policy.handle(r.where, BadRecord("template_error", f"chat template failed: {exc}"))
+                self._template_failed(r.where, str(exc))
+                continue
+            self.chats_rendered += 1
         all_tokens = self.settings.loss_on == "all"
         encs = self.backend.encode_batch([text for text, _ in rendered], add_special_tokens=False)
         for enc, (_, spans) in zip(encs, rendered):
             ids = np.asarray(enc.ids, dtype=np.int32)
             mask = np.ones(len(ids), dtype=np.int8) if all_tokens else spans_to_mask(enc, len(ids), spans)
             yield ids, mask
+
+    def _template_failed(self, where: str, why: str) -> None:
+        self.template_failed += 1
+        self.first_template_failure = self.first_template_failure or (where, why)
+        self.policy.handle(where, BadRecord("template_error", f"chat template failed: {why}"))
+
+    def check_template_rendered_any(self) -> None:
+        """A template that fails on every chat record is broken or does not fit the corpus: dropping them all
+        as bad records (on_bad_record: skip) would lose every chat silently, so the stage stops."""
+        if self.template_failed and not self.chats_rendered:
+            where, why = self.first_template_failure
+            raise InputError(
+                f"{self.chat.template_file}: the chat template failed on all {self.template_failed} chat records "
+                f"(first, {where}: {why}); fix the template or use a tokenizer whose template fits this corpus"
+            )
 
     def batch(self, records: list[Record]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         # Keep input order: runs of text and chat records are encoded separately.
@@ -306,10 +326,12 @@ def _batched(it, n: int):
         yield batch
 
 
-def _tokenize_inputs(inputs, tokenize: Tokenize, settings: PretokenizeSettings, fields, policy, writer, bar) -> Counter:
+def _tokenize_inputs(
+    inputs, tokenize: Tokenize, settings: PretokenizeSettings, fields, policy, writer, bar, source: str = "data.inputs"
+) -> Counter:
     """Stream `inputs` through the tokenizer into `writer`; returns overlong counts (documents, split chunks)."""
     counts: Counter = Counter()
-    for batch in _batched(read_records(inputs, fields, policy), settings.batch_size):
+    for batch in _batched(read_records(inputs, fields, policy, source), settings.batch_size):
         for ids, mask in tokenize.batch(batch):
             pieces = cut_overlong(ids, mask, settings.max_tokens, settings.overlong)
             if len(ids) > settings.max_tokens:
@@ -407,8 +429,11 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
         overlong = _tokenize_inputs(inputs, tokenize, settings, fields, policy, writer, bar)
         first_validation_input = writer.docs_added
         if split.inputs:
-            overlong += _tokenize_inputs(list(split.inputs), tokenize, settings, fields, policy, writer, bar)
+            overlong += _tokenize_inputs(
+                list(split.inputs), tokenize, settings, fields, policy, writer, bar, source="data.validation.inputs"
+            )
         bar.close()
+        tokenize.check_template_rendered_any()
         writer.flush()
         overlong_docs, split_chunks = overlong["documents"], overlong["split_chunks"]
         if settings.overlong == "drop" and overlong_docs:

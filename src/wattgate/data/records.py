@@ -293,12 +293,15 @@ class BadRecordPolicy:
         self.dropped[f"bad_record:{bad.reason}"] += 1
 
 
-def read_records(paths: list[str | Path], fields: Fields, policy: BadRecordPolicy) -> Iterator[Record]:
-    """Yield the records of every input in order; bad ones go to `policy`."""
+def read_records(
+    paths: list[str | Path], fields: Fields, policy: BadRecordPolicy, source: str = "data.inputs"
+) -> Iterator[Record]:
+    """Yield the records of every input in order; bad ones go to `policy`. `source` names where the paths
+    came from (a config key or a command-line option) in the error for a missing one."""
     for p in paths:
         path = Path(p)
         if not path.exists():
-            raise InputError(f"{path}: input not found (data.inputs)")
+            raise InputError(f"{path}: input not found ({source})")
         fmt = input_format(path)
         objects = _jsonl_objects(path) if fmt == "jsonl" else _table_objects(path, fmt, fields)
         for where, obj in objects:

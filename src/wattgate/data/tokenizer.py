@@ -8,6 +8,7 @@ loaded the same way: `AutoTokenizer.from_pretrained(dir)` with the hub off.
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -132,13 +133,41 @@ def training_texts(records: Iterator) -> Iterator[str]:
                 yield m["role"] + "\n" + m["content"]
 
 
+# A trained vocab below this share of tokenizer.vocab_size means the corpus ran out of pairs to merge (a few
+# percent short is normal for a small corpus with min_frequency > 1, and not worth a warning).
+SHORT_VOCAB_FRACTION = 0.9
+
+
 def train_tokenizer(config: dict, out: str | Path, corpus: list[str | Path] | None = None):
     """The train-tokenizer stage: BPE on the corpus (`corpus`, else data.inputs), its records read and
-    checked as pretokenize reads them; saved as a Hugging Face tokenizer folder. Returns the tokenizer."""
+    checked as pretokenize reads them; saved as a Hugging Face tokenizer folder. Returns the tokenizer.
+
+    A corpus with no usable record is refused (a bytes-only tokenizer is no tokenizer); one too small to
+    reach tokenizer.vocab_size gets a warning line, since the smaller vocab still works."""
     d, p, t = config["data"], config["pretokenize"], config["tokenizer"]
+    paths, source = (corpus, "--corpus") if corpus else (d["inputs"], "data.inputs")
     policy = BadRecordPolicy(p["on_bad_record"], Counter())
     fields = Fields(d["text_field"], d["messages_field"], max_chars=p["max_doc_chars"])
-    records = read_records(corpus or d["inputs"], fields, policy)
+    kept = Counter()
+    records = _counted(read_records(paths, fields, policy, source), kept)
     tok = train_bpe(training_texts(records), t["vocab_size"], t["min_frequency"])
+    named = f"{', '.join(map(str, paths))} ({source})"
+    dropped = sum(policy.dropped.values())
+    if not kept["records"]:
+        why = f"{dropped} bad record(s) dropped: {dict(policy.dropped)}" if dropped else "no records in it"
+        raise InputError(f"{named}: no document to train the tokenizer on ({why}); give it a corpus with text")
+    if tok.get_vocab_size() < SHORT_VOCAB_FRACTION * t["vocab_size"]:
+        print(
+            f"train-tokenizer: warning: {named}: {kept['records']} record(s) give a vocab of only "
+            f"{tok.get_vocab_size()}, not tokenizer.vocab_size {t['vocab_size']}; train on a bigger corpus "
+            "or lower tokenizer.vocab_size",
+            file=sys.stderr,
+        )
     save_hf_tokenizer(tok, out)
     return tok
+
+
+def _counted(records: Iterator, counts: Counter) -> Iterator:
+    for rec in records:
+        counts["records"] += 1
+        yield rec
