@@ -92,8 +92,19 @@ def claim_output(out: str | os.PathLike, stage: str, also: Sequence[str] = ()) -
     return claim_stage_output(out, stage, (*STAGE_FILES[stage], *also))
 
 
+# The format_version each reader knows; the writers (pack/plan.py, data/pretokenize.py) write the same.
+PLAN_FORMAT_VERSION = 1
+MANIFEST_FORMAT_VERSION = 1
+
 PLAN_INT_KEYS = ("world_size", "seq_len", "micro_batch_size", "grad_accum", "epochs", "steps_per_epoch")
-PACKS_COLUMNS = ("epoch", "step", "micro", "rank", "slot", "doc_ids", "doc_lengths", "num_tokens")
+# packs.parquet's contract (docs/architecture.md); a reader takes any integer width, never a float or a null
+PACKS_TYPES = {
+    **{c: pa.int32() for c in ("epoch", "step", "micro", "rank", "slot")},
+    "doc_ids": pa.list_(pa.int64()),
+    "doc_lengths": pa.list_(pa.int32()),
+    "num_tokens": pa.int32(),
+}
+PACKS_COLUMNS = tuple(PACKS_TYPES)
 HEARTBEAT_EVENT_COLUMNS = ["time", "rank", "step", "epoch", "phase"]
 
 
@@ -172,15 +183,14 @@ def read_manifest(pretokenized: str | os.PathLike) -> tuple[dict, bytes]:
     """The pretokenized manifest and its bytes (the content hash every later stage records). Required."""
     path = Path(pretokenized) / MANIFEST
     manifest, raw = read_json_bytes(path, "pretokenized manifest", "pretokenize")
-    for key in ("format_version", "num_docs", "shards"):
-        if key not in manifest:
-            raise InputError(f"{path}: missing key '{key}'; rerun pretokenize")
-    n = manifest["num_docs"]
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise InputError(f"{path}: 'num_docs' is not a count; rerun pretokenize")
-    shards = manifest["shards"]
-    if not isinstance(shards, list) or not all(isinstance(s, str) for s in shards):
-        raise InputError(f"{path}: 'shards' is not a list of file names; rerun pretokenize")
+    check_format_version(path, manifest, MANIFEST_FORMAT_VERSION, "pretokenize")
+    shape = _Shape(path, "pretokenize")
+    shape.field(manifest, "num_docs", _count(0))
+    shape.field(manifest, "shards", _list_of(_text))
+    shape.field(manifest, "max_token_id", _count(-1))  # -1: no token written
+    for key in ("num_tokens", "num_loss_tokens", "vocab_size"):
+        shape.field(manifest, key, _count(0), required=False)
+    shape.field(manifest, "validation", _nullable(_object), required=False)
     return manifest, raw
 
 
@@ -188,15 +198,131 @@ def read_manifest(pretokenized: str | os.PathLike) -> tuple[dict, bytes]:
 
 
 def read_plan(plan_dir: str | os.PathLike) -> tuple[dict, bytes]:
-    """plan.json and its bytes. Required: without it the pack stage has not run."""
+    """plan.json and its bytes. Required: without it the pack stage has not run.
+
+    Its shape is checked here, once, for every reader: each key they use, its type and range (a hand-edited
+    plan would otherwise crash a check, or be planned on, far from the key that is wrong)."""
     path = Path(plan_dir) / PLAN
     plan, raw = read_json_bytes(path, "plan", "pack")
+    check_format_version(path, plan, PLAN_FORMAT_VERSION, "pack")
+    shape = _Shape(path, "pack")
     for key in PLAN_INT_KEYS:
-        if not isinstance(plan.get(key), int):
-            raise InputError(f"{path}: missing or non-integer '{key}'; rerun pack")
-    if not isinstance(plan.get("stats", {}), dict):
-        raise InputError(f"{path}: 'stats' is not a JSON object; rerun pack")
+        shape.field(plan, key, _count(0 if key == "steps_per_epoch" else 1))
+    shape.field(plan, "seed", _count(None))
+    shape.field(plan, "attn_weight", _finite(0.0))
+    shape.field(plan, "remainder", _text)
+    for key in ("strategy", "packs_sha256", "pretokenized_manifest_sha256"):
+        shape.field(plan, key, _nullable(_text), required=False)
+    shape.field(plan, "eval_micro_batch_size", _nullable(_count(1)), required=False)
+    shape.field(plan, "config_grad_accum", _count(1), required=False)
+    stats = shape.field(plan, "stats", _object, required=False) or {}
+    shape.field(stats, "dropped_doc_ids", _list_of(_count(None)), "stats.", required=False)
+    for reason, entry in (shape.field(stats, "dropped", _object, "stats.", required=False) or {}).items():
+        shape.field(stats["dropped"], reason, _object, "stats.dropped.")
+        for key in ("docs", "tokens"):
+            shape.field(entry, key, _count(0), f"stats.dropped.{reason}.", required=False)
+    if (validation := shape.field(plan, "validation", _nullable(_object), required=False)) is not None:
+        _check_validation_section(shape, validation)
+    if shape.field(plan, "segments", _nullable(_list_of(_object)), required=False):
+        _check_segments(shape, plan)
     return plan, raw
+
+
+def _check_validation_section(shape: _Shape, validation: dict) -> None:
+    """plan.json's validation pass: what the gate and train read of it."""
+    shape.field(validation, "packs", _text, "validation.")
+    shape.field(validation, "packs_sha256", _nullable(_text), "validation.")
+    shape.field(validation, "micro_batch_size", _count(1), "validation.", required=False)
+    for key in ("micro_batches_per_rank", "num_docs", "num_tokens", "num_packs", "empty_packs"):
+        shape.field(validation, key, _count(0), "validation.", required=False)
+
+
+def _check_segments(shape: _Shape, plan: dict) -> None:
+    """A continued plan (pack/segments.py): its segments, segment_steps, epoch_ends and resumed_from."""
+    segments = plan["segments"]
+    for k, seg in enumerate(segments):
+        where = f"segments[{k}]."
+        for key in ("world_size", "grad_accum", "micro_batch_size"):
+            shape.field(seg, key, _count(1), where)
+        for key in ("first_step", "end_step"):
+            shape.field(seg, key, _count(0), where)
+        shape.field(seg, "packs", _text, where)
+        shape.field(seg, "plan_total_steps", _count(0), where, required=False)
+        if k < len(segments) - 1:  # the consumed prefix: its archive is proven by hash
+            shape.field(seg, "packs_sha256", _text, where)
+    steps = shape.field(plan, "segment_steps", _object)
+    for epoch in steps:
+        if not epoch.isdecimal():
+            raise shape.bad(f"segment_steps.{epoch}", "keyed by an epoch number")
+        shape.field(steps, epoch, _count(0), "segment_steps.")
+    shape.field(plan, "epoch_ends", _list_of(_count(0)), required=False)
+    shape.field(shape.field(plan, "resumed_from", _object), "step", _count(0), "resumed_from.")
+
+
+# ---------------------------------------------------------------- the shape of a JSON record
+
+
+def check_format_version(path: Path, record: dict, known: int, rerun: str) -> None:
+    """Refuse a record another wattgate wrote in a form this one does not know (one line, exit 2)."""
+    found = record.get("format_version")
+    if type(found) is not int or found != known:  # not `==`: True and 1.0 equal 1
+        said = "no format_version" if found is None else f"format_version {json.dumps(found)}"
+        raise InputError(
+            f"{path}: {said}, this wattgate reads format_version {known}: written by another wattgate "
+            f"version: rerun {rerun}"
+        )
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(minimum: int | None):
+    """An integer (not a bool) of at least `minimum` (None: any)."""
+    what = "an integer" if minimum is None else f"an integer >= {minimum}"
+    return (lambda v: _is_int(v) and (minimum is None or v >= minimum)), what
+
+
+def _finite(minimum: float):
+    ok = lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= minimum  # noqa: E731
+    return ok, f"a finite number >= {minimum:g}"
+
+
+_text = (lambda v: isinstance(v, str)), "a string"
+_object = (lambda v: isinstance(v, dict)), "a JSON object"
+
+
+def _nullable(kind):
+    test, what = kind
+    return (lambda v: v is None or test(v)), f"null or {what}"
+
+
+def _list_of(kind):
+    test, what = kind
+    return (lambda v: isinstance(v, list) and all(test(x) for x in v)), f"a list, each entry {what}"
+
+
+class _Shape:
+    """Checks fields of one JSON file; the first wrong one is an InputError naming the file and the key."""
+
+    def __init__(self, path: Path, rerun: str):
+        self.path, self.rerun = path, rerun
+
+    def bad(self, key: str, what: str, found: str = "") -> InputError:
+        return InputError(f"{self.path}: {key!r} {found}is not {what}; rerun {self.rerun}")
+
+    def field(self, record: dict, key: str, kind, where: str = "", *, required: bool = True):
+        """record[key] after checking it is of `kind` ((test, description)); None when absent and not required."""
+        test, what = kind
+        if key not in record:
+            if required:
+                raise InputError(f"{self.path}: missing key {where + key!r}; rerun {self.rerun}")
+            return None
+        value = record[key]
+        if not test(value):
+            shown = json.dumps(value)
+            raise self.bad(where + key, what, f"({shown if len(shown) <= 40 else shown[:37] + '...'}) ")
+        return value
 
 
 @dataclass(frozen=True)
@@ -252,16 +378,42 @@ class PackRows:
 
 
 def read_packs(path: str | os.PathLike) -> PackRows:
-    """A packs.parquet (the current one, or an archived segment's under history/) as PackRows."""
+    """A packs.parquet (the current one, or an archived segment's under history/) as PackRows.
+
+    Its columns are checked against the contract (PACKS_TYPES, integers without nulls) and every row's doc_lengths
+    against its doc_ids, so no reader meets a float rank or a list it would index past."""
     names = parquet_columns(path, "pack")
     missing = [c for c in PACKS_COLUMNS if c not in names]
     if missing:
         raise InputError(f"{path}: missing column(s) {', '.join(missing)}; rerun pack")
     table = read_parquet(path, PACKS_COLUMNS, "pack")
+    for column in PACKS_COLUMNS:
+        if problem := _packs_column_problem(table.column(column), PACKS_TYPES[column]):
+            raise InputError(f"{path}: column '{column}' {problem}; rerun pack")
     try:
-        return PackRows.from_table(table)
+        rows = PackRows.from_table(table)
     except (pa.ArrowException, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(f"{path}: malformed columns ({first_line(exc)}); rerun pack") from None
+    if not np.array_equal(rows.offsets, rows.length_offsets):
+        r = int(np.flatnonzero(np.diff(rows.offsets) != np.diff(rows.length_offsets))[0])
+        raise InputError(
+            f"{path}: column 'doc_lengths' holds {int(np.diff(rows.length_offsets)[r])} entries in row {r}, "
+            f"'doc_ids' {int(np.diff(rows.offsets)[r])}; rerun pack"
+        )
+    return rows
+
+
+def _packs_column_problem(column: pa.ChunkedArray, contract: pa.DataType) -> str | None:
+    """What is wrong with one packs.parquet column (an integer type, or a list of integers, and no nulls)."""
+    kind = column.type
+    is_list = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    if is_list != pa.types.is_list(contract) or not pa.types.is_integer(kind.value_type if is_list else kind):
+        return f"is {kind}, the contract says {contract}"
+    if column.null_count:
+        return f"holds {column.null_count} null(s)"
+    if is_list and (nulls := sum(chunk.flatten().null_count for chunk in column.chunks)):
+        return f"holds {nulls} null entries in its lists"
+    return None
 
 
 def read_rank_packs(plan_dir: str | os.PathLike, rank: int, columns: Sequence[str], name: str = PACKS) -> pa.Table:

@@ -174,19 +174,72 @@ def verify_shards(pretokenized: Path, manifest: dict, full: bool | None = None) 
 
 
 def _check_documents(path: Path, name: str, problems: list[str], max_id: int) -> int:
-    t = pq.read_table(path, columns=["doc_id", "input_ids", "num_tokens"])
+    names = pq.read_schema(path).names
+    columns = ["doc_id", "input_ids", "num_tokens", "loss_mask"] + [c for c in ("num_loss_tokens",) if c in names]
+    _require_columns(path, names, columns[:4])
+    t = pq.read_table(path, columns=columns)
     ids = t.column("input_ids").combine_chunks()
-    actual = pc.list_value_length(ids).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    actual = _list_lengths(ids)
     claimed = t.column("num_tokens").to_numpy().astype(np.int64)
-    wrong = np.flatnonzero(actual != claimed)
-    if wrong.size:
-        r = int(wrong[0])
-        problems.append(
-            f"{name}: doc_id {t.column('doc_id')[r].as_py()} holds {actual[r]} tokens, num_tokens says "
-            f"{claimed[r]} ({wrong.size} such document(s)); rerun pretokenize, pack and gate"
-        )
-    top = pc.max(pc.list_flatten(ids)).as_py()
+    _first_wrong(
+        problems, name, t, actual != claimed, lambda r: f"holds {actual[r]} tokens, num_tokens says {claimed[r]}"
+    )
+    flat = pc.list_flatten(ids)
+    if len(flat) and (low := pc.min(flat).as_py()) is not None and low < 0:
+        problems.append(f"{name}: a negative token id ({low}) in input_ids; rerun pretokenize, pack and gate")
+    _check_loss_mask(t, name, actual, problems)
+    top = pc.max(flat).as_py()
     return max_id if top is None else max(max_id, int(top))
+
+
+def _check_loss_mask(t: pa.Table, name: str, lengths: np.ndarray, problems: list[str]) -> None:
+    """One 0/1 loss_mask entry per token, and num_loss_tokens (what the gate proves loss from) their sum."""
+    mask = t.column("loss_mask").combine_chunks()
+    entries = _list_lengths(mask)
+    _first_wrong(
+        problems, name, t, entries != lengths, lambda r: f"has {entries[r]} loss_mask entries for {lengths[r]} tokens"
+    )
+    flat = pc.list_flatten(mask)
+    if len(flat) and not pc.all(pc.is_in(flat, value_set=pa.array([0, 1], flat.type))).as_py():
+        problems.append(f"{name}: loss_mask holds values other than 0 and 1; rerun pretokenize, pack and gate")
+    elif "num_loss_tokens" in t.column_names:
+        summed, claimed = _list_sums(mask), t.column("num_loss_tokens").to_numpy().astype(np.int64)
+        _first_wrong(
+            problems,
+            name,
+            t,
+            summed != claimed,
+            lambda r: f"has {summed[r]} loss tokens, num_loss_tokens says {claimed[r]}",
+        )
+
+
+def _list_lengths(lists: pa.Array) -> np.ndarray:
+    return pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _list_sums(lists: pa.Array) -> np.ndarray:
+    """Each list's sum (a null list: 0)."""
+    totals = np.zeros(len(pc.list_flatten(lists)) + 1, dtype=np.int64)
+    np.cumsum(pc.list_flatten(lists).to_numpy(zero_copy_only=False), out=totals[1:])
+    offsets = lists.offsets.to_numpy().astype(np.int64)
+    offsets -= offsets[0]
+    return totals[offsets[1:]] - totals[offsets[:-1]]
+
+
+def _first_wrong(problems: list[str], name: str, t: pa.Table, wrong: np.ndarray, says) -> None:
+    """One problem naming the first document where `wrong` holds (`says(row)`) and how many there are."""
+    rows = np.flatnonzero(wrong)
+    if rows.size:
+        r = int(rows[0])
+        problems.append(
+            f"{name}: doc_id {t.column('doc_id')[r].as_py()} {says(r)} ({rows.size} such document(s)); "
+            "rerun pretokenize, pack and gate"
+        )
+
+
+def _require_columns(path: Path, names: list[str], needed: list[str]) -> None:
+    if missing := [c for c in needed if c not in names]:
+        raise InputError(f"{path}: missing column(s) {', '.join(missing)}; rerun pretokenize")
 
 
 def _check_row_groups(path: Path, name: str, problems: list[str], max_id: int) -> int | None:
@@ -194,6 +247,7 @@ def _check_row_groups(path: Path, name: str, problems: list[str], max_id: int) -
     meta = f.metadata
     leaf = _leaf_column(meta, "input_ids")
     claimed = f.read(columns=["num_tokens"]).column("num_tokens").to_numpy().astype(np.int64)
+    rerun = "rerun pretokenize, pack and gate"
     start = 0
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
@@ -209,10 +263,26 @@ def _check_row_groups(path: Path, name: str, problems: list[str], max_id: int) -
         stats = col.statistics if col is not None else None
         if stats is None or not stats.has_min_max:
             max_id = None if n else max_id
-        elif max_id is not None:
-            max_id = max(max_id, int(stats.max))
+        else:
+            if stats.min < 0:
+                problems.append(f"{name}: row group {g} holds a negative token id ({stats.min}) in input_ids; {rerun}")
+            if max_id is not None:
+                max_id = max(max_id, int(stats.max))
+        if (problem := _row_group_mask_problem(rg, _leaf_column(meta, "loss_mask"), n)) is not None:
+            problems.append(f"{name}: row group {g} {problem}; {rerun}")
         start += rg.num_rows
     return max_id
+
+
+def _row_group_mask_problem(rg, leaf: int | None, tokens: int) -> str | None:
+    """From the Parquet metadata alone: one loss_mask value per token, all 0 or 1 (where statistics tell)."""
+    col = rg.column(leaf) if leaf is not None else None
+    if col is None or col.num_values != tokens:
+        return f"holds {None if col is None else col.num_values} loss_mask values for {tokens} tokens"
+    stats = col.statistics
+    if stats is not None and stats.has_min_max and (stats.min < 0 or stats.max > 1):
+        return f"holds loss_mask values {stats.min}..{stats.max}, not 0 or 1"
+    return None
 
 
 def load_inputs(config: dict, pretokenized: str | Path, plan_dir: str | Path, checkpoint_dir: Path) -> GateInputs:
