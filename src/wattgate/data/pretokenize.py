@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from wattgate.artifacts import atomic_dir, sha256_tree
-from wattgate.run_files import write_manifest
+from wattgate.run_files import MANIFEST_FORMAT_VERSION, write_manifest
 from wattgate.config import max_doc_tokens
 from wattgate.data.chat import ChatRenderer, TemplateError
 from wattgate.data.records import BadRecord, BadRecordPolicy, Fields, Record, read_records
@@ -32,7 +32,7 @@ from wattgate.data.split import VALIDATION_FILE, SplitSettings, carve, doc_ids_s
 from wattgate.data.tokenizer import load_tokenizer, tokenizer_sha256
 from wattgate.errors import InputError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = MANIFEST_FORMAT_VERSION  # the reader's (run_files): one number
 
 # Content hash of every shard file, recorded in manifest.json (`shard_hashes`) and verified by the gate:
 # xxh3_128 hashes ~12 GB/s on one core (sha256 ~1.5, blake2b ~0.6), so the gate can afford all the bytes.

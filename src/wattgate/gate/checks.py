@@ -2,7 +2,7 @@
 
 Names are stable (tests, gate.json readers and people grep for them):
 equal_steps, pack_contents, conservation, launch, provenance, fit,
-checkpoint_space, balance, schedule, segments, budget (gate/cost.py).
+checkpoint_space, balance, schedule, segments, budget (gate/cost.py), tokenizer (gate/tokenizer_check.py).
 """
 
 from __future__ import annotations

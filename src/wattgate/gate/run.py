@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from wattgate.artifacts import sha256_file
-from wattgate.run_files import claim_output
+from wattgate.run_files import STAGE_FILES, check_output, claim_output
 from wattgate.config import world_size
 from wattgate.gate import checks as C
 from wattgate.gate import validation_checks as V
@@ -27,6 +27,7 @@ from wattgate.gate.memory import (
 )
 from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_model_spec
 from wattgate.gate.report import gate_json, write_report
+from wattgate.gate.tokenizer_check import check_tokenizer
 
 
 def fit_settings(config: dict) -> FitSettings:
@@ -152,22 +153,21 @@ def collectives_section(config: dict, pretokenized: Path, plan_dir: Path) -> dic
     return safe_prove(config, pretokenized, plan_dir)
 
 
-def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: str | Path) -> dict:
-    """Run the gate; returns the report (also written to out/gate.json, out/gate.md, out/PASSED)."""
-    out = claim_output(out, "gate")  # a folder the gate did not write is refused before anything is removed
-    for marker in ("PASSED", "UNENFORCED"):  # a stale marker must never outlive a new verdict
-        (out / marker).unlink(missing_ok=True)
+def gate_report(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
+    """Every check and the report on them; reads the inputs and writes nothing (--out is not touched)."""
     start = time.perf_counter()
     checkpoint_dir = out.parent / "train" / config["run_name"] / "checkpoints"
     inputs = load_inputs(config, pretokenized, plan_dir, checkpoint_dir)
     spec = load_model_spec(config)
     fit = config_fit_estimate(config, spec)
     results = run_checks(inputs, spec, fit.phases["steady"], fit)
+    # the tokenizer the export will copy into final/, verified now rather than after the last step
+    results.append(check_tokenizer(pretokenized))
     # what the plan will cost, the budget check on it, and what a hang it would cause would have cost
     cost, budget = cost_section(inputs, spec, next(c for c in results if c.name == "equal_steps"))
     results.append(budget)
     # the collective proof (wattgate.proof): the trainer dry-run on the fake process group, every rank
-    proof = collectives_section(config, Path(pretokenized), Path(plan_dir))
+    proof = collectives_section(config, pretokenized, plan_dir)
     if proof is not None:
         results.append(C.Check("collectives", proof["passed"], proof["detail"]))
     report = gate_json(
@@ -182,8 +182,31 @@ def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: 
     report["collectives"] = proof
     # the verdict markers name the plan they are about; `wattgate launch` checks them
     report["plan_sha256"] = {
-        "plan.json": sha256_file(Path(plan_dir) / "plan.json"),
+        "plan.json": sha256_file(plan_dir / "plan.json"),
         "packs.parquet": inputs.packs_sha256,
     }
+    return report
+
+
+def discard_verdict(out: Path) -> None:
+    """Remove the previous run's gate.json, gate.md and markers: they are about another plan or config."""
+    for name in STAGE_FILES["gate"]:
+        (out / name).unlink(missing_ok=True)
+
+
+def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: str | Path) -> dict:
+    """Run the gate; returns the report (also written to out/gate.json, out/gate.md, out/PASSED).
+
+    Every input is read and every check run before --out is written; a run that stops on an input error
+    leaves no verdict there (the previous one would speak for inputs it never saw)."""
+    out, pretokenized, plan_dir = Path(out), Path(pretokenized), Path(plan_dir)
+    check_output(out, "gate")  # a folder the gate did not write is refused before anything is removed
+    try:
+        report = gate_report(config, pretokenized, plan_dir, out)
+    except BaseException:
+        discard_verdict(out)  # a stale marker must never outlive a failed run
+        raise
+    out = claim_output(out, "gate")
+    discard_verdict(out)  # a stale marker must never outlive a new verdict
     write_report(out, report)
     return report

@@ -33,8 +33,9 @@ def pack_bfd(lengths: np.ndarray, capacity: int) -> np.ndarray:
     starts = np.concatenate(([0], bounds)).tolist()
     ends = np.concatenate((bounds, [n])).tolist()
 
-    bins_at: list[list[int]] = [[] for _ in range(capacity + 1)]  # bin ids by remaining room
-    room_count = [0] * (capacity + 1)
+    # bin ids by remaining room, only for the rooms some bin has: memory follows the bins, not the capacity
+    # (a seq_len of 1e9 must not allocate a list per possible room)
+    bins_at: dict[int, list[int]] = {}
     # the distinct rooms that hold a bin, ascending: a class visits rooms >= its size from here, so its cost
     # is the rooms it uses, not a scan of every possible room (a few thousand documents pack in ms)
     rooms: list[int] = []
@@ -44,14 +45,16 @@ def pack_bfd(lengths: np.ndarray, capacity: int) -> np.ndarray:
     def move(ids: list[int], room: int) -> None:
         if not ids:
             return
-        if not room_count[room]:
+        if room not in bins_at:
             bisect.insort(rooms, room)
+            bins_at[room] = []
         bins_at[room].extend(ids)
-        room_count[room] += len(ids)
 
     def set_room(room: int, ids: list[int]) -> None:
-        bins_at[room], room_count[room] = ids, len(ids)
-        if not ids:
+        if ids:
+            bins_at[room] = ids
+        else:
+            del bins_at[room]
             del rooms[bisect.bisect_left(rooms, room)]
 
     for start, end in zip(starts, ends):

@@ -18,10 +18,18 @@ from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs
 from wattgate.pack.segments import HISTORY, continue_plan, keep_in_history, resume_source, segment_rows, step_ordinal
 from wattgate.data.split import read_validation_ids, train_doc_ids
 from wattgate.pack.validation import ValidationPlan, plan_validation
-from wattgate.run_files import EVAL_PACKS, PACKS, check_output, publish_plan, read_manifest
+from wattgate.run_files import (
+    EVAL_PACKS,
+    PACKS,
+    PLAN_FORMAT_VERSION,
+    check_output,
+    first_line,
+    publish_plan,
+    read_manifest,
+)
 from wattgate.identity import model_train_identity
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = PLAN_FORMAT_VERSION  # the reader's (run_files): one number
 
 PACKS_SCHEMA = pa.schema(
     [
@@ -39,17 +47,44 @@ PACKS_SCHEMA = pa.schema(
 STRATEGY = {"rebin": "bfd+rebin", "drop": "bfd+drop", "none": "per-rank-bfd (uneven control)"}
 
 
+SHARD_LENGTH_COLUMNS = ("doc_id", "num_tokens")
+
+
+def read_shard_lengths(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One shard's doc_id and num_tokens columns, refused (InputError naming the shard) unless both are
+    integers without nulls and every length is at least 1: pretokenize never writes an empty document."""
+    try:
+        names = pq.read_schema(path).names
+        missing = [c for c in SHARD_LENGTH_COLUMNS if c not in names]
+        if missing:
+            raise InputError(f"{path}: shard has no {' or '.join(missing)} column; rerun pretokenize")
+        t = pq.read_table(path, columns=list(SHARD_LENGTH_COLUMNS))
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{path}: cannot read shard ({first_line(exc)}); rerun pretokenize") from None
+    for name in SHARD_LENGTH_COLUMNS:
+        column = t.column(name)
+        if not pa.types.is_integer(column.type) or column.null_count:
+            what = f"{column.null_count} null value(s)" if column.null_count else f"type {column.type}"
+            raise InputError(f"{path}: column {name} has {what}, not integers; rerun pretokenize")
+    doc_ids = t.column("doc_id").to_numpy().astype(np.int64)
+    lengths = t.column("num_tokens").to_numpy().astype(np.int64)
+    empty = np.flatnonzero(lengths < 1)
+    if empty.size:
+        first = int(empty[0])
+        raise InputError(
+            f"{path}: doc_id {doc_ids[first]} has num_tokens {lengths[first]} ({empty.size} document(s) with "
+            "num_tokens < 1); rerun pretokenize"
+        )
+    return doc_ids, lengths
+
+
 def read_doc_lengths(pretokenized: Path, manifest: dict) -> np.ndarray:
     """Token count of every document, indexed by doc_id (which must be dense 0..n-1)."""
     ids, lengths = [], []
     for name in manifest["shards"]:
-        path = pretokenized / name
-        try:
-            t = pq.read_table(path, columns=["doc_id", "num_tokens"])
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise InputError(f"{path}: cannot read shard ({exc}); rerun pretokenize") from None
-        ids.append(t.column("doc_id").to_numpy())
-        lengths.append(t.column("num_tokens").to_numpy())
+        shard_ids, shard_lengths = read_shard_lengths(pretokenized / name)
+        ids.append(shard_ids)
+        lengths.append(shard_lengths)
     doc_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
     n = manifest["num_docs"]
     if len(doc_ids) != n or not np.array_equal(doc_ids, np.arange(n)):
