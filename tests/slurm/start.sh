@@ -46,7 +46,7 @@ if [ -e "$CONF" ]; then
     if [ -n "$other" ] && [ "$other" != "$DIR" ] && [ -e "$other/slurmctld.pid" ] \
             && kill -0 "$(cat "$other/slurmctld.pid")" 2>/dev/null; then
         echo "start.sh: a test cluster from $other is still running; stop it first (stop.sh $other)" >&2
-        exit 5
+        exit 6  # another test run's cluster (slurmd is one per host): a caller may wait for it to stop
     fi
 fi
 
