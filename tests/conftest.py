@@ -60,3 +60,13 @@ def make_config():
         return validate_config(config)
 
     return make
+
+
+@pytest.fixture
+def h200_run(tmp_path):
+    """A copy of the recorded H200 run folder (tests/data/h200/train) under tmp_path/results/train/, to edit."""
+    import shutil
+
+    run = tmp_path / "results" / "train" / "h200"
+    shutil.copytree(REPO / "tests" / "data" / "h200" / "train", run)
+    return run

@@ -19,16 +19,9 @@ from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
 from wattgate.run_files import read_manifest, read_packs, read_plan
 
-MODEL = {
-    "model_type": "qwen3",
-    "vocab_size": 1024,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-}
+from test_gate import TINY_MODEL
+
+MODEL = TINY_MODEL | {"vocab_size": 1024}  # the gate tests' tiny Qwen3, with room for the synthetic ids
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,8 @@ TRAIN = H200_DATA / "train"
 
 
 @pytest.fixture
-def run(tmp_path):
-    run = tmp_path / "results" / "train" / "h200"
-    shutil.copytree(TRAIN, run)
-    return run
+def run(h200_run):
+    return h200_run
 
 
 def dead_pid() -> int:

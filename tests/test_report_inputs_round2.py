@@ -1,8 +1,6 @@
 """Report inputs, round two (issue 25, section 3): a metrics.parquet missing columns, or a bad heartbeat line or
 file, does not stop the report: it draws what it can and names what is missing."""
 
-import shutil
-
 import pyarrow.parquet as pq
 import pytest
 from real_traces import H200_DATA
@@ -13,10 +11,8 @@ TRAIN = H200_DATA / "train"
 
 
 @pytest.fixture
-def run(tmp_path):
-    run = tmp_path / "results" / "train" / "h200"
-    shutil.copytree(TRAIN, run)
-    return run
+def run(h200_run):
+    return h200_run
 
 
 def _page(out) -> str:
