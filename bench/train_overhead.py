@@ -207,7 +207,7 @@ def extras_cost(out: Path, rank: int, world: int, n: int = 200) -> dict[str, flo
     import torch
     import torch.distributed as dist
 
-    from wattgate.run_files import Heartbeat
+    from wattgate.heartbeats import Heartbeat
 
     def median_s(fn) -> float:
         dist.barrier()

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import REPO, copy_workflow
-from wattgate.run_files import read_heartbeat_events
+from wattgate.heartbeats import read_heartbeat_events
 
 BIN = Path(sys.executable).parent
 

@@ -7,3 +7,9 @@ class InputError(Exception):
 
 class StageFailed(Exception):
     """The stage ran and found a failure (e.g. a gate check): exit 1."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message's first line (its type's name when it has none): for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
-import socket
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,10 +31,11 @@ from wattgate.artifacts import (
     check_stage_output,
     claim_stage_output,
     sha256_file,
-    write_bytes_atomic,
     write_json_atomic,
 )
-from wattgate.errors import InputError
+from wattgate.errors import InputError, first_line
+from wattgate.heartbeats import HEARTBEAT_DIR
+from wattgate.json_shape import Shape, check_format_version, count, finite, OBJECT, list_of, nullable, TEXT
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -45,7 +43,6 @@ if TYPE_CHECKING:
 MANIFEST = "manifest.json"  # pretokenize
 PLAN = "plan.json"  # pack (the commit record: carries packs_sha256)
 PACKS = "packs.parquet"  # pack
-HEARTBEAT_DIR = "heartbeat"  # train: rank-<r>.json (state), rank-<r>.events.jsonl (phase changes)
 METRICS = "metrics.parquet"  # train (rank 0)
 EVAL = "eval.parquet"  # train (rank 0): one row per validation pass
 TRAINED = "TRAINED"  # train (rank 0), the stage's declared output
@@ -105,15 +102,9 @@ PACKS_TYPES = {
     "num_tokens": pa.int32(),
 }
 PACKS_COLUMNS = tuple(PACKS_TYPES)
-HEARTBEAT_EVENT_COLUMNS = ["time", "rank", "step", "epoch", "phase"]
 
 
 # ---------------------------------------------------------------- the error policy
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _missing(path: Path, what: str, stage: str, exc: OSError | None = None) -> InputError:
@@ -184,13 +175,13 @@ def read_manifest(pretokenized: str | os.PathLike) -> tuple[dict, bytes]:
     path = Path(pretokenized) / MANIFEST
     manifest, raw = read_json_bytes(path, "pretokenized manifest", "pretokenize")
     check_format_version(path, manifest, MANIFEST_FORMAT_VERSION, "pretokenize")
-    shape = _Shape(path, "pretokenize")
-    shape.field(manifest, "num_docs", _count(0))
-    shape.field(manifest, "shards", _list_of(_text))
-    shape.field(manifest, "max_token_id", _count(-1))  # -1: no token written
+    shape = Shape(path, "pretokenize")
+    shape.field(manifest, "num_docs", count(0))
+    shape.field(manifest, "shards", list_of(TEXT))
+    shape.field(manifest, "max_token_id", count(-1))  # -1: no token written
     for key in ("num_tokens", "num_loss_tokens", "vocab_size"):
-        shape.field(manifest, key, _count(0), required=False)
-    shape.field(manifest, "validation", _nullable(_object), required=False)
+        shape.field(manifest, key, count(0), required=False)
+    shape.field(manifest, "validation", nullable(OBJECT), required=False)
     return manifest, raw
 
 
@@ -205,124 +196,58 @@ def read_plan(plan_dir: str | os.PathLike) -> tuple[dict, bytes]:
     path = Path(plan_dir) / PLAN
     plan, raw = read_json_bytes(path, "plan", "pack")
     check_format_version(path, plan, PLAN_FORMAT_VERSION, "pack")
-    shape = _Shape(path, "pack")
+    shape = Shape(path, "pack")
     for key in PLAN_INT_KEYS:
-        shape.field(plan, key, _count(0 if key == "steps_per_epoch" else 1))
-    shape.field(plan, "seed", _count(None))
-    shape.field(plan, "attn_weight", _finite(0.0))
-    shape.field(plan, "remainder", _text)
+        shape.field(plan, key, count(0 if key == "steps_per_epoch" else 1))
+    shape.field(plan, "seed", count(None))
+    shape.field(plan, "attn_weight", finite(0.0))
+    shape.field(plan, "remainder", TEXT)
     for key in ("strategy", "packs_sha256", "pretokenized_manifest_sha256"):
-        shape.field(plan, key, _nullable(_text), required=False)
-    shape.field(plan, "eval_micro_batch_size", _nullable(_count(1)), required=False)
-    shape.field(plan, "config_grad_accum", _count(1), required=False)
-    stats = shape.field(plan, "stats", _object, required=False) or {}
-    shape.field(stats, "dropped_doc_ids", _list_of(_count(None)), "stats.", required=False)
-    for reason, entry in (shape.field(stats, "dropped", _object, "stats.", required=False) or {}).items():
-        shape.field(stats["dropped"], reason, _object, "stats.dropped.")
+        shape.field(plan, key, nullable(TEXT), required=False)
+    shape.field(plan, "eval_micro_batch_size", nullable(count(1)), required=False)
+    shape.field(plan, "config_grad_accum", count(1), required=False)
+    stats = shape.field(plan, "stats", OBJECT, required=False) or {}
+    shape.field(stats, "dropped_doc_ids", list_of(count(None)), "stats.", required=False)
+    for reason, entry in (shape.field(stats, "dropped", OBJECT, "stats.", required=False) or {}).items():
+        shape.field(stats["dropped"], reason, OBJECT, "stats.dropped.")
         for key in ("docs", "tokens"):
-            shape.field(entry, key, _count(0), f"stats.dropped.{reason}.", required=False)
-    if (validation := shape.field(plan, "validation", _nullable(_object), required=False)) is not None:
+            shape.field(entry, key, count(0), f"stats.dropped.{reason}.", required=False)
+    if (validation := shape.field(plan, "validation", nullable(OBJECT), required=False)) is not None:
         _check_validation_section(shape, validation)
-    if shape.field(plan, "segments", _nullable(_list_of(_object)), required=False):
+    if shape.field(plan, "segments", nullable(list_of(OBJECT)), required=False):
         _check_segments(shape, plan)
     return plan, raw
 
 
-def _check_validation_section(shape: _Shape, validation: dict) -> None:
+def _check_validation_section(shape: Shape, validation: dict) -> None:
     """plan.json's validation pass: what the gate and train read of it."""
-    shape.field(validation, "packs", _text, "validation.")
-    shape.field(validation, "packs_sha256", _nullable(_text), "validation.")
-    shape.field(validation, "micro_batch_size", _count(1), "validation.", required=False)
+    shape.field(validation, "packs", TEXT, "validation.")
+    shape.field(validation, "packs_sha256", nullable(TEXT), "validation.")
+    shape.field(validation, "micro_batch_size", count(1), "validation.", required=False)
     for key in ("micro_batches_per_rank", "num_docs", "num_tokens", "num_packs", "empty_packs"):
-        shape.field(validation, key, _count(0), "validation.", required=False)
+        shape.field(validation, key, count(0), "validation.", required=False)
 
 
-def _check_segments(shape: _Shape, plan: dict) -> None:
+def _check_segments(shape: Shape, plan: dict) -> None:
     """A continued plan (pack/segments.py): its segments, segment_steps, epoch_ends and resumed_from."""
     segments = plan["segments"]
     for k, seg in enumerate(segments):
         where = f"segments[{k}]."
         for key in ("world_size", "grad_accum", "micro_batch_size"):
-            shape.field(seg, key, _count(1), where)
+            shape.field(seg, key, count(1), where)
         for key in ("first_step", "end_step"):
-            shape.field(seg, key, _count(0), where)
-        shape.field(seg, "packs", _text, where)
-        shape.field(seg, "plan_total_steps", _count(0), where, required=False)
+            shape.field(seg, key, count(0), where)
+        shape.field(seg, "packs", TEXT, where)
+        shape.field(seg, "plan_total_steps", count(0), where, required=False)
         if k < len(segments) - 1:  # the consumed prefix: its archive is proven by hash
-            shape.field(seg, "packs_sha256", _text, where)
-    steps = shape.field(plan, "segment_steps", _object)
+            shape.field(seg, "packs_sha256", TEXT, where)
+    steps = shape.field(plan, "segment_steps", OBJECT)
     for epoch in steps:
         if not epoch.isdecimal():
             raise shape.bad(f"segment_steps.{epoch}", "keyed by an epoch number")
-        shape.field(steps, epoch, _count(0), "segment_steps.")
-    shape.field(plan, "epoch_ends", _list_of(_count(0)), required=False)
-    shape.field(shape.field(plan, "resumed_from", _object), "step", _count(0), "resumed_from.")
-
-
-# ---------------------------------------------------------------- the shape of a JSON record
-
-
-def check_format_version(path: Path, record: dict, known: int, rerun: str) -> None:
-    """Refuse a record another wattgate wrote in a form this one does not know (one line, exit 2)."""
-    found = record.get("format_version")
-    if type(found) is not int or found != known:  # not `==`: True and 1.0 equal 1
-        said = "no format_version" if found is None else f"format_version {json.dumps(found)}"
-        raise InputError(
-            f"{path}: {said}, this wattgate reads format_version {known}: written by another wattgate "
-            f"version: rerun {rerun}"
-        )
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _count(minimum: int | None):
-    """An integer (not a bool) of at least `minimum` (None: any)."""
-    what = "an integer" if minimum is None else f"an integer >= {minimum}"
-    return (lambda v: _is_int(v) and (minimum is None or v >= minimum)), what
-
-
-def _finite(minimum: float):
-    ok = lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= minimum  # noqa: E731
-    return ok, f"a finite number >= {minimum:g}"
-
-
-_text = (lambda v: isinstance(v, str)), "a string"
-_object = (lambda v: isinstance(v, dict)), "a JSON object"
-
-
-def _nullable(kind):
-    test, what = kind
-    return (lambda v: v is None or test(v)), f"null or {what}"
-
-
-def _list_of(kind):
-    test, what = kind
-    return (lambda v: isinstance(v, list) and all(test(x) for x in v)), f"a list, each entry {what}"
-
-
-class _Shape:
-    """Checks fields of one JSON file; the first wrong one is an InputError naming the file and the key."""
-
-    def __init__(self, path: Path, rerun: str):
-        self.path, self.rerun = path, rerun
-
-    def bad(self, key: str, what: str, found: str = "") -> InputError:
-        return InputError(f"{self.path}: {key!r} {found}is not {what}; rerun {self.rerun}")
-
-    def field(self, record: dict, key: str, kind, where: str = "", *, required: bool = True):
-        """record[key] after checking it is of `kind` ((test, description)); None when absent and not required."""
-        test, what = kind
-        if key not in record:
-            if required:
-                raise InputError(f"{self.path}: missing key {where + key!r}; rerun {self.rerun}")
-            return None
-        value = record[key]
-        if not test(value):
-            shown = json.dumps(value)
-            raise self.bad(where + key, what, f"({shown if len(shown) <= 40 else shown[:37] + '...'}) ")
-        return value
+        shape.field(steps, epoch, count(0), "segment_steps.")
+    shape.field(plan, "epoch_ends", list_of(count(0)), required=False)
+    shape.field(shape.field(plan, "resumed_from", OBJECT), "step", count(0), "resumed_from.")
 
 
 @dataclass(frozen=True)
@@ -421,98 +346,7 @@ def read_rank_packs(plan_dir: str | os.PathLike, rank: int, columns: Sequence[st
     return read_parquet(Path(plan_dir) / name, columns, "pack", filters=[("rank", "=", rank)])
 
 
-# ---------------------------------------------------------------- train: heartbeats, metrics, TRAINED
-
-
-def heartbeat_path(run: str | os.PathLike, rank: int) -> Path:
-    return Path(run) / HEARTBEAT_DIR / f"rank-{rank}.json"
-
-
-def heartbeat_events_path(run: str | os.PathLike, rank: int) -> Path:
-    return Path(run) / HEARTBEAT_DIR / f"rank-{rank}.events.jsonl"
-
-
-def read_heartbeats(
-    run: str | os.PathLike, since: float = 0.0, on_bad: Callable[[str], object] | None = None
-) -> dict[int, dict]:
-    """rank -> its latest heartbeat written at or after `since` (older ones belong to an earlier attempt).
-
-    A rank without a file (not started, or its file cleared by a relaunch while listing) is absent. A file that
-    is not a heartbeat is an InputError, or with `on_bad` (readers that show what they can: triage, report) a
-    one-line note passed to it, and that rank is absent.
-    """
-    beats = {}
-    for path in sorted((Path(run) / HEARTBEAT_DIR).glob("rank-*.json")):
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            continue
-        except (OSError, UnicodeDecodeError) as exc:
-            _bad(on_bad, f"{path}: cannot read heartbeat ({first_line(exc)})", "that rank's placement is not shown")
-            continue
-        try:
-            beat = json.loads(text)
-            rank, written = int(beat["rank"]), float(beat.get("time", 0))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            _bad(on_bad, f"{path}: not a heartbeat ({first_line(exc)})", "that rank's placement is not shown")
-            continue
-        if written >= since:
-            beats[rank] = beat
-    return beats
-
-
-def _bad(on_bad: Callable[[str], object] | None, problem: str, consequence: str) -> None:
-    """A damaged heartbeat record: an InputError without `on_bad`, else `on_bad(note)` and the reader goes on."""
-    if on_bad is None:
-        raise InputError(f"{problem}; rerun train")
-    on_bad(f"{problem}: {consequence}")
-
-
-def _heartbeat_event(line: str) -> tuple:
-    e = json.loads(line)
-    row = (float(e["time"]), int(e["rank"]), int(e.get("step", 0)), int(e.get("epoch", 0)), str(e["phase"]))
-    if not math.isfinite(row[0]):
-        raise ValueError(f"time {e['time']!r}")
-    return row
-
-
-def read_heartbeat_events(run: str | os.PathLike, on_bad: Callable[[str], object] | None = None) -> pd.DataFrame:
-    """Every rank's phase changes (HEARTBEAT_EVENT_COLUMNS), sorted by rank and time; empty without any.
-
-    A bad line is an InputError naming file:line; with `on_bad`, a file's bad lines among good ones are skipped
-    and counted in one note passed to it (a file with no readable line is still an error: another file).
-    """
-    events = []
-    for path in sorted((Path(run) / HEARTBEAT_DIR).glob("rank-*.events.jsonl")):
-        try:
-            lines = path.read_text().splitlines()
-        except FileNotFoundError:
-            continue
-        except (OSError, UnicodeDecodeError) as exc:
-            problem = f"{path}: cannot read heartbeat events ({first_line(exc)})"
-            _bad(on_bad, problem, "that rank's phases are not shown")
-            continue
-        bad, good = [], []
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                good.append(_heartbeat_event(line))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                bad.append((lineno, first_line(exc)))
-        if bad and (on_bad is None or not good):  # nothing in it is a heartbeat event: not damage but another file
-            raise InputError(f"{path}:{bad[0][0]}: not a heartbeat event ({bad[0][1]}); rerun train")
-        events += good
-        if bad:
-            more = f" and {len(bad) - 1} more line(s)" if len(bad) > 1 else ""
-            on_bad(
-                f"{path}:{bad[0][0]}: not a heartbeat event ({bad[0][1]}){more}: skipped, the phases there come "
-                "from power and metrics alone"
-            )
-    import pandas as pd  # not at import: the training ranks write heartbeats and never read them
-
-    frame = pd.DataFrame(events, columns=HEARTBEAT_EVENT_COLUMNS)
-    return frame.sort_values(["rank", "time"], kind="stable", ignore_index=True)
+# ---------------------------------------------------------------- train: metrics, TRAINED (heartbeats: heartbeats.py)
 
 
 def check_columns(path: Path, have, needed: Sequence[str], what: str, rerun: str) -> None:
@@ -559,6 +393,27 @@ def is_watcher_record(path: Path) -> bool:
     """Whether `path` is a watcher.json (an earlier watcher's verdict, which a new watcher may replace)."""
     record = json.loads(Path(path).read_text())
     return isinstance(record, dict) and {"verdict", "started", "settings", "world_size"} <= record.keys()
+
+
+QUIET_VERDICTS = ("running", "healthy")  # records that found nothing: a new watcher may replace them
+
+
+def check_no_finding(dest: Path) -> None:
+    """Refuse to replace a watcher.json whose verdict found something (a deadlock, a stall, missing ranks,
+    killed or only warned about): a standalone watch would overwrite the one record of what happened.
+    (launch removes its run's watcher.json itself before a new attempt starts.)"""
+    try:
+        record = json.loads(dest.read_text())
+    except (OSError, ValueError):
+        return  # missing (check_file_output vouched for the rest)
+    verdict = record.get("verdict") if isinstance(record, dict) else None
+    if verdict in QUIET_VERDICTS:
+        return
+    acted = {"kill": "the job was killed", "warn": "it was warned about"}.get(record.get("action"), "")
+    raise InputError(
+        f"{dest}: holds an earlier watcher's verdict '{verdict}'{f' ({acted})' if acted else ''}; a new watch "
+        "would replace it: pass --out elsewhere, or move or remove that file first"
+    )
 
 
 def read_gate_report(gate_dir: str | os.PathLike) -> dict | None:
@@ -644,46 +499,6 @@ METRICS_SCHEMA = pa.schema(
         ("time", pa.float64()),
     ]
 )
-
-
-# what a rank is doing, in order (heartbeats; not the power phases of triage_tables.py)
-HEARTBEAT_PHASES = ("init", "train", "eval", "checkpoint", "export", "done")
-
-
-class Heartbeat:
-    """`heartbeat/rank-<r>.json`: the rank's latest step and phase, rewritten atomically every step.
-
-    Phase changes are also appended to `rank-<r>.events.jsonl` (a few lines per
-    checkpoint, not per step) so triage can place checkpoints in time after the run.
-    """
-
-    def __init__(self, out: Path, rank: int, local_rank: int = 0, gpu: int | None = None):
-        self.path = heartbeat_path(out, rank)
-        self.events = heartbeat_events_path(out, rank)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.base = {
-            "rank": rank,
-            "local_rank": local_rank,
-            "gpu": gpu,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-        }
-        self.phase = None
-        self.plan: dict = {}
-
-    def set_plan(self, total_steps: int, epoch_ends: list[int]) -> None:
-        """This rank's planned schedule: total steps and the global step that ends each epoch."""
-        self.plan = {"total_steps": total_steps, "epoch_ends": epoch_ends}
-
-    def beat(self, step: int, epoch: int, phase: str, **extra) -> None:
-        assert phase in HEARTBEAT_PHASES, phase
-        record = dict(self.base, step=step, epoch=epoch, phase=phase, time=time.time(), **self.plan, **extra)
-        write_bytes_atomic(self.path, (json.dumps(record) + "\n").encode())
-        if phase != self.phase:
-            self.phase = phase
-            event = {"time": record["time"], "rank": self.base["rank"], "step": step, "epoch": epoch, "phase": phase}
-            with open(self.events, "a") as f:
-                f.write(json.dumps(event) + "\n")
 
 
 class MetricsTable:

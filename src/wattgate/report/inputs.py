@@ -35,16 +35,14 @@ from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, T
 from wattgate.power.triage.stage import recorded_caps, triage
 from wattgate.report.gate_input import usable_gate
 from wattgate.report.metrics import trusted_metrics
+from wattgate.heartbeats import HEARTBEAT_EVENT_COLUMNS, read_heartbeat_events, read_heartbeats
 from wattgate.run_files import (
     GATE_REPORT,
-    HEARTBEAT_EVENT_COLUMNS,
     METRICS,
     parquet_columns,
     read_eval,
     read_metrics,
     read_gate_report,
-    read_heartbeat_events,
-    read_heartbeats,
     read_json_object,
     read_trained,
     read_watcher,

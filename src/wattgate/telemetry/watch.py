@@ -40,7 +40,8 @@ from wattgate.durations import fmt_hours
 from wattgate.errors import InputError
 from wattgate.telemetry.hang_cost import hang_cost
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, TriageSettings, TriageTable
-from wattgate.run_files import WATCHER, is_watcher_record, read_heartbeats  # noqa: F401 (read_heartbeats: callers import it here)
+from wattgate.heartbeats import read_heartbeats  # noqa: F401 (callers import it here)
+from wattgate.run_files import WATCHER, check_no_finding, is_watcher_record
 from wattgate.telemetry.kill import _alive, _stop_job, kill_tree, process_tree  # noqa: F401 (re-exported)
 from wattgate.trace import SEGMENT_DIR_SUFFIX, _segment_range, live_segments
 from wattgate.telemetry.watch_inputs import COLLECTIVE_PHASES, WATCH_PHASES, ActivityMeter, BeatReader, first_steps
@@ -562,27 +563,6 @@ def _note_bad_heartbeats(record: dict, bad: dict[str, str]) -> bool:
         print(f"watch: heartbeat/{name}: {why}; that rank's last good heartbeat stands", file=sys.stderr, flush=True)
     record["bad_heartbeats"].update(new)
     return bool(new)
-
-
-QUIET_VERDICTS = ("running", "healthy")  # records that found nothing: a new watcher may replace them
-
-
-def check_no_finding(dest: Path) -> None:
-    """Refuse to replace a watcher.json whose verdict found something (a deadlock, a stall, missing ranks,
-    killed or only warned about): a standalone watch would overwrite the one record of what happened.
-    (launch removes its run's watcher.json itself before a new attempt starts.)"""
-    try:
-        record = json.loads(dest.read_text())
-    except (OSError, ValueError):
-        return  # missing (check_file_output vouched for the rest)
-    verdict = record.get("verdict") if isinstance(record, dict) else None
-    if verdict in QUIET_VERDICTS:
-        return
-    acted = {"kill": "the job was killed", "warn": "it was warned about"}.get(record.get("action"), "")
-    raise InputError(
-        f"{dest}: holds an earlier watcher's verdict '{verdict}'{f' ({acted})' if acted else ''}; a new watch "
-        "would replace it: pass --out elsewhere, or move or remove that file first"
-    )
 
 
 def run_watch(

@@ -18,7 +18,7 @@ import socket
 from collections import deque
 from pathlib import Path
 
-from wattgate.run_files import HEARTBEAT_DIR, HEARTBEAT_PHASES, heartbeat_events_path
+from wattgate.heartbeats import HEARTBEAT_DIR, HEARTBEAT_PHASES, heartbeat_events_path
 
 # the train loop's validation pass beats `eval` (issue 22): known here whether or not run_files lists it yet
 WATCH_PHASES = tuple(dict.fromkeys(HEARTBEAT_PHASES[:2] + ("eval",) + HEARTBEAT_PHASES[2:]))

@@ -33,6 +33,7 @@ from wattgate.forecast.walltime import plan_step_costs
 from wattgate.model_spec import load_model_spec
 from wattgate.run_files import EVAL_PACKS
 from wattgate.train.metrics import process_age_s
+from wattgate.heartbeats import Heartbeat
 from wattgate.run_files import (
     EVAL,
     METRICS,
@@ -40,7 +41,6 @@ from wattgate.run_files import (
     PACKS,
     PLAN,
     EvalTable,
-    Heartbeat,
     MetricsTable,
     claim_output,
     read_manifest,

@@ -16,12 +16,10 @@ import numpy as np
 import pandas as pd
 
 from wattgate.errors import InputError
+from wattgate.heartbeats import HEARTBEAT_EVENT_COLUMNS, read_heartbeat_events, read_heartbeats
 from wattgate.run_files import (
-    HEARTBEAT_EVENT_COLUMNS,
     METRICS,
     check_columns,
-    read_heartbeat_events,
-    read_heartbeats,
     read_metrics,
 )
 
@@ -59,7 +57,7 @@ def load_run_info(
 ) -> RunInfo:
     """Heartbeat events/states and metrics.parquet of a run folder; every file is optional. `metrics`: the
     file already read (with at least RUN_INFO_METRICS), so that it is not read twice. `on_bad`: where a note
-    on a damaged heartbeat goes (it is then skipped, as run_files.read_heartbeats says); None: an error."""
+    on a damaged heartbeat goes (it is then skipped, as heartbeats.read_heartbeats says); None: an error."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such run folder")

@@ -1,0 +1,155 @@
+"""Heartbeats: each training rank's latest step and phase (`heartbeat/rank-<r>.json`, rewritten atomically
+every step) and its phase changes (`rank-<r>.events.jsonl`), with their readers beside the writer (the watcher,
+triage and the report read them). Formats: docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from wattgate.artifacts import write_bytes_atomic
+from wattgate.errors import InputError, first_line
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+HEARTBEAT_DIR = "heartbeat"  # train: rank-<r>.json (state), rank-<r>.events.jsonl (phase changes)
+HEARTBEAT_EVENT_COLUMNS = ["time", "rank", "step", "epoch", "phase"]
+
+
+def heartbeat_path(run: str | os.PathLike, rank: int) -> Path:
+    return Path(run) / HEARTBEAT_DIR / f"rank-{rank}.json"
+
+
+def heartbeat_events_path(run: str | os.PathLike, rank: int) -> Path:
+    return Path(run) / HEARTBEAT_DIR / f"rank-{rank}.events.jsonl"
+
+
+def read_heartbeats(
+    run: str | os.PathLike, since: float = 0.0, on_bad: Callable[[str], object] | None = None
+) -> dict[int, dict]:
+    """rank -> its latest heartbeat written at or after `since` (older ones belong to an earlier attempt).
+
+    A rank without a file (not started, or its file cleared by a relaunch while listing) is absent. A file that
+    is not a heartbeat is an InputError, or with `on_bad` (readers that show what they can: triage, report) a
+    one-line note passed to it, and that rank is absent.
+    """
+    beats = {}
+    for path in sorted((Path(run) / HEARTBEAT_DIR).glob("rank-*.json")):
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            _bad(on_bad, f"{path}: cannot read heartbeat ({first_line(exc)})", "that rank's placement is not shown")
+            continue
+        try:
+            beat = json.loads(text)
+            rank, written = int(beat["rank"]), float(beat.get("time", 0))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            _bad(on_bad, f"{path}: not a heartbeat ({first_line(exc)})", "that rank's placement is not shown")
+            continue
+        if written >= since:
+            beats[rank] = beat
+    return beats
+
+
+def _bad(on_bad: Callable[[str], object] | None, problem: str, consequence: str) -> None:
+    """A damaged heartbeat record: an InputError without `on_bad`, else `on_bad(note)` and the reader goes on."""
+    if on_bad is None:
+        raise InputError(f"{problem}; rerun train")
+    on_bad(f"{problem}: {consequence}")
+
+
+def _heartbeat_event(line: str) -> tuple:
+    e = json.loads(line)
+    row = (float(e["time"]), int(e["rank"]), int(e.get("step", 0)), int(e.get("epoch", 0)), str(e["phase"]))
+    if not math.isfinite(row[0]):
+        raise ValueError(f"time {e['time']!r}")
+    return row
+
+
+def read_heartbeat_events(run: str | os.PathLike, on_bad: Callable[[str], object] | None = None) -> pd.DataFrame:
+    """Every rank's phase changes (HEARTBEAT_EVENT_COLUMNS), sorted by rank and time; empty without any.
+
+    A bad line is an InputError naming file:line; with `on_bad`, a file's bad lines among good ones are skipped
+    and counted in one note passed to it (a file with no readable line is still an error: another file).
+    """
+    events = []
+    for path in sorted((Path(run) / HEARTBEAT_DIR).glob("rank-*.events.jsonl")):
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            problem = f"{path}: cannot read heartbeat events ({first_line(exc)})"
+            _bad(on_bad, problem, "that rank's phases are not shown")
+            continue
+        bad, good = [], []
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                good.append(_heartbeat_event(line))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                bad.append((lineno, first_line(exc)))
+        if bad and (on_bad is None or not good):  # nothing in it is a heartbeat event: not damage but another file
+            raise InputError(f"{path}:{bad[0][0]}: not a heartbeat event ({bad[0][1]}); rerun train")
+        events += good
+        if bad:
+            more = f" and {len(bad) - 1} more line(s)" if len(bad) > 1 else ""
+            on_bad(
+                f"{path}:{bad[0][0]}: not a heartbeat event ({bad[0][1]}){more}: skipped, the phases there come "
+                "from power and metrics alone"
+            )
+    import pandas as pd  # not at import: the training ranks write heartbeats and never read them
+
+    frame = pd.DataFrame(events, columns=HEARTBEAT_EVENT_COLUMNS)
+    return frame.sort_values(["rank", "time"], kind="stable", ignore_index=True)
+
+
+# what a rank is doing, in order (heartbeats; not the power phases of triage_tables.py)
+HEARTBEAT_PHASES = ("init", "train", "eval", "checkpoint", "export", "done")
+
+
+class Heartbeat:
+    """`heartbeat/rank-<r>.json`: the rank's latest step and phase, rewritten atomically every step.
+
+    Phase changes are also appended to `rank-<r>.events.jsonl` (a few lines per
+    checkpoint, not per step) so triage can place checkpoints in time after the run.
+    """
+
+    def __init__(self, out: Path, rank: int, local_rank: int = 0, gpu: int | None = None):
+        self.path = heartbeat_path(out, rank)
+        self.events = heartbeat_events_path(out, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.base = {
+            "rank": rank,
+            "local_rank": local_rank,
+            "gpu": gpu,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        self.phase = None
+        self.plan: dict = {}
+
+    def set_plan(self, total_steps: int, epoch_ends: list[int]) -> None:
+        """This rank's planned schedule: total steps and the global step that ends each epoch."""
+        self.plan = {"total_steps": total_steps, "epoch_ends": epoch_ends}
+
+    def beat(self, step: int, epoch: int, phase: str, **extra) -> None:
+        assert phase in HEARTBEAT_PHASES, phase
+        record = dict(self.base, step=step, epoch=epoch, phase=phase, time=time.time(), **self.plan, **extra)
+        write_bytes_atomic(self.path, (json.dumps(record) + "\n").encode())
+        if phase != self.phase:
+            self.phase = phase
+            event = {"time": record["time"], "rank": self.base["rank"], "step": step, "epoch": epoch, "phase": phase}
+            with open(self.events, "a") as f:
+                f.write(json.dumps(event) + "\n")
