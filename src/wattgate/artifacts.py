@@ -91,13 +91,18 @@ def _publishing(dest: Path, tmp: Path, remove: Callable[[Path], object]) -> Iter
             remove(tmp)
 
 
+def _refuse_folder(dest: Path) -> None:
+    """A file output at a folder: one line naming --out (a file is never renamed onto a folder)."""
+    if dest.is_dir():
+        raise InputError(f"{dest}: is a folder; this output is a file: give a file name")
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `dest`; rename it onto `dest` on success (a folder at `dest` is refused
     first: a file is never renamed onto one)."""
     dest = Path(dest)
-    if dest.is_dir():
-        raise InputError(f"{dest}: is a folder; this output is a file: give a file name")
+    _refuse_folder(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(dest), suffix=".tmp", dir=dest.parent)
     os.close(fd)
@@ -296,8 +301,7 @@ def check_file_output(dest: str | os.PathLike, stage: str, ours: Callable[[Path]
     """Refuse (InputError) to write the file `dest` unless it is missing or `ours(dest)` recognises it as
     `stage`'s earlier output (by a signature it carries): a user's file at a file --out is never overwritten."""
     dest = Path(dest)
-    if dest.is_dir():
-        raise InputError(f"{dest}: is a folder; this output is a file: give a file name")
+    _refuse_folder(dest)
     if not os.path.lexists(dest):
         return
     try:

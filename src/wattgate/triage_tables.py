@@ -312,7 +312,8 @@ def window_seconds(value, name: str) -> float:
 
 
 def _config_seconds(cfg: dict, section: str, key: str, default: float, least: float = 0.0) -> float:
-    """The run config's section.key (the default when unset), checked: the schema passes NaN and inf."""
+    """The run config's section.key (the default when unset), checked as a flag is (the config's own validation
+    refuses NaN and inf too, but a config built in code may not have been validated)."""
     value = (cfg.get(section) or {}).get(key)
     return default if value is None else positive_seconds(value, f"config {section}.{key}", least)
 
