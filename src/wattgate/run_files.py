@@ -49,19 +49,28 @@ TRAINED = "TRAINED"  # train (rank 0), the stage's declared output
 WATCHER = "watcher.json"  # watch (started by launch)
 GATE_REPORT = "gate.json"  # gate
 EVAL_PACKS = "eval_packs.parquet"  # pack: the validation pass, published with packs.parquet
+# A graceful stop (docs/architecture.md "Graceful stop"): launch (or anyone) writes STOP_REQUEST into the run
+# folder; every rank also takes SIGTERM/SIGUSR1 as a request. The ranks agree at the next collective-safe
+# point, publish a checkpoint, rank 0 writes STOPPED (step, checkpoint, reason) and every rank exits 0;
+# launch then exits EXIT_STOPPED (wattgate.errors): "stopped, resume me".
+STOP_REQUEST = "STOP_REQUESTED"
+STOPPED = "STOPPED"
+GATED_CONFIG = "config.yaml"  # gate: its own copy of the config it checked; launch and train read this one
 
 # The names each stage that writes into its --out in place (rather than publishing a whole folder) may
 # find there of its own: such a folder without the `.wattgate-output` marker is an output of a wattgate from
 # before the marker (or holds what another rank of the same launch has made by now), and is adopted.
 STAGE_FILES = {
     "pack": (PLAN, PACKS, EVAL_PACKS, "history"),
-    "gate": (GATE_REPORT, "gate.md", "PASSED", "UNENFORCED"),
+    "gate": (GATE_REPORT, "gate.md", "PASSED", "UNENFORCED", GATED_CONFIG),
     "train": (
         TRAINED,
         METRICS,
         EVAL,
         WATCHER,
         "collectives.json",
+        STOP_REQUEST,
+        STOPPED,
         HEARTBEAT_DIR,
         "checkpoints",
         "checkpoints.stale-*",
