@@ -49,23 +49,45 @@ def flex_attention_trainable(device_type: str) -> bool:
     return True
 
 
-def resolve_attn_implementation(requested: str, device_type: str, bf16: bool = True) -> str:
+# the transformers PreTrainedModel flag that says a model class runs each kernel
+SUPPORT_FLAGS = {
+    "flash_attention_2": "_supports_flash_attn",
+    "flex_attention": "_supports_flex_attn",
+    "sdpa": "_supports_sdpa",
+}
+
+
+def model_supports(model_class, implementation: str) -> bool:
+    """Whether `model_class` (a transformers model class; None: any) declares it runs `implementation`
+    (Gemma 2 does not run sdpa: it has no attention softcapping). eager always runs."""
+    flag = SUPPORT_FLAGS.get(implementation)
+    return model_class is None or flag is None or bool(getattr(model_class, flag, False))
+
+
+def resolve_attn_implementation(requested: str, device_type: str, bf16: bool = True, model_class=None) -> str:
     """The transformers attn_implementation to build the model with, for train.attn_implementation.
 
     `bf16`: the forward runs in bf16 (train.mixed_precision bf16 on GPUs); flash_attn has no fp32
     kernel. auto: flash_attention_2 on CUDA in bf16 when flash_attn imports, else flex_attention on
-    CUDA when it can train, else sdpa (always on CPU). An explicit choice that cannot train here is
+    CUDA when it can train, else sdpa (always on CPU), else eager, each only when `model_class` (the
+    transformers class that will be built) supports it. An explicit choice that cannot train here is
     an InputError, not a silent switch: the user asked for that kernel and its speed.
     """
     if requested not in ("auto", *EXPLICIT):
         raise InputError(f"train.attn_implementation: {requested!r} is not one of auto, {', '.join(EXPLICIT)}")
     flash_ok = device_type == "cuda" and bf16 and flash_attn_importable()
     if requested == "auto":
-        if flash_ok:
-            return "flash_attention_2"
-        if flex_attention_trainable(device_type):
-            return "flex_attention"
-        return "sdpa"
+        candidates = [
+            ("flash_attention_2", flash_ok),
+            ("flex_attention", flex_attention_trainable(device_type)),
+            ("sdpa", True),
+        ]
+        return next((k for k, ok in candidates if ok and model_supports(model_class, k)), "eager")
+    if not model_supports(model_class, requested):
+        raise InputError(
+            f"train.attn_implementation: {model_class.__name__} does not support {requested} "
+            "(transformers says so); set it to auto or eager"
+        )
     if requested == "flash_attention_2" and not flash_ok:
         if device_type != "cuda":
             why = "needs CUDA"

@@ -12,8 +12,16 @@ Two kinds (train.loss):
   per-token losses are summed in fp32 instead (1e-5). Under FSDP2 it runs as a forward method of
   the root (register_fsdp_forward_method): the head weight (embed_tokens' when tied) is
   all-gathered exactly there, as for the root's own forward, and reduce-scattered after backward.
-- full: the [B, S, V] logits (forward_logits) and their fp32 cross-entropy (loss_sum): the
-  reference the chunked kind is tested against, and the baseline of bench/loss.py.
+- full: the [B, S, V] logits of the model's own forward (forward_logits) and their fp32 cross-entropy
+  (loss_sum): the reference the chunked kind is tested against, and the baseline of bench/loss.py.
+
+The loss is the model's own: some models change the head's output before their loss (Granite divides by
+logits_scaling, Cohere multiplies by logit_scale, Gemma 2/3 softcap with tanh(x / c) * c). The chunked kind
+reads what the model's forward does after its head from that forward's source (logit_transform): a scale is
+folded into the hidden state (the same F.linear_cross_entropy); a tanh softcap makes each chunk's logits
+here, one chunk at a time under torch.utils.checkpoint (memory stays one chunk's logits, for one more head
+matmul per chunk in backward). A forward it does not recognize trains with the full kind instead, with a
+one-line notice: never on another objective than the model's.
 
 Both shift within each packed row: position t predicts label t+1 of the same row, and the
 labels (train/data.py) are IGNORE at each document's first token, so no document predicts the next.
@@ -21,6 +29,11 @@ labels (train/data.py) are IGNORE at each document's first token, so no document
 
 from __future__ import annotations
 
+import ast
+import inspect
+import math
+import sys
+import textwrap
 import types
 from dataclasses import dataclass
 
@@ -36,6 +49,7 @@ LOSS_KINDS = ("chunked", "full")
 # and large enough that each chunk's matmuls keep a GPU busy (see the schema's description)
 DEFAULT_CHUNK_TOKENS = 1024
 ROOT_LOSS_METHOD = "wattgate_chunked_loss"
+LOGIT_TRANSFORM = "wattgate_logit_transform"  # logit_transform's answer, cached on the model
 
 
 @dataclass(frozen=True)
@@ -97,18 +111,52 @@ def final_hidden(model, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     return hidden.view(*tensors["input_ids"].shape, hidden.shape[-1])
 
 
+@dataclass(frozen=True)
+class LogitTransform:
+    """What a model's forward does to its head's output before the loss, in order: ("scale", s) multiplies by
+    s, ("tanh", None) takes tanh. Gemma's softcap c is scale 1/c, tanh, scale c; () is a plain head."""
+
+    ops: tuple[tuple[str, float | None], ...] = ()
+
+    @property
+    def scale(self) -> float | None:
+        """The one factor the ops multiply by, or None when a tanh makes them nonlinear."""
+        if any(op == "tanh" for op, _ in self.ops):
+            return None
+        return math.prod(v for _, v in self.ops)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        for op, value in self.ops:
+            logits = torch.tanh(logits) if op == "tanh" else logits * value
+        return logits
+
+    def describe(self) -> str:
+        return " then ".join("tanh" if op == "tanh" else f"x {value:.6g}" for op, value in self.ops) or "none"
+
+
+PLAIN = LogitTransform()
+
+
 def chunked_cross_entropy_sum(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     targets: torch.Tensor,
     chunk_tokens: int,
     bias: torch.Tensor | None = None,
+    transform: LogitTransform = PLAIN,
 ) -> torch.Tensor:
-    """fp32 sum over targets != IGNORE of cross_entropy(hidden @ weight.T + bias), chunk_tokens rows at a time."""
+    """fp32 sum over targets != IGNORE of cross_entropy(transform(hidden @ weight.T + bias)), chunk_tokens
+    rows at a time."""
     flat, target = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    wants_grad = torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)
+    scale = transform.scale
+    if scale is None:
+        return _checkpointed_chunks_sum(flat, weight, bias, target, chunk_tokens, transform, wants_grad)
+    if scale != 1.0:  # s (h W^T + b) = (s h) W^T + s b: the hidden state [tokens, H] is far smaller than W
+        flat = flat * scale
+        bias = None if bias is None else bias * scale
     options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk_tokens, chunking_method=None)
     kwargs = dict(linear_bias=bias, ignore_index=IGNORE, options=options)
-    wants_grad = torch.is_grad_enabled() and (flat.requires_grad or weight.requires_grad)
     if wants_grad:
         return F.linear_cross_entropy(flat, weight, target, reduction="sum", **kwargs).float()
     # no graph (validation): torch accumulates a "sum" in the input dtype (bf16 under mixed precision);
@@ -116,12 +164,270 @@ def chunked_cross_entropy_sum(
     return F.linear_cross_entropy(flat, weight, target, reduction="none", **kwargs).float().sum()
 
 
+def _chunk_loss(hidden, weight, bias, target, transform: LogitTransform) -> torch.Tensor:
+    # the transform runs in fp32 (the model's forward runs it in the compute dtype): the same function, rounded less
+    logits = transform.apply(F.linear(hidden, weight, bias).float())
+    return F.cross_entropy(logits, target, ignore_index=IGNORE, reduction="sum")
+
+
+def _checkpointed_chunks_sum(flat, weight, bias, target, chunk_tokens: int, transform, wants_grad: bool):
+    """A transform F.linear_cross_entropy has no option for (a tanh softcap), one chunk at a time here. Under a
+    graph each chunk is checkpointed: backward recomputes its logits instead of keeping every chunk's."""
+    from torch.utils.checkpoint import checkpoint
+
+    total = torch.zeros((), dtype=torch.float32, device=flat.device)
+    for start in range(0, flat.shape[0], chunk_tokens):
+        rows, t = flat[start : start + chunk_tokens], target[start : start + chunk_tokens]
+        if wants_grad:
+            total = total + checkpoint(_chunk_loss, rows, weight, bias, t, transform, use_reentrant=False)
+        else:
+            total = total + _chunk_loss(rows, weight, bias, t, transform)
+    return total
+
+
+# ---------------------------------------------------------------- what the model does after its head
+
+
+class _Unrecognized(Exception):
+    """A statement of the model's forward that logit_transform cannot read as a known logit transform."""
+
+
+TANH_CALLS = frozenset({"torch.tanh", "nn.functional.tanh", "torch.nn.functional.tanh", "F.tanh"})
+UPCASTS = frozenset({"float", "contiguous"})  # the same values (fp32 or a copy): the loss is fp32 anyway
+
+
+def logit_transform(model) -> tuple[LogitTransform | None, str]:
+    """(transform, "") when the model's forward computes its logits as its output embeddings applied to its
+    decoder's output followed only by scales and tanh (read from the forward's source, with the values of the
+    config and attributes it names); (None, why) for any other forward. Cached on the model. It reads code and
+    config only, so every rank, and the gate's proof over fake tensors, decides alike."""
+    cached = model.__dict__.get(LOGIT_TRANSFORM)
+    if cached is None:
+        try:
+            cached = (_read_forward(model), "")
+        except _Unrecognized as exc:
+            cached = (None, str(exc))
+        object.__setattr__(model, LOGIT_TRANSFORM, cached)
+    return cached
+
+
+def _read_forward(model) -> LogitTransform:
+    forward = inspect.unwrap(type(model).forward)
+    where = forward.__qualname__
+    try:
+        func = ast.parse(textwrap.dedent(inspect.getsource(forward))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError) as exc:
+        raise _Unrecognized(f"the source of {where} cannot be read ({type(exc).__name__})") from None
+    reader = _ForwardReader(model, where)
+    reader.block(func.body)
+    if reader.ops is None:
+        raise _Unrecognized(f"{where} has no `logits = self.<output embeddings>(<decoder output>)`")
+    ops: list = []
+    for op, value in reader.ops:  # consecutive scales as one; a scale of 1 (Granite's default) as none
+        if op == "scale" and ops and ops[-1][0] == "scale":
+            value *= ops.pop()[1]
+        if op == "tanh" or value != 1.0:
+            ops.append((op, value))
+    return LogitTransform(tuple(ops))
+
+
+class _ForwardReader:
+    """Walks a causal LM's forward statement by statement: the decoder call, the hidden state it returns (at
+    most sliced), the head applied to it, then every later write to `logits`, each a scale or a tanh.
+    An `if` that decides any of them must be a constant of the model (self.config.final_logit_softcapping)."""
+
+    RELEVANT = frozenset({"logits", "hidden_states"})
+
+    def __init__(self, model, where: str):
+        self.model, self.where = model, where
+        self.decoder, self.head = model.get_decoder(), model.get_output_embeddings()
+        self.decoder_outputs: set[str] = set()  # names bound to the decoder's output
+        self.hidden_ok = False  # hidden_states holds the decoder's last hidden state, at most sliced
+        self.ops: list | None = None  # None until the head is applied
+
+    def fail(self, node, what: str):
+        raise _Unrecognized(f"{self.where} {what}: `{ast.unparse(node).splitlines()[0]}`")
+
+    def block(self, statements) -> None:
+        for stmt in statements:
+            self.statement(stmt)
+
+    @staticmethod
+    def writes(node) -> set[str]:
+        """Names a statement binds or mutates (a subscript store, an in-place method such as logits.div_)."""
+        out = set()
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                out.add(n.id)
+            elif isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name):
+                out.add(n.value.id)
+            elif isinstance(n, ast.Attribute) and n.attr.endswith("_") and isinstance(n.value, ast.Name):
+                out.add(n.value.id)
+        return out
+
+    def statement(self, stmt) -> None:
+        relevant = self.writes(stmt) & (self.RELEVANT | self.decoder_outputs)
+        if isinstance(stmt, ast.If):
+            if relevant:
+                self.block(stmt.body if self.value(stmt.test) else stmt.orelse)
+            return
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            if len(targets) == 1 and isinstance(targets[0], ast.Name):
+                self.assign(stmt, targets[0].id, stmt.value)
+                return
+        if "logits" in relevant or (self.ops is None and relevant):
+            self.fail(stmt, "changes the hidden state or the logits")
+
+    def assign(self, stmt, name: str, value) -> None:
+        if self.ops is None and self.is_self_call(value, self.decoder):
+            self.decoder_outputs.add(name)
+        elif name == "hidden_states":
+            self.hidden_ok = self.ops is None and self.is_decoder_hidden(value)
+        elif name == "logits":
+            if self.ops is None and not self.is_head_call(value):
+                self.fail(stmt, "computes its logits other than as the output embeddings of the decoder's output")
+            self.ops = self.logits_ops(stmt, value)
+        else:
+            self.decoder_outputs.discard(name)
+
+    def is_self_call(self, node, module) -> bool:
+        """node calls `module` as an attribute of self (self.model, self.model.decoder)."""
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            return False
+        try:
+            return self.value(node.func) is module
+        except _Unrecognized:
+            return False
+
+    def is_decoder_hidden(self, node) -> bool:
+        """outputs.last_hidden_state, outputs[0], or slice_logits_to_keep(hidden_states, ...) of one of them."""
+        if isinstance(node, ast.Attribute) and node.attr == "last_hidden_state":
+            return isinstance(node.value, ast.Name) and node.value.id in self.decoder_outputs
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name):
+            first = isinstance(node.slice, ast.Constant) and node.slice.value == 0
+            return node.value.id in self.decoder_outputs and first
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "slice_logits_to_keep" and node.args:
+            return self.hidden_ok and ast.unparse(node.args[0]) == "hidden_states"
+        return False
+
+    def is_head_call(self, node) -> bool:
+        """self.lm_head(h), maybe upcast or scaled, where h is the decoder's hidden state, at most sliced
+        along the sequence (hidden_states[:, slice_indices, :])."""
+        while isinstance(node, ast.BinOp) or (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in UPCASTS
+        ):
+            node = node.left if isinstance(node, ast.BinOp) else node.func.value
+        if not (self.is_self_call(node, self.head) and len(node.args) == 1 and not node.keywords):
+            return False
+        h = node.args[0]
+        if isinstance(h, ast.Subscript) and isinstance(h.slice, ast.Tuple) and len(h.slice.elts) == 3:
+            first, _, last = h.slice.elts
+            if all(isinstance(e, ast.Slice) and not (e.lower or e.upper or e.step) for e in (first, last)):
+                h = h.value
+        return isinstance(h, ast.Name) and h.id == "hidden_states" and self.hidden_ok
+
+    def logits_ops(self, stmt, node) -> list:
+        """The ops of a logits expression: those of the logits so far (or the head's: none), then its own."""
+        if isinstance(node, ast.Name) and node.id == "logits" and self.ops is not None:
+            return list(self.ops)
+        if self.is_self_call(node, self.head):
+            return []
+        call = isinstance(node, ast.Call)
+        if call and isinstance(node.func, ast.Attribute) and node.func.attr in UPCASTS:
+            if not node.args and not node.keywords:
+                return self.logits_ops(stmt, node.func.value)
+        if call and ast.unparse(node.func) in TANH_CALLS and len(node.args) == 1 and not node.keywords:
+            return [*self.logits_ops(stmt, node.args[0]), ("tanh", None)]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
+            on_left = self.holds_logits(node.left)
+            if on_left == self.holds_logits(node.right) or (isinstance(node.op, ast.Div) and not on_left):
+                self.fail(stmt, "combines its logits with something other than a constant")
+            inner, factor = (node.left, node.right) if on_left else (node.right, node.left)
+            value = self.number(stmt, factor)
+            return [*self.logits_ops(stmt, inner), ("scale", 1.0 / value if isinstance(node.op, ast.Div) else value)]
+        self.fail(stmt, "transforms its logits in a way the chunked loss does not know")
+
+    @staticmethod
+    def holds_logits(node) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in ("logits", "hidden_states") for n in ast.walk(node))
+
+    def number(self, stmt, node) -> float:
+        value = self.value(node)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value == 0:
+            self.fail(stmt, f"scales its logits by {type(value).__name__} {value!r}, not a finite nonzero number")
+        return float(value)
+
+    def value(self, node):
+        """A constant expression over self's attributes (self.config.logits_scaling is not None, 1 / self.x)."""
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Attribute):
+            chain, base = [node.attr], node.value
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id == "self":
+                obj = self.model
+                for attr in reversed(chain):
+                    obj = getattr(obj, attr, None)
+                return obj
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
+            v = self.value(node.operand)
+            return not v if isinstance(node.op, ast.Not) else (-v if isinstance(node.op, ast.USub) else v)
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+            return _ARITHMETIC[type(node.op)](self.value(node.left), self.value(node.right))
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARISONS:
+            return _COMPARISONS[type(node.ops[0])](self.value(node.left), self.value(node.comparators[0]))
+        if isinstance(node, ast.BoolOp):
+            values = [self.value(v) for v in node.values]
+            return all(values) if isinstance(node.op, ast.And) else any(values)
+        raise _Unrecognized(f"{self.where} decides its logits by `{ast.unparse(node)}`, not a constant of the model")
+
+
+_ARITHMETIC = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+    ast.Pow: lambda a, b: a**b,
+}
+_COMPARISONS = {
+    ast.Is: lambda a, b: a is b,
+    ast.IsNot: lambda a, b: a is not b,
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+}
+
+
+def effective_loss_kind(model, requested: str) -> str:
+    """train.loss as it runs for this model: chunked only when logit_transform knows what the model does after
+    its head; otherwise full (the model's own logits), with a one-line notice from rank 0 the first time."""
+    if requested != "chunked":
+        return requested
+    first = LOGIT_TRANSFORM not in model.__dict__
+    transform, why = logit_transform(model)
+    if first and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+        if transform is None:
+            print(
+                f"train: train.loss chunked needs to know what the model does to its logits, and {why}: "
+                "training with train.loss full (the model's own logits, [micro-batch tokens x vocab] in memory)",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif transform.ops:
+            name = type(model).__name__.removeprefix("FSDP")  # fully_shard's subclass of the model's class
+            print(f"train: the chunked loss applies {name}'s logit transform ({transform.describe()})", flush=True)
+    return "full" if transform is None else "chunked"
+
+
 def _root_chunked_loss(model, tensors: dict[str, torch.Tensor], chunk_tokens: int) -> torch.Tensor:
     """The chunked loss from the model's own modules; under FSDP2 the body of the root's forward method."""
     head = model.get_output_embeddings()
     hidden = final_hidden(model, tensors)
+    transform = logit_transform(model)[0] or PLAIN  # (None: summed_token_loss took the full kind)
     return chunked_cross_entropy_sum(
-        hidden, head.weight, shifted_targets(tensors["labels"]), chunk_tokens, getattr(head, "bias", None)
+        hidden, head.weight, shifted_targets(tensors["labels"]), chunk_tokens, getattr(head, "bias", None), transform
     )
 
 
@@ -144,6 +450,6 @@ def summed_token_loss(model, tensors: dict[str, torch.Tensor], settings: LossSet
     Works with a plain model and an FSDP2-sharded one, with and without a graph (the training step
     and the validation forward under torch.no_grad()).
     """
-    if settings.kind == "full":
+    if effective_loss_kind(model, settings.kind) == "full":
         return loss_sum(forward_logits(model, tensors), tensors["labels"])
     return root_loss_method(model)(tensors, settings.chunk_tokens)

@@ -47,13 +47,33 @@ def model_hf_config(model_cfg: dict):
     return config
 
 
+def causal_lm_class(config):
+    """The transformers class AutoModelForCausalLM builds for `config` (without building it)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM._model_mapping[type(config)]
+    except KeyError:
+        raise InputError(
+            f"model: {type(config).__name__} ({config.model_type}) has no causal-LM class in transformers; "
+            "wattgate trains decoder language models"
+        ) from None
+
+
 def build_meta_model(model_cfg: dict, attn_implementation: str):
     """The model's module tree on the meta device (no parameter memory), in fp32 master dtype."""
     from transformers import AutoModelForCausalLM
 
     config = model_hf_config(model_cfg)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attn_implementation)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=torch.float32, attn_implementation=attn_implementation
+            )
+    except (ValueError, AssertionError) as exc:  # an attention kernel the model does not run, a pad id past vocab
+        msg = " ".join(str(exc).split())[:300]
+        kind = config.model_type
+        raise InputError(f"model: transformers cannot build {kind} with {attn_implementation} ({msg})") from None
     # FSDP2 renames the class (FSDPQwen3ForCausalLM); the export names the real one
     model.config.architectures = [type(model).__name__]
     return model
@@ -133,7 +153,8 @@ def load_sharded_model(model_cfg: dict, s, mesh, device: torch.device, fill: boo
     from wattgate.train.weights import materialize
 
     on_cuda = device.type == "cuda"
-    attn = resolve_attn_implementation(s.attn_implementation, device.type, bf16=on_cuda and s.mixed_precision)
+    model_class = causal_lm_class(model_hf_config(model_cfg))
+    attn = resolve_attn_implementation(s.attn_implementation, device.type, on_cuda and s.mixed_precision, model_class)
     model = build_meta_model(model_cfg, attn)
     # train.compile: getattr until every TrainSettings carries it
     parallelize(model, mesh, on_cuda, s.mixed_precision, s.activation_checkpointing, getattr(s, "compile", False))

@@ -84,25 +84,89 @@ def materialize(model, device: torch.device, model_cfg: dict, seed: int, fill: b
 
 
 def restore_buffers(model, device: torch.device) -> None:
-    """Recompute buffers (rotary inv_freq) that to_empty left uninitialized, module by module.
+    """Recompute the buffers (rotary inv_freq, Gemma's embed_scale) that to_empty left uninitialized.
 
-    A buffer-owning module (the rotary embedding) is rebuilt from the model config on the
-    device: it is tiny, and computing it is the only way to get it without a checkpoint.
+    Each buffer-owning module gets the model's own init (transformers' `_init_weights`, what its
+    from_pretrained runs for non-persistent buffers after its own meta build) on a stand-in that shares
+    the module's attributes but holds fresh buffers and meta parameters: no constructor signature is
+    assumed (Gemma3TextScaledWordEmbedding takes embed_scale, not a config) and no real weight is touched.
+    A buffer that init leaves unwritten falls back to rebuilding the module from the model config.
     """
     for name, module in model.named_modules():
-        own = list(module._buffers)
+        own = [b for b, buf in module._buffers.items() if buf is not None]
         if not own:
             continue
-        try:
-            with torch.device(device):
-                fresh = type(module)(config=model.config)
-        except TypeError as exc:
-            raise InputError(
-                f"{type(module).__name__} ({name}): cannot rebuild its buffers {own} from the model config ({exc})"
-            ) from None
+        values = _initialized_buffers(model, name, module, device)
+        missing = [b for b in own if b not in values]
+        if missing:
+            values.update(_constructed_buffers(model, name, module, missing, device))
         for b in own:
-            if module._buffers[b] is not None:
-                module._buffers[b] = fresh._buffers[b].to(device)
+            module._buffers[b] = values[b]
+
+
+def _owning_init(model, name: str):
+    """The `_init_weights` of the innermost transformers PreTrainedModel holding module `name` (a composite
+    model's submodels each have their own, as transformers' initialize_weights dispatches them)."""
+    from transformers import PreTrainedModel
+
+    parts = name.split(".") if name else []
+    for k in range(len(parts), -1, -1):
+        owner = model.get_submodule(".".join(parts[:k]))
+        if isinstance(owner, PreTrainedModel):
+            return owner._init_weights
+    return model._init_weights
+
+
+def _stand_in(module, buffers: dict, params: dict):
+    """A shallow copy of `module` (its config, rope type, scalars) with the given buffers and parameters and
+    no children: the model's init writes into it, never into the real module's tensors."""
+    twin = copy.copy(module)
+    object.__setattr__(twin, "_buffers", dict(buffers))
+    object.__setattr__(twin, "_parameters", dict(params))
+    object.__setattr__(twin, "_modules", {})
+    return twin
+
+
+def _meta_params(module) -> dict:
+    return {
+        k: None if p is None else torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), False)
+        for k, p in module._parameters.items()
+    }
+
+
+def _initialized_buffers(model, name: str, module, device: torch.device) -> dict[str, torch.Tensor]:
+    """The buffers the model's own init computes for `module`. It runs twice, over zeros and over ones: a
+    buffer it does not write (or writes only in part) differs between the two and is left out."""
+    init = _owning_init(model, name)
+    results = []
+    for fill in (0, 1):
+        buffers = {
+            k: torch.full(b.shape, fill, dtype=b.dtype, device=device)
+            for k, b in module._buffers.items()
+            if b is not None
+        }
+        twin = _stand_in(module, buffers, _meta_params(module))
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                init(twin)
+        except Exception:  # noqa: BLE001 - any init failure: the constructor path below decides
+            return {}
+        results.append(twin._buffers)
+    zeros, ones = results
+    return {k: v for k, v in zeros.items() if k in ones and torch.equal(v, ones[k])}
+
+
+def _constructed_buffers(model, name: str, module, wanted: list[str], device: torch.device) -> dict:
+    """`wanted` buffers from a fresh module built from the model config (rotary embeddings of older models)."""
+    try:
+        with torch.device(device):
+            fresh = type(module)(config=model.config)
+    except TypeError as exc:
+        raise InputError(
+            f"{type(module).__name__} ({name}): the model's init does not set its buffers {wanted} and it "
+            f"cannot be rebuilt from the model config ({exc}); use a model transformers initializes on meta"
+        ) from None
+    return {b: fresh._buffers[b].to(device) for b in wanted}
 
 
 def checkpoint_tensors(path: Path) -> dict[str, tuple[Path, TensorInfo]]:
@@ -218,9 +282,11 @@ def seeded_normal_rows(name: str, shape: tuple[int, ...], offset: int, rows: int
 
 
 def init_local_shards(model, seed: int) -> None:
-    """transformers' default init for decoder LMs (normal(0, initializer_range) for embeddings and
-    linear weights, zero biases, unit norm weights), drawn so that every world size gets the same model."""
+    """transformers' default init for decoder LMs (normal(0, initializer_range) for embeddings and linear
+    weights, zero biases), drawn so that every world size gets the same model; any other module's parameters
+    (norms: ones, or Gemma's zeros under its 1 + weight) take the model's own init (own_init_values)."""
     std = float(getattr(model.config, "initializer_range", 0.02))
+    own: tuple[str, dict] = ("", {})  # the last module's own-init values (a module's parameters come together)
     for name, param in model.named_parameters():
         module_name, _, leaf = name.rpartition(".")
         module = model.get_submodule(module_name)
@@ -228,20 +294,41 @@ def init_local_shards(model, seed: int) -> None:
         if rows == 0:
             continue
         local = local_tensor(param)
-        if leaf == "bias":
-            local.zero_()
-        elif "norm" in type(module).__name__.lower():
-            local.fill_(1.0)
-        elif isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            if leaf == "bias":
+                local.zero_()
+                continue
             local.copy_(seeded_normal_rows(hf_name(name), tuple(param.shape), offset, rows, seed).mul_(std))
             pad = getattr(module, "padding_idx", None)
             if pad is not None and offset <= pad < offset + rows:
                 local[pad - offset].zero_()
-        else:
-            raise InputError(
-                f"model.config: no random init rule for {name} ({type(module).__name__}); "
-                "use model.path with pretrained weights"
-            )
+            continue
+        if own[0] != module_name:
+            own = (module_name, own_init_values(model, module_name, module, seed))
+        local.copy_(own[1][leaf][offset : offset + rows])
+
+
+def own_init_values(model, name: str, module, seed: int) -> dict[str, torch.Tensor]:
+    """Every parameter of `module` (whole, on the CPU) as the model's own `_init_weights` sets it, with the
+    random generator seeded by (seed, module name): the same on every rank and world size. A parameter the
+    init leaves unset (NaN) has no rule to follow."""
+    params = {
+        k: torch.nn.Parameter(torch.full(p.shape, math.nan, dtype=p.dtype), False)
+        for k, p in module._parameters.items()
+        if p is not None
+    }
+    twin = _stand_in(module, {}, params)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_block_seed(seed, hf_name(name), 0))
+        _owning_init(model, name)(twin)
+    values = {k: twin._parameters[k].detach() for k in params}
+    unset = [f"{name}.{k}" for k, v in values.items() if torch.isnan(v).any()]
+    if unset:
+        raise InputError(
+            f"model.config: no random init rule for {hf_name(unset[0])} ({type(module).__name__}); "
+            "use model.path with pretrained weights"
+        )
+    return values
 
 
 # ---------------------------------------------------------------- export: sharded safetensors
