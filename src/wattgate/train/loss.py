@@ -50,6 +50,7 @@ LOSS_KINDS = ("chunked", "full")
 DEFAULT_CHUNK_TOKENS = 1024
 ROOT_LOSS_METHOD = "wattgate_chunked_loss"
 LOGIT_TRANSFORM = "wattgate_logit_transform"  # logit_transform's answer, cached on the model
+LOSS_NOTICE = "wattgate_loss_notice"  # set once effective_loss_kind has said which loss the model trains on
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,7 @@ def logit_transform(model) -> tuple[LogitTransform | None, str]:
         try:
             cached = (_read_forward(model), "")
         except _Unrecognized as exc:
-            cached = (None, str(exc))
+            cached = (None, " ".join(str(exc).split()))  # one line, whatever the source looked like
         object.__setattr__(model, LOGIT_TRANSFORM, cached)
     return cached
 
@@ -246,7 +247,7 @@ class _ForwardReader:
         self.ops: list | None = None  # None until the head is applied
 
     def fail(self, node, what: str):
-        raise _Unrecognized(f"{self.where} {what}: `{ast.unparse(node).splitlines()[0]}`")
+        raise _Unrecognized(f"{self.where} {what} (`{ast.unparse(node).splitlines()[0]}`)")
 
     def block(self, statements) -> None:
         for stmt in statements:
@@ -354,8 +355,10 @@ class _ForwardReader:
 
     def number(self, stmt, node) -> float:
         value = self.value(node)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value == 0:
-            self.fail(stmt, f"scales its logits by {type(value).__name__} {value!r}, not a finite nonzero number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):  # a learned Parameter, say
+            self.fail(stmt, f"scales its logits by `{ast.unparse(node)}`, a {type(value).__name__}, not a number")
+        if not math.isfinite(value) or value == 0:
+            self.fail(stmt, f"scales its logits by {value!r}, not a finite nonzero number")
         return float(value)
 
     def value(self, node):
@@ -405,13 +408,14 @@ def effective_loss_kind(model, requested: str) -> str:
     its head; otherwise full (the model's own logits), with a one-line notice from rank 0 the first time."""
     if requested != "chunked":
         return requested
-    first = LOGIT_TRANSFORM not in model.__dict__
     transform, why = logit_transform(model)
+    first = not model.__dict__.get(LOSS_NOTICE, False)
+    object.__setattr__(model, LOSS_NOTICE, True)
     if first and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
         if transform is None:
             print(
-                f"train: train.loss chunked needs to know what the model does to its logits, and {why}: "
-                "training with train.loss full (the model's own logits, [micro-batch tokens x vocab] in memory)",
+                f"train: train.loss chunked cannot follow this model's logits ({why}); training with "
+                "train.loss full instead (the model's own logits: [micro-batch tokens x vocab] in memory)",
                 file=sys.stderr,
                 flush=True,
             )
