@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -98,6 +99,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+# PyYAML follows YAML 1.1, whose floats need a dot and a signed exponent (1.0e+9): 1.0e9, 1e9 and 1e-3 stay
+# strings and then fail the schema's "number". YAML 1.2 (and JSON) read them as numbers; so does this loader.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 def load_config(path: str | Path) -> dict:
