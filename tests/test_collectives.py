@@ -282,7 +282,9 @@ def test_the_hang_hint_names_a_ranks_step_class_and_the_collective_expected_next
     assert first.startswith("rank 1: step 1 (class 1 micro-batch + log), train micro-batch 1: the proof expects ")
     assert "collective #2 of the step, c10d._allgather_base_(" in first  # after the loss-token all-reduce
     ckpt = hang_hint(clean, 0, {"step": 5, "phase": "checkpoint"})
-    assert "step 5 (class 1 micro-batch + validation (" in ckpt and ", barrier() on group 0, or a later one" in ckpt
+    # a checkpoint starts with the all-ranks check that the weights are finite (train/loop.py check_finite_weights)
+    assert "step 5 (class 1 micro-batch + validation (" in ckpt
+    assert ", c10d.allreduce_(float32[1], min) on group 0, or a later one" in ckpt
     evaluating = hang_hint(clean, 1, {"step": 5, "phase": "eval", "micro": 1})
     assert "eval micro-batch 1" in evaluating and "_allgather_base_" in evaluating
     assert hang_hint(clean, 1, {"step": 999, "phase": "train"}) is None and hang_hint(None, 0, {}) is None

@@ -149,18 +149,44 @@ def world_size(config: dict) -> int:
     return config["cluster"]["nodes"] * config["cluster"]["gpus_per_node"]
 
 
-def dump_resolved(config: dict, dest: str | Path) -> str:
+def config_bytes(config: dict) -> bytes:
+    """The canonical text of a validated config (sorted keys): what results/config.yaml and the gate's copy hold,
+    and what `config_sha256` hashes, so one config has one hash however its YAML was written."""
+    return yaml.safe_dump(config, sort_keys=True).encode()
+
+
+def config_sha256(config: dict) -> str:
+    import hashlib
+
+    return hashlib.sha256(config_bytes(config)).hexdigest()
+
+
+def config_differences(config: dict, reference: dict, prefix: str = "") -> list[str]:
+    """'key.path: value (reference value)' for every key whose value differs between two validated configs."""
+    out = []
+    for key in sorted(set(config) | set(reference), key=str):
+        path = f"{prefix}{key}"
+        mine, theirs = config.get(key, "<absent>"), reference.get(key, "<absent>")
+        if isinstance(mine, dict) and isinstance(theirs, dict):
+            out.extend(config_differences(mine, theirs, f"{path}."))
+        elif mine != theirs:
+            out.append(f"{path}: {mine!r} (gated {theirs!r})")
+    return out
+
+
+def dump_resolved(config: dict, dest: str | Path, write: bool = True) -> str:
     """Write the validated config (defaults filled) for CLI stages; rewrite only on change.
 
     It mirrors the config of the latest Snakemake invocation (including
     --config/--configfile overrides). An unchanged file keeps its mtime, and
     rules pass only its fixed path, so it never triggers reruns by itself;
-    each rule's `params.settings` does that for the keys it reads.
+    each rule's `params.settings` does that for the keys it reads. `write=False` (a dry run) leaves the file
+    as it is: `snakemake -n --configfile other.yaml` must not change what a queued job reads.
     """
     from wattgate.artifacts import write_bytes_atomic
 
     dest = Path(dest)
-    data = yaml.safe_dump(config, sort_keys=True).encode()
-    if not dest.exists() or dest.read_bytes() != data:
+    data = config_bytes(config)
+    if write and (not dest.exists() or dest.read_bytes() != data):
         write_bytes_atomic(dest, data)
     return str(dest)

@@ -60,6 +60,7 @@ rule experiment_gate:
         plan=rules.experiment_pack.output.plan,
     output:
         gate_result(f"{VARIANT_DIR}/gate"),
+        config=gated_config(f"{VARIANT_DIR}/gate"),
     log:
         f"{VARIANT_DIR}/gate/gate.log",
     conda:
@@ -73,8 +74,8 @@ rule experiment_gate:
 
 rule experiment_train:
     input:
-        config=rules.experiment_config.output[0],
         gate=rules.experiment_gate.output[0],
+        gated_config=rules.experiment_gate.output.config,
         pretokenized=rules.pretokenize.output[0],
         plan=rules.experiment_pack.output.plan,
     output:
@@ -90,7 +91,7 @@ rule experiment_train:
         plan=lambda wildcards, input: os.path.dirname(input.plan),
         out=lambda wildcards, output: os.path.dirname(output.trained),
     shell:
-        stage_shell("launch", config="input.config")
+        stage_shell("launch", config="input.gated_config")
 
 
 rule experiment_table:

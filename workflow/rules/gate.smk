@@ -14,6 +14,7 @@ rule invariant_gate:
         packs=rules.pack_and_balance.output.packs,
     output:
         gate_result(),
+        config=gated_config(),
     log:
         f"{GATE_DIR}/gate.log",
     conda:
@@ -22,6 +23,16 @@ rule invariant_gate:
         config=RUN_CONFIG,
         plan=lambda wildcards, input: os.path.dirname(input.plan),
         out=lambda wildcards, output: os.path.dirname(output[0]),
-        settings=[config["gate"], CLUSTER, config["train"], config["model"]],
+        # every section the train job reads from the gate's copy (gated_config()): a change reruns the gate, and
+        # the train job sees it only through a new verdict
+        settings=[
+            config["gate"],
+            CLUSTER,
+            config["train"],
+            config["model"],
+            config["watcher"],
+            config["telemetry"],
+            config["forecast"],
+        ],
     shell:
         stage_shell("gate")

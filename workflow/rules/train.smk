@@ -1,4 +1,5 @@
-# Train: waits on the gate's verdict, so a failed gate means no train job is ever submitted.
+# Train: waits on the gate's verdict, so a failed gate means no train job is ever submitted, and trains the
+# config the gate checked (its copy, gated_config()), never results/config.yaml as it may be by then.
 # `wattgate launch` builds the torchrun (or srun + torchrun) command; rerunning after a kill
 # resumes from the newest complete checkpoint. Only TRAINED is declared: metrics, heartbeats
 # and checkpoints of a failed run stay on disk for the watcher and the report.
@@ -6,6 +7,7 @@
 rule train:
     input:
         gate=rules.invariant_gate.output[0],
+        gated_config=rules.invariant_gate.output.config,
         pretokenized=rules.pretokenize.output[0],
         plan=rules.pack_and_balance.output.plan,
         packs=rules.pack_and_balance.output.packs,
@@ -19,9 +21,8 @@ rule train:
     resources:
         **gpu_job(config["cluster"]),
     params:
-        config=RUN_CONFIG,
         plan=lambda wildcards, input: os.path.dirname(input.plan),
         out=lambda wildcards, output: os.path.dirname(output.trained),
         settings=[config["train"], config["model"], CLUSTER],
     shell:
-        stage_shell("launch")
+        stage_shell("launch", config="input.gated_config")

@@ -117,12 +117,11 @@ def collectives_markdown(p: dict) -> list[str]:
 def write_report(out: Path, report: dict) -> None:
     write_gate_report(out, report)
     write_bytes_atomic(out / "gate.md", gate_markdown(report).encode())
-    plan = report.get("plan_sha256")
+    plan, config = report.get("plan_sha256"), report.get("config_sha256")
     if report["passed"]:
-        write_bytes_atomic(out / "PASSED", marker_text("all gate checks passed; see gate.md", plan))
+        write_bytes_atomic(out / "PASSED", marker_text("all gate checks passed; see gate.md", plan, config))
     if not report["enforce"]:
         # what downstream rules wait on when the user chose to run past the gate
         verdict = "passed" if report["passed"] else "FAILED"
-        write_bytes_atomic(
-            out / "UNENFORCED", marker_text(f"gate {verdict}, not enforced (gate.enforce: false); see gate.md", plan)
-        )
+        line = f"gate {verdict}, not enforced (gate.enforce: false); see gate.md"
+        write_bytes_atomic(out / "UNENFORCED", marker_text(line, plan, config))

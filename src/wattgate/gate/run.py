@@ -6,9 +6,9 @@ import shutil
 import time
 from pathlib import Path
 
-from wattgate.artifacts import sha256_file
-from wattgate.run_files import STAGE_FILES, check_output, claim_output
-from wattgate.config import world_size
+from wattgate.artifacts import sha256_file, write_bytes_atomic
+from wattgate.run_files import GATED_CONFIG, STAGE_FILES, check_output, claim_output
+from wattgate.config import config_bytes, config_sha256, world_size
 from wattgate.gate import checks as C
 from wattgate.gate import validation_checks as V
 from wattgate.gate.cost import cost_section
@@ -185,6 +185,8 @@ def gate_report(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> 
         "plan.json": sha256_file(plan_dir / "plan.json"),
         "packs.parquet": inputs.packs_sha256,
     }
+    # ... and the config: the gate's copy (GATED_CONFIG) is what the train job trains
+    report["config_sha256"] = config_sha256(config)
     return report
 
 
@@ -208,5 +210,6 @@ def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: 
         raise
     out = claim_output(out, "gate")
     discard_verdict(out)  # a stale marker must never outlive a new verdict
+    write_bytes_atomic(out / GATED_CONFIG, config_bytes(config))  # before the markers that name its hash
     write_report(out, report)
     return report

@@ -47,6 +47,8 @@ class RankRecord:
     classes: dict[int, list] = field(default_factory=dict)
     beats: dict[int, list[dict]] = field(default_factory=dict)  # per step: each heartbeat and the collective index
     end: list[Collective] = field(default_factory=list)
+    stop: list[Collective] = field(default_factory=list)  # a step at which every rank agreed to stop, to its end
+    stop_step: int | None = None  # that step (0-based)
     layers: int = 0  # decoder layers in the proxy
 
 
@@ -70,6 +72,13 @@ def proxy_model(model_cfg: dict, s: TrainSettings, mesh, on_gpu: bool, depth: in
     parallelize(model, mesh, on_gpu, s.mixed_precision, s.activation_checkpointing, False)
     materialize(model, torch.device("cpu"), model_cfg, s.seed, fill=False)
     return model
+
+
+class AskedToStop:
+    """The stop request every rank of the dry run gets at its stop step (train/stop.py StopRequest's interface)."""
+
+    def reason(self) -> str:
+        return "a stop request (collective proof)"
 
 
 class DryRunTrainer(Trainer):
@@ -104,6 +113,29 @@ class DryRunTrainer(Trainer):
         super().load()
         if self.plan.get("segments"):  # a continued plan resumes at its first step; the dry run has no checkpoint
             self.start = int(self.plan["segments"][-1]["first_step"])
+
+    def run(self, micro_batches, eval_batches) -> dict:
+        """The run as planned, then the stop path: the first dry-run step again with every rank asked to stop
+        there (a time limit, preemption), through its checkpoint and STOPPED."""
+        from wattgate.train.data import StepPrefetcher
+
+        summary = super().run(micro_batches, eval_batches)
+        recorder, record = self.proof["recorder"], self.proof["record"]
+        g = next((g for g in self.proof["steps"] if self.start <= g < self.total), None)
+        if g is None:
+            return summary
+        mark = len(recorder.collectives)
+        self.proof["stop_mark"] = mark  # the export and summary end here
+        self.stop_request = AskedToStop()
+        prefetch = StepPrefetcher(self.step_batches, self.total)
+        try:
+            stopped = Trainer.run_step(self, g, prefetch)  # the Trainer's own step, not this class's recording one
+        finally:
+            prefetch.close()
+        if stopped is not None:
+            self.finish_stopped(*stopped)
+        record.stop, record.stop_step = recorder.collectives[mark:], g
+        return summary
 
     def steps_to_run(self) -> list[int]:
         record, recorder = self.proof["record"], self.proof["recorder"]
@@ -198,5 +230,5 @@ def dry_run_rank(config: dict, paths: Paths, rank: int, steps: list[int], depth:
             run_rank(trainer_class, (config, s, plan), paths, (rank, world, torch.device("cpu")))
     finally:
         dist.destroy_process_group()
-    record.end = recorder.collectives[proof["end_mark"] :]
+    record.end = recorder.collectives[proof["end_mark"] : proof.get("stop_mark")]
     return record

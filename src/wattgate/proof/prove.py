@@ -38,10 +38,12 @@ def first_difference(mine: list[Collective], ref: list[Collective]) -> tuple[int
 
 
 def _phases(rec: RankRecord, labels: dict[int, str]) -> list[tuple[str, int | None, list[Collective]]]:
+    stop = rec.stop_step + 1 if rec.stop_step is not None else None
     return (
         [("start-up", None, rec.startup)]
         + [(labels.get(g, "?"), g + 1, rec.steps.get(g, [])) for g in sorted(labels)]
         + [("export and summary", None, rec.end)]
+        + [("graceful stop", stop, rec.stop)]
     )
 
 
@@ -155,6 +157,12 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
         "class_runs": class_runs(classes[0], first),
         "startup": {"fingerprint": fingerprint(records[0].startup), "collectives": len(records[0].startup)},
         "end": {"fingerprint": fingerprint(records[0].end), "collectives": len(records[0].end)},
+        # the stop path (train/stop.py): a step every rank agreed to stop at, its checkpoint and STOPPED
+        "stop": {
+            "step": records[0].stop_step + 1 if records[0].stop_step is not None else None,
+            "fingerprint": fingerprint(records[0].stop),
+            "collectives": len(records[0].stop),
+        },
     }
     plan_diff = class_divergence(classes, first)
     coll_diff = collective_divergence(records, labels)
@@ -175,7 +183,7 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     report["passed"] = not problems
     n = sum(len(r["key"]) and 1 for r in report["classes"])
     report["detail"] = "; ".join(problems) or (
-        f"{world} ranks issue identical collectives in start-up, {n} step class(es) and the export "
+        f"{world} ranks issue identical collectives in start-up, {n} step class(es), the export and a graceful stop "
         f"({sum(r['collectives'] for r in report['classes'])} collectives per rank over the classes at "
         f"{report['proxy_layers']} proxy layers)"
     )

@@ -27,7 +27,8 @@ import torch.distributed as dist
 
 from wattgate.artifacts import sha256_file, write_json_atomic
 from wattgate.cadence import StepActions
-from wattgate.errors import InputError
+from wattgate.config import config_sha256
+from wattgate.errors import InputError, StageFailed
 from wattgate.ledger import append_ledger, run_record
 from wattgate.forecast.walltime import plan_step_costs
 from wattgate.model_spec import load_model_spec
@@ -52,7 +53,7 @@ from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_
 from wattgate.train.distributed import device_uuid, setup_rank
 from wattgate.train.export_files import check_tokenizer_present, export_extra_files
 from wattgate.train.launch import allocator_record
-from wattgate.identity import run_identity
+from wattgate.identity import RESULT_SETTINGS, run_identity
 from wattgate.train.loss import summed_token_loss
 from wattgate.train.metrics import (
     GIB,
@@ -69,6 +70,7 @@ from wattgate.train.settings import TrainSettings
 from wattgate.train.model import count_params, load_sharded_model
 from wattgate.schedule import learning_rate
 from wattgate.train.steps import StepClass, rank_schedule, step_class
+from wattgate.train.stop import EVAL_STOP_CHECK_MICROS, StopRequest, install_stop_signals, write_stopped
 from wattgate.train.weights import DTYPES, export_hf_folder
 
 
@@ -143,8 +145,14 @@ def read_eval_plan(plan_dir: Path, plan: dict, rank: int) -> list[MicroBatchPlan
     return read_rank_plan(plan_dir, rank, EVAL_PACKS)
 
 
+class NonFiniteState(StageFailed):
+    """A non-finite loss, gradient norm, validation loss or weight, agreed by every rank: the run stops before
+    the optimizer step (or the checkpoint, or the export) that would make it permanent."""
+
+
 def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
     s = TrainSettings.from_config(config)
+    install_stop_signals()  # SIGTERM/SIGUSR1 from now on are stop requests, acted on at the next agreed point
     claim_output(out, "train")  # every rank, before it writes: what another rank made by now is train's own
     plan, _ = read_plan(plan_dir)
     rank, world, device = setup_rank(s.collective_timeout_s, out)
@@ -199,6 +207,9 @@ class Trainer:
         self.store = DocStore(data_dir)
         self.memory = PhaseMemory(self.device)
         self.pin = self.device.type == "cuda"
+        self.stop_request = StopRequest(paths.out)
+        self.skipped_steps = 0  # train.on_nonfinite skip_step: steps whose update was dropped in this attempt
+        self.eval_interrupted = False  # a stop agreed inside a validation pass (the pass is redone on resume)
 
     # ---------------------------------------------------------------- the outline
 
@@ -207,18 +218,39 @@ class Trainer:
         self.load()
         self.schedule(micro_batches, eval_batches)
         t_run = time.perf_counter()
+        if self.pending_eval and self.eval_batches:  # a stop inside this step's validation pass: redo the pass
+            self.evaluate(self.start, self.steps[self.start - 1][0].epoch if self.steps[self.start - 1] else 0)
         prefetch = StepPrefetcher(self.step_batches, self.total)
+        stopped = None
         try:
             for g in self.steps_to_run():
-                self.run_step(g, prefetch)
+                stopped = self.run_step(g, prefetch)
+                if stopped is not None:
+                    break
         finally:
             prefetch.close()
         self.elapsed = time.perf_counter() - t_run
         self.memory.end("steady")
+        if stopped is not None:
+            return self.finish_stopped(*stopped)
         self.export()
         summary = self.summarize()
         self.heartbeat.beat(self.total, self.last_epoch, "done")
         return summary
+
+    def finish_stopped(self, step: int, epoch: int, reason: str) -> dict:
+        """After the stop checkpoint at `step`: close the logs, STOPPED (rank 0), no export and no TRAINED."""
+        self.log.close()
+        checkpoint = self.paths.out / "checkpoints" / f"step-{step}"
+        if self.rank == 0:
+            write_stopped(self.paths.out, step, checkpoint, reason)
+            print(
+                f"train: stopped at step {step}/{self.total} ({reason}): checkpoint {checkpoint} published; "
+                "rerun to resume from it",
+                flush=True,
+            )
+        self.heartbeat.beat(step, epoch, "done", stopped=reason)
+        return {"stopped": reason, "step": step}
 
     def steps_to_run(self) -> range:
         """Every step from the resume point (the collective proof runs one step of each class instead)."""
@@ -232,9 +264,11 @@ class Trainer:
         mesh = self.device_mesh()
         self.model, self.source = self.build_model(mesh, latest is None)
         self.optimizer = build_optimizer(self.model, self.s)
-        self.start = 0
+        self.start, self.pending_eval = 0, False
         if latest is not None:
-            self.start = int(ckpt.load_checkpoint(latest, self.model, self.optimizer)["step"])
+            state = ckpt.load_checkpoint(latest, self.model, self.optimizer)
+            self.start = int(state["step"])
+            self.pending_eval = bool((state.get("position") or {}).get("eval_pending"))
             self.source = f"{latest}"
         self.memory.end("load")
 
@@ -296,9 +330,10 @@ class Trainer:
         """Step g's class (train/steps.py): what the collective proof enumerates from the plan for this rank."""
         return step_class(len(self.steps[g]), self.actions(g), len(self.eval_batches))
 
-    def run_step(self, g: int, prefetch: StepPrefetcher) -> None:
-        """Optimizer step g: its micro-batches, the step figures for rank 0, then validation and a checkpoint
-        when wattgate.cadence says so."""
+    def run_step(self, g: int, prefetch: StepPrefetcher) -> tuple[int, int, str] | None:
+        """Optimizer step g: its micro-batches, the step figures (every rank's, with its stop request), the update
+        when every rank's loss and the gradient norm are finite, then validation and a checkpoint when
+        wattgate.cadence says so, or a stop every rank agreed on. Returns (step, epoch, reason) after a stop."""
         step_plan = self.steps[g]
         epoch, act = step_plan[0].epoch, self.actions(g)
         lr = lr_at(g, self.s, self.total)
@@ -307,26 +342,82 @@ class Trainer:
         t0 = time.perf_counter()
         batches = prefetch.get(g)  # built on the prefetch thread while step g - 1 ran
         data_wait = time.perf_counter() - t0
-        step_loss, grad_norm, to_device_s = self.train_step(
+        step_loss, grad_norm, to_device_s, micro_losses = self.train_step(
             batches, lambda k: self.heartbeat.beat(g, epoch, "train", micro=k, micros=len(batches))
         )
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         step_time = time.perf_counter() - t0
         loss_tokens, tokens = sum(b.num_loss_tokens for b, _ in batches), sum(b.num_tokens for b, _ in batches)
-        figures = [float(step_loss), loss_tokens, tokens, step_time, data_wait + to_device_s]
+        asked = self.stop_request.reason()
+        carry_on = float(asked is None)  # 1 carries on: a value that says nothing (the proof's made-up 1) never stops
+        figures = [float(step_loss), loss_tokens, tokens, step_time, data_wait + to_device_s, carry_on]
         local = torch.tensor(figures, dtype=torch.float64, device=self.device)
         gathered = [torch.zeros_like(local) for _ in range(self.world)]
-        dist.all_gather(gathered, local)  # one small collective: every rank's step figures for rank 0
+        # one small collective: every rank's step figures for rank 0, and what every rank needs to decide alike
+        # whether this step's update is taken (its loss) and whether the run stops here (its stop request)
+        dist.all_gather(gathered, local)
         gathered = list(torch.stack(gathered).cpu())
+        norm = float(grad_norm)  # the same on every rank (clip_grad_norm_ reduces it over the mesh)
+        if self.update_is_finite(g, gathered, norm, micro_losses):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         self.heartbeat.beat(g + 1, epoch, "train", loss=figures[0] / max(loss_tokens, 1))
-        self.log.record(g, epoch, self.start, self.total, gathered, lr, float(grad_norm), time.time())
+        self.log.record(g, epoch, self.start, self.total, gathered, lr, norm, time.time())
+        stop = agreed_stop(gathered, asked)  # the same on every rank: each rank's request is in `gathered`
         eval_loss = self.evaluate(g + 1, epoch) if act.evaluate else None
+        if self.eval_interrupted:  # every rank agreed on a stop inside the pass
+            stop, eval_loss = stop or asked or "a stop requested on another rank", None
         # metrics first: a published checkpoint at step n implies metrics through step n are on disk
-        if self.log.flush_due(g, act.checkpoint):
+        if self.log.flush_due(g, act.checkpoint or stop is not None):
             self.log.metrics.flush()
-        if act.checkpoint:
+        if act.checkpoint or stop is not None:
             self.save(g + 1, epoch, eval_loss)
+        return (g + 1, epoch, stop) if stop is not None else None
+
+    def update_is_finite(self, g: int, gathered: list, grad_norm: float, micro_losses: list) -> bool:
+        """Whether step g's update may be taken: every rank's loss and the gradient norm finite. Decided from
+        figures every rank holds alike, so every rank takes (or drops) the update together. A non-finite step
+        stops the run naming the step, the ranks and their micro-batches' documents (train.on_nonfinite stop),
+        or is skipped up to train.nonfinite_skip_limit times (skip_step)."""
+        bad = [r for r, t in enumerate(gathered) if not math.isfinite(float(t[0]))]
+        if not bad and math.isfinite(grad_norm):
+            return True
+        # every rank takes this path together: one object gather of what each rank's micro-batches held
+        mine = [(k, float(x), doc_ids(m)) for k, (x, m) in enumerate(zip(micro_losses, self.steps[g]), 1)]
+        everyone: list = [None] * self.world
+        dist.all_gather_object(everyone, mine)
+        what = nonfinite_line(g + 1, bad, grad_norm, everyone)
+        if self.s.on_nonfinite == "skip_step" and self.skipped_steps < self.s.nonfinite_skip_limit:
+            self.skipped_steps += 1
+            if self.rank == 0:
+                print(
+                    f"train: WARNING: {what}; update skipped ({self.skipped_steps} of at most "
+                    f"{self.s.nonfinite_skip_limit} in this attempt, train.on_nonfinite skip_step)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return False
+        limit = f" ({self.skipped_steps} steps skipped already)" if self.s.on_nonfinite == "skip_step" else ""
+        raise NonFiniteState(
+            f"{what}{limit}; stopped before the optimizer step: nothing non-finite was checkpointed or exported; "
+            "rerun resumes from the newest checkpoint (lower train.lr, check those documents, or set "
+            "train.on_nonfinite: skip_step)"
+        )
+
+    def check_finite_weights(self, step: int, what: str) -> None:
+        """Every rank's parameter shards finite (one all-reduce), before a checkpoint or the export writes them:
+        a finite gradient with a large learning rate can still overflow a weight."""
+        shards = [p.to_local() if hasattr(p, "to_local") else p for p in self.model.parameters()]
+        finite = torch.stack([torch.isfinite(t).all() for t in shards]).all() if shards else torch.tensor(True)
+        flag = finite.to(device=self.device, dtype=torch.float32).reshape(1)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        if float(flag[0]) < 1.0:
+            raise NonFiniteState(
+                f"step {step}: the weights hold non-finite values after the optimizer step (the gradient norm was "
+                f"finite: the learning rate or an overflow); {what} not written; rerun resumes from the newest "
+                "checkpoint (lower train.lr)"
+            )
 
     def step_batches(self, g: int) -> list:
         """Step g's (Batch, host tensors) per micro-batch: the prefetch thread's work."""
@@ -340,8 +431,10 @@ class Trainer:
         return {k: v.to(self.device, non_blocking=True) for k, v in host.items()}
 
     def train_step(self, batches: list, on_micro):
-        """One optimizer step over this rank's micro-batches; returns (summed loss, grad norm, host->device s),
-        the first two as device tensors: the host waits on the device once per step, at the metrics gather.
+        """Forward and backward over this rank's micro-batches, gradients reduced and clipped, the update not yet
+        taken (run_step takes it once every rank's loss is known finite); returns (summed loss, grad norm,
+        host->device s, each micro-batch's summed loss), the losses and norm as device tensors: the host waits on
+        the device once per step, at the figures gather.
 
         `on_micro(k)` runs as the k-th micro-batch starts (the heartbeat: with the step's planned
         micro-batch count it tells the watcher which rank reached the step's gradient reduction first).
@@ -355,6 +448,7 @@ class Trainer:
         # FSDP averages gradients over ranks; x world turns that average into a sum over ranks
         scale = (self.world / counts.clamp_min(1.0)).float()
         step_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        micro_losses = []
         to_device_s = 0.0
         for i, (_, host) in enumerate(batches):
             on_micro(i + 1)
@@ -364,13 +458,12 @@ class Trainer:
             model.set_requires_gradient_sync(i == len(batches) - 1)  # reduce-scatter once per step
             summed = summed_token_loss(model, tensors, self.s.loss)
             (summed * scale[0]).backward()
-            step_loss += summed.detach().double()
+            micro_losses.append(summed.detach())
+            step_loss += micro_losses[-1].double()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.s.grad_clip)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: materialize it on every rank, together
             grad_norm = grad_norm.full_tensor()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return step_loss.cpu(), grad_norm, to_device_s
+        return step_loss.cpu(), grad_norm, to_device_s, micro_losses
 
     def evaluate(self, step: int, epoch: int) -> float:
         """A validation pass after `step`: every held-out document once, forward only; the loss is the summed
@@ -378,16 +471,31 @@ class Trainer:
         t0 = time.perf_counter()
         self.model.eval()
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        self.eval_interrupted = False
         with torch.no_grad():
             for k, m in enumerate(self.eval_batches, 1):
                 self.heartbeat.beat(step, epoch, "eval", micro=k, micros=len(self.eval_batches))
                 batch = build_batch(self.store, m.packs, self.s.seq_len)
                 totals[0] += summed_token_loss(self.model, self.to_device(host_tensors(batch, self.pin)), self.s.loss)
                 totals[1] += batch.num_loss_tokens
-        dist.all_reduce(totals)
+                # a long pass checks for a stop every few micro-batches: every rank has the same count, so the
+                # check is a collective every rank reaches (the pass is abandoned and redone on resume)
+                if k % EVAL_STOP_CHECK_MICROS == 0 and k < len(self.eval_batches) and self.stop_agreed_in_eval():
+                    self.eval_interrupted = True
+                    break
+        if not self.eval_interrupted:
+            dist.all_reduce(totals)
         self.model.reshard()  # a forward without backward leaves the root's parameters gathered: free them
         self.model.train()
+        if self.eval_interrupted:
+            self.heartbeat.beat(step, epoch, "train")
+            return None
         loss = float(totals[0] / totals[1].clamp_min(1.0))
+        if not math.isfinite(loss):
+            raise NonFiniteState(
+                f"step {step}: the validation loss is {loss} while the weights are finite (a forward overflow); "
+                "nothing of this step was checkpointed; rerun resumes from the newest checkpoint"
+            )
         self.heartbeat.beat(step, epoch, "train")
         if self.evals is not None:
             row = {
@@ -404,12 +512,21 @@ class Trainer:
             self.log.record_eval(row)
         return loss
 
+    def stop_agreed_in_eval(self) -> bool:
+        """Inside a validation pass: whether any rank has a stop request (one all-reduce, every rank alike)."""
+        carry_on = torch.tensor([float(self.stop_request.reason() is None)], device=self.device)
+        dist.all_reduce(carry_on, op=dist.ReduceOp.MIN)
+        return float(carry_on[0]) < 0.5
+
     def save(self, step: int, epoch: int, eval_loss: float | None) -> None:
         self.heartbeat.beat(step, epoch, "checkpoint")
+        self.check_finite_weights(step, f"checkpoint step-{step}")
         t_ckpt = time.perf_counter()
         position = {"epoch": epoch, "step": step, "plan": self.plan["packs_sha256"]}
         if eval_loss is not None:
             position["eval_loss"] = eval_loss  # train.keep_best and export_from: best read it
+        if self.eval_interrupted:
+            position["eval_pending"] = True  # the resumed run redoes this step's validation pass first
         folder = ckpt.save_checkpoint(
             self.paths.out / "checkpoints",
             step,
@@ -439,6 +556,7 @@ class Trainer:
             dist.broadcast_object_list(choice, src=0)
             if choice[0] is not None and Path(choice[0]).name != f"step-{self.total}":
                 self.exported_step = int(ckpt.load_checkpoint(Path(choice[0]), self.model, self.optimizer)["step"])
+        self.check_finite_weights(self.exported_step, "final/")
         # the tokenizer is verified by its hash on every rank once the weights are written (train/export_files.py)
         extra = partial(export_extra_files, self.paths.pretokenized, self.config["model"])
         export_final(self.model, self.s, self.paths.out, extra)
@@ -482,6 +600,11 @@ class Trainer:
                 self.evals.rows if self.evals is not None else [], self.exported_step, s.export_from
             ),
             job_s=round(process_age_s(), 3),
+            # what was trained: the config's hash (the gate's marker names the one it checked) and the settings
+            # that change the result, readable without the config
+            config_sha256=config_sha256(self.config),
+            settings={key: self.config["train"][key] for key in RESULT_SETTINGS},
+            nonfinite_skipped_steps=self.skipped_steps,
         )  # job_s: rank 0's whole process, what the forecast predicts
         if self.device.type == "cuda":
             summary["mfu"] = model_flops_utilization(
@@ -531,3 +654,32 @@ class Trainer:
             job_s=summary["job_s"],
         )
         append_ledger(s.ledger, record)
+
+
+def agreed_stop(gathered: list, asked: str | None) -> str | None:
+    """The stop every rank agreed on at this step (None: no rank was asked): this rank's own reason, or which
+    ranks were asked. Column 5 of each rank's step figures is 0 where that rank was asked to stop."""
+    if asked is not None:  # this rank's own request is in `gathered` too: every rank sees it
+        return asked
+    asking = [r for r, t in enumerate(gathered) if float(t[5]) < 0.5]
+    return f"a stop requested on rank {', '.join(map(str, asking))}" if asking else None
+
+
+def doc_ids(micro: MicroBatchPlan, most: int = 8) -> list[int]:
+    """A micro-batch's first `most` document ids (the plan's doc_id: pretokenized row order)."""
+    ids = [int(d) for pack in micro.packs for d in pack]
+    return ids[:most] + (["..."] if len(ids) > most else [])  # type: ignore[list-item]
+
+
+def nonfinite_line(step: int, bad_ranks: list[int], grad_norm: float, everyone: list) -> str:
+    """One line naming a non-finite step: the ranks whose loss was non-finite with their micro-batches'
+    documents, or (a finite loss everywhere) the gradient norm and every rank's documents."""
+    parts = []
+    for r, micros in enumerate(everyone):
+        named = [(k, x, ids) for k, x, ids in micros if not math.isfinite(x)] if bad_ranks else micros
+        if r in bad_ranks or not bad_ranks:
+            parts += [f"rank {r} micro-batch {k} (loss {x:.4g}, documents {ids})" for k, x, ids in named]
+    head = f"step {step}: non-finite " + (
+        f"loss on rank {', '.join(map(str, bad_ranks))}" if bad_ranks else f"gradient norm {grad_norm}"
+    )
+    return f"{head}: {'; '.join(parts)}"

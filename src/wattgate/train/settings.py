@@ -54,6 +54,8 @@ class TrainSettings:
     run_name: str
     gpu_model: str
     ledger: Path
+    on_nonfinite: str = "stop"
+    nonfinite_skip_limit: int = 10
     compile: bool = False
 
     @classmethod

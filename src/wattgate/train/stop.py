@@ -1,0 +1,61 @@
+"""Graceful stop: a request (SIGTERM, SIGUSR1, or a STOP_REQUESTED file in the run folder) that every rank acts on
+at the same point.
+
+A rank never stops on its own: it only notes the request. The loop exchanges every rank's note in the step's
+figures gather (train/loop.py `Trainer.run_step`), and inside a long validation pass every
+`EVAL_STOP_CHECK_MICROS` micro-batches (every rank has the same count there by construction), so all ranks see
+the same answer at the same collective and take the stop path together: finish the step, publish a
+checkpoint, write STOPPED, exit 0. A flag checked by one rank alone would leave its peers in a collective.
+
+The file is how a request reaches ranks on other nodes when only the launcher got the signal (the launcher
+writes it), and how a person asks for a stop without a signal: `touch <run>/STOP_REQUESTED`.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from wattgate.artifacts import write_json_atomic
+from wattgate.run_files import STOP_REQUEST, STOPPED
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+EVAL_STOP_CHECK_MICROS = 8  # validation micro-batches between stop checks: a collective each, every rank alike
+
+_signalled: list[str] = []  # the signals this process received (a handler may only note, never act)
+
+
+def _note(signum, _frame) -> None:
+    _signalled.append(signal.Signals(signum).name)
+
+
+def install_stop_signals() -> None:
+    """SIGTERM and SIGUSR1 become stop requests for this rank (the train stage's entry point calls this; the
+    collective proof, which runs in the gate's process, does not)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _note)
+
+
+@dataclass
+class StopRequest:
+    """Whether this rank has been asked to stop: a signal it received, or the run folder's request file."""
+
+    run_dir: Path
+
+    def reason(self) -> str | None:
+        if _signalled:
+            return _signalled[0]
+        if (self.run_dir / STOP_REQUEST).exists():
+            return STOP_REQUEST
+        return None
+
+
+def write_stopped(run_dir: Path, step: int, checkpoint: Path, reason: str) -> None:
+    """STOPPED (rank 0, once the stop checkpoint is published): what `wattgate launch` reads to exit
+    EXIT_STOPPED ("stopped, resume me") instead of 0 or a failure."""
+    write_json_atomic(
+        run_dir / STOPPED,
+        {"step": step, "checkpoint": str(checkpoint), "reason": reason, "time": time.time()},
+    )

@@ -1,0 +1,236 @@
+"""A stop on request (SIGTERM from a time limit or preemption, SIGUSR1, or STOP_REQUESTED in the run folder):
+every rank agrees at the same step, a checkpoint is published, STOPPED says where, and a rerun finishes the
+run bitwise equal to one that never stopped, losing no step. Non-finite losses and weights stop the run before
+anything non-finite is written."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.distributed as dist
+import yaml
+
+from wattgate.config import validate_config
+from wattgate.data.synthetic import write_random_pretokenized
+from wattgate.pack.plan import build_plan
+from wattgate.run_files import STOP_REQUEST, STOPPED
+
+TINY = {
+    "model_type": "qwen3",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "max_position_embeddings": 128,
+}
+
+
+def cpu_run(tmp: Path, gpus: int = 2, **train) -> dict:
+    """Pretokenized data, a plan and a config file for a CPU run of the tiny Qwen3 on `gpus` ranks."""
+    lengths = np.random.default_rng(1).integers(5, 60, 300).tolist()
+    write_random_pretokenized(tmp / "pretokenized", lengths, 96, 0, shard_docs=7, validation_fraction=0.1)
+    settings = dict(seq_len=64, micro_batch_size=1, grad_accum=2, epochs=2, warmup_steps=0, lr=1e-2, log_every=1)
+    settings.update(checkpoint_every=5, eval_every=4)
+    settings.update(train)
+    config = validate_config(
+        {"run_name": "t", "train": settings, "model": {"config": TINY}, "cluster": {"nodes": 1, "gpus_per_node": gpus}}
+    )
+    build_plan(config, tmp / "pretokenized", tmp / "plan")
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    return config
+
+
+def train_argv(tmp: Path, out: Path, gpus: int = 2) -> list[str]:
+    return [
+        *(sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"),
+        *("-m", "wattgate", "train", "--config", str(tmp / "config.yaml")),
+        *("--pretokenized", str(tmp / "pretokenized"), "--plan", str(tmp / "plan"), "--out", str(out)),
+    ]
+
+
+def nan_probe_argv(tmp: Path, out: Path) -> list[str]:
+    """train_argv with tests/dist/nan_probe.py (a NaN injected at WATTGATE_TEST_NAN_AT) as each rank's program."""
+    argv = train_argv(tmp, out)
+    at = argv.index("-m", 3)
+    return argv[:at] + [str(Path(__file__).with_name("dist") / "nan_probe.py")] + argv[at + 3 :]
+
+
+def run_to_end(tmp: Path, out: Path, expect: int = 0) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(train_argv(tmp, out), capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == expect, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def heartbeat_step(out: Path, rank: int) -> int:
+    try:
+        return int(json.loads((out / "heartbeat" / f"rank-{rank}.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def wait_for(condition, job: subprocess.Popen, what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert job.poll() is None, f"the job ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.02)
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in sorted((out / "final").glob("*.safetensors")):
+        tensors.update(load_file(f))
+    return tensors
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The run that was never stopped: what every stopped-and-resumed run must equal bit for bit."""
+    tmp = tmp_path_factory.mktemp("stop")
+    cpu_run(tmp)
+    run_to_end(tmp, tmp / "straight")
+    return tmp, tmp / "straight"
+
+
+def stopped_then_resumed(tmp: Path, out: Path, ask) -> dict:
+    """Start the run, ask it to stop (`ask(job, out)`) once step 3 is behind it, check the stop, rerun to the end."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    job = subprocess.Popen(
+        train_argv(tmp, out), env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        wait_for(lambda: heartbeat_step(out, 1) >= 3, job, "step 3")
+        ask(job, out)
+        log = job.communicate(timeout=300)[0].decode(errors="replace")
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    stopped = json.loads((out / STOPPED).read_text())
+    assert not (out / "TRAINED").exists(), log[-2000:]
+    assert (out / "checkpoints" / f"step-{stopped['step']}" / "state.json").exists()
+    assert f"stopped at step {stopped['step']}" in log
+    (out / STOP_REQUEST).unlink(missing_ok=True)  # launch removes it before the next attempt
+    run_to_end(tmp, out)
+    summary = json.loads((out / "TRAINED").read_text())
+    assert summary["resumed_from_step"] == stopped["step"]  # no step lost, none repeated
+    return stopped
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    cols = ["step", "rank", "loss", "tokens"]
+    assert pq.read_table(a / "metrics.parquet", columns=cols).to_pylist() == pq.read_table(
+        b / "metrics.parquet", columns=cols
+    ).to_pylist()
+    ecols = ["step", "loss", "tokens"]
+    assert pq.read_table(a / "eval.parquet", columns=ecols).to_pylist() == pq.read_table(
+        b / "eval.parquet", columns=ecols
+    ).to_pylist()
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_sigterm_to_the_job_stops_at_an_agreed_step_and_a_rerun_is_bitwise_equal(straight):
+    tmp, done = straight
+    out = tmp / "sigterm"
+    stopped = stopped_then_resumed(tmp, out, lambda job, _: os.killpg(job.pid, signal.SIGTERM))
+    assert stopped["reason"] == "SIGTERM"
+    assert_same_run(done, out)
+
+
+def test_a_stop_request_file_reaches_every_rank_and_a_rerun_is_bitwise_equal(straight):
+    tmp, done = straight
+    out = tmp / "file"
+    stopped = stopped_then_resumed(tmp, out, lambda _, run: (run / STOP_REQUEST).write_text("{}"))
+    assert stopped["reason"] == STOP_REQUEST
+    assert_same_run(done, out)
+
+
+def test_sigusr1_on_one_rank_alone_stops_every_rank_at_the_same_step(straight):
+    tmp, done = straight
+    out = tmp / "one-rank"
+
+    def signal_rank_1(_, run: Path) -> None:
+        pid = json.loads((run / "heartbeat" / "rank-1.json").read_text())["pid"]
+        os.kill(pid, signal.SIGUSR1)
+
+    stopped = stopped_then_resumed(tmp, out, signal_rank_1)
+    assert stopped["reason"] == "a stop requested on rank 1"  # rank 0 writes STOPPED: it learned it from rank 1
+    assert_same_run(done, out)
+
+
+# ---------------------------------------------------------------- non-finite state
+
+
+def test_a_nan_loss_stops_before_the_update_naming_step_rank_and_documents(tmp_path):
+    cpu_run(tmp_path, epochs=1, checkpoint_every=2)
+    out = tmp_path / "nan"
+    env = dict(os.environ, OMP_NUM_THREADS="1", WATTGATE_TEST_NAN_AT="5:1")
+    proc = subprocess.run(
+        nan_probe_argv(tmp_path, out),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    line = next(x for x in proc.stderr.splitlines() if "non-finite" in x)
+    assert "step 5: non-finite loss on rank 1" in line and "documents [" in line and "rank 0 micro" not in line
+    steps = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*") if p.suffix != ".tmp")
+    assert steps and max(steps) <= 4  # nothing after the non-finite step was checkpointed
+    assert not (out / "final").exists() and not (out / "TRAINED").exists()
+
+
+def test_skip_step_drops_the_non_finite_update_and_finishes(tmp_path):
+    cpu_run(tmp_path, epochs=1, checkpoint_every=100, on_nonfinite="skip_step", nonfinite_skip_limit=2)
+    out = tmp_path / "skip"
+    env = dict(os.environ, OMP_NUM_THREADS="1", WATTGATE_TEST_NAN_AT="5:0")
+    proc = subprocess.run(
+        nan_probe_argv(tmp_path, out),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "update skipped (1 of at most 2" in proc.stderr
+    summary = json.loads((out / "TRAINED").read_text())
+    assert summary["nonfinite_skipped_steps"] == 1
+    assert all(torch.isfinite(t).all() for t in final_weights(out).values())
+
+
+# ---------------------------------------------------------------- the collective proof covers the stop
+
+
+def test_the_proof_dry_runs_the_stop_path_and_names_a_rank_that_diverges_there(tmp_path, monkeypatch):
+    from wattgate.proof.prove import prove_collectives
+    from wattgate.train import loop
+
+    config = cpu_run(tmp_path, epochs=1)
+    clean = prove_collectives(config, tmp_path / "pretokenized", tmp_path / "plan")
+    assert clean["passed"] and clean["stop"]["collectives"] > 0 and "graceful stop" in clean["detail"]
+
+    original = loop.Trainer.finish_stopped
+
+    def finish_stopped(self, step, epoch, reason):
+        if self.rank == 1:
+            dist.barrier()  # a rank-1-only collective on the stop path
+        return original(self, step, epoch, reason)
+
+    monkeypatch.setattr(loop.Trainer, "finish_stopped", finish_stopped)
+    report = prove_collectives(config, tmp_path / "pretokenized", tmp_path / "plan")
+    assert not report["passed"] and report["divergence"]["rank"] == 1
+    assert report["divergence"]["phase"] == "graceful stop" and "rank 1 diverges" in report["detail"]
