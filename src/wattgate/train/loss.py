@@ -19,9 +19,11 @@ The loss is the model's own: some models change the head's output before their l
 logits_scaling, Cohere multiplies by logit_scale, Gemma 2/3 softcap with tanh(x / c) * c). The chunked kind
 reads what the model's forward does after its head from that forward's source (logit_transform): a scale is
 folded into the hidden state (the same F.linear_cross_entropy); a tanh softcap makes each chunk's logits
-here, one chunk at a time under torch.utils.checkpoint (memory stays one chunk's logits, for one more head
-matmul per chunk in backward). A forward it does not recognize trains with the full kind instead, with a
-one-line notice: never on another objective than the model's.
+here, one chunk at a time under torch.utils.checkpoint: one more head matmul per chunk in backward, and at
+the peak of a chunk's backward about 4.5 chunk-sized fp32 tensors (the logits, tanh, log-softmax and their
+gradients; 1.3 for the plain kernel, measured on CPU), never the micro-batch's. A forward it does not
+recognize trains with the full kind instead, with a one-line notice: never on another objective than the
+model's.
 
 Both shift within each packed row: position t predicts label t+1 of the same row, and the
 labels (train/data.py) are IGNORE at each document's first token, so no document predicts the next.
