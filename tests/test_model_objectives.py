@@ -390,3 +390,24 @@ def test_wattgate_train_reports_the_validation_loss_of_the_models_own_forward(tm
     reference = scored_by_transformers(tmp_path / "out" / "final", pretokenized)
     print(f"{model_type}: reported {rows[0]['loss']:.9f}, transformers' forward of final/ {reference:.9f}")
     assert abs(rows[0]["loss"] - reference) <= RTOL * reference
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text", "granite"])
+def test_the_collective_proof_builds_the_model_with_a_kernel_it_runs(tmp_path, model_type):
+    """The gate's dry run builds with the attention kernel training would pick on CPU (Gemma 2 has no sdpa). One
+    decoder layer: mixed layer types (Gemma's sliding/full pattern) are a limit of the proof's depth scaling."""
+    from wattgate.proof.prove import prove_collectives
+
+    lengths = np.random.default_rng(3).integers(5, 60, 40).tolist()
+    pretokenized = write_random_pretokenized(
+        tmp_path / "pretokenized", lengths, TINY["vocab_size"], 0, shard_docs=7, validation_fraction=0.25
+    )
+    train = dict(seq_len=64, micro_batch_size=2, grad_accum=1, max_steps=2, checkpoint_every=1, warmup_steps=0)
+    config = validate_config(
+        {"run_name": "t", "train": train, "model": model_cfg(model_type), "cluster": {"nodes": 1, "gpus_per_node": 2}}
+    )
+    config["model"]["config"].update(num_hidden_layers=1)
+    config["model"]["config"].pop("layer_types", None)
+    build_plan(config, pretokenized, tmp_path / "plan")
+    report = prove_collectives(config, pretokenized, tmp_path / "plan")
+    assert report["passed"], report["detail"]

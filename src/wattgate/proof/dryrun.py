@@ -66,12 +66,25 @@ def proxy_model(model_cfg: dict, s: TrainSettings, mesh, on_gpu: bool, depth: in
     if isinstance(getattr(config, "layer_types", None), list):
         config.layer_types = config.layer_types[: config.num_hidden_layers]
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=torch.float32, attn_implementation=proof_attention(s, config)
+        )
     model.config.architectures = [type(model).__name__]
     # on_cuda mirrors the real run's mixed-precision policy: its all-gathers are bf16 there
     parallelize(model, mesh, on_gpu, s.mixed_precision, s.activation_checkpointing, False)
     materialize(model, torch.device("cpu"), model_cfg, s.seed, fill=False)
     return model
+
+
+def proof_attention(s: TrainSettings, config) -> str:
+    """The attention kernel the dry run builds with: the run's own when it builds on the gate's CPU (sdpa, eager),
+    else what `auto` picks on CPU among the kernels this model class supports (Gemma 2: eager). The kernel moves
+    no collective (FSDP2's collectives follow the parameters), so only whether the model builds depends on it."""
+    from wattgate.train.attention import resolve_attn_implementation
+    from wattgate.train.model import causal_lm_class
+
+    requested = s.attn_implementation if s.attn_implementation in ("sdpa", "eager") else "auto"
+    return resolve_attn_implementation(requested, "cpu", False, causal_lm_class(config))
 
 
 class AskedToStop:
