@@ -175,6 +175,65 @@ def forecast(costs: PlanCosts, tp: Throughput, s: Settings, levels: Levels | Non
     return out
 
 
+def job_plan(fc: dict, costs: PlanCosts, job_limit_s: float | None, stop_margin_s: float, max_jobs: int) -> dict:
+    """How many Slurm jobs of `job_limit_s` the forecast run takes when each job stops `stop_margin_s` before its
+    limit (train/stop.py) and the next resumes, what one such stop costs at most, and whether the margin holds
+    a stop's work: the step in flight, a validation pass's stop-check interval (the whole pass, as a bound) and
+    the stop checkpoint. Pure: gate.json's forecast `jobs` and the gate's `jobs` check read it."""
+    terms = fc["terms_s"]
+    restart_s = terms["startup_s"] + terms["load_s"] + terms["warmup_s"]  # what every later job pays again
+    one_checkpoint_s = fc["checkpoint_gib"] * GIB / (fc["storage_gbps"] * 1e9)
+    cost_per_s = fc["throughput"]["cost_per_s"]
+    longest_step_s = float(costs.step_max_cost.max()) / cost_per_s if len(costs.step_max_cost) else 0.0
+    eval_pass_s = costs.eval_pass_cost / cost_per_s if costs.eval_steps else 0.0
+    stop_work_s = longest_step_s + eval_pass_s + one_checkpoint_s
+    out = {
+        "job_limit_s": job_limit_s,
+        "stop_margin_s": stop_margin_s,
+        "max_jobs": max_jobs,
+        "stop_work_s": round(stop_work_s, 3),
+        "stop_cost_s": round(stop_margin_s + one_checkpoint_s + restart_s, 3),
+        "jobs": 1,
+        "usable_s": None,
+    }
+    if job_limit_s is None or fc["wall_s"] <= job_limit_s:
+        return out
+    work = fc["wall_s"] - restart_s  # steps, validation, checkpoints and the export: what the jobs share
+    usable = job_limit_s - stop_margin_s - restart_s - one_checkpoint_s  # each job's share of it
+    out["usable_s"] = round(usable, 3)
+    out["jobs"] = None if usable <= 0 else int(-(-work // usable))
+    return out
+
+
+def check_jobs(plan: dict | None) -> tuple[bool, str]:
+    """(passed, detail) for the gate's `jobs` check on `job_plan`'s figures (None: no forecast)."""
+    if plan is None:
+        return True, "no forecast: the number of Slurm jobs is not known"
+    margin, work = plan["stop_margin_s"], plan["stop_work_s"]
+    limit = plan["job_limit_s"]
+    if limit is None:
+        return True, "not a Slurm job: one attempt; a stop (SIGTERM, SIGUSR1, STOP_REQUESTED) resumes on a rerun"
+    if plan["jobs"] is None:
+        return False, (
+            f"a job of {fmt_hours(limit)} does not cover start-up, load, one checkpoint and the stop margin "
+            f"({margin:g} s): raise cluster.slurm.train.runtime_min"
+        )
+    cost = f"a stop costs at most {fmt_hours(plan['stop_cost_s'])} (margin, stop checkpoint, restart)"
+    if 0 < margin < work:
+        return False, (
+            f"cluster.slurm.train.stop_margin_s {margin:g} s is less than a stop's work ({work:.0f} s: the longest "
+            "step, a validation pass and one checkpoint): the time limit would kill the stop checkpoint; raise it"
+        )
+    if plan["jobs"] > plan["max_jobs"]:
+        return False, (
+            f"{plan['jobs']} jobs of {fmt_hours(limit)} needed, more than cluster.slurm.train.max_jobs "
+            f"{plan['max_jobs']}: raise max_jobs or runtime_min"
+        )
+    if margin == 0 and plan["jobs"] > 1:
+        return False, f"{plan['jobs']} jobs needed but stop_margin_s is 0 (no timed stop): set a margin"
+    return True, f"{plan['jobs']} job(s) of {fmt_hours(limit)} (at most {plan['max_jobs']}); {cost}"
+
+
 def check_budget(fc: dict | None, max_gpu_hours: float | None, max_kwh: float | None) -> tuple[bool, str]:
     """(within budget, detail) for gate.max_gpu_hours and gate.max_kwh."""
     if fc is None:

@@ -23,7 +23,9 @@ from wattgate.forecast.walltime import (
     PlanCosts,
     Settings,
     check_budget,
+    check_jobs,
     forecast,
+    job_plan,
     plan_step_costs,
     step_rank_costs,
     table_levels,
@@ -147,7 +149,18 @@ def cost_section(inputs: GateInputs, spec: ModelSpec, equal_steps: Check) -> tup
     elif (vdiv := validation_divergence_at(inputs, costs)) is not None:
         out["failure"] = validation_failure(vdiv, costs, out["forecast"], settings, why)
     passed, detail = check_budget(out["forecast"], g["max_gpu_hours"], g["max_kwh"])
+    if out["forecast"] is not None:
+        train_job = config["cluster"]["slurm"]["train"]
+        out["forecast"]["jobs"] = job_plan(
+            out["forecast"], costs, settings.job_limit_s, train_job["stop_margin_s"], train_job["max_jobs"]
+        )
     return out, Check("budget", passed, detail)
+
+
+def jobs_check(cost: dict) -> Check:
+    """The gate's `jobs` check: how many Slurm jobs the run takes and what a stop costs (forecast `jobs`)."""
+    fc = cost.get("forecast")
+    return Check("jobs", *check_jobs(fc.get("jobs") if fc else None))
 
 
 def with_validation(costs: PlanCosts, inputs: GateInputs) -> PlanCosts:
@@ -249,6 +262,15 @@ def cost_markdown(report: dict) -> list[str]:
                 "",
                 f"Energy: steps at {e['compute_w']:.0f} W, checkpoints at the wait level {e['wait_w']:.0f} W, "
                 f"the rest at idle {e['idle_w']:.0f} W per GPU ({e['source']}).",
+            ]
+        jobs = fc.get("jobs")
+        if jobs and jobs["job_limit_s"] is not None:
+            lines += [
+                "",
+                f"Slurm jobs: {jobs['jobs'] if jobs['jobs'] is not None else 'none fits'} of "
+                f"{fmt_hours(jobs['job_limit_s'])} (cluster.slurm.train.runtime_min), each stopping "
+                f"{jobs['stop_margin_s']:g} s before its limit and resumed by the next (a stop's work: "
+                f"{jobs['stop_work_s']:.0f} s); a stop costs at most {fmt_hours(jobs['stop_cost_s'])}.",
             ]
     failure = report.get("failure")
     if failure:

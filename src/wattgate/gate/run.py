@@ -11,7 +11,7 @@ from wattgate.run_files import GATED_CONFIG, STAGE_FILES, check_output, claim_ou
 from wattgate.config import config_bytes, config_sha256, world_size
 from wattgate.gate import checks as C
 from wattgate.gate import validation_checks as V
-from wattgate.gate.cost import cost_section
+from wattgate.gate.cost import cost_section, jobs_check
 from wattgate.gpus import is_cpu
 from wattgate.gate.inputs import GateInputs, concat_packs, load_inputs
 from wattgate.gate.memory import (
@@ -166,6 +166,7 @@ def gate_report(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> 
     # what the plan will cost, the budget check on it, and what a hang it would cause would have cost
     cost, budget = cost_section(inputs, spec, next(c for c in results if c.name == "equal_steps"))
     results.append(budget)
+    results.append(jobs_check(cost))  # the Slurm jobs the run takes, each stopping gracefully before its limit
     # the collective proof (wattgate.proof): the trainer dry-run on the fake process group, every rank
     proof = collectives_section(config, pretokenized, plan_dir)
     if proof is not None:
