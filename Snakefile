@@ -1,6 +1,7 @@
 # wattgate: pretokenize -> pack-and-balance -> invariant gate -> FSDP2 train -> power analysis.
 # Stages live in workflow/rules/*.smk and call the `wattgate` CLI; see docs/architecture.md.
 from snakemake.utils import min_version, validate
+from wattgate.config import numbers_as_written
 
 min_version("9.0")
 
@@ -8,6 +9,7 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+numbers_as_written(config, workflow.configfiles)  # 1.0e9 is a number, as in the CLI (YAML 1.1 says string)
 validate(config, "workflow/schemas/config.schema.yaml")
 
 

@@ -122,7 +122,8 @@ def test_snakefile_holds_only_the_entry_point():
     """configfile, validate, the report caption, includes and rule all; the rest lives in workflow/rules."""
     lines = [x for x in (REPO / "Snakefile").read_text().splitlines() if x and not x[0].isspace() and x[0] != "#"]
     heads = [x.split("(")[0].split(":")[0].split()[0] for x in lines]
-    assert set(heads) <= {"from", "min_version", "configfile", "validate", "report", "include", "rule"}, heads
+    allowed = {"from", "min_version", "configfile", "numbers_as_written", "validate", "report", "include", "rule"}
+    assert set(heads) <= allowed, heads
     assert "report" in heads and [x for x in lines if x.startswith("rule ")] == ["rule all:"]
     assert (REPO / "workflow/report/workflow.rst").is_file()
 
@@ -224,6 +225,33 @@ def test_gate_passes_default_then_stops_the_dag_on_uneven_or_edited_plans(workfl
     assert proc.returncode != 0
     assert "gate: FAIL provenance: packs.parquet changed since it was planned" in output(proc)
     assert not (gate / "PASSED").exists()
+
+
+def test_the_train_job_trains_the_config_the_gate_checked(workflow_copy, tmp_path):
+    """A dry run with another config changes nothing a queued train job reads; the train rule trains the gate's
+    own copy, and a launch with any other config is refused naming the keys that differ."""
+    snakemake(workflow_copy, "--until", "invariant_gate")
+    gate, resolved = workflow_copy / "results/gate", workflow_copy / "results/config.yaml"
+    before = {p: p.read_bytes() for p in (resolved, gate / "config.yaml", gate / "PASSED")}
+    other = tmp_path / "other.yaml"
+    other.write_text("train:\n  lr: 1.0e-3\n")  # exponent notation: a number for Snakemake too
+    proc = snakemake(workflow_copy, "-n", "--configfile", str(other))
+    assert "invariant_gate" in output(proc)  # the gate would rerun for it ...
+    assert {p: p.read_bytes() for p in before} == before  # ... but nothing a queued job reads has changed
+    config = yaml.safe_load((gate / "config.yaml").read_text())
+    assert json.loads((gate / "gate.json").read_text())["config_sha256"] in (gate / "PASSED").read_text()
+    train_shell = dry_run_commands(workflow_copy)["train"]
+    assert "--config results/gate/config.yaml" in " ".join(train_shell), train_shell
+
+    edited = dict(config, train=dict(config["train"], lr=config["train"]["lr"] * 3))
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    launch = [str(BIN / "wattgate"), "launch", "--pretokenized", "results/pretokenized", "--plan", "results/plan"]
+    launch += ["--out", str(tmp_path / "run"), "--config", str(tmp_path / "edited.yaml")]
+    proc = subprocess.run(launch, cwd=workflow_copy, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "differs from the one the gate checked" in proc.stderr and "train.lr: " in proc.stderr
+    assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
 def planned_micro_batches(packs_path: Path) -> dict[int, list[int]]:

@@ -122,6 +122,29 @@ def check_config_files(paths) -> None:
         read_config_file(path)
 
 
+def numbers_as_written(config: dict, paths) -> dict:
+    """Snakemake's `config` with each exponent-notation number of its config files (`1.0e9`, `1e-3`) a number
+    again: Snakemake reads them with YAML 1.1, as strings that fail the schema's "number". Only a string that is
+    the file's own number is replaced (a later file's or --config's other value stays)."""
+
+    def merge(target: dict, given: dict) -> None:
+        for key, value in given.items():
+            mine = target.get(key)
+            if isinstance(value, dict) and isinstance(mine, dict):
+                merge(mine, value)
+            elif isinstance(mine, str) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                try:
+                    same = float(mine) == float(value)
+                except ValueError:
+                    same = False
+                if same:
+                    target[key] = value
+
+    for path in paths:
+        merge(config, read_config_file(path))
+    return config
+
+
 def read_config_file(path: str | Path) -> dict:
     """A YAML config file's mapping ({} when empty), not yet validated; one-line InputError when unreadable."""
     path = Path(path)

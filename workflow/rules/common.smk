@@ -14,7 +14,23 @@ from wattgate.experiments import variant_config, variant_names
 # folder passed to a shell is derived from the rule's own inputs/outputs in its params.
 RESULTS = "results"
 check_config_files(workflow.configfiles)
-RUN_CONFIG = dump_resolved(config, f"{RESULTS}/config.yaml")
+
+
+def dry_run():
+    """Whether this invocation is `snakemake -n`: Snakemake tells a Snakefile neither -n nor the executor while
+    it is read (workflow.dryrun is False then), so its own argument parser reads the command line."""
+    import sys
+
+    try:
+        from snakemake.cli import get_argument_parser
+
+        return bool(get_argument_parser().parse_known_args(sys.argv[1:])[0].dryrun)
+    except (Exception, SystemExit):  # not Snakemake's command line (an API call): not a dry run
+        return False
+
+
+# a dry run (`snakemake -n --configfile other.yaml`) leaves it as it is: a queued job reads this file when it starts
+RUN_CONFIG = dump_resolved(config, f"{RESULTS}/config.yaml", write=not dry_run())
 CORPUS_DIR = f"{RESULTS}/corpus"
 TOKENIZER_DIR = f"{RESULTS}/tokenizer"
 PRETOKENIZED_DIR = f"{RESULTS}/pretokenized"
@@ -48,9 +64,10 @@ STAGE_SHELL = {
         "wattgate gate --config {config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
         " --out {params.out:q} 2>&1 | tee {log:q}"
     ),
+    # Snakemake deletes a rule's log before each job: train.attempts.log keeps every attempt (launch heads each one)
     "launch": (
         "wattgate launch --config {config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
-        " --out {params.out:q} 2>&1 | tee {log:q}"
+        " --out {params.out:q} 2>&1 | tee -a {log:q} {params.out:q}/train.attempts.log"
     ),
 }
 
@@ -58,6 +75,12 @@ STAGE_SHELL = {
 def stage_shell(stage, config="params.config"):
     """STAGE_SHELL[stage] reading the config file the rule names as `config` (params.config or input.config)."""
     return STAGE_SHELL[stage].replace("{config:q}", "{%s:q}" % config)
+
+
+def gated_config(gate_dir=GATE_DIR):
+    """The gate's own copy of the config it checked: the train job trains exactly this one, so a later
+    invocation with another config (even `-n`) never changes what a queued train job trains."""
+    return f"{gate_dir}/config.yaml"
 
 
 def gate_result(gate_dir=GATE_DIR):
