@@ -70,3 +70,78 @@ def h200_run(tmp_path):
     run = tmp_path / "results" / "train" / "h200"
     shutil.copytree(REPO / "tests" / "data" / "h200" / "train", run)
     return run
+
+
+# `wattgate launch` as a real process (its signal handlers, locks, Slurm timer and final verdict) around a stand-in
+# job: the gate check is skipped (there is no plan to gate) and the job is the argv given.
+_FAKE_LAUNCH = """
+import json, sys
+import wattgate.train.launch as launch
+job = json.loads(sys.argv[1])
+launch.check_gate_marker = lambda *a, **k: None
+launch.build_launch_command = lambda *a, **k: job
+from wattgate.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.fixture
+def fake_launch(tmp_path, make_config):
+    """start(job_argv, out, env=None, **config_sections) -> the `wattgate launch` Popen (text pipes)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    def start(job, out, env=None, **sections):
+        config = tmp_path / "launch-config.yaml"
+        config.write_text(yaml.safe_dump(make_config(**sections)))
+        for name in ("pretokenized", "plan"):
+            (tmp_path / name).mkdir(exist_ok=True)
+        argv = ["launch", "--config", str(config), "--pretokenized", str(tmp_path / "pretokenized")]
+        argv += ["--plan", str(tmp_path / "plan"), "--out", str(out)]
+        return subprocess.Popen(
+            [sys.executable, "-c", _FAKE_LAUNCH, json.dumps(job), *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, **(env or {})),
+        )
+
+    return start
+
+
+def _wait_until(condition, timeout_s: float = 60.0, what: str = "condition"):
+    """Poll `condition` until it returns a true value (returned) or the deadline passes (AssertionError)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not met within {timeout_s:.0f} s"
+        time.sleep(0.05)
+
+
+def _catches(pid: int, *signals) -> bool:
+    """Whether process `pid` has handlers for all `signals` (SigCgt in /proc/<pid>/status): a signal sent before
+    they exist would take its default action."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return all(mask >> (int(s) - 1) & 1 for s in signals)
+
+
+@pytest.fixture
+def wait_until():
+    """wait_until(condition, timeout_s=60, what=...): poll with a deadline, never a fixed sleep."""
+    return _wait_until
+
+
+@pytest.fixture
+def catches():
+    """catches(pid, *signals): whether the process has handlers for them (wait for this before signalling)."""
+    return _catches

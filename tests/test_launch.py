@@ -1,5 +1,6 @@
 """The launch command is built by one function: local torchrun, or srun + torchrun on Slurm."""
 
+import signal
 import socket
 import subprocess
 
@@ -104,3 +105,21 @@ def test_multi_node_without_slurm_is_refused():
 def test_slurm_launcher_outside_an_allocation_is_refused():
     with pytest.raises(InputError, match="SLURM_JOB_ID is not set"):
         build_launch_command(spec(launcher="slurm"), ARGS)
+
+
+def test_each_node_execs_its_agent_with_sigusr1_ignored(tmp_path):
+    """Slurm may send USR1 to every process of the step: the node's sampler and torchrun have no handler for it, so
+    the task's shell ignores it before exec (inherited; the ranks install their own)."""
+    probe = tmp_path / "py"
+    probe.write_text("#!/bin/sh\ngrep '^SigIgn:' /proc/$$/status\n")  # stands in for python: what did exec keep?
+    probe.chmod(0o755)
+    inner = build_launch_command(spec({"SLURM_JOB_ID": "3"}, nodes=2), ARGS, python=str(probe), run="r")[-1]
+    assert " -m wattgate.train.torchrun --run r --nnodes=2 " in inner  # torchrun that records failed ranks
+    out = subprocess.run(["bash", "-c", inner], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    ignored = int(out.stdout.split()[-1], 16)
+    assert ignored >> (signal.SIGUSR1 - 1) & 1, out.stdout + out.stderr
+
+
+def test_a_run_folder_gives_every_rank_the_recording_torchrun():
+    argv = build_launch_command(spec(cpus_per_node=2), ARGS, python="py", run="out")
+    assert argv[:7] == ["py", "-m", "wattgate.train.torchrun", "--run", "out", "--standalone", "--nproc-per-node=2"]

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from wattgate.errors import InputError, StageFailed
+from wattgate.errors import InputError, StageFailed, first_line
 
 
 def _demo_corpus(args, config) -> None:
@@ -94,8 +94,15 @@ def _gate(args, config) -> None:
 
 
 def _train(args, config) -> None:
-    from wattgate.train.loop import train
+    import os
 
+    from wattgate.run_files import TRAIN_LOCK, claim_output
+    from wattgate.train.loop import train
+    from wattgate.train.run_lock import hold_run_lock
+
+    if os.environ.get("RANK", "0") == "0":  # rank 0 holds the run folder for the job, launched or not
+        claim_output(args.out, "train")
+        hold_run_lock(args.out, TRAIN_LOCK, "wattgate train (rank 0)")
     train(config, args.pretokenized, args.plan, args.out)
 
 
@@ -105,21 +112,32 @@ def _load_check(args, config) -> None:
     load_check(config, args.out, args.export)
 
 
-def _launch(args, config) -> None:
+def _launch(args, config) -> int | None:
+    from wattgate.errors import EXIT_STOPPED
+    from wattgate.telemetry.failures import status_text, stopped_line
     from wattgate.train.launch import run_launch
 
     result = run_launch(config, args.config, args.pretokenized, args.plan, args.out, args.gate)
     w = result.watcher or {}
-    if w.get("verdict") not in (None, "running", "healthy"):
+    if w.get("verdict") not in (None, "running", "healthy", "stopped", "failed"):  # a verdict the watcher reached
         acted = "stopped the job" if w.get("action") == "kill" else "warned"
         message = f"watcher {acted}: {w.get('reason')}; see {args.out}/watcher.json"
         if result.returncode != 0 or w.get("action") == "kill":
             raise StageFailed(message)
         print(f"launch: WARNING: {message}", file=sys.stderr)
-    if result.returncode != 0:
-        raise StageFailed(
-            f"training exited with status {result.returncode}; see the log above and {args.out}/heartbeat/"
-        )
+    if result.stopped is not None:
+        print(f"launch: {stopped_line(result.stopped)}", file=sys.stderr)
+        return EXIT_STOPPED
+    if result.returncode == 0:
+        return None
+    where = f"see {args.out}/watcher.json and the log above" if result.watcher else "see the log above"
+    if result.failure is not None:
+        # a rank's own input or OS error (a full disk) is exit 2, as from any stage; a dead rank is a failure (1)
+        error = InputError if result.failure.exit_status == 2 else StageFailed
+        raise error(f"{result.failure.line}; {where}")
+    if result.hard_stop is not None:
+        raise StageFailed(f"stopped at once by a second {result.hard_stop} (no stop checkpoint); rerun to resume")
+    raise StageFailed(f"training exited with {status_text(result.returncode)}; {where} and {args.out}/heartbeat/")
 
 
 def _sample(args, config) -> int:
@@ -448,19 +466,39 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.func(args, config)
         if isinstance(rc, int):
             return rc
-    except InputError as exc:
-        print(f"wattgate {args.stage}: error: {exc}", file=sys.stderr)
-        return 2
+    except InputError as exc:  # a trainer refused by another's lock writes nothing into that run folder
+        return _failed(args, f"error: {exc}", 2, record=type(exc).__name__ != "RunLocked")
     except StageFailed as exc:
-        print(f"wattgate {args.stage}: failed: {exc}", file=sys.stderr)
-        return 1
+        return _failed(args, f"failed: {exc}", 1)
     except OSError as exc:  # disk full, read-only, permission, missing file: one line, never a traceback
-        print(f"wattgate {args.stage}: error: {os_error_line(exc)}", file=sys.stderr)
-        return 2
+        return _failed(args, f"error: {os_error_line(exc)}", 2)
     except KeyboardInterrupt:
-        print(f"wattgate {args.stage}: interrupted", file=sys.stderr)
-        return 130
+        return _failed(args, "interrupted", 130)
+    except Exception as exc:  # a traceback follows; a training rank still leaves its one line for the verdict
+        _record_rank_error(args, f"{type(exc).__name__}: {first_line(exc)}", 1)
+        raise
     return 0
+
+
+def _failed(args, text: str, code: int, record: bool = True) -> int:
+    print(f"wattgate {args.stage}: {text}", file=sys.stderr)
+    if record:
+        _record_rank_error(args, text.partition(": ")[2] or text, code)
+    return code
+
+
+def _record_rank_error(args, text: str, code: int) -> None:
+    """A training rank's failure record beside its heartbeat (its line, exit status, step and phase), for the
+    watcher's verdict and launch's line; only into a run folder train has claimed (never a foreign --out)."""
+    import os
+
+    if args.stage != "train" or "RANK" not in os.environ:
+        return
+    from wattgate.artifacts import marker_stage
+    from wattgate.heartbeats import write_rank_error
+
+    if marker_stage(args.out) == "train":
+        write_rank_error(args.out, int(os.environ["RANK"]), text, code)
 
 
 if __name__ == "__main__":

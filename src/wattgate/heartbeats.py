@@ -153,3 +153,95 @@ class Heartbeat:
             event = {"time": record["time"], "rank": self.base["rank"], "step": step, "epoch": epoch, "phase": phase}
             with open(self.events, "a") as f:
                 f.write(json.dumps(event) + "\n")
+
+
+# ---------------------------------------------------------------- why a rank ended (docs/architecture.md)
+# `error-rank-<r>.json`: written by the rank's own CLI when it exits with an error (its one line, its exit status, and
+# the step and phase of its last heartbeat); `exit-rank-<r>.json`: written by its node's torchrun agent
+# (train/torchrun.py) from the rank's wait status, the only record of a rank killed by a signal (SIGKILL from the OOM
+# killer leaves the rank no chance to write). Both go beside the heartbeats, so every node writes its own ranks'
+# records into the shared run folder and the watcher (first node only) and launch read them all. Not named
+# `rank-*.json`: those are heartbeats.
+
+
+def rank_error_path(run: str | os.PathLike, rank: int) -> Path:
+    return Path(run) / HEARTBEAT_DIR / f"error-rank-{rank}.json"
+
+
+def rank_exit_path(run: str | os.PathLike, rank: int) -> Path:
+    return Path(run) / HEARTBEAT_DIR / f"exit-rank-{rank}.json"
+
+
+def _last_beat(run: str | os.PathLike, rank: int) -> dict:
+    try:
+        beat = json.loads(heartbeat_path(run, rank).read_text())
+    except (OSError, ValueError):
+        return {}
+    return beat if isinstance(beat, dict) else {}
+
+
+def _write_record(path: Path, record: dict) -> bool:
+    """Best effort: a failure record must never replace the error it reports (on a full disk it may not fit)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(path, (json.dumps(record) + "\n").encode())
+    except OSError:
+        return False
+    return True
+
+
+def write_rank_error(run: str | os.PathLike, rank: int, error: str, exit_code: int) -> bool:
+    """This rank's failure record (its CLI's one line and exit status, where its last heartbeat placed it)."""
+    beat = _last_beat(run, rank)
+    record = {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "exit_code": exit_code,
+        "error": error,
+        "step": beat.get("step"),
+        "epoch": beat.get("epoch"),
+        "phase": beat.get("phase"),
+        "time": time.time(),
+    }
+    return _write_record(rank_error_path(run, rank), record)
+
+
+def write_rank_exit(run: str | os.PathLike, rank: int, local_rank: int, pid: int, exitcode: int) -> bool:
+    """A failed rank's wait status as its torchrun agent saw it: `exitcode` < 0 is the signal that killed it."""
+    record = {
+        "rank": rank,
+        "local_rank": local_rank,
+        "host": socket.gethostname(),
+        "pid": pid,
+        "exitcode": exitcode,
+        "agent_pid": os.getpid(),
+        "time": time.time(),
+    }
+    return _write_record(rank_exit_path(run, rank), record)
+
+
+def read_rank_failures(run: str | os.PathLike, since: float = 0.0) -> dict[int, dict]:
+    """rank -> {"error": its own record or None, "exit": its agent's record or None, "beat": its last heartbeat},
+    for the ranks with a record written at or after `since` (older ones belong to an earlier attempt). A record
+    that cannot be read is skipped: these explain a failure, they never cause one."""
+    found: dict[int, dict] = {}
+    for kind in ("error", "exit"):
+        for path in sorted((Path(run) / HEARTBEAT_DIR).glob(f"{kind}-rank-*.json")):
+            try:
+                record = json.loads(path.read_text())
+                rank, written = int(record["rank"]), float(record["time"])
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                continue
+            if written >= since and math.isfinite(written):
+                found.setdefault(rank, {"error": None, "exit": None})[kind] = record
+    for rank, entry in found.items():
+        entry["beat"] = _last_beat(run, rank)
+    return found
+
+
+def clear_rank_failures(run: str | os.PathLike) -> None:
+    """Remove an earlier attempt's failure records (launch, before it starts the job)."""
+    for pattern in ("error-rank-*.json", "exit-rank-*.json"):
+        for path in (Path(run) / HEARTBEAT_DIR).glob(pattern):
+            path.unlink(missing_ok=True)

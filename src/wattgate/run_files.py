@@ -56,6 +56,13 @@ EVAL_PACKS = "eval_packs.parquet"  # pack: the validation pass, published with p
 STOP_REQUEST = "STOP_REQUESTED"
 STOPPED = "STOPPED"
 GATED_CONFIG = "config.yaml"  # gate: its own copy of the config it checked; launch and train read this one
+# One trainer per run folder (train/run_lock.py): `wattgate launch` holds LAUNCH_LOCK for the whole job and rank 0 of
+# `wattgate train` holds TRAIN_LOCK (ranks may be started without launch); each names its holder.
+LAUNCH_LOCK = "launch.lock"
+TRAIN_LOCK = "train.lock"
+# Every launch attempt's output, appended (the train rule tees into it; Snakemake deletes train.log, the rule's
+# log, before each job, so a rerun would erase the lines that named a dead rank)
+ATTEMPTS_LOG = "train.attempts.log"
 
 # The names each stage that writes into its --out in place (rather than publishing a whole folder) may
 # find there of its own: such a folder without the `.wattgate-output` marker is an output of a wattgate from
@@ -71,6 +78,9 @@ STAGE_FILES = {
         "collectives.json",
         STOP_REQUEST,
         STOPPED,
+        LAUNCH_LOCK,
+        TRAIN_LOCK,
+        ATTEMPTS_LOG,
         HEARTBEAT_DIR,
         "checkpoints",
         "checkpoints.stale-*",
@@ -404,7 +414,7 @@ def is_watcher_record(path: Path) -> bool:
     return isinstance(record, dict) and {"verdict", "started", "settings", "world_size"} <= record.keys()
 
 
-QUIET_VERDICTS = ("running", "healthy")  # records that found nothing: a new watcher may replace them
+QUIET_VERDICTS = ("running", "healthy", "stopped")  # found nothing (a graceful stop): a new watcher may replace them
 
 
 def check_no_finding(dest: Path) -> None:

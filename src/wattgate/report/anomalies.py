@@ -19,7 +19,7 @@ STARVATION_MIN_S = 5.0  # a run of data_starvation windows shorter than this is 
 STARVED_STEP_SHARE = 0.2  # a step that waited this share of its time for data is starved
 STRAGGLER_RATIO = 1.10  # a rank this much slower (median compute time) than the median rank
 HANG_VERDICTS = ("deadlock", "stuck_ranks")
-QUIET_VERDICTS = (None, "running", "healthy")
+QUIET_VERDICTS = (None, "running", "healthy", "stopped")  # stopped: a graceful stop, resumed by the next job
 
 
 @dataclass

@@ -58,7 +58,7 @@ def header(s: dict) -> str:
         w = badge("watcher", "not available", "na")
     else:
         v = str(watcher.get("verdict"))
-        w = badge("watcher", v, "ok" if v in ("healthy", "running") else "bad")
+        w = badge("watcher", v, "ok" if v in ("healthy", "running") else "warn" if v == "stopped" else "bad")
     kinds = sorted({a["kind"] for a in s["anomalies"]})
     n = len(s["anomalies"]) + s["anomalies_omitted"]
     a = badge("anomalies", f"{n} ({', '.join(kinds)})" if n else "none", "warn" if n else "ok")

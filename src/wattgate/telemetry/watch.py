@@ -31,20 +31,26 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
-
 from wattgate.collective_hints import hang_hint
 from wattgate.artifacts import check_file_output, write_json_atomic
 from wattgate.durations import fmt_hours
 from wattgate.errors import InputError
+from wattgate.telemetry.failures import name_failure
 from wattgate.telemetry.hang_cost import hang_cost
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, TriageSettings, TriageTable
 from wattgate.heartbeats import read_heartbeats  # noqa: F401 (callers import it here)
 from wattgate.run_files import WATCHER, check_no_finding, is_watcher_record
 from wattgate.telemetry.kill import _alive, _stop_job, kill_tree, process_tree  # noqa: F401 (re-exported)
-from wattgate.trace import SEGMENT_DIR_SUFFIX, _segment_range, live_segments
-from wattgate.telemetry.watch_inputs import COLLECTIVE_PHASES, WATCH_PHASES, ActivityMeter, BeatReader, first_steps
+from wattgate.telemetry.watch_inputs import (  # noqa: F401 (TraceTail: callers import it here)
+    COLLECTIVE_PHASES,
+    WATCH_PHASES,
+    ActivityMeter,
+    BeatReader,
+    TraceTail,
+    first_steps,
+    odd_state_ranks,
+    state_notes,
+)
 
 PHASE_ORDER = {phase: i for i, phase in enumerate(WATCH_PHASES)}
 
@@ -63,59 +69,6 @@ class WatchSettings:
     def from_config(cls, config: dict) -> WatchSettings:
         w = config["watcher"]
         return cls(**{k: w[k] for k in cls.__dataclass_fields__})
-
-
-class TraceTail:
-    """The last seconds of every node's power trace, read incrementally from the samplers' live segments."""
-
-    def __init__(self, telemetry: Path, keep_s: float):
-        self.telemetry = telemetry
-        self.keep_s = keep_s
-        self.seen: dict[Path, int] = {}  # segment folder -> highest segment number read
-        self.chunks: list[tuple[np.ndarray, ...]] = []
-
-    def update(self) -> None:
-        for folder in self.telemetry.glob(f".*.parquet{SEGMENT_DIR_SUFFIX}"):
-            last = self.seen.get(folder, -1)
-            for seg in live_segments(folder):
-                lo, hi = _segment_range(seg)
-                if hi <= last:
-                    continue
-                try:
-                    t = pq.read_table(seg, columns=["time", "host", "gpu", "power_w", "util_gpu"])
-                except (OSError, ValueError):
-                    continue  # merged away between listing and reading; its rows arrive in the merged file
-                last = max(last, hi)
-                if len(t):
-                    self.chunks.append(
-                        (
-                            t["time"].to_numpy(),
-                            np.array(t["host"].to_pylist(), dtype=object),
-                            t["gpu"].to_numpy(),
-                            t["power_w"].to_numpy(zero_copy_only=False),
-                            t["util_gpu"].to_numpy(zero_copy_only=False),
-                        )
-                    )
-            self.seen[folder] = last
-        if self.chunks:
-            newest = max(c[0].max() for c in self.chunks)
-            self.chunks = [c for c in self.chunks if c[0].max() >= newest - self.keep_s]
-
-    def window(self, since: float) -> dict[tuple[str, int], tuple[float, float, float]]:
-        """(host, gpu) -> (mean power W, mean util %, seconds covered) over samples newer than `since`."""
-        if not self.chunks:
-            return {}
-        t, host, gpu, power, util = (np.concatenate(x) for x in zip(*self.chunks))
-        sel = t >= since
-        out = {}
-        for key in set(zip(host[sel], gpu[sel])):
-            m = sel & (host == key[0]) & (gpu == key[1])
-            out[(str(key[0]), int(key[1]))] = (
-                float(np.nanmean(power[m])),
-                float(np.nanmean(util[m])),
-                float(t[m].max() - t[m].min()),
-            )
-        return out
 
 
 def position(beat: dict) -> tuple[int, int, float, int]:
@@ -275,13 +228,14 @@ def _deadlock(beats, now, gpus, activity, table, s, stalled_for, limit_phase, de
     behind = [] if agree else sorted(r for r, p in positions.items() if p != top)
     idle = sorted(r for r, g in gpus.items() if table is not None and g and g[1] <= table.idle_util_pct)
     waiting = sorted(r for r, g in gpus.items() if table is not None and g and g[1] >= table.busy_util_pct)
-    stuck = idle if idle and waiting else behind
+    stopped = odd_state_ranks(activity)  # a stopped process (SIGSTOP, a debugger) is the one stuck (state_notes)
+    stuck = stopped or (idle if idle and waiting else behind)
     if behind:
         reason = (
             f"deadlock: no rank advanced for {stalled_for:.1f} s ({desc}); rank(s) {_list(ahead)} ran "
             f"ahead of rank(s) {_list(behind)}{_phases_differ(beats)}{_uneven_step(beats)}: {where}"
         )
-    elif stuck:
+    elif stuck and not stopped:
         reason = (
             f"deadlock: no rank advanced for {stalled_for:.1f} s ({desc}); rank(s) {_list(stuck)} idle "
             f"while the others wait in a collective: {where}"
@@ -298,6 +252,9 @@ def _verdict(beats, now, gpus, activity, verdict, reason, stalled_for, limit, li
         describe_rank(b, now) | _power_fields(gpus.get(r)) | _activity_fields(activity.get(r))
         for r, b in sorted(beats.items())
     ]
+    if notes := state_notes(beats, activity, now):  # the rank and its process state first, in the line itself
+        head, _, rest = reason.partition(": ")
+        reason = f"{head}: {'; '.join(notes)}; {rest}"
     return {
         "verdict": verdict,
         "reason": reason,
@@ -508,7 +465,12 @@ def watch(
         if pid is not None and not _alive(pid):
             break
     if record["verdict"] == "running":
-        record["verdict"] = "healthy"
+        # a rank that died or failed (its records beside the heartbeats) is no healthy end; launch adds the exit status
+        failure = name_failure(run, started)
+        if failure is not None:
+            record.update(verdict="failed", reason=failure.line, failed_rank=failure.rank, cause=failure.cause)
+        else:
+            record["verdict"] = "healthy"
     record["ended"] = time.time()
     write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
     return record

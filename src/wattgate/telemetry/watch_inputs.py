@@ -1,5 +1,6 @@
-"""What the watcher reads besides power: each rank's heartbeat, checked field by field, each rank's first step
-of a phase in this attempt (from its events file), and what rank processes on this host are doing.
+"""What the watcher reads: each rank's heartbeat, checked field by field, each rank's first step of a phase in
+this attempt (from its events file), what rank processes on this host are doing, and the last seconds of every
+node's power trace (TraceTail).
 
 A bad heartbeat (unreadable, not JSON, a field missing or of the wrong type) is that rank's missing heartbeat
 for this poll: the rank keeps its last good one and the watcher keeps watching. Without power data the
@@ -18,7 +19,11 @@ import socket
 from collections import deque
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
+
 from wattgate.heartbeats import HEARTBEAT_DIR, HEARTBEAT_PHASES, heartbeat_events_path
+from wattgate.trace import SEGMENT_DIR_SUFFIX, _segment_range, live_segments
 
 # the train loop's validation pass beats `eval` (issue 22): known here whether or not run_files lists it yet
 WATCH_PHASES = tuple(dict.fromkeys(HEARTBEAT_PHASES[:2] + ("eval",) + HEARTBEAT_PHASES[2:]))
@@ -193,4 +198,79 @@ class ActivityMeter:
                 "over_s": round(t1 - t0, 1),
                 "waiting": share < WAITING_CPU_SHARE and io == 0 and state != "D",
             }
+        return out
+
+
+# process states (proc(5)) that name what is wrong with a rank by themselves, for the verdict line
+ODD_STATES = {"T": "stopped", "t": "stopped by a debugger", "D": "in uninterruptible I/O", "Z": "dead, not reaped"}
+
+
+def state_notes(beats: dict[int, dict], activity: dict[int, dict], now: float) -> list[str]:
+    """'rank 1 (pid 4242) stopped (state T) at step 7 for 61 s' for each rank whose process (on this host) is in
+    one of ODD_STATES: a SIGSTOP, a debugger, a hung filesystem; the time is since its last heartbeat."""
+    notes = []
+    for rank in sorted(activity):
+        state, beat = activity[rank].get("state"), beats.get(rank)
+        if state in ODD_STATES and beat is not None:
+            notes.append(
+                f"rank {rank} (pid {beat.get('pid')}) {ODD_STATES[state]} (state {state}) at step {beat['step']} "
+                f"for {now - beat['time']:.0f} s"
+            )
+    return notes
+
+
+def odd_state_ranks(activity: dict[int, dict], states: str = "Tt") -> list[int]:
+    return sorted(r for r, a in activity.items() if a.get("state") in states)
+
+
+class TraceTail:
+    """The last seconds of every node's power trace, read incrementally from the samplers' live segments."""
+
+    def __init__(self, telemetry: Path, keep_s: float):
+        self.telemetry = telemetry
+        self.keep_s = keep_s
+        self.seen: dict[Path, int] = {}  # segment folder -> highest segment number read
+        self.chunks: list[tuple[np.ndarray, ...]] = []
+
+    def update(self) -> None:
+        for folder in self.telemetry.glob(f".*.parquet{SEGMENT_DIR_SUFFIX}"):
+            last = self.seen.get(folder, -1)
+            for seg in live_segments(folder):
+                lo, hi = _segment_range(seg)
+                if hi <= last:
+                    continue
+                try:
+                    t = pq.read_table(seg, columns=["time", "host", "gpu", "power_w", "util_gpu"])
+                except (OSError, ValueError):
+                    continue  # merged away between listing and reading; its rows arrive in the merged file
+                last = max(last, hi)
+                if len(t):
+                    self.chunks.append(
+                        (
+                            t["time"].to_numpy(),
+                            np.array(t["host"].to_pylist(), dtype=object),
+                            t["gpu"].to_numpy(),
+                            t["power_w"].to_numpy(zero_copy_only=False),
+                            t["util_gpu"].to_numpy(zero_copy_only=False),
+                        )
+                    )
+            self.seen[folder] = last
+        if self.chunks:
+            newest = max(c[0].max() for c in self.chunks)
+            self.chunks = [c for c in self.chunks if c[0].max() >= newest - self.keep_s]
+
+    def window(self, since: float) -> dict[tuple[str, int], tuple[float, float, float]]:
+        """(host, gpu) -> (mean power W, mean util %, seconds covered) over samples newer than `since`."""
+        if not self.chunks:
+            return {}
+        t, host, gpu, power, util = (np.concatenate(x) for x in zip(*self.chunks))
+        sel = t >= since
+        out = {}
+        for key in set(zip(host[sel], gpu[sel])):
+            m = sel & (host == key[0]) & (gpu == key[1])
+            out[(str(key[0]), int(key[1]))] = (
+                float(np.nanmean(power[m])),
+                float(np.nanmean(util[m])),
+                float(t[m].max() - t[m].min()),
+            )
         return out

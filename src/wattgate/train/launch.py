@@ -19,12 +19,25 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from wattgate.artifacts import write_json_atomic
-from wattgate.run_files import MARKER_HASH_FILES, claim_output, read_gate_report, read_marker_hashes, read_watcher
+from wattgate.run_files import (
+    MARKER_HASH_FILES,
+    claim_output,
+    read_gate_report,
+    read_marker_hashes,
+    read_watcher,
+)
+from wattgate.heartbeats import clear_rank_failures
+from wattgate.run_files import LAUNCH_LOCK, STOP_REQUEST, STOPPED, TRAIN_LOCK, TRAINED, WATCHER, read_json_object
+from wattgate.telemetry.failures import RankFailure, finish_record, name_failure, status_text
 from wattgate.telemetry.watch import COLLECTIVES
+from wattgate.train.launch_stop import StopControl, ignore_usr1, stop_margin_s
+from wattgate.train.run_lock import check_unlocked, hold_run_lock
 from wattgate.errors import InputError
 from wattgate.gpus import is_cpu
 from wattgate.telemetry.sampler import sampler_command
@@ -107,14 +120,19 @@ def train_args(config_path: Path, pretokenized: Path, plan: Path, out: Path) -> 
 
 
 def build_launch_command(
-    spec: LaunchSpec, args: list[str], python: str = sys.executable, sample: tuple[str, float] | None = None
+    spec: LaunchSpec,
+    args: list[str],
+    python: str = sys.executable,
+    sample: tuple[str, float] | None = None,
+    run: str | os.PathLike | None = None,
 ) -> list[str]:
     """argv that starts every rank of the job from this (first-node or local) process.
 
     With `sample=(trace_path, interval_s)` each node's torchrun runs under that
-    node's telemetry sampler (`{host}` in the path becomes the node's name).
+    node's telemetry sampler (`{host}` in the path becomes the node's name). With `run` (the run folder) each
+    node's torchrun is wattgate's (train/torchrun.py), which records every failed rank's exit status or signal there.
     """
-    torchrun = [python, "-m", "torch.distributed.run"]
+    torchrun = [python, "-m", "torch.distributed.run"] if run is None else agent_command(run, python)
     wrap = [] if sample is None else sampler_command(sample[0], sample[1], [], python)
     if spec.launcher == "local":
         return wrap + torchrun + ["--standalone", f"--nproc-per-node={spec.procs_per_node}"] + args
@@ -147,6 +165,8 @@ def build_launch_command(
     # leave it out so each task gets every CPU the job holds on its node. --kill-on-bad-exit ends
     # every node's task when one fails instead of leaving the others waiting in a collective.
     cpus = [f"--cpus-per-task={spec.cpus_per_node}"] if spec.cpus_per_node else []
+    # SIGUSR1 ignored before the exec, so the sampler and torchrun keep it ignored (they have no handler and would die
+    # of a USR1 sent to every process of the step); the ranks install their own (train/launch_stop.py)
     return [
         "srun",
         f"--nodes={spec.nodes}",
@@ -156,8 +176,13 @@ def build_launch_command(
         f"--jobid={spec.job_id}",
         "bash",
         "-c",
-        f"{hello}; exec {inner}",
+        f"{hello}; trap '' USR1; exec {inner}",
     ]
+
+
+def agent_command(run: str | os.PathLike, python: str = sys.executable) -> list[str]:
+    """torchrun as wattgate starts it: torch's own, recording each failed rank's exit into the run folder."""
+    return [python, "-m", "wattgate.train.torchrun", "--run", str(run)]
 
 
 def _quote_node_path(arg: str) -> str:
@@ -196,6 +221,10 @@ def watcher_command(
 class LaunchResult:
     returncode: int
     watcher: dict | None  # watcher.json after the job ended (None when the watcher is off)
+    stopped: dict | None = None  # STOPPED of this attempt: a graceful stop ("stopped, resume me")
+    failure: RankFailure | None = None  # the first failed rank and its cause, when a rank left a record
+    hard_stop: str | None = None  # the second signal that stopped the job at once
+    attempt: int = 1  # this launch's number in the run folder (launch.lock counts them)
 
 
 def check_gate_marker(config: dict, plan: Path, gate: Path) -> Path:
@@ -244,31 +273,37 @@ def run_launch(
 ) -> LaunchResult:
     """Start the job (under the node samplers) in its own session, with the watcher beside it.
 
-    Refuses (InputError) a plan the gate did not pass: `gate` defaults to the plan folder's sibling
-    `gate/` (results/plan -> results/gate). SIGTERM/SIGINT are forwarded to the job; the watcher is
-    stopped once the job has ended.
+    Refuses (InputError) a plan the gate did not pass: `gate` defaults to the plan folder's sibling `gate/`
+    (results/plan -> results/gate), and a run folder another trainer holds (launch.lock). The first SIGTERM, SIGUSR1
+    or SIGINT, or the Slurm job's end drawing near, asks the ranks for a graceful stop (train/launch_stop.py); a
+    second SIGTERM/SIGINT is forwarded to the job. Once the job has ended the watcher is stopped and watcher.json
+    gets its final verdict: the watcher's own, else stopped, failed (naming the first failed rank) or healthy.
     """
     gate_dir = gate or plan.parent / "gate"
     check_gate_marker(config, plan, gate_dir)
     claim_output(out, "train")  # a folder train did not write is refused before the job starts
     spec = resolve_launch(config)
+    attempt = hold_run_lock(out, LAUNCH_LOCK, "wattgate launch")["attempt"]
+    check_unlocked(out, TRAIN_LOCK)  # a job whose launcher was killed may still train here: clear nothing of it
+    started = time.time()
     tel = config["telemetry"]
     sample = (str(out / "telemetry" / "{host}.parquet"), tel["interval_s"]) if tel["enabled"] else None
-    argv = build_launch_command(spec, train_args(config_path, pretokenized, plan, out), sample=sample)
-    # an earlier attempt's verdict and last heartbeats must not be read as this attempt's
-    (out / "watcher.json").unlink(missing_ok=True)
-    for stale in (out / "heartbeat").glob("rank-*.json"):
-        stale.unlink()
+    argv = build_launch_command(spec, train_args(config_path, pretokenized, plan, out), sample=sample, run=out)
+    clear_attempt_files(out)
     copy_collectives(gate_dir, out)
+    job = f"Slurm job {spec.job_id}" if spec.job_id else "no Slurm job"
+    print(f"launch: attempt {attempt} at {_clock(started)}, {job}, on {socket.gethostname()}: {out}", flush=True)
     print(f"launch: {' '.join(shlex.quote(a) for a in argv)}", flush=True)
-    proc = subprocess.Popen(argv, env=launch_env(spec), start_new_session=True)
+    proc = subprocess.Popen(argv, env=launch_env(spec), start_new_session=True, preexec_fn=ignore_usr1)
     watcher = None
     if config["watcher"]["enabled"]:
         # on Slurm the watched pid is the srun (its SIGTERM reaches every node); scancel is the fallback
         slurm_job = spec.job_id if spec.launcher == "slurm" else None
-        watcher = subprocess.Popen(watcher_command(config_path, out, proc.pid, slurm_job), start_new_session=True)
+        watcher = subprocess.Popen(
+            watcher_command(config_path, out, proc.pid, slurm_job), start_new_session=True, preexec_fn=ignore_usr1
+        )
 
-    def forward(signum, _frame):
+    def forward(signum):
         for p in (proc, watcher):
             if p is not None:
                 try:
@@ -276,20 +311,77 @@ def run_launch(
                 except ProcessLookupError:
                     pass
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
+    control = StopControl(out, forward)
+    control.install()
+    if spec.job_id and stop_margin_s(config) > 0:
+        control.start_slurm_timer(spec.job_id, stop_margin_s(config))
     rc = proc.wait()
-    verdict = None
-    if watcher is not None:
-        if watcher.poll() is None:
-            watcher.send_signal(signal.SIGTERM)
+    control.done.set()
+    verdict = _stop_watcher(watcher, out)
+    stopped = read_stopped(out)
+    failure = name_failure(out) if rc != 0 else None  # records of earlier attempts were cleared before this one
+    if stopped is not None and rc != 0 and failure is None:
+        # torchrun given SIGTERM itself (Slurm signals every process) ends through its signal path, non-zero, after
+        # its ranks stopped cleanly: STOPPED is written only once the stop checkpoint is published
+        print(f"launch: the job exited with {status_text(rc)} after its graceful stop", file=sys.stderr, flush=True)
+    elif rc != 0:
+        stopped = None
+    if verdict is not None:
+        verdict = finish_record(verdict, rc, failure, stopped, hard_stop=control.hard_stop)
         try:
-            watcher.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            watcher.kill()
-        try:
-            verdict = read_watcher(out)
-        except InputError as exc:  # the job's own exit status still stands; say why there is no verdict
-            print(f"launch: WARNING: no watcher verdict: {exc}", file=sys.stderr, flush=True)
-            verdict = None
-    return LaunchResult(rc, verdict)
+            write_json_atomic(out / WATCHER, verdict, nonfinite="null")
+        except OSError as exc:
+            print(f"launch: WARNING: {out / WATCHER}: cannot write the final verdict ({exc.strerror})", file=sys.stderr)
+    return LaunchResult(rc, verdict, stopped, failure, control.hard_stop, attempt)
+
+
+def clear_attempt_files(out: Path) -> None:
+    """An earlier attempt's verdict, last heartbeats, failure records and stop files must not be read as this
+    attempt's (a stop request left behind would stop this attempt at its first step)."""
+    for name in (WATCHER, STOP_REQUEST, STOPPED):
+        (out / name).unlink(missing_ok=True)
+    for stale in (out / "heartbeat").glob("rank-*.json"):
+        stale.unlink()
+    clear_rank_failures(out)
+
+
+def _stop_watcher(watcher: subprocess.Popen | None, out: Path) -> dict | None:
+    """Stop the watcher once the job has ended (its SIGTERM finishes the record) and read watcher.json."""
+    if watcher is None:
+        return None
+    if watcher.poll() is None:
+        watcher.send_signal(signal.SIGTERM)
+    try:
+        watcher.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        watcher.kill()
+        watcher.wait()
+    try:
+        return read_watcher(out)
+    except InputError as exc:  # the job's own exit status still stands; say why there is no verdict
+        print(f"launch: WARNING: no watcher verdict: {exc}", file=sys.stderr, flush=True)
+        return None
+
+
+def read_stopped(out: Path) -> dict | None:
+    """STOPPED (launch removes it before each attempt, so it is this attempt's), unless TRAINED was written after it
+    (a run that finished after all). Both mtimes come from the same filesystem: no clock of another host enters."""
+    path = out / STOPPED
+    try:
+        stopped_at = path.stat().st_mtime
+    except OSError:
+        return None
+    try:
+        if (out / TRAINED).stat().st_mtime >= stopped_at:
+            return None
+    except OSError:
+        pass
+    try:
+        return read_json_object(path, "the stop record", "train")
+    except InputError as exc:
+        print(f"launch: WARNING: {exc}", file=sys.stderr, flush=True)
+        return {"step": None, "checkpoint": None, "reason": "STOPPED unreadable"}
+
+
+def _clock(t: float) -> str:
+    return datetime.fromtimestamp(t).isoformat(sep=" ", timespec="seconds")

@@ -1,0 +1,173 @@
+"""A job's end, named: which rank failed first and why, for watcher.json's final verdict and launch's one line.
+
+The evidence is each failed rank's records beside its heartbeat (wattgate/heartbeats.py): its own CLI's line and
+exit status (`error-rank-<r>.json`), and its torchrun agent's view of its wait status (`exit-rank-<r>.json`, the
+only record of a rank killed by a signal). Every node writes its own ranks' records into the shared run folder, so
+this works on any number of nodes from the first one. When one rank dies the others fail after it (a collective
+with a dead peer: "Connection closed by peer"), so the root cause is chosen, not the first file found: a rank killed
+by a signal before it said anything, then a rank's own error that is not the loss of a peer, then the rest; earliest
+first within each.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+
+from wattgate.heartbeats import read_rank_failures
+from wattgate.run_files import QUIET_VERDICTS
+
+SIGNAL_HINTS = {
+    "SIGKILL": "the OOM killer or a kill -9 (an OOM kill is in the kernel log: dmesg)",
+    "SIGSEGV": "a crash in native code (segmentation fault)",
+    "SIGBUS": "a bus error: a file truncated under a memory map, or /dev/shm full",
+    "SIGABRT": "an abort in native code (a failed assertion, an uncaught C++ exception)",
+    "SIGFPE": "an arithmetic fault in native code",
+    "SIGILL": "an illegal instruction (a binary built for another CPU)",
+    "SIGTERM": "a stop signal that was not waited for",
+}
+# A rank's error that says another rank went away: a consequence of the root cause, not the cause
+PEER_LOSS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "remote process exited",
+    "communicator was aborted",
+    "ncclremoteerror",
+    "socket timeout",
+)
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """The root cause of a failed job: its rank, the cause, and launch's one line."""
+
+    rank: int
+    cause: str  # "killed by SIGKILL (signal 9)" or the rank's own one-line error
+    line: str  # "rank 1 died: killed by SIGKILL (signal 9) in step 13: the OOM killer or a kill -9"
+    exit_status: int  # what launch exits with: 2 when the rank's own exit was 2 (an input or OS error), else 1
+    others: tuple[int, ...] = ()  # ranks that failed after it
+
+    def as_record(self) -> dict:
+        return {
+            "rank": self.rank,
+            "cause": self.cause,
+            "line": self.line,
+            "exit_status": self.exit_status,
+            "others": list(self.others),
+        }
+
+
+def position(record: dict) -> str:
+    """' in step 13' / ' writing the checkpoint of step 30' from a heartbeat-like record's step and phase."""
+    step, phase = record.get("step"), record.get("phase")
+    if not isinstance(step, int):
+        return ""
+    return {
+        "train": f" in step {step + 1}",
+        "eval": f" in the validation pass after step {step}",
+        "checkpoint": f" writing the checkpoint of step {step}",
+        "export": f" exporting after step {step}",
+        "init": " while starting up",
+        "done": f" after its last step ({step})",
+    }.get(phase, f" at step {step}")
+
+
+def signal_name(exitcode: int) -> str:
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+def _candidate(rank: int, entry: dict) -> tuple[tuple, RankFailure]:
+    error, exit_, beat = entry["error"], entry["exit"], entry.get("beat") or {}
+    if exit_ is not None and int(exit_.get("exitcode", 0)) < 0 and error is None:
+        code = int(exit_["exitcode"])
+        name = signal_name(code)
+        cause = f"killed by {name} (signal {-code})"
+        who = f"rank {rank} (pid {exit_.get('pid')} on {exit_.get('host')})"
+        hint = SIGNAL_HINTS.get(name)
+        line = f"{who} died: {cause}{position(beat)}" + (f": {hint}" if hint else "")
+        return (0, float(exit_["time"]), rank), RankFailure(rank, cause, line, 1)
+    if error is not None:
+        code = int(error.get("exit_code") or 1)
+        text = str(error.get("error") or "an error")
+        cause = f"{text} (exit {code})"
+        line = f"rank {rank}{position(error)}: {cause}"
+        peer = any(p in text.lower() for p in PEER_LOSS)
+        return (2 if peer else 1, float(error["time"]), rank), RankFailure(rank, cause, line, 2 if code == 2 else 1)
+    code = int(exit_.get("exitcode", 1))
+    cause = f"exit status {code} with no error line (its traceback, if any, is in train.log)"
+    line = f"rank {rank} (pid {exit_.get('pid')} on {exit_.get('host')}) failed: {cause}{position(beat)}"
+    return (3, float(exit_["time"]), rank), RankFailure(rank, cause, line, 1)
+
+
+def name_failure(run, since: float = 0.0) -> RankFailure | None:
+    """The root cause among the failure records written at or after `since` (this attempt); None without any."""
+    ranked = sorted(_candidate(rank, entry) for rank, entry in read_rank_failures(run, since).items())
+    if not ranked:
+        return None
+    first = ranked[0][1]
+    others = tuple(sorted(f.rank for _, f in ranked[1:]))
+    if not others:
+        return first
+    after = f"; rank(s) {', '.join(map(str, others))} failed after it"
+    return RankFailure(first.rank, first.cause, first.line + after, first.exit_status, others)
+
+
+def status_text(returncode: int) -> str:
+    """'status 1', 'status 137 (128 + 9: SIGKILL)', 'killed by SIGKILL (signal 9)' for a job's exit status."""
+    if returncode < 0:
+        return f"killed by {signal_name(returncode)} (signal {-returncode})"
+    if returncode > 128 and 0 < returncode - 128 < signal.NSIG:
+        return f"status {returncode} (128 + {returncode - 128}: {signal_name(128 - returncode)})"
+    return f"status {returncode}"
+
+
+def finish_record(
+    record: dict,
+    returncode: int,
+    failure: RankFailure | None,
+    stopped: dict | None,
+    now: float | None = None,
+    hard_stop: str | None = None,
+) -> dict:
+    """watcher.json once the job has ended. A verdict the watcher reached (a deadlock, a stall, missing ranks)
+    stands; otherwise the verdict becomes `stopped` (a graceful stop: STOPPED was written), `failed` (naming the
+    first failed rank and its cause, the job's exit status when no rank left a record, or a second signal that
+    stopped it at once), or `healthy` only when the job exited 0. `job_end` records all of it either way."""
+    out = dict(record)
+    out["job_end"] = {
+        "returncode": returncode,
+        "time": now if now is not None else time.time(),
+        "failure": failure.as_record() if failure else None,
+        "stopped": stopped,
+        "hard_stop": hard_stop,
+    }
+    out.setdefault("ended", out["job_end"]["time"])
+    if record.get("verdict") not in QUIET_VERDICTS:
+        return out
+    if stopped is not None:
+        out.update(verdict="stopped", reason=stopped_line(stopped))
+    elif hard_stop is not None:
+        status = status_text(returncode)
+        reason = f"stopped at once by a second {hard_stop} to wattgate launch (no stop checkpoint); job {status}"
+        out.update(verdict="failed", reason=reason, failed_rank=None, cause=f"a second {hard_stop}")
+    elif failure is not None:
+        out.update(verdict="failed", reason=failure.line, failed_rank=failure.rank, cause=failure.cause)
+    elif returncode != 0:
+        reason = f"training exited with {status_text(returncode)} and no rank left a failure record"
+        out.update(verdict="failed", reason=reason, failed_rank=None, cause=status_text(returncode))
+    else:
+        out["verdict"] = "healthy"
+    return out
+
+
+def stopped_line(stopped: dict) -> str:
+    """'stopped at step 30 (SIGTERM); checkpoint <path>; rerun to resume' from STOPPED."""
+    return (
+        f"stopped at step {stopped.get('step')} ({stopped.get('reason')}); checkpoint {stopped.get('checkpoint')}; "
+        "rerun to resume"
+    )
