@@ -17,7 +17,10 @@ host, their processes' CPU time, and decides:
   called a hang (past that limit the verdict is `checkpoint_stalled`, etc.); a phase that only some
   ranks entered is a desynchronization. `eval` (validation) runs collectives like `train`.
 Action `kill` stops the job (telemetry/kill.py); `warn` only records. `watcher.json` holds the
-verdict either way, and claims a saving only for a confirmed deadlock.
+verdict either way, and claims a saving only for a confirmed deadlock. A rank process stopped (`T`) or stuck in
+I/O (`D`) on this host is named at the head of the reason (watch_inputs.state_notes). A job that ends without a
+verdict ends `failed` when a rank left a failure record (telemetry/failures.py), else `healthy`; launch then
+writes the final verdict from the job's exit status (`stopped`, `failed`, `healthy`).
 """
 
 from __future__ import annotations
