@@ -84,6 +84,7 @@ STAGE_FILES = {
         HEARTBEAT_DIR,
         "checkpoints",
         "checkpoints.stale-*",
+        "checkpoints.damaged",
         "final",
         "final.tmp",
         "telemetry",

@@ -87,17 +87,19 @@ def newest_checkpoint(checkpoints: Path) -> dict | None:
         if not _is_state(state):  # train skips such a folder too (train/checkpoint.py is_complete)
             print(f"pack: WARNING: skipping {path}: its state.json is not a checkpoint state", flush=True)
             continue
-        if all((path / n).is_file() and (path / n).stat().st_size == size for n, size in state["files"].items()):
+        sizes = {n: v["bytes"] if isinstance(v, dict) else v for n, v in state["files"].items()}
+        if all((path / n).is_file() and (path / n).stat().st_size == size for n, size in sizes.items()):
             return state | {"path": str(path)}
     return None
 
 
 def _is_state(state) -> bool:
-    """A state.json train wrote: an object with a whole `step`, a `position` object and `files` name -> size."""
+    """A state.json train wrote: an object with a whole `step`, a `position` object and `files` name -> {bytes,
+    hash} (or, written before content hashes, name -> size). Sizes only here: train verifies the hashes."""
     files = state.get("files", {}) if isinstance(state, dict) else None
     return (
         isinstance(files, dict)
-        and all(isinstance(n, str) and isinstance(v, int) for n, v in files.items())
+        and all(isinstance(v, int) or (isinstance(v, dict) and isinstance(v.get("bytes"), int)) for v in files.values())
         and isinstance(state.get("step"), int)
         and isinstance(state.get("position") or {}, dict)
     )

@@ -1,10 +1,17 @@
-"""Distributed checkpoints: model, optimizer, scheduler, RNG and data position, atomically published.
+"""Distributed checkpoints: model, optimizer, scheduler, RNG and data position, atomically published and
+verified by content.
 
-Every rank writes its shards with torch.distributed.checkpoint into
-`step-<n>.tmp/`; rank 0 then writes `state.json` (data position, scheduler,
-and the size of every file) and renames the folder to `step-<n>/`. A folder
-is loaded only if state.json lists files that are all present with their
-sizes; anything else is skipped with a warning, never loaded.
+Every rank writes its shards with torch.distributed.checkpoint into `step-<n>.tmp/` through a writer that
+hashes each file's bytes as it writes them (xxh3_128, the shards' algorithm), and its RNG state the same way;
+rank 0 gathers every rank's {name: bytes, hash}, writes `state.json` (data position, scheduler, every file's
+size and hash, `hash_algorithm`) and renames the folder to `step-<n>/`.
+
+At resume rank 0 re-hashes the newest candidate before choosing it (`latest_complete`). One that is
+incomplete or damaged is skipped with one line naming the file and what differs, and moved to the sibling
+`checkpoints.damaged/`, as is every checkpoint above the one resumed from: they are off this run's path, and
+left in place they would count toward `train.checkpoint_keep` and make prune (which keeps the highest steps)
+delete the checkpoints this run writes next. A state.json from before hashes (`files` name -> size) still
+loads, size-checked only, with one line saying it is unverified.
 """
 
 from __future__ import annotations
@@ -13,12 +20,17 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import xxhash
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -31,17 +43,155 @@ from wattgate.errors import InputError
 from wattgate.identity import identity_differences
 
 STATE = "state.json"
+# the shards' algorithm (data/pretokenize.py SHARD_HASH_ALGORITHM): ~10 GB/s, small beside the write itself
+HASH_ALGORITHM = "xxh3_128"
+DAMAGED_SUFFIX = ".damaged"  # checkpoints.damaged/: set aside at resume, never a candidate nor pruned
 
 
 def _rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
+# ---------------------------------------------------------------- hashing as the bytes are written
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    """`exc` naming `path` (a write or flush error names no file; the CLI's one line should)."""
+    return exc if exc.filename is not None else OSError(exc.errno, exc.strerror or str(exc), str(path))
+
+
+class _HashingStream:
+    """A write-only file that feeds every byte to xxh3_128 on its way out: the hash costs no second read.
+
+    Sequential only (no seek): DCP and torch.save append, and a seek back would make the hash lie."""
+
+    def __init__(self, file, path: Path, fs: _HashingFileSystem):
+        self.file, self.path, self.fs = file, path, fs
+        self.hasher = xxhash.xxh3_128()
+        self.bytes = 0
+        self.closed = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        try:
+            n = self.file.write(view)
+        except OSError as exc:
+            raise self.fs.failed(_named(exc, self.path)) from None
+        n = len(view) if n is None else n
+        self.hasher.update(view[:n])
+        self.bytes += n
+        return n
+
+    def tell(self) -> int:
+        return self.bytes  # the file was opened empty ("wb")
+
+    def flush(self) -> None:
+        try:
+            self.file.flush()
+        except OSError as exc:
+            raise self.fs.failed(_named(exc, self.path)) from None
+
+    def fileno(self) -> int:
+        # DCP fsyncs this descriptor: flush first, so what is synced is everything written (and a full disk
+        # is reported here, naming the file, rather than by a later close)
+        self.flush()
+        return self.file.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.file.close()
+            except OSError as exc:
+                raise self.fs.failed(_named(exc, self.path)) from None
+
+    def record(self) -> dict:
+        return {"bytes": self.bytes, "hash": self.hasher.hexdigest()}
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local file system, recording {bytes, hash} of every file it writes into `written` by final name."""
+
+    def __init__(self, written: dict[str, dict]):
+        super().__init__()
+        self.written = written
+        self.lock = threading.Lock()  # DCP may write with several threads (thread_count)
+        self.failure: OSError | None = None  # the first write error, named
+
+    def failed(self, exc: OSError) -> OSError:
+        """Note a write error: torch.save, writing through this stream, replaces it with its own RuntimeError
+        ('unexpected pos') as it closes, so the writer raises the noted one instead."""
+        with self.lock:
+            self.failure = self.failure or exc
+        return exc
+
+    @contextmanager
+    def create_stream(self, path, mode: str):
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        path = Path(path)
+        file = path.open(mode)
+        stream = _HashingStream(file, path, self)
+        try:
+            yield stream
+            stream.close()
+        except BaseException:
+            with suppress(OSError):  # closing flushes again: the error already raised is the one to report
+                file.close()
+            raise
+        with self.lock:
+            self.written[path.name] = stream.record()
+
+    def rename(self, path, new_path) -> None:
+        super().rename(path, new_path)  # .metadata is written as .metadata.tmp, then renamed
+        with self.lock:
+            if Path(path).name in self.written:
+                self.written[Path(new_path).name] = self.written.pop(Path(path).name)
+
+
+class _HashingWriter(FileSystemWriter):
+    """FileSystemWriter (dcp.save's default for a folder, same settings, same bytes) through _HashingFileSystem."""
+
+    def __init__(self, path: Path, written: dict[str, dict]):
+        super().__init__(path)
+        self.fs = _HashingFileSystem(written)
+
+    def write_data(self, plan, planner):
+        try:
+            return super().write_data(plan, planner)
+        except Exception:
+            # the write error itself (e.g. ENOSPC, naming the file) is what DCP sends to every rank
+            if self.fs.failure is not None:
+                raise self.fs.failure from None
+            raise
+
+
+def _os_error_of(exc: CheckpointException, folder: Path) -> BaseException:
+    """The OSError behind DCP's CheckpointException (every rank gets every rank's failures): a full disk is
+    one line naming the file, not a traceback per rank. Anything else stays the CheckpointException."""
+    for rank in sorted(exc.failures):
+        err = exc.failures[rank][0]
+        if isinstance(err, OSError):
+            return _named(err, folder)  # an fsync error names no file: the folder at least
+    return exc
+
+
+# ---------------------------------------------------------------- save, publish, prune
+
+
 def save_checkpoint(
     root: Path, step: int, model, optimizer, position: dict, keep: int, identity: dict, keep_best: bool = False
 ) -> Path:
     """Write checkpoint `step` (all ranks), publish it, and prune to the newest `keep` (rank 0); `keep_best`
-    also keeps the one whose position holds the lowest validation loss (`eval_loss`, train.keep_best)."""
+    also keeps the one whose position holds the lowest validation loss (`eval_loss`, train.keep_best).
+
+    A write error (e.g. a full disk) raises the OSError naming the file on every rank; `step-<n>.tmp/` stays
+    unpublished (never a resume candidate; the next save of that step starts it over)."""
     rank = dist.get_rank()
     final = root / f"step-{step}"
     tmp = root / f"step-{step}.tmp"
@@ -50,30 +200,50 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     dist.barrier()
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-    dcp.save(state, checkpoint_id=str(tmp))
-    torch.save(_rng_state(), tmp / f"rng-rank-{rank}.pt")
-    dist.barrier()
+    written: dict[str, dict] = {}
+    writer = _HashingWriter(tmp, written)
+    try:
+        dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer)
+    except CheckpointException as exc:
+        raise _os_error_of(exc, tmp) from None
+    try:
+        with writer.fs.create_stream(tmp / f"rng-rank-{rank}.pt", "wb") as stream:
+            torch.save(_rng_state(), stream)
+    except Exception:  # torch.save turns a write error into its own RuntimeError: report the write error
+        if writer.fs.failure is not None:
+            raise writer.fs.failure from None
+        raise
+    # each rank knows only its own files' hashes; the gather is also the wait for every rank's files
+    gathered: list | None = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(written, gathered, dst=0)
     if rank == 0:
-        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
+        files = {name: rec for part in gathered for name, rec in (part or {}).items()}
         write_json_atomic(
             tmp / STATE,
             {
                 "step": step,
                 "position": position,
-                "files": files,
+                "files": dict(sorted(files.items())),
+                "hash_algorithm": HASH_ALGORITHM,
                 "world_size": dist.get_world_size(),
                 "identity": identity,
             },
         )
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        prune(root, keep, best_checkpoint(root) if keep_best else None)
+        prune(root, keep, best_checkpoint(root) if keep_best else None, upto=step)
     dist.barrier()
     return final
 
 
-def prune(root: Path, keep: int, also_keep: Path | None = None) -> None:
-    complete = sorted((p for p in root.glob("step-*") if p.suffix != ".tmp"), key=_step_of)
+def prune(root: Path, keep: int, also_keep: Path | None = None, upto: int | None = None) -> None:
+    """Keep the newest `keep` published checkpoints (and `also_keep`). With `upto` (the step just saved) one
+    numbered higher is neither counted nor deleted: resume moves those aside, and counting one would delete
+    this run's own."""
+    complete = sorted(
+        (p for p in root.glob("step-*") if p.suffix != ".tmp" and (upto is None or _step_of(p) <= upto)),
+        key=_step_of,
+    )
     for old in complete[:-keep]:
         if also_keep is None or old != also_keep:
             shutil.rmtree(old, ignore_errors=True)
@@ -106,20 +276,85 @@ def _step_of(path: Path) -> int:
         return -1
 
 
-def is_complete(path: Path) -> tuple[bool, str]:
+# ---------------------------------------------------------------- which checkpoint is loadable
+
+
+def _read_state(path: Path) -> tuple[dict | None, str]:
+    """(state.json, "") when it is a checkpoint state, else (None, why): `files` maps every name to
+    {bytes, hash} under `hash_algorithm`, or (written before hashes) to its size alone."""
     try:
         state = json.loads((path / STATE).read_text())
     except (OSError, json.JSONDecodeError, RecursionError):
-        return False, f"no readable {STATE}"
+        return None, f"no readable {STATE}"
     files = state.get("files", {}) if isinstance(state, dict) else None
     if not isinstance(files, dict) or not isinstance(state.get("step"), int):
-        return False, f"{STATE} is not a checkpoint state (an object with a whole 'step' and 'files')"
-    for name, size in files.items():
+        return None, f"{STATE} is not a checkpoint state (an object with a whole 'step' and 'files')"
+    algorithm = state.get("hash_algorithm")
+    if algorithm is None:
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in files.values()):
+            return state, ""
+    elif algorithm != HASH_ALGORITHM:
+        return None, f"{STATE} records {algorithm!r} hashes; this wattgate verifies {HASH_ALGORITHM}"
+    elif all(_is_record(v) for v in files.values()):
+        return state, ""
+    return None, f"{STATE} is not a checkpoint state ('files' maps each name to its bytes and hash)"
+
+
+def _is_record(value) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("bytes"), int)
+        and not isinstance(value.get("bytes"), bool)
+        and isinstance(value.get("hash"), str)
+    )
+
+
+def _size_of(record) -> int:
+    return record["bytes"] if isinstance(record, dict) else record
+
+
+def is_complete(path: Path) -> tuple[bool, str]:
+    """Every file state.json lists present at its size (cheap: no byte is read; `verify` reads them all)."""
+    state, why = _read_state(path)
+    if state is None:
+        return False, why
+    for name, record in state["files"].items():
         f = path / name
         if not f.exists():
             return False, f"missing {name}"
-        if f.stat().st_size != size:
-            return False, f"{name} is {f.stat().st_size} bytes, expected {size}"
+        if f.stat().st_size != _size_of(record):
+            return False, f"{name} is {f.stat().st_size} bytes, expected {_size_of(record)}"
+    return True, ""
+
+
+def file_hash(path: Path) -> str:
+    """xxh3_128 of a file, memory-mapped and hashed in place (as data/pretokenize.py shard_hash)."""
+    import mmap
+
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                h.update(mm)
+    return h.hexdigest()
+
+
+def verify(path: Path) -> tuple[bool, str]:
+    """is_complete, then every file's content hash against the one state.json recorded when it was written
+    (reads every byte; rank 0 does it once, at resume). A state.json without hashes passes on sizes alone."""
+    ok, why = is_complete(path)
+    if not ok:
+        return ok, why
+    state, _ = _read_state(path)
+    if state.get("hash_algorithm") is None:
+        return True, ""
+    for name, record in state["files"].items():
+        try:
+            got = file_hash(path / name)
+        except OSError as exc:
+            return False, f"{name} is unreadable ({exc.strerror or exc})"
+        if got != record["hash"]:
+            return False, f"{name} has {HASH_ALGORITHM} {got}, {STATE} recorded {record['hash']} (its bytes changed)"
     return True, ""
 
 
@@ -156,17 +391,41 @@ def set_aside_mismatched(root: Path, identity: dict) -> Path | None:
     return stale
 
 
+def set_aside(path: Path) -> Path:
+    """Move checkpoint folder `path` into the sibling `<root>.damaged/` (a name already there gets the time in ns)."""
+    folder = path.parent.with_name(path.parent.name + DAMAGED_SUFFIX)
+    folder.mkdir(exist_ok=True)
+    dest = folder / path.name
+    if dest.exists():  # that step was set aside before: keep both
+        dest = folder / f"{path.name}.{time.time_ns()}"
+    os.replace(path, dest)
+    return dest
+
+
 def latest_complete(root: Path) -> Path | None:
-    """The newest loadable checkpoint; incomplete ones are reported and skipped."""
+    """The newest intact checkpoint (rank 0, at resume): each candidate, newest first, is verified by content.
+
+    One that is not intact is reported in one line and moved to `<root>.damaged/`, so every checkpoint left
+    in `root` is at or below the step resumed from: those above are off this run's path, and would count
+    toward checkpoint_keep and make prune delete this run's newer ones."""
     candidates = sorted(
         (p for p in root.glob("step-*") if p.is_dir() and p.suffix != ".tmp"), key=_step_of, reverse=True
     )
+    speak = not dist.is_initialized() or dist.get_rank() == 0
     for path in candidates:
-        ok, why = is_complete(path)
+        ok, why = verify(path)
         if ok:
+            state, _ = _read_state(path)
+            if state.get("hash_algorithm") is None and speak:
+                print(
+                    f"train: WARNING: checkpoint {path} predates content hashes: checked by size only (unverified)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return path
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            print(f"train: WARNING: skipping checkpoint {path}: {why}", file=sys.stderr, flush=True)
+        where = set_aside(path)
+        if speak:
+            print(f"train: WARNING: skipping checkpoint {path}: {why}; moved to {where}", file=sys.stderr, flush=True)
     return None
 
 
