@@ -151,12 +151,23 @@ def test_sigterm_to_the_job_stops_at_an_agreed_step_and_a_rerun_is_bitwise_equal
     assert_same_run(done, out)
 
 
-def test_a_stop_request_file_reaches_every_rank_and_a_rerun_is_bitwise_equal(straight):
-    tmp, done = straight
-    out = tmp / "file"
-    stopped = stopped_then_resumed(tmp, out, lambda _, run: (run / STOP_REQUEST).write_text("{}"))
-    assert stopped["reason"] == STOP_REQUEST
-    assert_same_run(done, out)
+def test_a_stop_request_file_is_a_request_and_signals_are_noted_not_acted_on(tmp_path):
+    """The file is how a request reaches ranks on other nodes (launch writes it); a signal only notes one."""
+    import wattgate.train.stop as stop
+
+    request = stop.StopRequest(tmp_path)
+    assert request.reason() is None
+    (tmp_path / STOP_REQUEST).write_text("{}")
+    assert request.reason() == STOP_REQUEST
+    previous = {sig: signal.getsignal(sig) for sig in stop.STOP_SIGNALS}
+    try:
+        stop.install_stop_signals()
+        os.kill(os.getpid(), signal.SIGUSR1)  # delivered to this (main) thread before kill returns
+        assert request.reason() == "SIGUSR1"
+    finally:
+        stop._signalled.clear()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def test_sigusr1_on_one_rank_alone_stops_every_rank_at_the_same_step(straight):
