@@ -212,3 +212,53 @@ def test_a_rerun_of_the_train_rule_keeps_the_earlier_attempts_log(tmp_path):
     assert first < attempts.index("train: step 1/") < second, attempts[:3000]
     log = (run / "train.log").read_text()
     assert log.startswith("launch: attempt 2 at ") and "launch: attempt 1" not in log and "train: step 1/" not in log
+
+
+@pytest.mark.slow
+def test_a_rank_killed_on_another_node_is_named_from_that_nodes_record(tmp_path, wait_until):
+    """Two nodes as srun starts them (each runs launch's own per-node command: its sampler around the recording
+    torchrun), here on one host without Slurm: the rank killed on the second node is named from the record its
+    agent wrote; the first node's rank fails after it, or its agent loses the rendezvous store first."""
+    from wattgate.telemetry.failures import name_failure
+    from wattgate.train.launch import build_launch_command, resolve_launch, train_args
+
+    write_random_pretokenized(tmp_path / "pretokenized", [40] * 320, 96, 0, shard_docs=7)
+    train = {"seq_len": 64, "micro_batch_size": 1, "grad_accum": 2, "epochs": 3, "warmup_steps": 0, "log_every": 1}
+    cluster = {"nodes": 2, "gpus_per_node": 1, "launcher": "slurm", "rendezvous_host": "127.0.0.1"}
+    config = validate_config({"run_name": "t", "train": train, "model": {"config": TINY}, "cluster": cluster})
+    build_plan(config, tmp_path / "pretokenized", tmp_path / "plan")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "run"
+    job = str(1000 + os.getpid() % 9000)  # the rendezvous port derives from it: apart from other runs on this host
+    spec = resolve_launch(config, {"SLURM_JOB_ID": job})
+    args = train_args(tmp_path / "config.yaml", tmp_path / "pretokenized", tmp_path / "plan", out)
+    argv = build_launch_command(spec, args, sample=(str(out / "telemetry" / "{host}.parquet"), 0.5), run=out)
+    assert argv[0] == "srun" and argv[-2] == "-c"
+    nodes = [
+        subprocess.Popen(
+            ["bash", "-c", argv[-1]],
+            env=dict(os.environ, OMP_NUM_THREADS="1", SLURMD_NODENAME=f"n{i + 1}", SLURM_NODEID=str(i)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        b = wait_until(
+            lambda: beat(out, 1).get("phase") == "train" and beat(out, 1).get("step", 0) >= 2 and beat(out, 1)
+        )
+        os.kill(b["pid"], signal.SIGKILL)
+        outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    assert all(node.returncode != 0 for node in nodes)
+    assert any(
+        f"torchrun: rank 1 (local rank 0, pid {b['pid']}) failed: killed by SIGKILL (signal 9)" in o for o in outputs
+    )
+    # the first node's agent may instead lose the rendezvous store the second one hosted: no record of its own then
+    assert (out / "heartbeat" / "exit-rank-1.json").exists()
+    failure = name_failure(out)
+    assert failure.rank == 1 and failure.cause == "killed by SIGKILL (signal 9)" and set(failure.others) <= {0}, failure
+    assert failure.line.startswith(f"rank 1 (pid {b['pid']} on {socket.gethostname()}) died: killed by SIGKILL")

@@ -15,6 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
+from wattgate.errors import first_line
 from wattgate.heartbeats import write_rank_exit
 
 
@@ -60,6 +61,9 @@ def main(argv: list[str]) -> int:
         name = signal.Signals(exc.sigval).name
         print(f"torchrun: stopped by {name}; its ranks were sent {name}", file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
+    except Exception as exc:  # e.g. the rendezvous store lost with the node that hosted it: that node's line says why
+        print(f"torchrun: {type(exc).__name__}: {first_line(exc)}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
