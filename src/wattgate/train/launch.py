@@ -294,7 +294,20 @@ def run_launch(
     job = f"Slurm job {spec.job_id}" if spec.job_id else "no Slurm job"
     print(f"launch: attempt {attempt} at {_clock(started)}, {job}, on {socket.gethostname()}: {out}", flush=True)
     print(f"launch: {' '.join(shlex.quote(a) for a in argv)}", flush=True)
+    started_procs: list[subprocess.Popen] = []
+
+    def forward(signum):
+        for p in started_procs:
+            try:
+                os.killpg(p.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    # before the job starts: a signal from now on is a stop request (the job then stops at its first step boundary)
+    control = StopControl(out, forward)
+    control.install()
     proc = subprocess.Popen(argv, env=launch_env(spec), start_new_session=True, preexec_fn=ignore_usr1)
+    started_procs.append(proc)
     watcher = None
     if config["watcher"]["enabled"]:
         # on Slurm the watched pid is the srun (its SIGTERM reaches every node); scancel is the fallback
@@ -302,17 +315,9 @@ def run_launch(
         watcher = subprocess.Popen(
             watcher_command(config_path, out, proc.pid, slurm_job), start_new_session=True, preexec_fn=ignore_usr1
         )
-
-    def forward(signum):
-        for p in (proc, watcher):
-            if p is not None:
-                try:
-                    os.killpg(p.pid, signum)
-                except ProcessLookupError:
-                    pass
-
-    control = StopControl(out, forward)
-    control.install()
+        started_procs.append(watcher)
+    if control.hard_stop is not None:  # both signals came while the job was starting
+        forward(signal.SIGTERM)
     if spec.job_id and stop_margin_s(config) > 0:
         control.start_slurm_timer(spec.job_id, stop_margin_s(config))
     rc = proc.wait()
