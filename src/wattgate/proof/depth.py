@@ -1,50 +1,153 @@
-"""Depth: the proof runs a reduced-depth proxy and scales each step's collectives by the real depth.
+"""Depth: the proof runs a reduced-depth proxy and scales each step's collectives by whole periods of the layers.
 
-Sound when every decoder layer is the same unit (same parameters, shapes and dtypes, the same attention kind):
-FSDP2 then issues the same collectives per layer (one all-gather forward, one in backward, one reduce-scatter)
-and the root's own around them, so a step's count at depth L is count(d) + (L - d) x per layer. Not sound where
-layers differ (mixed attention kinds, dense and sparse layers) or where a layer's collectives follow the data
-(MoE all-to-alls whose split sizes come from the router): the check says so and the proof fails.
+FSDP2 shards every decoder layer as its own unit: a layer adds its own collectives (one all-gather forward, one
+in backward, one reduce-scatter) to the root's, and which ones follows from its parameters (names, shapes,
+dtypes). The real-depth model is built on meta (nothing allocated) and each layer described by its class, its
+parameters and the config's per-layer entries (`layer_types` sliding/full, ...). The layers repeat with a
+period p (1 when they are identical units; Gemma 2 alternates, p = 2; Gemma 3 is 5 sliding + 1 full, p = 6;
+p = L when nothing repeats). With L = k p + r layers the proxy is one period plus the remainder (d = p + r
+layers: the pattern's first r layers end the real model too), rank 0 also runs d + p, and a step's count at
+depth L is count(d) + (k - 1) x (count(d + p) - count(d)). A model at most one period deeper than the proxy
+runs at its own depth. Not sound where a layer's collectives follow the data (Mixture-of-Experts: which experts
+get tokens, hence gradients, depends on the router): the proof refuses those before any dry run.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import re
+from pathlib import Path
+
 import torch
 
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
+MOE_MODULE = re.compile(r"Experts|Moe|MoE")  # Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock, GptOssExperts, ...
+NOT_PER_LAYER = re.compile(r"token_ids?$|^architectures$")  # lists that may have L entries by chance
 
 
-def _layer_signature(layer) -> list[tuple]:
-    return [(n, tuple(p.shape), str(p.dtype)) for n, p in layer.named_parameters()]
-
-
-def check_identical_layers(model_cfg: dict) -> dict:
-    """{identical, layers, why}: whether the model's decoder layers are identical units (built on meta at its
-    real depth, so nothing is allocated)."""
+@functools.lru_cache(maxsize=2)
+def _meta_model(key: str):
     from transformers import AutoModelForCausalLM
 
-    from wattgate.train.model import layer_container, model_hf_config
+    from wattgate.train.model import model_hf_config
 
-    config = model_hf_config(model_cfg)
-    layers = int(config.num_hidden_layers)
-    moe = [k for k in MOE_KEYS if (getattr(config, k, None) or 0) > 0]
-    if moe:
-        return {"identical": False, "layers": layers, "why": f"mixture of experts ({', '.join(moe)})"}
-    kinds = set(getattr(config, "layer_types", None) or [])
-    if len(kinds) > 1:
-        return {"identical": False, "layers": layers, "why": f"layer types differ ({', '.join(sorted(kinds))})"}
+    config = model_hf_config(json.loads(key))
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def meta_model(model_cfg: dict):
+    """The real-depth model on the meta device (no memory), built once per model config in this process: the
+    gate's weights check and the proof's layer pattern read the same one. Read it, never change it."""
+    key = dict(model_cfg)
+    if model_cfg.get("path"):  # a folder whose config.json was rewritten is another model
+        try:
+            key["config.json"] = (Path(model_cfg["path"]) / "config.json").read_text()
+        except (OSError, UnicodeDecodeError):
+            pass  # model_hf_config names the problem
+    return _meta_model(json.dumps(key, sort_keys=True, default=str))
+
+
+def model_label(model_cfg: dict, config) -> str:
+    """How a refusal names the model: its folder or model.config, with the transformers model type."""
+    where = model_cfg.get("path") or "model.config"
+    return f"{where} ({config.model_type})"
+
+
+def per_layer_keys(config) -> list[str]:
+    """The config's per-layer entries: its lists with one entry per decoder layer (`layer_types`, ...)."""
+    layers = int(config.num_hidden_layers)
+    return sorted(
+        k
+        for k, v in config.to_dict().items()
+        if isinstance(v, (list, tuple)) and len(v) == layers and not NOT_PER_LAYER.search(k)
+    )
+
+
+def truncate_layers(config, depth: int) -> None:
+    """`config` at `depth` decoder layers, its per-layer entries cut to match (the proxy's own pattern)."""
+    keys = per_layer_keys(config)
+    config.num_hidden_layers = depth
+    for k in keys:
+        setattr(config, k, list(getattr(config, k))[:depth])
+
+
+def moe_reason(config, model) -> str | None:
+    """Why the model is a Mixture-of-Experts (its first config key that says so, or its expert modules), or None.
+    One key: configs alias them (Qwen3-MoE's num_local_experts is its num_experts)."""
+    for k in MOE_KEYS:
+        value = getattr(config, k, None)
+        if isinstance(value, int) and value > 0:
+            return f"{k} {value}"
+    kinds = sorted({type(m).__name__ for m in model.modules() if MOE_MODULE.search(type(m).__name__)})
+    return f"expert modules {', '.join(kinds)}" if kinds else None
+
+
+def _layer_signature(layer, entries: tuple) -> tuple:
+    params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in layer.named_parameters())
+    return (type(layer).__name__, params, entries)
+
+
+def period_of(signatures: list) -> int:
+    """The smallest p with every layer equal to layer (i mod p)."""
+    n = len(signatures)
+    return next(p for p in range(1, n + 1) if all(signatures[i] == signatures[i % p] for i in range(n)))
+
+
+def layer_pattern(model_cfg: dict) -> dict:
+    """gate.json `collectives.depth`: {layers, period, pattern (one period's layer kinds), identical (period 1),
+    moe (why, or null), model, why}, from the real-depth model on meta."""
+    from wattgate.train.model import layer_container
+
+    model = meta_model(model_cfg)
+    config = model.config
+    layers = int(config.num_hidden_layers)
+    label = model_label(model_cfg, config)
+    moe = moe_reason(config, model)
+    keys = per_layer_keys(config)
     units = list(layer_container(model))
-    first = _layer_signature(units[0])
-    for i, layer in enumerate(units[1:], 1):
-        if type(layer) is not type(units[0]) or _layer_signature(layer) != first:
-            return {"identical": False, "layers": layers, "why": f"layer {i} differs from layer 0"}
-    return {"identical": True, "layers": layers, "why": f"{layers} identical {type(units[0]).__name__} layers"}
+    sigs = [_layer_signature(u, tuple(str(getattr(config, k)[i]) for k in keys)) for i, u in enumerate(units)]
+    period = period_of(sigs) if sigs else 1
+    kinds = ["/".join([type(units[i]).__name__, *(str(getattr(config, k)[i]) for k in keys)]) for i in range(period)]
+    if period == 1:
+        why = f"{layers} identical {kinds[0]} layers" if layers else "no decoder layers"
+    elif period == layers:
+        why = f"{layers} layers without a repeating pattern: the proof runs them all"
+    else:
+        why = f"{layers} layers repeating every {period} ({', '.join(kinds)})"
+    return {
+        "layers": layers,
+        "period": period,
+        "pattern": kinds,
+        "identical": period == 1,
+        "moe": moe,
+        "model": label,
+        "why": why,
+    }
 
 
-def scaled_count(count: int, per_layer: int | None, depth: dict, proxy_layers: int) -> int | None:
-    """A step's collective count at the real depth from the proxy's (None without a per-layer figure)."""
-    if per_layer is None:
+def moe_refusal(depth: dict) -> str:
+    """The one line the proof fails with for a Mixture-of-Experts model."""
+    return (
+        f"{depth['model']} is a Mixture-of-Experts model ({depth['moe']}): the collective proof does not cover "
+        "expert routing (which experts receive tokens, hence gradients and FSDP2's reduce-scatters, follows the "
+        "data, not the plan); set gate.collectives: false to run it unproven"
+    )
+
+
+def proxy_depths(depth: dict) -> tuple[int, int | None]:
+    """(layers every rank's dry run builds, layers of rank 0's second run or None): one period plus the
+    remainder, and one period more; a model no deeper than that runs at its own depth, unscaled."""
+    layers, period = depth["layers"], depth["period"]
+    proxy = period + layers % period
+    if layers <= proxy + period:
+        return layers, None
+    return proxy, proxy + period
+
+
+def scaled_count(count: int, per_period: int | None, depth: dict, proxy_layers: int) -> int | None:
+    """A step's collective count at the real depth from the proxy's (None without a per-period figure)."""
+    if per_period is None:
         return count if depth.get("layers", 0) <= proxy_layers else None
-    return count + (depth["layers"] - proxy_layers) * per_layer
+    return count + (depth["layers"] - proxy_layers) // depth["period"] * per_period

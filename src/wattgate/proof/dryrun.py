@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from wattgate.gpus import is_cpu
+from wattgate.proof.depth import truncate_layers
 from wattgate.proof.record import Collective, CollectiveRecorder, _default_group, object_collectives
 from wattgate.train.loop import Paths, Trainer, run_rank
 from wattgate.train.settings import TrainSettings
@@ -61,10 +62,7 @@ def proxy_model(model_cfg: dict, s: TrainSettings, mesh, on_gpu: bool, depth: in
     from wattgate.train.weights import materialize
 
     config = model_hf_config(model_cfg)
-    real_depth = int(config.num_hidden_layers)
-    config.num_hidden_layers = min(real_depth, depth)
-    if isinstance(getattr(config, "layer_types", None), list):
-        config.layer_types = config.layer_types[: config.num_hidden_layers]
+    truncate_layers(config, min(int(config.num_hidden_layers), depth))  # the pattern's first layers
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(
             config, dtype=torch.float32, attn_implementation=proof_attention(s, config)
@@ -165,6 +163,62 @@ class DryRunTrainer(Trainer):
         record.classes[g] = self.step_class(g).key()
         self.proof["end_mark"] = len(recorder.collectives)
 
+    def train_step(self, batches: list, on_micro):
+        """The Trainer's own train step; a later one with the same micro-batches' shapes replays its collectives."""
+        key = (
+            "train",
+            tuple(tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(host.items())) for _, host in batches),
+        )
+        return self.replayed(key, lambda beat: super(DryRunTrainer, self).train_step(batches, beat), on_micro)
+
+    def evaluate(self, step: int, epoch: int):
+        """The Trainer's own validation pass; a later one (the same micro-batches) replays its collectives."""
+        beat = self.heartbeat.beat
+
+        def run(recording):
+            self.heartbeat.beat = lambda _step, _epoch, *args, **kwargs: recording(*args, **kwargs)
+            try:
+                loss = super(DryRunTrainer, self).evaluate(step, epoch)
+            finally:
+                self.heartbeat.beat = beat
+            return None if self.eval_interrupted else loss  # an interrupted pass is not one to replay
+
+        self.eval_interrupted = False
+        loss = self.replayed(("eval", len(self.eval_batches)), run, lambda *a, **k: beat(step, epoch, *a, **k))
+        return loss
+
+    def replayed(self, key: tuple, run, beat):
+        """`run(beat)` the first time this rank meets `key`, recording its collectives and heartbeats; later
+        the same collectives and heartbeats (at the same places) and the same result, without running it.
+
+        Why sound: the proof's premise is that collectives follow the plan's counts and shapes, never values;
+        a train step's body and a validation pass are functions of nothing else once FSDP2 is initialized (a
+        step starts and ends with every unit resharded), so a second run would issue the same sequence. Each
+        rank still runs the Trainer's own code once for every key it has; it is what one step of each class
+        shares with another (issue 31: the default's classes repeat one train step six times per rank)."""
+        if not self.proof["replay"]:
+            return run(beat)
+        recorder, tapes = self.proof["recorder"], self.proof["tapes"]
+        if key in tapes:
+            collectives, beats, result = tapes[key]
+            at = 0
+            for offset, args, kwargs in beats:
+                recorder.collectives.extend(collectives[at:offset])
+                at = offset
+                beat(*args, **kwargs)
+            recorder.collectives.extend(collectives[at:])
+            return result
+        mark, beats = len(recorder.collectives), []
+
+        def recording(*args, **kwargs):
+            beats.append((len(recorder.collectives) - mark, args, kwargs))
+            beat(*args, **kwargs)
+
+        result = run(recording)
+        if result is not None:
+            tapes[key] = (recorder.collectives[mark:], beats, result)
+        return result
+
     def save(self, step: int, epoch: int, eval_loss: float | None) -> None:
         if self.rank != 0:  # rank 0 made this folder on the shared filesystem before its first barrier
             (self.paths.out / "checkpoints" / f"step-{step}.tmp").mkdir(parents=True, exist_ok=True)
@@ -218,8 +272,11 @@ def byte_sinks(recorder: CollectiveRecorder):
         dcp.save, safetensors_io.SafetensorsStream.write = real_save, real_write
 
 
-def dry_run_rank(config: dict, paths: Paths, rank: int, steps: list[int], depth: int) -> RankRecord:
-    """Rank `rank` of plan.json's world, from its plan to its export, on the fake process group."""
+def dry_run_rank(
+    config: dict, paths: Paths, rank: int, steps: list[int], depth: int, replay: bool = True
+) -> RankRecord:
+    """Rank `rank` of plan.json's world, from its plan to its export, on the fake process group (`replay`
+    False: every train step and validation pass runs, none replayed; for the tests that check the replay)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -231,7 +288,16 @@ def dry_run_rank(config: dict, paths: Paths, rank: int, steps: list[int], depth:
         TrainSettings.from_config(config), data_cache="shared", ledger=paths.out / "throughput.jsonl"
     )
     record, recorder = RankRecord(rank), CollectiveRecorder()
-    proof = {"recorder": recorder, "record": record, "steps": sorted(steps), "depth": depth, "end_mark": 0, "beats": []}
+    proof = {
+        "recorder": recorder,
+        "record": record,
+        "steps": sorted(steps),
+        "depth": depth,
+        "end_mark": 0,
+        "beats": [],
+        "replay": replay,
+        "tapes": {},
+    }
     proof["on_gpu"] = not is_cpu(config["cluster"]["gpu_model"])
     trainer_class = type("DryRunTrainer", (DryRunTrainer,), {"proof": proof})
     paths.out.mkdir(parents=True, exist_ok=True)

@@ -16,15 +16,12 @@ from pathlib import Path
 
 from wattgate.errors import InputError
 from wattgate.proof.classes import class_divergence, classes_by_rank, first_steps
-from wattgate.proof.depth import check_identical_layers, scaled_count
+from wattgate.proof.depth import layer_pattern, moe_refusal, proxy_depths, scaled_count
 from wattgate.proof.dryrun import RankRecord, dry_run_rank
-
 from wattgate.proof.record import Collective, fingerprint
 from wattgate.run_files import read_plan
 from wattgate.train.loop import Paths
 from wattgate.train.settings import TrainSettings
-
-PAIR = 2  # layers in the dry run that measures one layer's collectives
 
 
 def first_difference(mine: list[Collective], ref: list[Collective]) -> tuple[int, str, str] | None:
@@ -99,8 +96,8 @@ def class_table(records: list[RankRecord], classes: list[list], first: int, dept
         row["collectives"] = len(seq)
         row["sequence"] = [str(x) for x in seq]  # what the watcher names when a rank stops (collective_hints.py)
         row["beats"] = records[0].beats.get(g, [])
-        per_layer = depth.get("per_layer", {}).get(g)
-        row["collectives_at_depth"] = scaled_count(len(seq), per_layer, depth, records[0].layers)
+        per_period = depth.get("per_period", {}).get(g)
+        row["collectives_at_depth"] = scaled_count(len(seq), per_period, depth, records[0].layers)
     return list(rows.values())
 
 
@@ -128,10 +125,12 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     first = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0
     steps = first_steps(classes, first)
     labels = [{g: seq[g - first].label if g - first < len(seq) else "no step" for g in steps} for seq in classes]
-    depth = check_identical_layers(config["model"])
+    depth = layer_pattern(config["model"])
+    if depth["moe"]:  # before any dry run: a MoE step's collectives follow the router (and its fake run breaks)
+        return refused(world, depth, moe_refusal(depth), t0)
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="wattgate-proof-")) if own else Path(work)
-    proxy = proxy_depth(depth)
+    proxy, pair = proxy_depths(depth)
     try:
         records: list[RankRecord] = []
         for r in range(world):
@@ -140,9 +139,9 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
             )
             if collective_divergence([records[0], records[-1]], labels):
                 break  # the first rank that diverges is the one named; the rest would add time, not news
-        if depth["identical"] and proxy < depth["layers"]:
-            depth["per_layer"] = per_layer_counts(
-                records[0], config, Paths(Path(pretokenized), Path(plan_dir), work / "two-layers"), steps
+        if pair is not None:
+            depth["per_period"] = per_period_counts(
+                records[0], config, Paths(Path(pretokenized), Path(plan_dir), work / "one-period-more"), steps, pair
             )
     finally:
         if own:
@@ -151,7 +150,7 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
         "world_size": world,
         "ranks_run": len(records),  # fewer than world_size when a rank diverged: the dry run stops there
         "proxy_layers": records[0].layers if records else 0,
-        "depth": {k: v for k, v in depth.items() if k != "per_layer"},
+        "depth": {k: v for k, v in depth.items() if k != "per_period"},
         "steps_run": [g + 1 for g in steps],
         "classes": class_table(records, classes, first, depth),
         "class_runs": class_runs(classes[0], first),
@@ -178,8 +177,6 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
         )
     if loop_drift:
         problems.append(loop_drift)
-    if not depth["identical"]:
-        problems.append(f"the decoder layers are not identical units ({depth['why']}): depth scaling is unsound")
     report["passed"] = not problems
     n = sum(len(r["key"]) and 1 for r in report["classes"])
     report["detail"] = "; ".join(problems) or (
@@ -191,19 +188,27 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     return report
 
 
-def proxy_depth(depth: dict) -> int:
-    """The decoder layers every rank's dry run builds: one when the real model's layers are identical units (the
-    per-layer collectives then come from rank 0 at two), else the model's own depth up to two."""
-    if depth["identical"] and depth["layers"] > PAIR:
-        return 1
-    return min(depth["layers"], PAIR)
+def per_period_counts(base: RankRecord, config: dict, paths: Paths, steps: list[int], layers: int) -> dict[int, int]:
+    """Each dry-run step's collectives per period of the layer pattern: rank 0 at one period more than the proxy
+    less rank 0 at the proxy (every period is the same units, so each adds the same collectives)."""
+    more = dry_run_rank(config, paths, 0, steps, layers)
+    return {g: len(more.steps.get(g, [])) - len(base.steps.get(g, [])) for g in steps}
 
 
-def per_layer_counts(one: RankRecord, config: dict, paths: Paths, steps: list[int]) -> dict[int, int]:
-    """Each dry-run step's collectives per decoder layer: rank 0 at two layers less rank 0 at one (the layers
-    are identical units, so each adds the same collectives)."""
-    two = dry_run_rank(config, paths, 0, steps, PAIR)
-    return {g: len(two.steps.get(g, [])) - len(one.steps.get(g, [])) for g in steps}
+def refused(world: int, depth: dict, line: str, t0: float) -> dict:
+    """The report of a proof refused before any dry run (a model whose collectives it cannot prove)."""
+    return {
+        "passed": False,
+        "detail": line,
+        "world_size": world,
+        "ranks_run": 0,
+        "proxy_layers": 0,
+        "depth": depth,
+        "classes": [],
+        "divergence": None,
+        "class_divergence": None,
+        "elapsed_s": round(time.perf_counter() - t0, 2),
+    }
 
 
 def safe_prove(config: dict, pretokenized: Path, plan_dir: Path) -> dict:

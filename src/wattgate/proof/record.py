@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 NAMESPACES = frozenset({"c10d", "_c10d_functional", "_c10d_functional_autograd"})
+PRIM_DEVICE = torch.ops.prim.device.default
 NOT_COLLECTIVES = frozenset({"wait_tensor", "wait"})  # completing a collective is not another one
 OBJECT_COLLECTIVES = (
     "all_gather_object",
@@ -118,6 +119,11 @@ class CollectiveRecorder(TorchDispatchMode):
         self.collectives: list[Collective] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is PRIM_DEVICE and isinstance(args[0], FakeTensor):
+            # half of all dispatches (FSDP2 and the optimizer ask every tensor's device): FakeTensor's own
+            # answer, without the second trip through the mode stack
+            t = args[0]
+            return torch.device("meta") if t.fake_mode.in_kernel_invocation else t.fake_device
         kwargs = kwargs or {}
         if any(getattr(t, "__name__", "") == "DTensor" for t in types):
             return NotImplemented  # DTensor unwraps itself and comes back with plain tensors

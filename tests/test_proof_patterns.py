@@ -1,0 +1,111 @@
+"""The collective proof over layer-type patterns (issue 31, item 4): layers that repeat with a period (Gemma 2
+alternates sliding and full attention, Gemma 3 is 5 sliding + 1 full) are dry-run as one period plus the
+remainder and scaled by whole periods; a Mixture-of-Experts model is refused in one line, before any dry run."""
+
+import numpy as np
+import pytest
+
+from wattgate.gate.run import run_gate
+from wattgate.proof.depth import layer_pattern, proxy_depths
+from wattgate.proof.dryrun import dry_run_rank
+from wattgate.proof.prove import prove_collectives
+from wattgate.train import loop
+
+from test_collectives import CADENCE
+from test_train import TINY, make_run
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+GEMMA3 = {  # a tiny Gemma 3 text model: 2 sliding layers then 1 full, repeating
+    **TINY,
+    "model_type": "gemma3_text",
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "sliding_window": 8,
+}
+QWEN3_MOE = {**TINY, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
+
+
+def types(pattern: list[str], layers: int) -> list[str]:
+    return [pattern[i % len(pattern)] for i in range(layers)]
+
+
+@pytest.mark.parametrize(
+    "cfg,period,depths",
+    [
+        (TINY, 1, (2, None)),  # two identical layers: their own depth, nothing to scale
+        ({**TINY, "num_hidden_layers": 9}, 1, (1, 2)),
+        ({**GEMMA3, "num_hidden_layers": 2, "layer_types": [SLIDING, FULL]}, 2, (2, None)),  # refused before
+        ({**GEMMA3, "num_hidden_layers": 26, "layer_types": types([SLIDING] * 5 + [FULL], 26)}, 6, (8, 14)),
+        ({**GEMMA3, "num_hidden_layers": 24, "layer_types": types([SLIDING] * 5 + [FULL], 24)}, 6, (6, 12)),
+        ({**GEMMA3, "num_hidden_layers": 3, "layer_types": [FULL, SLIDING, SLIDING]}, 3, (3, None)),
+    ],
+)
+def test_the_layer_pattern_gives_one_period_plus_the_remainder(cfg, period, depths):
+    depth = layer_pattern({"config": cfg})
+    assert depth["period"] == period and depth["moe"] is None and depth["layers"] == cfg["num_hidden_layers"]
+    assert len(depth["pattern"]) == period and proxy_depths(depth) == depths
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {
+            **TINY,
+            "num_hidden_layers": 7,
+            "layer_types": types([SLIDING, FULL], 7),
+            "use_sliding_window": True,
+            "sliding_window": 8,
+        },
+        {**GEMMA3, "num_hidden_layers": 10, "layer_types": types([SLIDING, SLIDING, FULL], 10)},
+    ],
+    ids=["qwen3-alternating-7", "gemma3-2+1-10"],
+)
+def test_collectives_scale_by_whole_periods_exactly_as_a_full_depth_dry_run_counts_them(tmp_path, cfg):
+    """Every rank runs one period plus the remainder, rank 0 also one period more; each class's scaled count
+    equals what rank 0 issues when it is dry-run at the real depth (7 = 3 x 2 + 1, 10 = 3 x 3 + 1)."""
+    lengths = np.random.default_rng(5).integers(5, 60, 40).tolist()
+    plan, config = make_run(tmp_path, lengths, gpus=2, validation_fraction=0.1, **CADENCE)
+    config["model"]["config"] = cfg
+    report = prove_collectives(config, tmp_path / "pretokenized", plan)
+    assert report["passed"], report["detail"]
+    depth = report["depth"]
+    proxy = depth["period"] + depth["layers"] % depth["period"]
+    assert report["proxy_layers"] == proxy < depth["layers"] and depth["period"] in (2, 3)
+    steps = [c["first_step"] - 1 for c in report["classes"]]
+    full = dry_run_rank(config, loop.Paths(tmp_path / "pretokenized", plan, tmp_path / "full"), 0, steps, 99)
+    assert full.layers == depth["layers"]
+    for c in report["classes"]:
+        assert c["collectives_at_depth"] == len(full.steps[c["first_step"] - 1]) > c["collectives"], c
+
+
+def test_a_mixture_of_experts_model_is_refused_in_one_line_before_any_dry_run(tmp_path, monkeypatch):
+    lengths = np.random.default_rng(5).integers(5, 60, 30).tolist()
+    plan, config = make_run(tmp_path, lengths, gpus=2, **CADENCE)
+    config["model"]["config"] = QWEN3_MOE
+
+    def no_dry_run(*args, **kwargs):
+        raise AssertionError("a MoE model was dry-run")
+
+    monkeypatch.setattr("wattgate.proof.prove.dry_run_rank", no_dry_run)
+    report = run_gate(config, tmp_path / "pretokenized", plan, tmp_path / "gate")
+    check = next(c for c in report["checks"] if c["name"] == "collectives")
+    assert not check["passed"] and not report["passed"] and "\n" not in check["detail"]
+    assert check["detail"].startswith(
+        "model.config (qwen3_moe) is a Mixture-of-Experts model (num_experts 4): "
+        "the collective proof does not cover expert routing"
+    )
+    assert "gate.collectives: false" in check["detail"]
+    assert report["collectives"]["ranks_run"] == 0 and not (tmp_path / "gate" / "PASSED").exists()
+    assert "is a Mixture-of-Experts model" in (tmp_path / "gate" / "gate.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "cfg,why",
+    [
+        (QWEN3_MOE, "num_experts 4"),
+        ({**TINY, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}, "num_experts 4"),
+    ],
+)
+def test_mixture_of_experts_is_named_by_its_config(cfg, why):
+    assert layer_pattern({"config": cfg})["moe"] == why
