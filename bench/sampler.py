@@ -9,7 +9,19 @@ final merge) for --seconds, and reports process CPU time / wall time:
 Baseline, in the same process: the same source read at the same rate with no
 writing, so the ratio shows what the trace writer adds.
 
-    .venv/bin/python bench/sampler.py [--seconds 30] [--gpus 8]
+Clocks-event reasons (issue 34): the sampler reads the reasons bitmask on its
+slow path (1 Hz). The same run measures the sampler with the reasons against
+the sampler without them (`NvmlSource(reasons=False)`), each in turn, several
+times, on NVML where there is a GPU. Without one, the real NvmlSource runs
+against wattgate.testing.fake_nvml, whose every call spends --call-us of CPU
+(default 12 us: the top of the 3-12 us measured per NVML call on an H200,
+docs/architecture.md "Sampler"): what that measures is the sampler's own code
+and write path with the extra call charged at that assumed cost, not a
+driver's. Both ways it also times the slow-path read of one GPU with and
+without the reasons directly (the difference is too small for whole-loop CPU
+shares on a busy host to resolve), and gives what it adds per second at 10 Hz.
+
+    .venv/bin/python bench/sampler.py [--seconds 30] [--gpus 8] [--call-us 12] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -98,6 +110,44 @@ def measure(name: str, make_source, seconds: float, interval: float, folder: Pat
     )
 
 
+def slow_read_us(source, n: int = 2000) -> float:
+    """CPU microseconds of one GPU's slow-path read (power, utilization, clocks, reasons, memory, temperature)."""
+    g = source.gpus[0]
+    c = time.process_time()
+    for _ in range(n):
+        source._read_gpu(g, time.time(), True, False)
+    return 1e6 * (time.process_time() - c) / n
+
+
+def with_and_without_reasons(name: str, make_source, seconds: float, interval: float, folder: Path, rounds: int):
+    """The sampler with the reasons against the sampler without them: whole-loop CPU shares, each in turn
+    `rounds` times (so a noisy spell hits both), and the slow-path read alone."""
+    shares = {True: [], False: []}
+    for r in range(rounds):
+        for reasons in (True, False):
+            src = make_source(reasons)
+            path = folder / f"{name}-{reasons}-{r}.parquet"
+            full, _ = cpu_share(src, TraceWriter(path, src.meta(interval), flush_every_s=2.0), seconds, interval)
+            src.close()
+            shares[reasons].append(full)
+            if reasons and r == 0:
+                cols = read_trace(path).column("clocks_event_reasons")
+                assert cols.null_count < len(cols), "the reasons column came back empty"
+    on, off = min(shares[True]), min(shares[False])
+    per = {reasons: [slow_read_us(make_source(reasons)) for _ in range(5)] for reasons in (True, False)}
+    extra_us = min(per[True]) - min(per[False])
+    gpus = len(make_source(True).gpus)
+    print(
+        f"{name:>22}: whole loop, best of {rounds}: with reasons {100 * on:.3f}% of a core, without "
+        f"{100 * off:.3f}% ({100 * (on - off):+.3f} points; target < 1%: {'met' if on < 0.01 else 'MISSED'})"
+    )
+    print(
+        f"{'':>22}  slow-path read of one GPU: {min(per[True]):.1f} us with reasons, {min(per[False]):.1f} us "
+        f"without: {extra_us:+.1f} us once a second per GPU = {100 * extra_us * gpus / 1e6:+.4f}% of a core "
+        f"for {gpus} GPUs"
+    )
+
+
 def profile_nvml_calls(n: int = 200) -> None:
     """CPU time per NVML call on GPU 0 (each is an ioctl; some are far dearer than others)."""
     import pynvml as nv
@@ -116,6 +166,11 @@ def profile_nvml_calls(n: int = 200) -> None:
         "GetMemoryInfo": lambda: nv.nvmlDeviceGetMemoryInfo(h),
         "GetTemperature": lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
     }
+    for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        fn = getattr(nv, name, None)
+        if fn is not None:
+            calls[name[len("nvmlDeviceGet") :]] = lambda fn=fn: fn(h)
+            break
     for name, fn in calls.items():
         c = time.process_time()
         w = time.perf_counter()
@@ -133,6 +188,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--interval", type=float, default=0.1)
     ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--call-us", type=float, default=12.0, help="CPU per call of the fake NVML (no GPU here)")
+    ap.add_argument("--rounds", type=int, default=3, help="with/without-reasons runs of each")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         # one-time start-up (pyarrow's Parquet writer initializes on first use: ~0.25 s CPU) is not per-second cost
@@ -150,8 +207,29 @@ def main() -> None:
             profile_nvml_calls()
             measure(f"nvml x{count}", NvmlSource, args.seconds, args.interval, Path(tmp))
             measure(f"nvml x{count} (no GPM)", lambda: NvmlSource(gpm=False), args.seconds, args.interval, Path(tmp))
+            with_and_without_reasons(
+                f"nvml x{count}",
+                lambda reasons: NvmlSource(reasons=reasons),
+                args.seconds,
+                args.interval,
+                Path(tmp),
+                args.rounds,
+            )
         except NvmlUnavailable as exc:
-            print(f"NVML: not available here ({exc}); measuring the write path with a synthetic source only")
+            from wattgate.testing.fake_nvml import FakeNvml
+
+            print(
+                f"NVML: not available here ({exc}); the sampler's reasons measured against a fake NVML whose "
+                f"every call costs {args.call_us:g} us of CPU (an assumed figure, not a driver's)"
+            )
+            with_and_without_reasons(
+                f"fake nvml x{args.gpus}",
+                lambda reasons: NvmlSource(reasons=reasons, nvml=FakeNvml(args.gpus, args.call_us)),
+                args.seconds,
+                args.interval,
+                Path(tmp),
+                args.rounds,
+            )
         measure(f"synthetic x{args.gpus}", lambda: SyntheticSource(args.gpus), args.seconds, args.interval, Path(tmp))
 
 

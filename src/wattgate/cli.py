@@ -202,14 +202,15 @@ def _import_trace(args, config) -> None:
 def _triage(args, config) -> None:
     from wattgate.power.triage import run_triage
     from wattgate.trace import trace_files
-    from wattgate.triage_tables import TriageSettings, positive_seconds, window_seconds
+    from wattgate.triage_tables import TriageSettings, positive_seconds, share_value, window_seconds
 
     # the run's settings, unless given on the command line (a flag's 0, NaN or inf is refused by its name)
     window_s = None if args.window is None else window_seconds(args.window, "--window")
     deadlock_after_s = (
         None if args.deadlock_after is None else positive_seconds(args.deadlock_after, "--deadlock-after")
     )
-    s = TriageSettings.merge(config, args.table, args.gpu_model, window_s, deadlock_after_s, args.power_cap_w)
+    share = None if args.straggler_share is None else share_value(args.straggler_share, "--straggler-share")
+    s = TriageSettings.merge(config, args.table, args.gpu_model, window_s, deadlock_after_s, args.power_cap_w, share)
     traces = [f for p in args.trace for f in (trace_files(p) if p.is_dir() else [p])]
     result = run_triage(
         traces,
@@ -220,9 +221,13 @@ def _triage(args, config) -> None:
         window_s=s.window_s,
         deadlock_after_s=s.deadlock_after_s,
         power_cap_w=s.power_cap_w,
+        straggler_share=s.straggler_share,
     )
     shown = ", ".join(f"{ph} {100 * v['share']:.1f}%" for ph, v in result["phases"].items())
     print(f"triage: {result['gpus']} GPU(s), {shown or result['status']} -> {args.out}")
+    for e in result["stragglers"]:
+        who = f"{e['host']}:{e['gpu']}" if e.get("gpu") is not None else f"rank {e['rank']} on {e['host']}"
+        print(f"triage: straggler {who} ({e['cause']}): {e['evidence']}")
 
 
 def _report(args, config) -> None:
@@ -290,7 +295,7 @@ def _positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S
+    from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_STRAGGLER_SHARE, DEFAULT_WINDOW_S
 
     parser = argparse.ArgumentParser(prog="wattgate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
@@ -399,6 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="a low-power busy wait this long that never ends is a deadlock "
         f"(default {DEFAULT_DEADLOCK_AFTER_S:g}, or watcher.hang_after_s)",
+    )
+    p.add_argument(
+        "--straggler-share",
+        type=float,
+        help="a GPU is a straggler when its peers waited for it in more than this share of the windows they "
+        f"waited (default {DEFAULT_STRAGGLER_SHARE:g}, or telemetry.straggler_share)",
     )
     p.add_argument("--out", required=True, type=Path)
     p.set_defaults(func=_triage)

@@ -54,6 +54,9 @@ EXTRA_COLUMNS = [
     ("dram_active", pa.float32()),
     ("nvlink_tx_bps", pa.float64()),
     ("nvlink_rx_bps", pa.float64()),
+    # NVML's clocks-event reasons (formerly "throttle reasons"): why the SM clock is below its maximum, a bitmask
+    # read on the sampler's slow path; null where not recorded (older traces, logs that lack it)
+    ("clocks_event_reasons", pa.int64()),
 ]
 TRACE_SCHEMA = pa.schema(TRACE_COLUMNS + EXTRA_COLUMNS)
 META_KEY = b"wattgate.trace"
@@ -71,10 +74,45 @@ FLOAT32_MAX = 3.4028234663852886e38
 MAX_POWER_W = 5000.0
 UPPER_BOUNDS = {"power_w": MAX_POWER_W}  # column -> the largest value a reading can have
 
+REASONS = "clocks_event_reasons"
+# the clocks-event reason bits (nvml.h nvmlClocksEventReason*, the same values as the older ThrottleReason*),
+# by the names nvidia-smi gives them as `clocks_event_reasons.<name>` (formerly `clocks_throttle_reasons.<name>`)
+REASON_BITS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+# what slows a GPU down, by the bits that say so (HW slowdown is also set beside a HW thermal or power-brake
+# slowdown: the more specific cause wins, in this order)
+REASON_CAUSES = {"thermal": 0x20 | 0x40, "power_cap": 0x4, "hw_slowdown": 0x8 | 0x80}
+MAX_REASONS = (1 << 63) - 1  # an int64 bitmask: a negative or larger value is no reading
+
+
+def reasons_value(v) -> int | None:
+    """A clocks-event reasons reading as the int bitmask, or None when it cannot be one (negative, fractional,
+    not finite, beyond int64)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v if 0 <= v <= MAX_REASONS else None
+    if not math.isfinite(f) or f < 0 or f != int(f) or f >= 2.0**63:
+        return None
+    return int(f)
+
 
 def invalid_value(name: str, v) -> bool:
     """True for a value of a measured column that cannot be a reading (NaN, +-Inf, negative, above its
-    UPPER_BOUNDS, float32 overflow)."""
+    UPPER_BOUNDS, float32 overflow; a reasons bitmask that is no whole number in int64's range)."""
+    if name == REASONS:
+        return reasons_value(v) is None
     if name not in MEASURED:
         return False
     v = float(v)
@@ -434,6 +472,14 @@ def null_invalid_values(table: pa.Table) -> tuple[pa.Table, dict[str, int]]:
 
     Works on any subset of the trace columns (e.g. a reader that loads only time, host, gpu, power_w)."""
     counts = {}
+    if REASONS in table.column_names and pa.types.is_signed_integer(table.schema.field(REASONS).type):
+        col = table.column(REASONS)
+        bad = pc.sum(pc.less(col, 0)).as_py() or 0  # a bitmask is never negative
+        if bad:
+            counts[REASONS] = int(bad)
+            i = table.schema.get_field_index(REASONS)
+            keep = pc.greater_equal(col, 0)
+            table = table.set_column(i, table.schema.field(i), pc.if_else(keep, col, pa.scalar(None, col.type)))
     for name in MEASURED:
         if name not in table.column_names:
             continue

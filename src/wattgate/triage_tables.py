@@ -285,11 +285,25 @@ def resolve_table(
 
 DEFAULT_WINDOW_S = 1.0
 DEFAULT_DEADLOCK_AFTER_S = 60.0
+# a GPU is a straggler when its peers waited for it in more than this share of the windows they waited
+# (telemetry.straggler_share; power/triage/stragglers.py)
+DEFAULT_STRAGGLER_SHARE = 0.3
 
 
 # the shortest window: GPUs update their power reading every 20-100 ms, and unix time over a window of
 # picoseconds overflows the window index
 MIN_WINDOW_S = 1e-3
+
+
+def share_value(value, name: str) -> float:
+    """A share in [0, 1) (a straggler share of 1 could never be exceeded), or an InputError naming `name`."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = math.nan
+    if isinstance(value, bool) or not 0.0 <= v < 1.0:
+        raise InputError(f"{name}: {value!r} is not a share from 0 up to (not including) 1")
+    return v
 
 
 def positive_seconds(value, name: str, least: float = 0.0) -> float:
@@ -325,6 +339,7 @@ class TriageSettings:
     window_s: float = DEFAULT_WINDOW_S
     deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S
     power_cap_w: float | None = None  # every GPU's power cap (an imported log records none)
+    straggler_share: float = DEFAULT_STRAGGLER_SHARE
 
     @classmethod
     def merge(
@@ -335,6 +350,7 @@ class TriageSettings:
         window_s: float | None = None,
         deadlock_after_s: float | None = None,
         power_cap_w: float | None = None,
+        straggler_share: float | None = None,
     ) -> TriageSettings:
         """A run config's telemetry.table, cluster.gpu_model, telemetry.window_s and watcher.hang_after_s,
         each overridden by the command-line flag when given (a table file or GPU model given on the command
@@ -349,9 +365,12 @@ class TriageSettings:
             window_s = _config_seconds(cfg, "telemetry", "window_s", DEFAULT_WINDOW_S, MIN_WINDOW_S)
         if deadlock_after_s is None:
             deadlock_after_s = _config_seconds(cfg, "watcher", "hang_after_s", DEFAULT_DEADLOCK_AFTER_S)
+        if straggler_share is None:
+            straggler_share = (cfg.get("telemetry") or {}).get("straggler_share", DEFAULT_STRAGGLER_SHARE)
         window_s = window_seconds(window_s, "window_s")
         deadlock_after_s = positive_seconds(deadlock_after_s, "deadlock_after_s")
-        return cls(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w)
+        share = share_value(straggler_share, "straggler_share")
+        return cls(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w, share)
 
     @property
     def has_table(self) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from wattgate.errors import InputError
-from wattgate.trace import TRACE_SCHEMA, invalid_value, schema_with_meta
+from wattgate.trace import REASONS, TRACE_SCHEMA, invalid_value, reasons_value, schema_with_meta
 
 MISSING = {
     "",
@@ -52,6 +52,8 @@ class Imported:
             if v is not None and invalid_value(name, v):
                 self.invalid[name] += 1
                 v = None
+            elif v is not None and name == REASONS:
+                v = reasons_value(v)  # the int64 bitmask (a parsed 4.0 is 4)
             column.append(v)
         if path is not None and (not self.files or self.files[-1] != path):
             self.files.append(path)
@@ -128,6 +130,22 @@ def unit_factor(column: str | None, unit: str, name: str, text: str) -> float:
         known = ", ".join(sorted(set(units))) or "no unit"
         raise BadLine(name, text, f"unknown unit {unit!r} (expected {known})")
     return units[unit]
+
+
+HEX = re.compile(r"^\s*0[xX]([0-9a-fA-F]{1,16})\s*$")
+
+
+def parse_reasons(name: str, text: str) -> int | float | None:
+    """A clocks-event reasons bitmask as nvidia-smi (`0x0000000000000004`) or DCGM and others (`4`) write it;
+    None for a missing-value marker. A value that is no bitmask (negative, fractional) is left to the range
+    check, which nulls and counts it."""
+    if text.strip().lower() in MISSING:
+        return None
+    m = HEX.match(text)
+    if m:
+        return int(m.group(1), 16)
+    v = parse_number(name, text)
+    return v
 
 
 def parse_number(name: str, text: str, column: str | None = None, default_unit: str = "") -> float | None:

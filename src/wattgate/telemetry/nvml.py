@@ -6,7 +6,11 @@ value (NVML_FI_DEV_POWER_INSTANT) is used wherever the driver supports it;
 the source actually used is recorded in the trace metadata. The total energy
 counter (mJ since driver load) gives exact energy regardless of sampling.
 GPM metrics (Hopper and newer) are differences of two samples, so each call
-reports the activity since the previous call.
+reports the activity since the previous call. The clocks-event reasons (why
+the SM clock is below its maximum: power cap, thermal or hardware slowdown)
+are read with the clocks, on the slow path: the bitmask changes on the
+driver's own slow time scale, and a straggler's cause needs it beside the SM
+clock, not at 10 Hz.
 """
 
 from __future__ import annotations
@@ -39,22 +43,34 @@ class GpuHandle:
     instant_power: bool
     gpm: bool
     gpm_prev: object = None
+    reasons: object = None  # the NVML call that reads this GPU's clocks-event reasons; None: not available
     info: dict = field(default_factory=dict)
     slow: dict = field(default_factory=dict)  # last slow-rate readings, repeated between refreshes
 
 
 class NvmlSource:
-    def __init__(self, gpm: bool = True, slow_every_s: float = 1.0, energy_every_s: float = 10.0):
-        try:
-            import pynvml
-        except ImportError as exc:  # nvidia-ml-py not installed
-            raise NvmlUnavailable(f"nvidia-ml-py is not installed ({exc})") from None
-        self.nv = pynvml
+    def __init__(
+        self,
+        gpm: bool = True,
+        slow_every_s: float = 1.0,
+        energy_every_s: float = 10.0,
+        reasons: bool = True,
+        nvml=None,
+    ):
+        """`reasons`: read the clocks-event reasons; `nvml`: the module to call (default pynvml; the tests and
+        bench/sampler.py pass wattgate.testing.fake_nvml on hosts without a GPU)."""
+        if nvml is None:
+            try:
+                import pynvml as nvml
+            except ImportError as exc:  # nvidia-ml-py not installed
+                raise NvmlUnavailable(f"nvidia-ml-py is not installed ({exc})") from None
+        pynvml = self.nv = nvml
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             raise NvmlUnavailable(f"NVML unavailable: {exc}") from None
         self.host = socket.gethostname()
+        self.use_reasons = reasons
         self.driver = _str(pynvml.nvmlSystemGetDriverVersion())
         self.gpus = [self._open(i) for i in range(pynvml.nvmlDeviceGetCount())]
         if not self.gpus:
@@ -84,9 +100,34 @@ class NvmlSource:
                 info[key] = fn()
             except nv.NVMLError:
                 info[key] = None
+        reasons = self._reasons_call(h) if self.use_reasons else None
+        info["clocks_event_reasons"] = reasons is not None
         return GpuHandle(
-            index, h, _str(nv.nvmlDeviceGetName(h)), _str(nv.nvmlDeviceGetUUID(h)), instant, gpm, info=info
+            index,
+            h,
+            _str(nv.nvmlDeviceGetName(h)),
+            _str(nv.nvmlDeviceGetUUID(h)),
+            instant,
+            gpm,
+            reasons=reasons,
+            info=info,
         )
+
+    def _reasons_call(self, h):
+        """The call that reads the clocks-event reasons on this driver: nvmlDeviceGetCurrentClocksEventReasons,
+        else its older name ...ClocksThrottleReasons (drivers before 535, older nvidia-ml-py); None when neither
+        answers, so the sampler never asks again."""
+        nv = self.nv
+        for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+            fn = getattr(nv, name, None)
+            if fn is None:
+                continue
+            try:
+                fn(h)
+            except nv.NVMLError:
+                continue  # not in this driver's library, or not supported on this GPU
+            return fn
+        return None
 
     def _instant_power_mw(self, h) -> float | None:
         nv = self.nv
@@ -112,8 +153,8 @@ class NvmlSource:
         }
 
     def read(self) -> list[dict]:
-        """Power and utilization every call (~15 us of CPU per GPU on an H200); clocks, memory,
-        temperature and GPM every `slow_every_s`; the energy counter every `energy_every_s`, because
+        """Power and utilization every call (~15 us of CPU per GPU on an H200); clocks, clocks-event reasons,
+        memory, temperature and GPM every `slow_every_s`; the energy counter every `energy_every_s`, because
         reading it costs ~4 ms of CPU (measured on an H200, driver 580) and it is cumulative anyway.
         Rows between energy reads carry a null energy_j."""
         now = time.time()
@@ -144,6 +185,8 @@ class NvmlSource:
                 "mem_used_mib": _maybe(nv, lambda: nv.nvmlDeviceGetMemoryInfo(h).used / 2**20),
                 "temp_c": _maybe(nv, lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
             }
+            if g.reasons is not None:
+                g.slow["clocks_event_reasons"] = _maybe(nv, lambda: int(g.reasons(h)))
             if g.gpm and self.use_gpm:
                 g.slow.update(self._gpm(g))
         row.update(g.slow)

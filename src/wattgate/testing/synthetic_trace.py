@@ -46,7 +46,10 @@ high) uniform range) and `phase` (the truth label). Samples can be dropped
 (`drop`) to leave windows without data: their truth is `unknown`.
 `write_run_info` writes the heartbeat events, heartbeat states and
 metrics.parquet that the training loop would have written for a `job`.
-`write_nvidia_smi_csv` writes a trace as an nvidia-smi CSV log. The "real
+`write_nvidia_smi_csv` writes a trace as an nvidia-smi CSV log.
+
+Synchronized steps and stragglers (issue 34): `sync_steps`, `straggler`
+(testing/sync_steps.py says how they are drawn). The "real
 traces" helpers score triage against a labelled real trace and a real run
 (the repository keeps one of each under tests/data/h200).
 """
@@ -54,8 +57,7 @@ traces" helpers score triage against a labelled real trace and a real run
 from __future__ import annotations
 
 import json
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +68,13 @@ import pyarrow.parquet as pq
 
 from wattgate.triage_tables import TriageTable
 from wattgate.trace import TRACE_SCHEMA, schema_with_meta
+from wattgate.testing.sync_steps import (  # noqa: F401 (callers import these here)
+    Straggler,
+    SyncJob,
+    gpu_uuid,
+    wait_level,
+    write_sync_run_info,
+)
 
 T0 = 1_700_000_000.0
 PHASE_OF = {
@@ -81,10 +90,6 @@ PHASE_OF = {
 }
 TRUTH_LABELS = ("compute", "communication", "data_starvation", "checkpoint", "deadlock", "idle", "unknown")
 TRAIN_PHASES = ("compute", "communication", "data_starvation")
-
-
-def wait_level(t: TriageTable, rng) -> float:
-    return t.idle_w + rng.uniform(0.42, 0.59) * (t.low_max_w - t.idle_w)
 
 
 def _levels(variant: str, t: TriageTable, rng) -> tuple[float, float, tuple[float, float]]:
@@ -151,13 +156,19 @@ class SyntheticTrace:
     hz: float
     window_s: float
     device_name: str
+    caps: dict = field(default_factory=dict)  # (host, gpu) -> {"power_limit_w": the limit the sampler records}
+    steps: pd.DataFrame | None = None  # sync_steps: start, compute_s, slowdown, comm_s (unix s, seconds)
+    straggler: Straggler | None = None
 
     def meta(self, host: str) -> dict:
+        def gpu(h, g):  # with the power limit the sampler would record, where the trace has one (sync_steps)
+            return {"index": g, "name": self.device_name, "uuid": gpu_uuid(h, g)} | self.caps.get((h, g), {})
+
         return {
             "host": host,
             "interval_s": 1.0 / self.hz,
             "power_source": "instant",
-            "gpus": [{"index": g, "name": self.device_name, "uuid": gpu_uuid(h, g)} for h, g in self.gpus if h == host],
+            "gpus": [gpu(h, g) for h, g in self.gpus if h == host],
         }
 
     def host_table(self, host: str) -> pa.Table:
@@ -178,10 +189,6 @@ class SyntheticTrace:
         df = phases.select(["host", "gpu", "start"]).to_pandas()
         key = self.truth.set_index(["host", "gpu", "start"])["phase"]
         return key.reindex(pd.MultiIndex.from_frame(df)).to_numpy()
-
-
-def gpu_uuid(host: str, gpu: int) -> str:
-    return f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'{host}/{gpu}')}"
 
 
 def job(gpus: list[tuple[str, int]], phases: list[tuple], writer: int = 0, stuck: int | None = None) -> dict:
@@ -218,6 +225,9 @@ def build_trace(
     drop_share: float = 0.0,
     average_over: int = 1,
     with_truth: bool = True,
+    sync_steps: bool = False,
+    straggler: Straggler | None = None,
+    reasons: bool | None = None,
 ) -> SyntheticTrace:
     """Trace rows and per-window truth for `schedule` ({(host, gpu): [segments]}).
 
@@ -227,7 +237,9 @@ def build_trace(
     one (NVML's 1 s power average and utilization period, read at 1 Hz).
     The truth comes from the signal itself (sub-samples), not from what the samples show.
     `with_truth=False` skips the truth (for timing-only traces of millions of rows).
+    `sync_steps`, `straggler`, `reasons`: synchronized steps, one slowed GPU, the reasons recorded (sync_steps.py).
     """
+    sync = SyncJob(table, seed, straggler, reasons) if sync_steps or straggler is not None else None
     rng = np.random.default_rng(seed)
     gpus = sorted(schedule)
     hosts = sorted({h for h, _ in gpus})
@@ -245,8 +257,13 @@ def build_trace(
         power, util = np.empty(n), np.empty(n)
         label = np.empty(n, np.int8)
         bounds = np.searchsorted(rel, np.concatenate([[0.0], ends]))
-        for (variant, length, over), a, b, start in zip(segs, bounds[:-1], bounds[1:], ends - seconds):
-            power[a:b], util[a:b] = _segment(variant, rel[a:b] - start, table, rng, over, noise)
+        if sync is not None:
+            sync.start_gpu(key, n)
+        for i, ((variant, length, over), a, b, start) in enumerate(zip(segs, bounds[:-1], bounds[1:], ends - seconds)):
+            if sync is not None and variant == "compute" and "power_w" not in over:
+                power[a:b], util[a:b] = sync.compute(i, length, start, rel[a:b] - start, a, rng, noise)
+            else:
+                power[a:b], util[a:b] = _segment(variant, rel[a:b] - start, table, rng, over, noise)
             phase = over.get("phase", PHASE_OF[variant])
             label[a:b] = TRUTH_LABELS.index(phase)
             seg_rows.append((key[0], key[1], variant, phase, t0 + start, t0 + start + length))
@@ -264,19 +281,24 @@ def build_trace(
         cols["gpu"].append(np.full(keep.sum(), key[1], np.int32))
         cols["power_w"].append(np.maximum(power.reshape(-1, k).mean(axis=1)[keep], 0.0).astype(np.float32))
         cols["util_gpu"].append(np.clip(util.reshape(-1, k).mean(axis=1)[keep], 0, 100).astype(np.float32))
+        if sync is not None:
+            sync.keep(rel, at, keep)
         fine["time"].append(t0 + rel[~gone])
         fine["host"].append(np.full((~gone).sum(), hosts.index(key[0]), np.int32))
         fine["gpu"].append(np.full((~gone).sum(), key[1], np.int32))
         fine["label"].append(label[~gone])
     data = {c: np.concatenate(v) for c, v in cols.items()}
-    trace = trace_table(data["time"], hosts, data["host"], data["gpu"], data["power_w"], data["util_gpu"])
+    extra = sync.columns() if sync is not None else None
+    trace = trace_table(data["time"], hosts, data["host"], data["gpu"], data["power_w"], data["util_gpu"], extra)
     truth = _truth({c: np.concatenate(v) for c, v in fine.items()}, hosts, window_s) if with_truth else None
     segments = pd.DataFrame(seg_rows, columns=["host", "gpu", "variant", "phase", "start", "end"])
-    return SyntheticTrace(trace, truth, segments, gpus, table, hz, window_s, device_name or f"NVIDIA {table.gpu_model}")
+    name, more = device_name or f"NVIDIA {table.gpu_model}", sync.results(t0) if sync is not None else ()
+    return SyntheticTrace(trace, truth, segments, gpus, table, hz, window_s, name, *more)
 
 
-def trace_table(time, hosts: list[str], host_code, gpu, power_w, util_gpu) -> pa.Table:
-    """Rows in the trace schema (host as codes into `hosts`); columns triage does not read get constants or nulls."""
+def trace_table(time, hosts: list[str], host_code, gpu, power_w, util_gpu, extra: dict | None = None) -> pa.Table:
+    """Rows in the trace schema (host as codes into `hosts`); columns triage does not read get constants or nulls
+    unless `extra` (column -> arrow array) gives them."""
     n = len(time)
     arrays = {
         "time": pa.array(time, pa.float64()),
@@ -290,6 +312,7 @@ def trace_table(time, hosts: list[str], host_code, gpu, power_w, util_gpu) -> pa
         "mem_used_mib": pa.array(np.zeros(n, np.float32)),
         "temp_c": pa.array(np.full(n, 40.0, np.float32)),
     }
+    arrays.update(extra or {})
     return pa.Table.from_arrays([arrays.get(f.name, pa.nulls(n, f.type)) for f in TRACE_SCHEMA], schema=TRACE_SCHEMA)
 
 

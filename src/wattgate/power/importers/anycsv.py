@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from wattgate.errors import InputError
-from wattgate.trace import TRACE_SCHEMA
+from wattgate.trace import REASONS, TRACE_SCHEMA
 from wattgate.power.importers.common import ReadOptions, sample_rows
 from wattgate.power.log_parsing import (
     Imported,
@@ -19,6 +19,7 @@ from wattgate.power.log_parsing import (
     excerpt,
     parse_number,
     parse_iso_time,
+    parse_reasons,
     read_log_rows,
 )
 
@@ -116,6 +117,8 @@ def read_csv(path: Path, imported: Imported, lines: Lines, host: str, tz, mappin
                 if g is None or not math.isfinite(g) or g != int(g):
                     raise BadLine(header[i], cells[i], "not a GPU index")
                 row["gpu"] = int(g)
+            elif name == REASONS:  # a bitmask, decimal or 0x hex
+                row[name] = parse_reasons(header[i], cells[i])
             else:
                 row[name] = parse_number(header[i], cells[i], name, unit)
         return row

@@ -25,6 +25,9 @@ DCGM_FIELDS = {  # metric -> (trace column, scale)
     "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", 1.0),
     "DCGM_FI_DEV_FB_USED": ("mem_used_mib", 1.0),
     "DCGM_FI_DEV_GPU_TEMP": ("temp_c", 1.0),
+    # the clocks-event reasons bitmask, under its current name and the one before it
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("clocks_event_reasons", 1.0),
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("clocks_event_reasons", 1.0),
     "DCGM_FI_PROF_SM_ACTIVE": ("sm_active", 100.0),  # ratios 0..1 -> %
     "DCGM_FI_PROF_SM_OCCUPANCY": ("sm_occupancy", 100.0),
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active", 100.0),

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from wattgate.errors import InputError
+from wattgate.trace import REASON_BITS, REASONS
 from wattgate.power.importers.common import ReadOptions
 from wattgate.power.log_parsing import (
     Imported,
@@ -25,8 +26,10 @@ from wattgate.power.log_parsing import (
     unit_factor,
     parse_number,
     parse_iso_time,
+    parse_reasons,
     read_log_rows,
     truncated_final,
+    MISSING,
 )
 
 
@@ -46,7 +49,12 @@ SMI_FIELDS = {  # query field -> trace column (power: the instant reading wins o
     "gpu_name": "name",
     "pci.bus_id": "bus_id",
     "gpu_bus_id": "bus_id",
+    # the reasons bitmask (0x... hex), under the current name and the one before it
+    "clocks_event_reasons.active": "clocks_event_reasons",
+    "clocks_throttle_reasons.active": "clocks_event_reasons",
 }
+# one reason per column, "Active" / "Not Active": a log that queried these rather than `.active`
+REASON_FLAG = re.compile(r"^clocks_(?:event|throttle)_reasons\.([a-z_]+)$")
 SMI_TIME_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S.%f")
 
 
@@ -128,7 +136,12 @@ def read_nvidia_smi(
             f"{path}: an nvidia-smi log needs the columns timestamp and power.draw (or "
             f"power.draw.instant); found {excerpt(', '.join(header), HEADER_CHARS)}"
         )
-    ignored = sorted(set(header) - set(SMI_FIELDS))
+    flags = {
+        i: REASON_BITS[m.group(1)]
+        for i, h in enumerate(header)
+        if (m := REASON_FLAG.match(h)) and m.group(1) in REASON_BITS
+    }
+    ignored = sorted(set(header) - set(SMI_FIELDS) - {header[i] for i in flags})
     if ignored:
         imported.notes.append(f"{path.name}: ignored columns {', '.join(ignored)}")
     parsed = []
@@ -146,7 +159,12 @@ def read_nvidia_smi(
                     if col != "time":
                         rec[col] = cells[i].strip()
                     continue
+                if col == REASONS:
+                    rec[col] = parse_reasons(header[i], cells[i])
+                    continue
                 rec[col] = parse_number(header[i], cells[i], col, units[i])
+            if flags and rec.get(REASONS) is None:
+                rec[REASONS] = reason_flags(header, cells, flags)
             parsed.append((lineno, rec))
         except BadLine as exc:
             lines.bad(path, lineno, exc, truncated_final(path, cells, header, exc, lineno == last))
@@ -156,7 +174,9 @@ def read_nvidia_smi(
     gpus = assign_smi_gpus(path, [r for _, r in parsed], imported)
     for (lineno, rec), gpu in zip(parsed, gpus):
         power = rec.get("power_w") if rec.get("power_w") is not None else rec.get("power_w_avg")
-        row = {k: rec.get(k) for k in ("time", "util_gpu", "util_mem", "mem_used_mib", "sm_clock_mhz", "temp_c")}
+        row = {
+            k: rec.get(k) for k in ("time", "util_gpu", "util_mem", "mem_used_mib", "sm_clock_mhz", "temp_c", REASONS)
+        }
         row.update(host=host, gpu=gpu + gpu_offset, power_w=power)
         imported.add(row, path, lineno)
         if rec.get("name"):
@@ -165,6 +185,20 @@ def read_nvidia_smi(
         imported.notes.append(
             f"{path.name}: power.draw only (a 1 s average on recent GPUs); the instant reading is power.draw.instant"
         )
+
+
+def reason_flags(header: list[str], cells: list[str], flags: dict[int, int]) -> int | None:
+    """The bitmask from one-reason columns ("Active" / "Not Active"); None when none of them holds a value."""
+    mask, seen = 0, False
+    for i, bit in flags.items():
+        text = cells[i].strip().lower()
+        if text in MISSING:
+            continue
+        if text not in ("active", "not active"):
+            raise BadLine(header[i], cells[i], "expected Active or Not Active")
+        seen = True
+        mask |= bit if text == "active" else 0
+    return mask if seen else None
 
 
 def assign_smi_gpus(path: Path, recs: list[dict], imported: Imported) -> list[int]:

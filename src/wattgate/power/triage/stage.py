@@ -25,6 +25,7 @@ from wattgate.errors import InputError
 from wattgate.power.triage import power_only
 from wattgate.triage_tables import (
     DEFAULT_DEADLOCK_AFTER_S,
+    DEFAULT_STRAGGLER_SHARE,
     DEFAULT_WINDOW_S,
     TriageSettings,
     TriageTable,
@@ -63,6 +64,7 @@ from wattgate.power.triage.rules import (
 from wattgate.power.triage.run_rules import _run_info_rules
 from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
 from wattgate.power.triage.smoothing import SMOOTH_RADIUS, _majority, _rolling_median
+from wattgate.power.triage.stragglers import DOMINANCE, MARGIN, MIN_LAG_WINDOWS, find_stragglers
 from wattgate.power.triage.windows import (
     CHUNK_ROWS,
     _Ingest,
@@ -73,8 +75,8 @@ from wattgate.power.triage.windows import (
     overlapping_files,
     table_batches,
 )
-from wattgate.run_files import check_output, claim_output
-from wattgate.trace import read_trace_chunks, strict_json
+from wattgate.run_files import check_output, claim_output, read_watcher
+from wattgate.trace import REASONS, read_trace_chunks, strict_json
 
 
 def triage(
@@ -85,14 +87,16 @@ def triage(
     run_info: RunInfo | None = None,
     caps: dict | None = None,
     power_cap_w: float | None = None,
+    straggler_share: float = DEFAULT_STRAGGLER_SHARE,
 ) -> pa.Table:
     """Label every window of every GPU in `trace` (a pa.Table, DataFrame or dict of columns).
 
     caps: (host, gpu) -> the power cap the sampler recorded (NVML's enforced limit); power_cap_w, when given,
-    is every GPU's cap (an imported log records none); else the table's tdp_w."""
+    is every GPU's cap (an imported log records none); else the table's tdp_w. The stragglers found
+    (stragglers.py) are in the table's metadata (phases.phases_meta: "stragglers", "lag")."""
     _check_limits(window_s, deadlock_after_s)
     acc = ingest([table_batches(trace)], window_s, with_energy=False)
-    return contract(_triage(acc, table, window_s, deadlock_after_s, run_info, caps, power_cap_w))
+    return contract(_triage(acc, table, window_s, deadlock_after_s, run_info, caps, power_cap_w, straggler_share))
 
 
 def _check_limits(window_s: float, deadlock_after_s: float) -> None:
@@ -109,6 +113,7 @@ def _triage(
     run_info: RunInfo | None,
     caps: dict | None,
     power_cap_w: float | None,
+    straggler_share: float = DEFAULT_STRAGGLER_SHARE,
 ) -> pa.Table:
     """triage() on a trace already reduced (run_triage also takes the energy from it)."""
     if acc.empty:
@@ -142,8 +147,11 @@ def _triage(
     confidence = np.zeros(len(win.n), np.float32)
     confidence[kpos] = conf
     phases = _phases_table(win, labels, confidence, window_s)
-    # what the run taught (levels per GPU) and how much of it was filled in, for run_triage and the report
-    learned = {"levels": win.levels.records(win.keys), "filled_s": float(win.filled.sum()) * window_s}
+    rank_of = {g: r for r, g in map_ranks(run_info, win.keys).items()} if run_info is not None else {}
+    lag = find_stragglers(win, window_s, straggler_share, run_info, rank_of)
+    # what the run taught (levels per GPU), how much of it was filled in and its stragglers, for run_triage and
+    # the report
+    learned = {"levels": win.levels.records(win.keys), "filled_s": float(win.filled.sum()) * window_s} | lag
     return phases.replace_schema_metadata({b"wattgate.triage": strict_json(learned, sort_keys=True).encode()})
 
 
@@ -172,7 +180,8 @@ def _phases_table(win: _Windows, labels: np.ndarray, confidence: np.ndarray, win
 def _markdown(result: dict, summary: pd.DataFrame) -> str:
     lines = ["# Power triage", ""]
     if result["status"] != "ok":
-        return "\n".join(lines + [f"{result['status']}.", ""] + _notes_md(result))
+        found = _stragglers_md(result) if result.get("stragglers") else []
+        return "\n".join(lines + [f"{result['status']}.", ""] + found + _notes_md(result))
     t = result["table"]
     kind = t.get("provenance", {}).get("kind", "no provenance")
     lines += [
@@ -198,6 +207,7 @@ def _markdown(result: dict, summary: pd.DataFrame) -> str:
     for (host, gpu), row in pivot.iterrows():
         lines.append(f"| {host} | {gpu} | " + " | ".join(f"{100 * row.get(ph, 0.0):.1f}%" for ph in LABELS) + " |")
     lines += _gaps_and_peers_md(result)
+    lines += _stragglers_md(result)
     po = result.get("power_only")
     if po:
         lines += ["", f"## Power-only verdict ({po['mode']})", ""] + [f"- {v}" for v in po["verdict"]]
@@ -210,6 +220,35 @@ def _markdown(result: dict, summary: pd.DataFrame) -> str:
         ] + [f"- {c}" for c in po["cannot_tell"]]
         lines += ["", po["wait_rule"]]
     return "\n".join(lines + _notes_md(result)) + "\n"
+
+
+def _stragglers_md(result: dict) -> list[str]:
+    lag, found = result.get("lag") or {}, result.get("stragglers") or []
+    share = (lag.get("settings") or {}).get("share", DEFAULT_STRAGGLER_SHARE)
+    lines = ["", "## Stragglers", ""]
+    if not found:
+        waits = lag.get("wait_windows", 0)
+        lines.append(
+            f"None: no GPU was the one its peers waited for in more than {100 * share:.0f}% of the {waits} "
+            "window(s) in which they waited."
+        )
+        return lines
+    lines += [
+        "| host | gpu | rank | lag share | wait GPU-hours | wait kWh | cause | evidence |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for e in found:
+        hours = "-" if e.get("wait_gpu_hours") is None else f"{e['wait_gpu_hours']:.4g}"
+        kwh = "-" if e.get("wait_kwh") is None else f"{e['wait_kwh']:.4g}"
+        rank = "-" if e.get("rank") is None else str(e["rank"])
+        gpu = "-" if e.get("gpu") is None else str(e["gpu"])
+        lines.append(
+            f"| {e['host']} | {gpu} | {rank} | {100 * e['lag_share']:.0f}% | {hours} | {kwh} | {e['cause']} | "
+            f"{e['evidence']} |"
+        )
+    if lag.get("wait_gpu_hours"):
+        lines += ["", f"Waiting for them: {lag['wait_gpu_hours']:.4g} GPU-hours, {lag['wait_kwh']:.4g} kWh."]
+    return lines
 
 
 def _notes_md(result: dict) -> list[str]:
@@ -256,8 +295,45 @@ def _gaps_and_peers_md(result: dict) -> list[str]:
     return lines
 
 
-# what triage reads of a trace: the windows' columns and the energy counter (energy.py)
-TRIAGE_COLUMNS = ["time", "host", "gpu", "power_w", "util_gpu", "energy_j"]
+# what triage reads of a trace: the windows' columns, the energy counter (energy.py) and what names a straggler's
+# cause (causes.py)
+TRIAGE_COLUMNS = ["time", "host", "gpu", "power_w", "util_gpu", "energy_j", "sm_clock_mhz", "temp_c", REASONS]
+
+
+def no_lag(share: float) -> dict:
+    """triage.json's "lag" where nothing was compared (no GPU telemetry)."""
+    settings = {"share": share, "margin": MARGIN, "min_windows": MIN_LAG_WINDOWS, "dominance": DOMINANCE}
+    return {"settings": settings, "wait_windows": 0, "wait_gpu_hours": 0.0, "wait_kwh": 0.0, "timeline": None}
+
+
+def watcher_stragglers(run_dir) -> list[dict]:
+    """Without GPU telemetry, the stragglers the watcher named from its ranks' CPU time (watcher.json
+    `stragglers`), as triage.json entries (no GPU: `gpu` null, `rank` set); [] without a readable record."""
+    try:
+        record = read_watcher(Path(run_dir))
+    except InputError:
+        return []
+    out = []
+    for s in (record or {}).get("stragglers") or []:
+        if isinstance(s, dict) and isinstance(s.get("rank"), int) and s.get("signal") == "cpu":
+            out.append({k: s.get(k) for k in WATCHER_STRAGGLER_KEYS} | {"gpu": None, "source": "watcher"})
+    return out
+
+
+WATCHER_STRAGGLER_KEYS = (
+    "host",
+    "rank",
+    "lag_share",
+    "lag_windows",
+    "wait_windows",
+    "wait_gpu_hours",
+    "wait_kwh",
+    "wait_rank_hours",
+    "cause",
+    "evidence",
+    "first",
+    "last",
+)
 
 
 def _trace_chunks(paths: list) -> tuple[list[dict], list[Iterator], Callable[[], Iterator]]:
@@ -336,6 +412,7 @@ def run_triage(
     window_s: float = DEFAULT_WINDOW_S,
     deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S,
     power_cap_w: float | None = None,
+    straggler_share: float = DEFAULT_STRAGGLER_SHARE,
 ) -> dict:
     """`wattgate triage`: traces (one per host) -> phases.parquet, phase_summary.csv, triage.json, triage.md."""
     paths = [Path(p) for p in ([trace_paths] if isinstance(trace_paths, (str, os.PathLike)) else trace_paths)]
@@ -347,7 +424,7 @@ def run_triage(
     _check_files_apart(acc, paths, metas)
     names = sorted({str(g.get("name", "")) for m in metas for g in m.get("gpus", []) if g.get("name")})
     empty = acc.empty
-    settings = TriageSettings(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w)
+    settings = TriageSettings(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w, straggler_share)
     caps = recorded_caps(metas)
     if empty and not (table_path or gpu_model):
         table, source = None, None
@@ -362,7 +439,7 @@ def run_triage(
         phases, energy = PHASES_SCHEMA.empty_table(), {}
     else:
         energy = ingest_energy(acc, again)
-        phases = _triage(acc, table, window_s, deadlock_after_s, info, caps, power_cap_w)
+        phases = _triage(acc, table, window_s, deadlock_after_s, info, caps, power_cap_w, straggler_share)
     power_seen, util_seen = acc.power, acc.util
     del acc
     learned = phases_meta(phases)
@@ -404,8 +481,13 @@ def run_triage(
             "peers": peer_departures(phases, window_s),
             # per GPU "host:gpu": the energy the report shows (energy.records), from the same samples
             "energy": energy,
+            # the GPUs everyone waited for (stragglers.py); without GPU telemetry, the watcher's rank CPU time
+            "stragglers": learned.get("stragglers", []),
+            "lag": learned.get("lag") or no_lag(straggler_share),
             "notes": notes,
         }
+        if empty and run_dir:
+            result["stragglers"] = watcher_stragglers(run_dir)
         # without heartbeats the pauses rest on power alone (rule 4): say what was missing and how they were read
         found = power_only.pauses(phases)
         t0 = float(pc.min(phases.column("start")).as_py()) if phases.num_rows else None

@@ -40,8 +40,9 @@ import pyarrow.compute as pc
 from wattgate.codes import column_codes
 from wattgate.errors import InputError
 from wattgate.power import energy as energy_mod
-from wattgate.trace import UPPER_BOUNDS
+from wattgate.trace import TRACE_SCHEMA, UPPER_BOUNDS
 from wattgate.triage_tables import TriageTable
+from wattgate.power.triage import causes as causes_mod
 from wattgate.power.triage.arrays import _ranges, _runs
 from wattgate.power.triage.levels import Levels, learn_levels
 
@@ -66,6 +67,7 @@ class _Rows:
     energy: np.ndarray | None  # float64 counter readings, NaN = none; None: no reading in the chunk
     ngpu: int  # distinct ids in the chunk
     signals: tuple[bool, bool]  # any power, any utilization reading
+    causes: dict | None = None  # SM clock, temperature, reasons (causes.chunk_columns); None: none of them
 
 
 class _GpuIds:
@@ -118,7 +120,12 @@ def _numbers(col, dtype, measured: bool, upper: float = np.inf) -> np.ndarray:
     if out.dtype != dtype:
         out = out.astype(dtype)
     # two reductions find the usual all-valid chunk without a mask
-    if measured and len(out) and not (np.fmin.reduce(out) >= 0 and np.fmax.reduce(out) <= min(upper, FINITE)):
+    # as Python floats: a float32 compared with FINITE would overflow in the cast
+    if (
+        measured
+        and len(out)
+        and not (float(np.fmin.reduce(out)) >= 0 and float(np.fmax.reduce(out)) <= min(upper, FINITE))
+    ):
         with np.errstate(invalid="ignore"):
             bad = ~(out >= 0) | np.isinf(out) | (out > upper)
         out = out.copy() if not out.flags.writeable else out
@@ -148,14 +155,18 @@ def _rows(batch: pa.RecordBatch | pa.Table, ids: _GpuIds) -> _Rows | None:
     has_energy = "energy_j" in batch.schema.names and batch.column("energy_j").null_count < batch.num_rows
     energy = _numbers(batch.column("energy_j"), np.float64, True) if has_energy else None
     signals = (not np.isnan(power).all(), not np.isnan(util).all())
+    causes = causes_mod.chunk_columns(batch) if set(causes_mod.COLUMNS) & set(batch.schema.names) else None
+    if causes is not None and all(v is None for v in causes.values()):
+        causes = None
     if gpu.min() < 0 or not np.isfinite(np.add.reduce(time_)):  # rows without a GPU or a time: dropped
         ok = (gpu >= 0) & np.isfinite(time_)
         if not ok.any():
             return None
         gpu, time_, codes, power, util = gpu[ok], time_[ok], codes[ok], power[ok], util[ok]
         energy = energy[ok] if energy is not None else None
+        causes = causes_mod.select(causes, ok) if causes is not None else None
     gid, ngpu = ids.of(names, codes, gpu)
-    return _Rows(gid, time_, power, util, energy, ngpu, signals)
+    return _Rows(gid, time_, power, util, energy, ngpu, signals, causes)
 
 
 def table_batches(trace) -> Iterator[pa.RecordBatch]:
@@ -179,6 +190,9 @@ def table_batches(trace) -> Iterator[pa.RecordBatch]:
         }
         if "energy_j" in df.columns:
             columns["energy_j"] = pa.array(pd.to_numeric(df["energy_j"]).to_numpy(np.float64, na_value=np.nan))
+        for name in causes_mod.COLUMNS:  # a straggler's cause, where the frame has them
+            if name in df.columns:
+                columns[name] = pa.array(df[name], type=TRACE_SCHEMA.field(name).type, from_pandas=True)
         table = pa.table(columns)
     return iter(table.to_batches(max_chunksize=CHUNK_ROWS))
 
@@ -203,6 +217,7 @@ class _Cells:
     cell: np.ndarray  # per power sample: its grid cell
     power: np.ndarray  # per power sample (float32)
     gpu: np.ndarray  # per power sample: its GPU id (small ints: a lookup in a tiny table gives its edges)
+    causes: causes_mod.ChunkCauses | None = None  # per present cell: SM clock, temperature, reasons
 
 
 def _cells(r: _Rows, window_s: float, ngpu_seen: int) -> _Cells:
@@ -223,6 +238,9 @@ def _cells(r: _Rows, window_s: float, ngpu_seen: int) -> _Cells:
         cells, key, rows = np.unique(key, return_inverse=True, return_counts=True)
         grid, key = len(cells), key.astype(np.int32)
         present = np.arange(grid)
+    chunk_causes = None
+    if r.causes is not None:
+        chunk_causes = causes_mod.reduce_chunk(r.causes, key, grid, present, r.gid, r.ngpu, r.time)
     valid = ~np.isnan(r.power)
     small = r.gid.astype(np.int8 if ngpu_seen < 1 << 7 else np.int16 if ngpu_seen < 1 << 15 else np.int32)
     if valid.all():
@@ -254,6 +272,7 @@ def _cells(r: _Rows, window_s: float, ngpu_seen: int) -> _Cells:
         cell,
         power,
         small,
+        chunk_causes,
     )
 
 
@@ -443,6 +462,12 @@ class _Windows:
     low: np.ndarray  # share of samples < the GPU's low_max_w
     filled: np.ndarray  # no sample, but inside a short gap: values of the nearest window
     levels: Levels
+    # per chunk: (each cell's window position, rows per cell, its cause figures), for causes()
+    cause_chunks: list = field(default_factory=list)
+
+    def causes(self, wanted: np.ndarray) -> causes_mod.WindowCauses:
+        """SM clock, temperature and reasons counts of the windows at positions `wanted` (straggler causes)."""
+        return causes_mod.window_causes(self.cause_chunks, len(self.n), wanted)
 
 
 def _windows(
@@ -482,8 +507,11 @@ def _windows(
     hi_edge, lo_edge = _float32_edge(levels.compute_min_w)[rank], _float32_edge(levels.low_max_w)[rank]
     high, low = np.zeros(total), np.zeros(total)
     at = 0
+    cause_chunks = []
     for c in acc.cells:
         cells = pos[at : at + len(c.gid)]
+        if c.causes is not None:
+            cause_chunks.append((cells, c.rows, c.causes))
         # per sample 2 if high, + 1 if low (both at once were the learned edges ever to cross), counted per cell
         flags = (c.power >= hi_edge[c.gpu]).view(np.int8) * np.int8(2)
         flags += c.power < lo_edge[c.gpu]
@@ -496,7 +524,7 @@ def _windows(
     with np.errstate(invalid="ignore", divide="ignore"):
         high /= n
         low /= n
-    win = _Windows(keys, gpu_id, index, n, mean_p, mean_u, high, low, np.zeros(total, dtype=bool), levels)
+    win = _Windows(keys, gpu_id, index, n, mean_p, mean_u, high, low, np.zeros(total, dtype=bool), levels, cause_chunks)
     _fill_short_gaps(win, samples_per_gpu, window_s)
     return win
 
