@@ -38,17 +38,36 @@ def _alive(pid: int) -> bool:
 
 
 def kill_tree(root: int, grace_s: float) -> dict:
-    """SIGTERM every process under `root`, then SIGKILL what is left after `grace_s`."""
+    """SIGKILL the training ranks under `root` and SIGTERM every other process there (the sampler finishes its
+    trace, torchrun reports), then SIGKILL what is left after `grace_s`.
+
+    A rank takes SIGTERM as a graceful stop request (train/stop.py), which a hung rank can never act on: blocked in a
+    collective it runs no Python handler at all. The watcher acts only on a hang or a stall past its limit, so the
+    ranks are killed at once; a rerun resumes from their last checkpoint."""
     pids = process_tree(root)
-    for pid in pids:
+    ranks = [p for p in pids if is_training_rank(p)]
+    for pid in ranks:
+        _signal(pid, signal.SIGKILL)
+    others = [p for p in pids if p not in ranks]
+    for pid in others:
         _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(_alive(p) for p in others):
         time.sleep(0.1)
-    survivors = [p for p in pids if _alive(p)]
+    survivors = [p for p in others if _alive(p)]
     for pid in survivors + [p for p in process_tree(root) if p not in pids]:
         _signal(pid, signal.SIGKILL)
-    return {"terminated": pids, "killed_after_grace": survivors}
+    return {"terminated": others, "killed_ranks": ranks, "killed_after_grace": survivors}
+
+
+def is_training_rank(pid: int) -> bool:
+    """The process runs `... -m wattgate train ...` (a rank; not the sampler, torchrun or the watcher)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return any(argv[i : i + 2] == [b"wattgate", b"train"] for i in range(len(argv) - 1))
 
 
 def _signal(pid: int, sig: int) -> None:
