@@ -33,6 +33,7 @@ import torch.distributed as dist
 from wattgate.gpus import is_cpu
 from wattgate.proof.depth import truncate_layers
 from wattgate.proof.record import Collective, CollectiveRecorder, _default_group, object_collectives
+from wattgate.train import loop as train_loop
 from wattgate.train.loop import Paths, Trainer, run_rank
 from wattgate.train.settings import TrainSettings
 
@@ -178,7 +179,8 @@ class DryRunTrainer(Trainer):
         def run(recording):
             self.heartbeat.beat = lambda _step, _epoch, *args, **kwargs: recording(*args, **kwargs)
             try:
-                loss = super(DryRunTrainer, self).evaluate(step, epoch)
+                with self.pass_forwards() if self.proof["replay"] else contextlib.nullcontext():
+                    loss = super(DryRunTrainer, self).evaluate(step, epoch)
             finally:
                 self.heartbeat.beat = beat
             return None if self.eval_interrupted else loss  # an interrupted pass is not one to replay
@@ -186,6 +188,30 @@ class DryRunTrainer(Trainer):
         self.eval_interrupted = False
         loss = self.replayed(("eval", len(self.eval_batches)), run, lambda *a, **k: beat(step, epoch, *a, **k))
         return loss
+
+    @contextlib.contextmanager
+    def pass_forwards(self):
+        """Inside a validation pass: its first two forwards run, a later one with the same input shapes replays
+        the collectives of the one before it and returns its loss. The first forward gathers the root's
+        parameters and leaves them gathered (no backward reshards them), so from the second on every forward
+        starts in the same state: the root gathered, every layer resharded after its own forward."""
+        recorder, real, done = self.proof["recorder"], train_loop.summed_token_loss, []
+
+        def forward(model, tensors: dict, loss):
+            key = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(tensors.items()))
+            if len(done) >= 2 and done[-1][0] == key:
+                recorder.collectives.extend(done[-1][1])
+                return done[-1][2]
+            mark = len(recorder.collectives)
+            out = real(model, tensors, loss)
+            done.append((key, recorder.collectives[mark:], out))
+            return out
+
+        train_loop.summed_token_loss = forward
+        try:
+            yield
+        finally:
+            train_loop.summed_token_loss = real
 
     def replayed(self, key: tuple, run, beat):
         """`run(beat)` the first time this rank meets `key`, recording its collectives and heartbeats; later

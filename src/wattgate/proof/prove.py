@@ -19,6 +19,7 @@ from wattgate.proof.classes import class_divergence, classes_by_rank, first_step
 from wattgate.proof.depth import layer_pattern, moe_refusal, proxy_depths, scaled_count
 from wattgate.proof.dryrun import RankRecord, dry_run_rank
 from wattgate.proof.record import Collective, fingerprint
+from wattgate.proof.workers import run_tasks
 from wattgate.run_files import read_plan
 from wattgate.train.loop import Paths
 from wattgate.train.settings import TrainSettings
@@ -132,23 +133,20 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     work = Path(tempfile.mkdtemp(prefix="wattgate-proof-")) if own else Path(work)
     proxy, pair = proxy_depths(depth)
     try:
-        records: list[RankRecord] = []
-        for r in range(world):
-            records.append(
-                dry_run_rank(config, Paths(Path(pretokenized), Path(plan_dir), work / f"rank-{r}"), r, steps, proxy)
-            )
-            if collective_divergence([records[0], records[-1]], labels):
-                break  # the first rank that diverges is the one named; the rest would add time, not news
+        paths = [Paths(Path(pretokenized), Path(plan_dir), work / f"rank-{r}") for r in range(world)]
+        tasks = [(config, paths[r], r, steps, proxy) for r in range(world)]
+        if pair is not None:  # rank 0 at one period more: each period's collectives
+            tasks.append((config, Paths(Path(pretokenized), Path(plan_dir), work / "one-period-more"), 0, steps, pair))
+        done = run_tasks(dry_run_rank, tasks)
+        records: list[RankRecord] = done[:world]
         if pair is not None:
-            depth["per_period"] = per_period_counts(
-                records[0], config, Paths(Path(pretokenized), Path(plan_dir), work / "one-period-more"), steps, pair
-            )
+            depth["per_period"] = {g: len(done[-1].steps.get(g, [])) - len(records[0].steps.get(g, [])) for g in steps}
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)
     report = {
         "world_size": world,
-        "ranks_run": len(records),  # fewer than world_size when a rank diverged: the dry run stops there
+        "ranks_run": len(records),
         "proxy_layers": records[0].layers if records else 0,
         "depth": {k: v for k, v in depth.items() if k != "per_period"},
         "steps_run": [g + 1 for g in steps],
@@ -186,13 +184,6 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     )
     report["elapsed_s"] = round(time.perf_counter() - t0, 2)
     return report
-
-
-def per_period_counts(base: RankRecord, config: dict, paths: Paths, steps: list[int], layers: int) -> dict[int, int]:
-    """Each dry-run step's collectives per period of the layer pattern: rank 0 at one period more than the proxy
-    less rank 0 at the proxy (every period is the same units, so each adds the same collectives)."""
-    more = dry_run_rank(config, paths, 0, steps, layers)
-    return {g: len(more.steps.get(g, [])) - len(base.steps.get(g, [])) for g in steps}
 
 
 def refused(world: int, depth: dict, line: str, t0: float) -> dict:

@@ -1,0 +1,54 @@
+"""The proof's dry runs spread over the gate host's cores: each one is a single-threaded Python loop (FakeTensor
+dispatch), so N ranks on C cores take about N / C of the time (issue 31: the default's gate within 5 s).
+
+Workers are forked (multiprocessing's fork context) once torch, transformers and the model's modules are
+imported and before any dry run starts, so a worker starts at once and shares them; each task is one
+`dry_run_rank` on its own fake process group, its RankRecord sent back pickled. The gate's own process takes
+every C-th task. A worker that does not answer long after the gate's own share is done is ended and the proof
+fails naming it, instead of the gate waiting on it: a fork can inherit a lock held by a thread that is gone.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from multiprocessing.context import TimeoutError as PoolTimeout
+
+MAX_WORKERS = 8
+WAIT_FACTOR, WAIT_MIN_S = 4.0, 120.0  # a worker's share may take this much longer than the gate's own
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def run_tasks(fn, tasks: list[tuple], processes: int | None = None) -> list:
+    """[fn(*task) for task in tasks], over up to `processes` processes (default: the usable cores), in order."""
+    processes = min(len(tasks), processes or usable_cores(), MAX_WORKERS)
+    if processes < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [fn(*task) for task in tasks]
+    pool = multiprocessing.get_context("fork").Pool(processes - 1)
+    try:
+        pending = {i: pool.apply_async(fn, task) for i, task in enumerate(tasks) if i % processes}
+        t0 = time.perf_counter()
+        results = {i: fn(*task) for i, task in enumerate(tasks) if i % processes == 0}
+        own_s = time.perf_counter() - t0
+        deadline = time.perf_counter() + max(WAIT_MIN_S, WAIT_FACTOR * own_s)
+        for i, result in pending.items():
+            try:
+                results[i] = result.get(timeout=max(0.0, deadline - time.perf_counter()))
+            except PoolTimeout:
+                raise RuntimeError(
+                    f"a dry-run worker (task {i + 1} of {len(tasks)}) did not finish within "
+                    f"{max(WAIT_MIN_S, WAIT_FACTOR * own_s):.0f} s of the gate's own share ({own_s:.1f} s); "
+                    "rerun the gate"
+                ) from None
+        pool.close()
+        return [results[i] for i in range(len(tasks))]
+    finally:
+        pool.terminate()
+        pool.join()

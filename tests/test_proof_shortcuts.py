@@ -1,0 +1,74 @@
+"""The proof's shortcuts for gate time (issue 31, item 6) record exactly what the plain dry run records.
+
+- Replay: a train step's body with the same micro-batch shapes, a validation pass, and a pass's forwards from
+  the second on run once per rank with the Trainer's own code and are replayed afterwards;
+- workers: the ranks' dry runs spread over forked processes, one per usable core."""
+
+import dataclasses
+import time
+
+import pytest
+
+from wattgate.proof.classes import classes_by_rank, first_steps
+from wattgate.proof.dryrun import dry_run_rank
+from wattgate.proof import workers
+from wattgate.proof.workers import run_tasks
+from wattgate.run_files import read_plan
+from wattgate.train import loop
+from wattgate.train.settings import TrainSettings
+
+from test_collectives import run  # noqa: F401 - the proof tests' plan (a fixture)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_replayed_dry_run_records_what_running_every_step_records(run, tmp_path, rank):  # noqa: F811
+    pretokenized, plan_dir, config = run
+    plan, _ = read_plan(plan_dir)
+    steps = first_steps(classes_by_rank(plan, plan_dir, TrainSettings.from_config(config)))
+    records = [
+        dry_run_rank(config, loop.Paths(pretokenized, plan_dir, tmp_path / str(replay)), rank, steps, 2, replay)
+        for replay in (False, True)
+    ]
+    ran, replayed = (dataclasses.asdict(r) for r in records)
+    assert ran == replayed
+    assert len(steps) >= 4 and all(ran["steps"][g] for g in steps) and ran["stop"]
+
+
+def test_dry_runs_in_worker_processes_return_what_the_gate_process_computes(run, tmp_path):  # noqa: F811
+    pretokenized, plan_dir, config = run
+    plan, _ = read_plan(plan_dir)
+    steps = first_steps(classes_by_rank(plan, plan_dir, TrainSettings.from_config(config)))
+    tasks = [(config, loop.Paths(pretokenized, plan_dir, tmp_path / f"r{r}"), r, steps, 2) for r in (0, 1, 1)]
+    here = run_tasks(dry_run_rank, tasks, processes=1)
+    tasks = [
+        (config, loop.Paths(pretokenized, plan_dir, tmp_path / f"w{r}-{i}"), r, steps, 2)
+        for i, r in enumerate((0, 1, 1))
+    ]
+    spread = run_tasks(dry_run_rank, tasks, processes=2)  # task 2 in the gate's process, 1 and 3 in a worker
+    assert [dataclasses.asdict(r) for r in here] == [dataclasses.asdict(r) for r in spread]
+    assert [r.rank for r in spread] == [0, 1, 1]
+
+
+def boom(x):
+    if x == 1:
+        raise ValueError("worker broke")
+    return x
+
+
+def test_a_worker_that_fails_fails_the_proof_with_its_reason():
+    with pytest.raises(ValueError, match="worker broke"):
+        run_tasks(boom, [(0,), (1,)], processes=2)
+    assert run_tasks(boom, [(0,), (2,), (3,)], processes=2) == [0, 2, 3]
+
+
+def nap(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def test_a_worker_that_does_not_answer_is_ended_and_named(monkeypatch):
+    monkeypatch.setattr(workers, "WAIT_MIN_S", 0.5)
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"a dry-run worker \(task 2 of 2\) did not finish within 0 s"):
+        run_tasks(nap, [(0,), (30,)], processes=2)
+    assert time.perf_counter() - t0 < 10
