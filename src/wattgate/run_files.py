@@ -56,6 +56,7 @@ EVAL_PACKS = "eval_packs.parquet"  # pack: the validation pass, published with p
 STOP_REQUEST = "STOP_REQUESTED"
 STOPPED = "STOPPED"
 GATED_CONFIG = "config.yaml"  # gate: its own copy of the config it checked; launch and train read this one
+PROOF_CACHE = "proof-cache.json"  # gate: the collective proof and the inputs it holds for (gate/proof_reuse.py)
 # One trainer per run folder (train/run_lock.py): `wattgate launch` holds LAUNCH_LOCK for the whole job and rank 0 of
 # `wattgate train` holds TRAIN_LOCK (ranks may be started without launch); each names its holder.
 LAUNCH_LOCK = "launch.lock"
@@ -69,7 +70,7 @@ ATTEMPTS_LOG = "train.attempts.log"
 # before the marker (or holds what another rank of the same launch has made by now), and is adopted.
 STAGE_FILES = {
     "pack": (PLAN, PACKS, EVAL_PACKS, "history"),
-    "gate": (GATE_REPORT, "gate.md", "PASSED", "UNENFORCED", GATED_CONFIG),
+    "gate": (GATE_REPORT, "gate.md", "PASSED", "UNENFORCED", GATED_CONFIG, PROOF_CACHE),
     "train": (
         TRAINED,
         METRICS,

@@ -91,8 +91,9 @@ def throughput(config: dict, spec: ModelSpec, table) -> tuple[Throughput | None,
             "analytic",
             f"datasheet {peak / 1e12:g} TFLOP/s bf16 x forecast.assumed_mfu {mfu:g}",
         ), ""
-    if is_cpu(cluster["gpu_model"]):  # ranks compute on the host: time its matmul rate (~0.3 s)
-        return host_matmul_throughput(spec.num_params, cluster["gpus_per_node"], mfu, host_matmul_flops()), ""
+    if is_cpu(cluster["gpu_model"]):  # ranks compute on the host: time its matmul rate (the best of ~0.1 s)
+        flops = host_matmul_flops(budget_s=0.1)  # tens of repeats: enough for a best-of; the gate's 5 s target
+        return host_matmul_throughput(spec.num_params, cluster["gpus_per_node"], mfu, flops), ""
     return None, (
         f"no earlier run of this model shape on {world_size(config)} x {cluster['gpu_model']} in "
         f"{config['forecast']['ledger']} and no peak FLOP/s for {cluster['gpu_model']}: train once "

@@ -95,8 +95,18 @@ def gate_markdown(report: dict) -> str:
 def collectives_markdown(p: dict) -> list[str]:
     """The collective proof: the verdict, where ranks diverge, and each step class's fingerprint."""
     lines = ["", "## Collectives (dry run on the fake process group)", "", p["detail"], ""]
-    if p.get("elapsed_s") is not None:
-        lines += [f"Proved in {p['elapsed_s']:.1f} s for {p.get('world_size')} ranks.", ""]
+    reused, changed = p.get("reused"), p.get("changed_inputs")
+    if reused:
+        lines += [
+            f"The proof was reused: the proof of {reused.get('proved_at')} (proved then in "
+            f"{reused.get('proved_s')} s) holds for these inputs (wattgate and its source, torch, transformers, "
+            f"the model config, the train settings, the GPU model, the world size and every rank's step classes "
+            f"are unchanged; inputs sha256 `{p.get('inputs_sha256')}`). Read in {p['elapsed_s']:.3f} s.",
+            "",
+        ]
+    elif p.get("elapsed_s") is not None:
+        why = f" (rerun: {', '.join(changed)} changed since the kept proof)" if changed else ""
+        lines += [f"Proved in {p['elapsed_s']:.1f} s for {p.get('world_size')} ranks{why}.", ""]
     depth = p.get("depth") or {}
     if depth:
         lines += [f"Depth: {p.get('proxy_layers')} proxy layers of {depth.get('layers')} ({depth.get('why')}).", ""]

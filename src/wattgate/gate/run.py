@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 
 from wattgate.artifacts import sha256_file, write_bytes_atomic
-from wattgate.run_files import GATED_CONFIG, STAGE_FILES, check_output, claim_output
+from wattgate.run_files import GATED_CONFIG, PROOF_CACHE, STAGE_FILES, check_output, claim_output
 from wattgate.config import config_bytes, config_sha256, world_size
 from wattgate.gate import checks as C
+from wattgate.gate import proof_reuse as R
 from wattgate.gate import validation_checks as V
 from wattgate.gate.cost import cost_section, jobs_check
 from wattgate.gpus import is_cpu
@@ -144,17 +145,33 @@ def run_checks(
     ]
 
 
-def collectives_section(config: dict, pretokenized: Path, plan_dir: Path) -> dict | None:
-    """gate.json's `collectives` (None with gate.collectives false); imported here: it needs torch."""
+def collectives_section(
+    config: dict, pretokenized: Path, plan_dir: Path, out: Path
+) -> tuple[dict | None, tuple | None]:
+    """gate.json's `collectives` (None with gate.collectives false), and (inputs, proof) for the proof cache when
+    a proof ran to its verdict. A proof kept in `out` for the same inputs is reused (gate/proof_reuse.py);
+    the proof itself is imported only when it runs: it needs torch."""
     if not config["gate"].get("collectives", True):
-        return None
+        return None, None
+    t0 = time.perf_counter()
+    inputs = R.proof_inputs(config, plan_dir)
+    kept = R.read_cache(out)
+    if kept is not None and kept["inputs"] == inputs:
+        return R.reused_section(kept, inputs, t0), None
     from wattgate.proof.prove import safe_prove
 
-    return safe_prove(config, pretokenized, plan_dir)
+    proof = safe_prove(config, pretokenized, plan_dir)
+    proof.update(
+        reused=None,
+        changed_inputs=R.changed_inputs(kept["inputs"] if kept else None, inputs),
+        inputs_sha256=R.inputs_sha256(inputs),
+    )
+    return proof, ((inputs, proof) if R.reusable(proof) else None)
 
 
-def gate_report(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
-    """Every check and the report on them; reads the inputs and writes nothing (--out is not touched)."""
+def gate_report(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> tuple[dict, tuple | None]:
+    """Every check and the report on them, and what the proof cache keeps (None: nothing); reads the inputs
+    (and a proof kept in --out) and writes nothing."""
     start = time.perf_counter()
     checkpoint_dir = out.parent / "train" / config["run_name"] / "checkpoints"
     inputs = load_inputs(config, pretokenized, plan_dir, checkpoint_dir)
@@ -168,7 +185,7 @@ def gate_report(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> 
     results.append(budget)
     results.append(jobs_check(cost))  # the Slurm jobs the run takes, each stopping gracefully before its limit
     # the collective proof (wattgate.proof): the trainer dry-run on the fake process group, every rank
-    proof = collectives_section(config, pretokenized, plan_dir)
+    proof, keep = collectives_section(config, pretokenized, plan_dir, out)
     if proof is not None:
         results.append(C.Check("collectives", proof["passed"], proof["detail"]))
     report = gate_json(
@@ -188,13 +205,15 @@ def gate_report(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> 
     }
     # ... and the config: the gate's copy (GATED_CONFIG) is what the train job trains
     report["config_sha256"] = config_sha256(config)
-    return report
+    return report, keep
 
 
 def discard_verdict(out: Path) -> None:
-    """Remove the previous run's gate.json, gate.md and markers: they are about another plan or config."""
+    """Remove the previous run's gate.json, gate.md and markers: they are about another plan or config. The
+    kept proof stays: it names the inputs it holds for, and is only reused for those."""
     for name in STAGE_FILES["gate"]:
-        (out / name).unlink(missing_ok=True)
+        if name != PROOF_CACHE:
+            (out / name).unlink(missing_ok=True)
 
 
 def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: str | Path) -> dict:
@@ -205,7 +224,7 @@ def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: 
     out, pretokenized, plan_dir = Path(out), Path(pretokenized), Path(plan_dir)
     check_output(out, "gate")  # a folder the gate did not write is refused before anything is removed
     try:
-        report = gate_report(config, pretokenized, plan_dir, out)
+        report, keep = gate_report(config, pretokenized, plan_dir, out)
     except BaseException:
         discard_verdict(out)  # a stale marker must never outlive a failed run
         raise
@@ -213,4 +232,6 @@ def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: 
     discard_verdict(out)  # a stale marker must never outlive a new verdict
     write_bytes_atomic(out / GATED_CONFIG, config_bytes(config))  # before the markers that name its hash
     write_report(out, report)
+    if keep is not None:
+        R.write_cache(out, *keep)
     return report

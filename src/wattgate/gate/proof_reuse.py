@@ -1,0 +1,129 @@
+"""A gate rerun reuses the collective proof when nothing the dry run reads has changed (issue 31, item 6).
+
+The proof is a function of: wattgate's code (its version and the sha256 of its own source, so an edited
+checkout is never taken for the released one), torch's and transformers' versions (FSDP2's collectives, the
+model's modules), the model's config (model.config, or model.path's config.json: the weights are never read),
+every train setting (the dry run builds its TrainSettings from the whole section: mixed precision, activation
+checkpointing, attention, cadence, micro-batch and validation sizes), the GPU model (the mixed-precision
+policy), the world size, and every rank's step class at every step (micro-batch counts, log / validation /
+checkpoint / epoch end / last, validation micro-batches) with the steps chosen for the dry run. The data's
+values are not an input: the proof's premise is that collectives never depend on them.
+
+The proof is kept in the gate's own --out folder (PROOF_CACHE beside gate.json, with the inputs it was proved
+for), so it can only be reused by a rerun of that gate. Nothing here imports torch: a reused proof costs the
+key (reading packs.parquet's columns) and one JSON file.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import wattgate
+from wattgate.artifacts import write_json_atomic
+from wattgate.proof.classes import classes_by_rank, first_steps
+from wattgate.run_files import PROOF_CACHE, read_plan
+
+CACHE_FORMAT = 1
+
+
+def _sha256(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def source_sha256() -> str:
+    """sha256 over wattgate's own Python files (names and bytes): any edit to the code is another proof."""
+    root = Path(wattgate.__file__).parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def proof_inputs(config: dict, plan_dir: Path) -> dict:
+    """Everything the proof's result depends on (see the module docstring), as plain JSON."""
+    plan, _ = read_plan(plan_dir)
+    # the cadence keys rank_schedule reads are the train section's own names (TrainSettings is the same, and
+    # imports torch)
+    classes = classes_by_rank(plan, plan_dir, SimpleNamespace(**config["train"]))
+    first = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0
+    model = dict(config["model"])
+    if model.get("path"):
+        try:
+            model["config.json sha256"] = _sha256((Path(model["path"]) / "config.json").read_bytes())
+        except OSError:
+            model["config.json sha256"] = None  # the proof itself names the missing file
+    return {
+        "format_version": CACHE_FORMAT,
+        "wattgate": wattgate.__version__,
+        "wattgate_source_sha256": source_sha256(),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        "model": model,
+        "train": config["train"],
+        "gpu_model": config["cluster"]["gpu_model"],
+        "world_size": int(plan["world_size"]),
+        "steps": first_steps(classes, first),
+        "classes_sha256": _sha256(json.dumps([[c.key() for c in seq] for seq in classes]).encode()),
+    }
+
+
+def inputs_sha256(inputs: dict) -> str:
+    return _sha256(json.dumps(inputs, sort_keys=True, default=str).encode())[:16]
+
+
+def read_cache(out: Path) -> dict | None:
+    """The kept proof ({inputs, collectives, proved_at}), or None when there is none or it is unreadable (a
+    cache: the proof then runs again)."""
+    try:
+        entry = json.loads((Path(out) / PROOF_CACHE).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = (
+        isinstance(entry, dict) and isinstance(entry.get("inputs"), dict) and isinstance(entry.get("collectives"), dict)
+    )
+    return entry if ok else None
+
+
+def changed_inputs(old: dict | None, new: dict) -> list[str] | None:
+    """The inputs that differ from the kept proof's (None: no kept proof)."""
+    if old is None:
+        return None
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+def reusable(proof: dict) -> bool:
+    """A proof that ran to its verdict (a dry run that could not start or broke is not kept: it may be the
+    machine's, not the inputs')."""
+    return proof.get("elapsed_s") is not None and "depth" in proof
+
+
+def reused_section(entry: dict, inputs: dict, t0: float) -> dict:
+    """gate.json `collectives` from a kept proof: its verdict and record as proved, saying so."""
+    proof = dict(entry["collectives"])
+    proof["reused"] = {"proved_at": entry.get("proved_at"), "proved_s": proof.get("elapsed_s")}
+    proof["changed_inputs"] = []
+    proof["inputs_sha256"] = inputs_sha256(inputs)
+    proof["detail"] = f"{proof['detail']} (reused: the proof's inputs are unchanged since {entry.get('proved_at')})"
+    proof["elapsed_s"] = round(time.perf_counter() - t0, 3)
+    return proof
+
+
+def write_cache(out: Path, inputs: dict, proof: dict) -> None:
+    proved_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_json_atomic(Path(out) / PROOF_CACHE, {"inputs": inputs, "collectives": proof, "proved_at": proved_at})
