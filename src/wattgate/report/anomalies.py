@@ -208,6 +208,21 @@ def stragglers(metrics: pd.DataFrame | None, rank_gpu: dict[int, str]) -> list[E
     return out
 
 
+def waited_for(entries: list[dict]) -> list[Episode]:
+    """The stragglers triage (or the watcher) named, each an episode from the first to the last window the others
+    waited for it."""
+    out = []
+    for e in entries:
+        first, last = e.get("first"), e.get("last")
+        if first is None or last is None:
+            continue
+        gpus = {f"{e.get('host')}:{e['gpu']}"} if e.get("gpu") is not None else set()
+        ranks = {int(e["rank"])} if e.get("rank") is not None else set()
+        text = f"waited for ({e.get('cause')}, lag share {100 * (e.get('lag_share') or 0):.0f}%): {e.get('evidence')}"
+        out.append(Episode("straggler", float(first), float(last), gpus, ranks, {"straggler": text}))
+    return out
+
+
 # each fact an episode can carry, and its line of evidence, in the order the table gives them
 EVIDENCE = (
     (

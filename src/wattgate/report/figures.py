@@ -17,6 +17,7 @@ from html import escape
 import numpy as np
 
 from wattgate.report.phases import PHASE_COLORS
+from wattgate.report.stragglers import lag_figure
 from wattgate.report.summary import Analysis
 from wattgate.report.svg import (
     CHECKPOINT_SHADE,
@@ -428,7 +429,10 @@ def loss_figure(steps, evals=None) -> str | None:
 
 def render_all(analysis: Analysis, steps, evals=None) -> dict[str, str | None]:
     """Every figure by name as SVG markup (None where its inputs are missing); `evals` the validation passes."""
+    lag = (analysis.inputs.lag or {}).get("lag") or {}
+    entries = analysis.summary["stragglers"]["entries"]
     return {
+        "lag": lag_figure(lag.get("timeline"), entries, analysis.inputs.window_s, analysis.t0, analysis.t1),
         "power": power_figure(analysis),
         "phase_share": phase_share_figure(analysis),
         "steps": steps_figure(analysis, steps),

@@ -14,6 +14,7 @@ from wattgate.report.cards import (
     power_only_section,
 )
 from wattgate.durations import duration
+from wattgate.report.stragglers import straggler_section
 from wattgate.report.markup import Raw, badge, figure, fmt, note, pct, phase_name, section, table
 
 CSS = """
@@ -89,6 +90,7 @@ def header(s: dict) -> str:
         ("energy", fmt(e["kwh"], 4, " kWh") + (f" ({e['method'].replace('_', ' ')})" if e["method"] else "")),
         ("J per token", fmt(e["j_per_token"], 4)),
         ("GPU-hours", fmt(s["gpu_hours"], 4)),
+        ("waited for stragglers", _waited(s.get("stragglers") or {})),
         ("rank-hours", fmt(s["rank_hours"], 4)),
         ("loss first → final", f"{fmt(loss['first'], 4)} → {fmt(loss['final'], 4)}"),
         ("MFU", pct(s["mfu"]) or "n/a"),
@@ -102,6 +104,17 @@ def header(s: dict) -> str:
         f'<header><h1>wattgate report: {escape(run["name"])}</h1><p class="sub">{escape(sub)}</p>'
         f'<div class="badges">{g}{w}{a}</div><div class="grid">{grid}</div>{notes}</header>'
     )
+
+
+def _waited(st: dict) -> str:
+    """The header card: GPU-hours the run spent waiting for stragglers (rank-hours on CPU), or none."""
+    if not st.get("checked"):
+        return "n/a"
+    if not st.get("entries"):
+        return "none"
+    if st.get("wait_gpu_hours"):
+        return fmt(st["wait_gpu_hours"], 4, " GPU-h")
+    return fmt(st.get("wait_rank_hours"), 4, " rank-h")
 
 
 def power_section(s: dict, svg: str | None, panels_shown: int) -> str:
@@ -275,7 +288,8 @@ def anomalies_section(s: dict) -> str:
     checked = (
         "Checked: hangs (deadlock windows from power triage, the watcher's verdict), data starvation "
         "(data_starvation runs of >= 5 s, steps waiting >= 20% for data) and stragglers (a rank's median "
-        "step time less data wait >= 1.10x the median over ranks)."
+        "step time less data wait >= 1.10x the median over ranks; the GPU or rank the others waited for, from "
+        "power triage or the watcher: see Stragglers)."
     )
     if not rows:
         return section("anomalies", "Anomalies", note("None found. " + checked))
@@ -321,6 +335,7 @@ def render_page(s: dict, figures: dict[str, str | None], panels_shown: int) -> s
             power_section(s, figures.get("power"), panels_shown),
             phase_tables(s, figures.get("phase_share")),
             energy_section(s),
+            straggler_section(s, figures.get("lag")),
             figure_section(
                 "steps",
                 "Step time and data wait over time",

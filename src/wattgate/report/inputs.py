@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 from wattgate.codes import column_codes
 from wattgate.errors import InputError
 from wattgate.power.energy import in_time_order, join_parts
-from wattgate.power.triage.phases import LABELS, PHASES_SCHEMA, read_phases
+from wattgate.power.triage.causes import COLUMNS as CAUSE_COLUMNS
+from wattgate.power.triage.phases import LABELS, PHASES_SCHEMA, phases_meta, read_phases
 from wattgate.power.triage.runinfo import RUN_INFO_METRICS, RunInfo
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.stage import recorded_caps, triage
@@ -101,6 +102,7 @@ class RunInputs:
     samples: Samples | None = None  # None when triage.json's energy stands in for the traces
     triage_energy: dict | None = None  # triage.json "energy" ("host:gpu" -> figures) for these traces
     pause_records: list[dict] | None = None  # triage.json "pauses" for these phases
+    lag: dict | None = None  # triage's "stragglers" and "lag" for these phases (triage.json, or in-process triage)
     gaps: dict | None = None  # triage.json "gaps" for these phases
     phases: pa.Table | None = None
     phases_source: str | None = None
@@ -275,7 +277,10 @@ def _triage_in_process(
         inputs.note(f"phases not available: triage could not pick a table ({exc})")
         return
     window_s, deadlock_after_s = float(settings.window_s), float(settings.deadlock_after_s)
-    inputs.phases = triage(trace, table, window_s, deadlock_after_s, info, caps, power_cap_w)
+    share = float(settings.straggler_share)
+    inputs.phases = triage(trace, table, window_s, deadlock_after_s, info, caps, power_cap_w, share)
+    learned = phases_meta(inputs.phases)
+    inputs.lag = {"stragglers": learned.get("stragglers") or [], "lag": learned.get("lag") or {}}
     inputs.window_s, inputs.deadlock_after_s = window_s, deadlock_after_s
     inputs.triage_table = table.gpu_model
     inputs.phases_source = (
@@ -352,6 +357,8 @@ def load_inputs(
             inputs.pause_records = record["pauses"]
         if isinstance((record or {}).get("gaps"), dict):
             inputs.gaps = record["gaps"]
+        if isinstance((record or {}).get("stragglers"), list):
+            inputs.lag = {"stragglers": record["stragglers"], "lag": record.get("lag") or {}}
     inputs.triage_energy = _energy_of(record, inputs.trace_paths, power_dir / "triage.json") if record else None
     if inputs.triage_energy is not None:
         # triage read these very files and wrote each GPU's energy: the traces' 10^7 rows are not read again
@@ -378,17 +385,18 @@ def load_inputs(
     inputs.events, inputs.states, inputs.run_info = info.events, info.states, info
 
     if triaging:
-        # triage reads utilization too; only this path needs it, so it is read only here
-        trace = pa.concat_tables(
-            [
-                _read_trace_columns(p, ["time", "host", "gpu", "power_w", "util_gpu"]).cast(
-                    pa.schema([TRACE_SCHEMA.field(c) for c in ("time", "host", "gpu", "power_w", "util_gpu")])
-                )
-                for p in inputs.trace_paths
-            ]
-        )
+        # triage reads utilization (and a straggler's clocks and reasons) too; only this path needs them
+        trace = pa.concat_tables([_triage_columns(p) for p in inputs.trace_paths], promote_options="default")
         _triage_in_process(inputs, trace, info if run_dir is not None else None, gpu_model, table_path, power_cap_w)
     return inputs
+
+
+def _triage_columns(path: Path) -> pa.Table:
+    """What in-process triage reads of a trace: the windows' columns and, where the file has them, the SM clock,
+    temperature and clocks-event reasons that name a straggler's cause."""
+    names = pq.read_schema(path).names if path.is_file() else TRACE_SCHEMA.names
+    cols = ["time", "host", "gpu", "power_w", "util_gpu"] + [c for c in CAUSE_COLUMNS if c in names]
+    return _read_trace_columns(path, cols).cast(pa.schema([TRACE_SCHEMA.field(c) for c in cols]))
 
 
 def check_phase_labels(phases: pa.Table, path: Path) -> None:

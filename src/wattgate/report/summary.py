@@ -17,6 +17,7 @@ from wattgate.power.energy import GpuEnergy, gpu_energy
 from wattgate.report.cards import forecast_record, gate_record, memory_record, power_only_record, watcher_record
 from wattgate.report.inputs import RunInputs
 from wattgate.report.phases import PhaseWindows, phase_windows, totals
+from wattgate.report.stragglers import straggler_record
 from wattgate.report.steps import loss, num, segments_section, step_table, throughput, validation_section
 from wattgate.power.triage import power_only
 from wattgate.power.triage.phases import LABELS, gap_summary, phases_meta
@@ -194,11 +195,15 @@ def rank_gpus(inputs: RunInputs, keys: list[tuple[str, int]]) -> dict[int, str]:
     return {r: f"{keys[g][0]}:{keys[g][1]}" for r, g in map_ranks(inputs.run_info, keys).items()}
 
 
-def find_anomalies(inputs: RunInputs, w: PhaseWindows, keys: list[tuple[str, int]]) -> list[an.Episode]:
+def find_anomalies(
+    inputs: RunInputs, w: PhaseWindows, keys: list[tuple[str, int]], waited_for: list[dict] = ()
+) -> list[an.Episode]:
+    """`waited_for`: the stragglers the Stragglers card names (report/stragglers.py)."""
     return (
         an.hangs(w, inputs.watcher, inputs.window_s)
         + an.starvation(w, inputs.metrics, inputs.window_s)
         + an.stragglers(inputs.metrics, rank_gpus(inputs, keys))
+        + an.waited_for(list(waited_for))
     )
 
 
@@ -281,7 +286,10 @@ def analyze(inputs: RunInputs) -> Analysis:
     gpu_seconds = (  # sampled seconds only: a gap in the trace is no GPU time anyone measured
         float(energy.sampled_s.sum()) if energy is not None else float(w.seconds.sum()) if len(w) else None
     )
-    episodes = find_anomalies(inputs, w, keys)
+    energy_section = energy_summary(energy, w, thr["tokens"])
+    gpu_hours = num(gpu_seconds / 3600.0) if gpus and gpu_seconds is not None else None
+    lag = straggler_record(inputs.lag, inputs.watcher, gpu_hours, energy_section.get("kwh"), inputs.notes)
+    episodes = find_anomalies(inputs, w, keys, lag["entries"])
     records = an.anomaly_records(episodes)
     t0, t1 = run_span(inputs, energy, w)
     for r in records:
@@ -292,7 +300,6 @@ def analyze(inputs: RunInputs) -> Analysis:
     found = (
         recorded_pauses(inputs.pause_records) if inputs.pause_records is not None else power_only.pauses(inputs.phases)
     )
-    energy_section = energy_summary(energy, w, thr["tokens"])
     summary = {
         "format_version": FORMAT_VERSION,
         "run": {
@@ -305,13 +312,14 @@ def analyze(inputs: RunInputs) -> Analysis:
         | device_of(inputs),
         **thr,
         "gpus": gpus,
-        "gpu_hours": num(gpu_seconds / 3600.0) if gpus and gpu_seconds is not None else None,
+        "gpu_hours": gpu_hours,
         "energy": energy_section,
         "loss": loss(inputs, steps),
         "validation": validation_section(inputs.evals),
         "mfu": num(trained.get("mfu")),
         "peak_memory_gib": num(trained.get("peak_memory_gib"), 4),
         "phases": phase_section(inputs, w),
+        "stragglers": lag,
         "anomalies": records[:MAX_ANOMALIES],
         "anomalies_omitted": max(0, len(records) - MAX_ANOMALIES),
         "gate": gate_record(inputs.gate),

@@ -20,7 +20,8 @@ Action `kill` stops the job (telemetry/kill.py); `warn` only records. `watcher.j
 verdict either way, and claims a saving only for a confirmed deadlock. A rank process stopped (`T`) or stuck in
 I/O (`D`) on this host is named at the head of the reason (watch_inputs.state_notes). A job that ends without a
 verdict ends `failed` when a rank left a failure record (telemetry/failures.py), else `healthy`; launch then
-writes the final verdict from the job's exit status (`stopped`, `failed`, `healthy`).
+writes the final verdict from the job's exit status (`stopped`, `failed`, `healthy`). A straggler (one rank the
+others keep waiting for, telemetry/lag_watch.py) is warned about once per rank and never stops the job.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from wattgate.durations import fmt_hours
 from wattgate.errors import InputError
 from wattgate.telemetry.failures import name_failure
 from wattgate.telemetry.hang_cost import hang_cost
+from wattgate.telemetry.lag_watch import LagWatch, warning_line
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, TriageSettings, TriageTable
 from wattgate.heartbeats import read_heartbeats  # noqa: F401 (callers import it here)
 from wattgate.run_files import WATCHER, check_no_finding, is_watcher_record
@@ -410,6 +412,7 @@ def watch(
     started = time.time()
     tail = TraceTail(run / "telemetry", keep_s=max(s.hang_after_s, 10.0) * 2)
     reader, meter = BeatReader(run, world, started), ActivityMeter(s.hang_after_s)
+    lag = LagWatch(table.low_max_w if table is not None else None)
     firsts: dict[int, dict[str, int]] = {}
     record = {
         "verdict": "running",
@@ -423,6 +426,7 @@ def watch(
         "warnings": [],
         "warnings_total": 0,
         "bad_heartbeats": {},
+        "stragglers": [],
     }
     stop = stop or threading.Event()
     collectives = read_collectives(run)
@@ -438,6 +442,11 @@ def watch(
             if b["phase"] in COLLECTIVE_PHASES and b["phase"] not in firsts.get(r, {}):
                 firsts[r] = first_steps(run, r, started)
         tail.update()
+        straggler = lag.observe(beats, now, meter.samples, tail)
+        if straggler is not None:  # once per rank; a straggler never stops the job
+            print(f"watch: warning: {warning_line(straggler)}", file=sys.stderr, flush=True)
+            record["stragglers"] = lag.records()
+            write_json_atomic(out, record, nonfinite="null")
         power = tail.window(now - s.hang_after_s)
         active = [b["time"] for b in beats.values() if b["phase"] != "done"]
         if active:
@@ -449,7 +458,7 @@ def watch(
             write_json_atomic(out, record, nonfinite="null")
         if verdict is not None:
             verdict = with_expected_collectives(verdict, beats, collectives)
-            record.update(verdict, detected_at=now, action=s.action)
+            record.update(verdict, detected_at=now, action=s.action, stragglers=lag.records())
             write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
             print(f"watch: {verdict['reason']}", file=sys.stderr, flush=True)
             if s.action == "kill":
@@ -475,6 +484,7 @@ def watch(
         else:
             record["verdict"] = "healthy"
     record["ended"] = time.time()
+    record["stragglers"] = lag.records()  # the warned ranks' counts over the whole run
     write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
     return record
 

@@ -20,10 +20,12 @@ from collections import deque
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from wattgate.heartbeats import HEARTBEAT_DIR, HEARTBEAT_PHASES, heartbeat_events_path
-from wattgate.trace import SEGMENT_DIR_SUFFIX, _segment_range, live_segments
+from wattgate.telemetry.lag_watch import busy_from_samples
+from wattgate.trace import REASONS, SEGMENT_DIR_SUFFIX, _segment_range, live_segments
 
 # the train loop's validation pass beats `eval` (issue 22): known here whether or not run_files lists it yet
 WATCH_PHASES = tuple(dict.fromkeys(HEARTBEAT_PHASES[:2] + ("eval",) + HEARTBEAT_PHASES[2:]))
@@ -240,11 +242,16 @@ class TraceTail:
                 if hi <= last:
                     continue
                 try:
-                    t = pq.read_table(seg, columns=["time", "host", "gpu", "power_w", "util_gpu"])
+                    names = pq.read_schema(seg).names  # a sampler from before the reasons column has none
+                    cols = ["time", "host", "gpu", "power_w", "util_gpu"] + [REASONS] * (REASONS in names)
+                    t = pq.read_table(seg, columns=cols)
                 except (OSError, ValueError):
                     continue  # merged away between listing and reading; its rows arrive in the merged file
                 last = max(last, hi)
                 if len(t):
+                    reasons = None
+                    if REASONS in cols:  # -1: no reading (the straggler warning's cause, telemetry/lag_watch.py)
+                        reasons = pc.fill_null(t[REASONS], -1).to_numpy().astype(np.int64)
                     self.chunks.append(
                         (
                             t["time"].to_numpy(),
@@ -252,6 +259,7 @@ class TraceTail:
                             t["gpu"].to_numpy(),
                             t["power_w"].to_numpy(zero_copy_only=False),
                             t["util_gpu"].to_numpy(zero_copy_only=False),
+                            reasons,
                         )
                     )
             self.seen[folder] = last
@@ -263,7 +271,7 @@ class TraceTail:
         """(host, gpu) -> (mean power W, mean util %, seconds covered) over samples newer than `since`."""
         if not self.chunks:
             return {}
-        t, host, gpu, power, util = (np.concatenate(x) for x in zip(*self.chunks))
+        t, host, gpu, power, util = (np.concatenate(x) for x in list(zip(*self.chunks))[:5])
         sel = t >= since
         out = {}
         for key in set(zip(host[sel], gpu[sel])):
@@ -274,3 +282,16 @@ class TraceTail:
                 float(t[m].max() - t[m].min()),
             )
         return out
+
+    def busy_shares(self, since: float, now: float, low_max_w: float) -> dict:
+        """(host, gpu) -> (share of its samples in (since, now] at or above low_max_w, reasons counts): what the
+        straggler warning reads of the interval (telemetry/lag_watch.py)."""
+        recent = [c for c in self.chunks if len(c[0]) and c[0].max() > since]
+        if not recent:
+            return {}
+        t, host, gpu, power = (np.concatenate([c[i] for c in recent]) for i in range(4))
+        have = [c[5] for c in recent]
+        reasons = None
+        if any(r is not None for r in have):
+            reasons = np.concatenate([r if r is not None else np.full(len(c[0]), -1) for r, c in zip(have, recent)])
+        return busy_from_samples(t, host, gpu, power.astype(np.float64), reasons, since, now, low_max_w)

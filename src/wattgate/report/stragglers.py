@@ -1,0 +1,218 @@
+"""The report's Stragglers card: the GPU (or, without GPU telemetry, the rank) everyone waited for, why, and what
+the waiting cost; and its figure, each such GPU's share of time its peers waited for it, over the run.
+
+The numbers come from triage (triage.json `stragglers` and `lag`, power/triage/stragglers.py) and from the
+watcher (watcher.json `stragglers`: ranks it warned about live, from power or, without it, the ranks' CPU
+time). As the other cards: `straggler_record` builds summary.json's entry, `straggler_section` draws it.
+A damaged entry (not an object, a field of the wrong kind) is left out and named in the notes.
+"""
+
+from __future__ import annotations
+
+import math
+from html import escape
+
+import numpy as np
+
+from wattgate.durations import duration
+from wattgate.report.markup import figure, fmt, note, pct, section, table, utc_of
+from wattgate.report.svg import INK, WIDTH, Box, clipped, fit, label_margin, nice_ticks, num, path_d, svg, text, x_axis
+
+CAUSES = ("thermal", "power_cap", "hw_slowdown", "data", "rank0_work", "unknown")
+NUMBERS = ("lag_share", "wait_gpu_hours", "wait_kwh", "wait_rank_hours", "first", "last")
+CAUSE_COLORS = {
+    "thermal": "#d62728",
+    "power_cap": "#ff7f0e",
+    "hw_slowdown": "#9467bd",
+    "data": "#17becf",
+    "rank0_work": "#1f77b4",
+    "unknown": "#7f7f7f",
+}
+MAX_LANES = 16
+
+
+def usable_entries(raw, where: str, notes: list[str]) -> list[dict]:
+    """The entries of a stragglers list that have their shape (host a string or null, gpu and rank whole numbers
+    or null, the figures finite numbers or null, cause one of CAUSES); the others named in `notes`."""
+    if not isinstance(raw, list):
+        if raw is not None:
+            notes.append(f"{where}: stragglers is not a list: left out")
+        return []
+    out = []
+    for i, e in enumerate(raw):
+        problem = _problem(e)
+        if problem:
+            notes.append(f"{where}: stragglers[{i}] {problem}: left out")
+        else:
+            out.append(e)
+    return out
+
+
+def _problem(e) -> str:
+    if not isinstance(e, dict):
+        return "is not an object"
+    if e.get("host") is not None and not isinstance(e["host"], str):
+        return "host is not a string"
+    for key in ("gpu", "rank"):
+        v = e.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            return f"{key} is not a whole number"
+    for key in NUMBERS:
+        v = e.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            return f"{key} is not a number"
+    if e.get("cause") not in CAUSES:
+        return f"cause {e.get('cause')!r} is none of {', '.join(CAUSES)}"
+    if not isinstance(e.get("evidence", ""), str):
+        return "evidence is not text"
+    return ""
+
+
+def straggler_record(lag: dict | None, watcher: dict | None, gpu_hours, kwh, notes: list[str]) -> dict:
+    """summary.json's `stragglers`: triage's entries (else, without GPU telemetry, the watcher's CPU ones), the
+    waiting they cost against the run's GPU-hours and energy, and the watcher's live warnings."""
+    lag = lag or {}
+    found = usable_entries(lag.get("stragglers"), "triage.json", notes)
+    live = usable_entries((watcher or {}).get("stragglers"), "watcher.json", notes)
+    if not found and not (lag.get("lag") or {}).get("wait_windows") and any(e.get("gpu") is None for e in live):
+        found = [e for e in live if e.get("gpu") is None]  # no GPU telemetry: the ranks' CPU time is the evidence
+    cpu = bool(found) and all(e.get("gpu") is None for e in found)
+    source = "watcher: rank CPU time" if cpu else "power triage" if lag else None
+    settings = (lag.get("lag") or {}).get("settings") or {}
+    hours = sum(e.get("wait_gpu_hours") or 0.0 for e in found)
+    energy = sum(e.get("wait_kwh") or 0.0 for e in found)
+    rank_hours = sum(e.get("wait_rank_hours") or 0.0 for e in found)
+    return {
+        "checked": bool(lag) or watcher is not None,
+        "source": source,
+        "share": settings.get("share"),
+        "wait_windows": (lag.get("lag") or {}).get("wait_windows"),
+        "entries": found,
+        "wait_gpu_hours": round(hours, 6),
+        "wait_kwh": round(energy, 6),
+        "wait_rank_hours": round(rank_hours, 6),
+        "share_of_gpu_hours": round(hours / gpu_hours, 6) if gpu_hours else None,
+        "share_of_energy": round(energy / kwh, 6) if kwh else None,
+        "live": live,
+    }
+
+
+def straggler_section(s: dict, svg_markup: str | None) -> str:
+    st = s.get("stragglers") or {}
+    if not st.get("checked"):
+        return section("stragglers", "Stragglers", note("not checked: no GPU telemetry and no watcher record"))
+    found = st["entries"]
+    if not found:
+        share = st.get("share")
+        waits = st.get("wait_windows")
+        text = (
+            f"None: no GPU was the one its peers waited for in more than {100 * share:.0f}% of the {waits} window(s) "
+            "in which they waited."
+            if share is not None
+            else "None: the watcher named no rank the others waited for."
+        )
+        body = f"<p>{escape(text)}</p>"
+    else:
+        body = f"<p><b>{escape(_cost_line(st))}</b></p>"
+        rows = [
+            [
+                e.get("host") or "-",
+                "-" if e.get("gpu") is None else e["gpu"],
+                "-" if e.get("rank") is None else e["rank"],
+                pct(e.get("lag_share")),
+                fmt(e.get("wait_gpu_hours") if e.get("gpu") is not None else e.get("wait_rank_hours"), 4),
+                fmt(e.get("wait_kwh"), 4),
+                e.get("cause"),
+                e.get("evidence", ""),
+            ]
+            for e in found
+        ]
+        heads = ["node", "GPU", "rank", "lag share", "wait GPU-h (CPU: rank-h)", "wait kWh", "cause", "evidence"]
+        body += table(heads, rows, {3, 4, 5})
+    if svg_markup:
+        body += figure(svg_markup, "per-GPU lag over time") + note(
+            "Per GPU its peers waited for: the share of each stretch of time in which they waited for it (it kept "
+            "working at compute power while most of them had dropped to the wait level), coloured by its cause; "
+            "the grey line is the share of time the job waited for any one GPU."
+        )
+    live = st.get("live") or []
+    if live:
+        items = "".join(
+            f"<li>rank {e.get('rank')} ({escape(str(e.get('signal', '')))}), from {escape(utc_of(e.get('first')))} "
+            f"UTC: {escape(str(e.get('cause')))}: {escape(str(e.get('evidence')))}</li>"
+            for e in live
+        )
+        body += f"<h3>Warned during the run (the watcher)</h3><ul>{items}</ul>"
+    body += note(
+        "A straggler is the GPU (or rank) the others keep waiting for: in a synchronous step every rank waits for "
+        "the slowest. Lag share: of the windows in which the others waited, the share they waited for it. Wait "
+        "GPU-hours and kWh: its peers' time and energy spent waiting for it. Causes: thermal, power_cap, "
+        "hw_slowdown (its clocks-event reasons, SM clock, temperature or power limit against its peers'), data "
+        "(its rank's data wait), rank0_work (work only rank 0 does), unknown."
+    )
+    return section("stragglers", "Stragglers", body)
+
+
+def _cost_line(st: dict) -> str:
+    names = ", ".join(
+        f"{e.get('host')}:{e['gpu']}" if e.get("gpu") is not None else f"rank {e.get('rank')} on {e.get('host')}"
+        for e in st["entries"]
+    )
+    if st["wait_gpu_hours"] or st["wait_kwh"]:
+        of_hours = f" ({pct(st['share_of_gpu_hours'])} of the run's GPU-hours)" if st.get("share_of_gpu_hours") else ""
+        of_energy = f" ({pct(st['share_of_energy'])} of its energy)" if st.get("share_of_energy") else ""
+        return (
+            f"Waiting for {names} cost {st['wait_gpu_hours']:.4g} GPU-hours{of_hours} and {st['wait_kwh']:.4g} "
+            f"kWh{of_energy}."
+        )
+    if st["wait_rank_hours"]:
+        return f"Waiting for {names} cost about {duration(st['wait_rank_hours'] * 3600)} of the other ranks' time."
+    return f"Straggler(s): {names}."
+
+
+def lag_figure(timeline: dict | None, entries: list[dict], window_s: float, t0: float | None, t1: float | None):
+    """One lane per GPU last in any window (stragglers first): the share of each time bin its peers spent
+    waiting for it, a step area in its cause's colour (grey for a GPU no straggler), and the job's share of
+    waited time as a grey line. None without a timeline."""
+    if not timeline or not timeline.get("last") or t0 is None or t1 is None:
+        return None
+    try:
+        start, bin_s, bins = float(timeline["start"]), float(timeline["bin_s"]), int(timeline["bins"])
+        waits = np.asarray(timeline["wait_windows"], float)
+        last = {str(k): np.asarray(v, float) for k, v in timeline["last"].items()}
+    except (KeyError, TypeError, ValueError):
+        return None
+    if bins < 1 or bin_s <= 0 or len(waits) != bins or any(len(v) != bins for v in last.values()):
+        return None
+    cause = {f"{e.get('host')}:{e.get('gpu')}": e.get("cause") for e in entries if e.get("gpu") is not None}
+    lanes = sorted(last, key=lambda k: (k not in cause, -last[k].sum(), k))[:MAX_LANES]
+    per_bin = max(bin_s / window_s, 1.0)
+    span = max(t1 - t0, 1e-9)
+    unit, uname = (1.0, "s") if span <= 600 else (60.0, "min") if span <= 36000 else (3600.0, "h")
+    edges = (start + bin_s * np.arange(bins + 1) - t0) / unit
+    n = len(lanes)
+    labels = [key + (f" ({cause[key]})" if key in cause else "") for key in lanes]
+    left = label_margin(labels)
+    lane_px = 46.0
+    box = Box(left, 10, WIDTH - left - 16, lane_px * n, 0.0, span / unit, 0.0, float(n))
+    plot, names = [], []
+    xs = box.px(np.repeat(edges, 2)[1:-1])
+    for k, key in enumerate(lanes):
+        base = n - 1 - k
+        share = np.clip(last[key] / per_bin, 0, 1)
+        ys = box.py(base + 0.9 * np.repeat(share, 2))
+        zero = float(box.py(base))
+        d = path_d(np.r_[xs[0], xs, xs[-1]], np.r_[zero, ys, zero])
+        color = CAUSE_COLORS.get(cause.get(key), "#c7c7c7")
+        plot.append(f'<path d="{d}z" fill="{color}" fill-opacity=".75" stroke="{color}" stroke-width=".6"/>')
+        job = box.py(base + 0.9 * np.repeat(np.clip(waits / per_bin, 0, 1), 2))
+        plot.append(f'<path d="{path_d(xs, job)}" stroke="#999" stroke-width=".8" fill="none"/>')
+        plot.append(f'<path d="M{num(box.left)} {num(zero)}H{num(box.right)}" stroke="#ddd" stroke-width=".6"/>')
+        names.append(text(box.left - 7, float(box.py(base + 0.45)), fit(labels[k], box.left - 14), ' dy=".35em"'))
+    xt, xl = nice_ticks(0.0, span / unit, 8)
+    body = [clipped(box, "".join(plot)), f'<g text-anchor="end" fill="{INK}">{"".join(names)}</g>']
+    body.append(f'<path d="M{num(box.left)} {num(box.top)}V{num(box.bottom)}" stroke="{INK}"/>')
+    body.append(
+        x_axis(box, xt, xl, f"time since run start ({uname}); each lane 0-100% of the time, per {duration(bin_s)}")
+    )
+    return svg(box.bottom + 44, "".join(body))
