@@ -2,7 +2,8 @@
 
 Names are stable (tests, gate.json readers and people grep for them):
 equal_steps, pack_contents, conservation, launch, provenance, fit,
-checkpoint_space, balance, schedule, segments, budget (gate/cost.py), tokenizer (gate/tokenizer_check.py).
+checkpoint_space, balance, schedule, segments, budget and jobs (gate/cost.py), tokenizer (gate/tokenizer_check.py),
+weights (gate/weights_check.py), collectives (wattgate/proof).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from wattgate.gate.memory import (
 from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_model_spec
 from wattgate.gate.report import gate_json, write_report
 from wattgate.gate.tokenizer_check import check_tokenizer
+from wattgate.gate.weights_check import check_weights
 
 
 def fit_settings(config: dict) -> FitSettings:
@@ -180,6 +181,8 @@ def gate_report(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> 
     results = run_checks(inputs, spec, fit.phases["steady"], fit)
     # the tokenizer the export will copy into final/, verified now rather than after the last step
     results.append(check_tokenizer(pretokenized))
+    # model.path's weights against the model its config builds (headers only), rather than at train start
+    results.append(check_weights(config))
     # what the plan will cost, the budget check on it, and what a hang it would cause would have cost
     cost, budget = cost_section(inputs, spec, next(c for c in results if c.name == "equal_steps"))
     results.append(budget)

@@ -34,7 +34,9 @@ def _meta_model(key: str):
 
     config = model_hf_config(json.loads(key))
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.config.architectures = [type(model).__name__]  # as train/model.py names it (refusals quote it)
+    return model
 
 
 def meta_model(model_cfg: dict):

@@ -196,11 +196,16 @@ def _checkpoint_key(name: str, tensors: dict, base_prefix: str) -> str | None:
     return None
 
 
-def load_local_shards(model, path: Path) -> None:
-    """Fill every parameter's local rows from the checkpoint, reading only those rows (cast on copy)."""
+def checkpoint_sources(model, path: Path) -> list[tuple[torch.Tensor, Path, TensorInfo]]:
+    """(tensor, safetensors file, header entry) for every parameter (tied ones once) and persistent buffer of
+    `model`, checked from the files' headers alone: every name present, no checkpoint tensor unused, each shape
+    equal, and a floating-point tensor for a floating-point one (the load casts between float dtypes, never
+    from integers: those are quantized weights). The same checks whether `model` is sharded (training) or on
+    the meta device (the gate's `weights` check, before anything is submitted)."""
     tensors = checkpoint_tensors(path)
     base_prefix = getattr(model, "base_model_prefix", "")
     _check_all_used(model, path, tensors, base_prefix)
+    sources = []
     for name, tensor in _local_state(model):
         key = _checkpoint_key(hf_name(name), tensors, base_prefix)
         if key is None:
@@ -214,6 +219,19 @@ def load_local_shards(model, path: Path) -> None:
                 f"{file}: '{key}' has shape {info.shape}, the model expects {tuple(tensor.shape)}; "
                 "model.path and its config.json disagree"
             )
+        if info.dtype.is_floating_point != tensor.dtype.is_floating_point:
+            raise InputError(
+                f"{file}: '{key}' is {str(info.dtype).removeprefix('torch.')}, the model's tensor is "
+                f"{str(tensor.dtype).removeprefix('torch.')}; model.path holds quantized or other weights "
+                "(dequantize them, or point model.path at the model's own folder)"
+            )
+        sources.append((tensor, file, info))
+    return sources
+
+
+def load_local_shards(model, path: Path) -> None:
+    """Fill every parameter's local rows from the checkpoint, reading only those rows (cast on copy)."""
+    for tensor, file, info in checkpoint_sources(model, path):
         offset, rows = local_rows(tensor)
         if rows:
             local_tensor(tensor).copy_(read_rows(file, info, offset, rows))

@@ -1,0 +1,43 @@
+"""Gate check `weights`: model.path's safetensors fit the model its config.json builds, from the files' headers
+alone (names, shapes, dtypes; no tensor byte is read), with the trainer's own checks (train/weights.py
+`checkpoint_sources`), so a folder whose weights do not match its config fails before anything is submitted
+instead of at train start on an allocation."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from wattgate.errors import InputError, first_line
+from wattgate.gate.checks import Check
+
+NAME = "weights"
+
+
+def check_weights(config: dict) -> Check:
+    """Pass with a note for a random-init model (model.config); else every parameter and persistent buffer of
+    the model (built on the meta device at its real depth) has its tensor, of its shape and a float dtype, and
+    no checkpoint tensor is left unused."""
+    model_cfg = config["model"]
+    if not model_cfg.get("path"):
+        return Check(NAME, True, "random init from model.config: no checkpoint to check")
+    path = Path(model_cfg["path"])
+    from wattgate.proof.depth import meta_model  # torch and transformers: imported only for a checkpoint
+    from wattgate.train.weights import checkpoint_sources
+
+    try:
+        model = meta_model(model_cfg)
+        sources = checkpoint_sources(model, path)
+    except InputError as exc:
+        return Check(NAME, False, str(exc))
+    except Exception as exc:  # noqa: BLE001 - transformers refusing the config is this check's failure, named
+        return Check(NAME, False, f"{path}: transformers cannot build the model from config.json ({first_line(exc)})")
+    files = sorted({f.name for _, f, _ in sources})
+    dtypes = Counter(str(info.dtype).removeprefix("torch.") for _, _, info in sources)
+    kinds = ", ".join(f"{n} {d}" for d, n in dtypes.most_common())
+    return Check(
+        NAME,
+        True,
+        f"{len(sources)} tensors in {len(files)} safetensors file(s) of {path} match "
+        f"{model.config.architectures[0]}'s names and shapes ({kinds}); read from the headers, no tensor loaded",
+    )
