@@ -449,22 +449,25 @@ def write_gate_report(gate_dir: str | os.PathLike, report: dict) -> None:
 MARKER_HASH_FILES = (PLAN, PACKS)
 
 
-def marker_text(first_line: str, plan_sha256: dict | None) -> bytes:
-    """A verdict marker: one line for people, then the sha256 of the plan files it is about.
+def marker_text(first_line: str, plan_sha256: dict | None, config_sha256: str | None = None) -> bytes:
+    """A verdict marker: one line for people, then the sha256 of the plan files and of the config it is about.
 
-    `wattgate launch` refuses a plan whose files do not hash to what the marker names, so a
-    pass can never be carried over to a plan the gate did not see.
+    `wattgate launch` refuses a plan whose files do not hash to what the marker names, and a config other than
+    the one the gate checked, so a pass can never be carried over to a plan or a config the gate did not see.
     """
     lines = [first_line] + [f"{name} sha256 {(plan_sha256 or {}).get(name, 'unknown')}" for name in MARKER_HASH_FILES]
+    if config_sha256:
+        lines.append(f"{GATED_CONFIG} sha256 {config_sha256}")
     return ("\n".join(lines) + "\n").encode()
 
 
 def read_marker_hashes(marker: Path) -> dict[str, str]:
-    """{file name: sha256} from a PASSED/UNENFORCED marker (empty for an old marker without them)."""
+    """{file name: sha256} from a PASSED/UNENFORCED marker (empty for an old marker without them); the config's
+    under GATED_CONFIG (the sha256 of its canonical text, wattgate.config.config_sha256)."""
     hashes = {}
     for line in marker.read_text(errors="replace").splitlines()[1:]:
         name, _, digest = line.partition(" sha256 ")
-        if name in MARKER_HASH_FILES and digest:
+        if name in (*MARKER_HASH_FILES, GATED_CONFIG) and digest:
             hashes[name] = digest.strip()
     return hashes
 

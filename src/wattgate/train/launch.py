@@ -26,6 +26,7 @@ from pathlib import Path
 
 from wattgate.artifacts import write_json_atomic
 from wattgate.run_files import (
+    GATED_CONFIG,
     MARKER_HASH_FILES,
     claim_output,
     read_gate_report,
@@ -253,7 +254,30 @@ def check_gate_marker(config: dict, plan: Path, gate: Path) -> Path:
                 f"{marker}: the gate checked another {name} (sha256 {recorded.get(name, 'not recorded')}, "
                 f"this one is {actual}); rerun the gate on this plan before launching"
             )
+    check_gated_config(config, marker, recorded.get(GATED_CONFIG))
     return marker
+
+
+def check_gated_config(config: dict, marker: Path, gated_sha256: str | None) -> None:
+    """The config this job would train is the one the gate checked (the marker names its sha256), or an
+    InputError naming every key that differs from the gate's copy beside the marker."""
+    from wattgate.config import config_differences, config_sha256, load_config
+
+    if gated_sha256 is None:
+        raise InputError(f"{marker}: names no config (a gate from before configs were bound); rerun the gate")
+    if config_sha256(config) == gated_sha256:
+        return
+    copy = marker.parent / GATED_CONFIG
+    try:
+        gated = load_config(copy)
+    except InputError:
+        gated = {}
+    differs = config_differences(config, gated) if gated else ["(the gate's copy is missing or unreadable)"]
+    raise InputError(
+        f"the config differs from the one the gate checked ({copy}): {'; '.join(differs[:8])}"
+        + (f"; and {len(differs) - 8} more" if len(differs) > 8 else "")
+        + f"; train with --config {copy}, or rerun the gate with this config"
+    )
 
 
 def copy_collectives(gate_dir: Path, out: Path) -> None:
