@@ -75,7 +75,7 @@ def slurm_workflow(tmp_path_factory):
     config["cluster"].update(nodes=2, gpus_per_node=1)
     # job sizes for the test nodes (their CPUs and half the host's memory each)
     config["cluster"]["slurm"] = {
-        "train": {"mem_mb": 1500, "runtime_min": 30},
+        "train": {"mem_mb": 1500, "runtime_min": 30, "max_jobs": 1},  # a failed train job is not retried
         "cpu": {"cpus": 1, "mem_mb": 2000, "runtime_min": 30},
         "small": {"mem_mb": 2000, "runtime_min": 30},
     }
@@ -242,6 +242,48 @@ def test_watcher_stops_a_hung_two_node_job_through_srun(cluster, slurm_workflow,
     while (left := job_processes(slurm_workflow)) and time.monotonic() < deadline:
         time.sleep(1)
     assert left == []
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_run_longer_than_its_time_limit_finishes_across_jobs_without_a_person(cluster, slurm_workflow, tmp_path):
+    """A 1-minute Slurm time limit and a run that needs more: launch stops each job gracefully stop_margin_s before
+    its end (a checkpoint, exit 75), Snakemake submits the train job again, it resumes from the newest checkpoint,
+    and the last job finishes; the final weights are bitwise those of one uninterrupted run of the same plan."""
+    work = slurm_workflow
+    limited = tmp_path / "limited.yaml"
+    limited.write_text(
+        "run_name: jobs\n"
+        "cluster: {slurm: {train: {runtime_min: 1, stop_margin_s: 25, max_jobs: 6, mem_mb: 1500}}}\n"
+        "train: {epochs: 3, checkpoint_every: 1000}\n"
+    )
+    proc = snakemake_slurm(work, "--configfile", "config/config.yaml", str(limited), limit_s=900)
+    log = output(proc)
+    assert proc.returncode == 0, log[-6000:]
+    trains = [j for j in jobs(run_id(proc)) if j["comment"] == "rule_train"]
+    print("\ntime-limited run, its train jobs:\n" + "\n".join("|".join(j.values()) for j in trains))
+    assert len(trains) >= 2, trains  # cut by the limit at least once, resubmitted by Snakemake alone
+    run = work / "results/train/jobs"
+    attempts = (run / "train.attempts.log").read_text()
+    assert attempts.count("train: stopped at step") == len(trains) - 1, attempts[-3000:]
+    summary = json.loads((run / "TRAINED").read_text())
+    assert summary["resumed_from_step"] > 0 and not (run / "STOPPED").exists()
+
+    # one uninterrupted run of the same gated config and plan, two local ranks: the same weights, bit for bit
+    straight = tmp_path / "straight"
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
+    argv = [str(BIN / "python"), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
+    argv += ["wattgate", "train", "--config", "results/gate/config.yaml", "--pretokenized", "results/pretokenized"]
+    argv += ["--plan", "results/plan", "--out", str(straight)]
+    ran = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    from safetensors.torch import load_file
+
+    def weights(folder: Path) -> dict:
+        return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+    a, b = weights(run / "final"), weights(straight / "final")
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
 
 
 def job_processes(work: Path) -> list[str]:

@@ -177,7 +177,8 @@ def test_experiment_rules_run_the_main_rules_commands(workflow_copy):
         for theirs in commands[twin]:
             twin_words = shlex.split(theirs)
             assert len(twin_words) == len(main_words)
-            variant = twin_words[main_words.index("--config") + 1].removesuffix("/config.yaml")
+            # the variant's folder: its config, or (train) the gate's copy of it in the variant's gate/
+            variant = twin_words[main_words.index("--config") + 1].removesuffix("/config.yaml").removesuffix("/gate")
             assert variant.startswith("results/scaling/w")
             for a, b in zip(main_words, twin_words):
                 if a.startswith("results/") and a != "results/pretokenized":
