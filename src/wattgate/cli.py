@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from wattgate.errors import InputError, StageFailed, first_line
+from wattgate.errors import EXIT_STOPPED, InputError, StageFailed, first_line
 
 
 def _demo_corpus(args, config) -> None:
@@ -113,8 +113,27 @@ def _load_check(args, config) -> None:
 
 
 def _launch(args, config) -> int | None:
-    from wattgate.errors import EXIT_STOPPED
+    """One attempt of the train job. Its outcome is kept in the run folder (train/attempts.py), so Snakemake's
+    retry (`--attempt` 2, 3, ...) of a failure a retry would repeat ends at once instead of training again."""
+    from wattgate.train.attempts import Outcome, check_retry, record_outcome
+
+    if args.attempt > 1:
+        check_retry(args.out, args.attempt)
+    try:
+        outcome = _launch_outcome(args, config)
+    except (InputError, StageFailed) as exc:  # refused before the job started: every retry would be refused too
+        outcome = Outcome(2 if isinstance(exc, InputError) else 1, str(exc), retry=False)
+    record_outcome(args.out, args.attempt, outcome)
+    if outcome.exit_status in (0, EXIT_STOPPED):
+        return outcome.exit_status or None
+    raise (InputError if outcome.exit_status == 2 else StageFailed)(outcome.line)
+
+
+def _launch_outcome(args, config):
+    """Run the job and say how it ended: exit status, its one line, and whether a retry may succeed (a stop, a
+    dead rank, a lost peer, a hang: yes; a rank's own error, such as a non-finite loss or a full disk: no)."""
     from wattgate.telemetry.failures import status_text, stopped_line
+    from wattgate.train.attempts import Outcome
     from wattgate.train.launch import run_launch
 
     result = run_launch(config, args.config, args.pretokenized, args.plan, args.out, args.gate)
@@ -123,21 +142,22 @@ def _launch(args, config) -> int | None:
         acted = "stopped the job" if w.get("action") == "kill" else "warned"
         message = f"watcher {acted}: {w.get('reason')}; see {args.out}/watcher.json"
         if result.returncode != 0 or w.get("action") == "kill":
-            raise StageFailed(message)
+            return Outcome(1, message, retry=True)  # the gate proved the plan: a hang is the cluster's, not the run's
         print(f"launch: WARNING: {message}", file=sys.stderr)
     if result.stopped is not None:
-        print(f"launch: {stopped_line(result.stopped)}", file=sys.stderr)
-        return EXIT_STOPPED
+        line = stopped_line(result.stopped)
+        print(f"launch: {line}", file=sys.stderr)
+        return Outcome(EXIT_STOPPED, line, retry=True)
     if result.returncode == 0:
-        return None
+        return Outcome(0, None, retry=False)
     where = f"see {args.out}/watcher.json and the log above" if result.watcher else "see the log above"
     if result.failure is not None:
         # a rank's own input or OS error (a full disk) is exit 2, as from any stage; a dead rank is a failure (1)
-        error = InputError if result.failure.exit_status == 2 else StageFailed
-        raise error(f"{result.failure.line}; {where}")
+        f = result.failure
+        return Outcome(f.exit_status, f"{f.line}; {where}", retry=f.retriable)
     if result.hard_stop is not None:
-        raise StageFailed(f"stopped at once by a second {result.hard_stop} (no stop checkpoint); rerun to resume")
-    raise StageFailed(f"training exited with {status_text(result.returncode)}; {where} and {args.out}/heartbeat/")
+        return Outcome(1, f"stopped at once by a second {result.hard_stop} (no stop checkpoint); rerun to resume", True)
+    return Outcome(1, f"training exited with {status_text(result.returncode)}; {where} and {args.out}/heartbeat/", True)
 
 
 def _sample(args, config) -> int:
@@ -294,6 +314,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (got {text})")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_STRAGGLER_SHARE, DEFAULT_WINDOW_S
 
@@ -325,6 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--gate",
         type=Path,
         help="the gate's output folder whose marker must name this plan (default: gate/ beside the plan folder)",
+    )
+    p.add_argument(
+        "--attempt",
+        type=_positive_int,
+        default=1,
+        help="Snakemake's try of this job (retries: 2, 3, ...): a retry after a failure a retry would repeat "
+        "(a rank's own error: non-finite, an input or OS error) ends at once naming it",
     )
 
     p = sub.add_parser(

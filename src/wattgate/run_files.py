@@ -55,6 +55,7 @@ EVAL_PACKS = "eval_packs.parquet"  # pack: the validation pass, published with p
 # launch then exits EXIT_STOPPED (wattgate.errors): "stopped, resume me".
 STOP_REQUEST = "STOP_REQUESTED"
 STOPPED = "STOPPED"
+ATTEMPT_OUTCOME = "attempt-outcome.json"  # launch: how the last attempt ended (train/attempts.py)
 GATED_CONFIG = "config.yaml"  # gate: its own copy of the config it checked; launch and train read this one
 PROOF_CACHE = "proof-cache.json"  # gate: the collective proof and the inputs it holds for (gate/proof_reuse.py)
 # One trainer per run folder (train/run_lock.py): `wattgate launch` holds LAUNCH_LOCK for the whole job and rank 0 of
@@ -79,6 +80,7 @@ STAGE_FILES = {
         "collectives.json",
         STOP_REQUEST,
         STOPPED,
+        ATTEMPT_OUTCOME,
         LAUNCH_LOCK,
         TRAIN_LOCK,
         ATTEMPTS_LOG,

@@ -67,7 +67,7 @@ STAGE_SHELL = {
     # Snakemake deletes a rule's log before each job: train.attempts.log keeps every attempt (launch heads each one)
     "launch": (
         "wattgate launch --config {config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
-        " --out {params.out:q} 2>&1 | tee -a {log:q} {params.out:q}/train.attempts.log"
+        " --out {params.out:q} --attempt {resources.attempt} 2>&1 | tee -a {log:q} {params.out:q}/train.attempts.log"
     ),
 }
 
@@ -178,4 +178,10 @@ def variant_gpu_job():
         "slurm_account",
         "slurm_extra",
     ]
-    return {name: key(name) for name in names}
+    return {name: key(name) for name in names} | {"attempt": snakemake_attempt}
+
+
+def snakemake_attempt(wildcards, attempt):
+    """The train job's try (1, then 2, 3, ... on retries): `wattgate launch --attempt` ends a retry at once when the
+    previous try failed in a way a retry repeats (train/attempts.py). Not a Slurm resource: the executor ignores it."""
+    return attempt

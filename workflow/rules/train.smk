@@ -23,6 +23,7 @@ rule train:
     threads: lambda wildcards: workflow.cores
     resources:
         **gpu_job(config["cluster"]),
+        attempt=snakemake_attempt,
     params:
         plan=lambda wildcards, input: os.path.dirname(input.plan),
         out=lambda wildcards, output: os.path.dirname(output.trained),

@@ -48,6 +48,9 @@ class RankFailure:
     line: str  # "rank 1 died: killed by SIGKILL (signal 9) in step 13: the OOM killer or a kill -9"
     exit_status: int  # what launch exits with: 2 when the rank's own exit was 2 (an input or OS error), else 1
     others: tuple[int, ...] = ()  # ranks that failed after it
+    # whether a retry of the job may succeed: a rank killed by a signal (a node lost, a preemption) or a peer lost
+    # may; a rank's own error (a non-finite loss, an input error, a full disk) repeats until a person acts
+    retriable: bool = True
 
     def as_record(self) -> dict:
         return {
@@ -56,6 +59,7 @@ class RankFailure:
             "line": self.line,
             "exit_status": self.exit_status,
             "others": list(self.others),
+            "retriable": self.retriable,
         }
 
 
@@ -97,7 +101,8 @@ def _candidate(rank: int, entry: dict) -> tuple[tuple, RankFailure]:
         cause = f"{text} (exit {code})"
         line = f"rank {rank}{position(error)}: {cause}"
         peer = any(p in text.lower() for p in PEER_LOSS)
-        return (2 if peer else 1, float(error["time"]), rank), RankFailure(rank, cause, line, 2 if code == 2 else 1)
+        failure = RankFailure(rank, cause, line, 2 if code == 2 else 1, retriable=peer)
+        return (2 if peer else 1, float(error["time"]), rank), failure
     code = int(exit_.get("exitcode", 1))
     cause = f"exit status {code} with no error line (its traceback, if any, is in train.log)"
     line = f"rank {rank} (pid {exit_.get('pid')} on {exit_.get('host')}) failed: {cause}{position(beat)}"
@@ -114,7 +119,7 @@ def name_failure(run, since: float = 0.0) -> RankFailure | None:
     if not others:
         return first
     after = f"; rank(s) {', '.join(map(str, others))} failed after it"
-    return RankFailure(first.rank, first.cause, first.line + after, first.exit_status, others)
+    return RankFailure(first.rank, first.cause, first.line + after, first.exit_status, others, first.retriable)
 
 
 def status_text(returncode: int) -> str:

@@ -1,0 +1,45 @@
+"""How each attempt of the train job ended, kept in the run folder (`attempt-outcome.json`), so that Snakemake's
+retry of the job (`wattgate launch --attempt N`, N > 1) can tell a failure a retry may cure (a stop at a time
+limit, a rank killed with its node, a lost peer, a hang) from one it would repeat (a rank's own error: a
+non-finite loss, an input error, a full disk), and end the latter at once instead of training again to the same
+failure on a fresh allocation. A person's rerun (`--attempt` 1, the default) always runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from wattgate.artifacts import write_json_atomic
+from wattgate.errors import InputError, StageFailed
+from wattgate.run_files import ATTEMPT_OUTCOME, read_json_object
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one attempt ended: launch's exit status, its one line (None on success), and whether a retry may
+    succeed."""
+
+    exit_status: int
+    line: str | None
+    retry: bool
+
+
+def record_outcome(run: Path, attempt: int, outcome: Outcome) -> None:
+    """attempt-outcome.json, when the run folder exists (a launch refused before it was made leaves none)."""
+    if Path(run).is_dir():
+        write_json_atomic(Path(run) / ATTEMPT_OUTCOME, {"attempt": attempt, "time": time.time(), **asdict(outcome)})
+
+
+def check_retry(run: Path, attempt: int) -> None:
+    """Snakemake's retry `attempt` of the train job: end it (the previous attempt's exit status and line) when the
+    previous attempt failed in a way a retry repeats. No record (a job Slurm killed at its limit) is a retry."""
+    previous = read_json_object(Path(run) / ATTEMPT_OUTCOME, "the previous attempt's outcome", "train")
+    if not previous or previous.get("retry") is not False or previous.get("exit_status") in (0, None):
+        return
+    line = (
+        f"retry {attempt} not started: attempt {previous.get('attempt')} ended with {previous.get('line')}, which a "
+        "retry would repeat; fix it, then rerun"
+    )
+    raise (InputError if previous.get("exit_status") == 2 else StageFailed)(line)
