@@ -339,16 +339,18 @@ def file_hash(path: Path) -> str:
     return h.hexdigest()
 
 
-def verify(path: Path) -> tuple[bool, str]:
-    """is_complete, then every file's content hash against the one state.json recorded when it was written
-    (reads every byte; rank 0 does it once, at resume). A state.json without hashes passes on sizes alone."""
+def verify(path: Path, share: tuple[int, int] = (0, 1)) -> tuple[bool, str]:
+    """is_complete, then the content hash of every file against the one state.json recorded when it was written.
+    `share` (k, n): only every n-th file from the k-th is hashed, so n ranks read a checkpoint once between them
+    (`agreed_latest`). A state.json without hashes passes on sizes alone."""
     ok, why = is_complete(path)
     if not ok:
         return ok, why
     state, _ = _read_state(path)
     if state.get("hash_algorithm") is None:
         return True, ""
-    for name, record in state["files"].items():
+    k, n = share
+    for name, record in sorted(state["files"].items())[k::n]:
         try:
             got = file_hash(path / name)
         except OSError as exc:
@@ -356,6 +358,47 @@ def verify(path: Path) -> tuple[bool, str]:
         if got != record["hash"]:
             return False, f"{name} has {HASH_ALGORITHM} {got}, {STATE} recorded {record['hash']} (its bytes changed)"
     return True, ""
+
+
+def agreed_latest(root: Path, rank: int, world: int) -> Path | None:
+    """`latest_complete` with every rank reading its share of each candidate's bytes: rank 0 lists the candidates
+    and broadcasts them, each rank hashes every world-th file, one object all-gather per candidate gives every rank
+    the same verdict. A 100 GB checkpoint is then read at the job's aggregate bandwidth, not rank 0's."""
+    names: list = [None]
+    if rank == 0:
+        names = [[str(p) for p in _candidates(root)]]
+    dist.broadcast_object_list(names, src=0)
+    for candidate in map(Path, names[0] or []):  # (the proof's fake broadcast leaves None on other ranks)
+        ok, why = verify(candidate, (rank, world))
+        verdicts: list = [None] * world
+        dist.all_gather_object(verdicts, None if ok else why)
+        problem = next((v for v in verdicts if v is not None), None)
+        if problem is None:
+            if rank == 0:
+                _warn_unverified(candidate)
+            return candidate
+        if rank == 0:
+            where = set_aside(candidate)
+            print(
+                f"train: WARNING: skipping checkpoint {candidate}: {problem}; moved to {where}",
+                file=sys.stderr,
+                flush=True,
+            )
+    return None
+
+
+def _candidates(root: Path) -> list[Path]:
+    return sorted((p for p in root.glob("step-*") if p.is_dir() and p.suffix != ".tmp"), key=_step_of, reverse=True)
+
+
+def _warn_unverified(path: Path) -> None:
+    state, _ = _read_state(path)
+    if state is not None and state.get("hash_algorithm") is None:
+        print(
+            f"train: WARNING: checkpoint {path} predates content hashes: checked by size only (unverified)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def set_aside_mismatched(root: Path, identity: dict) -> Path | None:
@@ -408,20 +451,12 @@ def latest_complete(root: Path) -> Path | None:
     One that is not intact is reported in one line and moved to `<root>.damaged/`, so every checkpoint left
     in `root` is at or below the step resumed from: those above are off this run's path, and would count
     toward checkpoint_keep and make prune delete this run's newer ones."""
-    candidates = sorted(
-        (p for p in root.glob("step-*") if p.is_dir() and p.suffix != ".tmp"), key=_step_of, reverse=True
-    )
     speak = not dist.is_initialized() or dist.get_rank() == 0
-    for path in candidates:
+    for path in _candidates(root):
         ok, why = verify(path)
         if ok:
-            state, _ = _read_state(path)
-            if state.get("hash_algorithm") is None and speak:
-                print(
-                    f"train: WARNING: checkpoint {path} predates content hashes: checked by size only (unverified)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            if speak:
+                _warn_unverified(path)
             return path
         where = set_aside(path)
         if speak:

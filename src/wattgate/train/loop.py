@@ -109,18 +109,15 @@ def group_steps(micro_batches: list[MicroBatchPlan]) -> list[list[MicroBatchPlan
 
 
 def resume_checkpoint(out: Path, identity: dict | None, rank: int) -> Path | None:
-    """The newest complete checkpoint of this run identity, chosen by rank 0 and broadcast.
+    """The newest intact checkpoint of this run identity: rank 0 lists the candidates and broadcasts them, every
+    rank hashes its share of each (train/checkpoint.py `agreed_latest`), and all take the same verdict.
 
-    Ranks never pick their own: on a shared filesystem with directory caching two ranks can
-    see different newest checkpoints, and the job would hang in its first collective.
+    Ranks never list their own: on a shared filesystem with directory caching two ranks can see different
+    newest checkpoints, and the job would hang in its first collective.
     """
-    choice: list = [None]
     if rank == 0:
         ckpt.set_aside_mismatched(out / "checkpoints", identity)
-        latest = ckpt.latest_complete(out / "checkpoints")
-        choice = [str(latest) if latest is not None else None]
-    dist.broadcast_object_list(choice, src=0)
-    return Path(choice[0]) if choice[0] is not None else None
+    return ckpt.agreed_latest(out / "checkpoints", rank, dist.get_world_size())
 
 
 def export_final(model, s: TrainSettings, out: Path, extra) -> Path:
