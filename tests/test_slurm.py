@@ -255,7 +255,7 @@ def test_a_run_longer_than_its_time_limit_finishes_across_jobs_without_a_person(
     limited.write_text(
         "run_name: jobs\n"
         "cluster: {slurm: {train: {runtime_min: 1, stop_margin_s: 25, max_jobs: 6, mem_mb: 1500}}}\n"
-        "train: {epochs: 3, checkpoint_every: 1000}\n"
+        "train: {epochs: 10, checkpoint_every: 1000}\n"
     )
     proc = snakemake_slurm(work, "--configfile", "config/config.yaml", str(limited), limit_s=900)
     log = output(proc)
@@ -265,6 +265,11 @@ def test_a_run_longer_than_its_time_limit_finishes_across_jobs_without_a_person(
     assert len(trains) >= 2, trains  # cut by the limit at least once, resubmitted by Snakemake alone
     run = work / "results/train/jobs"
     attempts = (run / "train.attempts.log").read_text()
+    print(
+        "\n".join(
+            x for x in attempts.splitlines() if x.startswith(("launch: attempt", "train: stopped", "train: done"))
+        )
+    )
     assert attempts.count("train: stopped at step") == len(trains) - 1, attempts[-3000:]
     summary = json.loads((run / "TRAINED").read_text())
     assert summary["resumed_from_step"] > 0 and not (run / "STOPPED").exists()
