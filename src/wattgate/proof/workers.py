@@ -29,8 +29,12 @@ def usable_cores() -> int:
 def run_tasks(fn, tasks: list[tuple], processes: int | None = None) -> list:
     """[fn(*task) for task in tasks], over up to `processes` processes (default: the usable cores), in order."""
     processes = min(len(tasks), processes or usable_cores(), MAX_WORKERS)
-    if processes < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return [fn(*task) for task in tasks]
+    if (
+        processes < 2
+        or "fork" not in multiprocessing.get_all_start_methods()
+        or multiprocessing.current_process().daemon
+    ):
+        return [fn(*task) for task in tasks]  # one core, no fork, or inside a pool worker (no children allowed)
     pool = multiprocessing.get_context("fork").Pool(processes - 1)
     try:
         pending = {i: pool.apply_async(fn, task) for i, task in enumerate(tasks) if i % processes}
