@@ -181,6 +181,12 @@ def variant_gpu_job():
     return {name: key(name) for name in names} | {"attempt": snakemake_attempt}
 
 
+# A train job stopped at its time limit, or killed, is submitted again (cluster.slurm.train.max_jobs jobs in all) and
+# resumes from the newest verified checkpoint. Not inside a Slurm job: there Snakemake's jobstep would retry in what
+# is left of the same allocation, after the stop that made room for the checkpoint, with no time for another.
+TRAIN_RETRIES = 0 if os.environ.get("SLURM_JOB_ID") else config["cluster"]["slurm"]["train"]["max_jobs"] - 1
+
+
 def snakemake_attempt(wildcards, attempt):
     """The train job's try (1, then 2, 3, ... on retries): `wattgate launch --attempt` ends a retry at once when the
     previous try failed in a way a retry repeats (train/attempts.py). Not a Slurm resource: the executor ignores it."""

@@ -82,7 +82,7 @@ rule experiment_train:
         trained=f"{VARIANT_DIR}/train/TRAINED",
     log:
         f"{VARIANT_DIR}/train/train.log",
-    retries: config["cluster"]["slurm"]["train"]["max_jobs"] - 1
+    retries: TRAIN_RETRIES
     conda:
         WATTGATE_ENV
     threads: lambda wildcards: workflow.cores

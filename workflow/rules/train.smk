@@ -17,7 +17,7 @@ rule train:
         f"{TRAIN_DIR}/train.log",
     # a job stopped at its time limit (exit 75) or killed is submitted again and resumes from the newest verified
     # checkpoint; launch refuses a retry of a failure a rerun would repeat (docs/slurm.md)
-    retries: config["cluster"]["slurm"]["train"]["max_jobs"] - 1
+    retries: TRAIN_RETRIES
     conda:
         WATTGATE_ENV
     threads: lambda wildcards: workflow.cores
