@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -327,6 +328,7 @@ def dry_run_rank(
     proof["on_gpu"] = not is_cpu(config["cluster"]["gpu_model"])
     trainer_class = type("DryRunTrainer", (DryRunTrainer,), {"proof": proof})
     paths.out.mkdir(parents=True, exist_ok=True)
+    hook = sys.excepthook  # init_process_group wraps it with a "[rank<r>]:" prefix that outlives the group
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -335,5 +337,6 @@ def dry_run_rank(
             run_rank(trainer_class, (config, s, plan), paths, (rank, world, torch.device("cpu")))
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
     record.end = recorder.collectives[proof["end_mark"] : proof.get("stop_mark")]
     return record
