@@ -157,9 +157,12 @@ def collectives_section(
     if not config["gate"].get("collectives", True):
         return None, None
     t0 = time.perf_counter()
-    inputs = R.proof_inputs(config, plan_dir)
+    try:
+        inputs = R.proof_inputs(config, plan_dir)
+    except Exception:  # noqa: BLE001 - no key, no reuse: the proof itself names what is wrong with its inputs
+        inputs = None
     kept = R.read_cache(out)
-    if kept is not None and kept["inputs"] == inputs:
+    if inputs is not None and kept is not None and kept["inputs"] == inputs:
         return R.reused_section(kept, inputs, t0), None
     from wattgate.proof.prove import safe_prove
 
@@ -169,6 +172,8 @@ def collectives_section(
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
     proof = safe_prove(config, pretokenized, plan_dir)
+    if inputs is None:
+        return dict(proof, reused=None, changed_inputs=None, inputs_sha256=None), None
     proof.update(
         reused=None,
         changed_inputs=R.changed_inputs(kept["inputs"] if kept else None, inputs),
