@@ -27,8 +27,9 @@ def launch(tmp: Path, run: Path, attempt: int) -> subprocess.CompletedProcess:
 
 
 def test_a_retry_after_a_failure_it_would_repeat_ends_at_once_naming_it(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
+    from wattgate.run_files import claim_output
+
+    run = claim_output(tmp_path / "run", "train")
     line = "rank 1 in step 5: step 5: non-finite loss on rank 1 ... (exit 1)"
     record_outcome(run, 1, Outcome(1, line, retry=False))
     proc = launch(tmp_path, run, attempt=2)
@@ -38,8 +39,9 @@ def test_a_retry_after_a_failure_it_would_repeat_ends_at_once_naming_it(tmp_path
 
 
 def test_a_retry_after_a_stop_or_a_lost_node_goes_on_and_a_persons_rerun_always_does(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
+    from wattgate.run_files import claim_output
+
+    run = claim_output(tmp_path / "run", "train")
     for outcome, attempt in [
         (Outcome(75, "stopped at step 40 (SIGUSR1)", retry=True), 2),
         (Outcome(1, "rank 1 died: killed by SIGKILL (signal 9)", retry=True), 3),
@@ -51,13 +53,18 @@ def test_a_retry_after_a_stop_or_a_lost_node_goes_on_and_a_persons_rerun_always_
         assert "not started" not in proc.stderr and "gate" in proc.stderr, proc.stderr
 
 
-def test_the_outcome_is_recorded_even_when_launch_is_refused(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    proc = launch(tmp_path, run, attempt=1)
-    assert proc.returncode == 2
+def test_the_outcome_is_recorded_in_a_run_folder_of_train_and_never_in_a_foreign_one(tmp_path):
+    from wattgate.run_files import claim_output
+
+    run = claim_output(tmp_path / "run", "train")
+    record_outcome(run, 3, Outcome(2, "rank 0: No space left on device (exit 2)", retry=False))
     record = json.loads((run / ATTEMPT_OUTCOME).read_text())
-    assert record["attempt"] == 1 and record["exit_status"] == 2 and record["retry"] is False
+    assert record["attempt"] == 3 and record["exit_status"] == 2 and record["retry"] is False
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("a user's")
+    proc = launch(tmp_path, foreign, attempt=1)
+    assert proc.returncode == 2 and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
 
 
 def test_which_rank_failures_a_retry_may_cure(tmp_path):

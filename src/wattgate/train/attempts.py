@@ -27,8 +27,11 @@ class Outcome:
 
 
 def record_outcome(run: Path, attempt: int, outcome: Outcome) -> None:
-    """attempt-outcome.json, when the run folder exists (a launch refused before it was made leaves none)."""
-    if Path(run).is_dir():
+    """attempt-outcome.json, only into a run folder train has claimed (never a foreign --out, nor one a launch was
+    refused before it claimed it: that refusal needs no record to be repeated)."""
+    from wattgate.artifacts import marker_stage
+
+    if Path(run).is_dir() and marker_stage(run) == "train":
         write_json_atomic(Path(run) / ATTEMPT_OUTCOME, {"attempt": attempt, "time": time.time(), **asdict(outcome)})
 
 
