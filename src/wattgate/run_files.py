@@ -55,6 +55,9 @@ EVAL_PACKS = "eval_packs.parquet"  # pack: the validation pass, published with p
 # launch then exits EXIT_STOPPED (wattgate.errors): "stopped, resume me".
 STOP_REQUEST = "STOP_REQUESTED"
 STOPPED = "STOPPED"
+# The watcher's kill of a hung job: every rank's abort thread (train/stop.py) exits when it appears. A hung rank runs
+# no Python signal handler (blocked in a collective), and torchrun waits ~30 s before it SIGKILLs its ranks.
+ABORT_REQUEST = "ABORT_REQUESTED"
 ATTEMPT_OUTCOME = "attempt-outcome.json"  # launch: how the last attempt ended (train/attempts.py)
 GATED_CONFIG = "config.yaml"  # gate: its own copy of the config it checked; launch and train read this one
 PROOF_CACHE = "proof-cache.json"  # gate: the collective proof and the inputs it holds for (gate/proof_reuse.py)
@@ -80,6 +83,7 @@ STAGE_FILES = {
         "collectives.json",
         STOP_REQUEST,
         STOPPED,
+        ABORT_REQUEST,
         ATTEMPT_OUTCOME,
         LAUNCH_LOCK,
         TRAIN_LOCK,

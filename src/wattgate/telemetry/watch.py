@@ -44,7 +44,7 @@ from wattgate.telemetry.hang_cost import hang_cost
 from wattgate.telemetry.lag_watch import LagWatch, warning_line
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, TriageSettings, TriageTable
 from wattgate.heartbeats import read_heartbeats  # noqa: F401 (callers import it here)
-from wattgate.run_files import WATCHER, check_no_finding, is_watcher_record
+from wattgate.run_files import ABORT_REQUEST, WATCHER, check_no_finding, is_watcher_record
 from wattgate.telemetry.kill import _alive, _stop_job, kill_tree, process_tree  # noqa: F401 (re-exported)
 from wattgate.telemetry.watch_inputs import (  # noqa: F401 (TraceTail: callers import it here)
     COLLECTIVE_PHASES,
@@ -462,6 +462,8 @@ def watch(
             write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
             print(f"watch: {verdict['reason']}", file=sys.stderr, flush=True)
             if s.action == "kill":
+                # every rank, on every node, ends within a second of this file (train/stop.py start_abort_watch)
+                write_json_atomic(run / ABORT_REQUEST, {"reason": verdict["reason"], "time": time.time()})
                 record["kill"] = _stop_job(pid, slurm_job, s.kill_grace_s)
                 record["killed_at"] = time.time()
                 record["cost"] = _hang_cost(record, verdict, power, world, cost_basis, started)

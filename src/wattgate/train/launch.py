@@ -34,7 +34,16 @@ from wattgate.run_files import (
     read_watcher,
 )
 from wattgate.heartbeats import clear_rank_failures
-from wattgate.run_files import LAUNCH_LOCK, STOP_REQUEST, STOPPED, TRAIN_LOCK, TRAINED, WATCHER, read_json_object
+from wattgate.run_files import (
+    ABORT_REQUEST,
+    LAUNCH_LOCK,
+    STOP_REQUEST,
+    STOPPED,
+    TRAIN_LOCK,
+    TRAINED,
+    WATCHER,
+    read_json_object,
+)
 from wattgate.telemetry.failures import RankFailure, finish_record, name_failure, status_text
 from wattgate.telemetry.watch import COLLECTIVES
 from wattgate.train.launch_stop import StopControl, ignore_usr1, stop_margin_s
@@ -367,7 +376,7 @@ def run_launch(
 def clear_attempt_files(out: Path) -> None:
     """An earlier attempt's verdict, last heartbeats, failure records and stop files must not be read as this
     attempt's (a stop request left behind would stop this attempt at its first step)."""
-    for name in (WATCHER, STOP_REQUEST, STOPPED):
+    for name in (WATCHER, STOP_REQUEST, STOPPED, ABORT_REQUEST):
         (out / name).unlink(missing_ok=True)
     for stale in (out / "heartbeat").glob("rank-*.json"):
         stale.unlink()

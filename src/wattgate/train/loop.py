@@ -70,7 +70,13 @@ from wattgate.train.settings import TrainSettings
 from wattgate.train.model import count_params, load_sharded_model
 from wattgate.schedule import learning_rate
 from wattgate.train.steps import StepClass, rank_schedule, step_class
-from wattgate.train.stop import EVAL_STOP_CHECK_MICROS, StopRequest, install_stop_signals, write_stopped
+from wattgate.train.stop import (
+    EVAL_STOP_CHECK_MICROS,
+    StopRequest,
+    install_stop_signals,
+    start_abort_watch,
+    write_stopped,
+)
 from wattgate.train.weights import DTYPES, export_hf_folder
 
 
@@ -150,6 +156,7 @@ class NonFiniteState(StageFailed):
 def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
     s = TrainSettings.from_config(config)
     install_stop_signals()  # SIGTERM/SIGUSR1 from now on are stop requests, acted on at the next agreed point
+    start_abort_watch(out)  # the watcher's kill of a hung job ends this rank even inside a collective
     claim_output(out, "train")  # every rank, before it writes: what another rank made by now is train's own
     plan, _ = read_plan(plan_dir)
     rank, world, device = setup_rank(s.collective_timeout_s, out)

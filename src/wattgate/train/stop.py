@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from wattgate.artifacts import write_json_atomic
-from wattgate.run_files import STOP_REQUEST, STOPPED
+from wattgate.run_files import ABORT_REQUEST, STOP_REQUEST, STOPPED
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 EVAL_STOP_CHECK_MICROS = 8  # validation micro-batches between stop checks: a collective each, every rank alike
@@ -58,6 +59,25 @@ class StopRequest:
         if (self.run_dir / STOP_REQUEST).exists():
             return STOP_REQUEST
         return None
+
+
+ABORT_POLL_S = 1.0  # one stat a second per rank: cheap, even on a shared filesystem's metadata server
+
+
+def start_abort_watch(run_dir: Path, poll_s: float = ABORT_POLL_S) -> threading.Thread:
+    """A daemon thread that ends this rank at once when ABORT_REQUESTED appears in the run folder (the watcher's
+    kill of a hung job). It runs while the main thread is blocked in a collective (gloo and NCCL waits release
+    the GIL), where no signal handler can; every rank on every node sees the file on the shared filesystem."""
+
+    def watch() -> None:
+        while not (run_dir / ABORT_REQUEST).exists():
+            time.sleep(poll_s)
+        print(f"train: rank aborted: {run_dir / ABORT_REQUEST} (the watcher stopped a hung job)", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup: the process is hung in a collective
+
+    thread = threading.Thread(target=watch, name="wattgate-abort-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def write_stopped(run_dir: Path, step: int, checkpoint: Path, reason: str) -> None:
