@@ -132,13 +132,15 @@ def stopped_then_resumed(tmp: Path, out: Path, ask) -> dict:
 
 def assert_same_run(a: Path, b: Path) -> None:
     cols = ["step", "rank", "loss", "tokens"]
-    assert pq.read_table(a / "metrics.parquet", columns=cols).to_pylist() == pq.read_table(
-        b / "metrics.parquet", columns=cols
-    ).to_pylist()
+    assert (
+        pq.read_table(a / "metrics.parquet", columns=cols).to_pylist()
+        == pq.read_table(b / "metrics.parquet", columns=cols).to_pylist()
+    )
     ecols = ["step", "loss", "tokens"]
-    assert pq.read_table(a / "eval.parquet", columns=ecols).to_pylist() == pq.read_table(
-        b / "eval.parquet", columns=ecols
-    ).to_pylist()
+    assert (
+        pq.read_table(a / "eval.parquet", columns=ecols).to_pylist()
+        == pq.read_table(b / "eval.parquet", columns=ecols).to_pylist()
+    )
     wa, wb = final_weights(a), final_weights(b)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
@@ -245,3 +247,23 @@ def test_the_proof_dry_runs_the_stop_path_and_names_a_rank_that_diverges_there(t
     report = prove_collectives(config, tmp_path / "pretokenized", tmp_path / "plan")
     assert not report["passed"] and report["divergence"]["rank"] == 1
     assert report["divergence"]["phase"] == "graceful stop" and "rank 1 diverges" in report["detail"]
+
+
+def test_an_abort_request_ends_a_rank_blocked_outside_python_within_seconds(tmp_path):
+    """The watcher's kill of a hung job: a rank blocked in C code (as in a collective) runs no signal handler, but
+    its abort thread sees ABORT_REQUESTED and ends the process."""
+    from wattgate.run_files import ABORT_REQUEST
+
+    code = (
+        "import sys, threading; from pathlib import Path; from wattgate.train.stop import start_abort_watch;"
+        "start_abort_watch(Path(sys.argv[1]), poll_s=0.05); print('ready', flush=True);"
+        "threading.Event().wait()"  # blocked in C with the GIL released, as a gloo or NCCL wait is
+    )
+    rank = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert rank.stdout.readline().strip() == "ready"
+        (tmp_path / ABORT_REQUEST).write_text("{}")
+        assert rank.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if rank.poll() is None:
+            rank.kill()
