@@ -49,8 +49,20 @@ deliberate slowness, for the same windowing, labelling and summary as
 6. summary: per (host, gpu, phase) windows, seconds, share of the GPU's time
    and energy (mean power x window length); per-GPU energy by the trapezoid
    over the samples (sort by host, gpu, time; groupby diff).
+7. stragglers (issue 34, power/triage/stragglers.py): each GPU's busy share
+   (1 - its low-band share) per window, pivoted to windows x GPUs for the job
+   and for each host; per window the busiest GPU (`idxmax`), the runner-up
+   (`rank(axis=1)`), the GPUs busy MARGIN less than the busiest; wait windows,
+   the last GPU of each, counts per GPU (`value_counts`), lag shares, the
+   peers' waiting (busy share below the last's times the window, and times
+   each peer's wait level for the energy); the stragglers by share, count and
+   against the median GPU; their cause from the SM clock, temperature and
+   clocks-event reasons of their lagging windows against their peers'
+   (samples of those windows grouped per GPU), and their power at their limit.
+   LEFT OUT: the data and rank-0 causes (they need the run's files).
 
-    pandas_triage_and_summary(trace_paths, table, window_s=1.0) -> (phases_df, shares_by_phase, energy_by_gpu_j)
+    pandas_triage_and_summary(trace_paths, table, window_s=1.0)
+        -> (phases_df, shares_by_phase, energy_by_gpu_j, stragglers)
 
 Standalone:
 
@@ -102,12 +114,20 @@ GAP_FILL_MIN_WINDOWS = 2
 ACTIVE = ("compute", "communication", "data_starvation")
 CLASS_BAND = {"compute": 2, "communication": 1, "wait": 0, "idle": 0}  # band a class implies
 COLUMNS = ["time", "host", "gpu", "power_w", "util_gpu"]
+CAUSE_COLUMNS = ["sm_clock_mhz", "temp_c", "clocks_event_reasons"]  # read where the traces have them
 GPU = ["host", "gpu"]
+# stragglers (power/triage/stragglers.py)
+MARGIN, MIN_LAG_WINDOWS, DOMINANCE, MEMBER_SHARE, BUSY, STRAGGLER_SHARE = 0.15, 3, 3.0, 0.1, 0.5, 0.3
+REASON_GROUPS = {"thermal": 0x60, "power_cap": 0x4, "hw_slowdown": 0x88}
 
 
 def read_traces(trace_paths) -> tuple[pd.DataFrame, dict]:
     """The traces' rows, and each GPU's recorded power cap ((host, gpu) -> W) from the files' metadata."""
-    df = pd.concat([pd.read_parquet(p, columns=COLUMNS) for p in trace_paths], ignore_index=True)
+    frames = []
+    for p in trace_paths:
+        have = set(pq.read_schema(p).names)
+        frames.append(pd.read_parquet(p, columns=COLUMNS + [c for c in CAUSE_COLUMNS if c in have]))
+    df = pd.concat(frames, ignore_index=True)
     df["host"] = df["host"].astype(str)
     caps = {}
     for p in trace_paths:
@@ -364,6 +384,94 @@ def label(
     return cls.reindex(win.index).fillna("unknown")
 
 
+def stragglers(win: pd.DataFrame, levels: pd.DataFrame, df: pd.DataFrame, window_s: float) -> list[dict]:
+    """The GPUs their peers waited for (step 7 of the docstring), each with lag share, waiting and cause."""
+    known = (win["n"] > 0) & ~win["filled"]
+    busy = (1.0 - win["low"]).where(known)
+    key = win["host"].astype(str) + ":" + win["gpu"].astype(str)
+    matrix = pd.DataFrame({"window": win["window"], "key": key, "busy": busy}).pivot(
+        index="window", columns="key", values="busy"
+    )
+    wait_w = levels["wait_w"].fillna(levels["idle_w"] + 0.5 * (levels["low_max_w"] - levels["idle_w"]))
+    wait_w.index = [f"{h}:{g}" for h, g in wait_w.index]
+    hosts = sorted(win["host"].astype(str).unique())
+    scopes = [("job", list(matrix.columns))]
+    if len(hosts) > 1:
+        scopes += [("host", [c for c in matrix.columns if c.rsplit(":", 1)[0] == h]) for h in hosts]
+    found = {}
+    for name, cols in scopes:
+        m = matrix[cols]
+        working = (m >= BUSY).sum()
+        m = m[working[working >= MEMBER_SHARE * max(working.max(), 1)].index]
+        if m.shape[1] < 2:
+            continue
+        active = (m >= BUSY).sum(axis=1)
+        used = active[(2 * active >= m.count(axis=1)) & (active > 0)].index
+        if not len(used):
+            continue
+        m = m.loc[used.min() : used.max()]
+        cnt, b1, top = m.count(axis=1), m.max(axis=1), m.idxmax(axis=1)
+        b2 = m.where(m.rank(axis=1, method="first", ascending=False) == 2).max(axis=1).fillna(-1.0)
+        below = m.le(b1 - MARGIN, axis=0).sum(axis=1)
+        wait = (cnt >= 2) & (b1 >= MARGIN) & (2 * below >= cnt - 1) & (below >= 1)
+        last = wait & (b2 <= b1 - MARGIN)
+        gap = m.rsub(b1, axis=0).clip(lower=0).fillna(0.0)
+        counts = top[last].value_counts().reindex(m.columns, fill_value=0)
+        wait_s = (gap[last].sum(axis=1) * window_s).groupby(top[last]).sum()
+        wait_j = (gap[last].mul(wait_w.reindex(m.columns), axis=1).sum(axis=1) * window_s).groupby(top[last]).sum()
+        for g, n in counts.items():
+            lag = n / max(int(wait.sum()), 1)
+            typical = counts.drop(g).median()
+            if g not in found and lag > STRAGGLER_SHARE and n >= MIN_LAG_WINDOWS and n >= DOMINANCE * typical:
+                found[g] = {
+                    "gpu": g,
+                    "scope": name,
+                    "lag_share": lag,
+                    "wait_gpu_hours": wait_s.get(g, 0.0) / 3600,
+                    "wait_kwh": wait_j.get(g, 0.0) / 3.6e6,
+                    "windows": m.index[last & (top == g)],
+                    "peers": [c for c in m.columns if c != g],
+                }
+    for e in found.values():
+        e["cause"] = straggler_cause(e, df, win, levels, window_s)
+        del e["windows"], e["peers"]
+    return list(found.values())
+
+
+def straggler_cause(e: dict, df: pd.DataFrame, win: pd.DataFrame, levels: pd.DataFrame, window_s: float) -> str:
+    """thermal, power_cap or hw_slowdown from the reasons, clock, temperature and power of its lagging windows
+    against its peers' (as stragglers.py orders them), else unknown."""
+    if not set(CAUSE_COLUMNS) & set(df.columns):
+        return "unknown"
+    rows = df[np.floor(df["time"] / window_s).isin(e["windows"])].copy()
+    rows["key"] = rows["host"].astype(str) + ":" + rows["gpu"].astype(str)
+    mine, theirs = rows[rows["key"] == e["gpu"]], rows[rows["key"].isin(e["peers"])]
+    if "clocks_event_reasons" in rows and mine["clocks_event_reasons"].notna().any():
+        shares = {}
+        for cause, bits in REASON_GROUPS.items():
+            have = mine["clocks_event_reasons"].dropna().astype("int64")
+            peer = theirs["clocks_event_reasons"].dropna().astype("int64")
+            share = ((have & bits) != 0).mean()
+            shares[cause] = (share, share - (((peer & bits) != 0).mean() if len(peer) else 0.0))
+        best = max(shares, key=lambda c: shares[c][1] if shares[c][0] >= 0.5 else -1.0)
+        if shares[best][0] >= 0.5 and shares[best][1] >= 0.3:
+            return best
+    clock, peer_clock = mine["sm_clock_mhz"].mean(), theirs["sm_clock_mhz"].mean()
+    slowed = clock < 0.97 * peer_clock
+    if slowed and mine["temp_c"].mean() >= theirs["temp_c"].mean() + 10:
+        return "thermal"
+    host, gpu = e["gpu"].rsplit(":", 1)
+    cap = levels.loc[(host, int(gpu)), "cap_w"]
+    peer_caps = levels["cap_w"].drop((host, int(gpu))).median()
+    stretch = win[(win["host"] == host) & (win["gpu"] == int(gpu))]
+    stretch = stretch[stretch["window"].between(e["windows"].min(), e["windows"].max()) & (stretch["high"] >= 0.95)]
+    if stretch["power"].mean() >= 0.95 * cap and cap <= 0.95 * peer_caps:
+        return "power_cap"
+    if slowed and clock <= 0.6 * peer_clock:
+        return "hw_slowdown"
+    return "unknown"
+
+
 def energy_by_gpu(df: pd.DataFrame) -> dict:
     """Trapezoid over each GPU's samples."""
     d = df[["host", "gpu", "time", "power_w"]].sort_values(["host", "gpu", "time"], kind="stable", ignore_index=True)
@@ -380,7 +488,7 @@ def pandas_triage_and_summary(
     deadlock_after_s: float = DEADLOCK_AFTER_S,
     power_cap_w: float | None = None,
 ) -> tuple[pd.DataFrame, dict, dict]:
-    """(phases_df, shares_by_phase, energy_by_gpu_j): phases_df has per (host, gpu, phase) windows,
+    """(phases_df, shares_by_phase, energy_by_gpu_j, stragglers): phases_df has per (host, gpu, phase) windows,
     seconds, share of the GPU's time and energy_j; shares_by_phase is each phase's share of all GPU time."""
     df, caps = read_traces(trace_paths)
     win, work, samples_per_gpu = windows(df, window_s)
@@ -398,7 +506,7 @@ def pandas_triage_and_summary(
     phases["share"] = phases["seconds"] / phases.groupby(["host", "gpu"])["seconds"].transform("sum")
     per = phases.groupby("phase")["seconds"].sum()
     shares = (per / per.sum()).to_dict()
-    return phases, shares, energy_by_gpu(df)
+    return phases, shares, energy_by_gpu(df), stragglers(win, levels, df, window_s)
 
 
 # ---------------------------------------------------------------- standalone
@@ -443,7 +551,7 @@ def main() -> None:
     times = []
     for _ in range(args.repeat):
         start = time.perf_counter()
-        phases, shares, energy = pandas_triage_and_summary(args.traces, table, args.window_s)
+        phases, shares, energy, _ = pandas_triage_and_summary(args.traces, table, args.window_s)
         times.append(time.perf_counter() - start)
     print(
         f"pandas triage + summary: best {min(times):.2f} s over {len(times)} run(s); "

@@ -245,6 +245,82 @@ def summarize_segments(gid: np.ndarray, t: np.ndarray, p: np.ndarray, e: np.ndar
     )
 
 
+def summarize_ticks(head: np.ndarray, tick_time: np.ndarray, p2: np.ndarray, e2: np.ndarray | None) -> Segments:
+    """summarize_segments of a chunk in the sampler's layout: ticks of the GPUs `head` (in that column order),
+    one time per tick, no missing power (`p2`: ticks x GPUs; `e2` the same for counter readings, NaN none).
+    The GPUs share the tick times, so the intervals, gaps and their limit are worked out once; the figures are
+    summarize_segments' on the same rows grouped by GPU."""
+    k, ticks = len(head), len(tick_time)
+    dts = np.diff(tick_time)
+    pieces = np.add(p2[1:], p2[:-1], dtype=np.float64)  # as float64(a) + float64(b), without a float64 copy
+    pieces *= dts[:, None]
+    pieces *= 0.5
+    limit = np.full(k, np.inf)
+    gaps = np.zeros(len(dts))
+    if ticks >= 3:
+        typical = float(np.median(dts[:: max(1, len(dts) // 4096)]))
+        limit[:] = max(GAP_PERIODS * typical, MIN_GAP_S)
+        over = dts > limit[0]
+        if over.any():
+            gaps = np.where(over, dts, 0.0)
+            pieces[over] = 0.0
+
+    def to(stop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per GPU the pieces and gap seconds from the first tick up to tick stop[j] (the pieces before it),
+        summed from the first piece as summarize_segments sums them (reduceat: the same order, the same
+        bits); one pass per distinct stop (the sampler reads every GPU's counter in the same tick)."""
+        integral, gap = np.zeros(k), np.zeros(k)
+        for s in np.unique(stop):
+            if s <= 0:
+                continue
+            mine = stop == s
+            integral[mine] = np.add.reduceat(pieces[:s], [0], axis=0)[0][mine]
+            gap[mine] = np.add.reduceat(gaps[:s], [0])[0]
+        return integral, gap
+
+    last = np.full(k, ticks - 1)
+    integral, gap_s = to(last)
+    if e2 is not None:
+        readings = np.isfinite(e2)
+        reads = readings.sum(axis=0)
+        first_row = np.argmax(readings, axis=0)
+        last_row = ticks - 1 - np.argmax(readings[::-1], axis=0)
+    else:
+        reads = np.zeros(k, np.int64)
+        first_row = last_row = np.zeros(k, np.int64)
+    got = reads > 0
+    cols = np.arange(k)
+
+    def reading_at(row: np.ndarray) -> tuple[np.ndarray, ...]:
+        i, g = to(np.where(got, row, 0))
+        value = e2[row, cols] if e2 is not None else np.zeros(k)
+        return (
+            np.where(got, tick_time[row], np.nan),
+            np.where(got, value, np.nan),
+            np.where(got, i, 0.0),
+            got.copy(),
+            np.where(got, g, 0.0),
+        )
+
+    t0, t1 = np.full(k, tick_time[0]), np.full(k, tick_time[-1])
+    return Segments(
+        np.asarray(head),
+        t0,
+        t1,
+        np.ones(k, dtype=bool),
+        t0.copy(),
+        p2[0].astype(np.float64),
+        t1.copy(),
+        p2[-1].astype(np.float64),
+        integral,
+        limit,
+        gap_s,
+        reads.astype(np.int64),
+        *reading_at(first_row),
+        *reading_at(last_row),
+    )
+
+
 def _gap_pieces(dts: np.ndarray, f0: np.ndarray, f1: np.ndarray, has: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per segment the longest interval that is not a gap (from its median sampling interval), and per piece
     its length where it is a gap, else 0."""

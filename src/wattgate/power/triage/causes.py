@@ -26,13 +26,12 @@ from wattgate.trace import REASON_CAUSES, REASONS
 COLUMNS = ("sm_clock_mhz", "temp_c", REASONS)
 GROUPS = tuple(REASON_CAUSES)  # thermal, power_cap, hw_slowdown: the reason groups counted, in this order
 REDUCE_HZ = 2.0  # ticks a second reduced in the sampler's layout (its slow path refreshes at 1 Hz)
-# 4-bit code per sample: bit 0 a reasons reading, bits 1-3 each group's bits set; _FLAGS[code] -> the 4 counts
-_FLAGS = np.array([[(code >> b) & 1 for b in range(4)] for code in range(16)], np.float64)
 
 
 def chunk_columns(batch) -> dict[str, np.ndarray | None]:
-    """The cause columns of a record batch as numpy (clock and temperature float32 with NaN; reasons int64 with
-    -1 for none, negative readings none); None for a column the chunk lacks or holds no value in."""
+    """The cause columns of a record batch as numpy, as stored (no copy where Arrow allows): clock and
+    temperature float32 (null: NaN), reasons int64 (null: -1); None for a column the chunk lacks or holds no
+    value in. Readings that cannot be readings are made NaN by `clean` on the rows actually reduced."""
     out: dict[str, np.ndarray | None] = {}
     names = batch.schema.names
     for name in COLUMNS:
@@ -44,13 +43,15 @@ def chunk_columns(batch) -> dict[str, np.ndarray | None]:
             values = (pc.fill_null(col, -1) if col.null_count else col).to_numpy(zero_copy_only=False)
             out[name] = values.astype(np.int64, copy=False)
         else:
-            values = col.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-            with np.errstate(invalid="ignore"):
-                bad = ~np.isfinite(values) | (values < 0) if name != "temp_c" else ~np.isfinite(values)
-            if bad.any():
-                values = np.where(bad, np.float32(np.nan), values)
-            out[name] = values
+            out[name] = col.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
     return out
+
+
+def clean(name: str, values: np.ndarray) -> np.ndarray:
+    """A clock or temperature subsample with the impossible readings (infinite; a negative clock) as NaN."""
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(values) | (values < 0) if name != "temp_c" else ~np.isfinite(values)
+    return np.where(bad, np.float32(np.nan), values) if bad.any() else values
 
 
 def select(columns: dict[str, np.ndarray | None], ok: np.ndarray) -> dict[str, np.ndarray | None]:
@@ -88,10 +89,11 @@ def reduce_chunk(
 
     k = pick(key)
 
-    def mean_of(v):
+    def mean_of(name):
+        v = columns[name]
         if v is None:
             return None
-        v = pick(v)
+        v = clean(name, pick(v))
         lo, hi = np.fmin.reduce(v), np.fmax.reduce(v)
         if lo == hi:  # one value throughout (NaN compares unequal): no per-cell work
             return float(lo)
@@ -106,13 +108,19 @@ def reduce_chunk(
     counts = None
     if reasons is not None:
         r = pick(reasons)
-        code = (r >= 0).astype(np.int64)
-        for b, group in enumerate(GROUPS, start=1):
-            code |= ((r & REASON_CAUSES[group]) != 0).astype(np.int64) << b
-        code[r < 0] = 0
-        code += k.astype(np.int64) * 16
-        counts = np.bincount(code, minlength=16 * grid).reshape(-1, 16)[present] @ _FLAGS
-    return ChunkCauses(mean_of(columns["sm_clock_mhz"]), mean_of(columns["temp_c"]), counts)
+        lo, hi = int(r.min()), int(r.max())
+        if lo == hi:  # one bitmask throughout: each cell's rows all hold it (or none)
+            rows = np.bincount(k, minlength=grid)[present].astype(np.float64)
+            counts = np.outer(rows, [lo >= 0] + [lo >= 0 and bool(lo & REASON_CAUSES[g]) for g in GROUPS])
+        else:
+            # one small count per cell and flag: a grid of (cells x 16 codes) is megabytes of fresh pages a chunk
+            have = r >= 0
+            counts = np.empty((len(present), 4))
+            counts[:, 0] = np.bincount(k[have], minlength=grid)[present]
+            for i, group in enumerate(GROUPS, start=1):
+                flag = have & ((r & REASON_CAUSES[group]) != 0)
+                counts[:, i] = np.bincount(k[flag], minlength=grid)[present] if flag.any() else 0.0
+    return ChunkCauses(mean_of("sm_clock_mhz"), mean_of("temp_c"), counts)
 
 
 def _tick_stride(gid: np.ndarray, ngpu: int, time_: np.ndarray) -> int | None:

@@ -95,19 +95,20 @@ def find_stragglers(win, window_s: float, share: float, run_info=None, rank_of: 
         "stragglers": [],
         "lag": {"settings": settings, "wait_windows": 0, "wait_gpu_hours": 0.0, "wait_kwh": 0.0, "timeline": None},
     }
-    known = (win.n > 0) & ~win.filled
-    if ngpu < 2 or known.sum() == 0:
+    if ngpu < 2 or not (win.n > 0).any():
         return empty
-    busy = np.full(len(win.n), np.nan, np.float32)
-    with np.errstate(invalid="ignore"):
-        busy[known] = 1.0 - win.low[known]
-    starts, _ = _bounds(win.gpu_id, ngpu)
+    starts, ends = _bounds(win.gpu_id, ngpu)
     first = win.index[np.minimum(starts, len(win.index) - 1)]
-    imin, imax = int(win.index[known].min()), int(win.index[known].max())
+    has = ends > starts
+    imin, imax = int(first[has].min()), int((first + (ends - starts) - 1)[has].max())
     span = imax - imin + 1
+    # GPU-major windows: each GPU's span is one slice, copied into its row (unknown and filled: NaN)
     matrix = np.full((ngpu, span), np.nan, np.float32)
-    kpos = np.flatnonzero(known)
-    matrix[win.gpu_id[kpos], win.index[kpos] - imin] = busy[kpos]
+    for g in np.flatnonzero(has):
+        a, b = starts[g], ends[g]
+        row = matrix[g, first[g] - imin : first[g] - imin + (b - a)]
+        np.subtract(1.0, win.low[a:b], out=row, casting="same_kind")
+        row[(win.n[a:b] == 0) | win.filled[a:b]] = np.nan
     lv = win.levels
     wait_w = np.where(np.isfinite(lv.wait_w), lv.wait_w, lv.idle_w + 0.5 * (lv.low_max_w - lv.idle_w))
 

@@ -43,6 +43,7 @@ from wattgate.power import energy as energy_mod
 from wattgate.trace import TRACE_SCHEMA, UPPER_BOUNDS
 from wattgate.triage_tables import TriageTable
 from wattgate.power.triage import causes as causes_mod
+from wattgate.power.triage import ticks as ticks_mod
 from wattgate.power.triage.arrays import _ranges, _runs
 from wattgate.power.triage.levels import Levels, learn_levels
 
@@ -68,6 +69,7 @@ class _Rows:
     ngpu: int  # distinct ids in the chunk
     signals: tuple[bool, bool]  # any power, any utilization reading
     causes: dict | None = None  # SM clock, temperature, reasons (causes.chunk_columns); None: none of them
+    period: int = 0  # k: the rows are ticks of the same k GPUs in one order (the sampler's layout); 0: not
 
 
 class _GpuIds:
@@ -133,8 +135,14 @@ def _numbers(col, dtype, measured: bool, upper: float = np.inf) -> np.ndarray:
     return out
 
 
-def _host_codes(col) -> tuple[list[str], np.ndarray]:
-    """(names, code per row) of a host column (dictionary or string); a missing host is ""."""
+def _host_codes(col) -> tuple[list[str], np.ndarray | None]:
+    """(names, code per row) of a host column (dictionary or string); a missing host is "". A chunk of one host
+    (a sampler's file) gives None for the codes: every row is names[0], no array of a million zeros."""
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    if col.null_count == 0 and all(pa.types.is_dictionary(c.type) for c in chunks):
+        entries = {v for c in chunks for v in c.dictionary.to_pylist()}
+        if len(entries) == 1:
+            return [str(entries.pop())], None
     values, codes = column_codes(col)
     return ["" if v is None else str(v) for v in values], codes.astype(np.int32)
 
@@ -162,11 +170,17 @@ def _rows(batch: pa.RecordBatch | pa.Table, ids: _GpuIds) -> _Rows | None:
         ok = (gpu >= 0) & np.isfinite(time_)
         if not ok.any():
             return None
-        gpu, time_, codes, power, util = gpu[ok], time_[ok], codes[ok], power[ok], util[ok]
+        gpu, time_, power, util = gpu[ok], time_[ok], power[ok], util[ok]
+        codes = codes[ok] if codes is not None else None
         energy = energy[ok] if energy is not None else None
         causes = causes_mod.select(causes, ok) if causes is not None else None
-    gid, ngpu = ids.of(names, codes, gpu)
-    return _Rows(gid, time_, power, util, energy, ngpu, signals, causes)
+    k = ticks_mod.period(gpu, codes)
+    if k:  # the sampler's layout: the ids of one tick's GPUs, repeated (no lookup per row)
+        head, ngpu = ids.of(names, codes[:k] if codes is not None else np.zeros(k, np.int32), gpu[:k])
+        gid = np.tile(head, len(gpu) // k)
+    else:
+        gid, ngpu = ids.of(names, codes if codes is not None else np.zeros(len(gpu), np.int32), gpu)
+    return _Rows(gid, time_, power, util, energy, ngpu, signals, causes, k)
 
 
 def table_batches(trace) -> Iterator[pa.RecordBatch]:
@@ -218,9 +232,13 @@ class _Cells:
     power: np.ndarray  # per power sample (float32)
     gpu: np.ndarray  # per power sample: its GPU id (small ints: a lookup in a tiny table gives its edges)
     causes: causes_mod.ChunkCauses | None = None  # per present cell: SM clock, temperature, reasons
+    ticks: ticks_mod.Ticks | None = None  # the sampler's layout: cell, power and gpu are None, this holds them
 
 
 def _cells(r: _Rows, window_s: float, ngpu_seen: int) -> _Cells:
+    t = ticks_mod.layout(r.time, r.gid[: r.period], r.period, r.power, window_s) if r.period else None
+    if t is not None:
+        return _tick_cells(r, t, ngpu_seen)
     key = r.time / window_s if window_s != 1.0 else r.time.copy()
     np.floor(key, out=key)
     lo, hi = float(key.min()), float(key.max())
@@ -276,11 +294,29 @@ def _cells(r: _Rows, window_s: float, ngpu_seen: int) -> _Cells:
     )
 
 
+def _tick_cells(r: _Rows, t: ticks_mod.Ticks, ngpu_seen: int) -> _Cells:
+    """_cells of a chunk in the sampler's layout (ticks.py): every (window, GPU) of its window runs."""
+    lo = int(t.window[0])
+    span = int(t.window[-1]) - lo + 1
+    ids = t.head[t.order].astype(np.int64)
+    present = ((t.window - lo)[:, None] * ngpu_seen + ids[None, :]).ravel()
+    n = np.repeat(t.ticks_in, t.k)
+    psum = ticks_mod.sums(t, r.power)
+    if np.isfinite(np.add.reduce(r.util, dtype=np.float64)):
+        nu, usum = n, ticks_mod.sums(t, r.util)
+    else:
+        ok = ~np.isnan(r.util)
+        nu, usum = ticks_mod.counts(t, ok), ticks_mod.sums(t, np.where(ok, r.util, np.float32(0)))
+    chunk_causes = ticks_mod.causes(t, r.causes) if r.causes is not None else None
+    gid, window = np.tile(ids, len(t.window)), np.repeat(t.window, t.k)
+    return _Cells(span * ngpu_seen, present, gid, window, n, n, psum, nu, usum, None, None, None, chunk_causes, t)
+
+
 def _gpu_major(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """The chunk's (gid, time, power, energy) grouped by GPU, each GPU's rows in time order (stable)."""
     n, k = len(r.gid), r.ngpu
     head = r.gid[:k]
-    if n % k == 0 and len(np.unique(head)) == k and bool((r.gid.reshape(-1, k) == head).all()):
+    if r.period or n % k == 0 and len(np.unique(head)) == k and bool((r.gid.reshape(-1, k) == head).all()):
         # the sampler's layout, each tick's GPUs in the same order: a transpose groups them, no sort
         def grouped(a):
             return a.reshape(-1, k).T.ravel()
@@ -305,6 +341,13 @@ def _gpu_major(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
 
 
 def _energy_segments(r: _Rows) -> energy_mod.Segments:
+    if r.period:  # the sampler's layout with one time per tick: the GPUs share their intervals (energy.py)
+        k = r.period
+        t2 = r.time.reshape(-1, k)
+        if (k == 1 or bool((t2 == t2[:, :1]).all())) and np.isfinite(np.add.reduce(r.power, dtype=np.float64)):
+            if len(t2) < 2 or bool((t2[1:, 0] >= t2[:-1, 0]).all()):
+                e2 = r.energy.reshape(-1, k) if r.energy is not None else None
+                return energy_mod.summarize_ticks(r.gid[:k], t2[:, 0], r.power.reshape(-1, k), e2)
     return energy_mod.summarize_segments(*_gpu_major(r))
 
 
@@ -475,23 +518,39 @@ def _windows(
 ) -> _Windows:
     keys, rank = acc.ids.sorted()
     ngpu = len(keys)
-    gid = rank[np.concatenate([c.gid for c in acc.cells])]
-    index = np.concatenate([c.window for c in acc.cells])
+    gids = [rank[c.gid] for c in acc.cells]  # per chunk, each cell's GPU in sorted order
     first = np.full(ngpu, np.iinfo(np.int64).max)
     last = np.full(ngpu, np.iinfo(np.int64).min)
-    np.minimum.at(first, gid, index)
-    np.maximum.at(last, gid, index)
+    for c, g in zip(acc.cells, gids):
+        if c.ticks is not None:  # every GPU of the chunk over the same runs of windows, in time order
+            ids = rank[c.ticks.head]
+            first[ids] = np.minimum(first[ids], c.ticks.window[0])
+            last[ids] = np.maximum(last[ids], c.ticks.window[-1])
+        else:
+            np.minimum.at(first, g, c.window)
+            np.maximum.at(last, g, c.window)
     span = last - first + 1
-    _check_sampled_span(keys, span, np.bincount(gid, minlength=ngpu), first, window_s)
+    cells_per_gpu = sum(np.bincount(g, minlength=ngpu) for g in gids)
+    _check_sampled_span(keys, span, cells_per_gpu, first, window_s)
     base = np.concatenate([[0], np.cumsum(span)])
     total = int(base[-1])
-    pos = base[gid] - first[gid] + index  # each cell's window in the GPU-major output (a cell may recur)
+    # each chunk's cells' windows in the GPU-major output (a cell may recur in the next chunk, never in its own)
+    shift = base[:-1] - first
+    where = [
+        (c.ticks.window[:, None] + shift[rank[c.ticks.head[c.ticks.order]]][None, :]).ravel()
+        if c.ticks is not None
+        else shift[g] + c.window
+        for c, g in zip(acc.cells, gids)
+    ]
 
     def summed(name: str) -> np.ndarray:
-        return np.bincount(pos, weights=np.concatenate([getattr(c, name) for c in acc.cells]), minlength=total)
+        out = np.zeros(total)
+        for c, cells in zip(acc.cells, where):  # added chunk by chunk in row order, as one bincount adds
+            out[cells] += getattr(c, name)
+        return out
 
     n = summed("n").astype(np.int64)
-    samples_per_gpu = np.bincount(gid, weights=np.concatenate([c.rows for c in acc.cells]), minlength=ngpu)
+    samples_per_gpu = sum(np.bincount(g, weights=c.rows, minlength=ngpu) for c, g in zip(acc.cells, gids))
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_p = summed("psum") / n
         nu = summed("nu")
@@ -506,13 +565,16 @@ def _windows(
     # by the ids of the chunks (first sight), as the samples hold them
     hi_edge, lo_edge = _float32_edge(levels.compute_min_w)[rank], _float32_edge(levels.low_max_w)[rank]
     high, low = np.zeros(total), np.zeros(total)
-    at = 0
     cause_chunks = []
-    for c in acc.cells:
-        cells = pos[at : at + len(c.gid)]
+    for c, cells in zip(acc.cells, where):
         if c.causes is not None:
             cause_chunks.append((cells, c.rows, c.causes))
         # per sample 2 if high, + 1 if low (both at once were the learned edges ever to cross), counted per cell
+        if c.ticks is not None:  # the sampler's layout: runs of ticks, each GPU's edge along its column
+            high_c, low_c = ticks_mod.band_counts(c.ticks, hi_edge, lo_edge)
+            high[cells] += high_c
+            low[cells] += low_c
+            continue
         flags = (c.power >= hi_edge[c.gpu]).view(np.int8) * np.int8(2)
         flags += c.power < lo_edge[c.gpu]
         four = c.cell * 4 if c.grid < 1 << 29 else c.cell.astype(np.int64) * 4
@@ -520,7 +582,6 @@ def _windows(
         counts = np.bincount(four, minlength=4 * c.grid).reshape(-1, 4)[c.present]
         high[cells] += counts[:, 2] + counts[:, 3]
         low[cells] += counts[:, 1] + counts[:, 3]
-        at += len(c.gid)
     with np.errstate(invalid="ignore", divide="ignore"):
         high /= n
         low /= n
