@@ -161,6 +161,8 @@ def test_a_stop_request_file_is_a_request_and_signals_are_noted_not_acted_on(tmp
     assert request.reason() is None
     (tmp_path / STOP_REQUEST).write_text("{}")
     assert request.reason() == STOP_REQUEST
+    (tmp_path / STOP_REQUEST).write_text('{"reason": "the Slurm job\'s time limit in 25 s"}')  # as launch writes it
+    assert request.reason() == "STOP_REQUESTED: the Slurm job's time limit in 25 s"
     previous = {sig: signal.getsignal(sig) for sig in stop.STOP_SIGNALS}
     try:
         stop.install_stop_signals()

@@ -56,9 +56,21 @@ class StopRequest:
     def reason(self) -> str | None:
         if _signalled:
             return _signalled[0]
-        if (self.run_dir / STOP_REQUEST).exists():
-            return STOP_REQUEST
+        path = self.run_dir / STOP_REQUEST
+        if path.exists():
+            return f"{STOP_REQUEST}: {file_reason(path)}" if file_reason(path) else STOP_REQUEST
         return None
+
+
+def file_reason(path: Path) -> str | None:
+    """The `reason` launch wrote into a request file (a signal it got, the Slurm time limit), if it is readable."""
+    import json
+
+    try:
+        reason = json.loads(path.read_text()).get("reason")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return reason if isinstance(reason, str) and reason else None
 
 
 ABORT_POLL_S = 1.0  # one stat a second per rank: cheap, even on a shared filesystem's metadata server
