@@ -59,11 +59,12 @@ def train_argv(tmp: Path, out: Path, gpus: int = 2) -> list[str]:
     ]
 
 
-def nan_probe_argv(tmp: Path, out: Path) -> list[str]:
-    """train_argv with tests/dist/nan_probe.py (a NaN injected at WATTGATE_TEST_NAN_AT) as each rank's program."""
+def probe_argv(tmp: Path, out: Path, probe: str = "nan_probe.py") -> list[str]:
+    """train_argv with a tests/dist/ probe as each rank's program (nan_probe.py: a NaN injected at
+    WATTGATE_TEST_NAN_AT; stop_in_eval_probe.py: a stop inside a validation pass)."""
     argv = train_argv(tmp, out)
     at = argv.index("-m", 3)
-    return argv[:at] + [str(Path(__file__).with_name("dist") / "nan_probe.py")] + argv[at + 3 :]
+    return argv[:at] + [str(Path(__file__).with_name("dist") / probe)] + argv[at + 3 :]
 
 
 def run_to_end(tmp: Path, out: Path, expect: int = 0) -> subprocess.CompletedProcess:
@@ -187,6 +188,21 @@ def test_sigusr1_on_one_rank_alone_stops_every_rank_at_the_same_step(straight):
     assert_same_run(done, out)
 
 
+def test_a_stop_inside_a_validation_pass_redoes_the_pass_on_resume_and_stays_bitwise_equal(straight):
+    tmp, done = straight
+    out = tmp / "in-eval"
+    env = dict(os.environ, OMP_NUM_THREADS="1", WATTGATE_TEST_STOP_IN_EVAL="8")  # eval_every 4: a pass after step 8
+    first = subprocess.run(probe_argv(tmp, out, "stop_in_eval_probe.py"), capture_output=True, text=True, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    stopped = json.loads((out / STOPPED).read_text())
+    assert stopped["step"] == 8 and "inside the validation pass" in stopped["reason"]
+    state = json.loads((out / "checkpoints/step-8/state.json").read_text())
+    assert state["position"]["eval_pending"] is True and "eval_loss" not in state["position"]
+    assert 8 not in [r["step"] for r in pq.read_table(out / "eval.parquet", columns=["step"]).to_pylist()]
+    run_to_end(tmp, out)
+    assert_same_run(done, out)  # the pass after step 8 was redone first: every validation row once, the same
+
+
 # ---------------------------------------------------------------- non-finite state
 
 
@@ -195,7 +211,7 @@ def test_a_nan_loss_stops_before_the_update_naming_step_rank_and_documents(tmp_p
     out = tmp_path / "nan"
     env = dict(os.environ, OMP_NUM_THREADS="1", WATTGATE_TEST_NAN_AT="5:1")
     proc = subprocess.run(
-        nan_probe_argv(tmp_path, out),
+        probe_argv(tmp_path, out),
         capture_output=True,
         text=True,
         env=env,
@@ -214,7 +230,7 @@ def test_skip_step_drops_the_non_finite_update_and_finishes(tmp_path):
     out = tmp_path / "skip"
     env = dict(os.environ, OMP_NUM_THREADS="1", WATTGATE_TEST_NAN_AT="5:0")
     proc = subprocess.run(
-        nan_probe_argv(tmp_path, out),
+        probe_argv(tmp_path, out),
         capture_output=True,
         text=True,
         env=env,

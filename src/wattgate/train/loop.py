@@ -371,7 +371,7 @@ class Trainer:
         stop = agreed_stop(gathered, asked)  # the same on every rank: each rank's request is in `gathered`
         eval_loss = self.evaluate(g + 1, epoch) if act.evaluate else None
         if self.eval_interrupted:  # every rank agreed on a stop inside the pass
-            stop, eval_loss = stop or asked or "a stop requested on another rank", None
+            stop, eval_loss = stop or self.eval_stop_reason, None
         # metrics first: a published checkpoint at step n implies metrics through step n are on disk
         if self.log.flush_due(g, act.checkpoint or stop is not None):
             self.log.metrics.flush()
@@ -518,8 +518,10 @@ class Trainer:
 
     def stop_agreed_in_eval(self) -> bool:
         """Inside a validation pass: whether any rank has a stop request (one all-reduce, every rank alike)."""
-        carry_on = torch.tensor([float(self.stop_request.reason() is None)], device=self.device)
+        asked = self.stop_request.reason()
+        carry_on = torch.tensor([float(asked is None)], device=self.device)
         dist.all_reduce(carry_on, op=dist.ReduceOp.MIN)
+        self.eval_stop_reason = asked or "a stop requested on another rank"
         return float(carry_on[0]) < 0.5
 
     def save(self, step: int, epoch: int, eval_loss: float | None) -> None:
