@@ -1,6 +1,5 @@
 """Errors that end a stage with a one-line message instead of a traceback."""
 
-
 # A run that stopped on request (a time limit, preemption, SIGTERM or SIGUSR1) after publishing a checkpoint:
 # not a failure, not done. EX_TEMPFAIL: "try again", which is what Snakemake's retry and a rerun do.
 EXIT_STOPPED = 75
