@@ -1,4 +1,4 @@
-# Entry points: `make run` (the embedded default, end to end), `make test` and `make lint`
+# Entry points: `make run` (the embedded default, end to end, then `make demo-power`), `make test` and `make lint`
 # (.ci/run runs `make lint`, then `make test`).
 # Each creates .venv and installs what it needs; the install is redone only when
 # pyproject.toml or the constraints change.
@@ -9,7 +9,7 @@ CORES ?= 2
 BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 
-.PHONY: run test bench lint clean
+.PHONY: run demo-power test bench lint clean
 
 $(VENV)/.installed-%: pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,21 @@ $(VENV)/.installed-%: pyproject.toml $(CONSTRAINTS)
 
 run: $(VENV)/.installed-test
 	$(BIN)/snakemake --cores $(CORES)
+	$(MAKE) --no-print-directory demo-power
+
+# A real 8-GPU power log (nanoGPT DDP on 8 x H100, MIT: tests/data/nanogpt-8xh100/LICENSE and SOURCE.md),
+# imported, triaged and reported: the CPU default has no power data, this has phases, energy and a straggler
+NANOGPT := tests/data/nanogpt-8xh100
+DEMO_POWER := results/demo-power
+NANOGPT_COLUMNS := time=timestamp,gpu=gpu_index,power_w=power_W,util_gpu=utilization_gpu_percent,temp_c=temperature_C
+demo-power: $(VENV)/.installed-test
+	mkdir -p $(DEMO_POWER)
+	$(BIN)/wattgate import-trace --from csv --columns $(NANOGPT_COLUMNS) --host nanogpt-8xh100 \
+		$(NANOGPT)/gpu_metrics_first.csv.gz --out $(DEMO_POWER)/nanogpt-8xh100-first.parquet
+	$(BIN)/wattgate triage --trace $(DEMO_POWER)/nanogpt-8xh100-first.parquet --gpu-model h100 --out $(DEMO_POWER)/power
+	$(BIN)/wattgate report --trace $(DEMO_POWER)/nanogpt-8xh100-first.parquet --power $(DEMO_POWER)/power \
+		--gpu-model h100 --out $(DEMO_POWER)/report
+	@echo "demo-power: open $(DEMO_POWER)/report/index.html (a real 8 x H100 log: phases, energy, stragglers)"
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q

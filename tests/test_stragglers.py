@@ -165,6 +165,7 @@ def nanogpt(tmp_path_factory):
         assert main(["import-trace", "--from", "csv", "--columns", COLUMNS, log, "--out", str(trace)]) == 0
         assert main(["triage", "--trace", str(trace), "--gpu-model", "h100", "--out", str(tmp / name)]) == 0
         out[name] = json.loads((tmp / name / "triage.json").read_text())
+    out["tmp"] = tmp
     return out
 
 
@@ -197,3 +198,16 @@ def test_stragglers_json_is_strict(tmp_path):
     text = (out / "triage.json").read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
     assert np.isfinite(json.loads(text)["stragglers"][0]["lag_share"])
+
+
+def test_the_demo_report_of_the_real_log_shows_the_straggler_and_what_it_cost(nanogpt):
+    """What `make demo-power` shows a newcomer: the real 8 x H100 log's report names GPU 0 as rank-0 work."""
+    tmp = nanogpt["tmp"]
+    report = tmp / "report-first"
+    args = ["report", "--trace", str(tmp / "first.parquet"), "--power", str(tmp / "first"), "--gpu-model", "h100"]
+    assert main([*args, "--out", str(report)]) == 0
+    s = json.loads((report / "summary.json").read_text())
+    (e,) = s["stragglers"]["entries"]
+    assert (e["gpu"], e["cause"]) == (0, "rank0_work") and s["stragglers"]["wait_gpu_hours"] > 0
+    page = (report / "index.html").read_text()
+    assert 'id="stragglers"' in page and "per-GPU lag over time" in page and "rank0_work" in page

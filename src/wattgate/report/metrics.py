@@ -40,6 +40,8 @@ def trusted_metrics(metrics: pd.DataFrame, path: str | Path, note: Callable[[str
 def _last_of_duplicates(metrics: pd.DataFrame, path, note) -> pd.DataFrame:
     if not set(KEYS) <= set(metrics.columns):
         return metrics
+    if _in_write_order(metrics["step"].to_numpy(), metrics["rank"].to_numpy()):
+        return metrics  # rank 0 writes each step's ranks in order, step after step: nothing can repeat
     repeated = metrics.duplicated(KEYS, keep="last").to_numpy()
     if not repeated.any():
         return metrics
@@ -48,6 +50,14 @@ def _last_of_duplicates(metrics: pd.DataFrame, path, note) -> pd.DataFrame:
         "rewrites the steps after its checkpoint): each (step, rank) counted once, its last row"
     )
     return metrics[~repeated].reset_index(drop=True)
+
+
+def _in_write_order(step: np.ndarray, rank: np.ndarray) -> bool:
+    """Steps never go back and ranks rise within a step (no NaN): then no (step, rank) repeats."""
+    if len(step) < 2 or step.dtype.kind not in "iu" or rank.dtype.kind not in "iu":
+        return len(step) < 2
+    ds, dr = np.diff(step), np.diff(rank)
+    return bool(((ds > 0) | ((ds == 0) & (dr > 0))).all())
 
 
 def _out_of_range_left_out(metrics: pd.DataFrame, column: str, lo, hi, path, note) -> pd.DataFrame:

@@ -543,18 +543,23 @@ def _windows(
         for c, g in zip(acc.cells, gids)
     ]
 
-    def summed(name: str) -> np.ndarray:
-        out = np.zeros(total)
+    def summed(name: str, dtype=np.float64) -> np.ndarray:
+        out = np.zeros(total, dtype)
         for c, cells in zip(acc.cells, where):  # added chunk by chunk in row order, as one bincount adds
             out[cells] += getattr(c, name)
         return out
 
-    n = summed("n").astype(np.int64)
+    # each result in its own sum's buffer: a fresh array of a day's windows costs more in page faults than
+    # the arithmetic on it
+    n = summed("n", np.int64)
     samples_per_gpu = sum(np.bincount(g, weights=c.rows, minlength=ngpu) for c, g in zip(acc.cells, gids))
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean_p = summed("psum") / n
+        mean_p = summed("psum")
+        mean_p /= n
         nu = summed("nu")
-        mean_u = np.where(nu > 0, summed("usum") / np.maximum(nu, 1), np.nan)
+        mean_u = summed("usum")
+        np.divide(mean_u, nu, out=mean_u, where=nu > 0)
+        mean_u[nu == 0] = np.nan
     gpu_id = np.repeat(np.arange(ngpu), span)
     index = np.arange(total) - base[gpu_id] + first[gpu_id]
 
