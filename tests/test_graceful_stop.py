@@ -59,12 +59,12 @@ def train_argv(tmp: Path, out: Path, gpus: int = 2) -> list[str]:
     ]
 
 
-def probe_argv(tmp: Path, out: Path, probe: str = "nan_probe.py") -> list[str]:
-    """train_argv with a tests/dist/ probe as each rank's program (nan_probe.py: a NaN injected at
-    WATTGATE_TEST_NAN_AT; stop_in_eval_probe.py: a stop inside a validation pass)."""
+def rank_program_argv(tmp: Path, out: Path, program: str = "train_with_nan_loss.py") -> list[str]:
+    """train_argv with a tests/dist/ script as each rank's program (train_with_nan_loss.py: a NaN injected at
+    WATTGATE_TEST_NAN_AT; train_stop_in_eval.py: a stop inside a validation pass)."""
     argv = train_argv(tmp, out)
     at = argv.index("-m", 3)
-    return argv[:at] + [str(Path(__file__).with_name("dist") / probe)] + argv[at + 3 :]
+    return argv[:at] + [str(Path(__file__).with_name("dist") / program)] + argv[at + 3 :]
 
 
 def run_to_end(tmp: Path, out: Path, expect: int = 0) -> subprocess.CompletedProcess:
@@ -192,7 +192,7 @@ def test_a_stop_inside_a_validation_pass_redoes_the_pass_on_resume_and_stays_bit
     tmp, done = straight
     out = tmp / "in-eval"
     env = dict(os.environ, OMP_NUM_THREADS="1", WATTGATE_TEST_STOP_IN_EVAL="8")  # eval_every 4: a pass after step 8
-    first = subprocess.run(probe_argv(tmp, out, "stop_in_eval_probe.py"), capture_output=True, text=True, env=env)
+    first = subprocess.run(rank_program_argv(tmp, out, "train_stop_in_eval.py"), capture_output=True, text=True, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     stopped = json.loads((out / STOPPED).read_text())
     assert stopped["step"] == 8 and "inside the validation pass" in stopped["reason"]
@@ -211,7 +211,7 @@ def test_a_nan_loss_stops_before_the_update_naming_step_rank_and_documents(tmp_p
     out = tmp_path / "nan"
     env = dict(os.environ, OMP_NUM_THREADS="1", WATTGATE_TEST_NAN_AT="5:1")
     proc = subprocess.run(
-        probe_argv(tmp_path, out),
+        rank_program_argv(tmp_path, out),
         capture_output=True,
         text=True,
         env=env,
@@ -230,7 +230,7 @@ def test_skip_step_drops_the_non_finite_update_and_finishes(tmp_path):
     out = tmp_path / "skip"
     env = dict(os.environ, OMP_NUM_THREADS="1", WATTGATE_TEST_NAN_AT="5:0")
     proc = subprocess.run(
-        probe_argv(tmp_path, out),
+        rank_program_argv(tmp_path, out),
         capture_output=True,
         text=True,
         env=env,

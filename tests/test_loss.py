@@ -5,7 +5,7 @@ Equality is checked in fp32 on this machine for tied and untied embeddings, micr
 every train.attn_implementation the schema allows that trains on CPU (flash_attention_2 through
 transformers' real dispatch with sdpa standing in for flash_attn's kernels; flex_attention has no
 backward on CPU and is skipped by name), activation checkpointing on and off, and per-token and
-assistant-only loss masks; single-process here and FSDP2 on 2 gloo ranks (tests/dist/loss_probe.py).
+assistant-only loss masks; single-process here and FSDP2 on 2 gloo ranks (tests/dist/sharded_loss_step.py).
 Tolerance: the summed loss within 1e-5 relative, every gradient element within 1e-5 x max(1, max |grad|):
 fp32 round-off of a different summation order (measured deltas are ~1e-6 of the largest gradient).
 """
@@ -178,7 +178,7 @@ def probe(tmp_path: Path, tied: bool, micro_batch_size: int, activation_checkpoi
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"run_name": "t", "model": {"config": model}, "train": train}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    cmd += [str(REPO / "tests/dist/loss_probe.py"), str(cfg), str(tmp_path / "probe")]
+    cmd += [str(REPO / "tests/dist/sharded_loss_step.py"), str(cfg), str(tmp_path / "probe")]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300, cwd=REPO
     )

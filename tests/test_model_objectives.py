@@ -319,12 +319,12 @@ def test_auto_attention_is_a_kernel_the_model_runs_and_an_explicit_one_it_does_n
 
 
 def test_under_fsdp2_the_softcapped_chunked_loss_equals_the_models_own_logits(tmp_path):
-    """tests/dist/loss_probe.py (a torchrun script): one step's gradients with each loss kind, sharded."""
+    """tests/dist/sharded_loss_step.py (a torchrun script): one step's gradients with each loss kind, sharded."""
     train = {"seq_len": 48, "micro_batch_size": 2, "attn_implementation": "auto", "activation_checkpointing": True}
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({"run_name": "t", "model": model_cfg("gemma2"), "train": train}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    cmd += [str(REPO / "tests/dist/loss_probe.py"), str(cfg), str(tmp_path / "probe")]
+    cmd += [str(REPO / "tests/dist/sharded_loss_step.py"), str(cfg), str(tmp_path / "probe")]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -85,13 +85,13 @@ def test_out_replaces_its_own_output_and_accepts_an_empty_folder(tmp_path):
         (tmp / "a.txt").write_text("1")
     marker = json.loads((out / OUTPUT_MARKER).read_text())
     assert marker["written_by"] == "wattgate" and marker["format_version"] == 1
-    assert marker["stage"] == "test_outputs"  # the calling module
+    assert marker["stage"] == "test_output_publishing"  # the calling module
     with atomic_dir(out) as tmp:  # its own previous output: replaced
         (tmp / "b.txt").write_text("2")
     assert sorted(p.name for p in out.iterdir()) == sorted([OUTPUT_MARKER, "b.txt"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     # another stage's output (a run folder's checkpoints, a pretokenized corpus) is never replaced
-    with pytest.raises(InputError, match="output exists and is the output of wattgate test_outputs"):
+    with pytest.raises(InputError, match="output exists and is the output of wattgate test_output_publishing"):
         with atomic_dir(out, stage="pretokenize") as tmp:
             (tmp / "c.txt").write_text("3")
     assert sorted(p.name for p in out.iterdir()) == sorted([OUTPUT_MARKER, "b.txt"])

@@ -141,7 +141,7 @@ def test_sharded_load_gives_the_logits_of_from_pretrained(tmp_path, tied):
     path = save_hf_model(tmp_path / "model", seed=1, shard="20KB", tie_word_embeddings=tied)
     assert (path / "model.safetensors.index.json").exists()
     cfg = write_config(tmp_path / "c.yaml", 3, {"path": str(path)}, activation_checkpointing=True)
-    torchrun(3, str(REPO / "tests/dist/load_probe.py"), str(cfg), str(tmp_path / "probe"))
+    torchrun(3, str(REPO / "tests/dist/sharded_load_forward.py"), str(cfg), str(tmp_path / "probe"))
     probe = json.loads((tmp_path / "probe/probe.json").read_text())
     assert probe["world"] == 3 and probe["max_abs_delta"] == 0.0  # rotary inv_freq, ties and every slice right
 

@@ -1,5 +1,5 @@
 """Run under torchrun by tests/test_graceful_stop.py: `wattgate train` asked to stop inside the validation pass after
-step WATTGATE_TEST_STOP_IN_EVAL (every rank, at the pass's first stop check, which this probe makes every
+step WATTGATE_TEST_STOP_IN_EVAL (every rank, at the pass's first stop check, which this program makes every
 micro-batch), the way a time limit can land in a long pass. Arguments: the `wattgate train` flags."""
 
 import os
