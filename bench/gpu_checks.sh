@@ -3,7 +3,8 @@
 #   1. the NVML sampler on an idle GPU (power source, columns filled, GPM);
 #   2. sampler overhead (bench/sampler.py) with real NVML;
 #   3. calibrate: known phases -> a calibrated triage table + its labelled samples;
-#   4. the CUDA/NCCL train path (bf16 FSDP2, world 1) under the sampler and the watcher;
+#   4. the CUDA/NCCL train path (bf16 FSDP2, world 1) under the sampler and the watcher, with the clocks-event
+#      reasons and SM clock the sampler recorded during its steps (issue 34);
 #   5. real-size load and step (issue 9): a Qwen3-shaped model (QWEN_SIZE=1.7b|4b) written as bf16
 #      safetensors, sharded load, seq_len 8192 packed, bf16, activation checkpointing on and off:
 #      steady-state MFU, tokens/s, peak memory against the gate's estimate, load and export time;
@@ -78,6 +79,23 @@ $W gate --config "$C" --pretokenized "$work/pretokenized" --plan "$work/plan" --
 $W launch --config "$C" --pretokenized "$work/pretokenized" --plan "$work/plan" --out "$work/train"
 echo "launch exit status $?"
 cat "$work/train/TRAINED" "$work/train/watcher.json" 2>/dev/null
+# issue 34: the clocks-event reasons bitmask and the SM clock the sampler recorded during the training steps
+$PY - "$work/train" <<'EOF'
+import sys
+from pathlib import Path
+import pyarrow.parquet as pq
+from wattgate.trace import REASON_BITS, read_trace, trace_files
+run = Path(sys.argv[1])
+m = pq.read_table(run / "metrics.parquet").to_pandas()
+t0, t1 = float((m["time"] - m["step_time_s"]).min()), float(m["time"].max())
+for path in trace_files(run / "telemetry"):
+    d = read_trace(path).to_pandas()
+    d = d[(d["time"] >= t0) & (d["time"] <= t1)]
+    print(path.name, len(d), "rows in the training steps; SM clock MHz", d["sm_clock_mhz"].describe().round(0).to_dict())
+    for mask, n in d["clocks_event_reasons"].value_counts(dropna=False).items():
+        names = [k for k, bit in REASON_BITS.items() if mask == mask and int(mask) & bit]
+        print(f"  clocks_event_reasons {mask!r} ({', '.join(names) or 'none'}): {n} rows")
+EOF
 grep -h "estimated peak" "$work/gate/gate.md" 2>/dev/null
 tar -C "$work" -czf "$OUT/train-run.tar.gz" config.yaml gate/gate.json train/TRAINED train/watcher.json \
   train/metrics.parquet train/telemetry train/heartbeat 2>/dev/null
