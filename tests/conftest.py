@@ -13,6 +13,32 @@ from wattgate.data.demo_corpus import generate  # noqa: E402
 from wattgate.data.records import Record  # noqa: E402
 from wattgate.data.tokenizer import save_hf_tokenizer, train_bpe, training_texts  # noqa: E402
 
+# helpers and fixtures the test modules share (tests/support/), taken from here: `from conftest import make_run`
+from support.attention import (  # noqa: E402, F401 (reference_flash_kernel is a fixture)
+    DOC_LENGTHS,
+    PACKS,
+    SCHEMA_CHOICES,
+    SEQ_LEN,
+    reference_flash_attn_func,
+    reference_flash_kernel,
+)
+from support.logs import gpu_rows, write_log  # noqa: E402, F401
+from support.models import QWEN3_32B, QWEN3_SETTINGS, TINY, TINY_3_LAYERS, TINY_MODEL, save_hf_model  # noqa: E402, F401
+from support.runs import (  # noqa: E402, F401 (proof_run is a fixture)
+    CADENCE,
+    config_for,
+    fake_pretokenized,
+    final_params,
+    make_run,
+    proof_run,
+    run_train,
+    torchrun,
+    train_config,
+    with_extra_validation_micro_batch,
+    without_rows,
+)
+from support.workflow import BIN, snakemake  # noqa: E402, F401
+
 REPO = Path(__file__).resolve().parents[1]
 
 

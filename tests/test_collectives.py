@@ -19,37 +19,17 @@ from wattgate.run_files import read_plan
 from wattgate.train import loop
 from wattgate.train.settings import TrainSettings
 
-from test_train import make_run
-
-# one epoch of ~13 steps, one micro-batch each: a log at step 1 and the last, validation and a checkpoint every 5
-# and at the end; activation checkpointing off (it only repeats forward ops): four classes, a few seconds a proof
-CADENCE = dict(
-    micro_batch_size=2,
-    grad_accum=1,
-    epochs=1,
-    checkpoint_every=5,
-    eval_every=5,
-    log_every=100,
-    activation_checkpointing=False,
-)
+from conftest import CADENCE, config_for, make_run
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("proof")
-    lengths = np.random.default_rng(3).integers(5, 60, 120).tolist()
-    plan, config = make_run(tmp, lengths, gpus=2, validation_fraction=0.1, **CADENCE)
-    return tmp / "pretokenized", plan, config
-
-
-@pytest.fixture(scope="module")
-def clean(run):
-    pretokenized, plan, config = run
+def clean(proof_run):
+    pretokenized, plan, config = proof_run
     return prove_collectives(config, pretokenized, plan)
 
 
-def test_step_classes_come_from_the_plan_and_cover_every_kind(run):
-    _, plan_dir, config = run
+def test_step_classes_come_from_the_plan_and_cover_every_kind(proof_run):
+    _, plan_dir, config = proof_run
     plan, _ = read_plan(plan_dir)
     classes = classes_by_rank(plan, plan_dir, TrainSettings.from_config(config))
     total = plan["steps_per_epoch"]
@@ -86,8 +66,8 @@ def patched(monkeypatch, name, make):
     monkeypatch.setattr(loop.Trainer, name, make(original))
 
 
-def caught(run, expect_rank=1):
-    pretokenized, plan, config = run
+def caught(proof_run, expect_rank=1):
+    pretokenized, plan, config = proof_run
     report = prove_collectives(config, pretokenized, plan)
     d = report["divergence"]
     assert not report["passed"] and d is not None, report["detail"]
@@ -99,7 +79,7 @@ def caught(run, expect_rank=1):
     return report, d
 
 
-def test_a_rank_0_only_all_reduce_on_log_steps_is_caught(run, monkeypatch):
+def test_a_rank_0_only_all_reduce_on_log_steps_is_caught(proof_run, monkeypatch):
     def make(original):
         def run_step(self, g, prefetch):
             original(self, g, prefetch)
@@ -109,12 +89,12 @@ def test_a_rank_0_only_all_reduce_on_log_steps_is_caught(run, monkeypatch):
         return run_step
 
     patched(monkeypatch, "run_step", make)
-    _, d = caught(run)
+    _, d = caught(proof_run)
     assert "log" in d["phase"] and d["step"] == 1
     assert "allreduce_(float32[1], sum)" in d["rank0"]
 
 
-def test_a_barrier_only_on_rank_0_at_a_checkpoint_is_caught(run, monkeypatch):
+def test_a_barrier_only_on_rank_0_at_a_checkpoint_is_caught(proof_run, monkeypatch):
     def make(original):
         def save(self, step, epoch, eval_loss):
             if self.rank == 0:
@@ -124,11 +104,11 @@ def test_a_barrier_only_on_rank_0_at_a_checkpoint_is_caught(run, monkeypatch):
         return save
 
     patched(monkeypatch, "save", make)
-    _, d = caught(run)
+    _, d = caught(proof_run)
     assert "checkpoint" in d["phase"] and d["step"] == 5 and d["rank0"].startswith("barrier()")
 
 
-def test_an_extra_all_gather_on_one_rank_during_validation_is_caught(run, monkeypatch):
+def test_an_extra_all_gather_on_one_rank_during_validation_is_caught(proof_run, monkeypatch):
     def make(original):
         def evaluate(self, step, epoch):
             if self.rank == 1:
@@ -138,11 +118,11 @@ def test_an_extra_all_gather_on_one_rank_during_validation_is_caught(run, monkey
         return evaluate
 
     patched(monkeypatch, "evaluate", make)
-    _, d = caught(run)
+    _, d = caught(proof_run)
     assert "validation" in d["phase"] and d["step"] == 5 and "allgather_(float32[3]" in d["this_rank"]
 
 
-def test_one_rank_skipping_clip_grad_norm_is_caught(run, monkeypatch):
+def test_one_rank_skipping_clip_grad_norm_is_caught(proof_run, monkeypatch):
     real = torch.nn.utils.clip_grad_norm_
 
     def clip(parameters, max_norm, *args, **kwargs):
@@ -151,11 +131,11 @@ def test_one_rank_skipping_clip_grad_norm_is_caught(run, monkeypatch):
         return real(parameters, max_norm, *args, **kwargs)
 
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
-    _, d = caught(run)
+    _, d = caught(proof_run)
     assert d["step"] == 1 and "all_reduce" in d["rank0"] and "all_reduce" not in d["this_rank"]
 
 
-def test_an_object_collective_only_on_rank_0_is_caught(run, monkeypatch):
+def test_an_object_collective_only_on_rank_0_is_caught(proof_run, monkeypatch):
     def make(original):
         def export(self):
             if self.rank == 0:
@@ -165,7 +145,7 @@ def test_an_object_collective_only_on_rank_0_is_caught(run, monkeypatch):
         return export
 
     patched(monkeypatch, "export", make)
-    _, d = caught(run)
+    _, d = caught(proof_run)
     assert d["phase"] == "export and summary" and d["step"] is None
     assert d["rank0"].startswith("broadcast_object_list(1 objects, src 0)")
 
@@ -180,8 +160,8 @@ def with_extra_micro_batch(plan_dir, rank: int, step: int) -> None:
     pq.write_table(pa.Table.from_pylist(rows + [extra], schema=table.schema), path)
 
 
-def test_one_more_micro_batch_on_one_rank_in_one_step_is_caught_at_the_collective_level(run, tmp_path):
-    pretokenized, plan, config = run
+def test_one_more_micro_batch_on_one_rank_in_one_step_is_caught_at_the_collective_level(proof_run, tmp_path):
+    pretokenized, plan, config = proof_run
     uneven = tmp_path / "plan"
     shutil.copytree(plan, uneven)
     with_extra_micro_batch(uneven, rank=1, step=2)
@@ -195,8 +175,8 @@ def test_one_more_micro_batch_on_one_rank_in_one_step_is_caught_at_the_collectiv
 
 
 @pytest.mark.slow
-def test_the_gate_runs_the_proof_as_its_collectives_check(run, tmp_path, monkeypatch):
-    pretokenized, plan, config = run
+def test_the_gate_runs_the_proof_as_its_collectives_check(proof_run, tmp_path, monkeypatch):
+    pretokenized, plan, config = proof_run
     report = run_gate(config, pretokenized, plan, tmp_path / "gate")
     check = next(c for c in report["checks"] if c["name"] == "collectives")
     assert check["passed"], check["detail"]
@@ -248,8 +228,6 @@ def test_a_continued_plan_is_proved_from_its_first_step(tmp_path):
     from wattgate.identity import run_identity
     from wattgate.pack.plan import build_plan
     from wattgate.data.synthetic import write_random_pretokenized
-
-    from test_resize_refusals import config_for
 
     pretok = write_random_pretokenized(tmp_path / "pretokenized", np.random.default_rng(5).integers(8, 60, 97), 96)
     plan = build_plan(config_for(4), pretok, tmp_path / "plan")

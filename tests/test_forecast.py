@@ -28,7 +28,7 @@ from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
 
 from conftest import write_jsonl
-from test_gate import TINY_MODEL, QWEN3_32B, without_rows
+from conftest import QWEN3_32B, TINY_MODEL, without_rows
 
 
 def independent_divergence(packs: pd.DataFrame, world: int):

@@ -22,18 +22,7 @@ from wattgate.model_spec import ModelSpec
 from wattgate.gate.run import config_fit_estimate, run_checks, run_gate
 from wattgate.pack.plan import build_plan
 
-from conftest import write_jsonl
-
-TINY_MODEL = {
-    "model_type": "qwen3",
-    "vocab_size": 600,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-}
+from conftest import QWEN3_32B, QWEN3_SETTINGS, TINY_MODEL, without_rows, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -75,21 +64,6 @@ def verdicts(inputs):
 
 def failed(inputs):
     return sorted(name for name, c in verdicts(inputs).items() if not c.passed)
-
-
-def without_rows(packs, rows):
-    keep = np.ones(len(packs), dtype=bool)
-    keep[rows] = False
-    entry_keep = np.repeat(keep, packs.docs_per_row)
-    offsets = np.concatenate(([0], np.cumsum(packs.docs_per_row[keep])))
-    return dataclasses.replace(
-        packs,
-        **{f: getattr(packs, f)[keep] for f in ("epoch", "step", "micro", "rank", "slot", "num_tokens")},
-        doc_ids=packs.doc_ids[entry_keep],
-        doc_lengths=packs.doc_lengths[entry_keep],
-        offsets=offsets,
-        length_offsets=offsets,
-    )
 
 
 def test_valid_plan_passes_every_check(inputs):
@@ -262,19 +236,6 @@ def test_schedule(inputs):
     config["train"].update(warmup_steps=0, checkpoint_every=10_000)
     check = verdicts(broken)["schedule"]  # the loop checkpoints at the last step anyway: a note, not a failure
     assert check.passed and "the only checkpoint is the one at the last step" in check.detail
-
-
-QWEN3_32B = {
-    "model_type": "qwen3",
-    "vocab_size": 151936,
-    "hidden_size": 5120,
-    "intermediate_size": 25600,
-    "num_hidden_layers": 64,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "tie_word_embeddings": False,
-}
 
 
 def test_qwen3_32b_on_2x8_b300_estimate_is_plausible():
@@ -490,9 +451,6 @@ def test_h100_example_reason(tmp_path):
     assert max(steady, key=steady.get) == "sharded_adam_state_fp32"
     for term in ("sharded_adam_state_fp32", "logits"):
         assert f"{term} {steady[term] / GIB:.1f} GiB" in " ".join(header_lines(name))
-
-
-QWEN3_SETTINGS = dict(world_size=16, tokens_per_micro_batch=8192, activation_checkpointing=True, mixed_precision=True)
 
 
 def test_load_peak_is_far_below_the_whole_model_per_rank():

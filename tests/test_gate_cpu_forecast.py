@@ -12,7 +12,7 @@ from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
 
-from test_train import TINY
+from conftest import TINY, with_extra_validation_micro_batch
 
 
 def gate_of(tmp_path, remainder="rebin", **train):
@@ -66,7 +66,6 @@ def test_the_host_matmul_takes_under_a_second_and_reads_a_real_rate():
 
 def test_an_uneven_validation_pass_on_cpu_states_its_cost(tmp_path):
     """With the host-matmul forecast the validation failure's cost is computed on CPU too (a KeyError there)."""
-    from test_validation_train import with_extra_validation_micro_batch
 
     lengths = np.random.default_rng(4).integers(5, 60, 200)
     pretok = write_random_pretokenized(tmp_path / "pretokenized", lengths, 96, 0, validation_fraction=0.2)

@@ -11,8 +11,7 @@ from safetensors.torch import load_file, save_file
 from wattgate.gate.run import run_gate
 from wattgate.gate.weights_check import check_weights
 
-from test_collectives import CADENCE
-from test_train import TINY, make_run
+from conftest import CADENCE, TINY, make_run
 
 
 def saved_folder(path, cfg=TINY, dtype=torch.bfloat16):

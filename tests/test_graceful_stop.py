@@ -192,7 +192,9 @@ def test_a_stop_inside_a_validation_pass_redoes_the_pass_on_resume_and_stays_bit
     tmp, done = straight
     out = tmp / "in-eval"
     env = dict(os.environ, OMP_NUM_THREADS="1", WATTGATE_TEST_STOP_IN_EVAL="8")  # eval_every 4: a pass after step 8
-    first = subprocess.run(rank_program_argv(tmp, out, "train_stop_in_eval.py"), capture_output=True, text=True, env=env)
+    first = subprocess.run(
+        rank_program_argv(tmp, out, "train_stop_in_eval.py"), capture_output=True, text=True, env=env
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     stopped = json.loads((out / STOPPED).read_text())
     assert stopped["step"] == 8 and "inside the validation pass" in stopped["reason"]

@@ -13,7 +13,7 @@ from wattgate.errors import InputError
 from wattgate.power.importers import import_trace, write_trace
 from wattgate.report import run_report
 
-from test_import_trace import rows, write  # the same small helpers
+from conftest import gpu_rows, write_log
 
 T0 = dt.datetime(2025, 9, 24, 3, 41, 43, 487000, tzinfo=dt.timezone.utc).timestamp()
 CUSTOM = "timestamp,gpu_index,temperature_C,utilization_gpu_percent,power_W"
@@ -21,7 +21,7 @@ COLUMNS = "time=timestamp,gpu=gpu_index,power_w=power_W,util_gpu=utilization_gpu
 
 
 def test_custom_header_mapped_with_columns_and_iso_z_times(tmp_path):
-    log = write(
+    log = write_log(
         tmp_path / "node7.csv",
         f"""
 {CUSTOM}
@@ -32,7 +32,7 @@ def test_custom_header_mapped_with_columns_and_iso_z_times(tmp_path):
 """,
     )
     table, meta = import_trace("csv", [log], columns=COLUMNS)
-    d = rows(table)
+    d = gpu_rows(table)
     assert d["time"].tolist() == pytest.approx([T0, T0 + 1, T0, T0 + 1], abs=1e-3)
     assert d["gpu"].tolist() == [0, 0, 1, 1] and d["host"].unique().tolist() == ["node7"]
     assert d["power_w"].tolist() == pytest.approx([72.5, 610.0, 650.25, 655.0])
@@ -42,7 +42,7 @@ def test_custom_header_mapped_with_columns_and_iso_z_times(tmp_path):
 
 def test_stated_units_epoch_ms_milliwatts_and_unmapped_gpu_is_one_gpu(tmp_path):
     ms = int(T0 * 1000)
-    log = write(
+    log = write_log(
         tmp_path / "w.csv",
         f"""
 ts,power_mW,energy
@@ -51,7 +51,7 @@ ts,power_mW,energy
 """,
     )
     table, meta = import_trace("csv", [log], columns="time=ts:ms,power_w=power_mW:mW,energy_j=energy:kJ")
-    d = rows(table)
+    d = gpu_rows(table)
     assert d["time"].tolist() == pytest.approx([T0, T0 + 0.5], abs=1e-3)
     assert d["power_w"].tolist() == pytest.approx([350.12, 360.0])  # the value's own unit wins
     assert d["energy_j"].tolist() == pytest.approx([1500.0, 2000.0])
@@ -59,7 +59,7 @@ ts,power_mW,energy
 
 
 def test_a_mapped_column_missing_from_the_header_names_file_and_header(tmp_path):
-    log = write(tmp_path / "c.csv", f"{CUSTOM}\n2025-09-24T03:41:43.487Z,0,41,0,72.5\n")
+    log = write_log(tmp_path / "c.csv", f"{CUSTOM}\n2025-09-24T03:41:43.487Z,0,41,0,72.5\n")
     with pytest.raises(InputError, match=r"c\.csv: --columns names 'power_mw', not in the header \(timestamp, "):
         import_trace("csv", [log], columns="time=timestamp,power_w=power_mw")
     with pytest.raises(InputError, match="time and power_w must be mapped|power_w must be mapped"):
@@ -93,7 +93,7 @@ def test_a_mapped_column_missing_from_the_header_names_file_and_header(tmp_path)
 
 def test_nvidia_smi_reads_iso_times_with_z_or_an_offset_and_naive_ones_take_tz(tmp_path):
     header = "timestamp, index, power.draw [W]"
-    log = write(
+    log = write_log(
         tmp_path / "n.csv",
         f"""
 {header}
@@ -103,7 +103,7 @@ def test_nvidia_smi_reads_iso_times_with_z_or_an_offset_and_naive_ones_take_tz(t
 """,
     )
     table, _ = import_trace("nvidia-smi", [log], tz_name="Europe/Berlin")  # CEST: UTC+2 for the naive one
-    assert rows(table)["time"].tolist() == pytest.approx([T0, T0 + 1, T0 + 2], abs=1e-3)
+    assert gpu_rows(table)["time"].tolist() == pytest.approx([T0, T0 + 1, T0 + 2], abs=1e-3)
 
 
 @pytest.mark.parametrize(
@@ -131,24 +131,24 @@ def test_nvidia_smi_reads_iso_times_with_z_or_an_offset_and_naive_ones_take_tz(t
     ],
 )
 def test_truncated_final_line_is_dropped_with_a_note_but_a_bad_middle_line_still_errors(tmp_path, fmt, text, kw):
-    log = write(tmp_path / "log.csv", text)
+    log = write_log(tmp_path / "log.csv", text)
     table, meta = import_trace(fmt, [log], **kw)
     assert table.num_rows in (2, 4) and meta["skipped_lines"] == {"truncated_final_line": 1}
     assert any("log.csv:4: truncated final line dropped" in n for n in meta["notes"])
     lines = text.split("\n")
     bad = "\n".join(lines[:2] + [lines[3]] + [lines[2]]) + "\n"  # the cut line mid-file, a good line last
-    write(log, bad)
+    write_log(log, bad)
     with pytest.raises(InputError, match=r"log\.csv:3: .*--skip-bad-lines"):
         import_trace(fmt, [log], **kw)
     assert import_trace(fmt, [log], skip_bad_lines=True, **kw)[1]["skipped_lines"] != {"truncated_final_line": 1}
     if fmt == "nvidia-smi" and text.endswith("70 m"):  # a complete line (it has its line end) is a bad line
-        write(log, text + "\n")
+        write_log(log, text + "\n")
         with pytest.raises(InputError, match=r"log\.csv:4: field 'power.draw': .*unknown unit 'm'"):
             import_trace(fmt, [log])
 
 
 def test_fields_with_a_header_warns_that_the_header_wins(tmp_path, capsys):
-    log = write(tmp_path / "h.csv", "timestamp, index, power.draw [W]\n2025/07/27 00:34:45.155, 0, 70 W\n")
+    log = write_log(tmp_path / "h.csv", "timestamp, index, power.draw [W]\n2025/07/27 00:34:45.155, 0, 70 W\n")
     table, _ = import_trace("nvidia-smi", [log], fields=["timestamp", "power.draw"])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "h.csv" in err[0] and "--fields ignored (the header wins)" in err[0]
@@ -163,13 +163,13 @@ def test_report_table_for_a_gpu_with_no_shipped_table(tmp_path):
                 f"2025-07-27T00:{34 + (i // 60)}:{i % 60:02d}.000Z, {g}, Tesla V100-SXM2-32GB, "
                 f"{250 if i < 60 else 60}.0 W, {100 if i < 60 else 0} %"
             )
-    log = write(tmp_path / "v100.csv", "\n".join(lines) + "\n")
+    log = write_log(tmp_path / "v100.csv", "\n".join(lines) + "\n")
     table, _ = import_trace("nvidia-smi", [log])
     trace = tmp_path / "t.parquet"
     write_trace(table, trace)
     s = run_report(None, tmp_path / "plain", trace_paths=[trace])
     assert s["phases"]["by_phase"] == {} and any("could not pick a table" in n for n in s["notes"])
-    yaml_table = write(
+    yaml_table = write_log(
         tmp_path / "v100.yaml",
         """
 gpu_model: V100

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, gpu_rows, write_log
 from wattgate.errors import InputError
 from wattgate.power.importers import import_trace, write_trace
 from wattgate.power.importers.nvidia_smi import infer_burst_positions
@@ -16,17 +16,8 @@ SMI_HEADER = "timestamp, index, name, power.draw [W], power.draw.instant [W], ut
 T0 = 1753576485.155  # 2025/07/27 00:34:45.155 UTC
 
 
-def write(path, text):
-    path.write_text(text.lstrip("\n"))
-    return path
-
-
-def rows(table):
-    return table.to_pandas().sort_values(["gpu", "time"]).reset_index(drop=True)
-
-
 def test_nvidia_smi_with_units_markers_and_an_index(tmp_path):
-    log = write(
+    log = write_log(
         tmp_path / "node1.csv",
         f"""
 {SMI_HEADER}
@@ -37,7 +28,7 @@ def test_nvidia_smi_with_units_markers_and_an_index(tmp_path):
 """,
     )
     table, meta = import_trace("nvidia-smi", [log])
-    d = rows(table)
+    d = gpu_rows(table)
     assert table.schema.names == TRACE_SCHEMA.names
     assert d["host"].unique().tolist() == ["node1"] and d["gpu"].tolist() == [0, 0, 1, 1]
     assert d["time"].iloc[0] == pytest.approx(T0, abs=1e-3)
@@ -59,9 +50,9 @@ def test_nvidia_smi_without_index_infers_gpus_from_bursts_including_a_short_one(
         for g in range(n):
             ms = 155 + burst * 100 + 3 * g
             lines.append(f"2025/07/27 00:34:{45 + ms // 1000:02d}.{ms % 1000:03d}, {100 + 10 * g}.0 W, {g} %")
-    log = write(tmp_path / "n.csv", "\n".join(lines) + "\n")
+    log = write_log(tmp_path / "n.csv", "\n".join(lines) + "\n")
     table, meta = import_trace("nvidia-smi", [log])
-    d = rows(table)
+    d = gpu_rows(table)
     assert meta["gpu_index_inferred"] and "4 GPU(s); 1 short burst(s)" in meta["notes"][0]
     assert d.groupby("gpu").size().tolist() == [6, 6, 5, 5]
     assert (d["power_w"] == 100 + 10 * d["gpu"]).all()  # every row landed on its GPU
@@ -74,15 +65,15 @@ def test_burst_inference_on_exact_grid():
 
 
 def test_noheader_needs_fields_and_nounits_values_work(tmp_path):
-    log = write(tmp_path / "n.csv", "2025/07/27 00:34:45.155, 0, 72.36, 0\n2025/07/27 00:34:45.255, 0, 75.0, 100\n")
+    log = write_log(tmp_path / "n.csv", "2025/07/27 00:34:45.155, 0, 72.36, 0\n2025/07/27 00:34:45.255, 0, 75.0, 100\n")
     with pytest.raises(InputError, match="no header line.*--fields"):
         import_trace("nvidia-smi", [log])
     table, _ = import_trace("nvidia-smi", [log], fields=["timestamp", "index", "power.draw", "utilization.gpu"])
-    assert rows(table)["power_w"].tolist() == pytest.approx([72.36, 75.0])
+    assert gpu_rows(table)["power_w"].tolist() == pytest.approx([72.36, 75.0])
 
 
 def test_bad_lines_name_file_line_and_field_or_are_counted(tmp_path):
-    log = write(
+    log = write_log(
         tmp_path / "n.csv",
         f"""
 {SMI_HEADER}
@@ -98,20 +89,20 @@ yesterday, 0, NVIDIA H100, 72.36 W, 75.10 W, 0 %, 1 MiB
 
 
 def test_unknown_layout_says_which_columns_it_needs(tmp_path):
-    log = write(tmp_path / "n.csv", "date, watts\n2025-01-01, 3\n")
+    log = write_log(tmp_path / "n.csv", "date, watts\n2025-01-01, 3\n")
     with pytest.raises(InputError, match="needs the columns timestamp and power.draw"):
         import_trace("nvidia-smi", [log], fields=None)
     with pytest.raises(InputError, match="Zeus power CSV needs a time column"):
         import_trace("zeus", [log])
     with pytest.raises(InputError, match=r"n\.csv:1: .*not a Prometheus sample"):
         import_trace("dcgm", [log])
-    other = write(tmp_path / "other.prom", "# HELP node_load1 load\nnode_load1 0.5\n")
+    other = write_log(tmp_path / "other.prom", "# HELP node_load1 load\nnode_load1 0.5\n")
     with pytest.raises(InputError, match="no DCGM samples.*DCGM_FI_DEV_POWER_USAGE"):
         import_trace("dcgm", [other])
 
 
 def test_pci_bus_id_orders_gpus_when_there_is_no_index(tmp_path):
-    log = write(
+    log = write_log(
         tmp_path / "n.csv",
         """
 timestamp, pci.bus_id, power.draw [W]
@@ -120,7 +111,7 @@ timestamp, pci.bus_id, power.draw [W]
 """,
     )
     table, meta = import_trace("nvidia-smi", [log])
-    assert dict(zip(rows(table)["gpu"], rows(table)["power_w"])) == {0: 100.0, 1: 300.0}
+    assert dict(zip(gpu_rows(table)["gpu"], gpu_rows(table)["power_w"])) == {0: 100.0, 1: 300.0}
 
 
 DCGM_LINE = (
@@ -133,7 +124,7 @@ def dcgm(metric, gpu, value, ts=""):
 
 
 def test_dcgm_scrapes_with_timestamps_comment_times_or_a_time_in_the_file_name(tmp_path):
-    stamped = write(
+    stamped = write_log(
         tmp_path / "a.prom",
         "# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).\n"
         + dcgm("POWER_USAGE", 0, 412.5, " 1753576485100")
@@ -142,12 +133,12 @@ def test_dcgm_scrapes_with_timestamps_comment_times_or_a_time_in_the_file_name(t
         + 'DCGM_FI_PROF_SM_ACTIVE{gpu="0",Hostname="node7"} 0.42 1753576485100\n',
     )
     table, meta = import_trace("dcgm", [stamped])
-    d = rows(table)
+    d = gpu_rows(table)
     assert d[["host", "gpu"]].values.tolist() == [["node7", 0]]
     assert (d["power_w"].iloc[0], d["util_gpu"].iloc[0], d["energy_j"].iloc[0]) == pytest.approx((412.5, 97, 5.0))
     assert d["sm_active"].iloc[0] == pytest.approx(42.0) and d["time"].iloc[0] == pytest.approx(1753576485.1)
     assert meta["gpus"][0]["name"] == "NVIDIA B200"
-    blocks = write(
+    blocks = write_log(
         tmp_path / "b.prom",
         "# 2025-07-27T00:34:45Z\n"
         + dcgm("POWER_USAGE", 0, 400)
@@ -156,21 +147,21 @@ def test_dcgm_scrapes_with_timestamps_comment_times_or_a_time_in_the_file_name(t
         + dcgm("POWER_USAGE", 0, 402)
         + dcgm("POWER_USAGE", 1, 403),
     )
-    d = rows(import_trace("dcgm", [blocks])[0])
+    d = gpu_rows(import_trace("dcgm", [blocks])[0])
     assert d["time"].tolist() == pytest.approx([1753576485.0, 1753576486.0] * 2)
-    per_file = write(tmp_path / "scrape-1753576490.txt", dcgm("POWER_USAGE", 0, 399))
-    assert rows(import_trace("dcgm", [per_file])[0])["time"].iloc[0] == pytest.approx(1753576490.0)
-    untimed = write(tmp_path / "c.prom", dcgm("POWER_USAGE", 0, 400))
+    per_file = write_log(tmp_path / "scrape-1753576490.txt", dcgm("POWER_USAGE", 0, 399))
+    assert gpu_rows(import_trace("dcgm", [per_file])[0])["time"].iloc[0] == pytest.approx(1753576490.0)
+    untimed = write_log(tmp_path / "c.prom", dcgm("POWER_USAGE", 0, 400))
     with pytest.raises(InputError, match=r"c\.prom:1: field 'timestamp'"):
         import_trace("dcgm", [untimed])
-    twice = write(tmp_path / "d.prom", "# 1753576485\n" + dcgm("POWER_USAGE", 0, 400) + dcgm("POWER_USAGE", 0, 401))
+    twice = write_log(tmp_path / "d.prom", "# 1753576485\n" + dcgm("POWER_USAGE", 0, 400) + dcgm("POWER_USAGE", 0, 401))
     with pytest.raises(InputError, match=r"d\.prom:3: .*second scrape without a time line"):
         import_trace("dcgm", [twice])
 
 
 def test_zeus_wide_and_legacy_milliwatt_logs(tmp_path):
-    wide = write(tmp_path / "wide.csv", "time,gpu0,gpu1\n1753576485.0,300.5,290.1\n1753576485.1,301.5,[N/A]\n")
-    legacy = write(tmp_path / "legacy.csv", "Time,Power\n2022-07-13 02:07:36.708783111,32402\n")
+    wide = write_log(tmp_path / "wide.csv", "time,gpu0,gpu1\n1753576485.0,300.5,290.1\n1753576485.1,301.5,[N/A]\n")
+    legacy = write_log(tmp_path / "legacy.csv", "Time,Power\n2022-07-13 02:07:36.708783111,32402\n")
     table, _ = import_trace("zeus", [wide, legacy], host=None, gpu_index=3)
     d = table.to_pandas()
     assert sorted(map(tuple, d[["host", "gpu"]].drop_duplicates().values.tolist())) == [
@@ -184,7 +175,9 @@ def test_zeus_wide_and_legacy_milliwatt_logs(tmp_path):
 
 
 def test_cli_round_trip_and_one_line_errors(tmp_path):
-    log = write(tmp_path / "n.csv", f"{SMI_HEADER}\n2025/07/27 00:34:45.155, 0, NVIDIA H200, 80 W, 79 W, 0 %, 1 MiB\n")
+    log = write_log(
+        tmp_path / "n.csv", f"{SMI_HEADER}\n2025/07/27 00:34:45.155, 0, NVIDIA H200, 80 W, 79 W, 0 %, 1 MiB\n"
+    )
     out = tmp_path / "t.parquet"
 
     def run(*a):
@@ -210,7 +203,7 @@ def test_readme_two_commands_import_then_report_in_power_only_mode(tmp_path):
         stamp = f"2025/07/27 00:{34 + (45 + ms // 1000) // 60:02d}:{(45 + ms // 1000) % 60:02d}.{ms % 1000:03d}"
         for g in range(2):
             lines.append(f"{stamp}, {g}, NVIDIA H100 80GB HBM3, {600 if busy else 140}.0 W, {100} %")
-    log = write(tmp_path / "gpu.csv", "\n".join(lines) + "\n")
+    log = write_log(tmp_path / "gpu.csv", "\n".join(lines) + "\n")
 
     def run(*a):
         return subprocess.run(

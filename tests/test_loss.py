@@ -22,14 +22,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from test_attention import (  # noqa: F401 (reference_flash_kernel is a fixture)
-    DOC_LENGTHS,
-    PACKS,
-    SCHEMA_CHOICES,
-    SEQ_LEN,
-    TINY,
-    reference_flash_kernel,
-)
 
 from wattgate.config import validate_config
 from wattgate.data.synthetic import write_random_pretokenized
@@ -37,6 +29,8 @@ from wattgate.errors import InputError
 from wattgate.train.data import IGNORE, DocStore, build_batch
 from wattgate.train.loss import DEFAULT_CHUNK_TOKENS, LossSettings, shifted_targets, summed_token_loss, to_tensors
 from wattgate.train.model import apply_activation_checkpointing
+
+from conftest import DOC_LENGTHS, PACKS, SCHEMA_CHOICES, SEQ_LEN, TINY
 
 REPO = Path(__file__).resolve().parents[1]
 RTOL = 1e-5

@@ -4,7 +4,7 @@ gate.md names what the term is."""
 
 from __future__ import annotations
 
-from test_gate import QWEN3_32B, QWEN3_SETTINGS
+from conftest import QWEN3_32B, QWEN3_SETTINGS
 
 from wattgate.gate import memory as M
 from wattgate.model_spec import ModelSpec

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from test_gate import QWEN3_32B, QWEN3_SETTINGS
+from conftest import QWEN3_32B, QWEN3_SETTINGS
 
 from wattgate.gate import memory as M
 from wattgate.model_spec import ModelSpec

@@ -11,8 +11,7 @@ import pytest
 import yaml
 from real_traces import H200_DATA
 
-from conftest import write_jsonl
-from test_gate import TINY_MODEL
+from conftest import TINY_MODEL, write_jsonl
 
 from wattgate.artifacts import OUTPUT_MARKER, check_stage_output
 from wattgate.cli import main

@@ -7,9 +7,7 @@ import sys
 
 import yaml
 
-from conftest import REPO
-
-from test_train import TINY  # the train tests' tiny Qwen3
+from conftest import REPO, TINY
 
 
 def _load_check(tmp_path, out) -> subprocess.CompletedProcess:

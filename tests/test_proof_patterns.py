@@ -11,8 +11,7 @@ from wattgate.proof.dryrun import dry_run_rank
 from wattgate.proof.prove import prove_collectives
 from wattgate.train import loop
 
-from test_collectives import CADENCE
-from test_train import TINY, make_run
+from conftest import CADENCE, TINY, make_run
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 GEMMA3 = {  # a tiny Gemma 3 text model: 2 sliding layers then 1 full, repeating

@@ -14,22 +14,20 @@ from wattgate.gate import proof_reuse as R
 from wattgate.gate.run import run_gate
 from wattgate.run_files import PROOF_CACHE, STAGE_FILES
 
-from test_collectives import run  # noqa: F401 - the proof tests' plan (a fixture)
-
 
 def proof_of(report: dict) -> dict:
     return report["collectives"]
 
 
 @pytest.fixture(scope="module")
-def first(run, tmp_path_factory):  # noqa: F811
-    pretokenized, plan, config = run
+def first(proof_run, tmp_path_factory):
+    pretokenized, plan, config = proof_run
     out = tmp_path_factory.mktemp("reuse") / "gate"
     return out, run_gate(config, pretokenized, plan, out)
 
 
-def test_a_rerun_with_the_same_inputs_reuses_the_proof_and_says_so(run, first):  # noqa: F811
-    pretokenized, plan, config = run
+def test_a_rerun_with_the_same_inputs_reuses_the_proof_and_says_so(proof_run, first):
+    pretokenized, plan, config = proof_run
     out, report = first
     assert proof_of(report)["reused"] is None and proof_of(report)["changed_inputs"] is None  # nothing kept before
     assert PROOF_CACHE in STAGE_FILES["gate"] and (out / PROOF_CACHE).exists()
@@ -55,8 +53,8 @@ def test_a_rerun_with_the_same_inputs_reuses_the_proof_and_says_so(run, first): 
     ],
     ids=["cadence", "model", "precision"],
 )
-def test_a_changed_input_reruns_the_proof_and_names_it(run, first, tmp_path, change, changed):  # noqa: F811
-    pretokenized, plan, config = run
+def test_a_changed_input_reruns_the_proof_and_names_it(proof_run, first, tmp_path, change, changed):
+    pretokenized, plan, config = proof_run
     out, _ = first
     changed_config = yaml.safe_load(yaml.safe_dump(config))
     change(changed_config)
@@ -69,8 +67,8 @@ def test_a_changed_input_reruns_the_proof_and_names_it(run, first, tmp_path, cha
     assert R.read_cache(copy)["inputs"] == R.proof_inputs(changed_config, plan)
 
 
-def test_an_edited_wattgate_or_another_torch_reruns_the_proof(run, first, tmp_path, monkeypatch):  # noqa: F811
-    pretokenized, plan, config = run
+def test_an_edited_wattgate_or_another_torch_reruns_the_proof(proof_run, first, tmp_path, monkeypatch):
+    pretokenized, plan, config = proof_run
     out, _ = first
     inputs = R.read_cache(out)["inputs"]
     for key, value in (("wattgate_source_sha256", "0" * 64), ("torch", "0.0.1")):
@@ -86,8 +84,8 @@ def test_an_edited_wattgate_or_another_torch_reruns_the_proof(run, first, tmp_pa
         assert proof["detail"] == "ran" and proof["changed_inputs"] == [key]
 
 
-def test_a_damaged_kept_proof_is_proved_again_and_a_broken_dry_run_is_not_kept(run, tmp_path, monkeypatch):  # noqa: F811
-    pretokenized, plan, config = run
+def test_a_damaged_kept_proof_is_proved_again_and_a_broken_dry_run_is_not_kept(proof_run, tmp_path, monkeypatch):
+    pretokenized, plan, config = proof_run
     out = tmp_path / "gate"
     out.mkdir()
     (out / PROOF_CACHE).write_text("{not json")
@@ -100,8 +98,8 @@ def test_a_damaged_kept_proof_is_proved_again_and_a_broken_dry_run_is_not_kept(r
     assert (out / PROOF_CACHE).read_text() == "{not json"  # the broken dry run was not kept over it
 
 
-def test_a_reused_proof_imports_no_torch(run, first):  # noqa: F811
-    pretokenized, plan, config = run
+def test_a_reused_proof_imports_no_torch(proof_run, first):
+    pretokenized, plan, config = proof_run
     out, _ = first
     cfg = out.parent / "config.yaml"
     cfg.write_text(yaml.safe_dump(config))

@@ -17,12 +17,10 @@ from wattgate.run_files import read_plan
 from wattgate.train import loop
 from wattgate.train.settings import TrainSettings
 
-from test_collectives import run  # noqa: F401 - the proof tests' plan (a fixture)
-
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_a_replayed_dry_run_records_what_running_every_step_records(run, tmp_path, rank):  # noqa: F811
-    pretokenized, plan_dir, config = run
+def test_a_replayed_dry_run_records_what_running_every_step_records(proof_run, tmp_path, rank):
+    pretokenized, plan_dir, config = proof_run
     plan, _ = read_plan(plan_dir)
     steps = first_steps(classes_by_rank(plan, plan_dir, TrainSettings.from_config(config)))
     records = [
@@ -34,8 +32,8 @@ def test_a_replayed_dry_run_records_what_running_every_step_records(run, tmp_pat
     assert len(steps) >= 4 and all(ran["steps"][g] for g in steps) and ran["stop"]
 
 
-def test_dry_runs_in_worker_processes_return_what_the_gate_process_computes(run, tmp_path):  # noqa: F811
-    pretokenized, plan_dir, config = run
+def test_dry_runs_in_worker_processes_return_what_the_gate_process_computes(proof_run, tmp_path):
+    pretokenized, plan_dir, config = proof_run
     plan, _ = read_plan(plan_dir)
     steps = first_steps(classes_by_rank(plan, plan_dir, TrainSettings.from_config(config)))
     tasks = [(config, loop.Paths(pretokenized, plan_dir, tmp_path / f"r{r}"), r, steps, 2) for r in (0, 1, 1)]

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import yaml
 
-from wattgate.config import validate_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.gate.run import run_gate
@@ -21,20 +20,7 @@ from wattgate.pack.segments import newest_checkpoint
 from wattgate.train.checkpoint import is_complete, set_aside_mismatched
 from wattgate.identity import run_identity
 
-from test_train import TINY
-
-
-def config_for(gpus: int, remainder: str = "rebin", **train) -> dict:
-    t = {"seq_len": 64, "micro_batch_size": 1, "grad_accum": 2, "epochs": 2, "warmup_steps": 0, "lr": 1e-2}
-    return validate_config(
-        {
-            "run_name": "t",
-            "train": t | {"checkpoint_every": 1} | train,
-            "pack": {"remainder": remainder},
-            "model": {"config": TINY},
-            "cluster": {"nodes": 1, "gpus_per_node": gpus},
-        }
-    )
+from conftest import config_for
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from wattgate.gate.run import run_gate
 from wattgate.identity import identity_differences, model_identity, run_identity
 from wattgate.train.launch import check_gate_marker
 
-from test_train import final_params, make_run, run_train, torchrun
+from conftest import final_params, make_run, run_train, save_hf_model, torchrun
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,6 @@ def test_identity_names_what_changed(tmp_path):
 
 
 def test_model_identity_sees_other_weights_of_the_same_shapes(tmp_path):
-    from test_weights import save_hf_model
 
     a = model_identity({"path": str(save_hf_model(tmp_path / "a", seed=1))})
     b = model_identity({"path": str(save_hf_model(tmp_path / "b", seed=2))})

@@ -19,8 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from conftest import copy_workflow
-from test_workflow import BIN, snakemake
+from conftest import BIN, copy_workflow, snakemake
 
 # fp32 on CPU: the resumed run sums each step's gradient over the same documents as the uninterrupted one,
 # split over 2 ranks x 4 micro-batches instead of 4 x 2, so only the order of the additions differs (and

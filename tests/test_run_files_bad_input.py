@@ -19,7 +19,7 @@ from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
 from wattgate.run_files import read_manifest, read_packs, read_plan
 
-from test_gate import TINY_MODEL
+from conftest import TINY_MODEL
 
 MODEL = TINY_MODEL | {"vocab_size": 1024}  # the gate tests' tiny Qwen3, with room for the synthetic ids
 

@@ -12,6 +12,8 @@ from wattgate.train.metrics import StepLog
 from wattgate.run_files import MetricsTable
 from wattgate.train.tensorboard import TAGS
 
+from conftest import make_run, run_train
+
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
@@ -89,7 +91,6 @@ def test_missing_package_is_one_warning_line_and_training_goes_on(tmp_path, monk
 
 @pytest.mark.slow
 def test_a_real_cpu_run_writes_its_curves_under_the_run_folder(tmp_path):
-    from test_train import make_run, run_train
 
     lengths = np.random.default_rng(5).integers(10, 64, 40).tolist()
     make_run(tmp_path, lengths, gpus=2, validation_fraction=0.2)  # validation after the last step: eval/*

@@ -6,7 +6,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,104 +13,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-import yaml
 
 from wattgate.artifacts import write_json_atomic
 from wattgate.cadence import checkpoint_steps
-from wattgate.config import validate_config
-from wattgate.data.synthetic import write_random_pretokenized
-from wattgate.pack.plan import build_plan
 from wattgate.train.checkpoint import latest_complete
 from wattgate.train.data import IGNORE, DocStore, build_batch, read_rank_plan
 from wattgate.train.model import build_unsharded_model
 
-TINY = {
-    "model_type": "qwen3",
-    "vocab_size": 96,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 128,
-}
-
-
-def fake_pretokenized(path: Path, lengths, seed=0, vocab=96, validation_fraction=0.0) -> Path:
-    # several shards and row groups even for small corpora
-    return write_random_pretokenized(path, lengths, vocab, seed, shard_docs=7, validation_fraction=validation_fraction)
-
-
-def train_config(**train) -> dict:
-    base = {
-        "seq_len": 64,
-        "micro_batch_size": 1,
-        "grad_accum": 2,
-        "epochs": 1,
-        "warmup_steps": 0,
-        "checkpoint_every": 100,
-        "lr": 1e-2,
-        "log_every": 1,
-    }
-    base.update(train)
-    return base
-
-
-def make_run(tmp: Path, lengths, gpus: int, seed=0, validation_fraction=0.0, **train) -> tuple[Path, dict]:
-    """Pretokenized data + plan + config file for a CPU run with `gpus` ranks."""
-    pretok = tmp / "pretokenized"
-    if not pretok.exists():
-        fake_pretokenized(pretok, lengths, seed, validation_fraction=validation_fraction)
-    config = validate_config(
-        {
-            "run_name": "t",
-            "train": train_config(**train),
-            "model": {"config": TINY},
-            "cluster": {"nodes": 1, "gpus_per_node": gpus},
-        }
-    )
-    plan = tmp / f"plan-{gpus}"
-    build_plan(config, pretok, plan)
-    (tmp / f"config-{gpus}.yaml").write_text(yaml.safe_dump(config))
-    return plan, config
-
-
-def torchrun(tmp: Path, gpus: int, out: Path, **popen) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={gpus}",
-        "-m",
-        "wattgate",
-        "train",
-        "--config",
-        str(tmp / f"config-{gpus}.yaml"),
-        "--pretokenized",
-        str(tmp / "pretokenized"),
-        "--plan",
-        str(tmp / f"plan-{gpus}"),
-        "--out",
-        str(out),
-    ]
-
-
-def run_train(tmp: Path, gpus: int, out: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(torchrun(tmp, gpus, out), capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
-def final_params(out: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    tensors = {}
-    for f in sorted((out / "final").glob("*.safetensors")):
-        tensors.update(load_file(f))
-    return tensors
+from conftest import TINY, fake_pretokenized, final_params, make_run, run_train, torchrun
 
 
 # ---------------------------------------------------------------- packing: attention stays in documents

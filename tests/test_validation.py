@@ -23,7 +23,7 @@ from wattgate.pack.validation import plan_validation
 from wattgate.run_files import EVAL_PACKS
 
 from conftest import write_jsonl
-from test_gate import TINY_MODEL  # the gate tests' tiny Qwen3
+from conftest import TINY_MODEL  # the gate tests' tiny Qwen3
 
 
 def config_for(inputs, validation, gpus=2, **train):

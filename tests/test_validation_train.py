@@ -7,22 +7,19 @@ import subprocess
 import sys
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
 
-from wattgate.artifacts import sha256_file
 from wattgate.config import validate_config
 from wattgate.data.split import read_validation_ids
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
-from wattgate.run_files import EVAL_PACKS
 from wattgate.train.data import IGNORE, DocStore
 
-from test_train import TINY, fake_pretokenized, make_run, run_train
+from conftest import TINY, fake_pretokenized, make_run, run_train, with_extra_validation_micro_batch
 
 # the weights must not move in the one step taken: what is scored is the seeded initial model, the same at
 # every world size (sgd at lr 1e-30 changes no fp32 weight of this size)
@@ -63,18 +60,6 @@ def test_validation_loss_is_the_same_on_1_2_3_ranks_and_equals_each_document_sco
     print(f"validation loss by world size {losses}; spread {spread:.3g}; reference {ref:.9f}")
     assert spread <= 1e-6 * ref  # fp32 token losses summed in fp64: only the reduction order differs
     assert abs(losses[1] - ref) <= 1e-5 * ref  # packed rows vs one document at a time (attention kernels)
-
-
-def with_extra_validation_micro_batch(plan_dir, rank: int) -> None:
-    """A planner bug on purpose: `rank` runs one more validation micro-batch (a copy of its first pack), and
-    plan.json is made to agree, so only the gate's validation_steps (turned off here) would see it."""
-    path = plan_dir / EVAL_PACKS
-    rows = pq.read_table(path).to_pylist()
-    extra = dict(next(r for r in rows if r["rank"] == rank), micro=max(r["micro"] for r in rows) + 1)
-    pq.write_table(pa.Table.from_pylist(rows + [extra], schema=pq.read_schema(path)), path)
-    plan = json.loads((plan_dir / "plan.json").read_text())
-    plan["validation"]["packs_sha256"] = sha256_file(path)
-    (plan_dir / "plan.json").write_text(json.dumps(plan))
 
 
 @pytest.mark.slow

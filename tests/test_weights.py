@@ -15,18 +15,9 @@ from wattgate.model_spec import ModelSpec
 from wattgate.train.safetensors_io import SafetensorsStream, read_header, read_rows
 from wattgate.train.weights import export_file_names, plan_export_files, seeded_normal_rows, ExportEntry
 
+from conftest import TINY_3_LAYERS, save_hf_model
+
 REPO = Path(__file__).resolve().parents[1]
-TINY = {
-    "model_type": "qwen3",
-    "vocab_size": 96,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 128,
-}
 
 
 def torchrun(ranks: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -51,18 +42,6 @@ def load_check(tmp: Path, ranks: int, model: dict, name: str, **train) -> dict:
     cfg = write_config(tmp / f"{name}.yaml", ranks, model, **train)
     torchrun(ranks, "-m", "wattgate", "load-check", "--config", str(cfg), "--out", str(tmp / name), "--export")
     return json.loads((tmp / name / "load-check.json").read_text())
-
-
-def save_hf_model(path: Path, seed: int, dtype=torch.bfloat16, shard: str | None = None, **overrides) -> Path:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = dict(TINY, **overrides)
-    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    kwargs = {"max_shard_size": shard} if shard else {}
-    model.save_pretrained(str(path), **kwargs)
-    return path
 
 
 def folder_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -119,7 +98,7 @@ def test_export_files_are_planned_like_hugging_face():
 
 @pytest.mark.slow
 def test_random_init_does_not_depend_on_world_size(tmp_path):
-    model = {"config": dict(TINY, tie_word_embeddings=True)}
+    model = {"config": dict(TINY_3_LAYERS, tie_word_embeddings=True)}
     one = load_check(tmp_path, 1, model, "w1", export_dtype="float32", export_max_shard_gib=1e-5)
     three = load_check(tmp_path, 3, model, "w3", export_dtype="float32", export_max_shard_gib=1e-5)
     assert one["world_size"] == 1 and three["world_size"] == 3
@@ -202,8 +181,8 @@ def test_unsharded_reference_model_keeps_tied_embeddings_and_rotary_buffers():
 
     from wattgate.train.model import build_unsharded_model
 
-    model = build_unsharded_model({"config": dict(TINY, tie_word_embeddings=True)}, "sdpa", seed=0)
+    model = build_unsharded_model({"config": dict(TINY_3_LAYERS, tie_word_embeddings=True)}, "sdpa", seed=0)
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    cfg = dict(TINY)
+    cfg = dict(TINY_3_LAYERS)
     plain = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
     assert torch.equal(model.model.rotary_emb.inv_freq, plain.model.rotary_emb.inv_freq)

@@ -10,7 +10,7 @@ import torch
 from wattgate.errors import InputError
 from wattgate.train.safetensors_io import SafetensorsStream, read_header, read_rows
 
-from test_train import TINY  # the train tests' tiny Qwen3
+from conftest import TINY  # the train tests' tiny Qwen3
 
 
 def _two_tensors(path):

@@ -5,7 +5,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,20 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from conftest import REPO, copy_workflow
+from conftest import BIN, REPO, copy_workflow, snakemake
 from wattgate.heartbeats import read_heartbeat_events
-
-BIN = Path(sys.executable).parent
-
-
-def snakemake(workdir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.run(
-        [str(BIN / "snakemake"), "--cores", "2", *args], cwd=workdir, env=env, capture_output=True, text=True
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,173 @@
+"""CPU training runs for the tests: synthetic pretokenized shards, a plan and a config file for a tiny Qwen3,
+the `wattgate train` command under torchrun on gloo ranks, and the plan edits the guards must catch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from support.models import TINY
+
+# one epoch of ~13 steps, one micro-batch each: a log at step 1 and the last, validation and a checkpoint every 5
+# and at the end; activation checkpointing off (it only repeats forward ops): four classes, a few seconds a proof
+CADENCE = dict(
+    micro_batch_size=2,
+    grad_accum=1,
+    epochs=1,
+    checkpoint_every=5,
+    eval_every=5,
+    log_every=100,
+    activation_checkpointing=False,
+)
+
+
+def fake_pretokenized(path: Path, lengths, seed=0, vocab=96, validation_fraction=0.0) -> Path:
+    from wattgate.data.synthetic import write_random_pretokenized
+
+    # several shards and row groups even for small corpora
+    return write_random_pretokenized(path, lengths, vocab, seed, shard_docs=7, validation_fraction=validation_fraction)
+
+
+def train_config(**train) -> dict:
+    base = {
+        "seq_len": 64,
+        "micro_batch_size": 1,
+        "grad_accum": 2,
+        "epochs": 1,
+        "warmup_steps": 0,
+        "checkpoint_every": 100,
+        "lr": 1e-2,
+        "log_every": 1,
+    }
+    base.update(train)
+    return base
+
+
+def make_run(tmp: Path, lengths, gpus: int, seed=0, validation_fraction=0.0, **train) -> tuple[Path, dict]:
+    """Pretokenized data + plan + config file for a CPU run with `gpus` ranks."""
+    import yaml
+
+    from wattgate.config import validate_config
+    from wattgate.pack.plan import build_plan
+
+    pretok = tmp / "pretokenized"
+    if not pretok.exists():
+        fake_pretokenized(pretok, lengths, seed, validation_fraction=validation_fraction)
+    config = validate_config(
+        {
+            "run_name": "t",
+            "train": train_config(**train),
+            "model": {"config": TINY},
+            "cluster": {"nodes": 1, "gpus_per_node": gpus},
+        }
+    )
+    plan = tmp / f"plan-{gpus}"
+    build_plan(config, pretok, plan)
+    (tmp / f"config-{gpus}.yaml").write_text(yaml.safe_dump(config))
+    return plan, config
+
+
+def torchrun(tmp: Path, gpus: int, out: Path, **popen) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={gpus}",
+        "-m",
+        "wattgate",
+        "train",
+        "--config",
+        str(tmp / f"config-{gpus}.yaml"),
+        "--pretokenized",
+        str(tmp / "pretokenized"),
+        "--plan",
+        str(tmp / f"plan-{gpus}"),
+        "--out",
+        str(out),
+    ]
+
+
+def run_train(tmp: Path, gpus: int, out: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(torchrun(tmp, gpus, out), capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def final_params(out: Path) -> dict:
+    """Every tensor of the run's final/ export, by name."""
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in sorted((out / "final").glob("*.safetensors")):
+        tensors.update(load_file(f))
+    return tensors
+
+
+@pytest.fixture(scope="module")
+def proof_run(tmp_path_factory):
+    """The collective proof tests' plan: (pretokenized, plan, config) of 2 ranks at CADENCE, with validation;
+    made once per test module."""
+    tmp = tmp_path_factory.mktemp("proof")
+    lengths = np.random.default_rng(3).integers(5, 60, 120).tolist()
+    plan, config = make_run(tmp, lengths, gpus=2, validation_fraction=0.1, **CADENCE)
+    return tmp / "pretokenized", plan, config
+
+
+def config_for(gpus: int, remainder: str = "rebin", **train) -> dict:
+    """The resize tests' config: TINY on `gpus` ranks, two epochs, a checkpoint every step."""
+    from wattgate.config import validate_config
+
+    t = {"seq_len": 64, "micro_batch_size": 1, "grad_accum": 2, "epochs": 2, "warmup_steps": 0, "lr": 1e-2}
+    return validate_config(
+        {
+            "run_name": "t",
+            "train": t | {"checkpoint_every": 1} | train,
+            "pack": {"remainder": remainder},
+            "model": {"config": TINY},
+            "cluster": {"nodes": 1, "gpus_per_node": gpus},
+        }
+    )
+
+
+def with_extra_validation_micro_batch(plan_dir, rank: int) -> None:
+    """A planner bug on purpose: `rank` runs one more validation micro-batch (a copy of its first pack), and
+    plan.json is made to agree, so only the gate's validation_steps (turned off here) would see it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from wattgate.artifacts import sha256_file
+    from wattgate.run_files import EVAL_PACKS
+
+    path = plan_dir / EVAL_PACKS
+    rows = pq.read_table(path).to_pylist()
+    extra = dict(next(r for r in rows if r["rank"] == rank), micro=max(r["micro"] for r in rows) + 1)
+    pq.write_table(pa.Table.from_pylist(rows + [extra], schema=pq.read_schema(path)), path)
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    plan["validation"]["packs_sha256"] = sha256_file(path)
+    (plan_dir / "plan.json").write_text(json.dumps(plan))
+
+
+def without_rows(packs, rows):
+    """The gate's loaded packs (gate.inputs) with the rows at `rows` removed, offsets recomputed."""
+    import dataclasses
+
+    keep = np.ones(len(packs), dtype=bool)
+    keep[rows] = False
+    entry_keep = np.repeat(keep, packs.docs_per_row)
+    offsets = np.concatenate(([0], np.cumsum(packs.docs_per_row[keep])))
+    return dataclasses.replace(
+        packs,
+        **{f: getattr(packs, f)[keep] for f in ("epoch", "step", "micro", "rank", "slot", "num_tokens")},
+        doc_ids=packs.doc_ids[entry_keep],
+        doc_lengths=packs.doc_lengths[entry_keep],
+        offsets=offsets,
+        length_offsets=offsets,
+    )
