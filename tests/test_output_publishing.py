@@ -216,7 +216,7 @@ def test_temp_names_carry_pid_and_host(tmp_path):
 
 
 def test_outputs_are_created_with_the_umask(tmp_path, monkeypatch):
-    monkeypatch.setattr(artifacts, "_UMASK", 0o002, raising=False)
+    monkeypatch.setattr(artifacts, "UMASK", 0o002, raising=False)
     write_bytes_atomic(tmp_path / "f.bin", b"1")
     with atomic_dir(tmp_path / "d") as tmp:
         (tmp / "g").write_text("2")
@@ -228,7 +228,7 @@ def test_outputs_are_created_with_the_umask(tmp_path, monkeypatch):
 def test_umask_is_read_from_the_process():
     mask = os.umask(0)
     os.umask(mask)
-    assert artifacts._UMASK == mask
+    assert artifacts.UMASK == mask
 
 
 # --- strict JSON ------------------------------------------------------------------------------

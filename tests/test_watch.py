@@ -19,13 +19,12 @@ import pytest
 
 from wattgate.triage_tables import shipped_table
 from wattgate.trace import TraceWriter, read_trace, segment_dir
+from wattgate.telemetry.kill import kill_tree, process_tree, stop_job
 from wattgate.telemetry.watch import (
     TraceTail,
     WatchSettings,
     diagnose,
-    kill_tree,
     position,
-    process_tree,
     read_heartbeats,
     watch,
 )
@@ -346,9 +345,8 @@ def test_segments_of_a_killed_sampler_stay_readable(tmp_path):
 
 def test_on_slurm_the_inner_srun_itself_gets_the_sigterm():
     """srun forwards SIGTERM to every node's tasks, so the watcher signals it (not only its local children)."""
-    from wattgate.telemetry.watch import _stop_job
 
     srun = subprocess.Popen(["sleep", "300"])  # stands in for the inner srun
-    result = _stop_job(srun.pid, "4242", grace_s=5)
+    result = stop_job(srun.pid, "4242", grace_s=5)
     assert result == {"terminated": [srun.pid]}  # gone within the grace: no scancel needed
     assert srun.wait(timeout=5) == -signal.SIGTERM

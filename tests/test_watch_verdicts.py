@@ -16,8 +16,10 @@ import time
 import pytest
 
 from wattgate.triage_tables import shipped_table
-from wattgate.telemetry.watch import CostBasis, _hang_cost, assess, diagnose, watch
+from wattgate.telemetry.watch import CostBasis, watcher_cost, assess, diagnose, watch
 from wattgate.telemetry.watch_inputs import ActivityMeter, BeatReader, beat_problem, first_steps
+
+from conftest import make_run
 
 H100 = shipped_table("h100")
 S = dict(hang_after_s=10, checkpoint_after_s=100, startup_after_s=50, busy_stall_after_s=300, poll_s=0.2)
@@ -181,11 +183,11 @@ def test_one_rank_in_eval_while_another_trains_is_the_desync():
 
 
 def test_slow_step_warnings_are_kept_but_printed_at_most_every_five_minutes(capsys):
-    from wattgate.telemetry.watch import WARN_PRINT_EVERY_S, _note_warning
+    from wattgate.telemetry.watch import WARN_PRINT_EVERY_S, note_warning
 
     record, printed = {"warnings": [], "warnings_total": 0}, -float("inf")
     for k in range(25):  # a run whose every step outlasts hang_after_s: a warning per step
-        printed = _note_warning(record, f"step {k} slow", NOW + 10 * k, printed)
+        printed = note_warning(record, f"step {k} slow", NOW + 10 * k, printed)
     lines = capsys.readouterr().err.splitlines()
     assert record["warnings_total"] == 25 and len(record["warnings"]) == 20
     assert record["warnings"][-1]["warning"] == "step 24 slow"
@@ -198,10 +200,10 @@ def test_slow_step_warnings_are_kept_but_printed_at_most_every_five_minutes(caps
 def test_cost_claims_a_saving_only_for_a_confirmed_deadlock():
     record = {"detected_at": NOW, "killed_at": NOW + 2}
     confirmed = {"verdict": "deadlock", "confirmed": True, "stalled_for_s": 60.0}
-    cost = _hang_cost(record, confirmed, {}, 4, CostBasis(600.0), NOW - 100)
+    cost = watcher_cost(record, confirmed, {}, 4, CostBasis(600.0), NOW - 100)
     assert "GPU-hours saved" in cost["line"] and cost["without_watcher"]["timeout_s"] == 600.0
     stalled = {"verdict": "train_stalled", "confirmed": False, "stalled_for_s": 1800.0}
-    cost = _hang_cost(record, stalled, {}, 4, CostBasis(600.0), NOW - 100)
+    cost = watcher_cost(record, stalled, {}, 4, CostBasis(600.0), NOW - 100)
     assert "without_watcher" not in cost and "saved" not in cost["line"]
     assert "train_stalled is not a confirmed deadlock, so no saving is claimed" in cost["line"]
     assert cost["spent_gpu_hours"] == pytest.approx(1802 * 4 / 3600, rel=1e-3)
@@ -360,8 +362,6 @@ def test_a_real_slow_step_finishes_under_a_short_hang_limit(tmp_path):
     """2 CPU ranks whose steps take longer than hang_after_s (1 s): the old watcher killed this as a deadlock
     ('no power data: heartbeat stall alone'); now each step is a warned-about slow step and the run ends."""
     import yaml
-
-    from test_train import make_run
 
     from wattgate.gate.run import run_gate
 

@@ -57,15 +57,15 @@ def _read_umask() -> int:
 
 
 # Read once, at import (os.umask can only be read by setting it; process-wide).
-_UMASK = _read_umask()
+UMASK = _read_umask()
 
 
 def _file_mode() -> int:
-    return 0o666 & ~_UMASK
+    return 0o666 & ~UMASK
 
 
 def _dir_mode() -> int:
-    return 0o777 & ~_UMASK
+    return 0o777 & ~UMASK
 
 
 def _host() -> str:

@@ -82,7 +82,7 @@ def scancel(job_id: str) -> dict:
     return {"scancel": job_id, "returncode": r.returncode, "stderr": r.stderr.strip()}
 
 
-def _stop_job(pid: int | None, slurm_job: str | None, grace_s: float) -> dict:
+def stop_job(pid: int | None, slurm_job: str | None, grace_s: float) -> dict:
     if slurm_job:
         if pid is not None:  # the inner srun: it forwards SIGTERM to every node's tasks (and their samplers)
             _signal(pid, signal.SIGTERM)

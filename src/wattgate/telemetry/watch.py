@@ -45,7 +45,7 @@ from wattgate.telemetry.lag_watch import LagWatch, warning_line
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, TriageSettings, TriageTable
 from wattgate.heartbeats import read_heartbeats  # noqa: F401 (callers import it here)
 from wattgate.run_files import ABORT_REQUEST, WATCHER, check_no_finding, is_watcher_record
-from wattgate.telemetry.kill import _alive, _stop_job, kill_tree, process_tree  # noqa: F401 (re-exported)
+from wattgate.telemetry.kill import _alive, stop_job
 from wattgate.telemetry.watch_inputs import (  # noqa: F401 (TraceTail: callers import it here)
     COLLECTIVE_PHASES,
     WATCH_PHASES,
@@ -368,7 +368,7 @@ class CostBasis:
         )
 
 
-def _hang_cost(record: dict, verdict: dict, power: dict, world: int, basis: CostBasis, started: float) -> dict:
+def watcher_cost(record: dict, verdict: dict, power: dict, world: int, basis: CostBasis, started: float) -> dict:
     """watcher.json's cost: GPU-hours and energy from the last progress to the kill, and, for a confirmed deadlock
     only, what it would have cost without the watcher (a stall that may have been slow work saved nothing sure)."""
     last_progress = record["detected_at"] - float(verdict.get("stalled_for_s") or 0.0)
@@ -454,7 +454,7 @@ def watch(
         verdict, warning = assess(beats, world, now, started, power, table, s, meter.activity(now), firsts)
         if warning and warned_for != max(active):  # once per stall
             warned_for = max(active)
-            printed_at = _note_warning(record, warning, now, printed_at)
+            printed_at = note_warning(record, warning, now, printed_at)
             write_json_atomic(out, record, nonfinite="null")
         if verdict is not None:
             verdict = with_expected_collectives(verdict, beats, collectives)
@@ -464,9 +464,9 @@ def watch(
             if s.action == "kill":
                 # every rank, on every node, ends within a second of this file (train/stop.py start_abort_watch)
                 write_json_atomic(run / ABORT_REQUEST, {"reason": verdict["reason"], "time": time.time()})
-                record["kill"] = _stop_job(pid, slurm_job, s.kill_grace_s)
+                record["kill"] = stop_job(pid, slurm_job, s.kill_grace_s)
                 record["killed_at"] = time.time()
-                record["cost"] = _hang_cost(record, verdict, power, world, cost_basis, started)
+                record["cost"] = watcher_cost(record, verdict, power, world, cost_basis, started)
                 write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
                 return record
             never = float("inf")
@@ -521,7 +521,7 @@ def with_expected_collectives(verdict: dict, beats: dict[int, dict], collectives
 WARN_PRINT_EVERY_S = 300.0  # a run whose every step outlasts hang_after_s would print a line per step
 
 
-def _note_warning(record: dict, warning: str, now: float, printed_at: float) -> float:
+def note_warning(record: dict, warning: str, now: float, printed_at: float) -> float:
     """Keep the last 20 slow-step warnings in watcher.json and print one every WARN_PRINT_EVERY_S at most;
     returns when one was last printed."""
     record["warnings"] = (record["warnings"] + [{"time": now, "warning": warning}])[-20:]
