@@ -37,6 +37,8 @@ from support.runs import (  # noqa: E402, F401 (proof_run is a fixture)
     with_extra_validation_micro_batch,
     without_rows,
 )
+from support.processes import dead_pid  # noqa: E402, F401
+from support.tables import set_column  # noqa: E402, F401
 from support.workflow import BIN, snakemake  # noqa: E402, F401
 
 REPO = Path(__file__).resolve().parents[1]

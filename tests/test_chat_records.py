@@ -1,5 +1,5 @@
-"""Chat records, round two (issue 25, section 3): tool calls reach the template (and the loss mask), and a
-lone surrogate is a bad record under both policies."""
+"""Chat records (issue 25, section 3): tool calls reach the template (and the loss mask), other message
+fields pass through, and a lone surrogate is a bad record under both policies."""
 
 import json
 import shutil

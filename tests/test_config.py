@@ -1,3 +1,4 @@
+import copy
 import subprocess
 import sys
 
@@ -70,3 +71,36 @@ def test_cli_exits_2_with_one_line_on_bad_config(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "pack.seed" in lines[0]
+
+
+NAMES = [
+    ("run_name",),
+    ("cluster", "gpu_model"),
+    ("cluster", "slurm", "partition"),
+    ("cluster", "slurm", "account"),
+    ("cluster", "slurm", "gres"),
+]
+
+
+def _with(path: tuple, value) -> dict:
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    node = config
+    for key in path[:-1]:
+        if node.get(key) is None:
+            node[key] = {}
+        node = node[key]
+    node[path[-1]] = value
+    return config
+
+
+@pytest.mark.parametrize("path", NAMES, ids=".".join)
+def test_names_ending_in_a_newline_fail_the_schema_in_the_cli_and_in_snakemake(path):
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    ok = "a100" if path[-1] == "gres" else "abc"
+    validate_config(_with(path, ok))  # the same name without the newline is fine
+    with pytest.raises(InputError, match=rf"key '{'.'.join(path)}'"):
+        validate_config(_with(path, ok + "\n"))
+    with pytest.raises(WorkflowError):
+        validate(copy.deepcopy(_with(path, ok + "\n")), str(REPO / "workflow/schemas/config.schema.yaml"))

@@ -2,16 +2,23 @@
 and the comparison tables built from finished runs."""
 
 import json
+import shutil
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from real_traces import H200_DATA
 
 from wattgate.errors import InputError
 from wattgate.experiments import compare, node_layout, step_throughput, variant_config, variant_names
 from wattgate.run_files import METRICS_SCHEMA
+
+from conftest import set_column
+
+TRAIN = H200_DATA / "train"
 
 
 def test_scaling_variants_keep_the_global_batch(make_config):
@@ -127,3 +134,42 @@ def test_compare_names_an_unfinished_run(make_config, tmp_path):
     (tmp_path / "w1" / "config.yaml").write_text(yaml.safe_dump(variant_config(make_config(), "scaling", "w1")))
     with pytest.raises(InputError, match="w1/train: not a finished train run"):
         compare("scaling", [tmp_path / "w1"], tmp_path / "out")
+
+
+# ---------------------------------------------------------------- compare on damaged inputs
+
+
+def variant(tmp_path, name="shared"):
+    folder = tmp_path / name
+    shutil.copytree(TRAIN, folder / "train")
+    shutil.copy(TRAIN / "config.yaml", folder / "config.yaml")
+    return folder
+
+
+def test_compare_refuses_a_forecast_without_throughput_naming_the_file(tmp_path):
+    v = variant(tmp_path)
+    (v / "gate").mkdir()
+    (v / "gate" / "gate.json").write_text(json.dumps({"forecast": {"wall_s": 10}}))
+    with pytest.raises(InputError, match=r"shared/gate/gate.json: forecast has no throughput.source"):
+        compare("dataio", [v], tmp_path / "out")
+
+
+def test_compare_leaves_out_a_step_of_zero_seconds(tmp_path):
+    v = variant(tmp_path)
+    times = pq.read_table(v / "train" / "metrics.parquet")["step_time_s"].to_numpy().copy()
+    times[10] = 0.0
+    set_column(v / "train" / "metrics.parquet", "step_time_s", times)
+    notes = []
+    table = compare("dataio", [v], tmp_path / "out", note=notes.append)
+    assert np.isfinite(table["data_wait_share"].to_numpy(dtype=float)).all()
+    assert "inf" not in (tmp_path / "out" / "table.csv").read_text()
+    assert any("without a positive step_time_s left out" in n for n in notes)
+    assert "without a positive step_time_s" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_compare_names_the_variants_metrics_when_no_step_is_measured(tmp_path):
+    v = variant(tmp_path)
+    times = pq.read_table(v / "train" / "metrics.parquet")["step_time_s"].to_numpy()
+    set_column(v / "train" / "metrics.parquet", "step_time_s", -np.abs(times))
+    with pytest.raises(InputError, match=r"shared/train/metrics.parquet: no measured steps"):
+        compare("dataio", [v], tmp_path / "out")

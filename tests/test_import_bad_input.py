@@ -1,6 +1,7 @@
-"""Import and trace reading, the probe's findings: logs that imported silently wrong (two nodes merged under
-one file name, absurd or absent power, a DST fall-back, an empty trace) are refused or read right, and damaged
-inputs (a stray quote, trace metadata, sampler segments, a binary file) get one line naming the file."""
+"""Import and trace reading on bad input: logs that imported silently wrong (two nodes merged under one file
+name, absurd or absent power, a DST fall-back, an empty trace, a header alone) are refused or read right, a
+byte order mark is not part of a header name, and damaged inputs (a stray quote, trace metadata, sampler
+segments, a binary file) get one line naming the file."""
 
 import datetime as dt
 import json
@@ -230,3 +231,31 @@ def test_a_bad_gpu_index_option_and_a_binary_file_get_a_plain_line(tmp_path):
         "import-trace reads text CSV or DCGM exporter logs"
     )
     assert json.loads(pq.read_schema(trace).metadata[META_KEY])["source"] == "csv"
+
+
+# ---------------------------------------------------------------- CSV logs: a header alone, a byte order mark
+
+
+@pytest.mark.parametrize(
+    "fmt, text, columns",
+    [
+        ("csv", "timestamp,power_W\n", "time=timestamp,power_w=power_W"),
+        ("zeus", "time,gpu0,gpu1\n", None),
+    ],
+)
+def test_a_header_only_csv_is_an_error_like_nvidia_smi(tmp_path, fmt, text, columns):
+    log = tmp_path / "h.csv"
+    log.write_text(text)
+    with pytest.raises(InputError, match=r"h\.csv: a header line and no sample lines"):
+        import_trace(fmt, [log], columns=columns)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_utf8_byte_order_mark_is_not_part_of_the_first_header_name(tmp_path, gz):
+    import gzip
+
+    data = "\ufefftimestamp,power_W\n1753576485.0,70\n1753576486.0,71\n".encode()
+    log = tmp_path / ("b.csv.gz" if gz else "b.csv")
+    log.write_bytes(gzip.compress(data) if gz else data)
+    table, _ = import_trace("csv", [log], columns="time=timestamp,power_w=power_W")
+    assert table.column("power_w").to_pylist() == [70.0, 71.0]

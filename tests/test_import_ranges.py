@@ -1,4 +1,4 @@
-"""Imported traces, round two (issue 25, section 3): times and GPU indexes no log can hold are rejected at
+"""Imported traces in range (issue 25, section 3): times and GPU indexes no log can hold are rejected at
 import with file:line, and triage never allocates windows for a span nobody sampled."""
 
 import numpy as np

@@ -1,21 +1,28 @@
-"""Every --out honours the `.wattgate-output` guard (issue 25, section 4): the stages that write their files
-into --out in place (pack, gate, train, triage, report, compare) refuse a folder they did not write, before
-any work and without writing anything there; they rerun into their own output, accept the workflow's log and
-benchmark files, and adopt a folder of their own files from before the marker. A file --out at a folder, and
-a damaged heartbeat under `triage --run`, are one-line answers too."""
+"""The output guard: an --out never replaces what wattgate did not write (issues 13 and 25, section 4).
+
+A folder --out (atomic_dir, and the stages that write into --out in place: pack, gate, train, launch, triage,
+report, compare, load-check) refuses a folder it did not write and another stage's output, before any work and
+without writing anything there; it reruns into its own output, accepts the workflow's log and benchmark files,
+and adopts a folder of its own files from before the marker, which folder hashes never see. A file --out never
+replaces a file the stage did not write; one at a folder, or of another format, is a one-line answer. An export
+never touches a final.old/ it did not make, and a damaged heartbeat under `triage --run` is one line too."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import yaml
 from real_traces import H200_DATA
 
-from conftest import TINY_MODEL, write_jsonl
+from conftest import REPO, TINY, TINY_MODEL, write_jsonl
 
-from wattgate.artifacts import OUTPUT_MARKER, check_stage_output
+from wattgate.artifacts import OUTPUT_MARKER, atomic_dir, check_stage_output, sha256_tree
 from wattgate.cli import main
 from wattgate.config import validate_config
+from wattgate.data.demo_corpus import write_demo_corpus
 from wattgate.data.pretokenize import pretokenize
 from wattgate.errors import InputError
 from wattgate.pack.plan import build_plan
@@ -302,3 +309,141 @@ def test_a_published_folder_with_files_added_by_someone_else_is_not_replaced(wor
     (out / "notes.txt").unlink()
     (out / ".snakemake_timestamp").write_text("")  # what Snakemake adds to a directory() output
     assert main(argv) == 0
+
+
+# ---------------------------------------------------------------- atomic_dir: what a folder --out may replace
+
+
+def test_out_refuses_a_folder_wattgate_did_not_write(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "corpus.jsonl").write_text('{"text": "precious"}\n')
+    with pytest.raises(InputError) as exc:
+        with atomic_dir(data) as tmp:
+            (tmp / "manifest.json").write_text("{}")
+    message = str(exc.value)
+    assert str(data) in message and "\n" not in message
+    assert "empty or new folder" in message and "remove it yourself" in message
+    assert (data / "corpus.jsonl").read_text() == '{"text": "precious"}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # no temp left behind
+
+
+def test_out_refuses_a_file(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("x\n")
+    with pytest.raises(InputError):
+        with atomic_dir(corpus):
+            pass
+    assert corpus.read_text() == "x\n"
+
+
+def test_pretokenize_out_at_the_corpus_folder_keeps_the_corpus(tmp_path, tokenizer_dir, demo_docs):
+    (tmp_path / "corpus").mkdir()
+    corpus = write_jsonl(tmp_path / "corpus" / "c.jsonl", demo_docs[:20])
+    before = corpus.read_bytes()
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({"data": {"inputs": [str(corpus)]}, "train": {"seq_len": 256}}))
+    rc = main(["pretokenize", "--config", str(config), "--tokenizer", str(tokenizer_dir), "--out", str(corpus.parent)])
+    assert rc == 2
+    assert corpus.read_bytes() == before
+
+
+def test_out_replaces_its_own_output_and_accepts_an_empty_folder(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()  # empty: fine
+    with atomic_dir(out) as tmp:
+        (tmp / "a.txt").write_text("1")
+    marker = json.loads((out / OUTPUT_MARKER).read_text())
+    assert marker["written_by"] == "wattgate" and marker["format_version"] == 1
+    assert marker["stage"] == "test_output_guard"  # the calling module
+    with atomic_dir(out) as tmp:  # its own previous output: replaced
+        (tmp / "b.txt").write_text("2")
+    assert sorted(p.name for p in out.iterdir()) == sorted([OUTPUT_MARKER, "b.txt"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    # another stage's output (a run folder's checkpoints, a pretokenized corpus) is never replaced
+    with pytest.raises(InputError, match="output exists and is the output of wattgate test_output_guard"):
+        with atomic_dir(out, stage="pretokenize") as tmp:
+            (tmp / "c.txt").write_text("3")
+    assert sorted(p.name for p in out.iterdir()) == sorted([OUTPUT_MARKER, "b.txt"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_marker_is_invisible_to_folder_hashes_and_reruns_are_byte_identical(tmp_path):
+    by_hand = tmp_path / "by_hand"
+    by_hand.mkdir()
+    (by_hand / "shard.bin").write_bytes(b"abc")
+    for name in ("one", "two"):
+        with atomic_dir(tmp_path / name, stage="pretokenize") as tmp:
+            (tmp / "shard.bin").write_bytes(b"abc")
+    assert (tmp_path / "one" / OUTPUT_MARKER).read_bytes() == (tmp_path / "two" / OUTPUT_MARKER).read_bytes()
+    assert sha256_tree([tmp_path / "one"]) == sha256_tree([tmp_path / "two"]) == sha256_tree([by_hand])
+
+
+# ---------------------------------------------------------------- a file --out of the stage's format
+
+
+@pytest.mark.parametrize("name", ["d.parquet", "d.jsonl.gz", "d.json", "corpus"])
+def test_demo_corpus_refuses_an_out_that_names_another_format(tmp_path, name, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"demo_corpus": {"num_docs": 5}}))
+    out = tmp_path / name
+    assert main(["demo-corpus", "--config", str(cfg), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"wattgate demo-corpus: error: {out}: demo-corpus writes plain JSONL; give --out a name ending in .jsonl"
+    ]
+    assert not out.exists()
+    assert write_demo_corpus(tmp_path / "d.jsonl", 5, 0, 2) == 5
+
+
+# ---------------------------------------------------------------- load-check's --out and an export's final.old/
+
+
+def _load_check(tmp_path, out) -> subprocess.CompletedProcess:
+    cfg = tmp_path / "lc.yaml"
+    cfg.write_text(yaml.safe_dump({"run_name": "t", "model": {"config": TINY}, "cluster": {"gpus_per_node": 1}}))
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_PORT=str(20000 + os.getpid() % 20000))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "wattgate", "load-check", "--config", str(cfg), "--out", str(out), "--export"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+
+
+def test_load_check_refuses_a_run_folder_and_leaves_final_and_final_old_as_they_were(tmp_path):
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    (run / "final" / "model.safetensors").write_bytes(b"the trained model")
+    (run / "final.old").mkdir()
+    (run / "final.old" / "notes.txt").write_text("mine")
+    (run / "TRAINED").write_text("{}")
+    before = _tree(run)
+    proc = _load_check(tmp_path, run)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert f"{run}: output exists and is a folder wattgate loadcheck did not write (it holds TRAINED, final" in lines[0]
+    assert _tree(run) == before
+
+
+def test_load_check_reruns_into_its_own_output_and_keeps_a_final_old_it_did_not_make(tmp_path):
+    out = tmp_path / "lc"
+    first = _load_check(tmp_path, out)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (out / ".wattgate-output").is_file() and (out / "final" / "model.safetensors").is_file()
+    (out / "final.old").mkdir()
+    (out / "final.old" / "notes.txt").write_text("mine")
+    again = _load_check(tmp_path, out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / "final.old" / "notes.txt").read_text() == "mine"
+    assert (out / "final" / "model.safetensors").is_file()
+    assert not [p.name for p in out.iterdir() if p.name.endswith((".old", ".tmp")) and p.name != "final.old"]
+
+
+def test_load_check_refuses_another_stages_output(tmp_path):
+    other = tmp_path / "tok"
+    other.mkdir()
+    (other / ".wattgate-output").write_text('{"format_version":1,"stage":"tokenizer","written_by":"wattgate"}')
+    (other / "tokenizer.json").write_text("{}")
+    proc = _load_check(tmp_path, other)
+    assert proc.returncode == 2 and "is the output of wattgate tokenizer" in proc.stderr
+    assert sorted(p.name for p in other.iterdir()) == [".wattgate-output", "tokenizer.json"]

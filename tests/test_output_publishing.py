@@ -1,12 +1,10 @@
-"""How stages publish outputs (issue 13): what `--out` may replace, the pack pair as one set,
-stale temporaries of killed writers, file modes, strict JSON."""
+"""How stages publish outputs (issue 13): the pack pair as one set, stale temporaries of killed writers, file
+modes, strict JSON. What an --out may replace is the output guard (test_output_guard.py)."""
 
 import json
 import os
 import socket
 import stat
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,14 +15,11 @@ from wattgate.artifacts import (
     atomic_path,
     canonical_json,
     sha256_file,
-    sha256_tree,
     write_bytes_atomic,
     write_json_atomic,
 )
-from wattgate.cli import main
-from wattgate.errors import InputError
 
-from conftest import write_jsonl
+from conftest import dead_pid, write_jsonl
 
 OUTPUT_MARKER = getattr(artifacts, "OUTPUT_MARKER", ".wattgate-output")
 
@@ -35,81 +30,7 @@ def host():
     return (re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname()) or "host")[:48]
 
 
-def dead_pid() -> int:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return p.pid
-
-
-# --- item 7: --out never deletes what wattgate did not write -----------------------------------
-
-
-def test_out_refuses_a_folder_wattgate_did_not_write(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "corpus.jsonl").write_text('{"text": "precious"}\n')
-    with pytest.raises(InputError) as exc:
-        with atomic_dir(data) as tmp:
-            (tmp / "manifest.json").write_text("{}")
-    message = str(exc.value)
-    assert str(data) in message and "\n" not in message
-    assert "empty or new folder" in message and "remove it yourself" in message
-    assert (data / "corpus.jsonl").read_text() == '{"text": "precious"}\n'
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]  # no temp left behind
-
-
-def test_out_refuses_a_file(tmp_path):
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("x\n")
-    with pytest.raises(InputError):
-        with atomic_dir(corpus):
-            pass
-    assert corpus.read_text() == "x\n"
-
-
-def test_pretokenize_out_at_the_corpus_folder_keeps_the_corpus(tmp_path, tokenizer_dir, demo_docs):
-    (tmp_path / "corpus").mkdir()
-    corpus = write_jsonl(tmp_path / "corpus" / "c.jsonl", demo_docs[:20])
-    before = corpus.read_bytes()
-    config = tmp_path / "c.yaml"
-    config.write_text(json.dumps({"data": {"inputs": [str(corpus)]}, "train": {"seq_len": 256}}))
-    rc = main(["pretokenize", "--config", str(config), "--tokenizer", str(tokenizer_dir), "--out", str(corpus.parent)])
-    assert rc == 2
-    assert corpus.read_bytes() == before
-
-
-def test_out_replaces_its_own_output_and_accepts_an_empty_folder(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()  # empty: fine
-    with atomic_dir(out) as tmp:
-        (tmp / "a.txt").write_text("1")
-    marker = json.loads((out / OUTPUT_MARKER).read_text())
-    assert marker["written_by"] == "wattgate" and marker["format_version"] == 1
-    assert marker["stage"] == "test_output_publishing"  # the calling module
-    with atomic_dir(out) as tmp:  # its own previous output: replaced
-        (tmp / "b.txt").write_text("2")
-    assert sorted(p.name for p in out.iterdir()) == sorted([OUTPUT_MARKER, "b.txt"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    # another stage's output (a run folder's checkpoints, a pretokenized corpus) is never replaced
-    with pytest.raises(InputError, match="output exists and is the output of wattgate test_output_publishing"):
-        with atomic_dir(out, stage="pretokenize") as tmp:
-            (tmp / "c.txt").write_text("3")
-    assert sorted(p.name for p in out.iterdir()) == sorted([OUTPUT_MARKER, "b.txt"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-
-
-def test_marker_is_invisible_to_folder_hashes_and_reruns_are_byte_identical(tmp_path):
-    by_hand = tmp_path / "by_hand"
-    by_hand.mkdir()
-    (by_hand / "shard.bin").write_bytes(b"abc")
-    for name in ("one", "two"):
-        with atomic_dir(tmp_path / name, stage="pretokenize") as tmp:
-            (tmp / "shard.bin").write_bytes(b"abc")
-    assert (tmp_path / "one" / OUTPUT_MARKER).read_bytes() == (tmp_path / "two" / OUTPUT_MARKER).read_bytes()
-    assert sha256_tree([tmp_path / "one"]) == sha256_tree([tmp_path / "two"]) == sha256_tree([by_hand])
-
-
-# --- item 10: pack publishes plan.json and packs.parquet as one set ---------------------------
+# --- pack publishes plan.json and packs.parquet as one set ---------------------------------------
 
 
 @pytest.fixture(scope="module")

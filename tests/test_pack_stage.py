@@ -1,7 +1,10 @@
 """The pack stage on real pretokenized shards: contract fields, hashes, errors."""
 
 import json
+import tracemalloc
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -9,6 +12,10 @@ import yaml
 from wattgate.artifacts import sha256_file
 from wattgate.cli import main
 from wattgate.data.pretokenize import pretokenize
+from wattgate.data.synthetic import write_random_pretokenized
+from wattgate.errors import InputError
+from wattgate.pack.bfd import pack_bfd
+from wattgate.pack.plan import build_plan
 
 from conftest import write_jsonl
 
@@ -122,3 +129,66 @@ def test_documents_longer_than_seq_len_are_refused(tmp_path, pretokenized, capsy
 def test_missing_pretokenized_is_exit_2(tmp_path, capsys):
     assert run_pack(tmp_path, tmp_path / "nothing", tmp_path / "plan") == 2
     assert "run pretokenize first" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- shard lengths pack cannot use; the packer's memory
+
+
+def _zero_lengths(table):
+    return table.set_column(
+        table.schema.get_field_index("num_tokens"), "num_tokens", pa.array([0] * len(table), pa.int32())
+    )
+
+
+def _null_lengths(table):
+    return table.set_column(
+        table.schema.get_field_index("num_tokens"), "num_tokens", pa.array([None] * len(table), pa.int32())
+    )
+
+
+def _float_lengths(table):
+    values = [float(x) + 0.5 for x in table.column("num_tokens").to_pylist()]
+    return table.set_column(table.schema.get_field_index("num_tokens"), "num_tokens", pa.array(values, pa.float64()))
+
+
+def _no_lengths(table):
+    return table.drop(["num_tokens"])
+
+
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (_zero_lengths, "doc_id 0 has num_tokens 0 (25 document(s) with num_tokens < 1)"),
+        (_null_lengths, "column num_tokens has 25 null value(s)"),
+        (_float_lengths, "column num_tokens has type double"),
+        (_no_lengths, "shard has no num_tokens column"),
+    ],
+)
+def test_pack_refuses_shard_lengths_it_cannot_pack_in_one_line(tmp_path, make_config, edit, expected):
+    pt = write_random_pretokenized(tmp_path / "pt", [5] * 30, vocab=600, shard_docs=25)
+    shard = pt / "shard-00000.parquet"
+    pq.write_table(edit(pq.read_table(shard)), shard)
+    with pytest.raises(InputError) as err:
+        config = make_config(
+            train={"seq_len": 512, "micro_batch_size": 1, "grad_accum": 1, "epochs": 1, "warmup_steps": 0},
+            cluster={"nodes": 1, "gpus_per_node": 2},
+        )
+        build_plan(config, pt, tmp_path / "plan")
+    message = str(err.value)
+    assert message.startswith(f"{shard}: ") and expected in message and message.endswith("rerun pretokenize")
+    assert "\n" not in message
+    assert not (tmp_path / "plan").exists()
+
+
+def test_bfd_memory_does_not_grow_with_the_capacity():
+    capacity = 5_000_000  # a list per possible room would take hundreds of MB here
+    lengths = np.array([3_000_000, 2_500_000, 2_000_000, 1_500_000, 7, 7])
+    tracemalloc.start()
+    try:
+        packed = pack_bfd(lengths, capacity)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2_000_000
+    # best fit: 2.0M joins 3.0M (room 2.0M), 1.5M joins 2.5M (room 2.5M), the 7s take bin 1's 1.0M, the only room left
+    assert packed.tolist() == [0, 1, 0, 1, 1, 1]

@@ -1,5 +1,6 @@
 """Hand-edited run files the gate reads: plan.json's shape and format_version, packs.parquet's column types and
-list lengths, the shards' token ids and loss masks, and the manifest's format_version and max_token_id."""
+list lengths, the shards' token ids and loss masks, and the manifest's format_version and max_token_id; a gate
+stopped by any of them writes nothing in --out and leaves no earlier verdict there."""
 
 import hashlib
 import json
@@ -55,7 +56,7 @@ def dirs(made, tmp_path):
 def edit_json(path: Path, edit) -> None:
     record = json.loads(path.read_text())
     edit(record)
-    path.write_text(json.dumps(record))  # json.dumps writes NaN as the probe's hand edit did
+    path.write_text(json.dumps(record))  # json.dumps writes NaN, as a hand edit may
 
 
 def one_line_error(call) -> str:
@@ -259,3 +260,27 @@ def test_a_shard_without_loss_mask_is_one_line(dirs, tmp_path):
     pq.write_table(pq.read_table(path).drop_columns(["loss_mask"]), path)
     message = one_line_error(lambda: run_gate(config, pretok, plan, tmp_path / "gate"))
     assert "shard-00000.parquet" in message and "missing column(s) loss_mask" in message, message
+
+
+# ---------------------------------------------------------------- what a gate stopped by bad input leaves in --out
+
+
+VERDICT_FILES = ("gate.json", "gate.md", "PASSED", "UNENFORCED")
+
+
+def test_a_gate_stopped_by_bad_input_leaves_no_previous_verdict(dirs, tmp_path):
+    config, pt, plan = dirs
+    out = tmp_path / "gate"
+    assert run_gate(config, pt, plan, out)["passed"] and (out / "PASSED").exists()
+    (plan / "packs.parquet").write_bytes(b"not parquet")
+    with pytest.raises(InputError):
+        run_gate(config, pt, plan, out)
+    assert [name for name in VERDICT_FILES if (out / name).exists()] == []
+
+
+def test_a_gate_stopped_by_bad_input_does_not_create_its_out(dirs, tmp_path):
+    config, pt, plan = dirs
+    (plan / "packs.parquet").unlink()
+    with pytest.raises(InputError):
+        run_gate(config, pt, plan, tmp_path / "gate")
+    assert not (tmp_path / "gate").exists()

@@ -1,19 +1,16 @@
-"""Probe findings on the data stages and the throughput ledger: tokenizer faults stop the stage instead of
-being counted as bad records, empty corpora are refused, outputs and inputs are named for what they are."""
+"""The tokenizer stages on bad input: a chat template that does not compile, or fails on every chat record,
+stops pretokenize instead of being counted as bad records; train-tokenizer refuses a corpus without records (or
+whose records were all dropped), names the option a missing file came from, and warns when the corpus is too small
+for the vocabulary."""
 
-import json
 import shutil
 
 import pytest
-import yaml
 
 from conftest import write_jsonl
-from wattgate.cli import main
-from wattgate.data.demo_corpus import write_demo_corpus
 from wattgate.data.pretokenize import pretokenize
 from wattgate.data.tokenizer import train_tokenizer
 from wattgate.errors import InputError
-from wattgate.ledger import append_ledger, read_ledger
 
 CHAT = {"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]}
 
@@ -82,34 +79,3 @@ def test_train_tokenizer_warns_when_the_corpus_is_too_small_for_the_vocab(tmp_pa
 def test_train_tokenizer_names_the_corpus_option_for_a_missing_file(tmp_path, make_config):
     with pytest.raises(InputError, match=r"nope\.jsonl: input not found \(--corpus\)"):
         train_tokenizer(make_config(), tmp_path / "tok", [tmp_path / "nope.jsonl"])
-
-
-@pytest.mark.parametrize("name", ["d.parquet", "d.jsonl.gz", "d.json", "corpus"])
-def test_demo_corpus_refuses_an_out_that_names_another_format(tmp_path, name, capsys):
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"demo_corpus": {"num_docs": 5}}))
-    out = tmp_path / name
-    assert main(["demo-corpus", "--config", str(cfg), "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
-        f"wattgate demo-corpus: error: {out}: demo-corpus writes plain JSONL; give --out a name ending in .jsonl"
-    ]
-    assert not out.exists()
-    assert write_demo_corpus(tmp_path / "d.jsonl", 5, 0, 2) == 5
-
-
-def test_a_non_utf8_ledger_is_an_input_error_naming_the_line(tmp_path):
-    ledger = tmp_path / "throughput.jsonl"
-    ledger.write_bytes(json.dumps({"cost_per_s": 1.0}).encode() + b"\n\xff\n")
-    with pytest.raises(InputError, match=r"throughput\.jsonl:2: the throughput ledger is not UTF-8 text"):
-        read_ledger(ledger)
-
-
-def test_a_ledger_that_is_a_folder_is_an_input_error(tmp_path):
-    folder = tmp_path / "ledger"
-    folder.mkdir()
-    with pytest.raises(InputError, match=r"ledger: forecast\.ledger is not a file"):
-        read_ledger(folder)
-    with pytest.raises(InputError, match=r"ledger: forecast\.ledger is not a file"):
-        append_ledger(folder, {"cost_per_s": 1.0})
-    assert read_ledger(tmp_path / "missing.jsonl") == []

@@ -1,5 +1,5 @@
-"""Triage's side of the power probe: two nodes' traces under one host name (D1b), triage table YAML
-validation (D3), window and hang-limit values (D4), and damaged phases.parquet metadata."""
+"""Triage on bad input: two nodes' traces under one host name, triage table YAML validation, window and
+hang-limit values (flags, config and triage.json), damaged phases.parquet metadata, and power no GPU draws."""
 
 import json
 
@@ -50,7 +50,7 @@ def triage_cli(capsys, *args) -> tuple[int, str]:
     return rc, capsys.readouterr().err
 
 
-# ---------------------------------------------------------------- D1b: one host name, two nodes
+# ---------------------------------------------------------------- one host name, two nodes
 
 
 def test_two_files_with_the_same_host_over_the_same_time_are_refused_naming_both(tmp_path, capsys):
@@ -101,7 +101,7 @@ def test_the_same_trace_given_twice_is_refused_one_file_out_of_order_is_not(tmp_
         assert got[key]["integrated_j"] == pytest.approx(want[key]["integrated_j"], rel=1e-9)
 
 
-# ---------------------------------------------------------------- D3: triage table YAML
+# ---------------------------------------------------------------- triage table YAML
 
 
 @pytest.mark.parametrize(
@@ -167,7 +167,7 @@ def test_a_single_match_string_is_one_substring_not_its_letters(tmp_path):
     assert load_table_file(path).match == ("H100",)
 
 
-# ---------------------------------------------------------------- D4: window and hang limit
+# ---------------------------------------------------------------- window and hang limit
 
 
 @pytest.mark.parametrize("flag", ["--window", "--deadlock-after"])

@@ -17,6 +17,8 @@ from dataclasses import replace
 
 import pytest
 
+from wattgate.config import validate_config
+from wattgate.errors import InputError
 from wattgate.triage_tables import shipped_table
 from wattgate.trace import TraceWriter, read_trace, segment_dir
 from wattgate.telemetry.kill import kill_tree, process_tree, stop_job
@@ -26,8 +28,11 @@ from wattgate.telemetry.watch import (
     diagnose,
     position,
     read_heartbeats,
+    run_watch,
     watch,
 )
+
+from conftest import dead_pid
 
 H100 = shipped_table("h100")
 S = WatchSettings(
@@ -350,3 +355,31 @@ def test_on_slurm_the_inner_srun_itself_gets_the_sigterm():
     result = stop_job(srun.pid, "4242", grace_s=5)
     assert result == {"terminated": [srun.pid]}  # gone within the grace: no scancel needed
     assert srun.wait(timeout=5) == -signal.SIGTERM
+
+
+# --- the run folder it watches and the verdict it would replace ---------------------------------
+
+
+def watch_config() -> dict:
+    return validate_config({"data": {"inputs": ["x.jsonl"]}, "watcher": {"poll_s": 0.05}})
+
+
+def test_watch_refuses_a_run_folder_that_does_not_exist(tmp_path):
+    missing = tmp_path / "no_such_rundir"
+    with pytest.raises(InputError, match="no_such_rundir: no such run folder"):
+        run_watch(watch_config(), missing, pid=dead_pid())
+    assert not missing.exists()
+
+
+def test_watch_does_not_replace_a_verdict_that_found_a_deadlock(h200_run, tmp_path):
+    run = h200_run
+    record = json.loads((run / "watcher.json").read_text())
+    record |= {"verdict": "deadlock", "reason": "deadlock: no rank advanced", "action": "kill"}
+    (run / "watcher.json").write_text(json.dumps(record))
+    before = (run / "watcher.json").read_bytes()
+    with pytest.raises(InputError, match=r"verdict 'deadlock' \(the job was killed\).*--out elsewhere"):
+        run_watch(watch_config(), run, pid=dead_pid())
+    assert (run / "watcher.json").read_bytes() == before
+    # elsewhere it may watch, and a quiet record of its own it replaces
+    assert run_watch(watch_config(), run, pid=dead_pid(), out=tmp_path / "w.json")["verdict"] == "healthy"
+    assert run_watch(watch_config(), run, pid=dead_pid(), out=tmp_path / "w.json")["verdict"] == "healthy"
