@@ -53,11 +53,12 @@ def _last_of_duplicates(metrics: pd.DataFrame, path, note) -> pd.DataFrame:
 
 
 def _in_write_order(step: np.ndarray, rank: np.ndarray) -> bool:
-    """Steps never go back and ranks rise within a step (no NaN): then no (step, rank) repeats."""
+    """(step, rank) rises row by row, step first (rank 0's writes) or rank first (a table concatenated rank by
+    rank), with no NaN: then no (step, rank) repeats."""
     if len(step) < 2 or step.dtype.kind not in "iu" or rank.dtype.kind not in "iu":
         return len(step) < 2
     ds, dr = np.diff(step), np.diff(rank)
-    return bool(((ds > 0) | ((ds == 0) & (dr > 0))).all())
+    return bool(((ds > 0) | ((ds == 0) & (dr > 0))).all()) or bool(((dr > 0) | ((dr == 0) & (ds > 0))).all())
 
 
 def _out_of_range_left_out(metrics: pd.DataFrame, column: str, lo, hi, path, note) -> pd.DataFrame:

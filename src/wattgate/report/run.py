@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable
 
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
+from wattgate.power.triage.arrays import small_pages
 from wattgate.report.figures import MAX_PANELS, render_all
 from wattgate.report.html import render_page
 from wattgate.report.inputs import load_inputs
@@ -47,11 +48,12 @@ def run_report(
     `config` is the run config already loaded (`wattgate report --config`); without it `config_path`
     is loaded, else results/config.yaml beside the run when there is one."""
     check_output(out_dir, STAGE)  # before any work: a folder the report did not write is refused
-    analysis = summarize(
-        run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path, power_cap_w, config=config
-    )
-    figures = render_all(analysis, analysis.steps, analysis.inputs.evals)
-    page = render_page(analysis.summary, figures, min(MAX_PANELS, analysis.summary["gpus"]))
+    with small_pages():  # power/triage/arrays.py: page faults on big arrays cost less
+        analysis = summarize(
+            run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path, power_cap_w, config=config
+        )
+        figures = render_all(analysis, analysis.steps, analysis.inputs.evals)
+        page = render_page(analysis.summary, figures, min(MAX_PANELS, analysis.summary["gpus"]))
     out_dir = claim_output(out_dir, STAGE)
     write_json_atomic(out_dir / "summary.json", analysis.summary)
     write_bytes_atomic(out_dir / "index.html", page.encode("utf-8"))

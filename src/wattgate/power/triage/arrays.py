@@ -6,7 +6,33 @@ windows are one slice and a run never crosses GPUs.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+from collections.abc import Iterator
+
 import numpy as np
+
+
+@contextlib.contextmanager
+def small_pages() -> Iterator[None]:
+    """Within: numpy does not ask the kernel for transparent huge pages for its big arrays. numpy madvises every
+    array of 4 MB or more; where THP defrag is `madvise` (these VMs) the first touch of such an array may compact
+    memory in the kernel, and triage + report allocate hundreds of them: bench/report.py's day spent ~1.0 s of
+    system time in page faults with them, ~0.46 s without. Nothing changes but where the pages come from."""
+    core = None
+    for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        with contextlib.suppress(ImportError):
+            core = importlib.import_module(name)
+            break
+    setter = getattr(core, "_set_madvise_hugepage", None)
+    if setter is None:  # a numpy without the switch: as it is
+        yield
+        return
+    before = setter(False)
+    try:
+        yield
+    finally:
+        setter(before)
 
 
 def _bounds(gpu: np.ndarray, ngpu: int) -> tuple[np.ndarray, np.ndarray]:

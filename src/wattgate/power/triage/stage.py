@@ -49,6 +49,7 @@ from wattgate.power.triage.phases import (
     totals,
     write_phases,
 )
+from wattgate.power.triage.arrays import small_pages
 from wattgate.power.triage.levels import _Edges
 from wattgate.power.triage.rules import (
     EDGE_MARGIN,
@@ -415,6 +416,23 @@ def run_triage(
     straggler_share: float = DEFAULT_STRAGGLER_SHARE,
 ) -> dict:
     """`wattgate triage`: traces (one per host) -> phases.parquet, phase_summary.csv, triage.json, triage.md."""
+    with small_pages():
+        return _run_triage(
+            trace_paths,
+            out_dir,
+            table_path,
+            gpu_model,
+            run_dir,
+            window_s,
+            deadlock_after_s,
+            power_cap_w,
+            straggler_share,
+        )
+
+
+def _run_triage(
+    trace_paths, out_dir, table_path, gpu_model, run_dir, window_s, deadlock_after_s, power_cap_w, straggler_share
+) -> dict:
     paths = [Path(p) for p in ([trace_paths] if isinstance(trace_paths, (str, os.PathLike)) else trace_paths)]
     out_dir = Path(out_dir)
     check_output(out_dir, "triage")  # before any work: a folder triage did not write is refused
