@@ -178,9 +178,9 @@ def test_parquet_and_datasets_inputs_match_jsonl(tmp_path, make_config, tokenize
     docs = demo_docs[:40]
     jsonl = write_jsonl(tmp_path / "c.jsonl", docs)
     pq.write_table(pa.Table.from_pylist(docs), tmp_path / "c.parquet")
-    Dataset.from_list(docs).save_to_disk(str(tmp_path / "ds"))
+    Dataset.from_list(docs).save_to_disk(str(tmp_path / "c"))  # one stem: the shards' source column is "c"
     outs = []
-    for i, src in enumerate([jsonl, tmp_path / "c.parquet", tmp_path / "ds"]):
+    for i, src in enumerate([jsonl, tmp_path / "c.parquet", tmp_path / "c"]):
         outs.append(run(make_config, tokenizer_dir, tmp_path / f"out{i}", [src])[1])
     assert outs[0] == outs[1] == outs[2]
 

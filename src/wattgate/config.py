@@ -213,3 +213,8 @@ def dump_resolved(config: dict, dest: str | Path, write: bool = True) -> str:
     if write and (not dest.exists() or dest.read_bytes() != data):
         write_bytes_atomic(dest, data)
     return str(dest)
+
+
+def input_paths(config: dict) -> list[str]:
+    """data.inputs as paths, in order: a mixture source (a mapping) contributes its `path`."""
+    return [entry["path"] if isinstance(entry, dict) else entry for entry in config["data"]["inputs"]]

@@ -4,6 +4,8 @@
 # On Slurm the demo corpus and the tokenizer (seconds each) run on the submit host; pretokenize and
 # pack are one-node CPU jobs.
 
+from wattgate.config import input_paths  # data.inputs as paths (mixture sources are mappings)
+
 
 localrules:
     demo_corpus,
@@ -28,7 +30,7 @@ rule demo_corpus:
 
 rule train_tokenizer:
     input:
-        config["data"]["inputs"],
+        input_paths(config),
     output:
         directory(TOKENIZER_DIR),
     log:
@@ -47,7 +49,7 @@ rule train_tokenizer:
 rule pretokenize:
     input:
         # the held-out files (data.validation.inputs) are read beside the corpus
-        corpus=config["data"]["inputs"] + config["data"]["validation"]["inputs"],
+        corpus=input_paths(config) + config["data"]["validation"]["inputs"],
         # a local tokenizer folder from config, else the one train_tokenizer makes
         tokenizer=config["tokenizer"]["path"] or rules.train_tokenizer.output[0],
     output:

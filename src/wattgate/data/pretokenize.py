@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from wattgate.artifacts import atomic_dir, sha256_tree
 from wattgate.run_files import MANIFEST_FORMAT_VERSION, write_manifest
 from wattgate.config import max_doc_tokens
+from wattgate.data.mixture import Source, is_mixture, parse_sources, source_name
 from wattgate.data.chat import ChatRenderer, TemplateError
 from wattgate.data.records import BadRecord, BadRecordPolicy, Fields, Record, read_records
 from wattgate.data.split import VALIDATION_FILE, SplitSettings, carve, doc_ids_sha256, write_validation_ids
@@ -79,6 +80,9 @@ SHARD_SCHEMA = pa.schema(
         # xxh3_64 of the document's token ids (int32 bytes) as int64: the validation carve and the gate's
         # leakage check compare documents by it without reading their tokens (data/split.py)
         ("content_hash", pa.int64()),
+        # the data.inputs source the document came from (its `name`; a plain path's file stem): shares of a
+        # mixture can be counted from the shards and packs.parquet alone (data/mixture.py)
+        ("source", pa.string()),
     ]
 )
 
@@ -160,8 +164,10 @@ def cut_overlong(ids: np.ndarray, mask: np.ndarray, max_tokens: int, policy: str
 class ShardWriter:
     """Buffers documents and writes `shard-NNNNN.parquet` files of `shard_docs` rows."""
 
-    def __init__(self, out: Path, shard_docs: int):
+    def __init__(self, out: Path, shard_docs: int, source: str = "synthetic"):
         self.out, self.shard_docs = out, shard_docs
+        self.source = source  # the `source` of the documents added next
+        self._pending_sources: list[str] = []
         self.ids: list[np.ndarray] = []
         self.masks: list[np.ndarray] = []
         self.shards: list[str] = []
@@ -211,6 +217,7 @@ class ShardWriter:
 
     def add(self, ids: np.ndarray, mask: np.ndarray) -> None:
         self._pending_hashes.append(content_hash(ids))
+        self._pending_sources.append(self.source)
         self.ids.append(ids)
         self.masks.append(mask)
         if len(self.ids) >= self.shard_docs:
@@ -235,6 +242,7 @@ class ShardWriter:
                 pa.array(lengths),
                 pa.array(loss_tokens),
                 pa.array(hashes),
+                pa.array(self._pending_sources, type=pa.string()),
             ],
             schema=SHARD_SCHEMA,
         )
@@ -248,7 +256,7 @@ class ShardWriter:
         self.max_token_id = max(self.max_token_id, int(flat_ids.max()))
         for name, values in (("hashes", hashes), ("lengths", lengths), ("loss_counts", loss_tokens)):
             self._parts[name].append(values.astype(np.int64))
-        self.ids, self.masks, self._pending_hashes = [], [], []
+        self.ids, self.masks, self._pending_hashes, self._pending_sources = [], [], [], []
 
 
 class Tokenize:
@@ -347,11 +355,24 @@ def _tokenize_inputs(
     return counts
 
 
-def held_out_mask(split: SplitSettings, writer: ShardWriter, first_validation_input: int) -> np.ndarray:
-    """Which documents the validation split holds (see data/split.py), with one-line errors for empty sides."""
+def held_out_mask(
+    split: SplitSettings, writer: ShardWriter, first_validation_input: int, per_source: list | None = None
+) -> np.ndarray:
+    """Which documents the validation split holds (see data/split.py), with one-line errors for empty sides.
+
+    `per_source`: a mixture's (first doc, end doc, SplitSettings) per source: each source is carved with its
+    own settings, and a training copy of a held-out document joins the held-out side (copies never straddle)."""
     hashes = np.asarray(writer.hashes, dtype=np.int64)
     n = len(hashes)
-    if split.inputs:
+    if per_source and not split.inputs:
+        held = np.zeros(n, dtype=bool)
+        for start, end, own in per_source:
+            if own.enabled:
+                held[start:end] = carve(hashes[start:end], own.fraction, own.max_docs, own.seed)
+        held |= np.isin(hashes, hashes[held])
+        if not held.any():
+            raise InputError("data.validation: the per-source carves hold out no document; raise a fraction")
+    elif split.inputs:
         held = np.arange(n) >= first_validation_input
         if not held.any():
             raise InputError(f"data.validation.inputs ({', '.join(split.inputs)}): no document survived pretokenizing")
@@ -410,11 +431,38 @@ def validation_record(split: SplitSettings, writer: ShardWriter, held: np.ndarra
     }
 
 
+def split_for(split: SplitSettings, src: Source) -> SplitSettings:
+    """A mixture source's carve: data.validation's settings with the source's own override on top."""
+    o = src.validation
+    return SplitSettings(
+        (),
+        float(o.get("fraction", split.fraction) or 0.0),
+        o.get("max_docs", split.max_docs),
+        int(o.get("seed", split.seed)),
+    )
+
+
+def source_docs(ranges: list, writer: ShardWriter) -> list[dict]:
+    """manifest.json's `source_docs`: per data.inputs source its setting and doc_id range [first_doc, end_doc)."""
+    lengths, loss = writer.lengths, writer.loss_counts
+    return [
+        dict(
+            src.spec(),
+            first_doc=first,
+            end_doc=end,
+            num_tokens=int(lengths[first:end].sum()),
+            num_loss_tokens=int(loss[first:end].sum()),
+        )
+        for src, first, end in ranges
+    ]
+
+
 def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progress: bool | None = None) -> dict:
     """Run the stage; returns the manifest written to `out/manifest.json`."""
     settings = PretokenizeSettings.from_config(config)
     split = SplitSettings.from_config(config)
-    inputs = list(config["data"]["inputs"])
+    sources = parse_sources(config)
+    inputs = [src.path for src in sources]
     tokenizer = load_tokenizer(tokenizer_dir)
     dropped: Counter = Counter()
     policy = BadRecordPolicy(settings.on_bad_record, dropped)
@@ -426,11 +474,17 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
     with atomic_dir(out) as tmp:
         writer = ShardWriter(tmp, settings.shard_docs)
         bar = tqdm(unit="doc", desc="pretokenize", disable=None if progress is None else not progress, file=sys.stderr)
-        overlong = _tokenize_inputs(inputs, tokenize, settings, fields, policy, writer, bar)
+        overlong: Counter = Counter()
+        ranges = []  # (source, first doc_id, end doc_id): sources are tokenized in order, so each is a range
+        for src in sources:
+            writer.source, first = src.name, writer.docs_added
+            overlong += _tokenize_inputs([src.path], tokenize, settings, fields, policy, writer, bar)
+            ranges.append((src, first, writer.docs_added))
         first_validation_input = writer.docs_added
-        if split.inputs:
+        for path in split.inputs:
+            writer.source = source_name(path)
             overlong += _tokenize_inputs(
-                list(split.inputs), tokenize, settings, fields, policy, writer, bar, source="data.validation.inputs"
+                [path], tokenize, settings, fields, policy, writer, bar, source="data.validation.inputs"
             )
         bar.close()
         tokenize.check_template_rendered_any()
@@ -440,9 +494,22 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
             dropped["overlong"] = overlong_docs
         if writer.num_docs == 0:
             raise InputError(f"{', '.join(inputs)}: no document survived pretokenization (dropped: {dict(dropped)})")
+        mixture = is_mixture(config)
+        if mixture:
+            for src, first, end in ranges:
+                if first == end:
+                    raise InputError(
+                        f"data.inputs (source {src.name!r}, {src.path}): no document survived pretokenization "
+                        f"(dropped so far: {dict(dropped)}); fix the source or remove it from the mixture"
+                    )
+        per_source = (
+            [(first, end, split_for(split, src)) for src, first, end in ranges]
+            if mixture and not split.inputs and (split.enabled or any(src.validation for src in sources))
+            else None
+        )
         validation = None
-        if split.enabled:
-            held = held_out_mask(split, writer, first_validation_input)
+        if split.enabled or (per_source and any(s.enabled for _, _, s in per_source)):
+            held = held_out_mask(split, writer, first_validation_input, per_source)
             write_validation_ids(tmp / VALIDATION_FILE, np.flatnonzero(held))
             validation = validation_record(split, writer, held)
         manifest = {
@@ -452,6 +519,7 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
             "vocab_size": len(tokenizer),
             "source_sha256": sha256_tree(inputs),
             "sources": [str(p) for p in inputs],
+            "source_docs": source_docs(ranges, writer),
             **writer.manifest_fields(),
             "dropped": dict(sorted(dropped.items())),
             "chat_turns": dict(sorted(policy.noted.items())),  # kept but irregular (e.g. assistant first)

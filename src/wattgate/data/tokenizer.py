@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from wattgate.artifacts import atomic_dir
+from wattgate.config import input_paths
 from wattgate.data.records import BadRecordPolicy, Fields, read_records
 from wattgate.errors import InputError
 
@@ -145,7 +146,7 @@ def train_tokenizer(config: dict, out: str | Path, corpus: list[str | Path] | No
     A corpus with no usable record is refused (a bytes-only tokenizer is no tokenizer); one too small to
     reach tokenizer.vocab_size gets a warning line, since the smaller vocab still works."""
     d, p, t = config["data"], config["pretokenize"], config["tokenizer"]
-    paths, source = (corpus, "--corpus") if corpus else (d["inputs"], "data.inputs")
+    paths, source = (corpus, "--corpus") if corpus else (input_paths(config), "data.inputs")
     policy = BadRecordPolicy(p["on_bad_record"], Counter())
     fields = Fields(d["text_field"], d["messages_field"], max_chars=p["max_doc_chars"])
     kept = Counter()

@@ -1,0 +1,89 @@
+"""Weighted data mixtures (`data.inputs` entries that are mappings): the sources, read from the config.
+
+A plain path is a source named for its file's stem, seen once per epoch (today's meaning). A mapping names
+its source and gives one of `weight` (a share of the weighted sources' tokens in each epoch), `epochs`
+(passes per epoch, fractional allowed) or `max_tokens` (at most that many tokens per epoch); none given
+means `epochs: 1`. The pack stage turns these into documents per epoch (pack/mixture.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wattgate.errors import InputError
+
+KINDS = ("weight", "epochs", "max_tokens")
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    path: str
+    kind: str = "epochs"  # weight | epochs | max_tokens
+    value: float = 1.0
+    validation: dict = field(default_factory=dict)  # per-source carve override (fraction, max_docs, seed)
+
+    def spec(self) -> dict:
+        """What manifest.json and plan.json record of the source's setting."""
+        return {"name": self.name, "path": self.path, self.kind: self.value}
+
+
+def source_name(path: str) -> str:
+    """A plain path's source name: the file name's stem (`.jsonl.gz` and `.json.gz` lose both suffixes)."""
+    name = Path(str(path).rstrip("/")).name
+    for suffix in (".gz",):
+        name = name.removesuffix(suffix)
+    return Path(name).stem or name
+
+
+def is_mixture(config: dict) -> bool:
+    """True when any data.inputs entry is a mapping (a mixture source): plans then choose documents per source."""
+    return any(isinstance(e, dict) for e in config["data"]["inputs"])
+
+
+def parse_sources(config: dict, where: str = "data.inputs") -> list[Source]:
+    """The sources of data.inputs, in order; one-line InputError naming the source for a bad mixture."""
+    sources = []
+    for i, entry in enumerate(config["data"]["inputs"]):
+        if not isinstance(entry, dict):
+            sources.append(Source(source_name(entry), str(entry)))
+            continue
+        given = [k for k in KINDS if k in entry]
+        if len(given) > 1:
+            raise InputError(
+                f"{where}[{i}] (source {entry['name']!r}): {' and '.join(given)} given together; give one of "
+                "weight, epochs or max_tokens"
+            )
+        kind = given[0] if given else "epochs"
+        value = entry.get(kind, 1.0)
+        sources.append(Source(entry["name"], entry["path"], kind, value, dict(entry.get("validation") or {})))
+    if is_mixture(config):  # a plain list keeps today's meaning: two files may share a stem, or repeat
+        _check_distinct(sources, where)
+    if any(s.validation for s in sources) and (config["data"].get("validation") or {}).get("inputs"):
+        s = next(s for s in sources if s.validation)
+        raise InputError(
+            f"{where} (source {s.name!r}): a per-source validation override and data.validation.inputs given "
+            "together; hold out either separate files or a carve per source"
+        )
+    return sources
+
+
+def _check_distinct(sources: list[Source], where: str) -> None:
+    names: dict[str, Source] = {}
+    files: dict[str, Source] = {}
+    for s in sources:
+        if s.name in names:
+            raise InputError(
+                f"{where}: two sources named {s.name!r} ({names[s.name].path} and {s.path}); give each source "
+                "its own name"
+            )
+        names[s.name] = s
+        key = os.path.realpath(s.path)  # the same file under two spellings (or through a link) is one file
+        if key in files:
+            raise InputError(
+                f"{where}: sources {files[key].name!r} and {s.name!r} are the same file ({s.path}); list it once "
+                "(raise its weight or epochs to see it more)"
+            )
+        files[key] = s
