@@ -15,6 +15,7 @@ import numpy as np
 from wattgate.gate.inputs import PackRows, ShardContent
 from wattgate.forecast.walltime import step_rank_costs
 from wattgate.gate.memory import GIB, Budget
+from wattgate.gate.mixture_checks import MixtureInputs, epoch_problems
 from wattgate.pack.remainder import DROP_REASONS, DROPPING_POLICIES
 from wattgate.schedule import learning_rate
 
@@ -226,8 +227,13 @@ def check_conservation(
     global_batch_packs: int | None = None,
     config_policy: str | None = None,
     held_out: np.ndarray | None = None,
+    mixture: MixtureInputs | None = None,
+    doc_loss_tokens: np.ndarray | None = None,
 ) -> Check:
     """Each training document exactly once per epoch, or dropped as the remainder policy allows; token sums match.
+
+    `mixture` (a weighted mixture, gate/mixture_checks.py): instead of once per epoch, each source's documents
+    as many times as plan.json's mixture record plans them, nothing else, and shares within one document.
 
     `held_out`: the validation split's doc_ids, which no epoch may hold (they are the validation pass's).
 
@@ -262,8 +268,16 @@ def check_conservation(
         held[held_out[(held_out >= 0) & (held_out < n)]] = True
         expected[held] = 0
     entry_epoch = np.repeat(packs.epoch, packs.docs_per_row)
+    if mixture is not None:
+        problems += list(mixture.problems)
     for epoch in range(epochs):
         seen = np.bincount(ids[entry_epoch == epoch], minlength=n)
+        if mixture is not None:
+            loss = doc_loss_tokens if doc_loss_tokens is not None else np.zeros(n, dtype=np.int64)
+            problems += epoch_problems(mixture, epoch, seen, doc_tokens, loss, held)
+            # a mixture's own checks said what is missing or repeated; below only the held-out side is checked
+            seen = np.minimum(seen, 1)
+            expected = seen
         twice = np.flatnonzero(seen > 1)
         missing = np.flatnonzero((seen == 0) & (expected == 1))
         used_dropped = np.flatnonzero((seen > 0) & (expected == 0))
@@ -281,8 +295,15 @@ def check_conservation(
             problems.append(f"epoch {epoch}: {trained_held} held-out validation document(s) packed for training")
     if problems:
         return Check(name, False, _listed(problems))
-    kept_tokens = manifest_tokens - int(doc_tokens[dropped].sum()) - int(doc_tokens[held].sum())
     aside = f"; {int(held.sum())} held out for validation" if held.any() else ""
+    if mixture is not None:
+        return Check(
+            name,
+            True,
+            f"{len(mixture.names)} sources: every epoch holds each source's planned documents the planned number "
+            f"of times, repeats even, tokens within one document of the target, in each of {epochs} epoch(s){aside}",
+        )
+    kept_tokens = manifest_tokens - int(doc_tokens[dropped].sum()) - int(doc_tokens[held].sum())
     return Check(
         name,
         True,

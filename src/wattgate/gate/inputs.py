@@ -54,6 +54,7 @@ class GateInputs:
     prefix: PackRows | None = None  # a continued plan's consumed steps of its earlier segments (pack/segments.py)
     prefix_problems: tuple = ()  # archived segments that are missing or do not hash to plan.json's record
     validation: ValidationInputs | None = None  # the held-out split and its pass (None: no split)
+    content_hashes: np.ndarray | None = None  # every document's content_hash by doc_id (None: shards predate it)
 
 
 @dataclass(frozen=True)
@@ -307,6 +308,7 @@ def load_inputs(config: dict, pretokenized: str | Path, plan_dir: str | Path, ch
         content=content,
         **dict(zip(("prefix", "prefix_problems"), read_prefix(plan_dir, plan))),
         validation=read_validation(pretokenized, plan_dir, manifest, plan, hashes[0]),
+        content_hashes=hashes[0],
     )
 
 

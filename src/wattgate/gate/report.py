@@ -8,6 +8,7 @@ from wattgate.artifacts import write_bytes_atomic
 from wattgate.gate.checks import Check
 from wattgate.gate.cost import cost_markdown
 from wattgate.gate.memory import GIB, FitEstimate
+from wattgate.gate.mixture_checks import mixture_markdown
 from wattgate.run_files import marker_text, write_gate_report
 
 
@@ -82,6 +83,8 @@ def gate_markdown(report: dict) -> str:
     for c in report["checks"]:
         detail = c["detail"].replace("|", "\\|")
         lines.append(f"| {c['name']} | {'pass' if c['passed'] else '**FAIL**'} | {detail} |")
+    if report.get("mixture"):
+        lines += mixture_markdown(report["mixture"])
     if "forecast" in report:
         lines += cost_markdown(report)
     if report.get("collectives"):

@@ -8,6 +8,8 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
+
 from wattgate.artifacts import sha256_file, write_bytes_atomic
 from wattgate.run_files import GATED_CONFIG, PROOF_CACHE, STAGE_FILES, check_output, claim_output
 from wattgate.config import config_bytes, config_sha256, world_size
@@ -17,6 +19,7 @@ from wattgate.gate import validation_checks as V
 from wattgate.gate.cost import cost_section, jobs_check
 from wattgate.gpus import is_cpu
 from wattgate.gate.inputs import GateInputs, concat_packs, load_inputs
+from wattgate.gate.mixture_checks import MixtureInputs, cross_source_duplicates, mixture_inputs
 from wattgate.gate.memory import (
     Budget,
     FitEstimate,
@@ -99,6 +102,7 @@ def run_checks(
     # segment, documents exactly once per epoch over the consumed prefix and the current segment together
     segment_steps = {int(e): n for e, n in plan["segment_steps"].items()} if plan.get("segments") else None
     whole = concat_packs([inputs.prefix, packs]) if inputs.prefix is not None else packs
+    mixture = gate_mixture(inputs)
     return [
         C.check_equal_steps(
             packs,
@@ -120,6 +124,8 @@ def run_checks(
             plan["world_size"] * plan["micro_batch_size"] * plan["grad_accum"],
             config["pack"]["remainder"],
             inputs.validation.held_out if inputs.validation is not None else None,
+            mixture,
+            inputs.doc_loss_tokens,
         ),
         C.check_launch(plan, config),
         C.check_provenance(
@@ -144,8 +150,28 @@ def run_checks(
         V.check_validation_conservation(
             inputs.validation, inputs.doc_tokens, inputs.manifest.get("validation"), plan["seq_len"]
         ),
-        V.check_leakage(inputs.validation, whole),
+        leakage_with_duplicates(V.check_leakage(inputs.validation, whole), mixture, inputs),
     ]
+
+
+def gate_mixture(inputs: GateInputs) -> MixtureInputs | None:
+    """The per-source expectations of a mixture plan (gate/mixture_checks.py), or None for a plain list."""
+    held = np.zeros(len(inputs.doc_tokens), dtype=bool)
+    if inputs.validation is not None and len(inputs.validation.held_out):
+        ids = inputs.validation.held_out
+        held[ids[(ids >= 0) & (ids < len(held))]] = True
+    return mixture_inputs(inputs.config, inputs.manifest, inputs.plan, inputs.doc_tokens, held)
+
+
+def leakage_with_duplicates(check: C.Check, mixture: MixtureInputs | None, inputs: GateInputs) -> C.Check:
+    """The leakage check, its detail naming documents that appear in two sources of a mixture (counted once)."""
+    if mixture is None:
+        return check
+    hashes = inputs.validation.content_hashes if inputs.validation is not None else None
+    if hashes is None:
+        hashes = inputs.content_hashes
+    note = cross_source_duplicates(mixture, hashes)
+    return C.Check(check.name, check.passed, f"{check.detail}; {note}" if note else check.detail)
 
 
 def collectives_section(
@@ -212,6 +238,8 @@ def gate_report(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> 
         config["gate"]["enforce"],
     )
     report.update(cost)
+    if isinstance(inputs.plan.get("mixture"), dict):  # gate.md's mixture table
+        report["mixture"] = inputs.plan["mixture"]
     report["collectives"] = proof
     # the verdict markers name the plan they are about; `wattgate launch` checks them
     report["plan_sha256"] = {

@@ -12,11 +12,13 @@ import pyarrow.parquet as pq
 from wattgate.artifacts import atomic_path
 from wattgate.config import world_size
 from wattgate.errors import InputError
-from wattgate.pack.assign import Layout, rank_cost_ratios
+from wattgate.pack.assign import Layout, Placement, rank_cost_ratios, sort_placement
 from wattgate.pack.planner import plan_packs
 from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs
 from wattgate.pack.segments import HISTORY, continue_plan, keep_in_history, resume_source, segment_rows, step_ordinal
+from wattgate.data.mixture import is_mixture, parse_sources
 from wattgate.data.split import read_validation_ids, train_doc_ids
+from wattgate.pack.mixture import choose, mixture_record, read_source_docs
 from wattgate.pack.validation import ValidationPlan, plan_validation
 from wattgate.run_files import (
     EVAL_PACKS,
@@ -151,6 +153,85 @@ def plan_subset(
     return packs, placement, tokens, costs
 
 
+def plan_epochs(
+    chosen: list[np.ndarray],
+    lengths: np.ndarray,
+    seq_len: int,
+    layout: Layout,
+    remainder: str,
+    seed: int,
+    attn_weight: float,
+):
+    """A mixture's plan: each epoch's chosen documents (repeats included) packed and placed on their own.
+
+    When every epoch holds the same documents the ordinary planner runs once (as for a plain list); else each
+    epoch is planned with a seed of its own and the epochs' packs are numbered one after another."""
+    first = np.sort(chosen[0])
+    if all(len(c) == len(first) and np.array_equal(np.sort(c), first) for c in chosen[1:]):
+        return plan_subset(first, lengths, seq_len, layout, remainder, len(chosen), seed, attn_weight)
+    parts = []
+    for e, docs in enumerate(chosen):
+        docs = np.sort(docs)  # the packing sees doc_ids in one order, whatever the sources' stream order
+        parts.append(plan_packs(lengths[docs], seq_len, layout, remainder, 1, seed * 1_000_003 + e, attn_weight))
+        parts[-1] = (docs,) + parts[-1]
+    base, doc_base = 0, 0
+    docs_out, offsets_out, owner, tokens, costs, placements = [], [np.zeros(1, np.int64)], [], [], [], []
+    for e, (docs, packs, placement, tok, cost) in enumerate(parts):
+        docs_out.append(docs[packs.docs])
+        offsets_out.append(packs.offsets[1:] + doc_base)
+        doc_base += int(packs.offsets[-1])
+        if packs.rank_of_pack is not None:
+            owner.append(packs.rank_of_pack)
+        placements.append(
+            (
+                placement.pack + base,
+                np.full(len(placement.pack), e),
+                *(getattr(placement, f) for f in ("step", "micro", "rank", "slot")),
+            )
+        )
+        tokens.append(tok)
+        costs.append(cost)
+        base += len(packs)
+    packs = Packs(
+        docs=np.concatenate(docs_out),
+        offsets=np.concatenate(offsets_out),
+        rank_of_pack=np.concatenate(owner) if owner else None,
+    )
+    placement = sort_placement(Placement(*[np.concatenate(c) for c in zip(*placements)]))
+    return packs, placement, np.concatenate(tokens), np.concatenate(costs)
+
+
+def read_doc_extras(pretokenized: Path, manifest: dict) -> tuple[np.ndarray, np.ndarray]:
+    """content_hash and num_loss_tokens of every document by doc_id: what a mixture's choice and record need."""
+    hashes, loss = [], []
+    for name in manifest["shards"]:
+        path = pretokenized / name
+        try:
+            t = pq.read_table(path, columns=["content_hash", "num_loss_tokens"])
+        except (OSError, pa.ArrowException, KeyError) as exc:
+            raise InputError(
+                f"{path}: no content_hash or num_loss_tokens column ({first_line(exc)}); rerun pretokenize"
+            ) from None
+        hashes.append(t.column("content_hash").to_numpy().astype(np.int64))
+        loss.append(t.column("num_loss_tokens").to_numpy().astype(np.int64))
+    return np.concatenate(hashes), np.concatenate(loss)
+
+
+def mixture_choice(config: dict, pretokenized: Path, manifest: dict, lengths: np.ndarray, held_out: np.ndarray):
+    """(per-epoch chosen doc_ids, plan.json's `mixture`) for a mixture config; one-line errors."""
+    if config["pack"]["remainder"] == "drop":
+        raise InputError(
+            "pack.remainder: drop would take documents from a mixture's shares after they were chosen; "
+            "use rebin with a mixture (data.inputs mappings)"
+        )
+    sources = read_source_docs(manifest, parse_sources(config), held_out, str(pretokenized))
+    hashes, loss = read_doc_extras(pretokenized, manifest)
+    seed, max_repeats, epochs = config["pack"]["seed"], config["data"]["max_repeats"], config["train"]["epochs"]
+    chosen = choose(sources, lengths, hashes, epochs, seed, max_repeats)
+    record = mixture_record(sources, chosen, lengths, loss, seed, max_repeats)
+    return [np.concatenate(c) for c in chosen], record
+
+
 def eval_micro_batch_size(train: dict) -> int:
     """train.eval_micro_batch_size, defaulting to train.micro_batch_size."""
     return int(train.get("eval_micro_batch_size") or train["micro_batch_size"])
@@ -205,18 +286,36 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
     # a run with checkpoints of an earlier plan that differs only in the world size goes on from them
     checkpoints = out.parent / "train" / config["run_name"] / "checkpoints"
     validation, vplan = validation_section(held_out, lengths, settings)
+    chosen, mixture = (
+        mixture_choice(config, pretokenized, manifest, lengths, held_out) if is_mixture(config) else (None, None)
+    )
     state, old, old_folder = resume_source(out, checkpoints, settings, lambda: model_train_identity(config))
+    if state is not None and mixture is not None:
+        # resizing keeps every document's count only for a plain list so far (pack/segments.py re-packs the
+        # rest of an epoch from the whole corpus): refused rather than a mixture with wrong shares
+        raise InputError(
+            f"{checkpoints}: continuing a weighted mixture (data.inputs mappings) on another world size is not "
+            "supported yet; resume on the checkpoint's world size, or move the checkpoints away to start over"
+        )
     if state is not None:
         return build_continued_plan(
             out, settings, state, old, old_folder, lengths, layout, train["grad_accum"], (validation, vplan), held_out
         )
     if old != "no complete checkpoint":
         print(f"pack: not continuing from {checkpoints}: {old}; the new plan starts over", flush=True)
-    packs, placement, tokens, costs = plan_subset(
-        train_ids, lengths, seq_len, layout, pack["remainder"], train["epochs"], pack["seed"], pack["attn_weight"]
-    )
+    if chosen is not None:
+        packs, placement, tokens, costs = plan_epochs(
+            chosen, lengths, seq_len, layout, pack["remainder"], pack["seed"], pack["attn_weight"]
+        )
+    else:
+        packs, placement, tokens, costs = plan_subset(
+            train_ids, lengths, seq_len, layout, pack["remainder"], train["epochs"], pack["seed"], pack["attn_weight"]
+        )
 
     stats = plan_stats(placement, lengths[train_ids], tokens, costs, layout, seq_len, packs.dropped_docs)
+    if chosen is not None:  # a mixture's epochs may differ: its packs and efficiency over the whole plan
+        stats["packs_per_epoch"] = int(len(placement.pack) // train["epochs"])
+        stats["efficiency"] = float(tokens[placement.pack].sum() / (len(placement.pack) * seq_len))
     if packs.dropped_docs.size:
         stats["dropped"][DROP_REASON_REMAINDER]["tokens"] = int(lengths[packs.dropped_docs].sum())
     plan = {
@@ -237,6 +336,8 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
         "stats": stats,
         "validation": validation,
     }
+    if mixture is not None:
+        plan["mixture"] = mixture
     plan = publish_plan(
         out, plan, lambda tmp: write_packs_table(tmp, placement, packs, lengths, tokens), eval_writer(vplan, lengths)
     )

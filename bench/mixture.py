@@ -1,0 +1,129 @@
+"""Weighted mixtures' cost (issue 33): planning 1M documents as 5 sources vs the same documents as one source,
+and what the gate's per-source checks add at 1M documents. Both sides run in this process on the same data.
+
+- plan: the pack stage's core on document lengths (content hashes random int64, as the shards carry): the
+  baseline plans every document once (a plain list, `plan_subset`); the mixture first chooses each source's
+  documents (`pack/mixture.py` choose, weights equal to the sources' natural shares, so about the same
+  documents) and records them (`mixture_record`), then plans them (`plan_epochs`). Target: <= 1.15x.
+- gate: `check_conservation` on the mixture plan's rows with and without its per-source expectations
+  (`gate/mixture_checks.py`), plus the cross-source duplicate screen the leakage check adds. Target: <= 0.1 s.
+
+    python bench/mixture.py [--n 1000000] [--repeat 3] [--epochs 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from wattgate.data.mixture import Source
+from wattgate.gate.checks import check_conservation
+from wattgate.gate.mixture_checks import cross_source_duplicates, mixture_inputs
+from wattgate.pack.assign import Layout
+from wattgate.pack.mixture import SourceDocs, choose, mixture_record
+from wattgate.pack.plan import plan_epochs, plan_subset
+from wattgate.run_files import PackRows
+
+SEQ_LEN = 8192
+LAYOUT = Layout(16, 1, 8)
+ATTN_WEIGHT = 1.0e-5
+SOURCES = 5
+PLAN_TARGET, GATE_TARGET_S = 1.15, 0.1
+
+
+def best_of(fn, repeat: int):
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return out, best
+
+
+def rows_of(packs, placement, tokens) -> PackRows:
+    """The plan's packs.parquet rows as the gate reads them (without the file)."""
+    sizes = packs.sizes[placement.pack]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    gather = np.repeat(packs.offsets[:-1][placement.pack] - offsets[:-1], sizes) + np.arange(offsets[-1])
+    docs = packs.docs[gather]
+    return PackRows(
+        placement.epoch,
+        placement.step,
+        placement.micro,
+        placement.rank,
+        placement.slot,
+        tokens[placement.pack],
+        docs,
+        np.zeros(len(docs), np.int64),
+        offsets,
+        offsets,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=1)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    n = args.n
+    lengths = np.clip(np.rint(rng.lognormal(6.0, 1.0, n)), 2, SEQ_LEN).astype(np.int64)
+    loss = lengths // 2
+    hashes = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)
+    bounds = np.linspace(0, n, SOURCES + 1).astype(np.int64)
+    totals = [int(lengths[a:b].sum()) for a, b in zip(bounds[:-1], bounds[1:])]
+    sources = [
+        SourceDocs(Source(f"s{i}", f"s{i}.jsonl", "weight", totals[i] / sum(totals)), np.arange(a, b))
+        for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))
+    ]
+    all_ids = np.arange(n, dtype=np.int64)
+
+    def baseline():
+        return plan_subset(all_ids, lengths, SEQ_LEN, LAYOUT, "rebin", args.epochs, 0, ATTN_WEIGHT)
+
+    def mixture():
+        chosen = choose(sources, lengths, hashes, args.epochs, 0, 10)
+        record = mixture_record(sources, chosen, lengths, loss, 0, 10)
+        plan = plan_epochs([np.concatenate(c) for c in chosen], lengths, SEQ_LEN, LAYOUT, "rebin", 0, ATTN_WEIGHT)
+        return plan, record
+
+    _, t_base = best_of(baseline, args.repeat)
+    (plan, record), t_mix = best_of(mixture, args.repeat)
+    ratio = t_mix / t_base
+    print(f"plan, {n} documents, {args.epochs} epoch(s): one source {t_base:.3f} s, {SOURCES} sources {t_mix:.3f} s")
+    print(f"  ratio {ratio:.3f}x (target <= {PLAN_TARGET}x): {'PASS' if ratio <= PLAN_TARGET else 'FAIL'}")
+
+    packs = rows_of(*plan[:2], plan[2])
+    config = {
+        "data": {"inputs": [{"path": s.source.path, "name": s.source.name, "weight": s.source.value} for s in sources]}
+    }
+    manifest = {
+        "source_docs": [
+            {"name": s.source.name, "first_doc": int(a), "end_doc": int(b)}
+            for s, a, b in zip(sources, bounds[:-1], bounds[1:])
+        ]
+    }
+    held = np.zeros(n, dtype=bool)
+    total = int(lengths.sum())
+
+    def plain():
+        return check_conservation(packs, args.epochs, lengths, total, [], {}, "rebin", None, "rebin", None)
+
+    def per_source():
+        mix = mixture_inputs(config, manifest, {"mixture": record}, lengths, held)
+        check = check_conservation(packs, args.epochs, lengths, total, [], {}, "rebin", None, "rebin", None, mix, loss)
+        return check, cross_source_duplicates(mix, hashes)
+
+    _, t_plain = best_of(plain, args.repeat)
+    (check, _), t_src = best_of(per_source, args.repeat)
+    assert check.passed, check.detail
+    added = t_src - t_plain
+    print(f"gate conservation at {n} documents: once-per-epoch {t_plain:.3f} s, per source {t_src:.3f} s")
+    print(f"  added {added:.3f} s (target <= {GATE_TARGET_S} s): {'PASS' if added <= GATE_TARGET_S else 'FAIL'}")
+
+
+if __name__ == "__main__":
+    main()

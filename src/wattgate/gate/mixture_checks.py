@@ -1,0 +1,189 @@
+"""A weighted mixture's proofs (pack/mixture.py): per source and epoch, the packs hold what plan.json records.
+
+For every source and epoch, from the packs' per-document counts alone (one bincount, then slices):
+- the documents, tokens and loss tokens equal plan.json's `mixture` record, and the multiset of doc_ids
+  hashes to its `doc_ids_sha256` (every chosen document its planned number of times, nothing else);
+- whole documents repeat evenly (counts differ by at most one between a source's documents: a stretch of
+  its cyclic order);
+- the tokens lie within one document (the source's longest) of the target its weight, epochs or
+  max_tokens gives (recomputed here from the config and the shards).
+Also: documents that appear in two sources (same content_hash) are named; leakage counts them once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from wattgate.data.mixture import is_mixture, parse_sources
+from wattgate.errors import InputError
+
+DUPLICATE_TABLE = 1 << 24  # slots of the cross-source screen (16 MB): ~n / 16M false candidates per document
+
+
+@dataclass(frozen=True)
+class MixtureInputs:
+    names: list[str]
+    first: np.ndarray  # doc_id ranges [first, end) per source
+    end: np.ndarray
+    targets: np.ndarray  # tokens per epoch the config asks of each source
+    longest: np.ndarray  # the longest training document of each source (the tolerance of its share)
+    record: dict  # plan.json's `mixture`
+    problems: tuple[str, ...]
+
+
+def mixture_inputs(config: dict, manifest: dict, plan: dict, doc_tokens: np.ndarray, held: np.ndarray):
+    """What the per-source checks compare against (None: no mixture in the config nor the plan)."""
+    record = plan.get("mixture")
+    if not is_mixture(config) and record is None:
+        return None
+    problems = []
+    if not isinstance(record, dict) or not isinstance(record.get("sources"), list):
+        problems.append("data.inputs is a mixture but plan.json has no mixture record; rerun pack")
+        record = {"sources": []}
+    if not is_mixture(config):
+        problems.append("plan.json records a mixture but data.inputs is a plain list; rerun pack")
+    try:
+        sources = parse_sources(config)
+    except InputError as exc:
+        return MixtureInputs(
+            [], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), record, (str(exc),)
+        )
+    ranges = {r.get("name"): r for r in manifest.get("source_docs") or [] if isinstance(r, dict)}
+    names, first, end, totals = [], [], [], []
+    for s in sources:
+        r = ranges.get(s.name)
+        if r is None:
+            problems.append(f"source {s.name!r} is not in manifest.json's source_docs; rerun pretokenize")
+            continue
+        names.append(s.name)
+        first.append(int(r["first_doc"]))
+        end.append(int(r["end_doc"]))
+    first_a, end_a = np.asarray(first, np.int64), np.asarray(end, np.int64)
+    longest = np.zeros(len(names))
+    for i in range(len(names)):
+        train = ~held[first_a[i] : end_a[i]]
+        t = doc_tokens[first_a[i] : end_a[i]][train]
+        totals.append(float(t.sum()))
+        longest[i] = float(t.max(initial=0))
+    by_name = {s.name: s for s in sources}
+    weighted = [i for i, n in enumerate(names) if by_name[n].kind == "weight"]
+    weight_sum = sum(by_name[names[i]].value for i in weighted)
+    weighted_tokens = sum(totals[i] for i in weighted)
+    targets = np.zeros(len(names))
+    for i, n in enumerate(names):
+        s = by_name[n]
+        targets[i] = (
+            s.value / weight_sum * weighted_tokens
+            if s.kind == "weight"
+            else s.value * totals[i]
+            if s.kind == "epochs"
+            else min(float(s.value), totals[i])
+        )
+    return MixtureInputs(names, first_a, end_a, targets, longest, record, tuple(problems))
+
+
+def epoch_problems(
+    mix: MixtureInputs, epoch: int, seen: np.ndarray, doc_tokens: np.ndarray, doc_loss: np.ndarray, held: np.ndarray
+) -> list[str]:
+    """What is wrong with one epoch's per-source counts (`seen`: times each doc_id is packed in the epoch)."""
+    problems = []
+    recorded = {r.get("name"): r for r in mix.record.get("sources", []) if isinstance(r, dict)}
+    covered = np.zeros(len(seen), dtype=bool)
+    for i, name in enumerate(mix.names):
+        lo, hi = int(mix.first[i]), int(mix.end[i])
+        covered[lo:hi] = True
+        counts = seen[lo:hi]
+        train = ~held[lo:hi]
+        c = counts[train]
+        ids = np.arange(lo, hi, dtype=np.int64)[train]
+        docs, tokens = int(c.sum()), int((c * doc_tokens[lo:hi][train]).sum())
+        loss = int((c * doc_loss[lo:hi][train]).sum())
+        per_epoch = (recorded.get(name) or {}).get("per_epoch") or []
+        want = per_epoch[epoch] if epoch < len(per_epoch) and isinstance(per_epoch[epoch], dict) else None
+        where = f"epoch {epoch}: source {name!r}"
+        if want is None:
+            problems.append(f"{where}: plan.json's mixture records no such source or epoch; rerun pack")
+            continue
+        got = (docs, tokens, loss)
+        planned = (want.get("docs"), want.get("tokens"), want.get("loss_tokens"))
+        if got != planned:
+            problems.append(
+                f"{where}: packs hold {docs} documents ({tokens} tokens, {loss} with loss), plan.json records "
+                f"{planned[0]} ({planned[1]} tokens, {planned[2]} with loss); rerun pack"
+            )
+        elif hashlib.sha256(np.repeat(ids, c).astype("<i8").tobytes()).hexdigest() != want.get("doc_ids_sha256"):
+            problems.append(
+                f"{where}: the packed documents are not the planned ones (doc_ids_sha256 differs); rerun pack"
+            )
+        if len(c) and int(c.max()) - int(c.min()) > 1:
+            worst = int(ids[np.argmin(c)])
+            problems.append(
+                f"{where}: repeats uneven ({int(c.min())} to {int(c.max())} per document, e.g. doc_id {worst} "
+                f"x{int(c.min())}); a source repeats whole documents in turn"
+            )
+        if abs(tokens - mix.targets[i]) > mix.longest[i] + 1:
+            problems.append(
+                f"{where}: {tokens} tokens, target {mix.targets[i]:.0f} from data.inputs (more than one document, "
+                f"{int(mix.longest[i])} tokens, off); rerun pack"
+            )
+    stray = np.flatnonzero((seen > 0) & ~covered & ~held)
+    if stray.size:
+        problems.append(f"epoch {epoch}: {stray.size} packed document(s) of no source, e.g. doc_id {int(stray[0])}")
+    return problems
+
+
+def cross_source_duplicates(mix: MixtureInputs, hashes: np.ndarray | None) -> str:
+    """A note naming documents whose content appears in two sources ('' when none): a table of hash low bits
+    screens them (one pass per source), only the few candidates are compared exactly."""
+    if hashes is None or len(mix.names) < 2:
+        return ""
+    slot_owner = np.zeros(DUPLICATE_TABLE, dtype=np.int16)  # 0 none, s + 1 one source, -1 several
+    for i in range(len(mix.names)):
+        low = hashes[mix.first[i] : mix.end[i]] & (DUPLICATE_TABLE - 1)
+        owner = slot_owner[low]
+        slot_owner[low[(owner != 0) & (owner != i + 1)]] = -1
+        slot_owner[low[owner == 0]] = i + 1
+    cand = np.flatnonzero(slot_owner[hashes & (DUPLICATE_TABLE - 1)] == -1)
+    if not cand.size:
+        return ""
+    src = np.searchsorted(mix.end, cand, side="right")
+    inside = src < len(mix.names)
+    cand, src = cand[inside], src[inside]
+    pairs = np.unique(np.stack([hashes[cand], src]), axis=1)
+    h, n_sources = np.unique(pairs[0], return_counts=True)
+    dup = h[n_sources > 1]
+    if not dup.size:
+        return ""
+    docs = cand[np.isin(hashes[cand], dup)]
+    first = docs[hashes[docs] == hashes[docs[0]]]
+    a, b = (
+        first[0],
+        first[np.searchsorted(mix.end, first, side="right") != np.searchsorted(mix.end, first[0], side="right")][0],
+    )
+    name = lambda d: mix.names[int(np.searchsorted(mix.end, d, side="right"))]  # noqa: E731
+    return (
+        f"{dup.size} document(s) appear in two sources (counted once), e.g. doc_id {int(a)} of {name(a)!r} = "
+        f"doc_id {int(b)} of {name(b)!r}"
+    )
+
+
+def mixture_markdown(record: dict) -> list[str]:
+    """gate.md's mixture table: per source its setting, planned share, tokens and repeats per epoch."""
+    rows = [r for r in record.get("sources", []) if isinstance(r, dict)]
+    if not rows:
+        return []
+    epochs = max(len(r.get("per_epoch") or []) for r in rows)
+    lines = ["", "## Mixture", "", "| source | setting | planned share | tokens per epoch | repeats | documents |"]
+    lines.append("|---|---|---:|---:|---:|---:|")
+    total = [sum((r.get("per_epoch") or [{}] * epochs)[e].get("tokens", 0) for r in rows) for e in range(epochs)]
+    for r in rows:
+        per = r.get("per_epoch") or []
+        setting = next((f"{k} {r[k]}" for k in ("weight", "epochs", "max_tokens") if k in r), "epochs 1")
+        shares = " / ".join(f"{p.get('tokens', 0) / max(total[e], 1):.4f}" for e, p in enumerate(per))
+        tokens = " / ".join(str(p.get("tokens", 0)) for p in per)
+        docs = " / ".join(str(p.get("docs", 0)) for p in per)
+        lines.append(f"| {r.get('name')} | {setting} | {shares} | {tokens} | {r.get('repeats')} | {docs} |")
+    return lines + ["", "Per epoch, separated by /; repeats: passes over the source's training tokens per epoch."]

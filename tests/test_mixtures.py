@@ -1,0 +1,172 @@
+"""Weighted data mixtures: exact per-source shares in plan.json, world-size invariance, the gate's per-source proof."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from wattgate.config import validate_config
+from wattgate.data.mixture import parse_sources, source_name
+from wattgate.data.synthetic import write_random_pretokenized
+from wattgate.errors import InputError
+from wattgate.gate.inputs import load_inputs
+from wattgate.gate.memory import estimate_memory
+from wattgate.gate.mixture_checks import mixture_markdown
+from wattgate.gate.run import fit_settings, run_checks
+from wattgate.model_spec import load_model_spec
+from wattgate.pack.plan import build_plan
+
+from conftest import TINY_MODEL
+
+# 0.6 / 0.3 / 0.1 over the weighted sources, "rare" far smaller than its share (upsampled ~4.5x),
+# "replay" seen 2.5 times per epoch
+SOURCES = [("chat", 600), ("domain", 300), ("rare", 20), ("replay", 100)]
+MIXTURE = [
+    {"path": "chat.jsonl", "name": "chat", "weight": 0.6},
+    {"path": "domain.jsonl", "name": "domain", "weight": 0.3},
+    {"path": "rare.jsonl", "name": "rare", "weight": 0.1},
+    {"path": "replay.jsonl", "name": "replay", "epochs": 2.5},
+]
+
+
+def mixture_config(world: int, inputs=MIXTURE, **data):
+    return validate_config(
+        {
+            "data": {"inputs": inputs, "max_repeats": 10, **data},
+            "train": {"seq_len": 256, "micro_batch_size": 1, "grad_accum": 2, "epochs": 3, "warmup_steps": 1},
+            "cluster": {"nodes": 1, "gpus_per_node": world},
+            "model": {"config": TINY_MODEL},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def pretokenized(tmp_path_factory):
+    work = tmp_path_factory.mktemp("mixture")
+    lengths = np.random.default_rng(3).integers(5, 120, sum(n for _, n in SOURCES))
+    return write_random_pretokenized(work / "pre", lengths, 500, sources=SOURCES, validation_fraction=0.05)
+
+
+@pytest.fixture(scope="module")
+def plans(pretokenized, tmp_path_factory):
+    work = tmp_path_factory.mktemp("plans")
+    return {
+        w: (mixture_config(w), build_plan(mixture_config(w), pretokenized, work / f"plan{w}"), work / f"plan{w}")
+        for w in (2, 3)
+    }
+
+
+def chosen_per_epoch(plan_dir, manifest):
+    """Per epoch and source, the sorted doc_ids packs.parquet holds (repeats included)."""
+    t = pq.read_table(plan_dir / "packs.parquet", columns=["epoch", "doc_ids"]).to_pydict()
+    out = {}
+    ranges = manifest["source_docs"]
+    for epoch, docs in zip(t["epoch"], t["doc_ids"]):
+        for d in docs:
+            name = next(r["name"] for r in ranges if r["first_doc"] <= d < r["end_doc"])
+            out.setdefault((epoch, name), []).append(d)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def test_shares_match_the_weights_within_one_document_per_epoch(plans, pretokenized):
+    _, plan, _ = plans[2]
+    manifest = json.loads((pretokenized / "manifest.json").read_text())
+    lengths = np.concatenate(
+        [pq.read_table(pretokenized / s, columns=["num_tokens"]).column(0).to_numpy() for s in manifest["shards"]]
+    )
+    rows = {r["name"]: r for r in plan["mixture"]["sources"]}
+    weighted = sum(rows[n]["train_tokens"] for n in ("chat", "domain", "rare"))
+    for name, share in (("chat", 0.6), ("domain", 0.3), ("rare", 0.1)):
+        r = next(x for x in manifest["source_docs"] if x["name"] == name)
+        longest = int(lengths[r["first_doc"] : r["end_doc"]].max())
+        for e in rows[name]["per_epoch"]:
+            assert abs(e["tokens"] - share * weighted) <= longest
+    assert rows["rare"]["repeats"] > 4  # far smaller than its share: upsampled by whole documents
+    replay = rows["replay"]
+    assert all(abs(e["tokens"] - 2.5 * replay["train_tokens"]) <= 120 for e in replay["per_epoch"])
+    # the downsampled source cycles through its documents before repeating any
+    assert rows["chat"]["repeats"] < 1
+    assert all(e["docs"] == e["distinct_docs"] for e in rows["chat"]["per_epoch"])
+
+
+def test_the_same_mixture_on_2_and_3_ranks_selects_the_same_documents(plans, pretokenized):
+    manifest = json.loads((pretokenized / "manifest.json").read_text())
+    a, b = (chosen_per_epoch(plans[w][2], manifest) for w in (2, 3))
+    assert a == b
+    assert plans[2][1]["mixture"] == plans[3][1]["mixture"]
+    # the shards alone count the shares: the source column names each document's source
+    names = pq.read_table(pretokenized / manifest["shards"][0], columns=["source"]).column(0).to_pylist()
+    assert names[0] == "chat"
+
+
+def verdicts(inputs):
+    spec = load_model_spec(inputs.config)
+    return {c.name: c for c in run_checks(inputs, spec, estimate_memory(spec, fit_settings(inputs.config)))}
+
+
+def test_gate_passes_and_a_dropped_document_fails_naming_its_source(plans, pretokenized, tmp_path):
+    config, plan, plan_dir = plans[2]
+    inputs = load_inputs(config, pretokenized, plan_dir, tmp_path / "ckpt")
+    v = verdicts(inputs)
+    assert v["conservation"].passed, v["conservation"].detail
+    assert v["leakage"].passed, v["leakage"].detail
+    # drop one document of "rare" from one pack row
+    p = inputs.packs
+    manifest = inputs.manifest
+    rare = next(r for r in manifest["source_docs"] if r["name"] == "rare")
+    entry = int(np.flatnonzero((p.doc_ids >= rare["first_doc"]) & (p.doc_ids < rare["end_doc"]))[0])
+    row = int(np.searchsorted(p.offsets, entry, side="right") - 1)
+    keep = np.ones(len(p.doc_ids), dtype=bool)
+    keep[entry] = False
+    offsets = p.offsets.copy()
+    offsets[row + 1 :] -= 1
+    packs = dataclasses.replace(
+        p, doc_ids=p.doc_ids[keep], doc_lengths=p.doc_lengths[keep], offsets=offsets, length_offsets=offsets
+    )
+    broken = dataclasses.replace(inputs, packs=packs)
+    check = verdicts(broken)["conservation"]
+    assert not check.passed
+    assert "source 'rare'" in check.detail
+
+
+def test_gate_md_shows_the_mixture_table(plans):
+    lines = mixture_markdown(plans[2][1]["mixture"])
+    assert "| rare | weight 0.1 |" in "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        (
+            [{"path": "a.jsonl", "name": "a", "weight": 1}, {"path": "./a.jsonl", "name": "b", "weight": 1}],
+            r"sources 'a' and 'b' are the same file",
+        ),
+        (
+            [{"path": "a.jsonl", "name": "a", "weight": 1}, {"path": "b.jsonl", "name": "a", "weight": 1}],
+            r"two sources named 'a'",
+        ),
+        (
+            [{"path": "a.jsonl", "name": "a", "weight": 1, "epochs": 2}],
+            r"source 'a'\): weight and epochs given together",
+        ),
+    ],
+)
+def test_bad_mixtures_are_one_line_naming_the_source(inputs, message):
+    with pytest.raises(InputError, match=message) as err:
+        parse_sources(mixture_config(2, inputs))
+    assert "\n" not in str(err.value)
+
+
+def test_a_weight_past_max_repeats_is_refused_naming_the_source(pretokenized, tmp_path):
+    config = mixture_config(2, max_repeats=2)
+    with pytest.raises(InputError, match=r"source 'rare'.*more than data.max_repeats 2") as err:
+        build_plan(config, pretokenized, tmp_path / "plan")
+    assert "\n" not in str(err.value)
+
+
+def test_plain_paths_are_sources_named_for_their_stem():
+    assert source_name("data/chat.jsonl.gz") == "chat"
+    assert source_name("data/corpus.parquet") == "corpus"
+    assert [s.name for s in parse_sources(validate_config({"data": {"inputs": ["x/a.jsonl", "b.json"]}}))] == ["a", "b"]
