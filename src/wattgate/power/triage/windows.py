@@ -18,11 +18,10 @@ GPU's own edges (levels.py): low [0, low_max_w), mid [low_max_w,
 compute_min_w), high [compute_min_w, ...).
 
 Samples are read a chunk (a trace's row group) at a time and reduced to sums
-per (GPU, window) and per-GPU energy summaries (energy.Segments) as they come:
-a day of 16 GPUs at 10 Hz is 14M rows, and holding them all, with the
-temporaries each numpy step makes, cost more than the arithmetic. Only each
-sample's power and cell stay until the GPUs' levels are known (the bands
-count samples against them).
+per (GPU, window) and per-GPU energy summaries (energy.Segments) as they come
+(chunks.py; the sampler's own layout by runs of ticks, ticks.py): a day of 16
+GPUs at 10 Hz is 14M rows, and holding them all, with the temporaries each
+numpy step makes, cost more than the arithmetic.
 """
 
 from __future__ import annotations
@@ -33,322 +32,28 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from wattgate.codes import column_codes
 from wattgate.errors import InputError
 from wattgate.power import energy as energy_mod
-from wattgate.trace import TRACE_SCHEMA, UPPER_BOUNDS
 from wattgate.triage_tables import TriageTable
 from wattgate.power.triage import causes as causes_mod
 from wattgate.power.triage import ticks as ticks_mod
 from wattgate.power.triage.arrays import _ranges, _runs
+from wattgate.power.triage.chunks import (  # noqa: F401 (CHUNK_ROWS, NEEDED, table_batches: imported from here)
+    CHUNK_ROWS,
+    NEEDED,
+    _Cells,
+    _energy_segments,
+    _GpuIds,
+    _Place,
+    _rows,
+    _cells,
+    table_batches,
+)
 from wattgate.power.triage.levels import Levels, learn_levels
 
 GAP_FILL_PERIODS = 4.0  # an empty stretch shorter than this many sampling periods takes the phase around it
 GAP_FILL_MIN_WINDOWS = 2  # ... and always one of up to this many windows (the sampler's grid jittering at an edge)
-CHUNK_ROWS = 1 << 20  # rows reduced at once (the sampler's row group): temporaries stay small and reused
-
-NEEDED = ("time", "host", "gpu", "power_w", "util_gpu")
-
-
-# ---------------------------------------------------------------- rows, a chunk at a time
-
-
-@dataclass
-class _Rows:
-    """One chunk's usable rows (with a GPU and a finite time) as numpy columns."""
-
-    gid: np.ndarray  # GPU id (_GpuIds, in order of first sight)
-    time: np.ndarray  # float64
-    power: np.ndarray  # float32, NaN = missing or out of range
-    util: np.ndarray  # float32, NaN = missing or out of range
-    energy: np.ndarray | None  # float64 counter readings, NaN = none; None: no reading in the chunk
-    ngpu: int  # distinct ids in the chunk
-    signals: tuple[bool, bool]  # any power, any utilization reading
-    causes: dict | None = None  # SM clock, temperature, reasons (causes.chunk_columns); None: none of them
-    period: int = 0  # k: the rows are ticks of the same k GPUs in one order (the sampler's layout); 0: not
-
-
-class _GpuIds:
-    """(host, gpu) -> an id, in the order first seen; sorted() orders them once all rows are in."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, int]] = []
-        self._id: dict[tuple[str, int], int] = {}
-
-    def of(self, hosts: list[str], host_code: np.ndarray, gpu: np.ndarray) -> tuple[np.ndarray, int]:
-        """(the id of every row, ids present) from host codes into `hosts` and GPU indexes (>= 0)."""
-        width = int(gpu.max()) + 1
-        if len(hosts) == 1:  # one host per file: the GPU is the key
-            pair = gpu
-        elif len(hosts) * width < 1 << 31:
-            pair = host_code * width + gpu
-        else:
-            pair = host_code.astype(np.int64) * width + gpu
-        if len(hosts) * width <= 1 << 20:  # the usual case: a lookup table is faster than a sort
-            present = np.flatnonzero(np.bincount(pair, minlength=len(hosts) * width))
-            lut = np.zeros(len(hosts) * width, np.int32)
-            lut[present] = [self._key_id(hosts[k // width], k % width) for k in present]
-            return lut[pair], len(present)
-        present, inverse = np.unique(pair, return_inverse=True)  # odd GPU indexes in a foreign trace
-        ids = np.array([self._key_id(hosts[k // width], k % width) for k in present], np.int32)
-        return ids[inverse], len(present)
-
-    def _key_id(self, host: str, gpu) -> int:
-        key = (host, int(gpu))
-        if key not in self._id:
-            self._id[key] = len(self.seen)
-            self.seen.append(key)
-        return self._id[key]
-
-    def sorted(self) -> tuple[list[tuple[str, int]], np.ndarray]:
-        """(keys sorted by (host, gpu), the sorted position of every id)."""
-        order = sorted(range(len(self.seen)), key=self.seen.__getitem__)
-        rank = np.empty(len(order), np.int64)
-        rank[order] = np.arange(len(order))
-        return [self.seen[i] for i in order], rank
-
-
-FINITE = float(np.finfo(np.float64).max)  # the largest finite value: above it is +inf
-
-
-def _numbers(col, dtype, measured: bool, upper: float = np.inf) -> np.ndarray:
-    """A numeric arrow column as numpy (null -> NaN); a measured one also NaN where infinite, negative or above
-    `upper` (what read_trace nulls: trace.UPPER_BOUNDS)."""
-    out = col.to_numpy(zero_copy_only=False)
-    if out.dtype != dtype:
-        out = out.astype(dtype)
-    # two reductions find the usual all-valid chunk without a mask
-    # as Python floats: a float32 compared with FINITE would overflow in the cast
-    if (
-        measured
-        and len(out)
-        and not (float(np.fmin.reduce(out)) >= 0 and float(np.fmax.reduce(out)) <= min(upper, FINITE))
-    ):
-        with np.errstate(invalid="ignore"):
-            bad = ~(out >= 0) | np.isinf(out) | (out > upper)
-        out = out.copy() if not out.flags.writeable else out
-        out[bad] = np.nan
-    return out
-
-
-def _host_codes(col) -> tuple[list[str], np.ndarray | None]:
-    """(names, code per row) of a host column (dictionary or string); a missing host is "". A chunk of one host
-    (a sampler's file) gives None for the codes: every row is names[0], no array of a million zeros."""
-    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
-    if col.null_count == 0 and all(pa.types.is_dictionary(c.type) for c in chunks):
-        entries = {v for c in chunks for v in c.dictionary.to_pylist()}
-        if len(entries) == 1:
-            return [str(entries.pop())], None
-    values, codes = column_codes(col)
-    return ["" if v is None else str(v) for v in values], codes.astype(np.int32)
-
-
-def _rows(batch: pa.RecordBatch | pa.Table, ids: _GpuIds) -> _Rows | None:
-    """A chunk's usable rows; None when it has none."""
-    if isinstance(batch, pa.Table):
-        batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else None
-    if batch is None or batch.num_rows == 0:
-        return None
-    gpu_col = batch.column("gpu")
-    gpu = (pc.fill_null(gpu_col, -1) if gpu_col.null_count else gpu_col).to_numpy(zero_copy_only=False)
-    gpu = gpu.astype(np.int32 if gpu.max(initial=0) < 1 << 30 else np.int64, copy=False)
-    time_ = _numbers(batch.column("time"), np.float64, False)
-    names, codes = _host_codes(batch.column("host"))
-    power = _numbers(batch.column("power_w"), np.float32, True, UPPER_BOUNDS["power_w"])
-    util = _numbers(batch.column("util_gpu"), np.float32, True)
-    has_energy = "energy_j" in batch.schema.names and batch.column("energy_j").null_count < batch.num_rows
-    energy = _numbers(batch.column("energy_j"), np.float64, True) if has_energy else None
-    signals = (not np.isnan(power).all(), not np.isnan(util).all())
-    causes = causes_mod.chunk_columns(batch) if set(causes_mod.COLUMNS) & set(batch.schema.names) else None
-    if causes is not None and all(v is None for v in causes.values()):
-        causes = None
-    if gpu.min() < 0 or not np.isfinite(np.add.reduce(time_)):  # rows without a GPU or a time: dropped
-        ok = (gpu >= 0) & np.isfinite(time_)
-        if not ok.any():
-            return None
-        gpu, time_, power, util = gpu[ok], time_[ok], power[ok], util[ok]
-        codes = codes[ok] if codes is not None else None
-        energy = energy[ok] if energy is not None else None
-        causes = causes_mod.select(causes, ok) if causes is not None else None
-    k = ticks_mod.period(gpu, codes)
-    if k:  # the sampler's layout: the ids of one tick's GPUs, repeated (no lookup per row)
-        head, ngpu = ids.of(names, codes[:k] if codes is not None else np.zeros(k, np.int32), gpu[:k])
-        gid = np.tile(head, len(gpu) // k)
-    else:
-        gid, ngpu = ids.of(names, codes if codes is not None else np.zeros(len(gpu), np.int32), gpu)
-    return _Rows(gid, time_, power, util, energy, ngpu, signals, causes, k)
-
-
-def table_batches(trace) -> Iterator[pa.RecordBatch]:
-    """A trace given in memory (a pa.Table, DataFrame or dict of columns) as chunks."""
-    if isinstance(trace, pa.Table):
-        missing = [c for c in NEEDED if c not in trace.column_names]
-        if missing:
-            raise InputError(f"trace lacks column(s) {', '.join(missing)}")
-        table = trace
-    else:
-        df = trace if isinstance(trace, pd.DataFrame) else pd.DataFrame({c: trace[c] for c in trace})
-        missing = [c for c in NEEDED if c not in df.columns]
-        if missing:
-            raise InputError(f"trace lacks column(s) {', '.join(missing)}")
-        columns = {
-            "time": pa.array(pd.to_numeric(df["time"]).to_numpy(np.float64)),
-            "host": pa.array(df["host"].where(df["host"].notna(), "").astype(str).to_numpy(), pa.string()),
-            "gpu": pa.array(pd.to_numeric(df["gpu"]).fillna(-1).to_numpy().astype(np.int64)),
-            "power_w": pa.array(pd.to_numeric(df["power_w"]).to_numpy(np.float32, na_value=np.nan)),
-            "util_gpu": pa.array(pd.to_numeric(df["util_gpu"]).to_numpy(np.float32, na_value=np.nan)),
-        }
-        if "energy_j" in df.columns:
-            columns["energy_j"] = pa.array(pd.to_numeric(df["energy_j"]).to_numpy(np.float64, na_value=np.nan))
-        for name in causes_mod.COLUMNS:  # a straggler's cause, where the frame has them
-            if name in df.columns:
-                columns[name] = pa.array(df[name], type=TRACE_SCHEMA.field(name).type, from_pandas=True)
-        table = pa.table(columns)
-    return iter(table.to_batches(max_chunksize=CHUNK_ROWS))
-
-
-# ---------------------------------------------------------------- sums per (GPU, window)
-
-
-@dataclass
-class _Cells:
-    """One chunk's (GPU, window) cells: a grid of them, those with samples, and per power sample its cell and
-    power (kept for the bands, which need the GPUs' levels first)."""
-
-    grid: int  # cells in the chunk's grid
-    present: np.ndarray  # grid cells with rows
-    gid: np.ndarray  # per present cell
-    window: np.ndarray  # per present cell: int64 window index
-    rows: np.ndarray  # per present cell: rows, with or without power
-    n: np.ndarray  # power samples
-    psum: np.ndarray
-    nu: np.ndarray  # utilization samples (among the power samples)
-    usum: np.ndarray
-    cell: np.ndarray  # per power sample: its grid cell
-    power: np.ndarray  # per power sample (float32)
-    gpu: np.ndarray  # per power sample: its GPU id (small ints: a lookup in a tiny table gives its edges)
-    causes: causes_mod.ChunkCauses | None = None  # per present cell: SM clock, temperature, reasons
-    ticks: ticks_mod.Ticks | None = None  # the sampler's layout: cell, power and gpu are None, this holds them
-
-
-def _cells(r: _Rows, window_s: float, ngpu_seen: int) -> _Cells:
-    t = ticks_mod.layout(r.time, r.gid[: r.period], r.period, r.power, window_s) if r.period else None
-    if t is not None:
-        return _tick_cells(r, t, ngpu_seen)
-    key = r.time / window_s if window_s != 1.0 else r.time.copy()
-    np.floor(key, out=key)
-    lo, hi = float(key.min()), float(key.max())
-    span = int(hi - lo) + 1
-    key -= lo  # window - lo, then the cell (window - lo) * GPUs + GPU, in one float64 buffer
-    key *= ngpu_seen
-    key += r.gid
-    key = key.astype(np.int32 if span * ngpu_seen < 1 << 31 else np.int64)
-    if span * ngpu_seen <= 4 * len(key) + 65536:  # rows in time order (the sampler's): a dense grid, no sort
-        grid = span * ngpu_seen
-        rows = np.bincount(key, minlength=grid)
-        present = np.flatnonzero(rows)
-        rows, cells = rows[present], present
-    else:
-        cells, key, rows = np.unique(key, return_inverse=True, return_counts=True)
-        grid, key = len(cells), key.astype(np.int32)
-        present = np.arange(grid)
-    chunk_causes = None
-    if r.causes is not None:
-        chunk_causes = causes_mod.reduce_chunk(r.causes, key, grid, present, r.gid, r.ngpu, r.time)
-    valid = ~np.isnan(r.power)
-    small = r.gid.astype(np.int8 if ngpu_seen < 1 << 7 else np.int16 if ngpu_seen < 1 << 15 else np.int32)
-    if valid.all():
-        cell, power, util = key, r.power, r.util
-    else:
-        cell, power, util, small = key[valid], r.power[valid], r.util[valid], small[valid]
-
-    def per_cell(weights=None, at=None) -> np.ndarray:
-        c = cell if at is None else cell[at]
-        return np.bincount(c, weights=weights, minlength=grid)[present]
-
-    n = rows if len(cell) == len(key) else per_cell()  # every row has power: the row counts
-    psum = per_cell(power.astype(np.float64))
-    uvalid = ~np.isnan(util)
-    if uvalid.all():
-        nu, usum = n, per_cell(util.astype(np.float64))
-    else:
-        nu, usum = per_cell(at=uvalid), per_cell(util[uvalid].astype(np.float64), uvalid)
-    return _Cells(
-        grid,
-        present,
-        (cells % ngpu_seen).astype(np.int64),
-        (cells // ngpu_seen).astype(np.int64) + int(lo),
-        rows,
-        n,
-        psum,
-        nu,
-        usum,
-        cell,
-        power,
-        small,
-        chunk_causes,
-    )
-
-
-def _tick_cells(r: _Rows, t: ticks_mod.Ticks, ngpu_seen: int) -> _Cells:
-    """_cells of a chunk in the sampler's layout (ticks.py): every (window, GPU) of its window runs."""
-    lo = int(t.window[0])
-    span = int(t.window[-1]) - lo + 1
-    ids = t.head[t.order].astype(np.int64)
-    present = ((t.window - lo)[:, None] * ngpu_seen + ids[None, :]).ravel()
-    n = np.repeat(t.ticks_in, t.k)
-    psum = ticks_mod.sums(t, r.power)
-    if np.isfinite(np.add.reduce(r.util, dtype=np.float64)):
-        nu, usum = n, ticks_mod.sums(t, r.util)
-    else:
-        ok = ~np.isnan(r.util)
-        nu, usum = ticks_mod.counts(t, ok), ticks_mod.sums(t, np.where(ok, r.util, np.float32(0)))
-    chunk_causes = ticks_mod.causes(t, r.causes) if r.causes is not None else None
-    gid, window = np.tile(ids, len(t.window)), np.repeat(t.window, t.k)
-    return _Cells(span * ngpu_seen, present, gid, window, n, n, psum, nu, usum, None, None, None, chunk_causes, t)
-
-
-def _gpu_major(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-    """The chunk's (gid, time, power, energy) grouped by GPU, each GPU's rows in time order (stable)."""
-    n, k = len(r.gid), r.ngpu
-    head = r.gid[:k]
-    if r.period or n % k == 0 and len(np.unique(head)) == k and bool((r.gid.reshape(-1, k) == head).all()):
-        # the sampler's layout, each tick's GPUs in the same order: a transpose groups them, no sort
-        def grouped(a):
-            return a.reshape(-1, k).T.ravel()
-
-        gid = np.repeat(head, n // k)
-    else:
-        order = np.argsort(r.gid.astype(np.int16 if r.gid.max() < 1 << 15 else np.int32), kind="stable")
-
-        def grouped(a):
-            return a[order]
-
-        gid = grouped(r.gid)
-    t = grouped(r.time)
-    if bool(((t[1:] < t[:-1]) & (gid[1:] == gid[:-1])).any()):  # a GPU's rows out of time order in the chunk
-        order = np.lexsort((r.time, r.gid))
-
-        def grouped(a):
-            return a[order]
-
-        gid, t = grouped(r.gid), grouped(r.time)
-    return gid, t, grouped(r.power), grouped(r.energy) if r.energy is not None else None
-
-
-def _energy_segments(r: _Rows) -> energy_mod.Segments:
-    if r.period:  # the sampler's layout with one time per tick: the GPUs share their intervals (energy.py)
-        k = r.period
-        t2 = r.time.reshape(-1, k)
-        if (k == 1 or bool((t2 == t2[:, :1]).all())) and np.isfinite(np.add.reduce(r.power, dtype=np.float64)):
-            if len(t2) < 2 or bool((t2[1:, 0] >= t2[:-1, 0]).all()):
-                e2 = r.energy.reshape(-1, k) if r.energy is not None else None
-                return energy_mod.summarize_ticks(r.gid[:k], t2[:, 0], r.power.reshape(-1, k), e2)
-    return energy_mod.summarize_segments(*_gpu_major(r))
 
 
 @dataclass
@@ -505,12 +210,13 @@ class _Windows:
     low: np.ndarray  # share of samples < the GPU's low_max_w
     filled: np.ndarray  # no sample, but inside a short gap: values of the nearest window
     levels: Levels
-    # per chunk: (each cell's window position, rows per cell, its cause figures), for causes()
+    # per chunk: (where its cells land: _Place, rows per cell, its cause figures), for causes()
     cause_chunks: list = field(default_factory=list)
 
     def causes(self, wanted: np.ndarray) -> causes_mod.WindowCauses:
         """SM clock, temperature and reasons counts of the windows at positions `wanted` (straggler causes)."""
-        return causes_mod.window_causes(self.cause_chunks, len(self.n), wanted)
+        chunks = [(place.positions, rows, found) for place, rows, found in self.cause_chunks]
+        return causes_mod.window_causes(chunks, len(self.n), wanted)
 
 
 def _windows(
@@ -534,19 +240,14 @@ def _windows(
     _check_sampled_span(keys, span, cells_per_gpu, first, window_s)
     base = np.concatenate([[0], np.cumsum(span)])
     total = int(base[-1])
-    # each chunk's cells' windows in the GPU-major output (a cell may recur in the next chunk, never in its own)
+    # where each chunk's cells land in the GPU-major output (a cell may recur in the next chunk, never in its own)
     shift = base[:-1] - first
-    where = [
-        (c.ticks.window[:, None] + shift[rank[c.ticks.head[c.ticks.order]]][None, :]).ravel()
-        if c.ticks is not None
-        else shift[g] + c.window
-        for c, g in zip(acc.cells, gids)
-    ]
+    where = [_Place(c, g, shift, rank) for c, g in zip(acc.cells, gids)]
 
     def summed(name: str, dtype=np.float64) -> np.ndarray:
         out = np.zeros(total, dtype)
-        for c, cells in zip(acc.cells, where):  # added chunk by chunk in row order, as one bincount adds
-            out[cells] += getattr(c, name)
+        for c, place in zip(acc.cells, where):  # added chunk by chunk in row order, as one bincount adds
+            place.add(out, getattr(c, name))
         return out
 
     # each result in its own sum's buffer: a fresh array of a day's windows costs more in page faults than
@@ -571,15 +272,16 @@ def _windows(
     hi_edge, lo_edge = _float32_edge(levels.compute_min_w)[rank], _float32_edge(levels.low_max_w)[rank]
     high, low = np.zeros(total), np.zeros(total)
     cause_chunks = []
-    for c, cells in zip(acc.cells, where):
+    for c, place in zip(acc.cells, where):
         if c.causes is not None:
-            cause_chunks.append((cells, c.rows, c.causes))
+            cause_chunks.append((place, c.rows, c.causes))
         # per sample 2 if high, + 1 if low (both at once were the learned edges ever to cross), counted per cell
         if c.ticks is not None:  # the sampler's layout: runs of ticks, each GPU's edge along its column
             high_c, low_c = ticks_mod.band_counts(c.ticks, hi_edge, lo_edge)
-            high[cells] += high_c
-            low[cells] += low_c
+            place.add(high, high_c)
+            place.add(low, low_c)
             continue
+        cells = place.cells
         flags = (c.power >= hi_edge[c.gpu]).view(np.int8) * np.int8(2)
         flags += c.power < lo_edge[c.gpu]
         four = c.cell * 4 if c.grid < 1 << 29 else c.cell.astype(np.int64) * 4
