@@ -120,6 +120,26 @@ def _triage(
     if acc.empty:
         return PHASES_SCHEMA.empty_table()
     win = _windows(acc, table, window_s, caps, power_cap_w)
+    # the stragglers read only the windows: found on another thread while the rules label them
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        lagging = pool.submit(_stragglers, win, window_s, straggler_share, run_info)
+        phases = _labelled(win, table, window_s, deadlock_after_s, run_info)
+        lag = lagging.result()
+    # what the run taught (levels per GPU), how much of it was filled in and its stragglers, for run_triage and
+    # the report
+    learned = {"levels": win.levels.records(win.keys), "filled_s": float(win.filled.sum()) * window_s} | lag
+    return phases.replace_schema_metadata({b"wattgate.triage": strict_json(learned, sort_keys=True).encode()})
+
+
+def _stragglers(win: _Windows, window_s: float, share: float, run_info: RunInfo | None) -> dict:
+    rank_of = {g: r for r, g in map_ranks(run_info, win.keys).items()} if run_info is not None else {}
+    return find_stragglers(win, window_s, share, run_info, rank_of)
+
+
+def _labelled(
+    win: _Windows, table: TriageTable, window_s: float, deadlock_after_s: float, run_info: RunInfo | None
+) -> pa.Table:
+    """The phases table: every window labelled by the rules (rules.py, run_rules.py)."""
     ngpu = len(win.keys)
     known = win.n > 0
     kpos = np.flatnonzero(known)
@@ -147,13 +167,7 @@ def _triage(
     labels[kpos] = cls
     confidence = np.zeros(len(win.n), np.float32)
     confidence[kpos] = conf
-    phases = _phases_table(win, labels, confidence, window_s)
-    rank_of = {g: r for r, g in map_ranks(run_info, win.keys).items()} if run_info is not None else {}
-    lag = find_stragglers(win, window_s, straggler_share, run_info, rank_of)
-    # what the run taught (levels per GPU), how much of it was filled in and its stragglers, for run_triage and
-    # the report
-    learned = {"levels": win.levels.records(win.keys), "filled_s": float(win.filled.sum()) * window_s} | lag
-    return phases.replace_schema_metadata({b"wattgate.triage": strict_json(learned, sort_keys=True).encode()})
+    return _phases_table(win, labels, confidence, window_s)
 
 
 def _phases_table(win: _Windows, labels: np.ndarray, confidence: np.ndarray, window_s: float) -> pa.Table:
@@ -162,11 +176,13 @@ def _phases_table(win: _Windows, labels: np.ndarray, confidence: np.ndarray, win
     gpu_of_gpu = np.array([g for _, g in win.keys], np.int32)
     start = win.index * window_s
     known = win.n > 0
+    # GPU-major windows: each GPU's host and index repeated over its span (no gather per window)
+    spans = np.diff(np.searchsorted(win.gpu_id, np.arange(len(win.keys) + 1)))
     # host and phase stay dictionaries until written (write_phases, contract()): the summaries read their codes
     return pa.Table.from_arrays(
         [
-            pa.DictionaryArray.from_arrays(pa.array(host_of_gpu[win.gpu_id]), pa.array(hosts, pa.string())),
-            pa.array(gpu_of_gpu[win.gpu_id], pa.int32()),
+            pa.DictionaryArray.from_arrays(pa.array(np.repeat(host_of_gpu, spans)), pa.array(hosts, pa.string())),
+            pa.array(np.repeat(gpu_of_gpu, spans), pa.int32()),
             pa.array(start, pa.float64()),
             pa.array((win.index + 1) * window_s, pa.float64()),
             pa.DictionaryArray.from_arrays(pa.array(labels.astype(np.int32)), pa.array(list(LABELS))),
