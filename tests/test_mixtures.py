@@ -13,7 +13,7 @@ from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.gate.inputs import load_inputs
 from wattgate.gate.memory import estimate_memory
-from wattgate.gate.mixture_checks import mixture_markdown
+from wattgate.gate.mixture_checks import MixtureInputs, cross_source_duplicates, mixture_markdown
 from wattgate.gate.run import fit_settings, run_checks
 from wattgate.model_spec import load_model_spec
 from wattgate.pack.plan import build_plan
@@ -170,3 +170,53 @@ def test_plain_paths_are_sources_named_for_their_stem():
     assert source_name("data/chat.jsonl.gz") == "chat"
     assert source_name("data/corpus.parquet") == "corpus"
     assert [s.name for s in parse_sources(validate_config({"data": {"inputs": ["x/a.jsonl", "b.json"]}}))] == ["a", "b"]
+
+
+def test_a_document_in_two_sources_is_reported_once():
+    mix = MixtureInputs(["a", "b"], np.array([0, 3]), np.array([3, 6]), np.zeros(2), np.zeros(2), {"sources": []}, ())
+    hashes = np.array([11, 12, 13, 12, 14, 11], dtype=np.int64)  # 12 and 11 in both sources
+    note = cross_source_duplicates(mix, hashes)
+    assert note.startswith("2 document(s) appear in two sources (counted once)")
+    assert "of 'a' = doc_id" in note and "of 'b'" in note
+    assert cross_source_duplicates(mix, np.arange(6, dtype=np.int64)) == ""
+
+
+def test_epochs_with_different_documents_get_the_same_steps(plans):
+    for _, plan, _ in plans.values():
+        steps = {s for rank in plan["stats"]["per_rank_steps_per_epoch"] for s in rank}
+        assert steps == {plan["steps_per_epoch"]}
+        chat = next(r for r in plan["mixture"]["sources"] if r["name"] == "chat")
+        assert len({e["doc_ids_sha256"] for e in chat["per_epoch"]}) == 3  # downsampled: other documents each epoch
+
+
+@pytest.mark.parametrize("new_world", [2, 3])  # 2: each step keeps its packs; 3: the rest re-packed
+def test_a_resized_mixture_keeps_every_source_count_exact(tmp_path, new_world):
+    from support.runs import config_for
+
+    from wattgate.gate.run import run_gate
+    from wattgate.identity import run_identity
+
+    lengths = np.random.default_rng(5).integers(8, 60, 160)
+    pretok = write_random_pretokenized(tmp_path / "pretokenized", lengths, 96, 0, sources=[("a", 120), ("b", 40)])
+    mixture = [{"path": "a.jsonl", "name": "a", "weight": 0.5}, {"path": "b.jsonl", "name": "b", "weight": 0.5}]
+
+    def config(gpus):
+        c = config_for(gpus, epochs=3)
+        c["data"]["inputs"] = mixture
+        return c
+
+    plan_dir = tmp_path / "plan"
+    plan = build_plan(config(4), pretok, plan_dir)
+    folder = tmp_path / "train" / "t" / "checkpoints" / "step-2"
+    folder.mkdir(parents=True)
+    position = {"epoch": 0, "step": 2, "plan": plan["packs_sha256"]}
+    state = {"step": 2, "position": position, "files": {}, "identity": run_identity(config(4), plan_dir, pretok)}
+    (folder / "state.json").write_text(json.dumps(state))
+    continued = build_plan(config(new_world), pretok, plan_dir)
+    assert [s["world_size"] for s in continued["segments"]] == [4, new_world]
+    assert continued["mixture"] == plan["mixture"]
+    report = run_gate(config(new_world), pretok, plan_dir, tmp_path / "gate")
+    checks = {c["name"]: c for c in report["checks"]}
+    for name in ("conservation", "equal_steps", "segments"):
+        assert checks[name]["passed"], checks[name]["detail"]
+    assert "2 sources" in checks["conservation"]["detail"]

@@ -20,8 +20,6 @@ import numpy as np
 from wattgate.data.mixture import is_mixture, parse_sources
 from wattgate.errors import InputError
 
-DUPLICATE_TABLE = 1 << 24  # slots of the cross-source screen (16 MB): ~n / 16M false candidates per document
-
 
 @dataclass(frozen=True)
 class MixtureInputs:
@@ -95,12 +93,11 @@ def epoch_problems(
     for i, name in enumerate(mix.names):
         lo, hi = int(mix.first[i]), int(mix.end[i])
         covered[lo:hi] = True
-        counts = seen[lo:hi]
-        train = ~held[lo:hi]
-        c = counts[train]
-        ids = np.arange(lo, hi, dtype=np.int64)[train]
-        docs, tokens = int(c.sum()), int((c * doc_tokens[lo:hi][train]).sum())
-        loss = int((c * doc_loss[lo:hi][train]).sum())
+        # over the whole range: a held-out document's count is 0 unless packed, which the caller's held-out
+        # check names (and which then also changes the hash below)
+        c = seen[lo:hi]
+        ids = np.arange(lo, hi, dtype=np.int64)
+        docs, tokens, loss = int(c.sum()), int(np.dot(c, doc_tokens[lo:hi])), int(np.dot(c, doc_loss[lo:hi]))
         per_epoch = (recorded.get(name) or {}).get("per_epoch") or []
         want = per_epoch[epoch] if epoch < len(per_epoch) and isinstance(per_epoch[epoch], dict) else None
         where = f"epoch {epoch}: source {name!r}"
@@ -118,6 +115,9 @@ def epoch_problems(
             problems.append(
                 f"{where}: the packed documents are not the planned ones (doc_ids_sha256 differs); rerun pack"
             )
+        h = held[lo:hi]
+        c = c[~h] if h.any() else c  # repeats are even over the source's training documents
+        ids = ids[~h] if h.any() else ids
         if len(c) and int(c.max()) - int(c.min()) > 1:
             worst = int(ids[np.argmin(c)])
             problems.append(
@@ -136,37 +136,26 @@ def epoch_problems(
 
 
 def cross_source_duplicates(mix: MixtureInputs, hashes: np.ndarray | None) -> str:
-    """A note naming documents whose content appears in two sources ('' when none): a table of hash low bits
-    screens them (one pass per source), only the few candidates are compared exactly."""
+    """A note naming documents whose content appears in two sources ('' when none): one argsort of the content
+    hashes (numpy's SIMD sort, ~20 ms at 1M) puts copies side by side."""
     if hashes is None or len(mix.names) < 2:
         return ""
-    slot_owner = np.zeros(DUPLICATE_TABLE, dtype=np.int16)  # 0 none, s + 1 one source, -1 several
-    for i in range(len(mix.names)):
-        low = hashes[mix.first[i] : mix.end[i]] & (DUPLICATE_TABLE - 1)
-        owner = slot_owner[low]
-        slot_owner[low[(owner != 0) & (owner != i + 1)]] = -1
-        slot_owner[low[owner == 0]] = i + 1
-    cand = np.flatnonzero(slot_owner[hashes & (DUPLICATE_TABLE - 1)] == -1)
-    if not cand.size:
+    order = np.argsort(hashes)
+    same = np.flatnonzero(hashes[order[1:]] == hashes[order[:-1]])
+    if not same.size:
         return ""
-    src = np.searchsorted(mix.end, cand, side="right")
-    inside = src < len(mix.names)
-    cand, src = cand[inside], src[inside]
-    pairs = np.unique(np.stack([hashes[cand], src]), axis=1)
-    h, n_sources = np.unique(pairs[0], return_counts=True)
-    dup = h[n_sources > 1]
-    if not dup.size:
+    a, b = order[same], order[same + 1]
+    src_a, src_b = np.searchsorted(mix.end, a, side="right"), np.searchsorted(mix.end, b, side="right")
+    cross = (src_a != src_b) & (src_a < len(mix.names)) & (src_b < len(mix.names))
+    if not cross.any():
         return ""
-    docs = cand[np.isin(hashes[cand], dup)]
-    first = docs[hashes[docs] == hashes[docs[0]]]
-    a, b = (
-        first[0],
-        first[np.searchsorted(mix.end, first, side="right") != np.searchsorted(mix.end, first[0], side="right")][0],
-    )
+    count = len(np.unique(hashes[a[cross]]))
+    i = int(np.flatnonzero(cross)[0])
+    x, y = sorted((int(a[i]), int(b[i])))
     name = lambda d: mix.names[int(np.searchsorted(mix.end, d, side="right"))]  # noqa: E731
     return (
-        f"{dup.size} document(s) appear in two sources (counted once), e.g. doc_id {int(a)} of {name(a)!r} = "
-        f"doc_id {int(b)} of {name(b)!r}"
+        f"{count} document(s) appear in two sources (counted once), e.g. doc_id {x} of {name(x)!r} = "
+        f"doc_id {y} of {name(y)!r}"
     )
 
 

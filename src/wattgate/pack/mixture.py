@@ -108,12 +108,18 @@ def choose(
     out: list[list[np.ndarray]] = [[] for _ in range(epochs)]
     for s, target in zip(sources, tgt):
         keys = carve_keys(content_hashes[s.doc_ids], source_seed(seed, s.source.name))
-        order = s.doc_ids[np.lexsort((s.doc_ids, keys))]  # copies share a key: doc_id only breaks their tie
+        order = np.argsort(keys)  # numpy's SIMD quicksort: ~5x a stable sort of uint64
+        if (keys[order[1:]] == keys[order[:-1]]).any():
+            # copies share a key: a stable sort orders them by doc_id (ascending here), whatever the quicksort did
+            order = np.argsort(keys, kind="stable")
+        order = s.doc_ids[order]
         cum = np.cumsum(lengths[order])
         start = 0
         for e in range(epochs):
             end = _boundary(cum, (e + 1) * target)
-            out[e].append(order[np.arange(start, end) % len(order)])
+            n = len(order)
+            # within one pass a slice; across passes a gather of the cyclic positions
+            out[e].append(order[start % n : end % n] if start // n == end // n else order[np.arange(start, end) % n])
             start = end
     return out
 
@@ -132,15 +138,19 @@ def mixture_record(
     for i, s in enumerate(sources):
         total = int(lengths[s.doc_ids].sum())
         per_epoch = []
+        lo = int(s.doc_ids[0])
         for e in range(len(chosen)):
             ids = chosen[e][i]
+            # counts over the source's doc_id range: the sorted multiset without a sort (O(range))
+            counts = np.bincount(ids - lo, minlength=int(s.doc_ids[-1]) - lo + 1)
+            span = slice(lo, lo + len(counts))
             per_epoch.append(
                 {
                     "docs": int(len(ids)),
-                    "distinct_docs": int(len(np.unique(ids))),
-                    "tokens": int(lengths[ids].sum()),
-                    "loss_tokens": int(loss[ids].sum()),
-                    "doc_ids_sha256": multiset_sha256(ids),
+                    "distinct_docs": int(np.count_nonzero(counts)),
+                    "tokens": int(np.dot(counts, lengths[span])),
+                    "loss_tokens": int(np.dot(counts, loss[span])),
+                    "doc_ids_sha256": counts_sha256(counts, lo),
                 }
             )
         rows.append(
@@ -156,6 +166,8 @@ def mixture_record(
     return {"seed": seed, "max_repeats": max_repeats, "sources": rows}
 
 
-def multiset_sha256(doc_ids: np.ndarray) -> str:
-    """sha256 of the sorted doc_ids (little-endian int64), repeats included: what a source's epoch holds."""
-    return hashlib.sha256(np.sort(np.asarray(doc_ids, dtype="<i8")).tobytes()).hexdigest()
+def counts_sha256(counts: np.ndarray, first: int) -> str:
+    """sha256 of the sorted doc_ids (little-endian int64), repeats included, from each doc_id's count (doc_id
+    first + i is counts[i]): what a source's epoch holds; the gate hashes its packs' counts the same way."""
+    ids = np.repeat(np.arange(first, first + len(counts), dtype="<i8"), counts)
+    return hashlib.sha256(ids.tobytes()).hexdigest()

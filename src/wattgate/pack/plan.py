@@ -12,9 +12,10 @@ import pyarrow.parquet as pq
 from wattgate.artifacts import atomic_path
 from wattgate.config import world_size
 from wattgate.errors import InputError
-from wattgate.pack.assign import Layout, Placement, rank_cost_ratios, sort_placement
+from wattgate.pack.assign import Layout, Placement, assign_ranks, pack_costs, rank_cost_ratios, sort_placement
+from wattgate.pack.bfd import pack_bfd
 from wattgate.pack.planner import plan_packs
-from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs
+from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs, rebin
 from wattgate.pack.segments import HISTORY, continue_plan, keep_in_history, resume_source, segment_rows, step_ordinal
 from wattgate.data.mixture import is_mixture, parse_sources
 from wattgate.data.split import read_validation_ids, train_doc_ids
@@ -166,14 +167,33 @@ def plan_epochs(
 
     When every epoch holds the same documents the ordinary planner runs once (as for a plain list); else each
     epoch is planned with a seed of its own and the epochs' packs are numbered one after another."""
-    first = np.sort(chosen[0])
-    if all(len(c) == len(first) and np.array_equal(np.sort(c), first) for c in chosen[1:]):
+    # each epoch's doc_ids in ascending order from their counts (O(n), no sort): the packing then sees one
+    # order whatever the sources' stream order
+    counts = [np.bincount(c, minlength=len(lengths)) for c in chosen]
+    if all(np.array_equal(c, counts[0]) for c in counts[1:]):
+        first = np.repeat(np.arange(len(lengths), dtype=np.int64), counts[0])
         return plan_subset(first, lengths, seq_len, layout, remainder, len(chosen), seed, attn_weight)
+    chosen = [np.repeat(np.arange(len(lengths), dtype=np.int64), c) for c in counts]
     parts = []
-    for e, docs in enumerate(chosen):
-        docs = np.sort(docs)  # the packing sees doc_ids in one order, whatever the sources' stream order
-        parts.append(plan_packs(lengths[docs], seq_len, layout, remainder, 1, seed * 1_000_003 + e, attn_weight))
-        parts[-1] = (docs,) + parts[-1]
+    if remainder == "rebin":
+        # every epoch gets the same pack count, so the same steps (the schedule and equal_steps take one
+        # steps_per_epoch): BFD per epoch, then rebin each up to the largest count's global-batch multiple
+        per_step = layout.packs_per_step
+        sorted_docs = chosen
+        bfd = [Packs.from_assignment(pack_bfd(lengths[d], seq_len)) for d in sorted_docs]
+        count = max(-(-len(b) // per_step) * per_step for b in bfd)
+        for e, (docs, b) in enumerate(zip(sorted_docs, bfd)):
+            sub = lengths[docs]
+            packs = rebin(b, sub, per_step, at_least=count)
+            tokens = packs.sum_per_pack(sub)
+            costs = pack_costs(tokens, packs.sum_per_pack(sub**2), attn_weight)
+            placement = assign_ranks(costs, layout, 1, seed * 1_000_003 + e)
+            parts.append((docs, packs, placement, tokens, costs))
+    else:  # `none`, the uneven control: per epoch as it comes
+        for e, docs in enumerate(chosen):
+            parts.append(
+                (docs,) + plan_packs(lengths[docs], seq_len, layout, remainder, 1, seed * 1_000_003 + e, attn_weight)
+            )
     base, doc_base = 0, 0
     docs_out, offsets_out, owner, tokens, costs, placements = [], [np.zeros(1, np.int64)], [], [], [], []
     for e, (docs, packs, placement, tok, cost) in enumerate(parts):
@@ -290,16 +310,19 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
         mixture_choice(config, pretokenized, manifest, lengths, held_out) if is_mixture(config) else (None, None)
     )
     state, old, old_folder = resume_source(out, checkpoints, settings, lambda: model_train_identity(config))
-    if state is not None and mixture is not None:
-        # resizing keeps every document's count only for a plain list so far (pack/segments.py re-packs the
-        # rest of an epoch from the whole corpus): refused rather than a mixture with wrong shares
-        raise InputError(
-            f"{checkpoints}: continuing a weighted mixture (data.inputs mappings) on another world size is not "
-            "supported yet; resume on the checkpoint's world size, or move the checkpoints away to start over"
-        )
     if state is not None:
         return build_continued_plan(
-            out, settings, state, old, old_folder, lengths, layout, train["grad_accum"], (validation, vplan), held_out
+            out,
+            settings,
+            state,
+            old,
+            old_folder,
+            lengths,
+            layout,
+            train["grad_accum"],
+            (validation, vplan),
+            held_out,
+            (chosen, mixture),
         )
     if old != "no complete checkpoint":
         print(f"pack: not continuing from {checkpoints}: {old}; the new plan starts over", flush=True)
@@ -356,10 +379,12 @@ def build_continued_plan(
     config_grad_accum: int,
     validation: tuple[dict | None, ValidationPlan | None] = (None, None),
     held_out: tuple | np.ndarray = (),
+    mixture: tuple = (None, None),
 ) -> dict:
     """The old plan's consumed prefix (kept in history/) and the rest for the new world size, as one plan;
-    the validation pass re-planned for the new ranks."""
-    cols, info = continue_plan(old, old_folder, state, lengths, layout, held_out)
+    the validation pass re-planned for the new ranks. `mixture`: a mixture's per-epoch chosen documents and
+    plan.json record: later epochs are re-packed from exactly those, so every source keeps its counts."""
+    cols, info = continue_plan(old, old_folder, state, lengths, layout, held_out, chosen=mixture[0])
     boundary, ga = info["first_step"], info["grad_accum"]
     ordinal = step_ordinal(cols["epoch"], cols["step"])
     n_new = int(ordinal.max()) + 1
@@ -434,6 +459,8 @@ def build_continued_plan(
         },
         validation=validation[0],
     )
+    if mixture[1] is not None:
+        plan["mixture"] = mixture[1]
     print(f"pack: continuing {state['path']} (step {boundary}): {change}", flush=True)
     plan = publish_plan(
         out, plan, lambda tmp: write_rows_table(tmp, cols, lengths), eval_writer(validation[1], lengths)

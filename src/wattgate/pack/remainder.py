@@ -75,7 +75,7 @@ class Packs:
 DONOR_FLOORS = (0.98, 0.95, 0.90, 0.75, 0.5, 0.0)
 
 
-def rebin(packs: Packs, lengths: np.ndarray, multiple: int) -> Packs:
+def rebin(packs: Packs, lengths: np.ndarray, multiple: int, at_least: int = 0) -> Packs:
     """Add packs, made of documents moved out of existing ones, until len(packs) % multiple == 0.
 
     The new packs, and any pack left light by packing (BFD's last bins), are
@@ -87,7 +87,8 @@ def rebin(packs: Packs, lengths: np.ndarray, multiple: int) -> Packs:
     heaps: O(moves x log packs).
     """
     n_packs = len(packs)
-    need = (-n_packs) % multiple
+    # `at_least` (a multiple of `multiple`): a mixture's epochs all get the same pack count (pack/plan.py)
+    need = max((-n_packs) % multiple, at_least - n_packs)
     if len(packs.docs) < n_packs + need:
         raise InputError(
             f"pack: {len(packs.docs)} documents cannot fill {n_packs + need} packs (a multiple of "

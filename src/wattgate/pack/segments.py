@@ -165,12 +165,13 @@ def step_ordinal(epoch: np.ndarray, step: np.ndarray) -> np.ndarray:
 
 
 def continue_plan(
-    old: dict, old_folder: Path, state: dict, lengths: np.ndarray, layout_new: Layout, held_out=()
+    old: dict, old_folder: Path, state: dict, lengths: np.ndarray, layout_new: Layout, held_out=(), chosen=None
 ) -> tuple[dict, dict]:
     """(columns of the current segment's rows, its plan fields) continuing `old` after checkpoint `state`.
 
     `held_out`: the validation split's doc_ids, never packed for training (a re-pack's later epochs hold
-    every other document but the original plan's drops)."""
+    every other document but the original plan's drops). `chosen`: a mixture's documents per epoch
+    (pack/mixture.py, repeats included): a re-pack's later epochs hold exactly those."""
     segments = old.get("segments") or [
         {
             "world_size": old["world_size"],
@@ -220,6 +221,7 @@ def continue_plan(
             # lose documents from some epochs only (the gate's conservation refuses that): keep them all
             "rebin" if old["remainder"] == "drop" else old["remainder"],
             list(old.get("stats", {}).get("dropped_doc_ids", [])) + [int(d) for d in held_out],
+            chosen,
         )
         how = "the remaining documents re-packed"
     return cols, {
@@ -283,11 +285,14 @@ def repack_rest(
     attn_weight: float,
     remainder: str,
     dropped: list[int],
+    chosen: list[np.ndarray] | None = None,
 ) -> dict:
     """The remaining documents of the boundary epoch, and every later epoch, packed afresh for `layout`."""
     boundary_epoch = int(rows["epoch"][np.flatnonzero(rest)[0]])
     entry_rest = np.repeat(rest & (rows["epoch"] == boundary_epoch), np.diff(rows["offsets"]))
-    left = np.unique(rows["doc_ids"][entry_rest])
+    left = rows["doc_ids"][entry_rest]
+    # a plain plan holds each document once per epoch; a mixture's repeats stay (sorted either way)
+    left = np.sort(left) if chosen is not None else np.unique(left)
     parts = [
         _planned(
             left,
@@ -302,7 +307,16 @@ def repack_rest(
         )
     ]
     later = epochs - boundary_epoch - 1
-    if later > 0:
+    if later > 0 and chosen is not None:
+        # each later epoch its own chosen documents (they differ between epochs), planned on their own
+        for e in range(boundary_epoch + 1, epochs):
+            docs = np.sort(chosen[e])
+            parts.append(
+                _planned(
+                    docs, lengths, seq_len, layout, 1, seed * 1_000_003 + e, attn_weight, remainder, epoch_offset=e
+                )
+            )
+    elif later > 0:
         # every document of the corpus but those the original plan dropped (a segment may hold only part of an
         # epoch when the run was resized before, so its rows cannot say which documents an epoch holds)
         kept = np.setdiff1d(np.arange(len(lengths)), np.asarray(dropped, dtype=np.int64))
