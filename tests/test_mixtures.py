@@ -220,3 +220,35 @@ def test_a_resized_mixture_keeps_every_source_count_exact(tmp_path, new_world):
     for name in ("conservation", "equal_steps", "segments"):
         assert checks[name]["passed"], checks[name]["detail"]
     assert "2 sources" in checks["conservation"]["detail"]
+
+
+def test_pretokenize_names_each_document_source_and_refuses_an_empty_source(tmp_path, tokenizer_dir, demo_docs):
+    from conftest import write_jsonl
+
+    from wattgate.data.pretokenize import pretokenize
+
+    chat = write_jsonl(tmp_path / "chat.jsonl", demo_docs[:30])
+    prose = write_jsonl(tmp_path / "prose.jsonl", [{"text": f"plain text number {i}"} for i in range(12)])
+    mixture = [{"path": str(chat), "name": "chat", "weight": 0.7}, {"path": str(prose), "name": "prose", "weight": 0.3}]
+    config = validate_config({"data": {"inputs": mixture, "validation": {"fraction": 0.2}}, "train": {"seq_len": 512}})
+    manifest = pretokenize(config, tokenizer_dir, tmp_path / "out", progress=False)
+    names = pq.read_table(tmp_path / "out" / manifest["shards"][0], columns=["source"]).column(0).to_pylist()
+    ranges = {r["name"]: (r["first_doc"], r["end_doc"]) for r in manifest["source_docs"]}
+    assert ranges == {"chat": (0, 30), "prose": (30, 42)}
+    assert names == ["chat"] * 30 + ["prose"] * 12
+    assert manifest["source_docs"][0]["weight"] == 0.7
+    # a plain list names each source for its file stem
+    plain = validate_config({"data": {"inputs": [str(chat), str(prose)]}, "train": {"seq_len": 512}})
+    again = pretokenize(plain, tokenizer_dir, tmp_path / "plain", progress=False)
+    assert [r["name"] for r in again["source_docs"]] == ["chat", "prose"]
+
+    empty = write_jsonl(tmp_path / "empty.jsonl", [])
+    bad = validate_config(
+        {
+            "data": {"inputs": mixture + [{"path": str(empty), "name": "nothing", "weight": 0.1}]},
+            "train": {"seq_len": 512},
+        }
+    )
+    with pytest.raises(InputError, match=r"source 'nothing'.*no document survived") as err:
+        pretokenize(bad, tokenizer_dir, tmp_path / "bad", progress=False)
+    assert "\n" not in str(err.value)
