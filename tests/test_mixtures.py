@@ -252,3 +252,10 @@ def test_pretokenize_names_each_document_source_and_refuses_an_empty_source(tmp_
     with pytest.raises(InputError, match=r"source 'nothing'.*no document survived") as err:
         pretokenize(bad, tokenizer_dir, tmp_path / "bad", progress=False)
     assert "\n" not in str(err.value)
+
+
+def test_a_mixture_plan_is_byte_identical_on_rerun(plans, pretokenized, tmp_path):
+    config, plan, plan_dir = plans[2]
+    again = build_plan(config, pretokenized, tmp_path / "again")
+    assert again["packs_sha256"] == plan["packs_sha256"]
+    assert (tmp_path / "again" / "plan.json").read_bytes() == (plan_dir / "plan.json").read_bytes()
