@@ -76,7 +76,7 @@ $W train-tokenizer --config "$C" --out "$work/tokenizer" &&
 $W pretokenize --config "$C" --tokenizer "$work/tokenizer" --out "$work/pretokenized" &&
 $W pack --config "$C" --pretokenized "$work/pretokenized" --out "$work/plan" &&
 $W gate --config "$C" --pretokenized "$work/pretokenized" --plan "$work/plan" --out "$work/gate" &&
-$W launch --config "$C" --pretokenized "$work/pretokenized" --plan "$work/plan" --out "$work/train"
+$W launch --config "$C" --pretokenized "$work/pretokenized" --plan "$work/plan" --run-dir "$work/train"
 echo "launch exit status $?"
 cat "$work/train/TRAINED" "$work/train/watcher.json" 2>/dev/null
 # issue 34: the clocks-event reasons bitmask and the SM clock the sampler recorded during the training steps
@@ -140,7 +140,7 @@ for ac in True False; do
   $W pack --config "$C" --pretokenized "$work/pretokenized" --out "$work/plan-$ac" &&
   $W gate --config "$C" --pretokenized "$work/pretokenized" --plan "$work/plan-$ac" --out "$work/gate-$ac"
   $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m wattgate train --config "$C" \
-    --pretokenized "$work/pretokenized" --plan "$work/plan-$ac" --out "$work/train-$ac" 2>&1 | grep -v Warning
+    --pretokenized "$work/pretokenized" --plan "$work/plan-$ac" --run-dir "$work/train-$ac" 2>&1 | grep -v Warning
   echo "train (activation checkpointing $ac) exit status $?"
 done
 $PY - "$work" <<'EOF'

@@ -127,7 +127,7 @@ def rank_env(config: dict, launcher: bool) -> dict:
 def run_wattgate(folder: Path, config: dict, tag: str) -> dict:
     out = folder / f"train-{tag}"
     args = ["-m", "wattgate", "train", "--config", str(folder / "config.yaml")]
-    args += ["--pretokenized", str(folder / "pretokenized"), "--plan", str(folder / "plan"), "--out", str(out)]
+    args += ["--pretokenized", str(folder / "pretokenized"), "--plan", str(folder / "plan"), "--run-dir", str(out)]
     torchrun(args, folder / f"train-{tag}.log", rank_env(config, launcher=True))
     memory = json.loads((out / "TRAINED").read_text())["memory"]
     return {

@@ -127,7 +127,7 @@ def run_ours(work: Path, out: Path) -> dict:
             str(work / "pretokenized"),
             "--plan",
             str(work / "plan"),
-            "--out",
+            "--run-dir",
             str(out),
         ],
         out.with_suffix(".log"),

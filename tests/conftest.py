@@ -127,7 +127,7 @@ def fake_launch(tmp_path, make_config):
         for name in ("pretokenized", "plan"):
             (tmp_path / name).mkdir(exist_ok=True)
         argv = ["launch", "--config", str(config), "--pretokenized", str(tmp_path / "pretokenized")]
-        argv += ["--plan", str(tmp_path / "plan"), "--out", str(out)]
+        argv += ["--plan", str(tmp_path / "plan"), "--run-dir", str(out)]
         return subprocess.Popen(
             [sys.executable, "-c", _FAKE_LAUNCH, json.dumps(job), *argv],
             stdout=subprocess.PIPE,

@@ -59,7 +59,7 @@ def make_run(tmp: Path, gpus: int, **train) -> None:
 
 def train_command(tmp: Path, gpus: int, out: Path) -> list[str]:
     args = ["-m", "wattgate", "train", "--config", str(tmp / f"config-{gpus}.yaml")]
-    args += ["--pretokenized", str(tmp / "pretokenized"), "--plan", str(tmp / f"plan-{gpus}"), "--out", str(out)]
+    args += ["--pretokenized", str(tmp / "pretokenized"), "--plan", str(tmp / f"plan-{gpus}"), "--run-dir", str(out)]
     if gpus == 1:  # a world of one, run by hand: stderr is the CLI's alone
         return [sys.executable, *args]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", *args]

@@ -55,7 +55,7 @@ def train_argv(tmp: Path, out: Path, gpus: int = 2) -> list[str]:
     return [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"),
         *("-m", "wattgate", "train", "--config", str(tmp / "config.yaml")),
-        *("--pretokenized", str(tmp / "pretokenized"), "--plan", str(tmp / "plan"), "--out", str(out)),
+        *("--pretokenized", str(tmp / "pretokenized"), "--plan", str(tmp / "plan"), "--run-dir", str(out)),
     ]
 
 

@@ -31,7 +31,7 @@ def test_local_default_is_standalone_torchrun_with_explicit_omp_threads():
         "pre",
         "--plan",
         "plan",
-        "--out",
+        "--run-dir",
         "out",
     ]
     # Snakemake would set OMP_NUM_THREADS from threads: 2 cores / 2 processes -> 1 each
@@ -58,7 +58,7 @@ def test_auto_picks_slurm_inside_a_multi_node_allocation():
     assert inner.startswith("py -m torch.distributed.run --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d")
     # the launcher's own host (the batch host, in the allocation); port from the job id
     assert f"--rdzv-endpoint={socket.gethostname()}:24242" in inner
-    assert "--rdzv-id=4242" in inner and inner.endswith("--out out")
+    assert "--rdzv-id=4242" in inner and inner.endswith("--run-dir out")
     assert "--node-rank" not in inner and "--node_rank" not in inner  # c10d hands out ranks in join order
 
 
@@ -114,7 +114,7 @@ def test_each_node_execs_its_agent_with_sigusr1_ignored(tmp_path):
     probe.write_text("#!/bin/sh\ngrep '^SigIgn:' /proc/$$/status\n")  # stands in for python: what did exec keep?
     probe.chmod(0o755)
     inner = build_launch_command(spec({"SLURM_JOB_ID": "3"}, nodes=2), ARGS, python=str(probe), run="r")[-1]
-    assert " -m wattgate.train.torchrun --run r --nnodes=2 " in inner  # torchrun that records failed ranks
+    assert " -m wattgate.train.torchrun --run-dir r --nnodes=2 " in inner  # torchrun that records failed ranks
     out = subprocess.run(["bash", "-c", inner], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     ignored = int(out.stdout.split()[-1], 16)
     assert ignored >> (signal.SIGUSR1 - 1) & 1, out.stdout + out.stderr
@@ -122,4 +122,4 @@ def test_each_node_execs_its_agent_with_sigusr1_ignored(tmp_path):
 
 def test_a_run_folder_gives_every_rank_the_recording_torchrun():
     argv = build_launch_command(spec(cpus_per_node=2), ARGS, python="py", run="out")
-    assert argv[:7] == ["py", "-m", "wattgate.train.torchrun", "--run", "out", "--standalone", "--nproc-per-node=2"]
+    assert argv[:7] == ["py", "-m", "wattgate.train.torchrun", "--run-dir", "out", "--standalone", "--nproc-per-node=2"]

@@ -380,7 +380,7 @@ def test_wattgate_train_reports_the_validation_loss_of_the_models_own_forward(tm
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "wattgate"]
     cmd += ["train", "--config", str(tmp_path / "config.yaml"), "--pretokenized", str(pretokenized)]
-    cmd += ["--plan", str(tmp_path / "plan"), "--out", str(tmp_path / "out")]
+    cmd += ["--plan", str(tmp_path / "plan"), "--run-dir", str(tmp_path / "out")]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

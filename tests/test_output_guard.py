@@ -5,7 +5,7 @@ report, compare, load-check) refuses a folder it did not write and another stage
 without writing anything there; it reruns into its own output, accepts the workflow's log and benchmark files,
 and adopts a folder of its own files from before the marker, which folder hashes never see. A file --out never
 replaces a file the stage did not write; one at a folder, or of another format, is a one-line answer. An export
-never touches a final.old/ it did not make, and a damaged heartbeat under `triage --run` is one line too."""
+never touches a final.old/ it did not make, and a damaged heartbeat under `triage --run-dir` is one line too."""
 
 import json
 import os
@@ -57,8 +57,8 @@ def _argv(stage: str, work, out) -> list[str]:
     return {
         "pack": ["pack", *cfg, "--pretokenized", str(work / "pretokenized")],
         "gate": ["gate", *cfg, "--pretokenized", str(work / "pretokenized"), "--plan", str(work / "plan")],
-        "triage": ["triage", "--trace", str(TRAIN / "telemetry"), "--run", str(TRAIN)],
-        "report": ["report", "--run", str(TRAIN)],
+        "triage": ["triage", "--trace", str(TRAIN / "telemetry"), "--run-dir", str(TRAIN)],
+        "report": ["report", "--run-dir", str(TRAIN)],
         "compare": ["compare", "--experiment", "scaling", "--runs", str(TRAIN)],
     }[stage] + ["--out", str(out)]
 
@@ -141,10 +141,11 @@ def test_launch_refuses_a_folder_it_did_not_write_before_the_job_starts(work, tm
     out.mkdir()
     (out / "data.csv").write_text("1,2\n")
     argv = ["launch", "--config", str(work / "c.yaml"), "--pretokenized", str(work / "pretokenized")]
-    argv += ["--plan", str(work / "plan"), "--gate", str(gate), "--out", str(out)]
+    argv += ["--plan", str(work / "plan"), "--gate", str(gate), "--run-dir", str(out)]
     assert main(argv) == 2
     captured = capsys.readouterr()
     assert "a folder wattgate train did not write (it holds data.csv" in captured.err
+    assert "choose another --run-dir" in captured.err  # the run folder's flag
     assert "launch: " not in captured.out  # the job's command line, printed as it starts
     assert sorted(p.name for p in out.iterdir()) == ["data.csv"]
 
@@ -191,9 +192,9 @@ def test_triage_skips_and_names_a_bad_heartbeat_line(tmp_path, capsys):
     with events.open("a") as f:
         f.write('{"time": "soon", "rank": 0, "phase": "train"}\n')
     out = tmp_path / "power"
-    assert main(["triage", "--trace", str(run / "telemetry"), "--run", str(run), "--out", str(out)]) == 0
+    assert main(["triage", "--trace", str(run / "telemetry"), "--run-dir", str(run), "--out", str(out)]) == 0
     reference = tmp_path / "reference"
-    assert main(["triage", "--trace", str(TRAIN / "telemetry"), "--run", str(TRAIN), "--out", str(reference)]) == 0
+    assert main(["triage", "--trace", str(TRAIN / "telemetry"), "--run-dir", str(TRAIN), "--out", str(reference)]) == 0
     err = capsys.readouterr().err
     assert f"triage: warning: {events}:{n + 1}: not a heartbeat event" in err
     result = json.loads((out / "triage.json").read_text())
@@ -202,7 +203,7 @@ def test_triage_skips_and_names_a_bad_heartbeat_line(tmp_path, capsys):
     assert "## Notes" in (out / "triage.md").read_text()
     # a file with no heartbeat event in it is another file, not damage: still an error naming it
     events.write_text("[1]\n")
-    assert main(["triage", "--trace", str(run / "telemetry"), "--run", str(run), "--out", str(out)]) == 2
+    assert main(["triage", "--trace", str(run / "telemetry"), "--run-dir", str(run), "--out", str(out)]) == 2
     assert f"{events}:1: not a heartbeat event" in capsys.readouterr().err
 
 
@@ -243,7 +244,7 @@ def test_a_file_out_never_replaces_a_file_the_stage_did_not_write(tmp_path, caps
         "sample": (["sample", "--duration", "0.1"], "mine.parquet"),
         "variant": (["variant", "--config", str(cfg), "--experiment", "scaling", "--variant", "w2"], "mine.yaml"),
         "demo-corpus": (["demo-corpus", "--config", str(cfg)], "mine.jsonl"),
-        "watch": (["watch", "--config", str(cfg), "--run", str(tmp_path), "--pid", "1"], "mine.json"),
+        "watch": (["watch", "--config", str(cfg), "--run-dir", str(tmp_path), "--pid", "1"], "mine.json"),
         "calibrate": (["calibrate", "--gpu-model", "h100", "--seconds", "0.1"], "mine.yaml"),
     }
     before = {name: path.read_bytes() for name, path in files.items()}

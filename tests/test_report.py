@@ -489,14 +489,16 @@ def test_bad_phases_and_gate_files_are_named(tmp_path):
 
 def test_cli_prints_one_line_and_exits_2_on_a_bad_input(tmp_path, capsys):
     assert (
-        main(["report", "--run", str(TRAIN), "--out", str(tmp_path / "out"), "--config", str(TRAIN / "config.yaml")])
+        main(
+            ["report", "--run-dir", str(TRAIN), "--out", str(tmp_path / "out"), "--config", str(TRAIN / "config.yaml")]
+        )
         == 0
     )
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [
         f"report: gpu: 1728543 tokens, 0.003412 kWh (energy counter), 0 anomaly(ies) -> {tmp_path / 'out'}/index.html"
     ]
-    assert main(["report", "--run", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
+    assert main(["report", "--run-dir", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no such run folder" in err[0]
 

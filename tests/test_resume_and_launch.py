@@ -163,7 +163,7 @@ def test_launch_refuses_a_plan_the_gate_did_not_pass(tmp_path):
             str(plan),
             "--gate",
             str(gate),
-            "--out",
+            "--run-dir",
             str(tmp_path / "train"),
         ]
     )

@@ -173,7 +173,7 @@ def trained_alone(source: Path, work: Path, config: dict) -> None:
         "results/pretokenized",
         "--plan",
         "results/plan",
-        "--out",
+        "--run-dir",
         "results/train/demo",
     )
 
@@ -214,7 +214,7 @@ def test_2_ranks_grow_to_3_with_the_closest_global_batch(small_workflow, tmp_pat
             "results/pretokenized",
             "--plan",
             "results/plan",
-            "--out",
+            "--run-dir",
             str(run),
         ],
         cwd=work,
@@ -233,7 +233,7 @@ def test_2_ranks_grow_to_3_with_the_closest_global_batch(small_workflow, tmp_pat
     stage(work, "gate", "--pretokenized", "results/pretokenized", "--plan", "results/plan", "--out", "results/gate")
     gate = json.loads((work / "results/gate/gate.json").read_text())
     assert gate["passed"], [c for c in gate["checks"] if not c["passed"]]
-    stage(work, "launch", "--pretokenized", "results/pretokenized", "--plan", "results/plan", "--out", run)
+    stage(work, "launch", "--pretokenized", "results/pretokenized", "--plan", "results/plan", "--run-dir", run)
     manifest = json.loads((work / "results/pretokenized/manifest.json").read_text())
     metrics = pq.read_table(run / "metrics.parquet").to_pandas()
     assert int(metrics["tokens"].sum()) == plan["epochs"] * manifest["validation"]["train_tokens"]

@@ -72,7 +72,7 @@ def launch(gated: Path, out: Path) -> subprocess.Popen:
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.Popen(
-        argv + ["--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        argv + ["--run-dir", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
 
 

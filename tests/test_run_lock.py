@@ -85,7 +85,7 @@ def test_rank_0_started_by_hand_is_refused_while_another_trainer_holds_the_folde
         config.write_text(yaml.safe_dump(make_config()))
         before = sorted(p.name for p in out.iterdir())
         argv = [sys.executable, "-m", "wattgate", "train", "--config", str(config)]
-        argv += ["--pretokenized", str(tmp_path / "pre"), "--plan", str(tmp_path / "plan"), "--out", str(out)]
+        argv += ["--pretokenized", str(tmp_path / "pre"), "--plan", str(tmp_path / "plan"), "--run-dir", str(out)]
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}  # by hand: rank 0 of one
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
     finally:

@@ -59,11 +59,11 @@ def slowed_run(tmp: Path, steps: int = 30, spin_s: float = 0.25) -> tuple[Path, 
     job = [py, "-m", "wattgate", "sample", "--out", str(out / "telemetry" / "{host}.parquet"), "--"]
     job += [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(SLOW_RANK)]
     job += ["--config", str(tmp / "config.yaml"), "--pretokenized", str(tmp / "pretokenized")]
-    job += ["--plan", str(tmp / "plan"), "--out", str(out)]
+    job += ["--plan", str(tmp / "plan"), "--run-dir", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", WATTGATE_TEST_SLOW_RANK="1", WATTGATE_TEST_SLOW_S=str(spin_s))
     with open(out / "train.log", "ab") as log:
         proc = subprocess.Popen(job, stdout=log, stderr=log, env=env, start_new_session=True)
-        watch = [py, "-m", "wattgate", "watch", "--config", str(tmp / "config.yaml"), "--run", str(out)]
+        watch = [py, "-m", "wattgate", "watch", "--config", str(tmp / "config.yaml"), "--run-dir", str(out)]
         watcher = subprocess.Popen([*watch, "--pid", str(proc.pid)], stdout=log, stderr=log, env=env)
         try:
             rc = proc.wait(timeout=300)
@@ -87,14 +87,14 @@ def test_a_slowed_cpu_rank_is_warned_once_live_and_named_by_triage_and_the_repor
     assert (s["rank"], s["signal"], s["gpu"]) == (1, "cpu", None) and s["lag_share"] > 0.5 and s["wait_rank_hours"] > 0
 
     power = tmp_path / "power"
-    assert main(["triage", "--trace", str(out / "telemetry"), "--run", str(out), "--out", str(power)]) == 0
+    assert main(["triage", "--trace", str(out / "telemetry"), "--run-dir", str(out), "--out", str(power)]) == 0
     triage = json.loads((power / "triage.json").read_text())
     assert triage["status"] == "no GPU telemetry"
     assert [(e["rank"], e["gpu"], e["source"]) for e in triage["stragglers"]] == [(1, None, "watcher")]
     assert "rank 1" in (power / "triage.md").read_text() or "| 1 |" in (power / "triage.md").read_text()
 
     report = tmp_path / "report"
-    assert main(["report", "--run", str(out), "--power", str(power), "--out", str(report)]) == 0
+    assert main(["report", "--run-dir", str(out), "--power", str(power), "--out", str(report)]) == 0
     summary = json.loads((report / "summary.json").read_text())
     (e,) = summary["stragglers"]["entries"]
     assert e["rank"] == 1 and summary["stragglers"]["source"] == "watcher: rank CPU time"

@@ -22,7 +22,7 @@ def launch(tmp: Path, run: Path, attempt: int) -> subprocess.CompletedProcess:
     config = tmp / "config.yaml"
     config.write_text(yaml.safe_dump({"run_name": "t", "model": {"config": {"model_type": "qwen3"}}}))
     argv = [str(BIN / "wattgate"), "launch", "--config", str(config), "--pretokenized", str(tmp / "pretokenized")]
-    argv += ["--plan", str(tmp / "plan"), "--out", str(run), "--attempt", str(attempt)]
+    argv += ["--plan", str(tmp / "plan"), "--run-dir", str(run), "--attempt", str(attempt)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=dict(os.environ))
 
 

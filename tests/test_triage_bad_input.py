@@ -170,7 +170,7 @@ def test_a_single_match_string_is_one_substring_not_its_letters(tmp_path):
 # ---------------------------------------------------------------- window and hang limit
 
 
-@pytest.mark.parametrize("flag", ["--window", "--deadlock-after"])
+@pytest.mark.parametrize("flag", ["--window", "--hang-after"])
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "-inf"])
 def test_a_window_or_hang_limit_that_is_not_a_positive_finite_number_is_refused(tmp_path, capsys, flag, value):
     trace = write(host_trace(8), tmp_path / "node0.parquet")

@@ -97,7 +97,7 @@ def test_an_uneven_validation_plan_hangs_in_eval_and_the_watcher_kills_it(tmp_pa
     cfg_path = tmp_path / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
     argv = [sys.executable, "-m", "wattgate", "launch", "--config", str(cfg_path), "--pretokenized", str(pretok)]
-    argv += ["--plan", str(plan_dir), "--out", str(out), "--gate", str(gate_dir)]
+    argv += ["--plan", str(plan_dir), "--run-dir", str(out), "--gate", str(gate_dir)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=400)
     verdict = json.loads((out / "watcher.json").read_text())
     assert proc.returncode != 0 and not (out / "TRAINED").exists(), proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -325,7 +325,7 @@ def test_watch_cli_without_a_job_exits_cleanly(tmp_path):
             "watch",
             "--config",
             str(cfg),
-            "--run",
+            "--run-dir",
             str(tmp_path),
             "--pid",
             str(dead.pid),

@@ -283,7 +283,7 @@ def test_watch_cli_with_a_heartbeat_without_phase_finishes_cleanly(tmp_path):
             "watch",
             "--config",
             str(cfg),
-            "--run",
+            "--run-dir",
             str(tmp_path),
             "--pid",
             str(job.pid),

@@ -235,7 +235,7 @@ def test_the_train_job_trains_the_config_the_gate_checked(workflow_copy, tmp_pat
     (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
     launch = [str(BIN / "wattgate"), "launch", "--pretokenized", "results/pretokenized", "--plan", "results/plan"]
-    launch += ["--out", str(tmp_path / "run"), "--config", str(tmp_path / "edited.yaml")]
+    launch += ["--run-dir", str(tmp_path / "run"), "--config", str(tmp_path / "edited.yaml")]
     proc = subprocess.run(launch, cwd=workflow_copy, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "differs from the one the gate checked" in proc.stderr and "train.lr: " in proc.stderr

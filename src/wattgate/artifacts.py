@@ -257,11 +257,12 @@ def _foreign_entries(dest: Path, own: tuple[str, ...], workflow: tuple[str, ...]
     return [n for n in names if not _is_temp_name(n) and not any(fnmatch.fnmatchcase(n, p) for p in patterns)]
 
 
-def check_stage_output(dest: str | os.PathLike, stage: str, own: tuple[str, ...] = ()) -> None:
+def check_stage_output(dest: str | os.PathLike, stage: str, own: tuple[str, ...] = (), flag: str = "--out") -> None:
     """Refuse (InputError) to write into `dest` in place unless it is missing, a folder this `stage` marked as
     its own, or one holding nothing but `own` (fnmatch patterns of the names the stage writes: an output of a
     wattgate from before the marker, or what another rank of the same launch has made by now), workflow files
-    and wattgate temporaries. For stages that write their files into --out rather than publishing a folder."""
+    and wattgate temporaries. For stages that write their files into --out rather than publishing a folder;
+    `flag`: the option that named `dest` (train's run folder is --run)."""
     dest = Path(dest)
     if not os.path.lexists(dest):
         return
@@ -283,14 +284,14 @@ def check_stage_output(dest: str | os.PathLike, stage: str, own: tuple[str, ...]
         what = "a symlink" if dest.is_symlink() else "not a folder"
     raise InputError(
         f"{dest}: output exists and is {what}; {stage} writes only into an empty or new folder or its own "
-        "earlier output: choose another --out"
+        f"earlier output: choose another {flag}"
     )
 
 
-def claim_stage_output(dest: str | os.PathLike, stage: str, own: tuple[str, ...] = ()) -> Path:
+def claim_stage_output(dest: str | os.PathLike, stage: str, own: tuple[str, ...] = (), flag: str = "--out") -> Path:
     """check_stage_output, then create `dest` and mark it as `stage`'s (before the stage writes anything)."""
     dest = Path(dest)
-    check_stage_output(dest, stage, own)
+    check_stage_output(dest, stage, own, flag)
     dest.mkdir(parents=True, exist_ok=True)
     if marker_stage(dest) != stage:
         write_bytes_atomic(dest / OUTPUT_MARKER, marker_bytes(stage))

@@ -101,9 +101,9 @@ def _train(args, config) -> None:
     from wattgate.train.run_lock import hold_run_lock
 
     if os.environ.get("RANK", "0") == "0":  # rank 0 holds the run folder for the job, launched or not
-        claim_output(args.out, "train")
-        hold_run_lock(args.out, TRAIN_LOCK, "wattgate train (rank 0)")
-    train(config, args.pretokenized, args.plan, args.out)
+        claim_output(args.run, "train")
+        hold_run_lock(args.run, TRAIN_LOCK, "wattgate train (rank 0)")
+    train(config, args.pretokenized, args.plan, args.run)
 
 
 def _load_check(args, config) -> None:
@@ -118,12 +118,12 @@ def _launch(args, config) -> int | None:
     from wattgate.train.attempts import Outcome, check_retry, record_outcome
 
     if args.attempt > 1:
-        check_retry(args.out, args.attempt)
+        check_retry(args.run, args.attempt)
     try:
         outcome = _launch_outcome(args, config)
     except (InputError, StageFailed) as exc:  # refused before the job started: every retry would be refused too
         outcome = Outcome(2 if isinstance(exc, InputError) else 1, str(exc), retry=False)
-    record_outcome(args.out, args.attempt, outcome)
+    record_outcome(args.run, args.attempt, outcome)
     if outcome.exit_status in (0, EXIT_STOPPED):
         return outcome.exit_status or None
     raise (InputError if outcome.exit_status == 2 else StageFailed)(outcome.line)
@@ -136,11 +136,11 @@ def _launch_outcome(args, config):
     from wattgate.train.attempts import Outcome
     from wattgate.train.launch import run_launch
 
-    result = run_launch(config, args.config, args.pretokenized, args.plan, args.out, args.gate)
+    result = run_launch(config, args.config, args.pretokenized, args.plan, args.run, args.gate)
     w = result.watcher or {}
     if w.get("verdict") not in (None, "running", "healthy", "stopped", "failed"):  # a verdict the watcher reached
         acted = "stopped the job" if w.get("action") == "kill" else "warned"
-        message = f"watcher {acted}: {w.get('reason')}; see {args.out}/watcher.json"
+        message = f"watcher {acted}: {w.get('reason')}; see {args.run}/watcher.json"
         if result.returncode != 0 or w.get("action") == "kill":
             return Outcome(1, message, retry=True)  # the gate proved the plan: a hang is the cluster's, not the run's
         print(f"launch: WARNING: {message}", file=sys.stderr)
@@ -150,14 +150,14 @@ def _launch_outcome(args, config):
         return Outcome(EXIT_STOPPED, line, retry=True)
     if result.returncode == 0:
         return Outcome(0, None, retry=False)
-    where = f"see {args.out}/watcher.json and the log above" if result.watcher else "see the log above"
+    where = f"see {args.run}/watcher.json and the log above" if result.watcher else "see the log above"
     if result.failure is not None:
         # a rank's own input or OS error (a full disk) is exit 2, as from any stage; a dead rank is a failure (1)
         f = result.failure
         return Outcome(f.exit_status, f"{f.line}; {where}", retry=f.retriable)
     if result.hard_stop is not None:
         return Outcome(1, f"stopped at once by a second {result.hard_stop} (no stop checkpoint); rerun to resume", True)
-    return Outcome(1, f"training exited with {status_text(result.returncode)}; {where} and {args.out}/heartbeat/", True)
+    return Outcome(1, f"training exited with {status_text(result.returncode)}; {where} and {args.run}/heartbeat/", True)
 
 
 def _sample(args, config) -> int:
@@ -226,9 +226,7 @@ def _triage(args, config) -> None:
 
     # the run's settings, unless given on the command line (a flag's 0, NaN or inf is refused by its name)
     window_s = None if args.window is None else window_seconds(args.window, "--window")
-    deadlock_after_s = (
-        None if args.deadlock_after is None else positive_seconds(args.deadlock_after, "--deadlock-after")
-    )
+    deadlock_after_s = None if args.hang_after is None else positive_seconds(args.hang_after, "--hang-after")
     share = None if args.straggler_share is None else share_value(args.straggler_share, "--straggler-share")
     s = TriageSettings.merge(config, args.table, args.gpu_model, window_s, deadlock_after_s, args.power_cap_w, share)
     traces = [f for p in args.trace for f in (trace_files(p) if p.is_dir() else [p])]
@@ -254,7 +252,9 @@ def _report(args, config) -> None:
     from wattgate.report import run_report
 
     if args.run is None and not args.trace:
-        raise InputError("report: pass --run DIR (a train run) or --trace FILE... (e.g. from wattgate import-trace)")
+        raise InputError(
+            "report: pass --run-dir DIR (a train run) or --trace FILE... (e.g. from wattgate import-trace)"
+        )
     s = run_report(
         args.run,
         args.out,
@@ -303,6 +303,45 @@ def add_power_cap(p: argparse.ArgumentParser) -> None:
     )
 
 
+class DeprecatedAlias(argparse.Action):
+    """An old flag name kept for one release: it sets what the new flag sets and prints one line to stderr."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(
+            f"{parser.prog}: warning: {option_string} is deprecated, use {self.new} (the old name goes in the next "
+            "release)",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
+
+
+def add_flag(p: argparse.ArgumentParser, flag: str, old: str, required: bool = False, **kwargs) -> None:
+    """`flag`, with `old` as its deprecated alias (DeprecatedAlias): one or the other, `required` or not."""
+    group = p.add_mutually_exclusive_group(required=required)
+    group.add_argument(flag, **kwargs)
+    kwargs.pop("help", None)
+    group.add_argument(
+        old,
+        dest=kwargs.pop("dest", flag.lstrip("-").replace("-", "_")),
+        action=DeprecatedAlias,
+        new=flag,
+        help=argparse.SUPPRESS,
+        **kwargs,
+    )
+
+
+def add_run_folder(p: argparse.ArgumentParser, old: str, required: bool, help: str) -> None:
+    """--run-dir DIR, the run folder (results/train/<run>: checkpoints, heartbeat/, metrics, final/, watcher.json)
+    on every command that writes or reads it, as args.run; `old`: its name there before (train, launch: --out;
+    watch, triage, report: --run), a deprecated alias for one release. Not --run: torchrun's parser refuses it
+    anywhere on its command line, the rank's arguments included, as an ambiguous abbreviation of its --run-path."""
+    add_flag(p, "--run-dir", old, required=required, dest="run", type=Path, metavar="DIR", help=help)
+
+
 def _positive_float(text: str) -> float:
     """argparse type: a finite number > 0 (a power cap of 0 or NaN W would derive a meaningless table)."""
     try:
@@ -331,13 +370,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wattgate", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
 
-    def stage(name: str, func, help: str, *paths: str) -> argparse.ArgumentParser:
-        """A subcommand taking --config, the named input folders, and --out."""
+    def stage(name: str, func, help: str, *paths: str, run: bool = False) -> argparse.ArgumentParser:
+        """A subcommand taking --config, the named input folders, and --out (`run`: --run-dir, the run folder)."""
         p = sub.add_parser(name, help=help)
         p.add_argument("--config", required=True, type=Path, help="run config (YAML)")
         for path in paths:
             p.add_argument(f"--{path}", required=True, type=Path)
-        p.add_argument("--out", required=True, type=Path)
+        if run:
+            add_run_folder(p, "--out", True, "the run folder it writes (results/train/<run>)")
+        else:
+            p.add_argument("--out", required=True, type=Path)
         p.set_defaults(func=func)
         return p
 
@@ -348,9 +390,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: tokenizer.path)")
     stage("pack", _pack, "pack-and-balance: equal micro-batches on every rank", "pretokenized")
     stage("gate", _gate, "invariant gate: prove the plan safe before any GPU job", "pretokenized", "plan")
-    stage("train", _train, "train one rank (run under torchrun; see `wattgate launch`)", "pretokenized", "plan")
+    stage(
+        "train", _train, "train one rank (run under torchrun; see `wattgate launch`)", "pretokenized", "plan", run=True
+    )
     p = stage(
-        "launch", _launch, "start the train stage on every rank (torchrun; srun on Slurm)", "pretokenized", "plan"
+        "launch",
+        _launch,
+        "start the train stage on every rank (torchrun; srun on Slurm)",
+        "pretokenized",
+        "plan",
+        run=True,
     )
     p.add_argument(
         "--gate",
@@ -385,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("watch", help="hang watcher: heartbeats + power; kills a deadlocked job")
     p.add_argument("--config", required=True, type=Path, help="run config (YAML)")
-    p.add_argument("--run", required=True, type=Path, help="the train output folder (heartbeat/, telemetry/)")
+    add_run_folder(p, "--run", True, "the run folder the job writes (heartbeat/, telemetry/)")
     p.add_argument("--pid", type=int, help="root of the job's process tree (killed on a verdict)")
     p.add_argument("--slurm-job", help="Slurm job id (scancel on a verdict)")
     p.add_argument("--out", type=Path, help="verdict file (default RUN/watcher.json)")
@@ -432,15 +481,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--table", help="triage table (YAML); default: shipped table for --gpu-model or the trace's GPUs")
     p.add_argument("--gpu-model", help="a100, h100, h200, b200, b300 (default: from the trace's device names)")
-    p.add_argument("--run", type=Path, help="train output folder: heartbeats and metrics sharpen the labels")
+    add_run_folder(p, "--run", False, "the run folder (results/train/<run>): heartbeats and metrics sharpen the labels")
     add_power_cap(p)
     p.add_argument(
         "--window", type=float, help=f"window length in seconds (default {DEFAULT_WINDOW_S:g}, or telemetry.window_s)"
     )
-    p.add_argument(
+    add_flag(
+        p,
+        "--hang-after",
         "--deadlock-after",
         type=float,
-        help="a low-power busy wait this long that never ends is a deadlock "
+        metavar="S",
+        help="a low-power busy wait this long that never ends is a deadlock, as the watcher's hang limit "
         f"(default {DEFAULT_DEADLOCK_AFTER_S:g}, or watcher.hang_after_s)",
     )
     p.add_argument(
@@ -453,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_triage)
 
     p = sub.add_parser("report", help="summary.json and a self-contained index.html for a run (or a bare trace)")
-    p.add_argument("--run", type=Path, help="train output folder (results/train/<run>)")
+    add_run_folder(p, "--run", False, "the run folder (results/train/<run>)")
     p.add_argument(
         "--trace",
         nargs="+",
@@ -485,24 +537,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 OS_ERROR_ADVICE = {
-    "ENOSPC": "free space there or point --out elsewhere",
-    "EDQUOT": "free space in your quota or point --out elsewhere",
-    "EROFS": "the filesystem is read-only: point --out at a writable folder",
+    "ENOSPC": "free space there or point {flag} elsewhere",
+    "EDQUOT": "free space in your quota or point {flag} elsewhere",
+    "EROFS": "the filesystem is read-only: point {flag} at a writable folder",
     "EACCES": "check the permissions of the file and its folder",
     "EPERM": "check the permissions of the file and its folder",
     "ENOENT": "check the path",
 }
 
 
-def os_error_line(exc: OSError) -> str:
-    """'<file>: <what happened> (<what to do>)' for an OSError from anywhere in a stage."""
+def os_error_line(exc: OSError, flag: str = "--out") -> str:
+    """'<file>: <what happened> (<what to do>)' for an OSError from anywhere in a stage; `flag`: the option naming
+    where the stage writes (--run-dir for train and launch)."""
     import errno
 
     code = errno.errorcode.get(exc.errno or 0, "")
     where = exc.filename if exc.filename is not None else "(no file named)"
     what = exc.strerror or str(exc)
     advice = OS_ERROR_ADVICE.get(code)
-    return f"{where}: {what}" + (f" ({advice})" if advice else "")
+    return f"{where}: {what}" + (f" ({advice.format(flag=flag)})" if advice else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -520,7 +573,8 @@ def main(argv: list[str] | None = None) -> int:
     except StageFailed as exc:
         return _failed(args, f"failed: {exc}", 1)
     except OSError as exc:  # disk full, read-only, permission, missing file: one line, never a traceback
-        return _failed(args, f"error: {os_error_line(exc)}", 2)
+        flag = "--run-dir" if args.stage in ("train", "launch") else "--out"
+        return _failed(args, f"error: {os_error_line(exc, flag)}", 2)
     except KeyboardInterrupt:
         return _failed(args, "interrupted", 130)
     except Exception as exc:  # a traceback follows; a training rank still leaves its one line for the verdict
@@ -538,7 +592,7 @@ def _failed(args, text: str, code: int, record: bool = True) -> int:
 
 def _record_rank_error(args, text: str, code: int) -> None:
     """A training rank's failure record beside its heartbeat (its line, exit status, step and phase), for the
-    watcher's verdict and launch's line; only into a run folder train has claimed (never a foreign --out)."""
+    watcher's verdict and launch's line; only into a run folder train has claimed (never a foreign --run-dir)."""
     import os
 
     if args.stage != "train" or "RANK" not in os.environ:
@@ -546,8 +600,8 @@ def _record_rank_error(args, text: str, code: int) -> None:
     from wattgate.artifacts import marker_stage
     from wattgate.heartbeats import write_rank_error
 
-    if marker_stage(args.out) == "train":
-        write_rank_error(args.out, int(os.environ["RANK"]), text, code)
+    if marker_stage(args.run) == "train":
+        write_rank_error(args.run, int(os.environ["RANK"]), text, code)
 
 
 if __name__ == "__main__":

@@ -105,15 +105,20 @@ STAGE_FILES = {
 }
 
 
+# The option naming the folder a stage writes into, where it is not --out: the run folder is --run-dir
+STAGE_FLAGS = {"train": "--run-dir"}
+
+
 def check_output(out: str | os.PathLike, stage: str, also: Sequence[str] = ()) -> None:
-    """Refuse (InputError) an --out that `stage` may not write into (artifacts.check_stage_output); `also`:
-    more names that belong there (compare's variant folders)."""
-    check_stage_output(out, stage, (*STAGE_FILES[stage], *also))
+    """Refuse (InputError) an --out (train: --run-dir) that `stage` may not write into (artifacts.check_stage_output);
+    `also`: more names that belong there (compare's variant folders)."""
+    check_stage_output(out, stage, (*STAGE_FILES[stage], *also), STAGE_FLAGS.get(stage, "--out"))
 
 
 def claim_output(out: str | os.PathLike, stage: str, also: Sequence[str] = ()) -> Path:
-    """check_output, then create --out and mark it as `stage`'s, before the stage writes anything there."""
-    return claim_stage_output(out, stage, (*STAGE_FILES[stage], *also))
+    """check_output, then create --out (train: --run-dir) and mark it as `stage`'s, before the stage writes anything
+    there."""
+    return claim_stage_output(out, stage, (*STAGE_FILES[stage], *also), STAGE_FLAGS.get(stage, "--out"))
 
 
 # The format_version each reader knows; the writers (pack/plan.py, data/pretokenize.py) write the same.

@@ -89,7 +89,7 @@ def torchrun(tmp: Path, gpus: int, out: Path, **popen) -> list[str]:
         str(tmp / "pretokenized"),
         "--plan",
         str(tmp / f"plan-{gpus}"),
-        "--out",
+        "--run-dir",
         str(out),
     ]
 

@@ -67,7 +67,7 @@ STAGE_SHELL = {
     # Snakemake deletes a rule's log before each job: train.attempts.log keeps every attempt (launch heads each one)
     "launch": (
         "wattgate launch --config {config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
-        " --out {params.out:q} --attempt {resources.attempt} 2>&1 | tee -a {log:q} {params.out:q}/train.attempts.log"
+        " --run-dir {params.run:q} --attempt {resources.attempt} 2>&1 | tee -a {log:q} {params.run:q}/train.attempts.log"
     ),
 }
 

@@ -90,7 +90,7 @@ rule experiment_train:
         **variant_gpu_job(),
     params:
         plan=lambda wildcards, input: os.path.dirname(input.plan),
-        out=lambda wildcards, output: os.path.dirname(output.trained),
+        run=lambda wildcards, output: os.path.dirname(output.trained),
     shell:
         stage_shell("launch", config="input.gated_config")
 

@@ -31,5 +31,5 @@ rule run_report:
         gate=lambda wildcards, input: os.path.dirname(input.gate),
         out=lambda wildcards, output: os.path.dirname(output.html),
     shell:
-        "wattgate report --config {params.config:q} --run {params.run:q} --power {params.power:q} --gate {params.gate:q}"
+        "wattgate report --config {params.config:q} --run-dir {params.run:q} --power {params.power:q} --gate {params.gate:q}"
         " --out {params.out:q} 2>&1 | tee {log:q}"

@@ -24,7 +24,7 @@ rule power_triage:
         out=lambda wildcards, output: os.path.dirname(output.triage),
         settings=[config["telemetry"], config["watcher"]["hang_after_s"]],
     shell:
-        "wattgate triage --config {params.config:q} --trace {params.run:q}/telemetry --run {params.run:q}"
+        "wattgate triage --config {params.config:q} --trace {params.run:q}/telemetry --run-dir {params.run:q}"
         " --out {params.out:q} > {log:q} 2>&1"
 
 

@@ -26,7 +26,7 @@ rule train:
         attempt=snakemake_attempt,
     params:
         plan=lambda wildcards, input: os.path.dirname(input.plan),
-        out=lambda wildcards, output: os.path.dirname(output.trained),
+        run=lambda wildcards, output: os.path.dirname(output.trained),
         settings=[config["train"], config["model"], CLUSTER],
     shell:
         stage_shell("launch", config="input.gated_config")

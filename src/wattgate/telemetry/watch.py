@@ -552,8 +552,8 @@ def run_watch(
     from wattgate.config import world_size
 
     run = Path(run)
-    if not run.is_dir():  # a mistyped --run would be watched as a job with no heartbeats, and called healthy
-        raise InputError(f"{run}: no such run folder (--run is the train output folder the job writes into)")
+    if not run.is_dir():  # a mistyped --run-dir would be watched as a job with no heartbeats, and called healthy
+        raise InputError(f"{run}: no such run folder (--run-dir is the run folder the job writes into)")
     dest = Path(out) if out is not None else run / WATCHER
     check_file_output(dest, "watch", is_watcher_record)  # before the job is watched
     check_no_finding(dest)

@@ -124,7 +124,7 @@ def train_args(config_path: Path, pretokenized: Path, plan: Path, out: Path) -> 
         str(pretokenized),
         "--plan",
         str(plan),
-        "--out",
+        "--run-dir",
         str(out),
     ]
 
@@ -192,7 +192,7 @@ def build_launch_command(
 
 def agent_command(run: str | os.PathLike, python: str = sys.executable) -> list[str]:
     """torchrun as wattgate starts it: torch's own, recording each failed rank's exit into the run folder."""
-    return [python, "-m", "wattgate.train.torchrun", "--run", str(run)]
+    return [python, "-m", "wattgate.train.torchrun", "--run-dir", str(run)]
 
 
 def _quote_node_path(arg: str) -> str:
@@ -223,7 +223,7 @@ def allocator_record(environ: dict | None = None) -> dict:
 def watcher_command(
     config_path: Path, out: Path, pid: int, job_id: str | None, python: str = sys.executable
 ) -> list[str]:
-    argv = [python, "-m", "wattgate", "watch", "--config", str(config_path), "--run", str(out), "--pid", str(pid)]
+    argv = [python, "-m", "wattgate", "watch", "--config", str(config_path), "--run-dir", str(out), "--pid", str(pid)]
     return argv + (["--slurm-job", job_id] if job_id else [])
 
 

@@ -1,4 +1,4 @@
-"""torchrun, recording why each rank failed: `python -m wattgate.train.torchrun --run DIR <torchrun args>`.
+"""torchrun, recording why each rank failed: `python -m wattgate.train.torchrun --run-dir DIR <torchrun args>`.
 
 `wattgate launch` starts every node's agent through this module instead of `python -m torch.distributed.run`. It is
 torchrun itself (the same `main`, in the same process, so the ranks' parent and its signal handling are
@@ -42,8 +42,8 @@ def record_failures(run: Path, failures: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[0] != "--run":
-        print("usage: python -m wattgate.train.torchrun --run DIR <torchrun arguments>", file=sys.stderr)
+    if len(argv) < 2 or argv[0] != "--run-dir":
+        print("usage: python -m wattgate.train.torchrun --run-dir DIR <torchrun arguments>", file=sys.stderr)
         return 2
     run, args = Path(argv[1]), argv[2:]
     from torch.distributed.elastic.multiprocessing.api import SignalException
