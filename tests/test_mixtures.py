@@ -259,3 +259,18 @@ def test_a_mixture_plan_is_byte_identical_on_rerun(plans, pretokenized, tmp_path
     again = build_plan(config, pretokenized, tmp_path / "again")
     assert again["packs_sha256"] == plan["packs_sha256"]
     assert (tmp_path / "again" / "plan.json").read_bytes() == (plan_dir / "plan.json").read_bytes()
+
+
+def test_remainder_drop_is_refused_with_a_mixture(pretokenized, tmp_path):
+    config = mixture_config(2)
+    config["pack"]["remainder"] = "drop"
+    with pytest.raises(InputError, match=r"pack.remainder: drop .* use rebin with a mixture"):
+        build_plan(config, pretokenized, tmp_path / "plan")
+
+
+def test_a_manifest_without_a_source_range_fails_the_gate_not_with_a_traceback(plans, pretokenized, tmp_path):
+    config, _, plan_dir = plans[2]
+    inputs = load_inputs(config, pretokenized, plan_dir, tmp_path / "ckpt")
+    manifest = dict(inputs.manifest, source_docs=[{"name": "chat"}])
+    check = verdicts(dataclasses.replace(inputs, manifest=manifest))["conservation"]
+    assert not check.passed and "source 'domain' has no doc_id range" in check.detail

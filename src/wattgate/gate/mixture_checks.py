@@ -53,8 +53,12 @@ def mixture_inputs(config: dict, manifest: dict, plan: dict, doc_tokens: np.ndar
     names, first, end, totals = [], [], [], []
     for s in sources:
         r = ranges.get(s.name)
-        if r is None:
-            problems.append(f"source {s.name!r} is not in manifest.json's source_docs; rerun pretokenize")
+        bounds = (r or {}).get("first_doc"), (r or {}).get("end_doc")
+        if not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= len(doc_tokens) for b in bounds):
+            problems.append(
+                f"source {s.name!r} has no doc_id range in manifest.json's source_docs "
+                f"(first_doc/end_doc {bounds[0]!r}/{bounds[1]!r}); rerun pretokenize"
+            )
             continue
         names.append(s.name)
         first.append(int(r["first_doc"]))
