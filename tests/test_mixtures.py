@@ -237,6 +237,11 @@ def test_pretokenize_names_each_document_source_and_refuses_an_empty_source(tmp_
     assert ranges == {"chat": (0, 30), "prose": (30, 42)}
     assert names == ["chat"] * 30 + ["prose"] * 12
     assert manifest["source_docs"][0]["weight"] == 0.7
+    per_source = {r["name"]: r for r in manifest["validation"]["per_source"]}
+    assert sum(r["num_docs"] for r in per_source.values()) == manifest["validation"]["num_docs"]
+    assert per_source["prose"]["fraction"] == 0.2
+    plan = build_plan(config, tmp_path / "out", tmp_path / "plan")  # and pack plans from it
+    assert [r["name"] for r in plan["mixture"]["sources"]] == ["chat", "prose"]
     # a plain list names each source for its file stem
     plain = validate_config({"data": {"inputs": [str(chat), str(prose)]}, "train": {"seq_len": 512}})
     again = pretokenize(plain, tokenizer_dir, tmp_path / "plain", progress=False)

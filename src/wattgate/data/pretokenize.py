@@ -512,6 +512,18 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
             held = held_out_mask(split, writer, first_validation_input, per_source)
             write_validation_ids(tmp / VALIDATION_FILE, np.flatnonzero(held))
             validation = validation_record(split, writer, held)
+            if per_source:  # a mixture: each source's own carve and what it holds out
+                validation["per_source"] = [
+                    {
+                        "name": src.name,
+                        "fraction": own.fraction,
+                        "max_docs": own.max_docs,
+                        "seed": own.seed,
+                        "num_docs": int(held[first:end].sum()),
+                        "num_tokens": int(writer.lengths[first:end][held[first:end]].sum()),
+                    }
+                    for (src, first, end), (_, _, own) in zip(ranges, per_source)
+                ]
         manifest = {
             "format_version": FORMAT_VERSION,
             "tokenizer_sha256": tokenizer_sha256(tokenizer_dir),
