@@ -133,7 +133,7 @@ def test_gate_passes_and_a_dropped_document_fails_naming_its_source(plans, preto
 
 def test_gate_md_shows_the_mixture_table(plans):
     lines = mixture_markdown(plans[2][1]["mixture"])
-    assert "| rare | weight 0.1 |" in "\n".join(lines)
+    assert "| rare | weight 0.1 | 0.0" in "\n".join(lines)
 
 
 @pytest.mark.parametrize(

@@ -169,8 +169,10 @@ def mixture_markdown(record: dict) -> list[str]:
     if not rows:
         return []
     epochs = max(len(r.get("per_epoch") or []) for r in rows)
-    lines = ["", "## Mixture", "", "| source | setting | planned share | tokens per epoch | repeats | documents |"]
-    lines.append("|---|---|---:|---:|---:|---:|")
+    lines = ["", "## Mixture", ""]
+    lines += ["| source | setting | target share | planned share | tokens per epoch | repeats | documents |"]
+    lines.append("|---|---|---:|---:|---:|---:|---:|")
+    target_total = sum(float(r.get("target_tokens_per_epoch") or 0) for r in rows) or 1.0
     total = [sum((r.get("per_epoch") or [{}] * epochs)[e].get("tokens", 0) for r in rows) for e in range(epochs)]
     for r in rows:
         per = r.get("per_epoch") or []
@@ -178,5 +180,8 @@ def mixture_markdown(record: dict) -> list[str]:
         shares = " / ".join(f"{p.get('tokens', 0) / max(total[e], 1):.4f}" for e, p in enumerate(per))
         tokens = " / ".join(str(p.get("tokens", 0)) for p in per)
         docs = " / ".join(str(p.get("docs", 0)) for p in per)
-        lines.append(f"| {r.get('name')} | {setting} | {shares} | {tokens} | {r.get('repeats')} | {docs} |")
+        target = float(r.get("target_tokens_per_epoch") or 0) / target_total
+        lines.append(
+            f"| {r.get('name')} | {setting} | {target:.4f} | {shares} | {tokens} | {r.get('repeats')} | {docs} |"
+        )
     return lines + ["", "Per epoch, separated by /; repeats: passes over the source's training tokens per epoch."]
