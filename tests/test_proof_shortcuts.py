@@ -53,7 +53,8 @@ def boom(x):
     return x
 
 
-def test_a_worker_that_fails_fails_the_proof_with_its_reason():
+def test_a_worker_that_fails_fails_the_proof_with_its_reason(monkeypatch):
+    monkeypatch.setattr(workers, "single_threaded", lambda: True)  # fork here: these tasks take no lock of torch's
     with pytest.raises(ValueError, match="worker broke"):
         run_tasks(boom, [(0,), (1,)], processes=2)
     assert run_tasks(boom, [(0,), (2,), (3,)], processes=2) == [0, 2, 3]
@@ -66,7 +67,25 @@ def nap(seconds):
 
 def test_a_worker_that_does_not_answer_is_ended_and_named(monkeypatch):
     monkeypatch.setattr(workers, "WAIT_MIN_S", 0.5)
+    monkeypatch.setattr(workers, "single_threaded", lambda: True)
     t0 = time.perf_counter()
     with pytest.raises(RuntimeError, match=r"a dry-run worker \(task 2 of 2\) did not finish within 0 s"):
         run_tasks(nap, [(0,), (30,)], processes=2)
     assert time.perf_counter() - t0 < 10
+
+
+def test_no_worker_is_forked_while_other_threads_run():
+    """A fork copies the locks other threads hold (an OpenMP pool that ran a torch op hangs the child for good): with
+    a thread running, the dry runs stay in the gate's process."""
+    import os
+    import threading
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert not workers.single_threaded()
+        assert run_tasks(os.getpid, [(), (), ()], processes=2) == [os.getpid()] * 3
+    finally:
+        stop.set()
+        thread.join()

@@ -33,9 +33,14 @@ def run_tasks(fn, tasks: list[tuple], processes: int | None = None) -> list:
         processes < 2
         or "fork" not in multiprocessing.get_all_start_methods()
         or multiprocessing.current_process().daemon
+        or not single_threaded()
     ):
-        return [fn(*task) for task in tasks]  # one core, no fork, or inside a pool worker (no children allowed)
-    pool = multiprocessing.get_context("fork").Pool(processes - 1)
+        # one core, no fork, inside a pool worker (no children allowed), or threads running: a fork then copies
+        # locks those threads hold (an OpenMP pool that has run a torch op hangs a forked child for good)
+        return [fn(*task) for task in tasks]
+    before = set(multiprocessing.active_children())
+    pool = multiprocessing.get_context("fork").Pool(processes - 1, initializer=_default_signals)
+    workers = [p for p in multiprocessing.active_children() if p not in before]
     try:
         pending = {i: pool.apply_async(fn, task) for i, task in enumerate(tasks) if i % processes}
         t0 = time.perf_counter()
@@ -55,4 +60,24 @@ def run_tasks(fn, tasks: list[tuple], processes: int | None = None) -> list:
         return [results[i] for i in range(len(tasks))]
     finally:
         pool.terminate()
+        for worker in workers:  # a worker stuck on an inherited lock ignores SIGTERM's Python handler: SIGKILL it
+            worker.join(timeout=5)
+            if worker.is_alive():
+                worker.kill()
         pool.join()
+
+
+def single_threaded() -> bool:
+    """Whether this process runs one thread (Linux: /proc/self/task); elsewhere assume not, and do not fork."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+def _default_signals() -> None:
+    """A worker takes SIGTERM's default action: the gate's pool.terminate must end it, whatever handler the forking
+    process had installed."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
