@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -332,19 +333,23 @@ def load_inputs(
     elif config is None:
         inputs.note(f"config not available ({cfg_path} not found): cluster and train settings not shown")
 
-    if run_dir is not None:
-        _read_run_files(inputs, run_dir)
-    gate_dir = Path(gate_dir) if gate_dir else default_gate_dir(run_dir) if run_dir else None
-    if gate_dir is not None:
-        inputs.gate = read_gate_report(gate_dir)
-        if inputs.gate is None:
-            inputs.note(f"gate.json not available (looked in {gate_dir})")
-        else:
-            inputs.gate = usable_gate(inputs.gate, gate_dir / GATE_REPORT, inputs.note)
-
-    inputs.trace_paths = traces if traces is not None else trace_files(run_dir / "telemetry")
     power_dir = Path(power_dir) if power_dir else default_power_dir(run_dir) if run_dir else None
-    found = read_phases(power_dir / "phases.parquet", PHASE_COLUMNS, dictionary=True) if power_dir else None
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # phases.parquet decodes on another thread while the run's own files are read (Arrow lets go of the GIL);
+        # an error in either is raised in the order the files are read
+        phases_file = power_dir / "phases.parquet" if power_dir else None
+        reading = pool.submit(read_phases, phases_file, PHASE_COLUMNS, dictionary=True) if phases_file else None
+        if run_dir is not None:
+            _read_run_files(inputs, run_dir)
+        gate_dir = Path(gate_dir) if gate_dir else default_gate_dir(run_dir) if run_dir else None
+        if gate_dir is not None:
+            inputs.gate = read_gate_report(gate_dir)
+            if inputs.gate is None:
+                inputs.note(f"gate.json not available (looked in {gate_dir})")
+            else:
+                inputs.gate = usable_gate(inputs.gate, gate_dir / GATE_REPORT, inputs.note)
+        inputs.trace_paths = traces if traces is not None else trace_files(run_dir / "telemetry")
+        found = reading.result() if reading is not None else None
     record = _triage_record(inputs, power_dir / "triage.json") if found is not None else None
     if record is not None and not _written_after(power_dir / "triage.json", power_dir / "phases.parquet"):
         record = None  # not the triage.json of these phases (its write failed, or it was copied in)
