@@ -67,6 +67,29 @@ def kill_after_checkpoint(proc: subprocess.Popen, checkpoints: Path, step: int, 
     proc.wait()
 
 
+def wait_for_no_ranks(work: Path, timeout_s: float = 120) -> None:
+    """Until no `wattgate train` process runs in `work` (a killed job's ranks end by their own stop or a kill)."""
+    deadline = time.monotonic() + timeout_s
+    while ranks_in(work):
+        assert time.monotonic() < deadline, f"ranks still running: {ranks_in(work)}"
+        time.sleep(0.1)
+
+
+def ranks_in(work: Path) -> list[int]:
+    found = []
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            if Path(os.readlink(proc_dir / "cwd")) != work.resolve():
+                continue
+            argv = (proc_dir / "cmdline").read_bytes().split(b"\0")
+            state = (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(argv[i : i + 2] == [b"wattgate", b"train"] for i in range(len(argv) - 1)):
+            found.append(int(proc_dir.name))
+    return found
+
+
 def training_docs(work: Path) -> np.ndarray:
     """Every doc_id but the embedded default's held-out validation documents."""
     manifest = json.loads((work / "results/pretokenized/manifest.json").read_text())
@@ -110,6 +133,9 @@ def test_4_ranks_lose_two_and_go_on_with_2_through_snakemake(small_workflow, tmp
         start_new_session=True,
     )
     kill_after_checkpoint(proc, run / "checkpoints", 3)  # mid-epoch 0
+    # the ranks outlive Snakemake (their job runs in its own session) and take the SIGTERM that follows as a stop
+    # request: they may publish one more checkpoint before they end; the boundary is the newest once they are gone
+    wait_for_no_ranks(work)
     boundary = int(newest(run / "checkpoints").name.split("-")[1])
     plan_4 = json.loads((work / "results/plan/plan.json").read_text())
     assert boundary < plan_4["steps_per_epoch"] * plan_4["epochs"] and not (run / "TRAINED").exists()
