@@ -478,9 +478,10 @@ def _run_triage(
     del acc
     learned = phases_meta(phases)
     claim_output(out_dir, "triage")
-    # phases.parquet is written on another thread (Arrow lets go of the GIL) while the summaries are made;
-    # it is done before the files that describe it (the report checks they are newer)
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    # phases.parquet is written on another thread (Arrow lets go of the GIL) while the summaries are made, two of
+    # them on a third (each reads the phases only); it is done before the files that describe it (the report checks
+    # they are newer)
+    with ThreadPoolExecutor(max_workers=2) as pool:
         written = pool.submit(
             write_phases,
             phases,
@@ -490,6 +491,8 @@ def _run_triage(
             learned.get("levels", {}),
             learned.get("filled_s", 0.0),
         )
+        peers = pool.submit(peer_departures, phases, window_s)
+        found = pool.submit(power_only.pauses, phases)
         summary = phase_summary(phases)
 
         result = {
@@ -512,7 +515,7 @@ def _run_triage(
             "phases": totals(summary),
             "gaps": gap_summary(phases, window_s, learned.get("filled_s", 0.0)),
             "levels": learned.get("levels", {}),
-            "peers": peer_departures(phases, window_s),
+            "peers": peers.result(),
             # per GPU "host:gpu": the energy the report shows (energy.records), from the same samples
             "energy": energy,
             # the GPUs everyone waited for (stragglers.py); without GPU telemetry, the watcher's rank CPU time
@@ -523,7 +526,7 @@ def _run_triage(
         if empty and run_dir:
             result["stragglers"] = watcher_stragglers(run_dir)
         # without heartbeats the pauses rest on power alone (rule 4): say what was missing and how they were read
-        found = power_only.pauses(phases)
+        found = found.result()
         t0 = float(pc.min(phases.column("start")).as_py()) if phases.num_rows else None
         result["pauses"] = [p.record(t0) for p in found]
         result["power_only"] = None
