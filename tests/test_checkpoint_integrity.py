@@ -23,19 +23,9 @@ from wattgate.config import validate_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.pack.plan import build_plan
 from wattgate.train import checkpoint as ckpt
+from conftest import TINY
 
 # the tiny Qwen3 and run helpers of tests/test_train.py, copied (a test module never imports another)
-TINY = {
-    "model_type": "qwen3",
-    "vocab_size": 96,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 128,
-}
 LENGTHS = [5 + (i * 37) % 55 for i in range(60)]
 
 

@@ -22,18 +22,7 @@ from wattgate.config import validate_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.pack.plan import build_plan
 from wattgate.run_files import STOP_REQUEST, STOPPED
-
-TINY = {
-    "model_type": "qwen3",
-    "vocab_size": 96,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 128,
-}
+from conftest import TINY
 
 
 def cpu_run(tmp: Path, gpus: int = 2, **train) -> dict:

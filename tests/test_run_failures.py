@@ -19,20 +19,10 @@ from wattgate.config import validate_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
+from conftest import TINY
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-TINY = {
-    "model_type": "qwen3",
-    "vocab_size": 96,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 128,
-}
 
 
 @pytest.fixture(scope="module")

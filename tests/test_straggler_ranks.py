@@ -20,18 +20,8 @@ from wattgate.config import validate_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.pack.plan import build_plan
 from wattgate.telemetry.lag_watch import LagWatch, busy_from_samples
+from conftest import TINY
 
-TINY = {
-    "model_type": "qwen3",
-    "vocab_size": 96,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 128,
-}
 SLOW_RANK = Path(__file__).with_name("dist") / "wattgate_train_slow_rank.py"
 
 
