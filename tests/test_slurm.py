@@ -255,8 +255,8 @@ def test_a_run_longer_than_its_time_limit_finishes_across_jobs_without_a_person(
     limited = tmp_path / "limited.yaml"
     limited.write_text(
         "run_name: jobs\n"
-        "cluster: {slurm: {train: {runtime_min: 1, stop_margin_s: 25, max_jobs: 6, mem_mb: 1500}}}\n"
-        "train: {epochs: 10, checkpoint_every: 1000}\n"
+        "cluster: {slurm: {train: {runtime_min: 1, stop_margin_s: 25, max_jobs: 10, mem_mb: 1500}}}\n"
+        "train: {epochs: 25, checkpoint_every: 1000}\n"
     )
     proc = snakemake_slurm(work, "--configfile", "config/config.yaml", str(limited), limit_s=900)
     log = output(proc)
