@@ -28,7 +28,7 @@ import torch.distributed as dist
 from wattgate.artifacts import sha256_file, write_json_atomic
 from wattgate.cadence import StepActions
 from wattgate.config import config_sha256
-from wattgate.errors import InputError, StageFailed
+from wattgate.errors import InputError
 from wattgate.ledger import append_ledger, run_record
 from wattgate.forecast.walltime import plan_step_costs
 from wattgate.model_spec import load_model_spec
@@ -70,6 +70,7 @@ from wattgate.train.settings import TrainSettings
 from wattgate.train.model import count_params, load_sharded_model
 from wattgate.schedule import learning_rate
 from wattgate.train.steps import StepClass, rank_schedule, step_class
+from wattgate.train.step_verdicts import NonFiniteState, agreed_stop, doc_ids, nonfinite_line
 from wattgate.train.stop import (
     EVAL_STOP_CHECK_MICROS,
     StopRequest,
@@ -146,11 +147,6 @@ def read_eval_plan(plan_dir: Path, plan: dict, rank: int) -> list[MicroBatchPlan
     if actual != section.get("packs_sha256"):
         raise InputError(f"{path}: changed since it was planned (sha256 differs from plan.json); rerun pack and gate")
     return read_rank_plan(plan_dir, rank, EVAL_PACKS)
-
-
-class NonFiniteState(StageFailed):
-    """A non-finite loss, gradient norm, validation loss or weight, agreed by every rank: the run stops before
-    the optimizer step (or the checkpoint, or the export) that would make it permanent."""
 
 
 def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
@@ -660,32 +656,3 @@ class Trainer:
             job_s=summary["job_s"],
         )
         append_ledger(s.ledger, record)
-
-
-def agreed_stop(gathered: list, asked: str | None) -> str | None:
-    """The stop every rank agreed on at this step (None: no rank was asked): this rank's own reason, or which
-    ranks were asked. Column 5 of each rank's step figures is 0 where that rank was asked to stop."""
-    if asked is not None:  # this rank's own request is in `gathered` too: every rank sees it
-        return asked
-    asking = [r for r, t in enumerate(gathered) if float(t[5]) < 0.5]
-    return f"a stop requested on rank {', '.join(map(str, asking))}" if asking else None
-
-
-def doc_ids(micro: MicroBatchPlan, most: int = 8) -> list[int]:
-    """A micro-batch's first `most` document ids (the plan's doc_id: pretokenized row order)."""
-    ids = [int(d) for pack in micro.packs for d in pack]
-    return ids[:most] + (["..."] if len(ids) > most else [])  # type: ignore[list-item]
-
-
-def nonfinite_line(step: int, bad_ranks: list[int], grad_norm: float, everyone: list) -> str:
-    """One line naming a non-finite step: the ranks whose loss was non-finite with their micro-batches'
-    documents, or (a finite loss everywhere) the gradient norm and every rank's documents."""
-    parts = []
-    for r, micros in enumerate(everyone):
-        named = [(k, x, ids) for k, x, ids in micros if not math.isfinite(x)] if bad_ranks else micros
-        if r in bad_ranks or not bad_ranks:
-            parts += [f"rank {r} micro-batch {k} (loss {x:.4g}, documents {ids})" for k, x, ids in named]
-    head = f"step {step}: non-finite " + (
-        f"loss on rank {', '.join(map(str, bad_ranks))}" if bad_ranks else f"gradient norm {grad_norm}"
-    )
-    return f"{head}: {'; '.join(parts)}"
