@@ -161,6 +161,24 @@ def test_the_check_accepts_only_own_names_workflow_files_and_wattgate_temporarie
         check_stage_output(out, "pack", ("plan.json", "history"))
 
 
+def test_a_marker_another_rank_publishes_during_the_check_is_read_not_refused(tmp_path, monkeypatch):
+    """Ranks of one launch claim the run folder at once: rank 1 may read no marker, then list the folder after
+    rank 0 renamed its marker in. The listing's marker is read again, not taken for a foreign file."""
+    import wattgate.artifacts as artifacts
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / OUTPUT_MARKER).write_text(json.dumps({"stage": "train"}))
+    reads = iter([None])
+    real = artifacts.marker_stage
+    monkeypatch.setattr(artifacts, "marker_stage", lambda dest: next(reads, real(dest)))
+    check_stage_output(out, "train", ("heartbeat",))
+    (out / OUTPUT_MARKER).write_text("not json")  # a damaged marker is still refused
+    reads = iter([None])
+    with pytest.raises(InputError, match=r"it holds \.wattgate-output"):
+        check_stage_output(out, "train", ("heartbeat",))
+
+
 def test_compare_accepts_the_variant_folders_it_reads(tmp_path):
     from wattgate.run_files import check_output
 

@@ -268,9 +268,12 @@ def check_stage_output(dest: str | os.PathLike, stage: str, own: tuple[str, ...]
         return
     if dest.is_dir() and not dest.is_symlink():
         found = marker_stage(dest)
+        foreign = _foreign_entries(dest, own) if found is None else []
+        if OUTPUT_MARKER in foreign:  # another rank of this launch marked the folder between our two reads
+            found = marker_stage(dest)
+            foreign = foreign if found is None else []
         if found == stage:
             return
-        foreign = _foreign_entries(dest, own) if found is None else []
         if found is None and not foreign:
             return
         what = (
