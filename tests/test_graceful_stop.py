@@ -276,3 +276,13 @@ def test_an_abort_request_ends_a_rank_blocked_outside_python_within_seconds(tmp_
     finally:
         if rank.poll() is None:
             rank.kill()
+
+
+def test_the_abort_watch_ends_when_the_rank_is_done_with_its_collectives(tmp_path):
+    """No thread is left polling the run folder while the interpreter shuts down."""
+    from wattgate.train.stop import start_abort_watch, stop_abort_watch
+
+    watch = start_abort_watch(tmp_path, poll_s=0.05)
+    assert watch.thread.is_alive()
+    stop_abort_watch(watch)
+    assert not watch.thread.is_alive()

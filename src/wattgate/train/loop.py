@@ -76,6 +76,7 @@ from wattgate.train.stop import (
     StopRequest,
     install_stop_signals,
     start_abort_watch,
+    stop_abort_watch,
     write_stopped,
 )
 from wattgate.train.weights import DTYPES, export_hf_folder
@@ -152,19 +153,22 @@ def read_eval_plan(plan_dir: Path, plan: dict, rank: int) -> list[MicroBatchPlan
 def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
     s = TrainSettings.from_config(config)
     install_stop_signals()  # SIGTERM/SIGUSR1 from now on are stop requests, acted on at the next agreed point
-    start_abort_watch(out)  # the watcher's kill of a hung job ends this rank even inside a collective
-    claim_output(out, "train")  # every rank, before it writes: what another rank made by now is train's own
-    plan, _ = read_plan(plan_dir)
-    rank, world, device = setup_rank(s.collective_timeout_s, out)
+    abort_watch = start_abort_watch(out)  # the watcher's kill of a hung job ends this rank even in a collective
     try:
-        if plan["world_size"] != world:
-            raise InputError(
-                f"{plan_dir / PLAN}: planned for world size {plan['world_size']}, "
-                f"launched with {world}; rerun pack and gate for this launch"
-            )
-        return run_rank(Trainer, (config, s, plan), Paths(pretokenized, plan_dir, out), (rank, world, device))
+        claim_output(out, "train")  # every rank, before it writes: what another rank made by now is train's own
+        plan, _ = read_plan(plan_dir)
+        rank, world, device = setup_rank(s.collective_timeout_s, out)
+        try:
+            if plan["world_size"] != world:
+                raise InputError(
+                    f"{plan_dir / PLAN}: planned for world size {plan['world_size']}, "
+                    f"launched with {world}; rerun pack and gate for this launch"
+                )
+            return run_rank(Trainer, (config, s, plan), Paths(pretokenized, plan_dir, out), (rank, world, device))
+        finally:
+            dist.destroy_process_group()
     finally:
-        dist.destroy_process_group()
+        stop_abort_watch(abort_watch)
 
 
 def run_rank(trainer_class: type, settings: tuple, paths: Paths, where: tuple) -> dict:

@@ -76,20 +76,30 @@ def file_reason(path: Path) -> str | None:
 ABORT_POLL_S = 1.0  # one stat a second per rank: cheap, even on a shared filesystem's metadata server
 
 
-def start_abort_watch(run_dir: Path, poll_s: float = ABORT_POLL_S) -> threading.Thread:
+def start_abort_watch(run_dir: Path, poll_s: float = ABORT_POLL_S) -> threading.Event:
     """A daemon thread that ends this rank at once when ABORT_REQUESTED appears in the run folder (the watcher's
     kill of a hung job). It runs while the main thread is blocked in a collective (gloo and NCCL waits release
-    the GIL), where no signal handler can; every rank on every node sees the file on the shared filesystem."""
+    the GIL), where no signal handler can; every rank on every node sees the file on the shared filesystem.
+    Returns the event that ends the watch: set it once the rank's collectives are over, so that no thread is
+    left polling while the interpreter shuts down (a daemon thread woken then can abort the process)."""
+    done = threading.Event()
 
     def watch() -> None:
-        while not (run_dir / ABORT_REQUEST).exists():
-            time.sleep(poll_s)
-        print(f"train: rank aborted: {run_dir / ABORT_REQUEST} (the watcher stopped a hung job)", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup: the process is hung in a collective
+        while not done.wait(poll_s):
+            if (run_dir / ABORT_REQUEST).exists():
+                print(f"train: rank aborted: {run_dir / ABORT_REQUEST} (the watcher stopped a hung job)", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)  # no cleanup: the process is hung in a collective
 
     thread = threading.Thread(target=watch, name="wattgate-abort-watch", daemon=True)
     thread.start()
-    return thread
+    done.thread = thread  # type: ignore[attr-defined]  (joined by stop_abort_watch)
+    return done
+
+
+def stop_abort_watch(done: threading.Event) -> None:
+    """End the watch started by start_abort_watch and wait for its thread (at most one poll)."""
+    done.set()
+    done.thread.join()  # type: ignore[attr-defined]
 
 
 def write_stopped(run_dir: Path, step: int, checkpoint: Path, reason: str) -> None:
