@@ -75,6 +75,7 @@ def metrics(step_times, ranks=2, tokens=1000, wait=0.01):
                     "step_time_s": st * (1.0 if r == 0 else 0.9),
                     "data_wait_s": wait,
                     "lr": 1e-3,
+                    "grad_norm": 1.0,
                     "time": t,
                 }
             )

@@ -532,6 +532,9 @@ METRICS_SCHEMA = pa.schema(
         ("data_wait_s", pa.float64()),
         ("lr", pa.float64()),
         ("time", pa.float64()),
+        # the step's gradient norm before clipping, over the whole model (the same on every rank's row); null in
+        # rows written before the column existed (a run resumed across the change)
+        ("grad_norm", pa.float64()),
     ]
 )
 
@@ -575,12 +578,57 @@ EVAL_SCHEMA = pa.schema(
 )
 
 
+# With two or more held-out sources (a mixture, issue 33), each source's columns follow EVAL_SCHEMA's, in the
+# sources' order: `loss/<source>` (float64: its summed token losses / its loss tokens, over every rank) and
+# `tokens/<source>` (int64: its loss tokens scored). "/" is in no other column's name.
+SOURCE_LOSS_PREFIX, SOURCE_TOKENS_PREFIX = "loss/", "tokens/"
+
+
+def source_loss_column(source: str) -> str:
+    return f"{SOURCE_LOSS_PREFIX}{source}"
+
+
+def source_tokens_column(source: str) -> str:
+    return f"{SOURCE_TOKENS_PREFIX}{source}"
+
+
+def eval_sources_of(columns) -> list[str]:
+    """The sources eval.parquet's columns (or a row's keys) hold a loss for, in their order."""
+    return [c[len(SOURCE_LOSS_PREFIX) :] for c in columns if c.startswith(SOURCE_LOSS_PREFIX)]
+
+
+def eval_schema(sources=()) -> pa.Schema:
+    """eval.parquet's schema: EVAL_SCHEMA, then each source's loss and tokens columns."""
+    extra = [
+        f
+        for name in sources
+        for f in ((source_loss_column(name), pa.float64()), (source_tokens_column(name), pa.int64()))
+    ]
+    return pa.schema([*EVAL_SCHEMA, *(pa.field(n, t) for n, t in extra)])
+
+
 class EvalTable(MetricsTable):
     """eval.parquet: one row per validation pass (rank 0), rewritten after each pass, before any checkpoint of
     the same step: a checkpoint at step n implies the passes through step n are on disk, and a resume keeps
-    exactly those (no duplicate rows)."""
+    exactly those (no duplicate rows). `sources`: the per-source columns (none for a single source)."""
 
     SCHEMA = EVAL_SCHEMA
+
+    def __init__(self, path: Path, rows: list[dict] | None = None, sources=()):
+        super().__init__(path, rows)
+        self.schema = eval_schema(sources)
+
+    @classmethod
+    def resume(cls, path: Path, upto_step: int, sources=()) -> EvalTable:
+        """The passes after steps already taken (<= upto_step) from an earlier, interrupted run."""
+        table = _read_metrics_table(path) if upto_step >= 0 else None
+        rows = [] if table is None else [r for r in table.to_pylist() if r["step"] <= upto_step]
+        return cls(path, rows, sources)
+
+    def flush(self) -> None:
+        table = pa.Table.from_pylist(self.rows, schema=self.schema)
+        with atomic_path(self.path) as tmp:
+            pq.write_table(table, tmp)
 
 
 def read_eval(run: str | os.PathLike) -> pd.DataFrame | None:

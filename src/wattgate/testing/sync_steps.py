@@ -282,7 +282,9 @@ def write_sync_run_info(run_dir: Path, synth) -> Path:
             "epoch_ends": [len(steps)],
         }
         (beat_dir / f"rank-{rank}.json").write_text(json.dumps(state) + "\n")
-    m = pd.concat(frames, ignore_index=True).assign(epoch=0, loss=1.0, tokens=4096, loss_tokens=2048, lr=1e-5)
+    m = pd.concat(frames, ignore_index=True).assign(
+        epoch=0, loss=1.0, tokens=4096, loss_tokens=2048, lr=1e-5, grad_norm=1.0
+    )
     pq.write_table(
         pa.Table.from_pandas(m[METRICS_SCHEMA.names], schema=METRICS_SCHEMA, preserve_index=False),
         run_dir / "metrics.parquet",

@@ -444,7 +444,7 @@ def write_run_info(
         if metrics
         else pd.DataFrame({"step": [], "rank": [], "data_wait_s": [], "time": []})
     )
-    m = m.assign(epoch=0, loss=1.0, tokens=4096, loss_tokens=2048, step_time_s=step_s, lr=1e-5)
+    m = m.assign(epoch=0, loss=1.0, tokens=4096, loss_tokens=2048, step_time_s=step_s, lr=1e-5, grad_norm=1.0)
     pq.write_table(
         pa.Table.from_pandas(m[METRICS_SCHEMA.names], schema=METRICS_SCHEMA, preserve_index=False),
         run_dir / "metrics.parquet",

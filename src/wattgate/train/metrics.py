@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from wattgate.gpus import peak_bf16_flops
-from wattgate.run_files import MetricsTable
+from wattgate.run_files import MetricsTable, eval_sources_of, source_loss_column, source_tokens_column
 from wattgate.train.tensorboard import TensorBoardLog, open_tensorboard
 
 GIB = 1 << 30
@@ -178,6 +178,7 @@ class StepLog:
                     "data_wait_s": float(t[4]),
                     "lr": lr,
                     "time": now,
+                    "grad_norm": grad_norm,
                 }
                 for r, t in enumerate(gathered)
             ]
@@ -229,11 +230,13 @@ class StepLog:
         if not self._board_opened:  # a run resumed at its last step evaluates before any step is recorded
             self._board_opened = True
             self.board = open_tensorboard(self.metrics.path.parent, self.tensorboard, first_step=row["step"])
+        per_source = {name: row[source_loss_column(name)] for name in eval_sources_of(row)}
         if self.board is not None:
-            self.board.add_eval(row["step"], loss=row["loss"], perplexity=row["perplexity"])
+            self.board.add_eval(row["step"], loss=row["loss"], perplexity=row["perplexity"], per_source=per_source)
+        sources = "".join(f", {name} {loss:.4f}" for name, loss in per_source.items() if loss is not None)
         print(
-            f"train: validation after step {row['step']}: loss {row['loss']:.4f} perplexity {row['perplexity']:.3f} "
-            f"({row['tokens']} tokens, {row['seconds']:.2f} s)",
+            f"train: validation after step {row['step']}: loss {row['loss']:.4f} perplexity {row['perplexity']:.3f}"
+            f"{sources} ({row['tokens']} tokens, {row['seconds']:.2f} s)",
             flush=True,
         )
 
@@ -271,7 +274,7 @@ def validation_summary(rows: list[dict], exported_step: int | None, export_from:
         return None
     final = max(rows, key=lambda r: r["step"])
     best = min(rows, key=lambda r: (r["loss"], -r["step"]))
-    return {
+    out = {
         "final_loss": final["loss"],
         "final_step": final["step"],
         "best_loss": best["loss"],
@@ -279,6 +282,24 @@ def validation_summary(rows: list[dict], exported_step: int | None, export_from:
         "evaluations": len(rows),
         "export_from": export_from,
         "exported_step": exported_step,
+    }
+    sources = eval_sources_of(final)
+    if sources:  # two or more held-out sources (issue 33): each one's final and best pass
+        out["per_source"] = [source_summary(rows, final, name) for name in sources]
+    return out
+
+
+def source_summary(rows: list[dict], final: dict, name: str) -> dict:
+    """TRAINED's `validation.per_source` entry: a source's loss at the final pass and its best pass."""
+    column = source_loss_column(name)
+    scored = [r for r in rows if r.get(column) is not None]
+    best = min(scored, key=lambda r: (r[column], -r["step"])) if scored else None
+    return {
+        "name": name,
+        "final_loss": final.get(column),
+        "tokens": final.get(source_tokens_column(name)),
+        "best_loss": best[column] if best else None,
+        "best_step": best["step"] if best else None,
     }
 
 
