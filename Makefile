@@ -50,12 +50,14 @@ bench: $(VENV)/.installed-test,bench
 # Lint only checks (lint-imports: the layer contracts in pyproject.toml, docs/architecture.md "Layers");
 # the formatters themselves are `ruff format src tests bench scripts`,
 # `snakefmt Snakefile workflow/` (settings in pyproject.toml) and, for the config reference,
-# `python scripts/config_docs.py --out docs/configuration.md`.
+# `python scripts/config_docs.py --out docs/configuration.md`; for the tested architectures,
+# `python scripts/architectures_table.py --out docs/architectures.md`.
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/ruff format --check src tests bench scripts
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/config_docs.py --check docs/configuration.md
+	$(BIN)/python scripts/architectures_table.py --check docs/architectures.md
 	$(BIN)/snakefmt --check Snakefile workflow/
 	$(BIN)/snakemake --lint
 

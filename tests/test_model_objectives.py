@@ -21,17 +21,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from support.scoring import scored_by_transformers
 import torch
-import torch.nn.functional as F
 import yaml
 
 from wattgate.config import validate_config
-from wattgate.data.split import read_validation_ids
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.pack.plan import build_plan
 from wattgate.train.attention import resolve_attn_implementation
-from wattgate.train.data import IGNORE, DocStore
+from wattgate.train.data import IGNORE
 from wattgate.train.loss import (
     LossSettings,
     chunked_cross_entropy_sum,
@@ -337,25 +336,6 @@ def test_under_fsdp2_the_softcapped_chunked_loss_equals_the_models_own_logits(tm
 
 
 # ---------------------------------------------------------------- wattgate train end to end
-
-
-def scored_by_transformers(final: Path, pretokenized: Path) -> float:
-    """The exported model loaded by transformers itself, each held-out document scored alone by its own forward."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(final), local_files_only=True, attn_implementation="eager")
-    manifest = json.loads((pretokenized / "manifest.json").read_text())
-    store, total, tokens = DocStore(pretokenized), 0.0, 0
-    with torch.no_grad():
-        for doc in read_validation_ids(pretokenized, manifest).tolist():
-            ids, mask = store.get(doc)
-            labels = np.where(mask.astype(bool), ids, IGNORE)
-            labels[0] = IGNORE
-            logits = model(torch.from_numpy(ids.astype(np.int64))[None], use_cache=False).logits[0]
-            target = torch.from_numpy(labels[1:].astype(np.int64))
-            total += float(F.cross_entropy(logits[:-1].double(), target, ignore_index=IGNORE, reduction="sum"))
-            tokens += int((target != IGNORE).sum())
-    return total / tokens
 
 
 @pytest.mark.parametrize("model_type", ["granite", "gemma3_text"])

@@ -1,0 +1,59 @@
+"""The architectures wattgate is tested on: a tiny random-init transformers folder of each (bf16, two layers),
+made in the test, and what each one's config adds to make its own behaviour show (a logit scale, a softcap,
+sliding layers). docs/architectures.md is generated from this table (scripts/architectures_table.py)."""
+
+from __future__ import annotations
+
+# what every tiny model shares: room for the test tokenizer's 600 ids, logits large enough (initializer_range
+# 0.5) that a skipped logit scale or softcap moves the loss by tens of percent
+TINY_DECODER = {
+    "vocab_size": 600,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "max_position_embeddings": 256,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "initializer_range": 0.5,
+}
+
+# model_type -> (what its config adds, what the test shows about it, a limit users meet (None: none known))
+DENSE = {
+    "llama": ({}, "the reference decoder", None),
+    "mistral": ({}, "sliding-window attention off by default", None),
+    "qwen2": ({}, "q/k/v biases", None),
+    "qwen3": ({}, "q/k norms; the embedded default's model", None),
+    "phi3": ({}, "fused qkv_proj and gate_up_proj tensors", None),
+    "olmo2": ({}, "norms after attention and MLP", None),
+    "granite": ({"logits_scaling": 8.0}, "logits divided by logits_scaling, in the chunked loss too", None),
+    "gemma2": (
+        {"final_logit_softcapping": 2.0},
+        "final logit softcapping in the chunked loss; buffers from the model's own init",
+        "no sdpa in transformers: eager on CPU, flash_attention_2 on GPU (`auto` picks it)",
+    ),
+    "gemma3_text": (
+        {"final_logit_softcapping": 2.0, "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8},
+        "sliding and full layers (the proof dry-runs one period of the pattern), softcapping",
+        None,
+    ),
+}
+
+
+def tiny_config(model_type: str) -> dict:
+    return dict(TINY_DECODER, model_type=model_type, **DENSE[model_type][0])
+
+
+def save_tiny_model(path, model_type: str, seed: int = 0):
+    """A transformers folder of the tiny `model_type`, random init, saved in bf16 as transformers saves it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = tiny_config(model_type)
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(str(path))
+    return path
