@@ -53,7 +53,7 @@ def test_a_folder_transformers_saved_passes_from_its_headers_alone(folder, monke
     def no_read(*args, **kwargs):
         raise AssertionError("a tensor was read")
 
-    monkeypatch.setattr("wattgate.train.weights.read_rows", no_read)
+    monkeypatch.setattr("wattgate.train.checkpoint_layout.read_rows", no_read)
     check = check_weights(config_for(folder))
     assert check.passed, check.detail
     assert check.detail.startswith(f"25 tensors in 1 safetensors file(s) of {folder} match Qwen3ForCausalLM's names")

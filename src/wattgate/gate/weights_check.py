@@ -32,12 +32,21 @@ def check_weights(config: dict) -> Check:
         return Check(NAME, False, str(exc))
     except Exception as exc:  # noqa: BLE001 - transformers refusing the config is this check's failure, named
         return Check(NAME, False, f"{path}: transformers cannot build the model from config.json ({first_line(exc)})")
-    files = sorted({f.name for _, f, _ in sources})
-    dtypes = Counter(str(info.dtype).removeprefix("torch.") for _, _, info in sources)
+    pieces = [p for s in sources for p in s.all_pieces()]
+    files = sorted({p.file.name for p in pieces})
+    dtypes = Counter(str(p.info.dtype).removeprefix("torch.") for p in pieces)
     kinds = ", ".join(f"{n} {d}" for d, n in dtypes.most_common())
+    stacked = [s for s in sources if s.stacked]
+    experts = (
+        f"; {len(stacked)} expert stacks from {sum(len(s.all_pieces()) for s in stacked)} per-expert tensors "
+        "(transformers' conversion mapping, read and exported per expert)"
+        if stacked
+        else ""
+    )
     return Check(
         NAME,
         True,
-        f"{len(sources)} tensors in {len(files)} safetensors file(s) of {path} match "
-        f"{model.config.architectures[0]}'s names and shapes ({kinds}); read from the headers, no tensor loaded",
+        f"{len(pieces)} tensors in {len(files)} safetensors file(s) of {path} match "
+        f"{model.config.architectures[0]}'s names and shapes ({kinds}){experts}; read from the headers, no tensor "
+        "loaded",
     )

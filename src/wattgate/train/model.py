@@ -114,7 +114,8 @@ def compile_layers(model) -> None:
 def parallelize(
     model, mesh, on_cuda: bool, mixed_precision: bool, activation_checkpointing: bool, compile: bool = False
 ):
-    """fully_shard each decoder layer, then the root (embeddings, final norm, head).
+    """fully_shard each decoder layer, then the root (embeddings, final norm, head); on a Mixture-of-Experts model
+    every unit then reduce-scatters all its parameters, zeros for one no token reached (train/moe.py).
 
     The chunked loss (train/loss.py) runs as a forward method of the root, so the head weight is
     gathered with the root's parameters.
@@ -136,6 +137,10 @@ def parallelize(
     for layer in layer_container(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+    # Mixture-of-Experts: every unit reduce-scatters all its parameters whatever the router sent where (train/moe.py)
+    from wattgate.train.moe import reduce_every_parameter
+
+    reduce_every_parameter(model)
     return model
 
 

@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,7 +24,8 @@ import torch.distributed as dist
 
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.errors import InputError
-from wattgate.train.safetensors_io import SafetensorsStream, TensorInfo, read_header, read_rows
+from wattgate.train.checkpoint_layout import LAYOUT_ATTR, ExportEntry, Source, checkpoint_layout, export_layout
+from wattgate.train.safetensors_io import SafetensorsStream, TensorInfo, read_header
 
 WRAPPER_PREFIX = "_checkpoint_wrapped_module."
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -73,11 +73,15 @@ def materialize(model, device: torch.device, model_cfg: dict, seed: int, fill: b
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()  # to_empty gives a module not under fully_shard separate head and embedding
     restore_buffers(model, device)
+    # where each tensor is in model.path, from the headers: the load reads it, and the export writes final/ in that
+    # layout also when a checkpoint (resume) fills the parameters instead
+    sources = checkpoint_sources(model, Path(model_cfg["path"])) if model_cfg.get("path") else None
+    object.__setattr__(model, LAYOUT_ATTR, sources)
     with torch.no_grad():
         if not fill:
             return "checkpoint"
-        if model_cfg.get("path"):
-            load_local_shards(model, Path(model_cfg["path"]))
+        if sources is not None:
+            load_local_shards(sources)
             return f"{model_cfg['path']} (local slices)"
         init_local_shards(model, seed)
         return f"random init (seed {seed}, independent of world size)"
@@ -187,75 +191,69 @@ def checkpoint_tensors(path: Path) -> dict[str, tuple[Path, TensorInfo]]:
     return {name: (f, info) for f in files for name, info in read_header(f).items()}
 
 
-def _checkpoint_key(name: str, tensors: dict, base_prefix: str) -> str | None:
-    if name in tensors:
-        return name
-    # a base-model checkpoint (Qwen3Model) has no "model." prefix
-    if base_prefix and name.startswith(base_prefix + ".") and name[len(base_prefix) + 1 :] in tensors:
-        return name[len(base_prefix) + 1 :]
-    return None
-
-
-def checkpoint_sources(model, path: Path) -> list[tuple[torch.Tensor, Path, TensorInfo]]:
-    """(tensor, safetensors file, header entry) for every parameter (tied ones once) and persistent buffer of
-    `model`, checked from the files' headers alone: every name present, no checkpoint tensor unused, each shape
-    equal, and a floating-point tensor for a floating-point one (the load casts between float dtypes, never
-    from integers: those are quantized weights). The same checks whether `model` is sharded (training) or on
-    the meta device (the gate's `weights` check, before anything is submitted)."""
+def checkpoint_sources(model, path: Path) -> list[Source]:
+    """Where every parameter (tied ones once) and persistent buffer of `model` is in the checkpoint
+    (train/checkpoint_layout.py: as stored, renamed, or stacked from one tensor per expert), checked from the
+    files' headers alone: every name present, no checkpoint tensor unused, each shape equal, and a floating-point
+    tensor for a floating-point one (the load casts between float dtypes, never from integers: those are
+    quantized weights). The same checks whether `model` is sharded (training) or on the meta device (the gate's
+    `weights` check, before anything is submitted)."""
     tensors = checkpoint_tensors(path)
-    base_prefix = getattr(model, "base_model_prefix", "")
-    _check_all_used(model, path, tensors, base_prefix)
-    sources = []
-    for name, tensor in _local_state(model):
-        key = _checkpoint_key(hf_name(name), tensors, base_prefix)
-        if key is None:
+    state = [(hf_name(n), t) for n, t in _local_state(model)]
+    sources, unread = checkpoint_layout(model, path, tensors, state)
+    _check_all_used(model, path, unused_tensors(model, unread))
+    found = {s.name: s for s in sources}
+    for name, tensor in state:
+        source = found.get(name)
+        if source is None:
             raise InputError(
-                f"{path}: no tensor '{hf_name(name)}' in the checkpoint; model.path does not "
+                f"{path}: no tensor '{name}' in the checkpoint; model.path does not "
                 f"hold weights for this {model.config.architectures[0]}"
             )
-        file, info = tensors[key]
-        if info.shape != tuple(tensor.shape):
+        piece = source.pieces[0] if source.pieces else None
+        if piece is not None and piece.info.shape != tuple(tensor.shape):
             raise InputError(
-                f"{file}: '{key}' has shape {info.shape}, the model expects {tuple(tensor.shape)}; "
+                f"{piece.file}: '{piece.key}' has shape {piece.info.shape}, the model expects {tuple(tensor.shape)}; "
                 "model.path and its config.json disagree"
             )
-        if info.dtype.is_floating_point != tensor.dtype.is_floating_point:
-            raise InputError(
-                f"{file}: '{key}' is {str(info.dtype).removeprefix('torch.')}, the model's tensor is "
-                f"{str(tensor.dtype).removeprefix('torch.')}; model.path holds quantized or other weights "
-                "(dequantize them, or point model.path at the model's own folder)"
-            )
-        sources.append((tensor, file, info))
+        for p in source.all_pieces():
+            if p.info.dtype.is_floating_point != tensor.dtype.is_floating_point:
+                raise InputError(
+                    f"{p.file}: '{p.key}' is {str(p.info.dtype).removeprefix('torch.')}, the model's tensor is "
+                    f"{str(tensor.dtype).removeprefix('torch.')}; model.path holds quantized or other weights "
+                    "(dequantize them, or point model.path at the model's own folder)"
+                )
     return sources
 
 
-def load_local_shards(model, path: Path) -> None:
-    """Fill every parameter's local rows from the checkpoint, reading only those rows (cast on copy)."""
-    for tensor, file, info in checkpoint_sources(model, path):
-        offset, rows = local_rows(tensor)
+def load_local_shards(sources: list[Source]) -> None:
+    """Fill every parameter's local rows from the checkpoint, reading only those rows (whole experts for a stacked
+    one, one expert at a time), cast on copy."""
+    for source in sources:
+        offset, rows = local_rows(source.tensor)
         if rows:
-            local_tensor(tensor).copy_(read_rows(file, info, offset, rows))
+            local_tensor(source.tensor).copy_(source.read(offset, rows))
 
 
-def unused_tensors(model, tensors: dict, base_prefix: str) -> list[str]:
-    """Checkpoint tensors no parameter or persistent buffer of the model reads (tied aliases count as read;
-    the names transformers itself ignores on load, such as old checkpoints' rotary inv_freq, are left out)."""
-    used = {
-        _checkpoint_key(hf_name(n), tensors, base_prefix) for n, _ in model.named_parameters(remove_duplicate=False)
-    }
-    used |= {_checkpoint_key(hf_name(n), tensors, base_prefix) for n, _ in _local_state(model)}
+def unused_tensors(model, unread: list[str]) -> list[str]:
+    """The checkpoint tensors no parameter or persistent buffer of the model reads (tied aliases count as read),
+    less the names transformers itself ignores on load, such as old checkpoints' rotary inv_freq."""
+    tied = {hf_name(n) for n, _ in model.named_parameters(remove_duplicate=False)}
     ignore = [re.compile(p) for p in (getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])]
+    base = getattr(model, "base_model_prefix", "")
     return sorted(
         k
-        for k in tensors
-        if k not in used and not k.endswith("rotary_emb.inv_freq") and not any(p.search(k) for p in ignore)
+        for k in unread
+        if k not in tied
+        and f"{base}.{k}" not in tied
+        and not k.endswith("rotary_emb.inv_freq")
+        and not any(p.search(k) for p in ignore)
     )
 
 
-def _check_all_used(model, path: Path, tensors: dict, base_prefix: str) -> None:
+def _check_all_used(model, path: Path, unused: list[str]) -> None:
     """A checkpoint with weights the model does not use means config.json describes another model (fewer
     layers, say): training it would silently drop those weights."""
-    unused = unused_tensors(model, tensors, base_prefix)
     if unused:
         shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
         layers = getattr(model.config, "num_hidden_layers", None)
@@ -352,17 +350,12 @@ def own_init_values(model, name: str, module, seed: int) -> dict[str, torch.Tens
 # ---------------------------------------------------------------- export: sharded safetensors
 
 
-@dataclass(frozen=True)
-class ExportEntry:
-    name: str  # checkpoint key
-    tensor: torch.Tensor  # the model's (sharded) parameter or buffer
-    shape: tuple[int, ...]
-
-    def nbytes(self, dtype: torch.dtype) -> int:
-        return math.prod(self.shape) * torch.empty((), dtype=dtype).element_size()
-
-
 def export_entries(model) -> list[ExportEntry]:
+    """final/'s tensors: in the layout of the checkpoint the model was loaded from (its names and shapes, experts
+    one tensor each where it had them so), else (random init) as the model holds them."""
+    sources = model.__dict__.get(LAYOUT_ATTR)
+    if sources is not None:
+        return export_layout(sources)
     return [ExportEntry(hf_name(n), t, tuple(t.shape)) for n, t in _local_state(model)]
 
 
@@ -404,11 +397,13 @@ def write_sharded_safetensors(model, folder: Path, dtype: torch.dtype, max_shard
         stream = (
             SafetensorsStream(folder / name, [(e.name, e.shape) for e in entries], dtype) if k % world == rank else None
         )
+        full, of = None, None  # the last model tensor gathered: a stacked one's entries follow one another
         for e in entries:
-            full = gather_full(e.tensor, dtype)
+            if of is not e.tensor:
+                full, of = gather_full(e.tensor, dtype), e.tensor
             if stream is not None:
-                stream.write(full)
-            del full
+                stream.write(e.take(full))
+        del full, of
         if stream is not None:
             stream.close()
     return {e.name: name for name, entries in zip(names, files) for e in entries}
