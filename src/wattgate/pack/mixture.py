@@ -109,7 +109,8 @@ def choose(
     for s, target in zip(sources, tgt):
         keys = carve_keys(content_hashes[s.doc_ids], source_seed(seed, s.source.name))
         order = np.argsort(keys)  # numpy's SIMD quicksort: ~5x a stable sort of uint64
-        if (keys[order[1:]] == keys[order[:-1]]).any():
+        ordered = keys[order]
+        if (ordered[1:] == ordered[:-1]).any():
             # copies share a key: a stable sort orders them by doc_id (ascending here), whatever the quicksort did
             order = np.argsort(keys, kind="stable")
         order = s.doc_ids[order]
