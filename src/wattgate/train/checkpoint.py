@@ -12,6 +12,11 @@ incomplete or damaged is skipped with one line naming the file and what differs,
 left in place they would count toward `train.checkpoint_keep` and make prune (which keeps the highest steps)
 delete the checkpoints this run writes next. A state.json from before hashes (`files` name -> size) still
 loads, size-checked only, with one line saying it is unverified.
+
+What every rank does together (the barriers, DCP's save and load, the gathers and the resume verdict) is
+`save_checkpoint`, `agreed_latest` and `load_checkpoint`; where the bytes go is a `CheckpointStorage` they are
+given: `CheckpointFolder` (the files above) in training, the collective proof's own that keeps no bytes
+(wattgate.proof.storage), so DCP's own collectives are dry-run as training issues them.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import threading
 import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -31,6 +37,8 @@ import torch.distributed.checkpoint as dcp
 import xxhash
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
+from torch.distributed.checkpoint.planner import SavePlanner
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -159,6 +167,7 @@ class _HashingWriter(FileSystemWriter):
 
     def __init__(self, path: Path, written: dict[str, dict]):
         super().__init__(path)
+        self.written = written  # {file name: {bytes, hash}} of every file this rank wrote
         self.fs = _HashingFileSystem(written)
 
     def write_data(self, plan, planner):
@@ -166,6 +175,16 @@ class _HashingWriter(FileSystemWriter):
             return super().write_data(plan, planner)
         except Exception:
             # the write error itself (e.g. ENOSPC, naming the file) is what DCP sends to every rank
+            if self.fs.failure is not None:
+                raise self.fs.failure from None
+            raise
+
+    def write_rng(self, name: str, state: dict) -> None:
+        """This rank's RNG state beside its shards, hashed as it is written."""
+        try:
+            with self.fs.create_stream(self.path / name, "wb") as stream:
+                torch.save(state, stream)
+        except Exception:  # torch.save turns a write error into its own RuntimeError: report the write error
             if self.fs.failure is not None:
                 raise self.fs.failure from None
             raise
@@ -181,11 +200,133 @@ def _os_error_of(exc: CheckpointException, folder: Path) -> BaseException:
     return exc
 
 
+# ---------------------------------------------------------------- where the bytes go
+
+
+class CheckpointWriter(Protocol):
+    """DCP's storage writer for one checkpoint folder (a torch.distributed.checkpoint StorageWriter), which also
+    writes this rank's RNG state and keeps {file name: record} of what this rank wrote (gathered for state.json)."""
+
+    written: dict[str, dict]
+
+    def write_rng(self, name: str, state: dict) -> None: ...
+
+
+class CheckpointStorage(Protocol):
+    """Where checkpoints' bytes go and come from; the collectives around them are `save_checkpoint`,
+    `agreed_latest` and `load_checkpoint`, the same whatever the storage. Methods marked rank 0 run there only."""
+
+    def begin(self, tmp: Path) -> None:
+        """Rank 0: a fresh, empty `step-<n>.tmp/` (a killed save's leftovers removed)."""
+
+    def writer(self, tmp: Path) -> StorageWriter:
+        """This rank's writer into `tmp` (a CheckpointWriter)."""
+
+    def save_planner(self) -> SavePlanner | None:
+        """DCP's save planner (None: DCP's default)."""
+
+    def publish(self, tmp: Path, final: Path, state: dict) -> None:
+        """Rank 0: state.json written into `tmp`, then `tmp` renamed onto `final`."""
+
+    def prune(self, root: Path, keep: int, also_keep: Path | None, upto: int) -> None:
+        """Rank 0: the newest `keep` published checkpoints kept (and `also_keep`), none above `upto` counted."""
+
+    def best(self, root: Path) -> Path | None:
+        """Rank 0: the published checkpoint with the lowest validation loss, or None."""
+
+    def set_aside_mismatched(self, root: Path, identity: dict) -> None:
+        """Rank 0, at resume: `root` moved aside when it holds checkpoints of another run identity."""
+
+    def candidates(self, root: Path) -> list[Path]:
+        """Rank 0, at resume: the published checkpoints, newest first."""
+
+    def verify(self, path: Path, share: tuple[int, int]) -> tuple[bool, str]:
+        """Every rank, at resume: (intact, why not) for its `share` (k, n) of the checkpoint's files."""
+
+    def resumed(self, path: Path) -> None:
+        """Rank 0: `path` is the checkpoint every rank agreed on (a note when it is unverified)."""
+
+    def set_aside(self, path: Path) -> Path:
+        """Rank 0: a checkpoint that is not intact moved out of the candidates; returns where it went."""
+
+    def reader(self, path: Path, state: dict) -> StorageReader:
+        """This rank's DCP reader of checkpoint `path` into `state` (the state dict the load fills)."""
+
+    def read_rng(self, path: Path, rank: int) -> dict | None:
+        """Rank `rank`'s saved RNG state (None: none was saved)."""
+
+    def read_state(self, path: Path) -> dict:
+        """The checkpoint's state.json."""
+
+
+class CheckpointFolder:
+    """CheckpointStorage on the run folder's file system: the files this module's docstring describes."""
+
+    def begin(self, tmp: Path) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+
+    def writer(self, tmp: Path) -> _HashingWriter:
+        return _HashingWriter(tmp, {})
+
+    def save_planner(self) -> None:
+        return None
+
+    def publish(self, tmp: Path, final: Path, state: dict) -> None:
+        write_json_atomic(tmp / STATE, state)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+
+    def prune(self, root: Path, keep: int, also_keep: Path | None, upto: int) -> None:
+        prune(root, keep, also_keep, upto=upto)
+
+    def best(self, root: Path) -> Path | None:
+        return best_checkpoint(root)
+
+    def set_aside_mismatched(self, root: Path, identity: dict) -> None:
+        set_aside_mismatched(root, identity)
+
+    def candidates(self, root: Path) -> list[Path]:
+        return _candidates(root)
+
+    def verify(self, path: Path, share: tuple[int, int]) -> tuple[bool, str]:
+        return verify(path, share)
+
+    def resumed(self, path: Path) -> None:
+        _warn_unverified(path)
+
+    def set_aside(self, path: Path) -> Path:
+        return set_aside(path)
+
+    def reader(self, path: Path, state: dict) -> StorageReader:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        return FileSystemReader(path)
+
+    def read_rng(self, path: Path, rank: int) -> dict | None:
+        rng_file = path / f"rng-rank-{rank}.pt"
+        return read_rng_state(rng_file) if rng_file.exists() else None
+
+    def read_state(self, path: Path) -> dict:
+        return json.loads((path / STATE).read_text())
+
+
+CHECKPOINT_FOLDER = CheckpointFolder()
+
+
 # ---------------------------------------------------------------- save, publish, prune
 
 
 def save_checkpoint(
-    root: Path, step: int, model, optimizer, position: dict, keep: int, identity: dict, keep_best: bool = False
+    root: Path,
+    step: int,
+    model,
+    optimizer,
+    position: dict,
+    keep: int,
+    identity: dict,
+    keep_best: bool = False,
+    storage: CheckpointStorage = CHECKPOINT_FOLDER,
 ) -> Path:
     """Write checkpoint `step` (all ranks), publish it, and prune to the newest `keep` (rank 0); `keep_best`
     also keeps the one whose position holds the lowest validation loss (`eval_loss`, train.keep_best).
@@ -196,42 +337,30 @@ def save_checkpoint(
     final = root / f"step-{step}"
     tmp = root / f"step-{step}.tmp"
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        storage.begin(tmp)
     dist.barrier()
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-    written: dict[str, dict] = {}
-    writer = _HashingWriter(tmp, written)
+    writer = storage.writer(tmp)
     try:
-        dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer)
+        dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer, planner=storage.save_planner())
     except CheckpointException as exc:
         raise _os_error_of(exc, tmp) from None
-    try:
-        with writer.fs.create_stream(tmp / f"rng-rank-{rank}.pt", "wb") as stream:
-            torch.save(_rng_state(), stream)
-    except Exception:  # torch.save turns a write error into its own RuntimeError: report the write error
-        if writer.fs.failure is not None:
-            raise writer.fs.failure from None
-        raise
+    writer.write_rng(f"rng-rank-{rank}.pt", _rng_state())
     # each rank knows only its own files' hashes; the gather is also the wait for every rank's files
     gathered: list | None = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object(written, gathered, dst=0)
+    dist.gather_object(writer.written, gathered, dst=0)
     if rank == 0:
         files = {name: rec for part in gathered for name, rec in (part or {}).items()}
-        write_json_atomic(
-            tmp / STATE,
-            {
-                "step": step,
-                "position": position,
-                "files": dict(sorted(files.items())),
-                "hash_algorithm": HASH_ALGORITHM,
-                "world_size": dist.get_world_size(),
-                "identity": identity,
-            },
-        )
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        prune(root, keep, best_checkpoint(root) if keep_best else None, upto=step)
+        record = {
+            "step": step,
+            "position": position,
+            "files": dict(sorted(files.items())),
+            "hash_algorithm": HASH_ALGORITHM,
+            "world_size": dist.get_world_size(),
+            "identity": identity,
+        }
+        storage.publish(tmp, final, record)
+        storage.prune(root, keep, storage.best(root) if keep_best else None, upto=step)
     dist.barrier()
     return final
 
@@ -360,25 +489,27 @@ def verify(path: Path, share: tuple[int, int] = (0, 1)) -> tuple[bool, str]:
     return True, ""
 
 
-def agreed_latest(root: Path, rank: int, world: int) -> Path | None:
+def agreed_latest(
+    root: Path, rank: int, world: int, storage: CheckpointStorage = CHECKPOINT_FOLDER
+) -> Path | None:
     """`latest_complete` with every rank reading its share of each candidate's bytes: rank 0 lists the candidates
     and broadcasts them, each rank hashes every world-th file, one object all-gather per candidate gives every rank
     the same verdict. A 100 GB checkpoint is then read at the job's aggregate bandwidth, not rank 0's."""
     names: list = [None]
     if rank == 0:
-        names = [[str(p) for p in _candidates(root)]]
+        names = [[str(p) for p in storage.candidates(root)]]
     dist.broadcast_object_list(names, src=0)
-    for candidate in map(Path, names[0] or []):  # (the proof's fake broadcast leaves None on other ranks)
-        ok, why = verify(candidate, (rank, world))
+    for candidate in map(Path, names[0] or []):
+        ok, why = storage.verify(candidate, (rank, world))
         verdicts: list = [None] * world
         dist.all_gather_object(verdicts, None if ok else why)
         problem = next((v for v in verdicts if v is not None), None)
         if problem is None:
             if rank == 0:
-                _warn_unverified(candidate)
+                storage.resumed(candidate)
             return candidate
         if rank == 0:
-            where = set_aside(candidate)
+            where = storage.set_aside(candidate)
             print(
                 f"train: WARNING: skipping checkpoint {candidate}: {problem}; moved to {where}",
                 file=sys.stderr,
@@ -464,19 +595,18 @@ def latest_complete(root: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(path: Path, model, optimizer) -> dict:
+def load_checkpoint(path: Path, model, optimizer, storage: CheckpointStorage = CHECKPOINT_FOLDER) -> dict:
     """Restore model, optimizer and this rank's RNG; returns state.json (data position, step)."""
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, checkpoint_id=str(path), storage_reader=storage.reader(path, state))
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optim"])
-    rng_file = path / f"rng-rank-{dist.get_rank()}.pt"
-    if rng_file.exists():
-        rng = read_rng_state(rng_file)
+    rng = storage.read_rng(path, dist.get_rank())
+    if rng is not None:
         torch.set_rng_state(rng["torch"])
         if rng["cuda"]:
             torch.cuda.set_rng_state_all(rng["cuda"])
-    return json.loads((path / STATE).read_text())
+    return storage.read_state(path)
 
 
 def read_rng_state(path: Path) -> dict:

@@ -18,6 +18,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -385,7 +386,70 @@ def gather_full(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return tensor.detach().to(dtype)
 
 
-def write_sharded_safetensors(model, folder: Path, dtype: torch.dtype, max_shard_bytes: int) -> dict[str, str]:
+class ExportFiles(Protocol):
+    """Where final/'s bytes go; the collectives around them are `export_hf_folder`'s, the same whatever the
+    files. Methods marked rank 0 run there only."""
+
+    def begin(self, tmp: Path) -> None:
+        """Rank 0: a fresh, empty `final.tmp/`."""
+
+    def stream(self, path: Path, entries: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype) -> TensorStream:
+        """A safetensors file of `entries` (name, shape) in `dtype`, written tensor by tensor in that order."""
+
+    def write_json(self, path: Path, record: dict) -> None:
+        """Rank 0: a JSON file (the safetensors index)."""
+
+    def write_config(self, path: Path, config) -> None:
+        """Rank 0: the model's config.json."""
+
+    def copy(self, src: Path, dest: Path) -> None:
+        """Rank 0: a file carried beside the weights (the tokenizer's)."""
+
+    def publish(self, tmp: Path, final: Path) -> None:
+        """Rank 0: `tmp` renamed onto `final` (an earlier final/ replaced)."""
+
+
+class TensorStream(Protocol):
+    def write(self, tensor: torch.Tensor) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ExportFolder:
+    """ExportFiles in the run folder: final/ as export_hf_folder's docstring describes it."""
+
+    def begin(self, tmp: Path) -> None:
+        shutil.rmtree(tmp, ignore_errors=True)  # a killed export's leftovers (wattgate wrote them)
+        tmp.mkdir(parents=True)
+
+    def stream(self, path: Path, entries: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype) -> TensorStream:
+        return SafetensorsStream(path, entries, dtype)
+
+    def write_json(self, path: Path, record: dict) -> None:
+        write_json_atomic(path, record)
+
+    def write_config(self, path: Path, config) -> None:
+        config.to_json_file(str(path))
+
+    def copy(self, src: Path, dest: Path) -> None:
+        write_bytes_atomic(dest, src.read_bytes())
+
+    def publish(self, tmp: Path, final: Path) -> None:
+        if final.exists():  # a fresh name for the old final/: a user's own final.old/ is never touched
+            old = Path(tempfile.mkdtemp(prefix=".final.", suffix=".old", dir=final.parent))
+            os.replace(final, old / "final")
+            os.replace(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, final)
+
+
+EXPORT_FOLDER = ExportFolder()
+
+
+def write_sharded_safetensors(
+    model, folder: Path, dtype: torch.dtype, max_shard_bytes: int, files_to: ExportFiles = EXPORT_FOLDER
+) -> dict[str, str]:
     """Every rank takes part in each tensor's all-gather; file k is written by rank k % world.
 
     Returns the index's weight_map (tensor -> file). No rank holds more than one full tensor.
@@ -395,7 +459,7 @@ def write_sharded_safetensors(model, folder: Path, dtype: torch.dtype, max_shard
     names = export_file_names(len(files))
     for k, (name, entries) in enumerate(zip(names, files)):
         stream = (
-            SafetensorsStream(folder / name, [(e.name, e.shape) for e in entries], dtype) if k % world == rank else None
+            files_to.stream(folder / name, [(e.name, e.shape) for e in entries], dtype) if k % world == rank else None
         )
         full, of = None, None  # the last model tensor gathered: a stacked one's entries follow one another
         for e in entries:
@@ -416,40 +480,36 @@ def export_config(model, dtype: torch.dtype):
     return cfg
 
 
-def export_hf_folder(model, out: Path, dtype: torch.dtype, max_shard_bytes: int, extra_files) -> Path:
+def export_hf_folder(
+    model, out: Path, dtype: torch.dtype, max_shard_bytes: int, extra_files, files: ExportFiles = EXPORT_FOLDER
+) -> Path:
     """`out/final/`: sharded safetensors + index + config + `extra_files` (tokenizer), published atomically.
 
     Ranks write into `final.tmp/`; rank 0 renames it onto `final/` only when every file is
     complete, so a killed export leaves the previous final/ (or none), never a partial one.
     `extra_files` may be a callable returning the list: every rank calls it after the weights are written
     (train/export_files.py verifies the tokenizer there, the same answer on every rank, so none waits alone).
+    The bytes go through `files` (ExportFolder; the collective proof passes its own, which writes nothing).
     """
     rank = dist.get_rank()
     tmp, final = out / "final.tmp", out / "final"
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # a killed export's leftovers (wattgate wrote them)
-        tmp.mkdir(parents=True)
+        files.begin(tmp)
     dist.barrier()
-    weight_map = write_sharded_safetensors(model, tmp, dtype, max_shard_bytes)
+    weight_map = write_sharded_safetensors(model, tmp, dtype, max_shard_bytes, files)
     dist.barrier()
     if rank == 0:
         if len(set(weight_map.values())) > 1:
             total = sum(e.nbytes(dtype) for e in export_entries(model))
-            write_json_atomic(
+            files.write_json(
                 tmp / SAFETENSORS_INDEX,
                 {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
             )
-        export_config(model, dtype).to_json_file(str(tmp / "config.json"))
+        files.write_config(tmp / "config.json", export_config(model, dtype))
     extra_files = extra_files() if callable(extra_files) else extra_files
     if rank == 0:
         for src in extra_files:
-            write_bytes_atomic(tmp / src.name, src.read_bytes())
-        if final.exists():  # a fresh name for the old final/: a user's own final.old/ is never touched
-            old = Path(tempfile.mkdtemp(prefix=".final.", suffix=".old", dir=out))
-            os.replace(final, old / "final")
-            os.replace(tmp, final)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, final)
+            files.copy(src, tmp / src.name)
+        files.publish(tmp, final)
     dist.barrier()  # no rank leaves before the export is published
     return final
