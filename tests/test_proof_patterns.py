@@ -1,11 +1,11 @@
 """The collective proof over layer-type patterns (issue 31, item 4): layers that repeat with a period (Gemma 2
 alternates sliding and full attention, Gemma 3 is 5 sliding + 1 full) are dry-run as one period plus the
-remainder and scaled by whole periods; a Mixture-of-Experts model is refused in one line, before any dry run."""
+remainder and scaled by whole periods; a Mixture-of-Experts model is named by its config (its proof:
+tests/test_moe.py)."""
 
 import numpy as np
 import pytest
 
-from wattgate.gate.run import run_gate
 from wattgate.proof.depth import layer_pattern, proxy_depths
 from wattgate.proof.dryrun import dry_run_rank
 from wattgate.proof.prove import prove_collectives
@@ -76,27 +76,6 @@ def test_collectives_scale_by_whole_periods_exactly_as_a_full_depth_dry_run_coun
     assert full.layers == depth["layers"]
     for c in report["classes"]:
         assert c["collectives_at_depth"] == len(full.steps[c["first_step"] - 1]) > c["collectives"], c
-
-
-def test_a_mixture_of_experts_model_is_refused_in_one_line_before_any_dry_run(tmp_path, monkeypatch):
-    lengths = np.random.default_rng(5).integers(5, 60, 30).tolist()
-    plan, config = make_run(tmp_path, lengths, gpus=2, **CADENCE)
-    config["model"]["config"] = QWEN3_MOE
-
-    def no_dry_run(*args, **kwargs):
-        raise AssertionError("a MoE model was dry-run")
-
-    monkeypatch.setattr("wattgate.proof.prove.dry_run_rank", no_dry_run)
-    report = run_gate(config, tmp_path / "pretokenized", plan, tmp_path / "gate")
-    check = next(c for c in report["checks"] if c["name"] == "collectives")
-    assert not check["passed"] and not report["passed"] and "\n" not in check["detail"]
-    assert check["detail"].startswith(
-        "model.config (qwen3_moe) is a Mixture-of-Experts model (num_experts 4): "
-        "the collective proof does not cover expert routing"
-    )
-    assert "gate.collectives: false" in check["detail"]
-    assert report["collectives"]["ranks_run"] == 0 and not (tmp_path / "gate" / "PASSED").exists()
-    assert "is a Mixture-of-Experts model" in (tmp_path / "gate" / "gate.md").read_text()
 
 
 @pytest.mark.parametrize(

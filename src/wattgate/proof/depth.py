@@ -8,8 +8,9 @@ period p (1 when they are identical units; Gemma 2 alternates, p = 2; Gemma 3 is
 p = L when nothing repeats). With L = k p + r layers the proxy is one period plus the remainder (d = p + r
 layers: the pattern's first r layers end the real model too), rank 0 also runs d + p, and a step's count at
 depth L is count(d) + (k - 1) x (count(d + p) - count(d)). A model at most one period deeper than the proxy
-runs at its own depth. Not sound where a layer's collectives follow the data (Mixture-of-Experts: which experts
-get tokens, hence gradients, depends on the router): the proof refuses those before any dry run.
+runs at its own depth. A Mixture-of-Experts layer is one unit like any other: which experts its tokens reach
+moves no collective once every unit reduce-scatters all its parameters (train/moe.py), which the proof checks on
+a skewed routing (proof/experts.py).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
-MOE_MODULE = re.compile(r"Experts|Moe|MoE")  # Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock, GptOssExperts, ...
+from wattgate.train.moe import moe_reason
+
 NOT_PER_LAYER = re.compile(r"token_ids?$|^architectures$")  # lists that may have L entries by chance
 
 
@@ -75,17 +76,6 @@ def truncate_layers(config, depth: int) -> None:
         setattr(config, k, list(getattr(config, k))[:depth])
 
 
-def moe_reason(config, model) -> str | None:
-    """Why the model is a Mixture-of-Experts (its first config key that says so, or its expert modules), or None.
-    One key: configs alias them (Qwen3-MoE's num_local_experts is its num_experts)."""
-    for k in MOE_KEYS:
-        value = getattr(config, k, None)
-        if isinstance(value, int) and value > 0:
-            return f"{k} {value}"
-    kinds = sorted({type(m).__name__ for m in model.modules() if MOE_MODULE.search(type(m).__name__)})
-    return f"expert modules {', '.join(kinds)}" if kinds else None
-
-
 def _layer_signature(layer, entries: tuple) -> tuple:
     params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in layer.named_parameters())
     return (type(layer).__name__, params, entries)
@@ -127,15 +117,6 @@ def layer_pattern(model_cfg: dict) -> dict:
         "model": label,
         "why": why,
     }
-
-
-def moe_refusal(depth: dict) -> str:
-    """The one line the proof fails with for a Mixture-of-Experts model."""
-    return (
-        f"{depth['model']} is a Mixture-of-Experts model ({depth['moe']}): the collective proof does not cover "
-        "expert routing (which experts receive tokens, hence gradients and FSDP2's reduce-scatters, follows the "
-        "data, not the plan); set gate.collectives: false to run it unproven"
-    )
 
 
 def proxy_depths(depth: dict) -> tuple[int, int | None]:

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from wattgate.gpus import is_cpu
 from wattgate.proof.depth import truncate_layers
+from wattgate.proof.experts import prepare_dry_run_experts
 from wattgate.proof.record import Collective, CollectiveRecorder, _default_group, object_collectives
 from wattgate.train import loop as train_loop
 from wattgate.train.loop import Paths, Trainer, run_rank
@@ -53,6 +54,7 @@ class RankRecord:
     stop: list[Collective] = field(default_factory=list)  # a step at which every rank agreed to stop, to its end
     stop_step: int | None = None  # that step (0-based)
     layers: int = 0  # decoder layers in the proxy
+    experts: dict | None = None  # MoE: the experts' kernel in training and in this dry run, starved or not
 
 
 def proxy_model(model_cfg: dict, s: TrainSettings, mesh, on_gpu: bool, depth: int):
@@ -120,6 +122,9 @@ class DryRunTrainer(Trainer):
         p = self.proof
         model = proxy_model(self.config["model"], self.s, mesh, p["on_gpu"], p["depth"])
         p["record"].layers = int(model.config.num_hidden_layers)
+        # Mixture-of-Experts: a kernel fake tensors run, and on the skewed run no token reaching any expert
+        compute = torch.bfloat16 if p["on_gpu"] and self.s.mixed_precision else torch.float32
+        p["record"].experts = prepare_dry_run_experts(model, compute, p.get("starved", False))
         return model, "fake tensors (collective proof)"
 
     def load(self) -> None:
@@ -300,10 +305,11 @@ def byte_sinks(recorder: CollectiveRecorder):
 
 
 def dry_run_rank(
-    config: dict, paths: Paths, rank: int, steps: list[int], depth: int, replay: bool = True
+    config: dict, paths: Paths, rank: int, steps: list[int], depth: int, replay: bool = True, starved: bool = False
 ) -> RankRecord:
     """Rank `rank` of plan.json's world, from its plan to its export, on the fake process group (`replay`
-    False: every train step and validation pass runs, none replayed; for the tests that check the replay)."""
+    False: every train step and validation pass runs, none replayed; for the tests that check the replay; `starved`:
+    no token reaches any expert of an MoE model, proof/experts.py)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -324,6 +330,7 @@ def dry_run_rank(
         "beats": [],
         "replay": replay,
         "tapes": {},
+        "starved": starved,
     }
     proof["on_gpu"] = not is_cpu(config["cluster"]["gpu_model"])
     trainer_class = type("DryRunTrainer", (DryRunTrainer,), {"proof": proof})

@@ -3,8 +3,11 @@ step class, and prove that every rank issues the identical collective sequence a
 at the end, and that every rank's sequence of classes (from the plan) is the same.
 
 Both together mean every step of the run issues the same collectives on every rank, given the premise the dry
-run cannot check: a step's collectives depend on its class only, never on the data's values (true of dense
-decoders; not of MoE routing, where split sizes follow the tokens: docs/architecture.md).
+run cannot check: a step's collectives depend on its class only, never on the data's values. Dense decoders meet
+it as they are; a Mixture-of-Experts model, whose router decides which experts' parameters get gradients, meets it
+by construction (train/moe.py: every FSDP2 unit reduce-scatters all its parameters), and the proof checks that on
+the most skewed routing: rank 0 dry-run again with no token reaching any expert must issue the same collectives
+(proof/experts.py).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 
 from wattgate.errors import InputError
 from wattgate.proof.classes import class_divergence, classes_by_rank, first_steps
-from wattgate.proof.depth import layer_pattern, moe_refusal, proxy_depths, scaled_count
+from wattgate.proof.depth import layer_pattern, proxy_depths, scaled_count
 from wattgate.proof.dryrun import RankRecord, dry_run_rank
 from wattgate.proof.record import Collective, fingerprint
 from wattgate.proof.workers import run_tasks
@@ -127,8 +130,6 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     steps = first_steps(classes, first)
     labels = [{g: seq[g - first].label if g - first < len(seq) else "no step" for g in steps} for seq in classes]
     depth = layer_pattern(config["model"])
-    if depth["moe"]:  # before any dry run: a MoE step's collectives follow the router (and its fake run breaks)
-        return refused(world, depth, moe_refusal(depth), t0)
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="wattgate-proof-")) if own else Path(work)
     proxy, pair = proxy_depths(depth)
@@ -137,8 +138,12 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
         tasks = [(config, paths[r], r, steps, proxy) for r in range(world)]
         if pair is not None:  # rank 0 at one period more: each period's collectives
             tasks.append((config, Paths(Path(pretokenized), Path(plan_dir), work / "one-period-more"), 0, steps, pair))
+        if depth["moe"]:  # rank 0 again, no token reaching any expert: routing must move no collective
+            starved_paths = Paths(Path(pretokenized), Path(plan_dir), work / "starved")
+            tasks.append((config, starved_paths, 0, steps, proxy, True, True))
         done = run_tasks(dry_run_rank, tasks)
         records: list[RankRecord] = done[:world]
+        starved = done.pop() if depth["moe"] else None
         if pair is not None:
             depth["per_period"] = {g: len(done[-1].steps.get(g, [])) - len(records[0].steps.get(g, [])) for g in steps}
     finally:
@@ -168,6 +173,10 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     problems = []
     if coll_diff:
         problems.append(divergence_line(coll_diff))
+    if starved is not None:
+        report["moe"] = moe_section(records[0], starved, labels[0], depth)
+        if report["moe"]["divergence"]:
+            problems.append(starved_line(report["moe"]["divergence"], depth))
     if plan_diff:
         problems.append(
             f"rank {plan_diff['rank']}'s step {plan_diff['step']} is '{plan_diff['class']}' where rank 0's is "
@@ -180,26 +189,53 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     report["detail"] = "; ".join(problems) or (
         f"{world} ranks issue identical collectives in start-up, {n} step class(es), the export and a graceful stop "
         f"({sum(r['collectives'] for r in report['classes'])} collectives per rank over the classes at "
-        f"{report['proxy_layers']} proxy layers)"
+        f"{report['proxy_layers']} proxy layers)" + (moe_note(report["moe"]) if starved is not None else "")
     )
     report["elapsed_s"] = round(time.perf_counter() - t0, 2)
     return report
 
 
-def refused(world: int, depth: dict, line: str, t0: float) -> dict:
-    """The report of a proof refused before any dry run (a model whose collectives it cannot prove)."""
+def moe_section(routed: RankRecord, starved: RankRecord, labels: dict[int, str], depth: dict) -> dict:
+    """gate.json `collectives.moe`: the experts' kernel in training and in the dry run, and where rank 0's
+    collectives with no token reaching any expert first differ from its routed run's (None: nowhere)."""
+    diff = None
+    for (phase, step, seq), (_, _, ref) in zip(_phases(starved, labels), _phases(routed, labels)):
+        found = first_difference(seq, ref)
+        if found is not None:
+            i, expected, got = found
+            diff = {"phase": phase, "step": step, "index": i, "routed": expected, "starved": got}
+            break
+    kernel = routed.experts or {}
     return {
-        "passed": False,
-        "detail": line,
-        "world_size": world,
-        "ranks_run": 0,
-        "proxy_layers": 0,
-        "depth": depth,
-        "classes": [],
-        "divergence": None,
-        "class_divergence": None,
-        "elapsed_s": round(time.perf_counter() - t0, 2),
+        "why": depth["moe"],
+        "experts_kernel": {"training": kernel.get("training"), "dry_run": kernel.get("dry_run")},
+        "starved_rank": starved.rank,
+        "divergence": diff,
     }
+
+
+def starved_line(d: dict, depth: dict) -> str:
+    where = f"step {d['step']} (class {d['phase']})" if d.get("step") else d["phase"]
+    return (
+        f"{depth['model']} is a Mixture-of-Experts model ({depth['moe']}) whose collectives follow its routing: with "
+        f"no token reaching any expert, rank 0 issues {d['starved']} at {where}, collective #{d['index'] + 1}, where "
+        f"with its tokens routed it issues {d['routed']} (FSDP2 reduce-scatters only the parameters that got a "
+        "gradient; a rank whose router skips an expert would hang the others): every FSDP2 unit must reduce-scatter "
+        "all its parameters (train/moe.py)"
+    )
+
+
+def moe_note(moe: dict) -> str:
+    kernel = moe["experts_kernel"]
+    ran = (
+        f"experts kernel {kernel['dry_run']}"
+        if kernel["dry_run"] == kernel["training"]
+        else f"experts kernel {kernel['dry_run']} for training's {kernel['training']}, which fake tensors cannot run"
+    )
+    return (
+        f"; Mixture-of-Experts ({moe['why']}): rank {moe['starved_rank']} with no token reaching any expert issues the "
+        f"same collectives as with its tokens routed ({ran})"
+    )
 
 
 def safe_prove(config: dict, pretokenized: Path, plan_dir: Path) -> dict:
