@@ -27,11 +27,14 @@ CADENCE = dict(
 )
 
 
-def fake_pretokenized(path: Path, lengths, seed=0, vocab=96, validation_fraction=0.0) -> Path:
+def fake_pretokenized(path: Path, lengths, seed=0, vocab=96, validation_fraction=0.0, sources=None) -> Path:
+    """`sources`: (name, documents) in order (a mixture's sources); None: one source."""
     from wattgate.data.synthetic import write_random_pretokenized
 
     # several shards and row groups even for small corpora
-    return write_random_pretokenized(path, lengths, vocab, seed, shard_docs=7, validation_fraction=validation_fraction)
+    return write_random_pretokenized(
+        path, lengths, vocab, seed, shard_docs=7, validation_fraction=validation_fraction, sources=sources
+    )
 
 
 def train_config(**train) -> dict:
@@ -49,22 +52,29 @@ def train_config(**train) -> dict:
     return base
 
 
-def make_run(tmp: Path, lengths, gpus: int, seed=0, validation_fraction=0.0, **train) -> tuple[Path, dict]:
-    """Pretokenized data + plan + config file for a CPU run with `gpus` ranks."""
+def make_run(
+    tmp: Path, lengths, gpus: int, seed=0, validation_fraction=0.0, mixture=None, **train
+) -> tuple[Path, dict]:
+    """Pretokenized data + plan + config file for a CPU run with `gpus` ranks. `mixture`: data.inputs mappings
+    (`name` and a share each); the documents split over them in order by each one's `docs`."""
     import yaml
 
     from wattgate.config import validate_config
     from wattgate.pack.plan import build_plan
 
     pretok = tmp / "pretokenized"
+    sources = [(m["name"], m["docs"]) for m in mixture] if mixture else None
+    mixture = [{k: v for k, v in m.items() if k != "docs"} for m in mixture] if mixture else None
     if not pretok.exists():
-        fake_pretokenized(pretok, lengths, seed, validation_fraction=validation_fraction)
+        fake_pretokenized(pretok, lengths, seed, validation_fraction=validation_fraction, sources=sources)
+    data = {"data": {"inputs": mixture}} if mixture else {}
     config = validate_config(
         {
             "run_name": "t",
             "train": train_config(**train),
             "model": {"config": TINY},
             "cluster": {"nodes": 1, "gpus_per_node": gpus},
+            **data,
         }
     )
     plan = tmp / f"plan-{gpus}"

@@ -54,7 +54,8 @@ from wattgate.train.distributed import device_uuid, setup_rank
 from wattgate.train.export_files import check_tokenizer_present, export_extra_files
 from wattgate.train.launch import allocator_record
 from wattgate.identity import RESULT_SETTINGS, run_identity
-from wattgate.train.loss import summed_token_loss
+from wattgate.train.eval_sources import NO_SOURCES, read_eval_sources
+from wattgate.train.loss import summed_token_loss, token_losses
 from wattgate.train.metrics import (
     GIB,
     PhaseMemory,
@@ -302,6 +303,8 @@ class Trainer:
         self.sched, self.total, self.epoch_ends = sched, sched.total, list(sched.epoch_ends)
         self.steps = ([None] * self.first_step + grouped)[: self.total]
         self.eval_batches = eval_batches
+        # the held-out documents' sources (issue 33): with two or more, each pass reports a loss per source
+        self.eval_sources = read_eval_sources(self.paths.pretokenized) if eval_batches else NO_SOURCES
         steps = self.steps
         self.last_epoch = steps[-1][0].epoch if steps and steps[-1] else 0
         self.heartbeat.set_plan(self.total, self.epoch_ends)
@@ -316,7 +319,9 @@ class Trainer:
             self.device.type == "cuda",
             tensorboard=s.tensorboard,
         )
-        self.evals = EvalTable.resume(out / EVAL, self.start) if lead and eval_batches else None
+        self.evals = (
+            EvalTable.resume(out / EVAL, self.start, self.eval_sources.names) if lead and eval_batches else None
+        )
         if lead:
             print(
                 f"train: {self.world} rank(s) on {self.device.type}, {self.n_params / 1e6:.2f}M params from "
@@ -471,16 +476,23 @@ class Trainer:
 
     def evaluate(self, step: int, epoch: int) -> float:
         """A validation pass after `step`: every held-out document once, forward only; the loss is the summed
-        token losses over the all-reduced loss-token count (fp64), the same on every rank and every world size."""
+        token losses over the all-reduced loss-token count (fp64), the same on every rank and every world size;
+        with two or more held-out sources each source's too, in the same all-reduce (train/eval_sources.py)."""
         t0 = time.perf_counter()
         self.model.eval()
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        # [loss sum, loss tokens], then each source's sums and tokens (train/eval_sources.py): one all-reduce
+        totals = torch.zeros(self.eval_sources.size, dtype=torch.float64, device=self.device)
         self.eval_interrupted = False
         with torch.no_grad():
             for k, m in enumerate(self.eval_batches, 1):
                 self.heartbeat.beat(step, epoch, "eval", micro=k, micros=len(self.eval_batches))
                 batch = build_batch(self.store, m.packs, self.s.seq_len)
-                totals[0] += summed_token_loss(self.model, self.to_device(host_tensors(batch, self.pin)), self.s.loss)
+                tensors = self.to_device(host_tensors(batch, self.pin))
+                if self.eval_sources:
+                    where = self.eval_sources.positions(m.packs, self.s.seq_len)
+                    self.eval_sources.add(totals, token_losses(self.model, tensors, self.s.loss), batch.labels, where)
+                else:
+                    totals[0] += summed_token_loss(self.model, tensors, self.s.loss)
                 totals[1] += batch.num_loss_tokens
                 # a long pass checks for a stop every few micro-batches: every rank has the same count, so the
                 # check is a collective every rank reaches (the pass is abandoned and redone on resume)
@@ -508,6 +520,7 @@ class Trainer:
                 "loss": loss,
                 "perplexity": math.exp(min(loss, 700.0)),
                 "tokens": int(totals[1]),
+                **self.eval_sources.row(totals),
                 "seconds": time.perf_counter() - t0,
                 "time": time.time(),
             }

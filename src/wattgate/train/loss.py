@@ -51,6 +51,7 @@ LOSS_KINDS = ("chunked", "full")
 # and large enough that each chunk's matmuls keep a GPU busy (see the schema's description)
 DEFAULT_CHUNK_TOKENS = 1024
 ROOT_LOSS_METHOD = "wattgate_chunked_loss"
+ROOT_TOKEN_LOSSES_METHOD = "wattgate_chunked_token_losses"  # the validation pass's per-position losses
 LOGIT_TRANSFORM = "wattgate_logit_transform"  # logit_transform's answer, cached on the model
 LOSS_NOTICE = "wattgate_loss_notice"  # set once effective_loss_kind has said which loss the model trains on
 
@@ -165,6 +166,40 @@ def chunked_cross_entropy_sum(
     # no graph (validation): torch accumulates a "sum" in the input dtype (bf16 under mixed precision);
     # per-token losses summed here in fp32 keep the figure exact to fp32 at no extra matmul
     return F.linear_cross_entropy(flat, weight, target, reduction="none", **kwargs).float().sum()
+
+
+def chunked_cross_entropy_tokens(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_tokens: int,
+    bias: torch.Tensor | None = None,
+    transform: LogitTransform = PLAIN,
+) -> torch.Tensor:
+    """fp32 [tokens]: each row's cross_entropy(transform(hidden @ weight.T + bias)) against its target (0 where
+    the target is IGNORE), chunk_tokens rows at a time, without a graph: the validation pass's per-source sums.
+    For a plain or scaled head its sum is chunked_cross_entropy_sum's no-graph value, bit for bit."""
+    flat, target = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    scale = transform.scale
+    if scale is None:
+        return torch.cat(
+            [
+                F.cross_entropy(
+                    transform.apply(F.linear(flat[a : a + chunk_tokens], weight, bias).float()),
+                    target[a : a + chunk_tokens],
+                    ignore_index=IGNORE,
+                    reduction="none",
+                )
+                for a in range(0, flat.shape[0], chunk_tokens)
+            ]
+        )
+    if scale != 1.0:
+        flat = flat * scale
+        bias = None if bias is None else bias * scale
+    options = torch.nn.LinearCrossEntropyOptions(batch_chunk_size=chunk_tokens, chunking_method=None)
+    return F.linear_cross_entropy(
+        flat, weight, target, reduction="none", linear_bias=bias, ignore_index=IGNORE, options=options
+    ).float()
 
 
 def _chunk_loss(hidden, weight, bias, target, transform: LogitTransform) -> torch.Tensor:
@@ -437,16 +472,27 @@ def _root_chunked_loss(model, tensors: dict[str, torch.Tensor], chunk_tokens: in
     )
 
 
-def root_loss_method(model):
-    """model's bound chunked-loss method, made once; on an FSDP2 root it is registered as a forward method
-    (all-gather before, the root's resharding and backward hooks after), elsewhere it is a plain call."""
-    method = model.__dict__.get(ROOT_LOSS_METHOD)
+def _root_token_losses(model, tensors: dict[str, torch.Tensor], chunk_tokens: int) -> torch.Tensor:
+    """Per-position chunked losses from the model's own modules; under FSDP2 a forward method of the root."""
+    head = model.get_output_embeddings()
+    hidden = final_hidden(model, tensors)
+    transform = logit_transform(model)[0] or PLAIN
+    return chunked_cross_entropy_tokens(
+        hidden, head.weight, shifted_targets(tensors["labels"]), chunk_tokens, getattr(head, "bias", None), transform
+    )
+
+
+def root_loss_method(model, name: str = ROOT_LOSS_METHOD, body=_root_chunked_loss):
+    """model's bound chunked-loss method `name` (running `body`), made once; on an FSDP2 root it is registered as
+    a forward method (all-gather before, the root's resharding and backward hooks after), elsewhere it is a plain
+    call."""
+    method = model.__dict__.get(name)
     if method is None:
         from torch.distributed.fsdp import register_fsdp_forward_method
 
-        object.__setattr__(model, ROOT_LOSS_METHOD, types.MethodType(_root_chunked_loss, model))
-        register_fsdp_forward_method(model, ROOT_LOSS_METHOD)  # a no-op when model is not an FSDPModule
-        method = model.__dict__[ROOT_LOSS_METHOD]
+        object.__setattr__(model, name, types.MethodType(body, model))
+        register_fsdp_forward_method(model, name)  # a no-op when model is not an FSDPModule
+        method = model.__dict__[name]
     return method
 
 
@@ -459,3 +505,14 @@ def summed_token_loss(model, tensors: dict[str, torch.Tensor], settings: LossSet
     if effective_loss_kind(model, settings.kind) == "full":
         return loss_sum(forward_logits(model, tensors), tensors["labels"])
     return root_loss_method(model)(tensors, settings.chunk_tokens)
+
+
+def token_losses(model, tensors: dict[str, torch.Tensor], settings: LossSettings) -> torch.Tensor:
+    """fp32 [micro_batch_size x seq_len], no graph: position t's next-token cross-entropy (the loss of predicting
+    labels[t + 1] in its row; 0 where that label is IGNORE and at each row's end). The validation pass sums it per
+    source (train/eval_sources.py); for the chunked kind its sum is summed_token_loss's no-graph value."""
+    if effective_loss_kind(model, settings.kind) == "full":
+        logits = forward_logits(model, tensors)
+        targets = shifted_targets(tensors["labels"])
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="none")
+    return root_loss_method(model, ROOT_TOKEN_LOSSES_METHOD, _root_token_losses)(tensors, settings.chunk_tokens)

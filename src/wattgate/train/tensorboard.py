@@ -1,6 +1,7 @@
 """TensorBoard event files for a run's training curves (`train.tensorboard`, default true).
 
-Rank 0 writes one scalar per optimizer step for each tag in TAGS under `<run>/tensorboard/`
+Rank 0 writes one scalar per optimizer step for each tag in TAGS (and per validation pass one
+`eval/loss/<source>` for each held-out source, with two or more) under `<run>/tensorboard/`
 (`results/train/<run_name>/tensorboard/` under Snakemake), so `tensorboard --logdir results/train`
 shows every run side by side. metrics.parquet stays the record the report reads; these files are
 for watching a run live and comparing runs in the tool everyone already has open.
@@ -28,6 +29,9 @@ TAGS = {
     "eval/loss": "the validation pass's loss after this step: summed token losses / loss tokens over all ranks",
     "eval/perplexity": "exp(eval/loss)",
 }
+# with two or more held-out sources (a mixture, issue 33), per validation pass too: one source's summed token
+# losses / its loss tokens over all ranks (eval.parquet's `loss/<source>`)
+SOURCE_TAG = "eval/loss/{source}"
 FLUSH_SECS = 10  # a killed job loses at most this much of the curves
 
 
@@ -62,9 +66,12 @@ class TensorBoardLog:
         for tag, value in values.items():
             self.writer.add_scalar(tag, float(value), global_step=step)
 
-    def add_eval(self, step: int, *, loss: float, perplexity: float) -> None:
+    def add_eval(self, step: int, *, loss: float, perplexity: float, per_source: dict | None = None) -> None:
         self.writer.add_scalar("eval/loss", float(loss), global_step=step)
         self.writer.add_scalar("eval/perplexity", float(perplexity), global_step=step)
+        for source, value in (per_source or {}).items():
+            if value is not None:
+                self.writer.add_scalar(SOURCE_TAG.format(source=source), float(value), global_step=step)
         self.writer.flush()  # a pass is rare and worth having on disk at once
 
     def flush(self) -> None:
