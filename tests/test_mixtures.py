@@ -279,3 +279,85 @@ def test_a_manifest_without_a_source_range_fails_the_gate_not_with_a_traceback(p
     manifest = dict(inputs.manifest, source_docs=[{"name": "chat"}])
     check = verdicts(dataclasses.replace(inputs, manifest=manifest))["conservation"]
     assert not check.passed and "source 'domain' has no doc_id range" in check.detail
+
+
+# ---------------------------------------------------------------- seen: a validation loss per source
+
+
+def eval_rows(sources=("chat", "notes")):
+    """Three validation passes as train writes them with two held-out sources: chat's best pass is the second,
+    notes' the last."""
+    per_source = {"chat": [3.0, 2.5, 2.6], "notes": [4.0, 3.0, 2.0]}
+    rows = []
+    for k, step in enumerate((10, 20, 30)):
+        row = {"step": step, "epoch": 0, "loss": 3.0 - 0.2 * k, "perplexity": 1.0, "tokens": 300, "seconds": 0.1}
+        for name in sources:
+            row |= {f"loss/{name}": per_source[name][k], f"tokens/{name}": 200 if name == "chat" else 100}
+        rows.append(row | {"time": 1.0 + k})
+    return rows
+
+
+def test_eval_parquet_holds_each_source_after_the_whole_and_resumes_with_it(tmp_path):
+    from wattgate.run_files import EVAL_SCHEMA, EvalTable, eval_sources_of, read_eval
+
+    table = EvalTable(tmp_path / "eval.parquet", eval_rows(), ("chat", "notes"))
+    table.flush()
+    written = pq.read_schema(tmp_path / "eval.parquet")
+    assert written.names == [*EVAL_SCHEMA.names, "loss/chat", "tokens/chat", "loss/notes", "tokens/notes"]
+    assert eval_sources_of(read_eval(tmp_path).columns) == ["chat", "notes"]
+    resumed = EvalTable.resume(tmp_path / "eval.parquet", 20, ("chat", "notes"))
+    assert [r["step"] for r in resumed.rows] == [10, 20] and resumed.rows[1]["loss/chat"] == 2.5
+
+
+def test_trained_gives_each_source_its_final_and_best_validation_loss():
+    from wattgate.train.metrics import validation_summary
+
+    v = validation_summary(eval_rows(), 30, "last")
+    assert v["final_loss"] == pytest.approx(2.6) and v["best_step"] == 30
+    assert v["per_source"] == [
+        {"name": "chat", "final_loss": 2.6, "tokens": 200, "best_loss": 2.5, "best_step": 20},
+        {"name": "notes", "final_loss": 2.0, "tokens": 100, "best_loss": 2.0, "best_step": 30},
+    ]
+    assert "per_source" not in validation_summary(eval_rows(sources=()), 30, "last")  # one source: as before
+
+
+def test_tensorboard_writes_eval_loss_per_source(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from wattgate.run_files import MetricsTable
+    from wattgate.train.metrics import StepLog
+
+    log = StepLog(MetricsTable(tmp_path / "metrics.parquet"), 100, 1000, 2, "cpu", False)
+    for row in eval_rows():
+        log.record_eval(row)
+    log.close()
+    board = EventAccumulator(str(tmp_path / "tensorboard"))
+    board.Reload()
+    assert {"eval/loss", "eval/loss/chat", "eval/loss/notes"} <= set(board.Tags()["scalars"])
+    assert [(e.step, e.value) for e in board.Scalars("eval/loss/notes")] == [(10, 4.0), (20, 3.0), (30, 2.0)]
+
+
+def test_the_report_draws_and_tabulates_a_validation_curve_per_source():
+    import pandas as pd
+
+    from wattgate.report.figures import SOURCE_COLORS, loss_figure
+    from wattgate.report.html import validation_section as validation_html
+    from wattgate.report.steps import validation_section
+
+    evals = pd.DataFrame(eval_rows())
+    section = validation_section(evals)
+    assert section["sources"] == ["chat", "notes"]
+    assert section["final"]["per_source"] == {"chat": 2.6, "notes": 2.0}
+    svg = loss_figure(None, evals)
+    for name, color in zip(("chat", "notes"), SOURCE_COLORS):
+        assert f'stroke="{color}" stroke-width="1.6" stroke-dasharray="5 3"' in svg
+        assert f"<title>validation: {name}</title>" in svg and f">validation: {name}</text>" in svg
+    page = validation_html({"validation": section})
+    assert '<th class="n">loss: chat</th>' in page and '<th class="n">loss: notes</th>' in page
+    # one source: the figure and the table as before, no per-source curve or column
+    single = pd.DataFrame(eval_rows(sources=()))
+    assert "stroke-dasharray" not in loss_figure(None, single)
+    plain = validation_section(single)
+    assert "sources" not in plain and "per_source" not in plain["final"]
+    assert "loss: " not in validation_html({"validation": plain})

@@ -17,6 +17,7 @@ from html import escape
 import numpy as np
 
 from wattgate.report.phases import PHASE_COLORS
+from wattgate.run_files import eval_sources_of, source_loss_column
 from wattgate.report.stragglers import lag_figure
 from wattgate.report.summary import Analysis
 from wattgate.report.svg import (
@@ -373,10 +374,44 @@ def _area_d(box: Box, x: np.ndarray, y: np.ndarray, step_pre: bool) -> str:
 
 
 TRAIN_COLOR, VALIDATION_COLOR = "#444", "#c0392b"
+# one per held-out source's validation curve (dashed), in the sources' order, repeating past the eighth
+SOURCE_COLORS = ("#2471a3", "#229954", "#b9770e", "#7d3c98", "#17a589", "#a04000", "#5d6d7e", "#d4ac0d")
+LEGEND_STEP, LEGEND_CHAR = 130, 7  # px: the least room a legend entry takes, and about a character's at 11 px
+
+
+def legend_row(box: Box, entries: list[tuple[str, str]]) -> str:
+    """A line mark and a name per (name, color), left to right from the plot's top left corner, wrapping to a
+    new row of 14 px where the plot's width ends."""
+    out, x, y = [], 0, 0
+    for name, color in entries:
+        step = max(LEGEND_STEP, 26 + LEGEND_CHAR * len(name))
+        if x and box.left + 10 + x + step > box.left + box.width:
+            x, y = 0, y + 14
+        out.append(
+            f'<rect x="{box.left + 10 + x}" y="{20 + y}" width="12" height="3" fill="{color}"/>'
+            f'<text x="{box.left + 26 + x}" y="{25 + y}" font-size="11">{escape(name)}</text>'
+        )
+        x += step
+    return "".join(out)
+
+
+def source_curves(evals, has_eval: bool) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(source, steps, losses) of each held-out source's validation curve: eval.parquet's `loss/<source>`
+    columns (with two or more sources), passes without a value left out."""
+    if not has_eval:
+        return []
+    out = []
+    for name in eval_sources_of(evals.columns):
+        x = evals["step"].to_numpy(float)
+        y = evals[source_loss_column(name)].to_numpy(float, na_value=np.nan)
+        keep = np.isfinite(y)
+        out.append((name, x[keep], y[keep]))
+    return out
 
 
 def loss_figure(steps, evals=None) -> str | None:
-    """Training loss per step and, on the same axes, the validation loss of every pass (eval.parquet)."""
+    """Training loss per step and, on the same axes, the validation loss of every pass (eval.parquet), with
+    each held-out source's own validation curve (dashed) when there are two or more."""
     has_train = steps is not None and "loss" in steps and steps["loss"].notna().any()
     has_eval = evals is not None and len(evals) and evals["loss"].notna().any()
     if not has_train and not has_eval:
@@ -388,7 +423,9 @@ def loss_figure(steps, evals=None) -> str | None:
         x, y = (edges[:-1] + edges[1:]) / 2, bin_mean(x, y, edges)
     ex = evals["step"].to_numpy(float) if has_eval else np.zeros(0)
     ey = evals["loss"].to_numpy(float) if has_eval else np.zeros(0)
-    all_x, all_y = np.r_[x, ex], np.r_[y, ey]
+    curves = source_curves(evals, has_eval)
+    all_x = np.concatenate([x, ex, *(cx for _, cx, _ in curves)])
+    all_y = np.concatenate([y, ey, *(cy for _, _, cy in curves)])
     x0, x1 = padded(float(np.nanmin(all_x)), float(np.nanmax(all_x)))
     y0, y1 = padded(float(np.nanmin(all_y)), float(np.nanmax(all_y)))
     yt, yl = nice_ticks(y0, y1, 6)
@@ -405,17 +442,22 @@ def loss_figure(steps, evals=None) -> str | None:
         px, py = box.px(ex[order]), box.py(ey[order])
         line += f'<path d="{path_d(px, py)}" stroke="{VALIDATION_COLOR}" stroke-width="2" fill="none"/>'
         line += dots(px, py, VALIDATION_COLOR, 5)
-    legend = "".join(
-        f'<rect x="{box.left + 10 + 130 * i}" y="20" width="12" height="3" fill="{color}"/>'
-        f'<text x="{box.left + 26 + 130 * i}" y="25" font-size="11">{name}</text>'
-        for i, (name, color) in enumerate(
-            [
-                (n, c)
-                for n, c, shown in (("training", TRAIN_COLOR, len(x)), ("validation", VALIDATION_COLOR, len(ex)))
-                if shown
-            ]
+    entries = [
+        (n, c)
+        for n, c, shown in (("training", TRAIN_COLOR, len(x)), ("validation", VALIDATION_COLOR, len(ex)))
+        if shown
+    ]
+    for i, (name, cx, cy) in enumerate(curves):
+        color = SOURCE_COLORS[i % len(SOURCE_COLORS)]
+        order = np.argsort(cx)
+        px, py = box.px(cx[order]), box.py(cy[order])
+        line += (
+            f'<path d="{path_d(px, py)}" stroke="{color}" stroke-width="1.6" stroke-dasharray="5 3" fill="none">'
+            f"<title>{escape(f'validation: {name}')}</title></path>"
         )
-    )
+        line += dots(px, py, color, 4)
+        entries.append((f"validation: {name}", color))
+    legend = legend_row(box, entries)
     body = [
         x_grid(box, xt),
         y_grid(box, yt),

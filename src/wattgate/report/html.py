@@ -268,18 +268,26 @@ def validation_section(s: dict) -> str:
     if not v:
         return ""
     best = (v.get("best") or {}).get("step")
+    sources = v.get("sources") or []  # two or more held-out sources: each one's loss beside the whole's
     rows = [
         [
             f"{r['step']}" + (" (best)" if r["step"] == best else ""),
             r["epoch"],
             fmt(r["loss"], 4),
+            *(fmt((r.get("per_source") or {}).get(name), 4) for name in sources),
             fmt(r["perplexity"], 4),
             r["tokens"],
             duration(r["seconds"]),
         ]
         for r in v["passes"]
     ]
-    body = table(["after step", "epoch", "loss", "perplexity", "tokens", "time"], rows, {1, 2, 3, 4})
+    heads = ["after step", "epoch", "loss", *(f"loss: {name}" for name in sources), "perplexity", "tokens", "time"]
+    body = table(heads, rows, set(range(1, 5 + len(sources))))
+    if sources:
+        body += note(
+            "loss: every held-out document; loss: <source>: that source's held-out documents alone (its summed "
+            "token losses / its loss tokens, over every rank)."
+        )
     return section("validation", "Validation", body)
 
 
@@ -351,6 +359,11 @@ def render_page(s: dict, figures: dict[str, str | None], panels_shown: int) -> s
                 "no loss in metrics.parquet (or no metrics)",
                 "Training loss per step (grey) and validation loss after each pass (red), both token-weighted over "
                 "every rank."
+                + (
+                    " Dashed: each source's own validation loss (its held-out documents alone)."
+                    if (s.get("validation") or {}).get("sources")
+                    else ""
+                )
                 if s.get("validation")
                 else "",
             ),

@@ -13,6 +13,7 @@ import pandas as pd
 
 from wattgate.report.anomalies import group_codes
 from wattgate.report.inputs import RunInputs
+from wattgate.run_files import eval_sources_of, source_loss_column
 
 
 def num(x, digits: int = 6):
@@ -164,22 +165,28 @@ def validation_section(evals: pd.DataFrame | None) -> dict | None:
     """The validation passes (eval.parquet) for summary.json and the page: every pass, the final and the best."""
     if evals is None or not len(evals):
         return None
-    rows = [
-        {
-            "step": int(r.step),
-            "epoch": int(r.epoch),
-            "loss": num(r.loss),
-            "perplexity": num(r.perplexity),
-            "tokens": int(r.tokens),
-            "seconds": num(r.seconds, 3),
+    sources = eval_sources_of(evals.columns)  # two or more held-out sources (issue 33): a loss per source too
+    rows = []
+    for r in evals.sort_values("step").to_dict("records"):
+        row = {
+            "step": int(r["step"]),
+            "epoch": int(r["epoch"]),
+            "loss": num(r["loss"]),
+            "perplexity": num(r["perplexity"]),
+            "tokens": int(r["tokens"]),
+            "seconds": num(r["seconds"], 3),
         }
-        for r in evals.sort_values("step").itertuples()
-    ]
+        if sources:
+            row["per_source"] = {name: num(r[source_loss_column(name)]) for name in sources}
+        rows.append(row)
     scored = [r for r in rows if r["loss"] is not None]
     best = min(scored, key=lambda r: (r["loss"], -r["step"])) if scored else None
-    return {
+    out = {
         "passes": rows,
         "final": rows[-1],
         "best": best,
         "seconds": num(float(evals["seconds"].sum()), 3),
     }
+    if sources:
+        out["sources"] = sources
+    return out
