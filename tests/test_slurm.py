@@ -147,6 +147,7 @@ def test_two_node_train_job_through_snakemake_profile_slurm(cluster, slurm_workf
     assert sorted(finished_rules(proc)) == sorted(
         [
             "demo_corpus",
+            "demo_notes",
             "train_tokenizer",
             "pretokenize",
             "pack_and_balance",

@@ -339,6 +339,15 @@ def test_embedded_default_end_to_end_learns(tmp_path_factory):
     assert "No GPU telemetry on this host" in page and "Loss" in page
     report = json.loads((work / "results/report/demo/summary.json").read_text())
     assert report["tokens"] > 0 and report["watcher"]["verdict"] == "healthy"
+    # the default is a two-source mixture: each source's validation curve, in the report and in TensorBoard
+    assert report["validation"]["sources"] == ["chat", "notes"]
+    assert "<title>validation: chat</title>" in page and "<title>validation: notes</title>" in page
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(work / "results/train/demo/tensorboard"))
+    board.Reload()
+    passes = len(report["validation"]["passes"])
+    assert passes >= 2 and all(len(board.Scalars(f"eval/loss/{n}")) == passes for n in ("chat", "notes"))
     # measured memory per phase beside the gate's estimate of the same phase
     assert "Memory: measured and estimated" in page
     memory = {r["phase"]: r for r in report["memory"]["phases"]}

@@ -9,6 +9,7 @@ from wattgate.config import input_paths  # data.inputs as paths (mixture sources
 
 localrules:
     demo_corpus,
+    demo_notes,
     train_tokenizer,
 
 
@@ -26,6 +27,23 @@ rule demo_corpus:
         settings=config["demo_corpus"],
     shell:
         "wattgate demo-corpus --config {params.config:q} --out {output:q} > {log:q} 2>&1"
+
+
+# the embedded default's second source (a two-source mixture): generated plain-text notes
+rule demo_notes:
+    output:
+        f"{CORPUS_DIR}/demo-notes.jsonl",
+    log:
+        f"{CORPUS_DIR}/demo_notes.log",
+    benchmark:
+        f"{CORPUS_DIR}/demo_notes.benchmark.tsv"
+    conda:
+        WATTGATE_ENV
+    params:
+        config=RUN_CONFIG,
+        settings=config["demo_corpus"],
+    shell:
+        "wattgate demo-corpus --kind notes --config {params.config:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule train_tokenizer:

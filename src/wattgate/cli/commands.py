@@ -9,11 +9,13 @@ from wattgate.errors import EXIT_STOPPED, InputError, StageFailed
 
 
 def _demo_corpus(args, config) -> None:
-    from wattgate.data.demo_corpus import write_demo_corpus
+    from wattgate.data.demo_corpus import KINDS, write_demo_corpus
 
     c = config["demo_corpus"]
-    n = write_demo_corpus(args.out, c["num_docs"], c["seed"], c["max_turns"])
-    print(f"demo-corpus: {n} conversations -> {args.out}")
+    kind = getattr(args, "kind", "chat")
+    docs = c["num_docs"] if kind == "chat" else c["notes_docs"] or max(1, c["num_docs"] // 4)
+    n = write_demo_corpus(args.out, docs, c["seed"], c["max_turns"], kind)
+    print(f"demo-corpus: {n} {KINDS[kind]} -> {args.out}")
 
 
 def _train_tokenizer(args, config) -> None:

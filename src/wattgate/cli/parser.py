@@ -121,7 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    stage("demo-corpus", _demo_corpus, "write the seeded demo chat corpus (JSONL)")
+    p = stage("demo-corpus", _demo_corpus, "write a seeded demo corpus (JSONL): chat, or plain-text notes")
+    p.add_argument(
+        "--kind",
+        choices=("chat", "notes"),
+        default="chat",
+        help="chat: conversations (demo_corpus.num_docs); notes: plain-text paragraphs (demo_corpus.notes_docs)",
+    )
     p = stage("train-tokenizer", _train_tokenizer, "train a byte-level BPE tokenizer on the corpus")
     p.add_argument("--corpus", nargs="+", type=Path, help="corpus files (default: data.inputs)")
     p = stage("pretokenize", _pretokenize, "tokenize the corpus into Arrow shards")

@@ -1,11 +1,16 @@
-"""A seeded synthetic chat corpus that a tiny model can learn in minutes on a CPU.
+"""Seeded synthetic corpora that a tiny model can learn in minutes on a CPU: the embedded default's two sources.
 
-Tasks are algorithmic (addition, multiplication, string reversal, sorting,
-counting), so learning is measurable: the loss on assistant tokens falls well
-below the entropy of the answers' alphabet. Lengths are heavy-tailed — most
-conversations are one short turn, a few are long multi-turn ones with large
-operands — so that packing has real work to do and a few documents exceed
-`seq_len` (exercising the overlong policy).
+`chat` (demo.jsonl): tasks are algorithmic (addition, multiplication, string
+reversal, sorting, counting), so learning is measurable: the loss on assistant
+tokens falls well below the entropy of the answers' alphabet. Lengths are
+heavy-tailed — most conversations are one short turn, a few are long multi-turn
+ones with large operands — so that packing has real work to do and a few
+documents exceed `seq_len` (exercising the overlong policy).
+
+`notes` (demo-notes.jsonl): plain text (the `text` field, trained on every
+token), short paragraphs of templated facts whose numbers follow from the words
+(sums, arithmetic sequences, weekdays, comparisons, the alphabet): another kind
+of text with its own, different validation curve, as a mixture's second source.
 """
 
 from __future__ import annotations
@@ -78,6 +83,53 @@ def generate(num_docs: int, seed: int, max_turns: int) -> list[dict]:
     return [make_conversation(rng, max_turns) for _ in range(num_docs)]
 
 
+_NAMES = ("Ada", "Ben", "Cleo", "Dan", "Eve", "Finn", "Gus", "Hana")
+_THINGS = ("apple", "book", "coin", "stone", "shell", "card")
+_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+
+
+def _note_sum(rng: random.Random) -> str:
+    name, other = rng.sample(_NAMES, 2)
+    thing, a, b = rng.choice(_THINGS), rng.randrange(1, 20), rng.randrange(1, 20)
+    return f"{name} has {a} {thing}s. {other} gives {name} {b} more, so {name} now has {a + b} {thing}s."
+
+
+def _note_sequence(rng: random.Random) -> str:
+    start, step = rng.randrange(0, 50), rng.randrange(1, 10)
+    terms = [start + k * step for k in range(5)]
+    return f"The sequence {', '.join(map(str, terms[:4]))} grows by {step}, so the next number is {terms[4]}."
+
+
+def _note_weekday(rng: random.Random) -> str:
+    day, k = rng.randrange(7), rng.randrange(1, 7)
+    return f"{k} days after {_DAYS[day]} comes {_DAYS[(day + k) % 7]}."
+
+
+def _note_compare(rng: random.Random) -> str:
+    a, b = rng.sample(range(100), 2)
+    return f"{a} is {'larger' if a > b else 'smaller'} than {b}."
+
+
+def _note_letter(rng: random.Random) -> str:
+    k = rng.randrange(25)
+    return f"In the alphabet the letter {_LETTERS[k]} comes before {_LETTERS[k + 1]}."
+
+
+NOTES = (_note_sum, _note_sequence, _note_weekday, _note_compare, _note_letter)
+
+
+def generate_notes(num_docs: int, seed: int) -> list[dict]:
+    """`num_docs` plain-text paragraphs of heavy-tailed length (one to a dozen facts each)."""
+    rng = random.Random(f"notes:{seed}")  # its own stream: the chat corpus of the same seed does not move it
+    return [
+        {"text": " ".join(rng.choice(NOTES)(rng) for _ in range(_heavy_tail(rng, alpha=1.2, cap=12)))}
+        for _ in range(num_docs)
+    ]
+
+
+KINDS = {"chat": "conversations", "notes": "notes"}
+
+
 # every record says where it came from (pretokenize reads only the text and messages fields), so a rerun
 # knows an earlier demo corpus from a user's corpus at the same --out
 SOURCE = {"source": "wattgate demo-corpus"}
@@ -89,12 +141,13 @@ def is_demo_corpus(path: Path) -> bool:
     return isinstance(first, dict) and first.get("source") == SOURCE["source"]
 
 
-def write_demo_corpus(out: str | Path, num_docs: int, seed: int, max_turns: int) -> int:
+def write_demo_corpus(out: str | Path, num_docs: int, seed: int, max_turns: int, kind: str = "chat") -> int:
+    """The `kind` corpus (chat or notes) as JSONL at `out`; returns its number of documents."""
     check_file_output(out, "demo-corpus", is_demo_corpus)  # a user's corpus there is never overwritten
     # the corpus is JSONL, and the readers go by the name: one that says Parquet or gzip would be misread
     if not Path(out).name.lower().endswith(".jsonl"):
         raise InputError(f"{out}: demo-corpus writes plain JSONL; give --out a name ending in .jsonl")
-    docs = generate(num_docs, seed, max_turns)
+    docs = generate(num_docs, seed, max_turns) if kind == "chat" else generate_notes(num_docs, seed)
     with atomic_path(out) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for doc in docs:
             f.write(json.dumps(doc | SOURCE, ensure_ascii=False) + "\n")
