@@ -97,8 +97,9 @@ def read_eval_sources(pretokenized: Path) -> EvalSources:
     """The held-out documents' sources (NO_SOURCES: no split, shards without a `source` column, or one source)."""
     manifest, _ = read_manifest(pretokenized)
     held = read_validation_ids(pretokenized, manifest)
-    if not len(held):
-        return NO_SOURCES
+    ranges, split = manifest.get("source_docs"), manifest.get("validation") or {}
+    if not len(held) or (isinstance(ranges, list) and len(ranges) + len(split.get("inputs") or ()) < 2):
+        return NO_SOURCES  # one source at most: no shard needs reading
     num_docs = int(manifest["num_docs"])
     source_of = np.full(num_docs, -1, dtype=np.int64)  # index into `names`, by doc_id
     loss_tokens = np.zeros(num_docs, dtype=np.int64)
