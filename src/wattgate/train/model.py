@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from wattgate.errors import InputError
+from wattgate.train.packed_masks import install_packed_masks
 
 
 def model_hf_config(model_cfg: dict):
@@ -76,6 +77,7 @@ def build_meta_model(model_cfg: dict, attn_implementation: str):
         raise InputError(f"model: transformers cannot build {kind} with {attn_implementation} ({msg})") from None
     # FSDP2 renames the class (FSDPQwen3ForCausalLM); the export names the real one
     model.config.architectures = [type(model).__name__]
+    install_packed_masks(model)  # a decoder whose masks ignore position_ids (GPT-OSS) gets them from here
     return model
 
 
@@ -122,6 +124,7 @@ def parallelize(
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    install_packed_masks(model)  # as build_meta_model does (the proof's dry run builds its own model)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     if compile:
