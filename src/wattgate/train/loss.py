@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from wattgate.errors import InputError
 from wattgate.train.attention import packed_model_inputs
 from wattgate.train.data import IGNORE, Batch, host_tensors
+from wattgate.train.moe import aux_notice, gradient_only, router_aux, router_aux_term
 
 LOSS_KINDS = ("chunked", "full")
 # 1024 rows x 151,936 vocab is 0.62 GB of fp32 logits per chunk: small next to a step's activations,
@@ -108,11 +109,26 @@ def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def final_hidden(model, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The decoder's output after its final norm, [B, S, H], with the same packed inputs as forward_logits."""
+def final_hidden(model, tensors: dict[str, torch.Tensor], router_logits: list | None = None) -> torch.Tensor:
+    """The decoder's output after its final norm, [B, S, H], with the same packed inputs as forward_logits;
+    `router_logits` (a list) gets an MoE decoder's router logits of every layer appended."""
     inputs = packed_model_inputs(tensors["input_ids"], tensors["position_ids"], model.config._attn_implementation)
-    hidden = model.get_decoder()(**inputs, use_cache=False).last_hidden_state
+    if router_logits is not None:
+        inputs["output_router_logits"] = True
+    out = model.get_decoder()(**inputs, use_cache=False)
+    if router_logits is not None:
+        router_logits.extend(out.router_logits)
+    hidden = out.last_hidden_state
     return hidden.view(*tensors["input_ids"].shape, hidden.shape[-1])
+
+
+def with_router_term(model, loss: torch.Tensor, router_logits, labels: torch.Tensor) -> torch.Tensor:
+    """`loss` carrying the gradient of an MoE model's router load-balancing term (train/moe.py router_aux_term,
+    weighted by this micro-batch's loss tokens) and not its value: the reported losses stay the token loss."""
+    if not router_logits:
+        return loss
+    tokens = (labels[:, 1:] != IGNORE).sum()
+    return gradient_only(loss, router_aux_term(model, router_logits, tokens))
 
 
 @dataclass(frozen=True)
@@ -465,11 +481,13 @@ def effective_loss_kind(model, requested: str) -> str:
 def _root_chunked_loss(model, tensors: dict[str, torch.Tensor], chunk_tokens: int) -> torch.Tensor:
     """The chunked loss from the model's own modules; under FSDP2 the body of the root's forward method."""
     head = model.get_output_embeddings()
-    hidden = final_hidden(model, tensors)
+    router_logits = [] if torch.is_grad_enabled() and router_aux(model) is not None else None
+    hidden = final_hidden(model, tensors, router_logits)
     transform = logit_transform(model)[0] or PLAIN  # (None: summed_token_loss took the full kind)
-    return chunked_cross_entropy_sum(
+    loss = chunked_cross_entropy_sum(
         hidden, head.weight, shifted_targets(tensors["labels"]), chunk_tokens, getattr(head, "bias", None), transform
     )
+    return with_router_term(model, loss, router_logits, tensors["labels"])
 
 
 def _root_token_losses(model, tensors: dict[str, torch.Tensor], chunk_tokens: int) -> torch.Tensor:
@@ -502,7 +520,14 @@ def summed_token_loss(model, tensors: dict[str, torch.Tensor], settings: LossSet
     Works with a plain model and an FSDP2-sharded one, with and without a graph (the training step
     and the validation forward under torch.no_grad()).
     """
+    aux_notice(model)  # an MoE model with output_router_logits: its router term is trained too (train/moe.py)
     if effective_loss_kind(model, settings.kind) == "full":
+        if torch.is_grad_enabled() and router_aux(model) is not None:
+            kernel = model.config._attn_implementation
+            inputs = packed_model_inputs(tensors["input_ids"], tensors["position_ids"], kernel)
+            out = model(**inputs, use_cache=False, output_router_logits=True)
+            logits = out.logits.view(*tensors["input_ids"].shape, out.logits.shape[-1])
+            return with_router_term(model, loss_sum(logits, tensors["labels"]), out.router_logits, tensors["labels"])
         return loss_sum(forward_logits(model, tensors), tensors["labels"])
     return root_loss_method(model)(tensors, settings.chunk_tokens)
 
