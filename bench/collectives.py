@@ -52,7 +52,8 @@ def default_plan(work: Path) -> tuple[dict, Path, Path]:
 
     c = str(ROOT / "config" / "config.yaml")
     cli("demo-corpus", "--config", c, "--out", "results/corpus/demo.jsonl", cwd=work)
-    cli("train-tokenizer", "--config", c, "--corpus", "results/corpus/demo.jsonl", "--out", "tok", cwd=work)
+    cli("demo-corpus", "--kind", "notes", "--config", c, "--out", "results/corpus/demo-notes.jsonl", cwd=work)
+    cli("train-tokenizer", "--config", c, "--out", "tok", cwd=work)  # on data.inputs: both sources
     cli("pretokenize", "--config", c, "--tokenizer", "tok", "--out", "pretok", cwd=work)
     cli("pack", "--config", c, "--pretokenized", "pretok", "--out", "plan", cwd=work)
     config = validate_config(yaml.safe_load(Path(c).read_text()), source=c)
