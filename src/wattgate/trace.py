@@ -431,7 +431,8 @@ def read_trace_chunks(path: str | os.PathLike, columns: list[str], rows: int) ->
 
         return trace_meta(pq.read_schema(first), path), stitched()
     try:
-        pf = pq.ParquetFile(path, read_dictionary=["host"] if "host" in columns else None)
+        # mapped, not read into buffers of its own: the row groups are decoded straight from the page cache
+        pf = pq.ParquetFile(path, read_dictionary=["host"] if "host" in columns else None, memory_map=True)
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
     _check_columns(path, pf.schema_arrow.names)
@@ -439,7 +440,10 @@ def read_trace_chunks(path: str | os.PathLike, columns: list[str], rows: int) ->
 
     def batches():
         try:
-            for batch in pf.iter_batches(batch_size=rows, columns=have):
+            # the columns one after another on the thread that asks: a reader that reduces the batches as they
+            # come reads on a thread of its own already (power/triage/windows.py), and Arrow's pool on top cost
+            # more CPU time than it saved
+            for batch in pf.iter_batches(batch_size=rows, columns=have, use_threads=False):
                 for name in columns:
                     if name not in batch.schema.names:  # an optional column the trace lacks
                         typ = TRACE_SCHEMA.field(name).type

@@ -11,14 +11,35 @@ import importlib
 from collections.abc import Iterator
 
 import numpy as np
+import pyarrow as pa
 
 
 @contextlib.contextmanager
 def small_pages() -> Iterator[None]:
-    """Within: numpy does not ask the kernel for transparent huge pages for its big arrays. numpy madvises every
-    array of 4 MB or more; where THP defrag is `madvise` (these VMs) the first touch of such an array may compact
-    memory in the kernel, and triage + report allocate hundreds of them: bench/report.py's day spent ~1.0 s of
-    system time in page faults with them, ~0.46 s without. Nothing changes but where the pages come from."""
+    """Within: neither numpy nor Arrow asks the kernel for transparent huge pages for its big arrays. numpy
+    madvises every array of 4 MB or more; where THP defrag is `madvise` (these VMs) the first touch of such an
+    array may compact memory in the kernel, and triage + report allocate hundreds of them: bench/report.py's day
+    spent ~1.0 s of system time in page faults with them, ~0.46 s without. Arrow's default pool (mimalloc) does
+    the same for the buffers a Parquet trace decodes into and hands freed ones back, so every row group zeroed
+    fresh 2 MB pages: a quarter of triage's reading time; within, Arrow allocates from the system allocator
+    (Arrow's buffers remember their pool, so one made before or after is freed where it came from). Nothing
+    changes but where the pages come from."""
+    with _plain_arrow_pool(), _numpy_small_pages():
+        yield
+
+
+@contextlib.contextmanager
+def _plain_arrow_pool() -> Iterator[None]:
+    before = pa.default_memory_pool()
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(before)
+
+
+@contextlib.contextmanager
+def _numpy_small_pages() -> Iterator[None]:
     core = None
     for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
         with contextlib.suppress(ImportError):
