@@ -42,6 +42,9 @@ class ModelSpec:
     tied_embeddings: bool
     num_experts: int = 0
     expert_intermediate_size: int = 0
+    experts_per_token: int = 0  # the router's top k
+    dense_layers: int = 0  # an MoE model's layers with a dense MLP instead (Qwen3-MoE mlp_only_layers, sparse step)
+    attention_bias: bool = False  # biases on q, k, v and o (GPT-OSS)
 
     @classmethod
     def from_hf_config(cls, cfg: dict, source: str) -> ModelSpec:
@@ -59,6 +62,9 @@ class ModelSpec:
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
                 expert_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0),
+                experts_per_token=int(cfg.get("num_experts_per_tok") or 0),
+                dense_layers=_dense_layers(cfg),
+                attention_bias=bool(cfg.get("attention_bias", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"{source}: model config lacks a decoder shape ({exc}); cannot estimate memory") from None
@@ -71,15 +77,30 @@ class ModelSpec:
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    @property
-    def layer_params(self) -> int:
+    def _attention_params(self) -> int:
         h = self.hidden_size
         attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h + 2 * self.head_dim
+        if self.attention_bias:
+            attn += self.q_dim + 2 * self.kv_dim + h
+        return attn + 2 * h  # and the two norms
+
+    @property
+    def layer_params(self) -> int:
+        """One decoder layer's parameters; for an MoE model every expert of it (FSDP2 gathers them all), and the
+        router."""
+        h = self.hidden_size
         if self.num_experts:
             mlp = self.num_experts * 3 * h * self.expert_intermediate_size + h * self.num_experts
+            if self.attention_bias:  # GPT-OSS: its experts and router have biases too
+                mlp += self.num_experts * (2 * self.expert_intermediate_size + h) + self.num_experts
         else:
             mlp = 3 * h * self.intermediate_size  # SwiGLU: gate, up, down
-        return attn + mlp + 2 * h
+        return self._attention_params() + mlp
+
+    @property
+    def dense_layer_params(self) -> int:
+        """A layer of an MoE model that has a dense MLP (intermediate_size) instead of experts."""
+        return self._attention_params() + 3 * self.hidden_size * self.intermediate_size
 
     @property
     def embedding_params(self) -> int:
@@ -87,7 +108,8 @@ class ModelSpec:
 
     @property
     def num_params(self) -> int:
-        return self.num_layers * self.layer_params + self.embedding_params + self.hidden_size
+        layers = (self.num_layers - self.dense_layers) * self.layer_params + self.dense_layers * self.dense_layer_params
+        return layers + self.embedding_params + self.hidden_size
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """The distinct weight shapes as transformers 5 stores them; FSDP2 shards dim 0.
@@ -119,8 +141,23 @@ class ModelSpec:
         and o_proj input (2q), and in the MLP gate, up, act(gate), their product
         (4 x intermediate).
         """
-        inter = self.expert_intermediate_size if self.num_experts else self.intermediate_size
-        return 6 * self.hidden_size + 2 * (self.q_dim + 2 * self.kv_dim) + 2 * self.q_dim + 4 * inter
+        attention = 6 * self.hidden_size + 2 * (self.q_dim + 2 * self.kv_dim) + 2 * self.q_dim
+        if not self.num_experts:
+            return attention + 4 * self.intermediate_size
+        # MoE: each token through its top k experts (grouped_mm keeps the gathered input, gate-up, gate, product and
+        # the down projection and weighted output per token and expert) and the router's logits
+        k = max(1, self.experts_per_token)
+        return attention + k * (4 * self.expert_intermediate_size + 3 * self.hidden_size) + self.num_experts
+
+
+def _dense_layers(cfg: dict) -> int:
+    """An MoE config's layers whose MLP is dense (Qwen3-MoE / Qwen2-MoE: mlp_only_layers, decoder_sparse_step)."""
+    if not (cfg.get("num_experts") or cfg.get("num_local_experts")):
+        return 0
+    layers = int(cfg["num_hidden_layers"])
+    only = {int(i) for i in (cfg.get("mlp_only_layers") or [])}
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    return sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
 
 
 def largest_param(spec: ModelSpec) -> tuple[str, tuple[int, ...]]:
