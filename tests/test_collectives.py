@@ -61,7 +61,7 @@ def test_the_clean_plan_is_proved_with_a_fingerprint_per_class(clean):
 
 
 def patched(monkeypatch, name, make):
-    """Trainer.<name> replaced by make(original): the dry run's Trainer subclass inherits it."""
+    """Trainer.<name> replaced by make(original): the dry run runs the Trainer itself, so it runs the change."""
     original = getattr(loop.Trainer, name)
     monkeypatch.setattr(loop.Trainer, name, make(original))
 

@@ -2,7 +2,8 @@
 
 - Replay: a train step's body with the same micro-batch shapes, a validation pass, and a pass's forwards from
   the second on run once per rank with the Trainer's own code and are replayed afterwards;
-- workers: the ranks' dry runs spread over forked processes, one per usable core."""
+- workers: the ranks' dry runs spread over forked processes, one per usable core; rank 1 takes what rank 0 sent
+  (proof/relay.py) whichever process runs it."""
 
 import dataclasses
 import time
@@ -23,23 +24,34 @@ def test_a_replayed_dry_run_records_what_running_every_step_records(proof_run, t
     pretokenized, plan_dir, config = proof_run
     plan, _ = read_plan(plan_dir)
     steps = first_steps(classes_by_rank(plan, plan_dir, TrainSettings.from_config(config)))
+    relay = tmp_path / "relay"
+    if rank:  # what rank 0 sends (the resume choice, DCP's plans) reaches rank 1 through rank 0's relay
+        dry_run_rank(config, loop.Paths(pretokenized, plan_dir, tmp_path / "rank-0"), 0, steps, 2, relay=relay)
     records = [
-        dry_run_rank(config, loop.Paths(pretokenized, plan_dir, tmp_path / str(replay)), rank, steps, 2, replay)
+        dry_run_rank(
+            config, loop.Paths(pretokenized, plan_dir, tmp_path / str(replay)), rank, steps, 2, replay, relay=relay
+        )
         for replay in (False, True)
     ]
     ran, replayed = (dataclasses.asdict(r) for r in records)
     assert ran == replayed
     assert len(steps) >= 4 and all(ran["steps"][g] for g in steps) and ran["stop"]
+    assert ran["resume"] and ran["resume_step"] == plan["steps_per_epoch"] * config["train"]["epochs"]
 
 
 def test_dry_runs_in_worker_processes_return_what_the_gate_process_computes(proof_run, tmp_path):
     pretokenized, plan_dir, config = proof_run
     plan, _ = read_plan(plan_dir)
     steps = first_steps(classes_by_rank(plan, plan_dir, TrainSettings.from_config(config)))
-    tasks = [(config, loop.Paths(pretokenized, plan_dir, tmp_path / f"r{r}"), r, steps, 2) for r in (0, 1, 1)]
-    here = run_tasks(dry_run_rank, tasks, processes=1)
+    relay = tmp_path / "relay"
     tasks = [
-        (config, loop.Paths(pretokenized, plan_dir, tmp_path / f"w{r}-{i}"), r, steps, 2)
+        (config, loop.Paths(pretokenized, plan_dir, tmp_path / f"r{r}"), r, steps, 2, True, False, relay)
+        for r in (0, 1, 1)
+    ]
+    here = run_tasks(dry_run_rank, tasks, processes=1)
+    relay = tmp_path / "relay-spread"
+    tasks = [
+        (config, loop.Paths(pretokenized, plan_dir, tmp_path / f"w{r}-{i}"), r, steps, 2, True, False, relay)
         for i, r in enumerate((0, 1, 1))
     ]
     spread = run_tasks(dry_run_rank, tasks, processes=2)  # task 2 in the gate's process, 1 and 3 in a worker

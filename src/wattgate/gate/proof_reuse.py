@@ -30,7 +30,9 @@ from wattgate.artifacts import write_json_atomic
 from wattgate.proof.classes import classes_by_rank, first_steps
 from wattgate.run_files import PROOF_CACHE, read_plan
 
-CACHE_FORMAT = 1
+# 2: the proof runs DCP's save and load and dry-runs a resume (gate.json collectives.resume): a kept proof of 1
+# proved less, and is proved again
+CACHE_FORMAT = 2
 
 
 def _sha256(raw: bytes) -> str:

@@ -1,29 +1,33 @@
-"""One rank of the planned world, dry-run: the trainer's own code (train/loop.py `run_rank`, `Trainer.run`) on
-the fake process group, with the model's tensors fake, recording every collective it issues.
+"""One rank of the planned world, dry-run: the trainer's own code (train/loop.py `rank_trainer`, `Trainer.run`,
+`Trainer.run_step`, `Trainer.load`) on the fake process group, with the model's tensors fake, recording every
+collective it issues. The Trainer is the one `wattgate train` runs, given the dry run's seams (train/seams.py):
+nothing of it is overridden or patched.
+
+The phases, each recorded: start-up (the sequence guard, the resume choice, the model build), one step of each
+class, the export and summary; then the graceful stop path (the first dry-run step again with every rank asked to
+stop, through its checkpoint and STOPPED); then a resume: a second Trainer's `load` (the checkpoint every rank
+agrees on, and torch.distributed.checkpoint's load of it).
 
 What differs from a real rank, and why each is outside what the proof claims:
-- the model is built at reduced depth (`depth` decoder layers, full width) with FakeTensors: shapes and
-  dtypes without memory or arithmetic; the decoder layers are checked to be identical units (wattgate.proof.depth)
-  so each step's collectives at the real depth follow from the proxy's;
-- `steps_to_run` is one step of every class the plan gives any rank (wattgate.train.steps), each run in full:
-  its micro-batches, its log, validation pass and checkpoint;
-- tensor bytes are never written (a FakeTensor has none): torch.distributed.checkpoint's save is recorded as one
-  collective fingerprinted by the state dict's structure (its internal exchange is a function of that
-  structure), and the export's safetensors files are written sparse at their real sizes;
-- a shared filesystem is simulated for the folders rank 0 creates before the others write into them;
-- a continued plan (pack/segments.py) starts at its first step without loading a checkpoint (torch's DCP
-  load is not dry-run);
-- data_cache local is not copied (its barrier is on every rank alike), and the ledger line goes to the work
-  folder.
+- the model (`ProxyModel`) is built at reduced depth (`depth` decoder layers, full width) with FakeTensors:
+  shapes and dtypes without memory or arithmetic; the decoder layers are checked to be identical units or a
+  repeating pattern (wattgate.proof.depth) so each step's collectives at the real depth follow from the proxy's;
+- the steps (`DryRunSteps`, proof/hooks.py) are one step of every class the plan gives any rank
+  (wattgate.train.steps), each run in full: its micro-batches, its log, validation pass and checkpoint; a train
+  part or validation pass met before is replayed;
+- no byte of a checkpoint or of final/ is kept (proof/storage.py): DCP's save and load run through a storage
+  writer and reader that keep none, and the export's files are counted; what rank 0 publishes and sends
+  reaches the other ranks through proof/relay.py;
+- a continued plan (pack/segments.py) resumes from the checkpoint its earlier segment left at its first step;
+- data_cache local is not copied (its barrier is on every rank alike), and the ledger line, metrics and
+  STOPPED go to the work folder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import io
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,16 +38,20 @@ import torch.distributed as dist
 from wattgate.gpus import is_cpu
 from wattgate.proof.depth import truncate_layers
 from wattgate.proof.experts import prepare_dry_run_experts
-from wattgate.proof.record import Collective, CollectiveRecorder, _default_group, object_collectives
-from wattgate.train import loop as train_loop
-from wattgate.train.loop import Paths, Trainer, run_rank
+from wattgate.proof.hooks import ArmedStop, DryRunSteps, RecordingHeartbeat
+from wattgate.proof.record import Collective, CollectiveRecorder, object_collectives
+from wattgate.proof.relay import RankZeroRelay
+from wattgate.proof.storage import NoBytesCheckpoints, NoBytesExport
+from wattgate.train.loop import Paths, Trainer, rank_trainer
+from wattgate.train.seams import Seams
 from wattgate.train.settings import TrainSettings
 
 
 @dataclass
 class RankRecord:
-    """What one rank issued: start-up (before the first step), each dry-run step's collectives, and the end
-    (export, summary); `classes` each dry-run step's class key as the Trainer computed it."""
+    """What one rank issued: start-up (before the first step), each dry-run step's collectives, the end (export,
+    summary), the graceful stop path and the resume; `classes` each dry-run step's class key as the Trainer
+    computed it."""
 
     rank: int
     startup: list[Collective] = field(default_factory=list)
@@ -53,6 +61,8 @@ class RankRecord:
     end: list[Collective] = field(default_factory=list)
     stop: list[Collective] = field(default_factory=list)  # a step at which every rank agreed to stop, to its end
     stop_step: int | None = None  # that step (0-based)
+    resume: list[Collective] = field(default_factory=list)  # a second Trainer's load from the newest checkpoint
+    resume_step: int | None = None  # the step of the checkpoint it resumed from (None: it found none)
     layers: int = 0  # decoder layers in the proxy
     experts: dict | None = None  # MoE: the experts' kernel in training and in this dry run, starved or not
 
@@ -89,227 +99,89 @@ def proof_attention(s: TrainSettings, config) -> str:
     return resolve_attn_implementation(requested, "cpu", False, causal_lm_class(config))
 
 
-class AskedToStop:
-    """The stop request every rank of the dry run gets at its stop step (train/stop.py StopRequest's interface)."""
-
-    def reason(self) -> str:
-        return "a stop request (collective proof)"
+PROXY_SOURCE = "fake tensors (collective proof)"
 
 
-class DryRunTrainer(Trainer):
-    """The Trainer with the dry run's model, its chosen steps, and each step's collectives cut out."""
+@dataclass
+class ProxyModel:
+    """ModelSource of a dry run: the mesh built from a real (tiny) tensor, the model `proxy_model` builds, and its
+    layer count (and, for Mixture-of-Experts, the experts' kernel) noted in `record`."""
 
-    proof: dict  # set by dry_run_rank: recorder, record, steps, depth, on_gpu
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        recorder, beats, beat = self.proof["recorder"], self.proof["beats"], self.heartbeat.beat
-
-        def marked(step: int, epoch: int, phase: str, **extra) -> None:
-            # where the watcher's view of a rank (its heartbeat) sits in the collective sequence
-            beats.append({"index": len(recorder.collectives), "phase": phase, "micro": extra.get("micro")})
-            beat(step, epoch, phase, **extra)
-
-        self.heartbeat.beat = marked
+    model_cfg: dict
+    s: TrainSettings
+    world: int
+    on_gpu: bool
+    depth: int
+    record: RankRecord
+    starved: bool = False
 
     def device_mesh(self):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.distributed.device_mesh import init_device_mesh
 
         with unset_fake_temporarily():  # the mesh's rank lookup reads its (tiny) tensor: a real one
-            return super().device_mesh()
+            return init_device_mesh("cpu", (self.world,))
 
-    def build_model(self, mesh, fill: bool):
-        p = self.proof
-        model = proxy_model(self.config["model"], self.s, mesh, p["on_gpu"], p["depth"])
-        p["record"].layers = int(model.config.num_hidden_layers)
+    def build(self, mesh, fill: bool):
+        model = proxy_model(self.model_cfg, self.s, mesh, self.on_gpu, self.depth)
+        self.record.layers = int(model.config.num_hidden_layers)
         # Mixture-of-Experts: a kernel fake tensors run, and on the skewed run no token reaching any expert
-        compute = torch.bfloat16 if p["on_gpu"] and self.s.mixed_precision else torch.float32
-        p["record"].experts = prepare_dry_run_experts(model, compute, p.get("starved", False))
-        return model, "fake tensors (collective proof)"
+        compute = torch.bfloat16 if self.on_gpu and self.s.mixed_precision else torch.float32
+        self.record.experts = prepare_dry_run_experts(model, compute, self.starved)
+        return model, PROXY_SOURCE
 
-    def load(self) -> None:
-        super().load()
-        if self.plan.get("segments"):  # a continued plan resumes at its first step; the dry run has no checkpoint
-            self.start = int(self.plan["segments"][-1]["first_step"])
 
-    def run(self, micro_batches, eval_batches) -> dict:
-        """The run as planned, then the stop path: the first dry-run step again with every rank asked to stop
-        there (a time limit, preemption), through its checkpoint and STOPPED."""
-        from wattgate.train.data import StepPrefetcher
+def earlier_segment(plan: dict) -> dict[str, dict]:
+    """The checkpoint a continued plan (pack/segments.py) resumes from: the earlier segment's, at its first step."""
+    if not plan.get("segments"):
+        return {}
+    first = int(plan["segments"][-1]["first_step"])
+    return {f"step-{first}": {"step": first, "position": {"step": first}, "files": {}}}
 
-        summary = super().run(micro_batches, eval_batches)
-        recorder, record = self.proof["recorder"], self.proof["record"]
-        g = next((g for g in self.proof["steps"] if self.start <= g < self.total), None)
-        if g is None:
-            return summary
-        mark = len(recorder.collectives)
-        self.proof["stop_mark"] = mark  # the export and summary end here
-        self.stop_request = AskedToStop()
-        prefetch = StepPrefetcher(self.step_batches, self.total)
+
+def stop_and_resume(trainer: Trainer, seams: Seams, stop: ArmedStop, steps: DryRunSteps, record: RankRecord) -> None:
+    """After the run: the graceful stop path (the first dry-run step again with every rank asked to stop there, a
+    time limit or preemption, through its checkpoint and STOPPED), then a resume (a second Trainer's `load`: the
+    checkpoint every rank agrees on, and DCP's load of it)."""
+    from wattgate.train.data import StepPrefetcher
+
+    collectives = steps.recorder.collectives
+    g = next((g for g in steps.chosen if trainer.start <= g < trainer.total), None)
+    if g is not None:
+        mark = len(collectives)
+        stop.arm()
+        prefetch = StepPrefetcher(trainer.step_batches, trainer.total)
         try:
-            stopped = Trainer.run_step(self, g, prefetch)  # the Trainer's own step, not this class's recording one
+            stopped = trainer.run_step(g, prefetch)
         finally:
             prefetch.close()
         if stopped is not None:
-            self.finish_stopped(*stopped)
-        record.stop, record.stop_step = recorder.collectives[mark:], g
-        return summary
-
-    def steps_to_run(self) -> list[int]:
-        record, recorder = self.proof["record"], self.proof["recorder"]
-        record.startup = list(recorder.collectives)
-        self.proof["end_mark"] = len(recorder.collectives)
-        return [g for g in self.proof["steps"] if self.start <= g < self.total]
-
-    def run_step(self, g: int, prefetch) -> None:
-        recorder, record = self.proof["recorder"], self.proof["record"]
-        mark, first_beat = len(recorder.collectives), len(self.proof["beats"])
-        super().run_step(g, prefetch)
-        record.steps[g] = recorder.collectives[mark:]
-        record.beats[g] = [dict(b, index=b["index"] - mark) for b in self.proof["beats"][first_beat:]]
-        record.classes[g] = self.step_class(g).key()
-        self.proof["end_mark"] = len(recorder.collectives)
-
-    def train_step(self, batches: list, on_micro):
-        """The Trainer's own train step; a later one with the same micro-batches' shapes replays its collectives."""
-        key = (
-            "train",
-            tuple(tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(host.items())) for _, host in batches),
-        )
-        return self.replayed(key, lambda beat: super(DryRunTrainer, self).train_step(batches, beat), on_micro)
-
-    def evaluate(self, step: int, epoch: int):
-        """The Trainer's own validation pass; a later one (the same micro-batches) replays its collectives."""
-        beat = self.heartbeat.beat
-
-        def run(recording):
-            self.heartbeat.beat = lambda _step, _epoch, *args, **kwargs: recording(*args, **kwargs)
-            try:
-                with self.pass_forwards() if self.proof["replay"] else contextlib.nullcontext():
-                    loss = super(DryRunTrainer, self).evaluate(step, epoch)
-            finally:
-                self.heartbeat.beat = beat
-            return None if self.eval_interrupted else loss  # an interrupted pass is not one to replay
-
-        self.eval_interrupted = False
-        loss = self.replayed(("eval", len(self.eval_batches)), run, lambda *a, **k: beat(step, epoch, *a, **k))
-        return loss
-
-    @contextlib.contextmanager
-    def pass_forwards(self):
-        """Inside a validation pass: its first two forwards run, a later one with the same input shapes replays
-        the collectives of the one before it and returns its loss. The first forward gathers the root's
-        parameters and leaves them gathered (no backward reshards them), so from the second on every forward
-        starts in the same state: the root gathered, every layer resharded after its own forward."""
-        recorder, real, done = self.proof["recorder"], train_loop.summed_token_loss, []
-
-        def forward(model, tensors: dict, loss):
-            key = tuple((k, tuple(v.shape), str(v.dtype)) for k, v in sorted(tensors.items()))
-            if len(done) >= 2 and done[-1][0] == key:
-                recorder.collectives.extend(done[-1][1])
-                return done[-1][2]
-            mark = len(recorder.collectives)
-            out = real(model, tensors, loss)
-            done.append((key, recorder.collectives[mark:], out))
-            return out
-
-        train_loop.summed_token_loss = forward
-        try:
-            yield
-        finally:
-            train_loop.summed_token_loss = real
-
-    def replayed(self, key: tuple, run, beat):
-        """`run(beat)` the first time this rank meets `key`, recording its collectives and heartbeats; later
-        the same collectives and heartbeats (at the same places) and the same result, without running it.
-
-        Why sound: the proof's premise is that collectives follow the plan's counts and shapes, never values;
-        a train step's body and a validation pass are functions of nothing else once FSDP2 is initialized (a
-        step starts and ends with every unit resharded), so a second run would issue the same sequence. Each
-        rank still runs the Trainer's own code once for every key it has; it is what one step of each class
-        shares with another (issue 31: the default's classes repeat one train step six times per rank)."""
-        if not self.proof["replay"]:
-            return run(beat)
-        recorder, tapes = self.proof["recorder"], self.proof["tapes"]
-        if key in tapes:
-            collectives, beats, result = tapes[key]
-            at = 0
-            for offset, args, kwargs in beats:
-                recorder.collectives.extend(collectives[at:offset])
-                at = offset
-                beat(*args, **kwargs)
-            recorder.collectives.extend(collectives[at:])
-            return result
-        mark, beats = len(recorder.collectives), []
-
-        def recording(*args, **kwargs):
-            beats.append((len(recorder.collectives) - mark, args, kwargs))
-            beat(*args, **kwargs)
-
-        result = run(recording)
-        if result is not None:
-            tapes[key] = (recorder.collectives[mark:], beats, result)
-        return result
-
-    def save(self, step: int, epoch: int, eval_loss: float | None) -> None:
-        if self.rank != 0:  # rank 0 made this folder on the shared filesystem before its first barrier
-            (self.paths.out / "checkpoints" / f"step-{step}.tmp").mkdir(parents=True, exist_ok=True)
-        super().save(step, epoch, eval_loss)
-
-    def export(self) -> None:
-        if self.rank != 0:
-            (self.paths.out / "final.tmp").mkdir(parents=True, exist_ok=True)
-        super().export()
-
-
-def state_structure(state: dict) -> str:
-    """16 hex of the state dict's structure (keys, global shapes, dtypes): what DCP's planning exchange reads."""
-
-    def walk(value, prefix: str, out: list) -> None:
-        if isinstance(value, dict):
-            for k in sorted(value, key=str):
-                walk(value[k], f"{prefix}.{k}", out)
-        elif isinstance(value, torch.Tensor):
-            out.append(f"{prefix}:{str(value.dtype)}{list(value.shape)}")
-        else:
-            out.append(f"{prefix}:{type(value).__name__}")
-
-    items: list[str] = []
-    walk(state, "", items)
-    return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def byte_sinks(recorder: CollectiveRecorder):
-    """No tensor bytes: DCP's save becomes one recorded collective over the state's structure, and a
-    safetensors stream advances (sparse) by each tensor's size instead of reading its data."""
-    import torch.distributed.checkpoint as dcp
-
-    from wattgate.train import safetensors_io
-
-    real_save, real_write = dcp.save, safetensors_io.SafetensorsStream.write
-
-    def save(state, checkpoint_id=None, **kwargs):
-        recorder.add("dcp.save", _default_group(None), f"state {state_structure(state)}")
-        Path(checkpoint_id).mkdir(parents=True, exist_ok=True)
-
-    def write(self, tensor: torch.Tensor) -> None:
-        self.file.seek(tensor.numel() * torch.empty((), dtype=self.dtype).element_size(), 1)
-        self.file.truncate()
-
-    dcp.save, safetensors_io.SafetensorsStream.write = save, write
-    try:
-        yield
-    finally:
-        dcp.save, safetensors_io.SafetensorsStream.write = real_save, real_write
+            trainer.finish_stopped(*stopped)
+        record.stop, record.stop_step = collectives[mark:], g
+    mark = len(collectives)
+    where = (trainer.rank, trainer.world, trainer.device)
+    resumed = Trainer(trainer.config, trainer.s, trainer.plan, trainer.paths, where, seams)
+    resumed.memory.start()
+    resumed.load()
+    record.resume = collectives[mark:]
+    record.resume_step = resumed.start if resumed.source != PROXY_SOURCE else None
 
 
 def dry_run_rank(
-    config: dict, paths: Paths, rank: int, steps: list[int], depth: int, replay: bool = True, starved: bool = False
+    config: dict,
+    paths: Paths,
+    rank: int,
+    steps: list[int],
+    depth: int,
+    replay: bool = True,
+    starved: bool = False,
+    relay: Path | None = None,
 ) -> RankRecord:
-    """Rank `rank` of plan.json's world, from its plan to its export, on the fake process group (`replay`
-    False: every train step and validation pass runs, none replayed; for the tests that check the replay; `starved`:
-    no token reaches any expert of an MoE model, proof/experts.py)."""
+    """Rank `rank` of plan.json's world, from its plan to its export, its stop path and a resume, on the fake process
+    group (`replay` False: every train step and validation pass runs, none replayed; for the tests that check the
+    replay; `starved`: no token reaches any expert of an MoE model, proof/experts.py). `relay`: the folder rank 0's
+    dry run sends through (proof/relay.py); rank 0 without one keeps its objects to itself, any other rank needs
+    the one its rank 0 wrote."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -320,30 +192,33 @@ def dry_run_rank(
     s = dataclasses.replace(
         TrainSettings.from_config(config), data_cache="shared", ledger=paths.out / "throughput.jsonl"
     )
+    shared = RankZeroRelay(relay, rank)
     record, recorder = RankRecord(rank), CollectiveRecorder()
-    proof = {
-        "recorder": recorder,
-        "record": record,
-        "steps": sorted(steps),
-        "depth": depth,
-        "end_mark": 0,
-        "beats": [],
-        "replay": replay,
-        "tapes": {},
-        "starved": starved,
-    }
-    proof["on_gpu"] = not is_cpu(config["cluster"]["gpu_model"])
-    trainer_class = type("DryRunTrainer", (DryRunTrainer,), {"proof": proof})
+    heartbeat, stop = RecordingHeartbeat(recorder), ArmedStop()
+    steps_hook = DryRunSteps(recorder, heartbeat, record, steps, replay)
+    on_gpu = not is_cpu(config["cluster"]["gpu_model"])
+    seams = Seams(
+        heartbeat=heartbeat,
+        stop=stop,
+        model=ProxyModel(config["model"], s, world, on_gpu, depth, record, starved),
+        checkpoints=NoBytesCheckpoints(shared, earlier_segment(plan)),
+        export=NoBytesExport(),
+        hooks=steps_hook,
+    )
     paths.out.mkdir(parents=True, exist_ok=True)
     hook = sys.excepthook  # init_process_group wraps it with a "[rank<r>]:" prefix that outlives the group
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         fake = FakeTensorMode(allow_non_fake_inputs=True)
         quiet = contextlib.redirect_stdout(io.StringIO())  # the trainer's progress lines are not the gate's
-        with quiet, fake, recorder, object_collectives(recorder), byte_sinks(recorder):
-            run_rank(trainer_class, (config, s, plan), paths, (rank, world, torch.device("cpu")))
+        with quiet, fake, recorder, object_collectives(recorder, shared):
+            where = (rank, world, torch.device("cpu"))
+            trainer, micro_batches, eval_batches = rank_trainer((config, s, plan), paths, where, seams)
+            trainer.run(micro_batches, eval_batches)
+            record.end = recorder.collectives[steps_hook.end_mark :]
+            stop_and_resume(trainer, seams, stop, steps_hook, record)
     finally:
+        shared.close()
         dist.destroy_process_group()
         sys.excepthook = hook
-    record.end = recorder.collectives[proof["end_mark"] : proof.get("stop_mark")]
     return record

@@ -1,6 +1,7 @@
 """The collective proof: dry-run every rank of the planned world (wattgate.proof.dryrun) over one step of each
-step class, and prove that every rank issues the identical collective sequence at start-up, in every class and
-at the end, and that every rank's sequence of classes (from the plan) is the same.
+step class, and prove that every rank issues the identical collective sequence at start-up, in every class, at
+the end, on the graceful stop path and on a resume, and that every rank's sequence of classes (from the plan) is
+the same.
 
 Both together mean every step of the run issues the same collectives on every rank, given the premise the dry
 run cannot check: a step's collectives depend on its class only, never on the data's values. Dense decoders meet
@@ -45,6 +46,7 @@ def _phases(rec: RankRecord, labels: dict[int, str]) -> list[tuple[str, int | No
         + [(labels.get(g, "?"), g + 1, rec.steps.get(g, [])) for g in sorted(labels)]
         + [("export and summary", None, rec.end)]
         + [("graceful stop", stop, rec.stop)]
+        + [("resume", None, rec.resume)]
     )
 
 
@@ -135,7 +137,8 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     proxy, pair = proxy_depths(depth)
     try:
         paths = [Paths(Path(pretokenized), Path(plan_dir), work / f"rank-{r}") for r in range(world)]
-        tasks = [(config, paths[r], r, steps, proxy) for r in range(world)]
+        # rank 0 first: what it sends reaches the others through the relay (proof/relay.py)
+        tasks = [(config, paths[r], r, steps, proxy, True, False, work / "relay") for r in range(world)]
         if pair is not None:  # rank 0 at one period more: each period's collectives
             tasks.append((config, Paths(Path(pretokenized), Path(plan_dir), work / "one-period-more"), 0, steps, pair))
         if depth["moe"]:  # rank 0 again, no token reaching any expert: routing must move no collective
@@ -165,6 +168,12 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
             "fingerprint": fingerprint(records[0].stop),
             "collectives": len(records[0].stop),
         },
+        # a resume (train/loop.py Trainer.load): the checkpoint every rank agrees on and DCP's load of it
+        "resume": {
+            "step": records[0].resume_step,
+            "fingerprint": fingerprint(records[0].resume),
+            "collectives": len(records[0].resume),
+        },
     }
     plan_diff = class_divergence(classes, first)
     coll_diff = collective_divergence(records, labels)
@@ -187,7 +196,8 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     report["passed"] = not problems
     n = sum(len(r["key"]) and 1 for r in report["classes"])
     report["detail"] = "; ".join(problems) or (
-        f"{world} ranks issue identical collectives in start-up, {n} step class(es), the export and a graceful stop "
+        f"{world} ranks issue identical collectives in start-up, {n} step class(es), the export, a graceful stop "
+        "and a resume "
         f"({sum(r['collectives'] for r in report['classes'])} collectives per rank over the classes at "
         f"{report['proxy_layers']} proxy layers)" + (moe_note(report["moe"]) if starved is not None else "")
     )

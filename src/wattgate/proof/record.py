@@ -5,7 +5,9 @@ Two sources, because collectives reach the process group two ways:
   clip_grad_norm_'s reduction, DTensor.full_tensor) are c10d / _c10d_functional operators: a TorchDispatchMode
   sees each one (CommDebugMode crashed on Qwen3 with FSDP2, and is module-level only);
 - object collectives (all_gather_object, broadcast_object_list, barrier, ...) pickle through the process group
-  in ways the fake group cannot answer, so they are wrapped at torch.distributed and recorded as themselves.
+  in ways the fake group cannot answer, so they are wrapped at torch.distributed and recorded as themselves;
+  what they return is every rank's object taken to be this rank's (a gather), or what rank 0 sent (a broadcast or
+  scatter from rank 0, carried by wattgate.proof.relay).
 
 The model's tensors are FakeTensors (no data), so the few places the trainer reads a value on the host
 (`float(loss)`, `torch.equal`) get a made-up value: the fake process group makes up every collective's result
@@ -18,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import sys
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -151,10 +155,26 @@ def _default_group(group):
 
 
 @contextlib.contextmanager
-def object_collectives(recorder: CollectiveRecorder):
-    """torch.distributed's object collectives recorded as themselves, with every rank's object taken to be this
+def object_collectives(recorder: CollectiveRecorder, relay=None):
+    """torch.distributed's object collectives recorded as themselves. A gather takes every rank's object to be this
     rank's (what the fake group makes up for tensors; a rank that branches on another's object is outside the
-    proof)."""
+    proof); a broadcast or scatter from rank 0 gives this rank what rank 0 sent, through `relay`
+    (wattgate.proof.relay: rank 0 puts, the others take; None: the objects stay as they were), matched by
+    operator, call site and count there."""
+    calls: Counter = Counter()
+
+    def from_rank_0(op: str, src, here: list, caller):
+        """Rank 0: `here` put for the others, None returned; another rank: what rank 0 put, or None. `caller`: the
+        frame that called torch.distributed's function (its file and line name the call site)."""
+        site = f"{op}@{caller.f_code.co_filename}:{caller.f_lineno}"
+        calls[site] += 1
+        key = f"{site}#{calls[site]}"
+        if relay is None or src != 0:
+            return None
+        if dist.get_rank() == 0:
+            relay.put(key, list(here))
+            return None
+        return relay.get(key)
 
     def all_gather_object(object_list, obj, group=None):
         recorder.add("all_gather_object", _default_group(group), f"{len(object_list)} objects")
@@ -169,13 +189,20 @@ def object_collectives(recorder: CollectiveRecorder):
     def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None):
         src = src if src is not None else group_src
         recorder.add("broadcast_object_list", _default_group(group), f"{len(object_list)} objects", f"src {src}")
+        got = from_rank_0("broadcast_object_list", src, object_list, sys._getframe(1))
+        if got is not None and len(got) == len(object_list):
+            object_list[:] = got
 
     def scatter_object_list(
         scatter_object_output_list, scatter_object_input_list=None, src=None, group=None, group_src=None
     ):
-        recorder.add("scatter_object_list", _default_group(group), f"src {src if src is not None else group_src}")
+        src = src if src is not None else group_src
+        recorder.add("scatter_object_list", _default_group(group), f"src {src}")
         if scatter_object_input_list:
             scatter_object_output_list[0] = scatter_object_input_list[dist.get_rank()]
+        got = from_rank_0("scatter_object_list", src, scatter_object_input_list or [], sys._getframe(1))
+        if got is not None and len(got) > dist.get_rank():
+            scatter_object_output_list[0] = got[dist.get_rank()]
 
     def barrier(group=None, async_op=False, device_ids=None, timeout=None):
         recorder.add("barrier", _default_group(group))

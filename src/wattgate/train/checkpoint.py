@@ -489,9 +489,7 @@ def verify(path: Path, share: tuple[int, int] = (0, 1)) -> tuple[bool, str]:
     return True, ""
 
 
-def agreed_latest(
-    root: Path, rank: int, world: int, storage: CheckpointStorage = CHECKPOINT_FOLDER
-) -> Path | None:
+def agreed_latest(root: Path, rank: int, world: int, storage: CheckpointStorage = CHECKPOINT_FOLDER) -> Path | None:
     """`latest_complete` with every rank reading its share of each candidate's bytes: rank 0 lists the candidates
     and broadcasts them, each rank hashes every world-th file, one object all-gather per candidate gives every rank
     the same verdict. A 100 GB checkpoint is then read at the job's aggregate bandwidth, not rank 0's."""

@@ -34,7 +34,6 @@ from wattgate.forecast.walltime import plan_step_costs
 from wattgate.model_spec import load_model_spec
 from wattgate.run_files import EVAL_PACKS
 from wattgate.train.metrics import process_age_s
-from wattgate.heartbeats import Heartbeat
 from wattgate.run_files import (
     EVAL,
     METRICS,
@@ -50,7 +49,7 @@ from wattgate.run_files import (
 )
 from wattgate.train import checkpoint as ckpt
 from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors, read_rank_plan
-from wattgate.train.distributed import device_uuid, setup_rank
+from wattgate.train.distributed import setup_rank
 from wattgate.train.export_files import check_tokenizer_present, export_extra_files
 from wattgate.train.launch import allocator_record
 from wattgate.identity import RESULT_SETTINGS, run_identity
@@ -68,19 +67,19 @@ from wattgate.train.metrics import (
 )
 from wattgate.train.sequence_guard import check_planned_sequences, planned_sequence
 from wattgate.train.settings import TrainSettings
-from wattgate.train.model import count_params, load_sharded_model
+from wattgate.train.model import count_params
 from wattgate.schedule import learning_rate
 from wattgate.train.steps import StepClass, rank_schedule, step_class
 from wattgate.train.step_verdicts import NonFiniteState, agreed_stop, doc_ids, nonfinite_line
 from wattgate.train.stop import (
     EVAL_STOP_CHECK_MICROS,
-    StopRequest,
     install_stop_signals,
     start_abort_watch,
     stop_abort_watch,
     write_stopped,
 )
-from wattgate.train.weights import DTYPES, export_hf_folder
+from wattgate.train.seams import Seams, training_seams
+from wattgate.train.weights import DTYPES, EXPORT_FOLDER, ExportFiles, export_hf_folder
 
 
 def build_optimizer(model, s: TrainSettings) -> torch.optim.Optimizer:
@@ -117,7 +116,9 @@ def group_steps(micro_batches: list[MicroBatchPlan]) -> list[list[MicroBatchPlan
     return [list(g) for _, g in groupby(micro_batches, key=lambda m: (m.epoch, m.step))]
 
 
-def resume_checkpoint(out: Path, identity: dict | None, rank: int) -> Path | None:
+def resume_checkpoint(
+    out: Path, identity: dict | None, rank: int, storage: ckpt.CheckpointStorage = ckpt.CHECKPOINT_FOLDER
+) -> Path | None:
     """The newest intact checkpoint of this run identity: rank 0 lists the candidates and broadcasts them, every
     rank hashes its share of each (train/checkpoint.py `agreed_latest`), and all take the same verdict.
 
@@ -125,14 +126,14 @@ def resume_checkpoint(out: Path, identity: dict | None, rank: int) -> Path | Non
     newest checkpoints, and the job would hang in its first collective.
     """
     if rank == 0:
-        ckpt.set_aside_mismatched(out / "checkpoints", identity)
-    return ckpt.agreed_latest(out / "checkpoints", rank, dist.get_world_size())
+        storage.set_aside_mismatched(out / "checkpoints", identity)
+    return ckpt.agreed_latest(out / "checkpoints", rank, dist.get_world_size(), storage)
 
 
-def export_final(model, s: TrainSettings, out: Path, extra) -> Path:
+def export_final(model, s: TrainSettings, out: Path, extra, files: ExportFiles = EXPORT_FOLDER) -> Path:
     """final/: sharded safetensors in the export dtype, the config, and `extra` (train/export_files.py: the
     tokenizer the data was made with, verified by its hash, and the input model's generation_config.json)."""
-    return export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), extra)
+    return export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), extra, files)
 
 
 def read_eval_plan(plan_dir: Path, plan: dict, rank: int) -> list[MicroBatchPlan]:
@@ -165,17 +166,25 @@ def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
                     f"{plan_dir / PLAN}: planned for world size {plan['world_size']}, "
                     f"launched with {world}; rerun pack and gate for this launch"
                 )
-            return run_rank(Trainer, (config, s, plan), Paths(pretokenized, plan_dir, out), (rank, world, device))
+            where = (rank, world, device)
+            seams = training_seams(config["model"], s, out, where)
+            return run_rank((config, s, plan), Paths(pretokenized, plan_dir, out), where, seams)
         finally:
             dist.destroy_process_group()
     finally:
         stop_abort_watch(abort_watch)
 
 
-def run_rank(trainer_class: type, settings: tuple, paths: Paths, where: tuple) -> dict:
-    """One rank's run once its process group is up: its plan, the sequence guard, the Trainer's outline.
-    `settings` is (config, TrainSettings, plan.json); the collective proof (wattgate.proof) calls this with its
-    dry-run Trainer on the fake process group, so start-up is proved as it runs."""
+def run_rank(settings: tuple, paths: Paths, where: tuple, seams: Seams) -> dict:
+    """One rank's run once its process group is up: its plan, the sequence guard, the Trainer's outline."""
+    trainer, micro_batches, eval_batches = rank_trainer(settings, paths, where, seams)
+    return trainer.run(micro_batches, eval_batches)
+
+
+def rank_trainer(settings: tuple, paths: Paths, where: tuple, seams: Seams) -> tuple[Trainer, list, list]:
+    """This rank's Trainer and its train and validation micro-batches, once the sequence guard has compared every
+    rank's plan. `settings` is (config, TrainSettings, plan.json); the collective proof (wattgate.proof) calls this
+    with its own seams on the fake process group, so start-up is proved as it runs."""
     config, s, plan = settings
     rank, _, device = where
     micro_batches = read_rank_plan(paths.plan_dir, rank)
@@ -184,8 +193,7 @@ def run_rank(trainer_class: type, settings: tuple, paths: Paths, where: tuple) -
         check_planned_sequences(planned_sequence(micro_batches, eval_batches), device)
     elif rank == 0:
         print("train: WARNING: train.check_planned_counts is false: uneven plans will hang", file=sys.stderr)
-    trainer = trainer_class(config, s, plan, paths, where)
-    return trainer.run(micro_batches, eval_batches)
+    return Trainer(config, s, plan, paths, where, seams), micro_batches, eval_batches
 
 
 @dataclass(frozen=True)
@@ -196,15 +204,17 @@ class Paths:
 
 
 class Trainer:
-    """One rank's run: its state, and the outline `run` -> `run_step(g)` -> `train_step` / `evaluate`."""
+    """One rank's run: its state, and the outline `run` -> `run_step(g)` -> `train_step` / `evaluate`.
 
-    def __init__(self, config: dict, s: TrainSettings, plan: dict, paths: Paths, where: tuple):
+    What it writes outside the ranks' collectives (checkpoints, final/, heartbeats), how it is stopped and how
+    its model is made come in `seams` (train/seams.py), as do the hooks around its steps."""
+
+    def __init__(self, config: dict, s: TrainSettings, plan: dict, paths: Paths, where: tuple, seams: Seams):
         self.config, self.s, self.plan, self.paths = config, s, plan, paths
         self.rank, self.world, self.device = where
+        self.seams, self.hooks = seams, seams.hooks
         self.startup_s = process_age_s()  # launch, imports and process-group init: the forecast's start-up term
-        self.heartbeat = Heartbeat(
-            paths.out, self.rank, int(os.environ.get("LOCAL_RANK", "0")), device_uuid(self.device)
-        )
+        self.heartbeat = seams.heartbeat
         self.heartbeat.beat(0, 0, "init")
         # checked now, not at the end: a tokenizer moved away must not cost the run before final/ is refused
         check_tokenizer_present(paths.pretokenized)
@@ -212,7 +222,7 @@ class Trainer:
         self.store = DocStore(data_dir)
         self.memory = PhaseMemory(self.device)
         self.pin = self.device.type == "cuda"
-        self.stop_request = StopRequest(paths.out)
+        self.stop_request = seams.stop
         self.skipped_steps = 0  # train.on_nonfinite skip_step: steps whose update was dropped in this attempt
         self.eval_interrupted = False  # a stop agreed inside a validation pass (the pass is redone on resume)
 
@@ -228,8 +238,8 @@ class Trainer:
         prefetch = StepPrefetcher(self.step_batches, self.total)
         stopped = None
         try:
-            for g in self.steps_to_run():
-                stopped = self.run_step(g, prefetch)
+            for g in self.hooks.steps(self.start, self.total):  # every step from the resume point
+                stopped = self.hooks.step(g, self.step_class(g), partial(self.run_step, g, prefetch))
                 if stopped is not None:
                     break
         finally:
@@ -257,35 +267,21 @@ class Trainer:
         self.heartbeat.beat(step, epoch, "done", stopped=reason)
         return {"stopped": reason, "step": step}
 
-    def steps_to_run(self) -> range:
-        """Every step from the resume point (the collective proof runs one step of each class instead)."""
-        return range(self.start, self.total)
-
     def load(self) -> None:
         """The sharded model and optimizer, from the newest checkpoint of this run when there is one."""
         identity = run_identity(self.config, self.paths.plan_dir, self.paths.pretokenized) if self.rank == 0 else None
         self.identity = identity  # rank 0 writes it into state.json
-        latest = resume_checkpoint(self.paths.out, identity, self.rank)
-        mesh = self.device_mesh()
-        self.model, self.source = self.build_model(mesh, latest is None)
+        latest = resume_checkpoint(self.paths.out, identity, self.rank, self.seams.checkpoints)
+        mesh = self.seams.model.device_mesh()
+        self.model, self.source = self.seams.model.build(mesh, latest is None)
         self.optimizer = build_optimizer(self.model, self.s)
         self.start, self.pending_eval = 0, False
         if latest is not None:
-            state = ckpt.load_checkpoint(latest, self.model, self.optimizer)
+            state = ckpt.load_checkpoint(latest, self.model, self.optimizer, self.seams.checkpoints)
             self.start = int(state["step"])
             self.pending_eval = bool((state.get("position") or {}).get("eval_pending"))
             self.source = f"{latest}"
         self.memory.end("load")
-
-    def device_mesh(self):
-        from torch.distributed.device_mesh import init_device_mesh
-
-        return init_device_mesh(self.device.type, (self.world,))
-
-    def build_model(self, mesh, fill: bool):
-        """The sharded model and where its values came from (train/model.py); the collective proof
-        (wattgate.proof) builds its reduced-depth fake-tensor model here, and runs everything else as is."""
-        return load_sharded_model(self.config["model"], self.s, mesh, self.device, fill)
 
     def schedule(self, micro_batches: list[MicroBatchPlan], eval_batches: list[MicroBatchPlan]) -> None:
         """The steps this rank runs, the epoch ends, the cadence, and rank 0's tables."""
@@ -351,8 +347,9 @@ class Trainer:
         t0 = time.perf_counter()
         batches = prefetch.get(g)  # built on the prefetch thread while step g - 1 ran
         data_wait = time.perf_counter() - t0
-        step_loss, grad_norm, to_device_s, micro_losses = self.train_step(
-            batches, lambda k: self.heartbeat.beat(g, epoch, "train", micro=k, micros=len(batches))
+        on_micro = partial(self.heartbeat.beat, g, epoch, "train", micros=len(batches))
+        step_loss, grad_norm, to_device_s, micro_losses = self.hooks.train_part(
+            batches, lambda: self.train_step(batches, lambda k: on_micro(micro=k))
         )
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -374,7 +371,8 @@ class Trainer:
         self.heartbeat.beat(g + 1, epoch, "train", loss=figures[0] / max(loss_tokens, 1))
         self.log.record(g, epoch, self.start, self.total, gathered, lr, norm, time.time())
         stop = agreed_stop(gathered, asked)  # the same on every rank: each rank's request is in `gathered`
-        eval_loss = self.evaluate(g + 1, epoch) if act.evaluate else None
+        evaluate = partial(self.evaluate, g + 1, epoch)
+        eval_loss = self.hooks.validation(len(self.eval_batches), evaluate) if act.evaluate else None
         if self.eval_interrupted:  # every rank agreed on a stop inside the pass
             stop, eval_loss = stop or self.eval_stop_reason, None
         # metrics first: a published checkpoint at step n implies metrics through step n are on disk
@@ -490,9 +488,11 @@ class Trainer:
                 tensors = self.to_device(host_tensors(batch, self.pin))
                 if self.eval_sources:
                     where = self.eval_sources.positions(m.packs, self.s.seq_len)
-                    self.eval_sources.add(totals, token_losses(self.model, tensors, self.s.loss), batch.labels, where)
+                    losses = self.hooks.forward(tensors, partial(token_losses, self.model, tensors, self.s.loss))
+                    self.eval_sources.add(totals, losses, batch.labels, where)
                 else:
-                    totals[0] += summed_token_loss(self.model, tensors, self.s.loss)
+                    summed = self.hooks.forward(tensors, partial(summed_token_loss, self.model, tensors, self.s.loss))
+                    totals[0] += summed
                 totals[1] += batch.num_loss_tokens
                 # a long pass checks for a stop every few micro-batches: every rank has the same count, so the
                 # check is a collective every rank reaches (the pass is abandoned and redone on resume)
@@ -555,6 +555,7 @@ class Trainer:
             self.s.checkpoint_keep,
             self.identity,
             keep_best=self.s.keep_best and bool(self.eval_batches),
+            storage=self.seams.checkpoints,
         )
         if self.log.metrics is not None:
             self.log.record_checkpoint(time.perf_counter() - t_ckpt, folder)
@@ -570,15 +571,16 @@ class Trainer:
         if self.s.export_from == "best" and self.eval_batches:
             choice: list = [None]
             if self.rank == 0:  # rank 0 picks, as for resume: ranks never choose a checkpoint on their own
-                best = ckpt.best_checkpoint(self.paths.out / "checkpoints")
+                best = self.seams.checkpoints.best(self.paths.out / "checkpoints")
                 choice = [str(best) if best is not None else None]
             dist.broadcast_object_list(choice, src=0)
             if choice[0] is not None and Path(choice[0]).name != f"step-{self.total}":
-                self.exported_step = int(ckpt.load_checkpoint(Path(choice[0]), self.model, self.optimizer)["step"])
+                state = ckpt.load_checkpoint(Path(choice[0]), self.model, self.optimizer, self.seams.checkpoints)
+                self.exported_step = int(state["step"])
         self.check_finite_weights(self.exported_step, "final/")
         # the tokenizer is verified by its hash on every rank once the weights are written (train/export_files.py)
         extra = partial(export_extra_files, self.paths.pretokenized, self.config["model"])
-        export_final(self.model, self.s, self.paths.out, extra)
+        export_final(self.model, self.s, self.paths.out, extra, self.seams.export)
         self.memory.end("export")
 
     def summarize(self) -> dict:
