@@ -67,6 +67,7 @@ def test_a_chunk_out_of_the_layout_takes_the_general_path():
     assert ticks_mod.period(np.array([0, 1, 1, 0], np.int32), None) == 0  # another order
     assert ticks_mod.period(np.array([0, 1, 0], np.int32), None) == 0  # a tick cut short
     t = np.array([10.0, 10.0, 10.1, 10.2])  # the second tick's rows carry two times (a logger's burst)
-    assert ticks_mod.layout(t, np.array([0, 1]), 2, np.ones(4, np.float32), 1.0) is None
+    assert not ticks_mod.shared_times(t, 2, np.ones(4, np.float32))
     p = np.array([1, np.nan, 1, 1], np.float32)  # a missing reading
-    assert ticks_mod.layout(np.repeat([10.0, 10.1], 2), np.array([0, 1]), 2, p, 1.0) is None
+    assert not ticks_mod.shared_times(np.repeat([10.0, 10.1], 2), 2, p)
+    assert ticks_mod.shared_times(np.repeat([10.0, 10.1], 2), 2, np.ones(4, np.float32))

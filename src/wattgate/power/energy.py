@@ -253,8 +253,8 @@ def summarize_ticks(head: np.ndarray, tick_time: np.ndarray, p2: np.ndarray, e2:
     k, ticks = len(head), len(tick_time)
     dts = np.diff(tick_time)
     pieces = np.add(p2[1:], p2[:-1], dtype=np.float64)  # as float64(a) + float64(b), without a float64 copy
-    pieces *= dts[:, None]
-    pieces *= 0.5
+    # (a + b) * dt * 0.5 in one pass: halving is exact, so x * (dt * 0.5) rounds as (x * dt) * 0.5 does
+    pieces *= (dts * 0.5)[:, None]
     limit = np.full(k, np.inf)
     gaps = np.zeros(len(dts))
     if ticks >= 3:
@@ -282,7 +282,7 @@ def summarize_ticks(head: np.ndarray, tick_time: np.ndarray, p2: np.ndarray, e2:
     integral, gap_s = to(last)
     if e2 is not None:
         readings = np.isfinite(e2)
-        reads = readings.sum(axis=0)
+        reads = np.bincount(np.flatnonzero(readings) % k, minlength=k)  # a bool column sum reads the rows strided
         first_row = np.argmax(readings, axis=0)
         last_row = ticks - 1 - np.argmax(readings[::-1], axis=0)
     else:

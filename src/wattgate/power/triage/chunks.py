@@ -36,7 +36,7 @@ NEEDED = ("time", "host", "gpu", "power_w", "util_gpu")
 class _Rows:
     """One chunk's usable rows (with a GPU and a finite time) as numpy columns."""
 
-    gid: np.ndarray  # GPU id (_GpuIds, in order of first sight)
+    ids: np.ndarray  # GPU id (_GpuIds, in order of first sight) per row; in the sampler's layout one tick's (head)
     time: np.ndarray  # float64
     power: np.ndarray  # float32, NaN = missing or out of range
     util: np.ndarray  # float32, NaN = missing or out of range
@@ -45,6 +45,20 @@ class _Rows:
     signals: tuple[bool, bool]  # any power, any utilization reading
     causes: dict | None = None  # SM clock, temperature, reasons (causes.chunk_columns); None: none of them
     period: int = 0  # k: the rows are ticks of the same k GPUs in one order (the sampler's layout); 0: not
+    shared: bool = False  # ... and share one time per tick, in time order, no power missing (ticks.shared_times)
+
+    @property
+    def head(self) -> np.ndarray:
+        """The GPU ids of one tick, in the sampler's layout."""
+        return self.ids[: self.period]
+
+    @property
+    def gid(self) -> np.ndarray:
+        """Every row's GPU id; in the sampler's layout the first tick's repeated, made when first asked for (the
+        tick-layout reductions need only the head)."""
+        if len(self.ids) != len(self.time):
+            self.ids = np.tile(self.ids, len(self.time) // len(self.ids))
+        return self.ids
 
 
 class _GpuIds:
@@ -122,6 +136,11 @@ def _host_codes(col) -> tuple[list[str], np.ndarray | None]:
     return ["" if v is None else str(v) for v in values], codes.astype(np.int32)
 
 
+def _any_value(x: np.ndarray) -> bool:
+    """Any reading that is not NaN (fmin passes over NaN: one reduction, no mask)."""
+    return len(x) > 0 and not np.isnan(np.fmin.reduce(x))
+
+
 def _rows(batch: pa.RecordBatch | pa.Table, ids: _GpuIds) -> _Rows | None:
     """A chunk's usable rows; None when it has none."""
     if isinstance(batch, pa.Table):
@@ -137,7 +156,7 @@ def _rows(batch: pa.RecordBatch | pa.Table, ids: _GpuIds) -> _Rows | None:
     util = _numbers(batch.column("util_gpu"), np.float32, True)
     has_energy = "energy_j" in batch.schema.names and batch.column("energy_j").null_count < batch.num_rows
     energy = _numbers(batch.column("energy_j"), np.float64, True) if has_energy else None
-    signals = (not np.isnan(power).all(), not np.isnan(util).all())
+    signals = (_any_value(power), _any_value(util))
     causes = causes_mod.chunk_columns(batch) if set(causes_mod.COLUMNS) & set(batch.schema.names) else None
     if causes is not None and all(v is None for v in causes.values()):
         causes = None
@@ -151,11 +170,11 @@ def _rows(batch: pa.RecordBatch | pa.Table, ids: _GpuIds) -> _Rows | None:
         causes = causes_mod.select(causes, ok) if causes is not None else None
     k = ticks_mod.period(gpu, codes)
     if k:  # the sampler's layout: the ids of one tick's GPUs, repeated (no lookup per row)
-        head, ngpu = ids.of(names, codes[:k] if codes is not None else np.zeros(k, np.int32), gpu[:k])
-        gid = np.tile(head, len(gpu) // k)
+        gid, ngpu = ids.of(names, codes[:k] if codes is not None else np.zeros(k, np.int32), gpu[:k])
     else:
         gid, ngpu = ids.of(names, codes if codes is not None else np.zeros(len(gpu), np.int32), gpu)
-    return _Rows(gid, time_, power, util, energy, ngpu, signals, causes, k)
+    shared = bool(k) and ticks_mod.shared_times(time_, k, power)
+    return _Rows(gid, time_, power, util, energy, ngpu, signals, causes, k, shared)
 
 
 def table_batches(trace) -> Iterator[pa.RecordBatch]:
@@ -211,9 +230,8 @@ class _Cells:
 
 
 def _cells(r: _Rows, window_s: float, ngpu_seen: int) -> _Cells:
-    t = ticks_mod.layout(r.time, r.gid[: r.period], r.period, r.power, window_s) if r.period else None
-    if t is not None:
-        return _tick_cells(r, t, ngpu_seen)
+    if r.shared:
+        return _tick_cells(r, ticks_mod.layout(r.time, r.head, r.period, r.power, window_s), ngpu_seen)
     key = r.time / window_s if window_s != 1.0 else r.time.copy()
     np.floor(key, out=key)
     lo, hi = float(key.min()), float(key.max())
@@ -289,8 +307,8 @@ def _tick_cells(r: _Rows, t: ticks_mod.Ticks, ngpu_seen: int) -> _Cells:
 
 def _gpu_major(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """The chunk's (gid, time, power, energy) grouped by GPU, each GPU's rows in time order (stable)."""
-    n, k = len(r.gid), r.ngpu
-    head = r.gid[:k]
+    n, k = len(r.time), r.ngpu
+    head = r.head if r.period else r.gid[:k]
     if r.period or n % k == 0 and len(np.unique(head)) == k and bool((r.gid.reshape(-1, k) == head).all()):
         # the sampler's layout, each tick's GPUs in the same order: a transpose groups them, no sort
         def grouped(a):
@@ -316,13 +334,10 @@ def _gpu_major(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
 
 
 def _energy_segments(r: _Rows) -> energy_mod.Segments:
-    if r.period:  # the sampler's layout with one time per tick: the GPUs share their intervals (energy.py)
+    if r.shared:  # the sampler's layout with one time per tick: the GPUs share their intervals (energy.py)
         k = r.period
-        t2 = r.time.reshape(-1, k)
-        if (k == 1 or bool((t2 == t2[:, :1]).all())) and np.isfinite(np.add.reduce(r.power, dtype=np.float64)):
-            if len(t2) < 2 or bool((t2[1:, 0] >= t2[:-1, 0]).all()):
-                e2 = r.energy.reshape(-1, k) if r.energy is not None else None
-                return energy_mod.summarize_ticks(r.gid[:k], t2[:, 0], r.power.reshape(-1, k), e2)
+        e2 = r.energy.reshape(-1, k) if r.energy is not None else None
+        return energy_mod.summarize_ticks(r.head, r.time.reshape(-1, k)[:, 0], r.power.reshape(-1, k), e2)
     return energy_mod.summarize_segments(*_gpu_major(r))
 
 

@@ -55,17 +55,21 @@ class Ticks:
     power: np.ndarray  # (ticks, k) float32
 
 
-def layout(time_: np.ndarray, gid_head: np.ndarray, k: int, power: np.ndarray, window_s: float) -> Ticks | None:
-    """The chunk's Ticks when every tick's rows share one time, ticks come in time order and no power reading
-    is missing; else None."""
+def shared_times(time_: np.ndarray, k: int, power: np.ndarray) -> bool:
+    """Whether rows in ticks of k GPUs (period) also share one time per tick, come in time order and miss no
+    power reading: what the reductions by ticks (layout, energy.summarize_ticks) need, checked once a chunk."""
     t2 = time_.reshape(-1, k)
     tick_time = t2[:, 0]
     if k > 1 and not bool((t2 == tick_time[:, None]).all()):
-        return None
+        return False
     if len(tick_time) > 1 and bool((tick_time[1:] < tick_time[:-1]).any()):
-        return None
-    if not np.isfinite(np.add.reduce(power, dtype=np.float64)):  # a missing reading: the general path
-        return None
+        return False
+    return bool(np.isfinite(np.add.reduce(power, dtype=np.float64)))  # a missing reading: the general path
+
+
+def layout(time_: np.ndarray, gid_head: np.ndarray, k: int, power: np.ndarray, window_s: float) -> Ticks:
+    """The chunk's Ticks; its rows are ticks with shared_times."""
+    tick_time = time_.reshape(-1, k)[:, 0]
     w = np.floor(tick_time / window_s) if window_s != 1.0 else np.floor(tick_time)
     starts = np.flatnonzero(np.r_[True, w[1:] != w[:-1]])
     counts = np.diff(np.r_[starts, len(w)])
