@@ -95,7 +95,9 @@ def test_a_barrier_rank_1_alone_issues_inside_dcp_load_on_resume_fails_the_gate_
     monkeypatch.setattr(dcp, "load", load)
     d = gate_fails_naming_rank_1(proof_run, tmp_path / "gate")
     assert d["phase"] == "resume" and d["rank0"] == DCP_LOAD[0]
-    assert "rank 1 diverges from rank 0 at resume, collective #" in (tmp_path / "gate" / "gate.md").read_text()
+    gate_md = (tmp_path / "gate" / "gate.md").read_text()
+    assert "rank 1 diverges from rank 0 at resume, collective #" in gate_md
+    assert "collectives, fingerprint `" in gate_md.split("\nresume: ", 1)[1].split("(resume from checkpoint step")[0]
 
 
 def test_a_barrier_rank_1_alone_issues_between_dcp_loads_own_collectives_is_caught(proof_run, monkeypatch):

@@ -124,6 +124,13 @@ def collectives_markdown(p: dict) -> list[str]:
             )
         for name in ("startup", "end"):
             lines.append(f"\n{name}: {p[name]['collectives']} collectives, fingerprint `{p[name]['fingerprint']}`")
+        for name, what in (("stop", "graceful stop at step"), ("resume", "resume from checkpoint step")):
+            if p.get(name):  # the stop path from a dry-run step; the resume from the newest checkpoint
+                section = p[name]
+                lines.append(
+                    f"\n{name}: {section['collectives']} collectives, fingerprint `{section['fingerprint']}` "
+                    f"({what} {section['step']})"
+                )
     return lines
 
 
