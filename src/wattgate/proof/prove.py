@@ -137,8 +137,9 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     proxy, pair = proxy_depths(depth)
     try:
         paths = [Paths(Path(pretokenized), Path(plan_dir), work / f"rank-{r}") for r in range(world)]
-        # rank 0 first: what it sends reaches the others through the relay (proof/relay.py)
-        tasks = [(config, paths[r], r, steps, proxy, True, False, work / "relay") for r in range(world)]
+        # rank 0 first: what it sends reaches the others through the relay (proof/relay.py), a fresh folder
+        relay = Path(tempfile.mkdtemp(prefix="relay-", dir=work))
+        tasks = [(config, paths[r], r, steps, proxy, True, False, relay) for r in range(world)]
         if pair is not None:  # rank 0 at one period more: each period's collectives
             tasks.append((config, Paths(Path(pretokenized), Path(plan_dir), work / "one-period-more"), 0, steps, pair))
         if depth["moe"]:  # rank 0 again, no token reaching any expert: routing must move no collective

@@ -4,7 +4,8 @@ dispatch), so N ranks on C cores take about N / C of the time (issue 31: the def
 Workers are forked (multiprocessing's fork context) once torch, transformers and the model's modules are
 imported and before any dry run starts, so a worker starts at once and shares them; each task is one
 `dry_run_rank` on its own fake process group, its RankRecord sent back pickled. The gate's own process takes
-every C-th task. A worker that does not answer long after the gate's own share is done is ended and the proof
+every C-th task, the first (rank 0) first: the other ranks take what rank 0 sends (proof/relay.py), and wait
+for it when they are ahead. A worker that does not answer long after the gate's own share is done is ended and the proof
 fails naming it, instead of the gate waiting on it: a fork can inherit a lock held by a thread that is gone.
 """
 
