@@ -42,6 +42,36 @@ DENSE = {
     ),
 }
 
+# Mixture-of-Experts (tests/test_moe.py; 4 experts, top 2): model_type -> (what its config adds, what the test
+# shows, a limit users meet). Gate with the proof on, 2-rank training, final/ in the input's layout, the validation
+# loss of final/'s own forward, each on synthetic data; the skewed-routing negative controls on qwen3_moe
+MOE = {
+    "qwen3_moe": (
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
+        "experts stacked in memory from one tensor per expert on disk and exported back per expert; the proof on a "
+        "routing where no token reaches any expert (tests/test_moe.py)",
+        None,
+    ),
+    "mixtral": (
+        {"num_local_experts": 4, "num_experts_per_tok": 2},
+        "as qwen3_moe, with `block_sparse_moe.experts.<e>.w1/w2/w3` renamed to the stacked experts and back "
+        "(tests/test_moe.py)",
+        None,
+    ),
+    "gpt_oss": (
+        {
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 8,
+        },
+        "stacked experts with biases, attention sinks, sliding and full layers; packed documents kept apart "
+        "(transformers 5.24 builds its masks without position_ids) (tests/test_moe.py)",
+        "no sdpa in transformers: eager on CPU; on GPU transformers swaps flash_attention_2 for a hub kernel "
+        "(kernels-community/vllm-flash-attn3), untested here",
+    ),
+}
+
 
 def tiny_config(model_type: str) -> dict:
     return dict(TINY_DECODER, model_type=model_type, **DENSE[model_type][0])

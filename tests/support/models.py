@@ -1,6 +1,8 @@
 """Model configs the tests share: tiny Qwen3s that train on CPU in seconds, Qwen3-32B for estimates, and tiny
 Mixture-of-Experts folders (Qwen3-MoE, Mixtral, GPT-OSS) with the helpers that compare an export with its input."""
 
+from support.architectures import MOE
+
 # the train tests' tiny Qwen3 (also the attention and loss tests'): 2 layers, a 96-token vocabulary
 TINY = {
     "model_type": "qwen3",
@@ -77,16 +79,7 @@ MOE_BASE = {
     "initializer_range": 0.2,
     "tie_word_embeddings": False,
 }
-MOE_ARCHS = {
-    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
-    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
-    "gpt_oss": {
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "sliding_window": 8,
-    },
-}
+MOE_ARCHS = {model_type: adds for model_type, (adds, _, _) in MOE.items()}  # the matrix's (docs/architectures.md)
 
 
 def moe_config(model_type: str, **overrides) -> dict:
