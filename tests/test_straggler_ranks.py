@@ -13,11 +13,15 @@ from collections import deque
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 
 from wattgate.cli import main
 from wattgate.config import validate_config
 from wattgate.data.synthetic import write_random_pretokenized
+from wattgate.gate.cost import last_run_wait
+from wattgate.ledger import read_ledger
+from wattgate.model_spec import load_model_spec
 from wattgate.pack.plan import build_plan
 from wattgate.telemetry.lag_watch import LagWatch, busy_from_samples
 from conftest import TINY
@@ -39,6 +43,7 @@ def slowed_run(tmp: Path, steps: int = 30, spin_s: float = 0.25) -> tuple[Path, 
             "model": {"config": TINY},
             "cluster": {"nodes": 1, "gpus_per_node": 2},
             "watcher": {"poll_s": 0.5},
+            "forecast": {"ledger": str(tmp / "throughput.jsonl")},
         }
     )
     build_plan(config, tmp / "pretokenized", tmp / "plan")
@@ -84,13 +89,23 @@ def test_a_slowed_cpu_rank_is_warned_once_live_and_named_by_triage_and_the_repor
     assert "rank 1" in (power / "triage.md").read_text() or "| 1 |" in (power / "triage.md").read_text()
 
     report = tmp_path / "report"
-    assert main(["report", "--run-dir", str(out), "--power", str(power), "--out", str(report)]) == 0
+    config = ["--config", str(tmp_path / "config.yaml")]
+    assert main(["report", *config, "--run-dir", str(out), "--power", str(power), "--out", str(report)]) == 0
     summary = json.loads((report / "summary.json").read_text())
     (e,) = summary["stragglers"]["entries"]
     assert e["rank"] == 1 and summary["stragglers"]["source"] == "watcher: rank CPU time"
     page = (report / "index.html").read_text()
     assert 'id="stragglers"' in page and "rank 1 on" in page
     assert any(a["kind"] == "straggler" and a["ranks"] == [1] for a in summary["anomalies"])
+
+    # the report wrote the time lost to waiting into the run's ledger record; the next run's gate says it
+    (rec,) = read_ledger(tmp_path / "throughput.jsonl")
+    assert rec["wait_hours"] == pytest.approx(summary["stragglers"]["wait_rank_hours"]) and rec["wait_hours"] > 0
+    assert rec["wait_source"] == "watcher: rank CPU time" and 0 < rec["wait_share"] <= 1
+    cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    wait = last_run_wait(cfg, load_model_spec(cfg))
+    assert wait["run_name"] == "t" and wait["unit"] == "rank-hours"
+    assert "time lost to waiting for stragglers: " in wait["line"] and "% of its time" in wait["line"]
 
 
 # ---------------------------------------------------------------- the watcher's interval rule

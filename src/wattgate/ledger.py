@@ -5,7 +5,9 @@ a crash or a forecast that "fits" a budget because a term is negative. Fields ar
 line may hold only `cost_per_s`), but any field present must be of its type and within its range.
 
 train appends one record per finished run (run_record, append_ledger); the gate reads them all (read_ledger)
-for the measured throughput of the same model shape, world size and GPU model.
+for the measured throughput of the same model shape, world size and GPU model. The run's report adds to its
+record how much of its time went to waiting for stragglers (record_wait: `wait_hours`, `wait_share`,
+`wait_source`), which a later run's gate states.
 """
 
 from __future__ import annotations
@@ -96,6 +98,11 @@ FIELDS = {
     "export_s": DURATION,
     "storage_gbps": _optional(_in(0.0, MAX_GBPS, low_open=True)),
     "job_s": DURATION,
+    # added by the run's report (record_wait): GPU-hours (rank-hours without GPU telemetry) the ranks spent waiting
+    # for stragglers, their share of the run's world_size x job_s, and what measured them
+    "wait_hours": _optional(_in(0.0, MAX_SECONDS)),
+    "wait_share": _optional(_in(0.0, 1.0)),
+    "wait_source": _optional(_text),
 }
 REQUIRED = ("cost_per_s",)
 
@@ -172,6 +179,34 @@ def append_ledger(path: Path, record: dict) -> None:
     if existing and not existing.endswith(b"\n"):
         existing += b"\n"
     write_bytes_atomic(path, existing + (json.dumps(record, sort_keys=True) + "\n").encode())
+
+
+def record_wait(path: Path, run_name: str, wait_hours: float, source: str, steps: int | None = None) -> dict | None:
+    """Add to a run's ledger record what its ranks spent waiting for stragglers: `wait_hours` (GPU-hours, or
+    rank-hours without GPU telemetry), their share of the run's world_size x job_s (null without a job time) and
+    `source`. The record is the newest of that run name (with `steps`, the newest of that many steps first: a
+    rerun under the same name keeps its own). The other lines are kept byte for byte. Returns the updated record,
+    or None when the ledger holds no record of the run."""
+    path = Path(path)
+    records = read_ledger(path)  # every line checked, as the gate reads them
+    mine = [i for i, r in enumerate(records) if r.get("run_name") == run_name]
+    if steps is not None and any(records[i].get("steps") == steps for i in mine):
+        mine = [i for i in mine if records[i].get("steps") == steps]
+    if not mine:
+        return None
+    at = max(mine, key=lambda i: (records[i].get("time", 0), i))
+    rec = dict(records[at])
+    rank_hours = rec.get("world_size", 0) * rec.get("job_s", 0.0) / 3600.0
+    rec["wait_hours"] = round(float(wait_hours), 6)
+    rec["wait_share"] = round(min(float(wait_hours) / rank_hours, 1.0), 6) if rank_hours > 0 else None
+    rec["wait_source"] = source
+    problem = record_problem(rec)
+    if problem:
+        raise InputError(f"{path}: run {run_name!r}: the waiting for stragglers cannot be recorded ({problem})")
+    lines = [line for line in _ledger_lines(path) if line.strip()]  # the records, in order
+    lines[at] = json.dumps(rec, sort_keys=True)
+    write_bytes_atomic(path, ("\n".join(lines) + "\n").encode())
+    return rec
 
 
 def warmup_steps(n: int) -> int:

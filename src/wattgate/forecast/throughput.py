@@ -23,10 +23,11 @@ class Throughput:
     storage_gbps: float | None = None
 
 
-def measured_throughput(
+def measured_record(
     records: list[dict], shape: dict, world_size: int, gpu_model: str, seq_len: int, micro_batch_size: int
-) -> Throughput | None:
-    """The newest ledger record of this shape, world size and GPU model (same seq_len and micro-batch first)."""
+) -> dict | None:
+    """The newest ledger record of this shape, world size and GPU model (same seq_len and micro-batch first):
+    the last run the forecast measures from; None when there is none."""
     key, model = shape_key(shape), gpu_model.lower()
     same = [
         r
@@ -39,7 +40,16 @@ def measured_throughput(
     if not same:
         return None
     closest = [r for r in same if r.get("seq_len") == seq_len and r.get("micro_batch_size") == micro_batch_size]
-    r = max(closest or same, key=lambda x: x.get("time", 0))
+    return max(closest or same, key=lambda x: x.get("time", 0))
+
+
+def measured_throughput(
+    records: list[dict], shape: dict, world_size: int, gpu_model: str, seq_len: int, micro_batch_size: int
+) -> Throughput | None:
+    """The throughput of measured_record."""
+    r = measured_record(records, shape, world_size, gpu_model, seq_len, micro_batch_size)
+    if r is None:
+        return None
     return Throughput(
         "measured",
         float(r["cost_per_s"]),

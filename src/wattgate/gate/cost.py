@@ -16,6 +16,7 @@ from wattgate.forecast.throughput import (
     flops_throughput,
     host_matmul_flops,
     host_matmul_throughput,
+    measured_record,
     measured_throughput,
 )
 from wattgate.forecast.walltime import (
@@ -101,6 +102,37 @@ def throughput(config: dict, spec: ModelSpec, table) -> tuple[Throughput | None,
     )
 
 
+def last_run_wait(config: dict, spec: ModelSpec) -> dict | None:
+    """gate.json's `last_run_wait`: how much of the last run's time went to waiting for stragglers, as its report
+    recorded it in the ledger (ledger.record_wait), for the run the forecast measures from (the newest of this
+    model shape, world size and GPU model); None when the ledger has no such run."""
+    cluster, t = config["cluster"], config["train"]
+    records = read_ledger(Path(config["forecast"]["ledger"]))
+    r = measured_record(
+        records, asdict(spec), world_size(config), cluster["gpu_model"], t["seq_len"], t["micro_batch_size"]
+    )
+    if r is None:
+        return None
+    hours, share, source = r.get("wait_hours"), r.get("wait_share"), r.get("wait_source")
+    unit = "rank-hours" if str(source or "").startswith("watcher") else "GPU-hours"
+    run = f"Last run in the ledger ({r.get('run_name')!r}, {r.get('world_size')} x {r.get('gpu_model')})"
+    if hours is None:
+        line = f"{run}: its time lost to waiting for stragglers is not recorded (its run report adds it)."
+    elif hours == 0:
+        line = f"{run}: no time lost to waiting for stragglers ({source})."
+    else:
+        of = f"{100 * share:.3g}% of its time, " if share is not None else ""
+        line = f"{run}: time lost to waiting for stragglers: {of}{hours:.4g} {unit} ({source})."
+    return {
+        "run_name": r.get("run_name"),
+        "wait_hours": hours,
+        "wait_share": share,
+        "unit": unit,
+        "source": source,
+        "line": line,
+    }
+
+
 def triage_table(config: dict):
     """The triage table the run would be triaged with, for the energy levels; None when there is none (cpu)."""
     settings = TriageSettings.merge(config)
@@ -113,10 +145,15 @@ def triage_table(config: dict):
 
 
 def cost_section(inputs: GateInputs, spec: ModelSpec, equal_steps: Check) -> tuple[dict, Check]:
-    """(gate.json's "forecast" and "failure" entries, the budget check)."""
+    """(gate.json's "forecast", "failure" and "last_run_wait" entries, the budget check)."""
     config, plan, packs = inputs.config, inputs.plan, inputs.packs
     world = plan["world_size"]
-    out = {"forecast": None, "forecast_unavailable": None, "failure": None}
+    out = {
+        "forecast": None,
+        "forecast_unavailable": None,
+        "failure": None,
+        "last_run_wait": last_run_wait(config, spec),
+    }
     g = config["gate"]
     if len(packs) == 0 or packs.rank.min() < 0 or packs.rank.max() >= world:
         out["forecast_unavailable"] = "the plan has no packs or ranks out of range (see equal_steps)"
@@ -273,6 +310,8 @@ def cost_markdown(report: dict) -> list[str]:
                 f"{jobs['stop_margin_s']:g} s before its limit and resumed by the next (a stop's work: "
                 f"{jobs['stop_work_s']:.0f} s); a stop costs at most {fmt_hours(jobs['stop_cost_s'])}.",
             ]
+    if report.get("last_run_wait"):
+        lines += ["", report["last_run_wait"]["line"]]
     failure = report.get("failure")
     if failure:
         lines += ["", "## Cost of the failure the gate prevented", "", failure["line"]]

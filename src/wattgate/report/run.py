@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable
 
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
@@ -10,6 +11,7 @@ from wattgate.power.triage.arrays import small_pages
 from wattgate.report.figures import MAX_PANELS, render_all
 from wattgate.report.html import render_page
 from wattgate.report.inputs import load_inputs
+from wattgate.report.ledger_wait import record_run_wait
 from wattgate.report.summary import Analysis, analyze
 from wattgate.run_files import check_output, claim_output
 
@@ -57,4 +59,8 @@ def run_report(
     out_dir = claim_output(out_dir, STAGE)
     write_json_atomic(out_dir / "summary.json", analysis.summary)
     write_bytes_atomic(out_dir / "index.html", page.encode("utf-8"))
+    # the run's ledger record learns what waiting for stragglers cost it: a later run's gate says so
+    recorded = record_run_wait(analysis.inputs, analysis.summary)
+    if isinstance(recorded, str):
+        print(f"report: warning: {recorded}", file=sys.stderr, flush=True)
     return analysis.summary
