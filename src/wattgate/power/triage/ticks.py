@@ -131,7 +131,10 @@ def causes(t: Ticks, columns: dict[str, np.ndarray | None]) -> ChunkCauses | Non
             if first.min() == first.max():
                 return float(first[0])
             return per_gpu(first.astype(np.float64)) * rows, rows.copy()
-        ok = ~np.isnan(v2)
+        missing = np.isnan(v2)
+        if not missing.any():  # every kept tick holds a reading: its count per cell is the kept ticks
+            return per_run(v2, np.float64), rows.copy()
+        ok = ~missing
         if not ok.any():
             return None
         return per_run(np.where(ok, v2, 0.0), np.float64), per_run(ok, np.float64)
