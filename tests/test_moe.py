@@ -380,6 +380,34 @@ def test_with_the_construction_disabled_the_proof_names_the_reduce_scatter_a_ske
     assert report["divergence"] is None  # the ranks' routed runs agree: only the skew shows it
 
 
+def test_an_moe_model_without_an_experts_module_is_refused_in_one_line_before_any_dry_run(
+    tmp_path, pretokenized, monkeypatch
+):
+    """Custom expert code the dry run cannot starve (no transformers *Experts module): the proof names the limit."""
+    from wattgate.proof.prove import prove_collectives
+
+    def no_dry_run(*args, **kwargs):
+        raise AssertionError("a dry run started")
+
+    config = validate_config(
+        {
+            "run_name": "t",
+            "train": dict(seq_len=64, micro_batch_size=2, grad_accum=1, max_steps=2, warmup_steps=0),
+            "model": {"config": moe_config("mixtral")},
+            "cluster": {"nodes": 1, "gpus_per_node": 2},
+        }
+    )
+    build_plan(config, pretokenized, tmp_path / "plan")
+    monkeypatch.setattr("wattgate.proof.prove.experts_modules", lambda model: [])
+    monkeypatch.setattr("wattgate.proof.prove.dry_run_rank", no_dry_run)
+    report = prove_collectives(config, pretokenized, tmp_path / "plan")
+    assert not report["passed"] and report["ranks_run"] == 0 and "\n" not in report["detail"]
+    assert report["detail"].startswith(
+        "model.config (mixtral) is a Mixture-of-Experts model (num_experts 4) without a transformers experts module"
+    )
+    assert report["detail"].endswith("set gate.collectives: false to run it unproven")
+
+
 @pytest.fixture(scope="module")
 def skew_config(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("skew") / "config.yaml"

@@ -20,12 +20,13 @@ from pathlib import Path
 
 from wattgate.errors import InputError
 from wattgate.proof.classes import class_divergence, classes_by_rank, first_steps
-from wattgate.proof.depth import layer_pattern, proxy_depths, scaled_count
+from wattgate.proof.depth import layer_pattern, meta_model, proxy_depths, scaled_count
 from wattgate.proof.dryrun import RankRecord, dry_run_rank
 from wattgate.proof.record import Collective, fingerprint
 from wattgate.proof.workers import run_tasks
 from wattgate.run_files import read_plan
 from wattgate.train.loop import Paths
+from wattgate.train.moe import experts_modules
 from wattgate.train.settings import TrainSettings
 
 
@@ -132,6 +133,8 @@ def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Pa
     steps = first_steps(classes, first)
     labels = [{g: seq[g - first].label if g - first < len(seq) else "no step" for g in steps} for seq in classes]
     depth = layer_pattern(config["model"])
+    if depth["moe"] and not experts_modules(meta_model(config["model"])):  # nothing the dry run can starve
+        return refused(world, depth, no_experts_line(depth), t0)
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="wattgate-proof-")) if own else Path(work)
     proxy, pair = proxy_depths(depth)
@@ -247,6 +250,30 @@ def moe_note(moe: dict) -> str:
         f"; Mixture-of-Experts ({moe['why']}): rank {moe['starved_rank']} with no token reaching any expert issues the "
         f"same collectives as with its tokens routed ({ran})"
     )
+
+
+def no_experts_line(depth: dict) -> str:
+    return (
+        f"{depth['model']} is a Mixture-of-Experts model ({depth['moe']}) without a transformers experts module (a "
+        "class named *Experts, as Qwen3-MoE, Mixtral and GPT-OSS have): the proof cannot dry-run its experts or "
+        "check that its routing moves no collective; set gate.collectives: false to run it unproven"
+    )
+
+
+def refused(world: int, depth: dict, line: str, t0: float) -> dict:
+    """The report of a proof refused before any dry run (a model whose collectives it cannot prove)."""
+    return {
+        "passed": False,
+        "detail": line,
+        "world_size": world,
+        "ranks_run": 0,
+        "proxy_layers": 0,
+        "depth": depth,
+        "classes": [],
+        "divergence": None,
+        "class_divergence": None,
+        "elapsed_s": round(time.perf_counter() - t0, 2),
+    }
 
 
 def safe_prove(config: dict, pretokenized: Path, plan_dir: Path) -> dict:
