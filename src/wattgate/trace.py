@@ -17,6 +17,9 @@ a trace stays strict JSON (`strict_json`: non-finite floats become null).
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 import json
 import math
 import os
@@ -24,7 +27,7 @@ import re
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -413,12 +416,18 @@ def _read_columns(path: Path, columns: list[str]) -> pa.Table:
     return _checked(table, meta, path)
 
 
-def read_trace_chunks(path: str | os.PathLike, columns: list[str], rows: int) -> tuple[dict, Iterator]:
+def read_trace_chunks(
+    path: str | os.PathLike, columns: list[str], rows: int, deferred: Sequence[str] = ()
+) -> tuple[dict, Iterator]:
     """read_trace(path, columns) a batch of at most `rows` rows at a time, for a reader that reduces them as
     they come: (the trace's metadata, an iterator of record batches cast as read_trace casts them). The range
     check is the reader's to do (NaN, infinite or negative readings are not readings). A killed sampler's
     segments are stitched whole when the batches are first asked for; the metadata is the first segment's,
-    as read_trace gives it."""
+    as read_trace gives it.
+
+    `deferred` columns (of `columns`) are not decoded with the batches of a Parquet file: each item is then
+    (batch, fetch), fetch() reading those columns of the same rows (a record batch cast the same way), for a
+    reader that needs them for a few batches only. Stitched segments give whole batches, as without it."""
     path = Path(path)
     if not path.is_file():
         first = next(iter(live_segments(segment_dir(path))), None) if segment_dir(path).is_dir() else None
@@ -430,31 +439,66 @@ def read_trace_chunks(path: str | os.PathLike, columns: list[str], rows: int) ->
             yield from read_trace(path, columns=columns).to_batches(max_chunksize=rows)
 
         return trace_meta(pq.read_schema(first), path), stitched()
-    try:
-        # mapped, not read into buffers of its own: the row groups are decoded straight from the page cache
-        pf = pq.ParquetFile(path, read_dictionary=["host"] if "host" in columns else None, memory_map=True)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
-    _check_columns(path, pf.schema_arrow.names)
-    have = [c for c in columns if c in pf.schema_arrow.names]
+    pf = _open_trace(path, columns)
+    now = [c for c in columns if c not in deferred]
+    later = [c for c in columns if c in deferred]
+    have = [c for c in now if c in pf.schema_arrow.names]
 
     def batches():
         try:
             # the columns one after another on the thread that asks: a reader that reduces the batches as they
             # come reads on a thread of its own already (power/triage/windows.py), and Arrow's pool on top cost
             # more CPU time than it saved
+            at = 0
             for batch in pf.iter_batches(batch_size=rows, columns=have, use_threads=False):
-                for name in columns:
-                    if name not in batch.schema.names:  # an optional column the trace lacks
-                        typ = TRACE_SCHEMA.field(name).type
-                        batch = batch.append_column(pa.field(name, typ), pa.nulls(batch.num_rows, typ))
-                cast = [_cast(path, batch, TRACE_SCHEMA.field(c), keep_dictionary=True) for c in columns]
-                yield pa.RecordBatch.from_arrays(cast, names=columns)
+                out = _cast_batch(path, batch, now)
+                yield (out, functools.partial(_trace_rows, path, later, at, at + batch.num_rows)) if later else out
+                at += batch.num_rows
         except (OSError, pa.ArrowInvalid) as exc:
             raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
 
     meta = trace_meta(pf.schema_arrow, path)
     return meta, batches()
+
+
+def _open_trace(path: Path, columns: list[str]) -> pq.ParquetFile:
+    try:
+        # mapped, not read into buffers of its own: the row groups are decoded straight from the page cache
+        pf = pq.ParquetFile(path, read_dictionary=["host"] if "host" in columns else None, memory_map=True)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
+    _check_columns(path, pf.schema_arrow.names)
+    return pf
+
+
+def _cast_batch(path: Path, batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
+    """A batch read from a trace with `columns` as the trace schema's types (an optional column the trace lacks:
+    nulls)."""
+    for name in columns:
+        if name not in batch.schema.names:
+            typ = TRACE_SCHEMA.field(name).type
+            batch = batch.append_column(pa.field(name, typ), pa.nulls(batch.num_rows, typ))
+    cast = [_cast(path, batch, TRACE_SCHEMA.field(c), keep_dictionary=True) for c in columns]
+    return pa.RecordBatch.from_arrays(cast, names=columns)
+
+
+def _trace_rows(path: Path, columns: list[str], start: int, stop: int) -> pa.RecordBatch:
+    """Rows [start, stop) of a Parquet trace's `columns`, as read_trace_chunks gives them: only the row groups
+    that hold them are decoded."""
+    try:
+        pf = _open_trace(path, columns)
+        have = [c for c in columns if c in pf.schema_arrow.names]
+        if not have:  # none of them in the trace: every row null
+            return _cast_batch(path, pa.RecordBatch.from_pydict({"_": pa.nulls(stop - start)}), columns)
+        meta = pf.metadata
+        bounds = list(itertools.accumulate((meta.row_group(i).num_rows for i in range(meta.num_row_groups)), initial=0))
+        first = bisect.bisect_right(bounds, start) - 1
+        last = max(bisect.bisect_left(bounds, stop) - 1, first)
+        table = pf.read_row_groups(list(range(first, last + 1)), columns=have, use_threads=False)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
+    (batch,) = table.slice(start - bounds[first], stop - start).combine_chunks().to_batches()
+    return _cast_batch(path, batch, columns)
 
 
 def _checked(table: pa.Table, meta, path: Path) -> pa.Table:

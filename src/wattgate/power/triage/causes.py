@@ -155,7 +155,7 @@ class WindowCauses:
 
 def window_causes(chunks: list[tuple[np.ndarray, np.ndarray, ChunkCauses | None]], total: int, wanted) -> WindowCauses:
     """Cause figures of the windows at positions `wanted` (of `total`), from each chunk's (cell -> window
-    position, rows per cell, ChunkCauses)."""
+    position, rows per cell, ChunkCauses, or a callable giving it when asked)."""
     wanted = np.asarray(wanted, np.int64)
     m = len(wanted)
     lut = np.full(total, -1, np.int64)
@@ -170,6 +170,10 @@ def window_causes(chunks: list[tuple[np.ndarray, np.ndarray, ChunkCauses | None]
         sel = idx >= 0
         if not sel.any():
             continue
+        if callable(cc):  # deferred (ticks.DeferredCauses): read and reduced now that its windows are wanted
+            cc = cc()
+            if cc is None:
+                continue
         at = idx[sel]
         for name in ("clock", "temp"):
             v = getattr(cc, name)

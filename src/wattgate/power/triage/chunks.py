@@ -9,7 +9,7 @@ until the GPUs' levels are known (the bands count samples against them).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +46,7 @@ class _Rows:
     causes: dict | None = None  # SM clock, temperature, reasons (causes.chunk_columns); None: none of them
     period: int = 0  # k: the rows are ticks of the same k GPUs in one order (the sampler's layout); 0: not
     shared: bool = False  # ... and share one time per tick, in time order, no power missing (ticks.shared_times)
+    fetch_causes: Callable[[], pa.RecordBatch] | None = None  # the cause columns, not read yet (a shared chunk)
 
     @property
     def head(self) -> np.ndarray:
@@ -141,8 +142,12 @@ def _any_value(x: np.ndarray) -> bool:
     return len(x) > 0 and not np.isnan(np.fmin.reduce(x))
 
 
-def _rows(batch: pa.RecordBatch | pa.Table, ids: _GpuIds) -> _Rows | None:
-    """A chunk's usable rows; None when it has none."""
+def _rows(
+    batch: pa.RecordBatch | pa.Table, ids: _GpuIds, fetch: Callable[[], pa.RecordBatch] | None = None
+) -> _Rows | None:
+    """A chunk's usable rows; None when it has none. `fetch` reads the chunk's cause columns when the batch was
+    read without them (trace.read_trace_chunks' deferred): a chunk in the sampler's layout keeps it for the few
+    chunks whose straggler windows ask for them (ticks.DeferredCauses); any other reads them now."""
     if isinstance(batch, pa.Table):
         batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else None
     if batch is None or batch.num_rows == 0:
@@ -160,6 +165,7 @@ def _rows(batch: pa.RecordBatch | pa.Table, ids: _GpuIds) -> _Rows | None:
     causes = causes_mod.chunk_columns(batch) if set(causes_mod.COLUMNS) & set(batch.schema.names) else None
     if causes is not None and all(v is None for v in causes.values()):
         causes = None
+    ok = None
     if gpu.min() < 0 or not np.isfinite(np.add.reduce(time_)):  # rows without a GPU or a time: dropped
         ok = (gpu >= 0) & np.isfinite(time_)
         if not ok.any():
@@ -174,7 +180,12 @@ def _rows(batch: pa.RecordBatch | pa.Table, ids: _GpuIds) -> _Rows | None:
     else:
         gid, ngpu = ids.of(names, codes if codes is not None else np.zeros(len(gpu), np.int32), gpu)
     shared = bool(k) and ticks_mod.shared_times(time_, k, power)
-    return _Rows(gid, time_, power, util, energy, ngpu, signals, causes, k, shared)
+    if fetch is not None and (ok is not None or not shared):  # reduced with the rows: read them now
+        causes = causes_mod.chunk_columns(fetch())
+        causes = None if all(v is None for v in causes.values()) else causes
+        causes = causes_mod.select(causes, ok) if causes is not None and ok is not None else causes
+        fetch = None
+    return _Rows(gid, time_, power, util, energy, ngpu, signals, causes, k, shared, fetch)
 
 
 def table_batches(trace) -> Iterator[pa.RecordBatch]:
@@ -225,7 +236,7 @@ class _Cells:
     cell: np.ndarray  # per power sample: its grid cell
     power: np.ndarray  # per power sample (float32)
     gpu: np.ndarray  # per power sample: its GPU id (small ints: a lookup in a tiny table gives its edges)
-    causes: causes_mod.ChunkCauses | None = None  # per present cell: SM clock, temperature, reasons
+    causes: causes_mod.ChunkCauses | ticks_mod.DeferredCauses | None = None  # per present cell: clock, temp, reasons
     ticks: ticks_mod.Ticks | None = None  # the sampler's layout: cell, power and gpu are None, this holds them
 
 
@@ -300,7 +311,10 @@ def _tick_cells(r: _Rows, t: ticks_mod.Ticks, ngpu_seen: int) -> _Cells:
     else:
         ok = ~np.isnan(r.util)
         nu, usum = ticks_mod.counts(t, ok), ticks_mod.sums(t, np.where(ok, r.util, np.float32(0)))
-    chunk_causes = ticks_mod.causes(t, r.causes) if r.causes is not None else None
+    if r.fetch_causes is not None:  # read and reduced only if a straggler's windows ask for them
+        chunk_causes = ticks_mod.DeferredCauses(t, r.fetch_causes)
+    else:
+        chunk_causes = ticks_mod.causes(t, r.causes) if r.causes is not None else None
     gid, window = np.tile(ids, len(t.window)), np.repeat(t.window, t.k)
     return _Cells(span * ngpu_seen, present, gid, window, n, n, psum, nu, usum, None, None, None, chunk_causes, t)
 

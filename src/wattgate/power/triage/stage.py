@@ -50,6 +50,7 @@ from wattgate.power.triage.phases import (
     write_phases,
 )
 from wattgate.power.triage.arrays import small_pages
+from wattgate.power.triage.causes import COLUMNS as CAUSE_COLUMNS
 from wattgate.power.triage.levels import _Edges
 from wattgate.power.triage.rules import (
     EDGE_MARGIN,
@@ -77,7 +78,7 @@ from wattgate.power.triage.windows import (
     table_batches,
 )
 from wattgate.run_files import check_output, claim_output, read_watcher
-from wattgate.trace import REASONS, read_trace_chunks, strict_json
+from wattgate.trace import read_trace_chunks, strict_json
 
 
 def triage(
@@ -151,7 +152,10 @@ def _labelled(
     raw, osc = _classify(p, u, high, low, band, edges)
     raw = _peer_vote(raw, p, u, index, edges, gpu)
     # a window clearly in the compute band at busy utilization is compute however short (a step between waits)
-    burst = (raw == COMPUTE) & (p >= edges.hi + EDGE_MARGIN * (edges.hi - edges.lo))
+    burst = np.empty(len(p), dtype=bool)
+    for sl, _, lo, hi, _ in edges.spans:  # each GPU's edge a number over its slice: no per-window edge arrays
+        np.greater_equal(p[sl], hi + EDGE_MARGIN * (hi - lo), out=burst[sl])
+    burst &= raw == COMPUTE
     smooth = _majority(raw, gpu, ngpu, SMOOTH_RADIUS, _raw_band(p, edges), burst)
     from_wait = smooth == WAIT
     cls = _resolve_waits(smooth, index, gpu, ngpu, window_s, deadlock_after_s)
@@ -313,8 +317,8 @@ def _gaps_and_peers_md(result: dict) -> list[str]:
 
 
 # what triage reads of a trace: the windows' columns, the energy counter (energy.py) and what names a straggler's
-# cause (causes.py)
-TRIAGE_COLUMNS = ["time", "host", "gpu", "power_w", "util_gpu", "energy_j", "sm_clock_mhz", "temp_c", REASONS]
+# cause (causes.py); the last are decoded only for the chunks a straggler's windows ask for (ticks.DeferredCauses)
+TRIAGE_COLUMNS = ["time", "host", "gpu", "power_w", "util_gpu", "energy_j", *CAUSE_COLUMNS]
 
 
 def no_lag(share: float) -> dict:
@@ -354,16 +358,18 @@ WATCHER_STRAGGLER_KEYS = (
 
 
 def _trace_chunks(paths: list) -> tuple[list[dict], list[Iterator], Callable[[], Iterator]]:
-    """Each file's metadata; each file's batches (TRIAGE_COLUMNS), from the files opened for the metadata;
-    and a way to read them all again, end to end (ingest_energy, for a file whose row groups overlap in time)."""
+    """Each file's metadata; each file's batches (TRIAGE_COLUMNS, the cause columns deferred), from the files
+    opened for the metadata; and a way to read them all again, end to end, without the cause columns
+    (ingest_energy, for a file whose row groups overlap in time)."""
     if not paths:
         raise InputError("no trace files given")
     _check_given_once(paths)
-    opened = [read_trace_chunks(p, TRIAGE_COLUMNS, CHUNK_ROWS) for p in paths]
+    opened = [read_trace_chunks(p, TRIAGE_COLUMNS, CHUNK_ROWS, deferred=CAUSE_COLUMNS) for p in paths]
+    energy_columns = [c for c in TRIAGE_COLUMNS if c not in CAUSE_COLUMNS]
 
     def again():
         for p in paths:
-            yield from read_trace_chunks(p, TRIAGE_COLUMNS, CHUNK_ROWS)[1]
+            yield from read_trace_chunks(p, energy_columns, CHUNK_ROWS)[1]
 
     return [meta for meta, _ in opened], [batches for _, batches in opened], again
 

@@ -11,11 +11,13 @@ order, in float64. Any other layout (imported logs, a chunk holding a missing re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
-from wattgate.power.triage.causes import GROUPS, REDUCE_HZ, ChunkCauses, clean
+from wattgate.power.triage.causes import GROUPS, REDUCE_HZ, ChunkCauses, chunk_columns, clean
 from wattgate.trace import REASON_CAUSES, REASONS
 
 
@@ -91,6 +93,23 @@ def band_counts(t: Ticks, hi_edge: np.ndarray, lo_edge: np.ndarray) -> tuple[np.
     its low edge (float32 edges, one per GPU id)."""
     p = t.power
     return counts(t, p >= hi_edge[t.head]), counts(t, p < lo_edge[t.head])
+
+
+class DeferredCauses:
+    """A chunk's ChunkCauses (causes()) made when first asked for: its cause columns read then (`fetch`) and
+    reduced by its window runs, the same figures as at once. Most chunks are never asked for (only those with
+    a straggler's windows), and their columns are never decoded. Keeps the runs only, not the chunk's rows."""
+
+    def __init__(self, t: Ticks, fetch: Callable[[], pa.RecordBatch]):
+        self.runs = Ticks(t.k, t.head, t.order, t.starts, t.window, t.ticks_in, t.tick_window, t.tick_time.copy(), None)
+        self.fetch: Callable[[], pa.RecordBatch] | None = fetch
+        self.found: ChunkCauses | None = None
+
+    def __call__(self) -> ChunkCauses | None:
+        if self.fetch is not None:
+            self.found = causes(self.runs, chunk_columns(self.fetch()))
+            self.fetch = None
+        return self.found
 
 
 def causes(t: Ticks, columns: dict[str, np.ndarray | None]) -> ChunkCauses | None:

@@ -70,7 +70,10 @@ class _Ingest:
     sources: list[int] = field(default_factory=list)  # per chunk kept (cells, segments): the file it came from
 
     def add(self, batch, pool: ThreadPoolExecutor | None = None, source: int = 0) -> None:
-        r = _rows(batch, self.ids)
+        """One chunk: a record batch, or (batch, a way to read its cause columns) (trace.read_trace_chunks'
+        deferred columns)."""
+        batch, fetch = batch if isinstance(batch, tuple) else (batch, None)
+        r = _rows(batch, self.ids, fetch)
         if r is None:
             return
         self.sources.append(source)
