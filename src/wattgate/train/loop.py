@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from itertools import groupby
 from pathlib import Path
@@ -25,45 +25,33 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from wattgate.artifacts import sha256_file, write_json_atomic
+from wattgate.artifacts import sha256_file
 from wattgate.cadence import StepActions
-from wattgate.config import config_sha256
 from wattgate.errors import InputError
-from wattgate.ledger import append_ledger, run_record
-from wattgate.forecast.walltime import plan_step_costs
-from wattgate.model_spec import load_model_spec
 from wattgate.run_files import EVAL_PACKS
 from wattgate.train.metrics import process_age_s
 from wattgate.run_files import (
     EVAL,
     METRICS,
     MANIFEST,
-    PACKS,
     PLAN,
     EvalTable,
     MetricsTable,
     claim_output,
     read_manifest,
-    read_packs,
     read_plan,
 )
 from wattgate.train import checkpoint as ckpt
 from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors, read_rank_plan
 from wattgate.train.distributed import setup_rank
 from wattgate.train.export_files import check_tokenizer_present, export_extra_files
-from wattgate.train.launch import allocator_record
-from wattgate.identity import RESULT_SETTINGS, run_identity
+from wattgate.identity import run_identity
 from wattgate.train.eval_sources import NO_SOURCES, read_eval_sources
 from wattgate.train.loss import summed_token_loss, token_losses
 from wattgate.train.metrics import (
     GIB,
     PhaseMemory,
     StepLog,
-    folder_bytes,
-    loss_summary,
-    memory_summary,
-    model_flops_utilization,
-    validation_summary,
 )
 from wattgate.train.sequence_guard import check_planned_sequences, planned_sequence
 from wattgate.train.settings import TrainSettings
@@ -78,6 +66,7 @@ from wattgate.train.stop import (
     stop_abort_watch,
     write_stopped,
 )
+from wattgate.train.run_summary import append_throughput, write_trained
 from wattgate.train.seams import Seams, training_seams
 from wattgate.train.weights import DTYPES, EXPORT_FOLDER, ExportFiles, export_hf_folder
 
@@ -588,90 +577,6 @@ class Trainer:
         per_rank = self.memory.gather()
         if self.rank != 0:
             return {}
-        summary = self.write_summary(per_rank)
-        self.append_throughput(summary)
+        summary = write_trained(self, per_rank)
+        append_throughput(self, summary)
         return summary
-
-    def write_summary(self, per_rank_memory: list[dict]) -> dict:
-        """TRAINED (rank 0): losses, throughput, and each rank's memory peak per phase with load/export times."""
-        log, s, elapsed = self.log, self.s, self.elapsed
-        log.metrics.flush()
-        memory = memory_summary(per_rank_memory)
-        worst = memory["max_over_ranks"]
-        summary = dict(
-            loss_summary(log.metrics.rows),
-            steps=self.total,
-            resumed_from_step=self.start,
-            world_size=self.world,
-            device=self.device.type,
-            params=self.n_params,
-            tokens_per_s=log.tokens_done / elapsed if elapsed > 0 else None,
-            data_cache=s.data_cache,
-            data_copy_s=self.copy_s,
-            wall_s=elapsed,
-            load_s=worst["load"]["seconds"],
-            export_s=worst["export"]["seconds"],
-            export_dtype=s.export_dtype,
-            memory=memory,
-            startup_s=round(self.startup_s, 3),
-            allocator=allocator_record(),
-            checkpoints=log.checkpoints,
-            checkpoint_s=round(log.checkpoint_s, 3),
-            validation=validation_summary(
-                self.evals.rows if self.evals is not None else [], self.exported_step, s.export_from
-            ),
-            job_s=round(process_age_s(), 3),
-            # what was trained: the config's hash (the gate's marker names the one it checked) and the settings
-            # that change the result, readable without the config
-            config_sha256=config_sha256(self.config),
-            settings={key: self.config["train"][key] for key in RESULT_SETTINGS},
-            nonfinite_skipped_steps=self.skipped_steps,
-        )  # job_s: rank 0's whole process, what the forecast predicts
-        if self.device.type == "cuda":
-            summary["mfu"] = model_flops_utilization(
-                summary["tokens_per_s"] or 0, self.n_params, self.world, s.gpu_model
-            )
-            summary["peak_memory_gib"] = max(p["cuda_peak_gib"] for p in worst.values())
-        write_json_atomic(self.paths.out / "TRAINED", summary, nonfinite="null")  # a diverged loss is NaN: null
-        first, final = summary["first_loss"], summary["final_loss"]
-        losses = f"loss {first:.4f} -> {final:.4f}" if first is not None else "no steps taken"
-        v = summary["validation"]
-        valid = f"; validation {v['final_loss']:.4f} (best {v['best_loss']:.4f} at step {v['best_step']})" if v else ""
-        print(
-            f"train: done: {losses}{valid}, {summary['tokens_per_s'] or 0:.0f} tok/s; peak host RSS per rank "
-            + ", ".join(f"{p} {worst[p]['host_peak_gib']:.2f} GiB" for p in worst)
-            + f"; export {summary['export_s']:.1f} s -> {self.paths.out}",
-            flush=True,
-        )
-        return summary
-
-    def append_throughput(self, summary: dict) -> None:
-        """One line in the throughput ledger (forecast.ledger): this run's rate in the planner's cost units,
-        start-up, load and storage times, for the gate's forecast of the next run of the same shape, world size
-        and GPU."""
-        log, plan, s, start, total = self.log, self.plan, self.s, self.start, self.total
-        if total <= start or not log.step_times:
-            return
-        first = self.first_step  # packs.parquet's first step
-        costs = plan_step_costs(read_packs(self.paths.plan_dir / PACKS), plan, self.config, total - first)
-        record = run_record(
-            run_name=s.run_name,
-            shape=asdict(load_model_spec(self.config)),
-            gpu_model=s.gpu_model,
-            world_size=plan["world_size"],
-            seq_len=s.seq_len,
-            micro_batch_size=s.micro_batch_size,
-            attn_weight=float(plan.get("attn_weight", self.config["pack"]["attn_weight"])),
-            step_costs=costs.step_max_cost[start - first : start - first + len(log.step_times)],
-            step_times=log.step_times,
-            tokens=log.tokens_done,
-            startup_s=summary["startup_s"],
-            load_s=summary["load_s"],
-            checkpoints=log.checkpoints,
-            checkpoint_s=log.checkpoint_s,
-            checkpoint_bytes=log.checkpoint_bytes,
-            export_s=summary["export_s"],
-            export_bytes=folder_bytes(self.paths.out / "final"),
-            job_s=summary["job_s"],
-        )
-        append_ledger(s.ledger, record)
