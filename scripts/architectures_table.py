@@ -42,7 +42,7 @@ def render() -> str:
     matrix = load_matrix()
     rows = [
         f"| `{name}` | {shows} | {limit or 'none known'} |"
-        for name, (_, shows, limit) in {**matrix.DENSE, **getattr(matrix, "MOE", {})}.items()
+        for name, (_, shows, limit) in matrix.ARCHITECTURES.items()
     ]
     return HEADER + "\n".join(rows) + "\n"
 

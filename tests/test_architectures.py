@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from support.architectures import DENSE, save_tiny_model, tiny_config
+from support.architectures import ARCHITECTURES, save_tiny_model, tiny_config
 from support.scoring import reference_grad_norm, scored_by_transformers
 
 from wattgate.cli import main
@@ -77,7 +77,7 @@ def first_step_docs(plan: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", list(DENSE))
+@pytest.mark.parametrize("model_type", list(ARCHITECTURES))
 def test_the_architecture_trains_on_its_own_objective_and_exports_its_own_layout(prepared, model_type, tmp_path):
     root, corpus, tokenizer = prepared
     model = save_tiny_model(tmp_path / "model", model_type)

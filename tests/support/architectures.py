@@ -73,8 +73,11 @@ MOE = {
 }
 
 
+ARCHITECTURES = {**DENSE, **MOE}
+
+
 def tiny_config(model_type: str) -> dict:
-    return dict(TINY_DECODER, model_type=model_type, **DENSE[model_type][0])
+    return dict(TINY_DECODER, model_type=model_type, **ARCHITECTURES[model_type][0])
 
 
 def save_tiny_model(path, model_type: str, seed: int = 0):
