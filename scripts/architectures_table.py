@@ -41,8 +41,7 @@ def load_matrix():
 def render() -> str:
     matrix = load_matrix()
     rows = [
-        f"| `{name}` | {shows} | {limit or 'none known'} |"
-        for name, (_, shows, limit) in matrix.ARCHITECTURES.items()
+        f"| `{name}` | {shows} | {limit or 'none known'} |" for name, (_, shows, limit) in matrix.ARCHITECTURES.items()
     ]
     return HEADER + "\n".join(rows) + "\n"
 
