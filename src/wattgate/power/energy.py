@@ -245,11 +245,14 @@ def summarize_segments(gid: np.ndarray, t: np.ndarray, p: np.ndarray, e: np.ndar
     )
 
 
-def summarize_ticks(head: np.ndarray, tick_time: np.ndarray, p2: np.ndarray, e2: np.ndarray | None) -> Segments:
+def summarize_ticks(
+    head: np.ndarray, tick_time: np.ndarray, p2: np.ndarray, readings: tuple[np.ndarray, np.ndarray] | None
+) -> Segments:
     """summarize_segments of a chunk in the sampler's layout: ticks of the GPUs `head` (in that column order),
-    one time per tick, no missing power (`p2`: ticks x GPUs; `e2` the same for counter readings, NaN none).
-    The GPUs share the tick times, so the intervals, gaps and their limit are worked out once; the figures are
-    summarize_segments' on the same rows grouped by GPU."""
+    one time per tick, no missing power (`p2`: ticks x GPUs; `readings`: (position in p2's flat row order,
+    value) of each counter reading, in that order; None: no reading). The GPUs share the tick times, so the
+    intervals, gaps and their limit are worked out once; the figures are summarize_segments' on the same rows
+    grouped by GPU."""
     k, ticks = len(head), len(tick_time)
     dts = np.diff(tick_time)
     pieces = np.add(p2[1:], p2[:-1], dtype=np.float64)  # as float64(a) + float64(b), without a float64 copy
@@ -280,20 +283,24 @@ def summarize_ticks(head: np.ndarray, tick_time: np.ndarray, p2: np.ndarray, e2:
 
     last = np.full(k, ticks - 1)
     integral, gap_s = to(last)
-    if e2 is not None:
-        readings = np.isfinite(e2)
-        reads = np.bincount(np.flatnonzero(readings) % k, minlength=k)  # a bool column sum reads the rows strided
-        first_row = np.argmax(readings, axis=0)
-        last_row = ticks - 1 - np.argmax(readings[::-1], axis=0)
-    else:
-        reads = np.zeros(k, np.int64)
-        first_row = last_row = np.zeros(k, np.int64)
+    reads = np.zeros(k, np.int64)
+    first_row, last_row = np.zeros(k, np.int64), np.zeros(k, np.int64)
+    first_value, last_value = np.zeros(k), np.zeros(k)
+    if readings is not None and len(readings[0]):
+        at, values = readings
+        rows, cols = np.divmod(at, k)
+        reads = np.bincount(cols, minlength=k)
+        by = np.argsort(cols, kind="stable")  # each GPU's readings together, in tick order
+        c = cols[by]
+        firsts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+        lasts = np.r_[firsts[1:], len(c)] - 1
+        g = c[firsts]
+        first_row[g], last_row[g] = rows[by[firsts]], rows[by[lasts]]
+        first_value[g], last_value[g] = values[by[firsts]], values[by[lasts]]
     got = reads > 0
-    cols = np.arange(k)
 
-    def reading_at(row: np.ndarray) -> tuple[np.ndarray, ...]:
+    def reading_at(row: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, ...]:
         i, g = to(np.where(got, row, 0))
-        value = e2[row, cols] if e2 is not None else np.zeros(k)
         return (
             np.where(got, tick_time[row], np.nan),
             np.where(got, value, np.nan),
@@ -316,8 +323,8 @@ def summarize_ticks(head: np.ndarray, tick_time: np.ndarray, p2: np.ndarray, e2:
         limit,
         gap_s,
         reads.astype(np.int64),
-        *reading_at(first_row),
-        *reading_at(last_row),
+        *reading_at(first_row, first_value),
+        *reading_at(last_row, last_value),
     )
 
 

@@ -40,13 +40,34 @@ class _Rows:
     time: np.ndarray  # float64
     power: np.ndarray  # float32, NaN = missing or out of range
     util: np.ndarray  # float32, NaN = missing or out of range
-    energy: np.ndarray | None  # float64 counter readings, NaN = none; None: no reading in the chunk
+    counter: pa.Array | np.ndarray | None  # the energy counter as read (nulls: none) until asked for; None: no reading
     ngpu: int  # distinct ids in the chunk
     signals: tuple[bool, bool]  # any power, any utilization reading
     causes: dict | None = None  # SM clock, temperature, reasons (causes.chunk_columns); None: none of them
     period: int = 0  # k: the rows are ticks of the same k GPUs in one order (the sampler's layout); 0: not
     shared: bool = False  # ... and share one time per tick, in time order, no power missing (ticks.shared_times)
     fetch_causes: Callable[[], pa.RecordBatch] | None = None  # the cause columns, not read yet (a shared chunk)
+
+    @property
+    def energy(self) -> np.ndarray | None:
+        """float64 counter readings per row, NaN = none (or not a reading); None: no reading in the chunk."""
+        if isinstance(self.counter, pa.Array):
+            self.counter = _numbers(self.counter, np.float64, True)
+        return self.counter
+
+    def counter_readings(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(row, value) of each counter reading, in row order, without a column of a million NaNs (a chunk in the
+        tick layout needs only these); None: no reading in the chunk."""
+        col = self.counter
+        if col is None:
+            return None
+        if not isinstance(col, pa.Array):
+            at = np.flatnonzero(np.isfinite(col))
+            return at, col[at]
+        at = pc.indices_nonzero(col.is_valid()).to_numpy().astype(np.int64)
+        value = _numbers(col.drop_null(), np.float64, True)  # NaN where energy would read NaN: not a reading
+        keep = ~np.isnan(value)
+        return (at, value) if keep.all() else (at[keep], value[keep])
 
     @property
     def head(self) -> np.ndarray:
@@ -160,7 +181,7 @@ def _rows(
     power = _numbers(batch.column("power_w"), np.float32, True, UPPER_BOUNDS["power_w"])
     util = _numbers(batch.column("util_gpu"), np.float32, True)
     has_energy = "energy_j" in batch.schema.names and batch.column("energy_j").null_count < batch.num_rows
-    energy = _numbers(batch.column("energy_j"), np.float64, True) if has_energy else None
+    energy = batch.column("energy_j") if has_energy else None  # numbers when asked for (_Rows.energy)
     signals = (_any_value(power), _any_value(util))
     causes = causes_mod.chunk_columns(batch) if set(causes_mod.COLUMNS) & set(batch.schema.names) else None
     if causes is not None and all(v is None for v in causes.values()):
@@ -172,7 +193,7 @@ def _rows(
             return None
         gpu, time_, power, util = gpu[ok], time_[ok], power[ok], util[ok]
         codes = codes[ok] if codes is not None else None
-        energy = energy[ok] if energy is not None else None
+        energy = _numbers(energy, np.float64, True)[ok] if energy is not None else None
         causes = causes_mod.select(causes, ok) if causes is not None else None
     k = ticks_mod.period(gpu, codes)
     if k:  # the sampler's layout: the ids of one tick's GPUs, repeated (no lookup per row)
@@ -350,8 +371,9 @@ def _gpu_major(r: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
 def _energy_segments(r: _Rows) -> energy_mod.Segments:
     if r.shared:  # the sampler's layout with one time per tick: the GPUs share their intervals (energy.py)
         k = r.period
-        e2 = r.energy.reshape(-1, k) if r.energy is not None else None
-        return energy_mod.summarize_ticks(r.head, r.time.reshape(-1, k)[:, 0], r.power.reshape(-1, k), e2)
+        return energy_mod.summarize_ticks(
+            r.head, r.time.reshape(-1, k)[:, 0], r.power.reshape(-1, k), r.counter_readings()
+        )
     return energy_mod.summarize_segments(*_gpu_major(r))
 
 
