@@ -144,8 +144,11 @@ def _labelled(
     ngpu = len(win.keys)
     known = win.n > 0
     kpos = np.flatnonzero(known)
-    gpu, index = win.gpu_id[kpos], win.index[kpos]
-    p, u, high, low = win.power[kpos], win.util[kpos], win.high[kpos], win.low[kpos]
+    # the known windows' columns, as copies (the rules may write to them; the stragglers read the windows meanwhile):
+    # every window known, the usual case, copies whole columns instead of gathering them
+    pick = (lambda a: a.copy()) if len(kpos) == len(known) else (lambda a: a[kpos])
+    gpu, index = pick(win.gpu_id), pick(win.index)
+    p, u, high, low = pick(win.power), pick(win.util), pick(win.high), pick(win.low)
     edges = _Edges.of(win.levels, gpu, table)
 
     band = _band(_rolling_median(p, gpu, ngpu, SMOOTH_RADIUS), p, gpu, edges)
@@ -162,7 +165,7 @@ def _labelled(
     cls = _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s)
     cls = _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s)
 
-    conf = _confidence(p, u, high, low, osc, raw, smooth, cls, win.filled[kpos], edges)
+    conf = _confidence(p, u, high, low, osc, raw, smooth, cls, pick(win.filled), edges)
     if run_info is not None:
         _run_info_rules(cls, conf, smooth, p, u, index, gpu, win.keys, run_info, edges, window_s, deadlock_after_s)
     cls[cls == LOW_UTIL] = DATA_STARVATION
