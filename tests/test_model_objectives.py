@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from support.architectures import SMALL_VOCAB_IDS, TINY_SHAPE
 from support.scoring import scored_by_transformers
 import torch
 import yaml
@@ -46,20 +47,9 @@ from wattgate.train.weights import materialize
 REPO = Path(__file__).resolve().parents[1]
 RTOL = 1e-5
 CHUNK = 7  # does not divide the rows: the last chunk is partial
-TINY = {
-    "vocab_size": 96,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 128,
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "initializer_range": 0.5,  # large logits: a skipped transform shows
-}
+TINY = dict(  # large logits (initializer_range 0.5): a skipped transform shows
+    vocab_size=96, **TINY_SHAPE, max_position_embeddings=128, **SMALL_VOCAB_IDS, initializer_range=0.5
+)
 # model_type -> (config keys, the transform logit_transform must read from the forward; binary fractions: exact)
 ARCHS = {
     "granite": ({"logits_scaling": 8.0}, (("scale", 0.125),)),

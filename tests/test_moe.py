@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from support.scoring import scored_by_transformers
 import torch
 import yaml
 
@@ -33,7 +34,6 @@ from support.models import (
     folder_headers,
     moe_config,
     save_moe_folder,
-    transformers_validation_loss,
 )
 from wattgate.config import validate_config
 from wattgate.data.synthetic import write_random_pretokenized
@@ -322,7 +322,7 @@ def test_two_ranks_train_it_and_report_the_validation_loss_of_its_own_forward(pi
     assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in steps)
     rows = pq.read_table(pipeline["out"] / "eval.parquet").to_pylist()
     assert [r["step"] for r in rows] == [1, 2] and rows[1]["loss"] != rows[0]["loss"]  # the weights moved
-    reference = transformers_validation_loss(pipeline["out"] / "final", pipeline["pretokenized"])
+    reference = scored_by_transformers(pipeline["out"] / "final", pipeline["pretokenized"])
     difference = abs(rows[-1]["loss"] - reference) / reference
     print(f"{pipeline['model_type']}: reported {rows[-1]['loss']:.9f}, final/ by transformers {reference:.9f}")
     print(f"{pipeline['model_type']}: relative difference {difference:.1e}")

@@ -18,19 +18,12 @@ from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
 from wattgate.train.data import DocStore, build_batch, read_rank_plan
 
+from support.architectures import TINY_SHAPE
+
 from conftest import write_jsonl
 
 VOCAB = 2048
-MODEL = {
-    "model_type": "qwen3",
-    "vocab_size": VOCAB,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-}
+MODEL = dict(model_type="qwen3", vocab_size=VOCAB, **TINY_SHAPE)
 
 
 def make_config() -> dict:

@@ -11,40 +11,19 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-import torch.nn.functional as F
 import yaml
 
 from wattgate.config import validate_config
-from wattgate.data.split import read_validation_ids
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
-from wattgate.train.data import IGNORE, DocStore
+from wattgate.train.data import DocStore
 
 from conftest import TINY, fake_pretokenized, make_run, run_train, with_extra_validation_micro_batch
-from support.held_out import exported_model_scores, held_out_sources, scored_alone_by_source
+from support.scoring import exported_model_scores, held_out_sources, scored_alone_by_source, scored_by_transformers
 
 # the weights must not move in the one step taken: what is scored is the seeded initial model, the same at
 # every world size (sgd at lr 1e-30 changes no fp32 weight of this size)
 FROZEN = dict(optimizer="sgd", lr=1e-30, weight_decay=0.0, max_steps=1, checkpoint_every=1, export_dtype="float32")
-
-
-def reference_loss(final, pretokenized) -> float:
-    """A single process scoring each held-out document on its own, full logits: summed token loss / tokens."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(final), local_files_only=True, attn_implementation="eager")
-    manifest = json.loads((pretokenized / "manifest.json").read_text())
-    store, total, tokens = DocStore(pretokenized), 0.0, 0
-    with torch.no_grad():
-        for doc in read_validation_ids(pretokenized, manifest).tolist():
-            ids, mask = store.get(doc)
-            labels = np.where(mask.astype(bool), ids, IGNORE)
-            labels[0] = IGNORE
-            logits = model(torch.from_numpy(ids.astype(np.int64))[None], use_cache=False).logits[0]
-            target = torch.from_numpy(labels[1:].astype(np.int64))
-            total += float(F.cross_entropy(logits[:-1].double(), target, ignore_index=IGNORE, reduction="sum"))
-            tokens += int((target != IGNORE).sum())
-    return total / tokens
 
 
 @pytest.mark.slow
@@ -57,7 +36,7 @@ def test_validation_loss_is_the_same_on_1_2_3_ranks_and_equals_each_document_sco
         rows = pq.read_table(tmp_path / f"w{world}" / "eval.parquet").to_pylist()
         assert [r["step"] for r in rows] == [1]
         losses[world] = rows[0]["loss"]
-    ref = reference_loss(tmp_path / "w1" / "final", tmp_path / "pretokenized")
+    ref = scored_by_transformers(tmp_path / "w1" / "final", tmp_path / "pretokenized")
     spread = max(losses.values()) - min(losses.values())
     print(f"validation loss by world size {losses}; spread {spread:.3g}; reference {ref:.9f}")
     assert spread <= 1e-6 * ref  # fp32 token losses summed in fp64: only the reduction order differs

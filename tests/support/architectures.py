@@ -4,22 +4,21 @@ sliding layers). docs/architectures.md is generated from this table (scripts/arc
 
 from __future__ import annotations
 
-# what every tiny model shares: room for the test tokenizer's 600 ids, logits large enough (initializer_range
-# 0.5) that a skipped logit scale or softcap moves the loss by tens of percent
-TINY_DECODER = {
-    "vocab_size": 600,
+# the shape every tiny decoder of the tests shares: 2 layers, hidden 32, 4 heads of 8 over 2 KV heads
+TINY_SHAPE = {
     "hidden_size": 32,
     "intermediate_size": 64,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 8,
-    "max_position_embeddings": 256,
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "initializer_range": 0.5,
 }
+# special token ids inside a small vocabulary (some configs' defaults, 32000 and up, are outside it)
+SMALL_VOCAB_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+# what every tiny model of the matrix shares: room for the test tokenizer's 600 ids, logits large enough
+# (initializer_range 0.5) that a skipped logit scale or softcap moves the loss by tens of percent
+TINY_DECODER = dict(vocab_size=600, **TINY_SHAPE, max_position_embeddings=256, **SMALL_VOCAB_IDS, initializer_range=0.5)
 
 # model_type -> (what its config adds, what the test shows about it, a limit users meet (None: none known))
 DENSE = {

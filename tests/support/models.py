@@ -1,35 +1,16 @@
 """Model configs the tests share: tiny Qwen3s that train on CPU in seconds, Qwen3-32B for estimates, and tiny
 Mixture-of-Experts folders (Qwen3-MoE, Mixtral, GPT-OSS) with the helpers that compare an export with its input."""
 
-from support.architectures import MOE
+from support.architectures import MOE, SMALL_VOCAB_IDS, TINY_SHAPE
 
 # the train tests' tiny Qwen3 (also the attention and loss tests'): 2 layers, a 96-token vocabulary
-TINY = {
-    "model_type": "qwen3",
-    "vocab_size": 96,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 128,
-}
+TINY = dict(model_type="qwen3", vocab_size=96, **TINY_SHAPE, max_position_embeddings=128)
 
 # the weights tests' tiny Qwen3: TINY with 3 layers (an odd count, so the ranks' slices are uneven)
 TINY_3_LAYERS = dict(TINY, num_hidden_layers=3)
 
 # the gate tests' tiny Qwen3: room for the demo tokenizer's 600 ids
-TINY_MODEL = {
-    "model_type": "qwen3",
-    "vocab_size": 600,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-}
+TINY_MODEL = dict(model_type="qwen3", vocab_size=600, **TINY_SHAPE)
 
 QWEN3_32B = {
     "model_type": "qwen3",
@@ -64,21 +45,14 @@ def save_hf_model(path, seed: int, dtype=None, shard: str | None = None, **overr
 # Mixture-of-Experts (issue 31, item 3): each tested architecture at 2 layers, 4 experts, top 2, saved in bf16 by
 # transformers itself (Qwen3-MoE and Mixtral then hold one tensor per expert and projection on disk, GPT-OSS its
 # 3-D stacks); initializer_range 0.2: decisive routing and logits large enough that another objective would show
-MOE_BASE = {
-    "vocab_size": 96,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 128,
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "initializer_range": 0.2,
-    "tie_word_embeddings": False,
-}
+MOE_BASE = dict(
+    vocab_size=96,
+    **TINY_SHAPE,
+    max_position_embeddings=128,
+    **SMALL_VOCAB_IDS,
+    initializer_range=0.2,
+    tie_word_embeddings=False,
+)
 MOE_ARCHS = {model_type: adds for model_type, (adds, _, _) in MOE.items()}  # the matrix's (docs/architectures.md)
 
 
@@ -110,32 +84,3 @@ def folder_headers(folder) -> dict[str, tuple[tuple[int, ...], str]]:
         for f in sorted(Path(folder).glob("*.safetensors"))
         for name, info in read_header(f).items()
     }
-
-
-def transformers_validation_loss(final, pretokenized) -> float:
-    """The loss of an exported folder loaded by transformers itself, each held-out document scored alone by its own
-    forward (eager attention), summed in fp64 over the loss tokens."""
-    import json
-    from pathlib import Path
-
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM
-
-    from wattgate.data.split import read_validation_ids
-    from wattgate.train.data import IGNORE, DocStore
-
-    model = AutoModelForCausalLM.from_pretrained(str(final), local_files_only=True, attn_implementation="eager")
-    manifest = json.loads((Path(pretokenized) / "manifest.json").read_text())
-    store, total, tokens = DocStore(Path(pretokenized)), 0.0, 0
-    with torch.no_grad():
-        for doc in read_validation_ids(Path(pretokenized), manifest).tolist():
-            ids, mask = store.get(doc)
-            labels = np.where(mask.astype(bool), ids, IGNORE)
-            labels[0] = IGNORE
-            logits = model(torch.from_numpy(ids.astype(np.int64))[None], use_cache=False).logits[0]
-            target = torch.from_numpy(labels[1:].astype(np.int64))
-            total += float(F.cross_entropy(logits[:-1].double(), target, ignore_index=IGNORE, reduction="sum"))
-            tokens += int((target != IGNORE).sum())
-    return total / tokens
