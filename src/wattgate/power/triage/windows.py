@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,13 +63,13 @@ class _Ingest:
     window_s: float
     ids: _GpuIds = field(default_factory=_GpuIds)
     cells: list[_Cells] = field(default_factory=list)
-    segments: list = field(default_factory=list)  # energy.Segments per chunk, or their futures
+    segments: list = field(default_factory=list)  # energy.Segments per chunk
     with_energy: bool = True
     power: bool = False  # any power reading
     util: bool = False  # any utilization reading
     sources: list[int] = field(default_factory=list)  # per chunk kept (cells, segments): the file it came from
 
-    def add(self, batch, pool: ThreadPoolExecutor | None = None, source: int = 0) -> None:
+    def add(self, batch, source: int = 0) -> None:
         """One chunk: a record batch, or (batch, a way to read its cause columns) (trace.read_trace_chunks'
         deferred columns)."""
         batch, fetch = batch if isinstance(batch, tuple) else (batch, None)
@@ -79,10 +79,8 @@ class _Ingest:
         self.sources.append(source)
         self.power |= r.signals[0]
         self.util |= r.signals[1]
-        if self.with_energy:  # on a second core when there is one: numpy lets go of the GIL in its loops
-            if pool and len(self.segments) >= 2 and isinstance(self.segments[-2], Future):
-                self.segments[-2] = self.segments[-2].result()  # two chunks in flight at most: they hold rows
-            self.segments.append(pool.submit(_energy_segments, r) if pool else _energy_segments(r))
+        if self.with_energy:
+            self.segments.append(_energy_segments(r))
         self.cells.append(_cells(r, self.window_s, len(self.ids.seen)))
 
     @property
@@ -90,22 +88,32 @@ class _Ingest:
         return not self.cells
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _each(fn: Callable, items: list) -> list:
+    """[fn(x) for x in items], on two threads when there are two cores."""
+    if _cores() < 2 or len(items) < 2:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(fn, items))
+
+
 def ingest(files: Iterable[Iterable], window_s: float, with_energy: bool = True) -> _Ingest:
     """Every file's chunks (an iterable of record batches per file), in turn; each chunk kept remembers its
     file (the source, by position) for overlapping_files."""
     acc = _Ingest(window_s, with_energy=with_energy)
     tagged = ((source, batch) for source, chunks in enumerate(files) for batch in chunks)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if not with_energy or cores < 2:
+    if not with_energy or _cores() < 2:
         for source, batch in tagged:
             acc.add(batch, source=source)
         return acc
-    # a second core decodes the next chunk and sums the energy while this one cuts windows (Parquet decoding
-    # and numpy's loops let go of the GIL)
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # a second core decodes the next chunk while this one sums its energy and cuts its windows (Parquet decoding
+    # lets go of the GIL); the energy on a third thread as well cost more in contention than it overlapped
+    with ThreadPoolExecutor(max_workers=1) as pool:
         for source, batch in _prefetched(tagged, pool):
-            acc.add(batch, pool, source)
-        acc.segments = [s.result() if isinstance(s, Future) else s for s in acc.segments]
+            acc.add(batch, source)
     return acc
 
 
@@ -265,7 +273,9 @@ def _windows(
         np.divide(mean_u, nu, out=mean_u, where=nu > 0)
         mean_u[nu == 0] = np.nan
     gpu_id = np.repeat(np.arange(ngpu), span)
-    index = np.arange(total) - base[gpu_id] + first[gpu_id]
+    index = np.empty(total, np.int64)
+    for g in np.flatnonzero(span > 0):  # each GPU's windows, first to last: a range, no gather per window
+        index[base[g] : base[g + 1]] = np.arange(first[g], first[g] + span[g])
 
     known = n > 0
     cap = np.array([_cap_of(k, caps, power_cap_w, table) for k in keys], float)
@@ -275,14 +285,18 @@ def _windows(
     hi_edge, lo_edge = _float32_edge(levels.compute_min_w)[rank], _float32_edge(levels.low_max_w)[rank]
     high, low = np.zeros(total), np.zeros(total)
     cause_chunks = []
-    for c, place in zip(acc.cells, where):
+    # the sampler's layout: runs of ticks, each GPU's edge along its column; the chunks counted on both cores
+    # (numpy lets go of the GIL in its loops), then added in row order
+    counted = _each(
+        lambda c: ticks_mod.band_counts(c.ticks, hi_edge, lo_edge) if c.ticks is not None else None, acc.cells
+    )
+    for c, place, by_ticks in zip(acc.cells, where, counted):
         if c.causes is not None:
             cause_chunks.append((place, c.rows, c.causes))
         # per sample 2 if high, + 1 if low (both at once were the learned edges ever to cross), counted per cell
-        if c.ticks is not None:  # the sampler's layout: runs of ticks, each GPU's edge along its column
-            high_c, low_c = ticks_mod.band_counts(c.ticks, hi_edge, lo_edge)
-            place.add(high, high_c)
-            place.add(low, low_c)
+        if by_ticks is not None:
+            place.add(high, by_ticks[0])
+            place.add(low, by_ticks[1])
             continue
         cells = place.cells
         flags = (c.power >= hi_edge[c.gpu]).view(np.int8) * np.int8(2)
