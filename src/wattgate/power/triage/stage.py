@@ -463,7 +463,10 @@ def _run_triage(
     check_output(out_dir, "triage")  # before any work: a folder triage did not write is refused
     metas, chunks, again = _trace_chunks(paths)
     _check_limits(window_s, deadlock_after_s)
-    acc = ingest(chunks, window_s)
+    notes: list[str] = []  # damaged heartbeat records: skipped and named (the phases there rest on power)
+    with ThreadPoolExecutor(max_workers=1) as early:  # the run's own record is read while the traces are
+        reading = early.submit(load_run_info, run_dir, metas, on_bad=notes.append) if run_dir else None
+        acc = ingest(chunks, window_s)
     _check_files_apart(acc, paths, metas)
     names = sorted({str(g.get("name", "")) for m in metas for g in m.get("gpus", []) if g.get("name")})
     empty = acc.empty
@@ -474,8 +477,7 @@ def _run_triage(
     else:
         table = settings.table(names, list(caps.values()))
         source = settings.table_source(table, names)
-    notes: list[str] = []  # damaged heartbeat records: skipped and named (the phases there rest on power)
-    info = load_run_info(run_dir, metas, on_bad=notes.append) if run_dir else None
+    info = reading.result() if reading is not None else None
     for note in notes:
         print(f"triage: warning: {note}", file=sys.stderr, flush=True)
     if empty:
