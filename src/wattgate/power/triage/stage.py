@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -124,7 +124,9 @@ def _triage(
     # the stragglers read only the windows: found on another thread while the rules label them
     with ThreadPoolExecutor(max_workers=1) as pool:
         lagging = pool.submit(_stragglers, win, window_s, straggler_share, run_info)
-        phases = _labelled(win, table, window_s, deadlock_after_s, run_info)
+        # then the phases table's columns that do not depend on the labels, while the rules still run
+        columns = pool.submit(_window_columns, win, window_s)
+        phases = _labelled(win, table, window_s, deadlock_after_s, run_info, columns)
         lag = lagging.result()
     # what the run taught (levels per GPU), how much of it was filled in and its stragglers, for run_triage and
     # the report
@@ -138,9 +140,15 @@ def _stragglers(win: _Windows, window_s: float, share: float, run_info: RunInfo 
 
 
 def _labelled(
-    win: _Windows, table: TriageTable, window_s: float, deadlock_after_s: float, run_info: RunInfo | None
+    win: _Windows,
+    table: TriageTable,
+    window_s: float,
+    deadlock_after_s: float,
+    run_info: RunInfo | None,
+    columns: Future | None = None,
 ) -> pa.Table:
-    """The phases table: every window labelled by the rules (rules.py, run_rules.py)."""
+    """The phases table: every window labelled by the rules (rules.py, run_rules.py); `columns`, when given, is
+    _window_columns(win, window_s) being made on another thread."""
     ngpu = len(win.keys)
     known = win.n > 0
     kpos = np.flatnonzero(known)
@@ -174,10 +182,12 @@ def _labelled(
     labels[kpos] = cls
     confidence = np.zeros(len(win.n), np.float32)
     confidence[kpos] = conf
-    return _phases_table(win, labels, confidence, window_s)
+    cols = columns.result() if columns is not None else _window_columns(win, window_s)
+    return _phases_table(cols, labels, confidence)
 
 
-def _phases_table(win: _Windows, labels: np.ndarray, confidence: np.ndarray, window_s: float) -> pa.Table:
+def _window_columns(win: _Windows, window_s: float) -> dict[str, pa.Array]:
+    """The phases table's columns that the labels do not change: host, gpu, start, end, power_w, util_gpu."""
     hosts = sorted({h for h, _ in win.keys})
     host_of_gpu = np.array([hosts.index(h) for h, _ in win.keys], np.int32)
     gpu_of_gpu = np.array([g for _, g in win.keys], np.int32)
@@ -186,19 +196,22 @@ def _phases_table(win: _Windows, labels: np.ndarray, confidence: np.ndarray, win
     # GPU-major windows: each GPU's host and index repeated over its span (no gather per window)
     spans = np.diff(np.searchsorted(win.gpu_id, np.arange(len(win.keys) + 1)))
     # host and phase stay dictionaries until written (write_phases, contract()): the summaries read their codes
-    return pa.Table.from_arrays(
-        [
-            pa.DictionaryArray.from_arrays(pa.array(np.repeat(host_of_gpu, spans)), pa.array(hosts, pa.string())),
-            pa.array(np.repeat(gpu_of_gpu, spans), pa.int32()),
-            pa.array(start, pa.float64()),
-            pa.array((win.index + 1) * window_s, pa.float64()),
-            pa.DictionaryArray.from_arrays(pa.array(labels.astype(np.int32)), pa.array(list(LABELS))),
-            pa.array(win.power.astype(np.float32), pa.float32(), mask=~known),
-            pa.array(win.util.astype(np.float32), pa.float32(), mask=~known | np.isnan(win.util)),
-            pa.array(confidence, pa.float32()),
-        ],
-        names=PHASES_SCHEMA.names,
-    )
+    return {
+        "host": pa.DictionaryArray.from_arrays(pa.array(np.repeat(host_of_gpu, spans)), pa.array(hosts, pa.string())),
+        "gpu": pa.array(np.repeat(gpu_of_gpu, spans), pa.int32()),
+        "start": pa.array(start, pa.float64()),
+        "end": pa.array((win.index + 1) * window_s, pa.float64()),
+        "power_w": pa.array(win.power.astype(np.float32), pa.float32(), mask=~known),
+        "util_gpu": pa.array(win.util.astype(np.float32), pa.float32(), mask=~known | np.isnan(win.util)),
+    }
+
+
+def _phases_table(columns: dict[str, pa.Array], labels: np.ndarray, confidence: np.ndarray) -> pa.Table:
+    labelled = {
+        "phase": pa.DictionaryArray.from_arrays(pa.array(labels.astype(np.int32)), pa.array(list(LABELS))),
+        "confidence": pa.array(confidence, pa.float32()),
+    }
+    return pa.Table.from_arrays([(columns | labelled)[n] for n in PHASES_SCHEMA.names], names=PHASES_SCHEMA.names)
 
 
 def _markdown(result: dict, summary: pd.DataFrame) -> str:
