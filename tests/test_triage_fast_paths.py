@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 
 from wattgate.triage_tables import TriageTable
-from wattgate.power.triage.arrays import _cumsum0, _runs, _true_runs
-from wattgate.power.triage.levels import PLATEAU_CV, PLATEAU_SHARE, Levels, _Edges, _span_stats
+from wattgate.power.triage.arrays import cumsum0, gpu_runs, true_runs
+from wattgate.power.triage.levels import PLATEAU_CV, PLATEAU_SHARE, Levels, Edges, span_stats
 from wattgate.power.triage.rules import (
     EDGE_MARGIN,
     PEER_POWER_TOL,
     PEER_UTIL_TOL,
-    _band,
-    _next_true_at,
-    _peer_vote,
-    _raw_band,
+    power_band,
+    next_true_at,
+    peer_vote,
+    raw_power_band,
 )
-from wattgate.power.triage.smoothing import _CLASS_BAND, _majority, _rolling_median
+from wattgate.power.triage.smoothing import CLASS_BAND, rolling_majority, rolling_median
 
 TABLE = TriageTable("x", ("x",), 700.0, 80.0, 200.0, 400.0)
 POWER = [60, 80, 150, 190, 199, 200, 201, 210, 250, 300, 385, 399, 400, 405, 420, 600, 700]
@@ -49,12 +49,12 @@ def random_windows(rng, same_hours=False):
         rng.uniform(190, 230, ngpu),
         rng.uniform(380, 420, ngpu),
     )
-    return ngpu, gpu, index, p, u, _Edges.of(levels, gpu, TABLE)
+    return ngpu, gpu, index, p, u, Edges.of(levels, gpu, TABLE)
 
 
 def spans(gpu):
     """(start, end) of each GPU's windows."""
-    starts, ends = _runs(gpu, gpu)
+    starts, ends = gpu_runs(gpu, gpu)
     return list(zip(starts, ends))
 
 
@@ -78,7 +78,7 @@ def majority_loop(cls, gpu, radius, own_band, keep):
             counts = Counter(cls[max(i - radius, s) : min(i + radius + 1, e)].tolist())
             best = max(counts.values())
             winner = min(c for c, k in counts.items() if k == best)
-            far = _CLASS_BAND[winner] >= 0 and abs(int(_CLASS_BAND[winner]) - int(own_band[i])) >= 2
+            far = CLASS_BAND[winner] >= 0 and abs(int(CLASS_BAND[winner]) - int(own_band[i])) >= 2
             if counts[cls[i]] < best and not far and not keep[i]:
                 out[i] = winner
     return out
@@ -87,7 +87,7 @@ def majority_loop(cls, gpu, radius, own_band, keep):
 def band_loop(p_med, p, gpu, e):
     """Rule 1 window by window: a window within a margin of an edge carries the band of the last definite
     window when that band touches the edge, else it takes its own (and is definite from then on)."""
-    raw, own = _raw_band(p_med, e), _raw_band(p, e)
+    raw, own = raw_power_band(p_med, e), raw_power_band(p, e)
     idle_w, low_max_w, compute_min_w = e.levels_at(np.arange(len(p)))
     out = raw.copy()
     for s, end in spans(gpu):
@@ -131,27 +131,27 @@ def test_fast_paths_match_the_rules_window_by_window(seed):
         ngpu, gpu, index, p, u, e = random_windows(rng, same_hours=rng.random() < 0.4)
         n = len(gpu)
         for radius in (1, 2):  # 2: the min/max path, 1: the general one
-            assert np.array_equal(_rolling_median(p, gpu, ngpu, radius), median_loop(p, gpu, radius))
-        p_med = _rolling_median(p, gpu, ngpu, 2)
-        assert np.array_equal(_band(p_med, p, gpu, e), band_loop(p_med, p, gpu, e))
+            assert np.array_equal(rolling_median(p, gpu, ngpu, radius), median_loop(p, gpu, radius))
+        p_med = rolling_median(p, gpu, ngpu, 2)
+        assert np.array_equal(power_band(p_med, p, gpu, e), band_loop(p_med, p, gpu, e))
 
         runs = np.repeat(rng.integers(0, 9, n), rng.integers(1, 6, n))[:n]  # runs of a class, some short
         cls = (runs if rng.random() < 0.5 else rng.integers(0, 9, n)).astype(np.int8)
-        own_band, keep = _raw_band(p, e), rng.random(n) < 0.1
+        own_band, keep = raw_power_band(p, e), rng.random(n) < 0.1
         for radius in (2, 3):
             expected = majority_loop(cls, gpu, radius, own_band, keep)
-            assert np.array_equal(_majority(cls, gpu, ngpu, radius, own_band, keep), expected)
+            assert np.array_equal(rolling_majority(cls, gpu, ngpu, radius, own_band, keep), expected)
         if n:
             expected = peer_vote_loop(cls, p, u, index, e)
-            assert np.array_equal(_peer_vote(cls, p, u, index, e, gpu), expected)  # on the grid
-            assert np.array_equal(_peer_vote(cls, p, u, index, e), expected)  # by sorting
+            assert np.array_equal(peer_vote(cls, p, u, index, e, gpu), expected)  # on the grid
+            assert np.array_equal(peer_vote(cls, p, u, index, e), expected)  # by sorting
 
         mask = rng.random(n) < rng.choice([0.1, 0.5, 0.9])
-        starts, ends = _runs(mask, gpu)
-        assert np.array_equal(np.stack(_true_runs(mask, gpu)), np.stack([starts[mask[starts]], ends[mask[starts]]]))
+        starts, ends = gpu_runs(mask, gpu)
+        assert np.array_equal(np.stack(true_runs(mask, gpu)), np.stack([starts[mask[starts]], ends[mask[starts]]]))
         at = rng.integers(0, max(n, 1), 5) if n else np.zeros(0, np.int64)
         following = [next((j for j in range(i, n) if mask[j]), n) for i in at]
-        assert np.array_equal(_next_true_at(mask, at), following)
+        assert np.array_equal(next_true_at(mask, at), following)
 
 
 def test_plateau_spans_match_the_spans_taken_one_by_one():
@@ -159,9 +159,9 @@ def test_plateau_spans_match_the_spans_taken_one_by_one():
     for n in (0, 1, 9, 10, 11, 30, 30, 30, 60):
         p = np.where(rng.random(n) < 0.9, 500 + rng.normal(0, 10, n), rng.choice([300.0, 700.0], n))  # a plateau
         cand = rng.random(n) < 0.93
-        mean, steady = _span_stats(p, cand, 10)
+        mean, steady = span_stats(p, cand, 10)
         assert len(mean) == len(steady) == max(n - 9, 0)
-        c, s1, s2 = _cumsum0(cand), _cumsum0(np.where(cand, p, 0.0)), _cumsum0(np.where(cand, p * p, 0.0))
+        c, s1, s2 = cumsum0(cand), cumsum0(np.where(cand, p, 0.0)), cumsum0(np.where(cand, p * p, 0.0))
         for j in range(n - 9):
             cnt = c[j + 10] - c[j]
             m = (s1[j + 10] - s1[j]) / cnt

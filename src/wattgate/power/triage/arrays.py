@@ -62,7 +62,7 @@ def _bounds(gpu: np.ndarray, ngpu: int) -> tuple[np.ndarray, np.ndarray]:
     return np.searchsorted(gpu, ids, "left"), np.searchsorted(gpu, ids, "right")
 
 
-def _runs(mask_or_cls: np.ndarray, gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def gpu_runs(mask_or_cls: np.ndarray, gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """[start, end) of the runs of equal values on each GPU."""
     n = len(gpu)
     if n == 0:
@@ -73,8 +73,8 @@ def _runs(mask_or_cls: np.ndarray, gpu: np.ndarray) -> tuple[np.ndarray, np.ndar
     return starts, np.append(starts[1:], n)
 
 
-def _true_runs(mask: np.ndarray, gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[start, end) of the runs of True on each GPU: _runs' runs of True, from the True positions alone
+def true_runs(mask: np.ndarray, gpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[start, end) of the runs of True on each GPU: gpu_runs' runs of True, from the True positions alone
     (cheaper when they are few)."""
     at = np.flatnonzero(mask)
     if len(at) == 0:
@@ -96,7 +96,7 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.arange(lens.sum()) + offsets
 
 
-def _cumsum0(x: np.ndarray) -> np.ndarray:
+def cumsum0(x: np.ndarray) -> np.ndarray:
     """Cumulative sum with a leading 0: the sum over [a, b) is c[b] - c[a]."""
     out = np.empty(len(x) + 1)
     out[0] = 0.0

@@ -16,7 +16,7 @@ from functools import cached_property
 import numpy as np
 
 from wattgate.triage_tables import TriageTable
-from wattgate.power.triage.arrays import _bounds, _cumsum0, _ranges, _runs
+from wattgate.power.triage.arrays import _bounds, cumsum0, _ranges, gpu_runs
 
 LEVEL_MIN_WINDOWS = 5  # windows a learned level needs; fewer and the table's value stands
 IDLE_QUANTILE = 0.2  # idle level: this quantile of the quiet windows (the ramp after start-up reads above it)
@@ -81,11 +81,11 @@ def learn_levels(p, u, gpu, ngpu: int, table: TriageTable, window_s: float, cap_
     floor = table.low_max_w + 0.5 * (table.compute_min_w - table.low_max_w)
     # plateau cores: centred spans of k windows on one GPU, nearly all candidates, at a steady power
     k = max(PLATEAU_MIN_WINDOWS, int(math.ceil(PLATEAU_MIN_S / window_s)))
-    mean, steady = _span_stats(p, busy & (p >= floor), k)  # span [j, j + k): its centre is window j + k // 2
+    mean, steady = span_stats(p, busy & (p >= floor), k)  # span [j, j + k): its centre is window j + k // 2
 
     # waits: stretches of WAIT_MIN_S of busy windows in the low band (a spinning kernel), not single
     # windows of a noisy communication phase that dip under the edge
-    rs, re_ = _runs(waiting, gpu)
+    rs, re_ = gpu_runs(waiting, gpu)
     long_wait = waiting[rs] & ((re_ - rs) * window_s >= WAIT_MIN_S)
     in_wait = np.zeros(len(p), dtype=bool)
     in_wait[_ranges(rs[long_wait], re_[long_wait])] = True
@@ -120,7 +120,7 @@ def learn_levels(p, u, gpu, ngpu: int, table: TriageTable, window_s: float, cap_
     return Levels(idle, wait, plateau, np.asarray(cap_w, float), low_max, compute_min)
 
 
-def _span_stats(p: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def span_stats(p: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Per span of k windows [j, j + k), j = 0 .. len - k: the candidates' mean power, and whether its
     centre window is a candidate and nearly all of it are, at a steady power (a plateau core)."""
     m = len(p) - k + 1
@@ -132,9 +132,9 @@ def _span_stats(p: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np
     steady = cnt >= PLATEAU_SHARE * k
     steady &= cand[k // 2 : k // 2 + m]
     pz = np.where(cand, p, 0.0)
-    s1 = _cumsum0(pz)
+    s1 = cumsum0(pz)
     np.multiply(pz, pz, out=pz)
-    s2 = _cumsum0(pz)
+    s2 = cumsum0(pz)
     # each buffer is reused once what it held has been read: a fresh full-size array costs page faults
     mean, var, tmp = pz[:m], s1[:m], s2[:m]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -152,7 +152,7 @@ def _span_stats(p: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np
 
 
 @dataclass
-class _Edges:
+class Edges:
     """Band edges of the known windows (GPU-major: `gpu` sorted): their GPU's learned levels, and the table's
     utilization thresholds. A rule takes each GPU's edges as numbers over its slice of windows (`spans`), or
     per window (`lo`, `hi`: gathered on first use; `levels_at`: for a few windows)."""
@@ -163,7 +163,7 @@ class _Edges:
     idle_util: float
 
     @classmethod
-    def of(cls, levels: Levels, gpu: np.ndarray, table: TriageTable) -> _Edges:
+    def of(cls, levels: Levels, gpu: np.ndarray, table: TriageTable) -> Edges:
         return cls(levels, gpu, table.busy_util_pct, table.idle_util_pct)
 
     @cached_property

@@ -128,8 +128,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from wattgate.power.triage.arrays import _bounds, _ranges, _true_runs
-from wattgate.power.triage.levels import _Edges
+from wattgate.power.triage.arrays import _bounds, _ranges, true_runs
+from wattgate.power.triage.levels import Edges
 from wattgate.power.triage.phases import (
     ACTIVE,
     CHECKPOINT,
@@ -156,7 +156,7 @@ PEER_POWER_TOL = 0.12  # a GPU within this share of its peers' median power (and
 PEER_UTIL_TOL = 15.0
 
 
-def _raw_band(p: np.ndarray, e: _Edges) -> np.ndarray:
+def raw_power_band(p: np.ndarray, e: Edges) -> np.ndarray:
     band = np.empty(len(p), np.int8)
     for sl, _, lo, hi, _ in e.spans:
         x = p[sl]
@@ -165,7 +165,7 @@ def _raw_band(p: np.ndarray, e: _Edges) -> np.ndarray:
     return band
 
 
-def _band(p_med: np.ndarray, p: np.ndarray, gpu: np.ndarray, e: _Edges) -> np.ndarray:
+def power_band(p_med: np.ndarray, p: np.ndarray, gpu: np.ndarray, e: Edges) -> np.ndarray:
     """0 low, 1 mid, 2 high (rule 1): the band of the window power median, with hysteresis at both edges;
     never two bands away from the window's own power (a burst between waits stays high). `gpu`: the windows'
     GPUs, as in `e`, which gives each GPU's slice."""
@@ -180,16 +180,16 @@ def _band(p_med: np.ndarray, p: np.ndarray, gpu: np.ndarray, e: _Edges) -> np.nd
         d[0] = True  # hysteresis never crosses GPUs
         definite[sl] = d
         np.greater_equal(p[sl], hi + m_hi, out=clear[sl])
-    out = _hysteresis(_raw_band(p_med, e), np.flatnonzero(~definite), p_med, e)
+    out = _hysteresis(raw_power_band(p_med, e), np.flatnonzero(~definite), p_med, e)
     # the median may not move a window two bands, nor lower one clearly in the compute band: no GPU draws
     # that much power without computing
-    own = _raw_band(p, e)
+    own = raw_power_band(p, e)
     clear |= np.abs(out - own) >= 2
     np.copyto(out, own, where=clear)
     return out
 
 
-def _hysteresis(raw: np.ndarray, amb: np.ndarray, p_med: np.ndarray, e: _Edges) -> np.ndarray:
+def _hysteresis(raw: np.ndarray, amb: np.ndarray, p_med: np.ndarray, e: Edges) -> np.ndarray:
     """The bands with hysteresis, in `raw`: a window within a margin of an edge (at `amb`, sorted; the rest
     are definite) keeps the band of the definite window before it when that band touches the edge."""
     if len(amb) == 0:
@@ -220,7 +220,7 @@ def _hysteresis(raw: np.ndarray, amb: np.ndarray, p_med: np.ndarray, e: _Edges) 
 _ACTIVE_CLASS = np.array([LOW_UTIL, LOW_UTIL, DATA_STARVATION, COMMUNICATION, DATA_STARVATION, COMPUTE], np.int8)
 
 
-def _classify(p, u, high, low, band, e: _Edges) -> tuple[np.ndarray, np.ndarray]:
+def _classify(p, u, high, low, band, e: Edges) -> tuple[np.ndarray, np.ndarray]:
     """(class, oscillating) per window (rule 2)."""
     with np.errstate(invalid="ignore"):
         busy = u >= e.busy_util
@@ -246,7 +246,7 @@ def _classify(p, u, high, low, band, e: _Edges) -> tuple[np.ndarray, np.ndarray]
     return cls, osc
 
 
-def _classify_low(p, u, high, idle_w, low_max_w, e: _Edges) -> np.ndarray:
+def _classify_low(p, u, high, idle_w, low_max_w, e: Edges) -> np.ndarray:
     """Class of windows in the low band."""
     with np.errstate(invalid="ignore"):
         busy, idle = u >= e.busy_util, u <= e.idle_util
@@ -263,7 +263,7 @@ def _classify_low(p, u, high, idle_w, low_max_w, e: _Edges) -> np.ndarray:
     return cls
 
 
-def _peer_vote(cls, p, u, index, e: _Edges, gpu: np.ndarray | None = None) -> np.ndarray:
+def peer_vote(cls, p, u, index, e: Edges, gpu: np.ndarray | None = None) -> np.ndarray:
     """GPUs doing the same thing at the same time get the same class: in each window (matched by time over
     every GPU of the input), the GPUs within PEER_POWER_TOL of the peers' median power and PEER_UTIL_TOL of
     their median utilization, if at least half of them and two, take their most common class (a strict
@@ -305,8 +305,8 @@ def _peer_vote(cls, p, u, index, e: _Edges, gpu: np.ndarray | None = None) -> np
     return out
 
 
-def _peer_vote_grid(cls, p, uu, row, gpu, span: int, e: _Edges) -> np.ndarray:
-    """_peer_vote for GPUs over the same hours: on a (GPU x time) grid, which holds the windows in their own
+def _peer_vote_grid(cls, p, uu, row, gpu, span: int, e: Edges) -> np.ndarray:
+    """peer_vote for GPUs over the same hours: on a (GPU x time) grid, which holds the windows in their own
     (GPU-major) order, so a GPU seen at every time of the span needs no scatter and no gather."""
     ngpu = int(gpu.max()) + 1
     complete = len(cls) == ngpu * span  # each GPU has at most one window per time, so all of them
@@ -372,7 +372,7 @@ def _is(cls: np.ndarray, classes) -> np.ndarray:
     return out
 
 
-def _next_true_at(mask: np.ndarray, at: np.ndarray) -> np.ndarray:
+def next_true_at(mask: np.ndarray, at: np.ndarray) -> np.ndarray:
     """Position of the first True at or after each position in `at` (len(mask) if none), from the False
     positions alone (few: the labels that are not activity)."""
     out = at.copy()
@@ -386,7 +386,7 @@ def _next_true_at(mask: np.ndarray, at: np.ndarray) -> np.ndarray:
 
 def _wait_runs(cls, index, gpu, window_s) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Start, end (exclusive) and length in seconds of every contiguous run of WAIT windows."""
-    s, e = _true_runs(cls == WAIT, gpu)
+    s, e = true_runs(cls == WAIT, gpu)
     return s, e, (index[e - 1] + 1 - index[s]) * window_s if len(s) else np.zeros(0)
 
 
@@ -397,7 +397,7 @@ def _resolve_waits(cls, index, gpu, ngpu, window_s, deadlock_after_s) -> np.ndar
     if len(s) == 0:
         return out
     _, ge = _bounds(gpu, ngpu)
-    nxt = _next_true_at(_is(cls, ACTIVE), np.minimum(e, len(cls) - 1))
+    nxt = next_true_at(_is(cls, ACTIVE), np.minimum(e, len(cls) - 1))
     resume = np.minimum(nxt, len(cls) - 1)
     resumes = (e < len(cls)) & (nxt < ge[gpu[s]])
     gap = (index[resume] - index[e - 1] - 1) * window_s
@@ -418,7 +418,7 @@ def _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s
     n = len(smooth)
     gs, ge = _bounds(gpu, ngpu)
     # "ended" exactly as rule 4 measures it, so long pauses (already checkpoint) join the series
-    after = _next_true_at(_is(smooth, ACTIVE), np.minimum(e, n - 1))
+    after = next_true_at(_is(smooth, ACTIVE), np.minimum(e, n - 1))
     resumes = (e < n) & (after < ge[gpu[s]])
     gap = (index[np.minimum(after, n - 1)] - index[e - 1] - 1) * window_s
     member = (length >= CHECKPOINT_MIN_S) & resumes & (gap < deadlock_after_s)
@@ -441,7 +441,7 @@ def _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s
 
     # the idle rank: a quiet stretch (idle or low-util) between activity on a GPU that is not pausing,
     # ending with the episode (the others block until the writer comes back)
-    qs, qe = _true_runs(_is(smooth, (IDLE, LOW_UTIL)), gpu)
+    qs, qe = true_runs(_is(smooth, (IDLE, LOW_UTIL)), gpu)
     before = (qs > gs[gpu[qs]]) & _is(smooth[np.maximum(qs - 1, 0)], ACTIVE + (WAIT,))
     after_ok = (qe < ge[gpu[qs]]) & _is(smooth[np.minimum(qe, n - 1)], ACTIVE + (WAIT,))
     keep = before & after_ok & ((index[qe - 1] + 1 - index[qs]) * window_s >= 0.5 * CHECKPOINT_MIN_S)
@@ -493,7 +493,7 @@ def _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s) ->
     dl_at = index[(cls == DEADLOCK) & from_wait]
     if not (len(ck_at) or len(dl_at)):
         return out
-    s, e = _true_runs(_is(cls, (IDLE, LOW_UTIL)), gpu)
+    s, e = true_runs(_is(cls, (IDLE, LOW_UTIL)), gpu)
     if len(s) == 0:
         return out
     gs, ge = _bounds(gpu, ngpu)
@@ -521,7 +521,7 @@ def _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s) ->
     return out
 
 
-def _confidence(p, u, high, low, osc, raw, smooth, final, filled, e: _Edges) -> np.ndarray:
+def _confidence(p, u, high, low, osc, raw, smooth, final, filled, e: Edges) -> np.ndarray:
     # P's distance from the nearest band edge in units of 2.5 margins
     conf = np.empty(len(p))
     for sl, idle, lo, hi, _ in e.spans:

@@ -19,7 +19,7 @@ def _edge_positions(gs: np.ndarray, ge: np.ndarray, radius: int) -> np.ndarray:
     return np.unique(_ranges(starts, ends))
 
 
-def _rolling_median(x: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int) -> np.ndarray:
+def rolling_median(x: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int) -> np.ndarray:
     """Median of each window and `radius` known windows on each side on the same GPU."""
     if len(x) == 0 or radius <= 0:
         return x
@@ -68,10 +68,10 @@ def _median5(a, b, c, d, e, out: np.ndarray) -> None:
     np.maximum(t, out, out=out)
 
 
-_CLASS_BAND = np.array([2, 1, -1, -1, -1, 0, -1, 0, -1], np.int8)  # band a class implies; -1: any
+CLASS_BAND = np.array([2, 1, -1, -1, -1, 0, -1, 0, -1], np.int8)  # band a class implies; -1: any
 
 
-def _majority(
+def rolling_majority(
     cls: np.ndarray, gpu: np.ndarray, ngpu: int, radius: int, own_band: np.ndarray, keep: np.ndarray | None = None
 ) -> np.ndarray:
     """Most common class within `radius` windows on each side on the same GPU; ties keep the window's own,
@@ -92,7 +92,7 @@ def _majority(
         sub.append(np.flatnonzero(agree < radius) + radius)
     pos = np.unique(np.concatenate(sub))
     own, best, winner = _majority_at(cls, pos, gpu, gs, ge, radius)
-    wb = _CLASS_BAND[winner]
+    wb = CLASS_BAND[winner]
     stay = (own == best) | ((wb >= 0) & (np.abs(wb.astype(np.int16) - own_band[pos]) >= 2))
     if keep is not None:
         stay |= keep[pos]

@@ -51,21 +51,21 @@ from wattgate.power.triage.phases import (
 )
 from wattgate.power.triage.arrays import small_pages
 from wattgate.power.triage.causes import COLUMNS as CAUSE_COLUMNS
-from wattgate.power.triage.levels import _Edges
+from wattgate.power.triage.levels import Edges
 from wattgate.power.triage.rules import (
     EDGE_MARGIN,
-    _band,
+    power_band,
     _classify,
-    _raw_band,
+    raw_power_band,
     _confidence,
     _peer_rules,
-    _peer_vote,
+    peer_vote,
     _resolve_waits,
     _short_checkpoints,
 )
 from wattgate.power.triage.run_rules import _run_info_rules
 from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
-from wattgate.power.triage.smoothing import SMOOTH_RADIUS, _majority, _rolling_median
+from wattgate.power.triage.smoothing import SMOOTH_RADIUS, rolling_majority, rolling_median
 from wattgate.power.triage.stragglers import DOMINANCE, MARGIN, MIN_LAG_WINDOWS, find_stragglers
 from wattgate.power.triage.windows import (
     CHUNK_ROWS,
@@ -157,17 +157,17 @@ def _labelled(
     pick = (lambda a: a.copy()) if len(kpos) == len(known) else (lambda a: a[kpos])
     gpu, index = pick(win.gpu_id), pick(win.index)
     p, u, high, low = pick(win.power), pick(win.util), pick(win.high), pick(win.low)
-    edges = _Edges.of(win.levels, gpu, table)
+    edges = Edges.of(win.levels, gpu, table)
 
-    band = _band(_rolling_median(p, gpu, ngpu, SMOOTH_RADIUS), p, gpu, edges)
+    band = power_band(rolling_median(p, gpu, ngpu, SMOOTH_RADIUS), p, gpu, edges)
     raw, osc = _classify(p, u, high, low, band, edges)
-    raw = _peer_vote(raw, p, u, index, edges, gpu)
+    raw = peer_vote(raw, p, u, index, edges, gpu)
     # a window clearly in the compute band at busy utilization is compute however short (a step between waits)
     burst = np.empty(len(p), dtype=bool)
     for sl, _, lo, hi, _ in edges.spans:  # each GPU's edge a number over its slice: no per-window edge arrays
         np.greater_equal(p[sl], hi + EDGE_MARGIN * (hi - lo), out=burst[sl])
     burst &= raw == COMPUTE
-    smooth = _majority(raw, gpu, ngpu, SMOOTH_RADIUS, _raw_band(p, edges), burst)
+    smooth = rolling_majority(raw, gpu, ngpu, SMOOTH_RADIUS, raw_power_band(p, edges), burst)
     from_wait = smooth == WAIT
     cls = _resolve_waits(smooth, index, gpu, ngpu, window_s, deadlock_after_s)
     cls = _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s)

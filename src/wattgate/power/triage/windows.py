@@ -38,7 +38,7 @@ from wattgate.power import energy as energy_mod
 from wattgate.triage_tables import TriageTable
 from wattgate.power.triage import causes as causes_mod
 from wattgate.power.triage import ticks as ticks_mod
-from wattgate.power.triage.arrays import _ranges, _runs
+from wattgate.power.triage.arrays import _ranges, gpu_runs
 from wattgate.power.triage.chunks import (  # noqa: F401 (CHUNK_ROWS, NEEDED, table_batches: imported from here)
     CHUNK_ROWS,
     NEEDED,
@@ -359,7 +359,7 @@ def _fill_short_gaps(win: _Windows, samples_per_gpu: np.ndarray, window_s: float
     per_window = samples_per_gpu / np.maximum(np.bincount(win.gpu_id[known], minlength=ngpu), 1)
     period = window_s / np.maximum(per_window, 1e-9)
     limit = np.maximum(GAP_FILL_PERIODS * period, GAP_FILL_MIN_WINDOWS * window_s)  # seconds, per GPU
-    starts, ends = _runs(known, win.gpu_id)
+    starts, ends = gpu_runs(known, win.gpu_id)
     empty = ~known[starts]
     starts, ends = starts[empty], ends[empty]
     if len(starts) == 0:
