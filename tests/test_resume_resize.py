@@ -109,6 +109,9 @@ def small_workflow(tmp_path_factory):
     copy_workflow(work)
     config = yaml.safe_load((work / "config/config.yaml").read_text())
     config["demo_corpus"]["num_docs"] = 400
+    # one source, every training document once per epoch: what these tests count (a weighted mixture resized is
+    # test_mixtures.py's test_a_resized_mixture_keeps_every_source_count_exact)
+    config["data"]["inputs"] = ["results/corpus/demo.jsonl"]
     config["tokenizer"]["vocab_size"] = 512
     config["model"]["config"]["vocab_size"] = 512
     config["train"].update(seq_len=256, micro_batch_size=2, grad_accum=2, epochs=2, checkpoint_every=3, warmup_steps=2)
