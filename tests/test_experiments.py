@@ -14,7 +14,7 @@ from real_traces import H200_DATA
 
 from wattgate.errors import InputError
 from wattgate.experiments import compare, node_layout, step_throughput, variant_config, variant_names
-from wattgate.run_files import METRICS_SCHEMA
+from wattgate.run_tables import METRICS_SCHEMA
 
 from conftest import set_column
 

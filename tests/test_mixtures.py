@@ -298,7 +298,7 @@ def eval_rows(sources=("chat", "notes")):
 
 
 def test_eval_parquet_holds_each_source_after_the_whole_and_resumes_with_it(tmp_path):
-    from wattgate.run_files import EVAL_SCHEMA, EvalTable, eval_sources_of, read_eval
+    from wattgate.run_tables import EVAL_SCHEMA, EvalTable, eval_sources_of, read_eval
 
     table = EvalTable(tmp_path / "eval.parquet", eval_rows(), ("chat", "notes"))
     table.flush()
@@ -325,7 +325,7 @@ def test_tensorboard_writes_eval_loss_per_source(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from wattgate.run_files import MetricsTable
+    from wattgate.run_tables import MetricsTable
     from wattgate.train.metrics import StepLog
 
     log = StepLog(MetricsTable(tmp_path / "metrics.parquet"), 100, 1000, 2, "cpu", False)

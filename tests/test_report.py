@@ -31,7 +31,7 @@ from wattgate.report.svg import nice_ticks, path_d
 from wattgate.report.inputs import default_power_dir, read_samples
 from wattgate.report.phases import PHASE_COLORS
 from wattgate.trace import TRACE_SCHEMA, TraceWriter, trace_files
-from wattgate.run_files import METRICS_SCHEMA
+from wattgate.run_tables import METRICS_SCHEMA
 
 TRAIN = H200_DATA / "train"
 SECTIONS = (

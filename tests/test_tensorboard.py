@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from wattgate.train.metrics import StepLog
-from wattgate.run_files import MetricsTable
+from wattgate.run_tables import MetricsTable
 from wattgate.train.tensorboard import TAGS
 
 from conftest import make_run, run_train

@@ -149,7 +149,7 @@ def test_token_losses_sum_to_the_summed_loss_and_split_exactly_over_sources(tmp_
 
 def test_a_single_held_out_source_adds_no_column(tmp_path):
     """A plain single-source run's eval.parquet keeps its columns: no breakdown of one source."""
-    from wattgate.run_files import EVAL_SCHEMA, EvalTable
+    from wattgate.run_tables import EVAL_SCHEMA, EvalTable
     from wattgate.train.eval_sources import read_eval_sources
 
     pretok = fake_pretokenized(tmp_path / "pretokenized", [20] * 40, validation_fraction=0.25)

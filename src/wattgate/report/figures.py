@@ -17,7 +17,7 @@ from html import escape
 import numpy as np
 
 from wattgate.report.phases import PHASE_COLORS
-from wattgate.run_files import eval_sources_of, source_loss_column
+from wattgate.run_tables import eval_sources_of, source_loss_column
 from wattgate.report.stragglers import lag_figure
 from wattgate.report.summary import Analysis
 from wattgate.report.svg import (

@@ -42,13 +42,13 @@ from wattgate.run_files import (
     GATE_REPORT,
     METRICS,
     parquet_columns,
-    read_eval,
     read_metrics,
     read_gate_report,
     read_json_object,
     read_trained,
     read_watcher,
 )
+from wattgate.run_tables import read_eval
 from wattgate.trace import TRACE_SCHEMA, null_invalid_values, read_trace, trace_files, trace_meta
 
 TRACE_COLUMNS = ["time", "host", "gpu", "power_w", "energy_j"]

@@ -13,7 +13,7 @@ import pandas as pd
 
 from wattgate.report.anomalies import group_codes
 from wattgate.report.inputs import RunInputs
-from wattgate.run_files import eval_sources_of, source_loss_column
+from wattgate.run_tables import eval_sources_of, source_loss_column
 
 
 def num(x, digits: int = 6):

@@ -239,7 +239,7 @@ def write_sync_run_info(run_dir: Path, synth) -> Path:
     """Heartbeats and metrics.parquet for a sync_steps trace: rank r on synth.gpus[r], one metrics row per step
     and rank ending when the slowest GPU's step (its reduce included) ends; the data straggler's rank waits
     slowdown x compute for data in its slowed steps, every other rank 0.01 s."""
-    from wattgate.run_files import METRICS_SCHEMA
+    from wattgate.run_tables import METRICS_SCHEMA
 
     steps = synth.steps
     st = synth.straggler

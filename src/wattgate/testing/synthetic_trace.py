@@ -386,7 +386,7 @@ def write_run_info(
     (then the heartbeats stop at the last step). `heartbeat_host` overrides the host the
     heartbeats name (to test runs whose ranks cannot be matched to GPUs).
     """
-    from wattgate.run_files import METRICS_SCHEMA
+    from wattgate.run_tables import METRICS_SCHEMA
 
     ranks = ranks or synth.gpus
     beat_dir = run_dir / "heartbeat"

@@ -25,7 +25,8 @@ import torch
 from wattgate.data.split import read_validation_ids
 from wattgate.errors import InputError
 from wattgate.train.data import IGNORE
-from wattgate.run_files import read_manifest, source_loss_column, source_tokens_column
+from wattgate.run_files import read_manifest
+from wattgate.run_tables import source_loss_column, source_tokens_column
 
 
 @dataclass(frozen=True)

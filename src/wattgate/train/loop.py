@@ -30,17 +30,8 @@ from wattgate.cadence import StepActions
 from wattgate.errors import InputError
 from wattgate.run_files import EVAL_PACKS
 from wattgate.train.metrics import process_age_s
-from wattgate.run_files import (
-    EVAL,
-    METRICS,
-    MANIFEST,
-    PLAN,
-    EvalTable,
-    MetricsTable,
-    claim_output,
-    read_manifest,
-    read_plan,
-)
+from wattgate.run_files import EVAL, METRICS, MANIFEST, PLAN, claim_output, read_manifest, read_plan
+from wattgate.run_tables import EvalTable, MetricsTable
 from wattgate.train import checkpoint as ckpt
 from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors, read_rank_plan
 from wattgate.train.distributed import setup_rank

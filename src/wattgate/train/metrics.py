@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from wattgate.gpus import peak_bf16_flops
-from wattgate.run_files import MetricsTable, eval_sources_of, source_loss_column, source_tokens_column
+from wattgate.run_tables import MetricsTable, eval_sources_of, source_loss_column, source_tokens_column
 from wattgate.train.tensorboard import TensorBoardLog, open_tensorboard
 
 GIB = 1 << 30
