@@ -58,6 +58,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python scripts/config_docs.py --check docs/configuration.md
 	$(BIN)/python scripts/architectures_table.py --check docs/architectures.md
+	$(BIN)/python scripts/config_types.py --check src/wattgate/records/run_config.py
 	$(BIN)/snakefmt --check Snakefile workflow/
 	$(BIN)/snakemake --lint
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from wattgate.errors import InputError
+from wattgate.records.run_config import RunConfig
 
 SCHEMA_RESOURCE = "schemas/config.schema.yaml"
 
@@ -113,6 +114,18 @@ _UniqueKeyLoader.add_implicit_resolver(
 def load_config(path: str | Path) -> dict:
     """Read a YAML config file and validate it against the schema (defaults filled in)."""
     return validate_config(read_config_file(path), source=str(path))
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """A YAML config file as the typed config tree (validated, defaults filled in): what every stage reads."""
+    return run_config(read_config_file(path), source=str(path))
+
+
+def run_config(config: dict | RunConfig, source: str = "config") -> RunConfig:
+    """The typed config tree of a config mapping (validated here, defaults filled in); a tree as it is."""
+    if isinstance(config, RunConfig):
+        return config
+    return RunConfig.from_json(validate_config(config, source), source)
 
 
 def check_config_files(paths) -> None:
