@@ -123,7 +123,7 @@ def _check_format_version(where: Where, data: Mapping, known: int) -> None:
         said = "no format_version" if found is None else f"format_version {json.dumps(found)}"
         raise InputError(
             f"{where.path}: {said}, this wattgate reads format_version {known}: written by another wattgate "
-            f"version{'; rerun ' + where.rerun if where.rerun else ''}"
+            f"version{': rerun ' + where.rerun if where.rerun else ''}"
         )
 
 
