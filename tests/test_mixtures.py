@@ -313,12 +313,12 @@ def test_trained_gives_each_source_its_final_and_best_validation_loss():
     from wattgate.train.metrics import validation_summary
 
     v = validation_summary(eval_rows(), 30, "last")
-    assert v["final_loss"] == pytest.approx(2.6) and v["best_step"] == 30
-    assert v["per_source"] == [
+    assert v.final_loss == pytest.approx(2.6) and v.best_step == 30
+    assert v.to_json()["per_source"] == [
         {"name": "chat", "final_loss": 2.6, "tokens": 200, "best_loss": 2.5, "best_step": 20},
         {"name": "notes", "final_loss": 2.0, "tokens": 100, "best_loss": 2.0, "best_step": 30},
     ]
-    assert "per_source" not in validation_summary(eval_rows(sources=()), 30, "last")  # one source: as before
+    assert "per_source" not in validation_summary(eval_rows(sources=()), 30, "last").to_json()  # one source: as before
 
 
 def test_tensorboard_writes_eval_loss_per_source(tmp_path):

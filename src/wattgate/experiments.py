@@ -16,7 +16,6 @@ divided by the slowest rank's step time.
 
 from __future__ import annotations
 
-import copy
 import glob
 import io
 import math
@@ -26,12 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from wattgate.artifacts import check_file_output, first_line_has, write_bytes_atomic
-from wattgate.config import load_config, validate_config, world_size
+from wattgate.config import config_bytes, load_run_config, run_config, world_size
+from wattgate.records.run_config import RunConfig
+from wattgate.records.trained import Trained
 from wattgate.errors import InputError
-from wattgate.report.gate_input import forecast_problem, is_number
+from wattgate.report.gate_input import forecast_problem
 from wattgate.report.metrics import trusted_metrics
 from wattgate.run_files import (
     GATE_REPORT,
@@ -48,9 +48,9 @@ EXPERIMENTS = ("scaling", "dataio")
 DATA_CACHES = ("shared", "local")
 
 
-def variant_names(config: dict, experiment: str) -> list[str]:
+def variant_names(config: RunConfig | dict, experiment: str) -> list[str]:
     if experiment == "scaling":
-        return [f"w{n}" for n in config["scaling"]["world_sizes"]]
+        return [f"w{n}" for n in run_config(config).scaling.world_sizes]
     if experiment == "dataio":
         return list(DATA_CACHES)
     raise InputError(f"unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
@@ -67,61 +67,62 @@ def node_layout(world: int, gpus_per_node: int) -> tuple[int, int]:
     return world // gpus_per_node, gpus_per_node
 
 
-def global_batch_packs(config: dict) -> int:
-    t = config["train"]
-    return config["scaling"]["global_batch_packs"] or world_size(config) * t["micro_batch_size"] * t["grad_accum"]
+def global_batch_packs(config: RunConfig) -> int:
+    t = config.train
+    return config.scaling.global_batch_packs or world_size(config) * t.micro_batch_size * t.grad_accum
 
 
-def variant_config(config: dict, experiment: str, variant: str) -> dict:
-    """The run config of one variant: a validated, complete config for the ordinary stages."""
-    out = copy.deepcopy(config)
-    t = out["train"]
+def variant_config(config: RunConfig | dict, experiment: str, variant: str) -> RunConfig:
+    """The run config of one variant: a validated, complete config for the ordinary stages (Snakemake's rules
+    pass their own config mapping)."""
+    config = run_config(config)
+    t, cluster = config.train, config.cluster
     if experiment == "scaling":
         m = re.fullmatch(r"w(\d+)", variant)
-        if not m or int(m.group(1)) not in config["scaling"]["world_sizes"]:
+        if not m or int(m.group(1)) not in config.scaling.world_sizes:
             raise InputError(
                 f"scaling variant {variant!r}: expected w<N> for N in scaling.world_sizes "
-                f"{config['scaling']['world_sizes']}"
+                f"{list(config.scaling.world_sizes)}"
             )
         world = int(m.group(1))
-        nodes, per_node = node_layout(world, config["cluster"]["gpus_per_node"])
+        nodes, per_node = node_layout(world, cluster.gpus_per_node)
         batch = global_batch_packs(config)
-        accum, rest = divmod(batch, world * t["micro_batch_size"])
+        accum, rest = divmod(batch, world * t.micro_batch_size)
         if rest or accum < 1:
             raise InputError(
                 f"scaling: a global batch of {batch} packs does not split over {world} GPU(s) x "
-                f"micro_batch_size {t['micro_batch_size']}; set scaling.global_batch_packs to a "
+                f"micro_batch_size {t.micro_batch_size}; set scaling.global_batch_packs to a "
                 "multiple of every world size x micro_batch_size"
             )
-        out["cluster"].update(nodes=nodes, gpus_per_node=per_node)
-        t["grad_accum"] = accum
-        steps = config["scaling"]["steps"]
+        cluster = cluster.replace(nodes=nodes, gpus_per_node=per_node)
+        t = t.replace(grad_accum=accum)
+        steps = config.scaling.steps
     elif experiment == "dataio":
         if variant not in DATA_CACHES:
             raise InputError(f"dataio variant {variant!r}: expected one of {', '.join(DATA_CACHES)}")
-        t["data_cache"] = variant
-        steps = config["dataio"]["steps"]
+        t = t.replace(data_cache=variant)
+        steps = config.dataio.steps
     else:
         raise InputError(f"unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
     # a measurement: only the first steps, one checkpoint at the end, no warmup longer than the run
-    t.update(
+    t = t.replace(
         max_steps=steps,
         checkpoint_every=steps,
         checkpoint_at_epoch_end=False,
-        warmup_steps=min(t["warmup_steps"], steps - 1),
+        warmup_steps=min(t.warmup_steps, steps - 1),
     )
-    out["run_name"] = f"{config['run_name']}-{experiment}-{variant}"
-    return validate_config(out)
+    derived = config.replace(train=t, cluster=cluster, run_name=f"{config.run_name}-{experiment}-{variant}")
+    return run_config(derived.to_json())  # validated again: a derived value out of the schema's range is refused
 
 
 VARIANT_HEADER = "# Derived by `wattgate variant`"
 
 
-def write_variant_config(config: dict, experiment: str, variant: str, dest: Path) -> dict:
+def write_variant_config(config: RunConfig, experiment: str, variant: str, dest: Path) -> RunConfig:
     check_file_output(dest, "variant", lambda p: first_line_has(p, VARIANT_HEADER))  # never a user's config
     derived = variant_config(config, experiment, variant)
     header = f"{VARIANT_HEADER} ({experiment}, variant {variant}) from the run config.\n"
-    write_bytes_atomic(dest, header.encode() + yaml.safe_dump(derived, sort_keys=True).encode())
+    write_bytes_atomic(dest, header.encode() + config_bytes(derived))
     return derived
 
 
@@ -177,7 +178,7 @@ def measured_energy_j(telemetry: Path, start: float, end: float) -> float | None
 def run_row(variant_dir: Path, note=None) -> dict:
     """One finished variant: its settings and measured throughput (`note`: what was left out, and why)."""
     note = note or (lambda text: None)
-    config = load_config(variant_dir / "config.yaml")
+    config = load_run_config(variant_dir / "config.yaml")
     train = variant_dir / "train"
     metrics = read_metrics(train, ["step", "rank", "time", "tokens", "step_time_s", "data_wait_s"])
     summary = read_trained(train)
@@ -190,13 +191,13 @@ def run_row(variant_dir: Path, note=None) -> dict:
     energy = measured_energy_j(train / "telemetry", m["start"], m["end"])
     tps = m["tokens_per_s"] if m["tokens_per_s"] > 0 else None  # no tokens: no cost per token either
     return {
-        "run": config["run_name"],
+        "run": config.run_name,
         "world_size": world,
-        "nodes": config["cluster"]["nodes"],
-        "device": summary.get("device"),
-        "grad_accum": config["train"]["grad_accum"],
-        "micro_batch_size": config["train"]["micro_batch_size"],
-        "data_cache": config["train"]["data_cache"],
+        "nodes": config.cluster.nodes,
+        "device": summary.device,
+        "grad_accum": config.train.grad_accum,
+        "micro_batch_size": config.train.micro_batch_size,
+        "data_cache": config.train.data_cache,
         "steps_measured": m["steps_measured"],
         "tokens_per_s": m["tokens_per_s"],
         "tokens_per_s_per_gpu": m["tokens_per_s"] / world,
@@ -204,19 +205,18 @@ def run_row(variant_dir: Path, note=None) -> dict:
         "joules_per_token": energy / m["tokens"] if energy is not None and m["tokens"] > 0 else None,
         "data_wait_share": m["data_wait_share"],
         "data_wait_s_per_step": m["data_wait_s_per_step"],
-        "data_copy_s": summary.get("data_copy_s"),
+        "data_copy_s": summary.data_copy_s,
     } | forecast_columns(variant_dir / "gate", summary)
 
 
-def forecast_columns(gate_dir: Path, trained: dict) -> dict:
+def forecast_columns(gate_dir: Path, trained: Trained) -> dict:
     """The gate's forecast of the train job's wall time beside what TRAINED measured, and the error. A
     damaged forecast is refused: its row would compare with nothing."""
     fc = (read_gate_report(gate_dir) or {}).get("forecast")
     problem = forecast_problem(fc)
     if problem:
         raise InputError(f"{gate_dir / GATE_REPORT}: {problem}; rerun this variant's gate stage")
-    measured = trained.get("job_s")
-    measured = measured if is_number(measured) and measured > 0 else None  # TRAINED without a usable job time
+    measured = trained.job_s if trained.job_s else None  # TRAINED without a usable job time
     out = {"forecast_source": None, "forecast_wall_s": None, "measured_wall_s": measured, "forecast_error": None}
     if fc:
         out.update(forecast_source=fc["throughput"]["source"], forecast_wall_s=fc["wall_s"])

@@ -35,7 +35,13 @@ from wattgate.artifacts import (
 )
 from wattgate.errors import InputError, first_line
 from wattgate.heartbeats import HEARTBEAT_DIR
-from wattgate.json_shape import Shape, check_format_version, count, finite, OBJECT, list_of, nullable, TEXT
+from wattgate.records.base import Where
+from wattgate.records.trained import Trained
+from wattgate.records.watcher import QUIET_VERDICTS as QUIET_VERDICTS, WatcherRecord
+
+# the format_version each reader knows, re-exported: the writers (pack/plan.py, data/pretokenize.py) write the same
+from wattgate.records.manifest import MANIFEST_FORMAT_VERSION as MANIFEST_FORMAT_VERSION, Manifest
+from wattgate.records.plan import PLAN_FORMAT_VERSION as PLAN_FORMAT_VERSION, Plan
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -121,11 +127,6 @@ def claim_output(out: str | os.PathLike, stage: str, also: Sequence[str] = ()) -
     return claim_stage_output(out, stage, (*STAGE_FILES[stage], *also), STAGE_FLAGS.get(stage, "--out"))
 
 
-# The format_version each reader knows; the writers (pack/plan.py, data/pretokenize.py) write the same.
-PLAN_FORMAT_VERSION = 1
-MANIFEST_FORMAT_VERSION = 1
-
-PLAN_INT_KEYS = ("world_size", "seq_len", "micro_batch_size", "grad_accum", "epochs", "steps_per_epoch")
 # packs.parquet's contract (docs/architecture.md); a reader takes any integer width, never a float or a null
 PACKS_TYPES = {
     **{c: pa.int32() for c in ("epoch", "step", "micro", "rank", "slot")},
@@ -202,84 +203,27 @@ def parquet_columns(path: str | os.PathLike, rerun: str) -> list[str]:
 # ---------------------------------------------------------------- pretokenize: manifest.json
 
 
-def read_manifest(pretokenized: str | os.PathLike) -> tuple[dict, bytes]:
-    """The pretokenized manifest and its bytes (the content hash every later stage records). Required."""
+def read_manifest(pretokenized: str | os.PathLike) -> tuple[Manifest, bytes]:
+    """The pretokenized manifest and its bytes (the content hash every later stage records). Required.
+
+    Every key a reader uses is checked here, once (records/manifest.py): a wrong one is one line naming the file
+    and the key."""
     path = Path(pretokenized) / MANIFEST
     manifest, raw = read_json_bytes(path, "pretokenized manifest", "pretokenize")
-    check_format_version(path, manifest, MANIFEST_FORMAT_VERSION, "pretokenize")
-    shape = Shape(path, "pretokenize")
-    shape.field(manifest, "num_docs", count(0))
-    shape.field(manifest, "shards", list_of(TEXT))
-    shape.field(manifest, "max_token_id", count(-1))  # -1: no token written
-    for key in ("num_tokens", "num_loss_tokens", "vocab_size"):
-        shape.field(manifest, key, count(0), required=False)
-    shape.field(manifest, "validation", nullable(OBJECT), required=False)
-    return manifest, raw
+    return Manifest.from_json(manifest, Where(str(path), "pretokenize")), raw
 
 
 # ---------------------------------------------------------------- pack: plan.json, packs.parquet
 
 
-def read_plan(plan_dir: str | os.PathLike) -> tuple[dict, bytes]:
+def read_plan(plan_dir: str | os.PathLike) -> tuple[Plan, bytes]:
     """plan.json and its bytes. Required: without it the pack stage has not run.
 
-    Its shape is checked here, once, for every reader: each key they use, its type and range (a hand-edited
-    plan would otherwise crash a check, or be planned on, far from the key that is wrong)."""
+    Its shape is checked here, once, for every reader (records/plan.py): each key they use, its type and range (a
+    hand-edited plan would otherwise crash a check, or be planned on, far from the key that is wrong)."""
     path = Path(plan_dir) / PLAN
     plan, raw = read_json_bytes(path, "plan", "pack")
-    check_format_version(path, plan, PLAN_FORMAT_VERSION, "pack")
-    shape = Shape(path, "pack")
-    for key in PLAN_INT_KEYS:
-        shape.field(plan, key, count(0 if key == "steps_per_epoch" else 1))
-    shape.field(plan, "seed", count(None))
-    shape.field(plan, "attn_weight", finite(0.0))
-    shape.field(plan, "remainder", TEXT)
-    for key in ("strategy", "packs_sha256", "pretokenized_manifest_sha256"):
-        shape.field(plan, key, nullable(TEXT), required=False)
-    shape.field(plan, "eval_micro_batch_size", nullable(count(1)), required=False)
-    shape.field(plan, "config_grad_accum", count(1), required=False)
-    stats = shape.field(plan, "stats", OBJECT, required=False) or {}
-    shape.field(stats, "dropped_doc_ids", list_of(count(None)), "stats.", required=False)
-    for reason, entry in (shape.field(stats, "dropped", OBJECT, "stats.", required=False) or {}).items():
-        shape.field(stats["dropped"], reason, OBJECT, "stats.dropped.")
-        for key in ("docs", "tokens"):
-            shape.field(entry, key, count(0), f"stats.dropped.{reason}.", required=False)
-    if (validation := shape.field(plan, "validation", nullable(OBJECT), required=False)) is not None:
-        _check_validation_section(shape, validation)
-    if shape.field(plan, "segments", nullable(list_of(OBJECT)), required=False):
-        _check_segments(shape, plan)
-    return plan, raw
-
-
-def _check_validation_section(shape: Shape, validation: dict) -> None:
-    """plan.json's validation pass: what the gate and train read of it."""
-    shape.field(validation, "packs", TEXT, "validation.")
-    shape.field(validation, "packs_sha256", nullable(TEXT), "validation.")
-    shape.field(validation, "micro_batch_size", count(1), "validation.", required=False)
-    for key in ("micro_batches_per_rank", "num_docs", "num_tokens", "num_packs", "empty_packs"):
-        shape.field(validation, key, count(0), "validation.", required=False)
-
-
-def _check_segments(shape: Shape, plan: dict) -> None:
-    """A continued plan (pack/segments.py): its segments, segment_steps, epoch_ends and resumed_from."""
-    segments = plan["segments"]
-    for k, seg in enumerate(segments):
-        where = f"segments[{k}]."
-        for key in ("world_size", "grad_accum", "micro_batch_size"):
-            shape.field(seg, key, count(1), where)
-        for key in ("first_step", "end_step"):
-            shape.field(seg, key, count(0), where)
-        shape.field(seg, "packs", TEXT, where)
-        shape.field(seg, "plan_total_steps", count(0), where, required=False)
-        if k < len(segments) - 1:  # the consumed prefix: its archive is proven by hash
-            shape.field(seg, "packs_sha256", TEXT, where)
-    steps = shape.field(plan, "segment_steps", OBJECT)
-    for epoch in steps:
-        if not epoch.isdecimal():
-            raise shape.bad(f"segment_steps.{epoch}", "keyed by an epoch number")
-        shape.field(steps, epoch, count(0), "segment_steps.")
-    shape.field(plan, "epoch_ends", list_of(count(0)), required=False)
-    shape.field(shape.field(plan, "resumed_from", OBJECT), "step", count(0), "resumed_from.")
+    return Plan.from_json(plan, Where(str(path), "pack")), raw
 
 
 @dataclass(frozen=True)
@@ -408,17 +352,21 @@ def read_metrics(
     return table.to_pandas() if table is not None else None
 
 
-def read_trained(run: str | os.PathLike, *, required: bool = False) -> dict | None:
+def read_trained(run: str | os.PathLike, *, required: bool = False) -> Trained | None:
     """TRAINED, the train stage's summary (None: the run did not finish)."""
-    return read_json_object(Path(run) / TRAINED, "the train summary", "train", required=required)
+    path = Path(run) / TRAINED
+    found = read_json_object(path, "the train summary", "train", required=required)
+    return Trained.from_json(found, Where(str(path), "train")) if found is not None else None
 
 
 # ---------------------------------------------------------------- watch, gate
 
 
-def read_watcher(run: str | os.PathLike) -> dict | None:
+def read_watcher(run: str | os.PathLike) -> WatcherRecord | None:
     """watcher.json, the hang watcher's verdict (None: no watcher ran)."""
-    return read_json_object(Path(run) / WATCHER, "the watcher's verdict", "launch (its watcher)")
+    path, rerun = Path(run) / WATCHER, "launch (its watcher)"
+    data = read_json_object(path, "the watcher's verdict", rerun)
+    return WatcherRecord.from_json(data, Where(str(path), rerun)) if data is not None else None
 
 
 def is_watcher_record(path: Path) -> bool:
@@ -427,23 +375,20 @@ def is_watcher_record(path: Path) -> bool:
     return isinstance(record, dict) and {"verdict", "started", "settings", "world_size"} <= record.keys()
 
 
-QUIET_VERDICTS = ("running", "healthy", "stopped")  # found nothing (a graceful stop): a new watcher may replace them
-
-
 def check_no_finding(dest: Path) -> None:
     """Refuse to replace a watcher.json whose verdict found something (a deadlock, a stall, missing ranks,
     killed or only warned about): a standalone watch would overwrite the one record of what happened.
     (launch removes its run's watcher.json itself before a new attempt starts.)"""
     try:
-        record = json.loads(dest.read_text())
+        data = json.loads(dest.read_text())
     except (OSError, ValueError):
         return  # missing (check_file_output vouched for the rest)
-    verdict = record.get("verdict") if isinstance(record, dict) else None
-    if verdict in QUIET_VERDICTS:
+    record = WatcherRecord.from_json(data, Where(str(dest)))
+    if record.quiet:
         return
-    acted = {"kill": "the job was killed", "warn": "it was warned about"}.get(record.get("action"), "")
+    acted = {"kill": "the job was killed", "warn": "it was warned about"}.get(record.action, "")
     raise InputError(
-        f"{dest}: holds an earlier watcher's verdict '{verdict}'{f' ({acted})' if acted else ''}; a new watch "
+        f"{dest}: holds an earlier watcher's verdict '{record.verdict}'{f' ({acted})' if acted else ''}; a new watch "
         "would replace it: pass --out elsewhere, or move or remove that file first"
     )
 
@@ -486,11 +431,11 @@ def read_marker_hashes(marker: Path) -> dict[str, str]:
 # ---------------------------------------------------------------- the writers
 
 
-def write_manifest(folder: str | os.PathLike, manifest: dict) -> None:
-    write_json_atomic(Path(folder) / MANIFEST, manifest)
+def write_manifest(folder: str | os.PathLike, manifest: Manifest) -> None:
+    write_json_atomic(Path(folder) / MANIFEST, manifest.to_json())
 
 
-def publish_plan(out: Path, plan: dict, write_packs_to, write_eval_to=None) -> dict:
+def publish_plan(out: Path, plan: Plan, write_packs_to, write_eval_to=None) -> Plan:
     """Publish packs.parquet and plan.json as one set: plan.json is the commit record.
 
     Both are written in full under temporary names first. Then the old plan.json is removed,
@@ -507,12 +452,12 @@ def publish_plan(out: Path, plan: dict, write_packs_to, write_eval_to=None) -> d
         with contextlib.ExitStack() as files:
             packs_tmp = files.enter_context(atomic_path(out / PACKS))
             write_packs_to(packs_tmp)
-            plan = dict(plan, packs_sha256=sha256_file(packs_tmp))
+            plan = plan.replace(packs_sha256=sha256_file(packs_tmp))
             if write_eval_to is not None:
                 eval_tmp = files.enter_context(atomic_path(out / EVAL_PACKS))
                 write_eval_to(eval_tmp)
-                plan["validation"] = dict(plan["validation"], packs_sha256=sha256_file(eval_tmp))
-            plan_tmp.write_bytes(canonical_json(plan).encode())
+                plan = plan.replace(validation=plan.validation.replace(packs_sha256=sha256_file(eval_tmp)))
+            plan_tmp.write_bytes(canonical_json(plan.to_json()).encode())
             plan_path.unlink(missing_ok=True)  # retire the old commit record before its packs change
             if write_eval_to is None:
                 (out / EVAL_PACKS).unlink(missing_ok=True)  # an earlier plan's pass: never beside this plan

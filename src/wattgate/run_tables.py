@@ -18,21 +18,26 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+# column names of metrics.parquet and eval.parquet (readers index rows and frames by these)
+STEP, RANK, EPOCH, LOSS, TOKENS, LOSS_TOKENS = "step", "rank", "epoch", "loss", "tokens", "loss_tokens"
+STEP_TIME_S, DATA_WAIT_S, LR, TIME, GRAD_NORM = "step_time_s", "data_wait_s", "lr", "time", "grad_norm"
+PERPLEXITY, SECONDS = "perplexity", "seconds"  # eval.parquet
+
 METRICS_SCHEMA = pa.schema(
     [
-        ("step", pa.int64()),
-        ("rank", pa.int32()),
-        ("epoch", pa.int32()),
-        ("loss", pa.float64()),
-        ("tokens", pa.int64()),
-        ("loss_tokens", pa.int64()),
-        ("step_time_s", pa.float64()),
-        ("data_wait_s", pa.float64()),
-        ("lr", pa.float64()),
-        ("time", pa.float64()),
+        (STEP, pa.int64()),
+        (RANK, pa.int32()),
+        (EPOCH, pa.int32()),
+        (LOSS, pa.float64()),
+        (TOKENS, pa.int64()),
+        (LOSS_TOKENS, pa.int64()),
+        (STEP_TIME_S, pa.float64()),
+        (DATA_WAIT_S, pa.float64()),
+        (LR, pa.float64()),
+        (TIME, pa.float64()),
         # the step's gradient norm before clipping, over the whole model (the same on every rank's row); null in
         # rows written before the column existed (a run resumed across the change)
-        ("grad_norm", pa.float64()),
+        (GRAD_NORM, pa.float64()),
     ]
 )
 
@@ -53,7 +58,7 @@ class MetricsTable:
         table = read_metrics_table(path) if upto_step >= 0 else None
         if table is None:
             return cls(path)
-        return cls(path, [r for r in table.to_pylist() if r["step"] <= upto_step])
+        return cls(path, [r for r in table.to_pylist() if r[STEP] <= upto_step])
 
     def add(self, rows: list[dict]) -> None:
         self.rows.extend(rows)
@@ -66,13 +71,13 @@ class MetricsTable:
 
 EVAL_SCHEMA = pa.schema(
     [
-        ("step", pa.int64()),  # the optimizer step the pass followed (1-based)
-        ("epoch", pa.int32()),
-        ("loss", pa.float64()),  # summed token losses / loss tokens, over every rank
-        ("perplexity", pa.float64()),
-        ("tokens", pa.int64()),  # loss tokens scored
-        ("seconds", pa.float64()),  # the pass's wall time
-        ("time", pa.float64()),  # unix s at its end
+        (STEP, pa.int64()),  # the optimizer step the pass followed (1-based)
+        (EPOCH, pa.int32()),
+        (LOSS, pa.float64()),  # summed token losses / loss tokens, over every rank
+        (PERPLEXITY, pa.float64()),
+        (TOKENS, pa.int64()),  # loss tokens scored
+        (SECONDS, pa.float64()),  # the pass's wall time
+        (TIME, pa.float64()),  # unix s at its end
     ]
 )
 
@@ -121,7 +126,7 @@ class EvalTable(MetricsTable):
     def resume(cls, path: Path, upto_step: int, sources=()) -> EvalTable:
         """The passes after steps already taken (<= upto_step) from an earlier, interrupted run."""
         table = read_metrics_table(path) if upto_step >= 0 else None
-        rows = [] if table is None else [r for r in table.to_pylist() if r["step"] <= upto_step]
+        rows = [] if table is None else [r for r in table.to_pylist() if r[STEP] <= upto_step]
         return cls(path, rows, sources)
 
 

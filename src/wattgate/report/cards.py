@@ -9,6 +9,22 @@ from __future__ import annotations
 from html import escape
 
 from wattgate.power.triage import power_only
+from wattgate.records.summary import (
+    ActualFigures,
+    ForecastCard,
+    ForecastError,
+    ForecastFigures,
+    GateCard,
+    GateCheck,
+    ImportedTrace,
+    MemoryCard,
+    MemoryPhase,
+    PowerOnlyCard,
+    Signals,
+    Summary,
+)
+from wattgate.records.trained import MEMORY_PHASES, PhasePeak, Trained
+from wattgate.records.watcher import ABSENT, WatcherRecord
 from wattgate.report.inputs import RunInputs
 from wattgate.report.steps import num
 from wattgate.durations import duration
@@ -20,32 +36,30 @@ def short_list(items: list, limit: int = 8) -> str:
     return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "") if items else "-"
 
 
-def gate_record(gate: dict | None) -> dict | None:
+def gate_record(gate: dict | None) -> GateCard | None:
     if gate is None:
         return None
-    checks = [
-        {"name": str(c.get("name")), "passed": bool(c.get("passed")), "detail": str(c.get("detail", ""))}
+    checks = tuple(
+        GateCheck(name=str(c.get("name")), passed=bool(c.get("passed")), detail=str(c.get("detail", "")))
         for c in gate.get("checks") or []
-    ]
-    return {
-        "passed": gate.get("passed"),  # None: gate.json's verdict was damaged (report/gate_input.py)
-        "enforce": gate.get("enforce"),
-        "failed_checks": [c["name"] for c in checks if not c["passed"]],
-        "checks": checks,
-    }
+    )
+    return GateCard(
+        passed=gate.get("passed"),  # None: gate.json's verdict was damaged (report/gate_input.py)
+        enforce=gate.get("enforce"),
+        failed_checks=tuple(c.name for c in checks if not c.passed),
+        checks=checks,
+    )
 
 
-def gate_section(s: dict) -> str:
-    g = s["gate"]
+def gate_section(s: Summary) -> str:
+    g = s.gate
     if g is None:
         return section("gate", "Invariant gate", note("not available: no gate.json"))
-    verdict = {True: "passed", False: "FAILED", None: "of unknown outcome (gate.json's verdict is damaged)"}[
-        g["passed"]
-    ]
-    went_ahead = g["passed"] is False and g.get("enforce") is False
+    verdict = {True: "passed", False: "FAILED", None: "of unknown outcome (gate.json's verdict is damaged)"}[g.passed]
+    went_ahead = g.passed is False and g.enforce is False
     enforce = " (gate.enforce was false: the run went ahead anyway)" if went_ahead else ""
     mark = {True: '<b style="color:#135e2c">pass</b>', False: '<b style="color:#8a1414">FAIL</b>'}
-    rows = [[c["name"], Raw(mark[c["passed"]]), c["detail"]] for c in g["checks"]]
+    rows = [[c.name, Raw(mark[c.passed]), c.detail] for c in g.checks]
     return section(
         "gate",
         "Invariant gate",
@@ -53,147 +67,143 @@ def gate_section(s: dict) -> str:
     )
 
 
-def forecast_record(gate: dict | None, trained: dict, kwh: float | None) -> dict | None:
+def forecast_record(gate: dict | None, trained: Trained, kwh: float | None) -> ForecastCard | None:
     """The gate's forecast of the train job beside what the run measured (TRAINED job_s, ranks, energy)."""
     fc = (gate or {}).get("forecast")
     failure = (gate or {}).get("failure")
     if not fc and not failure:
         return None
-    out = {"forecast": None, "actual": None, "error": None, "failure": (failure or {}).get("line")}
+    figures = actual = error = None
     if fc:
-        out["forecast"] = {  # the shapes report/gate_input.py vouched for
-            "wall_s": fc["wall_s"],
-            "gpu_hours": fc.get("gpu_hours"),
-            "kwh": fc.get("kwh"),
-            "source": fc["throughput"]["source"],
-            "detail": str(fc["throughput"].get("detail", "")),
-            "terms_s": fc.get("terms_s") or {},
-        }
-    wall, world = trained.get("job_s"), trained.get("world_size")
+        figures = ForecastFigures(  # the shapes report/gate_input.py vouched for
+            wall_s=fc["wall_s"],
+            gpu_hours=fc.get("gpu_hours"),
+            kwh=fc.get("kwh"),
+            source=fc["throughput"]["source"],
+            detail=str(fc["throughput"].get("detail", "")),
+            terms_s=fc.get("terms_s") or {},
+        )
+    wall, world = trained.job_s, trained.world_size
     if wall:
-        out["actual"] = {"wall_s": wall, "gpu_hours": num(wall * world / 3600) if world else None, "kwh": kwh}
-        if fc:
-            out["error"] = {
-                k: num(out["actual"][k] / fc[k] - 1, 4) if out["actual"][k] and fc.get(k) else None
-                for k in ("wall_s", "gpu_hours", "kwh")
-            }
-    return out
+        actual = ActualFigures(wall_s=wall, gpu_hours=num(wall * world / 3600) if world else None, kwh=kwh)
+        if figures is not None:
+            error = ForecastError(
+                wall_s=_error(actual.wall_s, figures.wall_s),
+                gpu_hours=_error(actual.gpu_hours, figures.gpu_hours),
+                kwh=_error(actual.kwh, figures.kwh),
+            )
+    return ForecastCard(forecast=figures, actual=actual, error=error, failure=(failure or {}).get("line"))
 
 
-def forecast_section(s: dict) -> str:
-    f = s.get("forecast")
+def _error(actual: float | None, forecast: float | None) -> float | None:
+    """actual / forecast - 1 (None where either is missing or zero)."""
+    return num(actual / forecast - 1, 4) if actual and forecast else None
+
+
+def forecast_section(s: Summary) -> str:
+    f = s.forecast
     if not f:
         return section("forecast", "Forecast against actual", note("not available: no forecast in gate.json"))
-    fc, act, err = f["forecast"], f["actual"], f["error"] or {}
-    rows = []
-    for key, label, digits in (
-        ("wall_s", "wall time", None),
-        ("gpu_hours", "GPU-hours", 4),
-        ("kwh", "energy (kWh, GPUs)", 4),
-    ):
+    fc, act, err = f.forecast, f.actual, f.error
 
-        def shown(v, digits=digits):
-            return duration(v) if digits is None else fmt(v, digits)
+    def row(label: str, forecast, actual, error, digits: int | None) -> list:
+        def shown(v):
+            return "n/a" if v is None else duration(v) if digits is None else fmt(v, digits)
 
-        rows.append(
-            [
-                label,
-                shown(fc[key]) if fc and fc[key] is not None else "n/a",
-                shown(act[key]) if act and act.get(key) is not None else "n/a",
-                pct(err.get(key)) if err.get(key) is not None else "n/a",
-            ]
-        )
+        return [label, shown(forecast), shown(actual), "n/a" if error is None else pct(error)]
+
+    rows = [
+        row("wall time", fc and fc.wall_s, act and act.wall_s, err and err.wall_s, None),
+        row("GPU-hours", fc and fc.gpu_hours, act and act.gpu_hours, err and err.gpu_hours, 4),
+        row("energy (kWh, GPUs)", fc and fc.kwh, act and act.kwh, err and err.kwh, 4),
+    ]
     text = (
         (
-            f"The gate's forecast ({fc['source']}: {fc['detail']}) beside what the run measured (TRAINED job_s: "
+            f"The gate's forecast ({fc.source}: {fc.detail}) beside what the run measured (TRAINED job_s: "
             "rank 0's process from start to the end of export)."
         )
         if fc
         else "No forecast."
     )
     body = f"<p>{escape(text)}</p>" + table(["", "forecast", "actual", "error"], rows, {1, 2, 3})
-    if f.get("failure"):
-        body += f"<p>{escape('Gate: ' + f['failure'])}</p>"
-    segs = s.get("segments") or []
+    if f.failure:
+        body += f"<p>{escape('Gate: ' + f.failure)}</p>"
+    segs = s.segments
     if len(segs) > 1:
         body += "<h3>World size over the run</h3>" + table(
             ["steps", "ranks", "optimizer steps", "tokens"],
-            [[f"{g['first_step']}-{g['last_step']}", g["world_size"], g["steps"], g["tokens"]] for g in segs],
+            [[f"{g.first_step}-{g.last_step}", g.world_size, g.steps, g.tokens] for g in segs],
             {1, 2, 3},
         )
     return section("forecast", "Forecast against actual", body)
 
 
-MEMORY_PHASES = ("load", "steady", "export")
-
-
-def memory_record(trained: dict | None, gate: dict | None) -> dict | None:
+def memory_record(trained: Trained | None, gate: dict | None) -> MemoryCard | None:
     """Measured peaks per phase (TRAINED, max over ranks) beside the gate's estimate of the same phase.
 
     The gate estimates device memory per rank (on CPU runs the device is the host) and host RAM per
     node; measured host peaks are per rank, so the node figure is the sum over the node's ranks.
     """
-    measured = (trained or {}).get("memory") or {}
+    trained = trained or Trained()
+    measured = trained.memory
     estimates = (gate or {}).get("memory_estimate_phases") or {}
-    if not measured and not estimates:
+    if measured is None and not estimates:
         return None
-    worst = measured.get("max_over_ranks") or {}
+    worst = measured.max_over_ranks if measured is not None else {}
     gib = float(1 << 30)
     rows = []
     for phase in MEMORY_PHASES:
-        m, e = worst.get(phase) or {}, estimates.get(phase) or {}
+        m, e = worst.get(phase) or PhasePeak(), estimates.get(phase) or {}
         rows.append(
-            {
-                "phase": phase,
-                "seconds": num(m.get("seconds"), 3),
-                "measured_host_peak_gib": num(m.get("host_peak_gib"), 4),
-                "measured_device_peak_gib": num(m.get("cuda_peak_gib"), 4),
-                "estimated_device_gib": num(e["total_bytes"] / gib, 4) if e.get("total_bytes") else None,
-                "usable_device_gib": num(e["usable_bytes"] / gib, 4) if e.get("usable_bytes") else None,
-                "largest_term": max(e["terms_bytes"], key=e["terms_bytes"].get) if e.get("terms_bytes") else None,
-            }
+            MemoryPhase(
+                phase=phase,
+                seconds=num(m.seconds, 3),
+                measured_host_peak_gib=num(m.host_peak_gib, 4),
+                measured_device_peak_gib=num(m.cuda_peak_gib, 4),
+                estimated_device_gib=num(e["total_bytes"] / gib, 4) if e.get("total_bytes") else None,
+                usable_device_gib=num(e["usable_bytes"] / gib, 4) if e.get("usable_bytes") else None,
+                largest_term=max(e["terms_bytes"], key=e["terms_bytes"].get) if e.get("terms_bytes") else None,
+            )
         )
     per_host: dict[str, float] = {}
-    for r in measured.get("per_rank") or []:
-        peak = (
-            max((p.get("host_peak_gib") or 0.0) for p in (r.get("phases") or {}).values()) if r.get("phases") else 0.0
-        )
-        per_host[str(r.get("host"))] = per_host.get(str(r.get("host")), 0.0) + peak
+    for r in measured.per_rank if measured is not None else ():
+        peak = max((p.host_peak_gib or 0.0) for p in r.phases.values()) if r.phases else 0.0
+        per_host[str(r.host)] = per_host.get(str(r.host), 0.0) + peak
     host = estimates.get("host_per_node") or {}
-    return {
-        "phases": rows,
-        "measured_host_per_node_gib": {h: num(v, 4) for h, v in sorted(per_host.items())},
-        "estimated_host_per_node_gib": num(host["total_bytes"] / gib, 4) if host.get("total_bytes") else None,
-        "host_budget_gib": num(host["usable_bytes"] / gib, 4) if host.get("usable_bytes") else None,
-        "load_s": num((trained or {}).get("load_s"), 3),
-        "export_s": num((trained or {}).get("export_s"), 3),
-        "export_dtype": (trained or {}).get("export_dtype"),
-    }
+    return MemoryCard(
+        phases=tuple(rows),
+        measured_host_per_node_gib={h: num(v, 4) for h, v in sorted(per_host.items())},
+        estimated_host_per_node_gib=num(host["total_bytes"] / gib, 4) if host.get("total_bytes") else None,
+        host_budget_gib=num(host["usable_bytes"] / gib, 4) if host.get("usable_bytes") else None,
+        load_s=num(trained.load_s, 3),
+        export_s=num(trained.export_s, 3),
+        export_dtype=trained.export_dtype,
+    )
 
 
-def memory_section(s: dict) -> str:
-    m = s.get("memory")
+def memory_section(s: Summary) -> str:
+    m = s.memory
     if m is None:
         return section(
             "memory", "Memory: measured and estimated", note("not available: no TRAINED memory or gate.json")
         )
     rows = [
         [
-            r["phase"],
-            fmt(r["seconds"], 2, " s"),
-            fmt(r["measured_host_peak_gib"], 2, " GiB"),
-            fmt(r["measured_device_peak_gib"], 2, " GiB"),
-            fmt(r["estimated_device_gib"], 2, " GiB"),
-            fmt(r["usable_device_gib"], 2, " GiB"),
-            r["largest_term"] or "-",
+            r.phase,
+            fmt(r.seconds, 2, " s"),
+            fmt(r.measured_host_peak_gib, 2, " GiB"),
+            fmt(r.measured_device_peak_gib, 2, " GiB"),
+            fmt(r.estimated_device_gib, 2, " GiB"),
+            fmt(r.usable_device_gib, 2, " GiB"),
+            r.largest_term or "-",
         ]
-        for r in m["phases"]
+        for r in m.phases
     ]
-    measured_nodes = ", ".join(f"{h} {fmt(v, 2, ' GiB')}" for h, v in m["measured_host_per_node_gib"].items()) or "n/a"
+    measured_nodes = ", ".join(f"{h} {fmt(v, 2, ' GiB')}" for h, v in m.measured_host_per_node_gib.items()) or "n/a"
     text = (
         f"Host RAM per node: measured {measured_nodes} (sum of the node's ranks' peaks); gate estimate "
-        f"{fmt(m['estimated_host_per_node_gib'], 2, ' GiB')} of {fmt(m['host_budget_gib'], 2, ' GiB')} usable. "
-        f"Export dtype {m['export_dtype'] or 'n/a'}. Device peaks are per rank (on CPU runs the device is "
+        f"{fmt(m.estimated_host_per_node_gib, 2, ' GiB')} of {fmt(m.host_budget_gib, 2, ' GiB')} usable. "
+        f"Export dtype {m.export_dtype or 'n/a'}. Device peaks are per rank (on CPU runs the device is "
         "the host); measured values are the maximum over ranks."
     )
     return section(
@@ -236,68 +246,83 @@ WATCHER_KEYS = (
 )
 
 
-def watcher_record(watcher: dict | None) -> dict | None:
+def watcher_record(watcher: WatcherRecord | None) -> dict | None:
+    """summary.json `watcher`: watcher.json's verdict fields (WATCHER_KEYS) that it holds."""
     if watcher is None:
         return None
-    return {k: watcher[k] for k in WATCHER_KEYS if k in watcher}
+    written = watcher.to_json()
+    return {k: written[k] for k in WATCHER_KEYS if k in written}
 
 
 def watcher_section(s: dict) -> str:
     w = s["watcher"]
     if w is None:
         return section("watcher", "Watcher diagnosis", note("not available: no watcher.json"))
-    rows = [["cost", w["cost"]["line"]]] if w.get("cost") else []
-    for key, label in (
-        ("verdict", "verdict"),
-        ("reason", "reason"),
-        ("action", "action"),
-        ("stalled_for_s", "stalled for (s)"),
-        ("longest_stall_s", "longest stall seen (s)"),
-        ("limit_s", "limit (s)"),
-        ("limit_phase", "limit phase"),
-        ("stuck_ranks", "stuck ranks"),
-        ("ran_ahead", "ran ahead"),
-        ("behind", "behind"),
-        ("power_signal", "power signal"),
-        ("table", "triage table"),
+    w = WatcherRecord.from_json(w, "summary.json watcher")
+    rows = [["cost", w.cost.line]] if w.cost else []
+    for value, label in (
+        (w.verdict, "verdict"),
+        (w.reason, "reason"),
+        (w.action, "action"),
+        (w.stalled_for_s, "stalled for (s)"),
+        (w.longest_stall_s, "longest stall seen (s)"),
+        (w.limit_s, "limit (s)"),
+        (w.limit_phase, "limit phase"),
+        (w.stuck_ranks, "stuck ranks"),
+        (w.ran_ahead, "ran ahead"),
+        (w.behind, "behind"),
+        (w.power_signal, "power signal"),
+        (w.table, "triage table"),
     ):
-        if key in w and w[key] not in (None, [], ""):
-            rows.append([label, short_list(w[key], 32) if isinstance(w[key], list) else w[key]])
+        if value not in (None, (), "", ABSENT):
+            rows.append([label, short_list(value, 32) if isinstance(value, tuple) else value])
     return section("watcher", "Watcher diagnosis", table(["field", "value"], rows))
 
 
-def power_only_record(inputs: RunInputs, sig: dict, found: list, t0: float | None) -> dict | None:
+def power_only_record(inputs: RunInputs, sig: Signals, found: list, t0: float | None) -> PowerOnlyCard | None:
     """Without heartbeats the pauses rest on power alone: what was missing, what could not be told
     apart, the wait rule, the verdict, and where an imported trace came from."""
-    if sig["heartbeats"] or not sig["phases"]:
+    if sig.heartbeats or not sig.phases:
         return None
-    keys = ("heartbeats", "metrics", "util", "gate", "watcher", "energy_counter", "trained", "config")
+    had = dict(  # the signals power_only.limits weighs
+        heartbeats=sig.heartbeats,
+        metrics=sig.metrics,
+        util=sig.util,
+        gate=sig.gate,
+        watcher=sig.watcher,
+        energy_counter=sig.energy_counter,
+        trained=sig.trained,
+        config=sig.config,
+    )
     inferred = any(m.get("gpu_index_inferred") for m in inputs.trace_metas)
-    out = power_only.limits({k: sig[k] for k in keys}, inputs.deadlock_after_s, inferred)
-    out["verdict"] = power_only.verdict(found, t0, inputs.window_s)
-    out["deadlock_after_s"] = inputs.deadlock_after_s
-    out["imported"] = [
-        {
-            "file": str(p),
-            "source": m.get("source"),
-            "notes": list(m.get("notes") or []),
-            "skipped_lines": m.get("skipped_lines") or {},
-            "gpu_index_inferred": bool(m.get("gpu_index_inferred")),
-        }
+    limits = power_only.limits(had, inputs.deadlock_after_s, inferred)  # mode, missing, cannot_tell, wait_rule
+    imported = tuple(
+        ImportedTrace(
+            file=str(p),
+            source=m.get("source"),
+            notes=tuple(m.get("notes") or []),
+            skipped_lines=m.get("skipped_lines") or {},
+            gpu_index_inferred=bool(m.get("gpu_index_inferred")),
+        )
         for p, m in zip(inputs.trace_paths, inputs.trace_metas)
         if m.get("power_source") == "imported"
-    ]
-    return out
+    )
+    return PowerOnlyCard(
+        **limits,
+        verdict=tuple(power_only.verdict(found, t0, inputs.window_s)),
+        deadlock_after_s=inputs.deadlock_after_s,
+        imported=imported,
+    )
 
 
-def power_only_section(s: dict) -> str:
+def power_only_section(s: Summary) -> str:
     """The verdict on power alone: the pauses, what was missing, what it could not tell apart, the rule."""
-    po = s.get("power_only")
+    po = s.power_only
     if not po:
         return ""
-    title = "Power-only verdict" if po["mode"] == "power only" else "Verdict without heartbeats"
-    body = "<ul>" + "".join(f"<li><b>{escape(v)}</b></li>" for v in po["verdict"]) + "</ul>"
-    pauses = s.get("pauses") or []
+    title = "Power-only verdict" if po.mode == "power only" else "Verdict without heartbeats"
+    body = "<ul>" + "".join(f"<li><b>{escape(v)}</b></li>" for v in po.verdict) + "</ul>"
+    pauses = s.pauses
     if pauses:
         rows = [
             [
@@ -330,18 +355,15 @@ def power_only_section(s: dict) -> str:
             rows,
             {2, 3, 6, 7, 8},
         )
-    body += "<h3>Missing signals</h3><ul>" + "".join(f"<li>{escape(m)}</li>" for m in po["missing"]) + "</ul>"
+    body += "<h3>Missing signals</h3><ul>" + "".join(f"<li>{escape(m)}</li>" for m in po.missing) + "</ul>"
     body += (
         "<h3>What it therefore could not tell apart</h3><ul>"
-        + "".join(f"<li>{escape(c)}</li>" for c in po["cannot_tell"])
+        + "".join(f"<li>{escape(c)}</li>" for c in po.cannot_tell)
         + "</ul>"
     )
-    body += f'<h3>The wait rule</h3><p id="wait-rule">{escape(po["wait_rule"])}</p>'
-    for imp in po.get("imported") or []:
-        skipped = sum((imp.get("skipped_lines") or {}).values())
+    body += f'<h3>The wait rule</h3><p id="wait-rule">{escape(po.wait_rule)}</p>'
+    for imp in po.imported:
+        skipped = sum(imp.skipped_lines.values())
         extra = [f"{skipped} unreadable line(s) skipped"] if skipped else []
-        body += note(
-            f"Imported from {imp['source']}: {imp['file']}. "
-            + " ".join(f"{x}." for x in extra + list(imp.get("notes") or []))
-        )
+        body += note(f"Imported from {imp.source}: {imp.file}. " + " ".join(f"{x}." for x in extra + list(imp.notes)))
     return section("power-only", title, body)

@@ -50,6 +50,9 @@ from wattgate.run_files import (
 )
 from wattgate.run_tables import read_eval
 from wattgate.trace import TRACE_SCHEMA, null_invalid_values, read_trace, trace_files, trace_meta
+from wattgate.records.run_config import RunConfig
+from wattgate.records.watcher import WatcherRecord
+from wattgate.records.trained import Trained
 
 TRACE_COLUMNS = ["time", "host", "gpu", "power_w", "energy_j"]
 METRICS_REQUIRED = ["step", "rank", "time"]  # metrics.parquet: the report needs these, reads the rest if there
@@ -87,14 +90,14 @@ class Samples:
 class RunInputs:
     run_dir: Path | None  # None: bare traces (power-only mode)
     run_name: str
-    config: dict | None = None
-    trained: dict | None = None
+    config: RunConfig | None = None
+    trained: Trained | None = None
     metrics: pd.DataFrame | None = None
     evals: pd.DataFrame | None = None  # eval.parquet: one row per validation pass (None: no validation)
     events: pd.DataFrame | None = None  # heartbeat events: time, rank, step, epoch, phase
     states: dict[int, dict] = field(default_factory=dict)
     run_info: RunInfo | None = None  # the same, as triage reads it (rank -> GPU mapping)
-    watcher: dict | None = None
+    watcher: WatcherRecord | None = None
     gate: dict | None = None
     checkpoints: list[int] = field(default_factory=list)  # steps with a checkpoint folder
     has_final: bool = False
@@ -302,7 +305,7 @@ def load_inputs(
     table_path: str | os.PathLike | None = None,
     power_cap_w: float | None = None,
     *,
-    config: dict | None = None,
+    config: RunConfig | None = None,
 ) -> RunInputs:
     """A run folder's inputs; `trace_paths` (files or telemetry folders) replace its telemetry/, and
     without a run folder (run_dir None) they are all there is. The run config: `config` (loaded), else
@@ -320,11 +323,15 @@ def load_inputs(
             raise InputError(f"{', '.join(map(str, given))}: no trace files (*.parquet)")
     cfg_path = Path(config_path) if config_path else default_config_path(run_dir) if run_dir else None
     if config is None and (config_path or (cfg_path is not None and cfg_path.is_file())):
-        from wattgate.config import load_config  # imported only when there is a file to load
+        from wattgate.config import load_run_config  # imported only when there is a file to load
 
-        config = load_config(cfg_path)
+        config = load_run_config(cfg_path)
+    elif config is not None:
+        from wattgate.config import run_config
+
+        config = run_config(config)
     name = run_dir.name if run_dir else "+".join(p.stem for p in traces)
-    inputs = RunInputs(run_dir, str((config or {}).get("run_name") or name), config=config)
+    inputs = RunInputs(run_dir, config.run_name if config is not None else name, config=config)
     if run_dir is None:
         inputs.note(
             "power-only report: traces without a run folder (no TRAINED, metrics, heartbeats, "
@@ -474,9 +481,13 @@ def _read_run_files(inputs: RunInputs, run_dir: Path) -> None:
         inputs.evals = read_eval(run_dir)
     except InputError as exc:  # a damaged validation table costs its rows, not the report
         inputs.note(f"validation table not read: {exc}")
-    inputs.watcher = read_watcher(run_dir)
-    if inputs.watcher is None:
-        inputs.note("watcher.json not available: no hang watcher verdict")
+    try:
+        inputs.watcher = read_watcher(run_dir)
+    except InputError as exc:  # a damaged verdict costs the watcher card, not the report
+        inputs.note(f"watcher.json not read: {exc}")
+    else:
+        if inputs.watcher is None:
+            inputs.note("watcher.json not available: no hang watcher verdict")
     inputs.checkpoints = checkpoint_steps(run_dir / "checkpoints")
     inputs.has_final = (run_dir / "final").is_dir()
 

@@ -16,13 +16,13 @@ def record_run_wait(inputs: RunInputs, summary: dict) -> dict | str | None:
     could not take it, or None when there is nothing to record (bare traces, no config, stragglers not checked,
     no ledger or no record of the run in it)."""
     st = summary.get("stragglers") or {}
-    ledger = ((inputs.config or {}).get("forecast") or {}).get("ledger")
+    ledger = inputs.config.forecast.ledger if inputs.config is not None else None
     if inputs.run_dir is None or not ledger or not st.get("checked") or not Path(ledger).is_file():
         return None
     source = st.get("source") or ("power triage" if inputs.lag else "watcher")
     hours = st.get("wait_rank_hours" if source.startswith("watcher") else "wait_gpu_hours") or 0.0
-    steps = (inputs.trained or {}).get("steps")
+    steps = inputs.trained.steps if inputs.trained is not None else None
     try:
-        return record_wait(Path(ledger), inputs.run_name, hours, source, steps if isinstance(steps, int) else None)
+        return record_wait(Path(ledger), inputs.run_name, hours, source, steps)
     except InputError as exc:
         return f"the time lost to waiting for stragglers is not in the ledger: {exc}"

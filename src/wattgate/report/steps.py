@@ -11,9 +11,11 @@ import math
 import numpy as np
 import pandas as pd
 
+from wattgate.records.summary import Loss, Segment, Throughput, Validation, ValidationPass
+from wattgate.records.trained import Trained
 from wattgate.report.anomalies import group_codes
 from wattgate.report.inputs import RunInputs
-from wattgate.run_tables import eval_sources_of, source_loss_column
+from wattgate.run_tables import STEP, eval_sources_of, source_loss_column
 
 
 def num(x, digits: int = 6):
@@ -99,94 +101,90 @@ def _distinct_per_group(group: np.ndarray, value_code: np.ndarray, values: int, 
     return np.bincount(seen // width, minlength=n)
 
 
-def throughput(inputs: RunInputs, steps: pd.DataFrame | None, gpus: int) -> dict:
-    t = inputs.trained or {}
+def throughput(inputs: RunInputs, steps: pd.DataFrame | None, gpus: int) -> Throughput:
+    t = inputs.trained or Trained()
     tokens = int(steps["tokens"].sum()) if steps is not None and "tokens" in steps else None
-    wall = t.get("wall_s")
+    wall = t.wall_s
     wall_source = "TRAINED" if wall is not None else None
     if wall is None and steps is not None and inputs.metrics is not None:
         m = inputs.metrics
         begin = (m["time"] - m["step_time_s"]).min() if "step_time_s" in m else m["time"].min()
         wall, wall_source = float(m["time"].max() - begin), "metrics (first step start to last step end)"
-    world = t.get("world_size")
+    world = t.world_size
     if world is None and inputs.metrics is not None:
         world = int(inputs.metrics["rank"].nunique())
     if world is None and inputs.config:
-        c = inputs.config.get("cluster") or {}
-        world = int(c.get("nodes", 1)) * int(c.get("gpus_per_node", 1))
-    tps = t.get("tokens_per_s")
+        world = inputs.config.cluster.nodes * inputs.config.cluster.gpus_per_node
+    tps = t.tokens_per_s
     if tps is None and tokens is not None and wall:
         tps = tokens / wall
-    return {
-        "tokens": tokens,
-        "steps": t.get("steps", int(steps["step"].max()) if steps is not None else None),
-        "wall_s": num(wall, 3),
-        "wall_source": wall_source,
-        "world_size": world,
-        "tokens_per_s": num(tps, 3),
-        "tokens_per_s_per_gpu": num(tps / gpus, 3) if tps is not None and gpus else None,
-        "tokens_per_s_per_rank": num(tps / world, 3) if tps is not None and world else None,
-        "rank_hours": num(world * wall / 3600.0, 6) if world and wall is not None else None,
-    }
+    return Throughput(
+        tokens=tokens,
+        steps=t.steps if t.steps is not None else int(steps[STEP].max()) if steps is not None else None,
+        wall_s=num(wall, 3),
+        wall_source=wall_source,
+        world_size=world,
+        tokens_per_s=num(tps, 3),
+        tokens_per_s_per_gpu=num(tps / gpus, 3) if tps is not None and gpus else None,
+        tokens_per_s_per_rank=num(tps / world, 3) if tps is not None and world else None,
+        rank_hours=num(world * wall / 3600.0, 6) if world and wall is not None else None,
+    )
 
 
-def loss(inputs: RunInputs, steps: pd.DataFrame | None) -> dict:
-    t = inputs.trained or {}
-    first, final = t.get("first_loss"), t.get("final_loss")
+def loss(inputs: RunInputs, steps: pd.DataFrame | None) -> Loss:
+    t = inputs.trained or Trained()
+    first, final = t.first_loss, t.final_loss
     if (first is None or final is None) and steps is not None and "loss" in steps and len(steps):
         first = steps["loss"].iloc[0] if first is None else first
         final = steps["loss"].iloc[-1] if final is None else final
-    return {"first": num(first), "final": num(final)}
+    return Loss(first=num(first), final=num(final))
 
 
-def segments_section(steps: pd.DataFrame | None) -> list[dict]:
+def segments_section(steps: pd.DataFrame | None) -> tuple[Segment, ...]:
     """Runs of steps on the same world size: a resized run (pack/segments.py) shows each with its tokens."""
     if steps is None or "ranks" not in steps or not len(steps):
-        return []
+        return ()
     ranks = steps["ranks"].to_numpy()
     cut = np.flatnonzero(np.diff(ranks)) + 1
     out = []
     for a, b in zip(np.concatenate([[0], cut]), np.concatenate([cut, [len(ranks)]])):
         part = steps.iloc[a:b]
         out.append(
-            {
-                "first_step": int(part["step"].iloc[0]),
-                "last_step": int(part["step"].iloc[-1]),
-                "world_size": int(ranks[a]),
-                "steps": int(b - a),
-                "tokens": int(part["tokens"].sum()) if "tokens" in part else None,
-                "start": num(float(part["time"].iloc[0]), 3),
-            }
+            Segment(
+                first_step=int(part["step"].iloc[0]),
+                last_step=int(part["step"].iloc[-1]),
+                world_size=int(ranks[a]),
+                steps=int(b - a),
+                tokens=int(part["tokens"].sum()) if "tokens" in part else None,
+                start=num(float(part["time"].iloc[0]), 3),
+            )
         )
-    return out
+    return tuple(out)
 
 
-def validation_section(evals: pd.DataFrame | None) -> dict | None:
+def validation_section(evals: pd.DataFrame | None) -> Validation | None:
     """The validation passes (eval.parquet) for summary.json and the page: every pass, the final and the best."""
     if evals is None or not len(evals):
         return None
     sources = eval_sources_of(evals.columns)  # two or more held-out sources (issue 33): a loss per source too
     rows = []
     for r in evals.sort_values("step").to_dict("records"):
-        row = {
-            "step": int(r["step"]),
-            "epoch": int(r["epoch"]),
-            "loss": num(r["loss"]),
-            "perplexity": num(r["perplexity"]),
-            "tokens": int(r["tokens"]),
-            "seconds": num(r["seconds"], 3),
-        }
-        if sources:
-            row["per_source"] = {name: num(r[source_loss_column(name)]) for name in sources}
-        rows.append(row)
-    scored = [r for r in rows if r["loss"] is not None]
-    best = min(scored, key=lambda r: (r["loss"], -r["step"])) if scored else None
-    out = {
-        "passes": rows,
-        "final": rows[-1],
-        "best": best,
-        "seconds": num(float(evals["seconds"].sum()), 3),
-    }
-    if sources:
-        out["sources"] = sources
-    return out
+        rows.append(
+            ValidationPass(
+                step=int(r["step"]),
+                epoch=int(r["epoch"]),
+                loss=num(r["loss"]),
+                perplexity=num(r["perplexity"]),
+                tokens=int(r["tokens"]),
+                seconds=num(r["seconds"], 3),
+                per_source={name: num(r[source_loss_column(name)]) for name in sources} if sources else None,
+            )
+        )
+    scored = [r for r in rows if r.loss is not None]
+    return Validation(
+        passes=tuple(rows),
+        final=rows[-1],
+        best=min(scored, key=lambda r: (r.loss, -r.step)) if scored else None,
+        seconds=num(float(evals["seconds"].sum()), 3),
+        sources=tuple(sources) if sources else None,
+    )

@@ -15,6 +15,19 @@ import pandas as pd
 from wattgate.report import anomalies as an
 from wattgate.power.energy import GpuEnergy, gpu_energy
 from wattgate.report.cards import forecast_record, gate_record, memory_record, power_only_record, watcher_record
+from wattgate.records.summary import (
+    Checkpoints,
+    Energy,
+    GpuEnergyRow,
+    GpuPhases,
+    NodePhases,
+    Phases,
+    PhaseShare,
+    RunFacts,
+    Signals,
+    Summary,
+)
+from wattgate.records.trained import Trained
 from wattgate.report.inputs import RunInputs
 from wattgate.report.phases import PhaseWindows, phase_windows, totals
 from wattgate.report.stragglers import straggler_record
@@ -23,7 +36,6 @@ from wattgate.power.triage import power_only
 from wattgate.power.triage.phases import LABELS, gap_summary, phases_meta
 from wattgate.power.triage.runinfo import map_ranks
 
-FORMAT_VERSION = 1
 J_PER_KWH = 3.6e6
 MAX_ANOMALIES = 500  # a pathological run must not produce a report of megabytes
 
@@ -37,7 +49,7 @@ class Analysis:
     windows: PhaseWindows
     t0: float | None  # earliest time any input saw
     t1: float | None  # latest
-    summary: dict
+    summary: Summary
     steps: pd.DataFrame | None = None  # step_table of the metrics, for the figures
 
 
@@ -74,56 +86,49 @@ def run_span(inputs: RunInputs, energy: GpuEnergy | None, w: PhaseWindows) -> tu
     return (min(lo), max(hi)) if lo else (None, None)
 
 
-def energy_summary(energy: GpuEnergy | None, w: PhaseWindows, tokens: int | None) -> dict:
+def energy_summary(energy: GpuEnergy | None, w: PhaseWindows, tokens: int | None) -> Energy:
     if energy is not None and len(energy.keys):
         joules = energy.joules
-        total, method = float(joules.sum()), energy.method
+        total = float(joules.sum())
         sampled, gaps = energy.sampled_s, energy.gaps
-        per_gpu = [
-            {
-                "host": h,
-                "gpu": g,
-                "kwh": num(j / J_PER_KWH),
-                "method": m,
-                "span_s": num(b - a, 3),
-                "gap_s": num(gap, 3),
-                "mean_power_w": num(j / on, 3) if on > 0 else None,  # over sampled time: a gap counts no energy
-            }
+        per_gpu = tuple(
+            GpuEnergyRow(
+                host=h,
+                gpu=g,
+                kwh=num(j / J_PER_KWH),
+                method=m,
+                span_s=num(b - a, 3),
+                gap_s=num(gap, 3),
+                mean_power_w=num(j / on, 3) if on > 0 else None,  # over sampled time: a gap counts no energy
+            )
             for (h, g), j, m, a, b, on, gap in zip(
                 energy.keys, joules, energy.methods, energy.first, energy.last, sampled, gaps
             )
-        ]
+        )
         counter = energy.counter_j
-        out = {
-            "kwh": num(total / J_PER_KWH),
-            "method": method,
-            "per_gpu": per_gpu,
-            "integrated_kwh": num(energy.integrated_j.sum() / J_PER_KWH),
-            "counter_kwh": num(np.nansum(counter) / J_PER_KWH) if np.isfinite(counter).all() else None,
-            "gap_s": num(float(gaps.sum()), 3),  # unsampled seconds between the GPUs' samples: counted nowhere
-        }
-    elif len(w):
+        return Energy(
+            kwh=num(total / J_PER_KWH),
+            method=energy.method,
+            per_gpu=per_gpu,
+            integrated_kwh=num(energy.integrated_j.sum() / J_PER_KWH),
+            counter_kwh=num(np.nansum(counter) / J_PER_KWH) if np.isfinite(counter).all() else None,
+            gap_s=num(float(gaps.sum()), 3),  # unsampled seconds between the GPUs' samples: counted nowhere
+            j_per_token=num(total / tokens, 6) if tokens else None,
+        )
+    if len(w):
         total = float(w.energy_j.sum())
-        out = {
-            "kwh": num(total / J_PER_KWH),
-            "method": "phase_window_means",
-            "per_gpu": [],
-            "integrated_kwh": None,
-            "counter_kwh": None,
-            "gap_s": None,
-        }
-    else:
-        return {
-            "kwh": None,
-            "method": None,
-            "per_gpu": [],
-            "integrated_kwh": None,
-            "counter_kwh": None,
-            "gap_s": None,
-            "j_per_token": None,
-        }
-    out["j_per_token"] = num(total / tokens, 6) if tokens else None
-    return out
+        return Energy(
+            kwh=num(total / J_PER_KWH),
+            method="phase_window_means",
+            per_gpu=(),
+            integrated_kwh=None,
+            counter_kwh=None,
+            gap_s=None,
+            j_per_token=num(total / tokens, 6) if tokens else None,
+        )
+    return Energy(
+        kwh=None, method=None, per_gpu=(), integrated_kwh=None, counter_kwh=None, gap_s=None, j_per_token=None
+    )
 
 
 def _share_rows(secs: np.ndarray, joules: np.ndarray) -> tuple[dict, dict, dict]:
@@ -137,39 +142,43 @@ def _share_rows(secs: np.ndarray, joules: np.ndarray) -> tuple[dict, dict, dict]
     )
 
 
-def phase_section(inputs: RunInputs, w: PhaseWindows) -> dict:
-    out = {"source": inputs.phases_source, "table": inputs.triage_table, "window_s": inputs.window_s}
-    if inputs.gaps is not None:
-        out["gaps"] = inputs.gaps
-    elif inputs.phases is not None:
-        out["gaps"] = gap_summary(inputs.phases, inputs.window_s, phases_meta(inputs.phases).get("filled_s", 0.0))
+def phase_section(inputs: RunInputs, w: PhaseWindows) -> Phases:
+    gaps = inputs.gaps
+    if gaps is None and inputs.phases is not None:
+        gaps = gap_summary(inputs.phases, inputs.window_s, phases_meta(inputs.phases).get("filled_s", 0.0))
+
+    def phases(seconds: float | None, by_phase: dict, per_gpu: list, per_node: list) -> Phases:
+        return Phases(
+            source=inputs.phases_source,
+            table=inputs.triage_table,
+            window_s=inputs.window_s,
+            gaps=gaps,
+            seconds=seconds,
+            by_phase=by_phase,
+            per_gpu=tuple(per_gpu),
+            per_node=tuple(per_node),
+        )
+
     if not len(w):
-        return out | {"seconds": 0.0, "by_phase": {}, "per_gpu": [], "per_node": []}
+        return phases(0.0, {}, [], [])
     ngpu = len(w.keys)
     secs, joules = totals(w, w.gid, ngpu)
     all_s, all_j = secs.sum(axis=0), joules.sum(axis=0)
     share, kwh, eshare = _share_rows(all_s, all_j)
     by_phase = {
-        ph: {
-            "seconds": num(all_s[LABELS.index(ph)], 3),
-            "time_share": share[ph],
-            "energy_kwh": kwh[ph],
-            "energy_share": eshare[ph],
-        }
+        ph: PhaseShare(
+            seconds=num(all_s[LABELS.index(ph)], 3),
+            time_share=share[ph],
+            energy_kwh=kwh[ph],
+            energy_share=eshare[ph],
+        )
         for ph in share
     }
     per_gpu = []
     for k, (h, g) in enumerate(w.keys):
         s, k_, e = _share_rows(secs[k], joules[k])
         per_gpu.append(
-            {
-                "host": h,
-                "gpu": g,
-                "seconds": num(secs[k].sum(), 3),
-                "time_share": s,
-                "energy_kwh": k_,
-                "energy_share": e,
-            }
+            GpuPhases(host=h, gpu=g, seconds=num(secs[k].sum(), 3), time_share=s, energy_kwh=k_, energy_share=e)
         )
     hosts = sorted({h for h, _ in w.keys})
     per_node = []
@@ -177,16 +186,11 @@ def phase_section(inputs: RunInputs, w: PhaseWindows) -> dict:
         rows = [k for k, (hh, _) in enumerate(w.keys) if hh == h]
         s, k_, e = _share_rows(secs[rows].sum(axis=0), joules[rows].sum(axis=0))
         per_node.append(
-            {
-                "host": h,
-                "gpus": len(rows),
-                "seconds": num(secs[rows].sum(), 3),
-                "time_share": s,
-                "energy_kwh": k_,
-                "energy_share": e,
-            }
+            NodePhases(
+                host=h, gpus=len(rows), seconds=num(secs[rows].sum(), 3), time_share=s, energy_kwh=k_, energy_share=e
+            )
         )
-    return out | {"seconds": num(all_s.sum(), 3), "by_phase": by_phase, "per_gpu": per_gpu, "per_node": per_node}
+    return phases(num(all_s.sum(), 3), by_phase, per_gpu, per_node)
 
 
 def rank_gpus(inputs: RunInputs, keys: list[tuple[str, int]]) -> dict[int, str]:
@@ -207,20 +211,26 @@ def find_anomalies(
     )
 
 
-def device_of(inputs: RunInputs) -> dict:
+def run_facts(inputs: RunInputs, t0: float | None) -> RunFacts:
+    """summary.json `run`: the run's name and inputs, its start, and the device it ran on."""
     names = sorted({str(g.get("name")) for m in inputs.trace_metas for g in m.get("gpus", []) if g.get("name")})
-    cluster = (inputs.config or {}).get("cluster") or {}
-    t = inputs.trained or {}
+    cluster = inputs.config.cluster if inputs.config is not None else None
+    t = inputs.trained or Trained()
     nvml = next((str(m["nvml"]) for m in inputs.trace_metas if m.get("nvml")), None)
-    return {
-        "device": t.get("device"),
-        "gpu_names": names,
-        "nvml": nvml,
-        "gpu_model": cluster.get("gpu_model"),
-        "nodes": cluster.get("nodes"),
-        "gpus_per_node": cluster.get("gpus_per_node"),
-        "params": t.get("params"),
-    }
+    return RunFacts(
+        name=inputs.run_name,
+        dir=str(inputs.run_dir) if inputs.run_dir is not None else None,
+        traces=tuple(str(p) for p in inputs.trace_paths),
+        start=num(t0, 3),
+        start_utc=utc(t0),
+        device=t.device,
+        gpu_names=tuple(names),
+        nvml=nvml,
+        gpu_model=cluster.gpu_model if cluster else None,
+        nodes=cluster.nodes if cluster else None,
+        gpus_per_node=cluster.gpus_per_node if cluster else None,
+        params=t.get("params"),
+    )
 
 
 # ---------------------------------------------------------------- the summary
@@ -286,53 +296,45 @@ def analyze(inputs: RunInputs) -> Analysis:
     gpu_seconds = (  # sampled seconds only: a gap in the trace is no GPU time anyone measured
         float(energy.sampled_s.sum()) if energy is not None else float(w.seconds.sum()) if len(w) else None
     )
-    energy_section = energy_summary(energy, w, thr["tokens"])
+    energy_section = energy_summary(energy, w, thr.tokens)
     gpu_hours = num(gpu_seconds / 3600.0) if gpus and gpu_seconds is not None else None
-    lag = straggler_record(inputs.lag, inputs.watcher, gpu_hours, energy_section.get("kwh"), inputs.notes)
-    episodes = find_anomalies(inputs, w, keys, lag["entries"])
-    records = an.anomaly_records(episodes)
+    lag = straggler_record(inputs.lag, inputs.watcher, gpu_hours, energy_section.kwh, inputs.notes)
+    episodes = find_anomalies(inputs, w, keys, lag.entries)
     t0, t1 = run_span(inputs, energy, w)
-    for r in records:
-        r["start_offset_s"] = num(r["start"] - t0, 3) if t0 is not None else None
-        r["start_utc"] = utc(r["start"])
-    trained = inputs.trained or {}
+    records = [
+        a.replace(start_offset_s=num(a.start - t0, 3) if t0 is not None else None, start_utc=utc(a.start))
+        for a in an.anomaly_records(episodes)
+    ]
+    trained = inputs.trained or Trained()
     sig = signals(inputs, energy, w)
     found = (
         recorded_pauses(inputs.pause_records) if inputs.pause_records is not None else power_only.pauses(inputs.phases)
     )
-    summary = {
-        "format_version": FORMAT_VERSION,
-        "run": {
-            "name": inputs.run_name,
-            "dir": str(inputs.run_dir) if inputs.run_dir is not None else None,
-            "traces": [str(p) for p in inputs.trace_paths],
-            "start": num(t0, 3),
-            "start_utc": utc(t0),
-        }
-        | device_of(inputs),
-        **thr,
-        "gpus": gpus,
-        "gpu_hours": gpu_hours,
-        "energy": energy_section,
-        "loss": loss(inputs, steps),
-        "validation": validation_section(inputs.evals),
-        "mfu": num(trained.get("mfu")),
-        "peak_memory_gib": num(trained.get("peak_memory_gib"), 4),
-        "phases": phase_section(inputs, w),
-        "stragglers": lag,
-        "anomalies": records[:MAX_ANOMALIES],
-        "anomalies_omitted": max(0, len(records) - MAX_ANOMALIES),
-        "gate": gate_record(inputs.gate),
-        "forecast": forecast_record(inputs.gate, trained, energy_section.get("kwh")),
-        "segments": segments_section(steps),
-        "memory": memory_record(inputs.trained, inputs.gate),
-        "watcher": watcher_record(inputs.watcher),
-        "checkpoints": {"steps": inputs.checkpoints, "final": inputs.has_final},
-        "signals": sig,
-        "pauses": [p.record(t0) for p in found],
-        "power_only": power_only_record(inputs, sig, found, t0),
-        "notes": list(inputs.notes),
-    }
+    summary = Summary(
+        run=run_facts(inputs, t0),
+        **thr.to_json(),
+        gpus=gpus,
+        gpu_hours=gpu_hours,
+        energy=energy_section,
+        loss=loss(inputs, steps),
+        validation=validation_section(inputs.evals),
+        mfu=num(trained.mfu),
+        peak_memory_gib=num(trained.peak_memory_gib, 4),
+        phases=phase_section(inputs, w),
+        stragglers=lag,
+        anomalies=tuple(records[:MAX_ANOMALIES]),
+        anomalies_omitted=max(0, len(records) - MAX_ANOMALIES),
+        gate=gate_record(inputs.gate),
+        forecast=forecast_record(inputs.gate, trained, energy_section.kwh),
+        segments=segments_section(steps),
+        memory=memory_record(inputs.trained, inputs.gate),
+        watcher=watcher_record(inputs.watcher),
+        checkpoints=Checkpoints(steps=tuple(inputs.checkpoints), final=inputs.has_final),
+        signals=sig,
+        pauses=tuple(p.record(t0) for p in found),
+        power_only=power_only_record(inputs, sig, found, t0),
+        notes=tuple(inputs.notes),  # last: the records above add theirs
+    )
     return Analysis(inputs, energy, w, t0, t1, summary, steps)
 
 
@@ -346,19 +348,19 @@ def counter_read(inputs: RunInputs) -> bool:
     return bool(inputs.samples is not None and any(len(x.energy_pos) for x in inputs.samples.series))
 
 
-def signals(inputs: RunInputs, energy: GpuEnergy | None, w: PhaseWindows) -> dict:
+def signals(inputs: RunInputs, energy: GpuEnergy | None, w: PhaseWindows) -> Signals:
     util = inputs.phases is not None and inputs.phases.num_rows > inputs.phases.column("util_gpu").null_count
-    return {
-        "traces": bool(inputs.trace_paths),
-        "power": energy is not None,
-        "util": bool(util),
-        "energy_counter": counter_read(inputs),
-        "phases": bool(len(w)),
-        "metrics": inputs.metrics is not None,
-        "heartbeats": bool(inputs.run_info is not None and inputs.run_info.has_heartbeats),
-        "trained": inputs.trained is not None,
-        "watcher": inputs.watcher is not None,
-        "gate": inputs.gate is not None,
-        "checkpoints": bool(inputs.checkpoints),
-        "config": inputs.config is not None,
-    }
+    return Signals(
+        traces=bool(inputs.trace_paths),
+        power=energy is not None,
+        util=bool(util),
+        energy_counter=counter_read(inputs),
+        phases=bool(len(w)),
+        metrics=inputs.metrics is not None,
+        heartbeats=bool(inputs.run_info is not None and inputs.run_info.has_heartbeats),
+        trained=inputs.trained is not None,
+        watcher=inputs.watcher is not None,
+        gate=inputs.gate is not None,
+        checkpoints=bool(inputs.checkpoints),
+        config=inputs.config is not None,
+    )

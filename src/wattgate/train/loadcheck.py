@@ -16,14 +16,18 @@ from wattgate.artifacts import write_json_atomic
 from wattgate.run_files import claim_output
 from wattgate.train.distributed import setup_rank
 from wattgate.train.settings import TrainSettings
+from wattgate.records.trained import LOAD
 from wattgate.train.metrics import GIB, PhaseMemory, memory_summary
 from wattgate.train.model import build_meta_model, count_params, load_sharded_model
 from wattgate.train.weights import DTYPES, export_hf_folder
+from wattgate.config import run_config
+from wattgate.records.run_config import RunConfig
 
 STAGE = "loadcheck"
 
 
-def load_check(config: dict, out: Path, export: bool) -> dict:
+def load_check(config: RunConfig | dict, out: Path, export: bool) -> dict:
+    config = run_config(config)
     s = TrainSettings.from_config(config)
     # every rank, before any writes: a run folder's final/ (or anything else) is never replaced; what another
     # rank can have made by now (the marker, the NCCL trace folder of init_distributed) is load-check's own
@@ -33,17 +37,18 @@ def load_check(config: dict, out: Path, export: bool) -> dict:
         from torch.distributed.device_mesh import init_device_mesh
 
         # imports the model's code outside the measured phase, with a kernel it runs (GPT-OSS and Gemma 2 have no sdpa)
-        build_meta_model(config["model"], "eager")
+        build_meta_model(config.model, "eager")
         memory = PhaseMemory(device)
         memory.start()
         t0 = time.perf_counter()
-        model, source = load_sharded_model(config["model"], s, init_device_mesh(device.type, (world,)), device)
+        model, source = load_sharded_model(config.model, s, init_device_mesh(device.type, (world,)), device)
         dist.barrier()
         load_s = time.perf_counter() - t0
         memory.end("load")
         if export:
             export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), [])
             memory.end("export")
+        peaks = memory_summary(memory.gather())
         report = {
             "world_size": world,
             "device": device.type,
@@ -51,14 +56,14 @@ def load_check(config: dict, out: Path, export: bool) -> dict:
             "source": source,
             "load_s": load_s,
             "export_dtype": s.export_dtype if export else None,
-            "memory": memory_summary(memory.gather()),
+            "memory": peaks.to_json(),
         }
         if rank == 0:
             write_json_atomic(out / "load-check.json", report)
-            worst = report["memory"]["max_over_ranks"]["load"]
+            worst = peaks.max_over_ranks[LOAD]
             print(
                 f"load-check: {report['params'] / 1e6:.1f}M params on {world} rank(s) from {source} in "
-                f"{load_s:.2f} s; peak host RSS {worst['host_peak_gib']:.2f} GiB per rank -> {out}",
+                f"{load_s:.2f} s; peak host RSS {worst.host_peak_gib:.2f} GiB per rank -> {out}",
                 flush=True,
             )
         return report

@@ -60,6 +60,9 @@ from wattgate.train.stop import (
 from wattgate.train.run_summary import append_throughput, write_trained
 from wattgate.train.seams import Seams, training_seams
 from wattgate.train.weights import DTYPES, EXPORT_FOLDER, ExportFiles, export_hf_folder
+from wattgate.config import run_config
+from wattgate.records.run_config import RunConfig
+from wattgate.records.trained import LOAD, Trained
 
 
 def build_optimizer(model, s: TrainSettings) -> torch.optim.Optimizer:
@@ -132,7 +135,8 @@ def read_eval_plan(plan_dir: Path, plan: dict, rank: int) -> list[MicroBatchPlan
     return read_rank_plan(plan_dir, rank, EVAL_PACKS)
 
 
-def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
+def train(config: RunConfig | dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
+    config = run_config(config)
     s = TrainSettings.from_config(config)
     install_stop_signals()  # SIGTERM/SIGUSR1 from now on are stop requests, acted on at the next agreed point
     abort_watch = start_abort_watch(out)  # the watcher's kill of a hung job ends this rank even in a collective
@@ -147,7 +151,7 @@ def train(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
                     f"launched with {world}; rerun pack and gate for this launch"
                 )
             where = (rank, world, device)
-            seams = training_seams(config["model"], s, out, where)
+            seams = training_seams(config.model, s, out, where)
             return run_rank((config, s, plan), Paths(pretokenized, plan_dir, out), where, seams)
         finally:
             dist.destroy_process_group()
@@ -189,7 +193,7 @@ class Trainer:
     What it writes outside the ranks' collectives (checkpoints, final/, heartbeats), how it is stopped and how
     its model is made come in `seams` (train/seams.py), as do the hooks around its steps."""
 
-    def __init__(self, config: dict, s: TrainSettings, plan: dict, paths: Paths, where: tuple, seams: Seams):
+    def __init__(self, config: RunConfig, s: TrainSettings, plan: dict, paths: Paths, where: tuple, seams: Seams):
         self.config, self.s, self.plan, self.paths = config, s, plan, paths
         self.rank, self.world, self.device = where
         self.seams, self.hooks = seams, seams.hooks
@@ -208,7 +212,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- the outline
 
-    def run(self, micro_batches: list[MicroBatchPlan], eval_batches: list[MicroBatchPlan]) -> dict:
+    def run(self, micro_batches: list[MicroBatchPlan], eval_batches: list[MicroBatchPlan]) -> Trained | dict | None:
         self.memory.start()
         self.load()
         self.schedule(micro_batches, eval_batches)
@@ -301,7 +305,7 @@ class Trainer:
         if lead:
             print(
                 f"train: {self.world} rank(s) on {self.device.type}, {self.n_params / 1e6:.2f}M params from "
-                f"{self.source} (load {self.memory.phases['load']['seconds']:.1f} s), step {self.start}/{self.total}, "
+                f"{self.source} (load {self.memory.phases[LOAD].seconds:.1f} s), step {self.start}/{self.total}, "
                 f"data_cache {s.data_cache} (copy {self.copy_s:.2f} s)"
                 + (f", validation {len(eval_batches)} micro-batch(es) per pass" if eval_batches else ""),
                 flush=True,
@@ -559,15 +563,15 @@ class Trainer:
                 self.exported_step = int(state["step"])
         self.check_finite_weights(self.exported_step, "final/")
         # the tokenizer is verified by its hash on every rank once the weights are written (train/export_files.py)
-        extra = partial(export_extra_files, self.paths.pretokenized, self.config["model"])
+        extra = partial(export_extra_files, self.paths.pretokenized, self.config.model)
         export_final(self.model, self.s, self.paths.out, extra, self.seams.export)
         self.memory.end("export")
 
-    def summarize(self) -> dict:
-        """TRAINED and the ledger line (rank 0); every rank takes part in the memory gather."""
+    def summarize(self) -> Trained | None:
+        """TRAINED and the ledger line (rank 0; None on the others); every rank takes part in the memory gather."""
         per_rank = self.memory.gather()
         if self.rank != 0:
-            return {}
+            return None
         summary = write_trained(self, per_rank)
         append_throughput(self, summary)
         return summary

@@ -14,7 +14,19 @@ import torch
 import torch.distributed as dist
 
 from wattgate.gpus import peak_bf16_flops
-from wattgate.run_tables import MetricsTable, eval_sources_of, source_loss_column, source_tokens_column
+from wattgate.records.trained import Memory, PhasePeak, RankMemory, SourceValidation, Validation
+from wattgate.run_tables import (
+    LOSS,
+    LOSS_TOKENS,
+    PERPLEXITY,
+    SECONDS,
+    STEP,
+    TOKENS,
+    MetricsTable,
+    eval_sources_of,
+    source_loss_column,
+    source_tokens_column,
+)
 from wattgate.train.tensorboard import TensorBoardLog, open_tensorboard
 
 GIB = 1 << 30
@@ -83,7 +95,7 @@ class PhaseMemory:
     """Host RSS and CUDA peaks of consecutive phases of one rank, each peak reset at the phase start."""
 
     device: torch.device
-    phases: dict[str, dict] = field(default_factory=dict)
+    phases: dict[str, PhasePeak] = field(default_factory=dict)
     _start: float = 0.0
     _rss_at_start: int = 0
 
@@ -95,33 +107,27 @@ class PhaseMemory:
         self._start = time.perf_counter()
 
     def end(self, phase: str) -> None:
-        record = {
-            "host_peak_gib": peak_rss_bytes() / GIB,
-            "host_at_start_gib": self._rss_at_start / GIB,
-            "seconds": time.perf_counter() - self._start,
-        }
-        if self.device.type == "cuda":
-            record["cuda_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / GIB
-            record["cuda_reserved_peak_gib"] = torch.cuda.max_memory_reserved(self.device) / GIB
-        self.phases[phase] = record
+        cuda = self.device.type == "cuda"
+        self.phases[phase] = PhasePeak(
+            host_peak_gib=peak_rss_bytes() / GIB,
+            host_at_start_gib=self._rss_at_start / GIB,
+            seconds=time.perf_counter() - self._start,
+            cuda_peak_gib=torch.cuda.max_memory_allocated(self.device) / GIB if cuda else None,
+            cuda_reserved_peak_gib=torch.cuda.max_memory_reserved(self.device) / GIB if cuda else None,
+        )
         self.start()
 
     def gather(self) -> list[dict]:
-        """Every rank's phases, on every rank (one small collective)."""
-        mine = {"rank": dist.get_rank(), "host": socket.gethostname(), "phases": self.phases}
+        """Every rank's phases (RankMemory's JSON), on every rank (one small collective)."""
+        mine = RankMemory(rank=dist.get_rank(), host=socket.gethostname(), phases=self.phases).to_json()
         every: list = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
         return every
 
 
-def memory_summary(per_rank: list[dict]) -> dict:
+def memory_summary(per_rank: list[dict]) -> Memory:
     """TRAINED's memory block: per-rank figures, and the maximum over ranks of each phase."""
-    phases = sorted({p for r in per_rank for p in r["phases"]}, key=["load", "steady", "export"].index)
-    worst = {}
-    for p in phases:
-        rows = [r["phases"][p] for r in per_rank if p in r["phases"]]
-        worst[p] = {k: max(row[k] for row in rows) for k in rows[0]}
-    return {"per_rank": per_rank, "max_over_ranks": worst}
+    return Memory.of_ranks(per_rank)
 
 
 # ---------------------------------------------------------------- per-step figures
@@ -229,14 +235,14 @@ class StepLog:
         """A validation pass's row of eval.parquet, on TensorBoard too (rank 0; the caller keeps the table)."""
         if not self._board_opened:  # a run resumed at its last step evaluates before any step is recorded
             self._board_opened = True
-            self.board = open_tensorboard(self.metrics.path.parent, self.tensorboard, first_step=row["step"])
+            self.board = open_tensorboard(self.metrics.path.parent, self.tensorboard, first_step=row[STEP])
         per_source = {name: row[source_loss_column(name)] for name in eval_sources_of(row)}
         if self.board is not None:
-            self.board.add_eval(row["step"], loss=row["loss"], perplexity=row["perplexity"], per_source=per_source)
+            self.board.add_eval(row[STEP], loss=row[LOSS], perplexity=row[PERPLEXITY], per_source=per_source)
         sources = "".join(f", {name} {loss:.4f}" for name, loss in per_source.items() if loss is not None)
         print(
-            f"train: validation after step {row['step']}: loss {row['loss']:.4f} perplexity {row['perplexity']:.3f}"
-            f"{sources} ({row['tokens']} tokens, {row['seconds']:.2f} s)",
+            f"train: validation after step {row[STEP]}: loss {row[LOSS]:.4f} perplexity {row[PERPLEXITY]:.3f}"
+            f"{sources} ({row[TOKENS]} tokens, {row[SECONDS]:.2f} s)",
             flush=True,
         )
 
@@ -254,53 +260,52 @@ class StepLog:
 # ---------------------------------------------------------------- TRAINED's figures
 
 
-def loss_summary(rows: list[dict]) -> dict:
+def loss_summary(rows: list[dict]) -> tuple[float | None, float | None]:
     """First and final step loss (token-weighted over ranks) from metrics rows."""
     per_step: dict[int, list[dict]] = {}
     for row in rows:
-        per_step.setdefault(row["step"], []).append(row)
+        per_step.setdefault(row[STEP], []).append(row)
 
     def step_loss(step_rows):
-        return sum(r["loss"] * r["loss_tokens"] for r in step_rows) / max(1, sum(r["loss_tokens"] for r in step_rows))
+        return sum(r[LOSS] * r[LOSS_TOKENS] for r in step_rows) / max(1, sum(r[LOSS_TOKENS] for r in step_rows))
 
     if not per_step:
-        return {"first_loss": None, "final_loss": None}
-    return {"first_loss": step_loss(per_step[min(per_step)]), "final_loss": step_loss(per_step[max(per_step)])}
+        return None, None
+    return step_loss(per_step[min(per_step)]), step_loss(per_step[max(per_step)])
 
 
-def validation_summary(rows: list[dict], exported_step: int | None, export_from: str) -> dict | None:
+def validation_summary(rows: list[dict], exported_step: int | None, export_from: str) -> Validation | None:
     """TRAINED's `validation`: the final and the best pass (loss and step), and which step final/ holds."""
     if not rows:
         return None
-    final = max(rows, key=lambda r: r["step"])
-    best = min(rows, key=lambda r: (r["loss"], -r["step"]))
-    out = {
-        "final_loss": final["loss"],
-        "final_step": final["step"],
-        "best_loss": best["loss"],
-        "best_step": best["step"],
-        "evaluations": len(rows),
-        "export_from": export_from,
-        "exported_step": exported_step,
-    }
+    final = max(rows, key=lambda r: r[STEP])
+    best = min(rows, key=lambda r: (r[LOSS], -r[STEP]))
     sources = eval_sources_of(final)
-    if sources:  # two or more held-out sources (issue 33): each one's final and best pass
-        out["per_source"] = [source_summary(rows, final, name) for name in sources]
-    return out
+    return Validation(
+        final_loss=final[LOSS],
+        final_step=final[STEP],
+        best_loss=best[LOSS],
+        best_step=best[STEP],
+        evaluations=len(rows),
+        export_from=export_from,
+        exported_step=exported_step,
+        # two or more held-out sources (issue 33): each one's final and best pass
+        per_source=tuple(source_summary(rows, final, name) for name in sources) if sources else None,
+    )
 
 
-def source_summary(rows: list[dict], final: dict, name: str) -> dict:
+def source_summary(rows: list[dict], final: dict, name: str) -> SourceValidation:
     """TRAINED's `validation.per_source` entry: a source's loss at the final pass and its best pass."""
     column = source_loss_column(name)
     scored = [r for r in rows if r.get(column) is not None]
-    best = min(scored, key=lambda r: (r[column], -r["step"])) if scored else None
-    return {
-        "name": name,
-        "final_loss": final.get(column),
-        "tokens": final.get(source_tokens_column(name)),
-        "best_loss": best[column] if best else None,
-        "best_step": best["step"] if best else None,
-    }
+    best = min(scored, key=lambda r: (r[column], -r[STEP])) if scored else None
+    return SourceValidation(
+        name=name,
+        final_loss=final.get(column),
+        tokens=final.get(source_tokens_column(name)),
+        best_loss=best[column] if best else None,
+        best_step=best[STEP] if best else None,
+    )
 
 
 def process_age_s() -> float:

@@ -11,7 +11,8 @@ from wattgate.forecast.walltime import plan_step_costs
 from wattgate.identity import RESULT_SETTINGS
 from wattgate.ledger import append_ledger, run_record
 from wattgate.model_spec import load_model_spec
-from wattgate.run_files import PACKS, read_packs
+from wattgate.records.trained import EXPORT, LOAD, Trained
+from wattgate.run_files import PACKS, TRAINED, read_packs
 from wattgate.train.launch import allocator_record
 from wattgate.train.metrics import (
     folder_bytes,
@@ -23,25 +24,29 @@ from wattgate.train.metrics import (
 )
 
 
-def write_trained(t, per_rank_memory: list[dict]) -> dict:
+def write_trained(t, per_rank_memory: list[dict]) -> Trained:
     """TRAINED (rank 0): losses, throughput, and each rank's memory peak per phase with load/export times."""
     log, s, elapsed = t.log, t.s, t.elapsed
     log.metrics.flush()
     memory = memory_summary(per_rank_memory)
-    worst = memory["max_over_ranks"]
-    summary = dict(
-        loss_summary(log.metrics.rows),
+    worst = memory.max_over_ranks
+    first, final = loss_summary(log.metrics.rows)
+    tokens_per_s = log.tokens_done / elapsed if elapsed > 0 else None
+    cuda = t.device.type == "cuda"
+    summary = Trained(
+        first_loss=first,
+        final_loss=final,
         steps=t.total,
         resumed_from_step=t.start,
         world_size=t.world,
         device=t.device.type,
         params=t.n_params,
-        tokens_per_s=log.tokens_done / elapsed if elapsed > 0 else None,
+        tokens_per_s=tokens_per_s,
         data_cache=s.data_cache,
         data_copy_s=t.copy_s,
         wall_s=elapsed,
-        load_s=worst["load"]["seconds"],
-        export_s=worst["export"]["seconds"],
+        load_s=worst[LOAD].seconds,
+        export_s=worst[EXPORT].seconds,
         export_dtype=s.export_dtype,
         memory=memory,
         startup_s=round(t.startup_s, 3),
@@ -49,31 +54,30 @@ def write_trained(t, per_rank_memory: list[dict]) -> dict:
         checkpoints=log.checkpoints,
         checkpoint_s=round(log.checkpoint_s, 3),
         validation=validation_summary(t.evals.rows if t.evals is not None else [], t.exported_step, s.export_from),
-        job_s=round(process_age_s(), 3),
+        job_s=round(process_age_s(), 3),  # rank 0's whole process, what the forecast predicts
         # what was trained: the config's hash (the gate's marker names the one it checked) and the settings
         # that change the result, readable without the config
         config_sha256=config_sha256(t.config),
         settings={key: t.config["train"][key] for key in RESULT_SETTINGS},
         nonfinite_skipped_steps=t.skipped_steps,
-    )  # job_s: rank 0's whole process, what the forecast predicts
-    if t.device.type == "cuda":
-        summary["mfu"] = model_flops_utilization(summary["tokens_per_s"] or 0, t.n_params, t.world, s.gpu_model)
-        summary["peak_memory_gib"] = max(p["cuda_peak_gib"] for p in worst.values())
-    write_json_atomic(t.paths.out / "TRAINED", summary, nonfinite="null")  # a diverged loss is NaN: null
-    first, final = summary["first_loss"], summary["final_loss"]
+        mfu=model_flops_utilization(tokens_per_s or 0, t.n_params, t.world, s.gpu_model) if cuda else None,
+        peak_memory_gib=max(p.cuda_peak_gib for p in worst.values()) if cuda else None,
+    )
+    # a diverged loss is NaN: null
+    write_json_atomic(t.paths.out / TRAINED, summary.to_json(), nonfinite="null")
     losses = f"loss {first:.4f} -> {final:.4f}" if first is not None else "no steps taken"
-    v = summary["validation"]
-    valid = f"; validation {v['final_loss']:.4f} (best {v['best_loss']:.4f} at step {v['best_step']})" if v else ""
+    v = summary.validation
+    valid = f"; validation {v.final_loss:.4f} (best {v.best_loss:.4f} at step {v.best_step})" if v else ""
     print(
-        f"train: done: {losses}{valid}, {summary['tokens_per_s'] or 0:.0f} tok/s; peak host RSS per rank "
-        + ", ".join(f"{p} {worst[p]['host_peak_gib']:.2f} GiB" for p in worst)
-        + f"; export {summary['export_s']:.1f} s -> {t.paths.out}",
+        f"train: done: {losses}{valid}, {tokens_per_s or 0:.0f} tok/s; peak host RSS per rank "
+        + ", ".join(f"{p} {worst[p].host_peak_gib:.2f} GiB" for p in worst)
+        + f"; export {summary.export_s:.1f} s -> {t.paths.out}",
         flush=True,
     )
     return summary
 
 
-def append_throughput(t, summary: dict) -> None:
+def append_throughput(t, summary: Trained) -> None:
     """One line in the throughput ledger (forecast.ledger): this run's rate in the planner's cost units,
     start-up, load and storage times, for the gate's forecast of the next run of the same shape, world size
     and GPU."""
@@ -89,17 +93,17 @@ def append_throughput(t, summary: dict) -> None:
         world_size=plan["world_size"],
         seq_len=s.seq_len,
         micro_batch_size=s.micro_batch_size,
-        attn_weight=float(plan.get("attn_weight", t.config["pack"]["attn_weight"])),
+        attn_weight=float(plan.get("attn_weight", t.config.pack.attn_weight)),
         step_costs=costs.step_max_cost[start - first : start - first + len(log.step_times)],
         step_times=log.step_times,
         tokens=log.tokens_done,
-        startup_s=summary["startup_s"],
-        load_s=summary["load_s"],
+        startup_s=summary.startup_s,
+        load_s=summary.load_s,
         checkpoints=log.checkpoints,
         checkpoint_s=log.checkpoint_s,
         checkpoint_bytes=log.checkpoint_bytes,
-        export_s=summary["export_s"],
+        export_s=summary.export_s,
         export_bytes=folder_bytes(t.paths.out / "final"),
-        job_s=summary["job_s"],
+        job_s=summary.job_s,
     )
     append_ledger(s.ledger, record)
