@@ -30,13 +30,13 @@ def test_scaling_variants_keep_the_global_batch(make_config):
     assert variant_names(base, "scaling") == ["w4", "w8", "w16"]
     for world, nodes, per_node, accum in [(4, 1, 4, 32), (8, 1, 8, 16), (16, 2, 8, 8)]:
         v = variant_config(base, "scaling", f"w{world}")
-        assert (v["cluster"]["nodes"], v["cluster"]["gpus_per_node"], v["train"]["grad_accum"]) == (
+        assert (v.cluster.nodes, v.cluster.gpus_per_node, v.train.grad_accum) == (
             nodes,
             per_node,
             accum,
         )
-        assert v["train"]["max_steps"] == 20 and v["run_name"] == f"{base['run_name']}-scaling-w{world}"
-        assert v["train"]["checkpoint_every"] == 20 and not v["train"]["checkpoint_at_epoch_end"]
+        assert v.train.max_steps == 20 and v.run_name == f"{base['run_name']}-scaling-w{world}"
+        assert v.train.checkpoint_every == 20 and not v.train.checkpoint_at_epoch_end
 
 
 def test_scaling_rejects_sizes_that_do_not_fit(make_config):
@@ -54,9 +54,8 @@ def test_scaling_rejects_sizes_that_do_not_fit(make_config):
 def test_dataio_variants_differ_only_in_the_data_path(make_config):
     base = make_config()
     shared, local = (variant_config(base, "dataio", v) for v in ("shared", "local"))
-    assert shared["train"]["data_cache"] == "shared" and local["train"]["data_cache"] == "local"
-    shared["train"].pop("data_cache"), local["train"].pop("data_cache")
-    assert shared["train"] == local["train"] and shared["cluster"] == local["cluster"]
+    assert shared.train.data_cache == "shared" and local.train.data_cache == "local"
+    assert shared.train.replace(data_cache="local") == local.train and shared.cluster == local.cluster
 
 
 def metrics(step_times, ranks=2, tokens=1000, wait=0.01):
@@ -90,7 +89,7 @@ def test_throughput_skips_warmup_and_waits_for_the_slowest_rank():
 
 def fake_run(folder, config, step_time, ranks, device="cpu"):
     (folder / "train").mkdir(parents=True)
-    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    (folder / "config.yaml").write_text(yaml.safe_dump(config.to_json()))
     pq.write_table(
         pa.Table.from_pandas(
             metrics([3.0] + [step_time] * 5, ranks=ranks), schema=METRICS_SCHEMA, preserve_index=False
@@ -132,7 +131,9 @@ def test_compare_tabulates_the_gates_forecast_error(make_config, tmp_path):
 
 def test_compare_names_an_unfinished_run(make_config, tmp_path):
     (tmp_path / "w1" / "train").mkdir(parents=True)
-    (tmp_path / "w1" / "config.yaml").write_text(yaml.safe_dump(variant_config(make_config(), "scaling", "w1")))
+    (tmp_path / "w1" / "config.yaml").write_text(
+        yaml.safe_dump(variant_config(make_config(), "scaling", "w1").to_json())
+    )
     with pytest.raises(InputError, match="w1/train: not a finished train run"):
         compare("scaling", [tmp_path / "w1"], tmp_path / "out")
 

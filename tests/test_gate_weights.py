@@ -8,8 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from wattgate.config import run_config
 from wattgate.gate.run import run_gate
 from wattgate.gate.weights_check import check_weights
+from wattgate.records.run_config import RunConfig
 
 from conftest import CADENCE, TINY, make_run
 
@@ -24,8 +26,8 @@ def saved_folder(path, cfg=TINY, dtype=torch.bfloat16):
     return path
 
 
-def config_for(folder) -> dict:
-    return {"model": {"path": str(folder), "config": None}}
+def config_for(folder) -> RunConfig:
+    return run_config({"model": {"path": str(folder), "config": None}})
 
 
 def edit_config(folder, **changes) -> None:
@@ -45,7 +47,7 @@ def folder(tmp_path_factory):
 
 
 def test_random_init_passes_with_a_note():
-    check = check_weights({"model": {"path": None, "config": TINY}})
+    check = check_weights(run_config({"model": {"path": None, "config": TINY}}))
     assert check.passed and check.name == "weights" and "random init" in check.detail
 
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.errors import InputError
 from wattgate.train.launch import build_launch_command, launch_env, resolve_launch, train_args
 
@@ -14,7 +14,7 @@ ARGS = train_args("c.yaml", "pre", "plan", "out")
 
 
 def spec(environ=None, **cluster):
-    return resolve_launch(validate_config({"cluster": cluster}), environ or {})
+    return resolve_launch(run_config({"cluster": cluster}), environ or {})
 
 
 def test_local_default_is_standalone_torchrun_with_explicit_omp_threads():

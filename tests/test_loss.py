@@ -23,7 +23,7 @@ import pytest
 import torch
 import yaml
 
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.train.data import IGNORE, DocStore, build_batch
@@ -148,14 +148,14 @@ def test_targets_shift_within_each_row():
 
 
 def test_loss_settings_come_from_the_schema_defaults_and_refuse_bad_values():
-    config = validate_config({"run_name": "t", "model": {"config": {"model_type": "qwen3"}}})
-    assert LossSettings.from_train(config["train"]) == LossSettings("chunked", DEFAULT_CHUNK_TOKENS)
-    assert config["train"]["loss_chunk_tokens"] == DEFAULT_CHUNK_TOKENS
-    assert LossSettings.from_train({"loss": "full", "loss_chunk_tokens": 64}) == LossSettings("full", 64)
+    train = run_config({"run_name": "t", "model": {"config": {"model_type": "qwen3"}}}).train
+    assert LossSettings.from_train(train) == LossSettings("chunked", DEFAULT_CHUNK_TOKENS)
+    assert train.loss_chunk_tokens == DEFAULT_CHUNK_TOKENS
+    assert LossSettings.from_train(train.replace(loss="full", loss_chunk_tokens=64)) == LossSettings("full", 64)
     with pytest.raises(InputError, match="train.loss: 'logits'"):
-        LossSettings.from_train({"loss": "logits"})
+        LossSettings.from_train(train.replace(loss="logits"))
     with pytest.raises(InputError, match="train.loss_chunk_tokens"):
-        LossSettings.from_train({"loss_chunk_tokens": 0})
+        LossSettings.from_train(train.replace(loss_chunk_tokens=0))
 
 
 # ---------------------------------------------------------------- FSDP2 on 2 gloo ranks

@@ -9,16 +9,18 @@ import sys
 
 from conftest import QWEN3_32B, QWEN3_SETTINGS
 
+from wattgate.config import run_config
 from wattgate.gate import memory as M
 from wattgate.model_spec import ModelSpec
+from wattgate.records.run_config import RunConfig
 from wattgate.train.launch import CPU_ALLOCATOR_ENV, allocator_record, launch_env, resolve_launch
 
 CPU = {"cluster": {"nodes": 1, "gpus_per_node": 4, "gpu_model": "cpu", "launcher": "local", "cpus_per_node": 4}}
 CPU["cluster"].update(rendezvous_host=None)
 
 
-def config(gpu_model: str) -> dict:
-    return {"cluster": dict(CPU["cluster"], gpu_model=gpu_model)}
+def config(gpu_model: str) -> RunConfig:
+    return run_config({"cluster": dict(CPU["cluster"], gpu_model=gpu_model)})
 
 
 def test_launch_sets_the_mmap_threshold_for_cpu_ranks_only_and_keeps_a_users_value():

@@ -9,6 +9,7 @@ every rank: that is what keeps every rank's collectives in the same order. Steps
 from __future__ import annotations
 
 from dataclasses import dataclass
+from wattgate.records.run_config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -22,13 +23,13 @@ class Cadence:
     log_every: int = 10
 
     @classmethod
-    def from_train(cls, train: dict, validation: bool) -> Cadence:
+    def from_train(cls, train: TrainConfig, validation: bool) -> Cadence:
         return cls(
-            checkpoint_every=int(train["checkpoint_every"]),
-            checkpoint_at_epoch_end=bool(train.get("checkpoint_at_epoch_end", True)),
-            eval_every=int(train.get("eval_every", 0) or 0),
+            checkpoint_every=train.checkpoint_every,
+            checkpoint_at_epoch_end=train.checkpoint_at_epoch_end,
+            eval_every=train.eval_every,
             validation=validation,
-            log_every=int(train.get("log_every", 10)),
+            log_every=train.log_every,
         )
 
 

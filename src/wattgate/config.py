@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from wattgate.errors import InputError
-from wattgate.records.run_config import RunConfig
+from wattgate.records.run_config import ModelConfig, RunConfig
 
 SCHEMA_RESOURCE = "schemas/config.schema.yaml"
 
@@ -122,10 +122,20 @@ def load_run_config(path: str | Path) -> RunConfig:
 
 
 def run_config(config: dict | RunConfig, source: str = "config") -> RunConfig:
-    """The typed config tree of a config mapping (validated here, defaults filled in); a tree as it is."""
+    """The typed config tree of a config mapping (validated here, defaults filled in); a tree as it is.
+
+    Stage entry points call it first, so a caller holding a mapping (a Snakemake rule, a test, a notebook) gets
+    the same validation as the CLI, and nothing past the entry point sees the mapping."""
     if isinstance(config, RunConfig):
         return config
     return RunConfig.from_json(validate_config(config, source), source)
+
+
+def model_config(model: ModelConfig | dict) -> ModelConfig:
+    """The config's `model` section typed: a mapping gives `path` and/or `config` (the other is null)."""
+    if isinstance(model, ModelConfig):
+        return model
+    return ModelConfig.from_json({"path": None, "config": None} | dict(model), "model")
 
 
 def check_config_files(paths) -> None:
@@ -176,29 +186,32 @@ def read_config_file(path: str | Path) -> dict:
     return config if config is not None else {}
 
 
-def max_doc_tokens(config: dict) -> int:
+def max_doc_tokens(config: RunConfig) -> int:
     """Longest document pretokenize keeps whole: `pretokenize.max_tokens`, else `train.seq_len`."""
-    return config["pretokenize"]["max_tokens"] or config["train"]["seq_len"]
+    return config.pretokenize.max_tokens or config.train.seq_len
 
 
-def world_size(config: dict) -> int:
-    return config["cluster"]["nodes"] * config["cluster"]["gpus_per_node"]
+def world_size(config: RunConfig) -> int:
+    return config.cluster.nodes * config.cluster.gpus_per_node
 
 
-def config_bytes(config: dict) -> bytes:
+def config_bytes(config: RunConfig | dict) -> bytes:
     """The canonical text of a validated config (sorted keys): what results/config.yaml and the gate's copy hold,
     and what `config_sha256` hashes, so one config has one hash however its YAML was written."""
-    return yaml.safe_dump(config, sort_keys=True).encode()
+    mapping = config.to_json() if isinstance(config, RunConfig) else config
+    return yaml.safe_dump(mapping, sort_keys=True).encode()
 
 
-def config_sha256(config: dict) -> str:
+def config_sha256(config: RunConfig | dict) -> str:
     import hashlib
 
     return hashlib.sha256(config_bytes(config)).hexdigest()
 
 
-def config_differences(config: dict, reference: dict, prefix: str = "") -> list[str]:
+def config_differences(config: RunConfig | dict, reference: RunConfig | dict, prefix: str = "") -> list[str]:
     """'key.path: value (reference value)' for every key whose value differs between two validated configs."""
+    config = config.to_json() if isinstance(config, RunConfig) else config
+    reference = reference.to_json() if isinstance(reference, RunConfig) else reference
     out = []
     for key in sorted(set(config) | set(reference), key=str):
         path = f"{prefix}{key}"
@@ -210,7 +223,7 @@ def config_differences(config: dict, reference: dict, prefix: str = "") -> list[
     return out
 
 
-def dump_resolved(config: dict, dest: str | Path, write: bool = True) -> str:
+def dump_resolved(config: RunConfig | dict, dest: str | Path, write: bool = True) -> str:
     """Write the validated config (defaults filled) for CLI stages; rewrite only on change.
 
     It mirrors the config of the latest Snakemake invocation (including
@@ -228,6 +241,8 @@ def dump_resolved(config: dict, dest: str | Path, write: bool = True) -> str:
     return str(dest)
 
 
-def input_paths(config: dict) -> list[str]:
-    """data.inputs as paths, in order: a mixture source (a mapping) contributes its `path`."""
-    return [entry["path"] if isinstance(entry, dict) else entry for entry in config["data"]["inputs"]]
+def input_paths(config: RunConfig | dict) -> list[str]:
+    """data.inputs as paths, in order: a mixture source contributes its `path` (Snakemake's rules pass their
+    own config mapping, typed here)."""
+    inputs = run_config(config).data.inputs
+    return [entry if isinstance(entry, str) else entry.path for entry in inputs]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from wattgate.errors import InputError
 from wattgate.run_files import read_manifest, read_plan
+from wattgate.records.run_config import RunConfig, TrainConfig, ModelConfig
 
 # train.* keys that change the computed weights or the schedule
 RESULT_SETTINGS = (
@@ -67,28 +68,29 @@ def weight_file_fingerprint(path: Path) -> str:
     return h.hexdigest()
 
 
-def model_identity(model_cfg: dict) -> dict[str, str]:
-    if model_cfg.get("path"):
-        path = Path(model_cfg["path"])
+def model_identity(model_cfg: ModelConfig) -> dict[str, str]:
+    if model_cfg.path:
+        path = Path(model_cfg.path)
         weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")) if path.is_dir() else []
         return {
             "config": _sha256_bytes(_read(path / "config.json")),
             "weights": _sha256_bytes("".join(f"{p.name}:{weight_file_fingerprint(p)}\n" for p in weights).encode()),
         }
-    return {"config": _sha256_bytes(json.dumps(model_cfg.get("config"), sort_keys=True).encode()), "weights": "init"}
+    return {"config": _sha256_bytes(json.dumps(model_cfg.config, sort_keys=True).encode()), "weights": "init"}
 
 
-def train_identity(train: dict) -> dict:
+def train_identity(train: TrainConfig) -> dict:
     """The result-changing train keys as the identity records them."""
-    return {k: (list(train[k]) if isinstance(train[k], (list, tuple)) else train[k]) for k in RESULT_SETTINGS}
+    settings = train.to_json()
+    return {k: settings[k] for k in RESULT_SETTINGS}
 
 
-def model_train_identity(config: dict) -> dict:
+def model_train_identity(config: RunConfig) -> dict:
     """The run identity's `model` and `train` parts: what a run continued on another world size must share."""
-    return {"model": model_identity(config["model"]), "train": train_identity(config["train"])}
+    return {"model": model_identity(config.model), "train": train_identity(config.train)}
 
 
-def run_identity(config: dict, plan_dir: Path, pretokenized: Path) -> dict:
+def run_identity(config: RunConfig, plan_dir: Path, pretokenized: Path) -> dict:
     plan, plan_bytes = read_plan(plan_dir)
     segments = plan.get("segments") or []
     return {
@@ -96,8 +98,8 @@ def run_identity(config: dict, plan_dir: Path, pretokenized: Path) -> dict:
         # earlier plans this one continues (pack/segments.py): their checkpoints up to each boundary resume
         "links": [{"packs_sha256": seg["packs_sha256"], "end_step": seg["end_step"]} for seg in segments[:-1]],
         "pretokenized": _sha256_bytes(read_manifest(pretokenized)[1]),
-        "model": model_identity(config["model"]),
-        "train": train_identity(config["train"]),
+        "model": model_identity(config.model),
+        "train": train_identity(config.train),
     }
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wattgate.errors import InputError
+from wattgate.records.run_config import RunConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
 EXPORT_DTYPES = ("bfloat16", "float16", "float32")  # train.export_dtype's choices besides auto
@@ -192,13 +193,13 @@ def read_model_folder_config(model_path: str | Path) -> tuple[dict, Path]:
     return cfg, path
 
 
-def load_model_spec(config: dict) -> ModelSpec:
-    model = config["model"]
-    if model.get("path"):
-        cfg, path = read_model_folder_config(model["path"])
+def load_model_spec(config: RunConfig) -> ModelSpec:
+    model = config.model
+    if model.path:
+        cfg, path = read_model_folder_config(model.path)
         return ModelSpec.from_hf_config(cfg, str(path))
-    if model.get("config"):
-        return ModelSpec.from_hf_config(model["config"], "model.config")
+    if model.config:
+        return ModelSpec.from_hf_config(model.config, "model.config")
     raise InputError("config: set model.path (a local model folder) or model.config (a transformers config)")
 
 
@@ -216,17 +217,17 @@ def config_dtype_name(cfg: dict, source: str) -> str | None:
     return name
 
 
-def export_dtype_name(config: dict) -> str:
+def export_dtype_name(config: RunConfig) -> str:
     """dtype of final/: train.export_dtype, or for auto the input checkpoint's, else model.config's, else bfloat16."""
-    chosen = config["train"].get("export_dtype", "auto")
+    chosen = config.train.export_dtype
     if chosen != "auto":
         return chosen
-    model = config["model"]
+    model = config.model
     candidates = []
-    if model.get("path"):
-        cfg, path = read_model_folder_config(model["path"])
+    if model.path:
+        cfg, path = read_model_folder_config(model.path)
         candidates.append((cfg, str(path)))
-    candidates.append((model.get("config") or {}, "model.config"))
+    candidates.append((model.config or {}, "model.config"))
     for cfg, source in candidates:
         name = config_dtype_name(cfg, source)
         if name is None:

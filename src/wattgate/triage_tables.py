@@ -34,6 +34,7 @@ import yaml
 
 from wattgate.errors import InputError
 from wattgate.gpus import SHIPPED, triage_table_name
+from wattgate.records.run_config import RunConfig
 
 # The power phases triage labels a window with (not the training loop's heartbeat phases).
 POWER_PHASES = ("compute", "communication", "data_starvation", "checkpoint", "deadlock", "idle")
@@ -325,13 +326,6 @@ def window_seconds(value, name: str) -> float:
     return positive_seconds(value, name, MIN_WINDOW_S)
 
 
-def _config_seconds(cfg: dict, section: str, key: str, default: float, least: float = 0.0) -> float:
-    """The run config's section.key (the default when unset), checked as a flag is (the config's own validation
-    refuses NaN and inf too, but a config built in code may not have been validated)."""
-    value = (cfg.get(section) or {}).get(key)
-    return default if value is None else positive_seconds(value, f"config {section}.{key}", least)
-
-
 @dataclass(frozen=True)
 class TriageSettings:
     table_path: str | os.PathLike | None = None  # a triage table file
@@ -344,7 +338,7 @@ class TriageSettings:
     @classmethod
     def merge(
         cls,
-        config: dict | None,
+        config: RunConfig | None,
         table_path: str | os.PathLike | None = None,
         gpu_model: str | None = None,
         window_s: float | None = None,
@@ -355,18 +349,18 @@ class TriageSettings:
         """A run config's telemetry.table, cluster.gpu_model, telemetry.window_s and watcher.hang_after_s,
         each overridden by the command-line flag when given (a table file or GPU model given on the command
         line replaces the config's table choice as a whole)."""
-        cfg = config or {}
+        telemetry = config.telemetry if config is not None else None
         if not (table_path or gpu_model):
-            table_path = (cfg.get("telemetry") or {}).get("table") or None
+            table_path = telemetry.table if telemetry is not None else None
             if not table_path:
-                gpu_model = triage_table_name(str((cfg.get("cluster") or {}).get("gpu_model", "")))
+                gpu_model = triage_table_name(config.cluster.gpu_model if config is not None else "")
         # `is None`, never `or`: a 0 given is refused, not replaced by the default
         if window_s is None:
-            window_s = _config_seconds(cfg, "telemetry", "window_s", DEFAULT_WINDOW_S, MIN_WINDOW_S)
+            window_s = telemetry.window_s if telemetry is not None else DEFAULT_WINDOW_S
         if deadlock_after_s is None:
-            deadlock_after_s = _config_seconds(cfg, "watcher", "hang_after_s", DEFAULT_DEADLOCK_AFTER_S)
+            deadlock_after_s = config.watcher.hang_after_s if config is not None else DEFAULT_DEADLOCK_AFTER_S
         if straggler_share is None:
-            straggler_share = (cfg.get("telemetry") or {}).get("straggler_share", DEFAULT_STRAGGLER_SHARE)
+            straggler_share = telemetry.straggler_share if telemetry is not None else DEFAULT_STRAGGLER_SHARE
         window_s = window_seconds(window_s, "window_s")
         deadlock_after_s = positive_seconds(deadlock_after_s, "deadlock_after_s")
         share = share_value(straggler_share, "straggler_share")

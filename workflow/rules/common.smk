@@ -162,7 +162,7 @@ def variant_gpu_job():
 
     def key(name):
         return lambda wildcards: gpu_job(
-            variant_config(config, wildcards.experiment, wildcards.variant)["cluster"]
+            variant_config(config, wildcards.experiment, wildcards.variant).cluster.to_json()
         ).get(name)
 
     names = [

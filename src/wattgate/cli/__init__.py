@@ -39,10 +39,10 @@ def os_error_line(exc: OSError, flag: str = "--out") -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from wattgate.config import load_config
+    from wattgate.config import load_run_config
 
     try:
-        config = load_config(args.config) if args.config is not None else None
+        config = load_run_config(args.config) if args.config is not None else None
         rc = args.func(args, config)
         if isinstance(rc, int):
             return rc

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wattgate.errors import InputError
+from wattgate.records.run_config import RunConfig
 
 KINDS = ("weight", "epochs", "max_tokens")
 
@@ -38,30 +39,32 @@ def source_name(path: str) -> str:
     return Path(name).stem or name
 
 
-def is_mixture(config: dict) -> bool:
+def is_mixture(config: RunConfig) -> bool:
     """True when any data.inputs entry is a mapping (a mixture source): plans then choose documents per source."""
-    return any(isinstance(e, dict) for e in config["data"]["inputs"])
+    return any(not isinstance(e, str) for e in config.data.inputs)
 
 
-def parse_sources(config: dict, where: str = "data.inputs") -> list[Source]:
+def parse_sources(config: RunConfig, where: str = "data.inputs") -> list[Source]:
     """The sources of data.inputs, in order; one-line InputError naming the source for a bad mixture."""
     sources = []
-    for i, entry in enumerate(config["data"]["inputs"]):
-        if not isinstance(entry, dict):
-            sources.append(Source(source_name(entry), str(entry)))
+    for i, entry in enumerate(config.data.inputs):
+        if isinstance(entry, str):
+            sources.append(Source(source_name(entry), entry))
             continue
-        given = [k for k in KINDS if k in entry]
+        amounts = {"weight": entry.weight, "epochs": entry.epochs, "max_tokens": entry.max_tokens}
+        given = [k for k in KINDS if amounts[k] is not None]
         if len(given) > 1:
             raise InputError(
-                f"{where}[{i}] (source {entry['name']!r}): {' and '.join(given)} given together; give one of "
+                f"{where}[{i}] (source {entry.name!r}): {' and '.join(given)} given together; give one of "
                 "weight, epochs or max_tokens"
             )
         kind = given[0] if given else "epochs"
-        value = entry.get(kind, 1.0)
-        sources.append(Source(entry["name"], entry["path"], kind, value, dict(entry.get("validation") or {})))
+        value = amounts[kind] if given else 1.0
+        overrides = entry.validation.to_json() if entry.validation is not None else {}
+        sources.append(Source(entry.name, entry.path, kind, value, overrides))
     if is_mixture(config):  # a plain list keeps today's meaning: two files may share a stem, or repeat
         _check_distinct(sources, where)
-    if any(s.validation for s in sources) and (config["data"].get("validation") or {}).get("inputs"):
+    if any(s.validation for s in sources) and config.data.validation.inputs:
         s = next(s for s in sources if s.validation)
         raise InputError(
             f"{where} (source {s.name!r}): a per-source validation override and data.validation.inputs given "

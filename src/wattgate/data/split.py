@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from wattgate.errors import InputError
+from wattgate.records.run_config import RunConfig
 
 VALIDATION_FILE = "validation.parquet"
 VALIDATION_SCHEMA = pa.schema([("doc_id", pa.int64())])
@@ -36,9 +37,9 @@ class SplitSettings:
     seed: int
 
     @classmethod
-    def from_config(cls, config: dict) -> SplitSettings:
-        v = config["data"].get("validation") or {}
-        s = cls(tuple(v.get("inputs") or ()), float(v.get("fraction") or 0.0), v.get("max_docs"), int(v.get("seed", 0)))
+    def from_config(cls, config: RunConfig) -> SplitSettings:
+        v = config.data.validation
+        s = cls(tuple(v.inputs), float(v.fraction), v.max_docs, int(v.seed))
         if s.inputs and (s.fraction or s.max_docs):
             raise InputError(
                 f"data.validation: inputs ({len(s.inputs)} file(s)) and "

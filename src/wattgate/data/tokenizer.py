@@ -14,9 +14,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from wattgate.artifacts import atomic_dir
-from wattgate.config import input_paths
+from wattgate.config import run_config, input_paths
 from wattgate.data.records import BadRecordPolicy, Fields, read_records
 from wattgate.errors import InputError
+from wattgate.records.run_config import RunConfig
 
 PAD_TOKEN = "<|endoftext|>"
 BOS_TURN = "<|im_start|>"
@@ -139,28 +140,29 @@ def training_texts(records: Iterator) -> Iterator[str]:
 SHORT_VOCAB_FRACTION = 0.9
 
 
-def train_tokenizer(config: dict, out: str | Path, corpus: list[str | Path] | None = None):
+def train_tokenizer(config: RunConfig | dict, out: str | Path, corpus: list[str | Path] | None = None):
     """The train-tokenizer stage: BPE on the corpus (`corpus`, else data.inputs), its records read and
     checked as pretokenize reads them; saved as a Hugging Face tokenizer folder. Returns the tokenizer.
 
     A corpus with no usable record is refused (a bytes-only tokenizer is no tokenizer); one too small to
     reach tokenizer.vocab_size gets a warning line, since the smaller vocab still works."""
-    d, p, t = config["data"], config["pretokenize"], config["tokenizer"]
+    config = run_config(config)
+    d, p, t = config.data, config.pretokenize, config.tokenizer
     paths, source = (corpus, "--corpus") if corpus else (input_paths(config), "data.inputs")
-    policy = BadRecordPolicy(p["on_bad_record"], Counter())
-    fields = Fields(d["text_field"], d["messages_field"], max_chars=p["max_doc_chars"])
+    policy = BadRecordPolicy(p.on_bad_record, Counter())
+    fields = Fields(d.text_field, d.messages_field, max_chars=p.max_doc_chars)
     kept = Counter()
     records = _counted(read_records(paths, fields, policy, source), kept)
-    tok = train_bpe(training_texts(records), t["vocab_size"], t["min_frequency"])
+    tok = train_bpe(training_texts(records), t.vocab_size, t.min_frequency)
     named = f"{', '.join(map(str, paths))} ({source})"
     dropped = sum(policy.dropped.values())
     if not kept["records"]:
         why = f"{dropped} bad record(s) dropped: {dict(policy.dropped)}" if dropped else "no records in it"
         raise InputError(f"{named}: no document to train the tokenizer on ({why}); give it a corpus with text")
-    if tok.get_vocab_size() < SHORT_VOCAB_FRACTION * t["vocab_size"]:
+    if tok.get_vocab_size() < SHORT_VOCAB_FRACTION * t.vocab_size:
         print(
             f"train-tokenizer: warning: {named}: {kept['records']} record(s) give a vocab of only "
-            f"{tok.get_vocab_size()}, not tokenizer.vocab_size {t['vocab_size']}; train on a bigger corpus "
+            f"{tok.get_vocab_size()}, not tokenizer.vocab_size {t.vocab_size}; train on a bigger corpus "
             "or lower tokenizer.vocab_size",
             file=sys.stderr,
         )

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from wattgate.config import model_config
 from wattgate.train.moe import moe_reason
 
 NOT_PER_LAYER = re.compile(r"token_ids?$|^architectures$")  # lists that may have L entries by chance
@@ -33,7 +34,7 @@ def _meta_model(key: str):
 
     from wattgate.train.model import model_hf_config
 
-    config = model_hf_config(json.loads(key))
+    config = model_hf_config(json.loads(key)["model"])
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.config.architectures = [type(model).__name__]  # as train/model.py names it (refusals quote it)
@@ -43,10 +44,11 @@ def _meta_model(key: str):
 def meta_model(model_cfg: dict):
     """The real-depth model on the meta device (no memory), built once per model config in this process: the
     gate's weights check and the proof's layer pattern read the same one. Read it, never change it."""
-    key = dict(model_cfg)
-    if model_cfg.get("path"):  # a folder whose config.json was rewritten is another model
+    model_cfg = model_config(model_cfg)
+    key = {"model": model_cfg.to_json()}
+    if model_cfg.path:  # a folder whose config.json was rewritten is another model
         try:
-            key["config.json"] = (Path(model_cfg["path"]) / "config.json").read_text()
+            key["config.json"] = (Path(model_cfg.path) / "config.json").read_text()
         except (OSError, UnicodeDecodeError):
             pass  # model_hf_config names the problem
     return _meta_model(json.dumps(key, sort_keys=True, default=str))
@@ -54,7 +56,7 @@ def meta_model(model_cfg: dict):
 
 def model_label(model_cfg: dict, config) -> str:
     """How a refusal names the model: its folder or model.config, with the transformers model type."""
-    where = model_cfg.get("path") or "model.config"
+    where = model_config(model_cfg).path or "model.config"
     return f"{where} ({config.model_type})"
 
 

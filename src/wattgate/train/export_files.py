@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from wattgate.data.tokenizer import TOKENIZER_FILES, tokenizer_sha256
+from wattgate.config import model_config
 from wattgate.errors import InputError
 from wattgate.run_files import MANIFEST, read_manifest
 
@@ -52,7 +53,8 @@ def export_extra_files(pretokenized: Path, model_cfg: dict) -> list[Path]:
     model's generation_config.json when it has one. An InputError when the tokenizer is missing or changed:
     call it before training too, so a long run does not end in a final/ that cannot be written."""
     extra = verified_tokenizer_files(Path(pretokenized))
-    generation = Path(model_cfg["path"]) / "generation_config.json" if model_cfg.get("path") else None
+    model_cfg = model_config(model_cfg)
+    generation = Path(model_cfg.path) / "generation_config.json" if model_cfg.path else None
     if generation is not None and generation.is_file():
         extra.append(generation)
     return extra

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from wattgate.artifacts import write_json_atomic
 from wattgate.run_files import STOP_REQUEST
+from wattgate.records.run_config import RunConfig
 
 GRACEFUL = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 RECHECK_S = 300.0  # the timer reads the job's end time again this often (a changed time limit moves the stop)
@@ -150,5 +151,5 @@ def slurm_end_time(job_id: str, timeout_s: float = 30.0) -> tuple[float | None, 
         return math.inf, f"the job has no time limit (squeue end time {text!r})"
 
 
-def stop_margin_s(config: dict) -> float:
-    return float(config["cluster"]["slurm"]["train"]["stop_margin_s"])
+def stop_margin_s(config: RunConfig) -> float:
+    return float(config.cluster.slurm.train.stop_margin_s)

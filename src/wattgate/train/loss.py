@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from wattgate.errors import InputError
 from wattgate.train.attention import packed_model_inputs
+from wattgate.records.run_config import TrainConfig
 from wattgate.train.data import IGNORE, Batch, host_tensors
 from wattgate.train.moe import aux_notice, gradient_only, router_aux, router_aux_term
 
@@ -63,10 +64,10 @@ class LossSettings:
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
 
     @classmethod
-    def from_train(cls, train_cfg: dict) -> LossSettings:
-        """train.loss and train.loss_chunk_tokens (schema defaults when absent)."""
-        kind = train_cfg.get("loss", "chunked")
-        chunk = train_cfg.get("loss_chunk_tokens", DEFAULT_CHUNK_TOKENS)
+    def from_train(cls, train_cfg: TrainConfig) -> LossSettings:
+        """train.loss and train.loss_chunk_tokens (checked again: a config built in code may not be validated)."""
+        kind = train_cfg.loss
+        chunk = train_cfg.loss_chunk_tokens
         if kind not in LOSS_KINDS:
             raise InputError(f"train.loss: {kind!r} is not one of {', '.join(LOSS_KINDS)}")
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:

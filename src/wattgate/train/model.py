@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from wattgate.config import model_config
 from wattgate.errors import InputError
 from wattgate.train.packed_masks import install_packed_masks
 
@@ -25,8 +26,9 @@ def model_hf_config(model_cfg: dict):
         from huggingface_hub.errors import StrictDataclassError
     except ImportError:  # pragma: no cover - older huggingface_hub
         StrictDataclassError = ValueError  # noqa: N806
-    if model_cfg.get("path"):
-        path = Path(model_cfg["path"])
+    model_cfg = model_config(model_cfg)
+    if model_cfg.path:
+        path = Path(model_cfg.path)
         if not (path / "config.json").exists():
             raise InputError(f"{path}: no config.json; model.path must be a local model folder")
         try:
@@ -35,7 +37,7 @@ def model_hf_config(model_cfg: dict):
             msg = " ".join(str(exc).split())[:300] or type(exc).__name__
             raise InputError(f"{path}/config.json: not a usable transformers model config ({msg})") from None
     else:
-        cfg = dict(model_cfg.get("config") or {})
+        cfg = dict(model_cfg.config or {})
         model_type = cfg.pop("model_type", None)
         if not model_type:
             raise InputError("model.config: needs model_type (e.g. qwen3)")

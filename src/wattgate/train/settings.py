@@ -8,6 +8,8 @@ from pathlib import Path
 
 from wattgate.model_spec import export_dtype_name
 from wattgate.train.loss import LossSettings
+from wattgate.config import run_config
+from wattgate.records.run_config import RunConfig
 
 # TrainSettings fields that are not a train.* key of the same name (built in from_config)
 _DERIVED = frozenset(
@@ -59,17 +61,19 @@ class TrainSettings:
     compile: bool = False
 
     @classmethod
-    def from_config(cls, config: dict) -> TrainSettings:
-        t = config["train"]
+    def from_config(cls, config: RunConfig | dict) -> TrainSettings:
+        config = run_config(config)
+        t = config.train
+        given = t.to_json()  # the train section's keys TrainSettings shares by name
         names = [f.name for f in dataclasses.fields(cls) if f.name not in _DERIVED]
         return cls(
-            **{k: t[k] for k in names if k in t},
-            betas=tuple(t["betas"]),
-            mixed_precision=t["mixed_precision"] == "bf16",
+            **{k: given[k] for k in names if k in given},
+            betas=tuple(t.betas),
+            mixed_precision=t.mixed_precision == "bf16",
             export_dtype=export_dtype_name(config),
-            eval_micro_batch_size=int(t.get("eval_micro_batch_size") or t["micro_batch_size"]),
+            eval_micro_batch_size=int(t.eval_micro_batch_size or t.micro_batch_size),
             loss=LossSettings.from_train(t),
-            run_name=config["run_name"],
-            gpu_model=config["cluster"]["gpu_model"],
-            ledger=Path(config["forecast"]["ledger"]),
+            run_name=config.run_name,
+            gpu_model=config.cluster.gpu_model,
+            ledger=Path(config.forecast.ledger),
         )

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
+from wattgate.config import model_config
 from wattgate.errors import InputError
 from wattgate.train.checkpoint_layout import LAYOUT_ATTR, ExportEntry, Source, checkpoint_layout, export_layout
 from wattgate.train.safetensors_io import SafetensorsStream, TensorInfo, read_header
@@ -76,14 +77,15 @@ def materialize(model, device: torch.device, model_cfg: dict, seed: int, fill: b
     restore_buffers(model, device)
     # where each tensor is in model.path, from the headers: the load reads it, and the export writes final/ in that
     # layout also when a checkpoint (resume) fills the parameters instead
-    sources = checkpoint_sources(model, Path(model_cfg["path"])) if model_cfg.get("path") else None
+    model_cfg = model_config(model_cfg)
+    sources = checkpoint_sources(model, Path(model_cfg.path)) if model_cfg.path else None
     object.__setattr__(model, LAYOUT_ATTR, sources)
     with torch.no_grad():
         if not fill:
             return "checkpoint"
         if sources is not None:
             load_local_shards(sources)
-            return f"{model_cfg['path']} (local slices)"
+            return f"{model_cfg.path} (local slices)"
         init_local_shards(model, seed)
         return f"random init (seed {seed}, independent of world size)"
 
