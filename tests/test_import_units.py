@@ -151,7 +151,7 @@ def test_triage_json_never_holds_infinity(tmp_path):
 
     n = 120
     path = foreign_trace(tmp_path / "f.parquet", [float("inf") if i % 7 == 0 else 600.0 for i in range(n)])
-    result = run_triage([path], tmp_path / "out", gpu_model="H100")
+    result = run_triage([path], tmp_path / "out", gpu_model="H100").to_json()
     text = (tmp_path / "out" / "triage.json").read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in triage.json"))
     assert result["phases"]

@@ -125,7 +125,7 @@ def test_triage_json_lists_the_stragglers_and_markdown_shows_them(tmp_path):
     synth, key = injected(1, 8, "thermal", 0.3, True, seed=2)
     traces = synth.write(tmp_path / "telemetry")
     out = tmp_path / "power"
-    result = run_triage(traces, out, gpu_model="h100", straggler_share=0.3)
+    result = run_triage(traces, out, gpu_model="h100", straggler_share=0.3).to_json()
     record = json.loads((out / "triage.json").read_text())
     assert record["stragglers"] == result["stragglers"]
     (e,) = record["stragglers"]
@@ -187,7 +187,7 @@ def test_real_nanogpt_first_run_episode_is_rank_0_work(nanogpt):
 
 def test_the_real_h200_run_names_no_straggler(h200_run, tmp_path):
     """One GPU has no peers to wait for it."""
-    result = run_triage([h200_run / "telemetry" / "vm.parquet"], tmp_path / "p", run_dir=h200_run)
+    result = run_triage([h200_run / "telemetry" / "vm.parquet"], tmp_path / "p", run_dir=h200_run).to_json()
     assert result["stragglers"] == [] and result["lag"]["wait_windows"] == 0
 
 

@@ -213,7 +213,7 @@ def test_empty_run_folder_is_no_signal(tmp_path):
     table = shipped_table("a100")
     synth = build_trace(job(GPUS[:1], [("compute", 20)]), table)
     (tmp_path / "run").mkdir()
-    result = run_triage(synth.write(tmp_path / "t"), tmp_path / "out", run_dir=str(tmp_path / "run"))
+    result = run_triage(synth.write(tmp_path / "t"), tmp_path / "out", run_dir=str(tmp_path / "run")).to_json()
     assert result["signals"]["heartbeats"] is False and result["signals"]["metrics"] is False
     assert set(result["phases"]) == {"compute"}
 
@@ -366,7 +366,7 @@ def test_run_triage_writes_every_artifact(tmp_path):
     synth = build_trace(job(GPUS, MIXED[:10], writer=3), table)
     paths = synth.write(tmp_path / "telemetry")
     write_run_info(tmp_path / "run", synth)
-    result = run_triage(paths, tmp_path / "out", run_dir=tmp_path / "run", deadlock_after_s=DL)
+    result = run_triage(paths, tmp_path / "out", run_dir=tmp_path / "run", deadlock_after_s=DL).to_json()
     assert result == json.loads((tmp_path / "out" / "triage.json").read_text())
     assert result["status"] == "ok" and result["table"]["gpu_model"] == "B200"
     assert result["table_source"].startswith("detected") and result["table"]["provenance"]
@@ -418,7 +418,7 @@ def test_deterministic_phases_file(tmp_path):
 def test_empty_trace_gives_empty_outputs(tmp_path):
     path = tmp_path / "cpu-host.parquet"
     TraceWriter(path, {"nvml": "unavailable: no GPU"}).close()  # what the sampler leaves on a CPU run
-    result = run_triage([path], tmp_path / "out")
+    result = run_triage([path], tmp_path / "out").to_json()
     assert result["status"] == "no GPU telemetry" and result["phases"] == {} and result["table"] is None
     phases = pq.read_table(tmp_path / "out" / "phases.parquet")
     assert phases.num_rows == 0 and phases.schema.remove_metadata() == PHASES_SCHEMA
@@ -471,7 +471,7 @@ def test_calibrated_table_from_file(tmp_path):
     path = tmp_path / "h100-calibrated.yaml"
     path.write_text(table.to_yaml())
     synth = build_trace(job(GPUS[:2], [("compute", 40), ("communication", 40)]), table)
-    result = run_triage(synth.write(tmp_path / "t"), tmp_path / "out", table_path=str(path))
+    result = run_triage(synth.write(tmp_path / "t"), tmp_path / "out", table_path=str(path)).to_json()
     assert result["table"]["provenance"]["kind"] == "calibrated"
     assert result["table_source"] == f"--table {path}"
     assert set(result["phases"]) == {"compute", "communication"}

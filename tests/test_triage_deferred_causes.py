@@ -53,7 +53,7 @@ def test_a_balanced_run_decodes_no_cause_column(tmp_path, monkeypatch):
     paths = sampler_files(synth, tmp_path / "telemetry")
     monkeypatch.setattr(stage_mod, "CHUNK_ROWS", CHUNK)
     reads = counted_reads(monkeypatch)
-    result = run_triage(paths, tmp_path / "p", gpu_model="h100")
+    result = run_triage(paths, tmp_path / "p", gpu_model="h100").to_json()
     assert result["stragglers"] == [] and reads == []
 
 

@@ -83,7 +83,7 @@ def test_train_run_power_only_has_no_deadlock(train, which):
 
 def test_wattgate_triage_on_the_train_run(tmp_path):
     """The stage end to end: the table detected from the device name, the rank placed by its GPU UUID."""
-    result = run_triage([TRAIN / "telemetry" / "vm.parquet"], tmp_path, run_dir=str(TRAIN))
+    result = run_triage([TRAIN / "telemetry" / "vm.parquet"], tmp_path, run_dir=str(TRAIN)).to_json()
     assert result["table"]["gpu_model"] == "H200" and result["table_source"].startswith("detected")
     assert result["signals"] == {"power": True, "util": True, "heartbeats": True, "metrics": True}
     assert result["ranks"] == {"mapped": {"0": {"host": "vm", "gpu": 0}}, "unmapped": []}

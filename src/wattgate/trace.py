@@ -37,29 +37,48 @@ import pyarrow.parquet as pq
 from wattgate.artifacts import atomic_path, check_file_output, json_safe
 from wattgate.errors import InputError
 
+# The trace's column names (readers index a trace frame or table by these, never by the string)
+TIME = "time"
+HOST = "host"
+GPU = "gpu"
+POWER_W = "power_w"
+ENERGY_J = "energy_j"
+UTIL_GPU = "util_gpu"
+UTIL_MEM = "util_mem"
+SM_CLOCK_MHZ = "sm_clock_mhz"
+MEM_USED_MIB = "mem_used_mib"
+TEMP_C = "temp_c"
+SM_ACTIVE = "sm_active"
+SM_OCCUPANCY = "sm_occupancy"
+TENSOR_ACTIVE = "tensor_active"
+DRAM_ACTIVE = "dram_active"
+NVLINK_TX_BPS = "nvlink_tx_bps"
+NVLINK_RX_BPS = "nvlink_rx_bps"
+CLOCKS_EVENT_REASONS = "clocks_event_reasons"
+
 TRACE_COLUMNS = [
-    ("time", pa.float64()),
-    ("host", pa.string()),
-    ("gpu", pa.int32()),
-    ("power_w", pa.float32()),
-    ("energy_j", pa.float64()),
-    ("util_gpu", pa.float32()),
-    ("util_mem", pa.float32()),
-    ("sm_clock_mhz", pa.float32()),
-    ("mem_used_mib", pa.float32()),
-    ("temp_c", pa.float32()),
+    (TIME, pa.float64()),
+    (HOST, pa.string()),
+    (GPU, pa.int32()),
+    (POWER_W, pa.float32()),
+    (ENERGY_J, pa.float64()),
+    (UTIL_GPU, pa.float32()),
+    (UTIL_MEM, pa.float32()),
+    (SM_CLOCK_MHZ, pa.float32()),
+    (MEM_USED_MIB, pa.float32()),
+    (TEMP_C, pa.float32()),
 ]
 # Hopper-and-newer GPM metrics (percent, and bytes/s for NVLink); null where not available
 EXTRA_COLUMNS = [
-    ("sm_active", pa.float32()),
-    ("sm_occupancy", pa.float32()),
-    ("tensor_active", pa.float32()),
-    ("dram_active", pa.float32()),
-    ("nvlink_tx_bps", pa.float64()),
-    ("nvlink_rx_bps", pa.float64()),
+    (SM_ACTIVE, pa.float32()),
+    (SM_OCCUPANCY, pa.float32()),
+    (TENSOR_ACTIVE, pa.float32()),
+    (DRAM_ACTIVE, pa.float32()),
+    (NVLINK_TX_BPS, pa.float64()),
+    (NVLINK_RX_BPS, pa.float64()),
     # NVML's clocks-event reasons (formerly "throttle reasons"): why the SM clock is below its maximum, a bitmask
     # read on the sampler's slow path; null where not recorded (older traces, logs that lack it)
-    ("clocks_event_reasons", pa.int64()),
+    (CLOCKS_EVENT_REASONS, pa.int64()),
 ]
 TRACE_SCHEMA = pa.schema(TRACE_COLUMNS + EXTRA_COLUMNS)
 META_KEY = b"wattgate.trace"
@@ -69,15 +88,15 @@ FINAL_ROW_GROUP = 1 << 20
 
 
 # measured columns the range check covers; all but temperature must be >= 0
-MEASURED = [name for name, typ in TRACE_COLUMNS + EXTRA_COLUMNS if pa.types.is_floating(typ) and name != "time"]
-MAY_BE_NEGATIVE = {"temp_c"}
+MEASURED = [name for name, typ in TRACE_COLUMNS + EXTRA_COLUMNS if pa.types.is_floating(typ) and name != TIME]
+MAY_BE_NEGATIVE = {TEMP_C}
 FLOAT32_MAX = 3.4028234663852886e38
 # One GPU's board power: the largest accelerators draw ~1.4 kW (GB300), so 5 kW is generous headroom for
 # parts to come; a reading above it is a damaged value or a unit slip (mW read as W), never a reading.
 MAX_POWER_W = 5000.0
-UPPER_BOUNDS = {"power_w": MAX_POWER_W}  # column -> the largest value a reading can have
+UPPER_BOUNDS = {POWER_W: MAX_POWER_W}  # column -> the largest value a reading can have
 
-REASONS = "clocks_event_reasons"
+REASONS = CLOCKS_EVENT_REASONS
 # the clocks-event reason bits (nvml.h nvmlClocksEventReason*, the same values as the older ThrottleReason*),
 # by the names nvidia-smi gives them as `clocks_event_reasons.<name>` (formerly `clocks_throttle_reasons.<name>`)
 REASON_BITS = {
@@ -173,7 +192,7 @@ class TraceWriter:
 
     def flush(self) -> None:
         self.last_flush = time.monotonic()
-        n = len(self.buffer["time"])
+        n = len(self.buffer[TIME])
         if n == 0:
             return
         table = pa.Table.from_pydict(self.buffer, schema=self.schema)
@@ -376,7 +395,7 @@ def _cast(path: Path, table: pa.Table, f: pa.Field, keep_dictionary: bool = Fals
         return col.cast(target)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
         have = table.schema.field(f.name).type
-        what = "unix seconds" if f.name == "time" else f"a {f.type} value"
+        what = "unix seconds" if f.name == TIME else f"a {f.type} value"
         raise InputError(
             f"{path}: column {f.name!r} is {have} and cannot be read as {f.type} "
             f"({str(exc).splitlines()[0]}); it must hold {what}: convert other collectors' logs "
@@ -393,7 +412,7 @@ def _read_columns(path: Path, columns: list[str]) -> pa.Table:
         try:
             schema = pq.read_schema(path)
             have = [c for c in columns if c in schema.names]
-            table = pq.read_table(path, columns=have, read_dictionary=["host"] if "host" in have else None)
+            table = pq.read_table(path, columns=have, read_dictionary=[HOST] if HOST in have else None)
         except (OSError, pa.ArrowInvalid) as exc:
             raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
         _check_columns(path, schema.names)
@@ -403,9 +422,9 @@ def _read_columns(path: Path, columns: list[str]) -> pa.Table:
         table = read_trace(path)
         meta = table.schema.metadata
         table = table.select(columns)
-        if "host" in columns:  # as a file's is read: a dictionary column
-            i = table.schema.get_field_index("host")
-            table = table.set_column(i, "host", pc.dictionary_encode(table.column("host")))
+        if HOST in columns:  # as a file's is read: a dictionary column
+            i = table.schema.get_field_index(HOST)
+            table = table.set_column(i, HOST, pc.dictionary_encode(table.column(HOST)))
     for name in columns:
         if name not in table.column_names:  # an optional column the trace lacks
             typ = TRACE_SCHEMA.field(name).type
@@ -464,7 +483,7 @@ def read_trace_chunks(
 def _open_trace(path: Path, columns: list[str]) -> pq.ParquetFile:
     try:
         # mapped, not read into buffers of its own: the row groups are decoded straight from the page cache
-        pf = pq.ParquetFile(path, read_dictionary=["host"] if "host" in columns else None, memory_map=True)
+        pf = pq.ParquetFile(path, read_dictionary=[HOST] if HOST in columns else None, memory_map=True)
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
     _check_columns(path, pf.schema_arrow.names)

@@ -11,10 +11,10 @@ from wattgate.errors import EXIT_STOPPED, InputError, StageFailed
 def _demo_corpus(args, config) -> None:
     from wattgate.data.demo_corpus import KINDS, write_demo_corpus
 
-    c = config["demo_corpus"]
+    c = config.demo_corpus
     kind = getattr(args, "kind", "chat")
-    docs = c["num_docs"] if kind == "chat" else c["notes_docs"] or max(1, c["num_docs"] // 4)
-    n = write_demo_corpus(args.out, docs, c["seed"], c["max_turns"], kind)
+    docs = c.num_docs if kind == "chat" else c.notes_docs or max(1, c.num_docs // 4)
+    n = write_demo_corpus(args.out, docs, c.seed, c.max_turns, kind)
     print(f"demo-corpus: {n} {KINDS[kind]} -> {args.out}")
 
 
@@ -28,7 +28,7 @@ def _train_tokenizer(args, config) -> None:
 def _pretokenize(args, config) -> None:
     from wattgate.data.pretokenize import pretokenize
 
-    tokenizer = args.tokenizer or config["tokenizer"]["path"]
+    tokenizer = args.tokenizer or config.tokenizer.path
     if not tokenizer:
         raise InputError("pretokenize: no tokenizer: pass --tokenizer DIR or set tokenizer.path")
     m = pretokenize(config, tokenizer, args.out)
@@ -81,7 +81,7 @@ def _gate(args, config) -> None:
         print(f"gate: PASSED ({len(report['checks'])} checks in {report['elapsed_s']:.3f} s) -> {args.out}/PASSED")
         return
     names = ", ".join(c["name"] for c in failed)
-    if not config["gate"]["enforce"]:
+    if not config.gate.enforce:
         print(
             f"gate: WARNING: FAILED ({names}) but gate.enforce is false: continuing on purpose. See {args.out}/gate.md",
             file=sys.stderr,
@@ -134,11 +134,11 @@ def _launch_outcome(args, config):
     from wattgate.train.launch import run_launch
 
     result = run_launch(config, args.config, args.pretokenized, args.plan, args.run, args.gate)
-    w = result.watcher or {}
-    if w.get("verdict") not in (None, "running", "healthy", "stopped", "failed"):  # a verdict the watcher reached
-        acted = "stopped the job" if w.get("action") == "kill" else "warned"
-        message = f"watcher {acted}: {w.get('reason')}; see {args.run}/watcher.json"
-        if result.returncode != 0 or w.get("action") == "kill":
+    w = result.watcher
+    if w is not None and w.reached:  # a verdict the watcher reached
+        acted = "stopped the job" if w.action == "kill" else "warned"
+        message = f"watcher {acted}: {w.reason}; see {args.run}/watcher.json"
+        if result.returncode != 0 or w.action == "kill":
             return Outcome(1, message, retry=True)  # the gate proved the plan: a hang is the cluster's, not the run's
         print(f"launch: WARNING: {message}", file=sys.stderr)
     if result.stopped is not None:
@@ -168,8 +168,8 @@ def _watch(args, config) -> None:
     from wattgate.telemetry.watch import run_watch
 
     record = run_watch(config, args.run, args.pid, args.slurm_job, args.out)
-    if record["verdict"] not in ("healthy", "running") and record.get("action") == "kill":
-        raise StageFailed(record["reason"])
+    if record.verdict not in ("healthy", "running") and record.action == "kill":
+        raise StageFailed(record.reason)
 
 
 def _variant(args, config) -> None:
@@ -238,11 +238,11 @@ def _triage(args, config) -> None:
         power_cap_w=s.power_cap_w,
         straggler_share=s.straggler_share,
     )
-    shown = ", ".join(f"{ph} {100 * v['share']:.1f}%" for ph, v in result["phases"].items())
-    print(f"triage: {result['gpus']} GPU(s), {shown or result['status']} -> {args.out}")
-    for e in result["stragglers"]:
-        who = f"{e['host']}:{e['gpu']}" if e.get("gpu") is not None else f"rank {e['rank']} on {e['host']}"
-        print(f"triage: straggler {who} ({e['cause']}): {e['evidence']}")
+    shown = ", ".join(f"{ph} {100 * v.share:.1f}%" for ph, v in result.phases.items())
+    print(f"triage: {result.gpus} GPU(s), {shown or result.status} -> {args.out}")
+    for e in result.stragglers:
+        who = f"{e.host}:{e.gpu}" if e.gpu is not None else f"rank {e.rank} on {e.host}"
+        print(f"triage: straggler {who} ({e.cause}): {e.evidence}")
 
 
 def _report(args, config) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from html import escape
 
 from wattgate.power.triage.phases import LABELS
+from wattgate.records.summary import Energy, GpuPhases, NodePhases, Stragglers, Summary, Validation
+from wattgate.records.triage import Gaps
 from wattgate.report.cards import (
     short_list,
     gate_section,
@@ -44,89 +46,89 @@ SCRIPT = (
 )
 
 
-def header(s: dict) -> str:
-    run = s["run"]
-    gate, watcher = s["gate"], s["watcher"]
+def header(s: Summary) -> str:
+    run = s.run
+    gate, watcher = s.gate, s.watcher
     if gate is None:
         g = badge("gate", "not available", "na")
-    elif gate["passed"]:
+    elif gate.passed:
         g = badge("gate", "passed", "ok")
-    elif gate["passed"] is None:
+    elif gate.passed is None:
         g = badge("gate", "unknown: gate.json damaged", "na")
     else:
-        g = badge("gate", "FAILED: " + ", ".join(gate["failed_checks"]), "bad")
+        g = badge("gate", "FAILED: " + ", ".join(gate.failed_checks), "bad")
     if watcher is None:
         w = badge("watcher", "not available", "na")
     else:
-        v = str(watcher.get("verdict"))
+        v = str(watcher.verdict)
         w = badge("watcher", v, "ok" if v in ("healthy", "running") else "warn" if v == "stopped" else "bad")
-    kinds = sorted({a["kind"] for a in s["anomalies"]})
-    n = len(s["anomalies"]) + s["anomalies_omitted"]
+    kinds = sorted({a.kind for a in s.anomalies})
+    n = len(s.anomalies) + s.anomalies_omitted
     a = badge("anomalies", f"{n} ({', '.join(kinds)})" if n else "none", "warn" if n else "ok")
-    device = f"device {run['device']}" if run.get("device") else ""
-    names = ", ".join(run.get("gpu_names") or []) or run.get("gpu_model") or ""
+    device = f"device {run.device}" if run.device else ""
+    names = ", ".join(run.gpu_names) or run.gpu_model or ""
     sub = " · ".join(
         x
         for x in [
             device,
             names,
-            f"world size {fmt(s['world_size'])}",
-            f"{s['gpus']} GPU(s) in the traces",
-            f"started {run.get('start_utc') or 'n/a'}",
+            f"world size {fmt(s.world_size)}",
+            f"{s.gpus} GPU(s) in the traces",
+            f"started {run.start_utc or 'n/a'}",
         ]
         if x
     )
-    e = s["energy"]
-    loss = s["loss"]
+    e = s.energy
+    loss = s.loss
     cards = [
-        ("tokens", fmt(s["tokens"])),
-        ("steps", fmt(s["steps"])),
-        ("wall time", duration(s["wall_s"])),
-        ("tokens/s", fmt(s["tokens_per_s"], 0)),
+        ("tokens", fmt(s.tokens)),
+        ("steps", fmt(s.steps)),
+        ("wall time", duration(s.wall_s)),
+        ("tokens/s", fmt(s.tokens_per_s, 0)),
         (
-            "tokens/s per GPU" if s["gpus"] else "tokens/s per rank",
-            fmt(s["tokens_per_s_per_gpu"] if s["gpus"] else s["tokens_per_s_per_rank"], 0),
+            "tokens/s per GPU" if s.gpus else "tokens/s per rank",
+            fmt(s.tokens_per_s_per_gpu if s.gpus else s.tokens_per_s_per_rank, 0),
         ),
-        ("energy", fmt(e["kwh"], 4, " kWh") + (f" ({e['method'].replace('_', ' ')})" if e["method"] else "")),
-        ("J per token", fmt(e["j_per_token"], 4)),
-        ("GPU-hours", fmt(s["gpu_hours"], 4)),
-        ("waited for stragglers", _waited(s.get("stragglers") or {})),
-        ("rank-hours", fmt(s["rank_hours"], 4)),
-        ("loss first → final", f"{fmt(loss['first'], 4)} → {fmt(loss['final'], 4)}"),
-        ("MFU", pct(s["mfu"]) or "n/a"),
-        ("peak memory", fmt(s["peak_memory_gib"], 2, " GiB")),
+        ("energy", fmt(e.kwh, 4, " kWh") + (f" ({e.method.replace('_', ' ')})" if e.method else "")),
+        ("J per token", fmt(e.j_per_token, 4)),
+        ("GPU-hours", fmt(s.gpu_hours, 4)),
+        ("waited for stragglers", _waited(s.stragglers)),
+        ("rank-hours", fmt(s.rank_hours, 4)),
+        ("loss first → final", f"{fmt(loss.first, 4)} → {fmt(loss.final, 4)}"),
+        ("MFU", pct(s.mfu) or "n/a"),
+        ("peak memory", fmt(s.peak_memory_gib, 2, " GiB")),
     ]
     grid = "".join(f'<div class="card"><small>{escape(k)}</small><b>{escape(v)}</b></div>' for k, v in cards)
     notes = ""
-    if s["notes"]:
-        notes = '<ul class="notes">' + "".join(f"<li>{escape(x)}</li>" for x in s["notes"]) + "</ul>"
+    if s.notes:
+        notes = '<ul class="notes">' + "".join(f"<li>{escape(x)}</li>" for x in s.notes) + "</ul>"
     return (
-        f'<header><h1>wattgate report: {escape(run["name"])}</h1><p class="sub">{escape(sub)}</p>'
+        f'<header><h1>wattgate report: {escape(run.name)}</h1><p class="sub">{escape(sub)}</p>'
         f'<div class="badges">{g}{w}{a}</div><div class="grid">{grid}</div>{notes}</header>'
     )
 
 
-def _waited(st: dict) -> str:
+def _waited(st: Stragglers) -> str:
     """The header card: GPU-hours the run spent waiting for stragglers (rank-hours on CPU), or none."""
-    if not st.get("checked"):
+    if not st.checked:
         return "n/a"
-    if not st.get("entries"):
+    if not st.entries:
         return "none"
-    if st.get("wait_gpu_hours"):
-        return fmt(st["wait_gpu_hours"], 4, " GPU-h")
-    return fmt(st.get("wait_rank_hours"), 4, " rank-h")
+    if st.wait_gpu_hours:
+        return fmt(st.wait_gpu_hours, 4, " GPU-h")
+    return fmt(st.wait_rank_hours, 4, " rank-h")
 
 
-def power_section(s: dict, svg: str | None, panels_shown: int) -> str:
-    sig = s["signals"]
+def power_section(s: Summary, svg: str | None, panels_shown: int) -> str:
+    sig = s.signals
     if svg is None:
         why = (
             "the telemetry traces hold no rows: the sampler found no NVML on this host (a CPU run), "
             "so it wrote an empty trace with the schema."
-            if sig["traces"]
+            if sig.traces
             else "the run folder has no telemetry/*.parquet traces."
         )
-        nvml = s["run"].get("nvml")
+        nvml = s.run.nvml
         if nvml:
             why += f" The sampler said: {nvml}."
         body = (
@@ -135,9 +137,8 @@ def power_section(s: dict, svg: str | None, panels_shown: int) -> str:
             "the watcher and is complete where those exist. Throughput per rank stands in for per GPU.</p>"
         )
         return section("no-gpu-telemetry", "No GPU telemetry on this host", body)
-    p = s["phases"]
-    source = p.get("source") or "no phases (triage could not run): raw power, uncoloured"
-    more = "" if panels_shown >= s["gpus"] else f" First {panels_shown} of {s['gpus']} GPUs shown."
+    source = s.phases.source or "no phases (triage could not run): raw power, uncoloured"
+    more = "" if panels_shown >= s.gpus else f" First {panels_shown} of {s.gpus} GPUs shown."
     caption = (
         f"One lane per GPU, all on one power scale (the lane's height, in the time axis label): power, "
         f"each bin coloured by the phase that holds most of its time; the strip at the bottom of each lane "
@@ -147,53 +148,53 @@ def power_section(s: dict, svg: str | None, panels_shown: int) -> str:
     return section("power", "Power per GPU over time", figure(svg, "power per GPU over time") + note(caption))
 
 
-def gaps_text(g: dict | None) -> str:
+def gaps_text(g: Gaps | None) -> str:
     """The telemetry gaps in one sentence: unknown time is time no sample covers."""
     if not g:
         return ""
-    if not g["unknown_s"]:
+    if not g.unknown_s:
         text = "Telemetry gaps: none unknown"
     else:
         text = (
-            f"Telemetry gaps: {g['unknown_s']:.0f} GPU-seconds unknown (no sample; {g['unknown_gaps']} gap(s), "
-            f"longest {g['longest_gap_s']:.0f} s)"
+            f"Telemetry gaps: {g.unknown_s:.0f} GPU-seconds unknown (no sample; {g.unknown_gaps} gap(s), "
+            f"longest {g.longest_gap_s:.0f} s)"
         )
-    if g.get("filled_s"):
-        text += f"; {g['filled_s']:.0f} s of gaps of a few sampling periods took the phase around them"
+    if g.filled_s:
+        text += f"; {g.filled_s:.0f} s of gaps of a few sampling periods took the phase around them"
     return text + "."
 
 
-def phase_tables(s: dict, svg: str | None) -> str:
-    p = s["phases"]
-    if not p.get("by_phase"):
+def phase_tables(s: Summary, svg: str | None) -> str:
+    p = s.phases
+    if not p.by_phase:
         return section(
             "phases",
             "Phase breakdown",
             note("not available: no phase windows (no GPU telemetry, or triage could not pick a table)"),
         )
     rows = [
-        [phase_name(ph), fmt(v["seconds"], 0), pct(v["time_share"]), fmt(v["energy_kwh"], 4), pct(v["energy_share"])]
-        for ph, v in _in_label_order(p["by_phase"])
+        [phase_name(ph), fmt(v.seconds, 0), pct(v.time_share), fmt(v.energy_kwh, 4), pct(v.energy_share)]
+        for ph, v in _in_label_order(p.by_phase)
     ]
     overall = table(["phase", "GPU-seconds", "time share", "energy (kWh)", "energy share"], rows, {1, 2, 3, 4})
-    present = [ph for ph in LABELS if ph in p["by_phase"]]
+    present = [ph for ph in LABELS if ph in p.by_phase]
 
-    def breakdown(items, first: list[str], lead) -> str:
+    def breakdown(items: tuple[GpuPhases | NodePhases, ...], first: list[str], lead) -> str:
         headers = first + [f"{ph} time" for ph in present] + ["energy (kWh)"]
         body = [
             lead(r)
-            + [pct(r["time_share"].get(ph, 0.0)) for ph in present]
-            + [fmt(sum(v for v in r["energy_kwh"].values() if v is not None), 4)]
+            + [pct(r.time_share.get(ph, 0.0)) for ph in present]
+            + [fmt(sum(v for v in r.energy_kwh.values() if v is not None), 4)]
             for r in items
         ]
         return table(headers, body, set(range(len(first), len(headers))))
 
-    per_node = breakdown(p["per_node"], ["node", "GPUs"], lambda r: [r["host"], r["gpus"]])
-    per_gpu = breakdown(p["per_gpu"], ["node", "GPU"], lambda r: [r["host"], r["gpu"]])
+    per_node = breakdown(p.per_node, ["node", "GPUs"], lambda r: [r.host, r.gpus])
+    per_gpu = breakdown(p.per_gpu, ["node", "GPU"], lambda r: [r.host, r.gpu])
     shares = figure(svg, "phase shares per GPU") if svg else ""
     text = (
-        f"Windows of {p['window_s']:g} s labelled by power triage ({p.get('source')}). Energy per phase is "
-        "each window's mean power times its length. " + gaps_text(p.get("gaps"))
+        f"Windows of {p.window_s:g} s labelled by power triage ({p.source}). Energy per phase is "
+        "each window's mean power times its length. " + gaps_text(p.gaps)
     )
     return section(
         "phases",
@@ -213,9 +214,9 @@ def _in_label_order(d: dict):
     return [(ph, d[ph]) for ph in LABELS if ph in d]
 
 
-def energy_section(s: dict) -> str:
-    e = s["energy"]
-    if e["kwh"] is None:
+def energy_section(s: Summary) -> str:
+    e: Energy = s.energy
+    if e.kwh is None:
         return section("energy", "Energy", note("not available: no power samples"))
     text = {
         "energy_counter": "NVML total-energy counter (last minus first reading per GPU; the seconds before "
@@ -223,31 +224,24 @@ def energy_section(s: dict) -> str:
         "integrated_power": "power integrated over time (trapezoid per GPU): the trace has no energy counter",
         "mixed": "the energy counter where a GPU has one, integrated power elsewhere",
         "phase_window_means": "window mean power times window length (no raw trace)",
-    }.get(e["method"], "")
+    }.get(e.method, "")
     check = ""
-    if e.get("counter_kwh") is not None and e.get("integrated_kwh"):
-        diff = e["counter_kwh"] / e["integrated_kwh"] - 1
+    if e.counter_kwh is not None and e.integrated_kwh:
+        diff = e.counter_kwh / e.integrated_kwh - 1
         check = (
-            f" Counter {fmt(e['counter_kwh'], 5)} kWh vs integrated power {fmt(e['integrated_kwh'], 5)} kWh "
+            f" Counter {fmt(e.counter_kwh, 5)} kWh vs integrated power {fmt(e.integrated_kwh, 5)} kWh "
             f"({100 * diff:+.2f}%)."
         )
     rows = [
-        [
-            r["host"],
-            r["gpu"],
-            fmt(r["kwh"], 5),
-            fmt(r["mean_power_w"], 1),
-            duration(r["span_s"]),
-            r["method"].replace("_", " "),
-        ]
-        for r in e["per_gpu"]
+        [r.host, r.gpu, fmt(r.kwh, 5), fmt(r.mean_power_w, 1), duration(r.span_s), r.method.replace("_", " ")]
+        for r in e.per_gpu
     ]
     body = note(
-        f"Total {fmt(e['kwh'], 5)} kWh by {text}; {fmt(e['j_per_token'], 4)} J per token (every traced "
+        f"Total {fmt(e.kwh, 5)} kWh by {text}; {fmt(e.j_per_token, 4)} J per token (every traced "
         f"second, start-up and teardown included, over the tokens trained).{check}"
         + (
-            f" {duration(e['gap_s'])} of gaps between samples are counted nowhere (no energy, no GPU-hours)."
-            if e.get("gap_s")
+            f" {duration(e.gap_s)} of gaps between samples are counted nowhere (no energy, no GPU-hours)."
+            if e.gap_s
             else ""
         )
     )
@@ -262,24 +256,23 @@ def figure_section(sid: str, title: str, svg: str | None, missing: str, caption:
     return section(sid, title, figure(svg, title) + (note(caption) if caption else ""))
 
 
-def validation_section(s: dict) -> str:
+def validation_section(v: Validation | None) -> str:
     """Every validation pass: the held-out documents' loss after its step, the best one marked."""
-    v = s.get("validation")
     if not v:
         return ""
-    best = (v.get("best") or {}).get("step")
-    sources = v.get("sources") or []  # two or more held-out sources: each one's loss beside the whole's
+    best = v.best.step if v.best is not None else None
+    sources = v.sources or ()  # two or more held-out sources: each one's loss beside the whole's
     rows = [
         [
-            f"{r['step']}" + (" (best)" if r["step"] == best else ""),
-            r["epoch"],
-            fmt(r["loss"], 4),
-            *(fmt((r.get("per_source") or {}).get(name), 4) for name in sources),
-            fmt(r["perplexity"], 4),
-            r["tokens"],
-            duration(r["seconds"]),
+            f"{r.step}" + (" (best)" if r.step == best else ""),
+            r.epoch,
+            fmt(r.loss, 4),
+            *(fmt((r.per_source or {}).get(name), 4) for name in sources),
+            fmt(r.perplexity, 4),
+            r.tokens,
+            duration(r.seconds),
         ]
-        for r in v["passes"]
+        for r in v.passes
     ]
     heads = ["after step", "epoch", "loss", *(f"loss: {name}" for name in sources), "perplexity", "tokens", "time"]
     body = table(heads, rows, set(range(1, 5 + len(sources))))
@@ -291,8 +284,8 @@ def validation_section(s: dict) -> str:
     return section("validation", "Validation", body)
 
 
-def anomalies_section(s: dict) -> str:
-    rows = s["anomalies"]
+def anomalies_section(s: Summary) -> str:
+    rows = s.anomalies
     checked = (
         "Checked: hangs (deadlock windows from power triage, the watcher's verdict), data starvation "
         "(data_starvation runs of >= 5 s, steps waiting >= 20% for data) and stragglers (a rank's median "
@@ -305,37 +298,35 @@ def anomalies_section(s: dict) -> str:
         ["kind", "start (UTC)", "from run start", "duration", "GPUs", "ranks", "evidence"],
         [
             [
-                a["kind"],
-                a["start_utc"],
-                duration(a["start_offset_s"]),
-                duration(a["duration_s"]),
-                short_list(a["gpus"]),
-                short_list(a["ranks"]),
-                a["detail"],
+                a.kind,
+                a.start_utc,
+                duration(a.start_offset_s),
+                duration(a.duration_s),
+                short_list(a.gpus),
+                short_list(a.ranks),
+                a.detail,
             ]
             for a in rows
         ],
         {2, 3},
     )
-    more = f" {s['anomalies_omitted']} more are not listed." if s["anomalies_omitted"] else ""
+    more = f" {s.anomalies_omitted} more are not listed." if s.anomalies_omitted else ""
     return section("anomalies", "Anomalies", body + note(checked + more))
 
 
-def inputs_section(s: dict) -> str:
-    sig = s["signals"]
+def inputs_section(s: Summary) -> str:
+    sig = s.signals.to_json()  # each input by name, as summary.json names it
     rows = [[k.replace("_", " "), Raw("<b>yes</b>" if v else "no")] for k, v in sorted(sig.items())]
-    ck = s["checkpoints"]
-    steps = ", ".join(str(x) for x in ck["steps"]) or "none"
-    if s["run"]["dir"] is None:
-        text = f"No run folder: traces {', '.join(s['run'].get('traces') or [])} only."
+    ck = s.checkpoints
+    steps = ", ".join(str(x) for x in ck.steps) or "none"
+    if s.run.dir is None:
+        text = f"No run folder: traces {', '.join(s.run.traces)} only."
     else:
-        text = (
-            f"Run folder {s['run']['dir']}. Checkpoints kept: {steps}; final export: {'yes' if ck['final'] else 'no'}."
-        )
+        text = f"Run folder {s.run.dir}. Checkpoints kept: {steps}; final export: {'yes' if ck.final else 'no'}."
     return section("inputs", "Inputs", note(text) + table(["input", "present"], rows))
 
 
-def render_page(s: dict, figures: dict[str, str | None], panels_shown: int) -> str:
+def render_page(s: Summary, figures: dict[str, str | None], panels_shown: int) -> str:
     body = "".join(
         [
             header(s),
@@ -361,13 +352,13 @@ def render_page(s: dict, figures: dict[str, str | None], panels_shown: int) -> s
                 "every rank."
                 + (
                     " Dashed: each source's own validation loss (its held-out documents alone)."
-                    if (s.get("validation") or {}).get("sources")
+                    if s.validation.sources
                     else ""
                 )
-                if s.get("validation")
+                if s.validation
                 else "",
             ),
-            validation_section(s),
+            validation_section(s.validation),
             anomalies_section(s),
             gate_section(s),
             forecast_section(s),
@@ -376,7 +367,7 @@ def render_page(s: dict, figures: dict[str, str | None], panels_shown: int) -> s
             inputs_section(s),
         ]
     )
-    title = escape(f"wattgate report: {s['run']['name']}")
+    title = escape(f"wattgate report: {s.run.name}")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{title}</title>'

@@ -26,26 +26,38 @@ from wattgate.triage_tables import (
     positive_seconds,
     window_seconds,
 )
-from wattgate.trace import strict_json
+from wattgate.records.triage import TRIAGE_FORMAT_VERSION, Departure, Gaps, Peers, ReadVsPeers
+from wattgate.trace import GPU, HOST, POWER_W, UTIL_GPU, strict_json
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = TRIAGE_FORMAT_VERSION
 LABELS = POWER_PHASES + ("unknown",)
 COMPUTE, COMMUNICATION, DATA_STARVATION, CHECKPOINT, DEADLOCK, IDLE, UNKNOWN = range(7)
 WAIT, LOW_UTIL = 7, 8  # internal classes, resolved before output
 ACTIVE = (COMPUTE, COMMUNICATION, DATA_STARVATION)
 
+# phases.parquet's columns: host, gpu, power_w and util_gpu (the window means) are named as the trace's
+START = "start"
+END = "end"
+PHASE = "phase"
+CONFIDENCE = "confidence"
 PHASES_SCHEMA = pa.schema(
     [
-        ("host", pa.string()),
-        ("gpu", pa.int32()),
-        ("start", pa.float64()),
-        ("end", pa.float64()),
-        ("phase", pa.string()),
-        ("power_w", pa.float32()),
-        ("util_gpu", pa.float32()),
-        ("confidence", pa.float32()),
+        (HOST, pa.string()),
+        (GPU, pa.int32()),
+        (START, pa.float64()),
+        (END, pa.float64()),
+        (PHASE, pa.string()),
+        (POWER_W, pa.float32()),
+        (UTIL_GPU, pa.float32()),
+        (CONFIDENCE, pa.float32()),
     ]
 )
+# phase_summary.csv's columns, after host, gpu and phase
+WINDOWS = "windows"
+SECONDS = "seconds"
+SHARE = "share"
+ENERGY_J = "energy_j"
+SUMMARY_COLUMNS = [HOST, GPU, PHASE, WINDOWS, SECONDS, SHARE, ENERGY_J]
 
 
 def contract(phases: pa.Table) -> pa.Table:
@@ -58,7 +70,7 @@ def contract(phases: pa.Table) -> pa.Table:
 
 def phase_codes(phases: pa.Table) -> np.ndarray:
     """The index into LABELS of every row's phase (-1: null or not a label)."""
-    return _codes(phases.column("phase"), list(LABELS))[1]
+    return _codes(phases.column(PHASE), list(LABELS))[1]
 
 
 def write_phases(
@@ -90,7 +102,7 @@ def write_phases(
             contract(phases).replace_schema_metadata(meta),
             tmp,
             compression="snappy",
-            use_dictionary=["host", "phase"],
+            use_dictionary=[HOST, PHASE],
             write_statistics=False,
         )
 
@@ -107,7 +119,7 @@ def read_phases(
         return None
     names = list(columns or PHASES_SCHEMA.names)
     try:
-        with pq.ParquetFile(path, read_dictionary=["host", "phase"] if dictionary else None) as f:
+        with pq.ParquetFile(path, read_dictionary=[HOST, PHASE] if dictionary else None) as f:
             missing = [n for n in PHASES_SCHEMA.names if n not in f.schema_arrow.names]
             table = None if missing else f.read(columns=names)
     except (OSError, pa.ArrowInvalid) as exc:
@@ -196,15 +208,15 @@ def _learned(learned) -> dict:
     return out
 
 
-def gap_summary(phases: pa.Table, window_s: float, filled_s: float = 0.0) -> dict:
+def gap_summary(phases: pa.Table, window_s: float, filled_s: float = 0.0) -> Gaps:
     """Telemetry gaps: seconds of unknown windows over all GPUs, how many gaps (runs of unknown windows on a
     GPU) and the longest, and the seconds of short gaps that took the phase around them."""
     if phases.num_rows == 0:
-        return {"unknown_s": 0.0, "unknown_gaps": 0, "longest_gap_s": 0.0, "filled_s": round(filled_s, 6)}
-    names, host = _codes(phases.column("host"))
-    gpu = phases.column("gpu").to_numpy(zero_copy_only=False).astype(np.int64)
-    start = phases.column("start").to_numpy(zero_copy_only=False).astype(np.float64)
-    unknown = _codes(phases.column("phase"), list(LABELS))[1] == UNKNOWN
+        return Gaps(unknown_s=0.0, unknown_gaps=0, longest_gap_s=0.0, filled_s=round(filled_s, 6))
+    names, host = _codes(phases.column(HOST))
+    gpu = phases.column(GPU).to_numpy(zero_copy_only=False).astype(np.int64)
+    start = phases.column(START).to_numpy(zero_copy_only=False).astype(np.float64)
+    unknown = _codes(phases.column(PHASE), list(LABELS))[1] == UNKNOWN
     gpu_key = _gpu_key(names, host, gpu)
     order = _sorted_by(gpu_key, start)
     if order is not None:
@@ -213,23 +225,22 @@ def gap_summary(phases: pa.Table, window_s: float, filled_s: float = 0.0) -> dic
     new[1:] &= ~(unknown[:-1] & (gpu_key[1:] == gpu_key[:-1]) & np.isclose(start[1:] - start[:-1], window_s))
     run_id = np.cumsum(new)[unknown]
     lengths = np.bincount(run_id)[1:] * window_s if unknown.any() else np.zeros(0)
-    return {
-        "unknown_s": round(float(unknown.sum() * window_s), 6),
-        "unknown_gaps": int(len(lengths)),
-        "longest_gap_s": round(float(lengths.max()), 6) if len(lengths) else 0.0,
-        "filled_s": round(float(filled_s), 6),
-    }
+    return Gaps(
+        unknown_s=round(float(unknown.sum() * window_s), 6),
+        unknown_gaps=int(len(lengths)),
+        longest_gap_s=round(float(lengths.max()), 6) if len(lengths) else 0.0,
+        filled_s=round(float(filled_s), 6),
+    )
 
 
-def peer_departures(phases: pa.Table, window_s: float, min_s: float = 10.0) -> dict:
+def peer_departures(phases: pa.Table, window_s: float, min_s: float = 10.0) -> Peers:
     """GPUs doing something other than their peers: in each window (matched by time over every GPU of the
     input), the label that at least half of the GPUs and two share is the peers' phase; a GPU with another
     known label there departs. GPUs departing for at least `min_s` are listed with what they read instead."""
-    out = {"windows_compared": 0, "agree_share": None, "departures": []}
     if phases.num_rows == 0:
-        return out
-    code = _codes(phases.column("phase"), list(LABELS))[1]
-    idx = np.rint(phases.column("start").to_numpy(zero_copy_only=False) / window_s).astype(np.int64)
+        return Peers(windows_compared=0, agree_share=None, departures=())
+    code = _codes(phases.column(PHASE), list(LABELS))[1]
+    idx = np.rint(phases.column(START).to_numpy(zero_copy_only=False) / window_s).astype(np.int64)
     lo, span = int(idx.min()), int(idx.max()) - int(idx.min()) + 1
     if span <= 4 * len(idx) + (1 << 20):  # GPUs over the same hours: windows by offset, no sort
         grp = idx - lo
@@ -248,31 +259,26 @@ def peer_departures(phases: pa.Table, window_s: float, min_s: float = 10.0) -> d
     settled = (present >= 2) & (top >= 2) & (2 * top >= present)
     compared = known & settled[grp]
     departs = compared & (code != modal[grp])
-    out["windows_compared"] = int(compared.sum())
-    out["agree_share"] = round(1.0 - float(departs.sum()) / max(int(compared.sum()), 1), 6)
+    windows_compared = int(compared.sum())
+    agree_share = round(1.0 - float(departs.sum()) / max(int(compared.sum()), 1), 6)
     if not departs.any():
-        return out
+        return Peers(windows_compared=windows_compared, agree_share=agree_share, departures=())
     rows = np.flatnonzero(departs)
-    sel = phases.select(["host", "gpu", "phase"]).take(pa.array(rows)).to_pandas()
-    who = (sel["host"].astype(str) + ":" + sel["gpu"].astype(str)).to_numpy()
-    d = pd.DataFrame(
-        {"gpu": who, "read": sel["phase"].to_numpy(), "peers": np.asarray(LABELS, dtype=object)[modal[grp[departs]]]}
-    )
-    for gpu, rows in d.groupby("gpu", sort=True):
+    sel = phases.select([HOST, GPU, PHASE]).take(pa.array(rows)).to_pandas()
+    who = (sel[HOST].astype(str) + ":" + sel[GPU].astype(str)).to_numpy()
+    read, peers = sel[PHASE].to_numpy(), np.asarray(LABELS, dtype=object)[modal[grp[departs]]]
+    d = pd.DataFrame({"who": who, "read": read, "peers": peers})
+    departures = []
+    for gpu, rows in d.groupby("who", sort=True):
         seconds = len(rows) * window_s
         if seconds >= min_s:
             pairs = rows.groupby(["read", "peers"]).size().sort_values(ascending=False)
-            out["departures"].append(
-                {
-                    "gpu": gpu,
-                    "seconds": round(seconds, 6),
-                    "read_vs_peers": [
-                        {"read": r, "peers": p, "seconds": round(n * window_s, 6)} for (r, p), n in pairs.items()
-                    ],
-                }
+            read_vs_peers = tuple(
+                ReadVsPeers(read=r, peers=p, seconds=round(n * window_s, 6)) for (r, p), n in pairs.items()
             )
-    out["departures"].sort(key=lambda x: -x["seconds"])
-    return out
+            departures.append(Departure(gpu=gpu, seconds=round(seconds, 6), read_vs_peers=read_vs_peers))
+    departures.sort(key=lambda x: -x.seconds)
+    return Peers(windows_compared=windows_compared, agree_share=agree_share, departures=tuple(departures))
 
 
 def _codes(col, categories: list[str] | None = None) -> tuple[list, np.ndarray]:
@@ -318,7 +324,7 @@ def _read_json(path: Path) -> dict:
 def phase_summary(phases: pa.Table | pd.DataFrame) -> pd.DataFrame:
     """Per (host, gpu, phase), sorted by them: windows, seconds, share of that GPU's time, energy_j (mean
     power x duration). Rows without a host or phase are left out."""
-    columns = ["host", "gpu", "phase", "windows", "seconds", "share", "energy_j"]
+    columns = SUMMARY_COLUMNS
     table = pa.Table.from_pandas(phases, preserve_index=False) if isinstance(phases, pd.DataFrame) else phases
     if table.num_rows == 0:
         return pd.DataFrame(
@@ -327,9 +333,9 @@ def phase_summary(phases: pa.Table | pd.DataFrame) -> pd.DataFrame:
                 for c, t in zip(columns, ["object", "int32", "object", "int64", "float64", "float64", "float64"])
             }
         )
-    hosts, host = _codes(table.column("host"))
-    names, phase = _codes(table.column("phase"))
-    gpu = table.column("gpu").to_numpy(zero_copy_only=False).astype(np.int64)
+    hosts, host = _codes(table.column(HOST))
+    names, phase = _codes(table.column(PHASE))
+    gpu = table.column(GPU).to_numpy(zero_copy_only=False).astype(np.int64)
     keep = (host >= 0) & (phase >= 0)
     if not keep.all():
         table, host, phase, gpu = table.filter(pa.array(keep)), host[keep], phase[keep], gpu[keep]
@@ -343,9 +349,9 @@ def phase_summary(phases: pa.Table | pd.DataFrame) -> pd.DataFrame:
     lo = int(gpu.min())
     width = int(gpu.max()) - lo + 1
     key = (host_rank[host] * width + (gpu - lo)) * len(names) + phase_rank[phase]
-    start = table.column("start").to_numpy(zero_copy_only=False)
-    seconds = table.column("end").to_numpy(zero_copy_only=False) - start
-    energy = table.column("power_w").to_numpy(zero_copy_only=False).astype(np.float64) * seconds
+    start = table.column(START).to_numpy(zero_copy_only=False)
+    seconds = table.column(END).to_numpy(zero_copy_only=False) - start
+    energy = table.column(POWER_W).to_numpy(zero_copy_only=False).astype(np.float64) * seconds
     energy[np.isnan(energy)] = 0.0
     size = len(hosts) * width * len(names)
     windows = np.bincount(key, minlength=size)
@@ -356,13 +362,13 @@ def phase_summary(phases: pa.Table | pd.DataFrame) -> pd.DataFrame:
     gpu_secs = np.bincount(per_gpu, weights=secs)
     return pd.DataFrame(
         {
-            "host": np.asarray([hosts[i] for i in host_order], dtype=object)[per_gpu // width],
-            "gpu": (per_gpu % width + lo).astype(np.int32),
-            "phase": np.asarray([names[i] for i in phase_order], dtype=object)[groups % len(names)],
-            "windows": windows[groups].astype(np.int64),
-            "seconds": secs,
-            "share": secs / gpu_secs[per_gpu],
-            "energy_j": joules,
+            HOST: np.asarray([hosts[i] for i in host_order], dtype=object)[per_gpu // width],
+            GPU: (per_gpu % width + lo).astype(np.int32),
+            PHASE: np.asarray([names[i] for i in phase_order], dtype=object)[groups % len(names)],
+            WINDOWS: windows[groups].astype(np.int64),
+            SECONDS: secs,
+            SHARE: secs / gpu_secs[per_gpu],
+            ENERGY_J: joules,
         },
         columns=columns,
     )
@@ -371,10 +377,8 @@ def phase_summary(phases: pa.Table | pd.DataFrame) -> pd.DataFrame:
 def totals(summary: pd.DataFrame) -> dict:
     if summary.empty:
         return {}
-    t = summary.groupby("phase").agg(
-        windows=("windows", "sum"), seconds=("seconds", "sum"), energy_j=("energy_j", "sum")
-    )
-    total = float(t["seconds"].sum())
+    t = summary.groupby(PHASE).agg(windows=(WINDOWS, "sum"), seconds=(SECONDS, "sum"), energy_j=(ENERGY_J, "sum"))
+    total = float(t[SECONDS].sum())
     return {
         ph: {
             "windows": int(r.windows),

@@ -34,11 +34,15 @@ from wattgate.triage_tables import (
 )
 from wattgate.power.triage.phases import (
     COMPUTE,
+    CONFIDENCE,
     DATA_STARVATION,
-    FORMAT_VERSION,
+    END,
     LABELS,
     LOW_UTIL,
+    PHASE,
     PHASES_SCHEMA,
+    SHARE,
+    START,
     UNKNOWN,
     WAIT,
     contract,
@@ -78,7 +82,26 @@ from wattgate.power.triage.windows import (
     table_batches,
 )
 from wattgate.run_files import check_output, claim_output, read_watcher
-from wattgate.trace import read_trace_chunks, strict_json
+from wattgate.records.base import Where
+from wattgate.records.triage import (
+    STATUS_NO_TELEMETRY,
+    STATUS_OK,
+    Energy,
+    Lag,
+    LagSettings,
+    Levels,
+    PauseRecord,
+    PhaseTotal,
+    PowerOnly,
+    RankPlace,
+    Ranks,
+    Signals,
+    Straggler,
+    TableUsed,
+    Triage,
+    WatcherStraggler,
+)
+from wattgate.trace import ENERGY_J, GPU, HOST, POWER_W, TIME, UTIL_GPU, read_trace_chunks, strict_json
 
 
 def triage(
@@ -197,42 +220,42 @@ def _window_columns(win: _Windows, window_s: float) -> dict[str, pa.Array]:
     spans = np.diff(np.searchsorted(win.gpu_id, np.arange(len(win.keys) + 1)))
     # host and phase stay dictionaries until written (write_phases, contract()): the summaries read their codes
     return {
-        "host": pa.DictionaryArray.from_arrays(pa.array(np.repeat(host_of_gpu, spans)), pa.array(hosts, pa.string())),
-        "gpu": pa.array(np.repeat(gpu_of_gpu, spans), pa.int32()),
-        "start": pa.array(start, pa.float64()),
-        "end": pa.array((win.index + 1) * window_s, pa.float64()),
-        "power_w": pa.array(win.power.astype(np.float32), pa.float32(), mask=~known),
-        "util_gpu": pa.array(win.util.astype(np.float32), pa.float32(), mask=~known | np.isnan(win.util)),
+        HOST: pa.DictionaryArray.from_arrays(pa.array(np.repeat(host_of_gpu, spans)), pa.array(hosts, pa.string())),
+        GPU: pa.array(np.repeat(gpu_of_gpu, spans), pa.int32()),
+        START: pa.array(start, pa.float64()),
+        END: pa.array((win.index + 1) * window_s, pa.float64()),
+        POWER_W: pa.array(win.power.astype(np.float32), pa.float32(), mask=~known),
+        UTIL_GPU: pa.array(win.util.astype(np.float32), pa.float32(), mask=~known | np.isnan(win.util)),
     }
 
 
 def _phases_table(columns: dict[str, pa.Array], labels: np.ndarray, confidence: np.ndarray) -> pa.Table:
     labelled = {
-        "phase": pa.DictionaryArray.from_arrays(pa.array(labels.astype(np.int32)), pa.array(list(LABELS))),
-        "confidence": pa.array(confidence, pa.float32()),
+        PHASE: pa.DictionaryArray.from_arrays(pa.array(labels.astype(np.int32)), pa.array(list(LABELS))),
+        CONFIDENCE: pa.array(confidence, pa.float32()),
     }
     return pa.Table.from_arrays([(columns | labelled)[n] for n in PHASES_SCHEMA.names], names=PHASES_SCHEMA.names)
 
 
-def _markdown(result: dict, summary: pd.DataFrame) -> str:
+def _markdown(result: Triage, summary: pd.DataFrame) -> str:
     lines = ["# Power triage", ""]
-    if result["status"] != "ok":
-        found = _stragglers_md(result) if result.get("stragglers") else []
-        return "\n".join(lines + [f"{result['status']}.", ""] + found + _notes_md(result))
-    t = result["table"]
-    kind = t.get("provenance", {}).get("kind", "no provenance")
+    if result.status != STATUS_OK:
+        found = _stragglers_md(result) if result.stragglers else []
+        return "\n".join(lines + [f"{result.status}.", ""] + found + _notes_md(result))
+    t = result.table
+    kind = t.provenance.get("kind", "no provenance")
     lines += [
-        f"Table: {t['gpu_model']} ({result['table_source']}; {kind}), "
-        f"windows of {result['window_s']:g} s, deadlock after {result['deadlock_after_s']:g} s. "
-        f"Signals: {', '.join(k for k, v in result['signals'].items() if v) or 'none'}.",
+        f"Table: {t.gpu_model} ({result.table_source}; {kind}), "
+        f"windows of {result.window_s:g} s, deadlock after {result.deadlock_after_s:g} s. "
+        f"Signals: {', '.join(k for k, v in asdict(result.signals).items() if v) or 'none'}.",
         "",
         "| phase | seconds | share | energy (kJ) |",
         "|---|---:|---:|---:|",
     ]
     for ph in LABELS:
-        r = result["phases"].get(ph)
+        r = result.phases.get(ph)
         if r:
-            lines.append(f"| {ph} | {r['seconds']:.0f} | {100 * r['share']:.1f}% | {r['energy_j'] / 1e3:.1f} |")
+            lines.append(f"| {ph} | {r.seconds:.0f} | {100 * r.share:.1f}% | {r.energy_j / 1e3:.1f} |")
     lines += [
         "",
         "Share of each GPU's time:",
@@ -240,34 +263,32 @@ def _markdown(result: dict, summary: pd.DataFrame) -> str:
         "| host | gpu | " + " | ".join(LABELS) + " |",
         "|---|---:|" + "---:|" * len(LABELS),
     ]
-    pivot = summary.pivot_table(index=["host", "gpu"], columns="phase", values="share", fill_value=0.0)
+    pivot = summary.pivot_table(index=[HOST, GPU], columns=PHASE, values=SHARE, fill_value=0.0)
     for (host, gpu), row in pivot.iterrows():
         lines.append(f"| {host} | {gpu} | " + " | ".join(f"{100 * row.get(ph, 0.0):.1f}%" for ph in LABELS) + " |")
     lines += _gaps_and_peers_md(result)
     lines += _stragglers_md(result)
-    po = result.get("power_only")
+    po = result.power_only
     if po:
-        lines += ["", f"## Power-only verdict ({po['mode']})", ""] + [f"- {v}" for v in po["verdict"]]
+        lines += ["", f"## Power-only verdict ({po.mode})", ""] + [f"- {v}" for v in po.verdict]
         lines += [
             "",
-            "Missing: " + "; ".join(po["missing"]) + "." if po["missing"] else "Missing: nothing.",
+            "Missing: " + "; ".join(po.missing) + "." if po.missing else "Missing: nothing.",
             "",
             "Could therefore not tell apart:",
             "",
-        ] + [f"- {c}" for c in po["cannot_tell"]]
-        lines += ["", po["wait_rule"]]
+        ] + [f"- {c}" for c in po.cannot_tell]
+        lines += ["", po.wait_rule]
     return "\n".join(lines + _notes_md(result)) + "\n"
 
 
-def _stragglers_md(result: dict) -> list[str]:
-    lag, found = result.get("lag") or {}, result.get("stragglers") or []
-    share = (lag.get("settings") or {}).get("share", DEFAULT_STRAGGLER_SHARE)
+def _stragglers_md(result: Triage) -> list[str]:
+    lag, found = result.lag, result.stragglers
     lines = ["", "## Stragglers", ""]
     if not found:
-        waits = lag.get("wait_windows", 0)
         lines.append(
-            f"None: no GPU was the one its peers waited for in more than {100 * share:.0f}% of the {waits} "
-            "window(s) in which they waited."
+            f"None: no GPU was the one its peers waited for in more than {100 * lag.settings.share:.0f}% of the "
+            f"{lag.wait_windows} window(s) in which they waited."
         )
         return lines
     lines += [
@@ -275,47 +296,44 @@ def _stragglers_md(result: dict) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for e in found:
-        hours = "-" if e.get("wait_gpu_hours") is None else f"{e['wait_gpu_hours']:.4g}"
-        kwh = "-" if e.get("wait_kwh") is None else f"{e['wait_kwh']:.4g}"
-        rank = "-" if e.get("rank") is None else str(e["rank"])
-        gpu = "-" if e.get("gpu") is None else str(e["gpu"])
+        hours = "-" if e.wait_gpu_hours is None else f"{e.wait_gpu_hours:.4g}"
+        kwh = "-" if e.wait_kwh is None else f"{e.wait_kwh:.4g}"
+        rank = "-" if e.rank is None else str(e.rank)
+        gpu = "-" if e.gpu is None else str(e.gpu)
         lines.append(
-            f"| {e['host']} | {gpu} | {rank} | {100 * e['lag_share']:.0f}% | {hours} | {kwh} | {e['cause']} | "
-            f"{e['evidence']} |"
+            f"| {e.host} | {gpu} | {rank} | {100 * e.lag_share:.0f}% | {hours} | {kwh} | {e.cause} | {e.evidence} |"
         )
-    if lag.get("wait_gpu_hours"):
-        lines += ["", f"Waiting for them: {lag['wait_gpu_hours']:.4g} GPU-hours, {lag['wait_kwh']:.4g} kWh."]
+    if lag.wait_gpu_hours:
+        lines += ["", f"Waiting for them: {lag.wait_gpu_hours:.4g} GPU-hours, {lag.wait_kwh:.4g} kWh."]
     return lines
 
 
-def _notes_md(result: dict) -> list[str]:
-    return ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]] if result.get("notes") else []
+def _notes_md(result: Triage) -> list[str]:
+    return ["", "## Notes", ""] + [f"- {n}" for n in result.notes] if result.notes else []
 
 
-def _gaps_and_peers_md(result: dict) -> list[str]:
-    g, peers = result["gaps"], result["peers"]
+def _gaps_and_peers_md(result: Triage) -> list[str]:
+    g, peers = result.gaps, result.peers
     lines = [""]
-    if g["unknown_s"] or g["filled_s"]:
+    if g.unknown_s or g.filled_s:
         lines.append(
-            f"Telemetry gaps: {g['unknown_s']:.0f} s unknown over all GPUs ({g['unknown_gaps']} gap(s), "
-            f"longest {g['longest_gap_s']:.0f} s); {g['filled_s']:.0f} s of short gaps (a few sampling "
+            f"Telemetry gaps: {g.unknown_s:.0f} s unknown over all GPUs ({g.unknown_gaps} gap(s), "
+            f"longest {g.longest_gap_s:.0f} s); {g.filled_s:.0f} s of short gaps (a few sampling "
             "periods) took the phase around them."
         )
     else:
         lines.append("Telemetry gaps: none (every window has samples).")
-    if peers["departures"]:
+    if peers.departures:
         lines += ["", "GPUs departing from their peers (the label most GPUs share in the same window):", ""]
-        for d in peers["departures"]:
-            what = ", ".join(
-                f"{x['read']} while peers read {x['peers']} {x['seconds']:.0f} s" for x in d["read_vs_peers"][:3]
-            )
-            lines.append(f"- {d['gpu']}: {d['seconds']:.0f} s ({what})")
-    elif peers["agree_share"] is not None:
+        for d in peers.departures:
+            what = ", ".join(f"{x.read} while peers read {x.peers} {x.seconds:.0f} s" for x in d.read_vs_peers[:3])
+            lines.append(f"- {d.gpu}: {d.seconds:.0f} s ({what})")
+    elif peers.agree_share is not None:
         lines.append(
-            f"Peers: every GPU read the same as most of its peers in {100 * peers['agree_share']:.1f}% "
+            f"Peers: every GPU read the same as most of its peers in {100 * peers.agree_share:.1f}% "
             "of the compared windows; none departed for long."
         )
-    if result["levels"]:
+    if result.levels:
         lines += [
             "",
             "Levels learned from the run (W; the table's values where the run showed too little):",
@@ -324,23 +342,23 @@ def _gaps_and_peers_md(result: dict) -> list[str]:
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
         fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
-        for gpu, lv in result["levels"].items():
+        for gpu, lv in result.levels.items():
             lines.append(
-                f"| {gpu} | {fmt(lv['idle_w'])} | {fmt(lv['wait_w'])} | {fmt(lv['plateau_w'])} | "
-                f"{fmt(lv['low_max_w'])} | {fmt(lv['compute_min_w'])} | {fmt(lv['cap_w'])} |"
+                f"| {gpu} | {fmt(lv.idle_w)} | {fmt(lv.wait_w)} | {fmt(lv.plateau_w)} | "
+                f"{fmt(lv.low_max_w)} | {fmt(lv.compute_min_w)} | {fmt(lv.cap_w)} |"
             )
     return lines
 
 
 # what triage reads of a trace: the windows' columns, the energy counter (energy.py) and what names a straggler's
 # cause (causes.py); the last are decoded only for the chunks a straggler's windows ask for (ticks.DeferredCauses)
-TRIAGE_COLUMNS = ["time", "host", "gpu", "power_w", "util_gpu", "energy_j", *CAUSE_COLUMNS]
+TRIAGE_COLUMNS = [TIME, HOST, GPU, POWER_W, UTIL_GPU, ENERGY_J, *CAUSE_COLUMNS]
 
 
-def no_lag(share: float) -> dict:
+def no_lag(share: float) -> Lag:
     """triage.json's "lag" where nothing was compared (no GPU telemetry)."""
-    settings = {"share": share, "margin": MARGIN, "min_windows": MIN_LAG_WINDOWS, "dominance": DOMINANCE}
-    return {"settings": settings, "wait_windows": 0, "wait_gpu_hours": 0.0, "wait_kwh": 0.0, "timeline": None}
+    settings = LagSettings(share=share, margin=MARGIN, min_windows=MIN_LAG_WINDOWS, dominance=DOMINANCE)
+    return Lag(settings=settings, wait_windows=0, wait_gpu_hours=0.0, wait_kwh=0.0, timeline=None)
 
 
 def watcher_stragglers(run_dir) -> list[dict]:
@@ -351,9 +369,10 @@ def watcher_stragglers(run_dir) -> list[dict]:
     except InputError:
         return []
     out = []
-    for s in (record or {}).get("stragglers") or []:
-        if isinstance(s, dict) and isinstance(s.get("rank"), int) and s.get("signal") == "cpu":
-            out.append({k: s.get(k) for k in WATCHER_STRAGGLER_KEYS} | {"gpu": None, "source": "watcher"})
+    for s in record.stragglers or () if record is not None else ():
+        if s.signal == "cpu":
+            written = s.to_json()
+            out.append({k: written[k] for k in WATCHER_STRAGGLER_KEYS} | {"gpu": None, "source": "watcher"})
     return out
 
 
@@ -452,8 +471,9 @@ def run_triage(
     deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S,
     power_cap_w: float | None = None,
     straggler_share: float = DEFAULT_STRAGGLER_SHARE,
-) -> dict:
-    """`wattgate triage`: traces (one per host) -> phases.parquet, phase_summary.csv, triage.json, triage.md."""
+) -> Triage:
+    """`wattgate triage`: traces (one per host) -> phases.parquet, phase_summary.csv, triage.json (the Triage
+    record returned), triage.md."""
     with small_pages():
         return _run_triage(
             trace_paths,
@@ -470,7 +490,7 @@ def run_triage(
 
 def _run_triage(
     trace_paths, out_dir, table_path, gpu_model, run_dir, window_s, deadlock_after_s, power_cap_w, straggler_share
-) -> dict:
+) -> Triage:
     paths = [Path(p) for p in ([trace_paths] if isinstance(trace_paths, (str, os.PathLike)) else trace_paths)]
     out_dir = Path(out_dir)
     check_output(out_dir, "triage")  # before any work: a folder triage did not write is refused
@@ -519,67 +539,76 @@ def _run_triage(
         found = pool.submit(power_only.pauses, phases)
         summary = phase_summary(phases)
 
-        result = {
-            "format_version": FORMAT_VERSION,
-            "status": "no GPU telemetry" if empty else "ok",
-            "traces": sorted(str(p) for p in paths),
-            "hosts": sorted(pc.unique(phases.column("host")).to_pylist()),
-            "gpus": 0 if empty else len(summary[["host", "gpu"]].drop_duplicates()),
-            "table": _table_dict(table),
-            "table_source": source,
-            "window_s": window_s,
-            "deadlock_after_s": deadlock_after_s,
-            "run_dir": str(run_dir) if run_dir else None,
-            "signals": {
-                "power": power_seen,
-                "util": util_seen,
-                "heartbeats": bool(info and info.has_heartbeats),
-                "metrics": bool(info and info.has_metrics),
-            },
-            "phases": totals(summary),
-            "gaps": gap_summary(phases, window_s, learned.get("filled_s", 0.0)),
-            "levels": learned.get("levels", {}),
-            "peers": peers.result(),
-            # per GPU "host:gpu": the energy the report shows (energy.records), from the same samples
-            "energy": energy,
-            # the GPUs everyone waited for (stragglers.py); without GPU telemetry, the watcher's rank CPU time
-            "stragglers": learned.get("stragglers", []),
-            "lag": learned.get("lag") or no_lag(straggler_share),
-            "notes": notes,
-        }
+        where = Where(str(out_dir / "triage.json"), "triage")
+        lag = Lag.from_json(learned["lag"], where, "lag.") if learned.get("lag") else no_lag(straggler_share)
+        stragglers = learned.get("stragglers", [])
         if empty and run_dir:
-            result["stragglers"] = watcher_stragglers(run_dir)
+            stragglers = watcher_stragglers(run_dir)
+        signals = Signals(
+            power=power_seen,
+            util=util_seen,
+            heartbeats=bool(info and info.has_heartbeats),
+            metrics=bool(info and info.has_metrics),
+        )
         # without heartbeats the pauses rest on power alone (rule 4): say what was missing and how they were read
         found = found.result()
-        t0 = float(pc.min(phases.column("start")).as_py()) if phases.num_rows else None
-        result["pauses"] = [p.record(t0) for p in found]
-        result["power_only"] = None
-        if not result["signals"]["heartbeats"] and not empty:
+        t0 = float(pc.min(phases.column(START)).as_py()) if phases.num_rows else None
+        po = None
+        if not signals.heartbeats and not empty:
             inferred = any(m.get("gpu_index_inferred") for m in metas)
-            result["power_only"] = power_only.limits(result["signals"], deadlock_after_s, inferred) | {
-                "verdict": power_only.verdict(found, t0, window_s)
-            }
+            limits = power_only.limits(asdict(signals), deadlock_after_s, inferred)
+            po = PowerOnly.from_json(
+                limits | {"verdict": power_only.verdict(found, t0, window_s)}, where, "power_only."
+            )
+        ranks = None
         if info is not None and not empty:
-            keys = [(h, int(g)) for h, g in summary[["host", "gpu"]].drop_duplicates().itertuples(index=False)]
+            keys = [(h, int(g)) for h, g in summary[[HOST, GPU]].drop_duplicates().itertuples(index=False)]
             mapped = map_ranks(info, keys)
-            result["ranks"] = {
-                "mapped": {str(r): {"host": keys[g][0], "gpu": keys[g][1]} for r, g in mapped.items()},
-                "unmapped": sorted(set(info.states) - set(mapped)),
-            }
+            ranks = Ranks(
+                mapped={str(r): RankPlace(host=keys[g][0], gpu=keys[g][1]) for r, g in mapped.items()},
+                unmapped=tuple(sorted(set(info.states) - set(mapped))),
+            )
+        result = Triage(
+            status=STATUS_NO_TELEMETRY if empty else STATUS_OK,
+            traces=tuple(sorted(str(p) for p in paths)),
+            hosts=tuple(sorted(pc.unique(phases.column(HOST)).to_pylist())),
+            gpus=0 if empty else len(summary[[HOST, GPU]].drop_duplicates()),
+            table=_table_used(table),
+            table_source=source,
+            window_s=window_s,
+            deadlock_after_s=deadlock_after_s,
+            run_dir=str(run_dir) if run_dir else None,
+            signals=signals,
+            # built as computed, unchecked: a figure that could not be computed is written as null
+            phases={ph: PhaseTotal(**v) for ph, v in totals(summary).items()},
+            gaps=gap_summary(phases, window_s, learned.get("filled_s", 0.0)),
+            levels={k: Levels.from_json(v, where, f"levels.{k}.") for k, v in learned.get("levels", {}).items()},
+            peers=peers.result(),
+            # per GPU "host:gpu": the energy the report shows (energy.records), from the same samples
+            energy={k: Energy.from_json(v, where, f"energy.{k}.") for k, v in energy.items()},
+            # the GPUs everyone waited for (stragglers.py); without GPU telemetry, the watcher's rank CPU time
+            stragglers=tuple(_straggler(e, where, f"stragglers[{i}].") for i, e in enumerate(stragglers)),
+            lag=lag,
+            notes=tuple(notes),
+            pauses=tuple(PauseRecord.from_json(p.record(t0), where, f"pauses[{i}].") for i, p in enumerate(found)),
+            power_only=po,
+            ranks=ranks,
+        )
         written.result()
     # every text made before any is written: a failure leaves no triage.json without its triage.md
     csv, md = summary.to_csv(index=False, float_format="%.10g").encode(), _markdown(result, summary).encode()
     write_bytes_atomic(out_dir / "phase_summary.csv", csv)
     # strict JSON: read_trace already nulls non-finite power, so a NaN/Inf left here is a figure that could not
     # be computed (e.g. a share of zero seconds) and is written as null, deliberately
-    write_json_atomic(out_dir / "triage.json", result, nonfinite="null")
+    write_json_atomic(out_dir / "triage.json", result.to_json(), nonfinite="null")
     write_bytes_atomic(out_dir / "triage.md", md)
     return result
 
 
-def _table_dict(table: TriageTable | None) -> dict | None:
-    if table is None:
-        return None
-    d = asdict(table)
-    d["match"] = list(table.match)
-    return d
+def _table_used(table: TriageTable | None) -> TableUsed | None:
+    return None if table is None else TableUsed(**asdict(table))
+
+
+def _straggler(entry: dict, where: Where, prefix: str) -> Straggler | WatcherStraggler:
+    kind = WatcherStraggler if entry.get("source") == "watcher" else Straggler
+    return kind.from_json(entry, where, prefix)
