@@ -8,6 +8,7 @@ import pytest
 
 from wattgate.errors import InputError
 from wattgate.ledger import append_ledger, read_ledger
+from wattgate.records.ledger import LedgerLine
 
 
 def _ledger_record(**changes) -> dict:
@@ -35,8 +36,7 @@ def _ledger_record(**changes) -> dict:
         export_bytes=1000,
         job_s=20.0,
     )
-    rec.update(changes)
-    return rec
+    return rec.to_json() | changes
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_a_negative_startup_no_longer_gives_a_forecast_that_fits(tmp_path):
     ledger = tmp_path / "throughput.jsonl"
     good = _ledger_record()
     ledger.write_text(json.dumps(good) + "\n")
-    assert read_ledger(ledger) == [good]  # a record train writes is valid, every field checked
+    assert [r.to_json() for r in read_ledger(ledger)] == [good]  # a record train writes is valid, every field checked
     ledger.write_text(json.dumps(_ledger_record(startup_s=-1e6)) + "\n")
     with pytest.raises(InputError, match=r"throughput\.jsonl:1: .*'startup_s' is -1000000"):
         read_ledger(ledger)
@@ -100,7 +100,7 @@ def test_a_ledger_that_is_a_folder_is_an_input_error(tmp_path):
     with pytest.raises(InputError, match=r"ledger: forecast\.ledger is not a file"):
         read_ledger(folder)
     with pytest.raises(InputError, match=r"ledger: forecast\.ledger is not a file"):
-        append_ledger(folder, {"cost_per_s": 1.0})
+        append_ledger(folder, LedgerLine(cost_per_s=1.0))
     assert read_ledger(tmp_path / "missing.jsonl") == []
 
 

@@ -14,6 +14,7 @@ from wattgate.config import validate_config, world_size
 from wattgate.errors import InputError
 from wattgate.gate.cost import cost_markdown, last_run_wait
 from wattgate.ledger import append_ledger, read_ledger, record_wait, run_record
+from wattgate.records.ledger import LedgerLine
 from wattgate.model_spec import load_model_spec
 
 
@@ -27,7 +28,9 @@ def config_for(tmp_path) -> dict:
     )
 
 
-def record(config: dict, run_name: str, steps: int = 40, job_s: float = 3600.0, shape: dict | None = None) -> dict:
+def record(
+    config: dict, run_name: str, steps: int = 40, job_s: float = 3600.0, shape: dict | None = None
+) -> LedgerLine:
     """A finished run of the config's model on its world size: job_s seconds of wall time."""
     t = config["train"]
     return run_record(
@@ -60,10 +63,15 @@ def test_the_waiting_goes_into_the_runs_newest_record_and_every_other_line_is_ke
     before = ledger.read_text().splitlines()
     rec = record_wait(ledger, "demo", 0.5, "power triage")
     after = ledger.read_text().splitlines()
-    assert rec["wait_hours"] == 0.5 and rec["wait_source"] == "power triage"
-    assert rec["wait_share"] == pytest.approx(0.5 / (4 * 3600.0 / 3600))  # of world_size x job_s
+    assert rec.wait_hours == 0.5 and rec.wait_source == "power triage"
+    assert rec.wait_share == pytest.approx(0.5 / (4 * 3600.0 / 3600))  # of world_size x job_s
     assert [i for i, (a, b) in enumerate(zip(before, after)) if a != b] == [2]  # the newest "demo" only
-    assert json.loads(after[2]) == rec and read_ledger(ledger)[2] == rec  # a valid record, as the gate reads it
+    assert json.loads(after[2]) == rec.to_json() and read_ledger(ledger)[2] == rec  # valid, as the gate reads it
+    assert json.loads(after[2]) == json.loads(before[2]) | {
+        "wait_hours": 0.5,
+        "wait_share": rec.wait_share,
+        "wait_source": "power triage",
+    }  # nothing else changed
 
 
 def test_a_rerun_under_the_same_name_gets_the_record_of_its_own_steps(tmp_path):
@@ -73,7 +81,7 @@ def test_a_rerun_under_the_same_name_gets_the_record_of_its_own_steps(tmp_path):
     append_ledger(ledger, record(config, "demo", steps=80))
     record_wait(ledger, "demo", 0.1, "power triage", steps=40)
     first, second = read_ledger(ledger)
-    assert first["wait_hours"] == 0.1 and "wait_hours" not in second
+    assert first.wait_hours == 0.1 and "wait_hours" not in second.to_json()
 
 
 def test_a_run_the_ledger_does_not_hold_leaves_it_untouched(tmp_path):

@@ -100,8 +100,8 @@ def test_a_slowed_cpu_rank_is_warned_once_live_and_named_by_triage_and_the_repor
 
     # the report wrote the time lost to waiting into the run's ledger record; the next run's gate says it
     (rec,) = read_ledger(tmp_path / "throughput.jsonl")
-    assert rec["wait_hours"] == pytest.approx(summary["stragglers"]["wait_rank_hours"]) and rec["wait_hours"] > 0
-    assert rec["wait_source"] == "watcher: rank CPU time" and 0 < rec["wait_share"] <= 1
+    assert rec.wait_hours == pytest.approx(summary["stragglers"]["wait_rank_hours"]) and rec.wait_hours > 0
+    assert rec.wait_source == "watcher: rank CPU time" and 0 < rec.wait_share <= 1
     cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
     wait = last_run_wait(cfg, load_model_spec(cfg))
     assert wait["run_name"] == "t" and wait["unit"] == "rank-hours"
@@ -135,9 +135,9 @@ def test_the_watcher_warns_once_for_the_rank_the_others_wait_for():
     polls = cpu_history([{0: 0.1, 1: 0.95}] * 12)
     found = [lag.observe(beats(), float(i), samples) for i, samples in enumerate(polls, start=0)]
     warned = [f for f in found if f is not None]
-    assert len(warned) == 1 and warned[0]["rank"] == 1 and warned[0]["signal"] == "cpu"
+    assert len(warned) == 1 and warned[0].rank == 1 and warned[0].signal == "cpu"
     (rec,) = lag.records()
-    assert rec["lag_share"] == 1.0 and rec["lag_windows"] >= 5 and rec["cause"] == "unknown"
+    assert rec.lag_share == 1.0 and rec.lag_windows >= 5 and rec.cause == "unknown"
 
 
 def test_balanced_ranks_and_ranks_out_of_step_get_no_warning():
@@ -150,7 +150,7 @@ def test_balanced_ranks_and_ranks_out_of_step_get_no_warning():
     apart[1]["step"] = 9  # out of step: the hang rules' case, not a straggler's
     for i, samples in enumerate(cpu_history([{0: 0.1, 1: 0.95}] * 12)):
         assert lag.observe(apart, float(i), samples) is None
-    assert lag.records() == []
+    assert lag.records() == ()
 
 
 def test_with_power_the_gpu_reasons_name_the_cause():
@@ -173,5 +173,5 @@ def test_with_power_the_gpu_reasons_name_the_cause():
     tail = Tail()
     found = [lag.observe(beats(world=4), float(i), {}, tail) for i in range(12)]
     (warned,) = [f for f in found if f is not None]
-    assert (warned["rank"], warned["gpu"], warned["signal"], warned["cause"]) == (2, 2, "power", "thermal")
-    assert lag.records()[0]["wait_gpu_hours"] > 0
+    assert (warned.rank, warned.gpu, warned.signal, warned.cause) == (2, 2, "power", "thermal")
+    assert lag.records()[0].wait_gpu_hours > 0

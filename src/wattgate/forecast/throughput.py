@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wattgate.ledger import shape_key
+from wattgate.records.ledger import LedgerLine
 
 
 @dataclass(frozen=True)
@@ -24,27 +25,27 @@ class Throughput:
 
 
 def measured_record(
-    records: list[dict], shape: dict, world_size: int, gpu_model: str, seq_len: int, micro_batch_size: int
-) -> dict | None:
+    records: list[LedgerLine], shape: dict, world_size: int, gpu_model: str, seq_len: int, micro_batch_size: int
+) -> LedgerLine | None:
     """The newest ledger record of this shape, world size and GPU model (same seq_len and micro-batch first):
     the last run the forecast measures from; None when there is none."""
     key, model = shape_key(shape), gpu_model.lower()
     same = [
         r
         for r in records
-        if r.get("shape_key") == key
-        and r.get("world_size") == world_size
-        and str(r.get("gpu_model", "")).lower() == model
-        and r.get("cost_per_s", 0) > 0
+        if r.shape_key == key
+        and r.world_size == world_size
+        and str(r.gpu_model or "").lower() == model
+        and r.cost_per_s > 0
     ]
     if not same:
         return None
-    closest = [r for r in same if r.get("seq_len") == seq_len and r.get("micro_batch_size") == micro_batch_size]
-    return max(closest or same, key=lambda x: x.get("time", 0))
+    closest = [r for r in same if r.seq_len == seq_len and r.micro_batch_size == micro_batch_size]
+    return max(closest or same, key=lambda x: x.time or 0)
 
 
 def measured_throughput(
-    records: list[dict], shape: dict, world_size: int, gpu_model: str, seq_len: int, micro_batch_size: int
+    records: list[LedgerLine], shape: dict, world_size: int, gpu_model: str, seq_len: int, micro_batch_size: int
 ) -> Throughput | None:
     """The throughput of measured_record."""
     r = measured_record(records, shape, world_size, gpu_model, seq_len, micro_batch_size)
@@ -52,13 +53,12 @@ def measured_throughput(
         return None
     return Throughput(
         "measured",
-        float(r["cost_per_s"]),
-        f"run {r.get('run_name')!r} ({r.get('steps')} steps, {r.get('tokens_per_s', 0):.0f} tokens/s "
-        f"on {world_size} ranks)",
-        r.get("startup_s"),
-        r.get("warmup_s"),
-        r.get("load_s"),
-        r.get("storage_gbps"),
+        float(r.cost_per_s),
+        f"run {r.run_name!r} ({r.steps} steps, {r.tokens_per_s or 0:.0f} tokens/s on {world_size} ranks)",
+        r.startup_s,
+        r.warmup_s,
+        r.load_s,
+        r.storage_gbps,
     )
 
 

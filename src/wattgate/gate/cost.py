@@ -4,13 +4,13 @@ sequences differ, where the run would hang and what that would have cost (wattga
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from wattgate.durations import fmt_hours
-from wattgate.forecast.failure import failure_cost, failure_line, first_divergence
+from wattgate.forecast.failure import failure_cost, first_divergence
 from wattgate.forecast.throughput import (
     Throughput,
     flops_throughput,
@@ -42,38 +42,40 @@ from wattgate.gate.memory import checkpoint_bytes, checkpoint_source
 from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name
 from wattgate.gpus import is_cpu, peak_bf16_flops
 from wattgate.triage_tables import TriageSettings
+from wattgate.records.gate import Divergence, Failure, Forecast, GateReport, LastRunWait
+from wattgate.records.run_config import RunConfig
 
 
-def forecast_settings(config: dict, spec: ModelSpec) -> Settings:
-    cluster, t = config["cluster"], config["train"]
+def forecast_settings(config: RunConfig, spec: ModelSpec) -> Settings:
+    cluster, t = config.cluster, config.train
     source = checkpoint_source(config)
     load_bytes = 0 if source is None else (source.file_bytes or spec.num_params * DTYPE_BYTES[source.dtype])
-    slurm = cluster["launcher"] != "local"
+    slurm = cluster.launcher != "local"
     return Settings(
         world_size=world_size(config),
-        on_gpu=not is_cpu(cluster["gpu_model"]),
-        checkpoint_every=t["checkpoint_every"],
-        checkpoint_at_epoch_end=t["checkpoint_at_epoch_end"],
+        on_gpu=not is_cpu(cluster.gpu_model),
+        checkpoint_every=t.checkpoint_every,
+        checkpoint_at_epoch_end=t.checkpoint_at_epoch_end,
         checkpoint_bytes=checkpoint_bytes(spec),
         export_bytes=spec.num_params * DTYPE_BYTES[export_dtype_name(config)],
         load_bytes=load_bytes,
-        storage_gbps=cluster["storage_gbps"],
-        collective_timeout_s=t["collective_timeout_s"],
-        job_limit_s=cluster["slurm"]["train"]["runtime_min"] * 60.0 if slurm else None,
+        storage_gbps=cluster.storage_gbps,
+        collective_timeout_s=t.collective_timeout_s,
+        job_limit_s=cluster.slurm.train.runtime_min * 60.0 if slurm else None,
     )
 
 
-def throughput(config: dict, spec: ModelSpec, table) -> tuple[Throughput | None, str]:
+def throughput(config: RunConfig, spec: ModelSpec, table) -> tuple[Throughput | None, str]:
     """The best throughput source: a measured run in the ledger, the calibrated matmul rate, the datasheet, and on
     CPU the host's own matmul rate."""
-    cluster, t = config["cluster"], config["train"]
-    records = read_ledger(Path(config["forecast"]["ledger"]))
+    cluster, t = config.cluster, config.train
+    records = read_ledger(Path(config.forecast.ledger))
     measured = measured_throughput(
-        records, asdict(spec), world_size(config), cluster["gpu_model"], t["seq_len"], t["micro_batch_size"]
+        records, asdict(spec), world_size(config), cluster.gpu_model, t.seq_len, t.micro_batch_size
     )
     if measured is not None:
         return measured, ""
-    mfu = config["forecast"]["assumed_mfu"]
+    mfu = config.forecast.assumed_mfu
     calibrated = ((table.phases or {}).get("compute") or {}).get("matmul_tflops") if table is not None else None
     if calibrated:
         return flops_throughput(
@@ -83,7 +85,7 @@ def throughput(config: dict, spec: ModelSpec, table) -> tuple[Throughput | None,
             "calibrated",
             f"{calibrated:g} TFLOP/s bf16 matmul measured by `wattgate calibrate` x forecast.assumed_mfu {mfu:g}",
         ), ""
-    peak = peak_bf16_flops(cluster["gpu_model"])
+    peak = peak_bf16_flops(cluster.gpu_model)
     if peak:
         return flops_throughput(
             spec.num_params,
@@ -92,30 +94,28 @@ def throughput(config: dict, spec: ModelSpec, table) -> tuple[Throughput | None,
             "analytic",
             f"datasheet {peak / 1e12:g} TFLOP/s bf16 x forecast.assumed_mfu {mfu:g}",
         ), ""
-    if is_cpu(cluster["gpu_model"]):  # ranks compute on the host: time its matmul rate (the best of ~0.1 s)
+    if is_cpu(cluster.gpu_model):  # ranks compute on the host: time its matmul rate (the best of ~0.1 s)
         flops = host_matmul_flops(budget_s=0.1)  # tens of repeats: enough for a best-of; the gate's 5 s target
-        return host_matmul_throughput(spec.num_params, cluster["gpus_per_node"], mfu, flops), ""
+        return host_matmul_throughput(spec.num_params, cluster.gpus_per_node, mfu, flops), ""
     return None, (
-        f"no earlier run of this model shape on {world_size(config)} x {cluster['gpu_model']} in "
-        f"{config['forecast']['ledger']} and no peak FLOP/s for {cluster['gpu_model']}: train once "
+        f"no earlier run of this model shape on {world_size(config)} x {cluster.gpu_model} in "
+        f"{config.forecast.ledger} and no peak FLOP/s for {cluster.gpu_model}: train once "
         "(it appends its throughput) and rerun the gate"
     )
 
 
-def last_run_wait(config: dict, spec: ModelSpec) -> dict | None:
+def last_run_wait(config: RunConfig, spec: ModelSpec) -> LastRunWait | None:
     """gate.json's `last_run_wait`: how much of the last run's time went to waiting for stragglers, as its report
     recorded it in the ledger (ledger.record_wait), for the run the forecast measures from (the newest of this
     model shape, world size and GPU model); None when the ledger has no such run."""
-    cluster, t = config["cluster"], config["train"]
-    records = read_ledger(Path(config["forecast"]["ledger"]))
-    r = measured_record(
-        records, asdict(spec), world_size(config), cluster["gpu_model"], t["seq_len"], t["micro_batch_size"]
-    )
+    cluster, t = config.cluster, config.train
+    records = read_ledger(Path(config.forecast.ledger))
+    r = measured_record(records, asdict(spec), world_size(config), cluster.gpu_model, t.seq_len, t.micro_batch_size)
     if r is None:
         return None
-    hours, share, source = r.get("wait_hours"), r.get("wait_share"), r.get("wait_source")
+    hours, share, source = r.wait_hours, r.wait_share, r.wait_source
     unit = "rank-hours" if str(source or "").startswith("watcher") else "GPU-hours"
-    run = f"Last run in the ledger ({r.get('run_name')!r}, {r.get('world_size')} x {r.get('gpu_model')})"
+    run = f"Last run in the ledger ({r.run_name!r}, {r.world_size} x {r.gpu_model})"
     if hours is None:
         line = f"{run}: its time lost to waiting for stragglers is not recorded (its run report adds it)."
     elif hours == 0:
@@ -123,17 +123,10 @@ def last_run_wait(config: dict, spec: ModelSpec) -> dict | None:
     else:
         of = f"{100 * share:.3g}% of its time, " if share is not None else ""
         line = f"{run}: time lost to waiting for stragglers: {of}{hours:.4g} {unit} ({source})."
-    return {
-        "run_name": r.get("run_name"),
-        "wait_hours": hours,
-        "wait_share": share,
-        "unit": unit,
-        "source": source,
-        "line": line,
-    }
+    return LastRunWait(run_name=r.run_name, wait_hours=hours, wait_share=share, unit=unit, source=source, line=line)
 
 
-def triage_table(config: dict):
+def triage_table(config: RunConfig):
     """The triage table the run would be triaged with, for the energy levels; None when there is none (cpu)."""
     settings = TriageSettings.merge(config)
     if not settings.has_table:
@@ -144,61 +137,69 @@ def triage_table(config: dict):
         return None
 
 
-def cost_section(inputs: GateInputs, spec: ModelSpec, equal_steps: Check) -> tuple[dict, Check]:
+@dataclass(frozen=True)
+class CostSection:
+    """gate.json's cost section: the forecast (or why there is none), the failure the gate prevented, and the
+    ledger's last run's time lost to waiting."""
+
+    forecast: Forecast | None = None
+    forecast_unavailable: str | None = None
+    failure: Failure | None = None
+    last_run_wait: LastRunWait | None = None
+
+    @classmethod
+    def of(cls, report: GateReport) -> CostSection:
+        return cls(report.forecast, report.forecast_unavailable, report.failure, report.last_run_wait)
+
+
+def cost_section(inputs: GateInputs, spec: ModelSpec, equal_steps: Check) -> tuple[CostSection, Check]:
     """(gate.json's "forecast", "failure" and "last_run_wait" entries, the budget check)."""
     config, plan, packs = inputs.config, inputs.plan, inputs.packs
     world = plan["world_size"]
-    out = {
-        "forecast": None,
-        "forecast_unavailable": None,
-        "failure": None,
-        "last_run_wait": last_run_wait(config, spec),
-    }
-    g = config["gate"]
+    wait = last_run_wait(config, spec)
+    g = config.gate
     if len(packs) == 0 or packs.rank.min() < 0 or packs.rank.max() >= world:
-        out["forecast_unavailable"] = "the plan has no packs or ranks out of range (see equal_steps)"
-        return out, Check("budget", not (g["max_gpu_hours"] or g["max_kwh"]), out["forecast_unavailable"])
-    costs = with_validation(plan_step_costs(packs, plan, config, config["train"].get("max_steps")), inputs)
+        why = "the plan has no packs or ranks out of range (see equal_steps)"
+        return CostSection(forecast_unavailable=why, last_run_wait=wait), Check(
+            "budget", not (g.max_gpu_hours or g.max_kwh), why
+        )
+    costs = with_validation(plan_step_costs(packs, plan, config, config.train.max_steps), inputs)
     table = triage_table(config)
     tp, why = throughput(config, spec, table)
     settings = forecast_settings(config, spec)
-    if tp is None:
-        out["forecast_unavailable"] = why
-    else:
-        out["forecast"] = forecast(costs, tp, settings, table_levels(table) if table is not None else None)
+    fc = None if tp is None else forecast(costs, tp, settings, table_levels(table) if table is not None else None)
+    failure = None
     if not equal_steps.passed:
         div = first_divergence(packs.epoch, packs.step, packs.micro, packs.rank, world)
-        out["failure"] = {
-            "divergence": div,
-            "cost": None,
-            "line": "every rank runs the same (epoch, step, micro) sequence: equal_steps failed for "
+        failure = Failure(
+            divergence=div,
+            cost=None,
+            line="every rank runs the same (epoch, step, micro) sequence: equal_steps failed for "
             "another reason (see its detail), not one that hangs a collective",
-        }
+        )
         if div is not None:
-            if out["forecast"] is not None:
-                out["failure"]["cost"] = failure_cost(div, costs, out["forecast"], settings)
-                out["failure"]["line"] = out["failure"]["cost"]["line"]
+            if fc is not None:
+                cost = failure_cost(div, costs, fc, settings)
+                failure = failure.replace(cost=cost, line=cost.line)
             else:
-                out["failure"]["line"] = (
-                    f"would hang at epoch {div['epoch']} step {div['step'] + 1} of "
-                    f"{div['steps_in_epoch']} (micro-batch {div['micro'] + 1}); its cost "
+                failure = failure.replace(
+                    line=f"would hang at epoch {div.epoch} step {div.step + 1} of "
+                    f"{div.steps_in_epoch} (micro-batch {div.micro + 1}); its cost "
                     f"needs a forecast ({why})"
                 )
     elif (vdiv := validation_divergence_at(inputs, costs)) is not None:
-        out["failure"] = validation_failure(vdiv, costs, out["forecast"], settings, why)
-    passed, detail = check_budget(out["forecast"], g["max_gpu_hours"], g["max_kwh"])
-    if out["forecast"] is not None:
-        train_job = config["cluster"]["slurm"]["train"]
-        out["forecast"]["jobs"] = job_plan(
-            out["forecast"], costs, settings.job_limit_s, train_job["stop_margin_s"], train_job["max_jobs"]
-        )
+        failure = validation_failure(vdiv, costs, fc, settings, why)
+    passed, detail = check_budget(fc, g.max_gpu_hours, g.max_kwh)
+    if fc is not None:
+        train_job = config.cluster.slurm.train
+        fc = fc.replace(jobs=job_plan(fc, costs, settings.job_limit_s, train_job.stop_margin_s, train_job.max_jobs))
+    out = CostSection(forecast=fc, forecast_unavailable=why or None, failure=failure, last_run_wait=wait)
     return out, Check("budget", passed, detail)
 
 
-def jobs_check(cost: dict) -> Check:
+def jobs_check(cost: CostSection) -> Check:
     """The gate's `jobs` check: how many Slurm jobs the run takes and what a stop costs (forecast `jobs`)."""
-    fc = cost.get("forecast")
-    return Check("jobs", *check_jobs(fc.get("jobs") if fc else None))
+    return Check("jobs", *check_jobs(cost.forecast.jobs if cost.forecast else None))
 
 
 def with_validation(costs: PlanCosts, inputs: GateInputs) -> PlanCosts:
@@ -209,16 +210,16 @@ def with_validation(costs: PlanCosts, inputs: GateInputs) -> PlanCosts:
     per_rank, _ = step_rank_costs(
         dataclasses.replace(v.packs, step=v.packs.micro, micro=np.zeros_like(v.packs.micro)),
         plan["world_size"],
-        float(plan.get("attn_weight", inputs.config["pack"]["attn_weight"])),
+        float(plan.get("attn_weight", inputs.config.pack.attn_weight)),
     )  # one row per validation micro-batch: each is a collective-bounded unit, like a step
-    cadence = Cadence.from_train(inputs.config["train"], validation=True)
+    cadence = Cadence.from_train(inputs.config.train, validation=True)
     steps = eval_steps(len(costs.step_max_cost), costs.epoch_ends, cadence)
     return dataclasses.replace(
         costs, eval_steps=tuple(steps), eval_pass_cost=float(per_rank.max(axis=1).sum()) * FORWARD_SHARE
     )
 
 
-def validation_divergence_at(inputs: GateInputs, costs: PlanCosts) -> dict | None:
+def validation_divergence_at(inputs: GateInputs, costs: PlanCosts) -> Divergence | None:
     """Where an uneven validation pass would hang: the first pass (its step) and the micro-batch only some ranks
     run; None when the ranks' validation counts agree (or there is no pass to run)."""
     v = inputs.validation
@@ -228,91 +229,97 @@ def validation_divergence_at(inputs: GateInputs, costs: PlanCosts) -> dict | Non
     if div is None:
         return None
     g = costs.eval_steps[0]
-    return div | {
-        "step": g,
-        "epoch": int(costs.step_epoch[g - 1]),
-        "step_in_epoch": int(costs.step_in_epoch[g - 1]),
-        "steps_in_epoch": int((costs.step_epoch == costs.step_epoch[g - 1]).sum()),
-    }
+    return Divergence(
+        epoch=int(costs.step_epoch[g - 1]),
+        step=g,
+        micro=div.micro,
+        steps_in_epoch=int((costs.step_epoch == costs.step_epoch[g - 1]).sum()),
+        ranks_with=div.ranks_with,
+        ranks_without=div.ranks_without,
+        per_rank=div.per_rank,
+        step_in_epoch=int(costs.step_in_epoch[g - 1]),
+    )
 
 
-def validation_failure(vdiv: dict, costs: PlanCosts, fc: dict | None, settings: Settings, why: str) -> dict:
+def validation_failure(
+    vdiv: Divergence, costs: PlanCosts, fc: Forecast | None, settings: Settings, why: str
+) -> Failure:
     """gate.json's `failure` for an uneven validation pass: where, and what reaching it and waiting would cost."""
     where = (
-        f"would hang in the first validation pass, after step {vdiv['step']} (epoch {vdiv['epoch']}): validation "
-        f"micro-batches per rank {vdiv['per_rank']}; rank(s) {', '.join(map(str, vdiv['ranks_with']))} run "
-        f"micro-batch {vdiv['micro'] + 1}, rank(s) {', '.join(map(str, vdiv['ranks_without']))} never do"
+        f"would hang in the first validation pass, after step {vdiv.step} (epoch {vdiv.epoch}): validation "
+        f"micro-batches per rank {list(vdiv.per_rank)}; rank(s) {', '.join(map(str, vdiv.ranks_with))} run "
+        f"micro-batch {vdiv.micro + 1}, rank(s) {', '.join(map(str, vdiv.ranks_without))} never do"
     )
-    failure = {
-        "divergence": vdiv | {"phase": "eval"},
-        "cost": None,
-        "line": f"{where}; its cost needs a forecast ({why})",
-    }
+    failure = Failure(
+        divergence=vdiv.replace(phase="eval"), cost=None, line=f"{where}; its cost needs a forecast ({why})"
+    )
     if fc is not None:
         # reaching the pass: every step up to and including the one it follows (the pass itself is not counted)
-        div = {"epoch": vdiv["epoch"], "step": vdiv["step_in_epoch"] + 1}
-        ranks = {k: vdiv[k] for k in ("ranks_with", "ranks_without")}  # failure_cost's own line names them
-        cost = failure_cost(div | {"micro": 0, "steps_in_epoch": vdiv["steps_in_epoch"]} | ranks, costs, fc, settings)
-        cost["line"] = failure_line(div, cost, where)
-        failure.update(cost=cost, line=cost["line"])
+        reach = Divergence(
+            epoch=vdiv.epoch,
+            step=vdiv.step_in_epoch + 1,
+            micro=0,
+            steps_in_epoch=vdiv.steps_in_epoch,
+            ranks_with=vdiv.ranks_with,
+            ranks_without=vdiv.ranks_without,
+        )
+        cost = failure_cost(reach, costs, fc, settings, where)
+        failure = failure.replace(cost=cost, line=cost.line)
     return failure
 
 
-def cost_markdown(report: dict) -> list[str]:
+def cost_markdown(cost: CostSection) -> list[str]:
     """gate.md's forecast and failure-cost sections."""
     lines = ["", "## Forecast of the train job", ""]
-    fc = report.get("forecast")
+    fc = cost.forecast
     if fc is None:
-        lines.append(f"Not available: {report.get('forecast_unavailable')}.")
+        lines.append(f"Not available: {cost.forecast_unavailable}.")
     else:
-        tp = fc["throughput"]
+        tp, terms = fc.throughput, fc.terms_s
         lines += [
-            f"**{fmt_hours(fc['wall_s'])} wall, {fc['gpu_hours']:.4g} GPU-hours on {fc['world_size']} GPUs"
+            f"**{fmt_hours(fc.wall_s)} wall, {fc.gpu_hours:.4g} GPU-hours on {fc.world_size} GPUs"
             + (
-                f", {fc['kwh']:.4g} kWh (GPUs only)"
-                if fc["kwh"] is not None
+                f", {fc.kwh:.4g} kWh (GPUs only)"
+                if fc.kwh is not None
                 else ", energy not forecast (no triage table for this GPU model)"
             )
             + "**",
             "",
-            f"Throughput: {tp['source']}: {tp['detail']}; {tp['cost_per_s']:.6g} cost units/s per rank "
+            f"Throughput: {tp.source}: {tp.detail}; {tp.cost_per_s:.6g} cost units/s per rank "
             "(tokens + attn_weight x squared document lengths, the planner's cost).",
             "",
             "| term | seconds | how |",
             "|---|---:|---|",
-            f"| start-up | {fc['terms_s']['startup_s']:.1f} | {fc['startup_source']} |",
-            f"| load | {fc['terms_s']['load_s']:.1f} | {fc['load_source']} |",
-            f"| warm-up | {fc['terms_s']['warmup_s']:.1f} | the first steps' one-off cost "
-            f"({'measured' if fc['throughput']['warmup_s'] is not None else 'not known before a run'}) |",
-            f"| {fc['steps']} optimizer steps | {fc['terms_s']['steps_s']:.1f} | each step's costliest rank / "
-            "throughput |",
-            f"| {fc.get('validations', 0)} validation passes | {fc['terms_s'].get('validation_s', 0.0):.1f} | each "
+            f"| start-up | {terms.startup_s:.1f} | {fc.startup_source} |",
+            f"| load | {terms.load_s:.1f} | {fc.load_source} |",
+            f"| warm-up | {terms.warmup_s:.1f} | the first steps' one-off cost "
+            f"({'measured' if tp.warmup_s is not None else 'not known before a run'}) |",
+            f"| {fc.steps} optimizer steps | {terms.steps_s:.1f} | each step's costliest rank / throughput |",
+            f"| {fc.validations} validation passes | {terms.validation_s or 0.0:.1f} | each "
             "pass's micro-batches' costliest ranks x 1/3 (forward only) / throughput |",
-            f"| {fc['checkpoints']} checkpoints | {fc['terms_s']['checkpoints_s']:.1f} | "
-            f"{fc['checkpoint_gib']:.3g} GiB each at {fc['storage_gbps']:.3g} GB/s ({fc['storage_source']}) |",
-            f"| export | {fc['terms_s']['export_s']:.1f} | {fc['export_gib']:.3g} GiB at "
-            f"{fc['storage_gbps']:.3g} GB/s |",
-            f"| **total** | **{fc['wall_s']:.1f}** | |",
+            f"| {fc.checkpoints} checkpoints | {terms.checkpoints_s:.1f} | "
+            f"{fc.checkpoint_gib:.3g} GiB each at {fc.storage_gbps:.3g} GB/s ({fc.storage_source}) |",
+            f"| export | {terms.export_s:.1f} | {fc.export_gib:.3g} GiB at {fc.storage_gbps:.3g} GB/s |",
+            f"| **total** | **{fc.wall_s:.1f}** | |",
         ]
-        if fc["energy"]:
-            e = fc["energy"]
+        if fc.energy:
+            e = fc.energy
             lines += [
                 "",
-                f"Energy: steps at {e['compute_w']:.0f} W, checkpoints at the wait level {e['wait_w']:.0f} W, "
-                f"the rest at idle {e['idle_w']:.0f} W per GPU ({e['source']}).",
+                f"Energy: steps at {e.compute_w:.0f} W, checkpoints at the wait level {e.wait_w:.0f} W, "
+                f"the rest at idle {e.idle_w:.0f} W per GPU ({e.source}).",
             ]
-        jobs = fc.get("jobs")
-        if jobs and jobs["job_limit_s"] is not None:
+        jobs = fc.jobs
+        if jobs and jobs.job_limit_s is not None:
             lines += [
                 "",
-                f"Slurm jobs: {jobs['jobs'] if jobs['jobs'] is not None else 'none fits'} of "
-                f"{fmt_hours(jobs['job_limit_s'])} (cluster.slurm.train.runtime_min), each stopping "
-                f"{jobs['stop_margin_s']:g} s before its limit and resumed by the next (a stop's work: "
-                f"{jobs['stop_work_s']:.0f} s); a stop costs at most {fmt_hours(jobs['stop_cost_s'])}.",
+                f"Slurm jobs: {jobs.jobs if jobs.jobs is not None else 'none fits'} of "
+                f"{fmt_hours(jobs.job_limit_s)} (cluster.slurm.train.runtime_min), each stopping "
+                f"{jobs.stop_margin_s:g} s before its limit and resumed by the next (a stop's work: "
+                f"{jobs.stop_work_s:.0f} s); a stop costs at most {fmt_hours(jobs.stop_cost_s)}.",
             ]
-    if report.get("last_run_wait"):
-        lines += ["", report["last_run_wait"]["line"]]
-    failure = report.get("failure")
-    if failure:
-        lines += ["", "## Cost of the failure the gate prevented", "", failure["line"]]
+    if cost.last_run_wait:
+        lines += ["", cost.last_run_wait.line]
+    if cost.failure:
+        lines += ["", "## Cost of the failure the gate prevented", "", cost.failure.line]
     return lines
