@@ -286,11 +286,13 @@ def test_object_collectives_are_recorded_with_torchs_own_keyword_arguments():
 
 
 def test_the_watchers_verdict_names_the_collective_the_proof_expected_next(clean):
+    from wattgate.records.watcher import Verdict
     from wattgate.telemetry.watch import with_expected_collectives
 
     beats = {0: {"step": 5, "phase": "checkpoint"}, 1: {"step": 5, "phase": "eval", "micro": 1}}
-    verdict = {"verdict": "deadlock", "reason": "deadlock: no rank advanced", "behind": [1], "stuck_ranks": []}
+    at = {"stalled_for_s": 60.0, "limit_s": 60.0, "limit_phase": "train"}
+    verdict = Verdict(verdict="deadlock", reason="deadlock: no rank advanced", behind=(1,), stuck_ranks=(), **at)
     out = with_expected_collectives(verdict, beats, clean)
-    assert set(out["expected"]) == {"0", "1"} and "eval micro-batch 1" in out["expected"]["1"]
-    assert out["reason"].startswith("deadlock: no rank advanced; rank 1: step 5 (")  # the rank behind is named
+    assert set(out.expected) == {"0", "1"} and "eval micro-batch 1" in out.expected["1"]
+    assert out.reason.startswith("deadlock: no rank advanced; rank 1: step 5 (")  # the rank behind is named
     assert with_expected_collectives(verdict, beats, None) == verdict

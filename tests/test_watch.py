@@ -75,8 +75,8 @@ def test_heartbeat_stall_alone_is_not_a_deadlock_without_power_data():
     # train_stalled only past busy_stall_after_s; tests/test_watch_verdicts.py has the CPU-time cases
     assert diagnose(beats(beat(0, 5, age=11), beat(1, 5, age=12)), 2, NOW, NOW - 60, {}, None, S) is None
     v = diagnose(beats(beat(0, 5, age=301), beat(1, 5, age=302)), 2, NOW, NOW - 600, {}, None, S)
-    assert v["verdict"] == "train_stalled" and not v["confirmed"] and "no power data" in v["reason"]
-    assert v["stalled_for_s"] == pytest.approx(301)
+    assert v.verdict == "train_stalled" and not v.confirmed and "no power data" in v.reason
+    assert v.stalled_for_s == pytest.approx(301)
 
 
 def test_rank_that_left_the_epoch_is_named_as_ahead():
@@ -85,10 +85,10 @@ def test_rank_that_left_the_epoch_is_named_as_ahead():
     r0 = beat(0, 18, micro=1, micros=2, age=11, total=38, epoch_ends=(19, 38))
     r1 = beat(1, 18, phase="checkpoint", age=11, total=36, epoch_ends=(18, 36))
     v = diagnose(beats(r0, r1), 2, NOW, NOW - 60, {}, None, S)
-    assert v["verdict"] == "deadlock" and v["ran_ahead"] == [1] and v["behind"] == [0]
-    assert v["limit_phase"] == "train"  # a checkpoint only one rank entered gets the plain hang limit
-    assert "rank 1: checkpointing after step 18, the last step of its epoch 0" in v["reason"]
-    assert "rank 0: in step 19, micro-batch 1 of 2" in v["reason"]
+    assert v.verdict == "deadlock" and v.ran_ahead == (1,) and v.behind == (0,)
+    assert v.limit_phase == "train"  # a checkpoint only one rank entered gets the plain hang limit
+    assert "rank 1: checkpointing after step 18, the last step of its epoch 0" in v.reason
+    assert "rank 0: in step 19, micro-batch 1 of 2" in v.reason
 
 
 def test_fewer_planned_micro_batches_in_a_step_is_ahead():
@@ -97,8 +97,8 @@ def test_fewer_planned_micro_batches_in_a_step_is_ahead():
     r1 = beat(1, 17, micro=2, micros=2, age=11)
     assert position(r0) > position(r1)
     v = diagnose(beats(r0, r1), 2, NOW, NOW - 60, {}, None, S)
-    assert v["ran_ahead"] == [0] and v["behind"] == [1]
-    assert "micro-batches planned for step 18: 1 on rank 0, 2 on rank 1" in v["reason"]
+    assert v.ran_ahead == (0,) and v.behind == (1,)
+    assert "micro-batches planned for step 18: 1 on rank 0, 2 on rank 1" in v.reason
 
 
 def test_checkpoint_every_rank_announced_gets_the_longer_limit():
@@ -108,8 +108,8 @@ def test_checkpoint_every_rank_announced_gets_the_longer_limit():
     assert diagnose(all_ckpt, 2, NOW, NOW - 600, low, H100, S) is None  # ...and still not called one
     stuck = beats(beat(0, 20, "checkpoint", age=101), beat(1, 20, "checkpoint", age=101))
     v = diagnose(stuck, 2, NOW, NOW - 600, low, H100, S)
-    assert v["verdict"] == "checkpoint_stalled" and v["limit_phase"] == "checkpoint" and v["limit_s"] == 100
-    assert "every rank has been in checkpoint for 101.0 s" in v["reason"]
+    assert v.verdict == "checkpoint_stalled" and v.limit_phase == "checkpoint" and v.limit_s == 100
+    assert "every rank has been in checkpoint for 101.0 s" in v.reason
 
 
 def test_busy_gpus_mean_a_slow_step_not_a_hang():
@@ -118,7 +118,7 @@ def test_busy_gpus_mean_a_slow_step_not_a_hang():
     assert diagnose(stalled, 2, NOW, NOW - 600, busy, H100, S) is None
     very_long = beats(beat(0, 5, age=301), beat(1, 5, age=301))
     v = diagnose(very_long, 2, NOW, NOW - 600, busy, H100, S)
-    assert v["verdict"] == "train_stalled" and not v["confirmed"] and "busy at high power" in v["reason"]
+    assert v.verdict == "train_stalled" and not v.confirmed and "busy at high power" in v.reason
 
 
 def test_low_power_hang_names_the_idle_rank_as_stuck():
@@ -126,9 +126,9 @@ def test_low_power_hang_names_the_idle_rank_as_stuck():
     power = {("n1", r): (140.0, 100.0, 10.0) for r in range(3)} | {("n1", 3): (72.0, 0.0, 10.0)}
     stalled = beats(*(beat(r, 7, age=11) for r in range(4)))
     v = diagnose(stalled, 4, NOW, NOW - 600, power, H100, S)
-    assert v["verdict"] == "deadlock" and v["stuck_ranks"] == [3]
-    assert "GPUs in the low power band (< 210 W)" in v["reason"]
-    assert v["ranks"][3]["util_gpu"] == 0.0 and v["ranks"][0]["power_w"] == 140.0
+    assert v.verdict == "deadlock" and v.stuck_ranks == (3,)
+    assert "GPUs in the low power band (< 210 W)" in v.reason
+    assert v.ranks[3].util_gpu == 0.0 and v.ranks[0].power_w == 140.0
 
 
 def test_power_noise_at_the_band_edge_is_averaged_over_the_window():
@@ -143,7 +143,7 @@ def test_missing_rank_heartbeat_after_startup_limit():
     one = beats(beat(0, 0, "init", age=1))
     assert diagnose(one, 2, NOW, NOW - 10, {}, None, S) is None
     v = diagnose(one, 2, NOW, NOW - 51, {}, None, S)
-    assert v["verdict"] == "stuck_ranks" and v["stuck_ranks"] == [1]
+    assert v.verdict == "stuck_ranks" and v.stuck_ranks == (1,)
 
 
 def test_finished_ranks_are_not_a_hang():
@@ -254,15 +254,15 @@ def test_watcher_kills_a_low_power_hang_and_records_why(tmp_path, job_tree):
     live_trace(run, "n1", {0: (140.0, 100.0), 1: (72.0, 0.0)}, seconds=4, t_end=start + 3.5)
     t.join(timeout=30)
     record = box["record"]
-    assert record["verdict"] == "deadlock" and record["ran_ahead"] == [1] and record["behind"] == [0]
-    assert record["power_signal"].startswith("GPUs in the low power band")
-    assert record["killed_at"] - start < s.hang_after_s + 10
+    assert record.verdict == "deadlock" and record.ran_ahead == (1,) and record.behind == (0,)
+    assert record.power_signal.startswith("GPUs in the low power band")
+    assert record.killed_at - start < s.hang_after_s + 10
     assert job_tree.wait(timeout=10) is not None
     on_disk = json.loads((run / "watcher.json").read_text())
     assert on_disk["verdict"] == "deadlock" and on_disk["kill"]["terminated"]
     # what the hang cost from the last progress to the kill, against the collective timeout without the watcher
     cost = on_disk["cost"]
-    assert cost["spent_s"] == pytest.approx(record["killed_at"] - start, abs=0.01) and cost["gpus"] == 2
+    assert cost["spent_s"] == pytest.approx(record.killed_at - start, abs=0.01) and cost["gpus"] == 2
     assert cost["power_w"] == pytest.approx(212.0, abs=1.0)
     assert cost["spent_kwh"] == pytest.approx(cost["power_w"] * cost["spent_s"] / 3.6e6, rel=1e-3)
     assert cost["without_watcher"]["timeout_s"] == 600.0  # NCCL's default when no timeout is given
@@ -283,7 +283,7 @@ def test_watcher_leaves_a_checkpoint_alone_then_sees_the_job_finish(tmp_path, jo
     for r in (0, 1):
         write_beat(run, beat(r, 40, "done") | {"time": time.time()})
     t.join(timeout=10)
-    assert box["record"]["verdict"] == "healthy" and job_tree.poll() is None
+    assert box["record"].verdict == "healthy" and job_tree.poll() is None
 
 
 def test_warn_action_records_but_does_not_kill(tmp_path, job_tree):
@@ -381,5 +381,5 @@ def test_watch_does_not_replace_a_verdict_that_found_a_deadlock(h200_run, tmp_pa
         run_watch(watch_config(), run, pid=dead_pid())
     assert (run / "watcher.json").read_bytes() == before
     # elsewhere it may watch, and a quiet record of its own it replaces
-    assert run_watch(watch_config(), run, pid=dead_pid(), out=tmp_path / "w.json")["verdict"] == "healthy"
-    assert run_watch(watch_config(), run, pid=dead_pid(), out=tmp_path / "w.json")["verdict"] == "healthy"
+    assert run_watch(watch_config(), run, pid=dead_pid(), out=tmp_path / "w.json").verdict == "healthy"
+    assert run_watch(watch_config(), run, pid=dead_pid(), out=tmp_path / "w.json").verdict == "healthy"

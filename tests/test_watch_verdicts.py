@@ -16,6 +16,7 @@ import time
 import pytest
 
 from wattgate.triage_tables import shipped_table
+from wattgate.records.watcher import Verdict, WatcherRecord
 from wattgate.telemetry.watch import CostBasis, watcher_cost, assess, diagnose, watch
 from wattgate.telemetry.watch_inputs import ActivityMeter, BeatReader, beat_problem, first_steps
 
@@ -75,8 +76,8 @@ def test_ranks_in_step_without_power_data_are_a_slow_step_not_a_deadlock():
     assert "a slow step, not the deadlock signature" in warning and "stopped only after 1800 s" in warning
     # the same stall past the longer limit: stopped, but not called a deadlock
     v = diagnose(beats(*(beat(r, 1, micro=0, micros=2, age=1801) for r in range(4))), 4, NOW, NOW - 3600, {}, None, s)
-    assert v["verdict"] == "train_stalled" and not v["confirmed"] and v["limit_s"] == 1800
-    assert "not a confirmed deadlock" in v["reason"]
+    assert v.verdict == "train_stalled" and not v.confirmed and v.limit_s == 1800
+    assert "not a confirmed deadlock" in v.reason
 
 
 def test_a_computing_rank_process_is_a_slow_step():
@@ -89,8 +90,8 @@ def test_a_computing_rank_process_is_a_slow_step():
 def test_every_rank_process_idle_is_a_confirmed_deadlock():
     stalled = beats(beat(0, 5, age=11), beat(1, 5, age=11))
     v = diagnose(stalled, 2, NOW, NOW - 600, {}, None, settings(), {0: waiting(), 1: waiting(0.01)})
-    assert v["verdict"] == "deadlock" and v["confirmed"] and v["limit_s"] == 10
-    assert "every rank process waits" in v["reason"] and v["ranks"][1]["cpu_share"] == 0.01
+    assert v.verdict == "deadlock" and v.confirmed and v.limit_s == 10
+    assert "every rank process waits" in v.reason and v.ranks[1].cpu_share == 0.01
 
 
 def test_idle_ranks_here_and_unreadable_ranks_elsewhere_are_not_enough():
@@ -109,10 +110,10 @@ def test_the_uneven_plan_signature_is_still_killed_at_the_hang_limit_without_any
     r0 = beat(0, 17, micro=1, micros=1, age=11)
     r1 = beat(1, 17, micro=2, micros=2, age=11)
     v = diagnose(beats(r0, r1), 2, NOW, NOW - 60, {}, None, settings())
-    assert v["verdict"] == "deadlock" and v["confirmed"] and v["ran_ahead"] == [0] and v["limit_s"] == 10
+    assert v.verdict == "deadlock" and v.confirmed and v.ran_ahead == (0,) and v.limit_s == 10
     # ...even in the first step of the attempt (start-up gives ambiguous stalls longer, not the signature)
     v = diagnose(beats(r0, r1), 2, NOW, NOW - 60, {}, None, settings(), firsts={0: {"train": 17}, 1: {"train": 17}})
-    assert v["verdict"] == "deadlock"
+    assert v.verdict == "deadlock"
     # ...but not while a rank out of step is seen computing (rank 0 flushing metrics before a checkpoint)
     flush = beats(beat(0, 6, age=11), beat(1, 6, "checkpoint", age=11))
     assert diagnose(flush, 2, NOW, NOW - 60, {}, None, settings(), {0: working(), 1: waiting()}) is None
@@ -125,12 +126,12 @@ def test_first_step_and_compiles_count_as_start_up():
     verdict, warning = assess(first, 2, NOW, NOW - 600, low, H100, settings(), firsts=firsts)
     assert verdict is None and "a start-up step" in warning and "after 50 s" in warning
     later = {r: b | {"step": 1} for r, b in first.items()}  # the second step: low power is a hang again
-    assert diagnose(later, 2, NOW, NOW - 600, low, H100, settings(), firsts=firsts)["verdict"] == "deadlock"
+    assert diagnose(later, 2, NOW, NOW - 600, low, H100, settings(), firsts=firsts).verdict == "deadlock"
     compiling = {r: b | {"compiling": True} for r, b in later.items()}
     assert diagnose(compiling, 2, NOW, NOW - 600, low, H100, settings(), firsts=firsts) is None
     over = {r: b | {"time": NOW - 51} for r, b in first.items()}
     v = diagnose(over, 2, NOW, NOW - 600, low, H100, settings(), firsts=firsts)
-    assert v["verdict"] == "train_stalled" and v["limit_s"] == 50
+    assert v.verdict == "train_stalled" and v.limit_s == 50
 
 
 def test_a_rank_still_starting_up_while_another_waits_in_the_first_step_is_start_up():
@@ -138,7 +139,7 @@ def test_a_rank_still_starting_up_while_another_waits_in_the_first_step_is_start
     loading = beats(beat(0, 0, "init", age=40), beat(1, 0, micro=0, micros=2, age=40))
     assert diagnose(loading, 2, NOW, NOW - 600, low, H100, settings()) is None  # a deadlock at 10 s before
     v = diagnose({r: b | {"time": NOW - 51} for r, b in loading.items()}, 2, NOW, NOW - 600, low, H100, settings())
-    assert v["verdict"] == "init_stalled" and v["limit_s"] == 50 and not v["confirmed"]
+    assert v.verdict == "init_stalled" and v.limit_s == 50 and not v.confirmed
 
 
 def test_first_steps_come_from_this_attempts_events(tmp_path):
@@ -162,8 +163,8 @@ def test_a_stall_in_eval_is_a_hang_like_one_in_train():
     low = {("n1", 0): (140.0, 100.0, 10.0), ("n1", 1): (140.0, 100.0, 10.0)}
     ev = beats(beat(0, 12, "eval", micro=1, micros=3, age=11), beat(1, 12, "eval", micro=1, micros=3, age=11))
     v = diagnose(ev, 2, NOW, NOW - 600, low, H100, settings())
-    assert v["verdict"] == "deadlock" and v["limit_phase"] == "eval" and v["limit_s"] == 10  # not a phase limit
-    assert "rank 0: in validation after step 12, micro-batch 1 of 3" in v["reason"]
+    assert v.verdict == "deadlock" and v.limit_phase == "eval" and v.limit_s == 10  # not a phase limit
+    assert "rank 0: in validation after step 12, micro-batch 1 of 3" in v.reason
     # without power data, ranks in step in eval are a slow step like in train
     assert diagnose(ev, 2, NOW, NOW - 600, {}, None, settings()) is None
 
@@ -172,25 +173,23 @@ def test_one_rank_in_eval_while_another_trains_is_the_desync():
     r0 = beat(0, 12, "train", micro=1, micros=2, age=11)
     r1 = beat(1, 12, "eval", micro=0, micros=3, age=11)
     v = diagnose(beats(r0, r1), 2, NOW, NOW - 600, {}, None, settings())
-    assert v["verdict"] == "deadlock" and v["confirmed"] and v["ran_ahead"] == [1] and v["behind"] == [0]
-    assert "(rank(s) 0 in train, rank(s) 1 in eval)" in v["reason"]
-    assert (
-        "rank 0: in step 13, micro-batch 1 of 2" in v["reason"] and "rank 1: in validation after step 12" in v["reason"]
-    )
+    assert v.verdict == "deadlock" and v.confirmed and v.ran_ahead == (1,) and v.behind == (0,)
+    assert "(rank(s) 0 in train, rank(s) 1 in eval)" in v.reason
+    assert "rank 0: in step 13, micro-batch 1 of 2" in v.reason and "rank 1: in validation after step 12" in v.reason
     # eval at another step than the other rank's eval: also out of step
     other = beats(beat(0, 12, "eval", micro=0, micros=3, age=11), beat(1, 14, "eval", micro=0, micros=3, age=11))
-    assert diagnose(other, 2, NOW, NOW - 600, {}, None, settings())["ran_ahead"] == [1]
+    assert diagnose(other, 2, NOW, NOW - 600, {}, None, settings()).ran_ahead == (1,)
 
 
 def test_slow_step_warnings_are_kept_but_printed_at_most_every_five_minutes(capsys):
     from wattgate.telemetry.watch import WARN_PRINT_EVERY_S, note_warning
 
-    record, printed = {"warnings": [], "warnings_total": 0}, -float("inf")
+    record, printed = WatcherRecord(verdict="running", warnings=(), warnings_total=0), -float("inf")
     for k in range(25):  # a run whose every step outlasts hang_after_s: a warning per step
-        printed = note_warning(record, f"step {k} slow", NOW + 10 * k, printed)
+        record, printed = note_warning(record, f"step {k} slow", NOW + 10 * k, printed)
     lines = capsys.readouterr().err.splitlines()
-    assert record["warnings_total"] == 25 and len(record["warnings"]) == 20
-    assert record["warnings"][-1]["warning"] == "step 24 slow"
+    assert record.warnings_total == 25 and len(record.warnings) == 20
+    assert record.warnings[-1].warning == "step 24 slow"
     assert len(lines) == 1 + int(240 // WARN_PRINT_EVERY_S) and "step 0 slow" in lines[0]
 
 
@@ -198,15 +197,17 @@ def test_slow_step_warnings_are_kept_but_printed_at_most_every_five_minutes(caps
 
 
 def test_cost_claims_a_saving_only_for_a_confirmed_deadlock():
-    record = {"detected_at": NOW, "killed_at": NOW + 2}
-    confirmed = {"verdict": "deadlock", "confirmed": True, "stalled_for_s": 60.0}
+    record = WatcherRecord(verdict="deadlock", detected_at=NOW, killed_at=NOW + 2)
+    at = {"reason": "r", "limit_s": 60.0, "limit_phase": "train"}
+    confirmed = Verdict(verdict="deadlock", confirmed=True, stalled_for_s=60.0, **at)
     cost = watcher_cost(record, confirmed, {}, 4, CostBasis(600.0), NOW - 100)
-    assert "GPU-hours saved" in cost["line"] and cost["without_watcher"]["timeout_s"] == 600.0
-    stalled = {"verdict": "train_stalled", "confirmed": False, "stalled_for_s": 1800.0}
+    assert "GPU-hours saved" in cost.line and cost.without_watcher.timeout_s == 600.0
+    stalled = Verdict(verdict="train_stalled", confirmed=False, stalled_for_s=1800.0, **at)
     cost = watcher_cost(record, stalled, {}, 4, CostBasis(600.0), NOW - 100)
-    assert "without_watcher" not in cost and "saved" not in cost["line"]
-    assert "train_stalled is not a confirmed deadlock, so no saving is claimed" in cost["line"]
-    assert cost["spent_gpu_hours"] == pytest.approx(1802 * 4 / 3600, rel=1e-3)
+    assert cost.without_watcher is None and "saved" not in cost.line
+    assert "train_stalled is not a confirmed deadlock, so no saving is claimed" in cost.line
+    assert cost.spent_gpu_hours == pytest.approx(1802 * 4 / 3600, rel=1e-3)
+    assert "without_watcher" not in cost.to_json()
 
 
 # ---------------------------------------------------------------- heartbeats: the watcher survives any content
@@ -264,7 +265,7 @@ def test_the_watcher_keeps_watching_through_garbage_heartbeats(tmp_path):
         (run / "heartbeat" / f"rank-{r}.json").write_text(json.dumps(beat(r, 40, "done") | {"time": time.time()}))
     t.join(timeout=30)
     record = box["record"]
-    assert record["verdict"] == "healthy" and "no 'phase'" in record["bad_heartbeats"]["rank-0.json"]
+    assert record.verdict == "healthy" and "no 'phase'" in record.bad_heartbeats["rank-0.json"]
 
 
 def test_watch_cli_with_a_heartbeat_without_phase_finishes_cleanly(tmp_path):

@@ -36,6 +36,7 @@ from wattgate.artifacts import (
 from wattgate.errors import InputError, first_line
 from wattgate.heartbeats import HEARTBEAT_DIR
 from wattgate.records.base import Where
+from wattgate.records.gate import GATE_RERUN, GateReport, PlanHashes
 from wattgate.records.trained import Trained
 from wattgate.records.watcher import QUIET_VERDICTS as QUIET_VERDICTS, WatcherRecord
 
@@ -393,25 +394,35 @@ def check_no_finding(dest: Path) -> None:
     )
 
 
-def read_gate_report(gate_dir: str | os.PathLike) -> dict | None:
+def read_gate_json(gate_dir: str | os.PathLike) -> dict | None:
+    """gate.json as parsed, for the one reader that draws what is left of a damaged one (report/gate_input.py);
+    None: the gate has not run."""
+    return read_json_object(Path(gate_dir) / GATE_REPORT, "the gate report", GATE_RERUN)
+
+
+def read_gate_report(gate_dir: str | os.PathLike) -> GateReport | None:
     """gate.json, the gate's checks and forecast (None: the gate has not run)."""
-    return read_json_object(Path(gate_dir) / GATE_REPORT, "the gate report", "gate")
+    data = read_gate_json(gate_dir)
+    if data is None:
+        return None
+    return GateReport.from_json(data, Where(str(Path(gate_dir) / GATE_REPORT), GATE_RERUN))
 
 
-def write_gate_report(gate_dir: str | os.PathLike, report: dict) -> None:
-    write_json_atomic(Path(gate_dir) / GATE_REPORT, report)
+def write_gate_report(gate_dir: str | os.PathLike, report: GateReport) -> None:
+    write_json_atomic(Path(gate_dir) / GATE_REPORT, report.to_json())
 
 
 MARKER_HASH_FILES = (PLAN, PACKS)
 
 
-def marker_text(first_line: str, plan_sha256: dict | None, config_sha256: str | None = None) -> bytes:
+def marker_text(first_line: str, plan_sha256: PlanHashes | None, config_sha256: str | None = None) -> bytes:
     """A verdict marker: one line for people, then the sha256 of the plan files and of the config it is about.
 
     `wattgate launch` refuses a plan whose files do not hash to what the marker names, and a config other than
     the one the gate checked, so a pass can never be carried over to a plan or a config the gate did not see.
     """
-    lines = [first_line] + [f"{name} sha256 {(plan_sha256 or {}).get(name, 'unknown')}" for name in MARKER_HASH_FILES]
+    digests = (plan_sha256.plan, plan_sha256.packs) if plan_sha256 is not None else ("unknown", "unknown")
+    lines = [first_line] + [f"{name} sha256 {digest}" for name, digest in zip(MARKER_HASH_FILES, digests)]
     if config_sha256:
         lines.append(f"{GATED_CONFIG} sha256 {config_sha256}")
     return ("\n".join(lines) + "\n").encode()

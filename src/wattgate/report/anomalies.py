@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from wattgate.records.summary import Anomaly
+from wattgate.records.watcher import WatcherRecord
 from wattgate.report.phases import PhaseWindows, runs
 
 STARVATION_MIN_S = 5.0  # a run of data_starvation windows shorter than this is a hiccup
@@ -60,23 +62,21 @@ def _window_episodes(w: PhaseWindows, phase: str, kind: str, fact: str, min_s: f
     ]
 
 
-def watcher_episode(watcher: dict | None) -> Episode | None:
+def watcher_episode(watcher: WatcherRecord | None) -> Episode | None:
     """The watcher's verdict as an episode: from when progress stopped to when it acted."""
-    if not watcher or watcher.get("verdict") in QUIET_VERDICTS:
+    if watcher is None or watcher.verdict in QUIET_VERDICTS:
         return None
-    verdict = str(watcher["verdict"])
-    end = watcher.get("detected_at") or watcher.get("ended")
+    verdict = watcher.verdict
+    end = watcher.detected_at or watcher.ended
     if end is None:
         return None
-    start = float(end) - float(watcher.get("stalled_for_s") or 0.0)
-    ranks = set(watcher.get("stuck_ranks") or watcher.get("behind") or [])
+    start = float(end) - float(watcher.stalled_for_s or 0.0)
+    ranks = set(watcher.stuck_ranks or watcher.behind or ())
     kind = "hang" if verdict in HANG_VERDICTS else verdict
-    return Episode(
-        kind, start, float(end), set(), {int(r) for r in ranks}, {"watcher": watcher.get("reason") or verdict}
-    )
+    return Episode(kind, start, float(end), set(), set(ranks), {"watcher": watcher.reason or verdict})
 
 
-def hangs(w: PhaseWindows, watcher: dict | None, window_s: float) -> list[Episode]:
+def hangs(w: PhaseWindows, watcher: WatcherRecord | None, window_s: float) -> list[Episode]:
     found = _window_episodes(w, "deadlock", "hang", "deadlock GPU-seconds", 0.0, 2 * window_s)
     verdict = watcher_episode(watcher)
     if verdict is not None and verdict.kind == "hang":
@@ -253,21 +253,20 @@ def describe(e: Episode) -> str:
     return "; ".join(line(e, e.facts) for fact, line in EVIDENCE if fact in e.facts)
 
 
-def anomaly_records(episodes: list[Episode]) -> list[dict]:
-    rows = []
-    for e in sorted(episodes, key=lambda e: (e.start, e.kind, e.end)):
-        rows.append(
-            {
-                "kind": e.kind,
-                "start": round(e.start, 3),
-                "end": round(e.end, 3),
-                "duration_s": round(e.end - e.start, 3),
-                "gpus": sorted(e.gpus, key=_gpu_order),
-                "ranks": sorted(e.ranks),
-                "detail": describe(e),
-            }
+def anomaly_records(episodes: list[Episode]) -> list[Anomaly]:
+    """summary.json's anomalies in time order (their offset from the run's start is the summary's to add)."""
+    return [
+        Anomaly(
+            kind=e.kind,
+            start=round(e.start, 3),
+            end=round(e.end, 3),
+            duration_s=round(e.end - e.start, 3),
+            gpus=tuple(sorted(e.gpus, key=_gpu_order)),
+            ranks=tuple(sorted(e.ranks)),
+            detail=describe(e),
         )
-    return rows
+        for e in sorted(episodes, key=lambda e: (e.start, e.kind, e.end))
+    ]
 
 
 def _gpu_order(label: str) -> tuple[str, int]:

@@ -22,6 +22,7 @@ from wattgate.records.summary import (
     PowerOnlyCard,
     Signals,
     Summary,
+    WatcherCard,
 )
 from wattgate.records.trained import MEMORY_PHASES, PhasePeak, Trained
 from wattgate.records.watcher import ABSENT, WatcherRecord
@@ -226,39 +227,34 @@ def memory_section(s: Summary) -> str:
     )
 
 
-WATCHER_KEYS = (
-    "cost",
-    "verdict",
-    "reason",
-    "action",
-    "stalled_for_s",
-    "longest_stall_s",
-    "limit_s",
-    "limit_phase",
-    "stuck_ranks",
-    "ran_ahead",
-    "behind",
-    "power_signal",
-    "detected_at",
-    "started",
-    "ended",
-    "table",
-)
-
-
-def watcher_record(watcher: WatcherRecord | None) -> dict | None:
-    """summary.json `watcher`: watcher.json's verdict fields (WATCHER_KEYS) that it holds."""
+def watcher_record(watcher: WatcherRecord | None) -> WatcherCard | None:
+    """summary.json `watcher`: watcher.json's verdict fields that it holds."""
     if watcher is None:
         return None
-    written = watcher.to_json()
-    return {k: written[k] for k in WATCHER_KEYS if k in written}
+    return WatcherCard(
+        verdict=watcher.verdict,
+        cost=watcher.cost,
+        reason=watcher.reason,
+        action=watcher.action,
+        stalled_for_s=watcher.stalled_for_s,
+        longest_stall_s=watcher.longest_stall_s,
+        limit_s=watcher.limit_s,
+        limit_phase=watcher.limit_phase,
+        stuck_ranks=watcher.stuck_ranks,
+        ran_ahead=watcher.ran_ahead,
+        behind=watcher.behind,
+        power_signal=watcher.power_signal,
+        detected_at=watcher.detected_at,
+        started=watcher.started,
+        ended=watcher.ended,
+        table=watcher.table,
+    )
 
 
-def watcher_section(s: dict) -> str:
-    w = s["watcher"]
+def watcher_section(s: Summary) -> str:
+    w = s.watcher
     if w is None:
         return section("watcher", "Watcher diagnosis", note("not available: no watcher.json"))
-    w = WatcherRecord.from_json(w, "summary.json watcher")
     rows = [["cost", w.cost.line]] if w.cost else []
     for value, label in (
         (w.verdict, "verdict"),

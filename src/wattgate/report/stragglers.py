@@ -15,6 +15,8 @@ from html import escape
 import numpy as np
 
 from wattgate.durations import duration
+from wattgate.records.summary import Stragglers, Summary
+from wattgate.records.watcher import WatcherRecord
 from wattgate.report.markup import figure, fmt, note, pct, section, table, utc_of
 from wattgate.report.svg import INK, WIDTH, Box, clipped, fit, label_margin, nice_ticks, num, path_d, svg, text, x_axis
 
@@ -68,12 +70,12 @@ def _problem(e) -> str:
     return ""
 
 
-def straggler_record(lag: dict | None, watcher: dict | None, gpu_hours, kwh, notes: list[str]) -> dict:
+def straggler_record(lag: dict | None, watcher: WatcherRecord | None, gpu_hours, kwh, notes: list[str]) -> Stragglers:
     """summary.json's `stragglers`: triage's entries (else, without GPU telemetry, the watcher's CPU ones), the
     waiting they cost against the run's GPU-hours and energy, and the watcher's live warnings."""
     lag = lag or {}
     found = usable_entries(lag.get("stragglers"), "triage.json", notes)
-    live = usable_entries((watcher or {}).get("stragglers"), "watcher.json", notes)
+    live = [e.to_json() for e in (watcher.stragglers or ())] if watcher is not None else []  # checked on read
     if not found and not (lag.get("lag") or {}).get("wait_windows") and any(e.get("gpu") is None for e in live):
         found = [e for e in live if e.get("gpu") is None]  # no GPU telemetry: the ranks' CPU time is the evidence
     cpu = bool(found) and all(e.get("gpu") is None for e in found)
@@ -82,29 +84,29 @@ def straggler_record(lag: dict | None, watcher: dict | None, gpu_hours, kwh, not
     hours = sum(e.get("wait_gpu_hours") or 0.0 for e in found)
     energy = sum(e.get("wait_kwh") or 0.0 for e in found)
     rank_hours = sum(e.get("wait_rank_hours") or 0.0 for e in found)
-    return {
-        "checked": bool(lag) or watcher is not None,
-        "source": source,
-        "share": settings.get("share"),
-        "wait_windows": (lag.get("lag") or {}).get("wait_windows"),
-        "entries": found,
-        "wait_gpu_hours": round(hours, 6),
-        "wait_kwh": round(energy, 6),
-        "wait_rank_hours": round(rank_hours, 6),
-        "share_of_gpu_hours": round(hours / gpu_hours, 6) if gpu_hours else None,
-        "share_of_energy": round(energy / kwh, 6) if kwh else None,
-        "live": live,
-    }
+    return Stragglers(
+        checked=bool(lag) or watcher is not None,
+        source=source,
+        share=settings.get("share"),
+        wait_windows=(lag.get("lag") or {}).get("wait_windows"),
+        entries=tuple(found),
+        wait_gpu_hours=round(hours, 6),
+        wait_kwh=round(energy, 6),
+        wait_rank_hours=round(rank_hours, 6),
+        share_of_gpu_hours=round(hours / gpu_hours, 6) if gpu_hours else None,
+        share_of_energy=round(energy / kwh, 6) if kwh else None,
+        live=tuple(live),
+    )
 
 
-def straggler_section(s: dict, svg_markup: str | None) -> str:
-    st = s.get("stragglers") or {}
-    if not st.get("checked"):
+def straggler_section(s: Summary, svg_markup: str | None) -> str:
+    st = s.stragglers
+    if not st.checked:
         return section("stragglers", "Stragglers", note("not checked: no GPU telemetry and no watcher record"))
-    found = st["entries"]
+    found = st.entries
     if not found:
-        share = st.get("share")
-        waits = st.get("wait_windows")
+        share = st.share
+        waits = st.wait_windows
         text = (
             f"None: no GPU was the one its peers waited for in more than {100 * share:.0f}% of the {waits} window(s) "
             "in which they waited."
@@ -135,7 +137,7 @@ def straggler_section(s: dict, svg_markup: str | None) -> str:
             "working at compute power while most of them had dropped to the wait level), coloured by its cause; "
             "the grey line is the share of time the job waited for any one GPU."
         )
-    live = st.get("live") or []
+    live = st.live
     if live:
         items = "".join(
             f"<li>rank {e.get('rank')} ({escape(str(e.get('signal', '')))}), from {escape(utc_of(e.get('first')))} "
@@ -153,20 +155,20 @@ def straggler_section(s: dict, svg_markup: str | None) -> str:
     return section("stragglers", "Stragglers", body)
 
 
-def _cost_line(st: dict) -> str:
+def _cost_line(st: Stragglers) -> str:
     names = ", ".join(
         f"{e.get('host')}:{e['gpu']}" if e.get("gpu") is not None else f"rank {e.get('rank')} on {e.get('host')}"
-        for e in st["entries"]
+        for e in st.entries
     )
-    if st["wait_gpu_hours"] or st["wait_kwh"]:
-        of_hours = f" ({pct(st['share_of_gpu_hours'])} of the run's GPU-hours)" if st.get("share_of_gpu_hours") else ""
-        of_energy = f" ({pct(st['share_of_energy'])} of its energy)" if st.get("share_of_energy") else ""
+    if st.wait_gpu_hours or st.wait_kwh:
+        of_hours = f" ({pct(st.share_of_gpu_hours)} of the run's GPU-hours)" if st.share_of_gpu_hours else ""
+        of_energy = f" ({pct(st.share_of_energy)} of its energy)" if st.share_of_energy else ""
         return (
-            f"Waiting for {names} cost {st['wait_gpu_hours']:.4g} GPU-hours{of_hours} and {st['wait_kwh']:.4g} "
+            f"Waiting for {names} cost {st.wait_gpu_hours:.4g} GPU-hours{of_hours} and {st.wait_kwh:.4g} "
             f"kWh{of_energy}."
         )
-    if st["wait_rank_hours"]:
-        return f"Waiting for {names} cost about {duration(st['wait_rank_hours'] * 3600)} of the other ranks' time."
+    if st.wait_rank_hours:
+        return f"Waiting for {names} cost about {duration(st.wait_rank_hours * 3600)} of the other ranks' time."
     return f"Straggler(s): {names}."
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import dataclass
 
 from wattgate.heartbeats import read_rank_failures
-from wattgate.run_files import QUIET_VERDICTS
+from wattgate.records.watcher import JobEnd, RankFailure, WatcherRecord
 
 SIGNAL_HINTS = {
     "SIGKILL": "the OOM killer or a kill -9 (an OOM kill is in the kernel log: dmesg)",
@@ -37,30 +36,6 @@ PEER_LOSS = (
     "ncclremoteerror",
     "socket timeout",
 )
-
-
-@dataclass(frozen=True)
-class RankFailure:
-    """The root cause of a failed job: its rank, the cause, and launch's one line."""
-
-    rank: int
-    cause: str  # "killed by SIGKILL (signal 9)" or the rank's own one-line error
-    line: str  # "rank 1 died: killed by SIGKILL (signal 9) in step 13: the OOM killer or a kill -9"
-    exit_status: int  # what launch exits with: 2 when the rank's own exit was 2 (an input or OS error), else 1
-    others: tuple[int, ...] = ()  # ranks that failed after it
-    # whether a retry of the job may succeed: a rank killed by a signal (a node lost, a preemption) or a peer lost
-    # may; a rank's own error (a non-finite loss, an input error, a full disk) repeats until a person acts
-    retriable: bool = True
-
-    def as_record(self) -> dict:
-        return {
-            "rank": self.rank,
-            "cause": self.cause,
-            "line": self.line,
-            "exit_status": self.exit_status,
-            "others": list(self.others),
-            "retriable": self.retriable,
-        }
 
 
 def position(record: dict) -> str:
@@ -94,19 +69,19 @@ def _candidate(rank: int, entry: dict) -> tuple[tuple, RankFailure]:
         who = f"rank {rank} (pid {exit_.get('pid')} on {exit_.get('host')})"
         hint = SIGNAL_HINTS.get(name)
         line = f"{who} died: {cause}{position(beat)}" + (f": {hint}" if hint else "")
-        return (0, float(exit_["time"]), rank), RankFailure(rank, cause, line, 1)
+        return (0, float(exit_["time"]), rank), RankFailure(rank=rank, cause=cause, line=line, exit_status=1)
     if error is not None:
         code = int(error.get("exit_code") or 1)
         text = str(error.get("error") or "an error")
         cause = f"{text} (exit {code})"
         line = f"rank {rank}{position(error)}: {cause}"
         peer = any(p in text.lower() for p in PEER_LOSS)
-        failure = RankFailure(rank, cause, line, 2 if code == 2 else 1, retriable=peer)
+        failure = RankFailure(rank=rank, cause=cause, line=line, exit_status=2 if code == 2 else 1, retriable=peer)
         return (2 if peer else 1, float(error["time"]), rank), failure
     code = int(exit_.get("exitcode", 1))
     cause = f"exit status {code} with no error line (its traceback, if any, is in train.log)"
     line = f"rank {rank} (pid {exit_.get('pid')} on {exit_.get('host')}) failed: {cause}{position(beat)}"
-    return (3, float(exit_["time"]), rank), RankFailure(rank, cause, line, 1)
+    return (3, float(exit_["time"]), rank), RankFailure(rank=rank, cause=cause, line=line, exit_status=1)
 
 
 def name_failure(run, since: float = 0.0) -> RankFailure | None:
@@ -119,7 +94,7 @@ def name_failure(run, since: float = 0.0) -> RankFailure | None:
     if not others:
         return first
     after = f"; rank(s) {', '.join(map(str, others))} failed after it"
-    return RankFailure(first.rank, first.cause, first.line + after, first.exit_status, others, first.retriable)
+    return first.replace(line=first.line + after, others=others)
 
 
 def status_text(returncode: int) -> str:
@@ -132,42 +107,39 @@ def status_text(returncode: int) -> str:
 
 
 def finish_record(
-    record: dict,
+    record: WatcherRecord,
     returncode: int,
     failure: RankFailure | None,
     stopped: dict | None,
     now: float | None = None,
     hard_stop: str | None = None,
-) -> dict:
+) -> WatcherRecord:
     """watcher.json once the job has ended. A verdict the watcher reached (a deadlock, a stall, missing ranks)
     stands; otherwise the verdict becomes `stopped` (a graceful stop: STOPPED was written), `failed` (naming the
     first failed rank and its cause, the job's exit status when no rank left a record, or a second signal that
     stopped it at once), or `healthy` only when the job exited 0. `job_end` records all of it either way."""
-    out = dict(record)
-    out["job_end"] = {
-        "returncode": returncode,
-        "time": now if now is not None else time.time(),
-        "failure": failure.as_record() if failure else None,
-        "stopped": stopped,
-        "hard_stop": hard_stop,
-    }
-    out.setdefault("ended", out["job_end"]["time"])
-    if record.get("verdict") not in QUIET_VERDICTS:
+    end = JobEnd(
+        returncode=returncode,
+        time=now if now is not None else time.time(),
+        failure=failure,
+        stopped=stopped,
+        hard_stop=hard_stop,
+    )
+    out = record.replace(job_end=end, ended=record.ended if record.ended is not None else end.time)
+    if not record.quiet:
         return out
     if stopped is not None:
-        out.update(verdict="stopped", reason=stopped_line(stopped))
-    elif hard_stop is not None:
+        return out.replace(verdict="stopped", reason=stopped_line(stopped))
+    if hard_stop is not None:
         status = status_text(returncode)
         reason = f"stopped at once by a second {hard_stop} to wattgate launch (no stop checkpoint); job {status}"
-        out.update(verdict="failed", reason=reason, failed_rank=None, cause=f"a second {hard_stop}")
-    elif failure is not None:
-        out.update(verdict="failed", reason=failure.line, failed_rank=failure.rank, cause=failure.cause)
-    elif returncode != 0:
+        return out.replace(verdict="failed", reason=reason, failed_rank=None, cause=f"a second {hard_stop}")
+    if failure is not None:
+        return out.replace(verdict="failed", reason=failure.line, failed_rank=failure.rank, cause=failure.cause)
+    if returncode != 0:
         reason = f"training exited with {status_text(returncode)} and no rank left a failure record"
-        out.update(verdict="failed", reason=reason, failed_rank=None, cause=status_text(returncode))
-    else:
-        out["verdict"] = "healthy"
-    return out
+        return out.replace(verdict="failed", reason=reason, failed_rank=None, cause=status_text(returncode))
+    return out.replace(verdict="healthy")
 
 
 def stopped_line(stopped: dict) -> str:

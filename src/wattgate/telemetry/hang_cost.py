@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from wattgate.durations import fmt_hours
 from wattgate.forecast.failure import NCCL_DEFAULT_TIMEOUT_S
+from wattgate.records.watcher import HangCost, WithoutWatcher
 
 
 def hang_cost(
@@ -14,44 +15,46 @@ def hang_cost(
     timeout_s: float | None,
     job_limit_s: float | None,
     job_started: float,
-) -> dict:
+) -> HangCost:
     """What the hang the watcher stopped cost (last progress to the kill), against what it would have cost
     without the watcher: until the collective timeout, or, if that does not fire, the job's time limit.
 
     power_w: the job's GPUs' total draw in the stall (None without telemetry)."""
     spent_s = max(killed_at - last_progress, 0.0)
     timeout = timeout_s or NCCL_DEFAULT_TIMEOUT_S
-    out = {
-        "spent_s": round(spent_s, 3),
-        "gpus": gpus,
-        "spent_gpu_hours": round(spent_s * gpus / 3600, 6),
-        "spent_kwh": round(power_w * spent_s / 3.6e6, 9) if power_w is not None else None,
-        "power_w": round(power_w, 1) if power_w is not None else None,
-        "without_watcher": {
-            "timeout_s": timeout,
-            "gpu_hours": round(timeout * gpus / 3600, 6),
-            "kwh": round(power_w * timeout / 3.6e6, 9) if power_w is not None else None,
-        },
-    }
+    spent_gpu_hours = round(spent_s * gpus / 3600, 6)
+    spent_kwh = round(power_w * spent_s / 3.6e6, 9) if power_w is not None else None
+    without = WithoutWatcher(
+        timeout_s=timeout,
+        gpu_hours=round(timeout * gpus / 3600, 6),
+        kwh=round(power_w * timeout / 3.6e6, 9) if power_w is not None else None,
+    )
     if job_limit_s:
         rest = max(job_limit_s - (last_progress - job_started), timeout)
-        out["without_watcher"] |= {
-            "job_limit_s": job_limit_s,
-            "until_limit_s": round(rest, 3),
-            "limit_gpu_hours": round(rest * gpus / 3600, 6),
-            "limit_kwh": round(power_w * rest / 3.6e6, 9) if power_w is not None else None,
-        }
-    w = out["without_watcher"]
-    saved = f"{max(w['gpu_hours'] - out['spent_gpu_hours'], 0):.3g}"
+        without = without.replace(
+            job_limit_s=job_limit_s,
+            until_limit_s=round(rest, 3),
+            limit_gpu_hours=round(rest * gpus / 3600, 6),
+            limit_kwh=round(power_w * rest / 3.6e6, 9) if power_w is not None else None,
+        )
+    saved = f"{max(without.gpu_hours - spent_gpu_hours, 0):.3g}"
     if job_limit_s:
-        saved += f"-{max(w['limit_gpu_hours'] - out['spent_gpu_hours'], 0):.3g}"
-    energy = f", {out['spent_kwh']:.3g} kWh" if out["spent_kwh"] is not None else ""
-    out["line"] = (
+        saved += f"-{max(without.limit_gpu_hours - spent_gpu_hours, 0):.3g}"
+    energy = f", {spent_kwh:.3g} kWh" if spent_kwh is not None else ""
+    line = (
         f"the hang cost {fmt_hours(spent_s)} on {gpus} GPUs = "
-        f"{out['spent_gpu_hours']:.3g} GPU-hours{energy} "
+        f"{spent_gpu_hours:.3g} GPU-hours{energy} "
         f"from the last progress to the kill; without the watcher it would have waited "
         f"{fmt_hours(timeout)} (the collective timeout)"
-        + (f" or up to {fmt_hours(w['until_limit_s'])} (the Slurm job's time limit)" if job_limit_s else "")
+        + (f" or up to {fmt_hours(without.until_limit_s)} (the Slurm job's time limit)" if job_limit_s else "")
         + f": {saved} GPU-hours saved"
     )
-    return out
+    return HangCost(
+        spent_s=round(spent_s, 3),
+        gpus=gpus,
+        spent_gpu_hours=spent_gpu_hours,
+        spent_kwh=spent_kwh,
+        power_w=round(power_w, 1) if power_w is not None else None,
+        without_watcher=without,
+        line=line,
+    )

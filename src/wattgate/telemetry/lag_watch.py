@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wattgate.records.watcher import Straggler
 from wattgate.trace import REASON_CAUSES
 
 WINDOW_S = 30.0
@@ -63,10 +64,10 @@ class LagWatch:
         self.window_s = window_s
         self.recent: deque[_Interval] = deque()
         self.totals = {"power": _Totals(), "cpu": _Totals()}
-        self.warned: dict[int, dict] = {}
+        self.warned: dict[int, Straggler] = {}
         self.last_poll: float | None = None
 
-    def observe(self, beats: dict[int, dict], now: float, cpu: dict[int, tuple], tail=None) -> dict | None:
+    def observe(self, beats: dict[int, dict], now: float, cpu: dict[int, tuple], tail=None) -> Straggler | None:
         """One poll: `cpu` is the ActivityMeter's samples (rank -> (pid, [(time, cpu s, io, state), ...])), `tail`
         the TraceTail. Returns the record of a straggler first seen now, else None."""
         since, self.last_poll = self.last_poll, now
@@ -103,7 +104,7 @@ class LagWatch:
                 out[r], reasons[r] = shares[key]
         return out, "power", reasons
 
-    def _new_warning(self, beats: dict[int, dict], now: float) -> dict | None:
+    def _new_warning(self, beats: dict[int, dict], now: float) -> Straggler | None:
         waits = [iv for iv in self.recent if iv.waited]
         if not waits:
             return None
@@ -126,7 +127,7 @@ class LagWatch:
                 return self.warned[r]
         return None
 
-    def _record(self, rank: int, beat: dict, mine: list[_Interval], waits: int, now: float) -> dict:
+    def _record(self, rank: int, beat: dict, mine: list[_Interval], waits: int, now: float) -> Straggler:
         signal = mine[-1].signal
         me = float(np.mean([iv.busy[rank] for iv in mine]))
         peers = float(np.median([v for iv in mine for r, v in iv.busy.items() if r != rank]))
@@ -140,45 +141,43 @@ class LagWatch:
             f"last in {len(mine)} of the {waits} polls in the last {self.window_s:.0f} s in which the other ranks "
             f"waited ({100 * share:.0f}%): {seen}; {why}"
         )
-        return {
-            "rank": rank,
-            "host": beat.get("host"),
-            "gpu": int(beat.get("local_rank") or 0) if signal == "power" else None,
-            "signal": signal,
-            "detected_at": now,
-            "step": beat.get("step"),
-            "cause": cause,
-            "evidence": evidence,
-            "window_s": self.window_s,
-        }
+        return Straggler(
+            rank=rank,
+            host=beat.get("host"),
+            gpu=int(beat.get("local_rank") or 0) if signal == "power" else None,
+            signal=signal,
+            detected_at=now,
+            step=beat.get("step"),
+            cause=cause,
+            evidence=evidence,
+            window_s=self.window_s,
+        )
 
-    def records(self) -> list[dict]:
+    def records(self) -> tuple[Straggler, ...]:
         """watcher.json's `stragglers`: each warned rank with its counts over the whole run so far."""
         out = []
         for rank, rec in sorted(self.warned.items()):
-            t = self.totals[rec["signal"]]
+            t = self.totals[rec.signal]
             hours = t.wait_s.get(rank, 0.0) / 3600.0
             out.append(
-                rec
-                | {
-                    "lag_share": round(t.last.get(rank, 0) / max(t.waits, 1), 4),
-                    "lag_windows": t.last.get(rank, 0),
-                    "wait_windows": t.waits,
-                    "wait_gpu_hours": round(hours, 6) if rec["signal"] == "power" else None,
-                    "wait_rank_hours": round(hours, 6) if rec["signal"] == "cpu" else None,
-                    "wait_kwh": None,
-                    "first": round(t.first.get(rank, rec["detected_at"]), 3),
-                    "last": round(t.final.get(rank, rec["detected_at"]), 3),
-                }
+                rec.replace(
+                    lag_share=round(t.last.get(rank, 0) / max(t.waits, 1), 4),
+                    lag_windows=t.last.get(rank, 0),
+                    wait_windows=t.waits,
+                    wait_gpu_hours=round(hours, 6) if rec.signal == "power" else None,
+                    wait_rank_hours=round(hours, 6) if rec.signal == "cpu" else None,
+                    wait_kwh=None,
+                    first=round(t.first.get(rank, rec.detected_at), 3),
+                    last=round(t.final.get(rank, rec.detected_at), 3),
+                )
             )
-        return out
+        return tuple(out)
 
 
-def warning_line(rec: dict) -> str:
-    where = f"GPU {rec['host']}:{rec['gpu']}" if rec.get("gpu") is not None else f"host {rec['host']}"
+def warning_line(rec: Straggler) -> str:
     return (
-        f"straggler: rank {rec['rank']} ({where}) is the one the others wait for, cause {rec['cause']}: "
-        f"{rec['evidence']}; a straggler never stops the job (watcher.json stragglers)"
+        f"straggler: rank {rec.rank} ({rec.where}) is the one the others wait for, cause {rec.cause}: "
+        f"{rec.evidence}; a straggler never stops the job (watcher.json stragglers)"
     )
 
 

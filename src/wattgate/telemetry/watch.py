@@ -32,7 +32,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from wattgate.collective_hints import hang_hint
@@ -44,6 +44,16 @@ from wattgate.telemetry.hang_cost import hang_cost
 from wattgate.telemetry.lag_watch import LagWatch, warning_line
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, TriageSettings, TriageTable
 from wattgate.heartbeats import read_heartbeats  # noqa: F401 (callers import it here)
+from wattgate.records.watcher import (
+    AbortRequest,
+    HangCost,
+    JobKill,
+    RankView,
+    Verdict,
+    WatcherRecord,
+    WatcherSettings,
+    WatchWarning,
+)
 from wattgate.run_files import ABORT_REQUEST, WATCHER, check_no_finding, is_watcher_record
 from wattgate.telemetry.kill import _alive, stop_job
 from wattgate.telemetry.watch_inputs import (  # noqa: F401 (TraceTail: callers import it here)
@@ -56,24 +66,21 @@ from wattgate.telemetry.watch_inputs import (  # noqa: F401 (TraceTail: callers 
     odd_state_ranks,
     state_notes,
 )
+from wattgate.records.run_config import RunConfig
 
 PHASE_ORDER = {phase: i for i, phase in enumerate(WATCH_PHASES)}
 
 
-@dataclass(frozen=True)
-class WatchSettings:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WatchSettings(WatcherSettings):
+    """The watcher's limits and action (watcher.json `settings`), from the config's `watcher`."""
+
     hang_after_s: float = DEFAULT_DEADLOCK_AFTER_S
-    checkpoint_after_s: float = 1800.0
-    startup_after_s: float = 900.0
-    busy_stall_after_s: float = 1800.0
-    action: str = "kill"
-    poll_s: float = 1.0
-    kill_grace_s: float = 10.0
 
     @classmethod
-    def from_config(cls, config: dict) -> WatchSettings:
-        w = config["watcher"]
-        return cls(**{k: w[k] for k in cls.__dataclass_fields__})
+    def from_config(cls, config: RunConfig) -> WatchSettings:
+        watcher = config.watcher.to_json()
+        return cls(**{k: watcher[k] for k in cls.__dataclass_fields__})
 
 
 def position(beat: dict) -> tuple[int, int, float, int]:
@@ -145,12 +152,23 @@ def evidence(
     return None, "no power data and no rank process readable on this host"
 
 
-def describe_rank(b: dict, now: float) -> dict:
-    keys = ("rank", "host", "local_rank", "gpu", "step", "micro", "micros", "epoch", "phase", "total_steps")
-    return {k: b.get(k) for k in keys} | {
-        "last_beat_age_s": round(now - b["time"], 3),
-        "planned_epoch_end": next((e for e in b.get("epoch_ends") or [] if e >= b["step"]), None),
-    }
+RANK_VIEW_BEAT_KEYS = ("rank", "host", "local_rank", "gpu", "step", "micro", "micros", "epoch", "phase", "total_steps")
+
+
+def describe_rank(b: dict, now: float, gpu=None, activity: dict | None = None) -> RankView:
+    """A verdict's `ranks` entry: where the rank's heartbeat places it, its GPU's (power W, util %) over the stall
+    and, on this host, what its process did (ActivityMeter)."""
+    power = {} if not gpu else {"power_w": round(gpu[0], 1), "util_gpu": round(gpu[1], 1)}
+    proc = {}
+    if activity:
+        proc = {"cpu_share": activity["cpu_share"], "io_bytes": activity["io_bytes"], "proc_state": activity["state"]}
+    return RankView(
+        **{k: b.get(k) for k in RANK_VIEW_BEAT_KEYS},
+        last_beat_age_s=round(now - b["time"], 3),
+        planned_epoch_end=next((e for e in b.get("epoch_ends") or [] if e >= b["step"]), None),
+        **power,
+        **proc,
+    )
 
 
 def diagnose(
@@ -163,12 +181,14 @@ def diagnose(
     s: WatchSettings,
     activity: dict[int, dict] | None = None,
     firsts: dict[int, dict[str, int]] | None = None,
-) -> dict | None:
-    """A verdict dict when the job must be stopped, else None. Pure: the tests drive it with files."""
+) -> Verdict | None:
+    """A verdict when the job must be stopped, else None. Pure: the tests drive it with files."""
     return assess(beats, world, now, started, power, table, s, activity, firsts)[0]
 
 
-def assess(beats, world, now, started, power, table, s, activity=None, firsts=None) -> tuple[dict | None, str | None]:
+def assess(
+    beats, world, now, started, power, table, s, activity=None, firsts=None
+) -> tuple[Verdict | None, str | None]:
     """(the verdict when the job must be stopped, else None; a warning when a stall is let run on).
 
     Only the deadlock signature kills at `hang_after_s`: ranks out of step with no sign of work, or every rank
@@ -186,8 +206,21 @@ def assess(beats, world, now, started, power, table, s, activity=None, firsts=No
             f"rank(s) {_list(missing)} never reported a heartbeat in {s.startup_after_s:.0f} s "
             f"while rank(s) {_list(sorted(beats))} started"
         )
-        v = _verdict(beats, now, {}, activity, "stuck_ranks", reason, now - started, s.startup_after_s, "init")
-        return v | {"stuck_ranks": missing, "ran_ahead": sorted(beats), "behind": missing}, None
+        v = _verdict(
+            beats,
+            now,
+            {},
+            activity,
+            verdict="stuck_ranks",
+            reason=reason,
+            stalled_for_s=now - started,
+            limit_s=s.startup_after_s,
+            limit_phase="init",
+            stuck_ranks=tuple(missing),
+            ran_ahead=tuple(sorted(beats)),
+            behind=tuple(missing),
+        )
+        return v, None
     active = {r: b for r, b in beats.items() if b["phase"] != "done"}
     stalled_for = now - max(b["time"] for b in active.values())
     limit, limit_phase = phase_limit(active, s)
@@ -202,7 +235,19 @@ def assess(beats, world, now, started, power, table, s, activity=None, firsts=No
             f"{verdict}: every rank has been in {limit_phase} for {stalled_for:.1f} s (limit {limit:.0f} s; "
             f"{desc}): {where}"
         )
-        return _verdict(beats, now, gpus, activity, verdict, reason, stalled_for, limit, limit_phase, desc), None
+        v = _verdict(
+            beats,
+            now,
+            gpus,
+            activity,
+            verdict=verdict,
+            reason=reason,
+            stalled_for_s=stalled_for,
+            limit_s=limit,
+            limit_phase=limit_phase,
+            power_signal=desc,
+        )
+        return v, None
     if stalled_for < s.hang_after_s:
         return None, None
     startup = in_startup(active, firsts)
@@ -223,10 +268,22 @@ def assess(beats, world, now, started, power, table, s, activity=None, firsts=No
         f"{verdict}: no rank advanced for {stalled_for:.1f} s, past the {long_limit:.0f} s allowed for {what} "
         f"({desc}); not a confirmed deadlock: {where}"
     )
-    return _verdict(beats, now, gpus, activity, verdict, reason, stalled_for, long_limit, limit_phase, desc), None
+    v = _verdict(
+        beats,
+        now,
+        gpus,
+        activity,
+        verdict=verdict,
+        reason=reason,
+        stalled_for_s=stalled_for,
+        limit_s=long_limit,
+        limit_phase=limit_phase,
+        power_signal=desc,
+    )
+    return v, None
 
 
-def _deadlock(beats, now, gpus, activity, table, s, stalled_for, limit_phase, desc, agree, where) -> dict:
+def _deadlock(beats, now, gpus, activity, table, s, stalled_for, limit_phase, desc, agree, where) -> Verdict:
     positions = {r: position(b) for r, b in beats.items()}
     top = max(positions.values())
     ahead = sorted(r for r, p in positions.items() if p == top)
@@ -247,32 +304,31 @@ def _deadlock(beats, now, gpus, activity, table, s, stalled_for, limit_phase, de
         )
     else:
         reason = f"deadlock: no rank advanced for {stalled_for:.1f} s ({desc}): {where}"
-    v = _verdict(beats, now, gpus, activity, "deadlock", reason, stalled_for, s.hang_after_s, limit_phase, desc)
-    return v | {"ran_ahead": ahead if behind else [], "behind": behind, "stuck_ranks": stuck, "confirmed": True}
+    return _verdict(
+        beats,
+        now,
+        gpus,
+        activity,
+        verdict="deadlock",
+        reason=reason,
+        stalled_for_s=stalled_for,
+        limit_s=s.hang_after_s,
+        limit_phase=limit_phase,
+        power_signal=desc,
+        ran_ahead=tuple(ahead if behind else ()),
+        behind=tuple(behind),
+        stuck_ranks=tuple(stuck),
+        confirmed=True,
+    )
 
 
-def _verdict(beats, now, gpus, activity, verdict, reason, stalled_for, limit, limit_phase, desc="") -> dict:
-    """The fields every verdict carries; `confirmed` (a deadlock's signature) is what lets the cost claim a saving."""
-    ranks = [
-        describe_rank(b, now) | _power_fields(gpus.get(r)) | _activity_fields(activity.get(r))
-        for r, b in sorted(beats.items())
-    ]
+def _verdict(beats, now, gpus, activity, *, reason: str, stalled_for_s: float, **fields) -> Verdict:
+    """A verdict with each rank's view; `confirmed` (a deadlock's signature) is what lets the cost claim a saving."""
+    ranks = tuple(describe_rank(b, now, gpus.get(r), activity.get(r)) for r, b in sorted(beats.items()))
     if notes := state_notes(beats, activity, now):  # the rank and its process state first, in the line itself
         head, _, rest = reason.partition(": ")
         reason = f"{head}: {'; '.join(notes)}; {rest}"
-    return {
-        "verdict": verdict,
-        "reason": reason,
-        "confirmed": False,
-        "stalled_for_s": round(stalled_for, 3),
-        "limit_s": limit,
-        "limit_phase": limit_phase,
-        "ran_ahead": [],
-        "behind": [],
-        "stuck_ranks": [],
-        "power_signal": desc,
-        "ranks": ranks,
-    }
+    return Verdict(reason=reason, stalled_for_s=round(stalled_for_s, 3), ranks=ranks, **fields)
 
 
 def _phases_differ(beats: dict[int, dict]) -> str:
@@ -336,14 +392,6 @@ def _rank_power(beats: dict[int, dict], power: dict) -> dict[int, tuple[float, f
     return {r: power.get((b.get("host"), int(b.get("local_rank") or 0))) for r, b in beats.items()}
 
 
-def _power_fields(g) -> dict:
-    return {} if not g else {"power_w": round(g[0], 1), "util_gpu": round(g[1], 1)}
-
-
-def _activity_fields(a) -> dict:
-    return {} if not a else {"cpu_share": a["cpu_share"], "io_bytes": a["io_bytes"], "proc_state": a["state"]}
-
-
 def _low_band(gpus: dict, table: TriageTable | None) -> bool | None:
     """True: every GPU we have data for is in the low band; False: some GPU is busy; None: no data."""
     have = [g for g in gpus.values() if g]
@@ -360,39 +408,40 @@ class CostBasis:
     job_limit_s: float | None = None
 
     @classmethod
-    def from_config(cls, config: dict) -> CostBasis:
-        slurm = config["cluster"]["launcher"] != "local"
+    def from_config(cls, config: RunConfig) -> CostBasis:
+        slurm = config.cluster.launcher != "local"
         return cls(
-            config["train"]["collective_timeout_s"],
-            config["cluster"]["slurm"]["train"]["runtime_min"] * 60.0 if slurm else None,
+            config.train.collective_timeout_s,
+            config.cluster.slurm.train.runtime_min * 60.0 if slurm else None,
         )
 
 
-def watcher_cost(record: dict, verdict: dict, power: dict, world: int, basis: CostBasis, started: float) -> dict:
+def watcher_cost(
+    record: WatcherRecord, verdict: Verdict, power: dict, world: int, basis: CostBasis, started: float
+) -> HangCost:
     """watcher.json's cost: GPU-hours and energy from the last progress to the kill, and, for a confirmed deadlock
     only, what it would have cost without the watcher (a stall that may have been slow work saved nothing sure)."""
-    last_progress = record["detected_at"] - float(verdict.get("stalled_for_s") or 0.0)
+    last_progress = record.detected_at - float(verdict.stalled_for_s or 0.0)
     draws = [p for p, _, _ in power.values() if p == p]  # NaN: no reading
     gpus = len(power) or world
     cost = hang_cost(
         last_progress,
-        record["killed_at"],
+        record.killed_at,
         gpus,
         sum(draws) if draws else None,
         basis.collective_timeout_s,
         basis.job_limit_s,
         started,
     )
-    if verdict.get("confirmed"):
+    if verdict.confirmed:
         return cost
-    del cost["without_watcher"]
-    energy = f", {cost['spent_kwh']:.3g} kWh" if cost["spent_kwh"] is not None else ""
-    cost["line"] = (
-        f"the stall cost {fmt_hours(cost['spent_s'])} on {gpus} GPUs = {cost['spent_gpu_hours']:.3g} GPU-hours"
-        f"{energy} from the last progress to the kill; {verdict['verdict']} is not a confirmed deadlock, "
+    energy = f", {cost.spent_kwh:.3g} kWh" if cost.spent_kwh is not None else ""
+    line = (
+        f"the stall cost {fmt_hours(cost.spent_s)} on {gpus} GPUs = {cost.spent_gpu_hours:.3g} GPU-hours"
+        f"{energy} from the last progress to the kill; {verdict.verdict} is not a confirmed deadlock, "
         "so no saving is claimed"
     )
-    return cost
+    return cost.replace(without_watcher=None, line=line)
 
 
 def watch(
@@ -405,7 +454,7 @@ def watch(
     out: Path | None = None,
     stop: threading.Event | None = None,
     cost_basis: CostBasis = CostBasis(),
-) -> dict:
+) -> WatcherRecord:
     """Poll until the job finishes (all ranks done, the watched process is gone, or `stop` is set: the
     launcher's SIGTERM once the job ended) or a verdict acts."""
     out = out or run / WATCHER
@@ -414,29 +463,30 @@ def watch(
     reader, meter = BeatReader(run, world, started), ActivityMeter(s.hang_after_s)
     lag = LagWatch(table.low_max_w if table is not None else None)
     firsts: dict[int, dict[str, int]] = {}
-    record = {
-        "verdict": "running",
-        "started": started,
-        "settings": asdict(s),
-        "world_size": world,
-        "table": table.gpu_model if table else None,
-        "pid": pid,
-        "slurm_job": slurm_job,
-        "longest_stall_s": 0.0,
-        "warnings": [],
-        "warnings_total": 0,
-        "bad_heartbeats": {},
-        "stragglers": [],
-    }
+    record = WatcherRecord(
+        verdict="running",
+        started=started,
+        settings=s,
+        world_size=world,
+        table=table.gpu_model if table else None,
+        pid=pid,
+        slurm_job=slurm_job,
+        longest_stall_s=0.0,
+        warnings=(),
+        warnings_total=0,
+        bad_heartbeats={},
+        stragglers=(),
+    )
     stop = stop or threading.Event()
     collectives = read_collectives(run)
-    write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
+    write_watcher(out, record)
     warned_for, printed_at = None, -math.inf  # the last progress time of the stall warned about; its print
     while not stop.wait(s.poll_s):
         now = time.time()
         beats = reader.read()
-        if _note_bad_heartbeats(record, reader.bad):
-            write_json_atomic(out, record, nonfinite="null")
+        if (noted := _note_bad_heartbeats(record, reader.bad)) is not record:
+            record = noted
+            write_watcher(out, record)
         meter.sample(beats, now)
         for r, b in beats.items():
             if b["phase"] in COLLECTIVE_PHASES and b["phase"] not in firsts.get(r, {}):
@@ -445,29 +495,28 @@ def watch(
         straggler = lag.observe(beats, now, meter.samples, tail)
         if straggler is not None:  # once per rank; a straggler never stops the job
             print(f"watch: warning: {warning_line(straggler)}", file=sys.stderr, flush=True)
-            record["stragglers"] = lag.records()
-            write_json_atomic(out, record, nonfinite="null")
+            record = record.replace(stragglers=lag.records())
+            write_watcher(out, record)
         power = tail.window(now - s.hang_after_s)
         active = [b["time"] for b in beats.values() if b["phase"] != "done"]
         if active:
-            record["longest_stall_s"] = round(max(record["longest_stall_s"], now - max(active)), 3)
+            record = record.replace(longest_stall_s=round(max(record.longest_stall_s, now - max(active)), 3))
         verdict, warning = assess(beats, world, now, started, power, table, s, meter.activity(now), firsts)
         if warning and warned_for != max(active):  # once per stall
             warned_for = max(active)
-            printed_at = note_warning(record, warning, now, printed_at)
-            write_json_atomic(out, record, nonfinite="null")
+            record, printed_at = note_warning(record, warning, now, printed_at)
+            write_watcher(out, record)
         if verdict is not None:
             verdict = with_expected_collectives(verdict, beats, collectives)
-            record.update(verdict, detected_at=now, action=s.action, stragglers=lag.records())
-            write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
-            print(f"watch: {verdict['reason']}", file=sys.stderr, flush=True)
+            record = record.with_verdict(verdict, detected_at=now, action=s.action, stragglers=lag.records())
+            write_watcher(out, record)
+            print(f"watch: {verdict.reason}", file=sys.stderr, flush=True)
             if s.action == "kill":
                 # every rank, on every node, ends within a second of this file (train/stop.py start_abort_watch)
-                write_json_atomic(run / ABORT_REQUEST, {"reason": verdict["reason"], "time": time.time()})
-                record["kill"] = stop_job(pid, slurm_job, s.kill_grace_s)
-                record["killed_at"] = time.time()
-                record["cost"] = watcher_cost(record, verdict, power, world, cost_basis, started)
-                write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
+                write_json_atomic(run / ABORT_REQUEST, AbortRequest(reason=verdict.reason, time=time.time()).to_json())
+                record = record.replace(kill=JobKill(**stop_job(pid, slurm_job, s.kill_grace_s)), killed_at=time.time())
+                record = record.replace(cost=watcher_cost(record, verdict, power, world, cost_basis, started))
+                write_watcher(out, record)
                 return record
             never = float("inf")
             s = replace(
@@ -478,17 +527,23 @@ def watch(
             break
         if pid is not None and not _alive(pid):
             break
-    if record["verdict"] == "running":
+    if record.verdict == "running":
         # a rank that died or failed (its records beside the heartbeats) is no healthy end; launch adds the exit status
         failure = name_failure(run, started)
         if failure is not None:
-            record.update(verdict="failed", reason=failure.line, failed_rank=failure.rank, cause=failure.cause)
+            record = record.replace(
+                verdict="failed", reason=failure.line, failed_rank=failure.rank, cause=failure.cause
+            )
         else:
-            record["verdict"] = "healthy"
-    record["ended"] = time.time()
-    record["stragglers"] = lag.records()  # the warned ranks' counts over the whole run
-    write_json_atomic(out, record, nonfinite="null")  # a GPU with no power reading: null
+            record = record.replace(verdict="healthy")
+    # the warned ranks' counts over the whole run
+    record = record.replace(ended=time.time(), stragglers=lag.records())
+    write_watcher(out, record)
     return record
+
+
+def write_watcher(out: Path, record: WatcherRecord) -> None:
+    write_json_atomic(out, record.to_json(), nonfinite="null")  # a GPU with no power reading: null
 
 
 COLLECTIVES = "collectives.json"  # launch copies the gate's collective proof into the run folder
@@ -503,54 +558,57 @@ def read_collectives(run: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def with_expected_collectives(verdict: dict, beats: dict[int, dict], collectives: dict | None) -> dict:
+def with_expected_collectives(verdict: Verdict, beats: dict[int, dict], collectives: dict | None) -> Verdict:
     """The verdict with, per rank, its step class and the collective the proof expected next (`expected`), and
     those of the ranks named behind or stuck added to the reason: where the ranks' collectives parted."""
     expected = {r: hang_hint(collectives, r, b) for r, b in sorted(beats.items())} if collectives else {}
     expected = {r: h for r, h in expected.items() if h}
     if not expected:
         return verdict
-    named = verdict.get("behind") or verdict.get("stuck_ranks") or sorted(expected)
+    named = verdict.behind or verdict.stuck_ranks or sorted(expected)
     lines = [expected[r] for r in named if r in expected]
-    return verdict | {
-        "expected": {str(r): h for r, h in expected.items()},
-        "reason": verdict["reason"] + ("; " + "; ".join(lines) if lines else ""),
-    }
+    return verdict.replace(
+        expected={str(r): h for r, h in expected.items()},
+        reason=verdict.reason + ("; " + "; ".join(lines) if lines else ""),
+    )
 
 
 WARN_PRINT_EVERY_S = 300.0  # a run whose every step outlasts hang_after_s would print a line per step
 
 
-def note_warning(record: dict, warning: str, now: float, printed_at: float) -> float:
-    """Keep the last 20 slow-step warnings in watcher.json and print one every WARN_PRINT_EVERY_S at most;
-    returns when one was last printed."""
-    record["warnings"] = (record["warnings"] + [{"time": now, "warning": warning}])[-20:]
-    record["warnings_total"] += 1
+def note_warning(record: WatcherRecord, warning: str, now: float, printed_at: float) -> tuple[WatcherRecord, float]:
+    """The record keeping the last 20 slow-step warnings, and when one was last printed (one every
+    WARN_PRINT_EVERY_S at most)."""
+    record = record.replace(
+        warnings=((*(record.warnings or ()), WatchWarning(time=now, warning=warning)))[-20:],
+        warnings_total=(record.warnings_total or 0) + 1,
+    )
     if now - printed_at < WARN_PRINT_EVERY_S:
-        return printed_at
+        return record, printed_at
     later = f" (more within {WARN_PRINT_EVERY_S:.0f} s go to watcher.json only)"
     print(f"watch: warning: {warning}{later}", file=sys.stderr, flush=True)
-    return now
+    return record, now
 
 
-def _note_bad_heartbeats(record: dict, bad: dict[str, str]) -> bool:
-    """Record and print each heartbeat problem once; True when watcher.json needs rewriting."""
-    new = {name: why for name, why in bad.items() if record["bad_heartbeats"].get(name) != why}
+def _note_bad_heartbeats(record: WatcherRecord, bad: dict[str, str]) -> WatcherRecord:
+    """Print each heartbeat problem once; the record with them (the same record when none is new)."""
+    known = record.bad_heartbeats or {}
+    new = {name: why for name, why in bad.items() if known.get(name) != why}
     for name, why in new.items():
         print(f"watch: heartbeat/{name}: {why}; that rank's last good heartbeat stands", file=sys.stderr, flush=True)
-    record["bad_heartbeats"].update(new)
-    return bool(new)
+    return record.replace(bad_heartbeats=known | new) if new else record
 
 
 def run_watch(
-    config: dict, run: Path, pid: int | None = None, slurm_job: str | None = None, out: Path | None = None
-) -> dict:
+    config: RunConfig | dict, run: Path, pid: int | None = None, slurm_job: str | None = None, out: Path | None = None
+) -> WatcherRecord:
     """`wattgate watch`: watch one job with the run's settings and triage table until it ends or a verdict acts.
 
     SIGTERM or SIGINT (the launcher's "the job has ended") finish the record instead of killing the watcher.
     """
-    from wattgate.config import world_size
+    from wattgate.config import run_config, world_size
 
+    config = run_config(config)
     run = Path(run)
     if not run.is_dir():  # a mistyped --run-dir would be watched as a job with no heartbeats, and called healthy
         raise InputError(f"{run}: no such run folder (--run-dir is the run folder the job writes into)")

@@ -44,6 +44,7 @@ from wattgate.run_files import (
     WATCHER,
     read_json_object,
 )
+from wattgate.records.watcher import WatcherRecord
 from wattgate.telemetry.failures import RankFailure, finish_record, name_failure, status_text
 from wattgate.telemetry.watch import COLLECTIVES
 from wattgate.train.launch_stop import StopControl, ignore_usr1, stop_margin_s
@@ -51,6 +52,8 @@ from wattgate.train.run_lock import check_unlocked, hold_run_lock
 from wattgate.errors import InputError
 from wattgate.gpus import is_cpu
 from wattgate.telemetry.sampler import sampler_command
+from wattgate.config import run_config
+from wattgate.records.run_config import RunConfig
 
 RDZV_PORT_BASE = 20000
 
@@ -73,36 +76,36 @@ class LaunchSpec:
     cpu_ranks: bool = False  # cluster.gpu_model cpu: the ranks compute on the host (CPU_ALLOCATOR_ENV)
 
 
-def resolve_launch(config: dict, environ: dict | None = None) -> LaunchSpec:
+def resolve_launch(config: RunConfig, environ: dict | None = None) -> LaunchSpec:
     env = os.environ if environ is None else environ
-    c = config["cluster"]
-    launcher = c["launcher"]
+    c = config.cluster
+    launcher = c.launcher
     if launcher == "auto":
         # one node needs no srun: a one-node Slurm job already runs inside its node's step
-        launcher = "slurm" if env.get("SLURM_JOB_ID") and c["nodes"] > 1 else "local"
-    if launcher == "local" and c["nodes"] != 1:
+        launcher = "slurm" if env.get("SLURM_JOB_ID") and c.nodes > 1 else "local"
+    if launcher == "local" and c.nodes != 1:
         raise InputError(
-            f"config: cluster.nodes is {c['nodes']} but there is no Slurm allocation; "
+            f"config: cluster.nodes is {c.nodes} but there is no Slurm allocation; "
             "multi-node runs go through Slurm (cluster.launcher: slurm)"
         )
     if launcher == "slurm":
         # unset: the train rule asked for one CPU per process (gpu_job in workflow/rules/common.smk),
         # though the job may hold more (--exclusive); each node's task gets them all
-        cpus = c["cpus_per_node"] or c["gpus_per_node"]
+        cpus = c.cpus_per_node or c.gpus_per_node
     else:
-        cpus = c["cpus_per_node"] or _usable_cpus()
+        cpus = c.cpus_per_node or _usable_cpus()
     return LaunchSpec(
-        nodes=c["nodes"],
-        procs_per_node=c["gpus_per_node"],
+        nodes=c.nodes,
+        procs_per_node=c.gpus_per_node,
         launcher=launcher,
         # one share of the node's cores per process: Snakemake's threads-derived value would oversubscribe
-        omp_threads=max(1, cpus // c["gpus_per_node"]),
+        omp_threads=max(1, cpus // c.gpus_per_node),
         # this launcher runs on the batch host, which is in the allocation (so its agent hosts the
         # c10d store) and whose hostname resolves, where Slurm node names may not
-        rendezvous_host=c["rendezvous_host"] or (socket.gethostname() if launcher == "slurm" else None),
+        rendezvous_host=c.rendezvous_host or (socket.gethostname() if launcher == "slurm" else None),
         job_id=env.get("SLURM_JOB_ID"),
-        cpus_per_node=c["cpus_per_node"] if launcher == "slurm" else None,
-        cpu_ranks=is_cpu(c["gpu_model"]),
+        cpus_per_node=c.cpus_per_node if launcher == "slurm" else None,
+        cpu_ranks=is_cpu(c.gpu_model),
     )
 
 
@@ -230,14 +233,14 @@ def watcher_command(
 @dataclass(frozen=True)
 class LaunchResult:
     returncode: int
-    watcher: dict | None  # watcher.json after the job ended (None when the watcher is off)
+    watcher: WatcherRecord | None  # watcher.json after the job ended (None when the watcher is off)
     stopped: dict | None = None  # STOPPED of this attempt: a graceful stop ("stopped, resume me")
     failure: RankFailure | None = None  # the first failed rank and its cause, when a rank left a record
     hard_stop: str | None = None  # the second signal that stopped the job at once
     attempt: int = 1  # this launch's number in the run folder (launch.lock counts them)
 
 
-def check_gate_marker(config: dict, plan: Path, gate: Path) -> Path:
+def check_gate_marker(config: RunConfig, plan: Path, gate: Path) -> Path:
     """The gate's verdict marker for exactly this plan, or an InputError (exit 2) saying what to rerun.
 
     With gate.enforce true only PASSED counts; with false, UNENFORCED (the user chose to run past
@@ -245,7 +248,7 @@ def check_gate_marker(config: dict, plan: Path, gate: Path) -> Path:
     """
     from wattgate.artifacts import sha256_file
 
-    names = ["PASSED"] if config["gate"]["enforce"] else ["PASSED", "UNENFORCED"]
+    names = ["PASSED"] if config.gate.enforce else ["PASSED", "UNENFORCED"]
     marker = next((gate / n for n in names if (gate / n).is_file()), None)
     if marker is None:
         raise InputError(
@@ -267,7 +270,7 @@ def check_gate_marker(config: dict, plan: Path, gate: Path) -> Path:
     return marker
 
 
-def check_gated_config(config: dict, marker: Path, gated_sha256: str | None) -> None:
+def check_gated_config(config: RunConfig, marker: Path, gated_sha256: str | None) -> None:
     """The config this job would train is the one the gate checked (the marker names its sha256), or an
     InputError naming every key that differs from the gate's copy beside the marker."""
     from wattgate.config import config_differences, config_sha256, load_config
@@ -302,7 +305,7 @@ def copy_collectives(gate_dir: Path, out: Path) -> None:
 
 
 def run_launch(
-    config: dict, config_path: Path, pretokenized: Path, plan: Path, out: Path, gate: Path | None = None
+    config: RunConfig | dict, config_path: Path, pretokenized: Path, plan: Path, out: Path, gate: Path | None = None
 ) -> LaunchResult:
     """Start the job (under the node samplers) in its own session, with the watcher beside it.
 
@@ -312,6 +315,7 @@ def run_launch(
     second SIGTERM/SIGINT is forwarded to the job. Once the job has ended the watcher is stopped and watcher.json
     gets its final verdict: the watcher's own, else stopped, failed (naming the first failed rank) or healthy.
     """
+    config = run_config(config)
     gate_dir = gate or plan.parent / "gate"
     check_gate_marker(config, plan, gate_dir)
     claim_output(out, "train")  # a folder train did not write is refused before the job starts
@@ -319,8 +323,8 @@ def run_launch(
     attempt = hold_run_lock(out, LAUNCH_LOCK, "wattgate launch")["attempt"]
     check_unlocked(out, TRAIN_LOCK)  # a job whose launcher was killed may still train here: clear nothing of it
     started = time.time()
-    tel = config["telemetry"]
-    sample = (str(out / "telemetry" / "{host}.parquet"), tel["interval_s"]) if tel["enabled"] else None
+    tel = config.telemetry
+    sample = (str(out / "telemetry" / "{host}.parquet"), tel.interval_s) if tel.enabled else None
     argv = build_launch_command(spec, train_args(config_path, pretokenized, plan, out), sample=sample, run=out)
     clear_attempt_files(out)
     copy_collectives(gate_dir, out)
@@ -342,7 +346,7 @@ def run_launch(
     proc = subprocess.Popen(argv, env=launch_env(spec), start_new_session=True, preexec_fn=ignore_usr1)
     started_procs.append(proc)
     watcher = None
-    if config["watcher"]["enabled"]:
+    if config.watcher.enabled:
         # on Slurm the watched pid is the srun (its SIGTERM reaches every node); scancel is the fallback
         slurm_job = spec.job_id if spec.launcher == "slurm" else None
         watcher = subprocess.Popen(
@@ -367,7 +371,7 @@ def run_launch(
     if verdict is not None:
         verdict = finish_record(verdict, rc, failure, stopped, hard_stop=control.hard_stop)
         try:
-            write_json_atomic(out / WATCHER, verdict, nonfinite="null")
+            write_json_atomic(out / WATCHER, verdict.to_json(), nonfinite="null")
         except OSError as exc:
             print(f"launch: WARNING: {out / WATCHER}: cannot write the final verdict ({exc.strerror})", file=sys.stderr)
     return LaunchResult(rc, verdict, stopped, failure, control.hard_stop, attempt)
@@ -383,7 +387,7 @@ def clear_attempt_files(out: Path) -> None:
     clear_rank_failures(out)
 
 
-def _stop_watcher(watcher: subprocess.Popen | None, out: Path) -> dict | None:
+def _stop_watcher(watcher: subprocess.Popen | None, out: Path) -> WatcherRecord | None:
     """Stop the watcher once the job has ended (its SIGTERM finishes the record) and read watcher.json."""
     if watcher is None:
         return None
