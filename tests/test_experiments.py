@@ -83,8 +83,8 @@ def metrics(step_times, ranks=2, tokens=1000, wait=0.01):
 
 def test_throughput_skips_warmup_and_waits_for_the_slowest_rank():
     m = step_throughput(metrics([5.0, 1.0, 1.0, 1.0]))
-    assert m["steps_measured"] == 3 and m["tokens_per_s"] == pytest.approx(2000.0)
-    assert m["data_wait_share"] == pytest.approx((0.01 / 1.0 + 0.01 / 0.9) / 2)
+    assert m.steps_measured == 3 and m.tokens_per_s == pytest.approx(2000.0)
+    assert m.data_wait_share == pytest.approx((0.01 / 1.0 + 0.01 / 0.9) / 2)
 
 
 def fake_run(folder, config, step_time, ranks, device="cpu"):

@@ -21,6 +21,7 @@ import io
 import math
 import re
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from wattgate.records.trained import Trained
 from wattgate.errors import InputError
 from wattgate.report.gate_input import forecast_problem
 from wattgate.report.metrics import trusted_metrics
+from wattgate.run_tables import DATA_WAIT_S, RANK, STEP, STEP_TIME_S, TIME, TOKENS
 from wattgate.run_files import (
     GATE_REPORT,
     METRICS,
@@ -126,61 +128,123 @@ def write_variant_config(config: RunConfig, experiment: str, variant: str, dest:
     return derived
 
 
-def step_throughput(metrics: pd.DataFrame, skip: int = 1, source: str = METRICS, note=None) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class StepThroughput:
+    """What a variant's metrics measured over its steps after the first (step_throughput)."""
+
+    steps_measured: int
+    tokens: int
+    seconds: float  # the measured steps' time (each the slowest rank's)
+    tokens_per_s: float
+    data_wait_share: float  # NaN when no step has a positive step time
+    data_wait_s_per_step: float
+    start: float  # unix s: the first measured step's start
+    end: float  # the last measured step's end
+
+
+def step_throughput(metrics: pd.DataFrame, skip: int = 1, source: str = METRICS, note=None) -> StepThroughput:
     """Tokens/s over the measured steps: per step, all ranks' tokens over the slowest rank's time. A step
     without a positive step time (0, or left out as damaged) has no throughput: it is left out, and so is a
     rank's data wait share of a step time that is not positive (`note` names both)."""
     note = note or (lambda text: None)
-    steps = metrics.groupby("step").agg(
-        tokens=("tokens", "sum"), time=("step_time_s", "max"), wait=("data_wait_s", "max"), end=("time", "max")
+    # per step: all ranks' tokens, the slowest rank's step time and data wait, the step's end
+    steps = metrics.groupby(STEP).agg(
+        **{
+            TOKENS: (TOKENS, "sum"),
+            STEP_TIME_S: (STEP_TIME_S, "max"),
+            DATA_WAIT_S: (DATA_WAIT_S, "max"),
+            TIME: (TIME, "max"),
+        }
     )
     measured = steps.iloc[skip:] if len(steps) > skip else steps
-    timed = measured["time"] > 0  # NaN compares False
+    timed = measured[STEP_TIME_S] > 0  # NaN compares False
     if not timed.any():
         raise InputError(f"{source}: no measured steps (none after the first has a positive step_time_s)")
     if not timed.all():
         note(f"{source}: {int((~timed).sum())} step(s) without a positive step_time_s left out of the throughput")
         measured = measured[timed]
-    positive = metrics["step_time_s"] > 0
-    share = (metrics["data_wait_s"][positive] / metrics["step_time_s"][positive]).groupby(metrics["step"][positive])
+    positive = metrics[STEP_TIME_S] > 0
+    share = (metrics[DATA_WAIT_S][positive] / metrics[STEP_TIME_S][positive]).groupby(metrics[STEP][positive])
     wait_share = float(share.mean().reindex(measured.index).mean())  # NaN (an empty cell) when none has one
     if not positive.all():
         note(f"{source}: {int((~positive).sum())} row(s) without a positive step_time_s left out of data_wait_share")
-    return {
-        "steps_measured": int(len(measured)),
-        "tokens": int(measured["tokens"].sum()),
-        "seconds": float(measured["time"].sum()),
-        "tokens_per_s": float(measured["tokens"].sum() / measured["time"].sum()),
-        "data_wait_share": wait_share,
-        "data_wait_s_per_step": float(measured["wait"].mean()),
-        "start": float(measured["end"].iloc[0] - measured["time"].iloc[0]),
-        "end": float(measured["end"].iloc[-1]),
-    }
+    return StepThroughput(
+        steps_measured=int(len(measured)),
+        tokens=int(measured[TOKENS].sum()),
+        seconds=float(measured[STEP_TIME_S].sum()),
+        tokens_per_s=float(measured[TOKENS].sum() / measured[STEP_TIME_S].sum()),
+        data_wait_share=wait_share,
+        data_wait_s_per_step=float(measured[DATA_WAIT_S].mean()),
+        start=float(measured[TIME].iloc[0] - measured[STEP_TIME_S].iloc[0]),
+        end=float(measured[TIME].iloc[-1]),
+    )
 
 
 def measured_energy_j(telemetry: Path, start: float, end: float) -> float | None:
     """Board energy over [start, end] from the node traces (integrated instant power); None without GPUs."""
     from wattgate.power.energy import trapezoids
+    from wattgate import trace as T
     from wattgate.trace import read_trace, trace_files
 
     total, seen = 0.0, False
     for path in trace_files(telemetry):
-        d = read_trace(path).select(["time", "host", "gpu", "power_w"]).to_pandas()
-        d = d[(d["time"] >= start) & (d["time"] <= end)]
-        for _, g in d.sort_values("time").groupby(["host", "gpu"]):
-            pieces = trapezoids(g["time"].to_numpy(), g["power_w"].to_numpy())
+        d = read_trace(path).select([T.TIME, T.HOST, T.GPU, T.POWER_W]).to_pandas()
+        d = d[(d[T.TIME] >= start) & (d[T.TIME] <= end)]
+        for _, g in d.sort_values(T.TIME).groupby([T.HOST, T.GPU]):
+            pieces = trapezoids(g[T.TIME].to_numpy(), g[T.POWER_W].to_numpy())
             if len(pieces):
                 seen = True
                 total += float(pieces.sum())
     return total if seen else None
 
 
-def run_row(variant_dir: Path, note=None) -> dict:
+# the comparison table's columns that compare() and the plots read (each a VariantRow field, and the efficiency)
+RUN, WORLD_SIZE, DEVICE, DATA_CACHE = "run", "world_size", "device", "data_cache"
+TOKENS_PER_S, TOKENS_PER_S_PER_GPU, DATA_WAIT_SHARE = "tokens_per_s", "tokens_per_s_per_gpu", "data_wait_share"
+SCALING_EFFICIENCY = "scaling_efficiency"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForecastColumns:
+    """The gate's forecast of a variant's train job beside what its TRAINED measured (job_s), and the error."""
+
+    forecast_source: str | None = None
+    forecast_wall_s: float | None = None
+    measured_wall_s: float | None = None
+    forecast_error: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class VariantRow:
+    """One finished variant's row of the comparison table: its settings and measured throughput."""
+
+    run: str
+    world_size: int
+    nodes: int
+    device: str | None
+    grad_accum: int
+    micro_batch_size: int
+    data_cache: str
+    steps_measured: int
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    gpu_hours_per_billion_tokens: float | None
+    joules_per_token: float | None
+    data_wait_share: float
+    data_wait_s_per_step: float
+    data_copy_s: float | None
+    forecast_source: str | None = None  # ForecastColumns' fields, last as in table.csv
+    forecast_wall_s: float | None = None
+    measured_wall_s: float | None = None
+    forecast_error: float | None = None
+
+
+def run_row(variant_dir: Path, note=None) -> VariantRow:
     """One finished variant: its settings and measured throughput (`note`: what was left out, and why)."""
     note = note or (lambda text: None)
     config = load_run_config(variant_dir / "config.yaml")
     train = variant_dir / "train"
-    metrics = read_metrics(train, ["step", "rank", "time", "tokens", "step_time_s", "data_wait_s"])
+    metrics = read_metrics(train, [STEP, RANK, TIME, TOKENS, STEP_TIME_S, DATA_WAIT_S])
     summary = read_trained(train)
     if metrics is None or summary is None:
         missing = " and ".join(name for name, found in ((METRICS, metrics), (TRAINED, summary)) if found is None)
@@ -188,28 +252,29 @@ def run_row(variant_dir: Path, note=None) -> dict:
     metrics = trusted_metrics(metrics, train / METRICS, note)
     m = step_throughput(metrics, source=str(train / METRICS), note=note)
     world = world_size(config)
-    energy = measured_energy_j(train / "telemetry", m["start"], m["end"])
-    tps = m["tokens_per_s"] if m["tokens_per_s"] > 0 else None  # no tokens: no cost per token either
-    return {
-        "run": config.run_name,
-        "world_size": world,
-        "nodes": config.cluster.nodes,
-        "device": summary.device,
-        "grad_accum": config.train.grad_accum,
-        "micro_batch_size": config.train.micro_batch_size,
-        "data_cache": config.train.data_cache,
-        "steps_measured": m["steps_measured"],
-        "tokens_per_s": m["tokens_per_s"],
-        "tokens_per_s_per_gpu": m["tokens_per_s"] / world,
-        "gpu_hours_per_billion_tokens": world * 1e9 / tps / 3600 if tps else None,
-        "joules_per_token": energy / m["tokens"] if energy is not None and m["tokens"] > 0 else None,
-        "data_wait_share": m["data_wait_share"],
-        "data_wait_s_per_step": m["data_wait_s_per_step"],
-        "data_copy_s": summary.data_copy_s,
-    } | forecast_columns(variant_dir / "gate", summary)
+    energy = measured_energy_j(train / "telemetry", m.start, m.end)
+    tps = m.tokens_per_s if m.tokens_per_s > 0 else None  # no tokens: no cost per token either
+    return VariantRow(
+        run=config.run_name,
+        world_size=world,
+        nodes=config.cluster.nodes,
+        device=summary.device,
+        grad_accum=config.train.grad_accum,
+        micro_batch_size=config.train.micro_batch_size,
+        data_cache=config.train.data_cache,
+        steps_measured=m.steps_measured,
+        tokens_per_s=m.tokens_per_s,
+        tokens_per_s_per_gpu=m.tokens_per_s / world,
+        gpu_hours_per_billion_tokens=world * 1e9 / tps / 3600 if tps else None,
+        joules_per_token=energy / m.tokens if energy is not None and m.tokens > 0 else None,
+        data_wait_share=m.data_wait_share,
+        data_wait_s_per_step=m.data_wait_s_per_step,
+        data_copy_s=summary.data_copy_s,
+        **asdict(forecast_columns(variant_dir / "gate", summary)),
+    )
 
 
-def forecast_columns(gate_dir: Path, trained: Trained) -> dict:
+def forecast_columns(gate_dir: Path, trained: Trained) -> ForecastColumns:
     """The gate's forecast of the train job's wall time beside what TRAINED measured, and the error. A
     damaged forecast is refused: its row would compare with nothing."""
     fc = (read_gate_report(gate_dir) or {}).get("forecast")
@@ -217,12 +282,14 @@ def forecast_columns(gate_dir: Path, trained: Trained) -> dict:
     if problem:
         raise InputError(f"{gate_dir / GATE_REPORT}: {problem}; rerun this variant's gate stage")
     measured = trained.job_s if trained.job_s else None  # TRAINED without a usable job time
-    out = {"forecast_source": None, "forecast_wall_s": None, "measured_wall_s": measured, "forecast_error": None}
-    if fc:
-        out.update(forecast_source=fc["throughput"]["source"], forecast_wall_s=fc["wall_s"])
-        if measured:
-            out["forecast_error"] = fc["wall_s"] / measured - 1
-    return out
+    if not fc:
+        return ForecastColumns(measured_wall_s=measured)
+    return ForecastColumns(
+        forecast_source=fc["throughput"]["source"],
+        forecast_wall_s=fc["wall_s"],
+        measured_wall_s=measured,
+        forecast_error=fc["wall_s"] / measured - 1 if measured else None,
+    )
 
 
 FORECAST_COLUMNS = ["forecast_source", "forecast_wall_s", "measured_wall_s", "forecast_error"]
@@ -260,15 +327,15 @@ def compare(experiment: str, variant_dirs: list[Path], out: Path, note=None) -> 
     check_output(out, "compare", variants)
     notes: list[str] = []
     rows = [run_row(Path(d), notes.append) for d in variant_dirs]
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame([asdict(r) for r in rows])
     if experiment == "scaling":
-        table = table.sort_values("world_size").reset_index(drop=True)
-        base = table.iloc[0]["tokens_per_s_per_gpu"]
-        table["scaling_efficiency"] = table["tokens_per_s_per_gpu"] / base if base > 0 else math.nan
+        table = table.sort_values(WORLD_SIZE).reset_index(drop=True)
+        base = table[TOKENS_PER_S_PER_GPU].iloc[0]
+        table[SCALING_EFFICIENCY] = table[TOKENS_PER_S_PER_GPU] / base if base > 0 else math.nan
         table = _finite_cells(table, notes.append)[SCALING_COLUMNS]
         figure = _scaling_plot(table)
     elif experiment == "dataio":
-        table = table.sort_values("data_cache", key=lambda c: c.map(DATA_CACHES.index)).reset_index(drop=True)
+        table = table.sort_values(DATA_CACHE, key=lambda c: c.map(DATA_CACHES.index)).reset_index(drop=True)
         table = _finite_cells(table, notes.append)[DATAIO_COLUMNS]
         figure = _dataio_plot(table)
     else:
@@ -294,7 +361,7 @@ def _finite_cells(table: pd.DataFrame, note) -> pd.DataFrame:
     if not infinite:
         return table
     for c in infinite:
-        runs = table.loc[np.isinf(table[c].to_numpy(dtype=float)), "run"].tolist()
+        runs = table.loc[np.isinf(table[c].to_numpy(dtype=float)), RUN].tolist()
         note(f"{c}: infinite for {', '.join(map(str, runs))}: left empty")
     return table.replace([np.inf, -np.inf], np.nan)
 
@@ -324,12 +391,13 @@ def _scaling_plot(table: pd.DataFrame) -> bytes:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    w = table["world_size"].to_numpy()
-    ax.plot(w, table["tokens_per_s"], "o-", label="measured")
-    ax.plot(w, table["tokens_per_s"].iloc[0] * w / w[0], "--", color="grey", label="linear")
-    for x, y, e in zip(w, table["tokens_per_s"], table["scaling_efficiency"]):
+    w = table[WORLD_SIZE].to_numpy()
+    ax.plot(w, table[TOKENS_PER_S], "o-", label="measured")
+    ax.plot(w, table[TOKENS_PER_S].iloc[0] * w / w[0], "--", color="grey", label="linear")
+    for x, y, e in zip(w, table[TOKENS_PER_S], table[SCALING_EFFICIENCY]):
         ax.annotate(f"{100 * e:.0f}%", (x, y), textcoords="offset points", xytext=(5, -12))
-    ax.set_xlabel(f"GPUs ({table['device'].iloc[0]} processes)" if table["device"].iloc[0] == "cpu" else "GPUs")
+    device = table[DEVICE].iloc[0]
+    ax.set_xlabel(f"GPUs ({device} processes)" if device == "cpu" else "GPUs")
     ax.set_ylabel("tokens/s")
     ax.set_xticks(w)
     ax.set_ylim(bottom=0)
@@ -348,9 +416,9 @@ def _dataio_plot(table: pd.DataFrame) -> bytes:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(8, 3.5))
-    a.bar(table["data_cache"], table["tokens_per_s"], color=["tab:blue", "tab:orange"][: len(table)])
+    a.bar(table[DATA_CACHE], table[TOKENS_PER_S], color=["tab:blue", "tab:orange"][: len(table)])
     a.set_ylabel("tokens/s")
-    b.bar(table["data_cache"], 100 * table["data_wait_share"], color=["tab:blue", "tab:orange"][: len(table)])
+    b.bar(table[DATA_CACHE], 100 * table[DATA_WAIT_SHARE], color=["tab:blue", "tab:orange"][: len(table)])
     b.set_ylabel("data wait, % of step time")
     fig.suptitle("Data path: shared folder vs node-local copy")
     fig.tight_layout()
