@@ -18,7 +18,7 @@ import pytest
 from wattgate.triage_tables import shipped_table
 from wattgate.records.watcher import Verdict, WatcherRecord
 from wattgate.telemetry.watch import CostBasis, watcher_cost, assess, diagnose, watch
-from wattgate.telemetry.watch_inputs import ActivityMeter, BeatReader, beat_problem, first_steps
+from wattgate.telemetry.watch_inputs import Activity, ActivityMeter, BeatReader, beat_problem, first_steps
 
 from conftest import make_run
 
@@ -57,11 +57,11 @@ def beats(*bs):
 
 
 def waiting(share=0.0):
-    return {"cpu_share": share, "io_bytes": 0, "state": "S", "over_s": 10.0, "waiting": True}
+    return Activity(cpu_share=share, io_bytes=0, state="S", over_s=10.0, waiting=True)
 
 
 def working(share=0.9):
-    return {"cpu_share": share, "io_bytes": 0, "state": "R", "over_s": 10.0, "waiting": False}
+    return Activity(cpu_share=share, io_bytes=0, state="R", over_s=10.0, waiting=False)
 
 
 # ---------------------------------------------------------------- section 1: in step, no evidence: a slow step
@@ -333,8 +333,8 @@ def test_activity_meter_tells_a_waiting_process_from_a_computing_one():
 
         _wait(sampled_long_enough)
         got = meter.activity(time.monotonic())
-        assert got[0]["waiting"] and got[0]["cpu_share"] < 0.05
-        assert not got[1]["waiting"] and got[1]["cpu_share"] > 0.05  # a share of a loaded core, far above 0
+        assert got[0].waiting and got[0].cpu_share < 0.05
+        assert not got[1].waiting and got[1].cpu_share > 0.05  # a share of a loaded core, far above 0
         assert 2 not in got and 3 not in got  # on another host, or not a wattgate process: no reading
     finally:
         for p in (sleeper, spinner, stranger):

@@ -59,6 +59,7 @@ from wattgate.telemetry.kill import _alive, stop_job
 from wattgate.telemetry.watch_inputs import (  # noqa: F401 (TraceTail: callers import it here)
     COLLECTIVE_PHASES,
     WATCH_PHASES,
+    Activity,
     ActivityMeter,
     BeatReader,
     TraceTail,
@@ -128,7 +129,7 @@ def in_startup(beats: dict[int, dict], firsts: dict[int, dict[str, int]]) -> boo
 
 
 def evidence(
-    gpus: dict, table: TriageTable | None, activity: dict, beats: dict, startup: bool
+    gpus: dict, table: TriageTable | None, activity: dict[int, Activity], beats: dict, startup: bool
 ) -> tuple[str | None, str]:
     """('waiting' | 'working' | None: unknown, what it rests on) for a stall: power where the trace has it,
     else the rank processes on this host."""
@@ -139,13 +140,13 @@ def evidence(
         band = f"GPUs in the low power band (< {table.low_max_w:.0f} W)"
         return (None, f"{band} in a start-up step") if startup else ("waiting", band)
     seen = {r: a for r, a in activity.items() if r in beats}
-    working = sorted(r for r, a in seen.items() if not a["waiting"])
+    working = sorted(r for r, a in seen.items() if not a.waiting)
     if working:
-        busy = ", ".join(f"rank {r} {seen[r]['cpu_share']:.2f} of a core" for r in working)
+        busy = ", ".join(f"rank {r} {seen[r].cpu_share:.2f} of a core" for r in working)
         return "working", f"no power data; rank processes working: {busy}"
     if seen and len(seen) == len(beats):
-        top = max(a["cpu_share"] for a in seen.values())
-        over = min(a["over_s"] for a in seen.values())
+        top = max(a.cpu_share for a in seen.values())
+        over = min(a.over_s for a in seen.values())
         return "waiting", f"no power data; every rank process waits: <= {top:.2f} of a core, no I/O, over {over:.0f} s"
     if seen:
         return None, f"no power data; rank(s) {_list(sorted(seen))} wait, the others are not on this host"
@@ -155,13 +156,13 @@ def evidence(
 RANK_VIEW_BEAT_KEYS = ("rank", "host", "local_rank", "gpu", "step", "micro", "micros", "epoch", "phase", "total_steps")
 
 
-def describe_rank(b: dict, now: float, gpu=None, activity: dict | None = None) -> RankView:
+def describe_rank(b: dict, now: float, gpu=None, activity: Activity | None = None) -> RankView:
     """A verdict's `ranks` entry: where the rank's heartbeat places it, its GPU's (power W, util %) over the stall
     and, on this host, what its process did (ActivityMeter)."""
     power = {} if not gpu else {"power_w": round(gpu[0], 1), "util_gpu": round(gpu[1], 1)}
     proc = {}
     if activity:
-        proc = {"cpu_share": activity["cpu_share"], "io_bytes": activity["io_bytes"], "proc_state": activity["state"]}
+        proc = {"cpu_share": activity.cpu_share, "io_bytes": activity.io_bytes, "proc_state": activity.state}
     return RankView(
         **{k: b.get(k) for k in RANK_VIEW_BEAT_KEYS},
         last_beat_age_s=round(now - b["time"], 3),
@@ -179,7 +180,7 @@ def diagnose(
     power: dict[tuple[str, int], tuple[float, float, float]],
     table: TriageTable | None,
     s: WatchSettings,
-    activity: dict[int, dict] | None = None,
+    activity: dict[int, Activity] | None = None,
     firsts: dict[int, dict[str, int]] | None = None,
 ) -> Verdict | None:
     """A verdict when the job must be stopped, else None. Pure: the tests drive it with files."""

@@ -17,6 +17,7 @@ import os
 import re
 import socket
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -159,9 +160,20 @@ def cpu_seconds(pid: int) -> float | None:
     return a[0] if a else None
 
 
+@dataclass(frozen=True)
+class Activity:
+    """What a rank's process on this host did over the meter's window."""
+
+    cpu_share: float  # of one core
+    io_bytes: int  # read and written through storage
+    state: str  # its process state letter (proc(5)) at the end
+    over_s: float  # the seconds sampled
+    waiting: bool  # no CPU to speak of, no I/O, not in uninterruptible I/O: blocked in a collective
+
+
 class ActivityMeter:
-    """Per rank on this host, what its process did over the last `window_s`: `cpu_share` (of one core),
-    `io_bytes`, `state`, `over_s`, `waiting`. Ranks elsewhere, gone, or sampled too briefly have none."""
+    """Per rank on this host, what its process did over the last `window_s` (Activity). Ranks elsewhere, gone,
+    or sampled too briefly have none."""
 
     def __init__(self, window_s: float, host: str | None = None):
         self.window_s = window_s
@@ -185,7 +197,7 @@ class ActivityMeter:
             while history and history[0][0] < now - 2 * self.window_s:
                 history.popleft()
 
-    def activity(self, now: float) -> dict[int, dict]:
+    def activity(self, now: float) -> dict[int, Activity]:
         out = {}
         for rank, (_, history) in self.samples.items():
             recent = [h for h in history if h[0] >= now - self.window_s]
@@ -193,13 +205,13 @@ class ActivityMeter:
                 continue  # too short a record to tell waiting from working
             (t0, c0, io0, _), (t1, c1, io1, state) = recent[0], recent[-1]
             share, io = (c1 - c0) / (t1 - t0), io1 - io0
-            out[rank] = {
-                "cpu_share": round(share, 3),
-                "io_bytes": io,
-                "state": state,
-                "over_s": round(t1 - t0, 1),
-                "waiting": share < WAITING_CPU_SHARE and io == 0 and state != "D",
-            }
+            out[rank] = Activity(
+                cpu_share=round(share, 3),
+                io_bytes=io,
+                state=state,
+                over_s=round(t1 - t0, 1),
+                waiting=share < WAITING_CPU_SHARE and io == 0 and state != "D",
+            )
         return out
 
 
@@ -207,12 +219,12 @@ class ActivityMeter:
 ODD_STATES = {"T": "stopped", "t": "stopped by a debugger", "D": "in uninterruptible I/O", "Z": "dead, not reaped"}
 
 
-def state_notes(beats: dict[int, dict], activity: dict[int, dict], now: float) -> list[str]:
+def state_notes(beats: dict[int, dict], activity: dict[int, Activity], now: float) -> list[str]:
     """'rank 1 (pid 4242) stopped (state T) at step 7 for 61 s' for each rank whose process (on this host) is in
     one of ODD_STATES: a SIGSTOP, a debugger, a hung filesystem; the time is since its last heartbeat."""
     notes = []
     for rank in sorted(activity):
-        state, beat = activity[rank].get("state"), beats.get(rank)
+        state, beat = activity[rank].state, beats.get(rank)
         if state in ODD_STATES and beat is not None:
             notes.append(
                 f"rank {rank} (pid {beat.get('pid')}) {ODD_STATES[state]} (state {state}) at step {beat['step']} "
@@ -221,8 +233,8 @@ def state_notes(beats: dict[int, dict], activity: dict[int, dict], now: float) -
     return notes
 
 
-def odd_state_ranks(activity: dict[int, dict], states: str = "Tt") -> list[int]:
-    return sorted(r for r, a in activity.items() if a.get("state") in states)
+def odd_state_ranks(activity: dict[int, Activity], states: str = "Tt") -> list[int]:
+    return sorted(r for r, a in activity.items() if a.state in states)
 
 
 class TraceTail:
