@@ -19,14 +19,36 @@ import socket
 import time
 from dataclasses import dataclass, field
 
+from wattgate.trace import (
+    CLOCKS_EVENT_REASONS,
+    DRAM_ACTIVE,
+    ENERGY_J,
+    GPU,
+    HOST,
+    MEM_USED_MIB,
+    NVLINK_RX_BPS,
+    NVLINK_TX_BPS,
+    POWER_W,
+    SM_ACTIVE,
+    SM_CLOCK_MHZ,
+    SM_OCCUPANCY,
+    TEMP_C,
+    TENSOR_ACTIVE,
+    TIME,
+    UTIL_GPU,
+    UTIL_MEM,
+)
+
+# A sample row is one trace row (wattgate/trace.py TRACE_SCHEMA), keyed by the trace's column names.
 GPM_METRICS = {  # trace column -> pynvml metric constant name
-    "sm_active": "NVML_GPM_METRIC_SM_UTIL",
-    "sm_occupancy": "NVML_GPM_METRIC_SM_OCCUPANCY",
-    "tensor_active": "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
-    "dram_active": "NVML_GPM_METRIC_DRAM_BW_UTIL",
-    "nvlink_tx_bps": "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC",
-    "nvlink_rx_bps": "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC",
+    SM_ACTIVE: "NVML_GPM_METRIC_SM_UTIL",
+    SM_OCCUPANCY: "NVML_GPM_METRIC_SM_OCCUPANCY",
+    TENSOR_ACTIVE: "NVML_GPM_METRIC_ANY_TENSOR_UTIL",
+    DRAM_ACTIVE: "NVML_GPM_METRIC_DRAM_BW_UTIL",
+    NVLINK_TX_BPS: "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC",
+    NVLINK_RX_BPS: "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC",
 }
+NVLINK_COLUMNS = (NVLINK_TX_BPS, NVLINK_RX_BPS)
 NVLINK_SCALE = float(2**20)  # nvml.h documents the GPM NVLink rates in MiB/s; the trace stores bytes/s
 
 
@@ -101,7 +123,7 @@ class NvmlSource:
             except nv.NVMLError:
                 info[key] = None
         reasons = self._reasons_call(h) if self.use_reasons else None
-        info["clocks_event_reasons"] = reasons is not None
+        info[CLOCKS_EVENT_REASONS] = reasons is not None  # the trace metadata's GPU entry: whether they are read
         return GpuHandle(
             index,
             h,
@@ -168,25 +190,25 @@ class NvmlSource:
 
     def _read_gpu(self, g: GpuHandle, now: float, slow: bool, energy: bool) -> dict:
         nv, h = self.nv, g.handle
-        row = {"time": now, "host": self.host, "gpu": g.index}
+        row = {TIME: now, HOST: self.host, GPU: g.index}
         power = self._instant_power_mw(h) if g.instant_power else None
         if power is None:
             power = _maybe(nv, lambda: nv.nvmlDeviceGetPowerUsage(h))
-        row["power_w"] = power / 1000.0 if power is not None else None
+        row[POWER_W] = power / 1000.0 if power is not None else None
         if energy:
             mj = _maybe(nv, lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h))
-            row["energy_j"] = mj / 1000.0 if mj is not None else None
+            row[ENERGY_J] = mj / 1000.0 if mj is not None else None
         util = _maybe(nv, lambda: nv.nvmlDeviceGetUtilizationRates(h))
-        row["util_gpu"] = float(util.gpu) if util is not None else None
-        row["util_mem"] = float(util.memory) if util is not None else None
+        row[UTIL_GPU] = float(util.gpu) if util is not None else None
+        row[UTIL_MEM] = float(util.memory) if util is not None else None
         if slow:
             g.slow = {
-                "sm_clock_mhz": _maybe(nv, lambda: float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))),
-                "mem_used_mib": _maybe(nv, lambda: nv.nvmlDeviceGetMemoryInfo(h).used / 2**20),
-                "temp_c": _maybe(nv, lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
+                SM_CLOCK_MHZ: _maybe(nv, lambda: float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))),
+                MEM_USED_MIB: _maybe(nv, lambda: nv.nvmlDeviceGetMemoryInfo(h).used / 2**20),
+                TEMP_C: _maybe(nv, lambda: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
             }
             if g.reasons is not None:
-                g.slow["clocks_event_reasons"] = _maybe(nv, lambda: int(g.reasons(h)))
+                g.slow[CLOCKS_EVENT_REASONS] = _maybe(nv, lambda: int(g.reasons(h)))
             if g.gpm and self.use_gpm:
                 g.slow.update(self._gpm(g))
         row.update(g.slow)
@@ -220,7 +242,7 @@ class NvmlSource:
         for i, col in enumerate(GPM_METRICS):
             m = req.metrics[i]
             if m.nvmlReturn == nv.NVML_SUCCESS:
-                out[col] = float(m.value) * (NVLINK_SCALE if col.startswith("nvlink") else 1.0)
+                out[col] = float(m.value) * (NVLINK_SCALE if col in NVLINK_COLUMNS else 1.0)
         return out
 
     def close(self) -> None:

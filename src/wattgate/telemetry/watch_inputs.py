@@ -26,7 +26,17 @@ import pyarrow.parquet as pq
 
 from wattgate.heartbeats import HEARTBEAT_DIR, HEARTBEAT_PHASES, heartbeat_events_path
 from wattgate.telemetry.lag_watch import busy_from_samples
-from wattgate.trace import REASONS, SEGMENT_DIR_SUFFIX, _segment_range, live_segments
+from wattgate.trace import (
+    GPU,
+    HOST,
+    POWER_W,
+    REASONS,
+    SEGMENT_DIR_SUFFIX,
+    TIME,
+    UTIL_GPU,
+    _segment_range,
+    live_segments,
+)
 
 # the train loop's validation pass beats `eval` (issue 22): known here whether or not run_files lists it yet
 WATCH_PHASES = tuple(dict.fromkeys(HEARTBEAT_PHASES[:2] + ("eval",) + HEARTBEAT_PHASES[2:]))
@@ -255,7 +265,7 @@ class TraceTail:
                     continue
                 try:
                     names = pq.read_schema(seg).names  # a sampler from before the reasons column has none
-                    cols = ["time", "host", "gpu", "power_w", "util_gpu"] + [REASONS] * (REASONS in names)
+                    cols = [TIME, HOST, GPU, POWER_W, UTIL_GPU] + [REASONS] * (REASONS in names)
                     t = pq.read_table(seg, columns=cols)
                 except (OSError, ValueError):
                     continue  # merged away between listing and reading; its rows arrive in the merged file
@@ -266,11 +276,11 @@ class TraceTail:
                         reasons = pc.fill_null(t[REASONS], -1).to_numpy().astype(np.int64)
                     self.chunks.append(
                         (
-                            t["time"].to_numpy(),
-                            np.array(t["host"].to_pylist(), dtype=object),
-                            t["gpu"].to_numpy(),
-                            t["power_w"].to_numpy(zero_copy_only=False),
-                            t["util_gpu"].to_numpy(zero_copy_only=False),
+                            t[TIME].to_numpy(),
+                            np.array(t[HOST].to_pylist(), dtype=object),
+                            t[GPU].to_numpy(),
+                            t[POWER_W].to_numpy(zero_copy_only=False),
+                            t[UTIL_GPU].to_numpy(zero_copy_only=False),
                             reasons,
                         )
                     )
