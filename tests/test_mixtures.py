@@ -347,17 +347,18 @@ def test_the_report_draws_and_tabulates_a_validation_curve_per_source():
 
     evals = pd.DataFrame(eval_rows())
     section = validation_section(evals)
-    assert section["sources"] == ["chat", "notes"]
-    assert section["final"]["per_source"] == {"chat": 2.6, "notes": 2.0}
+    assert section.sources == ("chat", "notes")
+    assert section.final.per_source == {"chat": 2.6, "notes": 2.0}
     svg = loss_figure(None, evals)
     for name, color in zip(("chat", "notes"), SOURCE_COLORS):
         assert f'stroke="{color}" stroke-width="1.6" stroke-dasharray="5 3"' in svg
         assert f"<title>validation: {name}</title>" in svg and f">validation: {name}</text>" in svg
-    page = validation_html({"validation": section})
+    page = validation_html(section)
     assert '<th class="n">loss: chat</th>' in page and '<th class="n">loss: notes</th>' in page
     # one source: the figure and the table as before, no per-source curve or column
     single = pd.DataFrame(eval_rows(sources=()))
     assert "stroke-dasharray" not in loss_figure(None, single)
     plain = validation_section(single)
-    assert "sources" not in plain and "per_source" not in plain["final"]
-    assert "loss: " not in validation_html({"validation": plain})
+    written = plain.to_json()
+    assert "sources" not in written and "per_source" not in written["final"]
+    assert "loss: " not in validation_html(plain)

@@ -42,7 +42,7 @@ def test_report_counts_a_repeated_step_and_rank_once_the_last_row(run):
         table.schema.get_field_index("tokens"), "tokens", pa.array(table["tokens"].to_numpy() * 2)
     )
     pq.write_table(pa.concat_tables([table, rewritten]), run / "metrics.parquet")
-    s = summarize(run).summary
+    s = summarize(run).summary.to_json()
     assert s["tokens"] == 2 * int(table["tokens"].to_numpy().sum())  # the rewrite's rows, once
     assert any("repeat a (step, rank)" in n and "its last row" in n for n in s["notes"])
 

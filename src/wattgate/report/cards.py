@@ -26,6 +26,8 @@ from wattgate.records.summary import (
 )
 from wattgate.records.trained import MEMORY_PHASES, PhasePeak, Trained
 from wattgate.records.watcher import ABSENT, WatcherRecord
+from wattgate.records.gate import PHASE_HOST, PhaseEstimate
+from wattgate.report.gate_input import UsableGate
 from wattgate.report.inputs import RunInputs
 from wattgate.report.steps import num
 from wattgate.durations import duration
@@ -37,16 +39,13 @@ def short_list(items: list, limit: int = 8) -> str:
     return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "") if items else "-"
 
 
-def gate_record(gate: dict | None) -> GateCard | None:
+def gate_record(gate: UsableGate | None) -> GateCard | None:
     if gate is None:
         return None
-    checks = tuple(
-        GateCheck(name=str(c.get("name")), passed=bool(c.get("passed")), detail=str(c.get("detail", "")))
-        for c in gate.get("checks") or []
-    )
+    checks = tuple(GateCheck(name=c.name, passed=c.passed, detail=c.detail) for c in gate.checks)
     return GateCard(
-        passed=gate.get("passed"),  # None: gate.json's verdict was damaged (report/gate_input.py)
-        enforce=gate.get("enforce"),
+        passed=gate.passed,  # None: gate.json's verdict was damaged (report/gate_input.py)
+        enforce=gate.enforce,
         failed_checks=tuple(c.name for c in checks if not c.passed),
         checks=checks,
     )
@@ -68,21 +67,21 @@ def gate_section(s: Summary) -> str:
     )
 
 
-def forecast_record(gate: dict | None, trained: Trained, kwh: float | None) -> ForecastCard | None:
+def forecast_record(gate: UsableGate | None, trained: Trained, kwh: float | None) -> ForecastCard | None:
     """The gate's forecast of the train job beside what the run measured (TRAINED job_s, ranks, energy)."""
-    fc = (gate or {}).get("forecast")
-    failure = (gate or {}).get("failure")
-    if not fc and not failure:
+    fc = gate.forecast if gate is not None else None
+    failure = gate.failure if gate is not None else None
+    if fc is None and failure is None:
         return None
     figures = actual = error = None
-    if fc:
+    if fc is not None:
         figures = ForecastFigures(  # the shapes report/gate_input.py vouched for
-            wall_s=fc["wall_s"],
-            gpu_hours=fc.get("gpu_hours"),
-            kwh=fc.get("kwh"),
-            source=fc["throughput"]["source"],
-            detail=str(fc["throughput"].get("detail", "")),
-            terms_s=fc.get("terms_s") or {},
+            wall_s=fc.wall_s,
+            gpu_hours=fc.gpu_hours,
+            kwh=fc.kwh,
+            source=fc.throughput.source,
+            detail=fc.throughput.detail,
+            terms_s=dict(fc.terms_s),
         )
     wall, world = trained.job_s, trained.world_size
     if wall:
@@ -93,7 +92,9 @@ def forecast_record(gate: dict | None, trained: Trained, kwh: float | None) -> F
                 gpu_hours=_error(actual.gpu_hours, figures.gpu_hours),
                 kwh=_error(actual.kwh, figures.kwh),
             )
-    return ForecastCard(forecast=figures, actual=actual, error=error, failure=(failure or {}).get("line"))
+    return ForecastCard(
+        forecast=figures, actual=actual, error=error, failure=failure.line if failure is not None else None
+    )
 
 
 def _error(actual: float | None, forecast: float | None) -> float | None:
@@ -139,7 +140,7 @@ def forecast_section(s: Summary) -> str:
     return section("forecast", "Forecast against actual", body)
 
 
-def memory_record(trained: Trained | None, gate: dict | None) -> MemoryCard | None:
+def memory_record(trained: Trained | None, gate: UsableGate | None) -> MemoryCard | None:
     """Measured peaks per phase (TRAINED, max over ranks) beside the gate's estimate of the same phase.
 
     The gate estimates device memory per rank (on CPU runs the device is the host) and host RAM per
@@ -147,35 +148,35 @@ def memory_record(trained: Trained | None, gate: dict | None) -> MemoryCard | No
     """
     trained = trained or Trained()
     measured = trained.memory
-    estimates = (gate or {}).get("memory_estimate_phases") or {}
+    estimates = gate.memory_estimate_phases if gate is not None else {}
     if measured is None and not estimates:
         return None
     worst = measured.max_over_ranks if measured is not None else {}
     gib = float(1 << 30)
     rows = []
     for phase in MEMORY_PHASES:
-        m, e = worst.get(phase) or PhasePeak(), estimates.get(phase) or {}
+        m, e = worst.get(phase) or PhasePeak(), estimates.get(phase) or PhaseEstimate()
         rows.append(
             MemoryPhase(
                 phase=phase,
                 seconds=num(m.seconds, 3),
                 measured_host_peak_gib=num(m.host_peak_gib, 4),
                 measured_device_peak_gib=num(m.cuda_peak_gib, 4),
-                estimated_device_gib=num(e["total_bytes"] / gib, 4) if e.get("total_bytes") else None,
-                usable_device_gib=num(e["usable_bytes"] / gib, 4) if e.get("usable_bytes") else None,
-                largest_term=max(e["terms_bytes"], key=e["terms_bytes"].get) if e.get("terms_bytes") else None,
+                estimated_device_gib=num(e.total_bytes / gib, 4) if e.total_bytes else None,
+                usable_device_gib=num(e.usable_bytes / gib, 4) if e.usable_bytes else None,
+                largest_term=max(e.terms_bytes, key=e.terms_bytes.get) if e.terms_bytes else None,
             )
         )
     per_host: dict[str, float] = {}
     for r in measured.per_rank if measured is not None else ():
         peak = max((p.host_peak_gib or 0.0) for p in r.phases.values()) if r.phases else 0.0
         per_host[str(r.host)] = per_host.get(str(r.host), 0.0) + peak
-    host = estimates.get("host_per_node") or {}
+    host = estimates.get(PHASE_HOST) or PhaseEstimate()
     return MemoryCard(
         phases=tuple(rows),
         measured_host_per_node_gib={h: num(v, 4) for h, v in sorted(per_host.items())},
-        estimated_host_per_node_gib=num(host["total_bytes"] / gib, 4) if host.get("total_bytes") else None,
-        host_budget_gib=num(host["usable_bytes"] / gib, 4) if host.get("usable_bytes") else None,
+        estimated_host_per_node_gib=num(host.total_bytes / gib, 4) if host.total_bytes else None,
+        host_budget_gib=num(host.usable_bytes / gib, 4) if host.usable_bytes else None,
         load_s=num(trained.load_s, 3),
         export_s=num(trained.export_s, 3),
         export_dtype=trained.export_dtype,
@@ -322,16 +323,16 @@ def power_only_section(s: Summary) -> str:
     if pauses:
         rows = [
             [
-                p["kind"],
-                utc_of(p["start"]),
-                duration(p["start_offset_s"]),
-                duration(p["duration_s"]),
-                short_list(p["waiting"]),
-                short_list(p["idle"]),
-                "-" if not p["power_w"] else f"{p['power_w'][0]:.0f}-{p['power_w'][1]:.0f}",
-                fmt(p["util_waiting"], 0, "%"),
-                fmt(p["util_idle"], 0, "%"),
-                "no: runs to the end of the trace" if p["open"] else "yes",
+                p.kind,
+                utc_of(p.start),
+                duration(p.start_offset_s),
+                duration(p.duration_s),
+                short_list(p.waiting),
+                short_list(p.idle),
+                "-" if not p.power_w else f"{p.power_w[0]:.0f}-{p.power_w[1]:.0f}",
+                fmt(p.util_waiting, 0, "%"),
+                fmt(p.util_idle, 0, "%"),
+                "no: runs to the end of the trace" if p.open else "yes",
             ]
             for p in pauses[:200]
         ]

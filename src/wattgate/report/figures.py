@@ -266,12 +266,13 @@ def phase_share_figure(analysis: Analysis) -> str | None:
 
     The shares are the summary's per-GPU ones (the numbers the page's tables print), not a second pass
     over every window."""
-    rows = analysis.summary["phases"].get("per_gpu", [])[:MAX_PANELS]
+    rows = analysis.summary.phases.per_gpu[:MAX_PANELS]
     if not rows:
         return None
-    labels = [f"{r['host']}:{r['gpu']}" for r in rows]
+    labels = [f"{r.host}:{r.gpu}" for r in rows]
     shares = [
-        np.array([[r[key].get(p) or 0.0 for p in LABELS] for r in rows]) for key in ("time_share", "energy_share")
+        np.array([[r.time_share.get(p) or 0.0 for p in LABELS] for r in rows]),
+        np.array([[r.energy_share.get(p) or 0.0 for p in LABELS] for r in rows]),
     ]
     present = [p for j, p in enumerate(LABELS) if any(s[:, j].any() for s in shares)]
     head, head_h = legend(phase_entries(present), 6)
@@ -350,9 +351,9 @@ def steps_figure(analysis: Analysis, steps) -> str | None:
         plot.append(dots(tx, box.py(st), "#1f77b4", 2.8))
     if wait is not None:
         plot.append(f'<path d="{_area_d(box, tx, wait, step_pre=not binned)}" fill="#ff7f0e" fill-opacity=".6"/>')
-    for seg in analysis.summary.get("segments", [])[1:]:  # a resized run: where the world size changed
-        sx = float(box.px((seg["start"] - t0) / unit))
-        note = f"{seg['world_size']} ranks from step {seg['first_step']}"
+    for seg in analysis.summary.segments[1:]:  # a resized run: where the world size changed
+        sx = float(box.px((seg.start - t0) / unit))
+        note = f"{seg.world_size} ranks from step {seg.first_step}"
         plot.append(
             f'<path d="M{num(sx)} {num(box.top)}V{num(box.bottom)}" stroke="#8a1414" stroke-dasharray="5 3"/>'
             + text(sx + 3, box.bottom - 4, note, ' font-size="10" fill="#8a1414"')
@@ -471,10 +472,11 @@ def loss_figure(steps, evals=None) -> str | None:
 
 def render_all(analysis: Analysis, steps, evals=None) -> dict[str, str | None]:
     """Every figure by name as SVG markup (None where its inputs are missing); `evals` the validation passes."""
-    lag = (analysis.inputs.lag or {}).get("lag") or {}
-    entries = analysis.summary["stragglers"]["entries"]
+    lagging = analysis.inputs.lag
+    timeline = lagging.lag.timeline if lagging is not None and lagging.lag is not None else None
+    entries = analysis.summary.stragglers.entries
     return {
-        "lag": lag_figure(lag.get("timeline"), entries, analysis.inputs.window_s, analysis.t0, analysis.t1),
+        "lag": lag_figure(timeline, entries, analysis.inputs.window_s, analysis.t0, analysis.t1),
         "power": power_figure(analysis),
         "phase_share": phase_share_figure(analysis),
         "steps": steps_figure(analysis, steps),

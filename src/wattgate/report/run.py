@@ -14,6 +14,7 @@ from wattgate.report.inputs import load_inputs
 from wattgate.report.ledger_wait import record_run_wait
 from wattgate.report.summary import Analysis, analyze
 from wattgate.run_files import check_output, claim_output
+from wattgate.records.run_config import RunConfig
 
 STAGE = "report"
 
@@ -37,9 +38,9 @@ def run_report(
     table_path: PathLike | None = None,
     power_cap_w: float | None = None,
     *,
-    config: dict | None = None,
+    config: RunConfig | None = None,
 ) -> dict:
-    """Write out_dir/summary.json and out_dir/index.html; return the summary.
+    """Write out_dir/summary.json and out_dir/index.html; return summary.json's object (`Summary.to_json()`).
 
     `trace_paths` (trace files or folders of them) replace run_dir/telemetry; with run_dir None they are
     the whole input (power-only mode: no metrics, heartbeats, TRAINED or watcher; a gate or config only
@@ -55,12 +56,13 @@ def run_report(
             run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path, power_cap_w, config=config
         )
         figures = render_all(analysis, analysis.steps, analysis.inputs.evals)
-        page = render_page(analysis.summary, figures, min(MAX_PANELS, analysis.summary["gpus"]))
+        page = render_page(analysis.summary, figures, min(MAX_PANELS, analysis.summary.gpus))
     out_dir = claim_output(out_dir, STAGE)
-    write_json_atomic(out_dir / "summary.json", analysis.summary)
+    summary = analysis.summary.to_json()
+    write_json_atomic(out_dir / "summary.json", summary)
     write_bytes_atomic(out_dir / "index.html", page.encode("utf-8"))
     # the run's ledger record learns what waiting for stragglers cost it: a later run's gate says so
     recorded = record_run_wait(analysis.inputs, analysis.summary)
     if isinstance(recorded, str):
         print(f"report: warning: {recorded}", file=sys.stderr, flush=True)
-    return analysis.summary
+    return summary

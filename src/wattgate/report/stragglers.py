@@ -4,24 +4,22 @@ the waiting cost; and its figure, each such GPU's share of time its peers waited
 The numbers come from triage (triage.json `stragglers` and `lag`, power/triage/stragglers.py) and from the
 watcher (watcher.json `stragglers`: ranks it warned about live, from power or, without it, the ranks' CPU
 time). As the other cards: `straggler_record` builds summary.json's entry, `straggler_section` draws it.
-A damaged entry (not an object, a field of the wrong kind) is left out and named in the notes.
+Both records are checked when read (records/triage.py, records/watcher.py).
 """
 
 from __future__ import annotations
 
-import math
 from html import escape
 
 import numpy as np
 
 from wattgate.durations import duration
 from wattgate.records.summary import Stragglers, Summary
+from wattgate.records.triage import Lagging, Timeline
 from wattgate.records.watcher import WatcherRecord
 from wattgate.report.markup import figure, fmt, note, pct, section, table, utc_of
 from wattgate.report.svg import INK, WIDTH, Box, clipped, fit, label_margin, nice_ticks, num, path_d, svg, text, x_axis
 
-CAUSES = ("thermal", "power_cap", "hw_slowdown", "data", "rank0_work", "unknown")
-NUMBERS = ("lag_share", "wait_gpu_hours", "wait_kwh", "wait_rank_hours", "first", "last")
 CAUSE_COLORS = {
     "thermal": "#d62728",
     "power_cap": "#ff7f0e",
@@ -33,62 +31,26 @@ CAUSE_COLORS = {
 MAX_LANES = 16
 
 
-def usable_entries(raw, where: str, notes: list[str]) -> list[dict]:
-    """The entries of a stragglers list that have their shape (host a string or null, gpu and rank whole numbers
-    or null, the figures finite numbers or null, cause one of CAUSES); the others named in `notes`."""
-    if not isinstance(raw, list):
-        if raw is not None:
-            notes.append(f"{where}: stragglers is not a list: left out")
-        return []
-    out = []
-    for i, e in enumerate(raw):
-        problem = _problem(e)
-        if problem:
-            notes.append(f"{where}: stragglers[{i}] {problem}: left out")
-        else:
-            out.append(e)
-    return out
-
-
-def _problem(e) -> str:
-    if not isinstance(e, dict):
-        return "is not an object"
-    if e.get("host") is not None and not isinstance(e["host"], str):
-        return "host is not a string"
-    for key in ("gpu", "rank"):
-        v = e.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            return f"{key} is not a whole number"
-    for key in NUMBERS:
-        v = e.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-            return f"{key} is not a number"
-    if e.get("cause") not in CAUSES:
-        return f"cause {e.get('cause')!r} is none of {', '.join(CAUSES)}"
-    if not isinstance(e.get("evidence", ""), str):
-        return "evidence is not text"
-    return ""
-
-
-def straggler_record(lag: dict | None, watcher: WatcherRecord | None, gpu_hours, kwh, notes: list[str]) -> Stragglers:
+def straggler_record(
+    lag: Lagging | None, watcher: WatcherRecord | None, gpu_hours, kwh, notes: list[str]
+) -> Stragglers:
     """summary.json's `stragglers`: triage's entries (else, without GPU telemetry, the watcher's CPU ones), the
     waiting they cost against the run's GPU-hours and energy, and the watcher's live warnings."""
-    lag = lag or {}
-    found = usable_entries(lag.get("stragglers"), "triage.json", notes)
+    found = [e.to_json() for e in lag.stragglers] if lag is not None else []  # checked on read
     live = [e.to_json() for e in (watcher.stragglers or ())] if watcher is not None else []  # checked on read
-    if not found and not (lag.get("lag") or {}).get("wait_windows") and any(e.get("gpu") is None for e in live):
+    totals = lag.lag if lag is not None else None
+    if not found and not (totals and totals.wait_windows) and any(e.get("gpu") is None for e in live):
         found = [e for e in live if e.get("gpu") is None]  # no GPU telemetry: the ranks' CPU time is the evidence
     cpu = bool(found) and all(e.get("gpu") is None for e in found)
     source = "watcher: rank CPU time" if cpu else "power triage" if lag else None
-    settings = (lag.get("lag") or {}).get("settings") or {}
     hours = sum(e.get("wait_gpu_hours") or 0.0 for e in found)
     energy = sum(e.get("wait_kwh") or 0.0 for e in found)
     rank_hours = sum(e.get("wait_rank_hours") or 0.0 for e in found)
     return Stragglers(
-        checked=bool(lag) or watcher is not None,
+        checked=lag is not None or watcher is not None,
         source=source,
-        share=settings.get("share"),
-        wait_windows=(lag.get("lag") or {}).get("wait_windows"),
+        share=totals.settings.share if totals else None,
+        wait_windows=totals.wait_windows if totals else None,
         entries=tuple(found),
         wait_gpu_hours=round(hours, 6),
         wait_kwh=round(energy, 6),
@@ -172,18 +134,15 @@ def _cost_line(st: Stragglers) -> str:
     return f"Straggler(s): {names}."
 
 
-def lag_figure(timeline: dict | None, entries: list[dict], window_s: float, t0: float | None, t1: float | None):
+def lag_figure(timeline: Timeline | None, entries: list[dict], window_s: float, t0: float | None, t1: float | None):
     """One lane per GPU last in any window (stragglers first): the share of each time bin its peers spent
     waiting for it, a step area in its cause's colour (grey for a GPU no straggler), and the job's share of
     waited time as a grey line. None without a timeline."""
-    if not timeline or not timeline.get("last") or t0 is None or t1 is None:
+    if not timeline or not timeline.last or t0 is None or t1 is None:
         return None
-    try:
-        start, bin_s, bins = float(timeline["start"]), float(timeline["bin_s"]), int(timeline["bins"])
-        waits = np.asarray(timeline["wait_windows"], float)
-        last = {str(k): np.asarray(v, float) for k, v in timeline["last"].items()}
-    except (KeyError, TypeError, ValueError):
-        return None
+    start, bin_s, bins = float(timeline.start), float(timeline.bin_s), int(timeline.bins)
+    waits = np.asarray(timeline.wait_windows, float)
+    last = {str(k): np.asarray(v, float) for k, v in timeline.last.items()}
     if bins < 1 or bin_s <= 0 or len(waits) != bins or any(len(v) != bins for v in last.values()):
         return None
     cause = {f"{e.get('host')}:{e.get('gpu')}": e.get("cause") for e in entries if e.get("gpu") is not None}

@@ -15,6 +15,7 @@ import pandas as pd
 from wattgate.report import anomalies as an
 from wattgate.power.energy import GpuEnergy, gpu_energy
 from wattgate.report.cards import forecast_record, gate_record, memory_record, power_only_record, watcher_record
+from wattgate.records.triage import Energy as TriageEnergy, PauseRecord
 from wattgate.records.summary import (
     Checkpoints,
     Energy,
@@ -145,7 +146,7 @@ def _share_rows(secs: np.ndarray, joules: np.ndarray) -> tuple[dict, dict, dict]
 def phase_section(inputs: RunInputs, w: PhaseWindows) -> Phases:
     gaps = inputs.gaps
     if gaps is None and inputs.phases is not None:
-        gaps = gap_summary(inputs.phases, inputs.window_s, phases_meta(inputs.phases).get("filled_s", 0.0))
+        gaps = gap_summary(inputs.phases, inputs.window_s, phases_meta(inputs.phases).filled_s)
 
     def phases(seconds: float | None, by_phase: dict, per_gpu: list, per_node: list) -> Phases:
         return Phases(
@@ -229,17 +230,16 @@ def run_facts(inputs: RunInputs, t0: float | None) -> RunFacts:
         gpu_model=cluster.gpu_model if cluster else None,
         nodes=cluster.nodes if cluster else None,
         gpus_per_node=cluster.gpus_per_node if cluster else None,
-        params=t.get("params"),
+        params=t.params,
     )
 
 
 # ---------------------------------------------------------------- the summary
 
 
-def recorded_energy(energy: dict) -> GpuEnergy | None:
+def recorded_energy(energy: dict[str, TriageEnergy]) -> GpuEnergy | None:
     """GpuEnergy from triage.json's "energy" ("host:gpu" -> first, last, integrated_j, counter_j (null: the
-    counter was unusable), readings, gap_s (absent before it was recorded: 0)), in (host, gpu) order as
-    read_samples gives it."""
+    counter was unusable), readings, gap_s), in (host, gpu) order as read_samples gives it."""
 
     def f(x):
         return np.nan if x is None else float(x)
@@ -247,16 +247,7 @@ def recorded_energy(energy: dict) -> GpuEnergy | None:
     rows = []
     for label, e in energy.items():
         host, _, gpu = str(label).rpartition(":")
-        rows.append(
-            (
-                (host, int(gpu)),
-                f(e.get("first")),
-                f(e.get("last")),
-                f(e.get("integrated_j")),
-                f(e.get("counter_j")),
-                f(e.get("gap_s", 0.0)),
-            )
-        )
+        rows.append(((host, int(gpu)), f(e.first), f(e.last), f(e.integrated_j), f(e.counter_j), f(e.gap_s)))
     if not rows:
         return None
     rows.sort(key=lambda r: r[0])
@@ -264,19 +255,19 @@ def recorded_energy(energy: dict) -> GpuEnergy | None:
     return GpuEnergy(list(keys), *(np.array(x) for x in (first, last, integrated, counter, gaps)))
 
 
-def recorded_pauses(records: list[dict]) -> list[power_only.Pause]:
+def recorded_pauses(records: tuple[PauseRecord, ...]) -> list[power_only.Pause]:
     """Pause objects back from the records triage.json keeps of them (Pause.record)."""
     return [
         power_only.Pause(
-            r["kind"],
-            float(r["start"]),
-            float(r["end"]),
-            list(r["waiting"]),
-            list(r["idle"]),
-            tuple(r["power_w"]) if r.get("power_w") else None,
-            r.get("util_waiting"),
-            r.get("util_idle"),
-            bool(r["open"]),
+            r.kind,
+            float(r.start),
+            float(r.end),
+            list(r.waiting),
+            list(r.idle),
+            tuple(r.power_w) if r.power_w else None,
+            r.util_waiting,
+            r.util_idle,
+            bool(r.open),
         )
         for r in records
     ]
@@ -331,7 +322,7 @@ def analyze(inputs: RunInputs) -> Analysis:
         watcher=watcher_record(inputs.watcher),
         checkpoints=Checkpoints(steps=tuple(inputs.checkpoints), final=inputs.has_final),
         signals=sig,
-        pauses=tuple(p.record(t0) for p in found),
+        pauses=tuple(PauseRecord.from_json(p.record(t0), "summary.json", f"pauses[{i}].") for i, p in enumerate(found)),
         power_only=power_only_record(inputs, sig, found, t0),
         notes=tuple(inputs.notes),  # last: the records above add theirs
     )
@@ -341,10 +332,7 @@ def analyze(inputs: RunInputs) -> Analysis:
 def counter_read(inputs: RunInputs) -> bool:
     """Whether any GPU's trace has an energy counter reading."""
     if inputs.triage_energy is not None:
-        return any(
-            (e.get("readings") or 0) > 0 if "readings" in e else e.get("counter_j") is not None
-            for e in inputs.triage_energy.values()
-        )
+        return any(e.readings > 0 for e in inputs.triage_energy.values())
     return bool(inputs.samples is not None and any(len(x.energy_pos) for x in inputs.samples.series))
 
 
