@@ -35,7 +35,7 @@ def found(synth, run_dir=None, share=0.3) -> tuple[list[dict], dict]:
         write_sync_run_info(run_dir, synth)
         info = load_run_info(run_dir, [synth.meta(h) for h in sorted({h for h, _ in synth.gpus})])
     meta = phases_meta(triage(synth.table, TABLE, caps=caps, run_info=info, straggler_share=share))
-    return meta["stragglers"], meta["lag"]
+    return [e.to_json() for e in meta.stragglers], meta.lag.to_json()
 
 
 def injected(hosts, per, cause, slowdown, reasons, seed, on=None):

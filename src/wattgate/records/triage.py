@@ -16,6 +16,8 @@ from wattgate.records.base import Record, spec
 TRIAGE_FORMAT_VERSION = 1  # phases.parquet's and triage.json's format_version (power/triage/phases.py)
 STATUS_OK = "ok"
 STATUS_NO_TELEMETRY = "no GPU telemetry"
+# what a straggler's waiting is put down to (power/triage/causes.py; the watcher's CPU ones have no "data")
+Cause = Literal["thermal", "power_cap", "hw_slowdown", "data", "rank0_work", "unknown"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,7 +112,7 @@ class Energy(Record):
     energy_j: float | None
     method: str
     readings: int = spec(minimum=0)
-    gap_s: float | None = None  # absent before it was recorded (read as 0)
+    gap_s: float | None  # unsampled seconds between first and last
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,7 +128,7 @@ class Straggler(Record):
     scope: Literal["job", "host"]
     wait_gpu_hours: float
     wait_kwh: float
-    cause: str
+    cause: Cause
     evidence: str
     first: float
     last: float
@@ -147,8 +149,8 @@ class WatcherStraggler(Record):
     wait_gpu_hours: float | None
     wait_kwh: float | None
     wait_rank_hours: float | None
-    cause: str | None
-    evidence: str | None
+    cause: Cause
+    evidence: str
     first: float | None
     last: float | None
     source: Literal["watcher"]
@@ -180,6 +182,30 @@ class Lag(Record):
     wait_gpu_hours: float
     wait_kwh: float
     timeline: Timeline | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Lagging(Record):
+    """What triage found of the GPUs a run waited for: triage.json's `stragglers` and `lag`, or in-process
+    triage's (the phases table's metadata, power/triage/stage.py `triage`)."""
+
+    stragglers: tuple[Straggler | WatcherStraggler, ...] = ()
+    lag: Lag | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PhasesMeta(Record):
+    """What triage learned, as a phases table's metadata holds it: phases.parquet's `wattgate.phases` (with its
+    settings: format_version, window_s, gpu_model, checked by phases.read_phases) or in-process triage's
+    `wattgate.triage` (with the stragglers and the lag)."""
+
+    levels: dict[str, Levels] = spec(default_factory=dict)
+    filled_s: float = spec(minimum=0, default=0.0)
+    stragglers: tuple[Straggler | WatcherStraggler, ...] = ()
+    lag: Lag | None = None
+
+    def lagging(self) -> Lagging:
+        return Lagging(stragglers=self.stragglers, lag=self.lag)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -249,3 +275,6 @@ class Triage(Record):
     pauses: tuple[PauseRecord, ...] | None = None  # as gaps
     power_only: PowerOnly | None
     ranks: Ranks | None = spec(omit_none=True, default=None)  # with the run's heartbeats and GPU telemetry
+
+    def lagging(self) -> Lagging:
+        return Lagging(stragglers=self.stragglers, lag=self.lag)

@@ -35,7 +35,7 @@ from wattgate.power.triage.phases import LABELS, PHASES_SCHEMA, phases_meta, rea
 from wattgate.power.triage.runinfo import RUN_INFO_METRICS, RunInfo
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.stage import recorded_caps, triage
-from wattgate.report.gate_input import usable_gate
+from wattgate.report.gate_input import UsableGate, usable_gate
 from wattgate.report.metrics import trusted_metrics
 from wattgate.heartbeats import HEARTBEAT_EVENT_COLUMNS, read_heartbeat_events, read_heartbeats
 from wattgate.run_files import (
@@ -43,14 +43,16 @@ from wattgate.run_files import (
     METRICS,
     parquet_columns,
     read_metrics,
-    read_gate_report,
+    read_gate_json,
     read_json_object,
     read_trained,
     read_watcher,
 )
 from wattgate.run_tables import read_eval
 from wattgate.trace import TRACE_SCHEMA, null_invalid_values, read_trace, trace_files, trace_meta
+from wattgate.records.base import Where
 from wattgate.records.run_config import RunConfig
+from wattgate.records.triage import Energy, Gaps, Lagging, PauseRecord, Triage
 from wattgate.records.watcher import WatcherRecord
 from wattgate.records.trained import Trained
 
@@ -98,16 +100,16 @@ class RunInputs:
     states: dict[int, dict] = field(default_factory=dict)
     run_info: RunInfo | None = None  # the same, as triage reads it (rank -> GPU mapping)
     watcher: WatcherRecord | None = None
-    gate: dict | None = None
+    gate: UsableGate | None = None
     checkpoints: list[int] = field(default_factory=list)  # steps with a checkpoint folder
     has_final: bool = False
     trace_paths: list[Path] = field(default_factory=list)
     trace_metas: list[dict] = field(default_factory=list)
     samples: Samples | None = None  # None when triage.json's energy stands in for the traces
-    triage_energy: dict | None = None  # triage.json "energy" ("host:gpu" -> figures) for these traces
-    pause_records: list[dict] | None = None  # triage.json "pauses" for these phases
-    lag: dict | None = None  # triage's "stragglers" and "lag" for these phases (triage.json, or in-process triage)
-    gaps: dict | None = None  # triage.json "gaps" for these phases
+    triage_energy: dict[str, Energy] | None = None  # triage.json "energy" ("host:gpu" -> figures) for these traces
+    pause_records: tuple[PauseRecord, ...] | None = None  # triage.json "pauses" for these phases
+    lag: Lagging | None = None  # triage's stragglers and lag for these phases (triage.json, or in-process triage)
+    gaps: Gaps | None = None  # triage.json "gaps" for these phases
     phases: pa.Table | None = None
     phases_source: str | None = None
     window_s: float = DEFAULT_WINDOW_S
@@ -283,8 +285,7 @@ def _triage_in_process(
     window_s, deadlock_after_s = float(settings.window_s), float(settings.deadlock_after_s)
     share = float(settings.straggler_share)
     inputs.phases = triage(trace, table, window_s, deadlock_after_s, info, caps, power_cap_w, share)
-    learned = phases_meta(inputs.phases)
-    inputs.lag = {"stragglers": learned.get("stragglers") or [], "lag": learned.get("lag") or {}}
+    inputs.lag = phases_meta(inputs.phases).lagging()
     inputs.window_s, inputs.deadlock_after_s = window_s, deadlock_after_s
     inputs.triage_table = table.gpu_model
     inputs.phases_source = (
@@ -350,11 +351,11 @@ def load_inputs(
             _read_run_files(inputs, run_dir)
         gate_dir = Path(gate_dir) if gate_dir else default_gate_dir(run_dir) if run_dir else None
         if gate_dir is not None:
-            inputs.gate = read_gate_report(gate_dir)
-            if inputs.gate is None:
+            raw_gate = read_gate_json(gate_dir)
+            if raw_gate is None:
                 inputs.note(f"gate.json not available (looked in {gate_dir})")
             else:
-                inputs.gate = usable_gate(inputs.gate, gate_dir / GATE_REPORT, inputs.note)
+                inputs.gate = usable_gate(raw_gate, gate_dir / GATE_REPORT, inputs.note)
         inputs.trace_paths = traces if traces is not None else trace_files(run_dir / "telemetry")
         found = reading.result() if reading is not None else None
     record = _triage_record(inputs, power_dir / "triage.json") if found is not None else None
@@ -365,12 +366,8 @@ def load_inputs(
         inputs.phases, inputs.window_s, inputs.triage_table, inputs.deadlock_after_s = found
         inputs.phases_source = str(power_dir / "phases.parquet")
         # what triage.json says of the very phases beside it is not computed again
-        if isinstance((record or {}).get("pauses"), list):
-            inputs.pause_records = record["pauses"]
-        if isinstance((record or {}).get("gaps"), dict):
-            inputs.gaps = record["gaps"]
-        if isinstance((record or {}).get("stragglers"), list):
-            inputs.lag = {"stragglers": record["stragglers"], "lag": record.get("lag") or {}}
+        if record is not None:
+            inputs.pause_records, inputs.gaps, inputs.lag = record.pauses, record.gaps, record.lagging()
     inputs.triage_energy = _energy_of(record, inputs.trace_paths, power_dir / "triage.json") if record else None
     if inputs.triage_energy is not None:
         # triage read these very files and wrote each GPU's energy: the traces' 10^7 rows are not read again
@@ -428,11 +425,12 @@ def check_phase_labels(phases: pa.Table, path: Path) -> None:
     )
 
 
-def _triage_record(inputs: RunInputs, path: Path) -> dict | None:
+def _triage_record(inputs: RunInputs, path: Path) -> Triage | None:
     """triage.json beside a phases.parquet, or None (missing or unreadable: the report then recomputes what it
     would have taken from it, so a damaged file costs time, not the report)."""
     try:
-        return read_json_object(path, "the triage record", "triage")
+        data = read_json_object(path, "the triage record", "triage")
+        return Triage.from_json(data, Where(str(path), "triage")) if data is not None else None
     except InputError as exc:
         inputs.note(f"{exc}; its pauses and energy are recomputed")
         return None
@@ -445,14 +443,11 @@ def _written_after(path: Path, other: Path) -> bool:
         return False
 
 
-def _energy_of(record: dict, trace_paths: list[Path], path: Path) -> dict | None:
+def _energy_of(record: Triage, trace_paths: list[Path], path: Path) -> dict[str, Energy] | None:
     """triage.json's per-GPU energy when it was computed from exactly these trace files, unchanged since
     (each an ordinary file, none modified after triage.json was written); else None."""
-    energy = record.get("energy")
-    listed = record.get("traces")
-    if not isinstance(energy, dict) or not energy or not isinstance(listed, list) or not trace_paths:
-        return None
-    if not all(isinstance(e, dict) for e in energy.values()):
+    energy, listed = record.energy, record.traces
+    if not energy or not trace_paths:
         return None
     try:
         if not all(p.is_file() for p in trace_paths):

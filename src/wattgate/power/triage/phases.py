@@ -26,7 +26,8 @@ from wattgate.triage_tables import (
     positive_seconds,
     window_seconds,
 )
-from wattgate.records.triage import TRIAGE_FORMAT_VERSION, Departure, Gaps, Peers, ReadVsPeers
+from wattgate.records.base import Where
+from wattgate.records.triage import TRIAGE_FORMAT_VERSION, Departure, Gaps, Peers, PhasesMeta, ReadVsPeers
 from wattgate.trace import GPU, HOST, POWER_W, UTIL_GPU, strict_json
 
 FORMAT_VERSION = TRIAGE_FORMAT_VERSION
@@ -181,31 +182,20 @@ def _column(path: Path, name: str, col: pa.ChunkedArray, dictionary: bool) -> pa
         ) from None
 
 
-def phases_meta(phases: pa.Table) -> dict:
-    """What triage learned, from a phases table's metadata ({} if none): levels per GPU and filled_s, from
-    phases.parquet (wattgate.phases) or from triage() run in process (wattgate.triage)."""
+def phases_meta(phases: pa.Table, strict: bool = False) -> PhasesMeta:
+    """What triage learned, from a phases table's metadata (nothing learned if none, or if it is damaged, unless
+    `strict`: triage reading its own): levels per GPU and filled_s, from phases.parquet (wattgate.phases) or from
+    triage() run in process (wattgate.triage, with the stragglers and the lag)."""
     meta = phases.schema.metadata or {}
     for key in (b"wattgate.phases", b"wattgate.triage"):
         if key in meta:
             try:
-                learned = json.loads(meta[key])
-            except ValueError:
-                return {}
-            return _learned(learned)
-    return {}
-
-
-def _learned(learned) -> dict:
-    """phases_meta's record with what its readers take as numbers and mappings only so (else left out)."""
-    if not isinstance(learned, dict):
-        return {}
-    out = dict(learned)
-    filled = out.get("filled_s")
-    if isinstance(filled, bool) or not isinstance(filled, (int, float)) or not 0 <= filled < float("inf"):
-        out.pop("filled_s", None)
-    if not isinstance(out.get("levels", {}), dict):
-        out.pop("levels")
-    return out
+                return PhasesMeta.from_json(json.loads(meta[key]), Where(f"phases metadata {key.decode()}"))
+            except (ValueError, InputError):
+                if strict:
+                    raise
+                return PhasesMeta()
+    return PhasesMeta()
 
 
 def gap_summary(phases: pa.Table, window_s: float, filled_s: float = 0.0) -> Gaps:

@@ -89,14 +89,12 @@ from wattgate.records.triage import (
     Energy,
     Lag,
     LagSettings,
-    Levels,
     PauseRecord,
     PhaseTotal,
     PowerOnly,
     RankPlace,
     Ranks,
     Signals,
-    Straggler,
     TableUsed,
     Triage,
     WatcherStraggler,
@@ -361,35 +359,33 @@ def no_lag(share: float) -> Lag:
     return Lag(settings=settings, wait_windows=0, wait_gpu_hours=0.0, wait_kwh=0.0, timeline=None)
 
 
-def watcher_stragglers(run_dir) -> list[dict]:
+def watcher_stragglers(run_dir) -> tuple[WatcherStraggler, ...]:
     """Without GPU telemetry, the stragglers the watcher named from its ranks' CPU time (watcher.json
-    `stragglers`), as triage.json entries (no GPU: `gpu` null, `rank` set); [] without a readable record."""
+    `stragglers`), as triage.json entries (no GPU: `gpu` null, `rank` set); none without a readable record."""
     try:
         record = read_watcher(Path(run_dir))
     except InputError:
-        return []
-    out = []
-    for s in record.stragglers or () if record is not None else ():
-        if s.signal == "cpu":
-            written = s.to_json()
-            out.append({k: written[k] for k in WATCHER_STRAGGLER_KEYS} | {"gpu": None, "source": "watcher"})
-    return out
-
-
-WATCHER_STRAGGLER_KEYS = (
-    "host",
-    "rank",
-    "lag_share",
-    "lag_windows",
-    "wait_windows",
-    "wait_gpu_hours",
-    "wait_kwh",
-    "wait_rank_hours",
-    "cause",
-    "evidence",
-    "first",
-    "last",
-)
+        return ()
+    return tuple(
+        WatcherStraggler(
+            host=s.host,
+            gpu=None,
+            rank=s.rank,
+            lag_share=s.lag_share,
+            lag_windows=s.lag_windows,
+            wait_windows=s.wait_windows,
+            wait_gpu_hours=s.wait_gpu_hours,
+            wait_kwh=s.wait_kwh,
+            wait_rank_hours=s.wait_rank_hours,
+            cause=s.cause,
+            evidence=s.evidence,
+            first=s.first,
+            last=s.last,
+            source="watcher",
+        )
+        for s in (record.stragglers or () if record is not None else ())
+        if s.signal == "cpu"
+    )
 
 
 def _trace_chunks(paths: list) -> tuple[list[dict], list[Iterator], Callable[[], Iterator]]:
@@ -520,7 +516,7 @@ def _run_triage(
         phases = _triage(acc, table, window_s, deadlock_after_s, info, caps, power_cap_w, straggler_share)
     power_seen, util_seen = acc.power, acc.util
     del acc
-    learned = phases_meta(phases)
+    learned = phases_meta(phases, strict=True)
     claim_output(out_dir, "triage")
     # phases.parquet is written on another thread (Arrow lets go of the GIL) while the summaries are made, two of
     # them on a third (each reads the phases only); it is done before the files that describe it (the report checks
@@ -532,16 +528,15 @@ def _run_triage(
             out_dir / "phases.parquet",
             window_s,
             table.gpu_model if table else None,
-            learned.get("levels", {}),
-            learned.get("filled_s", 0.0),
+            {k: lv.to_json() for k, lv in learned.levels.items()},
+            learned.filled_s,
         )
         peers = pool.submit(peer_departures, phases, window_s)
         found = pool.submit(power_only.pauses, phases)
         summary = phase_summary(phases)
 
         where = Where(str(out_dir / "triage.json"), "triage")
-        lag = Lag.from_json(learned["lag"], where, "lag.") if learned.get("lag") else no_lag(straggler_share)
-        stragglers = learned.get("stragglers", [])
+        stragglers = learned.stragglers
         if empty and run_dir:
             stragglers = watcher_stragglers(run_dir)
         signals = Signals(
@@ -581,14 +576,14 @@ def _run_triage(
             signals=signals,
             # built as computed, unchecked: a figure that could not be computed is written as null
             phases={ph: PhaseTotal(**v) for ph, v in totals(summary).items()},
-            gaps=gap_summary(phases, window_s, learned.get("filled_s", 0.0)),
-            levels={k: Levels.from_json(v, where, f"levels.{k}.") for k, v in learned.get("levels", {}).items()},
+            gaps=gap_summary(phases, window_s, learned.filled_s),
+            levels=learned.levels,
             peers=peers.result(),
             # per GPU "host:gpu": the energy the report shows (energy.records), from the same samples
             energy={k: Energy.from_json(v, where, f"energy.{k}.") for k, v in energy.items()},
             # the GPUs everyone waited for (stragglers.py); without GPU telemetry, the watcher's rank CPU time
-            stragglers=tuple(_straggler(e, where, f"stragglers[{i}].") for i, e in enumerate(stragglers)),
-            lag=lag,
+            stragglers=stragglers,
+            lag=learned.lag or no_lag(straggler_share),
             notes=tuple(notes),
             pauses=tuple(PauseRecord.from_json(p.record(t0), where, f"pauses[{i}].") for i, p in enumerate(found)),
             power_only=po,
@@ -607,8 +602,3 @@ def _run_triage(
 
 def _table_used(table: TriageTable | None) -> TableUsed | None:
     return None if table is None else TableUsed(**asdict(table))
-
-
-def _straggler(entry: dict, where: Where, prefix: str) -> Straggler | WatcherStraggler:
-    kind = WatcherStraggler if entry.get("source") == "watcher" else Straggler
-    return kind.from_json(entry, where, prefix)
