@@ -3,8 +3,8 @@
 `wattgate report` builds a `Summary` (report/summary.py and each card's `<card>_record`, report/cards.py,
 report/stragglers.py, report/steps.py) and writes `Summary.to_json()`; the page (report/html.py) draws from
 its attributes. Every float is rounded where it is computed, so the same inputs give byte-identical files.
-Parts copied from another stage's record (a pause, the watcher's verdict) are that record's own classes; a
-straggler entry and triage's telemetry gaps are kept as read (`Any`).
+Parts copied from another stage's record (a pause, triage's telemetry gaps, the watcher's verdict) are that
+record's own classes; a straggler entry is kept as written (`Any`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from wattgate.records.base import Record, spec
-from wattgate.records.triage import PauseRecord
+from wattgate.records.triage import Gaps, PauseRecord
 from wattgate.records.watcher import ABSENT, HangCost
 
 # ---------------------------------------------------------------- the run and its throughput
@@ -156,7 +156,7 @@ class Phases(Record):
     source: str | None
     table: str | None
     window_s: float
-    gaps: Any = spec(omit_none=True, default=None)  # triage's telemetry gaps (triage.json `gaps`)
+    gaps: Gaps | None = spec(omit_none=True, default=None)  # triage's telemetry gaps (triage.json `gaps`)
     seconds: float | None
     by_phase: dict[str, PhaseShare]
     per_gpu: tuple[GpuPhases, ...]
@@ -173,7 +173,7 @@ class Stragglers(Record):
     checked: bool
     source: str | None
     share: float | None
-    wait_windows: Any
+    wait_windows: int | None
     entries: tuple[Any, ...]
     wait_gpu_hours: float
     wait_kwh: float

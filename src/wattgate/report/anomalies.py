@@ -16,6 +16,7 @@ import pandas as pd
 from wattgate.records.summary import Anomaly
 from wattgate.records.watcher import WatcherRecord
 from wattgate.report.phases import PhaseWindows, runs
+from wattgate.run_tables import DATA_WAIT_S, RANK, STEP, STEP_TIME_S, TIME
 
 STARVATION_MIN_S = 5.0  # a run of data_starvation windows shorter than this is a hiccup
 STARVED_STEP_SHARE = 0.2  # a step that waited this share of its time for data is starved
@@ -113,11 +114,9 @@ def _notna(values: np.ndarray) -> np.ndarray:
 
 def starved_steps(metrics: pd.DataFrame | None) -> list[Episode]:
     """Per rank, runs of consecutive steps that waited >= STARVED_STEP_SHARE of their time for data."""
-    if metrics is None or not {"step_time_s", "data_wait_s"} <= set(metrics.columns) or metrics.empty:
+    if metrics is None or not {STEP_TIME_S, DATA_WAIT_S} <= set(metrics.columns) or metrics.empty:
         return []
-    rank, step, time_, step_s, wait = (
-        metrics[c].to_numpy() for c in ("rank", "step", "time", "step_time_s", "data_wait_s")
-    )
+    rank, step, time_, step_s, wait = (metrics[c].to_numpy() for c in (RANK, STEP, TIME, STEP_TIME_S, DATA_WAIT_S))
     complete = _notna(rank) & _notna(step) & _notna(time_) & _notna(step_s) & _notna(wait)
     rows = np.flatnonzero(complete & (step_s > 0) & (wait >= STARVED_STEP_SHARE * step_s))
     if not len(rows):
@@ -153,23 +152,23 @@ def starvation(w: PhaseWindows, metrics: pd.DataFrame | None, window_s: float) -
     found = _window_episodes(w, "data_starvation", "starvation", "starved GPU-seconds", STARVATION_MIN_S, 2 * window_s)
     steps = starved_steps(metrics)
     gap = 2 * window_s
-    if metrics is not None and "step_time_s" in metrics.columns and len(metrics):
+    if metrics is not None and STEP_TIME_S in metrics.columns and len(metrics):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # no finite step time: NaN, as pandas gives
-            typical = float(np.nanmedian(metrics["step_time_s"].to_numpy(float)))
+            typical = float(np.nanmedian(metrics[STEP_TIME_S].to_numpy(float)))
         gap = max(gap, 2 * typical)  # neighbouring starved steps: one episode
     return merge(found + steps, gap)
 
 
 def stragglers(metrics: pd.DataFrame | None, rank_gpu: dict[int, str]) -> list[Episode]:
     """Ranks whose median step time less data wait is >= STRAGGLER_RATIO x the median over ranks."""
-    if metrics is None or not {"step_time_s", "data_wait_s"} <= set(metrics.columns) or metrics.empty:
+    if metrics is None or not {STEP_TIME_S, DATA_WAIT_S} <= set(metrics.columns) or metrics.empty:
         return []
-    group, ranks = group_codes(metrics["rank"].to_numpy())
+    group, ranks = group_codes(metrics[RANK].to_numpy())
     if len(ranks) < 2:
         return []
-    time_, step_s = metrics["time"].to_numpy(float), metrics["step_time_s"].to_numpy(float)
-    compute = step_s - metrics["data_wait_s"].to_numpy(float)
+    time_, step_s = metrics[TIME].to_numpy(float), metrics[STEP_TIME_S].to_numpy(float)
+    compute = step_s - metrics[DATA_WAIT_S].to_numpy(float)
     if len(group) > 1 and not (group[1:] >= group[:-1]).all():  # train writes a step's ranks together
         # as int16 (ranks < 2^15) numpy's stable sort is a radix sort: a tenth of a merge sort's time
         compute = compute[np.argsort(group.astype(np.int16) if len(ranks) < 1 << 15 else group, kind="stable")]

@@ -17,7 +17,7 @@ from html import escape
 import numpy as np
 
 from wattgate.report.phases import PHASE_COLORS
-from wattgate.run_tables import eval_sources_of, source_loss_column
+from wattgate.run_tables import DATA_WAIT_S, LOSS, STEP, STEP_TIME_S, TIME, eval_sources_of, source_loss_column
 from wattgate.report.stragglers import lag_figure
 from wattgate.report.summary import Analysis
 from wattgate.report.svg import (
@@ -134,12 +134,12 @@ def checkpoint_spans(analysis: Analysis) -> list[tuple[float, float]]:
 def step_ends(analysis: Analysis) -> tuple[np.ndarray, int]:
     """Step end times (the last rank's) thinned to at most MAX_STEP_TICKS, and the thinning factor."""
     if analysis.steps is not None:  # the same per-step maximum, already grouped
-        ends = analysis.steps["time"].to_numpy(float)
+        ends = analysis.steps[TIME].to_numpy(float)
     else:
         m = analysis.inputs.metrics
         if m is None or m.empty:
             return np.zeros(0), 1
-        ends = m.groupby("step", sort=True)["time"].max().to_numpy(float)
+        ends = m.groupby(STEP, sort=True)[TIME].max().to_numpy(float)
     every = max(1, int(np.ceil(len(ends) / MAX_STEP_TICKS)))
     return ends[every - 1 :: every], every
 
@@ -307,14 +307,14 @@ def phase_share_figure(analysis: Analysis) -> str | None:
 
 def steps_figure(analysis: Analysis, steps) -> str | None:
     """Step time (slowest rank) and data wait (mean over ranks) over time, checkpoints shaded."""
-    if steps is None or "step_time_s" not in steps or not len(steps):
+    if steps is None or STEP_TIME_S not in steps or not len(steps):
         return None
     t0 = analysis.t0
-    x = steps["time"].to_numpy(float)
+    x = steps[TIME].to_numpy(float)
     unit, uname = time_unit(analysis.t1 - t0)
     edges = bin_edges(float(x.min()), float(x.max()), 0, 1e-6)
     binned = len(edges) - 1 < len(x)
-    st = steps["step_time_s"].to_numpy(float)
+    st = steps[STEP_TIME_S].to_numpy(float)
     if binned:
         t = ((edges[:-1] + edges[1:]) / 2 - t0) / unit
         lines = [
@@ -325,8 +325,8 @@ def steps_figure(analysis: Analysis, steps) -> str | None:
         t = (x - t0) / unit
         lines = [(st, Entry("step time (slowest rank)", "#1f77b4", "line"))]
     wait = None
-    if "data_wait_s" in steps:
-        dw = steps["data_wait_s"].to_numpy(float)
+    if DATA_WAIT_S in steps:
+        dw = steps[DATA_WAIT_S].to_numpy(float)
         if binned:
             wait = np.nan_to_num(bin_mean(x, dw, edges))
             lines.append((wait, Entry("data wait (mean over ranks, bin mean)", "#ff7f0e", opacity=0.6)))
@@ -403,7 +403,7 @@ def source_curves(evals, has_eval: bool) -> list[tuple[str, np.ndarray, np.ndarr
         return []
     out = []
     for name in eval_sources_of(evals.columns):
-        x = evals["step"].to_numpy(float)
+        x = evals[STEP].to_numpy(float)
         y = evals[source_loss_column(name)].to_numpy(float, na_value=np.nan)
         keep = np.isfinite(y)
         out.append((name, x[keep], y[keep]))
@@ -413,17 +413,17 @@ def source_curves(evals, has_eval: bool) -> list[tuple[str, np.ndarray, np.ndarr
 def loss_figure(steps, evals=None) -> str | None:
     """Training loss per step and, on the same axes, the validation loss of every pass (eval.parquet), with
     each held-out source's own validation curve (dashed) when there are two or more."""
-    has_train = steps is not None and "loss" in steps and steps["loss"].notna().any()
-    has_eval = evals is not None and len(evals) and evals["loss"].notna().any()
+    has_train = steps is not None and LOSS in steps and steps[LOSS].notna().any()
+    has_eval = evals is not None and len(evals) and evals[LOSS].notna().any()
     if not has_train and not has_eval:
         return None
-    x = steps["step"].to_numpy(float) if has_train else np.zeros(0)
-    y = steps["loss"].to_numpy(float) if has_train else np.zeros(0)
+    x = steps[STEP].to_numpy(float) if has_train else np.zeros(0)
+    y = steps[LOSS].to_numpy(float) if has_train else np.zeros(0)
     if len(x) > MAX_POINTS:
         edges = bin_edges(float(x.min()), float(x.max()), 0, 1.0)
         x, y = (edges[:-1] + edges[1:]) / 2, bin_mean(x, y, edges)
-    ex = evals["step"].to_numpy(float) if has_eval else np.zeros(0)
-    ey = evals["loss"].to_numpy(float) if has_eval else np.zeros(0)
+    ex = evals[STEP].to_numpy(float) if has_eval else np.zeros(0)
+    ey = evals[LOSS].to_numpy(float) if has_eval else np.zeros(0)
     curves = source_curves(evals, has_eval)
     all_x = np.concatenate([x, ex, *(cx for _, cx, _ in curves)])
     all_y = np.concatenate([y, ey, *(cy for _, _, cy in curves)])

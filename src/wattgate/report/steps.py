@@ -15,7 +15,24 @@ from wattgate.records.summary import Loss, Segment, Throughput, Validation, Vali
 from wattgate.records.trained import Trained
 from wattgate.report.anomalies import group_codes
 from wattgate.report.inputs import RunInputs
-from wattgate.run_tables import STEP, eval_sources_of, source_loss_column
+from wattgate.run_tables import (
+    DATA_WAIT_S,
+    EPOCH,
+    LOSS,
+    LOSS_TOKENS,
+    PERPLEXITY,
+    RANK,
+    SECONDS,
+    STEP,
+    STEP_TIME_S,
+    TIME,
+    TOKENS,
+    eval_sources_of,
+    source_loss_column,
+)
+
+# step_table's columns: metrics.parquet's names (STEP, TIME, STEP_TIME_S, DATA_WAIT_S, TOKENS, LOSS) and
+RANKS = "ranks"  # the number of ranks that logged the step (the world size it ran on)
 
 
 def num(x, digits: int = 6):
@@ -33,7 +50,7 @@ def step_table(metrics: pd.DataFrame | None) -> pd.DataFrame | None:
     order, as pandas' do, without its compensation (the last bit of a float; summary.json rounds it away)."""
     if metrics is None or metrics.empty:
         return None
-    group, steps = group_codes(metrics["step"].to_numpy())
+    group, steps = group_codes(metrics[STEP].to_numpy())
     n = len(steps)
     rows = None if (group >= 0).all() else group >= 0  # a row whose step is NaN is in no step, as in pandas
     g = group if rows is None else group[rows]
@@ -42,21 +59,21 @@ def step_table(metrics: pd.DataFrame | None) -> pd.DataFrame | None:
         values = metrics[name].to_numpy()
         return values if rows is None else values[rows]
 
-    out = {"step": steps, "time": _group_max(column("time"), g, n)}
-    if "step_time_s" in metrics:
-        out["step_time_s"] = _group_max(column("step_time_s"), g, n)
-    if "data_wait_s" in metrics:
-        out["data_wait_s"] = _group_mean(column("data_wait_s"), g, n)
-    if "tokens" in metrics:
-        out["tokens"] = _group_sum(column("tokens"), g, n)
-    rank_group, ranks = group_codes(column("rank"))
-    out["ranks"] = _distinct_per_group(g, rank_group, len(ranks), n)  # the world size each step ran on
-    if "loss" in metrics:
-        loss = column("loss").astype(float, copy=False)
-        weight = column("loss_tokens") if "loss_tokens" in metrics else np.ones(len(g))
+    out = {STEP: steps, TIME: _group_max(column(TIME), g, n)}
+    if STEP_TIME_S in metrics:
+        out[STEP_TIME_S] = _group_max(column(STEP_TIME_S), g, n)
+    if DATA_WAIT_S in metrics:
+        out[DATA_WAIT_S] = _group_mean(column(DATA_WAIT_S), g, n)
+    if TOKENS in metrics:
+        out[TOKENS] = _group_sum(column(TOKENS), g, n)
+    rank_group, ranks = group_codes(column(RANK))
+    out[RANKS] = _distinct_per_group(g, rank_group, len(ranks), n)  # the world size each step ran on
+    if LOSS in metrics:
+        loss = column(LOSS).astype(float, copy=False)
+        weight = column(LOSS_TOKENS) if LOSS_TOKENS in metrics else np.ones(len(g))
         weighted, weights = _group_sum(loss * weight, g, n), _group_sum(weight, g, n).astype(float)
         with np.errstate(invalid="ignore", divide="ignore"):
-            out["loss"] = np.where(weights > 0, weighted / np.where(weights > 0, weights, 1.0), np.nan)
+            out[LOSS] = np.where(weights > 0, weighted / np.where(weights > 0, weights, 1.0), np.nan)
     return pd.DataFrame(out)
 
 
@@ -103,16 +120,16 @@ def _distinct_per_group(group: np.ndarray, value_code: np.ndarray, values: int, 
 
 def throughput(inputs: RunInputs, steps: pd.DataFrame | None, gpus: int) -> Throughput:
     t = inputs.trained or Trained()
-    tokens = int(steps["tokens"].sum()) if steps is not None and "tokens" in steps else None
+    tokens = int(steps[TOKENS].sum()) if steps is not None and TOKENS in steps else None
     wall = t.wall_s
     wall_source = "TRAINED" if wall is not None else None
     if wall is None and steps is not None and inputs.metrics is not None:
         m = inputs.metrics
-        begin = (m["time"] - m["step_time_s"]).min() if "step_time_s" in m else m["time"].min()
-        wall, wall_source = float(m["time"].max() - begin), "metrics (first step start to last step end)"
+        begin = (m[TIME] - m[STEP_TIME_S]).min() if STEP_TIME_S in m else m[TIME].min()
+        wall, wall_source = float(m[TIME].max() - begin), "metrics (first step start to last step end)"
     world = t.world_size
     if world is None and inputs.metrics is not None:
-        world = int(inputs.metrics["rank"].nunique())
+        world = int(inputs.metrics[RANK].nunique())
     if world is None and inputs.config:
         world = inputs.config.cluster.nodes * inputs.config.cluster.gpus_per_node
     tps = t.tokens_per_s
@@ -134,29 +151,29 @@ def throughput(inputs: RunInputs, steps: pd.DataFrame | None, gpus: int) -> Thro
 def loss(inputs: RunInputs, steps: pd.DataFrame | None) -> Loss:
     t = inputs.trained or Trained()
     first, final = t.first_loss, t.final_loss
-    if (first is None or final is None) and steps is not None and "loss" in steps and len(steps):
-        first = steps["loss"].iloc[0] if first is None else first
-        final = steps["loss"].iloc[-1] if final is None else final
+    if (first is None or final is None) and steps is not None and LOSS in steps and len(steps):
+        first = steps[LOSS].iloc[0] if first is None else first
+        final = steps[LOSS].iloc[-1] if final is None else final
     return Loss(first=num(first), final=num(final))
 
 
 def segments_section(steps: pd.DataFrame | None) -> tuple[Segment, ...]:
     """Runs of steps on the same world size: a resized run (pack/segments.py) shows each with its tokens."""
-    if steps is None or "ranks" not in steps or not len(steps):
+    if steps is None or RANKS not in steps or not len(steps):
         return ()
-    ranks = steps["ranks"].to_numpy()
+    ranks = steps[RANKS].to_numpy()
     cut = np.flatnonzero(np.diff(ranks)) + 1
     out = []
     for a, b in zip(np.concatenate([[0], cut]), np.concatenate([cut, [len(ranks)]])):
         part = steps.iloc[a:b]
         out.append(
             Segment(
-                first_step=int(part["step"].iloc[0]),
-                last_step=int(part["step"].iloc[-1]),
+                first_step=int(part[STEP].iloc[0]),
+                last_step=int(part[STEP].iloc[-1]),
                 world_size=int(ranks[a]),
                 steps=int(b - a),
-                tokens=int(part["tokens"].sum()) if "tokens" in part else None,
-                start=num(float(part["time"].iloc[0]), 3),
+                tokens=int(part[TOKENS].sum()) if TOKENS in part else None,
+                start=num(float(part[TIME].iloc[0]), 3),
             )
         )
     return tuple(out)
@@ -168,15 +185,15 @@ def validation_section(evals: pd.DataFrame | None) -> Validation | None:
         return None
     sources = eval_sources_of(evals.columns)  # two or more held-out sources (issue 33): a loss per source too
     rows = []
-    for r in evals.sort_values("step").to_dict("records"):
+    for r in evals.sort_values(STEP).to_dict("records"):
         rows.append(
             ValidationPass(
-                step=int(r["step"]),
-                epoch=int(r["epoch"]),
-                loss=num(r["loss"]),
-                perplexity=num(r["perplexity"]),
-                tokens=int(r["tokens"]),
-                seconds=num(r["seconds"], 3),
+                step=int(r[STEP]),
+                epoch=int(r[EPOCH]),
+                loss=num(r[LOSS]),
+                perplexity=num(r[PERPLEXITY]),
+                tokens=int(r[TOKENS]),
+                seconds=num(r[SECONDS], 3),
                 per_source={name: num(r[source_loss_column(name)]) for name in sources} if sources else None,
             )
         )
@@ -185,6 +202,6 @@ def validation_section(evals: pd.DataFrame | None) -> Validation | None:
         passes=tuple(rows),
         final=rows[-1],
         best=min(scored, key=lambda r: (r.loss, -r.step)) if scored else None,
-        seconds=num(float(evals["seconds"].sum()), 3),
+        seconds=num(float(evals[SECONDS].sum()), 3),
         sources=tuple(sources) if sources else None,
     )

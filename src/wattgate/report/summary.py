@@ -36,6 +36,7 @@ from wattgate.report.steps import loss, num, segments_section, step_table, throu
 from wattgate.power.triage import power_only
 from wattgate.power.triage.phases import LABELS, gap_summary, phases_meta
 from wattgate.power.triage.runinfo import map_ranks
+from wattgate.run_tables import STEP_TIME_S, TIME
 
 J_PER_KWH = 3.6e6
 MAX_ANOMALIES = 500  # a pathological run must not produce a report of megabytes
@@ -78,9 +79,9 @@ def run_span(inputs: RunInputs, energy: GpuEnergy | None, w: PhaseWindows) -> tu
         hi.append(float(w.end.max()))
     m = inputs.metrics
     if m is not None and len(m):
-        begin = m["time"] - (m["step_time_s"] if "step_time_s" in m else 0.0)
+        begin = m[TIME] - (m[STEP_TIME_S] if STEP_TIME_S in m else 0.0)
         lo.append(float(begin.min()))
-        hi.append(float(m["time"].max()))
+        hi.append(float(m[TIME].max()))
     if inputs.events is not None and len(inputs.events):
         lo.append(float(inputs.events["time"].min()))
         hi.append(float(inputs.events["time"].max()))
