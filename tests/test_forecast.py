@@ -25,6 +25,7 @@ from wattgate.gate.inputs import load_inputs
 from wattgate.model_spec import ModelSpec, load_model_spec
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
+from wattgate.records.gate import Divergence
 
 from conftest import write_jsonl
 from conftest import QWEN3_32B, TINY_MODEL, without_rows
@@ -95,10 +96,10 @@ def test_the_divergence_named_is_the_one_the_packs_give(uneven, tmp_path, where)
     expected = independent_divergence(frame, 3)
     assert expected is not None, "the plan should be uneven"
     div = first_divergence(inputs.packs.epoch, inputs.packs.step, inputs.packs.micro, inputs.packs.rank, 3)
-    assert (div["epoch"], div["step"], div["micro"]) == expected
+    assert (div.epoch, div.step, div.micro) == expected
     e, st, m = expected
     has = set(frame.loc[(frame["epoch"] == e) & (frame["step"] == st) & (frame["micro"] == m), "rank"])
-    assert div["ranks_with"] == sorted(has) and div["ranks_without"] == sorted({0, 1, 2} - has)
+    assert list(div.ranks_with) == sorted(has) and list(div.ranks_without) == sorted({0, 1, 2} - has)
     # the gate names the same point, with its cost
     from wattgate.gate.checks import check_equal_steps
 
@@ -106,8 +107,8 @@ def test_the_divergence_named_is_the_one_the_packs_give(uneven, tmp_path, where)
     eq = check_equal_steps(inputs.packs, 3, plan["epochs"], 2, 2, plan["steps_per_epoch"])
     assert not eq.passed
     out, _ = cost_section(inputs, load_model_spec(config), eq)
-    assert out["failure"]["divergence"] == div
-    assert f"step {div['step'] + 1} of {div['steps_in_epoch']}" in out["failure"]["line"]
+    assert out.failure.divergence == div
+    assert f"step {div.step + 1} of {div.steps_in_epoch}" in out.failure.line
 
 
 def test_an_even_plan_has_no_divergence(tmp_path):
@@ -152,13 +153,13 @@ def test_gate_json_and_md_give_the_cost_of_the_hang_it_prevented(uneven, tmp_pat
     cfg["gate"]["enforce"] = True
     cfg["cluster"]["launcher"] = "slurm"
     cfg["cluster"]["slurm"]["train"]["runtime_min"] = 120
-    report = run_gate(cfg, work / "pretokenized", work / "plan", tmp_path / "gate")
+    report = run_gate(cfg, work / "pretokenized", work / "plan", tmp_path / "gate").to_json()
     assert not report["passed"]
     fc, failure = report["forecast"], report["failure"]
     assert fc["throughput"]["source"] == "measured" and fc["throughput"]["cost_per_s"] == pytest.approx(1000.0)
     assert fc["terms_s"]["startup_s"] == 2.0 and fc["storage_gbps"] == pytest.approx(1 / 3, rel=1e-3)
     inputs = load_inputs(cfg, work / "pretokenized", work / "plan", tmp_path / "ckpt")
-    costs = plan_step_costs(inputs.packs, inputs.plan, cfg, None)
+    costs = plan_step_costs(inputs.packs, inputs.plan, None)
     assert fc["terms_s"]["steps_s"] == pytest.approx(costs.step_max_cost.sum() / 1000.0, abs=1e-3)
     div = failure["divergence"]
     assert (div["epoch"], div["step"], div["micro"]) == independent_divergence(packs_frame(inputs.packs), 3)
@@ -179,7 +180,7 @@ def test_budget_keys_fail_the_gate_with_the_numbers(uneven, tmp_path):
     cfg["cluster"]["gpu_mem_gib"] = 80
     cfg["forecast"]["ledger"] = str(tmp_path / "none.jsonl")
     build_plan(cfg, work / "pretokenized", tmp_path / "plan")
-    ok = run_gate(cfg, work / "pretokenized", tmp_path / "plan", tmp_path / "ok")
+    ok = run_gate(cfg, work / "pretokenized", tmp_path / "plan", tmp_path / "ok").to_json()
     fc = ok["forecast"]
     assert fc["throughput"]["source"] == "analytic" and fc["kwh"] > 0
     assert fc["throughput"]["cost_per_s"] == pytest.approx(989e12 * 0.35 / (6 * load_model_spec(cfg).num_params))
@@ -187,7 +188,7 @@ def test_budget_keys_fail_the_gate_with_the_numbers(uneven, tmp_path):
     assert budget["passed"] and "no budget set" in budget["detail"]
     cfg["gate"]["max_gpu_hours"] = fc["gpu_hours"] / 2
     cfg["gate"]["max_kwh"] = fc["kwh"] / 2
-    bad = run_gate(cfg, work / "pretokenized", tmp_path / "plan", tmp_path / "bad")
+    bad = run_gate(cfg, work / "pretokenized", tmp_path / "plan", tmp_path / "bad").to_json()
     budget = {c["name"]: c for c in bad["checks"]}["budget"]
     assert not bad["passed"] and not budget["passed"]
     assert f"{fc['gpu_hours']:.4g} GPU-hours > gate.max_gpu_hours {fc['gpu_hours'] / 2:g}" in budget["detail"]
@@ -223,11 +224,11 @@ def test_b300_example_forecast_is_analytic_with_every_term(tmp_path):
 
     fc = forecast(costs, tp, s, table_levels(shipped_table("b300")))
     # 6 x 32.8e9 x 32768 tokens per step / (2250e12 x 0.35) = 8.2 s per step
-    assert fc["terms_s"]["steps_s"] / (2 * steps) == pytest.approx(6 * spec.num_params * 32768 / (2250e12 * 0.35))
-    assert fc["checkpoints"] == len(checkpoint_steps(2 * steps, 200, [steps, 2 * steps], True)) == 10
-    assert fc["gpu_hours"] == pytest.approx(fc["wall_s"] * 16 / 3600, rel=1e-3)
-    div = {"epoch": 1, "step": steps - 1, "micro": 0, "steps_in_epoch": steps, "ranks_with": [0], "ranks_without": [1]}
-    line = failure_cost(div, costs, fc, s)["line"]
+    assert fc.terms_s.steps_s / (2 * steps) == pytest.approx(6 * spec.num_params * 32768 / (2250e12 * 0.35))
+    assert fc.checkpoints == len(checkpoint_steps(2 * steps, 200, [steps, 2 * steps], True)) == 10
+    assert fc.gpu_hours == pytest.approx(fc.wall_s * 16 / 3600, rel=1e-3)
+    div = Divergence(epoch=1, step=steps - 1, micro=0, steps_in_epoch=steps, ranks_with=(0,), ranks_without=(1,))
+    line = failure_cost(div, costs, fc, s).line
     assert line.startswith(f"would hang at epoch 1 step {steps} of {steps}") and "the gate saved them" in line
 
 
@@ -311,7 +312,7 @@ def test_a_calibrated_matmul_rate_is_the_second_best_source(uneven, tmp_path):
     (tmp_path / "h100.yaml").write_text(calibrated.to_yaml())
     cfg["telemetry"]["table"] = str(tmp_path / "h100.yaml")
     build_plan(cfg, work / "pretokenized", tmp_path / "plan")
-    fc = run_gate(cfg, work / "pretokenized", tmp_path / "plan", tmp_path / "gate")["forecast"]
+    fc = run_gate(cfg, work / "pretokenized", tmp_path / "plan", tmp_path / "gate").to_json()["forecast"]
     assert fc["throughput"]["source"] == "calibrated" and "700 TFLOP/s" in fc["throughput"]["detail"]
     spec = load_model_spec(cfg)
     assert fc["throughput"]["cost_per_s"] == pytest.approx(700e12 * 0.35 / (6 * spec.num_params))

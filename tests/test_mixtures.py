@@ -76,7 +76,7 @@ def test_shares_match_the_weights_within_one_document_per_epoch(plans, pretokeni
     lengths = np.concatenate(
         [pq.read_table(pretokenized / s, columns=["num_tokens"]).column(0).to_numpy() for s in manifest["shards"]]
     )
-    rows = {r["name"]: r for r in plan["mixture"]["sources"]}
+    rows = {r["name"]: r for r in plan.mixture.to_json()["sources"]}
     weighted = sum(rows[n]["train_tokens"] for n in ("chat", "domain", "rare"))
     for name, share in (("chat", 0.6), ("domain", 0.3), ("rare", 0.1)):
         r = next(x for x in manifest["source_docs"] if x["name"] == name)
@@ -95,7 +95,7 @@ def test_the_same_mixture_on_2_and_3_ranks_selects_the_same_documents(plans, pre
     manifest = json.loads((pretokenized / "manifest.json").read_text())
     a, b = (chosen_per_epoch(plans[w][2], manifest) for w in (2, 3))
     assert a == b
-    assert plans[2][1]["mixture"] == plans[3][1]["mixture"]
+    assert plans[2][1].mixture == plans[3][1].mixture
     # the shards alone count the shares: the source column names each document's source
     names = pq.read_table(pretokenized / manifest["shards"][0], columns=["source"]).column(0).to_pylist()
     assert names[0] == "chat"
@@ -132,7 +132,7 @@ def test_gate_passes_and_a_dropped_document_fails_naming_its_source(plans, preto
 
 
 def test_gate_md_shows_the_mixture_table(plans):
-    lines = mixture_markdown(plans[2][1]["mixture"])
+    lines = mixture_markdown(plans[2][1].mixture)
     assert "| rare | weight 0.1 | 0.0" in "\n".join(lines)
 
 
@@ -183,10 +183,10 @@ def test_a_document_in_two_sources_is_reported_once():
 
 def test_epochs_with_different_documents_get_the_same_steps(plans):
     for _, plan, _ in plans.values():
-        steps = {s for rank in plan["stats"]["per_rank_steps_per_epoch"] for s in rank}
-        assert steps == {plan["steps_per_epoch"]}
-        chat = next(r for r in plan["mixture"]["sources"] if r["name"] == "chat")
-        assert len({e["doc_ids_sha256"] for e in chat["per_epoch"]}) == 3  # downsampled: other documents each epoch
+        steps = {s for rank in plan.stats.per_rank_steps_per_epoch for s in rank}
+        assert steps == {plan.steps_per_epoch}
+        chat = next(r for r in plan.mixture.sources if r.name == "chat")
+        assert len({e.doc_ids_sha256 for e in chat.per_epoch}) == 3  # downsampled: other documents each epoch
 
 
 @pytest.mark.parametrize("new_world", [2, 3])  # 2: each step keeps its packs; 3: the rest re-packed
@@ -209,13 +209,13 @@ def test_a_resized_mixture_keeps_every_source_count_exact(tmp_path, new_world):
     plan = build_plan(config(4), pretok, plan_dir)
     folder = tmp_path / "train" / "t" / "checkpoints" / "step-2"
     folder.mkdir(parents=True)
-    position = {"epoch": 0, "step": 2, "plan": plan["packs_sha256"]}
+    position = {"epoch": 0, "step": 2, "plan": plan.packs_sha256}
     state = {"step": 2, "position": position, "files": {}, "identity": run_identity(config(4), plan_dir, pretok)}
     (folder / "state.json").write_text(json.dumps(state))
     continued = build_plan(config(new_world), pretok, plan_dir)
-    assert [s["world_size"] for s in continued["segments"]] == [4, new_world]
-    assert continued["mixture"] == plan["mixture"]
-    report = run_gate(config(new_world), pretok, plan_dir, tmp_path / "gate")
+    assert [s.world_size for s in continued.segments] == [4, new_world]
+    assert continued.mixture == plan.mixture
+    report = run_gate(config(new_world), pretok, plan_dir, tmp_path / "gate").to_json()
     checks = {c["name"]: c for c in report["checks"]}
     for name in ("conservation", "equal_steps", "segments"):
         assert checks[name]["passed"], checks[name]["detail"]
@@ -232,20 +232,20 @@ def test_pretokenize_names_each_document_source_and_refuses_an_empty_source(tmp_
     mixture = [{"path": str(chat), "name": "chat", "weight": 0.7}, {"path": str(prose), "name": "prose", "weight": 0.3}]
     config = validate_config({"data": {"inputs": mixture, "validation": {"fraction": 0.2}}, "train": {"seq_len": 512}})
     manifest = pretokenize(config, tokenizer_dir, tmp_path / "out", progress=False)
-    names = pq.read_table(tmp_path / "out" / manifest["shards"][0], columns=["source"]).column(0).to_pylist()
-    ranges = {r["name"]: (r["first_doc"], r["end_doc"]) for r in manifest["source_docs"]}
+    names = pq.read_table(tmp_path / "out" / manifest.shards[0], columns=["source"]).column(0).to_pylist()
+    ranges = {r.name: (r.first_doc, r.end_doc) for r in manifest.source_docs}
     assert ranges == {"chat": (0, 30), "prose": (30, 42)}
     assert names == ["chat"] * 30 + ["prose"] * 12
-    assert manifest["source_docs"][0]["weight"] == 0.7
-    per_source = {r["name"]: r for r in manifest["validation"]["per_source"]}
-    assert sum(r["num_docs"] for r in per_source.values()) == manifest["validation"]["num_docs"]
-    assert per_source["prose"]["fraction"] == 0.2
+    assert manifest.source_docs[0].weight == 0.7
+    per_source = {r.name: r for r in manifest.validation.per_source}
+    assert sum(r.num_docs for r in per_source.values()) == manifest.validation.num_docs
+    assert per_source["prose"].fraction == 0.2
     plan = build_plan(config, tmp_path / "out", tmp_path / "plan")  # and pack plans from it
-    assert [r["name"] for r in plan["mixture"]["sources"]] == ["chat", "prose"]
+    assert [r.name for r in plan.mixture.sources] == ["chat", "prose"]
     # a plain list names each source for its file stem
     plain = validate_config({"data": {"inputs": [str(chat), str(prose)]}, "train": {"seq_len": 512}})
     again = pretokenize(plain, tokenizer_dir, tmp_path / "plain", progress=False)
-    assert [r["name"] for r in again["source_docs"]] == ["chat", "prose"]
+    assert [r.name for r in again.source_docs] == ["chat", "prose"]
 
     empty = write_jsonl(tmp_path / "empty.jsonl", [])
     bad = validate_config(
@@ -262,7 +262,7 @@ def test_pretokenize_names_each_document_source_and_refuses_an_empty_source(tmp_
 def test_a_mixture_plan_is_byte_identical_on_rerun(plans, pretokenized, tmp_path):
     config, plan, plan_dir = plans[2]
     again = build_plan(config, pretokenized, tmp_path / "again")
-    assert again["packs_sha256"] == plan["packs_sha256"]
+    assert again.packs_sha256 == plan.packs_sha256
     assert (tmp_path / "again" / "plan.json").read_bytes() == (plan_dir / "plan.json").read_bytes()
 
 
@@ -276,7 +276,7 @@ def test_remainder_drop_is_refused_with_a_mixture(pretokenized, tmp_path):
 def test_a_manifest_without_a_source_range_fails_the_gate_not_with_a_traceback(plans, pretokenized, tmp_path):
     config, _, plan_dir = plans[2]
     inputs = load_inputs(config, pretokenized, plan_dir, tmp_path / "ckpt")
-    manifest = dict(inputs.manifest, source_docs=[{"name": "chat"}])
+    manifest = inputs.manifest.replace(source_docs=tuple(r for r in inputs.manifest.source_docs if r.name == "chat"))
     check = verdicts(dataclasses.replace(inputs, manifest=manifest))["conservation"]
     assert not check.passed and "source 'domain' has no doc_id range" in check.detail
 

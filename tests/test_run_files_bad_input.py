@@ -84,7 +84,7 @@ def one_line_error(call) -> str:
         ("seq_len", 0, "'seq_len'"),
         ("grad_accum", 2.5, "'grad_accum'"),
         ("stats", {"dropped": {"remainder": {"docs": "x"}}}, "'stats.dropped.remainder.docs'"),
-        ("stats", {"dropped_doc_ids": [1, "2"]}, "'stats.dropped_doc_ids'"),
+        ("stats", {"dropped_doc_ids": [1, "2"]}, "'stats.dropped_doc_ids[1]'"),
         ("remainder", None, "'remainder'"),
     ],
 )
@@ -225,7 +225,7 @@ def test_damaged_shards_fail_provenance_naming_the_shard(dirs, tmp_path, monkeyp
     if not full:
         monkeypatch.setattr("wattgate.gate.inputs.FULL_CONTENT_CHECK_TOKENS", 0)
     rewrite_shard(pretok, plan, edit)
-    report = run_gate(config, pretok, plan, tmp_path / "gate")
+    report = run_gate(config, pretok, plan, tmp_path / "gate").to_json()
     provenance = next(c for c in report["checks"] if c["name"] == "provenance")
     assert not provenance["passed"] and "shard-00000.parquet" in provenance["detail"], provenance["detail"]
     assert said[0 if full else 1] in provenance["detail"], provenance["detail"]
@@ -249,7 +249,7 @@ def test_a_manifest_of_another_format_version_is_refused(dirs, version):
 def test_num_loss_tokens_disagreeing_with_the_mask_fails_provenance(dirs, tmp_path):
     config, pretok, plan = dirs
     rewrite_shard(pretok, plan, loss_count_wrong)
-    report = run_gate(config, pretok, plan, tmp_path / "gate")
+    report = run_gate(config, pretok, plan, tmp_path / "gate").to_json()
     provenance = next(c for c in report["checks"] if c["name"] == "provenance")
     assert not provenance["passed"] and "num_loss_tokens says" in provenance["detail"], provenance["detail"]
 
@@ -271,7 +271,7 @@ VERDICT_FILES = ("gate.json", "gate.md", "PASSED", "UNENFORCED")
 def test_a_gate_stopped_by_bad_input_leaves_no_previous_verdict(dirs, tmp_path):
     config, pt, plan = dirs
     out = tmp_path / "gate"
-    assert run_gate(config, pt, plan, out)["passed"] and (out / "PASSED").exists()
+    assert run_gate(config, pt, plan, out).to_json()["passed"] and (out / "PASSED").exists()
     (plan / "packs.parquet").write_bytes(b"not parquet")
     with pytest.raises(InputError):
         run_gate(config, pt, plan, out)

@@ -92,11 +92,11 @@ def model_train_identity(config: RunConfig) -> dict:
 
 def run_identity(config: RunConfig, plan_dir: Path, pretokenized: Path) -> dict:
     plan, plan_bytes = read_plan(plan_dir)
-    segments = plan.get("segments") or []
+    segments = plan.segments or ()
     return {
         "plan": _sha256_bytes(plan_bytes),
         # earlier plans this one continues (pack/segments.py): their checkpoints up to each boundary resume
-        "links": [{"packs_sha256": seg["packs_sha256"], "end_step": seg["end_step"]} for seg in segments[:-1]],
+        "links": [{"packs_sha256": seg.packs_sha256, "end_step": seg.end_step} for seg in segments[:-1]],
         "pretokenized": _sha256_bytes(read_manifest(pretokenized)[1]),
         "model": model_identity(config.model),
         "train": train_identity(config.train),

@@ -33,13 +33,13 @@ def _pretokenize(args, config) -> None:
         raise InputError("pretokenize: no tokenizer: pass --tokenizer DIR or set tokenizer.path")
     m = pretokenize(config, tokenizer, args.out)
     print(
-        f"pretokenize: {m['num_docs']} docs, {m['num_tokens']} tokens ({m['num_loss_tokens']} trained on), "
-        f"{len(m['shards'])} shard(s), dropped {m['dropped'] or 'none'} -> {args.out}"
+        f"pretokenize: {m.num_docs} docs, {m.num_tokens} tokens ({m.num_loss_tokens} trained on), "
+        f"{len(m.shards)} shard(s), dropped {m.dropped or 'none'} -> {args.out}"
     )
-    if v := m.get("validation"):
+    if v := m.validation:
         print(
-            f"pretokenize: validation ({v['source']}): {v['num_docs']} docs, {v['num_tokens']} tokens held out; "
-            f"{v['train_docs']} docs train"
+            f"pretokenize: validation ({v.source}): {v.num_docs} docs, {v.num_tokens} tokens held out; "
+            f"{v.train_docs} docs train"
         )
 
 
@@ -47,24 +47,24 @@ def _pack(args, config) -> None:
     from wattgate.pack.plan import build_plan
 
     plan = build_plan(config, args.pretokenized, args.out)
-    s = plan["stats"]
-    if v := plan.get("validation"):
+    s = plan.stats
+    if v := plan.validation:
         print(
-            f"pack: validation pass: {v['num_docs']} docs in {v['num_packs']} packs ({v['strategy']}, "
-            f"{v['empty_packs']} empty), {v['micro_batches_per_rank']} micro-batch(es) of {v['micro_batch_size']} "
+            f"pack: validation pass: {v.num_docs} docs in {v.num_packs} packs ({v.strategy}, "
+            f"{v.empty_packs} empty), {v.micro_batches_per_rank} micro-batch(es) of {v.micro_batch_size} "
             "on every rank"
         )
-    if plan.get("segments"):
-        r = plan["resumed_from"]
+    if plan.segments and plan.resumed_from is not None:
+        r = plan.resumed_from
         print(
-            f"pack: continues step {r['step']} of {r['checkpoint']} in segment {len(plan['segments'])}: "
-            f"{s['segment_packs']} packs, {plan['segments'][-1]['end_step'] - r['step']} more steps -> {args.out}"
+            f"pack: continues step {r.step} of {r.checkpoint} in segment {len(plan.segments)}: "
+            f"{s.segment_packs} packs, {plan.segments[-1].end_step - r.step} more steps -> {args.out}"
         )
         return
-    steps = {tuple(x) for x in s["per_rank_steps_per_epoch"]}
+    steps = set(s.per_rank_steps_per_epoch or ())
     print(
-        f"pack: {plan['strategy']}, {s['packs_per_epoch']} packs/epoch, efficiency {s['efficiency']:.4f}, "
-        f"steps/epoch per rank {sorted(steps)}, max rank cost ratio (step) {s['max_rank_cost_ratio_step']:.3f} "
+        f"pack: {plan.strategy}, {s.packs_per_epoch} packs/epoch, efficiency {s.efficiency:.4f}, "
+        f"steps/epoch per rank {sorted(steps)}, max rank cost ratio (step) {s.max_rank_cost_ratio_step:.3f} "
         f"-> {args.out}"
     )
 
@@ -73,14 +73,14 @@ def _gate(args, config) -> None:
     from wattgate.gate.run import run_gate
 
     report = run_gate(config, args.pretokenized, args.plan, args.out)
-    failed = [c for c in report["checks"] if not c["passed"]]
-    for c in report["checks"]:
-        mark = "ok  " if c["passed"] else "FAIL"
-        print(f"gate: {mark} {c['name']}: {c['detail']}", file=sys.stderr if not c["passed"] else sys.stdout)
+    failed = report.failed_checks
+    for c in report.checks:
+        mark = "ok  " if c.passed else "FAIL"
+        print(f"gate: {mark} {c.name}: {c.detail}", file=sys.stderr if not c.passed else sys.stdout)
     if not failed:
-        print(f"gate: PASSED ({len(report['checks'])} checks in {report['elapsed_s']:.3f} s) -> {args.out}/PASSED")
+        print(f"gate: PASSED ({len(report.checks)} checks in {report.elapsed_s:.3f} s) -> {args.out}/PASSED")
         return
-    names = ", ".join(c["name"] for c in failed)
+    names = ", ".join(c.name for c in failed)
     if not config.gate.enforce:
         print(
             f"gate: WARNING: FAILED ({names}) but gate.enforce is false: continuing on purpose. See {args.out}/gate.md",

@@ -25,13 +25,15 @@ import pyarrow.parquet as pq
 
 from wattgate.artifacts import atomic_dir, sha256_tree
 from wattgate.run_files import MANIFEST_FORMAT_VERSION, write_manifest
-from wattgate.config import max_doc_tokens
+from wattgate.records.manifest import Manifest, ManifestValidation, Overlong, SourceRange, SourceSplit
+from wattgate.config import run_config, max_doc_tokens
 from wattgate.data.mixture import Source, is_mixture, parse_sources, source_name
 from wattgate.data.chat import ChatRenderer, TemplateError
 from wattgate.data.records import BadRecord, BadRecordPolicy, Fields, Record, read_records
 from wattgate.data.split import VALIDATION_FILE, SplitSettings, carve, doc_ids_sha256, write_validation_ids
 from wattgate.data.tokenizer import load_tokenizer, tokenizer_sha256
 from wattgate.errors import InputError
+from wattgate.records.run_config import RunConfig
 
 FORMAT_VERSION = MANIFEST_FORMAT_VERSION  # the reader's (run_files): one number
 
@@ -108,19 +110,20 @@ class PretokenizeSettings:
     max_doc_chars: int
 
     @classmethod
-    def from_config(cls, config: dict) -> PretokenizeSettings:
-        p = config["pretokenize"]
+    def from_config(cls, config: RunConfig | dict) -> PretokenizeSettings:
+        config = run_config(config)
+        p = config.pretokenize
         return cls(
-            loss_on=p["loss_on"],
+            loss_on=p.loss_on,
             max_tokens=max_doc_tokens(config),
-            overlong=p["overlong"],
-            on_bad_record=p["on_bad_record"],
-            append_eos=p["append_eos"],
-            batch_size=p["batch_size"],
-            shard_docs=p["shard_docs"],
-            text_field=config["data"]["text_field"],
-            messages_field=config["data"]["messages_field"],
-            max_doc_chars=p["max_doc_chars"],
+            overlong=p.overlong,
+            on_bad_record=p.on_bad_record,
+            append_eos=p.append_eos,
+            batch_size=p.batch_size,
+            shard_docs=p.shard_docs,
+            text_field=config.data.text_field,
+            messages_field=config.data.messages_field,
+            max_doc_chars=p.max_doc_chars,
         )
 
 
@@ -188,8 +191,8 @@ class ShardWriter:
             "num_tokens": self.num_tokens,
             "num_loss_tokens": self.num_loss_tokens,
             "max_token_id": self.max_token_id,
-            "shards": self.shards,
-            "shard_hashes": self.shard_hashes,
+            "shards": tuple(self.shards),
+            "shard_hashes": dict(self.shard_hashes),
             "shard_hash_algorithm": shard_hash_algorithm(),
         }
 
@@ -405,30 +408,30 @@ def held_out_mask(
     return held
 
 
-def validation_record(split: SplitSettings, writer: ShardWriter, held: np.ndarray) -> dict:
+def validation_record(split: SplitSettings, writer: ShardWriter, held: np.ndarray) -> ManifestValidation:
     """manifest.json's `validation` section: the split's settings, sides and the hash of its doc_id list."""
     hashes = np.asarray(writer.hashes, dtype=np.int64)
     lengths = np.asarray(writer.lengths, dtype=np.int64)
     loss = np.asarray(writer.loss_counts, dtype=np.int64)
     ids = np.flatnonzero(held)
-    return {
-        "source": split.source,
-        "inputs": list(split.inputs),
-        "source_sha256": sha256_tree(list(split.inputs)) if split.inputs else None,
-        "fraction": split.fraction,
-        "max_docs": split.max_docs,
-        "seed": split.seed,
-        "file": VALIDATION_FILE,
-        "num_docs": int(len(ids)),
-        "num_tokens": int(lengths[held].sum()),
-        "num_loss_tokens": int(loss[held].sum()),
-        "doc_ids_sha256": doc_ids_sha256(ids),
-        "train_docs": int((~held).sum()),
-        "train_tokens": int(lengths[~held].sum()),
-        "train_loss_tokens": int(loss[~held].sum()),
+    return ManifestValidation(
+        source=split.source,
+        inputs=tuple(split.inputs),
+        source_sha256=sha256_tree(list(split.inputs)) if split.inputs else None,
+        fraction=split.fraction,
+        max_docs=split.max_docs,
+        seed=split.seed,
+        file=VALIDATION_FILE,
+        num_docs=int(len(ids)),
+        num_tokens=int(lengths[held].sum()),
+        num_loss_tokens=int(loss[held].sum()),
+        doc_ids_sha256=doc_ids_sha256(ids),
+        train_docs=int((~held).sum()),
+        train_tokens=int(lengths[~held].sum()),
+        train_loss_tokens=int(loss[~held].sum()),
         # separate inputs may repeat training documents; the gate's leakage check names them
-        "copies_of_train": int(np.isin(hashes[held], hashes[~held]).sum()),
-    }
+        copies_of_train=int(np.isin(hashes[held], hashes[~held]).sum()),
+    )
 
 
 def split_for(split: SplitSettings, src: Source) -> SplitSettings:
@@ -442,23 +445,26 @@ def split_for(split: SplitSettings, src: Source) -> SplitSettings:
     )
 
 
-def source_docs(ranges: list, writer: ShardWriter) -> list[dict]:
+def source_docs(ranges: list, writer: ShardWriter) -> tuple[SourceRange, ...]:
     """manifest.json's `source_docs`: per data.inputs source its setting and doc_id range [first_doc, end_doc)."""
     lengths, loss = writer.lengths, writer.loss_counts
-    return [
-        dict(
-            src.spec(),
+    return tuple(
+        SourceRange(
+            **src.spec(),
             first_doc=first,
             end_doc=end,
             num_tokens=int(lengths[first:end].sum()),
             num_loss_tokens=int(loss[first:end].sum()),
         )
         for src, first, end in ranges
-    ]
+    )
 
 
-def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progress: bool | None = None) -> dict:
+def pretokenize(
+    config: RunConfig | dict, tokenizer_dir: str | Path, out: str | Path, progress: bool | None = None
+) -> Manifest:
     """Run the stage; returns the manifest written to `out/manifest.json`."""
+    config = run_config(config)
     settings = PretokenizeSettings.from_config(config)
     split = SplitSettings.from_config(config)
     sources = parse_sources(config)
@@ -513,36 +519,37 @@ def pretokenize(config: dict, tokenizer_dir: str | Path, out: str | Path, progre
             write_validation_ids(tmp / VALIDATION_FILE, np.flatnonzero(held))
             validation = validation_record(split, writer, held)
             if per_source:  # a mixture: each source's own carve and what it holds out
-                validation["per_source"] = [
-                    {
-                        "name": src.name,
-                        "fraction": own.fraction,
-                        "max_docs": own.max_docs,
-                        "seed": own.seed,
-                        "num_docs": int(held[first:end].sum()),
-                        "num_tokens": int(writer.lengths[first:end][held[first:end]].sum()),
-                    }
-                    for (src, first, end), (_, _, own) in zip(ranges, per_source)
-                ]
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "tokenizer_sha256": tokenizer_sha256(tokenizer_dir),
-            "tokenizer_path": str(Path(tokenizer_dir).resolve()),  # the export finds it from any directory
-            "vocab_size": len(tokenizer),
-            "source_sha256": sha256_tree(inputs),
-            "sources": [str(p) for p in inputs],
-            "source_docs": source_docs(ranges, writer),
+                validation = validation.replace(
+                    per_source=tuple(
+                        SourceSplit(
+                            name=src.name,
+                            fraction=own.fraction,
+                            max_docs=own.max_docs,
+                            seed=own.seed,
+                            num_docs=int(held[first:end].sum()),
+                            num_tokens=int(writer.lengths[first:end][held[first:end]].sum()),
+                        )
+                        for (src, first, end), (_, _, own) in zip(ranges, per_source)
+                    )
+                )
+        manifest = Manifest(
+            tokenizer_sha256=tokenizer_sha256(tokenizer_dir),
+            tokenizer_path=str(Path(tokenizer_dir).resolve()),  # the export finds it from any directory
+            vocab_size=len(tokenizer),
+            source_sha256=sha256_tree(inputs),
+            sources=tuple(str(p) for p in inputs),
+            source_docs=source_docs(ranges, writer),
             **writer.manifest_fields(),
-            "dropped": dict(sorted(dropped.items())),
-            "chat_turns": dict(sorted(policy.noted.items())),  # kept but irregular (e.g. assistant first)
-            "overlong": {
-                "max_tokens": settings.max_tokens,
-                "policy": settings.overlong,
-                "documents": overlong_docs,
-                "split_chunks": split_chunks,
-            },
-            "config": asdict(settings),
-            "validation": validation,
-        }
+            dropped=dict(sorted(dropped.items())),
+            chat_turns=dict(sorted(policy.noted.items())),  # kept but irregular (e.g. assistant first)
+            overlong=Overlong(
+                max_tokens=settings.max_tokens,
+                policy=settings.overlong,
+                documents=overlong_docs,
+                split_chunks=split_chunks,
+            ),
+            config=asdict(settings),
+            validation=validation,
+        )
         write_manifest(tmp, manifest)
     return manifest

@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from wattgate.errors import InputError
+from wattgate.records.manifest import VALIDATION_FILE as VALIDATION_FILE, Manifest
 from wattgate.records.run_config import RunConfig
 
-VALIDATION_FILE = "validation.parquet"
 VALIDATION_SCHEMA = pa.schema([("doc_id", pa.int64())])
 
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -105,22 +105,20 @@ def write_validation_ids(path: Path, doc_ids: np.ndarray) -> None:
     pq.write_table(table, path, compression="zstd")
 
 
-def read_validation_ids(pretokenized: Path, manifest: dict) -> np.ndarray:
+def read_validation_ids(pretokenized: Path, manifest: Manifest) -> np.ndarray:
     """The held-out doc_ids (sorted int64; empty without a split), checked against the manifest's record."""
-    section = manifest.get("validation")
-    if not section:
+    section = manifest.validation
+    if section is None:
         return np.zeros(0, dtype=np.int64)
-    if not isinstance(section, dict) or not isinstance(section.get("num_docs"), int):
-        raise InputError(f"{pretokenized / 'manifest.json'}: 'validation' is not a split record; rerun pretokenize")
-    path = pretokenized / str(section.get("file", VALIDATION_FILE))
+    path = pretokenized / section.file
     try:
         ids = pq.read_table(path, columns=["doc_id"]).column("doc_id").to_numpy().astype(np.int64)
     except (OSError, pa.ArrowException, KeyError) as exc:
         raise InputError(f"{path}: cannot read the validation split ({exc}); rerun pretokenize") from None
-    if len(ids) != section["num_docs"] or doc_ids_sha256(ids) != section.get("doc_ids_sha256"):
+    if len(ids) != section.num_docs or doc_ids_sha256(ids) != section.doc_ids_sha256:
         raise InputError(
             f"{path}: {len(ids)} doc_ids that do not hash to manifest.json's validation.doc_ids_sha256 "
-            f"({section['num_docs']} documents); rerun pretokenize"
+            f"({section.num_docs} documents); rerun pretokenize"
         )
     return np.sort(ids)
 

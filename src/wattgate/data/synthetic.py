@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from wattgate.run_files import write_manifest
+from wattgate.records.manifest import Manifest
 from wattgate.data.pretokenize import (
-    FORMAT_VERSION,
     ShardWriter,
     held_out_mask,
     source_docs,
@@ -62,14 +62,13 @@ def write_random_pretokenized(
         validation = validation_record(split, writer, held)
     write_manifest(
         path,
-        {
-            "format_version": FORMAT_VERSION,
+        Manifest(
             **writer.manifest_fields(),
-            "vocab_size": vocab,
-            "dropped": {},
-            "validation": validation,
-            "source_docs": source_docs(ranges, writer),
-            "synthetic": True,  # random ids: no tokenizer to export (train/export_files.py)
-        },
+            vocab_size=vocab,
+            dropped={},
+            validation=validation,
+            source_docs=source_docs(ranges, writer),
+            synthetic=True,  # random ids: no tokenizer to export (train/export_files.py)
+        ),
     )
     return path

@@ -10,8 +10,10 @@ import numpy as np
 from wattgate.cadence import checkpoint_steps  # the trainer's own rule (one home, the loop's)
 from wattgate.durations import fmt_hours
 from wattgate.forecast.throughput import Throughput
+from wattgate.records.gate import Forecast, ForecastEnergy, ForecastTerms, ForecastThroughput, JobPlan
 
 if TYPE_CHECKING:
+    from wattgate.records.plan import Plan
     from wattgate.run_files import PackRows
 
 ASSUMED_STARTUP_S = {"cpu": 10.0, "gpu": 120.0}  # launch, imports, NCCL init: used until a run measures it
@@ -85,12 +87,10 @@ def step_rank_costs(packs: PackRows, world_size: int, attn_weight: float) -> tup
     return per_rank, keys
 
 
-def plan_step_costs(packs: PackRows, plan: dict, config: dict, max_steps: int | None) -> PlanCosts:
+def plan_step_costs(packs: PackRows, plan: Plan, max_steps: int | None) -> PlanCosts:
     """Each optimizer step's costliest rank in the planner's cost model, in run order, cut at max_steps."""
-    per_rank, keys = step_rank_costs(
-        packs, plan["world_size"], float(plan.get("attn_weight", config["pack"]["attn_weight"]))
-    )
-    return plan_costs(per_rank, keys, int(packs.step.max()) + 1, plan["steps_per_epoch"], max_steps)
+    per_rank, keys = step_rank_costs(packs, plan.world_size, plan.attn_weight)
+    return plan_costs(per_rank, keys, int(packs.step.max()) + 1, plan.steps_per_epoch, max_steps)
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def _storage(tp: Throughput, s: Settings) -> tuple[float, str]:
     return ASSUMED_STORAGE_GBPS, "assumed (set cluster.storage_gbps)"
 
 
-def forecast(costs: PlanCosts, tp: Throughput, s: Settings, levels: Levels | None) -> dict:
+def forecast(costs: PlanCosts, tp: Throughput, s: Settings, levels: Levels | None) -> Forecast:
     """The train job's wall time, GPU-hours and kWh, term by term."""
     gbps, gbps_source = _storage(tp, s)
     rate = gbps * 1e9
@@ -129,34 +129,8 @@ def forecast(costs: PlanCosts, tp: Throughput, s: Settings, levels: Levels | Non
     export_s = s.export_bytes / rate
     warmup = tp.warmup_s or 0.0
     validation_s = len(costs.eval_steps) * costs.eval_pass_cost / tp.cost_per_s
-    terms = {
-        "startup_s": startup,
-        "load_s": load,
-        "warmup_s": warmup,
-        "steps_s": steps_s,
-        "validation_s": validation_s,
-        "checkpoints_s": ckpt_s,
-        "export_s": export_s,
-    }
-    wall = sum(terms.values())
-    out = {
-        "wall_s": round(wall, 3),
-        "gpu_hours": round(wall * s.world_size / 3600, 4),
-        "kwh": None,
-        "terms_s": {k: round(v, 3) for k, v in terms.items()},
-        "steps": int(len(costs.step_max_cost)),
-        "validations": len(costs.eval_steps),
-        "checkpoints": n_ckpt,
-        "throughput": asdict(tp) | {"cost_per_s": round(tp.cost_per_s, 6)},
-        "storage_gbps": round(gbps, 4),
-        "storage_source": gbps_source,
-        "startup_source": "measured" if tp.startup_s is not None else "assumed",
-        "load_source": "measured" if tp.load_s is not None else "input weights / storage bandwidth",
-        "checkpoint_gib": round(s.checkpoint_bytes / GIB, 3),
-        "export_gib": round(s.export_bytes / GIB, 3),
-        "world_size": s.world_size,
-        "energy": None,
-    }
+    wall = startup + load + warmup + steps_s + validation_s + ckpt_s + export_s  # the terms' order, summed
+    kwh, energy = None, None
     if levels is not None:
         joules = s.world_size * (
             (steps_s + validation_s) * levels.compute_w
@@ -164,77 +138,100 @@ def forecast(costs: PlanCosts, tp: Throughput, s: Settings, levels: Levels | Non
             + (startup + load + export_s) * levels.idle_w
             + warmup * levels.compute_w
         )
-        out["kwh"] = round(joules / 3.6e6, 4)
-        out["energy"] = {
-            "compute_w": levels.compute_w,
-            "wait_w": levels.wait_w,
-            "idle_w": levels.idle_w,
-            "source": levels.source,
-            "gpus_only": True,
-        }
-    return out
+        kwh = round(joules / 3.6e6, 4)
+        energy = ForecastEnergy(
+            compute_w=levels.compute_w,
+            wait_w=levels.wait_w,
+            idle_w=levels.idle_w,
+            source=levels.source,
+            gpus_only=True,
+        )
+    return Forecast(
+        wall_s=round(wall, 3),
+        gpu_hours=round(wall * s.world_size / 3600, 4),
+        kwh=kwh,
+        terms_s=ForecastTerms(
+            startup_s=round(startup, 3),
+            load_s=round(load, 3),
+            warmup_s=round(warmup, 3),
+            steps_s=round(steps_s, 3),
+            validation_s=round(validation_s, 3),
+            checkpoints_s=round(ckpt_s, 3),
+            export_s=round(export_s, 3),
+        ),
+        steps=int(len(costs.step_max_cost)),
+        validations=len(costs.eval_steps),
+        checkpoints=n_ckpt,
+        throughput=ForecastThroughput(**(asdict(tp) | {"cost_per_s": round(tp.cost_per_s, 6)})),
+        storage_gbps=round(gbps, 4),
+        storage_source=gbps_source,
+        startup_source="measured" if tp.startup_s is not None else "assumed",
+        load_source="measured" if tp.load_s is not None else "input weights / storage bandwidth",
+        checkpoint_gib=round(s.checkpoint_bytes / GIB, 3),
+        export_gib=round(s.export_bytes / GIB, 3),
+        world_size=s.world_size,
+        energy=energy,
+    )
 
 
-def job_plan(fc: dict, costs: PlanCosts, job_limit_s: float | None, stop_margin_s: float, max_jobs: int) -> dict:
+def job_plan(fc: Forecast, costs: PlanCosts, job_limit_s: float | None, stop_margin_s: float, max_jobs: int) -> JobPlan:
     """How many Slurm jobs of `job_limit_s` the forecast run takes when each job stops `stop_margin_s` before its
     limit (train/stop.py) and the next resumes, what one such stop costs at most, and whether the margin holds
     a stop's work: the step in flight, a validation pass's stop-check interval (the whole pass, as a bound) and
     the stop checkpoint. Pure: gate.json's forecast `jobs` and the gate's `jobs` check read it."""
-    terms = fc["terms_s"]
-    restart_s = terms["startup_s"] + terms["load_s"] + terms["warmup_s"]  # what every later job pays again
-    one_checkpoint_s = fc["checkpoint_gib"] * GIB / (fc["storage_gbps"] * 1e9)
-    cost_per_s = fc["throughput"]["cost_per_s"]
+    terms = fc.terms_s
+    restart_s = terms.startup_s + terms.load_s + terms.warmup_s  # what every later job pays again
+    one_checkpoint_s = fc.checkpoint_gib * GIB / (fc.storage_gbps * 1e9)
+    cost_per_s = fc.throughput.cost_per_s
     longest_step_s = float(costs.step_max_cost.max()) / cost_per_s if len(costs.step_max_cost) else 0.0
     eval_pass_s = costs.eval_pass_cost / cost_per_s if costs.eval_steps else 0.0
     stop_work_s = longest_step_s + eval_pass_s + one_checkpoint_s
-    out = {
-        "job_limit_s": job_limit_s,
-        "stop_margin_s": stop_margin_s,
-        "max_jobs": max_jobs,
-        "stop_work_s": round(stop_work_s, 3),
-        "stop_cost_s": round(stop_margin_s + one_checkpoint_s + restart_s, 3),
-        "jobs": 1,
-        "usable_s": None,
-    }
-    if job_limit_s is None or fc["wall_s"] <= job_limit_s:
+    out = JobPlan(
+        job_limit_s=job_limit_s,
+        stop_margin_s=stop_margin_s,
+        max_jobs=max_jobs,
+        stop_work_s=round(stop_work_s, 3),
+        stop_cost_s=round(stop_margin_s + one_checkpoint_s + restart_s, 3),
+        jobs=1,
+        usable_s=None,
+    )
+    if job_limit_s is None or fc.wall_s <= job_limit_s:
         return out
-    work = fc["wall_s"] - restart_s  # steps, validation, checkpoints and the export: what the jobs share
+    work = fc.wall_s - restart_s  # steps, validation, checkpoints and the export: what the jobs share
     usable = job_limit_s - stop_margin_s - restart_s - one_checkpoint_s  # each job's share of it
-    out["usable_s"] = round(usable, 3)
-    out["jobs"] = None if usable <= 0 else int(-(-work // usable))
-    return out
+    return out.replace(usable_s=round(usable, 3), jobs=None if usable <= 0 else int(-(-work // usable)))
 
 
-def check_jobs(plan: dict | None) -> tuple[bool, str]:
+def check_jobs(plan: JobPlan | None) -> tuple[bool, str]:
     """(passed, detail) for the gate's `jobs` check on `job_plan`'s figures (None: no forecast)."""
     if plan is None:
         return True, "no forecast: the number of Slurm jobs is not known"
-    margin, work = plan["stop_margin_s"], plan["stop_work_s"]
-    limit = plan["job_limit_s"]
+    margin, work = plan.stop_margin_s, plan.stop_work_s
+    limit = plan.job_limit_s
     if limit is None:
         return True, "not a Slurm job: one attempt; a stop (SIGTERM, SIGUSR1, STOP_REQUESTED) resumes on a rerun"
-    if plan["jobs"] is None:
+    if plan.jobs is None:
         return False, (
             f"a job of {fmt_hours(limit)} does not cover start-up, load, one checkpoint and the stop margin "
             f"({margin:g} s): raise cluster.slurm.train.runtime_min"
         )
-    cost = f"a stop costs at most {fmt_hours(plan['stop_cost_s'])} (margin, stop checkpoint, restart)"
+    cost = f"a stop costs at most {fmt_hours(plan.stop_cost_s)} (margin, stop checkpoint, restart)"
     if 0 < margin < work:
         return False, (
             f"cluster.slurm.train.stop_margin_s {margin:g} s is less than a stop's work ({work:.0f} s: the longest "
             "step, a validation pass and one checkpoint): the time limit would kill the stop checkpoint; raise it"
         )
-    if plan["jobs"] > plan["max_jobs"]:
+    if plan.jobs > plan.max_jobs:
         return False, (
-            f"{plan['jobs']} jobs of {fmt_hours(limit)} needed, more than cluster.slurm.train.max_jobs "
-            f"{plan['max_jobs']}: raise max_jobs or runtime_min"
+            f"{plan.jobs} jobs of {fmt_hours(limit)} needed, more than cluster.slurm.train.max_jobs "
+            f"{plan.max_jobs}: raise max_jobs or runtime_min"
         )
-    if margin == 0 and plan["jobs"] > 1:
-        return False, f"{plan['jobs']} jobs needed but stop_margin_s is 0 (no timed stop): set a margin"
-    return True, f"{plan['jobs']} job(s) of {fmt_hours(limit)} (at most {plan['max_jobs']}); {cost}"
+    if margin == 0 and plan.jobs > 1:
+        return False, f"{plan.jobs} jobs needed but stop_margin_s is 0 (no timed stop): set a margin"
+    return True, f"{plan.jobs} job(s) of {fmt_hours(limit)} (at most {plan.max_jobs}); {cost}"
 
 
-def check_budget(fc: dict | None, max_gpu_hours: float | None, max_kwh: float | None) -> tuple[bool, str]:
+def check_budget(fc: Forecast | None, max_gpu_hours: float | None, max_kwh: float | None) -> tuple[bool, str]:
     """(within budget, detail) for gate.max_gpu_hours and gate.max_kwh."""
     if fc is None:
         if max_gpu_hours or max_kwh:
@@ -242,17 +239,17 @@ def check_budget(fc: dict | None, max_gpu_hours: float | None, max_kwh: float | 
                 "no forecast (see the forecast section), so gate.max_gpu_hours / gate.max_kwh cannot be checked"
             )
         return True, "no forecast; no budget set"
-    shown = f"forecast {fmt_hours(fc['wall_s'])} wall, {fc['gpu_hours']:.4g} GPU-hours" + (
-        f", {fc['kwh']:.4g} kWh" if fc["kwh"] is not None else ""
+    shown = f"forecast {fmt_hours(fc.wall_s)} wall, {fc.gpu_hours:.4g} GPU-hours" + (
+        f", {fc.kwh:.4g} kWh" if fc.kwh is not None else ""
     )
     over = []
-    if max_gpu_hours and fc["gpu_hours"] > max_gpu_hours:
-        over.append(f"{fc['gpu_hours']:.4g} GPU-hours > gate.max_gpu_hours {max_gpu_hours:g}")
+    if max_gpu_hours and fc.gpu_hours > max_gpu_hours:
+        over.append(f"{fc.gpu_hours:.4g} GPU-hours > gate.max_gpu_hours {max_gpu_hours:g}")
     if max_kwh:
-        if fc["kwh"] is None:
+        if fc.kwh is None:
             over.append(f"no energy forecast (no triage table) to check gate.max_kwh {max_kwh:g}")
-        elif fc["kwh"] > max_kwh:
-            over.append(f"{fc['kwh']:.4g} kWh > gate.max_kwh {max_kwh:g}")
+        elif fc.kwh > max_kwh:
+            over.append(f"{fc.kwh:.4g} kWh > gate.max_kwh {max_kwh:g}")
     limits = [f"gate.max_gpu_hours {max_gpu_hours:g}"] if max_gpu_hours else []
     limits += [f"gate.max_kwh {max_kwh:g}"] if max_kwh else []
     if over:

@@ -8,6 +8,7 @@ weights (gate/weights_check.py), collectives (wattgate/proof).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,9 @@ from wattgate.gate.memory import GIB, Budget
 from wattgate.gate.mixture_checks import MixtureInputs, epoch_problems
 from wattgate.pack.remainder import DROP_REASONS, DROPPING_POLICIES
 from wattgate.schedule import learning_rate
+from wattgate.records.manifest import Manifest
+from wattgate.records.plan import DroppedDocs, Plan
+from wattgate.records.run_config import RunConfig
 
 MAX_LISTED = 8  # offending items named in a detail line before "..."
 
@@ -187,7 +191,7 @@ def check_pack_contents(packs: PackRows, seq_len: int, doc_tokens: np.ndarray, d
 def remainder_problems(
     policy: str | None,
     dropped: np.ndarray,
-    dropped_reasons: dict,
+    dropped_reasons: Mapping[str, DroppedDocs],
     doc_tokens: np.ndarray,
     packs: PackRows,
     global_batch_packs: int | None,
@@ -221,8 +225,8 @@ def check_conservation(
     epochs: int,
     doc_tokens: np.ndarray,
     manifest_tokens: int,
-    dropped_doc_ids: list[int],
-    dropped_reasons: dict,
+    dropped_doc_ids: Sequence[int],
+    dropped_reasons: Mapping[str, DroppedDocs],
     policy: str | None = None,
     global_batch_packs: int | None = None,
     config_policy: str | None = None,
@@ -244,15 +248,13 @@ def check_conservation(
     name = "conservation"
     n = len(doc_tokens)
     problems = []
-    if not isinstance(dropped_reasons, dict) or not isinstance(dropped_doc_ids, list):
-        return Check(name, False, "plan stats.dropped is not an object or stats.dropped_doc_ids not a list; rerun pack")
     if int(doc_tokens.sum()) != manifest_tokens:
         problems.append(f"shards hold {int(doc_tokens.sum())} tokens, manifest says {manifest_tokens}")
     dropped = np.asarray(dropped_doc_ids, dtype=np.int64)
     if len(dropped) and (dropped.min() < 0 or dropped.max() >= n or len(np.unique(dropped)) != len(dropped)):
         problems.append("dropped_doc_ids out of range or repeated")
         dropped = dropped[(dropped >= 0) & (dropped < n)]
-    reasons_total = sum(int(v.get("docs", 0)) if isinstance(v, dict) else 0 for v in dropped_reasons.values())
+    reasons_total = sum(v.docs or 0 for v in dropped_reasons.values())
     if reasons_total != len(dropped_doc_ids):
         problems.append(f"{len(dropped_doc_ids)} dropped documents but reasons account for {reasons_total}")
     if policy is not None and config_policy is not None and policy != config_policy:
@@ -312,51 +314,57 @@ def check_conservation(
     )
 
 
-def check_launch(plan: dict, config: dict) -> Check:
+def check_launch(plan: Plan, config: RunConfig) -> Check:
     """The plan was made for the launch that will run it."""
-    c, t = config["cluster"], config["train"]
-    expected = {
-        "world_size": (c["nodes"] * c["gpus_per_node"], "cluster.nodes x cluster.gpus_per_node"),
-        "micro_batch_size": (t["micro_batch_size"], "train.micro_batch_size"),
-        "grad_accum": (t["grad_accum"], "train.grad_accum"),
-        "seq_len": (t["seq_len"], "train.seq_len"),
-        "epochs": (t["epochs"], "train.epochs"),
-    }
-    if plan.get("validation"):
-        mbs = t.get("eval_micro_batch_size") or t["micro_batch_size"]
-        expected["eval_micro_batch_size"] = (mbs, "train.eval_micro_batch_size")
-    # a plan continuing another world size's run runs its own grad_accum (pack/segments.py), made from the config's
-    made_for = dict(plan, grad_accum=plan.get("config_grad_accum", plan.get("grad_accum")))
-    wrong = [f"plan {k} {made_for.get(k)} != {src} {v}" for k, (v, src) in expected.items() if made_for.get(k) != v]
+    c, t = config.cluster, config.train
+    # (what the plan says, what the config says, where the config says it)
+    expected = [
+        ("world_size", plan.world_size, c.nodes * c.gpus_per_node, "cluster.nodes x cluster.gpus_per_node"),
+        ("micro_batch_size", plan.micro_batch_size, t.micro_batch_size, "train.micro_batch_size"),
+        # a plan continuing another world size's run runs its own grad_accum (pack/segments.py), made from the
+        # config's
+        (
+            "grad_accum",
+            plan.grad_accum if plan.config_grad_accum is None else plan.config_grad_accum,
+            t.grad_accum,
+            "train.grad_accum",
+        ),
+        ("seq_len", plan.seq_len, t.seq_len, "train.seq_len"),
+        ("epochs", plan.epochs, t.epochs, "train.epochs"),
+    ]
+    if plan.validation is not None:
+        mbs = t.eval_micro_batch_size or t.micro_batch_size
+        expected.append(("eval_micro_batch_size", plan.eval_micro_batch_size, mbs, "train.eval_micro_batch_size"))
+    wrong = [f"plan {k} {made} != {src} {v}" for k, made, v, src in expected if made != v]
     if wrong:
         return Check("launch", False, _listed(wrong) + "; rerun pack for this launch")
     return Check(
         "launch",
         True,
-        f"world {plan['world_size']} = {c['nodes']} node(s) x {c['gpus_per_node']}, "
-        f"micro_batch_size {plan['micro_batch_size']}, grad_accum {plan['grad_accum']}",
+        f"world {plan.world_size} = {c.nodes} node(s) x {c.gpus_per_node}, "
+        f"micro_batch_size {plan.micro_batch_size}, grad_accum {plan.grad_accum}",
     )
 
 
 def check_provenance(
-    plan: dict,
+    plan: Plan,
     packs_sha256: str,
     manifest_sha256: str,
-    manifest: dict,
+    manifest: Manifest,
     model_vocab: int,
     content: ShardContent | None = None,
 ) -> Check:
     """The plan describes these exact files, the shards hold what the manifest says, and every token id
     exists in the model's embedding. `content` (verify_shards) None: shard bytes not checked."""
     problems = []
-    if plan.get("packs_sha256") != packs_sha256:
+    if plan.packs_sha256 != packs_sha256:
         problems.append("packs.parquet changed since it was planned (sha256 differs from plan.json)")
-    if plan.get("pretokenized_manifest_sha256") != manifest_sha256:
+    if plan.pretokenized_manifest_sha256 != manifest_sha256:
         problems.append("the pretokenized data changed since the plan was made (manifest sha256 differs); rerun pack")
     if content is not None:
         problems += list(content.problems)
-    max_id = manifest.get("max_token_id")
-    if not isinstance(max_id, int) or max_id >= model_vocab:
+    max_id = manifest.max_token_id
+    if max_id >= model_vocab:
         problems.append(f"largest token id {max_id} does not fit the model's vocab_size {model_vocab}")
     true_max = content.max_token_id if content is not None else None
     if true_max is not None and true_max >= model_vocab:
@@ -364,10 +372,10 @@ def check_provenance(
             f"the shards hold token id {true_max} >= the model's vocab_size {model_vocab}; rerun "
             "pretokenize with the model's tokenizer"
         )
-    if true_max is not None and isinstance(max_id, int) and true_max > max_id:
+    if true_max is not None and true_max > max_id:
         problems.append(f"the shards hold token id {true_max}, manifest max_token_id says {max_id}; rerun pretokenize")
-    if isinstance(manifest.get("vocab_size"), int) and manifest["vocab_size"] > model_vocab:
-        problems.append(f"tokenizer has {manifest['vocab_size']} tokens, model embeds {model_vocab}")
+    if manifest.vocab_size is not None and manifest.vocab_size > model_vocab:
+        problems.append(f"tokenizer has {manifest.vocab_size} tokens, model embeds {model_vocab}")
     if problems:
         return Check("provenance", False, _listed(problems))
     shown = true_max if true_max is not None else max_id
@@ -448,48 +456,47 @@ def check_balance(packs: PackRows, world_size: int, attn_weight: float, max_rati
     return Check("balance", bool(ratio[worst] <= max_ratio), detail)
 
 
-def check_schedule(plan: dict, config: dict) -> Check:
+def check_schedule(plan: Plan, config: RunConfig) -> Check:
     """At least one step; warmup shorter than the run; notes on a checkpoint cadence longer than the run."""
-    t = config["train"]
-    segments = plan.get("segments")
-    planned = int(segments[-1]["end_step"]) if segments else plan["epochs"] * plan["steps_per_epoch"]
-    max_steps = t.get("max_steps")
+    t = config.train
+    planned = plan.segments[-1].end_step if plan.segments else plan.epochs * plan.steps_per_epoch
+    max_steps = t.max_steps
     total = min(planned, max_steps) if max_steps else planned  # the trainer stops at train.max_steps
     capped = f" (train.max_steps {max_steps})" if max_steps and max_steps < planned else ""
     problems = []
     if total < 1:
         problems.append("the plan has no optimizer step")
-    if t["warmup_steps"] >= total:
-        problems.append(f"train.warmup_steps {t['warmup_steps']} >= total steps {total}{capped}")
+    if t.warmup_steps >= total:
+        problems.append(f"train.warmup_steps {t.warmup_steps} >= total steps {total}{capped}")
     late = []  # the loop checkpoints at the last step whatever checkpoint_every says: a smoke run is fine
-    if total >= 1 and t["checkpoint_every"] > total:
+    if total >= 1 and t.checkpoint_every > total:
         late.append(
-            f"train.checkpoint_every {t['checkpoint_every']} > total steps {total}{capped}: "
+            f"train.checkpoint_every {t.checkpoint_every} > total steps {total}{capped}: "
             f"the only checkpoint is the one at the last step ({total})"
         )
     notes = "".join(f"; note: {n}" for n in late + validation_schedule_notes(plan, config, total))
     if problems:
         return Check("schedule", False, _listed(problems) + notes)
-    evals = f", validation every {t['eval_every']}" if plan.get("validation") and t.get("eval_every") else ""
+    evals = f", validation every {t.eval_every}" if plan.validation is not None and t.eval_every else ""
     return Check(
         "schedule",
         True,
-        f"{total} steps{capped}, warmup {t['warmup_steps']}, checkpoint every {t['checkpoint_every']}{evals}{notes}",
+        f"{total} steps{capped}, warmup {t.warmup_steps}, checkpoint every {t.checkpoint_every}{evals}{notes}",
     )
 
 
-def validation_schedule_notes(plan: dict, config: dict, total: int) -> list[str]:
+def validation_schedule_notes(plan: Plan, config: RunConfig, total: int) -> list[str]:
     """What the validation schedule will and will not do, for `schedule` (notes: none of these fails)."""
-    t = config["train"]
+    t = config.train
     notes = []
-    has_split = bool(plan.get("validation"))
-    if t.get("eval_every") and not has_split:
-        notes.append(f"train.eval_every {t['eval_every']} without data.validation: no validation runs")
-    elif has_split and t.get("eval_every", 0) > total:
+    has_split = plan.validation is not None
+    if t.eval_every and not has_split:
+        notes.append(f"train.eval_every {t.eval_every} without data.validation: no validation runs")
+    elif has_split and t.eval_every > total:
         notes.append(
-            f"train.eval_every {t['eval_every']} > total steps {total}: validation only at epoch ends and the last step"
+            f"train.eval_every {t.eval_every} > total steps {total}: validation only at epoch ends and the last step"
         )
-    if t.get("export_from") == "best" and not has_split:
+    if t.export_from == "best" and not has_split:
         notes.append("train.export_from best without data.validation: final/ is the last step's")
     return notes
 
@@ -498,67 +505,65 @@ def _steps_of(packs: PackRows) -> int:
     return int(len(np.unique(packs.epoch * (int(packs.step.max()) + 1) + packs.step))) if len(packs) else 0
 
 
-def check_segments(plan: dict, config: dict, packs: PackRows, prefix: PackRows | None, problems: tuple) -> Check:
+def check_segments(plan: Plan, config: RunConfig, packs: PackRows, prefix: PackRows | None, problems: tuple) -> Check:
     """A plan that continues a run on another world size: its segments chain, the prefix is what ran, and the
     learning rate and the tokens per step go on across the boundary (pack/segments.py)."""
-    segs = plan.get("segments")
+    segs = plan.segments
     if not segs:
         return Check("segments", True, "one segment: the plan starts at step 0")
     probs = list(problems)
-    if segs[0].get("first_step") != 0:
-        probs.append(f"segment 0 starts at step {segs[0].get('first_step')}, not 0")
+    if segs[0].first_step != 0:
+        probs.append(f"segment 0 starts at step {segs[0].first_step}, not 0")
     for k, (a, b) in enumerate(zip(segs, segs[1:])):
-        if a.get("end_step") != b.get("first_step"):
+        if a.end_step != b.first_step:
             probs.append(
-                f"segment {k} ends at step {a.get('end_step')} but segment {k + 1} starts at "
-                f"{b.get('first_step')}: steps would be skipped or repeated"
+                f"segment {k} ends at step {a.end_step} but segment {k + 1} starts at "
+                f"{b.first_step}: steps would be skipped or repeated"
             )
-    boundary, end = int(segs[-1]["first_step"]), int(segs[-1]["end_step"])
+    boundary, end = segs[-1].first_step, segs[-1].end_step
     if end - boundary != _steps_of(packs):
         probs.append(f"the current segment has {_steps_of(packs)} steps, plan.json says {end - boundary}")
     # counted in packs, segment by segment: step numbers restart in each segment's packs.parquet, so the
     # prefix's (epoch, step) keys of two segments coincide and cannot count its steps
-    ran = [
-        (int(g["end_step"]) - int(g["first_step"])) * g["world_size"] * g["micro_batch_size"] * g["grad_accum"]
-        for g in segs[:-1]
-    ]
+    ran = [(g.end_step - g.first_step) * g.world_size * g.micro_batch_size * g.grad_accum for g in segs[:-1]]
     if prefix is not None and not problems and len(prefix) != sum(ran):
         probs.append(
             f"the consumed prefix holds {len(prefix)} packs, but its segments ran {sum(ran)} before the boundary "
             f"at step {boundary} ({' + '.join(map(str, ran))}: steps x ranks x micro-batch x grad_accum)"
         )
-    resumed = (plan.get("resumed_from") or {}).get("step")
+    resumed = plan.resumed_from.step if plan.resumed_from is not None else None
     if resumed != boundary:
         probs.append(f"the checkpoint it continues is at step {resumed}, the boundary at {boundary}")
     if probs:
         return Check("segments", False, _listed(probs))
     # the learning rate: the prefix ran towards its own total; the continuation schedules the new total
-    t = config["train"]
-    old_total = int(segs[-2].get("plan_total_steps", end))
+    t = config.train
+    old_total = end if segs[-2].plan_total_steps is None else segs[-2].plan_total_steps
 
     def lr(step: int, total: int) -> float:
-        return learning_rate(step, total, t["lr"], t["warmup_steps"], t["min_lr_ratio"])
+        return learning_rate(step, total, t.lr, t.warmup_steps, t.min_lr_ratio)
 
     before, ran, now = lr(boundary - 1, old_total), lr(boundary, old_total), lr(boundary, end)
     jump, step_change = abs(now - ran), abs(ran - before)
     tokens_before = float(prefix.num_tokens.sum()) / max(boundary, 1) if prefix is not None else float("nan")
     tokens_after = float(packs.num_tokens.sum()) / max(_steps_of(packs), 1)
     ratio = tokens_after / tokens_before if tokens_before == tokens_before and tokens_before > 0 else float("nan")
-    old_pps = segs[-2]["world_size"] * segs[-2]["micro_batch_size"] * segs[-2]["grad_accum"]
-    new_pps = segs[-1]["world_size"] * segs[-1]["micro_batch_size"] * segs[-1]["grad_accum"]
-    closest = max(1, round(old_pps / (segs[-1]["world_size"] * segs[-1]["micro_batch_size"])))
+    old, new = segs[-2], segs[-1]
+    old_pps = old.world_size * old.micro_batch_size * old.grad_accum
+    new_pps = new.world_size * new.micro_batch_size * new.grad_accum
+    closest = max(1, round(old_pps / (new.world_size * new.micro_batch_size)))
     detail = (
-        f"{len(segs)} segments: steps 0-{boundary} on {segs[-2]['world_size']} ranks (grad_accum "
-        f"{segs[-2]['grad_accum']}), {boundary}-{end} on {segs[-1]['world_size']} (grad_accum "
-        f"{segs[-1]['grad_accum']}); lr at the boundary {now:.3g} (the prefix's schedule: {ran:.3g}, one step "
+        f"{len(segs)} segments: steps 0-{boundary} on {old.world_size} ranks (grad_accum "
+        f"{old.grad_accum}), {boundary}-{end} on {new.world_size} (grad_accum "
+        f"{new.grad_accum}); lr at the boundary {now:.3g} (the prefix's schedule: {ran:.3g}, one step "
         f"before {before:.3g}); tokens per step {tokens_before:.0f} -> {tokens_after:.0f} (x{ratio:.3f}), "
         f"{old_pps} -> {new_pps} packs per step"
     )
     bad = []
-    if jump > max(2 * step_change, 1e-6 * t["lr"]):
+    if jump > max(2 * step_change, 1e-6 * t.lr):
         bad.append(f"lr jumps by {jump:.3g} at the boundary (a step moves it {step_change:.3g})")
-    if segs[-1]["grad_accum"] != closest and new_pps != old_pps:
-        bad.append(f"grad_accum {segs[-1]['grad_accum']} is not the closest to the old global batch ({closest})")
+    if new.grad_accum != closest and new_pps != old_pps:
+        bad.append(f"grad_accum {new.grad_accum} is not the closest to the old global batch ({closest})")
     if bad:
         return Check("segments", False, "; ".join(bad) + ": " + detail)
     return Check("segments", True, detail)

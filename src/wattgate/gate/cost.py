@@ -155,7 +155,7 @@ class CostSection:
 def cost_section(inputs: GateInputs, spec: ModelSpec, equal_steps: Check) -> tuple[CostSection, Check]:
     """(gate.json's "forecast", "failure" and "last_run_wait" entries, the budget check)."""
     config, plan, packs = inputs.config, inputs.plan, inputs.packs
-    world = plan["world_size"]
+    world = plan.world_size
     wait = last_run_wait(config, spec)
     g = config.gate
     if len(packs) == 0 or packs.rank.min() < 0 or packs.rank.max() >= world:
@@ -163,7 +163,7 @@ def cost_section(inputs: GateInputs, spec: ModelSpec, equal_steps: Check) -> tup
         return CostSection(forecast_unavailable=why, last_run_wait=wait), Check(
             "budget", not (g.max_gpu_hours or g.max_kwh), why
         )
-    costs = with_validation(plan_step_costs(packs, plan, config, config.train.max_steps), inputs)
+    costs = with_validation(plan_step_costs(packs, plan, config.train.max_steps), inputs)
     table = triage_table(config)
     tp, why = throughput(config, spec, table)
     settings = forecast_settings(config, spec)
@@ -205,12 +205,12 @@ def jobs_check(cost: CostSection) -> Check:
 def with_validation(costs: PlanCosts, inputs: GateInputs) -> PlanCosts:
     """The plan's costs with its validation passes: after which steps (wattgate.cadence) and what one costs."""
     v, plan = inputs.validation, inputs.plan
-    if v is None or v.packs is None or not len(v.packs) or v.packs.rank.max() >= plan["world_size"]:
+    if v is None or v.packs is None or not len(v.packs) or v.packs.rank.max() >= plan.world_size:
         return costs
     per_rank, _ = step_rank_costs(
         dataclasses.replace(v.packs, step=v.packs.micro, micro=np.zeros_like(v.packs.micro)),
-        plan["world_size"],
-        float(plan.get("attn_weight", inputs.config.pack.attn_weight)),
+        plan.world_size,
+        plan.attn_weight,
     )  # one row per validation micro-batch: each is a collective-bounded unit, like a step
     cadence = Cadence.from_train(inputs.config.train, validation=True)
     steps = eval_steps(len(costs.step_max_cost), costs.epoch_ends, cadence)
@@ -225,7 +225,7 @@ def validation_divergence_at(inputs: GateInputs, costs: PlanCosts) -> Divergence
     v = inputs.validation
     if v is None or v.packs is None or not len(v.packs) or not costs.eval_steps:
         return None
-    div = validation_divergence(v.packs, inputs.plan["world_size"])
+    div = validation_divergence(v.packs, inputs.plan.world_size)
     if div is None:
         return None
     g = costs.eval_steps[0]

@@ -30,6 +30,9 @@ from wattgate.run_files import (
     read_parquet,
     read_plan,
 )
+from wattgate.records.manifest import Manifest
+from wattgate.records.plan import Plan
+from wattgate.records.run_config import RunConfig
 
 # Up to this many tokens in all shards, the gate decodes every document's input_ids (~60M tokens/s on the
 # 2-core bench VM, so <= ~0.07 s) to
@@ -41,10 +44,10 @@ FULL_CONTENT_CHECK_TOKENS = 4_000_000
 
 @dataclass(frozen=True)
 class GateInputs:
-    config: dict
-    plan: dict
+    config: RunConfig
+    plan: Plan
     packs: PackRows
-    manifest: dict
+    manifest: Manifest
     doc_tokens: np.ndarray  # by doc_id, from the shards
     doc_loss_tokens: np.ndarray
     packs_sha256: str  # of the files on disk
@@ -79,15 +82,17 @@ class ShardContent:
     shards: int
 
 
-def read_doc_columns(pretokenized: Path, manifest: dict, hashes: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+def read_doc_columns(
+    pretokenized: Path, manifest: Manifest, hashes: list | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """num_tokens and num_loss_tokens of every document, indexed by doc_id; `hashes`, a list, receives the
     content_hash column by doc_id (or None when a shard lacks it)."""
-    n = manifest["num_docs"]  # a count, and shards a list of names: read_manifest checked
+    n = manifest.num_docs  # a count, and shards a list of names: read_manifest checked
     tokens = np.full(n, -1, dtype=np.int64)
     loss = np.zeros(n, dtype=np.int64)
     content = np.zeros(n, dtype=np.int64)
     has_hashes = True
-    for name in manifest["shards"]:
+    for name in manifest.shards:
         path = pretokenized / name
         names = parquet_columns(path, "pretokenize")
         has_loss = "num_loss_tokens" in names
@@ -124,18 +129,18 @@ def _leaf_column(meta, prefix: str) -> int | None:
     return None
 
 
-def verify_shards(pretokenized: Path, manifest: dict, full: bool | None = None) -> ShardContent:
+def verify_shards(pretokenized: Path, manifest: Manifest, full: bool | None = None) -> ShardContent:
     """Hash every shard's bytes against the manifest; check input_ids lengths against num_tokens and the true max id.
 
     `full` (default: all shards hold <= FULL_CONTENT_CHECK_TOKENS tokens) decodes every document's
     input_ids; otherwise each row group's input_ids value count (Parquet metadata) must equal the sum
     of its num_tokens and the max comes from the column statistics.
     """
-    shards = manifest.get("shards", [])
-    expected = manifest.get("shard_hashes")
-    algorithm = manifest.get("shard_hash_algorithm", shard_hash_algorithm())
+    shards = manifest.shards
+    expected = manifest.shard_hashes
+    algorithm = manifest.shard_hash_algorithm or shard_hash_algorithm()
     if full is None:
-        full = int(manifest.get("num_tokens", 0) or 0) <= FULL_CONTENT_CHECK_TOKENS
+        full = (manifest.num_tokens or 0) <= FULL_CONTENT_CHECK_TOKENS
     problems: list[str] = []
     if not isinstance(expected, dict):
         problems.append("manifest has no shard_hashes; rerun pretokenize (then pack and gate)")
@@ -286,7 +291,7 @@ def _row_group_mask_problem(rg, leaf: int | None, tokens: int) -> str | None:
     return None
 
 
-def load_inputs(config: dict, pretokenized: str | Path, plan_dir: str | Path, checkpoint_dir: Path) -> GateInputs:
+def load_inputs(config: RunConfig, pretokenized: str | Path, plan_dir: str | Path, checkpoint_dir: Path) -> GateInputs:
     pretokenized, plan_dir = Path(pretokenized), Path(plan_dir)
     plan, _ = read_plan(plan_dir)
     manifest, manifest_raw = read_manifest(pretokenized)
@@ -313,15 +318,15 @@ def load_inputs(config: dict, pretokenized: str | Path, plan_dir: str | Path, ch
 
 
 def read_validation(
-    pretokenized: Path, plan_dir: Path, manifest: dict, plan: dict, hashes: np.ndarray | None
+    pretokenized: Path, plan_dir: Path, manifest: Manifest, plan: Plan, hashes: np.ndarray | None
 ) -> ValidationInputs | None:
     """The split and the validation pass as the gate checks them; a file that cannot be read is a problem of
     the validation checks (they fail naming it), not an input error: the gate still reports every check."""
-    if not manifest.get("validation") and not plan.get("validation"):
+    if manifest.validation is None and plan.validation is None:
         return None
     problems: list[str] = []
     held = np.zeros(0, dtype=np.int64)
-    if manifest.get("validation"):
+    if manifest.validation is not None:
         try:
             held = read_validation_ids(pretokenized, manifest)
         except InputError as exc:
@@ -329,16 +334,16 @@ def read_validation(
     else:
         problems.append("plan.json has a validation pass, the pretokenized data no split; rerun pack")
     packs, sha = None, None
-    section = plan.get("validation")
-    if isinstance(section, dict):
-        path = plan_dir / str(section.get("packs", ""))
+    section = plan.validation
+    if section is not None:
+        path = plan_dir / section.packs
         try:
             packs, sha = read_packs(path), sha256_file(path)
         except (InputError, OSError) as exc:
             problems.append(str(exc))
-        if sha is not None and sha != section.get("packs_sha256"):
+        if sha is not None and sha != section.packs_sha256:
             problems.append(f"{path.name} changed since it was planned (sha256 differs from plan.json); rerun pack")
-    elif manifest.get("validation"):
+    elif manifest.validation is not None:
         problems.append("the pretokenized data holds a validation split, plan.json no validation pass; rerun pack")
     return ValidationInputs(held, hashes, packs, sha, tuple(problems))
 
@@ -373,17 +378,17 @@ def consumed_rows(packs: PackRows, steps: int) -> PackRows:
     )
 
 
-def read_prefix(plan_dir: Path, plan: dict) -> tuple[PackRows | None, tuple]:
+def read_prefix(plan_dir: Path, plan: Plan) -> tuple[PackRows | None, tuple]:
     """The consumed steps of every earlier segment of a continued plan, and what is wrong with their archives."""
-    segments = plan.get("segments") or []
+    segments = plan.segments or ()
     parts, problems = [], []
     for k, seg in enumerate(segments[:-1]):
-        path = plan_dir / str(seg.get("packs", ""))
+        path = plan_dir / seg.packs
         if not path.is_file():
             problems.append(f"segment {k}: {path} is missing (pack keeps it under history/; rerun pack)")
             continue
-        if sha256_file(path) != seg.get("packs_sha256"):
+        if sha256_file(path) != seg.packs_sha256:
             problems.append(f"segment {k}: {path} does not hash to plan.json's packs_sha256")
             continue
-        parts.append(consumed_rows(read_packs(path), int(seg["end_step"]) - int(seg["first_step"])))
+        parts.append(consumed_rows(read_packs(path), seg.end_step - seg.first_step))
     return (concat_packs(parts) if parts else None), tuple(problems)

@@ -19,6 +19,9 @@ import numpy as np
 
 from wattgate.data.mixture import is_mixture, parse_sources
 from wattgate.errors import InputError
+from wattgate.records.manifest import Manifest
+from wattgate.records.plan import Plan, PlanMixture
+from wattgate.records.run_config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -28,19 +31,19 @@ class MixtureInputs:
     end: np.ndarray
     targets: np.ndarray  # tokens per epoch the config asks of each source
     longest: np.ndarray  # the longest training document of each source (the tolerance of its share)
-    record: dict  # plan.json's `mixture`
+    record: PlanMixture  # plan.json's `mixture` (no sources when the plan has none)
     problems: tuple[str, ...]
 
 
-def mixture_inputs(config: dict, manifest: dict, plan: dict, doc_tokens: np.ndarray, held: np.ndarray):
+def mixture_inputs(config: RunConfig, manifest: Manifest, plan: Plan, doc_tokens: np.ndarray, held: np.ndarray):
     """What the per-source checks compare against (None: no mixture in the config nor the plan)."""
-    record = plan.get("mixture")
+    record = plan.mixture
     if not is_mixture(config) and record is None:
         return None
     problems = []
-    if not isinstance(record, dict) or not isinstance(record.get("sources"), list):
+    if record is None:
         problems.append("data.inputs is a mixture but plan.json has no mixture record; rerun pack")
-        record = {"sources": []}
+        record = PlanMixture(seed=0, max_repeats=0, sources=())
     if not is_mixture(config):
         problems.append("plan.json records a mixture but data.inputs is a plain list; rerun pack")
     try:
@@ -49,20 +52,20 @@ def mixture_inputs(config: dict, manifest: dict, plan: dict, doc_tokens: np.ndar
         return MixtureInputs(
             [], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0), record, (str(exc),)
         )
-    ranges = {r.get("name"): r for r in manifest.get("source_docs") or [] if isinstance(r, dict)}
+    ranges = {r.name: r for r in manifest.source_docs or ()}
     names, first, end, totals = [], [], [], []
     for s in sources:
         r = ranges.get(s.name)
-        bounds = (r or {}).get("first_doc"), (r or {}).get("end_doc")
-        if not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= len(doc_tokens) for b in bounds):
+        bounds = (r.first_doc, r.end_doc) if r is not None else (None, None)
+        if r is None or not all(0 <= b <= len(doc_tokens) for b in bounds):
             problems.append(
                 f"source {s.name!r} has no doc_id range in manifest.json's source_docs "
                 f"(first_doc/end_doc {bounds[0]!r}/{bounds[1]!r}); rerun pretokenize"
             )
             continue
         names.append(s.name)
-        first.append(int(r["first_doc"]))
-        end.append(int(r["end_doc"]))
+        first.append(r.first_doc)
+        end.append(r.end_doc)
     first_a, end_a = np.asarray(first, np.int64), np.asarray(end, np.int64)
     longest = np.zeros(len(names))
     for i in range(len(names)):
@@ -92,7 +95,7 @@ def epoch_problems(
 ) -> list[str]:
     """What is wrong with one epoch's per-source counts (`seen`: times each doc_id is packed in the epoch)."""
     problems = []
-    recorded = {r.get("name"): r for r in mix.record.get("sources", []) if isinstance(r, dict)}
+    recorded = {r.name: r for r in mix.record.sources}
     covered = np.zeros(len(seen), dtype=bool)
     for i, name in enumerate(mix.names):
         lo, hi = int(mix.first[i]), int(mix.end[i])
@@ -102,20 +105,20 @@ def epoch_problems(
         c = seen[lo:hi]
         ids = np.arange(lo, hi, dtype=np.int64)
         docs, tokens, loss = int(c.sum()), int(np.dot(c, doc_tokens[lo:hi])), int(np.dot(c, doc_loss[lo:hi]))
-        per_epoch = (recorded.get(name) or {}).get("per_epoch") or []
-        want = per_epoch[epoch] if epoch < len(per_epoch) and isinstance(per_epoch[epoch], dict) else None
+        per_epoch = recorded[name].per_epoch if name in recorded else ()
+        want = per_epoch[epoch] if epoch < len(per_epoch) else None
         where = f"epoch {epoch}: source {name!r}"
         if want is None:
             problems.append(f"{where}: plan.json's mixture records no such source or epoch; rerun pack")
             continue
         got = (docs, tokens, loss)
-        planned = (want.get("docs"), want.get("tokens"), want.get("loss_tokens"))
+        planned = (want.docs, want.tokens, want.loss_tokens)
         if got != planned:
             problems.append(
                 f"{where}: packs hold {docs} documents ({tokens} tokens, {loss} with loss), plan.json records "
                 f"{planned[0]} ({planned[1]} tokens, {planned[2]} with loss); rerun pack"
             )
-        elif hashlib.sha256(np.repeat(ids, c).astype("<i8").tobytes()).hexdigest() != want.get("doc_ids_sha256"):
+        elif hashlib.sha256(np.repeat(ids, c).astype("<i8").tobytes()).hexdigest() != want.doc_ids_sha256:
             problems.append(
                 f"{where}: the packed documents are not the planned ones (doc_ids_sha256 differs); rerun pack"
             )
@@ -163,25 +166,23 @@ def cross_source_duplicates(mix: MixtureInputs, hashes: np.ndarray | None) -> st
     )
 
 
-def mixture_markdown(record: dict) -> list[str]:
+def mixture_markdown(record: PlanMixture) -> list[str]:
     """gate.md's mixture table: per source its setting, planned share, tokens and repeats per epoch."""
-    rows = [r for r in record.get("sources", []) if isinstance(r, dict)]
+    rows = record.sources
     if not rows:
         return []
-    epochs = max(len(r.get("per_epoch") or []) for r in rows)
+    epochs = max(len(r.per_epoch) for r in rows)
     lines = ["", "## Mixture", ""]
     lines += ["| source | setting | target share | planned share | tokens per epoch | repeats | documents |"]
     lines.append("|---|---|---:|---:|---:|---:|---:|")
-    target_total = sum(float(r.get("target_tokens_per_epoch") or 0) for r in rows) or 1.0
-    total = [sum((r.get("per_epoch") or [{}] * epochs)[e].get("tokens", 0) for r in rows) for e in range(epochs)]
+    target_total = sum(r.target_tokens_per_epoch for r in rows) or 1.0
+    total = [sum(r.per_epoch[e].tokens for r in rows if e < len(r.per_epoch)) for e in range(epochs)]
     for r in rows:
-        per = r.get("per_epoch") or []
-        setting = next((f"{k} {r[k]}" for k in ("weight", "epochs", "max_tokens") if k in r), "epochs 1")
-        shares = " / ".join(f"{p.get('tokens', 0) / max(total[e], 1):.4f}" for e, p in enumerate(per))
-        tokens = " / ".join(str(p.get("tokens", 0)) for p in per)
-        docs = " / ".join(str(p.get("docs", 0)) for p in per)
-        target = float(r.get("target_tokens_per_epoch") or 0) / target_total
-        lines.append(
-            f"| {r.get('name')} | {setting} | {target:.4f} | {shares} | {tokens} | {r.get('repeats')} | {docs} |"
-        )
+        per = r.per_epoch
+        kind, value = r.setting
+        shares = " / ".join(f"{p.tokens / max(total[e], 1):.4f}" for e, p in enumerate(per))
+        tokens = " / ".join(str(p.tokens) for p in per)
+        docs = " / ".join(str(p.docs) for p in per)
+        target = r.target_tokens_per_epoch / target_total
+        lines.append(f"| {r.name} | {kind} {value} | {target:.4f} | {shares} | {tokens} | {r.repeats} | {docs} |")
     return lines + ["", "Per epoch, separated by /; repeats: passes over the source's training tokens per epoch."]

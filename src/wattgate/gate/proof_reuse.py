@@ -23,12 +23,14 @@ import json
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import wattgate
 from wattgate.artifacts import write_json_atomic
+from wattgate.errors import InputError
+from wattgate.records.gate import Collectives, ProofCache, Reused
 from wattgate.proof.classes import classes_by_rank, first_steps
 from wattgate.run_files import PROOF_CACHE, read_plan
+from wattgate.records.run_config import RunConfig
 
 # 2: the proof runs DCP's save and load and dry-runs a resume (gate.json collectives.resume): a kept proof of 1
 # proved less, and is proved again
@@ -56,17 +58,16 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def proof_inputs(config: dict, plan_dir: Path) -> dict:
+def proof_inputs(config: RunConfig, plan_dir: Path) -> dict:
     """Everything the proof's result depends on (see the module docstring), as plain JSON."""
     plan, _ = read_plan(plan_dir)
-    # the cadence keys rank_schedule reads are the train section's own names (TrainSettings is the same, and
-    # imports torch)
-    classes = classes_by_rank(plan, plan_dir, SimpleNamespace(**config["train"]))
-    first = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0
-    model = dict(config["model"])
-    if model.get("path"):
+    # rank_schedule reads the cadence by the train section's own names (TrainSettings has the same; it imports torch)
+    classes = classes_by_rank(plan, plan_dir, config.train)
+    first = plan.first_step
+    model = config.model.to_json()
+    if config.model.path:
         try:
-            model["config.json sha256"] = _sha256((Path(model["path"]) / "config.json").read_bytes())
+            model["config.json sha256"] = _sha256((Path(config.model.path) / "config.json").read_bytes())
         except OSError:
             model["config.json sha256"] = None  # the proof itself names the missing file
     return {
@@ -77,9 +78,9 @@ def proof_inputs(config: dict, plan_dir: Path) -> dict:
         "transformers": _version("transformers"),
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
         "model": model,
-        "train": config["train"],
-        "gpu_model": config["cluster"]["gpu_model"],
-        "world_size": int(plan["world_size"]),
+        "train": config.train.to_json(),
+        "gpu_model": config.cluster.gpu_model,
+        "world_size": plan.world_size,
         "steps": first_steps(classes, first),
         "classes_sha256": _sha256(json.dumps([[c.key() for c in seq] for seq in classes]).encode()),
     }
@@ -89,17 +90,12 @@ def inputs_sha256(inputs: dict) -> str:
     return _sha256(json.dumps(inputs, sort_keys=True, default=str).encode())[:16]
 
 
-def read_cache(out: Path) -> dict | None:
-    """The kept proof ({inputs, collectives, proved_at}), or None when there is none or it is unreadable (a
-    cache: the proof then runs again)."""
+def read_cache(out: Path) -> ProofCache | None:
+    """The kept proof, or None when there is none or it is unreadable (a cache: the proof then runs again)."""
     try:
-        entry = json.loads((Path(out) / PROOF_CACHE).read_text())
-    except (OSError, ValueError):
+        return ProofCache.read(Path(out) / PROOF_CACHE)
+    except InputError:
         return None
-    ok = (
-        isinstance(entry, dict) and isinstance(entry.get("inputs"), dict) and isinstance(entry.get("collectives"), dict)
-    )
-    return entry if ok else None
 
 
 def changed_inputs(old: dict | None, new: dict) -> list[str] | None:
@@ -109,23 +105,26 @@ def changed_inputs(old: dict | None, new: dict) -> list[str] | None:
     return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
 
 
-def reusable(proof: dict) -> bool:
+def reusable(proof: Collectives) -> bool:
     """A proof that ran to its verdict (a dry run that could not start or broke is not kept: it may be the
     machine's, not the inputs')."""
-    return proof.get("elapsed_s") is not None and "depth" in proof
+    return proof.elapsed_s is not None and proof.depth is not None
 
 
-def reused_section(entry: dict, inputs: dict, t0: float) -> dict:
+def reused_section(entry: ProofCache, inputs: dict, t0: float) -> Collectives:
     """gate.json `collectives` from a kept proof: its verdict and record as proved, saying so."""
-    proof = dict(entry["collectives"])
-    proof["reused"] = {"proved_at": entry.get("proved_at"), "proved_s": proof.get("elapsed_s")}
-    proof["changed_inputs"] = []
-    proof["inputs_sha256"] = inputs_sha256(inputs)
-    proof["detail"] = f"{proof['detail']} (reused: the proof's inputs are unchanged since {entry.get('proved_at')})"
-    proof["elapsed_s"] = round(time.perf_counter() - t0, 3)
-    return proof
+    proof = entry.collectives
+    return proof.replace(
+        reused=Reused(proved_at=entry.proved_at, proved_s=proof.elapsed_s),
+        changed_inputs=(),
+        inputs_sha256=inputs_sha256(inputs),
+        detail=f"{proof.detail} (reused: the proof's inputs are unchanged since {entry.proved_at})",
+        elapsed_s=round(time.perf_counter() - t0, 3),
+    )
 
 
-def write_cache(out: Path, inputs: dict, proof: dict) -> None:
+def write_cache(out: Path, inputs: dict, proof: Collectives) -> None:
     proved_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    write_json_atomic(Path(out) / PROOF_CACHE, {"inputs": inputs, "collectives": proof, "proved_at": proved_at})
+    write_json_atomic(
+        Path(out) / PROOF_CACHE, ProofCache(inputs=inputs, collectives=proof, proved_at=proved_at).to_json()
+    )

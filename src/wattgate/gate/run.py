@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from wattgate.artifacts import sha256_file, write_bytes_atomic
-from wattgate.run_files import GATED_CONFIG, PROOF_CACHE, STAGE_FILES, check_output, claim_output
-from wattgate.config import config_bytes, config_sha256, world_size
+from wattgate.run_files import PLAN, GATED_CONFIG, PROOF_CACHE, STAGE_FILES, check_output, claim_output
+from wattgate.config import run_config, config_bytes, config_sha256, world_size
 from wattgate.gate import checks as C
 from wattgate.gate import proof_reuse as R
 from wattgate.gate import validation_checks as V
@@ -35,30 +35,35 @@ from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_
 from wattgate.gate.report import gate_json, write_report
 from wattgate.gate.tokenizer_check import check_tokenizer
 from wattgate.gate.weights_check import check_weights
+from wattgate.records.base import Where
+from wattgate.records.gate import PHASE_STEADY, Collectives, GateReport, PlanHashes
+from wattgate.records.manifest import Manifest
+from wattgate.records.run_config import RunConfig
 
 
-def fit_settings(config: dict) -> FitSettings:
+def fit_settings(config: RunConfig | dict) -> FitSettings:
     """What the memory estimates need from the config (reads model.path's config.json and file sizes)."""
-    t, cluster = config["train"], config["cluster"]
-    on_gpu = not is_cpu(cluster["gpu_model"])
+    config = run_config(config)
+    t, cluster = config.train, config.cluster
+    on_gpu = not is_cpu(cluster.gpu_model)
     return FitSettings(
         world_size=world_size(config),
-        tokens_per_micro_batch=t["micro_batch_size"] * t["seq_len"],
-        activation_checkpointing=t["activation_checkpointing"],
-        mixed_precision=on_gpu and t["mixed_precision"] == "bf16",
+        tokens_per_micro_batch=t.micro_batch_size * t.seq_len,
+        activation_checkpointing=t.activation_checkpointing,
+        mixed_precision=on_gpu and t.mixed_precision == "bf16",
         on_gpu=on_gpu,
-        nodes=cluster["nodes"],
+        nodes=cluster.nodes,
         source=checkpoint_source(config),
         export_dtype=export_dtype_name(config),
-        loss=t.get("loss", "chunked"),
-        loss_chunk_tokens=t.get("loss_chunk_tokens", 1024),
+        loss=t.loss,
+        loss_chunk_tokens=t.loss_chunk_tokens,
         eval_tokens_per_micro_batch=validation_tokens_per_micro_batch(config),
-        optimizer=t.get("optimizer", "adamw"),
+        optimizer=t.optimizer,
     )
 
 
 def config_fit_estimate(
-    config: dict, spec: ModelSpec, steady: dict[str, int] | None = None, meminfo: Path = Path("/proc/meminfo")
+    config: RunConfig, spec: ModelSpec, steady: dict[str, int] | None = None, meminfo: Path = Path("/proc/meminfo")
 ) -> FitEstimate:
     """All phases' terms for this config, with the device budget per rank and the host budget per node.
 
@@ -78,15 +83,9 @@ def free_bytes_at(path: Path) -> tuple[int, str]:
     return shutil.disk_usage(probe).free, str(probe)
 
 
-def remainder_policy(plan: dict, config: dict) -> str:
-    """The pack.remainder the plan was made with (plan.json 'remainder'; the config's if absent)."""
-    return plan.get("remainder", config["pack"]["remainder"])
-
-
-def manifest_tokens(manifest: dict) -> int:
-    """The manifest's num_tokens, or -1 (conservation then fails, naming the mismatch) when it is not a number."""
-    value = manifest.get("num_tokens", -1)
-    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+def manifest_tokens(manifest: Manifest) -> int:
+    """The manifest's num_tokens, or -1 (conservation then fails, naming the mismatch) when it has none."""
+    return -1 if manifest.num_tokens is None else manifest.num_tokens
 
 
 def run_checks(
@@ -94,35 +93,35 @@ def run_checks(
 ) -> list[C.Check]:
     """Every check; `terms` is the steady-state estimate, `fit` all phases (computed from the config if None)."""
     config, plan, packs = inputs.config, inputs.plan, inputs.packs
-    stats = plan.get("stats", {})
+    stats = plan.stats
     fit = fit or config_fit_estimate(config, spec, terms)
     free, where = free_bytes_at(inputs.checkpoint_dir)
     final_bytes = spec.num_params * DTYPE_BYTES[export_dtype_name(config)]
     # a plan that continues a run on another world size (pack/segments.py): equal steps within its current
     # segment, documents exactly once per epoch over the consumed prefix and the current segment together
-    segment_steps = {int(e): n for e, n in plan["segment_steps"].items()} if plan.get("segments") else None
+    segment_steps = {int(e): n for e, n in plan.segment_steps.items()} if plan.segments else None
     whole = concat_packs([inputs.prefix, packs]) if inputs.prefix is not None else packs
     mixture = gate_mixture(inputs)
     return [
         C.check_equal_steps(
             packs,
-            plan["world_size"],
-            sorted(segment_steps) if segment_steps else plan["epochs"],
-            plan["micro_batch_size"],
-            plan["grad_accum"],
-            segment_steps or plan["steps_per_epoch"],
+            plan.world_size,
+            sorted(segment_steps) if segment_steps else plan.epochs,
+            plan.micro_batch_size,
+            plan.grad_accum,
+            segment_steps or plan.steps_per_epoch,
         ),
-        C.check_pack_contents(packs, plan["seq_len"], inputs.doc_tokens, inputs.doc_loss_tokens),
+        C.check_pack_contents(packs, plan.seq_len, inputs.doc_tokens, inputs.doc_loss_tokens),
         C.check_conservation(
             whole,
-            plan["epochs"],
+            plan.epochs,
             inputs.doc_tokens,
             manifest_tokens(inputs.manifest),
-            stats.get("dropped_doc_ids", []),
-            stats.get("dropped", {}),
-            remainder_policy(plan, config),
-            plan["world_size"] * plan["micro_batch_size"] * plan["grad_accum"],
-            config["pack"]["remainder"],
+            stats.dropped_doc_ids,
+            stats.dropped,
+            plan.remainder,
+            plan.world_size * plan.micro_batch_size * plan.grad_accum,
+            config.pack.remainder,
             inputs.validation.held_out if inputs.validation is not None else None,
             mixture,
             inputs.doc_loss_tokens,
@@ -131,25 +130,23 @@ def run_checks(
         C.check_provenance(
             plan, inputs.packs_sha256, inputs.manifest_sha256, inputs.manifest, spec.vocab_size, inputs.content
         ),
-        C.check_fit(fit.phases, fit.budgets, config["gate"]["memory_headroom"]),
-        C.check_checkpoint_space(checkpoint_bytes(spec), config["train"]["checkpoint_keep"], final_bytes, free, where),
+        C.check_fit(fit.phases, fit.budgets, config.gate.memory_headroom),
+        C.check_checkpoint_space(checkpoint_bytes(spec), config.train.checkpoint_keep, final_bytes, free, where),
         C.check_balance(
             packs,
-            plan["world_size"],
-            float(plan.get("attn_weight", config["pack"]["attn_weight"])),
-            config["gate"]["max_rank_cost_ratio"],
+            plan.world_size,
+            plan.attn_weight,
+            config.gate.max_rank_cost_ratio,
         ),
         C.check_schedule(plan, config),
         C.check_segments(plan, config, packs, inputs.prefix, inputs.prefix_problems),
         V.check_validation_steps(
             inputs.validation,
-            plan["world_size"],
-            int(plan.get("eval_micro_batch_size") or plan["micro_batch_size"]),
-            (plan.get("validation") or {}).get("micro_batches_per_rank"),
+            plan.world_size,
+            plan.eval_micro_batch_size or plan.micro_batch_size,
+            plan.validation.micro_batches_per_rank if plan.validation is not None else None,
         ),
-        V.check_validation_conservation(
-            inputs.validation, inputs.doc_tokens, inputs.manifest.get("validation"), plan["seq_len"]
-        ),
+        V.check_validation_conservation(inputs.validation, inputs.doc_tokens, inputs.manifest.validation, plan.seq_len),
         leakage_with_duplicates(V.check_leakage(inputs.validation, whole), mixture, inputs),
     ]
 
@@ -175,12 +172,12 @@ def leakage_with_duplicates(check: C.Check, mixture: MixtureInputs | None, input
 
 
 def collectives_section(
-    config: dict, pretokenized: Path, plan_dir: Path, out: Path
-) -> tuple[dict | None, tuple | None]:
+    config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
+) -> tuple[Collectives | None, tuple | None]:
     """gate.json's `collectives` (None with gate.collectives false), and (inputs, proof) for the proof cache when
     a proof ran to its verdict. A proof kept in `out` for the same inputs is reused (gate/proof_reuse.py);
     the proof itself is imported only when it runs: it needs torch."""
-    if not config["gate"].get("collectives", True):
+    if not config.gate.collectives:
         return None, None
     t0 = time.perf_counter()
     try:
@@ -188,7 +185,7 @@ def collectives_section(
     except Exception:  # noqa: BLE001 - no key, no reuse: the proof itself names what is wrong with its inputs
         inputs = None
     kept = R.read_cache(out)
-    if inputs is not None and kept is not None and kept["inputs"] == inputs:
+    if inputs is not None and kept is not None and kept.inputs == inputs:
         return R.reused_section(kept, inputs, t0), None
     from wattgate.proof.prove import safe_prove
 
@@ -197,26 +194,25 @@ def collectives_section(
     # process that goes on (tests) is not affected before it ends
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
-    proof = safe_prove(config, pretokenized, plan_dir)
+    proof = Collectives.from_json(safe_prove(config, pretokenized, plan_dir), Where("the collective proof"))
     if inputs is None:
-        return dict(proof, reused=None, changed_inputs=None, inputs_sha256=None), None
-    proof.update(
-        reused=None,
-        changed_inputs=R.changed_inputs(kept["inputs"] if kept else None, inputs),
-        inputs_sha256=R.inputs_sha256(inputs),
+        return proof, None
+    changed = R.changed_inputs(kept.inputs if kept else None, inputs)
+    proof = proof.replace(
+        changed_inputs=tuple(changed) if changed is not None else None, inputs_sha256=R.inputs_sha256(inputs)
     )
     return proof, ((inputs, proof) if R.reusable(proof) else None)
 
 
-def gate_report(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> tuple[dict, tuple | None]:
+def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path) -> tuple[GateReport, tuple | None]:
     """Every check and the report on them, and what the proof cache keeps (None: nothing); reads the inputs
     (and a proof kept in --out) and writes nothing."""
     start = time.perf_counter()
-    checkpoint_dir = out.parent / "train" / config["run_name"] / "checkpoints"
+    checkpoint_dir = out.parent / "train" / config.run_name / "checkpoints"
     inputs = load_inputs(config, pretokenized, plan_dir, checkpoint_dir)
     spec = load_model_spec(config)
     fit = config_fit_estimate(config, spec)
-    results = run_checks(inputs, spec, fit.phases["steady"], fit)
+    results = run_checks(inputs, spec, fit.phases[PHASE_STEADY], fit)
     # the tokenizer the export will copy into final/, verified now rather than after the last step
     results.append(check_tokenizer(pretokenized))
     # model.path's weights against the model its config builds (headers only), rather than at train start
@@ -228,26 +224,22 @@ def gate_report(config: dict, pretokenized: Path, plan_dir: Path, out: Path) -> 
     # the collective proof (wattgate.proof): the trainer dry-run on the fake process group, every rank
     proof, keep = collectives_section(config, pretokenized, plan_dir, out)
     if proof is not None:
-        results.append(C.Check("collectives", proof["passed"], proof["detail"]))
+        results.append(C.Check("collectives", proof.passed, proof.detail))
     report = gate_json(
         all(c.passed for c in results),
         time.perf_counter() - start,
         results,
         fit,
-        config["gate"]["memory_headroom"],
-        config["gate"]["enforce"],
+        config.gate.memory_headroom,
+        config.gate.enforce,
+        cost=cost,
+        collectives=proof,
+        mixture=inputs.plan.mixture,  # gate.md's mixture table
+        # the verdict markers name the plan they are about; `wattgate launch` checks them
+        plan_sha256=PlanHashes(plan=sha256_file(plan_dir / PLAN), packs=inputs.packs_sha256),
+        # ... and the config: the gate's copy (GATED_CONFIG) is what the train job trains
+        config_sha256=config_sha256(config),
     )
-    report.update(cost)
-    if isinstance(inputs.plan.get("mixture"), dict):  # gate.md's mixture table
-        report["mixture"] = inputs.plan["mixture"]
-    report["collectives"] = proof
-    # the verdict markers name the plan they are about; `wattgate launch` checks them
-    report["plan_sha256"] = {
-        "plan.json": sha256_file(plan_dir / "plan.json"),
-        "packs.parquet": inputs.packs_sha256,
-    }
-    # ... and the config: the gate's copy (GATED_CONFIG) is what the train job trains
-    report["config_sha256"] = config_sha256(config)
     return report, keep
 
 
@@ -259,11 +251,12 @@ def discard_verdict(out: Path) -> None:
             (out / name).unlink(missing_ok=True)
 
 
-def run_gate(config: dict, pretokenized: str | Path, plan_dir: str | Path, out: str | Path) -> dict:
+def run_gate(config: RunConfig | dict, pretokenized: str | Path, plan_dir: str | Path, out: str | Path) -> GateReport:
     """Run the gate; returns the report (also written to out/gate.json, out/gate.md, out/PASSED).
 
     Every input is read and every check run before --out is written; a run that stops on an input error
     leaves no verdict there (the previous one would speak for inputs it never saw)."""
+    config = run_config(config)
     out, pretokenized, plan_dir = Path(out), Path(pretokenized), Path(plan_dir)
     check_output(out, "gate")  # a folder the gate did not write is refused before anything is removed
     try:

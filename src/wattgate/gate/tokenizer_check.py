@@ -10,13 +10,14 @@ from pathlib import Path
 from wattgate.data.tokenizer import TOKENIZER_FILES
 from wattgate.errors import InputError
 from wattgate.gate.checks import Check
+from wattgate.records.manifest import Manifest
 from wattgate.run_files import first_line, read_manifest
 from wattgate.train.export_files import tokenizer_folder, verified_tokenizer_files
 
 NAME = "tokenizer"
 
 
-def files_now(pretokenized: Path, manifest: dict) -> str:
+def files_now(pretokenized: Path, manifest: Manifest) -> str:
     """The tokenizer files the recorded folder holds now, as " (it holds ...)", so a failure shows which one
     went missing or appeared; "" when the manifest names no folder or it is gone (the failure says so)."""
     try:
@@ -46,5 +47,5 @@ def check_tokenizer(pretokenized: Path) -> Check:
         NAME,
         True,
         f"{folder}: {', '.join(p.name for p in files)} hash to the manifest's tokenizer_sha256 "
-        f"{manifest['tokenizer_sha256'][:12]}, as the export will verify",
+        f"{manifest.tokenizer_sha256[:12]}, as the export will verify",
     )

@@ -8,10 +8,13 @@ Each is a pure function over loaded arrays (gate/inputs.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from wattgate.gate.checks import Check, _listed, _per_rank, _where
 from wattgate.gate.inputs import PackRows, ValidationInputs
+from wattgate.records.manifest import ManifestValidation
 
 NO_SPLIT = "no validation split (data.validation not set)"
 LEAKAGE_TABLE = 1 << 22  # entries of the leakage screen (4 MB): few false candidates up to ~100k held out
@@ -23,19 +26,29 @@ def _problems_check(name: str, v: ValidationInputs) -> Check | None:
     return None
 
 
-def validation_divergence(packs: PackRows, world_size: int) -> dict | None:
+@dataclass(frozen=True)
+class ValidationParting:
     """Where ranks with different validation micro-batch counts part: the first micro-batch index some rank runs
-    and another does not ({micro, ranks_with, ranks_without, per_rank}); None when the counts agree."""
+    and another does not, the ranks on either side, and each rank's count."""
+
+    micro: int
+    ranks_with: tuple[int, ...]
+    ranks_without: tuple[int, ...]
+    per_rank: tuple[int, ...]
+
+
+def validation_divergence(packs: PackRows, world_size: int) -> ValidationParting | None:
+    """Where ranks with different validation micro-batch counts part; None when the counts agree."""
     counts = np.array([len(np.unique(packs.micro[packs.rank == r])) for r in range(world_size)])
     if counts.min() == counts.max():
         return None
     low = int(counts.min())
-    return {
-        "micro": low,
-        "ranks_with": [int(r) for r in np.flatnonzero(counts > low)],
-        "ranks_without": [int(r) for r in np.flatnonzero(counts == low)],
-        "per_rank": counts.astype(int).tolist(),
-    }
+    return ValidationParting(
+        micro=low,
+        ranks_with=tuple(int(r) for r in np.flatnonzero(counts > low)),
+        ranks_without=tuple(int(r) for r in np.flatnonzero(counts == low)),
+        per_rank=tuple(counts.astype(int).tolist()),
+    )
 
 
 def check_validation_steps(
@@ -61,10 +74,10 @@ def check_validation_steps(
     sequences = [np.unique(packs.micro[packs.rank == r]) for r in range(world_size)]
     micro = np.array([len(seq) for seq in sequences])
     if div is not None:
-        few, many = div["ranks_without"][0], int(np.argmax(micro))
+        few, many = div.ranks_without[0], int(np.argmax(micro))
         problems.append(
             f"validation micro-batches per rank {_per_rank(micro)}: rank {many} would run micro-batch "
-            f"{div['micro'] + 1} of every validation pass alone and hang in its all-gather while rank {few} "
+            f"{div.micro + 1} of every validation pass alone and hang in its all-gather while rank {few} "
             "has left the pass"
         )
     else:
@@ -90,7 +103,7 @@ def check_validation_steps(
 
 
 def check_validation_conservation(
-    v: ValidationInputs | None, doc_tokens: np.ndarray, section: dict | None, seq_len: int
+    v: ValidationInputs | None, doc_tokens: np.ndarray, section: ManifestValidation | None, seq_len: int
 ) -> Check:
     """Every held-out document exactly once in the validation pass, nothing else; lengths and sums match."""
     name = "validation_conservation"
@@ -123,7 +136,7 @@ def check_validation_conservation(
         problems.append("a validation pack's num_tokens differs from the sum of its doc_lengths")
     if (packs.num_tokens > seq_len).any():
         problems.append(f"a validation pack over seq_len {seq_len}")
-    want = (section or {}).get("num_tokens")
+    want = section.num_tokens if section is not None else None
     if int(doc_tokens[v.held_out].sum()) != want:
         problems.append(f"held-out documents hold {int(doc_tokens[v.held_out].sum())} tokens, the manifest says {want}")
     if problems:

@@ -126,21 +126,29 @@ def sort_placement(p: Placement) -> Placement:
     )
 
 
-def rank_cost_ratios(placement: Placement, costs: np.ndarray, world_size: int) -> dict:
+@dataclass(frozen=True)
+class CostRatios:
+    """max/mean rank cost per optimizer step and per micro-batch, their max and mean (1.0 = perfectly balanced)."""
+
+    max_step: float
+    mean_step: float
+    max_micro: float
+    mean_micro: float
+
+
+def _ratios(placement: Placement, c: np.ndarray, world_size: int, keys) -> np.ndarray:
+    key = np.zeros(len(c), dtype=np.int64)
+    for k in keys:
+        key = key * (int(k.max()) + 1) + k
+    uniq, idx = np.unique(key, return_inverse=True)
+    per_rank = np.zeros((len(uniq), world_size))
+    np.add.at(per_rank, (idx, placement.rank), c)
+    return per_rank.max(axis=1) / np.maximum(per_rank.mean(axis=1), 1e-12)
+
+
+def rank_cost_ratios(placement: Placement, costs: np.ndarray, world_size: int) -> CostRatios:
     """max/mean rank cost per optimizer step and per micro-batch (1.0 = perfectly balanced)."""
-    out = {}
     c = costs[placement.pack]
-    for name, keys in (
-        ("step", (placement.epoch, placement.step)),
-        ("micro", (placement.epoch, placement.step, placement.micro)),
-    ):
-        key = np.zeros(len(c), dtype=np.int64)
-        for k in keys:
-            key = key * (int(k.max()) + 1) + k
-        uniq, idx = np.unique(key, return_inverse=True)
-        per_rank = np.zeros((len(uniq), world_size))
-        np.add.at(per_rank, (idx, placement.rank), c)
-        ratio = per_rank.max(axis=1) / np.maximum(per_rank.mean(axis=1), 1e-12)
-        out[f"max_rank_cost_ratio_{name}"] = float(ratio.max())
-        out[f"mean_rank_cost_ratio_{name}"] = float(ratio.mean())
-    return out
+    step = _ratios(placement, c, world_size, (placement.epoch, placement.step))
+    micro = _ratios(placement, c, world_size, (placement.epoch, placement.step, placement.micro))
+    return CostRatios(float(step.max()), float(step.mean()), float(micro.max()), float(micro.mean()))

@@ -24,6 +24,8 @@ import numpy as np
 from wattgate.data.mixture import Source
 from wattgate.data.split import carve_keys
 from wattgate.errors import InputError
+from wattgate.records.manifest import Manifest
+from wattgate.records.plan import MixtureEpoch, MixtureSource, PlanMixture
 
 
 @dataclass(frozen=True)
@@ -40,24 +42,23 @@ def source_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def read_source_docs(manifest: dict, sources: list[Source], held_out: np.ndarray, where: str) -> list[SourceDocs]:
+def read_source_docs(manifest: Manifest, sources: list[Source], held_out: np.ndarray, where: str) -> list[SourceDocs]:
     """The config's sources matched by name with the manifest's `source_docs` ranges; one-line errors."""
-    ranges = manifest.get("source_docs")
-    if not isinstance(ranges, list):
+    if manifest.source_docs is None:
         raise InputError(f"{where}: manifest.json has no source_docs (made before mixtures); rerun pretokenize")
-    by_name = {r.get("name"): r for r in ranges if isinstance(r, dict)}
+    by_name = {r.name: r for r in manifest.source_docs}
     out = []
     for src in sources:
         r = by_name.get(src.name)
-        if r is None or not isinstance(r.get("first_doc"), int) or not isinstance(r.get("end_doc"), int):
+        if r is None:
             raise InputError(
                 f"{where}: source {src.name!r} of data.inputs is not in manifest.json's source_docs; rerun pretokenize"
             )
-        ids = np.arange(r["first_doc"], r["end_doc"], dtype=np.int64)
+        ids = np.arange(r.first_doc, r.end_doc, dtype=np.int64)
         ids = ids[~np.isin(ids, held_out)] if len(held_out) else ids
         if not len(ids):
             raise InputError(
-                f"data.inputs (source {src.name!r}): no training document (all {r['end_doc'] - r['first_doc']} "
+                f"data.inputs (source {src.name!r}): no training document (all {r.end_doc - r.first_doc} "
                 "held out for validation); lower its validation fraction or add documents"
             )
         out.append(SourceDocs(src, ids))
@@ -132,7 +133,7 @@ def mixture_record(
     loss: np.ndarray,
     seed: int,
     max_repeats: float,
-) -> dict:
+) -> PlanMixture:
     """plan.json's `mixture`: per source its setting and, per epoch, the documents, tokens and loss tokens."""
     tgt = targets(sources, lengths, max_repeats)
     rows = []
@@ -146,25 +147,25 @@ def mixture_record(
             counts = np.bincount(ids - lo, minlength=int(s.doc_ids[-1]) - lo + 1)
             span = slice(lo, lo + len(counts))
             per_epoch.append(
-                {
-                    "docs": int(len(ids)),
-                    "distinct_docs": int(np.count_nonzero(counts)),
-                    "tokens": int(np.dot(counts, lengths[span])),
-                    "loss_tokens": int(np.dot(counts, loss[span])),
-                    "doc_ids_sha256": counts_sha256(counts, lo),
-                }
+                MixtureEpoch(
+                    docs=int(len(ids)),
+                    distinct_docs=int(np.count_nonzero(counts)),
+                    tokens=int(np.dot(counts, lengths[span])),
+                    loss_tokens=int(np.dot(counts, loss[span])),
+                    doc_ids_sha256=counts_sha256(counts, lo),
+                )
             )
         rows.append(
-            dict(
-                s.source.spec(),
+            MixtureSource(
+                **s.source.spec(),
                 train_docs=int(len(s.doc_ids)),
                 train_tokens=total,
                 target_tokens_per_epoch=float(round(tgt[i], 3)),
                 repeats=float(round(tgt[i] / total, 4)),
-                per_epoch=per_epoch,
+                per_epoch=tuple(per_epoch),
             )
         )
-    return {"seed": seed, "max_repeats": max_repeats, "sources": rows}
+    return PlanMixture(seed=seed, max_repeats=max_repeats, sources=tuple(rows))
 
 
 def counts_sha256(counts: np.ndarray, first: int) -> str:

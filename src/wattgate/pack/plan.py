@@ -10,27 +10,37 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from wattgate.artifacts import atomic_path
-from wattgate.config import world_size
+from wattgate.config import run_config, world_size
 from wattgate.errors import InputError
 from wattgate.pack.assign import Layout, Placement, assign_ranks, pack_costs, rank_cost_ratios, sort_placement
 from wattgate.pack.bfd import pack_bfd
 from wattgate.pack.planner import plan_packs
 from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs, rebin
-from wattgate.pack.segments import HISTORY, continue_plan, keep_in_history, resume_source, segment_rows, step_ordinal
+from wattgate.pack.segments import (
+    HISTORY,
+    PlanSettings,
+    SegmentRows,
+    continue_plan,
+    keep_in_history,
+    resume_source,
+    segment_rows,
+    step_ordinal,
+)
 from wattgate.data.mixture import is_mixture, parse_sources
 from wattgate.data.split import read_validation_ids, train_doc_ids
 from wattgate.pack.mixture import choose, mixture_record, read_source_docs
 from wattgate.pack.validation import ValidationPlan, plan_validation
+from wattgate.records.manifest import Manifest
+from wattgate.records.plan import PLAN_FORMAT_VERSION, DroppedDocs, Plan, PlanMixture, PlanStats, ResumedFrom, Segment
 from wattgate.run_files import (
-    EVAL_PACKS,
     PACKS,
-    PLAN_FORMAT_VERSION,
     check_output,
     first_line,
     publish_plan,
     read_manifest,
 )
 from wattgate.identity import model_train_identity
+from wattgate.records.run_config import RunConfig
 
 FORMAT_VERSION = PLAN_FORMAT_VERSION  # the reader's (run_files): one number
 
@@ -81,15 +91,15 @@ def read_shard_lengths(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return doc_ids, lengths
 
 
-def read_doc_lengths(pretokenized: Path, manifest: dict) -> np.ndarray:
+def read_doc_lengths(pretokenized: Path, manifest: Manifest) -> np.ndarray:
     """Token count of every document, indexed by doc_id (which must be dense 0..n-1)."""
     ids, lengths = [], []
-    for name in manifest["shards"]:
+    for name in manifest.shards:
         shard_ids, shard_lengths = read_shard_lengths(pretokenized / name)
         ids.append(shard_ids)
         lengths.append(shard_lengths)
     doc_ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-    n = manifest["num_docs"]
+    n = manifest.num_docs
     if len(doc_ids) != n or not np.array_equal(doc_ids, np.arange(n)):
         raise InputError(
             f"{pretokenized}: shards hold {len(doc_ids)} doc_ids, manifest says {n} dense ids; rerun pretokenize"
@@ -97,7 +107,7 @@ def read_doc_lengths(pretokenized: Path, manifest: dict) -> np.ndarray:
     return np.concatenate(lengths).astype(np.int64)
 
 
-def plan_stats(placement, lengths, tokens, costs, layout: Layout, seq_len: int, dropped_docs) -> dict:
+def plan_stats(placement, lengths, tokens, costs, layout: Layout, seq_len: int, dropped_docs) -> PlanStats:
     W = layout.world_size
     per_rank_tokens = np.bincount(placement.rank, weights=tokens[placement.pack], minlength=W).astype(np.int64)
     per_rank_packs = np.bincount(placement.rank, minlength=W)
@@ -110,25 +120,28 @@ def plan_stats(placement, lengths, tokens, costs, layout: Layout, seq_len: int, 
         per_rank_steps.append(
             [int(len(np.unique(placement.step[sel & (placement.epoch == e)]))) for e in range(epochs)]
         )
-    stats = {
-        "num_docs": int(len(lengths)),
-        "num_tokens": int(lengths.sum()),
-        "packs_per_epoch": int(len(tokens)),
-        "efficiency": float(tokens.sum() / (len(tokens) * seq_len)),
-        "per_rank_tokens": per_rank_tokens.tolist(),
-        "per_rank_packs": per_rank_packs.tolist(),
-        "per_rank_micro_batches_per_epoch": per_rank_micro,
-        "per_rank_steps_per_epoch": per_rank_steps,
-        "dropped": {},
-        "dropped_doc_ids": [int(d) for d in dropped_docs],
-    }
+    dropped = {}
     if len(dropped_docs):
-        stats["dropped"][DROP_REASON_REMAINDER] = {
-            "docs": int(len(dropped_docs)),
-            "tokens": int(lengths[dropped_docs].sum()),
-        }
-    stats.update(rank_cost_ratios(placement, costs, W))
-    return stats
+        dropped[DROP_REASON_REMAINDER] = DroppedDocs(
+            docs=int(len(dropped_docs)), tokens=int(lengths[dropped_docs].sum())
+        )
+    ratios = rank_cost_ratios(placement, costs, W)
+    return PlanStats(
+        num_docs=int(len(lengths)),
+        num_tokens=int(lengths.sum()),
+        packs_per_epoch=int(len(tokens)),
+        efficiency=float(tokens.sum() / (len(tokens) * seq_len)),
+        per_rank_tokens=tuple(per_rank_tokens.tolist()),
+        per_rank_packs=tuple(per_rank_packs.tolist()),
+        per_rank_micro_batches_per_epoch=tuple(tuple(m) for m in per_rank_micro),
+        per_rank_steps_per_epoch=tuple(tuple(s) for s in per_rank_steps),
+        dropped=dropped,
+        dropped_doc_ids=tuple(int(d) for d in dropped_docs),
+        max_rank_cost_ratio_step=ratios.max_step,
+        mean_rank_cost_ratio_step=ratios.mean_step,
+        max_rank_cost_ratio_micro=ratios.max_micro,
+        mean_rank_cost_ratio_micro=ratios.mean_micro,
+    )
 
 
 def plan_subset(
@@ -221,10 +234,10 @@ def plan_epochs(
     return packs, placement, np.concatenate(tokens), np.concatenate(costs)
 
 
-def read_doc_extras(pretokenized: Path, manifest: dict) -> tuple[np.ndarray, np.ndarray]:
+def read_doc_extras(pretokenized: Path, manifest: Manifest) -> tuple[np.ndarray, np.ndarray]:
     """content_hash and num_loss_tokens of every document by doc_id: what a mixture's choice and record need."""
     hashes, loss = [], []
-    for name in manifest["shards"]:
+    for name in manifest.shards:
         path = pretokenized / name
         try:
             t = pq.read_table(path, columns=["content_hash", "num_loss_tokens"])
@@ -237,16 +250,18 @@ def read_doc_extras(pretokenized: Path, manifest: dict) -> tuple[np.ndarray, np.
     return np.concatenate(hashes), np.concatenate(loss)
 
 
-def mixture_choice(config: dict, pretokenized: Path, manifest: dict, lengths: np.ndarray, held_out: np.ndarray):
+def mixture_choice(
+    config: RunConfig, pretokenized: Path, manifest: Manifest, lengths: np.ndarray, held_out: np.ndarray
+) -> tuple[list[np.ndarray], PlanMixture]:
     """(per-epoch chosen doc_ids, plan.json's `mixture`) for a mixture config; one-line errors."""
-    if config["pack"]["remainder"] == "drop":
+    if config.pack.remainder == "drop":
         raise InputError(
             "pack.remainder: drop would take documents from a mixture's shares after they were chosen; "
             "use rebin with a mixture (data.inputs mappings)"
         )
     sources = read_source_docs(manifest, parse_sources(config), held_out, str(pretokenized))
     hashes, loss = read_doc_extras(pretokenized, manifest)
-    seed, max_repeats, epochs = config["pack"]["seed"], config["data"]["max_repeats"], config["train"]["epochs"]
+    seed, max_repeats, epochs = config.pack.seed, config.data.max_repeats, config.train.epochs
     chosen = choose(sources, lengths, hashes, epochs, seed, max_repeats)
     record = mixture_record(sources, chosen, lengths, loss, seed, max_repeats)
     return [np.concatenate(c) for c in chosen], record
@@ -254,28 +269,27 @@ def mixture_choice(config: dict, pretokenized: Path, manifest: dict, lengths: np
 
 def eval_micro_batch_size(train: dict) -> int:
     """train.eval_micro_batch_size, defaulting to train.micro_batch_size."""
-    return int(train.get("eval_micro_batch_size") or train["micro_batch_size"])
+    return int(train.eval_micro_batch_size or train.micro_batch_size)
 
 
-def validation_section(
-    held_out: np.ndarray, lengths: np.ndarray, settings: dict
-) -> tuple[dict | None, ValidationPlan | None]:
-    """plan.json's `validation` (statistics; packs_sha256 added on publish) and the pass's packs, or (None, None)."""
+def validation_section(held_out: np.ndarray, lengths: np.ndarray, settings: PlanSettings) -> ValidationPlan | None:
+    """The validation pass's packs and plan.json's `validation` (its `stats`; packs_sha256 added on publish),
+    or None without held-out documents."""
     if not len(held_out):
-        return None, None
-    vplan = plan_validation(
+        return None
+    return plan_validation(
         held_out,
         lengths,
-        settings["seq_len"],
-        settings["world_size"],
-        settings["eval_micro_batch_size"],
-        settings["seed"],
-        settings["attn_weight"],
+        settings.seq_len,
+        settings.world_size,
+        settings.eval_micro_batch_size,
+        settings.seed,
+        settings.attn_weight,
     )
-    return dict(vplan.stats, packs=EVAL_PACKS, packs_sha256=None), vplan
 
 
-def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
+def build_plan(config: RunConfig | dict, pretokenized: str | Path, out: str | Path) -> Plan:
+    config = run_config(config)
     pretokenized, out = Path(pretokenized), Path(out)
     check_output(out, "pack")  # before any work: a folder pack did not write is refused, never written into
     manifest, manifest_raw = read_manifest(pretokenized)
@@ -283,29 +297,29 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
     lengths = read_doc_lengths(pretokenized, manifest)
     held_out = read_validation_ids(pretokenized, manifest)
     train_ids = train_doc_ids(len(lengths), held_out)
-    train, pack = config["train"], config["pack"]
-    seq_len = train["seq_len"]
+    train, pack = config.train, config.pack
+    seq_len = train.seq_len
     if len(lengths) and lengths.max() > seq_len:
         worst = int(np.argmax(lengths))
         raise InputError(
             f"{pretokenized}: doc_id {worst} has {lengths[worst]} tokens > train.seq_len {seq_len}; "
             "rerun pretokenize with pretokenize.max_tokens <= seq_len"
         )
-    layout = Layout(world_size(config), train["micro_batch_size"], train["grad_accum"])
-    settings = {
-        "world_size": layout.world_size,
-        "seq_len": seq_len,
-        "micro_batch_size": layout.micro_batch_size,
-        "eval_micro_batch_size": eval_micro_batch_size(train),
-        "epochs": train["epochs"],
-        "remainder": pack["remainder"],
-        "seed": pack["seed"],
-        "attn_weight": pack["attn_weight"],
-        "pretokenized_manifest_sha256": manifest_sha,
-    }
+    layout = Layout(world_size(config), train.micro_batch_size, train.grad_accum)
+    settings = PlanSettings(
+        world_size=layout.world_size,
+        seq_len=seq_len,
+        micro_batch_size=layout.micro_batch_size,
+        eval_micro_batch_size=eval_micro_batch_size(train),
+        epochs=train.epochs,
+        remainder=pack.remainder,
+        seed=pack.seed,
+        attn_weight=pack.attn_weight,
+        pretokenized_manifest_sha256=manifest_sha,
+    )
     # a run with checkpoints of an earlier plan that differs only in the world size goes on from them
-    checkpoints = out.parent / "train" / config["run_name"] / "checkpoints"
-    validation, vplan = validation_section(held_out, lengths, settings)
+    checkpoints = out.parent / "train" / config.run_name / "checkpoints"
+    vplan = validation_section(held_out, lengths, settings)
     chosen, mixture = (
         mixture_choice(config, pretokenized, manifest, lengths, held_out) if is_mixture(config) else (None, None)
     )
@@ -319,8 +333,8 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
             old_folder,
             lengths,
             layout,
-            train["grad_accum"],
-            (validation, vplan),
+            train.grad_accum,
+            vplan,
             held_out,
             (chosen, mixture),
         )
@@ -328,39 +342,40 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
         print(f"pack: not continuing from {checkpoints}: {old}; the new plan starts over", flush=True)
     if chosen is not None:
         packs, placement, tokens, costs = plan_epochs(
-            chosen, lengths, seq_len, layout, pack["remainder"], pack["seed"], pack["attn_weight"]
+            chosen, lengths, seq_len, layout, pack.remainder, pack.seed, pack.attn_weight
         )
     else:
         packs, placement, tokens, costs = plan_subset(
-            train_ids, lengths, seq_len, layout, pack["remainder"], train["epochs"], pack["seed"], pack["attn_weight"]
+            train_ids, lengths, seq_len, layout, pack.remainder, train.epochs, pack.seed, pack.attn_weight
         )
 
     stats = plan_stats(placement, lengths[train_ids], tokens, costs, layout, seq_len, packs.dropped_docs)
     if chosen is not None:  # a mixture's epochs may differ: its packs and efficiency over the whole plan
-        stats["packs_per_epoch"] = int(len(placement.pack) // train["epochs"])
-        stats["efficiency"] = float(tokens[placement.pack].sum() / (len(placement.pack) * seq_len))
+        stats = stats.replace(
+            packs_per_epoch=int(len(placement.pack) // train.epochs),
+            efficiency=float(tokens[placement.pack].sum() / (len(placement.pack) * seq_len)),
+        )
     if packs.dropped_docs.size:
-        stats["dropped"][DROP_REASON_REMAINDER]["tokens"] = int(lengths[packs.dropped_docs].sum())
-    plan = {
-        "format_version": FORMAT_VERSION,
-        "world_size": layout.world_size,
-        "seq_len": seq_len,
-        "micro_batch_size": layout.micro_batch_size,
-        "eval_micro_batch_size": settings["eval_micro_batch_size"],
-        "grad_accum": layout.grad_accum,
-        "epochs": train["epochs"],
-        "steps_per_epoch": int(placement.step.max()) + 1,
-        "strategy": STRATEGY[pack["remainder"]],
-        "remainder": pack["remainder"],
-        "seed": pack["seed"],
-        "attn_weight": pack["attn_weight"],
-        "pretokenized_manifest_sha256": manifest_sha,
-        "packs_sha256": None,  # set from the written file in publish_plan
-        "stats": stats,
-        "validation": validation,
-    }
-    if mixture is not None:
-        plan["mixture"] = mixture
+        entry = stats.dropped[DROP_REASON_REMAINDER].replace(tokens=int(lengths[packs.dropped_docs].sum()))
+        stats = stats.replace(dropped={**stats.dropped, DROP_REASON_REMAINDER: entry})
+    plan = Plan(
+        world_size=layout.world_size,
+        seq_len=seq_len,
+        micro_batch_size=layout.micro_batch_size,
+        eval_micro_batch_size=settings.eval_micro_batch_size,
+        grad_accum=layout.grad_accum,
+        epochs=train.epochs,
+        steps_per_epoch=int(placement.step.max()) + 1,
+        strategy=STRATEGY[pack.remainder],
+        remainder=pack.remainder,
+        seed=pack.seed,
+        attn_weight=pack.attn_weight,
+        pretokenized_manifest_sha256=manifest_sha,
+        packs_sha256=None,  # set from the written file in publish_plan
+        stats=stats,
+        validation=vplan.stats if vplan is not None else None,
+        mixture=mixture,
+    )
     plan = publish_plan(
         out, plan, lambda tmp: write_packs_table(tmp, placement, packs, lengths, tokens), eval_writer(vplan, lengths)
     )
@@ -370,116 +385,117 @@ def build_plan(config: dict, pretokenized: str | Path, out: str | Path) -> dict:
 
 def build_continued_plan(
     out: Path,
-    settings: dict,
+    settings: PlanSettings,
     state: dict,
-    old: dict,
+    old: Plan,
     old_folder: Path,
     lengths: np.ndarray,
     layout: Layout,
     config_grad_accum: int,
-    validation: tuple[dict | None, ValidationPlan | None] = (None, None),
+    vplan: ValidationPlan | None = None,
     held_out: tuple | np.ndarray = (),
     mixture: tuple = (None, None),
-) -> dict:
+) -> Plan:
     """The old plan's consumed prefix (kept in history/) and the rest for the new world size, as one plan;
     the validation pass re-planned for the new ranks. `mixture`: a mixture's per-epoch chosen documents and
     plan.json record: later epochs are re-packed from exactly those, so every source keeps its counts."""
     cols, info = continue_plan(old, old_folder, state, lengths, layout, held_out, chosen=mixture[0])
-    boundary, ga = info["first_step"], info["grad_accum"]
-    ordinal = step_ordinal(cols["epoch"], cols["step"])
+    boundary, ga = info.first_step, info.grad_accum
+    ordinal = step_ordinal(cols.epoch, cols.step)
     n_new = int(ordinal.max()) + 1
     step_epoch = np.zeros(n_new, np.int64)
-    step_epoch[ordinal] = cols["epoch"]
+    step_epoch[ordinal] = cols.epoch
     new_ends = [boundary + g + 1 for g in range(n_new) if g + 1 == n_new or step_epoch[g + 1] != step_epoch[g]]
     old_rows = segment_rows(old_folder)
-    old_ord = step_ordinal(old_rows["epoch"], old_rows["step"])
-    first_old = info["segments"][-1]["first_step"]
+    old_ord = step_ordinal(old_rows.epoch, old_rows.step)
+    first_old = info.segments[-1].first_step
     old_epoch = np.zeros(int(old_ord.max()) + 1, np.int64)
-    old_epoch[old_ord] = old_rows["epoch"]
-    prior_ends = [e for e in old.get("epoch_ends", []) if e <= first_old]
+    old_epoch[old_ord] = old_rows.epoch
+    prior_ends = [e for e in old.epoch_ends or () if e <= first_old]
     prior_ends += [
         first_old + g + 1
         for g in range(len(old_epoch) - 1)
         if old_epoch[g + 1] != old_epoch[g] and first_old + g + 1 < boundary
     ]
-    segments = [dict(seg) for seg in info["segments"][:-1]]
-    segments.append(
-        dict(
-            info["segments"][-1],
-            packs=f"{HISTORY}/{old['packs_sha256'][:16]}/packs.parquet",
-            packs_sha256=old["packs_sha256"],
+    segments = [
+        *info.segments[:-1],
+        info.segments[-1].replace(
+            packs=f"{HISTORY}/{old.packs_sha256[:16]}/{PACKS}",
+            packs_sha256=old.packs_sha256,
             end_step=boundary,
-            plan_total_steps=first_old + len(old_epoch),
-        )
-    )  # what its LR schedule ran towards
-    segments.append(
-        {
-            "packs": PACKS,
-            "world_size": layout.world_size,
-            "grad_accum": ga,
-            "micro_batch_size": layout.micro_batch_size,
-            "first_step": boundary,
-            "end_step": boundary + n_new,
-        }
-    )
-    old_pps = info["old_world_size"] * layout.micro_batch_size * info["old_grad_accum"]
+            plan_total_steps=first_old + len(old_epoch),  # what its LR schedule ran towards
+        ),
+        Segment(
+            packs=PACKS,
+            world_size=layout.world_size,
+            grad_accum=ga,
+            micro_batch_size=layout.micro_batch_size,
+            first_step=boundary,
+            end_step=boundary + n_new,
+        ),
+    ]
+    old_pps = info.old_world_size * layout.micro_batch_size * info.old_grad_accum
     new_pps = layout.world_size * layout.micro_batch_size * ga
     change = (
-        f"world size {info['old_world_size']} -> {layout.world_size}: grad_accum {info['old_grad_accum']} -> "
-        f"{ga} keeps the global batch at {new_pps} packs of {settings['seq_len']} tokens per step"
+        f"world size {info.old_world_size} -> {layout.world_size}: grad_accum {info.old_grad_accum} -> "
+        f"{ga} keeps the global batch at {new_pps} packs of {settings.seq_len} tokens per step"
         + ("" if new_pps == old_pps else f" (was {old_pps}: the closest the new world size allows)")
-        + f"; {info['how']}"
+        + f"; {info.how}"
     )
-    seg_steps = {int(e): int(len(np.unique(cols["step"][cols["epoch"] == e]))) for e in np.unique(cols["epoch"])}
-    tokens = cols["num_tokens"]
-    plan = dict(
-        settings,
-        format_version=FORMAT_VERSION,
+    seg_steps = {int(e): int(len(np.unique(cols.step[cols.epoch == e]))) for e in np.unique(cols.epoch)}
+    tokens = cols.num_tokens
+    plan = Plan(
+        world_size=settings.world_size,
+        seq_len=settings.seq_len,
+        micro_batch_size=settings.micro_batch_size,
+        eval_micro_batch_size=settings.eval_micro_batch_size,
+        epochs=settings.epochs,
+        remainder=settings.remainder,
+        seed=settings.seed,
+        attn_weight=settings.attn_weight,
+        pretokenized_manifest_sha256=settings.pretokenized_manifest_sha256,
         grad_accum=ga,
         config_grad_accum=config_grad_accum,
         steps_per_epoch=max(seg_steps.values()),
         segment_steps={str(e): n for e, n in seg_steps.items()},
-        epoch_ends=sorted(set(prior_ends) | set(new_ends)),
-        strategy=STRATEGY[settings["remainder"]],
+        epoch_ends=tuple(sorted(set(prior_ends) | set(new_ends))),
+        strategy=STRATEGY[settings.remainder],
         packs_sha256=None,
-        segments=segments,
-        resumed_from={
-            "checkpoint": state["path"],
-            "step": boundary,
-            "epoch": int((state.get("position") or {}).get("epoch", 0)),
-            "change": change,
-        },
-        stats={
-            "num_docs": int(len(lengths)),
-            "num_tokens": int(lengths.sum()),
-            "segment_packs": int(len(tokens)),
-            "segment_tokens": int(tokens.sum()),
-            "dropped": old.get("stats", {}).get("dropped", {}),
-            "dropped_doc_ids": old.get("stats", {}).get("dropped_doc_ids", []),
-        },
-        validation=validation[0],
+        segments=tuple(segments),
+        resumed_from=ResumedFrom(
+            checkpoint=state["path"],
+            step=boundary,
+            epoch=int((state.get("position") or {}).get("epoch", 0)),
+            change=change,
+        ),
+        stats=PlanStats(
+            num_docs=int(len(lengths)),
+            num_tokens=int(lengths.sum()),
+            segment_packs=int(len(tokens)),
+            segment_tokens=int(tokens.sum()),
+            dropped=old.stats.dropped,
+            dropped_doc_ids=old.stats.dropped_doc_ids,
+        ),
+        validation=vplan.stats if vplan is not None else None,
+        mixture=mixture[1],
     )
-    if mixture[1] is not None:
-        plan["mixture"] = mixture[1]
     print(f"pack: continuing {state['path']} (step {boundary}): {change}", flush=True)
-    plan = publish_plan(
-        out, plan, lambda tmp: write_rows_table(tmp, cols, lengths), eval_writer(validation[1], lengths)
-    )
+    plan = publish_plan(out, plan, lambda tmp: write_rows_table(tmp, cols, lengths), eval_writer(vplan, lengths))
     keep_in_history(out, plan)
     return plan
 
 
-def write_rows_table(path: Path, cols: dict, lengths: np.ndarray) -> None:
+def write_rows_table(path: Path, cols: SegmentRows, lengths: np.ndarray) -> None:
     """packs.parquet from row columns (epoch, step, micro, rank, slot, num_tokens, CSR doc_ids)."""
-    offsets, docs = cols["offsets"], cols["doc_ids"]
+    offsets, docs = cols.offsets, cols.doc_ids
     table = pa.Table.from_arrays(
-        [pa.array(cols[c].astype(np.int32)) for c in ("epoch", "step", "micro", "rank", "slot")]
+        [pa.array(c.astype(np.int32)) for c in (cols.epoch, cols.step, cols.micro, cols.rank, cols.slot)]
         + [
             pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(docs)).cast(pa.list_(pa.int64())),
             pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(lengths[docs].astype(np.int32))).cast(
                 pa.list_(pa.int32())
             ),
-            pa.array(cols["num_tokens"].astype(np.int32)),
+            pa.array(cols.num_tokens.astype(np.int32)),
         ],
         schema=PACKS_SCHEMA,
     )

@@ -19,10 +19,12 @@ ends each epoch. The gate proves the whole (gate/checks.py check_segments).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,29 +32,100 @@ import pyarrow.parquet as pq
 
 from wattgate.artifacts import sha256_file
 from wattgate.errors import InputError
-from wattgate.run_files import read_plan
+from wattgate.run_files import PACKS, PLAN, read_plan
 from wattgate.pack.assign import Layout, assign_ranks, pack_costs, sort_placement
 from wattgate.pack.planner import plan_packs
 from wattgate.identity import model_train_differences
+from wattgate.records.plan import SAME_FOR_RESUME, Plan, Segment
 
 HISTORY = "history"
-# plan keys that must be unchanged for a re-plan to continue a run (anything else starts over)
-SAME_FOR_RESUME = (
-    "seq_len",
-    "micro_batch_size",
-    "epochs",
-    "remainder",
-    "seed",
-    "attn_weight",
-    "pretokenized_manifest_sha256",
-)
 
 
-def keep_in_history(out: Path, plan: dict) -> Path:
+@dataclass(frozen=True)
+class PlanSettings:
+    """What a plan is made for: the config's settings, and the manifest it packs (its sha256)."""
+
+    world_size: int
+    seq_len: int
+    micro_batch_size: int
+    eval_micro_batch_size: int
+    epochs: int
+    remainder: str
+    seed: int
+    attn_weight: float
+    pretokenized_manifest_sha256: str
+
+    def resume_settings(self) -> tuple:
+        """The settings a continued plan must share with the plan it continues (SAME_FOR_RESUME, in order)."""
+        return (
+            self.seq_len,
+            self.micro_batch_size,
+            self.epochs,
+            self.remainder,
+            self.seed,
+            self.attn_weight,
+            self.pretokenized_manifest_sha256,
+        )
+
+
+ROW_COLUMNS = ("epoch", "step", "micro", "rank", "slot", "num_tokens")
+
+
+@dataclass(frozen=True)
+class SegmentRows:
+    """A segment's packs.parquet rows as columns (run order), doc lists flattened: row r holds
+    doc_ids[offsets[r]:offsets[r + 1]]."""
+
+    epoch: np.ndarray
+    step: np.ndarray
+    micro: np.ndarray
+    rank: np.ndarray
+    slot: np.ndarray
+    num_tokens: np.ndarray
+    offsets: np.ndarray
+    doc_ids: np.ndarray
+
+    def take(self, order: np.ndarray) -> SegmentRows:
+        """The rows `order` (in that order)."""
+        sizes = np.diff(self.offsets)[order]
+        starts = self.offsets[:-1][order]
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        gather = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1])
+        return SegmentRows(
+            **{c: getattr(self, c)[order] for c in ROW_COLUMNS}, offsets=offsets, doc_ids=self.doc_ids[gather]
+        )
+
+    @classmethod
+    def concat(cls, parts: list[SegmentRows]) -> SegmentRows:
+        offsets, base = [np.zeros(1, np.int64)], 0
+        for p in parts:
+            offsets.append(p.offsets[1:] + base)
+            base += int(p.offsets[-1])
+        return cls(
+            **{c: np.concatenate([getattr(p, c) for p in parts]) for c in ROW_COLUMNS},
+            offsets=np.concatenate(offsets),
+            doc_ids=np.concatenate([p.doc_ids for p in parts]),
+        )
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """How continue_plan goes on: the new grad_accum from the resume step on, the old plan's layout and
+    segments (a plan that was not continued: one segment from step 0), and how the rest was planned."""
+
+    grad_accum: int
+    first_step: int
+    old_world_size: int
+    old_grad_accum: int
+    how: str
+    segments: tuple[Segment, ...]
+
+
+def keep_in_history(out: Path, plan: Plan) -> Path:
     """Hard-link (else copy) the published plan.json and packs.parquet under history/<packs sha>/."""
-    dest = out / HISTORY / plan["packs_sha256"][:16]
+    dest = out / HISTORY / plan.packs_sha256[:16]
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("plan.json", "packs.parquet"):
+    for name in (PLAN, PACKS):
         target = dest / name
         if target.exists():
             continue
@@ -106,8 +179,8 @@ def _is_state(state) -> bool:
 
 
 def resume_source(
-    out: Path, checkpoints: Path, new: dict, identity_of: Callable[[], dict] | None = None
-) -> tuple[dict, dict, Path] | tuple[None, str, None]:
+    out: Path, checkpoints: Path, new: PlanSettings, identity_of: Callable[[], dict] | None = None
+) -> tuple[dict, Plan, Path] | tuple[None, str, None]:
     """(checkpoint state, old plan, its history folder) when the run can go on under `new` plan settings,
     else (None, why not, None).
 
@@ -121,40 +194,30 @@ def resume_source(
         return None, f"the run identity of checkpoint step {state['step']} differs in {', '.join(diffs)}", None
     sha = str((state.get("position") or {}).get("plan", ""))
     folder = out / HISTORY / sha[:16]
-    if not sha or not (folder / "plan.json").is_file():
+    if not sha or not (folder / PLAN).is_file():
         return None, f"the plan of checkpoint {state['path']} is not in {out / HISTORY}", None
     old, _ = read_plan(folder)
-    if old.get("packs_sha256") != sha or sha256_file(folder / "packs.parquet") != sha:
+    if old.packs_sha256 != sha or sha256_file(folder / PACKS) != sha:
         return None, f"{folder}: archived plan does not match its hash", None
-    changed = [k for k in SAME_FOR_RESUME if old.get(k) != new.get(k)]
+    changed = [k for k, a, b in zip(SAME_FOR_RESUME, old.resume_settings(), new.resume_settings()) if a != b]
     if changed:
         return None, f"the plan changed in {', '.join(changed)} since checkpoint step {state['step']}", None
-    if old["world_size"] == new["world_size"]:
+    if old.world_size == new.world_size:
         return None, "same world size", None
     return state, old, folder
 
 
-def segment_rows(folder: Path) -> dict[str, np.ndarray]:
+def segment_rows(folder: Path) -> SegmentRows:
     """A plan's packs.parquet as columns (doc lists flattened with offsets), rows in run order."""
-    t = pq.read_table(folder / "packs.parquet")
-    cols = {
-        c: t.column(c).to_numpy().astype(np.int64) for c in ("epoch", "step", "micro", "rank", "slot", "num_tokens")
-    }
+    t = pq.read_table(folder / PACKS)
     ids = t.column("doc_ids").combine_chunks()
     offsets = ids.offsets.to_numpy().astype(np.int64)
-    cols["offsets"] = offsets - offsets[0]
-    cols["doc_ids"] = ids.values.to_numpy().astype(np.int64)[offsets[0] : offsets[-1]]
-    order = np.lexsort((cols["slot"], cols["rank"], cols["micro"], cols["step"], cols["epoch"]))
-    return reorder(cols, order)
-
-
-def reorder(cols: dict, order: np.ndarray) -> dict:
-    sizes = np.diff(cols["offsets"])[order]
-    starts = cols["offsets"][:-1][order]
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    gather = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1])
-    out = {k: v[order] for k, v in cols.items() if k not in ("offsets", "doc_ids")}
-    return out | {"offsets": offsets, "doc_ids": cols["doc_ids"][gather]}
+    rows = SegmentRows(
+        **{c: t.column(c).to_numpy().astype(np.int64) for c in ROW_COLUMNS},
+        offsets=offsets - offsets[0],
+        doc_ids=ids.values.to_numpy().astype(np.int64)[offsets[0] : offsets[-1]],
+    )
+    return rows.take(np.lexsort((rows.slot, rows.rank, rows.micro, rows.step, rows.epoch)))
 
 
 def step_ordinal(epoch: np.ndarray, step: np.ndarray) -> np.ndarray:
@@ -165,25 +228,28 @@ def step_ordinal(epoch: np.ndarray, step: np.ndarray) -> np.ndarray:
 
 
 def continue_plan(
-    old: dict, old_folder: Path, state: dict, lengths: np.ndarray, layout_new: Layout, held_out=(), chosen=None
-) -> tuple[dict, dict]:
+    old: Plan, old_folder: Path, state: dict, lengths: np.ndarray, layout_new: Layout, held_out=(), chosen=None
+) -> tuple[SegmentRows, Continuation]:
     """(columns of the current segment's rows, its plan fields) continuing `old` after checkpoint `state`.
 
     `held_out`: the validation split's doc_ids, never packed for training (a re-pack's later epochs hold
     every other document but the original plan's drops). `chosen`: a mixture's documents per epoch
     (pack/mixture.py, repeats included): a re-pack's later epochs hold exactly those."""
-    segments = old.get("segments") or [
-        {
-            "world_size": old["world_size"],
-            "grad_accum": old["grad_accum"],
-            "micro_batch_size": old["micro_batch_size"],
-            "first_step": 0,
-        }
-    ]
-    first = int(segments[-1]["first_step"])
+    # a plan that was not continued: one segment from step 0 (its packs and end named by the caller)
+    segments = old.segments or (
+        Segment(
+            world_size=old.world_size,
+            grad_accum=old.grad_accum,
+            micro_batch_size=old.micro_batch_size,
+            first_step=0,
+            end_step=0,
+            packs=PACKS,
+        ),
+    )
+    first = old.first_step
     boundary = int(state["step"])  # global optimizer steps done
     rows = segment_rows(old_folder)
-    ordinal = step_ordinal(rows["epoch"], rows["step"])
+    ordinal = step_ordinal(rows.epoch, rows.step)
     done = boundary - first  # steps of the old segment already run
     if not 0 < done <= int(ordinal.max()) + 1:
         raise InputError(
@@ -196,13 +262,13 @@ def continue_plan(
             f"nothing left to plan on {layout_new.world_size} ranks; to train again from step 0, move the "
             f"checkpoints folder away (or change run_name) and rerun pack"
         )
-    mbs = old["micro_batch_size"]
-    old_pps = old["world_size"] * mbs * old["grad_accum"]
+    mbs = old.micro_batch_size
+    old_pps = old.world_size * mbs * old.grad_accum
     rest = ordinal >= done
     if old_pps % (layout_new.world_size * mbs) == 0:
         ga = old_pps // (layout_new.world_size * mbs)
         cols = redeal_steps(
-            rows, ordinal, rest, Layout(layout_new.world_size, mbs, ga), lengths, old["attn_weight"], old["seed"]
+            rows, ordinal, rest, Layout(layout_new.world_size, mbs, ga), lengths, old.attn_weight, old.seed
         )
         how = "each remaining step keeps its packs"
     else:
@@ -213,68 +279,68 @@ def continue_plan(
             rest,
             Layout(layout_new.world_size, mbs, ga),
             lengths,
-            old["seq_len"],
-            old["epochs"],
-            old["seed"],
-            old["attn_weight"],
+            old.seq_len,
+            old.epochs,
+            old.seed,
+            old.attn_weight,
             # `drop` dropped its remainder once, the same documents in every epoch; a second drop here would
             # lose documents from some epochs only (the gate's conservation refuses that): keep them all
-            "rebin" if old["remainder"] == "drop" else old["remainder"],
-            list(old.get("stats", {}).get("dropped_doc_ids", [])) + [int(d) for d in held_out],
+            "rebin" if old.remainder == "drop" else old.remainder,
+            list(old.stats.dropped_doc_ids) + [int(d) for d in held_out],
             chosen,
         )
         how = "the remaining documents re-packed"
-    return cols, {
-        "grad_accum": ga,
-        "first_step": boundary,
-        "old_world_size": old["world_size"],
-        "old_grad_accum": old["grad_accum"],
-        "how": how,
-        "segments": segments,
-    }
+    return cols, Continuation(
+        grad_accum=ga,
+        first_step=boundary,
+        old_world_size=old.world_size,
+        old_grad_accum=old.grad_accum,
+        how=how,
+        segments=segments,
+    )
 
 
 def redeal_steps(
-    rows: dict,
+    rows: SegmentRows,
     ordinal: np.ndarray,
     rest: np.ndarray,
     layout: Layout,
     lengths: np.ndarray,
     attn_weight: float,
     seed: int,
-) -> dict:
+) -> SegmentRows:
     """The remaining steps with exactly their packs, dealt over the new ranks and micro-batches by cost."""
     sel = np.flatnonzero(rest)
-    sub = reorder(rows, sel)
+    sub = rows.take(sel)
     sub_ord = ordinal[sel]
-    doc_len = lengths[sub["doc_ids"]].astype(np.int64)
-    per_row = np.diff(sub["offsets"])
+    doc_len = lengths[sub.doc_ids].astype(np.int64)
+    per_row = np.diff(sub.offsets)
     row_of_entry = np.repeat(np.arange(len(per_row)), per_row)
     tokens = np.bincount(row_of_entry, weights=doc_len, minlength=len(per_row))
     sum_sq = np.bincount(row_of_entry, weights=doc_len.astype(np.float64) ** 2, minlength=len(per_row))
     costs = pack_costs(tokens, sum_sq, attn_weight)
-    out = {k: np.empty(len(sel), np.int64) for k in ("epoch", "step", "micro", "rank", "slot")}
+    epoch, step, micro, rank, slot = (np.empty(len(sel), np.int64) for _ in range(5))
     order = np.empty(len(sel), np.int64)
     pos = 0
     epoch_of_step = {}
     for k in np.unique(sub_ord):
         mine = np.flatnonzero(sub_ord == k)
         p = assign_ranks(costs[mine], layout, 1, seed * 1_000_003 + int(k))
-        e = int(sub["epoch"][mine[0]])
+        e = int(sub.epoch[mine[0]])
         s = epoch_of_step.setdefault(e, [])
         s.append(k)
         n = len(mine)
         order[pos : pos + n] = mine[p.pack]
-        out["epoch"][pos : pos + n] = e
-        out["step"][pos : pos + n] = len(s) - 1
-        out["micro"][pos : pos + n], out["rank"][pos : pos + n], out["slot"][pos : pos + n] = p.micro, p.rank, p.slot
+        epoch[pos : pos + n] = e
+        step[pos : pos + n] = len(s) - 1
+        micro[pos : pos + n], rank[pos : pos + n], slot[pos : pos + n] = p.micro, p.rank, p.slot
         pos += n
-    moved = reorder(sub, order)
-    return moved | out
+    moved = sub.take(order)
+    return dataclasses.replace(moved, epoch=epoch, step=step, micro=micro, rank=rank, slot=slot)
 
 
 def repack_rest(
-    rows: dict,
+    rows: SegmentRows,
     ordinal: np.ndarray,
     rest: np.ndarray,
     layout: Layout,
@@ -286,11 +352,11 @@ def repack_rest(
     remainder: str,
     dropped: list[int],
     chosen: list[np.ndarray] | None = None,
-) -> dict:
+) -> SegmentRows:
     """The remaining documents of the boundary epoch, and every later epoch, packed afresh for `layout`."""
-    boundary_epoch = int(rows["epoch"][np.flatnonzero(rest)[0]])
-    entry_rest = np.repeat(rest & (rows["epoch"] == boundary_epoch), np.diff(rows["offsets"]))
-    left = rows["doc_ids"][entry_rest]
+    boundary_epoch = int(rows.epoch[np.flatnonzero(rest)[0]])
+    entry_rest = np.repeat(rest & (rows.epoch == boundary_epoch), np.diff(rows.offsets))
+    left = rows.doc_ids[entry_rest]
     # a plain plan holds each document once per epoch; a mixture's repeats stay (sorted either way)
     left = np.sort(left) if chosen is not None else np.unique(left)
     parts = [
@@ -333,7 +399,7 @@ def repack_rest(
                 epoch_offset=boundary_epoch + 1,
             )
         )
-    return concat_rows(parts)
+    return SegmentRows.concat(parts)
 
 
 def _planned(
@@ -346,7 +412,7 @@ def _planned(
     attn_weight: float,
     remainder: str,
     epoch_offset: int,
-) -> dict:
+) -> SegmentRows:
     """`doc_ids` packed and placed by the ordinary planner for `epochs` epochs, numbered from epoch_offset."""
     packs, placement, tokens, _ = plan_packs(lengths[doc_ids], seq_len, layout, remainder, epochs, seed, attn_weight)
     placement = sort_placement(placement)
@@ -354,23 +420,13 @@ def _planned(
     starts = packs.offsets[:-1][placement.pack]
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     gather = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1])
-    return {
-        "epoch": placement.epoch + epoch_offset,
-        "step": placement.step,
-        "micro": placement.micro,
-        "rank": placement.rank,
-        "slot": placement.slot,
-        "num_tokens": tokens[placement.pack].astype(np.int64),
-        "offsets": offsets,
-        "doc_ids": doc_ids[packs.docs[gather]],
-    }
-
-
-def concat_rows(parts: list[dict]) -> dict:
-    out = {k: np.concatenate([p[k] for p in parts]) for k in ("epoch", "step", "micro", "rank", "slot", "num_tokens")}
-    offsets, docs, base = [np.zeros(1, np.int64)], [], 0
-    for p in parts:
-        offsets.append(p["offsets"][1:] + base)
-        base += int(p["offsets"][-1])
-        docs.append(p["doc_ids"])
-    return out | {"offsets": np.concatenate(offsets), "doc_ids": np.concatenate(docs)}
+    return SegmentRows(
+        epoch=placement.epoch + epoch_offset,
+        step=placement.step,
+        micro=placement.micro,
+        rank=placement.rank,
+        slot=placement.slot,
+        num_tokens=tokens[placement.pack].astype(np.int64),
+        offsets=offsets,
+        doc_ids=doc_ids[packs.docs[gather]],
+    )

@@ -22,6 +22,8 @@ from wattgate.errors import InputError
 from wattgate.pack.assign import Layout, Placement, assign_ranks, pack_costs, rank_cost_ratios
 from wattgate.pack.bfd import pack_bfd
 from wattgate.pack.remainder import Packs, rebin
+from wattgate.records.plan import ValidationPass
+from wattgate.run_files import EVAL_PACKS
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class ValidationPlan:
     packs: Packs  # doc ids are the manifest's; empty packs are padding
     placement: Placement
     tokens: np.ndarray  # per pack
-    stats: dict
+    stats: ValidationPass  # plan.json's `validation` (packs_sha256 set on publish)
 
 
 def pad_with_empty(packs: Packs, count: int) -> Packs:
@@ -80,17 +82,19 @@ def plan_validation(
     placement = Placement(placed.pack, placed.epoch, np.zeros_like(placed.step), placed.step, placed.rank, placed.slot)
     empty = int((packs.sizes == 0).sum())
     per_rank_tokens = np.bincount(placement.rank, weights=tokens[placement.pack], minlength=world_size)
-    stats = {
-        "num_docs": int(len(held_out)),
-        "num_tokens": int(tokens.sum()),
-        "num_packs": int(len(packs)),
-        "empty_packs": empty,
-        "strategy": strategy,
-        "micro_batch_size": micro_batch_size,
-        "micro_batches_per_rank": int(len(packs) // layout.packs_per_micro),
-        "per_rank_tokens": per_rank_tokens.astype(np.int64).tolist(),
-        "efficiency": float(tokens.sum() / max(1, len(packs) * seq_len)),
-    }
-    # in `placed` each micro-batch is its own step: its per-step ratio is the per-micro-batch one
-    stats["max_rank_cost_ratio_micro"] = rank_cost_ratios(placed, costs, world_size)["max_rank_cost_ratio_step"]
+    stats = ValidationPass(
+        packs=EVAL_PACKS,
+        packs_sha256=None,
+        num_docs=int(len(held_out)),
+        num_tokens=int(tokens.sum()),
+        num_packs=int(len(packs)),
+        empty_packs=empty,
+        strategy=strategy,
+        micro_batch_size=micro_batch_size,
+        micro_batches_per_rank=int(len(packs) // layout.packs_per_micro),
+        per_rank_tokens=tuple(per_rank_tokens.astype(np.int64).tolist()),
+        efficiency=float(tokens.sum() / max(1, len(packs) * seq_len)),
+        # in `placed` each micro-batch is its own step: its per-step ratio is the per-micro-batch one
+        max_rank_cost_ratio_micro=rank_cost_ratios(placed, costs, world_size).max_step,
+    )
     return ValidationPlan(packs, placement, tokens, stats)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from wattgate.records.plan import Plan
 from wattgate.run_files import EVAL_PACKS
 from wattgate.run_files import PACKS, read_parquet
 from wattgate.train.steps import StepClass, rank_schedule, rank_step_classes
@@ -37,11 +38,11 @@ def eval_micros_by_rank(cols: dict[str, np.ndarray] | None, world: int) -> list[
     return [len(np.unique(cols["micro"][cols["rank"] == r])) for r in range(world)]
 
 
-def classes_by_rank(plan: dict, plan_dir: Path, s) -> list[list[StepClass]]:
+def classes_by_rank(plan: Plan, plan_dir: Path, s) -> list[list[StepClass]]:
     """Every rank's class at every global step it runs (a fresh start), from the plan's files."""
-    world = int(plan["world_size"])
+    world = plan.world_size
     cols = plan_columns(plan_dir, PACKS)
-    evals = eval_micros_by_rank(plan_columns(plan_dir, EVAL_PACKS) if plan.get("validation") else None, world)
+    evals = eval_micros_by_rank(plan_columns(plan_dir, EVAL_PACKS) if plan.validation is not None else None, world)
     validation = any(evals)
     out = []
     for r in range(world):

@@ -45,6 +45,8 @@ from wattgate.proof.storage import NoBytesCheckpoints, NoBytesExport
 from wattgate.train.loop import Paths, Trainer, rank_trainer
 from wattgate.train.seams import Seams
 from wattgate.train.settings import TrainSettings
+from wattgate.records.plan import Plan
+from wattgate.records.run_config import RunConfig
 
 
 @dataclass
@@ -131,11 +133,11 @@ class ProxyModel:
         return model, PROXY_SOURCE
 
 
-def earlier_segment(plan: dict) -> dict[str, dict]:
+def earlier_segment(plan: Plan) -> dict[str, dict]:
     """The checkpoint a continued plan (pack/segments.py) resumes from: the earlier segment's, at its first step."""
-    if not plan.get("segments"):
+    if not plan.segments:
         return {}
-    first = int(plan["segments"][-1]["first_step"])
+    first = plan.first_step
     return {f"step-{first}": {"step": first, "position": {"step": first}, "files": {}}}
 
 
@@ -168,7 +170,7 @@ def stop_and_resume(trainer: Trainer, seams: Seams, stop: ArmedStop, steps: DryR
 
 
 def dry_run_rank(
-    config: dict,
+    config: RunConfig,
     paths: Paths,
     rank: int,
     steps: list[int],
@@ -188,7 +190,7 @@ def dry_run_rank(
     from wattgate.run_files import read_plan
 
     plan, _ = read_plan(paths.plan_dir)
-    world = int(plan["world_size"])
+    world = plan.world_size
     s = dataclasses.replace(
         TrainSettings.from_config(config), data_cache="shared", ledger=paths.out / "throughput.jsonl"
     )
@@ -196,11 +198,11 @@ def dry_run_rank(
     record, recorder = RankRecord(rank), CollectiveRecorder()
     heartbeat, stop = RecordingHeartbeat(recorder), ArmedStop()
     steps_hook = DryRunSteps(recorder, heartbeat, record, steps, replay)
-    on_gpu = not is_cpu(config["cluster"]["gpu_model"])
+    on_gpu = not is_cpu(config.cluster.gpu_model)
     seams = Seams(
         heartbeat=heartbeat,
         stop=stop,
-        model=ProxyModel(config["model"], s, world, on_gpu, depth, record, starved),
+        model=ProxyModel(config.model, s, world, on_gpu, depth, record, starved),
         checkpoints=NoBytesCheckpoints(shared, earlier_segment(plan)),
         export=NoBytesExport(),
         hooks=steps_hook,

@@ -28,6 +28,8 @@ from wattgate.run_files import read_plan
 from wattgate.train.loop import Paths
 from wattgate.train.moe import experts_modules
 from wattgate.train.settings import TrainSettings
+from wattgate.config import run_config
+from wattgate.records.run_config import RunConfig
 
 
 def first_difference(mine: list[Collective], ref: list[Collective]) -> tuple[int, str, str] | None:
@@ -121,19 +123,20 @@ def class_runs(seq: list, first: int) -> list[list[int]]:
     return runs
 
 
-def prove_collectives(config: dict, pretokenized: Path, plan_dir: Path, work: Path | None = None) -> dict:
+def prove_collectives(config: RunConfig | dict, pretokenized: Path, plan_dir: Path, work: Path | None = None) -> dict:
     """The proof's report (gate.json `collectives`): `passed`, `detail` (one line), the classes and their
     fingerprints, the start-up and end fingerprints, the depth scaling, and the seconds it took."""
+    config = run_config(config)
     t0 = time.perf_counter()
     plan, _ = read_plan(plan_dir)
-    world = int(plan["world_size"])
+    world = plan.world_size
     s = TrainSettings.from_config(config)
     classes = classes_by_rank(plan, plan_dir, s)
-    first = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0
+    first = plan.first_step
     steps = first_steps(classes, first)
     labels = [{g: seq[g - first].label if g - first < len(seq) else "no step" for g in steps} for seq in classes]
-    depth = layer_pattern(config["model"])
-    if depth["moe"] and not experts_modules(meta_model(config["model"])):  # nothing the dry run can starve
+    depth = layer_pattern(config.model)
+    if depth["moe"] and not experts_modules(meta_model(config.model)):  # nothing the dry run can starve
         return refused(world, depth, no_experts_line(depth), t0)
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="wattgate-proof-")) if own else Path(work)
@@ -276,7 +279,7 @@ def refused(world: int, depth: dict, line: str, t0: float) -> dict:
     }
 
 
-def safe_prove(config: dict, pretokenized: Path, plan_dir: Path) -> dict:
+def safe_prove(config: RunConfig, pretokenized: Path, plan_dir: Path) -> dict:
     """prove_collectives; a dry run that cannot start or breaks is a failed proof with its reason, never a
     traceback out of the gate."""
     try:

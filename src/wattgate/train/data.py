@@ -100,7 +100,7 @@ class DocStore:
 
     def __init__(self, pretokenized: Path, cache_row_groups: int = 8):
         manifest, _ = read_manifest(pretokenized)
-        self.names = list(manifest["shards"])
+        self.names = list(manifest.shards)
         self.files = [pq.ParquetFile(pretokenized / name, memory_map=True) for name in self.names]
         self.group_index: list[tuple[int, int]] = []
         group_of, row_of, ids_of = [], [], []

@@ -98,14 +98,14 @@ def read_eval_sources(pretokenized: Path) -> EvalSources:
     """The held-out documents' sources (NO_SOURCES: no split, shards without a `source` column, or one source)."""
     manifest, _ = read_manifest(pretokenized)
     held = read_validation_ids(pretokenized, manifest)
-    ranges, split = manifest.get("source_docs"), manifest.get("validation") or {}
-    if not len(held) or (isinstance(ranges, list) and len(ranges) + len(split.get("inputs") or ()) < 2):
+    ranges, split = manifest.source_docs, manifest.validation
+    if not len(held) or (ranges is not None and len(ranges) + len(split.inputs if split is not None else ()) < 2):
         return NO_SOURCES  # one source at most: no shard needs reading
-    num_docs = int(manifest["num_docs"])
+    num_docs = manifest.num_docs
     source_of = np.full(num_docs, -1, dtype=np.int64)  # index into `names`, by doc_id
     loss_tokens = np.zeros(num_docs, dtype=np.int64)
     names: dict[str, int] = {}  # every source in the shards -> its index, by first appearance
-    for shard in manifest["shards"]:
+    for shard in manifest.shards:
         path = Path(pretokenized) / shard
         try:
             if "source" not in pq.read_schema(path).names:

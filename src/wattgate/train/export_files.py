@@ -13,23 +13,23 @@ from pathlib import Path
 from wattgate.data.tokenizer import TOKENIZER_FILES, tokenizer_sha256
 from wattgate.config import model_config
 from wattgate.errors import InputError
+from wattgate.records.manifest import Manifest
 from wattgate.run_files import MANIFEST, read_manifest
 
 
-def tokenizer_folder(pretokenized: Path, manifest: dict) -> Path:
+def tokenizer_folder(pretokenized: Path, manifest: Manifest) -> Path:
     """The manifest's tokenizer folder (a relative path, from manifests before it was recorded absolute, is
     taken from the working directory, as pretokenize read it)."""
     where = Path(pretokenized) / MANIFEST
-    recorded = manifest.get("tokenizer_path")
-    if not isinstance(recorded, str) or not recorded or not isinstance(manifest.get("tokenizer_sha256"), str):
+    if not manifest.tokenizer_path or manifest.tokenizer_sha256 is None:
         raise InputError(f"{where}: no tokenizer_path and tokenizer_sha256; rerun pretokenize")
-    return Path(recorded).resolve()
+    return Path(manifest.tokenizer_path).resolve()
 
 
 def verified_tokenizer_files(pretokenized: Path) -> list[Path]:
     """The tokenizer files pretokenize used, checked against the manifest's tokenizer_sha256."""
     manifest, _ = read_manifest(pretokenized)
-    if manifest.get("synthetic") is True and not manifest.get("tokenizer_path"):
+    if manifest.synthetic and not manifest.tokenizer_path:
         return []  # random token ids (data/synthetic.py): no tokenizer made them
     folder = tokenizer_folder(pretokenized, manifest)
     where = Path(pretokenized) / MANIFEST
@@ -39,7 +39,7 @@ def verified_tokenizer_files(pretokenized: Path) -> list[Path]:
             f"{folder}: the tokenizer pretokenize used (named in {where}) is gone; final/ needs it: put the "
             "tokenizer folder back there, or rerun pretokenize with the tokenizer you mean"
         )
-    found, expected = tokenizer_sha256(folder), manifest["tokenizer_sha256"]
+    found, expected = tokenizer_sha256(folder), manifest.tokenizer_sha256
     if found != expected:
         raise InputError(
             f"{folder}: the tokenizer files changed since pretokenize (sha256 {found[:12]}, {where} says "
@@ -64,7 +64,7 @@ def check_tokenizer_present(pretokenized: Path) -> None:
     """Before the first step: the tokenizer folder the export will need is there (its files are verified by hash
     at the export itself); an InputError naming it otherwise, so a long run does not end without a final/."""
     manifest, _ = read_manifest(pretokenized)
-    if manifest.get("synthetic") is True and not manifest.get("tokenizer_path"):
+    if manifest.synthetic and not manifest.tokenizer_path:
         return
     folder = tokenizer_folder(pretokenized, manifest)
     if not folder.is_dir() or not any((folder / name).exists() for name in TOKENIZER_FILES):

@@ -32,6 +32,7 @@ from wattgate.run_files import EVAL_PACKS
 from wattgate.train.metrics import process_age_s
 from wattgate.run_files import EVAL, METRICS, MANIFEST, PLAN, claim_output, read_manifest, read_plan
 from wattgate.run_tables import EvalTable, MetricsTable
+from wattgate.records.plan import Plan
 from wattgate.train import checkpoint as ckpt
 from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors, read_rank_plan
 from wattgate.train.distributed import setup_rank
@@ -119,18 +120,18 @@ def export_final(model, s: TrainSettings, out: Path, extra, files: ExportFiles =
     return export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), extra, files)
 
 
-def read_eval_plan(plan_dir: Path, plan: dict, rank: int) -> list[MicroBatchPlan]:
+def read_eval_plan(plan_dir: Path, plan: Plan, rank: int) -> list[MicroBatchPlan]:
     """This rank's validation micro-batches (none without a split), from the eval_packs.parquet plan.json names:
     the gate's marker covers plan.json, and plan.json the pass's file by its hash."""
-    section = plan.get("validation")
-    if not section:
+    section = plan.validation
+    if section is None:
         return []
     path = plan_dir / EVAL_PACKS
     try:
         actual = sha256_file(path)
     except OSError as exc:
         raise InputError(f"{path}: cannot read the validation pass ({exc.strerror}); rerun pack and gate") from None
-    if actual != section.get("packs_sha256"):
+    if actual != section.packs_sha256:
         raise InputError(f"{path}: changed since it was planned (sha256 differs from plan.json); rerun pack and gate")
     return read_rank_plan(plan_dir, rank, EVAL_PACKS)
 
@@ -145,9 +146,9 @@ def train(config: RunConfig | dict, pretokenized: Path, plan_dir: Path, out: Pat
         plan, _ = read_plan(plan_dir)
         rank, world, device = setup_rank(s.collective_timeout_s, out)
         try:
-            if plan["world_size"] != world:
+            if plan.world_size != world:
                 raise InputError(
-                    f"{plan_dir / PLAN}: planned for world size {plan['world_size']}, "
+                    f"{plan_dir / PLAN}: planned for world size {plan.world_size}, "
                     f"launched with {world}; rerun pack and gate for this launch"
                 )
             where = (rank, world, device)
@@ -525,7 +526,7 @@ class Trainer:
         self.heartbeat.beat(step, epoch, "checkpoint")
         self.check_finite_weights(step, f"checkpoint step-{step}")
         t_ckpt = time.perf_counter()
-        position = {"epoch": epoch, "step": step, "plan": self.plan["packs_sha256"]}
+        position = {"epoch": epoch, "step": step, "plan": self.plan.packs_sha256}
         if eval_loss is not None:
             position["eval_loss"] = eval_loss  # train.keep_best and export_from: best read it
         if self.eval_interrupted:

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from wattgate.artifacts import write_json_atomic
 from wattgate.config import config_sha256
 from wattgate.forecast.walltime import plan_step_costs
-from wattgate.identity import RESULT_SETTINGS
+from wattgate.identity import train_identity
 from wattgate.ledger import append_ledger, run_record
 from wattgate.model_spec import load_model_spec
 from wattgate.records.trained import EXPORT, LOAD, Trained
@@ -58,7 +58,7 @@ def write_trained(t, per_rank_memory: list[dict]) -> Trained:
         # what was trained: the config's hash (the gate's marker names the one it checked) and the settings
         # that change the result, readable without the config
         config_sha256=config_sha256(t.config),
-        settings={key: t.config["train"][key] for key in RESULT_SETTINGS},
+        settings=train_identity(t.config.train),
         nonfinite_skipped_steps=t.skipped_steps,
         mfu=model_flops_utilization(tokens_per_s or 0, t.n_params, t.world, s.gpu_model) if cuda else None,
         peak_memory_gib=max(p.cuda_peak_gib for p in worst.values()) if cuda else None,
@@ -85,15 +85,15 @@ def append_throughput(t, summary: Trained) -> None:
     if total <= start or not log.step_times:
         return
     first = t.first_step  # packs.parquet's first step
-    costs = plan_step_costs(read_packs(t.paths.plan_dir / PACKS), plan, t.config, total - first)
+    costs = plan_step_costs(read_packs(t.paths.plan_dir / PACKS), plan, total - first)
     record = run_record(
         run_name=s.run_name,
         shape=asdict(load_model_spec(t.config)),
         gpu_model=s.gpu_model,
-        world_size=plan["world_size"],
+        world_size=plan.world_size,
         seq_len=s.seq_len,
         micro_batch_size=s.micro_batch_size,
-        attn_weight=float(plan.get("attn_weight", t.config.pack.attn_weight)),
+        attn_weight=plan.attn_weight,
         step_costs=costs.step_max_cost[start - first : start - first + len(log.step_times)],
         step_times=log.step_times,
         tokens=log.tokens_done,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from wattgate.cadence import Cadence, StepActions, step_actions
+from wattgate.records.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -67,16 +68,16 @@ def epoch_end_steps(epochs: list[int]) -> list[int]:
     return [g + 1 for g in range(total) if g + 1 == total or epochs[g + 1] != epochs[g]]
 
 
-def rank_schedule(plan: dict, step_epochs: list[int], s, validation: bool) -> RankSchedule:
+def rank_schedule(plan: Plan, step_epochs: list[int], s, validation: bool) -> RankSchedule:
     """The schedule from plan.json, the epoch of each of this rank's planned steps (packs.parquet's current
     segment, in order) and the train settings `s` (TrainSettings: max_steps and the cadence keys)."""
     # a plan that continues another world size's run (pack/segments.py) starts at its first global step
-    first = int(plan["segments"][-1]["first_step"]) if plan.get("segments") else 0
+    first = plan.first_step
     total = first + len(step_epochs)
     if s.max_steps:  # a measurement run (scaling, dataio): the plan's first steps only
         total = min(total, s.max_steps)
-    if plan.get("epoch_ends"):
-        ends = [int(e) for e in plan["epoch_ends"] if e <= total]
+    if plan.epoch_ends:
+        ends = [e for e in plan.epoch_ends if e <= total]
     else:
         ends = epoch_end_steps(([-1] * first + list(step_epochs))[:total])
     cadence = Cadence(s.checkpoint_every, s.checkpoint_at_epoch_end, s.eval_every, validation, s.log_every)
