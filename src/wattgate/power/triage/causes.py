@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from wattgate.trace import REASON_CAUSES, REASONS
+from wattgate.trace import REASON_CAUSES, REASONS, SM_CLOCK_MHZ, TEMP_C
 
-COLUMNS = ("sm_clock_mhz", "temp_c", REASONS)
+COLUMNS = (SM_CLOCK_MHZ, TEMP_C, REASONS)
 GROUPS = tuple(REASON_CAUSES)  # thermal, power_cap, hw_slowdown: the reason groups counted, in this order
 REDUCE_HZ = 2.0  # ticks a second reduced in the sampler's layout (its slow path refreshes at 1 Hz)
 
@@ -50,7 +50,7 @@ def chunk_columns(batch) -> dict[str, np.ndarray | None]:
 def clean(name: str, values: np.ndarray) -> np.ndarray:
     """A clock or temperature subsample with the impossible readings (infinite; a negative clock) as NaN."""
     with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(values) | (values < 0) if name != "temp_c" else ~np.isfinite(values)
+        bad = ~np.isfinite(values) | (values < 0) if name != TEMP_C else ~np.isfinite(values)
     return np.where(bad, np.float32(np.nan), values) if bad.any() else values
 
 
@@ -120,7 +120,7 @@ def reduce_chunk(
             for i, group in enumerate(GROUPS, start=1):
                 flag = have & ((r & REASON_CAUSES[group]) != 0)
                 counts[:, i] = np.bincount(k[flag], minlength=grid)[present] if flag.any() else 0.0
-    return ChunkCauses(mean_of("sm_clock_mhz"), mean_of("temp_c"), counts)
+    return ChunkCauses(mean_of(SM_CLOCK_MHZ), mean_of(TEMP_C), counts)
 
 
 def _tick_stride(gid: np.ndarray, ngpu: int, time_: np.ndarray) -> int | None:
@@ -189,8 +189,7 @@ def window_causes(chunks: list[tuple[np.ndarray, np.ndarray, ChunkCauses | None]
         if cc.reasons is not None:
             np.add.at(reasons, at, cc.reasons[sel])
     with np.errstate(invalid="ignore", divide="ignore"):
-        clock = np.where(counts["clock"] > 0, sums["clock"] / counts["clock"], np.nan)
-        temp = np.where(counts["temp"] > 0, sums["temp"] / counts["temp"], np.nan)
+        clock, temp = (np.where(counts[name] > 0, sums[name] / counts[name], np.nan) for name in ("clock", "temp"))
     return WindowCauses(clock, temp, reasons)
 
 

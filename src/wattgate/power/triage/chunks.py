@@ -22,11 +22,11 @@ from wattgate.errors import InputError
 from wattgate.power import energy as energy_mod
 from wattgate.power.triage import causes as causes_mod
 from wattgate.power.triage import ticks as ticks_mod
-from wattgate.trace import TRACE_SCHEMA, UPPER_BOUNDS
+from wattgate.trace import ENERGY_J, GPU, HOST, POWER_W, TIME, TRACE_SCHEMA, UPPER_BOUNDS, UTIL_GPU
 
 CHUNK_ROWS = 1 << 20  # rows reduced at once (the sampler's row group): temporaries stay small and reused
 
-NEEDED = ("time", "host", "gpu", "power_w", "util_gpu")
+NEEDED = (TIME, HOST, GPU, POWER_W, UTIL_GPU)
 
 
 # ---------------------------------------------------------------- rows, a chunk at a time
@@ -173,15 +173,15 @@ def _rows(
         batch = batch.combine_chunks().to_batches()[0] if batch.num_rows else None
     if batch is None or batch.num_rows == 0:
         return None
-    gpu_col = batch.column("gpu")
+    gpu_col = batch.column(GPU)
     gpu = (pc.fill_null(gpu_col, -1) if gpu_col.null_count else gpu_col).to_numpy(zero_copy_only=False)
     gpu = gpu.astype(np.int32 if gpu.max(initial=0) < 1 << 30 else np.int64, copy=False)
-    time_ = _numbers(batch.column("time"), np.float64, False)
-    names, codes = _host_codes(batch.column("host"))
-    power = _numbers(batch.column("power_w"), np.float32, True, UPPER_BOUNDS["power_w"])
-    util = _numbers(batch.column("util_gpu"), np.float32, True)
-    has_energy = "energy_j" in batch.schema.names and batch.column("energy_j").null_count < batch.num_rows
-    energy = batch.column("energy_j") if has_energy else None  # numbers when asked for (_Rows.energy)
+    time_ = _numbers(batch.column(TIME), np.float64, False)
+    names, codes = _host_codes(batch.column(HOST))
+    power = _numbers(batch.column(POWER_W), np.float32, True, UPPER_BOUNDS[POWER_W])
+    util = _numbers(batch.column(UTIL_GPU), np.float32, True)
+    has_energy = ENERGY_J in batch.schema.names and batch.column(ENERGY_J).null_count < batch.num_rows
+    energy = batch.column(ENERGY_J) if has_energy else None  # numbers when asked for (_Rows.energy)
     signals = (_any_value(power), _any_value(util))
     causes = causes_mod.chunk_columns(batch) if set(causes_mod.COLUMNS) & set(batch.schema.names) else None
     if causes is not None and all(v is None for v in causes.values()):
@@ -222,14 +222,14 @@ def table_batches(trace) -> Iterator[pa.RecordBatch]:
         if missing:
             raise InputError(f"trace lacks column(s) {', '.join(missing)}")
         columns = {
-            "time": pa.array(pd.to_numeric(df["time"]).to_numpy(np.float64)),
-            "host": pa.array(df["host"].where(df["host"].notna(), "").astype(str).to_numpy(), pa.string()),
-            "gpu": pa.array(pd.to_numeric(df["gpu"]).fillna(-1).to_numpy().astype(np.int64)),
-            "power_w": pa.array(pd.to_numeric(df["power_w"]).to_numpy(np.float32, na_value=np.nan)),
-            "util_gpu": pa.array(pd.to_numeric(df["util_gpu"]).to_numpy(np.float32, na_value=np.nan)),
+            TIME: pa.array(pd.to_numeric(df[TIME]).to_numpy(np.float64)),
+            HOST: pa.array(df[HOST].where(df[HOST].notna(), "").astype(str).to_numpy(), pa.string()),
+            GPU: pa.array(pd.to_numeric(df[GPU]).fillna(-1).to_numpy().astype(np.int64)),
+            POWER_W: pa.array(pd.to_numeric(df[POWER_W]).to_numpy(np.float32, na_value=np.nan)),
+            UTIL_GPU: pa.array(pd.to_numeric(df[UTIL_GPU]).to_numpy(np.float32, na_value=np.nan)),
         }
-        if "energy_j" in df.columns:
-            columns["energy_j"] = pa.array(pd.to_numeric(df["energy_j"]).to_numpy(np.float64, na_value=np.nan))
+        if ENERGY_J in df.columns:
+            columns[ENERGY_J] = pa.array(pd.to_numeric(df[ENERGY_J]).to_numpy(np.float64, na_value=np.nan))
         for name in causes_mod.COLUMNS:  # a straggler's cause, where the frame has them
             if name in df.columns:
                 columns[name] = pa.array(df[name], type=TRACE_SCHEMA.field(name).type, from_pandas=True)

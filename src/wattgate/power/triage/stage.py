@@ -70,7 +70,7 @@ from wattgate.power.triage.rules import (
 from wattgate.power.triage.run_rules import _run_info_rules
 from wattgate.power.triage.runinfo import RunInfo, load_run_info, map_ranks
 from wattgate.power.triage.smoothing import SMOOTH_RADIUS, rolling_majority, rolling_median
-from wattgate.power.triage.stragglers import DOMINANCE, MARGIN, MIN_LAG_WINDOWS, find_stragglers
+from wattgate.power.triage.stragglers import find_stragglers, no_lag
 from wattgate.power.triage.windows import (
     CHUNK_ROWS,
     _Ingest,
@@ -87,8 +87,7 @@ from wattgate.records.triage import (
     STATUS_NO_TELEMETRY,
     STATUS_OK,
     Energy,
-    Lag,
-    LagSettings,
+    Lagging,
     PauseRecord,
     PhaseTotal,
     PowerOnly,
@@ -151,11 +150,11 @@ def _triage(
         lag = lagging.result()
     # what the run taught (levels per GPU), how much of it was filled in and its stragglers, for run_triage and
     # the report
-    learned = {"levels": win.levels.records(win.keys), "filled_s": float(win.filled.sum()) * window_s} | lag
+    learned = {"levels": win.levels.records(win.keys), "filled_s": float(win.filled.sum()) * window_s} | lag.to_json()
     return phases.replace_schema_metadata({b"wattgate.triage": strict_json(learned, sort_keys=True).encode()})
 
 
-def _stragglers(win: _Windows, window_s: float, share: float, run_info: RunInfo | None) -> dict:
+def _stragglers(win: _Windows, window_s: float, share: float, run_info: RunInfo | None) -> Lagging:
     rank_of = {g: r for r, g in map_ranks(run_info, win.keys).items()} if run_info is not None else {}
     return find_stragglers(win, window_s, share, run_info, rank_of)
 
@@ -351,12 +350,6 @@ def _gaps_and_peers_md(result: Triage) -> list[str]:
 # what triage reads of a trace: the windows' columns, the energy counter (energy.py) and what names a straggler's
 # cause (causes.py); the last are decoded only for the chunks a straggler's windows ask for (ticks.DeferredCauses)
 TRIAGE_COLUMNS = [TIME, HOST, GPU, POWER_W, UTIL_GPU, ENERGY_J, *CAUSE_COLUMNS]
-
-
-def no_lag(share: float) -> Lag:
-    """triage.json's "lag" where nothing was compared (no GPU telemetry)."""
-    settings = LagSettings(share=share, margin=MARGIN, min_windows=MIN_LAG_WINDOWS, dominance=DOMINANCE)
-    return Lag(settings=settings, wait_windows=0, wait_gpu_hours=0.0, wait_kwh=0.0, timeline=None)
 
 
 def watcher_stragglers(run_dir) -> tuple[WatcherStraggler, ...]:

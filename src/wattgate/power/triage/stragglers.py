@@ -46,6 +46,7 @@ import numpy as np
 
 from wattgate.power.triage.arrays import _bounds
 from wattgate.power.triage.causes import GROUPS
+from wattgate.records.triage import Lag, Lagging, LagSettings, Straggler, Timeline
 
 MARGIN = 0.15  # of a window: 1.5 samples at 10 Hz, so a sampler's jitter at a step's edge is no lag
 MIN_LAG_WINDOWS = 3
@@ -85,18 +86,19 @@ class _Scope:
         return np.bincount(self.last_gpu, minlength=ngpu)
 
 
-def find_stragglers(win, window_s: float, share: float, run_info=None, rank_of: dict | None = None) -> dict:
-    """triage.json's "stragglers" (a list) and "lag" (totals, settings and the per-GPU lag timeline) from the
-    windows (windows._Windows). `rank_of`: GPU id -> rank (from the heartbeats), if known."""
+def no_lag(share: float) -> Lag:
+    """triage.json's "lag" where nothing was compared (fewer than two GPUs, no GPU telemetry)."""
+    settings = LagSettings(share=share, margin=MARGIN, min_windows=MIN_LAG_WINDOWS, dominance=DOMINANCE)
+    return Lag(settings=settings, wait_windows=0, wait_gpu_hours=0.0, wait_kwh=0.0, timeline=None)
+
+
+def find_stragglers(win, window_s: float, share: float, run_info=None, rank_of: dict | None = None) -> Lagging:
+    """triage.json's "stragglers" and "lag" (totals, settings and the per-GPU lag timeline) from the windows
+    (windows._Windows). `rank_of`: GPU id -> rank (from the heartbeats), if known."""
     keys = win.keys
     ngpu = len(keys)
-    settings = {"share": share, "margin": MARGIN, "min_windows": MIN_LAG_WINDOWS, "dominance": DOMINANCE}
-    empty = {
-        "stragglers": [],
-        "lag": {"settings": settings, "wait_windows": 0, "wait_gpu_hours": 0.0, "wait_kwh": 0.0, "timeline": None},
-    }
     if ngpu < 2 or not (win.n > 0).any():
-        return empty
+        return Lagging(stragglers=(), lag=no_lag(share))
     starts, ends = _bounds(win.gpu_id, ngpu)
     first = win.index[np.minimum(starts, len(win.index) - 1)]
     has = ends > starts
@@ -132,16 +134,16 @@ def find_stragglers(win, window_s: float, share: float, run_info=None, rank_of: 
             if lag > share and counts[g] >= MIN_LAG_WINDOWS and counts[g] >= DOMINANCE * typical:
                 found.setdefault(g, (sc, lag))  # the job's own scope first, else its host's
     ctx = _Context(win, matrix, imin, first, starts, window_s, run_info, rank_of or {}, keys)
-    entries = [ctx.entry(int(g), sc) for g, (sc, _) in sorted(found.items(), key=lambda x: keys[x[0]])]
+    entries = tuple(ctx.entry(int(g), sc) for g, (sc, _) in sorted(found.items(), key=lambda x: keys[x[0]]))
     job = scopes[0]
-    lag = {
-        "settings": settings,
-        "wait_windows": int(job.wait_windows),
-        "wait_gpu_hours": round(sum(e["wait_gpu_hours"] for e in entries), 6),
-        "wait_kwh": round(sum(e["wait_kwh"] for e in entries), 6),
-        "timeline": _timeline(job, keys, imin, span, window_s),
-    }
-    return {"stragglers": entries, "lag": lag}
+    lag = Lag(
+        settings=no_lag(share).settings,
+        wait_windows=int(job.wait_windows),
+        wait_gpu_hours=round(sum(e.wait_gpu_hours for e in entries), 6),
+        wait_kwh=round(sum(e.wait_kwh for e in entries), 6),
+        timeline=_timeline(job, keys, imin, span, window_s),
+    )
+    return Lagging(stragglers=entries, lag=lag)
 
 
 def _scope(name: str, rows: np.ndarray, matrix: np.ndarray, window_s: float, wait_w: np.ndarray) -> _Scope:
@@ -195,7 +197,7 @@ def _scope(name: str, rows: np.ndarray, matrix: np.ndarray, window_s: float, wai
     return sc
 
 
-def _timeline(job: _Scope, keys, imin: int, span: int, window_s: float) -> dict | None:
+def _timeline(job: _Scope, keys, imin: int, span: int, window_s: float) -> Timeline | None:
     """Per time bin: the job's wait windows, and per GPU last in any, the windows it was last in."""
     if job.wait_windows == 0:
         return None
@@ -208,13 +210,13 @@ def _timeline(job: _Scope, keys, imin: int, span: int, window_s: float) -> dict 
     last = {}
     for g in np.unique(job.last_gpu):
         last[f"{keys[g][0]}:{keys[g][1]}"] = binned(job.last_cols[job.last_gpu == g]).tolist()
-    return {
-        "start": round(imin * window_s, 3),
-        "bin_s": round(per * window_s, 6),
-        "bins": bins,
-        "wait_windows": binned(job.wait_cols).tolist(),
-        "last": last,
-    }
+    return Timeline(
+        start=round(imin * window_s, 3),
+        bin_s=round(per * window_s, 6),
+        bins=bins,
+        wait_windows=tuple(binned(job.wait_cols).tolist()),
+        last={k: tuple(v) for k, v in last.items()},
+    )
 
 
 @dataclass
@@ -232,7 +234,7 @@ class _Context:
     def positions(self, g: int, cols: np.ndarray) -> np.ndarray:
         return self.starts[g] + (self.imin + cols - self.first[g])
 
-    def entry(self, g: int, sc: _Scope) -> dict:
+    def entry(self, g: int, sc: _Scope) -> Straggler:
         mine = sc.last_gpu == g
         cols = sc.last_cols[mine]
         peers = sc.members[sc.members != g]
@@ -246,22 +248,22 @@ class _Context:
             f"last in {100 * lag:.0f}% of the {sc.wait_windows} windows in which {where} waited for one of them "
             f"({seconds:.0f} s between {_hm(t0)} and {_hm(t1)} UTC); {why}"
         )
-        return {
-            "host": host,
-            "gpu": int(gpu),
-            "rank": self.rank_of.get(g),
-            "lag_share": round(lag, 4),
-            "lag_windows": int(mine.sum()),
-            "wait_windows": int(sc.wait_windows),
-            "scope": sc.name,
-            "wait_gpu_hours": round(float(sc.wait_s[mine].sum()) / 3600.0, 6),
-            "wait_kwh": round(float(sc.wait_j[mine].sum()) / 3.6e6, 6),
-            "cause": cause,
-            "evidence": evidence,
-            "first": round(t0, 3),
-            "last": round(t1, 3),
-            "source": "power",
-        }
+        return Straggler(
+            host=host,
+            gpu=int(gpu),
+            rank=self.rank_of.get(g),
+            lag_share=round(lag, 4),
+            lag_windows=int(mine.sum()),
+            wait_windows=int(sc.wait_windows),
+            scope=sc.name,
+            wait_gpu_hours=round(float(sc.wait_s[mine].sum()) / 3600.0, 6),
+            wait_kwh=round(float(sc.wait_j[mine].sum()) / 3.6e6, 6),
+            cause=cause,
+            evidence=evidence,
+            first=round(t0, 3),
+            last=round(t1, 3),
+            source="power",
+        )
 
     def cause(self, g: int, cols: np.ndarray, peers: np.ndarray) -> tuple[str, str]:
         """(cause, its evidence) of GPU g over the windows `cols` it was last in."""

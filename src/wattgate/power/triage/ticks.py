@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from wattgate.power.triage.causes import GROUPS, REDUCE_HZ, ChunkCauses, chunk_columns, clean
-from wattgate.trace import REASON_CAUSES, REASONS
+from wattgate.trace import REASON_CAUSES, REASONS, SM_CLOCK_MHZ, TEMP_C
 
 
 def period(gpu: np.ndarray, codes: np.ndarray | None) -> int:
@@ -175,4 +175,4 @@ def causes(t: Ticks, columns: dict[str, np.ndarray | None]) -> ChunkCauses | Non
             counted[:, 0] = per_run(have, np.float64)
             for i, group in enumerate(GROUPS, start=1):
                 counted[:, i] = per_run(have & ((r2 & REASON_CAUSES[group]) != 0), np.float64)
-    return ChunkCauses(mean_of("sm_clock_mhz"), mean_of("temp_c"), counted)
+    return ChunkCauses(mean_of(SM_CLOCK_MHZ), mean_of(TEMP_C), counted)
