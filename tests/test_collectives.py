@@ -15,6 +15,7 @@ from wattgate.gate.run import run_gate
 from wattgate.proof.classes import class_divergence, classes_by_rank, first_steps
 from wattgate.proof.dryrun import dry_run_rank
 from wattgate.proof.prove import prove_collectives
+from wattgate.records.gate import Collectives
 from wattgate.run_files import read_plan
 from wattgate.train import loop
 from wattgate.train.settings import TrainSettings
@@ -32,7 +33,7 @@ def test_step_classes_come_from_the_plan_and_cover_every_kind(proof_run):
     _, plan_dir, config = proof_run
     plan, _ = read_plan(plan_dir)
     classes = classes_by_rank(plan, plan_dir, TrainSettings.from_config(config))
-    total = plan["steps_per_epoch"]
+    total = plan.steps_per_epoch
     assert len(classes) == 2 and classes[0] == classes[1] and len(classes[0]) == total > 10
     labels = [c.label for c in classes[0]]
     assert labels[:2] == ["1 micro-batch + log", "1 micro-batch"]
@@ -177,7 +178,7 @@ def test_one_more_micro_batch_on_one_rank_in_one_step_is_caught_at_the_collectiv
 @pytest.mark.slow
 def test_the_gate_runs_the_proof_as_its_collectives_check(proof_run, tmp_path, monkeypatch):
     pretokenized, plan, config = proof_run
-    report = run_gate(config, pretokenized, plan, tmp_path / "gate")
+    report = run_gate(config, pretokenized, plan, tmp_path / "gate").to_json()
     check = next(c for c in report["checks"] if c["name"] == "collectives")
     assert check["passed"], check["detail"]
     on_disk = json.loads((tmp_path / "gate" / "gate.json").read_text())
@@ -193,7 +194,7 @@ def test_the_gate_runs_the_proof_as_its_collectives_check(proof_run, tmp_path, m
         return save
 
     patched(monkeypatch, "save", make)
-    failed = run_gate(config, pretokenized, plan, tmp_path / "gate2")
+    failed = run_gate(config, pretokenized, plan, tmp_path / "gate2").to_json()
     assert not failed["passed"] and not (tmp_path / "gate2" / "PASSED").exists()
     check = next(c for c in failed["checks"] if c["name"] == "collectives")
     assert not check["passed"] and "rank 1 diverges" in check["detail"]
@@ -233,11 +234,11 @@ def test_a_continued_plan_is_proved_from_its_first_step(tmp_path):
     plan = build_plan(config_for(4), pretok, tmp_path / "plan")
     folder = tmp_path / "train" / "t" / "checkpoints" / "step-2"
     folder.mkdir(parents=True)
-    position = {"epoch": 0, "step": 2, "plan": plan["packs_sha256"]}
+    position = {"epoch": 0, "step": 2, "plan": plan.packs_sha256}
     identity = run_identity(config_for(4), tmp_path / "plan", pretok)
     (folder / "state.json").write_text(json.dumps({"step": 2, "position": position, "files": {}, "identity": identity}))
     continued = build_plan(config_for(3), pretok, tmp_path / "plan")
-    first = continued["segments"][-1]["first_step"]
+    first = continued.first_step
     report = prove_collectives(config_for(3), pretok, tmp_path / "plan")
     assert report["passed"], report["detail"]
     assert report["world_size"] == 3 and report["steps_run"][0] == first + 1 == 3
@@ -246,16 +247,17 @@ def test_a_continued_plan_is_proved_from_its_first_step(tmp_path):
 def test_the_hang_hint_names_a_ranks_step_class_and_the_collective_expected_next(clean):
     from wattgate.collective_hints import hang_hint
 
-    first = hang_hint(clean, 1, {"step": 0, "phase": "train", "micro": 1})
+    proof = Collectives.from_json(clean)
+    first = hang_hint(proof, 1, {"step": 0, "phase": "train", "micro": 1})
     assert first.startswith("rank 1: step 1 (class 1 micro-batch + log), train micro-batch 1: the proof expects ")
     assert "collective #2 of the step, c10d._allgather_base_(" in first  # after the loss-token all-reduce
-    ckpt = hang_hint(clean, 0, {"step": 5, "phase": "checkpoint"})
+    ckpt = hang_hint(proof, 0, {"step": 5, "phase": "checkpoint"})
     # a checkpoint starts with the all-ranks check that the weights are finite (train/loop.py check_finite_weights)
     assert "step 5 (class 1 micro-batch + validation (" in ckpt
     assert ", c10d.allreduce_(float32[1], min) on group 0, or a later one" in ckpt
-    evaluating = hang_hint(clean, 1, {"step": 5, "phase": "eval", "micro": 1})
+    evaluating = hang_hint(proof, 1, {"step": 5, "phase": "eval", "micro": 1})
     assert "eval micro-batch 1" in evaluating and "_allgather_base_" in evaluating
-    assert hang_hint(clean, 1, {"step": 999, "phase": "train"}) is None and hang_hint(None, 0, {}) is None
+    assert hang_hint(proof, 1, {"step": 999, "phase": "train"}) is None and hang_hint(None, 0, {}) is None
 
 
 def test_object_collectives_are_recorded_with_torchs_own_keyword_arguments():
@@ -286,13 +288,17 @@ def test_object_collectives_are_recorded_with_torchs_own_keyword_arguments():
 
 
 def test_the_watchers_verdict_names_the_collective_the_proof_expected_next(clean):
+    from wattgate.records.heartbeat import Beat
     from wattgate.records.watcher import Verdict
     from wattgate.telemetry.watch import with_expected_collectives
 
-    beats = {0: {"step": 5, "phase": "checkpoint"}, 1: {"step": 5, "phase": "eval", "micro": 1}}
+    beats = {
+        0: Beat(rank=0, step=5, phase="checkpoint", time=0.0),
+        1: Beat(rank=1, step=5, phase="eval", micro=1, time=0.0),
+    }
     at = {"stalled_for_s": 60.0, "limit_s": 60.0, "limit_phase": "train"}
     verdict = Verdict(verdict="deadlock", reason="deadlock: no rank advanced", behind=(1,), stuck_ranks=(), **at)
-    out = with_expected_collectives(verdict, beats, clean)
+    out = with_expected_collectives(verdict, beats, Collectives.from_json(clean))
     assert set(out.expected) == {"0", "1"} and "eval micro-batch 1" in out.expected["1"]
     assert out.reason.startswith("deadlock: no rank advanced; rank 1: step 5 (")  # the rank behind is named
     assert with_expected_collectives(verdict, beats, None) == verdict

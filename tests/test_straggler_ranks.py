@@ -23,6 +23,7 @@ from wattgate.gate.cost import last_run_wait
 from wattgate.ledger import read_ledger
 from wattgate.model_spec import load_model_spec
 from wattgate.pack.plan import build_plan
+from wattgate.records.heartbeat import Beat
 from wattgate.telemetry.lag_watch import LagWatch, busy_from_samples
 from conftest import TINY
 
@@ -104,8 +105,8 @@ def test_a_slowed_cpu_rank_is_warned_once_live_and_named_by_triage_and_the_repor
     assert rec.wait_source == "watcher: rank CPU time" and 0 < rec.wait_share <= 1
     cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
     wait = last_run_wait(cfg, load_model_spec(cfg))
-    assert wait["run_name"] == "t" and wait["unit"] == "rank-hours"
-    assert "time lost to waiting for stragglers: " in wait["line"] and "% of its time" in wait["line"]
+    assert wait.run_name == "t" and wait.unit == "rank-hours"
+    assert "time lost to waiting for stragglers: " in wait.line and "% of its time" in wait.line
 
 
 # ---------------------------------------------------------------- the watcher's interval rule
@@ -113,7 +114,7 @@ def test_a_slowed_cpu_rank_is_warned_once_live_and_named_by_triage_and_the_repor
 
 def beats(step: int = 5, phase: str = "train", world: int = 2) -> dict:
     return {
-        r: {"rank": r, "host": "h", "local_rank": r, "step": step, "phase": phase, "pid": 100 + r} for r in range(world)
+        r: Beat(rank=r, host="h", local_rank=r, step=step, phase=phase, pid=100 + r, time=0.0) for r in range(world)
     }
 
 
@@ -147,7 +148,7 @@ def test_balanced_ranks_and_ranks_out_of_step_get_no_warning():
         assert lag.observe(beats(), float(i), samples) is None
     lag = LagWatch(None)
     apart = beats()
-    apart[1]["step"] = 9  # out of step: the hang rules' case, not a straggler's
+    apart[1] = apart[1].replace(step=9)  # out of step: the hang rules' case, not a straggler's
     for i, samples in enumerate(cpu_history([{0: 0.1, 1: 0.95}] * 12)):
         assert lag.observe(apart, float(i), samples) is None
     assert lag.records() == ()

@@ -21,6 +21,7 @@ from wattgate.config import validate_config
 from wattgate.errors import InputError
 from wattgate.triage_tables import shipped_table
 from wattgate.trace import TraceWriter, read_trace, segment_dir
+from wattgate.records.heartbeat import Beat
 from wattgate.telemetry.kill import kill_tree, process_tree, stop_job
 from wattgate.telemetry.watch import (
     TraceTail,
@@ -63,7 +64,7 @@ def beat(
 
 
 def beats(*bs):
-    return {b["rank"]: b for b in bs}
+    return {b["rank"]: Beat.from_json(b) for b in bs}
 
 
 def test_progressing_job_is_healthy():
@@ -95,7 +96,7 @@ def test_fewer_planned_micro_batches_in_a_step_is_ahead():
     # both ranks are on their last micro-batch of step 18; rank 0 has 1 planned, rank 1 has 2
     r0 = beat(0, 17, micro=1, micros=1, age=11)
     r1 = beat(1, 17, micro=2, micros=2, age=11)
-    assert position(r0) > position(r1)
+    assert position(Beat.from_json(r0)) > position(Beat.from_json(r1))
     v = diagnose(beats(r0, r1), 2, NOW, NOW - 60, {}, None, S)
     assert v.ran_ahead == (0,) and v.behind == (1,)
     assert "micro-batches planned for step 18: 1 on rank 0, 2 on rank 1" in v.reason

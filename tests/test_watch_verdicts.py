@@ -16,6 +16,7 @@ import time
 import pytest
 
 from wattgate.triage_tables import shipped_table
+from wattgate.records.heartbeat import Beat
 from wattgate.records.watcher import Verdict, WatcherRecord
 from wattgate.telemetry.watch import CostBasis, watcher_cost, assess, diagnose, watch
 from wattgate.telemetry.watch_inputs import Activity, ActivityMeter, BeatReader, beat_problem, first_steps
@@ -53,7 +54,7 @@ def beat(rank, step, phase="train", age=0.0, micro=None, micros=None, host="n1",
 
 
 def beats(*bs):
-    return {b["rank"]: b for b in bs}
+    return {b["rank"]: Beat.from_json(b) for b in bs}
 
 
 def waiting(share=0.0):
@@ -125,11 +126,11 @@ def test_first_step_and_compiles_count_as_start_up():
     firsts = {0: {"train": 0}, 1: {"train": 0}}
     verdict, warning = assess(first, 2, NOW, NOW - 600, low, H100, settings(), firsts=firsts)
     assert verdict is None and "a start-up step" in warning and "after 50 s" in warning
-    later = {r: b | {"step": 1} for r, b in first.items()}  # the second step: low power is a hang again
+    later = {r: b.replace(step=1) for r, b in first.items()}  # the second step: low power is a hang again
     assert diagnose(later, 2, NOW, NOW - 600, low, H100, settings(), firsts=firsts).verdict == "deadlock"
-    compiling = {r: b | {"compiling": True} for r, b in later.items()}
+    compiling = {r: b.replace(compiling=True) for r, b in later.items()}
     assert diagnose(compiling, 2, NOW, NOW - 600, low, H100, settings(), firsts=firsts) is None
-    over = {r: b | {"time": NOW - 51} for r, b in first.items()}
+    over = {r: b.replace(time=NOW - 51) for r, b in first.items()}
     v = diagnose(over, 2, NOW, NOW - 600, low, H100, settings(), firsts=firsts)
     assert v.verdict == "train_stalled" and v.limit_s == 50
 
@@ -138,7 +139,7 @@ def test_a_rank_still_starting_up_while_another_waits_in_the_first_step_is_start
     low = {("n1", 0): (120.0, 0.0, 10.0), ("n1", 1): (140.0, 100.0, 10.0)}  # loading; waiting in an all-gather
     loading = beats(beat(0, 0, "init", age=40), beat(1, 0, micro=0, micros=2, age=40))
     assert diagnose(loading, 2, NOW, NOW - 600, low, H100, settings()) is None  # a deadlock at 10 s before
-    v = diagnose({r: b | {"time": NOW - 51} for r, b in loading.items()}, 2, NOW, NOW - 600, low, H100, settings())
+    v = diagnose({r: b.replace(time=NOW - 51) for r, b in loading.items()}, 2, NOW, NOW - 600, low, H100, settings())
     assert v.verdict == "init_stalled" and v.limit_s == 50 and not v.confirmed
 
 
@@ -242,11 +243,11 @@ def test_bad_heartbeats_are_that_ranks_missing_heartbeat(tmp_path):
     (hb / "rank-0.json").write_text('{"rank": 0, "step": 5, "time": 1}')  # no phase: KeyError before
     (hb / "rank-1.json").write_bytes(b"\xff\xfe garbage")
     got = reader.read()
-    assert got[0]["step"] == 4 and got[1]["step"] == 4  # each keeps its last good heartbeat
+    assert got[0].step == 4 and got[1].step == 4  # each keeps its last good heartbeat
     assert reader.bad["rank-0.json"] == "no 'phase'" and reader.bad["rank-1.json"].startswith("unreadable")
     assert "outside the job's 3 ranks" in reader.bad["rank-7.json"]
     (hb / "rank-0.json").write_text("[" * 100000)  # deep nesting: RecursionError in json
-    assert reader.read()[0]["step"] == 4 and reader.bad["rank-0.json"].startswith("unreadable")
+    assert reader.read()[0].step == 4 and reader.bad["rank-0.json"].startswith("unreadable")
 
 
 def test_the_watcher_keeps_watching_through_garbage_heartbeats(tmp_path):
@@ -375,7 +376,7 @@ def test_a_real_slow_step_finishes_under_a_short_hang_limit(tmp_path):
 
     config = validate_config(config)
     (tmp_path / "config-2.yaml").write_text(yaml.safe_dump(config))
-    assert run_gate(config, tmp_path / "pretokenized", plan, tmp_path / "gate")["passed"]
+    assert run_gate(config, tmp_path / "pretokenized", plan, tmp_path / "gate").to_json()["passed"]
     out = tmp_path / "train"
     cmd = [sys.executable, "-m", "wattgate", "launch", "--config", str(tmp_path / "config-2.yaml")]
     cmd += ["--pretokenized", str(tmp_path / "pretokenized"), "--plan", str(plan), "--out", str(out)]

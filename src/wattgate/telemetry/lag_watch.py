@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from wattgate.records.heartbeat import Beat
 from wattgate.records.watcher import Straggler
 from wattgate.trace import REASON_CAUSES
 
@@ -67,7 +68,7 @@ class LagWatch:
         self.warned: dict[int, Straggler] = {}
         self.last_poll: float | None = None
 
-    def observe(self, beats: dict[int, dict], now: float, cpu: dict[int, tuple], tail=None) -> Straggler | None:
+    def observe(self, beats: dict[int, Beat], now: float, cpu: dict[int, tuple], tail=None) -> Straggler | None:
         """One poll: `cpu` is the ActivityMeter's samples (rank -> (pid, [(time, cpu s, io, state), ...])), `tail`
         the TraceTail. Returns the record of a straggler first seen now, else None."""
         since, self.last_poll = self.last_poll, now
@@ -99,12 +100,12 @@ class LagWatch:
         shares = tail.busy_shares(since, now, self.low_max_w)
         out, reasons = {}, {}
         for r, b in beats.items():
-            key = (b.get("host"), int(b.get("local_rank") or 0))
+            key = (b.host, int(b.local_rank or 0))
             if key in shares:
                 out[r], reasons[r] = shares[key]
         return out, "power", reasons
 
-    def _new_warning(self, beats: dict[int, dict], now: float) -> Straggler | None:
+    def _new_warning(self, beats: dict[int, Beat], now: float) -> Straggler | None:
         waits = [iv for iv in self.recent if iv.waited]
         if not waits:
             return None
@@ -123,11 +124,11 @@ class LagWatch:
                 and n >= DOMINANCE * (float(np.median(others)) if others else 0)
             ):
                 mine = [iv for iv in waits if iv.last == r]
-                self.warned[r] = self._record(r, beats.get(r, {}), mine, len(waits), now)
+                self.warned[r] = self._record(r, beats.get(r), mine, len(waits), now)
                 return self.warned[r]
         return None
 
-    def _record(self, rank: int, beat: dict, mine: list[_Interval], waits: int, now: float) -> Straggler:
+    def _record(self, rank: int, beat: Beat | None, mine: list[_Interval], waits: int, now: float) -> Straggler:
         signal = mine[-1].signal
         me = float(np.mean([iv.busy[rank] for iv in mine]))
         peers = float(np.median([v for iv in mine for r, v in iv.busy.items() if r != rank]))
@@ -143,11 +144,11 @@ class LagWatch:
         )
         return Straggler(
             rank=rank,
-            host=beat.get("host"),
-            gpu=int(beat.get("local_rank") or 0) if signal == "power" else None,
+            host=beat.host if beat else None,
+            gpu=int((beat.local_rank if beat else None) or 0) if signal == "power" else None,
             signal=signal,
             detected_at=now,
-            step=beat.get("step"),
+            step=beat.step if beat else None,
             cause=cause,
             evidence=evidence,
             window_s=self.window_s,
@@ -181,11 +182,11 @@ def warning_line(rec: Straggler) -> str:
     )
 
 
-def _in_step(beats: dict[int, dict]) -> bool:
-    phases = {b.get("phase") for b in beats.values()}
+def _in_step(beats: dict[int, Beat]) -> bool:
+    phases = {b.phase for b in beats.values()}
     if len(beats) < 2 or len(phases) != 1 or not phases <= {"train", "eval"}:
         return False
-    steps = [int(b.get("step") or 0) for b in beats.values()]
+    steps = [int(b.step or 0) for b in beats.values()]
     return max(steps) - min(steps) <= 1
 
 

@@ -26,7 +26,6 @@ others keep waiting for, telemetry/lag_watch.py) is warned about once per rank a
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import sys
@@ -44,6 +43,7 @@ from wattgate.telemetry.hang_cost import hang_cost
 from wattgate.telemetry.lag_watch import LagWatch, warning_line
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, TriageSettings, TriageTable
 from wattgate.heartbeats import read_heartbeats  # noqa: F401 (callers import it here)
+from wattgate.records.heartbeat import Beat
 from wattgate.records.watcher import (
     AbortRequest,
     HangCost,
@@ -67,6 +67,7 @@ from wattgate.telemetry.watch_inputs import (  # noqa: F401 (TraceTail: callers 
     odd_state_ranks,
     state_notes,
 )
+from wattgate.records.gate import Collectives
 from wattgate.records.run_config import RunConfig
 
 PHASE_ORDER = {phase: i for i, phase in enumerate(WATCH_PHASES)}
@@ -84,21 +85,21 @@ class WatchSettings(WatcherSettings):
         return cls(**{k: watcher[k] for k in cls.__dataclass_fields__})
 
 
-def position(beat: dict) -> tuple[int, int, float, int]:
+def position(beat: Beat) -> tuple[int, int, float, int]:
     """Where a rank is, comparable across ranks: steps done, phase, share of this step's micro-batches
     started, and fewer planned micro-batches first (that rank reaches the step's gradient reduction
     while its peers still run forward passes: the collective sequences no longer match)."""
-    micros = beat.get("micros") or 0
-    started = (beat.get("micro") or 0) / micros if micros else 0.0
-    return int(beat["step"]), PHASE_ORDER.get(beat["phase"], 0), started, -micros
+    micros = beat.micros or 0
+    started = (beat.micro or 0) / micros if micros else 0.0
+    return int(beat.step), PHASE_ORDER.get(beat.phase, 0), started, -micros
 
 
-def phase_limit(beats: dict[int, dict], s: WatchSettings) -> tuple[float, str]:
+def phase_limit(beats: dict[int, Beat], s: WatchSettings) -> tuple[float, str]:
     """The stall allowed now: long only for a phase every rank announced at the same step, or while some rank
     still starts up (a rank reading its weight shard while the others wait in the first step's all-gather)."""
-    if any(b["phase"] == "init" for b in beats.values()):
+    if any(b.phase == "init" for b in beats.values()):
         return s.startup_after_s, "init"
-    phases = {(b["phase"], b["step"]) for b in beats.values()}
+    phases = {(b.phase, b.step) for b in beats.values()}
     if len(phases) == 1:
         phase = next(iter(phases))[0]
         if phase == "checkpoint":
@@ -110,22 +111,22 @@ def phase_limit(beats: dict[int, dict], s: WatchSettings) -> tuple[float, str]:
     return s.hang_after_s, "train"
 
 
-def in_step(beats: dict[int, dict]) -> bool:
+def in_step(beats: dict[int, Beat]) -> bool:
     """The ranks agree on where they are, up to a healthy step's skew: the same step and phase, the same planned
     micro-batches, at most one micro-batch apart (a rank done with its backward pass starts the next
     micro-batch and waits in its first all-gather for the slower ones)."""
-    if len({(b["step"], b["phase"]) for b in beats.values()}) > 1:
+    if len({(b.step, b.phase) for b in beats.values()}) > 1:
         return False
-    if len({b["micros"] for b in beats.values() if b.get("micros")}) > 1:
+    if len({b.micros for b in beats.values() if b.micros}) > 1:
         return False
-    micro = [b.get("micro") or 0 for b in beats.values()]
+    micro = [b.micro or 0 for b in beats.values()]
     return max(micro) - min(micro) <= 1
 
 
-def in_startup(beats: dict[int, dict], firsts: dict[int, dict[str, int]]) -> bool:
+def in_startup(beats: dict[int, Beat], firsts: dict[int, dict[str, int]]) -> bool:
     """Some rank is in the first step of its phase in this attempt, or says it compiles: start-up, where
     compiles and first loads take long and leave the GPUs idle."""
-    return any(b.get("compiling") or firsts.get(r, {}).get(b["phase"]) == b["step"] for r, b in beats.items())
+    return any(b.compiling or firsts.get(r, {}).get(b.phase) == b.step for r, b in beats.items())
 
 
 def evidence(
@@ -153,10 +154,7 @@ def evidence(
     return None, "no power data and no rank process readable on this host"
 
 
-RANK_VIEW_BEAT_KEYS = ("rank", "host", "local_rank", "gpu", "step", "micro", "micros", "epoch", "phase", "total_steps")
-
-
-def describe_rank(b: dict, now: float, gpu=None, activity: Activity | None = None) -> RankView:
+def describe_rank(b: Beat, now: float, gpu=None, activity: Activity | None = None) -> RankView:
     """A verdict's `ranks` entry: where the rank's heartbeat places it, its GPU's (power W, util %) over the stall
     and, on this host, what its process did (ActivityMeter)."""
     power = {} if not gpu else {"power_w": round(gpu[0], 1), "util_gpu": round(gpu[1], 1)}
@@ -164,16 +162,25 @@ def describe_rank(b: dict, now: float, gpu=None, activity: Activity | None = Non
     if activity:
         proc = {"cpu_share": activity.cpu_share, "io_bytes": activity.io_bytes, "proc_state": activity.state}
     return RankView(
-        **{k: b.get(k) for k in RANK_VIEW_BEAT_KEYS},
-        last_beat_age_s=round(now - b["time"], 3),
-        planned_epoch_end=next((e for e in b.get("epoch_ends") or [] if e >= b["step"]), None),
+        rank=b.rank,
+        host=b.host,
+        local_rank=b.local_rank,
+        gpu=b.gpu,
+        step=b.step,
+        micro=b.micro,
+        micros=b.micros,
+        epoch=b.epoch,
+        phase=b.phase,
+        total_steps=b.total_steps,
+        last_beat_age_s=round(now - b.time, 3),
+        planned_epoch_end=b.epoch_end(),
         **power,
         **proc,
     )
 
 
 def diagnose(
-    beats: dict[int, dict],
+    beats: dict[int, Beat],
     world: int,
     now: float,
     started: float,
@@ -197,7 +204,7 @@ def assess(
     about, and stopped as `<phase>_stalled` (not a confirmed deadlock) only after `busy_stall_after_s`, or
     `startup_after_s` in a start-up step."""
     activity, firsts = activity or {}, firsts or {}
-    if len(beats) == world and all(b["phase"] == "done" for b in beats.values()):
+    if len(beats) == world and all(b.phase == "done" for b in beats.values()):
         return None, None
     missing = sorted(set(range(world)) - set(beats))
     if missing:
@@ -222,8 +229,8 @@ def assess(
             behind=tuple(missing),
         )
         return v, None
-    active = {r: b for r, b in beats.items() if b["phase"] != "done"}
-    stalled_for = now - max(b["time"] for b in active.values())
+    active = {r: b for r, b in beats.items() if b.phase != "done"}
+    stalled_for = now - max(b.time for b in active.values())
     limit, limit_phase = phase_limit(active, s)
     gpus = _rank_power(beats, power)
     where = "; ".join(where_is(beats[r], now) for r in sorted(beats))
@@ -332,46 +339,46 @@ def _verdict(beats, now, gpus, activity, *, reason: str, stalled_for_s: float, *
     return Verdict(reason=reason, stalled_for_s=round(stalled_for_s, 3), ranks=ranks, **fields)
 
 
-def _phases_differ(beats: dict[int, dict]) -> str:
+def _phases_differ(beats: dict[int, Beat]) -> str:
     """' (rank(s) 0 in train, rank(s) 1 in eval)' when the ranks are in different phases."""
     by_phase: dict[str, list[int]] = {}
     for r, b in sorted(beats.items()):
-        by_phase.setdefault(b["phase"], []).append(r)
+        by_phase.setdefault(b.phase, []).append(r)
     if len(by_phase) < 2:
         return ""
     return " (" + ", ".join(f"rank(s) {_list(rs)} in {p}" for p, rs in by_phase.items()) + ")"
 
 
-def _uneven_step(beats: dict[int, dict]) -> str:
+def _uneven_step(beats: dict[int, Beat]) -> str:
     """' (step 18 planned with 1 micro-batch on rank 0, 2 on rank 1)' when ranks in one step disagree."""
-    in_step_ = {r: b for r, b in beats.items() if b["phase"] in COLLECTIVE_PHASES and b.get("micros")}
-    steps = {(b["step"], b["phase"]) for b in in_step_.values()}
-    if len(steps) != 1 or len({b["micros"] for b in in_step_.values()}) < 2:
+    in_step_ = {r: b for r, b in beats.items() if b.phase in COLLECTIVE_PHASES and b.micros}
+    steps = {(b.step, b.phase) for b in in_step_.values()}
+    if len(steps) != 1 or len({b.micros for b in in_step_.values()}) < 2:
         return ""
     step, phase = steps.pop()
-    plans = ", ".join(f"{b['micros']} on rank {r}" for r, b in sorted(in_step_.items()))
+    plans = ", ".join(f"{b.micros} on rank {r}" for r, b in sorted(in_step_.items()))
     what = f"step {step + 1}" if phase == "train" else f"the validation after step {step}"
     return f" (micro-batches planned for {what}: {plans}; the collective sequences differ)"
 
 
-def where_is(b: dict, now: float) -> str:
+def where_is(b: Beat, now: float) -> str:
     """'rank 1: checkpointing after step 18, the last step of its epoch 0 (...)' for the verdict line."""
-    step, phase, epoch = int(b["step"]), b["phase"], b.get("epoch")
-    total = b.get("total_steps")
-    end = next((e for e in b.get("epoch_ends") or [] if e >= step), None)
+    step, phase, epoch = int(b.step), b.phase, b.epoch
+    total = b.total_steps
+    end = b.epoch_end()
     if phase == "train":
         if total is not None and step >= total:
             pos = "past its last step"
-        elif b.get("micros"):
-            pos = f"in step {step + 1}, micro-batch {b.get('micro')} of {b['micros']}"
+        elif b.micros:
+            pos = f"in step {step + 1}, micro-batch {b.micro} of {b.micros}"
         else:
             pos = f"in step {step + 1}"
         if end is not None and end > step:
             pos += f" of epoch {epoch} (its epoch ends at step {end})"
     elif phase == "eval":
         pos = f"in validation after step {step}"
-        if b.get("micros"):
-            pos += f", micro-batch {b.get('micro')} of {b['micros']}"
+        if b.micros:
+            pos += f", micro-batch {b.micro} of {b.micros}"
     else:
         pos = {
             "init": "starting up",
@@ -382,15 +389,15 @@ def where_is(b: dict, now: float) -> str:
         if phase == "checkpoint" and end == step:
             pos += f", the last step of its epoch {epoch}"
     plan = f", {total} steps planned" if total is not None else ""
-    return f"rank {b['rank']}: {pos} (last heartbeat {now - b['time']:.1f} s ago{plan})"
+    return f"rank {b.rank}: {pos} (last heartbeat {now - b.time:.1f} s ago{plan})"
 
 
 def _list(ranks) -> str:
     return ", ".join(str(r) for r in ranks)
 
 
-def _rank_power(beats: dict[int, dict], power: dict) -> dict[int, tuple[float, float, float] | None]:
-    return {r: power.get((b.get("host"), int(b.get("local_rank") or 0))) for r, b in beats.items()}
+def _rank_power(beats: dict[int, Beat], power: dict) -> dict[int, tuple[float, float, float] | None]:
+    return {r: power.get((b.host, int(b.local_rank or 0))) for r, b in beats.items()}
 
 
 def _low_band(gpus: dict, table: TriageTable | None) -> bool | None:
@@ -490,7 +497,7 @@ def watch(
             write_watcher(out, record)
         meter.sample(beats, now)
         for r, b in beats.items():
-            if b["phase"] in COLLECTIVE_PHASES and b["phase"] not in firsts.get(r, {}):
+            if b.phase in COLLECTIVE_PHASES and b.phase not in firsts.get(r, {}):
                 firsts[r] = first_steps(run, r, started)
         tail.update()
         straggler = lag.observe(beats, now, meter.samples, tail)
@@ -499,7 +506,7 @@ def watch(
             record = record.replace(stragglers=lag.records())
             write_watcher(out, record)
         power = tail.window(now - s.hang_after_s)
-        active = [b["time"] for b in beats.values() if b["phase"] != "done"]
+        active = [b.time for b in beats.values() if b.phase != "done"]
         if active:
             record = record.replace(longest_stall_s=round(max(record.longest_stall_s, now - max(active)), 3))
         verdict, warning = assess(beats, world, now, started, power, table, s, meter.activity(now), firsts)
@@ -524,7 +531,7 @@ def watch(
                 s, hang_after_s=never, checkpoint_after_s=never, startup_after_s=never, busy_stall_after_s=never
             )
             continue  # warn: record once and keep watching silently
-        if beats and len(beats) == world and all(b["phase"] == "done" for b in beats.values()):
+        if beats and len(beats) == world and all(b.phase == "done" for b in beats.values()):
             break
         if pid is not None and not _alive(pid):
             break
@@ -550,19 +557,19 @@ def write_watcher(out: Path, record: WatcherRecord) -> None:
 COLLECTIVES = "collectives.json"  # launch copies the gate's collective proof into the run folder
 
 
-def read_collectives(run: Path) -> dict | None:
-    """The gate's collective proof for this run (gate.json `collectives`, copied by launch); None without one."""
+def read_collectives(run: Path) -> Collectives | None:
+    """The gate's collective proof for this run (gate.json `collectives`, copied by launch); None without one
+    (or an unreadable one: the watcher's verdicts then name no expected collective)."""
     try:
-        data = json.loads((Path(run) / COLLECTIVES).read_text())
-    except (OSError, ValueError):
+        return Collectives.read(Path(run) / COLLECTIVES)
+    except InputError:
         return None
-    return data if isinstance(data, dict) else None
 
 
-def with_expected_collectives(verdict: Verdict, beats: dict[int, dict], collectives: dict | None) -> Verdict:
+def with_expected_collectives(verdict: Verdict, beats: dict[int, Beat], collectives: Collectives | None) -> Verdict:
     """The verdict with, per rank, its step class and the collective the proof expected next (`expected`), and
     those of the ranks named behind or stuck added to the reason: where the ranks' collectives parted."""
-    expected = {r: hang_hint(collectives, r, b) for r, b in sorted(beats.items())} if collectives else {}
+    expected = {r: hang_hint(collectives, r, b.to_json()) for r, b in sorted(beats.items())} if collectives else {}
     expected = {r: h for r, h in expected.items() if h}
     if not expected:
         return verdict

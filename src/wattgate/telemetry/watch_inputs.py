@@ -24,7 +24,10 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from wattgate.errors import InputError
 from wattgate.heartbeats import HEARTBEAT_DIR, HEARTBEAT_PHASES, heartbeat_events_path
+from wattgate.records.base import Where
+from wattgate.records.heartbeat import Beat
 from wattgate.telemetry.lag_watch import busy_from_samples
 from wattgate.trace import (
     GPU,
@@ -85,21 +88,27 @@ class BeatReader:
 
     def __init__(self, run: Path, world: int, since: float):
         self.run, self.world, self.since = Path(run), world, since
-        self.last: dict[int, dict] = {}
+        self.last: dict[int, Beat] = {}
         self.bad: dict[str, str] = {}  # file name -> what is wrong with it now
 
-    def read(self) -> dict[int, dict]:
+    def read(self) -> dict[int, Beat]:
         self.bad = {}
         for path in sorted((self.run / HEARTBEAT_DIR).glob("rank-*.json")):
             m = _RANK_FILE.fullmatch(path.name)
             if not m:
                 continue
             rank = int(m[1])
-            beat, problem = _load(path)
-            problem = problem or beat_problem(beat, rank, self.world)
+            raw, problem = _load(path)
+            problem = problem or beat_problem(raw, rank, self.world)
+            beat = None
+            if not problem:
+                try:
+                    beat = Beat.from_json(raw, Where(path.name))
+                except InputError as exc:
+                    problem = str(exc)
             if problem:
                 self.bad[path.name] = problem
-            elif beat["time"] >= self.since:  # older ones belong to an earlier attempt
+            elif beat.time >= self.since:  # older ones belong to an earlier attempt
                 self.last[rank] = beat
         return dict(self.last)
 
@@ -190,10 +199,10 @@ class ActivityMeter:
         self.host = host or socket.gethostname()
         self.samples: dict[int, tuple[int, deque]] = {}  # rank -> (pid, (time, cpu, io, state) ...)
 
-    def sample(self, beats: dict[int, dict], now: float) -> None:
+    def sample(self, beats: dict[int, Beat], now: float) -> None:
         for rank, b in beats.items():
-            pid = b.get("pid")
-            if b.get("host") != self.host or not pid:
+            pid = b.pid
+            if b.host != self.host or not pid:
                 self.samples.pop(rank, None)
                 continue
             if rank not in self.samples or self.samples[rank][0] != pid:
@@ -229,7 +238,7 @@ class ActivityMeter:
 ODD_STATES = {"T": "stopped", "t": "stopped by a debugger", "D": "in uninterruptible I/O", "Z": "dead, not reaped"}
 
 
-def state_notes(beats: dict[int, dict], activity: dict[int, Activity], now: float) -> list[str]:
+def state_notes(beats: dict[int, Beat], activity: dict[int, Activity], now: float) -> list[str]:
     """'rank 1 (pid 4242) stopped (state T) at step 7 for 61 s' for each rank whose process (on this host) is in
     one of ODD_STATES: a SIGSTOP, a debugger, a hung filesystem; the time is since its last heartbeat."""
     notes = []
@@ -237,8 +246,8 @@ def state_notes(beats: dict[int, dict], activity: dict[int, Activity], now: floa
         state, beat = activity[rank].state, beats.get(rank)
         if state in ODD_STATES and beat is not None:
             notes.append(
-                f"rank {rank} (pid {beat.get('pid')}) {ODD_STATES[state]} (state {state}) at step {beat['step']} "
-                f"for {now - beat['time']:.0f} s"
+                f"rank {rank} (pid {beat.pid}) {ODD_STATES[state]} (state {state}) at step {beat.step} "
+                f"for {now - beat.time:.0f} s"
             )
     return notes
 
