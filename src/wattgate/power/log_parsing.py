@@ -20,7 +20,23 @@ import numpy as np
 import pyarrow as pa
 
 from wattgate.errors import InputError
-from wattgate.trace import REASONS, TRACE_SCHEMA, invalid_value, reasons_value, schema_with_meta
+from wattgate.trace import (
+    ENERGY_J,
+    GPU,
+    HOST,
+    MEM_USED_MIB,
+    POWER_W,
+    REASONS,
+    SM_CLOCK_MHZ,
+    TEMP_C,
+    TIME,
+    TRACE_SCHEMA,
+    UTIL_GPU,
+    UTIL_MEM,
+    invalid_value,
+    reasons_value,
+    schema_with_meta,
+)
 
 MISSING = {
     "",
@@ -69,7 +85,7 @@ class Imported:
 
     def table(self, meta: dict) -> pa.Table:
         t = pa.Table.from_pydict(self.columns, schema=schema_with_meta(meta))
-        return t.sort_by([("host", "ascending"), ("gpu", "ascending"), ("time", "ascending")])
+        return t.sort_by([(HOST, "ascending"), (GPU, "ascending"), (TIME, "ascending")])
 
 
 EXCERPT_CHARS = 80  # of a value shown in an error line: enough to recognise it, never the whole file
@@ -107,18 +123,19 @@ class Lines:
 
 NUMBER = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z%/°]*)\s*$")
 
+POWER_W_AVG = "power_w_avg"  # a log's 1 s power average, before it stands in for power_w (no instant reading)
 # unit -> factor to the trace column's unit; case matters (mW is not MW)
 POWER_UNITS = {"W": 1.0, "w": 1.0, "mW": 1e-3, "mw": 1e-3, "kW": 1e3, "kw": 1e3}
 UNITS = {
-    "power_w": POWER_UNITS,
-    "power_w_avg": POWER_UNITS,
-    "energy_j": {"J": 1.0, "j": 1.0, "mJ": 1e-3, "mj": 1e-3, "kJ": 1e3, "kj": 1e3, "Wh": 3600.0, "kWh": 3.6e6},
-    "util_gpu": {"%": 1.0},
-    "util_mem": {"%": 1.0},
-    "mem_used_mib": {"MiB": 1.0, "KiB": 1 / 1024, "GiB": 1024.0, "B": 1 / 2**20},
-    "sm_clock_mhz": {"MHz": 1.0, "kHz": 1e-3, "GHz": 1e3},
-    "temp_c": {"C": 1.0, "°C": 1.0},
-    "gpu": {},
+    POWER_W: POWER_UNITS,
+    POWER_W_AVG: POWER_UNITS,
+    ENERGY_J: {"J": 1.0, "j": 1.0, "mJ": 1e-3, "mj": 1e-3, "kJ": 1e3, "kj": 1e3, "Wh": 3600.0, "kWh": 3.6e6},
+    UTIL_GPU: {"%": 1.0},
+    UTIL_MEM: {"%": 1.0},
+    MEM_USED_MIB: {"MiB": 1.0, "KiB": 1 / 1024, "GiB": 1024.0, "B": 1 / 2**20},
+    SM_CLOCK_MHZ: {"MHz": 1.0, "kHz": 1e-3, "GHz": 1e3},
+    TEMP_C: {"C": 1.0, "°C": 1.0},
+    GPU: {},
 }
 
 
@@ -334,8 +351,8 @@ def check_ranges(imported: Imported, lines: Lines) -> None:
     skip_bad_lines, dropped and counted as `time_out_of_range` / `gpu_out_of_range`)."""
     if not imported.row_file:
         return
-    t = np.asarray(imported.columns["time"], np.float64)
-    gpu = np.asarray([-1 if g is None else g for g in imported.columns["gpu"]], np.float64)
+    t = np.asarray(imported.columns[TIME], np.float64)
+    gpu = np.asarray([-1 if g is None else g for g in imported.columns[GPU]], np.float64)
     where = np.asarray(imported.row_file, np.int64)
     bad_time = ~np.isfinite(t) | (t < EARLIEST_S) | (t > time.time() + FUTURE_SLACK_S)
     for f in np.unique(where):

@@ -54,7 +54,7 @@ from wattgate.errors import InputError
 from wattgate.power.importers import anycsv, dcgm, nvidia_smi, zeus
 from wattgate.power.importers.common import ReadOptions
 from wattgate.power.log_parsing import MAX_GPU_INDEX, Imported, Lines, check_ranges, log_stem
-from wattgate.trace import MAX_POWER_W
+from wattgate.trace import HOST, MAX_POWER_W, POWER_W
 
 # the readers, one module per format, one signature: read(path, imported, lines, ReadOptions)
 READERS = {"nvidia-smi": nvidia_smi.read, "dcgm": dcgm.read, "zeus": zeus.read, "csv": anycsv.read}
@@ -102,7 +102,7 @@ def import_trace(
             READERS[fmt](path, imported, lines, options)
         except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
             raise InputError(f"{path}: damaged gzip stream ({exc}); re-copy or re-compress the log") from None
-        if host is None and options.host in set(imported.columns["host"][first_row:]):
+        if host is None and options.host in set(imported.columns[HOST][first_row:]):
             claim_file_host(named_by, options.host, path)
     check_ranges(imported, lines)
     check_power(fmt, imported)
@@ -111,7 +111,7 @@ def import_trace(
             f"values that cannot be readings (NaN, Inf, negative, power above {MAX_POWER_W:.0f} W) set to null: "
             + ", ".join(f"{name} {n}" for name, n in sorted(imported.invalid.items()))
         )
-    hosts = sorted(set(imported.columns["host"]))
+    hosts = sorted(set(imported.columns[HOST]))
     meta = {
         "source": fmt,
         "files": [os.fspath(f) for f in files],
@@ -144,7 +144,7 @@ def claim_file_host(named_by: dict[str, Path], name: str, path: Path) -> None:
 def check_power(fmt: str, imported: Imported) -> None:
     """Refuse an import that would give a trace without energy: no rows left (every line bad or out of range),
     or a host none of whose rows holds a power reading."""
-    hosts, power = imported.columns["host"], imported.columns["power_w"]
+    hosts, power = imported.columns[HOST], imported.columns[POWER_W]
     if not hosts:
         raise InputError(f"{', '.join(map(str, imported.files))}: no readable sample lines")
     powered = {h for h, p in zip(hosts, power) if p is not None}
@@ -153,7 +153,7 @@ def check_power(fmt: str, imported: Imported) -> None:
         return
     h = unpowered[0]
     files = sorted({str(imported.files[f]) for f, row_host in zip(imported.row_file, hosts) if row_host == h})
-    nulled = imported.invalid.get("power_w", 0)
+    nulled = imported.invalid.get(POWER_W, 0)
     why = f"; {nulled} nulled as not readings (NaN, Inf, negative, above {MAX_POWER_W:.0f} W)" if nulled else ""
     raise InputError(
         f"{', '.join(files)}: no power reading for host {h!r} in {hosts.count(h)} sample row(s){why}; "

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from wattgate.errors import InputError
-from wattgate.trace import REASONS, TRACE_SCHEMA
+from wattgate.trace import GPU, HOST, POWER_W, REASONS, TIME, TRACE_SCHEMA
 from wattgate.power.importers.common import ReadOptions, sample_rows
 from wattgate.power.log_parsing import (
     Imported,
@@ -45,7 +45,7 @@ def parse_columns(spec: str | None) -> dict[str, tuple[str, str]]:
         if ":" in column:
             column, _, unit = column.rpartition(":")
             column, unit = column.strip(), unit.strip()
-            known = TIME_UNITS if name == "time" else UNITS.get(name, {})
+            known = TIME_UNITS if name == TIME else UNITS.get(name, {})
             if unit not in known:
                 raise InputError(
                     f"--columns {item!r}: unknown unit {unit!r} for {name} (expected "
@@ -54,7 +54,7 @@ def parse_columns(spec: str | None) -> dict[str, tuple[str, str]]:
         if name in mapping:
             raise InputError(f"--columns: {name} mapped twice")
         mapping[name] = (column, unit)
-    missing = [n for n in ("time", "power_w") if n not in mapping]
+    missing = [n for n in (TIME, POWER_W) if n not in mapping]
     if missing:
         raise InputError(f"--columns: {' and '.join(missing)} must be mapped, e.g. time=timestamp,power_w=power_W")
     return mapping
@@ -77,7 +77,7 @@ def parse_csv_time(text: str, unit: str, tz, local: LocalTimes | None = None) ->
         t = v * TIME_UNITS[unit or "s"] if math.isfinite(v) else None
     if t is None:
         raise BadLine(
-            "time",
+            TIME,
             text,
             "expected unix seconds" + (f" in {unit}" if unit else " or ISO-8601 such as 2025-09-24T03:41:43.487Z"),
         )
@@ -98,25 +98,25 @@ def read_csv(path: Path, imported: Imported, lines: Lines, host: str, tz, mappin
         shown = excerpt(", ".join(header), HEADER_CHARS)
         raise InputError(f"{path}: --columns names {', '.join(map(repr, absent))}, not in the header ({shown})")
     cols = {
-        name: (header.index(c), unit or ("" if name in ("time", "host") else header_unit(name, c)))
+        name: (header.index(c), unit or ("" if name in (TIME, HOST) else header_unit(name, c)))
         for name, (c, unit) in mapping.items()
     }
-    if "gpu" not in cols:
+    if GPU not in cols:
         imported.notes.append(f"{path.name}: no gpu column mapped: one GPU (index 0)")
     local = LocalTimes(tz)
 
     def parse(cells: list[str]) -> dict:
-        row = {"host": host, "gpu": 0}
+        row = {HOST: host, GPU: 0}
         for name, (i, unit) in cols.items():
-            if name == "time":
-                row["time"] = parse_csv_time(cells[i], unit, tz, local)
-            elif name == "host":
-                row["host"] = cells[i].strip() or host
-            elif name == "gpu":
-                g = parse_number(header[i], cells[i], "gpu")
+            if name == TIME:
+                row[TIME] = parse_csv_time(cells[i], unit, tz, local)
+            elif name == HOST:
+                row[HOST] = cells[i].strip() or host
+            elif name == GPU:
+                g = parse_number(header[i], cells[i], GPU)
                 if g is None or not math.isfinite(g) or g != int(g):
                     raise BadLine(header[i], cells[i], "not a GPU index")
-                row["gpu"] = int(g)
+                row[GPU] = int(g)
             elif name == REASONS:  # a bitmask, decimal or 0x hex
                 row[name] = parse_reasons(header[i], cells[i])
             else:
@@ -124,7 +124,7 @@ def read_csv(path: Path, imported: Imported, lines: Lines, host: str, tz, mappin
         return row
 
     def as_truncated(exc: BadLine) -> BadLine:
-        return BadLine(exc.field_name if exc.field_name != "time" else header[cols["time"][0]], "")
+        return BadLine(exc.field_name if exc.field_name != TIME else header[cols[TIME][0]], "")
 
     for lineno, row in sample_rows(path, rows, header, lines, parse, as_truncated):
         imported.add(row, path, lineno)

@@ -14,20 +14,32 @@ from wattgate.power.log_parsing import (
     Lines,
     open_log,
 )
+from wattgate.trace import (
+    ENERGY_J,
+    MEM_USED_MIB,
+    POWER_W,
+    REASONS,
+    SM_CLOCK_MHZ,
+    TEMP_C,
+    UTIL_GPU,
+    UTIL_MEM,
+)
 
 
+GPU_LABEL, HOST_LABEL, MODEL_LABEL = "gpu", "Hostname", "modelName"  # the exporter's labels of a sample
+POWER_W_INSTANT = "power_w_instant"  # the instant reading, which wins over the average (power_w)
 DCGM_FIELDS = {  # metric -> (trace column, scale)
-    "DCGM_FI_DEV_POWER_USAGE": ("power_w", 1.0),
-    "DCGM_FI_DEV_POWER_USAGE_INSTANT": ("power_w_instant", 1.0),
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("energy_j", 1e-3),  # mJ
-    "DCGM_FI_DEV_GPU_UTIL": ("util_gpu", 1.0),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": ("util_mem", 1.0),
-    "DCGM_FI_DEV_SM_CLOCK": ("sm_clock_mhz", 1.0),
-    "DCGM_FI_DEV_FB_USED": ("mem_used_mib", 1.0),
-    "DCGM_FI_DEV_GPU_TEMP": ("temp_c", 1.0),
+    "DCGM_FI_DEV_POWER_USAGE": (POWER_W, 1.0),
+    "DCGM_FI_DEV_POWER_USAGE_INSTANT": (POWER_W_INSTANT, 1.0),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": (ENERGY_J, 1e-3),  # mJ
+    "DCGM_FI_DEV_GPU_UTIL": (UTIL_GPU, 1.0),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": (UTIL_MEM, 1.0),
+    "DCGM_FI_DEV_SM_CLOCK": (SM_CLOCK_MHZ, 1.0),
+    "DCGM_FI_DEV_FB_USED": (MEM_USED_MIB, 1.0),
+    "DCGM_FI_DEV_GPU_TEMP": (TEMP_C, 1.0),
     # the clocks-event reasons bitmask, under its current name and the one before it
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("clocks_event_reasons", 1.0),
-    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("clocks_event_reasons", 1.0),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": (REASONS, 1.0),
+    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": (REASONS, 1.0),
     "DCGM_FI_PROF_SM_ACTIVE": ("sm_active", 100.0),  # ratios 0..1 -> %
     "DCGM_FI_PROF_SM_OCCUPANCY": ("sm_occupancy", 100.0),
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active", 100.0),
@@ -83,14 +95,14 @@ def read_dcgm(path: Path, imported: Imported, lines: Lines, host: str | None, fi
             if metric not in DCGM_FIELDS:
                 continue
             try:
-                if "gpu" not in labels:
-                    raise BadLine("gpu", m.group(2) or "", "no gpu label")
-                gpu = int(labels["gpu"])
+                if GPU_LABEL not in labels:
+                    raise BadLine(GPU_LABEL, m.group(2) or "", "no gpu label")
+                gpu = int(labels[GPU_LABEL])
                 v = float(value)  # Prometheus also writes NaN, +Inf, -Inf: the range check nulls and counts them
                 if stamp is not None:
                     t = int(stamp) / 1000.0
                 elif block_time is not None:
-                    key = (metric, gpu, labels.get("Hostname"))
+                    key = (metric, gpu, labels.get(HOST_LABEL))
                     if key in seen_in_block:  # the same series again: the next scrape (no time of its own)
                         raise BadLine("timestamp", line, "a second scrape without a time line before it")
                     seen_in_block.add(key)
@@ -104,16 +116,16 @@ def read_dcgm(path: Path, imported: Imported, lines: Lines, host: str | None, fi
             except (BadLine, ValueError) as exc:
                 lines.bad(path, lineno, exc if isinstance(exc, BadLine) else BadLine(metric, value))
                 continue
-            h = host or labels.get("Hostname") or file_host
+            h = host or labels.get(HOST_LABEL) or file_host
             col, scale = DCGM_FIELDS[metric]
             samples.setdefault((h, gpu, t), {})[col] = v * scale
             first_line.setdefault((h, gpu, t), lineno)
-            if labels.get("modelName"):
-                imported.names[(h, gpu)] = labels["modelName"]
+            if labels.get(MODEL_LABEL):
+                imported.names[(h, gpu)] = labels[MODEL_LABEL]
     if not samples:
         raise InputError(f"{path}: no DCGM samples (needs DCGM_FI_DEV_POWER_USAGE lines with a gpu label)")
     for (h, gpu, t), cols in samples.items():
-        power = cols.pop("power_w_instant", None)
+        power = cols.pop(POWER_W_INSTANT, None)
         if power is not None:
-            cols["power_w"] = power
+            cols[POWER_W] = power
         imported.add(dict(cols, time=t, host=h, gpu=gpu), path, first_line[(h, gpu, t)])

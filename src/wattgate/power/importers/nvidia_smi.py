@@ -12,9 +12,21 @@ from pathlib import Path
 import numpy as np
 
 from wattgate.errors import InputError
-from wattgate.trace import REASON_BITS, REASONS
+from wattgate.trace import (
+    GPU,
+    MEM_USED_MIB,
+    POWER_W,
+    REASON_BITS,
+    REASONS,
+    SM_CLOCK_MHZ,
+    TEMP_C,
+    TIME,
+    UTIL_GPU,
+    UTIL_MEM,
+)
 from wattgate.power.importers.common import ReadOptions
 from wattgate.power.log_parsing import (
+    POWER_W_AVG,
     Imported,
     BadLine,
     Lines,
@@ -33,25 +45,26 @@ from wattgate.power.log_parsing import (
 )
 
 
+NAME, BUS_ID = "name", "bus_id"  # the device name and PCI bus id, kept beside a sample's trace columns
 SMI_FIELDS = {  # query field -> trace column (power: the instant reading wins over the 1 s average)
-    "timestamp": "time",
-    "index": "gpu",
-    "power.draw.instant": "power_w",
-    "power.draw": "power_w_avg",
-    "power.draw.average": "power_w_avg",
-    "utilization.gpu": "util_gpu",
-    "utilization.memory": "util_mem",
-    "memory.used": "mem_used_mib",
-    "clocks.sm": "sm_clock_mhz",
-    "clocks.current.sm": "sm_clock_mhz",
-    "temperature.gpu": "temp_c",
-    "name": "name",
-    "gpu_name": "name",
-    "pci.bus_id": "bus_id",
-    "gpu_bus_id": "bus_id",
+    "timestamp": TIME,
+    "index": GPU,
+    "power.draw.instant": POWER_W,
+    "power.draw": POWER_W_AVG,
+    "power.draw.average": POWER_W_AVG,
+    "utilization.gpu": UTIL_GPU,
+    "utilization.memory": UTIL_MEM,
+    "memory.used": MEM_USED_MIB,
+    "clocks.sm": SM_CLOCK_MHZ,
+    "clocks.current.sm": SM_CLOCK_MHZ,
+    "temperature.gpu": TEMP_C,
+    "name": NAME,
+    "gpu_name": NAME,
+    "pci.bus_id": BUS_ID,
+    "gpu_bus_id": BUS_ID,
     # the reasons bitmask (0x... hex), under the current name and the one before it
-    "clocks_event_reasons.active": "clocks_event_reasons",
-    "clocks_throttle_reasons.active": "clocks_event_reasons",
+    "clocks_event_reasons.active": REASONS,
+    "clocks_throttle_reasons.active": REASONS,
 }
 # one reason per column, "Active" / "Not Active": a log that queried these rather than `.active`
 REASON_FLAG = re.compile(r"^clocks_(?:event|throttle)_reasons\.([a-z_]+)$")
@@ -131,7 +144,7 @@ def read_nvidia_smi(
             except BadLine as exc:
                 where = f"{path}:{header_line}" if header_line else f"{path}: --fields"
                 raise InputError(f"{where}: column {header[i]!r}: {str(exc).split(': ', 2)[-1]}") from None
-    if "time" not in columns or not ({"power_w", "power_w_avg"} & set(columns)):
+    if TIME not in columns or not ({POWER_W, POWER_W_AVG} & set(columns)):
         raise InputError(
             f"{path}: an nvidia-smi log needs the columns timestamp and power.draw (or "
             f"power.draw.instant); found {excerpt(', '.join(header), HEADER_CHARS)}"
@@ -153,10 +166,10 @@ def read_nvidia_smi(
                 raise BadLine("line", ",".join(cells), f"{len(cells)} fields, header has {len(header)}")
             if cells[0].strip().lower().startswith(header[0]) and smi_header(cells) == header:
                 continue  # a repeated header (a log restarted into the same file)
-            rec = {"time": parse_smi_time(cells[columns["time"]], tz, local)}
+            rec = {TIME: parse_smi_time(cells[columns[TIME]], tz, local)}
             for col, i in columns.items():
-                if col in ("time", "name", "bus_id"):
-                    if col != "time":
+                if col in (TIME, NAME, BUS_ID):
+                    if col != TIME:
                         rec[col] = cells[i].strip()
                     continue
                 if col == REASONS:
@@ -173,15 +186,13 @@ def read_nvidia_smi(
     imported.notes.extend(local.note(path))
     gpus = assign_smi_gpus(path, [r for _, r in parsed], imported)
     for (lineno, rec), gpu in zip(parsed, gpus):
-        power = rec.get("power_w") if rec.get("power_w") is not None else rec.get("power_w_avg")
-        row = {
-            k: rec.get(k) for k in ("time", "util_gpu", "util_mem", "mem_used_mib", "sm_clock_mhz", "temp_c", REASONS)
-        }
+        power = rec.get(POWER_W) if rec.get(POWER_W) is not None else rec.get(POWER_W_AVG)
+        row = {k: rec.get(k) for k in (TIME, UTIL_GPU, UTIL_MEM, MEM_USED_MIB, SM_CLOCK_MHZ, TEMP_C, REASONS)}
         row.update(host=host, gpu=gpu + gpu_offset, power_w=power)
         imported.add(row, path, lineno)
-        if rec.get("name"):
-            imported.names[(host, gpu + gpu_offset)] = rec["name"]
-    if "power_w" not in columns:
+        if rec.get(NAME):
+            imported.names[(host, gpu + gpu_offset)] = rec[NAME]
+    if POWER_W not in columns:
         imported.notes.append(
             f"{path.name}: power.draw only (a 1 s average on recent GPUs); the instant reading is power.draw.instant"
         )
@@ -202,13 +213,13 @@ def reason_flags(header: list[str], cells: list[str], flags: dict[int, int]) -> 
 
 
 def assign_smi_gpus(path: Path, recs: list[dict], imported: Imported) -> list[int]:
-    if all(r.get("gpu") is not None for r in recs):  # -1 (the range check's error) for an index that is none
-        return [int(r["gpu"]) if math.isfinite(r["gpu"]) and r["gpu"] == int(r["gpu"]) else -1 for r in recs]
-    if all(r.get("bus_id") for r in recs):
-        order = {b: i for i, b in enumerate(sorted({r["bus_id"].lower() for r in recs}))}
+    if all(r.get(GPU) is not None for r in recs):  # -1 (the range check's error) for an index that is none
+        return [int(r[GPU]) if math.isfinite(r[GPU]) and r[GPU] == int(r[GPU]) else -1 for r in recs]
+    if all(r.get(BUS_ID) for r in recs):
+        order = {b: i for i, b in enumerate(sorted({r[BUS_ID].lower() for r in recs}))}
         imported.notes.append(f"{path.name}: GPU index from the PCI bus id order (nvidia-smi's default order)")
-        return [order[r["bus_id"].lower()] for r in recs]
-    gpus, n, short = infer_burst_positions(np.array([r["time"] for r in recs]))
+        return [order[r[BUS_ID].lower()] for r in recs]
+    gpus, n, short = infer_burst_positions(np.array([r[TIME] for r in recs]))
     imported.notes.append(
         f"{path.name}: no index column: GPU index inferred from each sampling burst's row "
         f"order ({n} GPU(s); {short} short burst(s))"

@@ -19,6 +19,7 @@ from wattgate.power.log_parsing import (
     parse_iso_time,
     read_log_rows,
 )
+from wattgate.trace import GPU, HOST, POWER_W, TIME
 
 
 ZEUS_TIME = {"time", "timestamp", "t", "unix_time"}
@@ -50,12 +51,12 @@ def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index
         )
 
     def parse(cells: list[str]) -> tuple[float, dict]:
-        values = {g: parse_number(header[i], cells[i], "power_w", unit) for i, (g, unit) in gpus.items()}
+        values = {g: parse_number(header[i], cells[i], POWER_W, unit) for i, (g, unit) in gpus.items()}
         return parse_zeus_time(cells[time_col]), values
 
     for lineno, (t, values) in sample_rows(path, rows, header, lines, parse):
         for g, v in values.items():
-            imported.add({"time": t, "host": host, "gpu": g, "power_w": v}, path, lineno)
+            imported.add({TIME: t, HOST: host, GPU: g, POWER_W: v}, path, lineno)
 
 
 def parse_zeus_time(text: str) -> float:
@@ -66,9 +67,9 @@ def parse_zeus_time(text: str) -> float:
         pass
     else:
         if not math.isfinite(t):
-            raise BadLine("time", text, "expected unix seconds or e.g. 2022-07-13 02:07:36.708783")
+            raise BadLine(TIME, text, "expected unix seconds or e.g. 2022-07-13 02:07:36.708783")
         return t
     t = parse_iso_time(s, dt.timezone.utc)
     if t is None:
-        raise BadLine("time", text, "expected unix seconds or e.g. 2022-07-13 02:07:36.708783")
+        raise BadLine(TIME, text, "expected unix seconds or e.g. 2022-07-13 02:07:36.708783")
     return t

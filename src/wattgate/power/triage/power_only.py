@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from wattgate.durations import clock
-from wattgate.power.triage.phases import LABELS, phase_codes
+from wattgate.power.triage.phases import END, GPU, HOST, LABELS, POWER_W, START, UTIL_GPU, phase_codes
 from wattgate.power.triage.rules import CHECKPOINT_MIN_S, LENGTH_RATIO, PERIOD_TOLERANCE, PERIODIC_MIN
 from wattgate.triage_tables import DEFAULT_WINDOW_S
 
@@ -68,8 +68,8 @@ def pauses(phases: pa.Table | None) -> list[Pause]:
     """Checkpoint and deadlock episodes of a phases table, in time order."""
     if phases is None or phases.num_rows == 0:
         return []
-    start_all = _floats(phases.column("start"))
-    end_all = _floats(phases.column("end"))
+    start_all = _floats(phases.column(START))
+    end_all = _floats(phases.column(END))
     lengths = end_all - start_all
     lo, hi = float(lengths.min()), float(lengths.max())
     window = lo if lo == hi else float(np.median(lengths))  # one window length (triage's): no sort for its median
@@ -86,19 +86,19 @@ def pauses(phases: pa.Table | None) -> list[Pause]:
 
 def _episodes(kind: str, sel: pa.Table, window: float, last_end: float) -> list[Pause]:
     """The pauses of one kind from its windows (every GPU's)."""
-    host = pc.dictionary_encode(pc.fill_null(sel.column("host").cast(pa.string()), "")).combine_chunks()
+    host = pc.dictionary_encode(pc.fill_null(sel.column(HOST).cast(pa.string()), "")).combine_chunks()
     names = [str(h) for h in host.dictionary.to_pylist()]
     rank = np.empty(len(names), np.int64)
     rank[np.argsort(np.array(names, dtype=object), kind="stable")] = np.arange(len(names))
     hosts = sorted(names)
-    gpu = sel.column("gpu").to_numpy().astype(np.int64)
+    gpu = sel.column(GPU).to_numpy().astype(np.int64)
     width = int(gpu.max()) + 1 if len(gpu) else 1
     # GPUs as integers in (host, gpu) order; each GPU's windows in time order
     key = rank[host.indices.to_numpy(zero_copy_only=False)] * width + gpu
-    s, e = _floats(sel.column("start")), _floats(sel.column("end"))
+    s, e = _floats(sel.column(START)), _floats(sel.column(END))
     order = np.lexsort((s, key))
     key, s, e = key[order], s[order], e[order]
-    power, util = _floats(sel.column("power_w"))[order], _floats(sel.column("util_gpu"))[order]
+    power, util = _floats(sel.column(POWER_W))[order], _floats(sel.column(UTIL_GPU))[order]
     # runs of a GPU (gaps of up to RUN_GAP windows do not split one), then runs overlapping in time: episodes
     new = np.ones(len(s), dtype=bool)
     new[1:] = (key[1:] != key[:-1]) | (s[1:] - e[:-1] > RUN_GAP * window + 1e-9)
