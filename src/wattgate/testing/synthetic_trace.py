@@ -67,7 +67,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from wattgate.triage_tables import TriageTable
-from wattgate.trace import TRACE_SCHEMA, schema_with_meta
+from wattgate.power.triage.phases import END, PHASE, START
+from wattgate.trace import GPU, HOST, POWER_W, TIME, TRACE_SCHEMA, UTIL_GPU, schema_with_meta
 from wattgate.testing.sync_steps import (  # noqa: F401 (callers import these here)
     Straggler,
     SyncJob,
@@ -172,7 +173,7 @@ class SyntheticTrace:
         }
 
     def host_table(self, host: str) -> pa.Table:
-        mask = pc.equal(self.table.column("host"), host)
+        mask = pc.equal(self.table.column(HOST), host)
         return self.table.filter(mask).cast(schema_with_meta(self.meta(host)))
 
     def write(self, folder: Path) -> list[Path]:
@@ -186,8 +187,8 @@ class SyntheticTrace:
 
     def truth_for(self, phases: pa.Table) -> np.ndarray:
         """The true phase of each row of a phases table (None where the window is not in the truth)."""
-        df = phases.select(["host", "gpu", "start"]).to_pandas()
-        key = self.truth.set_index(["host", "gpu", "start"])["phase"]
+        df = phases.select([HOST, GPU, START]).to_pandas()
+        key = self.truth.set_index([HOST, GPU, START])[PHASE]
         return key.reindex(pd.MultiIndex.from_frame(df)).to_numpy()
 
 
@@ -244,8 +245,8 @@ def build_trace(
     gpus = sorted(schedule)
     hosts = sorted({h for h, _ in gpus})
     k = max(1, int(average_over))
-    cols = {c: [] for c in ("time", "host", "gpu", "power_w", "util_gpu")}
-    fine = {c: [] for c in ("time", "host", "gpu", "label")}
+    cols = {c: [] for c in (TIME, HOST, GPU, POWER_W, UTIL_GPU)}
+    fine = {c: [] for c in (TIME, HOST, GPU, "label")}
     seg_rows = []
     for key in gpus:
         segs = [s if len(s) == 3 else (s[0], s[1], {}) for s in schedule[key]]
@@ -276,22 +277,22 @@ def build_trace(
         keep = ~gone.reshape(-1, k).any(axis=1)
         if drop_share:
             keep &= rng.random(len(keep)) >= drop_share
-        cols["time"].append(t0 + rel[at][keep])
-        cols["host"].append(np.full(keep.sum(), hosts.index(key[0]), np.int32))
-        cols["gpu"].append(np.full(keep.sum(), key[1], np.int32))
-        cols["power_w"].append(np.maximum(power.reshape(-1, k).mean(axis=1)[keep], 0.0).astype(np.float32))
-        cols["util_gpu"].append(np.clip(util.reshape(-1, k).mean(axis=1)[keep], 0, 100).astype(np.float32))
+        cols[TIME].append(t0 + rel[at][keep])
+        cols[HOST].append(np.full(keep.sum(), hosts.index(key[0]), np.int32))
+        cols[GPU].append(np.full(keep.sum(), key[1], np.int32))
+        cols[POWER_W].append(np.maximum(power.reshape(-1, k).mean(axis=1)[keep], 0.0).astype(np.float32))
+        cols[UTIL_GPU].append(np.clip(util.reshape(-1, k).mean(axis=1)[keep], 0, 100).astype(np.float32))
         if sync is not None:
             sync.keep(rel, at, keep)
-        fine["time"].append(t0 + rel[~gone])
-        fine["host"].append(np.full((~gone).sum(), hosts.index(key[0]), np.int32))
-        fine["gpu"].append(np.full((~gone).sum(), key[1], np.int32))
+        fine[TIME].append(t0 + rel[~gone])
+        fine[HOST].append(np.full((~gone).sum(), hosts.index(key[0]), np.int32))
+        fine[GPU].append(np.full((~gone).sum(), key[1], np.int32))
         fine["label"].append(label[~gone])
     data = {c: np.concatenate(v) for c, v in cols.items()}
     extra = sync.columns() if sync is not None else None
-    trace = trace_table(data["time"], hosts, data["host"], data["gpu"], data["power_w"], data["util_gpu"], extra)
+    trace = trace_table(data[TIME], hosts, data[HOST], data[GPU], data[POWER_W], data[UTIL_GPU], extra)
     truth = _truth({c: np.concatenate(v) for c, v in fine.items()}, hosts, window_s) if with_truth else None
-    segments = pd.DataFrame(seg_rows, columns=["host", "gpu", "variant", "phase", "start", "end"])
+    segments = pd.DataFrame(seg_rows, columns=[HOST, GPU, "variant", PHASE, START, END])
     name, more = device_name or f"NVIDIA {table.gpu_model}", sync.results(t0) if sync is not None else ()
     return SyntheticTrace(trace, truth, segments, gpus, table, hz, window_s, name, *more)
 
@@ -301,12 +302,12 @@ def trace_table(time, hosts: list[str], host_code, gpu, power_w, util_gpu, extra
     unless `extra` (column -> arrow array) gives them."""
     n = len(time)
     arrays = {
-        "time": pa.array(time, pa.float64()),
-        "host": pa.DictionaryArray.from_arrays(pa.array(host_code, pa.int32()), pa.array(hosts)).cast(pa.string()),
-        "gpu": pa.array(gpu, pa.int32()),
-        "power_w": pa.array(power_w, pa.float32()),
+        TIME: pa.array(time, pa.float64()),
+        HOST: pa.DictionaryArray.from_arrays(pa.array(host_code, pa.int32()), pa.array(hosts)).cast(pa.string()),
+        GPU: pa.array(gpu, pa.int32()),
+        POWER_W: pa.array(power_w, pa.float32()),
         "energy_j": pa.nulls(n, pa.float64()),
-        "util_gpu": pa.array(util_gpu, pa.float32()),
+        UTIL_GPU: pa.array(util_gpu, pa.float32()),
         "util_mem": pa.array(np.zeros(n, np.float32)),
         "sm_clock_mhz": pa.array(np.full(n, 1980.0, np.float32)),
         "mem_used_mib": pa.array(np.zeros(n, np.float32)),
@@ -320,27 +321,27 @@ def _truth(data: dict, hosts: list[str], window_s: float) -> pd.DataFrame:
     """Majority truth label of each window's samples; windows without samples inside a GPU's span: unknown."""
     df = pd.DataFrame(
         {
-            "host": np.array(hosts, dtype=object)[data["host"]],
-            "gpu": data["gpu"],
-            "w": np.floor(data["time"] / window_s).astype(np.int64),
+            HOST: np.array(hosts, dtype=object)[data[HOST]],
+            GPU: data[GPU],
+            "w": np.floor(data[TIME] / window_s).astype(np.int64),
             "label": data["label"],
         }
     )
-    counts = df.groupby(["host", "gpu", "w", "label"]).size().reset_index(name="n")
-    counts = counts.sort_values(["host", "gpu", "w", "n", "label"], ascending=[True, True, True, False, True])
-    best = counts.drop_duplicates(["host", "gpu", "w"])
+    counts = df.groupby([HOST, GPU, "w", "label"]).size().reset_index(name="n")
+    counts = counts.sort_values([HOST, GPU, "w", "n", "label"], ascending=[True, True, True, False, True])
+    best = counts.drop_duplicates([HOST, GPU, "w"])
     frames = []
-    for (host, gpu), g in best.groupby(["host", "gpu"], sort=True):
+    for (host, gpu), g in best.groupby([HOST, GPU], sort=True):
         w = np.arange(g["w"].min(), g["w"].max() + 1)
         lab = np.full(len(w), TRUTH_LABELS.index("unknown"))
         lab[g["w"].to_numpy() - w[0]] = g["label"].to_numpy()
         frames.append(
             pd.DataFrame(
                 {
-                    "host": host,
-                    "gpu": np.int32(gpu),
-                    "start": w * window_s,
-                    "phase": np.array(TRUTH_LABELS, dtype=object)[lab],
+                    HOST: host,
+                    GPU: np.int32(gpu),
+                    START: w * window_s,
+                    PHASE: np.array(TRUTH_LABELS, dtype=object)[lab],
                 }
             )
         )
@@ -350,7 +351,7 @@ def _truth(data: dict, hosts: list[str], window_s: float) -> pd.DataFrame:
 def accuracy(phases: pa.Table, synth: SyntheticTrace) -> pd.DataFrame:
     """Per true phase: windows, recall (share labelled right) and precision."""
     truth = synth.truth_for(phases)
-    got = phases.column("phase").to_numpy(zero_copy_only=False)
+    got = phases.column(PHASE).to_numpy(zero_copy_only=False)
     rows = []
     for ph in TRUTH_LABELS:
         t, g = truth == ph, got == ph
@@ -393,9 +394,9 @@ def write_run_info(
     beat_dir.mkdir(parents=True, exist_ok=True)
     metrics = []
     for rank, key in enumerate(ranks):
-        segs = synth.segments[(synth.segments["host"] == key[0]) & (synth.segments["gpu"] == key[1])]
-        busy = segs[segs["phase"] != "idle"]
-        start, end = float(busy["start"].min()), float(busy["end"].max())
+        segs = synth.segments[(synth.segments[HOST] == key[0]) & (synth.segments[GPU] == key[1])]
+        busy = segs[segs[PHASE] != "idle"]
+        start, end = float(busy[START].min()), float(busy[END].max())
         events = [(start, 0, "init"), (start, 0, "train")]
         step, last_progress = 0, start
         for seg in busy.itertuples():
@@ -494,7 +495,7 @@ def calibration_truth(labels: pd.DataFrame, window_s: float = 1.0) -> pd.DataFra
 def calibration_agreement(phases: pa.Table, labels: pd.DataFrame) -> pd.DataFrame:
     """Per labelled phase: scored windows, share read as REAL_ACCEPT allows, and what they read as."""
     truth = calibration_truth(labels)
-    got = phases.select(["start", "phase"]).to_pandas().set_index("start")["phase"]
+    got = phases.select([START, PHASE]).to_pandas().set_index(START)[PHASE]
     truth["got"] = got.reindex(truth["start"]).to_numpy()
     rows = []
     for ph, g in truth.groupby("phase", sort=False):
@@ -518,8 +519,8 @@ def train_parts(phases: pa.Table, run_dir: Path) -> dict[str, np.ndarray]:
     """
     events = pd.read_json(run_dir / "heartbeat" / "rank-0.events.jsonl", lines=True).sort_values("time")
     m = pq.read_table(run_dir / "metrics.parquet", columns=["time", "step_time_s"]).to_pandas()
-    df = phases.select(["start", "end"]).to_pandas()
-    w0, w1 = df["start"].to_numpy(), df["end"].to_numpy()
+    df = phases.select([START, END]).to_pandas()
+    w0, w1 = df[START].to_numpy(), df[END].to_numpy()
 
     def share(starts, ends):  # the intervals do not overlap
         cover = np.clip(np.minimum(w1[:, None], ends[None]) - np.maximum(w0[:, None], starts[None]), 0, None)
@@ -539,7 +540,7 @@ TRAIN_EXPECT = {"steps": "compute", "checkpoint": "checkpoint", "init": "idle", 
 
 def train_agreement(phases: pa.Table, run_dir: Path) -> pd.DataFrame:
     """Per part of the real run (train_parts): windows, share read as TRAIN_EXPECT says, what they read as."""
-    got = phases.column("phase").to_numpy(zero_copy_only=False)
+    got = phases.column(PHASE).to_numpy(zero_copy_only=False)
     rows = []
     for part, mask in train_parts(phases, run_dir).items():
         g = pd.Series(got[mask])
@@ -570,17 +571,17 @@ def write_nvidia_smi_csv(
     every `na_every`-th row's power `[N/A]` (0: none). One host; the i-th sample of every GPU is burst i."""
     import datetime as dt
 
-    df = synth.table.select(["time", "gpu", "power_w", "util_gpu"]).to_pandas().sort_values(["gpu", "time"])
-    per_gpu = df.groupby("gpu")
+    df = synth.table.select([TIME, GPU, POWER_W, UTIL_GPU]).to_pandas().sort_values([GPU, TIME])
+    per_gpu = df.groupby(GPU)
     n = int(per_gpu.size().min())
     gpus = sorted(per_gpu.groups)
-    first = float(df["time"].min())
+    first = float(df[TIME].min())
     rows = []
     interval = 1.0 / synth.hz
     for i in range(n):
         for g in gpus:
             rows.append((first + i * interval + g * burst_gap_s, g))
-    power = {g: grp["power_w"].to_numpy()[:n] for g, grp in per_gpu}
+    power = {g: grp[POWER_W].to_numpy()[:n] for g, grp in per_gpu}
     util = {g: grp["util_gpu"].to_numpy()[:n] for g, grp in per_gpu}
     device = name or synth.device_name
     lines = ["timestamp, index, name, power.draw [W], utilization.gpu [%]"]
