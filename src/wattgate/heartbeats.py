@@ -11,11 +11,14 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from wattgate.artifacts import write_bytes_atomic
 from wattgate.errors import InputError, first_line
+from wattgate.records.base import Where
+from wattgate.records.heartbeat import Beat, RankError, RankExit
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -172,12 +175,12 @@ def rank_exit_path(run: str | os.PathLike, rank: int) -> Path:
     return Path(run) / HEARTBEAT_DIR / f"exit-rank-{rank}.json"
 
 
-def _last_beat(run: str | os.PathLike, rank: int) -> dict:
+def _last_beat(run: str | os.PathLike, rank: int) -> Beat | None:
+    path = heartbeat_path(run, rank)
     try:
-        beat = json.loads(heartbeat_path(run, rank).read_text())
-    except (OSError, ValueError):
-        return {}
-    return beat if isinstance(beat, dict) else {}
+        return Beat.from_json(json.loads(path.read_text()), Where(str(path)))
+    except (OSError, ValueError, InputError):
+        return None
 
 
 def _write_record(path: Path, record: dict) -> bool:
@@ -193,51 +196,58 @@ def _write_record(path: Path, record: dict) -> bool:
 def write_rank_error(run: str | os.PathLike, rank: int, error: str, exit_code: int) -> bool:
     """This rank's failure record (its CLI's one line and exit status, where its last heartbeat placed it)."""
     beat = _last_beat(run, rank)
-    record = {
-        "rank": rank,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "exit_code": exit_code,
-        "error": error,
-        "step": beat.get("step"),
-        "epoch": beat.get("epoch"),
-        "phase": beat.get("phase"),
-        "time": time.time(),
-    }
-    return _write_record(rank_error_path(run, rank), record)
+    record = RankError(
+        rank=rank,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        exit_code=exit_code,
+        error=error,
+        step=beat.step if beat else None,
+        epoch=beat.epoch if beat else None,
+        phase=beat.phase if beat else None,
+        time=time.time(),
+    )
+    return _write_record(rank_error_path(run, rank), record.to_json())
 
 
 def write_rank_exit(run: str | os.PathLike, rank: int, local_rank: int, pid: int, exitcode: int) -> bool:
     """A failed rank's wait status as its torchrun agent saw it: `exitcode` < 0 is the signal that killed it."""
-    record = {
-        "rank": rank,
-        "local_rank": local_rank,
-        "host": socket.gethostname(),
-        "pid": pid,
-        "exitcode": exitcode,
-        "agent_pid": os.getpid(),
-        "time": time.time(),
-    }
-    return _write_record(rank_exit_path(run, rank), record)
+    record = RankExit(
+        rank=rank,
+        local_rank=local_rank,
+        host=socket.gethostname(),
+        pid=pid,
+        exitcode=exitcode,
+        agent_pid=os.getpid(),
+        time=time.time(),
+    )
+    return _write_record(rank_exit_path(run, rank), record.to_json())
 
 
-def read_rank_failures(run: str | os.PathLike, since: float = 0.0) -> dict[int, dict]:
-    """rank -> {"error": its own record or None, "exit": its agent's record or None, "beat": its last heartbeat},
-    for the ranks with a record written at or after `since` (older ones belong to an earlier attempt). A record
+@dataclass(frozen=True)
+class RankRecords:
+    """What a failed rank left: its own error, its agent's exit, its last heartbeat (each None when absent)."""
+
+    error: RankError | None = None
+    exit: RankExit | None = None
+    beat: Beat | None = None
+
+
+def read_rank_failures(run: str | os.PathLike, since: float = 0.0) -> dict[int, RankRecords]:
+    """rank -> its own error record, its agent's exit record and its last heartbeat (each None when absent), for
+    the ranks with a record written at or after `since` (older ones belong to an earlier attempt). A record
     that cannot be read is skipped: these explain a failure, they never cause one."""
-    found: dict[int, dict] = {}
-    for kind in ("error", "exit"):
+    found: dict[int, RankRecords] = {}
+    for kind, record_type in (("error", RankError), ("exit", RankExit)):
         for path in sorted((Path(run) / HEARTBEAT_DIR).glob(f"{kind}-rank-*.json")):
             try:
-                record = json.loads(path.read_text())
-                rank, written = int(record["rank"]), float(record["time"])
-            except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+                record = record_type.from_json(json.loads(path.read_text()), Where(str(path)))
+            except (OSError, ValueError, RecursionError, InputError):
                 continue
-            if written >= since and math.isfinite(written):
-                found.setdefault(rank, {"error": None, "exit": None})[kind] = record
-    for rank, entry in found.items():
-        entry["beat"] = _last_beat(run, rank)
-    return found
+            if record.time >= since:
+                entry = found.get(record.rank, RankRecords())
+                found[record.rank] = replace(entry, error=record) if kind == "error" else replace(entry, exit=record)
+    return {rank: replace(entry, beat=_last_beat(run, rank)) for rank, entry in found.items()}
 
 
 def clear_rank_failures(run: str | os.PathLike) -> None:

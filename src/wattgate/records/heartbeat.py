@@ -35,3 +35,33 @@ class Beat(Record):
     def epoch_end(self) -> int | None:
         """The step at which this rank's current epoch ends (None: no plan)."""
         return next((e for e in self.epoch_ends or () if e >= self.step), None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankError(Record):
+    """`heartbeat/error-rank-<r>.json`: written by a rank's own CLI when it exits with an error: its one line, its
+    exit status, and where its last heartbeat placed it. Fields in the order they are written."""
+
+    rank: int = spec(minimum=0)
+    host: str | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    step: int | None = None
+    epoch: int | None = None
+    phase: str | None = None
+    time: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankExit(Record):
+    """`heartbeat/exit-rank-<r>.json`: a failed rank's wait status as its torchrun agent saw it (`exitcode` < 0 is
+    the signal that killed it: the only record of a rank killed before it could write). Fields in written order."""
+
+    rank: int = spec(minimum=0)
+    local_rank: int | None = None
+    host: str | None = None
+    pid: int | None = None
+    exitcode: int | None = None
+    agent_pid: int | None = None
+    time: float

@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 import time
 
-from wattgate.heartbeats import read_rank_failures
+from wattgate.heartbeats import RankRecords, read_rank_failures
 from wattgate.records.watcher import JobEnd, RankFailure, WatcherRecord
 
 SIGNAL_HINTS = {
@@ -38,9 +38,8 @@ PEER_LOSS = (
 )
 
 
-def position(record: dict) -> str:
-    """' in step 13' / ' writing the checkpoint of step 30' from a heartbeat-like record's step and phase."""
-    step, phase = record.get("step"), record.get("phase")
+def position(step: int | None, phase: str | None) -> str:
+    """' in step 13' / ' writing the checkpoint of step 30' from a heartbeat's (or an error record's) step and phase."""
     if not isinstance(step, int):
         return ""
     return {
@@ -60,28 +59,29 @@ def signal_name(exitcode: int) -> str:
         return f"signal {-exitcode}"
 
 
-def _candidate(rank: int, entry: dict) -> tuple[tuple, RankFailure]:
-    error, exit_, beat = entry["error"], entry["exit"], entry.get("beat") or {}
-    if exit_ is not None and int(exit_.get("exitcode", 0)) < 0 and error is None:
-        code = int(exit_["exitcode"])
+def _candidate(rank: int, entry: RankRecords) -> tuple[tuple, RankFailure]:
+    error, exit_, beat = entry.error, entry.exit, entry.beat
+    where = position(beat.step, beat.phase) if beat is not None else ""
+    if exit_ is not None and (exit_.exitcode or 0) < 0 and error is None:
+        code = exit_.exitcode
         name = signal_name(code)
         cause = f"killed by {name} (signal {-code})"
-        who = f"rank {rank} (pid {exit_.get('pid')} on {exit_.get('host')})"
+        who = f"rank {rank} (pid {exit_.pid} on {exit_.host})"
         hint = SIGNAL_HINTS.get(name)
-        line = f"{who} died: {cause}{position(beat)}" + (f": {hint}" if hint else "")
-        return (0, float(exit_["time"]), rank), RankFailure(rank=rank, cause=cause, line=line, exit_status=1)
+        line = f"{who} died: {cause}{where}" + (f": {hint}" if hint else "")
+        return (0, exit_.time, rank), RankFailure(rank=rank, cause=cause, line=line, exit_status=1)
     if error is not None:
-        code = int(error.get("exit_code") or 1)
-        text = str(error.get("error") or "an error")
+        code = error.exit_code or 1
+        text = error.error or "an error"
         cause = f"{text} (exit {code})"
-        line = f"rank {rank}{position(error)}: {cause}"
+        line = f"rank {rank}{position(error.step, error.phase)}: {cause}"
         peer = any(p in text.lower() for p in PEER_LOSS)
         failure = RankFailure(rank=rank, cause=cause, line=line, exit_status=2 if code == 2 else 1, retriable=peer)
-        return (2 if peer else 1, float(error["time"]), rank), failure
-    code = int(exit_.get("exitcode", 1))
+        return (2 if peer else 1, error.time, rank), failure
+    code = exit_.exitcode if exit_.exitcode is not None else 1
     cause = f"exit status {code} with no error line (its traceback, if any, is in train.log)"
-    line = f"rank {rank} (pid {exit_.get('pid')} on {exit_.get('host')}) failed: {cause}{position(beat)}"
-    return (3, float(exit_["time"]), rank), RankFailure(rank=rank, cause=cause, line=line, exit_status=1)
+    line = f"rank {rank} (pid {exit_.pid} on {exit_.host}) failed: {cause}{where}"
+    return (3, exit_.time, rank), RankFailure(rank=rank, cause=cause, line=line, exit_status=1)
 
 
 def name_failure(run, since: float = 0.0) -> RankFailure | None:
