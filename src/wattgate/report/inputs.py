@@ -31,7 +31,7 @@ from wattgate.codes import column_codes
 from wattgate.errors import InputError
 from wattgate.power.energy import in_time_order, join_parts
 from wattgate.power.triage.causes import COLUMNS as CAUSE_COLUMNS
-from wattgate.power.triage.phases import LABELS, PHASES_SCHEMA, phases_meta, read_phases
+from wattgate.power.triage.phases import CONFIDENCE, LABELS, PHASE, PHASES_SCHEMA, phases_meta, read_phases
 from wattgate.power.triage.runinfo import RUN_INFO_METRICS, RunInfo
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.stage import recorded_caps, triage
@@ -49,17 +49,29 @@ from wattgate.run_files import (
     read_watcher,
 )
 from wattgate.run_tables import read_eval
-from wattgate.trace import TRACE_SCHEMA, null_invalid_values, read_trace, trace_files, trace_meta
+from wattgate.trace import (
+    ENERGY_J,
+    GPU,
+    HOST,
+    POWER_W,
+    TIME,
+    TRACE_SCHEMA,
+    UTIL_GPU,
+    null_invalid_values,
+    read_trace,
+    trace_files,
+    trace_meta,
+)
 from wattgate.records.base import Where
 from wattgate.records.run_config import RunConfig
 from wattgate.records.triage import Energy, Gaps, Lagging, PauseRecord, Triage
 from wattgate.records.watcher import WatcherRecord
 from wattgate.records.trained import Trained
 
-TRACE_COLUMNS = ["time", "host", "gpu", "power_w", "energy_j"]
+TRACE_COLUMNS = [TIME, HOST, GPU, POWER_W, ENERGY_J]
 METRICS_REQUIRED = ["step", "rank", "time"]  # metrics.parquet: the report needs these, reads the rest if there
 METRICS_OPTIONAL = ["loss", "tokens", "loss_tokens", "step_time_s", "data_wait_s"]
-PHASE_COLUMNS = [n for n in PHASES_SCHEMA.names if n != "confidence"]  # the report never shows a label's confidence
+PHASE_COLUMNS = [n for n in PHASES_SCHEMA.names if n != CONFIDENCE]  # the report never shows a label's confidence
 _CHECKPOINT_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -167,7 +179,7 @@ def _read_trace_columns(path: Path, columns: list[str]) -> pa.Table:
     if missing:
         raise InputError(f"{path}: not a wattgate trace: missing column(s) {', '.join(missing)}")
     try:
-        table = pq.read_table(path, columns=columns, read_dictionary=["host"])
+        table = pq.read_table(path, columns=columns, read_dictionary=[HOST])
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"{path}: not a readable Parquet trace ({exc})") from None
     # a foreign trace may hold NaN, Inf or negative readings: null them as read_trace does
@@ -204,11 +216,11 @@ def _file_series(table: pa.Table) -> list[GpuSeries]:
     """Split one trace file's rows by GPU: strided views when rows cycle through the GPUs, else a sort."""
     if table.num_rows == 0:
         return []
-    codes, names = _host_codes(table.column("host"))
-    gpu = _numbers(table, "gpu", -1).astype(np.int64, copy=False)
-    time_ = _numbers(table, "time", np.nan).astype(np.float64, copy=False)
-    power = _numbers(table, "power_w", np.nan)
-    energy = table.column("energy_j")
+    codes, names = _host_codes(table.column(HOST))
+    gpu = _numbers(table, GPU, -1).astype(np.int64, copy=False)
+    time_ = _numbers(table, TIME, np.nan).astype(np.float64, copy=False)
+    power = _numbers(table, POWER_W, np.nan)
+    energy = table.column(ENERGY_J)
     valid = None if energy.null_count == len(energy) else pc.is_valid(energy).to_numpy(zero_copy_only=False)
     readings = pc.drop_null(energy).to_numpy().astype(np.float64) if valid is not None else None
     width = int(gpu.max()) + 1 if len(gpu) else 1
@@ -404,14 +416,14 @@ def _triage_columns(path: Path) -> pa.Table:
     """What in-process triage reads of a trace: the windows' columns and, where the file has them, the SM clock,
     temperature and clocks-event reasons that name a straggler's cause."""
     names = pq.read_schema(path).names if path.is_file() else TRACE_SCHEMA.names
-    cols = ["time", "host", "gpu", "power_w", "util_gpu"] + [c for c in CAUSE_COLUMNS if c in names]
+    cols = [TIME, HOST, GPU, POWER_W, UTIL_GPU] + [c for c in CAUSE_COLUMNS if c in names]
     return _read_trace_columns(path, cols).cast(pa.schema([TRACE_SCHEMA.field(c) for c in cols]))
 
 
 def check_phase_labels(phases: pa.Table, path: Path) -> None:
     """Refuse a phases table with a label outside triage's set (LABELS): drawn, its windows would pass as
     `unknown`, a telemetry gap no sample was missing for."""
-    values, codes = column_codes(phases.column("phase"))
+    values, codes = column_codes(phases.column(PHASE))
     if all(v in LABELS for v in values):
         return
     counts = np.bincount(codes, minlength=len(values))  # a dictionary entry no row uses is no label

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from wattgate.codes import column_codes
-from wattgate.power.triage.phases import LABELS
+from wattgate.power.triage.phases import END, GPU, HOST, LABELS, PHASE, POWER_W, START
 
 PHASE_COLORS = {
     "compute": "#2ca02c",
@@ -72,13 +72,13 @@ def phase_windows(table: pa.Table) -> PhaseWindows:
     if table is None or table.num_rows == 0:
         e = np.zeros(0)
         return PhaseWindows([], np.zeros(0, np.int64), e, e, np.zeros(0, np.int64), e)
-    key, hosts = _codes(table.column("host"))
-    code, _ = _codes(table.column("phase"), list(LABELS))
-    gpu = table.column("gpu").to_numpy()
+    key, hosts = _codes(table.column(HOST))
+    code, _ = _codes(table.column(PHASE), list(LABELS))
+    gpu = table.column(GPU).to_numpy()
     if gpu.dtype.kind not in "iu":
         gpu = gpu.astype(np.int64)
-    start, end = _floats(table.column("start")), _floats(table.column("end"))
-    power = _floats(table.column("power_w"))
+    start, end = _floats(table.column(START)), _floats(table.column(END))
+    power = _floats(table.column(POWER_W))
     width = int(gpu.max()) + 1
     key *= width
     key += gpu

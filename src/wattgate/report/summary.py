@@ -26,6 +26,7 @@ from wattgate.records.summary import (
     PhaseShare,
     RunFacts,
     Signals,
+    StragglerEntry,
     Summary,
 )
 from wattgate.records.trained import Trained
@@ -34,7 +35,7 @@ from wattgate.report.phases import PhaseWindows, phase_windows, totals
 from wattgate.report.stragglers import straggler_record
 from wattgate.report.steps import loss, num, segments_section, step_table, throughput, validation_section
 from wattgate.power.triage import power_only
-from wattgate.power.triage.phases import LABELS, gap_summary, phases_meta
+from wattgate.power.triage.phases import LABELS, UTIL_GPU, gap_summary, phases_meta
 from wattgate.power.triage.runinfo import map_ranks
 from wattgate.run_tables import STEP_TIME_S, TIME
 
@@ -202,7 +203,7 @@ def rank_gpus(inputs: RunInputs, keys: list[tuple[str, int]]) -> dict[int, str]:
 
 
 def find_anomalies(
-    inputs: RunInputs, w: PhaseWindows, keys: list[tuple[str, int]], waited_for: list[dict] = ()
+    inputs: RunInputs, w: PhaseWindows, keys: list[tuple[str, int]], waited_for: tuple[StragglerEntry, ...] = ()
 ) -> list[an.Episode]:
     """`waited_for`: the stragglers the Stragglers card names (report/stragglers.py)."""
     return (
@@ -338,7 +339,7 @@ def counter_read(inputs: RunInputs) -> bool:
 
 
 def signals(inputs: RunInputs, energy: GpuEnergy | None, w: PhaseWindows) -> Signals:
-    util = inputs.phases is not None and inputs.phases.num_rows > inputs.phases.column("util_gpu").null_count
+    util = inputs.phases is not None and inputs.phases.num_rows > inputs.phases.column(UTIL_GPU).null_count
     return Signals(
         traces=bool(inputs.trace_paths),
         power=energy is not None,
