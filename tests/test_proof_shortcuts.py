@@ -36,7 +36,7 @@ def test_a_replayed_dry_run_records_what_running_every_step_records(proof_run, t
     ran, replayed = (dataclasses.asdict(r) for r in records)
     assert ran == replayed
     assert len(steps) >= 4 and all(ran["steps"][g] for g in steps) and ran["stop"]
-    assert ran["resume"] and ran["resume_step"] == plan["steps_per_epoch"] * config["train"]["epochs"]
+    assert ran["resume"] and ran["resume_step"] == plan.steps_per_epoch * config["train"]["epochs"]
 
 
 def test_dry_runs_in_worker_processes_return_what_the_gate_process_computes(proof_run, tmp_path):
@@ -66,7 +66,6 @@ def boom(x):
 
 
 def test_a_worker_that_fails_fails_the_proof_with_its_reason(monkeypatch):
-    monkeypatch.setattr(workers, "single_threaded", lambda: True)  # fork here: these tasks take no lock of torch's
     with pytest.raises(ValueError, match="worker broke"):
         run_tasks(boom, [(0,), (1,)], processes=2)
     assert run_tasks(boom, [(0,), (2,), (3,)], processes=2) == [0, 2, 3]
@@ -79,16 +78,15 @@ def nap(seconds):
 
 def test_a_worker_that_does_not_answer_is_ended_and_named(monkeypatch):
     monkeypatch.setattr(workers, "WAIT_MIN_S", 0.5)
-    monkeypatch.setattr(workers, "single_threaded", lambda: True)
     t0 = time.perf_counter()
     with pytest.raises(RuntimeError, match=r"a dry-run worker \(task 2 of 2\) did not finish within 0 s"):
         run_tasks(nap, [(0,), (30,)], processes=2)
     assert time.perf_counter() - t0 < 10
 
 
-def test_no_worker_is_forked_while_other_threads_run():
-    """A fork copies the locks other threads hold (an OpenMP pool that ran a torch op hangs the child for good): with
-    a thread running, the dry runs stay in the gate's process."""
+def test_no_worker_is_forked_while_another_python_thread_runs():
+    """A fork copies the locks other threads hold: with another Python thread running, the dry runs stay in the
+    gate's process."""
     import os
     import threading
 
@@ -96,8 +94,38 @@ def test_no_worker_is_forked_while_other_threads_run():
     thread = threading.Thread(target=stop.wait)
     thread.start()
     try:
-        assert not workers.single_threaded()
+        assert not workers.no_other_python_threads()
         assert run_tasks(os.getpid, [(), (), ()], processes=2) == [os.getpid()] * 3
     finally:
         stop.set()
         thread.join()
+
+
+FORK_AFTER_OPENMP = """
+import torch
+from wattgate.proof.workers import run_tasks
+
+torch.set_num_threads(2)
+a = torch.randn(1500, 1500)
+(a @ a).sum()  # this process's OpenMP pool has run
+
+
+def real_op(n):
+    z = torch.randn(n, n)
+    return int((z @ z).shape[0])
+
+
+print(run_tasks(real_op, [(300,), (301,)], processes=2))
+"""
+
+
+def test_a_worker_forked_after_the_gate_used_its_openmp_pool_runs_torch_ops():
+    """libgomp is not fork-safe: a child entering the pool its parent used hangs for good. Workers run torch ops on
+    one thread, so they never enter it (without that, this run hangs until the timeout)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_OPENMP], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[300, 301]"

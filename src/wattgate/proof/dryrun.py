@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from wattgate.records.checkpoint import CheckpointState, Position
 from wattgate.gpus import is_cpu
 from wattgate.proof.depth import truncate_layers
 from wattgate.proof.experts import prepare_dry_run_experts
@@ -45,6 +46,7 @@ from wattgate.proof.storage import NoBytesCheckpoints, NoBytesExport
 from wattgate.train.loop import Paths, Trainer, rank_trainer
 from wattgate.train.seams import Seams
 from wattgate.train.settings import TrainSettings
+from wattgate.config import run_config
 from wattgate.records.plan import Plan
 from wattgate.records.run_config import RunConfig
 
@@ -133,12 +135,12 @@ class ProxyModel:
         return model, PROXY_SOURCE
 
 
-def earlier_segment(plan: Plan) -> dict[str, dict]:
+def earlier_segment(plan: Plan) -> dict[str, CheckpointState]:
     """The checkpoint a continued plan (pack/segments.py) resumes from: the earlier segment's, at its first step."""
     if not plan.segments:
         return {}
     first = plan.first_step
-    return {f"step-{first}": {"step": first, "position": {"step": first}, "files": {}}}
+    return {f"step-{first}": CheckpointState(step=first, position=Position(step=first), files={})}
 
 
 def stop_and_resume(trainer: Trainer, seams: Seams, stop: ArmedStop, steps: DryRunSteps, record: RankRecord) -> None:
@@ -170,7 +172,7 @@ def stop_and_resume(trainer: Trainer, seams: Seams, stop: ArmedStop, steps: DryR
 
 
 def dry_run_rank(
-    config: RunConfig,
+    config: RunConfig | dict,
     paths: Paths,
     rank: int,
     steps: list[int],
@@ -189,6 +191,7 @@ def dry_run_rank(
 
     from wattgate.run_files import read_plan
 
+    config = run_config(config)
     plan, _ = read_plan(paths.plan_dir)
     world = plan.world_size
     s = dataclasses.replace(

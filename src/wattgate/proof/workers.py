@@ -2,7 +2,11 @@
 dispatch), so N ranks on C cores take about N / C of the time (issue 31: the default's gate within 5 s).
 
 Workers are forked (multiprocessing's fork context) once torch, transformers and the model's modules are
-imported and before any dry run starts, so a worker starts at once and shares them; each task is one
+imported and before any dry run starts, so a worker starts at once and shares them. A fork copies the locks
+other threads hold: no worker is forked while another Python thread runs (it may hold any lock), and a worker
+runs torch ops on one thread, as an OpenMP pool the forking process has used hangs a child that enters it for
+good (libgomp is not fork-safe). The native pools numpy, Arrow and torch start at import are idle then, and
+handle a fork themselves. Each task is one
 `dry_run_rank` on its own fake process group, its RankRecord sent back pickled. The gate's own process takes
 every C-th task, the first (rank 0) first: the other ranks take what rank 0 sends (proof/relay.py), and wait
 for it when they are ahead. A worker that does not answer long after the gate's own share is done is ended and the proof
@@ -34,10 +38,10 @@ def run_tasks(fn, tasks: list[tuple], processes: int | None = None) -> list:
         processes < 2
         or "fork" not in multiprocessing.get_all_start_methods()
         or multiprocessing.current_process().daemon
-        or not single_threaded()
+        or not no_other_python_threads()
     ):
-        # one core, no fork, inside a pool worker (no children allowed), or threads running: a fork then copies
-        # locks those threads hold (an OpenMP pool that has run a torch op hangs a forked child for good)
+        # one core, no fork, inside a pool worker (no children allowed), or another Python thread running (a fork
+        # copies the locks it holds)
         return [fn(*task) for task in tasks]
     before = set(multiprocessing.active_children())
     pool = multiprocessing.get_context("fork").Pool(processes - 1, initializer=_default_signals)
@@ -68,17 +72,21 @@ def run_tasks(fn, tasks: list[tuple], processes: int | None = None) -> list:
         pool.join()
 
 
-def single_threaded() -> bool:
-    """Whether this process runs one thread (Linux: /proc/self/task); elsewhere assume not, and do not fork."""
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        return False
+def no_other_python_threads() -> bool:
+    """Whether the main thread is this process's only Python thread (a dry run's worker must not inherit a lock
+    one holds)."""
+    import threading
+
+    return threading.active_count() == 1
 
 
 def _default_signals() -> None:
-    """A worker takes SIGTERM's default action: the gate's pool.terminate must end it, whatever handler the forking
-    process had installed."""
+    """A worker takes SIGTERM's default action (the gate's pool.terminate must end it, whatever handler the forking
+    process had installed), and runs torch ops on one thread: a one-thread op never enters the OpenMP pool it
+    inherited."""
     import signal
 
+    import torch
+
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    torch.set_num_threads(1)
