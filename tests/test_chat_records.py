@@ -91,4 +91,4 @@ def test_a_lone_surrogate_is_a_bad_record_under_both_policies(tmp_path, make_con
         pretokenize(make_config(data={"inputs": [str(corpus)]}), tokenizer_dir, tmp_path / "a", progress=False)
     config = make_config(data={"inputs": [str(corpus)]}, pretokenize={"on_bad_record": "skip"})
     manifest = pretokenize(config, tokenizer_dir, tmp_path / "b", progress=False)
-    assert manifest["num_docs"] == 2 and manifest["dropped"] == {"bad_record:lone_surrogate": 1}
+    assert manifest.num_docs == 2 and manifest.dropped == {"bad_record:lone_surrogate": 1}

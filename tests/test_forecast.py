@@ -104,7 +104,7 @@ def test_the_divergence_named_is_the_one_the_packs_give(uneven, tmp_path, where)
     from wattgate.gate.checks import check_equal_steps
 
     plan = inputs.plan
-    eq = check_equal_steps(inputs.packs, 3, plan["epochs"], 2, 2, plan["steps_per_epoch"])
+    eq = check_equal_steps(inputs.packs, 3, plan.epochs, 2, 2, plan.steps_per_epoch)
     assert not eq.passed
     out, _ = cost_section(inputs, load_model_spec(config), eq)
     assert out.failure.divergence == div

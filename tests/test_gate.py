@@ -21,6 +21,7 @@ from wattgate.gate.memory import GIB, Budget, FitSettings, estimate_memory
 from wattgate.model_spec import ModelSpec
 from wattgate.gate.run import config_fit_estimate, run_checks, run_gate
 from wattgate.pack.plan import build_plan
+from wattgate.records.plan import DroppedDocs
 
 from conftest import QWEN3_32B, QWEN3_SETTINGS, TINY_MODEL, without_rows, write_jsonl
 
@@ -105,7 +106,7 @@ def test_equal_steps_catches_partial_micro_batches_with_equal_counts(inputs):
     slot1 = np.flatnonzero((p.epoch == 0) & (p.slot == 1) & (p.step == 0) & (p.micro == 0))
     moved = p.micro.copy()
     moved[slot1] = 7  # same counts per rank, but micro-batch (0, 0) now holds one pack per rank
-    check = C.check_equal_steps(dataclasses.replace(p, micro=moved), 2, 2, 2, 2, inputs.plan["steps_per_epoch"])
+    check = C.check_equal_steps(dataclasses.replace(p, micro=moved), 2, 2, 2, 2, inputs.plan.steps_per_epoch)
     assert not check.passed and "pack count other than micro_batch_size" in check.detail
 
 
@@ -115,9 +116,7 @@ def test_equal_steps_catches_micro_batches_moved_between_steps(inputs):
     sel = (p.step == 1) & (p.micro == 1)
     step, micro = p.step.copy(), p.micro.copy()
     step[sel], micro[sel] = 0, 2
-    check = C.check_equal_steps(
-        dataclasses.replace(p, step=step, micro=micro), 2, 2, 2, 2, inputs.plan["steps_per_epoch"]
-    )
+    check = C.check_equal_steps(dataclasses.replace(p, step=step, micro=micro), 2, 2, 2, 2, inputs.plan.steps_per_epoch)
     assert not check.passed
     assert "outside 0..1 (grad_accum)" in check.detail and "micro-batch count other than grad_accum 2" in check.detail
 
@@ -182,7 +181,7 @@ def test_conservation_duplicate_and_missing_document(inputs):
 
 def test_conservation_dropped_without_reason(inputs):
     check = C.check_conservation(
-        inputs.packs, 2, inputs.doc_tokens, int(inputs.manifest["num_tokens"]), [], {"x": {"docs": 3}}
+        inputs.packs, 2, inputs.doc_tokens, inputs.manifest.num_tokens, [], {"x": DroppedDocs(docs=3)}
     )
     assert not check.passed and "reasons account for 3" in check.detail
 
@@ -290,7 +289,7 @@ def test_gate_cli_fails_with_exit_1_and_names_check(stage_dirs, tmp_path, capsys
 
 def test_gate_writes_passed_and_report(stage_dirs, tmp_path):
     config, work = stage_dirs
-    report = run_gate(config, work / "pretokenized", work / "plan", tmp_path / "gate")
+    report = run_gate(config, work / "pretokenized", work / "plan", tmp_path / "gate").to_json()
     assert report["passed"] and (tmp_path / "gate/PASSED").exists()
     md = (tmp_path / "gate/gate.md").read_text()
     assert "# Invariant gate: PASSED" in md and "| sharded_params_fp32 |" in md
@@ -303,10 +302,10 @@ def test_stale_pass_is_removed_when_the_gate_fails(stage_dirs, tmp_path):
     run_gate(config, work / "pretokenized", work / "plan", out)
     bad = json.loads(json.dumps(config))
     bad["train"]["warmup_steps"] = 10_000
-    assert not run_gate(bad, work / "pretokenized", work / "plan", out)["passed"]
+    assert not run_gate(bad, work / "pretokenized", work / "plan", out).to_json()["passed"]
     assert not (out / "PASSED").exists() and not (out / "UNENFORCED").exists()
     bad["gate"]["enforce"] = False  # the explicit override: a marker downstream rules can wait on
-    assert not run_gate(bad, work / "pretokenized", work / "plan", out)["passed"]
+    assert not run_gate(bad, work / "pretokenized", work / "plan", out).to_json()["passed"]
     assert "FAILED, not enforced" in (out / "UNENFORCED").read_text() and not (out / "PASSED").exists()
 
 
@@ -613,7 +612,7 @@ def test_checkpoint_source_reads_file_dtype_and_safetensors_sizes(make_config, t
 
 def test_gate_json_and_md_carry_every_phase(stage_dirs, tmp_path):
     config, work = stage_dirs
-    report = run_gate(config, work / "pretokenized", work / "plan", tmp_path / "gate")
+    report = run_gate(config, work / "pretokenized", work / "plan", tmp_path / "gate").to_json()
     phases = report["memory_estimate_phases"]
     assert list(phases) == ["load", "steady", "export", "host_per_node"]
     assert phases["steady"]["terms_bytes"] == report["memory_estimate_bytes"]
@@ -661,10 +660,9 @@ def without_doc(packs, doc_id):
 def declared_drop(inputs, policy, reason="remainder", tokens=None):
     d = int(inputs.packs.doc_ids[0])
     n = int(inputs.doc_tokens[d])
-    plan = json.loads(json.dumps(inputs.plan))
-    plan["remainder"] = policy
-    plan["stats"]["dropped_doc_ids"] = [d]
-    plan["stats"]["dropped"] = {reason: {"docs": 1, "tokens": n if tokens is None else tokens}}
+    dropped = {reason: DroppedDocs(docs=1, tokens=n if tokens is None else tokens)}
+    stats = inputs.plan.stats.replace(dropped_doc_ids=(d,), dropped=dropped)
+    plan = inputs.plan.replace(remainder=policy, stats=stats)
     config = json.loads(json.dumps(inputs.config))
     config["pack"]["remainder"] = policy
     return dataclasses.replace(inputs, plan=plan, config=config, packs=without_doc(inputs.packs, d))
@@ -688,12 +686,13 @@ def test_conservation_drop_rejects_a_global_batch_or_more(inputs):
     # tokens cannot exceed 7 x the lightest kept pack
     broken = declared_drop(inputs, "drop")
     lots = int(broken.packs.num_tokens.min()) * 8
-    plan = json.loads(json.dumps(broken.plan))
-    plan["stats"]["dropped"]["remainder"]["tokens"] = lots
-    d = plan["stats"]["dropped_doc_ids"][0]
+    stats = broken.plan.stats
+    dropped = {"remainder": stats.dropped["remainder"].replace(tokens=lots)}
+    plan = broken.plan.replace(stats=stats.replace(dropped=dropped))
+    d = plan.stats.dropped_doc_ids[0]
     doc_tokens = broken.doc_tokens.copy()
     doc_tokens[d] = lots
-    manifest = dict(broken.manifest, num_tokens=int(doc_tokens.sum()))
+    manifest = broken.manifest.replace(num_tokens=int(doc_tokens.sum()))
     broken = dataclasses.replace(broken, plan=plan, doc_tokens=doc_tokens, manifest=manifest)
     detail = verdicts(broken)["conservation"].detail
     assert "a global batch" in detail and "pack.remainder: drop" in detail
@@ -708,7 +707,7 @@ def test_conservation_plan_and_config_disagree_on_the_policy(inputs):
 
 
 def test_schedule_uses_max_steps(inputs):
-    total = inputs.plan["epochs"] * inputs.plan["steps_per_epoch"]
+    total = inputs.plan.epochs * inputs.plan.steps_per_epoch
     config = json.loads(json.dumps(inputs.config))
     config["train"].update(max_steps=2, warmup_steps=2, checkpoint_every=1)
     assert total > 2

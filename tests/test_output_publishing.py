@@ -81,12 +81,12 @@ def test_pack_killed_between_renames_never_leaves_a_mixed_pair(tmp_path, pretoke
         assert json.loads((out / "plan.json").read_text())["packs_sha256"] == sha256_file(out / "packs.parquet")
     assert (out / "pack.log").exists()
     plan = build_plan(plan_config(2), pretokenized, out)  # a rerun completes the set
-    assert plan["packs_sha256"] == sha256_file(out / "packs.parquet")
-    assert json.loads((out / "plan.json").read_text()) == plan
+    assert plan.packs_sha256 == sha256_file(out / "packs.parquet")
+    assert json.loads((out / "plan.json").read_text()) == plan.to_json()
     assert sorted(p.name for p in out.iterdir()) == [OUTPUT_MARKER, "history", "pack.log", "packs.parquet", "plan.json"]
     # every published plan is kept by its hash (pack/segments.py: a resized run continues from it)
-    kept = out / "history" / plan["packs_sha256"][:16]
-    assert sha256_file(kept / "packs.parquet") == plan["packs_sha256"]
+    kept = out / "history" / plan.packs_sha256[:16]
+    assert sha256_file(kept / "packs.parquet") == plan.packs_sha256
     assert (kept / "plan.json").read_bytes() == (out / "plan.json").read_bytes()
 
 

@@ -16,6 +16,7 @@ from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
+from wattgate.run_files import read_manifest
 from wattgate.train.data import DocStore, build_batch, read_rank_plan
 
 from support.architectures import TINY_SHAPE
@@ -100,14 +101,12 @@ def test_pretokenize_records_shard_hashes_and_the_true_max_token_id(tmp_path, to
         {"data": {"inputs": [str(write_jsonl(tmp_path / "c.jsonl", demo_docs))]}, "pretokenize": {"shard_docs": 50}}
     )
     manifest = pretokenize(config, tokenizer_dir, tmp_path / "p", progress=False)
-    assert len(manifest["shards"]) > 1 and manifest["shard_hash_algorithm"] == "xxh3_128"
-    assert manifest["shard_hashes"] == {
-        n: xxhash.xxh3_128((tmp_path / "p" / n).read_bytes()).hexdigest() for n in manifest["shards"]
+    assert len(manifest.shards) > 1 and manifest.shard_hash_algorithm == "xxh3_128"
+    assert manifest.shard_hashes == {
+        n: xxhash.xxh3_128((tmp_path / "p" / n).read_bytes()).hexdigest() for n in manifest.shards
     }
-    ids = [
-        max(x) for n in manifest["shards"] for x in pq.read_table(tmp_path / "p" / n).column("input_ids").to_pylist()
-    ]
-    assert manifest["max_token_id"] == max(ids) < manifest["vocab_size"]
+    ids = [max(x) for n in manifest.shards for x in pq.read_table(tmp_path / "p" / n).column("input_ids").to_pylist()]
+    assert manifest.max_token_id == max(ids) < manifest.vocab_size
 
 
 # ---------------------------------------------------------------- the gate
@@ -115,7 +114,7 @@ def test_pretokenize_records_shard_hashes_and_the_true_max_token_id(tmp_path, to
 
 def test_untouched_synthetic_run_passes(run_dirs, tmp_path):
     config, pretok, plan = run_dirs
-    report = run_gate(config, pretok, plan, tmp_path / "gate")
+    report = run_gate(config, pretok, plan, tmp_path / "gate").to_json()
     assert failed(report) == []  # the tiny model's checkpoints need 0.01 GiB: any test disk holds them
     space = next(c for c in report["checks"] if c["name"] == "checkpoint_space")
     assert space["detail"].startswith("need 0.01 GiB (2+1 x 0.00 GiB checkpoints")
@@ -126,7 +125,7 @@ def test_untouched_synthetic_run_passes(run_dirs, tmp_path):
 def test_gate_rejects_a_shard_edited_after_pretokenize(run_dirs, tmp_path, edit):
     config, pretok, plan = run_dirs
     rewrite_shard(pretok / "shard-00000.parquet", EDITS[edit])
-    report = run_gate(config, pretok, plan, tmp_path / "gate")
+    report = run_gate(config, pretok, plan, tmp_path / "gate").to_json()
     assert not report["passed"] and "provenance" in failed(report)
     assert "shard-00000.parquet: content hash differs from the manifest" in provenance(report)["detail"]
 
@@ -143,7 +142,7 @@ def test_gate_checks_content_even_when_the_hash_was_restamped(run_dirs, tmp_path
     config, pretok, plan = run_dirs
     rewrite_shard(pretok / shard, edit)
     restamp(pretok, plan)
-    report = run_gate(config, pretok, plan, tmp_path / "gate")
+    report = run_gate(config, pretok, plan, tmp_path / "gate").to_json()
     assert "provenance" in failed(report)
     assert all(text in provenance(report)["detail"] for text in expected), provenance(report)["detail"]
 
@@ -153,7 +152,7 @@ def test_gate_rejects_a_manifest_without_shard_hashes(run_dirs, tmp_path):
     manifest = json.loads((pretok / "manifest.json").read_text())
     del manifest["shard_hashes"]
     (pretok / "manifest.json").write_text(json.dumps(manifest))
-    report = run_gate(config, pretok, plan, tmp_path / "gate")
+    report = run_gate(config, pretok, plan, tmp_path / "gate").to_json()
     assert "no shard_hashes; rerun pretokenize" in provenance(report)["detail"]
 
 
@@ -187,7 +186,7 @@ def test_row_group_metadata_catches_a_grown_document_and_the_true_max_without_de
     rewrite_shard(pretok / "shard-00001.parquet", grow_first_doc)
     rewrite_shard(pretok / "shard-00000.parquet", big_token_id)
     restamp(pretok, plan)
-    manifest = json.loads((pretok / "manifest.json").read_text())
+    manifest, _ = read_manifest(pretok)
     content = verify_shards(pretok, manifest, full=False)
     assert content.scope == "per row group" and content.max_token_id == 5000
     assert any("shard-00001.parquet: row group 0" in p and "num_tokens sum to" in p for p in content.problems)

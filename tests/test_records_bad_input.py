@@ -150,8 +150,8 @@ def test_pretokenize_skip_counts_deep_and_unknown_role(tmp_path, make_config, to
     )
     config = make_config(data={"inputs": [str(path)]}, pretokenize={"on_bad_record": "skip"})
     manifest = pretokenize(config, tokenizer_dir, tmp_path / "out", progress=False)
-    assert manifest["num_docs"] == 2
-    assert manifest["dropped"] == {"bad_record:too_deeply_nested": 1, "bad_record:unknown_role": 1}
+    assert manifest.num_docs == 2
+    assert manifest.dropped == {"bad_record:too_deeply_nested": 1, "bad_record:unknown_role": 1}
 
 
 def test_template_that_drops_a_turn_is_a_template_error_not_silent_loss(tmp_path, make_config, tokenizer_dir):
@@ -181,7 +181,7 @@ def test_template_that_drops_a_turn_is_a_template_error_not_silent_loss(tmp_path
         pretokenize(config, dropping, tmp_path / "out", progress=False)
     config = make_config(data={"inputs": [str(path)]}, pretokenize={"on_bad_record": "skip"})
     manifest = pretokenize(config, dropping, tmp_path / "out", progress=False)
-    assert manifest["num_docs"] == 1 and manifest["dropped"] == {"bad_record:template_error": 1}
+    assert manifest.num_docs == 1 and manifest.dropped == {"bad_record:template_error": 1}
 
 
 def test_damaged_parquet_page_is_one_line_error_naming_the_file(tmp_path):

@@ -35,7 +35,7 @@ def run4(tmp_path):
         folder = tmp_path / "train" / "t" / "checkpoints" / f"step-{step}"
         folder.mkdir(parents=True)
         identity = run_identity(config, plan_dir, pretok)
-        body = {"step": step, "position": {"epoch": 0, "step": step, "plan": plan["packs_sha256"]}, "files": {}}
+        body = {"step": step, "position": {"epoch": 0, "step": step, "plan": plan.packs_sha256}, "files": {}}
         (folder / "state.json").write_text(json.dumps(state if state is not None else body | {"identity": identity}))
         return folder
 
@@ -45,7 +45,7 @@ def run4(tmp_path):
 def test_a_plain_resize_still_continues(run4):
     run4["checkpoint"](3)
     plan = build_plan(config_for(2), run4["pretok"], run4["plan_dir"])
-    assert [s["world_size"] for s in plan["segments"]] == [4, 2] and plan["resumed_from"]["step"] == 3
+    assert [s.world_size for s in plan.segments] == [4, 2] and plan.resumed_from.step == 3
 
 
 @pytest.mark.parametrize("changed", [{"lr": 2e-2}, {"grad_accum": 4}])
@@ -60,14 +60,14 @@ def test_resize_with_a_changed_result_key_starts_over_naming_the_key(run4, capsy
     out = capsys.readouterr().out
     assert f"the run identity of checkpoint step 3 differs in train.{key} ({before!r} -> {value!r})" in out
     assert "the new plan starts over" in out
-    assert "segments" not in plan and plan["world_size"] == 2  # train starts at step 0: nothing to be before
+    assert plan.segments is None and plan.world_size == 2  # train starts at step 0: nothing to be before
     # ...and train, finding checkpoints of another identity, sets them aside rather than resuming them
     identity = run_identity(config, run4["plan_dir"], run4["pretok"])
     assert set_aside_mismatched(folder.parent, identity) is not None
 
 
 def test_a_finished_run_resized_says_it_is_complete(run4):
-    last = run4["plan"]["steps_per_epoch"] * run4["plan"]["epochs"]
+    last = run4["plan"].steps_per_epoch * run4["plan"].epochs
     run4["checkpoint"](last)
     with pytest.raises(InputError, match=f"the run is complete \\(checkpoint step {last} is its last step\\)"):
         build_plan(config_for(2), run4["pretok"], run4["plan_dir"])  # an IndexError in segments.py before
@@ -78,17 +78,17 @@ def test_drop_with_a_resize_keeps_every_document_and_passes_conservation(tmp_pat
     plan_dir = tmp_path / "plan"
     config = config_for(4, remainder="drop")
     plan = build_plan(config, pretok, plan_dir)
-    assert plan["stats"]["dropped_doc_ids"]  # the drop policy dropped its remainder
+    assert plan.stats.dropped_doc_ids  # the drop policy dropped its remainder
     folder = tmp_path / "train" / "t" / "checkpoints" / "step-2"
     folder.mkdir(parents=True)
-    position = {"epoch": 0, "step": 2, "plan": plan["packs_sha256"]}
+    position = {"epoch": 0, "step": 2, "plan": plan.packs_sha256}
     state = {"step": 2, "position": position, "files": {}, "identity": run_identity(config, plan_dir, pretok)}
     (folder / "state.json").write_text(json.dumps(state))
     config3 = config_for(3, remainder="drop")  # 8 packs per step do not divide over 3 ranks: the rest re-packed
     continued = build_plan(config3, pretok, plan_dir)
-    assert "re-packed" in continued["resumed_from"]["change"]
+    assert "re-packed" in continued.resumed_from.change
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(config3))
-    report = run_gate(config3, pretok, plan_dir, tmp_path / "gate")
+    report = run_gate(config3, pretok, plan_dir, tmp_path / "gate").to_json()
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["conservation"]["passed"], checks["conservation"]["detail"]
     assert checks["equal_steps"]["passed"] and checks["segments"]["passed"]
@@ -99,7 +99,7 @@ def test_a_state_json_holding_an_array_is_skipped_not_a_crash(run4, capsys):
     assert newest_checkpoint(folder.parent) is None  # AttributeError before
     assert "is not a checkpoint state" in capsys.readouterr().out
     plan = build_plan(config_for(2), run4["pretok"], run4["plan_dir"])
-    assert "segments" not in plan  # nothing to continue from: a fresh plan
+    assert plan.segments is None  # nothing to continue from: a fresh plan
     ok, why = is_complete(folder)  # train skips it as well, with the reason
     assert not ok and "not a checkpoint state" in why
 
@@ -117,19 +117,19 @@ def test_4_2_3_segments_check_counts_the_prefix_over_every_segment(run4):
     plan2 = build_plan(config2, pretok, plan_dir)
     folder = plan_dir.parent / "train" / "t" / "checkpoints" / "step-9"
     folder.mkdir()
-    position = {"epoch": 0, "step": 9, "plan": plan2["packs_sha256"]}
+    position = {"epoch": 0, "step": 9, "plan": plan2.packs_sha256}
     identity = run_identity(config2, plan_dir, pretok)
     (folder / "state.json").write_text(json.dumps({"step": 9, "position": position, "files": {}, "identity": identity}))
     config3 = config_for(3)
     plan3 = build_plan(config3, pretok, plan_dir)
-    segs = plan3["segments"]
-    assert [s["world_size"] for s in segs] == [4, 2, 3] and [s["first_step"] for s in segs] == [0, 3, 9]
+    segs = plan3.segments
+    assert [s.world_size for s in segs] == [4, 2, 3] and [s.first_step for s in segs] == [0, 3, 9]
     packs = read_packs(plan_dir / "packs.parquet")
     prefix, problems = read_prefix(plan_dir, plan3)
     assert not problems and C.check_segments(plan3, config3, packs, prefix, ()).passed
     # segment 1's archive one step short of the 6 steps it claims to have run
-    short = [consumed_rows(read_packs(plan_dir / s["packs"]), s["end_step"] - s["first_step"]) for s in segs[:-1]]
-    short[1] = consumed_rows(read_packs(plan_dir / segs[1]["packs"]), 5)
+    short = [consumed_rows(read_packs(plan_dir / s.packs), s.end_step - s.first_step) for s in segs[:-1]]
+    short[1] = consumed_rows(read_packs(plan_dir / segs[1].packs), 5)
     check = C.check_segments(plan3, config3, packs, concat_packs(short), ())
     assert (
         not check.passed

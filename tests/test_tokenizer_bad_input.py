@@ -48,7 +48,7 @@ def test_a_template_failing_on_every_chat_record_stops_pretokenize(tmp_path, mak
     system_first = {"messages": [{"role": "system", "content": "be terse"}] + CHAT["messages"]}
     write_jsonl(tmp_path / "c.jsonl", [CHAT, system_first, CHAT])  # the file config names
     manifest = pretokenize(config, tok, tmp_path / "out", progress=False)
-    assert manifest["num_docs"] == 2 and manifest["dropped"] == {"bad_record:template_error": 1}
+    assert manifest.num_docs == 2 and manifest.dropped == {"bad_record:template_error": 1}
 
 
 @pytest.mark.parametrize("content", ["", "\n\n  \n"])

@@ -20,7 +20,7 @@ from wattgate.gate.inputs import load_inputs
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
 from wattgate.pack.validation import plan_validation
-from wattgate.run_files import EVAL_PACKS
+from wattgate.run_files import EVAL_PACKS, read_manifest
 
 from conftest import write_jsonl
 from conftest import TINY_MODEL  # the gate tests' tiny Qwen3
@@ -40,10 +40,10 @@ def config_for(inputs, validation, gpus=2, **train):
 
 def held_out_texts(pre) -> set[tuple[int, ...]]:
     """The token ids of every held-out document (what the split holds, whatever its doc_ids)."""
-    manifest = json.loads((pre / "manifest.json").read_text())
+    manifest, _ = read_manifest(pre)
     held = set(read_validation_ids(pre, manifest).tolist())
     out = set()
-    for name in manifest["shards"]:
+    for name in manifest.shards:
         t = pq.read_table(pre / name, columns=["doc_id", "input_ids"]).to_pydict()
         out |= {tuple(ids) for d, ids in zip(t["doc_id"], t["input_ids"]) if d in held}
     return out
@@ -63,12 +63,12 @@ def test_carve_depends_on_content_and_seed_only_and_keeps_duplicates_together(co
     cfg = config_for([doubled], {"fraction": 0.2}, shard_docs=37)
     other = pretokenize(cfg, tokenizer_dir, work / "b", progress=False)
     assert held_out_texts(work / "a") == held_out_texts(work / "b")
-    assert other["validation"]["copies_of_train"] == 0  # each copy is on its twin's side
-    assert other["validation"]["num_docs"] == 2 * base["validation"]["num_docs"]
-    assert 0.1 < base["validation"]["num_docs"] / base["num_docs"] < 0.3
+    assert other.validation.copies_of_train == 0  # each copy is on its twin's side
+    assert other.validation.num_docs == 2 * base.validation.num_docs
+    assert 0.1 < base.validation.num_docs / base.num_docs < 0.3
     reseeded = pretokenize(config_for([path], {"fraction": 0.2, "seed": 7}), tokenizer_dir, work / "c", progress=False)
     assert held_out_texts(work / "c") != held_out_texts(work / "a")
-    assert reseeded["validation"]["doc_ids_sha256"] != base["validation"]["doc_ids_sha256"]
+    assert reseeded.validation.doc_ids_sha256 != base.validation.doc_ids_sha256
 
 
 def test_max_docs_takes_whole_duplicate_groups_and_no_more():
@@ -84,11 +84,11 @@ def test_max_docs_takes_whole_duplicate_groups_and_no_more():
 def test_manifest_records_the_split_and_its_hash(corpus, tokenizer_dir):
     work, path = corpus
     m = pretokenize(config_for([path], {"max_docs": 25}), tokenizer_dir, work / "m", progress=False)
-    v = m["validation"]
+    v = m.validation
     ids = read_validation_ids(work / "m", m)
-    assert v["num_docs"] == len(ids) <= 25 and v["doc_ids_sha256"] == doc_ids_sha256(ids)
-    assert v["train_docs"] + v["num_docs"] == m["num_docs"]
-    assert v["train_tokens"] + v["num_tokens"] == m["num_tokens"]
+    assert v.num_docs == len(ids) <= 25 and v.doc_ids_sha256 == doc_ids_sha256(ids)
+    assert v.train_docs + v.num_docs == m.num_docs
+    assert v.train_tokens + v.num_tokens == m.num_tokens
 
 
 def test_bad_splits_are_one_line_errors(corpus, tokenizer_dir, demo_docs):
@@ -117,7 +117,7 @@ def test_every_rank_gets_the_same_micro_batches_and_every_document_once(lengths,
     vplan = plan_validation(held, lengths, 256, world, mbs, seed=0, attn_weight=1e-5)
     p = vplan.placement
     counts = [len(np.unique(p.micro[p.rank == r])) for r in range(world)]
-    assert len(set(counts)) == 1 and counts[0] == vplan.stats["micro_batches_per_rank"]
+    assert len(set(counts)) == 1 and counts[0] == vplan.stats.micro_batches_per_rank
     per_micro = np.unique(p.rank * 10_000 + p.micro, return_counts=True)[1]
     assert (per_micro == mbs).all()
     assert sorted(vplan.packs.docs.tolist()) == held.tolist()
@@ -128,7 +128,7 @@ def test_fewer_documents_than_ranks_get_empty_packs():
     vplan = plan_validation(
         np.array([0, 1]), np.array([10, 20]), 64, world_size=4, micro_batch_size=1, seed=0, attn_weight=0
     )
-    assert vplan.stats["empty_packs"] == 2 and vplan.stats["strategy"] == "one document per pack+empty packs"
+    assert vplan.stats.empty_packs == 2 and vplan.stats.strategy == "one document per pack+empty packs"
     assert sorted(vplan.packs.docs.tolist()) == [0, 1]
 
 
@@ -147,7 +147,7 @@ def test_plan_reports_validation_beside_training_and_the_gate_passes(split_run, 
     v, manifest = plan["validation"], json.loads((work / "pre" / "manifest.json").read_text())
     assert v["num_docs"] == manifest["validation"]["num_docs"] and v["micro_batch_size"] == 1
     assert plan["stats"]["num_docs"] == manifest["validation"]["train_docs"]
-    report = run_gate(config, work / "pre", work / "plan", tmp_path / "gate")
+    report = run_gate(config, work / "pre", work / "plan", tmp_path / "gate").to_json()
     checks = {c["name"]: c for c in report["checks"]}
     assert report["passed"], [c for c in report["checks"] if not c["passed"]]
     assert "held out for validation" in checks["conservation"]["detail"]
@@ -178,13 +178,13 @@ def test_gate_names_ranks_and_counts_when_a_rank_has_one_more_validation_micro_b
     config, work = split_run
     inputs = load_inputs(config, work / "pre", work / "plan", tmp_path / "ckpt")
     broken = dataclasses.replace(inputs.validation, packs=one_more_micro_batch(inputs.validation.packs, 1))
-    check = V.check_validation_steps(broken, 3, 1, inputs.plan["validation"]["micro_batches_per_rank"])
-    n = inputs.plan["validation"]["micro_batches_per_rank"]
+    check = V.check_validation_steps(broken, 3, 1, inputs.plan.validation.micro_batches_per_rank)
+    n = inputs.plan.validation.micro_batches_per_rank
     assert not check.passed
     assert f"validation micro-batches per rank {{0: {n}, 1: {n + 1}, 2: {n}}}" in check.detail
     assert f"rank 1 would run micro-batch {n + 1} of every validation pass alone" in check.detail
     div = V.validation_divergence(broken.packs, 3)
-    assert div == {"micro": n, "ranks_with": [1], "ranks_without": [0, 2], "per_rank": [n, n + 1, n]}
+    assert div == V.ValidationParting(micro=n, ranks_with=(1,), ranks_without=(0, 2), per_rank=(n, n + 1, n))
 
 
 def test_validation_conservation_catches_a_document_twice_and_one_missing(split_run, tmp_path):
@@ -196,7 +196,7 @@ def test_validation_conservation_catches_a_document_twice_and_one_missing(split_
     lengths = packs.doc_lengths.copy()
     lengths[1] = lengths[0]
     broken = dataclasses.replace(inputs.validation, packs=dataclasses.replace(packs, doc_ids=ids, doc_lengths=lengths))
-    check = V.check_validation_conservation(broken, inputs.doc_tokens, inputs.manifest["validation"], 256)
+    check = V.check_validation_conservation(broken, inputs.doc_tokens, inputs.manifest.validation, 256)
     assert not check.passed and "more than once" in check.detail and "not in the pass" in check.detail
 
 
@@ -208,7 +208,7 @@ def test_leakage_catches_a_training_document_copied_into_the_validation_files(
     config = config_for([path], {"inputs": [str(val)]})
     pretokenize(config, tokenizer_dir, tmp_path / "pre", progress=False)
     build_plan(config, tmp_path / "pre", tmp_path / "plan")
-    report = run_gate(config, tmp_path / "pre", tmp_path / "plan", tmp_path / "gate")
+    report = run_gate(config, tmp_path / "pre", tmp_path / "plan", tmp_path / "gate").to_json()
     leakage = next(c for c in report["checks"] if c["name"] == "leakage")
     assert not report["passed"] and not leakage["passed"]
     assert "1 held-out document(s) are exact copies of training documents, e.g. validation doc_id" in leakage["detail"]
@@ -222,7 +222,7 @@ def test_stale_eval_packs_never_sit_beside_a_plan_without_validation(split_run, 
     (tmp_path / "plan").mkdir()
     (tmp_path / "plan" / EVAL_PACKS).write_bytes((split_run[1] / "plan" / EVAL_PACKS).read_bytes())
     plan = build_plan(config, tmp_path / "pre", tmp_path / "plan")
-    assert plan["validation"] is None and not (tmp_path / "plan" / EVAL_PACKS).exists()
+    assert plan.validation is None and not (tmp_path / "plan" / EVAL_PACKS).exists()
 
 
 def test_the_cadence_evaluates_every_n_steps_at_epoch_ends_and_after_the_last_step():
