@@ -6,7 +6,6 @@ triage and the report read them). Formats: docs/architecture.md.
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import time
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING
 from wattgate.artifacts import write_bytes_atomic
 from wattgate.errors import InputError, first_line
 from wattgate.records.base import Where
-from wattgate.records.heartbeat import Beat, RankError, RankExit
+from wattgate.records.heartbeat import Beat, PhaseEvent, RankError, RankExit
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -72,11 +71,8 @@ def _bad(on_bad: Callable[[str], object] | None, problem: str, consequence: str)
 
 
 def _heartbeat_event(line: str) -> tuple:
-    e = json.loads(line)
-    row = (float(e["time"]), int(e["rank"]), int(e.get("step", 0)), int(e.get("epoch", 0)), str(e["phase"]))
-    if not math.isfinite(row[0]):
-        raise ValueError(f"time {e['time']!r}")
-    return row
+    e = PhaseEvent.from_json(json.loads(line), "the event")
+    return e.time, e.rank, e.step, e.epoch, e.phase
 
 
 def read_heartbeat_events(run: str | os.PathLike, on_bad: Callable[[str], object] | None = None) -> pd.DataFrame:
@@ -101,7 +97,7 @@ def read_heartbeat_events(run: str | os.PathLike, on_bad: Callable[[str], object
                 continue
             try:
                 good.append(_heartbeat_event(line))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            except (ValueError, InputError, RecursionError) as exc:
                 bad.append((lineno, first_line(exc)))
         if bad and (on_bad is None or not good):  # nothing in it is a heartbeat event: not damage but another file
             raise InputError(f"{path}:{bad[0][0]}: not a heartbeat event ({bad[0][1]}); rerun train")
@@ -132,6 +128,7 @@ class Heartbeat:
     def __init__(self, out: Path, rank: int, local_rank: int = 0, gpu: int | None = None):
         self.path = heartbeat_path(out, rank)
         self.events = heartbeat_events_path(out, rank)
+        self.rank = rank
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.base = {
             "rank": rank,
@@ -149,13 +146,14 @@ class Heartbeat:
 
     def beat(self, step: int, epoch: int, phase: str, **extra) -> None:
         assert phase in HEARTBEAT_PHASES, phase
-        record = dict(self.base, step=step, epoch=epoch, phase=phase, time=time.time(), **self.plan, **extra)
+        now = time.time()
+        record = dict(self.base, step=step, epoch=epoch, phase=phase, time=now, **self.plan, **extra)
         write_bytes_atomic(self.path, (json.dumps(record) + "\n").encode())
         if phase != self.phase:
             self.phase = phase
-            event = {"time": record["time"], "rank": self.base["rank"], "step": step, "epoch": epoch, "phase": phase}
+            event = PhaseEvent(time=now, rank=self.rank, step=step, epoch=epoch, phase=phase)
             with open(self.events, "a") as f:
-                f.write(json.dumps(event) + "\n")
+                f.write(json.dumps(event.to_json()) + "\n")
 
 
 # ---------------------------------------------------------------- why a rank ended (docs/architecture.md)

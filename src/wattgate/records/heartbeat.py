@@ -65,3 +65,15 @@ class RankExit(Record):
     exitcode: int | None = None
     agent_pid: int | None = None
     time: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PhaseEvent(Record):
+    """A line of `heartbeat/rank-<r>.events.jsonl`: a rank's phase change (heartbeats.HEARTBEAT_EVENT_COLUMNS).
+    Fields in the order they are written."""
+
+    time: float
+    rank: int = spec(minimum=0)
+    step: int = 0
+    epoch: int = 0
+    phase: str

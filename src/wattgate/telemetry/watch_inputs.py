@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from wattgate.errors import InputError
 from wattgate.heartbeats import HEARTBEAT_DIR, HEARTBEAT_PHASES, heartbeat_events_path
 from wattgate.records.base import Where
-from wattgate.records.heartbeat import Beat
+from wattgate.records.heartbeat import Beat, PhaseEvent
 from wattgate.telemetry.lag_watch import busy_from_samples
 from wattgate.trace import (
     GPU,
@@ -133,12 +133,11 @@ def first_steps(run: Path, rank: int, since: float) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in lines:
         try:
-            e = json.loads(line)
-            t, phase, step = float(e["time"]), e["phase"], e["step"]
-        except (ValueError, KeyError, TypeError, RecursionError):
+            e = PhaseEvent.from_json(json.loads(line), "the event")
+        except (ValueError, InputError, RecursionError):
             continue
-        if t >= since and phase in COLLECTIVE_PHASES and _is_int(step) and phase not in out:
-            out[phase] = step
+        if e.time >= since and e.phase in COLLECTIVE_PHASES and e.phase not in out:
+            out[e.phase] = e.step
     return out
 
 
