@@ -13,7 +13,7 @@ import pytest
 
 from conftest import REPO
 from wattgate.errors import InputError
-from wattgate.power.calibrate import derive_table, power_stats
+from wattgate.power.calibrate import PhaseMeasure, derive_table, power_stats
 from wattgate.triage_tables import load_table_file, parse_table, resolve_table, shipped_table
 from wattgate.telemetry.sampler import StopFlag, sample_loop
 from wattgate.trace import TRACE_SCHEMA, TraceWriter, live_segments, read_trace, segment_dir, trace_files
@@ -152,7 +152,7 @@ def test_reader_errors_name_the_file(tmp_path):
 
 
 def stats(p, u):
-    return {"power_w": power_stats(np.asarray(p, float)), "util_gpu": power_stats(np.asarray(u, float))}
+    return PhaseMeasure(power_w=power_stats(np.asarray(p, float)), util_gpu=power_stats(np.asarray(u, float)))
 
 
 def test_calibration_bands_sit_between_measured_phases():
@@ -164,14 +164,14 @@ def test_calibration_bands_sit_between_measured_phases():
         "compute": stats(rng.normal(685, 20, 150), np.full(150, 100.0)),
     }
     t = derive_table("H200", ["H200"], 700, measured, {"kind": "calibrated"})
-    assert 125 < t.low_max_w < measured["compute"]["power_w"]["p5"]
-    assert t.low_max_w < t.compute_min_w < measured["compute"]["power_w"]["p5"]
+    assert 125 < t.low_max_w < measured["compute"].power_w.p5
+    assert t.low_max_w < t.compute_min_w < measured["compute"].power_w.p5
     assert t.idle_w == pytest.approx(119, abs=1)
     with_comm = dict(measured, communication=stats(rng.normal(330, 15, 150), np.full(150, 100.0)))
     t2 = derive_table("H200", ["H200"], 700, with_comm, {"kind": "calibrated"})
-    comm = with_comm["communication"]["power_w"]
-    assert measured["deadlock"]["power_w"]["p99"] < t2.low_max_w < comm["p5"]
-    assert comm["p95"] < t2.compute_min_w < measured["compute"]["power_w"]["p5"]
+    comm = with_comm["communication"].power_w
+    assert measured["deadlock"].power_w.p99 < t2.low_max_w < comm.p5
+    assert comm.p95 < t2.compute_min_w < measured["compute"].power_w.p5
     with pytest.raises(InputError, match="need at least the compute phase"):
         derive_table("X", ["X"], 700, {"idle": measured["idle"]}, {})
 

@@ -20,12 +20,14 @@ between it and compute, else midway between the low band and compute.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import platform
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +38,8 @@ from wattgate.artifacts import atomic_path, check_file_output, first_line_has, w
 from wattgate.errors import InputError
 from wattgate.telemetry.nvml import NvmlSource, NvmlUnavailable
 from wattgate.triage_tables import TriageTable, parse_table, shipped_table
-from wattgate.trace import TraceWriter, check_trace_output
+from wattgate.power.triage.phases import PHASE
+from wattgate.trace import GPU, POWER_W, TIME, UTIL_GPU, TraceWriter, check_trace_output
 
 ORDER = ("idle", "compute", "data_starvation", "checkpoint", "communication", "deadlock")
 LOW_PHASES = ("idle", "checkpoint", "deadlock")
@@ -57,7 +60,7 @@ class BackgroundSampler:
         while not self._stop.is_set():
             phase = self.phase
             for row in self.source.read():
-                self.rows.append(dict(row, phase=phase))
+                self.rows.append(row | {PHASE: phase})
             tick = max(tick + 1, int((time.monotonic() - t0) / self.interval_s))
             self._stop.wait(max(0.0, t0 + tick * self.interval_s - time.monotonic()))
 
@@ -163,34 +166,81 @@ def run_communication(torch, seconds: float) -> None:
         mp.spawn(_allreduce_worker, args=(world, os.path.join(tmp, "init"), seconds), nprocs=world, join=True)
 
 
-def power_stats(values: np.ndarray) -> dict:
+PERCENTILES = (1, 5, 25, 50, 75, 95, 99)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One measured quantity of a phase: its count, mean and percentiles (None without samples)."""
+
+    n: int
+    mean: float | None = None
+    p1: float | None = None
+    p5: float | None = None
+    p25: float | None = None
+    p50: float | None = None
+    p75: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+
+    def table_figures(self) -> dict:
+        """As the triage table holds them (triage_tables.py `phases`): {n: 0} without samples."""
+        return {"n": 0} if not self.n else {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass(frozen=True)
+class PhaseMeasure:
+    """What calibrate measured of one phase: power and utilization, and for compute the bf16 matmul rate."""
+
+    power_w: Figures
+    util_gpu: Figures
+    matmul_tflops: float | None = None
+
+    def table_phase(self) -> dict:
+        out = {"power_w": self.power_w.table_figures(), "util_gpu": self.util_gpu.table_figures()}
+        return out if self.matmul_tflops is None else out | {"matmul_tflops": self.matmul_tflops}
+
+
+def power_stats(values: np.ndarray) -> Figures:
     v = values[~np.isnan(values)]
     if len(v) == 0:
-        return {"n": 0}
-    q = np.percentile(v, [1, 5, 25, 50, 75, 95, 99])
-    return {
-        "n": int(len(v)),
-        "mean": round(float(v.mean()), 2),
-        **{f"p{p}": round(float(x), 2) for p, x in zip((1, 5, 25, 50, 75, 95, 99), q)},
-    }
+        return Figures(n=0)
+    q = np.percentile(v, PERCENTILES)
+    return Figures(
+        int(len(v)),
+        round(float(v.mean()), 2),
+        *(round(float(x), 2) for x in q),  # in PERCENTILES' order
+    )
 
 
-def derive_table(gpu_model: str, match: list[str], tdp_w: float, stats: dict, provenance: dict) -> TriageTable:
+def phase_stats(rows: list[dict], phase: str, lo: float, hi: float, gpus: list[int]) -> PhaseMeasure:
+    """One phase's figures from the sampler's rows of its GPUs between lo and hi (unix s)."""
+    sel = [r for r in rows if r[PHASE] == phase and lo <= r[TIME] <= hi and r[GPU] in gpus]
+    return PhaseMeasure(
+        power_w=power_stats(np.array([r[POWER_W] for r in sel], dtype=float)),
+        util_gpu=power_stats(np.array([r[UTIL_GPU] if r[UTIL_GPU] is not None else np.nan for r in sel], dtype=float)),
+    )
+
+
+def derive_table(
+    gpu_model: str, match: list[str], tdp_w: float, stats: dict[str, PhaseMeasure], provenance: dict
+) -> TriageTable:
     """Band edges from measured phase distributions (see the module docstring)."""
-    p = {ph: s["power_w"] for ph, s in stats.items() if s.get("power_w", {}).get("n")}
-    u = {ph: s["util_gpu"] for ph, s in stats.items() if s.get("util_gpu", {}).get("n")}
+    p = {ph: s.power_w for ph, s in stats.items() if s.power_w.n}
+    u = {ph: s.util_gpu for ph, s in stats.items() if s.util_gpu.n}
     if "compute" not in p or not any(ph in p for ph in LOW_PHASES):
         raise InputError("calibrate: need at least the compute phase and one low phase to derive bands")
-    low_top = max(p[ph]["p99"] for ph in LOW_PHASES if ph in p)
+    low_top = max(p[ph].p99 for ph in LOW_PHASES if ph in p)
+    compute = p["compute"]
     if "communication" in p:
-        low_max = (low_top + p["communication"]["p5"]) / 2
-        compute_min = (p["communication"]["p95"] + p["compute"]["p5"]) / 2
+        low_max = (low_top + p["communication"].p5) / 2
+        compute_min = (p["communication"].p95 + compute.p5) / 2
     else:  # no peer: leave the communication band between the measured low band and compute
-        low_max = low_top + 0.25 * (p["compute"]["p5"] - low_top)
-        compute_min = (low_max + p["compute"]["p5"]) / 2
-    idle_w = p["idle"]["p50"] if "idle" in p else min(s["p50"] for s in p.values())
-    busy = min([u[ph]["p5"] for ph in ("deadlock", "compute") if ph in u] or [90.0]) - 5
-    idle_util = (u["idle"]["p99"] + 2) if "idle" in u else 5.0
+        low_max = low_top + 0.25 * (compute.p5 - low_top)
+        compute_min = (low_max + compute.p5) / 2
+    idle_w = p["idle"].p50 if "idle" in p else min(s.p50 for s in p.values())
+    busy = min([u[ph].p5 for ph in ("deadlock", "compute") if ph in u] or [90.0]) - 5
+    idle_util = (u["idle"].p99 + 2) if "idle" in u else 5.0
     table = {
         "gpu_model": gpu_model,
         "match": match,
@@ -201,7 +251,7 @@ def derive_table(gpu_model: str, match: list[str], tdp_w: float, stats: dict, pr
         "busy_util_pct": float(np.clip(round(busy, 1), 50, 85)),
         "idle_util_pct": float(np.clip(idle_util, 1, 20)),
         "provenance": provenance,
-        "phases": stats,
+        "phases": {ph: s.table_phase() for ph, s in stats.items()},
     }
     return parse_table(table, "calibration")
 
@@ -236,10 +286,10 @@ def calibrate(
     workdir = Path(workdir or tempfile.gettempdir())  # the checkpoint phase writes GiBs: keep them out of the results
     workdir.mkdir(parents=True, exist_ok=True)
     n_gpus = torch.cuda.device_count()
-    skipped, spans, measured = {}, {}, {}
+    skipped, spans, tflops = {}, {}, []
     runners = {
         "idle": lambda: run_idle(torch, device, seconds),
-        "compute": lambda: measured.update(matmul_tflops=run_compute(torch, device, seconds)),
+        "compute": lambda: tflops.append(run_compute(torch, device, seconds)),
         "data_starvation": lambda: run_data_starvation(torch, device, seconds),
         "checkpoint": lambda: run_checkpoint(torch, device, seconds, workdir),
         "communication": lambda: run_communication(torch, seconds),
@@ -264,23 +314,16 @@ def calibrate(
     gpus = {phase: (list(range(n_gpus)) if phase == "communication" else [device_index]) for phase in ORDER}
     stats = {}
     for phase, (lo, hi) in spans.items():
-        sel = [r for r in rows if r["phase"] == phase and lo <= r["time"] <= hi and r["gpu"] in gpus[phase]]
-        stats[phase] = {
-            "power_w": power_stats(np.array([r["power_w"] for r in sel], dtype=float)),
-            "util_gpu": power_stats(
-                np.array([r["util_gpu"] if r["util_gpu"] is not None else np.nan for r in sel], dtype=float)
-            ),
-        }
+        stats[phase] = m = phase_stats(rows, phase, lo, hi, gpus[phase])
         print(
-            f"calibrate: {phase}: power p5/p50/p95 {stats[phase]['power_w'].get('p5')}/"
-            f"{stats[phase]['power_w'].get('p50')}/{stats[phase]['power_w'].get('p95')} W, util p50 "
-            f"{stats[phase]['util_gpu'].get('p50')}% ({stats[phase]['power_w']['n']} samples)",
+            f"calibrate: {phase}: power p5/p50/p95 {m.power_w.p5}/{m.power_w.p50}/{m.power_w.p95} W, util p50 "
+            f"{m.util_gpu.p50}% ({m.power_w.n} samples)",
             flush=True,
         )
-    if "compute" in stats and measured.get("matmul_tflops"):
+    if "compute" in stats and tflops and tflops[0]:
         # the bf16 matmul rate this GPU reached: the gate's "calibrated" forecast throughput (gate/cost.py)
-        stats["compute"]["matmul_tflops"] = round(measured["matmul_tflops"], 1)
-        print(f"calibrate: compute: bf16 matmul {stats['compute']['matmul_tflops']} TFLOP/s", flush=True)
+        stats["compute"] = dataclasses.replace(stats["compute"], matmul_tflops=round(tflops[0], 1))
+        print(f"calibrate: compute: bf16 matmul {stats['compute'].matmul_tflops} TFLOP/s", flush=True)
     gpu = meta["gpus"][device_index]
     provenance = {
         "kind": "calibrated",
@@ -296,7 +339,7 @@ def calibrate(
         "interval_s": interval_s,
         "seconds_per_phase": seconds,
         "settle_s": settle_s,
-        "samples": {ph: s["power_w"]["n"] for ph, s in stats.items()},
+        "samples": {ph: s.power_w.n for ph, s in stats.items()},
         "skipped": skipped,
     }
     try:
@@ -327,7 +370,7 @@ def calibrate(
 
 
 CALIBRATED_BY = "by `wattgate calibrate`"
-LABEL_COLUMNS = ["time", "gpu", "phase"]
+LABEL_COLUMNS = [TIME, GPU, PHASE]
 
 
 def labels_path(samples: Path) -> Path:
@@ -346,13 +389,13 @@ def write_calibration_trace(rows: list[dict], meta: dict, out: Path) -> None:
     """The calibration's own samples as a trace, plus `<out>.labels.parquet` (time, gpu, phase) for checks."""
     writer = TraceWriter(out, dict(meta, calibration=True), flush_every_s=1e9)
     for r in rows:
-        writer.add({k: v for k, v in r.items() if k != "phase"})
+        writer.add({k: v for k, v in r.items() if k != PHASE})
     writer.close()
     labels = pa.table(
         {
-            "time": [r["time"] for r in rows],
-            "gpu": pa.array([r["gpu"] for r in rows], pa.int32()),
-            "phase": [r["phase"] for r in rows],
+            TIME: [r[TIME] for r in rows],
+            GPU: pa.array([r[GPU] for r in rows], pa.int32()),
+            PHASE: [r[PHASE] for r in rows],
         }
     )
     with atomic_path(labels_path(out)) as tmp:
