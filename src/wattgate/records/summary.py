@@ -4,7 +4,7 @@
 report/stragglers.py, report/steps.py) and writes `Summary.to_json()`; the page (report/html.py) draws from
 its attributes. Every float is rounded where it is computed, so the same inputs give byte-identical files.
 Parts copied from another stage's record (a pause, triage's telemetry gaps, the watcher's verdict) are that
-record's own classes; a straggler entry is kept as written (`Any`).
+record's own classes; a straggler entry (StragglerEntry) keeps the keys of the record it comes from.
 """
 
 from __future__ import annotations
@@ -167,20 +167,55 @@ class Phases(Record):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class StragglerEntry(Record):
+    """A straggler as the summary copies it: triage.json's (records.triage Straggler, WatcherStraggler) or
+    watcher.json's (records.watcher Straggler), each key its record writes and no other (a key that record has
+    not is ABSENT here: a GPU triage named has no `wait_rank_hours`, only the watcher's have `signal`)."""
+
+    host: str | None
+    gpu: int | None  # None: a rank named from its CPU time (no GPU telemetry)
+    rank: int | None
+    cause: str | None
+    evidence: str | None
+    lag_share: float | None
+    lag_windows: int | None
+    wait_windows: int | None
+    wait_gpu_hours: float | None
+    wait_kwh: float | None
+    first: float | None
+    last: float | None
+    wait_rank_hours: float | None = ABSENT
+    scope: str | None = ABSENT  # triage's
+    source: str | None = ABSENT  # triage's: "power" or "watcher"
+    signal: str | None = ABSENT  # the watcher's: "power" or "cpu"
+    detected_at: float | None = ABSENT
+    step: int | None = ABSENT
+    window_s: float | None = ABSENT
+
+    @classmethod
+    def of(cls, straggler: Record) -> StragglerEntry:
+        """The entry of a straggler record of triage.json or watcher.json: the keys it writes."""
+        return cls.from_json(straggler.to_json(), type(straggler).__name__)
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in Record.to_json(self).items() if v is not ABSENT}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Stragglers(Record):
-    """summary.json `stragglers` (report/stragglers.py): entries are triage.json's (or watcher.json's) as read."""
+    """summary.json `stragglers` (report/stragglers.py): triage's entries, else the watcher's CPU ones."""
 
     checked: bool
     source: str | None
     share: float | None
     wait_windows: int | None
-    entries: tuple[Any, ...]
+    entries: tuple[StragglerEntry, ...]
     wait_gpu_hours: float
     wait_kwh: float
     wait_rank_hours: float
     share_of_gpu_hours: float | None
     share_of_energy: float | None
-    live: tuple[Any, ...]
+    live: tuple[StragglerEntry, ...]  # the watcher's, warned during the run
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

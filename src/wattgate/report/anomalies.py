@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from wattgate.records.summary import Anomaly
+from wattgate.records.summary import Anomaly, StragglerEntry
 from wattgate.records.watcher import WatcherRecord
 from wattgate.report.phases import PhaseWindows, runs
 from wattgate.run_tables import DATA_WAIT_S, RANK, STEP, STEP_TIME_S, TIME
@@ -207,18 +207,17 @@ def stragglers(metrics: pd.DataFrame | None, rank_gpu: dict[int, str]) -> list[E
     return out
 
 
-def waited_for(entries: list[dict]) -> list[Episode]:
+def waited_for(entries: list[StragglerEntry]) -> list[Episode]:
     """The stragglers triage (or the watcher) named, each an episode from the first to the last window the others
     waited for it."""
     out = []
     for e in entries:
-        first, last = e.get("first"), e.get("last")
-        if first is None or last is None:
+        if e.first is None or e.last is None:
             continue
-        gpus = {f"{e.get('host')}:{e['gpu']}"} if e.get("gpu") is not None else set()
-        ranks = {int(e["rank"])} if e.get("rank") is not None else set()
-        text = f"waited for ({e.get('cause')}, lag share {100 * (e.get('lag_share') or 0):.0f}%): {e.get('evidence')}"
-        out.append(Episode("straggler", float(first), float(last), gpus, ranks, {"straggler": text}))
+        gpus = {f"{e.host}:{e.gpu}"} if e.gpu is not None else set()
+        ranks = {int(e.rank)} if e.rank is not None else set()
+        text = f"waited for ({e.cause}, lag share {100 * (e.lag_share or 0):.0f}%): {e.evidence}"
+        out.append(Episode("straggler", float(e.first), float(e.last), gpus, ranks, {"straggler": text}))
     return out
 
 

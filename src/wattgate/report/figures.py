@@ -12,6 +12,7 @@ host names come from user files.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from html import escape
 
 import numpy as np
@@ -470,15 +471,26 @@ def loss_figure(steps, evals=None) -> str | None:
     return svg(box.bottom + 44, "".join(body))
 
 
-def render_all(analysis: Analysis, steps, evals=None) -> dict[str, str | None]:
-    """Every figure by name as SVG markup (None where its inputs are missing); `evals` the validation passes."""
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """The page's figures as SVG markup, each None where its inputs are missing."""
+
+    lag: str | None = None  # per-GPU lag over time (the Stragglers card)
+    power: str | None = None  # power per GPU over time
+    phase_share: str | None = None  # phase shares per GPU
+    steps: str | None = None  # step time and data wait over time
+    loss: str | None = None  # training and validation loss
+
+
+def render_all(analysis: Analysis, steps, evals=None) -> Figures:
+    """Every figure as SVG markup (None where its inputs are missing); `evals` the validation passes."""
     lagging = analysis.inputs.lag
     timeline = lagging.lag.timeline if lagging is not None and lagging.lag is not None else None
     entries = analysis.summary.stragglers.entries
-    return {
-        "lag": lag_figure(timeline, entries, analysis.inputs.window_s, analysis.t0, analysis.t1),
-        "power": power_figure(analysis),
-        "phase_share": phase_share_figure(analysis),
-        "steps": steps_figure(analysis, steps),
-        "loss": loss_figure(steps, evals),
-    }
+    return Figures(
+        lag=lag_figure(timeline, entries, analysis.inputs.window_s, analysis.t0, analysis.t1),
+        power=power_figure(analysis),
+        phase_share=phase_share_figure(analysis),
+        steps=steps_figure(analysis, steps),
+        loss=loss_figure(steps, evals),
+    )

@@ -16,6 +16,7 @@ from wattgate.report.cards import (
     power_only_section,
 )
 from wattgate.durations import duration
+from wattgate.report.figures import Figures
 from wattgate.report.stragglers import straggler_section
 from wattgate.report.markup import Raw, badge, figure, fmt, note, pct, phase_name, section, table
 
@@ -326,19 +327,19 @@ def inputs_section(s: Summary) -> str:
     return section("inputs", "Inputs", note(text) + table(["input", "present"], rows))
 
 
-def render_page(s: Summary, figures: dict[str, str | None], panels_shown: int) -> str:
+def render_page(s: Summary, figures: Figures, panels_shown: int) -> str:
     body = "".join(
         [
             header(s),
             power_only_section(s),
-            power_section(s, figures.get("power"), panels_shown),
-            phase_tables(s, figures.get("phase_share")),
+            power_section(s, figures.power, panels_shown),
+            phase_tables(s, figures.phase_share),
             energy_section(s),
-            straggler_section(s, figures.get("lag")),
+            straggler_section(s, figures.lag),
             figure_section(
                 "steps",
                 "Step time and data wait over time",
-                figures.get("steps"),
+                figures.steps,
                 "no step_time_s in metrics.parquet (or no metrics)",
                 "Per step: the slowest rank's step time and the mean data wait over ranks; shaded: "
                 "checkpoint intervals.",
@@ -346,7 +347,7 @@ def render_page(s: Summary, figures: dict[str, str | None], panels_shown: int) -
             figure_section(
                 "loss",
                 "Loss",
-                figures.get("loss"),
+                figures.loss,
                 "no loss in metrics.parquet (or no metrics)",
                 "Training loss per step (grey) and validation loss after each pass (red), both token-weighted over "
                 "every rank."

@@ -14,7 +14,7 @@ from html import escape
 import numpy as np
 
 from wattgate.durations import duration
-from wattgate.records.summary import Stragglers, Summary
+from wattgate.records.summary import StragglerEntry, Stragglers, Summary
 from wattgate.records.triage import Lagging, Timeline
 from wattgate.records.watcher import WatcherRecord
 from wattgate.report.markup import figure, fmt, note, pct, section, table, utc_of
@@ -36,16 +36,16 @@ def straggler_record(
 ) -> Stragglers:
     """summary.json's `stragglers`: triage's entries (else, without GPU telemetry, the watcher's CPU ones), the
     waiting they cost against the run's GPU-hours and energy, and the watcher's live warnings."""
-    found = [e.to_json() for e in lag.stragglers] if lag is not None else []  # checked on read
-    live = [e.to_json() for e in (watcher.stragglers or ())] if watcher is not None else []  # checked on read
+    found = [StragglerEntry.of(e) for e in lag.stragglers] if lag is not None else []  # checked on read
+    live = [StragglerEntry.of(e) for e in (watcher.stragglers or ())] if watcher is not None else []
     totals = lag.lag if lag is not None else None
-    if not found and not (totals and totals.wait_windows) and any(e.get("gpu") is None for e in live):
-        found = [e for e in live if e.get("gpu") is None]  # no GPU telemetry: the ranks' CPU time is the evidence
-    cpu = bool(found) and all(e.get("gpu") is None for e in found)
+    if not found and not (totals and totals.wait_windows) and any(e.gpu is None for e in live):
+        found = [e for e in live if e.gpu is None]  # no GPU telemetry: the ranks' CPU time is the evidence
+    cpu = bool(found) and all(e.gpu is None for e in found)
     source = "watcher: rank CPU time" if cpu else "power triage" if lag else None
-    hours = sum(e.get("wait_gpu_hours") or 0.0 for e in found)
-    energy = sum(e.get("wait_kwh") or 0.0 for e in found)
-    rank_hours = sum(e.get("wait_rank_hours") or 0.0 for e in found)
+    hours = sum(e.wait_gpu_hours or 0.0 for e in found)
+    energy = sum(e.wait_kwh or 0.0 for e in found)
+    rank_hours = sum(e.wait_rank_hours or 0.0 for e in found)
     return Stragglers(
         checked=lag is not None or watcher is not None,
         source=source,
@@ -80,14 +80,14 @@ def straggler_section(s: Summary, svg_markup: str | None) -> str:
         body = f"<p><b>{escape(_cost_line(st))}</b></p>"
         rows = [
             [
-                e.get("host") or "-",
-                "-" if e.get("gpu") is None else e["gpu"],
-                "-" if e.get("rank") is None else e["rank"],
-                pct(e.get("lag_share")),
-                fmt(e.get("wait_gpu_hours") if e.get("gpu") is not None else e.get("wait_rank_hours"), 4),
-                fmt(e.get("wait_kwh"), 4),
-                e.get("cause"),
-                e.get("evidence", ""),
+                e.host or "-",
+                "-" if e.gpu is None else e.gpu,
+                "-" if e.rank is None else e.rank,
+                pct(e.lag_share),
+                fmt(e.wait_gpu_hours if e.gpu is not None else e.wait_rank_hours, 4),
+                fmt(e.wait_kwh, 4),
+                e.cause,
+                e.evidence,
             ]
             for e in found
         ]
@@ -102,8 +102,8 @@ def straggler_section(s: Summary, svg_markup: str | None) -> str:
     live = st.live
     if live:
         items = "".join(
-            f"<li>rank {e.get('rank')} ({escape(str(e.get('signal', '')))}), from {escape(utc_of(e.get('first')))} "
-            f"UTC: {escape(str(e.get('cause')))}: {escape(str(e.get('evidence')))}</li>"
+            f"<li>rank {e.rank} ({escape(str(e.signal or ''))}), from {escape(utc_of(e.first))} "
+            f"UTC: {escape(str(e.cause))}: {escape(str(e.evidence))}</li>"
             for e in live
         )
         body += f"<h3>Warned during the run (the watcher)</h3><ul>{items}</ul>"
@@ -118,10 +118,7 @@ def straggler_section(s: Summary, svg_markup: str | None) -> str:
 
 
 def _cost_line(st: Stragglers) -> str:
-    names = ", ".join(
-        f"{e.get('host')}:{e['gpu']}" if e.get("gpu") is not None else f"rank {e.get('rank')} on {e.get('host')}"
-        for e in st.entries
-    )
+    names = ", ".join(f"{e.host}:{e.gpu}" if e.gpu is not None else f"rank {e.rank} on {e.host}" for e in st.entries)
     if st.wait_gpu_hours or st.wait_kwh:
         of_hours = f" ({pct(st.share_of_gpu_hours)} of the run's GPU-hours)" if st.share_of_gpu_hours else ""
         of_energy = f" ({pct(st.share_of_energy)} of its energy)" if st.share_of_energy else ""
@@ -134,7 +131,9 @@ def _cost_line(st: Stragglers) -> str:
     return f"Straggler(s): {names}."
 
 
-def lag_figure(timeline: Timeline | None, entries: list[dict], window_s: float, t0: float | None, t1: float | None):
+def lag_figure(
+    timeline: Timeline | None, entries: tuple[StragglerEntry, ...], window_s: float, t0: float | None, t1: float | None
+):
     """One lane per GPU last in any window (stragglers first): the share of each time bin its peers spent
     waiting for it, a step area in its cause's colour (grey for a GPU no straggler), and the job's share of
     waited time as a grey line. None without a timeline."""
@@ -145,7 +144,7 @@ def lag_figure(timeline: Timeline | None, entries: list[dict], window_s: float, 
     last = {str(k): np.asarray(v, float) for k, v in timeline.last.items()}
     if bins < 1 or bin_s <= 0 or len(waits) != bins or any(len(v) != bins for v in last.values()):
         return None
-    cause = {f"{e.get('host')}:{e.get('gpu')}": e.get("cause") for e in entries if e.get("gpu") is not None}
+    cause = {f"{e.host}:{e.gpu}": e.cause for e in entries if e.gpu is not None}
     lanes = sorted(last, key=lambda k: (k not in cause, -last[k].sum(), k))[:MAX_LANES]
     per_bin = max(bin_s / window_s, 1.0)
     span = max(t1 - t0, 1e-9)
