@@ -250,6 +250,19 @@ def test_bad_heartbeats_are_that_ranks_missing_heartbeat(tmp_path):
     assert reader.read()[0].step == 4 and reader.bad["rank-0.json"].startswith("unreadable")
 
 
+def test_a_heartbeat_names_its_gpu_by_uuid_and_the_verdict_keeps_it(tmp_path):
+    from wattgate.records.watcher import RankView
+    from wattgate.telemetry.watch import describe_rank
+
+    (tmp_path / "heartbeat").mkdir()
+    (tmp_path / "heartbeat" / "rank-0.json").write_text(json.dumps(beat(0, 4) | {"gpu": "GPU-5e1c"}))
+    reader = BeatReader(tmp_path, world=1, since=0.0)
+    got = reader.read()
+    assert got[0].gpu == "GPU-5e1c" and not reader.bad
+    view = describe_rank(got[0], NOW)
+    assert RankView.from_json(view.to_json()) == view and view.to_json()["gpu"] == "GPU-5e1c"
+
+
 def test_the_watcher_keeps_watching_through_garbage_heartbeats(tmp_path):
     run = tmp_path / "run"
     (run / "heartbeat").mkdir(parents=True)

@@ -125,7 +125,7 @@ class Heartbeat:
     checkpoint, not per step) so triage can place checkpoints in time after the run.
     """
 
-    def __init__(self, out: Path, rank: int, local_rank: int = 0, gpu: int | None = None):
+    def __init__(self, out: Path, rank: int, local_rank: int = 0, gpu: str | None = None):
         self.path = heartbeat_path(out, rank)
         self.events = heartbeat_events_path(out, rank)
         self.rank = rank

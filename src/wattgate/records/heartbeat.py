@@ -23,7 +23,7 @@ class Beat(Record):
     time: float  # unix s, when it was written
     host: str | None = None
     local_rank: int | None = spec(minimum=0, default=None)
-    gpu: int | None = None
+    gpu: str | None = None  # the GPU's UUID (None on CPU ranks)
     pid: int | None = spec(minimum=0, default=None)
     epoch: int | None = spec(minimum=0, default=None)
     micro: int | None = spec(minimum=0, default=None)  # the micro-batch started in this step

@@ -97,7 +97,7 @@ class RankView(Record):
     rank: int | None
     host: str | None
     local_rank: int | None
-    gpu: int | None
+    gpu: str | None  # the GPU's UUID, from its heartbeat
     step: int | None
     micro: int | None
     micros: int | None
