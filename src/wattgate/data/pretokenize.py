@@ -337,25 +337,44 @@ def _batched(it, n: int):
         yield batch
 
 
+# manifest.json `dropped` reasons of pretokenize's own (bad records: data/records.py)
+DROP_NO_LOSS_TOKENS = "no_loss_tokens"
+DROP_OVERLONG = "overlong"
+
+
+@dataclass
+class OverlongCount:
+    """Documents over pretokenize.max_tokens so far, and the chunks `split` cut them into."""
+
+    documents: int = 0
+    split_chunks: int = 0
+
+
 def _tokenize_inputs(
-    inputs, tokenize: Tokenize, settings: PretokenizeSettings, fields, policy, writer, bar, source: str = "data.inputs"
-) -> Counter:
-    """Stream `inputs` through the tokenizer into `writer`; returns overlong counts (documents, split chunks)."""
-    counts: Counter = Counter()
+    inputs,
+    tokenize: Tokenize,
+    settings: PretokenizeSettings,
+    fields,
+    policy,
+    writer,
+    bar,
+    overlong: OverlongCount,
+    source: str = "data.inputs",
+) -> None:
+    """Stream `inputs` through the tokenizer into `writer`, counting overlong documents in `overlong`."""
     for batch in _batched(read_records(inputs, fields, policy, source), settings.batch_size):
         for ids, mask in tokenize.batch(batch):
             pieces = cut_overlong(ids, mask, settings.max_tokens, settings.overlong)
             if len(ids) > settings.max_tokens:
-                counts["documents"] += 1
-                counts["split_chunks"] += len(pieces) if settings.overlong == "split" else 0
+                overlong.documents += 1
+                overlong.split_chunks += len(pieces) if settings.overlong == "split" else 0
             for piece_ids, piece_mask in pieces:
                 piece_mask[0] = 0  # pieces never overlap, so this touches only this piece
                 if not piece_mask.any():
-                    policy.dropped["no_loss_tokens"] += 1
+                    policy.dropped[DROP_NO_LOSS_TOKENS] += 1
                     continue
                 writer.add(piece_ids, piece_mask)
         bar.update(len(batch))
-    return counts
 
 
 def held_out_mask(
@@ -480,24 +499,24 @@ def pretokenize(
     with atomic_dir(out) as tmp:
         writer = ShardWriter(tmp, settings.shard_docs)
         bar = tqdm(unit="doc", desc="pretokenize", disable=None if progress is None else not progress, file=sys.stderr)
-        overlong: Counter = Counter()
+        overlong = OverlongCount()
         ranges = []  # (source, first doc_id, end doc_id): sources are tokenized in order, so each is a range
         for src in sources:
             writer.source, first = src.name, writer.docs_added
-            overlong += _tokenize_inputs([src.path], tokenize, settings, fields, policy, writer, bar)
+            _tokenize_inputs([src.path], tokenize, settings, fields, policy, writer, bar, overlong)
             ranges.append((src, first, writer.docs_added))
         first_validation_input = writer.docs_added
         for path in split.inputs:
             writer.source = source_name(path)
-            overlong += _tokenize_inputs(
-                [path], tokenize, settings, fields, policy, writer, bar, source="data.validation.inputs"
+            _tokenize_inputs(
+                [path], tokenize, settings, fields, policy, writer, bar, overlong, source="data.validation.inputs"
             )
         bar.close()
         tokenize.check_template_rendered_any()
         writer.flush()
-        overlong_docs, split_chunks = overlong["documents"], overlong["split_chunks"]
+        overlong_docs, split_chunks = overlong.documents, overlong.split_chunks
         if settings.overlong == "drop" and overlong_docs:
-            dropped["overlong"] = overlong_docs
+            dropped[DROP_OVERLONG] = overlong_docs
         if writer.num_docs == 0:
             raise InputError(f"{', '.join(inputs)}: no document survived pretokenization (dropped: {dict(dropped)})")
         mixture = is_mixture(config)

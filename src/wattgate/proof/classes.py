@@ -4,6 +4,7 @@ micro-batch list."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,19 +24,29 @@ def rank_steps(epoch: np.ndarray, step: np.ndarray, micro: np.ndarray) -> tuple[
     return steps[:, 0].tolist(), counts.tolist()
 
 
-def plan_columns(plan_dir: Path, name: str) -> dict[str, np.ndarray] | None:
+@dataclass(frozen=True)
+class PlanColumns:
+    """The placement columns of a packs.parquet (or eval_packs.parquet), one entry per row."""
+
+    epoch: np.ndarray
+    step: np.ndarray
+    micro: np.ndarray
+    rank: np.ndarray
+
+
+def plan_columns(plan_dir: Path, name: str) -> PlanColumns | None:
     path = Path(plan_dir) / name
     if not path.exists():
         return None
     table = read_parquet(path, ["epoch", "step", "micro", "rank"], "pack")
-    return {c: table.column(c).to_numpy() for c in ("epoch", "step", "micro", "rank")}
+    return PlanColumns(*(table.column(c).to_numpy() for c in ("epoch", "step", "micro", "rank")))
 
 
-def eval_micros_by_rank(cols: dict[str, np.ndarray] | None, world: int) -> list[int]:
+def eval_micros_by_rank(cols: PlanColumns | None, world: int) -> list[int]:
     """The validation pass's micro-batch count on each rank (0 without a pass)."""
     if cols is None:
         return [0] * world
-    return [len(np.unique(cols["micro"][cols["rank"] == r])) for r in range(world)]
+    return [len(np.unique(cols.micro[cols.rank == r])) for r in range(world)]
 
 
 def classes_by_rank(plan: Plan, plan_dir: Path, s) -> list[list[StepClass]]:
@@ -46,8 +57,8 @@ def classes_by_rank(plan: Plan, plan_dir: Path, s) -> list[list[StepClass]]:
     validation = any(evals)
     out = []
     for r in range(world):
-        mine = cols["rank"] == r
-        epochs, micros = rank_steps(cols["epoch"][mine], cols["step"][mine], cols["micro"][mine])
+        mine = cols.rank == r
+        epochs, micros = rank_steps(cols.epoch[mine], cols.step[mine], cols.micro[mine])
         sched = rank_schedule(plan, epochs, s, validation)
         out.append(rank_step_classes(sched, micros, evals[r], start=sched.first_step))
     return out

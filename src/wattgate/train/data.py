@@ -69,7 +69,7 @@ def read_rank_plan(plan_dir: Path, rank: int, name: str = PACKS) -> list[MicroBa
     """This rank's micro-batches in execution order (epoch, step, micro), packs in slot order; `name` the
     validation pass's eval_packs.parquet for its micro-batches."""
     table = read_rank_packs(plan_dir, rank, ["epoch", "step", "micro", "slot", "doc_ids", "doc_lengths"], name)
-    cols = {c: table.column(c).to_numpy() for c in ("epoch", "step", "micro", "slot")}
+    epoch, step, micro, slot = (table.column(c).to_numpy() for c in ("epoch", "step", "micro", "slot"))
     ids = table.column("doc_ids").combine_chunks()
     offsets = ids.offsets.to_numpy()
     offsets = offsets - offsets[0]
@@ -79,10 +79,10 @@ def read_rank_plan(plan_dir: Path, rank: int, name: str = PACKS) -> list[MicroBa
     if not np.array_equal(length_offsets - length_offsets[0], offsets):
         raise InputError(f"{Path(plan_dir) / PACKS}: doc_ids and doc_lengths differ in length; rerun pack and gate")
     flat_lengths = pc.list_flatten(lengths).to_numpy().astype(np.int64)
-    order = np.lexsort((cols["slot"], cols["micro"], cols["step"], cols["epoch"]))
+    order = np.lexsort((slot, micro, step, epoch))
     out: list[MicroBatchPlan] = []
     for r in order.tolist():
-        key = (int(cols["epoch"][r]), int(cols["step"][r]), int(cols["micro"][r]))
+        key = (int(epoch[r]), int(step[r]), int(micro[r]))
         docs = PlannedPack(flat[offsets[r] : offsets[r + 1]], flat_lengths[offsets[r] : offsets[r + 1]])
         if out and (out[-1].epoch, out[-1].step, out[-1].micro) == key:
             out[-1].packs.append(docs)
