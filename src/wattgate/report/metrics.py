@@ -14,17 +14,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from wattgate.run_tables import DATA_WAIT_S, LOSS_TOKENS, RANK, STEP, STEP_TIME_S, TIME, TOKENS
+
 MAX_STEP_S = 7 * 86400.0  # a step longer than a week is no measurement (the watcher's limits end there)
 LAST_UNIX_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: no date after it can be written
 # column -> (lowest, highest) a real value takes; None: no bound that side
 VALID_RANGE = {
-    "time": (0.0, LAST_UNIX_TIME),
-    "step_time_s": (0.0, MAX_STEP_S),
-    "data_wait_s": (0.0, MAX_STEP_S),
-    "tokens": (0.0, None),
-    "loss_tokens": (0.0, None),
+    TIME: (0.0, LAST_UNIX_TIME),
+    STEP_TIME_S: (0.0, MAX_STEP_S),
+    DATA_WAIT_S: (0.0, MAX_STEP_S),
+    TOKENS: (0.0, None),
+    LOSS_TOKENS: (0.0, None),
 }
-KEYS = ["step", "rank"]
+KEYS = [STEP, RANK]
 
 
 def trusted_metrics(metrics: pd.DataFrame, path: str | Path, note: Callable[[str], None]) -> pd.DataFrame:
@@ -40,7 +42,7 @@ def trusted_metrics(metrics: pd.DataFrame, path: str | Path, note: Callable[[str
 def _last_of_duplicates(metrics: pd.DataFrame, path, note) -> pd.DataFrame:
     if not set(KEYS) <= set(metrics.columns):
         return metrics
-    if _in_write_order(metrics["step"].to_numpy(), metrics["rank"].to_numpy()):
+    if _in_write_order(metrics[STEP].to_numpy(), metrics[RANK].to_numpy()):
         return metrics  # rank 0 writes each step's ranks in order, step after step: nothing can repeat
     repeated = metrics.duplicated(KEYS, keep="last").to_numpy()
     if not repeated.any():
