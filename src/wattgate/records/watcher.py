@@ -92,20 +92,21 @@ class Straggler(Record):
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RankView(Record):
     """A verdict's `ranks` entry: the rank's heartbeat (where it is), its GPU's power and utilization over the
-    stall (NaN: no reading; ABSENT: no power data), and for a rank on the watcher's host its process."""
+    stall (NaN: no reading; ABSENT: no power data), and for a rank on the watcher's host its process. The watcher
+    writes every heartbeat key (null when the heartbeat had none); an older record may hold fewer."""
 
-    rank: int | None
-    host: str | None
-    local_rank: int | None
-    gpu: str | None  # the GPU's UUID, from its heartbeat
-    step: int | None
-    micro: int | None
-    micros: int | None
-    epoch: int | None
-    phase: str | None
-    total_steps: int | None
-    last_beat_age_s: float
-    planned_epoch_end: int | None
+    rank: int | None = None
+    host: str | None = None
+    local_rank: int | None = None
+    gpu: str | None = None  # the GPU's UUID, from its heartbeat
+    step: int | None = None
+    micro: int | None = None
+    micros: int | None = None
+    epoch: int | None = None
+    phase: str | None = None
+    total_steps: int | None = None
+    last_beat_age_s: float | None = None
+    planned_epoch_end: int | None = None
     power_w: float | None = ABSENT
     util_gpu: float | None = ABSENT
     cpu_share: float | None = spec(omit_none=True, default=None)
