@@ -32,7 +32,7 @@ from wattgate.errors import InputError
 from wattgate.power.energy import in_time_order, join_parts
 from wattgate.power.triage.causes import COLUMNS as CAUSE_COLUMNS
 from wattgate.power.triage.phases import CONFIDENCE, LABELS, PHASE, PHASES_SCHEMA, phases_meta, read_phases
-from wattgate.power.triage.runinfo import RUN_INFO_METRICS, RunInfo
+from wattgate.power.triage.runinfo import RUN_INFO_METRICS, RunInfo, gpu_uuids
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
 from wattgate.power.triage.stage import recorded_caps, triage
 from wattgate.report.gate_input import UsableGate, usable_gate
@@ -64,6 +64,7 @@ from wattgate.trace import (
 )
 from wattgate.records.base import Where
 from wattgate.records.run_config import RunConfig
+from wattgate.records.trace_meta import TraceMeta
 from wattgate.records.triage import Energy, Gaps, Lagging, PauseRecord, Triage
 from wattgate.records.watcher import WatcherRecord
 from wattgate.records.trained import Trained
@@ -116,7 +117,7 @@ class RunInputs:
     checkpoints: list[int] = field(default_factory=list)  # steps with a checkpoint folder
     has_final: bool = False
     trace_paths: list[Path] = field(default_factory=list)
-    trace_metas: list[dict] = field(default_factory=list)
+    trace_metas: list[TraceMeta] = field(default_factory=list)
     samples: Samples | None = None  # None when triage.json's energy stands in for the traces
     triage_energy: dict[str, Energy] | None = None  # triage.json "energy" ("host:gpu" -> figures) for these traces
     pause_records: tuple[PauseRecord, ...] | None = None  # triage.json "pauses" for these phases
@@ -283,7 +284,7 @@ def _triage_in_process(
 ) -> None:
     # the table, window and hang limit `wattgate triage --config` would use; a table file or GPU model
     # given here first (a Zeus log names no device)
-    names = sorted({str(g.get("name")) for m in inputs.trace_metas for g in m.get("gpus", []) if g.get("name")})
+    names = sorted({name for m in inputs.trace_metas for name in m.device_names()})
     settings = TriageSettings.merge(inputs.config, table_path, gpu_model, power_cap_w=power_cap_w)
     caps = recorded_caps(inputs.trace_metas)
     try:
@@ -388,9 +389,10 @@ def load_inputs(
         tables = []
         for path in inputs.trace_paths:
             t = _read_trace_columns(path, TRACE_COLUMNS)
-            inputs.trace_metas.append(
-                trace_meta(t, path) or (trace_meta(pq.read_schema(path), path) if path.is_file() else {})
-            )
+            meta = trace_meta(t, path)
+            if meta == TraceMeta() and path.is_file():  # none on the columns read: the file's own
+                meta = trace_meta(pq.read_schema(path), path)
+            inputs.trace_metas.append(meta)
             tables.append(t)
         inputs.samples = read_samples(tables)
     if not inputs.trace_paths:
@@ -488,13 +490,9 @@ def _read_run_files(inputs: RunInputs, run_dir: Path) -> None:
         inputs.evals = read_eval(run_dir)
     except InputError as exc:  # a damaged validation table costs its rows, not the report
         inputs.note(f"validation table not read: {exc}")
-    try:
-        inputs.watcher = read_watcher(run_dir)
-    except InputError as exc:  # a damaged verdict costs the watcher card, not the report
-        inputs.note(f"watcher.json not read: {exc}")
-    else:
-        if inputs.watcher is None:
-            inputs.note("watcher.json not available: no hang watcher verdict")
+    inputs.watcher = read_watcher(run_dir)
+    if inputs.watcher is None:
+        inputs.note("watcher.json not available: no hang watcher verdict")
     inputs.checkpoints = checkpoint_steps(run_dir / "checkpoints")
     inputs.has_final = (run_dir / "final").is_dir()
 
@@ -527,12 +525,6 @@ def _run_info(inputs: RunInputs, run_dir: Path) -> RunInfo:
     metrics = inputs.metrics
     if metrics is not None and not set(RUN_INFO_METRICS) <= set(metrics.columns):
         metrics = None  # _metrics named the missing columns
-    uuids = {
-        str(g["uuid"]): (str(meta["host"]), int(g["index"]))
-        for meta in inputs.trace_metas
-        if meta.get("host") is not None
-        for g in meta.get("gpus", [])
-        if g.get("uuid")
-    }
     events = read_heartbeat_events(run_dir, on_bad=inputs.note)
-    return RunInfo(events, read_heartbeats(run_dir, on_bad=inputs.note), metrics, uuids, str(run_dir))
+    states = read_heartbeats(run_dir, on_bad=inputs.note)
+    return RunInfo(events, states, metrics, gpu_uuids(inputs.trace_metas), str(run_dir))
