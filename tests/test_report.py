@@ -262,6 +262,22 @@ def test_report_is_deterministic(h200, tmp_path):
     assert not list((tmp_path / "again").glob(".*tmp"))  # atomic writes leave no temp files
 
 
+def test_summary_json_reads_back_as_its_record_and_a_bad_value_is_one_line(h200, tmp_path):
+    from wattgate.records.summary import Summary
+
+    tmp, _, _ = h200
+    for out in ("with-power", "in-process"):
+        path = tmp / out / "summary.json"
+        s = Summary.read(path, rerun="report")
+        assert s.to_json() == json.loads(path.read_text()) and s.energy.method == "energy_counter"
+    bad = json.loads((tmp / "in-process" / "summary.json").read_text())
+    bad["energy"]["per_gpu"][0]["kwh"] = "lots"
+    (tmp_path / "summary.json").write_text(json.dumps(bad))
+    with pytest.raises(InputError, match=r"summary.json: 'energy.per_gpu\[0\].kwh' \(\"lots\"\) is not") as err:
+        Summary.read(tmp_path / "summary.json", rerun="report")
+    assert "\n" not in str(err.value)
+
+
 def test_index_html_is_byte_identical_from_another_process(h200, tmp_path):
     """Nothing in the page may hang on the process: string hashing (set order) differs between the two.
     That process also shows the report draws without importing matplotlib."""

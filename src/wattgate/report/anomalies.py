@@ -23,6 +23,10 @@ STARVED_STEP_SHARE = 0.2  # a step that waited this share of its time for data i
 STRAGGLER_RATIO = 1.10  # a rank this much slower (median compute time) than the median rank
 HANG_VERDICTS = ("deadlock", "stuck_ranks")
 QUIET_VERDICTS = (None, "running", "healthy", "stopped")  # stopped: a graceful stop, resumed by the next job
+# the facts an episode carries (Episode.facts: fact -> a count, summed when episodes merge, or a text)
+DEADLOCK_GPU_S, STARVED_GPU_S = "deadlock GPU-seconds", "starved GPU-seconds"
+STARVED_STEPS, DATA_WAIT_S_FACT = "starved steps", "data wait s"
+WATCHER_FACT, STRAGGLER_FACT, RATIO_FACT = "watcher", "straggler", "ratio"
 
 
 @dataclass
@@ -74,11 +78,11 @@ def watcher_episode(watcher: WatcherRecord | None) -> Episode | None:
     start = float(end) - float(watcher.stalled_for_s or 0.0)
     ranks = set(watcher.stuck_ranks or watcher.behind or ())
     kind = "hang" if verdict in HANG_VERDICTS else verdict
-    return Episode(kind, start, float(end), set(), set(ranks), {"watcher": watcher.reason or verdict})
+    return Episode(kind, start, float(end), set(), set(ranks), {WATCHER_FACT: watcher.reason or verdict})
 
 
 def hangs(w: PhaseWindows, watcher: WatcherRecord | None, window_s: float) -> list[Episode]:
-    found = _window_episodes(w, "deadlock", "hang", "deadlock GPU-seconds", 0.0, 2 * window_s)
+    found = _window_episodes(w, "deadlock", "hang", DEADLOCK_GPU_S, 0.0, 2 * window_s)
     verdict = watcher_episode(watcher)
     if verdict is not None and verdict.kind == "hang":
         found.append(verdict)
@@ -142,14 +146,14 @@ def starved_steps(metrics: pd.DataFrame | None) -> list[Episode]:
             float(hi[k]),
             set(),
             {int(rank[first[k]])},
-            {"starved steps": int(steps[k]), "data wait s": float(waited[k])},
+            {STARVED_STEPS: int(steps[k]), DATA_WAIT_S_FACT: float(waited[k])},
         )
         for k in range(runs)
     ]
 
 
 def starvation(w: PhaseWindows, metrics: pd.DataFrame | None, window_s: float) -> list[Episode]:
-    found = _window_episodes(w, "data_starvation", "starvation", "starved GPU-seconds", STARVATION_MIN_S, 2 * window_s)
+    found = _window_episodes(w, "data_starvation", "starvation", STARVED_GPU_S, STARVATION_MIN_S, 2 * window_s)
     steps = starved_steps(metrics)
     gap = 2 * window_s
     if metrics is not None and STEP_TIME_S in metrics.columns and len(metrics):
@@ -201,7 +205,7 @@ def stragglers(metrics: pd.DataFrame | None, rank_gpu: dict[int, str]) -> list[E
                 float(end[k]),
                 gpus,
                 {int(rank)},
-                {"straggler": text, "ratio": round(float(median[k] / typical), 4)},
+                {STRAGGLER_FACT: text, RATIO_FACT: round(float(median[k] / typical), 4)},
             )
         )
     return out
@@ -217,32 +221,31 @@ def waited_for(entries: list[StragglerEntry]) -> list[Episode]:
         gpus = {f"{e.host}:{e.gpu}"} if e.gpu is not None else set()
         ranks = {int(e.rank)} if e.rank is not None else set()
         text = f"waited for ({e.cause}, lag share {100 * (e.lag_share or 0):.0f}%): {e.evidence}"
-        out.append(Episode("straggler", float(e.first), float(e.last), gpus, ranks, {"straggler": text}))
+        out.append(Episode("straggler", float(e.first), float(e.last), gpus, ranks, {STRAGGLER_FACT: text}))
     return out
 
 
 # each fact an episode can carry, and its line of evidence, in the order the table gives them
 EVIDENCE = (
     (
-        "deadlock GPU-seconds",
+        DEADLOCK_GPU_S,
         lambda e, f: (
-            f"power triage: low-power wait without progress on {len(e.gpus)} GPU(s) "
-            f"({f['deadlock GPU-seconds']:.0f} GPU-s)"
+            f"power triage: low-power wait without progress on {len(e.gpus)} GPU(s) ({f[DEADLOCK_GPU_S]:.0f} GPU-s)"
         ),
     ),
     (
-        "starved GPU-seconds",
-        lambda e, f: f"power triage: data_starvation on {len(e.gpus)} GPU(s) ({f['starved GPU-seconds']:.0f} GPU-s)",
+        STARVED_GPU_S,
+        lambda e, f: f"power triage: data_starvation on {len(e.gpus)} GPU(s) ({f[STARVED_GPU_S]:.0f} GPU-s)",
     ),
     (
-        "starved steps",
+        STARVED_STEPS,
         lambda e, f: (
-            f"metrics: {f['starved steps']} step(s) on {len(e.ranks)} rank(s) waited >= "
-            f"{100 * STARVED_STEP_SHARE:.0f}% of the step for data ({f['data wait s']:.1f} s of waiting)"
+            f"metrics: {f[STARVED_STEPS]} step(s) on {len(e.ranks)} rank(s) waited >= "
+            f"{100 * STARVED_STEP_SHARE:.0f}% of the step for data ({f[DATA_WAIT_S_FACT]:.1f} s of waiting)"
         ),
     ),
-    ("watcher", lambda e, f: f"watcher: {f['watcher']}"),
-    ("straggler", lambda e, f: f["straggler"]),
+    (WATCHER_FACT, lambda e, f: f"watcher: {f[WATCHER_FACT]}"),
+    (STRAGGLER_FACT, lambda e, f: f[STRAGGLER_FACT]),
 )
 
 
