@@ -176,10 +176,10 @@ def _variant(args, config) -> None:
     from wattgate.experiments import write_variant_config
 
     derived = write_variant_config(config, args.experiment, args.variant, args.out)
-    t, c = derived["train"], derived["cluster"]
+    t, c = derived.train, derived.cluster
     print(
-        f"variant: {derived['run_name']}: {c['nodes']} node(s) x {c['gpus_per_node']}, grad_accum "
-        f"{t['grad_accum']}, data_cache {t['data_cache']}, {t['max_steps']} steps -> {args.out}"
+        f"variant: {derived.run_name}: {c.nodes} node(s) x {c.gpus_per_node}, grad_accum "
+        f"{t.grad_accum}, data_cache {t.data_cache}, {t.max_steps} steps -> {args.out}"
     )
 
 
