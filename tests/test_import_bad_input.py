@@ -83,7 +83,7 @@ def test_power_beyond_any_gpu_is_nulled_and_counted_on_import_and_read(tmp_path)
     pq.write_table(pa.Table.from_pydict(cols, schema=schema_with_meta({})), foreign)
     read = read_trace(foreign)
     assert read.column("power_w").to_pylist() == [300.0, None, 310.0]
-    assert trace_meta(read)["invalid_values"] == {"power_w": 1}
+    assert trace_meta(read).invalid_values == {"power_w": 1}
 
 
 def test_an_import_without_any_power_reading_is_refused_for_every_format(tmp_path):

@@ -39,8 +39,8 @@ def test_nvidia_smi_with_units_markers_and_an_index(tmp_path):
     out = tmp_path / "t.parquet"
     write_trace(table, out)
     back = read_trace(out)
-    assert len(back) == 4 and trace_meta(back)["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
-    assert resolve_table(None, None, [g["name"] for g in trace_meta(back)["gpus"]]).gpu_model == "H100"
+    assert len(back) == 4 and trace_meta(back).gpus[0].name == "NVIDIA H100 80GB HBM3"
+    assert resolve_table(None, None, trace_meta(back).device_names()).gpu_model == "H100"
 
 
 def test_nvidia_smi_without_index_infers_gpus_from_bursts_including_a_short_one(tmp_path):

@@ -94,7 +94,7 @@ def test_dcgm_nan_inf_and_negative_become_null_and_are_counted(tmp_path):
     assert meta["invalid_values"] == {"energy_j": 1, "power_w": 4}
     out = tmp_path / "t.parquet"
     write_trace(table, out)
-    assert trace_meta(read_trace(out))["invalid_values"] == {"energy_j": 1, "power_w": 4}
+    assert trace_meta(read_trace(out)).invalid_values == {"energy_j": 1, "power_w": 4}
 
 
 def test_nvidia_smi_negative_power_is_null_and_counted(tmp_path):
@@ -122,7 +122,7 @@ def test_read_trace_nulls_and_counts_non_finite_and_negative_power(tmp_path):
     path = foreign_trace(tmp_path / "f.parquet", [100.0, float("inf"), float("nan"), -3.0, 200.0])
     t = read_trace(path)
     assert t.column("power_w").to_pylist() == [100.0, None, None, None, 200.0]
-    assert trace_meta(t)["invalid_values"] == {"power_w": 3}
+    assert trace_meta(t).invalid_values == {"power_w": 3}
 
 
 def test_read_trace_uncastable_time_column_is_one_line_error(tmp_path):

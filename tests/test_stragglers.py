@@ -18,6 +18,7 @@ from wattgate.errors import InputError
 from wattgate.power.triage import load_run_info, run_triage, triage
 from wattgate.power.triage.phases import phases_meta
 from wattgate.power.triage.stage import recorded_caps
+from wattgate.records.trace_meta import TraceMeta
 from wattgate.testing.synthetic_trace import Straggler, build_trace, gpus_of, job, write_sync_run_info
 from wattgate.triage_tables import TriageSettings, shipped_table
 
@@ -29,11 +30,12 @@ SLOWDOWNS = (0.15, 0.25, 0.4)
 
 
 def found(synth, run_dir=None, share=0.3) -> tuple[list[dict], dict]:
-    caps = recorded_caps([synth.meta(h) for h in sorted({h for h, _ in synth.gpus})])
+    metas = [TraceMeta.from_json(synth.meta(h)) for h in sorted({h for h, _ in synth.gpus})]
+    caps = recorded_caps(metas)
     info = None
     if run_dir is not None:
         write_sync_run_info(run_dir, synth)
-        info = load_run_info(run_dir, [synth.meta(h) for h in sorted({h for h, _ in synth.gpus})])
+        info = load_run_info(run_dir, metas)
     meta = phases_meta(triage(synth.table, TABLE, caps=caps, run_info=info, straggler_share=share))
     return [e.to_json() for e in meta.stragglers], meta.lag.to_json()
 

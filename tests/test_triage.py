@@ -12,6 +12,7 @@ from wattgate.testing.synthetic_trace import T0, accuracy, build_trace, gpus_of,
 from wattgate.errors import InputError
 from wattgate.triage_tables import SHIPPED, TriageTable, shipped_table
 from wattgate.power.triage import PHASES_SCHEMA, load_run_info, map_ranks, phase_summary, run_triage, triage
+from wattgate.records.trace_meta import TraceMeta
 from wattgate.trace import TRACE_SCHEMA, TraceWriter
 
 DL = 30.0  # deadlock_after_s in these tests: keeps the traces short
@@ -46,7 +47,9 @@ def phases_of(synth, **kw) -> np.ndarray:
 
 def run_info(tmp_path, synth, **kw):
     write_run_info(tmp_path / "run", synth, **kw)
-    return load_run_info(tmp_path / "run", [synth.meta(h) for h in sorted({h for h, _ in synth.gpus})])
+    return load_run_info(
+        tmp_path / "run", [TraceMeta.from_json(synth.meta(h)) for h in sorted({h for h, _ in synth.gpus})]
+    )
 
 
 def gpu_rows(synth, phases: pa.Table, key) -> np.ndarray:
@@ -184,7 +187,7 @@ def test_single_rank_stuck_idle_while_peers_wait(tmp_path, with_run_info):
     info = None
     if with_run_info:
         write_run_info(tmp_path / "run", synth, ranks=gpus)
-        info = load_run_info(tmp_path / "run", [synth.meta("node0")])
+        info = load_run_info(tmp_path / "run", [TraceMeta.from_json(synth.meta("node0"))])
     phases = triage(synth.table, table, deadlock_after_s=DL, run_info=info)
     got, truth = phases.column("phase").to_numpy(zero_copy_only=False), synth.truth_for(phases)
     stuck = gpu_rows(synth, phases, ("node0", 3))

@@ -36,6 +36,8 @@ import pyarrow.parquet as pq
 
 from wattgate.artifacts import atomic_path, check_file_output, json_safe
 from wattgate.errors import InputError
+from wattgate.records.base import Where
+from wattgate.records.trace_meta import TraceMeta
 
 # The trace's column names (readers index a trace frame or table by these, never by the string)
 TIME = "time"
@@ -295,9 +297,15 @@ META_TYPES = {"gpus": list, "hosts": list, "files": list, "notes": list, "invali
 GPU_META_TYPES = {"index": int, "power_limit_w": (int, float)}  # per entry of `gpus`; name, uuid: any value
 
 
-def trace_meta(table_or_schema, path: str | os.PathLike | None = None) -> dict:
-    """The `wattgate.trace` metadata ({} if none), its shape checked so no stage meets a list where it reads a
-    dict: damaged metadata is an InputError naming `path` (where the caller knows it)."""
+def trace_meta(table_or_schema, path: str | os.PathLike | None = None) -> TraceMeta:
+    """The `wattgate.trace` metadata (an empty record if none), its shape checked so no stage meets a list where
+    it reads a dict: damaged metadata is an InputError naming `path` (where the caller knows it)."""
+    meta = _meta_mapping(table_or_schema, path)
+    return TraceMeta.from_json(meta, Where(str(path) if path is not None else "trace metadata"))
+
+
+def _meta_mapping(table_or_schema, path: str | os.PathLike | None = None) -> dict:
+    """trace_meta's mapping, as written (every key kept: a reader that rewrites it loses none)."""
     schema = table_or_schema.schema if hasattr(table_or_schema, "schema") else table_or_schema
     raw = (schema.metadata or {}).get(META_KEY)
     if not raw:
@@ -437,7 +445,7 @@ def _read_columns(path: Path, columns: list[str]) -> pa.Table:
 
 def read_trace_chunks(
     path: str | os.PathLike, columns: list[str], rows: int, deferred: Sequence[str] = ()
-) -> tuple[dict, Iterator]:
+) -> tuple[TraceMeta, Iterator]:
     """read_trace(path, columns) a batch of at most `rows` rows at a time, for a reader that reduces them as
     they come: (the trace's metadata, an iterator of record batches cast as read_trace casts them). The range
     check is the reader's to do (NaN, infinite or negative readings are not readings). A killed sampler's
@@ -524,11 +532,11 @@ def _checked(table: pa.Table, meta, path: Path) -> pa.Table:
     """Range-check the measured columns, count what was nulled into the metadata's invalid_values."""
     table, invalid = null_invalid_values(table)
     if invalid:
-        info = trace_meta(pa.schema([], metadata=meta), path)
-        counts = dict(info.get("invalid_values") or {})
+        info = _meta_mapping(pa.schema([], metadata=meta), path)  # every key kept
+        counts = dict(trace_meta(pa.schema([], metadata=meta), path).invalid_values or {})
         for name, n in invalid.items():
             counts[name] = int(counts.get(name, 0)) + n
-        info["invalid_values"] = dict(sorted(counts.items()))
+        info = info | {"invalid_values": dict(sorted(counts.items()))}
         meta = dict(meta or {})
         meta[META_KEY] = strict_json(info, sort_keys=True).encode()
     return table.replace_schema_metadata(meta)

@@ -291,18 +291,18 @@ def power_only_record(inputs: RunInputs, sig: Signals, found: list, t0: float | 
         trained=sig.trained,
         config=sig.config,
     )
-    inferred = any(m.get("gpu_index_inferred") for m in inputs.trace_metas)
+    inferred = any(m.gpu_index_inferred for m in inputs.trace_metas)
     limits = power_only.limits(had, inputs.deadlock_after_s, inferred)  # mode, missing, cannot_tell, wait_rule
     imported = tuple(
         ImportedTrace(
             file=str(p),
-            source=m.get("source"),
-            notes=tuple(m.get("notes") or []),
-            skipped_lines=m.get("skipped_lines") or {},
-            gpu_index_inferred=bool(m.get("gpu_index_inferred")),
+            source=m.source,
+            notes=tuple(m.notes or ()),
+            skipped_lines=m.skipped_lines or {},
+            gpu_index_inferred=bool(m.gpu_index_inferred),
         )
         for p, m in zip(inputs.trace_paths, inputs.trace_metas)
-        if m.get("power_source") == "imported"
+        if m.power_source == "imported"
     )
     return PowerOnlyCard(
         **limits,

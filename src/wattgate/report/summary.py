@@ -216,10 +216,10 @@ def find_anomalies(
 
 def run_facts(inputs: RunInputs, t0: float | None) -> RunFacts:
     """summary.json `run`: the run's name and inputs, its start, and the device it ran on."""
-    names = sorted({str(g.get("name")) for m in inputs.trace_metas for g in m.get("gpus", []) if g.get("name")})
+    names = sorted({name for m in inputs.trace_metas for name in m.device_names()})
     cluster = inputs.config.cluster if inputs.config is not None else None
     t = inputs.trained or Trained()
-    nvml = next((str(m["nvml"]) for m in inputs.trace_metas if m.get("nvml")), None)
+    nvml = next((str(m.nvml) for m in inputs.trace_metas if m.nvml), None)
     return RunFacts(
         name=inputs.run_name,
         dir=str(inputs.run_dir) if inputs.run_dir is not None else None,

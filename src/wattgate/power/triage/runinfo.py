@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from wattgate.errors import InputError
+from wattgate.records.trace_meta import TraceMeta
 from wattgate.heartbeats import HEARTBEAT_EVENT_COLUMNS, read_heartbeat_events, read_heartbeats
 from wattgate.run_files import (
     METRICS,
@@ -51,7 +52,7 @@ RUN_INFO_METRICS = ["step", "rank", "time", "step_time_s", "data_wait_s"]  # wha
 
 def load_run_info(
     run_dir: str | os.PathLike,
-    trace_metas: list[dict] | None = None,
+    trace_metas: list[TraceMeta] | None = None,
     metrics: pd.DataFrame | None = None,
     on_bad: Callable[[str], object] | None = None,
 ) -> RunInfo:
@@ -66,12 +67,18 @@ def load_run_info(
         metrics = read_metrics(run_dir, RUN_INFO_METRICS)
     else:
         check_columns(run_dir / METRICS, metrics.columns, RUN_INFO_METRICS, "metrics", "train")
-    uuids = {}
-    for meta in trace_metas or []:
-        for g in meta.get("gpus", []):
-            if g.get("uuid") and meta.get("host") is not None:
-                uuids[str(g["uuid"])] = (str(meta["host"]), int(g["index"]))
-    return RunInfo(ev, states, metrics, uuids, str(run_dir))
+    return RunInfo(ev, states, metrics, gpu_uuids(trace_metas or []), str(run_dir))
+
+
+def gpu_uuids(trace_metas: list[TraceMeta]) -> dict[str, tuple[str, int]]:
+    """GPU UUID -> (host, index), from the traces' metadata (the heartbeats name a rank's GPU by its UUID)."""
+    return {
+        str(g.uuid): (str(meta.host), int(g.index))
+        for meta in trace_metas
+        if meta.host is not None
+        for g in meta.gpu_list
+        if g.uuid
+    }
 
 
 def _short(host: str) -> str:

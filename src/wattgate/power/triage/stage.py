@@ -83,6 +83,7 @@ from wattgate.power.triage.windows import (
 )
 from wattgate.run_files import check_output, claim_output, read_watcher
 from wattgate.records.base import Where
+from wattgate.records.trace_meta import TraceMeta
 from wattgate.records.triage import (
     STATUS_NO_TELEMETRY,
     STATUS_OK,
@@ -381,7 +382,7 @@ def watcher_stragglers(run_dir) -> tuple[WatcherStraggler, ...]:
     )
 
 
-def _trace_chunks(paths: list) -> tuple[list[dict], list[Iterator], Callable[[], Iterator]]:
+def _trace_chunks(paths: list) -> tuple[list[TraceMeta], list[Iterator], Callable[[], Iterator]]:
     """Each file's metadata; each file's batches (TRIAGE_COLUMNS, the cause columns deferred), from the files
     opened for the metadata; and a way to read them all again, end to end, without the cause columns
     (ingest_energy, for a file whose row groups overlap in time)."""
@@ -419,12 +420,12 @@ def _ranges_text(numbers: list[int]) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def _check_files_apart(acc: _Ingest, paths: list[Path], metas: list[dict]) -> None:
+def _check_files_apart(acc: _Ingest, paths: list[Path], metas: list[TraceMeta]) -> None:
     """Refuse two files holding the same host's GPUs over the same time (windows.overlapping_files) when both
     took that host's name from their file names (import-trace without --host): two nodes' logs of one name.
     A host both traces name for itself (a sampler's hostname, a log's host column) is one node whose samples
     were split between files, and is summed from their rows sorted together (windows.ingest_energy)."""
-    guessed = [set(m.get("hosts_from_file_names") or ()) for m in metas]
+    guessed = [set(m.hosts_from_file_names or ()) for m in metas]
     clash = overlapping_files(acc, lambda a, b, host: host in guessed[a] and host in guessed[b])
     if clash is None:
         return
@@ -439,14 +440,13 @@ def _check_files_apart(acc: _Ingest, paths: list[Path], metas: list[dict]) -> No
     )
 
 
-def recorded_caps(metas: list[dict]) -> dict[tuple[str, int], float]:
+def recorded_caps(metas: list[TraceMeta]) -> dict[tuple[str, int], float]:
     """(host, gpu index) -> the enforced power limit the sampler recorded (trace meta gpus[].power_limit_w)."""
     caps = {}
     for meta in metas:
-        for g in meta.get("gpus", []):
-            cap = g.get("power_limit_w")
-            if cap and meta.get("host") is not None and g.get("index") is not None:
-                caps[(str(meta["host"]), int(g["index"]))] = float(cap)
+        for g in meta.gpu_list:
+            if g.power_limit_w and meta.host is not None and g.index is not None:
+                caps[(str(meta.host), int(g.index))] = float(g.power_limit_w)
     return caps
 
 
@@ -490,7 +490,7 @@ def _run_triage(
         reading = early.submit(load_run_info, run_dir, metas, on_bad=notes.append) if run_dir else None
         acc = ingest(chunks, window_s)
     _check_files_apart(acc, paths, metas)
-    names = sorted({str(g.get("name", "")) for m in metas for g in m.get("gpus", []) if g.get("name")})
+    names = sorted({name for m in metas for name in m.device_names()})
     empty = acc.empty
     settings = TriageSettings(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w, straggler_share)
     caps = recorded_caps(metas)
@@ -543,7 +543,7 @@ def _run_triage(
         t0 = float(pc.min(phases.column(START)).as_py()) if phases.num_rows else None
         po = None
         if not signals.heartbeats and not empty:
-            inferred = any(m.get("gpu_index_inferred") for m in metas)
+            inferred = any(m.gpu_index_inferred for m in metas)
             limits = power_only.limits(asdict(signals), deadlock_after_s, inferred)
             po = PowerOnly.from_json(
                 limits | {"verdict": power_only.verdict(found, t0, window_s)}, where, "power_only."
