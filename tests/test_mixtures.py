@@ -115,8 +115,8 @@ def test_gate_passes_and_a_dropped_document_fails_naming_its_source(plans, preto
     # drop one document of "rare" from one pack row
     p = inputs.packs
     manifest = inputs.manifest
-    rare = next(r for r in manifest["source_docs"] if r["name"] == "rare")
-    entry = int(np.flatnonzero((p.doc_ids >= rare["first_doc"]) & (p.doc_ids < rare["end_doc"]))[0])
+    rare = next(r for r in manifest.source_docs if r.name == "rare")
+    entry = int(np.flatnonzero((p.doc_ids >= rare.first_doc) & (p.doc_ids < rare.end_doc))[0])
     row = int(np.searchsorted(p.offsets, entry, side="right") - 1)
     keep = np.ones(len(p.doc_ids), dtype=bool)
     keep[entry] = False
