@@ -162,7 +162,9 @@ def _scope(name: str, rows: np.ndarray, matrix: np.ndarray, window_s: float, wai
         return sc
     lo, hi = int(used[0]), int(used[-1]) + 1
     power = wait_w[members].astype(np.float64)[:, None]
-    parts = {k: [] for k in ("wait", "cols", "top", "s", "j")}
+    # per block: its wait windows; and of its windows with one GPU last, those windows, that GPU, and the seconds
+    # and joules its peers spent waiting for it
+    waits, last_cols, last_gpu, wait_s, wait_j = [], [], [], [], []
     block = max(1, BLOCK_CELLS // m)
     for a in range(lo, hi, block):
         b = min(hi, a + block)
@@ -179,21 +181,21 @@ def _scope(name: str, rows: np.ndarray, matrix: np.ndarray, window_s: float, wai
             below = (valid & (x <= b1 - MARGIN)).sum(axis=0)
         wait = (cnt >= 2) & (b1 >= MARGIN) & (2 * below >= cnt - 1) & (below >= 1)
         last = wait & (b2 <= b1 - MARGIN)
-        parts["wait"].append(np.flatnonzero(wait) + a)
+        waits.append(np.flatnonzero(wait) + a)
         at = np.flatnonzero(last)
         if len(at):
             gap = np.clip(np.where(valid[:, at], b1[at] - x[:, at], 0.0), 0.0, None)
-            parts["cols"].append(at + a)
-            parts["top"].append(members[top[at]])
-            parts["s"].append(gap.sum(axis=0) * window_s)
-            parts["j"].append((gap * power).sum(axis=0) * window_s)
-    sc.wait_cols = np.concatenate(parts["wait"]) if parts["wait"] else np.zeros(0, np.int64)
+            last_cols.append(at + a)
+            last_gpu.append(members[top[at]])
+            wait_s.append(gap.sum(axis=0) * window_s)
+            wait_j.append((gap * power).sum(axis=0) * window_s)
+    sc.wait_cols = np.concatenate(waits) if waits else np.zeros(0, np.int64)
     sc.wait_windows = len(sc.wait_cols)
-    if parts["cols"]:
-        sc.last_cols = np.concatenate(parts["cols"])
-        sc.last_gpu = np.concatenate(parts["top"])
-        sc.wait_s = np.concatenate(parts["s"])
-        sc.wait_j = np.concatenate(parts["j"])
+    if last_cols:
+        sc.last_cols = np.concatenate(last_cols)
+        sc.last_gpu = np.concatenate(last_gpu)
+        sc.wait_s = np.concatenate(wait_s)
+        sc.wait_j = np.concatenate(wait_j)
     return sc
 
 
