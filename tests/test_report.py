@@ -392,6 +392,33 @@ def test_memory_measured_per_phase_beside_the_gate_estimate(cpu_run, tmp_path):
     assert ">Memory: measured and estimated</h2>" in text and "n1 6.00 GiB" in text
 
 
+def test_forecast_against_actual_and_the_watcher_card_keep_what_their_records_hold(cpu_run, tmp_path):
+    gate_file = cpu_run.parent.parent / "gate" / "gate.json"
+    gate = json.loads(gate_file.read_text())
+    gate["forecast"] = {
+        "wall_s": 100.0,
+        "gpu_hours": 0.05,
+        "kwh": None,
+        "throughput": {"source": "ledger", "detail": "3 runs"},
+        "terms_s": {"steps": 80.0, "startup": 20.0},
+    }
+    gate["failure"] = {"line": "a hang would cost 2 GPU-hours"}
+    gate_file.write_text(json.dumps(gate))
+    trained = json.loads((cpu_run / "TRAINED").read_text())
+    (cpu_run / "TRAINED").write_text(json.dumps(trained | {"job_s": 120.0}))
+    watcher = {"verdict": "deadlock", "stalled_for_s": 61.5, "stuck_ranks": [1], "table": None, "detected_at": T0 + 30}
+    (cpu_run / "watcher.json").write_text(json.dumps(watcher))
+    s = run_report(cpu_run, tmp_path / "out")
+    f = s["forecast"]
+    assert f["forecast"]["source"] == "ledger" and f["forecast"]["terms_s"] == {"steps": 80.0, "startup": 20.0}
+    assert f["actual"] == {"wall_s": 120.0, "gpu_hours": pytest.approx(120 * 2 / 3600, abs=1e-6), "kwh": None}
+    assert f["error"] == {"wall_s": 0.2, "gpu_hours": pytest.approx(0.3333), "kwh": None}
+    assert f["failure"] == "a hang would cost 2 GPU-hours"
+    assert s["watcher"] == watcher  # a null table stays null, keys watcher.json lacks stay out
+    text = without_figures((tmp_path / "out" / "index.html").read_text())
+    assert "<td>stuck ranks</td><td>1</td>" in text and "Gate: a hang would cost 2 GPU-hours" in text
+
+
 # ---------------------------------------------------------------- anomalies
 
 

@@ -10,7 +10,7 @@ record's own classes; a straggler entry (StragglerEntry) keeps the keys of the r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from wattgate.records.base import Record, spec
 from wattgate.records.triage import Gaps, PauseRecord
@@ -259,7 +259,7 @@ class ForecastFigures(Record):
     kwh: float | None
     source: str
     detail: str
-    terms_s: dict[str, Any]
+    terms_s: dict[str, float]  # the forecast's terms in seconds
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
