@@ -39,6 +39,7 @@ from wattgate.errors import InputError
 from wattgate.telemetry.nvml import NvmlSource, NvmlUnavailable
 from wattgate.triage_tables import TriageTable, parse_table, shipped_table
 from wattgate.power.triage.phases import PHASE
+from wattgate.records.trace_meta import TraceMeta
 from wattgate.trace import GPU, POWER_W, TIME, UTIL_GPU, TraceWriter, check_trace_output
 
 ORDER = ("idle", "compute", "data_starvation", "checkpoint", "communication", "deadlock")
@@ -324,18 +325,19 @@ def calibrate(
         # the bf16 matmul rate this GPU reached: the gate's "calibrated" forecast throughput (gate/cost.py)
         stats["compute"] = dataclasses.replace(stats["compute"], matmul_tflops=round(tflops[0], 1))
         print(f"calibrate: compute: bf16 matmul {stats['compute'].matmul_tflops} TFLOP/s", flush=True)
-    gpu = meta["gpus"][device_index]
+    info = TraceMeta.from_json(meta, "NVML")  # what the trace of these samples records of the node
+    gpu = info.gpu_list[device_index]
     provenance = {
         "kind": "calibrated",
-        "host": meta["host"],
-        "gpu": gpu["name"],
-        "gpu_uuid": gpu["uuid"],
-        "driver": meta["driver"],
+        "host": info.host,
+        "gpu": gpu.name,
+        "gpu_uuid": gpu.uuid,
+        "driver": info.driver,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "platform": platform.platform(),
         "date": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
-        "power_source": meta["power_source"],
+        "power_source": info.power_source,
         "interval_s": interval_s,
         "seconds_per_phase": seconds,
         "settle_s": settle_s,
@@ -344,15 +346,14 @@ def calibrate(
     }
     try:
         published = shipped_table(gpu_model)
-        match, tdp = list(published.match), gpu.get("power_limit_w") or published.tdp_w
+        match, tdp = list(published.match), gpu.power_limit_w or published.tdp_w
     except InputError:
-        published, match, tdp = None, [gpu_model], gpu.get("power_limit_w") or 0.0
+        published, match, tdp = None, [gpu_model], gpu.power_limit_w or 0.0
     table = derive_table(published.gpu_model if published else gpu_model, match, tdp, stats, provenance)
     write_bytes_atomic(
         out,
         (
-            f"# Calibrated on {meta['host']} ({gpu['name']}, driver {meta['driver']}) "
-            f"{CALIBRATED_BY}.\n" + table.to_yaml()
+            f"# Calibrated on {info.host} ({gpu.name}, driver {info.driver}) {CALIBRATED_BY}.\n" + table.to_yaml()
         ).encode(),
     )
     if samples_out is not None:
