@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from wattgate.records.checkpoint import Position
 from wattgate.artifacts import write_json_atomic
 from wattgate.config import validate_config
 from wattgate.data.synthetic import write_random_pretokenized
@@ -165,7 +166,7 @@ def save(root: Path, step: int, keep: int) -> Path:
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.randn(2, 64)).sum().backward()
     optimizer.step()
-    return ckpt.save_checkpoint(root, step, model, optimizer, {"epoch": 0, "step": step}, keep, {})
+    return ckpt.save_checkpoint(root, step, model, optimizer, Position(epoch=0, step=step), keep, {})
 
 
 def test_state_json_records_every_files_bytes_and_hash_as_written(world_of_one, tmp_path):

@@ -13,8 +13,10 @@ import hashlib
 import json
 from pathlib import Path
 
+from wattgate.records.checkpoint import Position
 from wattgate.errors import InputError
 from wattgate.run_files import read_manifest, read_plan
+from wattgate.config import run_config
 from wattgate.records.run_config import RunConfig, TrainConfig, ModelConfig
 
 # train.* keys that change the computed weights or the schedule
@@ -85,12 +87,14 @@ def train_identity(train: TrainConfig) -> dict:
     return {k: settings[k] for k in RESULT_SETTINGS}
 
 
-def model_train_identity(config: RunConfig) -> dict:
+def model_train_identity(config: RunConfig | dict) -> dict:
     """The run identity's `model` and `train` parts: what a run continued on another world size must share."""
+    config = run_config(config)
     return {"model": model_identity(config.model), "train": train_identity(config.train)}
 
 
-def run_identity(config: RunConfig, plan_dir: Path, pretokenized: Path) -> dict:
+def run_identity(config: RunConfig | dict, plan_dir: Path, pretokenized: Path) -> dict:
+    config = run_config(config)
     plan, plan_bytes = read_plan(plan_dir)
     segments = plan.segments or ()
     return {
@@ -103,7 +107,7 @@ def run_identity(config: RunConfig, plan_dir: Path, pretokenized: Path) -> dict:
     }
 
 
-def identity_differences(recorded: dict | None, current: dict, position: dict | None = None) -> list[str]:
+def identity_differences(recorded: dict | None, current: dict, position: Position | None = None) -> list[str]:
     """The keys in which a checkpoint's identity differs from this run's (empty: resumable).
 
     A checkpoint of an earlier plan that the current plan continues on another world size (its segments
@@ -111,10 +115,10 @@ def identity_differences(recorded: dict | None, current: dict, position: dict | 
     if not recorded:
         return ["run identity (the checkpoint predates it)"]
     diffs = [name for name in ("plan", "pretokenized") if recorded.get(name) != current[name]]
-    position = position or {}
+    position = position or Position()
+    step = position.step if position.step is not None else -1
     if diffs[:1] == ["plan"] and any(
-        link["packs_sha256"] == position.get("plan") and int(position.get("step", -1)) <= link["end_step"]
-        for link in current.get("links", [])
+        link["packs_sha256"] == position.plan and step <= link["end_step"] for link in current.get("links", [])
     ):
         diffs.remove("plan")
     return diffs + model_train_differences(recorded, current)

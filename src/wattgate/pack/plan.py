@@ -20,6 +20,7 @@ from wattgate.pack.segments import (
     HISTORY,
     PlanSettings,
     SegmentRows,
+    FoundCheckpoint,
     continue_plan,
     keep_in_history,
     resume_source,
@@ -386,7 +387,7 @@ def build_plan(config: RunConfig | dict, pretokenized: str | Path, out: str | Pa
 def build_continued_plan(
     out: Path,
     settings: PlanSettings,
-    state: dict,
+    found: FoundCheckpoint,
     old: Plan,
     old_folder: Path,
     lengths: np.ndarray,
@@ -399,7 +400,7 @@ def build_continued_plan(
     """The old plan's consumed prefix (kept in history/) and the rest for the new world size, as one plan;
     the validation pass re-planned for the new ranks. `mixture`: a mixture's per-epoch chosen documents and
     plan.json record: later epochs are re-packed from exactly those, so every source keeps its counts."""
-    cols, info = continue_plan(old, old_folder, state, lengths, layout, held_out, chosen=mixture[0])
+    cols, info = continue_plan(old, old_folder, found, lengths, layout, held_out, chosen=mixture[0])
     boundary, ga = info.first_step, info.grad_accum
     ordinal = step_ordinal(cols.epoch, cols.step)
     n_new = int(ordinal.max()) + 1
@@ -463,9 +464,9 @@ def build_continued_plan(
         packs_sha256=None,
         segments=tuple(segments),
         resumed_from=ResumedFrom(
-            checkpoint=state["path"],
+            checkpoint=str(found.path),
             step=boundary,
-            epoch=int((state.get("position") or {}).get("epoch", 0)),
+            epoch=found.state.position.epoch or 0,
             change=change,
         ),
         stats=PlanStats(
@@ -479,7 +480,7 @@ def build_continued_plan(
         validation=vplan.stats if vplan is not None else None,
         mixture=mixture[1],
     )
-    print(f"pack: continuing {state['path']} (step {boundary}): {change}", flush=True)
+    print(f"pack: continuing {found.path} (step {boundary}): {change}", flush=True)
     plan = publish_plan(out, plan, lambda tmp: write_rows_table(tmp, cols, lengths), eval_writer(vplan, lengths))
     keep_in_history(out, plan)
     return plan

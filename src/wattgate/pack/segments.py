@@ -36,6 +36,7 @@ from wattgate.run_files import PACKS, PLAN, read_plan
 from wattgate.pack.assign import Layout, assign_ranks, pack_costs, sort_placement
 from wattgate.pack.planner import plan_packs
 from wattgate.identity import model_train_differences
+from wattgate.records.checkpoint import CheckpointState
 from wattgate.records.plan import SAME_FOR_RESUME, Plan, Segment
 
 HISTORY = "history"
@@ -139,8 +140,17 @@ def keep_in_history(out: Path, plan: Plan) -> Path:
     return dest
 
 
-def newest_checkpoint(checkpoints: Path) -> dict | None:
-    """state.json of the newest complete checkpoint (every file it lists present at its size), or None."""
+@dataclass(frozen=True)
+class FoundCheckpoint:
+    """A checkpoint folder and its state.json."""
+
+    path: Path
+    state: CheckpointState
+
+
+def newest_checkpoint(checkpoints: Path) -> FoundCheckpoint | None:
+    """The newest complete checkpoint (every file its state.json lists present at its size), or None. Sizes only
+    here: train verifies the hashes."""
     if not checkpoints.is_dir():
         return None
 
@@ -154,57 +164,47 @@ def newest_checkpoint(checkpoints: Path) -> dict | None:
         (p for p in checkpoints.glob("step-*") if p.is_dir() and p.suffix != ".tmp"), key=step_of, reverse=True
     ):
         try:
-            state = json.loads((path / "state.json").read_text())
+            data = json.loads((path / "state.json").read_text())
         except (OSError, ValueError, RecursionError):
             continue
-        if not _is_state(state):  # train skips such a folder too (train/checkpoint.py is_complete)
+        try:
+            state = CheckpointState.from_json(data, str(path / "state.json"))
+        except InputError:  # train skips such a folder too (train/checkpoint.py is_complete)
             print(f"pack: WARNING: skipping {path}: its state.json is not a checkpoint state", flush=True)
             continue
-        sizes = {n: v["bytes"] if isinstance(v, dict) else v for n, v in state["files"].items()}
-        if all((path / n).is_file() and (path / n).stat().st_size == size for n, size in sizes.items()):
-            return state | {"path": str(path)}
+        if all((path / n).is_file() and (path / n).stat().st_size == state.size_of(n) for n in state.files):
+            return FoundCheckpoint(path, state)
     return None
-
-
-def _is_state(state) -> bool:
-    """A state.json train wrote: an object with a whole `step`, a `position` object and `files` name -> {bytes,
-    hash} (or, written before content hashes, name -> size). Sizes only here: train verifies the hashes."""
-    files = state.get("files", {}) if isinstance(state, dict) else None
-    return (
-        isinstance(files, dict)
-        and all(isinstance(v, int) or (isinstance(v, dict) and isinstance(v.get("bytes"), int)) for v in files.values())
-        and isinstance(state.get("step"), int)
-        and isinstance(state.get("position") or {}, dict)
-    )
 
 
 def resume_source(
     out: Path, checkpoints: Path, new: PlanSettings, identity_of: Callable[[], dict] | None = None
-) -> tuple[dict, Plan, Path] | tuple[None, str, None]:
+) -> tuple[FoundCheckpoint, Plan, Path] | tuple[None, str, None]:
     """(checkpoint state, old plan, its history folder) when the run can go on under `new` plan settings,
     else (None, why not, None).
 
     `identity_of()`: this config's run identity parts `model` and `train` (wattgate/identity.py; called only when
     there is a checkpoint, since it reads the model's files). A checkpoint of another identity is never
     continued: train would set it aside and find no step to go on from."""
-    state = newest_checkpoint(checkpoints)
-    if state is None:
+    found = newest_checkpoint(checkpoints)
+    if found is None:
         return None, "no complete checkpoint", None
-    if identity_of is not None and (diffs := model_train_differences(state.get("identity"), identity_of(), True)):
-        return None, f"the run identity of checkpoint step {state['step']} differs in {', '.join(diffs)}", None
-    sha = str((state.get("position") or {}).get("plan", ""))
+    state = found.state
+    if identity_of is not None and (diffs := model_train_differences(state.identity, identity_of(), True)):
+        return None, f"the run identity of checkpoint step {state.step} differs in {', '.join(diffs)}", None
+    sha = state.position.plan or ""
     folder = out / HISTORY / sha[:16]
     if not sha or not (folder / PLAN).is_file():
-        return None, f"the plan of checkpoint {state['path']} is not in {out / HISTORY}", None
+        return None, f"the plan of checkpoint {found.path} is not in {out / HISTORY}", None
     old, _ = read_plan(folder)
     if old.packs_sha256 != sha or sha256_file(folder / PACKS) != sha:
         return None, f"{folder}: archived plan does not match its hash", None
     changed = [k for k, a, b in zip(SAME_FOR_RESUME, old.resume_settings(), new.resume_settings()) if a != b]
     if changed:
-        return None, f"the plan changed in {', '.join(changed)} since checkpoint step {state['step']}", None
+        return None, f"the plan changed in {', '.join(changed)} since checkpoint step {state.step}", None
     if old.world_size == new.world_size:
         return None, "same world size", None
-    return state, old, folder
+    return found, old, folder
 
 
 def segment_rows(folder: Path) -> SegmentRows:
@@ -228,9 +228,15 @@ def step_ordinal(epoch: np.ndarray, step: np.ndarray) -> np.ndarray:
 
 
 def continue_plan(
-    old: Plan, old_folder: Path, state: dict, lengths: np.ndarray, layout_new: Layout, held_out=(), chosen=None
+    old: Plan,
+    old_folder: Path,
+    found: FoundCheckpoint,
+    lengths: np.ndarray,
+    layout_new: Layout,
+    held_out=(),
+    chosen=None,
 ) -> tuple[SegmentRows, Continuation]:
-    """(columns of the current segment's rows, its plan fields) continuing `old` after checkpoint `state`.
+    """(columns of the current segment's rows, its plan fields) continuing `old` after checkpoint `found`.
 
     `held_out`: the validation split's doc_ids, never packed for training (a re-pack's later epochs hold
     every other document but the original plan's drops). `chosen`: a mixture's documents per epoch
@@ -247,7 +253,7 @@ def continue_plan(
         ),
     )
     first = old.first_step
-    boundary = int(state["step"])  # global optimizer steps done
+    boundary = found.state.step  # global optimizer steps done
     rows = segment_rows(old_folder)
     ordinal = step_ordinal(rows.epoch, rows.step)
     done = boundary - first  # steps of the old segment already run
@@ -258,7 +264,7 @@ def continue_plan(
         )
     if done == int(ordinal.max()) + 1:
         raise InputError(
-            f"{state['path']}: the run is complete (checkpoint step {boundary} is its last step), so there is "
+            f"{found.path}: the run is complete (checkpoint step {boundary} is its last step), so there is "
             f"nothing left to plan on {layout_new.world_size} ranks; to train again from step 0, move the "
             f"checkpoints folder away (or change run_name) and rerun pack"
         )

@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
+from wattgate.records.checkpoint import CheckpointState
 from wattgate.proof.relay import RankZeroRelay
 from wattgate.train.checkpoint import DAMAGED_SUFFIX
 
@@ -164,11 +165,11 @@ class NoBytesCheckpoints:
     """CheckpointStorage of a dry run (module docstring): `published` holds rank 0's checkpoints' state.json by
     folder name (`step-<n>`: every rank's dry run has its own run folder, the name is what they share)."""
 
-    def __init__(self, relay: RankZeroRelay, seed: dict[str, dict] | None = None):
+    def __init__(self, relay: RankZeroRelay, seed: dict[str, CheckpointState] | None = None):
         self.relay = relay
-        self.published: dict[str, dict] = dict(seed or {})
+        self.published: dict[str, CheckpointState] = dict(seed or {})
 
-    def _record(self, path: Path) -> dict | None:
+    def _record(self, path: Path) -> CheckpointState | None:
         name = Path(path).name
         return self.published.get(name) or self.relay.get(f"checkpoint {name}")
 
@@ -181,7 +182,7 @@ class NoBytesCheckpoints:
     def save_planner(self) -> DryRunSavePlanner:
         return DryRunSavePlanner()
 
-    def publish(self, tmp: Path, final: Path, state: dict) -> None:
+    def publish(self, tmp: Path, final: Path, state: CheckpointState) -> None:
         self.published[Path(final).name] = state
         self.relay.put(f"checkpoint {Path(final).name}", state)
 
@@ -193,9 +194,9 @@ class NoBytesCheckpoints:
 
     def best(self, root: Path) -> Path | None:
         scored = [
-            (state["position"]["eval_loss"], -_step_of(name), name)
+            (state.position.eval_loss, -_step_of(name), name)
             for name, state in self.published.items()
-            if isinstance((state.get("position") or {}).get("eval_loss"), (int, float))
+            if state.position.eval_loss is not None
         ]
         return root / min(scored)[2] if scored else None
 
@@ -223,7 +224,7 @@ class NoBytesCheckpoints:
     def read_rng(self, path: Path, rank: int) -> None:
         return None
 
-    def read_state(self, path: Path) -> dict:
+    def read_state(self, path: Path) -> CheckpointState:
         record = self._record(path)
         if record is None:
             raise RuntimeError(f"{Path(path).name} was not saved in the dry run")

@@ -46,14 +46,20 @@ from torch.distributed.checkpoint.state_dict import (
 from wattgate.artifacts import write_json_atomic
 from wattgate.errors import InputError
 from wattgate.identity import identity_differences
+from wattgate.records.checkpoint import CheckpointState, FileEntry, Position
 from wattgate.train.checkpoint_hashing import HASH_ALGORITHM, HashingWriter, named_error
 
 STATE = "state.json"
 DAMAGED_SUFFIX = ".damaged"  # checkpoints.damaged/: set aside at resume, never a candidate nor pruned
 
 
+RNG_TORCH, RNG_CUDA = "torch", "cuda"  # a rank's RNG file: the CPU generator's state, each CUDA device's
+MODEL, OPTIM = "model", "optim"  # the state dict DCP saves and loads
+
+
 def _rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return {RNG_TORCH: torch.get_rng_state(), RNG_CUDA: cuda}
 
 
 def _os_error_of(exc: CheckpointException, folder: Path) -> BaseException:
@@ -91,7 +97,7 @@ class CheckpointStorage(Protocol):
     def save_planner(self) -> SavePlanner | None:
         """DCP's save planner (None: DCP's default)."""
 
-    def publish(self, tmp: Path, final: Path, state: dict) -> None:
+    def publish(self, tmp: Path, final: Path, state: CheckpointState) -> None:
         """Rank 0: state.json written into `tmp`, then `tmp` renamed onto `final`."""
 
     def prune(self, root: Path, keep: int, also_keep: Path | None, upto: int) -> None:
@@ -121,7 +127,7 @@ class CheckpointStorage(Protocol):
     def read_rng(self, path: Path, rank: int) -> dict | None:
         """Rank `rank`'s saved RNG state (None: none was saved)."""
 
-    def read_state(self, path: Path) -> dict:
+    def read_state(self, path: Path) -> CheckpointState:
         """The checkpoint's state.json."""
 
 
@@ -138,8 +144,8 @@ class CheckpointFolder:
     def save_planner(self) -> None:
         return None
 
-    def publish(self, tmp: Path, final: Path, state: dict) -> None:
-        write_json_atomic(tmp / STATE, state)
+    def publish(self, tmp: Path, final: Path, state: CheckpointState) -> None:
+        write_json_atomic(tmp / STATE, state.to_json())
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
 
@@ -173,8 +179,8 @@ class CheckpointFolder:
         rng_file = path / f"rng-rank-{rank}.pt"
         return read_rng_state(rng_file) if rng_file.exists() else None
 
-    def read_state(self, path: Path) -> dict:
-        return json.loads((path / STATE).read_text())
+    def read_state(self, path: Path) -> CheckpointState:
+        return CheckpointState.read(path / STATE, "train")
 
 
 CHECKPOINT_FOLDER = CheckpointFolder()
@@ -188,7 +194,7 @@ def save_checkpoint(
     step: int,
     model,
     optimizer,
-    position: dict,
+    position: Position,
     keep: int,
     identity: dict,
     keep_best: bool = False,
@@ -205,7 +211,7 @@ def save_checkpoint(
     if rank == 0:
         storage.begin(tmp)
     dist.barrier()
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+    state = {MODEL: get_model_state_dict(model), OPTIM: get_optimizer_state_dict(model, optimizer)}
     writer = storage.writer(tmp)
     try:
         dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer, planner=storage.save_planner())
@@ -216,15 +222,15 @@ def save_checkpoint(
     gathered: list | None = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(writer.written, gathered, dst=0)
     if rank == 0:
-        files = {name: rec for part in gathered for name, rec in (part or {}).items()}
-        record = {
-            "step": step,
-            "position": position,
-            "files": dict(sorted(files.items())),
-            "hash_algorithm": HASH_ALGORITHM,
-            "world_size": dist.get_world_size(),
-            "identity": identity,
-        }
+        files = {name: FileEntry.from_json(rec, STATE) for part in gathered for name, rec in (part or {}).items()}
+        record = CheckpointState(
+            step=step,
+            position=position,
+            files=dict(sorted(files.items())),
+            hash_algorithm=HASH_ALGORITHM,
+            world_size=dist.get_world_size(),
+            identity=identity,
+        )
         storage.publish(tmp, final, record)
         storage.prune(root, keep, storage.best(root) if keep_best else None, upto=step)
     dist.barrier()
@@ -246,12 +252,8 @@ def prune(root: Path, keep: int, also_keep: Path | None = None, upto: int | None
 
 def eval_loss_of(path: Path) -> float | None:
     """The validation loss recorded with a complete checkpoint (None: no pass ran at its step, or unreadable)."""
-    try:
-        state = json.loads((path / STATE).read_text())
-        loss = (state.get("position") or {}).get("eval_loss")
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return None
-    return float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
+    state, _ = _read_state(path)
+    return float(state.position.eval_loss) if state is not None and state.position.eval_loss is not None else None
 
 
 def best_checkpoint(root: Path) -> Path | None:
@@ -274,38 +276,22 @@ def _step_of(path: Path) -> int:
 # ---------------------------------------------------------------- which checkpoint is loadable
 
 
-def _read_state(path: Path) -> tuple[dict | None, str]:
+def _read_state(path: Path) -> tuple[CheckpointState | None, str]:
     """(state.json, "") when it is a checkpoint state, else (None, why): `files` maps every name to
     {bytes, hash} under `hash_algorithm`, or (written before hashes) to its size alone."""
     try:
-        state = json.loads((path / STATE).read_text())
+        data = json.loads((path / STATE).read_text())
     except (OSError, json.JSONDecodeError, RecursionError):
         return None, f"no readable {STATE}"
-    files = state.get("files", {}) if isinstance(state, dict) else None
-    if not isinstance(files, dict) or not isinstance(state.get("step"), int):
-        return None, f"{STATE} is not a checkpoint state (an object with a whole 'step' and 'files')"
-    algorithm = state.get("hash_algorithm")
-    if algorithm is None:
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in files.values()):
-            return state, ""
-    elif algorithm != HASH_ALGORITHM:
-        return None, f"{STATE} records {algorithm!r} hashes; this wattgate verifies {HASH_ALGORITHM}"
-    elif all(_is_record(v) for v in files.values()):
-        return state, ""
-    return None, f"{STATE} is not a checkpoint state ('files' maps each name to its bytes and hash)"
-
-
-def _is_record(value) -> bool:
-    return (
-        isinstance(value, dict)
-        and isinstance(value.get("bytes"), int)
-        and not isinstance(value.get("bytes"), bool)
-        and isinstance(value.get("hash"), str)
-    )
-
-
-def _size_of(record) -> int:
-    return record["bytes"] if isinstance(record, dict) else record
+    try:
+        state = CheckpointState.from_json(data, STATE)
+    except InputError as exc:
+        return None, f"{STATE} is not a checkpoint state ({str(exc).removeprefix(STATE + ': ')})"
+    if state.hashed and state.hash_algorithm != HASH_ALGORITHM:
+        return None, f"{STATE} records {state.hash_algorithm!r} hashes; this wattgate verifies {HASH_ALGORITHM}"
+    if state.hashed and any(entry.hash is None for entry in state.files.values()):
+        return None, f"{STATE} is not a checkpoint state ('files' maps each name to its bytes and hash)"
+    return state, ""
 
 
 def is_complete(path: Path) -> tuple[bool, str]:
@@ -313,12 +299,12 @@ def is_complete(path: Path) -> tuple[bool, str]:
     state, why = _read_state(path)
     if state is None:
         return False, why
-    for name, record in state["files"].items():
+    for name in state.files:
         f = path / name
         if not f.exists():
             return False, f"missing {name}"
-        if f.stat().st_size != _size_of(record):
-            return False, f"{name} is {f.stat().st_size} bytes, expected {_size_of(record)}"
+        if f.stat().st_size != state.size_of(name):
+            return False, f"{name} is {f.stat().st_size} bytes, expected {state.size_of(name)}"
     return True, ""
 
 
@@ -342,16 +328,16 @@ def verify(path: Path, share: tuple[int, int] = (0, 1)) -> tuple[bool, str]:
     if not ok:
         return ok, why
     state, _ = _read_state(path)
-    if state.get("hash_algorithm") is None:
+    if not state.hashed:
         return True, ""
     k, n = share
-    for name, record in sorted(state["files"].items())[k::n]:
+    for name, entry in sorted(state.files.items())[k::n]:
         try:
             got = file_hash(path / name)
         except OSError as exc:
             return False, f"{name} is unreadable ({exc.strerror or exc})"
-        if got != record["hash"]:
-            return False, f"{name} has {HASH_ALGORITHM} {got}, {STATE} recorded {record['hash']} (its bytes changed)"
+        if got != entry.hash:
+            return False, f"{name} has {HASH_ALGORITHM} {got}, {STATE} recorded {entry.hash} (its bytes changed)"
     return True, ""
 
 
@@ -388,7 +374,7 @@ def _candidates(root: Path) -> list[Path]:
 
 def _warn_unverified(path: Path) -> None:
     state, _ = _read_state(path)
-    if state is not None and state.get("hash_algorithm") is None:
+    if state is not None and not state.hashed:
         print(
             f"train: WARNING: checkpoint {path} predates content hashes: checked by size only (unverified)",
             file=sys.stderr,
@@ -406,12 +392,10 @@ def set_aside_mismatched(root: Path, identity: dict) -> Path | None:
         return None
     differing: dict[str, list[str]] = {}
     for path in sorted(root.glob("step-*"), key=_step_of):
-        try:
-            state = json.loads((path / STATE).read_text())
-            recorded, position = state.get("identity"), state.get("position")
-        except (OSError, json.JSONDecodeError, AttributeError):
+        state, _ = _read_state(path)
+        if state is None:
             continue
-        diffs = identity_differences(recorded, identity, position)
+        diffs = identity_differences(state.identity, identity, state.position)
         if diffs:
             differing[path.name] = diffs
     if not differing:
@@ -459,17 +443,19 @@ def latest_complete(root: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(path: Path, model, optimizer, storage: CheckpointStorage = CHECKPOINT_FOLDER) -> dict:
+def load_checkpoint(
+    path: Path, model, optimizer, storage: CheckpointStorage = CHECKPOINT_FOLDER
+) -> CheckpointState:
     """Restore model, optimizer and this rank's RNG; returns state.json (data position, step)."""
-    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+    state = {MODEL: get_model_state_dict(model), OPTIM: get_optimizer_state_dict(model, optimizer)}
     dcp.load(state, checkpoint_id=str(path), storage_reader=storage.reader(path, state))
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optim"])
+    set_model_state_dict(model, state[MODEL])
+    set_optimizer_state_dict(model, optimizer, state[OPTIM])
     rng = storage.read_rng(path, dist.get_rank())
     if rng is not None:
-        torch.set_rng_state(rng["torch"])
-        if rng["cuda"]:
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        torch.set_rng_state(rng[RNG_TORCH])
+        if rng[RNG_CUDA]:
+            torch.cuda.set_rng_state_all(rng[RNG_CUDA])
     return storage.read_state(path)
 
 

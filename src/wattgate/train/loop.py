@@ -63,6 +63,7 @@ from wattgate.train.seams import Seams, training_seams
 from wattgate.train.weights import DTYPES, EXPORT_FOLDER, ExportFiles, export_hf_folder
 from wattgate.config import run_config
 from wattgate.records.run_config import RunConfig
+from wattgate.records.checkpoint import Position
 from wattgate.records.trained import LOAD, Trained
 
 
@@ -263,8 +264,8 @@ class Trainer:
         self.start, self.pending_eval = 0, False
         if latest is not None:
             state = ckpt.load_checkpoint(latest, self.model, self.optimizer, self.seams.checkpoints)
-            self.start = int(state["step"])
-            self.pending_eval = bool((state.get("position") or {}).get("eval_pending"))
+            self.start = state.step
+            self.pending_eval = bool(state.position.eval_pending)
             self.source = f"{latest}"
         self.memory.end("load")
 
@@ -526,11 +527,13 @@ class Trainer:
         self.heartbeat.beat(step, epoch, "checkpoint")
         self.check_finite_weights(step, f"checkpoint step-{step}")
         t_ckpt = time.perf_counter()
-        position = {"epoch": epoch, "step": step, "plan": self.plan.packs_sha256}
-        if eval_loss is not None:
-            position["eval_loss"] = eval_loss  # train.keep_best and export_from: best read it
-        if self.eval_interrupted:
-            position["eval_pending"] = True  # the resumed run redoes this step's validation pass first
+        position = Position(
+            epoch=epoch,
+            step=step,
+            plan=self.plan.packs_sha256,
+            eval_loss=eval_loss,  # train.keep_best and export_from: best read it
+            eval_pending=True if self.eval_interrupted else None,  # the resumed run redoes this step's pass first
+        )
         folder = ckpt.save_checkpoint(
             self.paths.out / "checkpoints",
             step,
@@ -561,7 +564,7 @@ class Trainer:
             dist.broadcast_object_list(choice, src=0)
             if choice[0] is not None and Path(choice[0]).name != f"step-{self.total}":
                 state = ckpt.load_checkpoint(Path(choice[0]), self.model, self.optimizer, self.seams.checkpoints)
-                self.exported_step = int(state["step"])
+                self.exported_step = state.step
         self.check_finite_weights(self.exported_step, "final/")
         # the tokenizer is verified by its hash on every rank once the weights are written (train/export_files.py)
         extra = partial(export_extra_files, self.paths.pretokenized, self.config.model)

@@ -1,0 +1,58 @@
+"""A checkpoint's `state.json` (checkpoints/step-<n>/, written by rank 0 when it publishes the checkpoint): the
+data position, every file's size and content hash, the plan and the run identity. Format: docs/architecture.md,
+"results/train/<run_name>/" (`checkpoints/step-<n>/`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from wattgate.records.base import Record, spec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FileEntry(Record):
+    """One file of the checkpoint: its size and content hash (`hash_algorithm`; a dry run's has none)."""
+
+    bytes: int = spec(minimum=0)
+    hash: str | None = spec(omit_none=True, default=None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Position(Record):
+    """Where the data stands at the checkpoint (train writes epoch, step and plan; the rest when they apply)."""
+
+    epoch: int | None = spec(minimum=0, omit_none=True, default=None)
+    step: int | None = spec(minimum=0, omit_none=True, default=None)  # optimizer steps done
+    plan: str | None = spec(omit_none=True, default=None)  # the plan's packs_sha256
+    eval_loss: float | None = spec(omit_none=True, default=None)  # a validation pass ran at this step
+    eval_pending: bool | None = spec(omit_none=True, default=None)  # a stop inside its validation pass: redo it
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointState(Record):
+    """state.json. `files` maps each name to a FileEntry, or (written before content hashes, `hash_algorithm`
+    absent) to its size alone."""
+
+    step: int = spec(minimum=0)
+    position: Position = spec(default_factory=Position)
+    files: dict[str, FileEntry | int]
+    hash_algorithm: str | None = spec(omit_none=True, default=None)
+    world_size: int | None = spec(minimum=1, default=None)
+    identity: dict[str, Any] | None = None  # wattgate/identity.py run_identity
+
+    @property
+    def hashed(self) -> bool:
+        """Whether the files carry content hashes (else sizes alone: a checkpoint from before hashes)."""
+        return self.hash_algorithm is not None
+
+    def size_of(self, name: str) -> int:
+        entry = self.files[name]
+        return entry.bytes if isinstance(entry, FileEntry) else entry
+
+    def __post_init__(self):
+        if self.hash_algorithm is None and not all(isinstance(v, int) for v in self.files.values()):
+            raise ValueError("'files' maps each name to its size when there is no 'hash_algorithm'")
+        if self.hash_algorithm is not None and not all(isinstance(v, FileEntry) for v in self.files.values()):
+            raise ValueError("'files' maps each name to its bytes and hash")
