@@ -308,7 +308,7 @@ def test_warn_action_records_but_does_not_kill(tmp_path, job_tree):
 def test_heartbeats_of_an_earlier_attempt_are_ignored(tmp_path):
     write_beat(tmp_path, beat(0, 40, "done") | {"time": 100.0})
     assert read_heartbeats(tmp_path, since=200.0) == {}
-    assert read_heartbeats(tmp_path)[0]["phase"] == "done"
+    assert read_heartbeats(tmp_path)[0].phase == "done"
 
 
 def test_watch_cli_without_a_job_exits_cleanly(tmp_path):

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 HEARTBEAT_DIR = "heartbeat"  # train: rank-<r>.json (state), rank-<r>.events.jsonl (phase changes)
-HEARTBEAT_EVENT_COLUMNS = ["time", "rank", "step", "epoch", "phase"]
+# the heartbeat events table's columns (read_heartbeat_events; a line is records/heartbeat.py PhaseEvent)
+EVENT_TIME, EVENT_RANK, EVENT_STEP, EVENT_EPOCH, EVENT_PHASE = "time", "rank", "step", "epoch", "phase"
+HEARTBEAT_EVENT_COLUMNS = [EVENT_TIME, EVENT_RANK, EVENT_STEP, EVENT_EPOCH, EVENT_PHASE]
 
 
 def heartbeat_path(run: str | os.PathLike, rank: int) -> Path:
@@ -36,7 +38,7 @@ def heartbeat_events_path(run: str | os.PathLike, rank: int) -> Path:
 
 def read_heartbeats(
     run: str | os.PathLike, since: float = 0.0, on_bad: Callable[[str], object] | None = None
-) -> dict[int, dict]:
+) -> dict[int, Beat]:
     """rank -> its latest heartbeat written at or after `since` (older ones belong to an earlier attempt).
 
     A rank without a file (not started, or its file cleared by a relaunch while listing) is absent. A file that
@@ -53,13 +55,12 @@ def read_heartbeats(
             _bad(on_bad, f"{path}: cannot read heartbeat ({first_line(exc)})", "that rank's placement is not shown")
             continue
         try:
-            beat = json.loads(text)
-            rank, written = int(beat["rank"]), float(beat.get("time", 0))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            beat = Beat.from_json(json.loads(text), "the heartbeat")
+        except (ValueError, RecursionError, InputError) as exc:
             _bad(on_bad, f"{path}: not a heartbeat ({first_line(exc)})", "that rank's placement is not shown")
             continue
-        if written >= since:
-            beats[rank] = beat
+        if beat.time >= since:
+            beats[beat.rank] = beat
     return beats
 
 
@@ -111,7 +112,7 @@ def read_heartbeat_events(run: str | os.PathLike, on_bad: Callable[[str], object
     import pandas as pd  # not at import: the training ranks write heartbeats and never read them
 
     frame = pd.DataFrame(events, columns=HEARTBEAT_EVENT_COLUMNS)
-    return frame.sort_values(["rank", "time"], kind="stable", ignore_index=True)
+    return frame.sort_values([EVENT_RANK, EVENT_TIME], kind="stable", ignore_index=True)
 
 
 # what a rank is doing, in order (heartbeats; not the power phases of triage_tables.py)

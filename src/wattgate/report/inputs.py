@@ -66,6 +66,7 @@ from wattgate.records.base import Where
 from wattgate.records.run_config import RunConfig
 from wattgate.records.trace_meta import TraceMeta
 from wattgate.records.triage import Energy, Gaps, Lagging, PauseRecord, Triage
+from wattgate.records.heartbeat import Beat
 from wattgate.records.watcher import WatcherRecord
 from wattgate.records.trained import Trained
 
@@ -110,7 +111,7 @@ class RunInputs:
     metrics: pd.DataFrame | None = None
     evals: pd.DataFrame | None = None  # eval.parquet: one row per validation pass (None: no validation)
     events: pd.DataFrame | None = None  # heartbeat events: time, rank, step, epoch, phase
-    states: dict[int, dict] = field(default_factory=dict)
+    states: dict[int, Beat] = field(default_factory=dict)
     run_info: RunInfo | None = None  # the same, as triage reads it (rank -> GPU mapping)
     watcher: WatcherRecord | None = None
     gate: UsableGate | None = None

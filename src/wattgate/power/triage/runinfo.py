@@ -17,7 +17,15 @@ import pandas as pd
 
 from wattgate.errors import InputError
 from wattgate.records.trace_meta import TraceMeta
-from wattgate.heartbeats import HEARTBEAT_EVENT_COLUMNS, read_heartbeat_events, read_heartbeats
+from wattgate.heartbeats import (
+    EVENT_PHASE,
+    EVENT_RANK,
+    EVENT_TIME,
+    HEARTBEAT_EVENT_COLUMNS,
+    read_heartbeat_events,
+    read_heartbeats,
+)
+from wattgate.records.heartbeat import Beat
 from wattgate.run_files import (
     METRICS,
     check_columns,
@@ -30,7 +38,7 @@ class RunInfo:
     """What the training run recorded: heartbeat events and states, metrics, and where ranks ran."""
 
     events: pd.DataFrame  # time, rank, step, epoch, phase (sorted by rank, time)
-    states: dict[int, dict]  # rank -> latest heartbeat
+    states: dict[int, Beat]  # rank -> latest heartbeat
     metrics: pd.DataFrame | None = None  # rows per (step, rank)
     gpu_uuids: dict[str, tuple[str, int]] = field(default_factory=dict)  # NVML UUID -> (host, index)
     source: str = ""
@@ -91,11 +99,11 @@ def map_ranks(info: RunInfo, gpu_keys: list[tuple[str, int]]) -> dict[int, int]:
     by_short = {(_short(h), g): i for (h, g), i in index.items()}
     out = {}
     for rank, s in sorted(info.states.items()):
-        gpu = s.get("gpu")
+        gpu = s.gpu
         if isinstance(gpu, str) and gpu in info.gpu_uuids and info.gpu_uuids[gpu] in index:
             out[rank] = index[info.gpu_uuids[gpu]]
             continue
-        host, local = s.get("host"), s.get("local_rank")
+        host, local = s.host, s.local_rank
         if host is None or local is None:
             continue
         key = (str(host), int(local))
@@ -148,11 +156,11 @@ def _phase_intervals(events: pd.DataFrame, phases: tuple[str, ...]) -> pd.DataFr
     that never ended, e.g. a hang inside it, has no interval)."""
     if events.empty:
         return pd.DataFrame({"rank": [], "start": [], "end": []})
-    ev = events.sort_values(["rank", "time"], kind="stable")
-    nxt_time = ev.groupby("rank")["time"].shift(-1)
-    ck = ev["phase"].isin(list(phases)) & nxt_time.notna()
+    ev = events.sort_values([EVENT_RANK, EVENT_TIME], kind="stable")
+    nxt_time = ev.groupby(EVENT_RANK)[EVENT_TIME].shift(-1)
+    ck = ev[EVENT_PHASE].isin(list(phases)) & nxt_time.notna()
     return pd.DataFrame(
-        {"rank": ev["rank"][ck].to_numpy(), "start": ev["time"][ck].to_numpy(), "end": nxt_time[ck].to_numpy()}
+        {"rank": ev[EVENT_RANK][ck].to_numpy(), "start": ev[EVENT_TIME][ck].to_numpy(), "end": nxt_time[ck].to_numpy()}
     )
 
 
@@ -169,26 +177,26 @@ def _eval_intervals(events: pd.DataFrame) -> pd.DataFrame:
 
 def _done_times(info: RunInfo) -> dict[int, float]:
     """rank -> when it said done (inf if it never did), from events, else its heartbeat state."""
-    out = {int(r): math.inf for r in set(info.events["rank"]) | set(info.states)}
-    ev = info.events[info.events["phase"] == "done"]
-    for r, t in ev.groupby("rank")["time"].min().items():
+    out = {int(r): math.inf for r in set(info.events[EVENT_RANK]) | set(info.states)}
+    ev = info.events[info.events[EVENT_PHASE] == "done"]
+    for r, t in ev.groupby(EVENT_RANK)[EVENT_TIME].min().items():
         out[int(r)] = float(t)
     for r, st in info.states.items():
-        if st.get("phase") == "done" and "time" in st and not math.isfinite(out[r]):
-            out[r] = float(st["time"])
+        if st.phase == "done" and not math.isfinite(out[r]):
+            out[r] = float(st.time)
     return out
 
 
 def _progress(info: RunInfo) -> tuple[np.ndarray, float]:
     """(sorted progress stamps, when the run was over): the gaps between stamps are candidate stalls."""
     stamps = [
-        info.events["time"].to_numpy(float),
-        np.array([float(s["time"]) for s in info.states.values() if "time" in s]),
+        info.events[EVENT_TIME].to_numpy(float),
+        np.array([float(s.time) for s in info.states.values()], dtype=float),
     ]
     if info.has_metrics:
         stamps.append(info.metrics["time"].to_numpy(float))
     stamps = np.unique(np.concatenate(stamps))
-    over = [info.events["time"][info.events["phase"].isin(["export", "done"])].to_numpy(float)]
-    over.append(np.array([float(s["time"]) for s in info.states.values() if s.get("phase") in ("export", "done")]))
+    over = [info.events[EVENT_TIME][info.events[EVENT_PHASE].isin(["export", "done"])].to_numpy(float)]
+    over.append(np.array([float(s.time) for s in info.states.values() if s.phase in ("export", "done")], dtype=float))
     over = np.concatenate(over)
     return stamps, float(over.min()) if len(over) else math.inf
