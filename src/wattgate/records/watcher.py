@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from wattgate.records.base import Record, spec
+from wattgate.records.attempt import Stopped
 
 
 class _Absent:
@@ -201,7 +202,7 @@ class JobEnd(Record):
     returncode: int
     time: float
     failure: RankFailure | None
-    stopped: dict | None  # STOPPED's record (a graceful stop)
+    stopped: Stopped | None  # STOPPED's record (a graceful stop)
     hard_stop: str | None  # the second signal that stopped it at once
 
 

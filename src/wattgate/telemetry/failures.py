@@ -15,6 +15,7 @@ import signal
 import time
 
 from wattgate.heartbeats import RankRecords, read_rank_failures
+from wattgate.records.attempt import Stopped
 from wattgate.records.watcher import JobEnd, RankFailure, WatcherRecord
 
 SIGNAL_HINTS = {
@@ -110,7 +111,7 @@ def finish_record(
     record: WatcherRecord,
     returncode: int,
     failure: RankFailure | None,
-    stopped: dict | None,
+    stopped: Stopped | None,
     now: float | None = None,
     hard_stop: str | None = None,
 ) -> WatcherRecord:
@@ -142,9 +143,6 @@ def finish_record(
     return out.replace(verdict="healthy")
 
 
-def stopped_line(stopped: dict) -> str:
+def stopped_line(stopped: Stopped) -> str:
     """'stopped at step 30 (SIGTERM); checkpoint <path>; rerun to resume' from STOPPED."""
-    return (
-        f"stopped at step {stopped.get('step')} ({stopped.get('reason')}); checkpoint {stopped.get('checkpoint')}; "
-        "rerun to resume"
-    )
+    return f"stopped at step {stopped.step} ({stopped.reason}); checkpoint {stopped.checkpoint}; rerun to resume"

@@ -8,11 +8,13 @@ failure on a fresh allocation. A person's rerun (`--attempt` 1, the default) alw
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from wattgate.artifacts import write_json_atomic
 from wattgate.errors import InputError, StageFailed
+from wattgate.records.attempt import AttemptOutcome
+from wattgate.records.base import Where
 from wattgate.run_files import ATTEMPT_OUTCOME, read_json_object
 
 
@@ -32,17 +34,24 @@ def record_outcome(run: Path, attempt: int, outcome: Outcome) -> None:
     from wattgate.artifacts import marker_stage
 
     if Path(run).is_dir() and marker_stage(run) == "train":
-        write_json_atomic(Path(run) / ATTEMPT_OUTCOME, {"attempt": attempt, "time": time.time(), **asdict(outcome)})
+        record = AttemptOutcome(
+            attempt=attempt, time=time.time(), exit_status=outcome.exit_status, line=outcome.line, retry=outcome.retry
+        )
+        write_json_atomic(Path(run) / ATTEMPT_OUTCOME, record.to_json())
 
 
 def check_retry(run: Path, attempt: int) -> None:
     """Snakemake's retry `attempt` of the train job: end it (the previous attempt's exit status and line) when the
     previous attempt failed in a way a retry repeats. No record (a job Slurm killed at its limit) is a retry."""
-    previous = read_json_object(Path(run) / ATTEMPT_OUTCOME, "the previous attempt's outcome", "train")
-    if not previous or previous.get("retry") is not False or previous.get("exit_status") in (0, None):
+    path = Path(run) / ATTEMPT_OUTCOME
+    found = read_json_object(path, "the previous attempt's outcome", "train")
+    if not found:
+        return
+    previous = AttemptOutcome.from_json(found, Where(str(path), "train"))
+    if previous.retry is not False or previous.exit_status in (0, None):
         return
     line = (
-        f"retry {attempt} not started: attempt {previous.get('attempt')} ended with {previous.get('line')}, which a "
+        f"retry {attempt} not started: attempt {previous.attempt} ended with {previous.line}, which a "
         "retry would repeat; fix it, then rerun"
     )
-    raise (InputError if previous.get("exit_status") == 2 else StageFailed)(line)
+    raise (InputError if previous.exit_status == 2 else StageFailed)(line)

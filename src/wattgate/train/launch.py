@@ -44,11 +44,13 @@ from wattgate.run_files import (
     WATCHER,
     read_json_object,
 )
+from wattgate.records.attempt import Stopped
+from wattgate.records.base import Where
 from wattgate.records.watcher import WatcherRecord
 from wattgate.telemetry.failures import RankFailure, finish_record, name_failure, status_text
 from wattgate.telemetry.watch import COLLECTIVES
 from wattgate.train.launch_stop import StopControl, ignore_usr1, stop_margin_s
-from wattgate.train.run_lock import check_unlocked, hold_run_lock
+from wattgate.train.run_lock import SLURM_JOB_ID, check_unlocked, hold_run_lock
 from wattgate.errors import InputError
 from wattgate.gpus import is_cpu
 from wattgate.telemetry.sampler import sampler_command
@@ -82,7 +84,7 @@ def resolve_launch(config: RunConfig, environ: dict | None = None) -> LaunchSpec
     launcher = c.launcher
     if launcher == "auto":
         # one node needs no srun: a one-node Slurm job already runs inside its node's step
-        launcher = "slurm" if env.get("SLURM_JOB_ID") and c.nodes > 1 else "local"
+        launcher = "slurm" if env.get(SLURM_JOB_ID) and c.nodes > 1 else "local"
     if launcher == "local" and c.nodes != 1:
         raise InputError(
             f"config: cluster.nodes is {c.nodes} but there is no Slurm allocation; "
@@ -103,7 +105,7 @@ def resolve_launch(config: RunConfig, environ: dict | None = None) -> LaunchSpec
         # this launcher runs on the batch host, which is in the allocation (so its agent hosts the
         # c10d store) and whose hostname resolves, where Slurm node names may not
         rendezvous_host=c.rendezvous_host or (socket.gethostname() if launcher == "slurm" else None),
-        job_id=env.get("SLURM_JOB_ID"),
+        job_id=env.get(SLURM_JOB_ID),
         cpus_per_node=c.cpus_per_node if launcher == "slurm" else None,
         cpu_ranks=is_cpu(c.gpu_model),
     )
@@ -234,7 +236,7 @@ def watcher_command(
 class LaunchResult:
     returncode: int
     watcher: WatcherRecord | None  # watcher.json after the job ended (None when the watcher is off)
-    stopped: dict | None = None  # STOPPED of this attempt: a graceful stop ("stopped, resume me")
+    stopped: Stopped | None = None  # STOPPED of this attempt: a graceful stop ("stopped, resume me")
     failure: RankFailure | None = None  # the first failed rank and its cause, when a rank left a record
     hard_stop: str | None = None  # the second signal that stopped the job at once
     attempt: int = 1  # this launch's number in the run folder (launch.lock counts them)
@@ -297,9 +299,9 @@ def copy_collectives(gate_dir: Path, out: Path) -> None:
     step class each rank was in, and the collective the proof expected next); an earlier plan's is removed."""
     target = out / COLLECTIVES
     report = read_gate_report(gate_dir)
-    proof = (report or {}).get("collectives")
-    if isinstance(proof, dict) and proof.get("classes"):
-        write_json_atomic(target, proof)
+    proof = report.collectives if report is not None else None
+    if proof is not None and proof.classes:
+        write_json_atomic(target, proof.to_json())
     else:
         target.unlink(missing_ok=True)
 
@@ -320,7 +322,7 @@ def run_launch(
     check_gate_marker(config, plan, gate_dir)
     claim_output(out, "train")  # a folder train did not write is refused before the job starts
     spec = resolve_launch(config)
-    attempt = hold_run_lock(out, LAUNCH_LOCK, "wattgate launch")["attempt"]
+    attempt = hold_run_lock(out, LAUNCH_LOCK, "wattgate launch").attempt
     check_unlocked(out, TRAIN_LOCK)  # a job whose launcher was killed may still train here: clear nothing of it
     started = time.time()
     tel = config.telemetry
@@ -405,7 +407,7 @@ def _stop_watcher(watcher: subprocess.Popen | None, out: Path) -> WatcherRecord 
         return None
 
 
-def read_stopped(out: Path) -> dict | None:
+def read_stopped(out: Path) -> Stopped | None:
     """STOPPED (launch removes it before each attempt, so it is this attempt's), unless TRAINED was written after it
     (a run that finished after all). Both mtimes come from the same filesystem: no clock of another host enters."""
     path = out / STOPPED
@@ -419,10 +421,10 @@ def read_stopped(out: Path) -> dict | None:
     except OSError:
         pass
     try:
-        return read_json_object(path, "the stop record", "train")
+        return Stopped.from_json(read_json_object(path, "the stop record", "train"), Where(str(path), "train"))
     except InputError as exc:
         print(f"launch: WARNING: {exc}", file=sys.stderr, flush=True)
-        return {"step": None, "checkpoint": None, "reason": "STOPPED unreadable"}
+        return Stopped(reason="STOPPED unreadable")
 
 
 def _clock(t: float) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from wattgate.artifacts import write_json_atomic
 from wattgate.run_files import STOP_REQUEST
+from wattgate.records.attempt import StopRequestRecord
 from wattgate.records.run_config import RunConfig
 
 GRACEFUL = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -39,7 +40,9 @@ def ignore_usr1() -> None:
 
 
 def write_stop_request(run: Path, signal_name: str | None, reason: str) -> None:
-    write_json_atomic(run / STOP_REQUEST, {"signal": signal_name, "reason": reason, "time": time.time()})
+    write_json_atomic(
+        run / STOP_REQUEST, StopRequestRecord(signal=signal_name, reason=reason, time=time.time()).to_json()
+    )
 
 
 class StopControl:

@@ -26,6 +26,9 @@ from datetime import datetime
 from pathlib import Path
 
 from wattgate.errors import InputError
+from wattgate.records.attempt import LockHolder
+
+SLURM_JOB_ID = "SLURM_JOB_ID"  # the environment variable naming the Slurm job
 
 
 class RunLocked(InputError):
@@ -36,10 +39,10 @@ _held: dict[Path, int] = {}  # lock file -> its descriptor, open (so locked) unt
 _NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 
 
-def hold_run_lock(run: Path, name: str, role: str, extra: dict | None = None) -> dict:
+def hold_run_lock(run: Path, name: str, role: str) -> LockHolder:
     """Lock `run/name` for the rest of this process, or refuse (RunLocked, one line naming the folder and the
     holder). Writes and returns this holder's record: role, host, pid, start time, Slurm job id, `attempt` (the
-    previous holder's plus one: launch numbers its attempts in the run folder with it), and `extra`."""
+    previous holder's plus one: launch numbers its attempts in the run folder with it)."""
     path = Path(run) / name
     if path in _held:
         return _read(_held[path])
@@ -62,24 +65,23 @@ def hold_run_lock(run: Path, name: str, role: str, extra: dict | None = None) ->
             flush=True,
         )
         locked = False
-    previous = _read(fd).get("attempt")
-    record = {
-        "role": role,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "started": time.time(),
-        "slurm_job": os.environ.get("SLURM_JOB_ID"),
-        "attempt": previous + 1 if isinstance(previous, int) and previous >= 0 else 1,
-        "locked": locked,
-        **(extra or {}),
-    }
+    previous = _read(fd).attempt
+    record = LockHolder(
+        role=role,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        started=time.time(),
+        slurm_job=os.environ.get(SLURM_JOB_ID),
+        attempt=previous + 1 if previous is not None else 1,
+        locked=locked,
+    )
     os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    os.pwrite(fd, (json.dumps(record.to_json()) + "\n").encode(), 0)  # in field order, as before
     _held[path] = fd
     return record
 
 
-def refusal(run: Path, name: str, holder: dict) -> RunLocked:
+def refusal(run: Path, name: str, holder: LockHolder) -> RunLocked:
     return RunLocked(
         f"{run}: another trainer is running in this run folder ({describe_holder(holder)}; {name} is locked): "
         "wait for it to end or stop it; two trainers in one folder overwrite each other's checkpoints"
@@ -102,23 +104,23 @@ def check_unlocked(run: Path, name: str) -> None:
         os.close(fd)  # drops the lock if it was taken
 
 
-def _read(fd: int) -> dict:
+def _read(fd: int) -> LockHolder:
+    """The lock file's holder (no holder when the file holds no record: empty, damaged or of another shape)."""
     try:
-        record = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
-    except (OSError, ValueError):
-        return {}
-    return record if isinstance(record, dict) else {}
+        return LockHolder.from_json(json.loads(os.pread(fd, 1 << 16, 0) or b"{}"))
+    except (OSError, ValueError, InputError):
+        return LockHolder()
 
 
-def describe_holder(holder: dict) -> str:
+def describe_holder(holder: LockHolder) -> str:
     """'wattgate launch, pid 4242 on node7, started 2025-01-02 03:04:05, Slurm job 99' from a lock's record."""
-    parts = [str(holder.get("role") or "holder not recorded")]
-    if holder.get("pid"):
-        parts[0] += f", pid {holder['pid']}" + (f" on {holder['host']}" if holder.get("host") else "")
-    if isinstance(holder.get("started"), (int, float)):
-        parts.append(f"started {datetime.fromtimestamp(holder['started']).isoformat(sep=' ', timespec='seconds')}")
-    if holder.get("slurm_job"):
-        parts.append(f"Slurm job {holder['slurm_job']}")
+    parts = [str(holder.role or "holder not recorded")]
+    if holder.pid:
+        parts[0] += f", pid {holder.pid}" + (f" on {holder.host}" if holder.host else "")
+    if holder.started is not None:
+        parts.append(f"started {datetime.fromtimestamp(holder.started).isoformat(sep=' ', timespec='seconds')}")
+    if holder.slurm_job:
+        parts.append(f"Slurm job {holder.slurm_job}")
     return ", ".join(parts)
 
 

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wattgate.artifacts import write_json_atomic
+from wattgate.errors import InputError
 from wattgate.run_files import ABORT_REQUEST, STOP_REQUEST, STOPPED
+from wattgate.records.attempt import StopRequestRecord, Stopped
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 EVAL_STOP_CHECK_MICROS = 8  # validation micro-batches between stop checks: a collective each, every rank alike
@@ -67,10 +69,10 @@ def file_reason(path: Path) -> str | None:
     import json
 
     try:
-        reason = json.loads(path.read_text()).get("reason")
-    except (OSError, ValueError, AttributeError):
+        reason = StopRequestRecord.from_json(json.loads(path.read_text()), str(path)).reason
+    except (OSError, ValueError, InputError):
         return None
-    return reason if isinstance(reason, str) and reason else None
+    return reason or None
 
 
 ABORT_POLL_S = 1.0  # one stat a second per rank: cheap, even on a shared filesystem's metadata server
@@ -105,7 +107,5 @@ def stop_abort_watch(done: threading.Event) -> None:
 def write_stopped(run_dir: Path, step: int, checkpoint: Path, reason: str) -> None:
     """STOPPED (rank 0, once the stop checkpoint is published): what `wattgate launch` reads to exit
     EXIT_STOPPED ("stopped, resume me") instead of 0 or a failure."""
-    write_json_atomic(
-        run_dir / STOPPED,
-        {"step": step, "checkpoint": str(checkpoint), "reason": reason, "time": time.time()},
-    )
+    record = Stopped(step=step, checkpoint=str(checkpoint), reason=reason, time=time.time())
+    write_json_atomic(run_dir / STOPPED, record.to_json())
