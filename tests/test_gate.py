@@ -187,8 +187,7 @@ def test_conservation_dropped_without_reason(inputs):
 
 
 def test_launch_mismatch(inputs):
-    config = json.loads(json.dumps(inputs.config))
-    config["cluster"]["nodes"] = 2
+    config = inputs.config.replace(cluster=inputs.config.cluster.replace(nodes=2))
     broken = dataclasses.replace(inputs, config=config)
     assert "launch" in failed(broken)
     assert "plan world_size 2 != cluster.nodes x cluster.gpus_per_node 4" in verdicts(broken)["launch"].detail
@@ -228,11 +227,11 @@ def test_balance_names_the_worst_step(inputs):
 
 
 def test_schedule(inputs):
-    config = json.loads(json.dumps(inputs.config))
-    config["train"]["warmup_steps"] = 10_000
+    config = inputs.config.replace(train=inputs.config.train.replace(warmup_steps=10_000))
     broken = dataclasses.replace(inputs, config=config)
     assert failed(broken) == ["schedule"]
-    config["train"].update(warmup_steps=0, checkpoint_every=10_000)
+    config = config.replace(train=config.train.replace(warmup_steps=0, checkpoint_every=10_000))
+    broken = dataclasses.replace(inputs, config=config)
     check = verdicts(broken)["schedule"]  # the loop checkpoints at the last step anyway: a note, not a failure
     assert check.passed and "the only checkpoint is the one at the last step" in check.detail
 
@@ -663,8 +662,7 @@ def declared_drop(inputs, policy, reason="remainder", tokens=None):
     dropped = {reason: DroppedDocs(docs=1, tokens=n if tokens is None else tokens)}
     stats = inputs.plan.stats.replace(dropped_doc_ids=(d,), dropped=dropped)
     plan = inputs.plan.replace(remainder=policy, stats=stats)
-    config = json.loads(json.dumps(inputs.config))
-    config["pack"]["remainder"] = policy
+    config = inputs.config.replace(pack=inputs.config.pack.replace(remainder=policy))
     return dataclasses.replace(inputs, plan=plan, config=config, packs=without_doc(inputs.packs, d))
 
 
@@ -700,20 +698,18 @@ def test_conservation_drop_rejects_a_global_batch_or_more(inputs):
 
 def test_conservation_plan_and_config_disagree_on_the_policy(inputs):
     broken = declared_drop(inputs, "drop")
-    config = json.loads(json.dumps(broken.config))
-    config["pack"]["remainder"] = "rebin"
+    config = broken.config.replace(pack=broken.config.pack.replace(remainder="rebin"))
     detail = verdicts(dataclasses.replace(broken, config=config))["conservation"].detail
     assert "plan was made with pack.remainder drop, config says rebin; rerun pack" in detail
 
 
 def test_schedule_uses_max_steps(inputs):
     total = inputs.plan.epochs * inputs.plan.steps_per_epoch
-    config = json.loads(json.dumps(inputs.config))
-    config["train"].update(max_steps=2, warmup_steps=2, checkpoint_every=1)
+    config = inputs.config.replace(train=inputs.config.train.replace(max_steps=2, warmup_steps=2, checkpoint_every=1))
     assert total > 2
     check = verdicts(dataclasses.replace(inputs, config=config))["schedule"]
     assert not check.passed and "train.warmup_steps 2 >= total steps 2 (train.max_steps 2)" in check.detail
-    config["train"].update(warmup_steps=1, checkpoint_every=3)
+    config = config.replace(train=config.train.replace(warmup_steps=1, checkpoint_every=3))
     check = verdicts(dataclasses.replace(inputs, config=config))["schedule"]
     assert check.passed and "note: train.checkpoint_every 3 > total steps 2 (train.max_steps 2)" in check.detail
 

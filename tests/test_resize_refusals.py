@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
+from wattgate.config import run_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.gate.run import run_gate
@@ -126,11 +127,11 @@ def test_4_2_3_segments_check_counts_the_prefix_over_every_segment(run4):
     assert [s.world_size for s in segs] == [4, 2, 3] and [s.first_step for s in segs] == [0, 3, 9]
     packs = read_packs(plan_dir / "packs.parquet")
     prefix, problems = read_prefix(plan_dir, plan3)
-    assert not problems and C.check_segments(plan3, config3, packs, prefix, ()).passed
+    assert not problems and C.check_segments(plan3, run_config(config3), packs, prefix, ()).passed
     # segment 1's archive one step short of the 6 steps it claims to have run
     short = [consumed_rows(read_packs(plan_dir / s.packs), s.end_step - s.first_step) for s in segs[:-1]]
     short[1] = consumed_rows(read_packs(plan_dir / segs[1].packs), 5)
-    check = C.check_segments(plan3, config3, packs, concat_packs(short), ())
+    check = C.check_segments(plan3, run_config(config3), packs, concat_packs(short), ())
     assert (
         not check.passed
         and "the consumed prefix holds 64 packs, but its segments ran 72 before the boundary at step 9" in check.detail

@@ -15,6 +15,7 @@ import yaml
 
 from wattgate.artifacts import write_json_atomic
 from wattgate.cli import main
+from wattgate.config import run_config
 from wattgate.errors import InputError
 from wattgate.gate.run import run_gate
 from wattgate.identity import identity_differences, model_identity, run_identity
@@ -141,17 +142,17 @@ def test_launch_refuses_a_plan_the_gate_did_not_pass(tmp_path):
     plan, config = make_run(tmp_path, [20] * 40, gpus=2, checkpoint_every=2)
     gate = tmp_path / "gate"
     with pytest.raises(InputError, match="no PASSED marker"):
-        check_gate_marker(config, plan, gate)
-    report = run_gate(config, tmp_path / "pretokenized", plan, gate)
+        check_gate_marker(run_config(config), plan, gate)
+    report = run_gate(config, tmp_path / "pretokenized", plan, gate).to_json()
     assert report["passed"], report["checks"]
-    assert check_gate_marker(config, plan, gate) == gate / "PASSED"
+    assert check_gate_marker(run_config(config), plan, gate) == gate / "PASSED"
     # the plan changed after the gate (another pack seed): same files, other bytes
     config["pack"]["seed"] = 1
     from wattgate.pack.plan import build_plan
 
     build_plan(config, tmp_path / "pretokenized", plan)
     with pytest.raises(InputError, match="the gate checked another plan.json"):
-        check_gate_marker(config, plan, gate)
+        check_gate_marker(run_config(config), plan, gate)
     rc = main(
         [
             "launch",

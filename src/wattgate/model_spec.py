@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wattgate.errors import InputError
+from wattgate.config import run_config
 from wattgate.records.run_config import RunConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -193,7 +194,8 @@ def read_model_folder_config(model_path: str | Path) -> tuple[dict, Path]:
     return cfg, path
 
 
-def load_model_spec(config: RunConfig) -> ModelSpec:
+def load_model_spec(config: RunConfig | dict) -> ModelSpec:
+    config = run_config(config)
     model = config.model
     if model.path:
         cfg, path = read_model_folder_config(model.path)
@@ -217,8 +219,9 @@ def config_dtype_name(cfg: dict, source: str) -> str | None:
     return name
 
 
-def export_dtype_name(config: RunConfig) -> str:
+def export_dtype_name(config: RunConfig | dict) -> str:
     """dtype of final/: train.export_dtype, or for auto the input checkpoint's, else model.config's, else bfloat16."""
+    config = run_config(config)
     chosen = config.train.export_dtype
     if chosen != "auto":
         return chosen

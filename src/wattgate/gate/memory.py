@@ -37,6 +37,8 @@ from wattgate.model_spec import (
     largest_param,
     read_model_folder_config,
 )
+from wattgate.config import run_config
+from wattgate.records.run_config import RunConfig
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -84,12 +86,13 @@ def safetensors_bytes(folder: Path) -> int | None:
     return total
 
 
-def checkpoint_source(config: dict) -> CheckpointSource | None:
+def checkpoint_source(config: RunConfig | dict) -> CheckpointSource | None:
     """What the loader reads for model.path: file dtype (config.json) and bytes; None for random init."""
-    model = config["model"]
-    if not model.get("path"):
+    config = run_config(config)
+    model = config.model
+    if not model.path:
         return None
-    cfg, path = read_model_folder_config(model["path"])
+    cfg, path = read_model_folder_config(model.path)
     dtype = config_dtype_name(cfg, str(path)) or DEFAULT_CONFIG_DTYPE
     return CheckpointSource(dtype=dtype, file_bytes=safetensors_bytes(path.parent))
 
@@ -118,13 +121,13 @@ class FitSettings:
         return "gpu" if self.on_gpu else "cpu"
 
 
-def validation_tokens_per_micro_batch(config: dict) -> int:
+def validation_tokens_per_micro_batch(config: RunConfig) -> int:
     """Tokens of one validation micro-batch per rank (train.eval_micro_batch_size, else micro_batch_size, x
     seq_len); 0 when data.validation names no held-out split."""
-    v, t = config.get("data", {}).get("validation") or {}, config["train"]
-    if not (v.get("inputs") or v.get("fraction") or v.get("max_docs")):
+    v, t = config.data.validation, config.train
+    if not (v.inputs or v.fraction or v.max_docs):
         return 0
-    return (t.get("eval_micro_batch_size") or t["micro_batch_size"]) * t["seq_len"]
+    return (t.eval_micro_batch_size or t.micro_batch_size) * t.seq_len
 
 
 def chunked_loss_bytes(spec: ModelSpec, s: FitSettings, tokens: int, with_grad: bool) -> int:
@@ -317,17 +320,18 @@ class Budget:
     per: str  # "rank" (device) or "node" (host)
 
 
-def device_memory_bytes(config: dict) -> tuple[int, str]:
+def device_memory_bytes(config: RunConfig | dict) -> tuple[int, str]:
     """Memory one rank may use, and where that number came from."""
-    cluster = config["cluster"]
-    if cluster["gpu_mem_gib"]:
-        return int(cluster["gpu_mem_gib"] * GIB), "cluster.gpu_mem_gib"
-    model = cluster["gpu_model"]
+    config = run_config(config)
+    cluster = config.cluster
+    if cluster.gpu_mem_gib:
+        return int(cluster.gpu_mem_gib * GIB), "cluster.gpu_mem_gib"
+    model = cluster.gpu_model
     if is_cpu(model):
         import os
 
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return host // cluster["gpus_per_node"], f"host memory / {cluster['gpus_per_node']} processes"
+        return host // cluster.gpus_per_node, f"host memory / {cluster.gpus_per_node} processes"
     known = memory_gib(model)
     if known is None:
         raise InputError(
@@ -354,15 +358,16 @@ def meminfo_total_bytes(meminfo: Path) -> int:
 NOT_CHECKED = "not checked: set cluster.host_mem_gib"
 
 
-def host_memory_budget(config: dict, meminfo: Path = Path("/proc/meminfo")) -> Budget:
+def host_memory_budget(config: RunConfig | dict, meminfo: Path = Path("/proc/meminfo")) -> Budget:
     """Host RAM per node the train job may use: cluster.host_mem_gib, the Slurm --mem, local RAM on cpu runs."""
-    cluster = config["cluster"]
-    if cluster.get("host_mem_gib"):
-        return Budget(int(cluster["host_mem_gib"] * GIB), "cluster.host_mem_gib", "node")
-    mem_mb = cluster.get("slurm", {}).get("train", {}).get("mem_mb", 0)
+    config = run_config(config)
+    cluster = config.cluster
+    if cluster.host_mem_gib:
+        return Budget(int(cluster.host_mem_gib * GIB), "cluster.host_mem_gib", "node")
+    mem_mb = cluster.slurm.train.mem_mb
     if mem_mb:
         return Budget(mem_mb * MIB, "cluster.slurm.train.mem_mb", "node")  # Slurm's MB are MiB
-    if is_cpu(cluster["gpu_model"]):
+    if is_cpu(cluster.gpu_model):
         return Budget(meminfo_total_bytes(meminfo), f"{meminfo} MemTotal", "node")
     return Budget(None, NOT_CHECKED, "node")
 

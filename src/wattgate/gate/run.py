@@ -35,7 +35,6 @@ from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_
 from wattgate.gate.report import gate_json, write_report
 from wattgate.gate.tokenizer_check import check_tokenizer
 from wattgate.gate.weights_check import check_weights
-from wattgate.records.base import Where
 from wattgate.records.gate import PHASE_STEADY, Collectives, GateReport, PlanHashes
 from wattgate.records.manifest import Manifest
 from wattgate.records.run_config import RunConfig
@@ -63,12 +62,16 @@ def fit_settings(config: RunConfig | dict) -> FitSettings:
 
 
 def config_fit_estimate(
-    config: RunConfig, spec: ModelSpec, steady: dict[str, int] | None = None, meminfo: Path = Path("/proc/meminfo")
+    config: RunConfig | dict,
+    spec: ModelSpec,
+    steady: dict[str, int] | None = None,
+    meminfo: Path = Path("/proc/meminfo"),
 ) -> FitEstimate:
     """All phases' terms for this config, with the device budget per rank and the host budget per node.
 
     Needs no pretokenized data or plan: what the examples' tests and `fit` use.
     """
+    config = run_config(config)
     device, source = device_memory_bytes(config)
     return fit_estimate(
         spec, fit_settings(config), Budget(device, source, "rank"), host_memory_budget(config, meminfo), steady
@@ -194,7 +197,7 @@ def collectives_section(
     # process that goes on (tests) is not affected before it ends
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
-    proof = Collectives.from_json(safe_prove(config, pretokenized, plan_dir), Where("the collective proof"))
+    proof = safe_prove(config, pretokenized, plan_dir)
     if inputs is None:
         return proof, None
     changed = R.changed_inputs(kept.inputs if kept else None, inputs)
