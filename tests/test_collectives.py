@@ -26,7 +26,7 @@ from conftest import CADENCE, config_for, make_run
 @pytest.fixture(scope="module")
 def clean(proof_run):
     pretokenized, plan, config = proof_run
-    return prove_collectives(config, pretokenized, plan)
+    return prove_collectives(config, pretokenized, plan).to_json()
 
 
 def test_step_classes_come_from_the_plan_and_cover_every_kind(proof_run):
@@ -69,7 +69,7 @@ def patched(monkeypatch, name, make):
 
 def caught(proof_run, expect_rank=1):
     pretokenized, plan, config = proof_run
-    report = prove_collectives(config, pretokenized, plan)
+    report = prove_collectives(config, pretokenized, plan).to_json()
     d = report["divergence"]
     assert not report["passed"] and d is not None, report["detail"]
     assert d["rank"] == expect_rank and d["rank0"] != d["this_rank"]
@@ -166,7 +166,7 @@ def test_one_more_micro_batch_on_one_rank_in_one_step_is_caught_at_the_collectiv
     uneven = tmp_path / "plan"
     shutil.copytree(plan, uneven)
     with_extra_micro_batch(uneven, rank=1, step=2)
-    report = prove_collectives(config, pretokenized, uneven)
+    report = prove_collectives(config, pretokenized, uneven).to_json()
     assert not report["passed"]
     assert report["class_divergence"]["rank"] == 1 and report["class_divergence"]["step"] == 3
     assert report["class_divergence"]["class"] == "2 micro-batches"
@@ -206,7 +206,7 @@ def test_collectives_scale_by_depth_exactly_as_a_full_depth_dry_run_counts_them(
     lengths = np.random.default_rng(5).integers(5, 60, 60).tolist()
     plan, config = make_run(tmp_path, lengths, gpus=2, validation_fraction=0.1, **CADENCE)
     config["model"]["config"] = dict(config["model"]["config"], num_hidden_layers=4)
-    report = prove_collectives(config, tmp_path / "pretokenized", plan)
+    report = prove_collectives(config, tmp_path / "pretokenized", plan).to_json()
     assert report["passed"], report["detail"]
     assert report["proxy_layers"] == 1 and report["depth"] == {
         "identical": True,
@@ -239,7 +239,7 @@ def test_a_continued_plan_is_proved_from_its_first_step(tmp_path):
     (folder / "state.json").write_text(json.dumps({"step": 2, "position": position, "files": {}, "identity": identity}))
     continued = build_plan(config_for(3), pretok, tmp_path / "plan")
     first = continued.first_step
-    report = prove_collectives(config_for(3), pretok, tmp_path / "plan")
+    report = prove_collectives(config_for(3), pretok, tmp_path / "plan").to_json()
     assert report["passed"], report["detail"]
     assert report["world_size"] == 3 and report["steps_run"][0] == first + 1 == 3
 

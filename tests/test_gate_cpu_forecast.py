@@ -30,7 +30,7 @@ def gate_of(tmp_path, remainder="rebin", **train):
         }
     )
     build_plan(config, pretok, tmp_path / "plan")
-    return run_gate(config, pretok, tmp_path / "plan", tmp_path / "gate")
+    return run_gate(config, pretok, tmp_path / "plan", tmp_path / "gate").to_json()
 
 
 def test_a_smoke_run_checkpoint_cadence_is_a_note_not_a_failure(tmp_path):
@@ -81,7 +81,7 @@ def test_an_uneven_validation_pass_on_cpu_states_its_cost(tmp_path):
     )
     build_plan(config, pretok, tmp_path / "plan")
     with_extra_validation_micro_batch(tmp_path / "plan", rank=1)
-    failure = run_gate(config, pretok, tmp_path / "plan", tmp_path / "gate")["failure"]
+    failure = run_gate(config, pretok, tmp_path / "plan", tmp_path / "gate").to_json()["failure"]
     assert failure["cost"] is not None and failure["divergence"]["phase"] == "eval"
     assert failure["line"].startswith("would hang in the first validation pass, after step 2")
     assert "GPU-hours" in failure["line"] and "needs a forecast" not in failure["line"]

@@ -57,7 +57,7 @@ def tokenizer_check(report: dict) -> dict:
 
 def test_gate_passes_the_tokenizer_pretokenize_used(tokenized_run, tmp_path):
     config, tok, pt, plan = tokenized_run
-    report = run_gate(config, pt, plan, tmp_path / "gate")
+    report = run_gate(config, pt, plan, tmp_path / "gate").to_json()
     assert report["passed"], [c for c in report["checks"] if not c["passed"]]
     check = tokenizer_check(report)
     assert check["passed"] and str(tok.resolve()) in check["detail"] and "chat_template.jinja" in check["detail"]
@@ -91,7 +91,7 @@ def _remove_folder(tok):
 def test_gate_fails_when_the_tokenizer_changed_after_pretokenize(tokenized_run, tmp_path, change, expected):
     config, tok, pt, plan = tokenized_run
     change(tok)
-    report = run_gate(config, pt, plan, tmp_path / "gate")
+    report = run_gate(config, pt, plan, tmp_path / "gate").to_json()
     check = tokenizer_check(report)
     assert not report["passed"] and not check["passed"]
     assert check["detail"].startswith(f"{tok.resolve()}: ") and expected in check["detail"]

@@ -111,7 +111,7 @@ def test_the_gate_fails_before_submission_when_the_weights_do_not_fit(folder, tm
     edit_config(mine, num_hidden_layers=1, layer_types=["full_attention"])
     config["model"] = {"path": str(mine), "config": None}
     config["gate"]["collectives"] = False
-    report = run_gate(config, tmp_path / "pretokenized", plan, tmp_path / "gate")
+    report = run_gate(config, tmp_path / "pretokenized", plan, tmp_path / "gate").to_json()
     check = next(c for c in report["checks"] if c["name"] == "weights")
     assert not report["passed"] and not check["passed"] and "does not use" in check["detail"]
     assert (

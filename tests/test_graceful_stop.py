@@ -242,7 +242,7 @@ def test_the_proof_dry_runs_the_stop_path_and_names_a_rank_that_diverges_there(t
     from wattgate.train import loop
 
     config = cpu_run(tmp_path, epochs=1)
-    clean = prove_collectives(config, tmp_path / "pretokenized", tmp_path / "plan")
+    clean = prove_collectives(config, tmp_path / "pretokenized", tmp_path / "plan").to_json()
     assert clean["passed"] and clean["stop"]["collectives"] > 0 and "graceful stop" in clean["detail"]
 
     original = loop.Trainer.finish_stopped
@@ -253,7 +253,7 @@ def test_the_proof_dry_runs_the_stop_path_and_names_a_rank_that_diverges_there(t
         return original(self, step, epoch, reason)
 
     monkeypatch.setattr(loop.Trainer, "finish_stopped", finish_stopped)
-    report = prove_collectives(config, tmp_path / "pretokenized", tmp_path / "plan")
+    report = prove_collectives(config, tmp_path / "pretokenized", tmp_path / "plan").to_json()
     assert not report["passed"] and report["divergence"]["rank"] == 1
     assert report["divergence"]["phase"] == "graceful stop" and "rank 1 diverges" in report["detail"]
 

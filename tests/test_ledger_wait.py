@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY_MODEL
 from wattgate.config import validate_config, world_size
 from wattgate.errors import InputError
-from wattgate.gate.cost import cost_markdown, last_run_wait
+from wattgate.gate.cost import CostSection, cost_markdown, last_run_wait
 from wattgate.ledger import append_ledger, read_ledger, record_wait, run_record
 from wattgate.records.ledger import LedgerLine
 from wattgate.model_spec import load_model_spec
@@ -111,19 +111,19 @@ def test_the_gate_says_how_much_of_the_last_runs_time_went_to_waiting(tmp_path):
     append_ledger(ledger, record(config, "demo", job_s=1800.0))
     spec = load_model_spec(config)
     wait = last_run_wait(config, spec)
-    assert wait["wait_hours"] is None and "not recorded" in wait["line"]
+    assert wait.wait_hours is None and "not recorded" in wait.line
 
     record_wait(ledger, "demo", 0.25, "power triage")  # 0.25 GPU-hours of 4 GPUs x 0.5 h
     wait = last_run_wait(config, spec)
-    assert (wait["run_name"], wait["wait_share"], wait["unit"]) == ("demo", 0.125, "GPU-hours")
+    assert (wait.run_name, wait.wait_share, wait.unit) == ("demo", 0.125, "GPU-hours")
     line = "Last run in the ledger ('demo', 4 x cpu): time lost to waiting for stragglers: 12.5% of its time, "
-    assert wait["line"] == line + "0.25 GPU-hours (power triage)."
-    md = cost_markdown({"forecast": None, "forecast_unavailable": "no plan", "last_run_wait": wait})
-    assert wait["line"] in md
+    assert wait.line == line + "0.25 GPU-hours (power triage)."
+    md = cost_markdown(CostSection(forecast_unavailable="no plan", last_run_wait=wait))
+    assert wait.line in md
 
     record_wait(ledger, "demo", 0.0, "watcher: rank CPU time")
     wait = last_run_wait(config, spec)
-    assert wait["unit"] == "rank-hours" and "no time lost to waiting" in wait["line"]
+    assert wait.unit == "rank-hours" and "no time lost to waiting" in wait.line
 
 
 def test_a_gate_with_no_earlier_run_of_its_model_says_nothing_of_waiting(tmp_path):

@@ -379,5 +379,5 @@ def test_the_collective_proof_builds_the_model_with_a_kernel_it_runs(tmp_path, m
     config["model"]["config"].update(num_hidden_layers=1)
     config["model"]["config"].pop("layer_types", None)
     build_plan(config, pretokenized, tmp_path / "plan")
-    report = prove_collectives(config, pretokenized, tmp_path / "plan")
+    report = prove_collectives(config, pretokenized, tmp_path / "plan").to_json()
     assert report["passed"], report["detail"]

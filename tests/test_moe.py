@@ -277,7 +277,7 @@ def pipeline(request, tmp_path_factory, folders, pretokenized) -> dict:
     )
     build_plan(config, pretokenized, tmp / "plan")
     t0 = time.perf_counter()
-    gate = run_gate(config, pretokenized, tmp / "plan", tmp / "gate")
+    gate = run_gate(config, pretokenized, tmp / "plan", tmp / "gate").to_json()
     gate_s = time.perf_counter() - t0
     (tmp / "config.yaml").write_text(yaml.safe_dump(config))
     train_cmd = ["-m", "wattgate", "train", "--config", str(tmp / "config.yaml"), "--pretokenized", str(pretokenized)]
@@ -375,7 +375,7 @@ def test_with_the_construction_disabled_the_proof_names_the_reduce_scatter_a_ske
     )
     build_plan(config, pretokenized, tmp_path / "plan")
     monkeypatch.setattr("wattgate.train.moe.reduce_every_parameter", disabled)  # forked workers inherit it
-    report = prove_collectives(config, pretokenized, tmp_path / "plan")
+    report = prove_collectives(config, pretokenized, tmp_path / "plan").to_json()
     assert not report["passed"] and "\n" not in report["detail"]
     assert report["detail"].startswith(
         "model.config (qwen3_moe) is a Mixture-of-Experts model (num_experts 4) whose collectives follow its "
@@ -406,7 +406,7 @@ def test_an_moe_model_without_an_experts_module_is_refused_in_one_line_before_an
     build_plan(config, pretokenized, tmp_path / "plan")
     monkeypatch.setattr("wattgate.proof.prove.experts_modules", lambda model: [])
     monkeypatch.setattr("wattgate.proof.prove.dry_run_rank", no_dry_run)
-    report = prove_collectives(config, pretokenized, tmp_path / "plan")
+    report = prove_collectives(config, pretokenized, tmp_path / "plan").to_json()
     assert not report["passed"] and report["ranks_run"] == 0 and "\n" not in report["detail"]
     assert report["detail"].startswith(
         "model.config (mixtral) is a Mixture-of-Experts model (num_experts 4) without a transformers experts module"

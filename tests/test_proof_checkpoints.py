@@ -30,7 +30,7 @@ def contains(sequence: list[str], part: list[str]) -> bool:
 
 def test_dcp_save_and_load_are_recorded_as_they_run_and_a_resume_is_proved(proof_run):
     pretokenized, plan, config = proof_run
-    report = prove_collectives(config, pretokenized, plan)
+    report = prove_collectives(config, pretokenized, plan).to_json()
     assert report["passed"], report["detail"]
     saving = [c for c in report["classes"] if "checkpoint" in c["class"]]
     assert saving and all(contains(c["sequence"], DCP_SAVE) for c in saving)
@@ -42,7 +42,7 @@ def test_dcp_save_and_load_are_recorded_as_they_run_and_a_resume_is_proved(proof
 
 def gate_fails_naming_rank_1(proof_run, out) -> dict:
     pretokenized, plan, config = proof_run
-    report = run_gate(config, pretokenized, plan, out)
+    report = run_gate(config, pretokenized, plan, out).to_json()
     check = next(c for c in report["checks"] if c["name"] == "collectives")
     assert not check["passed"] and not report["passed"] and not (out / "PASSED").exists()
     assert check["detail"].startswith("rank 1 diverges from rank 0 at "), check["detail"]
@@ -75,7 +75,7 @@ def test_a_barrier_rank_1_alone_issues_between_dcp_saves_own_collectives_is_caug
 
     monkeypatch.setattr(DefaultSavePlanner, "finish_plan", finish_plan)
     pretokenized, plan, config = proof_run
-    report = prove_collectives(config, pretokenized, plan)
+    report = prove_collectives(config, pretokenized, plan).to_json()
     d = report["divergence"]
     assert not report["passed"] and d["rank"] == 1 and d["this_rank"] == "barrier() on group 0"
     ckpt = next(c for c in report["classes"] if c["class"] == d["phase"])
@@ -111,7 +111,7 @@ def test_a_barrier_rank_1_alone_issues_between_dcp_loads_own_collectives_is_caug
 
     monkeypatch.setattr(DefaultLoadPlanner, "finish_plan", finish_plan)
     pretokenized, plan, config = proof_run
-    report = prove_collectives(config, pretokenized, plan)
+    report = prove_collectives(config, pretokenized, plan).to_json()
     d = report["divergence"]
     assert not report["passed"] and d["rank"] == 1 and d["phase"] == "resume"
     assert d["rank0"] == DCP_LOAD[2] and d["this_rank"] == "barrier() on group 0"

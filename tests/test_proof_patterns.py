@@ -42,8 +42,8 @@ def types(pattern: list[str], layers: int) -> list[str]:
 )
 def test_the_layer_pattern_gives_one_period_plus_the_remainder(cfg, period, depths):
     depth = layer_pattern({"config": cfg})
-    assert depth["period"] == period and depth["moe"] is None and depth["layers"] == cfg["num_hidden_layers"]
-    assert len(depth["pattern"]) == period and proxy_depths(depth) == depths
+    assert depth.period == period and depth.moe is None and depth.layers == cfg["num_hidden_layers"]
+    assert len(depth.pattern) == period and proxy_depths(depth) == depths
 
 
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_collectives_scale_by_whole_periods_exactly_as_a_full_depth_dry_run_coun
     lengths = np.random.default_rng(5).integers(5, 60, 40).tolist()
     plan, config = make_run(tmp_path, lengths, gpus=2, validation_fraction=0.1, **CADENCE)
     config["model"]["config"] = cfg
-    report = prove_collectives(config, tmp_path / "pretokenized", plan)
+    report = prove_collectives(config, tmp_path / "pretokenized", plan).to_json()
     assert report["passed"], report["detail"]
     depth = report["depth"]
     proxy = depth["period"] + depth["layers"] % depth["period"]
@@ -86,4 +86,4 @@ def test_collectives_scale_by_whole_periods_exactly_as_a_full_depth_dry_run_coun
     ],
 )
 def test_mixture_of_experts_is_named_by_its_config(cfg, why):
-    assert layer_pattern({"config": cfg})["moe"] == why
+    assert layer_pattern({"config": cfg}).moe == why

@@ -12,6 +12,7 @@ import yaml
 
 from wattgate.gate import proof_reuse as R
 from wattgate.gate.run import run_gate
+from wattgate.records.gate import Collectives
 from wattgate.run_files import PROOF_CACHE, STAGE_FILES
 
 
@@ -23,7 +24,7 @@ def proof_of(report: dict) -> dict:
 def first(proof_run, tmp_path_factory):
     pretokenized, plan, config = proof_run
     out = tmp_path_factory.mktemp("reuse") / "gate"
-    return out, run_gate(config, pretokenized, plan, out)
+    return out, run_gate(config, pretokenized, plan, out).to_json()
 
 
 def test_a_rerun_with_the_same_inputs_reuses_the_proof_and_says_so(proof_run, first):
@@ -31,7 +32,7 @@ def test_a_rerun_with_the_same_inputs_reuses_the_proof_and_says_so(proof_run, fi
     out, report = first
     assert proof_of(report)["reused"] is None and proof_of(report)["changed_inputs"] is None  # nothing kept before
     assert PROOF_CACHE in STAGE_FILES["gate"] and (out / PROOF_CACHE).exists()
-    again = run_gate(config, pretokenized, plan, out)
+    again = run_gate(config, pretokenized, plan, out).to_json()
     proof = proof_of(again)
     assert again["passed"] and proof["reused"]["proved_s"] == proof_of(report)["elapsed_s"]
     assert proof["elapsed_s"] < 1.0 and proof["changed_inputs"] == []
@@ -61,16 +62,16 @@ def test_a_changed_input_reruns_the_proof_and_names_it(proof_run, first, tmp_pat
     copy = tmp_path / "gate"
     copy.mkdir()
     (copy / PROOF_CACHE).write_bytes((out / PROOF_CACHE).read_bytes())
-    proof = proof_of(run_gate(changed_config, pretokenized, plan, copy))
+    proof = proof_of(run_gate(changed_config, pretokenized, plan, copy).to_json())
     assert proof["reused"] is None and proof["changed_inputs"] == changed
     assert f"(rerun: {', '.join(changed)} changed since the kept proof)" in (copy / "gate.md").read_text()
-    assert R.read_cache(copy)["inputs"] == R.proof_inputs(changed_config, plan)
+    assert R.read_cache(copy).inputs == R.proof_inputs(changed_config, plan)
 
 
 def test_an_edited_wattgate_or_another_torch_reruns_the_proof(proof_run, first, tmp_path, monkeypatch):
     pretokenized, plan, config = proof_run
     out, _ = first
-    inputs = R.read_cache(out)["inputs"]
+    inputs = R.read_cache(out).inputs
     for key, value in (("wattgate_source_sha256", "0" * 64), ("torch", "0.0.1")):
         copy = tmp_path / key / "gate"
         copy.mkdir(parents=True)
@@ -78,9 +79,9 @@ def test_an_edited_wattgate_or_another_torch_reruns_the_proof(proof_run, first, 
         kept["inputs"] = dict(inputs, **{key: value})
         (copy / PROOF_CACHE).write_text(json.dumps(kept))
         monkeypatch.setattr(
-            "wattgate.proof.prove.safe_prove", lambda *a: {"passed": True, "detail": "ran", "elapsed_s": 1.0}
+            "wattgate.proof.prove.safe_prove", lambda *a: Collectives(passed=True, detail="ran", elapsed_s=1.0)
         )
-        proof = proof_of(run_gate(config, pretokenized, plan, copy))
+        proof = proof_of(run_gate(config, pretokenized, plan, copy).to_json())
         assert proof["detail"] == "ran" and proof["changed_inputs"] == [key]
 
 
@@ -91,9 +92,9 @@ def test_a_damaged_kept_proof_is_proved_again_and_a_broken_dry_run_is_not_kept(p
     (out / PROOF_CACHE).write_text("{not json")
     monkeypatch.setattr(
         "wattgate.proof.prove.safe_prove",
-        lambda *a: {"passed": False, "detail": "the dry run failed: OSError: disk", "elapsed_s": None},
+        lambda *a: Collectives(passed=False, detail="the dry run failed: OSError: disk", elapsed_s=None),
     )
-    report = run_gate(config, pretokenized, plan, out)
+    report = run_gate(config, pretokenized, plan, out).to_json()
     assert not report["passed"] and proof_of(report)["changed_inputs"] is None
     assert (out / PROOF_CACHE).read_text() == "{not json"  # the broken dry run was not kept over it
 
@@ -110,7 +111,7 @@ def test_a_reused_proof_imports_no_torch(proof_run, first):
         "import sys, yaml, time; from pathlib import Path; from wattgate.gate.run import run_gate; "
         f"c = yaml.safe_load(Path({str(cfg)!r}).read_text()); t = time.perf_counter(); "
         f"r = run_gate(c, Path({str(pretokenized)!r}), Path({str(plan)!r}), Path({str(out)!r})); "
-        "print(r['collectives']['reused'] is not None, 'torch' in sys.modules, round(time.perf_counter() - t, 2))"
+        "print(r.collectives.reused is not None, 'torch' in sys.modules, round(time.perf_counter() - t, 2))"
     )
     reused, torch_loaded, seconds = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True

@@ -45,7 +45,7 @@ def gated(tmp_path_factory):
     )
     build_plan(config, tmp / "pretokenized", tmp / "plan")
     (tmp / "config.yaml").write_text(yaml.safe_dump(config))
-    report = run_gate(config, tmp / "pretokenized", tmp / "plan", tmp / "gate")
+    report = run_gate(config, tmp / "pretokenized", tmp / "plan", tmp / "gate").to_json()
     assert report["passed"], [c for c in report["checks"] if not c["passed"]]
     return tmp
 

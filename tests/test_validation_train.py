@@ -70,7 +70,7 @@ def test_an_uneven_validation_plan_hangs_in_eval_and_the_watcher_kills_it(tmp_pa
     plan_dir, gate_dir, out = tmp_path / "plan", tmp_path / "gate", tmp_path / "run"
     build_plan(config, pretok, plan_dir)
     with_extra_validation_micro_batch(plan_dir, rank=1)
-    report = run_gate(config, pretok, plan_dir, gate_dir)
+    report = run_gate(config, pretok, plan_dir, gate_dir).to_json()
     assert not next(c for c in report["checks"] if c["name"] == "validation_steps")["passed"]
     assert report["failure"]["line"].startswith("would hang in the first validation pass, after step 2 (epoch 0)")
     assert report["failure"]["divergence"]["ranks_with"] == [1] and report["failure"]["divergence"]["phase"] == "eval"

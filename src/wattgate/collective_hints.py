@@ -7,6 +7,8 @@ heartbeat is blocked in the collective at that index or a later one of the same 
 
 from __future__ import annotations
 
+from wattgate.records.gate import Collectives, ProofClass
+
 
 def beat_position(beat: dict) -> tuple[int, str, int | None]:
     """(1-based step whose collectives the rank is issuing, phase, micro-batch) from its heartbeat: during a
@@ -15,27 +17,26 @@ def beat_position(beat: dict) -> tuple[int, str, int | None]:
     return (step + 1 if phase == "train" and micro is not None else step), phase, micro
 
 
-def class_at(collectives: dict, step: int) -> dict | None:
+def class_at(collectives: Collectives, step: int) -> ProofClass | None:
     """The proof's class row for 1-based `step` (None outside the planned steps)."""
-    for first, last, k in collectives.get("class_runs") or []:
+    for first, last, k in collectives.class_runs or ():
         if first <= step <= last:
-            return collectives["classes"][k]
+            return collectives.classes[k]
     return None
 
 
-def expected_next(row: dict, phase: str, micro: int | None) -> tuple[int, str] | None:
+def expected_next(row: ProofClass, phase: str, micro: int | None) -> tuple[int, str] | None:
     """(index, collective) the proof saw first after the heartbeat (phase, micro) in a step of this class."""
-    for b in row.get("beats") or []:
-        if b["phase"] == phase and b.get("micro") == micro:
-            i = b["index"]
-            seq = row.get("sequence") or []
-            return i, seq[i] if i < len(seq) else "nothing more in this step"
+    for b in row.beats:
+        if b.phase == phase and b.micro == micro:
+            seq = row.sequence
+            return b.index, seq[b.index] if b.index < len(seq) else "nothing more in this step"
     return None
 
 
-def hang_hint(collectives: dict | None, rank: int, beat: dict) -> str | None:
+def hang_hint(collectives: Collectives | None, rank: int, beat: dict) -> str | None:
     """One line for a watcher's verdict: the rank's step class and the collective the proof expected next."""
-    if not collectives or not collectives.get("classes"):
+    if collectives is None or not collectives.classes:
         return None
     step, phase, micro = beat_position(beat)
     row = class_at(collectives, step)
@@ -44,4 +45,4 @@ def hang_hint(collectives: dict | None, rank: int, beat: dict) -> str | None:
     where = f"{phase} micro-batch {micro}" if micro is not None else phase
     nxt = expected_next(row, phase, micro)
     said = f"collective #{nxt[0] + 1} of the step, {nxt[1]}, or a later one" if nxt else "a collective of the step"
-    return f"rank {rank}: step {step} (class {row['class']}), {where}: the proof expects {said}"
+    return f"rank {rank}: step {step} (class {row.label}), {where}: the proof expects {said}"

@@ -29,10 +29,12 @@ import pandas as pd
 
 from wattgate.artifacts import check_file_output, first_line_has, write_bytes_atomic
 from wattgate.config import config_bytes, load_run_config, run_config, world_size
+from wattgate.records.base import Where
+from wattgate.records.gate import GateParts
 from wattgate.records.run_config import RunConfig
 from wattgate.records.trained import Trained
 from wattgate.errors import InputError
-from wattgate.report.gate_input import forecast_problem
+from wattgate.report.gate_input import forecast_view
 from wattgate.report.metrics import trusted_metrics
 from wattgate.run_tables import DATA_WAIT_S, RANK, STEP, STEP_TIME_S, TIME, TOKENS
 from wattgate.run_files import (
@@ -41,7 +43,7 @@ from wattgate.run_files import (
     TRAINED,
     check_output,
     claim_output,
-    read_gate_report,
+    read_gate_json,
     read_metrics,
     read_trained,
 )
@@ -277,18 +279,19 @@ def run_row(variant_dir: Path, note=None) -> VariantRow:
 def forecast_columns(gate_dir: Path, trained: Trained) -> ForecastColumns:
     """The gate's forecast of the train job's wall time beside what TRAINED measured, and the error. A
     damaged forecast is refused: its row would compare with nothing."""
-    fc = (read_gate_report(gate_dir) or {}).get("forecast")
-    problem = forecast_problem(fc)
+    raw = read_gate_json(gate_dir)
+    parts = GateParts.from_json(raw, Where(str(gate_dir / GATE_REPORT))) if raw is not None else GateParts()
+    fc, problem = forecast_view(parts.forecast)
     if problem:
         raise InputError(f"{gate_dir / GATE_REPORT}: {problem}; rerun this variant's gate stage")
     measured = trained.job_s if trained.job_s else None  # TRAINED without a usable job time
-    if not fc:
+    if fc is None:
         return ForecastColumns(measured_wall_s=measured)
     return ForecastColumns(
-        forecast_source=fc["throughput"]["source"],
-        forecast_wall_s=fc["wall_s"],
+        forecast_source=fc.throughput.source,
+        forecast_wall_s=fc.wall_s,
         measured_wall_s=measured,
-        forecast_error=fc["wall_s"] / measured - 1 if measured else None,
+        forecast_error=fc.wall_s / measured - 1 if measured else None,
     )
 
 

@@ -227,6 +227,31 @@ def read_plan(plan_dir: str | os.PathLike) -> tuple[Plan, bytes]:
     return Plan.from_json(plan, Where(str(path), "pack")), raw
 
 
+# Arrow's own to_numpy imports pandas (a third of a second, more than a proof-reusing gate's checks take): numeric
+# columns without nulls are read as a view of their data buffer instead
+_NUMPY_TYPES = {
+    pa.int8(): np.int8,
+    pa.int16(): np.int16,
+    pa.int32(): np.int32,
+    pa.int64(): np.int64,
+    pa.uint8(): np.uint8,
+    pa.uint16(): np.uint16,
+    pa.uint32(): np.uint32,
+    pa.uint64(): np.uint64,
+    pa.float32(): np.float32,
+    pa.float64(): np.float64,
+}
+
+
+def arrow_numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """An Arrow column as a (read-only) numpy array, without importing pandas where the type allows."""
+    array = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    dtype = _NUMPY_TYPES.get(array.type)
+    if dtype is None or array.null_count:
+        return array.to_numpy(zero_copy_only=False)
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=array.offset + len(array))[array.offset :]
+
+
 @dataclass(frozen=True)
 class PackRows:
     """packs.parquet as arrays: one entry per row, documents flattened with row offsets."""
@@ -263,17 +288,17 @@ class PackRows:
         ids, lengths = t.column("doc_ids").combine_chunks(), t.column("doc_lengths").combine_chunks()
 
         def offsets_of(lists) -> np.ndarray:
-            o = lists.offsets.to_numpy().astype(np.int64)
+            o = arrow_numpy(lists.offsets).astype(np.int64)
             return o - o[0]
 
         offsets = offsets_of(ids)
         return cls(
             **{
-                c: t.column(c).to_numpy().astype(np.int64)
+                c: arrow_numpy(t.column(c)).astype(np.int64)
                 for c in ("epoch", "step", "micro", "rank", "slot", "num_tokens")
             },
-            doc_ids=pc.list_flatten(ids).to_numpy().astype(np.int64),
-            doc_lengths=pc.list_flatten(lengths).to_numpy().astype(np.int64),
+            doc_ids=arrow_numpy(pc.list_flatten(ids)).astype(np.int64),
+            doc_lengths=arrow_numpy(pc.list_flatten(lengths)).astype(np.int64),
             offsets=offsets,
             length_offsets=offsets_of(lengths),
         )

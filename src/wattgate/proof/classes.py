@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from wattgate.records.gate import ClassDivergence
 from wattgate.records.plan import Plan
 from wattgate.run_files import EVAL_PACKS
-from wattgate.run_files import PACKS, read_parquet
+from wattgate.run_files import PACKS, arrow_numpy, read_parquet
 from wattgate.train.steps import StepClass, rank_schedule, rank_step_classes
 
 
@@ -39,7 +40,7 @@ def plan_columns(plan_dir: Path, name: str) -> PlanColumns | None:
     if not path.exists():
         return None
     table = read_parquet(path, ["epoch", "step", "micro", "rank"], "pack")
-    return PlanColumns(*(table.column(c).to_numpy() for c in ("epoch", "step", "micro", "rank")))
+    return PlanColumns(*(arrow_numpy(table.column(c)) for c in ("epoch", "step", "micro", "rank")))
 
 
 def eval_micros_by_rank(cols: PlanColumns | None, world: int) -> list[int]:
@@ -77,7 +78,7 @@ def first_steps(classes: list[list[StepClass]], first: int = 0) -> list[int]:
     return sorted(chosen)
 
 
-def class_divergence(classes: list[list[StepClass]], first: int = 0) -> dict | None:
+def class_divergence(classes: list[list[StepClass]], first: int = 0) -> ClassDivergence | None:
     """Where some rank's class sequence first differs from rank 0's (None: every rank's is the same)."""
     base = classes[0]
     for r, seq in enumerate(classes[1:], 1):
@@ -85,10 +86,10 @@ def class_divergence(classes: list[list[StepClass]], first: int = 0) -> dict | N
             mine = seq[i] if i < len(seq) else None
             ref = base[i] if i < len(base) else None
             if mine != ref:
-                return {
-                    "rank": r,
-                    "step": first + i + 1,
-                    "class": mine.label if mine else "no step",
-                    "rank0_class": ref.label if ref else "no step",
-                }
+                return ClassDivergence(
+                    rank=r,
+                    step=first + i + 1,
+                    label=mine.label if mine else "no step",
+                    rank0_class=ref.label if ref else "no step",
+                )
     return None

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from wattgate.config import model_config
+from wattgate.records.gate import Depth
 from wattgate.train.moe import moe_reason
 
 NOT_PER_LAYER = re.compile(r"token_ids?$|^architectures$")  # lists that may have L entries by chance
@@ -89,7 +90,7 @@ def period_of(signatures: list) -> int:
     return next(p for p in range(1, n + 1) if all(signatures[i] == signatures[i % p] for i in range(n)))
 
 
-def layer_pattern(model_cfg: dict) -> dict:
+def layer_pattern(model_cfg: dict) -> Depth:
     """gate.json `collectives.depth`: {layers, period, pattern (one period's layer kinds), identical (period 1),
     moe (why, or null), model, why}, from the real-depth model on meta."""
     from wattgate.train.model import layer_container
@@ -110,29 +111,23 @@ def layer_pattern(model_cfg: dict) -> dict:
         why = f"{layers} layers without a repeating pattern: the proof runs them all"
     else:
         why = f"{layers} layers repeating every {period} ({', '.join(kinds)})"
-    return {
-        "layers": layers,
-        "period": period,
-        "pattern": kinds,
-        "identical": period == 1,
-        "moe": moe,
-        "model": label,
-        "why": why,
-    }
+    return Depth(
+        layers=layers, period=period, pattern=tuple(kinds), identical=period == 1, moe=moe, model=label, why=why
+    )
 
 
-def proxy_depths(depth: dict) -> tuple[int, int | None]:
+def proxy_depths(depth: Depth) -> tuple[int, int | None]:
     """(layers every rank's dry run builds, layers of rank 0's second run or None): one period plus the
     remainder, and one period more; a model no deeper than that runs at its own depth, unscaled."""
-    layers, period = depth["layers"], depth["period"]
+    layers, period = depth.layers, depth.period
     proxy = period + layers % period
     if layers <= proxy + period:
         return layers, None
     return proxy, proxy + period
 
 
-def scaled_count(count: int, per_period: int | None, depth: dict, proxy_layers: int) -> int | None:
+def scaled_count(count: int, per_period: int | None, depth: Depth, proxy_layers: int) -> int | None:
     """A step's collective count at the real depth from the proxy's (None without a per-period figure)."""
     if per_period is None:
-        return count if depth.get("layers", 0) <= proxy_layers else None
-    return count + (depth["layers"] - proxy_layers) // depth["period"] * per_period
+        return count if depth.layers <= proxy_layers else None
+    return count + (depth.layers - proxy_layers) // depth.period * per_period

@@ -29,6 +29,18 @@ from wattgate.train.loop import Paths
 from wattgate.train.moe import experts_modules
 from wattgate.train.settings import TrainSettings
 from wattgate.config import run_config
+from wattgate.records.gate import (
+    CollectiveDivergence,
+    Collectives,
+    Depth,
+    ExpertsKernel,
+    Fingerprint,
+    Moe,
+    ProofBeat,
+    ProofClass,
+    StarvedDivergence,
+    StepFingerprint,
+)
 from wattgate.records.run_config import RunConfig
 
 
@@ -53,7 +65,7 @@ def _phases(rec: RankRecord, labels: dict[int, str]) -> list[tuple[str, int | No
     )
 
 
-def collective_divergence(records: list[RankRecord], labels: list[dict[int, str]]) -> dict | None:
+def collective_divergence(records: list[RankRecord], labels: list[dict[int, str]]) -> CollectiveDivergence | None:
     """The first place some rank's collectives differ from rank 0's: rank, phase or step class, the step, the
     collective's index within that phase, and both collectives; `labels` each rank's class label per step."""
     ref = _phases(records[0], labels[0])
@@ -62,22 +74,17 @@ def collective_divergence(records: list[RankRecord], labels: list[dict[int, str]
             diff = first_difference(seq, ref_seq)
             if diff is not None:
                 i, expected, got = diff
-                return {
-                    "rank": rec.rank,
-                    "phase": phase,
-                    "step": step,
-                    "index": i,
-                    "rank0": expected,
-                    "this_rank": got,
-                }
+                return CollectiveDivergence(
+                    rank=rec.rank, phase=phase, step=step, index=i, rank0=expected, this_rank=got
+                )
     return None
 
 
-def divergence_line(d: dict) -> str:
-    where = f"step {d['step']} (class {d['phase']})" if d.get("step") else d["phase"]
+def divergence_line(d: CollectiveDivergence) -> str:
+    where = f"step {d.step} (class {d.phase})" if d.step else d.phase
     return (
-        f"rank {d['rank']} diverges from rank 0 at {where}, collective #{d['index'] + 1}: rank 0 issues "
-        f"{d['rank0']}, rank {d['rank']} issues {d['this_rank']}"
+        f"rank {d.rank} diverges from rank 0 at {where}, collective #{d.index + 1}: rank 0 issues "
+        f"{d.rank0}, rank {d.rank} issues {d.this_rank}"
     )
 
 
@@ -92,22 +99,34 @@ def drift(records: list[RankRecord], classes: list[list], first: int) -> str | N
     return None
 
 
-def class_table(records: list[RankRecord], classes: list[list], first: int, depth: dict) -> list[dict]:
-    """Per class (rank 0's steps): how many steps, its first, its fingerprint and collective count."""
-    rows: dict = {}
+def class_table(
+    records: list[RankRecord], classes: list[list], first: int, depth: Depth, per_period: dict[int, int]
+) -> tuple[ProofClass, ...]:
+    """Per class (rank 0's steps): how many steps, its first, its fingerprint and collective count
+    (`per_period`: each dry-run step's collectives per period of layers, to scale them to the real depth)."""
+    first_of: dict = {}
+    steps: dict = {}
     for i, c in enumerate(classes[0]):
-        row = rows.setdefault(c, {"class": c.label, "key": c.key(), "steps": 0, "first_step": first + i + 1})
-        row["steps"] += 1
-    for row in rows.values():
-        g = row["first_step"] - 1
+        first_of.setdefault(c, first + i + 1)
+        steps[c] = steps.get(c, 0) + 1
+    rows = []
+    for c, first_step in first_of.items():
+        g = first_step - 1
         seq = records[0].steps.get(g, [])
-        row["fingerprint"] = fingerprint(seq)
-        row["collectives"] = len(seq)
-        row["sequence"] = [str(x) for x in seq]  # what the watcher names when a rank stops (collective_hints.py)
-        row["beats"] = records[0].beats.get(g, [])
-        per_period = depth.get("per_period", {}).get(g)
-        row["collectives_at_depth"] = scaled_count(len(seq), per_period, depth, records[0].layers)
-    return list(rows.values())
+        rows.append(
+            ProofClass(
+                label=c.label,
+                key=c.key(),
+                steps=steps[c],
+                first_step=first_step,
+                fingerprint=fingerprint(seq),
+                collectives=len(seq),
+                sequence=tuple(str(x) for x in seq),  # what the watcher names when a rank stops (collective_hints.py)
+                beats=tuple(ProofBeat.from_json(b, "the dry run's heartbeats") for b in records[0].beats.get(g, [])),
+                collectives_at_depth=scaled_count(len(seq), per_period.get(g), depth, records[0].layers),
+            )
+        )
+    return tuple(rows)
 
 
 def class_runs(seq: list, first: int) -> list[list[int]]:
@@ -123,7 +142,9 @@ def class_runs(seq: list, first: int) -> list[list[int]]:
     return runs
 
 
-def prove_collectives(config: RunConfig | dict, pretokenized: Path, plan_dir: Path, work: Path | None = None) -> dict:
+def prove_collectives(
+    config: RunConfig | dict, pretokenized: Path, plan_dir: Path, work: Path | None = None
+) -> Collectives:
     """The proof's report (gate.json `collectives`): `passed`, `detail` (one line), the classes and their
     fingerprints, the start-up and end fingerprints, the depth scaling, and the seconds it took."""
     config = run_config(config)
@@ -136,11 +157,12 @@ def prove_collectives(config: RunConfig | dict, pretokenized: Path, plan_dir: Pa
     steps = first_steps(classes, first)
     labels = [{g: seq[g - first].label if g - first < len(seq) else "no step" for g in steps} for seq in classes]
     depth = layer_pattern(config.model)
-    if depth["moe"] and not experts_modules(meta_model(config.model)):  # nothing the dry run can starve
+    if depth.moe and not experts_modules(meta_model(config.model)):  # nothing the dry run can starve
         return refused(world, depth, no_experts_line(depth), t0)
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="wattgate-proof-")) if own else Path(work)
     proxy, pair = proxy_depths(depth)
+    per_period: dict[int, int] = {}  # per dry-run step: its collectives per period of layers (none: unscaled)
     try:
         paths = [Paths(Path(pretokenized), Path(plan_dir), work / f"rank-{r}") for r in range(world)]
         # rank 0 first: what it sends reaches the others through the relay (proof/relay.py), a fresh folder
@@ -148,71 +170,73 @@ def prove_collectives(config: RunConfig | dict, pretokenized: Path, plan_dir: Pa
         tasks = [(config, paths[r], r, steps, proxy, True, False, relay) for r in range(world)]
         if pair is not None:  # rank 0 at one period more: each period's collectives
             tasks.append((config, Paths(Path(pretokenized), Path(plan_dir), work / "one-period-more"), 0, steps, pair))
-        if depth["moe"]:  # rank 0 again, no token reaching any expert: routing must move no collective
+        if depth.moe:  # rank 0 again, no token reaching any expert: routing must move no collective
             starved_paths = Paths(Path(pretokenized), Path(plan_dir), work / "starved")
             tasks.append((config, starved_paths, 0, steps, proxy, True, True))
         done = run_tasks(dry_run_rank, tasks)
         records: list[RankRecord] = done[:world]
-        starved = done.pop() if depth["moe"] else None
+        starved = done.pop() if depth.moe else None
         if pair is not None:
-            depth["per_period"] = {g: len(done[-1].steps.get(g, [])) - len(records[0].steps.get(g, [])) for g in steps}
+            per_period = {g: len(done[-1].steps.get(g, [])) - len(records[0].steps.get(g, [])) for g in steps}
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)
-    report = {
-        "world_size": world,
-        "ranks_run": len(records),
-        "proxy_layers": records[0].layers if records else 0,
-        "depth": {k: v for k, v in depth.items() if k != "per_period"},
-        "steps_run": [g + 1 for g in steps],
-        "classes": class_table(records, classes, first, depth),
-        "class_runs": class_runs(classes[0], first),
-        "startup": {"fingerprint": fingerprint(records[0].startup), "collectives": len(records[0].startup)},
-        "end": {"fingerprint": fingerprint(records[0].end), "collectives": len(records[0].end)},
-        # the stop path (train/stop.py): a step every rank agreed to stop at, its checkpoint and STOPPED
-        "stop": {
-            "step": records[0].stop_step + 1 if records[0].stop_step is not None else None,
-            "fingerprint": fingerprint(records[0].stop),
-            "collectives": len(records[0].stop),
-        },
-        # a resume (train/loop.py Trainer.load): the checkpoint every rank agrees on and DCP's load of it
-        "resume": {
-            "step": records[0].resume_step,
-            "fingerprint": fingerprint(records[0].resume),
-            "collectives": len(records[0].resume),
-        },
-    }
+    rank0 = records[0]
+    table = class_table(records, classes, first, depth, per_period)
     plan_diff = class_divergence(classes, first)
     coll_diff = collective_divergence(records, labels)
     loop_drift = drift(records, classes, first)
-    report["class_divergence"], report["divergence"] = plan_diff, coll_diff
     problems = []
     if coll_diff:
         problems.append(divergence_line(coll_diff))
-    if starved is not None:
-        report["moe"] = moe_section(records[0], starved, labels[0], depth)
-        if report["moe"]["divergence"]:
-            problems.append(starved_line(report["moe"]["divergence"], depth))
+    moe = moe_section(rank0, starved, labels[0], depth) if starved is not None else None
+    if moe is not None and moe.divergence:
+        problems.append(starved_line(moe.divergence, depth))
     if plan_diff:
         problems.append(
-            f"rank {plan_diff['rank']}'s step {plan_diff['step']} is '{plan_diff['class']}' where rank 0's is "
-            f"'{plan_diff['rank0_class']}'"
+            f"rank {plan_diff.rank}'s step {plan_diff.step} is '{plan_diff.label}' where rank 0's is "
+            f"'{plan_diff.rank0_class}'"
         )
     if loop_drift:
         problems.append(loop_drift)
-    report["passed"] = not problems
-    n = sum(len(r["key"]) and 1 for r in report["classes"])
-    report["detail"] = "; ".join(problems) or (
+    proxy_layers = rank0.layers if records else 0
+    n = sum(1 for r in table if len(r.key))
+    detail = "; ".join(problems) or (
         f"{world} ranks issue identical collectives in start-up, {n} step class(es), the export, a graceful stop "
         "and a resume "
-        f"({sum(r['collectives'] for r in report['classes'])} collectives per rank over the classes at "
-        f"{report['proxy_layers']} proxy layers)" + (moe_note(report["moe"]) if starved is not None else "")
+        f"({sum(r.collectives for r in table)} collectives per rank over the classes at "
+        f"{proxy_layers} proxy layers)" + (moe_note(moe) if moe is not None else "")
     )
-    report["elapsed_s"] = round(time.perf_counter() - t0, 2)
-    return report
+    return Collectives(
+        passed=not problems,
+        detail=detail,
+        world_size=world,
+        ranks_run=len(records),
+        proxy_layers=proxy_layers,
+        depth=depth,
+        steps_run=tuple(g + 1 for g in steps),
+        classes=table,
+        class_runs=tuple(tuple(run) for run in class_runs(classes[0], first)),
+        startup=Fingerprint(fingerprint=fingerprint(rank0.startup), collectives=len(rank0.startup)),
+        end=Fingerprint(fingerprint=fingerprint(rank0.end), collectives=len(rank0.end)),
+        # the stop path (train/stop.py): a step every rank agreed to stop at, its checkpoint and STOPPED
+        stop=StepFingerprint(
+            step=rank0.stop_step + 1 if rank0.stop_step is not None else None,
+            fingerprint=fingerprint(rank0.stop),
+            collectives=len(rank0.stop),
+        ),
+        # a resume (train/loop.py Trainer.load): the checkpoint every rank agrees on and DCP's load of it
+        resume=StepFingerprint(
+            step=rank0.resume_step, fingerprint=fingerprint(rank0.resume), collectives=len(rank0.resume)
+        ),
+        divergence=coll_diff,
+        class_divergence=plan_diff,
+        moe=moe,
+        elapsed_s=round(time.perf_counter() - t0, 2),
+    )
 
 
-def moe_section(routed: RankRecord, starved: RankRecord, labels: dict[int, str], depth: dict) -> dict:
+def moe_section(routed: RankRecord, starved: RankRecord, labels: dict[int, str], depth: Depth) -> Moe:
     """gate.json `collectives.moe`: the experts' kernel in training and in the dry run, and where rank 0's
     collectives with no token reaching any expert first differ from its routed run's (None: nowhere)."""
     diff = None
@@ -220,72 +244,70 @@ def moe_section(routed: RankRecord, starved: RankRecord, labels: dict[int, str],
         found = first_difference(seq, ref)
         if found is not None:
             i, expected, got = found
-            diff = {"phase": phase, "step": step, "index": i, "routed": expected, "starved": got}
+            diff = StarvedDivergence(phase=phase, step=step, index=i, routed=expected, starved=got)
             break
-    kernel = routed.experts or {}
-    return {
-        "why": depth["moe"],
-        "experts_kernel": {"training": kernel.get("training"), "dry_run": kernel.get("dry_run")},
-        "starved_rank": starved.rank,
-        "divergence": diff,
-    }
+    return Moe(
+        why=depth.moe,
+        experts_kernel=ExpertsKernel.from_json(routed.experts or {}, "the dry run's experts kernel"),
+        starved_rank=starved.rank,
+        divergence=diff,
+    )
 
 
-def starved_line(d: dict, depth: dict) -> str:
-    where = f"step {d['step']} (class {d['phase']})" if d.get("step") else d["phase"]
+def starved_line(d: StarvedDivergence, depth: Depth) -> str:
+    where = f"step {d.step} (class {d.phase})" if d.step else d.phase
     return (
-        f"{depth['model']} is a Mixture-of-Experts model ({depth['moe']}) whose collectives follow its routing: with "
-        f"no token reaching any expert, rank 0 issues {d['starved']} at {where}, collective #{d['index'] + 1}, where "
-        f"with its tokens routed it issues {d['routed']} (FSDP2 reduce-scatters only the parameters that got a "
+        f"{depth.model} is a Mixture-of-Experts model ({depth.moe}) whose collectives follow its routing: with "
+        f"no token reaching any expert, rank 0 issues {d.starved} at {where}, collective #{d.index + 1}, where "
+        f"with its tokens routed it issues {d.routed} (FSDP2 reduce-scatters only the parameters that got a "
         "gradient; a rank whose router skips an expert would hang the others): every FSDP2 unit must reduce-scatter "
         "all its parameters (train/moe.py)"
     )
 
 
-def moe_note(moe: dict) -> str:
-    kernel = moe["experts_kernel"]
+def moe_note(moe: Moe) -> str:
+    kernel = moe.experts_kernel
     ran = (
-        f"experts kernel {kernel['dry_run']}"
-        if kernel["dry_run"] == kernel["training"]
-        else f"experts kernel {kernel['dry_run']} for training's {kernel['training']}, which fake tensors cannot run"
+        f"experts kernel {kernel.dry_run}"
+        if kernel.dry_run == kernel.training
+        else f"experts kernel {kernel.dry_run} for training's {kernel.training}, which fake tensors cannot run"
     )
     return (
-        f"; Mixture-of-Experts ({moe['why']}): rank {moe['starved_rank']} with no token reaching any expert issues the "
+        f"; Mixture-of-Experts ({moe.why}): rank {moe.starved_rank} with no token reaching any expert issues the "
         f"same collectives as with its tokens routed ({ran})"
     )
 
 
-def no_experts_line(depth: dict) -> str:
+def no_experts_line(depth: Depth) -> str:
     return (
-        f"{depth['model']} is a Mixture-of-Experts model ({depth['moe']}) without a transformers experts module (a "
+        f"{depth.model} is a Mixture-of-Experts model ({depth.moe}) without a transformers experts module (a "
         "class named *Experts, as Qwen3-MoE, Mixtral and GPT-OSS have): the proof cannot dry-run its experts or "
         "check that its routing moves no collective; set gate.collectives: false to run it unproven"
     )
 
 
-def refused(world: int, depth: dict, line: str, t0: float) -> dict:
-    """The report of a proof refused before any dry run (a model whose collectives it cannot prove)."""
-    return {
-        "passed": False,
-        "detail": line,
-        "world_size": world,
-        "ranks_run": 0,
-        "proxy_layers": 0,
-        "depth": depth,
-        "classes": [],
-        "divergence": None,
-        "class_divergence": None,
-        "elapsed_s": round(time.perf_counter() - t0, 2),
-    }
+def refused(world: int, depth: Depth, line: str, t0: float) -> Collectives:
+    """The report of a proof refused before any dry run (a model whose collectives it cannot prove): its
+    depth, no class and no divergence."""
+    return Collectives(
+        passed=False,
+        detail=line,
+        world_size=world,
+        ranks_run=0,
+        proxy_layers=0,
+        depth=depth,
+        classes=(),
+        elapsed_s=round(time.perf_counter() - t0, 2),
+    )
 
 
-def safe_prove(config: RunConfig, pretokenized: Path, plan_dir: Path) -> dict:
+def safe_prove(config: RunConfig, pretokenized: Path, plan_dir: Path) -> Collectives:
     """prove_collectives; a dry run that cannot start or breaks is a failed proof with its reason, never a
     traceback out of the gate."""
     try:
         return prove_collectives(config, pretokenized, plan_dir)
     except InputError as exc:
-        return {"passed": False, "detail": f"the dry run could not start: {exc}", "elapsed_s": None}
+        return Collectives(passed=False, detail=f"the dry run could not start: {exc}", elapsed_s=None)
     except Exception as exc:  # noqa: BLE001 - any failure of the dry run is this check's failure, named
         first = (str(exc).strip().splitlines() or [""])[0][:300]
-        return {"passed": False, "detail": f"the dry run failed: {type(exc).__name__}: {first}", "elapsed_s": None}
+        return Collectives(passed=False, detail=f"the dry run failed: {type(exc).__name__}: {first}", elapsed_s=None)

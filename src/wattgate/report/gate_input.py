@@ -10,88 +10,103 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-FORECAST_NUMBERS = ("wall_s",)  # what every reader of a forecast needs
-FORECAST_OPTIONAL_NUMBERS = ("gpu_hours", "kwh")  # kwh is null without a triage table
+from wattgate.errors import InputError
+from wattgate.records.base import Where
+from wattgate.records.gate import FailureView, ForecastView, GateCheck, GateParts, PhaseEstimate
 
 
 def is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def forecast_problem(fc) -> str | None:
-    """What is wrong with gate.json's `forecast` (a dict or null), or None when compare and the report can
-    use it."""
+@dataclass(frozen=True)
+class UsableGate:
+    """The parts of gate.json the report draws, each as far as it holds its shape: `passed` None when the
+    verdict is damaged, a damaged forecast or failure None, damaged checks and memory phases left out."""
+
+    passed: bool | None
+    enforce: bool | None
+    checks: tuple[GateCheck, ...]
+    forecast: ForecastView | None
+    failure: FailureView | None
+    memory_estimate_phases: dict[str, PhaseEstimate]
+
+
+def forecast_view(fc) -> tuple[ForecastView | None, str | None]:
+    """gate.json's `forecast` (an object or null) as compare and the report use it, or (None, what is wrong
+    with it)."""
     if fc is None:
-        return None
-    if not isinstance(fc, dict):
-        return f"'forecast' is {type(fc).__name__}, not an object"
-    bad = [k for k in FORECAST_NUMBERS if not is_number(fc.get(k))]
-    bad += [k for k in FORECAST_OPTIONAL_NUMBERS if fc.get(k) is not None and not is_number(fc.get(k))]
-    if bad:
-        return f"forecast {', '.join(bad)}: missing or not a finite number"
-    tp = fc.get("throughput")
-    if not isinstance(tp, dict) or not isinstance(tp.get("source"), str):
-        return "forecast has no throughput.source"
-    terms = fc.get("terms_s", {})
-    if not isinstance(terms, dict) or not all(is_number(v) for v in terms.values()):
-        return "forecast terms_s is not an object of seconds"
-    return None
+        return None, None
+    try:
+        view = ForecastView.from_json(fc, Where("forecast"))
+    except InputError as exc:
+        return None, str(exc)
+    if view.throughput is None:
+        return None, "forecast has no throughput.source"
+    return view, None
 
 
-def usable_gate(gate: dict, path: str | Path, note: Callable[[str], None]) -> dict:
-    """A copy of `gate` whose every part the report reads holds its shape; damaged parts are dropped (a
-    verdict that is not true/false becomes None: not shown as passed or failed)."""
-    out = dict(gate)
-    if not isinstance(out.get("passed"), bool):
-        note(f"{path}: 'passed' is {out.get('passed')!r:.40}, not true or false: the gate's verdict is not shown")
-        out["passed"] = None
-    out["checks"] = _checks(out.get("checks"), path, note)
-    problem = forecast_problem(out.get("forecast"))
+def usable_gate(gate: dict, path: str | Path, note: Callable[[str], None]) -> UsableGate:
+    """The parts of `gate` the report reads that hold their shape; damaged parts are dropped, each with a note
+    (a verdict that is not true/false becomes None: not shown as passed or failed)."""
+    parts = GateParts.from_json(gate, Where(str(path)))
+    passed = parts.passed
+    if not isinstance(passed, bool):
+        note(f"{path}: 'passed' is {passed!r:.40}, not true or false: the gate's verdict is not shown")
+        passed = None
+    forecast, problem = forecast_view(parts.forecast)
     if problem:
         note(f"{path}: {problem}: the forecast against actual is not shown")
-        out["forecast"] = None
-    failure = out.get("failure")
-    if failure is not None and not (isinstance(failure, dict) and isinstance(failure.get("line", ""), str)):
-        note(f"{path}: 'failure' is not an object with a line: the gate's failure cost is not shown")
-        out["failure"] = None
-    out["memory_estimate_phases"] = _memory_phases(out.get("memory_estimate_phases"), path, note)
-    return out
+    failure = None
+    if parts.failure is not None:
+        try:
+            failure = FailureView.from_json(parts.failure, Where(str(path)), "failure.")
+        except InputError:
+            note(f"{path}: 'failure' is not an object with a line: the gate's failure cost is not shown")
+    return UsableGate(
+        passed=passed,
+        enforce=parts.enforce if isinstance(parts.enforce, bool) else None,
+        checks=_checks(parts.checks, path, note),
+        forecast=forecast,
+        failure=failure,
+        memory_estimate_phases=_memory_phases(parts.memory_estimate_phases, path, note),
+    )
 
 
-def _checks(checks, path, note) -> list[dict]:
+def _parsed(record, value, path):
+    try:
+        return record.from_json(value, Where(str(path)))
+    except InputError:
+        return None
+
+
+def _checks(checks, path, note) -> tuple[GateCheck, ...]:
     if checks is None:
-        return []
+        return ()
     if not isinstance(checks, list):
         note(f"{path}: 'checks' is {checks!r:.40}, not a list of checks: the gate's checks are not shown")
-        return []
-    good = [c for c in checks if isinstance(c, dict) and isinstance(c.get("name"), str)]
-    good = [c for c in good if isinstance(c.get("passed"), bool)]
+        return ()
+    good = tuple(c for c in (_parsed(GateCheck, c, path) for c in checks) if c is not None)
     if len(good) < len(checks):
         note(
-            f"{path}: {len(checks) - len(good)} of {len(checks)} check(s) without a name and a true/false passed: "
-            "those are not shown"
+            f"{path}: {len(checks) - len(good)} of {len(checks)} check(s) without a name, a true/false passed and "
+            "a detail: those are not shown"
         )
     return good
 
 
-def _memory_phases(phases, path, note) -> dict:
+def _memory_phases(phases, path, note) -> dict[str, PhaseEstimate]:
     if phases is None:
         return {}
     if not isinstance(phases, dict):
         note(f"{path}: 'memory_estimate_phases' is not an object: the gate's memory estimates are not shown")
         return {}
-    good = {k: v for k, v in phases.items() if _memory_phase_ok(v)}
+    parsed = {k: _parsed(PhaseEstimate, v, path) for k, v in phases.items()}
+    good = {k: v for k, v in parsed.items() if v is not None}
     if len(good) < len(phases):
         bad = sorted(set(phases) - set(good))
         note(f"{path}: memory_estimate_phases {', '.join(map(str, bad))}: damaged, those estimates are not shown")
     return good
-
-
-def _memory_phase_ok(phase) -> bool:
-    if not isinstance(phase, dict):
-        return False
-    numbers = all(phase.get(k) is None or is_number(phase[k]) for k in ("total_bytes", "usable_bytes"))
-    terms = phase.get("terms_bytes")
-    return numbers and (terms is None or (isinstance(terms, dict) and all(is_number(v) for v in terms.values())))
