@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from wattgate.errors import InputError
 from wattgate.records.manifest import VALIDATION_FILE as VALIDATION_FILE, Manifest
 from wattgate.records.run_config import RunConfig
+from wattgate.run_files import arrow_numpy
 
 VALIDATION_SCHEMA = pa.schema([("doc_id", pa.int64())])
 
@@ -112,7 +113,8 @@ def read_validation_ids(pretokenized: Path, manifest: Manifest) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     path = pretokenized / section.file
     try:
-        ids = pq.read_table(path, columns=["doc_id"]).column("doc_id").to_numpy().astype(np.int64)
+        with pq.ParquetFile(path) as f:  # not pq.read_table: it imports pyarrow.dataset, and that pandas
+            ids = arrow_numpy(f.read(columns=["doc_id"]).column("doc_id")).astype(np.int64)
     except (OSError, pa.ArrowException, KeyError) as exc:
         raise InputError(f"{path}: cannot read the validation split ({exc}); rerun pretokenize") from None
     if len(ids) != section.num_docs or doc_ids_sha256(ids) != section.doc_ids_sha256:

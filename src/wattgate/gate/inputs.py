@@ -23,6 +23,7 @@ from wattgate.errors import InputError
 from wattgate.run_files import (
     PACKS,
     PackRows,
+    arrow_numpy,
     first_line,
     parquet_columns,
     read_manifest,
@@ -103,14 +104,14 @@ def read_doc_columns(
         has_hashes &= "content_hash" in names
         columns = ["doc_id", "num_tokens", "num_loss_tokens" if has_loss else "loss_mask"]
         t = read_parquet(path, columns + (["content_hash"] if has_hashes else []), "pretokenize")
-        ids = t.column("doc_id").to_numpy()
+        ids = arrow_numpy(t.column("doc_id"))
         if len(ids) and (ids.min() < 0 or ids.max() >= n):
             raise InputError(f"{path}: doc_id outside 0..{n - 1} of the manifest; rerun pretokenize")
-        tokens[ids] = t.column("num_tokens").to_numpy()
+        tokens[ids] = arrow_numpy(t.column("num_tokens"))
         if has_hashes:
-            content[ids] = t.column("content_hash").to_numpy()
+            content[ids] = arrow_numpy(t.column("content_hash"))
         if has_loss:
-            loss[ids] = t.column("num_loss_tokens").to_numpy()
+            loss[ids] = arrow_numpy(t.column("num_loss_tokens"))
         else:  # shards from before the num_loss_tokens column
             loss[ids] = [int(np.sum(m)) for m in t.column("loss_mask").to_pylist()]
     if (tokens < 0).any():
@@ -184,10 +185,11 @@ def _check_documents(path: Path, name: str, problems: list[str], max_id: int) ->
     names = pq.read_schema(path).names
     columns = ["doc_id", "input_ids", "num_tokens", "loss_mask"] + [c for c in ("num_loss_tokens",) if c in names]
     _require_columns(path, names, columns[:4])
-    t = pq.read_table(path, columns=columns)
+    with pq.ParquetFile(path) as f:  # not pq.read_table: it imports pyarrow.dataset, and that pandas
+        t = f.read(columns=columns)
     ids = t.column("input_ids").combine_chunks()
     actual = _list_lengths(ids)
-    claimed = t.column("num_tokens").to_numpy().astype(np.int64)
+    claimed = arrow_numpy(t.column("num_tokens")).astype(np.int64)
     _first_wrong(
         problems, name, t, actual != claimed, lambda r: f"holds {actual[r]} tokens, num_tokens says {claimed[r]}"
     )
@@ -206,11 +208,11 @@ def _check_loss_mask(t: pa.Table, name: str, lengths: np.ndarray, problems: list
     _first_wrong(
         problems, name, t, entries != lengths, lambda r: f"has {entries[r]} loss_mask entries for {lengths[r]} tokens"
     )
-    flat = pc.list_flatten(mask)
-    if len(flat) and not pc.all(pc.is_in(flat, value_set=pa.array([0, 1], flat.type))).as_py():
+    flat = arrow_numpy(pc.list_flatten(mask))
+    if len(flat) and ((flat != 0) & (flat != 1)).any():
         problems.append(f"{name}: loss_mask holds values other than 0 and 1; rerun pretokenize, pack and gate")
     elif "num_loss_tokens" in t.column_names:
-        summed, claimed = _list_sums(mask), t.column("num_loss_tokens").to_numpy().astype(np.int64)
+        summed, claimed = _list_sums(mask), arrow_numpy(t.column("num_loss_tokens")).astype(np.int64)
         _first_wrong(
             problems,
             name,
@@ -221,14 +223,17 @@ def _check_loss_mask(t: pa.Table, name: str, lengths: np.ndarray, problems: list
 
 
 def _list_lengths(lists: pa.Array) -> np.ndarray:
-    return pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    """Each list's length (a null list: 0)."""
+    if lists.null_count:
+        return arrow_numpy(pc.list_value_length(lists).fill_null(0)).astype(np.int64)
+    return np.diff(arrow_numpy(lists.offsets)).astype(np.int64)  # fill_null would import pandas
 
 
 def _list_sums(lists: pa.Array) -> np.ndarray:
     """Each list's sum (a null list: 0)."""
     totals = np.zeros(len(pc.list_flatten(lists)) + 1, dtype=np.int64)
-    np.cumsum(pc.list_flatten(lists).to_numpy(zero_copy_only=False), out=totals[1:])
-    offsets = lists.offsets.to_numpy().astype(np.int64)
+    np.cumsum(arrow_numpy(pc.list_flatten(lists)), out=totals[1:])
+    offsets = arrow_numpy(lists.offsets).astype(np.int64)
     offsets -= offsets[0]
     return totals[offsets[1:]] - totals[offsets[:-1]]
 
@@ -253,7 +258,7 @@ def _check_row_groups(path: Path, name: str, problems: list[str], max_id: int) -
     f = pq.ParquetFile(path)
     meta = f.metadata
     leaf = _leaf_column(meta, "input_ids")
-    claimed = f.read(columns=["num_tokens"]).column("num_tokens").to_numpy().astype(np.int64)
+    claimed = arrow_numpy(f.read(columns=["num_tokens"]).column("num_tokens")).astype(np.int64)
     rerun = "rerun pretokenize, pack and gate"
     start = 0
     for g in range(meta.num_row_groups):

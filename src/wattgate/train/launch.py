@@ -78,7 +78,8 @@ class LaunchSpec:
     cpu_ranks: bool = False  # cluster.gpu_model cpu: the ranks compute on the host (CPU_ALLOCATOR_ENV)
 
 
-def resolve_launch(config: RunConfig, environ: dict | None = None) -> LaunchSpec:
+def resolve_launch(config: RunConfig | dict, environ: dict | None = None) -> LaunchSpec:
+    config = run_config(config)
     env = os.environ if environ is None else environ
     c = config.cluster
     launcher = c.launcher
