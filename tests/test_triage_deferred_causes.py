@@ -8,12 +8,15 @@ import math
 
 import pyarrow.parquet as pq
 
-from test_triage_ticks import TABLE, sampler_files
+from support.traces import sampler_files
 from wattgate import trace as trace_mod
 from wattgate.power.triage import run_triage
 from wattgate.power.triage import stage as stage_mod
 from wattgate.testing.synthetic_trace import Straggler, build_trace, gpus_of, job
 from wattgate.trace import read_trace_chunks
+from wattgate.triage_tables import shipped_table
+
+TABLE = shipped_table("h100")
 
 CHUNK = 4000  # rows: 1000 ticks of 4 GPUs, so the test's traces come in several chunks
 

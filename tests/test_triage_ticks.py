@@ -5,8 +5,6 @@ triage.json to the last bit as the general path, which every other layout takes.
 import json
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -14,33 +12,11 @@ from wattgate.power.triage import run_triage
 from wattgate.power.triage import ticks as ticks_mod
 from wattgate.power.triage import windows as windows_mod
 from wattgate.testing.synthetic_trace import Straggler, build_trace, gpus_of, job
-from wattgate.trace import schema_with_meta
 from wattgate.triage_tables import shipped_table
 
+from support.traces import sampler_files
+
 TABLE = shipped_table("h100")
-
-
-def sampler_files(synth, folder, counter_every: int = 30):
-    """Each host's rows as a sampler writes them: tick by tick, one time per tick, GPUs in index order, the
-    energy counter on every counter_every-th tick."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for host in sorted({h for h, _ in synth.gpus}):
-        t = synth.table.filter(pc.equal(synth.table.column("host"), host))
-        gpu, time_ = t.column("gpu").to_numpy(), t.column("time").to_numpy()
-        t = t.take(np.lexsort((time_, gpu)))
-        k = len(np.unique(gpu))
-        ticks = t.column("time").to_numpy().reshape(k, -1).min(axis=0)
-        t = t.set_column(t.schema.get_field_index("time"), "time", pa.array(np.tile(ticks, k)))
-        p = t.column("power_w").to_numpy().astype(np.float64).reshape(k, -1)
-        energy = np.cumsum(np.c_[np.zeros(k), np.diff(ticks) * p[:, 1:]], axis=1) + 1e6
-        energy[:, np.arange(energy.shape[1]) % counter_every != 0] = np.nan
-        e = energy.ravel()
-        t = t.set_column(t.schema.get_field_index("energy_j"), "energy_j", pa.array(e, mask=np.isnan(e)))
-        t = t.take(np.arange(t.num_rows).reshape(k, -1).T.ravel())
-        paths.append(folder / f"{host}.parquet")
-        pq.write_table(t.cast(schema_with_meta(synth.meta(host))), paths[-1], row_group_size=5000)
-    return paths
 
 
 @pytest.mark.parametrize("hosts, per", [(1, 4), (2, 3)])
