@@ -117,3 +117,17 @@ class Trained(Record):
             out.setdefault("mfu", None)
             out.setdefault("peak_memory_gib", None)
         return out
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoadCheck(Record):
+    """load-check.json (`wattgate loadcheck`): the model loaded (and with --export written) on this world size,
+    with the memory peaks of those phases."""
+
+    world_size: int = spec(minimum=1)
+    device: str
+    params: int = spec(minimum=0)
+    source: str  # where the weights came from
+    load_s: float = spec(minimum=0)
+    export_dtype: str | None = None  # null without --export
+    memory: Memory

@@ -16,7 +16,7 @@ from wattgate.artifacts import write_json_atomic
 from wattgate.run_files import claim_output
 from wattgate.train.distributed import setup_rank
 from wattgate.train.settings import TrainSettings
-from wattgate.records.trained import LOAD
+from wattgate.records.trained import LOAD, LoadCheck
 from wattgate.train.metrics import GIB, PhaseMemory, memory_summary
 from wattgate.train.model import build_meta_model, count_params, load_sharded_model
 from wattgate.train.weights import DTYPES, export_hf_folder
@@ -26,7 +26,7 @@ from wattgate.records.run_config import RunConfig
 STAGE = "loadcheck"
 
 
-def load_check(config: RunConfig | dict, out: Path, export: bool) -> dict:
+def load_check(config: RunConfig | dict, out: Path, export: bool) -> LoadCheck:
     config = run_config(config)
     s = TrainSettings.from_config(config)
     # every rank, before any writes: a run folder's final/ (or anything else) is never replaced; what another
@@ -49,20 +49,20 @@ def load_check(config: RunConfig | dict, out: Path, export: bool) -> dict:
             export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), [])
             memory.end("export")
         peaks = memory_summary(memory.gather())
-        report = {
-            "world_size": world,
-            "device": device.type,
-            "params": count_params(model),
-            "source": source,
-            "load_s": load_s,
-            "export_dtype": s.export_dtype if export else None,
-            "memory": peaks.to_json(),
-        }
+        report = LoadCheck(
+            world_size=world,
+            device=device.type,
+            params=count_params(model),
+            source=source,
+            load_s=load_s,
+            export_dtype=s.export_dtype if export else None,
+            memory=peaks,
+        )
         if rank == 0:
-            write_json_atomic(out / "load-check.json", report)
+            write_json_atomic(out / "load-check.json", report.to_json())
             worst = peaks.max_over_ranks[LOAD]
             print(
-                f"load-check: {report['params'] / 1e6:.1f}M params on {world} rank(s) from {source} in "
+                f"load-check: {report.params / 1e6:.1f}M params on {world} rank(s) from {source} in "
                 f"{load_s:.2f} s; peak host RSS {worst.host_peak_gib:.2f} GiB per rank -> {out}",
                 flush=True,
             )
