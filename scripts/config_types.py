@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from wattgate.records.base import Record, spec
+from wattgate.records.base import ABSENT, Record, spec
 '''
 
 # an object's class name: its key path in CamelCase (the top level is RunConfig)
@@ -78,12 +78,12 @@ def collect(node: dict, path: tuple[str, ...], classes: list) -> None:
         rules = [
             f"{name}={sub[rule]!r}" for rule, name in (("minimum", "minimum"), ("maximum", "maximum")) if rule in sub
         ]
-        optional = "default" not in sub and key not in required and path and path[-1].endswith("_source")
-        optional = optional or ("default" not in sub and key not in required)
-        if optional:
-            typ = typ if typ.endswith("| None") else f"{typ} | None"
-            rules.append("default=None")
-            rules.append("omit_none=True")
+        if "default" not in sub and key not in required:  # optional: a key the user may leave out
+            if typ.endswith("| None"):  # null is a value here (a per-source `max_docs: null` is no cap)
+                rules.append("default=ABSENT")
+            else:
+                typ = f"{typ} | None"
+                rules += ["default=None", "omit_none=True"]
         description = " ".join(str(sub.get("description", "")).split())
         fields.append((key, typ, rules, description))
     description = " ".join(str(node.get("description", "")).split())

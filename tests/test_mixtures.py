@@ -7,8 +7,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from wattgate.config import validate_config
+from wattgate.config import run_config, validate_config
 from wattgate.data.mixture import parse_sources, source_name
+from wattgate.data.pretokenize import split_for
+from wattgate.data.split import SplitSettings
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.gate.inputs import load_inputs
@@ -362,3 +364,23 @@ def test_the_report_draws_and_tabulates_a_validation_curve_per_source():
     written = plain.to_json()
     assert "sources" not in written and "per_source" not in written["final"]
     assert "loss: " not in validation_html(plain)
+
+
+def test_a_sources_own_carve_overrides_only_what_it_gives_and_a_null_cap_is_no_cap():
+    config = run_config(
+        {
+            "data": {
+                "inputs": [
+                    {"path": "a.jsonl", "name": "a", "weight": 1, "validation": {"max_docs": None, "seed": 3}},
+                    {"path": "b.jsonl", "name": "b", "weight": 1, "validation": {"fraction": 0.2}},
+                    {"path": "c.jsonl", "name": "c", "weight": 1},
+                ],
+                "validation": {"fraction": 0.1, "max_docs": 5, "seed": 1},
+            }
+        }
+    )
+    split = SplitSettings.from_config(config)
+    a, b, c = (split_for(split, s) for s in parse_sources(config))
+    assert (a.fraction, a.max_docs, a.seed) == (0.1, None, 3)  # max_docs: null given: no cap for this source
+    assert (b.fraction, b.max_docs, b.seed) == (0.2, 5, 1)
+    assert (c.fraction, c.max_docs, c.seed) == (0.1, 5, 1)

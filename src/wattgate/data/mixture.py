@@ -9,12 +9,12 @@ means `epochs: 1`. The pack stage turns these into documents per epoch (pack/mix
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from wattgate.errors import InputError
 from wattgate.config import run_config
-from wattgate.records.run_config import RunConfig
+from wattgate.records.run_config import DataInputSourceValidationConfig, RunConfig
 
 KINDS = ("weight", "epochs", "max_tokens")
 
@@ -25,7 +25,7 @@ class Source:
     path: str
     kind: str = "epochs"  # weight | epochs | max_tokens
     value: float = 1.0
-    validation: dict = field(default_factory=dict)  # per-source carve override (fraction, max_docs, seed)
+    validation: DataInputSourceValidationConfig | None = None  # its own carve (fraction, max_docs, seed), if any
 
     def spec(self) -> dict:
         """What manifest.json and plan.json record of the source's setting."""
@@ -63,8 +63,7 @@ def parse_sources(config: RunConfig | dict, where: str = "data.inputs") -> list[
             )
         kind = given[0] if given else "epochs"
         value = amounts[kind] if given else 1.0
-        overrides = entry.validation.to_json() if entry.validation is not None else {}
-        sources.append(Source(entry.name, entry.path, kind, value, overrides))
+        sources.append(Source(entry.name, entry.path, kind, value, entry.validation))
     if is_mixture(config):  # a plain list keeps today's meaning: two files may share a stem, or repeat
         _check_distinct(sources, where)
     if any(s.validation for s in sources) and config.data.validation.inputs:

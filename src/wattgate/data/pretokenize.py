@@ -33,6 +33,7 @@ from wattgate.data.records import BadRecord, BadRecordPolicy, Fields, Record, re
 from wattgate.data.split import VALIDATION_FILE, SplitSettings, carve, doc_ids_sha256, write_validation_ids
 from wattgate.data.tokenizer import load_tokenizer, tokenizer_sha256
 from wattgate.errors import InputError
+from wattgate.records.base import ABSENT
 from wattgate.records.run_config import RunConfig
 
 FORMAT_VERSION = MANIFEST_FORMAT_VERSION  # the reader's (run_files): one number
@@ -455,12 +456,14 @@ def validation_record(split: SplitSettings, writer: ShardWriter, held: np.ndarra
 
 def split_for(split: SplitSettings, src: Source) -> SplitSettings:
     """A mixture source's carve: data.validation's settings with the source's own override on top."""
-    o = src.validation
+    own = src.validation
+    if own is None:
+        return SplitSettings((), split.fraction, split.max_docs, split.seed)
     return SplitSettings(
         (),
-        float(o.get("fraction", split.fraction) or 0.0),
-        o.get("max_docs", split.max_docs),
-        int(o.get("seed", split.seed)),
+        float(own.fraction if own.fraction is not None else split.fraction),
+        split.max_docs if own.max_docs is ABSENT else own.max_docs,  # null given: no cap for this source
+        own.seed if own.seed is not None else split.seed,
     )
 
 

@@ -25,6 +25,22 @@ from typing import Any, ClassVar, Literal, Union
 from wattgate.errors import InputError
 
 
+class _Absent:
+    """The value of a field whose key the writer left out, where the key is written null when it has no value
+    (so None cannot stand for "left out"): `to_json` writes no key for it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+ABSENT: Any = _Absent()
+
+
 def spec(
     *,
     key: str | None = None,
@@ -106,7 +122,7 @@ class Record:
         out = {}
         for f, _ in _fields(type(self)):
             value = getattr(self, f.name)
-            if value is None and f.metadata.get("omit_none"):
+            if value is ABSENT or (value is None and f.metadata.get("omit_none")):
                 continue
             out[f.metadata.get("key") or f.name] = _to_json(value)
         if self.FORMAT_VERSION is not None and "format_version" not in out:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from wattgate.records.base import Record, spec
+from wattgate.records.base import ABSENT, Record, spec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -18,7 +18,7 @@ class DataInputSourceValidationConfig(Record):
     """this source's own held-out carve (overrides data.validation's fraction, max_docs, seed)"""
 
     fraction: float | None = spec(minimum=0, default=None, omit_none=True)
-    max_docs: int | None = spec(minimum=1, default=None, omit_none=True)
+    max_docs: int | None = spec(minimum=1, default=ABSENT)
     seed: int | None = spec(minimum=0, default=None, omit_none=True)
 
 

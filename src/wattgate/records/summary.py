@@ -14,7 +14,8 @@ from typing import ClassVar
 
 from wattgate.records.base import Record, spec
 from wattgate.records.triage import Gaps, PauseRecord
-from wattgate.records.watcher import ABSENT, HangCost
+from wattgate.records.base import ABSENT
+from wattgate.records.watcher import HangCost
 
 # ---------------------------------------------------------------- the run and its throughput
 
@@ -197,9 +198,6 @@ class StragglerEntry(Record):
         """The entry of a straggler record of triage.json or watcher.json: the keys it writes."""
         return cls.from_json(straggler.to_json(), type(straggler).__name__)
 
-    def to_json(self) -> dict:
-        return {k: v for k, v in Record.to_json(self).items() if v is not ABSENT}
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Stragglers(Record):
@@ -335,9 +333,6 @@ class WatcherCard(Record):
     started: float | None = spec(omit_none=True, default=None)
     ended: float | None = spec(omit_none=True, default=None)
     table: str | None = ABSENT  # as records.watcher.WatcherRecord.table: ABSENT when watcher.json has no key
-
-    def to_json(self) -> dict:
-        return {k: v for k, v in Record.to_json(self).items() if v is not ABSENT}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

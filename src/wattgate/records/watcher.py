@@ -12,29 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from wattgate.records.base import Record, spec
+from wattgate.records.base import ABSENT, Record, spec
 from wattgate.records.attempt import Stopped
-
-
-class _Absent:
-    """A key the writer left out, for a field whose key is written null when it has no value."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-    def __bool__(self) -> bool:
-        return False
-
-
-ABSENT: Any = _Absent()
-
-
-def _present(out: dict) -> dict:
-    return {k: v for k, v in out.items() if v is not ABSENT}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -114,9 +95,6 @@ class RankView(Record):
     io_bytes: int | None = spec(omit_none=True, default=None)
     proc_state: str | None = spec(omit_none=True, default=None)
 
-    def to_json(self) -> dict:
-        return _present(Record.to_json(self))
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Verdict(Record):
@@ -161,9 +139,6 @@ class WithoutWatcher(Record):
     until_limit_s: float | None = spec(omit_none=True, default=None)
     limit_gpu_hours: float | None = spec(omit_none=True, default=None)
     limit_kwh: float | None = ABSENT
-
-    def to_json(self) -> dict:
-        return _present(Record.to_json(self))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -248,9 +223,6 @@ class WatcherRecord(Record):
     killed_at: float | None = spec(omit_none=True, default=None)
     cost: HangCost | None = spec(omit_none=True, default=None)
     job_end: JobEnd | None = spec(omit_none=True, default=None)
-
-    def to_json(self) -> dict:
-        return _present(Record.to_json(self))
 
     def with_verdict(self, v: Verdict, **more) -> WatcherRecord:
         """This record with the verdict's fields (and `more`) set."""

@@ -25,7 +25,8 @@ from wattgate.records.summary import (
     WatcherCard,
 )
 from wattgate.records.trained import MEMORY_PHASES, PhasePeak, Trained
-from wattgate.records.watcher import ABSENT, WatcherRecord
+from wattgate.records.base import ABSENT
+from wattgate.records.watcher import WatcherRecord
 from wattgate.records.gate import PHASE_HOST, PhaseEstimate
 from wattgate.report.gate_input import UsableGate
 from wattgate.report.inputs import RunInputs
