@@ -74,7 +74,9 @@ def pipeline(csv: Path, work: Path) -> tuple[dict, dict]:
     run_triage([work / "trace.parquet"], work / "triage")
     t["triage"] = time.perf_counter() - start
     start = time.perf_counter()
-    summary = run_report(None, work / "report", power_dir=work / "triage", trace_paths=[work / "trace.parquet"])
+    summary = run_report(
+        None, work / "report", power_dir=work / "triage", trace_paths=[work / "trace.parquet"]
+    ).to_json()
     t["report"] = time.perf_counter() - start
     t["total"] = sum(t.values())
     return t, summary

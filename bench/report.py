@@ -272,7 +272,7 @@ def child(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         run_triage(paths, power, run_dir=run, gpu_model="b300")
         t1 = time.perf_counter()
-        summary = run_report(run, out)
+        summary = run_report(run, out).to_json()
         t2 = time.perf_counter()
         shares = {p: v["time_share"] for p, v in summary["phases"]["by_phase"].items()}
         found = [

@@ -167,7 +167,7 @@ def test_report_table_for_a_gpu_with_no_shipped_table(tmp_path):
     table, _ = import_trace("nvidia-smi", [log])
     trace = tmp_path / "t.parquet"
     write_trace(table, trace)
-    s = run_report(None, tmp_path / "plain", trace_paths=[trace])
+    s = run_report(None, tmp_path / "plain", trace_paths=[trace]).to_json()
     assert s["phases"]["by_phase"] == {} and any("could not pick a table" in n for n in s["notes"])
     yaml_table = write_log(
         tmp_path / "v100.yaml",

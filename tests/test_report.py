@@ -144,8 +144,8 @@ def h200(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("h200")
     power = tmp / "power"
     run_triage(trace_files(TRAIN / "telemetry"), power, run_dir=TRAIN)
-    with_power = run_report(TRAIN, tmp / "with-power", power_dir=power)
-    in_process = run_report(TRAIN, tmp / "in-process")
+    with_power = run_report(TRAIN, tmp / "with-power", power_dir=power).to_json()
+    in_process = run_report(TRAIN, tmp / "in-process").to_json()
     return tmp, with_power, in_process
 
 
@@ -325,7 +325,7 @@ def test_default_power_and_gate_dirs_beside_the_run(tmp_path):
         )
     )
     shutil.copy(TRAIN / "config.yaml", results / "config.yaml")
-    s = run_report(run, tmp_path / "out")
+    s = run_report(run, tmp_path / "out").to_json()
     assert s["phases"]["source"] == str(results / "power" / "demo" / "phases.parquet")
     assert s["gate"]["passed"] is False and s["gate"]["failed_checks"] == ["balance"]
     assert s["run"]["name"] == "gpu" and s["run"]["gpu_model"] == "H200"  # from results/config.yaml
@@ -337,7 +337,7 @@ def test_default_power_and_gate_dirs_beside_the_run(tmp_path):
 
 
 def test_cpu_run_says_no_gpu_telemetry_and_keeps_every_other_section(cpu_run, tmp_path):
-    s = run_report(cpu_run, tmp_path / "out")
+    s = run_report(cpu_run, tmp_path / "out").to_json()
     assert s["gpus"] == 0 and s["gpu_hours"] is None and s["energy"]["kwh"] is None
     assert s["tokens"] == 40 * 1000 and s["tokens_per_s_per_rank"] == 500.0 and s["tokens_per_s_per_gpu"] is None
     assert s["rank_hours"] == pytest.approx(2 * 40 / 3600, abs=1e-6)
@@ -382,7 +382,7 @@ def test_memory_measured_per_phase_beside_the_gate_estimate(cpu_run, tmp_path):
         "host_per_node": dict(estimate, per="node", total_bytes=5 * gib),
     }
     gate_file.write_text(json.dumps(gate))
-    s = run_report(cpu_run, tmp_path / "out")
+    s = run_report(cpu_run, tmp_path / "out").to_json()
     rows = {r["phase"]: r for r in s["memory"]["phases"]}
     assert rows["export"]["measured_host_peak_gib"] == 3.0 and rows["export"]["seconds"] == 6.0
     assert rows["load"]["estimated_device_gib"] == 3.0 and rows["load"]["largest_term"] == "activations"
@@ -408,7 +408,7 @@ def test_forecast_against_actual_and_the_watcher_card_keep_what_their_records_ho
     (cpu_run / "TRAINED").write_text(json.dumps(trained | {"job_s": 120.0}))
     watcher = {"verdict": "deadlock", "stalled_for_s": 61.5, "stuck_ranks": [1], "table": None, "detected_at": T0 + 30}
     (cpu_run / "watcher.json").write_text(json.dumps(watcher))
-    s = run_report(cpu_run, tmp_path / "out")
+    s = run_report(cpu_run, tmp_path / "out").to_json()
     f = s["forecast"]
     assert f["forecast"]["source"] == "ledger" and f["forecast"]["terms_s"] == {"steps": 80.0, "startup": 20.0}
     assert f["actual"] == {"wall_s": 120.0, "gpu_hours": pytest.approx(120 * 2 / 3600, abs=1e-6), "kwh": None}
@@ -444,7 +444,7 @@ def test_hang_at_the_end_is_an_anomaly_with_its_time(tmp_path):
             }
         )
     )
-    s = run_report(run, tmp_path / "out")
+    s = run_report(run, tmp_path / "out").to_json()
     hangs = [a for a in s["anomalies"] if a["kind"] == "hang"]
     assert len(hangs) == 1, s["anomalies"]
     h = hangs[0]
@@ -460,7 +460,7 @@ def test_hang_at_the_end_is_an_anomaly_with_its_time(tmp_path):
 def test_straggler_rank_and_starved_steps_are_named(tmp_path):
     run = tmp_path / "run"
     write_metrics(run, ranks=4, steps=40, slow={2: 1.3}, starved=range(10, 16))
-    s = run_report(run, tmp_path / "out")
+    s = run_report(run, tmp_path / "out").to_json()
     stragglers = [a for a in s["anomalies"] if a["kind"] == "straggler"]
     assert [a["ranks"] for a in stragglers] == [[2]]
     assert "rank 2" in stragglers[0]["detail"] and "1.3" in stragglers[0]["detail"]
@@ -484,7 +484,7 @@ def test_starvation_windows_of_at_least_5_s(tmp_path):
         seed=1,
     )
     synth.write(run / "telemetry")
-    s = run_report(run, tmp_path / "out")
+    s = run_report(run, tmp_path / "out").to_json()
     starved = [a for a in s["anomalies"] if a["kind"] == "starvation"]
     assert len(starved) == 1 and starved[0]["gpus"] == ["node0:0"]
     assert starved[0]["start"] == pytest.approx(T0 + 60, abs=3) and starved[0]["duration_s"] == pytest.approx(30, abs=4)
@@ -496,7 +496,7 @@ def test_starvation_windows_of_at_least_5_s(tmp_path):
 def test_missing_inputs_are_notes_not_crashes(tmp_path):
     run = tmp_path / "empty-run"
     run.mkdir()
-    s = run_report(run, tmp_path / "out")
+    s = run_report(run, tmp_path / "out").to_json()
     notes = " ".join(s["notes"])
     for piece in ("TRAINED", "metrics.parquet", "watcher.json", "gate.json", "telemetry", "config"):
         assert piece in notes, piece
@@ -647,7 +647,7 @@ def test_report_takes_pauses_energy_and_gaps_from_triage_json(tmp_path, monkeypa
     from wattgate.power.energy import records
 
     run, power = _pause_run(tmp_path)
-    recomputed = run_report(run, tmp_path / "recomputed", power_dir=power)  # before triage.json has "energy"
+    recomputed = run_report(run, tmp_path / "recomputed", power_dir=power).to_json()  # before triage.json has "energy"
     record = json.loads((power / "triage.json").read_text())
     if "energy" not in record:  # written by hand where run_triage does not write it (yet)
         tables = [inputs_mod._read_trace_columns(p, inputs_mod.TRACE_COLUMNS) for p in trace_files(run / "telemetry")]
@@ -664,7 +664,7 @@ def test_report_takes_pauses_energy_and_gaps_from_triage_json(tmp_path, monkeypa
     monkeypatch.setattr(summary_mod.power_only, "pauses", boom)
     monkeypatch.setattr(summary_mod, "gap_summary", boom)
     monkeypatch.setattr(summary_mod, "gpu_energy", boom)
-    taken = run_report(run, tmp_path / "taken", power_dir=power)
+    taken = run_report(run, tmp_path / "taken", power_dir=power).to_json()
     assert taken == recomputed and taken["pauses"]
     assert taken["energy"]["per_gpu"] and taken["signals"]["energy_counter"] == recomputed["signals"]["energy_counter"]
     power, *others = figures((tmp_path / "taken" / "index.html").read_text())
@@ -679,7 +679,7 @@ def test_report_reads_the_traces_when_triage_json_is_for_other_files(tmp_path, m
     import wattgate.report.inputs as inputs_mod
 
     run, power = _pause_run(tmp_path)
-    expected = run_report(run, tmp_path / "expected", power_dir=power)
+    expected = run_report(run, tmp_path / "expected", power_dir=power).to_json()
     record = json.loads((power / "triage.json").read_text())
     record["energy"] = {
         k: dict(v, integrated_j=1.0, counter_j=None)
@@ -696,6 +696,6 @@ def test_report_reads_the_traces_when_triage_json_is_for_other_files(tmp_path, m
             trace = trace_files(run / "telemetry")[0]
             later = (power / "triage.json").stat().st_mtime + 10
             os.utime(trace, (later, later))
-        s = run_report(run, tmp_path / change, power_dir=power)
+        s = run_report(run, tmp_path / change, power_dir=power).to_json()
         assert calls and s["energy"] == expected["energy"], change
         calls.clear()

@@ -31,7 +31,7 @@ def test_report_leaves_out_an_absurd_step_time_and_names_it(run, tmp_path):
     times = pq.read_table(run / "metrics.parquet")["step_time_s"].to_numpy().copy()
     times[2] = 1e30
     set_column(run / "metrics.parquet", "step_time_s", times)
-    s = run_report(run, tmp_path / "report")
+    s = run_report(run, tmp_path / "report").to_json()
     assert any("metrics.parquet: column step_time_s: 1 value(s)" in n for n in s["notes"])
     assert s["run"]["start_utc"] is not None and s["wall_s"] < 86400
 
@@ -54,7 +54,7 @@ def test_report_names_the_damaged_parts_of_gate_json(run, tmp_path):
     gate = tmp_path / "gate"
     gate.mkdir()
     (gate / "gate.json").write_text(json.dumps({"passed": "yes", "checks": "all", "forecast": {"wall_s": 10}}))
-    s = run_report(run, tmp_path / "report", gate_dir=gate)
+    s = run_report(run, tmp_path / "report", gate_dir=gate).to_json()
     notes = [n for n in s["notes"] if "gate.json" in n]
     assert any("'checks' is 'all'" in n for n in notes) and any("throughput.source" in n for n in notes)
     assert any("'passed' is 'yes'" in n for n in notes)
@@ -83,7 +83,7 @@ def _page(out) -> str:
 def test_metrics_without_step_time_and_data_wait_still_give_a_report(run, tmp_path):
     table = pq.read_table(run / "metrics.parquet")
     pq.write_table(table.drop_columns(["step_time_s", "data_wait_s"]), run / "metrics.parquet")
-    s = run_report(run, tmp_path / "report")
+    s = run_report(run, tmp_path / "report").to_json()
     assert s["tokens"] == int(table.column("tokens").to_numpy().sum())  # what the other columns give is there
     assert any("metrics.parquet: no column(s) step_time_s, data_wait_s" in n for n in s["notes"])
     assert "Phase breakdown" in _page(tmp_path / "report")
@@ -92,7 +92,7 @@ def test_metrics_without_step_time_and_data_wait_still_give_a_report(run, tmp_pa
 def test_metrics_without_a_required_column_are_left_out_and_named(run, tmp_path):
     table = pq.read_table(run / "metrics.parquet")
     pq.write_table(table.drop_columns(["time"]), run / "metrics.parquet")
-    s = run_report(run, tmp_path / "report")
+    s = run_report(run, tmp_path / "report").to_json()
     assert any("metrics.parquet: no column(s) time: metrics not used" in n for n in s["notes"])
     assert s["energy"]["kwh"] is not None
 
@@ -102,8 +102,8 @@ def test_a_bad_heartbeat_line_is_skipped_and_named(run, tmp_path):
     good = events.read_text()
     n = len(good.splitlines())
     events.write_text(good + '{"time": "soon", "rank": 0, "phase": "train"}\n[1]\n')
-    s = run_report(run, tmp_path / "report")
-    reference = run_report(TRAIN, tmp_path / "reference")
+    s = run_report(run, tmp_path / "report").to_json()
+    reference = run_report(TRAIN, tmp_path / "reference").to_json()
     note = f"rank-0.events.jsonl:{n + 1}: not a heartbeat event"
     assert any(note in x and "and 1 more line(s)" in x for x in s["notes"])
     assert s["phases"] == reference["phases"]  # the good lines still place the run's phases
@@ -111,5 +111,5 @@ def test_a_bad_heartbeat_line_is_skipped_and_named(run, tmp_path):
 
 def test_a_garbage_heartbeat_state_is_named_not_fatal(run, tmp_path):
     (run / "heartbeat" / "rank-0.json").write_text("\x00garbage")
-    s = run_report(run, tmp_path / "report")
+    s = run_report(run, tmp_path / "report").to_json()
     assert any("rank-0.json: not a heartbeat" in n for n in s["notes"])

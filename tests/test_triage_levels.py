@@ -197,7 +197,7 @@ def test_unknown_time_is_reported(tmp_path):
 
     for power_dir in (tmp_path / "out", None):
         out = tmp_path / f"report-{power_dir is None}"
-        summary = run_report(None, out, power_dir=power_dir, trace_paths=[trace], gpu_model="h100")
+        summary = run_report(None, out, power_dir=power_dir, trace_paths=[trace], gpu_model="h100").to_json()
         assert summary["phases"]["gaps"]["unknown_s"] == pytest.approx(12.0)
         assert (
             "Telemetry gaps: 12 GPU-seconds unknown (no sample; 2 gap(s), longest 6 s)"

@@ -263,15 +263,10 @@ def _report(args, config) -> None:
         table_path=args.table,
         power_cap_w=args.power_cap_w,
     )
-    energy = s["energy"]
-    kwh = (
-        f"{energy['kwh']:.4g} kWh ({energy['method'].replace('_', ' ')})"
-        if energy["kwh"] is not None
-        else "no GPU telemetry"
-    )
+    energy = s.energy
+    kwh = f"{energy.kwh:.4g} kWh ({energy.method.replace('_', ' ')})" if energy.kwh is not None else "no GPU telemetry"
     print(
-        f"report: {s['run']['name']}: {s['tokens'] or 0} tokens, {kwh}, {len(s['anomalies'])} anomaly(ies) "
-        f"-> {args.out}/index.html"
+        f"report: {s.run.name}: {s.tokens or 0} tokens, {kwh}, {len(s.anomalies)} anomaly(ies) -> {args.out}/index.html"
     )
 
 

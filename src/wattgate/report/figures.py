@@ -19,6 +19,7 @@ import numpy as np
 
 from wattgate.report.phases import PHASE_COLORS
 from wattgate.run_tables import DATA_WAIT_S, LOSS, STEP, STEP_TIME_S, TIME, eval_sources_of, source_loss_column
+from wattgate.heartbeats import EVENT_PHASE, EVENT_RANK, EVENT_TIME
 from wattgate.report.stragglers import lag_figure
 from wattgate.report.summary import Analysis
 from wattgate.report.svg import (
@@ -119,10 +120,10 @@ def checkpoint_spans(analysis: Analysis) -> list[tuple[float, float]]:
     ev = analysis.inputs.events
     if ev is None or ev.empty:
         return []
-    ev = ev.sort_values(["rank", "time"], kind="stable")
-    nxt = ev.groupby("rank")["time"].shift(-1)
-    ck = ev["phase"].isin(["checkpoint", "export"]) & nxt.notna()
-    spans = sorted(zip(ev["time"][ck].astype(float), nxt[ck].astype(float)))
+    ev = ev.sort_values([EVENT_RANK, EVENT_TIME], kind="stable")
+    nxt = ev.groupby(EVENT_RANK)[EVENT_TIME].shift(-1)
+    ck = ev[EVENT_PHASE].isin(["checkpoint", "export"]) & nxt.notna()
+    spans = sorted(zip(ev[EVENT_TIME][ck].astype(float), nxt[ck].astype(float)))
     merged: list[list[float]] = []
     for a, b in spans:
         if merged and a <= merged[-1][1]:

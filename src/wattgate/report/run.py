@@ -15,6 +15,7 @@ from wattgate.report.ledger_wait import record_run_wait
 from wattgate.report.summary import Analysis, analyze
 from wattgate.run_files import check_output, claim_output
 from wattgate.records.run_config import RunConfig
+from wattgate.records.summary import Summary
 
 STAGE = "report"
 
@@ -39,8 +40,8 @@ def run_report(
     power_cap_w: float | None = None,
     *,
     config: RunConfig | None = None,
-) -> dict:
-    """Write out_dir/summary.json and out_dir/index.html; return summary.json's object (`Summary.to_json()`).
+) -> Summary:
+    """Write out_dir/summary.json and out_dir/index.html; return the summary (the record summary.json holds).
 
     `trace_paths` (trace files or folders of them) replace run_dir/telemetry; with run_dir None they are
     the whole input (power-only mode: no metrics, heartbeats, TRAINED or watcher; a gate or config only
@@ -58,11 +59,11 @@ def run_report(
         figures = render_all(analysis, analysis.steps, analysis.inputs.evals)
         page = render_page(analysis.summary, figures, min(MAX_PANELS, analysis.summary.gpus))
     out_dir = claim_output(out_dir, STAGE)
-    summary = analysis.summary.to_json()
-    write_json_atomic(out_dir / "summary.json", summary)
+    summary = analysis.summary
+    write_json_atomic(out_dir / "summary.json", summary.to_json())
     write_bytes_atomic(out_dir / "index.html", page.encode("utf-8"))
     # the run's ledger record learns what waiting for stragglers cost it: a later run's gate says so
-    recorded = record_run_wait(analysis.inputs, analysis.summary)
+    recorded = record_run_wait(analysis.inputs, summary)
     if isinstance(recorded, str):
         print(f"report: warning: {recorded}", file=sys.stderr, flush=True)
     return summary

@@ -38,6 +38,7 @@ from wattgate.power.triage import power_only
 from wattgate.power.triage.phases import LABELS, UTIL_GPU, gap_summary, phases_meta
 from wattgate.power.triage.runinfo import map_ranks
 from wattgate.run_tables import STEP_TIME_S, TIME
+from wattgate.heartbeats import EVENT_TIME
 
 J_PER_KWH = 3.6e6
 MAX_ANOMALIES = 500  # a pathological run must not produce a report of megabytes
@@ -84,8 +85,8 @@ def run_span(inputs: RunInputs, energy: GpuEnergy | None, w: PhaseWindows) -> tu
         lo.append(float(begin.min()))
         hi.append(float(m[TIME].max()))
     if inputs.events is not None and len(inputs.events):
-        lo.append(float(inputs.events["time"].min()))
-        hi.append(float(inputs.events["time"].max()))
+        lo.append(float(inputs.events[EVENT_TIME].min()))
+        hi.append(float(inputs.events[EVENT_TIME].max()))
     return (min(lo), max(hi)) if lo else (None, None)
 
 

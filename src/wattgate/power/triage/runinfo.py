@@ -31,6 +31,7 @@ from wattgate.run_files import (
     check_columns,
     read_metrics,
 )
+from wattgate.run_tables import TIME as METRICS_TIME
 
 
 @dataclass
@@ -194,7 +195,7 @@ def _progress(info: RunInfo) -> tuple[np.ndarray, float]:
         np.array([float(s.time) for s in info.states.values()], dtype=float),
     ]
     if info.has_metrics:
-        stamps.append(info.metrics["time"].to_numpy(float))
+        stamps.append(info.metrics[METRICS_TIME].to_numpy(float))
     stamps = np.unique(np.concatenate(stamps))
     over = [info.events[EVENT_TIME][info.events[EVENT_PHASE].isin(["export", "done"])].to_numpy(float)]
     over.append(np.array([float(s.time) for s in info.states.values() if s.phase in ("export", "done")], dtype=float))
