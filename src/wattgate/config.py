@@ -193,7 +193,8 @@ def max_doc_tokens(config: RunConfig) -> int:
     return config.pretokenize.max_tokens or config.train.seq_len
 
 
-def world_size(config: RunConfig) -> int:
+def world_size(config: RunConfig | dict) -> int:
+    config = run_config(config)
     return config.cluster.nodes * config.cluster.gpus_per_node
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from wattgate.records.checkpoint import Position
 from wattgate.errors import InputError
 from wattgate.run_files import read_manifest, read_plan
-from wattgate.config import run_config
+from wattgate.config import model_config, run_config
 from wattgate.records.run_config import RunConfig, TrainConfig, ModelConfig
 
 # train.* keys that change the computed weights or the schedule
@@ -70,7 +70,8 @@ def weight_file_fingerprint(path: Path) -> str:
     return h.hexdigest()
 
 
-def model_identity(model_cfg: ModelConfig) -> dict[str, str]:
+def model_identity(model_cfg: ModelConfig | dict) -> dict[str, str]:
+    model_cfg = model_config(model_cfg)
     if model_cfg.path:
         path = Path(model_cfg.path)
         weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")) if path.is_dir() else []

@@ -4,7 +4,6 @@ whole held-out split, per source (the shards' `source` column), and one step's g
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from wattgate.data.split import read_validation_ids
+from wattgate.run_files import read_manifest
 from wattgate.train.data import IGNORE, DocStore
 
 
@@ -40,7 +40,7 @@ def exported_model(final: Path):
 def scored_by_transformers(final: Path, pretokenized: Path) -> float:
     """The exported model's loss over the held-out documents, each scored alone by its own forward."""
     model = exported_model(final)
-    manifest = json.loads((pretokenized / "manifest.json").read_text())
+    manifest, _ = read_manifest(pretokenized)
     store, total, tokens = DocStore(pretokenized), 0.0, 0
     with torch.no_grad():
         for doc in read_validation_ids(pretokenized, manifest).tolist():
@@ -51,10 +51,10 @@ def scored_by_transformers(final: Path, pretokenized: Path) -> float:
 
 def held_out_sources(pretokenized: Path) -> dict[int, str]:
     """doc_id -> source of every held-out document, read straight from the shards."""
-    manifest = json.loads((pretokenized / "manifest.json").read_text())
+    manifest, _ = read_manifest(pretokenized)
     held = set(read_validation_ids(pretokenized, manifest).tolist())
     out = {}
-    for shard in manifest["shards"]:
+    for shard in manifest.shards:
         t = pq.read_table(pretokenized / shard, columns=["doc_id", "source"]).to_pydict()
         out.update({d: s for d, s in zip(t["doc_id"], t["source"]) if d in held})
     return out
