@@ -162,11 +162,11 @@ class Failure(Record):
 class LastRunWait(Record):
     """How much of the ledger's last run of this shape went to waiting for stragglers (ledger.record_wait)."""
 
-    run_name: Any
+    run_name: str | None
     wait_hours: float | None
     wait_share: float | None
     unit: str
-    source: Any
+    source: str | None
     line: str
 
 
@@ -349,10 +349,6 @@ class GateReport(Record):
     collectives: Collectives | None
     plan_sha256: PlanHashes
     config_sha256: str
-
-    def check(self, name: str) -> GateCheck | None:
-        """The check of this name (None: the gate did not run it)."""
-        return next((c for c in self.checks if c.name == name), None)
 
     @property
     def failed_checks(self) -> tuple[GateCheck, ...]:
