@@ -37,7 +37,7 @@ from wattgate.pack.assign import Layout, assign_ranks, pack_costs, sort_placemen
 from wattgate.pack.planner import plan_packs
 from wattgate.identity import model_train_differences
 from wattgate.records.checkpoint import CheckpointState
-from wattgate.records.plan import SAME_FOR_RESUME, Plan, Segment
+from wattgate.records.plan import SAME_FOR_RESUME, Plan, Segment, resume_settings
 
 HISTORY = "history"
 
@@ -58,15 +58,7 @@ class PlanSettings:
 
     def resume_settings(self) -> tuple:
         """The settings a continued plan must share with the plan it continues (SAME_FOR_RESUME, in order)."""
-        return (
-            self.seq_len,
-            self.micro_batch_size,
-            self.epochs,
-            self.remainder,
-            self.seed,
-            self.attn_weight,
-            self.pretokenized_manifest_sha256,
-        )
+        return resume_settings(self)
 
 
 ROW_COLUMNS = ("epoch", "step", "micro", "rank", "slot", "num_tokens")

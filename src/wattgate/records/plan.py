@@ -25,6 +25,11 @@ SAME_FOR_RESUME = (
 )
 
 
+def resume_settings(settings) -> tuple:
+    """The SAME_FOR_RESUME values of a plan or of the settings a new plan is made with, in order."""
+    return tuple(getattr(settings, name) for name in SAME_FOR_RESUME)
+
+
 def _count(minimum: int = 0, **kw):
     return spec(minimum=minimum, omit_none=True, default=None, **kw)
 
@@ -196,12 +201,4 @@ class Plan(Record):
 
     def resume_settings(self) -> tuple:
         """The settings a continued plan must share with this one (SAME_FOR_RESUME, in order)."""
-        return (
-            self.seq_len,
-            self.micro_batch_size,
-            self.epochs,
-            self.remainder,
-            self.seed,
-            self.attn_weight,
-            self.pretokenized_manifest_sha256,
-        )
+        return resume_settings(self)
