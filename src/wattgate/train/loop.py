@@ -28,9 +28,8 @@ import torch.distributed as dist
 from wattgate.artifacts import sha256_file
 from wattgate.cadence import StepActions
 from wattgate.errors import InputError
-from wattgate.run_files import EVAL_PACKS
 from wattgate.train.metrics import process_age_s
-from wattgate.run_files import EVAL, METRICS, MANIFEST, PLAN, claim_output, read_manifest, read_plan
+from wattgate.run_files import EVAL, EVAL_PACKS, METRICS, MANIFEST, PLAN, claim_output, read_manifest, read_plan
 from wattgate.run_tables import EvalTable, MetricsTable
 from wattgate.records.plan import Plan
 from wattgate.train import checkpoint as ckpt
@@ -137,7 +136,7 @@ def read_eval_plan(plan_dir: Path, plan: Plan, rank: int) -> list[MicroBatchPlan
     return read_rank_plan(plan_dir, rank, EVAL_PACKS)
 
 
-def train(config: RunConfig | dict, pretokenized: Path, plan_dir: Path, out: Path) -> dict:
+def train(config: RunConfig | dict, pretokenized: Path, plan_dir: Path, out: Path) -> Trained | None:
     config = run_config(config)
     s = TrainSettings.from_config(config)
     install_stop_signals()  # SIGTERM/SIGUSR1 from now on are stop requests, acted on at the next agreed point
@@ -195,7 +194,7 @@ class Trainer:
     What it writes outside the ranks' collectives (checkpoints, final/, heartbeats), how it is stopped and how
     its model is made come in `seams` (train/seams.py), as do the hooks around its steps."""
 
-    def __init__(self, config: RunConfig, s: TrainSettings, plan: dict, paths: Paths, where: tuple, seams: Seams):
+    def __init__(self, config: RunConfig, s: TrainSettings, plan: Plan, paths: Paths, where: tuple, seams: Seams):
         self.config, self.s, self.plan, self.paths = config, s, plan, paths
         self.rank, self.world, self.device = where
         self.seams, self.hooks = seams, seams.hooks
@@ -214,7 +213,9 @@ class Trainer:
 
     # ---------------------------------------------------------------- the outline
 
-    def run(self, micro_batches: list[MicroBatchPlan], eval_batches: list[MicroBatchPlan]) -> Trained | dict | None:
+    def run(self, micro_batches: list[MicroBatchPlan], eval_batches: list[MicroBatchPlan]) -> Trained | None:
+        """The run from its start or resume point: TRAINED's record (rank 0; None on other ranks and after a
+        graceful stop, which leaves STOPPED instead)."""
         self.memory.start()
         self.load()
         self.schedule(micro_batches, eval_batches)
@@ -233,13 +234,14 @@ class Trainer:
         self.elapsed = time.perf_counter() - t_run
         self.memory.end("steady")
         if stopped is not None:
-            return self.finish_stopped(*stopped)
+            self.finish_stopped(*stopped)
+            return None
         self.export()
         summary = self.summarize()
         self.heartbeat.beat(self.total, self.last_epoch, "done")
         return summary
 
-    def finish_stopped(self, step: int, epoch: int, reason: str) -> dict:
+    def finish_stopped(self, step: int, epoch: int, reason: str) -> None:
         """After the stop checkpoint at `step`: close the logs, STOPPED (rank 0), no export and no TRAINED."""
         self.log.close()
         checkpoint = self.paths.out / "checkpoints" / f"step-{step}"
@@ -251,7 +253,6 @@ class Trainer:
                 flush=True,
             )
         self.heartbeat.beat(step, epoch, "done", stopped=reason)
-        return {"stopped": reason, "step": step}
 
     def load(self) -> None:
         """The sharded model and optimizer, from the newest checkpoint of this run when there is one."""
