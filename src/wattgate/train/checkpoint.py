@@ -443,9 +443,7 @@ def latest_complete(root: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(
-    path: Path, model, optimizer, storage: CheckpointStorage = CHECKPOINT_FOLDER
-) -> CheckpointState:
+def load_checkpoint(path: Path, model, optimizer, storage: CheckpointStorage = CHECKPOINT_FOLDER) -> CheckpointState:
     """Restore model, optimizer and this rank's RNG; returns state.json (data position, step)."""
     state = {MODEL: get_model_state_dict(model), OPTIM: get_optimizer_state_dict(model, optimizer)}
     dcp.load(state, checkpoint_id=str(path), storage_reader=storage.reader(path, state))
