@@ -47,6 +47,7 @@ from wattgate.train.loop import Paths, Trainer, rank_trainer
 from wattgate.train.seams import Seams
 from wattgate.train.settings import TrainSettings
 from wattgate.config import run_config
+from wattgate.records.gate import ProofBeat
 from wattgate.records.plan import Plan
 from wattgate.records.run_config import RunConfig
 
@@ -61,7 +62,7 @@ class RankRecord:
     startup: list[Collective] = field(default_factory=list)
     steps: dict[int, list[Collective]] = field(default_factory=dict)
     classes: dict[int, list] = field(default_factory=dict)
-    beats: dict[int, list[dict]] = field(default_factory=dict)  # per step: each heartbeat and the collective index
+    beats: dict[int, list[ProofBeat]] = field(default_factory=dict)  # per step: each heartbeat and the collective index
     end: list[Collective] = field(default_factory=list)
     stop: list[Collective] = field(default_factory=list)  # a step at which every rank agreed to stop, to its end
     stop_step: int | None = None  # that step (0-based)

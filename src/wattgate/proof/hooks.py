@@ -24,23 +24,25 @@ from typing import TypeVar
 
 from wattgate.heartbeats import HEARTBEAT_PHASES
 from wattgate.proof.record import CollectiveRecorder
+from wattgate.records.gate import ProofBeat
 
 T = TypeVar("T")
 
 
 class RecordingHeartbeat:
-    """HeartbeatSink of a dry run: `beats` holds {index, phase, micro} per beat, in order."""
+    """HeartbeatSink of a dry run: `beats` holds each beat's phase, micro-batch and next collective's index, in
+    order."""
 
     def __init__(self, recorder: CollectiveRecorder):
         self.recorder = recorder
-        self.beats: list[dict] = []
+        self.beats: list[ProofBeat] = []
 
     def set_plan(self, total_steps: int, epoch_ends: list[int]) -> None:
         pass
 
-    def beat(self, step: int, epoch: int, phase: str, **extra) -> None:
+    def beat(self, step: int, epoch: int, phase: str, micro: int | None = None, **extra) -> None:
         assert phase in HEARTBEAT_PHASES, phase
-        self.beats.append({"index": len(self.recorder.collectives), "phase": phase, "micro": extra.get("micro")})
+        self.beats.append(ProofBeat(index=len(self.recorder.collectives), phase=phase, micro=micro))
 
 
 class ArmedStop:
@@ -80,7 +82,7 @@ class DryRunSteps:
         mark, first_beat = len(collectives), len(beats)
         result = run()
         self.record.steps[g] = collectives[mark:]
-        self.record.beats[g] = [dict(b, index=b["index"] - mark) for b in beats[first_beat:]]
+        self.record.beats[g] = [b.replace(index=b.index - mark) for b in beats[first_beat:]]
         self.record.classes[g] = step_class.key()
         self.end_mark = len(collectives)
         return result
@@ -120,11 +122,11 @@ class DryRunSteps:
             for offset, beat in taped_beats:
                 collectives.extend(taped[at:offset])
                 at = offset
-                beats.append(dict(beat, index=len(collectives)))
+                beats.append(beat.replace(index=len(collectives)))
             collectives.extend(taped[at:])
             return result
         mark, first_beat = len(collectives), len(beats)
         result = run()
         if result is not None:
-            self.tapes[key] = (collectives[mark:], [(b["index"] - mark, b) for b in beats[first_beat:]], result)
+            self.tapes[key] = (collectives[mark:], [(b.index - mark, b) for b in beats[first_beat:]], result)
         return result

@@ -36,7 +36,6 @@ from wattgate.records.gate import (
     ExpertsKernel,
     Fingerprint,
     Moe,
-    ProofBeat,
     ProofClass,
     StarvedDivergence,
     StepFingerprint,
@@ -122,7 +121,7 @@ def class_table(
                 fingerprint=fingerprint(seq),
                 collectives=len(seq),
                 sequence=tuple(str(x) for x in seq),  # what the watcher names when a rank stops (collective_hints.py)
-                beats=tuple(ProofBeat.from_json(b, "the dry run's heartbeats") for b in records[0].beats.get(g, [])),
+                beats=tuple(records[0].beats.get(g, [])),
                 collectives_at_depth=scaled_count(len(seq), per_period.get(g), depth, records[0].layers),
             )
         )
