@@ -2,13 +2,12 @@
 
 A JSON object whose parts are damaged (hand-edited, another tool's, an older format) costs the parts that
 are: each is left out with a note naming the file and what the report cannot show, the rest is drawn.
-`forecast_problem` is shared with compare, which refuses a damaged forecast instead (a table row is all
+`forecast_view` is shared with compare, which refuses a damaged forecast instead (a table row is all
 or nothing).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +15,6 @@ from pathlib import Path
 from wattgate.errors import InputError
 from wattgate.records.base import Where
 from wattgate.records.gate import FailureView, ForecastView, GateCheck, GateParts, PhaseEstimate
-
-
-def is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass(frozen=True)
