@@ -236,7 +236,9 @@ def test_a_continued_plan_is_proved_from_its_first_step(tmp_path):
     folder.mkdir(parents=True)
     position = {"epoch": 0, "step": 2, "plan": plan.packs_sha256}
     identity = run_identity(config_for(4), tmp_path / "plan", pretok)
-    (folder / "state.json").write_text(json.dumps({"step": 2, "position": position, "files": {}, "identity": identity}))
+    (folder / "state.json").write_text(
+        json.dumps({"step": 2, "position": position, "files": {}, "identity": identity.to_json()})
+    )
     continued = build_plan(config_for(3), pretok, tmp_path / "plan")
     first = continued.first_step
     report = prove_collectives(config_for(3), pretok, tmp_path / "plan").to_json()

@@ -212,7 +212,12 @@ def test_a_resized_mixture_keeps_every_source_count_exact(tmp_path, new_world):
     folder = tmp_path / "train" / "t" / "checkpoints" / "step-2"
     folder.mkdir(parents=True)
     position = {"epoch": 0, "step": 2, "plan": plan.packs_sha256}
-    state = {"step": 2, "position": position, "files": {}, "identity": run_identity(config(4), plan_dir, pretok)}
+    state = {
+        "step": 2,
+        "position": position,
+        "files": {},
+        "identity": run_identity(config(4), plan_dir, pretok).to_json(),
+    }
     (folder / "state.json").write_text(json.dumps(state))
     continued = build_plan(config(new_world), pretok, plan_dir)
     assert [s.world_size for s in continued.segments] == [4, new_world]

@@ -48,7 +48,7 @@ def test_model_identity_sees_other_weights_of_the_same_shapes(tmp_path):
 
     a = model_identity({"path": str(save_hf_model(tmp_path / "a", seed=1))})
     b = model_identity({"path": str(save_hf_model(tmp_path / "b", seed=2))})
-    assert a["config"] == b["config"] and a["weights"] != b["weights"]
+    assert a.config == b.config and a.weights != b.weights
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from wattgate.records.checkpoint import Position
+from wattgate.records.checkpoint import ModelIdentity, PlanLink, Position, RunIdentity
 from wattgate.errors import InputError
 from wattgate.run_files import read_manifest, read_plan
 from wattgate.config import model_config, run_config
@@ -70,16 +70,16 @@ def weight_file_fingerprint(path: Path) -> str:
     return h.hexdigest()
 
 
-def model_identity(model_cfg: ModelConfig | dict) -> dict[str, str]:
+def model_identity(model_cfg: ModelConfig | dict) -> ModelIdentity:
     model_cfg = model_config(model_cfg)
     if model_cfg.path:
         path = Path(model_cfg.path)
         weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin")) if path.is_dir() else []
-        return {
-            "config": _sha256_bytes(_read(path / "config.json")),
-            "weights": _sha256_bytes("".join(f"{p.name}:{weight_file_fingerprint(p)}\n" for p in weights).encode()),
-        }
-    return {"config": _sha256_bytes(json.dumps(model_cfg.config, sort_keys=True).encode()), "weights": "init"}
+        return ModelIdentity(
+            config=_sha256_bytes(_read(path / "config.json")),
+            weights=_sha256_bytes("".join(f"{p.name}:{weight_file_fingerprint(p)}\n" for p in weights).encode()),
+        )
+    return ModelIdentity(config=_sha256_bytes(json.dumps(model_cfg.config, sort_keys=True).encode()), weights="init")
 
 
 def train_identity(train: TrainConfig) -> dict:
@@ -88,53 +88,57 @@ def train_identity(train: TrainConfig) -> dict:
     return {k: settings[k] for k in RESULT_SETTINGS}
 
 
-def model_train_identity(config: RunConfig | dict) -> dict:
+def model_train_identity(config: RunConfig | dict) -> RunIdentity:
     """The run identity's `model` and `train` parts: what a run continued on another world size must share."""
     config = run_config(config)
-    return {"model": model_identity(config.model), "train": train_identity(config.train)}
+    return RunIdentity(model=model_identity(config.model), train=train_identity(config.train))
 
 
-def run_identity(config: RunConfig | dict, plan_dir: Path, pretokenized: Path) -> dict:
+def run_identity(config: RunConfig | dict, plan_dir: Path, pretokenized: Path) -> RunIdentity:
     config = run_config(config)
     plan, plan_bytes = read_plan(plan_dir)
     segments = plan.segments or ()
-    return {
-        "plan": _sha256_bytes(plan_bytes),
+    return RunIdentity(
+        plan=_sha256_bytes(plan_bytes),
         # earlier plans this one continues (pack/segments.py): their checkpoints up to each boundary resume
-        "links": [{"packs_sha256": seg.packs_sha256, "end_step": seg.end_step} for seg in segments[:-1]],
-        "pretokenized": _sha256_bytes(read_manifest(pretokenized)[1]),
-        "model": model_identity(config.model),
-        "train": train_identity(config.train),
-    }
+        links=tuple(PlanLink(packs_sha256=seg.packs_sha256, end_step=seg.end_step) for seg in segments[:-1]),
+        pretokenized=_sha256_bytes(read_manifest(pretokenized)[1]),
+        model=model_identity(config.model),
+        train=train_identity(config.train),
+    )
 
 
-def identity_differences(recorded: dict | None, current: dict, position: Position | None = None) -> list[str]:
+def identity_differences(
+    recorded: RunIdentity | None, current: RunIdentity, position: Position | None = None
+) -> list[str]:
     """The keys in which a checkpoint's identity differs from this run's (empty: resumable).
 
     A checkpoint of an earlier plan that the current plan continues on another world size (its segments
     link to that plan's packs up to a boundary step at or after the checkpoint) is not a difference."""
-    if not recorded:
+    if recorded is None:
         return ["run identity (the checkpoint predates it)"]
-    diffs = [name for name in ("plan", "pretokenized") if recorded.get(name) != current[name]]
+    parts = {"plan": (recorded.plan, current.plan), "pretokenized": (recorded.pretokenized, current.pretokenized)}
+    diffs = [name for name, (a, b) in parts.items() if a != b]
     position = position or Position()
     step = position.step if position.step is not None else -1
     if diffs[:1] == ["plan"] and any(
-        link["packs_sha256"] == position.plan and step <= link["end_step"] for link in current.get("links", [])
+        link.packs_sha256 == position.plan and step <= link.end_step for link in current.links
     ):
         diffs.remove("plan")
     return diffs + model_train_differences(recorded, current)
 
 
-def model_train_differences(recorded: dict | None, current: dict, values: bool = False) -> list[str]:
+def model_train_differences(recorded: RunIdentity | None, current: RunIdentity, values: bool = False) -> list[str]:
     """The model parts and train keys in which a recorded identity differs from `current` (`model` and `train`
     parts only): what pack compares before it continues a run on another world size, so that train never
     sets aside the checkpoints it continues. `values` adds 'old -> new' to each train key."""
-    if not isinstance(recorded, dict):
+    if recorded is None:
         return ["run identity (the checkpoint predates it)"]
-    model = recorded.get("model") if isinstance(recorded.get("model"), dict) else {}
-    diffs = [f"model {part}" for part in ("config", "weights") if model.get(part) != current["model"][part]]
-    before = recorded.get("train") if isinstance(recorded.get("train"), dict) else {}
+    model, now = recorded.model or ModelIdentity(), current.model or ModelIdentity()
+    parts = {"config": (model.config, now.config), "weights": (model.weights, now.weights)}
+    diffs = [f"model {part}" for part, (a, b) in parts.items() if a != b]
+    before, after = recorded.train or {}, current.train or {}
     for k in RESULT_SETTINGS:
-        if before.get(k) != current["train"][k]:
-            diffs.append(f"train.{k} ({before.get(k)!r} -> {current['train'][k]!r})" if values else f"train.{k}")
+        if before.get(k) != after.get(k):
+            diffs.append(f"train.{k} ({before.get(k)!r} -> {after.get(k)!r})" if values else f"train.{k}")
     return diffs

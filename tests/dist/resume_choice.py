@@ -7,12 +7,13 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from wattgate.records.checkpoint import RunIdentity
 from wattgate.train.distributed import setup_rank
 from wattgate.train.loop import resume_checkpoint
 
 rank, world, device = setup_rank(60, Path(sys.argv[1]))
 view = Path(sys.argv[1 + rank])  # rank r sees folder r
-identity = json.loads(Path(sys.argv[3]).read_text())
+identity = RunIdentity.read(Path(sys.argv[3]))
 choice = resume_checkpoint(view, identity if rank == 0 else None, rank)
 every: list = [None] * world
 dist.all_gather_object(every, str(choice))

@@ -36,7 +36,7 @@ from wattgate.run_files import PACKS, PLAN, read_plan
 from wattgate.pack.assign import Layout, assign_ranks, pack_costs, sort_placement
 from wattgate.pack.planner import plan_packs
 from wattgate.identity import model_train_differences
-from wattgate.records.checkpoint import CheckpointState
+from wattgate.records.checkpoint import CheckpointState, RunIdentity
 from wattgate.records.plan import SAME_FOR_RESUME, Plan, Segment, resume_settings
 
 HISTORY = "history"
@@ -170,7 +170,7 @@ def newest_checkpoint(checkpoints: Path) -> FoundCheckpoint | None:
 
 
 def resume_source(
-    out: Path, checkpoints: Path, new: PlanSettings, identity_of: Callable[[], dict] | None = None
+    out: Path, checkpoints: Path, new: PlanSettings, identity_of: Callable[[], RunIdentity] | None = None
 ) -> tuple[FoundCheckpoint, Plan, Path] | tuple[None, str, None]:
     """(checkpoint state, old plan, its history folder) when the run can go on under `new` plan settings,
     else (None, why not, None).

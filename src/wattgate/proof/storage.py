@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from wattgate.records.checkpoint import CheckpointState
+from wattgate.records.checkpoint import CheckpointState, RunIdentity
 from wattgate.proof.relay import RankZeroRelay
 from wattgate.train.checkpoint import DAMAGED_SUFFIX
 
@@ -200,7 +200,7 @@ class NoBytesCheckpoints:
         ]
         return root / min(scored)[2] if scored else None
 
-    def set_aside_mismatched(self, root: Path, identity: dict) -> None:
+    def set_aside_mismatched(self, root: Path, identity: RunIdentity) -> None:
         pass  # every checkpoint of a dry run is this run's
 
     def candidates(self, root: Path) -> list[Path]:

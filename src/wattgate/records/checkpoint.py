@@ -31,6 +31,36 @@ class Position(Record):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ModelIdentity(Record):
+    """The model a run trains: its config's hash, and its weight files' fingerprint ("init": random init)."""
+
+    config: str | None = None
+    weights: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanLink(Record):
+    """An earlier plan the current plan continues: its packs and the step its segment ends at."""
+
+    packs_sha256: str
+    end_step: int = spec(minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunIdentity(Record):
+    """What a checkpoint must share with the run that resumes from it (wattgate/identity.py): the plan, the plans
+    it continues, the pretokenized data, the model and the result-changing train settings. Pack compares only
+    `model` and `train` before it continues a run on another world size; a part an older checkpoint lacks is
+    None."""
+
+    plan: str | None = None
+    links: tuple[PlanLink, ...] = ()
+    pretokenized: str | None = None
+    model: ModelIdentity | None = None
+    train: dict[str, Any] | None = None  # identity.RESULT_SETTINGS, as the config holds them
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointState(Record):
     """state.json. `files` maps each name to a FileEntry, or (written before content hashes, `hash_algorithm`
     absent) to its size alone."""
@@ -40,7 +70,7 @@ class CheckpointState(Record):
     files: dict[str, FileEntry | int]
     hash_algorithm: str | None = spec(omit_none=True, default=None)
     world_size: int | None = spec(minimum=1, default=None)
-    identity: dict[str, Any] | None = None  # wattgate/identity.py run_identity
+    identity: RunIdentity | None = None
 
     @property
     def hashed(self) -> bool:

@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 from wattgate.artifacts import write_json_atomic
 from wattgate.errors import InputError
 from wattgate.identity import identity_differences
-from wattgate.records.checkpoint import CheckpointState, FileEntry, Position
+from wattgate.records.checkpoint import CheckpointState, FileEntry, Position, RunIdentity
 from wattgate.train.checkpoint_hashing import HASH_ALGORITHM, HashingWriter, named_error
 
 STATE = "state.json"
@@ -106,7 +106,7 @@ class CheckpointStorage(Protocol):
     def best(self, root: Path) -> Path | None:
         """Rank 0: the published checkpoint with the lowest validation loss, or None."""
 
-    def set_aside_mismatched(self, root: Path, identity: dict) -> None:
+    def set_aside_mismatched(self, root: Path, identity: RunIdentity) -> None:
         """Rank 0, at resume: `root` moved aside when it holds checkpoints of another run identity."""
 
     def candidates(self, root: Path) -> list[Path]:
@@ -155,7 +155,7 @@ class CheckpointFolder:
     def best(self, root: Path) -> Path | None:
         return best_checkpoint(root)
 
-    def set_aside_mismatched(self, root: Path, identity: dict) -> None:
+    def set_aside_mismatched(self, root: Path, identity: RunIdentity) -> None:
         set_aside_mismatched(root, identity)
 
     def candidates(self, root: Path) -> list[Path]:
@@ -196,7 +196,7 @@ def save_checkpoint(
     optimizer,
     position: Position,
     keep: int,
-    identity: dict,
+    identity: RunIdentity | None,
     keep_best: bool = False,
     storage: CheckpointStorage = CHECKPOINT_FOLDER,
 ) -> Path:
@@ -382,7 +382,7 @@ def _warn_unverified(path: Path) -> None:
         )
 
 
-def set_aside_mismatched(root: Path, identity: dict) -> Path | None:
+def set_aside_mismatched(root: Path, identity: RunIdentity) -> Path | None:
     """Move `root` aside when it holds checkpoints of another run identity (wattgate/identity.py).
 
     Resuming those would return the old model (or mix its weights with a new schedule). Called

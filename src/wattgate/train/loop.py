@@ -62,7 +62,7 @@ from wattgate.train.seams import Seams, training_seams
 from wattgate.train.weights import DTYPES, EXPORT_FOLDER, ExportFiles, export_hf_folder
 from wattgate.config import run_config
 from wattgate.records.run_config import RunConfig
-from wattgate.records.checkpoint import Position
+from wattgate.records.checkpoint import Position, RunIdentity
 from wattgate.records.trained import LOAD, Trained
 
 
@@ -101,7 +101,7 @@ def group_steps(micro_batches: list[MicroBatchPlan]) -> list[list[MicroBatchPlan
 
 
 def resume_checkpoint(
-    out: Path, identity: dict | None, rank: int, storage: ckpt.CheckpointStorage = ckpt.CHECKPOINT_FOLDER
+    out: Path, identity: RunIdentity | None, rank: int, storage: ckpt.CheckpointStorage = ckpt.CHECKPOINT_FOLDER
 ) -> Path | None:
     """The newest intact checkpoint of this run identity: rank 0 lists the candidates and broadcasts them, every
     rank hashes its share of each (train/checkpoint.py `agreed_latest`), and all take the same verdict.
