@@ -196,23 +196,24 @@ def _compare(args, config) -> None:
 
 def _import_trace(args, config) -> None:
     from wattgate.power.importers import import_trace, write_trace
-    from wattgate.trace import check_trace_output
+    from wattgate.trace import GPU, HOST, check_trace_output, trace_meta
 
     check_trace_output(args.out, "import-trace")  # before the parse: a file that is not a trace is never replaced
     fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
-    table, meta = import_trace(
+    table, _ = import_trace(
         args.source, args.files, args.host, args.skip_bad_lines, fields, args.tz, args.gpu_index, args.columns
     )
     write_trace(table, args.out)
-    gpus = len({(h, g) for h, g in zip(table["host"].to_pylist(), table["gpu"].to_pylist())})
-    skipped = sum(n for k, n in meta["skipped_lines"].items() if k != "truncated_final_line")
+    meta = trace_meta(table)  # the record the trace carries
+    gpus = len({(h, g) for h, g in zip(table.column(HOST).to_pylist(), table.column(GPU).to_pylist())})
+    skipped = sum(n for k, n in (meta.skipped_lines or {}).items() if k != "truncated_final_line")
     print(
-        f"import-trace: {table.num_rows} rows, {gpus} GPU(s) on {len(meta['hosts'])} host(s)"
+        f"import-trace: {table.num_rows} rows, {gpus} GPU(s) on {len(meta.hosts or ())} host(s)"
         + (f", {skipped} bad line(s) skipped" if skipped else "")
-        + ("; GPU index inferred from sampling bursts" if meta["gpu_index_inferred"] else "")
+        + ("; GPU index inferred from sampling bursts" if meta.gpu_index_inferred else "")
         + f" -> {args.out}"
     )
-    for note in meta["notes"]:
+    for note in meta.notes or ():
         print(f"import-trace: note: {note}")
 
 

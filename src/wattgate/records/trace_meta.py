@@ -40,6 +40,8 @@ class TraceMeta(Record):
     invalid_values: dict[str, int] | None = None  # readings nulled as not readings, per column
     gpu_index_inferred: Any = None  # the importer guessed the GPU index from the row order
     hosts_from_file_names: tuple[Any, ...] | None = None  # hosts named after their log files (no --host)
+    hosts: tuple[Any, ...] | None = None  # an importer's: every host of the trace
+    files: tuple[Any, ...] | None = None  # an importer's: the logs it read
 
     @property
     def gpu_list(self) -> tuple[GpuMeta, ...]:
