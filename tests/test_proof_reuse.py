@@ -50,7 +50,7 @@ def test_a_rerun_with_the_same_inputs_reuses_the_proof_and_says_so(proof_run, fi
     [
         (lambda c: c["train"].update(eval_every=7), ["classes_sha256", "steps", "train"]),
         (lambda c: c["model"]["config"].update(intermediate_size=96), ["model"]),
-        (lambda c: c["train"].update(mixed_precision="no"), ["train"]),
+        (lambda c: c["train"].update(mixed_precision="none"), ["train"]),
     ],
     ids=["cadence", "model", "precision"],
 )

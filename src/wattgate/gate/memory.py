@@ -121,9 +121,10 @@ class FitSettings:
         return "gpu" if self.on_gpu else "cpu"
 
 
-def validation_tokens_per_micro_batch(config: RunConfig) -> int:
+def validation_tokens_per_micro_batch(config: RunConfig | dict) -> int:
     """Tokens of one validation micro-batch per rank (train.eval_micro_batch_size, else micro_batch_size, x
     seq_len); 0 when data.validation names no held-out split."""
+    config = run_config(config)
     v, t = config.data.validation, config.train
     if not (v.inputs or v.fraction or v.max_docs):
         return 0
