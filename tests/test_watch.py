@@ -37,7 +37,13 @@ from conftest import dead_pid
 
 H100 = shipped_table("h100")
 S = WatchSettings(
-    hang_after_s=10, checkpoint_after_s=100, startup_after_s=50, busy_stall_after_s=300, poll_s=0.2, kill_grace_s=2
+    hang_after_s=10,
+    checkpoint_after_s=100,
+    startup_after_s=50,
+    busy_stall_after_s=300,
+    action="kill",
+    poll_s=0.2,
+    kill_grace_s=2,
 )
 NOW = 1_000_000.0
 

@@ -24,7 +24,7 @@ from wattgate.telemetry.watch_inputs import Activity, ActivityMeter, BeatReader,
 from conftest import make_run
 
 H100 = shipped_table("h100")
-S = dict(hang_after_s=10, checkpoint_after_s=100, startup_after_s=50, busy_stall_after_s=300, poll_s=0.2)
+S = dict(hang_after_s=10, checkpoint_after_s=100, startup_after_s=50, busy_stall_after_s=300, action="kill", poll_s=0.2)
 NOW = 1_000_000.0
 
 

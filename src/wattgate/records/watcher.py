@@ -22,13 +22,13 @@ from wattgate.records.attempt import Stopped
 class WatcherSettings(Record):
     """The watcher's limits and action (the config's `watcher`, less `enabled`); watcher.json `settings`."""
 
-    hang_after_s: float = 60.0  # triage_tables.DEFAULT_DEADLOCK_AFTER_S
-    checkpoint_after_s: float = 1800.0
-    startup_after_s: float = 900.0
-    busy_stall_after_s: float = 1800.0
-    action: str = "kill"
-    poll_s: float = 1.0
-    kill_grace_s: float = 10.0
+    hang_after_s: float
+    checkpoint_after_s: float
+    startup_after_s: float
+    busy_stall_after_s: float
+    action: str
+    poll_s: float
+    kill_grace_s: float
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

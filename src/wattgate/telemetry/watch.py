@@ -41,7 +41,7 @@ from wattgate.errors import InputError
 from wattgate.telemetry.failures import name_failure
 from wattgate.telemetry.hang_cost import hang_cost
 from wattgate.telemetry.lag_watch import LagWatch, warning_line
-from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, TriageSettings, TriageTable
+from wattgate.triage_tables import TriageSettings, TriageTable
 from wattgate.heartbeats import read_heartbeats  # noqa: F401 (callers import it here)
 from wattgate.records.heartbeat import Beat
 from wattgate.records.watcher import (
@@ -76,8 +76,6 @@ PHASE_ORDER = {phase: i for i, phase in enumerate(WATCH_PHASES)}
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WatchSettings(WatcherSettings):
     """The watcher's limits and action (watcher.json `settings`), from the config's `watcher`."""
-
-    hang_after_s: float = DEFAULT_DEADLOCK_AFTER_S
 
     @classmethod
     def from_config(cls, config: RunConfig) -> WatchSettings:

@@ -166,8 +166,7 @@ def load_sharded_model(model_cfg: dict, s, mesh, device: torch.device, fill: boo
     model_class = causal_lm_class(model_hf_config(model_cfg))
     attn = resolve_attn_implementation(s.attn_implementation, device.type, on_cuda and s.mixed_precision, model_class)
     model = build_meta_model(model_cfg, attn)
-    # train.compile: getattr until every TrainSettings carries it
-    parallelize(model, mesh, on_cuda, s.mixed_precision, s.activation_checkpointing, getattr(s, "compile", False))
+    parallelize(model, mesh, on_cuda, s.mixed_precision, s.activation_checkpointing, s.compile)
     source = materialize(model, device, model_cfg, s.seed, fill=fill)
     return model, source
 

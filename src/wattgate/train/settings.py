@@ -56,9 +56,9 @@ class TrainSettings:
     run_name: str
     gpu_model: str
     ledger: Path
-    on_nonfinite: str = "stop"
-    nonfinite_skip_limit: int = 10
-    compile: bool = False
+    on_nonfinite: str
+    nonfinite_skip_limit: int
+    compile: bool
 
     @classmethod
     def from_config(cls, config: RunConfig | dict) -> TrainSettings:
