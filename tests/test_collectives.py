@@ -248,18 +248,22 @@ def test_a_continued_plan_is_proved_from_its_first_step(tmp_path):
 
 def test_the_hang_hint_names_a_ranks_step_class_and_the_collective_expected_next(clean):
     from wattgate.collective_hints import hang_hint
+    from wattgate.records.heartbeat import Beat
+
+    def beat(rank, step, phase, micro=None):
+        return Beat(rank=rank, step=step, phase=phase, time=0.0, micro=micro)
 
     proof = Collectives.from_json(clean)
-    first = hang_hint(proof, 1, {"step": 0, "phase": "train", "micro": 1})
+    first = hang_hint(proof, 1, beat(1, 0, "train", micro=1))
     assert first.startswith("rank 1: step 1 (class 1 micro-batch + log), train micro-batch 1: the proof expects ")
     assert "collective #2 of the step, c10d._allgather_base_(" in first  # after the loss-token all-reduce
-    ckpt = hang_hint(proof, 0, {"step": 5, "phase": "checkpoint"})
+    ckpt = hang_hint(proof, 0, beat(0, 5, "checkpoint"))
     # a checkpoint starts with the all-ranks check that the weights are finite (train/loop.py check_finite_weights)
     assert "step 5 (class 1 micro-batch + validation (" in ckpt
     assert ", c10d.allreduce_(float32[1], min) on group 0, or a later one" in ckpt
-    evaluating = hang_hint(proof, 1, {"step": 5, "phase": "eval", "micro": 1})
+    evaluating = hang_hint(proof, 1, beat(1, 5, "eval", micro=1))
     assert "eval micro-batch 1" in evaluating and "_allgather_base_" in evaluating
-    assert hang_hint(proof, 1, {"step": 999, "phase": "train"}) is None and hang_hint(None, 0, {}) is None
+    assert hang_hint(proof, 1, beat(1, 999, "train")) is None and hang_hint(None, 0, beat(0, 0, "train")) is None
 
 
 def test_object_collectives_are_recorded_with_torchs_own_keyword_arguments():

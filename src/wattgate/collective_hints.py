@@ -8,12 +8,13 @@ heartbeat is blocked in the collective at that index or a later one of the same 
 from __future__ import annotations
 
 from wattgate.records.gate import Collectives, ProofClass
+from wattgate.records.heartbeat import Beat
 
 
-def beat_position(beat: dict) -> tuple[int, str, int | None]:
+def beat_position(beat: Beat) -> tuple[int, str, int | None]:
     """(1-based step whose collectives the rank is issuing, phase, micro-batch) from its heartbeat: during a
     step's micro-batches `step` counts the steps done; after them (log, eval, checkpoint) it is this step."""
-    step, phase, micro = int(beat.get("step", 0)), str(beat.get("phase", "")), beat.get("micro")
+    step, phase, micro = beat.step, beat.phase, beat.micro
     return (step + 1 if phase == "train" and micro is not None else step), phase, micro
 
 
@@ -34,7 +35,7 @@ def expected_next(row: ProofClass, phase: str, micro: int | None) -> tuple[int, 
     return None
 
 
-def hang_hint(collectives: Collectives | None, rank: int, beat: dict) -> str | None:
+def hang_hint(collectives: Collectives | None, rank: int, beat: Beat) -> str | None:
     """One line for a watcher's verdict: the rank's step class and the collective the proof expected next."""
     if collectives is None or not collectives.classes:
         return None

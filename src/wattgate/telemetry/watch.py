@@ -567,7 +567,7 @@ def read_collectives(run: Path) -> Collectives | None:
 def with_expected_collectives(verdict: Verdict, beats: dict[int, Beat], collectives: Collectives | None) -> Verdict:
     """The verdict with, per rank, its step class and the collective the proof expected next (`expected`), and
     those of the ranks named behind or stuck added to the reason: where the ranks' collectives parted."""
-    expected = {r: hang_hint(collectives, r, b.to_json()) for r, b in sorted(beats.items())} if collectives else {}
+    expected = {r: hang_hint(collectives, r, b) for r, b in sorted(beats.items())} if collectives else {}
     expected = {r: h for r, h in expected.items() if h}
     if not expected:
         return verdict

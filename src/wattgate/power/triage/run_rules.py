@@ -11,7 +11,11 @@ from wattgate.power.triage.arrays import _bounds
 from wattgate.power.triage.levels import Edges
 from wattgate.power.triage import phases as P  # the phase codes
 from wattgate.power.triage.rules import _is, _near
+from wattgate.run_tables import DATA_WAIT_S, RANK, STEP_TIME_S, TIME
 from wattgate.power.triage.runinfo import (
+    INTERVAL_END,
+    INTERVAL_RANK,
+    INTERVAL_START,
     RunInfo,
     _checkpoint_intervals,
     _covered_share,
@@ -67,8 +71,8 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e:
             stalled[gs[g] : ge[g]] = (gap if trails else gap_closed)[rows[gs[g] : ge[g]]]
 
     intervals = _checkpoint_intervals(info.events)
-    ck_rank = intervals["rank"].to_numpy()
-    ck_start, ck_end = intervals["start"].to_numpy(float), intervals["end"].to_numpy(float)
+    ck_rank = intervals[INTERVAL_RANK].to_numpy()
+    ck_start, ck_end = intervals[INTERVAL_START].to_numpy(float), intervals[INTERVAL_END].to_numpy(float)
     unplaced = ~np.isin(ck_rank, list(rank_gpu))
     in_ckpt = np.zeros(len(cls), dtype=bool)
     need = below | stalled | (cls == P.CHECKPOINT)  # where in_ckpt is read below
@@ -130,7 +134,7 @@ def _ranks_cover(intervals, rank_gpu, gpu_ranks, gs, ge, share, n) -> np.ndarray
     out = np.zeros(n, dtype=bool)
     if not len(intervals):
         return out
-    rank, start, end = (intervals[c].to_numpy() for c in ("rank", "start", "end"))
+    rank, start, end = (intervals[c].to_numpy() for c in (INTERVAL_RANK, INTERVAL_START, INTERVAL_END))
     unplaced = ~np.isin(rank, list(rank_gpu))
     for g, ranks in enumerate(gpu_ranks):
         mine = np.isin(rank, ranks) | unplaced
@@ -150,8 +154,8 @@ def _step_cover(cls, below, stalled, gs, ge, info: RunInfo, gpu_ranks, share) ->
     stepping = np.zeros(len(cls), dtype=bool)
     if not info.has_metrics:
         return starving, stepping
-    m_rank = info.metrics["rank"].to_numpy()
-    m_time, m_step, m_wait = (info.metrics[c].to_numpy(float) for c in ("time", "step_time_s", "data_wait_s"))
+    m_rank = info.metrics[RANK].to_numpy()
+    m_time, m_step, m_wait = (info.metrics[c].to_numpy(float) for c in (TIME, STEP_TIME_S, DATA_WAIT_S))
     candidate = ~stalled & _is(cls, (P.DATA_STARVATION, P.LOW_UTIL, P.IDLE))
     need = below | candidate
     for g, ranks in enumerate(gpu_ranks):

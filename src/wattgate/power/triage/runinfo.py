@@ -152,16 +152,23 @@ def _covered_share(starts: np.ndarray, ends: np.ndarray, w0: np.ndarray, w1: np.
     return (before1 - before0) / (w1 - w0)
 
 
+INTERVAL_RANK, INTERVAL_START, INTERVAL_END = "rank", "start", "end"  # a phase interval table's columns
+
+
 def _phase_intervals(events: pd.DataFrame, phases: tuple[str, ...]) -> pd.DataFrame:
     """Closed intervals per rank of the given heartbeat phases: such an event to the rank's next event (a phase
     that never ended, e.g. a hang inside it, has no interval)."""
     if events.empty:
-        return pd.DataFrame({"rank": [], "start": [], "end": []})
+        return pd.DataFrame({INTERVAL_RANK: [], INTERVAL_START: [], INTERVAL_END: []})
     ev = events.sort_values([EVENT_RANK, EVENT_TIME], kind="stable")
     nxt_time = ev.groupby(EVENT_RANK)[EVENT_TIME].shift(-1)
     ck = ev[EVENT_PHASE].isin(list(phases)) & nxt_time.notna()
     return pd.DataFrame(
-        {"rank": ev[EVENT_RANK][ck].to_numpy(), "start": ev[EVENT_TIME][ck].to_numpy(), "end": nxt_time[ck].to_numpy()}
+        {
+            INTERVAL_RANK: ev[EVENT_RANK][ck].to_numpy(),
+            INTERVAL_START: ev[EVENT_TIME][ck].to_numpy(),
+            INTERVAL_END: nxt_time[ck].to_numpy(),
+        }
     )
 
 

@@ -47,6 +47,7 @@ import numpy as np
 from wattgate.power.triage.arrays import _bounds
 from wattgate.power.triage.causes import GROUPS
 from wattgate.records.triage import Lag, Lagging, LagSettings, Straggler, Timeline
+from wattgate.run_tables import DATA_WAIT_S, RANK, STEP_TIME_S, TIME
 
 MARGIN = 0.15  # of a window: 1.5 samples at 10 Hz, so a sampler's jitter at a step's edge is no lag
 MIN_LAG_WINDOWS = 3
@@ -357,19 +358,19 @@ class _Context:
         ended in the windows it was last in; None otherwise (or without metrics)."""
         info, rank = self.run_info, self.rank_of.get(g)
         m = getattr(info, "metrics", None)
-        if rank is None or m is None or not len(m) or "data_wait_s" not in m:
+        if rank is None or m is None or not len(m) or DATA_WAIT_S not in m:
             return None
-        window = np.floor(m["time"].to_numpy(float) / self.window_s).astype(np.int64) - self.imin
+        window = np.floor(m[TIME].to_numpy(float) / self.window_s).astype(np.int64) - self.imin
         inside = np.isin(window, cols)
         if not inside.any():
             return None
         rows = m[inside]
-        mine = rows["rank"].to_numpy() == rank
+        mine = rows[RANK].to_numpy() == rank
         if not mine.any() or mine.all():
             return None
-        wait = rows["data_wait_s"].to_numpy(float)
+        wait = rows[DATA_WAIT_S].to_numpy(float)
         w_me, w_others = float(np.nanmean(wait[mine])), float(np.nanmean(wait[~mine]))
-        step = float(np.nanmedian(rows["step_time_s"].to_numpy(float))) if "step_time_s" in rows else 0.0
+        step = float(np.nanmedian(rows[STEP_TIME_S].to_numpy(float))) if STEP_TIME_S in rows else 0.0
         if not w_me - w_others >= max(DATA_EXCESS_S, DATA_EXCESS_SHARE * (step if math.isfinite(step) else 0.0)):
             return None
         return (
