@@ -129,11 +129,10 @@ class PhaseShare(Record):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class GpuPhases(Record):
-    """One GPU's time share, energy and energy share per phase (phases with any time)."""
+class HostPhases(Record):
+    """Time share, energy and energy share per phase (phases with any time) of some GPUs of one host."""
 
     host: str
-    gpu: int
     seconds: float | None
     time_share: dict[str, float | None]
     energy_kwh: dict[str, float | None]
@@ -141,13 +140,17 @@ class GpuPhases(Record):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class NodePhases(Record):
-    host: str
+class GpuPhases(HostPhases):
+    """One GPU's."""
+
+    gpu: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodePhases(HostPhases):
+    """One node's, over its `gpus` GPUs."""
+
     gpus: int
-    seconds: float | None
-    time_share: dict[str, float | None]
-    energy_kwh: dict[str, float | None]
-    energy_share: dict[str, float | None]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
