@@ -18,7 +18,8 @@ import pytest
 from wattgate.triage_tables import shipped_table
 from wattgate.records.heartbeat import Beat
 from wattgate.records.watcher import Verdict, WatcherRecord
-from wattgate.telemetry.watch import CostBasis, watcher_cost, assess, diagnose, watch
+from wattgate.telemetry.hang_cost import CostBasis, watcher_cost
+from wattgate.telemetry.watch import assess, diagnose, watch
 from wattgate.telemetry.watch_inputs import Activity, ActivityMeter, BeatReader, beat_problem, first_steps
 
 from conftest import make_run

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from wattgate.durations import fmt_hours
 from wattgate.forecast.failure import NCCL_DEFAULT_TIMEOUT_S
-from wattgate.records.watcher import HangCost, WithoutWatcher
+from wattgate.records.run_config import RunConfig
+from wattgate.records.watcher import HangCost, Verdict, WatcherRecord, WithoutWatcher
 
 
 def hang_cost(
@@ -58,3 +61,47 @@ def hang_cost(
         without_watcher=without,
         line=line,
     )
+
+
+@dataclass(frozen=True)
+class CostBasis:
+    """What a hang would have cost without the watcher: the collective timeout, and the Slurm job's time limit."""
+
+    collective_timeout_s: float | None = None
+    job_limit_s: float | None = None
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> CostBasis:
+        slurm = config.cluster.launcher != "local"
+        return cls(
+            config.train.collective_timeout_s,
+            config.cluster.slurm.train.runtime_min * 60.0 if slurm else None,
+        )
+
+
+def watcher_cost(
+    record: WatcherRecord, verdict: Verdict, power: dict, world: int, basis: CostBasis, started: float
+) -> HangCost:
+    """watcher.json's cost: GPU-hours and energy from the last progress to the kill, and, for a confirmed deadlock
+    only, what it would have cost without the watcher (a stall that may have been slow work saved nothing sure)."""
+    last_progress = record.detected_at - float(verdict.stalled_for_s or 0.0)
+    draws = [p for p, _, _ in power.values() if p == p]  # NaN: no reading
+    gpus = len(power) or world
+    cost = hang_cost(
+        last_progress,
+        record.killed_at,
+        gpus,
+        sum(draws) if draws else None,
+        basis.collective_timeout_s,
+        basis.job_limit_s,
+        started,
+    )
+    if verdict.confirmed:
+        return cost
+    energy = f", {cost.spent_kwh:.3g} kWh" if cost.spent_kwh is not None else ""
+    line = (
+        f"the stall cost {fmt_hours(cost.spent_s)} on {gpus} GPUs = {cost.spent_gpu_hours:.3g} GPU-hours"
+        f"{energy} from the last progress to the kill; {verdict.verdict} is not a confirmed deadlock, "
+        "so no saving is claimed"
+    )
+    return cost.replace(without_watcher=None, line=line)

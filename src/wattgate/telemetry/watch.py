@@ -36,17 +36,15 @@ from pathlib import Path
 
 from wattgate.collective_hints import hang_hint
 from wattgate.artifacts import check_file_output, write_json_atomic
-from wattgate.durations import fmt_hours
 from wattgate.errors import InputError
 from wattgate.telemetry.failures import name_failure
-from wattgate.telemetry.hang_cost import hang_cost
+from wattgate.telemetry.hang_cost import CostBasis, watcher_cost
 from wattgate.telemetry.lag_watch import LagWatch, warning_line
 from wattgate.triage_tables import TriageSettings, TriageTable
 from wattgate.heartbeats import read_heartbeats  # noqa: F401 (callers import it here)
 from wattgate.records.heartbeat import Beat
 from wattgate.records.watcher import (
     AbortRequest,
-    HangCost,
     JobKill,
     RankView,
     Verdict,
@@ -406,48 +404,7 @@ def _low_band(gpus: dict, table: TriageTable | None) -> bool | None:
     return all(g[0] < table.low_max_w for g in have)
 
 
-@dataclass(frozen=True)
-class CostBasis:
-    """What a hang would have cost without the watcher: the collective timeout, and the Slurm job's time limit."""
-
-    collective_timeout_s: float | None = None
-    job_limit_s: float | None = None
-
-    @classmethod
-    def from_config(cls, config: RunConfig) -> CostBasis:
-        slurm = config.cluster.launcher != "local"
-        return cls(
-            config.train.collective_timeout_s,
-            config.cluster.slurm.train.runtime_min * 60.0 if slurm else None,
-        )
-
-
-def watcher_cost(
-    record: WatcherRecord, verdict: Verdict, power: dict, world: int, basis: CostBasis, started: float
-) -> HangCost:
-    """watcher.json's cost: GPU-hours and energy from the last progress to the kill, and, for a confirmed deadlock
-    only, what it would have cost without the watcher (a stall that may have been slow work saved nothing sure)."""
-    last_progress = record.detected_at - float(verdict.stalled_for_s or 0.0)
-    draws = [p for p, _, _ in power.values() if p == p]  # NaN: no reading
-    gpus = len(power) or world
-    cost = hang_cost(
-        last_progress,
-        record.killed_at,
-        gpus,
-        sum(draws) if draws else None,
-        basis.collective_timeout_s,
-        basis.job_limit_s,
-        started,
-    )
-    if verdict.confirmed:
-        return cost
-    energy = f", {cost.spent_kwh:.3g} kWh" if cost.spent_kwh is not None else ""
-    line = (
-        f"the stall cost {fmt_hours(cost.spent_s)} on {gpus} GPUs = {cost.spent_gpu_hours:.3g} GPU-hours"
-        f"{energy} from the last progress to the kill; {verdict.verdict} is not a confirmed deadlock, "
-        "so no saving is claimed"
-    )
-    return cost.replace(without_watcher=None, line=line)
+NO_COST_BASIS = CostBasis()  # the collective timeout and the job's limit unknown (hang_cost.py's defaults)
 
 
 def watch(
@@ -459,7 +416,7 @@ def watch(
     slurm_job: str | None = None,
     out: Path | None = None,
     stop: threading.Event | None = None,
-    cost_basis: CostBasis = CostBasis(),
+    cost_basis: CostBasis = NO_COST_BASIS,
 ) -> WatcherRecord:
     """Poll until the job finishes (all ranks done, the watched process is gone, or `stop` is set: the
     launcher's SIGTERM once the job ended) or a verdict acts."""
