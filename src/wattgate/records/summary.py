@@ -390,21 +390,12 @@ class PowerOnlyCard(Record):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Summary(Record):
-    """summary.json: the report's numbers, one field per card (the throughput figures at the top level)."""
+class Summary(Throughput):
+    """summary.json: the report's numbers, one field per card (Throughput's figures at the top level)."""
 
     FORMAT_VERSION: ClassVar[int] = 1
 
     run: RunFacts
-    tokens: int | None
-    steps: int | None
-    wall_s: float | None
-    wall_source: str | None
-    world_size: int | None
-    tokens_per_s: float | None
-    tokens_per_s_per_gpu: float | None
-    tokens_per_s_per_rank: float | None
-    rank_hours: float | None
     gpus: int
     gpu_hours: float | None
     energy: Energy
