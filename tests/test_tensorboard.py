@@ -66,6 +66,7 @@ def test_resume_hides_the_steps_a_killed_attempt_logged_past_its_checkpoint(tmp_
     again = step_log(tmp_path)
     for g in range(1, 4):
         again.record(g, 0, 1, 4, gathered(9.0, 1, 10, 1.0, 0.0), lr=0.1, grad_norm=1.0, now=0.0)
+    again.close()  # the writer queues events on a thread: read only what it has written out
     loss = scalars(tmp_path / "tensorboard")["train/loss"]
     assert loss == [(1, pytest.approx(1.0)), (2, pytest.approx(9.0)), (3, pytest.approx(9.0)), (4, pytest.approx(9.0))]
 
