@@ -177,18 +177,47 @@ def read_json_bytes(
 
 
 def read_parquet(
-    path: str | os.PathLike, columns: Sequence[str] | None = None, rerun: str = "the stage that wrote it", **kwargs
+    path: str | os.PathLike, columns: Sequence[str] | None = None, rerun: str = "the stage that wrote it", rank=None
 ) -> pa.Table:
-    """A Parquet table (InputError naming the file and `rerun` if it cannot be read)."""
+    """A Parquet table, or with `rank` only its rows whose `rank` column equals it (InputError naming the file and
+    `rerun` if it cannot be read). Read through ParquetFile: pq.read_table imports pyarrow.dataset (0.1 s of each
+    of the proof's dry runs)."""
+    wanted = None if columns is None else list(columns)
     try:
-        if not kwargs:  # pq.read_table would import pyarrow.dataset (25 ms of a fresh process) to read a file
-            with pq.ParquetFile(path) as f:
-                return f.read(columns=None if columns is None else list(columns))
-        return pq.read_table(path, columns=None if columns is None else list(columns), **kwargs)
+        with pq.ParquetFile(path) as f:
+            if rank is None:
+                return f.read(columns=wanted)
+            return _rank_rows(f, rank, wanted)
     except FileNotFoundError as exc:
         raise _missing(Path(path), "table", rerun, exc) from None
     except (OSError, pa.ArrowException, KeyError, ValueError) as exc:
         raise InputError(f"{path}: cannot read ({first_line(exc)}); rerun {rerun}") from None
+
+
+def _rank_rows(f: pq.ParquetFile, rank: int, columns: list[str] | None) -> pa.Table:
+    """The rows of `rank`, in file order, from only the row groups whose statistics can hold it."""
+    meta = f.metadata
+    at = next((j for j in range(meta.num_columns) if meta.row_group(0).column(j).path_in_schema == "rank"), None)
+    if meta.num_row_groups and at is None:
+        raise KeyError("no column named rank")
+    groups = []
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(at).statistics
+        if stats is None or not stats.has_min_max or stats.min <= rank <= stats.max:
+            groups.append(i)
+    read = None if columns is None else [*columns, *(["rank"] if "rank" not in columns else [])]
+    table = f.read_row_groups(groups, columns=read)
+    table = table.filter(pc.is_in(table["rank"], value_set=_integer_array(table["rank"].type, rank)))
+    return table if columns is None else table.select(columns)
+
+
+def _integer_array(kind: pa.DataType, value: int) -> pa.Array:
+    """[value] as an Arrow array of `kind`, built from its bytes: pa.scalar, pa.array and to_numpy import pandas
+    (0.1-0.2 s of a dry run's fresh start) to ask whether their argument is a pandas object."""
+    if not pa.types.is_integer(kind):
+        raise ValueError(f"its rank column is {kind}, not integers")
+    raw = np.array([value], dtype=np.dtype(kind.to_pandas_dtype())).tobytes()
+    return pa.Array.from_buffers(kind, 1, [None, pa.py_buffer(raw)])
 
 
 def parquet_columns(path: str | os.PathLike, rerun: str) -> list[str]:
@@ -345,7 +374,7 @@ def _packs_column_problem(column: pa.ChunkedArray, contract: pa.DataType) -> str
 
 def read_rank_packs(plan_dir: str | os.PathLike, rank: int, columns: Sequence[str], name: str = PACKS) -> pa.Table:
     """One rank's rows of packs.parquet, or of the validation pass's eval_packs.parquet (never the others')."""
-    return read_parquet(Path(plan_dir) / name, columns, "pack", filters=[("rank", "=", rank)])
+    return read_parquet(Path(plan_dir) / name, columns, "pack", rank=rank)
 
 
 # ---------------------------------------------------------------- train: metrics, TRAINED (heartbeats: heartbeats.py)

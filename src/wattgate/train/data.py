@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import torch
 
 from wattgate.errors import InputError
-from wattgate.run_files import PACKS, read_manifest, read_rank_packs
+from wattgate.run_files import PACKS, arrow_numpy, read_manifest, read_rank_packs
 
 IGNORE = -100
 
@@ -69,16 +69,16 @@ def read_rank_plan(plan_dir: Path, rank: int, name: str = PACKS) -> list[MicroBa
     """This rank's micro-batches in execution order (epoch, step, micro), packs in slot order; `name` the
     validation pass's eval_packs.parquet for its micro-batches."""
     table = read_rank_packs(plan_dir, rank, ["epoch", "step", "micro", "slot", "doc_ids", "doc_lengths"], name)
-    epoch, step, micro, slot = (table.column(c).to_numpy() for c in ("epoch", "step", "micro", "slot"))
+    epoch, step, micro, slot = (arrow_numpy(table.column(c)) for c in ("epoch", "step", "micro", "slot"))
     ids = table.column("doc_ids").combine_chunks()
-    offsets = ids.offsets.to_numpy()
+    offsets = arrow_numpy(ids.offsets)
     offsets = offsets - offsets[0]
-    flat = pc.list_flatten(ids).to_numpy()
+    flat = arrow_numpy(pc.list_flatten(ids))
     lengths = table.column("doc_lengths").combine_chunks()
-    length_offsets = lengths.offsets.to_numpy()
+    length_offsets = arrow_numpy(lengths.offsets)
     if not np.array_equal(length_offsets - length_offsets[0], offsets):
         raise InputError(f"{Path(plan_dir) / PACKS}: doc_ids and doc_lengths differ in length; rerun pack and gate")
-    flat_lengths = pc.list_flatten(lengths).to_numpy().astype(np.int64)
+    flat_lengths = arrow_numpy(pc.list_flatten(lengths)).astype(np.int64)
     order = np.lexsort((slot, micro, step, epoch))
     out: list[MicroBatchPlan] = []
     for r in order.tolist():
@@ -105,7 +105,7 @@ class DocStore:
         self.group_index: list[tuple[int, int]] = []
         group_of, row_of, ids_of = [], [], []
         for f_i, f in enumerate(self.files):
-            ids = f.read(columns=["doc_id"]).column("doc_id").to_numpy().astype(np.int64)
+            ids = arrow_numpy(f.read(columns=["doc_id"]).column("doc_id")).astype(np.int64)
             start = 0
             for g in range(f.metadata.num_row_groups):
                 n = f.metadata.row_group(g).num_rows
@@ -144,8 +144,8 @@ class DocStore:
         f_i, g = self.group_index[gi]
         t = self.files[f_i].read_row_group(g, columns=["input_ids", "loss_mask"])
         ids, mask = t.column("input_ids").combine_chunks(), t.column("loss_mask").combine_chunks()
-        offsets = ids.offsets.to_numpy()
-        entry = (offsets - offsets[0], pc.list_flatten(ids).to_numpy(), pc.list_flatten(mask).to_numpy())
+        offsets = arrow_numpy(ids.offsets)
+        entry = (offsets - offsets[0], arrow_numpy(pc.list_flatten(ids)), arrow_numpy(pc.list_flatten(mask)))
         self.cache[gi] = entry
         if len(self.cache) > self.cache_row_groups:
             self.cache.popitem(last=False)

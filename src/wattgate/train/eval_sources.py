@@ -25,7 +25,7 @@ import torch
 from wattgate.data.split import read_validation_ids
 from wattgate.errors import InputError
 from wattgate.train.data import IGNORE
-from wattgate.run_files import read_manifest
+from wattgate.run_files import arrow_numpy, read_manifest
 from wattgate.run_tables import source_loss_column, source_tokens_column
 
 
@@ -110,10 +110,11 @@ def read_eval_sources(pretokenized: Path) -> EvalSources:
         try:
             if "source" not in pq.read_schema(path).names:
                 return NO_SOURCES  # written before issue 33: one source
-            t = pq.read_table(path, columns=["doc_id", "source", "num_loss_tokens"])
+            with pq.ParquetFile(path) as f:  # not pq.read_table: it imports pyarrow.dataset and pandas
+                t = f.read(columns=["doc_id", "source", "num_loss_tokens"])
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"{path}: cannot read the documents' sources ({exc}); rerun pretokenize") from None
-        ids = t.column("doc_id").to_numpy().astype(np.int64)
+        ids = arrow_numpy(t.column("doc_id")).astype(np.int64)
         if len(ids) and (ids.min() < 0 or ids.max() >= num_docs):
             raise InputError(f"{path}: doc_ids outside manifest.json's num_docs {num_docs}; rerun pretokenize")
         encoded = pc.dictionary_encode(t.column("source")).combine_chunks()
@@ -123,8 +124,8 @@ def read_eval_sources(pretokenized: Path) -> EvalSources:
         for name in local:
             names.setdefault(name, len(names))
         mapping = np.array([names[name] for name in local], dtype=np.int64)
-        source_of[ids] = mapping[encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)]
-        loss_tokens[ids] = t.column("num_loss_tokens").to_numpy().astype(np.int64)
+        source_of[ids] = mapping[arrow_numpy(encoded.indices).astype(np.int64)]
+        loss_tokens[ids] = arrow_numpy(t.column("num_loss_tokens")).astype(np.int64)
     held_source = source_of[held]
     if (held_source < 0).any():
         raise InputError(f"{Path(pretokenized)}: a held-out doc_id that no shard holds; rerun pretokenize")
