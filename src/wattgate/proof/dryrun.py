@@ -19,8 +19,8 @@ What differs from a real rank, and why each is outside what the proof claims:
   writer and reader that keep none, and the export's files are counted; what rank 0 publishes and sends
   reaches the other ranks through proof/relay.py;
 - a continued plan (pack/segments.py) resumes from the checkpoint its earlier segment left at its first step;
-- data_cache local is not copied (its barrier is on every rank alike), and the ledger line, metrics and
-  STOPPED go to the work folder.
+- data_cache local is not copied (its barrier is on every rank alike), the ledger line, metrics and STOPPED go
+  to the work folder, and no TensorBoard events are written (rank 0's own files, no collective).
 """
 
 from __future__ import annotations
@@ -196,7 +196,10 @@ def dry_run_rank(
     plan, _ = read_plan(paths.plan_dir)
     world = plan.world_size
     s = dataclasses.replace(
-        TrainSettings.from_config(config), data_cache="shared", ledger=paths.out / "throughput.jsonl"
+        TrainSettings.from_config(config),
+        data_cache="shared",
+        ledger=paths.out / "throughput.jsonl",
+        tensorboard=False,  # rank 0's own event files, no collective: not worth importing TensorBoard per dry run
     )
     shared = RankZeroRelay(relay, rank)
     record, recorder = RankRecord(rank), CollectiveRecorder()

@@ -23,7 +23,7 @@ from wattgate.proof.classes import class_divergence, classes_by_rank, first_step
 from wattgate.proof.depth import layer_pattern, meta_model, proxy_depths, scaled_count
 from wattgate.proof.dryrun import RankRecord, dry_run_rank
 from wattgate.proof.record import Collective, fingerprint
-from wattgate.proof.workers import run_tasks
+from wattgate.proof.workers import frozen_heap, run_tasks
 from wattgate.run_files import read_plan
 from wattgate.train.loop import Paths
 from wattgate.train.moe import experts_modules
@@ -146,8 +146,11 @@ def prove_collectives(
 ) -> Collectives:
     """The proof's report (gate.json `collectives`): `passed`, `detail` (one line), the classes and their
     fingerprints, the start-up and end fingerprints, the depth scaling, and the seconds it took."""
-    config = run_config(config)
-    t0 = time.perf_counter()
+    with frozen_heap():
+        return _prove(run_config(config), pretokenized, plan_dir, work, time.perf_counter())
+
+
+def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | None, t0: float) -> Collectives:
     plan, _ = read_plan(plan_dir)
     world = plan.world_size
     s = TrainSettings.from_config(config)
