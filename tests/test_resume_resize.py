@@ -182,9 +182,12 @@ def test_4_ranks_lose_two_and_go_on_with_2_through_snakemake(small_workflow, tmp
     resumed = final_params(newest(run / "checkpoints"), tmp_path)
     reference = final_params(newest(steady / "results/train/demo/checkpoints"), tmp_path)
     assert resumed.keys() == reference.keys()
-    worst = max(float((resumed[k].float() - reference[k].float()).abs().max()) for k in resumed)
+    worst, name = max((float((resumed[k].float() - reference[k].float()).abs().max()), k) for k in resumed)
     print(f"4 -> 2 ranks at step {boundary}: largest parameter difference from the uninterrupted run {worst:.3g}")
-    assert worst <= PARAM_TOLERANCE
+    # a failure names the tensor and how much of it moved: a few elements (reduction order through Adam) read
+    # differently from all of them (a step or a document lost at the boundary)
+    apart = int(((resumed[name].float() - reference[name].float()).abs() > PARAM_TOLERANCE).sum())
+    assert worst <= PARAM_TOLERANCE, f"{name}: {apart} of {resumed[name].numel()} elements differ by more"
 
 
 def trained_alone(source: Path, work: Path, config: dict) -> None:
