@@ -26,6 +26,10 @@ from conftest import BIN, copy_workflow, snakemake
 # Adam divides by the root of its second moment, which magnifies tiny differences a little). Measured:
 # 2.4e-7 largest absolute difference over all parameters after 14 steps.
 PARAM_TOLERANCE = 1e-5
+# Adam amplifies a one-ulp difference in an early gradient where an element's second moment is tiny: in 1 of 20
+# runs on a loaded 2-core machine, 31 of 164,224 elements ended up to 1e-4 apart. Three steps more move 98.5% of
+# them past PARAM_TOLERANCE, so a step or a document lost at the boundary is still far beyond this share.
+PARAM_SHARE_APART = 1e-3
 
 
 def docs_per_epoch(plan_dir: Path) -> dict[int, np.ndarray]:
@@ -183,11 +187,16 @@ def test_4_ranks_lose_two_and_go_on_with_2_through_snakemake(small_workflow, tmp
     reference = final_params(newest(steady / "results/train/demo/checkpoints"), tmp_path)
     assert resumed.keys() == reference.keys()
     worst, name = max((float((resumed[k].float() - reference[k].float()).abs().max()), k) for k in resumed)
-    print(f"4 -> 2 ranks at step {boundary}: largest parameter difference from the uninterrupted run {worst:.3g}")
-    # a failure names the tensor and how much of it moved: a few elements (reduction order through Adam) read
-    # differently from all of them (a step or a document lost at the boundary)
-    apart = int(((resumed[name].float() - reference[name].float()).abs() > PARAM_TOLERANCE).sum())
-    assert worst <= PARAM_TOLERANCE, f"{name}: {apart} of {resumed[name].numel()} elements differ by more"
+    apart = {k: int(((resumed[k].float() - reference[k].float()).abs() > PARAM_TOLERANCE).sum()) for k in resumed}
+    total = sum(t.numel() for t in resumed.values())
+    print(
+        f"4 -> 2 ranks at step {boundary}: largest parameter difference from the uninterrupted run {worst:.3g}; "
+        f"{sum(apart.values())} of {total} elements apart by more than {PARAM_TOLERANCE:g}"
+    )
+    assert sum(apart.values()) <= PARAM_SHARE_APART * total, (
+        f"{sum(apart.values())} of {total} elements apart; the largest difference in {name} ({apart[name]} of its "
+        f"{resumed[name].numel()} apart)"
+    )
 
 
 def trained_alone(source: Path, work: Path, config: dict) -> None:
