@@ -118,3 +118,19 @@ def test_the_gate_fails_before_submission_when_the_weights_do_not_fit(folder, tm
         not (tmp_path / "gate" / "PASSED").exists()
         and "| weights | **FAIL** |" in (tmp_path / "gate" / "gate.md").read_text()
     )
+
+
+def test_a_head_transformers_renames_by_class_name_loads_once_fsdp_renamed_the_class(tmp_path):
+    """GPT-NeoX saves its head as `embed_out`; transformers files that renaming under the class name
+    GPTNeoXForCausalLM, which FSDP2 changes to FSDPGPTNeoXForCausalLM. The proof loads the folder as training
+    does, after fully_shard: the head must still be found."""
+    neox = dict(TINY, model_type="gpt_neox", tie_word_embeddings=False)
+    del neox["head_dim"], neox["num_key_value_heads"]
+    mine = saved_folder(tmp_path / "neox", neox)
+    assert "embed_out.weight" in load_file(mine / "model.safetensors")
+    plan, config = make_run(tmp_path, [20, 30, 40, 50] * 10, gpus=2, **CADENCE)
+    config["model"] = {"path": str(mine), "config": None}
+    report = run_gate(config, tmp_path / "pretokenized", plan, tmp_path / "gate").to_json()
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["weights"]["passed"], checks["weights"]["detail"]
+    assert checks["collectives"]["passed"], checks["collectives"]["detail"]

@@ -13,7 +13,13 @@ import yaml
 
 from wattgate.model_spec import ModelSpec
 from wattgate.train.safetensors_io import SafetensorsStream, read_header, read_rows
-from wattgate.train.weights import export_file_names, plan_export_files, seeded_normal_rows, ExportEntry
+from wattgate.train.weights import (
+    ExportEntry,
+    export_file_names,
+    float32_kept,
+    plan_export_files,
+    seeded_normal_rows,
+)
 
 from conftest import TINY_3_LAYERS, save_hf_model
 
@@ -71,7 +77,7 @@ def test_streamed_safetensors_round_trip_and_row_reads(tmp_path):
 
     tensors = {"a": torch.randn(7, 5), "b": torch.randn(3), "c": torch.randn(4, 2, 3)}
     path = tmp_path / "x.safetensors"
-    stream = SafetensorsStream(path, [(k, tuple(v.shape)) for k, v in tensors.items()], torch.bfloat16)
+    stream = SafetensorsStream(path, [(k, tuple(v.shape), torch.bfloat16) for k, v in tensors.items()])
     for v in tensors.values():
         stream.write(v)
     stream.close()
@@ -83,13 +89,48 @@ def test_streamed_safetensors_round_trip_and_row_reads(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_a_streamed_file_holds_each_tensor_in_its_own_dtype(tmp_path):
+    from safetensors.torch import load_file
+
+    tensors = {"w": (torch.randn(4, 3), torch.bfloat16), "router": (torch.randn(2, 3), torch.float32)}
+    path = tmp_path / "x.safetensors"
+    stream = SafetensorsStream(path, [(k, tuple(v.shape), d) for k, (v, d) in tensors.items()])
+    for v, _ in tensors.values():
+        stream.write(v)
+    stream.close()
+    loaded = load_file(path)
+    assert {k: v.dtype for k, v in loaded.items()} == {"w": torch.bfloat16, "router": torch.float32}
+    assert torch.equal(loaded["router"], tensors["router"][0])
+    assert torch.equal(read_rows(path, read_header(path)["router"], 1, 1), tensors["router"][0][1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_export_keeps_in_float32_what_transformers_holds_in_float32(tmp_path, dtype):
+    """DeepSeek-V3 keeps its router (`gate.weight`, `e_score_correction_bias`) in float32 whatever the model's
+    dtype; GPT-OSS keeps its norms in float32 under float16 only. The export's rule gives what from_pretrained
+    holds (and save_pretrained then writes)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from support.architectures import tiny_config
+
+    for model_type in ("deepseek_v3", "gpt_oss"):
+        cfg = tiny_config(model_type)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+        model.save_pretrained(tmp_path / model_type)
+        held = AutoModelForCausalLM.from_pretrained(tmp_path / model_type, dtype=dtype)  # its dtype plan applied
+        kept = float32_kept(held, dtype)
+        wanted = {n for n, t in held.state_dict().items() if t.dtype == torch.float32 and dtype != torch.float32}
+        assert {n for n in held.state_dict() if kept(n)} == wanted, model_type
+    assert wanted or dtype != torch.float16  # GPT-OSS's norms under float16: the rule is not vacuous
+
+
 def test_export_files_are_planned_like_hugging_face():
-    entries = [ExportEntry(f"t{i}", torch.empty(0), (10, 10)) for i in range(5)]  # 200 bytes each in bf16
-    files = plan_export_files(entries, torch.bfloat16, max_shard_bytes=450)
+    entries = [ExportEntry(f"t{i}", torch.empty(0), (10, 10), torch.bfloat16) for i in range(5)]  # 200 bytes each
+    files = plan_export_files(entries, max_shard_bytes=450)
     assert [len(f) for f in files] == [2, 2, 1]
     assert export_file_names(3) == [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
     assert export_file_names(1) == ["model.safetensors"]
-    big = plan_export_files(entries, torch.float32, max_shard_bytes=100)  # a tensor over the limit: a file alone
+    big = plan_export_files(entries, max_shard_bytes=100)  # a tensor over the limit: a file alone
     assert [len(f) for f in big] == [1] * 5
 
 

@@ -15,7 +15,7 @@ from conftest import TINY  # the train tests' tiny Qwen3
 
 def _two_tensors(path):
     a, b = torch.arange(8, dtype=torch.float32).reshape(2, 4), torch.full((2, 4), 7.0)
-    stream = SafetensorsStream(path, [("a", (2, 4)), ("b", (2, 4))], torch.float32)
+    stream = SafetensorsStream(path, [("a", (2, 4), torch.float32), ("b", (2, 4), torch.float32)])
     stream.write(a)
     stream.write(b)
     stream.close()

@@ -72,11 +72,36 @@ MOE = {
 }
 
 
-ARCHITECTURES = {**DENSE, **MOE}
+# Mixture-of-Experts models the matrix alone covers (test_moe.py's deeper checks run on the three above)
+MOE_MATRIX_ONLY = {
+    "deepseek_v3": (
+        {
+            "num_key_value_heads": 4,  # multi-head latent attention: a key and value per head
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "kv_lora_rank": 16,
+            "q_lora_rank": 16,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 8,
+            "n_group": 1,
+            "topk_group": 1,
+        },
+        "multi-head latent attention, a shared expert after a dense first layer; the router, which transformers "
+        "keeps in float32 in a bf16 model, is exported in float32",
+        None,
+    ),
+}
+
+
+ARCHITECTURES = {**DENSE, **MOE, **MOE_MATRIX_ONLY}
 
 
 def tiny_config(model_type: str) -> dict:
-    return dict(TINY_DECODER, model_type=model_type, **ARCHITECTURES[model_type][0])
+    return {**TINY_DECODER, "model_type": model_type, **ARCHITECTURES[model_type][0]}
 
 
 def save_tiny_model(path, model_type: str, seed: int = 0):

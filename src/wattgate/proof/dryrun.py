@@ -75,18 +75,12 @@ class RankRecord:
 def proxy_model(model_cfg: dict, s: TrainSettings, mesh, on_gpu: bool, depth: int):
     """The model at full width and `depth` layers on the meta device, sharded as the trainer shards it, then
     given FakeTensor storage on the CPU (FSDP2 refuses meta parameters in its lazy init)."""
-    from transformers import AutoModelForCausalLM
-
-    from wattgate.train.model import model_hf_config, parallelize
+    from wattgate.train.model import meta_model_of, model_hf_config, parallelize
     from wattgate.train.weights import materialize
 
     config = model_hf_config(model_cfg)
     truncate_layers(config, min(int(config.num_hidden_layers), depth))  # the pattern's first layers
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(
-            config, dtype=torch.float32, attn_implementation=proof_attention(s, config)
-        )
-    model.config.architectures = [type(model).__name__]
+    model = meta_model_of(config, proof_attention(s, config))
     # on_cuda mirrors the real run's mixed-precision policy: its all-gathers are bf16 there
     parallelize(model, mesh, on_gpu, s.mixed_precision, s.activation_checkpointing, False)
     materialize(model, torch.device("cpu"), model_cfg, s.seed, fill=False)

@@ -232,14 +232,15 @@ class NoBytesCheckpoints:
 
 
 class _Counted:
-    """A safetensors stream that counts the bytes of what is written to it."""
+    """A safetensors stream that counts the bytes of what is written to it, each tensor in its entry's dtype."""
 
-    def __init__(self, written: dict, name: str, dtype: torch.dtype):
-        self.written, self.name, self.itemsize = written, name, torch.empty((), dtype=dtype).element_size()
+    def __init__(self, written: dict, name: str, entries: list):
+        self.written, self.name = written, name
+        self.itemsizes = iter([torch.empty((), dtype=dtype).element_size() for _, _, dtype in entries])
         written[name] = 0
 
     def write(self, tensor: torch.Tensor) -> None:
-        self.written[self.name] += tensor.numel() * self.itemsize
+        self.written[self.name] += tensor.numel() * next(self.itemsizes)
 
     def close(self) -> None:
         pass
@@ -254,8 +255,8 @@ class NoBytesExport:
     def begin(self, tmp: Path) -> None:
         pass
 
-    def stream(self, path: Path, entries: list, dtype: torch.dtype) -> _Counted:
-        return _Counted(self.written, Path(path).name, dtype)
+    def stream(self, path: Path, entries: list) -> _Counted:
+        return _Counted(self.written, Path(path).name, entries)
 
     def write_json(self, path: Path, record: dict) -> None:
         pass

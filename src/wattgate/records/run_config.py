@@ -287,7 +287,8 @@ class TrainConfig(Record):
     # does not compile)
     compile: bool
     # dtype of final/; auto is the input checkpoint's torch_dtype (bf16 for Qwen3), or the model.config's
-    # torch_dtype/dtype, else bfloat16
+    # torch_dtype/dtype, else bfloat16; tensors transformers keeps in float32 in such a model (DeepSeek-V3's router)
+    # stay float32
     export_dtype: Literal["auto", "bfloat16", "float16", "float32"]
     # final/ is split into model-0000k-of-0000n.safetensors files of at most this size
     export_max_shard_gib: float

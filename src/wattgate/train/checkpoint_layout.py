@@ -31,6 +31,7 @@ from wattgate.errors import InputError
 from wattgate.train.safetensors_io import TensorInfo, read_rows
 
 LAYOUT_ATTR = "wattgate_checkpoint_layout"  # the layout materialize read, kept on the model for the export
+MAPPING_ATTR = "wattgate_conversion_mapping"  # transformers' mapping, taken for the model's own class
 SUPPORTED = "MergeModulelist(dim=0), then optionally Concatenate(dim=1)"
 
 
@@ -96,12 +97,21 @@ def source_rows(source: Source, piece_index: int) -> tuple[int, int, int]:
 # ---------------------------------------------------------------- the mapping
 
 
+def keep_conversion_mapping(model) -> None:
+    """Keep transformers' conversion mapping for `model` on it, taken while its class is its own: transformers looks
+    a mapping up by class name first (GPT-NeoX's `embed_out.` -> `lm_head.` is filed under GPTNeoXForCausalLM), and
+    FSDP2 renames the root's class (FSDPGPTNeoXForCausalLM), after which that lookup misses."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+
+    object.__setattr__(model, MAPPING_ATTR, get_model_conversion_mapping(model))
+
+
 def _transforms(model):
     """(renamings, converters) of transformers' conversion mapping for `model`, as from_pretrained applies them."""
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightConverter, WeightRenaming
 
-    transforms = get_model_conversion_mapping(model)
+    transforms = model.__dict__.get(MAPPING_ATTR) or get_model_conversion_mapping(model)
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     return renamings, converters
@@ -227,19 +237,37 @@ def _stacked_source(label: str, name: str, tensor: torch.Tensor, entry: dict) ->
 # ---------------------------------------------------------------- the export in the input's layout
 
 
+def float32_kept(model, dtype: torch.dtype):
+    """name -> whether transformers holds that tensor in float32 when the model is in `dtype`, as from_pretrained
+    and save_pretrained do: `_keep_in_fp32_modules_strict` (DeepSeek-V3's and GLM-4.5's routers) under bf16 or
+    fp16, `_keep_in_fp32_modules` under fp16 too. Patterns are matched as transformers matches them (a search,
+    `*` any run of characters)."""
+    patterns = set()
+    if dtype in (torch.float16, torch.bfloat16):
+        patterns |= set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    if dtype == torch.float16:
+        patterns |= set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    if not patterns:
+        return lambda name: False
+    regex = re.compile("|".join(p.replace("*", ".*") for p in sorted(patterns)))
+    return lambda name: regex.search(name) is not None
+
+
 @dataclass(frozen=True)
 class ExportEntry:
-    """One tensor of final/: its `name` and `shape` there; the model tensor (sharded parameter or buffer) it comes
-    from, and for a stacked source the expert and the rows (first, count) of the gathered stack it is."""
+    """One tensor of final/: its `name`, `shape` and `dtype` there; the model tensor (sharded parameter or buffer)
+    it comes from, and for a stacked source the expert and the rows (first, count) of the gathered stack it is."""
 
     name: str
     tensor: torch.Tensor
     shape: tuple[int, ...]
+    dtype: torch.dtype
     expert: int | None = None
     rows: tuple[int, int] | None = None
 
-    def nbytes(self, dtype: torch.dtype) -> int:
-        return math.prod(self.shape) * torch.empty((), dtype=dtype).element_size()
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
 
     def take(self, full: torch.Tensor) -> torch.Tensor:
         """This entry's values from the model tensor gathered whole."""
@@ -249,15 +277,17 @@ class ExportEntry:
         return full[self.expert, start : start + count]
 
 
-def export_layout(sources: list[Source]) -> list[ExportEntry]:
-    """final/'s tensors for what the model loaded, each under its checkpoint name and shape; a stacked tensor's
-    pieces one after another (expert by expert, gate then up), so the export gathers each model tensor once."""
+def export_layout(sources: list[Source], dtype_of) -> list[ExportEntry]:
+    """final/'s tensors for what the model loaded, each under its checkpoint name and shape, in `dtype_of(model
+    name)`; a stacked tensor's pieces one after another (expert by expert, gate then up), so the export gathers
+    each model tensor once."""
     entries: list[ExportEntry] = []
     for s in sources:
+        dtype = dtype_of(s.name)
         if not s.stacked:
-            entries.append(ExportEntry(s.pieces[0].key, s.tensor, tuple(s.tensor.shape)))
+            entries.append(ExportEntry(s.pieces[0].key, s.tensor, tuple(s.tensor.shape), dtype))
             continue
         for i, piece in enumerate(s.all_pieces()):
             e, start, count = source_rows(s, i)
-            entries.append(ExportEntry(piece.key, s.tensor, tuple(piece.info.shape), e, (start, count)))
+            entries.append(ExportEntry(piece.key, s.tensor, tuple(piece.info.shape), dtype, e, (start, count)))
     return entries

@@ -14,6 +14,7 @@ import torch
 
 from wattgate.config import model_config
 from wattgate.errors import InputError
+from wattgate.train.checkpoint_layout import keep_conversion_mapping
 from wattgate.train.packed_masks import install_packed_masks
 
 
@@ -65,9 +66,13 @@ def causal_lm_class(config):
 
 def build_meta_model(model_cfg: dict, attn_implementation: str):
     """The model's module tree on the meta device (no parameter memory), in fp32 master dtype."""
+    return meta_model_of(model_hf_config(model_cfg), attn_implementation)
+
+
+def meta_model_of(config, attn_implementation: str):
+    """build_meta_model from a transformers config (the proof's, cut to fewer layers, comes this way)."""
     from transformers import AutoModelForCausalLM
 
-    config = model_hf_config(model_cfg)
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
@@ -77,8 +82,9 @@ def build_meta_model(model_cfg: dict, attn_implementation: str):
         msg = " ".join(str(exc).split())[:300]
         kind = config.model_type
         raise InputError(f"model: transformers cannot build {kind} with {attn_implementation} ({msg})") from None
-    # FSDP2 renames the class (FSDPQwen3ForCausalLM); the export names the real one
+    # FSDP2 renames the class (FSDPQwen3ForCausalLM); the export names the real one, the load maps by it
     model.config.architectures = [type(model).__name__]
+    keep_conversion_mapping(model)
     install_packed_masks(model)  # a decoder whose masks ignore position_ids (GPT-OSS) gets them from here
     return model
 
@@ -126,7 +132,6 @@ def parallelize(
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    install_packed_masks(model)  # as build_meta_model does (the proof's dry run builds its own model)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     if compile:

@@ -139,24 +139,27 @@ def read_rows(path: Path, info: TensorInfo, offset: int, rows: int) -> torch.Ten
 
 class SafetensorsStream:
     """A safetensors file written tensor by tensor: the header is known up front from names, shapes and
-    dtype, so the writer never holds more than the tensor it is writing. Published by rename on close."""
+    dtypes, so the writer never holds more than the tensor it is writing. Published by rename on close."""
 
-    def __init__(self, path: Path, tensors: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype):
-        self.path, self.tmp, self.dtype = path, path.with_name(f".{path.name}.tmp"), dtype
-        size = torch.empty((), dtype=dtype).element_size()
+    def __init__(self, path: Path, tensors: list[tuple[str, tuple[int, ...], torch.dtype]]):
+        self.path, self.tmp = path, path.with_name(f".{path.name}.tmp")
+        self.dtypes = [dtype for _, _, dtype in tensors]  # of each tensor to come, in order
         header: dict = {"__metadata__": {"format": "pt"}}
         start = 0
-        for name, shape in tensors:
-            end = start + math.prod(shape) * size
+        for name, shape, dtype in tensors:
+            end = start + math.prod(shape) * torch.empty((), dtype=dtype).element_size()
             header[name] = {"dtype": DTYPE_CODE[dtype], "shape": list(shape), "data_offsets": [start, end]}
             start = end
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
         self.file = open(self.tmp, "wb")
         self.file.write(struct.pack("<Q", len(raw)) + raw)
+        self.written = 0
 
     def write(self, tensor: torch.Tensor) -> None:
-        data = tensor.detach().to("cpu", self.dtype).contiguous().view(-1).view(torch.uint8)
+        dtype = self.dtypes[self.written]
+        self.written += 1
+        data = tensor.detach().to("cpu", dtype).contiguous().view(-1).view(torch.uint8)
         self.file.write(memoryview(data.numpy()))
 
     def close(self) -> None:

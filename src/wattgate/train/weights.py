@@ -26,7 +26,14 @@ import torch.distributed as dist
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.config import model_config
 from wattgate.errors import InputError
-from wattgate.train.checkpoint_layout import LAYOUT_ATTR, ExportEntry, Source, checkpoint_layout, export_layout
+from wattgate.train.checkpoint_layout import (
+    LAYOUT_ATTR,
+    ExportEntry,
+    Source,
+    checkpoint_layout,
+    export_layout,
+    float32_kept,
+)
 from wattgate.train.safetensors_io import SafetensorsStream, TensorInfo, read_header
 
 WRAPPER_PREFIX = "_checkpoint_wrapped_module."
@@ -336,7 +343,9 @@ def own_init_values(model, name: str, module, seed: int) -> dict[str, torch.Tens
         for k, p in module._parameters.items()
         if p is not None
     }
-    twin = _stand_in(module, {}, params)
+    # scratch buffers the init may write (DeepSeek-V3's router zeroes its e_score_correction_bias), then dropped
+    scratch = {k: torch.zeros(b.shape, dtype=b.dtype) for k, b in module._buffers.items() if b is not None}
+    twin = _stand_in(module, scratch, params)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(_block_seed(seed, hf_name(name), 0))
         _owning_init(model, name)(twin)
@@ -353,25 +362,31 @@ def own_init_values(model, name: str, module, seed: int) -> dict[str, torch.Tens
 # ---------------------------------------------------------------- export: sharded safetensors
 
 
-def export_entries(model) -> list[ExportEntry]:
+def export_entries(model, dtype: torch.dtype) -> list[ExportEntry]:
     """final/'s tensors: in the layout of the checkpoint the model was loaded from (its names and shapes, experts
-    one tensor each where it had them so), else (random init) as the model holds them."""
+    one tensor each where it had them so), else (random init) as the model holds them; each in `dtype`, or float32
+    where transformers keeps it so (a model saved by transformers gets back its own dtypes)."""
+    kept = float32_kept(model, dtype)
+
+    def dtype_of(name: str) -> torch.dtype:
+        return torch.float32 if kept(name) else dtype
+
     sources = model.__dict__.get(LAYOUT_ATTR)
     if sources is not None:
-        return export_layout(sources)
-    return [ExportEntry(hf_name(n), t, tuple(t.shape)) for n, t in _local_state(model)]
+        return export_layout(sources, dtype_of)
+    return [ExportEntry(hf_name(n), t, tuple(t.shape), dtype_of(hf_name(n))) for n, t in _local_state(model)]
 
 
-def plan_export_files(entries: list[ExportEntry], dtype: torch.dtype, max_shard_bytes: int) -> list[list[ExportEntry]]:
+def plan_export_files(entries: list[ExportEntry], max_shard_bytes: int) -> list[list[ExportEntry]]:
     """Consecutive tensors grouped into files of at most max_shard_bytes (a bigger tensor gets a file alone)."""
     files: list[list[ExportEntry]] = [[]]
     size = 0
     for e in entries:
-        if files[-1] and size + e.nbytes(dtype) > max_shard_bytes:
+        if files[-1] and size + e.nbytes > max_shard_bytes:
             files.append([])
             size = 0
         files[-1].append(e)
-        size += e.nbytes(dtype)
+        size += e.nbytes
     return files
 
 
@@ -395,8 +410,8 @@ class ExportFiles(Protocol):
     def begin(self, tmp: Path) -> None:
         """Rank 0: a fresh, empty `final.tmp/`."""
 
-    def stream(self, path: Path, entries: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype) -> TensorStream:
-        """A safetensors file of `entries` (name, shape) in `dtype`, written tensor by tensor in that order."""
+    def stream(self, path: Path, entries: list[tuple[str, tuple[int, ...], torch.dtype]]) -> TensorStream:
+        """A safetensors file of `entries` (name, shape, dtype), written tensor by tensor in that order."""
 
     def write_json(self, path: Path, record: dict) -> None:
         """Rank 0: a JSON file (the safetensors index)."""
@@ -424,8 +439,8 @@ class ExportFolder:
         shutil.rmtree(tmp, ignore_errors=True)  # a killed export's leftovers (wattgate wrote them)
         tmp.mkdir(parents=True)
 
-    def stream(self, path: Path, entries: list[tuple[str, tuple[int, ...]]], dtype: torch.dtype) -> TensorStream:
-        return SafetensorsStream(path, entries, dtype)
+    def stream(self, path: Path, entries: list[tuple[str, tuple[int, ...], torch.dtype]]) -> TensorStream:
+        return SafetensorsStream(path, entries)
 
     def write_json(self, path: Path, record: dict) -> None:
         write_json_atomic(path, record)
@@ -457,16 +472,15 @@ def write_sharded_safetensors(
     Returns the index's weight_map (tensor -> file). No rank holds more than one full tensor.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    files = plan_export_files(export_entries(model), dtype, max_shard_bytes)
+    files = plan_export_files(export_entries(model, dtype), max_shard_bytes)
     names = export_file_names(len(files))
     for k, (name, entries) in enumerate(zip(names, files)):
-        stream = (
-            files_to.stream(folder / name, [(e.name, e.shape) for e in entries], dtype) if k % world == rank else None
-        )
+        layout = [(e.name, e.shape, e.dtype) for e in entries]
+        stream = files_to.stream(folder / name, layout) if k % world == rank else None
         full, of = None, None  # the last model tensor gathered: a stacked one's entries follow one another
         for e in entries:
             if of is not e.tensor:
-                full, of = gather_full(e.tensor, dtype), e.tensor
+                full, of = gather_full(e.tensor, e.dtype), e.tensor
             if stream is not None:
                 stream.write(e.take(full))
         del full, of
@@ -502,7 +516,7 @@ def export_hf_folder(
     dist.barrier()
     if rank == 0:
         if len(set(weight_map.values())) > 1:
-            total = sum(e.nbytes(dtype) for e in export_entries(model))
+            total = sum(e.nbytes for e in export_entries(model, dtype))
             files.write_json(
                 tmp / SAFETENSORS_INDEX,
                 {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
