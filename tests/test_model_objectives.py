@@ -325,6 +325,24 @@ def test_under_fsdp2_the_softcapped_chunked_loss_equals_the_models_own_logits(tm
     assert proc.stdout.count("logit transform (x 0.5 then tanh then x 2)") == 1  # rank 0 says it, once
 
 
+def test_under_bf16_mixed_precision_a_router_transformers_keeps_in_float32_routes_in_float32(tmp_path):
+    """tests/dist/router_precision.py: DeepSeek-V3 sharded with the GPU's bf16 policy (on the CPU here). Its router
+    all-gathers in float32, so its logits are those of the float32 master weight (a bf16 copy moves them by
+    ~1e-3 and sends some tokens elsewhere); the rest of the layer computes in bf16 as before."""
+    from support.architectures import tiny_config
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += [str(REPO / "tests/dist/router_precision.py"), json.dumps(tiny_config("deepseek_v3"))]
+    cmd += [str(tmp_path / "router.json")]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = json.loads((tmp_path / "router.json").read_text())
+    assert seen["router"]["dtype"] == "float32" and seen["master_dtype"] == "float32"
+    assert seen["o_proj"]["dtype"] == "bfloat16"  # the policy is on: the layer's other weights are gathered in bf16
+    assert seen["logits_max_difference"] <= 1e-6, seen
+
+
 # ---------------------------------------------------------------- wattgate train end to end
 
 

@@ -14,7 +14,7 @@ import torch
 
 from wattgate.config import model_config
 from wattgate.errors import InputError
-from wattgate.train.checkpoint_layout import keep_conversion_mapping
+from wattgate.train.checkpoint_layout import float32_kept, keep_conversion_mapping
 from wattgate.train.packed_masks import install_packed_masks
 
 
@@ -121,29 +121,44 @@ def compile_layers(model) -> None:
         layer.compile()
 
 
+def float32_modules(model) -> list[torch.nn.Module]:
+    """The modules whose own parameters transformers holds in float32 in a bf16 model (`_keep_in_fp32_modules_strict`:
+    DeepSeek-V3's and GLM-4.5's routers)."""
+    kept = float32_kept(model, torch.bfloat16)
+    modules = []
+    for name, module in model.named_modules():
+        own = [f"{name}.{n}" if name else n for n, _ in module.named_parameters(recurse=False)]
+        if own and all(kept(n) for n in own):
+            modules.append(module)
+    return modules
+
+
 def parallelize(
     model, mesh, on_cuda: bool, mixed_precision: bool, activation_checkpointing: bool, compile: bool = False
 ):
     """fully_shard each decoder layer, then the root (embeddings, final norm, head); on a Mixture-of-Experts model
     every unit then reduce-scatters all its parameters, zeros for one no token reached (train/moe.py).
 
+    Under bf16 mixed precision, a module transformers keeps in float32 (a DeepSeek-V3 router) is a unit of its own
+    that all-gathers in float32, so its forward is the model's own: a bf16 router weight would route tokens
+    differently from the model the user fine-tunes.
+
     The chunked loss (train/loss.py) runs as a forward method of the root, so the head weight is
     gathered with the root's parameters.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    mixed = on_cuda and mixed_precision
+    float32_units = float32_modules(model) if mixed else []  # found before wrappers rename the layers
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     if compile:
         compile_layers(model)
-    mp = (
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if (on_cuda and mixed_precision)
-        else None
-    )
     kwargs = {"mesh": mesh}
-    if mp is not None:
-        kwargs["mp_policy"] = mp
+    if mixed:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for module in float32_units:
+        fully_shard(module, mesh=mesh, mp_policy=MixedPrecisionPolicy(torch.float32, torch.float32))
     for layer in layer_container(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)

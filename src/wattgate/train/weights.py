@@ -134,7 +134,13 @@ def _owning_init(model, name: str):
 def _stand_in(module, buffers: dict, params: dict):
     """A shallow copy of `module` (its config, rope type, scalars) with the given buffers and parameters and
     no children: the model's init writes into it, never into the real module's tensors."""
-    twin = copy.copy(module)
+    from torch.distributed.fsdp import FSDPModule
+
+    # the module's own class: copy.copy of a sharded module would call FSDP2's __new__, which runs the class's
+    # constructor with no arguments (a router's needs its config)
+    own_class = next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule))
+    twin = own_class.__new__(own_class)
+    twin.__dict__.update(module.__dict__)
     object.__setattr__(twin, "_buffers", dict(buffers))
     object.__setattr__(twin, "_parameters", dict(params))
     object.__setattr__(twin, "_modules", {})
