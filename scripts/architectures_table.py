@@ -30,6 +30,19 @@ names, shapes and dtypes, and that the first step's gradient norm equals a singl
 |---|---|---|
 """
 
+FOOTER = """
+## Refused: layers with a recurrent state
+
+wattgate packs several documents into each row and keeps them apart by restarting `position_ids`, which attention
+honours. A layer with a recurrent state (Mamba/SSM, a short convolution, linear attention) carries it from one
+document into the next on the paths transformers runs, so a packed document would be trained on the end of the one
+before it. The gate's `document_isolation` check asks transformers which layers have such a state (the cache
+layer it gives each) and fails, naming them, on a plan whose packs hold two or more documents
+(`tests/test_gate_document_isolation.py`). Measured with tiny folders of each, packed as the matrix above: Jamba,
+Bamba, Granite 4 hybrids (`granitemoehybrid`), LFM2 and Qwen3-Next reported validation losses 1.7e-4 to 5.5e-3
+(relative) away from their own forward on each document alone; all five are refused.
+"""
+
 
 def load_matrix():
     spec = importlib.util.spec_from_file_location("architectures", MATRIX)
@@ -43,7 +56,7 @@ def render() -> str:
     rows = [
         f"| `{name}` | {shows} | {limit or 'none known'} |" for name, (_, shows, limit) in matrix.ARCHITECTURES.items()
     ]
-    return HEADER + "\n".join(rows) + "\n"
+    return HEADER + "\n".join(rows) + "\n" + FOOTER
 
 
 def main(argv: list[str] | None = None) -> int:

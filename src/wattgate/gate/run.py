@@ -33,6 +33,7 @@ from wattgate.gate.memory import (
 )
 from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_model_spec
 from wattgate.gate.report import gate_json, write_report
+from wattgate.gate.isolation_check import check_document_isolation
 from wattgate.gate.tokenizer_check import check_tokenizer
 from wattgate.gate.weights_check import check_weights
 from wattgate.records.gate import PHASE_STEADY, Collectives, GateReport, PlanHashes
@@ -226,6 +227,10 @@ def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
     results.append(jobs_check(cost))  # the Slurm jobs the run takes, each stopping gracefully before its limit
     # the collective proof (wattgate.proof): the trainer dry-run on the fake process group, every rank
     proof, keep = collectives_section(config, pretokenized, plan_dir, out)
+    # a layer with a recurrent state (Mamba, linear attention) would carry it from one packed document into the next
+    validation_packs = inputs.validation.packs if inputs.validation is not None else None
+    every_pack = [p for p in (inputs.packs, validation_packs) if p is not None]
+    results.append(check_document_isolation(config, every_pack, proof))
     if proof is not None:
         results.append(C.Check("collectives", proof.passed, proof.detail))
     report = gate_json(

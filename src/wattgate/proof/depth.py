@@ -92,8 +92,9 @@ def period_of(signatures: list) -> int:
 
 def layer_pattern(model_cfg: dict) -> Depth:
     """gate.json `collectives.depth`: {layers, period, pattern (one period's layer kinds), identical (period 1),
-    moe (why, or null), model, why}, from the real-depth model on meta."""
-    from wattgate.train.model import layer_container
+    moe (why, or null), model, why, recurrent (layers with a recurrent state; left out when none)}, from the
+    real-depth model on meta."""
+    from wattgate.train.model import layer_container, recurrent_layers
 
     model = meta_model(model_cfg)
     config = model.config
@@ -111,8 +112,16 @@ def layer_pattern(model_cfg: dict) -> Depth:
         why = f"{layers} layers without a repeating pattern: the proof runs them all"
     else:
         why = f"{layers} layers repeating every {period} ({', '.join(kinds)})"
+    recurrent = recurrent_layers(config) or None
     return Depth(
-        layers=layers, period=period, pattern=tuple(kinds), identical=period == 1, moe=moe, model=label, why=why
+        layers=layers,
+        period=period,
+        pattern=tuple(kinds),
+        identical=period == 1,
+        moe=moe,
+        model=label,
+        why=why,
+        recurrent=recurrent,
     )
 
 

@@ -181,6 +181,8 @@ class Depth(Record):
     moe: str | None
     model: str
     why: str
+    # the layers with a recurrent state (train/model.py recurrent_layers); left out when there is none
+    recurrent: tuple[str, ...] | None = spec(omit_none=True, default=None)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -105,6 +105,21 @@ def layer_container(model) -> torch.nn.ModuleList:
     raise InputError(f"{type(model).__name__}: cannot find its decoder layers to shard")
 
 
+def recurrent_layers(hf_config) -> tuple[str, ...]:
+    """'layer <i> (<type>)' of each decoder layer with a recurrent state (Mamba/SSM, a short convolution, linear
+    attention), by transformers' own answer: the cache layer it gives that layer keeps a linear-attention state.
+    Such a state runs on from one packed document into the next (gate/isolation_check.py)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    types = list(getattr(hf_config, "layer_types", None) or [])
+    return tuple(
+        f"layer {i} ({types[i] if i < len(types) else type(layer).__name__})"
+        for i, layer in enumerate(DynamicCache(config=hf_config).layers)
+        if isinstance(layer, LinearAttentionCacheLayerMixin)
+    )
+
+
 def apply_activation_checkpointing(model) -> None:
     """Wrap each decoder layer so backward recomputes it (the wrapper keeps parameter names)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper

@@ -344,10 +344,10 @@ def own_init_values(model, name: str, module, seed: int) -> dict[str, torch.Tens
     """Every parameter of `module` (whole, on the CPU) as the model's own `_init_weights` sets it, with the
     random generator seeded by (seed, module name): the same on every rank and world size. A parameter the
     init leaves unset (NaN) has no rule to follow."""
+    # an absent parameter stays None (a Conv1d without bias: its init reads `module.bias is not None`)
     params = {
-        k: torch.nn.Parameter(torch.full(p.shape, math.nan, dtype=p.dtype), False)
+        k: None if p is None else torch.nn.Parameter(torch.full(p.shape, math.nan, dtype=p.dtype), False)
         for k, p in module._parameters.items()
-        if p is not None
     }
     # scratch buffers the init may write (DeepSeek-V3's router zeroes its e_score_correction_bias), then dropped
     scratch = {k: torch.zeros(b.shape, dtype=b.dtype) for k, b in module._buffers.items() if b is not None}
@@ -355,7 +355,7 @@ def own_init_values(model, name: str, module, seed: int) -> dict[str, torch.Tens
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(_block_seed(seed, hf_name(name), 0))
         _owning_init(model, name)(twin)
-    values = {k: twin._parameters[k].detach() for k in params}
+    values = {k: twin._parameters[k].detach() for k, p in params.items() if p is not None}
     unset = [f"{name}.{k}" for k, v in values.items() if torch.isnan(v).any()]
     if unset:
         raise InputError(
