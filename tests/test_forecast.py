@@ -123,7 +123,7 @@ def test_gate_json_and_md_give_the_cost_of_the_hang_it_prevented(uneven, tmp_pat
     ledger = Path(config["forecast"]["ledger"])
     ledger.unlink(missing_ok=True)
     spec = load_model_spec(config)
-    shape = dataclasses.asdict(spec)
+    shape = spec.shape()
     # a measured rate for this shape and world size: 1000 cost units/s, 2 s start-up, 1 s load; 1 GB written in
     # 3 s of checkpoints and export: 1/3 GB/s
     append_ledger(

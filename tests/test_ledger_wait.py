@@ -3,7 +3,6 @@ throughput-ledger record, and a later run's gate, reading the ledger, says how m
 to waiting. The end-to-end path (a real slowed CPU rank, its report, the gate's line) is in
 test_straggler_ranks.py."""
 
-import dataclasses
 import json
 
 import numpy as np
@@ -35,7 +34,7 @@ def record(
     t = config["train"]
     return run_record(
         run_name=run_name,
-        shape=shape or dataclasses.asdict(load_model_spec(config)),
+        shape=shape or load_model_spec(config).shape(),
         gpu_model=config["cluster"]["gpu_model"],
         world_size=world_size(config),
         seq_len=t["seq_len"],

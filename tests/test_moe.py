@@ -177,6 +177,59 @@ def test_the_memory_estimate_counts_every_expert(model_type):
         assert dense_layers.num_params == spec.num_params - 2 * (spec.layer_params - spec.dense_layer_params)
 
 
+# published shapes a formula over config keys counts only in part (shared experts, latent attention, dense MLPs
+# between MoE layers); before the gate counted the model itself it sized DeepSeek-V3 at 6% of its parameters
+COUNTED_SHAPES = {
+    "DeepSeek-V3": dict(
+        model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+        moe_intermediate_size=2048, num_hidden_layers=61, first_k_dense_replace=3, n_routed_experts=256,
+        n_shared_experts=1, num_attention_heads=128, num_key_value_heads=128, kv_lora_rank=512, q_lora_rank=1536,
+        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, num_experts_per_tok=8, n_group=8, topk_group=4,
+    ),
+    "GLM-4.5-Air": dict(
+        model_type="glm4_moe", vocab_size=151552, hidden_size=4096, intermediate_size=10944, moe_intermediate_size=1408,
+        num_hidden_layers=46, first_k_dense_replace=1, n_routed_experts=128, n_shared_experts=1,
+        num_attention_heads=96, num_key_value_heads=8, head_dim=128, num_experts_per_tok=8, attention_bias=True,
+    ),
+    "Qwen2-57B-A14B": dict(
+        model_type="qwen2_moe", vocab_size=151936, hidden_size=3584, intermediate_size=18944,
+        moe_intermediate_size=2560, shared_expert_intermediate_size=20480, num_hidden_layers=28, num_experts=64,
+        num_experts_per_tok=8, num_attention_heads=28, num_key_value_heads=4,
+    ),
+    "Llama-4-Scout": dict(
+        model_type="llama4_text", vocab_size=202048, hidden_size=5120, intermediate_size=8192,
+        intermediate_size_mlp=16384, num_hidden_layers=48, num_local_experts=16, num_experts_per_tok=1,
+        num_attention_heads=40, num_key_value_heads=8, head_dim=128, interleave_moe_layer_step=1,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(COUNTED_SHAPES))
+def test_the_gate_sizes_memory_from_the_model_counted_whatever_its_config_keys(name):
+    """The gate's spec counts the model transformers builds (on the meta device): every routed and shared expert,
+    the dense layers, latent attention. Its memory terms follow: FSDP2 shards all of them and gathers a whole
+    layer at a time."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from wattgate.config import run_config
+    from wattgate.gate.memory import estimate_memory
+    from wattgate.gate.run import counted_spec, fit_settings
+    from wattgate.model_spec import load_model_spec
+    from wattgate.train.model import layer_container
+
+    cfg = dict(COUNTED_SHAPES[name])
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+    exact = sum(p.numel() for p in model.parameters())
+    largest_layer = max(sum(p.numel() for p in layer.parameters()) for layer in layer_container(model))
+    config = run_config({"model": {"config": COUNTED_SHAPES[name]}, "cluster": {"nodes": 2, "gpus_per_node": 8}})
+    spec = counted_spec(config, None)
+    assert spec.num_params == exact and spec.layer_params == largest_layer
+    memory = estimate_memory(spec, fit_settings(config))
+    assert memory["sharded_params_fp32"] == exact * 4 // 16
+    print(f"{name}: counted {exact / 1e9:.2f}B, formula {load_model_spec(config).num_params / 1e9:.2f}B")
+
+
 @pytest.mark.parametrize("model_type", ARCHS)
 @pytest.mark.parametrize("kind", ["chunked", "full"])
 def test_the_router_load_balancing_term_trains_as_the_models_own_loss_defines_it(model_type, kind):

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from wattgate.errors import InputError
 from wattgate.config import run_config
+from wattgate.records.gate import ParamCensus
 from wattgate.records.run_config import RunConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -32,7 +33,8 @@ DEFAULT_CONFIG_DTYPE = "float32"
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """The shape of a dense or MoE decoder, enough to count parameters and activations."""
+    """The shape of a dense or MoE decoder, enough to count parameters and activations. The counts come from
+    `census` (the model counted on the meta device) when it is set, else from the shape's formula."""
 
     vocab_size: int
     hidden_size: int
@@ -47,6 +49,14 @@ class ModelSpec:
     experts_per_token: int = 0  # the router's top k
     dense_layers: int = 0  # an MoE model's layers with a dense MLP instead (Qwen3-MoE mlp_only_layers, sparse step)
     attention_bias: bool = False  # biases on q, k, v and o (GPT-OSS)
+    census: ParamCensus | None = None  # the real model counted (with_census); not part of the shape
+
+    def shape(self) -> dict:
+        """The config's shape (the throughput ledger's key for runs of one model), without the census."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "census"}
+
+    def with_census(self, census: ParamCensus | None) -> ModelSpec:
+        return replace(self, census=census)
 
     @classmethod
     def from_hf_config(cls, cfg: dict, source: str) -> ModelSpec:
@@ -62,7 +72,7 @@ class ModelSpec:
                 num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(cfg.get("head_dim") or hidden // heads),
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                num_experts=int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0),
+                num_experts=_num_experts(cfg),
                 expert_intermediate_size=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0),
                 experts_per_token=int(cfg.get("num_experts_per_tok") or 0),
                 dense_layers=_dense_layers(cfg),
@@ -88,8 +98,10 @@ class ModelSpec:
 
     @property
     def layer_params(self) -> int:
-        """One decoder layer's parameters; for an MoE model every expert of it (FSDP2 gathers them all), and the
-        router."""
+        """One decoder layer's parameters (the largest one's, counted); for an MoE model every expert of it (FSDP2
+        gathers them all), and the router."""
+        if self.census is not None:
+            return self.census.largest_layer
         h = self.hidden_size
         if self.num_experts:
             mlp = self.num_experts * 3 * h * self.expert_intermediate_size + h * self.num_experts
@@ -106,10 +118,15 @@ class ModelSpec:
 
     @property
     def embedding_params(self) -> int:
+        """The root unit's: embeddings and head (counted: and whatever else is outside the decoder layers)."""
+        if self.census is not None:
+            return self.census.root
         return self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
 
     @property
     def num_params(self) -> int:
+        if self.census is not None:
+            return self.census.total
         layers = (self.num_layers - self.dense_layers) * self.layer_params + self.dense_layers * self.dense_layer_params
         return layers + self.embedding_params + self.hidden_size
 
@@ -118,7 +135,10 @@ class ModelSpec:
 
         MoE experts are one 3-D parameter per projection (Qwen3-MoE, Mixtral), so
         they, not a single expert's matrix, are the candidates for the largest one.
+        Counted: every distinct shape the model holds.
         """
+        if self.census is not None:
+            return {"x".join(map(str, shape)): shape for shape in self.census.shapes}
         h, inter = self.hidden_size, self.intermediate_size
         shapes = {
             "embed_tokens": (self.vocab_size, h),
@@ -152,14 +172,21 @@ class ModelSpec:
         return attention + k * (4 * self.expert_intermediate_size + 3 * self.hidden_size) + self.num_experts
 
 
+def _num_experts(cfg: dict) -> int:
+    """Routed experts per MoE layer, under each family's key (Qwen, Mixtral/GPT-OSS, DeepSeek/GLM)."""
+    return int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
+
+
 def _dense_layers(cfg: dict) -> int:
-    """An MoE config's layers whose MLP is dense (Qwen3-MoE / Qwen2-MoE: mlp_only_layers, decoder_sparse_step)."""
-    if not (cfg.get("num_experts") or cfg.get("num_local_experts")):
+    """An MoE config's layers whose MLP is dense (Qwen3-MoE / Qwen2-MoE: mlp_only_layers, decoder_sparse_step;
+    DeepSeek / GLM: the first first_k_dense_replace)."""
+    if not _num_experts(cfg):
         return 0
     layers = int(cfg["num_hidden_layers"])
     only = {int(i) for i in (cfg.get("mlp_only_layers") or [])}
     step = int(cfg.get("decoder_sparse_step") or 1)
-    return sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
+    first = int(cfg.get("first_k_dense_replace") or 0)
+    return sum(1 for i in range(layers) if i in only or (i + 1) % step != 0 or i < first)
 
 
 def largest_param(spec: ModelSpec) -> tuple[str, tuple[int, ...]]:

@@ -4,7 +4,7 @@ sequences differ, where the run would hang and what that would have cost (wattga
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +71,7 @@ def throughput(config: RunConfig, spec: ModelSpec, table) -> tuple[Throughput | 
     cluster, t = config.cluster, config.train
     records = read_ledger(Path(config.forecast.ledger))
     measured = measured_throughput(
-        records, asdict(spec), world_size(config), cluster.gpu_model, t.seq_len, t.micro_batch_size
+        records, spec.shape(), world_size(config), cluster.gpu_model, t.seq_len, t.micro_batch_size
     )
     if measured is not None:
         return measured, ""
@@ -111,7 +111,7 @@ def last_run_wait(config: RunConfig | dict, spec: ModelSpec) -> LastRunWait | No
     config = run_config(config)
     cluster, t = config.cluster, config.train
     records = read_ledger(Path(config.forecast.ledger))
-    r = measured_record(records, asdict(spec), world_size(config), cluster.gpu_model, t.seq_len, t.micro_batch_size)
+    r = measured_record(records, spec.shape(), world_size(config), cluster.gpu_model, t.seq_len, t.micro_batch_size)
     if r is None:
         return None
     hours, share, source = r.wait_hours, r.wait_share, r.wait_source

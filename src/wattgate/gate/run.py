@@ -208,13 +208,32 @@ def collectives_section(
     return proof, ((inputs, proof) if R.reusable(proof) else None)
 
 
+def counted_spec(config: RunConfig, proof: Collectives | None) -> ModelSpec:
+    """The model spec with its parameters counted: from the proof's depth record when the proof got that far (run
+    or reused: a rerun imports no torch), else counted here on the meta device. The shape's formula stands only
+    when transformers cannot build the model, which the weights check and the proof name."""
+    spec = load_model_spec(config)
+    if proof is not None and proof.depth is not None and proof.depth.params is not None:
+        return spec.with_census(proof.depth.params)
+    from wattgate.proof.depth import meta_model
+    from wattgate.train.model import param_census
+
+    try:
+        return spec.with_census(param_census(meta_model(config.model)))
+    except Exception:  # noqa: BLE001 - a model transformers cannot build: named by the checks that build it
+        return spec
+
+
 def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path) -> tuple[GateReport, tuple | None]:
     """Every check and the report on them, and what the proof cache keeps (None: nothing); reads the inputs
     (and a proof kept in --out) and writes nothing."""
     start = time.perf_counter()
     checkpoint_dir = out.parent / "train" / config.run_name / "checkpoints"
     inputs = load_inputs(config, pretokenized, plan_dir, checkpoint_dir)
-    spec = load_model_spec(config)
+    # the collective proof (wattgate.proof): the trainer dry-run on the fake process group, every rank; first, as
+    # its record counts the model's parameters for the memory and cost checks
+    proof, keep = collectives_section(config, pretokenized, plan_dir, out)
+    spec = counted_spec(config, proof)
     fit = config_fit_estimate(config, spec)
     results = run_checks(inputs, spec, fit.phases[PHASE_STEADY], fit)
     # the tokenizer the export will copy into final/, verified now rather than after the last step
@@ -225,8 +244,6 @@ def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
     cost, budget = cost_section(inputs, spec, next(c for c in results if c.name == "equal_steps"))
     results.append(budget)
     results.append(jobs_check(cost))  # the Slurm jobs the run takes, each stopping gracefully before its limit
-    # the collective proof (wattgate.proof): the trainer dry-run on the fake process group, every rank
-    proof, keep = collectives_section(config, pretokenized, plan_dir, out)
     # a layer with a recurrent state (Mamba, linear attention) would carry it from one packed document into the next
     validation_packs = inputs.validation.packs if inputs.validation is not None else None
     every_pack = [p for p in (inputs.packs, validation_packs) if p is not None]

@@ -92,9 +92,9 @@ def period_of(signatures: list) -> int:
 
 def layer_pattern(model_cfg: dict) -> Depth:
     """gate.json `collectives.depth`: {layers, period, pattern (one period's layer kinds), identical (period 1),
-    moe (why, or null), model, why, recurrent (layers with a recurrent state; left out when none)}, from the
-    real-depth model on meta."""
-    from wattgate.train.model import layer_container, recurrent_layers
+    moe (why, or null), model, why, recurrent (layers with a recurrent state; left out when none), params (its
+    parameters counted)}, from the real-depth model on meta."""
+    from wattgate.train.model import layer_container, param_census, recurrent_layers
 
     model = meta_model(model_cfg)
     config = model.config
@@ -122,6 +122,7 @@ def layer_pattern(model_cfg: dict) -> Depth:
         model=label,
         why=why,
         recurrent=recurrent,
+        params=param_census(model),
     )
 
 

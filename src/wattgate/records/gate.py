@@ -171,6 +171,18 @@ class LastRunWait(Record):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ParamCensus(Record):
+    """The real model's parameters counted on the meta device (train/model.py `param_census`): what FSDP2 shards
+    and gathers, whatever the architecture (a formula over config keys misses what it does not know: DeepSeek-V3's
+    256 routed experts, shared experts, latent attention)."""
+
+    total: int  # every parameter, a tied one once
+    largest_layer: int  # the decoder layer (one FSDP2 unit) with the most
+    root: int  # outside the decoder layers: embeddings, head, final norm (the root unit)
+    shapes: tuple[tuple[int, ...], ...]  # the distinct parameter shapes, as the model holds them
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Depth(Record):
     """The real model's depth and layer pattern (proof/depth.py `layer_pattern`)."""
 
@@ -183,6 +195,8 @@ class Depth(Record):
     why: str
     # the layers with a recurrent state (train/model.py recurrent_layers); left out when there is none
     recurrent: tuple[str, ...] | None = spec(omit_none=True, default=None)
+    # the parameters of the real-depth model (the gate sizes memory and checkpoints from them)
+    params: ParamCensus | None = spec(omit_none=True, default=None)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,6 +14,7 @@ import torch
 
 from wattgate.config import model_config
 from wattgate.errors import InputError
+from wattgate.records.gate import ParamCensus
 from wattgate.train.checkpoint_layout import float32_kept, keep_conversion_mapping
 from wattgate.train.packed_masks import install_packed_masks
 
@@ -117,6 +118,19 @@ def recurrent_layers(hf_config) -> tuple[str, ...]:
         f"layer {i} ({types[i] if i < len(types) else type(layer).__name__})"
         for i, layer in enumerate(DynamicCache(config=hf_config).layers)
         if isinstance(layer, LinearAttentionCacheLayerMixin)
+    )
+
+
+def param_census(model) -> ParamCensus:
+    """`model`'s parameters counted (on the meta device: no memory): in all, in its largest decoder layer, outside
+    its layers, and their distinct shapes."""
+    per_layer = [sum(p.numel() for p in layer.parameters()) for layer in layer_container(model)]
+    total = sum(p.numel() for p in model.parameters())  # a tied parameter once
+    return ParamCensus(
+        total=total,
+        largest_layer=max(per_layer, default=0),
+        root=total - sum(per_layer),
+        shapes=tuple(sorted({tuple(p.shape) for p in model.parameters()})),
     )
 
 

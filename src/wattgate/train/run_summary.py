@@ -4,7 +4,6 @@ finished train/loop.py Trainer (`t`; not imported here: the Trainer calls these)
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from wattgate.artifacts import write_json_atomic
 from wattgate.config import config_sha256
 from wattgate.forecast.walltime import plan_step_costs
@@ -88,7 +87,7 @@ def append_throughput(t, summary: Trained) -> None:
     costs = plan_step_costs(read_packs(t.paths.plan_dir / PACKS), plan, total - first)
     record = run_record(
         run_name=s.run_name,
-        shape=asdict(load_model_spec(t.config)),
+        shape=load_model_spec(t.config).shape(),
         gpu_model=s.gpu_model,
         world_size=plan.world_size,
         seq_len=s.seq_len,
