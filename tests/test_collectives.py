@@ -18,6 +18,7 @@ from wattgate.proof.prove import prove_collectives
 from wattgate.records.gate import Collectives
 from wattgate.run_files import read_plan
 from wattgate.train import loop
+from wattgate.train.model import build_meta_model
 from wattgate.train.settings import TrainSettings
 
 from conftest import CADENCE, config_for, make_run
@@ -208,6 +209,8 @@ def test_collectives_scale_by_depth_exactly_as_a_full_depth_dry_run_counts_them(
     config["model"]["config"] = dict(config["model"]["config"], num_hidden_layers=4)
     report = prove_collectives(config, tmp_path / "pretokenized", plan).to_json()
     assert report["passed"], report["detail"]
+    params = report["depth"].pop("params")  # the real-depth model counted
+    assert params["total"] == sum(p.numel() for p in build_meta_model(config["model"], "sdpa").parameters())
     assert report["proxy_layers"] == 1 and report["depth"] == {
         "identical": True,
         "layers": 4,
