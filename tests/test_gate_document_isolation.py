@@ -10,7 +10,7 @@ import torch
 
 from support.architectures import TINY_DECODER
 from wattgate.gate.run import run_gate
-from wattgate.train.model import build_unsharded_model, recurrent_layers
+from wattgate.train.model import build_unsharded_model, model_hf_config, recurrent_layers
 
 from conftest import CADENCE, TINY, make_run
 
@@ -36,8 +36,6 @@ def test_a_packed_document_sees_the_one_before_it_exactly_when_a_layer_carries_a
     cfg = {"config": model}
     alone, packed = second_document_logits(cfg, packed=False), second_document_logits(cfg, packed=True)
     difference = (alone - packed).abs().max().item()
-    from wattgate.train.model import model_hf_config
-
     assert bool(recurrent_layers(model_hf_config(cfg))) is recurrent
     assert (difference > 1e-3) if recurrent else (difference < 1e-5), difference
 

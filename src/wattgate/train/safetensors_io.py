@@ -143,7 +143,7 @@ class SafetensorsStream:
 
     def __init__(self, path: Path, tensors: list[tuple[str, tuple[int, ...], torch.dtype]]):
         self.path, self.tmp = path, path.with_name(f".{path.name}.tmp")
-        self.dtypes = [dtype for _, _, dtype in tensors]  # of each tensor to come, in order
+        self.dtypes = iter([dtype for _, _, dtype in tensors])  # of each tensor to come, in order
         header: dict = {"__metadata__": {"format": "pt"}}
         start = 0
         for name, shape, dtype in tensors:
@@ -154,12 +154,9 @@ class SafetensorsStream:
         raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
         self.file = open(self.tmp, "wb")
         self.file.write(struct.pack("<Q", len(raw)) + raw)
-        self.written = 0
 
     def write(self, tensor: torch.Tensor) -> None:
-        dtype = self.dtypes[self.written]
-        self.written += 1
-        data = tensor.detach().to("cpu", dtype).contiguous().view(-1).view(torch.uint8)
+        data = tensor.detach().to("cpu", next(self.dtypes)).contiguous().view(-1).view(torch.uint8)
         self.file.write(memoryview(data.numpy()))
 
     def close(self) -> None:
