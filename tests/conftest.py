@@ -43,6 +43,26 @@ from support.workflow import BIN, snakemake  # noqa: E402, F401
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The modules of a minute or more, longest first. `make test` runs two xdist workers, each taking a whole module
+# at a time in this order (--dist loadfile --no-loadscope-reorder): started early, the long ones end beside the
+# short ones instead of after them. Alone (`pytest` without -n) the order changes nothing: no test depends on it.
+LONGEST_MODULES = (
+    "test_slurm",
+    "test_workflow",
+    "test_architectures",
+    "test_resume_resize",
+    "test_graceful_stop",
+    "test_forecast",
+    "test_run_failures",
+    "test_train",
+    "test_moe",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each module keeps its own order
+
 
 def copy_workflow(work: Path) -> Path:
     """A runnable copy of the workflow (Snakefile, rules, schema, config) in `work`."""

@@ -56,7 +56,8 @@ def one_line(stderr: str) -> str:
 def test_a_second_launch_in_a_running_run_folder_is_refused(tmp_path, fake_launch, wait_until, catches):
     out = tmp_path / "run"
     first = fake_launch(job(out), out)
-    wait_until(lambda: (out / "job-ready").exists() or first.poll() is not None, what="the first job started")
+    started = (out / "job-ready", out / "watcher.json")  # the job and its watcher (a process of its own) are up
+    wait_until(lambda: all(p.exists() for p in started) or first.poll() is not None, what="the first job started")
     assert first.poll() is None, first.communicate()[1][-3000:]
     (out / "heartbeat").mkdir(exist_ok=True)
     beat = out / "heartbeat" / "rank-0.json"

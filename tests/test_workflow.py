@@ -284,21 +284,6 @@ def test_watcher_kills_the_uneven_plan_deadlock_and_names_the_rank_ahead(workflo
     assert latency <= 5 + 10
     assert not (run / "TRAINED").exists()
 
-    # the same settings with the balanced plan: never killed, checkpoints (every 20 steps and at epoch ends)
-    # included, and the power analysis runs after it (no GPU here: it says so)
-    healthy = tmp_path / "healthy.yaml"
-    healthy.write_text("train: {collective_timeout_s: 600}\nwatcher: {hang_after_s: 5}\n")
-    snakemake(workflow_copy, "--configfile", str(healthy))
-    verdict = json.loads((run / "watcher.json").read_text())
-    # healthy and never killed although stalls went on: a checkpoint every rank announced has its own limit, so
-    # on a busy machine the longest stall may pass hang_after_s (5.9 s was seen) without being a hang
-    assert verdict["verdict"] == "healthy" and "killed_at" not in verdict and verdict["longest_stall_s"] > 0
-    assert (run / "TRAINED").exists()
-    events = read_heartbeat_events(run)
-    assert sorted(events.loc[events["phase"] == "checkpoint", "rank"].unique()) == [0, 1]  # checkpoints watched
-    triage = json.loads((workflow_copy / "results/power/demo/triage.json").read_text())
-    assert triage["status"] == "no GPU telemetry" and triage["signals"]["heartbeats"]
-
 
 @pytest.mark.slow
 def test_scaling_and_dataio_targets(workflow_copy, tmp_path):
@@ -333,9 +318,17 @@ def test_embedded_default_end_to_end_learns(tmp_path_factory):
     assert wall < 600
     summary = json.loads((work / "results/train/demo/TRAINED").read_text())
     assert summary["final_loss"] <= 0.5 * summary["first_loss"], summary
-    verdict = json.loads((work / "results/train/demo/watcher.json").read_text())
-    assert verdict["verdict"] == "healthy", verdict
+    run = work / "results/train/demo"
+    verdict = json.loads((run / "watcher.json").read_text())
+    # healthy and never killed although stalls went on: a checkpoint every rank announced has its own limit, so
+    # on a busy machine the longest stall may pass hang_after_s (5.9 s was seen) without being a hang
+    assert verdict["verdict"] == "healthy" and "killed_at" not in verdict and verdict["longest_stall_s"] > 0, verdict
+    events = read_heartbeat_events(run)
+    assert sorted(events.loc[events["phase"] == "checkpoint", "rank"].unique()) == [0, 1]  # checkpoints watched
+    # the power analysis runs after it (no GPU here: it says so)
     assert (work / "results/power/demo/phases.parquet").exists()
+    triage = json.loads((work / "results/power/demo/triage.json").read_text())
+    assert triage["status"] == "no GPU telemetry" and triage["signals"]["heartbeats"]
     # the run report, by rule all, and inside `snakemake --report`
     page = (work / "results/report/demo/index.html").read_text()
     assert "No GPU telemetry on this host" in page and "Loss" in page
