@@ -259,7 +259,7 @@ def test_a_run_longer_than_its_time_limit_finishes_across_jobs_without_a_person(
     limited.write_text(
         "run_name: jobs\n"
         "cluster: {slurm: {train: {runtime_min: 1, stop_margin_s: 25, max_jobs: 10, mem_mb: 1500}}}\n"
-        "train: {epochs: 12, checkpoint_every: 1000}\n"  # 228 steps; a job here trains 120-145: one 50% faster needs two
+        "train: {epochs: 12, checkpoint_every: 1000}\n"  # 228 steps, a job trains 120-145 here: 50% faster needs two
     )
     # the train rule's target: triage and report add nothing to what this checks (each a Slurm job of ~15 s)
     target = "results/train/jobs/TRAINED"

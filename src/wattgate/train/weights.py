@@ -472,13 +472,14 @@ EXPORT_FOLDER = ExportFolder()
 
 def write_sharded_safetensors(
     model, folder: Path, dtype: torch.dtype, max_shard_bytes: int, files_to: ExportFiles = EXPORT_FOLDER
-) -> dict[str, str]:
+) -> tuple[dict[str, str], int]:
     """Every rank takes part in each tensor's all-gather; file k is written by rank k % world.
 
-    Returns the index's weight_map (tensor -> file). No rank holds more than one full tensor.
+    Returns the index's weight_map (tensor -> file) and total_size (bytes). No rank holds more than one full tensor.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    files = plan_export_files(export_entries(model, dtype), max_shard_bytes)
+    every = export_entries(model, dtype)
+    files = plan_export_files(every, max_shard_bytes)
     names = export_file_names(len(files))
     for k, (name, entries) in enumerate(zip(names, files)):
         layout = [(e.name, e.shape, e.dtype) for e in entries]
@@ -492,7 +493,8 @@ def write_sharded_safetensors(
         del full, of
         if stream is not None:
             stream.close()
-    return {e.name: name for name, entries in zip(names, files) for e in entries}
+    weight_map = {e.name: name for name, entries in zip(names, files) for e in entries}
+    return weight_map, sum(e.nbytes for e in every)
 
 
 def export_config(model, dtype: torch.dtype):
@@ -518,11 +520,10 @@ def export_hf_folder(
     if rank == 0:
         files.begin(tmp)
     dist.barrier()
-    weight_map = write_sharded_safetensors(model, tmp, dtype, max_shard_bytes, files)
+    weight_map, total = write_sharded_safetensors(model, tmp, dtype, max_shard_bytes, files)
     dist.barrier()
     if rank == 0:
         if len(set(weight_map.values())) > 1:
-            total = sum(e.nbytes for e in export_entries(model, dtype))
             files.write_json(
                 tmp / SAFETENSORS_INDEX,
                 {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
