@@ -7,12 +7,14 @@ it packs each batch of 1000 documents on its own; its time includes moving the
 token data (pc.take), ours works on lengths only, which is what the pack stage
 gets from the pretokenized manifest.
 
-    python bench/pack.py [--n 1000000] [--quick] [--repeat N]
+TRL is the `bench` extra (`pip install -c constraints/cpu.txt -e '.[bench]'`): without it the full run stops
+with one line, and `--smoke` measures our side only and says the baseline was not measured.
+
+    python bench/pack.py [--n 1000000] [--quick] [--smoke] [--repeat N]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 import uuid
@@ -24,8 +26,8 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from trl.data_utils import pack_dataset
 
+from benchlib import Parser, fail, figure, positive_int
 from wattgate.pack.assign import Layout
 from wattgate.pack.bfd import pack_bfd
 from wattgate.pack.planner import plan_packs
@@ -36,6 +38,16 @@ ATTN_WEIGHT = 1.0e-5  # the schema default for pack.attn_weight
 TARGET_SPEEDUP = 20.0
 TARGET_EFFICIENCY = 0.998  # on lognormal
 CHECK_DOCS = 20_000  # docs for the pack-count cross-check against one TRL batch
+SMOKE_DOCS, SMOKE_WARM_DOCS = 3000, 300
+NO_TRL = "TRL pack_dataset bfd not measured: trl is not installed (the bench extra)"
+
+
+def trl_available() -> bool:
+    try:
+        import trl.data_utils  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def lognormal_lengths(n: int, seed: int) -> np.ndarray:
@@ -74,6 +86,8 @@ def build_dataset(lengths: np.ndarray):
 
 
 def trl_pack(dataset, map_kwargs=None):
+    from trl.data_utils import pack_dataset
+
     return pack_dataset(dataset, seq_length=SEQ_LEN, strategy="bfd", map_kwargs=map_kwargs)
 
 
@@ -120,28 +134,32 @@ def cross_check(lengths: np.ndarray) -> tuple[int, int]:
     return ours, theirs
 
 
-def warm_up() -> None:
+def warm_up(docs: int, with_trl: bool) -> None:
     """One tiny run of each side, so lazy imports and first-call setup are timed on neither."""
-    lengths = lognormal_lengths(2000, seed=1)
-    trl_pack(build_dataset(lengths))
+    lengths = lognormal_lengths(docs, seed=1)
+    if with_trl:
+        trl_pack(build_dataset(lengths))
     ours_full(lengths)
 
 
-def run(name: str, lengths: np.ndarray, repeat: int) -> dict:
+def run(name: str, lengths: np.ndarray, repeat: int, with_trl: bool) -> dict:
+    """Both sides on `lengths`; without TRL (smoke only) ours alone, and the TRL figures are None."""
     total = int(lengths.sum())
-    dataset, t_build = timed(build_dataset, lengths)
-    packed, t_trl = timed(trl_pack, dataset, repeat=repeat)
-    trl_rows, trl_tokens = trl_stats(packed)
-    assert trl_tokens == total, f"TRL kept {trl_tokens} of {total} tokens"
-    del dataset, packed
+    t_build = t_trl = trl_rows = None
+    if with_trl:
+        dataset, t_build = timed(build_dataset, lengths)
+        packed, t_trl = timed(trl_pack, dataset, repeat=repeat)
+        trl_rows, trl_tokens = trl_stats(packed)
+        assert trl_tokens == total, f"TRL kept {trl_tokens} of {total} tokens"
+        del dataset, packed
 
     pack_of_doc, t_bfd = timed(ours_bfd, lengths, repeat=repeat)
     n_bfd = check_packs(pack_of_doc, lengths)
     (packs, tokens, placement), t_full = timed(ours_full, lengths, repeat=repeat)
     check_full(packs, tokens, placement, lengths)
-    check_ours, check_trl = cross_check(lengths)
+    check = cross_check(lengths) if with_trl else None
 
-    eff = lambda n_packs: total / (n_packs * SEQ_LEN)  # noqa: E731
+    eff = lambda n_packs: None if n_packs is None else total / (n_packs * SEQ_LEN)  # noqa: E731
     return {
         "name": name,
         "n": len(lengths),
@@ -156,21 +174,24 @@ def run(name: str, lengths: np.ndarray, repeat: int) -> dict:
         "eff_trl": eff(trl_rows),
         "eff_bfd": eff(n_bfd),
         "eff_rebin": eff(len(packs)),
-        "check": (check_ours, check_trl),
+        "check": check,
     }
 
 
 def report(r: dict) -> None:
-    sp_bfd, sp_full = r["t_trl"] / r["t_bfd"], r["t_trl"] / r["t_full"]
     ok = lambda cond: "PASS" if cond else "FAIL"  # noqa: E731
     print(
         f"== {r['name']}: {r['n']:,} docs, {r['tokens']:,} tokens, seq_len {SEQ_LEN}, "
         f"world {WORLD_SIZE} x mbs {MICRO_BATCH} x ga {GRAD_ACCUM}"
     )
-    print(f"  dataset build (not timed below)  {r['t_build']:8.2f} s")
-    print(
-        f"  TRL pack_dataset bfd             {r['t_trl']:8.2f} s  {r['trl_rows']:,} rows  efficiency {r['eff_trl']:.5f}"
-    )
+    if r["t_trl"] is None:
+        print(f"  {NO_TRL}")
+    else:
+        print(f"  dataset build (not timed below)  {r['t_build']:8.2f} s")
+        print(
+            f"  TRL pack_dataset bfd             {r['t_trl']:8.2f} s  {r['trl_rows']:,} rows  "
+            f"efficiency {r['eff_trl']:.5f}"
+        )
     print(
         f"  ours pack_bfd                    {r['t_bfd']:8.2f} s  {r['bfd_packs']:,} packs "
         f"efficiency {r['eff_bfd']:.5f}"
@@ -179,32 +200,54 @@ def report(r: dict) -> None:
         f"  ours bfd+rebin+assign            {r['t_full']:8.2f} s  {r['rebin_packs']:,} packs "
         f"efficiency {r['eff_rebin']:.5f}"
     )
-    print(f"  speedup TRL/ours (BFD)   {sp_bfd:8.1f}x  target >= {TARGET_SPEEDUP:.0f}x  {ok(sp_bfd >= TARGET_SPEEDUP)}")
-    print(
-        f"  speedup TRL/ours (full)  {sp_full:8.1f}x  target >= {TARGET_SPEEDUP:.0f}x  {ok(sp_full >= TARGET_SPEEDUP)}"
-    )
+    if r["t_trl"] is not None:
+        sp_bfd, sp_full = r["t_trl"] / r["t_bfd"], r["t_trl"] / r["t_full"]
+        print(
+            f"  speedup TRL/ours (BFD)   {sp_bfd:8.1f}x  target >= {TARGET_SPEEDUP:.0f}x  "
+            f"{ok(sp_bfd >= TARGET_SPEEDUP)}"
+        )
+        print(
+            f"  speedup TRL/ours (full)  {sp_full:8.1f}x  target >= {TARGET_SPEEDUP:.0f}x  "
+            f"{ok(sp_full >= TARGET_SPEEDUP)}"
+        )
     if r["name"] == "lognormal":
         print(
             f"  efficiency (rebin) {r['eff_rebin']:.5f}  target >= {TARGET_EFFICIENCY}  "
             f"{ok(r['eff_rebin'] >= TARGET_EFFICIENCY)}"
         )
-    print(
-        f"  check: pack count on first {CHECK_DOCS:,} docs, ours {r['check'][0]:,} == TRL one-batch {r['check'][1]:,}"
-    )
+    if r["check"] is not None:
+        ours, theirs = r["check"]
+        print(f"  check: pack count on first {CHECK_DOCS:,} docs, ours {ours:,} == TRL one-batch {theirs:,}")
+    what = f"{r['name']} {r['n']:,} docs, full plan (BFD + rebin + assign)"
+    if r["t_trl"] is None:
+        figure("pack", what, f"{r['t_full']:.3f} s, efficiency {r['eff_rebin']:.5f}", NO_TRL)
+    else:
+        figure(
+            "pack",
+            what,
+            f"{r['t_full']:.3f} s, {r['t_trl'] / r['t_full']:.1f}x TRL (BFD alone {r['t_trl'] / r['t_bfd']:.1f}x), "
+            f"efficiency {r['eff_rebin']:.5f}",
+            f"TRL pack_dataset bfd {r['t_trl']:.3f} s, efficiency {r['eff_trl']:.5f}",
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=1_000_000, help="documents per distribution")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 20,000 documents")
-    parser.add_argument("--repeat", type=int, default=1, help="timed runs per side; the fastest counts")
+    parser = Parser(description=__doc__.splitlines()[0], smoke=f"{SMOKE_DOCS:,} documents, TRL if installed")
+    parser.add_argument("--n", type=positive_int, default=1_000_000, help="documents per distribution")
+    parser.add_argument("--quick", action="store_true", help="a short run: 20,000 documents")
+    parser.add_argument("--repeat", type=positive_int, default=1, help="timed runs per side; the fastest counts")
     args = parser.parse_args()
-    n = 20_000 if args.quick else args.n
+    n = SMOKE_DOCS if args.smoke else 20_000 if args.quick else args.n
+    with_trl = trl_available()
+    if not with_trl and not args.smoke:
+        fail(
+            "bench/pack.py", "the baseline needs TRL, the bench extra: pip install -c constraints/cpu.txt -e '.[bench]'"
+        )
 
     datasets.disable_progress_bars()
-    warm_up()
+    warm_up(SMOKE_WARM_DOCS if args.smoke else 2000, with_trl)
     for name, make in (("lognormal", lognormal_lengths), ("pareto", pareto_lengths)):
-        report(run(name, make(n, seed=0), args.repeat))
+        report(run(name, make(n, seed=0), args.repeat, with_trl))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,73 @@
+"""What every benchmark in bench/ shares: its figure lines, its `--smoke` flag and one-line refusals.
+
+A benchmark ends with one or more figure lines, each the figure its issue names, the baseline it is
+measured against in the same run, and the load average while it ran:
+
+    figure: <bench>: <what>: <figure>; baseline: <the baseline and its figure>; load average 1.02 0.88 0.61
+
+`--smoke` runs the same code paths on tiny inputs in seconds and prints the same lines; tests/test_benchmarks.py
+runs every bench's smoke size in the test suite. A smoke figure says nothing about the targets.
+
+bench/ scripts import this as `benchlib` (a script's own folder is first on sys.path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+FIGURE = "figure:"
+
+
+def load_average() -> str:
+    """The machine's 1, 5 and 15 minute load averages (os.getloadavg)."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def figure(bench: str, what: str, value: str, baseline: str) -> None:
+    """Print one figure line: `what` measured as `value`, against `baseline` (its name and figure, from this run)."""
+    print(f"{FIGURE} {bench}: {what}: {value}; baseline: {baseline}; {load_average()}", flush=True)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the benches' conventions: `--smoke`, and a bad argument refused in one line (exit 2)."""
+
+    def __init__(self, *args, smoke: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if smoke is not None:
+            self.add_argument(
+                "--smoke",
+                action="store_true",
+                help=f"tiny inputs, seconds ({smoke}): the same code paths and figure lines, not the target's size",
+            )
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, not {text}")
+    return value
+
+
+def fail(bench: str, message: str, status: int = 2):
+    """Stop with one line naming the bench."""
+    print(f"{bench}: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(status)
