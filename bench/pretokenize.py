@@ -10,12 +10,11 @@ is the full stage call: read JSONL, tokenize, write zstd Parquet shards and the
 manifest (including its sha256 of inputs and tokenizer). Both timings include
 loading the tokenizer.
 
-    python bench/pretokenize.py [--quick] [--repeat N]
+    python bench/pretokenize.py [--quick] [--smoke] [--repeat N]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
@@ -31,6 +30,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from benchlib import Parser, figure, positive_int  # noqa: E402
 from wattgate.config import validate_config  # noqa: E402
 from wattgate.data.demo_corpus import generate  # noqa: E402
 from wattgate.data.pretokenize import pretokenize  # noqa: E402
@@ -40,6 +40,7 @@ TEXT_BYTES = 20_000_000
 CHAT_DOCS = 55_000  # ~280 bytes each: ~15 MB
 TEXT_VOCAB, CHAT_VOCAB = 8192, 2048  # chat: the embedded default's vocabulary
 TARGETS = {"text": 1.3, "chat": 1.0}  # ours / baseline tokens per second
+SMOKE_TEXT_BYTES, SMOKE_CHAT_DOCS = 200_000, 400
 
 # ---------------------------------------------------------------- corpora
 
@@ -137,8 +138,9 @@ def flat_ids(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     return lengths, pc.list_flatten(arr).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def ours_ids(out: Path, manifest: dict) -> tuple[np.ndarray, np.ndarray]:
-    tables = [pq.read_table(out / name, columns=["input_ids"]) for name in manifest["shards"]]
+def ours_ids(out: Path, manifest) -> tuple[np.ndarray, np.ndarray]:
+    """Our token ids, shard by shard as the stage's Manifest lists them."""
+    tables = [pq.read_table(out / name, columns=["input_ids"]) for name in manifest.shards]
     return flat_ids(pa.concat_tables(tables).column("input_ids"))
 
 
@@ -182,10 +184,10 @@ def compare(kind: str, corpus: Path, tokenizer_dir: Path, work: Path, repeat: in
     return {
         "kind": kind,
         "bytes": corpus.stat().st_size,
-        "docs": manifest["num_docs"],
+        "docs": manifest.num_docs,
         "rows": mapped.num_rows,
         "tokens": int(ours[0].sum()),
-        "dropped": manifest["dropped"],
+        "dropped": manifest.dropped,
         "t_ours": min(t_ours),
         "t_base": min(t_base),
         "mismatch": mismatch,
@@ -203,6 +205,12 @@ def report(r: dict) -> None:
     print(f"  wattgate pretokenize()     {r['t_ours']:7.2f} s  {ours:12,.0f} tokens/s")
     print(f"  ratio ours/baseline {ratio:.2f}x  target >= {target}x  {'PASS' if ratio >= target else 'FAIL'}")
     print(f"  ids identical to baseline: {'yes' if r['mismatch'] is None else 'NO: ' + r['mismatch']}")
+    figure(
+        "pretokenize",
+        f"{r['kind']}, {r['tokens']:,} tokens, pretokenize() tokens/s",
+        f"{ours:,.0f} tokens/s, {ratio:.2f}x the baseline (target >= {target}x)",
+        f"datasets load_dataset + map {base:,.0f} tokens/s",
+    )
 
 
 def warm_up(work: Path, text_tok: Path, chat_tok: Path) -> None:
@@ -216,17 +224,21 @@ def warm_up(work: Path, text_tok: Path, chat_tok: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: ~2 MB of each corpus")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per side; the fastest counts")
+    smoke = f"{SMOKE_TEXT_BYTES:,} bytes of text, {SMOKE_CHAT_DOCS} chats"
+    parser = Parser(description=__doc__.splitlines()[0], smoke=smoke)
+    parser.add_argument("--quick", action="store_true", help="a short run: ~2 MB of each corpus")
+    parser.add_argument("--repeat", type=positive_int, default=1, help="runs per side; the fastest counts")
     args = parser.parse_args()
-    scale = 10 if args.quick else 1
+    text_bytes, chat_docs = (
+        (SMOKE_TEXT_BYTES, SMOKE_CHAT_DOCS) if args.smoke else (TEXT_BYTES // 10, CHAT_DOCS // 10) if args.quick
+        else (TEXT_BYTES, CHAT_DOCS)
+    )  # fmt: skip
     datasets.disable_progress_bars()
 
     with tempfile.TemporaryDirectory(prefix="wattgate-bench-") as tmp:
         work = Path(tmp)
-        texts = make_text_docs(TEXT_BYTES // scale, seed=0)
-        chats = generate(CHAT_DOCS // scale, seed=0, max_turns=24)
+        texts = make_text_docs(text_bytes, seed=0)
+        chats = generate(chat_docs, seed=0, max_turns=24)
         write_jsonl(work / "text.jsonl", [{"text": t} for t in texts])
         write_jsonl(work / "chat.jsonl", chats)
         text_tok = make_tokenizer(texts, TEXT_VOCAB, work / "tok-text")
