@@ -29,12 +29,13 @@ differs between processes with different allocation histories. Setting
 MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ in the environment applies to
 both sides.
 
-    python bench/train_overhead.py [--quick] [--repeat N] [--steps N] [--keep DIR]
+`--smoke` runs each side once for a few steps, reruns nothing and judges only the same-math check.
+
+    python bench/train_overhead.py [--quick] [--smoke] [--repeat N] [--steps N] [--keep DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -47,6 +48,8 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+
+from benchlib import Parser, figure, positive_int
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
@@ -61,6 +64,7 @@ TRAIN = {
     "log_every": 100_000,
 }  # no checkpoint but the final one, few prints
 WARMUP_STEPS = 5  # dropped from the statistics: FSDP lazy init, allocator and cache warm-up
+SMOKE_STEPS = WARMUP_STEPS + 3
 BUSY_CPUS = 0.15  # other processes' average CPU use that marks a run as disturbed (rerun)
 MAX_TRIES = 3  # per run
 LOSS_CHECK_STEPS = 5
@@ -100,7 +104,7 @@ def make_inputs(work: Path, steps: int) -> tuple[dict, int]:
     write_pretokenized(work / "pretokenized", int(steps * packs_per_step * t["seq_len"] * 0.97))
     plan = build_plan(config, work / "pretokenized", work / "plan")
     (work / "config.yaml").write_text(yaml.safe_dump(config))
-    return config, plan["steps_per_epoch"] * plan["epochs"]
+    return config, plan.steps_per_epoch * plan.epochs
 
 
 def torchrun(args: list[str], log: Path) -> None:
@@ -329,13 +333,13 @@ def own_usage() -> tuple[float, int]:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, me.ru_minflt + kids.ru_minflt
 
 
-def undisturbed_run(fn, work: Path, out: Path, label: str) -> dict:
-    """fn(work, out), rerun (fresh out) while other processes kept more than BUSY_CPUS busy.
+def undisturbed_run(fn, work: Path, out: Path, label: str, tries: int = MAX_TRIES) -> dict:
+    """fn(work, out), rerun (fresh out, at most `tries` runs) while other processes kept more than BUSY_CPUS busy.
 
     Both sides need the 2 cores to themselves; a test suite running beside the bench
     doubled step times in our runs, which no statistic over steps can undo.
     """
-    for attempt in range(1, MAX_TRIES + 1):
+    for attempt in range(1, tries + 1):
         run_out = out if attempt == 1 else out.with_name(f"{out.name}-try{attempt}")
         (m0, (o0, f0)), t0 = (machine_cpu_s(), own_usage()), time.perf_counter()
         res = fn(work, run_out)
@@ -346,7 +350,7 @@ def undisturbed_run(fn, work: Path, out: Path, label: str) -> dict:
             return res
         print(
             f"  {label}: other processes kept {res['other_cpus']:.2f} CPUs busy "
-            f"(try {attempt}/{MAX_TRIES}){'; rerunning' if attempt < MAX_TRIES else '; kept, flagged'}",
+            f"(try {attempt}/{tries}){'; rerunning' if attempt < tries else '; kept, flagged'}",
             flush=True,
         )
     return res
@@ -386,8 +390,9 @@ def explain_overhead(ours: list[dict], bare: list[dict], bare_step: float) -> No
     )
 
 
-def report(runs: dict[str, list[dict]], quick: bool) -> bool:
-    """Print the verdicts; True when all pass (in --quick the ratio is shown, not judged)."""
+def report(runs: dict[str, list[dict]], quick: bool, smoke: bool) -> bool:
+    """Print the verdicts; True when all pass (in --quick the ratio is shown, not judged; in --smoke only the
+    same-math check is judged)."""
     best = {
         side: {k: min(statistics.median(r[k]) for r in rs) for k in ("period", "step_time")}
         for side, rs in runs.items()
@@ -420,22 +425,31 @@ def report(runs: dict[str, list[dict]], quick: bool) -> bool:
     disturbed = sum(1 for rs in runs.values() for r in rs if (r["other_cpus"] or 0) > BUSY_CPUS)
     if disturbed:
         print(f"  note: {disturbed} run(s) ran beside other work (> {BUSY_CPUS} CPUs); their timings are not reliable")
-    return all(verdicts)
+    figure(
+        "train_overhead",
+        "wattgate train, step period (median per run, best run)",
+        f"{fmt_ms(best['ours']['period'])}, {best['ours']['period'] / best['bare']['period']:.3f}x the baseline "
+        f"(target <= {TARGET_RATIO})",
+        f"a bare FSDP2 loop on the same batches {fmt_ms(best['bare']['period'])}",
+    )
+    return same_math if smoke else all(verdicts)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0], smoke=f"{SMOKE_STEPS} steps, one run per side")
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 15 steps, 2 runs per side; the ratio is printed, not judged (too noisy)",
+        help="a short run: 15 steps, 2 runs per side; the ratio is printed, not judged (too noisy)",
     )
-    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default 40)")
-    parser.add_argument("--repeat", type=int, default=None, help="runs per side, alternating (default 4)")
+    parser.add_argument("--steps", type=positive_int, default=None, help="optimizer steps per run (default 40)")
+    parser.add_argument("--repeat", type=positive_int, default=None, help="runs per side, alternating (default 4)")
     parser.add_argument("--keep", type=Path, default=None, help="work folder to keep (default: a temp folder)")
     args = parser.parse_args()
-    steps = args.steps or (15 if args.quick else 40)
-    repeat = args.repeat or (2 if args.quick else 4)
+    steps = args.steps or (SMOKE_STEPS if args.smoke else 15 if args.quick else 40)
+    repeat = args.repeat or (1 if args.smoke else 2 if args.quick else 4)
+    if steps <= WARMUP_STEPS + 1:
+        parser.error(f"--steps must be above {WARMUP_STEPS + 1}: the first {WARMUP_STEPS} steps are not timed")
 
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="wattgate-train-bench-") as tmp:
@@ -452,7 +466,8 @@ def main() -> None:
         runs = {"ours": [], "bare": []}
         for r in range(repeat):
             for side, fn in (("ours", run_ours), ("bare", run_bare)):
-                res = undisturbed_run(fn, work, work / f"{side}-{r}", f"run {r + 1} {side}")
+                tries = 1 if args.smoke else MAX_TRIES
+                res = undisturbed_run(fn, work, work / f"{side}-{r}", f"run {r + 1} {side}", tries)
                 runs[side].append(res)
                 extra = f", data_wait {100 * res['data_wait_share']:.2f}%" if side == "ours" else ""
                 other = "" if res["other_cpus"] is None else f", other processes {res['other_cpus']:.2f} CPUs"
@@ -462,8 +477,9 @@ def main() -> None:
                     f"minor page faults {res['page_faults'] / 1000:.0f}k{other}",
                     flush=True,
                 )
-    ok = report(runs, args.quick)
-    print(f"overall: {'PASS' if ok else 'FAIL'} (wall {time.perf_counter() - t_start:.0f} s)")
+    ok = report(runs, args.quick, args.smoke)
+    judged = "; smoke: the same-math check only" if args.smoke else ""
+    print(f"overall: {'PASS' if ok else 'FAIL'} (wall {time.perf_counter() - t_start:.0f} s{judged})")
     sys.exit(0 if ok else 1)
 
 
