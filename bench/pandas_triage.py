@@ -67,15 +67,16 @@ deliberate slowness, for the same windowing, labelling and summary as
 Standalone:
 
     python bench/pandas_triage.py TRACE.parquet... --gpu-model b300 [--window-s 1] [--compare [--run-dir DIR]]
+    python bench/pandas_triage.py --smoke
 
-prints the time and the phase shares; --compare also runs the package's
-triage (power only, and with --run-dir also with the run's heartbeats and
-metrics) on the same traces and prints the agreement of the phase shares.
+prints the time and the phase shares, and the package's own triage() of the same traces (power only) timed
+beside it; --compare also prints the agreement of the phase shares (and with --run-dir the package's triage with
+the run's heartbeats and metrics). `--smoke` builds a quarter-hour trace of 2 hosts x 2 GPUs with a run folder
+(wattgate.testing.synthetic_trace) and compares on it.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -86,6 +87,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from benchlib import Parser, figure, positive_float, positive_int
 from wattgate.triage_tables import POWER_PHASES, resolve_table, shipped_table
 
 LABELS = POWER_PHASES + ("unknown",)
@@ -537,16 +539,37 @@ def shares_line(shares: dict) -> str:
     return ", ".join(f"{p} {100 * shares.get(p, 0.0):.1f}%" for p in LABELS if shares.get(p, 0.0) > 0)
 
 
+def smoke_traces(folder: Path) -> tuple[list[Path], Path]:
+    """A quarter hour of 2 hosts x 2 B300 GPUs (compute, a checkpoint, a hang) and its run folder."""
+    from wattgate.testing.synthetic_trace import build_trace, gpus_of, job, write_run_info
+
+    segments = [("idle", 30), ("compute", 300), ("checkpoint", 90), ("compute", 300), ("deadlock", 180)]
+    synth = build_trace(job(gpus_of(2, 2), segments), shipped_table("b300"), with_truth=False)
+    write_run_info(folder / "run", synth)
+    return synth.write(folder / "telemetry"), folder / "run"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("traces", nargs="+", type=Path)
+    parser = Parser(description=__doc__.splitlines()[0], smoke="a quarter hour of 2 hosts x 2 GPUs, --compare")
+    parser.add_argument("traces", nargs="*", type=Path)
     parser.add_argument("--gpu-model", default=None)
     parser.add_argument("--table", default=None, help="a triage table YAML instead of a shipped one")
-    parser.add_argument("--window-s", type=float, default=1.0)
-    parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--compare", action="store_true", help="also run the package's triage and compare shares")
+    parser.add_argument("--window-s", type=positive_float, default=1.0)
+    parser.add_argument("--repeat", type=positive_int, default=1)
+    parser.add_argument("--compare", action="store_true", help="also print the package's phase shares beside ours")
     parser.add_argument("--run-dir", type=Path, default=None, help="with --compare: also triage with run info")
     args = parser.parse_args()
+    if args.smoke == bool(args.traces):
+        parser.error("give trace files, or --smoke (which makes its own)")
+    if args.smoke:
+        import tempfile
+
+        tmp = tempfile.TemporaryDirectory(prefix="wattgate-bench-pandas-triage-")
+        args.traces, args.run_dir = smoke_traces(Path(tmp.name))
+        args.gpu_model, args.compare = "b300", True
+    missing = [str(p) for p in args.traces if not p.is_file()]
+    if missing:
+        parser.error(f"no such trace file: {', '.join(missing)}")
     table = resolve_table(args.table, args.gpu_model, [])
     times = []
     for _ in range(args.repeat):
@@ -559,15 +582,23 @@ def main() -> None:
         f"{sum(energy.values()) / 3.6e6:.3f} kWh (trapezoid)"
     )
     print(f"  pandas shares:  {shares_line(shares)}")
-    if args.compare:
-        modes = [("package, power only", None)] + ([("package, run info", args.run_dir)] if args.run_dir else [])
-        for name, run_dir in modes:
-            theirs, t = package_shares(args.traces, args.gpu_model or table.gpu_model.lower(), args.window_s, run_dir)
+    modes = [("package, power only", None)] + ([("package, run info", args.run_dir)] if args.run_dir else [])
+    package_s = None
+    for name, run_dir in modes if args.compare else modes[:1]:
+        theirs, t = package_shares(args.traces, args.gpu_model or table.gpu_model.lower(), args.window_s, run_dir)
+        package_s = t if package_s is None else package_s
+        if args.compare:
             diff = max(abs(shares.get(p, 0.0) - theirs.get(p, 0.0)) for p in LABELS)
             print(
                 f"  {name + ':':22s}{shares_line(theirs)}  (triage() {t:.2f} s; "
                 f"largest share difference {100 * diff:.1f} points)"
             )
+    figure(
+        "pandas_triage",
+        f"the pandas triage + summary of {len(args.traces)} trace file(s), {int(phases['windows'].sum()):,} windows",
+        f"best {min(times):.2f} s",
+        f"the package's triage() of the same traces, power only, read included {package_s:.2f} s",
+    )
 
 
 if __name__ == "__main__":

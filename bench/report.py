@@ -36,7 +36,9 @@ Also, clearly separate from the ratio and run once: the summary numbers alone
 pandas_summary: energy per GPU from counter and edges, phase time and energy
 shares), as a check that both give the same numbers, with their times.
 
-    python bench/report.py [--hours 24] [--repeat 2] [--keep DIR]
+`--smoke`: a quarter of an hour, one run per side.
+
+    python bench/report.py [--hours 24] [--repeat 2] [--keep DIR] [--smoke]
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from benchlib import Parser, figure, positive_float, positive_int
 from triage_accuracy import day_schedule  # bench/, on sys.path as the script's folder
 
 from wattgate.artifacts import write_json_atomic
@@ -72,6 +75,7 @@ TARGET_RATIO = 10.0  # issue 34: triage + report (stragglers included) at least 
 COUNTER_EVERY = 100  # samples between energy counter reads (10 s at 10 Hz)
 STRAGGLER = ("node1", 3)
 STEP_S = 2.0
+SMOKE_HOURS = 0.25
 
 # ---------------------------------------------------------------- the run on disk
 
@@ -239,12 +243,13 @@ def pandas_summary(trace_paths: list[Path], phases_path: Path, window_s: float) 
     }
 
 
-def ours(summary: dict) -> dict:
-    by = summary["phases"]["by_phase"]
+def ours(summary) -> dict:
+    """The numbers pandas_summary gives, from wattgate's Summary record."""
+    by = summary.phases.by_phase
     return {
-        "energy_kwh": summary["energy"]["kwh"],
-        "time_share": {p: v["time_share"] for p, v in by.items()},
-        "energy_share": {p: v["energy_share"] for p, v in by.items()},
+        "energy_kwh": summary.energy.kwh,
+        "time_share": {p: v.time_share for p, v in by.items()},
+        "energy_share": {p: v.energy_share for p, v in by.items()},
     }
 
 
@@ -317,9 +322,9 @@ def line(name: str, t: list[float], extra: str = "") -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hours", type=float, default=24.0)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser = Parser(description=__doc__.splitlines()[0], smoke=f"{SMOKE_HOURS:g} h, one run per side")
+    parser.add_argument("--hours", type=positive_float, default=None, help="length of the trace (default 24)")
+    parser.add_argument("--repeat", type=positive_int, default=None, help="runs per side (default 2)")
     parser.add_argument(
         "--keep",
         type=Path,
@@ -330,6 +335,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args)
+    args.hours = args.hours or (SMOKE_HOURS if args.smoke else 24.0)
+    args.repeat = args.repeat or (1 if args.smoke else 2)
     tmp = Path(tempfile.mkdtemp(prefix="wattgate-bench-report-")) if args.keep is None else args.keep
     try:
         start = time.perf_counter()
@@ -374,6 +381,12 @@ def main() -> None:
             f"  ratio (pandas / wattgate, best of each): {ratio:.1f}x   target >= {TARGET_RATIO:g}x: "
             f"{'PASS' if ratio >= TARGET_RATIO else 'FAIL'}"
         )
+        figure(
+            "report",
+            f"triage + report, 16 GPUs x {args.hours:g} h x 10 Hz ({rows:,} rows)",
+            f"best {min(t_e2e):.2f} s, pandas / wattgate {ratio:.1f}x (target >= {TARGET_RATIO:g}x)",
+            f"the same labels, summary numbers and stragglers in pandas, best {min(t_pd):.2f} s",
+        )
         mine, theirs = ours_runs[-1]["shares"], pandas_runs[-1]["shares"]
         diff = max(abs(mine.get(p, 0.0) - theirs.get(p, 0.0)) for p in LABELS)
         print(
@@ -407,7 +420,7 @@ def main() -> None:
         bad = agree(mine, theirs)
         print(
             f"    same numbers: {'yes' if not bad else 'NO: ' + '; '.join(bad)} (energy {mine['energy_kwh']:.3f} "
-            f"kWh by {analysis.summary['energy']['method']}; pandas {theirs['energy_kwh']:.3f} kWh)"
+            f"kWh by {analysis.summary.energy.method}; pandas {theirs['energy_kwh']:.3f} kWh)"
         )
         print(
             "    anomalies: "

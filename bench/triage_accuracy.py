@@ -41,12 +41,16 @@ memory), best and median of --repeat runs, against the target of ~3 s on the
 phases.parquet, the summary, triage.json and triage.md), against 10 s for
 triage plus a report.
 
-    python bench/triage_accuracy.py [--quick] [--hours 24] [--repeat 3]
+Figures: the real traces' share of windows read right with the calibrated table against the published-figure
+one; the synthetic jobs' lowest pooled recall, power only against with the run's heartbeats and metrics; and
+triage() on the speed trace against bench/pandas_triage.py's pandas triage of the same files, timed once.
+`--smoke`: the H100 table only, 10 Hz, a quarter-hour speed trace, one run.
+
+    python bench/triage_accuracy.py [--quick] [--smoke] [--hours 24] [--repeat 3]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -57,6 +61,7 @@ import pandas as pd
 
 import pyarrow.parquet as pq
 
+from benchlib import Parser, figure, positive_float, positive_int
 from wattgate.testing.synthetic_trace import (
     PUBLISHED_H200,
     accuracy,
@@ -68,9 +73,10 @@ from wattgate.testing.synthetic_trace import (
     write_run_info,
 )
 from wattgate.gpus import SHIPPED
-from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import load_run_info, run_triage, triage
+from wattgate.records.trace_meta import TraceMeta
 from wattgate.trace import read_trace, trace_meta
+from wattgate.triage_tables import shipped_table
 
 H200_DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h200"  # the real traces kept with the tests
 
@@ -84,6 +90,7 @@ CONDITIONS = {
     "1 Hz, 1 s averages": {"hz": 1.0, "average_over": 10},
 }
 WAITS = ("checkpoint", "deadlock", "sync_wait")
+SMOKE_HOURS = 0.25
 
 # ---------------------------------------------------------------- labelled jobs
 
@@ -140,7 +147,7 @@ def scored(model: str, cond: dict, with_run_info: bool, tmp: Path, literal: bool
         if with_run_info:
             run = tmp / f"{model}-{k}-{len(list(tmp.iterdir()))}"
             write_run_info(run, synth)
-            info = load_run_info(run, [synth.meta(h) for h in sorted({h for h, _ in gpus})])
+            info = load_run_info(run, [TraceMeta.from_json(synth.meta(h)) for h in sorted({h for h, _ in gpus})])
         phases = triage(synth.table, table, deadlock_after_s=DEADLOCK_AFTER_S, run_info=info)
         acc = accuracy(phases, synth)
         rows.append(
@@ -160,6 +167,11 @@ def recall_table(cond: dict, with_run_info: bool, tmp: Path, models: list[str], 
     return table.reindex([p for p in PHASE_ORDER + ["unknown"] if p in table.index])
 
 
+def lowest_recall(t: pd.DataFrame) -> float:
+    """The lowest pooled recall over the true phases of a recall table."""
+    return float(t.loc[[p for p in PHASE_ORDER if p in t.index], "all"].min())
+
+
 def print_table(title: str, t: pd.DataFrame) -> None:
     print(f"  {title}")
     cols = [c for c in t.columns if c != "windows"]
@@ -171,18 +183,19 @@ def print_table(title: str, t: pd.DataFrame) -> None:
     )
     for phase, row in t.iterrows():
         print("    " + f"{phase:16s}" + "".join(f"{row[c]:8.3f}" for c in cols) + f"{int(row['windows']):9d}")
-    low = t.loc[[p for p in PHASE_ORDER if p in t.index], "all"].min()
-    print(f"    lowest pooled recall {low:.3f}")
+    print(f"    lowest pooled recall {lowest_recall(t):.3f}")
 
 
 # ---------------------------------------------------------------- real data
 
 
-def print_agreement(title: str, t: pd.DataFrame) -> None:
+def print_agreement(title: str, t: pd.DataFrame) -> float:
+    """Print an agreement table; returns the share of all its windows read right."""
     print(f"  {title}")
     for name, row in t.iterrows():
         read = ", ".join(f"{k} {v}" for k, v in row["read_as"].items())
         print(f"    {name:16s}{row['agree']:8.3f}{int(row['windows']):5d} windows  read as: {read}")
+    return float((t["agree"] * t["windows"]).sum() / t["windows"].sum())
 
 
 def bench_real() -> None:
@@ -193,8 +206,9 @@ def bench_real() -> None:
     print("== real data (NVIDIA H200): share of windows read right")
     trace = read_trace(H200_DATA / "calibration-trace.parquet")
     labels = pq.read_table(H200_DATA / "calibration-trace.labels.parquet").to_pandas()
+    right = {}
     for name, table in tables.items():
-        print_agreement(
+        right[name] = print_agreement(
             f"calibration trace, {name}, power only",
             calibration_agreement(triage(trace, table, deadlock_after_s=10), labels),
         )
@@ -204,6 +218,13 @@ def bench_real() -> None:
     for name, table in tables.items():
         for label, ri in (("with heartbeats + metrics", info), ("power only", None)):
             print_agreement(f"train run, {name}, {label}", train_agreement(triage(trace, table, run_info=ri), run))
+    calibrated, published = tables
+    figure(
+        "triage_accuracy",
+        f"the real H200 calibration trace, {calibrated}, share of windows read right",
+        f"{right[calibrated]:.3f}",
+        f"the {published} {right[published]:.3f}",
+    )
 
 
 # ---------------------------------------------------------------- speed
@@ -250,7 +271,7 @@ def bench_speed(hours: float, repeat: int, tmp: Path) -> None:
         f"{phases.num_rows:,} windows)"
     )
     write_run_info(tmp / "run", synth, step_s=2.0)
-    info = load_run_info(tmp / "run", [synth.meta(h) for h in ("node0", "node1")])
+    info = load_run_info(tmp / "run", [TraceMeta.from_json(synth.meta(h)) for h in ("node0", "node1")])
     _, t_info = timed(triage, synth.table, table, repeat=repeat, run_info=info)
     print(
         f"  + run info         best {min(t_info):6.2f} s  median {statistics.median(t_info):6.2f} s  "
@@ -262,8 +283,19 @@ def bench_speed(hours: float, repeat: int, tmp: Path) -> None:
         f"  run_triage()       best {min(t_e2e):6.2f} s  median {statistics.median(t_e2e):6.2f} s  "
         "(read 2 host files, triage, write 4 artifacts)"
     )
-    shares = ", ".join(f"{p} {100 * v['share']:.1f}%" for p, v in sorted(result["phases"].items()))
+    shares = ", ".join(f"{p} {100 * v.share:.1f}%" for p, v in sorted(result.phases.items()))
     print(f"  labels: {shares}")
+    from pandas_triage import pandas_triage_and_summary  # bench/pandas_triage.py: report.py's baseline
+
+    start = time.perf_counter()
+    pandas_triage_and_summary(paths, table, 1.0)
+    t_pd = time.perf_counter() - start
+    figure(
+        "triage_accuracy",
+        f"triage() on 16 GPUs x {hours:g} h x 10 Hz ({rows:,} rows)",
+        f"best {min(t):.2f} s (target <= {TARGET_TRIAGE_S:g} s for 24 h)",
+        f"pandas triage + summary of the same trace (bench/pandas_triage.py), read included, once {t_pd:.2f} s",
+    )
     if rows == 16 * 24 * 3600 * 10:
         print(
             f"  target triage() <= {TARGET_TRIAGE_S:.0f} s: {'PASS' if min(t) <= TARGET_TRIAGE_S else 'FAIL'}; "
@@ -275,15 +307,15 @@ def bench_speed(hours: float, repeat: int, tmp: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smoke run: H100 and B300 only, 10 Hz, a 1 h trace")
-    parser.add_argument("--hours", type=float, default=24.0, help="length of the speed trace")
-    parser.add_argument("--repeat", type=int, help="timed runs (default 3, quick 1)")
+    parser = Parser(description=__doc__.splitlines()[0], smoke=f"H100 only, 10 Hz, a {SMOKE_HOURS:g} h trace")
+    parser.add_argument("--quick", action="store_true", help="a short run: H100 and B300 only, 10 Hz, a 1 h trace")
+    parser.add_argument("--hours", type=positive_float, default=24.0, help="length of the speed trace")
+    parser.add_argument("--repeat", type=positive_int, help="timed runs (default 3, quick and smoke 1)")
     args = parser.parse_args()
-    models = ["h100", "b300"] if args.quick else list(SHIPPED)
-    conditions = dict(list(CONDITIONS.items())[:1]) if args.quick else CONDITIONS
-    hours = 1.0 if args.quick else args.hours
-    repeat = args.repeat or (1 if args.quick else 3)
+    models = ["h100"] if args.smoke else ["h100", "b300"] if args.quick else list(SHIPPED)
+    conditions = dict(list(CONDITIONS.items())[:1]) if args.quick or args.smoke else CONDITIONS
+    hours = SMOKE_HOURS if args.smoke else 1.0 if args.quick else args.hours
+    repeat = args.repeat or (1 if args.quick or args.smoke else 3)
 
     with tempfile.TemporaryDirectory(prefix="wattgate-bench-triage-") as tmp:
         tmp = Path(tmp)
@@ -291,10 +323,19 @@ def main() -> None:
         runs = tmp / "runs"
         runs.mkdir()
         print(f"== accuracy: recall per true phase, deadlock_after_s {DEADLOCK_AFTER_S:g}, 2 jobs x 4 GPUs per model")
+        lowest = {}
         for name, cond in conditions.items():
             for with_run_info in (False, True):
                 t = recall_table(cond, with_run_info, runs, models)
                 print_table(f"{name}, {'with heartbeats + metrics' if with_run_info else 'power only'}", t)
+                lowest.setdefault(with_run_info, []).append(lowest_recall(t))
+        figure(
+            "triage_accuracy",
+            f"synthetic jobs ({', '.join(m.upper() for m in models)}), lowest pooled recall over the conditions, "
+            "power only",
+            f"{min(lowest[False]):.3f}",
+            f"the same jobs with their heartbeats and metrics {min(lowest[True]):.3f}",
+        )
         if not args.quick:
             t = recall_table({}, False, runs, models, literal=True)
             print_table("10 Hz, power only, waits at 1.9-2.2 x idle_w (limit of the shipped bands)", t)
