@@ -11,22 +11,27 @@ and what the gate's per-source checks add at 1M documents. Both sides run in thi
 - gate: `check_conservation` on the mixture plan's rows with and without its per-source expectations
   (`gate/mixture_checks.py`), plus the cross-source duplicate screen the leakage check adds. Target: <= 0.1 s.
 
-    python bench/mixture.py [--n 1000000] [--repeat 5] [--epochs 1]
+`--smoke`: 20,000 documents, one run of each.
+
+    python bench/mixture.py [--n 1000000] [--repeat 5] [--epochs 1] [--smoke]
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
+from benchlib import Parser, figure, positive_int
+from wattgate.config import run_config, validate_config
 from wattgate.data.mixture import Source
 from wattgate.gate.checks import check_conservation
 from wattgate.gate.mixture_checks import cross_source_duplicates, mixture_inputs
 from wattgate.pack.assign import Layout
 from wattgate.pack.mixture import SourceDocs, choose, mixture_record
 from wattgate.pack.plan import plan_epochs, plan_subset
+from wattgate.records.manifest import Manifest, SourceRange
+from wattgate.records.plan import Plan
 from wattgate.run_files import PackRows
 
 SEQ_LEN = 8192
@@ -34,6 +39,7 @@ LAYOUT = Layout(16, 1, 8)
 ATTN_WEIGHT = 1.0e-5
 SOURCES = 5
 PLAN_TARGET, GATE_TARGET_S = 1.15, 0.1
+SMOKE_DOCS = 20_000
 
 
 def best_of(fn, repeat: int):
@@ -66,13 +72,14 @@ def rows_of(packs, placement, tokens) -> PackRows:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=1_000_000)
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=1)
+    ap = Parser(description=__doc__.splitlines()[0], smoke=f"{SMOKE_DOCS:,} documents, one run of each")
+    ap.add_argument("--n", type=positive_int, default=None, help="documents (default 1,000,000)")
+    ap.add_argument("--repeat", type=positive_int, default=None, help="runs of each side (default 5)")
+    ap.add_argument("--epochs", type=positive_int, default=1)
     args = ap.parse_args()
+    args.repeat = args.repeat or (1 if args.smoke else 5)
     rng = np.random.default_rng(0)
-    n = args.n
+    n = args.n or (SMOKE_DOCS if args.smoke else 1_000_000)
     lengths = np.clip(np.rint(rng.lognormal(6.0, 1.0, n)), 2, SEQ_LEN).astype(np.int64)
     loss = lengths // 2
     hashes = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)
@@ -107,6 +114,12 @@ def main() -> None:
     ratio = t_mix / t_base
     print(f"plan, {n} documents, {args.epochs} epoch(s): one source {t_base:.3f} s, {SOURCES} sources {t_mix:.3f} s")
     print(f"  ratio {ratio:.3f}x (target <= {PLAN_TARGET}x): {'PASS' if ratio <= PLAN_TARGET else 'FAIL'}")
+    figure(
+        "mixture",
+        f"plan {n:,} documents as {SOURCES} sources (epochs: 1 each), {args.epochs} epoch(s)",
+        f"{t_mix:.3f} s, {ratio:.3f}x the baseline (target <= {PLAN_TARGET}x)",
+        f"the same documents as one source {t_base:.3f} s",
+    )
 
     # the mixture's own work alone, best of many (the end-to-end ratio above moves by +-10% with this shared
     # machine's load; the packing itself is the same call on the same documents)
@@ -125,17 +138,38 @@ def main() -> None:
     sources = once  # the gate checks the plan made above
 
     packs = rows_of(*plan[:2], plan[2])
-    config = {
-        "data": {
-            "inputs": [{"path": s.source.path, "name": s.source.name, s.source.kind: s.source.value} for s in sources]
-        }
-    }
-    manifest = {
-        "source_docs": [
-            {"name": s.source.name, "first_doc": int(a), "end_doc": int(b)}
+    config = run_config(
+        validate_config(
+            {
+                "data": {
+                    "inputs": [
+                        {"path": s.source.path, "name": s.source.name, s.source.kind: s.source.value} for s in sources
+                    ]
+                }
+            }
+        )
+    )
+    manifest = Manifest(
+        num_docs=n,
+        shards=(),
+        max_token_id=-1,
+        source_docs=tuple(
+            SourceRange(name=s.source.name, path=s.source.path, first_doc=int(a), end_doc=int(b))
             for s, a, b in zip(sources, bounds[:-1], bounds[1:])
-        ]
-    }
+        ),
+    )
+    plan_record = Plan(
+        world_size=LAYOUT.world_size,
+        seq_len=SEQ_LEN,
+        micro_batch_size=LAYOUT.micro_batch_size,
+        grad_accum=LAYOUT.grad_accum,
+        epochs=args.epochs,
+        steps_per_epoch=int(packs.step[packs.epoch == 0].max()) + 1,
+        seed=0,
+        attn_weight=ATTN_WEIGHT,
+        remainder="rebin",
+        mixture=record,
+    )
     held = np.zeros(n, dtype=bool)
     total = int(lengths.sum())
 
@@ -143,7 +177,7 @@ def main() -> None:
         return check_conservation(packs, args.epochs, lengths, total, [], {}, "rebin", None, "rebin", None)
 
     def per_source():
-        mix = mixture_inputs(config, manifest, {"mixture": record}, lengths, held)
+        mix = mixture_inputs(config, manifest, plan_record, lengths, held)
         check = check_conservation(packs, args.epochs, lengths, total, [], {}, "rebin", None, "rebin", None, mix, loss)
         return check, cross_source_duplicates(mix, hashes)
 
@@ -157,6 +191,12 @@ def main() -> None:
     added = t_src - t_plain
     print(f"gate conservation at {n} documents: once-per-epoch {t_plain:.3f} s, per source {t_src:.3f} s")
     print(f"  added {added:.3f} s (target <= {GATE_TARGET_S} s): {'PASS' if added <= GATE_TARGET_S else 'FAIL'}")
+    figure(
+        "mixture",
+        f"the gate's conservation check per source, {n:,} documents, with the cross-source duplicate screen",
+        f"{t_src:.3f} s, adds {added:.3f} s (target <= {GATE_TARGET_S} s)",
+        f"the check once per epoch, without sources {t_plain:.3f} s",
+    )
 
 
 if __name__ == "__main__":

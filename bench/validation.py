@@ -5,12 +5,13 @@ each against a plain-Python version of the same work, run in the same process.
 Targets (issue 22): carve + validation plan at most 10% more pack time; the gate's validation checks and
 their inputs at most 0.3 s.
 
-    python bench/validation.py [--n 1000000] [--fraction 0.01] [--repeat 3]
+`--smoke`: 20,000 documents, one run of each.
+
+    python bench/validation.py [--n 1000000] [--fraction 0.01] [--repeat 3] [--smoke]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 import pyarrow.parquet as pq
 
+from benchlib import Parser, figure, positive_float, positive_int
 from gate import lognormal_lengths, make_config, write_pretokenized  # bench/gate.py: the gate bench's corpus
 from wattgate.data.split import VALIDATION_FILE, carve, carve_keys, doc_ids_sha256, write_validation_ids
 from wattgate.gate import validation_checks as V
@@ -36,6 +38,7 @@ from wattgate.pack.plan import build_plan
 PACK_TARGET = 1.10
 GATE_TARGET_S = 0.3
 MASK = (1 << 64) - 1
+SMOKE_DOCS = 20_000
 
 
 def best_of(fn, repeat: int):
@@ -88,7 +91,7 @@ def with_split(pretok: Path, dest: Path, held: np.ndarray, lengths: np.ndarray) 
 
 def python_validation_checks(inputs) -> bool:
     """validation_steps, validation_conservation and leakage over Python lists, sets and Counters."""
-    v, world = inputs.validation, inputs.plan["world_size"]
+    v, world = inputs.validation, inputs.plan.world_size
     packs = v.packs
     micro_per_rank = [len({int(m) for m, r in zip(packs.micro, packs.rank) if r == k}) for k in range(world)]
     seen = Counter(int(d) for d in packs.doc_ids)
@@ -101,11 +104,15 @@ def python_validation_checks(inputs) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=1_000_000)
-    parser.add_argument("--fraction", type=float, default=0.01)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser = Parser(description=__doc__.splitlines()[0], smoke=f"{SMOKE_DOCS:,} documents, one run of each")
+    parser.add_argument("--n", type=positive_int, default=None, help="documents (default 1,000,000)")
+    parser.add_argument("--fraction", type=positive_float, default=0.01)
+    parser.add_argument("--repeat", type=positive_int, default=None, help="runs of each side (default 5)")
     args = parser.parse_args()
+    if args.fraction >= 1:
+        parser.error(f"argument --fraction: must be below 1, not {args.fraction:g}")
+    args.n = args.n or (SMOKE_DOCS if args.smoke else 1_000_000)
+    args.repeat = args.repeat or (1 if args.smoke else 5)
     with tempfile.TemporaryDirectory(prefix="wattgate-bench-validation-") as tmp:
         tmp = Path(tmp)
         lengths = lognormal_lengths(args.n)
@@ -127,7 +134,7 @@ def main() -> None:
             t_plain = min(t_plain, best_of(lambda: build_plan(config, plain, tmp / "plan-plain"), 1)[1])
             plan, t = best_of(lambda: build_plan(config, split, tmp / "plan-split"), 1)
             t_split = min(t_split, t)
-        v = plan["validation"]
+        v = plan.validation
         ratio = (t_read + t_carve + t_split) / t_plain
         print(f"== {args.n:,} documents, {int(held.sum()):,} held out ({args.fraction:g}), world 16")
         print(
@@ -135,12 +142,18 @@ def main() -> None:
             f"{t_py_carve / t_carve:.0f}x)"
         )
         print(
-            f"  pack: no split {t_plain:.3f} s, split {t_split:.3f} s (validation pass {v['num_packs']:,} packs, "
-            f"{v['micro_batches_per_rank']} micro-batches per rank, {v['strategy']})"
+            f"  pack: no split {t_plain:.3f} s, split {t_split:.3f} s (validation pass {v.num_packs:,} packs, "
+            f"{v.micro_batches_per_rank} micro-batches per rank, {v.strategy})"
         )
         print(
             f"  carve + pack with validation / pack without: {ratio:.3f} "
             f"(target <= {PACK_TARGET:.2f}: {'PASS' if ratio <= PACK_TARGET else 'FAIL'})"
+        )
+        figure(
+            "validation",
+            f"carve + pack with the validation pass, {args.n:,} documents",
+            f"{t_read + t_carve + t_split:.3f} s, {ratio:.3f}x the baseline (target <= {PACK_TARGET:.2f}x)",
+            f"pack without a split {t_plain:.3f} s",
         )
 
         ckpt = tmp / "train" / "bench" / "checkpoints"
@@ -161,10 +174,8 @@ def main() -> None:
 
         def ours():
             return [
-                V.check_validation_steps(inputs.validation, 16, 1, v["micro_batches_per_rank"]),
-                V.check_validation_conservation(
-                    inputs.validation, inputs.doc_tokens, inputs.manifest["validation"], 8192
-                ),
+                V.check_validation_steps(inputs.validation, 16, 1, v.micro_batches_per_rank),
+                V.check_validation_conservation(inputs.validation, inputs.doc_tokens, inputs.manifest.validation, 8192),
                 V.check_leakage(inputs.validation, inputs.packs),
             ]
 
@@ -179,6 +190,12 @@ def main() -> None:
         print(
             f"  the three validation checks alone {t_checks:.3f} s; plain Python {t_py_checks:.2f} s "
             f"({t_py_checks / t_checks:.0f}x)"
+        )
+        figure(
+            "validation",
+            f"the gate (load + checks) with a validation split, {args.n:,} documents",
+            f"{t_gate_split:.3f} s, the split adds {added:+.3f} s (target <= {GATE_TARGET_S:.1f} s)",
+            f"the gate without a split {t_gate_plain:.3f} s",
         )
 
 
