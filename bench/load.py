@@ -13,7 +13,11 @@ Then the model grows by `--add-layers` decoder layers (twice) and the per-rank p
 of each path is fit against the added fp32 bytes: sharded should grow by about 1/ranks of it,
 full by all of it.
 
-    python bench/load.py [--ranks 4] [--layers 10] [--add-layers 10] [--vocab 151936] [--quick]
+Figures: each size's per-rank peak RSS growth during the load, sharded against full, and (two sizes or
+more) the growth per added fp32 byte of each path. `--smoke`: one tiny model (hidden 128, vocab 2048,
+2 layers) on 2 ranks, so no growth fit.
+
+    python bench/load.py [--ranks 4] [--layers 10] [--add-layers 10] [--sizes 3] [--vocab 151936] [--quick]
 """
 
 from __future__ import annotations
@@ -29,22 +33,29 @@ from pathlib import Path
 
 import torch
 
+from benchlib import Parser, figure, positive_int
+
 MIB = 1 << 20
 GIB = 1 << 30
 
 
-def qwen3_config(layers: int, vocab: int, quick: bool) -> dict:
-    """A Qwen3-0.6B-like shape (hidden 1024, 16 heads, 8 KV heads) with `layers` decoder layers."""
-    hidden, inter = (512, 1536) if quick else (1024, 3072)
+def qwen3_config(layers: int, vocab: int, size: str) -> dict:
+    """A Qwen3-0.6B-like shape (hidden 1024, 16 heads, 8 KV heads) with `layers` decoder layers; `size` quick
+    halves the width, smoke is a tiny model (hidden 128, 4 heads)."""
+    hidden, inter, heads, kv, head_dim = {
+        "full": (1024, 3072, 16, 8, 128),
+        "quick": (512, 1536, 16, 8, 128),
+        "smoke": (128, 384, 4, 2, 32),
+    }[size]
     return {
         "model_type": "qwen3",
         "vocab_size": vocab,
         "hidden_size": hidden,
         "intermediate_size": inter,
         "num_hidden_layers": layers,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
         "max_position_embeddings": 4096,
         "tie_word_embeddings": True,
     }
@@ -110,7 +121,7 @@ def measure(path: str, ranks: int, model_dir: Path, work: Path) -> dict:
         torchrun(ranks, [__file__, "--worker", str(model_dir), "--out", str(out)])
         per_rank = json.loads((out / "full.json").read_text())
     else:
-        cfg = out / "config.yaml"
+        cfg = work / f"config-{model_dir.name}.yaml"  # beside --out: load-check writes only into its own folder
         cfg.write_text(
             json.dumps(
                 {
@@ -135,26 +146,31 @@ def slope(xs: list[float], ys: list[float]) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--layers", type=int, default=10)
-    ap.add_argument("--add-layers", type=int, default=10)
-    ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--quick", action="store_true", help="a small shape (seconds), for a smoke run")
+    ap = Parser(description=__doc__.split("\n\n")[0], smoke="one tiny model on 2 ranks")
+    ap.add_argument("--ranks", type=positive_int, default=None, help="gloo ranks (default 4)")
+    ap.add_argument("--layers", type=positive_int, default=None, help="decoder layers of the first size (10)")
+    ap.add_argument("--add-layers", type=positive_int, default=10)
+    ap.add_argument("--sizes", type=positive_int, default=None, help="model sizes (default 3)")
+    ap.add_argument("--vocab", type=positive_int, default=151936)
+    ap.add_argument("--quick", action="store_true", help="a small shape (seconds)")
     ap.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return full_worker(args.worker, args.out)
-    vocab = 8192 if args.quick else args.vocab
+    size = "smoke" if args.smoke else "quick" if args.quick else "full"
+    vocab = 2048 if args.smoke else 8192 if args.quick else args.vocab
+    ranks = args.ranks or (2 if args.smoke else 4)
+    first = args.layers or (2 if args.smoke else 10)
+    sizes = args.sizes or (1 if args.smoke else 3)
     rows = []
     with tempfile.TemporaryDirectory(prefix="wattgate-bench-load-") as tmp:
         work = Path(tmp)
-        for k in range(3):
-            layers = args.layers + k * args.add_layers
+        for k in range(sizes):
+            layers = first + k * args.add_layers
             model_dir = work / f"qwen3-{layers}l"
             t0 = time.perf_counter()
-            params = write_bf16_folder(model_dir, qwen3_config(layers, vocab, args.quick))
+            params = write_bf16_folder(model_dir, qwen3_config(layers, vocab, size))
             print(
                 f"model: {layers} layers, {params / 1e9:.3f}B params, bf16 folder written in "
                 f"{time.perf_counter() - t0:.1f} s",
@@ -162,12 +178,12 @@ def main() -> None:
             )
             row = {"layers": layers, "params": params, "fp32_bytes": params * 4}
             for path in ("full", "sharded"):
-                row[path] = measure(path, args.ranks, model_dir, work)
+                row[path] = measure(path, ranks, model_dir, work)
             rows.append(row)
             for f in model_dir.iterdir():  # free the disk (and page cache) before the next size
                 f.unlink()
 
-    print(f"\nload on {args.ranks} CPU ranks (gloo), bf16 safetensors -> fp32 FSDP2 shards; max over ranks")
+    print(f"\nload on {ranks} CPU ranks (gloo), bf16 safetensors -> fp32 FSDP2 shards; max over ranks")
     print(
         "| layers | params | fp32 model | full: load s | full: RSS growth/rank | sharded: load s "
         "| sharded: RSS growth/rank | RSS ratio full/sharded | load-time ratio full/sharded |"
@@ -180,10 +196,27 @@ def main() -> None:
             f"| {f['grown'] / MIB:.0f} MiB | {s['seconds']:.2f} | {s['grown'] / MIB:.0f} MiB "
             f"| {f['grown'] / s['grown']:.2f}x | {f['seconds'] / s['seconds']:.2f}x |"
         )
+    for r in rows:
+        figure(
+            "load",
+            f"sharded load of {r['layers']} layers ({r['fp32_bytes'] / MIB:.0f} MiB fp32) on {ranks} CPU ranks, "
+            "per-rank peak RSS growth",
+            f"{r['sharded']['grown'] / MIB:.0f} MiB in {r['sharded']['seconds']:.2f} s",
+            f"the full-model path {r['full']['grown'] / MIB:.0f} MiB in {r['full']['seconds']:.2f} s",
+        )
+    if len(rows) < 2:
+        print("growth per added layer: needs two sizes or more (--sizes)")
+        return
     added = [r["fp32_bytes"] for r in rows]
-    for path in ("full", "sharded"):
-        k = slope(added, [r[path]["grown"] for r in rows])
-        print(f"{path}: per-rank peak RSS grows by {k:.3f} x the added fp32 bytes (1/ranks = {1 / args.ranks:.3f})")
+    growth = {path: slope(added, [r[path]["grown"] for r in rows]) for path in ("full", "sharded")}
+    for path, k in growth.items():
+        print(f"{path}: per-rank peak RSS grows by {k:.3f} x the added fp32 bytes (1/ranks = {1 / ranks:.3f})")
+    figure(
+        "load",
+        f"sharded load, per-rank peak RSS growth per added fp32 byte over {len(rows)} sizes",
+        f"{growth['sharded']:.3f} (1/ranks = {1 / ranks:.3f})",
+        f"the full-model path {growth['full']:.3f}",
+    )
 
 
 if __name__ == "__main__":

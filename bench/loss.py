@@ -12,7 +12,11 @@ gate's (its `logits` terms' difference), and step time chunked / full (median of
 variant whose predicted peak over both ranks exceeds this machine's available memory is not run
 (the line says so).
 
-    python bench/loss.py [--micro-batch-sizes 1 2] [--steps 3] [--seq-len 4096] [--run-all]
+Figures, per micro_batch_size: the chunked loss's measured peak and step time against the full-logits loss's
+(the baseline), with the gate's predicted drop. `--smoke`: a tiny shape (vocab 8192, hidden 128), seq_len 1024,
+micro_batch_size 1, 2 steps.
+
+    python bench/loss.py [--micro-batch-sizes 1 2] [--steps 3] [--seq-len 4096] [--run-all] [--smoke]
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from pathlib import Path
 
 import yaml
 
+from benchlib import Parser, figure, positive_int
+
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
 SHAPE = {
@@ -43,19 +49,21 @@ SHAPE = {
     "max_position_embeddings": 4096,
     "tie_word_embeddings": True,
 }
-SEQ_LEN = 4096
+SMOKE_SHAPE = dict(SHAPE, vocab_size=8192, hidden_size=128, intermediate_size=384, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=32)  # fmt: skip
+SEQ_LEN, MIN_SEQ_LEN = 4096, 1024  # documents of 1024 tokens, the first 256 without loss
 GIB = 1 << 30
 TARGET_MATCH = 0.15  # |measured drop / predicted drop - 1|
 TARGET_TIME = 1.05  # chunked step time / full
 
 
-def config_for(kind: str, micro_batch_size: int, seq_len: int = SEQ_LEN) -> dict:
+def config_for(kind: str, micro_batch_size: int, seq_len: int = SEQ_LEN, shape: dict = SHAPE) -> dict:
     from wattgate.config import validate_config
 
     return validate_config(
         {
             "run_name": "bench-loss",
-            "model": {"config": dict(SHAPE)},
+            "model": {"config": dict(shape)},
             "cluster": {"nodes": 1, "gpus_per_node": WORLD, "gpu_model": "cpu"},
             "train": {
                 "seq_len": seq_len,
@@ -83,10 +91,12 @@ def available_bytes() -> int:
     return 0
 
 
-def run_variant(work: Path, kind: str, micro_batch_size: int, steps: int, seq_len: int, run_all: bool) -> dict:
+def run_variant(
+    work: Path, kind: str, micro_batch_size: int, steps: int, seq_len: int, run_all: bool, shape: dict
+) -> dict:
     from wattgate.train.launch import CPU_ALLOCATOR_ENV
 
-    config = config_for(kind, micro_batch_size, seq_len)
+    config = config_for(kind, micro_batch_size, seq_len, shape)
     terms = predicted(config)
     result = {"kind": kind, "mbs": micro_batch_size, "predicted": sum(terms.values()) / GIB}
     result["predicted_logits"] = terms["logits"] / GIB
@@ -121,20 +131,21 @@ def worker(out: Path, steps: int) -> None:
 
     from wattgate.train.data import IGNORE
     from wattgate.train.loop import build_optimizer
-    from wattgate.train.settings import TrainSettings
-    from wattgate.train.loss import LossSettings, summed_token_loss
+    from wattgate.train.loss import summed_token_loss
     from wattgate.train.metrics import peak_rss_bytes, reset_peak_rss
     from wattgate.train.model import load_sharded_model
+    from wattgate.train.settings import TrainSettings
 
     config = yaml.safe_load((out / "config.yaml").read_text())
-    s, loss = TrainSettings.from_config(config), LossSettings.from_train(config["train"])
+    s = TrainSettings.from_config(config)
+    loss = s.loss  # train.loss and its chunk size
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model, _ = load_sharded_model(config["model"], s, init_device_mesh("cpu", (world,)), torch.device("cpu"))
     optimizer = build_optimizer(model, s)
     g = torch.Generator().manual_seed(rank)
     shape = (s.micro_batch_size, s.seq_len)
-    ids = torch.randint(0, SHAPE["vocab_size"], shape, generator=g)
+    ids = torch.randint(0, config["model"]["config"]["vocab_size"], shape, generator=g)
     # documents of 1024 tokens; the first 256 of each (a prompt) carry no loss
     position_ids = (torch.arange(s.seq_len) % 1024).repeat(s.micro_batch_size, 1)
     labels = torch.where(position_ids >= 256, ids, IGNORE)
@@ -156,10 +167,15 @@ def worker(out: Path, steps: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--seq-len", type=int, default=SEQ_LEN, help="a smaller one for a quick try (min 1024)")
+    parser = Parser(description=__doc__.split("\n\n")[0], smoke="a tiny shape, seq_len 1024, mbs 1, 2 steps")
+    parser.add_argument("--micro-batch-sizes", type=positive_int, nargs="+", default=None, help="default 1 2")
+    parser.add_argument("--steps", type=positive_int, default=None, help="steps per variant (default 3, at least 2)")
+    parser.add_argument(
+        "--seq-len",
+        type=positive_int,
+        default=None,
+        help=f"default {SEQ_LEN}; a smaller one for a quick try (min {MIN_SEQ_LEN})",
+    )
     parser.add_argument(
         "--run-all", action="store_true", help="run a variant even when the gate's (upper-bound) peak exceeds memory"
     )
@@ -167,15 +183,19 @@ def main() -> None:
     a = parser.parse_args()
     if a.worker:
         return worker(Path(a.worker[0]), int(a.worker[1]))
-    work = Path(tempfile.mkdtemp(prefix="wattgate-loss-"))
+    shape = SMOKE_SHAPE if a.smoke else SHAPE
+    mbs_list = a.micro_batch_sizes or ([1] if a.smoke else [1, 2])
+    steps = a.steps or (2 if a.smoke else 3)
+    seq_len = a.seq_len or (MIN_SEQ_LEN if a.smoke else SEQ_LEN)
+    if steps < 2 or seq_len < MIN_SEQ_LEN:
+        parser.error(f"--steps must be at least 2 (the first is warm-up) and --seq-len at least {MIN_SEQ_LEN}")
     rows = {}
-    for mbs in a.micro_batch_sizes:
-        for kind in ("chunked", "full"):
-            rows[kind, mbs] = r = run_variant(work, kind, mbs, a.steps, a.seq_len, a.run_all)
-            print(json.dumps(r), flush=True)
-    print(
-        f"\nper-rank steady peak RSS, GiB (max over {WORLD} ranks), vocab {SHAPE['vocab_size']:,}, seq_len {a.seq_len}"
-    )
+    with tempfile.TemporaryDirectory(prefix="wattgate-loss-") as tmp:  # a failed variant prints its log's tail
+        for mbs in mbs_list:
+            for kind in ("chunked", "full"):
+                rows[kind, mbs] = r = run_variant(Path(tmp), kind, mbs, steps, seq_len, a.run_all, shape)
+                print(json.dumps(r), flush=True)
+    print(f"\nper-rank steady peak RSS, GiB (max over {WORLD} ranks), vocab {shape['vocab_size']:,}, seq_len {seq_len}")
     print(f"{'loss':>8} {'mbs':>3} {'measured':>9} {'gate':>6} {'gate/measured':>13} {'step s':>7}")
     for (kind, mbs), r in rows.items():
         if "skipped" in r:
@@ -184,7 +204,7 @@ def main() -> None:
         ratio = r["predicted"] / r["peak"]
         print(f"{kind:>8} {mbs:>3} {r['peak']:>9.2f} {r['predicted']:>6.2f} {ratio:>13.2f} {r['step_s']:>7.2f}")
     ok = True
-    for mbs in a.micro_batch_sizes:
+    for mbs in mbs_list:
         c, f = rows["chunked", mbs], rows["full", mbs]
         if "peak" not in c or "peak" not in f:
             continue
@@ -194,6 +214,13 @@ def main() -> None:
             f"mbs {mbs}: peak drop full -> chunked {drop:.2f} GiB, gate's logits terms {want:.2f} GiB "
             f"(measured / predicted {drop / want:.2f}); step time chunked / full {time_ratio:.2f}; "
             f"first-step loss chunked {c['loss'][0]:.2f}, full {f['loss'][0]:.2f}"
+        )
+        figure(
+            "loss",
+            f"chunked loss, vocab {shape['vocab_size']:,}, seq_len {seq_len}, micro_batch_size {mbs}, per-rank peak",
+            f"{c['peak']:.3f} GiB, {drop:.3f} GiB below the baseline (the gate's logits terms: {want:.3f} GiB); "
+            f"step {c['step_s']:.3f} s, {time_ratio:.2f}x the baseline's",
+            f"the full-logits loss {f['peak']:.3f} GiB, step {f['step_s']:.3f} s",
         )
         ok &= drop >= (1 - TARGET_MATCH) * want and abs(drop / want - 1) <= TARGET_MATCH and time_ratio <= TARGET_TIME
     print(f"goal (drop >= the gate's within {TARGET_MATCH:.0%}, time <= {TARGET_TIME}x): {'met' if ok else 'NOT met'}")

@@ -14,7 +14,11 @@ gradients, 8 bytes per parameter over 4 ranks). Both sides run with the environm
 `wattgate launch` gives CPU ranks (train/launch.py, launch_env), and the plain loop also without
 it (glibc's defaults) as a baseline.
 
-    python bench/steady_memory.py [--layers 12 24] [--keep DIR]
+Figures, per shape: wattgate's steady peak against the plain loop's (the launcher's environment), with the gate's
+estimate. `--smoke`: hidden 128, 2 layers, 2 ranks, and no glibc-defaults run of the plain loop (the same code
+as the plain run, another environment).
+
+    python bench/steady_memory.py [--layers 12 24] [--ranks 4] [--keep DIR] [--smoke]
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import yaml
+
+from benchlib import Parser, figure, positive_int
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 4
@@ -59,16 +66,19 @@ TRAIN = {
     "attn_implementation": "sdpa",
     "export_dtype": "bfloat16",
 }
+SMOKE_SHAPE = dict(
+    SHAPE, hidden_size=128, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=32
+)
 GIB = 1 << 30
 TARGET_GROWTH = 0.8  # x the added fp32 model size
 TARGET_GATE = 0.15  # |gate / measured - 1|
 
 
-def save_model(path: Path, layers: int) -> Path:
+def save_model(path: Path, layers: int, shape: dict) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = dict(SHAPE, num_hidden_layers=layers)
+    cfg = dict(shape, num_hidden_layers=layers)
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
@@ -76,8 +86,8 @@ def save_model(path: Path, layers: int) -> Path:
     return path
 
 
-def make_inputs(work: Path, layers: int) -> tuple[dict, Path]:
-    """bf16 model folder, pretokenized data, a plan for 2 steps on WORLD ranks, and the config file."""
+def make_inputs(work: Path, layers: int, world: int, shape: dict) -> tuple[dict, Path]:
+    """bf16 model folder, pretokenized data, a plan for 2 steps on `world` ranks, and the config file."""
     import numpy as np
 
     from wattgate.config import validate_config
@@ -86,25 +96,25 @@ def make_inputs(work: Path, layers: int) -> tuple[dict, Path]:
 
     folder = work / f"L{layers}"
     folder.mkdir(parents=True)
-    model = save_model(folder / "model", layers)
+    model = save_model(folder / "model", layers, shape)
     config = validate_config(
         {
             "run_name": f"steady-{layers}",
             "train": dict(TRAIN),
             "model": {"path": str(model)},
-            "cluster": {"nodes": 1, "gpus_per_node": WORLD, "gpu_model": "cpu"},
+            "cluster": {"nodes": 1, "gpus_per_node": world, "gpu_model": "cpu"},
             "pack": {"remainder": "drop"},
         }
     )
-    lengths = np.random.default_rng(0).integers(50, 64, 3 * WORLD * TRAIN["max_steps"])
-    write_random_pretokenized(folder / "pretokenized", lengths, SHAPE["vocab_size"], 0)
+    lengths = np.random.default_rng(0).integers(50, 64, 3 * world * TRAIN["max_steps"])
+    write_random_pretokenized(folder / "pretokenized", lengths, shape["vocab_size"], 0)
     build_plan(config, folder / "pretokenized", folder / "plan")
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     return config, folder
 
 
-def torchrun(args: list[str], log: Path, env: dict) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", *args]
+def torchrun(args: list[str], log: Path, env: dict, world: int) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", *args]
     with log.open("w") as f:
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     if proc.returncode:
@@ -124,11 +134,11 @@ def rank_env(config: dict, launcher: bool) -> dict:
     return env
 
 
-def run_wattgate(folder: Path, config: dict, tag: str) -> dict:
+def run_wattgate(folder: Path, config: dict, tag: str, world: int) -> dict:
     out = folder / f"train-{tag}"
     args = ["-m", "wattgate", "train", "--config", str(folder / "config.yaml")]
     args += ["--pretokenized", str(folder / "pretokenized"), "--plan", str(folder / "plan"), "--run-dir", str(out)]
-    torchrun(args, folder / f"train-{tag}.log", rank_env(config, launcher=True))
+    torchrun(args, folder / f"train-{tag}.log", rank_env(config, launcher=True), world)
     memory = json.loads((out / "TRAINED").read_text())["memory"]
     return {
         "load": max(r["phases"]["load"]["host_peak_gib"] for r in memory["per_rank"]),
@@ -136,7 +146,7 @@ def run_wattgate(folder: Path, config: dict, tag: str) -> dict:
     }
 
 
-def run_plain(folder: Path, config: dict, launcher: bool) -> dict:
+def run_plain(folder: Path, config: dict, launcher: bool, world: int) -> dict:
     tag = "plain-launch-env" if launcher else "plain-glibc-defaults"
     out = folder / tag
     out.mkdir()
@@ -144,6 +154,7 @@ def run_plain(folder: Path, config: dict, launcher: bool) -> dict:
         [str(Path(__file__).resolve()), "--plain", str(folder), str(out)],
         out.with_suffix(".log"),
         rank_env(config, launcher),
+        world,
     )
     ranks = [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
     return {"load": max(r["load"] for r in ranks), "steady": max(r["steady"] for r in ranks)}
@@ -205,48 +216,65 @@ def fp32_model_gib(config: dict) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, nargs="+", default=[12, 24])
+    parser = Parser(description=__doc__.split("\n\n")[0], smoke="hidden 128, 2 layers, 2 ranks")
+    parser.add_argument("--layers", type=positive_int, nargs="+", default=None, help="decoder layers (default 12 24)")
+    parser.add_argument("--ranks", type=positive_int, default=None, help=f"gloo ranks (default {WORLD})")
     parser.add_argument("--keep", type=Path, help="work folder to keep (default: a temporary one)")
     parser.add_argument("--plain", nargs=2, type=Path, help=argparse.SUPPRESS)
     a = parser.parse_args()
     if a.plain:
         return plain_worker(*a.plain)
+    layer_counts = a.layers or ([2] if a.smoke else [12, 24])
+    world = a.ranks or (2 if a.smoke else WORLD)
+    shape = SMOKE_SHAPE if a.smoke else SHAPE
     work = a.keep or Path(tempfile.mkdtemp(prefix="wattgate-steady-"))
     rows = []
-    for layers in a.layers:
-        config, folder = make_inputs(work, layers)
+    for layers in layer_counts:
+        config, folder = make_inputs(work, layers, world, shape)
         row = {
             "layers": layers,
             "fp32_gib": fp32_model_gib(config),
             "gate": gate_steady_gib(config),
-            "wattgate": run_wattgate(folder, config, "launch-env"),
-            "plain": run_plain(folder, config, launcher=True),
-            "plain_defaults": run_plain(folder, config, launcher=False),
+            "wattgate": run_wattgate(folder, config, "launch-env", world),
+            "plain": run_plain(folder, config, True, world),
+            "plain_defaults": None if a.smoke else run_plain(folder, config, False, world),
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(f"\nper-rank host peak, GiB (max over {WORLD} ranks); gate = the gate's steady estimate")
+    print(f"\nper-rank host peak, GiB (max over {world} ranks); gate = the gate's steady estimate")
     print(
         f"{'layers':>6} {'fp32 model':>10} {'load':>6} {'wattgate':>9} {'plain':>7} {'plain(glibc)':>13} "
         f"{'gate':>6} {'gate/wattgate':>13}"
     )
     for r in rows:
+        glibc = "-" if r["plain_defaults"] is None else f"{r['plain_defaults']['steady']:.2f}"
         print(
             f"{r['layers']:>6} {r['fp32_gib']:>10.2f} {r['wattgate']['load']:>6.2f} {r['wattgate']['steady']:>9.2f} "
-            f"{r['plain']['steady']:>7.2f} {r['plain_defaults']['steady']:>13.2f} {r['gate']:>6.2f} "
+            f"{r['plain']['steady']:>7.2f} {glibc:>13} {r['gate']:>6.2f} "
             f"{r['gate'] / r['wattgate']['steady']:>13.2f}"
+        )
+        figure(
+            "steady_memory",
+            f"wattgate train, {r['layers']} layers on {world} CPU ranks, steady per-rank host peak",
+            f"{r['wattgate']['steady']:.3f} GiB (the gate's estimate {r['gate']:.3f} GiB, "
+            f"{r['gate'] / r['wattgate']['steady']:.2f}x)",
+            f"a plain FSDP2 loop in the same environment {r['plain']['steady']:.3f} GiB",
         )
     ok = all(abs(r["gate"] / r["wattgate"]["steady"] - 1) <= TARGET_GATE for r in rows)
     if len(rows) >= 2:
         lo, hi = rows[0], rows[-1]
         added = hi["fp32_gib"] - lo["fp32_gib"]
         for side in ("wattgate", "plain", "plain_defaults"):
+            if hi[side] is None:
+                continue
             growth = (hi[side]["steady"] - lo[side]["steady"]) / added
             print(f"growth {lo['layers']} -> {hi['layers']} layers, {side}: {growth:.2f}x the added fp32 model")
         ok &= (hi["wattgate"]["steady"] - lo["wattgate"]["steady"]) / added <= TARGET_GROWTH
     print(f"goal (growth <= {TARGET_GROWTH}x, gate within {TARGET_GATE:.0%}): {'met' if ok else 'NOT met'}")
-    print(f"work folder: {work}")
+    if a.keep:
+        print(f"work folder: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
