@@ -21,18 +21,20 @@ driver's. Both ways it also times the slow-path read of one GPU with and
 without the reasons directly (the difference is too small for whole-loop CPU
 shares on a busy host to resolve), and gives what it adds per second at 10 Hz.
 
-    .venv/bin/python bench/sampler.py [--seconds 30] [--gpus 8] [--call-us 12] [--rounds 3]
+`--smoke`: half a second per run, one round, 2 GPUs.
+
+    .venv/bin/python bench/sampler.py [--seconds 30] [--gpus 8] [--call-us 12] [--rounds 3] [--smoke]
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import socket
 import tempfile
 import time
 from pathlib import Path
 
+from benchlib import Parser, figure, positive_float, positive_int
 from wattgate.telemetry.sampler import StopFlag, sample_loop
 from wattgate.trace import TraceWriter, read_trace
 
@@ -108,9 +110,15 @@ def measure(name: str, make_source, seconds: float, interval: float, folder: Pat
         f"({n} ticks, {rows} rows) | writer adds {100 * (full - base):.3f} points | "
         f"target < 1%: {'met' if full < 0.01 else 'MISSED'}"
     )
+    figure(
+        "sampler",
+        f"{name}: the sample loop at {1 / interval:g} Hz, read + write",
+        f"{100 * full:.3f}% of a core (target < 1%)",
+        f"the same source read at the same rate, nothing written {100 * base:.3f}%",
+    )
 
 
-def slow_read_us(source, n: int = 2000) -> float:
+def slow_read_us(source, n: int) -> float:
     """CPU microseconds of one GPU's slow-path read (power, utilization, clocks, reasons, memory, temperature)."""
     g = source.gpus[0]
     c = time.process_time()
@@ -119,7 +127,9 @@ def slow_read_us(source, n: int = 2000) -> float:
     return 1e6 * (time.process_time() - c) / n
 
 
-def with_and_without_reasons(name: str, make_source, seconds: float, interval: float, folder: Path, rounds: int):
+def with_and_without_reasons(
+    name: str, make_source, seconds: float, interval: float, folder: Path, rounds: int, reads: int = 2000
+):
     """The sampler with the reasons against the sampler without them: whole-loop CPU shares, each in turn
     `rounds` times (so a noisy spell hits both), and the slow-path read alone."""
     shares = {True: [], False: []}
@@ -134,7 +144,7 @@ def with_and_without_reasons(name: str, make_source, seconds: float, interval: f
                 cols = read_trace(path).column("clocks_event_reasons")
                 assert cols.null_count < len(cols), "the reasons column came back empty"
     on, off = min(shares[True]), min(shares[False])
-    per = {reasons: [slow_read_us(make_source(reasons)) for _ in range(5)] for reasons in (True, False)}
+    per = {reasons: [slow_read_us(make_source(reasons), reads) for _ in range(5)] for reasons in (True, False)}
     extra_us = min(per[True]) - min(per[False])
     gpus = len(make_source(True).gpus)
     print(
@@ -145,6 +155,12 @@ def with_and_without_reasons(name: str, make_source, seconds: float, interval: f
         f"{'':>22}  slow-path read of one GPU: {min(per[True]):.1f} us with reasons, {min(per[False]):.1f} us "
         f"without: {extra_us:+.1f} us once a second per GPU = {100 * extra_us * gpus / 1e6:+.4f}% of a core "
         f"for {gpus} GPUs"
+    )
+    figure(
+        "sampler",
+        f"{name}: the sampler with the clocks-event reasons at {1 / interval:g} Hz",
+        f"{100 * on:.3f}% of a core (target < 1%); the slow-path read {min(per[True]):.1f} us per GPU",
+        f"the sampler without the reasons {100 * off:.3f}%; its slow-path read {min(per[False]):.1f} us",
     )
 
 
@@ -184,13 +200,19 @@ def profile_nvml_calls(n: int = 200) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=30.0)
-    ap.add_argument("--interval", type=float, default=0.1)
-    ap.add_argument("--gpus", type=int, default=8)
+    ap = Parser(description=__doc__.splitlines()[0], smoke="0.5 s per run, one round, 2 GPUs")
+    ap.add_argument("--seconds", type=positive_float, default=None, help="seconds per run (default 30)")
+    ap.add_argument("--interval", type=positive_float, default=0.1)
+    ap.add_argument("--gpus", type=positive_int, default=None, help="synthetic and fake-NVML GPUs (default 8)")
     ap.add_argument("--call-us", type=float, default=12.0, help="CPU per call of the fake NVML (no GPU here)")
-    ap.add_argument("--rounds", type=int, default=3, help="with/without-reasons runs of each")
+    ap.add_argument("--rounds", type=positive_int, default=None, help="with/without-reasons runs of each (3)")
     args = ap.parse_args()
+    args.seconds = args.seconds or (0.5 if args.smoke else 30.0)
+    args.gpus = args.gpus or (2 if args.smoke else 8)
+    args.rounds = args.rounds or (1 if args.smoke else 3)
+    if not 0 <= args.call_us < float("inf"):
+        ap.error(f"argument --call-us: must be a finite number of microseconds >= 0, not {args.call_us:g}")
+    reads = 200 if args.smoke else 2000
     with tempfile.TemporaryDirectory() as tmp:
         # one-time start-up (pyarrow's Parquet writer initializes on first use: ~0.25 s CPU) is not per-second cost
         warm = TraceWriter(Path(tmp) / "warm.parquet", {})
@@ -214,6 +236,7 @@ def main() -> None:
                 args.interval,
                 Path(tmp),
                 args.rounds,
+                reads,
             )
         except NvmlUnavailable as exc:
             from wattgate.testing.fake_nvml import FakeNvml
@@ -229,6 +252,7 @@ def main() -> None:
                 args.interval,
                 Path(tmp),
                 args.rounds,
+                reads,
             )
         measure(f"synthetic x{args.gpus}", lambda: SyntheticSource(args.gpus), args.seconds, args.interval, Path(tmp))
 
