@@ -22,15 +22,20 @@ the collective proof dry-runs; gate.json's collectives.elapsed_s is the proof's 
 proof inputs did not change (the kept proof is read, results/gate/proof-cache.json). Targets (issue 31): the
 whole cold gate within 5 s and the rerun within 1 s on an idle 2-core machine.
 
-    python bench/gate.py [--n 1000000] [--quick] [--repeat 5] [--default-only | --skip-default]
+`--worlds`: instead, the collective proof's time (wattgate.proof, the gate's `collectives` check) on this
+bench's plan (Qwen3-32B, seq_len 8192, micro_batch_size 1, grad_accum 8) for world sizes 2, 16, 64, 256 and
+1024 on 100,000 and 1,000,000 documents, against the gate's other checks on the same plan (run_gate with the
+proof off); `--worlds --smoke` runs world 2 and 16 on 300 documents (a step or two).
+
+    python bench/gate.py [--n 1000000] [--quick] [--smoke] [--repeat 5] [--default-only | --skip-default]
+    python bench/gate.py --worlds [--smoke] [--world-sizes 2 16 ...] [--docs 100000 ...]
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import os
 import json
+import os
 import resource
 import shutil
 import statistics
@@ -47,19 +52,26 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
+from benchlib import Parser, figure, positive_int
 from wattgate.config import validate_config
 from wattgate.data.pretokenize import SHARD_SCHEMA, content_hash, shard_hash, shard_hash_algorithm
 from wattgate.gate.inputs import load_inputs
 from wattgate.gate.memory import checkpoint_bytes, device_memory_bytes, estimate_memory
-from wattgate.model_spec import load_model_spec
 from wattgate.gate.run import fit_settings, free_bytes_at, run_checks, run_gate
+from wattgate.model_spec import load_model_spec
 from wattgate.pack.plan import build_plan
+from wattgate.records.manifest import Manifest
+from wattgate.run_files import write_manifest
 
 SEQ_LEN = 8192
 WORLD_SIZE, GRAD_ACCUM = 16, 8  # 2 nodes x 8 GPUs, micro_batch_size 1
 TARGET_S = 1.0  # ours, 1M documents, epochs 1, on the 2-core bench VM
 DEFAULT_COLD_TARGET_S, DEFAULT_REUSE_TARGET_S = 5.0, 1.0  # the embedded default's whole gate, cold and reused
 SHARD_DOCS = 250_000
+SOURCE = "synthetic"  # the shards' `source` column: one data.inputs source
+SMOKE_DOCS = 5000
+WORLDS, WORLD_DOCS = (2, 16, 64, 256, 1024), (100_000, 1_000_000)
+SMOKE_WORLDS, SMOKE_WORLD_DOCS = (2, 16), (300,)  # one or two steps: each step class costs seconds
 MAX_TOKEN_ID, VOCAB = 151_000, 151_669
 QWEN3_32B = {
     "model_type": "qwen3",
@@ -97,45 +109,49 @@ def write_pretokenized(folder: Path, lengths: np.ndarray) -> None:
         offsets = np.zeros(stop - start + 1, dtype=np.int32)
         np.cumsum(n, out=offsets[1:])
         ids = np.repeat((np.arange(start, stop) % 64).astype(np.int32), n)
+        # the last num_loss_tokens of each document carry loss (the gate counts the mask against the column)
+        position = np.arange(len(ids)) - np.repeat(offsets[:-1], n)
+        mask = (position >= np.repeat(n - loss[start:stop], n)).astype(np.int8)
         if i == 0:
             ids[0] = MAX_TOKEN_ID  # the statistics' max is the manifest's max_token_id
         content = np.fromiter(
             (content_hash(ids[offsets[k] : offsets[k + 1]]) for k in range(stop - start)), np.int64, stop - start
         )
-        table = pa.Table.from_arrays(
-            [
-                pa.array(np.arange(start, stop, dtype=np.int64)),
-                pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)),
-                pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.ones(len(ids), dtype=np.int8))),
-                pa.array(n.astype(np.int32)),
-                pa.array(loss[start:stop].astype(np.int32)),
-                pa.array(content),
-            ],
-            schema=SHARD_SCHEMA,
-        )
-        del ids
+        columns = {
+            "doc_id": pa.array(np.arange(start, stop, dtype=np.int64)),
+            "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)),
+            "loss_mask": pa.ListArray.from_arrays(pa.array(offsets), pa.array(mask)),
+            "num_tokens": pa.array(n.astype(np.int32)),
+            "num_loss_tokens": pa.array(loss[start:stop].astype(np.int32)),
+            "content_hash": pa.array(content),
+            "source": pa.DictionaryArray.from_arrays(np.zeros(stop - start, np.int32), [SOURCE]).cast(pa.string()),
+        }
+        table = pa.Table.from_arrays([columns[name] for name in SHARD_SCHEMA.names], schema=SHARD_SCHEMA)
+        del ids, mask, position
         names.append(f"shard-{i:05d}.parquet")
         pq.write_table(table, folder / names[-1], compression="zstd", row_group_size=16384)
         hashes[names[-1]] = shard_hash(folder / names[-1])
-    manifest = {
-        "format_version": 1,
-        "num_docs": len(lengths),
-        "num_tokens": int(lengths.sum()),
-        "num_loss_tokens": int(loss.sum()),
-        "max_token_id": MAX_TOKEN_ID,
-        "vocab_size": VOCAB,
-        "shards": names,
-        "shard_hashes": hashes,
-        "shard_hash_algorithm": shard_hash_algorithm(),
-        "dropped": {},
-        "sources": ["synthetic lognormal(6, 1) lengths"],
-    }
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    manifest = Manifest(
+        num_docs=len(lengths),
+        num_tokens=int(lengths.sum()),
+        num_loss_tokens=int(loss.sum()),
+        max_token_id=MAX_TOKEN_ID,
+        vocab_size=VOCAB,
+        shards=tuple(names),
+        shard_hashes=hashes,
+        shard_hash_algorithm=shard_hash_algorithm(),
+        dropped={},
+        sources=("synthetic lognormal(6, 1) lengths",),
+        synthetic=True,  # no tokenizer made these ids (the gate's tokenizer check)
+    )
+    write_manifest(folder, manifest)
 
 
-def make_config(epochs: int, num_tokens: int) -> dict:
+def make_config(epochs: int, num_tokens: int, world: int = WORLD_SIZE, collectives: bool = False) -> dict:
+    """The bench's config for `world` ranks (8 per node from 8 up); the proof (`collectives`) off unless asked."""
     # checkpoint every 100 steps, or fewer when a small --n gives a shorter run (schedule check)
-    min_steps = num_tokens // (SEQ_LEN * WORLD_SIZE * GRAD_ACCUM)
+    min_steps = num_tokens // (SEQ_LEN * world * GRAD_ACCUM)
+    nodes, per_node = (world // 8, 8) if world >= 8 and world % 8 == 0 else (1, world)
     return validate_config(
         {
             "train": {
@@ -147,9 +163,17 @@ def make_config(epochs: int, num_tokens: int) -> dict:
                 "checkpoint_every": max(1, min(100, min_steps)),
                 "activation_checkpointing": True,
             },
-            "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu_model": "B300"},
+            # a stop's work on a 32B model (a step, a validation pass, a checkpoint) takes ~400 s: the gate's jobs
+            # check wants the time limit's stop margin above it
+            "cluster": {
+                "nodes": nodes,
+                "gpus_per_node": per_node,
+                "gpu_model": "B300",
+                "slurm": {"train": {"stop_margin_s": 900}},
+            },
             "model": {"config": dict(QWEN3_32B)},
-            "gate": {"collectives": False},  # the plan checks against pandas; the proof: bench/collectives.py
+            # the plan checks against pandas (the proof: --worlds and bench/collectives.py)
+            "gate": {"collectives": collectives},
             "run_name": "bench",
         }
     )
@@ -337,8 +361,9 @@ def ours_split(config: dict, pretok: Path, plan_dir: Path, out: Path) -> tuple[f
     return loaded - start, time.perf_counter() - loaded
 
 
-def verdicts(report: dict) -> dict[str, bool]:
-    return {c["name"]: c["passed"] for c in report["checks"]}
+def verdicts(report) -> dict[str, bool]:
+    """The verdict per check of a GateReport."""
+    return {c.name: c.passed for c in report.checks}
 
 
 def failed(verdict: dict[str, bool]) -> set[str]:
@@ -389,7 +414,7 @@ def bench_plan(tmp: Path, pretok: Path, num_tokens: int, epochs: int, repeat: in
         "t_pd": t_pd,
         "t_load": min(s[0] for s in splits),
         "t_checks": min(s[1] for s in splits),
-        "checks": report["checks"],
+        "checks": report.checks,
         "broken_fails": failed(broken_verdicts),
     }
 
@@ -407,17 +432,23 @@ def report(r: dict, n: int, headline: bool) -> None:
         f"({len(r['t_pd'])} runs)"
     )
     print(f"  ratio pandas/ours   {t_pd / best:7.1f}x")
-    env = [c for c in r["checks"] if not c["passed"]]
+    env = [c for c in r["checks"] if not c.passed]
     print(
         f"  verdicts: both sides agree on the plan checks the baseline implements; of the gate's "
-        f"{len(r['checks'])} checks all pass" + "".join(f" except {c['name']} (this VM: {c['detail']})" for c in env)
+        f"{len(r['checks'])} checks all pass" + "".join(f" except {c.name} (this VM: {c.detail})" for c in env)
     )
-    prov = next(c for c in r["checks"] if c["name"] == "provenance")
-    print(f"  provenance: {prov['detail']}")
+    prov = next(c for c in r["checks"] if c.name == "provenance")
+    print(f"  provenance: {prov.detail}")
     print(f"  broken plan (rank 1 one pack short): both fail {', '.join(sorted(r['broken_fails'] - ENVIRONMENTAL))}")
     if headline:
         verdict = ("PASS" if best <= TARGET_S else "FAIL") if n == 1_000_000 else "n/a (target is for 1,000,000 docs)"
         print(f"  target <= {TARGET_S:.1f} s: {verdict}")
+    figure(
+        "gate",
+        f"run_gate, {n:,} docs, epochs {r['epochs']} ({r['rows']:,} plan rows)",
+        f"best {best:.3f} s, pandas / ours {t_pd / best:.1f}x",
+        f"the same checks in pandas, best {t_pd:.3f} s",
+    )
 
 
 # ---------------------------------------------------------------- the embedded default's whole gate
@@ -480,22 +511,88 @@ def bench_default_gate(tmp: Path, repeat: int) -> None:
         f"{best_cold[0] / best_reused[0]:.1f}x faster than cold"
     )
     print(f"  load average during the runs: {os.getloadavg()[0]:.2f} (targets are for an idle machine)")
+    figure(
+        "gate",
+        "the embedded default's whole gate, cold (a fresh `wattgate gate`)",
+        f"{best_cold[0]:.2f} s, of it the proof {proof['elapsed_s']:.2f} s (target <= {DEFAULT_COLD_TARGET_S:.0f} s)",
+        f"the same gate reusing the kept proof {best_reused[0]:.2f} s (target <= {DEFAULT_REUSE_TARGET_S:.0f} s)",
+    )
+
+
+# ---------------------------------------------------------------- the proof by world size
+
+
+def bench_worlds(tmp: Path, worlds: list[int], docs: list[int]) -> None:
+    """The collective proof's time per (world size, corpus size), against the gate's other checks on the plan."""
+    from wattgate.proof.prove import prove_collectives
+
+    print(
+        "== the collective proof by world size (Qwen3-32B, seq_len 8192, micro_batch_size 1, grad_accum 8, "
+        "epochs 1; the gate's other checks: run_gate with the proof off, on the same plan)"
+    )
+    print("| docs | world | steps | build_plan s | proof s | proof per rank ms | other checks s | proof / other |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n in docs:
+        pretok = tmp / f"worlds-pretokenized-{n}"
+        lengths = lognormal_lengths(n)
+        write_pretokenized(pretok, lengths)
+        for world in worlds:
+            plan_dir, out = tmp / f"worlds-plan-{n}-{world}", tmp / f"worlds-gate-{n}-{world}"
+            config = make_config(1, int(lengths.sum()), world, collectives=True)
+            t0 = time.perf_counter()
+            plan = build_plan(config, pretok, plan_dir)
+            t_plan = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            proof = prove_collectives(config, pretok, plan_dir)
+            t_proof = time.perf_counter() - t0
+            assert proof.passed, f"world {world}, {n} docs: the proof failed: {proof.detail}"
+            off = make_config(1, int(lengths.sum()), world, collectives=False)
+            out.mkdir(parents=True)
+            t0 = time.perf_counter()
+            run_gate(off, pretok, plan_dir, out)
+            t_other = time.perf_counter() - t0
+            steps = plan.epochs * plan.steps_per_epoch
+            print(
+                f"| {n:,} | {world} | {steps} | {t_plan:.2f} | {t_proof:.2f} | {1000 * t_proof / world:.0f} "
+                f"| {t_other:.2f} | {t_proof / t_other:.1f}x |",
+                flush=True,
+            )
+            figure(
+                "gate",
+                f"collective proof, world {world}, {n:,} docs ({steps} steps)",
+                f"{t_proof:.2f} s ({1000 * t_proof / world:.0f} ms per rank)",
+                f"the gate's other checks on the same plan {t_other:.2f} s",
+            )
+            shutil.rmtree(plan_dir)
+        shutil.rmtree(pretok)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=1_000_000, help="documents")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 50,000 documents, 2 runs per side")
-    parser.add_argument("--repeat", type=int, help="timed runs of ours (default 5, quick 2; pandas at most 3)")
+    parser = Parser(
+        description=__doc__.splitlines()[0],
+        smoke=f"{SMOKE_DOCS:,} documents, one run per side; with --worlds: world 2 and 16 on 300 documents",
+    )
+    parser.add_argument("--n", type=positive_int, default=1_000_000, help="documents")
+    parser.add_argument("--quick", action="store_true", help="a short run: 50,000 documents, 2 runs per side")
+    parser.add_argument("--repeat", type=positive_int, help="timed runs of ours (default 5, quick 2; pandas at most 3)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--default-only", action="store_true", help="only the embedded default's whole gate")
     which.add_argument("--skip-default", action="store_true", help="not the embedded default's whole gate")
+    which.add_argument("--worlds", action="store_true", help="only the proof's time by world size (the table)")
+    parser.add_argument("--world-sizes", type=positive_int, nargs="+", help="with --worlds (default 2 16 64 256 1024)")
+    parser.add_argument("--docs", type=positive_int, nargs="+", help="with --worlds (default 100000 1000000)")
     args = parser.parse_args()
-    n = 50_000 if args.quick else args.n
-    repeat = args.repeat or (2 if args.quick else 5)
+    if (args.world_sizes or args.docs) and not args.worlds:
+        parser.error("--world-sizes and --docs go with --worlds")
+    n = SMOKE_DOCS if args.smoke else 50_000 if args.quick else args.n
+    repeat = args.repeat or (1 if args.smoke else 2 if args.quick else 5)
 
     with tempfile.TemporaryDirectory(prefix="wattgate-bench-gate-") as tmp:
         tmp = Path(tmp)
+        if args.worlds:
+            worlds = args.world_sizes or (SMOKE_WORLDS if args.smoke else WORLDS)
+            docs = args.docs or (SMOKE_WORLD_DOCS if args.smoke else WORLD_DOCS)
+            return bench_worlds(tmp, list(worlds), list(docs))
         if not args.skip_default:
             bench_default_gate(tmp, min(repeat, 3))
         if args.default_only:
@@ -505,11 +602,12 @@ def main() -> None:
         write_pretokenized(pretok, lengths)
         shard_bytes = sum(f.stat().st_size for f in pretok.glob("shard-*.parquet"))
         probe = tmp / "hash-probe.bin"
-        probe.write_bytes(os.urandom(256 << 20))
+        probe_bytes = (16 if args.smoke else 256) << 20
+        probe.write_bytes(os.urandom(probe_bytes))
         shard_hash(probe)  # page cache
         start = time.perf_counter()
         shard_hash(probe)
-        speed = (256 << 20) / (time.perf_counter() - start)
+        speed = probe_bytes / (time.perf_counter() - start)
         probe.unlink()
         print(
             f"shards: {shard_bytes / 1e6:,.1f} MB on disk, {int(lengths.sum()):,} tokens; {shard_hash_algorithm()} "
