@@ -458,12 +458,14 @@ def gate_process(config: Path, work: Path, out: Path) -> tuple[float, float, dic
     """(wall s, CPU s of the process and its dry-run workers, gate.json) of one fresh `wattgate gate`."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "wattgate", "gate", "--config", str(config), "--pretokenized", "pretok", "--plan",
          "plan", "--out", str(out)],
-        cwd=work, check=True, capture_output=True,
+        cwd=work, capture_output=True, text=True,
     )  # fmt: skip
     wall = time.perf_counter() - t0
+    if done.returncode not in (0, 1):  # 1: the gate ran and a check failed (said below)
+        raise SystemExit(f"bench/gate.py: wattgate gate failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu, json.loads((out / "gate.json").read_text())
@@ -488,7 +490,7 @@ def bench_default_gate(tmp: Path, repeat: int) -> None:
         reused.append(gate_process(config_file, work, out))
     best_cold, best_reused = min(cold, key=lambda r: r[0]), min(reused, key=lambda r: r[0])
     proof, again = best_cold[2]["collectives"], best_reused[2]["collectives"]
-    assert best_cold[2]["passed"] and proof["reused"] is None and again["reused"] is not None, again.get("detail")
+    assert proof["passed"] and proof["reused"] is None and again["reused"] is not None, again.get("detail")
     met = {True: "met", False: "MISSED"}
     print(
         f"== embedded default gate ({proof['world_size']} ranks, {len(proof['classes'])} step classes, "
@@ -511,6 +513,9 @@ def bench_default_gate(tmp: Path, repeat: int) -> None:
         f"{best_cold[0] / best_reused[0]:.1f}x faster than cold"
     )
     print(f"  load average during the runs: {os.getloadavg()[0]:.2f} (targets are for an idle machine)")
+    failed = [f"{c['name']} ({c['detail']})" for c in best_cold[2]["checks"] if not c["passed"]]
+    if failed:  # the jobs check forecasts a CPU run's stop from this host's matmul rate: load can fail it
+        print(f"  note: the gate failed here: {'; '.join(failed)}")
     figure(
         "gate",
         "the embedded default's whole gate, cold (a fresh `wattgate gate`)",
