@@ -6,36 +6,77 @@
 #   4. the CUDA/NCCL train path (bf16 FSDP2, world 1) under the sampler and the watcher, with the clocks-event
 #      reasons and SM clock the sampler recorded during its steps (issue 34);
 #   5. real-size load and step (issue 9): a Qwen3-shaped model (QWEN_SIZE=1.7b|4b) written as bf16
-#      safetensors, sharded load, seq_len 8192 packed, bf16, activation checkpointing on and off:
+#      safetensors, sharded load, seq_len 8192 packed, bf16, activation checkpointing on and off (AC_MODES):
 #      steady-state MFU, tokens/s, peak memory against the gate's estimate, load and export time;
 #   6. the loss (issue 23): Qwen3-1.7B and -4B shapes (LOSS_SIZES), seq_len 8192, bf16, one GPU, train.loss
-#      full and chunked x micro_batch_size 1 and 2 x compile off and on (activation checkpointing on):
-#      tokens/s, MFU, torch.cuda.max_memory_allocated against the gate's steady estimate, each in its own process.
-# Usage: [STEPS="1 2 3 4 5 6"] bash bench/gpu_checks.sh OUTDIR [SECONDS_PER_PHASE]
-# Needs python3 with torch (CUDA), nvidia-ml-py, pyarrow, pandas, transformers, tokenizers, jsonschema.
+#      full and chunked x micro_batch_size 1 and 2 (LOSS_MBS) x compile off and on (LOSS_COMPILE; activation
+#      checkpointing on): tokens/s, MFU, torch.cuda.max_memory_allocated against the gate's steady estimate, each
+#      in its own process.
+# Usage: [STEPS="1 2 3 4 5 6"] bash bench/gpu_checks.sh [--dry-run] OUTDIR [SECONDS_PER_PHASE]
+# Needs python3 (or $PYTHON) with torch (CUDA), nvidia-ml-py, pyarrow, pandas, transformers, tokenizers, jsonschema.
+# Run from the repository root. A command that fails is named at the end and the exit status is 1; the steps
+# after it still run.
+#
+# --dry-run (or DRY_RUN=1): every step on this machine's CPU with stand-ins and tiny shapes, in a minute or two,
+# so that a lent GPU's minutes are not spent on a traceback; tests/test_benchmarks.py runs it. NVML is
+# bench/dry_run/pynvml.py (wattgate.testing's fake NVML: one "H200"), calibrate's phases run on the CPU
+# (bench/dry_run/cuda_cli.py), 0.6 s each; the models are tiny (hidden 64, vocab 2048), seq_len 128-256, a few steps;
+# step 5 runs activation checkpointing on only, step 6 micro_batch_size 2 and compile off only (inductor on a
+# CPU takes minutes); the gates skip the collective proof (bench/gate.py's and bench/collectives.py's smoke runs
+# run it). The work folders are under OUTDIR/work. Every figure it prints is the stand-ins', not a
+# GPU's: it checks the script, not the hardware.
 set -u -o pipefail
-OUT=${1:?usage: gpu_checks.sh OUTDIR [SECONDS_PER_PHASE]}
-PHASE_S=${2:-15}
-mkdir -p "$OUT"
+DRY_RUN=${DRY_RUN:-0}
+if [[ ${1:-} == --dry-run ]]; then
+  DRY_RUN=1
+  shift
+fi
+OUT=${1:?usage: gpu_checks.sh [--dry-run] OUTDIR [SECONDS_PER_PHASE]}
+if ((DRY_RUN)); then PHASE_S=${2:-0.6}; else PHASE_S=${2:-15}; fi
+if ! [[ $PHASE_S =~ ^[0-9]*[.]?[0-9]+$ && $PHASE_S =~ [1-9] ]]; then
+  echo "gpu_checks.sh: SECONDS_PER_PHASE must be a positive number of seconds, not '$PHASE_S'" >&2
+  exit 2
+fi
+mkdir -p "$OUT" || exit 2
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export DRY_RUN
 PY=${PYTHON:-python3}
 W="$PY -m wattgate"
+CALIBRATE="$W calibrate"
+WORK_ROOT=/tmp
+SAMPLE_S=8
+if ((DRY_RUN)); then
+  export PYTHONPATH=$PWD/bench/dry_run:$PYTHONPATH # the stand-in pynvml before the real one
+  CALIBRATE="$PY bench/dry_run/cuda_cli.py calibrate"
+  WORK_ROOT=$OUT/work
+  SAMPLE_S=1
+  QWEN_SIZE=tiny AC_MODES=${AC_MODES:-True}
+  LOSS_SIZES=tiny LOSS_MBS=${LOSS_MBS:-2} LOSS_COMPILE=${LOSS_COMPILE:-0}
+  mkdir -p "$WORK_ROOT"
+fi
+FAILED=()
+trap 'FAILED+=("line $LINENO (status $?): $BASH_COMMAND")' ERR
 t0=$(date +%s)
 STEPS=${STEPS:-1 2 3 4 5 6}
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 stamp "0. machine"
-nvidia-smi --query-gpu=name,driver_version,power.limit,power.draw,clocks.sm --format=csv
-$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+if ((DRY_RUN)); then
+  echo "dry run: CPU stand-ins (NVML: bench/dry_run/pynvml.py; CUDA: this CPU) and tiny shapes; the figures are theirs"
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'device: CPU')"
+else
+  nvidia-smi --query-gpu=name,driver_version,power.limit,power.draw,clocks.sm --format=csv
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+fi
 
 if want 1; then
-stamp "1. sampler, 8 s on the idle GPU"
-$W sample --out "$OUT/sampler-idle.parquet" --duration 8
+stamp "1. sampler, $SAMPLE_S s on the idle GPU"
+$W sample --out "$OUT/sampler-idle.parquet" --duration "$SAMPLE_S"
 $PY - "$OUT/sampler-idle.parquet" <<'EOF'
-import sys
-from wattgate.trace import read_trace, trace_meta
-t = read_trace(sys.argv[1]); d = t.to_pandas(); m = trace_meta(t)
+import json, sys
+from wattgate.trace import META_KEY, read_trace
+t = read_trace(sys.argv[1]); d = t.to_pandas(); m = json.loads(t.schema.metadata[META_KEY])  # as the sampler wrote it
 print("rows", len(d), "power source", m.get("power_source"), "gpus", [(g["name"], g.get("gpm")) for g in m["gpus"]])
 print("non-null columns:", [c for c in d.columns if d[c].notna().any()])
 print(d.drop(columns=["host"]).describe().T[["mean", "min", "max"]].round(2).to_string())
@@ -44,30 +85,41 @@ EOF
 fi
 if want 2; then
 stamp "2. sampler overhead"
-$PY bench/sampler.py --seconds 10 --gpus 8
+if ((DRY_RUN)); then
+  $PY bench/sampler.py --smoke
+else
+  $PY bench/sampler.py --seconds 10 --gpus 8
+fi
 
 fi
 if want 3; then
 stamp "3. calibrate (${PHASE_S} s per phase)"
-$W calibrate --gpu-model h200 --out "$OUT/h200.yaml" --seconds "$PHASE_S" --samples "$OUT/calibration-trace.parquet"
+$CALIBRATE --gpu-model h200 --out "$OUT/h200.yaml" --seconds "$PHASE_S" --samples "$OUT/calibration-trace.parquet"
 
 fi
 if want 4; then
 stamp "4. CUDA train path under sampler + watcher"
-work=/tmp/wattgate-gpu
+work=$WORK_ROOT/wattgate-gpu
 rm -rf "$work"; mkdir -p "$work"
 $PY - "$work" <<'EOF'
-import sys, yaml
+import os, sys, yaml
 work = sys.argv[1]
 c = yaml.safe_load(open("config/config.yaml"))
 c["run_name"] = "gpu"
 c["data"]["inputs"] = [f"{work}/corpus.jsonl"]
-c["demo_corpus"]["num_docs"] = 20000
 c["cluster"].update(gpus_per_node=1, gpu_model="H200")
-c["train"].update(seq_len=2048, micro_batch_size=4, grad_accum=2, epochs=1, checkpoint_every=40, warmup_steps=5)
-c["model"]["config"].update(hidden_size=1024, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=16,
-                            num_key_value_heads=8, head_dim=64, max_position_embeddings=2048)
 c["watcher"] = {"hang_after_s": 30}
+if os.environ["DRY_RUN"] == "1":  # the embedded default's tiny model, a few steps, no collective proof
+    c["gate"]["collectives"] = False
+    c["demo_corpus"]["num_docs"] = 300
+    c["train"].update(seq_len=256, micro_batch_size=2, grad_accum=1, epochs=1, max_steps=6, checkpoint_every=4,
+                      warmup_steps=1, eval_every=4)
+    c["model"]["config"].update(max_position_embeddings=256)
+else:
+    c["demo_corpus"]["num_docs"] = 20000
+    c["train"].update(seq_len=2048, micro_batch_size=4, grad_accum=2, epochs=1, checkpoint_every=40, warmup_steps=5)
+    c["model"]["config"].update(hidden_size=1024, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=16,
+                                num_key_value_heads=8, head_dim=64, max_position_embeddings=2048)
 yaml.safe_dump(c, open(f"{work}/config.yaml", "w"))
 EOF
 C="$work/config.yaml"
@@ -78,14 +130,17 @@ $W pack --config "$C" --pretokenized "$work/pretokenized" --out "$work/plan" &&
 $W gate --config "$C" --pretokenized "$work/pretokenized" --plan "$work/plan" --out "$work/gate" &&
 $W launch --config "$C" --pretokenized "$work/pretokenized" --plan "$work/plan" --run-dir "$work/train"
 echo "launch exit status $?"
-cat "$work/train/TRAINED" "$work/train/watcher.json" 2>/dev/null
+cat "$work/train/TRAINED" "$work/train/watcher.json"
+echo
 # issue 34: the clocks-event reasons bitmask and the SM clock the sampler recorded during the training steps
-$PY - "$work/train" <<'EOF'
-import sys
+$PY - "$work/train" "$work/gate" <<'EOF'
+import json, sys
 from pathlib import Path
 import pyarrow.parquet as pq
 from wattgate.trace import REASON_BITS, read_trace, trace_files
-run = Path(sys.argv[1])
+run, gate = Path(sys.argv[1]), Path(sys.argv[2])
+phases = json.loads((gate / "gate.json").read_text())["memory_estimate_phases"]
+print("gate's memory estimate:", ", ".join(f"{p} {v['total_bytes'] / 2**30:.2f} GiB per {v['per']}" for p, v in phases.items()))
 m = pq.read_table(run / "metrics.parquet").to_pandas()
 t0, t1 = float((m["time"] - m["step_time_s"]).min()), float(m["time"].max())
 for path in trace_files(run / "telemetry"):
@@ -96,46 +151,53 @@ for path in trace_files(run / "telemetry"):
         names = [k for k, bit in REASON_BITS.items() if mask == mask and int(mask) & bit]
         print(f"  clocks_event_reasons {mask!r} ({', '.join(names) or 'none'}): {n} rows")
 EOF
-grep -h "estimated peak" "$work/gate/gate.md" 2>/dev/null
 tar -C "$work" -czf "$OUT/train-run.tar.gz" config.yaml gate/gate.json train/TRAINED train/watcher.json \
-  train/metrics.parquet train/telemetry train/heartbeat 2>/dev/null
+  train/metrics.parquet train/telemetry train/heartbeat
 fi
 if want 5; then
 stamp "5. real-size model: sharded load, seq_len 8192, bf16, activation checkpointing on/off"
-work=/tmp/wattgate-real
+work=$WORK_ROOT/wattgate-real
 rm -rf "$work"; mkdir -p "$work"
 $PY - "$work" "${QWEN_SIZE:-1.7b}" <<'EOF'
-import sys, torch, yaml
+import os, sys, torch, yaml
 from pathlib import Path
 from transformers import AutoConfig, AutoModelForCausalLM
 from wattgate.data.synthetic import write_random_pretokenized
 work, size = Path(sys.argv[1]), sys.argv[2]
+dry = os.environ["DRY_RUN"] == "1"
 shapes = {"1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, tie_word_embeddings=True),
           "4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, tie_word_embeddings=True)}
-config = AutoConfig.for_model("qwen3", vocab_size=151936, head_dim=128, max_position_embeddings=40960,
+                     num_key_value_heads=8, tie_word_embeddings=True),
+          "tiny": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, tie_word_embeddings=True)}  # the dry run's
+vocab, seq, head_dim = (2048, 128, 16) if dry else (151936, 8192, 128)
+config = AutoConfig.for_model("qwen3", vocab_size=vocab, head_dim=head_dim, max_position_embeddings=40960,
                               rope_theta=1000000, rms_norm_eps=1e-6, **shapes[size])
 with torch.device("meta"):
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-model.to_empty(device="cuda")
+model.to_empty(device="cpu" if dry else "cuda")
 with torch.no_grad():
     for p in model.parameters():
         p.normal_(0, 0.02)
 model.save_pretrained(str(work / "model"))  # bf16 safetensors, like a downloaded checkpoint
 del model
-torch.cuda.empty_cache()
-lengths = torch.randint(256, 8192, (2000,), generator=torch.Generator().manual_seed(0)).tolist()
-write_random_pretokenized(work / "pretokenized", lengths, 151936, seed=0)
+if not dry:
+    torch.cuda.empty_cache()
+docs = 200 if dry else 2000
+lengths = torch.randint(seq // 32, seq, (docs,), generator=torch.Generator().manual_seed(0)).tolist()
+write_random_pretokenized(work / "pretokenized", lengths, vocab, seed=0)
 for ac in (True, False):
     c = {"run_name": f"ac-{ac}", "model": {"path": str(work / "model")},
          "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu_model": "H200"},
-         "train": {"seq_len": 8192, "micro_batch_size": 1, "grad_accum": 4, "epochs": 1, "max_steps": 20,
-                   "warmup_steps": 2, "checkpoint_every": 1000, "checkpoint_at_epoch_end": False,
-                   "activation_checkpointing": ac, "log_every": 5}}
+         "train": {"seq_len": seq, "micro_batch_size": 1, "grad_accum": 1 if dry else 4, "epochs": 1,
+                   "max_steps": 3 if dry else 20, "warmup_steps": 1 if dry else 2, "checkpoint_every": 1000,
+                   "checkpoint_at_epoch_end": False, "activation_checkpointing": ac, "log_every": 1 if dry else 5}}
+    if dry:
+        c["gate"] = {"collectives": False}
     yaml.safe_dump(c, open(work / f"ac-{ac}.yaml", "w"))
 EOF
-for ac in True False; do
+for ac in ${AC_MODES:-True False}; do
   C="$work/ac-$ac.yaml"
   $W pack --config "$C" --pretokenized "$work/pretokenized" --out "$work/plan-$ac" &&
   $W gate --config "$C" --pretokenized "$work/pretokenized" --plan "$work/plan-$ac" --out "$work/gate-$ac"
@@ -143,13 +205,14 @@ for ac in True False; do
     --pretokenized "$work/pretokenized" --plan "$work/plan-$ac" --run-dir "$work/train-$ac" 2>&1 | grep -v Warning
   echo "train (activation checkpointing $ac) exit status $?"
 done
-$PY - "$work" <<'EOF'
-import json, sys
+$PY - "$work" ${AC_MODES:-True False} <<'EOF'
+import json, os, sys
 import pyarrow.parquet as pq
 from pathlib import Path
 from wattgate.train.metrics import model_flops_utilization
 work = Path(sys.argv[1])
-for ac in ("True", "False"):
+warm = 1 if os.environ["DRY_RUN"] == "1" else 5  # steps before the steady state: compile and allocator warm-up
+for ac in sys.argv[2:]:
     try:
         t = json.loads((work / f"train-{ac}" / "TRAINED").read_text())
         g = json.loads((work / f"gate-{ac}" / "gate.json").read_text())
@@ -157,7 +220,7 @@ for ac in ("True", "False"):
         print(f"activation checkpointing {ac}: no result ({exc})")
         continue
     m = pq.read_table(work / f"train-{ac}" / "metrics.parquet").to_pandas()
-    steady = m[m.step > 5]  # past compile and allocator warm-up
+    steady = m[m.step > warm]  # past compile and allocator warm-up
     tps = steady.tokens.sum() / steady.groupby("step").step_time_s.max().sum()
     worst = t["memory"]["max_over_ranks"]
     estimates = g.get("memory_estimate_phases") or {}
@@ -175,12 +238,13 @@ EOF
 fi
 if want 6; then
 stamp "6. loss: full vs chunked, micro_batch_size 1/2, compile off/on, seq_len 8192, bf16"
-work=/tmp/wattgate-loss
+work=$WORK_ROOT/wattgate-loss
 rm -rf "$work"; mkdir -p "$work"
 cat > "$work/step.py" <<'EOF'
 """One variant in one process: sharded (world 1) random-init Qwen3 shape, AdamW, WARMUP + STEPS optimizer steps of
-one packed micro-batch (documents of 2048 tokens); prints one JSON line."""
-import json, sys, time
+one packed micro-batch (documents of 2048 tokens); prints one JSON line. In the dry run (DRY_RUN=1), on the CPU,
+the process's peak host RSS (VmHWM) stands in for torch.cuda's peak memory."""
+import json, os, sys, time
 from pathlib import Path
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -193,16 +257,20 @@ from wattgate.train.distributed import setup_rank
 from wattgate.train.loop import build_optimizer
 from wattgate.train.settings import TrainSettings
 from wattgate.train.loss import summed_token_loss
-from wattgate.train.metrics import model_flops_utilization
+from wattgate.train.metrics import model_flops_utilization, peak_rss_bytes, reset_peak_rss
 from wattgate.train.model import count_params, load_sharded_model
 
 size, kind, mbs, compile_, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", Path(sys.argv[5])
-WARMUP, STEPS, SEQ = 3, 10, 8192
+dry = os.environ["DRY_RUN"] == "1"
+WARMUP, STEPS, SEQ, DOC = (1, 2, 128, 64) if dry else (3, 10, 8192, 2048)
+VOCAB, HEAD_DIM = (2048, 16) if dry else (151936, 128)
 shapes = {"1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, tie_word_embeddings=True),
           "4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, tie_word_embeddings=True)}
-model_cfg = dict(model_type="qwen3", vocab_size=151936, head_dim=128, max_position_embeddings=40960,
+                     num_key_value_heads=8, tie_word_embeddings=True),
+          "tiny": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, tie_word_embeddings=True)}  # the dry run's
+model_cfg = dict(model_type="qwen3", vocab_size=VOCAB, head_dim=HEAD_DIM, max_position_embeddings=40960,
                  rope_theta=1000000, rms_norm_eps=1e-6, **shapes[size])
 config = validate_config({
     "run_name": "loss", "model": {"config": model_cfg},
@@ -211,45 +279,52 @@ config = validate_config({
               "activation_checkpointing": True}})
 s = TrainSettings.from_config(config)  # carries train.compile and train.loss
 rank, world, device = setup_rank(600, out)
-model, _ = load_sharded_model(config["model"], s, init_device_mesh("cuda", (1,)), device)
+cuda = device.type == "cuda"
+sync = torch.cuda.synchronize if cuda else (lambda: None)
+model, _ = load_sharded_model(config["model"], s, init_device_mesh(device.type, (1,)), device)
 optimizer = build_optimizer(model, s)
 loss = s.loss
-ids = torch.randint(0, 151936, (mbs, SEQ), device=device)
-position_ids = (torch.arange(SEQ, device=device) % 2048).repeat(mbs, 1)
+ids = torch.randint(0, VOCAB, (mbs, SEQ), device=device)
+position_ids = (torch.arange(SEQ, device=device) % DOC).repeat(mbs, 1)
 labels = torch.where(position_ids > 0, ids, IGNORE)
 tensors = {"input_ids": ids, "labels": labels, "position_ids": position_ids}
 n_loss = int((labels != IGNORE).sum())
 times = []
 for i in range(WARMUP + STEPS):
     if i == WARMUP:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
+        sync()
+        torch.cuda.reset_peak_memory_stats(device) if cuda else reset_peak_rss()
     t0 = time.perf_counter()
     (summed_token_loss(model, tensors, loss) / n_loss).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
+    sync()
     times.append(time.perf_counter() - t0)
 step_s = sorted(times[WARMUP:])[STEPS // 2]
 tps = mbs * SEQ / step_s
 terms = estimate_memory(load_model_spec(config), fit_settings(config))
 params = count_params(model)
+peak = torch.cuda.max_memory_allocated(device) if cuda else peak_rss_bytes()
+reserved = torch.cuda.max_memory_reserved(device) if cuda else peak
 print(json.dumps({"size": size, "loss": kind, "mbs": mbs, "compile": compile_, "params_b": round(params / 1e9, 3),
                   "first_step_s": round(times[0], 1), "step_s": round(step_s, 3), "tokens_per_s": round(tps),
                   "mfu_pct": round(100 * model_flops_utilization(tps, params, 1, "h200"), 1),
-                  "peak_gib": round(torch.cuda.max_memory_allocated(device) / GIB, 2),
-                  "reserved_gib": round(torch.cuda.max_memory_reserved(device) / GIB, 2),
+                  "peak_gib": round(peak / GIB, 2), "reserved_gib": round(reserved / GIB, 2),
                   "gate_gib": round(sum(terms.values()) / GIB, 2), "gate_logits_gib": round(terms["logits"] / GIB, 2)}),
       flush=True)
 EOF
+((DRY_RUN)) && echo "dry run: compile on is left to the GPU (inductor on this CPU takes minutes)"
 for size in ${LOSS_SIZES:-1.7b 4b}; do
   for kind in full chunked; do
-    for mbs in 1 2; do
-      for comp in 0 1; do
-        timeout 900 $PY -m torch.distributed.run --standalone --nproc-per-node=1 "$work/step.py" \
-          "$size" "$kind" "$mbs" "$comp" "$work/out" 2>"$work/err-$size-$kind-$mbs-$comp.txt" | tee -a "$work/loss.jsonl" \
-          || { echo "$size $kind mbs $mbs compile $comp: failed (an OOM is a result too):"; tail -3 "$work/err-$size-$kind-$mbs-$comp.txt"; }
+    for mbs in ${LOSS_MBS:-1 2}; do
+      for comp in ${LOSS_COMPILE:-0 1}; do
+        if ! timeout 900 $PY -m torch.distributed.run --standalone --nproc-per-node=1 "$work/step.py" \
+          "$size" "$kind" "$mbs" "$comp" "$work/out" 2>"$work/err-$size-$kind-$mbs-$comp.txt" | tee -a "$work/loss.jsonl"; then
+          echo "$size $kind mbs $mbs compile $comp: failed (an OOM is a result too):"
+          tail -3 "$work/err-$size-$kind-$mbs-$comp.txt"
+          if ((DRY_RUN)); then FAILED+=("step 6: $size $kind mbs $mbs compile $comp"); fi
+        fi
       done
     done
   done
@@ -263,6 +338,12 @@ for r in rows:
     print(f"{r['size']:>5} {r['loss']:>8} {r['mbs']:>3} {str(r['compile']):>7} {r['tokens_per_s']:>7} {r['mfu_pct']:>5} "
           f"{r['peak_gib']:>8} {r['gate_gib']:>8} {r['peak_gib'] / r['gate_gib']:>9.2f} {r['first_step_s']:>10}")
 EOF
-cp "$work/loss.jsonl" "$OUT/loss.jsonl" 2>/dev/null
+cp "$work/loss.jsonl" "$OUT/loss.jsonl"
 fi
+trap - ERR
 stamp "done"
+if ((${#FAILED[@]})); then
+  echo "gpu_checks.sh: ${#FAILED[@]} command(s) failed:"
+  printf '  %s\n' "${FAILED[@]}"
+  exit 1
+fi
