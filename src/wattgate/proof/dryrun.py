@@ -37,10 +37,10 @@ import torch.distributed as dist
 
 from wattgate.records.checkpoint import CheckpointState, Position
 from wattgate.gpus import is_cpu
-from wattgate.proof.depth import truncate_layers
+from wattgate.proof.depth import meta_model, truncate_layers
 from wattgate.proof.experts import prepare_dry_run_experts
 from wattgate.proof.hooks import ArmedStop, DryRunSteps, RecordingHeartbeat
-from wattgate.proof.record import Collective, CollectiveRecorder, object_collectives
+from wattgate.proof.record import Collective, CollectiveRecorder, fake_host_reads, object_collectives
 from wattgate.proof.relay import RankZeroRelay
 from wattgate.proof.storage import NoBytesCheckpoints, NoBytesExport
 from wattgate.train.loop import Paths, Trainer, rank_trainer
@@ -75,15 +75,23 @@ class RankRecord:
 def proxy_model(model_cfg: dict, s: TrainSettings, mesh, on_gpu: bool, depth: int):
     """The model at full width and `depth` layers on the meta device, sharded as the trainer shards it, then
     given FakeTensor storage on the CPU (FSDP2 refuses meta parameters in its lazy init)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     from wattgate.train.model import meta_model_of, model_hf_config, parallelize
     from wattgate.train.weights import materialize
 
     config = model_hf_config(model_cfg)
-    truncate_layers(config, min(int(config.num_hidden_layers), depth))  # the pattern's first layers
-    model = meta_model_of(config, proof_attention(s, config))
-    # on_cuda mirrors the real run's mixed-precision policy: its all-gathers are bf16 there
-    parallelize(model, mesh, on_gpu, s.mixed_precision, s.activation_checkpointing, False)
-    materialize(model, torch.device("cpu"), model_cfg, s.seed, fill=False)
+    layers = int(config.num_hidden_layers)
+    truncate_layers(config, min(layers, depth))  # the pattern's first layers
+    # The model stays on meta, outside the fake mode, until materialize: FSDP2 splits each parameter into world-size
+    # chunks, ops that cost far more each through FakeTensor dispatch (at world 1024 most of a dry run)
+    with unset_fake_temporarily():
+        model = meta_model_of(config, proof_attention(s, config))
+        # on_cuda mirrors the real run's mixed-precision policy: its all-gathers are bf16 there
+        parallelize(model, mesh, on_gpu, s.mixed_precision, s.activation_checkpointing, False)
+    # a proxy shallower than model.path reads its own layers' tensors; the folder is checked at its own depth
+    full_depth = meta_model(model_cfg) if depth < layers else None
+    materialize(model, torch.device("cpu"), model_cfg, s.seed, fill=False, full_depth=full_depth)
     return model
 
 
@@ -214,7 +222,7 @@ def dry_run_rank(
     try:
         fake = FakeTensorMode(allow_non_fake_inputs=True)
         quiet = contextlib.redirect_stdout(io.StringIO())  # the trainer's progress lines are not the gate's
-        with quiet, fake, recorder, object_collectives(recorder, shared):
+        with quiet, fake, recorder, fake_host_reads(), object_collectives(recorder, shared):
             where = (rank, world, torch.device("cpu"))
             trainer, micro_batches, eval_batches = rank_trainer((config, s, plan), paths, where, seams)
             trainer.run(micro_batches, eval_batches)

@@ -73,10 +73,11 @@ def local_tensor(param: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- materialize: allocate and fill
 
 
-def materialize(model, device: torch.device, model_cfg: dict, seed: int, fill: bool = True) -> str:
+def materialize(model, device: torch.device, model_cfg: dict, seed: int, fill: bool = True, full_depth=None) -> str:
     """Allocate the local shards on `device` and fill them; returns where the values came from.
 
-    fill=False leaves parameters uninitialized (a checkpoint is about to overwrite every one).
+    fill=False leaves parameters uninitialized (a checkpoint is about to overwrite every one). `full_depth`: the
+    model at model.path's own depth on meta when `model` is a reduced-depth proxy of it (the collective proof).
     """
     model.to_empty(device=device)
     if getattr(model.config, "tie_word_embeddings", False):
@@ -85,7 +86,7 @@ def materialize(model, device: torch.device, model_cfg: dict, seed: int, fill: b
     # where each tensor is in model.path, from the headers: the load reads it, and the export writes final/ in that
     # layout also when a checkpoint (resume) fills the parameters instead
     model_cfg = model_config(model_cfg)
-    sources = checkpoint_sources(model, Path(model_cfg.path)) if model_cfg.path else None
+    sources = checkpoint_sources(model, Path(model_cfg.path), full_depth) if model_cfg.path else None
     object.__setattr__(model, LAYOUT_ATTR, sources)
     with torch.no_grad():
         if not fill:
@@ -207,14 +208,28 @@ def checkpoint_tensors(path: Path) -> dict[str, tuple[Path, TensorInfo]]:
     return {name: (f, info) for f in files for name, info in read_header(f).items()}
 
 
-def checkpoint_sources(model, path: Path) -> list[Source]:
+def checkpoint_sources(model, path: Path, full_depth=None) -> list[Source]:
     """Where every parameter (tied ones once) and persistent buffer of `model` is in the checkpoint
     (train/checkpoint_layout.py: as stored, renamed, or stacked from one tensor per expert), checked from the
     files' headers alone: every name present, no checkpoint tensor unused, each shape equal, and a floating-point
     tensor for a floating-point one (the load casts between float dtypes, never from integers: those are
     quantized weights). The same checks whether `model` is sharded (training) or on the meta device (the gate's
-    `weights` check, before anything is submitted)."""
+    `weights` check, before anything is submitted).
+
+    `full_depth`: `model` is a proxy holding the first layers of that model (the collective proof builds one period
+    of the layer pattern): the folder is checked whole against `full_depth`, then `model` reads what its own
+    tensors read there, and the tensors of the layers it does not hold are left to `full_depth`'s check."""
     tensors = checkpoint_tensors(path)
+    if full_depth is not None:
+        held = {hf_name(n) for n, _ in _local_state(model)}
+        beyond = {
+            p.key for s in _checked_sources(full_depth, path, tensors) if s.name not in held for p in s.all_pieces()
+        }
+        tensors = {k: v for k, v in tensors.items() if k not in beyond}
+    return _checked_sources(model, path, tensors)
+
+
+def _checked_sources(model, path: Path, tensors: dict[str, tuple[Path, TensorInfo]]) -> list[Source]:
     state = [(hf_name(n), t) for n, t in _local_state(model)]
     sources, unread = checkpoint_layout(model, path, tensors, state)
     _check_all_used(model, path, unused_tensors(model, unread))
