@@ -219,6 +219,7 @@ def test_collectives_scale_by_depth_exactly_as_a_full_depth_dry_run_counts_them(
         "moe": None,
         "model": "model.config (qwen3)",
         "why": "4 identical Qwen3DecoderLayer/full_attention layers",
+        "head": 0,
     }
     steps = [c["first_step"] - 1 for c in report["classes"]]
     full = dry_run_rank(config, loop.Paths(tmp_path / "pretokenized", plan, tmp_path / "full"), 0, steps, 4)

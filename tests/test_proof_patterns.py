@@ -1,7 +1,7 @@
-"""The collective proof over layer-type patterns (issue 31, item 4): layers that repeat with a period (Gemma 2
-alternates sliding and full attention, Gemma 3 is 5 sliding + 1 full) are dry-run as one period plus the
-remainder and scaled by whole periods; a Mixture-of-Experts model is named by its config (its proof:
-tests/test_moe.py)."""
+"""The collective proof over layer-type patterns: layers that repeat with a period (Gemma 2 alternates sliding and
+full attention, Gemma 3 is 5 sliding + 1 full), after a head of layers unlike the rest (DeepSeek-V3's dense first
+layers), are dry-run as the head, one period and the remainder and scaled by whole periods; a Mixture-of-Experts
+model is named by its config (its proof: tests/test_moe.py)."""
 
 import numpy as np
 import pytest
@@ -12,6 +12,7 @@ from wattgate.proof.prove import prove_collectives
 from wattgate.train import loop
 
 from conftest import CADENCE, TINY, make_run
+from support.architectures import tiny_config
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 GEMMA3 = {  # a tiny Gemma 3 text model: 2 sliding layers then 1 full, repeating
@@ -22,6 +23,8 @@ GEMMA3 = {  # a tiny Gemma 3 text model: 2 sliding layers then 1 full, repeating
     "eos_token_id": 2,
     "sliding_window": 8,
 }
+# DeepSeek-V3 in miniature: `first_k_dense_replace` dense layers, then Mixture-of-Experts layers
+DEEPSEEK = {k: v for k, v in tiny_config("deepseek_v3").items() if k not in ("initializer_range",)}
 QWEN3_MOE = {**TINY, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
 
 
@@ -30,20 +33,33 @@ def types(pattern: list[str], layers: int) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "cfg,period,depths",
+    "cfg,head,period,depths",
     [
-        (TINY, 1, (2, None)),  # two identical layers: their own depth, nothing to scale
-        ({**TINY, "num_hidden_layers": 9}, 1, (1, 2)),
-        ({**GEMMA3, "num_hidden_layers": 2, "layer_types": [SLIDING, FULL]}, 2, (2, None)),  # refused before
-        ({**GEMMA3, "num_hidden_layers": 26, "layer_types": types([SLIDING] * 5 + [FULL], 26)}, 6, (8, 14)),
-        ({**GEMMA3, "num_hidden_layers": 24, "layer_types": types([SLIDING] * 5 + [FULL], 24)}, 6, (6, 12)),
-        ({**GEMMA3, "num_hidden_layers": 3, "layer_types": [FULL, SLIDING, SLIDING]}, 3, (3, None)),
+        (TINY, 0, 1, (2, None)),  # two identical layers: their own depth, nothing to scale
+        ({**TINY, "num_hidden_layers": 9}, 0, 1, (1, 2)),
+        ({**GEMMA3, "num_hidden_layers": 2, "layer_types": [SLIDING, FULL]}, 0, 2, (2, None)),  # refused before
+        ({**GEMMA3, "num_hidden_layers": 26, "layer_types": types([SLIDING] * 5 + [FULL], 26)}, 0, 6, (8, 14)),
+        ({**GEMMA3, "num_hidden_layers": 24, "layer_types": types([SLIDING] * 5 + [FULL], 24)}, 0, 6, (6, 12)),
+        ({**GEMMA3, "num_hidden_layers": 3, "layer_types": [FULL, SLIDING, SLIDING]}, 1, 1, (3, None)),
+        ({**GEMMA3, "num_hidden_layers": 4, "layer_types": [FULL, SLIDING, FULL, FULL]}, 0, 3, (4, None)),
     ],
 )
-def test_the_layer_pattern_gives_one_period_plus_the_remainder(cfg, period, depths):
+def test_the_layer_pattern_gives_one_period_plus_the_remainder(cfg, head, period, depths):
     depth = layer_pattern({"config": cfg})
     assert depth.period == period and depth.moe is None and depth.layers == cfg["num_hidden_layers"]
-    assert len(depth.pattern) == period and proxy_depths(depth) == depths
+    assert len(depth.pattern) == period and proxy_depths(depth) == depths and depth.head == head
+
+
+@pytest.mark.parametrize(
+    "dense,layers,depths",
+    [(1, 64, (2, 3)), (3, 64, (4, 5)), (1, 4, (2, 3)), (1, 3, (3, None)), (3, 5, (5, None)), (2, 9, (3, 4))],
+)
+def test_dense_first_layers_are_a_head_before_the_pattern(dense, layers, depths):
+    """DeepSeek-V3 (3 dense layers, then 58 MoE layers) is a head and a period of 1, not 61 layers without a
+    pattern: its proxy is the head and one layer, whatever the depth."""
+    depth = layer_pattern({"config": {**DEEPSEEK, "num_hidden_layers": layers, "first_k_dense_replace": dense}})
+    assert (depth.head, depth.period, depth.identical) == (dense, 1, False) and depth.moe
+    assert proxy_depths(depth) == depths and f"{dense} first layer(s)" in depth.why
 
 
 @pytest.mark.parametrize(
@@ -57,20 +73,23 @@ def test_the_layer_pattern_gives_one_period_plus_the_remainder(cfg, period, dept
             "sliding_window": 8,
         },
         {**GEMMA3, "num_hidden_layers": 10, "layer_types": types([SLIDING, SLIDING, FULL], 10)},
+        {**DEEPSEEK, "num_hidden_layers": 7, "first_k_dense_replace": 2},
     ],
-    ids=["qwen3-alternating-7", "gemma3-2+1-10"],
+    ids=["qwen3-alternating-7", "gemma3-2+1-10", "deepseek-2-dense-then-5-moe"],
 )
 def test_collectives_scale_by_whole_periods_exactly_as_a_full_depth_dry_run_counts_them(tmp_path, cfg):
-    """Every rank runs one period plus the remainder, rank 0 also one period more; each class's scaled count
-    equals what rank 0 issues when it is dry-run at the real depth (7 = 3 x 2 + 1, 10 = 3 x 3 + 1)."""
+    """Every rank runs the head, one period and the remainder, rank 0 also one period more; each class's scaled
+    count equals what rank 0 issues when it is dry-run at the real depth (7 = 3 x 2 + 1, 10 = 3 x 3 + 1,
+    7 = 2 + 5 x 1)."""
     lengths = np.random.default_rng(5).integers(5, 60, 40).tolist()
     plan, config = make_run(tmp_path, lengths, gpus=2, validation_fraction=0.1, **CADENCE)
     config["model"]["config"] = cfg
     report = prove_collectives(config, tmp_path / "pretokenized", plan).to_json()
     assert report["passed"], report["detail"]
     depth = report["depth"]
-    proxy = depth["period"] + depth["layers"] % depth["period"]
-    assert report["proxy_layers"] == proxy < depth["layers"] and depth["period"] in (2, 3)
+    head, period = depth["head"], depth["period"]
+    proxy = head + period + (depth["layers"] - head) % period
+    assert report["proxy_layers"] == proxy < depth["layers"] and (head, period) in ((0, 2), (0, 3), (2, 1))
     steps = [c["first_step"] - 1 for c in report["classes"]]
     full = dry_run_rank(config, loop.Paths(tmp_path / "pretokenized", plan, tmp_path / "full"), 0, steps, 99)
     assert full.layers == depth["layers"]

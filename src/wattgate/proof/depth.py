@@ -3,14 +3,18 @@
 FSDP2 shards every decoder layer as its own unit: a layer adds its own collectives (one all-gather forward, one
 in backward, one reduce-scatter) to the root's, and which ones follows from its parameters (names, shapes,
 dtypes). The real-depth model is built on meta (nothing allocated) and each layer described by its class, its
-parameters and the config's per-layer entries (`layer_types` sliding/full, ...). The layers repeat with a
-period p (1 when they are identical units; Gemma 2 alternates, p = 2; Gemma 3 is 5 sliding + 1 full, p = 6;
-p = L when nothing repeats). With L = k p + r layers the proxy is one period plus the remainder (d = p + r
-layers: the pattern's first r layers end the real model too), rank 0 also runs d + p, and a step's count at
-depth L is count(d) + (k - 1) x (count(d + p) - count(d)). A model at most one period deeper than the proxy
-runs at its own depth. A Mixture-of-Experts layer is one unit like any other: which experts its tokens reach
-moves no collective once every unit reduce-scatters all its parameters (train/moe.py), which the proof checks on
-a skewed routing (proof/experts.py).
+parameters and the config's per-layer entries (`layer_types` sliding/full, ...). After a head of h layers that do
+not repeat (DeepSeek-V3's dense first layers; h = 0 for most models) the layers repeat with a period p (1 when
+they are identical units; Gemma 2 alternates, p = 2; Gemma 3 is 5 sliding + 1 full, p = 6; p = L when nothing
+repeats): the pattern with the fewest layers h + p. With L = h + k p + r layers the proxy is the head, one period
+and the remainder (d = h + p + r layers: the pattern's first r layers end the real model too), rank 0 also runs
+d + p, and a step's count at depth L is count(d) + (k - 1) x (count(d + p) - count(d)). A model at most one
+period deeper than the proxy runs at its own depth. A Mixture-of-Experts layer is one unit like any other: which
+experts its tokens reach moves no collective once every unit reduce-scatters all its parameters (train/moe.py),
+which the proof checks on a skewed routing (proof/experts.py).
+
+The proxy is built from model.path's own config cut to d layers, and reads that folder's tensors for the layers
+it holds; the folder is checked whole against the real-depth model (train/weights.py `checkpoint_sources`).
 """
 
 from __future__ import annotations
@@ -86,8 +90,19 @@ def _layer_signature(layer, entries: tuple) -> tuple:
 
 def period_of(signatures: list) -> int:
     """The smallest p with every layer equal to layer (i mod p)."""
+    return pattern_of(signatures, heads=False)[1]
+
+
+def pattern_of(signatures: list, heads: bool = True) -> tuple[int, int]:
+    """(h, p): the fewest layers h + p (then the smaller head) with every layer i >= h equal to layer
+    h + (i - h) mod p; `heads` False: h is 0."""
     n = len(signatures)
-    return next(p for p in range(1, n + 1) if all(signatures[i] == signatures[i % p] for i in range(n)))
+    for size in range(1, n + 1):
+        for h in range(size if heads else 1):
+            p = size - h
+            if all(signatures[i] == signatures[h + (i - h) % p] for i in range(h, n)):
+                return h, p
+    return 0, n
 
 
 def layer_pattern(model_cfg: dict) -> Depth:
@@ -104,33 +119,40 @@ def layer_pattern(model_cfg: dict) -> Depth:
     keys = per_layer_keys(config)
     units = list(layer_container(model))
     sigs = [_layer_signature(u, tuple(str(getattr(config, k)[i]) for k in keys)) for i, u in enumerate(units)]
-    period = period_of(sigs) if sigs else 1
-    kinds = ["/".join([type(units[i]).__name__, *(str(getattr(config, k)[i]) for k in keys)]) for i in range(period)]
-    if period == 1:
-        why = f"{layers} identical {kinds[0]} layers" if layers else "no decoder layers"
-    elif period == layers:
-        why = f"{layers} layers without a repeating pattern: the proof runs them all"
+    head, period = pattern_of(sigs) if sigs else (0, 1)
+
+    def kind(i: int) -> str:
+        return "/".join([type(units[i]).__name__, *(str(getattr(config, k)[i]) for k in keys)])
+
+    kinds = [kind(i) for i in range(head, head + period)]
+    if head + period == layers and period > 1 or not layers:
+        why = f"{layers} layers without a repeating pattern: the proof runs them all" if layers else "no decoder layers"
+    elif period == 1:
+        why = f"{layers - head} identical {kinds[0]} layers"
     else:
-        why = f"{layers} layers repeating every {period} ({', '.join(kinds)})"
+        why = f"{layers - head} layers repeating every {period} ({', '.join(kinds)})"
+    if head and head + period < layers:
+        why = f"{head} first layer(s) unlike the rest ({', '.join(kind(i) for i in range(head))}), then {why}"
     recurrent = recurrent_layers(config) or None
     return Depth(
         layers=layers,
         period=period,
         pattern=tuple(kinds),
-        identical=period == 1,
+        identical=period == 1 and head == 0,
         moe=moe,
         model=label,
         why=why,
         recurrent=recurrent,
         params=param_census(model),
+        head=head,
     )
 
 
 def proxy_depths(depth: Depth) -> tuple[int, int | None]:
     """(layers every rank's dry run builds, layers of rank 0's second run or None): one period plus the
     remainder, and one period more; a model no deeper than that runs at its own depth, unscaled."""
-    layers, period = depth.layers, depth.period
-    proxy = period + layers % period
+    layers, period, head = depth.layers, depth.period, depth.head
+    proxy = head + period + (layers - head) % period
     if layers <= proxy + period:
         return layers, None
     return proxy, proxy + period

@@ -183,6 +183,16 @@ class ParamCensus(Record):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RankGroup(Record):
+    """Ranks that issue the same collectives by construction (proof/ranks.py): the one dry-run, how many ranks the
+    group holds, and its highest rank."""
+
+    rank: int
+    ranks: int
+    last: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Depth(Record):
     """The real model's depth and layer pattern (proof/depth.py `layer_pattern`)."""
 
@@ -193,6 +203,8 @@ class Depth(Record):
     moe: str | None
     model: str
     why: str
+    # the layers before the pattern starts (DeepSeek-V3's dense first layers); 0 when the pattern starts at once
+    head: int = spec(minimum=0, default=0)
     # the layers with a recurrent state (train/model.py recurrent_layers); left out when there is none
     recurrent: tuple[str, ...] | None = spec(omit_none=True, default=None)
     # the parameters of the real-depth model (the gate sizes memory and checkpoints from them)
@@ -312,6 +324,7 @@ class Collectives(Record):
     elapsed_s: float | None
     world_size: int | None = spec(omit_none=True, default=None)
     ranks_run: int | None = spec(omit_none=True, default=None)
+    rank_groups: tuple[RankGroup, ...] | None = spec(omit_none=True, default=None)
     proxy_layers: int | None = spec(omit_none=True, default=None)
     depth: Depth | None = spec(omit_none=True, default=None)
     steps_run: tuple[int, ...] | None = spec(omit_none=True, default=None)
