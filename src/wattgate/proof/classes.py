@@ -16,15 +16,6 @@ from wattgate.run_files import PACKS, arrow_numpy, read_parquet
 from wattgate.train.steps import StepClass, rank_schedule, rank_step_classes
 
 
-def rank_steps(epoch: np.ndarray, step: np.ndarray, micro: np.ndarray) -> tuple[list[int], list[int]]:
-    """One rank's planned steps in execution order: (each step's epoch, each step's micro-batch count)."""
-    if not len(epoch):
-        return [], []
-    keys = np.unique(np.stack([epoch, step, micro], axis=1).astype(np.int64), axis=0)  # sorted like read_rank_plan
-    steps, counts = np.unique(keys[:, :2], axis=0, return_counts=True)
-    return steps[:, 0].tolist(), counts.tolist()
-
-
 @dataclass(frozen=True)
 class PlanColumns:
     """The placement columns of a packs.parquet (or eval_packs.parquet), one entry per row."""
@@ -43,26 +34,46 @@ def plan_columns(plan_dir: Path, name: str) -> PlanColumns | None:
     return PlanColumns(*(arrow_numpy(table.column(c)) for c in ("epoch", "step", "micro", "rank")))
 
 
-def eval_micros_by_rank(cols: PlanColumns | None, world: int) -> list[int]:
-    """The validation pass's micro-batch count on each rank (0 without a pass)."""
+def micro_batches_by_rank(cols: PlanColumns | None, world: int, keys: tuple[str, ...]) -> list[tuple]:
+    """Per rank, its micro-batches in execution order: (their `keys` columns, an array of one row per micro-batch;
+    the packed rows each holds). One sort of the whole plan, not one pass per rank."""
     if cols is None:
-        return [0] * world
-    return [len(np.unique(cols.micro[cols.rank == r])) for r in range(world)]
+        return [(np.zeros((0, len(keys)), np.int64), np.zeros(0, np.int64))] * world
+    stacked = np.stack([cols.rank, *(getattr(cols, k) for k in keys)], axis=1).astype(np.int64)
+    micros, rows = np.unique(stacked, axis=0, return_counts=True)  # sorted by rank, then as read_rank_plan reads
+    bounds = np.searchsorted(micros[:, 0], np.arange(world + 1))
+    return [(micros[a:b, 1:], rows[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """What a rank's plan gives it, as far as its collectives can tell: its class at every global step it runs (a
+    fresh start), and the packed rows of each of its micro-batches in order (training's, then validation's): the
+    micro-batch shapes."""
+
+    classes: list[StepClass]
+    rows: bytes
+
+
+def plans_by_rank(plan: Plan, plan_dir: Path, s) -> list[RankPlan]:
+    """Every rank's RankPlan, from the plan's files (the same functions the loop calls)."""
+    world = plan.world_size
+    train = micro_batches_by_rank(plan_columns(plan_dir, PACKS), world, ("epoch", "step", "micro"))
+    eval_cols = plan_columns(plan_dir, EVAL_PACKS) if plan.validation is not None else None
+    evals = micro_batches_by_rank(eval_cols, world, ("micro",))
+    validation = any(len(rows) for _, rows in evals)
+    out = []
+    for (micros, rows), (_, eval_rows) in zip(train, evals):
+        steps, counts = np.unique(micros[:, :2], axis=0, return_counts=True)
+        sched = rank_schedule(plan, steps[:, 0].tolist(), s, validation)
+        classes = rank_step_classes(sched, counts.tolist(), len(eval_rows), start=sched.first_step)
+        out.append(RankPlan(classes, rows.tobytes() + b"/" + eval_rows.tobytes()))
+    return out
 
 
 def classes_by_rank(plan: Plan, plan_dir: Path, s) -> list[list[StepClass]]:
     """Every rank's class at every global step it runs (a fresh start), from the plan's files."""
-    world = plan.world_size
-    cols = plan_columns(plan_dir, PACKS)
-    evals = eval_micros_by_rank(plan_columns(plan_dir, EVAL_PACKS) if plan.validation is not None else None, world)
-    validation = any(evals)
-    out = []
-    for r in range(world):
-        mine = cols.rank == r
-        epochs, micros = rank_steps(cols.epoch[mine], cols.step[mine], cols.micro[mine])
-        sched = rank_schedule(plan, epochs, s, validation)
-        out.append(rank_step_classes(sched, micros, evals[r], start=sched.first_step))
-    return out
+    return [p.classes for p in plans_by_rank(plan, plan_dir, s)]
 
 
 def first_steps(classes: list[list[StepClass]], first: int = 0) -> list[int]:

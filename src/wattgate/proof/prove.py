@@ -1,7 +1,7 @@
-"""The collective proof: dry-run every rank of the planned world (wattgate.proof.dryrun) over one step of each
-step class, and prove that every rank issues the identical collective sequence at start-up, in every class, at
-the end, on the graceful stop path and on a resume, and that every rank's sequence of classes (from the plan) is
-the same.
+"""The collective proof: dry-run one rank of every group of the planned world's ranks that issue the same
+collectives by construction (wattgate.proof.ranks; wattgate.proof.dryrun) over one step of each step class, and
+prove that every rank issues the identical collective sequence at start-up, in every class, at the end, on the
+graceful stop path and on a resume, and that every rank's sequence of classes (from the plan) is the same.
 
 Both together mean every step of the run issues the same collectives on every rank, given the premise the dry
 run cannot check: a step's collectives depend on its class only, never on the data's values. Dense decoders meet
@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 
 from wattgate.errors import InputError
-from wattgate.proof.classes import class_divergence, classes_by_rank, first_steps
+from wattgate.proof.classes import class_divergence, first_steps, plans_by_rank
 from wattgate.proof.depth import layer_pattern, meta_model, proxy_depths, scaled_count
 from wattgate.proof.dryrun import RankRecord, dry_run_rank
+from wattgate.proof.ranks import group_records, rank_groups, shard_dims
 from wattgate.proof.record import Collective, fingerprint
 from wattgate.proof.workers import frozen_heap, run_tasks
 from wattgate.run_files import read_plan
@@ -154,7 +155,8 @@ def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | N
     plan, _ = read_plan(plan_dir)
     world = plan.world_size
     s = TrainSettings.from_config(config)
-    classes = classes_by_rank(plan, plan_dir, s)
+    plans = plans_by_rank(plan, plan_dir, s)
+    classes = [p.classes for p in plans]
     first = plan.first_step
     steps = first_steps(classes, first)
     labels = [{g: seq[g - first].label if g - first < len(seq) else "no step" for g in steps} for seq in classes]
@@ -164,19 +166,21 @@ def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | N
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="wattgate-proof-")) if own else Path(work)
     proxy, pair = proxy_depths(depth)
+    groups = rank_groups(plans, shard_dims(depth))
+    ranks = [g[0] for g in groups]  # one dry run per group, rank 0 first
     per_period: dict[int, int] = {}  # per dry-run step: its collectives per period of layers (none: unscaled)
     try:
-        paths = [Paths(Path(pretokenized), Path(plan_dir), work / f"rank-{r}") for r in range(world)]
+        paths = {r: Paths(Path(pretokenized), Path(plan_dir), work / f"rank-{r}") for r in ranks}
         # rank 0 first: what it sends reaches the others through the relay (proof/relay.py), a fresh folder
         relay = Path(tempfile.mkdtemp(prefix="relay-", dir=work))
-        tasks = [(config, paths[r], r, steps, proxy, True, False, relay) for r in range(world)]
+        tasks = [(config, paths[r], r, steps, proxy, True, False, relay) for r in ranks]
         if pair is not None:  # rank 0 at one period more: each period's collectives
             tasks.append((config, Paths(Path(pretokenized), Path(plan_dir), work / "one-period-more"), 0, steps, pair))
         if depth.moe:  # rank 0 again, no token reaching any expert: routing must move no collective
             starved_paths = Paths(Path(pretokenized), Path(plan_dir), work / "starved")
             tasks.append((config, starved_paths, 0, steps, proxy, True, True))
         done = run_tasks(dry_run_rank, tasks)
-        records: list[RankRecord] = done[:world]
+        records: list[RankRecord] = done[: len(ranks)]
         starved = done.pop() if depth.moe else None
         if pair is not None:
             per_period = {g: len(done[-1].steps.get(g, [])) - len(records[0].steps.get(g, [])) for g in steps}
@@ -204,8 +208,8 @@ def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | N
     proxy_layers = rank0.layers if records else 0
     n = sum(1 for r in table if len(r.key))
     detail = "; ".join(problems) or (
-        f"{world} ranks issue identical collectives in start-up, {n} step class(es), the export, a graceful stop "
-        "and a resume "
+        f"{world} ranks ({len(groups)} group(s) of ranks that issue the same by construction, one dry-run each) issue "
+        f"identical collectives in start-up, {n} step class(es), the export, a graceful stop and a resume "
         f"({sum(r.collectives for r in table)} collectives per rank over the classes at "
         f"{proxy_layers} proxy layers)" + (moe_note(moe) if moe is not None else "")
     )
@@ -214,6 +218,7 @@ def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | N
         detail=detail,
         world_size=world,
         ranks_run=len(records),
+        rank_groups=group_records(groups),
         proxy_layers=proxy_layers,
         depth=depth,
         steps_run=tuple(g + 1 for g in steps),

@@ -346,11 +346,11 @@ class Trainer:
         carry_on = float(asked is None)  # 1 carries on: a value that says nothing (the proof's made-up 1) never stops
         figures = [float(step_loss), loss_tokens, tokens, step_time, data_wait + to_device_s, carry_on]
         local = torch.tensor(figures, dtype=torch.float64, device=self.device)
-        gathered = [torch.zeros_like(local) for _ in range(self.world)]
+        gathered = torch.empty(self.world * len(figures), dtype=torch.float64, device=self.device)
         # one small collective: every rank's step figures for rank 0, and what every rank needs to decide alike
         # whether this step's update is taken (its loss) and whether the run stops here (its stop request)
-        dist.all_gather(gathered, local)
-        gathered = list(torch.stack(gathered).cpu())
+        dist.all_gather_single(gathered, local)
+        gathered = gathered.view(self.world, -1).cpu().tolist()  # one host read of every rank's figures
         norm = float(grad_norm)  # the same on every rank (clip_grad_norm_ reduces it over the mesh)
         if self.update_is_finite(g, gathered, norm, micro_losses):
             self.optimizer.step()

@@ -160,7 +160,7 @@ class StepLog:
         epoch: int,
         start: int,
         total: int,
-        gathered: list[torch.Tensor],
+        gathered: list[list[float]],
         lr: float,
         grad_norm: float,
         now: float,
@@ -207,7 +207,7 @@ class StepLog:
         )
 
     def _board_step(
-        self, g: int, total: int, gathered: list[torch.Tensor], step_tokens: int, lr: float, grad_norm: float
+        self, g: int, total: int, gathered: list[list[float]], step_tokens: int, lr: float, grad_norm: float
     ) -> None:
         if not self._board_opened:
             self._board_opened = True

@@ -1,0 +1,49 @@
+"""Ranks grouped by everything that can change the collectives they issue; the proof dry-runs one rank of each group.
+
+A rank's dry run is the trainer's own code given four inputs that differ between ranks (docs/gate.md):
+- its plan: the class of every step it runs and the packed rows of each of its micro-batches (proof/classes.py);
+- its shard of every parameter: FSDP2 splits dim 0 into world-size chunks of ceil(n / world) rows, so a rank holds a
+  full chunk, a shorter last one, or nothing (padded to the full chunk in every all-gather and reduce-scatter, but
+  the local tensors DCP and the export read have its own shape);
+- its place in the mesh (one dimension today: the rank is its place, and the shard above is all it changes);
+- whether it is rank 0, which alone publishes checkpoints, writes final/ and sends what the others receive.
+Ranks equal in all four run the same code on the same shapes and counts and so issue the same collectives (the
+proof's premise: collectives follow counts and shapes, never values). Rank 0 is a group of its own, and every other
+group is dry-run through its lowest rank, so a rank whose plan differs in one step is its own group and is named.
+The number of groups is bounded by the plan's distinct rank plans (one when the plan is balanced) times the few
+shard boundaries, not by the world size.
+"""
+
+from __future__ import annotations
+
+from wattgate.proof.classes import RankPlan
+from wattgate.records.gate import Depth, RankGroup
+
+
+def shard_dims(depth: Depth) -> tuple[int, ...]:
+    """The distinct dim-0 sizes of the model's parameters (what FSDP2 splits over the ranks)."""
+    shapes = depth.params.shapes if depth.params is not None else ()
+    return tuple(sorted({int(shape[0]) for shape in shapes if len(shape)}))
+
+
+def shard_kind(rows: int, world: int, rank: int) -> int:
+    """What `rank` holds of a dim 0 of `rows` rows: 2 a full chunk, 1 a shorter last chunk, 0 nothing."""
+    chunk = -(-rows // world)
+    held = min(max(rows - rank * chunk, 0), chunk)
+    return 2 if held == chunk else 1 if held else 0
+
+
+def rank_groups(plans: list[RankPlan], dims: tuple[int, ...]) -> list[list[int]]:
+    """The ranks in groups that issue the same collectives (module docstring), rank 0's first and alone, each
+    group's ranks ascending."""
+    world = len(plans)
+    groups: dict = {}
+    for rank, plan in enumerate(plans):
+        key = None if rank == 0 else (tuple(plan.classes), plan.rows, tuple(shard_kind(n, world, rank) for n in dims))
+        groups.setdefault(key, []).append(rank)
+    return list(groups.values())
+
+
+def group_records(groups: list[list[int]]) -> tuple[RankGroup, ...]:
+    """gate.json `collectives.rank_groups`: each group's dry-run rank, how many ranks it stands for, its last."""
+    return tuple(RankGroup(rank=g[0], ranks=len(g), last=g[-1]) for g in groups)
