@@ -564,7 +564,7 @@ def bench_worlds(tmp: Path, worlds: list[int], docs: list[int]) -> None:
             )
             figure(
                 "gate",
-                f"collective proof, world {world}, {n:,} docs ({steps} steps)",
+                f"collective proof, world {world}, {n:,} docs ({steps} step{'' if steps == 1 else 's'})",
                 f"{t_proof:.2f} s ({1000 * t_proof / world:.0f} ms per rank)",
                 f"the gate's other checks on the same plan {t_other:.2f} s",
             )
