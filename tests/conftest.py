@@ -50,6 +50,8 @@ LONGEST_MODULES = (
     "test_slurm",
     "test_workflow",
     "test_architectures",
+    "test_proof_depths",
+    "test_benchmarks",
     "test_resume_resize",
     "test_graceful_stop",
     "test_forecast",

@@ -1,5 +1,5 @@
-"""The architectures wattgate is tested on: a tiny random-init transformers folder of each (bf16, two layers),
-made in the test, and what each one's config adds to make its own behaviour show (a logit scale, a softcap,
+"""The architectures wattgate is tested on: a tiny random-init transformers folder of each (bf16, MATRIX_LAYERS
+layers), made in the test, and what each one's config adds to make its own behaviour show (a logit scale, a softcap,
 sliding layers). docs/architectures.md is generated from this table (scripts/architectures_table.py)."""
 
 from __future__ import annotations
@@ -100,16 +100,27 @@ MOE_MATRIX_ONLY = {
 ARCHITECTURES = {**DENSE, **MOE, **MOE_MATRIX_ONLY}
 
 
-def tiny_config(model_type: str) -> dict:
-    return {**TINY_DECODER, "model_type": model_type, **ARCHITECTURES[model_type][0]}
+# The matrix's depth: deeper than the collective proof's proxy for every family, so each one takes the proof's
+# scaled path (proof/depth.py): two periods and a remainder layer for the period-2 families (Gemma 2 and 3, GPT-OSS:
+# proxy 3 layers, rank 0's second run 5), a head and several periods for DeepSeek-V3 (1 dense layer, then MoE)
+MATRIX_LAYERS = 7
 
 
-def save_tiny_model(path, model_type: str, seed: int = 0):
+def tiny_config(model_type: str, layers: int = MATRIX_LAYERS) -> dict:
+    """model.config of the tiny `model_type` at `layers` layers (a `layer_types` pattern repeated to that depth)."""
+    cfg = {**TINY_DECODER, "model_type": model_type, **ARCHITECTURES[model_type][0], "num_hidden_layers": layers}
+    if "layer_types" in cfg:
+        pattern = cfg["layer_types"]
+        cfg["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
+    return cfg
+
+
+def save_tiny_model(path, model_type: str, seed: int = 0, layers: int = MATRIX_LAYERS):
     """A transformers folder of the tiny `model_type`, random init, saved in bf16 as transformers saves it."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = tiny_config(model_type)
+    cfg = tiny_config(model_type, layers)
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     torch.manual_seed(seed)
     AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(str(path))

@@ -84,3 +84,38 @@ def folder_headers(folder) -> dict[str, tuple[tuple[int, ...], str]]:
         for f in sorted(Path(folder).glob("*.safetensors"))
         for name, info in read_header(f).items()
     }
+
+
+def save_header_only_folder(path, cfg: dict, dtype: str = "BF16"):
+    """A model folder of `cfg` (config.json keys, model_type included) whose safetensors file has the full header
+    (every tensor the model holds, by name, shape and dtype) and no data: the file is sparse, its size what the header
+    describes, so a 65 GB model costs the header. Readers of headers (the gate) see the real model's layout."""
+    import json
+    import math
+    import struct
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    kwargs = {k: v for k, v in cfg.items() if k != "model_type"}
+    config = AutoConfig.for_model(cfg["model_type"], **kwargs)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    item = {"BF16": 2, "F16": 2, "F32": 4}[dtype]
+    header: dict = {"__metadata__": {"format": "pt"}}
+    start = 0
+    for name, tensor in model.state_dict().items():  # tied weights appear once under their owner's name
+        end = start + math.prod(tensor.shape) * item
+        header[name] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [start, end]}
+        start = end
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + start)
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(str(path))
+    return path

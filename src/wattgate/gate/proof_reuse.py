@@ -1,4 +1,4 @@
-"""A gate rerun reuses the collective proof when nothing the dry run reads has changed (issue 31, item 6).
+"""A gate rerun reuses the collective proof when nothing the dry run reads has changed.
 
 The proof is a function of: wattgate's code (its version and the sha256 of its own source, so an edited
 checkout is never taken for the released one), torch's and transformers' versions (FSDP2's collectives, the
@@ -6,7 +6,8 @@ model's modules), the model's config (model.config, or model.path's config.json:
 every train setting (the dry run builds its TrainSettings from the whole section: mixed precision, activation
 checkpointing, attention, cadence, micro-batch and validation sizes), the GPU model (the mixed-precision
 policy), the world size, and every rank's step class at every step (micro-batch counts, log / validation /
-checkpoint / epoch end / last, validation micro-batches) with the steps chosen for the dry run. The data's
+checkpoint / epoch end / last, validation micro-batches) with the steps chosen for the dry run, and the packed
+rows of every rank's micro-batches (with the model's shapes they group the ranks, proof/ranks.py). The data's
 values are not an input: the proof's premise is that collectives never depend on them.
 
 The proof is kept in the gate's own --out folder (PROOF_CACHE beside gate.json, with the inputs it was proved
@@ -28,7 +29,7 @@ import wattgate
 from wattgate.artifacts import write_json_atomic
 from wattgate.errors import InputError
 from wattgate.records.gate import Collectives, ProofCache, Reused
-from wattgate.proof.classes import classes_by_rank, first_steps
+from wattgate.proof.classes import first_steps, plans_by_rank
 from wattgate.run_files import PROOF_CACHE, read_plan
 from wattgate.config import run_config
 from wattgate.records.run_config import RunConfig
@@ -64,7 +65,8 @@ def proof_inputs(config: RunConfig | dict, plan_dir: Path) -> dict:
     config = run_config(config)
     plan, _ = read_plan(plan_dir)
     # rank_schedule reads the cadence by the train section's own names (TrainSettings has the same; it imports torch)
-    classes = classes_by_rank(plan, plan_dir, config.train)
+    plans = plans_by_rank(plan, plan_dir, config.train)
+    classes = [p.classes for p in plans]
     first = plan.first_step
     model = config.model.to_json()
     if config.model.path:
@@ -85,6 +87,7 @@ def proof_inputs(config: RunConfig | dict, plan_dir: Path) -> dict:
         "world_size": plan.world_size,
         "steps": first_steps(classes, first),
         "classes_sha256": _sha256(json.dumps([[c.key() for c in seq] for seq in classes]).encode()),
+        "micro_batch_rows_sha256": _sha256(b"|".join(p.rows for p in plans)),  # the rank groups follow them
     }
 
 

@@ -1,0 +1,87 @@
+"""The collective proof at a large world: ranks are grouped by everything that can change the collectives they issue
+(their plan's step classes and micro-batch rows, their shard of each parameter, rank 0 alone: proof/ranks.py) and
+one rank of each group is dry-run, so the proof's time follows the groups, not the world. A rank whose plan differs
+in one step is a group of its own, dry-run, caught and named."""
+
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from wattgate.config import validate_config
+from wattgate.data.synthetic import write_random_pretokenized
+from wattgate.pack.plan import build_plan
+from wattgate.proof.classes import plans_by_rank
+from wattgate.proof.depth import layer_pattern
+from wattgate.proof.prove import prove_collectives
+from wattgate.proof.ranks import rank_groups, shard_dims, shard_kind
+from wattgate.run_files import read_plan
+from wattgate.train.settings import TrainSettings
+
+from conftest import CADENCE, TINY, train_config
+
+WORLD = 1024
+
+
+@pytest.fixture(scope="module")
+def wide_run(tmp_path_factory):
+    """A plan for 128 nodes x 8 ranks, two micro-batches a step, and its config."""
+    tmp = tmp_path_factory.mktemp("wide")
+    lengths = np.random.default_rng(3).integers(20, 60, 16 * WORLD).tolist()
+    write_random_pretokenized(tmp / "pretokenized", lengths, 96, 0, shard_docs=2000)
+    config = validate_config(
+        {
+            "run_name": "wide",
+            "train": train_config(**dict(CADENCE, grad_accum=2, checkpoint_every=1, eval_every=100)),
+            "model": {"config": TINY},
+            "cluster": {"nodes": WORLD // 8, "gpus_per_node": 8},
+        }
+    )
+    build_plan(config, tmp / "pretokenized", tmp / "plan")
+    return tmp / "pretokenized", tmp / "plan", config
+
+
+def test_shard_kinds_follow_fsdp2s_chunks():
+    # 10 rows over 4 ranks: chunks of 3, 3, 3, 1; over 8: 2, 2, 2, 2, 2, then nothing
+    assert [shard_kind(10, 4, r) for r in range(4)] == [2, 2, 2, 1]
+    assert [shard_kind(10, 8, r) for r in range(8)] == [2, 2, 2, 2, 2, 0, 0, 0]
+    assert [shard_kind(1024, 1024, r) for r in (0, 1023)] == [2, 2]
+
+
+def test_a_balanced_plan_at_world_1024_is_a_few_groups_of_ranks(wide_run):
+    _, plan_dir, config = wide_run
+    plan, _ = read_plan(plan_dir)
+    plans = plans_by_rank(plan, plan_dir, TrainSettings.from_config(config))
+    groups = rank_groups(plans, shard_dims(layer_pattern(config["model"])))
+    assert sorted(r for g in groups for r in g) == list(range(WORLD)) and groups[0] == [0]
+    # TINY's dim 0 sizes (8, 16, 32, 64, 96) cut the ranks where they stop holding rows
+    assert len(groups) == 7 and [g[0] for g in groups] == [0, 1, 8, 16, 32, 64, 96]
+
+
+def fewer_micro_batches(plan_dir, rank: int, step: int) -> None:
+    """A planner bug on purpose: `rank` runs one micro-batch fewer in `step` of epoch 0 (its last one dropped)."""
+    path = plan_dir / "packs.parquet"
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    mine = [r for r in rows if r["rank"] == rank and r["epoch"] == 0 and r["step"] == step]
+    last = max(r["micro"] for r in mine)
+    kept = [r for r in rows if not (r["rank"] == rank and r["epoch"] == 0 and r["step"] == step and r["micro"] == last)]
+    pq.write_table(pa.Table.from_pylist(kept, schema=table.schema), path)
+
+
+@pytest.mark.slow
+def test_one_rank_of_1024_with_one_micro_batch_fewer_is_dry_run_and_named(wide_run, tmp_path):
+    pretokenized, plan_dir, config = wide_run
+    uneven = tmp_path / "plan"
+    shutil.copytree(plan_dir, uneven)
+    fewer_micro_batches(uneven, rank=637, step=1)
+    report = prove_collectives(config, pretokenized, uneven).to_json()
+    assert not report["passed"] and report["world_size"] == WORLD
+    assert {"rank": 637, "ranks": 1, "last": 637} in report["rank_groups"]
+    assert report["ranks_run"] == len(report["rank_groups"]) == 8
+    assert report["class_divergence"]["rank"] == 637 and report["class_divergence"]["step"] == 2
+    d = report["divergence"]
+    assert d["rank"] == 637 and d["step"] == 2 and d["rank0"] != d["this_rank"]
+    assert "rank 637 diverges from rank 0 at step 2" in report["detail"]
