@@ -16,6 +16,8 @@ from conftest import CADENCE, TINY, make_run
 
 # LFM2: a short-convolution layer, then attention (transformers' cache gives the first a linear-attention state)
 LFM2 = dict(TINY_DECODER, model_type="lfm2", vocab_size=96, layer_types=["conv", "full_attention"])
+# three periods of it: the proof dry-runs 2 layers, and the check reads every layer of the real depth
+LFM2_6_LAYERS = dict(LFM2, num_hidden_layers=6, layer_types=["conv", "full_attention"] * 3)
 
 
 def second_document_logits(model_cfg: dict, packed: bool) -> torch.Tensor:
@@ -56,12 +58,16 @@ def isolation(report: dict) -> dict:
 
 
 def test_a_recurrent_model_on_packs_of_several_documents_fails_naming_its_layers_and_the_packs(tmp_path):
-    report, again = gate(tmp_path, [10, 14, 20, 8] * 12, LFM2, runs=2)  # seq_len 64: several documents per pack
+    report, again = gate(tmp_path, [10, 14, 20, 8] * 12, LFM2_6_LAYERS, runs=2)  # seq_len 64: several per pack
     check = isolation(report)
     assert not report["passed"] and not check["passed"]
-    assert "model.config (lfm2): layer 0 (conv) carries a recurrent state" in check["detail"]
+    assert (
+        "model.config (lfm2): layer 0 (conv), layer 2 (conv), layer 4 (conv) carry a recurrent state" in check["detail"]
+    )
     assert " packs hold two or more documents" in check["detail"]
-    assert report["collectives"]["depth"]["recurrent"] == ["layer 0 (conv)"]  # the proof's record, kept for reruns
+    recurrent = ["layer 0 (conv)", "layer 2 (conv)", "layer 4 (conv)"]
+    assert report["collectives"]["depth"]["recurrent"] == recurrent  # the proof's record, kept for reruns
+    assert report["collectives"]["proxy_layers"] == 2  # the proxy's own 2 layers hold one of them
     assert "| document_isolation | **FAIL** |" in (tmp_path / "gate" / "gate.md").read_text()
     # the rerun reuses the kept proof: the layers come from its record, and the verdict is the same
     assert again["collectives"]["reused"] is not None and isolation(again) == check
