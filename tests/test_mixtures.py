@@ -389,3 +389,34 @@ def test_a_sources_own_carve_overrides_only_what_it_gives_and_a_null_cap_is_no_c
     assert (a.fraction, a.max_docs, a.seed) == (0.1, None, 3)  # max_docs: null given: no cap for this source
     assert (b.fraction, b.max_docs, b.seed) == (0.2, 5, 1)
     assert (c.fraction, c.max_docs, c.seed) == (0.1, 5, 1)
+
+
+@pytest.mark.parametrize("second", ["./a.jsonl", "link.jsonl", "copy.jsonl"])
+def test_a_plain_list_naming_one_file_twice_is_refused_by_path_or_content(tmp_path, tokenizer_dir, capsys, second):
+    """A file listed twice (by another spelling, through a link, or as a copy) would train each of its documents
+    twice while the gate counts every document once."""
+    import os
+    import shutil
+
+    import yaml
+
+    from wattgate.cli import main
+    from wattgate.data.demo_corpus import write_demo_corpus
+
+    write_demo_corpus(tmp_path / "a.jsonl", num_docs=20, seed=1, max_turns=2)
+    os.symlink(tmp_path / "a.jsonl", tmp_path / "link.jsonl")
+    shutil.copy(tmp_path / "a.jsonl", tmp_path / "copy.jsonl")
+    write_demo_corpus(tmp_path / "b.jsonl", num_docs=20, seed=2, max_turns=2)  # another file: kept
+    inputs = [str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), os.path.normpath(str(tmp_path / second))]
+    if second == "./a.jsonl":
+        inputs[2] = f"{tmp_path}/./a.jsonl"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"data": {"inputs": inputs}, "tokenizer": {"path": str(tokenizer_dir)}}))
+    rc = main(["pretokenize", "--config", str(config), "--out", str(tmp_path / "pretokenized")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and not (tmp_path / "pretokenized").exists()
+    assert "data.inputs[2]" in err[-1] and "data.inputs[0]" in err[-1] and "list" in err[-1], err
+    assert "Traceback" not in "\n".join(err)
+    # two different files pretokenize as before
+    config.write_text(yaml.safe_dump({"data": {"inputs": inputs[:2]}, "tokenizer": {"path": str(tokenizer_dir)}}))
+    assert main(["pretokenize", "--config", str(config), "--out", str(tmp_path / "pretokenized")]) == 0

@@ -64,8 +64,10 @@ def parse_sources(config: RunConfig | dict, where: str = "data.inputs") -> list[
         kind = given[0] if given else "epochs"
         value = amounts[kind] if given else 1.0
         sources.append(Source(entry.name, entry.path, kind, value, entry.validation))
-    if is_mixture(config):  # a plain list keeps today's meaning: two files may share a stem, or repeat
+    if is_mixture(config):  # in a plain list two files may share a stem: the names are the files' own
         _check_distinct(sources, where)
+    else:
+        _check_distinct_files(sources, where)
     if any(s.validation for s in sources) and config.data.validation.inputs:
         s = next(s for s in sources if s.validation)
         raise InputError(
@@ -73,6 +75,20 @@ def parse_sources(config: RunConfig | dict, where: str = "data.inputs") -> list[
             "together; hold out either separate files or a carve per source"
         )
     return sources
+
+
+def _check_distinct_files(sources: list[Source], where: str) -> None:
+    """A plain list names each file once: a file listed twice would train every document of it twice while the
+    gate counts each document once (a mapping with `epochs: 2` repeats a source on purpose)."""
+    seen: dict[str, int] = {}
+    for i, s in enumerate(sources):
+        key = os.path.realpath(s.path)  # the same file under two spellings (or through a link) is one file
+        if key in seen:
+            raise InputError(
+                f"{where}[{i}] ({s.path}) is the same file as {where}[{seen[key]}]; list it once (a mapping "
+                "{path: ..., epochs: 2} trains a source twice on purpose)"
+            )
+        seen[key] = i
 
 
 def _check_distinct(sources: list[Source], where: str) -> None:
