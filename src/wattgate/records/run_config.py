@@ -340,11 +340,11 @@ class GateConfig(Record):
     max_gpu_hours: float | None
     # fail the gate when the forecast GPU energy of the train job exceeds it (null = no budget)
     max_kwh: float | None
-    # prove before launch that every rank issues the same collectives: the trainer dry-run for every rank of the
-    # planned world on torch's fake process group (FakeTensors, the model at full width and 1 decoder layer, scaled
-    # to the real depth), one step of each step class the plan gives any rank, the start-up, a checkpoint, a
-    # validation pass and the export (the gate check `collectives`; seconds to a minute on the submit host, no GPU).
-    # false skips it
+    # prove before launch that every rank issues the same collectives: the trainer dry-run on torch's fake process
+    # group for one rank of each group of ranks that issue the same collectives by construction (FakeTensors, the
+    # model at full width and one period of its layer pattern, scaled to the real depth), one step of each step
+    # class the plan gives any rank, the start-up, a checkpoint, a validation pass and the export (the gate check
+    # `collectives`; seconds to a minute on the submit host whatever the world size, no GPU). false skips it
     collectives: bool
 
 
