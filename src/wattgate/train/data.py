@@ -131,27 +131,49 @@ class DocStore:
             self.row_of_doc[ids] = np.concatenate(row_of)
         self.cache: OrderedDict[int, tuple] = OrderedDict()
         self.cache_row_groups = cache_row_groups
+        self.kept: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # documents held decoded (`keep`)
 
     def shard_of(self, doc_id: int) -> str:
         """The shard file that holds doc_id (for messages)."""
         gi = int(self.group_of_doc[doc_id]) if 0 <= doc_id < self.num_docs else -1
         return self.names[self.group_index[gi][0]] if gi >= 0 else "no shard"
 
-    def _group(self, gi: int):
-        if gi in self.cache:
-            self.cache.move_to_end(gi)
-            return self.cache[gi]
+    def keep(self, doc_ids) -> None:
+        """Hold these documents decoded, reading each row group they are in once: a validation set is scattered
+        over the shards (its carve goes by content hash), so reading it document by document decodes a whole row
+        group per document, every pass (69 s a pass for 5,000 held-out documents of a 1M-document corpus)."""
+        wanted = np.unique(np.asarray(list(doc_ids), dtype=np.int64))
+        wanted = wanted[(wanted >= 0) & (wanted < self.num_docs)]
+        wanted = np.array([d for d in wanted.tolist() if d not in self.kept], dtype=np.int64)
+        groups = self.group_of_doc[wanted] if len(wanted) else wanted
+        for gi in np.unique(groups[groups >= 0]).tolist():
+            offsets, ids, mask = self._read_group(gi)
+            for d in wanted[groups == gi].tolist():
+                row = int(self.row_of_doc[d])
+                a, b = offsets[row], offsets[row + 1]
+                self.kept[d] = (ids[a:b].copy(), mask[a:b].copy())  # copies: the group itself is not held
+
+    def _read_group(self, gi: int):
         f_i, g = self.group_index[gi]
         t = self.files[f_i].read_row_group(g, columns=["input_ids", "loss_mask"])
         ids, mask = t.column("input_ids").combine_chunks(), t.column("loss_mask").combine_chunks()
         offsets = arrow_numpy(ids.offsets)
-        entry = (offsets - offsets[0], arrow_numpy(pc.list_flatten(ids)), arrow_numpy(pc.list_flatten(mask)))
+        return offsets - offsets[0], arrow_numpy(pc.list_flatten(ids)), arrow_numpy(pc.list_flatten(mask))
+
+    def _group(self, gi: int):
+        if gi in self.cache:
+            self.cache.move_to_end(gi)
+            return self.cache[gi]
+        entry = self._read_group(gi)
         self.cache[gi] = entry
         if len(self.cache) > self.cache_row_groups:
             self.cache.popitem(last=False)
         return entry
 
     def get(self, doc_id: int) -> tuple[np.ndarray, np.ndarray]:
+        kept = self.kept.get(doc_id)
+        if kept is not None:
+            return kept
         gi = int(self.group_of_doc[doc_id]) if 0 <= doc_id < self.num_docs else -1
         if gi < 0:
             raise InputError(f"plan names doc_id {doc_id}, which no shard holds; rerun pretokenize/pack/gate")
