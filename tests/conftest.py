@@ -35,6 +35,7 @@ from support.runs import (  # noqa: E402, F401 (proof_run is a fixture)
     torchrun,
     train_config,
     with_extra_validation_micro_batch,
+    with_micro_batches_changed,
     without_rows,
 )
 from support.processes import dead_pid  # noqa: E402, F401

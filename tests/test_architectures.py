@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from support.architectures import ARCHITECTURES, save_tiny_model, tiny_config
+from support.runs import pretokenize_and_pack
 from support.scoring import reference_grad_norm, scored_by_transformers
 
 from wattgate.cli import main
@@ -53,11 +54,7 @@ def prepared(tmp_path_factory, tokenizer_dir):
     root = tmp_path_factory.mktemp("architectures")
     corpus = root / "corpus.jsonl"
     write_demo_corpus(corpus, num_docs=120, seed=5, max_turns=3)
-    config = root / "config.yaml"
-    config.write_text(yaml.safe_dump(arch_config(tokenizer_dir, corpus, {"config": tiny_config("qwen3")})))
-    assert main(["pretokenize", "--config", str(config), "--out", str(root / "pretokenized")]) == 0
-    argv = ["pack", "--config", str(config), "--pretokenized", str(root / "pretokenized")]
-    assert main([*argv, "--out", str(root / "plan")]) == 0
+    pretokenize_and_pack(root, arch_config(tokenizer_dir, corpus, {"config": tiny_config("qwen3")}))
     return root, corpus, tokenizer_dir
 
 

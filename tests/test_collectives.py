@@ -5,8 +5,6 @@ import json
 import shutil
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.distributed as dist
@@ -21,7 +19,7 @@ from wattgate.train import loop
 from wattgate.train.model import build_meta_model
 from wattgate.train.settings import TrainSettings
 
-from conftest import CADENCE, config_for, make_run
+from conftest import CADENCE, config_for, make_run, with_micro_batches_changed
 
 
 @pytest.fixture(scope="module")
@@ -152,21 +150,11 @@ def test_an_object_collective_only_on_rank_0_is_caught(proof_run, monkeypatch):
     assert d["rank0"].startswith("broadcast_object_list(1 objects, src 0)")
 
 
-def with_extra_micro_batch(plan_dir, rank: int, step: int) -> None:
-    """A planner bug on purpose: `rank` gets one more micro-batch (a copy of its first pack) in `step` of epoch 0."""
-    path = plan_dir / "packs.parquet"
-    table = pq.read_table(path)
-    rows = table.to_pylist()
-    mine = [r for r in rows if r["rank"] == rank and r["epoch"] == 0 and r["step"] == step]
-    extra = dict(mine[0], micro=max(r["micro"] for r in mine) + 1, slot=0)
-    pq.write_table(pa.Table.from_pylist(rows + [extra], schema=table.schema), path)
-
-
 def test_one_more_micro_batch_on_one_rank_in_one_step_is_caught_at_the_collective_level(proof_run, tmp_path):
     pretokenized, plan, config = proof_run
     uneven = tmp_path / "plan"
     shutil.copytree(plan, uneven)
-    with_extra_micro_batch(uneven, rank=1, step=2)
+    with_micro_batches_changed(uneven, rank=1, step=2, more=True)
     report = prove_collectives(config, pretokenized, uneven).to_json()
     assert not report["passed"]
     assert report["class_divergence"]["rank"] == 1 and report["class_divergence"]["step"] == 3

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from support.architectures import ARCHITECTURES, save_tiny_model
 from support.models import save_header_only_folder
+from support.runs import pretokenize_and_pack
 
 from wattgate.cli import main
 from wattgate.config import validate_config
@@ -43,11 +44,7 @@ def planned(tmp_path_factory, tokenizer_dir):
     root = tmp_path_factory.mktemp("depths")
     corpus = root / "corpus.jsonl"
     write_demo_corpus(corpus, num_docs=120, seed=7, max_turns=3)
-    config = root / "config.yaml"
-    config.write_text(yaml.safe_dump(gate_config(tokenizer_dir, corpus, {"config": {"model_type": "qwen3"}})))
-    assert main(["pretokenize", "--config", str(config), "--out", str(root / "pretokenized")]) == 0
-    argv = ["pack", "--config", str(config), "--pretokenized", str(root / "pretokenized")]
-    assert main([*argv, "--out", str(root / "plan")]) == 0
+    pretokenize_and_pack(root, gate_config(tokenizer_dir, corpus, {"config": {"model_type": "qwen3"}}))
     return root, corpus, tokenizer_dir
 
 

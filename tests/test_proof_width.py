@@ -6,8 +6,6 @@ in one step is a group of its own, dry-run, caught and named."""
 import shutil
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from wattgate.config import validate_config
@@ -20,7 +18,7 @@ from wattgate.proof.ranks import rank_groups, shard_dims, shard_kind
 from wattgate.run_files import read_plan
 from wattgate.train.settings import TrainSettings
 
-from conftest import CADENCE, TINY, train_config
+from conftest import CADENCE, TINY, train_config, with_micro_batches_changed
 
 WORLD = 1024
 
@@ -60,23 +58,12 @@ def test_a_balanced_plan_at_world_1024_is_a_few_groups_of_ranks(wide_run):
     assert len(groups) == 7 and [g[0] for g in groups] == [0, 1, 8, 16, 32, 64, 96]
 
 
-def fewer_micro_batches(plan_dir, rank: int, step: int) -> None:
-    """A planner bug on purpose: `rank` runs one micro-batch fewer in `step` of epoch 0 (its last one dropped)."""
-    path = plan_dir / "packs.parquet"
-    table = pq.read_table(path)
-    rows = table.to_pylist()
-    mine = [r for r in rows if r["rank"] == rank and r["epoch"] == 0 and r["step"] == step]
-    last = max(r["micro"] for r in mine)
-    kept = [r for r in rows if not (r["rank"] == rank and r["epoch"] == 0 and r["step"] == step and r["micro"] == last)]
-    pq.write_table(pa.Table.from_pylist(kept, schema=table.schema), path)
-
-
 @pytest.mark.slow
 def test_one_rank_of_1024_with_one_micro_batch_fewer_is_dry_run_and_named(wide_run, tmp_path):
     pretokenized, plan_dir, config = wide_run
     uneven = tmp_path / "plan"
     shutil.copytree(plan_dir, uneven)
-    fewer_micro_batches(uneven, rank=637, step=1)
+    with_micro_batches_changed(uneven, rank=637, step=1, more=False)
     report = prove_collectives(config, pretokenized, uneven).to_json()
     assert not report["passed"] and report["world_size"] == WORLD
     assert {"rank": 637, "ranks": 1, "last": 637} in report["rank_groups"]

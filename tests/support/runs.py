@@ -181,3 +181,37 @@ def without_rows(packs, rows):
         offsets=offsets,
         length_offsets=offsets,
     )
+
+
+def with_micro_batches_changed(plan_dir, rank: int, step: int, more: bool) -> None:
+    """A planner bug on purpose: `rank` gets one micro-batch more (a copy of its first pack) or fewer (its last one
+    dropped) in `step` of epoch 0."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = plan_dir / "packs.parquet"
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+
+    def here(r) -> bool:
+        return r["rank"] == rank and r["epoch"] == 0 and r["step"] == step
+
+    last = max(r["micro"] for r in rows if here(r))
+    if more:
+        rows.append(dict(next(r for r in rows if here(r)), micro=last + 1, slot=0))
+    else:
+        rows = [r for r in rows if not (here(r) and r["micro"] == last)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), path)
+
+
+def pretokenize_and_pack(root: Path, config: dict) -> None:
+    """`config` written to root/config.yaml, then the CLI's pretokenize and pack into root/pretokenized and
+    root/plan (a module's corpus prepared once, for stages the model does not enter)."""
+    import yaml
+
+    from wattgate.cli import main
+
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["pretokenize", "--config", str(root / "config.yaml"), "--out", str(root / "pretokenized")]) == 0
+    argv = ["pack", "--config", str(root / "config.yaml"), "--pretokenized", str(root / "pretokenized")]
+    assert main([*argv, "--out", str(root / "plan")]) == 0

@@ -65,9 +65,8 @@ def parse_sources(config: RunConfig | dict, where: str = "data.inputs") -> list[
         value = amounts[kind] if given else 1.0
         sources.append(Source(entry.name, entry.path, kind, value, entry.validation))
     if is_mixture(config):  # in a plain list two files may share a stem: the names are the files' own
-        _check_distinct(sources, where)
-    else:
-        _check_distinct_files(sources, where)
+        _check_distinct_names(sources, where)
+    _check_distinct_files(sources, where, is_mixture(config))
     if any(s.validation for s in sources) and config.data.validation.inputs:
         s = next(s for s in sources if s.validation)
         raise InputError(
@@ -77,23 +76,27 @@ def parse_sources(config: RunConfig | dict, where: str = "data.inputs") -> list[
     return sources
 
 
-def _check_distinct_files(sources: list[Source], where: str) -> None:
-    """A plain list names each file once: a file listed twice would train every document of it twice while the
-    gate counts each document once (a mapping with `epochs: 2` repeats a source on purpose)."""
+def _check_distinct_files(sources: list[Source], where: str, mixture: bool) -> None:
+    """Each file is named once: a file listed twice would train every document of it twice while the gate counts
+    each document once (a mixture source's `epochs` or `weight` repeats it on purpose). The same file under two
+    spellings, or through a link, is one file."""
     seen: dict[str, int] = {}
     for i, s in enumerate(sources):
-        key = os.path.realpath(s.path)  # the same file under two spellings (or through a link) is one file
+        key = os.path.realpath(s.path)
         if key in seen:
+            j = seen[key]
             raise InputError(
-                f"{where}[{i}] ({s.path}) is the same file as {where}[{seen[key]}]; list it once (a mapping "
+                f"{where}: sources {sources[j].name!r} and {s.name!r} are the same file ({s.path}); list it once "
+                "(raise its weight or epochs to see it more)"
+                if mixture
+                else f"{where}[{i}] ({s.path}) is the same file as {where}[{j}]; list it once (a mapping "
                 "{path: ..., epochs: 2} trains a source twice on purpose)"
             )
         seen[key] = i
 
 
-def _check_distinct(sources: list[Source], where: str) -> None:
+def _check_distinct_names(sources: list[Source], where: str) -> None:
     names: dict[str, Source] = {}
-    files: dict[str, Source] = {}
     for s in sources:
         if s.name in names:
             raise InputError(
@@ -101,10 +104,3 @@ def _check_distinct(sources: list[Source], where: str) -> None:
                 "its own name"
             )
         names[s.name] = s
-        key = os.path.realpath(s.path)  # the same file under two spellings (or through a link) is one file
-        if key in files:
-            raise InputError(
-                f"{where}: sources {files[key].name!r} and {s.name!r} are the same file ({s.path}); list it once "
-                "(raise its weight or epochs to see it more)"
-            )
-        files[key] = s
