@@ -55,7 +55,8 @@ def test_the_clean_plan_is_proved_with_a_fingerprint_per_class(clean):
     # a step: loss-token all-reduce, 2 x (root + 2 layers) forward all-gathers and 2 x 3 backward ones ... ;
     # a validation pass and a checkpoint add collectives, and each class has its own fingerprint
     assert ckpt["collectives"] > plain["collectives"] >= 10 and ckpt["fingerprint"] != plain["fingerprint"]
-    assert clean["startup"]["collectives"] == 3  # the sequence guard's two all-reduces, rank 0's resume choice
+    # the training data check's gather, the sequence guard's two all-reduces, rank 0's resume choice
+    assert clean["startup"]["collectives"] == 4
     assert clean["end"]["collectives"] > 0 and clean["elapsed_s"] > 0
     assert clean["depth"]["identical"] and clean["proxy_layers"] == 2
 
