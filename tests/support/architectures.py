@@ -28,7 +28,13 @@ DENSE = {
     "qwen3": ({}, "q/k norms; the embedded default's model", None),
     "phi3": ({}, "fused qkv_proj and gate_up_proj tensors", None),
     "olmo2": ({}, "norms after attention and MLP", None),
-    "granite": ({"logits_scaling": 8.0}, "logits divided by logits_scaling, in the chunked loss too", None),
+    # attention_multiplier as the published Granite configs scale it (1 / head_dim; the default 1.0 saturates the
+    # softmax of this tiny model's large weights, and its gradient then depends on the kernel's rounding)
+    "granite": (
+        {"logits_scaling": 8.0, "attention_multiplier": 0.125},
+        "logits divided by logits_scaling, in the chunked loss too",
+        None,
+    ),
     "gemma2": (
         {"final_logit_softcapping": 2.0},
         "final logit softcapping in the chunked loss; buffers from the model's own init",
