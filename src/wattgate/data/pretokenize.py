@@ -27,6 +27,7 @@ from wattgate.artifacts import atomic_dir, sha256_tree
 from wattgate.run_files import MANIFEST_FORMAT_VERSION, write_manifest
 from wattgate.records.manifest import Manifest, ManifestValidation, Overlong, SourceRange, SourceSplit
 from wattgate.config import run_config, max_doc_tokens
+from wattgate.data.distinct_inputs import check_distinct_content
 from wattgate.data.mixture import Source, is_mixture, parse_sources, source_name
 from wattgate.data.chat import ChatRenderer, TemplateError
 from wattgate.data.records import BadRecord, BadRecordPolicy, Fields, Record, read_records
@@ -480,42 +481,6 @@ def source_docs(ranges: list, writer: ShardWriter) -> tuple[SourceRange, ...]:
         )
         for src, first, end in ranges
     )
-
-
-def input_fingerprint(path: str | Path) -> str:
-    """A file's or folder's (save_to_disk) content: its files by relative name and xxh3_128."""
-    root = Path(path)
-    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-    return "|".join(f"{f.relative_to(root).as_posix() if root.is_dir() else ''}:{shard_hash(f)}" for f in files)
-
-
-def input_size(path: str | Path) -> int:
-    root = Path(path)
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.is_dir() else root.stat().st_size
-
-
-def check_distinct_content(paths: list[str], where: str) -> None:
-    """No two inputs hold the same bytes (a copy of a file under another name trains its documents twice while the
-    gate counts each once). Only inputs of equal size are hashed; a missing input is left to the reader's line."""
-    by_size: dict[int, list[int]] = {}
-    for i, path in enumerate(paths):
-        try:
-            by_size.setdefault(input_size(path), []).append(i)
-        except OSError:
-            continue
-    for group in (g for g in by_size.values() if len(g) > 1):
-        seen: dict[str, int] = {}
-        for i in group:
-            try:
-                key = input_fingerprint(paths[i])
-            except OSError:
-                continue
-            if key in seen:
-                raise InputError(
-                    f"{where}[{i}] ({paths[i]}) holds the same bytes as {where}[{seen[key]}] ({paths[seen[key]]}); "
-                    "list the data once (a mapping {path: ..., epochs: 2} trains a source twice on purpose)"
-                )
-            seen[key] = i
 
 
 def pretokenize(
