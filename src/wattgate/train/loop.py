@@ -471,9 +471,8 @@ class Trainer:
         # [loss sum, loss tokens], then each source's sums and tokens (train/eval_sources.py): one all-reduce
         totals = torch.zeros(self.eval_sources.size, dtype=torch.float64, device=self.device)
         self.eval_interrupted = False
-        self.store.keep(
-            int(d) for m in self.eval_batches for pack in m.packs for d in pack
-        )  # once: later passes hold them
+        held_out = (int(d) for m in self.eval_batches for pack in m.packs for d in pack)
+        self.store.keep(held_out)  # decoded by the first pass, held for the later ones
         with torch.no_grad():
             for k, m in enumerate(self.eval_batches, 1):
                 self.heartbeat.beat(step, epoch, "eval", micro=k, micros=len(self.eval_batches))
