@@ -209,25 +209,28 @@ def trained_params(checkpoint: Path) -> dict[str, torch.Tensor]:
     return {k.replace("_checkpoint_wrapped_module.", ""): v for k, v in state.items()}
 
 
-def set_tokenizer_dir(tmp: Path, tokenizer: Path) -> None:
-    """The synthetic data's manifest names `tokenizer` and its hash, as pretokenize's does (the export checks it)."""
+def set_tokenizer_dir(tmp: Path, tokenizer: Path, plan: Path, config: dict) -> None:
+    """The synthetic data's manifest names `tokenizer` and its hash, as pretokenize's does (the export checks it),
+    and the plan is made again from it (a job refuses a manifest other than the one its plan was made from)."""
     from wattgate.data.tokenizer import tokenizer_sha256
+    from wattgate.pack.plan import build_plan
 
     manifest = tmp / "pretokenized/manifest.json"
     record = dict(
         json.loads(manifest.read_text()), tokenizer_path=str(tokenizer), tokenizer_sha256=tokenizer_sha256(tokenizer)
     )
     write_json_atomic(manifest, record)
+    build_plan(config, tmp / "pretokenized", plan)
 
 
 @pytest.mark.slow
 def test_export_is_the_trained_model_in_bf16_and_a_killed_export_reruns(tmp_path):
     lengths = np.random.default_rng(3).integers(5, 60, 60).tolist()
-    make_run(tmp_path, lengths, gpus=2, epochs=1, export_max_shard_gib=1e-5)  # a file per tensor or two
+    plan, config = make_run(tmp_path, lengths, gpus=2, epochs=1, export_max_shard_gib=1e-5)  # a file per tensor or two
     tokenizer = tmp_path / "tok"
     tokenizer.mkdir()
     (tokenizer / "tokenizer.json").write_text('{"model": "stand-in tokenizer file"}')
-    set_tokenizer_dir(tmp_path, tokenizer)
+    set_tokenizer_dir(tmp_path, tokenizer, plan, config)
     straight = tmp_path / "straight"
     run_train(tmp_path, 2, straight)
     summary = json.loads((straight / "TRAINED").read_text())

@@ -58,3 +58,17 @@ def export_extra_files(pretokenized: Path, model_cfg: dict) -> list[Path]:
     if generation is not None and generation.is_file():
         extra.append(generation)
     return extra
+
+
+def check_tokenizer_present(pretokenized: Path) -> None:
+    """Before the first step: the tokenizer folder the export will need is there (its files are verified by hash
+    at the export itself); an InputError naming it otherwise, so a long run does not end without a final/."""
+    manifest, _ = read_manifest(pretokenized)
+    if manifest.synthetic and not manifest.tokenizer_path:
+        return
+    folder = tokenizer_folder(pretokenized, manifest)
+    if not folder.is_dir() or not any((folder / name).exists() for name in TOKENIZER_FILES):
+        raise InputError(
+            f"{folder}: the tokenizer pretokenize used (named in {Path(pretokenized) / MANIFEST}) is gone; final/ "
+            "needs it: put the tokenizer folder back there, or rerun pretokenize with the tokenizer you mean"
+        )
