@@ -1,20 +1,13 @@
 """Each input is read once: two data.inputs entries with the same bytes (a copy under another name) would train
 each of their documents twice while the gate counts every document once. Only inputs of equal size are hashed
-(sha256)."""
+(sha256 of a file's bytes, or of a folder's files by relative name)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from wattgate.artifacts import sha256_file
+from wattgate.artifacts import sha256_file, sha256_tree
 from wattgate.errors import InputError
-
-
-def input_fingerprint(path: str | Path) -> str:
-    """A file's or folder's (save_to_disk) content: its files by relative name and xxh3_128."""
-    root = Path(path)
-    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-    return "|".join(f"{f.relative_to(root).as_posix() if root.is_dir() else ''}:{sha256_file(f)}" for f in files)
 
 
 def input_size(path: str | Path) -> int:
@@ -35,7 +28,8 @@ def check_distinct_content(paths: list[str], where: str) -> None:
         seen: dict[str, int] = {}
         for i in group:
             try:
-                key = input_fingerprint(paths[i])
+                path = Path(paths[i])  # a folder's files by relative name; a file by its bytes alone, not its name
+                key = sha256_tree([path]) if path.is_dir() else sha256_file(path)
             except OSError:
                 continue
             if key in seen:

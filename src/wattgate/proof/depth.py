@@ -88,17 +88,12 @@ def _layer_signature(layer, entries: tuple) -> tuple:
     return (type(layer).__name__, params, entries)
 
 
-def period_of(signatures: list) -> int:
-    """The smallest p with every layer equal to layer (i mod p)."""
-    return pattern_of(signatures, heads=False)[1]
-
-
-def pattern_of(signatures: list, heads: bool = True) -> tuple[int, int]:
+def pattern_of(signatures: list) -> tuple[int, int]:
     """(h, p): the fewest layers h + p (then the smaller head) with every layer i >= h equal to layer
-    h + (i - h) mod p; `heads` False: h is 0."""
+    h + (i - h) mod p."""
     n = len(signatures)
     for size in range(1, n + 1):
-        for h in range(size if heads else 1):
+        for h in range(size):
             p = size - h
             if all(signatures[i] == signatures[h + (i - h) % p] for i in range(h, n)):
                 return h, p

@@ -18,7 +18,6 @@ that the schedule depends on the plan only (docs/architecture.md, "The collectiv
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import json
 import sys
@@ -152,10 +151,12 @@ def fake_host_reads():
     trainer's: nothing the trainer runs is changed."""
 
     def tolist(t: FakeTensor):
-        out = _made_up_scalar(t.dtype)
-        for size in reversed(t.shape):
-            out = [copy.copy(out) for _ in range(size)]
-        return out
+        value = _made_up_scalar(t.dtype)
+
+        def filled(shape: tuple) -> list | float | int | bool:
+            return [filled(shape[1:]) for _ in range(shape[0])] if shape else value
+
+        return filled(tuple(t.shape))
 
     own = FakeTensor.tolist
     FakeTensor.tolist = tolist
