@@ -54,7 +54,7 @@ import xxhash
 
 from benchlib import Parser, figure, positive_int
 from wattgate.config import validate_config
-from wattgate.data.pretokenize import SHARD_SCHEMA, content_hash, shard_hash, shard_hash_algorithm
+from wattgate.data.pretokenize import SHARD_SCHEMA, content_hash, shard_hash, shard_hash_algorithm, write_shard
 from wattgate.gate.inputs import load_inputs
 from wattgate.gate.memory import checkpoint_bytes, device_memory_bytes, estimate_memory
 from wattgate.gate.run import fit_settings, free_bytes_at, run_checks, run_gate
@@ -129,7 +129,7 @@ def write_pretokenized(folder: Path, lengths: np.ndarray) -> None:
         table = pa.Table.from_arrays([columns[name] for name in SHARD_SCHEMA.names], schema=SHARD_SCHEMA)
         del ids, mask, position
         names.append(f"shard-{i:05d}.parquet")
-        pq.write_table(table, folder / names[-1], compression="zstd", row_group_size=16384)
+        write_shard(table, folder / names[-1])  # in pretokenize's row groups
         hashes[names[-1]] = shard_hash(folder / names[-1])
     manifest = Manifest(
         num_docs=len(lengths),

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -248,3 +249,38 @@ def test_model_folder_as_tokenizer_path_hashes_only_tokenizer_files(tmp_path, to
 def test_missing_tokenizer_folder_is_an_input_error(tmp_path):
     with pytest.raises(InputError, match="tokenizer folder not found"):
         load_tokenizer(tmp_path / "nope")
+
+
+def test_row_groups_are_bounded_by_tokens_so_reading_one_document_decodes_little():
+    from wattgate.data.pretokenize import row_group_bounds
+
+    lengths = np.array([100] * 50 + [1000] + [30] * 40)
+    bounds = row_group_bounds(lengths, max_tokens=1000, max_docs=16)
+    groups = [lengths[a:b] for a, b in zip(bounds, bounds[1:])]
+    assert bounds[0] == 0 and bounds[-1] == len(lengths)
+    assert sum(len(g) for g in groups) == len(lengths)
+    assert all(len(g) >= 1 and len(g) <= 16 for g in groups)
+    assert all(g.sum() <= 1000 for g in groups)  # the 1000-token document fills a group alone
+    assert [1000] in [g.tolist() for g in groups]
+    assert row_group_bounds(np.array([5000]), max_tokens=1000) == [0, 1]  # one overlong document: a group of its own
+    assert row_group_bounds(np.array([], dtype=np.int64)) == [0]
+
+
+def test_shards_of_many_documents_are_written_in_token_bounded_row_groups(tmp_path):
+    from wattgate.data.pretokenize import ROW_GROUP_TOKENS
+    from wattgate.data.synthetic import write_random_pretokenized
+    from wattgate.train.data import DocStore
+
+    lengths = np.random.default_rng(3).integers(200, 4000, 3000)
+    folder = tmp_path / "pretokenized"
+    write_random_pretokenized(folder, lengths.tolist(), 512, 0, shard_docs=2000)
+    shard = pq.ParquetFile(folder / "shard-00000.parquet")
+    per_group = [
+        int(shard.read_row_group(g, ["num_tokens"]).column(0).to_numpy().sum()) for g in range(shard.num_row_groups)
+    ]
+    assert shard.metadata.num_rows == 2000 and len(per_group) > 1
+    assert max(per_group) <= ROW_GROUP_TOKENS
+    store = DocStore(folder)
+    for doc in (0, 1999, 2000, 2999):  # by doc_id across the row groups and shards
+        ids, _ = store.get(doc)
+        assert len(ids) == lengths[doc]

@@ -98,7 +98,7 @@ class DocStore:
     once from that column alone), never by row position: what the gate indexed is what is read.
     """
 
-    def __init__(self, pretokenized: Path, cache_row_groups: int = 8):
+    def __init__(self, pretokenized: Path, cache_row_groups: int = 32):
         manifest, _ = read_manifest(pretokenized)
         self.names = list(manifest.shards)
         self.files = [pq.ParquetFile(pretokenized / name, memory_map=True) for name in self.names]
