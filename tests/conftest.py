@@ -38,7 +38,7 @@ from support.runs import (  # noqa: E402, F401 (proof_run is a fixture)
     with_micro_batches_changed,
     without_rows,
 )
-from support.processes import dead_pid  # noqa: E402, F401
+from support.processes import command_line, dead_pid, process_tree  # noqa: E402, F401
 from support.tables import set_column  # noqa: E402, F401
 from support.workflow import BIN, snakemake  # noqa: E402, F401
 

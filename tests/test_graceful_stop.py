@@ -155,13 +155,25 @@ def test_a_stop_request_file_is_a_request_and_signals_are_noted_not_acted_on(tmp
     assert request.reason() == "STOP_REQUESTED: the Slurm job's time limit in 25 s"
     previous = {sig: signal.getsignal(sig) for sig in stop.STOP_SIGNALS}
     try:
-        stop.install_stop_signals()
+        stop.install_stop_signals(grace_s=300)
         os.kill(os.getpid(), signal.SIGUSR1)  # delivered to this (main) thread before kill returns
+        os.kill(os.getpid(), signal.SIGTERM)  # the same request again, within the grace: noted, not acted on
+        os.kill(os.getpid(), signal.SIGINT)
         assert request.reason() == "SIGUSR1"
     finally:
         stop._signalled.clear()
+        stop._first_at.clear()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def test_only_a_sigterm_or_sigint_after_the_grace_ends_a_rank_at_once():
+    from wattgate.train.stop import insists
+
+    assert not insists(signal.SIGTERM, None, 100.0, 300)  # the first request
+    assert not insists(signal.SIGTERM, 100.0, 399.0, 300)  # again within the grace: the same request
+    assert insists(signal.SIGTERM, 100.0, 401.0, 300) and insists(signal.SIGINT, 100.0, 401.0, 300)
+    assert not insists(signal.SIGUSR1, 100.0, 10_000.0, 300)  # a USR1 only ever asks
 
 
 def test_sigusr1_on_one_rank_alone_stops_every_rank_at_the_same_step(straight):

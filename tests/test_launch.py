@@ -114,7 +114,7 @@ def test_each_node_execs_its_agent_with_sigusr1_ignored(tmp_path):
     probe.write_text("#!/bin/sh\ngrep '^SigIgn:' /proc/$$/status\n")  # stands in for python: what did exec keep?
     probe.chmod(0o755)
     inner = build_launch_command(spec({"SLURM_JOB_ID": "3"}, nodes=2), ARGS, python=str(probe), run="r")[-1]
-    assert " -m wattgate.train.torchrun --run-dir r --nnodes=2 " in inner  # torchrun that records failed ranks
+    assert " -m wattgate.train.torchrun --run-dir r --stop-grace-s 300 --nnodes=2 " in inner  # wattgate's torchrun
     out = subprocess.run(["bash", "-c", inner], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     ignored = int(out.stdout.split()[-1], 16)
     assert ignored >> (signal.SIGUSR1 - 1) & 1, out.stdout + out.stderr
@@ -122,4 +122,5 @@ def test_each_node_execs_its_agent_with_sigusr1_ignored(tmp_path):
 
 def test_a_run_folder_gives_every_rank_the_recording_torchrun():
     argv = build_launch_command(spec(cpus_per_node=2), ARGS, python="py", run="out")
-    assert argv[:7] == ["py", "-m", "wattgate.train.torchrun", "--run-dir", "out", "--standalone", "--nproc-per-node=2"]
+    agent = ["py", "-m", "wattgate.train.torchrun", "--run-dir", "out", "--stop-grace-s", "300"]
+    assert argv[:9] == [*agent, "--standalone", "--nproc-per-node=2"]

@@ -93,6 +93,27 @@ class CountingSource:
         return [{"time": time.time(), "host": "h", "gpu": 0, "power_w": 100.0}]
 
 
+def test_a_wrapped_command_is_sampled_until_it_ends_after_a_stop_signal(tmp_path):
+    """A stop signal passed on to the command starts its graceful stop; the power of that stop is part of the run."""
+    from wattgate.telemetry.sampler import StopFlag, sample_loop
+
+    writer = RowSink()
+    flag = StopFlag()
+    flag.adopt(subprocess.Popen(["sleep", "0.6"]))
+    flag.stop = True  # as the handler leaves it once it has passed SIGTERM on
+    started = time.monotonic()
+    n = sample_loop(CountingSource(), writer, 0.05, flag)
+    assert flag.child.poll() == 0 and time.monotonic() - started >= 0.5 and n >= 5
+
+
+class RowSink:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, row):
+        self.rows.append(row)
+
+
 def test_sample_loop_keeps_a_fixed_rate_without_drift(tmp_path):
     # 20 ms of work per read on a 50 ms grid: a loop that sleeps the interval after its work reads every >= 70 ms.
     # A busy machine only makes single reads late (the next is back on the grid), so the median gap stays 50 ms.

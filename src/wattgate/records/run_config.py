@@ -150,7 +150,9 @@ class ClusterSlurmTrainConfig(Record):
     # inside a Slurm job, wattgate launch asks the ranks for a graceful stop (finish the step, checkpoint, exit 75:
     # resume me) this many seconds before the job's end time as squeue reports it; it must cover one step, a
     # validation pass's stop check and one checkpoint write. A job that starts with less time left than this gets no
-    # timed stop; 0 turns the timer off
+    # timed stop; 0 turns the timer off. Also the grace of any stop request: a stop signal repeated within it
+    # (scancel and preemption signal every process, some twice) is the same request; a SIGTERM or SIGINT after it
+    # stops at once
     stop_margin_s: float = spec(minimum=0, maximum=86400)
 
 

@@ -63,10 +63,11 @@ class StopFlag:
 
 
 def sample_loop(source, writer: TraceWriter, interval_s: float, flag: StopFlag, max_samples: int | None = None) -> int:
-    """Read every GPU on a fixed grid of times (no drift); skip ticks we fell behind on rather than burst."""
+    """Read every GPU on a fixed grid of times (no drift); skip ticks we fell behind on rather than burst. With a
+    command, until it ends: a stop signal passed on to it starts a graceful stop whose power is part of the run."""
     t0 = time.monotonic()
     tick = n = 0
-    while not flag.stop:
+    while not flag.stop or flag.child is not None:
         for row in source.read():
             writer.add(row)
         n += 1

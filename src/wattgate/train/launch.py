@@ -46,7 +46,7 @@ from wattgate.run_files import (
 )
 from wattgate.records.attempt import Stopped
 from wattgate.records.base import Where
-from wattgate.records.watcher import WatcherRecord
+from wattgate.records.watcher import AbortRequest, WatcherRecord
 from wattgate.telemetry.failures import RankFailure, finish_record, name_failure, status_text
 from wattgate.telemetry.watch import COLLECTIVES
 from wattgate.train.launch_stop import StopControl, ignore_usr1, stop_margin_s
@@ -76,6 +76,7 @@ class LaunchSpec:
     job_id: str | None
     cpus_per_node: int | None = None  # Slurm: CPUs per node task (None: every CPU the job holds there)
     cpu_ranks: bool = False  # cluster.gpu_model cpu: the ranks compute on the host (CPU_ALLOCATOR_ENV)
+    stop_grace_s: float = 300.0  # a repeated stop signal within this is the same request (stop_margin_s)
 
 
 def resolve_launch(config: RunConfig | dict, environ: dict | None = None) -> LaunchSpec:
@@ -109,6 +110,7 @@ def resolve_launch(config: RunConfig | dict, environ: dict | None = None) -> Lau
         job_id=env.get(SLURM_JOB_ID),
         cpus_per_node=c.cpus_per_node if launcher == "slurm" else None,
         cpu_ranks=is_cpu(c.gpu_model),
+        stop_grace_s=float(c.slurm.train.stop_margin_s),
     )
 
 
@@ -148,7 +150,7 @@ def build_launch_command(
     node's telemetry sampler (`{host}` in the path becomes the node's name). With `run` (the run folder) each
     node's torchrun is wattgate's (train/torchrun.py), which records every failed rank's exit status or signal there.
     """
-    torchrun = [python, "-m", "torch.distributed.run"] if run is None else agent_command(run, python)
+    torchrun = [python, "-m", "torch.distributed.run"] if run is None else agent_command(run, spec.stop_grace_s, python)
     wrap = [] if sample is None else sampler_command(sample[0], sample[1], [], python)
     if spec.launcher == "local":
         return wrap + torchrun + ["--standalone", f"--nproc-per-node={spec.procs_per_node}"] + args
@@ -196,9 +198,10 @@ def build_launch_command(
     ]
 
 
-def agent_command(run: str | os.PathLike, python: str = sys.executable) -> list[str]:
-    """torchrun as wattgate starts it: torch's own, recording each failed rank's exit into the run folder."""
-    return [python, "-m", "wattgate.train.torchrun", "--run-dir", str(run)]
+def agent_command(run: str | os.PathLike, stop_grace_s: float, python: str = sys.executable) -> list[str]:
+    """torchrun as wattgate starts it: torch's own, recording each failed rank's exit into the run folder and
+    turning a stop signal into the run folder's stop request (train/torchrun.py)."""
+    return [python, "-m", "wattgate.train.torchrun", "--run-dir", str(run), "--stop-grace-s", f"{stop_grace_s:g}"]
 
 
 def _quote_node_path(arg: str) -> str:
@@ -337,6 +340,12 @@ def run_launch(
     started_procs: list[subprocess.Popen] = []
 
     def forward(signum):
+        if control.hard_stop is not None:  # every rank's abort watch ends it, on every node (train/stop.py)
+            abort = AbortRequest(reason=f"a second {control.hard_stop} to wattgate launch", time=time.time())
+            try:
+                write_json_atomic(out / ABORT_REQUEST, abort.to_json())
+            except OSError:
+                pass  # the SIGTERM below still reaches torchrun
         for p in started_procs:
             try:
                 os.killpg(p.pid, signum)
@@ -344,7 +353,7 @@ def run_launch(
                 pass
 
     # before the job starts: a signal from now on is a stop request (the job then stops at its first step boundary)
-    control = StopControl(out, forward)
+    control = StopControl(out, forward, spec.stop_grace_s)
     control.install()
     proc = subprocess.Popen(argv, env=launch_env(spec), start_new_session=True, preexec_fn=ignore_usr1)
     started_procs.append(proc)

@@ -3,9 +3,11 @@
 The ranks stop on STOP_REQUESTED in the run folder (train/stop.py: every rank polls it at step boundaries, they
 agree, checkpoint, rank 0 writes STOPPED and every rank exits 0). The launcher writes that file:
 - on its first SIGTERM, SIGUSR1 or SIGINT (Ctrl-C). The job runs in sessions of its own, so a signal to the
-  launcher reaches no rank by itself; the file reaches every node. A second SIGTERM or SIGINT stops the job at once
-  (forwarded to the job's process group as before: the samplers pass it to torchrun, which gives its ranks SIGTERM
-  and ~30 s). A file that cannot be written (a full disk) falls back to forwarding SIGTERM: torchrun's grace.
+  launcher reaches no rank by itself; the file reaches every node. The same signal again within the grace
+  (`cluster.slurm.train.stop_margin_s`) is the same request: scancel, preemption and a time limit signal every
+  process of the job, some twice. A SIGTERM or SIGINT after the grace stops the job at once: ABORT_REQUESTED (every
+  rank's abort watch ends it, on every node) and SIGTERM to the job's process group. A file that cannot be
+  written (a full disk) falls back to forwarding SIGTERM: torchrun's grace.
 - ahead of the Slurm job's end (`cluster.slurm.train.stop_margin_s`), from the end time squeue reports, read again
   every few minutes (`scontrol update TimeLimit=` moves it). Not `sbatch --signal`: docs/slurm.md says why.
 
@@ -29,6 +31,7 @@ from wattgate.artifacts import write_json_atomic
 from wattgate.run_files import STOP_REQUEST
 from wattgate.records.attempt import StopRequestRecord
 from wattgate.records.run_config import RunConfig
+from wattgate.train.stop_signals import insists
 
 GRACEFUL = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 RECHECK_S = 300.0  # the timer reads the job's end time again this often (a changed time limit moves the stop)
@@ -48,11 +51,14 @@ def write_stop_request(run: Path, signal_name: str | None, reason: str) -> None:
 class StopControl:
     """The launcher's signal handlers and Slurm timer. `forward(signum)` hard-stops the job (the caller's)."""
 
-    def __init__(self, run: Path, forward):
+    def __init__(self, run: Path, forward, grace_s: float):
         self.run = run
         self.forward = forward
+        self.grace_s = grace_s  # a repeated signal within this of the request is the same request
         self.requested: str | None = None  # why a stop was requested (first signal, or the timer)
+        self.requested_at: float | None = None  # when (monotonic)
         self.hard_stop: str | None = None  # the signal that stopped the job at once
+        self._told_again = False
         self._lock = threading.Lock()
         self.done = threading.Event()  # the job ended: the timer stops
 
@@ -65,8 +71,18 @@ class StopControl:
         if self.requested is None:
             self.request(name, f"{name} to wattgate launch")
             return
-        if signum == signal.SIGUSR1:
-            return  # a repeated request: the first one stands
+        if self.hard_stop is not None:
+            return
+        if not insists(signum, self.requested_at, time.monotonic(), self.grace_s):
+            if not self._told_again:  # scancel and preemption signal every process, some of them more than once
+                self._told_again = True
+                print(
+                    f"launch: {name} again: the stop already requested goes on (a SIGTERM or SIGINT more than "
+                    f"{self.grace_s:.0f} s after the request, cluster.slurm.train.stop_margin_s, stops at once)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return
         self.hard_stop = name
         print(f"launch: {name} again: stopping the job at once (no stop checkpoint)", file=sys.stderr, flush=True)
         self.forward(signum)
@@ -75,7 +91,7 @@ class StopControl:
         with self._lock:
             if self.requested is not None:
                 return
-            self.requested = reason
+            self.requested, self.requested_at = reason, time.monotonic()
         try:
             write_stop_request(self.run, signal_name, reason)
         except OSError as exc:
@@ -87,7 +103,7 @@ class StopControl:
             )
             self.forward(signal.SIGTERM)
             return
-        again = " (a second SIGTERM or Ctrl-C stops at once)" if signal_name else ""
+        again = f" (a SIGTERM or Ctrl-C more than {self.grace_s:.0f} s from now stops at once)" if signal_name else ""
         print(
             f"launch: stop requested ({reason}): the ranks checkpoint at the next step boundary and exit{again}",
             file=sys.stderr,

@@ -140,7 +140,8 @@ def read_eval_plan(plan_dir: Path, plan: Plan, rank: int) -> list[MicroBatchPlan
 def train(config: RunConfig | dict, pretokenized: Path, plan_dir: Path, out: Path) -> Trained | None:
     config = run_config(config)
     s = TrainSettings.from_config(config)
-    install_stop_signals()  # SIGTERM/SIGUSR1 from now on are stop requests, acted on at the next agreed point
+    # SIGTERM/SIGUSR1/SIGINT from now on are stop requests, acted on at the next agreed point
+    install_stop_signals(config.cluster.slurm.train.stop_margin_s)
     abort_watch = start_abort_watch(out)  # the watcher's kill of a hung job ends this rank even in a collective
     try:
         claim_output(out, "train")  # every rank, before it writes: what another rank made by now is train's own

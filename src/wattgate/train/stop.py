@@ -1,5 +1,5 @@
-"""Graceful stop: a request (SIGTERM, SIGUSR1, or a STOP_REQUESTED file in the run folder) that every rank acts on
-at the same point.
+"""Graceful stop: a request (SIGTERM, SIGUSR1, SIGINT, or a STOP_REQUESTED file in the run folder) that every rank
+acts on at the same point.
 
 A rank never stops on its own: it only notes the request. The loop exchanges every rank's note in the step's
 figures gather (train/loop.py `Trainer.run_step`), and inside a long validation pass every
@@ -24,29 +24,35 @@ from wattgate.artifacts import write_json_atomic
 from wattgate.errors import InputError
 from wattgate.run_files import ABORT_REQUEST, STOP_REQUEST, STOPPED
 from wattgate.records.attempt import StopRequestRecord, Stopped
+from wattgate.train.stop_signals import STOP_SIGNALS, insists
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 EVAL_STOP_CHECK_MICROS = 8  # validation micro-batches between stop checks: a collective each, every rank alike
 
 _signalled: list[str] = []  # the signals this process received (a handler may only note, never act)
+_first_at: list[float] = []  # when the first of them came (monotonic)
+_grace_s: list[float] = [0.0]
 
 
 def _note(signum, _frame) -> None:
-    """The first SIGTERM/SIGUSR1 asks for a stop; a second SIGTERM ends the rank at once (someone insists: a
-    hung rank never reaches the next agreed point, and Python runs this handler only between bytecodes)."""
-    name = signal.Signals(signum).name
-    if signum == signal.SIGTERM and "SIGTERM" in _signalled:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+    now = time.monotonic()
+    if insists(signum, _first_at[0] if _first_at else None, now, _grace_s[0]):
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
         return
-    _signalled.append(name)
+    if not _first_at:
+        _first_at.append(now)
+    _signalled.append(signal.Signals(signum).name)
 
 
-def install_stop_signals() -> None:
-    """SIGTERM and SIGUSR1 become stop requests for this rank (the train stage's entry point calls this; the
-    collective proof, which runs in the gate's process, does not)."""
+def install_stop_signals(grace_s: float) -> None:
+    """SIGTERM, SIGUSR1 and SIGINT become stop requests for this rank (the train stage's entry point calls this;
+    the collective proof, which runs in the gate's process, does not); the same signal again after `grace_s`
+    (cluster.slurm.train.stop_margin_s) ends the rank at once. wattgate's torchrun (train/torchrun.py) starts its
+    ranks with these signals blocked, so one sent while the rank was starting waits here instead of killing it."""
+    _grace_s[0] = float(grace_s)
     for sig in STOP_SIGNALS:
         signal.signal(sig, _note)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 @dataclass
