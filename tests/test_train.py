@@ -257,13 +257,12 @@ def test_export_is_the_trained_model_in_bf16_and_a_killed_export_reruns(tmp_path
     assert all(set(r["phases"]) == {"load", "steady", "export"} for r in ranks)
     assert all(p["host_peak_gib"] >= p["host_at_start_gib"] > 0 for r in ranks for p in r["phases"].values())
 
-    # kill during the export: the tokenizer file is a FIFO, so rank 0 blocks copying it after every shard is
-    # written, with final.tmp/ complete but unpublished. A deterministic point inside the export.
-    # (the manifest is left as it is: it is part of the run identity, so editing it would start anew)
+    # kill during the export: once the ranks have checked the tokenizer (before the first step) its file becomes a
+    # FIFO, so rank 0 blocks copying it after every shard is written, with final.tmp/ complete but unpublished. A
+    # deterministic point inside the export. (the manifest is left as it is: it is part of the run identity, so
+    # editing it would start anew)
     killed = tmp_path / "killed"
     content = (tokenizer / "tokenizer.json").read_text()
-    (tokenizer / "tokenizer.json").unlink()
-    os.mkfifo(tokenizer / "tokenizer.json")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     job = subprocess.Popen(
         torchrun(tmp_path, 2, killed),
@@ -273,6 +272,11 @@ def test_export_is_the_trained_model_in_bf16_and_a_killed_export_reruns(tmp_path
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 240
+    while heartbeat_phase(killed, 0) not in ("train", "eval", "checkpoint", "export"):
+        assert job.poll() is None and time.time() < deadline, "the run never reached its first step"
+        time.sleep(0.02)
+    (tokenizer / "tokenizer.json").unlink()
+    os.mkfifo(tokenizer / "tokenizer.json")
     while not (killed / "final.tmp" / "config.json").exists():
         assert job.poll() is None and time.time() < deadline, "the export never reached the tokenizer copy"
         time.sleep(0.05)
@@ -289,3 +293,10 @@ def test_export_is_the_trained_model_in_bf16_and_a_killed_export_reruns(tmp_path
     assert sorted(p.name for p in (killed / "final").iterdir()) == sorted(p.name for p in final.iterdir())
     for p in final.iterdir():  # byte for byte the uninterrupted run's export
         assert (killed / "final" / p.name).read_bytes() == p.read_bytes(), p.name
+
+
+def heartbeat_phase(run, rank: int) -> str | None:
+    try:
+        return json.loads((run / "heartbeat" / f"rank-{rank}.json").read_text()).get("phase")
+    except (OSError, ValueError):
+        return None

@@ -68,6 +68,7 @@ ABORT_REQUEST = "ABORT_REQUESTED"
 ATTEMPT_OUTCOME = "attempt-outcome.json"  # launch: how the last attempt ended (train/attempts.py)
 GATED_CONFIG = "config.yaml"  # gate: its own copy of the config it checked; launch and train read this one
 PROOF_CACHE = "proof-cache.json"  # gate: the collective proof and the inputs it holds for (gate/proof_reuse.py)
+MODEL_HASHES = "model-hashes.json"  # train: gate.json's model_files, copied by launch for the ranks' check
 # One trainer per run folder (train/run_lock.py): `wattgate launch` holds LAUNCH_LOCK for the whole job and rank 0 of
 # `wattgate train` holds TRAIN_LOCK (ranks may be started without launch); each names its holder.
 LAUNCH_LOCK = "launch.lock"
@@ -88,6 +89,7 @@ STAGE_FILES = {
         EVAL,
         WATCHER,
         "collectives.json",
+        MODEL_HASHES,
         STOP_REQUEST,
         STOPPED,
         ABORT_REQUEST,

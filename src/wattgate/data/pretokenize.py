@@ -49,7 +49,7 @@ def shard_hash(path: str | Path) -> str:
 
     The file is memory-mapped and hashed in place (~8 GB/s from the page cache, vs ~2.5 GB/s via read()).
     """
-    h = _hasher()
+    h = content_hasher()
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size:
@@ -58,7 +58,7 @@ def shard_hash(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def _hasher():
+def content_hasher():
     try:
         import xxhash
     except ImportError:  # pragma: no cover - xxhash is a dependency (and one of datasets')

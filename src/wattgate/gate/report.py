@@ -10,7 +10,15 @@ from wattgate.gate.cost import CostSection, cost_markdown
 from wattgate.gate.memory import GIB, FitEstimate
 from wattgate.gate.mixture_checks import mixture_markdown
 from wattgate.records.plan import PlanMixture
-from wattgate.records.gate import PHASE_STEADY, Collectives, GateCheck, GateReport, MemoryPhase, PlanHashes
+from wattgate.records.gate import (
+    PHASE_STEADY,
+    Collectives,
+    GateCheck,
+    GateReport,
+    MemoryPhase,
+    ModelFiles,
+    PlanHashes,
+)
 from wattgate.run_files import marker_text, write_gate_report
 
 
@@ -47,6 +55,7 @@ def gate_json(
     mixture: PlanMixture | None,
     plan_sha256: PlanHashes,
     config_sha256: str,
+    model_files: ModelFiles | None = None,
 ) -> GateReport:
     """gate.json's record: the verdict and checks, the memory estimate, the cost section, the proof, the hashes."""
     return GateReport(
@@ -64,6 +73,7 @@ def gate_json(
         collectives=collectives,
         plan_sha256=plan_sha256,
         config_sha256=config_sha256,
+        model_files=model_files,
     )
 
 

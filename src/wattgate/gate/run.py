@@ -35,7 +35,7 @@ from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_
 from wattgate.gate.report import gate_json, write_report
 from wattgate.gate.isolation_check import check_document_isolation
 from wattgate.gate.tokenizer_check import check_tokenizer
-from wattgate.gate.weights_check import check_weights
+from wattgate.gate.weights_check import check_weights, with_model_hashes
 from wattgate.records.gate import PHASE_STEADY, Collectives, GateReport, PlanHashes
 from wattgate.records.manifest import Manifest
 from wattgate.records.run_config import RunConfig
@@ -239,7 +239,8 @@ def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
     # the tokenizer the export will copy into final/, verified now rather than after the last step
     results.append(check_tokenizer(pretokenized))
     # model.path's weights against the model its config builds (headers only), rather than at train start
-    results.append(check_weights(config))
+    weights, model_files = with_model_hashes(check_weights(config), config, out)
+    results.append(weights)
     # what the plan will cost, the budget check on it, and what a hang it would cause would have cost
     cost, budget = cost_section(inputs, spec, next(c for c in results if c.name == "equal_steps"))
     results.append(budget)
@@ -264,6 +265,8 @@ def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
         plan_sha256=PlanHashes(plan=sha256_file(plan_dir / PLAN), packs=inputs.packs_sha256),
         # ... and the config: the gate's copy (GATED_CONFIG) is what the train job trains
         config_sha256=config_sha256(config),
+        # ... and model.path's bytes, which every rank checks again before the first step
+        model_files=model_files,
     )
     return report, keep
 

@@ -5,12 +5,14 @@ instead of at train start on an allocation."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 
 from wattgate.errors import InputError, first_line
 from wattgate.gate.checks import Check
 from wattgate.config import run_config
+from wattgate.records.gate import ModelFiles
 from wattgate.records.run_config import RunConfig
 
 NAME = "weights"
@@ -53,3 +55,36 @@ def check_weights(config: RunConfig | dict) -> Check:
         f"{model.config.architectures[0]}'s names and shapes ({kinds}){experts}; read from the headers, no tensor "
         "loaded",
     )
+
+
+def with_model_hashes(weights: Check, config: RunConfig, out: Path) -> tuple[Check, ModelFiles | None]:
+    """The passed weights check with model.path's files hashed for the train job's launch check (gate.json
+    `model_files`; train/model_hashes.py), or the check failed naming a file it could not read. A file the
+    previous gate in `out` hashed and that has not been written since keeps its hashes."""
+    from wattgate.train.model_hashes import hash_model_folder
+
+    if not weights.passed or not config.model.path:
+        return weights, None
+    start = time.perf_counter()
+    try:
+        hashes, read = hash_model_folder(Path(config.model.path), previous_model_files(out))
+    except InputError as exc:
+        return Check(NAME, False, str(exc)), None
+    total = sum(f.size for f in hashes.files.values())
+    reused = f", {(total - read) / 1e9:.2f} GB unchanged since the last gate" if read < total else ""
+    detail = (
+        f"{weights.detail}; its {len(hashes.files)} weight and config file(s) hashed for the train job's check before "
+        f"its first step ({read / 1e9:.2f} GB read in {time.perf_counter() - start:.1f} s{reused})"
+    )
+    return Check(NAME, True, detail), hashes
+
+
+def previous_model_files(out: Path) -> ModelFiles | None:
+    """The model hashes of the gate that ran last in `out` (None: none, or a gate.json that does not read)."""
+    from wattgate.run_files import read_gate_report
+
+    try:
+        report = read_gate_report(out)
+    except InputError:
+        return None
+    return report.model_files if report is not None else None

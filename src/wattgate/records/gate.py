@@ -359,6 +359,28 @@ class PlanHashes(Record):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ModelFile(Record):
+    """One file of model.path as the gate hashed it: its size, the stat that lets a rerun of the gate reuse the
+    hashes (ctime changes with any write), and the xxh3_128 of each `chunk_bytes` piece."""
+
+    size: int = spec(minimum=0)
+    ctime_ns: int
+    inode: int
+    chunks: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelFiles(Record):
+    """gate.json `model_files`: the bytes of model.path the gate verified (its weights and JSON files), in chunks
+    that the train job's ranks share when they check them again before the first step."""
+
+    path: str
+    algorithm: str
+    chunk_bytes: int = spec(minimum=1)
+    files: dict[str, ModelFile]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class GateReport(Record):
     """gate.json: the verdict (`passed`; `enforce` false lets a failed gate run anyway), every check, the memory
     estimate per phase, the cost section, the collective proof (None with gate.collectives false) and what was
@@ -378,6 +400,7 @@ class GateReport(Record):
     collectives: Collectives | None
     plan_sha256: PlanHashes
     config_sha256: str
+    model_files: ModelFiles | None = spec(omit_none=True, default=None)  # model.path's bytes (None: random init)
 
     @property
     def failed_checks(self) -> tuple[GateCheck, ...]:

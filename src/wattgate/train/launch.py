@@ -36,6 +36,7 @@ from wattgate.run_files import (
 from wattgate.heartbeats import clear_rank_failures
 from wattgate.run_files import (
     ABORT_REQUEST,
+    MODEL_HASHES,
     LAUNCH_LOCK,
     STOP_REQUEST,
     STOPPED,
@@ -298,16 +299,21 @@ def check_gated_config(config: RunConfig, marker: Path, gated_sha256: str | None
     )
 
 
-def copy_collectives(gate_dir: Path, out: Path) -> None:
-    """The gate's collective proof of this plan into the run folder, for the watcher's verdict on a hang (which
-    step class each rank was in, and the collective the proof expected next); an earlier plan's is removed."""
-    target = out / COLLECTIVES
+def copy_gate_records(gate_dir: Path, out: Path) -> None:
+    """What the job reads of the gate's verdict on this plan, into the run folder (an earlier plan's is removed):
+    the collective proof, for the watcher's verdict on a hang (which step class each rank was in, and the
+    collective the proof expected next), and model.path's hashes, which every rank checks before the first step."""
     report = read_gate_report(gate_dir)
     proof = report.collectives if report is not None else None
-    if proof is not None and proof.classes:
-        write_json_atomic(target, proof.to_json())
-    else:
-        target.unlink(missing_ok=True)
+    model = report.model_files if report is not None else None
+    for target, record in (
+        (out / COLLECTIVES, proof if proof is not None and proof.classes else None),
+        (out / MODEL_HASHES, model),
+    ):
+        if record is not None:
+            write_json_atomic(target, record.to_json())
+        else:
+            target.unlink(missing_ok=True)
 
 
 def run_launch(
@@ -333,7 +339,7 @@ def run_launch(
     sample = (str(out / "telemetry" / "{host}.parquet"), tel.interval_s) if tel.enabled else None
     argv = build_launch_command(spec, train_args(config_path, pretokenized, plan, out), sample=sample, run=out)
     clear_attempt_files(out)
-    copy_collectives(gate_dir, out)
+    copy_gate_records(gate_dir, out)
     job = f"Slurm job {spec.job_id}" if spec.job_id else "no Slurm job"
     print(f"launch: attempt {attempt} at {_clock(started)}, {job}, on {socket.gethostname()}: {out}", flush=True)
     print(f"launch: {' '.join(shlex.quote(a) for a in argv)}", flush=True)

@@ -35,8 +35,8 @@ from wattgate.records.plan import Plan
 from wattgate.train import checkpoint as ckpt
 from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors, read_rank_plan
 from wattgate.train.distributed import setup_rank
-from wattgate.train.export_files import check_tokenizer_present, export_extra_files
-from wattgate.train.input_check import verify_training_data
+from wattgate.train.export_files import export_extra_files
+from wattgate.train.input_check import verify_inputs
 from wattgate.identity import run_identity
 from wattgate.train.eval_sources import NO_SOURCES, read_eval_sources
 from wattgate.train.loss import summed_token_loss, token_losses
@@ -203,11 +203,10 @@ class Trainer:
         self.startup_s = process_age_s()  # launch, imports and process-group init: the forecast's start-up term
         self.heartbeat = seams.heartbeat
         self.heartbeat.beat(0, 0, "init")
-        # checked now, not at the end: a tokenizer moved away must not cost the run before final/ is refused; and
-        # the shards read are the bytes the gate verified (train/input_check.py)
-        check_tokenizer_present(paths.pretokenized)
         data_dir, self.copy_s = stage_local_copy(paths.pretokenized, s, paths.out)
-        verify_training_data(data_dir, plan, self.rank, self.world)
+        # the shards, tokenizer and model files are the bytes the gate verified (train/input_check.py): checked
+        # now, not at the end, so a changed tokenizer does not cost the run before final/ is refused
+        verify_inputs(data_dir, plan, paths.out, self.rank, self.world)
         self.store = DocStore(data_dir)
         self.memory = PhaseMemory(self.device)
         self.pin = self.device.type == "cuda"
