@@ -1,16 +1,11 @@
 # wattgate: pretokenize -> pack-and-balance -> invariant gate -> FSDP2 train -> power analysis.
 # Stages live in workflow/rules/*.smk and call the `wattgate` CLI; see docs/architecture.md.
-from snakemake.utils import min_version, validate
-from wattgate.config import numbers_as_written
+from snakemake.utils import min_version
 
 min_version("9.0")
 
 
 configfile: "config/config.yaml"
-
-
-numbers_as_written(config, workflow.configfiles)  # 1.0e9 is a number, as in the CLI (YAML 1.1 says string)
-validate(config, "workflow/schemas/config.schema.yaml")
 
 
 report: "workflow/report/workflow.rst"
@@ -31,3 +26,8 @@ rule all:
         rules.train.output.trained,
         rules.power_triage.output.triage,
         rules.run_report.output.html,
+
+
+onerror:
+    # each failed job's one-line cause, last, where Snakemake's blocks (command, log dump, traceback) bury it
+    shell("python3 {workflow.basedir}/workflow/scripts/failed_jobs.py {log:q}")

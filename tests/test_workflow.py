@@ -82,10 +82,33 @@ def test_changed_pack_setting_reruns_only_pack(workflow_copy, tmp_path):
     assert sorted(line.split()[0] for line in table if line.strip()) == ["pack_and_balance"]
 
 
-def test_bad_config_stops_before_any_job(workflow_copy):
+def test_bad_config_stops_before_any_job_in_one_line_naming_the_key(workflow_copy, tmp_path):
     proc = snakemake(workflow_copy, "-n", "--config", "train={'seq_len': 'long', 'epochs': 1}", check=False)
     assert proc.returncode != 0
-    assert "seq_len" in proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("wattgate: config ("), proc.stderr[-2000:]
+    assert "key 'train.seq_len': 'long' is not of type 'integer'" in proc.stderr.strip().splitlines()[-1]
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("train:\n  epohcs: 2\n")
+    proc = snakemake(workflow_copy, "-n", "--configfile", str(typo), check=False)
+    said = [line for line in proc.stderr.strip().splitlines() if not line.startswith(("Using workflow", "Config file"))]
+    assert proc.returncode != 0 and len(said) == 1, proc.stderr[-3000:]  # Snakemake's validate printed ~360 lines
+    assert said[0].startswith(f"wattgate: config ({typo}, ") and "unknown key 'train.epohcs'" in said[0]
+
+
+def test_a_failed_job_ends_the_output_with_its_rule_and_one_line_cause(workflow_copy, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\nnot json\n')
+    config = tmp_path / "bad.yaml"
+    config.write_text(yaml.safe_dump({"data": {"inputs": [str(bad)]}}))
+    proc = snakemake(workflow_copy, "--configfile", str(config), "--until", "train_tokenizer", check=False)
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("wattgate: rule ")]
+    assert ours == [
+        f"wattgate: rule train_tokenizer failed: wattgate train-tokenizer: error: {bad}:2: malformed JSON (Expecting "
+        "value at column 1) [malformed_json]; fix the record or set pretokenize.on_bad_record: skip "
+        "(log: results/train_tokenizer.log)"
+    ], proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines().index(ours[0]) >= len(proc.stderr.strip().splitlines()) - 5  # at the end
 
 
 def test_lint_is_clean():
@@ -106,10 +129,11 @@ def test_snakefmt_is_clean():
 
 
 def test_snakefile_holds_only_the_entry_point():
-    """configfile, validate, the report caption, includes and rule all; the rest lives in workflow/rules."""
+    """configfile, the report caption, includes, rule all and the failed jobs' one-line causes (onerror); the rest,
+    the config's validation included, lives in workflow/rules."""
     lines = [x for x in (REPO / "Snakefile").read_text().splitlines() if x and not x[0].isspace() and x[0] != "#"]
     heads = [x.split("(")[0].split(":")[0].split()[0] for x in lines]
-    allowed = {"from", "min_version", "configfile", "numbers_as_written", "validate", "report", "include", "rule"}
+    allowed = {"from", "min_version", "configfile", "report", "include", "rule", "onerror"}
     assert set(heads) <= allowed, heads
     assert "report" in heads and [x for x in lines if x.startswith("rule ")] == ["rule all:"]
     assert (REPO / "workflow/report/workflow.rst").is_file()

@@ -1,4 +1,4 @@
-# Shared wiring: the validated config (defaults filled) is written for the CLI
+# Shared wiring: the config validated (one line naming a bad key) and written, defaults filled, for the CLI
 # stages, so a stage run by Snakemake and by hand reads the same settings.
 # Every value pasted into a rule's shell is quoted (`{input:q}`, `{params.x:q}`, ...; `:q` quotes
 # each item of a list on its own): config paths may hold spaces, and nothing in a config value may
@@ -6,14 +6,23 @@
 import os
 import shlex
 
-from wattgate.config import check_config_files, dump_resolved
+from wattgate.config import check_config_files, dump_resolved, numbers_as_written, validate_config
+from wattgate.errors import InputError
 from wattgate.experiments import variant_config, variant_names
 
 # --- paths: the one home of each stage's folder. Rules name their files under these; a rule that reads
 # another stage's files takes them from that rule's outputs (`rules.pack_and_balance.output.plan`), and a
 # folder passed to a shell is derived from the rule's own inputs/outputs in its params.
 RESULTS = "results"
-check_config_files(workflow.configfiles)
+try:
+    # the config files read as the CLI reads them, then the CLI's validation (defaults filled in place): one line
+    # naming the key, where Snakemake's `validate` printed the whole schema (~360 lines). SystemExit is the one
+    # exception Snakemake prints as its message alone.
+    check_config_files(workflow.configfiles)
+    numbers_as_written(config, workflow.configfiles)  # 1.0e9 is a number, as in the CLI (YAML 1.1 says string)
+    validate_config(config, f"config ({', '.join(map(str, workflow.configfiles))})")
+except InputError as exc:
+    raise SystemExit(f"wattgate: {exc}") from None
 
 
 def dry_run():
