@@ -1,5 +1,6 @@
-"""final/'s tokenizer (issue 25, section 4): the manifest records an absolute, resolved tokenizer_path, and the
-export verifies the tokenizer by the manifest's hash and refuses a final/ without it."""
+"""final/'s tokenizer: the manifest records where it is (relative to the pretokenized folder when both are in one
+results/, so a moved results/ reads its own; else absolute), and the export verifies the tokenizer by the
+manifest's hash and refuses a final/ without it."""
 
 import json
 import shutil
@@ -30,9 +31,20 @@ def _manifest(work) -> dict:
     return json.loads((work / "results/pretokenized/manifest.json").read_text())
 
 
-def test_the_manifest_records_the_tokenizer_path_absolute_and_resolved(made):
-    recorded = _manifest(made)["tokenizer_path"]
-    assert recorded == str((made / "results/tokenizer").resolve())
+def test_a_tokenizer_in_the_same_results_is_recorded_relative_and_a_moved_results_reads_its_own(made, tmp_path):
+    assert _manifest(made)["tokenizer_path"] == "../tokenizer"
+    moved = shutil.copytree(made / "results", tmp_path / "elsewhere" / "results")
+    shutil.rmtree(made / "results/tokenizer")  # the original is gone: the copy must not need it
+    files = export_extra_files(moved / "pretokenized", {})
+    assert files and all(p.parent == (moved / "tokenizer").resolve() for p in files)
+
+
+def test_a_tokenizer_outside_results_is_recorded_absolute_and_resolved(tmp_path, make_config, tokenizer_dir):
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": f"The quick brown fox {i}."} for i in range(5)])
+    config = make_config(data={"inputs": [str(corpus)]})
+    pretokenize(config, tokenizer_dir, tmp_path / "work" / "results" / "pretokenized", progress=False)
+    manifest = json.loads((tmp_path / "work/results/pretokenized/manifest.json").read_text())
+    assert manifest["tokenizer_path"] == str(tokenizer_dir.resolve())
 
 
 def test_the_export_finds_the_tokenizer_from_another_directory_and_adds_generation_config(made, tmp_path):

@@ -196,6 +196,16 @@ def write_shard(table: pa.Table, path: Path) -> None:
             writer.write_table(table.slice(a, b - a), row_group_size=b - a)
 
 
+def recorded_tokenizer_path(tokenizer_dir: str | Path, out: str | Path) -> str:
+    """The tokenizer folder as the manifest records it: relative to the pretokenized folder when both live in one
+    results folder (results/tokenizer beside results/pretokenized: `../tokenizer`), so a results/ moved or copied
+    elsewhere reads its own tokenizer; else absolute (a model folder's tokenizer), found from any directory."""
+    tokenizer, out = Path(tokenizer_dir).resolve(), Path(out).resolve()
+    if tokenizer.is_relative_to(out.parent):
+        return os.path.relpath(tokenizer, out)
+    return str(tokenizer)
+
+
 class ShardWriter:
     """Buffers documents and writes `shard-NNNNN.parquet` files of `shard_docs` rows."""
 
@@ -588,7 +598,7 @@ def pretokenize(
                 )
         manifest = Manifest(
             tokenizer_sha256=tokenizer_sha256(tokenizer_dir),
-            tokenizer_path=str(Path(tokenizer_dir).resolve()),  # the export finds it from any directory
+            tokenizer_path=recorded_tokenizer_path(tokenizer_dir, out),
             vocab_size=len(tokenizer),
             source_sha256=sha256_tree(inputs),
             sources=tuple(str(p) for p in inputs),

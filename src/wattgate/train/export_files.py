@@ -18,12 +18,12 @@ from wattgate.run_files import MANIFEST, read_manifest
 
 
 def tokenizer_folder(pretokenized: Path, manifest: Manifest) -> Path:
-    """The manifest's tokenizer folder (a relative path, from manifests before it was recorded absolute, is
-    taken from the working directory, as pretokenize read it)."""
+    """The manifest's tokenizer folder: a relative tokenizer_path is from the pretokenized folder (both in one
+    results/, which may have moved), an absolute one as it is."""
     where = Path(pretokenized) / MANIFEST
     if not manifest.tokenizer_path or manifest.tokenizer_sha256 is None:
         raise InputError(f"{where}: no tokenizer_path and tokenizer_sha256; rerun pretokenize")
-    return Path(manifest.tokenizer_path).resolve()
+    return (Path(pretokenized) / manifest.tokenizer_path).resolve()
 
 
 def verified_tokenizer_files(pretokenized: Path) -> list[Path]:

@@ -53,9 +53,10 @@ def changed_data(pretokenized: Path, plan: Plan, rank: int, world: int) -> list[
     return problems
 
 
-def changed_inputs(pretokenized: Path, plan: Plan, run_dir: Path, rank: int, world: int) -> list[str]:
-    """This rank's share of the whole check: the shards, the tokenizer (one rank) and model.path's chunks."""
-    problems = changed_data(pretokenized, plan, rank, world)
+def changed_inputs(data: Path, pretokenized: Path, plan: Plan, run_dir: Path, rank: int, world: int) -> list[str]:
+    """This rank's share of the whole check: the shards it reads (`data`: the pretokenized folder or its local
+    copy), the tokenizer (one rank; found from the pretokenized folder itself) and model.path's chunks."""
+    problems = changed_data(data, plan, rank, world)
     if rank == 1 % world:  # the tokenizer is small: one rank, not rank 0, which has the manifest
         try:
             verified_tokenizer_files(pretokenized)
@@ -70,10 +71,10 @@ def changed_inputs(pretokenized: Path, plan: Plan, run_dir: Path, rank: int, wor
     return problems
 
 
-def verify_inputs(pretokenized: Path, plan: Plan, run_dir: Path, rank: int, world: int) -> None:
+def verify_inputs(data: Path, pretokenized: Path, plan: Plan, run_dir: Path, rank: int, world: int) -> None:
     """Every rank: the shards, manifest, tokenizer and model files are the bytes the gate verified, or the same
     InputError on every rank."""
-    mine = changed_inputs(pretokenized, plan, run_dir, rank, world)
+    mine = changed_inputs(data, pretokenized, plan, run_dir, rank, world)
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine)
     problems = [line for part in everyone for line in (part or [])]

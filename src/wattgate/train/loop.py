@@ -206,7 +206,7 @@ class Trainer:
         data_dir, self.copy_s = stage_local_copy(paths.pretokenized, s, paths.out)
         # the shards, tokenizer and model files are the bytes the gate verified (train/input_check.py): checked
         # now, not at the end, so a changed tokenizer does not cost the run before final/ is refused
-        verify_inputs(data_dir, plan, paths.out, self.rank, self.world)
+        verify_inputs(data_dir, paths.pretokenized, plan, paths.out, self.rank, self.world)
         self.store = DocStore(data_dir)
         self.memory = PhaseMemory(self.device)
         self.pin = self.device.type == "cuda"
