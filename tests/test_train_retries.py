@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from wattgate.heartbeats import write_rank_error, write_rank_exit
@@ -78,3 +79,67 @@ def test_which_rank_failures_a_retry_may_cure(tmp_path):
     assert not name_failure(run).retriable
     write_rank_error(run, 0, "Connection closed by peer [127.0.0.1]:1234", 1)  # a lost peer: the network's
     assert name_failure(run).retriable
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real 1 MiB filesystem (tmpfs), so a test can fill it: skipped where this user cannot mount one."""
+    where = tmp_path / "small-disk"
+    where.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.decode().strip()[:80]})")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], capture_output=True)
+
+
+def fill(folder: Path) -> None:
+    with open(folder / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    with pytest.raises(OSError):
+        (folder / "probe").write_bytes(b"\0" * 8192)
+
+
+def test_an_attempt_on_a_full_disk_still_records_its_outcome_in_the_room_set_aside(full_disk):
+    from wattgate.artifacts import reserve_spare
+    from wattgate.run_files import claim_output
+
+    run = claim_output(full_disk / "run", "train")
+    assert reserve_spare(run / ATTEMPT_OUTCOME)  # launch does this at its start
+    fill(full_disk)
+    line = "rank 0: checkpoint step-40: No space left on device (exit 2)" + " and more" * 300  # cut to fit
+    record_outcome(run, 1, Outcome(2, line, retry=False))
+    recorded = json.loads((run / ATTEMPT_OUTCOME).read_text())
+    assert recorded["exit_status"] == 2 and recorded["retry"] is False and recorded["line"].startswith("rank 0: chec")
+    proc = launch(full_disk.parent, run, attempt=2)  # the retry reads it and ends at once
+    assert "retry 2 not started: attempt 1 ended with rank 0: checkpoint step-40: No space left" in proc.stderr
+
+
+def test_a_record_that_cannot_be_written_goes_into_its_spare_and_without_one_the_write_error_stands(
+    tmp_path, monkeypatch
+):
+    """The same path where this user cannot mount a small disk: the write fails as on a full disk."""
+    import errno
+
+    import wattgate.artifacts as artifacts
+    from wattgate.heartbeats import rank_error_path, reserve_rank_error, write_rank_error
+
+    real = artifacts.write_bytes_atomic
+
+    def disk_full(dest, data):
+        if not Path(dest).name.startswith(".spare-"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(dest, data)
+
+    assert reserve_rank_error(tmp_path, 1)
+    monkeypatch.setattr(artifacts, "write_bytes_atomic", disk_full)
+    assert write_rank_error(tmp_path, 1, "wattgate train: checkpoint step-40: No space left on device", 2)
+    assert json.loads(rank_error_path(tmp_path, 1).read_text())["error"].endswith("No space left on device")
+    assert not write_rank_error(tmp_path, 1, "again: the spare is used up", 2)  # no room left: best effort, False

@@ -119,6 +119,53 @@ def write_bytes_atomic(dest: str | os.PathLike, data: bytes) -> None:
         tmp.write_bytes(data)
 
 
+SPARE_BYTES = 4096  # one filesystem block: room for a failure record's one line
+
+
+def spare_path(path: str | os.PathLike) -> Path:
+    """The hidden file that holds room for `path`'s record (`reserve_spare`)."""
+    path = Path(path)
+    return path.with_name(f".spare-{path.name}")
+
+
+def reserve_spare(path: str | os.PathLike, size: int = SPARE_BYTES) -> bool:
+    """Set aside room for a record that must be written even when the disk is full (how an attempt ended, why a
+    rank failed): a file of `size` spaces beside it, written while there is room. Best effort (False: no room)."""
+    spare = spare_path(path)
+    try:
+        if spare.is_file() and spare.stat().st_size >= size:
+            return True
+        write_bytes_atomic(spare, b" " * size)
+    except OSError:
+        return False
+    return True
+
+
+def write_bytes_or_spare(dest: str | os.PathLike, data: bytes) -> None:
+    """write_bytes_atomic, and where that fails (a full disk) the record written into its spare in place (existing
+    blocks: no new space), padded with spaces (JSON ignores them), then renamed over `dest`. The write's own
+    OSError when there is no spare, or the record does not fit it."""
+    try:
+        write_bytes_atomic(dest, data)
+        return
+    except OSError as exc:
+        spare = spare_path(dest)
+        try:
+            size = spare.stat().st_size
+        except OSError:
+            raise exc from None
+        if len(data) > size:
+            raise exc from None
+        try:
+            with open(spare, "r+b") as f:
+                f.write(data + b" " * (size - len(data)))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(spare, dest)
+        except OSError:
+            raise exc from None
+
+
 def json_safe(obj: Any) -> Any:
     """`obj` with every NaN or infinite float replaced by None (JSON null), for a writer that
     knows a missing figure is legitimate (say so at the call: `write_json_atomic(..., nonfinite="null")`)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from wattgate.artifacts import write_bytes_atomic
+from wattgate.artifacts import SPARE_BYTES, reserve_spare, write_bytes_atomic, write_bytes_or_spare
 from wattgate.errors import InputError, first_line
 from wattgate.records.base import Where
 from wattgate.records.heartbeat import Beat, PhaseEvent, RankError, RankExit
@@ -183,13 +183,29 @@ def _last_beat(run: str | os.PathLike, rank: int) -> Beat | None:
 
 
 def _write_record(path: Path, record: dict) -> bool:
-    """Best effort: a failure record must never replace the error it reports (on a full disk it may not fit)."""
+    """Best effort: a failure record must never replace the error it reports. On a full disk it goes into the room
+    its rank set aside at start (`reserve_rank_error`), cut to fit."""
+    data = (json.dumps(record) + "\n").encode()
+    if len(data) > SPARE_BYTES:
+        short = dict(record, error=str(record.get("error", ""))[: SPARE_BYTES // 2] + " [...]")
+        data = (json.dumps(short) + "\n").encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(path, (json.dumps(record) + "\n").encode())
+        write_bytes_or_spare(path, data)
     except OSError:
         return False
     return True
+
+
+def reserve_rank_error(run: str | os.PathLike, rank: int) -> bool:
+    """Room for this rank's failure record, set aside while the disk has some (a checkpoint that fills the disk
+    must still leave the line that names it)."""
+    path = rank_error_path(run, rank)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return reserve_spare(path)
 
 
 def write_rank_error(run: str | os.PathLike, rank: int, error: str, exit_code: int) -> bool:

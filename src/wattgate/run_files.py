@@ -94,6 +94,7 @@ STAGE_FILES = {
         STOPPED,
         ABORT_REQUEST,
         ATTEMPT_OUTCOME,
+        f".spare-{ATTEMPT_OUTCOME}",  # artifacts.reserve_spare: room for it on a full disk
         LAUNCH_LOCK,
         TRAIN_LOCK,
         ATTEMPTS_LOG,

@@ -120,7 +120,10 @@ def _launch(args, config) -> int | None:
         outcome = _launch_outcome(args, config)
     except (InputError, StageFailed) as exc:  # refused before the job started: every retry would be refused too
         outcome = Outcome(2 if isinstance(exc, InputError) else 1, str(exc), retry=False)
-    record_outcome(args.run, args.attempt, outcome)
+    try:
+        record_outcome(args.run, args.attempt, outcome)
+    except OSError as exc:  # said first: the attempt's own line (a full disk's failed write, say) stays the last
+        print(f"launch: WARNING: cannot record the outcome in {args.run} ({exc.strerror})", file=sys.stderr)
     if outcome.exit_status in (0, EXIT_STOPPED):
         return outcome.exit_status or None
     raise (InputError if outcome.exit_status == 2 else StageFailed)(outcome.line)

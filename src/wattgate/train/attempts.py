@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from wattgate.artifacts import write_json_atomic
+from wattgate.artifacts import SPARE_BYTES, canonical_json, write_bytes_or_spare
 from wattgate.errors import InputError, StageFailed
 from wattgate.records.attempt import AttemptOutcome
 from wattgate.records.base import Where
@@ -30,14 +30,21 @@ class Outcome:
 
 def record_outcome(run: Path, attempt: int, outcome: Outcome) -> None:
     """attempt-outcome.json, only into a run folder train has claimed (never a foreign --out, nor one a launch was
-    refused before it claimed it: that refusal needs no record to be repeated)."""
+    refused before it claimed it: that refusal needs no record to be repeated). On a full disk it goes into the room
+    launch set aside at its start (`artifacts.reserve_spare`), its line cut to fit: a retry must still tell a
+    repeatable failure. An OSError when even that fails (the caller says so before the attempt's own line)."""
     from wattgate.artifacts import marker_stage
 
     if Path(run).is_dir() and marker_stage(run) == "train":
-        record = AttemptOutcome(
-            attempt=attempt, time=time.time(), exit_status=outcome.exit_status, line=outcome.line, retry=outcome.retry
+        line = (
+            outcome.line
+            if outcome.line is None or len(outcome.line) < SPARE_BYTES // 2
+            else (outcome.line[: SPARE_BYTES // 2] + " [...]")
         )
-        write_json_atomic(Path(run) / ATTEMPT_OUTCOME, record.to_json())
+        record = AttemptOutcome(
+            attempt=attempt, time=time.time(), exit_status=outcome.exit_status, line=line, retry=outcome.retry
+        )
+        write_bytes_or_spare(Path(run) / ATTEMPT_OUTCOME, canonical_json(record.to_json()).encode())
 
 
 def check_retry(run: Path, attempt: int) -> None:

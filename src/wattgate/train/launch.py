@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from wattgate.artifacts import write_json_atomic
+from wattgate.artifacts import reserve_spare, write_json_atomic
 from wattgate.run_files import (
     GATED_CONFIG,
     MARKER_HASH_FILES,
@@ -36,6 +36,7 @@ from wattgate.run_files import (
 from wattgate.heartbeats import clear_rank_failures
 from wattgate.run_files import (
     ABORT_REQUEST,
+    ATTEMPT_OUTCOME,
     MODEL_HASHES,
     LAUNCH_LOCK,
     STOP_REQUEST,
@@ -331,6 +332,7 @@ def run_launch(
     gate_dir = gate or plan.parent / "gate"
     check_gate_marker(config, plan, gate_dir)
     claim_output(out, "train")  # a folder train did not write is refused before the job starts
+    reserve_spare(out / ATTEMPT_OUTCOME)  # room for how this attempt ends, should the job fill the disk
     spec = resolve_launch(config)
     attempt = hold_run_lock(out, LAUNCH_LOCK, "wattgate launch").attempt
     check_unlocked(out, TRAIN_LOCK)  # a job whose launcher was killed may still train here: clear nothing of it

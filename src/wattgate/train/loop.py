@@ -28,6 +28,7 @@ import torch.distributed as dist
 from wattgate.artifacts import sha256_file
 from wattgate.cadence import StepActions
 from wattgate.errors import InputError
+from wattgate.heartbeats import reserve_rank_error
 from wattgate.train.metrics import process_age_s
 from wattgate.run_files import EVAL, EVAL_PACKS, METRICS, MANIFEST, PLAN, claim_output, read_manifest, read_plan
 from wattgate.run_tables import EvalTable, MetricsTable
@@ -145,6 +146,7 @@ def train(config: RunConfig | dict, pretokenized: Path, plan_dir: Path, out: Pat
     abort_watch = start_abort_watch(out)  # the watcher's kill of a hung job ends this rank even in a collective
     try:
         claim_output(out, "train")  # every rank, before it writes: what another rank made by now is train's own
+        reserve_rank_error(out, int(os.environ.get("RANK", "0")))  # room for the line that names a full disk
         plan, _ = read_plan(plan_dir)
         rank, world, device = setup_rank(s.collective_timeout_s, out)
         try:
