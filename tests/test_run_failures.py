@@ -169,8 +169,8 @@ def test_a_stopped_rank_is_named_in_the_watchers_line(gated, tmp_path, wait_unti
 
 @pytest.mark.slow
 def test_a_rerun_of_the_train_rule_keeps_the_earlier_attempts_log(tmp_path):
-    """Snakemake deletes a rule's log before it runs the job again: train.log holds only the new attempt, and
-    train.attempts.log every attempt, each under launch's header."""
+    """A rerun of the train rule: train.log holds only the new attempt, train.attempts.log every attempt, each under
+    launch's header (launch writes both; the rule's own log, which Snakemake deletes first, is launch.log)."""
     import shutil
 
     for part in ("Snakefile", "workflow", "config"):

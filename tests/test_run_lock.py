@@ -19,9 +19,11 @@ JOB = """
 import json, os, sys, time
 out, mode = sys.argv[1], sys.argv[2]
 open(os.path.join(out, "job-ready"), "w").close()
+print(f"job: ready ({mode})", flush=True)
 while mode != "finish" and not os.path.exists(os.path.join(out, "STOP_REQUESTED")):
     time.sleep(0.05)
 if mode != "finish":
+    print("job: stopping at step 1", flush=True)
     record = {"step": 1, "checkpoint": "c", "reason": "r", "time": time.time()}
     json.dump(record, open(os.path.join(out, "STOPPED"), "w"))
 """
@@ -53,7 +55,9 @@ def one_line(stderr: str) -> str:
     return lines[0]
 
 
-def test_a_second_launch_in_a_running_run_folder_is_refused(tmp_path, fake_launch, wait_until, catches):
+def test_a_second_launch_in_a_running_run_folder_is_refused_and_leaves_the_first_ones_logs_whole(
+    tmp_path, fake_launch, wait_until, catches
+):
     out = tmp_path / "run"
     first = fake_launch(job(out), out)
     started = (out / "job-ready", out / "watcher.json")  # the job and its watcher (a process of its own) are up
@@ -76,6 +80,12 @@ def test_a_second_launch_in_a_running_run_folder_is_refused(tmp_path, fake_launc
     first.send_signal(signal.SIGTERM)
     _, err = first.communicate(timeout=120)
     assert first.returncode == 75, err[-3000:]
+    # launch's own logs, opened only once it holds the folder: the first launch's whole output, nothing of the second
+    for name in ("train.log", "train.attempts.log"):
+        log = (out / name).read_text()
+        assert log.startswith("launch: attempt 1 at ") and "job: ready (stop)" in log, log[-2000:]
+        assert "job: stopping at step 1" in log and "launch: stopped at step 1" in log, log[-2000:]
+        assert "another trainer is running" not in log and "job: ready (finish)" not in log
 
 
 def test_rank_0_started_by_hand_is_refused_while_another_trainer_holds_the_folder(tmp_path, make_config):

@@ -73,8 +73,9 @@ MODEL_HASHES = "model-hashes.json"  # train: gate.json's model_files, copied by 
 # `wattgate train` holds TRAIN_LOCK (ranks may be started without launch); each names its holder.
 LAUNCH_LOCK = "launch.lock"
 TRAIN_LOCK = "train.lock"
-# Every launch attempt's output, appended (the train rule tees into it; Snakemake deletes train.log, the rule's
-# log, before each job, so a rerun would erase the lines that named a dead rank)
+# launch's own logs (train/run_log.py): this attempt's output, and every attempt's appended (a rerun keeps the lines
+# that named a dead rank)
+TRAIN_LOG = "train.log"
 ATTEMPTS_LOG = "train.attempts.log"
 
 # The names each stage that writes into its --out in place (rather than publishing a whole folder) may
@@ -98,6 +99,7 @@ STAGE_FILES = {
         LAUNCH_LOCK,
         TRAIN_LOCK,
         ATTEMPTS_LOG,
+        TRAIN_LOG,
         HEARTBEAT_DIR,
         "checkpoints",
         "checkpoints.stale-*",

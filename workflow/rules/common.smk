@@ -73,12 +73,13 @@ STAGE_SHELL = {
         "wattgate gate --config {config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
         " --out {params.out:q} 2>&1 | tee {log:q}"
     ),
-    # Snakemake deletes a rule's log before each job: train.attempts.log keeps every attempt (launch heads each one).
+    # launch writes the run folder's train.log and train.attempts.log itself (train/run_log.py): Snakemake deletes a
+    # rule's log before each job, also the log of a trainer still running when a second launch is refused.
     # The shell and tee ignore the stop signals (inherited: tee has no handler): scancel and preemption signal every
     # process, and a tee killed mid-run would break every rank's stdout; launch turns them into a graceful stop.
     "launch": (
-        "trap '' TERM INT USR1; wattgate launch --config {config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
-        " --run-dir {params.run:q} --attempt {resources.attempt} 2>&1 | tee -a {log:q} {params.run:q}/train.attempts.log"
+        "trap '' TERM INT USR1; wattgate launch --config {config:q} --pretokenized {input.pretokenized:q}"
+        " --plan {params.plan:q} --run-dir {params.run:q} --attempt {resources.attempt} 2>&1 | tee {log:q}"
     ),
 }
 

@@ -81,7 +81,7 @@ rule experiment_train:
     output:
         trained=f"{VARIANT_DIR}/train/TRAINED",
     log:
-        f"{VARIANT_DIR}/train/train.log",
+        f"{VARIANT_DIR}/train/launch.log",
     retries: TRAIN_RETRIES
     conda:
         WATTGATE_ENV

@@ -14,7 +14,7 @@ rule train:
     output:
         trained=f"{TRAIN_DIR}/TRAINED",
     log:
-        f"{TRAIN_DIR}/train.log",
+        f"{TRAIN_DIR}/launch.log",  # Snakemake's; launch writes train.log and train.attempts.log itself
     # a job stopped at its time limit (exit 75) or killed is submitted again and resumes from the newest verified
     # checkpoint; launch refuses a retry of a failure a rerun would repeat (docs/slurm.md)
     retries: TRAIN_RETRIES

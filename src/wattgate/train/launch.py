@@ -49,6 +49,7 @@ from wattgate.run_files import (
 from wattgate.records.attempt import Stopped
 from wattgate.records.base import Where
 from wattgate.records.watcher import AbortRequest, WatcherRecord
+from wattgate.train.run_log import start_run_logs
 from wattgate.telemetry.failures import RankFailure, finish_record, name_failure, status_text
 from wattgate.telemetry.watch import COLLECTIVES
 from wattgate.train.launch_stop import StopControl, ignore_usr1, stop_margin_s
@@ -336,6 +337,7 @@ def run_launch(
     spec = resolve_launch(config)
     attempt = hold_run_lock(out, LAUNCH_LOCK, "wattgate launch").attempt
     check_unlocked(out, TRAIN_LOCK)  # a job whose launcher was killed may still train here: clear nothing of it
+    start_run_logs(out)  # train.log and train.attempts.log: only now, so a refused launch never touches them
     started = time.time()
     tel = config.telemetry
     sample = (str(out / "telemetry" / "{host}.parquet"), tel.interval_s) if tel.enabled else None
