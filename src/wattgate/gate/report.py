@@ -18,6 +18,7 @@ from wattgate.records.gate import (
     MemoryPhase,
     ModelFiles,
     PlanHashes,
+    SourceFile,
 )
 from wattgate.run_files import marker_text, write_gate_report
 
@@ -56,6 +57,7 @@ def gate_json(
     plan_sha256: PlanHashes,
     config_sha256: str,
     model_files: ModelFiles | None = None,
+    source_files: dict[str, SourceFile] | None = None,
 ) -> GateReport:
     """gate.json's record: the verdict and checks, the memory estimate, the cost section, the proof, the hashes."""
     return GateReport(
@@ -74,6 +76,7 @@ def gate_json(
         plan_sha256=plan_sha256,
         config_sha256=config_sha256,
         model_files=model_files,
+        source_files=source_files,
     )
 
 

@@ -35,7 +35,8 @@ from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_
 from wattgate.gate.report import gate_json, write_report
 from wattgate.gate.isolation_check import check_document_isolation
 from wattgate.gate.tokenizer_check import check_tokenizer
-from wattgate.gate.weights_check import check_weights, with_model_hashes
+from wattgate.gate.sources_check import check_sources
+from wattgate.gate.weights_check import check_weights, previous_report, with_model_hashes
 from wattgate.records.gate import PHASE_STEADY, Collectives, GateReport, PlanHashes
 from wattgate.records.manifest import Manifest
 from wattgate.records.run_config import RunConfig
@@ -241,6 +242,10 @@ def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
     # model.path's weights against the model its config builds (headers only), rather than at train start
     weights, model_files = with_model_hashes(check_weights(config), config, out)
     results.append(weights)
+    # the manifest was made from the inputs this config names, as they are now
+    previous = previous_report(out)
+    sources, source_files = check_sources(config, inputs.manifest, previous.source_files if previous else None)
+    results.append(sources)
     # what the plan will cost, the budget check on it, and what a hang it would cause would have cost
     cost, budget = cost_section(inputs, spec, next(c for c in results if c.name == "equal_steps"))
     results.append(budget)
@@ -267,6 +272,7 @@ def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
         config_sha256=config_sha256(config),
         # ... and model.path's bytes, which every rank checks again before the first step
         model_files=model_files,
+        source_files=source_files,
     )
     return report, keep
 

@@ -79,12 +79,17 @@ def with_model_hashes(weights: Check, config: RunConfig, out: Path) -> tuple[Che
     return Check(NAME, True, detail), hashes
 
 
-def previous_model_files(out: Path) -> ModelFiles | None:
-    """The model hashes of the gate that ran last in `out` (None: none, or a gate.json that does not read)."""
+def previous_report(out: Path):
+    """gate.json of the gate that ran last in `out` (None: none, or one that does not read): what it hashed is
+    reused for files unchanged since."""
     from wattgate.run_files import read_gate_report
 
     try:
-        report = read_gate_report(out)
+        return read_gate_report(out)
     except InputError:
         return None
+
+
+def previous_model_files(out: Path) -> ModelFiles | None:
+    report = previous_report(out)
     return report.model_files if report is not None else None

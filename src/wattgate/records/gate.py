@@ -381,6 +381,17 @@ class ModelFiles(Record):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class SourceFile(Record):
+    """One input file as the gate's `sources` check hashed it (sha256, as pretokenize's source_sha256 does), with
+    the stat that lets the next gate reuse the hash (ctime changes with any write)."""
+
+    size: int = spec(minimum=0)
+    ctime_ns: int
+    inode: int
+    sha256: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class GateReport(Record):
     """gate.json: the verdict (`passed`; `enforce` false lets a failed gate run anyway), every check, the memory
     estimate per phase, the cost section, the collective proof (None with gate.collectives false) and what was
@@ -401,6 +412,7 @@ class GateReport(Record):
     plan_sha256: PlanHashes
     config_sha256: str
     model_files: ModelFiles | None = spec(omit_none=True, default=None)  # model.path's bytes (None: random init)
+    source_files: dict[str, SourceFile] | None = spec(omit_none=True, default=None)  # the `sources` check's hashes
 
     @property
     def failed_checks(self) -> tuple[GateCheck, ...]:
