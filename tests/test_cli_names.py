@@ -104,3 +104,19 @@ def test_triage_takes_the_hang_limit_as_hang_after_and_deadlock_after_for_one_re
         limits.append(json.loads((out / "triage.json").read_text())["deadlock_after_s"])
     assert limits == [45.0, 45.0]
     assert capsys.readouterr().err.count("deprecated") == 1
+
+
+def test_every_subcommands_help_says_what_it_does_and_what_each_flag_is():
+    import argparse
+
+    from wattgate.cli.parser import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert len(commands) >= 16
+    for name, command in commands.items():
+        assert command.description and command.description.endswith("."), name
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+                continue
+            assert action.help, f"wattgate {name}: {action.option_strings or action.dest} has no help"

@@ -80,6 +80,19 @@ def add_run_folder(p: argparse.ArgumentParser, old: str, required: bool, help: s
     add_flag(p, "--run-dir", old, required=required, dest="run", type=Path, metavar="DIR", help=help)
 
 
+INPUT_FOLDERS = {
+    "pretokenized": "the pretokenize stage's folder (manifest.json and shards; results/pretokenized)",
+    "plan": "the pack stage's folder (plan.json, packs.parquet; results/plan)",
+}
+STAGE_OUT = {
+    "demo-corpus": "the corpus file it writes (JSONL)",
+    "train-tokenizer": "the tokenizer folder it writes",
+    "pretokenize": "the folder it writes: manifest.json and the shards",
+    "pack": "the folder it writes: plan.json and packs.parquet",
+    "gate": "the folder it writes: gate.json, gate.md and the PASSED (or UNENFORCED) marker",
+}
+
+
 def _positive_float(text: str) -> float:
     """argparse type: a finite number > 0 (a power cap of 0 or NaN W would derive a meaningless table)."""
     try:
@@ -107,17 +120,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="wattgate", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
+    def command(name: str, help: str, **kwargs) -> argparse.ArgumentParser:
+        """A subcommand whose own --help opens with what it does (the line `wattgate --help` lists)."""
+        return sub.add_parser(name, help=help, description=help[:1].upper() + help[1:] + ".", **kwargs)
 
     def stage(name: str, func, help: str, *paths: str, run: bool = False) -> argparse.ArgumentParser:
         """A subcommand taking --config, the named input folders, and --out (`run`: --run-dir, the run folder)."""
-        p = sub.add_parser(name, help=help)
+        p = command(name, help=help)
         p.add_argument("--config", required=True, type=Path, help="run config (YAML)")
         for path in paths:
-            p.add_argument(f"--{path}", required=True, type=Path)
+            p.add_argument(f"--{path}", required=True, type=Path, metavar="DIR", help=INPUT_FOLDERS[path])
         if run:
             add_run_folder(p, "--out", True, "the run folder it writes (results/train/<run>)")
         else:
-            p.add_argument("--out", required=True, type=Path)
+            p.add_argument("--out", required=True, type=Path, help=STAGE_OUT[name])
         p.set_defaults(func=func)
         return p
 
@@ -158,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(a rank's own error: non-finite, an input or OS error) ends at once naming it",
     )
 
-    p = sub.add_parser(
+    p = command(
         "load-check",
         help="the train stage's sharded model load (and export) alone, measured "
         "(run under torchrun with the train job's ranks)",
@@ -168,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", action="store_true", help="also export final/ as the train stage would")
     p.set_defaults(func=_load_check)
 
-    p = sub.add_parser("sample", help="NVML telemetry sampler for this node (optionally beside a command)")
+    p = command("sample", help="NVML telemetry sampler for this node (optionally beside a command)")
     p.add_argument("--out", required=True, help="trace file; {host} becomes this node's name")
     p.add_argument("--interval", type=float, default=0.1, help="seconds between samples (default 0.1)")
     p.add_argument("--flush-every", type=float, default=2.0, help="seconds between crash-safe flushes")
@@ -176,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD...: sample while CMD runs, exit with its status")
     p.set_defaults(func=_sample, config=None)
 
-    p = sub.add_parser("watch", help="hang watcher: heartbeats + power; kills a deadlocked job")
+    p = command("watch", help="hang watcher: heartbeats + power; kills a deadlocked job")
     p.add_argument("--config", required=True, type=Path, help="run config (YAML)")
     add_run_folder(p, "--run", True, "the run folder the job writes (heartbeat/, telemetry/)")
     p.add_argument("--pid", type=int, help="root of the job's process tree (killed on a verdict)")
@@ -184,23 +200,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="verdict file (default RUN/watcher.json)")
     p.set_defaults(func=_watch)
 
-    p = sub.add_parser("variant", help="the config of one measurement run (scaling: w<N>; dataio: shared|local)")
+    p = command("variant", help="the config of one measurement run (scaling: w<N>; dataio: shared|local)")
     p.add_argument("--config", required=True, type=Path, help="run config (YAML)")
-    p.add_argument("--experiment", required=True, choices=["scaling", "dataio"])
+    p.add_argument("--experiment", required=True, choices=["scaling", "dataio"], help="the measurement it is for")
     p.add_argument("--variant", required=True, help="w<N> (scaling) or shared|local (dataio)")
     p.add_argument("--out", required=True, type=Path, help="the variant's config (YAML)")
     p.set_defaults(func=_variant)
 
-    p = sub.add_parser("compare", help="table and plot of finished measurement runs")
-    p.add_argument("--experiment", required=True, choices=["scaling", "dataio"])
+    p = command("compare", help="table and plot of finished measurement runs")
+    p.add_argument("--experiment", required=True, choices=["scaling", "dataio"], help="the measurement compared")
     p.add_argument("--runs", required=True, nargs="+", type=Path, help="variant folders (config.yaml, train/)")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="the folder it writes: table.csv, table.md, plot.png")
     p.set_defaults(func=_compare, config=None)
 
-    p = sub.add_parser(
+    p = command(
         "import-trace", help="nvidia-smi / DCGM / Zeus / any CSV logs -> a wattgate trace (for triage, report)"
     )
-    p.add_argument("--from", dest="source", required=True, choices=["nvidia-smi", "dcgm", "zeus", "csv"])
+    p.add_argument(
+        "--from", dest="source", required=True, choices=["nvidia-smi", "dcgm", "zeus", "csv"], help="the logs' format"
+    )
     p.add_argument("files", nargs="+", type=Path, help="log file(s)")
     p.add_argument("--out", required=True, type=Path, help="trace file (Parquet)")
     p.add_argument("--host", help="host name for the rows (default: DCGM's Hostname label, else the file name)")
@@ -218,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-bad-lines", action="store_true", help="count unreadable lines instead of stopping")
     p.set_defaults(func=_import_trace, config=None)
 
-    p = sub.add_parser("triage", help="label each GPU's 1 s windows: compute/communication/.../deadlock/idle")
+    p = command("triage", help="label each GPU's 1 s windows: compute/communication/.../deadlock/idle")
     p.add_argument("--config", type=Path, help="run config: table, window and hang limit from it")
     p.add_argument(
         "--trace", required=True, nargs="+", type=Path, help="trace file(s), one per node, or a run's telemetry folder"
@@ -245,10 +263,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a GPU is a straggler when its peers waited for it in more than this share of the windows they "
         f"waited (default {DEFAULT_STRAGGLER_SHARE:g}, or telemetry.straggler_share)",
     )
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="the folder it writes: phases.parquet, triage.json/.md")
     p.set_defaults(func=_triage)
 
-    p = sub.add_parser("report", help="summary.json and a self-contained index.html for a run (or a bare trace)")
+    p = command("report", help="summary.json and a self-contained index.html for a run (or a bare trace)")
     add_run_folder(p, "--run", False, "the run folder (results/train/<run>)")
     p.add_argument(
         "--trace",
@@ -263,13 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="triage table (YAML, as for `wattgate triage --table`), e.g. for a GPU with no shipped table",
     )
     add_power_cap(p)
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="the folder it writes: summary.json and index.html")
     p.add_argument("--power", type=Path, help="triage output (default results/power/<run>; else triage runs here)")
     p.add_argument("--gate", type=Path, help="gate output folder (default results/gate beside results/train)")
     p.add_argument("--config", type=Path, help="run config (YAML; default results/config.yaml beside the run)")
     p.set_defaults(func=_report)
 
-    p = sub.add_parser("calibrate", help="measure known phases' power on this node's GPU; write a triage table")
+    p = command("calibrate", help="measure known phases' power on this node's GPU; write a triage table")
     p.add_argument("--gpu-model", required=True, help="model name for the table (a100, h100, h200, b200, b300, ...)")
     p.add_argument("--out", required=True, type=Path, help="triage table (YAML)")
     p.add_argument("--seconds", type=float, default=20.0, help="seconds per phase (default 20)")
