@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="wattgate", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="stage", required=True, metavar="STAGE")
+
     def command(name: str, help: str, **kwargs) -> argparse.ArgumentParser:
         """A subcommand whose own --help opens with what it does (the line `wattgate --help` lists)."""
         return sub.add_parser(name, help=help, description=help[:1].upper() + help[1:] + ".", **kwargs)
@@ -213,9 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path, help="the folder it writes: table.csv, table.md, plot.png")
     p.set_defaults(func=_compare, config=None)
 
-    p = command(
-        "import-trace", help="nvidia-smi / DCGM / Zeus / any CSV logs -> a wattgate trace (for triage, report)"
-    )
+    p = command("import-trace", help="nvidia-smi / DCGM / Zeus / any CSV logs -> a wattgate trace (for triage, report)")
     p.add_argument(
         "--from", dest="source", required=True, choices=["nvidia-smi", "dcgm", "zeus", "csv"], help="the logs' format"
     )
