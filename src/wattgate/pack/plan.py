@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import hashlib
 from pathlib import Path
 
@@ -108,6 +109,14 @@ def read_doc_lengths(pretokenized: Path, manifest: Manifest) -> np.ndarray:
     return np.concatenate(lengths).astype(np.int64)
 
 
+def efficiency_bound(epoch_tokens: list[int], seq_len: int, packs_per_step: int) -> float:
+    """The best efficiency (tokens / (packs x seq_len)) any plan of these tokens can have: each epoch needs at least
+    ceil(tokens / seq_len) packs, rounded up to whole steps of `packs_per_step` (every rank the same count). A small
+    corpus on a wide world pays that rounding: 20k documents at 128 packs a step cannot pass ~0.97."""
+    packs = sum(math.ceil(math.ceil(t / seq_len) / packs_per_step) * packs_per_step for t in epoch_tokens)
+    return float(sum(epoch_tokens) / (packs * seq_len)) if packs else 1.0
+
+
 def plan_stats(placement, lengths, tokens, costs, layout: Layout, seq_len: int, dropped_docs) -> PlanStats:
     W = layout.world_size
     per_rank_tokens = np.bincount(placement.rank, weights=tokens[placement.pack], minlength=W).astype(np.int64)
@@ -132,6 +141,7 @@ def plan_stats(placement, lengths, tokens, costs, layout: Layout, seq_len: int, 
         num_tokens=int(lengths.sum()),
         packs_per_epoch=int(len(tokens)),
         efficiency=float(tokens.sum() / (len(tokens) * seq_len)),
+        efficiency_bound=efficiency_bound([int(tokens.sum())], seq_len, layout.packs_per_step),
         per_rank_tokens=tuple(per_rank_tokens.tolist()),
         per_rank_packs=tuple(per_rank_packs.tolist()),
         per_rank_micro_batches_per_epoch=tuple(tuple(m) for m in per_rank_micro),
@@ -355,6 +365,11 @@ def build_plan(config: RunConfig | dict, pretokenized: str | Path, out: str | Pa
         stats = stats.replace(
             packs_per_epoch=int(len(placement.pack) // train.epochs),
             efficiency=float(tokens[placement.pack].sum() / (len(placement.pack) * seq_len)),
+            efficiency_bound=efficiency_bound(
+                [int(tokens[placement.pack[placement.epoch == e]].sum()) for e in range(train.epochs)],
+                seq_len,
+                layout.packs_per_step,
+            ),
         )
     if packs.dropped_docs.size:
         entry = stats.dropped[DROP_REASON_REMAINDER].replace(tokens=int(lengths[packs.dropped_docs].sum()))

@@ -50,6 +50,7 @@ class PlanStats(Record):
     num_tokens: int | None = _count()
     packs_per_epoch: int | None = _count()
     efficiency: float | None = spec(omit_none=True, default=None)
+    efficiency_bound: float | None = spec(omit_none=True, default=None)  # the best any plan of these tokens can do
     per_rank_tokens: tuple[int, ...] | None = spec(omit_none=True, default=None)
     per_rank_packs: tuple[int, ...] | None = spec(omit_none=True, default=None)
     per_rank_micro_batches_per_epoch: tuple[tuple[int, ...], ...] | None = spec(omit_none=True, default=None)
