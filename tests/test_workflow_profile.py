@@ -27,3 +27,25 @@ def test_a_local_run_without_cores_takes_them_from_the_workflow_profile(tmp_path
     assert "Using workflow specific profile profiles/default" in proc.stderr
     assert "invariant_gate" in proc.stdout + proc.stderr
     assert not (REPO / "workflow" / "profiles").exists()  # where Snakemake never looks
+
+
+def test_the_slurm_profile_on_a_host_without_slurm_says_so_at_once_in_a_dry_run_too(tmp_path):
+    """It failed after the executor's first status check (45 s) with "No such file or directory: 'sacct'"."""
+    work = copy_workflow(tmp_path)
+    for part in ("profiles", "slurm"):
+        shutil.copytree(REPO / part, work / part)
+    tools = tmp_path / "bin"  # a PATH with what Snakemake itself runs, and no Slurm
+    tools.mkdir()
+    for name in ("bash", "sh", "which", "uname", "cat", "git"):
+        found = shutil.which(name)
+        if found:
+            (tools / name).symlink_to(found)
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{tools}")
+    cmd = [str(BIN / "snakemake"), "--profile", "slurm", "-n", "--until", "invariant_gate"]
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "wattgate: the slurm executor (--profile slurm) needs sbatch and sacct, not found on this host's PATH: run "
+        "from a Slurm login node, or run locally with plain `snakemake`; without slurmdbd set "
+        "`slurm-status-command: squeue` in the profile"
+    ), proc.stderr[-2000:]

@@ -25,17 +25,48 @@ except InputError as exc:
     raise SystemExit(f"wattgate: {exc}") from None
 
 
-def dry_run():
-    """Whether this invocation is `snakemake -n`: Snakemake tells a Snakefile neither -n nor the executor while
-    it is read (workflow.dryrun is False then), so its own argument parser reads the command line."""
+def invocation():
+    """Snakemake's own reading of its command line, its profiles applied (None for an API call): Snakemake tells a
+    Snakefile neither -n nor the executor while it is read (workflow.dryrun is False then)."""
+    import contextlib
+    import io
     import sys
 
     try:
-        from snakemake.cli import get_argument_parser
+        from snakemake.cli import parse_args
 
-        return bool(get_argument_parser().parse_known_args(sys.argv[1:])[0].dryrun)
-    except (Exception, SystemExit):  # not Snakemake's command line (an API call): not a dry run
-        return False
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return parse_args(sys.argv[1:])[1]
+    except (Exception, SystemExit):
+        return None
+
+
+def dry_run():
+    """Whether this invocation is `snakemake -n`."""
+    args = invocation()
+    return bool(args is not None and args.dryrun)
+
+
+def check_slurm_host():
+    """`--profile slurm` (the slurm executor) on a host without Slurm's commands: one line now, in -n too, where the
+    executor failed after its first status check (45 s) naming sacct."""
+    import shutil
+
+    args = invocation()
+    if args is None or getattr(args, "executor", None) != "slurm":
+        return
+    status = getattr(args, "slurm_status_command", None)
+    status = status if isinstance(status, str) and status.strip() else "sacct"  # the plugin's default
+    missing = [cmd for cmd in ("sbatch", status.split()[0]) if shutil.which(cmd) is None]
+    if missing:
+        raise SystemExit(
+            f"wattgate: the slurm executor (--profile slurm) needs {' and '.join(missing)}, not found on this host's "
+            "PATH: run from a Slurm login node, or run locally with plain `snakemake`"
+            + ("; without slurmdbd set `slurm-status-command: squeue` in the profile" if "sacct" in missing else "")
+        )
+
+
+check_slurm_host()
 
 
 # a dry run (`snakemake -n --configfile other.yaml`) leaves it as it is: a queued job reads this file when it starts
