@@ -357,3 +357,32 @@ def test_pauses_and_gaps_from_a_dictionary_phases_table_without_triage_json_reco
         p.record(None) for p in power_only.pauses(strings)
     ]
     assert gap_summary(inputs.phases, inputs.window_s) == gap_summary(strings, inputs.window_s)
+
+
+def test_a_resumed_runs_throughput_is_its_steps_over_every_attempt_not_its_last_attempts():
+    """A forced rerun that resumed at the last step wrote TRAINED with 0 s and 0 tok/s: the report said so."""
+    import pandas as pd
+
+    from wattgate.records.trained import Trained
+    from wattgate.report.inputs import RunInputs
+    from wattgate.report.steps import step_table, throughput
+
+    rows = [
+        {"step": s, "rank": r, "time": 100.0 + s, "step_time_s": 1.0 + 0.5 * r, "tokens": 100, "loss": 2.0}
+        for s in range(1, 11)
+        for r in range(2)
+    ]
+    metrics = pd.DataFrame(rows)
+    last_attempt = Trained(steps=10, resumed_from_step=10, world_size=2, wall_s=0.0, tokens_per_s=0.0)
+    inputs = RunInputs(run_dir=None, run_name="r", trained=last_attempt, metrics=metrics)
+    t = throughput(inputs, step_table(metrics), gpus=2)
+    assert t.wall_s == 15.0 and t.tokens_per_s == round(2000 / 15.0, 3) and t.tokens == 2000, t
+    assert "over the run's attempts" in t.wall_source
+    straight = RunInputs(
+        run_dir=None,
+        run_name="r",
+        trained=last_attempt.replace(resumed_from_step=0, wall_s=16.0, tokens_per_s=125.0),
+        metrics=metrics,
+    )
+    t = throughput(straight, step_table(metrics), gpus=2)
+    assert t.wall_s == 16.0 and t.tokens_per_s == 125.0 and t.wall_source == "TRAINED"

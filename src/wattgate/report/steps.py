@@ -123,7 +123,13 @@ def throughput(inputs: RunInputs, steps: pd.DataFrame | None, gpus: int) -> Thro
     tokens = int(steps[TOKENS].sum()) if steps is not None and TOKENS in steps else None
     wall = t.wall_s
     wall_source = "TRAINED" if wall is not None else None
-    if wall is None and steps is not None and inputs.metrics is not None:
+    # TRAINED of a resumed run is its last attempt's (a forced rerun that resumed at the last step: 0 s, 0 tok/s);
+    # the run's is every step's time, each step once, over its attempts
+    resumed = bool(t.resumed_from_step)
+    if resumed and steps is not None and STEP_TIME_S in steps and len(steps):
+        wall = float(np.nansum(steps[STEP_TIME_S].to_numpy(dtype=float)))
+        wall_source = "metrics (every step's time, its slowest rank's, over the run's attempts: it was resumed)"
+    elif wall is None and steps is not None and inputs.metrics is not None:
         m = inputs.metrics
         begin = (m[TIME] - m[STEP_TIME_S]).min() if STEP_TIME_S in m else m[TIME].min()
         wall, wall_source = float(m[TIME].max() - begin), "metrics (first step start to last step end)"
@@ -132,7 +138,7 @@ def throughput(inputs: RunInputs, steps: pd.DataFrame | None, gpus: int) -> Thro
         world = int(inputs.metrics[RANK].nunique())
     if world is None and inputs.config:
         world = inputs.config.cluster.nodes * inputs.config.cluster.gpus_per_node
-    tps = t.tokens_per_s
+    tps = None if resumed else t.tokens_per_s
     if tps is None and tokens is not None and wall:
         tps = tokens / wall
     return Throughput(
