@@ -82,6 +82,16 @@ def test_changed_pack_setting_reruns_only_pack(workflow_copy, tmp_path):
     assert sorted(line.split()[0] for line in table if line.strip()) == ["pack_and_balance"]
 
 
+@pytest.mark.slow
+def test_a_learning_rate_or_cadence_change_does_not_rerun_pack(workflow_copy, tmp_path):
+    """docs/stages.md: a train key the plan is not made of reruns the gate, never pack (it reran pack)."""
+    snakemake(workflow_copy, "results/plan/plan.json")
+    extra = tmp_path / "lr.yaml"
+    extra.write_text("train:\n  lr: 0.0005\n  checkpoint_every: 7\n")
+    proc = snakemake(workflow_copy, "results/plan/plan.json", "--configfile", str(extra), "-n")
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-2000:]
+
+
 def test_bad_config_stops_before_any_job_in_one_line_naming_the_key(workflow_copy, tmp_path):
     proc = snakemake(workflow_copy, "-n", "--config", "train={'seq_len': 'long', 'epochs': 1}", check=False)
     assert proc.returncode != 0

@@ -86,6 +86,12 @@ VARIANT_DIR = f"{EXPERIMENT_DIR}/{{variant}}"
 
 # the cluster settings results depend on, for params-triggered reruns: where jobs queue does not count
 CLUSTER = {key: value for key, value in config["cluster"].items() if key != "slurm"}
+# the train settings a plan is made of (wattgate.pack): pack reruns on these alone
+PACK_TRAIN_KEYS = ("seq_len", "micro_batch_size", "grad_accum", "epochs", "eval_micro_batch_size")
+
+
+def pack_train_settings():
+    return {key: config["train"].get(key) for key in PACK_TRAIN_KEYS}
 
 
 # Used only with --sw-deployment-method conda; otherwise rules run in the

@@ -106,6 +106,7 @@ rule pack_and_balance:
     params:
         config=RUN_CONFIG,
         out=lambda wildcards, output: os.path.dirname(output.plan),
-        settings=[config["pack"], config["train"], CLUSTER],
+        # only what the plan is made of: a learning rate or checkpoint cadence change reruns the gate, not pack
+        settings=[config["pack"], pack_train_settings(), CLUSTER, config["data"]["max_repeats"]],
     shell:
         stage_shell("pack")
