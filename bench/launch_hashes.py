@@ -27,7 +27,7 @@ from wattgate.run_files import read_plan
 from wattgate.train.input_check import changed_data
 from wattgate.train.model_hashes import CHUNK_BYTES, changed_model_files, hash_model_folder
 
-BENCH = "launch hashes"
+BENCH = "launch_hashes"
 
 
 def write_model_file(path: Path, size: int) -> None:
