@@ -69,14 +69,13 @@ def failed(inputs):
 
 def test_valid_plan_passes_every_check(inputs):
     assert failed(inputs) == []
-    # the ten invariants, segments and the three validation checks (budget and collectives: run_gate adds them)
+    # the nine invariants, segments and the three validation checks (budget and collectives: run_gate adds them)
     assert sorted(verdicts(inputs)) == sorted(
         [
             "equal_steps",
             "pack_contents",
             "conservation",
             "launch",
-            "efficiency",
             "provenance",
             "fit",
             "checkpoint_space",

@@ -201,8 +201,8 @@ def test_the_plan_fills_its_packs_to_the_remainder_bound(docs, world, grad_accum
     assert bound - 1e-12 <= efficiency <= bound + 1e-12, (efficiency, bound)
 
 
-def test_the_gate_says_why_a_small_corpus_on_a_wide_world_cannot_fill_its_packs_and_fails_a_wasteful_plan():
-    from wattgate.gate.checks import check_efficiency
+def test_the_gate_says_why_a_small_corpus_on_a_wide_world_cannot_fill_its_packs():
+    from wattgate.gate.checks import fill_note
     from wattgate.records.plan import Plan, PlanStats
 
     def plan(efficiency, bound):
@@ -220,8 +220,8 @@ def test_the_gate_says_why_a_small_corpus_on_a_wide_world_cannot_fill_its_packs_
             stats=stats,
         )
 
-    small = check_efficiency(plan(0.9684, 0.9684))
-    assert small.passed and "128 packs a step: the last step of each epoch is part empty" in small.detail
-    assert check_efficiency(plan(0.9995, 0.9995)).passed
-    wasteful = check_efficiency(plan(0.94, 0.9684))
-    assert not wasteful.passed and "wastes 2.8% of the compute on padding" in wasteful.detail
+    small = fill_note(plan(0.9684, 0.9684))
+    assert "whole steps of 128 packs cap any plan of these tokens at 0.9684" in small
+    assert fill_note(plan(0.9995, 0.9995)) == "; packs 0.9995 full"
+    coarse = fill_note(plan(0.8457, 0.9867))
+    assert "packs 0.8457 full" in coarse and "do not pack tighter" in coarse

@@ -314,35 +314,6 @@ def check_conservation(
     )
 
 
-EFFICIENCY_SLACK = 0.01  # below the remainder bound by more than this is the packer's own loss
-
-
-def check_efficiency(plan: Plan) -> Check:
-    """How full the packs are, against the best any plan of these tokens can be (plan.json
-    `efficiency_bound`: each epoch's packs rounded up to whole steps). Below the bound by more than
-    EFFICIENCY_SLACK fails: compute paid for padding the packer could have avoided. A bound below 0.99 is said
-    with its cause: a corpus small for its world, not the packer."""
-    s = plan.stats
-    if s is None or s.efficiency is None or s.efficiency_bound is None:
-        return Check("efficiency", True, "no efficiency recorded (a continued plan's segment): nothing to compare")
-    step = plan.world_size * plan.micro_batch_size * plan.grad_accum
-    said = f"packs {s.efficiency:.4f} full, the best a plan of these tokens can be {s.efficiency_bound:.4f}"
-    if s.efficiency < s.efficiency_bound - EFFICIENCY_SLACK:
-        return Check(
-            "efficiency",
-            False,
-            f"{said}: the packing wastes {s.efficiency_bound - s.efficiency:.1%} of "
-            "the compute on padding; rerun pack (pack.remainder: rebin)",
-        )
-    why = ""
-    if s.efficiency_bound < 0.99:
-        why = (
-            f" ({step} packs a step: the last step of each epoch is part empty, a corpus small for this world; "
-            "fewer ranks, a smaller grad_accum or more documents fill it)"
-        )
-    return Check("efficiency", True, said + why)
-
-
 def check_launch(plan: Plan, config: RunConfig) -> Check:
     """The plan was made for the launch that will run it."""
     c, t = config.cluster, config.train
@@ -371,8 +342,30 @@ def check_launch(plan: Plan, config: RunConfig) -> Check:
         "launch",
         True,
         f"world {plan.world_size} = {c.nodes} node(s) x {c.gpus_per_node}, "
-        f"micro_batch_size {plan.micro_batch_size}, grad_accum {plan.grad_accum}",
+        f"micro_batch_size {plan.micro_batch_size}, grad_accum {plan.grad_accum}" + fill_note(plan),
     )
+
+
+def fill_note(plan: Plan) -> str:
+    """How full the packs are, and what caps it: each epoch's packs are rounded up to whole steps of world x
+    micro_batch_size x grad_accum, so a corpus small for its world cannot pass plan.json's `efficiency_bound`
+    whatever the packing; below that, documents that do not pack tighter."""
+    s = plan.stats
+    if s is None or s.efficiency is None or s.efficiency_bound is None:
+        return ""
+    step = plan.world_size * plan.micro_batch_size * plan.grad_accum
+    note = f"; packs {s.efficiency:.4f} full"
+    if s.efficiency_bound < 0.99:
+        note += (
+            f" (whole steps of {step} packs cap any plan of these tokens at {s.efficiency_bound:.4f}: the last "
+            "step of an epoch is part empty; fewer ranks, a smaller grad_accum or more documents fill it)"
+        )
+    if s.efficiency < s.efficiency_bound - 0.01:
+        note += (
+            f" ({s.efficiency_bound:.4f} if the documents packed without a gap: they do not pack tighter, e.g. "
+            "many longer than half of seq_len)"
+        )
+    return note
 
 
 def check_provenance(

@@ -132,7 +132,6 @@ def run_checks(
             inputs.doc_loss_tokens,
         ),
         C.check_launch(plan, config),
-        C.check_efficiency(plan),
         C.check_provenance(
             plan, inputs.packs_sha256, inputs.manifest_sha256, inputs.manifest, spec.vocab_size, inputs.content
         ),
