@@ -2,8 +2,8 @@
 `python -m wattgate.train.torchrun --run-dir DIR --stop-grace-s S <torchrun args>`.
 
 `wattgate launch` starts every node's agent through this module instead of `python -m torch.distributed.run`. It is
-torchrun itself (the same `main`, in the same process, so the ranks' parent and its signal handling are
-unchanged), with one addition: when ranks fail, the agent knows each one's wait status, and torchrun only prints it
+torchrun itself (the same `main`, in the same process, so the ranks' parent is unchanged), with two additions. When
+ranks fail, the agent knows each one's wait status, and torchrun only prints it
 in a failure table. Here each failed rank's status goes to `heartbeat/exit-rank-<r>.json` in the run folder (the
 exit code, or the signal that killed it: a SIGKILL from the OOM killer leaves the rank no chance to write anything),
 on every node, for the watcher's verdict and launch's line, and the table becomes one line per rank. Parsing the
