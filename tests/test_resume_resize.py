@@ -203,7 +203,7 @@ def test_4_ranks_lose_two_and_go_on_with_2_through_snakemake(small_workflow, tmp
 def trained_alone(source: Path, work: Path, config: dict) -> None:
     """pack, gate and launch `config` in `work` on a copy of `source`'s pretokenized data (the CLI stages)."""
     (work / "results").mkdir(parents=True, exist_ok=True)
-    for name in ("pretokenized", "tokenizer"):
+    for name in ("corpus", "pretokenized", "tokenizer"):  # the gate checks the corpus the config names
         subprocess.run(["cp", "-r", str(source / "results" / name), str(work / "results")], check=True)
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     stage(work, "pack", "--pretokenized", "results/pretokenized", "--out", "results/plan")
@@ -235,7 +235,7 @@ def stage(work: Path, *args) -> None:
 def test_2_ranks_grow_to_3_with_the_closest_global_batch(small_workflow, tmp_path):
     work = tmp_path / "w"
     (work / "results").mkdir(parents=True)
-    for name in ("pretokenized", "tokenizer"):
+    for name in ("corpus", "pretokenized", "tokenizer"):  # the gate checks the corpus the config names
         subprocess.run(["cp", "-r", str(small_workflow / "results" / name), str(work / "results")], check=True)
     config = yaml.safe_load((small_workflow / "config/config.yaml").read_text())
     config["cluster"]["gpus_per_node"] = 2
