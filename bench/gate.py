@@ -54,7 +54,7 @@ import xxhash
 
 from benchlib import Parser, figure, positive_int
 from wattgate.config import validate_config
-from wattgate.data.pretokenize import SHARD_SCHEMA, content_hash, shard_hash, shard_hash_algorithm, write_shard
+from wattgate.data.shards import SHARD_SCHEMA, content_hash, shard_hash, shard_hash_algorithm, write_shard
 from wattgate.gate.inputs import load_inputs
 from wattgate.gate.memory import checkpoint_bytes, device_memory_bytes, estimate_memory
 from wattgate.gate.run import fit_settings, free_bytes_at, run_checks, run_gate

@@ -252,7 +252,7 @@ def test_missing_tokenizer_folder_is_an_input_error(tmp_path):
 
 
 def test_row_groups_are_bounded_by_tokens_so_reading_one_document_decodes_little():
-    from wattgate.data.pretokenize import row_group_bounds
+    from wattgate.data.shards import row_group_bounds
 
     lengths = np.array([100] * 50 + [1000] + [30] * 40)
     bounds = row_group_bounds(lengths, max_tokens=1000, max_docs=16)
@@ -267,7 +267,7 @@ def test_row_groups_are_bounded_by_tokens_so_reading_one_document_decodes_little
 
 
 def test_shards_of_many_documents_are_written_in_token_bounded_row_groups(tmp_path):
-    from wattgate.data.pretokenize import ROW_GROUP_TOKENS
+    from wattgate.data.shards import ROW_GROUP_TOKENS
     from wattgate.data.synthetic import write_random_pretokenized
     from wattgate.train.data import DocStore
 

@@ -12,12 +12,8 @@ import numpy as np
 
 from wattgate.run_files import write_manifest
 from wattgate.records.manifest import Manifest
-from wattgate.data.pretokenize import (
-    ShardWriter,
-    held_out_mask,
-    source_docs,
-    validation_record,
-)
+from wattgate.data.pretokenize import held_out_mask, source_docs, validation_record
+from wattgate.data.shards import ShardWriter
 from wattgate.data.mixture import Source
 from wattgate.data.split import VALIDATION_FILE, SplitSettings, write_validation_ids
 

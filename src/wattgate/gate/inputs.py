@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from wattgate.artifacts import sha256_file
-from wattgate.data.pretokenize import shard_hash, shard_hash_algorithm
+from wattgate.data.shards import shard_hash, shard_hash_algorithm
 from wattgate.data.split import read_validation_ids
 from wattgate.errors import InputError
 from wattgate.run_files import (

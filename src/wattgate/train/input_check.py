@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from wattgate.data.pretokenize import shard_hash
+from wattgate.data.shards import shard_hash
 from wattgate.errors import InputError
 from wattgate.records.plan import Plan
 from wattgate.records.gate import ModelFiles

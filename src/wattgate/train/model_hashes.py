@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from wattgate.data.pretokenize import content_hasher, shard_hash_algorithm
+from wattgate.data.shards import content_hasher, shard_hash_algorithm
 from wattgate.errors import InputError
 from wattgate.records.gate import ModelFile, ModelFiles
 
