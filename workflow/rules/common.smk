@@ -3,6 +3,7 @@
 # Every value pasted into a rule's shell is quoted (`{input:q}`, `{params.x:q}`, ...; `:q` quotes
 # each item of a list on its own): config paths may hold spaces, and nothing in a config value may
 # run as shell code. Strings built here for a shell use shlex.quote.
+import functools
 import os
 import shlex
 
@@ -25,9 +26,10 @@ except InputError as exc:
     raise SystemExit(f"wattgate: {exc}") from None
 
 
+@functools.cache
 def invocation():
     """Snakemake's own reading of its command line, its profiles applied (None for an API call): Snakemake tells a
-    Snakefile neither -n nor the executor while it is read (workflow.dryrun is False then)."""
+    Snakefile neither -n nor the executor while it is read (workflow.dryrun is False then). Read once a parse."""
     import contextlib
     import io
     import sys

@@ -240,10 +240,12 @@ def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
     # the tokenizer the export will copy into final/, verified now rather than after the last step
     results.append(check_tokenizer(pretokenized))
     # model.path's weights against the model its config builds (headers only), rather than at train start
-    weights, model_files = with_model_hashes(check_weights(config), config, out)
+    previous = previous_report(out)  # what the last gate here hashed: files not written since keep their hashes
+    weights, model_files = with_model_hashes(
+        check_weights(config), config, previous.model_files if previous is not None else None
+    )
     results.append(weights)
     # the manifest was made from the inputs this config names, as they are now
-    previous = previous_report(out)
     sources, source_files = check_sources(config, inputs.manifest, previous.source_files if previous else None)
     results.append(sources)
     # what the plan will cost, the budget check on it, and what a hang it would cause would have cost

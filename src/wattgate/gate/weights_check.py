@@ -57,17 +57,19 @@ def check_weights(config: RunConfig | dict) -> Check:
     )
 
 
-def with_model_hashes(weights: Check, config: RunConfig, out: Path) -> tuple[Check, ModelFiles | None]:
+def with_model_hashes(
+    weights: Check, config: RunConfig, previous: ModelFiles | None
+) -> tuple[Check, ModelFiles | None]:
     """The passed weights check with model.path's files hashed for the train job's launch check (gate.json
     `model_files`; train/model_hashes.py), or the check failed naming a file it could not read. A file the
-    previous gate in `out` hashed and that has not been written since keeps its hashes."""
+    previous gate hashed (`previous`) and that has not been written since keeps its hashes."""
     from wattgate.train.model_hashes import hash_model_folder
 
     if not weights.passed or not config.model.path:
         return weights, None
     start = time.perf_counter()
     try:
-        hashes, read = hash_model_folder(Path(config.model.path), previous_model_files(out))
+        hashes, read = hash_model_folder(Path(config.model.path), previous)
     except InputError as exc:
         return Check(NAME, False, str(exc)), None
     total = sum(f.size for f in hashes.files.values())
@@ -88,8 +90,3 @@ def previous_report(out: Path):
         return read_gate_report(out)
     except InputError:
         return None
-
-
-def previous_model_files(out: Path) -> ModelFiles | None:
-    report = previous_report(out)
-    return report.model_files if report is not None else None
