@@ -10,11 +10,10 @@ gate rereads only a file written since.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
-from wattgate.artifacts import OUTPUT_MARKER, sha256_file
+from wattgate.artifacts import sha256_file, sha256_tree
 from wattgate.config import input_paths
 from wattgate.gate.checks import Check
 from wattgate.records.gate import SourceFile
@@ -25,31 +24,22 @@ NAME = "sources"
 RERUN = "rerun pretokenize (snakemake --forcerun pretokenize) or point the config at the inputs it was made from"
 
 
-def _files(root: Path) -> list[tuple[str, Path]]:
-    """(the name sha256_tree hashes, the file) for an input file or every file of an input folder."""
-    if root.is_dir():
-        files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != OUTPUT_MARKER)
-        return [(f.relative_to(root).as_posix(), f) for f in files]
-    return [(root.name, root)]
-
-
 def hashed_tree(paths: list[str], seen: dict[str, SourceFile], kept: dict[str, SourceFile]) -> str:
     """artifacts.sha256_tree of `paths`, taking a file's sha256 from `seen` when its stat is unchanged; every file
     hashed goes into `kept`."""
-    h = hashlib.sha256()
-    for root in paths:
-        for name, f in _files(Path(root)):
-            st = f.stat()
-            key = str(f.resolve())
-            old = seen.get(key)
-            if old is not None and (old.size, old.inode, old.ctime_ns) == (st.st_size, st.st_ino, st.st_ctime_ns):
-                digest = old.sha256
-            else:
-                digest = sha256_file(f)
-            kept[key] = SourceFile(size=st.st_size, ctime_ns=st.st_ctime_ns, inode=st.st_ino, sha256=digest)
-            h.update(name.encode() + b"\0")
-            h.update(bytes.fromhex(digest))
-    return h.hexdigest()
+
+    def file_sha256(f: Path) -> str:
+        st = f.stat()
+        key = str(f.resolve())
+        old = seen.get(key)
+        if old is not None and (old.size, old.inode, old.ctime_ns) == (st.st_size, st.st_ino, st.st_ctime_ns):
+            digest = old.sha256
+        else:
+            digest = sha256_file(f)
+        kept[key] = SourceFile(size=st.st_size, ctime_ns=st.st_ctime_ns, inode=st.st_ino, sha256=digest)
+        return digest
+
+    return sha256_tree(paths, file_sha256)
 
 
 def _same_paths(named: list[str], recorded: tuple[str, ...]) -> bool:
