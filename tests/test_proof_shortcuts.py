@@ -12,6 +12,7 @@ import pytest
 
 from wattgate.proof.classes import classes_by_rank, first_steps
 from wattgate.proof.dryrun import dry_run_rank
+from wattgate import forking
 from wattgate.proof import workers
 from wattgate.proof.workers import run_tasks
 from wattgate.run_files import read_plan
@@ -66,7 +67,7 @@ def boom(x):
 
 
 def test_a_worker_that_fails_fails_the_proof_with_its_reason(monkeypatch):
-    monkeypatch.setattr(workers, "no_other_python_threads", lambda: True)  # fork even if an earlier test left one
+    monkeypatch.setattr(workers, "fork_allowed", lambda: True)  # fork even if an earlier test left one
     with pytest.raises(ValueError, match="worker broke"):
         run_tasks(boom, [(0,), (1,)], processes=2)
     assert run_tasks(boom, [(0,), (2,), (3,)], processes=2) == [0, 2, 3]
@@ -79,7 +80,7 @@ def nap(seconds):
 
 def test_a_worker_that_does_not_answer_is_ended_and_named(monkeypatch):
     monkeypatch.setattr(workers, "WAIT_MIN_S", 0.5)
-    monkeypatch.setattr(workers, "no_other_python_threads", lambda: True)
+    monkeypatch.setattr(workers, "fork_allowed", lambda: True)
     t0 = time.perf_counter()
     with pytest.raises(RuntimeError, match=r"a dry-run worker \(task 2 of 2\) did not finish within 0 s"):
         run_tasks(nap, [(0,), (30,)], processes=2)
@@ -96,7 +97,7 @@ def test_no_worker_is_forked_while_another_python_thread_runs():
     thread = threading.Thread(target=stop.wait)
     thread.start()
     try:
-        assert not workers.no_other_python_threads()
+        assert not forking.fork_allowed()
         assert run_tasks(os.getpid, [(), (), ()], processes=2) == [os.getpid()] * 3
     finally:
         stop.set()

@@ -71,6 +71,28 @@ def check_template_compiles(tokenizer, where: str) -> None:
         ) from None
 
 
+class _DirectTemplate:
+    """The tokenizer's compiled chat template with the variables `apply_chat_template` gives it besides the
+    messages (no tools, no documents, the special tokens)."""
+
+    def __init__(self, compiled, variables: dict):
+        self.compiled = compiled
+        self.variables = variables
+
+    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        return self.compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.variables)
+
+
+def _direct_template(tokenizer) -> _DirectTemplate | None:
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        compiled = _compile_jinja_template(tokenizer.get_chat_template())
+    except Exception:  # noqa: BLE001 - no direct rendering: every conversation goes through apply_chat_template
+        return None
+    return _DirectTemplate(compiled, {"tools": None, "documents": None, **tokenizer.special_tokens_map})
+
+
 class ChatRenderer:
     def __init__(self, tokenizer, source: str = "tokenizer"):
         if not getattr(tokenizer, "chat_template", None):
@@ -83,14 +105,39 @@ class ChatRenderer:
         self.special = sorted({t for t in tokenizer.all_special_tokens if t}, key=len, reverse=True)
         self._skeletons: dict[tuple[str, ...], list[str] | None] = {}
         self._dropped: dict[tuple[str, ...], int | None] = {}  # first turn the template renders without content
+        # Turns of role and content strings only (nearly every corpus), rendered by calling the compiled template
+        # as `apply_chat_template` calls it, without its per-call work on the messages (about half its time):
+        # checked per role sequence against apply_chat_template (`_check_direct`).
+        self._direct = _direct_template(tokenizer)
+        self._direct_checked: set[tuple] = set()
 
     def _render(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
+        plain = self._direct is not None and all(len(m) == 2 and type(m["content"]) is str for m in messages)
+        key = (tuple(m["role"] for m in messages), add_generation_prompt)
         try:
-            return self.tok.apply_chat_template(
+            if plain and key in self._direct_checked:
+                return self._direct.render(messages=list(messages), add_generation_prompt=add_generation_prompt)
+            text = self.tok.apply_chat_template(
                 list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
             )
         except Exception as exc:  # jinja raises TemplateError, templates may raise anything
             raise TemplateError(_first_line(exc)) from None
+        if plain:
+            self._check_direct(messages, add_generation_prompt, key, text)
+        return text
+
+    def _check_direct(self, messages: Sequence[dict], add_generation_prompt: bool, key: tuple, text: str) -> None:
+        """Render this role sequence's first conversation the direct way too: the same text, and every later one
+        renders directly; a different text (a transformers that passes the template other variables) or an
+        error, and none does."""
+        try:
+            same = self._direct.render(messages=list(messages), add_generation_prompt=add_generation_prompt) == text
+        except Exception:  # noqa: BLE001 - any failure here only means: no direct rendering
+            same = False
+        if same:
+            self._direct_checked.add(key)
+        else:
+            self._direct = None
 
     def _skeleton(self, roles: tuple[str, ...]) -> list[str] | None:
         """Template pieces around each content for this role sequence, or None if not verbatim."""

@@ -9,12 +9,9 @@ counted, because a pack of them would carry no loss.
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,8 +24,8 @@ from wattgate.config import run_config, max_doc_tokens
 from wattgate.data.distinct_inputs import check_distinct_content
 from wattgate.data.shards import ShardWriter
 from wattgate.data.mixture import Source, is_mixture, parse_sources, source_name
-from wattgate.data.chat import ChatRenderer, TemplateError
-from wattgate.data.records import BadRecord, BadRecordPolicy, Fields, Record, read_records
+from wattgate.data.encode import EncodePool, Tokenize, encode_workers, encoded_batches
+from wattgate.data.records import BadRecordPolicy, Fields, raw_records
 from wattgate.data.split import VALIDATION_FILE, SplitSettings, carve, doc_ids_sha256, write_validation_ids
 from wattgate.data.tokenizer import load_tokenizer, tokenizer_sha256
 from wattgate.errors import InputError
@@ -69,32 +66,6 @@ class PretokenizeSettings:
         )
 
 
-def spans_to_mask(encoding, n: int, spans: list[tuple[int, int]]) -> np.ndarray:
-    """1 for tokens whose first character lies in an assistant span, else 0."""
-    mask = np.zeros(n, dtype=np.int8)
-    for start, end in spans:
-        first = _first_token_at_or_after(encoding, start, end)
-        if first is None:
-            continue
-        last = encoding.char_to_token(end - 1)
-        while last is None and end - 1 > start:
-            end -= 1
-            last = encoding.char_to_token(end - 1)
-        if last is not None and last >= first:
-            mask[first : last + 1] = 1
-    return mask
-
-
-def _first_token_at_or_after(encoding, start: int, end: int) -> int | None:
-    for pos in range(start, end):
-        tok = encoding.char_to_token(pos)
-        if tok is None:
-            continue
-        # a token that began before the span belongs to the prompt
-        return tok if encoding.token_to_chars(tok)[0] >= start else tok + 1
-    return None
-
-
 def cut_overlong(ids: np.ndarray, mask: np.ndarray, max_tokens: int, policy: str):
     """Pieces of at most max_tokens under the overlong policy (truncate | split | drop)."""
     if len(ids) <= max_tokens:
@@ -116,96 +87,6 @@ def recorded_tokenizer_path(tokenizer_dir: str | Path, out: str | Path) -> str:
     return str(tokenizer)
 
 
-class Tokenize:
-    """Turns batches of records into (ids, loss_mask) arrays with one tokenizer."""
-
-    def __init__(self, tokenizer, settings: PretokenizeSettings, policy: BadRecordPolicy, source: str):
-        self.tok = tokenizer
-        self.backend = tokenizer.backend_tokenizer
-        self.settings = settings
-        self.policy = policy
-        self.eos_id = tokenizer.eos_token_id if settings.append_eos else None
-        if settings.append_eos and self.eos_id is None:
-            raise InputError(f"{source}: tokenizer has no eos_token; set pretokenize.append_eos: false")
-        self.chat = None
-        self.source = source
-        self.chats_rendered = 0
-        self.template_failed = 0
-        self.first_template_failure: tuple[str, str] | None = None  # (where, why)
-
-    def _chat(self) -> ChatRenderer:
-        if self.chat is None:
-            self.chat = ChatRenderer(self.tok, self.source)
-        return self.chat
-
-    def prepare(self, records: list[Record]) -> list[tuple[bool, list]]:
-        """A batch's runs of text and chat records, in input order, each as what the tokenizer encodes: texts as
-        they are, chats rendered by the template (Python: the main thread's share of the work)."""
-        runs = []
-        for is_chat, group in itertools.groupby(records, key=lambda r: r.messages is not None):
-            group = list(group)
-            runs.append((is_chat, self._render(group) if is_chat else [r.text for r in group]))
-        return runs
-
-    def encode(self, runs: list[tuple[bool, list]]) -> list:
-        """The tokenizer's encodings of each run (Rust, off the GIL: `_tokenize_inputs` runs it on a thread while
-        the next batch is read and rendered)."""
-        return [
-            self.backend.encode_batch([text for text, _ in items], add_special_tokens=False)
-            if is_chat
-            else self.backend.encode_batch_fast(items, add_special_tokens=True)
-            for is_chat, items in runs
-        ]
-
-    def finish(self, runs: list[tuple[bool, list]], encodings: list) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(ids, loss_mask) of each document, in input order."""
-        all_tokens = self.settings.loss_on == "all"
-        for (is_chat, items), encs in zip(runs, encodings):
-            for enc, item in zip(encs, items):
-                if is_chat:
-                    ids = np.asarray(enc.ids, dtype=np.int32)
-                    mask = np.ones(len(ids), dtype=np.int8) if all_tokens else spans_to_mask(enc, len(ids), item[1])
-                    yield ids, mask
-                else:
-                    ids = enc.ids
-                    if self.eos_id is not None:
-                        ids.append(self.eos_id)
-                    yield np.asarray(ids, dtype=np.int32), np.ones(len(ids), dtype=np.int8)
-
-    def _render(self, records: list[Record]) -> list:
-        chat = self._chat()
-        rendered = []
-        for r in records:
-            try:
-                rendered.append(chat.render(r.messages))
-            except TemplateError as exc:
-                self._template_failed(r.where, str(exc))
-                continue
-            self.chats_rendered += 1
-        return rendered
-
-    def _template_failed(self, where: str, why: str) -> None:
-        self.template_failed += 1
-        self.first_template_failure = self.first_template_failure or (where, why)
-        self.policy.handle(where, BadRecord("template_error", f"chat template failed: {why}"))
-
-    def check_template_rendered_any(self) -> None:
-        """A template that fails on every chat record is broken or does not fit the corpus: dropping them all
-        as bad records (on_bad_record: skip) would lose every chat silently, so the stage stops."""
-        if self.template_failed and not self.chats_rendered:
-            where, why = self.first_template_failure
-            raise InputError(
-                f"{self.chat.template_file}: the chat template failed on all {self.template_failed} chat records "
-                f"(first, {where}: {why}); fix the template or use a tokenizer whose template fits this corpus"
-            )
-
-
-def _batched(it, n: int):
-    it = iter(it)
-    while batch := list(itertools.islice(it, n)):
-        yield batch
-
-
 # manifest.json `dropped` reasons of pretokenize's own (bad records: data/records.py)
 DROP_NO_LOSS_TOKENS = "no_loss_tokens"
 DROP_OVERLONG = "overlong"
@@ -221,7 +102,7 @@ class OverlongCount:
 
 def _tokenize_inputs(
     inputs,
-    tokenize: Tokenize,
+    pool: EncodePool,
     settings: PretokenizeSettings,
     fields,
     policy,
@@ -230,14 +111,11 @@ def _tokenize_inputs(
     overlong: OverlongCount,
     source: str = "data.inputs",
 ) -> None:
-    """Stream `inputs` through the tokenizer into `writer`, counting overlong documents in `overlong`.
-
-    A pipeline of two: while the tokenizer encodes one batch on a thread (Rust, without the GIL), this thread
-    reads and renders the next and writes the one before; output order is input order. One thread did it all
-    in turn before: 1.2 of 2 cores busy on chat data."""
-
-    def write(batch, runs, encodings) -> None:
-        for ids, mask in tokenize.finish(runs, encodings.result()):
+    """Stream `inputs` through the tokenizer into `writer` in input order (encoded on `pool` while the next
+    batches are read), counting overlong documents in `overlong`."""
+    for batch in encoded_batches(raw_records(inputs, fields, source), pool, settings.batch_size):
+        pool.tokenize.account(batch, policy)
+        for ids, mask in batch.docs:
             pieces = cut_overlong(ids, mask, settings.max_tokens, settings.overlong)
             if len(ids) > settings.max_tokens:
                 overlong.documents += 1
@@ -248,18 +126,7 @@ def _tokenize_inputs(
                     policy.dropped[DROP_NO_LOSS_TOKENS] += 1
                     continue
                 writer.add(piece_ids, piece_mask)
-        bar.update(len(batch))
-
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="wattgate-encode") as pool:
-        pending = None
-        for batch in _batched(read_records(inputs, fields, policy, source), settings.batch_size):
-            runs = tokenize.prepare(batch)
-            encoding = pool.submit(tokenize.encode, runs)
-            if pending is not None:
-                write(*pending)
-            pending = (batch, runs, encoding)
-        if pending is not None:
-            write(*pending)
+        bar.update(batch.records)
 
 
 def held_out_mask(
@@ -380,24 +247,25 @@ def pretokenize(
     dropped: Counter = Counter()
     policy = BadRecordPolicy(settings.on_bad_record, dropped)
     fields = Fields(text=settings.text_field, messages=settings.messages_field, max_chars=settings.max_doc_chars)
-    tokenize = Tokenize(tokenizer, settings, policy, str(tokenizer_dir))
+    workers = encode_workers(inputs + list(split.inputs), fields)
+    tokenize = Tokenize(tokenizer, fields, settings.loss_on, settings.append_eos, str(tokenizer_dir))
 
     from tqdm import tqdm
 
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out) as tmp, EncodePool(tokenize, tokenizer_dir, workers) as pool:
         writer = ShardWriter(tmp, settings.shard_docs)
         bar = tqdm(unit="doc", desc="pretokenize", disable=None if progress is None else not progress, file=sys.stderr)
         overlong = OverlongCount()
         ranges = []  # (source, first doc_id, end doc_id): sources are tokenized in order, so each is a range
         for src in sources:
             writer.source, first = src.name, writer.docs_added
-            _tokenize_inputs([src.path], tokenize, settings, fields, policy, writer, bar, overlong)
+            _tokenize_inputs([src.path], pool, settings, fields, policy, writer, bar, overlong)
             ranges.append((src, first, writer.docs_added))
         first_validation_input = writer.docs_added
         for path in split.inputs:
             writer.source = source_name(path)
             _tokenize_inputs(
-                [path], tokenize, settings, fields, policy, writer, bar, overlong, source="data.validation.inputs"
+                [path], pool, settings, fields, policy, writer, bar, overlong, source="data.validation.inputs"
             )
         bar.close()
         tokenize.check_template_rendered_any()

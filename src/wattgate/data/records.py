@@ -84,8 +84,9 @@ def input_format(path: Path) -> str:
     raise InputError(f"{path}: unknown input format; use .jsonl/.json(.gz), .parquet or a datasets folder")
 
 
-def parse_record(obj: Any, fields: Fields, where: str) -> Record:
-    """Turn one decoded JSON-like object into a Record, or raise BadRecord."""
+def parse_record(obj: Any, fields: Fields, where: str, check_unicode: bool = True) -> Record:
+    """Turn one decoded JSON-like object into a Record, or raise BadRecord. `check_unicode: False` skips the
+    lone-surrogate walk where none can be (`parse_raw`)."""
     if not isinstance(obj, dict):
         raise BadRecord("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
     messages = obj.get(fields.messages)
@@ -97,13 +98,15 @@ def parse_record(obj: Any, fields: Fields, where: str) -> Record:
         _check_length(sum(len(m["content"]) + _extra_chars(m) for m in messages), fields)
         if not any(m["content"].strip() or m.get("tool_calls") for m in messages):
             raise BadRecord("empty_document", f"field '{fields.messages}' has no non-empty content")
-        _check_unicode(messages, fields.messages)
+        if check_unicode:
+            _check_unicode(messages, fields.messages)
         return Record(where, messages=messages)
     if text is not None:
         if not isinstance(text, str):
             raise BadRecord("wrong_type", f"field '{fields.text}' must be a string, got {type(text).__name__}")
         _check_length(len(text), fields)
-        _check_unicode(text, fields.text)
+        if check_unicode:
+            _check_unicode(text, fields.text)
         if not text.strip():
             raise BadRecord("empty_document", f"field '{fields.text}' is empty")
         return Record(where, text=text)
@@ -141,6 +144,9 @@ def _extra_chars(m: dict) -> int:
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# The only way a surrogate gets into a decoded JSON string: valid UTF-8 cannot hold one, and Arrow strings are
+# valid UTF-8. A `\\ud800` (an escaped backslash) also matches, which costs only the full check.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _first_surrogate(value: Any, path: str) -> tuple[str, int] | None:
@@ -207,15 +213,13 @@ def _decode_line(raw: bytes) -> Any:
         return BadRecord("malformed_json", f"malformed JSON ({str(exc).split(';')[0]})")
 
 
-def _jsonl_objects(path: Path) -> Iterator[tuple[str, Any]]:
+def _jsonl_lines(path: Path) -> Iterator[tuple[str, bytes]]:
     gz = path.name.lower().endswith(".gz")
     lineno = 0
     try:
         with (gzip.open if gz else open)(path, "rb") as f:
             for lineno, raw in enumerate(f, start=1):
-                obj = _decode_line(raw)
-                if obj is not None:
-                    yield f"{path}:{lineno}", obj
+                yield f"{path}:{lineno}", raw
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         if lineno == 0 and isinstance(exc, gzip.BadGzipFile) and "Not a gzipped file" in str(exc):
             raise InputError(f"{path}: not a gzip file; rename it without .gz or compress it with gzip") from None
@@ -293,25 +297,40 @@ class BadRecordPolicy:
         self.dropped[f"bad_record:{bad.reason}"] += 1
 
 
-def read_records(
-    paths: list[str | Path], fields: Fields, policy: BadRecordPolicy, source: str = "data.inputs"
-) -> Iterator[Record]:
-    """Yield the records of every input in order; bad ones go to `policy`. `source` names where the paths
-    came from (a config key or a command-line option) in the error for a missing one."""
+def raw_records(paths: list[str | Path], fields: Fields, source: str = "data.inputs") -> Iterator[tuple[str, Any]]:
+    """(where, raw) for every record of every input in order, undecoded: a JSONL line's bytes or a table row's
+    object. Reading is all the reader does; `parse_raw` (on whichever process encodes) does the rest. `source`
+    names where the paths came from (a config key or a command-line option) in the error for a missing one."""
     for p in paths:
         path = Path(p)
         if not path.exists():
             raise InputError(f"{path}: input not found ({source})")
         fmt = input_format(path)
-        objects = _jsonl_objects(path) if fmt == "jsonl" else _table_objects(path, fmt, fields)
-        for where, obj in objects:
-            try:
-                if isinstance(obj, BadRecord):
-                    raise obj
-                record = parse_record(obj, fields, where)
-            except BadRecord as bad:
-                policy.handle(where, bad)
-                continue
-            if record.messages is not None:
-                policy.noted.update(chat_order_notes(record.messages))
-            yield record
+        yield from _jsonl_lines(path) if fmt == "jsonl" else _table_objects(path, fmt, fields)
+
+
+def parse_raw(raw: Any, fields: Fields, where: str) -> Record | None:
+    """One raw record -> a Record, None for a blank line, or raise BadRecord."""
+    if not isinstance(raw, bytes):  # a table row: Arrow strings are UTF-8, so no surrogate can be in them
+        return parse_record(raw, fields, where, check_unicode=False)
+    obj = _decode_line(raw)
+    if isinstance(obj, BadRecord):
+        raise obj
+    return None if obj is None else parse_record(obj, fields, where, _SURROGATE_ESCAPE.search(raw) is not None)
+
+
+def read_records(
+    paths: list[str | Path], fields: Fields, policy: BadRecordPolicy, source: str = "data.inputs"
+) -> Iterator[Record]:
+    """Yield the records of every input in order; bad ones go to `policy`."""
+    for where, raw in raw_records(paths, fields, source):
+        try:
+            record = parse_raw(raw, fields, where)
+        except BadRecord as bad:
+            policy.handle(where, bad)
+            continue
+        if record is None:
+            continue
+        if record.messages is not None:
+            policy.noted.update(chat_order_notes(record.messages))
+        yield record

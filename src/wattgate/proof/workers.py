@@ -18,30 +18,18 @@ from __future__ import annotations
 import contextlib
 import gc
 import multiprocessing
-import os
 import time
 from multiprocessing.context import TimeoutError as PoolTimeout
 
-MAX_WORKERS = 8
+from wattgate.forking import MAX_WORKERS, fork_allowed, usable_cores
+
 WAIT_FACTOR, WAIT_MIN_S = 4.0, 120.0  # a worker's share may take this much longer than the gate's own
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def run_tasks(fn, tasks: list[tuple], processes: int | None = None) -> list:
     """[fn(*task) for task in tasks], over up to `processes` processes (default: the usable cores), in order."""
     processes = min(len(tasks), processes or usable_cores(), MAX_WORKERS)
-    if (
-        processes < 2
-        or "fork" not in multiprocessing.get_all_start_methods()
-        or multiprocessing.current_process().daemon
-        or not no_other_python_threads()
-    ):
+    if processes < 2 or not fork_allowed():
         # one core, no fork, inside a pool worker (no children allowed), or another Python thread running (a fork
         # copies the locks it holds)
         return [fn(*task) for task in tasks]
@@ -85,14 +73,6 @@ def frozen_heap():
         yield
     finally:
         gc.unfreeze()
-
-
-def no_other_python_threads() -> bool:
-    """Whether the main thread is this process's only Python thread (a dry run's worker must not inherit a lock
-    one holds)."""
-    import threading
-
-    return threading.active_count() == 1
 
 
 def _default_signals() -> None:
