@@ -30,6 +30,7 @@ def pack_bfd(lengths: np.ndarray, capacity: int) -> np.ndarray:
     order = np.argsort(-lengths, kind="stable")
     sorted_len = lengths[order]
     bounds = np.flatnonzero(np.diff(sorted_len)) + 1
+    sorted_len = sorted_len.tolist()
     starts = np.concatenate(([0], bounds)).tolist()
     ends = np.concatenate((bounds, [n])).tolist()
 
@@ -39,7 +40,9 @@ def pack_bfd(lengths: np.ndarray, capacity: int) -> np.ndarray:
     # the distinct rooms that hold a bin, ascending: a class visits rooms >= its size from here, so its cost
     # is the rooms it uses, not a scan of every possible room (a few thousand documents pack in ms)
     rooms: list[int] = []
-    placed = np.empty(n, dtype=np.int64)  # bin of each document, in sorted order
+    # bin of each document, in sorted order: classes are placed in that order, so this list only grows (Python
+    # lists here, since most classes place a few documents: a numpy call per bucket cost more than the work)
+    placed: list[int] = []
     next_bin = 0
 
     def move(ids: list[int], room: int) -> None:
@@ -57,24 +60,32 @@ def pack_bfd(lengths: np.ndarray, capacity: int) -> np.ndarray:
             del bins_at[room]
             del rooms[bisect.bisect_left(rooms, room)]
 
+    def place(ids, per_bin: int) -> None:
+        """Each bin of `ids` takes `per_bin` documents in a row."""
+        placed.extend(ids if per_bin == 1 else [b for b in ids for _ in range(per_bin)])
+
     for start, end in zip(starts, ends):
-        size = int(sorted_len[start])
-        pos, left = start, end - start
-        for room in rooms[bisect.bisect_left(rooms, size) :]:
+        size = sorted_len[start]
+        left = end - start
+        k = bisect.bisect_left(rooms, size)
+        while k < len(rooms):
+            room = rooms[k]
             per_bin = room // size
             bucket = bins_at[room]
             if left >= len(bucket) * per_bin:  # every bin here fills up with this class
-                take = len(bucket) * per_bin
-                placed[pos : pos + take] = np.repeat(bucket, per_bin)
+                place(bucket, per_bin)
                 set_room(room, [])
                 move(bucket, room % size)
-                pos, left = pos + take, left - take
+                left -= len(bucket) * per_bin
                 if left == 0:
                     break
+                # the next room up: what this step added is below `size`, so none of it is visited again
+                k = bisect.bisect_right(rooms, room)
                 continue
             full, rest = divmod(left, per_bin)
-            placed[pos : pos + full * per_bin] = np.repeat(bucket[:full], per_bin)
-            placed[pos + full * per_bin : pos + left] = bucket[full] if rest else 0
+            place(bucket[:full], per_bin)
+            if rest:
+                placed.extend([bucket[full]] * rest)
             done = full + (1 if rest else 0)
             set_room(room, bucket[done:])
             move(bucket[:full], room % size)
@@ -86,15 +97,17 @@ def pack_bfd(lengths: np.ndarray, capacity: int) -> np.ndarray:
             per_bin = capacity // size
             full, rest = divmod(left, per_bin)
             count = full + (1 if rest else 0)
-            ids = np.arange(next_bin, next_bin + count)
-            placed[pos : pos + left] = np.repeat(ids, per_bin)[:left]
-            move(ids[:full].tolist(), capacity % size)
+            ids = range(next_bin, next_bin + count)
+            place(ids[:full], per_bin)
             if rest:
-                move([int(ids[full])], capacity - rest * size)
+                placed.extend([ids[full]] * rest)
+            move(list(ids[:full]), capacity % size)
+            if rest:
+                move([ids[full]], capacity - rest * size)
             next_bin += count
 
     out = np.empty(n, dtype=np.int64)
-    out[order] = placed
+    out[order] = np.array(placed, dtype=np.int64)
     return out
 
 
