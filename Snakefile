@@ -23,9 +23,9 @@ include: "workflow/rules/experiments.smk"
 rule all:
     default_target: True
     input:
-        rules.train.output.trained,
-        rules.power_triage.output.triage,
-        rules.run_report.output.html,
+        expand(rules.train.output.trained, run=RUN),
+        expand(rules.power_triage.output.triage, run=RUN),
+        expand(rules.run_report.output.html, run=RUN),
 
 
 onerror:

@@ -3,6 +3,7 @@ and the comparison tables built from finished runs."""
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -87,23 +88,38 @@ def test_throughput_skips_warmup_and_waits_for_the_slowest_rank():
     assert m.data_wait_share == pytest.approx((0.01 / 1.0 + 0.01 / 0.9) / 2)
 
 
-def fake_run(folder, config, step_time, ranks, device="cpu"):
-    (folder / "train").mkdir(parents=True)
-    (folder / "config.yaml").write_text(yaml.safe_dump(config.to_json()))
+def run_folder(root, name) -> Path:
+    """results/train/<name> under root, its config's folder beside it (the workflow's layout)."""
+    run = root / "results" / "train" / name
+    run.mkdir(parents=True)
+    (root / "results" / "config").mkdir(exist_ok=True)
+    return run
+
+
+def gate_folder(run) -> Path:
+    gate = run.parent.parent / "gate" / run.name
+    gate.mkdir(parents=True)
+    return gate
+
+
+def fake_run(root, name, config, step_time, ranks, device="cpu") -> Path:
+    run = run_folder(root, name)
+    (root / "results" / "config" / f"{name}.yaml").write_text(yaml.safe_dump(config.to_json()))
     pq.write_table(
         pa.Table.from_pandas(
             metrics([3.0] + [step_time] * 5, ranks=ranks), schema=METRICS_SCHEMA, preserve_index=False
         ),
-        folder / "train" / "metrics.parquet",
+        run / "metrics.parquet",
     )
-    (folder / "train" / "TRAINED").write_text(json.dumps({"device": device, "data_copy_s": 0.0}))
+    (run / "TRAINED").write_text(json.dumps({"device": device, "data_copy_s": 0.0}))
+    return run
 
 
 def test_scaling_table_efficiency_and_gpu_hours(make_config, tmp_path):
     base = make_config(scaling={"world_sizes": [1, 2]})
-    fake_run(tmp_path / "w1", variant_config(base, "scaling", "w1"), 1.0, 1)
-    fake_run(tmp_path / "w2", variant_config(base, "scaling", "w2"), 0.6, 2)
-    table = compare("scaling", [tmp_path / "w2", tmp_path / "w1"], tmp_path / "out")
+    w1 = fake_run(tmp_path, "w1", variant_config(base, "scaling", "w1"), 1.0, 1)
+    w2 = fake_run(tmp_path, "w2", variant_config(base, "scaling", "w2"), 0.6, 2)
+    table = compare("scaling", [w2, w1], tmp_path / "out")
     assert table["world_size"].tolist() == [1, 2]
     assert table["tokens_per_s"].tolist() == pytest.approx([1000.0, 2000 / 0.6])
     assert table["scaling_efficiency"].tolist() == pytest.approx([1.0, (2000 / 0.6 / 2) / 1000.0])
@@ -115,14 +131,15 @@ def test_scaling_table_efficiency_and_gpu_hours(make_config, tmp_path):
 
 def test_compare_tabulates_the_gates_forecast_error(make_config, tmp_path):
     base = make_config(scaling={"world_sizes": [1, 2]})
+    runs = []
     for name, ranks, forecast, measured in (("w1", 1, 12.0, 10.0), ("w2", 2, None, 8.0)):
-        fake_run(tmp_path / name, variant_config(base, "scaling", name), 1.0, ranks)
-        trained = tmp_path / name / "train" / "TRAINED"
+        run = fake_run(tmp_path, name, variant_config(base, "scaling", name), 1.0, ranks)
+        trained = run / "TRAINED"
         trained.write_text(json.dumps(json.loads(trained.read_text()) | {"job_s": measured}))
-        (tmp_path / name / "gate").mkdir()
         gate = {"forecast": {"wall_s": forecast, "throughput": {"source": "analytic"}} if forecast else None}
-        (tmp_path / name / "gate" / "gate.json").write_text(json.dumps(gate))
-    table = compare("scaling", [tmp_path / "w1", tmp_path / "w2"], tmp_path / "out")
+        (gate_folder(run) / "gate.json").write_text(json.dumps(gate))
+        runs.append(run)
+    table = compare("scaling", runs, tmp_path / "out")
     assert table["forecast_wall_s"].tolist()[0] == 12.0 and table["measured_wall_s"].tolist() == [10.0, 8.0]
     assert table["forecast_error"].iloc[0] == pytest.approx(0.2) and pd.isna(table["forecast_error"].iloc[1])
     assert table["forecast_source"].tolist()[0] == "analytic"
@@ -130,37 +147,38 @@ def test_compare_tabulates_the_gates_forecast_error(make_config, tmp_path):
 
 
 def test_compare_names_an_unfinished_run(make_config, tmp_path):
-    (tmp_path / "w1" / "train").mkdir(parents=True)
-    (tmp_path / "w1" / "config.yaml").write_text(
+    run = run_folder(tmp_path, "w1")
+    (tmp_path / "results/config/w1.yaml").write_text(
         yaml.safe_dump(variant_config(make_config(), "scaling", "w1").to_json())
     )
-    with pytest.raises(InputError, match="w1/train: not a finished train run"):
-        compare("scaling", [tmp_path / "w1"], tmp_path / "out")
+    with pytest.raises(InputError, match="train/w1: not a finished train run"):
+        compare("scaling", [run], tmp_path / "out")
 
 
 # ---------------------------------------------------------------- compare on damaged inputs
 
 
-def variant(tmp_path, name="shared"):
-    folder = tmp_path / name
-    shutil.copytree(TRAIN, folder / "train")
-    shutil.copy(TRAIN / "config.yaml", folder / "config.yaml")
-    return folder
+def variant(tmp_path, name="shared") -> Path:
+    """A copy of the recorded H200 run as a variant run of the workflow's layout (results/train/<name>)."""
+    run = tmp_path / "results" / "train" / name
+    shutil.copytree(TRAIN, run)
+    (tmp_path / "results" / "config").mkdir()
+    shutil.copy(TRAIN / "config.yaml", tmp_path / "results" / "config" / f"{name}.yaml")
+    return run
 
 
 def test_compare_refuses_a_forecast_without_throughput_naming_the_file(tmp_path):
     v = variant(tmp_path)
-    (v / "gate").mkdir()
-    (v / "gate" / "gate.json").write_text(json.dumps({"forecast": {"wall_s": 10}}))
-    with pytest.raises(InputError, match=r"shared/gate/gate.json: forecast has no throughput.source"):
+    (gate_folder(v) / "gate.json").write_text(json.dumps({"forecast": {"wall_s": 10}}))
+    with pytest.raises(InputError, match=r"gate/shared/gate.json: forecast has no throughput.source"):
         compare("dataio", [v], tmp_path / "out")
 
 
 def test_compare_leaves_out_a_step_of_zero_seconds(tmp_path):
     v = variant(tmp_path)
-    times = pq.read_table(v / "train" / "metrics.parquet")["step_time_s"].to_numpy().copy()
+    times = pq.read_table(v / "metrics.parquet")["step_time_s"].to_numpy().copy()
     times[10] = 0.0
-    set_column(v / "train" / "metrics.parquet", "step_time_s", times)
+    set_column(v / "metrics.parquet", "step_time_s", times)
     notes = []
     table = compare("dataio", [v], tmp_path / "out", note=notes.append)
     assert np.isfinite(table["data_wait_share"].to_numpy(dtype=float)).all()
@@ -171,7 +189,7 @@ def test_compare_leaves_out_a_step_of_zero_seconds(tmp_path):
 
 def test_compare_names_the_variants_metrics_when_no_step_is_measured(tmp_path):
     v = variant(tmp_path)
-    times = pq.read_table(v / "train" / "metrics.parquet")["step_time_s"].to_numpy()
-    set_column(v / "train" / "metrics.parquet", "step_time_s", -np.abs(times))
-    with pytest.raises(InputError, match=r"shared/train/metrics.parquet: no measured steps"):
+    times = pq.read_table(v / "metrics.parquet")["step_time_s"].to_numpy()
+    set_column(v / "metrics.parquet", "step_time_s", -np.abs(times))
+    with pytest.raises(InputError, match=r"train/shared/metrics.parquet: no measured steps"):
         compare("dataio", [v], tmp_path / "out")

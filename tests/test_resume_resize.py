@@ -96,8 +96,8 @@ def ranks_in(work: Path) -> list[int]:
 
 def training_docs(work: Path) -> np.ndarray:
     """Every doc_id but the embedded default's held-out validation documents."""
-    manifest = json.loads((work / "results/pretokenized/manifest.json").read_text())
-    held = pq.read_table(work / "results/pretokenized/validation.parquet").column("doc_id").to_numpy()
+    manifest = json.loads((work / "results/pretokenized/demo/manifest.json").read_text())
+    held = pq.read_table(work / "results/pretokenized/demo/validation.parquet").column("doc_id").to_numpy()
     return np.setdiff1d(np.arange(manifest["num_docs"]), held)
 
 
@@ -122,7 +122,7 @@ def small_workflow(tmp_path_factory):
     config["cluster"]["gpus_per_node"] = 4
     config["watcher"] = {"enabled": False}
     (work / "config/config.yaml").write_text(yaml.safe_dump(config))
-    snakemake(work, "results/gate/PASSED")
+    snakemake(work, "results/gate/demo/PASSED")
     return work
 
 
@@ -144,24 +144,24 @@ def test_4_ranks_lose_two_and_go_on_with_2_through_snakemake(small_workflow, tmp
     # request: they may publish one more checkpoint before they end; the boundary is the newest once they are gone
     wait_for_no_ranks(work)
     boundary = int(newest(run / "checkpoints").name.split("-")[1])
-    plan_4 = json.loads((work / "results/plan/plan.json").read_text())
+    plan_4 = json.loads((work / "results/plan/demo/plan.json").read_text())
     assert boundary < plan_4["steps_per_epoch"] * plan_4["epochs"] and not (run / "TRAINED").exists()
 
     write_config(work, gpus_per_node=2)
     snakemake(work, "--unlock")  # the killed Snakemake left its lock, as after a lost login node
     out = snakemake(work, "--rerun-incomplete", "results/train/demo/TRAINED")
-    plan = json.loads((work / "results/plan/plan.json").read_text())
+    plan = json.loads((work / "results/plan/demo/plan.json").read_text())
     assert plan["world_size"] == 2 and plan["grad_accum"] == 4  # 16 packs per step, as before
     assert [s["world_size"] for s in plan["segments"]] == [4, 2]
     assert plan["segments"][0]["end_step"] == plan["segments"][1]["first_step"] == boundary
     assert "grad_accum 2 -> 4 keeps the global batch" in plan["resumed_from"]["change"]
-    gate = json.loads((work / "results/gate/gate.json").read_text())
+    gate = json.loads((work / "results/gate/demo/gate.json").read_text())
     checks = {c["name"]: c for c in gate["checks"]}
     assert gate["passed"] and checks["segments"]["passed"] and checks["conservation"]["passed"]
-    assert "pack: continuing" in (work / "results/plan/pack.log").read_text(), out.stderr[-2000:]
+    assert "pack: continuing" in (work / "logs/pack_and_balance/demo.log").read_text(), out.stderr[-2000:]
 
     # what trained: every step once, 4 ranks up to the boundary and 2 after, all the corpus' tokens per epoch
-    manifest = json.loads((work / "results/pretokenized/manifest.json").read_text())
+    manifest = json.loads((work / "results/pretokenized/demo/manifest.json").read_text())
     metrics = pq.read_table(run / "metrics.parquet").to_pandas()
     ranks = metrics.groupby("step")["rank"].nunique()
     assert ranks.index.tolist() == list(range(1, plan["segments"][-1]["end_step"] + 1))
@@ -169,7 +169,7 @@ def test_4_ranks_lose_two_and_go_on_with_2_through_snakemake(small_workflow, tmp
     # the embedded default holds out a validation split: every other document trains, once per epoch
     split = manifest["validation"]
     assert int(metrics["tokens"].sum()) == plan["epochs"] * split["train_tokens"]
-    for epoch, docs in docs_per_epoch(work / "results/plan").items():
+    for epoch, docs in docs_per_epoch(work / "results/plan/demo").items():
         assert np.array_equal(np.sort(docs), training_docs(work)), f"epoch {epoch}"
     # the validation pass is re-planned for the 2 ranks left, and proven like the steps
     assert plan["validation"]["num_docs"] == split["num_docs"] and plan_4["validation"]["num_docs"] == split["num_docs"]
@@ -206,15 +206,24 @@ def trained_alone(source: Path, work: Path, config: dict) -> None:
     for name in ("corpus", "pretokenized", "tokenizer"):  # the gate checks the corpus the config names
         subprocess.run(["cp", "-r", str(source / "results" / name), str(work / "results")], check=True)
     (work / "config.yaml").write_text(yaml.safe_dump(config))
-    stage(work, "pack", "--pretokenized", "results/pretokenized", "--out", "results/plan")
-    stage(work, "gate", "--pretokenized", "results/pretokenized", "--plan", "results/plan", "--out", "results/gate")
+    stage(work, "pack", "--pretokenized", "results/pretokenized/demo", "--out", "results/plan/demo")
+    stage(
+        work,
+        "gate",
+        "--pretokenized",
+        "results/pretokenized/demo",
+        "--plan",
+        "results/plan/demo",
+        "--out",
+        "results/gate/demo",
+    )
     stage(
         work,
         "launch",
         "--pretokenized",
-        "results/pretokenized",
+        "results/pretokenized/demo",
         "--plan",
-        "results/plan",
+        "results/plan/demo",
         "--run-dir",
         "results/train/demo",
     )
@@ -241,8 +250,17 @@ def test_2_ranks_grow_to_3_with_the_closest_global_batch(small_workflow, tmp_pat
     config["cluster"]["gpus_per_node"] = 2
     config["forecast"] = {"ledger": str(work / "results/throughput.jsonl")}
     (work / "config.yaml").write_text(yaml.safe_dump(config))
-    stage(work, "pack", "--pretokenized", "results/pretokenized", "--out", "results/plan")
-    stage(work, "gate", "--pretokenized", "results/pretokenized", "--plan", "results/plan", "--out", "results/gate")
+    stage(work, "pack", "--pretokenized", "results/pretokenized/demo", "--out", "results/plan/demo")
+    stage(
+        work,
+        "gate",
+        "--pretokenized",
+        "results/pretokenized/demo",
+        "--plan",
+        "results/plan/demo",
+        "--out",
+        "results/gate/demo",
+    )
     run = work / "results/train/demo"
     proc = subprocess.Popen(
         [
@@ -253,9 +271,9 @@ def test_2_ranks_grow_to_3_with_the_closest_global_batch(small_workflow, tmp_pat
             "--config",
             "config.yaml",
             "--pretokenized",
-            "results/pretokenized",
+            "results/pretokenized/demo",
             "--plan",
-            "results/plan",
+            "results/plan/demo",
             "--run-dir",
             str(run),
         ],
@@ -268,18 +286,29 @@ def test_2_ranks_grow_to_3_with_the_closest_global_batch(small_workflow, tmp_pat
 
     config["cluster"]["gpus_per_node"] = 3
     (work / "config.yaml").write_text(yaml.safe_dump(config))
-    stage(work, "pack", "--pretokenized", "results/pretokenized", "--out", "results/plan")
-    plan = json.loads((work / "results/plan/plan.json").read_text())
+    stage(work, "pack", "--pretokenized", "results/pretokenized/demo", "--out", "results/plan/demo")
+    plan = json.loads((work / "results/plan/demo/plan.json").read_text())
     # 2 x 2 x 2 = 8 packs per step cannot be split over 3 ranks x 2: grad_accum 1 (6 packs) is the closest
     assert plan["world_size"] == 3 and plan["grad_accum"] == 1 and "(was 8" in plan["resumed_from"]["change"]
-    stage(work, "gate", "--pretokenized", "results/pretokenized", "--plan", "results/plan", "--out", "results/gate")
-    gate = json.loads((work / "results/gate/gate.json").read_text())
+    stage(
+        work,
+        "gate",
+        "--pretokenized",
+        "results/pretokenized/demo",
+        "--plan",
+        "results/plan/demo",
+        "--out",
+        "results/gate/demo",
+    )
+    gate = json.loads((work / "results/gate/demo/gate.json").read_text())
     assert gate["passed"], [c for c in gate["checks"] if not c["passed"]]
-    stage(work, "launch", "--pretokenized", "results/pretokenized", "--plan", "results/plan", "--run-dir", run)
-    manifest = json.loads((work / "results/pretokenized/manifest.json").read_text())
+    stage(
+        work, "launch", "--pretokenized", "results/pretokenized/demo", "--plan", "results/plan/demo", "--run-dir", run
+    )
+    manifest = json.loads((work / "results/pretokenized/demo/manifest.json").read_text())
     metrics = pq.read_table(run / "metrics.parquet").to_pandas()
     assert int(metrics["tokens"].sum()) == plan["epochs"] * manifest["validation"]["train_tokens"]
     assert metrics.groupby("step")["rank"].nunique().max() == 3
     # the re-packed rest holds every training document once per epoch, and no held-out one
-    for epoch, docs in docs_per_epoch(work / "results/plan").items():
+    for epoch, docs in docs_per_epoch(work / "results/plan/demo").items():
         assert np.array_equal(np.sort(docs), training_docs(work)), f"epoch {epoch}"

@@ -157,7 +157,7 @@ PATHS = {  # key -> value; spaces and payloads, the files and folders exist
     "train.local_cache_dir": f"scratch {DOLLAR} {BACKTICK}",
     "telemetry.table": f"tables/t {DOLLAR} {BACKTICK}.yaml",
 }
-# the keys the rules' shells get (the others are read from results/config.yaml by Python only)
+# the keys the rules' shells get (the others are read from results/config/demo.yaml by Python only)
 IN_A_SHELL = {"data.inputs": "--corpus", "tokenizer.path": "--tokenizer"}
 
 
@@ -178,7 +178,7 @@ def dry_run_shells(tmp_path_factory, demo_docs):
         write_jsonl(work / name, demo_docs[:5])
     (work / PATHS["tokenizer.path"]).mkdir(parents=True)
     proc = snakemake(
-        work, "-n", "--printshellcmds", "--forceall", "all", "results/tokenizer", "scaling", "dataio", "calibrate"
+        work, "-n", "--printshellcmds", "--forceall", "all", "results/tokenizer/demo", "scaling", "dataio", "calibrate"
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     commands = [
@@ -191,9 +191,9 @@ def dry_run_shells(tmp_path_factory, demo_docs):
     env = dict(os.environ, ARGV_LOG=str(log), PATH=f"{fake_wattgate(root / 'bin')}{os.pathsep}{os.environ['PATH']}")
     ran = []
     for command in commands:
-        # the folders Snakemake would create for outputs and logs (all plain paths under results/)
+        # the folders Snakemake would create for outputs and logs (all plain paths under results/ and logs/)
         for word in command.split():
-            if word.startswith("results/"):
+            if word.startswith(("results/", "logs/")):
                 (work / word).parent.mkdir(parents=True, exist_ok=True)
         before = log.read_text().count("\n") if log.exists() else 0
         subprocess.run(["bash", "-c", f"set -euo pipefail; {command}"], cwd=work, env=env, capture_output=True)
@@ -247,12 +247,12 @@ def test_pretokenize_with_spaced_payload_paths_works(tmp_path, demo_docs, tokeni
     config["tokenizer"]["path"] = tokenizer
     config["train"]["seq_len"] = 256
     (work / "config/config.yaml").write_text(yaml.safe_dump(config))
-    proc = snakemake(work, "results/pretokenized")
+    proc = snakemake(work, "results/pretokenized/demo")
     assert proc.returncode == 0, (
         proc.stdout[-3000:]
         + proc.stderr[-3000:]
-        + ((work / "results/pretokenize.log").read_text() if (work / "results/pretokenize.log").exists() else "")
+        + ((work / "logs/pretokenize/demo.log").read_text() if (work / "logs/pretokenize/demo.log").exists() else "")
     )
     assert "pretokenize" in proc.stdout + proc.stderr and "train_tokenizer" not in proc.stdout + proc.stderr
-    assert any((work / "results/pretokenized").iterdir())
+    assert any((work / "results/pretokenized/demo").iterdir())
     assert pwned(tmp_path) == []

@@ -178,7 +178,7 @@ def test_two_node_train_job_through_snakemake_profile_slurm(cluster, slurm_workf
     assert json.loads((run / "TRAINED").read_text())["final_loss"] > 0
 
     # the gate ran (on the submit host) and passed before the train job was submitted
-    assert int((work / "results/gate/PASSED").stat().st_mtime) <= epoch(train["submit"])
+    assert int((work / "results/gate/demo/PASSED").stat().st_mtime) <= epoch(train["submit"])
     assert log.rindex("(Rule: invariant_gate)") < log.index(f"submitted with SLURM jobid {train['id']} ")
 
     # the run report
@@ -216,7 +216,7 @@ def test_failing_gate_submits_no_train_job(cluster, slurm_workflow, tmp_path):
     assert "rule_train" not in [j["comment"] for j in mine]
     assert "rule_pack_and_balance" in [j["comment"] for j in mine]  # the stage before it did run on the cluster
     assert [j for j in jobs() if j["comment"] == "rule_train"] == trains_before
-    assert not (slurm_workflow / "results/gate/PASSED").exists()
+    assert not (slurm_workflow / "results/gate/demo/PASSED").exists()
 
 
 @pytest.mark.slurm
@@ -282,7 +282,7 @@ def test_a_run_longer_than_its_time_limit_finishes_across_jobs_without_a_person(
     summary = json.loads((run / "TRAINED").read_text())
     assert summary["resumed_from_step"] == stops[-1] > 0 and not (run / "STOPPED").exists()
     # each job went on from the step the one before it stopped at: every step once, on both ranks, to the plan's end
-    plan = json.loads((work / "results/plan/plan.json").read_text())
+    plan = json.loads((work / "results/plan/demo/plan.json").read_text())
     metrics = pq.read_table(run / "metrics.parquet", columns=["step", "rank"]).to_pylist()
     steps = sorted((r["step"], r["rank"]) for r in metrics)
     assert steps == [(s, r) for s in range(1, plan["steps_per_epoch"] * plan["epochs"] + 1) for r in (0, 1)]

@@ -31,10 +31,10 @@ def workflow_copy(tmp_path_factory):
 
 ARTIFACTS = [
     "results/corpus/demo.jsonl",
-    "results/tokenizer",
-    "results/pretokenized",
-    "results/plan/plan.json",
-    "results/plan/packs.parquet",
+    "results/tokenizer/demo",
+    "results/pretokenized/demo",
+    "results/plan/demo/plan.json",
+    "results/plan/demo/packs.parquet",
 ]
 
 
@@ -50,22 +50,22 @@ def snapshot(work: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 def test_plan_from_fresh_copy_then_byte_identical_rerun(workflow_copy):
-    snakemake(workflow_copy, "results/plan/plan.json")
-    plan = json.loads((workflow_copy / "results/plan/plan.json").read_text())
+    snakemake(workflow_copy, "results/plan/demo/plan.json")
+    plan = json.loads((workflow_copy / "results/plan/demo/plan.json").read_text())
     assert plan["world_size"] == 2 and plan["remainder"] == "rebin"
     assert plan["stats"]["dropped"] == {}
     steps = plan["stats"]["per_rank_steps_per_epoch"]
     assert steps[0] == steps[1] == [plan["steps_per_epoch"]] * plan["epochs"]
     assert plan["stats"]["efficiency"] > 0.9
-    packs = pq.read_table(workflow_copy / "results/plan/packs.parquet").to_pydict()
+    packs = pq.read_table(workflow_copy / "results/plan/demo/packs.parquet").to_pydict()
     assert max(packs["num_tokens"]) <= 256
-    for log in ["results/corpus/demo_corpus.log", "results/pretokenize.log", "results/plan/pack.log"]:
+    for log in ["logs/demo_corpus.log", "logs/pretokenize/demo.log", "logs/pack_and_balance/demo.log"]:
         assert (workflow_copy / log).exists()
-    assert (workflow_copy / "results/plan/pack.benchmark.tsv").exists()
+    assert (workflow_copy / "logs/pack_and_balance/demo.benchmark.tsv").exists()
 
     first = snapshot(workflow_copy)
-    assert "Nothing to be done" in snakemake(workflow_copy, "results/plan/plan.json").stderr
-    snakemake(workflow_copy, "--forceall", "results/plan/plan.json")
+    assert "Nothing to be done" in snakemake(workflow_copy, "results/plan/demo/plan.json").stderr
+    snakemake(workflow_copy, "--forceall", "results/plan/demo/plan.json")
     second = snapshot(workflow_copy)
     assert first.keys() == second.keys()
     changed = [name for name in first if first[name] != second[name]]
@@ -82,10 +82,10 @@ def test_plan_from_fresh_copy_then_byte_identical_rerun(workflow_copy):
     ],
 )
 def test_a_config_change_reruns_pack_only_when_the_plan_is_made_of_it(workflow_copy, tmp_path, change, reruns):
-    snakemake(workflow_copy, "results/plan/plan.json")
+    snakemake(workflow_copy, "results/plan/demo/plan.json")
     extra = tmp_path / "extra.yaml"
     extra.write_text(change)
-    proc = snakemake(workflow_copy, "results/plan/plan.json", "--configfile", str(extra), "-n")
+    proc = snakemake(workflow_copy, "results/plan/demo/plan.json", "--configfile", str(extra), "-n")
     if not reruns:
         assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-2000:]
         return
@@ -117,7 +117,7 @@ def test_a_failed_job_ends_the_output_with_its_rule_and_one_line_cause(workflow_
     assert ours == [
         f"wattgate: rule train_tokenizer failed: wattgate train-tokenizer: error: {bad}:2: malformed JSON (Expecting "
         "value at column 1) [malformed_json]; fix the record or set pretokenize.on_bad_record: skip "
-        "(log: results/train_tokenizer.log)"
+        "(log: logs/train_tokenizer/demo.log)"
     ], proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines().index(ours[0]) >= len(proc.stderr.strip().splitlines()) - 5  # at the end
 
@@ -185,35 +185,72 @@ def dry_run_commands(work: Path, *targets: str) -> dict[str, list[str]]:
     return commands
 
 
-def test_experiment_rules_run_the_main_rules_commands(workflow_copy):
-    """experiment_pack/gate/train run the very command of pack_and_balance/invariant_gate/train (one
-    definition, STAGE_SHELL in common.smk): the same words, only the config and the folders differ."""
+def test_measurement_variants_are_runs_of_the_same_rules(workflow_copy):
+    """`snakemake scaling`: each variant is a run of its own (<run_name>-scaling-w<N>) through the very rules of the
+    run (pack_and_balance, invariant_gate, train): the same command, only its run's folders and config differ."""
     commands = dry_run_commands(workflow_copy, "all", "scaling")
-    for main, twin in [
-        ("pack_and_balance", "experiment_pack"),
-        ("invariant_gate", "experiment_gate"),
-        ("train", "experiment_train"),
-    ]:
-        [ours] = commands[main]
-        main_words = shlex.split(ours)
-        for theirs in commands[twin]:
-            twin_words = shlex.split(theirs)
-            assert len(twin_words) == len(main_words)
-            # the variant's folder: its config, or (train) the gate's copy of it in the variant's gate/
-            variant = twin_words[main_words.index("--config") + 1].removesuffix("/config.yaml").removesuffix("/gate")
-            assert variant.startswith("results/scaling/w")
-            for a, b in zip(main_words, twin_words):
-                if a.startswith("results/") and a != "results/pretokenized":
-                    assert b.startswith(variant + "/") or b == variant, (a, b)
-                else:
-                    assert a == b, (ours, theirs)
+    runs = ["demo", "demo-scaling-w1", "demo-scaling-w2"]
+    for rule in ("pack_and_balance", "invariant_gate", "train"):
+        assert len(commands[rule]) == len(runs), (rule, commands[rule])
+        shapes = set()
+        for command in commands[rule]:
+            words = shlex.split(command)
+            run = Path(words[words.index("--out" if rule == "pack_and_balance" else "--plan") + 1]).name
+            # the data stays the run's: variants change nothing in the corpus
+            assert words[words.index("--pretokenized") + 1] == "results/pretokenized/demo"
+            shapes.add(tuple(w.replace(run, "<run>") for w in words))
+            assert run in runs
+        assert len(shapes) == 1, (rule, shapes)
+
+
+def test_an_old_results_layout_is_named_in_one_line(workflow_copy, tmp_path):
+    work = tmp_path / "old"
+    copy_workflow(work)
+    (work / "results/plan").mkdir(parents=True)
+    (work / "results/plan/plan.json").write_text("{}")
+    proc = snakemake(work, "-n", check=False)
+    said = [line for line in proc.stderr.strip().splitlines() if not line.startswith(("Using workflow", "Config file"))]
+    assert proc.returncode != 0 and len(said) == 1, proc.stderr[-3000:]
+    assert said[0].startswith("wattgate: results/ holds outputs of the layout before runs were kept side by side")
+    assert "mv results results-old" in said[0]
+
+
+@pytest.mark.slow
+def test_two_configs_keep_their_plans_and_verdicts_side_by_side(workflow_copy, tmp_path):
+    """A second config with another run_name plans and gates into its own folders: the first run's plan and verdict
+    keep their bytes, and the first config has nothing to redo afterwards."""
+    snakemake(workflow_copy, "--until", "invariant_gate")
+    first = {p: p.read_bytes() for p in (workflow_copy / "results").glob("*/demo/*") if p.is_file()}
+    other = tmp_path / "other.yaml"
+    other.write_text("run_name: other\npack:\n  seed: 3\n")
+    snakemake(workflow_copy, "--until", "invariant_gate", "--configfile", str(other))
+    assert (workflow_copy / "results/gate/other/PASSED").exists()
+    assert (workflow_copy / "results/plan/other/plan.json").read_bytes() != first[
+        workflow_copy / "results/plan/demo/plan.json"
+    ]
+    assert {p: p.read_bytes() for p in first} == first
+    assert (workflow_copy / "logs/pack_and_balance/other.log").exists()
+    proc = snakemake(workflow_copy, "--until", "invariant_gate", "-n")
+    assert "Nothing to be done" in output(proc), output(proc)[-2000:]
+
+
+def test_a_rerun_reason_names_the_changed_keys(workflow_copy, tmp_path):
+    """Snakemake's reason for a rerun is the changed settings, key=value before and now, not every section."""
+    snakemake(workflow_copy, "--until", "invariant_gate")
+    lr = tmp_path / "lr.yaml"
+    lr.write_text("train:\n  lr: 0.0005\n")
+    proc = snakemake(workflow_copy, "--until", "invariant_gate", "-n", "--configfile", str(lr))
+    reasons = [line.strip() for line in output(proc).splitlines() if line.strip().startswith("reason: Params")]
+    assert len(reasons) == 1, output(proc)[-3000:]  # the gate; pack's settings hold no lr
+    assert "now: 'train.lr=0.0005'" in reasons[0] and "before: 'train.lr=" in reasons[0]
+    assert len(reasons[0]) < 300, reasons[0]
 
 
 @pytest.mark.slow
 def test_gate_passes_default_then_stops_the_dag_on_uneven_or_edited_plans(workflow_copy, tmp_path):
     import pyarrow.parquet as pq
 
-    gate = workflow_copy / "results/gate"
+    gate = workflow_copy / "results/gate/demo"
     proc = snakemake(workflow_copy)  # rule all: plan + gate
     assert (gate / "PASSED").exists() and "gate: PASSED" in output(proc)
     assert "# Invariant gate: PASSED" in (gate / "gate.md").read_text()
@@ -241,7 +278,7 @@ def test_gate_passes_default_then_stops_the_dag_on_uneven_or_edited_plans(workfl
 
     # back to the default plan, then a hand edit of packs.parquet after packing
     snakemake(workflow_copy)
-    packs = workflow_copy / "results/plan/packs.parquet"
+    packs = workflow_copy / "results/plan/demo/packs.parquet"
     table = pq.read_table(packs)
     pq.write_table(table.take(list(range(1, table.num_rows)) + [0]), packs)
     proc = snakemake(workflow_copy, check=False)
@@ -255,7 +292,7 @@ def test_the_train_job_trains_the_config_the_gate_checked(workflow_copy, tmp_pat
     own copy, and a launch with any other config is refused naming the keys that differ."""
     # (the module's other tests leave hand-edited plans behind: pack anew)
     snakemake(workflow_copy, "--until", "invariant_gate", "--forcerun", "pack_and_balance")
-    gate, resolved = workflow_copy / "results/gate", workflow_copy / "results/config.yaml"
+    gate, resolved = workflow_copy / "results/gate/demo", workflow_copy / "results/config/demo.yaml"
     before = {p: p.read_bytes() for p in (resolved, gate / "config.yaml", gate / "PASSED")}
     other = tmp_path / "other.yaml"
     other.write_text("train:\n  lr: 1.0e-3\n")  # exponent notation: a number for Snakemake too
@@ -265,12 +302,19 @@ def test_the_train_job_trains_the_config_the_gate_checked(workflow_copy, tmp_pat
     config = yaml.safe_load((gate / "config.yaml").read_text())
     assert json.loads((gate / "gate.json").read_text())["config_sha256"] in (gate / "PASSED").read_text()
     train_shell = dry_run_commands(workflow_copy)["train"]
-    assert "--config results/gate/config.yaml" in " ".join(train_shell), train_shell
+    assert "--config results/gate/demo/config.yaml" in " ".join(train_shell), train_shell
 
     edited = dict(config, train=dict(config["train"], lr=config["train"]["lr"] * 3))
     (tmp_path / "edited.yaml").write_text(yaml.safe_dump(edited))
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    launch = [str(BIN / "wattgate"), "launch", "--pretokenized", "results/pretokenized", "--plan", "results/plan"]
+    launch = [
+        str(BIN / "wattgate"),
+        "launch",
+        "--pretokenized",
+        "results/pretokenized/demo",
+        "--plan",
+        "results/plan/demo",
+    ]
     launch += ["--run-dir", str(tmp_path / "run"), "--config", str(tmp_path / "edited.yaml")]
     proc = subprocess.run(launch, cwd=workflow_copy, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
@@ -311,7 +355,7 @@ def test_watcher_kills_the_uneven_plan_deadlock_and_names_the_rank_ahead(workflo
     assert lines and lines[0].startswith("wattgate launch: failed:")
     assert lines[0].endswith(f"see {run.relative_to(workflow_copy)}/watcher.json")
     verdict = json.loads((run / "watcher.json").read_text())
-    expected = first_rank_out_of_step(planned_micro_batches(workflow_copy / "results/plan/packs.parquet"))
+    expected = first_rank_out_of_step(planned_micro_batches(workflow_copy / "results/plan/demo/packs.parquet"))
     assert verdict["verdict"] == "deadlock" and verdict["ran_ahead"] == [expected], verdict["reason"]
     last_beat = verdict["detected_at"] - verdict["stalled_for_s"]
     latency = verdict["killed_at"] - last_beat
@@ -326,16 +370,16 @@ def test_scaling_and_dataio_targets(workflow_copy, tmp_path):
     short = tmp_path / "short.yaml"  # a warm-up step and two measured ones: the tables, not the figures, are tested
     short.write_text("scaling: {steps: 3}\ndataio: {steps: 3}\n")
     snakemake(workflow_copy, "scaling", "dataio", "--configfile", str(short))
-    scaling = pd.read_csv(workflow_copy / "results/scaling/table.csv")
+    scaling = pd.read_csv(workflow_copy / "results/scaling/demo/table.csv")
     assert scaling["world_size"].tolist() == [1, 2] and scaling["grad_accum"].tolist() == [4, 2]
     assert (scaling["tokens_per_s"] > 0).all() and scaling["scaling_efficiency"].iloc[0] == 1.0
     for w in (1, 2):
-        plan = json.loads((workflow_copy / f"results/scaling/w{w}/plan/plan.json").read_text())
-        assert plan["world_size"] == w and (workflow_copy / f"results/scaling/w{w}/gate/PASSED").exists()
-    dataio = pd.read_csv(workflow_copy / "results/dataio/table.csv")
+        plan = json.loads((workflow_copy / f"results/plan/demo-scaling-w{w}/plan.json").read_text())
+        assert plan["world_size"] == w and (workflow_copy / f"results/gate/demo-scaling-w{w}/PASSED").exists()
+    dataio = pd.read_csv(workflow_copy / "results/dataio/demo/table.csv")
     assert dataio["data_cache"].tolist() == ["shared", "local"]
     assert dataio["data_copy_s"].iloc[1] > 0 and (dataio["tokens_per_s"] > 0).all()
-    assert (workflow_copy / "results/dataio/plot.png").exists()
+    assert (workflow_copy / "results/dataio/demo/plot.png").exists()
 
 
 @pytest.mark.slow

@@ -16,7 +16,6 @@ divided by the slowest rank's step time.
 
 from __future__ import annotations
 
-import glob
 import io
 import math
 import re
@@ -39,6 +38,8 @@ from wattgate.report.metrics import trusted_metrics
 from wattgate.run_tables import DATA_WAIT_S, RANK, STEP, STEP_TIME_S, TIME, TOKENS
 from wattgate.run_files import (
     GATE_REPORT,
+    run_config_file,
+    stage_folder,
     METRICS,
     TRAINED,
     check_output,
@@ -241,11 +242,11 @@ class VariantRow:
     forecast_error: float | None = None
 
 
-def run_row(variant_dir: Path, note=None) -> VariantRow:
-    """One finished variant: its settings and measured throughput (`note`: what was left out, and why)."""
+def run_row(train: Path, note=None) -> VariantRow:
+    """One finished variant run (results/train/<run>; its config and gate beside it, results/config/<run>.yaml and
+    results/gate/<run>): its settings and measured throughput (`note`: what was left out, and why)."""
     note = note or (lambda text: None)
-    config = load_run_config(variant_dir / "config.yaml")
-    train = variant_dir / "train"
+    config = load_run_config(run_config_file(train))
     metrics = read_metrics(train, [STEP, RANK, TIME, TOKENS, STEP_TIME_S, DATA_WAIT_S])
     summary = read_trained(train)
     if metrics is None or summary is None:
@@ -272,7 +273,7 @@ def run_row(variant_dir: Path, note=None) -> VariantRow:
         data_wait_share=m.data_wait_share,
         data_wait_s_per_step=m.data_wait_s_per_step,
         data_copy_s=summary.data_copy_s,
-        **asdict(forecast_columns(variant_dir / "gate", summary)),
+        **asdict(forecast_columns(stage_folder(train, "gate"), summary)),
     )
 
 
@@ -321,15 +322,13 @@ DATAIO_COLUMNS = [
 ] + FORECAST_COLUMNS
 
 
-def compare(experiment: str, variant_dirs: list[Path], out: Path, note=None) -> pd.DataFrame:
-    """table.csv, table.md and plot.png of the finished variants; `note` gets what was left out and why
+def compare(experiment: str, run_dirs: list[Path], out: Path, note=None) -> pd.DataFrame:
+    """table.csv, table.md and plot.png of the finished variant runs; `note` gets what was left out and why
     (default: printed to stderr), and table.md lists it too."""
     out = Path(out)
-    # results/<experiment>/ holds the variants' folders beside the table
-    variants = [glob.escape(Path(d).name) for d in variant_dirs if Path(d).resolve().parent == out.resolve()]
-    check_output(out, "compare", variants)
+    check_output(out, "compare")
     notes: list[str] = []
-    rows = [run_row(Path(d), notes.append) for d in variant_dirs]
+    rows = [run_row(Path(d), notes.append) for d in run_dirs]
     table = pd.DataFrame([asdict(r) for r in rows])
     if experiment == "scaling":
         table = table.sort_values(WORLD_SIZE).reset_index(drop=True)
@@ -343,7 +342,7 @@ def compare(experiment: str, variant_dirs: list[Path], out: Path, note=None) -> 
         figure = _dataio_plot(table)
     else:
         raise InputError(f"unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
-    claim_output(out, "compare", variants)
+    claim_output(out, "compare")
     write_bytes_atomic(out / "table.csv", table.to_csv(index=False, float_format="%.6g").encode())
     write_bytes_atomic(out / "table.md", _markdown(table, notes).encode())
     write_bytes_atomic(out / "plot.png", figure)

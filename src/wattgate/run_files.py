@@ -121,6 +121,28 @@ STAGE_FILES = {
 STAGE_FLAGS = {"train": "--run-dir"}
 
 
+# ---------------------------------------------------------------- the workflow's layout: results/<stage>/<run>/
+
+
+def stage_folder(run_dir: str | os.PathLike, stage: str) -> Path:
+    """Another stage's folder of the same run: results/train/<run> -> results/<stage>/<run> (gate, plan, power)."""
+    run_dir = Path(run_dir)
+    return run_dir.parent.parent / stage / run_dir.name
+
+
+def gate_folder_of_plan(plan_dir: str | os.PathLike) -> Path:
+    """The gate's folder that must have passed a plan folder: results/gate/<run> for the workflow's
+    results/plan/<run>, else gate/ beside the plan folder (a layout of one's own, e.g. work/plan and work/gate)."""
+    plan_dir = Path(plan_dir)
+    return stage_folder(plan_dir, "gate") if plan_dir.parent.name == "plan" else plan_dir.parent / "gate"
+
+
+def run_config_file(run_dir: str | os.PathLike) -> Path:
+    """The run's resolved config as the workflow writes it: results/train/<run> -> results/config/<run>.yaml."""
+    run_dir = Path(run_dir)
+    return run_dir.parent.parent / "config" / f"{run_dir.name}.yaml"
+
+
 def check_output(out: str | os.PathLike, stage: str, also: Sequence[str] = ()) -> None:
     """Refuse (InputError) an --out (train: --run-dir) that `stage` may not write into (artifacts.check_stage_output);
     `also`: more names that belong there (compare's variant folders)."""

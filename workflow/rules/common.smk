@@ -4,12 +4,14 @@
 # each item of a list on its own): config paths may hold spaces, and nothing in a config value may
 # run as shell code. Strings built here for a shell use shlex.quote.
 import functools
+import json
 import os
+import re
 import shlex
 
 from wattgate.config import check_config_files, dump_resolved, numbers_as_written, validate_config
 from wattgate.errors import InputError
-from wattgate.experiments import variant_config, variant_names
+from wattgate.experiments import EXPERIMENTS, variant_config, variant_names
 
 # --- paths: the one home of each stage's folder. Rules name their files under these; a rule that reads
 # another stage's files takes them from that rule's outputs (`rules.pack_and_balance.output.plan`), and a
@@ -71,61 +73,125 @@ def check_slurm_host():
 check_slurm_host()
 
 
+# --- runs side by side: every stage's outputs sit under results/<stage>/<run>/ (its logs under logs/<rule>/<run>.log),
+# where <run> is the config's run_name, or for a measurement variant (experiments.smk) <run_name>-<target>-<variant>.
+# A second config with another run_name leaves the first run's plan, verdict, run and report as they are.
+RUN = config["run_name"]
+
+
+def check_results_layout(results):
+    """A results/ folder of the layout before runs were keyed by run (results/plan/plan.json, ...): one line saying
+    what to do, where Snakemake would run every stage again beside the old files without a word."""
+    old = [f for f in ("config.yaml", "plan/plan.json", "gate/gate.json", "pretokenized/manifest.json") if
+           os.path.exists(f"{results}/{f}")]
+    if old:
+        raise SystemExit(
+            f"wattgate: {results}/ holds outputs of the layout before runs were kept side by side ({results}/{old[0]}): "
+            f"stages now write {results}/<stage>/<run_name>/; move the old folder aside (mv {results} {results}-old) "
+            "and run again"
+        )
+
+
+check_results_layout(RESULTS)
+
+
+def config_file(run):
+    """The config a run's stages read: the resolved run config, or a variant's (written by variant_config)."""
+    return f"{RESULTS}/config/{run}.yaml"
+
+
 # a dry run (`snakemake -n --configfile other.yaml`) leaves it as it is: a queued job reads this file when it starts
-RUN_CONFIG = dump_resolved(config, f"{RESULTS}/config.yaml", write=not dry_run())
+RUN_CONFIG = dump_resolved(config, config_file(RUN), write=not dry_run())
 CORPUS_DIR = f"{RESULTS}/corpus"
-TOKENIZER_DIR = f"{RESULTS}/tokenizer"
-PRETOKENIZED_DIR = f"{RESULTS}/pretokenized"
-PLAN_DIR = f"{RESULTS}/plan"
-GATE_DIR = f"{RESULTS}/gate"
-TRAIN_DIR = f"{RESULTS}/train/{config['run_name']}"
-POWER_DIR = f"{RESULTS}/power/{config['run_name']}"
-REPORT_DIR = f"{RESULTS}/report/{config['run_name']}"
+TOKENIZER_DIR = f"{RESULTS}/tokenizer/{{run}}"
+PRETOKENIZED_DIR = f"{RESULTS}/pretokenized/{{run}}"
+PLAN_DIR = f"{RESULTS}/plan/{{run}}"
+GATE_DIR = f"{RESULTS}/gate/{{run}}"
+TRAIN_DIR = f"{RESULTS}/train/{{run}}"
+POWER_DIR = f"{RESULTS}/power/{{run}}"
+REPORT_DIR = f"{RESULTS}/report/{{run}}"
 CALIBRATION = f"{RESULTS}/calibrate/{config['cluster']['gpu_model'].lower()}.yaml"
-# measurement targets (experiments.smk): one folder per experiment, one per variant inside it
-EXPERIMENT_DIR = f"{RESULTS}/{{experiment}}"
-VARIANT_DIR = f"{EXPERIMENT_DIR}/{{variant}}"
+# measurement targets (experiments.smk): the comparison of a target's variant runs
+EXPERIMENT_DIR = f"{RESULTS}/{{experiment}}/{{run}}"
 
-# the cluster settings results depend on, for params-triggered reruns: where jobs queue does not count
-CLUSTER = {key: value for key, value in config["cluster"].items() if key != "slurm"}
+
+def log_file(rule, suffix="log"):
+    """logs/<rule>/<run>.<suffix>: a job's log is its own, whatever else ran."""
+    return f"logs/{rule}/{{run}}.{suffix}"
+
+
+# the measurement variants of this config, each a run of its own: run name -> (target, variant)
+VARIANTS = {f"{RUN}-{experiment}-{variant}": (experiment, variant) for experiment in EXPERIMENTS
+            for variant in variant_names(config, experiment)}
+
+
+wildcard_constraints:
+    run="|".join(re.escape(run) for run in [RUN, *VARIANTS]),
+
+
+@functools.cache
+def run_settings(run):
+    """The complete config of a run (JSON types): the run config, or a variant's as `wattgate variant` writes it."""
+    if run == RUN:
+        return config
+    return variant_config(config, *VARIANTS[run]).to_json()
+
+
+def run_config_path(wildcards):
+    return config_file(wildcards.run)
+
+
+def variant_config_input(wildcards):
+    """A variant run's config file, made by variant_config; none for the run itself (written when the workflow is
+    read, so it never makes a stage older than its inputs)."""
+    return [config_file(wildcards.run)] if wildcards.run in VARIANTS else []
+
+
+def _leaves(value, path):
+    """(dotted path, value) of every setting under `path` (lists are single settings); cluster.slurm left out:
+    where jobs queue changes no result."""
+    if path == "cluster.slurm":
+        return []
+    if isinstance(value, dict):
+        return [leaf for key in sorted(value) for leaf in _leaves(value[key], f"{path}.{key}")]
+    return [(path, value)]
+
+
+def _lookup(settings, path):
+    for key in path.split("."):
+        settings = settings[key]
+    return settings
+
+
+def settings_of(*paths):
+    """A rule's settings params: one per config setting the stage reads (dotted paths: "pack", "train.seq_len",
+    "cluster"), valued "train.lr=0.0003" from the run's own config, so Snakemake reruns exactly the stages whose
+    settings changed for that run, and its rerun reason names the changed keys with their old and new values."""
+    leaves = [leaf for path in paths for leaf, _ in _leaves(_lookup(config, path), path)]
+
+    def value_of(leaf):
+        # a rule without a run (the demo corpus) reads the run config
+        return lambda wildcards: (
+            f"{leaf}={json.dumps(_lookup(run_settings(getattr(wildcards, 'run', RUN)), leaf), sort_keys=True)}"
+        )
+
+    return {"setting_" + re.sub(r"\W", "_", leaf): value_of(leaf) for leaf in leaves}
+
+
+def pretokenized_of(wildcards):
+    """A run's corpus: a variant trains on the data of the run it derives from (variants change nothing in data)."""
+    return f"{RESULTS}/pretokenized/{RUN}"
+
+
 # the train settings a plan is made of (wattgate.pack): pack reruns on these alone
-PACK_TRAIN_KEYS = ("seq_len", "micro_batch_size", "grad_accum", "epochs", "eval_micro_batch_size")
-
-
-def pack_train_settings():
-    return {key: config["train"].get(key) for key in PACK_TRAIN_KEYS}
+PACK_TRAIN_KEYS = tuple(
+    f"train.{key}" for key in ("seq_len", "micro_batch_size", "grad_accum", "epochs", "eval_micro_batch_size")
+)
 
 
 # Used only with --sw-deployment-method conda; otherwise rules run in the
 # current environment (the .venv that `make` creates). Relative to this file.
 WATTGATE_ENV = "../envs/wattgate.yaml"
-
-
-# --- stage commands run both by a main rule (pack_and_balance, invariant_gate, train) and by its experiment_*
-# twin, written once, so a flag added to a stage is added here. `{config:q}` is the config file the stage
-# reads, filled in by stage_shell(): the main rules pass the resolved run config (params.config), the
-# experiment rules their variant's config (input.config, made by experiment_config). Every other value comes
-# quoted from the rule's own input, params and log.
-STAGE_SHELL = {
-    "pack": "wattgate pack --config {config:q} --pretokenized {input.pretokenized:q} --out {params.out:q} > {log:q} 2>&1",
-    "gate": (
-        "wattgate gate --config {config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
-        " --out {params.out:q} 2>&1 | tee {log:q}"
-    ),
-    # launch writes the run folder's train.log and train.attempts.log itself (train/run_log.py): Snakemake deletes a
-    # rule's log before each job, also the log of a trainer still running when a second launch is refused.
-    # The shell and tee ignore the stop signals (inherited: tee has no handler): scancel and preemption signal every
-    # process, and a tee killed mid-run would break every rank's stdout; launch turns them into a graceful stop.
-    "launch": (
-        "trap '' TERM INT USR1; wattgate launch --config {config:q} --pretokenized {input.pretokenized:q}"
-        " --plan {params.plan:q} --run-dir {params.run:q} --attempt {resources.attempt} 2>&1 | tee {log:q}"
-    ),
-}
-
-
-def stage_shell(stage, config="params.config"):
-    """STAGE_SHELL[stage] reading the config file the rule names as `config` (params.config or input.config)."""
-    return STAGE_SHELL[stage].replace("{config:q}", "{%s:q}" % config)
 
 
 def gated_config(gate_dir=GATE_DIR):
@@ -139,14 +205,11 @@ def gate_result(gate_dir=GATE_DIR):
     return f"{gate_dir}/PASSED" if config["gate"]["enforce"] else f"{gate_dir}/UNENFORCED"
 
 
-def variant_runs(experiment):
-    """The finished train runs of one measurement target (`scaling` or `dataio`): experiment_train's
-    output per variant (called when the DAG is built, after experiments.smk defined that rule)."""
-    return expand(
-        rules.experiment_train.output.trained,
-        experiment=experiment,
-        variant=variant_names(config, experiment),
-    )
+def variant_runs(wildcards):
+    """The finished train runs of one measurement target (`scaling` or `dataio`) of this run."""
+    return [
+        f"{RESULTS}/train/{run}/TRAINED" for run, (experiment, _) in VARIANTS.items() if experiment == wildcards.experiment
+    ]
 
 
 # Slurm job resources (read by `snakemake --profile slurm`, ignored by local runs), all from
@@ -208,13 +271,11 @@ def sbatch_flags(extra):
     return " ".join(shlex.quote(word) for word in shlex.split(extra))
 
 
-def variant_gpu_job():
-    """gpu_job() of each measurement variant's own cluster section (its node count differs)."""
+def run_gpu_job():
+    """gpu_job() of each run's own cluster section (a scaling variant's node count differs from the run's)."""
 
     def key(name):
-        return lambda wildcards: gpu_job(
-            variant_config(config, wildcards.experiment, wildcards.variant).cluster.to_json()
-        ).get(name)
+        return lambda wildcards: gpu_job(run_settings(wildcards.run)["cluster"]).get(name)
 
     names = [
         "nodes",

@@ -1,5 +1,5 @@
-# Data stages: demo corpus -> tokenizer -> pretokenize -> pack-and-balance.
-# `params.settings` holds the config sections each stage reads, so Snakemake's
+# Data stages: demo corpus -> tokenizer -> pretokenize -> pack-and-balance, each under results/<stage>/<run>/.
+# Each rule's settings params hold the config settings its stage reads (settings_of in common.smk), so Snakemake's
 # params trigger reruns exactly the stages whose settings changed.
 # On Slurm the demo corpus and the tokenizer (seconds each) run on the submit host; pretokenize and
 # pack are one-node CPU jobs.
@@ -13,18 +13,19 @@ localrules:
     train_tokenizer,
 
 
+# the corpus files are named by data.inputs itself (results/corpus/demo.jsonl in the embedded default), not by run
 rule demo_corpus:
     output:
         f"{CORPUS_DIR}/demo.jsonl",
     log:
-        f"{CORPUS_DIR}/demo_corpus.log",
+        "logs/demo_corpus.log",
     benchmark:
-        f"{CORPUS_DIR}/demo_corpus.benchmark.tsv"
+        "logs/demo_corpus.benchmark.tsv"
     conda:
         WATTGATE_ENV
     params:
         config=RUN_CONFIG,
-        settings=config["demo_corpus"],
+        **settings_of("demo_corpus"),
     shell:
         "wattgate demo-corpus --config {params.config:q} --out {output:q} > {log:q} 2>&1"
 
@@ -34,14 +35,14 @@ rule demo_notes:
     output:
         f"{CORPUS_DIR}/demo-notes.jsonl",
     log:
-        f"{CORPUS_DIR}/demo_notes.log",
+        "logs/demo_notes.log",
     benchmark:
-        f"{CORPUS_DIR}/demo_notes.benchmark.tsv"
+        "logs/demo_notes.benchmark.tsv"
     conda:
         WATTGATE_ENV
     params:
         config=RUN_CONFIG,
-        settings=config["demo_corpus"],
+        **settings_of("demo_corpus"),
     shell:
         "wattgate demo-corpus --kind notes --config {params.config:q} --out {output:q} > {log:q} 2>&1"
 
@@ -52,14 +53,14 @@ rule train_tokenizer:
     output:
         directory(TOKENIZER_DIR),
     log:
-        f"{RESULTS}/train_tokenizer.log",
+        log_file("train_tokenizer"),
     benchmark:
-        f"{RESULTS}/train_tokenizer.benchmark.tsv"
+        log_file("train_tokenizer", "benchmark.tsv")
     conda:
         WATTGATE_ENV
     params:
-        config=RUN_CONFIG,
-        settings=config["tokenizer"],
+        config=run_config_path,
+        **settings_of("tokenizer", "data"),
     shell:
         "wattgate train-tokenizer --config {params.config:q} --corpus {input:q} --out {output:q} > {log:q} 2>&1"
 
@@ -69,21 +70,21 @@ rule pretokenize:
         # the held-out files (data.validation.inputs) are read beside the corpus
         corpus=input_paths(config) + config["data"]["validation"]["inputs"],
         # a local tokenizer folder from config, else the one train_tokenizer makes
-        tokenizer=config["tokenizer"]["path"] or rules.train_tokenizer.output[0],
+        tokenizer=config["tokenizer"]["path"] or TOKENIZER_DIR,
     output:
         directory(PRETOKENIZED_DIR),
     log:
-        f"{RESULTS}/pretokenize.log",
+        log_file("pretokenize"),
     benchmark:
-        f"{RESULTS}/pretokenize.benchmark.tsv"
+        log_file("pretokenize", "benchmark.tsv")
     conda:
         WATTGATE_ENV
     threads: 2
     resources:
         **cpu_job("cpu"),
     params:
-        config=RUN_CONFIG,
-        settings=[config["data"], config["pretokenize"], config["train"]["seq_len"]],
+        config=run_config_path,
+        **settings_of("data", "pretokenize", "train.seq_len"),
     shell:
         "wattgate pretokenize --config {params.config:q} --tokenizer {input.tokenizer:q} --out {output:q}"
         " > {log:q} 2>&1"
@@ -91,22 +92,24 @@ rule pretokenize:
 
 rule pack_and_balance:
     input:
-        pretokenized=rules.pretokenize.output[0],
+        pretokenized=pretokenized_of,
+        config=variant_config_input,
     output:
         plan=f"{PLAN_DIR}/plan.json",
         packs=f"{PLAN_DIR}/packs.parquet",
     log:
-        f"{PLAN_DIR}/pack.log",
+        log_file("pack_and_balance"),
     benchmark:
-        f"{PLAN_DIR}/pack.benchmark.tsv"
+        log_file("pack_and_balance", "benchmark.tsv")
     conda:
         WATTGATE_ENV
     resources:
         **cpu_job("cpu"),
     params:
-        config=RUN_CONFIG,
+        config=run_config_path,
         out=lambda wildcards, output: os.path.dirname(output.plan),
         # only what the plan is made of: a learning rate or checkpoint cadence change reruns the gate, not pack
-        settings=[config["pack"], pack_train_settings(), CLUSTER, config["data"]["max_repeats"]],
+        **settings_of("pack", *PACK_TRAIN_KEYS, "cluster", "data.max_repeats"),
     shell:
-        stage_shell("pack")
+        "wattgate pack --config {params.config:q} --pretokenized {input.pretokenized:q} --out {params.out:q}"
+        " > {log:q} 2>&1"

@@ -9,30 +9,24 @@ localrules:
 
 rule invariant_gate:
     input:
-        pretokenized=rules.pretokenize.output[0],
+        pretokenized=pretokenized_of,
         plan=rules.pack_and_balance.output.plan,
         packs=rules.pack_and_balance.output.packs,
+        config=variant_config_input,
     output:
         gate_result(),
         config=gated_config(),
     log:
-        f"{GATE_DIR}/gate.log",
+        log_file("invariant_gate"),
     conda:
         WATTGATE_ENV
     params:
-        config=RUN_CONFIG,
+        config=run_config_path,
         plan=lambda wildcards, input: os.path.dirname(input.plan),
         out=lambda wildcards, output: os.path.dirname(output[0]),
         # every section the train job reads from the gate's copy (gated_config()): a change reruns the gate, and
         # the train job sees it only through a new verdict
-        settings=[
-            config["gate"],
-            CLUSTER,
-            config["train"],
-            config["model"],
-            config["watcher"],
-            config["telemetry"],
-            config["forecast"],
-        ],
+        **settings_of("gate", "cluster", "train", "model", "watcher", "telemetry", "forecast"),
     shell:
-        stage_shell("gate")
+        "wattgate gate --config {params.config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
+        " --out {params.out:q} 2>&1 | tee {log:q}"

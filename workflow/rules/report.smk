@@ -19,13 +19,13 @@ rule run_report:
             labels={"file": "summary"},
         ),
     log:
-        f"{REPORT_DIR}/report.log",
+        log_file("run_report"),
     conda:
         WATTGATE_ENV
     resources:
         **cpu_job("small"),
     params:
-        config=RUN_CONFIG,
+        config=run_config_path,
         run=lambda wildcards, input: os.path.dirname(input.trained),
         power=lambda wildcards, input: os.path.dirname(input.triage),
         gate=lambda wildcards, input: os.path.dirname(input.gate),

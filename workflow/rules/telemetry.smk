@@ -13,16 +13,16 @@ rule power_triage:
         summary=f"{POWER_DIR}/phase_summary.csv",
         triage=f"{POWER_DIR}/triage.json",
     log:
-        f"{POWER_DIR}/triage.log",
+        log_file("power_triage"),
     conda:
         WATTGATE_ENV
     resources:
         **cpu_job("small"),
     params:
-        config=RUN_CONFIG,
+        config=run_config_path,
         run=lambda wildcards, input: os.path.dirname(input.trained),
         out=lambda wildcards, output: os.path.dirname(output.triage),
-        settings=[config["telemetry"], config["watcher"]["hang_after_s"]],
+        **settings_of("telemetry", "watcher.hang_after_s"),
     shell:
         "wattgate triage --config {params.config:q} --trace {params.run:q}/telemetry --run-dir {params.run:q}"
         " --out {params.out:q} > {log:q} 2>&1"

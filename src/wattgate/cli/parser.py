@@ -165,7 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gate",
         type=Path,
-        help="the gate's output folder whose marker must name this plan (default: gate/ beside the plan folder)",
+        help=(
+            "the gate's output folder whose marker must name this plan (default: results/gate/<run> for "
+            "results/plan/<run>, else gate/ beside the plan folder)"
+        ),
     )
     p.add_argument(
         "--attempt",
@@ -210,7 +213,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("compare", help="table and plot of finished measurement runs")
     p.add_argument("--experiment", required=True, choices=["scaling", "dataio"], help="the measurement compared")
-    p.add_argument("--runs", required=True, nargs="+", type=Path, help="variant folders (config.yaml, train/)")
+    p.add_argument(
+        "--runs",
+        required=True,
+        nargs="+",
+        type=Path,
+        help=(
+            "the variants' run folders (results/train/<run>; their configs and gates are read from "
+            "results/config/<run>.yaml and results/gate/<run>)"
+        ),
+    )
     p.add_argument("--out", required=True, type=Path, help="the folder it writes: table.csv, table.md, plot.png")
     p.set_defaults(func=_compare, config=None)
 

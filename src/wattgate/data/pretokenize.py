@@ -79,10 +79,12 @@ def cut_overlong(ids: np.ndarray, mask: np.ndarray, max_tokens: int, policy: str
 
 def recorded_tokenizer_path(tokenizer_dir: str | Path, out: str | Path) -> str:
     """The tokenizer folder as the manifest records it: relative to the pretokenized folder when both live in one
-    results folder (results/tokenizer beside results/pretokenized: `../tokenizer`), so a results/ moved or copied
-    elsewhere reads its own tokenizer; else absolute (a model folder's tokenizer), found from any directory."""
+    results folder (results/tokenizer/<run> beside results/pretokenized/<run>: `../../tokenizer/<run>`; work/tokenizer
+    beside work/pretokenized: `../tokenizer`), so a results/ moved or copied elsewhere reads its own tokenizer; else
+    absolute (a model folder's tokenizer), found from any directory."""
     tokenizer, out = Path(tokenizer_dir).resolve(), Path(out).resolve()
-    if tokenizer.is_relative_to(out.parent):
+    results = out.parent.parent if out.parent.name == "pretokenized" else out.parent  # results/pretokenized/<run>
+    if tokenizer.is_relative_to(results):
         return os.path.relpath(tokenizer, out)
     return str(tokenizer)
 

@@ -39,6 +39,8 @@ from wattgate.report.gate_input import UsableGate, usable_gate
 from wattgate.report.metrics import trusted_metrics
 from wattgate.heartbeats import HEARTBEAT_EVENT_COLUMNS, read_heartbeat_events, read_heartbeats
 from wattgate.run_files import (
+    run_config_file,
+    stage_folder,
     GATE_REPORT,
     METRICS,
     parquet_columns,
@@ -149,11 +151,11 @@ def default_power_dir(run_dir: Path) -> Path | None:
 
 
 def default_gate_dir(run_dir: Path) -> Path:
-    return run_dir.parent.parent / "gate"
+    return stage_folder(run_dir, "gate")
 
 
 def default_config_path(run_dir: Path) -> Path:
-    return run_dir.parent.parent / "config.yaml"
+    return run_config_file(run_dir)
 
 
 # ---------------------------------------------------------------- small readers

@@ -27,6 +27,7 @@ from pathlib import Path
 from wattgate.artifacts import reserve_spare, write_json_atomic
 from wattgate.run_files import (
     GATED_CONFIG,
+    gate_folder_of_plan,
     MARKER_HASH_FILES,
     claim_output,
     read_gate_report,
@@ -323,14 +324,15 @@ def run_launch(
 ) -> LaunchResult:
     """Start the job (under the node samplers) in its own session, with the watcher beside it.
 
-    Refuses (InputError) a plan the gate did not pass: `gate` defaults to the plan folder's sibling `gate/`
-    (results/plan -> results/gate), and a run folder another trainer holds (launch.lock). The first SIGTERM, SIGUSR1
-    or SIGINT, or the Slurm job's end drawing near, asks the ranks for a graceful stop (train/launch_stop.py); a
-    second SIGTERM/SIGINT is forwarded to the job. Once the job has ended the watcher is stopped and watcher.json
-    gets its final verdict: the watcher's own, else stopped, failed (naming the first failed rank) or healthy.
+    Refuses (InputError) a plan the gate did not pass: `gate` defaults to run_files.gate_folder_of_plan
+    (results/plan/<run> -> results/gate/<run>), and a run folder another trainer holds (launch.lock). The first
+    SIGTERM, SIGUSR1 or SIGINT, or the Slurm job's end drawing near, asks the ranks for a graceful stop
+    (train/launch_stop.py); a second SIGTERM/SIGINT is forwarded to the job. Once the job has ended the watcher is
+    stopped and watcher.json gets its final verdict: the watcher's own, else stopped, failed (naming the first
+    failed rank) or healthy.
     """
     config = run_config(config)
-    gate_dir = gate or plan.parent / "gate"
+    gate_dir = gate or gate_folder_of_plan(plan)
     check_gate_marker(config, plan, gate_dir)
     claim_output(out, "train")  # a folder train did not write is refused before the job starts
     reserve_spare(out / ATTEMPT_OUTCOME)  # room for how this attempt ends, should the job fill the disk
