@@ -38,7 +38,7 @@ cluster:
 
 Every object is closed: an unknown key or a wrong type stops the run with the key path named. The Snakefile and
 every `wattgate` command validate against the same schema, `{SCHEMA_REL}`; under Snakemake the
-validated config, every default filled in, is written to `results/config.yaml`.
+validated config, every default filled in, is written to `results/config/<run>.yaml`.
 """
 
 

@@ -170,7 +170,7 @@ def test_a_stopped_rank_is_named_in_the_watchers_line(gated, tmp_path, wait_unti
 @pytest.mark.slow
 def test_a_rerun_of_the_train_rule_keeps_the_earlier_attempts_log(tmp_path):
     """A rerun of the train rule: train.log holds only the new attempt, train.attempts.log every attempt, each under
-    launch's header (launch writes both; the rule's own log, which Snakemake deletes first, is launch.log)."""
+    launch's header (launch writes both; the rule's own log, which Snakemake deletes first, is logs/train/<run>.log)."""
     import shutil
 
     for part in ("Snakefile", "workflow", "config"):
@@ -202,6 +202,9 @@ def test_a_rerun_of_the_train_rule_keeps_the_earlier_attempts_log(tmp_path):
     assert first < attempts.index("train: step 1/") < second, attempts[:3000]
     log = (run / "train.log").read_text()
     assert log.startswith("launch: attempt 2 at ") and "launch: attempt 1" not in log and "train: step 1/" not in log
+    # the attempt recorded is the one printed (Snakemake's own try is 1 again on a person's rerun)
+    outcome = json.loads((run / "attempt-outcome.json").read_text())
+    assert outcome["attempt"] == 2 and outcome["snakemake_try"] == 1 and outcome["exit_status"] == 0
 
 
 @pytest.mark.slow

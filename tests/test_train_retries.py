@@ -58,9 +58,10 @@ def test_the_outcome_is_recorded_in_a_run_folder_of_train_and_never_in_a_foreign
     from wattgate.run_files import claim_output
 
     run = claim_output(tmp_path / "run", "train")
-    record_outcome(run, 3, Outcome(2, "rank 0: No space left on device (exit 2)", retry=False))
+    record_outcome(run, 3, Outcome(2, "rank 0: No space left on device (exit 2)", retry=False, attempt=5))
     record = json.loads((run / ATTEMPT_OUTCOME).read_text())
-    assert record["attempt"] == 3 and record["exit_status"] == 2 and record["retry"] is False
+    assert record["attempt"] == 5 and record["snakemake_try"] == 3  # launch's count in the folder; Snakemake's try
+    assert record["exit_status"] == 2 and record["retry"] is False
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("a user's")

@@ -199,7 +199,7 @@ def world_size(config: RunConfig | dict) -> int:
 
 
 def config_bytes(config: RunConfig | dict) -> bytes:
-    """The canonical text of a validated config (sorted keys): what results/config.yaml and the gate's copy hold,
+    """The canonical text of a validated config (sorted keys): what results/config/<run>.yaml and the gate's copy hold,
     and what `config_sha256` hashes, so one config has one hash however its YAML was written."""
     mapping = config.to_json() if isinstance(config, RunConfig) else config
     return yaml.safe_dump(mapping, sort_keys=True).encode()

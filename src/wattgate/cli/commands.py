@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from wattgate.errors import EXIT_STOPPED, InputError, StageFailed
 
@@ -133,11 +134,17 @@ def _launch(args, config) -> int | None:
 def _launch_outcome(args, config):
     """Run the job and say how it ended: exit status, its one line, and whether a retry may succeed (a stop, a
     dead rank, a lost peer, a hang: yes; a rank's own error, such as a non-finite loss or a full disk: no)."""
-    from wattgate.telemetry.failures import status_text, stopped_line
-    from wattgate.train.attempts import Outcome
     from wattgate.train.launch import run_launch
 
     result = run_launch(config, args.config, args.pretokenized, args.plan, args.run, args.gate)
+    return replace(_result_outcome(args, result), attempt=result.attempt)
+
+
+def _result_outcome(args, result):
+    """How the job ended, from launch's result: its watcher's verdict, a graceful stop, the first failed rank."""
+    from wattgate.telemetry.failures import status_text, stopped_line
+    from wattgate.train.attempts import Outcome
+
     w = result.watcher
     if w is not None and w.reached:  # a verdict the watcher reached
         acted = "stopped the job" if w.action == "kill" else "warned"

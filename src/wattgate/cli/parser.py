@@ -81,8 +81,8 @@ def add_run_folder(p: argparse.ArgumentParser, old: str, required: bool, help: s
 
 
 INPUT_FOLDERS = {
-    "pretokenized": "the pretokenize stage's folder (manifest.json and shards; results/pretokenized)",
-    "plan": "the pack stage's folder (plan.json, packs.parquet; results/plan)",
+    "pretokenized": "the pretokenize stage's folder (manifest.json and shards; results/pretokenized/<run>)",
+    "plan": "the pack stage's folder (plan.json, packs.parquet; results/plan/<run>)",
 }
 STAGE_OUT = {
     "demo-corpus": "the corpus file it writes (JSONL)",
@@ -294,8 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_power_cap(p)
     p.add_argument("--out", required=True, type=Path, help="the folder it writes: summary.json and index.html")
     p.add_argument("--power", type=Path, help="triage output (default results/power/<run>; else triage runs here)")
-    p.add_argument("--gate", type=Path, help="gate output folder (default results/gate beside results/train)")
-    p.add_argument("--config", type=Path, help="run config (YAML; default results/config.yaml beside the run)")
+    p.add_argument("--gate", type=Path, help="gate output folder (default results/gate/<run> beside results/train)")
+    p.add_argument("--config", type=Path, help="run config (YAML; default results/config/<run>.yaml beside the run)")
     p.set_defaults(func=_report)
 
     p = command("calibrate", help="measure known phases' power on this node's GPU; write a triage table")

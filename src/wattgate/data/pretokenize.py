@@ -1,4 +1,4 @@
-"""Pretokenize a corpus into reproducible Arrow shards (see docs/architecture.md, results/pretokenized/).
+"""Pretokenize a corpus into reproducible Arrow shards (see docs/architecture.md, results/pretokenized/<run>/).
 
 One row per document: dense `doc_id`, `input_ids`, `loss_mask` (1 = the token
 is a training target) and `num_tokens`. Position 0 of every document is never

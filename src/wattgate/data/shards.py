@@ -1,5 +1,5 @@
 """The pretokenized shards: their schema, how they are written (`shard-NNNNN.parquet` in token-bounded row groups)
-and how their bytes and documents are hashed. Format: docs/architecture.md, "results/pretokenized/"."""
+and how their bytes and documents are hashed. Format: docs/architecture.md, "results/pretokenized/<run>/"."""
 
 from __future__ import annotations
 

@@ -29,7 +29,8 @@ class AttemptOutcome(Record):
     """attempt-outcome.json (launch, at the end of each attempt): its exit status and one line, and whether a retry
     may succeed."""
 
-    attempt: int | None = None  # Snakemake's try (--attempt)
+    attempt: int | None = None  # launch's attempt in this run folder as it printed it (null: refused before that)
+    snakemake_try: int | None = None  # Snakemake's try of the train job (--attempt)
     time: float | None = None
     exit_status: int | None = None
     line: str | None = None  # null on success

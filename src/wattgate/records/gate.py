@@ -1,4 +1,4 @@
-"""gate.json, the invariant gate's record (docs/architecture.md, `results/gate/`), as a tree of typed records.
+"""gate.json, the invariant gate's record (docs/architecture.md, `results/gate/<run>/`), as a tree of typed records.
 
 `GateReport` is the whole file: the verdict and its checks, the memory estimate per phase, the cost section
 (`Forecast`, `Failure`, `LastRunWait`), the collective proof (`Collectives`, also the run folder's

@@ -1,4 +1,4 @@
-"""manifest.json, the pretokenize stage's record of its shards (docs/architecture.md "results/pretokenized/").
+"""manifest.json, the pretokenize stage's record of its shards (docs/architecture.md "results/pretokenized/<run>/").
 
 `Manifest.read(path, rerun="pretokenize")` (run_files.read_manifest) checks every key a reader uses, with one
 line naming the file and the key; pretokenize (data/pretokenize.py) and the synthetic corpus

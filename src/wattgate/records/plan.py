@@ -1,4 +1,4 @@
-"""plan.json, the pack stage's commit record (docs/architecture.md "results/plan/").
+"""plan.json, the pack stage's commit record (docs/architecture.md "results/plan/<run>/").
 
 `Plan.read(path, rerun="pack")` (run_files.read_plan) checks every key a reader uses, its type and range, with
 one line naming the file and the key; the pack writers (pack/plan.py, pack/segments.py) build a `Plan` and write

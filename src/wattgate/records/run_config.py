@@ -97,7 +97,7 @@ class TokenizerConfig(Record):
     """The config's `tokenizer` object."""
 
     # local Hugging Face tokenizer (or model) directory; null trains a byte-level BPE tokenizer on the corpus
-    # (results/tokenizer). Any path (spaces allowed): rules pass it to their shell quoted.
+    # (results/tokenizer/<run>). Any path (spaces allowed): rules pass it to their shell quoted.
     path: str | None
     vocab_size: int = spec(minimum=300)
     min_frequency: int = spec(minimum=1)

@@ -326,7 +326,7 @@ def load_inputs(
 ) -> RunInputs:
     """A run folder's inputs; `trace_paths` (files or telemetry folders) replace its telemetry/, and
     without a run folder (run_dir None) they are all there is. The run config: `config` (loaded), else
-    `config_path`, else results/config.yaml beside the run when there is one."""
+    `config_path`, else results/config/<run>.yaml beside the run when there is one."""
     run_dir = Path(run_dir) if run_dir is not None else None
     if run_dir is None and not trace_paths:
         raise InputError("nothing to report on: give a run folder or trace files")

@@ -50,7 +50,7 @@ def run_report(
     `table_path` (a triage table YAML) is used instead of any shipped table (a GPU with none);
     `power_cap_w` derives one from the power cap for a GPU no table ships for (an imported log).
     `config` is the run config already loaded (`wattgate report --config`); without it `config_path`
-    is loaded, else results/config.yaml beside the run when there is one."""
+    is loaded, else results/config/<run>.yaml beside the run when there is one."""
     check_output(out_dir, STAGE)  # before any work: a folder the report did not write is refused
     with small_pages():  # power/triage/arrays.py: page faults on big arrays cost less
         analysis = summarize(

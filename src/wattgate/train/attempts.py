@@ -26,9 +26,10 @@ class Outcome:
     exit_status: int
     line: str | None
     retry: bool
+    attempt: int | None = None  # launch's attempt number in the run folder (None: refused before it held the folder)
 
 
-def record_outcome(run: Path, attempt: int, outcome: Outcome) -> None:
+def record_outcome(run: Path, snakemake_try: int, outcome: Outcome) -> None:
     """attempt-outcome.json, only into a run folder train has claimed (never a foreign --out, nor one a launch was
     refused before it claimed it: that refusal needs no record to be repeated). On a full disk it goes into the room
     launch set aside at its start (`artifacts.reserve_spare`), its line cut to fit: a retry must still tell a
@@ -42,7 +43,12 @@ def record_outcome(run: Path, attempt: int, outcome: Outcome) -> None:
             else (outcome.line[: SPARE_BYTES // 2] + " [...]")
         )
         record = AttemptOutcome(
-            attempt=attempt, time=time.time(), exit_status=outcome.exit_status, line=line, retry=outcome.retry
+            attempt=outcome.attempt,
+            snakemake_try=snakemake_try,
+            time=time.time(),
+            exit_status=outcome.exit_status,
+            line=line,
+            retry=outcome.retry,
         )
         write_bytes_or_spare(Path(run) / ATTEMPT_OUTCOME, canonical_json(record.to_json()).encode())
 
@@ -57,8 +63,10 @@ def check_retry(run: Path, attempt: int) -> None:
     previous = AttemptOutcome.from_json(found, Where(str(path), "train"))
     if previous.retry is not False or previous.exit_status in (0, None):
         return
+    # the attempt as launch printed it (train.attempts.log's header), else Snakemake's try (refused before that)
+    which = previous.attempt if previous.attempt is not None else previous.snakemake_try
     line = (
-        f"retry {attempt} not started: attempt {previous.attempt} ended with {previous.line}, which a "
+        f"retry {attempt} not started: attempt {which} ended with {previous.line}, which a "
         "retry would repeat; fix it, then rerun"
     )
     raise (InputError if previous.exit_status == 2 else StageFailed)(line)
