@@ -172,7 +172,7 @@ def cpu_run(tmp_path):
         )
     )
     (run / "watcher.json").write_text(json.dumps({"verdict": "healthy", "longest_stall_s": 3.0}))
-    gate = tmp_path / "results" / "gate"
+    gate = tmp_path / "results" / "gate" / "demo"
     gate.mkdir(parents=True)
     (gate / "gate.json").write_text(
         json.dumps(
@@ -311,8 +311,8 @@ def test_default_power_and_gate_dirs_beside_the_run(tmp_path):
     shutil.copytree(TRAIN, run)
     assert default_power_dir(run) == results / "power" / "demo"
     run_triage(trace_files(run / "telemetry"), results / "power" / "demo", run_dir=run)
-    (results / "gate").mkdir()
-    (results / "gate" / "gate.json").write_text(
+    (results / "gate" / "demo").mkdir(parents=True)
+    (results / "gate" / "demo" / "gate.json").write_text(
         json.dumps(
             {
                 "passed": False,
@@ -324,11 +324,12 @@ def test_default_power_and_gate_dirs_beside_the_run(tmp_path):
             }
         )
     )
-    shutil.copy(TRAIN / "config.yaml", results / "config.yaml")
+    (results / "config").mkdir()
+    shutil.copy(TRAIN / "config.yaml", results / "config" / "demo.yaml")
     s = run_report(run, tmp_path / "out").to_json()
     assert s["phases"]["source"] == str(results / "power" / "demo" / "phases.parquet")
     assert s["gate"]["passed"] is False and s["gate"]["failed_checks"] == ["balance"]
-    assert s["run"]["name"] == "gpu" and s["run"]["gpu_model"] == "H200"  # from results/config.yaml
+    assert s["run"]["name"] == "gpu" and s["run"]["gpu_model"] == "H200"  # from results/config/demo.yaml
     page = (tmp_path / "out" / "index.html").read_text()
     assert "gate: FAILED: balance" in page and "gate.enforce was false" in page
 
@@ -366,7 +367,7 @@ def test_memory_measured_per_phase_beside_the_gate_estimate(cpu_run, tmp_path):
         memory={"per_rank": [{"rank": r, "host": "n1", "phases": phases} for r in (0, 1)], "max_over_ranks": phases},
     )
     (cpu_run / "TRAINED").write_text(json.dumps(trained))
-    gate_file = cpu_run.parent.parent / "gate" / "gate.json"
+    gate_file = cpu_run.parent.parent / "gate" / cpu_run.name / "gate.json"
     gate = json.loads(gate_file.read_text())
     estimate = {
         "terms_bytes": {"sharded_params_fp32": gib, "activations": 2 * gib},
@@ -393,7 +394,7 @@ def test_memory_measured_per_phase_beside_the_gate_estimate(cpu_run, tmp_path):
 
 
 def test_forecast_against_actual_and_the_watcher_card_keep_what_their_records_hold(cpu_run, tmp_path):
-    gate_file = cpu_run.parent.parent / "gate" / "gate.json"
+    gate_file = cpu_run.parent.parent / "gate" / cpu_run.name / "gate.json"
     gate = json.loads(gate_file.read_text())
     gate["forecast"] = {
         "wall_s": 100.0,

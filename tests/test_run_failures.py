@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -188,9 +189,10 @@ def test_a_rerun_of_the_train_rule_keeps_the_earlier_attempts_log(tmp_path):
         )
     )
 
-    def snakemake(*args):
+    def snakemake(*args, more=()):
         env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
         argv = [str(BIN / "snakemake"), "--cores", "2", "results/train/demo/TRAINED", *args, "--configfile", str(small)]
+        argv += map(str, more)  # config files after small.yaml: their keys win
         proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -205,6 +207,22 @@ def test_a_rerun_of_the_train_rule_keeps_the_earlier_attempts_log(tmp_path):
     # the attempt recorded is the one printed (Snakemake's own try is 1 again on a person's rerun)
     outcome = json.loads((run / "attempt-outcome.json").read_text())
     assert outcome["attempt"] == 2 and outcome["snakemake_try"] == 1 and outcome["exit_status"] == 0
+
+    # another learning rate is another run: the earlier run's records move aside whole, and the report is the new one's
+    lr = tmp_path / "lr.yaml"
+    lr.write_text("train:\n  lr: 0.0005\n")
+    snakemake(more=[lr])
+    [previous] = [p for p in run.parent.iterdir() if p.name.startswith("demo.previous-")]
+    assert "launch: attempt 2 at " in (previous / "train.attempts.log").read_text()
+    log = (run / "train.log").read_text()
+    assert log.startswith(
+        f"launch: {run.relative_to(tmp_path)} held a run of another configuration (it differs in train.lr"
+    )
+    assert "launch: attempt 1 at " in log and "launch: attempt 1 at " in (run / "train.attempts.log").read_text()
+    assert "attempt 2" not in (run / "train.attempts.log").read_text()
+    first_steps = pq.read_table(previous / "metrics.parquet").column("time").to_pylist()
+    new_steps = pq.read_table(run / "metrics.parquet").column("time").to_pylist()
+    assert min(new_steps) > max(first_steps)  # the new run's metrics hold only its own steps
 
 
 @pytest.mark.slow

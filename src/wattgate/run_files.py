@@ -69,6 +69,7 @@ ATTEMPT_OUTCOME = "attempt-outcome.json"  # launch: how the last attempt ended (
 GATED_CONFIG = "config.yaml"  # gate: its own copy of the config it checked; launch and train read this one
 PROOF_CACHE = "proof-cache.json"  # gate: the collective proof and the inputs it holds for (gate/proof_reuse.py)
 MODEL_HASHES = "model-hashes.json"  # train: gate.json's model_files, copied by launch for the ranks' check
+RUN_IDENTITY = "run-identity.json"  # train: the identity launch trains under (train/previous_run.py)
 # One trainer per run folder (train/run_lock.py): `wattgate launch` holds LAUNCH_LOCK for the whole job and rank 0 of
 # `wattgate train` holds TRAIN_LOCK (ranks may be started without launch); each names its holder.
 LAUNCH_LOCK = "launch.lock"
@@ -91,6 +92,7 @@ STAGE_FILES = {
         WATCHER,
         "collectives.json",
         MODEL_HASHES,
+        RUN_IDENTITY,
         STOP_REQUEST,
         STOPPED,
         ABORT_REQUEST,

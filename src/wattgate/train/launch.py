@@ -28,6 +28,7 @@ from wattgate.artifacts import reserve_spare, write_json_atomic
 from wattgate.run_files import (
     GATED_CONFIG,
     gate_folder_of_plan,
+    read_plan,
     MARKER_HASH_FILES,
     claim_output,
     read_gate_report,
@@ -47,14 +48,16 @@ from wattgate.run_files import (
     WATCHER,
     read_json_object,
 )
+from wattgate.identity import run_identity
 from wattgate.records.attempt import Stopped
+from wattgate.train.previous_run import record_run_identity, set_aside_earlier_run
 from wattgate.records.base import Where
 from wattgate.records.watcher import AbortRequest, WatcherRecord
 from wattgate.train.run_log import start_run_logs
 from wattgate.telemetry.failures import RankFailure, finish_record, name_failure, status_text
 from wattgate.telemetry.watch import COLLECTIVES
 from wattgate.train.launch_stop import StopControl, ignore_usr1, stop_margin_s
-from wattgate.train.run_lock import SLURM_JOB_ID, check_unlocked, hold_run_lock
+from wattgate.train.run_lock import SLURM_JOB_ID, check_unlocked, hold_run_lock, renumber_held
 from wattgate.errors import InputError
 from wattgate.gpus import is_cpu
 from wattgate.telemetry.sampler import sampler_command
@@ -339,7 +342,14 @@ def run_launch(
     spec = resolve_launch(config)
     attempt = hold_run_lock(out, LAUNCH_LOCK, "wattgate launch").attempt
     check_unlocked(out, TRAIN_LOCK)  # a job whose launcher was killed may still train here: clear nothing of it
+    identity = run_identity(config, plan, pretokenized)
+    earlier = set_aside_earlier_run(out, identity)  # one run per folder: a report never mixes two
+    if earlier:
+        attempt = renumber_held(out, LAUNCH_LOCK, 1).attempt  # a new run: its attempts count from 1
     start_run_logs(out)  # train.log and train.attempts.log: only now, so a refused launch never touches them
+    if earlier:
+        print(earlier, flush=True)
+    record_run_identity(out, identity, read_plan(plan)[0].packs_sha256)
     started = time.time()
     tel = config.telemetry
     sample = (str(out / "telemetry" / "{host}.parquet"), tel.interval_s) if tel.enabled else None

@@ -81,6 +81,17 @@ def hold_run_lock(run: Path, name: str, role: str) -> LockHolder:
     return record
 
 
+def renumber_held(run: Path, name: str, attempt: int) -> LockHolder:
+    """Rewrite the record of a lock this process holds with another attempt number (launch, when the folder's
+    earlier run was set aside: a new run's attempts count from 1 again)."""
+    path = Path(run) / name
+    fd = _held[path]
+    record = _read(fd).replace(attempt=attempt)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record.to_json()) + "\n").encode(), 0)
+    return record
+
+
 def refusal(run: Path, name: str, holder: LockHolder) -> RunLocked:
     return RunLocked(
         f"{run}: another trainer is running in this run folder ({describe_holder(holder)}; {name} is locked): "
