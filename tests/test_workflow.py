@@ -162,9 +162,7 @@ def test_no_path_is_typed_into_a_shell():
     assert shells["data.smk"] and shells["telemetry.smk"]
     for name, strings in shells.items():
         assert not [s for s in strings if "results" in s], name
-    common = (REPO / "workflow/rules/common.smk").read_text()
-    commands = re.findall(r'"(wattgate [^"]*)"', common)
-    assert commands and all("results" not in c for c in commands)
+    assert not re.findall(r'"(wattgate [^"]*)"', (REPO / "workflow/rules/common.smk").read_text())  # rules' own
     for name in ["TRAIN_DIR", "POWER_DIR", "REPORT_DIR", "PLAN_DIR", "GATE_DIR", "CALIBRATION"]:
         homes = [
             p.name for p in (REPO / "workflow/rules").glob("*.smk") if re.search(rf"^{name} = ", p.read_text(), re.M)
@@ -198,13 +196,14 @@ def test_measurement_variants_are_runs_of_the_same_rules(workflow_copy):
             run = Path(words[words.index("--out" if rule == "pack_and_balance" else "--plan") + 1]).name
             # the data stays the run's: variants change nothing in the corpus
             assert words[words.index("--pretokenized") + 1] == "results/pretokenized/demo"
-            shapes.add(tuple(w.replace(run, "<run>") for w in words))
+            shapes.add(tuple(w if w.startswith("results/pretokenized/") else w.replace(run, "<run>") for w in words))
             assert run in runs
         assert len(shapes) == 1, (rule, shapes)
 
 
 def test_an_old_results_layout_is_named_in_one_line(workflow_copy, tmp_path):
     work = tmp_path / "old"
+    work.mkdir()
     copy_workflow(work)
     (work / "results/plan").mkdir(parents=True)
     (work / "results/plan/plan.json").write_text("{}")

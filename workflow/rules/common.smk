@@ -82,8 +82,11 @@ RUN = config["run_name"]
 def check_results_layout(results):
     """A results/ folder of the layout before runs were keyed by run (results/plan/plan.json, ...): one line saying
     what to do, where Snakemake would run every stage again beside the old files without a word."""
-    old = [f for f in ("config.yaml", "plan/plan.json", "gate/gate.json", "pretokenized/manifest.json") if
-           os.path.exists(f"{results}/{f}")]
+    old = [
+        f
+        for f in ("config.yaml", "plan/plan.json", "gate/gate.json", "pretokenized/manifest.json")
+        if os.path.exists(f"{results}/{f}")
+    ]
     if old:
         raise SystemExit(
             f"wattgate: {results}/ holds outputs of the layout before runs were kept side by side ({results}/{old[0]}): "
@@ -121,12 +124,11 @@ def log_file(rule, suffix="log"):
 
 
 # the measurement variants of this config, each a run of its own: run name -> (target, variant)
-VARIANTS = {f"{RUN}-{experiment}-{variant}": (experiment, variant) for experiment in EXPERIMENTS
-            for variant in variant_names(config, experiment)}
-
-
-wildcard_constraints:
-    run="|".join(re.escape(run) for run in [RUN, *VARIANTS]),
+VARIANTS = {
+    f"{RUN}-{experiment}-{variant}": (experiment, variant)
+    for experiment in EXPERIMENTS
+    for variant in variant_names(config, experiment)
+}
 
 
 @functools.cache
@@ -175,7 +177,13 @@ def settings_of(*paths):
             f"{leaf}={json.dumps(_lookup(run_settings(getattr(wildcards, 'run', RUN)), leaf), sort_keys=True)}"
         )
 
-    return {"setting_" + re.sub(r"\W", "_", leaf): value_of(leaf) for leaf in leaves}
+    return {param_name(leaf): value_of(leaf) for leaf in leaves}
+
+
+def param_name(leaf):
+    """A setting's param name: its dotted path as an identifier (train.lr -> setting_train_lr)."""
+    identifier = re.sub(r"\W", "_", leaf)
+    return f"setting_{identifier}"
 
 
 def pretokenized_of(wildcards):
@@ -208,7 +216,9 @@ def gate_result(gate_dir=GATE_DIR):
 def variant_runs(wildcards):
     """The finished train runs of one measurement target (`scaling` or `dataio`) of this run."""
     return [
-        f"{RESULTS}/train/{run}/TRAINED" for run, (experiment, _) in VARIANTS.items() if experiment == wildcards.experiment
+        f"{RESULTS}/train/{run}/TRAINED"
+        for run, (experiment, _) in VARIANTS.items()
+        if experiment == wildcards.experiment
     ]
 
 

@@ -7,6 +7,11 @@
 from wattgate.config import input_paths  # data.inputs as paths (mixture sources are mappings)
 
 
+# {run}: this config's run_name, or one of its measurement variants (VARIANTS in common.smk)
+wildcard_constraints:
+    run="|".join(re.escape(run) for run in [RUN, *VARIANTS]),
+
+
 localrules:
     demo_corpus,
     demo_notes,
@@ -24,8 +29,8 @@ rule demo_corpus:
     conda:
         WATTGATE_ENV
     params:
-        config=RUN_CONFIG,
         **settings_of("demo_corpus"),
+        config=RUN_CONFIG,
     shell:
         "wattgate demo-corpus --config {params.config:q} --out {output:q} > {log:q} 2>&1"
 
@@ -41,8 +46,8 @@ rule demo_notes:
     conda:
         WATTGATE_ENV
     params:
-        config=RUN_CONFIG,
         **settings_of("demo_corpus"),
+        config=RUN_CONFIG,
     shell:
         "wattgate demo-corpus --kind notes --config {params.config:q} --out {output:q} > {log:q} 2>&1"
 
@@ -59,8 +64,8 @@ rule train_tokenizer:
     conda:
         WATTGATE_ENV
     params:
-        config=run_config_path,
         **settings_of("tokenizer", "data"),
+        config=run_config_path,
     shell:
         "wattgate train-tokenizer --config {params.config:q} --corpus {input:q} --out {output:q} > {log:q} 2>&1"
 
@@ -83,8 +88,8 @@ rule pretokenize:
     resources:
         **cpu_job("cpu"),
     params:
-        config=run_config_path,
         **settings_of("data", "pretokenize", "train.seq_len"),
+        config=run_config_path,
     shell:
         "wattgate pretokenize --config {params.config:q} --tokenizer {input.tokenizer:q} --out {output:q}"
         " > {log:q} 2>&1"
@@ -106,10 +111,10 @@ rule pack_and_balance:
     resources:
         **cpu_job("cpu"),
     params:
+        **settings_of("pack", *PACK_TRAIN_KEYS, "cluster", "data.max_repeats"),
         config=run_config_path,
         out=lambda wildcards, output: os.path.dirname(output.plan),
         # only what the plan is made of: a learning rate or checkpoint cadence change reruns the gate, not pack
-        **settings_of("pack", *PACK_TRAIN_KEYS, "cluster", "data.max_repeats"),
     shell:
         "wattgate pack --config {params.config:q} --pretokenized {input.pretokenized:q} --out {params.out:q}"
         " > {log:q} 2>&1"

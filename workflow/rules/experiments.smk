@@ -19,15 +19,15 @@ rule variant_config:
         f"{RESULTS}/config/{{run}}.yaml",
     log:
         log_file("variant_config"),
-    conda:
-        WATTGATE_ENV
     wildcard_constraints:
         run="|".join(re.escape(run) for run in VARIANTS) or "(?!)",
+    conda:
+        WATTGATE_ENV
     params:
+        **settings_of("scaling", "dataio", "train", "cluster", "model"),
         config=RUN_CONFIG,
         experiment=lambda wildcards: VARIANTS[wildcards.run][0],
         variant=lambda wildcards: VARIANTS[wildcards.run][1],
-        **settings_of("scaling", "dataio", "train", "cluster", "model"),
     shell:
         "wattgate variant --config {params.config:q} --experiment {params.experiment:q}"
         " --variant {params.variant:q} --out {output:q} > {log:q} 2>&1"

@@ -19,10 +19,10 @@ rule power_triage:
     resources:
         **cpu_job("small"),
     params:
+        **settings_of("telemetry", "watcher.hang_after_s"),
         config=run_config_path,
         run=lambda wildcards, input: os.path.dirname(input.trained),
         out=lambda wildcards, output: os.path.dirname(output.triage),
-        **settings_of("telemetry", "watcher.hang_after_s"),
     shell:
         "wattgate triage --config {params.config:q} --trace {params.run:q}/telemetry --run-dir {params.run:q}"
         " --out {params.out:q} > {log:q} 2>&1"

@@ -25,10 +25,10 @@ rule train:
     resources:
         **run_gpu_job(),
     params:
+        **settings_of("train", "model", "cluster"),
         plan=lambda wildcards, input: os.path.dirname(input.plan),
         gate=lambda wildcards, input: os.path.dirname(input.gate),
         run=lambda wildcards, output: os.path.dirname(output.trained),
-        **settings_of("train", "model", "cluster"),
     # The shell and tee ignore the stop signals (inherited: tee has no handler): scancel and preemption signal every
     # process, and a tee killed mid-run would break every rank's stdout; launch turns them into a graceful stop.
     shell:
