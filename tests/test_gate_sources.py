@@ -1,7 +1,7 @@
 """The gate checks that the pretokenized data was made from the inputs the gated config names, as they are now: a
 config naming a missing corpus, another corpus, or a corpus edited since pretokenize fails the gate in one line
 (it passed on the old data when Snakemake did not rerun pretokenize), and a rerun of the gate rereads only what
-was written since."""
+was written since. Likewise the settings that shaped the data and the plan (check `settings`)."""
 
 import json
 import shutil
@@ -36,13 +36,13 @@ def made(tmp_path_factory, tokenizer_dir):
     return root, config
 
 
-def gate(root, config, tmp_path, capsys) -> tuple[int, dict, str]:
+def gate(root, config, tmp_path, capsys, name="sources") -> tuple[int, dict, str]:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     argv = ["gate", "--config", str(path), "--pretokenized", str(root / "pretokenized"), "--plan", str(root / "plan")]
     rc = main([*argv, "--out", str(tmp_path / "gate")])
     report = json.loads((tmp_path / "gate" / "gate.json").read_text())
-    check = next(c for c in report["checks"] if c["name"] == "sources")
+    check = next(c for c in report["checks"] if c["name"] == name)
     return rc, check, report, capsys.readouterr().err
 
 
@@ -90,3 +90,52 @@ def test_a_corpus_edited_after_pretokenize_fails(made, tmp_path, capsys):
     write_jsonl(corpus, DOCS[:-1])  # edited after pretokenize: one document fewer
     rc, check, _, _ = gate(work, local, tmp_path, capsys)
     assert rc == 1 and check["detail"].startswith(f"data.inputs ({corpus}) changed since pretokenize (sha256 differs)")
+
+
+def changed(config: dict, **keys) -> dict:
+    """A copy of `config` with dotted keys set: changed(c, **{"pack.seed": 3})."""
+    out = json.loads(json.dumps(config))
+    for dotted, value in keys.items():
+        section, key = dotted.split(".")
+        out[section][key] = value
+    return out
+
+
+def test_the_settings_check_passes_the_config_that_made_the_data_and_plan(made, tmp_path, capsys):
+    root, config = made
+    rc, check, _, _ = gate(root, config, tmp_path, capsys, "settings")
+    assert rc == 0 and check["passed"], check
+
+
+@pytest.mark.parametrize(
+    "keys, named",
+    [
+        ({"pretokenize.loss_on": "all"}, "pretokenize.loss_on: pretokenized with 'assistant', the config says 'all'"),
+        ({"pretokenize.append_eos": False}, "pretokenize.append_eos: pretokenized with True, the config says False"),
+        ({"data.text_field": "body"}, "data.text_field: pretokenized with 'text', the config says 'body'"),
+        ({"pack.seed": 3}, "pack.seed: planned with 0, the config says 3"),
+        ({"pack.attn_weight": 0.5}, "pack.attn_weight: planned with 1e-05, the config says 0.5"),
+    ],
+)
+def test_a_setting_the_data_or_plan_was_not_made_with_fails_naming_the_key(made, tmp_path, capsys, keys, named):
+    root, config = made
+    rc, check, _, _ = gate(root, changed(config, **keys), tmp_path, capsys, "settings")
+    assert rc == 1 and not check["passed"]
+    assert check["detail"].startswith(named + f" ({root / 'pretokenized'}); rerun "), check["detail"]
+    rerun = "pack_and_balance" if "pack." in named else "pretokenize"
+    assert check["detail"].endswith(f"(snakemake --forcerun {rerun})")
+
+
+def test_another_tokenizer_than_the_data_was_made_with_fails_the_settings_check(made, tmp_path, capsys):
+    root, config = made
+    other = tmp_path / "other-tok"
+    shutil.copytree(config["tokenizer"]["path"], other)
+    rc, check, _, _ = gate(root, changed(config, **{"tokenizer.path": str(other)}), tmp_path, capsys, "settings")
+    assert rc == 0 and check["passed"]  # the same files elsewhere: the same tokenizer
+    special = json.loads((other / "tokenizer_config.json").read_text())
+    special["model_max_length"] = 17
+    (other / "tokenizer_config.json").write_text(json.dumps(special))
+    rc, check, _, _ = gate(root, changed(config, **{"tokenizer.path": str(other)}), tmp_path, capsys, "settings")
+    assert rc == 1 and check["detail"].startswith(
+        f"tokenizer.path {other}: not the tokenizer the data was pretokenized with (sha256 differs)"
+    )

@@ -132,6 +132,15 @@ def stage_folder(run_dir: str | os.PathLike, stage: str) -> Path:
     return run_dir.parent.parent / stage / run_dir.name
 
 
+def run_folder_beside(out: str | os.PathLike, run_name: str) -> Path:
+    """The run folder a stage's --out serves (pack and gate look there for the run's checkpoints): the workflow's
+    results/train/<run_name> for results/<stage>/<run>, else train/<run_name> beside --out (work/plan ->
+    work/train/<run_name>)."""
+    out = Path(out)
+    results = out.parent.parent if out.parent.name in ("plan", "gate") and out.name == run_name else out.parent
+    return results / "train" / run_name
+
+
 def gate_folder_of_plan(plan_dir: str | os.PathLike) -> Path:
     """The gate's folder that must have passed a plan folder: results/gate/<run> for the workflow's
     results/plan/<run>, else gate/ beside the plan folder (a layout of one's own, e.g. work/plan and work/gate)."""

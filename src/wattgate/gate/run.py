@@ -11,7 +11,15 @@ from pathlib import Path
 import numpy as np
 
 from wattgate.artifacts import sha256_file, write_bytes_atomic
-from wattgate.run_files import PLAN, GATED_CONFIG, PROOF_CACHE, STAGE_FILES, check_output, claim_output
+from wattgate.run_files import (
+    GATED_CONFIG,
+    PLAN,
+    PROOF_CACHE,
+    STAGE_FILES,
+    check_output,
+    claim_output,
+    run_folder_beside,
+)
 from wattgate.config import run_config, config_bytes, config_sha256, world_size
 from wattgate.gate import checks as C
 from wattgate.gate import proof_reuse as R
@@ -35,6 +43,7 @@ from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_
 from wattgate.gate.report import gate_json, write_report
 from wattgate.gate.isolation_check import check_document_isolation
 from wattgate.gate.tokenizer_check import check_tokenizer
+from wattgate.gate.settings_check import check_settings
 from wattgate.gate.sources_check import check_sources
 from wattgate.gate.weights_check import check_weights, previous_report, with_model_hashes
 from wattgate.records.gate import PHASE_STEADY, Collectives, GateReport, PlanHashes
@@ -229,7 +238,7 @@ def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
     """Every check and the report on them, and what the proof cache keeps (None: nothing); reads the inputs
     (and a proof kept in --out) and writes nothing."""
     start = time.perf_counter()
-    checkpoint_dir = out.parent / "train" / config.run_name / "checkpoints"
+    checkpoint_dir = run_folder_beside(out, config.run_name) / "checkpoints"
     inputs = load_inputs(config, pretokenized, plan_dir, checkpoint_dir)
     # the collective proof (wattgate.proof): the trainer dry-run on the fake process group, every rank; first, as
     # its record counts the model's parameters for the memory and cost checks
@@ -248,6 +257,8 @@ def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
     # the manifest was made from the inputs this config names, as they are now
     sources, source_files = check_sources(config, inputs.manifest, previous.source_files if previous else None)
     results.append(sources)
+    # ... and with the pretokenize settings, tokenizer and pack settings it names
+    results.append(check_settings(config, inputs.manifest, inputs.plan, pretokenized))
     # what the plan will cost, the budget check on it, and what a hang it would cause would have cost
     cost, budget = cost_section(inputs, spec, next(c for c in results if c.name == "equal_steps"))
     results.append(budget)

@@ -35,6 +35,7 @@ from wattgate.pack.validation import ValidationPlan, plan_validation
 from wattgate.records.manifest import Manifest
 from wattgate.records.plan import PLAN_FORMAT_VERSION, DroppedDocs, Plan, PlanMixture, PlanStats, ResumedFrom, Segment
 from wattgate.run_files import (
+    run_folder_beside,
     PACKS,
     check_output,
     first_line,
@@ -329,7 +330,7 @@ def build_plan(config: RunConfig | dict, pretokenized: str | Path, out: str | Pa
         pretokenized_manifest_sha256=manifest_sha,
     )
     # a run with checkpoints of an earlier plan that differs only in the world size goes on from them
-    checkpoints = out.parent / "train" / config.run_name / "checkpoints"
+    checkpoints = run_folder_beside(out, config.run_name) / "checkpoints"
     vplan = validation_section(held_out, lengths, settings)
     chosen, mixture = (
         mixture_choice(config, pretokenized, manifest, lengths, held_out) if is_mixture(config) else (None, None)
