@@ -395,6 +395,8 @@ def test_embedded_default_end_to_end_learns(tmp_path_factory):
     wall = time.monotonic() - start
     assert wall < 600
     summary = json.loads((work / "results/train/demo/TRAINED").read_text())
+    readable = (work / "results/train/demo/TRAINED.md").read_text()
+    assert readable.startswith("# Trained: demo\n") and f"steps: {summary['steps']} on 2 cpu rank(s)" in readable
     assert summary["final_loss"] <= 0.5 * summary["first_loss"], summary
     run = work / "results/train/demo"
     verdict = json.loads((run / "watcher.json").read_text())

@@ -53,6 +53,7 @@ PACKS = "packs.parquet"  # pack
 METRICS = "metrics.parquet"  # train (rank 0)
 EVAL = "eval.parquet"  # train (rank 0): one row per validation pass
 TRAINED = "TRAINED"  # train (rank 0), the stage's declared output
+TRAINED_MD = "TRAINED.md"  # train (rank 0): TRAINED for a person
 WATCHER = "watcher.json"  # watch (started by launch)
 GATE_REPORT = "gate.json"  # gate
 EVAL_PACKS = "eval_packs.parquet"  # pack: the validation pass, published with packs.parquet
@@ -87,6 +88,7 @@ STAGE_FILES = {
     "gate": (GATE_REPORT, "gate.md", "PASSED", "UNENFORCED", GATED_CONFIG, PROOF_CACHE),
     "train": (
         TRAINED,
+        TRAINED_MD,
         METRICS,
         EVAL,
         WATCHER,

@@ -277,9 +277,8 @@ def _report(args, config) -> None:
     )
     energy = s.energy
     kwh = f"{energy.kwh:.4g} kWh ({energy.method.replace('_', ' ')})" if energy.kwh is not None else "no GPU telemetry"
-    print(
-        f"report: {s.run.name}: {s.tokens or 0} tokens, {kwh}, {len(s.anomalies)} anomaly(ies) -> {args.out}/index.html"
-    )
+    tokens = "n/a" if s.tokens is None else s.tokens  # as the page says: no metrics is not zero tokens
+    print(f"report: {s.run.name}: {tokens} tokens, {kwh}, {len(s.anomalies)} anomaly(ies) -> {args.out}/index.html")
 
 
 def _calibrate(args, config) -> None:

@@ -98,6 +98,38 @@ def forecast_record(gate: UsableGate | None, trained: Trained, kwh: float | None
     )
 
 
+FORECAST_MISS = 0.25  # a forecast further off than this is called out, with where the time went
+
+
+def forecast_miss(s: Summary) -> str | None:
+    """One sentence when the job time missed its forecast by more than FORECAST_MISS: which part of the job missed
+    most (the training steps, or start-up and export), measured against forecast, and what to do about it."""
+    f = s.forecast
+    if not f or not f.forecast or not f.actual or not f.error or f.error.wall_s is None:
+        return None
+    if abs(f.error.wall_s) <= FORECAST_MISS or s.wall_s is None or f.actual.wall_s is None:
+        return None
+    terms = f.forecast.terms_s or {}
+    steps_fc = sum(terms.get(k, 0.0) for k in ("steps_s", "validation_s", "checkpoints_s", "warmup_s"))
+    edges_fc = sum(terms.get(k, 0.0) for k in ("startup_s", "load_s", "export_s"))
+    steps_actual, edges_actual = s.wall_s, max(f.actual.wall_s - s.wall_s, 0.0)
+    longer = "longer" if f.error.wall_s > 0 else "less time"
+    head = f"The job took {pct(abs(f.error.wall_s))} {longer} than the gate forecast. "
+    if abs(steps_actual - steps_fc) >= abs(edges_actual - edges_fc):
+        ratio = steps_actual / steps_fc if steps_fc else None
+        how = f" ({ratio:.1f}x)" if ratio else ""
+        return head + (
+            f"Most of it is the training steps: {duration(steps_actual)} measured against {duration(steps_fc)} "
+            f"forecast{how}, so the throughput it assumed ({f.forecast.source}) was off; this run's measured rate "
+            "goes into the throughput ledger (forecast.ledger), which the next forecast on this GPU model uses."
+        )
+    return head + (
+        f"Most of it is start-up, loading and export: {duration(edges_actual)} measured against {duration(edges_fc)} "
+        "forecast; a cold start (imports, compilation, a model read from slow storage) costs more than the gate "
+        "assumes."
+    )
+
+
 def _error(actual: float | None, forecast: float | None) -> float | None:
     """actual / forecast - 1 (None where either is missing or zero)."""
     return num(actual / forecast - 1, 4) if actual and forecast else None
@@ -115,9 +147,10 @@ def forecast_section(s: Summary) -> str:
 
         return [label, shown(forecast), shown(actual), "n/a" if error is None else pct(error)]
 
+    hours = "GPU-hours (job time x GPUs)" if s.gpus else "rank-hours (job time x ranks)"
     rows = [
-        row("wall time", fc and fc.wall_s, act and act.wall_s, err and err.wall_s, None),
-        row("GPU-hours", fc and fc.gpu_hours, act and act.gpu_hours, err and err.gpu_hours, 4),
+        row("job time (start to export)", fc and fc.wall_s, act and act.wall_s, err and err.wall_s, None),
+        row(hours, fc and fc.gpu_hours, act and act.gpu_hours, err and err.gpu_hours, 4),
         row("energy (kWh, GPUs)", fc and fc.kwh, act and act.kwh, err and err.kwh, 4),
     ]
     text = (
@@ -129,6 +162,9 @@ def forecast_section(s: Summary) -> str:
         else "No forecast."
     )
     body = f"<p>{escape(text)}</p>" + table(["", "forecast", "actual", "error"], rows, {1, 2, 3})
+    miss = forecast_miss(s)
+    if miss:
+        body += f'<p class="highlight">{escape(miss)}</p>'
     if f.failure:
         body += f"<p>{escape('Gate: ' + f.failure)}</p>"
     segs = s.segments

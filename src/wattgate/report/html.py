@@ -36,6 +36,7 @@ td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f3f5
 svg.figure{max-width:100%;height:auto;display:block;margin:6px 0}.note{color:#5a6475;font-size:13px}
 .notes li{color:#6b5200}.swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px}
 #no-gpu-telemetry{border-left:5px solid #e0a800}code{background:#f0f2f5;padding:0 3px;border-radius:3px}
+.highlight{border-left:5px solid #e0a800;padding:4px 10px;background:#fff8e1}
 """
 
 # counts the figures the browser laid out with something drawn in them: broken markup leaves no box
@@ -84,7 +85,9 @@ def header(s: Summary) -> str:
     cards = [
         ("tokens", fmt(s.tokens)),
         ("steps", fmt(s.steps)),
-        ("wall time", duration(s.wall_s)),
+        ("training time", duration(s.wall_s)),
+        # the forecast's measure (TRAINED job_s: start to the end of export), so the card below it agrees
+        ("job time", duration(s.forecast.actual.wall_s) if s.forecast and s.forecast.actual else "n/a"),
         ("tokens/s", fmt(s.tokens_per_s, 0)),
         (
             "tokens/s per GPU" if s.gpus else "tokens/s per rank",
@@ -92,12 +95,12 @@ def header(s: Summary) -> str:
         ),
         ("energy", fmt(e.kwh, 4, " kWh") + (f" ({e.method.replace('_', ' ')})" if e.method else "")),
         ("J per token", fmt(e.j_per_token, 4)),
-        ("GPU-hours", fmt(s.gpu_hours, 4)),
+        *([("GPU-hours", fmt(s.gpu_hours, 4))] if s.gpus else []),  # a CPU run has rank-hours only
         ("waited for stragglers", _waited(s.stragglers)),
-        ("rank-hours", fmt(s.rank_hours, 4)),
+        ("rank-hours (training)", fmt(s.rank_hours, 4)),
         ("loss first → final", f"{fmt(loss.first, 4)} → {fmt(loss.final, 4)}"),
         ("MFU", pct(s.mfu) or "n/a"),
-        ("peak memory", fmt(s.peak_memory_gib, 2, " GiB")),
+        _peak_memory(s),
     ]
     grid = "".join(f'<div class="card"><small>{escape(k)}</small><b>{escape(v)}</b></div>' for k, v in cards)
     notes = ""
@@ -107,6 +110,16 @@ def header(s: Summary) -> str:
         f'<header><h1>wattgate report: {escape(run.name)}</h1><p class="sub">{escape(sub)}</p>'
         f'<div class="badges">{g}{w}{a}</div><div class="grid">{grid}</div>{notes}</header>'
     )
+
+
+def _peak_memory(s: Summary) -> tuple[str, str]:
+    """The header's memory card: the device peak (TRAINED, max over ranks), else on a CPU run the host peak per rank
+    the Memory section shows (the same number, from the same record)."""
+    if s.peak_memory_gib is not None:
+        return "peak device memory", fmt(s.peak_memory_gib, 2, " GiB")
+    phases = s.memory.phases if s.memory else ()
+    host = [p.measured_host_peak_gib for p in phases if p.measured_host_peak_gib is not None]
+    return "peak host memory per rank", fmt(max(host), 2, " GiB") if host else "n/a"
 
 
 def _waited(st: Stragglers) -> str:

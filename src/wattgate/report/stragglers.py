@@ -69,12 +69,17 @@ def straggler_section(s: Summary, svg_markup: str | None) -> str:
     if not found:
         share = st.share
         waits = st.wait_windows
-        text = (
-            f"None: no GPU was the one its peers waited for in more than {100 * share:.0f}% of the {waits} window(s) "
-            "in which they waited."
-            if share is not None
-            else "None: the watcher named no rank the others waited for."
-        )
+        if share is None or not s.gpus:
+            text = "None: the watcher named no rank the others waited for" + (
+                "." if share is None else " (no GPU telemetry to compare GPUs by)."
+            )
+        else:
+            text = (
+                "None: no GPU ever waited for a peer long enough to count, so none was a straggler."
+                if not waits
+                else f"None: in the {waits} window(s) in which GPUs waited for a peer, no GPU was the one waited "
+                f"for in more than {100 * share:.0f}% of them."
+            )
         body = f"<p>{escape(text)}</p>"
     else:
         body = f"<p><b>{escape(_cost_line(st))}</b></p>"

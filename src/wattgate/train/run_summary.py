@@ -4,14 +4,17 @@ finished train/loop.py Trainer (`t`; not imported here: the Trainer calls these)
 
 from __future__ import annotations
 
-from wattgate.artifacts import write_json_atomic
+from pathlib import Path
+
+from wattgate.artifacts import write_bytes_atomic, write_json_atomic
+from wattgate.durations import duration
 from wattgate.config import config_sha256
 from wattgate.forecast.walltime import plan_step_costs
 from wattgate.identity import train_identity
 from wattgate.ledger import append_ledger, run_record
 from wattgate.model_spec import load_model_spec
 from wattgate.records.trained import EXPORT, LOAD, Trained
-from wattgate.run_files import PACKS, TRAINED, read_packs
+from wattgate.run_files import PACKS, TRAINED, TRAINED_MD, read_packs
 from wattgate.train.launch import allocator_record
 from wattgate.train.metrics import (
     folder_bytes,
@@ -62,7 +65,8 @@ def write_trained(t, per_rank_memory: list[dict]) -> Trained:
         mfu=model_flops_utilization(tokens_per_s or 0, t.n_params, t.world, s.gpu_model) if cuda else None,
         peak_memory_gib=max(p.cuda_peak_gib for p in worst.values()) if cuda else None,
     )
-    # a diverged loss is NaN: null
+    # a diverged loss is NaN: null. The readable summary first: TRAINED is the stage's declared output, last.
+    write_bytes_atomic(t.paths.out / TRAINED_MD, trained_text(summary, t.paths.out).encode())
     write_json_atomic(t.paths.out / TRAINED, summary.to_json(), nonfinite="null")
     losses = f"loss {first:.4f} -> {final:.4f}" if first is not None else "no steps taken"
     v = summary.validation
@@ -74,6 +78,36 @@ def write_trained(t, per_rank_memory: list[dict]) -> Trained:
         flush=True,
     )
     return summary
+
+
+def _number(value, spec: str, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def trained_text(summary: Trained, run: Path) -> str:
+    """TRAINED.md: what TRAINED says, for a person (the report has the rest)."""
+    v = summary.validation
+    lines = [
+        f"# Trained: {run.name}",
+        "",
+        f"- steps: {_number(summary.steps, 'd')} on {summary.world_size} {summary.device} rank(s)"
+        + (f", resumed from step {summary.resumed_from_step}" if summary.resumed_from_step else ""),
+        f"- loss: {_number(summary.first_loss, '.4f')} -> {_number(summary.final_loss, '.4f')}",
+        f"- throughput: {_number(summary.tokens_per_s, ',.0f', ' tokens/s')}; training time "
+        f"{duration(summary.wall_s)}, job time {duration(summary.job_s)}",
+    ]
+    if v is not None:
+        lines.append(
+            f"- validation: {_number(v.final_loss, '.4f')} at the end, best {_number(v.best_loss, '.4f')} at step "
+            f"{v.best_step}; final/ holds step {v.exported_step} ({v.export_from})"
+        )
+    if summary.nonfinite_skipped_steps:
+        lines.append(f"- steps skipped for a non-finite loss: {summary.nonfinite_skipped_steps}")
+    lines += [
+        f"- model: {run / 'final'} (Hugging Face safetensors, {summary.export_dtype})",
+        f"- config sha256: {summary.config_sha256}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def append_throughput(t, summary: Trained) -> None:

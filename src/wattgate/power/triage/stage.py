@@ -285,8 +285,10 @@ def _stragglers_md(result: Triage) -> list[str]:
     lines = ["", "## Stragglers", ""]
     if not found:
         lines.append(
-            f"None: no GPU was the one its peers waited for in more than {100 * lag.settings.share:.0f}% of the "
-            f"{lag.wait_windows} window(s) in which they waited."
+            "None: no GPU ever waited for a peer long enough to count, so none was a straggler."
+            if not lag.wait_windows
+            else f"None: in the {lag.wait_windows} window(s) in which GPUs waited for a peer, no GPU was the one "
+            f"waited for in more than {100 * lag.settings.share:.0f}% of them."
         )
         return lines
     lines += [
