@@ -235,7 +235,7 @@ def power_figure(analysis: Analysis) -> str | None:
     head, head_h = legend(entries, 6)
     labels = [f"{h}:{g}" for h, g in shown]
     left = label_margin(labels + ["steps"])
-    lane_px = 90 if n <= 4 else 55  # a few GPUs get taller lanes
+    lane_px = 90 if n <= 4 else 72 if n <= 8 else 55  # a few GPUs get taller lanes
     top = n * LANE
     xmax = max((analysis.t1 - t0) / unit, 1e-9)  # the whole run: steps and heartbeats may outlast the trace
     box = Box(left, head_h + 16, WIDTH - left - RIGHT, lane_px * (n + STEPS_LANE), 0.0, xmax, 0.0, top + STEPS_LANE)
@@ -246,14 +246,21 @@ def power_figure(analysis: Analysis) -> str | None:
     plot.append(
         f'<path d="{hlines_d(box.py(np.add(base, floor)), box.left, box.right)}" stroke="#bbb" stroke-width=".6"/>'
     )
+    # each lane's watt scale: a faint line at its top (ymax) and half way, the top labelled in watts
+    tops = box.py(np.add(base, floor + ymax * scale))
+    halves = box.py(np.add(base, floor + 0.5 * ymax * scale))
+    plot.append(f'<path d="{hlines_d(tops, box.left, box.right)}" stroke="#e3e3e3" stroke-width=".6"/>')
+    plot.append(f'<path d="{hlines_d(halves, box.left, box.right)}" stroke="#eee" stroke-dasharray="3 3"/>')
+    watts = "".join(text(box.right - 2, float(y) + 9, f"{ymax:.0f} W") for y in tops)
+    plot.append(f'<g text-anchor="end" fill="#888" font-size="9">{watts}</g>')
     names = []
     for k, (y, codes) in enumerate(series):
         y_px = box.py(base[k] + floor + np.where(broken, np.nan, y) * scale)
         plot.append(tooltip(labels[k], _lane(box, base[k], x_px, y_px, codes, edges_px, bool(len(w)))))
         name = text(box.left - 7, float(box.py(base[k] + LANE / 2)), fit(labels[k], box.left - 14), ' dy=".35em"')
         names.append(tooltip(labels[k], name))
-    names.append(text(box.left - 7, float(box.py(top + 0.5 * STEPS_LANE)), "steps", ' dy=".35em"'))
     if len(ticks):
+        names.append(text(box.left - 7, float(box.py(top + 0.5 * STEPS_LANE)), "steps", ' dy=".35em"'))
         d = vlines_d(box.px((ticks - t0) / unit), box.py(top + 0.9 * STEPS_LANE), 0.8 * STEPS_LANE * lane_px)
         plot.append(f'<path d="{d}" stroke="{INK}" stroke-width=".7"/>')
     body = [head, clipped(box, "".join(plot)), f'<g text-anchor="end" fill="{INK}">{"".join(names)}</g>']

@@ -102,7 +102,12 @@ def header(s: Summary) -> str:
         ("MFU", pct(s.mfu) or "n/a"),
         _peak_memory(s),
     ]
-    grid = "".join(f'<div class="card"><small>{escape(k)}</small><b>{escape(v)}</b></div>' for k, v in cards)
+    # a card without a value is left out, and named once below the others: no grid of n/a
+    shown = [(k, v) for k, v in cards if not v.startswith("n/a")]
+    missing = [k for k, v in cards if v.startswith("n/a")]
+    grid = "".join(f'<div class="card"><small>{escape(k)}</small><b>{escape(v)}</b></div>' for k, v in shown)
+    if missing:
+        grid += f'<p class="note" style="grid-column:1/-1">Not measured in this run: {escape(", ".join(missing))}.</p>'
     notes = ""
     if s.notes:
         notes = '<ul class="notes">' + "".join(f"<li>{escape(x)}</li>" for x in s.notes) + "</ul>"
@@ -153,11 +158,13 @@ def power_section(s: Summary, svg: str | None, panels_shown: int) -> str:
         return section("no-gpu-telemetry", "No GPU telemetry on this host", body)
     source = s.phases.source or "no phases (triage could not run): raw power, uncoloured"
     more = "" if panels_shown >= s.gpus else f" First {panels_shown} of {s.gpus} GPUs shown."
+    # only what the figure draws: shading and step ends need heartbeats and metrics, which a power-only run lacks
+    shaded = " Shaded: checkpoint intervals from the heartbeat events." if s.signals.heartbeats else ""
+    steps = " Top row: step ends from metrics." if s.signals.metrics else ""
     caption = (
-        f"One lane per GPU, all on one power scale (the lane's height, in the time axis label): power, "
-        f"each bin coloured by the phase that holds most of its time; the strip at the bottom of each lane "
-        f"is the same phase per bin. Shaded: checkpoint intervals from the heartbeat events. Top row: step "
-        f"ends from metrics. Phases: {source}.{more}"
+        "One lane per GPU, all on one power scale (each lane's top line and the time axis label give its watts): "
+        "power, each bin coloured by the phase that holds most of its time; the strip at the bottom of each lane "
+        f"is the same phase per bin.{shaded}{steps} Phases: {source}.{more}"
     )
     return section("power", "Power per GPU over time", figure(svg, "power per GPU over time") + note(caption))
 

@@ -249,7 +249,8 @@ class _Context:
         seconds = float(mine.sum()) * self.window_s
         evidence = (
             f"last in {100 * lag:.0f}% of the {sc.wait_windows} windows in which {where} waited for one of them "
-            f"({seconds:.0f} s between {_hm(t0)} and {_hm(t1)} UTC); {why}"
+            f"({seconds:.0f} s of waiting in all, spread over the {t1 - t0:.0f} s from {_hm(t0)} to {_hm(t1)} UTC); "
+            f"{why}"
         )
         return Straggler(
             host=host,
@@ -325,21 +326,22 @@ class _Context:
         # 4. rank 0's own work
         rank = self.rank_of.get(g)
         util_p, power_p = _median(win.util[pos_p]), _median(win.power[pos_p])
-        peers_text = f"its peers at {power_p:.0f} W and {util_p:.0f}% utilization meanwhile (medians)"
+        peers_text = f"its peers sat at {power_p:.0f} W and {util_p:.0f}% utilization (medians)"
         power_lag = _mean(win.power[pos_g])
         if rank == 0 or (not self.rank_of and len({h for h, _ in self.keys}) == 1 and self.keys[g][1] == 0):
             how = "rank 0's GPU (heartbeats)" if rank == 0 else "GPU 0 of a one-host job, where rank 0 runs by default"
             state = "idle, not spinning in a collective" if util_p <= 10 else "waiting in a collective"
             hw = f"; {clock_text}" if clock_text else ""
             return "rank0_work", (
-                f"{how} works alone at {power_lag:.0f} W while {peers_text} ({state}): work only rank 0 does (logging, "
-                f"evaluation, a save){hw}"
+                f"{how} worked alone at {power_lag:.0f} W while {peers_text}, {state}: work only rank 0 does "
+                f"(logging, evaluation, a save){hw}"
             )
         if slowed:
             return "unknown", f"{clock_text}: the GPU itself runs slower, and nothing recorded says why"
         return (
             "unknown",
-            f"{peers_text}; {clock_text or 'no clock readings'}; no reason, data wait or rank-0 role found",
+            f"while it lagged {peers_text}; {clock_text or 'no clock readings'}; no reason, data wait or rank-0 role "
+            "found",
         )
 
     def working_power(self, g: int, cols: np.ndarray) -> float:
