@@ -113,6 +113,11 @@ def run_id(proc) -> str:
     return re.search(r"SLURM run ID: (\S+)", output(proc)).group(1)
 
 
+def rule(job: dict) -> str:
+    """The rule a job ran: the executor's comment is rule_<rule>, with _wildcards_<values> for a rule with a run."""
+    return job["comment"].split("_wildcards_")[0]
+
+
 def jobs(name: str | None = None) -> list[dict]:
     """The cluster's job list; finished jobs stay in squeue for MinJobAge (900 s) on the test cluster."""
     argv = ["timeout", "-k", "5", "30", "squeue", "--states=all", "-h", "-o", "%i|%j|%k|%T|%D|%N|%V|%S|%e"]
@@ -158,13 +163,13 @@ def test_two_node_train_job_through_snakemake_profile_slurm(cluster, slurm_workf
             "all",
         ]
     )
-    assert sorted(j["comment"] for j in mine) == sorted(
+    assert sorted(rule(j) for j in mine) == sorted(
         ["rule_pretokenize", "rule_pack_and_balance", "rule_train", "rule_power_triage", "rule_run_report"]
     )
     assert all(j["state"] == "COMPLETED" for j in mine), mine
 
     # train: ONE Slurm job spread over both nodes ...
-    (train,) = [j for j in mine if j["comment"] == "rule_train"]
+    (train,) = [j for j in mine if rule(j) == "rule_train"]
     assert train["nodes"] == "2" and train["nodelist"] == "n[1-2]", train
     # ... and by the job's own record: one launcher task per node, each naming its Slurm node, in that job
     run = work / "results/train/demo"
@@ -185,7 +190,7 @@ def test_two_node_train_job_through_snakemake_profile_slurm(cluster, slurm_workf
     assert (work / "results/report/demo/index.html").stat().st_size > 0
     assert json.loads((work / "results/report/demo/summary.json").read_text())["tokens"] > 0
     # Slurm's own job logs (kept by the test profile)
-    assert (work / f".snakemake/slurm_logs/rule_train/{train['id']}.log").exists()
+    assert (work / f".snakemake/slurm_logs/rule_train/demo/{train['id']}.log").exists()
 
     # where jobs queue is not a result's input: another partition or account reruns nothing
     moved = work / "moved.yaml"
@@ -207,15 +212,15 @@ def test_two_node_train_job_through_snakemake_profile_slurm(cluster, slurm_workf
 def test_failing_gate_submits_no_train_job(cluster, slurm_workflow, tmp_path):
     uneven = tmp_path / "uneven.yaml"
     uneven.write_text("pack:\n  remainder: none\n")  # naive per-rank packing: uneven micro-batches
-    trains_before = [j for j in jobs() if j["comment"] == "rule_train"]
+    trains_before = [j for j in jobs() if rule(j) == "rule_train"]
     proc = snakemake_slurm(slurm_workflow, "--configfile", str(uneven))
     assert proc.returncode != 0
     assert "gate: FAIL equal_steps" in output(proc)
     mine = jobs(run_id(proc))
     print("\nfailing-gate run, its Slurm jobs:\n" + "\n".join("|".join(j.values()) for j in mine))
-    assert "rule_train" not in [j["comment"] for j in mine]
-    assert "rule_pack_and_balance" in [j["comment"] for j in mine]  # the stage before it did run on the cluster
-    assert [j for j in jobs() if j["comment"] == "rule_train"] == trains_before
+    assert "rule_train" not in [rule(j) for j in mine]
+    assert "rule_pack_and_balance" in [rule(j) for j in mine]  # the stage before it did run on the cluster
+    assert [j for j in jobs() if rule(j) == "rule_train"] == trains_before
     assert not (slurm_workflow / "results/gate/demo/PASSED").exists()
 
 
@@ -232,7 +237,7 @@ def test_watcher_stops_a_hung_two_node_job_through_srun(cluster, slurm_workflow,
     proc = snakemake_slurm(slurm_workflow, "--configfile", str(hang))
     assert proc.returncode != 0
     assert "wattgate launch: failed: watcher stopped the job: deadlock" in output(proc), output(proc)[-4000:]
-    (train,) = [j for j in jobs(run_id(proc)) if j["comment"] == "rule_train"]
+    (train,) = [j for j in jobs(run_id(proc)) if rule(j) == "rule_train"]
     print(f"\nhung job: {'|'.join(train.values())}")
     assert train["nodes"] == "2" and train["state"] == "FAILED", train
     verdict = json.loads((slurm_workflow / "results/train/demo/watcher.json").read_text())
@@ -266,7 +271,7 @@ def test_a_run_longer_than_its_time_limit_finishes_across_jobs_without_a_person(
     proc = snakemake_slurm(work, target, "--configfile", "config/config.yaml", str(limited), limit_s=900)
     log = output(proc)
     assert proc.returncode == 0, log[-6000:]
-    trains = [j for j in jobs(run_id(proc)) if j["comment"] == "rule_train"]
+    trains = [j for j in jobs(run_id(proc)) if rule(j) == "rule_train"]
     print("\ntime-limited run, its train jobs:\n" + "\n".join("|".join(j.values()) for j in trains))
     assert len(trains) >= 2, trains  # cut by the limit at least once, resubmitted by Snakemake alone
     assert all(j["nodes"] == "2" for j in trains), trains
@@ -282,7 +287,7 @@ def test_a_run_longer_than_its_time_limit_finishes_across_jobs_without_a_person(
     summary = json.loads((run / "TRAINED").read_text())
     assert summary["resumed_from_step"] == stops[-1] > 0 and not (run / "STOPPED").exists()
     # each job went on from the step the one before it stopped at: every step once, on both ranks, to the plan's end
-    plan = json.loads((work / "results/plan/demo/plan.json").read_text())
+    plan = json.loads((work / "results/plan/jobs/plan.json").read_text())
     metrics = pq.read_table(run / "metrics.parquet", columns=["step", "rank"]).to_pylist()
     steps = sorted((r["step"], r["rank"]) for r in metrics)
     assert steps == [(s, r) for s in range(1, plan["steps_per_epoch"] * plan["epochs"] + 1) for r in (0, 1)]
