@@ -72,20 +72,27 @@ def test_plan_from_fresh_copy_then_byte_identical_rerun(workflow_copy):
     assert changed == []
 
 
+GATE = "results/gate/demo/PASSED"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "change, reruns",
-    [
-        ("pack:\n  seed: 3\n", ["pack_and_balance"]),
-        # docs/stages.md: a train key the plan is not made of reruns the gate, never pack (it reran pack)
-        ("train:\n  lr: 0.0005\n  checkpoint_every: 7\n", []),
+    [  # docs/stages.md, "What a config change reruns": each row's first rule, and the rules after it up to the gate
+        ("tokenizer:\n  vocab_size: 500\n", ["invariant_gate", "pack_and_balance", "pretokenize", "train_tokenizer"]),
+        ("pretokenize:\n  max_tokens: 200\n", ["invariant_gate", "pack_and_balance", "pretokenize"]),
+        ("pack:\n  seed: 3\n", ["invariant_gate", "pack_and_balance"]),
+        # a train key the plan is not made of reruns the gate, never pack (it reran pack)
+        ("train:\n  lr: 0.0005\n  checkpoint_every: 7\n", ["invariant_gate"]),
+        ("watcher:\n  hang_after_s: 33\n", ["invariant_gate"]),
+        ("cluster:\n  slurm:\n    partition: elsewhere\n", []),  # where jobs queue, not what they compute
     ],
 )
-def test_a_config_change_reruns_pack_only_when_the_plan_is_made_of_it(workflow_copy, tmp_path, change, reruns):
-    snakemake(workflow_copy, "results/plan/demo/plan.json")
+def test_a_config_change_reruns_exactly_the_stages_that_read_it(workflow_copy, tmp_path, change, reruns):
+    snakemake(workflow_copy, GATE)
     extra = tmp_path / "extra.yaml"
     extra.write_text(change)
-    proc = snakemake(workflow_copy, "results/plan/demo/plan.json", "--configfile", str(extra), "-n")
+    proc = snakemake(workflow_copy, GATE, "--configfile", str(extra), "-n")
     if not reruns:
         assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-2000:]
         return
