@@ -30,7 +30,9 @@ rule demo_corpus:
         WATTGATE_ENV
     params:
         **settings_of("demo_corpus"),
-        config=RUN_CONFIG,
+        # a function of the output: not a setting, so another run's config file (another path) reruns nothing;
+        # the corpus reads only demo_corpus.*, which settings_of holds
+        config=lambda wildcards, output: RUN_CONFIG,
     shell:
         "wattgate demo-corpus --config {params.config:q} --out {output:q} > {log:q} 2>&1"
 
@@ -47,7 +49,9 @@ rule demo_notes:
         WATTGATE_ENV
     params:
         **settings_of("demo_corpus"),
-        config=RUN_CONFIG,
+        # a function of the output: not a setting, so another run's config file (another path) reruns nothing;
+        # the corpus reads only demo_corpus.*, which settings_of holds
+        config=lambda wildcards, output: RUN_CONFIG,
     shell:
         "wattgate demo-corpus --kind notes --config {params.config:q} --out {output:q} > {log:q} 2>&1"
 
