@@ -237,7 +237,8 @@ def test_two_configs_keep_their_plans_and_verdicts_side_by_side(workflow_copy, t
     assert {p: p.read_bytes() for p in first} == first
     assert (workflow_copy / "logs/pack_and_balance/other.log").exists()
     proc = snakemake(workflow_copy, "--until", "invariant_gate", "-n")
-    assert "Nothing to be done" in output(proc), output(proc)[-2000:]
+    said = output(proc)
+    assert "Nothing to be done" in said or re.search(r"^total\s+0$", said, re.M), said[-2000:]  # no job
 
 
 def test_a_rerun_reason_names_the_changed_keys(workflow_copy, tmp_path):
