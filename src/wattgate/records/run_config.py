@@ -97,7 +97,7 @@ class TokenizerConfig(Record):
     """The config's `tokenizer` object."""
 
     # local Hugging Face tokenizer (or model) directory; null trains a byte-level BPE tokenizer on the corpus
-    # (results/tokenizer/<run>). Any path (spaces allowed): rules pass it to their shell quoted.
+    # (`results/tokenizer/<run_name>`). Any path (spaces allowed): rules pass it to their shell quoted.
     path: str | None
     vocab_size: int = spec(minimum=300)
     min_frequency: int = spec(minimum=1)
@@ -444,8 +444,9 @@ class ModelConfig(Record):
 class RunConfig(Record):
     """wattgate run configuration"""
 
-    # name of the training run (letters, digits, '.', '_', '-'; starts with a letter or digit); train outputs go to
-    # results/train/<run_name>
+    # name of the training run (letters, digits, '.', '_', '-'; starts with a letter or digit); every stage writes
+    # under `results/<stage>/<run_name>/` and logs to `logs/<rule>/<run_name>.log`, so runs of other names live side
+    # by side
     run_name: str
     data: DataConfig
     # the generated corpora of the embedded default (chat, and the plain-text notes of its mixture)
