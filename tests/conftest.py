@@ -1,4 +1,5 @@
 import json
+import shutil
 import os
 from pathlib import Path
 
@@ -75,6 +76,19 @@ def copy_workflow(work: Path) -> Path:
     shutil.copytree(REPO / "workflow", work / "workflow", symlinks=False)
     shutil.copytree(REPO / "config", work / "config")
     return work
+
+
+def tokenizer_refusing(tmp_path: Path, tokenizer_dir: Path, condition: str, message: str) -> Path:
+    """A copy of the test tokenizer whose chat template raises `message` for a turn `m` where the Jinja
+    `condition` holds (a template error: a bad record)."""
+    strict = tmp_path / "strict_tok"
+    shutil.copytree(tokenizer_dir, strict)
+    template = (strict / "chat_template.jinja").read_text()
+    (strict / "chat_template.jinja").write_text(
+        f"{{%- for m in messages %}}{{%- if {condition} %}}{{{{- raise_exception({message}) }}}}{{%- endif %}}"
+        "{%- endfor %}" + template
+    )
+    return strict
 
 
 def write_jsonl(path: Path, rows) -> Path:

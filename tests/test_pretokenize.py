@@ -16,7 +16,7 @@ from wattgate.data.pretokenize import pretokenize
 from wattgate.data.tokenizer import load_tokenizer
 from wattgate.errors import InputError
 
-from conftest import write_jsonl
+from conftest import tokenizer_refusing, write_jsonl
 
 
 def read_shards(out: Path):
@@ -138,12 +138,8 @@ def test_each_bad_record_class_is_named_with_file_and_line(tmp_path, make_config
 
 
 def test_template_errors_are_bad_records(tmp_path, make_config, tokenizer_dir):
-    strict = tmp_path / "strict_tok"
-    shutil.copytree(tokenizer_dir, strict)
-    template = (strict / "chat_template.jinja").read_text()
-    (strict / "chat_template.jinja").write_text(
-        "{%- for m in messages %}{%- if m['role'] not in ['user', 'assistant'] %}"
-        "{{- raise_exception('unknown role ' + m['role']) }}{%- endif %}{%- endfor %}" + template
+    strict = tokenizer_refusing(
+        tmp_path, tokenizer_dir, "m['role'] not in ['user', 'assistant']", "'unknown role ' + m['role']"
     )
     corpus = write_jsonl(
         tmp_path / "c.jsonl",

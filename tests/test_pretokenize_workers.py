@@ -4,7 +4,6 @@ and the chat template called directly renders what `apply_chat_template` renders
 
 import gzip
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from wattgate.data.records import Fields
 from wattgate.data.tokenizer import load_tokenizer
 from wattgate.errors import InputError
 
-from conftest import write_jsonl
+from conftest import tokenizer_refusing, write_jsonl
 
 WORKERS = 3  # more than this machine may have: workers share cores, which changes nothing but speed
 
@@ -36,14 +35,7 @@ def on_workers(monkeypatch):
 @pytest.fixture
 def strict_tokenizer(tmp_path, tokenizer_dir) -> Path:
     """The test tokenizer with a template that refuses a turn saying REFUSED (a template error, a bad record)."""
-    strict = tmp_path / "strict_tok"
-    shutil.copytree(tokenizer_dir, strict)
-    template = (strict / "chat_template.jinja").read_text()
-    (strict / "chat_template.jinja").write_text(
-        "{%- for m in messages %}{%- if m['content'] == 'REFUSED' %}"
-        "{{- raise_exception('refused turn') }}{%- endif %}{%- endfor %}" + template
-    )
-    return strict
+    return tokenizer_refusing(tmp_path, tokenizer_dir, "m['content'] == 'REFUSED'", "'refused turn'")
 
 
 def _mixed_corpus(path: Path, demo_docs) -> Path:

@@ -200,33 +200,28 @@ def test_4_ranks_lose_two_and_go_on_with_2_through_snakemake(small_workflow, tmp
     )
 
 
+# the workflow's folders of the run `demo`, which these hand-run stages use too
+PRETOKENIZED, PLAN, GATE = "results/pretokenized/demo", "results/plan/demo", "results/gate/demo"
+
+
+def copy_data(source: Path, work: Path) -> None:
+    """`source`'s corpus, tokenizer and pretokenized data into `work` (the gate checks the corpus the config names)."""
+    (work / "results").mkdir(parents=True, exist_ok=True)
+    for name in ("corpus", "pretokenized", "tokenizer"):
+        subprocess.run(["cp", "-r", str(source / "results" / name), str(work / "results")], check=True)
+
+
+def pack_and_gate(work: Path) -> None:
+    stage(work, "pack", "--pretokenized", PRETOKENIZED, "--out", PLAN)
+    stage(work, "gate", "--pretokenized", PRETOKENIZED, "--plan", PLAN, "--out", GATE)
+
+
 def trained_alone(source: Path, work: Path, config: dict) -> None:
     """pack, gate and launch `config` in `work` on a copy of `source`'s pretokenized data (the CLI stages)."""
-    (work / "results").mkdir(parents=True, exist_ok=True)
-    for name in ("corpus", "pretokenized", "tokenizer"):  # the gate checks the corpus the config names
-        subprocess.run(["cp", "-r", str(source / "results" / name), str(work / "results")], check=True)
+    copy_data(source, work)
     (work / "config.yaml").write_text(yaml.safe_dump(config))
-    stage(work, "pack", "--pretokenized", "results/pretokenized/demo", "--out", "results/plan/demo")
-    stage(
-        work,
-        "gate",
-        "--pretokenized",
-        "results/pretokenized/demo",
-        "--plan",
-        "results/plan/demo",
-        "--out",
-        "results/gate/demo",
-    )
-    stage(
-        work,
-        "launch",
-        "--pretokenized",
-        "results/pretokenized/demo",
-        "--plan",
-        "results/plan/demo",
-        "--run-dir",
-        "results/train/demo",
-    )
+    pack_and_gate(work)
+    stage(work, "launch", "--pretokenized", PRETOKENIZED, "--plan", PLAN, "--run-dir", "results/train/demo")
 
 
 def stage(work: Path, *args) -> None:
@@ -243,24 +238,12 @@ def stage(work: Path, *args) -> None:
 @pytest.mark.slow
 def test_2_ranks_grow_to_3_with_the_closest_global_batch(small_workflow, tmp_path):
     work = tmp_path / "w"
-    (work / "results").mkdir(parents=True)
-    for name in ("corpus", "pretokenized", "tokenizer"):  # the gate checks the corpus the config names
-        subprocess.run(["cp", "-r", str(small_workflow / "results" / name), str(work / "results")], check=True)
+    copy_data(small_workflow, work)
     config = yaml.safe_load((small_workflow / "config/config.yaml").read_text())
     config["cluster"]["gpus_per_node"] = 2
     config["forecast"] = {"ledger": str(work / "results/throughput.jsonl")}
     (work / "config.yaml").write_text(yaml.safe_dump(config))
-    stage(work, "pack", "--pretokenized", "results/pretokenized/demo", "--out", "results/plan/demo")
-    stage(
-        work,
-        "gate",
-        "--pretokenized",
-        "results/pretokenized/demo",
-        "--plan",
-        "results/plan/demo",
-        "--out",
-        "results/gate/demo",
-    )
+    pack_and_gate(work)
     run = work / "results/train/demo"
     proc = subprocess.Popen(
         [
@@ -271,9 +254,9 @@ def test_2_ranks_grow_to_3_with_the_closest_global_batch(small_workflow, tmp_pat
             "--config",
             "config.yaml",
             "--pretokenized",
-            "results/pretokenized/demo",
+            PRETOKENIZED,
             "--plan",
-            "results/plan/demo",
+            PLAN,
             "--run-dir",
             str(run),
         ],
@@ -286,25 +269,13 @@ def test_2_ranks_grow_to_3_with_the_closest_global_batch(small_workflow, tmp_pat
 
     config["cluster"]["gpus_per_node"] = 3
     (work / "config.yaml").write_text(yaml.safe_dump(config))
-    stage(work, "pack", "--pretokenized", "results/pretokenized/demo", "--out", "results/plan/demo")
-    plan = json.loads((work / "results/plan/demo/plan.json").read_text())
+    pack_and_gate(work)
+    plan = json.loads((work / PLAN / "plan.json").read_text())
     # 2 x 2 x 2 = 8 packs per step cannot be split over 3 ranks x 2: grad_accum 1 (6 packs) is the closest
     assert plan["world_size"] == 3 and plan["grad_accum"] == 1 and "(was 8" in plan["resumed_from"]["change"]
-    stage(
-        work,
-        "gate",
-        "--pretokenized",
-        "results/pretokenized/demo",
-        "--plan",
-        "results/plan/demo",
-        "--out",
-        "results/gate/demo",
-    )
-    gate = json.loads((work / "results/gate/demo/gate.json").read_text())
+    gate = json.loads((work / GATE / "gate.json").read_text())
     assert gate["passed"], [c for c in gate["checks"] if not c["passed"]]
-    stage(
-        work, "launch", "--pretokenized", "results/pretokenized/demo", "--plan", "results/plan/demo", "--run-dir", run
-    )
+    stage(work, "launch", "--pretokenized", PRETOKENIZED, "--plan", PLAN, "--run-dir", run)
     manifest = json.loads((work / "results/pretokenized/demo/manifest.json").read_text())
     metrics = pq.read_table(run / "metrics.parquet").to_pandas()
     assert int(metrics["tokens"].sum()) == plan["epochs"] * manifest["validation"]["train_tokens"]
