@@ -203,11 +203,22 @@ def main() -> None:
             continue
         ratio = r["predicted"] / r["peak"]
         print(f"{kind:>8} {mbs:>3} {r['peak']:>9.2f} {r['predicted']:>6.2f} {ratio:>13.2f} {r['step_s']:>7.2f}")
-    ok = True
+    ok, checked = True, 0
     for mbs in mbs_list:
         c, f = rows["chunked", mbs], rows["full", mbs]
+        what = f"chunked loss, vocab {shape['vocab_size']:,}, seq_len {seq_len}, micro_batch_size {mbs}, per-rank peak"
+        if "peak" in c and "peak" not in f:  # the baseline does not fit this host: say so, with the gate's figure
+            skipped = f.get("skipped", "failed")
+            figure(
+                "loss",
+                what,
+                f"{c['peak']:.3f} GiB (the gate predicted {c['predicted']:.3f} GiB); step {c['step_s']:.3f} s",
+                f"the full-logits loss not run ({skipped}); the gate predicts it {f['predicted']:.3f} GiB",
+            )
+            continue
         if "peak" not in c or "peak" not in f:
             continue
+        checked += 1
         drop, want = f["peak"] - c["peak"], f["predicted_logits"] - c["predicted_logits"]
         time_ratio = c["step_s"] / f["step_s"]
         print(
@@ -217,13 +228,14 @@ def main() -> None:
         )
         figure(
             "loss",
-            f"chunked loss, vocab {shape['vocab_size']:,}, seq_len {seq_len}, micro_batch_size {mbs}, per-rank peak",
+            what,
             f"{c['peak']:.3f} GiB, {drop:.3f} GiB below the baseline (the gate's logits terms: {want:.3f} GiB); "
             f"step {c['step_s']:.3f} s, {time_ratio:.2f}x the baseline's",
             f"the full-logits loss {f['peak']:.3f} GiB, step {f['step_s']:.3f} s",
         )
         ok &= drop >= (1 - TARGET_MATCH) * want and abs(drop / want - 1) <= TARGET_MATCH and time_ratio <= TARGET_TIME
-    print(f"goal (drop >= the gate's within {TARGET_MATCH:.0%}, time <= {TARGET_TIME}x): {'met' if ok else 'NOT met'}")
+    verdict = "not checked: no baseline ran" if not checked else "met" if ok else "NOT met"
+    print(f"goal (drop >= the gate's within {TARGET_MATCH:.0%}, time <= {TARGET_TIME}x): {verdict}")
 
 
 if __name__ == "__main__":
