@@ -68,7 +68,7 @@ def test_the_same_identity_or_a_run_continued_on_another_world_size_stays(tmp_pa
     assert earlier_run_differences(run, other_plan) == ["plan"]
 
 
-def test_a_folder_without_a_recorded_identity_is_left_to_the_checkpoints_own_check(tmp_path):
+def test_a_folder_without_a_recorded_identity_or_a_checkpoint_state_is_left_as_it_is(tmp_path):
     run = finished_run(tmp_path)
     (run / RUN_IDENTITY).unlink()
     assert set_aside_earlier_run(run, IDENTITY.replace(plan="p9")) is None
@@ -76,3 +76,16 @@ def test_a_folder_without_a_recorded_identity_is_left_to_the_checkpoints_own_che
     with pytest.raises(InputError, match=r"run-identity.json: not a JSON object"):
         set_aside_earlier_run(run, IDENTITY)
     assert json.loads((run / RUN_IDENTITY).read_text()) == [1, 2]
+
+
+def test_a_folder_from_before_the_identity_file_is_judged_by_its_newest_checkpoint(tmp_path):
+    """A run trained before launch recorded run-identity.json: its newest checkpoint's state.json says what it
+    computed, so another corpus or plan still moves the whole earlier run aside, not only its checkpoints."""
+    run = finished_run(tmp_path)
+    (run / RUN_IDENTITY).unlink()
+    state = {"step": 4, "position": {"step": 4, "plan": "packs-1"}, "files": {}, "identity": IDENTITY.to_json()}
+    (run / "checkpoints" / "step-4" / "state.json").write_text(json.dumps(state))
+    assert earlier_run_differences(run, IDENTITY) == []
+    line = set_aside_earlier_run(run, IDENTITY.replace(pretokenized="d2"))
+    assert line is not None and "it differs in pretokenized" in line
+    assert not (run / "metrics.parquet").exists() and not (run / "checkpoints").exists()

@@ -382,6 +382,18 @@ def _warn_unverified(path: Path) -> None:
         )
 
 
+def newest_recorded_identity(root: Path) -> tuple[RunIdentity | None, Position | None] | None:
+    """(identity, position) the newest checkpoint under `root` with a readable state.json records; None without
+    one. What a run folder from before launch recorded its identity says about the run in it."""
+    if not root.is_dir():
+        return None
+    for path in sorted(root.glob("step-*"), key=_step_of, reverse=True):
+        state, _ = _read_state(path)
+        if state is not None:
+            return state.identity, state.position
+    return None
+
+
 def set_aside_mismatched(root: Path, identity: RunIdentity) -> Path | None:
     """Move `root` aside when it holds checkpoints of another run identity (wattgate/identity.py).
 

@@ -23,6 +23,7 @@ from wattgate.identity import identity_differences
 from wattgate.records.base import Where
 from wattgate.records.checkpoint import Position, RunIdentity
 from wattgate.run_files import LAUNCH_LOCK, RUN_IDENTITY, TRAIN_LOCK
+from wattgate.train.checkpoint import newest_recorded_identity
 
 # what stays in the folder: the locks launch holds now, and the hidden files of this attempt (the output marker, the
 # spare room set aside for the attempt's outcome)
@@ -44,12 +45,17 @@ def _recorded(run: Path) -> tuple[RunIdentity, str | None] | None:
 
 
 def earlier_run_differences(run: Path, identity: RunIdentity) -> list[str]:
-    """What the run recorded in `run` differs in from `identity` (empty: the same run, or none recorded)."""
+    """What the run recorded in `run` differs in from `identity` (empty: the same run, or none recorded). A folder
+    without run-identity.json (trained before launch recorded it) is judged by its newest checkpoint's identity."""
     recorded = _recorded(run)
-    if recorded is None:
+    if recorded is not None:
+        before, packs = recorded
+        return identity_differences(before, identity, Position(plan=packs))
+    newest = newest_recorded_identity(run / "checkpoints")
+    if newest is None:
         return []
-    before, packs = recorded
-    return identity_differences(before, identity, Position(plan=packs))
+    before, position = newest
+    return identity_differences(before, identity, position)
 
 
 def set_aside_earlier_run(run: Path, identity: RunIdentity) -> str | None:
