@@ -109,6 +109,8 @@ def forecast_miss(s: Summary) -> str | None:
         return None
     if abs(f.error.wall_s) <= FORECAST_MISS or s.wall_s is None or f.actual.wall_s is None:
         return None
+    if "resumed" in (s.wall_source or ""):  # the job time is the last attempt's alone: no whole job to compare
+        return None
     terms = f.forecast.terms_s or {}
     steps_fc = sum(terms.get(k, 0.0) for k in ("steps_s", "validation_s", "checkpoints_s", "warmup_s"))
     edges_fc = sum(terms.get(k, 0.0) for k in ("startup_s", "load_s", "export_s"))
@@ -149,7 +151,13 @@ def forecast_section(s: Summary) -> str:
 
     hours = "GPU-hours (job time x GPUs)" if s.gpus else "rank-hours (job time x ranks)"
     rows = [
-        row("job time (start to export)", fc and fc.wall_s, act and act.wall_s, err and err.wall_s, None),
+        row(
+            "job time (start to export" + ("; the last attempt's" if "resumed" in (s.wall_source or "") else "") + ")",
+            fc and fc.wall_s,
+            act and act.wall_s,
+            err and err.wall_s,
+            None,
+        ),
         row(hours, fc and fc.gpu_hours, act and act.gpu_hours, err and err.gpu_hours, 4),
         row("energy (kWh, GPUs)", fc and fc.kwh, act and act.kwh, err and err.kwh, 4),
     ]

@@ -87,7 +87,10 @@ def header(s: Summary) -> str:
         ("steps", fmt(s.steps)),
         ("training time", duration(s.wall_s)),
         # the forecast's measure (TRAINED job_s: start to the end of export), so the card below it agrees
-        ("job time", duration(s.forecast.actual.wall_s) if s.forecast and s.forecast.actual else "n/a"),
+        (
+            "job time (last attempt)" if resumed(s) else "job time",
+            duration(s.forecast.actual.wall_s) if s.forecast and s.forecast.actual else "n/a",
+        ),
         ("tokens/s", fmt(s.tokens_per_s, 0)),
         (
             "tokens/s per GPU" if s.gpus else "tokens/s per rank",
@@ -115,6 +118,12 @@ def header(s: Summary) -> str:
         f'<header><h1>wattgate report: {escape(run.name)}</h1><p class="sub">{escape(sub)}</p>'
         f'<div class="badges">{g}{w}{a}</div><div class="grid">{grid}</div>{notes}</header>'
     )
+
+
+def resumed(s: Summary) -> bool:
+    """Whether the run went on over several attempts: its training time is summed over them, while TRAINED's job
+    time is the last attempt's."""
+    return "resumed" in (s.wall_source or "")
 
 
 def _peak_memory(s: Summary) -> tuple[str, str]:
