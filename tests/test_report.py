@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from real_traces import H200_DATA
 
+from wattgate.durations import duration
 from wattgate.cli import main
 from wattgate.testing.synthetic_trace import T0, build_trace, gpus_of, job, write_run_info
 from wattgate.errors import InputError
@@ -418,6 +419,30 @@ def test_forecast_against_actual_and_the_watcher_card_keep_what_their_records_ho
     assert s["watcher"] == watcher  # a null table stays null, keys watcher.json lacks stay out
     text = without_figures((tmp_path / "out" / "index.html").read_text())
     assert "<td>stuck ranks</td><td>1</td>" in text and "Gate: a hang would cost 2 GPU-hours" in text
+
+
+def test_a_forecast_far_off_is_called_out_with_where_the_time_went_and_tiles_agree_with_cards(cpu_run, tmp_path):
+    """The job took 2.4x its forecast, the training steps most of it: one highlighted line says so; the header's job
+    time is the Forecast card's actual, and a card without a value is named once instead of shown as n/a."""
+    gate_file = cpu_run.parent.parent / "gate" / cpu_run.name / "gate.json"
+    gate = json.loads(gate_file.read_text())
+    gate["forecast"] = {
+        "wall_s": 50.0,
+        "gpu_hours": 0.03,
+        "kwh": None,
+        "throughput": {"source": "host-matmul", "detail": "99 GFLOP/s"},
+        "terms_s": {"steps_s": 20.0, "startup_s": 30.0},
+    }
+    gate_file.write_text(json.dumps(gate))
+    trained = json.loads((cpu_run / "TRAINED").read_text())
+    (cpu_run / "TRAINED").write_text(json.dumps(trained | {"job_s": 120.0, "wall_s": 90.0}))
+    run_report(cpu_run, tmp_path / "out")
+    text = without_figures((tmp_path / "out" / "index.html").read_text())
+    assert '<p class="highlight">The job took 140.0% longer than the gate forecast. Most of it is the training ' in text
+    assert "90.0 s measured against 20.0 s forecast (4.5x), so the throughput it assumed (host-matmul) was off" in text
+    assert f"<small>job time</small><b>{duration(120.0)}</b>" in text and "<td>job time (start to export)</td>" in text
+    assert "<small>GPU-hours</small>" not in text  # a CPU run: rank-hours only
+    assert "Not measured in this run: " in text and "<b>n/a</b>" not in text
 
 
 # ---------------------------------------------------------------- anomalies
