@@ -394,20 +394,22 @@ def test_memory_measured_per_phase_beside_the_gate_estimate(cpu_run, tmp_path):
     assert ">Memory: measured and estimated</h2>" in text and "n1 6.00 GiB" in text
 
 
-def test_forecast_against_actual_and_the_watcher_card_keep_what_their_records_hold(cpu_run, tmp_path):
-    gate_file = cpu_run.parent.parent / "gate" / cpu_run.name / "gate.json"
+def with_forecast(run, wall_s, gpu_hours, source, terms_s, trained, failure=None) -> None:
+    """The run's gate.json given a forecast (and a hang's cost line), its TRAINED given `trained`'s fields."""
+    gate_file = run.parent.parent / "gate" / run.name / "gate.json"
     gate = json.loads(gate_file.read_text())
-    gate["forecast"] = {
-        "wall_s": 100.0,
-        "gpu_hours": 0.05,
-        "kwh": None,
-        "throughput": {"source": "ledger", "detail": "3 runs"},
-        "terms_s": {"steps": 80.0, "startup": 20.0},
-    }
-    gate["failure"] = {"line": "a hang would cost 2 GPU-hours"}
+    throughput = {"source": source, "detail": "3 runs" if source == "ledger" else "99 GFLOP/s"}
+    gate["forecast"] = {"wall_s": wall_s, "gpu_hours": gpu_hours, "kwh": None, "throughput": throughput}
+    gate["forecast"]["terms_s"] = terms_s
+    if failure:
+        gate["failure"] = {"line": failure}
     gate_file.write_text(json.dumps(gate))
-    trained = json.loads((cpu_run / "TRAINED").read_text())
-    (cpu_run / "TRAINED").write_text(json.dumps(trained | {"job_s": 120.0}))
+    (run / "TRAINED").write_text(json.dumps(json.loads((run / "TRAINED").read_text()) | trained))
+
+
+def test_forecast_against_actual_and_the_watcher_card_keep_what_their_records_hold(cpu_run, tmp_path):
+    terms = {"steps": 80.0, "startup": 20.0}
+    with_forecast(cpu_run, 100.0, 0.05, "ledger", terms, {"job_s": 120.0}, "a hang would cost 2 GPU-hours")
     watcher = {"verdict": "deadlock", "stalled_for_s": 61.5, "stuck_ranks": [1], "table": None, "detected_at": T0 + 30}
     (cpu_run / "watcher.json").write_text(json.dumps(watcher))
     s = run_report(cpu_run, tmp_path / "out").to_json()
@@ -424,18 +426,8 @@ def test_forecast_against_actual_and_the_watcher_card_keep_what_their_records_ho
 def test_a_forecast_far_off_is_called_out_with_where_the_time_went_and_tiles_agree_with_cards(cpu_run, tmp_path):
     """The job took 2.4x its forecast, the training steps most of it: one highlighted line says so; the header's job
     time is the Forecast card's actual, and a card without a value is named once instead of shown as n/a."""
-    gate_file = cpu_run.parent.parent / "gate" / cpu_run.name / "gate.json"
-    gate = json.loads(gate_file.read_text())
-    gate["forecast"] = {
-        "wall_s": 50.0,
-        "gpu_hours": 0.03,
-        "kwh": None,
-        "throughput": {"source": "host-matmul", "detail": "99 GFLOP/s"},
-        "terms_s": {"steps_s": 20.0, "startup_s": 30.0},
-    }
-    gate_file.write_text(json.dumps(gate))
-    trained = json.loads((cpu_run / "TRAINED").read_text())
-    (cpu_run / "TRAINED").write_text(json.dumps(trained | {"job_s": 120.0, "wall_s": 90.0}))
+    terms = {"steps_s": 20.0, "startup_s": 30.0}
+    with_forecast(cpu_run, 50.0, 0.03, "host-matmul", terms, {"job_s": 120.0, "wall_s": 90.0})
     run_report(cpu_run, tmp_path / "out")
     text = without_figures((tmp_path / "out" / "index.html").read_text())
     assert '<p class="highlight">The job took 140.0% longer than the gate forecast. Most of it is the training ' in text
