@@ -4,6 +4,7 @@ and the chat template called directly renders what `apply_chat_template` renders
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from wattgate.data.chat import ChatRenderer
 from wattgate.data.pretokenize import pretokenize
 from wattgate.data.records import Fields
 from wattgate.data.tokenizer import load_tokenizer
-from wattgate.errors import InputError
+from wattgate.errors import InputError, StageFailed
 
 from conftest import tokenizer_refusing, write_jsonl
 
@@ -146,3 +147,19 @@ def test_direct_template_rendering_is_dropped_when_it_differs(tokenizer_dir, dem
         text, _ = renderer.render(doc["messages"])
         assert text == tok.apply_chat_template(doc["messages"], tokenize=False)
     assert renderer._direct is None
+
+
+def _die(raw):
+    os._exit(9)  # a worker the OS killed (out of memory, say)
+
+
+def test_a_worker_that_dies_ends_the_stage_in_one_line(
+    tmp_path, make_config, tokenizer_dir, demo_docs, on_workers, monkeypatch
+):
+    on_workers(True)
+    monkeypatch.setattr(encode, "_encode_in_worker", _die)  # forked after this: the workers run it
+    corpus = write_jsonl(tmp_path / "c.jsonl", demo_docs[:40])
+    config = make_config(data={"inputs": [str(corpus)]}, pretokenize={"batch_size": 8})
+    with pytest.raises(StageFailed, match=r"^pretokenize: an encode worker process ended abruptly \(killed by the OS"):
+        pretokenize(config, tokenizer_dir, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

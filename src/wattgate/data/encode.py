@@ -17,6 +17,7 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import numpy as np
 from wattgate.data.chat import ChatRenderer, TemplateError
 from wattgate.data.records import BadRecord, BadRecordPolicy, Fields, Record, chat_order_notes, parse_raw, raw_records
 from wattgate.data.tokenizer import load_tokenizer
-from wattgate.errors import InputError
+from wattgate.errors import InputError, StageFailed
 from wattgate.forking import MAX_WORKERS, fork_allowed, usable_cores
 
 # Worker processes start (Python, transformers, the tokenizer) in about a second each: below this much input
@@ -232,10 +233,9 @@ def _starts_with_chat(path: Path, fields: Fields, looked_at: int = 16) -> bool:
 
 def _start_workers(workers: int, tokenizer_dir: str | Path, tokenize: Tokenize) -> ProcessPoolExecutor:
     """`workers` forked processes, started now, before the stage's own threads (the progress bar's; see
-    wattgate.forking): a fork
-    copies the loaded tokenizer and modules, where a fresh interpreter spent 2.5 s importing them (as `datasets`
-    does for `map(num_proc=...)`). TOKENIZERS_PARALLELISM=false as they fork: each is one core's worker, and the
-    tokenizer's thread pool does not survive a fork."""
+    wattgate.forking). A fork copies the loaded modules, where a fresh interpreter spent 2.5 s importing them (as
+    `datasets` forks for `map(num_proc=...)`). TOKENIZERS_PARALLELISM=false as they fork: each is one core's
+    worker, and the tokenizer's thread pool does not survive a fork."""
     executor = ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("fork"),
@@ -285,6 +285,17 @@ class EncodePool:
         runs, batch = self.tokenize.prepare(raw)
         return _ThreadJob(self.tokenize, runs, batch, self.executor.submit(self.tokenize.encodings, runs))
 
+    @staticmethod
+    def result(job: Future | _ThreadJob) -> EncodedBatch:
+        """The batch, or one line when a worker died (the OS killed it, most often for memory)."""
+        try:
+            return job.result()
+        except BrokenProcessPool:
+            raise StageFailed(
+                "pretokenize: an encode worker process ended abruptly (killed by the OS, most often out of memory); "
+                "give the job more memory, or fewer cores so fewer workers run"
+            ) from None
+
     def in_flight(self) -> int:
         """Batches kept in flight: each worker busy and one more queued, so none waits on the reader."""
         return 2 * self.workers if self.workers else 1
@@ -315,12 +326,12 @@ def encoded_batches(raw: Iterator[tuple[str, Any]], pool: EncodePool, batch_size
         try:
             batch = next(batches, None)
         except InputError:
-            for future in pending:
-                yield future.result()
+            for job in pending:
+                yield pool.result(job)
             raise
         if batch is not None:
             pending.append(pool.submit(batch))
         if pending and (batch is None or len(pending) > pool.in_flight()):
-            yield pending.pop(0).result()
+            yield pool.result(pending.pop(0))
         if batch is None and not pending:
             return
