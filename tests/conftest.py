@@ -138,12 +138,15 @@ def h200_run(tmp_path):
 
 
 # `wattgate launch` as a real process (its signal handlers, locks, Slurm timer and final verdict) around a stand-in
-# job: the gate check is skipped (there is no plan to gate) and the job is the argv given.
+# job: the gate check is skipped and the run identity is empty (there is no plan to gate or to identify the run by),
+# and the job is the argv given.
 _FAKE_LAUNCH = """
 import json, sys
 import wattgate.train.launch as launch
+from wattgate.records.checkpoint import RunIdentity
 job = json.loads(sys.argv[1])
 launch.check_gate_marker = lambda *a, **k: None
+launch.this_run_identity = lambda *a, **k: (RunIdentity(), None)
 launch.build_launch_command = lambda *a, **k: job
 from wattgate.cli import main
 sys.exit(main(sys.argv[2:]))

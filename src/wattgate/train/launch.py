@@ -50,6 +50,7 @@ from wattgate.run_files import (
 )
 from wattgate.identity import run_identity
 from wattgate.records.attempt import Stopped
+from wattgate.records.checkpoint import RunIdentity
 from wattgate.train.previous_run import record_run_identity, set_aside_earlier_run
 from wattgate.records.base import Where
 from wattgate.records.watcher import AbortRequest, WatcherRecord
@@ -322,6 +323,11 @@ def copy_gate_records(gate_dir: Path, out: Path) -> None:
             target.unlink(missing_ok=True)
 
 
+def this_run_identity(config: RunConfig, plan: Path, pretokenized: Path) -> tuple[RunIdentity, str | None]:
+    """The run identity this launch trains under (wattgate/identity.py) and its plan's packs_sha256."""
+    return run_identity(config, plan, pretokenized), read_plan(plan)[0].packs_sha256
+
+
 def run_launch(
     config: RunConfig | dict, config_path: Path, pretokenized: Path, plan: Path, out: Path, gate: Path | None = None
 ) -> LaunchResult:
@@ -342,14 +348,14 @@ def run_launch(
     spec = resolve_launch(config)
     attempt = hold_run_lock(out, LAUNCH_LOCK, "wattgate launch").attempt
     check_unlocked(out, TRAIN_LOCK)  # a job whose launcher was killed may still train here: clear nothing of it
-    identity = run_identity(config, plan, pretokenized)
+    identity, packs_sha256 = this_run_identity(config, plan, pretokenized)
     earlier = set_aside_earlier_run(out, identity)  # one run per folder: a report never mixes two
     if earlier:
         attempt = renumber_held(out, LAUNCH_LOCK, 1).attempt  # a new run: its attempts count from 1
     start_run_logs(out)  # train.log and train.attempts.log: only now, so a refused launch never touches them
     if earlier:
         print(earlier, flush=True)
-    record_run_identity(out, identity, read_plan(plan)[0].packs_sha256)
+    record_run_identity(out, identity, packs_sha256)
     started = time.time()
     tel = config.telemetry
     sample = (str(out / "telemetry" / "{host}.parquet"), tel.interval_s) if tel.enabled else None
