@@ -98,6 +98,12 @@ def forecast_record(gate: UsableGate | None, trained: Trained, kwh: float | None
     )
 
 
+def resumed(s: Summary) -> bool:
+    """Whether the run went on over several attempts: its training time is summed over them, while TRAINED's job
+    time is the last attempt's."""
+    return "resumed" in (s.wall_source or "")
+
+
 FORECAST_MISS = 0.25  # a forecast further off than this is called out, with where the time went
 
 
@@ -109,7 +115,7 @@ def forecast_miss(s: Summary) -> str | None:
         return None
     if abs(f.error.wall_s) <= FORECAST_MISS or s.wall_s is None or f.actual.wall_s is None:
         return None
-    if "resumed" in (s.wall_source or ""):  # the job time is the last attempt's alone: no whole job to compare
+    if resumed(s):  # the job time is the last attempt's alone: no whole job to compare
         return None
     terms = f.forecast.terms_s or {}
     steps_fc = sum(terms.get(k, 0.0) for k in ("steps_s", "validation_s", "checkpoints_s", "warmup_s"))
@@ -152,7 +158,7 @@ def forecast_section(s: Summary) -> str:
     hours = "GPU-hours (job time x GPUs)" if s.gpus else "rank-hours (job time x ranks)"
     rows = [
         row(
-            "job time (start to export" + ("; the last attempt's" if "resumed" in (s.wall_source or "") else "") + ")",
+            "job time (start to export" + ("; the last attempt's" if resumed(s) else "") + ")",
             fc and fc.wall_s,
             act and act.wall_s,
             err and err.wall_s,

@@ -8,6 +8,7 @@ from wattgate.power.triage.phases import LABELS
 from wattgate.records.summary import Energy, GpuPhases, NodePhases, Stragglers, Summary, Validation
 from wattgate.records.triage import Gaps
 from wattgate.report.cards import (
+    resumed,
     short_list,
     gate_section,
     forecast_section,
@@ -118,12 +119,6 @@ def header(s: Summary) -> str:
         f'<header><h1>wattgate report: {escape(run.name)}</h1><p class="sub">{escape(sub)}</p>'
         f'<div class="badges">{g}{w}{a}</div><div class="grid">{grid}</div>{notes}</header>'
     )
-
-
-def resumed(s: Summary) -> bool:
-    """Whether the run went on over several attempts: its training time is summed over them, while TRAINED's job
-    time is the last attempt's."""
-    return "resumed" in (s.wall_source or "")
 
 
 def _peak_memory(s: Summary) -> tuple[str, str]:
