@@ -28,6 +28,11 @@ rule all:
         expand(rules.run_report.output.html, run=RUN),
 
 
+onstart:
+    # the run's config as its stages read it: written as the jobs start, never while the workflow is read
+    write_run_config()
+
+
 onerror:
     # each failed job's one-line cause, last, where Snakemake's blocks (command, log dump, traceback) bury it
     shell("python3 {workflow.basedir}/workflow/scripts/failed_jobs.py {log:q}")

@@ -100,6 +100,17 @@ def test_a_config_change_reruns_exactly_the_stages_that_read_it(workflow_copy, t
     assert sorted(line.split()[0] for line in table if line.strip()) == reruns
 
 
+def test_reading_the_workflow_writes_nothing(tmp_path):
+    """Snakemake reads the Snakefile for every command (`-n`, `--list`, a job's own start): results/config/<run>.yaml
+    is written as the jobs start (onstart), never while the workflow is read."""
+    copy_workflow(tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if ".snakemake" not in p.parts)
+    proc = snakemake(tmp_path, "-n")
+    assert "pretokenize" in proc.stdout, proc.stdout[-2000:]
+    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if ".snakemake" not in p.parts)
+    assert after == before
+
+
 def test_bad_config_stops_before_any_job_in_one_line_naming_the_key(workflow_copy, tmp_path):
     proc = snakemake(workflow_copy, "-n", "--config", "train={'seq_len': 'long', 'epochs': 1}", check=False)
     assert proc.returncode != 0
@@ -147,11 +158,11 @@ def test_snakefmt_is_clean():
 
 
 def test_snakefile_holds_only_the_entry_point():
-    """configfile, the report caption, includes, rule all and the failed jobs' one-line causes (onerror); the rest,
-    the config's validation included, lives in workflow/rules."""
+    """configfile, the report caption, includes, rule all, the run config written as jobs start (onstart) and the
+    failed jobs' one-line causes (onerror); the rest, the config's validation included, lives in workflow/rules."""
     lines = [x for x in (REPO / "Snakefile").read_text().splitlines() if x and not x[0].isspace() and x[0] != "#"]
     heads = [x.split("(")[0].split(":")[0].split()[0] for x in lines]
-    allowed = {"from", "min_version", "configfile", "report", "include", "rule", "onerror"}
+    allowed = {"from", "min_version", "configfile", "report", "include", "rule", "onstart", "onerror"}
     assert set(heads) <= allowed, heads
     assert "report" in heads and [x for x in lines if x.startswith("rule ")] == ["rule all:"]
     assert (REPO / "workflow/report/workflow.rst").is_file()

@@ -226,20 +226,20 @@ def config_differences(config: RunConfig | dict, reference: RunConfig | dict, pr
     return out
 
 
-def dump_resolved(config: RunConfig | dict, dest: str | Path, write: bool = True) -> str:
+def dump_resolved(config: RunConfig | dict, dest: str | Path) -> str:
     """Write the validated config (defaults filled) for CLI stages; rewrite only on change.
 
     It mirrors the config of the latest Snakemake invocation (including
     --config/--configfile overrides). An unchanged file keeps its mtime, and
     rules pass only its fixed path, so it never triggers reruns by itself;
-    each rule's `params.settings` does that for the keys it reads. `write=False` (a dry run) leaves the file
-    as it is: `snakemake -n --configfile other.yaml` must not change what a queued job reads.
+    each rule's settings params do that for the keys it reads. The workflow writes it as its jobs start (onstart),
+    so `snakemake -n --configfile other.yaml` never changes what a queued job reads.
     """
     from wattgate.artifacts import write_bytes_atomic
 
     dest = Path(dest)
     data = config_bytes(config)
-    if write and (not dest.exists() or dest.read_bytes() != data):
+    if not dest.exists() or dest.read_bytes() != data:
         write_bytes_atomic(dest, data)
     return str(dest)
 

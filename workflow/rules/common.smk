@@ -45,12 +45,6 @@ def invocation():
         return None
 
 
-def dry_run():
-    """Whether this invocation is `snakemake -n`."""
-    args = invocation()
-    return bool(args is not None and args.dryrun)
-
-
 def check_slurm_host():
     """`--profile slurm` (the slurm executor) on a host without Slurm's commands: one line now, in -n too, where the
     executor failed after its first status check (45 s) naming sacct."""
@@ -103,8 +97,16 @@ def config_file(run):
     return f"{RESULTS}/config/{run}.yaml"
 
 
-# a dry run (`snakemake -n --configfile other.yaml`) leaves it as it is: a queued job reads this file when it starts
-RUN_CONFIG = dump_resolved(config, config_file(RUN), write=not dry_run())
+RUN_CONFIG = config_file(RUN)
+
+
+def write_run_config():
+    """results/config/<run>.yaml, defaults filled, rewritten only when it changed (its mtime reruns nothing: each rule's
+    settings params do). Called by the Snakefile's onstart, once the jobs are decided and about to run: reading the
+    workflow (`-n --configfile other.yaml`, `--list`, a job's own start on a node) writes nothing."""
+    dump_resolved(config, RUN_CONFIG)
+
+
 CORPUS_DIR = f"{RESULTS}/corpus"
 TOKENIZER_DIR = f"{RESULTS}/tokenizer/{{run}}"
 PRETOKENIZED_DIR = f"{RESULTS}/pretokenized/{{run}}"
@@ -144,8 +146,8 @@ def run_config_path(wildcards):
 
 
 def variant_config_input(wildcards):
-    """A variant run's config file, made by variant_config; none for the run itself (written when the workflow is
-    read, so it never makes a stage older than its inputs)."""
+    """A variant run's config file, made by variant_config; none for the run itself (written as the jobs start, so
+    it never makes a stage older than its inputs)."""
     return [config_file(wildcards.run)] if wildcards.run in VARIANTS else []
 
 
