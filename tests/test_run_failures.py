@@ -207,6 +207,11 @@ def test_a_rerun_of_the_train_rule_keeps_the_earlier_attempts_log(tmp_path):
     # the attempt recorded is the one printed (Snakemake's own try is 1 again on a person's rerun)
     outcome = json.loads((run / "attempt-outcome.json").read_text())
     assert outcome["attempt"] == 2 and outcome["snakemake_try"] == 1 and outcome["exit_status"] == 0
+    # each job of the rule keeps its own log under logs/ (the rule's log is the latest job's)
+    logs = tmp_path / "logs/train"
+    jobs = [(logs / f"demo.job-{n}.log").read_text() for n in (1, 2)]
+    assert "launch: attempt 1 at " in jobs[0] and "launch: attempt 2 at " not in jobs[0], jobs[0][-2000:]
+    assert "launch: attempt 2 at " in jobs[1] and (logs / "demo.log").read_text() == jobs[1]
 
     # another learning rate is another run: the earlier run's records move aside whole, and the report is the new one's
     lr = tmp_path / "lr.yaml"

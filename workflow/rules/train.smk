@@ -14,7 +14,9 @@ rule train:
     output:
         trained=f"{TRAIN_DIR}/TRAINED",
     log:
-        # Snakemake's; launch writes the run folder's train.log (this attempt) and train.attempts.log (every attempt)
+        # this job's output; each job of the run also keeps its own, logs/train/<run>.job-<n>.log (n = 1, 2, ... over
+        # retries and later invocations), so a failed try's log is never overwritten by the next. launch writes the
+        # run folder's train.log (this attempt) and train.attempts.log (every attempt)
         log_file("train"),
     # a job stopped at its time limit (exit 75) or killed is submitted again and resumes from the newest verified
     # checkpoint; launch refuses a retry of a failure a rerun would repeat (docs/slurm.md)
@@ -32,6 +34,7 @@ rule train:
     # The shell and tee ignore the stop signals (inherited: tee has no handler): scancel and preemption signal every
     # process, and a tee killed mid-run would break every rank's stdout; launch turns them into a graceful stop.
     shell:
-        "trap '' TERM INT USR1; wattgate launch --config {input.gated_config:q} --pretokenized {input.pretokenized:q}"
+        'log={log:q}; n=1; while [ -e "${{log%.log}}.job-$n.log" ]; do n=$((n + 1)); done;'
+        " trap '' TERM INT USR1; wattgate launch --config {input.gated_config:q} --pretokenized {input.pretokenized:q}"
         " --plan {params.plan:q} --gate {params.gate:q} --run-dir {params.run:q} --attempt {resources.attempt}"
-        " 2>&1 | tee {log:q}"
+        ' 2>&1 | tee "$log" "${{log%.log}}.job-$n.log"'
