@@ -34,7 +34,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,7 @@ def _temp_prefix(dest: Path) -> str:
 
 
 @contextlib.contextmanager
-def _publishing(dest: Path, tmp: Path, remove: Callable[[Path], object]) -> Iterator[None]:
+def _publishing(dest: Path, tmp: Path, remove: Callable[[Path], object]) -> Generator[None, None, None]:
     """Around writing `tmp` and renaming it onto `dest`: an OSError that names no file (a failed write()) is
     raised naming `dest`, and `tmp` is removed whatever happens."""
     try:
@@ -98,7 +98,7 @@ def _refuse_folder(dest: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(dest: str | os.PathLike) -> Generator[Path, None, None]:
     """Yield a temporary path beside `dest`; rename it onto `dest` on success (a folder at `dest` is refused
     first: a file is never renamed onto one)."""
     dest = Path(dest)
@@ -229,7 +229,7 @@ def _caller_stage() -> str:
 def marker_bytes(stage: str, names: list[str] | None = None) -> bytes:
     """The marker's content: fixed for a stage (and, for a published folder, the names it published), so
     byte-identical reruns stay byte-identical."""
-    marker = {"format_version": MARKER_FORMAT_VERSION, "stage": stage, "written_by": "wattgate"}
+    marker: dict[str, object] = {"format_version": MARKER_FORMAT_VERSION, "stage": stage, "written_by": "wattgate"}
     if names is not None:
         marker["names"] = sorted(names)
     return canonical_json(marker).encode()
@@ -357,7 +357,7 @@ def check_file_output(dest: str | os.PathLike, stage: str, ours: Callable[[Path]
         return
     try:
         mine = dest.is_file() and not dest.is_symlink() and ours(dest)
-    except (OSError, ValueError, UnicodeDecodeError):  # unreadable or not even the format: not ours
+    except (OSError, ValueError):  # unreadable or not even the format (UnicodeDecodeError is a ValueError): not ours
         mine = False
     if not mine:
         raise InputError(
@@ -373,7 +373,7 @@ def first_line_has(path: Path, text: str) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_dir(dest: str | os.PathLike, stage: str | None = None) -> Iterator[Path]:
+def atomic_dir(dest: str | os.PathLike, stage: str | None = None) -> Generator[Path, None, None]:
     """Yield a fresh temporary folder beside `dest`; swap it in for `dest` on success.
 
     The published folder holds `OUTPUT_MARKER` (naming `stage`, by default the calling
@@ -472,7 +472,7 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def sha256_tree(paths: list[str | os.PathLike], file_sha256=None) -> str:
+def sha256_tree(paths: Iterable[str | os.PathLike], file_sha256: Callable[[Path], str] | None = None) -> str:
     """Hash files and folders by relative name and content, in a fixed order. `file_sha256(path)` gives a file's
     sha256 (default sha256_file; the gate's sources check reuses one it kept).
 

@@ -22,6 +22,7 @@ def class_at(collectives: Collectives, step: int) -> ProofClass | None:
     """The proof's class row for 1-based `step` (None outside the planned steps)."""
     for first, last, k in collectives.class_runs or ():
         if first <= step <= last:
+            assert collectives.classes is not None  # the proof writes class_runs only beside its classes
             return collectives.classes[k]
     return None
 

@@ -19,7 +19,7 @@ def clock(s: float) -> str:
     s = float(s)
     if s < 100:
         return f"{s:.0f} s"
-    h, rem = divmod(int(round(s)), 3600)
+    h, rem = divmod(round(s), 3600)
     m, sec = divmod(rem, 60)
     return f"{h}:{m:02d}:{sec:02d} h" if h else f"{m}:{sec:02d} min"
 

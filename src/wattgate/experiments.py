@@ -20,6 +20,7 @@ import io
 import math
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -164,15 +165,15 @@ def step_throughput(metrics: pd.DataFrame, skip: int = 1, source: str = METRICS,
     if not timed.any():
         raise InputError(f"{source}: no measured steps (none after the first has a positive step_time_s)")
     if not timed.all():
-        note(f"{source}: {int((~timed).sum())} step(s) without a positive step_time_s left out of the throughput")
+        note(f"{source}: {(~timed).sum()} step(s) without a positive step_time_s left out of the throughput")
         measured = measured[timed]
     positive = metrics[STEP_TIME_S] > 0
     share = (metrics[DATA_WAIT_S][positive] / metrics[STEP_TIME_S][positive]).groupby(metrics[STEP][positive])
     wait_share = float(share.mean().reindex(measured.index).mean())  # NaN (an empty cell) when none has one
     if not positive.all():
-        note(f"{source}: {int((~positive).sum())} row(s) without a positive step_time_s left out of data_wait_share")
+        note(f"{source}: {(~positive).sum()} row(s) without a positive step_time_s left out of data_wait_share")
     return StepThroughput(
-        steps_measured=int(len(measured)),
+        steps_measured=len(measured),
         tokens=int(measured[TOKENS].sum()),
         seconds=float(measured[STEP_TIME_S].sum()),
         tokens_per_s=float(measured[TOKENS].sum() / measured[STEP_TIME_S].sum()),
@@ -288,6 +289,7 @@ def forecast_columns(gate_dir: Path, trained: Trained) -> ForecastColumns:
     measured = trained.job_s if trained.job_s else None  # TRAINED without a usable job time
     if fc is None:
         return ForecastColumns(measured_wall_s=measured)
+    assert fc.throughput is not None  # forecast_view returns a forecast only with its throughput
     return ForecastColumns(
         forecast_source=fc.throughput.source,
         forecast_wall_s=fc.wall_s,
@@ -368,7 +370,7 @@ def _finite_cells(table: pd.DataFrame, note) -> pd.DataFrame:
     return table.replace([np.inf, -np.inf], np.nan)
 
 
-def _markdown(table: pd.DataFrame, notes: list[str] = ()) -> str:
+def _markdown(table: pd.DataFrame, notes: Sequence[str] = ()) -> str:
     def cell(v):
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return "n/a"

@@ -49,7 +49,7 @@ def model_key(gpu_model: str) -> str:
 
 
 def _words(gpu_model: str) -> list[str]:
-    return str(gpu_model).lower().replace("nvidia", "").replace("-", " ").split()
+    return gpu_model.lower().replace("nvidia", "").replace("-", " ").split()
 
 
 def is_cpu(gpu_model: str) -> bool:

@@ -104,6 +104,7 @@ def read_heartbeat_events(run: str | os.PathLike, on_bad: Callable[[str], object
             raise InputError(f"{path}:{bad[0][0]}: not a heartbeat event ({bad[0][1]}); rerun train")
         events += good
         if bad:
+            assert on_bad is not None  # bad lines without on_bad raised above
             more = f" and {len(bad) - 1} more line(s)" if len(bad) > 1 else ""
             on_bad(
                 f"{path}:{bad[0][0]}: not a heartbeat event ({bad[0][1]}){more}: skipped, the phases there come "
@@ -261,7 +262,9 @@ def read_rank_failures(run: str | os.PathLike, since: float = 0.0) -> dict[int, 
                 continue
             if record.time >= since:
                 entry = found.get(record.rank, RankRecords())
-                found[record.rank] = replace(entry, error=record) if kind == "error" else replace(entry, exit=record)
+                found[record.rank] = (
+                    replace(entry, error=record) if isinstance(record, RankError) else replace(entry, exit=record)
+                )
     return {rank: replace(entry, beat=_last_beat(run, rank)) for rank, entry in found.items()}
 
 

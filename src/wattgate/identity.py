@@ -98,10 +98,14 @@ def run_identity(config: RunConfig | dict, plan_dir: Path, pretokenized: Path) -
     config = run_config(config)
     plan, plan_bytes = read_plan(plan_dir)
     segments = plan.segments or ()
+    links = []
+    for seg in segments[:-1]:
+        assert seg.packs_sha256 is not None  # Plan refuses an earlier segment without its hash (__post_init__)
+        links.append(PlanLink(packs_sha256=seg.packs_sha256, end_step=seg.end_step))
     return RunIdentity(
         plan=_sha256_bytes(plan_bytes),
         # earlier plans this one continues (pack/segments.py): their checkpoints up to each boundary resume
-        links=tuple(PlanLink(packs_sha256=seg.packs_sha256, end_step=seg.end_step) for seg in segments[:-1]),
+        links=tuple(links),
         pretokenized=_sha256_bytes(read_manifest(pretokenized)[1]),
         model=model_identity(config.model),
         train=train_identity(config.train),

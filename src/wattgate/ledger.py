@@ -162,7 +162,7 @@ def run_record(
         seq_len=seq_len,
         micro_batch_size=micro_batch_size,
         attn_weight=attn_weight,
-        steps=int(len(times)),
+        steps=len(times),
         cost_per_s=rate,
         tokens_per_s=tokens / float(times.sum()) if times.sum() > 0 else 0.0,
         step_s=round(float(times.sum()), 6),

@@ -140,7 +140,7 @@ class ModelSpec:
         if self.census is not None:
             return {"x".join(map(str, shape)): shape for shape in self.census.shapes}
         h, inter = self.hidden_size, self.intermediate_size
-        shapes = {
+        shapes: dict[str, tuple[int, ...]] = {
             "embed_tokens": (self.vocab_size, h),
             "q_proj": (self.q_dim, h),
             "k_proj": (self.kv_dim, h),

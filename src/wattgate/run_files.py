@@ -15,10 +15,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 import pyarrow as pa
@@ -192,6 +192,12 @@ def read_json_object(path: str | os.PathLike, what: str, rerun: str, *, required
     return found[0] if found is not None else None
 
 
+@overload
+def read_json_bytes(
+    path: str | os.PathLike, what: str, rerun: str, *, required: Literal[True] = True
+) -> tuple[dict, bytes]: ...
+@overload
+def read_json_bytes(path: str | os.PathLike, what: str, rerun: str, *, required: bool) -> tuple[dict, bytes] | None: ...
 def read_json_bytes(
     path: str | os.PathLike, what: str, rerun: str, *, required: bool = True
 ) -> tuple[dict, bytes] | None:
@@ -481,7 +487,7 @@ def check_no_finding(dest: Path) -> None:
     record = WatcherRecord.from_json(data, Where(str(dest)))
     if record.quiet:
         return
-    acted = {"kill": "the job was killed", "warn": "it was warned about"}.get(record.action, "")
+    acted = {"kill": "the job was killed", "warn": "it was warned about"}.get(record.action or "", "")
     raise InputError(
         f"{dest}: holds an earlier watcher's verdict '{record.verdict}'{f' ({acted})' if acted else ''}; a new watch "
         "would replace it: pass --out elsewhere, or move or remove that file first"
@@ -540,7 +546,12 @@ def write_manifest(folder: str | os.PathLike, manifest: Manifest) -> None:
     write_json_atomic(Path(folder) / MANIFEST, manifest.to_json())
 
 
-def publish_plan(out: Path, plan: Plan, write_packs_to, write_eval_to=None) -> Plan:
+def publish_plan(
+    out: Path,
+    plan: Plan,
+    write_packs_to: Callable[[Path], object],
+    write_eval_to: Callable[[Path], object] | None = None,
+) -> Plan:
     """Publish packs.parquet and plan.json as one set: plan.json is the commit record.
 
     Both are written in full under temporary names first. Then the old plan.json is removed,
@@ -561,6 +572,7 @@ def publish_plan(out: Path, plan: Plan, write_packs_to, write_eval_to=None) -> P
             if write_eval_to is not None:
                 eval_tmp = files.enter_context(atomic_path(out / EVAL_PACKS))
                 write_eval_to(eval_tmp)
+                assert plan.validation is not None  # pack passes an eval writer only with the plan's validation
                 plan = plan.replace(validation=plan.validation.replace(packs_sha256=sha256_file(eval_tmp)))
             plan_tmp.write_bytes(canonical_json(plan.to_json()).encode())
             plan_path.unlink(missing_ok=True)  # retire the old commit record before its packs change

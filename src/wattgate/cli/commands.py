@@ -276,7 +276,11 @@ def _report(args, config) -> None:
         power_cap_w=args.power_cap_w,
     )
     energy = s.energy
-    kwh = f"{energy.kwh:.4g} kWh ({energy.method.replace('_', ' ')})" if energy.kwh is not None else "no GPU telemetry"
+    if energy.kwh is not None:
+        assert energy.method is not None  # energy_summary sets a method whenever it sets kwh
+        kwh = f"{energy.kwh:.4g} kWh ({energy.method.replace('_', ' ')})"
+    else:
+        kwh = "no GPU telemetry"
     tokens = "n/a" if s.tokens is None else s.tokens  # as the page says: no metrics is not zero tokens
     print(f"report: {s.run.name}: {tokens} tokens, {kwh}, {len(s.anomalies)} anomaly(ies) -> {args.out}/index.html")
 

@@ -102,7 +102,7 @@ class ChatRenderer:
         self.template_file = template_file(source)
         check_template_compiles(tokenizer, self.template_file)
         # longest first so "<|im_end|>" wins over a shorter special token it starts with
-        self.special = sorted({t for t in tokenizer.all_special_tokens if t}, key=len, reverse=True)
+        self.special: list[str] = sorted({t for t in tokenizer.all_special_tokens if t}, key=len, reverse=True)
         self._skeletons: dict[tuple[str, ...], list[str] | None] = {}
         self._dropped: dict[tuple[str, ...], int | None] = {}  # first turn the template renders without content
         # Turns of role and content strings only (nearly every corpus), rendered by calling the compiled template
@@ -116,6 +116,7 @@ class ChatRenderer:
         key = (tuple(m["role"] for m in messages), add_generation_prompt)
         try:
             if plain and key in self._direct_checked:
+                assert self._direct is not None  # plain: there is a direct template
                 return self._direct.render(messages=list(messages), add_generation_prompt=add_generation_prompt)
             text = self.tok.apply_chat_template(
                 list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
@@ -130,6 +131,7 @@ class ChatRenderer:
         """Render this role sequence's first conversation the direct way too: the same text, and every later one
         renders directly; a different text (a transformers that passes the template other variables) or an
         error, and none does."""
+        assert self._direct is not None  # called only for a plain conversation: there is a direct template
         try:
             same = self._direct.render(messages=list(messages), add_generation_prompt=add_generation_prompt) == text
         except Exception:  # noqa: BLE001 - any failure here only means: no direct rendering

@@ -167,6 +167,7 @@ class Tokenize:
         chat = self._chat()
         rendered = []
         for i, r in records:
+            assert r.messages is not None  # prepare hands only chat records here
             try:
                 rendered.append(chat.render(r.messages))
             except TemplateError as exc:
@@ -179,6 +180,7 @@ class Tokenize:
         """A template that fails on every chat record is broken or does not fit the corpus: dropping them all
         as bad records (on_bad_record: skip) would lose every chat silently, so the stage stops."""
         if self.template_failed and not self.chats_rendered:
+            assert self.first_template_failure is not None  # account keeps the first whenever it counts one
             where, why = self.first_template_failure
             raise InputError(
                 f"{self._chat().template_file}: the chat template failed on all {self.template_failed} chat "
@@ -198,6 +200,7 @@ def _start_worker(tokenizer_dir: str, fields: Fields, loss_on: str, append_eos: 
 
 
 def _encode_in_worker(raw: list[tuple[str, Any]]) -> EncodedBatch:
+    assert _worker_tokenize is not None  # the pool's initializer, _start_worker, sets it
     return _worker_tokenize.encode(raw)
 
 
@@ -207,10 +210,10 @@ def encode_workers(paths: Iterable[str | Path], fields: Fields) -> int:
     thread, and workers would only add the copying of batches (1.32x `datasets.map` with them, 1.57x without)."""
     if sys.platform != "linux" or not fork_allowed():  # workers are forked (wattgate.forking)
         return 0
-    paths = [Path(p) for p in paths]
+    files = [Path(p) for p in paths]
     cores = min(usable_cores(), MAX_WORKERS)
-    size = sum(p.stat().st_size for p in paths if p.is_file())
-    if cores < 2 or size < WORKER_MIN_INPUT_BYTES or not any(_starts_with_chat(p, fields) for p in paths):
+    size = sum(p.stat().st_size for p in files if p.is_file())
+    if cores < 2 or size < WORKER_MIN_INPUT_BYTES or not any(_starts_with_chat(p, fields) for p in files):
         return 0
     return cores
 

@@ -32,7 +32,7 @@ class Source:
         return {"name": self.name, "path": self.path, self.kind: self.value}
 
 
-def source_name(path: str) -> str:
+def source_name(path: str | os.PathLike[str]) -> str:
     """A plain path's source name: the file name's stem (`.jsonl.gz` and `.json.gz` lose both suffixes)."""
     name = Path(str(path).rstrip("/")).name
     for suffix in (".gz",):
@@ -63,6 +63,7 @@ def parse_sources(config: RunConfig | dict, where: str = "data.inputs") -> list[
             )
         kind = given[0] if given else "epochs"
         value = amounts[kind] if given else 1.0
+        assert value is not None  # `given` holds only the amounts set
         sources.append(Source(entry.name, entry.path, kind, value, entry.validation))
     if is_mixture(config):  # in a plain list two files may share a stem: the names are the files' own
         _check_distinct_names(sources, where)

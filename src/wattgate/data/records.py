@@ -35,7 +35,7 @@ import json
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,7 +215,7 @@ def _decode_line(raw: bytes) -> Any:
 
 def _jsonl_lines(path: Path) -> Iterator[tuple[str, bytes]]:
     gz = path.name.lower().endswith(".gz")
-    lineno = 0
+    lineno: int = 0  # the last line read (the loop sets it)
     try:
         with (gzip.open if gz else open)(path, "rb") as f:
             for lineno, raw in enumerate(f, start=1):
@@ -241,7 +241,7 @@ def _arrow_batches(path: Path, fmt: str, batch_rows: int):
         except Exception as exc:  # pyarrow raises several types for a corrupt file
             raise InputError(f"{path}: cannot read Parquet ({exc})") from None
         return pf.schema_arrow.names, pf.iter_batches(batch_size=batch_rows)
-    from datasets import load_from_disk
+    from datasets import Dataset, load_from_disk
 
     try:
         ds = load_from_disk(str(path))
@@ -249,6 +249,7 @@ def _arrow_batches(path: Path, fmt: str, batch_rows: int):
         raise InputError(f"{path}: cannot load dataset ({exc})") from None
     if not hasattr(ds, "with_format") or hasattr(ds, "keys"):
         raise InputError(f"{path}: a DatasetDict with several splits; point data.inputs at one split's folder")
+    assert isinstance(ds, Dataset)  # load_from_disk gives a Dataset or a DatasetDict (refused above)
     return ds.column_names, ds.with_format("arrow").iter(batch_size=batch_rows)
 
 
@@ -297,7 +298,7 @@ class BadRecordPolicy:
         self.dropped[f"bad_record:{bad.reason}"] += 1
 
 
-def raw_records(paths: list[str | Path], fields: Fields, source: str = "data.inputs") -> Iterator[tuple[str, Any]]:
+def raw_records(paths: Iterable[str | Path], fields: Fields, source: str = "data.inputs") -> Iterator[tuple[str, Any]]:
     """(where, raw) for every record of every input in order, undecoded: a JSONL line's bytes or a table row's
     object. Reading is all the reader does; `parse_raw` (on whichever process encodes) does the rest. `source`
     names where the paths came from (a config key or a command-line option) in the error for a missing one."""
@@ -320,7 +321,7 @@ def parse_raw(raw: Any, fields: Fields, where: str) -> Record | None:
 
 
 def read_records(
-    paths: list[str | Path], fields: Fields, policy: BadRecordPolicy, source: str = "data.inputs"
+    paths: Iterable[str | Path], fields: Fields, policy: BadRecordPolicy, source: str = "data.inputs"
 ) -> Iterator[Record]:
     """Yield the records of every input in order; bad ones go to `policy`."""
     for where, raw in raw_records(paths, fields, source):

@@ -40,7 +40,7 @@ class SplitSettings:
     @classmethod
     def from_config(cls, config: RunConfig) -> SplitSettings:
         v = config.data.validation
-        s = cls(tuple(v.inputs), float(v.fraction), v.max_docs, int(v.seed))
+        s = cls(tuple(v.inputs), float(v.fraction), v.max_docs, v.seed)
         if s.inputs and (s.fraction or s.max_docs):
             raise InputError(
                 f"data.validation: inputs ({len(s.inputs)} file(s)) and "

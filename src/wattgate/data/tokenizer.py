@@ -98,7 +98,7 @@ def load_tokenizer(path: str | Path):
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"{path}: cannot load tokenizer ({first})") from None
-    if getattr(tok, "backend_tokenizer", None) is None:
+    if tok is None or getattr(tok, "backend_tokenizer", None) is None:
         raise InputError(f"{path}: tokenizer has no fast (Rust) backend; wattgate needs tokenizer.json")
     return tok
 

@@ -50,7 +50,7 @@ def position(step: int | None, phase: str | None) -> str:
         "export": f" exporting after step {step}",
         "init": " while starting up",
         "done": f" after its last step ({step})",
-    }.get(phase, f" at step {step}")
+    }.get(phase or "", f" at step {step}")
 
 
 def signal_name(exitcode: int) -> str:
@@ -63,7 +63,7 @@ def signal_name(exitcode: int) -> str:
 def _candidate(rank: int, entry: RankRecords) -> tuple[tuple, RankFailure]:
     error, exit_, beat = entry.error, entry.exit, entry.beat
     where = position(beat.step, beat.phase) if beat is not None else ""
-    if exit_ is not None and (exit_.exitcode or 0) < 0 and error is None:
+    if exit_ is not None and exit_.exitcode is not None and exit_.exitcode < 0 and error is None:
         code = exit_.exitcode
         name = signal_name(code)
         cause = f"killed by {name} (signal {-code})"
@@ -79,6 +79,7 @@ def _candidate(rank: int, entry: RankRecords) -> tuple[tuple, RankFailure]:
         peer = any(p in text.lower() for p in PEER_LOSS)
         failure = RankFailure(rank=rank, cause=cause, line=line, exit_status=2 if code == 2 else 1, retriable=peer)
         return (2 if peer else 1, error.time, rank), failure
+    assert exit_ is not None  # read_rank_failures lists a rank only with its error or its exit record
     code = exit_.exitcode if exit_.exitcode is not None else 1
     cause = f"exit status {code} with no error line (its traceback, if any, is in train.log)"
     line = f"rank {rank} (pid {exit_.pid} on {exit_.host}) failed: {cause}{where}"

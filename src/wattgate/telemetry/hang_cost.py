@@ -41,16 +41,17 @@ def hang_cost(
             limit_kwh=round(power_w * rest / 3.6e6, 9) if power_w is not None else None,
         )
     saved = f"{max(without.gpu_hours - spent_gpu_hours, 0):.3g}"
+    until_limit = ""
     if job_limit_s:
+        assert without.limit_gpu_hours is not None and without.until_limit_s is not None  # set just above
         saved += f"-{max(without.limit_gpu_hours - spent_gpu_hours, 0):.3g}"
+        until_limit = f" or up to {fmt_hours(without.until_limit_s)} (the Slurm job's time limit)"
     energy = f", {spent_kwh:.3g} kWh" if spent_kwh is not None else ""
     line = (
         f"the hang cost {fmt_hours(spent_s)} on {gpus} GPUs = "
         f"{spent_gpu_hours:.3g} GPU-hours{energy} "
         f"from the last progress to the kill; without the watcher it would have waited "
-        f"{fmt_hours(timeout)} (the collective timeout)"
-        + (f" or up to {fmt_hours(without.until_limit_s)} (the Slurm job's time limit)" if job_limit_s else "")
-        + f": {saved} GPU-hours saved"
+        f"{fmt_hours(timeout)} (the collective timeout){until_limit}: {saved} GPU-hours saved"
     )
     return HangCost(
         spent_s=round(spent_s, 3),
@@ -84,6 +85,8 @@ def watcher_cost(
 ) -> HangCost:
     """watcher.json's cost: GPU-hours and energy from the last progress to the kill, and, for a confirmed deadlock
     only, what it would have cost without the watcher (a stall that may have been slow work saved nothing sure)."""
+    # the watcher records the verdict's detection and then the kill before it costs them
+    assert record.detected_at is not None and record.killed_at is not None
     last_progress = record.detected_at - float(verdict.stalled_for_s or 0.0)
     draws = [p for p, _, _ in power.values() if p == p]  # NaN: no reading
     gpus = len(power) or world

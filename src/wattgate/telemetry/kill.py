@@ -78,7 +78,7 @@ def _signal(pid: int, sig: int) -> None:
 
 
 def scancel(job_id: str) -> dict:
-    r = subprocess.run(["scancel", str(job_id)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=60)
     return {"scancel": job_id, "returncode": r.returncode, "stderr": r.stderr.strip()}
 
 

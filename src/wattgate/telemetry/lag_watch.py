@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal, cast
 
 import numpy as np
 
@@ -33,6 +34,8 @@ DOMINANCE = 3.0
 MARGIN = {"power": 0.15, "cpu": 0.25}  # of the interval's samples; of a core
 LEAST = {"power": 0.15, "cpu": 0.3}  # the last rank's own reading: it worked
 MIN_INTERVAL_S = 0.2
+Signal = Literal["power", "cpu"]
+Cause = Literal["thermal", "power_cap", "hw_slowdown", "rank0_work", "unknown"]  # Straggler.cause
 CAUSE_WORDS = {"thermal": "thermal slowdown", "power_cap": "SW power cap", "hw_slowdown": "HW slowdown / power brake"}
 
 
@@ -40,7 +43,7 @@ CAUSE_WORDS = {"thermal": "thermal slowdown", "power_cap": "SW power cap", "hw_s
 class _Interval:
     end: float
     seconds: float
-    signal: str
+    signal: Signal
     busy: dict[int, float]
     last: int | None  # the rank the others waited for, None when the wait had no single last rank
     waited: bool
@@ -94,7 +97,7 @@ class LagWatch:
             t.final[r] = now
         return self._new_warning(beats, now)
 
-    def _power(self, beats, since, now, tail) -> tuple[dict[int, float], str, dict]:
+    def _power(self, beats, since, now, tail) -> tuple[dict[int, float], Signal, dict]:
         if tail is None or self.low_max_w is None or not tail.chunks:
             return {}, "power", {}
         shares = tail.busy_shares(since, now, self.low_max_w)
@@ -145,7 +148,7 @@ class LagWatch:
         return Straggler(
             rank=rank,
             host=beat.host if beat else None,
-            gpu=int((beat.local_rank if beat else None) or 0) if signal == "power" else None,
+            gpu=((beat.local_rank if beat else None) or 0) if signal == "power" else None,
             signal=signal,
             detected_at=now,
             step=beat.step if beat else None,
@@ -186,7 +189,7 @@ def _in_step(beats: dict[int, Beat]) -> bool:
     phases = {b.phase for b in beats.values()}
     if len(beats) < 2 or len(phases) != 1 or not phases <= {"train", "eval"}:
         return False
-    steps = [int(b.step or 0) for b in beats.values()]
+    steps = [b.step or 0 for b in beats.values()]
     return max(steps) - min(steps) <= 1
 
 
@@ -203,7 +206,7 @@ def _cpu_shares(cpu: dict[int, tuple], since: float, now: float) -> dict[int, fl
     return out
 
 
-def _attribute(busy: dict[int, float], signal: str, now: float, seconds: float, reasons: dict) -> _Interval:
+def _attribute(busy: dict[int, float], signal: Signal, now: float, seconds: float, reasons: dict) -> _Interval:
     ranks = sorted(busy, key=lambda r: -busy[r])
     top, b1 = ranks[0], busy[ranks[0]]
     b2 = busy[ranks[1]]
@@ -216,7 +219,7 @@ def _attribute(busy: dict[int, float], signal: str, now: float, seconds: float, 
     return _Interval(now, seconds, signal, dict(busy), last, waited, wait_s, reasons)
 
 
-def _cause(rank: int, mine: list[_Interval]) -> tuple[str, str]:
+def _cause(rank: int, mine: list[_Interval]) -> tuple[Cause, str]:
     counts = np.sum([iv.reasons[rank] for iv in mine if rank in iv.reasons], axis=0) if mine else None
     peers = [c for iv in mine for r, c in iv.reasons.items() if r != rank]
     theirs = np.sum(peers, axis=0) if peers else np.zeros(4)
@@ -225,7 +228,7 @@ def _cause(rank: int, mine: list[_Interval]) -> tuple[str, str]:
         other = theirs[1:] / theirs[0] if theirs[0] > 0 else np.zeros(3)
         best = int(np.argmax(share - other))
         if share[best] >= 0.5 and share[best] - other[best] >= 0.3:
-            group = list(REASON_CAUSES)[best]
+            group = cast(Cause, list(REASON_CAUSES)[best])  # REASON_CAUSES's keys are causes, typed str
             return group, f"clocks-event reasons: {CAUSE_WORDS[group]} in {100 * share[best]:.0f}% of its samples"
     if rank == 0:
         return "rank0_work", "it is rank 0: work only rank 0 does (logging, evaluation, a save)"

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, SupportsInt
 
 from wattgate.trace import (
     CLOCKS_EVENT_REASONS,
@@ -65,7 +67,8 @@ class GpuHandle:
     instant_power: bool
     gpm: bool
     gpm_prev: object = None
-    reasons: object = None  # the NVML call that reads this GPU's clocks-event reasons; None: not available
+    # the NVML call that reads this GPU's clocks-event reasons; None: not available
+    reasons: Callable[[object], SupportsInt] | None = None
     info: dict = field(default_factory=dict)
     slow: dict = field(default_factory=dict)  # last slow-rate readings, repeated between refreshes
 
@@ -77,7 +80,7 @@ class NvmlSource:
         slow_every_s: float = 1.0,
         energy_every_s: float = 10.0,
         reasons: bool = True,
-        nvml=None,
+        nvml: Any = None,
     ):
         """`reasons`: read the clocks-event reasons; `nvml`: the module to call (default pynvml; the tests and
         bench/sampler.py pass wattgate.testing.fake_nvml on hosts without a GPU)."""
@@ -86,7 +89,9 @@ class NvmlSource:
                 import pynvml as nvml
             except ImportError as exc:  # nvidia-ml-py not installed
                 raise NvmlUnavailable(f"nvidia-ml-py is not installed ({exc})") from None
-        pynvml = self.nv = nvml
+        # duck-typed: pynvml (its ctypes structures' fields are not typed) or an object with its functions
+        self.nv: Any = nvml
+        pynvml = self.nv
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
@@ -190,7 +195,7 @@ class NvmlSource:
 
     def _read_gpu(self, g: GpuHandle, now: float, slow: bool, energy: bool) -> dict:
         nv, h = self.nv, g.handle
-        row = {TIME: now, HOST: self.host, GPU: g.index}
+        row: dict[str, float | int | str | None] = {TIME: now, HOST: self.host, GPU: g.index}
         power = self._instant_power_mw(h) if g.instant_power else None
         if power is None:
             power = _maybe(nv, lambda: nv.nvmlDeviceGetPowerUsage(h))

@@ -124,8 +124,8 @@ def run_sampler(
 def _run_plain(command: list[str] | None, flag: StopFlag) -> int:
     if not command:
         return 0
-    flag.adopt(subprocess.Popen(command, start_new_session=True))
-    return _exit_status(flag.child.wait())
+    child = flag.adopt(subprocess.Popen(command, start_new_session=True))
+    return _exit_status(child.wait())
 
 
 def _exit_status(rc: int) -> int:

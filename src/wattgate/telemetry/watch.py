@@ -33,6 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypedDict
 
 from wattgate.collective_hints import hang_hint
 from wattgate.artifacts import check_file_output, write_json_atomic
@@ -87,7 +88,7 @@ def position(beat: Beat) -> tuple[int, int, float, int]:
     while its peers still run forward passes: the collective sequences no longer match)."""
     micros = beat.micros or 0
     started = (beat.micro or 0) / micros if micros else 0.0
-    return int(beat.step), PHASE_ORDER.get(beat.phase, 0), started, -micros
+    return beat.step, PHASE_ORDER.get(beat.phase, 0), started, -micros
 
 
 def phase_limit(beats: dict[int, Beat], s: WatchSettings) -> tuple[float, str]:
@@ -134,6 +135,7 @@ def evidence(
     if low is False:
         return "working", "GPUs still busy at high power"
     if low:
+        assert table is not None  # _low_band: no table, no verdict
         band = f"GPUs in the low power band (< {table.low_max_w:.0f} W)"
         return (None, f"{band} in a start-up step") if startup else ("waiting", band)
     seen = {r: a for r, a in activity.items() if r in beats}
@@ -150,11 +152,26 @@ def evidence(
     return None, "no power data and no rank process readable on this host"
 
 
+class _GpuReading(TypedDict, total=False):
+    """RankView's GPU keys, when there is a reading (else RankView's ABSENT)."""
+
+    power_w: float
+    util_gpu: float
+
+
+class _Process(TypedDict, total=False):
+    """RankView's process keys, for a rank on this host."""
+
+    cpu_share: float
+    io_bytes: int
+    proc_state: str
+
+
 def describe_rank(b: Beat, now: float, gpu=None, activity: Activity | None = None) -> RankView:
     """A verdict's `ranks` entry: where the rank's heartbeat places it, its GPU's (power W, util %) over the stall
     and, on this host, what its process did (ActivityMeter)."""
-    power = {} if not gpu else {"power_w": round(gpu[0], 1), "util_gpu": round(gpu[1], 1)}
-    proc = {}
+    power: _GpuReading = {} if not gpu else {"power_w": round(gpu[0], 1), "util_gpu": round(gpu[1], 1)}
+    proc: _Process = {}
     if activity:
         proc = {"cpu_share": activity.cpu_share, "io_bytes": activity.io_bytes, "proc_state": activity.state}
     return RankView(
@@ -359,7 +376,7 @@ def _uneven_step(beats: dict[int, Beat]) -> str:
 
 def where_is(b: Beat, now: float) -> str:
     """'rank 1: checkpointing after step 18, the last step of its epoch 0 (...)' for the verdict line."""
-    step, phase, epoch = int(b.step), b.phase, b.epoch
+    step, phase, epoch = b.step, b.phase, b.epoch
     total = b.total_steps
     end = b.epoch_end()
     if phase == "train":
@@ -393,7 +410,7 @@ def _list(ranks) -> str:
 
 
 def _rank_power(beats: dict[int, Beat], power: dict) -> dict[int, tuple[float, float, float] | None]:
-    return {r: power.get((b.host, int(b.local_rank or 0))) for r, b in beats.items()}
+    return {r: power.get((b.host, b.local_rank or 0)) for r, b in beats.items()}
 
 
 def _low_band(gpus: dict, table: TriageTable | None) -> bool | None:
@@ -463,6 +480,7 @@ def watch(
         power = tail.window(now - s.hang_after_s)
         active = [b.time for b in beats.values() if b.phase != "done"]
         if active:
+            assert record.longest_stall_s is not None  # starts at 0.0
             record = record.replace(longest_stall_s=round(max(record.longest_stall_s, now - max(active)), 3))
         verdict, warning = assess(beats, world, now, started, power, table, s, meter.activity(now), firsts)
         if warning and warned_for != max(active):  # once per stall

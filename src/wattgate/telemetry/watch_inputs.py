@@ -108,7 +108,9 @@ class BeatReader:
                     problem = str(exc)
             if problem:
                 self.bad[path.name] = problem
-            elif beat.time >= self.since:  # older ones belong to an earlier attempt
+                continue
+            assert beat is not None  # read without a problem
+            if beat.time >= self.since:  # older ones belong to an earlier attempt
                 self.last[rank] = beat
         return dict(self.last)
 
@@ -262,7 +264,8 @@ class TraceTail:
         self.telemetry = telemetry
         self.keep_s = keep_s
         self.seen: dict[Path, int] = {}  # segment folder -> highest segment number read
-        self.chunks: list[tuple[np.ndarray, ...]] = []
+        # (time, host, gpu, power W, util %, clocks-event reasons or None) of each segment read
+        self.chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
 
     def update(self) -> None:
         for folder in self.telemetry.glob(f".*.parquet{SEGMENT_DIR_SUFFIX}"):
@@ -319,7 +322,7 @@ class TraceTail:
         recent = [c for c in self.chunks if len(c[0]) and c[0].max() > since]
         if not recent:
             return {}
-        t, host, gpu, power = (np.concatenate([c[i] for c in recent]) for i in range(4))
+        t, host, gpu, power = (np.concatenate(x) for x in list(zip(*recent))[:4])
         have = [c[5] for c in recent]
         reasons = None
         if any(r is not None for r in have):

@@ -57,8 +57,10 @@ traces" helpers score triage against a labelled real trace and a real run
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -150,7 +152,7 @@ def _alternating(times: np.ndarray, first: tuple, second: tuple, rng) -> np.ndar
 @dataclass
 class SyntheticTrace:
     table: pa.Table  # all hosts' rows in the trace schema
-    truth: pd.DataFrame  # host, gpu, start, phase: every window of every GPU's span
+    truth: pd.DataFrame | None  # host, gpu, start, phase: every window of every GPU's span (None: with_truth=False)
     segments: pd.DataFrame  # host, gpu, variant, phase, start, end (unix s)
     gpus: list[tuple[str, int]]
     triage_table: TriageTable
@@ -187,6 +189,8 @@ class SyntheticTrace:
 
     def truth_for(self, phases: pa.Table) -> np.ndarray:
         """The true phase of each row of a phases table (None where the window is not in the truth)."""
+        if self.truth is None:
+            raise ValueError("this trace was built with with_truth=False: it has no truth")
         df = phases.select([HOST, GPU, START]).to_pandas()
         key = self.truth.set_index([HOST, GPU, START])[PHASE]
         return key.reindex(pd.MultiIndex.from_frame(df)).to_numpy()
@@ -220,7 +224,7 @@ def build_trace(
     seed: int = 0,
     t0: float = T0,
     window_s: float = 1.0,
-    drop: list[tuple] = (),
+    drop: Sequence[tuple] = (),
     device_name: str | None = None,
     noise: float = 1.0,
     drop_share: float = 0.0,
@@ -244,7 +248,7 @@ def build_trace(
     rng = np.random.default_rng(seed)
     gpus = sorted(schedule)
     hosts = sorted({h for h, _ in gpus})
-    k = max(1, int(average_over))
+    k = max(1, average_over)
     cols = {c: [] for c in (TIME, HOST, GPU, POWER_W, UTIL_GPU)}
     fine = {c: [] for c in (TIME, HOST, GPU, "label")}
     seg_rows = []
@@ -274,7 +278,7 @@ def build_trace(
                 gone |= (rel >= d0) & (rel < d1)
         # a reported sample: the mean of its k sub-samples, stamped at the last; gone if any sub-sample is
         at = np.arange(k - 1, n, k)
-        keep = ~gone.reshape(-1, k).any(axis=1)
+        keep = cast(np.ndarray, ~gone.reshape(-1, k).any(axis=1))  # any over axis 1 of a 2-D array: an array
         if drop_share:
             keep &= rng.random(len(keep)) >= drop_share
         cols[TIME].append(t0 + rel[at][keep])
@@ -293,8 +297,11 @@ def build_trace(
     trace = trace_table(data[TIME], hosts, data[HOST], data[GPU], data[POWER_W], data[UTIL_GPU], extra)
     truth = _truth({c: np.concatenate(v) for c, v in fine.items()}, hosts, window_s) if with_truth else None
     segments = pd.DataFrame(seg_rows, columns=[HOST, GPU, "variant", PHASE, START, END])
-    name, more = device_name or f"NVIDIA {table.gpu_model}", sync.results(t0) if sync is not None else ()
-    return SyntheticTrace(trace, truth, segments, gpus, table, hz, window_s, name, *more)
+    name = device_name or f"NVIDIA {table.gpu_model}"
+    if sync is None:
+        return SyntheticTrace(trace, truth, segments, gpus, table, hz, window_s, name)
+    caps, steps, slowed = sync.results(t0)
+    return SyntheticTrace(trace, truth, segments, gpus, table, hz, window_s, name, caps, steps, slowed)
 
 
 def trace_table(time, hosts: list[str], host_code, gpu, power_w, util_gpu, extra: dict | None = None) -> pa.Table:
@@ -402,7 +409,8 @@ def write_run_info(
         for seg in busy.itertuples():
             if seg.phase in TRAIN_PHASES:
                 wait = 0.6 if seg.phase == "data_starvation" else 0.01
-                ends = np.arange(seg.start + step_s, seg.end + 1e-9, step_s)
+                # pandas types a row's fields as any scalar: here they are seconds
+                ends = np.arange(cast(float, seg.start) + step_s, cast(float, seg.end) + 1e-9, step_s)
                 if len(ends):
                     metrics.append(
                         pd.DataFrame(
@@ -503,7 +511,7 @@ def calibration_agreement(phases: pa.Table, labels: pd.DataFrame) -> pd.DataFram
             {
                 "phase": ph,
                 "windows": len(g),
-                "agree": float(g["got"].isin(REAL_ACCEPT[ph]).mean()),
+                "agree": float(g["got"].isin(REAL_ACCEPT[cast(str, ph)]).mean()),  # pandas types a key as any scalar
                 "read_as": dict(g["got"].value_counts()),
             }
         )
