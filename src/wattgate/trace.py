@@ -232,6 +232,7 @@ class TraceWriter:
 
 def _segment_range(path: Path) -> tuple[int, int]:
     m = _SEGMENT.match(path.name)
+    assert m is not None  # a segment's name: written by flush or _merge_small, or matched by live_segments
     return int(m.group(1)), int(m.group(2))
 
 
@@ -312,17 +313,17 @@ def _meta_mapping(table_or_schema, path: str | os.PathLike | None = None) -> dic
         return {}
     try:
         meta = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         problem = f"not JSON: {exc}"
     else:
         problem = _meta_problem(meta)
-    if problem:
-        where = f"{path}: " if path is not None else ""
-        raise InputError(
-            f"{where}not a wattgate trace: damaged metadata under {META_KEY.decode()!r} ({problem}); "
-            "re-import the log with `wattgate import-trace` or sample again"
-        )
-    return meta
+        if not problem:
+            return meta
+    where = f"{path}: " if path is not None else ""
+    raise InputError(
+        f"{where}not a wattgate trace: damaged metadata under {META_KEY.decode()!r} ({problem}); "
+        "re-import the log with `wattgate import-trace` or sample again"
+    )
 
 
 def _meta_problem(meta) -> str:
@@ -535,7 +536,7 @@ def _checked(table: pa.Table, meta, path: Path) -> pa.Table:
         info = _meta_mapping(pa.schema([], metadata=meta), path)  # every key kept
         counts = dict(trace_meta(pa.schema([], metadata=meta), path).invalid_values or {})
         for name, n in invalid.items():
-            counts[name] = int(counts.get(name, 0)) + n
+            counts[name] = counts.get(name, 0) + n
         info = info | {"invalid_values": dict(sorted(counts.items()))}
         meta = dict(meta or {})
         meta[META_KEY] = strict_json(info, sort_keys=True).encode()

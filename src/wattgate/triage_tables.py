@@ -24,8 +24,10 @@ gate's energy forecast and the report all pick a table the same way.
 from __future__ import annotations
 
 import math
+import operator
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -69,7 +71,7 @@ def _plain(x):
     if isinstance(x, bool) or x is None:
         return x
     if isinstance(x, int):
-        return int(x)
+        return operator.index(x)  # a plain int, as int(x): an int subclass (IntEnum) is no YAML int
     if isinstance(x, float):
         return float(x)
     return str(x)
@@ -250,7 +252,9 @@ def table_from_power_cap(cap_w: float, name: str = "") -> TriageTable:
         gpu_model=label,
         match=(),
         tdp_w=float(cap_w),
-        **{k: round(share * cap_w, 1) for k, share in CAP_SHARES.items()},
+        idle_w=round(CAP_SHARES["idle_w"] * cap_w, 1),
+        low_max_w=round(CAP_SHARES["low_max_w"] * cap_w, 1),
+        compute_min_w=round(CAP_SHARES["compute_min_w"] * cap_w, 1),
         provenance={
             "kind": "derived from the power cap",
             "basis": f"cap {cap_w:g} W x the shipped tables' median shares "
@@ -260,7 +264,10 @@ def table_from_power_cap(cap_w: float, name: str = "") -> TriageTable:
 
 
 def resolve_table(
-    table_path: str | None, gpu_model: str | None, device_names: list[str], power_cap_w: float | None = None
+    table_path: str | os.PathLike | None,
+    gpu_model: str | None,
+    device_names: list[str],
+    power_cap_w: float | None = None,
 ) -> TriageTable:
     """--table FILE, else --gpu-model NAME, else detection from the trace's device names; when no table ships
     for the model, one derived from the power cap (--power-cap-w, or the limit the sampler recorded)."""
@@ -373,18 +380,18 @@ class TriageSettings:
         """A table was named (file or GPU model), so device names are not needed to pick one."""
         return bool(self.table_path or self.gpu_model)
 
-    def table(self, device_names: list[str] = (), recorded_caps: list[float] = ()) -> TriageTable:
+    def table(self, device_names: Sequence[str] = (), recorded_caps: Sequence[float] = ()) -> TriageTable:
         """The table file, else the GPU model's shipped table, else detection from the device names; for a
         GPU no table ships for, one derived from the power cap (--power-cap-w, else the limit the sampler
         recorded)."""
         return resolve_table(self.table_path, self.gpu_model, list(device_names), self.cap_w(recorded_caps))
 
-    def cap_w(self, recorded_caps: list[float] = ()) -> float | None:
+    def cap_w(self, recorded_caps: Sequence[float] = ()) -> float | None:
         """--power-cap-w, else the largest enforced limit the sampler recorded, else None."""
         caps = [float(c) for c in recorded_caps if c]
         return self.power_cap_w or (max(caps) if caps else None)
 
-    def table_source(self, table: TriageTable, device_names: list[str] = ()) -> str:
+    def table_source(self, table: TriageTable, device_names: Sequence[str] = ()) -> str:
         """How table() picked it, in words (triage.json's table_source)."""
         if not table.match and (table.provenance or {}).get("kind") == "derived from the power cap":
             how = "--power-cap-w" if self.power_cap_w else "the power limit the sampler recorded"

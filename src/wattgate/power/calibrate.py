@@ -91,6 +91,7 @@ def run_compute(torch, device, seconds: float, n: int = 8192) -> float:
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     deadline = time.monotonic() + seconds
     start, done = time.monotonic(), 0
+    c = None  # the last product, kept alive to the end (none when `seconds` leaves no time for a round)
     while _until(deadline):
         for _ in range(10):
             c = a @ b
@@ -208,7 +209,7 @@ def power_stats(values: np.ndarray) -> Figures:
         return Figures(n=0)
     q = np.percentile(v, PERCENTILES)
     return Figures(
-        int(len(v)),
+        len(v),
         round(float(v.mean()), 2),
         *(round(float(x), 2) for x in q),  # in PERCENTILES' order
     )
@@ -223,6 +224,12 @@ def phase_stats(rows: list[dict], phase: str, lo: float, hi: float, gpus: list[i
     )
 
 
+def _measured(value: float | None) -> float:
+    """A figure of a phase with samples: power_stats sets every figure whenever n > 0."""
+    assert value is not None
+    return value
+
+
 def derive_table(
     gpu_model: str, match: list[str], tdp_w: float, stats: dict[str, PhaseMeasure], provenance: dict
 ) -> TriageTable:
@@ -231,17 +238,17 @@ def derive_table(
     u = {ph: s.util_gpu for ph, s in stats.items() if s.util_gpu.n}
     if "compute" not in p or not any(ph in p for ph in LOW_PHASES):
         raise InputError("calibrate: need at least the compute phase and one low phase to derive bands")
-    low_top = max(p[ph].p99 for ph in LOW_PHASES if ph in p)
-    compute = p["compute"]
+    low_top = max(_measured(p[ph].p99) for ph in LOW_PHASES if ph in p)
+    compute_p5 = _measured(p["compute"].p5)
     if "communication" in p:
-        low_max = (low_top + p["communication"].p5) / 2
-        compute_min = (p["communication"].p95 + compute.p5) / 2
+        low_max = (low_top + _measured(p["communication"].p5)) / 2
+        compute_min = (_measured(p["communication"].p95) + compute_p5) / 2
     else:  # no peer: leave the communication band between the measured low band and compute
-        low_max = low_top + 0.25 * (compute.p5 - low_top)
-        compute_min = (low_max + compute.p5) / 2
-    idle_w = p["idle"].p50 if "idle" in p else min(s.p50 for s in p.values())
-    busy = min([u[ph].p5 for ph in ("deadlock", "compute") if ph in u] or [90.0]) - 5
-    idle_util = (u["idle"].p99 + 2) if "idle" in u else 5.0
+        low_max = low_top + 0.25 * (compute_p5 - low_top)
+        compute_min = (low_max + compute_p5) / 2
+    idle_w = _measured(p["idle"].p50) if "idle" in p else min(_measured(s.p50) for s in p.values())
+    busy = min([_measured(u[ph].p5) for ph in ("deadlock", "compute") if ph in u] or [90.0]) - 5
+    idle_util = (_measured(u["idle"].p99) + 2) if "idle" in u else 5.0
     table = {
         "gpu_model": gpu_model,
         "match": match,

@@ -132,7 +132,7 @@ def records(energy: GpuEnergy, readings: list[int] | None = None) -> dict:
             "counter_j": num(c),
             "energy_j": num(j),
             "method": m,
-            "readings": int(readings[k]) if readings else 0,
+            "readings": readings[k] if readings else 0,
             "gap_s": num(gaps[k]),
         }
     return out
@@ -405,6 +405,7 @@ def join_segments(seg: Segments, ngpu: int) -> GpuEnergy:
                 prev = (seg.fin_t1[k], seg.fin_p1[k], seg.limit[k])
         integrated[g], gap_s[g] = total, gap
         if reads >= 2:
+            assert start is not None and end is not None  # set by the segments that had the readings
             delta = float(end[1] - start[1])
             # else a counter reset, one instant, or a gap between the readings (the counter ran on while
             # nobody sampled): integrate instead

@@ -85,6 +85,7 @@ def parse_csv_time(text: str, unit: str, tz, local: LocalTimes | None = None) ->
 
 
 def read(path: Path, imported: Imported, lines: Lines, o: ReadOptions) -> None:
+    assert o.mapping is not None  # import_trace parses --columns for --from csv (or refuses)
     read_csv(path, imported, lines, o.host, o.tz, o.mapping)
 
 
@@ -105,8 +106,8 @@ def read_csv(path: Path, imported: Imported, lines: Lines, host: str, tz, mappin
         imported.notes.append(f"{path.name}: no gpu column mapped: one GPU (index 0)")
     local = LocalTimes(tz)
 
-    def parse(cells: list[str]) -> dict:
-        row = {HOST: host, GPU: 0}
+    def parse(cells: list[str]) -> dict[str, str | int | float | None]:
+        row: dict[str, str | int | float | None] = {HOST: host, GPU: 0}
         for name, (i, unit) in cols.items():
             if name == TIME:
                 row[TIME] = parse_csv_time(cells[i], unit, tz, local)

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import tzinfo
 from pathlib import Path
+from typing import TypeVar
 
 from wattgate.errors import InputError
 from wattgate.power.log_parsing import (
@@ -33,9 +34,17 @@ def no_samples(path: Path, rows: list) -> None:
         raise InputError(f"{path}: a header line and no sample lines; import the log once its logger has written")
 
 
+T = TypeVar("T")
+
+
 def sample_rows(
-    path: Path, rows: list, header: list[str], lines: Lines, parse: Callable, as_truncated: Callable = lambda e: e
-) -> Iterator[tuple[int, object]]:
+    path: Path,
+    rows: list[tuple[int, list[str]]],
+    header: list[str],
+    lines: Lines,
+    parse: Callable[[list[str]], T],
+    as_truncated: Callable[[BadLine], BadLine] = lambda e: e,
+) -> Iterator[tuple[int, T]]:
     """(line number, parse(cells)) for each sample line under a CSV header. A line with another field count or
     a value parse() refuses (BadLine) goes to `lines`, as a truncated final line where it is one (`as_truncated`
     names the field for that test)."""

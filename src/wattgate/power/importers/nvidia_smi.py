@@ -166,7 +166,7 @@ def read_nvidia_smi(
                 raise BadLine("line", ",".join(cells), f"{len(cells)} fields, header has {len(header)}")
             if cells[0].strip().lower().startswith(header[0]) and smi_header(cells) == header:
                 continue  # a repeated header (a log restarted into the same file)
-            rec = {TIME: parse_smi_time(cells[columns[TIME]], tz, local)}
+            rec: dict[str, str | float | None] = {TIME: parse_smi_time(cells[columns[TIME]], tz, local)}
             for col, i in columns.items():
                 if col in (TIME, NAME, BUS_ID):
                     if col != TIME:
@@ -190,8 +190,9 @@ def read_nvidia_smi(
         row = {k: rec.get(k) for k in (TIME, UTIL_GPU, UTIL_MEM, MEM_USED_MIB, SM_CLOCK_MHZ, TEMP_C, REASONS)}
         row.update(host=host, gpu=gpu + gpu_offset, power_w=power)
         imported.add(row, path, lineno)
-        if rec.get(NAME):
-            imported.names[(host, gpu + gpu_offset)] = rec[NAME]
+        name = rec.get(NAME)
+        if isinstance(name, str) and name:  # the name column's text, stripped
+            imported.names[(host, gpu + gpu_offset)] = name
     if POWER_W not in columns:
         imported.notes.append(
             f"{path.name}: power.draw only (a 1 s average on recent GPUs); the instant reading is power.draw.instant"

@@ -50,7 +50,7 @@ def read_zeus(path: Path, imported: Imported, lines: Lines, host: str, gpu_index
             f"per-GPU power columns (gpu0, gpu1, ... or Power); found {excerpt(', '.join(header), HEADER_CHARS)}"
         )
 
-    def parse(cells: list[str]) -> tuple[float, dict]:
+    def parse(cells: list[str]) -> tuple[float, dict[int, float | None]]:
         values = {g: parse_number(header[i], cells[i], POWER_W, unit) for i, (g, unit) in gpus.items()}
         return parse_zeus_time(cells[time_col]), values
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Generator
 
 import numpy as np
 import pyarrow as pa
 
 
 @contextlib.contextmanager
-def small_pages() -> Iterator[None]:
+def small_pages() -> Generator[None, None, None]:
     """Within: neither numpy nor Arrow asks the kernel for transparent huge pages for its big arrays. numpy
     madvises every array of 4 MB or more; where THP defrag is `madvise` (these VMs) the first touch of such an
     array may compact memory in the kernel, and triage + report allocate hundreds of them: bench/report.py's day
@@ -29,7 +29,7 @@ def small_pages() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _plain_arrow_pool() -> Iterator[None]:
+def _plain_arrow_pool() -> Generator[None, None, None]:
     before = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
     try:
@@ -39,7 +39,7 @@ def _plain_arrow_pool() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _numpy_small_pages() -> Iterator[None]:
+def _numpy_small_pages() -> Generator[None, None, None]:
     core = None
     for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
         with contextlib.suppress(ImportError):

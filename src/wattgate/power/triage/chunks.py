@@ -254,9 +254,9 @@ class _Cells:
     psum: np.ndarray
     nu: np.ndarray  # utilization samples (among the power samples)
     usum: np.ndarray
-    cell: np.ndarray  # per power sample: its grid cell
-    power: np.ndarray  # per power sample (float32)
-    gpu: np.ndarray  # per power sample: its GPU id (small ints: a lookup in a tiny table gives its edges)
+    cell: np.ndarray | None  # per power sample: its grid cell
+    power: np.ndarray | None  # per power sample (float32)
+    gpu: np.ndarray | None  # per power sample: its GPU id (small ints: a lookup in a tiny table gives its edges)
     causes: causes_mod.ChunkCauses | ticks_mod.DeferredCauses | None = None  # per present cell: clock, temp, reasons
     ticks: ticks_mod.Ticks | None = None  # the sampler's layout: cell, power and gpu are None, this holds them
 
@@ -384,7 +384,8 @@ class _Place:
 
     def __init__(self, c: _Cells, gid: np.ndarray, shift: np.ndarray, rank: np.ndarray):
         t = c.ticks
-        self.cells, self.starts = None, None
+        self.cells: np.ndarray | None = None
+        self.starts: np.ndarray | None = None
         if t is not None:
             ids = rank[t.head[t.order]]  # the sorted id of each column (cells: window run after run, GPU by GPU)
             if int(t.window[-1] - t.window[0]) + 1 == len(t.window):
@@ -399,6 +400,7 @@ class _Place:
         if self.cells is not None:
             out[self.cells] += values
             return
+        assert self.starts is not None  # without a position per cell, one run of windows per GPU
         v = values.reshape(self.runs, self.k)
         for j, at in enumerate(self.starts.tolist()):
             out[at : at + self.runs] += v[:, j]
@@ -407,4 +409,5 @@ class _Place:
     def positions(self) -> np.ndarray:
         if self.cells is not None:
             return self.cells
+        assert self.starts is not None  # without a position per cell, one run of windows per GPU
         return (np.arange(self.runs)[:, None] + self.starts[None, :]).ravel()

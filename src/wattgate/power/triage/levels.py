@@ -80,7 +80,7 @@ def learn_levels(p, u, gpu, ngpu: int, table: TriageTable, window_s: float, cap_
     waiting = busy & low
     floor = table.low_max_w + 0.5 * (table.compute_min_w - table.low_max_w)
     # plateau cores: centred spans of k windows on one GPU, nearly all candidates, at a steady power
-    k = max(PLATEAU_MIN_WINDOWS, int(math.ceil(PLATEAU_MIN_S / window_s)))
+    k = max(PLATEAU_MIN_WINDOWS, math.ceil(PLATEAU_MIN_S / window_s))
     mean, steady = span_stats(p, busy & (p >= floor), k)  # span [j, j + k): its centre is window j + k // 2
 
     # waits: stretches of WAIT_MIN_S of busy windows in the low band (a spinning kernel), not single

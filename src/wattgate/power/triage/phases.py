@@ -9,7 +9,9 @@ the table's GPU model; triage.json beside it holds the rest of the settings.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -127,6 +129,7 @@ def read_phases(
         raise InputError(f"{path}: not a readable phases table ({exc})") from None
     if missing:
         raise InputError(f"{path}: not a phases table: missing column(s) {', '.join(missing)}")
+    assert table is not None  # read whenever no column was missing
     meta = _metadata(path, table.schema.metadata)
     record_path = path.parent / "triage.json"
     record = _read_json(record_path)
@@ -217,7 +220,7 @@ def gap_summary(phases: pa.Table, window_s: float, filled_s: float = 0.0) -> Gap
     lengths = np.bincount(run_id)[1:] * window_s if unknown.any() else np.zeros(0)
     return Gaps(
         unknown_s=round(float(unknown.sum() * window_s), 6),
-        unknown_gaps=int(len(lengths)),
+        unknown_gaps=len(lengths),
         longest_gap_s=round(float(lengths.max()), 6) if len(lengths) else 0.0,
         filled_s=round(float(filled_s), 6),
     )
@@ -259,12 +262,15 @@ def peer_departures(phases: pa.Table, window_s: float, min_s: float = 10.0) -> P
     read, peers = sel[PHASE].to_numpy(), np.asarray(LABELS, dtype=object)[modal[grp[departs]]]
     d = pd.DataFrame({"who": who, "read": read, "peers": peers})
     departures = []
-    for gpu, rows in d.groupby("who", sort=True):
+    for who, rows in d.groupby("who", sort=True):
+        gpu = str(who)  # the "host:gpu" strings built above
         seconds = len(rows) * window_s
         if seconds >= min_s:
             pairs = rows.groupby(["read", "peers"]).size().sort_values(ascending=False)
             read_vs_peers = tuple(
-                ReadVsPeers(read=r, peers=p, seconds=round(n * window_s, 6)) for (r, p), n in pairs.items()
+                ReadVsPeers(read=r, peers=p, seconds=round(n * window_s, 6))
+                # the (read, peers) labels of the two-column groupby's index
+                for (r, p), n in cast("Iterable[tuple[tuple[str, str], int]]", pairs.items())
             )
             departures.append(Departure(gpu=gpu, seconds=round(seconds, 6), read_vs_peers=read_vs_peers))
     departures.sort(key=lambda x: -x.seconds)

@@ -320,7 +320,7 @@ def _peer_vote_grid(cls, p, uu, row, gpu, span: int, e: Edges) -> np.ndarray:
 
     flat = None if complete else np.multiply(gpu, span, dtype=np.int64) + row
     present = None if complete else grid(np.ones(len(cls), bool), False)
-    counts = np.full(span, ngpu) if complete else present.sum(axis=0)
+    counts = np.full(span, ngpu) if present is None else present.sum(axis=0)
     mid = np.maximum(counts - 1, 0) // 2
     grid_p, grid_u = grid(p, np.inf), grid(uu, np.inf)
     med_p, med_u = (np.take_along_axis(np.sort(x, axis=0), mid[None, :], axis=0)[0] for x in (grid_p, grid_u))

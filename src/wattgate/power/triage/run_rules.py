@@ -54,6 +54,8 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e:
     # stalls: gaps between progress stamps, worked out once per time (every GPU's window then reads the same)
     stamps, run_over = _progress(info)
     stalled = np.zeros(len(cls), dtype=bool)
+    during: np.ndarray | None = None  # per time: after the first stamp, before the last one's deadline
+    rows: np.ndarray | None = None  # per window: its time's row in `during`
     if len(stamps):
         times, rows = _time_rows(index)
         t0, t1 = times * window_s, (times + 1) * window_s
@@ -89,6 +91,7 @@ def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e:
     # the window showed: a wait that was no hang is a (long) sync wait, a quiet window is idle or low-util
     at = np.flatnonzero(_is(cls, (P.DEADLOCK, P.CHECKPOINT)) if len(info.events) else cls == P.DEADLOCK)
     if len(stamps) and len(at):
+        assert during is not None and rows is not None  # set above whenever there are stamps
         c = cls[at]
         wrong = during[rows[at]] & run_gpus[gpu[at]] & ~stalled[at]
         wrong &= (c == P.DEADLOCK) | ~in_ckpt[at]
@@ -154,8 +157,10 @@ def _step_cover(cls, below, stalled, gs, ge, info: RunInfo, gpu_ranks, share) ->
     stepping = np.zeros(len(cls), dtype=bool)
     if not info.has_metrics:
         return starving, stepping
-    m_rank = info.metrics[RANK].to_numpy()
-    m_time, m_step, m_wait = (info.metrics[c].to_numpy(float) for c in (TIME, STEP_TIME_S, DATA_WAIT_S))
+    metrics = info.metrics
+    assert metrics is not None  # has_metrics
+    m_rank = metrics[RANK].to_numpy()
+    m_time, m_step, m_wait = (metrics[c].to_numpy(float) for c in (TIME, STEP_TIME_S, DATA_WAIT_S))
     candidate = ~stalled & _is(cls, (P.DATA_STARVATION, P.LOW_UTIL, P.IDLE))
     need = below | candidate
     for g, ranks in enumerate(gpu_ranks):

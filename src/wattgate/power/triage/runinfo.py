@@ -81,13 +81,17 @@ def load_run_info(
 
 def gpu_uuids(trace_metas: list[TraceMeta]) -> dict[str, tuple[str, int]]:
     """GPU UUID -> (host, index), from the traces' metadata (the heartbeats name a rank's GPU by its UUID)."""
-    return {
-        str(g.uuid): (str(meta.host), int(g.index))
-        for meta in trace_metas
-        if meta.host is not None
-        for g in meta.gpu_list
-        if g.uuid
-    }
+    out: dict[str, tuple[str, int]] = {}
+    for meta in trace_metas:
+        if meta.host is None:
+            continue
+        for g in meta.gpu_list:
+            if not g.uuid:
+                continue
+            if g.index is None:
+                raise InputError(f"trace metadata of host {meta.host!r}: GPU {g.uuid} has a UUID but no index")
+            out[str(g.uuid)] = (str(meta.host), g.index)
+    return out
 
 
 def _short(host: str) -> str:
@@ -107,11 +111,11 @@ def map_ranks(info: RunInfo, gpu_keys: list[tuple[str, int]]) -> dict[int, int]:
         host, local = s.host, s.local_rank
         if host is None or local is None:
             continue
-        key = (str(host), int(local))
+        key = (host, local)
         if key in index:
             out[rank] = index[key]
-        elif (_short(str(host)), int(local)) in by_short:
-            out[rank] = by_short[(_short(str(host)), int(local))]
+        elif (_short(host), local) in by_short:
+            out[rank] = by_short[(_short(host), local)]
     return out
 
 
@@ -187,7 +191,8 @@ def _done_times(info: RunInfo) -> dict[int, float]:
     """rank -> when it said done (inf if it never did), from events, else its heartbeat state."""
     out = {int(r): math.inf for r in set(info.events[EVENT_RANK]) | set(info.states)}
     ev = info.events[info.events[EVENT_PHASE] == "done"]
-    for r, t in ev.groupby(EVENT_RANK)[EVENT_TIME].min().items():
+    first_done = ev.groupby(EVENT_RANK)[EVENT_TIME].min()
+    for r, t in zip(first_done.index.to_numpy(), first_done.to_numpy()):
         out[int(r)] = float(t)
     for r, st in info.states.items():
         if st.phase == "done" and not math.isfinite(out[r]):
@@ -201,7 +206,7 @@ def _progress(info: RunInfo) -> tuple[np.ndarray, float]:
         info.events[EVENT_TIME].to_numpy(float),
         np.array([float(s.time) for s in info.states.values()], dtype=float),
     ]
-    if info.has_metrics:
+    if info.metrics is not None and info.has_metrics:
         stamps.append(info.metrics[METRICS_TIME].to_numpy(float))
     stamps = np.unique(np.concatenate(stamps))
     over = [info.events[EVENT_TIME][info.events[EVENT_PHASE].isin(["export", "done"])].to_numpy(float)]

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -241,6 +242,7 @@ def _markdown(result: Triage, summary: pd.DataFrame) -> str:
         found = _stragglers_md(result) if result.stragglers else []
         return "\n".join(lines + [f"{result.status}.", ""] + found + _notes_md(result))
     t = result.table
+    assert t is not None  # a triage with telemetry always has its table
     kind = t.provenance.get("kind", "no provenance")
     lines += [
         f"Table: {t.gpu_model} ({result.table_source}; {kind}), "
@@ -253,6 +255,7 @@ def _markdown(result: Triage, summary: pd.DataFrame) -> str:
     for ph in LABELS:
         r = result.phases.get(ph)
         if r:
+            assert r.share is not None and r.energy_j is not None  # totals() computes both
             lines.append(f"| {ph} | {r.seconds:.0f} | {100 * r.share:.1f}% | {r.energy_j / 1e3:.1f} |")
     lines += [
         "",
@@ -262,7 +265,8 @@ def _markdown(result: Triage, summary: pd.DataFrame) -> str:
         "|---|---:|" + "---:|" * len(LABELS),
     ]
     pivot = summary.pivot_table(index=[HOST, GPU], columns=PHASE, values=SHARE, fill_value=0.0)
-    for (host, gpu), row in pivot.iterrows():
+    # the pivot's index: (host, gpu)
+    for (host, gpu), row in cast("Iterable[tuple[tuple[str, int], pd.Series]]", pivot.iterrows()):
         lines.append(f"| {host} | {gpu} | " + " | ".join(f"{100 * row.get(ph, 0.0):.1f}%" for ph in LABELS) + " |")
     lines += _gaps_and_peers_md(result)
     lines += _stragglers_md(result)
@@ -300,9 +304,8 @@ def _stragglers_md(result: Triage) -> list[str]:
         kwh = "-" if e.wait_kwh is None else f"{e.wait_kwh:.4g}"
         rank = "-" if e.rank is None else str(e.rank)
         gpu = "-" if e.gpu is None else str(e.gpu)
-        lines.append(
-            f"| {e.host} | {gpu} | {rank} | {100 * e.lag_share:.0f}% | {hours} | {kwh} | {e.cause} | {e.evidence} |"
-        )
+        share = "-" if e.lag_share is None else f"{100 * e.lag_share:.0f}%"  # None: a watcher's, without counts
+        lines.append(f"| {e.host} | {gpu} | {rank} | {share} | {hours} | {kwh} | {e.cause} | {e.evidence} |")
     if lag.wait_gpu_hours:
         lines += ["", f"Waiting for them: {lag.wait_gpu_hours:.4g} GPU-hours, {lag.wait_kwh:.4g} kWh."]
     return lines
@@ -314,6 +317,7 @@ def _notes_md(result: Triage) -> list[str]:
 
 def _gaps_and_peers_md(result: Triage) -> list[str]:
     g, peers = result.gaps, result.peers
+    assert g is not None  # triage computes them (gap_summary); only a record written before they were kept lacks them
     lines = [""]
     if g.unknown_s or g.filled_s:
         lines.append(
@@ -448,7 +452,7 @@ def recorded_caps(metas: list[TraceMeta]) -> dict[tuple[str, int], float]:
     for meta in metas:
         for g in meta.gpu_list:
             if g.power_limit_w and meta.host is not None and g.index is not None:
-                caps[(str(meta.host), int(g.index))] = float(g.power_limit_w)
+                caps[(str(meta.host), g.index)] = float(g.power_limit_w)
     return caps
 
 
@@ -508,6 +512,7 @@ def _run_triage(
         phases, energy = PHASES_SCHEMA.empty_table(), {}
     else:
         energy = ingest_energy(acc, again)
+        assert table is not None  # chosen whenever the traces have samples
         phases = _triage(acc, table, window_s, deadlock_after_s, info, caps, power_cap_w, straggler_share)
     power_seen, util_seen = acc.power, acc.util
     del acc

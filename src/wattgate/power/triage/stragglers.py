@@ -41,13 +41,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 
 from wattgate.power.triage.arrays import _bounds
 from wattgate.power.triage.causes import GROUPS
-from wattgate.records.triage import Lag, Lagging, LagSettings, Straggler, Timeline
+from wattgate.records.triage import Cause, Lag, Lagging, LagSettings, Straggler, Timeline
 from wattgate.run_tables import DATA_WAIT_S, RANK, STEP_TIME_S, TIME
+
+if TYPE_CHECKING:
+    from wattgate.power.triage.runinfo import RunInfo
+    from wattgate.power.triage.windows import _Windows
 
 MARGIN = 0.15  # of a window: 1.5 samples at 10 Hz, so a sampler's jitter at a step's edge is no lag
 MIN_LAG_WINDOWS = 3
@@ -74,7 +79,7 @@ CAUSE_WORDS = {
 class _Scope:
     """One group's lag: its wait windows and, per window it was last in, the last GPU and what it cost."""
 
-    name: str  # "job" or "host"
+    name: Literal["job", "host"]
     members: np.ndarray  # GPU ids
     wait_windows: int = 0
     wait_cols: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -93,7 +98,9 @@ def no_lag(share: float) -> Lag:
     return Lag(settings=settings, wait_windows=0, wait_gpu_hours=0.0, wait_kwh=0.0, timeline=None)
 
 
-def find_stragglers(win, window_s: float, share: float, run_info=None, rank_of: dict | None = None) -> Lagging:
+def find_stragglers(
+    win: _Windows, window_s: float, share: float, run_info: RunInfo | None = None, rank_of: dict[int, int] | None = None
+) -> Lagging:
     """triage.json's "stragglers" and "lag" (totals, settings and the per-GPU lag timeline) from the windows
     (windows._Windows). `rank_of`: GPU id -> rank (from the heartbeats), if known."""
     keys = win.keys
@@ -133,13 +140,13 @@ def find_stragglers(win, window_s: float, share: float, run_info=None, rank_of: 
             lag = counts[g] / sc.wait_windows
             typical = float(np.median(others)) if len(others) else 0.0
             if lag > share and counts[g] >= MIN_LAG_WINDOWS and counts[g] >= DOMINANCE * typical:
-                found.setdefault(g, (sc, lag))  # the job's own scope first, else its host's
+                found.setdefault(int(g), (sc, lag))  # the job's own scope first, else its host's
     ctx = _Context(win, matrix, imin, first, starts, window_s, run_info, rank_of or {}, keys)
-    entries = tuple(ctx.entry(int(g), sc) for g, (sc, _) in sorted(found.items(), key=lambda x: keys[x[0]]))
+    entries = tuple(ctx.entry(g, sc) for g, (sc, _) in sorted(found.items(), key=lambda x: keys[x[0]]))
     job = scopes[0]
     lag = Lag(
         settings=no_lag(share).settings,
-        wait_windows=int(job.wait_windows),
+        wait_windows=job.wait_windows,
         wait_gpu_hours=round(sum(e.wait_gpu_hours for e in entries), 6),
         wait_kwh=round(sum(e.wait_kwh for e in entries), 6),
         timeline=_timeline(job, keys, imin, span, window_s),
@@ -147,7 +154,9 @@ def find_stragglers(win, window_s: float, share: float, run_info=None, rank_of: 
     return Lagging(stragglers=entries, lag=lag)
 
 
-def _scope(name: str, rows: np.ndarray, matrix: np.ndarray, window_s: float, wait_w: np.ndarray) -> _Scope:
+def _scope(
+    name: Literal["job", "host"], rows: np.ndarray, matrix: np.ndarray, window_s: float, wait_w: np.ndarray
+) -> _Scope:
     """The group's wait windows and last GPUs over the whole span, a block of windows at a time."""
     sub = matrix[rows]
     working = (sub >= BUSY).sum(axis=1)
@@ -224,15 +233,15 @@ def _timeline(job: _Scope, keys, imin: int, span: int, window_s: float) -> Timel
 
 @dataclass
 class _Context:
-    win: object
+    win: _Windows
     matrix: np.ndarray
     imin: int
     first: np.ndarray  # per GPU: its first window index
     starts: np.ndarray  # per GPU: its first position in the window arrays
     window_s: float
-    run_info: object
-    rank_of: dict
-    keys: list
+    run_info: RunInfo | None
+    rank_of: dict[int, int]
+    keys: list[tuple[str, int]]
 
     def positions(self, g: int, cols: np.ndarray) -> np.ndarray:
         return self.starts[g] + (self.imin + cols - self.first[g])
@@ -254,11 +263,11 @@ class _Context:
         )
         return Straggler(
             host=host,
-            gpu=int(gpu),
+            gpu=gpu,
             rank=self.rank_of.get(g),
             lag_share=round(lag, 4),
             lag_windows=int(mine.sum()),
-            wait_windows=int(sc.wait_windows),
+            wait_windows=sc.wait_windows,
             scope=sc.name,
             wait_gpu_hours=round(float(sc.wait_s[mine].sum()) / 3600.0, 6),
             wait_kwh=round(float(sc.wait_j[mine].sum()) / 3.6e6, 6),
@@ -269,7 +278,7 @@ class _Context:
             source="power",
         )
 
-    def cause(self, g: int, cols: np.ndarray, peers: np.ndarray) -> tuple[str, str]:
+    def cause(self, g: int, cols: np.ndarray, peers: np.ndarray) -> tuple[Cause, str]:
         """(cause, its evidence) of GPU g over the windows `cols` it was last in."""
         win = self.win
         pos_g = self.positions(g, cols)
@@ -305,7 +314,7 @@ class _Context:
                     f"clocks-event reasons: {CAUSE_WORDS[group]} in {100 * share_g[best]:.0f}% of its samples in those "
                     f"windows, its peers {100 * share_p[best]:.0f}%" + (f"; {clock_text}" if clock_text else "")
                 )
-                return group, why
+                return cast("Cause", group), why  # GROUPS: the names of trace.REASON_CAUSES, causes all
         slowed = math.isfinite(clock_g) and math.isfinite(clock_p) and clock_g < clock_p * (1 - CLOCK_DEFICIT)
         # 2. its readings, without reasons (or reasons that name nothing apart from its peers)
         hot = math.isfinite(temp_g) and math.isfinite(temp_p) and temp_g >= temp_p + HOT_C

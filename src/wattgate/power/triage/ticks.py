@@ -27,17 +27,18 @@ def period(gpu: np.ndarray, codes: np.ndarray | None) -> int:
     n = len(gpu)
     if n == 0:
         return 0
-    one_host = codes is None or (codes[0] == codes[-1] and int(codes.min()) == int(codes.max()))
-    repeat = gpu[1:] == gpu[0] if one_host else (gpu[1:] == gpu[0]) & (codes[1:] == codes[0])
+    if codes is not None and codes[0] == codes[-1] and int(codes.min()) == int(codes.max()):
+        codes = None  # one host: the GPU index is the key
+    repeat = gpu[1:] == gpu[0] if codes is None else (gpu[1:] == gpu[0]) & (codes[1:] == codes[0])
     k = int(np.argmax(repeat)) + 1 if repeat.any() else n
     if n % k:
         return 0
     head = gpu[:k]
-    if len(np.unique(head if one_host else head.astype(np.int64) * (1 << 20) + codes[:k])) != k:
+    if len(np.unique(head if codes is None else head.astype(np.int64) * (1 << 20) + codes[:k])) != k:
         return 0
     if not bool((gpu.reshape(-1, k) == head).all()):
         return 0
-    if not one_host and not bool((codes.reshape(-1, k) == codes[:k]).all()):
+    if codes is not None and not bool((codes.reshape(-1, k) == codes[:k]).all()):
         return 0
     return k
 
@@ -54,7 +55,7 @@ class Ticks:
     ticks_in: np.ndarray  # ticks per run
     tick_window: np.ndarray  # each tick's window
     tick_time: np.ndarray
-    power: np.ndarray  # (ticks, k) float32
+    power: np.ndarray | None  # (ticks, k) float32; None in DeferredCauses' runs, which keep no samples
 
 
 def shared_times(time_: np.ndarray, k: int, power: np.ndarray) -> bool:
@@ -92,6 +93,7 @@ def band_counts(t: Ticks, hi_edge: np.ndarray, lo_edge: np.ndarray) -> tuple[np.
     """Per present cell (window run x GPU in id order): samples at or above the GPU's compute edge, and below
     its low edge (float32 edges, one per GPU id)."""
     p = t.power
+    assert p is not None  # a chunk's own Ticks (layout), not DeferredCauses' runs
     return counts(t, p >= hi_edge[t.head]), counts(t, p < lo_edge[t.head])
 
 

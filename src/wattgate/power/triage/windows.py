@@ -247,7 +247,7 @@ def _windows(
             np.minimum.at(first, g, c.window)
             np.maximum.at(last, g, c.window)
     span = last - first + 1
-    cells_per_gpu = sum(np.bincount(g, minlength=ngpu) for g in gids)
+    cells_per_gpu = sum((np.bincount(g, minlength=ngpu) for g in gids), np.zeros(ngpu, np.int64))
     _check_sampled_span(keys, span, cells_per_gpu, first, window_s)
     base = np.concatenate([[0], np.cumsum(span)])
     total = int(base[-1])
@@ -264,7 +264,9 @@ def _windows(
     # each result in its own sum's buffer: a fresh array of a day's windows costs more in page faults than
     # the arithmetic on it
     n = summed("n", np.int64)
-    samples_per_gpu = sum(np.bincount(g, weights=c.rows, minlength=ngpu) for c, g in zip(acc.cells, gids))
+    samples_per_gpu = sum(
+        (np.bincount(g, weights=c.rows, minlength=ngpu) for c, g in zip(acc.cells, gids)), np.zeros(ngpu)
+    )
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_p = summed("psum")
         mean_p /= n
@@ -299,6 +301,7 @@ def _windows(
             place.add(low, by_ticks[1])
             continue
         cells = place.cells
+        assert c.cell is not None and c.power is not None and c.gpu is not None  # kept outside the tick layout
         flags = (c.power >= hi_edge[c.gpu]).view(np.int8) * np.int8(2)
         flags += c.power < lo_edge[c.gpu]
         four = c.cell * 4 if c.grid < 1 << 29 else c.cell.astype(np.int64) * 4
