@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from wattgate.cadence import checkpoint_steps
@@ -92,12 +94,13 @@ def failure_line(div: Divergence, c: FailureCost, where: str | None = None) -> s
     wait = f"then wait {fmt_hours(c.timeout_s)} (train.collective_timeout_s, if the watchdog fires)"
     total = f"{c.timeout_gpu_hours:.3g}"
     if c.limit_gpu_hours is not None:
+        assert c.job_limit_s is not None  # failure_cost sets limit_gpu_hours only with a job limit
         wait += f" or up to {fmt_hours(max(c.job_limit_s - c.reach_s, 0))} (the Slurm job's time limit, if not)"
         total += f"-{c.limit_gpu_hours:.3g}"
     return f"{where}, {reach}, {wait}: up to {total} GPU-hours; the gate saved them."
 
 
-def _ranks(ranks: list[int]) -> str:
+def _ranks(ranks: Sequence[int]) -> str:
     if len(ranks) > 6:
         return f"{', '.join(map(str, ranks[:6]))} and {len(ranks) - 6} more"
     return ", ".join(map(str, ranks)) or "none"

@@ -35,7 +35,7 @@ def measured_record(
         for r in records
         if r.shape_key == key
         and r.world_size == world_size
-        and str(r.gpu_model or "").lower() == model
+        and (r.gpu_model or "").lower() == model
         and r.cost_per_s > 0
     ]
     if not same:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -159,10 +159,18 @@ def forecast(costs: PlanCosts, tp: Throughput, s: Settings, levels: Levels | Non
             checkpoints_s=round(ckpt_s, 3),
             export_s=round(export_s, 3),
         ),
-        steps=int(len(costs.step_max_cost)),
+        steps=len(costs.step_max_cost),
         validations=len(costs.eval_steps),
         checkpoints=n_ckpt,
-        throughput=ForecastThroughput(**(asdict(tp) | {"cost_per_s": round(tp.cost_per_s, 6)})),
+        throughput=ForecastThroughput(
+            source=tp.source,
+            cost_per_s=round(tp.cost_per_s, 6),
+            detail=tp.detail,
+            startup_s=tp.startup_s,
+            warmup_s=tp.warmup_s,
+            load_s=tp.load_s,
+            storage_gbps=tp.storage_gbps,
+        ),
         storage_gbps=round(gbps, 4),
         storage_source=gbps_source,
         startup_source="measured" if tp.startup_s is not None else "assumed",

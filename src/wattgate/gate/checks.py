@@ -62,12 +62,8 @@ def check_equal_steps(
     `epochs` and `steps_per_epoch` may list the epochs of one segment of a continued plan and each one's
     step count there (pack/segments.py); an int means epochs 0..epochs-1 of steps_per_epoch steps each."""
     name = "equal_steps"
-    epoch_list = list(range(epochs)) if isinstance(epochs, int) else sorted(int(e) for e in epochs)
-    per_epoch = (
-        {e: steps_per_epoch for e in epoch_list}
-        if isinstance(steps_per_epoch, int)
-        else {int(e): int(n) for e, n in steps_per_epoch.items()}
-    )
+    epoch_list = list(range(epochs)) if isinstance(epochs, int) else sorted(epochs)
+    per_epoch = {e: steps_per_epoch for e in epoch_list} if isinstance(steps_per_epoch, int) else dict(steps_per_epoch)
     if len(packs) == 0:
         return Check(name, False, "the plan has no packs")
     bad_rank = (packs.rank < 0) | (packs.rank >= world_size)
@@ -318,7 +314,7 @@ def check_launch(plan: Plan, config: RunConfig) -> Check:
     """The plan was made for the launch that will run it."""
     c, t = config.cluster, config.train
     # (what the plan says, what the config says, where the config says it)
-    expected = [
+    expected: list[tuple[str, int | None, int, str]] = [
         ("world_size", plan.world_size, c.nodes * c.gpus_per_node, "cluster.nodes x cluster.gpus_per_node"),
         ("micro_batch_size", plan.micro_batch_size, t.micro_batch_size, "train.micro_batch_size"),
         # a plan continuing another world size's run runs its own grad_accum (pack/segments.py), made from the
@@ -420,6 +416,7 @@ FIT_HINTS = {
 
 
 def _budget_text(budget: Budget, headroom: float) -> str:
+    assert budget.bytes is not None  # check_fit words only the budgets it checked
     usable = budget.bytes * (1 - headroom)
     return f"{usable / GIB:.1f} GiB usable ({budget.bytes / GIB:.1f} GiB from {budget.source}, {headroom:.0%} headroom)"
 
@@ -435,7 +432,7 @@ def check_fit(phases: dict[str, dict[str, int]], budgets: dict[str, Budget], hea
         if budget.bytes is None:
             unchecked.append(f"{phase} {total / GIB:.1f} GiB per {budget.per} {budget.source}")
         elif total > budget.bytes * (1 - headroom):
-            biggest = max(terms, key=terms.get)
+            biggest = max(terms, key=terms.__getitem__)
             over.append(
                 f"{phase}: estimated peak {total / GIB:.1f} GiB per {budget.per} > "
                 f"{_budget_text(budget, headroom)}; largest term {biggest} {terms[biggest] / GIB:.1f} GiB "
@@ -524,7 +521,7 @@ def validation_schedule_notes(plan: Plan, config: RunConfig, total: int) -> list
 
 
 def _steps_of(packs: PackRows) -> int:
-    return int(len(np.unique(packs.epoch * (int(packs.step.max()) + 1) + packs.step))) if len(packs) else 0
+    return len(np.unique(packs.epoch * (int(packs.step.max()) + 1) + packs.step)) if len(packs) else 0
 
 
 def check_segments(plan: Plan, config: RunConfig, packs: PackRows, prefix: PackRows | None, problems: tuple) -> Check:

@@ -115,7 +115,7 @@ def last_run_wait(config: RunConfig | dict, spec: ModelSpec) -> LastRunWait | No
     if r is None:
         return None
     hours, share, source = r.wait_hours, r.wait_share, r.wait_source
-    unit = "rank-hours" if str(source or "").startswith("watcher") else "GPU-hours"
+    unit = "rank-hours" if (source or "").startswith("watcher") else "GPU-hours"
     run = f"Last run in the ledger ({r.run_name!r}, {r.world_size} x {r.gpu_model})"
     if hours is None:
         line = f"{run}: its time lost to waiting for stragglers is not recorded (its run report adds it)."
@@ -246,6 +246,8 @@ def validation_failure(
     vdiv: Divergence, costs: PlanCosts, fc: Forecast | None, settings: Settings, why: str
 ) -> Failure:
     """gate.json's `failure` for an uneven validation pass: where, and what reaching it and waiting would cost."""
+    # validation_divergence_at sets both
+    assert vdiv.per_rank is not None and vdiv.step_in_epoch is not None
     where = (
         f"would hang in the first validation pass, after step {vdiv.step} (epoch {vdiv.epoch}): validation "
         f"micro-batches per rank {list(vdiv.per_rank)}; rank(s) {', '.join(map(str, vdiv.ranks_with))} run "

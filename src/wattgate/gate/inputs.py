@@ -167,6 +167,7 @@ def verify_shards(pretokenized: Path, manifest: Manifest, full: bool | None = No
                 raise InputError(f"{path}: cannot read ({exc.strerror}); rerun pretokenize") from None
         try:
             if full:
+                assert max_id is not None  # _check_documents keeps it an int
                 max_id = _check_documents(path, name, problems, max_id)
             elif max_id is not None:
                 max_id = _check_row_groups(path, name, problems, max_id)
@@ -254,7 +255,7 @@ def _require_columns(path: Path, names: list[str], needed: list[str]) -> None:
         raise InputError(f"{path}: missing column(s) {', '.join(missing)}; rerun pretokenize")
 
 
-def _check_row_groups(path: Path, name: str, problems: list[str], max_id: int) -> int | None:
+def _check_row_groups(path: Path, name: str, problems: list[str], max_id: int | None) -> int | None:
     f = pq.ParquetFile(path)
     meta = f.metadata
     leaf = _leaf_column(meta, "input_ids")
@@ -309,6 +310,8 @@ def load_inputs(
     hashes: list = []
     doc_tokens, doc_loss = read_doc_columns(pretokenized, manifest, hashes)
     content = verify_shards(pretokenized, manifest)
+    packs_sha256 = sha256_file(packs_path)
+    prefix, prefix_problems = read_prefix(plan_dir, plan)
     return GateInputs(
         config=config,
         plan=plan,
@@ -316,11 +319,12 @@ def load_inputs(
         manifest=manifest,
         doc_tokens=doc_tokens,
         doc_loss_tokens=doc_loss,
-        packs_sha256=sha256_file(packs_path),
+        packs_sha256=packs_sha256,
         manifest_sha256=hashlib.sha256(manifest_raw).hexdigest(),
         checkpoint_dir=checkpoint_dir,
         content=content,
-        **dict(zip(("prefix", "prefix_problems"), read_prefix(plan_dir, plan))),
+        prefix=prefix,
+        prefix_problems=prefix_problems,
         validation=read_validation(pretokenized, plan_dir, manifest, plan, hashes[0]),
         content_hashes=hashes[0],
     )

@@ -57,7 +57,7 @@ def mixture_inputs(config: RunConfig, manifest: Manifest, plan: Plan, doc_tokens
     for s in sources:
         r = ranges.get(s.name)
         bounds = (r.first_doc, r.end_doc) if r is not None else (None, None)
-        if r is None or not all(0 <= b <= len(doc_tokens) for b in bounds):
+        if r is None or not all(0 <= b <= len(doc_tokens) for b in (r.first_doc, r.end_doc)):
             problems.append(
                 f"source {s.name!r} has no doc_id range in manifest.json's source_docs "
                 f"(first_doc/end_doc {bounds[0]!r}/{bounds[1]!r}); rerun pretokenize"

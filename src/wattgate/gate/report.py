@@ -99,6 +99,7 @@ def phase_markdown(phase: str, p: MemoryPhase) -> list[str]:
         lines += ["", f"Budget: {p.budget_source}.", ""]
     else:
         verdict = "fits" if p.fits else "**does not fit**"
+        assert p.budget_bytes is not None  # usable_bytes is the budget less the headroom (phases_json)
         lines += [
             "",
             f"Budget: {p.usable_bytes / GIB:.2f} GiB usable per {p.per} "
@@ -156,6 +157,7 @@ def collectives_markdown(p: Collectives) -> list[str]:
                 f"{full if full is not None else '-'} | `{c.fingerprint}` |"
             )
         for name, part in (("startup", p.startup), ("end", p.end)):
+            assert part is not None  # a proof with step classes fingerprints its startup and end (proof/prove.py)
             lines.append(f"\n{name}: {part.collectives} collectives, fingerprint `{part.fingerprint}`")
         for name, what, section in (
             ("stop", "graceful stop at step", p.stop),

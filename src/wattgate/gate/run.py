@@ -113,7 +113,9 @@ def run_checks(
     final_bytes = spec.num_params * DTYPE_BYTES[export_dtype_name(config)]
     # a plan that continues a run on another world size (pack/segments.py): equal steps within its current
     # segment, documents exactly once per epoch over the consumed prefix and the current segment together
-    segment_steps = {int(e): n for e, n in plan.segment_steps.items()} if plan.segments else None
+    segment_steps = (  # Plan refuses segments without segment_steps
+        {int(e): n for e, n in plan.segment_steps.items()} if plan.segments and plan.segment_steps is not None else None
+    )
     whole = concat_packs([inputs.prefix, packs]) if inputs.prefix is not None else packs
     mixture = gate_mixture(inputs)
     return [

@@ -43,6 +43,7 @@ def check_tokenizer(pretokenized: Path) -> Check:
     if not files:
         return Check(NAME, True, "synthetic data: no tokenizer made it, final/ carries none")
     folder = files[0].parent
+    assert manifest.tokenizer_sha256 is not None  # verified_tokenizer_files matched the files to it
     return Check(
         NAME,
         True,

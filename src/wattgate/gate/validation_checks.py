@@ -61,6 +61,7 @@ def check_validation_steps(
     if (bad := _problems_check(name, v)) is not None:
         return bad
     packs = v.packs
+    assert packs is not None  # else _problems_check returned its Check
     if len(packs) == 0:
         return Check(name, False, "the validation pass has no packs; rerun pack")
     outside = np.flatnonzero((packs.rank < 0) | (packs.rank >= world_size) | (packs.epoch != 0) | (packs.step != 0))
@@ -112,6 +113,7 @@ def check_validation_conservation(
     if (bad := _problems_check(name, v)) is not None:
         return bad
     packs, n = v.packs, len(doc_tokens)
+    assert packs is not None  # else _problems_check returned its Check
     ids = packs.doc_ids
     if len(ids) and (ids.min() < 0 or ids.max() >= n):
         return Check(name, False, f"validation doc_id outside 0..{n - 1}")
@@ -158,7 +160,7 @@ def check_leakage(v: ValidationInputs | None, train_packs: PackRows) -> Check:
     if v.problems and not len(v.held_out):
         return Check(name, False, _listed(list(v.problems)))
     problems = []
-    n = len(v.content_hashes) if v.content_hashes is not None else int(max(v.held_out.max(initial=-1), 0)) + 1
+    n = len(v.content_hashes) if v.content_hashes is not None else max(int(v.held_out.max(initial=-1)), 0) + 1
     held = np.zeros(max(n, int(train_packs.doc_ids.max(initial=-1)) + 1), dtype=bool)
     held[v.held_out] = True
     in_training = held[train_packs.doc_ids]  # a gather: O(entries), no sort

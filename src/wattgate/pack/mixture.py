@@ -93,7 +93,7 @@ def targets(sources: list[SourceDocs], lengths: np.ndarray, max_repeats: float) 
 def _boundary(cum: np.ndarray, target: float) -> int:
     """Position (in documents, from the stream's start) of the document boundary nearest `target` tokens."""
     total = int(cum[-1])
-    t = int(round(target))
+    t = round(target)
     q, r = divmod(t, total)
     j = int(np.searchsorted(cum, r, side="left"))  # cum[j] >= r: boundary after j + 1 documents
     before = int(cum[j - 1]) if j > 0 else 0
@@ -148,7 +148,7 @@ def mixture_record(
             span = slice(lo, lo + len(counts))
             per_epoch.append(
                 MixtureEpoch(
-                    docs=int(len(ids)),
+                    docs=len(ids),
                     distinct_docs=int(np.count_nonzero(counts)),
                     tokens=int(np.dot(counts, lengths[span])),
                     loss_tokens=int(np.dot(counts, loss[span])),
@@ -158,7 +158,7 @@ def mixture_record(
         rows.append(
             MixtureSource(
                 **s.source.spec(),
-                train_docs=int(len(s.doc_ids)),
+                train_docs=len(s.doc_ids),
                 train_tokens=total,
                 target_tokens_per_epoch=float(round(tgt[i], 3)),
                 repeats=float(round(tgt[i] / total, 4)),

@@ -43,7 +43,7 @@ from wattgate.run_files import (
     read_manifest,
 )
 from wattgate.identity import model_train_identity
-from wattgate.records.run_config import RunConfig
+from wattgate.records.run_config import RunConfig, TrainConfig
 
 FORMAT_VERSION = PLAN_FORMAT_VERSION  # the reader's (run_files): one number
 
@@ -127,20 +127,16 @@ def plan_stats(placement, lengths, tokens, costs, layout: Layout, seq_len: int, 
     per_rank_micro, per_rank_steps = [], []
     for r in range(W):
         sel = placement.rank == r
-        per_rank_micro.append([int(len(np.unique(micro_key[sel & (placement.epoch == e)]))) for e in range(epochs)])
-        per_rank_steps.append(
-            [int(len(np.unique(placement.step[sel & (placement.epoch == e)]))) for e in range(epochs)]
-        )
+        per_rank_micro.append([len(np.unique(micro_key[sel & (placement.epoch == e)])) for e in range(epochs)])
+        per_rank_steps.append([len(np.unique(placement.step[sel & (placement.epoch == e)])) for e in range(epochs)])
     dropped = {}
     if len(dropped_docs):
-        dropped[DROP_REASON_REMAINDER] = DroppedDocs(
-            docs=int(len(dropped_docs)), tokens=int(lengths[dropped_docs].sum())
-        )
+        dropped[DROP_REASON_REMAINDER] = DroppedDocs(docs=len(dropped_docs), tokens=int(lengths[dropped_docs].sum()))
     ratios = rank_cost_ratios(placement, costs, W)
     return PlanStats(
-        num_docs=int(len(lengths)),
+        num_docs=len(lengths),
         num_tokens=int(lengths.sum()),
-        packs_per_epoch=int(len(tokens)),
+        packs_per_epoch=len(tokens),
         efficiency=float(tokens.sum() / (len(tokens) * seq_len)),
         efficiency_bound=efficiency_bound([int(tokens.sum())], seq_len, layout.packs_per_step),
         per_rank_tokens=tuple(per_rank_tokens.tolist()),
@@ -279,9 +275,9 @@ def mixture_choice(
     return [np.concatenate(c) for c in chosen], record
 
 
-def eval_micro_batch_size(train: dict) -> int:
+def eval_micro_batch_size(train: TrainConfig) -> int:
     """train.eval_micro_batch_size, defaulting to train.micro_batch_size."""
-    return int(train.eval_micro_batch_size or train.micro_batch_size)
+    return train.eval_micro_batch_size or train.micro_batch_size
 
 
 def validation_section(held_out: np.ndarray, lengths: np.ndarray, settings: PlanSettings) -> ValidationPlan | None:
@@ -337,6 +333,7 @@ def build_plan(config: RunConfig | dict, pretokenized: str | Path, out: str | Pa
     )
     state, old, old_folder = resume_source(out, checkpoints, settings, lambda: model_train_identity(config))
     if state is not None:
+        assert isinstance(old, Plan) and old_folder is not None  # resume_source returns them with a state
         return build_continued_plan(
             out,
             settings,
@@ -364,7 +361,7 @@ def build_plan(config: RunConfig | dict, pretokenized: str | Path, out: str | Pa
     stats = plan_stats(placement, lengths[train_ids], tokens, costs, layout, seq_len, packs.dropped_docs)
     if chosen is not None:  # a mixture's epochs may differ: its packs and efficiency over the whole plan
         stats = stats.replace(
-            packs_per_epoch=int(len(placement.pack) // train.epochs),
+            packs_per_epoch=len(placement.pack) // train.epochs,
             efficiency=float(tokens[placement.pack].sum() / (len(placement.pack) * seq_len)),
             efficiency_bound=efficiency_bound(
                 [int(tokens[placement.pack[placement.epoch == e]].sum()) for e in range(train.epochs)],
@@ -434,6 +431,7 @@ def build_continued_plan(
         for g in range(len(old_epoch) - 1)
         if old_epoch[g + 1] != old_epoch[g] and first_old + g + 1 < boundary
     ]
+    assert old.packs_sha256 is not None  # a plan in history/ is a published one (resume_source checked its hash)
     segments = [
         *info.segments[:-1],
         info.segments[-1].replace(
@@ -459,7 +457,7 @@ def build_continued_plan(
         + ("" if new_pps == old_pps else f" (was {old_pps}: the closest the new world size allows)")
         + f"; {info.how}"
     )
-    seg_steps = {int(e): int(len(np.unique(cols.step[cols.epoch == e]))) for e in np.unique(cols.epoch)}
+    seg_steps = {int(e): len(np.unique(cols.step[cols.epoch == e])) for e in np.unique(cols.epoch)}
     tokens = cols.num_tokens
     plan = Plan(
         world_size=settings.world_size,
@@ -486,9 +484,9 @@ def build_continued_plan(
             change=change,
         ),
         stats=PlanStats(
-            num_docs=int(len(lengths)),
+            num_docs=len(lengths),
             num_tokens=int(lengths.sum()),
-            segment_packs=int(len(tokens)),
+            segment_packs=len(tokens),
             segment_tokens=int(tokens.sum()),
             dropped=old.stats.dropped,
             dropped_doc_ids=old.stats.dropped_doc_ids,

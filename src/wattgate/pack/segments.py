@@ -116,6 +116,7 @@ class Continuation:
 
 def keep_in_history(out: Path, plan: Plan) -> Path:
     """Hard-link (else copy) the published plan.json and packs.parquet under history/<packs sha>/."""
+    assert plan.packs_sha256 is not None  # set when the plan is published
     dest = out / HISTORY / plan.packs_sha256[:16]
     dest.mkdir(parents=True, exist_ok=True)
     for name in (PLAN, PACKS):

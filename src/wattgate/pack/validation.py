@@ -85,13 +85,13 @@ def plan_validation(
     stats = ValidationPass(
         packs=EVAL_PACKS,
         packs_sha256=None,
-        num_docs=int(len(held_out)),
+        num_docs=len(held_out),
         num_tokens=int(tokens.sum()),
-        num_packs=int(len(packs)),
+        num_packs=len(packs),
         empty_packs=empty,
         strategy=strategy,
         micro_batch_size=micro_batch_size,
-        micro_batches_per_rank=int(len(packs) // layout.packs_per_micro),
+        micro_batches_per_rank=len(packs) // layout.packs_per_micro,
         per_rank_tokens=tuple(per_rank_tokens.astype(np.int64).tolist()),
         efficiency=float(tokens.sum() / max(1, len(packs) * seq_len)),
         # in `placed` each micro-batch is its own step: its per-step ratio is the per-micro-batch one

@@ -28,6 +28,7 @@ import torch
 
 from wattgate.config import model_config
 from wattgate.records.gate import Depth
+from wattgate.records.run_config import ModelConfig
 from wattgate.train.moe import moe_reason
 
 NOT_PER_LAYER = re.compile(r"token_ids?$|^architectures$")  # lists that may have L entries by chance
@@ -46,11 +47,11 @@ def _meta_model(key: str):
     return model
 
 
-def meta_model(model_cfg: dict):
+def meta_model(model_cfg: ModelConfig | dict):
     """The real-depth model on the meta device (no memory), built once per model config in this process: the
     gate's weights check and the proof's layer pattern read the same one. Read it, never change it."""
     model_cfg = model_config(model_cfg)
-    key = {"model": model_cfg.to_json()}
+    key: dict[str, object] = {"model": model_cfg.to_json()}
     if model_cfg.path:  # a folder whose config.json was rewritten is another model
         try:
             key["config.json"] = (Path(model_cfg.path) / "config.json").read_text()
@@ -59,7 +60,7 @@ def meta_model(model_cfg: dict):
     return _meta_model(json.dumps(key, sort_keys=True, default=str))
 
 
-def model_label(model_cfg: dict, config) -> str:
+def model_label(model_cfg: ModelConfig | dict, config) -> str:
     """How a refusal names the model: its folder or model.config, with the transformers model type."""
     where = model_config(model_cfg).path or "model.config"
     return f"{where} ({config.model_type})"
@@ -100,7 +101,7 @@ def pattern_of(signatures: list) -> tuple[int, int]:
     return 0, n
 
 
-def layer_pattern(model_cfg: dict) -> Depth:
+def layer_pattern(model_cfg: ModelConfig | dict) -> Depth:
     """gate.json `collectives.depth`: {layers, period, pattern (one period's layer kinds), identical (period 1),
     moe (why, or null), model, why, recurrent (layers with a recurrent state; left out when none), params (its
     parameters counted)}, from the real-depth model on meta."""

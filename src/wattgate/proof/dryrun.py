@@ -49,7 +49,7 @@ from wattgate.train.settings import TrainSettings
 from wattgate.config import run_config
 from wattgate.records.gate import ProofBeat
 from wattgate.records.plan import Plan
-from wattgate.records.run_config import RunConfig
+from wattgate.records.run_config import ModelConfig, RunConfig
 
 
 @dataclass
@@ -72,7 +72,7 @@ class RankRecord:
     experts: dict | None = None  # MoE: the experts' kernel in training and in this dry run, starved or not
 
 
-def proxy_model(model_cfg: dict, s: TrainSettings, mesh, on_gpu: bool, depth: int):
+def proxy_model(model_cfg: ModelConfig, s: TrainSettings, mesh, on_gpu: bool, depth: int):
     """The model at full width and `depth` layers on the meta device, sharded as the trainer shards it, then
     given FakeTensor storage on the CPU (FSDP2 refuses meta parameters in its lazy init)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -114,7 +114,7 @@ class ProxyModel:
     """ModelSource of a dry run: the mesh built from a real (tiny) tensor, the model `proxy_model` builds, and its
     layer count (and, for Mixture-of-Experts, the experts' kernel) noted in `record`."""
 
-    model_cfg: dict
+    model_cfg: ModelConfig
     s: TrainSettings
     world: int
     on_gpu: bool

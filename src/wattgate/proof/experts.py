@@ -20,6 +20,8 @@ shapes, each token's experts gathered; the kernel moves no collective (above).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from wattgate.train.moe import experts_modules
@@ -46,7 +48,8 @@ def prepare_dry_run_experts(model, compute_dtype: torch.dtype, starved: bool) ->
         return None
     kernel = training_kernel(model)
     chosen = dry_run_kernel(model, compute_dtype)
-    configs = {id(m.config): m.config for _, m in experts if getattr(m, "config", None) is not None}
+    # transformers configs (torch types a module's other attributes Tensor | Module)
+    configs: dict[int, Any] = {id(m.config): m.config for _, m in experts if getattr(m, "config", None) is not None}
     for config in configs.values():
         config._experts_implementation = chosen
     if starved:

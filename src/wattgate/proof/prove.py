@@ -173,7 +173,7 @@ def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | N
         paths = {r: Paths(Path(pretokenized), Path(plan_dir), work / f"rank-{r}") for r in ranks}
         # rank 0 first: what it sends reaches the others through the relay (proof/relay.py), a fresh folder
         relay = Path(tempfile.mkdtemp(prefix="relay-", dir=work))
-        tasks = [(config, paths[r], r, steps, proxy, True, False, relay) for r in ranks]
+        tasks: list[tuple] = [(config, paths[r], r, steps, proxy, True, False, relay) for r in ranks]
         if pair is not None:  # rank 0 at one period more: each period's collectives
             tasks.append((config, Paths(Path(pretokenized), Path(plan_dir), work / "one-period-more"), 0, steps, pair))
         if depth.moe:  # rank 0 again, no token reaching any expert: routing must move no collective
@@ -246,6 +246,7 @@ def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | N
 def moe_section(routed: RankRecord, starved: RankRecord, labels: dict[int, str], depth: Depth) -> Moe:
     """gate.json `collectives.moe`: the experts' kernel in training and in the dry run, and where rank 0's
     collectives with no token reaching any expert first differ from its routed run's (None: nowhere)."""
+    assert depth.moe is not None  # the starved run is made for a Mixture-of-Experts model only
     diff = None
     for (phase, step, seq), (_, _, ref) in zip(_phases(starved, labels), _phases(routed, labels)):
         found = first_difference(seq, ref)

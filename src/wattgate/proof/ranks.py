@@ -23,7 +23,7 @@ from wattgate.records.gate import Depth, RankGroup
 def shard_dims(depth: Depth) -> tuple[int, ...]:
     """The distinct dim-0 sizes of the model's parameters (what FSDP2 splits over the ranks)."""
     shapes = depth.params.shapes if depth.params is not None else ()
-    return tuple(sorted({int(shape[0]) for shape in shapes if len(shape)}))
+    return tuple(sorted({shape[0] for shape in shapes if len(shape)}))
 
 
 def shard_kind(rows: int, world: int, rank: int) -> int:

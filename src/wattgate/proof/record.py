@@ -77,7 +77,7 @@ def _group_name(pg) -> str:
     return str(name) if name is not None else type(pg).__name__
 
 
-REDUCE_OPS = {int(v): k.lower() for k, v in dist.ReduceOp.RedOpType.__members__.items()}
+REDUCE_OPS = {v.value: k.lower() for k, v in dist.ReduceOp.RedOpType.__members__.items()}  # pybind11 enum values
 
 
 def _reduce_op_name(op) -> str:
@@ -122,7 +122,7 @@ class CollectiveRecorder(TorchDispatchMode):
         super().__init__()
         self.collectives: list[Collective] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func, types, args: tuple = (), kwargs: dict | None = None):
         if func is PRIM_DEVICE and isinstance(args[0], FakeTensor):
             # half of all dispatches (FSDP2 and the optimizer ask every tensor's device): FakeTensor's own
             # answer, without the second trip through the mode stack
@@ -150,13 +150,13 @@ def fake_host_reads():
     through the dispatch stack: ~1 s at world 1024, each step). The fake tensor class is the proof's, not the
     trainer's: nothing the trainer runs is changed."""
 
-    def tolist(t: FakeTensor):
-        value = _made_up_scalar(t.dtype)
+    def tolist(self: FakeTensor):
+        value = _made_up_scalar(self.dtype)
 
         def filled(shape: tuple) -> list | float | int | bool:
             return [filled(shape[1:]) for _ in range(shape[0])] if shape else value
 
-        return filled(tuple(t.shape))
+        return filled(tuple(self.shape))
 
     own = FakeTensor.tolist
     FakeTensor.tolist = tolist
@@ -206,8 +206,9 @@ def object_collectives(recorder: CollectiveRecorder, relay=None):
 
     def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None):
         recorder.add("gather_object", _default_group(group), f"dst {dst if dst is not None else group_dst}")
-        for i in range(len(object_gather_list or [])):
-            object_gather_list[i] = obj
+        if object_gather_list is not None:
+            for i in range(len(object_gather_list)):
+                object_gather_list[i] = obj
 
     def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None):
         src = src if src is not None else group_src

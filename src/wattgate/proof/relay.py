@@ -22,6 +22,7 @@ import os
 import pickle
 import time
 from pathlib import Path
+from typing import Any
 
 DONE = "DONE"
 WAIT_S = 600.0  # a rank waits at most this long for rank 0 (the workers' own limit ends a stuck proof sooner)
@@ -36,11 +37,12 @@ class RankZeroRelay:
                 f"rank {rank}'s dry run takes what rank 0's sends: give it the relay folder of rank 0's dry run"
             )
         self.folder, self.rank = (Path(folder) if folder is not None else None), rank
-        self.own: dict[str, object] = {}  # rank 0: everything it put, for its own reads
+        self.own: dict[str, Any] = {}  # rank 0: everything it put, for its own reads
         if self.folder is not None and rank == 0:
             self.folder.mkdir(parents=True, exist_ok=True)
 
     def _path(self, key: str) -> Path:
+        assert self.folder is not None  # rank 0 with a folder, or another rank (which always has one)
         return self.folder / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.pkl"
 
     def put(self, key: str, value) -> None:
@@ -54,11 +56,12 @@ class RankZeroRelay:
             tmp.write_bytes(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
             os.replace(tmp, path)
 
-    def get(self, key: str, default=None):
+    def get(self, key: str, default: Any = None) -> Any:
         """Rank 0's value under `key`; rank 0 reads what it put, never waiting. Another rank waits until rank 0
         has put it, or `default` once rank 0's dry run has ended without it."""
         if self.rank == 0:
             return self.own.get(key, default)
+        assert self.folder is not None  # __init__ refuses another rank without a folder
         path, done = self._path(key), self.folder / DONE
         deadline, pause = time.monotonic() + WAIT_S, 0.0005
         while True:
