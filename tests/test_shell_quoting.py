@@ -178,7 +178,15 @@ def dry_run_shells(tmp_path_factory, demo_docs):
         write_jsonl(work / name, demo_docs[:5])
     (work / PATHS["tokenizer.path"]).mkdir(parents=True)
     proc = snakemake(
-        work, "-n", "--printshellcmds", "--forceall", "all", "results/tokenizer/demo", "scaling", "dataio", "calibrate"
+        work,
+        "-n",
+        "--printshellcmds",
+        "--forceall",
+        "all",
+        "results/tokenizer/demo/tokenizer.json",
+        "scaling",
+        "dataio",
+        "calibrate",
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     commands = [
@@ -247,7 +255,7 @@ def test_pretokenize_with_spaced_payload_paths_works(tmp_path, demo_docs, tokeni
     config["tokenizer"]["path"] = tokenizer
     config["train"]["seq_len"] = 256
     (work / "config/config.yaml").write_text(yaml.safe_dump(config))
-    proc = snakemake(work, "results/pretokenized/demo")
+    proc = snakemake(work, "results/pretokenized/demo/manifest.json")
     assert proc.returncode == 0, (
         proc.stdout[-3000:]
         + proc.stderr[-3000:]

@@ -256,9 +256,9 @@ def check_replaceable(dest: str | os.PathLike, stage: str) -> None:
         what = "not a folder"
     elif (found := marker_stage(dest)) is not None:
         published = _marker_names(dest)
-        # what a published folder holds beyond what it published (a directory() output's timestamp aside)
+        # what a published folder holds beyond what it published
         own = (OUTPUT_MARKER, *map(glob.escape, published or ()))
-        added = [] if published is None else _foreign_entries(dest, own, (".snakemake_timestamp",))
+        added = [] if published is None else _foreign_entries(dest, own)
         if found == stage and not added:
             return
         what = (
@@ -286,29 +286,23 @@ def marker_stage(dest: str | os.PathLike) -> str | None:
         return None
 
 
-# what a workflow engine puts into a stage's folder around the stage: Snakemake's `log:` (written while the
-# stage runs) and `benchmark:` files, and a directory() output's timestamp
-WORKFLOW_FILES = ("*.log", "*.benchmark.tsv", ".snakemake_timestamp")
-
-
 def _is_temp_name(name: str) -> bool:
     """A temporary of atomic_path/atomic_dir (`.{name}.{pid}@{host}.{random}.tmp|old`): a killed writer's."""
     return re.fullmatch(r"\..+\." + _TEMP_TAIL.pattern, name) is not None
 
 
-def _foreign_entries(dest: Path, own: tuple[str, ...], workflow: tuple[str, ...] = WORKFLOW_FILES) -> list[str]:
-    """Names in `dest` that are none of `own` (fnmatch patterns), a `workflow` file or a wattgate temporary."""
-    patterns = (*own, *workflow)
+def _foreign_entries(dest: Path, own: tuple[str, ...]) -> list[str]:
+    """Names in `dest` that are none of `own` (fnmatch patterns) or a wattgate temporary."""
     with os.scandir(dest) as entries:
         names = sorted(e.name for e in entries)
-    return [n for n in names if not _is_temp_name(n) and not any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    return [n for n in names if not _is_temp_name(n) and not any(fnmatch.fnmatchcase(n, p) for p in own)]
 
 
 def check_stage_output(dest: str | os.PathLike, stage: str, own: tuple[str, ...] = (), flag: str = "--out") -> None:
     """Refuse (InputError) to write into `dest` in place unless it is missing, a folder this `stage` marked as
     its own, or one holding nothing but `own` (fnmatch patterns of the names the stage writes: an output of a
-    wattgate from before the marker, or what another rank of the same launch has made by now), workflow files
-    and wattgate temporaries. For stages that write their files into --out rather than publishing a folder;
+    wattgate from before the marker, or what another rank of the same launch has made by now) and wattgate
+    temporaries. For stages that write their files into --out rather than publishing a folder;
     `flag`: the option that named `dest` (train's run folder is --run)."""
     dest = Path(dest)
     if not os.path.lexists(dest):

@@ -110,6 +110,10 @@ def write_run_config():
 CORPUS_DIR = f"{RESULTS}/corpus"
 TOKENIZER_DIR = f"{RESULTS}/tokenizer/{{run}}"
 PRETOKENIZED_DIR = f"{RESULTS}/pretokenized/{{run}}"
+# the files that stand for those folders in the DAG (wattgate publishes each folder whole; a directory() output
+# would have Snakemake add its own timestamp file inside)
+TOKENIZER_FILE = f"{TOKENIZER_DIR}/tokenizer.json"
+MANIFEST_FILE = f"{PRETOKENIZED_DIR}/manifest.json"
 PLAN_DIR = f"{RESULTS}/plan/{{run}}"
 GATE_DIR = f"{RESULTS}/gate/{{run}}"
 TRAIN_DIR = f"{RESULTS}/train/{{run}}"
@@ -189,8 +193,14 @@ def param_name(leaf):
 
 
 def pretokenized_of(wildcards):
-    """A run's corpus: a variant trains on the data of the run it derives from (variants change nothing in data)."""
-    return f"{RESULTS}/pretokenized/{RUN}"
+    """A run's corpus (its manifest, the folder's stand-in): a variant trains on the data of the run it derives from
+    (variants change nothing in data)."""
+    return MANIFEST_FILE.format(run=RUN)
+
+
+def folder_of(wildcards, input):
+    """The folder of the pretokenized manifest this job reads (the CLI's --pretokenized)."""
+    return os.path.dirname(input.pretokenized)
 
 
 # the train settings a plan is made of (wattgate.pack): pack reruns on these alone

@@ -60,7 +60,7 @@ rule train_tokenizer:
     input:
         input_paths(config),
     output:
-        directory(TOKENIZER_DIR),
+        TOKENIZER_FILE,
     log:
         log_file("train_tokenizer"),
     benchmark:
@@ -70,8 +70,9 @@ rule train_tokenizer:
     params:
         **settings_of("tokenizer", "data"),
         config=run_config_path,
+        out=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
-        "wattgate train-tokenizer --config {params.config:q} --corpus {input:q} --out {output:q} > {log:q} 2>&1"
+        "wattgate train-tokenizer --config {params.config:q} --corpus {input:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule pretokenize:
@@ -79,9 +80,9 @@ rule pretokenize:
         # the held-out files (data.validation.inputs) are read beside the corpus
         corpus=input_paths(config) + config["data"]["validation"]["inputs"],
         # a local tokenizer folder from config, else the one train_tokenizer makes
-        tokenizer=config["tokenizer"]["path"] or TOKENIZER_DIR,
+        tokenizer=config["tokenizer"]["path"] or TOKENIZER_FILE,
     output:
-        directory(PRETOKENIZED_DIR),
+        MANIFEST_FILE,
     log:
         log_file("pretokenize"),
     benchmark:
@@ -94,8 +95,10 @@ rule pretokenize:
     params:
         **settings_of("data", "pretokenize", "train.seq_len"),
         config=run_config_path,
+        tokenizer=lambda wildcards, input: config["tokenizer"]["path"] or os.path.dirname(input.tokenizer),
+        out=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
-        "wattgate pretokenize --config {params.config:q} --tokenizer {input.tokenizer:q} --out {output:q}"
+        "wattgate pretokenize --config {params.config:q} --tokenizer {params.tokenizer:q} --out {params.out:q}"
         " > {log:q} 2>&1"
 
 
@@ -117,8 +120,9 @@ rule pack_and_balance:
     params:
         **settings_of("pack", *PACK_TRAIN_KEYS, "cluster", "data.max_repeats"),
         config=run_config_path,
+        pretokenized=folder_of,
         out=lambda wildcards, output: os.path.dirname(output.plan),
         # only what the plan is made of: a learning rate or checkpoint cadence change reruns the gate, not pack
     shell:
-        "wattgate pack --config {params.config:q} --pretokenized {input.pretokenized:q} --out {params.out:q}"
+        "wattgate pack --config {params.config:q} --pretokenized {params.pretokenized:q} --out {params.out:q}"
         " > {log:q} 2>&1"

@@ -23,10 +23,11 @@ rule invariant_gate:
     params:
         **settings_of("gate", "cluster", "train", "model", "watcher", "telemetry", "forecast"),
         config=run_config_path,
+        pretokenized=folder_of,
         plan=lambda wildcards, input: os.path.dirname(input.plan),
         out=lambda wildcards, output: os.path.dirname(output[0]),
         # every section the train job reads from the gate's copy (gated_config()): a change reruns the gate, and
         # the train job sees it only through a new verdict
     shell:
-        "wattgate gate --config {params.config:q} --pretokenized {input.pretokenized:q} --plan {params.plan:q}"
+        "wattgate gate --config {params.config:q} --pretokenized {params.pretokenized:q} --plan {params.plan:q}"
         " --out {params.out:q} 2>&1 | tee {log:q}"

@@ -28,6 +28,7 @@ rule train:
         **run_gpu_job(),
     params:
         **settings_of("train", "model", "cluster"),
+        pretokenized=folder_of,
         plan=lambda wildcards, input: os.path.dirname(input.plan),
         gate=lambda wildcards, input: os.path.dirname(input.gate),
         run=lambda wildcards, output: os.path.dirname(output.trained),
@@ -35,6 +36,6 @@ rule train:
     # process, and a tee killed mid-run would break every rank's stdout; launch turns them into a graceful stop.
     shell:
         'log={log:q}; n=1; while [ -e "${{log%.log}}.job-$n.log" ]; do n=$((n + 1)); done;'
-        " trap '' TERM INT USR1; wattgate launch --config {input.gated_config:q} --pretokenized {input.pretokenized:q}"
+        " trap '' TERM INT USR1; wattgate launch --config {input.gated_config:q} --pretokenized {params.pretokenized:q}"
         " --plan {params.plan:q} --gate {params.gate:q} --run-dir {params.run:q} --attempt {resources.attempt}"
         ' 2>&1 | tee "$log" "${{log%.log}}.job-$n.log"'
