@@ -39,7 +39,7 @@ def hashed_tree(paths: list[str], seen: dict[str, SourceFile], kept: dict[str, S
         kept[key] = SourceFile(size=st.st_size, ctime_ns=st.st_ctime_ns, inode=st.st_ino, sha256=digest)
         return digest
 
-    return sha256_tree([*paths], file_sha256)  # a list[str | PathLike] (sha256_tree's parameter is a list)
+    return sha256_tree(paths, file_sha256)
 
 
 def _same_paths(named: list[str], recorded: tuple[str, ...]) -> bool:
