@@ -82,7 +82,7 @@ EVAL_SCHEMA = pa.schema(
 )
 
 
-# With two or more held-out sources (a mixture, issue 33), each source's columns follow EVAL_SCHEMA's, in the
+# With two or more held-out sources (a mixture), each source's columns follow EVAL_SCHEMA's, in the
 # sources' order: `loss/<source>` (float64: its summed token losses / its loss tokens, over every rank) and
 # `tokens/<source>` (int64: its loss tokens scored). "/" is in no other column's name.
 SOURCE_LOSS_PREFIX, SOURCE_TOKENS_PREFIX = "loss/", "tokens/"

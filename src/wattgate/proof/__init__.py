@@ -1,2 +1,2 @@
-"""The collective proof (issue 24): every rank issues the same collectives, shown before launch by a dry
+"""The collective proof: every rank issues the same collectives, shown before launch by a dry
 run of the real trainer on the fake process group."""

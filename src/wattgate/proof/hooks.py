@@ -6,7 +6,7 @@ the Trainer runs its own code.
   the watcher's view of a rank sits in its collective sequence); no file is written.
 - `ArmedStop`: no stop request until the proof arms it for the graceful stop path.
 - `DryRunSteps`: one step of each class, each step's collectives, heartbeats and class recorded into the rank's
-  record; and the replay (issue 31): a train part with micro-batches of the same shapes, or a validation pass,
+  record; and the replay: a train part with micro-batches of the same shapes, or a validation pass,
   runs the Trainer's own code the first time a rank meets it and is replayed afterwards (the same collectives and
   heartbeats at the same places, the same result); inside a pass the forwards from the second on replay the one
   before (the first gathers the root's parameters and leaves them gathered, so from the second on every forward

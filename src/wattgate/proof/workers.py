@@ -1,5 +1,5 @@
 """The proof's dry runs spread over the gate host's cores: each one is a single-threaded Python loop (FakeTensor
-dispatch), so N ranks on C cores take about N / C of the time (issue 31: the default's gate within 5 s).
+dispatch), so N ranks on C cores take about N / C of the time (the default's gate within 5 s).
 
 Workers are forked (multiprocessing's fork context) once torch, transformers and the model's modules are
 imported and before any dry run starts, so a worker starts at once and shares them. A fork copies the locks

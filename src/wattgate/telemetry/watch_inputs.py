@@ -41,7 +41,7 @@ from wattgate.trace import (
     live_segments,
 )
 
-# the train loop's validation pass beats `eval` (issue 22): known here whether or not run_files lists it yet
+# the train loop's validation pass beats `eval`: known here whether or not run_files lists it yet
 WATCH_PHASES = tuple(dict.fromkeys(HEARTBEAT_PHASES[:2] + ("eval",) + HEARTBEAT_PHASES[2:]))
 COLLECTIVE_PHASES = ("train", "eval")  # phases whose every micro-batch runs collectives with the other ranks
 WAITING_CPU_SHARE = 0.05  # of one core: measured 0.00 waiting in gloo; a computing rank on a loaded host >= 0.25

@@ -1,4 +1,4 @@
-"""Synchronized data-parallel steps and one slowed GPU, for synthetic_trace.build_trace (issue 34).
+"""Synchronized data-parallel steps and one slowed GPU, for synthetic_trace.build_trace.
 
 With `sync_steps=True` every
 GPU's compute segments run the same steps, as data-parallel ranks do: each

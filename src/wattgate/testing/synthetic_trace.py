@@ -48,7 +48,7 @@ high) uniform range) and `phase` (the truth label). Samples can be dropped
 metrics.parquet that the training loop would have written for a `job`.
 `write_nvidia_smi_csv` writes a trace as an nvidia-smi CSV log.
 
-Synchronized steps and stragglers (issue 34): `sync_steps`, `straggler`
+Synchronized steps and stragglers: `sync_steps`, `straggler`
 (testing/sync_steps.py says how they are drawn). The "real
 traces" helpers score triage against a labelled real trace and a real run
 (the repository keeps one of each under tests/data/h200).
