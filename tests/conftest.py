@@ -11,7 +11,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from wattgate.config import validate_config  # noqa: E402
 from wattgate.data.demo_corpus import generate  # noqa: E402
-from wattgate.data.records import Record  # noqa: E402
+from wattgate.data.records import CorpusRecord  # noqa: E402
 from wattgate.data.tokenizer import save_hf_tokenizer, train_bpe, training_texts  # noqa: E402
 
 # helpers and fixtures the test modules share (tests/support/), taken from here: `from conftest import make_run`
@@ -107,7 +107,7 @@ def demo_docs():
 def tokenizer_dir(tmp_path_factory, demo_docs):
     """A small BPE tokenizer trained on the demo corpus plus some plain text."""
     out = tmp_path_factory.mktemp("tok") / "tokenizer"
-    records = [Record("x", messages=d["messages"]) for d in demo_docs]
+    records = [CorpusRecord("x", messages=d["messages"]) for d in demo_docs]
     texts = list(training_texts(iter(records))) + ["The quick brown fox jumps over the lazy dog."] * 20
     save_hf_tokenizer(train_bpe(texts, vocab_size=600, min_frequency=2), out)
     return out

@@ -25,7 +25,15 @@ from typing import Any
 import numpy as np
 
 from wattgate.data.chat import ChatRenderer, TemplateError
-from wattgate.data.records import BadRecord, BadRecordPolicy, Fields, Record, chat_order_notes, parse_raw, raw_records
+from wattgate.data.records import (
+    BadRecord,
+    BadRecordPolicy,
+    CorpusRecord,
+    Fields,
+    chat_order_notes,
+    parse_raw,
+    raw_records,
+)
 from wattgate.data.tokenizer import load_tokenizer
 from wattgate.errors import InputError, StageFailed
 from wattgate.forking import MAX_WORKERS, fork_allowed, usable_cores
@@ -163,7 +171,7 @@ class Tokenize:
             ids.append(self.eos_id)
         return np.asarray(ids, dtype=np.int32), np.ones(len(ids), dtype=np.int8)
 
-    def _render(self, records: list[tuple[int, Record]], batch: EncodedBatch) -> list:
+    def _render(self, records: list[tuple[int, CorpusRecord]], batch: EncodedBatch) -> list:
         chat = self._chat()
         rendered = []
         for i, r in records:

@@ -48,8 +48,9 @@ KNOWN_ROLES = ("system", "user", "assistant", "tool")
 DEFAULT_MAX_CHARS = 8_000_000
 
 
+# one document of the corpus as read (not a typed run record: those are wattgate.records.base.Record)
 @dataclass(frozen=True)
-class Record:
+class CorpusRecord:
     where: str  # "file:line" or "file:row N", for messages
     text: str | None = None
     messages: list[dict] | None = None
@@ -84,8 +85,8 @@ def input_format(path: Path) -> str:
     raise InputError(f"{path}: unknown input format; use .jsonl/.json(.gz), .parquet or a datasets folder")
 
 
-def parse_record(obj: Any, fields: Fields, where: str, check_unicode: bool = True) -> Record:
-    """Turn one decoded JSON-like object into a Record, or raise BadRecord. `check_unicode: False` skips the
+def parse_record(obj: Any, fields: Fields, where: str, check_unicode: bool = True) -> CorpusRecord:
+    """Turn one decoded JSON-like object into a CorpusRecord, or raise BadRecord. `check_unicode: False` skips the
     lone-surrogate walk where none can be (`parse_raw`)."""
     if not isinstance(obj, dict):
         raise BadRecord("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
@@ -100,7 +101,7 @@ def parse_record(obj: Any, fields: Fields, where: str, check_unicode: bool = Tru
             raise BadRecord("empty_document", f"field '{fields.messages}' has no non-empty content")
         if check_unicode:
             _check_unicode(messages, fields.messages)
-        return Record(where, messages=messages)
+        return CorpusRecord(where, messages=messages)
     if text is not None:
         if not isinstance(text, str):
             raise BadRecord("wrong_type", f"field '{fields.text}' must be a string, got {type(text).__name__}")
@@ -109,7 +110,7 @@ def parse_record(obj: Any, fields: Fields, where: str, check_unicode: bool = Tru
             _check_unicode(text, fields.text)
         if not text.strip():
             raise BadRecord("empty_document", f"field '{fields.text}' is empty")
-        return Record(where, text=text)
+        return CorpusRecord(where, text=text)
     raise BadRecord("missing_field", f"missing field '{fields.text}' or '{fields.messages}'")
 
 
@@ -310,8 +311,8 @@ def raw_records(paths: Iterable[str | Path], fields: Fields, source: str = "data
         yield from _jsonl_lines(path) if fmt == "jsonl" else _table_objects(path, fmt, fields)
 
 
-def parse_raw(raw: Any, fields: Fields, where: str) -> Record | None:
-    """One raw record -> a Record, None for a blank line, or raise BadRecord."""
+def parse_raw(raw: Any, fields: Fields, where: str) -> CorpusRecord | None:
+    """One raw record -> a CorpusRecord, None for a blank line, or raise BadRecord."""
     if not isinstance(raw, bytes):  # a table row: Arrow strings are UTF-8, so no surrogate can be in them
         return parse_record(raw, fields, where, check_unicode=False)
     obj = _decode_line(raw)
@@ -322,7 +323,7 @@ def parse_raw(raw: Any, fields: Fields, where: str) -> Record | None:
 
 def read_records(
     paths: Iterable[str | Path], fields: Fields, policy: BadRecordPolicy, source: str = "data.inputs"
-) -> Iterator[Record]:
+) -> Iterator[CorpusRecord]:
     """Yield the records of every input in order; bad ones go to `policy`."""
     for where, raw in raw_records(paths, fields, source):
         try:
