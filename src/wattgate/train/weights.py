@@ -26,6 +26,7 @@ import torch.distributed as dist
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.config import model_config
 from wattgate.errors import InputError
+from wattgate.records.run_config import ModelConfig
 from wattgate.train.checkpoint_layout import (
     LAYOUT_ATTR,
     ExportEntry,
@@ -73,7 +74,9 @@ def local_tensor(param: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- materialize: allocate and fill
 
 
-def materialize(model, device: torch.device, model_cfg: dict, seed: int, fill: bool = True, full_depth=None) -> str:
+def materialize(
+    model, device: torch.device, model_cfg: ModelConfig | dict, seed: int, fill: bool = True, full_depth=None
+) -> str:
     """Allocate the local shards on `device` and fill them; returns where the values came from.
 
     fill=False leaves parameters uninitialized (a checkpoint is about to overwrite every one). `full_depth`: the
