@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, Union
 
 from wattgate.errors import InputError
 
@@ -83,9 +83,12 @@ class Record:
 
     FORMAT_VERSION: ClassVar[int | None] = None  # a top-level record's `format_version`, checked on read
 
+    if TYPE_CHECKING:  # every subclass is a dataclass: what dataclasses.replace and fields take
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
     @classmethod
     def from_json(cls, data: Any, where: Where | str = "record", prefix: str = ""):
-        where = where if isinstance(where, Where) else Where(str(where))
+        where = where if isinstance(where, Where) else Where(where)
         if not isinstance(data, Mapping):
             raise where.bad(prefix.rstrip(".") or "<top level>", "a JSON object", data)
         if cls.FORMAT_VERSION is not None and not prefix:
@@ -129,7 +132,7 @@ class Record:
             out["format_version"] = self.FORMAT_VERSION
         return out
 
-    def replace(self, **changes):
+    def replace(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)
 
 

@@ -91,7 +91,7 @@ class LedgerLine(Record):
 
     @classmethod
     def from_json(cls, data: Any, where: Where | str = "record", prefix: str = "") -> LedgerLine:
-        where = where if isinstance(where, Where) else LedgerWhere(str(where))
+        where = where if isinstance(where, Where) else LedgerWhere(where)
         line = super(LedgerLine, cls).from_json(data, where, prefix)
         if not line.cost_per_s > 0:
             raise where.bad("cost_per_s", f"a finite number > 0 and <= {MAX_RATE:g}", line.cost_per_s)

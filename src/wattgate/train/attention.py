@@ -83,7 +83,7 @@ def resolve_attn_implementation(requested: str, device_type: str, bf16: bool = T
             ("sdpa", True),
         ]
         return next((k for k, ok in candidates if ok and model_supports(model_class, k)), "eager")
-    if not model_supports(model_class, requested):
+    if model_class is not None and not model_supports(model_class, requested):  # None: any class supports it
         raise InputError(
             f"train.attn_implementation: {model_class.__name__} does not support {requested} "
             "(transformers says so); set it to auto or eager"

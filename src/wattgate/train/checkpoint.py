@@ -27,7 +27,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -213,15 +213,17 @@ def save_checkpoint(
     dist.barrier()
     state = {MODEL: get_model_state_dict(model), OPTIM: get_optimizer_state_dict(model, optimizer)}
     writer = storage.writer(tmp)
+    ours = cast(CheckpointWriter, writer)  # CheckpointStorage.writer's contract: a StorageWriter and a CheckpointWriter
     try:
         dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer, planner=storage.save_planner())
     except CheckpointException as exc:
         raise _os_error_of(exc, tmp) from None
-    writer.write_rng(f"rng-rank-{rank}.pt", _rng_state())
+    ours.write_rng(f"rng-rank-{rank}.pt", _rng_state())
     # each rank knows only its own files' hashes; the gather is also the wait for every rank's files
     gathered: list | None = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object(writer.written, gathered, dst=0)
+    dist.gather_object(ours.written, gathered, dst=0)
     if rank == 0:
+        assert gathered is not None  # rank 0 gathers
         files = {name: FileEntry.from_json(rec, STATE) for part in gathered for name, rec in (part or {}).items()}
         record = CheckpointState(
             step=step,
@@ -289,7 +291,7 @@ def _read_state(path: Path) -> tuple[CheckpointState | None, str]:
         return None, f"{STATE} is not a checkpoint state ({str(exc).removeprefix(STATE + ': ')})"
     if state.hashed and state.hash_algorithm != HASH_ALGORITHM:
         return None, f"{STATE} records {state.hash_algorithm!r} hashes; this wattgate verifies {HASH_ALGORITHM}"
-    if state.hashed and any(entry.hash is None for entry in state.files.values()):
+    if state.hashed and any(not isinstance(entry, FileEntry) or entry.hash is None for entry in state.files.values()):
         return None, f"{STATE} is not a checkpoint state ('files' maps each name to its bytes and hash)"
     return state, ""
 
@@ -328,10 +330,12 @@ def verify(path: Path, share: tuple[int, int] = (0, 1)) -> tuple[bool, str]:
     if not ok:
         return ok, why
     state, _ = _read_state(path)
+    assert state is not None  # is_complete just read it
     if not state.hashed:
         return True, ""
     k, n = share
     for name, entry in sorted(state.files.items())[k::n]:
+        assert isinstance(entry, FileEntry)  # hashed: every file has one (CheckpointState.__post_init__)
         try:
             got = file_hash(path / name)
         except OSError as exc:
@@ -457,7 +461,7 @@ def latest_complete(root: Path) -> Path | None:
 
 def load_checkpoint(path: Path, model, optimizer, storage: CheckpointStorage = CHECKPOINT_FOLDER) -> CheckpointState:
     """Restore model, optimizer and this rank's RNG; returns state.json (data position, step)."""
-    state = {MODEL: get_model_state_dict(model), OPTIM: get_optimizer_state_dict(model, optimizer)}
+    state: dict[str, Any] = {MODEL: get_model_state_dict(model), OPTIM: get_optimizer_state_dict(model, optimizer)}
     dcp.load(state, checkpoint_id=str(path), storage_reader=storage.reader(path, state))
     set_model_state_dict(model, state[MODEL])
     set_optimizer_state_dict(model, optimizer, state[OPTIM])

@@ -4,9 +4,13 @@ hash what passes through them, keeping {file name: {bytes, hash}} for state.json
 
 from __future__ import annotations
 
+import io
+import os
 import threading
+from collections.abc import Generator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import IO, cast
 
 import torch
 import xxhash
@@ -90,7 +94,7 @@ class _HashingFileSystem(FileSystem):
         return exc
 
     @contextmanager
-    def create_stream(self, path, mode: str):
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         if "w" not in mode:
             with super().create_stream(path, mode) as stream:
                 yield stream
@@ -99,7 +103,7 @@ class _HashingFileSystem(FileSystem):
         file = path.open(mode)
         stream = _HashingStream(file, path, self)
         try:
-            yield stream
+            yield cast(io.IOBase, stream)  # duck-typed: the write-only stream DCP and torch.save use
             stream.close()
         except BaseException:
             with suppress(OSError):  # closing flushes again: the error already raised is the one to report
@@ -121,23 +125,24 @@ class HashingWriter(FileSystemWriter):
     def __init__(self, path: Path, written: dict[str, dict]):
         super().__init__(path)
         self.written = written  # {file name: {bytes, hash}} of every file this rank wrote
-        self.fs = _HashingFileSystem(written)
+        self.hashing_fs = _HashingFileSystem(written)
+        self.fs = self.hashing_fs  # what FileSystemWriter writes through
 
     def write_data(self, plan, planner):
         try:
             return super().write_data(plan, planner)
         except Exception:
             # the write error itself (e.g. ENOSPC, naming the file) is what DCP sends to every rank
-            if self.fs.failure is not None:
-                raise self.fs.failure from None
+            if self.hashing_fs.failure is not None:
+                raise self.hashing_fs.failure from None
             raise
 
     def write_rng(self, name: str, state: dict) -> None:
         """This rank's RNG state beside its shards, hashed as it is written."""
         try:
-            with self.fs.create_stream(self.path / name, "wb") as stream:
-                torch.save(state, stream)
+            with self.hashing_fs.create_stream(Path(self.path) / name, "wb") as stream:
+                torch.save(state, cast(IO[bytes], stream))  # a _HashingStream (create_stream)
         except Exception:  # torch.save turns a write error into its own RuntimeError: report the write error
-            if self.fs.failure is not None:
-                raise self.fs.failure from None
+            if self.hashing_fs.failure is not None:
+                raise self.hashing_fs.failure from None
             raise

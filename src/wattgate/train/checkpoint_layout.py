@@ -194,7 +194,7 @@ def checkpoint_layout(
 def _stacked_source(label: str, name: str, tensor: torch.Tensor, entry: dict) -> Source:
     patterns = [p for p in entry["converter"].source_patterns if p in entry["parts"]]
     missing = [p for p in entry["converter"].source_patterns if p not in entry["parts"]]
-    experts = int(tensor.shape[0]) if tensor.ndim else 0
+    experts = tensor.shape[0] if tensor.ndim else 0
     if missing:
         raise InputError(
             f"{label}: '{name}' is stacked from checkpoint tensors "
@@ -273,6 +273,7 @@ class ExportEntry:
         """This entry's values from the model tensor gathered whole."""
         if self.expert is None:
             return full
+        assert self.rows is not None  # a stacked source's entry has both (export_layout)
         start, count = self.rows
         return full[self.expert, start : start + count]
 

@@ -77,16 +77,16 @@ class EvalSources:
         counts = np.bincount(positions[targets.reshape(-1)], minlength=n + 1)[:n]
         totals[2 + n :] += torch.from_numpy(counts.astype(np.float64)).to(totals.device)
 
-    def row(self, totals: torch.Tensor) -> dict:
+    def row(self, totals: torch.Tensor) -> dict[str, float | int | None]:
         """eval.parquet's per-source columns from the all-reduced totals (none without a breakdown)."""
         n = len(self.names)
         if not n:
             return {}
-        totals = [float(v) for v in totals]
-        out = {}
+        values = [float(v) for v in totals]
+        out: dict[str, float | int | None] = {}
         for i, name in enumerate(self.names):
-            tokens = totals[2 + n + i]
-            out[source_loss_column(name)] = totals[2 + i] / tokens if tokens > 0 else None
+            tokens = values[2 + n + i]
+            out[source_loss_column(name)] = values[2 + i] / tokens if tokens > 0 else None
             out[source_tokens_column(name)] = int(tokens)
         return out
 

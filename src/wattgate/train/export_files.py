@@ -14,6 +14,7 @@ from wattgate.data.tokenizer import TOKENIZER_FILES, tokenizer_sha256
 from wattgate.config import model_config
 from wattgate.errors import InputError
 from wattgate.records.manifest import Manifest
+from wattgate.records.run_config import ModelConfig
 from wattgate.run_files import MANIFEST, read_manifest
 
 
@@ -40,6 +41,7 @@ def verified_tokenizer_files(pretokenized: Path) -> list[Path]:
             "tokenizer folder back there, or rerun pretokenize with the tokenizer you mean"
         )
     found, expected = tokenizer_sha256(folder), manifest.tokenizer_sha256
+    assert expected is not None  # tokenizer_folder refuses a manifest without it
     if found != expected:
         raise InputError(
             f"{folder}: the tokenizer files changed since pretokenize (sha256 {found[:12]}, {where} says "
@@ -48,7 +50,7 @@ def verified_tokenizer_files(pretokenized: Path) -> list[Path]:
     return files
 
 
-def export_extra_files(pretokenized: Path, model_cfg: dict) -> list[Path]:
+def export_extra_files(pretokenized: Path, model_cfg: ModelConfig | dict) -> list[Path]:
     """Every file final/ carries besides weights and config: the verified tokenizer files, then the input
     model's generation_config.json when it has one. An InputError when the tokenizer is missing or changed:
     call it before training too, so a long run does not end in a final/ that cannot be written."""

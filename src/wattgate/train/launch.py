@@ -352,6 +352,7 @@ def run_launch(
     earlier = set_aside_earlier_run(out, identity)  # one run per folder: a report never mixes two
     if earlier:
         attempt = renumber_held(out, LAUNCH_LOCK, 1).attempt  # a new run: its attempts count from 1
+    assert attempt is not None  # hold_run_lock and renumber_held always number their holder
     start_run_logs(out)  # train.log and train.attempts.log: only now, so a refused launch never touches them
     if earlier:
         print(earlier, flush=True)

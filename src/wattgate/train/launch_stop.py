@@ -157,7 +157,7 @@ def slurm_end_time(job_id: str, timeout_s: float = 30.0) -> tuple[float | None, 
     cannot say (asked again later)."""
     try:
         out = subprocess.run(
-            ["squeue", "-h", "-j", str(job_id), "-o", "%e"], capture_output=True, text=True, timeout=timeout_s
+            ["squeue", "-h", "-j", job_id, "-o", "%e"], capture_output=True, text=True, timeout=timeout_s
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"cannot run squeue ({exc}); a stop comes only from a signal"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import groupby
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
@@ -67,6 +68,9 @@ from wattgate.records.run_config import RunConfig
 from wattgate.records.checkpoint import Position, RunIdentity
 from wattgate.records.trained import LOAD, Trained
 
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
+
 
 def build_optimizer(model, s: TrainSettings) -> torch.optim.Optimizer:
     if s.optimizer == "sgd":
@@ -112,6 +116,7 @@ def resume_checkpoint(
     newest checkpoints, and the job would hang in its first collective.
     """
     if rank == 0:
+        assert identity is not None  # rank 0 knows this run's identity (Trainer.load)
         storage.set_aside_mismatched(out / "checkpoints", identity)
     return ckpt.agreed_latest(out / "checkpoints", rank, dist.get_world_size(), storage)
 
@@ -164,7 +169,7 @@ def train(config: RunConfig | dict, pretokenized: Path, plan_dir: Path, out: Pat
         stop_abort_watch(abort_watch)
 
 
-def run_rank(settings: tuple, paths: Paths, where: tuple, seams: Seams) -> dict:
+def run_rank(settings: tuple, paths: Paths, where: tuple, seams: Seams) -> Trained | None:
     """One rank's run once its process group is up: its plan, the sequence guard, the Trainer's outline."""
     trainer, micro_batches, eval_batches = rank_trainer(settings, paths, where, seams)
     return trainer.run(micro_batches, eval_batches)
@@ -226,7 +231,8 @@ class Trainer:
         self.schedule(micro_batches, eval_batches)
         t_run = time.perf_counter()
         if self.pending_eval and self.eval_batches:  # a stop inside this step's validation pass: redo the pass
-            self.evaluate(self.start, self.steps[self.start - 1][0].epoch if self.steps[self.start - 1] else 0)
+            previous = self.steps[self.start - 1]
+            self.evaluate(self.start, previous[0].epoch if previous else 0)
         prefetch = StepPrefetcher(self.step_batches, self.total)
         stopped = None
         try:
@@ -325,13 +331,19 @@ class Trainer:
 
     def step_class(self, g: int) -> StepClass:
         """Step g's class (train/steps.py): what the collective proof enumerates from the plan for this rank."""
-        return step_class(len(self.steps[g]), self.actions(g), len(self.eval_batches))
+        return step_class(len(self.planned(g)), self.actions(g), len(self.eval_batches))
+
+    def planned(self, g: int) -> list[MicroBatchPlan]:
+        """Step g's micro-batches: a step this rank runs, at or after the plan's first step (those before are None)."""
+        step_plan = self.steps[g]
+        assert step_plan is not None, f"step {g} is before this plan's first step {self.first_step}"
+        return step_plan
 
     def run_step(self, g: int, prefetch: StepPrefetcher) -> tuple[int, int, str] | None:
         """Optimizer step g: its micro-batches, the step figures (every rank's, with its stop request), the update
         when every rank's loss and the gradient norm are finite, then validation and a checkpoint when
         wattgate.cadence says so, or a stop every rank agreed on. Returns (step, epoch, reason) after a stop."""
-        step_plan = self.steps[g]
+        step_plan = self.planned(g)
         epoch, act = step_plan[0].epoch, self.actions(g)
         lr = lr_at(g, self.s, self.total)
         for group in self.optimizer.param_groups:
@@ -368,7 +380,7 @@ class Trainer:
         if self.eval_interrupted:  # every rank agreed on a stop inside the pass
             stop, eval_loss = stop or self.eval_stop_reason, None
         # metrics first: a published checkpoint at step n implies metrics through step n are on disk
-        if self.log.flush_due(g, act.checkpoint or stop is not None):
+        if self.log.metrics is not None and self.log.flush_due(g, act.checkpoint or stop is not None):
             self.log.metrics.flush()
         if act.checkpoint or stop is not None:
             self.save(g + 1, epoch, eval_loss)
@@ -383,7 +395,7 @@ class Trainer:
         if not bad and math.isfinite(grad_norm):
             return True
         # every rank takes this path together: one object gather of what each rank's micro-batches held
-        mine = [(k, float(x), doc_ids(m)) for k, (x, m) in enumerate(zip(micro_losses, self.steps[g]), 1)]
+        mine = [(k, float(x), doc_ids(m)) for k, (x, m) in enumerate(zip(micro_losses, self.planned(g)), 1)]
         everyone: list = [None] * self.world
         dist.all_gather_object(everyone, mine)
         what = nonfinite_line(g + 1, bad, grad_norm, everyone)
@@ -421,7 +433,7 @@ class Trainer:
     def step_batches(self, g: int) -> list:
         """Step g's (Batch, host tensors) per micro-batch: the prefetch thread's work."""
         out = []
-        for m in self.steps[g]:
+        for m in self.planned(g):
             batch = build_batch(self.store, m.packs, self.s.seq_len)
             out.append((batch, host_tensors(batch, self.pin)))
         return out
@@ -442,6 +454,7 @@ class Trainer:
         gradient does not depend on how documents were packed or split over ranks and micro-batches.
         """
         model = self.model
+        sharded = cast("FSDPModule", model)  # fully_shard made it one (train/model.py)
         counts = torch.tensor([sum(b.num_loss_tokens for b, _ in batches)], dtype=torch.float64, device=self.device)
         dist.all_reduce(counts)
         # FSDP averages gradients over ranks; x world turns that average into a sum over ranks
@@ -454,7 +467,7 @@ class Trainer:
             t = time.perf_counter()
             tensors = self.to_device(host)
             to_device_s += time.perf_counter() - t
-            model.set_requires_gradient_sync(i == len(batches) - 1)  # reduce-scatter once per step
+            sharded.set_requires_gradient_sync(i == len(batches) - 1)  # reduce-scatter once per step
             summed = summed_token_loss(model, tensors, self.s.loss)
             (summed * scale[0]).backward()
             micro_losses.append(summed.detach())
@@ -464,7 +477,7 @@ class Trainer:
             grad_norm = grad_norm.full_tensor()
         return step_loss.cpu(), grad_norm, to_device_s, micro_losses
 
-    def evaluate(self, step: int, epoch: int) -> float:
+    def evaluate(self, step: int, epoch: int) -> float | None:
         """A validation pass after `step`: every held-out document once, forward only; the loss is the summed
         token losses over the all-reduced loss-token count (fp64), the same on every rank and every world size;
         with two or more held-out sources each source's too, in the same all-reduce (train/eval_sources.py)."""
@@ -495,7 +508,9 @@ class Trainer:
                     break
         if not self.eval_interrupted:
             dist.all_reduce(totals)
-        self.model.reshard()  # a forward without backward leaves the root's parameters gathered: free them
+        cast(
+            "FSDPModule", self.model
+        ).reshard()  # a forward without backward leaves the root's parameters gathered: free them
         self.model.train()
         if self.eval_interrupted:
             self.heartbeat.beat(step, epoch, "train")

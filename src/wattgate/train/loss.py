@@ -37,7 +37,9 @@ import math
 import sys
 import textwrap
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeGuard, cast
 
 import torch
 import torch.nn.functional as F
@@ -144,11 +146,15 @@ class LogitTransform:
         """The one factor the ops multiply by, or None when a tanh makes them nonlinear."""
         if any(op == "tanh" for op, _ in self.ops):
             return None
-        return math.prod(v for _, v in self.ops)
+        return math.prod(v for _, v in self.ops if v is not None)  # no tanh: every op a scale by its factor
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         for op, value in self.ops:
-            logits = torch.tanh(logits) if op == "tanh" else logits * value
+            if op == "tanh":
+                logits = torch.tanh(logits)
+            else:
+                assert value is not None  # a scale has its factor
+                logits = logits * value
         return logits
 
     def describe(self) -> str:
@@ -270,7 +276,7 @@ def _read_forward(model) -> LogitTransform:
     forward = inspect.unwrap(type(model).forward)
     where = forward.__qualname__
     try:
-        func = ast.parse(textwrap.dedent(inspect.getsource(forward))).body[0]
+        func = cast(ast.FunctionDef, ast.parse(textwrap.dedent(inspect.getsource(forward))).body[0])  # its def
     except (OSError, TypeError, SyntaxError, IndexError) as exc:
         raise _Unrecognized(f"the source of {where} cannot be read ({type(exc).__name__})") from None
     reader = _ForwardReader(model, where)
@@ -346,7 +352,7 @@ class _ForwardReader:
         else:
             self.decoder_outputs.discard(name)
 
-    def is_self_call(self, node, module) -> bool:
+    def is_self_call(self, node, module) -> TypeGuard[ast.Call]:
         """node calls `module` as an attribute of self (self.model, self.model.decoder)."""
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             return False
@@ -369,10 +375,13 @@ class _ForwardReader:
     def is_head_call(self, node) -> bool:
         """self.lm_head(h), maybe upcast or scaled, where h is the decoder's hidden state, at most sliced
         along the sequence (hidden_states[:, slice_indices, :])."""
-        while isinstance(node, ast.BinOp) or (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in UPCASTS
-        ):
-            node = node.left if isinstance(node, ast.BinOp) else node.func.value
+        while True:
+            if isinstance(node, ast.BinOp):
+                node = node.left
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in UPCASTS:
+                node = node.func.value
+            else:
+                break
         if not (self.is_self_call(node, self.head) and len(node.args) == 1 and not node.keywords):
             return False
         h = node.args[0]
@@ -442,14 +451,14 @@ class _ForwardReader:
         raise _Unrecognized(f"{self.where} decides its logits by `{ast.unparse(node)}`, not a constant of the model")
 
 
-_ARITHMETIC = {
+_ARITHMETIC: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: lambda a, b: a + b,
     ast.Sub: lambda a, b: a - b,
     ast.Mult: lambda a, b: a * b,
     ast.Div: lambda a, b: a / b,
     ast.Pow: lambda a, b: a**b,
 }
-_COMPARISONS = {
+_COMPARISONS: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
     ast.Is: lambda a, b: a is b,
     ast.IsNot: lambda a, b: a is not b,
     ast.Eq: lambda a, b: a == b,

@@ -211,6 +211,7 @@ class StepLog:
     ) -> None:
         if not self._board_opened:
             self._board_opened = True
+            assert self.metrics is not None  # rank 0's: `record` returns before this on the other ranks
             self.board = open_tensorboard(self.metrics.path.parent, self.tensorboard, first_step=g + 1)
         if self.board is None:
             return
@@ -235,6 +236,7 @@ class StepLog:
         """A validation pass's row of eval.parquet, on TensorBoard too (rank 0; the caller keeps the table)."""
         if not self._board_opened:  # a run resumed at its last step evaluates before any step is recorded
             self._board_opened = True
+            assert self.metrics is not None  # rank 0 records the validation passes
             self.board = open_tensorboard(self.metrics.path.parent, self.tensorboard, first_step=row[STEP])
         per_source = {name: row[source_loss_column(name)] for name in eval_sources_of(row)}
         if self.board is not None:

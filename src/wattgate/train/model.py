@@ -15,11 +15,12 @@ import torch
 from wattgate.config import model_config
 from wattgate.errors import InputError
 from wattgate.records.gate import ParamCensus
+from wattgate.records.run_config import ModelConfig
 from wattgate.train.checkpoint_layout import float32_kept, keep_conversion_mapping
 from wattgate.train.packed_masks import install_packed_masks
 
 
-def model_hf_config(model_cfg: dict):
+def model_hf_config(model_cfg: ModelConfig | dict):
     """The transformers config of `model.path` (config.json) or `model.config` (a dict), for training."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoConfig
@@ -65,7 +66,7 @@ def causal_lm_class(config):
         ) from None
 
 
-def build_meta_model(model_cfg: dict, attn_implementation: str):
+def build_meta_model(model_cfg: ModelConfig | dict, attn_implementation: str):
     """The model's module tree on the meta device (no parameter memory), in fp32 master dtype."""
     return meta_model_of(model_hf_config(model_cfg), attn_implementation)
 
@@ -202,7 +203,7 @@ def count_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def load_sharded_model(model_cfg: dict, s, mesh, device: torch.device, fill: bool = True):
+def load_sharded_model(model_cfg: ModelConfig | dict, s, mesh, device: torch.device, fill: bool = True):
     """Meta build -> fully_shard -> local shards on `device` -> filled; returns (model, where values came from).
 
     `s` is the train settings (attention, precision, activation checkpointing, compile, seed).
@@ -220,7 +221,7 @@ def load_sharded_model(model_cfg: dict, s, mesh, device: torch.device, fill: boo
     return model, source
 
 
-def build_unsharded_model(model_cfg: dict, attn_implementation: str, seed: int, device: str = "cpu"):
+def build_unsharded_model(model_cfg: ModelConfig | dict, attn_implementation: str, seed: int, device: str = "cpu"):
     """The whole model in one process, with the same weights the sharded loader gives every rank.
 
     For references and baselines (tests, benches) only: it holds the whole model in fp32.

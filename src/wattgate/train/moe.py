@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -81,7 +82,7 @@ def every_parameter_reduced(model) -> bool:
 # ---------------------------------------------------------------- the router's load-balancing term
 
 
-def router_aux(model) -> tuple[float, object] | None:
+def router_aux(model) -> tuple[float, Callable[..., torch.Tensor]] | None:
     """(router_aux_loss_coef, the model's own load_balancing_loss_func) when the model's forward adds the router's
     load-balancing loss to its loss (config.output_router_logits true, a nonzero coefficient), else None."""
     config = model.config
@@ -103,7 +104,9 @@ def router_aux_term(model, router_logits, loss_tokens: torch.Tensor) -> torch.Te
     """coef x the model's load_balancing_loss_func over this micro-batch's router logits x its loss tokens: divided
     by the global batch's loss tokens (as the token losses are) it is the token-weighted mean over micro-batches
     of the term transformers' forward adds to its mean token loss (for one micro-batch, exactly that term)."""
-    coef, func = router_aux(model)
+    aux = router_aux(model)
+    assert aux is not None  # router logits are collected only for a model that trains the term (train/loss.py)
+    coef, func = aux
     experts = int(getattr(model, "num_experts", 0) or _config_experts(model.config))
     top_k = int(getattr(model, "num_experts_per_tok", 0) or model.config.num_experts_per_tok)
     aux = func(tuple(router_logits), experts, top_k, None)
@@ -122,11 +125,11 @@ def gradient_only(value: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
 
 def aux_notice(model) -> None:
     """Rank 0's one line, once per model, when the router's load-balancing term is trained."""
-    if model.__dict__.get(AUX_NOTICE) or router_aux(model) is None:
+    if model.__dict__.get(AUX_NOTICE) or (aux := router_aux(model)) is None:
         return
     object.__setattr__(model, AUX_NOTICE, True)
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-        coef, _ = router_aux(model)
+        coef, _ = aux
         print(
             f"train: output_router_logits is on: the router's load-balancing loss (x {coef:g}) is trained with the "
             "token loss; the reported losses are the token cross-entropy",

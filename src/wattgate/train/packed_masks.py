@@ -72,9 +72,11 @@ def masks_ignore_position_ids(decoder) -> bool:
         if any(k.arg == "position_ids" for k in call.keywords):
             return False
         for k in call.keywords:
-            spread = k.arg is None and isinstance(k.value, ast.Name) and k.value.id in dicts
-            if spread and any(
-                isinstance(key, ast.Constant) and key.value == "position_ids" for key in dicts[k.value.id].keys
+            if (  # a dict spread into the call (**name) that holds position_ids
+                k.arg is None
+                and isinstance(k.value, ast.Name)
+                and k.value.id in dicts
+                and any(isinstance(key, ast.Constant) and key.value == "position_ids" for key in dicts[k.value.id].keys)
             ):
                 return False
     return True

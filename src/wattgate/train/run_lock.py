@@ -125,7 +125,7 @@ def _read(fd: int) -> LockHolder:
 
 def describe_holder(holder: LockHolder) -> str:
     """'wattgate launch, pid 4242 on node7, started 2025-01-02 03:04:05, Slurm job 99' from a lock's record."""
-    parts = [str(holder.role or "holder not recorded")]
+    parts = [holder.role or "holder not recorded"]
     if holder.pid:
         parts[0] += f", pid {holder.pid}" + (f" on {holder.host}" if holder.host else "")
     if holder.started is not None:

@@ -50,5 +50,6 @@ def start_run_logs(out: Path) -> None:
         except OSError as exc:
             print(f"launch: WARNING: cannot start tee for {out / TRAIN_LOG} ({exc.strerror})", file=sys.stderr)
             return
+        assert tee.stdin is not None  # stdin=PIPE
         os.dup2(tee.stdin.fileno(), fd)
         tee.stdin.close()

@@ -63,7 +63,8 @@ def write_trained(t, per_rank_memory: list[dict]) -> Trained:
         settings=train_identity(t.config.train),
         nonfinite_skipped_steps=t.skipped_steps,
         mfu=model_flops_utilization(tokens_per_s or 0, t.n_params, t.world, s.gpu_model) if cuda else None,
-        peak_memory_gib=max(p.cuda_peak_gib for p in worst.values()) if cuda else None,
+        # every phase has its CUDA peak on CUDA ranks (PhaseMemory)
+        peak_memory_gib=max(p.cuda_peak_gib for p in worst.values() if p.cuda_peak_gib is not None) if cuda else None,
     )
     # a diverged loss is NaN: null. The readable summary first: TRAINED is the stage's declared output, last.
     write_bytes_atomic(t.paths.out / TRAINED_MD, trained_text(summary, t.paths.out).encode())
@@ -118,6 +119,9 @@ def append_throughput(t, summary: Trained) -> None:
     if total <= start or not log.step_times:
         return
     first = t.first_step  # packs.parquet's first step
+    startup_s, load_s, export_s, job_s = summary.startup_s, summary.load_s, summary.export_s, summary.job_s
+    # write_trained measures each of them: only a TRAINED read back may lack one
+    assert startup_s is not None and load_s is not None and export_s is not None and job_s is not None
     costs = plan_step_costs(read_packs(t.paths.plan_dir / PACKS), plan, total - first)
     record = run_record(
         run_name=s.run_name,
@@ -130,13 +134,13 @@ def append_throughput(t, summary: Trained) -> None:
         step_costs=costs.step_max_cost[start - first : start - first + len(log.step_times)],
         step_times=log.step_times,
         tokens=log.tokens_done,
-        startup_s=summary.startup_s,
-        load_s=summary.load_s,
+        startup_s=startup_s,
+        load_s=load_s,
         checkpoints=log.checkpoints,
         checkpoint_s=log.checkpoint_s,
         checkpoint_bytes=log.checkpoint_bytes,
-        export_s=summary.export_s,
+        export_s=export_s,
         export_bytes=folder_bytes(t.paths.out / "final"),
-        job_s=summary.job_s,
+        job_s=job_s,
     )
     append_ledger(s.ledger, record)

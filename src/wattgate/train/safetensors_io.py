@@ -80,7 +80,7 @@ def _entry(path: Path, name: str, meta, base: int) -> TensorInfo:
     """One header entry, checked against itself: its byte range holds exactly shape x dtype."""
     if not isinstance(meta, dict):
         raise InputError(f"{path}: corrupt safetensors header (tensor '{name}' is not an object)")
-    dtype = TORCH_DTYPE.get(meta.get("dtype"))
+    dtype = TORCH_DTYPE.get(meta.get("dtype", ""))  # "": no dtype code
     if dtype is None:
         raise InputError(
             f"{path}: tensor '{name}' has dtype {meta.get('dtype')}, which wattgate cannot load "
@@ -129,7 +129,7 @@ def read_rows(path: Path, info: TensorInfo, offset: int, rows: int) -> torch.Ten
     try:
         with open(path, "rb", buffering=0) as f:
             f.seek(start)
-            got = f.readinto(memoryview(out.numpy()))
+            got = f.readinto(out.numpy().data)
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
     if got != nbytes:
@@ -157,7 +157,7 @@ class SafetensorsStream:
 
     def write(self, tensor: torch.Tensor) -> None:
         data = tensor.detach().to("cpu", next(self.dtypes)).contiguous().view(-1).view(torch.uint8)
-        self.file.write(memoryview(data.numpy()))
+        self.file.write(data.numpy().data)
 
     def close(self) -> None:
         self.file.flush()

@@ -23,6 +23,10 @@ from wattgate.train.weights import EXPORT_FOLDER, ExportFiles
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from wattgate.records.run_config import ModelConfig
+
     from wattgate.train.settings import TrainSettings
     from wattgate.train.steps import StepClass
 
@@ -46,7 +50,7 @@ class StopSource(Protocol):
 class ModelSource(Protocol):
     """The device mesh and the sharded model on it, with where its values came from."""
 
-    def device_mesh(self): ...
+    def device_mesh(self) -> DeviceMesh: ...
 
     def build(self, mesh, fill: bool) -> tuple[torch.nn.Module, str]: ...
 
@@ -89,12 +93,12 @@ class EveryStep:
 class ShardedModel:
     """ModelSource of a training run: a 1-D mesh over the world, the model built by train/model.py."""
 
-    model_cfg: dict
+    model_cfg: ModelConfig | dict
     s: TrainSettings
     device: torch.device
     world: int
 
-    def device_mesh(self):
+    def device_mesh(self) -> DeviceMesh:
         from torch.distributed.device_mesh import init_device_mesh
 
         return init_device_mesh(self.device.type, (self.world,))
@@ -117,7 +121,9 @@ class Seams:
     hooks: StepHooks = EveryStep()
 
 
-def training_seams(model_cfg: dict, s: TrainSettings, out: Path, where: tuple[int, int, torch.device]) -> Seams:
+def training_seams(
+    model_cfg: ModelConfig | dict, s: TrainSettings, out: Path, where: tuple[int, int, torch.device]
+) -> Seams:
     """The seams of `wattgate train`: this rank's heartbeat files and stop request in run folder `out`, and the
     model from `model_cfg`; checkpoints, final/ and the steps as the defaults have them."""
     import os

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -19,7 +20,9 @@ from wattgate.train.distributed import equal_across_ranks
 EVAL_EPOCH = -1  # marks the validation pass's micro-batches in a planned sequence
 
 
-def planned_sequence(micro_batches: list[MicroBatchPlan], eval_batches: list[MicroBatchPlan] = ()) -> list[tuple]:
+def planned_sequence(
+    micro_batches: Sequence[MicroBatchPlan], eval_batches: Sequence[MicroBatchPlan] = ()
+) -> list[tuple]:
     """(epoch, step, micro, packs) of every micro-batch in order, then the validation pass's (epoch -1): the
     collectives this rank will issue."""
     return [(m.epoch, m.step, m.micro, len(m.packs)) for m in micro_batches] + [

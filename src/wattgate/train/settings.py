@@ -66,12 +66,13 @@ class TrainSettings:
         t = config.train
         given = t.to_json()  # the train section's keys TrainSettings shares by name
         names = [f.name for f in dataclasses.fields(cls) if f.name not in _DERIVED]
+        beta1, beta2 = t.betas  # two (the config schema's minItems and maxItems)
         return cls(
             **{k: given[k] for k in names if k in given},
-            betas=tuple(t.betas),
+            betas=(beta1, beta2),
             mixed_precision=t.mixed_precision == "bf16",
             export_dtype=export_dtype_name(config),
-            eval_micro_batch_size=int(t.eval_micro_batch_size or t.micro_batch_size),
+            eval_micro_batch_size=t.eval_micro_batch_size or t.micro_batch_size,
             loss=LossSettings.from_train(t),
             run_name=config.run_name,
             gpu_model=config.cluster.gpu_model,

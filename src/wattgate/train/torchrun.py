@@ -76,12 +76,14 @@ class SignalRelay:
     def on_signal(self, signum: int, now: float) -> None:
         name = signal.Signals(signum).name
         if insists(signum, self.first_at, now, self.grace_s):
+            assert self.first_at is not None  # insists only after a first request
             print(
                 f"torchrun: {name} again {now - self.first_at:.0f} s after the stop request: ending its ranks now",
                 file=sys.stderr,
                 flush=True,
             )
-            _thread.interrupt_main(signum)  # torchrun's handler: SIGTERM to its ranks, SIGKILL after its timeout
+            # torchrun's handler: SIGTERM to its ranks, SIGKILL after its timeout
+            _thread.interrupt_main(signal.Signals(signum))
             return
         if self.first_at is not None:
             return  # the same request again

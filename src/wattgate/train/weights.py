@@ -18,7 +18,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,7 @@ import torch.distributed as dist
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.config import model_config
 from wattgate.errors import InputError
+from wattgate.records.run_config import ModelConfig
 from wattgate.train.checkpoint_layout import (
     LAYOUT_ATTR,
     ExportEntry,
@@ -61,7 +62,7 @@ def local_rows(param: torch.Tensor) -> tuple[int, int]:
     shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
     if any(o != 0 for o in offset[1:]) or tuple(shape[1:]) != tuple(param.shape[1:]):
         raise NotImplementedError(f"only dim-0 sharding is supported, got placements {param.placements}")
-    return int(offset[0]), int(shape[0])
+    return offset[0], shape[0]
 
 
 def local_tensor(param: torch.Tensor) -> torch.Tensor:
@@ -73,7 +74,9 @@ def local_tensor(param: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- materialize: allocate and fill
 
 
-def materialize(model, device: torch.device, model_cfg: dict, seed: int, fill: bool = True, full_depth=None) -> str:
+def materialize(
+    model, device: torch.device, model_cfg: ModelConfig | dict, seed: int, fill: bool = True, full_depth=None
+) -> str:
     """Allocate the local shards on `device` and fill them; returns where the values came from.
 
     fill=False leaves parameters uninitialized (a checkpoint is about to overwrite every one). `full_depth`: the
@@ -132,14 +135,14 @@ def _owning_init(model, name: str):
     return model._init_weights
 
 
-def _stand_in(module, buffers: dict, params: dict):
+def _stand_in(module, buffers: dict, params: dict) -> Any:
     """A shallow copy of `module` (its config, rope type, scalars) with the given buffers and parameters and
     no children: the model's init writes into it, never into the real module's tensors."""
     from torch.distributed.fsdp import FSDPModule
 
     # the module's own class: copy.copy of a sharded module would call FSDP2's __new__, which runs the class's
     # constructor with no arguments (a router's needs its config)
-    own_class = next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule))
+    own_class: type[torch.nn.Module] = next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule))
     twin = own_class.__new__(own_class)
     twin.__dict__.update(module.__dict__)
     object.__setattr__(twin, "_buffers", dict(buffers))
@@ -420,7 +423,7 @@ def gather_full(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     if isinstance(tensor, DTensor):
-        return tensor.detach().to(dtype).full_tensor()
+        return cast(DTensor, tensor.detach().to(dtype)).full_tensor()  # a DTensor's detach and to give DTensors
     return tensor.detach().to(dtype)
 
 
@@ -504,6 +507,7 @@ def write_sharded_safetensors(
             if of is not e.tensor:
                 full, of = gather_full(e.tensor, e.dtype), e.tensor
             if stream is not None:
+                assert full is not None  # gathered above: e.tensor's, at the latest for this entry
                 stream.write(e.take(full))
         del full, of
         if stream is not None:
