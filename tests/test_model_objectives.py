@@ -37,10 +37,10 @@ from wattgate.train.loss import (
     chunked_cross_entropy_sum,
     effective_loss_kind,
     final_hidden,
-    logit_transform,
     shifted_targets,
     summed_token_loss,
 )
+from wattgate.train.logit_transform import logit_transform
 from wattgate.train.model import build_meta_model, build_unsharded_model, causal_lm_class, model_hf_config
 from wattgate.train.weights import materialize
 
