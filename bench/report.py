@@ -22,7 +22,7 @@ page faults that a warm process does not pay again), imports not timed:
   energy, windows, every triage rule with the run's heartbeats and metrics,
   pauses, the stragglers and their causes, write phases.parquet, triage.json and the rest) then run_report (read
   phases.parquet, triage.json and the run's metrics and heartbeats; summary.json
-  and index.html with every figure, drawn as inline SVG);
+  and index.html with every figure as Plotly JSON, plotly.js embedded compressed);
 - pandas: bench/pandas_triage.py pandas_triage_and_summary on the same trace
   files (read, windowing, labelling with the package's rules written with
   groupby/rolling, per (GPU, phase) time and energy, per-GPU trapezoid energy, the stragglers with pivot,

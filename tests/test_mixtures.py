@@ -356,15 +356,17 @@ def test_the_report_draws_and_tabulates_a_validation_curve_per_source():
     section = validation_section(evals)
     assert section.sources == ("chat", "notes")
     assert section.final.per_source == {"chat": 2.6, "notes": 2.0}
-    svg = loss_figure(None, evals)
+    curves = {t["name"]: t for t in loss_figure(None, evals)["data"]}
+    assert list(curves) == ["validation", "validation: chat", "validation: notes"]
     for name, color in zip(("chat", "notes"), SOURCE_COLORS):
-        assert f'stroke="{color}" stroke-width="1.6" stroke-dasharray="5 3"' in svg
-        assert f"<title>validation: {name}</title>" in svg and f">validation: {name}</text>" in svg
+        line = curves[f"validation: {name}"]["line"]
+        assert line == {"color": color, "dash": "dash", "width": 1.6}
+    assert curves["validation: notes"]["x"] == [10.0, 20.0, 30.0] and curves["validation: notes"]["y"] == [4, 3, 2]
     page = validation_html(section)
     assert '<th class="n">loss: chat</th>' in page and '<th class="n">loss: notes</th>' in page
     # one source: the figure and the table as before, no per-source curve or column
     single = pd.DataFrame(eval_rows(sources=()))
-    assert "stroke-dasharray" not in loss_figure(None, single)
+    assert [t["name"] for t in loss_figure(None, single)["data"]] == ["validation"]
     plain = validation_section(single)
     written = plain.to_json()
     assert "sources" not in written and "per_source" not in written["final"]

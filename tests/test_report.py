@@ -5,15 +5,16 @@ Synthetic: wattgate.testing.synthetic_trace jobs for hangs, hand-written metrics
 and an empty trace (what the sampler writes without NVML) for the CPU default.
 """
 
+import html
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import xml.etree.ElementTree as ET
 
 import numpy as np
+import plotly.graph_objects as go
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -27,8 +28,9 @@ from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import run_report
 from wattgate.power.energy import gpu_energy
-from wattgate.report.figures import MAX_POINTS, bin_edges, bin_majority
-from wattgate.report.svg import nice_ticks, path_d
+from wattgate.report.figures import MAX_POINTS, POWER_BINS, bin_edges, bin_majority
+from wattgate.report.plotly_page import spec_json
+from wattgate.report.plot_spec import values
 from wattgate.report.inputs import default_power_dir, read_samples
 from wattgate.report.phases import PHASE_COLORS
 from wattgate.trace import TRACE_SCHEMA, TraceWriter, trace_files
@@ -48,37 +50,57 @@ SECTIONS = (
 )
 
 
-def figure_spans(page: str) -> list[tuple[int, int]]:
-    """(start, end) of each inline figure: <svg class="figure"> to its matching </svg> (plots nest an svg)."""
-    spans = []
-    for m in re.finditer(r'<svg class="figure"', page):
-        depth, pos = 0, m.start()
-        for tag in re.finditer(r"<svg\b|</svg>", page[pos:]):
-            depth += 1 if tag.group() != "</svg>" else -1
-            if depth == 0:
-                spans.append((pos, pos + tag.end()))
-                break
-    return spans
+FIGURE = re.compile(
+    r'<div class="figure" id="figure-(?P<name>[\w-]+)" data-figure="(?P=name)" role="img" aria-label="(?P<alt>[^"]*)">'
+    r'</div><script type="application/json" id="figure-(?P=name)-data">(?P<json>[^<]*)</script>'
+)
+BUNDLE = re.compile(r'<script type="application/octet-stream" id="plotly-js-gz">[A-Za-z0-9+/=]+</script>')
 
 
-def figures(page: str) -> list[ET.Element]:
-    """Every inline figure, parsed as XML: proof each is well-formed on its own."""
-    return [ET.fromstring(page[a:b]) for a, b in figure_spans(page)]
+def figure_matches(page: str) -> list[re.Match]:
+    return list(FIGURE.finditer(page))
+
+
+def figures(page: str) -> list[dict]:
+    """Every figure's Plotly spec, its aria-label as "alt": each one checked by plotly.py against the schema."""
+    out = []
+    for m in figure_matches(page):
+        spec = json.loads(m["json"])
+        go.Figure(spec)  # raises on a property or value Plotly does not know
+        out.append(dict(spec, alt=m["alt"], name=m["name"]))
+    return out
 
 
 def without_figures(page: str) -> str:
-    for a, b in reversed(figure_spans(page)):
-        page = page[:a] + "<svg/>" + page[b:]
-    return page
+    """The page's text without the figures' JSON and the embedded plotly.js."""
+    return BUNDLE.sub("<script/>", FIGURE.sub("<div/>", page))
 
 
-def lanes(power: ET.Element) -> list[str]:
-    """The power figure's GPU lanes (groups titled host:gpu around what is drawn for that GPU), top to bottom."""
-    return [g.find("title").text for g in power.iter("g") if g.find("title") is not None and g.find("path") is not None]
+def row_axes(fig: dict) -> dict[str, str]:
+    """The stacked figures' rows: the y axis of each named row (a name above it), top to bottom."""
+    layout = fig["layout"]
+    tops = {round(v["domain"][1], 5): k for k, v in layout.items() if k.startswith("yaxis") and "domain" in v}
+    rows = sorted(layout["annotations"], key=lambda a: -a["y"])
+    return {html.unescape(a["text"]): tops[round(a["y"], 5)] for a in rows if a["yref"] == "paper"}
 
 
-def colours(fig: ET.Element) -> set[str]:
-    return {e.get(a) for e in fig.iter() for a in ("fill", "stroke") if e.get(a)}
+def lanes(power: dict) -> list[str]:
+    """The power figure's GPU rows (those with a watt axis), top to bottom."""
+    return [label for label, axis in row_axes(power).items() if power["layout"][axis].get("title") == {"text": "W"}]
+
+
+def trace_axis(trace: dict) -> str:
+    """The layout key of a trace's y axis."""
+    ref = trace.get("yaxis", "y")
+    return "yaxis" + ref[1:]
+
+
+def colours(fig: dict) -> set[str]:
+    found = set()
+    for item in fig["data"] + fig["layout"].get("shapes", []):
+        for part in (item, item.get("line", {}), item.get("marker", {})):
+            found |= {part[k] for k in ("color", "fillcolor") if isinstance(part.get(k), str)}
+    return found
 
 
 def write_metrics(run, ranks=2, steps=20, step_s=1.0, t0=T0, slow=None, starved=(), loss=None):
@@ -242,16 +264,19 @@ def test_h200_page_is_self_contained_with_every_section(h200):
         assert f">{title}</h2>" in text, title
     assert "No GPU telemetry on this host" not in text
     power, shares, steps, loss = figures(page)
-    assert [f.get("aria-label") for f in (power, shares, steps, loss)] == [
+    assert [f["alt"] for f in (power, shares, steps, loss)] == [
         "power per GPU over time",
         "phase shares per GPU",
         "Step time and data wait over time",
         "Loss",
     ]
-    assert lanes(power) == ["vm:0"]
+    assert lanes(power) == ["vm:0"] and power["layout"]["yaxis2"]["title"] == {"text": "W"}
     phases = {PHASE_COLORS[p] for p in ("compute", "checkpoint", "idle")}
     assert phases <= colours(power) and phases <= colours(shares)
+    assert [t["name"] for t in steps["data"]] == ["step time (slowest rank)", "data wait (mean over ranks)"]
+    assert [t["name"] for t in loss["data"]] == ["training"]
     assert not re.search(r"https?://|src=|href=|url\(|<img", page)  # nothing to fetch
+    assert len(BUNDLE.findall(page)) == 1 and "DecompressionStream('gzip')" in text  # plotly.js once, packed
     assert "data-figures-rendered" in text and "<script>" in text
 
 
@@ -300,10 +325,12 @@ def test_host_names_are_escaped_in_the_figures(tmp_path):
     run_report(run, tmp_path / "out")
     page = (tmp_path / "out" / "index.html").read_text()
     power, shares = figures(page)
-    assert lanes(power) == [f"{host}0:0"]  # parsed back: the markup held the name escaped
-    assert any(e.text == f"{host}0:0" for e in shares.iter("text"))
-    for a, b in figure_spans(page):
-        assert host not in page[a:b] and "n&lt;&amp;&quot;x&#x27;0:0" in page[a:b]
+    assert lanes(power) == [f"{host}0:0"]  # plotly.js reads texts as HTML: it shows the name unescaped
+    assert {html.unescape(y) for t in shares["data"] for y in t["y"]} == {f"{host}0:0"}
+    escaped = "n&lt;&amp;&quot;x&#x27;0:0"  # as plotly.js reads it back: HTML
+    assert power["layout"]["annotations"][-1]["text"] == escaped and set(shares["data"][0]["y"]) == {escaped}
+    for m in figure_matches(page):  # in the page neither the name nor a tag: nothing closes the <script>
+        assert host not in m["json"] and "<" not in m["json"]
 
 
 def test_default_power_and_gate_dirs_beside_the_run(tmp_path):
@@ -351,7 +378,7 @@ def test_cpu_run_says_no_gpu_telemetry_and_keeps_every_other_section(cpu_run, tm
     for title in SECTIONS:
         assert f">{title}</h2>" in text, title
     assert "Power per GPU over time" not in text
-    assert [f.get("aria-label") for f in figures(page)] == ["Step time and data wait over time", "Loss"]
+    assert [f["alt"] for f in figures(page)] == ["Step time and data wait over time", "Loss"]
 
 
 def test_memory_measured_per_phase_beside_the_gate_estimate(cpu_run, tmp_path):
@@ -522,7 +549,7 @@ def test_missing_inputs_are_notes_not_crashes(tmp_path):
     assert not any(s["signals"].values())
     page = (tmp_path / "out" / "index.html").read_text()
     assert ">No GPU telemetry on this host</h2>" in page and page.count("not available") >= 5
-    assert figures(page) == [] and "<svg" not in page
+    assert figures(page) == [] and not BUNDLE.search(page)  # no figure: no plotly.js either
 
 
 @pytest.mark.parametrize(
@@ -601,7 +628,7 @@ def test_integration_without_a_counter_and_with_a_reset():
 
 
 def test_binning_keeps_long_runs_to_a_few_thousand_points():
-    edges = bin_edges(0.0, 86400.0, 0, 1.0)
+    edges = bin_edges(0.0, 86400.0, 1.0)
     assert len(edges) - 1 == MAX_POINTS
     x = np.arange(0, 86400.0)
     code = np.where(x < 43200, LABELS.index("compute"), LABELS.index("idle"))
@@ -610,37 +637,45 @@ def test_binning_keeps_long_runs_to_a_few_thousand_points():
     assert set(major[MAX_POINTS // 2 + 1 :]) == {LABELS.index("idle")}
 
 
-def test_nice_ticks_are_round_and_inside_the_range():
-    assert nice_ticks(0.0, 23.98, 8) == (pytest.approx([0, 5, 10, 15, 20]), ["0", "5", "10", "15", "20"])
-    assert nice_ticks(0.0, 2.16, 5)[1] == ["0.0", "0.5", "1.0", "1.5", "2.0"]
-    assert nice_ticks(1.63, 10.42, 6)[1] == ["2", "4", "6", "8", "10"]
-    assert nice_ticks(-2100.0, 43300.0, 8)[1] == ["0", "10,000", "20,000", "30,000", "40,000"]
+def test_figure_json_cannot_close_its_script_element_and_rounds_its_numbers():
+    spec = {"data": [{"name": "</script><script>alert(1)</script>", "y": values([1.23456, np.nan, np.inf], 2)}]}
+    text = spec_json(spec)
+    assert "<" not in text and ">" not in text and "&" not in text
+    assert json.loads(text) == {"data": [{"name": "</script><script>alert(1)</script>", "y": [1.23, None, None]}]}
+    assert values([2.5, 3.49, -0.4], 0) == [2, 3, 0] and all(type(v) is int for v in values([2.5, 7.0], 0))
 
 
-def _polylines(d: str) -> list[np.ndarray]:
-    """Absolute points of each piece of path data written by path_d ("M x y l dx dy dx dy ...")."""
-    pieces = []
-    for piece in d.split("M")[1:]:
-        head, _, moves = piece.partition("l")
-        nums = [float(v) for v in re.findall(r"-?\d*\.?\d+", head + " " + moves)]
-        pieces.append(np.cumsum(np.array(nums).reshape(-1, 2), axis=0))
-    return pieces
-
-
-def test_path_data_keeps_every_point_on_the_drawn_line():
-    """Relative moves, a tenth of a pixel: each input point lies on the line drawn (a point left out lay
-    straight between its neighbours), NaN breaks the line and a lone point draws nothing."""
-    x = np.arange(0, 120, 0.5)
-    y = 50 + 20 * np.sin(x / 7) * (x > 40) + np.where(x > 90, 15.0, 0.0)  # flat, then a wave, then a step
-    y[[100, 150, 152]] = np.nan
-    d = path_d(x, y)
-    lines = _polylines(d)
-    assert len(lines) == 3 and len(d) < 0.6 * sum(len(f"{a:.1f} {b:.1f} ") for a, b in zip(x, y))
-    for line, piece in zip(lines, (slice(0, 100), slice(101, 150), slice(153, None))):
-        want = np.round(y[piece], 1)
-        assert np.abs(np.interp(x[piece], line[:, 0], line[:, 1]) - want).max() <= 0.1 + 1e-9
-        assert line[0, 0] == x[piece][0] and line[-1, 0] == x[piece][-1]
-    assert (lines[0][:, 0] <= 40).sum() == 2  # the flat stretch (81 points) is its two ends
+def test_power_rows_draw_min_mean_max_per_bin_on_each_gpus_watt_axis(tmp_path):
+    """A run longer than POWER_BINS windows: each GPU its own row and watt axis (one scale), the time axis
+    shared, and per bin the band's min <= the line's mean <= its max, the line in the bin's phase colour."""
+    run = tmp_path / "run"
+    synth = build_trace(
+        job(gpus_of(1, 2), [("compute", 1500), ("idle", 400), ("compute", 500)]), shipped_table("h100"), seed=4
+    )
+    synth.write(run / "telemetry")
+    run_report(run, tmp_path / "out")
+    power = figures((tmp_path / "out" / "index.html").read_text())[0]
+    assert power["alt"] == "power per GPU over time" and lanes(power) == ["node0:0", "node0:1"]
+    axes = row_axes(power)
+    assert len({axes["node0:0"], axes["node0:1"]}) == 2
+    assert power["layout"][axes["node0:0"]]["range"] == power["layout"][axes["node0:1"]]["range"]
+    assert all("xaxis" not in t for t in power["data"]) and "xaxis2" not in power["layout"]  # one time axis
+    for label, axis in axes.items():
+        mine = [t for t in power["data"] if trace_axis(t) == axis]
+        low, high = (t for t in mine if t["legendgroup"] == "range")
+        assert len(low["y"]) == len(high["y"]) <= POWER_BINS
+        bins = {round(low["x0"] + i * low["dx"], 3): i for i in range(len(low["y"]))}
+        lines = [t for t in mine if t["legendgroup"] in LABELS]
+        assert {t["legendgroup"] for t in lines} == {"compute", "idle"}
+        seen = 0
+        for t in lines:
+            assert t["line"]["color"] == PHASE_COLORS[t["legendgroup"]] and t["name"] in t["hovertemplate"]
+            for x, y in zip(t["x"], t["y"]):
+                if y is not None:
+                    i = bins[round(x, 3)]
+                    assert low["y"][i] <= y <= high["y"][i], (label, x)
+                    seen += 1
+        assert seen >= len(low["y"]) and any(a < b for a, b in zip(low["y"], high["y"]))
 
 
 def _pause_run(tmp_path):

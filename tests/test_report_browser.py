@@ -1,5 +1,5 @@
-"""The report page in a real headless Chromium: every inline SVG figure lays out with something drawn in it,
-and a screenshot is not blank.
+"""The report page in a real headless Chromium: the page unpacks its embedded plotly.js and Plotly draws every
+figure (a laid-out plot with a trace in it), and a screenshot is not blank.
 
 Chromium is installed with apt when missing and we are root; otherwise the tests skip and say why.
 A copy of the H200 report's screenshot is left at /tmp/report-shot.png for a person to look at.
@@ -31,7 +31,7 @@ FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--virtual-time-budget=5000",
+    "--virtual-time-budget=10000",  # time to unpack plotly.js and draw
 ]
 SHOT_COPY = Path("/tmp/report-shot.png")
 
@@ -70,9 +70,21 @@ def browse(chromium: Path, page: Path, profile: Path, *extra: str) -> subprocess
 
 
 def rendered(chromium: Path, page: Path, profile: Path) -> tuple[int, int]:
+    """(figures drawn, figures on the page) as the page's loader counts them once its scripts ran, each figure
+    <div> checked to have become a Plotly plot with its SVG and a trace."""
     dom = browse(chromium, page, profile, "--dump-dom")
     m = re.search(r'data-figures-rendered="(\d+)/(\d+)"', dom.stdout)
     assert m, f"no data-figures-rendered on <body>: rc {dom.returncode}, stderr {dom.stderr[-400:]}"
+    assert not re.search(r'<body[^>]*data-figures-error="([^"]*)"', dom.stdout), "the loader failed"
+    names = re.findall(r'<div class="figure[^"]*" id="figure-([\w-]+)"', page.read_text())
+    for name in names:
+        div = re.search(
+            rf'<div class="([^"]*)" id="figure-{name}"(.*?)<script type="application/json"', dom.stdout, re.S
+        )
+        assert div and "js-plotly-plot" in div.group(1).split(), f"figure {name}: not a Plotly plot"
+        drew = 'class="main-svg"' in div.group(2) and re.search(r'class="trace\b', div.group(2))
+        assert drew, f"figure {name}: nothing drawn"
+    assert len(names) == int(m.group(2))
     return int(m.group(1)), int(m.group(2))
 
 

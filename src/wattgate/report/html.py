@@ -1,4 +1,4 @@
-"""index.html: one self-contained page (inline CSS, figures as inline SVG, no external URL, no script library)."""
+"""index.html: one self-contained page (inline CSS; Plotly figures, plotly.js embedded in the page: no external URL)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from wattgate.report.cards import (
 from wattgate.durations import duration
 from wattgate.report.figures import Figures
 from wattgate.report.stragglers import straggler_section
-from wattgate.report.markup import Raw, badge, figure, fmt, note, pct, phase_name, section, table
+from wattgate.report.markup import Raw, badge, fmt, note, pct, phase_name, section, table
+from wattgate.report.plotly_page import LOADER, figure_element, plotly_js_element
 
 CSS = """
 body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
@@ -34,19 +35,11 @@ margin:0 8px 6px 0;font-weight:600;font-size:13px}.ok{background:#dcf3e3;color:#
 .card small{color:#5a6475}table{border-collapse:collapse;font-size:13px;margin:8px 0;width:100%}
 th,td{border-bottom:1px solid #e5e8ed;padding:4px 8px;text-align:left;vertical-align:top}
 td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f3f5f8}
-svg.figure{max-width:100%;height:auto;display:block;margin:6px 0}.note{color:#5a6475;font-size:13px}
+div.figure{width:100%;margin:6px 0}.note{color:#5a6475;font-size:13px}
 .notes li{color:#6b5200}.swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px}
 #no-gpu-telemetry{border-left:5px solid #e0a800}code{background:#f0f2f5;padding:0 3px;border-radius:3px}
 .highlight{border-left:5px solid #e0a800;padding:4px 10px;background:#fff8e1}
 """
-
-# counts the figures the browser laid out with something drawn in them: broken markup leaves no box
-SCRIPT = (
-    "window.addEventListener('load',function(){var f=document.querySelectorAll('svg.figure'),n=0;"
-    "for(var i=0;i<f.length;i++){var r=f[i].getBoundingClientRect(),b=f[i].getBBox();"
-    "if(r.width>0&&r.height>0&&b.width>0&&b.height>0)n++;}"
-    "document.body.setAttribute('data-figures-rendered',n+'/'+f.length);});"
-)
 
 
 def header(s: Summary) -> str:
@@ -142,9 +135,9 @@ def _waited(st: Stragglers) -> str:
     return fmt(st.wait_rank_hours, 4, " rank-h")
 
 
-def power_section(s: Summary, svg: str | None, panels_shown: int) -> str:
+def power_section(s: Summary, fig: dict | None, panels_shown: int) -> str:
     sig = s.signals
-    if svg is None:
+    if fig is None:
         why = (
             "the telemetry traces hold no rows: the sampler found no NVML on this host (a CPU run), "
             "so it wrote an empty trace with the schema."
@@ -165,12 +158,25 @@ def power_section(s: Summary, svg: str | None, panels_shown: int) -> str:
     # only what the figure draws: shading and step ends need heartbeats and metrics, which a power-only run lacks
     shaded = " Shaded: checkpoint intervals from the heartbeat events." if s.signals.heartbeats else ""
     steps = " Top row: step ends from metrics." if s.signals.metrics else ""
+    phased = bool(s.phases.by_phase)
     caption = (
-        "One lane per GPU, all on one power scale (each lane's top line and the time axis label give its watts): "
-        "power, each bin coloured by the phase that holds most of its time; the strip at the bottom of each lane "
-        f"is the same phase per bin.{shaded}{steps} Phases: {source}.{more}"
+        "One row per GPU, each with its watt axis, all on one scale, and one time axis (zoom by dragging; "
+        "double-click to zoom out): the line is the mean power in each time bin"
+        + (
+            ", coloured by the phase that holds most of the bin's time, and the strip under it is the same "
+            "phase per bin; the grey band, where a bin holds several windows, spans their lowest and highest "
+            "mean power."
+            if phased
+            else "; the grey band, where a bin holds several samples, spans their lowest and highest power."
+        )
+        + f"{shaded}{steps} Hovering a line shows the bin's watts"
+        + (", phase" if phased else "")
+        + (" and step" if s.signals.metrics else "")
+        + f". Phases: {source}.{more}"
     )
-    return section("power", "Power per GPU over time", figure(svg, "power per GPU over time") + note(caption))
+    return section(
+        "power", "Power per GPU over time", figure_element(fig, "power", "power per GPU over time") + note(caption)
+    )
 
 
 def gaps_text(g: Gaps | None) -> str:
@@ -189,7 +195,7 @@ def gaps_text(g: Gaps | None) -> str:
     return text + "."
 
 
-def phase_tables(s: Summary, svg: str | None) -> str:
+def phase_tables(s: Summary, fig: dict | None) -> str:
     p = s.phases
     if not p.by_phase:
         return section(
@@ -216,7 +222,7 @@ def phase_tables(s: Summary, svg: str | None) -> str:
 
     per_node = breakdown(p.per_node, ["node", "GPUs"], lambda r: [r.host, r.gpus])
     per_gpu = breakdown(p.per_gpu, ["node", "GPU"], lambda r: [r.host, r.gpu])
-    shares = figure(svg, "phase shares per GPU") if svg else ""
+    shares = figure_element(fig, "phase-share", "phase shares per GPU") if fig else ""
     text = (
         f"Windows of {p.window_s:g} s labelled by power triage ({p.source}). Energy per phase is "
         "each window's mean power times its length. " + gaps_text(p.gaps)
@@ -275,10 +281,10 @@ def energy_section(s: Summary) -> str:
     return section("energy", "Energy", body)
 
 
-def figure_section(sid: str, title: str, svg: str | None, missing: str, caption: str = "") -> str:
-    if svg is None:
+def figure_section(sid: str, title: str, fig: dict | None, missing: str, caption: str = "") -> str:
+    if fig is None:
         return section(sid, title, note(f"not available: {missing}"))
-    return section(sid, title, figure(svg, title) + (note(caption) if caption else ""))
+    return section(sid, title, figure_element(fig, sid, title) + (note(caption) if caption else ""))
 
 
 def validation_section(v: Validation | None) -> str:
@@ -393,10 +399,12 @@ def render_page(s: Summary, figures: Figures, panels_shown: int) -> str:
         ]
     )
     title = escape(f"wattgate report: {s.run.name}")
+    # plotly.js only where there is a figure to draw; the loader always runs (it counts the figures drawn)
+    plotly_js = plotly_js_element() if figures.has_any() else ""
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{title}</title>'
         f"<style>{CSS}</style></head><body><main>{body}"
         '<footer class="note">Written by <code>wattgate report</code>; the numbers are in summary.json.</footer>'
-        f"</main><script>{SCRIPT}</script></body></html>\n"
+        f"</main>{plotly_js}<script>{LOADER}</script></body></html>\n"
     )

@@ -46,13 +46,6 @@ def badge(label: str, value: str, kind: str) -> str:
     return f'<span class="{kind}">{escape(label)}: {escape(value)}</span>'
 
 
-def figure(svg: str, alt: str) -> str:
-    """A figure's SVG markup inline, labelled for screen readers."""
-    if not svg.startswith("<svg "):
-        raise ValueError("a figure must be <svg> markup")
-    return f'<svg class="figure" role="img" aria-label="{escape(alt)}" {svg[5:]}'
-
-
 def section(sid: str, title: str, body: str) -> str:
     return f'<section id="{sid}"><h2>{escape(title)}</h2>{body}</section>'
 

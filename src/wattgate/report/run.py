@@ -12,6 +12,7 @@ from wattgate.report.figures import MAX_PANELS, render_all
 from wattgate.report.html import render_page
 from wattgate.report.inputs import load_inputs
 from wattgate.report.ledger_wait import record_run_wait
+from wattgate.report.plotly_page import start_packing_plotly_js
 from wattgate.report.summary import Analysis, analyze
 from wattgate.run_files import check_output, claim_output
 from wattgate.records.run_config import RunConfig
@@ -52,6 +53,7 @@ def run_report(
     `config` is the run config already loaded (`wattgate report --config`); without it `config_path`
     is loaded, else results/config/<run>.yaml beside the run when there is one."""
     check_output(out_dir, STAGE)  # before any work: a folder the report did not write is refused
+    start_packing_plotly_js()  # on a worker thread, while the analysis runs
     with small_pages():  # power/triage/arrays.py: page faults on big arrays cost less
         analysis = summarize(
             run_dir, power_dir, gate_dir, config_path, trace_paths, gpu_model, table_path, power_cap_w, config=config

@@ -17,8 +17,22 @@ from wattgate.durations import duration
 from wattgate.records.summary import StragglerEntry, Stragglers, Summary
 from wattgate.records.triage import Lagging, Timeline
 from wattgate.records.watcher import WatcherRecord
-from wattgate.report.markup import figure, fmt, note, pct, section, table, utc_of
-from wattgate.report.svg import INK, WIDTH, Box, clipped, fit, label_margin, nice_ticks, num, path_d, svg, text, x_axis
+from wattgate.report.markup import fmt, note, pct, section, table, utc_of
+from wattgate.report.plotly_page import figure_element
+from wattgate.report.plot_spec import (
+    ROW_GAP_PX,
+    axis_key,
+    axis_ref,
+    base_layout,
+    digits_for,
+    evenly_spaced,
+    row_label,
+    stacked_domains,
+    text,
+    time_axis,
+    time_unit,
+    values,
+)
 
 CAUSE_COLORS = {
     "thermal": "#d62728",
@@ -61,7 +75,7 @@ def straggler_record(
     )
 
 
-def straggler_section(s: Summary, svg_markup: str | None) -> str:
+def straggler_section(s: Summary, lag: dict | None) -> str:
     st = s.stragglers
     if not st.checked:
         return section("stragglers", "Stragglers", note("not checked: no GPU telemetry and no watcher record"))
@@ -98,8 +112,8 @@ def straggler_section(s: Summary, svg_markup: str | None) -> str:
         ]
         heads = ["node", "GPU", "rank", "lag share", "wait GPU-h (CPU: rank-h)", "wait kWh", "cause", "evidence"]
         body += table(heads, rows, {3, 4, 5})
-    if svg_markup:
-        body += figure(svg_markup, "per-GPU lag over time") + note(
+    if lag:
+        body += figure_element(lag, "lag", "per-GPU lag over time") + note(
             "Per GPU its peers waited for: the share of each stretch of time in which they waited for it (it kept "
             "working at compute power while most of them had dropped to the wait level), coloured by its cause; "
             "the grey line is the share of time the job waited for any one GPU."
@@ -138,8 +152,8 @@ def _cost_line(st: Stragglers) -> str:
 
 def lag_figure(
     timeline: Timeline | None, entries: tuple[StragglerEntry, ...], window_s: float, t0: float | None, t1: float | None
-):
-    """One lane per GPU last in any window (stragglers first): the share of each time bin its peers spent
+) -> dict | None:
+    """One row per GPU last in any window (stragglers first): the share of each time bin its peers spent
     waiting for it, a step area in its cause's colour (grey for a GPU no straggler), and the job's share of
     waited time as a grey line. None without a timeline."""
     if not timeline or not timeline.last or t0 is None or t1 is None:
@@ -152,32 +166,66 @@ def lag_figure(
     cause = {f"{e.host}:{e.gpu}": e.cause for e in entries if e.gpu is not None}
     lanes = sorted(last, key=lambda k: (k not in cause, -last[k].sum(), k))[:MAX_LANES]
     per_bin = max(bin_s / window_s, 1.0)
-    span = max(t1 - t0, 1e-9)
-    unit, uname = (1.0, "s") if span <= 600 else (60.0, "min") if span <= 36000 else (3600.0, "h")
-    edges = (start + bin_s * np.arange(bins + 1) - t0) / unit
-    n = len(lanes)
-    labels = [key + (f" ({cause[key]})" if key in cause else "") for key in lanes]
-    left = label_margin(labels)
-    lane_px = 46.0
-    box = Box(left, 10, WIDTH - left - 16, lane_px * n, 0.0, span / unit, 0.0, float(n))
-    plot, names = [], []
-    xs = box.px(np.repeat(edges, 2)[1:-1])
+    unit, uname = time_unit(max(t1 - t0, 1e-9))
+    digits = digits_for(bin_s / unit)
+    # bins are evenly spaced: the first edge and the width place them; a bin's share holds from its start to
+    # the next bin's, so its value is repeated at the last edge
+    edges = evenly_spaced((start - t0) / unit, bin_s / unit, digits)
+    domains, plot_px = stacked_domains([(ROW_GAP_PX, 46.0)] * len(lanes))
+    layout = base_layout(plot_px)
+    data, notes, causes = [], [], set()
+    job = values(np.r_[waits, waits[-1]] / per_bin, 3)
     for k, key in enumerate(lanes):
-        base = n - 1 - k
-        share = np.clip(last[key] / per_bin, 0, 1)
-        ys = box.py(base + 0.9 * np.repeat(share, 2))
-        zero = float(box.py(base))
-        d = path_d(np.r_[xs[0], xs, xs[-1]], np.r_[zero, ys, zero])
+        label = key + (f" ({cause[key]})" if key in cause else "")
+        yaxis = axis_ref("y", k)
         color = CAUSE_COLORS.get(cause.get(key), "#c7c7c7")
-        plot.append(f'<path d="{d}z" fill="{color}" fill-opacity=".75" stroke="{color}" stroke-width=".6"/>')
-        job = box.py(base + 0.9 * np.repeat(np.clip(waits / per_bin, 0, 1), 2))
-        plot.append(f'<path d="{path_d(xs, job)}" stroke="#999" stroke-width=".8" fill="none"/>')
-        plot.append(f'<path d="M{num(box.left)} {num(zero)}H{num(box.right)}" stroke="#ddd" stroke-width=".6"/>')
-        names.append(text(box.left - 7, float(box.py(base + 0.45)), fit(labels[k], box.left - 14), ' dy=".35em"'))
-    xt, xl = nice_ticks(0.0, span / unit, 8)
-    body = [clipped(box, "".join(plot)), f'<g text-anchor="end" fill="{INK}">{"".join(names)}</g>']
-    body.append(f'<path d="M{num(box.left)} {num(box.top)}V{num(box.bottom)}" stroke="{INK}"/>')
-    body.append(
-        x_axis(box, xt, xl, f"time since run start ({uname}); each lane 0-100% of the time, per {duration(bin_s)}")
-    )
-    return svg(box.bottom + 44, "".join(body))
+        share = values(np.clip(np.r_[last[key], last[key][-1]] / per_bin, 0, 1), 3)
+        why = cause.get(key, "not a straggler")
+        data.append(_step_area(edges, share, color, label, yaxis, why, why not in causes))
+        causes.add(why)
+        data.append(_job_line(edges, job, yaxis, k == 0))
+        layout[axis_key("y", k)] = {
+            "anchor": "x",
+            "domain": list(domains[k]),
+            "range": [0, 1],
+            "tickformat": ".0%",
+            "tickvals": [0, 0.5, 1],
+            "title": {"text": "waited"} if k == 0 else {},
+            "zeroline": False,
+        }
+        notes.append(row_label(label, domains[k]))
+    title = f"time since run start ({uname}); each row 0-100% of the time, per {duration(bin_s)}"
+    layout["xaxis"] = time_axis(title, (t1 - t0) / unit, digits, anchor=axis_ref("y", len(lanes) - 1))
+    layout["annotations"] = notes
+    return {"data": data, "layout": layout}
+
+
+def _step_area(x: dict, y: list, color: str, label: str, yaxis: str, cause: str, legend: bool) -> dict:
+    """A row's share of waited time as a filled step area (its cause's colour), in the legend once per cause."""
+    return x | {
+        "fill": "tozeroy",
+        "hovertemplate": f"{text(label)}: its peers waited for it %{{y:.0%}} of the time<extra></extra>",
+        "legendgroup": cause,
+        "line": {"color": color, "shape": "hv", "width": 0.6},
+        "mode": "lines",
+        "name": cause.replace("_", " "),
+        "opacity": 0.8,
+        "showlegend": legend,
+        "type": "scatter",
+        "y": y,
+        "yaxis": yaxis,
+    }
+
+
+def _job_line(x: dict, y: list, yaxis: str, legend: bool) -> dict:
+    return x | {
+        "hovertemplate": "the job waited for one GPU %{y:.0%} of the time<extra></extra>",
+        "legendgroup": "job",
+        "line": {"color": "#999999", "shape": "hv", "width": 0.8},
+        "mode": "lines",
+        "name": "the job waited for any one GPU",
+        "showlegend": legend,
+        "type": "scatter",
+        "y": y,
+        "yaxis": yaxis,
+    }
