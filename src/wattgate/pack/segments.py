@@ -102,6 +102,18 @@ class SegmentRows:
 
 
 @dataclass(frozen=True)
+class Packing:
+    """How the rest of a plan is re-packed: the new layout, and the plan settings the planner (plan_packs) takes."""
+
+    layout: Layout
+    seq_len: int
+    epochs: int
+    seed: int
+    attn_weight: float
+    remainder: str
+
+
+@dataclass(frozen=True)
 class Continuation:
     """How continue_plan goes on: the new grad_accum from the resume step on, the old plan's layout and
     segments (a plan that was not continued: one segment from step 0), and how the rest was planned."""
@@ -272,21 +284,24 @@ def continue_plan(
         how = "each remaining step keeps its packs"
     else:
         ga = max(1, round(old_pps / (layout_new.world_size * mbs)))
+        packing = Packing(
+            layout=Layout(layout_new.world_size, mbs, ga),
+            seq_len=old.seq_len,
+            epochs=old.epochs,
+            seed=old.seed,
+            attn_weight=old.attn_weight,
+            # `drop` dropped its remainder once, the same documents in every epoch; a second drop here would
+            # lose documents from some epochs only (the gate's conservation refuses that): keep them all
+            remainder="rebin" if old.remainder == "drop" else old.remainder,
+        )
         cols = repack_rest(
             rows,
             ordinal,
             rest,
-            Layout(layout_new.world_size, mbs, ga),
             lengths,
-            old.seq_len,
-            old.epochs,
-            old.seed,
-            old.attn_weight,
-            # `drop` dropped its remainder once, the same documents in every epoch; a second drop here would
-            # lose documents from some epochs only (the gate's conservation refuses that): keep them all
-            "rebin" if old.remainder == "drop" else old.remainder,
-            list(old.stats.dropped_doc_ids) + [int(d) for d in held_out],
-            chosen,
+            packing,
+            dropped=list(old.stats.dropped_doc_ids) + [int(d) for d in held_out],
+            chosen=chosen,
         )
         how = "the remaining documents re-packed"
     return cols, Continuation(
@@ -342,85 +357,45 @@ def repack_rest(
     rows: SegmentRows,
     ordinal: np.ndarray,
     rest: np.ndarray,
-    layout: Layout,
     lengths: np.ndarray,
-    seq_len: int,
-    epochs: int,
-    seed: int,
-    attn_weight: float,
-    remainder: str,
+    packing: Packing,
     dropped: list[int],
     chosen: list[np.ndarray] | None = None,
 ) -> SegmentRows:
-    """The remaining documents of the boundary epoch, and every later epoch, packed afresh for `layout`."""
+    """The remaining documents of the boundary epoch, and every later epoch, packed afresh by `packing`."""
     boundary_epoch = int(rows.epoch[np.flatnonzero(rest)[0]])
     entry_rest = np.repeat(rest & (rows.epoch == boundary_epoch), np.diff(rows.offsets))
     left = rows.doc_ids[entry_rest]
     # a plain plan holds each document once per epoch; a mixture's repeats stay (sorted either way)
     left = np.sort(left) if chosen is not None else np.unique(left)
-    parts = [
-        _planned(
-            left,
-            lengths,
-            seq_len,
-            layout,
-            1,
-            seed * 1_000_003 + boundary_epoch,
-            attn_weight,
-            remainder,
-            epoch_offset=boundary_epoch,
-        )
-    ]
-    later = epochs - boundary_epoch - 1
+    parts = [_planned(left, lengths, packing, first_epoch=boundary_epoch, epochs=1)]
+    later = packing.epochs - boundary_epoch - 1
     if later > 0 and chosen is not None:
         # each later epoch its own chosen documents (they differ between epochs), planned on their own
-        for e in range(boundary_epoch + 1, epochs):
+        for e in range(boundary_epoch + 1, packing.epochs):
             docs = np.sort(chosen[e])
-            parts.append(
-                _planned(
-                    docs, lengths, seq_len, layout, 1, seed * 1_000_003 + e, attn_weight, remainder, epoch_offset=e
-                )
-            )
+            parts.append(_planned(docs, lengths, packing, first_epoch=e, epochs=1))
     elif later > 0:
         # every document of the corpus but those the original plan dropped (a segment may hold only part of an
         # epoch when the run was resized before, so its rows cannot say which documents an epoch holds)
         kept = np.setdiff1d(np.arange(len(lengths)), np.asarray(dropped, dtype=np.int64))
-        parts.append(
-            _planned(
-                kept,
-                lengths,
-                seq_len,
-                layout,
-                later,
-                seed * 1_000_003 + boundary_epoch + 1,
-                attn_weight,
-                remainder,
-                epoch_offset=boundary_epoch + 1,
-            )
-        )
+        parts.append(_planned(kept, lengths, packing, first_epoch=boundary_epoch + 1, epochs=later))
     return SegmentRows.concat(parts)
 
 
-def _planned(
-    doc_ids: np.ndarray,
-    lengths: np.ndarray,
-    seq_len: int,
-    layout: Layout,
-    epochs: int,
-    seed: int,
-    attn_weight: float,
-    remainder: str,
-    epoch_offset: int,
-) -> SegmentRows:
-    """`doc_ids` packed and placed by the ordinary planner for `epochs` epochs, numbered from epoch_offset."""
-    packs, placement, tokens, _ = plan_packs(lengths[doc_ids], seq_len, layout, remainder, epochs, seed, attn_weight)
+def _planned(doc_ids: np.ndarray, lengths: np.ndarray, packing: Packing, first_epoch: int, epochs: int) -> SegmentRows:
+    """`doc_ids` packed and placed by the ordinary planner for `epochs` epochs, numbered from `first_epoch`."""
+    seed = packing.seed * 1_000_003 + first_epoch  # each part of a re-pack its own placement, the same on rerun
+    packs, placement, tokens, _ = plan_packs(
+        lengths[doc_ids], packing.seq_len, packing.layout, packing.remainder, epochs, seed, packing.attn_weight
+    )
     placement = sort_placement(placement)
     sizes = np.diff(packs.offsets)[placement.pack]
     starts = packs.offsets[:-1][placement.pack]
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     gather = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1])
     return SegmentRows(
-        epoch=placement.epoch + epoch_offset,
+        epoch=placement.epoch + first_epoch,
         step=placement.step,
         micro=placement.micro,
         rank=placement.rank,
