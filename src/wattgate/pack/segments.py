@@ -153,6 +153,16 @@ class FoundCheckpoint:
     state: CheckpointState
 
 
+@dataclass(frozen=True)
+class ResumeSource:
+    """What a continued plan goes on from: the newest complete checkpoint, the plan it ran and that plan's
+    folder under history/."""
+
+    checkpoint: FoundCheckpoint
+    plan: Plan
+    folder: Path
+
+
 def newest_checkpoint(checkpoints: Path) -> FoundCheckpoint | None:
     """The newest complete checkpoint (every file its state.json lists present at its size), or None. Sizes only
     here: train verifies the hashes."""
@@ -184,32 +194,31 @@ def newest_checkpoint(checkpoints: Path) -> FoundCheckpoint | None:
 
 def resume_source(
     out: Path, checkpoints: Path, new: PlanSettings, identity_of: Callable[[], RunIdentity] | None = None
-) -> tuple[FoundCheckpoint, Plan, Path] | tuple[None, str, None]:
-    """(checkpoint state, old plan, its history folder) when the run can go on under `new` plan settings,
-    else (None, why not, None).
+) -> ResumeSource | str:
+    """The checkpoint, plan and history folder the run goes on from under `new` plan settings, else why not.
 
     `identity_of()`: this config's run identity parts `model` and `train` (wattgate/identity.py; called only when
     there is a checkpoint, since it reads the model's files). A checkpoint of another identity is never
     continued: train would set it aside and find no step to go on from."""
     found = newest_checkpoint(checkpoints)
     if found is None:
-        return None, "no complete checkpoint", None
+        return "no complete checkpoint"
     state = found.state
     if identity_of is not None and (diffs := model_train_differences(state.identity, identity_of(), True)):
-        return None, f"the run identity of checkpoint step {state.step} differs in {', '.join(diffs)}", None
+        return f"the run identity of checkpoint step {state.step} differs in {', '.join(diffs)}"
     sha = state.position.plan or ""
     folder = out / HISTORY / sha[:16]
     if not sha or not (folder / PLAN).is_file():
-        return None, f"the plan of checkpoint {found.path} is not in {out / HISTORY}", None
+        return f"the plan of checkpoint {found.path} is not in {out / HISTORY}"
     old, _ = read_plan(folder)
     if old.packs_sha256 != sha or sha256_file(folder / PACKS) != sha:
-        return None, f"{folder}: archived plan does not match its hash", None
+        return f"{folder}: archived plan does not match its hash"
     changed = [k for k, a, b in zip(SAME_FOR_RESUME, old.resume_settings(), new.resume_settings()) if a != b]
     if changed:
-        return None, f"the plan changed in {', '.join(changed)} since checkpoint step {state.step}", None
+        return f"the plan changed in {', '.join(changed)} since checkpoint step {state.step}"
     if old.world_size == new.world_size:
-        return None, "same world size", None
-    return found, old, folder
+        return "same world size"
+    return ResumeSource(found, old, folder)
 
 
 def segment_rows(folder: Path) -> SegmentRows:
@@ -233,19 +242,19 @@ def step_ordinal(epoch: np.ndarray, step: np.ndarray) -> np.ndarray:
 
 
 def continue_plan(
-    old: Plan,
-    old_folder: Path,
-    found: FoundCheckpoint,
+    source: ResumeSource,
     lengths: np.ndarray,
     layout_new: Layout,
     held_out=(),
     chosen=None,
 ) -> tuple[SegmentRows, Continuation]:
-    """(columns of the current segment's rows, its plan fields) continuing `old` after checkpoint `found`.
+    """(columns of the current segment's rows, its plan fields) continuing the plan of `source` after its
+    checkpoint.
 
     `held_out`: the validation split's doc_ids, never packed for training (a re-pack's later epochs hold
     every other document but the original plan's drops). `chosen`: a mixture's documents per epoch
     (pack/mixture.py, repeats included): a re-pack's later epochs hold exactly those."""
+    old, found = source.plan, source.checkpoint
     # a plan that was not continued: one segment from step 0 (its packs and end named by the caller)
     segments = old.segments or (
         Segment(
@@ -259,7 +268,7 @@ def continue_plan(
     )
     first = old.first_step
     boundary = found.state.step  # global optimizer steps done
-    rows = segment_rows(old_folder)
+    rows = segment_rows(source.folder)
     ordinal = step_ordinal(rows.epoch, rows.step)
     done = boundary - first  # steps of the old segment already run
     if not 0 < done <= int(ordinal.max()) + 1:
