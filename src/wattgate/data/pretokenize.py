@@ -14,6 +14,7 @@ import sys
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from wattgate.data.tokenizer import load_tokenizer, tokenizer_sha256
 from wattgate.errors import InputError
 from wattgate.records.base import ABSENT
 from wattgate.records.run_config import RunConfig
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 FORMAT_VERSION = MANIFEST_FORMAT_VERSION  # the reader's (run_files): one number
 
@@ -102,33 +106,37 @@ class OverlongCount:
     split_chunks: int = 0
 
 
-def _tokenize_inputs(
-    inputs,
-    pool: EncodePool,
-    settings: PretokenizeSettings,
-    fields,
-    policy,
-    writer,
-    bar,
-    overlong: OverlongCount,
-    source: str = "data.inputs",
-) -> None:
-    """Stream `inputs` through the tokenizer into `writer` in input order (encoded on `pool` while the next
-    batches are read), counting overlong documents in `overlong`."""
-    for batch in encoded_batches(raw_records(inputs, fields, source), pool, settings.batch_size):
-        pool.tokenize.account(batch, policy)
-        for ids, mask in batch.docs:
-            pieces = cut_overlong(ids, mask, settings.max_tokens, settings.overlong)
-            if len(ids) > settings.max_tokens:
-                overlong.documents += 1
-                overlong.split_chunks += len(pieces) if settings.overlong == "split" else 0
-            for piece_ids, piece_mask in pieces:
-                piece_mask[0] = 0  # pieces never overlap, so this touches only this piece
-                if not piece_mask.any():
-                    policy.dropped[DROP_NO_LOSS_TOKENS] += 1
-                    continue
-                writer.add(piece_ids, piece_mask)
-        bar.update(batch.records)
+@dataclass(frozen=True)
+class Pretokenizer:
+    """One pretokenize run's path from input files to shards: the encoding pool, how records are read and
+    tokenized, and what the documents go to (the shard writer, the progress bar, the overlong count)."""
+
+    pool: EncodePool
+    settings: PretokenizeSettings
+    fields: Fields
+    policy: BadRecordPolicy
+    writer: ShardWriter
+    bar: tqdm
+    overlong: OverlongCount
+
+    def tokenize_inputs(self, inputs: list[str], source: str = "data.inputs") -> None:
+        """Stream `inputs` through the tokenizer into the writer in input order (encoded on the pool while the
+        next batches are read), counting overlong documents."""
+        settings, policy, overlong = self.settings, self.policy, self.overlong
+        for batch in encoded_batches(raw_records(inputs, self.fields, source), self.pool, settings.batch_size):
+            self.pool.tokenize.account(batch, policy)
+            for ids, mask in batch.docs:
+                pieces = cut_overlong(ids, mask, settings.max_tokens, settings.overlong)
+                if len(ids) > settings.max_tokens:
+                    overlong.documents += 1
+                    overlong.split_chunks += len(pieces) if settings.overlong == "split" else 0
+                for piece_ids, piece_mask in pieces:
+                    piece_mask[0] = 0  # pieces never overlap, so this touches only this piece
+                    if not piece_mask.any():
+                        policy.dropped[DROP_NO_LOSS_TOKENS] += 1
+                        continue
+                    self.writer.add(piece_ids, piece_mask)
+            self.bar.update(batch.records)
 
 
 def held_out_mask(
@@ -258,17 +266,18 @@ def pretokenize(
         writer = ShardWriter(tmp, settings.shard_docs)
         bar = tqdm(unit="doc", desc="pretokenize", disable=None if progress is None else not progress, file=sys.stderr)
         overlong = OverlongCount()
+        pretokenizer = Pretokenizer(
+            pool=pool, settings=settings, fields=fields, policy=policy, writer=writer, bar=bar, overlong=overlong
+        )
         ranges = []  # (source, first doc_id, end doc_id): sources are tokenized in order, so each is a range
         for src in sources:
             writer.source, first = src.name, writer.docs_added
-            _tokenize_inputs([src.path], pool, settings, fields, policy, writer, bar, overlong)
+            pretokenizer.tokenize_inputs([src.path])
             ranges.append((src, first, writer.docs_added))
         first_validation_input = writer.docs_added
         for path in split.inputs:
             writer.source = source_name(path)
-            _tokenize_inputs(
-                [path], pool, settings, fields, policy, writer, bar, overlong, source="data.validation.inputs"
-            )
+            pretokenizer.tokenize_inputs([path], source="data.validation.inputs")
         bar.close()
         tokenize.check_template_rendered_any()
         writer.flush()

@@ -21,7 +21,7 @@ from wattgate.pack.segments import (
     HISTORY,
     PlanSettings,
     SegmentRows,
-    FoundCheckpoint,
+    ResumeSource,
     continue_plan,
     keep_in_history,
     resume_source,
@@ -331,24 +331,20 @@ def build_plan(config: RunConfig | dict, pretokenized: str | Path, out: str | Pa
     chosen, mixture = (
         mixture_choice(config, pretokenized, manifest, lengths, held_out) if is_mixture(config) else (None, None)
     )
-    state, old, old_folder = resume_source(out, checkpoints, settings, lambda: model_train_identity(config))
-    if state is not None:
-        assert isinstance(old, Plan) and old_folder is not None  # resume_source returns them with a state
+    source = resume_source(out, checkpoints, settings, lambda: model_train_identity(config))
+    if isinstance(source, ResumeSource):
         return build_continued_plan(
             out,
             settings,
-            state,
-            old,
-            old_folder,
-            lengths,
-            layout,
-            train.grad_accum,
-            vplan,
-            held_out,
-            (chosen, mixture),
+            source,
+            lengths=lengths,
+            layout=layout,
+            vplan=vplan,
+            held_out=held_out,
+            mixture=(chosen, mixture),
         )
-    if old != "no complete checkpoint":
-        print(f"pack: not continuing from {checkpoints}: {old}; the new plan starts over", flush=True)
+    if source != "no complete checkpoint":
+        print(f"pack: not continuing from {checkpoints}: {source}; the new plan starts over", flush=True)
     if chosen is not None:
         packs, placement, tokens, costs = plan_epochs(
             chosen, lengths, seq_len, layout, pack.remainder, pack.seed, pack.attn_weight
@@ -400,20 +396,19 @@ def build_plan(config: RunConfig | dict, pretokenized: str | Path, out: str | Pa
 def build_continued_plan(
     out: Path,
     settings: PlanSettings,
-    found: FoundCheckpoint,
-    old: Plan,
-    old_folder: Path,
+    source: ResumeSource,
     lengths: np.ndarray,
     layout: Layout,
-    config_grad_accum: int,
     vplan: ValidationPlan | None = None,
     held_out: tuple | np.ndarray = (),
     mixture: tuple = (None, None),
 ) -> Plan:
-    """The old plan's consumed prefix (kept in history/) and the rest for the new world size, as one plan;
-    the validation pass re-planned for the new ranks. `mixture`: a mixture's per-epoch chosen documents and
-    plan.json record: later epochs are re-packed from exactly those, so every source keeps its counts."""
-    cols, info = continue_plan(old, old_folder, found, lengths, layout, held_out, chosen=mixture[0])
+    """The consumed prefix of the plan `source` ran (kept in history/) and the rest for the new world size, as
+    one plan; the validation pass re-planned for the new ranks. `layout`: the config's (its grad_accum is
+    plan.json's config_grad_accum). `mixture`: a mixture's per-epoch chosen documents and plan.json record:
+    later epochs are re-packed from exactly those, so every source keeps its counts."""
+    found, old, old_folder = source.checkpoint, source.plan, source.folder
+    cols, info = continue_plan(source, lengths, layout, held_out, chosen=mixture[0])
     boundary, ga = info.first_step, info.grad_accum
     ordinal = step_ordinal(cols.epoch, cols.step)
     n_new = int(ordinal.max()) + 1
@@ -470,7 +465,7 @@ def build_continued_plan(
         attn_weight=settings.attn_weight,
         pretokenized_manifest_sha256=settings.pretokenized_manifest_sha256,
         grad_accum=ga,
-        config_grad_accum=config_grad_accum,
+        config_grad_accum=layout.grad_accum,
         steps_per_epoch=max(seg_steps.values()),
         segment_steps={str(e): n for e, n in seg_steps.items()},
         epoch_ends=tuple(sorted(set(prior_ends) | set(new_ends))),

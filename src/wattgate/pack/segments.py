@@ -102,6 +102,18 @@ class SegmentRows:
 
 
 @dataclass(frozen=True)
+class Packing:
+    """How the rest of a plan is re-packed: the new layout, and the plan settings the planner (plan_packs) takes."""
+
+    layout: Layout
+    seq_len: int
+    epochs: int
+    seed: int
+    attn_weight: float
+    remainder: str
+
+
+@dataclass(frozen=True)
 class Continuation:
     """How continue_plan goes on: the new grad_accum from the resume step on, the old plan's layout and
     segments (a plan that was not continued: one segment from step 0), and how the rest was planned."""
@@ -141,6 +153,16 @@ class FoundCheckpoint:
     state: CheckpointState
 
 
+@dataclass(frozen=True)
+class ResumeSource:
+    """What a continued plan goes on from: the newest complete checkpoint, the plan it ran and that plan's
+    folder under history/."""
+
+    checkpoint: FoundCheckpoint
+    plan: Plan
+    folder: Path
+
+
 def newest_checkpoint(checkpoints: Path) -> FoundCheckpoint | None:
     """The newest complete checkpoint (every file its state.json lists present at its size), or None. Sizes only
     here: train verifies the hashes."""
@@ -172,32 +194,31 @@ def newest_checkpoint(checkpoints: Path) -> FoundCheckpoint | None:
 
 def resume_source(
     out: Path, checkpoints: Path, new: PlanSettings, identity_of: Callable[[], RunIdentity] | None = None
-) -> tuple[FoundCheckpoint, Plan, Path] | tuple[None, str, None]:
-    """(checkpoint state, old plan, its history folder) when the run can go on under `new` plan settings,
-    else (None, why not, None).
+) -> ResumeSource | str:
+    """The checkpoint, plan and history folder the run goes on from under `new` plan settings, else why not.
 
     `identity_of()`: this config's run identity parts `model` and `train` (wattgate/identity.py; called only when
     there is a checkpoint, since it reads the model's files). A checkpoint of another identity is never
     continued: train would set it aside and find no step to go on from."""
     found = newest_checkpoint(checkpoints)
     if found is None:
-        return None, "no complete checkpoint", None
+        return "no complete checkpoint"
     state = found.state
     if identity_of is not None and (diffs := model_train_differences(state.identity, identity_of(), True)):
-        return None, f"the run identity of checkpoint step {state.step} differs in {', '.join(diffs)}", None
+        return f"the run identity of checkpoint step {state.step} differs in {', '.join(diffs)}"
     sha = state.position.plan or ""
     folder = out / HISTORY / sha[:16]
     if not sha or not (folder / PLAN).is_file():
-        return None, f"the plan of checkpoint {found.path} is not in {out / HISTORY}", None
+        return f"the plan of checkpoint {found.path} is not in {out / HISTORY}"
     old, _ = read_plan(folder)
     if old.packs_sha256 != sha or sha256_file(folder / PACKS) != sha:
-        return None, f"{folder}: archived plan does not match its hash", None
+        return f"{folder}: archived plan does not match its hash"
     changed = [k for k, a, b in zip(SAME_FOR_RESUME, old.resume_settings(), new.resume_settings()) if a != b]
     if changed:
-        return None, f"the plan changed in {', '.join(changed)} since checkpoint step {state.step}", None
+        return f"the plan changed in {', '.join(changed)} since checkpoint step {state.step}"
     if old.world_size == new.world_size:
-        return None, "same world size", None
-    return found, old, folder
+        return "same world size"
+    return ResumeSource(found, old, folder)
 
 
 def segment_rows(folder: Path) -> SegmentRows:
@@ -221,19 +242,19 @@ def step_ordinal(epoch: np.ndarray, step: np.ndarray) -> np.ndarray:
 
 
 def continue_plan(
-    old: Plan,
-    old_folder: Path,
-    found: FoundCheckpoint,
+    source: ResumeSource,
     lengths: np.ndarray,
     layout_new: Layout,
     held_out=(),
     chosen=None,
 ) -> tuple[SegmentRows, Continuation]:
-    """(columns of the current segment's rows, its plan fields) continuing `old` after checkpoint `found`.
+    """(columns of the current segment's rows, its plan fields) continuing the plan of `source` after its
+    checkpoint.
 
     `held_out`: the validation split's doc_ids, never packed for training (a re-pack's later epochs hold
     every other document but the original plan's drops). `chosen`: a mixture's documents per epoch
     (pack/mixture.py, repeats included): a re-pack's later epochs hold exactly those."""
+    old, found = source.plan, source.checkpoint
     # a plan that was not continued: one segment from step 0 (its packs and end named by the caller)
     segments = old.segments or (
         Segment(
@@ -247,7 +268,7 @@ def continue_plan(
     )
     first = old.first_step
     boundary = found.state.step  # global optimizer steps done
-    rows = segment_rows(old_folder)
+    rows = segment_rows(source.folder)
     ordinal = step_ordinal(rows.epoch, rows.step)
     done = boundary - first  # steps of the old segment already run
     if not 0 < done <= int(ordinal.max()) + 1:
@@ -272,21 +293,24 @@ def continue_plan(
         how = "each remaining step keeps its packs"
     else:
         ga = max(1, round(old_pps / (layout_new.world_size * mbs)))
+        packing = Packing(
+            layout=Layout(layout_new.world_size, mbs, ga),
+            seq_len=old.seq_len,
+            epochs=old.epochs,
+            seed=old.seed,
+            attn_weight=old.attn_weight,
+            # `drop` dropped its remainder once, the same documents in every epoch; a second drop here would
+            # lose documents from some epochs only (the gate's conservation refuses that): keep them all
+            remainder="rebin" if old.remainder == "drop" else old.remainder,
+        )
         cols = repack_rest(
             rows,
             ordinal,
             rest,
-            Layout(layout_new.world_size, mbs, ga),
             lengths,
-            old.seq_len,
-            old.epochs,
-            old.seed,
-            old.attn_weight,
-            # `drop` dropped its remainder once, the same documents in every epoch; a second drop here would
-            # lose documents from some epochs only (the gate's conservation refuses that): keep them all
-            "rebin" if old.remainder == "drop" else old.remainder,
-            list(old.stats.dropped_doc_ids) + [int(d) for d in held_out],
-            chosen,
+            packing,
+            dropped=list(old.stats.dropped_doc_ids) + [int(d) for d in held_out],
+            chosen=chosen,
         )
         how = "the remaining documents re-packed"
     return cols, Continuation(
@@ -342,85 +366,45 @@ def repack_rest(
     rows: SegmentRows,
     ordinal: np.ndarray,
     rest: np.ndarray,
-    layout: Layout,
     lengths: np.ndarray,
-    seq_len: int,
-    epochs: int,
-    seed: int,
-    attn_weight: float,
-    remainder: str,
+    packing: Packing,
     dropped: list[int],
     chosen: list[np.ndarray] | None = None,
 ) -> SegmentRows:
-    """The remaining documents of the boundary epoch, and every later epoch, packed afresh for `layout`."""
+    """The remaining documents of the boundary epoch, and every later epoch, packed afresh by `packing`."""
     boundary_epoch = int(rows.epoch[np.flatnonzero(rest)[0]])
     entry_rest = np.repeat(rest & (rows.epoch == boundary_epoch), np.diff(rows.offsets))
     left = rows.doc_ids[entry_rest]
     # a plain plan holds each document once per epoch; a mixture's repeats stay (sorted either way)
     left = np.sort(left) if chosen is not None else np.unique(left)
-    parts = [
-        _planned(
-            left,
-            lengths,
-            seq_len,
-            layout,
-            1,
-            seed * 1_000_003 + boundary_epoch,
-            attn_weight,
-            remainder,
-            epoch_offset=boundary_epoch,
-        )
-    ]
-    later = epochs - boundary_epoch - 1
+    parts = [_planned(left, lengths, packing, first_epoch=boundary_epoch, epochs=1)]
+    later = packing.epochs - boundary_epoch - 1
     if later > 0 and chosen is not None:
         # each later epoch its own chosen documents (they differ between epochs), planned on their own
-        for e in range(boundary_epoch + 1, epochs):
+        for e in range(boundary_epoch + 1, packing.epochs):
             docs = np.sort(chosen[e])
-            parts.append(
-                _planned(
-                    docs, lengths, seq_len, layout, 1, seed * 1_000_003 + e, attn_weight, remainder, epoch_offset=e
-                )
-            )
+            parts.append(_planned(docs, lengths, packing, first_epoch=e, epochs=1))
     elif later > 0:
         # every document of the corpus but those the original plan dropped (a segment may hold only part of an
         # epoch when the run was resized before, so its rows cannot say which documents an epoch holds)
         kept = np.setdiff1d(np.arange(len(lengths)), np.asarray(dropped, dtype=np.int64))
-        parts.append(
-            _planned(
-                kept,
-                lengths,
-                seq_len,
-                layout,
-                later,
-                seed * 1_000_003 + boundary_epoch + 1,
-                attn_weight,
-                remainder,
-                epoch_offset=boundary_epoch + 1,
-            )
-        )
+        parts.append(_planned(kept, lengths, packing, first_epoch=boundary_epoch + 1, epochs=later))
     return SegmentRows.concat(parts)
 
 
-def _planned(
-    doc_ids: np.ndarray,
-    lengths: np.ndarray,
-    seq_len: int,
-    layout: Layout,
-    epochs: int,
-    seed: int,
-    attn_weight: float,
-    remainder: str,
-    epoch_offset: int,
-) -> SegmentRows:
-    """`doc_ids` packed and placed by the ordinary planner for `epochs` epochs, numbered from epoch_offset."""
-    packs, placement, tokens, _ = plan_packs(lengths[doc_ids], seq_len, layout, remainder, epochs, seed, attn_weight)
+def _planned(doc_ids: np.ndarray, lengths: np.ndarray, packing: Packing, first_epoch: int, epochs: int) -> SegmentRows:
+    """`doc_ids` packed and placed by the ordinary planner for `epochs` epochs, numbered from `first_epoch`."""
+    seed = packing.seed * 1_000_003 + first_epoch  # each part of a re-pack its own placement, the same on rerun
+    packs, placement, tokens, _ = plan_packs(
+        lengths[doc_ids], packing.seq_len, packing.layout, packing.remainder, epochs, seed, packing.attn_weight
+    )
     placement = sort_placement(placement)
     sizes = np.diff(packs.offsets)[placement.pack]
     starts = packs.offsets[:-1][placement.pack]
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     gather = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1])
     return SegmentRows(
-        epoch=placement.epoch + epoch_offset,
+        epoch=placement.epoch + first_epoch,
         step=placement.step,
         micro=placement.micro,
         rank=placement.rank,
