@@ -219,7 +219,7 @@ def waited_for(entries: list[StragglerEntry]) -> list[Episode]:
         if e.first is None or e.last is None:
             continue
         gpus = {f"{e.host}:{e.gpu}"} if e.gpu is not None else set()
-        ranks = {int(e.rank)} if e.rank is not None else set()
+        ranks = {e.rank} if e.rank is not None else set()
         text = f"waited for ({e.cause}, lag share {100 * (e.lag_share or 0):.0f}%): {e.evidence}"
         out.append(Episode("straggler", float(e.first), float(e.last), gpus, ranks, {STRAGGLER_FACT: text}))
     return out

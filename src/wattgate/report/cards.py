@@ -6,6 +6,7 @@ Each card has one home here: `<card>_record` builds its numbers (summary.json's 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
 
 from wattgate.power.triage import power_only
@@ -35,7 +36,7 @@ from wattgate.durations import duration
 from wattgate.report.markup import Raw, fmt, note, pct, section, table, utc_of
 
 
-def short_list(items: list, limit: int = 8) -> str:
+def short_list(items: Sequence[object], limit: int = 8) -> str:
     shown = ", ".join(str(x) for x in items[:limit])
     return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "") if items else "-"
 
@@ -76,6 +77,7 @@ def forecast_record(gate: UsableGate | None, trained: Trained, kwh: float | None
         return None
     figures = actual = error = None
     if fc is not None:
+        assert fc.throughput is not None, "usable_gate drops a forecast without a throughput (forecast_view)"
         figures = ForecastFigures(  # the shapes report/gate_input.py vouched for
             wall_s=fc.wall_s,
             gpu_hours=fc.gpu_hours,
@@ -215,7 +217,7 @@ def memory_record(trained: Trained | None, gate: UsableGate | None) -> MemoryCar
                 measured_device_peak_gib=num(m.cuda_peak_gib, 4),
                 estimated_device_gib=num(e.total_bytes / gib, 4) if e.total_bytes else None,
                 usable_device_gib=num(e.usable_bytes / gib, 4) if e.usable_bytes else None,
-                largest_term=max(e.terms_bytes, key=e.terms_bytes.get) if e.terms_bytes else None,
+                largest_term=max(e.terms_bytes, key=e.terms_bytes.__getitem__) if e.terms_bytes else None,
             )
         )
     per_host: dict[str, float] = {}
@@ -307,7 +309,7 @@ def watcher_section(s: Summary) -> str:
     w = s.watcher
     if w is None:
         return section("watcher", "Watcher diagnosis", note("not available: no watcher.json"))
-    rows = [["cost", w.cost.line]] if w.cost else []
+    rows: list[list[object]] = [["cost", w.cost.line]] if w.cost else []
     for value, label in (
         (w.verdict, "verdict"),
         (w.reason, "reason"),

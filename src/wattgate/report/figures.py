@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wattgate.errors import InputError
 from wattgate.heartbeats import EVENT_PHASE, EVENT_RANK, EVENT_TIME
 from wattgate.power.triage.phases import LABELS
 from wattgate.report.phases import PHASE_COLORS
@@ -50,7 +51,7 @@ STEPS_ROW_PX = 22
 
 def bin_edges(x0: float, x1: float, step: float, most: int = MAX_POINTS) -> np.ndarray:
     """At most `most` equal bins over [x0, x1], none finer than `step` (the data's own resolution)."""
-    bins = int(min(most, max(1, np.ceil((x1 - x0) / step)))) if x1 > x0 else 1
+    bins = int(min(most, max(1, float(np.ceil((x1 - x0) / step))))) if x1 > x0 else 1
     return np.linspace(x0, x1 if x1 > x0 else x0 + step, bins + 1)
 
 
@@ -107,6 +108,14 @@ def code_runs(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------- what the time figures mark
+
+
+def time_span(analysis: Analysis) -> tuple[float, float]:
+    """The run's first and last time (t0, t1), for a figure drawn from timed data: run_span sets both whenever
+    there are power samples, phase windows, metrics or heartbeat events."""
+    t0, t1 = analysis.t0, analysis.t1
+    assert t0 is not None and t1 is not None, "a figure drawn from timed data, but the run has no time span"
+    return t0, t1
 
 
 def checkpoint_spans(analysis: Analysis) -> list[tuple[float, float]]:
@@ -184,7 +193,9 @@ def binned_power(analysis: Analysis, k: int, edges: np.ndarray) -> PowerBins:
         x, p = w.start[a:b], w.power[a:b]
         phase = bin_majority(x, w.code[a:b], edges, w.seconds[a:b])
     else:
-        series = analysis.inputs.samples.series[k]
+        samples = analysis.inputs.samples
+        assert samples is not None, "power_figure draws samples only when there are some"
+        series = samples.series[k]
         x, p = series.time, np.asarray(series.power, np.float64)
         phase = np.full(len(edges) - 1, -1)
     return PowerBins(bin_min(x, p, edges), bin_mean(x, p, edges), bin_max(x, p, edges), phase)
@@ -328,7 +339,7 @@ def power_rows_px(gpus: int, strips: bool, steps: bool) -> list[tuple[float, flo
     """(gap above, height) in px of the power figure's rows, top to bottom: the step ends, then per GPU its
     power and its phase strip; a few GPUs get taller rows."""
     lane_px = 110 if gpus <= 4 else 90 if gpus <= 8 else 70
-    rows = [(0.0, STEPS_ROW_PX)] if steps else []
+    rows: list[tuple[float, float]] = [(0.0, STEPS_ROW_PX)] if steps else []
     for _ in range(gpus):
         rows += [(ROW_GAP_PX, lane_px)] + ([(2.0, STRIP_PX)] if strips else [])
     return rows
@@ -339,6 +350,7 @@ def power_span(analysis: Analysis) -> tuple[float, float, float]:
     w, energy, s = analysis.windows, analysis.energy, analysis.inputs.samples
     if len(w):
         return float(w.start.min()), float(w.end.max()), analysis.inputs.window_s
+    assert energy is not None and s is not None, "power_figure draws without phase windows only from samples"
     period = max(float(np.median(np.diff(x.time[:1000]))) if len(x.time) > 1 else 1.0 for x in s.series)
     return float(np.nanmin(energy.first)), float(np.nanmax(energy.last)), period
 
@@ -350,9 +362,13 @@ def power_figure(analysis: Analysis) -> dict | None:
     w, energy, s = analysis.windows, analysis.energy, analysis.inputs.samples
     if not len(w) and (energy is None or s is None):
         return None
-    keys = (w.keys if len(w) else energy.keys)[:MAX_PANELS]
-    t0 = analysis.t0
-    unit, uname = time_unit(analysis.t1 - t0)
+    if len(w):
+        keys = w.keys[:MAX_PANELS]
+    else:
+        assert energy is not None, "checked above"
+        keys = energy.keys[:MAX_PANELS]
+    t0, t1 = time_span(analysis)
+    unit, uname = time_unit(t1 - t0)
     lo, hi, resolution = power_span(analysis)
     edges = bin_edges(lo, hi, max(resolution, 1e-3), POWER_BINS)
     width = float(edges[1] - edges[0])
@@ -392,7 +408,7 @@ def power_figure(analysis: Analysis) -> dict | None:
             layout[axis_key("y", r)] = hidden_axis(domains[r])
             data += phase_strip(bins.phase, edges_x, axis_ref("y", r))
             r += 1
-    xmax = max((analysis.t1 - t0) / unit, 1e-9)  # the whole run: steps and heartbeats may outlast the trace
+    xmax = max((t1 - t0) / unit, 1e-9)  # the whole run: steps and heartbeats may outlast the trace
     layout["xaxis"] = time_axis(f"time since run start ({uname})", xmax, digits, anchor=axis_ref("y", r - 1))
     layout["annotations"] = notes
     layout["hovermode"] = "x"
@@ -460,9 +476,9 @@ def steps_figure(analysis: Analysis, steps) -> dict | None:
     """Step time (slowest rank) and data wait (mean over ranks) over time, checkpoints shaded."""
     if steps is None or STEP_TIME_S not in steps or not len(steps):
         return None
-    t0 = analysis.t0
+    t0, t1 = time_span(analysis)
     x = steps[TIME].to_numpy(float)
-    unit, uname = time_unit(analysis.t1 - t0)
+    unit, uname = time_unit(t1 - t0)
     edges = bin_edges(float(x.min()), float(x.max()), 1e-6)
     binned = len(edges) - 1 < len(x)
     digits = digits_for(float(edges[1] - edges[0]) / unit) if binned else digits_for(_spacing(x) / unit)
@@ -487,7 +503,7 @@ def steps_figure(analysis: Analysis, steps) -> dict | None:
         area["line"]["shape"] = "linear" if binned else "vh"
         data.append(area)
     layout = base_layout(230.0)
-    xmax = max((analysis.t1 - t0) / unit, 1e-9)  # the power figure's time range, so the two line up
+    xmax = max((t1 - t0) / unit, 1e-9)  # the power figure's time range, so the two line up
     layout["xaxis"] = time_axis(f"time since run start ({uname})", xmax, digits)
     layout["yaxis"] = {"gridcolor": "#eeeeee", "rangemode": "tozero", "title": {"text": "seconds"}}
     layout["hovermode"] = "x"
@@ -495,6 +511,11 @@ def steps_figure(analysis: Analysis, steps) -> dict | None:
     shapes = checkpoint_shapes(spans, digits)
     notes = []
     for seg in analysis.summary.segments[1:]:  # a resized run: where the world size changed
+        if seg.start is None:  # every rank's time of the segment's first step was damaged (report/metrics.py)
+            raise InputError(
+                f"metrics.parquet: step {seg.first_step}, where the world size changed to {seg.world_size}, "
+                "has no valid time: the change cannot be placed on the time axis"
+            )
         sx = values([(seg.start - t0) / unit], digits)[0]
         shapes.append(
             {"line": {"color": "#8a1414", "dash": "dash", "width": 1}, "type": "line", "x0": sx, "x1": sx}
@@ -591,7 +612,7 @@ def loss_figure(steps, evals=None) -> dict | None:
     if has_eval:
         ex, ey = evals[STEP].to_numpy(float), evals[LOSS].to_numpy(float)
         data.append(_curve(ex, ey, "validation", VALIDATION_COLOR, 2, 6))
-    for i, (name, cx, cy) in enumerate(source_curves(evals, has_eval)):
+    for i, (name, cx, cy) in enumerate(source_curves(evals, bool(has_eval))):
         color = SOURCE_COLORS[i % len(SOURCE_COLORS)]
         data.append(_curve(cx, cy, f"validation: {name}", color, 1.6, 5, dash="dash"))
     layout = base_layout(240.0)

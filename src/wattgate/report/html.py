@@ -56,7 +56,7 @@ def header(s: Summary) -> str:
     if watcher is None:
         w = badge("watcher", "not available", "na")
     else:
-        v = str(watcher.verdict)
+        v = watcher.verdict
         w = badge("watcher", v, "ok" if v in ("healthy", "running") else "warn" if v == "stopped" else "bad")
     kinds = sorted({a.kind for a in s.anomalies})
     n = len(s.anomalies) + s.anomalies_omitted
@@ -255,7 +255,7 @@ def energy_section(s: Summary) -> str:
         "integrated_power": "power integrated over time (trapezoid per GPU): the trace has no energy counter",
         "mixed": "the energy counter where a GPU has one, integrated power elsewhere",
         "phase_window_means": "window mean power times window length (no raw trace)",
-    }.get(e.method, "")
+    }.get(e.method or "", "")
     check = ""
     if e.counter_kwh is not None and e.integrated_kwh:
         diff = e.counter_kwh / e.integrated_kwh - 1

@@ -250,6 +250,7 @@ def _file_series(table: pa.Table) -> list[GpuSeries]:
     bounds = np.searchsorted(gid[order], np.arange(len(present) + 1))
     t_sorted, p_sorted = time_[order], power[order]
     if valid is not None:
+        assert readings is not None  # read whenever `valid` is
         rank = np.empty(len(order), np.int64)
         rank[order] = np.arange(len(order))
         epos = rank[np.flatnonzero(valid)]
@@ -339,7 +340,7 @@ def load_inputs(
         if not traces:
             raise InputError(f"{', '.join(map(str, given))}: no trace files (*.parquet)")
     cfg_path = Path(config_path) if config_path else default_config_path(run_dir) if run_dir else None
-    if config is None and (config_path or (cfg_path is not None and cfg_path.is_file())):
+    if config is None and cfg_path is not None and (config_path or cfg_path.is_file()):
         from wattgate.config import load_run_config  # imported only when there is a file to load
 
         config = load_run_config(cfg_path)
@@ -347,7 +348,11 @@ def load_inputs(
         from wattgate.config import run_config
 
         config = run_config(config)
-    name = run_dir.name if run_dir else "+".join(p.stem for p in traces)
+    if run_dir is not None:
+        name = run_dir.name
+    else:
+        assert traces is not None  # without a run folder there are trace files (refused above otherwise)
+        name = "+".join(p.stem for p in traces)
     inputs = RunInputs(run_dir, config.run_name if config is not None else name, config=config)
     if run_dir is None:
         inputs.note(
@@ -372,19 +377,25 @@ def load_inputs(
                 inputs.note(f"gate.json not available (looked in {gate_dir})")
             else:
                 inputs.gate = usable_gate(raw_gate, gate_dir / GATE_REPORT, inputs.note)
-        inputs.trace_paths = traces if traces is not None else trace_files(run_dir / "telemetry")
+        if traces is not None:
+            inputs.trace_paths = traces
+        else:
+            assert run_dir is not None  # without trace files there is a run folder (refused above otherwise)
+            inputs.trace_paths = trace_files(run_dir / "telemetry")
         found = reading.result() if reading is not None else None
-    record = _triage_record(inputs, power_dir / "triage.json") if found is not None else None
-    if record is not None and not _written_after(power_dir / "triage.json", power_dir / "phases.parquet"):
-        record = None  # not the triage.json of these phases (its write failed, or it was copied in)
+    record = None
     if found is not None:
+        assert power_dir is not None  # the phases were read from it
+        record = _triage_record(inputs, power_dir / "triage.json")
+        if record is not None and not _written_after(power_dir / "triage.json", power_dir / "phases.parquet"):
+            record = None  # not the triage.json of these phases (its write failed, or it was copied in)
         check_phase_labels(found[0], power_dir / "phases.parquet")
         inputs.phases, inputs.window_s, inputs.triage_table, inputs.deadlock_after_s = found
         inputs.phases_source = str(power_dir / "phases.parquet")
         # what triage.json says of the very phases beside it is not computed again
         if record is not None:
             inputs.pause_records, inputs.gaps, inputs.lag = record.pauses, record.gaps, record.lagging()
-    inputs.triage_energy = _energy_of(record, inputs.trace_paths, power_dir / "triage.json") if record else None
+            inputs.triage_energy = _energy_of(record, inputs.trace_paths, power_dir / "triage.json")
     if inputs.triage_energy is not None:
         # triage read these very files and wrote each GPU's energy: the traces' 10^7 rows are not read again
         inputs.trace_metas = [trace_meta(pq.read_schema(p), p) for p in inputs.trace_paths]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Set
 from datetime import datetime, timezone
 from html import escape
 
@@ -22,7 +23,7 @@ def pct(x) -> str:
     return "" if x is None else f"{100 * x:.1f}%"
 
 
-def table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()) -> str:
+def table(headers: list[str], rows: list[list], numeric: Set[int] = frozenset()) -> str:
     """Cells are escaped unless wrapped in Raw."""
     head = "".join(
         f'<th class="n">{escape(h)}</th>' if i in numeric else f"<th>{escape(h)}</th>" for i, h in enumerate(headers)

@@ -135,7 +135,7 @@ def throughput(inputs: RunInputs, steps: pd.DataFrame | None, gpus: int) -> Thro
         wall, wall_source = float(m[TIME].max() - begin), "metrics (first step start to last step end)"
     world = t.world_size
     if world is None and inputs.metrics is not None:
-        world = int(inputs.metrics[RANK].nunique())
+        world = inputs.metrics[RANK].nunique()
     if world is None and inputs.config:
         world = inputs.config.cluster.nodes * inputs.config.cluster.gpus_per_node
     tps = None if resumed else t.tokens_per_s

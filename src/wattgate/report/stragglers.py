@@ -121,7 +121,7 @@ def straggler_section(s: Summary, lag: dict | None) -> str:
     live = st.live
     if live:
         items = "".join(
-            f"<li>rank {e.rank} ({escape(str(e.signal or ''))}), from {escape(utc_of(e.first))} "
+            f"<li>rank {e.rank} ({escape(e.signal or '')}), from {escape(utc_of(e.first))} "
             f"UTC: {escape(str(e.cause))}: {escape(str(e.evidence))}</li>"
             for e in live
         )
@@ -158,9 +158,9 @@ def lag_figure(
     waited time as a grey line. None without a timeline."""
     if not timeline or not timeline.last or t0 is None or t1 is None:
         return None
-    start, bin_s, bins = float(timeline.start), float(timeline.bin_s), int(timeline.bins)
+    start, bin_s, bins = float(timeline.start), float(timeline.bin_s), timeline.bins
     waits = np.asarray(timeline.wait_windows, float)
-    last = {str(k): np.asarray(v, float) for k, v in timeline.last.items()}
+    last = {k: np.asarray(v, float) for k, v in timeline.last.items()}
     if bins < 1 or bin_s <= 0 or len(waits) != bins or any(len(v) != bins for v in last.values()):
         return None
     cause = {f"{e.host}:{e.gpu}": e.cause for e in entries if e.gpu is not None}
@@ -178,9 +178,10 @@ def lag_figure(
     for k, key in enumerate(lanes):
         label = key + (f" ({cause[key]})" if key in cause else "")
         yaxis = axis_ref("y", k)
-        color = CAUSE_COLORS.get(cause.get(key), "#c7c7c7")
-        share = values(np.clip(np.r_[last[key], last[key][-1]] / per_bin, 0, 1), 3)
         why = cause.get(key, "not a straggler")
+        assert why is not None, "every straggler record names its cause (records/triage.py, records/watcher.py)"
+        color = CAUSE_COLORS.get(why, "#c7c7c7")
+        share = values(np.clip(np.r_[last[key], last[key][-1]] / per_bin, 0, 1), 3)
         data.append(_step_area(edges, share, color, label, yaxis, why, why not in causes))
         causes.add(why)
         data.append(_job_line(edges, job, yaxis, k == 0))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -249,7 +250,7 @@ def recorded_energy(energy: dict[str, TriageEnergy]) -> GpuEnergy | None:
 
     rows = []
     for label, e in energy.items():
-        host, _, gpu = str(label).rpartition(":")
+        host, _, gpu = label.rpartition(":")
         rows.append(((host, int(gpu)), f(e.first), f(e.last), f(e.integrated_j), f(e.counter_j), f(e.gap_s)))
     if not rows:
         return None
@@ -267,10 +268,11 @@ def recorded_pauses(records: tuple[PauseRecord, ...]) -> list[power_only.Pause]:
             float(r.end),
             list(r.waiting),
             list(r.idle),
-            tuple(r.power_w) if r.power_w else None,
+            # (low, high) as Pause.record writes it; PauseRecord can only type it tuple[float, ...]
+            cast("tuple[float, float]", tuple(r.power_w)) if r.power_w else None,
             r.util_waiting,
             r.util_idle,
-            bool(r.open),
+            r.open,
         )
         for r in records
     ]
@@ -336,7 +338,7 @@ def counter_read(inputs: RunInputs) -> bool:
     """Whether any GPU's trace has an energy counter reading."""
     if inputs.triage_energy is not None:
         return any(e.readings > 0 for e in inputs.triage_energy.values())
-    return bool(inputs.samples is not None and any(len(x.energy_pos) for x in inputs.samples.series))
+    return inputs.samples is not None and any(len(x.energy_pos) for x in inputs.samples.series)
 
 
 def signals(inputs: RunInputs, energy: GpuEnergy | None, w: PhaseWindows) -> Signals:
@@ -348,7 +350,7 @@ def signals(inputs: RunInputs, energy: GpuEnergy | None, w: PhaseWindows) -> Sig
         energy_counter=counter_read(inputs),
         phases=bool(len(w)),
         metrics=inputs.metrics is not None,
-        heartbeats=bool(inputs.run_info is not None and inputs.run_info.has_heartbeats),
+        heartbeats=inputs.run_info is not None and inputs.run_info.has_heartbeats,
         trained=inputs.trained is not None,
         watcher=inputs.watcher is not None,
         gate=inputs.gate is not None,
