@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wattgate.errors import InputError
 from wattgate.heartbeats import EVENT_PHASE, EVENT_RANK, EVENT_TIME
 from wattgate.power.triage.phases import LABELS
 from wattgate.report.phases import PHASE_COLORS
@@ -511,11 +510,8 @@ def steps_figure(analysis: Analysis, steps) -> dict | None:
     shapes = checkpoint_shapes(spans, digits)
     notes = []
     for seg in analysis.summary.segments[1:]:  # a resized run: where the world size changed
-        if seg.start is None:  # every rank's time of the segment's first step was damaged (report/metrics.py)
-            raise InputError(
-                f"metrics.parquet: step {seg.first_step}, where the world size changed to {seg.world_size}, "
-                "has no valid time: the change cannot be placed on the time axis"
-            )
+        if seg.start is None:  # every rank's time of its first step was damaged: the marker costs what it held
+            continue
         sx = values([(seg.start - t0) / unit], digits)[0]
         shapes.append(
             {"line": {"color": "#8a1414", "dash": "dash", "width": 1}, "type": "line", "x0": sx, "x1": sx}
