@@ -23,10 +23,11 @@ def agreed_stop(gathered: list, asked: str | None) -> str | None:
     return f"a stop requested on rank {', '.join(map(str, asking))}" if asking else None
 
 
-def doc_ids(micro: MicroBatchPlan, most: int = 8) -> list[int]:
-    """A micro-batch's first `most` document ids (the plan's doc_id: pretokenized row order)."""
-    ids = [int(d) for pack in micro.packs for d in pack]
-    return ids[:most] + (["..."] if len(ids) > most else [])  # type: ignore[list-item]
+def doc_ids(micro: MicroBatchPlan, most: int = 8) -> list[int | str]:
+    """A micro-batch's first `most` document ids (the plan's doc_id: pretokenized row order), then "..." when it
+    holds more."""
+    ids: list[int | str] = [int(d) for pack in micro.packs for d in pack]
+    return ids[:most] + (["..."] if len(ids) > most else [])
 
 
 def nonfinite_line(step: int, bad_ranks: list[int], grad_norm: float, everyone: list) -> str:

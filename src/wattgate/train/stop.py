@@ -84,12 +84,20 @@ def file_reason(path: Path) -> str | None:
 ABORT_POLL_S = 1.0  # one stat a second per rank: cheap, even on a shared filesystem's metadata server
 
 
-def start_abort_watch(run_dir: Path, poll_s: float = ABORT_POLL_S) -> threading.Event:
+@dataclass(frozen=True)
+class AbortWatch:
+    """The watch start_abort_watch started: the event that ends it and the thread that polls."""
+
+    done: threading.Event
+    thread: threading.Thread
+
+
+def start_abort_watch(run_dir: Path, poll_s: float = ABORT_POLL_S) -> AbortWatch:
     """A daemon thread that ends this rank at once when ABORT_REQUESTED appears in the run folder (the watcher's
     kill of a hung job). It runs while the main thread is blocked in a collective (gloo and NCCL waits release
     the GIL), where no signal handler can; every rank on every node sees the file on the shared filesystem.
-    Returns the event that ends the watch: set it once the rank's collectives are over, so that no thread is
-    left polling while the interpreter shuts down (a daemon thread woken then can abort the process)."""
+    End it with stop_abort_watch once the rank's collectives are over, so that no thread is left polling while the
+    interpreter shuts down (a daemon thread woken then can abort the process)."""
     done = threading.Event()
 
     def watch() -> None:
@@ -100,14 +108,13 @@ def start_abort_watch(run_dir: Path, poll_s: float = ABORT_POLL_S) -> threading.
 
     thread = threading.Thread(target=watch, name="wattgate-abort-watch", daemon=True)
     thread.start()
-    done.thread = thread  # type: ignore[attr-defined]  (joined by stop_abort_watch)
-    return done
+    return AbortWatch(done, thread)
 
 
-def stop_abort_watch(done: threading.Event) -> None:
+def stop_abort_watch(watch: AbortWatch) -> None:
     """End the watch started by start_abort_watch and wait for its thread (at most one poll)."""
-    done.set()
-    done.thread.join()  # type: ignore[attr-defined]
+    watch.done.set()
+    watch.thread.join()
 
 
 def write_stopped(run_dir: Path, step: int, checkpoint: Path, reason: str) -> None:
