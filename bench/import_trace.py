@@ -11,7 +11,7 @@ with units ("312.47 W", "100 %"), every 997th power reading "[N/A]": 57,600 samp
 Timed, best and median of --repeat runs, against the 10 s target:
 - import: import_trace("nvidia-smi") + write_trace (the Parquet trace);
 - triage: run_triage on that trace, no run folder (power only);
-- report: run_report(None, ..., power_dir=<triage output>, trace_paths=[trace]);
+- report: run_report(None, ..., ReportSources(power_dir=<triage output>, trace_paths=[trace]));
 then once more in a fresh interpreter (Python and library imports included), and once without the
 index column (the importer infers the GPU from each burst's row order). Prints the report's
 power-only verdict. --profile prints the importer's hottest functions (cProfile).
@@ -41,7 +41,7 @@ from wattgate.testing.synthetic_trace import build_trace, gpus_of, job, write_nv
 from wattgate.power.importers import import_trace, write_trace
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import run_triage
-from wattgate.report import run_report
+from wattgate.report import ReportSources, run_report
 
 TARGET_S = 10.0
 MINUTES = 12
@@ -92,7 +92,7 @@ def pipeline(csv: Path, work: Path) -> tuple[dict, dict]:
     t["triage"] = time.perf_counter() - start
     start = time.perf_counter()
     summary = run_report(
-        None, work / "report", power_dir=work / "triage", trace_paths=[work / "trace.parquet"]
+        None, work / "report", ReportSources(power_dir=work / "triage", trace_paths=[work / "trace.parquet"])
     ).to_json()
     t["report"] = time.perf_counter() - start
     t["total"] = sum(t.values())
@@ -105,12 +105,12 @@ start = time.perf_counter()
 from pathlib import Path
 from wattgate.power.importers import import_trace, write_trace
 from wattgate.power.triage import run_triage
-from wattgate.report import run_report
+from wattgate.report import ReportSources, run_report
 csv, work = Path(sys.argv[1]), Path(sys.argv[2])
 table, _ = import_trace("nvidia-smi", [csv])
 write_trace(table, work / "trace.parquet")
 run_triage([work / "trace.parquet"], work / "triage")
-run_report(None, work / "report", power_dir=work / "triage", trace_paths=[work / "trace.parquet"])
+run_report(None, work / "report", ReportSources(power_dir=work / "triage", trace_paths=[work / "trace.parquet"]))
 print(time.perf_counter() - start)
 """
 

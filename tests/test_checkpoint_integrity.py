@@ -166,7 +166,7 @@ def save(root: Path, step: int, keep: int) -> Path:
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.randn(2, 64)).sum().backward()
     optimizer.step()
-    return ckpt.save_checkpoint(root, step, model, optimizer, Position(epoch=0, step=step), keep, {})
+    return ckpt.save_checkpoint(root, model, optimizer, Position(epoch=0, step=step), keep, {})
 
 
 def test_state_json_records_every_files_bytes_and_hash_as_written(world_of_one, tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from wattgate.power import energy as E
 from wattgate.power.triage import run_triage
-from wattgate.report import run_report
+from wattgate.report import ReportSources, run_report
 from wattgate.trace import TraceWriter
 
 T0 = 1753576485.0
@@ -70,7 +70,9 @@ def test_the_report_headline_and_gpu_hours_count_only_sampled_time(tmp_path, via
         run_triage([trace], power, gpu_model="H100")
         record = json.loads((power / "triage.json").read_text())["energy"]["h:0"]
         assert record["gap_s"] == pytest.approx(3600.0)
-    s = run_report(None, tmp_path / "report", power_dir=power, trace_paths=[trace], gpu_model="H100").to_json()
+    s = run_report(
+        None, tmp_path / "report", ReportSources(power_dir=power, trace_paths=[trace], gpu_model="H100")
+    ).to_json()
     e = s["energy"]
     assert e["kwh"] == pytest.approx(EXPECTED_KWH, rel=1e-3) and e["gap_s"] == pytest.approx(3600.0)  # before: 0.2022
     assert s["gpu_hours"] == pytest.approx(40.0 / 3600, rel=1e-3)  # before: 1.011 h, the hole counted

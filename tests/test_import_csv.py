@@ -11,7 +11,7 @@ from conftest import REPO
 from wattgate.cli import main
 from wattgate.errors import InputError
 from wattgate.power.importers import import_trace, write_trace
-from wattgate.report import run_report
+from wattgate.report import ReportSources, run_report
 
 from conftest import gpu_rows, write_log
 
@@ -167,7 +167,7 @@ def test_report_table_for_a_gpu_with_no_shipped_table(tmp_path):
     table, _ = import_trace("nvidia-smi", [log])
     trace = tmp_path / "t.parquet"
     write_trace(table, trace)
-    s = run_report(None, tmp_path / "plain", trace_paths=[trace]).to_json()
+    s = run_report(None, tmp_path / "plain", ReportSources(trace_paths=[trace])).to_json()
     assert s["phases"]["by_phase"] == {} and any("could not pick a table" in n for n in s["notes"])
     yaml_table = write_log(
         tmp_path / "v100.yaml",

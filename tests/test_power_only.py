@@ -18,7 +18,7 @@ from wattgate.errors import InputError
 from wattgate.power.importers import import_trace, write_trace
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import run_triage, triage
-from wattgate.report import run_report
+from wattgate.report import ReportSources, run_report
 
 TABLE = shipped_table("h100")
 GPUS = gpus_of(1, 8)
@@ -159,7 +159,7 @@ def test_triage_stage_on_the_imported_trace_says_power_only(imported, tmp_path):
 
 def test_report_on_a_bare_trace_states_what_power_alone_could_not_tell(imported, tmp_path):
     tmp, _, _ = imported
-    s = run_report(None, tmp_path / "report", trace_paths=[tmp / "trace.parquet"]).to_json()
+    s = run_report(None, tmp_path / "report", ReportSources(trace_paths=[tmp / "trace.parquet"])).to_json()
     assert s["run"]["dir"] is None and s["run"]["traces"] == [str(tmp / "trace.parquet")]
     assert s["gpus"] == 8 and s["energy"]["kwh"] > 0 and s["tokens"] is None
     po = s["power_only"]
@@ -190,7 +190,9 @@ def test_report_on_a_bare_trace_states_what_power_alone_could_not_tell(imported,
         assert text in page, text
     # triage run beforehand (power_dir) gives the same verdict as triage in process
     run_triage([tmp / "trace.parquet"], tmp_path / "power")
-    again = run_report(None, tmp_path / "again", power_dir=tmp_path / "power", trace_paths=[tmp]).to_json()
+    again = run_report(
+        None, tmp_path / "again", ReportSources(power_dir=tmp_path / "power", trace_paths=[tmp])
+    ).to_json()
     assert again["power_only"]["verdict"] == po["verdict"] and again["pauses"] == s["pauses"]
 
 
@@ -201,7 +203,7 @@ def test_inferred_gpu_index_is_said(synth, tmp_path):
     table, meta = import_trace("nvidia-smi", [csv])
     assert meta["gpu_index_inferred"]
     write_trace(table, tmp_path / "t.parquet")
-    s = run_report(None, tmp_path / "report", trace_paths=[tmp_path / "t.parquet"]).to_json()
+    s = run_report(None, tmp_path / "report", ReportSources(trace_paths=[tmp_path / "t.parquet"])).to_json()
     assert any("inferred" in c for c in s["power_only"]["cannot_tell"])
     assert "GPU node0:2 idle" in s["power_only"]["verdict"][0]
 
@@ -210,10 +212,10 @@ def test_report_needs_a_run_or_traces(tmp_path):
     with pytest.raises(InputError, match="give a run folder or trace files"):
         run_report(None, tmp_path / "out")
     with pytest.raises(InputError, match="absent.parquet"):
-        run_report(None, tmp_path / "out", trace_paths=[tmp_path / "absent.parquet"])
+        run_report(None, tmp_path / "out", ReportSources(trace_paths=[tmp_path / "absent.parquet"]))
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="no trace files"):
-        run_report(None, tmp_path / "out", trace_paths=[tmp_path / "empty"])
+        run_report(None, tmp_path / "out", ReportSources(trace_paths=[tmp_path / "empty"]))
 
 
 def test_heartbeats_switch_power_only_off(tmp_path):
@@ -240,11 +242,13 @@ def test_zeus_log_names_no_device_so_the_report_takes_gpu_model(synth, tmp_path)
     (tmp_path / "zeus.csv").write_text("\n".join(lines) + "\n")
     table, _ = import_trace("zeus", [tmp_path / "zeus.csv"], host="node0")
     write_trace(table, tmp_path / "t.parquet")
-    s = run_report(None, tmp_path / "plain", trace_paths=[tmp_path / "t.parquet"]).to_json()
+    s = run_report(None, tmp_path / "plain", ReportSources(trace_paths=[tmp_path / "t.parquet"])).to_json()
     assert s["phases"]["by_phase"] == {} and any("could not pick a table" in n for n in s["notes"])
     with pytest.raises(InputError, match="v100"):
-        run_report(None, tmp_path / "bad", trace_paths=[tmp_path / "t.parquet"], gpu_model="v100")
-    s = run_report(None, tmp_path / "out", trace_paths=[tmp_path / "t.parquet"], gpu_model="h100").to_json()
+        run_report(None, tmp_path / "bad", ReportSources(trace_paths=[tmp_path / "t.parquet"], gpu_model="v100"))
+    s = run_report(
+        None, tmp_path / "out", ReportSources(trace_paths=[tmp_path / "t.parquet"], gpu_model="h100")
+    ).to_json()
     assert s["phases"]["table"] == "H100" and "deadlock" in s["phases"]["by_phase"]
     assert any("utilization" in m for m in s["power_only"]["missing"])
     assert any("spinning wait from an idle GPU" in c for c in s["power_only"]["cannot_tell"])

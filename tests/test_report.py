@@ -26,7 +26,7 @@ from wattgate.testing.synthetic_trace import T0, build_trace, gpus_of, job, writ
 from wattgate.errors import InputError
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import LABELS, run_triage
-from wattgate.report import run_report
+from wattgate.report import ReportSources, run_report
 from wattgate.power.energy import gpu_energy
 from wattgate.report.figures import MAX_POINTS, POWER_BINS, bin_edges, bin_majority
 from wattgate.report.plotly_page import spec_json
@@ -167,7 +167,7 @@ def h200(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("h200")
     power = tmp / "power"
     run_triage(trace_files(TRAIN / "telemetry"), power, run_dir=TRAIN)
-    with_power = run_report(TRAIN, tmp / "with-power", power_dir=power).to_json()
+    with_power = run_report(TRAIN, tmp / "with-power", ReportSources(power_dir=power)).to_json()
     in_process = run_report(TRAIN, tmp / "in-process").to_json()
     return tmp, with_power, in_process
 
@@ -569,10 +569,10 @@ def test_bad_phases_and_gate_files_are_named(tmp_path):
     gate.mkdir()
     (power / "phases.parquet").write_bytes(b"PAR1 nope")
     with pytest.raises(InputError, match="phases.parquet"):
-        run_report(TRAIN, tmp_path / "out", power_dir=power)
+        run_report(TRAIN, tmp_path / "out", ReportSources(power_dir=power))
     (gate / "gate.json").write_text("[1, 2]")
     with pytest.raises(InputError, match="gate.json: the gate report is not a JSON object"):
-        run_report(TRAIN, tmp_path / "out", gate_dir=gate)
+        run_report(TRAIN, tmp_path / "out", ReportSources(gate_dir=gate))
 
 
 def test_cli_prints_one_line_and_exits_2_on_a_bad_input(tmp_path, capsys):
@@ -700,7 +700,9 @@ def test_report_takes_pauses_energy_and_gaps_from_triage_json(tmp_path, monkeypa
     from wattgate.power.energy import records
 
     run, power = _pause_run(tmp_path)
-    recomputed = run_report(run, tmp_path / "recomputed", power_dir=power).to_json()  # before triage.json has "energy"
+    recomputed = run_report(
+        run, tmp_path / "recomputed", ReportSources(power_dir=power)
+    ).to_json()  # before triage.json has "energy"
     record = json.loads((power / "triage.json").read_text())
     if "energy" not in record:  # written by hand where run_triage does not write it (yet)
         tables = [inputs_mod._read_trace_columns(p, inputs_mod.TRACE_COLUMNS) for p in trace_files(run / "telemetry")]
@@ -717,7 +719,7 @@ def test_report_takes_pauses_energy_and_gaps_from_triage_json(tmp_path, monkeypa
     monkeypatch.setattr(summary_mod.power_only, "pauses", boom)
     monkeypatch.setattr(summary_mod, "gap_summary", boom)
     monkeypatch.setattr(summary_mod, "gpu_energy", boom)
-    taken = run_report(run, tmp_path / "taken", power_dir=power).to_json()
+    taken = run_report(run, tmp_path / "taken", ReportSources(power_dir=power)).to_json()
     assert taken == recomputed and taken["pauses"]
     assert taken["energy"]["per_gpu"] and taken["signals"]["energy_counter"] == recomputed["signals"]["energy_counter"]
     power, *others = figures((tmp_path / "taken" / "index.html").read_text())
@@ -732,7 +734,7 @@ def test_report_reads_the_traces_when_triage_json_is_for_other_files(tmp_path, m
     import wattgate.report.inputs as inputs_mod
 
     run, power = _pause_run(tmp_path)
-    expected = run_report(run, tmp_path / "expected", power_dir=power).to_json()
+    expected = run_report(run, tmp_path / "expected", ReportSources(power_dir=power)).to_json()
     record = json.loads((power / "triage.json").read_text())
     record["energy"] = {
         k: dict(v, integrated_j=1.0, counter_j=None)
@@ -749,6 +751,6 @@ def test_report_reads_the_traces_when_triage_json_is_for_other_files(tmp_path, m
             trace = trace_files(run / "telemetry")[0]
             later = (power / "triage.json").stat().st_mtime + 10
             os.utime(trace, (later, later))
-        s = run_report(run, tmp_path / change, power_dir=power).to_json()
+        s = run_report(run, tmp_path / change, ReportSources(power_dir=power)).to_json()
         assert calls and s["energy"] == expected["energy"], change
         calls.clear()

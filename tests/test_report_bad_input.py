@@ -11,7 +11,7 @@ from real_traces import H200_DATA
 
 from wattgate.errors import InputError
 from wattgate.power.triage import run_triage
-from wattgate.report import run_report, summarize
+from wattgate.report import ReportSources, run_report, summarize
 from wattgate.trace import trace_files
 
 from conftest import set_column
@@ -54,7 +54,7 @@ def test_report_names_the_damaged_parts_of_gate_json(run, tmp_path):
     gate = tmp_path / "gate"
     gate.mkdir()
     (gate / "gate.json").write_text(json.dumps({"passed": "yes", "checks": "all", "forecast": {"wall_s": 10}}))
-    s = run_report(run, tmp_path / "report", gate_dir=gate).to_json()
+    s = run_report(run, tmp_path / "report", ReportSources(gate_dir=gate)).to_json()
     notes = [n for n in s["notes"] if "gate.json" in n]
     assert any("'checks' is 'all'" in n for n in notes) and any("throughput.source" in n for n in notes)
     assert any("'passed' is 'yes'" in n for n in notes)
@@ -70,7 +70,7 @@ def test_report_refuses_phase_labels_outside_triages_set(run, tmp_path):
     n = pq.read_table(power / "phases.parquet").num_rows
     set_column(power / "phases.parquet", "phase", ["Compute"] * n)
     with pytest.raises(InputError, match=rf"phases.parquet: column 'phase': label\(s\) 'Compute' \({n} window"):
-        run_report(run, tmp_path / "report", power_dir=power)
+        run_report(run, tmp_path / "report", ReportSources(power_dir=power))
 
 
 # ---------------------------------------------------------------- missing metrics columns, bad heartbeats

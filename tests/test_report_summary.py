@@ -21,7 +21,7 @@ from wattgate.power.triage import LABELS, run_triage
 from wattgate.power.triage.phases import read_phases
 from wattgate.power.triage.runinfo import load_run_info
 from wattgate.report import anomalies as an
-from wattgate.report.inputs import METRICS_OPTIONAL, METRICS_REQUIRED, PHASE_COLUMNS, load_inputs
+from wattgate.report.inputs import METRICS_OPTIONAL, METRICS_REQUIRED, PHASE_COLUMNS, ReportSources, load_inputs
 from wattgate.run_files import read_metrics
 from wattgate.report.phases import phase_windows, totals
 from wattgate.report.steps import step_table
@@ -321,7 +321,7 @@ def test_read_metrics_reads_what_the_report_needs(tmp_path):
 
 def test_run_info_from_metrics_already_read_is_the_same(triaged):
     run, power = triaged
-    inputs = load_inputs(run, power)
+    inputs = load_inputs(run, ReportSources(power_dir=power))
     full = load_run_info(run, inputs.trace_metas)
     mine = load_run_info(run, inputs.trace_metas, inputs.metrics)
     pd.testing.assert_frame_equal(mine.events, full.events)
@@ -350,7 +350,7 @@ def test_pauses_and_gaps_from_a_dictionary_phases_table_without_triage_json_reco
     for key in ("pauses", "gaps"):
         record.pop(key, None)
     (copy / "triage.json").write_text(json.dumps(record))
-    inputs = load_inputs(run, copy)
+    inputs = load_inputs(run, ReportSources(power_dir=copy))
     assert inputs.pause_records is None and inputs.gaps is None
     strings = read_phases(copy / "phases.parquet")[0]
     assert [p.record(None) for p in power_only.pauses(inputs.phases)] == [

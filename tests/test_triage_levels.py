@@ -193,11 +193,13 @@ def test_unknown_time_is_reported(tmp_path):
     assert gaps["longest_gap_s"] == pytest.approx(6.0)
     assert "Telemetry gaps: 12 s unknown" in (tmp_path / "out" / "triage.md").read_text()
     # the report says it too, whether it reads triage's phases or triages in process
-    from wattgate.report import run_report
+    from wattgate.report import ReportSources, run_report
 
     for power_dir in (tmp_path / "out", None):
         out = tmp_path / f"report-{power_dir is None}"
-        summary = run_report(None, out, power_dir=power_dir, trace_paths=[trace], gpu_model="h100").to_json()
+        summary = run_report(
+            None, out, ReportSources(power_dir=power_dir, trace_paths=[trace], gpu_model="h100")
+        ).to_json()
         assert summary["phases"]["gaps"]["unknown_s"] == pytest.approx(12.0)
         assert (
             "Telemetry gaps: 12 GPU-seconds unknown (no sample; 2 gap(s), longest 6 s)"

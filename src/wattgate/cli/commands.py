@@ -258,15 +258,13 @@ def _triage(args, config) -> None:
 
 
 def _report(args, config) -> None:
-    from wattgate.report import run_report
+    from wattgate.report import ReportSources, run_report
 
     if args.run is None and not args.trace:
         raise InputError(
             "report: pass --run-dir DIR (a train run) or --trace FILE... (e.g. from wattgate import-trace)"
         )
-    s = run_report(
-        args.run,
-        args.out,
+    sources = ReportSources(
         power_dir=args.power,
         gate_dir=args.gate,
         config=config,
@@ -275,6 +273,7 @@ def _report(args, config) -> None:
         table_path=args.table,
         power_cap_w=args.power_cap_w,
     )
+    s = run_report(args.run, args.out, sources)
     energy = s.energy
     if energy.kwh is not None:
         assert energy.method is not None  # energy_summary sets a method whenever it sets kwh

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -278,17 +279,11 @@ def read_samples(tables: list[pa.Table]) -> Samples:
 # ---------------------------------------------------------------- phases
 
 
-def _triage_in_process(
-    inputs: RunInputs,
-    trace: pa.Table,
-    info: RunInfo | None,
-    gpu_model: str | None,
-    table_path: str | os.PathLike | None = None,
-    power_cap_w: float | None = None,
-) -> None:
+def _triage_in_process(inputs: RunInputs, trace: pa.Table, info: RunInfo | None, sources: ReportSources) -> None:
     # the table, window and hang limit `wattgate triage --config` would use; a table file or GPU model
     # given here first (a Zeus log names no device)
     names = sorted({name for m in inputs.trace_metas for name in m.device_names()})
+    gpu_model, table_path, power_cap_w = sources.gpu_model, sources.table_path, sources.power_cap_w
     settings = TriageSettings.merge(inputs.config, table_path, gpu_model, power_cap_w=power_cap_w)
     caps = recorded_caps(inputs.trace_metas)
     try:
@@ -313,21 +308,33 @@ def _triage_in_process(
 # ---------------------------------------------------------------- all inputs
 
 
-def load_inputs(
-    run_dir: str | os.PathLike | None,
-    power_dir: str | os.PathLike | None = None,
-    gate_dir: str | os.PathLike | None = None,
-    config_path: str | os.PathLike | None = None,
-    trace_paths=None,
-    gpu_model: str | None = None,
-    table_path: str | os.PathLike | None = None,
-    power_cap_w: float | None = None,
-    *,
-    config: RunConfig | None = None,
-) -> RunInputs:
-    """A run folder's inputs; `trace_paths` (files or telemetry folders) replace its telemetry/, and
-    without a run folder (run_dir None) they are all there is. The run config: `config` (loaded), else
-    `config_path`, else results/config/<run>.yaml beside the run when there is one."""
+@dataclass(frozen=True)
+class ReportSources:
+    """Where a report's inputs come from besides the run folder; each None is the run folder's own (or none).
+
+    `trace_paths` (trace files or telemetry folders) replace run_dir/telemetry, and without a run folder they are
+    all there is (power-only mode). `power_dir`: triage's output (phases), `gate_dir`: the gate's. The run config:
+    `config` (loaded), else `config_path`, else results/config/<run>.yaml beside the run when there is one.
+    `gpu_model` picks the triage table for in-process triage when the traces name no device (Zeus); `table_path`
+    (a triage table YAML) is used instead of any shipped table (a GPU with none); `power_cap_w` derives one from
+    the power cap for a GPU no table ships for (an imported log)."""
+
+    power_dir: str | os.PathLike | None = None
+    gate_dir: str | os.PathLike | None = None
+    config_path: str | os.PathLike | None = None
+    config: RunConfig | None = None
+    trace_paths: str | os.PathLike | Iterable[str | os.PathLike] | None = None
+    gpu_model: str | None = None
+    table_path: str | os.PathLike | None = None
+    power_cap_w: float | None = None
+
+
+RUN_FOLDER_ONLY = ReportSources()  # the run folder's own inputs, nothing added
+
+
+def load_inputs(run_dir: str | os.PathLike | None, sources: ReportSources = RUN_FOLDER_ONLY) -> RunInputs:
+    """A run folder's inputs, with what `sources` adds or replaces (ReportSources)."""
+    config_path, config, trace_paths = sources.config_path, sources.config, sources.trace_paths
     run_dir = Path(run_dir) if run_dir is not None else None
     if run_dir is None and not trace_paths:
         raise InputError("nothing to report on: give a run folder or trace files")
@@ -344,10 +351,6 @@ def load_inputs(
         from wattgate.config import load_run_config  # imported only when there is a file to load
 
         config = load_run_config(cfg_path)
-    elif config is not None:
-        from wattgate.config import run_config
-
-        config = run_config(config)
     if run_dir is not None:
         name = run_dir.name
     else:
@@ -362,7 +365,7 @@ def load_inputs(
     elif config is None:
         inputs.note(f"config not available ({cfg_path} not found): cluster and train settings not shown")
 
-    power_dir = Path(power_dir) if power_dir else default_power_dir(run_dir) if run_dir else None
+    power_dir = Path(sources.power_dir) if sources.power_dir else default_power_dir(run_dir) if run_dir else None
     with ThreadPoolExecutor(max_workers=1) as pool:
         # phases.parquet decodes on another thread while the run's own files are read (Arrow lets go of the GIL);
         # an error in either is raised in the order the files are read
@@ -370,7 +373,7 @@ def load_inputs(
         reading = pool.submit(read_phases, phases_file, PHASE_COLUMNS, dictionary=True) if phases_file else None
         if run_dir is not None:
             _read_run_files(inputs, run_dir)
-        gate_dir = Path(gate_dir) if gate_dir else default_gate_dir(run_dir) if run_dir else None
+        gate_dir = Path(sources.gate_dir) if sources.gate_dir else default_gate_dir(run_dir) if run_dir else None
         if gate_dir is not None:
             raw_gate = read_gate_json(gate_dir)
             if raw_gate is None:
@@ -424,7 +427,7 @@ def load_inputs(
     if triaging:
         # triage reads utilization (and a straggler's clocks and reasons) too; only this path needs them
         trace = pa.concat_tables([_triage_columns(p) for p in inputs.trace_paths], promote_options="default")
-        _triage_in_process(inputs, trace, info if run_dir is not None else None, gpu_model, table_path, power_cap_w)
+        _triage_in_process(inputs, trace, info if run_dir is not None else None, sources)
     return inputs
 
 

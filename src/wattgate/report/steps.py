@@ -189,7 +189,7 @@ def validation_section(evals: pd.DataFrame | None) -> Validation | None:
     """The validation passes (eval.parquet) for summary.json and the page: every pass, the final and the best."""
     if evals is None or not len(evals):
         return None
-    sources = eval_sources_of(evals.columns)  # two or more held-out sources (issue 33): a loss per source too
+    sources = eval_sources_of(evals.columns)  # two or more held-out sources: a loss per source too
     rows = []
     for r in evals.sort_values(STEP).to_dict("records"):
         rows.append(

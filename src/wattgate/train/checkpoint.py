@@ -191,7 +191,6 @@ CHECKPOINT_FOLDER = CheckpointFolder()
 
 def save_checkpoint(
     root: Path,
-    step: int,
     model,
     optimizer,
     position: Position,
@@ -200,12 +199,13 @@ def save_checkpoint(
     keep_best: bool = False,
     storage: CheckpointStorage = CHECKPOINT_FOLDER,
 ) -> Path:
-    """Write checkpoint `step` (all ranks), publish it, and prune to the newest `keep` (rank 0); `keep_best`
-    also keeps the one whose position holds the lowest validation loss (`eval_loss`, train.keep_best).
+    """Write the checkpoint of `position.step` (all ranks), publish it, and prune to the newest `keep` (rank 0);
+    `keep_best` also keeps the one whose position holds the lowest validation loss (`eval_loss`, train.keep_best).
 
     A write error (e.g. a full disk) raises the OSError naming the file on every rank; `step-<n>.tmp/` stays
     unpublished (never a resume candidate; the next save of that step starts it over)."""
-    rank = dist.get_rank()
+    rank, step = dist.get_rank(), position.step
+    assert step is not None, "a checkpoint's position names its step (train writes it into every one)"
     final = root / f"step-{step}"
     tmp = root / f"step-{step}.tmp"
     if rank == 0:

@@ -1,4 +1,4 @@
-"""The validation pass's loss per source (issue 33): which held-out documents belong to which data.inputs source,
+"""The validation pass's loss per source: which held-out documents belong to which data.inputs source,
 and each micro-batch's token losses summed per source.
 
 The sources are read from the shards' `source` column for the held-out documents (validation.parquet): those
@@ -109,7 +109,7 @@ def read_eval_sources(pretokenized: Path) -> EvalSources:
         path = Path(pretokenized) / shard
         try:
             if "source" not in pq.read_schema(path).names:
-                return NO_SOURCES  # written before issue 33: one source
+                return NO_SOURCES  # shards without a source column: one source
             with pq.ParquetFile(path) as f:  # not pq.read_table: it imports pyarrow.dataset and pandas
                 t = f.read(columns=["doc_id", "source", "num_loss_tokens"])
         except (OSError, pa.ArrowException) as exc:

@@ -297,7 +297,7 @@ class Trainer:
         self.sched, self.total, self.epoch_ends = sched, sched.total, list(sched.epoch_ends)
         self.steps = ([None] * self.first_step + grouped)[: self.total]
         self.eval_batches = eval_batches
-        # the held-out documents' sources (issue 33): with two or more, each pass reports a loss per source
+        # the held-out documents' sources: with two or more, each pass reports a loss per source
         self.eval_sources = read_eval_sources(self.paths.pretokenized) if eval_batches else NO_SOURCES
         steps = self.steps
         self.last_epoch = steps[-1][0].epoch if steps and steps[-1] else 0
@@ -559,7 +559,6 @@ class Trainer:
         )
         folder = ckpt.save_checkpoint(
             self.paths.out / "checkpoints",
-            step,
             self.model,
             self.optimizer,
             position,

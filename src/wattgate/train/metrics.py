@@ -291,7 +291,7 @@ def validation_summary(rows: list[dict], exported_step: int | None, export_from:
         evaluations=len(rows),
         export_from=export_from,
         exported_step=exported_step,
-        # two or more held-out sources (issue 33): each one's final and best pass
+        # two or more held-out sources: each one's final and best pass
         per_source=tuple(source_summary(rows, final, name) for name in sources) if sources else None,
     )
 

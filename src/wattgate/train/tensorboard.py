@@ -29,7 +29,7 @@ TAGS = {
     "eval/loss": "the validation pass's loss after this step: summed token losses / loss tokens over all ranks",
     "eval/perplexity": "exp(eval/loss)",
 }
-# with two or more held-out sources (a mixture, issue 33), per validation pass too: one source's summed token
+# with two or more held-out sources (a mixture), per validation pass too: one source's summed token
 # losses / its loss tokens over all ranks (eval.parquet's `loss/<source>`)
 SOURCE_TAG = "eval/loss/{source}"
 FLUSH_SECS = 10  # a killed job loses at most this much of the curves
