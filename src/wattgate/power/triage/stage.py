@@ -59,6 +59,7 @@ from wattgate.power.triage.causes import COLUMNS as CAUSE_COLUMNS
 from wattgate.power.triage.levels import Edges
 from wattgate.power.triage.rules import (
     EDGE_MARGIN,
+    KnownWindows,
     power_band,
     _classify,
     raw_power_band,
@@ -195,9 +196,20 @@ def _labelled(
     cls = _short_checkpoints(cls, smooth, index, gpu, ngpu, window_s, deadlock_after_s)
     cls = _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s)
 
-    conf = _confidence(p, u, high, low, osc, raw, smooth, cls, pick(win.filled), edges)
+    known_windows = KnownWindows(
+        keys=win.keys,
+        gpu=gpu,
+        index=index,
+        power=p,
+        util=u,
+        high=high,
+        low=low,
+        filled=pick(win.filled),
+        edges=edges,
+    )
+    conf = _confidence(known_windows, osc, raw, smooth, cls)
     if run_info is not None:
-        _run_info_rules(cls, conf, smooth, p, u, index, gpu, win.keys, run_info, edges, window_s, deadlock_after_s)
+        _run_info_rules(cls, conf, smooth, known_windows, run_info, window_s, deadlock_after_s)
     cls[cls == LOW_UTIL] = DATA_STARVATION
 
     labels = np.full(len(win.n), UNKNOWN, np.int8)
