@@ -17,7 +17,7 @@ from wattgate.cli import main
 from wattgate.errors import InputError
 from wattgate.power.triage import load_run_info, run_triage, triage
 from wattgate.power.triage.phases import phases_meta
-from wattgate.power.triage.stage import recorded_caps
+from wattgate.power.triage.files import recorded_caps
 from wattgate.records.trace_meta import TraceMeta
 from wattgate.testing.synthetic_trace import Straggler, build_trace, gpus_of, job, write_sync_run_info
 from wattgate.triage_tables import TriageSettings, shipped_table

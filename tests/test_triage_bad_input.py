@@ -86,13 +86,13 @@ def test_the_same_trace_given_twice_is_refused_one_file_out_of_order_is_not(tmp_
 
     # rows of one file out of time order across its chunks are not two files: summed from the rows sorted
     # together, as the report sums them
-    from wattgate.power.triage import stage
+    from wattgate.power.triage import files
 
     t = host_trace(5)
     odd = np.arange(t.num_rows) % 2 == 1
     shuffled = write(pa.concat_tables([t.filter(pa.array(~odd)), t.filter(pa.array(odd))]), tmp_path / "mixed.parquet")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stage, "CHUNK_ROWS", t.num_rows // 2 + 1)  # the halves in separate chunks
+        mp.setattr(files, "CHUNK_ROWS", t.num_rows // 2 + 1)  # the halves in separate chunks
         got = run_triage([shuffled], tmp_path / "mixed", gpu_model="h100").to_json()["energy"]
     samples = read_samples([read_trace(shuffled).select(["time", "host", "gpu", "power_w", "energy_j"])])
     want = records(gpu_energy(samples), [len(s.energy_pos) for s in samples.series])

@@ -160,7 +160,7 @@ def test_interleaved_files_of_one_gpu_are_summed_from_their_rows_sorted_together
 def test_reading_a_trace_in_small_row_groups_changes_nothing(tmp_path, monkeypatch):
     """Triage reduces a trace chunk by chunk: chunks that cut a tick, a window or a GPU's run anywhere give
     the same phases, and the same energy to rounding."""
-    from wattgate.power.triage import stage
+    from wattgate.power.triage import files
 
     rng = np.random.default_rng(9)
     synth = build_trace(job(gpus_of(1, 3), PHASES), shipped_table("h100"), seed=9)
@@ -176,7 +176,7 @@ def test_reading_a_trace_in_small_row_groups_changes_nothing(tmp_path, monkeypat
         row_group_size=997,
     )
     a = run_triage([whole], tmp_path / "a", gpu_model="h100").to_json()
-    monkeypatch.setattr(stage, "CHUNK_ROWS", 331)  # batches smaller than the row groups, cut anywhere
+    monkeypatch.setattr(files, "CHUNK_ROWS", 331)  # batches smaller than the row groups, cut anywhere
     b = run_triage([parts], tmp_path / "b", gpu_model="h100").to_json()
     assert pq.read_metadata(parts).num_row_groups == 4  # and 12 batches of at most 331 rows
     assert (tmp_path / "a" / "phases.parquet").read_bytes() == (tmp_path / "b" / "phases.parquet").read_bytes()
