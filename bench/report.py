@@ -65,7 +65,7 @@ from triage_accuracy import day_schedule  # bench/, on sys.path as the script's 
 
 from wattgate.artifacts import write_json_atomic
 from wattgate.testing.synthetic_trace import Straggler, build_trace, gpus_of, job, write_run_info
-from wattgate.triage_tables import shipped_table
+from wattgate.triage_tables import TriageSettings, shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import run_report, summarize
 from wattgate.trace import schema_with_meta, trace_files
@@ -275,7 +275,7 @@ def child(args: argparse.Namespace) -> None:
     paths = trace_files(run / "telemetry")
     if args.child == "wattgate":
         t0 = time.perf_counter()
-        run_triage(paths, power, run_dir=run, gpu_model="b300")
+        run_triage(paths, power, run_dir=run, settings=TriageSettings(gpu_model="b300"))
         t1 = time.perf_counter()
         summary = run_report(run, out).to_json()
         t2 = time.perf_counter()

@@ -8,6 +8,7 @@ import pytest
 
 from wattgate.power import energy as E
 from wattgate.power.triage import run_triage
+from wattgate.triage_tables import TriageSettings
 from wattgate.report import run_report
 from wattgate.trace import TraceWriter
 
@@ -67,7 +68,7 @@ def test_the_report_headline_and_gpu_hours_count_only_sampled_time(tmp_path, via
     power = None
     if via_triage:
         power = tmp_path / "power"
-        run_triage([trace], power, gpu_model="H100")
+        run_triage([trace], power, settings=TriageSettings(gpu_model="H100"))
         record = json.loads((power / "triage.json").read_text())["energy"]["h:0"]
         assert record["gap_s"] == pytest.approx(3600.0)
     s = run_report(None, tmp_path / "report", power_dir=power, trace_paths=[trace], gpu_model="H100").to_json()

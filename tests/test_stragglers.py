@@ -127,7 +127,7 @@ def test_triage_json_lists_the_stragglers_and_markdown_shows_them(tmp_path):
     synth, key = injected(1, 8, "thermal", 0.3, True, seed=2)
     traces = synth.write(tmp_path / "telemetry")
     out = tmp_path / "power"
-    result = run_triage(traces, out, gpu_model="h100", straggler_share=0.3).to_json()
+    result = run_triage(traces, out, settings=TriageSettings(gpu_model="h100", straggler_share=0.3)).to_json()
     record = json.loads((out / "triage.json").read_text())
     assert record["stragglers"] == result["stragglers"]
     (e,) = record["stragglers"]
@@ -137,7 +137,7 @@ def test_triage_json_lists_the_stragglers_and_markdown_shows_them(tmp_path):
     md = (out / "triage.md").read_text()
     assert "## Stragglers" in md and "thermal" in md
     balanced = build_trace(job(gpus_of(1, 8), SCHEDULE), TABLE, seed=1, sync_steps=True)
-    run_triage(balanced.write(tmp_path / "balanced"), tmp_path / "power2", gpu_model="h100")
+    run_triage(balanced.write(tmp_path / "balanced"), tmp_path / "power2", settings=TriageSettings(gpu_model="h100"))
     record = json.loads((tmp_path / "power2" / "triage.json").read_text())
     assert record["stragglers"] == [] and "None: no GPU" in (tmp_path / "power2" / "triage.md").read_text()
 
@@ -196,7 +196,7 @@ def test_the_real_h200_run_names_no_straggler(h200_run, tmp_path):
 def test_stragglers_json_is_strict(tmp_path):
     synth, _ = injected(1, 4, "power_cap", 0.3, False, seed=4)
     out = tmp_path / "p"
-    run_triage(synth.write(tmp_path / "t"), out, gpu_model="h100")
+    run_triage(synth.write(tmp_path / "t"), out, settings=TriageSettings(gpu_model="h100"))
     text = (out / "triage.json").read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
     assert np.isfinite(json.loads(text)["stragglers"][0]["lag_share"])

@@ -12,7 +12,7 @@ from wattgate.power.triage import run_triage
 from wattgate.power.triage import ticks as ticks_mod
 from wattgate.power.triage import windows as windows_mod
 from wattgate.testing.synthetic_trace import Straggler, build_trace, gpus_of, job
-from wattgate.triage_tables import shipped_table
+from wattgate.triage_tables import TriageSettings, shipped_table
 
 from support.traces import sampler_files
 
@@ -26,10 +26,10 @@ def test_the_tick_layout_gives_the_general_paths_outputs_bit_for_bit(tmp_path, m
     synth = build_trace(schedule, TABLE, seed=hosts, straggler=Straggler(gpus[-1], 0.3, "thermal", ((60, 200),)))
     paths = sampler_files(synth, tmp_path / "telemetry")
     assert ticks_mod.period(np.tile(np.arange(per, dtype=np.int32), 5), None) == per
-    run_triage(paths, tmp_path / "ticks", gpu_model="h100")
+    run_triage(paths, tmp_path / "ticks", settings=TriageSettings(gpu_model="h100"))
     seen = []
     monkeypatch.setattr(windows_mod.ticks_mod, "period", lambda gpu, codes: seen.append(1) or 0)
-    run_triage(paths, tmp_path / "general", gpu_model="h100")
+    run_triage(paths, tmp_path / "general", settings=TriageSettings(gpu_model="h100"))
     assert seen  # the general path ran
     a, b = (pq.read_table(tmp_path / d / "phases.parquet") for d in ("ticks", "general"))
     assert a.equals(b)

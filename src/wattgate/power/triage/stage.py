@@ -14,9 +14,6 @@ import pyarrow.compute as pc
 
 from wattgate.power.triage import power_only
 from wattgate.triage_tables import (
-    DEFAULT_DEADLOCK_AFTER_S,
-    DEFAULT_STRAGGLER_SHARE,
-    DEFAULT_WINDOW_S,
     TriageSettings,
     TriageTable,
 )
@@ -55,36 +52,21 @@ from wattgate.records.triage import (
 from wattgate.trace import GPU, HOST
 
 
+# every setting at its default: the table detected from the traces' device names
+DEFAULT_SETTINGS = TriageSettings()
+
+
 def run_triage(
-    trace_paths,
-    out_dir,
-    table_path: str | None = None,
-    gpu_model: str | None = None,
-    run_dir: str | None = None,
-    window_s: float = DEFAULT_WINDOW_S,
-    deadlock_after_s: float = DEFAULT_DEADLOCK_AFTER_S,
-    power_cap_w: float | None = None,
-    straggler_share: float = DEFAULT_STRAGGLER_SHARE,
+    trace_paths, out_dir, run_dir: str | os.PathLike | None = None, settings: TriageSettings = DEFAULT_SETTINGS
 ) -> Triage:
     """`wattgate triage`: traces (one per host) -> phases.parquet, phase_summary.csv, triage.json (the Triage
-    record returned), triage.md."""
+    record returned), triage.md; `run_dir`: the run's heartbeats and metrics, when it has them."""
     with small_pages():
-        return _run_triage(
-            trace_paths,
-            out_dir,
-            table_path,
-            gpu_model,
-            run_dir,
-            window_s,
-            deadlock_after_s,
-            power_cap_w,
-            straggler_share,
-        )
+        return _run_triage(trace_paths, out_dir, run_dir, settings)
 
 
-def _run_triage(
-    trace_paths, out_dir, table_path, gpu_model, run_dir, window_s, deadlock_after_s, power_cap_w, straggler_share
-) -> Triage:
+def _run_triage(trace_paths, out_dir, run_dir: str | os.PathLike | None, settings: TriageSettings) -> Triage:
+    window_s, deadlock_after_s = settings.window_s, settings.deadlock_after_s
     paths = [Path(p) for p in ([trace_paths] if isinstance(trace_paths, (str, os.PathLike)) else trace_paths)]
     out_dir = Path(out_dir)
     check_output(out_dir, "triage")  # before any work: a folder triage did not write is refused
@@ -97,9 +79,8 @@ def _run_triage(
     check_files_apart(acc, paths, metas)
     names = sorted({name for m in metas for name in m.device_names()})
     empty = acc.empty
-    settings = TriageSettings(table_path, gpu_model, window_s, deadlock_after_s, power_cap_w, straggler_share)
     caps = recorded_caps(metas)
-    if empty and not (table_path or gpu_model):
+    if empty and not settings.has_table:
         table, source = None, None
     else:
         table = settings.table(names, list(caps.values()))
@@ -112,7 +93,9 @@ def _run_triage(
     else:
         energy = ingest_energy(acc, again)
         assert table is not None  # chosen whenever the traces have samples
-        phases = triage_ingested(acc, table, window_s, deadlock_after_s, info, caps, power_cap_w, straggler_share)
+        phases = triage_ingested(
+            acc, table, window_s, deadlock_after_s, info, caps, settings.power_cap_w, settings.straggler_share
+        )
     power_seen, util_seen = acc.power, acc.util
     del acc
     learned = phases_meta(phases, strict=True)
@@ -182,7 +165,7 @@ def _run_triage(
             energy={k: Energy.from_json(v, where, f"energy.{k}.") for k, v in energy.items()},
             # the GPUs everyone waited for (stragglers.py); without GPU telemetry, the watcher's rank CPU time
             stragglers=stragglers,
-            lag=learned.lag or no_lag(straggler_share),
+            lag=learned.lag or no_lag(settings.straggler_share),
             notes=tuple(notes),
             pauses=tuple(PauseRecord.from_json(p.record(t0), where, f"pauses[{i}].") for i, p in enumerate(found)),
             power_only=po,
