@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from wattgate.testing.synthetic_trace import T0, accuracy, build_trace, gpus_of, job, write_run_info
+from wattgate.testing.synthetic_trace import T0, TraceSpec, accuracy, build_trace, gpus_of, job, write_run_info
 from wattgate.errors import InputError
 from wattgate.triage_tables import SHIPPED, TriageSettings, TriageTable, shipped_table
 from wattgate.power.triage import PHASES_SCHEMA, load_run_info, map_ranks, phase_summary, run_triage, triage
@@ -336,7 +336,7 @@ def test_missing_samples_are_unknown_and_do_not_relabel_neighbours():
     table = shipped_table("h200")
     sched = job(GPUS, [("compute", 120), ("checkpoint", 70), ("compute", 60), ("deadlock", 150)], writer=1)
     drop = [(GPUS[0], 40, 55), (GPUS[2], 200, 212.5), (None, 300, 320)]  # in compute, in a checkpoint, in the hang
-    synth = build_trace(sched, table, drop=drop)
+    synth = build_trace(sched, table, spec=TraceSpec(drop=drop))
     phases = triage(synth.table, table, deadlock_after_s=DL)
     got, truth = phases.column("phase").to_numpy(zero_copy_only=False), synth.truth_for(phases)
     assert ((got == "unknown") == (truth == "unknown")).all()
@@ -487,7 +487,7 @@ def test_calibrated_table_from_file(tmp_path):
 def test_windows_span_from_first_to_last_sample_per_gpu():
     table = shipped_table("h100")
     sched = {("n", 0): [("compute", 20)], ("n", 1): [("idle", 5), ("compute", 30)]}
-    synth = build_trace(sched, table, t0=T0 + 0.5)
+    synth = build_trace(sched, table, spec=TraceSpec(t0=T0 + 0.5))
     df = triage(synth.table, table).to_pandas()
     assert df.groupby("gpu").size().to_dict() == {0: 21, 1: 36}  # t0 mid-window: one extra window
 

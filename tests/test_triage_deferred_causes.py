@@ -12,7 +12,7 @@ from support.traces import sampler_files
 from wattgate import trace as trace_mod
 from wattgate.power.triage import run_triage
 from wattgate.power.triage import files as files_mod
-from wattgate.testing.synthetic_trace import Straggler, build_trace, gpus_of, job
+from wattgate.testing.synthetic_trace import Straggler, TraceSpec, build_trace, gpus_of, job
 from wattgate.trace import read_trace_chunks
 from wattgate.triage_tables import TriageSettings, shipped_table
 
@@ -32,7 +32,7 @@ def test_cause_columns_are_decoded_only_for_the_chunks_a_stragglers_windows_ask_
     gpus = gpus_of(1, 4)
     schedule = job(gpus, [("idle", 20), ("compute", 900), ("checkpoint", 40), ("compute", 600)])
     straggler = Straggler(gpus[-1], 0.3, "thermal", ((100, 300),), True)
-    synth = build_trace(schedule, TABLE, seed=5, straggler=straggler)
+    synth = build_trace(schedule, TABLE, seed=5, spec=TraceSpec(straggler=straggler))
     paths = sampler_files(synth, tmp_path / "telemetry")
     monkeypatch.setattr(files_mod, "CHUNK_ROWS", CHUNK)
     reads = counted_reads(monkeypatch)

@@ -1,6 +1,6 @@
 """Synchronized data-parallel steps and one slowed GPU, for synthetic_trace.build_trace.
 
-With `sync_steps=True` every
+With TraceSpec(sync_steps=True) every
 GPU's compute segments run the same steps, as data-parallel ranks do: each
 step computes for U(1.5, 4) s, then all GPUs reduce gradients together for
 U(0.2, 0.4) s at the communication level. A `Straggler` computes each of its
