@@ -37,7 +37,7 @@ from pathlib import Path
 import pandas as pd
 
 from benchlib import Parser, figure, positive_int
-from wattgate.testing.synthetic_trace import build_trace, gpus_of, job, write_nvidia_smi_csv
+from wattgate.testing.synthetic_trace import TraceSpec, build_trace, gpus_of, job, write_nvidia_smi_csv
 from wattgate.power.importers import import_trace, write_trace
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import run_triage
@@ -63,8 +63,7 @@ def make_csv(folder: Path, index: bool = True, minutes: int = MINUTES, checkpoin
         job(gpus_of(1, 8), schedule(minutes, checkpoints), writer=0, stuck=5),
         shipped_table("h100"),
         seed=7,
-        device_name=DEVICE,
-        with_truth=False,
+        spec=TraceSpec(device_name=DEVICE, with_truth=False),
     )
     folder.mkdir(parents=True, exist_ok=True)
     return write_nvidia_smi_csv(synth, folder / "node0.csv", na_every=997, index=index)  # host: the file stem

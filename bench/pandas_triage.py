@@ -541,10 +541,10 @@ def shares_line(shares: dict) -> str:
 
 def smoke_traces(folder: Path) -> tuple[list[Path], Path]:
     """A quarter hour of 2 hosts x 2 B300 GPUs (compute, a checkpoint, a hang) and its run folder."""
-    from wattgate.testing.synthetic_trace import build_trace, gpus_of, job, write_run_info
+    from wattgate.testing.synthetic_trace import TraceSpec, build_trace, gpus_of, job, write_run_info
 
     segments = [("idle", 30), ("compute", 300), ("checkpoint", 90), ("compute", 300), ("deadlock", 180)]
-    synth = build_trace(job(gpus_of(2, 2), segments), shipped_table("b300"), with_truth=False)
+    synth = build_trace(job(gpus_of(2, 2), segments), shipped_table("b300"), spec=TraceSpec(with_truth=False))
     write_run_info(folder / "run", synth)
     return synth.write(folder / "telemetry"), folder / "run"
 

@@ -64,8 +64,8 @@ from benchlib import Parser, figure, positive_float, positive_int
 from triage_accuracy import day_schedule  # bench/, on sys.path as the script's folder
 
 from wattgate.artifacts import write_json_atomic
-from wattgate.testing.synthetic_trace import Straggler, build_trace, gpus_of, job, write_run_info
-from wattgate.triage_tables import shipped_table
+from wattgate.testing.synthetic_trace import Straggler, TraceSpec, build_trace, gpus_of, job, write_run_info
+from wattgate.triage_tables import TriageSettings, shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import run_report, summarize
 from wattgate.trace import schema_with_meta, trace_files
@@ -141,7 +141,9 @@ def shape_metrics(run: Path) -> int:
 def write_run(tmp: Path, hours: float) -> tuple[Path, list[Path], int]:
     table = shipped_table("b300")
     straggler = Straggler(STRAGGLER, 0.3, "thermal", ((0.2 * hours * 3600, 0.35 * hours * 3600),), True)
-    synth = build_trace(job(gpus_of(2, 8), day_schedule(hours)), table, with_truth=False, straggler=straggler)
+    synth = build_trace(
+        job(gpus_of(2, 8), day_schedule(hours)), table, spec=TraceSpec(with_truth=False, straggler=straggler)
+    )
     run = tmp / "results" / "train" / "bench"
     paths = write_traces(synth, run / "telemetry")
     write_run_info(run, synth, step_s=STEP_S)
@@ -275,7 +277,7 @@ def child(args: argparse.Namespace) -> None:
     paths = trace_files(run / "telemetry")
     if args.child == "wattgate":
         t0 = time.perf_counter()
-        run_triage(paths, power, run_dir=run, gpu_model="b300")
+        run_triage(paths, power, run_dir=run, settings=TriageSettings(gpu_model="b300"))
         t1 = time.perf_counter()
         summary = run_report(run, out).to_json()
         t2 = time.perf_counter()

@@ -64,6 +64,7 @@ import pyarrow.parquet as pq
 from benchlib import Parser, figure, positive_float, positive_int
 from wattgate.testing.synthetic_trace import (
     PUBLISHED_H200,
+    TraceSpec,
     accuracy,
     build_trace,
     calibration_agreement,
@@ -85,9 +86,9 @@ TARGET_TRIAGE_S = 3.0  # triage() alone, 16 GPUs x 24 h x 10 Hz, on the 2-core b
 TARGET_E2E_S = 10.0  # triage plus a report, same trace
 PHASE_ORDER = ["compute", "communication", "data_starvation", "checkpoint", "deadlock", "idle"]
 CONDITIONS = {
-    "10 Hz": {},
-    "10 Hz, 2x noise, 5% samples dropped": {"noise": 2.0, "drop_share": 0.05},
-    "1 Hz, 1 s averages": {"hz": 1.0, "average_over": 10},
+    "10 Hz": TraceSpec(),
+    "10 Hz, 2x noise, 5% samples dropped": TraceSpec(noise=2.0, drop_share=0.05),
+    "1 Hz, 1 s averages": TraceSpec(hz=1.0, average_over=10),
 }
 WAITS = ("checkpoint", "deadlock", "sync_wait")
 SMOKE_HOURS = 0.25
@@ -131,7 +132,7 @@ def literal_hang_ratio(schedule: dict, table) -> dict:
     return out
 
 
-def scored(model: str, cond: dict, with_run_info: bool, tmp: Path, literal: bool = False) -> pd.DataFrame:
+def scored(model: str, cond: TraceSpec, with_run_info: bool, tmp: Path, literal: bool = False) -> pd.DataFrame:
     """Windows and correct windows per true phase over the model's two jobs."""
     table = shipped_table(model)
     gpus = gpus_of(2, 2)
@@ -142,7 +143,7 @@ def scored(model: str, cond: dict, with_run_info: bool, tmp: Path, literal: bool
         schedule = job(gpus, mixed_job(rng, hang), writer=int(rng.integers(4)), stuck=int(rng.integers(4)))
         if literal:
             schedule = literal_hang_ratio(schedule, table)
-        synth = build_trace(schedule, table, seed=seed, **cond)
+        synth = build_trace(schedule, table, seed=seed, spec=cond)
         info = None
         if with_run_info:
             run = tmp / f"{model}-{k}-{len(list(tmp.iterdir()))}"
@@ -158,7 +159,9 @@ def scored(model: str, cond: dict, with_run_info: bool, tmp: Path, literal: bool
     return pd.concat(rows).groupby("phase")[["windows", "right"]].sum()
 
 
-def recall_table(cond: dict, with_run_info: bool, tmp: Path, models: list[str], literal: bool = False) -> pd.DataFrame:
+def recall_table(
+    cond: TraceSpec, with_run_info: bool, tmp: Path, models: list[str], literal: bool = False
+) -> pd.DataFrame:
     per = {m: scored(m, cond, with_run_info, tmp, literal) for m in models}
     table = pd.DataFrame({m: s["right"] / s["windows"] for m, s in per.items()})
     pooled = sum(s.reindex(table.index, fill_value=0) for s in per.values())
@@ -260,7 +263,7 @@ def timed(fn, *args, repeat: int, **kw):
 def bench_speed(hours: float, repeat: int, tmp: Path) -> None:
     table = shipped_table("b300")
     start = time.perf_counter()
-    synth = build_trace(job(gpus_of(2, 8), day_schedule(hours)), table, with_truth=False)
+    synth = build_trace(job(gpus_of(2, 8), day_schedule(hours)), table, spec=TraceSpec(with_truth=False))
     built = time.perf_counter() - start
     rows = synth.table.num_rows
     print(f"== speed: 16 GPUs (2 hosts x 8) x {hours:g} h x 10 Hz = {rows:,} rows (built in {built:.1f} s)")
@@ -337,7 +340,7 @@ def main() -> None:
             f"the same jobs with their heartbeats and metrics {min(lowest[True]):.3f}",
         )
         if not args.quick:
-            t = recall_table({}, False, runs, models, literal=True)
+            t = recall_table(TraceSpec(), False, runs, models, literal=True)
             print_table("10 Hz, power only, waits at 1.9-2.2 x idle_w (limit of the shipped bands)", t)
         bench_speed(hours, repeat, tmp)
 

@@ -9,6 +9,7 @@ import pytest
 from wattgate.power import energy as E
 from wattgate.power.triage import run_triage
 from wattgate.report import ReportSources, run_report
+from wattgate.triage_tables import TriageSettings
 from wattgate.trace import TraceWriter
 
 T0 = 1753576485.0
@@ -67,7 +68,7 @@ def test_the_report_headline_and_gpu_hours_count_only_sampled_time(tmp_path, via
     power = None
     if via_triage:
         power = tmp_path / "power"
-        run_triage([trace], power, gpu_model="H100")
+        run_triage([trace], power, settings=TriageSettings(gpu_model="H100"))
         record = json.loads((power / "triage.json").read_text())["energy"]["h:0"]
         assert record["gap_s"] == pytest.approx(3600.0)
     s = run_report(

@@ -148,10 +148,11 @@ def test_schema_meta_is_strict_json():
 
 def test_triage_json_never_holds_infinity(tmp_path):
     from wattgate.power.triage import run_triage
+    from wattgate.triage_tables import TriageSettings
 
     n = 120
     path = foreign_trace(tmp_path / "f.parquet", [float("inf") if i % 7 == 0 else 600.0 for i in range(n)])
-    result = run_triage([path], tmp_path / "out", gpu_model="H100").to_json()
+    result = run_triage([path], tmp_path / "out", settings=TriageSettings(gpu_model="H100")).to_json()
     text = (tmp_path / "out" / "triage.json").read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in triage.json"))
     assert result["phases"]
@@ -160,11 +161,12 @@ def test_triage_json_never_holds_infinity(tmp_path):
 def test_triage_json_backstop_for_non_finite_values_from_any_source(tmp_path, monkeypatch):
     """Even if a non-finite float reaches the result by another path, triage.json stays strict JSON (null)."""
     from wattgate.power.triage import stage as triage_mod
+    from wattgate.triage_tables import TriageSettings
 
     path = foreign_trace(tmp_path / "f.parquet", [600.0] * 30)
     real = triage_mod.totals
     monkeypatch.setattr(triage_mod, "totals", lambda s: {k: dict(v, energy_j=float("inf")) for k, v in real(s).items()})
-    triage_mod.run_triage([path], tmp_path / "out", gpu_model="H100")
+    triage_mod.run_triage([path], tmp_path / "out", settings=TriageSettings(gpu_model="H100"))
     data = json.loads(
         (tmp_path / "out" / "triage.json").read_text(),
         parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in triage.json"),

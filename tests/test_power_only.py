@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 from wattgate.cli import main
-from wattgate.testing.synthetic_trace import build_trace, gpus_of, job, write_nvidia_smi_csv
+from wattgate.testing.synthetic_trace import TraceSpec, build_trace, gpus_of, job, write_nvidia_smi_csv
 from wattgate.errors import InputError
 from wattgate.power.importers import import_trace, write_trace
 from wattgate.triage_tables import shipped_table
@@ -44,7 +44,9 @@ def without_gpu(table: pa.Table, gpu: int) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def synth():
-    return build_trace(job(GPUS, twelve_minutes(), writer=0, stuck=5), TABLE, seed=11, device_name=DEVICE)
+    return build_trace(
+        job(GPUS, twelve_minutes(), writer=0, stuck=5), TABLE, seed=11, spec=TraceSpec(device_name=DEVICE)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +79,9 @@ def check_job(phases: pa.Table, synth, min_share: float = 0.95) -> None:
 def test_periodic_short_checkpoints_are_checkpoint_and_the_endless_wait_deadlock(stuck):
     """Both signs at once: rank 0 idle through each pause, and 4 pauses at a regular interval. The final
     wait looks the same (one rank idle, the rest spinning) but never ends: deadlock."""
-    synth = build_trace(job(GPUS, twelve_minutes(), writer=0, stuck=stuck), TABLE, seed=1, device_name=DEVICE)
+    synth = build_trace(
+        job(GPUS, twelve_minutes(), writer=0, stuck=stuck), TABLE, seed=1, spec=TraceSpec(device_name=DEVICE)
+    )
     phases = triage(synth.table, TABLE)  # deadlock_after_s 60 s: every checkpoint is shorter
     check_job(phases, synth)
     writer = (phases.column("gpu").to_numpy() == 0) & (synth.truth_for(phases) == "checkpoint")

@@ -24,7 +24,7 @@ from wattgate.durations import duration
 from wattgate.cli import main
 from wattgate.testing.synthetic_trace import T0, build_trace, gpus_of, job, write_run_info
 from wattgate.errors import InputError
-from wattgate.triage_tables import shipped_table
+from wattgate.triage_tables import TriageSettings, shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import ReportSources, run_report
 from wattgate.power.energy import gpu_energy
@@ -688,7 +688,7 @@ def _pause_run(tmp_path):
     synth.write(run / "telemetry")
     write_run_info(run, synth)
     power = tmp_path / "results" / "power" / "pauses"
-    run_triage(trace_files(run / "telemetry"), power, run_dir=run, gpu_model="h100")
+    run_triage(trace_files(run / "telemetry"), power, run_dir=run, settings=TriageSettings(gpu_model="h100"))
     return run, power
 
 

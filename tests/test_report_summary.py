@@ -16,7 +16,7 @@ import pytest
 
 from wattgate.testing.synthetic_trace import build_trace, gpus_of, job, write_run_info
 from wattgate.errors import InputError
-from wattgate.triage_tables import shipped_table
+from wattgate.triage_tables import TriageSettings, shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.power.triage.phases import read_phases
 from wattgate.power.triage.runinfo import load_run_info
@@ -263,7 +263,7 @@ def triaged(tmp_path_factory):
     synth.write(run / "telemetry")
     write_run_info(run, synth)
     power = root / "results" / "power" / "r"
-    run_triage(trace_files(run / "telemetry"), power, run_dir=run, gpu_model="h100")
+    run_triage(trace_files(run / "telemetry"), power, run_dir=run, settings=TriageSettings(gpu_model="h100"))
     return run, power
 
 

@@ -17,9 +17,9 @@ from wattgate.cli import main
 from wattgate.errors import InputError
 from wattgate.power.triage import load_run_info, run_triage, triage
 from wattgate.power.triage.phases import phases_meta
-from wattgate.power.triage.stage import recorded_caps
+from wattgate.power.triage.files import recorded_caps
 from wattgate.records.trace_meta import TraceMeta
-from wattgate.testing.synthetic_trace import Straggler, build_trace, gpus_of, job, write_sync_run_info
+from wattgate.testing.synthetic_trace import Straggler, TraceSpec, build_trace, gpus_of, job, write_sync_run_info
 from wattgate.triage_tables import TriageSettings, shipped_table
 
 TABLE = shipped_table("h100")
@@ -44,7 +44,7 @@ def injected(hosts, per, cause, slowdown, reasons, seed, on=None):
     gpus = gpus_of(hosts, per)
     key = on or (gpus[0] if cause == "rank0_work" else gpus[-2])
     straggler = Straggler(key, slowdown, cause, ((60.0, 300.0), (340.0, 460.0)), reasons)
-    return build_trace(job(gpus, SCHEDULE), TABLE, seed=seed, straggler=straggler), key
+    return build_trace(job(gpus, SCHEDULE), TABLE, seed=seed, spec=TraceSpec(straggler=straggler)), key
 
 
 def test_at_least_95_percent_of_injected_stragglers_are_named_with_their_cause(tmp_path):
@@ -83,7 +83,7 @@ def test_balanced_runs_name_no_straggler(layout):
     busy += [("checkpoint", 90), ("compute", 200), ("deadlock", 120)]
     for seed in range(4):
         for sync in (True, False):
-            synth = build_trace(job(gpus, busy, stuck=1), TABLE, seed=seed, sync_steps=sync)
+            synth = build_trace(job(gpus, busy, stuck=1), TABLE, seed=seed, spec=TraceSpec(sync_steps=sync))
             got, lag = found(synth)
             assert got == [], (seed, sync, got)
             assert lag["wait_gpu_hours"] == 0.0
@@ -127,7 +127,7 @@ def test_triage_json_lists_the_stragglers_and_markdown_shows_them(tmp_path):
     synth, key = injected(1, 8, "thermal", 0.3, True, seed=2)
     traces = synth.write(tmp_path / "telemetry")
     out = tmp_path / "power"
-    result = run_triage(traces, out, gpu_model="h100", straggler_share=0.3).to_json()
+    result = run_triage(traces, out, settings=TriageSettings(gpu_model="h100", straggler_share=0.3)).to_json()
     record = json.loads((out / "triage.json").read_text())
     assert record["stragglers"] == result["stragglers"]
     (e,) = record["stragglers"]
@@ -136,8 +136,8 @@ def test_triage_json_lists_the_stragglers_and_markdown_shows_them(tmp_path):
     assert record["lag"]["settings"]["share"] == 0.3 and record["lag"]["wait_gpu_hours"] > 0
     md = (out / "triage.md").read_text()
     assert "## Stragglers" in md and "thermal" in md
-    balanced = build_trace(job(gpus_of(1, 8), SCHEDULE), TABLE, seed=1, sync_steps=True)
-    run_triage(balanced.write(tmp_path / "balanced"), tmp_path / "power2", gpu_model="h100")
+    balanced = build_trace(job(gpus_of(1, 8), SCHEDULE), TABLE, seed=1, spec=TraceSpec(sync_steps=True))
+    run_triage(balanced.write(tmp_path / "balanced"), tmp_path / "power2", settings=TriageSettings(gpu_model="h100"))
     record = json.loads((tmp_path / "power2" / "triage.json").read_text())
     assert record["stragglers"] == [] and "None: no GPU" in (tmp_path / "power2" / "triage.md").read_text()
 
@@ -196,7 +196,7 @@ def test_the_real_h200_run_names_no_straggler(h200_run, tmp_path):
 def test_stragglers_json_is_strict(tmp_path):
     synth, _ = injected(1, 4, "power_cap", 0.3, False, seed=4)
     out = tmp_path / "p"
-    run_triage(synth.write(tmp_path / "t"), out, gpu_model="h100")
+    run_triage(synth.write(tmp_path / "t"), out, settings=TriageSettings(gpu_model="h100"))
     text = (out / "triage.json").read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
     assert np.isfinite(json.loads(text)["stragglers"][0]["lag_share"])

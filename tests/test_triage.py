@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from wattgate.testing.synthetic_trace import T0, accuracy, build_trace, gpus_of, job, write_run_info
+from wattgate.testing.synthetic_trace import T0, TraceSpec, accuracy, build_trace, gpus_of, job, write_run_info
 from wattgate.errors import InputError
-from wattgate.triage_tables import SHIPPED, TriageTable, shipped_table
+from wattgate.triage_tables import SHIPPED, TriageSettings, TriageTable, shipped_table
 from wattgate.power.triage import PHASES_SCHEMA, load_run_info, map_ranks, phase_summary, run_triage, triage
 from wattgate.records.trace_meta import TraceMeta
 from wattgate.trace import TRACE_SCHEMA, TraceWriter
@@ -336,7 +336,7 @@ def test_missing_samples_are_unknown_and_do_not_relabel_neighbours():
     table = shipped_table("h200")
     sched = job(GPUS, [("compute", 120), ("checkpoint", 70), ("compute", 60), ("deadlock", 150)], writer=1)
     drop = [(GPUS[0], 40, 55), (GPUS[2], 200, 212.5), (None, 300, 320)]  # in compute, in a checkpoint, in the hang
-    synth = build_trace(sched, table, drop=drop)
+    synth = build_trace(sched, table, spec=TraceSpec(drop=drop))
     phases = triage(synth.table, table, deadlock_after_s=DL)
     got, truth = phases.column("phase").to_numpy(zero_copy_only=False), synth.truth_for(phases)
     assert ((got == "unknown") == (truth == "unknown")).all()
@@ -369,7 +369,9 @@ def test_run_triage_writes_every_artifact(tmp_path):
     synth = build_trace(job(GPUS, MIXED[:10], writer=3), table)
     paths = synth.write(tmp_path / "telemetry")
     write_run_info(tmp_path / "run", synth)
-    result = run_triage(paths, tmp_path / "out", run_dir=tmp_path / "run", deadlock_after_s=DL).to_json()
+    result = run_triage(
+        paths, tmp_path / "out", run_dir=tmp_path / "run", settings=TriageSettings(deadlock_after_s=DL)
+    ).to_json()
     assert result == json.loads((tmp_path / "out" / "triage.json").read_text())
     assert result["status"] == "ok" and result["table"]["gpu_model"] == "B200"
     assert result["table_source"].startswith("detected") and result["table"]["provenance"]
@@ -410,8 +412,8 @@ def test_deterministic_phases_file(tmp_path):
     table = shipped_table("h100")
     synth = build_trace(job(GPUS, MIXED[:9], writer=2), table, seed=5)
     paths = synth.write(tmp_path / "t")
-    run_triage(paths, tmp_path / "a", deadlock_after_s=DL)
-    run_triage(list(reversed(paths)), tmp_path / "b", deadlock_after_s=DL)
+    run_triage(paths, tmp_path / "a", settings=TriageSettings(deadlock_after_s=DL))
+    run_triage(list(reversed(paths)), tmp_path / "b", settings=TriageSettings(deadlock_after_s=DL))
     for name in ("phases.parquet", "phase_summary.csv", "triage.md"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     shuffled = synth.table.take(np.random.default_rng(0).permutation(synth.table.num_rows))
@@ -438,13 +440,13 @@ def test_bad_inputs_are_one_line_input_errors(tmp_path):
     cases = [
         (dict(trace_paths=[broken]), "broken.parquet"),
         (dict(trace_paths=[tmp_path / "absent.parquet"]), "absent.parquet"),
-        (dict(trace_paths=good, gpu_model="v100"), "v100"),
-        (dict(trace_paths=good, table_path=str(tmp_path / "no-table.yaml")), "no-table.yaml"),
+        (dict(trace_paths=good, settings=TriageSettings(gpu_model="v100")), "v100"),
+        (dict(trace_paths=good, settings=TriageSettings(table_path=str(tmp_path / "no-table.yaml"))), "no-table.yaml"),
         (dict(trace_paths=good, run_dir=str(tmp_path / "no-run")), "no-run"),
     ]
     bad_table = tmp_path / "bad.yaml"
     bad_table.write_text("gpu_model: X\nmatch: [X]\ntdp_w: 700\nidle_w: 70\nlow_max_w: 400\ncompute_min_w: 380\n")
-    cases.append((dict(trace_paths=good, table_path=str(bad_table)), "bad.yaml"))
+    cases.append((dict(trace_paths=good, settings=TriageSettings(table_path=str(bad_table))), "bad.yaml"))
     unnamed = tmp_path / "unnamed"
     unnamed.mkdir()
     pq.write_table(synth.table, unnamed / "x.parquet")  # no metadata: the model cannot be detected
@@ -474,7 +476,9 @@ def test_calibrated_table_from_file(tmp_path):
     path = tmp_path / "h100-calibrated.yaml"
     path.write_text(table.to_yaml())
     synth = build_trace(job(GPUS[:2], [("compute", 40), ("communication", 40)]), table)
-    result = run_triage(synth.write(tmp_path / "t"), tmp_path / "out", table_path=str(path)).to_json()
+    result = run_triage(
+        synth.write(tmp_path / "t"), tmp_path / "out", settings=TriageSettings(table_path=str(path))
+    ).to_json()
     assert result["table"]["provenance"]["kind"] == "calibrated"
     assert result["table_source"] == f"--table {path}"
     assert set(result["phases"]) == {"compute", "communication"}
@@ -483,7 +487,7 @@ def test_calibrated_table_from_file(tmp_path):
 def test_windows_span_from_first_to_last_sample_per_gpu():
     table = shipped_table("h100")
     sched = {("n", 0): [("compute", 20)], ("n", 1): [("idle", 5), ("compute", 30)]}
-    synth = build_trace(sched, table, t0=T0 + 0.5)
+    synth = build_trace(sched, table, spec=TraceSpec(t0=T0 + 0.5))
     df = triage(synth.table, table).to_pandas()
     assert df.groupby("gpu").size().to_dict() == {0: 21, 1: 36}  # t0 mid-window: one extra window
 

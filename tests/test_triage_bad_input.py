@@ -71,8 +71,10 @@ def test_two_files_with_the_same_host_over_the_same_time_are_refused_naming_both
     middle = (pc.min(t.column("time")).as_py() + pc.max(t.column("time")).as_py()) / 2
     first = write(t.filter(pc.less(t.column("time"), middle)), tmp_path / "before.parquet")
     second = write(t.filter(pc.greater_equal(t.column("time"), middle)), tmp_path / "after.parquet")
-    split = run_triage([first, second], tmp_path / "split", gpu_model="h100").to_json()
-    whole = run_triage([write(t, tmp_path / "whole.parquet")], tmp_path / "whole", gpu_model="h100").to_json()
+    split = run_triage([first, second], tmp_path / "split", settings=TriageSettings(gpu_model="h100")).to_json()
+    whole = run_triage(
+        [write(t, tmp_path / "whole.parquet")], tmp_path / "whole", settings=TriageSettings(gpu_model="h100")
+    ).to_json()
     assert split["gpus"] == 2 and split["hosts"] == ["node0"]
     assert split["phases"] == whole["phases"]
 
@@ -82,18 +84,22 @@ def test_the_same_trace_given_twice_is_refused_one_file_out_of_order_is_not(tmp_
     folder.mkdir()
     path = write(host_trace(4), folder / "node0.parquet")
     with pytest.raises(InputError, match="given twice"):
-        run_triage([path, folder / ".." / "telemetry" / "node0.parquet"], tmp_path / "out", gpu_model="h100")
+        run_triage(
+            [path, folder / ".." / "telemetry" / "node0.parquet"],
+            tmp_path / "out",
+            settings=TriageSettings(gpu_model="h100"),
+        )
 
     # rows of one file out of time order across its chunks are not two files: summed from the rows sorted
     # together, as the report sums them
-    from wattgate.power.triage import stage
+    from wattgate.power.triage import files
 
     t = host_trace(5)
     odd = np.arange(t.num_rows) % 2 == 1
     shuffled = write(pa.concat_tables([t.filter(pa.array(~odd)), t.filter(pa.array(odd))]), tmp_path / "mixed.parquet")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stage, "CHUNK_ROWS", t.num_rows // 2 + 1)  # the halves in separate chunks
-        got = run_triage([shuffled], tmp_path / "mixed", gpu_model="h100").to_json()["energy"]
+        mp.setattr(files, "CHUNK_ROWS", t.num_rows // 2 + 1)  # the halves in separate chunks
+        got = run_triage([shuffled], tmp_path / "mixed", settings=TriageSettings(gpu_model="h100")).to_json()["energy"]
     samples = read_samples([read_trace(shuffled).select(["time", "host", "gpu", "power_w", "energy_j"])])
     want = records(gpu_energy(samples), [len(s.energy_pos) for s in samples.series])
     assert got.keys() == want.keys()
@@ -218,7 +224,11 @@ def test_settings_take_the_value_given_and_refuse_a_zero_given():
 
 @pytest.fixture
 def phases_dir(tmp_path):
-    run_triage([write(host_trace(9), tmp_path / "node0.parquet")], tmp_path / "power", gpu_model="h100")
+    run_triage(
+        [write(host_trace(9), tmp_path / "node0.parquet")],
+        tmp_path / "power",
+        settings=TriageSettings(gpu_model="h100"),
+    )
     return tmp_path / "power"
 
 
@@ -269,8 +279,8 @@ def test_a_sampler_reading_above_any_gpus_power_is_not_a_reading(tmp_path):
     spiked = write(t.set_column(i, t.schema.field(i), pa.array(power, pa.float32())), tmp_path / "spiked.parquet")
     nulled = pa.array([None if k in set(spikes.tolist()) else float(v) for k, v in enumerate(power)], pa.float32())
     clean = write(t.set_column(i, t.schema.field(i), nulled), tmp_path / "clean.parquet")
-    got = run_triage([spiked], tmp_path / "a", gpu_model="h100").to_json()
-    want = run_triage([clean], tmp_path / "b", gpu_model="h100").to_json()
+    got = run_triage([spiked], tmp_path / "a", settings=TriageSettings(gpu_model="h100")).to_json()
+    want = run_triage([clean], tmp_path / "b", settings=TriageSettings(gpu_model="h100")).to_json()
     assert got["phases"] == want["phases"]
     assert {k: v["integrated_j"] for k, v in got["energy"].items()} == {
         k: v["integrated_j"] for k, v in want["energy"].items()

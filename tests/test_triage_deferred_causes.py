@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 from support.traces import sampler_files
 from wattgate import trace as trace_mod
 from wattgate.power.triage import run_triage
-from wattgate.power.triage import stage as stage_mod
-from wattgate.testing.synthetic_trace import Straggler, build_trace, gpus_of, job
+from wattgate.power.triage import files as files_mod
+from wattgate.testing.synthetic_trace import Straggler, TraceSpec, build_trace, gpus_of, job
 from wattgate.trace import read_trace_chunks
-from wattgate.triage_tables import shipped_table
+from wattgate.triage_tables import TriageSettings, shipped_table
 
 TABLE = shipped_table("h100")
 
@@ -32,16 +32,16 @@ def test_cause_columns_are_decoded_only_for_the_chunks_a_stragglers_windows_ask_
     gpus = gpus_of(1, 4)
     schedule = job(gpus, [("idle", 20), ("compute", 900), ("checkpoint", 40), ("compute", 600)])
     straggler = Straggler(gpus[-1], 0.3, "thermal", ((100, 300),), True)
-    synth = build_trace(schedule, TABLE, seed=5, straggler=straggler)
+    synth = build_trace(schedule, TABLE, seed=5, spec=TraceSpec(straggler=straggler))
     paths = sampler_files(synth, tmp_path / "telemetry")
-    monkeypatch.setattr(stage_mod, "CHUNK_ROWS", CHUNK)
+    monkeypatch.setattr(files_mod, "CHUNK_ROWS", CHUNK)
     reads = counted_reads(monkeypatch)
-    run_triage(paths, tmp_path / "deferred", gpu_model="h100")
+    run_triage(paths, tmp_path / "deferred", settings=TriageSettings(gpu_model="h100"))
     chunks = math.ceil(synth.table.num_rows / CHUNK)
     assert 0 < len(reads) < chunks / 2, (len(reads), chunks)
 
-    monkeypatch.setattr(stage_mod, "CAUSE_COLUMNS", ())  # every column read with its chunk
-    run_triage(paths, tmp_path / "at_once", gpu_model="h100")
+    monkeypatch.setattr(files_mod, "CAUSE_COLUMNS", ())  # every column read with its chunk
+    run_triage(paths, tmp_path / "at_once", settings=TriageSettings(gpu_model="h100"))
     a, b = (pq.read_table(tmp_path / d / "phases.parquet") for d in ("deferred", "at_once"))
     assert a.equals(b)
     ja, jb = (json.loads((tmp_path / d / "triage.json").read_text()) for d in ("deferred", "at_once"))
@@ -54,9 +54,9 @@ def test_a_balanced_run_decodes_no_cause_column(tmp_path, monkeypatch):
     gpus = gpus_of(1, 4)
     synth = build_trace(job(gpus, [("idle", 20), ("compute", 600), ("checkpoint", 40)]), TABLE, seed=6)
     paths = sampler_files(synth, tmp_path / "telemetry")
-    monkeypatch.setattr(stage_mod, "CHUNK_ROWS", CHUNK)
+    monkeypatch.setattr(files_mod, "CHUNK_ROWS", CHUNK)
     reads = counted_reads(monkeypatch)
-    result = run_triage(paths, tmp_path / "p", gpu_model="h100").to_json()
+    result = run_triage(paths, tmp_path / "p", settings=TriageSettings(gpu_model="h100")).to_json()
     assert result["stragglers"] == [] and reads == []
 
 

@@ -11,7 +11,7 @@ import pytest
 from wattgate.testing.synthetic_trace import build_trace, gpus_of, job
 from wattgate.errors import InputError
 from wattgate.power.energy import gpu_energy, records
-from wattgate.triage_tables import shipped_table
+from wattgate.triage_tables import TriageSettings, shipped_table
 from wattgate.power.triage import run_triage
 from wattgate.report.inputs import read_samples
 from wattgate.trace import TRACE_SCHEMA, read_trace, schema_with_meta
@@ -69,7 +69,7 @@ def test_triage_json_energy_is_what_the_report_computes(tmp_path, layout):
             t = t.slice(0, half)
         write(t, tmp_path / f"{host}.parquet", host)
         paths.append(tmp_path / f"{host}.parquet")
-    result = run_triage(paths, tmp_path / "out", gpu_model="h100").to_json()
+    result = run_triage(paths, tmp_path / "out", settings=TriageSettings(gpu_model="h100")).to_json()
     on_disk = json.loads((tmp_path / "out" / "triage.json").read_text())["energy"]
 
     samples = read_samples([read_trace(p).select(["time", "host", "gpu", "power_w", "energy_j"]) for p in paths])
@@ -84,7 +84,9 @@ def test_triage_json_energy_is_what_the_report_computes(tmp_path, layout):
 
 def test_triage_json_energy_without_a_counter_is_integrated(tmp_path):
     synth = build_trace(job(gpus_of(1, 2), PHASES), shipped_table("h100"), seed=1)
-    e = run_triage(synth.write(tmp_path / "t"), tmp_path / "out", gpu_model="h100").to_json()["energy"]
+    e = run_triage(synth.write(tmp_path / "t"), tmp_path / "out", settings=TriageSettings(gpu_model="h100")).to_json()[
+        "energy"
+    ]
     assert {v["method"] for v in e.values()} == {"integrated_power"}
     assert all(
         v["counter_j"] is None and v["readings"] == 0 and v["energy_j"] == v["integrated_j"] > 0 for v in e.values()
@@ -132,7 +134,9 @@ def test_run_triage_takes_a_finished_trace_and_a_killed_samplers_segments_togeth
     assert segment_dir(tmp_path / "t" / "live.parquet").is_dir()
     part = read_trace(tmp_path / "t" / "live.parquet", columns=["time", "host", "gpu"])
     assert pa.types.is_dictionary(part.schema.field("host").type)
-    result = run_triage(paths + [tmp_path / "t" / "live.parquet"], tmp_path / "out", gpu_model="h100").to_json()
+    result = run_triage(
+        paths + [tmp_path / "t" / "live.parquet"], tmp_path / "out", settings=TriageSettings(gpu_model="h100")
+    ).to_json()
     assert sorted(result["energy"]) == ["node0:0", "node1:0", "node2:0"] and result["hosts"] == [
         "node0",
         "node1",
@@ -150,7 +154,7 @@ def test_interleaved_files_of_one_gpu_are_summed_from_their_rows_sorted_together
     paths = [tmp_path / "a.parquet", tmp_path / "b.parquet"]
     write(table.filter(pa.array(~odd)), paths[0], "node0")
     write(table.filter(pa.array(odd)), paths[1], "node0")
-    got = run_triage(paths, tmp_path / "out", gpu_model="h100").to_json()["energy"]
+    got = run_triage(paths, tmp_path / "out", settings=TriageSettings(gpu_model="h100")).to_json()["energy"]
     samples = read_samples([read_trace(p).select(["time", "host", "gpu", "power_w", "energy_j"]) for p in paths])
     expected = records(gpu_energy(samples), [len(s.energy_pos) for s in samples.series])
     assert_same_energy(got, expected)
@@ -160,7 +164,7 @@ def test_interleaved_files_of_one_gpu_are_summed_from_their_rows_sorted_together
 def test_reading_a_trace_in_small_row_groups_changes_nothing(tmp_path, monkeypatch):
     """Triage reduces a trace chunk by chunk: chunks that cut a tick, a window or a GPU's run anywhere give
     the same phases, and the same energy to rounding."""
-    from wattgate.power.triage import stage
+    from wattgate.power.triage import files
 
     rng = np.random.default_rng(9)
     synth = build_trace(job(gpus_of(1, 3), PHASES), shipped_table("h100"), seed=9)
@@ -175,9 +179,9 @@ def test_reading_a_trace_in_small_row_groups_changes_nothing(tmp_path, monkeypat
         parts,
         row_group_size=997,
     )
-    a = run_triage([whole], tmp_path / "a", gpu_model="h100").to_json()
-    monkeypatch.setattr(stage, "CHUNK_ROWS", 331)  # batches smaller than the row groups, cut anywhere
-    b = run_triage([parts], tmp_path / "b", gpu_model="h100").to_json()
+    a = run_triage([whole], tmp_path / "a", settings=TriageSettings(gpu_model="h100")).to_json()
+    monkeypatch.setattr(files, "CHUNK_ROWS", 331)  # batches smaller than the row groups, cut anywhere
+    b = run_triage([parts], tmp_path / "b", settings=TriageSettings(gpu_model="h100")).to_json()
     assert pq.read_metadata(parts).num_row_groups == 4  # and 12 batches of at most 331 rows
     assert (tmp_path / "a" / "phases.parquet").read_bytes() == (tmp_path / "b" / "phases.parquet").read_bytes()
     assert a["phases"] == b["phases"]
@@ -193,9 +197,9 @@ def test_one_core_or_two_give_the_same_files(tmp_path, monkeypatch):
         paths.append(tmp_path / f"{host}.parquet")
         write(table.filter(pa.compute.equal(table.column("host"), host)), paths[-1], host)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    two = run_triage(paths, tmp_path / "two", gpu_model="h100").to_json()
+    two = run_triage(paths, tmp_path / "two", settings=TriageSettings(gpu_model="h100")).to_json()
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
-    one = run_triage(paths, tmp_path / "one", gpu_model="h100").to_json()
+    one = run_triage(paths, tmp_path / "one", settings=TriageSettings(gpu_model="h100")).to_json()
     assert one == two
     for name in ("phases.parquet", "triage.json", "triage.md", "phase_summary.csv"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name

@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 from wattgate.cli import main
 from wattgate.errors import InputError
-from wattgate.triage_tables import TriageTable, shipped_table, table_from_power_cap
+from wattgate.triage_tables import TriageSettings, TriageTable, shipped_table, table_from_power_cap
 from wattgate.power.triage import run_triage, triage
 
 NANOGPT = REPO / "tests" / "data" / "nanogpt-8xh100"
@@ -187,7 +187,7 @@ def test_unknown_time_is_reported(tmp_path):
     rng = np.random.default_rng(3)
     trace = tmp_path / "t.parquet"
     write_frame(stalled(rng, 10.0, [(100.0, 6.0), (200.0, 0.25)]), trace)
-    result = run_triage([trace], tmp_path / "out", gpu_model="h100").to_json()
+    result = run_triage([trace], tmp_path / "out", settings=TriageSettings(gpu_model="h100")).to_json()
     gaps = result["gaps"]
     assert gaps["unknown_s"] == pytest.approx(2 * 6.0) and gaps["unknown_gaps"] == 2
     assert gaps["longest_gap_s"] == pytest.approx(6.0)
@@ -251,7 +251,7 @@ def test_a_table_is_derived_from_the_power_cap_when_none_matches(tmp_path):
     write_frame(at_cap(np.random.default_rng(6)), trace, {"host": "n0", "gpus": gpus})
     with pytest.raises(InputError, match="--power-cap-w"):
         run_triage([trace], tmp_path / "no-cap")
-    result = run_triage([trace], tmp_path / "out", power_cap_w=300.0).to_json()
+    result = run_triage([trace], tmp_path / "out", settings=TriageSettings(power_cap_w=300.0)).to_json()
     t = result["table"]
     assert t["tdp_w"] == 300.0 and "power cap" in t["provenance"]["kind"]
     assert t["idle_w"] < t["low_max_w"] < t["compute_min_w"] < 300.0
@@ -284,7 +284,7 @@ def test_a_gpu_that_departs_from_its_peers_is_flagged(tmp_path):
             rows.append((x, g, (260 if slow else 600) + rng.normal(0, 8), 99.0))
     trace = tmp_path / "peers.parquet"
     write_frame(frame(rows), trace)
-    result = run_triage([trace], tmp_path / "out", gpu_model="h100").to_json()
+    result = run_triage([trace], tmp_path / "out", settings=TriageSettings(gpu_model="h100")).to_json()
     departures = result["peers"]["departures"]
     assert [d["gpu"] for d in departures] == ["n0:5"]
     assert departures[0]["seconds"] == pytest.approx(120, abs=4)

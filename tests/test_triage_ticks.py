@@ -11,8 +11,8 @@ import pytest
 from wattgate.power.triage import run_triage
 from wattgate.power.triage import ticks as ticks_mod
 from wattgate.power.triage import windows as windows_mod
-from wattgate.testing.synthetic_trace import Straggler, build_trace, gpus_of, job
-from wattgate.triage_tables import shipped_table
+from wattgate.testing.synthetic_trace import Straggler, TraceSpec, build_trace, gpus_of, job
+from wattgate.triage_tables import TriageSettings, shipped_table
 
 from support.traces import sampler_files
 
@@ -23,13 +23,15 @@ TABLE = shipped_table("h100")
 def test_the_tick_layout_gives_the_general_paths_outputs_bit_for_bit(tmp_path, monkeypatch, hosts, per):
     gpus = gpus_of(hosts, per)
     schedule = job(gpus, [("idle", 20), ("compute", 240), ("data_starvation", 60), ("checkpoint", 40), ("compute", 90)])
-    synth = build_trace(schedule, TABLE, seed=hosts, straggler=Straggler(gpus[-1], 0.3, "thermal", ((60, 200),)))
+    synth = build_trace(
+        schedule, TABLE, seed=hosts, spec=TraceSpec(straggler=Straggler(gpus[-1], 0.3, "thermal", ((60, 200),)))
+    )
     paths = sampler_files(synth, tmp_path / "telemetry")
     assert ticks_mod.period(np.tile(np.arange(per, dtype=np.int32), 5), None) == per
-    run_triage(paths, tmp_path / "ticks", gpu_model="h100")
+    run_triage(paths, tmp_path / "ticks", settings=TriageSettings(gpu_model="h100"))
     seen = []
     monkeypatch.setattr(windows_mod.ticks_mod, "period", lambda gpu, codes: seen.append(1) or 0)
-    run_triage(paths, tmp_path / "general", gpu_model="h100")
+    run_triage(paths, tmp_path / "general", settings=TriageSettings(gpu_model="h100"))
     assert seen  # the general path ran
     a, b = (pq.read_table(tmp_path / d / "phases.parquet") for d in ("ticks", "general"))
     assert a.equals(b)

@@ -239,17 +239,7 @@ def _triage(args, config) -> None:
     share = None if args.straggler_share is None else share_value(args.straggler_share, "--straggler-share")
     s = TriageSettings.merge(config, args.table, args.gpu_model, window_s, deadlock_after_s, args.power_cap_w, share)
     traces = [f for p in args.trace for f in (trace_files(p) if p.is_dir() else [p])]
-    result = run_triage(
-        traces,
-        args.out,
-        table_path=s.table_path,
-        gpu_model=s.gpu_model,
-        run_dir=args.run,
-        window_s=s.window_s,
-        deadlock_after_s=s.deadlock_after_s,
-        power_cap_w=s.power_cap_w,
-        straggler_share=s.straggler_share,
-    )
+    result = run_triage(traces, args.out, run_dir=args.run, settings=s)
     shown = ", ".join(f"{ph} {100 * v.share:.1f}%" for ph, v in result.phases.items())
     print(f"triage: {result.gpus} GPU(s), {shown or result.status} -> {args.out}")
     for e in result.stragglers:

@@ -187,7 +187,7 @@ class Lag(Record):
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Lagging(Record):
     """What triage found of the GPUs a run waited for: triage.json's `stragglers` and `lag`, or in-process
-    triage's (the phases table's metadata, power/triage/stage.py `triage`)."""
+    triage's (the phases table's metadata, power/triage/labelling.py `triage`)."""
 
     stragglers: tuple[Straggler | WatcherStraggler, ...] = ()
     lag: Lag | None = None

@@ -35,7 +35,8 @@ from wattgate.power.triage.causes import COLUMNS as CAUSE_COLUMNS
 from wattgate.power.triage.phases import CONFIDENCE, LABELS, PHASE, PHASES_SCHEMA, phases_meta, read_phases
 from wattgate.power.triage.runinfo import RUN_INFO_METRICS, RunInfo, gpu_uuids
 from wattgate.triage_tables import DEFAULT_DEADLOCK_AFTER_S, DEFAULT_WINDOW_S, TriageSettings
-from wattgate.power.triage.stage import recorded_caps, triage
+from wattgate.power.triage.files import recorded_caps
+from wattgate.power.triage.labelling import triage
 from wattgate.report.gate_input import UsableGate, usable_gate
 from wattgate.report.metrics import trusted_metrics
 from wattgate.heartbeats import HEARTBEAT_EVENT_COLUMNS, read_heartbeat_events, read_heartbeats

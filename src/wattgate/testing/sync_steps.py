@@ -1,6 +1,6 @@
 """Synchronized data-parallel steps and one slowed GPU, for synthetic_trace.build_trace.
 
-With `sync_steps=True` every
+With TraceSpec(sync_steps=True) every
 GPU's compute segments run the same steps, as data-parallel ranks do: each
 step computes for U(1.5, 4) s, then all GPUs reduce gradients together for
 U(0.2, 0.4) s at the communication level. A `Straggler` computes each of its
@@ -121,64 +121,6 @@ REASON_OF = {"thermal": 0x20, "power_cap": 0x4, "hw_slowdown": 0x8}
 assert all(bit & REASON_CAUSES[c] for c, bit in REASON_OF.items())
 
 
-def sync_compute(
-    u: np.ndarray,
-    plan: Steps,
-    key: tuple[str, int],
-    level: float,
-    t: TriageTable,
-    rng,
-    noise: float,
-    straggler: Straggler | None,
-    slow: SlowColumns,
-    at: int,
-    cap: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Power and util of one GPU over a compute segment of synchronized steps (`u`: s from the segment start);
-    the straggler's slow-path readings go into `slow` from position `at`."""
-    n = len(u)
-    k = np.clip(np.searchsorted(plan.start, u, side="right") - 1, 0, len(plan.start) - 1)
-    off = u - plan.start[k]
-    c, s = plan.c[k], plan.s[k]
-    end = c * (1 + s)
-    me = straggler is not None and key == straggler.gpu
-    cause = straggler.cause if straggler is not None else ""
-    slowed = me & (s > 0)
-    if me and cause == "data":
-        data_wait = off < c * s
-        busy = ~data_wait & (off < end)
-    else:
-        data_wait = np.zeros(n, dtype=bool)
-        busy = off < (end if me else c)
-    waiting = ~busy & ~data_wait & (off < end)
-    comm = off >= end
-    band = t.compute_min_w - t.low_max_w
-    comm_level = t.low_max_w + rng.uniform(0.5, 0.9) * band
-    wait = wait_level(t, rng)
-    power = np.where(busy, level + rng.normal(0, noise * 0.02 * t.tdp_w, n), 0.0)
-    util = np.where(busy, rng.uniform(95, 100, n), 0.0)
-    if me and cause == "power_cap":
-        power = np.where(busy, np.where(slowed, cap + rng.normal(0, noise * 0.004 * t.tdp_w, n), 0.8 * power), power)
-    elif me and cause in ("thermal", "hw_slowdown"):
-        power = np.where(busy & slowed, power * (0.92 if cause == "thermal" else 0.7), power)
-    if cause == "rank0_work" and not me:  # blocked on the host while rank 0 works: idle, nothing resident
-        idle = t.idle_w * rng.uniform(1.0, 1.1)
-        power = np.where(waiting, idle + rng.normal(0, noise * 0.02 * t.idle_w, n), power)
-    else:
-        power = np.where(waiting, wait + rng.normal(0, noise * 0.03 * (t.low_max_w - t.idle_w), n), power)
-        util = np.where(waiting, rng.uniform(98, 100, n), util)
-    power = np.where(data_wait, t.idle_w * rng.uniform(1.0, 1.1) + rng.normal(0, noise * 0.02 * t.idle_w, n), power)
-    power = np.where(comm, comm_level + rng.normal(0, noise * 0.03 * band, n), power)
-    util = np.where(comm, rng.uniform(97, 100, n), util)
-    if me and cause in REASON_OF:
-        hot = np.flatnonzero(busy & slowed) + at
-        slow.clock[hot] = BASE_CLOCK_MHZ * 0.5 if cause == "hw_slowdown" else BASE_CLOCK_MHZ / (1 + s[busy & slowed])
-        slow.reasons[hot] = REASON_OF[cause]
-        if cause == "thermal":
-            slow.temp[hot] = 88.0
-    return power, util
-
-
 class SyncJob:
     """build_trace's state for a sync_steps job: each compute segment's steps (the same for every GPU), the
     GPUs' compute levels and recorded power limits, and the slow-path columns of every sample kept."""
@@ -202,11 +144,60 @@ class SyncJob:
         capped = st is not None and st.cause == "power_cap" and key == st.gpu
         self.caps[key] = round(0.86 * self.level, 1) if capped else float(self.table.tdp_w)
 
-    def compute(self, index: int, length: float, start: float, u: np.ndarray, at: int, rng, noise: float):
+    def compute(
+        self, index: int, length: float, start: float, u: np.ndarray, at: int, rng, noise: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Power and util of the current GPU over compute segment `index` (`length` s from `start`), in
+        synchronized steps (`u`: s from the segment start); the straggler's slow-path readings go into the GPU's
+        slow-path columns from position `at`."""
         plan = self.steps.setdefault(index, Steps.draw(length, self.seed, index, self.straggler, start))
-        return sync_compute(
-            u, plan, self.key, self.level, self.table, rng, noise, self.straggler, self.slow, at, self.caps[self.key]
-        )
+        key, level, t, straggler, slow = self.key, self.level, self.table, self.straggler, self.slow
+        cap = self.caps[key]
+        n = len(u)
+        k = np.clip(np.searchsorted(plan.start, u, side="right") - 1, 0, len(plan.start) - 1)
+        off = u - plan.start[k]
+        c, s = plan.c[k], plan.s[k]
+        end = c * (1 + s)
+        me = straggler is not None and key == straggler.gpu
+        cause = straggler.cause if straggler is not None else ""
+        slowed = me & (s > 0)
+        if me and cause == "data":
+            data_wait = off < c * s
+            busy = ~data_wait & (off < end)
+        else:
+            data_wait = np.zeros(n, dtype=bool)
+            busy = off < (end if me else c)
+        waiting = ~busy & ~data_wait & (off < end)
+        comm = off >= end
+        band = t.compute_min_w - t.low_max_w
+        comm_level = t.low_max_w + rng.uniform(0.5, 0.9) * band
+        wait = wait_level(t, rng)
+        power = np.where(busy, level + rng.normal(0, noise * 0.02 * t.tdp_w, n), 0.0)
+        util = np.where(busy, rng.uniform(95, 100, n), 0.0)
+        if me and cause == "power_cap":
+            power = np.where(
+                busy, np.where(slowed, cap + rng.normal(0, noise * 0.004 * t.tdp_w, n), 0.8 * power), power
+            )
+        elif me and cause in ("thermal", "hw_slowdown"):
+            power = np.where(busy & slowed, power * (0.92 if cause == "thermal" else 0.7), power)
+        if cause == "rank0_work" and not me:  # blocked on the host while rank 0 works: idle, nothing resident
+            idle = t.idle_w * rng.uniform(1.0, 1.1)
+            power = np.where(waiting, idle + rng.normal(0, noise * 0.02 * t.idle_w, n), power)
+        else:
+            power = np.where(waiting, wait + rng.normal(0, noise * 0.03 * (t.low_max_w - t.idle_w), n), power)
+            util = np.where(waiting, rng.uniform(98, 100, n), util)
+        power = np.where(data_wait, t.idle_w * rng.uniform(1.0, 1.1) + rng.normal(0, noise * 0.02 * t.idle_w, n), power)
+        power = np.where(comm, comm_level + rng.normal(0, noise * 0.03 * band, n), power)
+        util = np.where(comm, rng.uniform(97, 100, n), util)
+        if me and cause in REASON_OF:
+            hot = np.flatnonzero(busy & slowed) + at
+            slow.clock[hot] = (
+                BASE_CLOCK_MHZ * 0.5 if cause == "hw_slowdown" else BASE_CLOCK_MHZ / (1 + s[busy & slowed])
+            )
+            slow.reasons[hot] = REASON_OF[cause]
+            if cause == "thermal":
+                slow.temp[hot] = 88.0
+        return power, util
 
     def keep(self, rel: np.ndarray, at: np.ndarray, keep: np.ndarray) -> None:
         for name, values in self.slow.held(rel, self.reasons).items():

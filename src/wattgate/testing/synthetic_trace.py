@@ -2,10 +2,10 @@
 
 A schedule gives each GPU a list of segments `(variant, seconds)` or
 `(variant, seconds, overrides)`; `build_trace` turns it into trace rows in the
-telemetry contract at `hz` samples per second, with seeded noise, and keeps
-the ground-truth phase of every window. `job` builds a schedule for GPUs that
-run one job in lockstep, giving the checkpoint writer and the stuck rank their
-own variants.
+telemetry contract, sampled as a `TraceSpec` says (`hz` samples per second),
+with seeded noise, and keeps the ground-truth phase of every window. `job`
+builds a schedule for GPUs that run one job in lockstep, giving the checkpoint
+writer and the stuck rank their own variants.
 
 Levels, from the triage table (T = tdp_w, I = idle_w, L = low_max_w,
 C = compute_min_w); a level is drawn once per segment, then every sample adds
@@ -43,12 +43,12 @@ Per shipped table (W):      idle    compute       communication   wait (hang)   
 
 `overrides` may set `power_w` (mean), `power_sd`, `util` (a value or a (low,
 high) uniform range) and `phase` (the truth label). Samples can be dropped
-(`drop`) to leave windows without data: their truth is `unknown`.
+(TraceSpec.drop) to leave windows without data: their truth is `unknown`.
 `write_run_info` writes the heartbeat events, heartbeat states and
 metrics.parquet that the training loop would have written for a `job`.
 `write_nvidia_smi_csv` writes a trace as an nvidia-smi CSV log.
 
-Synchronized steps and stragglers: `sync_steps`, `straggler`
+Synchronized steps and stragglers: TraceSpec's `sync_steps`, `straggler`
 (testing/sync_steps.py says how they are drawn). The "real
 traces" helpers score triage against a labelled real trace and a real run
 (the repository keeps one of each under tests/data/h200).
@@ -217,38 +217,42 @@ def gpus_of(hosts: int, per_host: int, prefix: str = "node") -> list[tuple[str, 
     return [(f"{prefix}{h}", g) for h in range(hosts) for g in range(per_host)]
 
 
-def build_trace(
-    schedule: dict,
-    table: TriageTable,
-    hz: float = 10.0,
-    seed: int = 0,
-    t0: float = T0,
-    window_s: float = 1.0,
-    drop: Sequence[tuple] = (),
-    device_name: str | None = None,
-    noise: float = 1.0,
-    drop_share: float = 0.0,
-    average_over: int = 1,
-    with_truth: bool = True,
-    sync_steps: bool = False,
-    straggler: Straggler | None = None,
-    reasons: bool | None = None,
-) -> SyntheticTrace:
-    """Trace rows and per-window truth for `schedule` ({(host, gpu): [segments]}).
+@dataclass(frozen=True, kw_only=True)
+class TraceSpec:
+    """How build_trace samples a schedule: the sampler's rate, clock and losses, the noise, the truth kept, and
+    the synchronized steps. The defaults are the sampler's 10 Hz from T0, every sample kept."""
 
-    `drop`: (key or None for every GPU, start_s, end_s) relative to t0: samples removed.
-    `noise` scales every noise sd; `drop_share` drops that share of samples at random.
-    `average_over` > 1: each sample is the mean of that many sub-samples since the previous
-    one (NVML's 1 s power average and utilization period, read at 1 Hz).
-    The truth comes from the signal itself (sub-samples), not from what the samples show.
-    `with_truth=False` skips the truth (for timing-only traces of millions of rows).
-    `sync_steps`, `straggler`, `reasons`: synchronized steps, one slowed GPU, the reasons recorded (sync_steps.py).
-    """
-    sync = SyncJob(table, seed, straggler, reasons) if sync_steps or straggler is not None else None
+    hz: float = 10.0
+    t0: float = T0
+    window_s: float = 1.0  # the truth's windows
+    # (key or None for every GPU, start_s, end_s) relative to t0: samples removed
+    drop: Sequence[tuple] = ()
+    drop_share: float = 0.0  # this share of the samples dropped at random
+    noise: float = 1.0  # scales every noise sd
+    # > 1: each sample is the mean of that many sub-samples since the previous one (NVML's 1 s power average and
+    # utilization period, read at 1 Hz)
+    average_over: int = 1
+    device_name: str | None = None  # None: "NVIDIA <the table's GPU model>"
+    with_truth: bool = True  # False skips the truth (for timing-only traces of millions of rows)
+    # synchronized steps, one slowed GPU (a straggler implies the steps), the reasons recorded (sync_steps.py)
+    sync_steps: bool = False
+    straggler: Straggler | None = None
+    reasons: bool | None = None
+
+
+DEFAULT_SPEC = TraceSpec()
+
+
+def build_trace(schedule: dict, table: TriageTable, seed: int = 0, spec: TraceSpec = DEFAULT_SPEC) -> SyntheticTrace:
+    """Trace rows and per-window truth for `schedule` ({(host, gpu): [segments]}), sampled as `spec` says, its
+    noise drawn from `seed`. The truth comes from the signal itself (sub-samples), not from what the samples
+    show."""
+    hz, t0, window_s, noise = spec.hz, spec.t0, spec.window_s, spec.noise
+    sync = SyncJob(table, seed, spec.straggler, spec.reasons) if spec.sync_steps or spec.straggler is not None else None
     rng = np.random.default_rng(seed)
     gpus = sorted(schedule)
     hosts = sorted({h for h, _ in gpus})
-    k = max(1, average_over)
+    k = max(1, spec.average_over)
     cols = {c: [] for c in (TIME, HOST, GPU, POWER_W, UTIL_GPU)}
     fine = {c: [] for c in (TIME, HOST, GPU, "label")}
     seg_rows = []
@@ -273,14 +277,14 @@ def build_trace(
             label[a:b] = TRUTH_LABELS.index(phase)
             seg_rows.append((key[0], key[1], variant, phase, t0 + start, t0 + start + length))
         gone = np.zeros(n, dtype=bool)
-        for which, d0, d1 in drop:
+        for which, d0, d1 in spec.drop:
             if which is None or tuple(which) == key:
                 gone |= (rel >= d0) & (rel < d1)
         # a reported sample: the mean of its k sub-samples, stamped at the last; gone if any sub-sample is
         at = np.arange(k - 1, n, k)
         keep = cast(np.ndarray, ~gone.reshape(-1, k).any(axis=1))  # any over axis 1 of a 2-D array: an array
-        if drop_share:
-            keep &= rng.random(len(keep)) >= drop_share
+        if spec.drop_share:
+            keep &= rng.random(len(keep)) >= spec.drop_share
         cols[TIME].append(t0 + rel[at][keep])
         cols[HOST].append(np.full(keep.sum(), hosts.index(key[0]), np.int32))
         cols[GPU].append(np.full(keep.sum(), key[1], np.int32))
@@ -295,9 +299,9 @@ def build_trace(
     data = {c: np.concatenate(v) for c, v in cols.items()}
     extra = sync.columns() if sync is not None else None
     trace = trace_table(data[TIME], hosts, data[HOST], data[GPU], data[POWER_W], data[UTIL_GPU], extra)
-    truth = _truth({c: np.concatenate(v) for c, v in fine.items()}, hosts, window_s) if with_truth else None
+    truth = _truth({c: np.concatenate(v) for c, v in fine.items()}, hosts, window_s) if spec.with_truth else None
     segments = pd.DataFrame(seg_rows, columns=[HOST, GPU, "variant", PHASE, START, END])
-    name = device_name or f"NVIDIA {table.gpu_model}"
+    name = spec.device_name or f"NVIDIA {table.gpu_model}"
     if sync is None:
         return SyntheticTrace(trace, truth, segments, gpus, table, hz, window_s, name)
     caps, steps, slowed = sync.results(t0)

@@ -123,7 +123,7 @@ def import_trace(
         "notes": imported.notes,
         "power_source": "imported",
         # hosts named after their file (no --host, no host in the log): a guess, so triage refuses two traces
-        # whose guessed host is the same over the same time (two nodes' gpu.csv), see triage/stage.py
+        # whose guessed host is the same over the same time (two nodes' gpu.csv), see triage/files.py
         "hosts_from_file_names": sorted(named_by),
     }
     return imported.table(meta), meta

@@ -5,8 +5,10 @@ windows.py: samples into windows; levels.py: each GPU's band edges; rules.py:
 the rules; smoothing.py: their per-GPU rolling median and majority filter;
 run_rules.py: rule 6, the run's record over power; arrays.py: shared array
 helpers; power_only.py: the low-power pauses in words when no heartbeats came;
-stage.py: triage() and the `wattgate triage` stage. The table, window and
-hang-limit settings live below every stage, in wattgate/triage_tables.py.
+labelling.py: triage(), the computation; stage.py: the `wattgate triage` stage,
+its inputs read and outputs written by files.py, triage.md rendered by
+markdown.py. The table, window and hang-limit settings live below every stage,
+in wattgate/triage_tables.py.
 
 The public names below load their module on first use, so that importing the
 package does not load pandas and the algorithm.
@@ -25,7 +27,7 @@ _HOMES = {
     "load_run_info": "runinfo",
     "map_ranks": "runinfo",
     "run_triage": "stage",
-    "triage": "stage",
+    "triage": "labelling",
 }
 
 

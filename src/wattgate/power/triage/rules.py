@@ -126,6 +126,8 @@ at 0.5.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from wattgate.power.triage.arrays import _bounds, _ranges, true_runs
@@ -154,6 +156,22 @@ LENGTH_RATIO = 1.5  # pauses of "similar length" are within this factor of each 
 AT_CAP_SHARE = 0.9  # a window at this share of the power cap is compute whatever its utilization
 PEER_POWER_TOL = 0.12  # a GPU within this share of its peers' median power (and PEER_UTIL_TOL) is with them
 PEER_UTIL_TOL = 15.0
+
+
+@dataclass(frozen=True)
+class KnownWindows:
+    """The windows with samples (or filled from a short gap), GPU-major, as the rules read them: each one's GPU,
+    time, readings and band edges."""
+
+    keys: list[tuple[str, int]]  # (host, gpu) per GPU id
+    gpu: np.ndarray  # GPU id per window
+    index: np.ndarray  # window index floor(time / window_s)
+    power: np.ndarray  # mean power
+    util: np.ndarray  # mean utilization, NaN where none was sampled
+    high: np.ndarray  # share of samples >= the GPU's compute_min_w
+    low: np.ndarray  # share of samples < the GPU's low_max_w
+    filled: np.ndarray  # no sample: the values of the nearest window across a short gap
+    edges: Edges
 
 
 def raw_power_band(p: np.ndarray, e: Edges) -> np.ndarray:
@@ -521,7 +539,8 @@ def _peer_rules(cls, from_wait, index, gpu, ngpu, window_s, deadlock_after_s) ->
     return out
 
 
-def _confidence(p, u, high, low, osc, raw, smooth, final, filled, e: Edges) -> np.ndarray:
+def _confidence(w: KnownWindows, osc, raw, smooth, final) -> np.ndarray:
+    p, u, high, low, e = w.power, w.util, w.high, w.low, w.edges
     # P's distance from the nearest band edge in units of 2.5 margins
     conf = np.empty(len(p))
     for sl, idle, lo, hi, _ in e.spans:
@@ -539,6 +558,6 @@ def _confidence(p, u, high, low, osc, raw, smooth, final, filled, e: Edges) -> n
     at = np.flatnonzero(osc)  # bursts are judged by shares, not by the means
     conf[at] = np.minimum(high[at], low[at]) / 0.3
     np.minimum(conf, 0.5, out=conf, where=raw != smooth)
-    np.minimum(conf, 0.5, out=conf, where=filled)  # no sample: the phase around a short gap
+    np.minimum(conf, 0.5, out=conf, where=w.filled)  # no sample: the phase around a short gap
     np.clip(conf, 0.0, 1.0, out=conf)
     return conf.astype(np.float32)

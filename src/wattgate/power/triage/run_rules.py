@@ -8,9 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from wattgate.power.triage.arrays import _bounds
-from wattgate.power.triage.levels import Edges
 from wattgate.power.triage import phases as P  # the phase codes
-from wattgate.power.triage.rules import _is, _near
+from wattgate.power.triage.rules import KnownWindows, _is, _near
 from wattgate.run_tables import DATA_WAIT_S, RANK, STEP_TIME_S, TIME
 from wattgate.power.triage.runinfo import (
     INTERVAL_END,
@@ -28,11 +27,12 @@ from wattgate.power.triage.runinfo import (
 COVER_SHARE = 0.5  # share of a window inside a heartbeat interval that makes it count
 
 
-def _run_info_rules(cls, conf, smooth, p, u, index, gpu, keys, info: RunInfo, e: Edges, window_s, deadlock_after_s):
-    """Rule 6: heartbeat- and metrics-backed labels, in place. The run's intervals are laid over only the
-    windows whose label they can change (a step over a quiet window, not over hours of compute)."""
+def _run_info_rules(cls, conf, smooth, w: KnownWindows, info: RunInfo, window_s, deadlock_after_s):
+    """Rule 6: heartbeat- and metrics-backed labels of windows `w`, in place. The run's intervals are laid over only
+    the windows whose label they can change (a step over a quiet window, not over hours of compute)."""
     if len(cls) == 0:
         return
+    p, u, index, gpu, keys, e = w.power, w.util, w.index, w.gpu, w.keys, w.edges
     rank_gpu = map_ranks(info, keys)
     ngpu = len(keys)
     gs, ge = _bounds(gpu, ngpu)
