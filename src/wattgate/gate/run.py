@@ -40,7 +40,7 @@ from wattgate.gate.memory import (
     validation_tokens_per_micro_batch,
 )
 from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_model_spec
-from wattgate.gate.report import gate_json, write_report
+from wattgate.gate.report import InputHashes, gate_json, write_report
 from wattgate.gate.isolation_check import check_document_isolation
 from wattgate.gate.tokenizer_check import check_tokenizer
 from wattgate.gate.settings_check import check_settings
@@ -275,22 +275,22 @@ def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
     if proof is not None:
         results.append(C.Check("collectives", proof.passed, proof.detail))
     report = gate_json(
-        all(c.passed for c in results),
-        time.perf_counter() - start,
         results,
+        time.perf_counter() - start,
         fit,
-        config.gate.memory_headroom,
-        config.gate.enforce,
+        config.gate,
         cost=cost,
         collectives=proof,
         mixture=inputs.plan.mixture,  # gate.md's mixture table
-        # the verdict markers name the plan they are about; `wattgate launch` checks them
-        plan_sha256=PlanHashes(plan=sha256_file(plan_dir / PLAN), packs=inputs.packs_sha256),
-        # ... and the config: the gate's copy (GATED_CONFIG) is what the train job trains
-        config_sha256=config_sha256(config),
-        # ... and model.path's bytes, which every rank checks again before the first step
-        model_files=model_files,
-        source_files=source_files,
+        hashes=InputHashes(
+            # the verdict markers name the plan they are about; `wattgate launch` checks them
+            plan_sha256=PlanHashes(plan=sha256_file(plan_dir / PLAN), packs=inputs.packs_sha256),
+            # ... and the config: the gate's copy (GATED_CONFIG) is what the train job trains
+            config_sha256=config_sha256(config),
+            # ... and model.path's bytes, which every rank checks again before the first step
+            model_files=model_files,
+            source_files=source_files,
+        ),
     )
     return report, keep
 
