@@ -25,13 +25,13 @@ import numpy as np
 from benchlib import Parser, figure, positive_int
 from wattgate.config import run_config, validate_config
 from wattgate.data.mixture import Source
-from wattgate.gate.checks import check_conservation
+from wattgate.gate.checks import Corpus, RemainderPolicy, check_conservation
 from wattgate.gate.mixture_checks import cross_source_duplicates, mixture_inputs
 from wattgate.pack.assign import Layout
 from wattgate.pack.mixture import SourceDocs, choose, mixture_record
 from wattgate.pack.plan import plan_epochs, plan_subset
 from wattgate.records.manifest import Manifest, SourceRange
-from wattgate.records.plan import Plan
+from wattgate.records.plan import Plan, PlanStats
 from wattgate.run_files import PackRows
 
 SEQ_LEN = 8192
@@ -173,12 +173,16 @@ def main() -> None:
     held = np.zeros(n, dtype=bool)
     total = int(lengths.sum())
 
+    corpus = Corpus(doc_tokens=lengths, manifest_tokens=total)
+    with_loss = Corpus(doc_tokens=lengths, manifest_tokens=total, doc_loss_tokens=loss)
+    rebin = RemainderPolicy(policy="rebin", config_policy="rebin")
+
     def plain():
-        return check_conservation(packs, args.epochs, lengths, total, [], {}, "rebin", None, "rebin", None)
+        return check_conservation(packs, args.epochs, corpus, PlanStats(), rebin)
 
     def per_source():
         mix = mixture_inputs(config, manifest, plan_record, lengths, held)
-        check = check_conservation(packs, args.epochs, lengths, total, [], {}, "rebin", None, "rebin", None, mix, loss)
+        check = check_conservation(packs, args.epochs, with_loss, PlanStats(), rebin, mixture=mix)
         return check, cross_source_duplicates(mix, hashes)
 
     t_plain = t_src = float("inf")

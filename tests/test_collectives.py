@@ -289,7 +289,7 @@ def test_object_collectives_are_recorded_with_torchs_own_keyword_arguments():
 def test_the_watchers_verdict_names_the_collective_the_proof_expected_next(clean):
     from wattgate.records.heartbeat import Beat
     from wattgate.records.watcher import Verdict
-    from wattgate.telemetry.watch import with_expected_collectives
+    from wattgate.telemetry.watch_verdicts import with_expected_collectives
 
     beats = {
         0: Beat(rank=0, step=5, phase="checkpoint", time=0.0),

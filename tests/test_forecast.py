@@ -17,7 +17,7 @@ from wattgate.cadence import checkpoint_steps
 from wattgate.forecast.failure import failure_cost, first_divergence
 from wattgate.forecast.throughput import flops_throughput
 from wattgate.forecast.walltime import PlanCosts, Settings, forecast, plan_step_costs, table_levels
-from wattgate.ledger import append_ledger, run_record
+from wattgate.ledger import MeasuredSteps, RunShape, StorageWrites, append_ledger, run_record
 from wattgate.config import validate_config
 from wattgate.data.pretokenize import pretokenize
 from wattgate.gate.cost import cost_section
@@ -130,22 +130,13 @@ def test_gate_json_and_md_give_the_cost_of_the_hang_it_prevented(uneven, tmp_pat
         ledger,
         run_record(
             run_name="earlier",
-            shape=shape,
-            gpu_model="cpu",
-            world_size=3,
-            seq_len=256,
-            micro_batch_size=2,
-            attn_weight=1e-5,
-            step_costs=np.full(40, 1000.0),
-            step_times=[1.0] * 40,
-            tokens=40_000,
+            run=RunShape(shape=shape, gpu_model="cpu", world_size=3, seq_len=256, micro_batch_size=2, attn_weight=1e-5),
+            steps=MeasuredSteps(costs=np.full(40, 1000.0), times=[1.0] * 40, tokens=40_000),
+            writes=StorageWrites(
+                checkpoints=2, checkpoint_s=2.0, checkpoint_bytes=250_000_000, export_s=1.0, export_bytes=500_000_000
+            ),
             startup_s=2.0,
             load_s=1.0,
-            checkpoints=2,
-            checkpoint_s=2.0,
-            checkpoint_bytes=250_000_000,
-            export_s=1.0,
-            export_bytes=500_000_000,
             job_s=50.0,
         ),
     )

@@ -21,7 +21,7 @@ from wattgate.gate.memory import GIB, Budget, FitSettings, estimate_memory
 from wattgate.model_spec import ModelSpec
 from wattgate.gate.run import config_fit_estimate, run_checks, run_gate
 from wattgate.pack.plan import build_plan
-from wattgate.records.plan import DroppedDocs
+from wattgate.records.plan import DroppedDocs, PlanStats
 
 from conftest import QWEN3_32B, QWEN3_SETTINGS, TINY_MODEL, without_rows, write_jsonl
 
@@ -180,9 +180,8 @@ def test_conservation_duplicate_and_missing_document(inputs):
 
 
 def test_conservation_dropped_without_reason(inputs):
-    check = C.check_conservation(
-        inputs.packs, 2, inputs.doc_tokens, inputs.manifest.num_tokens, [], {"x": DroppedDocs(docs=3)}
-    )
+    corpus = C.Corpus(doc_tokens=inputs.doc_tokens, manifest_tokens=inputs.manifest.num_tokens)
+    check = C.check_conservation(inputs.packs, 2, corpus, PlanStats(dropped={"x": DroppedDocs(docs=3)}))
     assert not check.passed and "reasons account for 3" in check.detail
 
 

@@ -14,26 +14,17 @@ from wattgate.records.ledger import LedgerLine
 def _ledger_record(**changes) -> dict:
     import numpy as np
 
-    from wattgate.ledger import run_record
+    from wattgate.ledger import MeasuredSteps, RunShape, StorageWrites, run_record
 
     rec = run_record(
         run_name="earlier",
-        shape={"hidden_size": 64},
-        gpu_model="cpu",
-        world_size=2,
-        seq_len=256,
-        micro_batch_size=2,
-        attn_weight=1e-5,
-        step_costs=np.full(8, 1000.0),
-        step_times=[1.0] * 8,
-        tokens=8000,
+        run=RunShape(
+            shape={"hidden_size": 64}, gpu_model="cpu", world_size=2, seq_len=256, micro_batch_size=2, attn_weight=1e-5
+        ),
+        steps=MeasuredSteps(costs=np.full(8, 1000.0), times=[1.0] * 8, tokens=8000),
+        writes=StorageWrites(checkpoints=1, checkpoint_s=1.0, checkpoint_bytes=1000, export_s=1.0, export_bytes=1000),
         startup_s=2.0,
         load_s=1.0,
-        checkpoints=1,
-        checkpoint_s=1.0,
-        checkpoint_bytes=1000,
-        export_s=1.0,
-        export_bytes=1000,
         job_s=20.0,
     )
     return rec.to_json() | changes

@@ -12,7 +12,7 @@ from conftest import TINY_MODEL
 from wattgate.config import validate_config, world_size
 from wattgate.errors import InputError
 from wattgate.gate.cost import CostSection, cost_markdown, last_run_wait
-from wattgate.ledger import append_ledger, read_ledger, record_wait, run_record
+from wattgate.ledger import MeasuredSteps, RunShape, StorageWrites, append_ledger, read_ledger, record_wait, run_record
 from wattgate.records.ledger import LedgerLine
 from wattgate.model_spec import load_model_spec
 
@@ -34,22 +34,18 @@ def record(
     t = config["train"]
     return run_record(
         run_name=run_name,
-        shape=shape or load_model_spec(config).shape(),
-        gpu_model=config["cluster"]["gpu_model"],
-        world_size=world_size(config),
-        seq_len=t["seq_len"],
-        micro_batch_size=t["micro_batch_size"],
-        attn_weight=1e-5,
-        step_costs=np.full(steps, 1000.0),
-        step_times=[1.0] * steps,
-        tokens=1000 * steps,
+        run=RunShape(
+            shape=shape or load_model_spec(config).shape(),
+            gpu_model=config["cluster"]["gpu_model"],
+            world_size=world_size(config),
+            seq_len=t["seq_len"],
+            micro_batch_size=t["micro_batch_size"],
+            attn_weight=1e-5,
+        ),
+        steps=MeasuredSteps(costs=np.full(steps, 1000.0), times=[1.0] * steps, tokens=1000 * steps),
+        writes=StorageWrites(checkpoints=0, checkpoint_s=0.0, checkpoint_bytes=0, export_s=0.0, export_bytes=0),
         startup_s=2.0,
         load_s=1.0,
-        checkpoints=0,
-        checkpoint_s=0.0,
-        checkpoint_bytes=0,
-        export_s=0.0,
-        export_bytes=0,
         job_s=job_s,
     )
 

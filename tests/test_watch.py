@@ -22,16 +22,11 @@ from wattgate.errors import InputError
 from wattgate.triage_tables import shipped_table
 from wattgate.trace import TraceWriter, read_trace, segment_dir
 from wattgate.records.heartbeat import Beat
+from wattgate.heartbeats import read_heartbeats
 from wattgate.telemetry.kill import kill_tree, process_tree, stop_job
-from wattgate.telemetry.watch import (
-    TraceTail,
-    WatchSettings,
-    diagnose,
-    position,
-    read_heartbeats,
-    run_watch,
-    watch,
-)
+from wattgate.telemetry.watch import run_watch, watch
+from wattgate.telemetry.watch_inputs import TraceTail
+from wattgate.telemetry.watch_verdicts import WatchedJob, WatchSettings, diagnose, position
 
 from conftest import dead_pid
 
@@ -46,6 +41,10 @@ S = WatchSettings(
     kill_grace_s=2,
 )
 NOW = 1_000_000.0
+
+
+def job(world, table=None, s=S):
+    return WatchedJob(world=world, settings=s, table=table)
 
 
 def beat(
@@ -74,14 +73,14 @@ def beats(*bs):
 
 
 def test_progressing_job_is_healthy():
-    assert diagnose(beats(beat(0, 5, age=1), beat(1, 5, age=1)), 2, NOW, NOW - 60, {}, None, S) is None
+    assert diagnose(job(2), beats(beat(0, 5, age=1), beat(1, 5, age=1)), NOW, NOW - 60, {}) is None
 
 
 def test_heartbeat_stall_alone_is_not_a_deadlock_without_power_data():
     # ranks in step, no power data and no rank process readable here: a slow step (issue 25), stopped as
     # train_stalled only past busy_stall_after_s; tests/test_watch_verdicts.py has the CPU-time cases
-    assert diagnose(beats(beat(0, 5, age=11), beat(1, 5, age=12)), 2, NOW, NOW - 60, {}, None, S) is None
-    v = diagnose(beats(beat(0, 5, age=301), beat(1, 5, age=302)), 2, NOW, NOW - 600, {}, None, S)
+    assert diagnose(job(2), beats(beat(0, 5, age=11), beat(1, 5, age=12)), NOW, NOW - 60, {}) is None
+    v = diagnose(job(2), beats(beat(0, 5, age=301), beat(1, 5, age=302)), NOW, NOW - 600, {})
     assert v.verdict == "train_stalled" and not v.confirmed and "no power data" in v.reason
     assert v.stalled_for_s == pytest.approx(301)
 
@@ -91,7 +90,7 @@ def test_rank_that_left_the_epoch_is_named_as_ahead():
     # rank 0 still has step 19 to go and waits in its first collective
     r0 = beat(0, 18, micro=1, micros=2, age=11, total=38, epoch_ends=(19, 38))
     r1 = beat(1, 18, phase="checkpoint", age=11, total=36, epoch_ends=(18, 36))
-    v = diagnose(beats(r0, r1), 2, NOW, NOW - 60, {}, None, S)
+    v = diagnose(job(2), beats(r0, r1), NOW, NOW - 60, {})
     assert v.verdict == "deadlock" and v.ran_ahead == (1,) and v.behind == (0,)
     assert v.limit_phase == "train"  # a checkpoint only one rank entered gets the plain hang limit
     assert "rank 1: checkpointing after step 18, the last step of its epoch 0" in v.reason
@@ -103,18 +102,18 @@ def test_fewer_planned_micro_batches_in_a_step_is_ahead():
     r0 = beat(0, 17, micro=1, micros=1, age=11)
     r1 = beat(1, 17, micro=2, micros=2, age=11)
     assert position(Beat.from_json(r0)) > position(Beat.from_json(r1))
-    v = diagnose(beats(r0, r1), 2, NOW, NOW - 60, {}, None, S)
+    v = diagnose(job(2), beats(r0, r1), NOW, NOW - 60, {})
     assert v.ran_ahead == (0,) and v.behind == (1,)
     assert "micro-batches planned for step 18: 1 on rank 0, 2 on rank 1" in v.reason
 
 
 def test_checkpoint_every_rank_announced_gets_the_longer_limit():
     all_ckpt = beats(beat(0, 20, "checkpoint", age=50), beat(1, 20, "checkpoint", age=50))
-    assert diagnose(all_ckpt, 2, NOW, NOW - 600, {}, None, S) is None
+    assert diagnose(job(2), all_ckpt, NOW, NOW - 600, {}) is None
     low = {("n1", 0): (120.0, 0.0, 10.0), ("n1", 1): (140.0, 100.0, 10.0)}  # low power, like a hang
-    assert diagnose(all_ckpt, 2, NOW, NOW - 600, low, H100, S) is None  # ...and still not called one
+    assert diagnose(job(2, H100), all_ckpt, NOW, NOW - 600, low) is None  # ...and still not called one
     stuck = beats(beat(0, 20, "checkpoint", age=101), beat(1, 20, "checkpoint", age=101))
-    v = diagnose(stuck, 2, NOW, NOW - 600, low, H100, S)
+    v = diagnose(job(2, H100), stuck, NOW, NOW - 600, low)
     assert v.verdict == "checkpoint_stalled" and v.limit_phase == "checkpoint" and v.limit_s == 100
     assert "every rank has been in checkpoint for 101.0 s" in v.reason
 
@@ -122,9 +121,9 @@ def test_checkpoint_every_rank_announced_gets_the_longer_limit():
 def test_busy_gpus_mean_a_slow_step_not_a_hang():
     busy = {("n1", 0): (600.0, 100.0, 10.0), ("n1", 1): (590.0, 100.0, 10.0)}
     stalled = beats(beat(0, 5, age=30), beat(1, 5, age=30))
-    assert diagnose(stalled, 2, NOW, NOW - 600, busy, H100, S) is None
+    assert diagnose(job(2, H100), stalled, NOW, NOW - 600, busy) is None
     very_long = beats(beat(0, 5, age=301), beat(1, 5, age=301))
-    v = diagnose(very_long, 2, NOW, NOW - 600, busy, H100, S)
+    v = diagnose(job(2, H100), very_long, NOW, NOW - 600, busy)
     assert v.verdict == "train_stalled" and not v.confirmed and "busy at high power" in v.reason
 
 
@@ -132,7 +131,7 @@ def test_low_power_hang_names_the_idle_rank_as_stuck():
     # the field report's signature: three ranks spin in NCCL at ~140 W and 100% util, one sits at 0%
     power = {("n1", r): (140.0, 100.0, 10.0) for r in range(3)} | {("n1", 3): (72.0, 0.0, 10.0)}
     stalled = beats(*(beat(r, 7, age=11) for r in range(4)))
-    v = diagnose(stalled, 4, NOW, NOW - 600, power, H100, S)
+    v = diagnose(job(4, H100), stalled, NOW, NOW - 600, power)
     assert v.verdict == "deadlock" and v.stuck_ranks == (3,)
     assert "GPUs in the low power band (< 210 W)" in v.reason
     assert v.ranks[3].util_gpu == 0.0 and v.ranks[0].power_w == 140.0
@@ -141,23 +140,23 @@ def test_low_power_hang_names_the_idle_rank_as_stuck():
 def test_power_noise_at_the_band_edge_is_averaged_over_the_window():
     # window means just under the edge (noise on single samples does not matter: the tail averages)
     edge = {("n1", 0): (205.0, 100.0, 10.0), ("n1", 1): (209.0, 100.0, 10.0)}
-    assert diagnose(beats(beat(0, 5, age=11), beat(1, 5, age=11)), 2, NOW, NOW - 60, edge, H100, S)
+    assert diagnose(job(2, H100), beats(beat(0, 5, age=11), beat(1, 5, age=11)), NOW, NOW - 60, edge)
     above = {("n1", 0): (205.0, 100.0, 10.0), ("n1", 1): (215.0, 100.0, 10.0)}
-    assert diagnose(beats(beat(0, 5, age=11), beat(1, 5, age=11)), 2, NOW, NOW - 60, above, H100, S) is None
+    assert diagnose(job(2, H100), beats(beat(0, 5, age=11), beat(1, 5, age=11)), NOW, NOW - 60, above) is None
 
 
 def test_missing_rank_heartbeat_after_startup_limit():
     one = beats(beat(0, 0, "init", age=1))
-    assert diagnose(one, 2, NOW, NOW - 10, {}, None, S) is None
-    v = diagnose(one, 2, NOW, NOW - 51, {}, None, S)
+    assert diagnose(job(2), one, NOW, NOW - 10, {}) is None
+    v = diagnose(job(2), one, NOW, NOW - 51, {})
     assert v.verdict == "stuck_ranks" and v.stuck_ranks == (1,)
 
 
 def test_finished_ranks_are_not_a_hang():
     done = beats(beat(0, 40, "done", age=500), beat(1, 40, "done", age=500))
-    assert diagnose(done, 2, NOW, NOW - 600, {}, None, S) is None
+    assert diagnose(job(2), done, NOW, NOW - 600, {}) is None
     exporting = beats(beat(0, 40, "export", age=40), beat(1, 40, "done", age=40))
-    assert diagnose(exporting, 2, NOW, NOW - 600, {}, None, S) is None  # export has the start-up limit
+    assert diagnose(job(2), exporting, NOW, NOW - 600, {}) is None  # export has the start-up limit
 
 
 # --- files: heartbeats, live trace segments, a real process tree ---------------------------------
@@ -231,7 +230,7 @@ def run_watch_in_thread(run, world, settings, table, pid):
     """Start the watcher and return once it is watching: it ignores heartbeats older than its start, so a test
     that wrote them earlier (a busy machine can take seconds to start a thread) would watch nothing."""
     box = {}
-    t = threading.Thread(target=lambda: box.update(record=watch(run, world, settings, table, pid)), daemon=True)
+    t = threading.Thread(target=lambda: box.update(record=watch(run, job(world, table, settings), pid)), daemon=True)
     t.start()
     wait_for_record(run, lambda r: r["verdict"] == "running")
     return t, box

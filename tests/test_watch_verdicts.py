@@ -19,7 +19,8 @@ from wattgate.triage_tables import shipped_table
 from wattgate.records.heartbeat import Beat
 from wattgate.records.watcher import Verdict, WatcherRecord
 from wattgate.telemetry.hang_cost import CostBasis, watcher_cost
-from wattgate.telemetry.watch import assess, diagnose, watch
+from wattgate.telemetry.watch import watch
+from wattgate.telemetry.watch_verdicts import WatchedJob, assess, diagnose
 from wattgate.telemetry.watch_inputs import Activity, ActivityMeter, BeatReader, beat_problem, first_steps
 
 from conftest import make_run
@@ -30,9 +31,13 @@ NOW = 1_000_000.0
 
 
 def settings(**kw):
-    from wattgate.telemetry.watch import WatchSettings
+    from wattgate.telemetry.watch_verdicts import WatchSettings
 
     return WatchSettings(**(S | {"kill_grace_s": 2} | kw))
+
+
+def job(world, table=None, s=None):
+    return WatchedJob(world=world, settings=s or settings(), table=table)
 
 
 def beat(rank, step, phase="train", age=0.0, micro=None, micros=None, host="n1", pid=1, **extra):
@@ -73,11 +78,11 @@ def test_ranks_in_step_without_power_data_are_a_slow_step_not_a_deadlock():
     """The measured kill: 4 ranks at the same step and micro-batch, no power data, 60.3 s > hang_after_s."""
     s = settings(hang_after_s=60, busy_stall_after_s=1800)
     four = beats(*(beat(r, 1, micro=0, micros=2, age=60.3) for r in range(4)))
-    verdict, warning = assess(four, 4, NOW, NOW - 600, {}, None, s)
+    verdict, warning = assess(job(4, s=s), four, NOW, NOW - 600, {})
     assert verdict is None
     assert "a slow step, not the deadlock signature" in warning and "stopped only after 1800 s" in warning
     # the same stall past the longer limit: stopped, but not called a deadlock
-    v = diagnose(beats(*(beat(r, 1, micro=0, micros=2, age=1801) for r in range(4))), 4, NOW, NOW - 3600, {}, None, s)
+    v = diagnose(job(4, s=s), beats(*(beat(r, 1, micro=0, micros=2, age=1801) for r in range(4))), NOW, NOW - 3600, {})
     assert v.verdict == "train_stalled" and not v.confirmed and v.limit_s == 1800
     assert "not a confirmed deadlock" in v.reason
 
@@ -85,62 +90,62 @@ def test_ranks_in_step_without_power_data_are_a_slow_step_not_a_deadlock():
 def test_a_computing_rank_process_is_a_slow_step():
     stalled = beats(beat(0, 5, age=30), beat(1, 5, age=30))
     activity = {0: waiting(), 1: working(0.5)}
-    verdict, warning = assess(stalled, 2, NOW, NOW - 600, {}, None, settings(), activity)
+    verdict, warning = assess(job(2), stalled, NOW, NOW - 600, {}, activity)
     assert verdict is None and "rank 1 0.50 of a core" in warning
 
 
 def test_every_rank_process_idle_is_a_confirmed_deadlock():
     stalled = beats(beat(0, 5, age=11), beat(1, 5, age=11))
-    v = diagnose(stalled, 2, NOW, NOW - 600, {}, None, settings(), {0: waiting(), 1: waiting(0.01)})
+    v = diagnose(job(2), stalled, NOW, NOW - 600, {}, {0: waiting(), 1: waiting(0.01)})
     assert v.verdict == "deadlock" and v.confirmed and v.limit_s == 10
     assert "every rank process waits" in v.reason and v.ranks[1].cpu_share == 0.01
 
 
 def test_idle_ranks_here_and_unreadable_ranks_elsewhere_are_not_enough():
     stalled = beats(beat(0, 5, age=11), beat(1, 5, age=11, host="n2"))
-    verdict, warning = assess(stalled, 2, NOW, NOW - 600, {}, None, settings(), {0: waiting()})
+    verdict, warning = assess(job(2), stalled, NOW, NOW - 600, {}, {0: waiting()})
     assert verdict is None and "the others are not on this host" in warning
 
 
 def test_a_rank_one_micro_batch_ahead_in_the_same_step_is_in_step():
     # done with its backward pass, rank 0 started micro-batch 1 and waits in its all-gather for rank 1
     stalled = beats(beat(0, 5, micro=1, micros=2, age=11), beat(1, 5, micro=0, micros=2, age=11))
-    assert diagnose(stalled, 2, NOW, NOW - 600, {}, None, settings()) is None
+    assert diagnose(job(2), stalled, NOW, NOW - 600, {}) is None
 
 
 def test_the_uneven_plan_signature_is_still_killed_at_the_hang_limit_without_any_evidence():
     r0 = beat(0, 17, micro=1, micros=1, age=11)
     r1 = beat(1, 17, micro=2, micros=2, age=11)
-    v = diagnose(beats(r0, r1), 2, NOW, NOW - 60, {}, None, settings())
+    v = diagnose(job(2), beats(r0, r1), NOW, NOW - 60, {})
     assert v.verdict == "deadlock" and v.confirmed and v.ran_ahead == (0,) and v.limit_s == 10
     # ...even in the first step of the attempt (start-up gives ambiguous stalls longer, not the signature)
-    v = diagnose(beats(r0, r1), 2, NOW, NOW - 60, {}, None, settings(), firsts={0: {"train": 17}, 1: {"train": 17}})
+    v = diagnose(job(2), beats(r0, r1), NOW, NOW - 60, {}, firsts={0: {"train": 17}, 1: {"train": 17}})
     assert v.verdict == "deadlock"
     # ...but not while a rank out of step is seen computing (rank 0 flushing metrics before a checkpoint)
     flush = beats(beat(0, 6, age=11), beat(1, 6, "checkpoint", age=11))
-    assert diagnose(flush, 2, NOW, NOW - 60, {}, None, settings(), {0: working(), 1: waiting()}) is None
+    assert diagnose(job(2), flush, NOW, NOW - 60, {}, {0: working(), 1: waiting()}) is None
 
 
 def test_first_step_and_compiles_count_as_start_up():
     low = {("n1", 0): (120.0, 100.0, 10.0), ("n1", 1): (130.0, 100.0, 10.0)}  # GPUs idle while the host compiles
     first = beats(beat(0, 0, micro=0, micros=2, age=40), beat(1, 0, micro=0, micros=2, age=40))
     firsts = {0: {"train": 0}, 1: {"train": 0}}
-    verdict, warning = assess(first, 2, NOW, NOW - 600, low, H100, settings(), firsts=firsts)
+    verdict, warning = assess(job(2, H100), first, NOW, NOW - 600, low, firsts=firsts)
     assert verdict is None and "a start-up step" in warning and "after 50 s" in warning
     later = {r: b.replace(step=1) for r, b in first.items()}  # the second step: low power is a hang again
-    assert diagnose(later, 2, NOW, NOW - 600, low, H100, settings(), firsts=firsts).verdict == "deadlock"
+    assert diagnose(job(2, H100), later, NOW, NOW - 600, low, firsts=firsts).verdict == "deadlock"
     compiling = {r: b.replace(compiling=True) for r, b in later.items()}
-    assert diagnose(compiling, 2, NOW, NOW - 600, low, H100, settings(), firsts=firsts) is None
+    assert diagnose(job(2, H100), compiling, NOW, NOW - 600, low, firsts=firsts) is None
     over = {r: b.replace(time=NOW - 51) for r, b in first.items()}
-    v = diagnose(over, 2, NOW, NOW - 600, low, H100, settings(), firsts=firsts)
+    v = diagnose(job(2, H100), over, NOW, NOW - 600, low, firsts=firsts)
     assert v.verdict == "train_stalled" and v.limit_s == 50
 
 
 def test_a_rank_still_starting_up_while_another_waits_in_the_first_step_is_start_up():
     low = {("n1", 0): (120.0, 0.0, 10.0), ("n1", 1): (140.0, 100.0, 10.0)}  # loading; waiting in an all-gather
     loading = beats(beat(0, 0, "init", age=40), beat(1, 0, micro=0, micros=2, age=40))
-    assert diagnose(loading, 2, NOW, NOW - 600, low, H100, settings()) is None  # a deadlock at 10 s before
-    v = diagnose({r: b.replace(time=NOW - 51) for r, b in loading.items()}, 2, NOW, NOW - 600, low, H100, settings())
+    assert diagnose(job(2, H100), loading, NOW, NOW - 600, low) is None  # a deadlock at 10 s before
+    v = diagnose(job(2, H100), {r: b.replace(time=NOW - 51) for r, b in loading.items()}, NOW, NOW - 600, low)
     assert v.verdict == "init_stalled" and v.limit_s == 50 and not v.confirmed
 
 
@@ -164,23 +169,23 @@ def test_first_steps_come_from_this_attempts_events(tmp_path):
 def test_a_stall_in_eval_is_a_hang_like_one_in_train():
     low = {("n1", 0): (140.0, 100.0, 10.0), ("n1", 1): (140.0, 100.0, 10.0)}
     ev = beats(beat(0, 12, "eval", micro=1, micros=3, age=11), beat(1, 12, "eval", micro=1, micros=3, age=11))
-    v = diagnose(ev, 2, NOW, NOW - 600, low, H100, settings())
+    v = diagnose(job(2, H100), ev, NOW, NOW - 600, low)
     assert v.verdict == "deadlock" and v.limit_phase == "eval" and v.limit_s == 10  # not a phase limit
     assert "rank 0: in validation after step 12, micro-batch 1 of 3" in v.reason
     # without power data, ranks in step in eval are a slow step like in train
-    assert diagnose(ev, 2, NOW, NOW - 600, {}, None, settings()) is None
+    assert diagnose(job(2), ev, NOW, NOW - 600, {}) is None
 
 
 def test_one_rank_in_eval_while_another_trains_is_the_desync():
     r0 = beat(0, 12, "train", micro=1, micros=2, age=11)
     r1 = beat(1, 12, "eval", micro=0, micros=3, age=11)
-    v = diagnose(beats(r0, r1), 2, NOW, NOW - 600, {}, None, settings())
+    v = diagnose(job(2), beats(r0, r1), NOW, NOW - 600, {})
     assert v.verdict == "deadlock" and v.confirmed and v.ran_ahead == (1,) and v.behind == (0,)
     assert "(rank(s) 0 in train, rank(s) 1 in eval)" in v.reason
     assert "rank 0: in step 13, micro-batch 1 of 2" in v.reason and "rank 1: in validation after step 12" in v.reason
     # eval at another step than the other rank's eval: also out of step
     other = beats(beat(0, 12, "eval", micro=0, micros=3, age=11), beat(1, 14, "eval", micro=0, micros=3, age=11))
-    assert diagnose(other, 2, NOW, NOW - 600, {}, None, settings()).ran_ahead == (1,)
+    assert diagnose(job(2), other, NOW, NOW - 600, {}).ran_ahead == (1,)
 
 
 def test_slow_step_warnings_are_kept_but_printed_at_most_every_five_minutes(capsys):
@@ -253,7 +258,7 @@ def test_bad_heartbeats_are_that_ranks_missing_heartbeat(tmp_path):
 
 def test_a_heartbeat_names_its_gpu_by_uuid_and_the_verdict_keeps_it(tmp_path):
     from wattgate.records.watcher import RankView
-    from wattgate.telemetry.watch import describe_rank
+    from wattgate.telemetry.watch_verdicts import describe_rank
 
     (tmp_path / "heartbeat").mkdir()
     (tmp_path / "heartbeat" / "rank-0.json").write_text(json.dumps(beat(0, 4) | {"gpu": "GPU-5e1c"}))
@@ -269,7 +274,7 @@ def test_the_watcher_keeps_watching_through_garbage_heartbeats(tmp_path):
     (run / "heartbeat").mkdir(parents=True)
     s = settings(hang_after_s=30.0, poll_s=0.05)
     box = {}
-    t = threading.Thread(target=lambda: box.update(record=watch(run, 2, s, None)), daemon=True)
+    t = threading.Thread(target=lambda: box.update(record=watch(run, job(2, s=s))), daemon=True)
     t.start()
     _wait(lambda: (run / "watcher.json").exists())
     (run / "heartbeat" / "rank-0.json").write_text('{"rank": 0, "step": 3, "time": 1e12}')  # no phase

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -118,60 +119,85 @@ def warmup_steps(n: int) -> int:
     return min(WARMUP_STEPS, n // 4)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunShape:
+    """What a forecast matches a ledger record on (forecast/throughput.py): the model's shape (the decoder's
+    dimensions), the GPU model, the world size, the sequence length and micro-batch size; and the planner's
+    attention weight, which the record's cost units were counted with."""
+
+    shape: dict
+    gpu_model: str
+    world_size: int
+    seq_len: int
+    micro_batch_size: int
+    attn_weight: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MeasuredSteps:
+    """A run's timed steps: each one's planned cost (in the planner's units), its seconds, and the tokens they
+    trained."""
+
+    costs: np.ndarray
+    times: list[float]
+    tokens: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StorageWrites:
+    """What a run wrote, for the ledger's storage rate: its checkpoints (how many, their seconds in all, the
+    last one's bytes) and its export (seconds, bytes)."""
+
+    checkpoints: int
+    checkpoint_s: float
+    checkpoint_bytes: int
+    export_s: float
+    export_bytes: int
+
+
 def run_record(
     *,
     run_name: str,
-    shape: dict,
-    gpu_model: str,
-    world_size: int,
-    seq_len: int,
-    micro_batch_size: int,
-    attn_weight: float,
-    step_costs: np.ndarray,
-    step_times: list[float],
-    tokens: int,
+    run: RunShape,
+    steps: MeasuredSteps,
+    writes: StorageWrites,
     startup_s: float,
     load_s: float,
-    checkpoints: int,
-    checkpoint_s: float,
-    checkpoint_bytes: int,
-    export_s: float,
-    export_bytes: int,
     job_s: float,
 ) -> LedgerLine:
     """A finished run's throughput: what a forecast for the same shape, world size and GPU model reuses.
 
     The rate is measured after the first warm-up steps; their time beyond that rate is warmup_s, a one-off
     term of every run (so a short first run does not make a long second one look slow)."""
-    times = np.asarray(step_times, float)
-    costs = np.asarray(step_costs, float)[: len(times)]
+    times = np.asarray(steps.times, float)
+    costs = np.asarray(steps.costs, float)[: len(times)]
     w = warmup_steps(len(times))
     steady_s, steady_cost = float(times[w:].sum()), float(costs[w:].sum())
     rate = steady_cost / steady_s if steady_s > 0 else 0.0
     warmup_s = max(float(times[:w].sum()) - float(costs[:w].sum()) / rate, 0.0) if rate > 0 else 0.0
-    written = checkpoints * checkpoint_bytes + export_bytes
-    io_s = checkpoint_s + export_s
+    written = writes.checkpoints * writes.checkpoint_bytes + writes.export_bytes
+    io_s = writes.checkpoint_s + writes.export_s
     return LedgerLine(
         version=LEDGER_VERSION,
         time=round(time.time(), 3),
         run_name=run_name,
-        shape=shape,
-        shape_key=shape_key(shape),
-        gpu_model=gpu_model.lower(),
-        world_size=world_size,
-        seq_len=seq_len,
-        micro_batch_size=micro_batch_size,
-        attn_weight=attn_weight,
+        shape=run.shape,
+        shape_key=shape_key(run.shape),
+        gpu_model=run.gpu_model.lower(),
+        world_size=run.world_size,
+        seq_len=run.seq_len,
+        micro_batch_size=run.micro_batch_size,
+        attn_weight=run.attn_weight,
         steps=len(times),
         cost_per_s=rate,
-        tokens_per_s=tokens / float(times.sum()) if times.sum() > 0 else 0.0,
+        tokens_per_s=steps.tokens / float(times.sum()) if times.sum() > 0 else 0.0,
         step_s=round(float(times.sum()), 6),
         warmup_s=round(warmup_s, 3),
         startup_s=round(startup_s, 3),
         load_s=round(load_s, 3),
-        checkpoints=checkpoints,
-        checkpoint_s=round(checkpoint_s, 3),
-        export_s=round(export_s, 3),
+        checkpoints=writes.checkpoints,
+        checkpoint_s=round(writes.checkpoint_s, 3),
+        export_s=round(writes.export_s, 3),
         storage_gbps=written / io_s / 1e9 if io_s > 0 and written > 0 else None,
         job_s=round(job_s, 3),
     )

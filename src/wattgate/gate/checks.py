@@ -8,7 +8,7 @@ weights (gate/weights_check.py), collectives (wattgate/proof).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +20,7 @@ from wattgate.gate.mixture_checks import MixtureInputs, epoch_problems
 from wattgate.pack.remainder import DROP_REASONS, DROPPING_POLICIES
 from wattgate.schedule import learning_rate
 from wattgate.records.manifest import Manifest
-from wattgate.records.plan import DroppedDocs, Plan
+from wattgate.records.plan import DroppedDocs, Plan, PlanStats
 from wattgate.records.run_config import RunConfig
 
 MAX_LISTED = 8  # offending items named in a detail line before "..."
@@ -216,31 +216,49 @@ def remainder_problems(
     return problems
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Corpus:
+    """The pretokenized documents conservation counts: each one's tokens, the manifest's total, each one's loss
+    tokens (a mixture's shares; None: zero) and the validation split's doc_ids (`held_out`, which no epoch may
+    hold: they are the validation pass's; None: none)."""
+
+    doc_tokens: np.ndarray
+    manifest_tokens: int
+    doc_loss_tokens: np.ndarray | None = None
+    held_out: np.ndarray | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RemainderPolicy:
+    """What pack.remainder promises about drops: `policy` (the plan's pack.remainder) and `global_batch_packs`
+    (world x micro_batch_size x grad_accum) enforce it; None skips that part (and only checks reasons against
+    DROP_REASONS). `config_policy` (the run config's pack.remainder) must equal `policy` when both are given."""
+
+    policy: str | None = None
+    global_batch_packs: int | None = None
+    config_policy: str | None = None
+
+
+ANY_REMAINDER = RemainderPolicy()  # no policy to hold the drops to
+
+
 def check_conservation(
     packs: PackRows,
     epochs: int,
-    doc_tokens: np.ndarray,
-    manifest_tokens: int,
-    dropped_doc_ids: Sequence[int],
-    dropped_reasons: Mapping[str, DroppedDocs],
-    policy: str | None = None,
-    global_batch_packs: int | None = None,
-    config_policy: str | None = None,
-    held_out: np.ndarray | None = None,
+    corpus: Corpus,
+    stats: PlanStats,
+    remainder: RemainderPolicy = ANY_REMAINDER,
     mixture: MixtureInputs | None = None,
-    doc_loss_tokens: np.ndarray | None = None,
 ) -> Check:
-    """Each training document exactly once per epoch, or dropped as the remainder policy allows; token sums match.
+    """Each training document exactly once per epoch, or dropped as the remainder policy allows (the drops and
+    their reasons: plan.json's `stats`); token sums match.
 
     `mixture` (a weighted mixture, gate/mixture_checks.py): instead of once per epoch, each source's documents
     as many times as plan.json's mixture record plans them, nothing else, and shares within one document.
-
-    `held_out`: the validation split's doc_ids, which no epoch may hold (they are the validation pass's).
-
-    `policy` (pack.remainder) and `global_batch_packs` (world x micro_batch_size x grad_accum) enforce
-    what the policy promises; None skips that part (and only checks reasons against DROP_REASONS).
-    `config_policy` (the run config's pack.remainder) must equal the plan's `policy` when both are given.
     """
+    doc_tokens, manifest_tokens, held_out = corpus.doc_tokens, corpus.manifest_tokens, corpus.held_out
+    dropped_doc_ids, dropped_reasons = stats.dropped_doc_ids, stats.dropped
+    policy, global_batch_packs, config_policy = remainder.policy, remainder.global_batch_packs, remainder.config_policy
     name = "conservation"
     n = len(doc_tokens)
     problems = []
@@ -271,7 +289,7 @@ def check_conservation(
     for epoch in range(epochs):
         seen = np.bincount(ids[entry_epoch == epoch], minlength=n)
         if mixture is not None:
-            loss = doc_loss_tokens if doc_loss_tokens is not None else np.zeros(n, dtype=np.int64)
+            loss = corpus.doc_loss_tokens if corpus.doc_loss_tokens is not None else np.zeros(n, dtype=np.int64)
             problems += epoch_problems(mixture, epoch, seen, doc_tokens, loss, held)
             # a mixture's own checks said what is missing or repeated; below only the held-out side is checked
             seen = np.minimum(seen, 1)

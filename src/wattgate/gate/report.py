@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from wattgate.artifacts import write_bytes_atomic
@@ -20,6 +21,7 @@ from wattgate.records.gate import (
     PlanHashes,
     SourceFile,
 )
+from wattgate.records.run_config import GateConfig
 from wattgate.run_files import marker_text, write_gate_report
 
 
@@ -43,40 +45,48 @@ def phases_json(fit: FitEstimate, headroom: float) -> dict[str, MemoryPhase]:
     return out
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InputHashes:
+    """What the verdict holds for, by hash: the plan and its packs (the markers name them; `wattgate launch`
+    checks them), the config, model.path's files (every rank checks them again before the first step) and the
+    data sources' files (the next gate reuses what is unchanged)."""
+
+    plan_sha256: PlanHashes
+    config_sha256: str
+    model_files: ModelFiles | None = None
+    source_files: dict[str, SourceFile] | None = None
+
+
 def gate_json(
-    passed: bool,
-    elapsed_s: float,
     checks: list[Check],
+    elapsed_s: float,
     fit: FitEstimate,
-    headroom: float,
-    enforce: bool,
+    settings: GateConfig,
     *,
     cost: CostSection,
     collectives: Collectives | None,
     mixture: PlanMixture | None,
-    plan_sha256: PlanHashes,
-    config_sha256: str,
-    model_files: ModelFiles | None = None,
-    source_files: dict[str, SourceFile] | None = None,
+    hashes: InputHashes,
 ) -> GateReport:
-    """gate.json's record: the verdict and checks, the memory estimate, the cost section, the proof, the hashes."""
+    """gate.json's record: the verdict (passed when every check passed) and checks, the memory estimate against
+    the config's headroom, the cost section, the proof, the hashes."""
     return GateReport(
-        passed=passed,
-        enforce=enforce,
+        passed=all(c.passed for c in checks),
+        enforce=settings.enforce,
         elapsed_s=round(elapsed_s, 4),
         checks=tuple(GateCheck(name=c.name, passed=c.passed, detail=c.detail) for c in checks),
         memory_estimate_bytes=fit.phases[PHASE_STEADY],  # per rank; readers rely on this name
-        memory_estimate_phases=phases_json(fit, headroom),
+        memory_estimate_phases=phases_json(fit, settings.memory_headroom),
         forecast=cost.forecast,
         forecast_unavailable=cost.forecast_unavailable,
         failure=cost.failure,
         last_run_wait=cost.last_run_wait,
         mixture=mixture,
         collectives=collectives,
-        plan_sha256=plan_sha256,
-        config_sha256=config_sha256,
-        model_files=model_files,
-        source_files=source_files,
+        plan_sha256=hashes.plan_sha256,
+        config_sha256=hashes.config_sha256,
+        model_files=hashes.model_files,
+        source_files=hashes.source_files,
     )
 
 

@@ -40,7 +40,7 @@ from wattgate.gate.memory import (
     validation_tokens_per_micro_batch,
 )
 from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_model_spec
-from wattgate.gate.report import gate_json, write_report
+from wattgate.gate.report import InputHashes, gate_json, write_report
 from wattgate.gate.isolation_check import check_document_isolation
 from wattgate.gate.tokenizer_check import check_tokenizer
 from wattgate.gate.settings_check import check_settings
@@ -131,16 +131,19 @@ def run_checks(
         C.check_conservation(
             whole,
             plan.epochs,
-            inputs.doc_tokens,
-            manifest_tokens(inputs.manifest),
-            stats.dropped_doc_ids,
-            stats.dropped,
-            plan.remainder,
-            plan.world_size * plan.micro_batch_size * plan.grad_accum,
-            config.pack.remainder,
-            inputs.validation.held_out if inputs.validation is not None else None,
-            mixture,
-            inputs.doc_loss_tokens,
+            C.Corpus(
+                doc_tokens=inputs.doc_tokens,
+                manifest_tokens=manifest_tokens(inputs.manifest),
+                doc_loss_tokens=inputs.doc_loss_tokens,
+                held_out=inputs.validation.held_out if inputs.validation is not None else None,
+            ),
+            stats,
+            remainder=C.RemainderPolicy(
+                policy=plan.remainder,
+                global_batch_packs=plan.world_size * plan.micro_batch_size * plan.grad_accum,
+                config_policy=config.pack.remainder,
+            ),
+            mixture=mixture,
         ),
         C.check_launch(plan, config),
         C.check_provenance(
@@ -272,22 +275,22 @@ def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
     if proof is not None:
         results.append(C.Check("collectives", proof.passed, proof.detail))
     report = gate_json(
-        all(c.passed for c in results),
-        time.perf_counter() - start,
         results,
+        time.perf_counter() - start,
         fit,
-        config.gate.memory_headroom,
-        config.gate.enforce,
+        config.gate,
         cost=cost,
         collectives=proof,
         mixture=inputs.plan.mixture,  # gate.md's mixture table
-        # the verdict markers name the plan they are about; `wattgate launch` checks them
-        plan_sha256=PlanHashes(plan=sha256_file(plan_dir / PLAN), packs=inputs.packs_sha256),
-        # ... and the config: the gate's copy (GATED_CONFIG) is what the train job trains
-        config_sha256=config_sha256(config),
-        # ... and model.path's bytes, which every rank checks again before the first step
-        model_files=model_files,
-        source_files=source_files,
+        hashes=InputHashes(
+            # the verdict markers name the plan they are about; `wattgate launch` checks them
+            plan_sha256=PlanHashes(plan=sha256_file(plan_dir / PLAN), packs=inputs.packs_sha256),
+            # ... and the config: the gate's copy (GATED_CONFIG) is what the train job trains
+            config_sha256=config_sha256(config),
+            # ... and model.path's bytes, which every rank checks again before the first step
+            model_files=model_files,
+            source_files=source_files,
+        ),
     )
     return report, keep
 

@@ -11,7 +11,7 @@ from wattgate.durations import duration
 from wattgate.config import config_sha256
 from wattgate.forecast.walltime import plan_step_costs
 from wattgate.identity import train_identity
-from wattgate.ledger import append_ledger, run_record
+from wattgate.ledger import MeasuredSteps, RunShape, StorageWrites, append_ledger, run_record
 from wattgate.model_spec import load_model_spec
 from wattgate.records.trained import EXPORT, LOAD, Trained
 from wattgate.run_files import PACKS, TRAINED, TRAINED_MD, read_packs
@@ -125,22 +125,28 @@ def append_throughput(t, summary: Trained) -> None:
     costs = plan_step_costs(read_packs(t.paths.plan_dir / PACKS), plan, total - first)
     record = run_record(
         run_name=s.run_name,
-        shape=load_model_spec(t.config).shape(),
-        gpu_model=s.gpu_model,
-        world_size=plan.world_size,
-        seq_len=s.seq_len,
-        micro_batch_size=s.micro_batch_size,
-        attn_weight=plan.attn_weight,
-        step_costs=costs.step_max_cost[start - first : start - first + len(log.step_times)],
-        step_times=log.step_times,
-        tokens=log.tokens_done,
+        run=RunShape(
+            shape=load_model_spec(t.config).shape(),
+            gpu_model=s.gpu_model,
+            world_size=plan.world_size,
+            seq_len=s.seq_len,
+            micro_batch_size=s.micro_batch_size,
+            attn_weight=plan.attn_weight,
+        ),
+        steps=MeasuredSteps(
+            costs=costs.step_max_cost[start - first : start - first + len(log.step_times)],
+            times=log.step_times,
+            tokens=log.tokens_done,
+        ),
+        writes=StorageWrites(
+            checkpoints=log.checkpoints,
+            checkpoint_s=log.checkpoint_s,
+            checkpoint_bytes=log.checkpoint_bytes,
+            export_s=export_s,
+            export_bytes=folder_bytes(t.paths.out / "final"),
+        ),
         startup_s=startup_s,
         load_s=load_s,
-        checkpoints=log.checkpoints,
-        checkpoint_s=log.checkpoint_s,
-        checkpoint_bytes=log.checkpoint_bytes,
-        export_s=export_s,
-        export_bytes=folder_bytes(t.paths.out / "final"),
         job_s=job_s,
     )
     append_ledger(s.ledger, record)
