@@ -50,7 +50,8 @@ bench: $(VENV)/.installed-test,bench
 	$(BIN)/python bench/triage_accuracy.py
 	$(BIN)/python bench/report.py
 
-# Lint only checks (lint-imports: the layer contracts in pyproject.toml, docs/architecture.md "Layers");
+# Lint only checks (lint-imports: the layer contracts in pyproject.toml, docs/architecture.md "Layers";
+# pyrefly: the types of src/, settings in pyproject.toml);
 # the formatters themselves are `ruff format src tests bench scripts`,
 # `snakefmt Snakefile workflow/` (settings in pyproject.toml) and, for the config reference,
 # `python scripts/config_docs.py --out docs/configuration.md`; for the tested architectures,
@@ -59,6 +60,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/ruff format --check src tests bench scripts
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/pyrefly check --python-interpreter-path $(BIN)/python
 	$(BIN)/python scripts/config_docs.py --check docs/configuration.md
 	$(BIN)/python scripts/architectures_table.py --check docs/architectures.md
 	$(BIN)/python scripts/config_types.py --check src/wattgate/records/run_config.py

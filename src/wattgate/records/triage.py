@@ -80,7 +80,7 @@ class Levels(Record):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ReadVsPeers(Record):
-    read: str
+    phase: str = spec(key="read")  # what the GPU read (a field named `read` would hide Record.read)
     peers: str
     seconds: float
 

@@ -107,7 +107,7 @@ def _gaps_and_peers_md(result: Triage) -> list[str]:
     if peers.departures:
         lines += ["", "GPUs departing from their peers (the label most GPUs share in the same window):", ""]
         for d in peers.departures:
-            what = ", ".join(f"{x.read} while peers read {x.peers} {x.seconds:.0f} s" for x in d.read_vs_peers[:3])
+            what = ", ".join(f"{x.phase} while peers read {x.peers} {x.seconds:.0f} s" for x in d.read_vs_peers[:3])
             lines.append(f"- {d.gpu}: {d.seconds:.0f} s ({what})")
     elif peers.agree_share is not None:
         lines.append(

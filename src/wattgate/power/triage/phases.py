@@ -268,7 +268,7 @@ def peer_departures(phases: pa.Table, window_s: float, min_s: float = 10.0) -> P
         if seconds >= min_s:
             pairs = rows.groupby(["read", "peers"]).size().sort_values(ascending=False)
             read_vs_peers = tuple(
-                ReadVsPeers(read=r, peers=p, seconds=round(n * window_s, 6))
+                ReadVsPeers(phase=r, peers=p, seconds=round(n * window_s, 6))
                 # the (read, peers) labels of the two-column groupby's index
                 for (r, p), n in cast("Iterable[tuple[tuple[str, str], int]]", pairs.items())
             )
