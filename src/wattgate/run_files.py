@@ -558,8 +558,8 @@ def publish_plan(
     packs.parquet is renamed into place, and plan.json (carrying packs_sha256) last. A kill at
     any point leaves the old pair, or no plan.json (the stage reads as not run: rerun pack), or
     the new pair: never a plan.json beside packs it does not describe. The folder itself is not
-    swapped, since it also holds files that are not pack's (Snakemake's pack.log, written while
-    pack runs). eval_packs.parquet (the validation pass, `write_eval_to`) is published with packs.parquet;
+    swapped, since it also holds files that are not this plan's (the history of a continued plan).
+    eval_packs.parquet (the validation pass, `write_eval_to`) is published with packs.parquet;
     a plan without validation removes an earlier plan's.
     """
     claim_output(out, "pack")
