@@ -378,6 +378,13 @@ def test_a_resumed_runs_throughput_is_its_steps_over_every_attempt_not_its_last_
     t = throughput(inputs, step_table(metrics), gpus=2)
     assert t.wall_s == 15.0 and t.tokens_per_s == round(2000 / 15.0, 3) and t.tokens == 2000, t
     assert "over the run's attempts" in t.wall_source
+    evals = pd.DataFrame({"step": [5, 10], "seconds": [0.5, 1.5]})  # the validation passes count too
+    t = throughput(
+        RunInputs(run_dir=None, run_name="r", trained=last_attempt, metrics=metrics, evals=evals),
+        step_table(metrics),
+        gpus=2,
+    )
+    assert t.wall_s == 17.0 and "every validation pass" in t.wall_source, t
     straight = RunInputs(
         run_dir=None,
         run_name="r",

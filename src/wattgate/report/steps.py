@@ -124,11 +124,19 @@ def throughput(inputs: RunInputs, steps: pd.DataFrame | None, gpus: int) -> Thro
     wall = t.wall_s
     wall_source = "TRAINED" if wall is not None else None
     # TRAINED of a resumed run is its last attempt's (a forced rerun that resumed at the last step: 0 s, 0 tok/s);
-    # the run's is every step's time, each step once, over its attempts
+    # the run's is every step's time, each step once, and every validation pass, over its attempts (what TRAINED's
+    # wall holds for one attempt, but its checkpoint writes, which no table records)
     resumed = bool(t.resumed_from_step)
     if resumed and steps is not None and STEP_TIME_S in steps and len(steps):
         wall = float(np.nansum(steps[STEP_TIME_S].to_numpy(dtype=float)))
         wall_source = "metrics (every step's time, its slowest rank's, over the run's attempts: it was resumed)"
+        evals = inputs.evals
+        if evals is not None and "seconds" in evals and len(evals):
+            wall += float(np.nansum(evals["seconds"].to_numpy(dtype=float)))
+            wall_source = (
+                "metrics and eval.parquet (every step's time, its slowest rank's, and every validation pass, over "
+                "the run's attempts: it was resumed; checkpoint writes not counted)"
+            )
     elif wall is None and steps is not None and inputs.metrics is not None:
         m = inputs.metrics
         begin = (m[TIME] - m[STEP_TIME_S]).min() if STEP_TIME_S in m else m[TIME].min()
