@@ -754,3 +754,23 @@ def test_report_reads_the_traces_when_triage_json_is_for_other_files(tmp_path, m
         s = run_report(run, tmp_path / change, ReportSources(power_dir=power)).to_json()
         assert calls and s["energy"] == expected["energy"], change
         calls.clear()
+
+
+def test_a_resumed_runs_step_figure_marks_where_each_later_attempt_began():
+    """The ranks of an attempt beat `init` together; a later attempt's is a dotted line, named, and the caption
+    says what it is only when one is drawn."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from wattgate.report.figures import attempt_starts
+    from wattgate.report.html import _marks_attempts
+
+    beats = [(0.0, 0, "init"), (0.4, 1, "init"), (5.0, 0, "train"), (300.0, 1, "init"), (300.2, 0, "init")]
+    beats += [(900.0, 0, "init"), (901.0, 0, "export")]
+    events = pd.DataFrame([{"time": T0 + t, "rank": r, "step": 0, "epoch": 0, "phase": p} for t, r, p in beats])
+    analysis = SimpleNamespace(inputs=SimpleNamespace(events=events))
+    assert attempt_starts(analysis) == [T0 + 300.0, T0 + 900.0]
+    assert attempt_starts(SimpleNamespace(inputs=SimpleNamespace(events=events[:3]))) == []
+    marked = {"layout": {"annotations": [{"text": "attempt 2"}]}}
+    assert _marks_attempts(marked) and not _marks_attempts({"layout": {}}) and not _marks_attempts(None)

@@ -135,6 +135,18 @@ def checkpoint_spans(analysis: Analysis) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
+def attempt_starts(analysis: Analysis) -> list[float]:
+    """When each attempt after the first started (the earliest rank's `init` heartbeat of it), in unix seconds: a
+    resumed run's steps over time have a gap there, and a rerun's export or checkpoints beyond it."""
+    ev = analysis.inputs.events
+    if ev is None or ev.empty:
+        return []
+    starts = ev[EVENT_TIME][ev[EVENT_PHASE] == "init"].astype(float).sort_values().to_numpy()
+    # every rank beats `init` as its attempt starts: the ranks of one attempt within a minute of each other
+    firsts = starts[np.r_[True, np.diff(starts) > 60.0]] if len(starts) else starts
+    return [float(t) for t in firsts[1:]]
+
+
 def step_ends_of(analysis: Analysis) -> tuple[np.ndarray, np.ndarray, float | None]:
     """Each step's end (its last rank's) and number, in time order, and when the first step began (None when
     no step time says)."""
@@ -521,6 +533,16 @@ def steps_figure(analysis: Analysis, steps) -> dict | None:
             {"font": {"color": "#8a1414", "size": 10}, "showarrow": False, "x": sx, "xanchor": "left", "xref": "x"}
             | {"text": f"{seg.world_size} ranks from step {seg.first_step}", "y": 0, "yanchor": "bottom"}
             | {"yref": "paper"}
+        )
+    for n, start in enumerate(attempt_starts(analysis), 2):  # a resumed run: where each later attempt began
+        ax = values([(start - t0) / unit], digits)[0]
+        shapes.append(
+            {"line": {"color": "#555555", "dash": "dot", "width": 1}, "type": "line", "x0": ax, "x1": ax}
+            | {"xref": "x", "y0": 0, "y1": 1, "yref": "paper"}
+        )
+        notes.append(
+            {"font": {"color": "#555555", "size": 10}, "showarrow": False, "x": ax, "xanchor": "right", "xref": "x"}
+            | {"text": f"attempt {n}", "y": 1, "yanchor": "top", "yref": "paper"}
         )
     if shapes:
         layout["shapes"] = shapes
