@@ -774,3 +774,20 @@ def test_a_resumed_runs_step_figure_marks_where_each_later_attempt_began():
     assert attempt_starts(SimpleNamespace(inputs=SimpleNamespace(events=events[:3]))) == []
     marked = {"layout": {"annotations": [{"text": "attempt 2"}]}}
     assert _marks_attempts(marked) and not _marks_attempts({"layout": {}}) and not _marks_attempts(None)
+
+
+def test_packed_plotly_js_is_kept_for_the_next_report_and_a_bad_cache_is_packed_again(tmp_path, monkeypatch):
+    """Packing plotly.js is most of what the page costs beyond the figures: an earlier report's is read back from
+    the user's cache folder; a damaged or unwritable cache only costs the packing again, never different bytes."""
+    from wattgate.report import plotly_page as P
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    source = P.plotly_js_path()
+    cached = P.packed_cache_path(source)
+    assert cached.parent == tmp_path / "cache" / "wattgate" and not cached.exists()
+    packed = P._packed_once(source)
+    assert cached.read_text() == packed == P._packed(source)
+    cached.write_text("not whole base64")  # a cache that is not what a report wrote: packed again, and rewritten
+    assert P._packed_once(source) == packed and cached.read_text() == packed
+    monkeypatch.setenv("XDG_CACHE_HOME", "/proc/no-such-cache")  # cannot be written: packed all the same
+    assert P._packed_once(source) == packed

@@ -3,8 +3,9 @@ unpacked in the browser with DecompressionStream; each figure a <div> and its JS
 <script type="application/json"> that the loader hands to Plotly.newPlot.
 
 plotly.js is the one the installed plotly package ships (its package data; the Python package itself is not
-imported). Compressing it takes about a tenth of a second, so run_report starts it on a worker thread before
-the analysis (zlib lets go of the GIL) and the page waits for it only when it has a figure.
+imported). Compressing it takes about a tenth of a second, so the packed text is kept in the user's cache folder
+for the next report, and run_report starts it on a worker thread before the analysis (zlib lets go of the GIL);
+the page waits for it only when it has a figure.
 """
 
 from __future__ import annotations
@@ -13,13 +14,17 @@ import base64
 import gzip
 import importlib.util
 import json
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 from html import escape
 from pathlib import Path
 
+from wattgate.artifacts import write_bytes_atomic
+
 GZIP_LEVEL = 4  # plotly.js 4.8 MB -> 2.04 MB of base64 in 0.09 s of CPU; level 9: 1.96 MB in 0.19 s
 BUNDLE_ID = "plotly-js-gz"
+GZIP_BASE64_HEAD = "H4sI"  # base64 of gzip's magic bytes and method (1f 8b 08)
 CONFIG = {"displaylogo": False, "responsive": True}
 
 # Unpacks plotly.js (base64 -> gzip -> text) and runs it as a script, then draws each figure from its JSON.
@@ -56,11 +61,42 @@ def _packed(path: Path) -> str:
     return base64.b64encode(gzip.compress(path.read_bytes(), compresslevel=GZIP_LEVEL, mtime=0)).decode("ascii")
 
 
+def packed_cache_path(path: Path) -> Path:
+    """Where the packed plotly.js of this installed file is kept between reports: the user's cache folder
+    (XDG_CACHE_HOME, else ~/.cache), named by the file's size and modification time and the gzip level, so
+    another plotly install or level is another file."""
+    st = path.stat()
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "wattgate" / f"plotly.min.js-{st.st_size}-{st.st_mtime_ns}-gz{GZIP_LEVEL}.b64"
+
+
+def _packed_once(path: Path) -> str:
+    """_packed, read from the cache when an earlier report packed this very file (packing is ~0.1 s of CPU per
+    report; reading it back ~1 ms). The cache is only a shortcut: a cache that cannot be read or written is
+    packed again, the page's bytes the same either way."""
+    try:
+        cached = packed_cache_path(path)
+    except (OSError, RuntimeError):  # no home folder to find
+        return _packed(path)
+    try:
+        text = cached.read_text("ascii")
+        if text.startswith(GZIP_BASE64_HEAD) and len(text) % 4 == 0:  # whole, as written (atomically)
+            return text
+    except (OSError, ValueError):
+        pass
+    text = _packed(path)
+    try:
+        write_bytes_atomic(cached, text.encode("ascii"))
+    except OSError:
+        pass  # a read-only home: the next report packs it again
+    return text
+
+
 @lru_cache(maxsize=1)
 def _packing() -> Future[str]:
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plotly-js")
     try:
-        return pool.submit(_packed, plotly_js_path())
+        return pool.submit(_packed_once, plotly_js_path())
     finally:
         pool.shutdown(wait=False)
 
