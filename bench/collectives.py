@@ -73,7 +73,7 @@ def default_plan(work: Path) -> tuple[dict, Path, Path]:
 def example_plan(name: str, work: Path, docs: int, world: int | None = None) -> tuple[dict, Path, Path]:
     """The example's config and a random corpus of `docs` documents packed for it; `world`: one node of that
     many GPUs instead of the example's cluster."""
-    from wattgate.config import validate_config
+    from wattgate.config import run_config, validate_config
     from wattgate.data.synthetic import write_random_pretokenized
     from wattgate.pack.plan import build_plan
 
@@ -91,7 +91,7 @@ def example_plan(name: str, work: Path, docs: int, world: int | None = None) -> 
     seq = config["train"]["seq_len"]
     lengths = np.clip(np.random.default_rng(0).lognormal(7.0, 1.0, docs), 16, seq).astype(int)
     pretok = write_random_pretokenized(work / "pretok", lengths, QWEN3_32B["vocab_size"], validation_fraction=0.02)
-    build_plan(config, pretok, work / "plan")
+    build_plan(run_config(config), pretok, work / "plan")
     return config, pretok, work / "plan"
 
 
@@ -103,10 +103,10 @@ def cpu_s() -> float:
 
 def gate_without_proof(config: dict, pretok: Path, plan: Path, out: Path) -> float:
     """Seconds of the gate's other checks on the same inputs: run_gate with gate.collectives off."""
-    from wattgate.config import validate_config
+    from wattgate.config import run_config
     from wattgate.gate.run import run_gate
 
-    off = validate_config(dict(config, gate=dict(config["gate"], collectives=False)))
+    off = run_config(dict(config, gate=dict(config["gate"], collectives=False)))
     out.mkdir(parents=True)
     t0 = time.perf_counter()
     run_gate(off, pretok, plan, out)
@@ -114,10 +114,11 @@ def gate_without_proof(config: dict, pretok: Path, plan: Path, out: Path) -> flo
 
 
 def prove(label: str, config: dict, pretok: Path, plan: Path, target: float) -> dict:
+    from wattgate.config import run_config
     from wattgate.proof.prove import prove_collectives
 
     t0, c0 = time.perf_counter(), cpu_s()
-    report = prove_collectives(config, pretok, plan)
+    report = prove_collectives(run_config(config), pretok, plan)
     wall, cpu = time.perf_counter() - t0, cpu_s() - c0
     steps = sum(c.steps for c in report.classes or ())
     print(

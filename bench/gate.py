@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from benchlib import Parser, figure, positive_int
-from wattgate.config import validate_config
+from wattgate.config import run_config, validate_config
 from wattgate.data.shards import SHARD_SCHEMA, content_hash, shard_hash, shard_hash_algorithm, write_shard
 from wattgate.gate.inputs import load_inputs
 from wattgate.gate.memory import checkpoint_bytes, device_memory_bytes, estimate_memory
@@ -318,9 +318,10 @@ def pandas_gate(config: dict, pretok: Path, plan_dir: Path, checkpoint_dir: Path
         .merge(docs, on="doc_id", how="left")
     )
 
-    spec = load_model_spec(config)
-    settings = fit_settings(config)
-    budget, _ = device_memory_bytes(config)
+    typed = run_config(config)
+    spec = load_model_spec(typed)
+    settings = fit_settings(typed)
+    budget, _ = device_memory_bytes(typed)
     need = (config["train"]["checkpoint_keep"] + 1) * checkpoint_bytes(spec) + spec.num_params * (
         2 if settings.mixed_precision else 4
     )
@@ -354,10 +355,11 @@ def timed(fn, *args, repeat: int):
 def ours_split(config: dict, pretok: Path, plan_dir: Path, out: Path) -> tuple[float, float]:
     """(load, checks) seconds of one in-process gate, as run_gate does them."""
     start = time.perf_counter()
-    inputs = load_inputs(config, pretok, plan_dir, out.parent / "train" / config["run_name"] / "checkpoints")
+    typed = run_config(config)
+    inputs = load_inputs(typed, pretok, plan_dir, out.parent / "train" / config["run_name"] / "checkpoints")
     loaded = time.perf_counter()
-    spec = load_model_spec(config)
-    run_checks(inputs, spec, estimate_memory(spec, fit_settings(config)))
+    spec = load_model_spec(typed)
+    run_checks(inputs, spec, estimate_memory(spec, fit_settings(typed)))
     return loaded - start, time.perf_counter() - loaded
 
 
@@ -389,11 +391,11 @@ def plan_size(packs_path: Path) -> tuple[int, int]:
 def bench_plan(tmp: Path, pretok: Path, num_tokens: int, epochs: int, repeat: int, pd_repeat: int) -> dict:
     config = make_config(epochs, num_tokens)
     plan_dir, out = tmp / f"plan-e{epochs}", tmp / f"gate-e{epochs}" / "gate"
-    build_plan(config, pretok, plan_dir)
+    build_plan(run_config(config), pretok, plan_dir)
     out.mkdir(parents=True)
     ckpt = out.parent / "train" / config["run_name"] / "checkpoints"
     # warm-up: page cache, lazy imports, first-call setup are timed on neither side
-    run_gate(config, pretok, plan_dir, out)
+    run_gate(run_config(config), pretok, plan_dir, out)
     pandas_gate(config, pretok, plan_dir, ckpt)
 
     report, t_ours = timed(run_gate, config, pretok, plan_dir, out, repeat=repeat)
@@ -403,7 +405,7 @@ def bench_plan(tmp: Path, pretok: Path, num_tokens: int, epochs: int, repeat: in
 
     broken = tmp / f"plan-e{epochs}-broken"
     break_plan(plan_dir, broken)
-    broken_verdicts = verdicts(run_gate(config, pretok, broken, out))
+    broken_verdicts = verdicts(run_gate(run_config(config), pretok, broken, out))
     compare(f"epochs {epochs}, broken", broken_verdicts, pandas_gate(config, pretok, broken, ckpt), BROKEN_FAILS)
     rows, entries = plan_size(plan_dir / "packs.parquet")
     return {
@@ -545,16 +547,16 @@ def bench_worlds(tmp: Path, worlds: list[int], docs: list[int]) -> None:
             plan_dir, out = tmp / f"worlds-plan-{n}-{world}", tmp / f"worlds-gate-{n}-{world}"
             config = make_config(1, int(lengths.sum()), world, collectives=True)
             t0 = time.perf_counter()
-            plan = build_plan(config, pretok, plan_dir)
+            plan = build_plan(run_config(config), pretok, plan_dir)
             t_plan = time.perf_counter() - t0
             t0 = time.perf_counter()
-            proof = prove_collectives(config, pretok, plan_dir)
+            proof = prove_collectives(run_config(config), pretok, plan_dir)
             t_proof = time.perf_counter() - t0
             assert proof.passed, f"world {world}, {n} docs: the proof failed: {proof.detail}"
             off = make_config(1, int(lengths.sum()), world, collectives=False)
             out.mkdir(parents=True)
             t0 = time.perf_counter()
-            run_gate(off, pretok, plan_dir, out)
+            run_gate(run_config(off), pretok, plan_dir, out)
             t_other = time.perf_counter() - t0
             steps = plan.epochs * plan.steps_per_epoch
             print(

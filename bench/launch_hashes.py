@@ -21,7 +21,7 @@ import numpy as np
 
 from benchlib import Parser, figure, positive_float
 from wattgate.data.synthetic import write_random_pretokenized
-from wattgate.config import validate_config
+from wattgate.config import run_config, validate_config
 from wattgate.pack.plan import build_plan
 from wattgate.run_files import read_plan
 from wattgate.train.input_check import changed_data
@@ -64,7 +64,7 @@ def default_corpus(tmp: Path) -> None:
     lengths = np.random.default_rng(1).integers(16, 512, 3000).tolist()
     write_random_pretokenized(tmp / "pretokenized", lengths, 2048, 0, validation_fraction=0.05)
     config = validate_config({"train": {"seq_len": 512}})
-    build_plan(config, tmp / "pretokenized", tmp / "plan")
+    build_plan(run_config(config), tmp / "pretokenized", tmp / "plan")
     plan, _ = read_plan(tmp / "plan")
     for world in (1, 2):
         start = time.perf_counter()

@@ -77,11 +77,13 @@ def config_for(kind: str, micro_batch_size: int, seq_len: int = SEQ_LEN, shape: 
 
 
 def predicted(config: dict) -> dict[str, int]:
+    from wattgate.config import run_config
     from wattgate.gate.memory import estimate_memory
     from wattgate.model_spec import load_model_spec
     from wattgate.gate.run import fit_settings
 
-    return estimate_memory(load_model_spec(config), fit_settings(config))
+    typed = run_config(config)
+    return estimate_memory(load_model_spec(typed), fit_settings(typed))
 
 
 def available_bytes() -> int:

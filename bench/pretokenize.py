@@ -31,7 +31,7 @@ import pyarrow.compute as pc  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from benchlib import Parser, figure, positive_int  # noqa: E402
-from wattgate.config import validate_config  # noqa: E402
+from wattgate.config import run_config, validate_config  # noqa: E402
 from wattgate.data.demo_corpus import generate  # noqa: E402
 from wattgate.data.pretokenize import pretokenize  # noqa: E402
 from wattgate.data.tokenizer import load_tokenizer, save_hf_tokenizer, train_bpe  # noqa: E402
@@ -96,7 +96,7 @@ def run_ours(corpus: Path, tokenizer_dir: Path, out: Path) -> dict:
             "pretokenize": {"max_tokens": 1_000_000, "overlong": "truncate", "loss_on": "assistant"},
         }
     )
-    return pretokenize(config, tokenizer_dir, out, progress=False)
+    return pretokenize(run_config(config), tokenizer_dir, out, progress=False)
 
 
 def text_batch(tok):

@@ -90,7 +90,7 @@ def make_inputs(work: Path, layers: int, world: int, shape: dict) -> tuple[dict,
     """bf16 model folder, pretokenized data, a plan for 2 steps on `world` ranks, and the config file."""
     import numpy as np
 
-    from wattgate.config import validate_config
+    from wattgate.config import run_config, validate_config
     from wattgate.data.synthetic import write_random_pretokenized
     from wattgate.pack.plan import build_plan
 
@@ -108,7 +108,7 @@ def make_inputs(work: Path, layers: int, world: int, shape: dict) -> tuple[dict,
     )
     lengths = np.random.default_rng(0).integers(50, 64, 3 * world * TRAIN["max_steps"])
     write_random_pretokenized(folder / "pretokenized", lengths, shape["vocab_size"], 0)
-    build_plan(config, folder / "pretokenized", folder / "plan")
+    build_plan(run_config(config), folder / "pretokenized", folder / "plan")
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     return config, folder
 
@@ -202,17 +202,20 @@ def plain_worker(folder: Path, out: Path) -> None:
 
 
 def gate_steady_gib(config: dict) -> float:
+    from wattgate.config import run_config
     from wattgate.gate.memory import estimate_memory
     from wattgate.model_spec import load_model_spec
     from wattgate.gate.run import fit_settings
 
-    return sum(estimate_memory(load_model_spec(config), fit_settings(config)).values()) / GIB
+    typed = run_config(config)
+    return sum(estimate_memory(load_model_spec(typed), fit_settings(typed)).values()) / GIB
 
 
 def fp32_model_gib(config: dict) -> float:
+    from wattgate.config import run_config
     from wattgate.model_spec import load_model_spec
 
-    return load_model_spec(config).num_params * 4 / GIB
+    return load_model_spec(run_config(config)).num_params * 4 / GIB
 
 
 def main() -> None:

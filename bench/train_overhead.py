@@ -87,7 +87,7 @@ def write_pretokenized(path: Path, num_tokens: int, seed: int = 0) -> None:
 
 def make_inputs(work: Path, steps: int) -> tuple[dict, int]:
     """Pretokenized data, plan and config file for ~`steps` optimizer steps on WORLD ranks."""
-    from wattgate.config import validate_config
+    from wattgate.config import run_config, validate_config
     from wattgate.pack.plan import build_plan
 
     model_cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())["model"]["config"]
@@ -102,7 +102,7 @@ def make_inputs(work: Path, steps: int) -> tuple[dict, int]:
     t = config["train"]
     packs_per_step = WORLD * t["micro_batch_size"] * t["grad_accum"]
     write_pretokenized(work / "pretokenized", int(steps * packs_per_step * t["seq_len"] * 0.97))
-    plan = build_plan(config, work / "pretokenized", work / "plan")
+    plan = build_plan(run_config(config), work / "pretokenized", work / "plan")
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     return config, plan.steps_per_epoch * plan.epochs
 

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from benchlib import Parser, figure, positive_float, positive_int
 from gate import lognormal_lengths, make_config, write_pretokenized  # bench/gate.py: the gate bench's corpus
+from wattgate.config import run_config
 from wattgate.data.split import VALIDATION_FILE, carve, carve_keys, doc_ids_sha256, write_validation_ids
 from wattgate.gate import validation_checks as V
 from wattgate.gate.inputs import load_inputs
@@ -131,8 +132,8 @@ def main() -> None:
         # alternated, best of each: on a shared 2-core machine a run's neighbours change between runs
         t_plain = t_split = float("inf")
         for _ in range(args.repeat):
-            t_plain = min(t_plain, best_of(lambda: build_plan(config, plain, tmp / "plan-plain"), 1)[1])
-            plan, t = best_of(lambda: build_plan(config, split, tmp / "plan-split"), 1)
+            t_plain = min(t_plain, best_of(lambda: build_plan(run_config(config), plain, tmp / "plan-plain"), 1)[1])
+            plan, t = best_of(lambda: build_plan(run_config(config), split, tmp / "plan-split"), 1)
             t_split = min(t_split, t)
         v = plan.validation
         ratio = (t_read + t_carve + t_split) / t_plain
@@ -157,11 +158,11 @@ def main() -> None:
         )
 
         ckpt = tmp / "train" / "bench" / "checkpoints"
-        spec = load_model_spec(config)
-        terms = estimate_memory(spec, fit_settings(config))
+        spec = load_model_spec(run_config(config))
+        terms = estimate_memory(spec, fit_settings(run_config(config)))
 
         def gate(pretok, plan_dir):
-            inputs = load_inputs(config, pretok, plan_dir, ckpt)
+            inputs = load_inputs(run_config(config), pretok, plan_dir, ckpt)
             return inputs, run_checks(inputs, spec, terms)
 
         t_gate_plain = t_gate_split = float("inf")

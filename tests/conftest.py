@@ -9,7 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from wattgate.config import validate_config  # noqa: E402
+from wattgate.config import run_config  # noqa: E402
 from wattgate.data.demo_corpus import generate  # noqa: E402
 from wattgate.data.records import CorpusRecord  # noqa: E402
 from wattgate.data.tokenizer import save_hf_tokenizer, train_bpe, training_texts  # noqa: E402
@@ -122,7 +122,7 @@ def make_config():
                 config.setdefault(key, {}).update(value)
             else:
                 config[key] = value
-        return validate_config(config)
+        return run_config(config)
 
     return make
 
@@ -163,7 +163,7 @@ def fake_launch(tmp_path, make_config):
 
     def start(job, out, env=None, **sections):
         config = tmp_path / "launch-config.yaml"
-        config.write_text(yaml.safe_dump(make_config(**sections)))
+        config.write_text(yaml.safe_dump(make_config(**sections).to_json()))
         for name in ("pretokenized", "plan"):
             (tmp_path / name).mkdir(exist_ok=True)
         argv = ["launch", "--config", str(config), "--pretokenized", str(tmp_path / "pretokenized")]

@@ -20,7 +20,7 @@ import yaml
 
 from wattgate.records.checkpoint import Position
 from wattgate.artifacts import write_json_atomic
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.pack.plan import build_plan
 from wattgate.train import checkpoint as ckpt
@@ -36,7 +36,7 @@ def make_run(tmp: Path, gpus: int, **train) -> None:
     if not pretok.exists():
         write_random_pretokenized(pretok, LENGTHS, 96, 0, shard_docs=7)
     t = {"seq_len": 64, "micro_batch_size": 1, "grad_accum": 2, "epochs": 1, "warmup_steps": 0, "lr": 1e-2}
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "t",
             "train": t | {"log_every": 1} | train,
@@ -45,7 +45,7 @@ def make_run(tmp: Path, gpus: int, **train) -> None:
         }
     )
     build_plan(config, pretok, tmp / f"plan-{gpus}")
-    (tmp / f"config-{gpus}.yaml").write_text(yaml.safe_dump(config))
+    (tmp / f"config-{gpus}.yaml").write_text(yaml.safe_dump(config.to_json()))
 
 
 def train_command(tmp: Path, gpus: int, out: Path) -> list[str]:

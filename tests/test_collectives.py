@@ -195,11 +195,11 @@ def test_collectives_scale_by_depth_exactly_as_a_full_depth_dry_run_counts_them(
     rank 0 issues when it is dry-run at the real depth."""
     lengths = np.random.default_rng(5).integers(5, 60, 60).tolist()
     plan, config = make_run(tmp_path, lengths, gpus=2, validation_fraction=0.1, **CADENCE)
-    config["model"]["config"] = dict(config["model"]["config"], num_hidden_layers=4)
+    config = config.replace(model=config.model.replace(config=dict(config.model.config, num_hidden_layers=4)))
     report = prove_collectives(config, tmp_path / "pretokenized", plan).to_json()
     assert report["passed"], report["detail"]
     params = report["depth"].pop("params")  # the real-depth model counted
-    assert params["total"] == sum(p.numel() for p in build_meta_model(config["model"], "sdpa").parameters())
+    assert params["total"] == sum(p.numel() for p in build_meta_model(config.model, "sdpa").parameters())
     assert report["proxy_layers"] == 1 and report["depth"] == {
         "identical": True,
         "layers": 4,

@@ -36,7 +36,7 @@ def test_scaling_variants_keep_the_global_batch(make_config):
             per_node,
             accum,
         )
-        assert v.train.max_steps == 20 and v.run_name == f"{base['run_name']}-scaling-w{world}"
+        assert v.train.max_steps == 20 and v.run_name == f"{base.run_name}-scaling-w{world}"
         assert v.train.checkpoint_every == 20 and not v.train.checkpoint_at_epoch_end
 
 

@@ -18,7 +18,7 @@ from wattgate.forecast.failure import failure_cost, first_divergence
 from wattgate.forecast.throughput import flops_throughput
 from wattgate.forecast.walltime import PlanCosts, Settings, forecast, plan_step_costs, table_levels
 from wattgate.ledger import MeasuredSteps, RunShape, StorageWrites, append_ledger, run_record
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.data.pretokenize import pretokenize
 from wattgate.gate.cost import cost_section
 from wattgate.gate.inputs import load_inputs
@@ -48,7 +48,7 @@ def independent_divergence(packs: pd.DataFrame, world: int):
 def uneven(tmp_path_factory, tokenizer_dir, demo_docs):
     """Plans with `pack.remainder: none` on 3 ranks: each epoch's leftover packs make the ranks' counts differ."""
     work = tmp_path_factory.mktemp("uneven")
-    config = validate_config(
+    config = run_config(
         {
             "data": {"inputs": [str(write_jsonl(work / "c.jsonl", demo_docs))]},
             "pack": {"remainder": "none"},
@@ -120,7 +120,7 @@ def test_an_even_plan_has_no_divergence(tmp_path):
 
 def test_gate_json_and_md_give_the_cost_of_the_hang_it_prevented(uneven, tmp_path):
     config, work = uneven
-    ledger = Path(config["forecast"]["ledger"])
+    ledger = Path(config.forecast.ledger)
     ledger.unlink(missing_ok=True)
     spec = load_model_spec(config)
     shape = spec.shape()
@@ -140,16 +140,16 @@ def test_gate_json_and_md_give_the_cost_of_the_hang_it_prevented(uneven, tmp_pat
             job_s=50.0,
         ),
     )
-    cfg = json.loads(json.dumps(config))
+    cfg = config.to_json()
     cfg["gate"]["enforce"] = True
     cfg["cluster"]["launcher"] = "slurm"
     cfg["cluster"]["slurm"]["train"]["runtime_min"] = 120
-    report = run_gate(cfg, work / "pretokenized", work / "plan", tmp_path / "gate").to_json()
+    report = run_gate(run_config(cfg), work / "pretokenized", work / "plan", tmp_path / "gate").to_json()
     assert not report["passed"]
     fc, failure = report["forecast"], report["failure"]
     assert fc["throughput"]["source"] == "measured" and fc["throughput"]["cost_per_s"] == pytest.approx(1000.0)
     assert fc["terms_s"]["startup_s"] == 2.0 and fc["storage_gbps"] == pytest.approx(1 / 3, rel=1e-3)
-    inputs = load_inputs(cfg, work / "pretokenized", work / "plan", tmp_path / "ckpt")
+    inputs = load_inputs(run_config(cfg), work / "pretokenized", work / "plan", tmp_path / "ckpt")
     costs = plan_step_costs(inputs.packs, inputs.plan, None)
     assert fc["terms_s"]["steps_s"] == pytest.approx(costs.step_max_cost.sum() / 1000.0, abs=1e-3)
     div = failure["divergence"]
@@ -165,21 +165,23 @@ def test_gate_json_and_md_give_the_cost_of_the_hang_it_prevented(uneven, tmp_pat
 
 def test_budget_keys_fail_the_gate_with_the_numbers(uneven, tmp_path):
     config, work = uneven
-    cfg = json.loads(json.dumps(config))
+    cfg = config.to_json()
     cfg["pack"]["remainder"] = "rebin"
     cfg["cluster"]["gpu_model"] = "H100"  # analytic throughput and the H100 table's energy levels
     cfg["cluster"]["gpu_mem_gib"] = 80
     cfg["forecast"]["ledger"] = str(tmp_path / "none.jsonl")
-    build_plan(cfg, work / "pretokenized", tmp_path / "plan")
-    ok = run_gate(cfg, work / "pretokenized", tmp_path / "plan", tmp_path / "ok").to_json()
+    build_plan(run_config(cfg), work / "pretokenized", tmp_path / "plan")
+    ok = run_gate(run_config(cfg), work / "pretokenized", tmp_path / "plan", tmp_path / "ok").to_json()
     fc = ok["forecast"]
     assert fc["throughput"]["source"] == "analytic" and fc["kwh"] > 0
-    assert fc["throughput"]["cost_per_s"] == pytest.approx(989e12 * 0.35 / (6 * load_model_spec(cfg).num_params))
+    assert fc["throughput"]["cost_per_s"] == pytest.approx(
+        989e12 * 0.35 / (6 * load_model_spec(run_config(cfg)).num_params)
+    )
     budget = {c["name"]: c for c in ok["checks"]}["budget"]
     assert budget["passed"] and "no budget set" in budget["detail"]
     cfg["gate"]["max_gpu_hours"] = fc["gpu_hours"] / 2
     cfg["gate"]["max_kwh"] = fc["kwh"] / 2
-    bad = run_gate(cfg, work / "pretokenized", tmp_path / "plan", tmp_path / "bad").to_json()
+    bad = run_gate(run_config(cfg), work / "pretokenized", tmp_path / "plan", tmp_path / "bad").to_json()
     budget = {c["name"]: c for c in bad["checks"]}["budget"]
     assert not bad["passed"] and not budget["passed"]
     assert f"{fc['gpu_hours']:.4g} GPU-hours > gate.max_gpu_hours {fc['gpu_hours'] / 2:g}" in budget["detail"]
@@ -297,7 +299,7 @@ def test_a_calibrated_matmul_rate_is_the_second_best_source(uneven, tmp_path):
     from wattgate.triage_tables import shipped_table
 
     config, work = uneven
-    cfg = json.loads(json.dumps(config))
+    cfg = config.to_json()
     cfg["pack"]["remainder"] = "rebin"
     cfg["cluster"]["gpu_model"] = "H100"
     cfg["cluster"]["gpu_mem_gib"] = 80
@@ -306,8 +308,8 @@ def test_a_calibrated_matmul_rate_is_the_second_best_source(uneven, tmp_path):
     calibrated = dataclasses.replace(table, phases={"compute": {"matmul_tflops": 700.0}})
     (tmp_path / "h100.yaml").write_text(calibrated.to_yaml())
     cfg["telemetry"]["table"] = str(tmp_path / "h100.yaml")
-    build_plan(cfg, work / "pretokenized", tmp_path / "plan")
-    fc = run_gate(cfg, work / "pretokenized", tmp_path / "plan", tmp_path / "gate").to_json()["forecast"]
+    build_plan(run_config(cfg), work / "pretokenized", tmp_path / "plan")
+    fc = run_gate(run_config(cfg), work / "pretokenized", tmp_path / "plan", tmp_path / "gate").to_json()["forecast"]
     assert fc["throughput"]["source"] == "calibrated" and "700 TFLOP/s" in fc["throughput"]["detail"]
-    spec = load_model_spec(cfg)
+    spec = load_model_spec(run_config(cfg))
     assert fc["throughput"]["cost_per_s"] == pytest.approx(700e12 * 0.35 / (6 * spec.num_params))

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from wattgate.cli import main
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.data.pretokenize import pretokenize
 from wattgate.errors import InputError
 from wattgate.gate import checks as C
@@ -19,6 +19,7 @@ from wattgate.model_spec import export_dtype_name, largest_local_slice, largest_
 from wattgate.gate.inputs import load_inputs
 from wattgate.gate.memory import GIB, Budget, FitSettings, estimate_memory
 from wattgate.model_spec import ModelSpec
+from wattgate.records.run_config import RunConfig
 from wattgate.gate.run import config_fit_estimate, run_checks, run_gate
 from wattgate.pack.plan import build_plan
 from wattgate.records.plan import DroppedDocs, PlanStats
@@ -29,7 +30,7 @@ from conftest import QWEN3_32B, QWEN3_SETTINGS, TINY_MODEL, without_rows, write_
 @pytest.fixture(scope="module")
 def stage_dirs(tmp_path_factory, tokenizer_dir, demo_docs):
     work = tmp_path_factory.mktemp("gate")
-    config = validate_config(
+    config = run_config(
         {
             "data": {"inputs": [str(write_jsonl(work / "c.jsonl", demo_docs))]},
             "train": {
@@ -263,7 +264,7 @@ def test_gate_cli_fails_with_exit_1_and_names_check(stage_dirs, tmp_path, capsys
     table = pq.read_table(plan / "packs.parquet")
     pq.write_table(table.take(list(range(1, table.num_rows)) + [0]), plan / "packs.parquet")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(config))
+    cfg.write_text(yaml.safe_dump(config.to_json()))
     out = tmp_path / "gate"
     rc = main(
         [
@@ -298,12 +299,12 @@ def test_stale_pass_is_removed_when_the_gate_fails(stage_dirs, tmp_path):
     config, work = stage_dirs
     out = tmp_path / "gate"
     run_gate(config, work / "pretokenized", work / "plan", out)
-    bad = json.loads(json.dumps(config))
+    bad = config.to_json()
     bad["train"]["warmup_steps"] = 10_000
-    assert not run_gate(bad, work / "pretokenized", work / "plan", out).to_json()["passed"]
+    assert not run_gate(run_config(bad), work / "pretokenized", work / "plan", out).to_json()["passed"]
     assert not (out / "PASSED").exists() and not (out / "UNENFORCED").exists()
     bad["gate"]["enforce"] = False  # the explicit override: a marker downstream rules can wait on
-    assert not run_gate(bad, work / "pretokenized", work / "plan", out).to_json()["passed"]
+    assert not run_gate(run_config(bad), work / "pretokenized", work / "plan", out).to_json()["passed"]
     assert "FAILED, not enforced" in (out / "UNENFORCED").read_text() and not (out / "PASSED").exists()
 
 
@@ -351,16 +352,16 @@ def model_folder(path: Path, cfg: dict, safetensors: dict[str, int] | None = Non
     return path
 
 
-def example_config(name: str, model_path: Path, **train) -> dict:
+def example_config(name: str, model_path: Path, **train) -> RunConfig:
     config = yaml.safe_load((EXAMPLES / name).read_text())
     config["model"]["path"] = str(model_folder(model_path, QWEN3_32B_CONFIG_JSON))
     config["train"].update(train)
-    return validate_config(config, source=name)
+    return run_config(config, source=name)
 
 
-def fit_of(config: dict):
+def fit_of(config: RunConfig):
     fit = config_fit_estimate(config, load_model_spec(config))
-    return fit, C.check_fit(fit.phases, fit.budgets, config["gate"]["memory_headroom"])
+    return fit, C.check_fit(fit.phases, fit.budgets, config.gate.memory_headroom)
 
 
 def fit_block(fit, headroom: float) -> list[str]:
@@ -409,7 +410,7 @@ def test_example_fit_terms_and_verdict_match_its_header(name, verdict, tmp_path)
     assert check.passed is (verdict == "PASS")
     header = header_lines(name)
     assert f"Gate fit verdict: {verdict}" in header
-    missing = in_order(fit_block(fit, config["gate"]["memory_headroom"]), header)
+    missing = in_order(fit_block(fit, config.gate.memory_headroom), header)
     assert not missing, f"{name}'s header comment is stale; expected lines: {missing}"
 
 
@@ -541,7 +542,7 @@ def test_a_budget_too_small_fails_and_names_the_phase():
 
 def test_example_with_a_small_host_fails_on_the_host_term(tmp_path):
     config = example_config("qwen3-32b-2x8-h100.yaml", tmp_path / "m")
-    config["cluster"]["host_mem_gib"] = 64
+    config = config.replace(cluster=config.cluster.replace(host_mem_gib=64))
     _, check = fit_of(config)
     assert not check.passed and check.detail.startswith("host_per_node: estimated peak 74.4 GiB per node")
     assert "largest term process_runtime 32.0 GiB" in check.detail
@@ -716,7 +717,7 @@ def test_schedule_uses_max_steps(inputs):
 def gate_cli(stage_dirs, tmp_path, capsys, pretokenized=None, plan=None):
     config, work = stage_dirs
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(config))
+    cfg.write_text(yaml.safe_dump(config.to_json()))
     rc = main(
         [
             "gate",

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from wattgate.forecast.throughput import host_matmul_flops, host_matmul_throughput
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
@@ -18,7 +18,7 @@ from conftest import TINY, with_extra_validation_micro_batch
 def gate_of(tmp_path, remainder="rebin", **train):
     pretok = write_random_pretokenized(tmp_path / "pretokenized", np.random.default_rng(2).integers(8, 60, 80), 96, 0)
     t = {"seq_len": 64, "micro_batch_size": 1, "grad_accum": 2, "epochs": 1, "warmup_steps": 0} | train
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "t",
             "train": t,
@@ -69,7 +69,7 @@ def test_an_uneven_validation_pass_on_cpu_states_its_cost(tmp_path):
 
     lengths = np.random.default_rng(4).integers(5, 60, 200)
     pretok = write_random_pretokenized(tmp_path / "pretokenized", lengths, 96, 0, validation_fraction=0.2)
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "t",
             "model": {"config": TINY},

@@ -45,7 +45,7 @@ def test_a_packed_document_sees_the_one_before_it_exactly_when_a_layer_carries_a
 def gate(tmp_path, lengths, model: dict, runs: int = 1) -> list[dict]:
     """gate.json of each of `runs` gates on one plan into one folder (a rerun reuses the kept proof)."""
     plan, config = make_run(tmp_path, lengths, gpus=2, **CADENCE)
-    config["model"] = {"config": model}
+    config = config.replace(model=config.model.replace(config=model))
     reports = []
     for _ in range(runs):
         run_gate(config, tmp_path / "pretokenized", plan, tmp_path / "gate")

@@ -5,7 +5,8 @@ import shutil
 
 import pytest
 
-from wattgate.config import validate_config
+from wattgate.config import run_config
+from wattgate.records.run_config import RunConfig
 from wattgate.data.pretokenize import pretokenize
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
@@ -25,8 +26,8 @@ MODEL = {
 }
 
 
-def gate_config(inputs: list[str]) -> dict:
-    return validate_config(
+def gate_config(inputs: list[str]) -> RunConfig:
+    return run_config(
         {
             "data": {"inputs": inputs},
             "train": {"seq_len": 512, "micro_batch_size": 1, "grad_accum": 1, "epochs": 1, "warmup_steps": 0},

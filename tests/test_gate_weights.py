@@ -109,8 +109,8 @@ def test_the_gate_fails_before_submission_when_the_weights_do_not_fit(folder, tm
     for f in folder.iterdir():
         (mine / f.name).write_bytes(f.read_bytes())
     edit_config(mine, num_hidden_layers=1, layer_types=["full_attention"])
-    config["model"] = {"path": str(mine), "config": None}
-    config["gate"]["collectives"] = False
+    config = config.replace(model=config.model.replace(path=str(mine), config=None))
+    config = config.replace(gate=config.gate.replace(collectives=False))
     report = run_gate(config, tmp_path / "pretokenized", plan, tmp_path / "gate").to_json()
     check = next(c for c in report["checks"] if c["name"] == "weights")
     assert not report["passed"] and not check["passed"] and "does not use" in check["detail"]
@@ -129,7 +129,7 @@ def test_a_head_transformers_renames_by_class_name_loads_once_fsdp_renamed_the_c
     mine = saved_folder(tmp_path / "neox", neox)
     assert "embed_out.weight" in load_file(mine / "model.safetensors")
     plan, config = make_run(tmp_path, [20, 30, 40, 50] * 10, gpus=2, **CADENCE)
-    config["model"] = {"path": str(mine), "config": None}
+    config = config.replace(model=config.model.replace(path=str(mine), config=None))
     report = run_gate(config, tmp_path / "pretokenized", plan, tmp_path / "gate").to_json()
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["weights"]["passed"], checks["weights"]["detail"]

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.pack.plan import build_plan
 from wattgate.run_files import STOP_REQUEST, STOPPED
@@ -32,11 +32,11 @@ def cpu_run(tmp: Path, gpus: int = 2, **train) -> dict:
     settings = dict(seq_len=64, micro_batch_size=1, grad_accum=2, epochs=2, warmup_steps=0, lr=1e-2, log_every=1)
     settings.update(checkpoint_every=5, eval_every=4)
     settings.update(train)
-    config = validate_config(
+    config = run_config(
         {"run_name": "t", "train": settings, "model": {"config": TINY}, "cluster": {"nodes": 1, "gpus_per_node": gpus}}
     )
     build_plan(config, tmp / "pretokenized", tmp / "plan")
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config.to_json()))
     return config
 
 

@@ -9,16 +9,17 @@ import numpy as np
 import pytest
 
 from conftest import TINY_MODEL
-from wattgate.config import validate_config, world_size
+from wattgate.config import run_config, world_size
 from wattgate.errors import InputError
 from wattgate.gate.cost import CostSection, cost_markdown, last_run_wait
 from wattgate.ledger import MeasuredSteps, RunShape, StorageWrites, append_ledger, read_ledger, record_wait, run_record
 from wattgate.records.ledger import LedgerLine
+from wattgate.records.run_config import RunConfig
 from wattgate.model_spec import load_model_spec
 
 
-def config_for(tmp_path) -> dict:
-    return validate_config(
+def config_for(tmp_path) -> RunConfig:
+    return run_config(
         {
             "model": {"config": TINY_MODEL},
             "cluster": {"nodes": 1, "gpus_per_node": 4},
@@ -28,18 +29,18 @@ def config_for(tmp_path) -> dict:
 
 
 def record(
-    config: dict, run_name: str, steps: int = 40, job_s: float = 3600.0, shape: dict | None = None
+    config: RunConfig, run_name: str, steps: int = 40, job_s: float = 3600.0, shape: dict | None = None
 ) -> LedgerLine:
     """A finished run of the config's model on its world size: job_s seconds of wall time."""
-    t = config["train"]
+    t = config.train
     return run_record(
         run_name=run_name,
         run=RunShape(
             shape=shape or load_model_spec(config).shape(),
-            gpu_model=config["cluster"]["gpu_model"],
+            gpu_model=config.cluster.gpu_model,
             world_size=world_size(config),
-            seq_len=t["seq_len"],
-            micro_batch_size=t["micro_batch_size"],
+            seq_len=t.seq_len,
+            micro_batch_size=t.micro_batch_size,
             attn_weight=1e-5,
         ),
         steps=MeasuredSteps(costs=np.full(steps, 1000.0), times=[1.0] * steps, tokens=1000 * steps),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from conftest import QWEN3_32B, QWEN3_SETTINGS
 
+from wattgate.config import run_config
 from wattgate.gate import memory as M
 from wattgate.model_spec import ModelSpec
 from wattgate.gate.report import phase_markdown, phases_json
@@ -42,11 +43,11 @@ def test_a_larger_validation_micro_batch_can_set_the_steady_terms():
 
 def test_validation_tokens_come_from_eval_micro_batch_size_only_when_there_is_a_split():
     train = {"micro_batch_size": 2, "seq_len": 4096, "eval_micro_batch_size": None}
-    assert M.validation_tokens_per_micro_batch({"data": {"validation": {}}, "train": train}) == 0
+    assert M.validation_tokens_per_micro_batch(run_config({"data": {"validation": {}}, "train": train})) == 0
     config = {"data": {"validation": {"fraction": 0.01}}, "train": train}
-    assert M.validation_tokens_per_micro_batch(config) == 2 * 4096
+    assert M.validation_tokens_per_micro_batch(run_config(config)) == 2 * 4096
     config["train"] = dict(train, eval_micro_batch_size=8)
-    assert M.validation_tokens_per_micro_batch(config) == 8 * 4096
+    assert M.validation_tokens_per_micro_batch(run_config(config)) == 8 * 4096
 
 
 def test_gate_md_names_the_logits_term():

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from wattgate.config import run_config, validate_config
+from wattgate.config import run_config
 from wattgate.data.mixture import parse_sources, source_name
 from wattgate.data.pretokenize import split_for
 from wattgate.data.split import SplitSettings
@@ -34,7 +34,7 @@ MIXTURE = [
 
 
 def mixture_config(world: int, inputs=MIXTURE, **data):
-    return validate_config(
+    return run_config(
         {
             "data": {"inputs": inputs, "max_repeats": 10, **data},
             "train": {"seq_len": 256, "micro_batch_size": 1, "grad_accum": 2, "epochs": 3, "warmup_steps": 1},
@@ -171,7 +171,7 @@ def test_a_weight_past_max_repeats_is_refused_naming_the_source(pretokenized, tm
 def test_plain_paths_are_sources_named_for_their_stem():
     assert source_name("data/chat.jsonl.gz") == "chat"
     assert source_name("data/corpus.parquet") == "corpus"
-    assert [s.name for s in parse_sources(validate_config({"data": {"inputs": ["x/a.jsonl", "b.json"]}}))] == ["a", "b"]
+    assert [s.name for s in parse_sources(run_config({"data": {"inputs": ["x/a.jsonl", "b.json"]}}))] == ["a", "b"]
 
 
 def test_a_document_in_two_sources_is_reported_once():
@@ -203,9 +203,9 @@ def test_a_resized_mixture_keeps_every_source_count_exact(tmp_path, new_world):
     mixture = [{"path": "a.jsonl", "name": "a", "weight": 0.5}, {"path": "b.jsonl", "name": "b", "weight": 0.5}]
 
     def config(gpus):
-        c = config_for(gpus, epochs=3)
+        c = config_for(gpus, epochs=3).to_json()
         c["data"]["inputs"] = mixture
-        return c
+        return run_config(c)
 
     plan_dir = tmp_path / "plan"
     plan = build_plan(config(4), pretok, plan_dir)
@@ -237,7 +237,7 @@ def test_pretokenize_names_each_document_source_and_refuses_an_empty_source(tmp_
     chat = write_jsonl(tmp_path / "chat.jsonl", demo_docs[:30])
     prose = write_jsonl(tmp_path / "prose.jsonl", [{"text": f"plain text number {i}"} for i in range(12)])
     mixture = [{"path": str(chat), "name": "chat", "weight": 0.7}, {"path": str(prose), "name": "prose", "weight": 0.3}]
-    config = validate_config({"data": {"inputs": mixture, "validation": {"fraction": 0.2}}, "train": {"seq_len": 512}})
+    config = run_config({"data": {"inputs": mixture, "validation": {"fraction": 0.2}}, "train": {"seq_len": 512}})
     manifest = pretokenize(config, tokenizer_dir, tmp_path / "out", progress=False)
     names = pq.read_table(tmp_path / "out" / manifest.shards[0], columns=["source"]).column(0).to_pylist()
     ranges = {r.name: (r.first_doc, r.end_doc) for r in manifest.source_docs}
@@ -250,12 +250,12 @@ def test_pretokenize_names_each_document_source_and_refuses_an_empty_source(tmp_
     plan = build_plan(config, tmp_path / "out", tmp_path / "plan")  # and pack plans from it
     assert [r.name for r in plan.mixture.sources] == ["chat", "prose"]
     # a plain list names each source for its file stem
-    plain = validate_config({"data": {"inputs": [str(chat), str(prose)]}, "train": {"seq_len": 512}})
+    plain = run_config({"data": {"inputs": [str(chat), str(prose)]}, "train": {"seq_len": 512}})
     again = pretokenize(plain, tokenizer_dir, tmp_path / "plain", progress=False)
     assert [r.name for r in again.source_docs] == ["chat", "prose"]
 
     empty = write_jsonl(tmp_path / "empty.jsonl", [])
-    bad = validate_config(
+    bad = run_config(
         {
             "data": {"inputs": mixture + [{"path": str(empty), "name": "nothing", "weight": 0.1}]},
             "train": {"seq_len": 512},
@@ -275,7 +275,7 @@ def test_a_mixture_plan_is_byte_identical_on_rerun(plans, pretokenized, tmp_path
 
 def test_remainder_drop_is_refused_with_a_mixture(pretokenized, tmp_path):
     config = mixture_config(2)
-    config["pack"]["remainder"] = "drop"
+    config = config.replace(pack=config.pack.replace(remainder="drop"))
     with pytest.raises(InputError, match=r"pack.remainder: drop .* use rebin with a mixture"):
         build_plan(config, pretokenized, tmp_path / "plan")
 

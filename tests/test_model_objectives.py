@@ -26,7 +26,7 @@ from support.scoring import scored_by_transformers
 import torch
 import yaml
 
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.pack.plan import build_plan
@@ -356,7 +356,7 @@ def test_wattgate_train_reports_the_validation_loss_of_the_models_own_forward(tm
     )
     train = dict(seq_len=64, micro_batch_size=2, grad_accum=1, max_steps=1, checkpoint_every=1, lr=1e-2)
     train.update(warmup_steps=0, log_every=1, export_dtype="float32")
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "t",
             "train": train,
@@ -365,7 +365,7 @@ def test_wattgate_train_reports_the_validation_loss_of_the_models_own_forward(tm
         }
     )
     build_plan(config, pretokenized, tmp_path / "plan")
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config.to_json()))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "wattgate"]
     cmd += ["train", "--config", str(tmp_path / "config.yaml"), "--pretokenized", str(pretokenized)]
     cmd += ["--plan", str(tmp_path / "plan"), "--run-dir", str(tmp_path / "out")]
@@ -391,11 +391,10 @@ def test_the_collective_proof_builds_the_model_with_a_kernel_it_runs(tmp_path, m
         tmp_path / "pretokenized", lengths, TINY["vocab_size"], 0, shard_docs=7, validation_fraction=0.25
     )
     train = dict(seq_len=64, micro_batch_size=2, grad_accum=1, max_steps=2, checkpoint_every=1, warmup_steps=0)
-    config = validate_config(
-        {"run_name": "t", "train": train, "model": model_cfg(model_type), "cluster": {"nodes": 1, "gpus_per_node": 2}}
-    )
-    config["model"]["config"].update(num_hidden_layers=1)
-    config["model"]["config"].pop("layer_types", None)
+    model = model_cfg(model_type)
+    model["config"].update(num_hidden_layers=1)
+    model["config"].pop("layer_types", None)
+    config = run_config({"run_name": "t", "train": train, "model": model, "cluster": {"nodes": 1, "gpus_per_node": 2}})
     build_plan(config, pretokenized, tmp_path / "plan")
     report = prove_collectives(config, pretokenized, tmp_path / "plan").to_json()
     assert report["passed"], report["detail"]

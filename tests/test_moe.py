@@ -35,7 +35,7 @@ from support.models import (
     moe_config,
     save_moe_folder,
 )
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.pack.plan import build_plan
@@ -320,7 +320,7 @@ def pipeline(request, tmp_path_factory, folders, pretokenized) -> dict:
     tmp = tmp_path_factory.mktemp(model_type)
     train = dict(seq_len=64, micro_batch_size=2, grad_accum=1, max_steps=2, checkpoint_every=2, eval_every=1)
     train.update(lr=1e-2, warmup_steps=0, log_every=1, export_dtype="float32")
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "t",
             "train": train,
@@ -332,12 +332,12 @@ def pipeline(request, tmp_path_factory, folders, pretokenized) -> dict:
     t0 = time.perf_counter()
     gate = run_gate(config, pretokenized, tmp / "plan", tmp / "gate").to_json()
     gate_s = time.perf_counter() - t0
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config.to_json()))
     train_cmd = ["-m", "wattgate", "train", "--config", str(tmp / "config.yaml"), "--pretokenized", str(pretokenized)]
     trained = torchrun(*train_cmd, "--plan", str(tmp / "plan"), "--run-dir", str(tmp / "out"))
     # the input's dtype, and files of at most ~5 KB: an expert stack's tensors spread over several files
-    roundtrip_train = dict(config["train"], export_dtype="auto", export_max_shard_gib=5e-6)
-    (tmp / "roundtrip.yaml").write_text(yaml.safe_dump(dict(config, train=roundtrip_train)))
+    roundtrip_train = dict(config.train.to_json(), export_dtype="auto", export_max_shard_gib=5e-6)
+    (tmp / "roundtrip.yaml").write_text(yaml.safe_dump(dict(config.to_json(), train=roundtrip_train)))
     roundtrip = torchrun(
         "-m", "wattgate", "load-check", "--config", str(tmp / "roundtrip.yaml"), "--out", str(tmp / "lc"), "--export"
     )
@@ -418,7 +418,7 @@ def test_with_the_construction_disabled_the_proof_names_the_reduce_scatter_a_ske
     from wattgate.proof.prove import prove_collectives
 
     train = dict(seq_len=64, micro_batch_size=2, grad_accum=1, max_steps=2, checkpoint_every=2, warmup_steps=0)
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "t",
             "train": train,
@@ -448,7 +448,7 @@ def test_an_moe_model_without_an_experts_module_is_refused_in_one_line_before_an
     def no_dry_run(*args, **kwargs):
         raise AssertionError("a dry run started")
 
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "t",
             "train": dict(seq_len=64, micro_batch_size=2, grad_accum=1, max_steps=2, warmup_steps=0),

@@ -23,7 +23,7 @@ from conftest import REPO, TINY, TINY_MODEL, write_jsonl
 
 from wattgate.artifacts import OUTPUT_MARKER, atomic_dir, check_stage_output, sha256_tree
 from wattgate.cli import main
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.data.demo_corpus import write_demo_corpus
 from wattgate.data.pretokenize import pretokenize
 from wattgate.errors import InputError
@@ -44,7 +44,7 @@ def work(tmp_path_factory, tokenizer_dir, demo_docs):
         "gate": {"collectives": False},
     }
     (work / "c.yaml").write_text(yaml.safe_dump(config))
-    config = validate_config(config)
+    config = run_config(config)
     pretokenize(config, tokenizer_dir, work / "pretokenized", progress=False)
     build_plan(config, work / "pretokenized", work / "plan")
     return work
@@ -123,7 +123,7 @@ def test_train_refuses_a_folder_it_did_not_write_before_any_rank_starts(work, tm
     (out / "final" / "model.safetensors").write_bytes(b"someone's model")
     (out / "paper.tex").write_text("mine")
     before = _tree(out)
-    config = validate_config(yaml.safe_load((work / "c.yaml").read_text()))
+    config = run_config(yaml.safe_load((work / "c.yaml").read_text()))
     with pytest.raises(InputError, match="a folder wattgate train did not write \\(it holds paper.tex; no"):
         train(config, work / "pretokenized", work / "plan", out)
     assert _tree(out) == before

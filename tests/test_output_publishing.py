@@ -35,11 +35,11 @@ def host():
 
 @pytest.fixture(scope="module")
 def pretokenized(tmp_path_factory, tokenizer_dir, demo_docs):
-    from wattgate.config import validate_config
+    from wattgate.config import run_config
     from wattgate.data.pretokenize import pretokenize
 
     work = tmp_path_factory.mktemp("outputs")
-    config = validate_config(
+    config = run_config(
         {"data": {"inputs": [str(write_jsonl(work / "c.jsonl", demo_docs))]}, "train": {"seq_len": 256}}
     )
     pretokenize(config, tokenizer_dir, work / "pretokenized", progress=False)
@@ -47,9 +47,9 @@ def pretokenized(tmp_path_factory, tokenizer_dir, demo_docs):
 
 
 def plan_config(seed):
-    from wattgate.config import validate_config
+    from wattgate.config import run_config
 
-    return validate_config(
+    return run_config(
         {
             "data": {"inputs": ["unused.jsonl"]},
             "train": {"seq_len": 256, "micro_batch_size": 2, "grad_accum": 2, "epochs": 1},

@@ -46,11 +46,11 @@ PACK_COLUMNS = {
 
 @pytest.fixture(scope="module")
 def pretokenized(tmp_path_factory, tokenizer_dir, demo_docs):
-    from wattgate.config import validate_config
+    from wattgate.config import run_config
 
     work = tmp_path_factory.mktemp("pack")
     corpus = write_jsonl(work / "c.jsonl", demo_docs)
-    config = validate_config({"data": {"inputs": [str(corpus)]}, "train": {"seq_len": 256}})
+    config = run_config({"data": {"inputs": [str(corpus)]}, "train": {"seq_len": 256}})
     pretokenize(config, tokenizer_dir, work / "pretokenized", progress=False)
     return work / "pretokenized"
 

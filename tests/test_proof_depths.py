@@ -14,7 +14,7 @@ from support.models import save_header_only_folder
 from support.runs import pretokenize_and_pack
 
 from wattgate.cli import main
-from wattgate.config import validate_config
+from wattgate.config import run_config, validate_config
 from wattgate.data.demo_corpus import write_demo_corpus
 from wattgate.gate.weights_check import check_weights
 from wattgate.proof.depth import layer_pattern, proxy_depths
@@ -107,10 +107,10 @@ def test_a_header_only_qwen3_32b_folder_passes_the_weights_check_and_the_proof(p
     root, corpus, tokenizer = planned
     folder = save_header_only_folder(tmp_path / "Qwen3-32B", QWEN3_32B_CONFIG)
     assert (folder / "model.safetensors").stat().st_size > 60e9  # sparse: its size, not its blocks
-    config = gate_config(tokenizer, corpus, {"path": str(folder)}, gpu_model="H100")
+    config = run_config(gate_config(tokenizer, corpus, {"path": str(folder)}, gpu_model="H100"))
     weights = check_weights(config)
     assert weights.passed and "707 tensors" in weights.detail, weights.detail
-    depth = layer_pattern(config["model"])
+    depth = layer_pattern(config.model)
     assert (depth.layers, depth.period, depth.head) == (64, 1, 0) and proxy_depths(depth) == (1, 2)
     proof = prove_collectives(config, root / "pretokenized", root / "plan").to_json()
     assert proof["passed"], proof["detail"]

@@ -83,7 +83,7 @@ def test_collectives_scale_by_whole_periods_exactly_as_a_full_depth_dry_run_coun
     7 = 2 + 5 x 1)."""
     lengths = np.random.default_rng(5).integers(5, 60, 40).tolist()
     plan, config = make_run(tmp_path, lengths, gpus=2, validation_fraction=0.1, **CADENCE)
-    config["model"]["config"] = cfg
+    config = config.replace(model=config.model.replace(config=cfg))
     report = prove_collectives(config, tmp_path / "pretokenized", plan).to_json()
     assert report["passed"], report["detail"]
     depth = report["depth"]

@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 
+from wattgate.config import run_config
 from wattgate.gate import proof_reuse as R
 from wattgate.gate.run import run_gate
 from wattgate.records.gate import Collectives
@@ -57,8 +58,9 @@ def test_a_rerun_with_the_same_inputs_reuses_the_proof_and_says_so(proof_run, fi
 def test_a_changed_input_reruns_the_proof_and_names_it(proof_run, first, tmp_path, change, changed):
     pretokenized, plan, config = proof_run
     out, _ = first
-    changed_config = yaml.safe_load(yaml.safe_dump(config))
+    changed_config = config.to_json()
     change(changed_config)
+    changed_config = run_config(changed_config)
     copy = tmp_path / "gate"
     copy.mkdir()
     (copy / PROOF_CACHE).write_bytes((out / PROOF_CACHE).read_bytes())
@@ -103,13 +105,13 @@ def test_a_reused_proof_imports_no_torch(proof_run, first):
     pretokenized, plan, config = proof_run
     out, _ = first
     cfg = out.parent / "config.yaml"
-    cfg.write_text(yaml.safe_dump(config))
+    cfg.write_text(yaml.safe_dump(config.to_json()))
     kept = json.loads((out / PROOF_CACHE).read_text())  # inputs as of now: a checkout edited meanwhile is another
     R.source_sha256.cache_clear()
     (out / PROOF_CACHE).write_text(json.dumps(dict(kept, inputs=R.proof_inputs(config, plan))))
     code = (
-        "import sys, yaml, time; from pathlib import Path; from wattgate.gate.run import run_gate; "
-        f"c = yaml.safe_load(Path({str(cfg)!r}).read_text()); t = time.perf_counter(); "
+        "import sys, time; from pathlib import Path; from wattgate.config import load_run_config; "
+        f"from wattgate.gate.run import run_gate; c = load_run_config({str(cfg)!r}); t = time.perf_counter(); "
         f"r = run_gate(c, Path({str(pretokenized)!r}), Path({str(plan)!r}), Path({str(out)!r})); "
         "print(r.collectives.reused is not None, 'torch' in sys.modules, round(time.perf_counter() - t, 2))"
     )

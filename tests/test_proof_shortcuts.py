@@ -37,7 +37,7 @@ def test_a_replayed_dry_run_records_what_running_every_step_records(proof_run, t
     ran, replayed = (dataclasses.asdict(r) for r in records)
     assert ran == replayed
     assert len(steps) >= 4 and all(ran["steps"][g] for g in steps) and ran["stop"]
-    assert ran["resume"] and ran["resume_step"] == plan.steps_per_epoch * config["train"]["epochs"]
+    assert ran["resume"] and ran["resume_step"] == plan.steps_per_epoch * config.train.epochs
 
 
 def test_dry_runs_in_worker_processes_return_what_the_gate_process_computes(proof_run, tmp_path):

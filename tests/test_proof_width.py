@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.pack.plan import build_plan
 from wattgate.proof.classes import plans_by_rank
@@ -29,7 +29,7 @@ def wide_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wide")
     lengths = np.random.default_rng(3).integers(20, 60, 16 * WORLD).tolist()
     write_random_pretokenized(tmp / "pretokenized", lengths, 96, 0, shard_docs=2000)
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "wide",
             "train": train_config(**dict(CADENCE, grad_accum=2, checkpoint_every=1, eval_every=100)),
@@ -52,7 +52,7 @@ def test_a_balanced_plan_at_world_1024_is_a_few_groups_of_ranks(wide_run):
     _, plan_dir, config = wide_run
     plan, _ = read_plan(plan_dir)
     plans = plans_by_rank(plan, plan_dir, TrainSettings.from_config(config))
-    groups = rank_groups(plans, shard_dims(layer_pattern(config["model"])))
+    groups = rank_groups(plans, shard_dims(layer_pattern(config.model)))
     assert sorted(r for g in groups for r in g) == list(range(WORLD)) and groups[0] == [0]
     # TINY's dim 0 sizes (8, 16, 32, 64, 96) cut the ranks where they stop holding rows
     assert len(groups) == 7 and [g[0] for g in groups] == [0, 1, 8, 16, 32, 64, 96]

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import xxhash
 
-from wattgate.config import validate_config
+from wattgate.config import run_config
+from wattgate.records.run_config import RunConfig
 from wattgate.data.pretokenize import pretokenize
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
@@ -27,8 +28,8 @@ VOCAB = 2048
 MODEL = dict(model_type="qwen3", vocab_size=VOCAB, **TINY_SHAPE)
 
 
-def make_config() -> dict:
-    return validate_config(
+def make_config() -> RunConfig:
+    return run_config(
         {
             "train": {
                 "seq_len": 512,
@@ -97,7 +98,7 @@ EDITS = {"reversed_rows": lambda rows: rows.reverse(), "grown_document": grow_fi
 
 
 def test_pretokenize_records_shard_hashes_and_the_true_max_token_id(tmp_path, tokenizer_dir, demo_docs):
-    config = validate_config(
+    config = run_config(
         {"data": {"inputs": [str(write_jsonl(tmp_path / "c.jsonl", demo_docs))]}, "pretokenize": {"shard_docs": 50}}
     )
     manifest = pretokenize(config, tokenizer_dir, tmp_path / "p", progress=False)

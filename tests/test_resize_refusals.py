@@ -59,7 +59,7 @@ def test_resize_with_a_changed_result_key_starts_over_naming_the_key(run4, capsy
     config = config_for(2, **changed)
     plan = build_plan(config, run4["pretok"], run4["plan_dir"])
     key, value = next(iter(changed.items()))
-    before = run4["config"]["train"][key]
+    before = getattr(run4["config"].train, key)
     out = capsys.readouterr().out
     assert f"the run identity of checkpoint step 3 differs in train.{key} ({before!r} -> {value!r})" in out
     assert "the new plan starts over" in out
@@ -90,7 +90,7 @@ def test_drop_with_a_resize_keeps_every_document_and_passes_conservation(tmp_pat
     config3 = config_for(3, remainder="drop")  # 8 packs per step do not divide over 3 ranks: the rest re-packed
     continued = build_plan(config3, pretok, plan_dir)
     assert "re-packed" in continued.resumed_from.change
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config3))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config3.to_json()))
     report = run_gate(config3, pretok, plan_dir, tmp_path / "gate").to_json()
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["conservation"]["passed"], checks["conservation"]["detail"]

@@ -37,9 +37,9 @@ def test_identity_names_what_changed(tmp_path):
     plan, config = make_run(tmp_path, [20] * 30, gpus=1)
     base = run_identity(config, plan, tmp_path / "pretokenized")
     assert identity_differences(base, run_identity(config, plan, tmp_path / "pretokenized")) == []
-    changed = json.loads(json.dumps(config))
+    changed = config.to_json()
     changed["train"].update(lr=0.5, seed=7, log_every=3, checkpoint_every=5)  # the last two change nothing computed
-    differences = identity_differences(base, run_identity(changed, plan, tmp_path / "pretokenized"))
+    differences = identity_differences(base, run_identity(run_config(changed), plan, tmp_path / "pretokenized"))
     assert differences == ["train.lr", "train.seed"]
     assert identity_differences(None, base) == ["run identity (the checkpoint predates it)"]
 
@@ -147,7 +147,7 @@ def test_launch_refuses_a_plan_the_gate_did_not_pass(tmp_path):
     assert report["passed"], report["checks"]
     assert check_gate_marker(run_config(config), plan, gate) == gate / "PASSED"
     # the plan changed after the gate (another pack seed): same files, other bytes
-    config["pack"]["seed"] = 1
+    config = config.replace(pack=config.pack.replace(seed=1))
     from wattgate.pack.plan import build_plan
 
     build_plan(config, tmp_path / "pretokenized", plan)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from wattgate.artifacts import claim_stage_output
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
@@ -33,7 +33,7 @@ def gated(tmp_path_factory):
     write_random_pretokenized(tmp / "pretokenized", [40] * 320, 96, 0, shard_docs=7)
     train = {"seq_len": 64, "micro_batch_size": 1, "grad_accum": 2, "epochs": 3, "warmup_steps": 0}
     train.update(checkpoint_every=2, lr=1e-2, log_every=1)
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "t",
             "train": train,
@@ -45,7 +45,7 @@ def gated(tmp_path_factory):
         }
     )
     build_plan(config, tmp / "pretokenized", tmp / "plan")
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config.to_json()))
     report = run_gate(config, tmp / "pretokenized", tmp / "plan", tmp / "gate").to_json()
     assert report["passed"], [c for c in report["checks"] if not c["passed"]]
     return tmp
@@ -241,9 +241,9 @@ def test_a_rank_killed_on_another_node_is_named_from_that_nodes_record(tmp_path,
     write_random_pretokenized(tmp_path / "pretokenized", [40] * 320, 96, 0, shard_docs=7)
     train = {"seq_len": 64, "micro_batch_size": 1, "grad_accum": 2, "epochs": 3, "warmup_steps": 0, "log_every": 1}
     cluster = {"nodes": 2, "gpus_per_node": 1, "launcher": "slurm", "rendezvous_host": "127.0.0.1"}
-    config = validate_config({"run_name": "t", "train": train, "model": {"config": TINY}, "cluster": cluster})
+    config = run_config({"run_name": "t", "train": train, "model": {"config": TINY}, "cluster": cluster})
     build_plan(config, tmp_path / "pretokenized", tmp_path / "plan")
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config.to_json()))
     out = tmp_path / "run"
     job = str(1000 + os.getpid() % 9000)  # the rendezvous port derives from it: apart from other runs on this host
     spec = resolve_launch(config, {"SLURM_JOB_ID": job})

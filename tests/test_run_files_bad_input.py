@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import xxhash
 
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.gate.run import run_gate
@@ -31,7 +31,7 @@ def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("made")
     lengths = np.random.default_rng(2).integers(5, 60, 40)
     pretok = write_random_pretokenized(root / "pretokenized", lengths, vocab=1000, seed=4, shard_docs=25)
-    config = validate_config(
+    config = run_config(
         {
             "train": {"seq_len": 256, "micro_batch_size": 1, "grad_accum": 1, "epochs": 1, "warmup_steps": 0},
             "cluster": {"nodes": 1, "gpus_per_node": 2},

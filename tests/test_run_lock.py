@@ -93,7 +93,7 @@ def test_rank_0_started_by_hand_is_refused_while_another_trainer_holds_the_folde
     holder = hold_train_lock(out)
     try:
         config = tmp_path / "c.yaml"
-        config.write_text(yaml.safe_dump(make_config()))
+        config.write_text(yaml.safe_dump(make_config().to_json()))
         before = sorted(p.name for p in out.iterdir())
         argv = [sys.executable, "-m", "wattgate", "train", "--config", str(config)]
         argv += ["--pretokenized", str(tmp_path / "pre"), "--plan", str(tmp_path / "plan"), "--run-dir", str(out)]

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from conftest import TINY, command_line, fake_pretokenized, process_tree
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.errors import EXIT_STOPPED
 from wattgate.pack.plan import build_plan
 
@@ -40,7 +40,7 @@ def gated_run(tmp_path_factory):
     fake_pretokenized(tmp / "pretokenized", [40] * 4000)
     train = {"seq_len": 64, "micro_batch_size": 1, "grad_accum": 2, "epochs": 1, "warmup_steps": 0, "log_every": 1}
     train.update(checkpoint_every=2, eval_every=0, lr=1e-2)
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "t",
             "train": train,
@@ -51,7 +51,7 @@ def gated_run(tmp_path_factory):
         }
     )
     build_plan(config, tmp / "pretokenized", tmp / "plan")
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config.to_json()))
     gate = [str(BIN / "wattgate"), "gate", "--config", str(tmp / "config.yaml")]
     gate += ["--pretokenized", str(tmp / "pretokenized"), "--plan", str(tmp / "plan"), "--out", str(tmp / "gate")]
     proc = subprocess.run(gate, capture_output=True, text=True, timeout=600)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from wattgate.cli import main
-from wattgate.config import validate_config
+from wattgate.config import load_run_config, run_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.gate.cost import last_run_wait
 from wattgate.ledger import read_ledger
@@ -37,7 +37,7 @@ def slowed_run(tmp: Path, steps: int = 30, spin_s: float = 0.25) -> tuple[Path, 
     write_random_pretokenized(tmp / "pretokenized", lengths, 96, 0, shard_docs=7)
     train = dict(seq_len=64, micro_batch_size=1, grad_accum=2, epochs=1, warmup_steps=0, lr=1e-2, log_every=10)
     train.update(checkpoint_every=1000, max_steps=steps)
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "t",
             "train": train,
@@ -48,7 +48,7 @@ def slowed_run(tmp: Path, steps: int = 30, spin_s: float = 0.25) -> tuple[Path, 
         }
     )
     build_plan(config, tmp / "pretokenized", tmp / "plan")
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config.to_json()))
     out = tmp / "run"
     out.mkdir()
     py = sys.executable
@@ -103,7 +103,7 @@ def test_a_slowed_cpu_rank_is_warned_once_live_and_named_by_triage_and_the_repor
     (rec,) = read_ledger(tmp_path / "throughput.jsonl")
     assert rec.wait_hours == pytest.approx(summary["stragglers"]["wait_rank_hours"]) and rec.wait_hours > 0
     assert rec.wait_source == "watcher: rank CPU time" and 0 < rec.wait_share <= 1
-    cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    cfg = load_run_config(tmp_path / "config.yaml")
     wait = last_run_wait(cfg, load_model_spec(cfg))
     assert wait.run_name == "t" and wait.unit == "rank-hours"
     assert "time lost to waiting for stragglers: " in wait.line and "% of its time" in wait.line

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import REPO
 from wattgate.cli import main
+from wattgate.config import run_config
 from wattgate.errors import InputError
 from wattgate.power.triage import load_run_info, run_triage, triage
 from wattgate.power.triage.phases import phases_meta
@@ -143,10 +144,10 @@ def test_triage_json_lists_the_stragglers_and_markdown_shows_them(tmp_path):
 
 
 def test_the_straggler_share_is_a_setting_checked_like_the_others(tmp_path):
-    assert TriageSettings.merge({"telemetry": {"straggler_share": 0.5}}).straggler_share == 0.5
+    assert TriageSettings.merge(run_config({"telemetry": {"straggler_share": 0.5}})).straggler_share == 0.5
     for bad in (1.0, -0.1, "x", float("nan")):
         with pytest.raises(InputError, match="straggler_share"):
-            TriageSettings.merge({"telemetry": {"straggler_share": bad}})
+            TriageSettings.merge(run_config({"telemetry": {"straggler_share": bad}}))
     synth, _ = injected(1, 4, "thermal", 0.3, True, seed=1)
     traces = synth.write(tmp_path / "t")
     assert main(["triage", "--trace", *map(str, traces), "--gpu-model", "h100", "--straggler-share", "1.5",

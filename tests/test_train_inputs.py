@@ -17,7 +17,7 @@ from support.runs import pretokenize_and_pack
 
 from conftest import CADENCE, fake_pretokenized, make_run, save_hf_model, torchrun, train_config
 from wattgate.cli import main
-from wattgate.config import validate_config
+from wattgate.config import run_config, validate_config
 from wattgate.pack.plan import build_plan
 
 BIN = Path(sys.executable).parent
@@ -93,7 +93,7 @@ def test_the_ranks_share_a_models_chunks_and_the_one_holding_a_changed_byte_name
 def test_a_weight_changed_after_the_gate_stops_the_launch_before_the_first_step(tmp_path):
     model = save_hf_model(tmp_path / "model", seed=3)
     fake_pretokenized(tmp_path / "pretokenized", LENGTHS)
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "t",
             "train": train_config(**CADENCE),
@@ -105,7 +105,7 @@ def test_a_weight_changed_after_the_gate_stops_the_launch_before_the_first_step(
         }
     )
     build_plan(config, tmp_path / "pretokenized", tmp_path / "plan")
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config.to_json()))
     args = ["--pretokenized", str(tmp_path / "pretokenized"), "--plan", str(tmp_path / "plan")]
     assert main(["gate", "--config", str(tmp_path / "config.yaml"), *args, "--out", str(tmp_path / "gate")]) == 0
     gated = json.loads((tmp_path / "gate" / "gate.json").read_text())["model_files"]

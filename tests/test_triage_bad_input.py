@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from wattgate.cli import main
+from wattgate.config import run_config
 from wattgate.errors import InputError
 from wattgate.power.energy import gpu_energy, records
 from wattgate.power.triage import read_phases, run_triage
@@ -206,11 +207,11 @@ def test_a_window_too_short_to_index_is_refused(tmp_path, capsys):
 )
 def test_config_values_are_refused_by_their_key_not_replaced_by_the_default(config, key):
     with pytest.raises(InputError, match=key.replace(".", r"\.")):
-        TriageSettings.merge(config)
+        TriageSettings.merge(run_config(config))
 
 
 def test_settings_take_the_value_given_and_refuse_a_zero_given():
-    s = TriageSettings.merge({"telemetry": {"window_s": 2.0}, "watcher": {"hang_after_s": 90}})
+    s = TriageSettings.merge(run_config({"telemetry": {"window_s": 2.0}, "watcher": {"hang_after_s": 90}}))
     assert (s.window_s, s.deadlock_after_s) == (2.0, 90.0)
     assert TriageSettings.merge(None, window_s=0.5).window_s == 0.5
     with pytest.raises(InputError, match="window_s"):

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wattgate.cadence import Cadence, eval_steps, step_actions
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.data.pretokenize import pretokenize
 from wattgate.data.split import carve, doc_ids_sha256, read_validation_ids
 from wattgate.errors import InputError
@@ -27,7 +27,7 @@ from conftest import TINY_MODEL  # the gate tests' tiny Qwen3
 
 
 def config_for(inputs, validation, gpus=2, **train):
-    return validate_config(
+    return run_config(
         {
             "data": {"inputs": [str(p) for p in inputs], "validation": validation},
             "pretokenize": {"shard_docs": train.pop("shard_docs", 200000)},

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
 from wattgate.train.data import DocStore
@@ -47,7 +47,7 @@ def test_validation_loss_is_the_same_on_1_2_3_ranks_and_equals_each_document_sco
 def test_an_uneven_validation_plan_hangs_in_eval_and_the_watcher_kills_it(tmp_path):
     lengths = np.random.default_rng(4).integers(5, 60, 200).tolist()
     pretok = fake_pretokenized(tmp_path / "pretokenized", lengths, validation_fraction=0.2)
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "uneven-eval",
             "model": {"config": TINY},
@@ -76,7 +76,7 @@ def test_an_uneven_validation_plan_hangs_in_eval_and_the_watcher_kills_it(tmp_pa
     assert report["failure"]["divergence"]["ranks_with"] == [1] and report["failure"]["divergence"]["phase"] == "eval"
     assert (gate_dir / "UNENFORCED").exists()  # the user chose to run past the gate
     cfg_path = tmp_path / "config.yaml"
-    cfg_path.write_text(yaml.safe_dump(config))
+    cfg_path.write_text(yaml.safe_dump(config.to_json()))
     argv = [sys.executable, "-m", "wattgate", "launch", "--config", str(cfg_path), "--pretokenized", str(pretok)]
     argv += ["--plan", str(plan_dir), "--run-dir", str(out), "--gate", str(gate_dir)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=400)

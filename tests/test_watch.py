@@ -17,12 +17,13 @@ from dataclasses import replace
 
 import pytest
 
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.errors import InputError
 from wattgate.triage_tables import shipped_table
 from wattgate.trace import TraceWriter, read_trace, segment_dir
 from wattgate.records.heartbeat import Beat
 from wattgate.heartbeats import read_heartbeats
+from wattgate.records.run_config import RunConfig
 from wattgate.telemetry.kill import kill_tree, process_tree, stop_job
 from wattgate.telemetry.watch import run_watch, watch
 from wattgate.telemetry.watch_inputs import TraceTail
@@ -366,8 +367,8 @@ def test_on_slurm_the_inner_srun_itself_gets_the_sigterm():
 # --- the run folder it watches and the verdict it would replace ---------------------------------
 
 
-def watch_config() -> dict:
-    return validate_config({"data": {"inputs": ["x.jsonl"]}, "watcher": {"poll_s": 0.05}})
+def watch_config() -> RunConfig:
+    return run_config({"data": {"inputs": ["x.jsonl"]}, "watcher": {"poll_s": 0.05}})
 
 
 def test_watch_refuses_a_run_folder_that_does_not_exist(tmp_path):

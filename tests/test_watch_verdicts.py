@@ -386,7 +386,8 @@ def test_a_real_slow_step_finishes_under_a_short_hang_limit(tmp_path):
 
     from wattgate.gate.run import run_gate
 
-    plan, config = make_run(tmp_path, [1000] * 16, gpus=2, seq_len=1024, grad_accum=2, epochs=1, checkpoint_every=2)
+    plan, made = make_run(tmp_path, [1000] * 16, gpus=2, seq_len=1024, grad_accum=2, epochs=1, checkpoint_every=2)
+    config = made.to_json()
     config["model"] = {"config": SLOW_MODEL}
     config["telemetry"] = {"enabled": False}
     config["watcher"] = {"hang_after_s": 1.0, "poll_s": 0.2, "busy_stall_after_s": 600, "startup_after_s": 600}
@@ -394,10 +395,10 @@ def test_a_real_slow_step_finishes_under_a_short_hang_limit(tmp_path):
     # launched here, not as a Slurm job: the gate's `jobs` check (stop_margin_s against a stop's forecast work, from
     # the host's matmul rate) is not this test's, and failed it on a loaded machine (327 s of work > 300 s)
     config["cluster"]["launcher"] = "local"
-    from wattgate.config import validate_config
+    from wattgate.config import run_config
 
-    config = validate_config(config)
-    (tmp_path / "config-2.yaml").write_text(yaml.safe_dump(config))
+    config = run_config(config)
+    (tmp_path / "config-2.yaml").write_text(yaml.safe_dump(config.to_json()))
     gate = run_gate(config, tmp_path / "pretokenized", plan, tmp_path / "gate").to_json()
     assert gate["passed"], [(c["name"], c["detail"]) for c in gate["checks"] if not c["passed"]]
     out = tmp_path / "train"
@@ -410,6 +411,6 @@ def test_a_real_slow_step_finishes_under_a_short_hang_limit(tmp_path):
     metrics = json.loads((out / "TRAINED").read_text())
     step_s = metrics["wall_s"] / metrics["steps"]
     print(f"slow step: {step_s:.2f} s per step, longest stall {record['longest_stall_s']:.2f} s (limit 1 s)")
-    assert record["longest_stall_s"] > config["watcher"]["hang_after_s"]  # the steps really were slow
+    assert record["longest_stall_s"] > config.watcher.hang_after_s  # the steps really were slow
     slow = [w["warning"] for w in record["warnings"] if "a slow step" in w["warning"]]
     assert slow and "rank processes working" in slow[0]  # measured CPU time, not a guess

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from wattgate.errors import InputError
-from wattgate.records.run_config import ModelConfig, RunConfig
+from wattgate.records.run_config import DataConfig, ModelConfig, RunConfig
 
 SCHEMA_RESOURCE = "schemas/config.schema.yaml"
 
@@ -126,8 +126,8 @@ def load_run_config(path: str | Path) -> RunConfig:
 def run_config(config: dict | RunConfig, source: str = "config") -> RunConfig:
     """The typed config tree of a config mapping (validated here, defaults filled in); a tree as it is.
 
-    Stage entry points call it first, so a caller holding a mapping (a Snakemake rule, a test, a notebook) gets
-    the same validation as the CLI, and nothing past the entry point sees the mapping."""
+    The boundary: the CLI (load_run_config) and the Snakefile convert here, once, and every function past them
+    takes the tree; a caller holding a mapping (a test, a notebook) converts it here, with the CLI's validation."""
     if isinstance(config, RunConfig):
         return config
     return RunConfig.from_json(validate_config(config, source), source)
@@ -193,40 +193,41 @@ def max_doc_tokens(config: RunConfig) -> int:
     return config.pretokenize.max_tokens or config.train.seq_len
 
 
-def world_size(config: RunConfig | dict) -> int:
-    config = run_config(config)
+def world_size(config: RunConfig) -> int:
     return config.cluster.nodes * config.cluster.gpus_per_node
 
 
-def config_bytes(config: RunConfig | dict) -> bytes:
-    """The canonical text of a validated config (sorted keys): what results/config/<run>.yaml and the gate's copy hold,
+def config_bytes(config: RunConfig) -> bytes:
+    """The canonical text of a config (sorted keys): what results/config/<run>.yaml and the gate's copy hold,
     and what `config_sha256` hashes, so one config has one hash however its YAML was written."""
-    mapping = config.to_json() if isinstance(config, RunConfig) else config
-    return yaml.safe_dump(mapping, sort_keys=True).encode()
+    return yaml.safe_dump(config.to_json(), sort_keys=True).encode()
 
 
-def config_sha256(config: RunConfig | dict) -> str:
+def config_sha256(config: RunConfig) -> str:
     import hashlib
 
     return hashlib.sha256(config_bytes(config)).hexdigest()
 
 
-def config_differences(config: RunConfig | dict, reference: RunConfig | dict, prefix: str = "") -> list[str]:
-    """'key.path: value (reference value)' for every key whose value differs between two validated configs."""
-    config = config.to_json() if isinstance(config, RunConfig) else config
-    reference = reference.to_json() if isinstance(reference, RunConfig) else reference
+def config_differences(config: RunConfig, gated: dict) -> list[str]:
+    """'key.path: value (gated value)' for every key whose value differs between the config and the gate's copy of
+    it (its file's validated mapping, as `load_config` reads it)."""
+    return _mapping_differences(config.to_json(), gated, "")
+
+
+def _mapping_differences(mine: dict, theirs: dict, prefix: str) -> list[str]:
     out = []
-    for key in sorted(set(config) | set(reference), key=str):
+    for key in sorted(set(mine) | set(theirs), key=str):
         path = f"{prefix}{key}"
-        mine, theirs = config.get(key, "<absent>"), reference.get(key, "<absent>")
-        if isinstance(mine, dict) and isinstance(theirs, dict):
-            out.extend(config_differences(mine, theirs, f"{path}."))
-        elif mine != theirs:
-            out.append(f"{path}: {mine!r} (gated {theirs!r})")
+        value, gated = mine.get(key, "<absent>"), theirs.get(key, "<absent>")
+        if isinstance(value, dict) and isinstance(gated, dict):
+            out.extend(_mapping_differences(value, gated, f"{path}."))
+        elif value != gated:
+            out.append(f"{path}: {value!r} (gated {gated!r})")
     return out
 
 
-def dump_resolved(config: RunConfig | dict, dest: str | Path) -> str:
+def dump_resolved(config: RunConfig, dest: str | Path) -> str:
     """Write the validated config (defaults filled) for CLI stages; rewrite only on change.
 
     It mirrors the config of the latest Snakemake invocation (including
@@ -244,8 +245,6 @@ def dump_resolved(config: RunConfig | dict, dest: str | Path) -> str:
     return str(dest)
 
 
-def input_paths(config: RunConfig | dict) -> list[str]:
-    """data.inputs as paths, in order: a mixture source contributes its `path` (Snakemake's rules pass their
-    own config mapping, typed here)."""
-    inputs = run_config(config).data.inputs
-    return [entry if isinstance(entry, str) else entry.path for entry in inputs]
+def input_paths(data: DataConfig) -> list[str]:
+    """data.inputs as paths, in order: a mixture source contributes its `path`."""
+    return [entry if isinstance(entry, str) else entry.path for entry in data.inputs]

@@ -54,9 +54,9 @@ EXPERIMENTS = ("scaling", "dataio")
 DATA_CACHES = ("shared", "local")
 
 
-def variant_names(config: RunConfig | dict, experiment: str) -> list[str]:
+def variant_names(config: RunConfig, experiment: str) -> list[str]:
     if experiment == "scaling":
-        return [f"w{n}" for n in run_config(config).scaling.world_sizes]
+        return [f"w{n}" for n in config.scaling.world_sizes]
     if experiment == "dataio":
         return list(DATA_CACHES)
     raise InputError(f"unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
@@ -78,10 +78,8 @@ def global_batch_packs(config: RunConfig) -> int:
     return config.scaling.global_batch_packs or world_size(config) * t.micro_batch_size * t.grad_accum
 
 
-def variant_config(config: RunConfig | dict, experiment: str, variant: str) -> RunConfig:
-    """The run config of one variant: a validated, complete config for the ordinary stages (Snakemake's rules
-    pass their own config mapping)."""
-    config = run_config(config)
+def variant_config(config: RunConfig, experiment: str, variant: str) -> RunConfig:
+    """The run config of one variant: a validated, complete config for the ordinary stages."""
     t, cluster = config.train, config.cluster
     if experiment == "scaling":
         m = re.fullmatch(r"w(\d+)", variant)

@@ -16,7 +16,7 @@ from pathlib import Path
 from wattgate.records.checkpoint import ModelIdentity, PlanLink, Position, RunIdentity
 from wattgate.errors import InputError
 from wattgate.run_files import read_manifest, read_plan
-from wattgate.config import model_config, run_config
+from wattgate.config import model_config
 from wattgate.records.run_config import RunConfig, TrainConfig, ModelConfig
 
 # train.* keys that change the computed weights or the schedule
@@ -88,14 +88,12 @@ def train_identity(train: TrainConfig) -> dict:
     return {k: settings[k] for k in RESULT_SETTINGS}
 
 
-def model_train_identity(config: RunConfig | dict) -> RunIdentity:
+def model_train_identity(config: RunConfig) -> RunIdentity:
     """The run identity's `model` and `train` parts: what a run continued on another world size must share."""
-    config = run_config(config)
     return RunIdentity(model=model_identity(config.model), train=train_identity(config.train))
 
 
-def run_identity(config: RunConfig | dict, plan_dir: Path, pretokenized: Path) -> RunIdentity:
-    config = run_config(config)
+def run_identity(config: RunConfig, plan_dir: Path, pretokenized: Path) -> RunIdentity:
     plan, plan_bytes = read_plan(plan_dir)
     segments = plan.segments or ()
     links = []

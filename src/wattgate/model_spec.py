@@ -13,7 +13,6 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from wattgate.errors import InputError
-from wattgate.config import run_config
 from wattgate.records.gate import ParamCensus
 from wattgate.records.run_config import RunConfig
 
@@ -221,8 +220,7 @@ def read_model_folder_config(model_path: str | Path) -> tuple[dict, Path]:
     return cfg, path
 
 
-def load_model_spec(config: RunConfig | dict) -> ModelSpec:
-    config = run_config(config)
+def load_model_spec(config: RunConfig) -> ModelSpec:
     model = config.model
     if model.path:
         cfg, path = read_model_folder_config(model.path)
@@ -246,9 +244,8 @@ def config_dtype_name(cfg: dict, source: str) -> str | None:
     return name
 
 
-def export_dtype_name(config: RunConfig | dict) -> str:
+def export_dtype_name(config: RunConfig) -> str:
     """dtype of final/: train.export_dtype, or for auto the input checkpoint's, else model.config's, else bfloat16."""
-    config = run_config(config)
     chosen = config.train.export_dtype
     if chosen != "auto":
         return chosen

@@ -36,7 +36,6 @@ import yaml
 
 from wattgate.errors import InputError
 from wattgate.gpus import SHIPPED, triage_table_name
-from wattgate.config import run_config
 from wattgate.records.run_config import RunConfig
 
 # The power phases triage labels a window with (not the training loop's heartbeat phases).
@@ -346,7 +345,7 @@ class TriageSettings:
     @classmethod
     def merge(
         cls,
-        config: RunConfig | dict | None,
+        config: RunConfig | None,
         table_path: str | os.PathLike | None = None,
         gpu_model: str | None = None,
         window_s: float | None = None,
@@ -357,7 +356,6 @@ class TriageSettings:
         """A run config's telemetry.table, cluster.gpu_model, telemetry.window_s and watcher.hang_after_s,
         each overridden by the command-line flag when given (a table file or GPU model given on the command
         line replaces the config's table choice as a whole)."""
-        config = run_config(config) if config is not None else None
         telemetry = config.telemetry if config is not None else None
         if not (table_path or gpu_model):
             table_path = telemetry.table if telemetry is not None else None

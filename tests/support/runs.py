@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from support.models import TINY
+from wattgate.records.run_config import RunConfig
 
 # one epoch of ~13 steps, one micro-batch each: a log at step 1 and the last, validation and a checkpoint every 5
 # and at the end; activation checkpointing off (it only repeats forward ops): four classes, a few seconds a proof
@@ -54,12 +55,12 @@ def train_config(**train) -> dict:
 
 def make_run(
     tmp: Path, lengths, gpus: int, seed=0, validation_fraction=0.0, mixture=None, **train
-) -> tuple[Path, dict]:
+) -> tuple[Path, RunConfig]:
     """Pretokenized data + plan + config file for a CPU run with `gpus` ranks. `mixture`: data.inputs mappings
     (`name` and a share each); the documents split over them in order by each one's `docs`."""
     import yaml
 
-    from wattgate.config import validate_config
+    from wattgate.config import run_config
     from wattgate.pack.plan import build_plan
 
     pretok = tmp / "pretokenized"
@@ -68,7 +69,7 @@ def make_run(
     if not pretok.exists():
         fake_pretokenized(pretok, lengths, seed, validation_fraction=validation_fraction, sources=sources)
     data = {"data": {"inputs": mixture}} if mixture else {}
-    config = validate_config(
+    config = run_config(
         {
             "run_name": "t",
             "train": train_config(**train),
@@ -79,7 +80,7 @@ def make_run(
     )
     plan = tmp / f"plan-{gpus}"
     build_plan(config, pretok, plan)
-    (tmp / f"config-{gpus}.yaml").write_text(yaml.safe_dump(config))
+    (tmp / f"config-{gpus}.yaml").write_text(yaml.safe_dump(config.to_json()))
     return plan, config
 
 
@@ -131,12 +132,12 @@ def proof_run(tmp_path_factory):
     return tmp / "pretokenized", plan, config
 
 
-def config_for(gpus: int, remainder: str = "rebin", **train) -> dict:
+def config_for(gpus: int, remainder: str = "rebin", **train) -> RunConfig:
     """The resize tests' config: TINY on `gpus` ranks, two epochs, a checkpoint every step."""
-    from wattgate.config import validate_config
+    from wattgate.config import run_config
 
     t = {"seq_len": 64, "micro_batch_size": 1, "grad_accum": 2, "epochs": 2, "warmup_steps": 0, "lr": 1e-2}
-    return validate_config(
+    return run_config(
         {
             "run_name": "t",
             "train": t | {"checkpoint_every": 1} | train,

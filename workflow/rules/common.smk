@@ -9,7 +9,7 @@ import os
 import re
 import shlex
 
-from wattgate.config import check_config_files, dump_resolved, numbers_as_written, validate_config
+from wattgate.config import check_config_files, dump_resolved, numbers_as_written, run_config
 from wattgate.errors import InputError
 from wattgate.experiments import EXPERIMENTS, variant_config, variant_names
 
@@ -20,10 +20,11 @@ RESULTS = "results"
 try:
     # the config files read as the CLI reads them, then the CLI's validation (defaults filled in place): one line
     # naming the key, where Snakemake's `validate` printed the whole schema (~360 lines). SystemExit is the one
-    # exception Snakemake prints as its message alone.
+    # exception Snakemake prints as its message alone. TYPED_CONFIG is the typed tree of the validated mapping:
+    # what the wattgate functions called here take (`config` stays the mapping, for settings params and paths).
     check_config_files(workflow.configfiles)
     numbers_as_written(config, workflow.configfiles)  # 1.0e9 is a number, as in the CLI (YAML 1.1 says string)
-    validate_config(config, f"config ({', '.join(map(str, workflow.configfiles))})")
+    TYPED_CONFIG = run_config(config, f"config ({', '.join(map(str, workflow.configfiles))})")
 except InputError as exc:
     raise SystemExit(f"wattgate: {exc}") from None
 
@@ -104,7 +105,7 @@ def write_run_config():
     """results/config/<run>.yaml, defaults filled, rewritten only when it changed (its mtime reruns nothing: each rule's
     settings params do). Called by the Snakefile's onstart, once the jobs are decided and about to run: reading the
     workflow (`-n --configfile other.yaml`, `--list`, a job's own start on a node) writes nothing."""
-    dump_resolved(config, RUN_CONFIG)
+    dump_resolved(TYPED_CONFIG, RUN_CONFIG)
 
 
 CORPUS_DIR = f"{RESULTS}/corpus"
@@ -133,7 +134,7 @@ def log_file(rule, suffix="log"):
 VARIANTS = {
     f"{RUN}-{experiment}-{variant}": (experiment, variant)
     for experiment in EXPERIMENTS
-    for variant in variant_names(config, experiment)
+    for variant in variant_names(TYPED_CONFIG, experiment)
 }
 
 
@@ -142,7 +143,7 @@ def run_settings(run):
     """The complete config of a run (JSON types): the run config, or a variant's as `wattgate variant` writes it."""
     if run == RUN:
         return config
-    return variant_config(config, *VARIANTS[run]).to_json()
+    return variant_config(TYPED_CONFIG, *VARIANTS[run]).to_json()
 
 
 def run_config_path(wildcards):

@@ -58,7 +58,7 @@ rule demo_notes:
 
 rule train_tokenizer:
     input:
-        input_paths(config),
+        input_paths(TYPED_CONFIG.data),
     output:
         TOKENIZER_FILE,
     log:
@@ -78,7 +78,7 @@ rule train_tokenizer:
 rule pretokenize:
     input:
         # the held-out files (data.validation.inputs) are read beside the corpus
-        corpus=input_paths(config) + config["data"]["validation"]["inputs"],
+        corpus=input_paths(TYPED_CONFIG.data) + config["data"]["validation"]["inputs"],
         # a local tokenizer folder from config, else the one train_tokenizer makes
         tokenizer=config["tokenizer"]["path"] or TOKENIZER_FILE,
     output:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wattgate.errors import InputError
-from wattgate.config import run_config
 from wattgate.records.run_config import DataInputSourceValidationConfig, RunConfig
 
 KINDS = ("weight", "epochs", "max_tokens")
@@ -40,15 +39,13 @@ def source_name(path: str | os.PathLike[str]) -> str:
     return Path(name).stem or name
 
 
-def is_mixture(config: RunConfig | dict) -> bool:
+def is_mixture(config: RunConfig) -> bool:
     """True when any data.inputs entry is a mapping (a mixture source): plans then choose documents per source."""
-    config = run_config(config)
     return any(not isinstance(e, str) for e in config.data.inputs)
 
 
-def parse_sources(config: RunConfig | dict, where: str = "data.inputs") -> list[Source]:
+def parse_sources(config: RunConfig, where: str = "data.inputs") -> list[Source]:
     """The sources of data.inputs, in order; one-line InputError naming the source for a bad mixture."""
-    config = run_config(config)
     sources = []
     for i, entry in enumerate(config.data.inputs):
         if isinstance(entry, str):

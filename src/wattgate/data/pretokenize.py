@@ -21,7 +21,7 @@ import numpy as np
 from wattgate.artifacts import atomic_dir, sha256_tree
 from wattgate.run_files import MANIFEST_FORMAT_VERSION, write_manifest
 from wattgate.records.manifest import Manifest, ManifestValidation, Overlong, SourceRange, SourceSplit
-from wattgate.config import run_config, max_doc_tokens
+from wattgate.config import max_doc_tokens
 from wattgate.data.distinct_inputs import check_distinct_content
 from wattgate.data.shards import ShardWriter
 from wattgate.data.mixture import Source, is_mixture, parse_sources, source_name
@@ -53,8 +53,7 @@ class PretokenizeSettings:
     max_doc_chars: int
 
     @classmethod
-    def from_config(cls, config: RunConfig | dict) -> PretokenizeSettings:
-        config = run_config(config)
+    def from_config(cls, config: RunConfig) -> PretokenizeSettings:
         p = config.pretokenize
         return cls(
             loss_on=p.loss_on,
@@ -244,10 +243,9 @@ def source_docs(ranges: list, writer: ShardWriter) -> tuple[SourceRange, ...]:
 
 
 def pretokenize(
-    config: RunConfig | dict, tokenizer_dir: str | Path, out: str | Path, progress: bool | None = None
+    config: RunConfig, tokenizer_dir: str | Path, out: str | Path, progress: bool | None = None
 ) -> Manifest:
     """Run the stage; returns the manifest written to `out/manifest.json`."""
-    config = run_config(config)
     settings = PretokenizeSettings.from_config(config)
     split = SplitSettings.from_config(config)
     sources = parse_sources(config)

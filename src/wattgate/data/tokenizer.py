@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from wattgate.artifacts import atomic_dir
-from wattgate.config import run_config, input_paths
+from wattgate.config import input_paths
 from wattgate.data.records import BadRecordPolicy, Fields, read_records
 from wattgate.errors import InputError
 from wattgate.records.run_config import RunConfig
@@ -140,15 +140,14 @@ def training_texts(records: Iterator) -> Iterator[str]:
 SHORT_VOCAB_FRACTION = 0.9
 
 
-def train_tokenizer(config: RunConfig | dict, out: str | Path, corpus: list[str | Path] | None = None):
+def train_tokenizer(config: RunConfig, out: str | Path, corpus: list[str | Path] | None = None):
     """The train-tokenizer stage: BPE on the corpus (`corpus`, else data.inputs), its records read and
     checked as pretokenize reads them; saved as a Hugging Face tokenizer folder. Returns the tokenizer.
 
     A corpus with no usable record is refused (a bytes-only tokenizer is no tokenizer); one too small to
     reach tokenizer.vocab_size gets a warning line, since the smaller vocab still works."""
-    config = run_config(config)
     d, p, t = config.data, config.pretokenize, config.tokenizer
-    paths, source = (corpus, "--corpus") if corpus else (input_paths(config), "data.inputs")
+    paths, source = (corpus, "--corpus") if corpus else (input_paths(d), "data.inputs")
     policy = BadRecordPolicy(p.on_bad_record, Counter())
     fields = Fields(d.text_field, d.messages_field, max_chars=p.max_doc_chars)
     kept = Counter()

@@ -32,7 +32,7 @@ from wattgate.forecast.walltime import (
     table_levels,
 )
 from wattgate.ledger import read_ledger
-from wattgate.config import run_config, world_size
+from wattgate.config import world_size
 from wattgate.errors import InputError
 from wattgate.cadence import Cadence, eval_steps
 from wattgate.gate.checks import Check
@@ -104,11 +104,10 @@ def throughput(config: RunConfig, spec: ModelSpec, table) -> tuple[Throughput | 
     )
 
 
-def last_run_wait(config: RunConfig | dict, spec: ModelSpec) -> LastRunWait | None:
+def last_run_wait(config: RunConfig, spec: ModelSpec) -> LastRunWait | None:
     """gate.json's `last_run_wait`: how much of the last run's time went to waiting for stragglers, as its report
     recorded it in the ledger (ledger.record_wait), for the run the forecast measures from (the newest of this
     model shape, world size and GPU model); None when the ledger has no such run."""
-    config = run_config(config)
     cluster, t = config.cluster, config.train
     records = read_ledger(Path(config.forecast.ledger))
     r = measured_record(records, spec.shape(), world_size(config), cluster.gpu_model, t.seq_len, t.micro_batch_size)

@@ -33,7 +33,6 @@ from wattgate.run_files import (
 )
 from wattgate.records.manifest import Manifest
 from wattgate.records.plan import Plan
-from wattgate.config import run_config
 from wattgate.records.run_config import RunConfig
 
 # Up to this many tokens in all shards, the gate decodes every document's input_ids (~60M tokens/s on the
@@ -298,10 +297,7 @@ def _row_group_mask_problem(rg, leaf: int | None, tokens: int) -> str | None:
     return None
 
 
-def load_inputs(
-    config: RunConfig | dict, pretokenized: str | Path, plan_dir: str | Path, checkpoint_dir: Path
-) -> GateInputs:
-    config = run_config(config)
+def load_inputs(config: RunConfig, pretokenized: str | Path, plan_dir: str | Path, checkpoint_dir: Path) -> GateInputs:
     pretokenized, plan_dir = Path(pretokenized), Path(plan_dir)
     plan, _ = read_plan(plan_dir)
     manifest, manifest_raw = read_manifest(pretokenized)

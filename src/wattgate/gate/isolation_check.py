@@ -11,7 +11,6 @@ training and validation, holds one document."""
 
 from __future__ import annotations
 
-from wattgate.config import run_config
 from wattgate.errors import InputError, first_line
 from wattgate.gate.checks import Check
 from wattgate.records.gate import Collectives
@@ -38,12 +37,9 @@ def model_recurrence(config: RunConfig, proof: Collectives | None) -> tuple[str,
     return model_label(config.model, hf_config), recurrent_layers(hf_config)
 
 
-def check_document_isolation(
-    config: RunConfig | dict, packs: list[PackRows], proof: Collectives | None = None
-) -> Check:
+def check_document_isolation(config: RunConfig, packs: list[PackRows], proof: Collectives | None = None) -> Check:
     """Pass for a model whose layers all attend (position_ids keep packed documents apart), or whose packs each
     hold one document; fail naming the recurrent layers and how many packs share them otherwise."""
-    config = run_config(config)
     try:
         label, layers = model_recurrence(config, proof)
     except InputError as exc:

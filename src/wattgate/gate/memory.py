@@ -37,7 +37,6 @@ from wattgate.model_spec import (
     largest_param,
     read_model_folder_config,
 )
-from wattgate.config import run_config
 from wattgate.records.run_config import RunConfig
 
 GIB = 1 << 30
@@ -86,9 +85,8 @@ def safetensors_bytes(folder: Path) -> int | None:
     return total
 
 
-def checkpoint_source(config: RunConfig | dict) -> CheckpointSource | None:
+def checkpoint_source(config: RunConfig) -> CheckpointSource | None:
     """What the loader reads for model.path: file dtype (config.json) and bytes; None for random init."""
-    config = run_config(config)
     model = config.model
     if not model.path:
         return None
@@ -121,10 +119,9 @@ class FitSettings:
         return "gpu" if self.on_gpu else "cpu"
 
 
-def validation_tokens_per_micro_batch(config: RunConfig | dict) -> int:
+def validation_tokens_per_micro_batch(config: RunConfig) -> int:
     """Tokens of one validation micro-batch per rank (train.eval_micro_batch_size, else micro_batch_size, x
     seq_len); 0 when data.validation names no held-out split."""
-    config = run_config(config)
     v, t = config.data.validation, config.train
     if not (v.inputs or v.fraction or v.max_docs):
         return 0
@@ -321,9 +318,8 @@ class Budget:
     per: str  # "rank" (device) or "node" (host)
 
 
-def device_memory_bytes(config: RunConfig | dict) -> tuple[int, str]:
+def device_memory_bytes(config: RunConfig) -> tuple[int, str]:
     """Memory one rank may use, and where that number came from."""
-    config = run_config(config)
     cluster = config.cluster
     if cluster.gpu_mem_gib:
         return int(cluster.gpu_mem_gib * GIB), "cluster.gpu_mem_gib"
@@ -359,9 +355,8 @@ def meminfo_total_bytes(meminfo: Path) -> int:
 NOT_CHECKED = "not checked: set cluster.host_mem_gib"
 
 
-def host_memory_budget(config: RunConfig | dict, meminfo: Path = Path("/proc/meminfo")) -> Budget:
+def host_memory_budget(config: RunConfig, meminfo: Path = Path("/proc/meminfo")) -> Budget:
     """Host RAM per node the train job may use: cluster.host_mem_gib, the Slurm --mem, local RAM on cpu runs."""
-    config = run_config(config)
     cluster = config.cluster
     if cluster.host_mem_gib:
         return Budget(int(cluster.host_mem_gib * GIB), "cluster.host_mem_gib", "node")

@@ -31,7 +31,6 @@ from wattgate.errors import InputError
 from wattgate.records.gate import Collectives, ProofCache, Reused
 from wattgate.proof.classes import first_steps, plans_by_rank
 from wattgate.run_files import PROOF_CACHE, read_plan
-from wattgate.config import run_config
 from wattgate.records.run_config import RunConfig
 
 # 2: the proof runs DCP's save and load and dry-runs a resume (gate.json collectives.resume): a kept proof of 1
@@ -60,9 +59,8 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def proof_inputs(config: RunConfig | dict, plan_dir: Path) -> dict:
+def proof_inputs(config: RunConfig, plan_dir: Path) -> dict:
     """Everything the proof's result depends on (see the module docstring), as plain JSON."""
-    config = run_config(config)
     plan, _ = read_plan(plan_dir)
     # rank_schedule reads the cadence by the train section's own names (TrainSettings has the same; it imports torch)
     plans = plans_by_rank(plan, plan_dir, config.train)

@@ -20,7 +20,7 @@ from wattgate.run_files import (
     claim_output,
     run_folder_beside,
 )
-from wattgate.config import run_config, config_bytes, config_sha256, world_size
+from wattgate.config import config_bytes, config_sha256, world_size
 from wattgate.gate import checks as C
 from wattgate.gate import proof_reuse as R
 from wattgate.gate import validation_checks as V
@@ -51,9 +51,8 @@ from wattgate.records.manifest import Manifest
 from wattgate.records.run_config import RunConfig
 
 
-def fit_settings(config: RunConfig | dict) -> FitSettings:
+def fit_settings(config: RunConfig) -> FitSettings:
     """What the memory estimates need from the config (reads model.path's config.json and file sizes)."""
-    config = run_config(config)
     t, cluster = config.train, config.cluster
     on_gpu = not is_cpu(cluster.gpu_model)
     return FitSettings(
@@ -73,7 +72,7 @@ def fit_settings(config: RunConfig | dict) -> FitSettings:
 
 
 def config_fit_estimate(
-    config: RunConfig | dict,
+    config: RunConfig,
     spec: ModelSpec,
     steady: dict[str, int] | None = None,
     meminfo: Path = Path("/proc/meminfo"),
@@ -82,7 +81,6 @@ def config_fit_estimate(
 
     Needs no pretokenized data or plan: what the examples' tests and `fit` use.
     """
-    config = run_config(config)
     device, source = device_memory_bytes(config)
     return fit_estimate(
         spec, fit_settings(config), Budget(device, source, "rank"), host_memory_budget(config, meminfo), steady
@@ -303,12 +301,11 @@ def discard_verdict(out: Path) -> None:
             (out / name).unlink(missing_ok=True)
 
 
-def run_gate(config: RunConfig | dict, pretokenized: str | Path, plan_dir: str | Path, out: str | Path) -> GateReport:
+def run_gate(config: RunConfig, pretokenized: str | Path, plan_dir: str | Path, out: str | Path) -> GateReport:
     """Run the gate; returns the report (also written to out/gate.json, out/gate.md, out/PASSED).
 
     Every input is read and every check run before --out is written; a run that stops on an input error
     leaves no verdict there (the previous one would speak for inputs it never saw)."""
-    config = run_config(config)
     out, pretokenized, plan_dir = Path(out), Path(pretokenized), Path(plan_dir)
     check_output(out, "gate")  # a folder the gate did not write is refused before anything is removed
     try:

@@ -52,7 +52,7 @@ def check_sources(
     """The check, and the per-file hashes to keep for the next gate (None: nothing hashed)."""
     if manifest.synthetic or manifest.sources is None:
         return Check(NAME, True, "synthetic data: no input files to compare"), None
-    sides = [("data.inputs", input_paths(config), manifest.sources, manifest.source_sha256)]
+    sides = [("data.inputs", input_paths(config.data), manifest.sources, manifest.source_sha256)]
     validation = manifest.validation
     if config.data.validation.inputs or (validation is not None and validation.inputs):
         recorded = validation.inputs if validation is not None else ()

@@ -11,18 +11,16 @@ from pathlib import Path
 
 from wattgate.errors import InputError, first_line
 from wattgate.gate.checks import Check
-from wattgate.config import run_config
 from wattgate.records.gate import ModelFiles
 from wattgate.records.run_config import RunConfig
 
 NAME = "weights"
 
 
-def check_weights(config: RunConfig | dict) -> Check:
+def check_weights(config: RunConfig) -> Check:
     """Pass with a note for a random-init model (model.config); else every parameter and persistent buffer of
     the model (built on the meta device at its real depth) has its tensor, of its shape and a float dtype, and
     no checkpoint tensor is left unused."""
-    config = run_config(config)
     model_cfg = config.model
     if not model_cfg.path:
         return Check(NAME, True, "random init from model.config: no checkpoint to check")

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from wattgate.artifacts import atomic_path
-from wattgate.config import run_config, world_size
+from wattgate.config import world_size
 from wattgate.errors import InputError
 from wattgate.pack.assign import Layout, Placement, assign_ranks, pack_costs, rank_cost_ratios, sort_placement
 from wattgate.pack.bfd import pack_bfd
@@ -296,8 +296,7 @@ def validation_section(held_out: np.ndarray, lengths: np.ndarray, settings: Plan
     )
 
 
-def build_plan(config: RunConfig | dict, pretokenized: str | Path, out: str | Path) -> Plan:
-    config = run_config(config)
+def build_plan(config: RunConfig, pretokenized: str | Path, out: str | Path) -> Plan:
     pretokenized, out = Path(pretokenized), Path(out)
     check_output(out, "pack")  # before any work: a folder pack did not write is refused, never written into
     manifest, manifest_raw = read_manifest(pretokenized)

@@ -46,7 +46,6 @@ from wattgate.proof.storage import NoBytesCheckpoints, NoBytesExport
 from wattgate.train.loop import Paths, Trainer, rank_trainer
 from wattgate.train.seams import Seams
 from wattgate.train.settings import TrainSettings
-from wattgate.config import run_config
 from wattgate.records.gate import ProofBeat
 from wattgate.records.plan import Plan
 from wattgate.records.run_config import ModelConfig, RunConfig
@@ -175,7 +174,7 @@ def stop_and_resume(trainer: Trainer, seams: Seams, stop: ArmedStop, steps: DryR
 
 
 def dry_run_rank(
-    config: RunConfig | dict,
+    config: RunConfig,
     paths: Paths,
     rank: int,
     steps: list[int],
@@ -194,7 +193,6 @@ def dry_run_rank(
 
     from wattgate.run_files import read_plan
 
-    config = run_config(config)
     plan, _ = read_plan(paths.plan_dir)
     world = plan.world_size
     s = dataclasses.replace(

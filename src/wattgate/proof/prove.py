@@ -29,7 +29,6 @@ from wattgate.run_files import read_plan
 from wattgate.train.loop import Paths
 from wattgate.train.moe import experts_modules
 from wattgate.train.settings import TrainSettings
-from wattgate.config import run_config
 from wattgate.records.gate import (
     CollectiveDivergence,
     Collectives,
@@ -142,13 +141,11 @@ def class_runs(seq: list, first: int) -> list[list[int]]:
     return runs
 
 
-def prove_collectives(
-    config: RunConfig | dict, pretokenized: Path, plan_dir: Path, work: Path | None = None
-) -> Collectives:
+def prove_collectives(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | None = None) -> Collectives:
     """The proof's report (gate.json `collectives`): `passed`, `detail` (one line), the classes and their
     fingerprints, the start-up and end fingerprints, the depth scaling, and the seconds it took."""
     with frozen_heap():
-        return _prove(run_config(config), pretokenized, plan_dir, work, time.perf_counter())
+        return _prove(config, pretokenized, plan_dir, work, time.perf_counter())
 
 
 def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | None, t0: float) -> Collectives:

@@ -180,15 +180,14 @@ def _note_bad_heartbeats(record: WatcherRecord, bad: dict[str, str]) -> WatcherR
 
 
 def run_watch(
-    config: RunConfig | dict, run: Path, pid: int | None = None, slurm_job: str | None = None, out: Path | None = None
+    config: RunConfig, run: Path, pid: int | None = None, slurm_job: str | None = None, out: Path | None = None
 ) -> WatcherRecord:
     """`wattgate watch`: watch one job with the run's settings and triage table until it ends or a verdict acts.
 
     SIGTERM or SIGINT (the launcher's "the job has ended") finish the record instead of killing the watcher.
     """
-    from wattgate.config import run_config, world_size
+    from wattgate.config import world_size
 
-    config = run_config(config)
     run = Path(run)
     if not run.is_dir():  # a mistyped --run-dir would be watched as a job with no heartbeats, and called healthy
         raise InputError(f"{run}: no such run folder (--run-dir is the run folder the job writes into)")
