@@ -85,7 +85,7 @@ def test_a_folder_transformers_saved_loads_as_its_own_from_pretrained_loads_it(f
     state = model.state_dict()
     assert state.keys() == reference.keys()
     assert all(torch.equal(state[k], reference[k]) for k in reference)
-    check = check_weights({"model": {"path": str(folder)}})
+    check = check_weights(run_config({"model": {"path": str(folder)}}))
     assert check.passed, check.detail
     assert check.detail.startswith(f"{len(on_disk)} tensors in 1 safetensors file(s)")
     per_expert = [k for k in on_disk if ".experts.0." in k]
@@ -107,7 +107,7 @@ def test_a_checkpoint_missing_one_expert_fails_the_weights_check_in_one_line(fol
     tensors = load_file(mine / "model.safetensors")
     del tensors["model.layers.1.mlp.experts.3.up_proj.weight"]
     save_file(tensors, mine / "model.safetensors", metadata={"format": "pt"})
-    check = check_weights({"model": {"path": str(mine)}})
+    check = check_weights(run_config({"model": {"path": str(mine)}}))
     assert not check.passed and "\n" not in check.detail
     assert "no checkpoint tensor 'mlp.experts.3.up_proj.weight' for expert 3 of " in check.detail
     assert "'model.layers.1.mlp.experts.gate_up_proj' (4 experts)" in check.detail
