@@ -131,6 +131,7 @@ def worker(out: Path, steps: int) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from wattgate.config import run_config
     from wattgate.train.data import IGNORE
     from wattgate.train.loop import build_optimizer
     from wattgate.train.loss import summed_token_loss
@@ -138,7 +139,7 @@ def worker(out: Path, steps: int) -> None:
     from wattgate.train.model import load_sharded_model
     from wattgate.train.settings import TrainSettings
 
-    config = yaml.safe_load((out / "config.yaml").read_text())
+    config = run_config(yaml.safe_load((out / "config.yaml").read_text()))
     s = TrainSettings.from_config(config)
     loss = s.loss  # train.loss and its chunk size
     dist.init_process_group("gloo")

@@ -123,13 +123,14 @@ def torchrun(args: list[str], log: Path, env: dict, world: int) -> None:
 
 def rank_env(config: dict, launcher: bool) -> dict:
     """The ranks' environment: what `wattgate launch` sets (launch_env), or glibc defaults for the baseline."""
+    from wattgate.config import run_config
     from wattgate.train.launch import launch_env, resolve_launch
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"))
     for name in [k for k in env if k.startswith("MALLOC_")]:
         del env[name]
     if launcher:
-        env = launch_env(resolve_launch(config), env)
+        env = launch_env(resolve_launch(run_config(config)), env)
         env["OMP_NUM_THREADS"] = "1"  # 4 ranks on this 2-core machine: one thread each, as in the issue
     return env
 
@@ -168,13 +169,14 @@ def plain_worker(folder: Path, out: Path) -> None:
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
 
+    from wattgate.config import run_config
     from wattgate.train.data import IGNORE, DocStore, build_batch, read_rank_plan
     from wattgate.train.loop import group_steps
     from wattgate.train.settings import TrainSettings
     from wattgate.train.metrics import peak_rss_bytes, reset_peak_rss
     from wattgate.train.model import load_sharded_model
 
-    config = yaml.safe_load((folder / "config.yaml").read_text())
+    config = run_config(yaml.safe_load((folder / "config.yaml").read_text()))
     s = TrainSettings.from_config(config)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

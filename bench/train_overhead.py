@@ -248,12 +248,13 @@ def bare_worker(work: Path, out: Path) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from wattgate.config import run_config
     from wattgate.train.loop import lr_at
     from wattgate.train.settings import TrainSettings
     from wattgate.train.attention import resolve_attn_implementation
     from wattgate.train.model import build_unsharded_model
 
-    config = yaml.safe_load((work / "config.yaml").read_text())
+    config = run_config(yaml.safe_load((work / "config.yaml").read_text()))
     s = TrainSettings.from_config(config)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 import wattgate.train.moe as moe
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.train.data import IGNORE
 from wattgate.train.distributed import setup_rank
 from wattgate.train.loss import LossSettings, summed_token_loss
@@ -34,7 +34,7 @@ from wattgate.train.model import build_meta_model, layer_container, parallelize
 from wattgate.train.settings import TrainSettings
 from wattgate.train.weights import materialize
 
-config = validate_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
+config = run_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
 out = Path(sys.argv[2])
 cases = [c.split(":") for c in sys.argv[3:]]
 s = TrainSettings.from_config(config)

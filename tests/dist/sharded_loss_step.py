@@ -13,14 +13,14 @@ import yaml
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from wattgate.config import validate_config
+from wattgate.config import run_config
 from wattgate.train.data import IGNORE
 from wattgate.train.distributed import setup_rank
 from wattgate.train.settings import TrainSettings
 from wattgate.train.loss import LossSettings, summed_token_loss
 from wattgate.train.model import load_sharded_model
 
-config = validate_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
+config = run_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
 out = Path(sys.argv[2])
 s = TrainSettings.from_config(config)
 rank, world, device = setup_rank(60, out)

@@ -62,7 +62,6 @@ from wattgate.train.run_lock import SLURM_JOB_ID, check_unlocked, hold_run_lock,
 from wattgate.errors import InputError
 from wattgate.gpus import is_cpu
 from wattgate.telemetry.sampler import sampler_command
-from wattgate.config import run_config
 from wattgate.records.run_config import RunConfig
 
 RDZV_PORT_BASE = 20000
@@ -87,8 +86,7 @@ class LaunchSpec:
     stop_grace_s: float = 300.0  # a repeated stop signal within this is the same request (stop_margin_s)
 
 
-def resolve_launch(config: RunConfig | dict, environ: dict | None = None) -> LaunchSpec:
-    config = run_config(config)
+def resolve_launch(config: RunConfig, environ: dict | None = None) -> LaunchSpec:
     env = os.environ if environ is None else environ
     c = config.cluster
     launcher = c.launcher
@@ -329,7 +327,7 @@ def this_run_identity(config: RunConfig, plan: Path, pretokenized: Path) -> tupl
 
 
 def run_launch(
-    config: RunConfig | dict, config_path: Path, pretokenized: Path, plan: Path, out: Path, gate: Path | None = None
+    config: RunConfig, config_path: Path, pretokenized: Path, plan: Path, out: Path, gate: Path | None = None
 ) -> LaunchResult:
     """Start the job (under the node samplers) in its own session, with the watcher beside it.
 
@@ -340,7 +338,6 @@ def run_launch(
     stopped and watcher.json gets its final verdict: the watcher's own, else stopped, failed (naming the first
     failed rank) or healthy.
     """
-    config = run_config(config)
     gate_dir = gate or gate_folder_of_plan(plan)
     check_gate_marker(config, plan, gate_dir)
     claim_output(out, "train")  # a folder train did not write is refused before the job starts

@@ -20,14 +20,12 @@ from wattgate.records.trained import LOAD, LoadCheck
 from wattgate.train.metrics import GIB, PhaseMemory, memory_summary
 from wattgate.train.model import build_meta_model, count_params, load_sharded_model
 from wattgate.train.weights import DTYPES, export_hf_folder
-from wattgate.config import run_config
 from wattgate.records.run_config import RunConfig
 
 STAGE = "loadcheck"
 
 
-def load_check(config: RunConfig | dict, out: Path, export: bool) -> LoadCheck:
-    config = run_config(config)
+def load_check(config: RunConfig, out: Path, export: bool) -> LoadCheck:
     s = TrainSettings.from_config(config)
     # every rank, before any writes: a run folder's final/ (or anything else) is never replaced; what another
     # rank can have made by now (the marker, the NCCL trace folder of init_distributed) is load-check's own

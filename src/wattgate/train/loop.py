@@ -63,7 +63,6 @@ from wattgate.train.stop import (
 from wattgate.train.run_summary import append_throughput, write_trained
 from wattgate.train.seams import Seams, training_seams
 from wattgate.train.weights import DTYPES, EXPORT_FOLDER, ExportFiles, export_hf_folder
-from wattgate.config import run_config
 from wattgate.records.run_config import RunConfig
 from wattgate.records.checkpoint import Position, RunIdentity
 from wattgate.records.trained import LOAD, Trained
@@ -143,8 +142,7 @@ def read_eval_plan(plan_dir: Path, plan: Plan, rank: int) -> list[MicroBatchPlan
     return read_rank_plan(plan_dir, rank, EVAL_PACKS)
 
 
-def train(config: RunConfig | dict, pretokenized: Path, plan_dir: Path, out: Path) -> Trained | None:
-    config = run_config(config)
+def train(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path) -> Trained | None:
     s = TrainSettings.from_config(config)
     # SIGTERM/SIGUSR1/SIGINT from now on are stop requests, acted on at the next agreed point
     install_stop_signals(config.cluster.slurm.train.stop_margin_s)

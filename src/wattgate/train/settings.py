@@ -8,7 +8,6 @@ from pathlib import Path
 
 from wattgate.model_spec import export_dtype_name
 from wattgate.train.loss import LossSettings
-from wattgate.config import run_config
 from wattgate.records.run_config import RunConfig
 
 # TrainSettings fields that are not a train.* key of the same name (built in from_config)
@@ -61,8 +60,7 @@ class TrainSettings:
     compile: bool
 
     @classmethod
-    def from_config(cls, config: RunConfig | dict) -> TrainSettings:
-        config = run_config(config)
+    def from_config(cls, config: RunConfig) -> TrainSettings:
         t = config.train
         given = t.to_json()  # the train section's keys TrainSettings shares by name
         names = [f.name for f in dataclasses.fields(cls) if f.name not in _DERIVED]
