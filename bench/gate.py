@@ -398,7 +398,7 @@ def bench_plan(tmp: Path, pretok: Path, num_tokens: int, epochs: int, repeat: in
     run_gate(run_config(config), pretok, plan_dir, out)
     pandas_gate(config, pretok, plan_dir, ckpt)
 
-    report, t_ours = timed(run_gate, config, pretok, plan_dir, out, repeat=repeat)
+    report, t_ours = timed(run_gate, run_config(config), pretok, plan_dir, out, repeat=repeat)
     splits = [ours_split(config, pretok, plan_dir, out) for _ in range(repeat)]
     theirs, t_pd = timed(pandas_gate, config, pretok, plan_dir, ckpt, repeat=pd_repeat)
     compare(f"epochs {epochs}", verdicts(report), theirs, set())

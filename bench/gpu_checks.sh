@@ -248,7 +248,7 @@ import json, os, sys, time
 from pathlib import Path
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from wattgate.config import run_config
+from wattgate.config import run_config, validate_config
 from wattgate.gate.memory import GIB, estimate_memory
 from wattgate.model_spec import load_model_spec
 from wattgate.gate.run import fit_settings
@@ -272,12 +272,12 @@ shapes = {"1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_laye
                        num_key_value_heads=2, tie_word_embeddings=True)}  # the dry run's
 model_cfg = dict(model_type="qwen3", vocab_size=VOCAB, head_dim=HEAD_DIM, max_position_embeddings=40960,
                  rope_theta=1000000, rms_norm_eps=1e-6, **shapes[size])
-config = run_config({
+config = validate_config({
     "run_name": "loss", "model": {"config": model_cfg},
     "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu_model": "H200"},
     "train": {"seq_len": SEQ, "micro_batch_size": mbs, "grad_accum": 1, "loss": kind, "compile": compile_,
               "activation_checkpointing": True}})
-s = TrainSettings.from_config(config)  # carries train.compile and train.loss
+s = TrainSettings.from_config(run_config(config))  # carries train.compile and train.loss
 rank, world, device = setup_rank(600, out)
 cuda = device.type == "cuda"
 sync = torch.cuda.synchronize if cuda else (lambda: None)

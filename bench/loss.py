@@ -139,8 +139,8 @@ def worker(out: Path, steps: int) -> None:
     from wattgate.train.model import load_sharded_model
     from wattgate.train.settings import TrainSettings
 
-    config = run_config(yaml.safe_load((out / "config.yaml").read_text()))
-    s = TrainSettings.from_config(config)
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    s = TrainSettings.from_config(run_config(config))
     loss = s.loss  # train.loss and its chunk size
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

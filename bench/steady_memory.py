@@ -176,8 +176,8 @@ def plain_worker(folder: Path, out: Path) -> None:
     from wattgate.train.metrics import peak_rss_bytes, reset_peak_rss
     from wattgate.train.model import load_sharded_model
 
-    config = run_config(yaml.safe_load((folder / "config.yaml").read_text()))
-    s = TrainSettings.from_config(config)
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    s = TrainSettings.from_config(run_config(config))
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model, _ = load_sharded_model(config["model"], s, init_device_mesh("cpu", (world,)), torch.device("cpu"))

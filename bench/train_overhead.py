@@ -254,8 +254,8 @@ def bare_worker(work: Path, out: Path) -> None:
     from wattgate.train.attention import resolve_attn_implementation
     from wattgate.train.model import build_unsharded_model
 
-    config = run_config(yaml.safe_load((work / "config.yaml").read_text()))
-    s = TrainSettings.from_config(config)
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    s = TrainSettings.from_config(run_config(config))
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     steps, global_tokens, build_s = prepare_batches(work, config, rank)

@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 import wattgate.train.moe as moe
-from wattgate.config import run_config
+from wattgate.config import run_config, validate_config
 from wattgate.train.data import IGNORE
 from wattgate.train.distributed import setup_rank
 from wattgate.train.loss import LossSettings, summed_token_loss
@@ -34,10 +34,10 @@ from wattgate.train.model import build_meta_model, layer_container, parallelize
 from wattgate.train.settings import TrainSettings
 from wattgate.train.weights import materialize
 
-config = run_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
+config = validate_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
 out = Path(sys.argv[2])
 cases = [c.split(":") for c in sys.argv[3:]]
-s = TrainSettings.from_config(config)
+s = TrainSettings.from_config(run_config(config))
 out.mkdir(parents=True, exist_ok=True)
 rank, world, device = setup_rank(60, out)
 mesh = init_device_mesh("cpu", (world,))

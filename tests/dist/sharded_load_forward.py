@@ -10,14 +10,14 @@ import torch.distributed as dist
 import yaml
 from torch.distributed.device_mesh import init_device_mesh
 
-from wattgate.config import run_config
+from wattgate.config import run_config, validate_config
 from wattgate.train.distributed import setup_rank
 from wattgate.train.settings import TrainSettings
 from wattgate.train.model import load_sharded_model
 
-config = run_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
+config = validate_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
 out = Path(sys.argv[2])
-s = TrainSettings.from_config(config)
+s = TrainSettings.from_config(run_config(config))
 rank, world, device = setup_rank(60, out)
 model, _ = load_sharded_model(config["model"], s, init_device_mesh("cpu", (world,)), device)
 vocab = model.config.vocab_size

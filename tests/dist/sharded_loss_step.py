@@ -13,16 +13,16 @@ import yaml
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from wattgate.config import run_config
+from wattgate.config import run_config, validate_config
 from wattgate.train.data import IGNORE
 from wattgate.train.distributed import setup_rank
 from wattgate.train.settings import TrainSettings
 from wattgate.train.loss import LossSettings, summed_token_loss
 from wattgate.train.model import load_sharded_model
 
-config = run_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
+config = validate_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
 out = Path(sys.argv[2])
-s = TrainSettings.from_config(config)
+s = TrainSettings.from_config(run_config(config))
 rank, world, device = setup_rank(60, out)
 model, _ = load_sharded_model(config["model"], s, init_device_mesh("cpu", (world,)), device)
 vocab, seq, mbs = model.config.vocab_size, s.seq_len, s.micro_batch_size
