@@ -277,7 +277,8 @@ config = validate_config({
     "cluster": {"nodes": 1, "gpus_per_node": 1, "gpu_model": "H200"},
     "train": {"seq_len": SEQ, "micro_batch_size": mbs, "grad_accum": 1, "loss": kind, "compile": compile_,
               "activation_checkpointing": True}})
-s = TrainSettings.from_config(run_config(config))  # carries train.compile and train.loss
+typed = run_config(config)
+s = TrainSettings.from_config(typed)  # carries train.compile and train.loss
 rank, world, device = setup_rank(600, out)
 cuda = device.type == "cuda"
 sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -303,7 +304,7 @@ for i in range(WARMUP + STEPS):
     times.append(time.perf_counter() - t0)
 step_s = sorted(times[WARMUP:])[STEPS // 2]
 tps = mbs * SEQ / step_s
-terms = estimate_memory(load_model_spec(config), fit_settings(config))
+terms = estimate_memory(load_model_spec(typed), fit_settings(typed))
 params = count_params(model)
 peak = torch.cuda.max_memory_allocated(device) if cuda else peak_rss_bytes()
 reserved = torch.cuda.max_memory_reserved(device) if cuda else peak
