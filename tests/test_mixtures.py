@@ -348,7 +348,7 @@ def test_tensorboard_writes_eval_loss_per_source(tmp_path):
 def test_the_report_draws_and_tabulates_a_validation_curve_per_source():
     import pandas as pd
 
-    from wattgate.report.figures import SOURCE_COLORS, loss_figure
+    from wattgate.report.loss_figure import SOURCE_COLORS, loss_figure
     from wattgate.report.html import validation_section as validation_html
     from wattgate.report.steps import validation_section
 

@@ -28,7 +28,8 @@ from wattgate.triage_tables import TriageSettings, shipped_table
 from wattgate.power.triage import LABELS, run_triage
 from wattgate.report import ReportSources, run_report
 from wattgate.power.energy import gpu_energy
-from wattgate.report.figures import MAX_POINTS, POWER_BINS, bin_edges, bin_majority
+from wattgate.report.binning import MAX_POINTS, bin_edges, bin_majority
+from wattgate.report.figures import POWER_BINS
 from wattgate.report.plotly_page import spec_json
 from wattgate.report.plot_spec import values
 from wattgate.report.inputs import default_power_dir, read_samples

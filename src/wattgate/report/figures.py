@@ -15,6 +15,15 @@ import numpy as np
 
 from wattgate.heartbeats import EVENT_PHASE, EVENT_RANK, EVENT_TIME
 from wattgate.power.triage.phases import LABELS
+from wattgate.report.binning import (
+    bin_edges,
+    bin_majority,
+    bin_max,
+    bin_mean,
+    bin_min,
+    code_runs,
+)
+from wattgate.report.loss_figure import loss_figure
 from wattgate.report.phases import PHASE_COLORS
 from wattgate.report.plot_spec import (
     INK,
@@ -34,9 +43,8 @@ from wattgate.report.plot_spec import (
 )
 from wattgate.report.stragglers import lag_figure
 from wattgate.report.summary import Analysis
-from wattgate.run_tables import DATA_WAIT_S, LOSS, STEP, STEP_TIME_S, TIME, eval_sources_of, source_loss_column
+from wattgate.run_tables import DATA_WAIT_S, STEP, STEP_TIME_S, TIME
 
-MAX_POINTS = 2000  # per series of the step and loss figures
 POWER_BINS = 1000  # per GPU: bins over the run, each drawn as its min, mean and max
 MAX_STEP_TICKS = 120  # step boundaries drawn; more are thinned to every n-th
 MAX_PANELS = 32  # GPUs drawn, one row each
@@ -44,67 +52,6 @@ NO_PHASE = "#555555"  # power of bins without a phase (no triage)
 BAND = "rgba(90,100,117,0.25)"  # the min-max band of the power rows
 STRIP_PX = 8  # the phase strip under each GPU's row
 STEPS_ROW_PX = 22
-
-# ---------------------------------------------------------------- binning
-
-
-def bin_edges(x0: float, x1: float, step: float, most: int = MAX_POINTS) -> np.ndarray:
-    """At most `most` equal bins over [x0, x1], none finer than `step` (the data's own resolution)."""
-    bins = int(min(most, max(1, float(np.ceil((x1 - x0) / step))))) if x1 > x0 else 1
-    return np.linspace(x0, x1 if x1 > x0 else x0 + step, bins + 1)
-
-
-def bin_index(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """The bin of each x: i where edges[i] <= x < edges[i + 1], values beyond the ends in the end bins."""
-    last = len(edges) - 2
-    if len(x) > 1 and np.all(x[1:] >= x[:-1]):
-        # a time series: finding the few edges among the values beats finding every value among the edges
-        first = np.searchsorted(x, edges[1:-1], side="left")
-        return np.repeat(np.arange(last + 1), np.diff(np.r_[0, first, len(x)]))
-    return np.clip(np.searchsorted(edges, x, side="right") - 1, 0, last)
-
-
-def bin_mean(x: np.ndarray, y: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Mean of y per bin (NaN for an empty bin or one with only NaN)."""
-    ok = np.isfinite(y)
-    b = bin_index(x[ok], edges)
-    n = np.bincount(b, minlength=len(edges) - 1)
-    s = np.bincount(b, weights=y[ok], minlength=len(edges) - 1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(n > 0, s / np.maximum(n, 1), np.nan)
-
-
-def _bin_extreme(x: np.ndarray, y: np.ndarray, edges: np.ndarray, ufunc, start: float) -> np.ndarray:
-    ok = np.isfinite(y)
-    out = np.full(len(edges) - 1, start)
-    ufunc.at(out, bin_index(x[ok], edges), y[ok])
-    return np.where(np.isfinite(out), out, np.nan)
-
-
-def bin_max(x: np.ndarray, y: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Largest y per bin (NaN for an empty bin)."""
-    return _bin_extreme(x, y, edges, np.maximum, -np.inf)
-
-
-def bin_min(x: np.ndarray, y: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Smallest y per bin (NaN for an empty bin)."""
-    return _bin_extreme(x, y, edges, np.minimum, np.inf)
-
-
-def bin_majority(x: np.ndarray, code: np.ndarray, edges: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """The phase holding most of each bin's time (-1 for an empty bin)."""
-    nl = len(LABELS)
-    b = bin_index(x, edges)
-    counts = np.bincount(b * nl + code, weights=weight, minlength=(len(edges) - 1) * nl).reshape(-1, nl)
-    best = counts.argmax(axis=1)
-    return np.where(counts.sum(axis=1) > 0, best, -1)
-
-
-def code_runs(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(first, end, code) of each run of equal codes."""
-    first = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-    return first, np.r_[first[1:], len(codes)], codes[first]
-
 
 # ---------------------------------------------------------------- what the time figures mark
 
@@ -572,72 +519,6 @@ def _line(x: dict, y, name: str, color: str, width: float, *, opacity: float = 1
     if opacity < 1:
         trace["opacity"] = opacity
     return trace
-
-
-# ---------------------------------------------------------------- loss
-
-TRAIN_COLOR, VALIDATION_COLOR = "#444444", "#c0392b"
-# one per held-out source's validation curve (dashed), in the sources' order, repeating past the eighth
-SOURCE_COLORS = ("#2471a3", "#229954", "#b9770e", "#7d3c98", "#17a589", "#a04000", "#5d6d7e", "#d4ac0d")
-
-
-def source_curves(evals, has_eval: bool) -> list[tuple[str, np.ndarray, np.ndarray]]:
-    """(source, steps, losses) of each held-out source's validation curve: eval.parquet's `loss/<source>`
-    columns (with two or more sources), passes without a value left out."""
-    if not has_eval:
-        return []
-    out = []
-    for name in eval_sources_of(evals.columns):
-        x = evals[STEP].to_numpy(float)
-        y = evals[source_loss_column(name)].to_numpy(float, na_value=np.nan)
-        keep = np.isfinite(y)
-        out.append((name, x[keep], y[keep]))
-    return out
-
-
-def _curve(x: np.ndarray, y: np.ndarray, name: str, color: str, width: float, marker: float, dash: str = "") -> dict:
-    """A loss curve in step order; markers of `marker` px (none when 0)."""
-    order = np.argsort(x, kind="stable")
-    trace = {
-        "line": {"color": color, "width": width},
-        "mode": "lines+markers" if marker else "lines",
-        "name": text(name),
-        "type": "scatter",
-        "x": values(x[order], 1),
-        "y": values(y[order], 5),
-    }
-    if dash:
-        trace["line"]["dash"] = dash
-    if marker:
-        trace["marker"] = {"color": color, "size": marker}
-    return trace
-
-
-def loss_figure(steps, evals=None) -> dict | None:
-    """Training loss per step and, on the same axes, the validation loss of every pass (eval.parquet), with
-    each held-out source's own validation curve (dashed) when there are two or more."""
-    has_train = steps is not None and LOSS in steps and steps[LOSS].notna().any()
-    has_eval = evals is not None and len(evals) and evals[LOSS].notna().any()
-    if not has_train and not has_eval:
-        return None
-    data = []
-    if has_train:
-        x, y = steps[STEP].to_numpy(float), steps[LOSS].to_numpy(float)
-        if len(x) > MAX_POINTS:
-            edges = bin_edges(float(x.min()), float(x.max()), 1.0)
-            x, y = (edges[:-1] + edges[1:]) / 2, bin_mean(x, y, edges)
-        data.append(_curve(x, y, "training", TRAIN_COLOR, 1.2, 4 if len(x) <= 200 else 0))
-    if has_eval:
-        ex, ey = evals[STEP].to_numpy(float), evals[LOSS].to_numpy(float)
-        data.append(_curve(ex, ey, "validation", VALIDATION_COLOR, 2, 6))
-    for i, (name, cx, cy) in enumerate(source_curves(evals, bool(has_eval))):
-        color = SOURCE_COLORS[i % len(SOURCE_COLORS)]
-        data.append(_curve(cx, cy, f"validation: {name}", color, 1.6, 5, dash="dash"))
-    layout = base_layout(240.0)
-    layout["xaxis"] = {"gridcolor": "#eeeeee", "title": {"text": "optimizer step"}, "zeroline": False}
-    layout["yaxis"] = {"gridcolor": "#eeeeee", "title": {"text": "loss (token-weighted over ranks)"}}
-    layout["hovermode"] = "closest"
-    return {"data": data, "layout": layout}
 
 
 # ---------------------------------------------------------------- all of them
