@@ -765,7 +765,6 @@ def test_a_resumed_runs_step_figure_marks_where_each_later_attempt_began():
     import pandas as pd
 
     from wattgate.report.figures import attempt_starts
-    from wattgate.report.html import _marks_attempts
 
     beats = [(0.0, 0, "init"), (0.4, 1, "init"), (5.0, 0, "train"), (300.0, 1, "init"), (300.2, 0, "init")]
     beats += [(900.0, 0, "init"), (901.0, 0, "export")]
@@ -773,8 +772,22 @@ def test_a_resumed_runs_step_figure_marks_where_each_later_attempt_began():
     analysis = SimpleNamespace(inputs=SimpleNamespace(events=events))
     assert attempt_starts(analysis) == [T0 + 300.0, T0 + 900.0]
     assert attempt_starts(SimpleNamespace(inputs=SimpleNamespace(events=events[:3]))) == []
-    marked = {"layout": {"annotations": [{"text": "attempt 2"}]}}
-    assert _marks_attempts(marked) and not _marks_attempts({"layout": {}}) and not _marks_attempts(None)
+    # a quick retry (the next attempt within seconds) is an attempt of its own too
+    quick = pd.concat([events[:2], events[:2].assign(time=events["time"][:2] + 3.0)])
+    assert attempt_starts(SimpleNamespace(inputs=SimpleNamespace(events=quick))) == [T0 + 3.0]
+    # the step figure's caption names the dotted lines only when the figures mark a later attempt
+    import dataclasses
+
+    from wattgate.report import summarize
+    from wattgate.report.figures import render_all
+    from wattgate.report.html import render_page
+
+    analysis = summarize(TRAIN)
+    figures = render_all(analysis, analysis.steps, analysis.inputs.evals)
+    dotted = "Dotted: where a later attempt began"
+    assert figures.steps is not None and figures.later_attempts == 0
+    assert dotted not in render_page(analysis.summary, figures, 8)
+    assert dotted in render_page(analysis.summary, dataclasses.replace(figures, later_attempts=1), 8)
 
 
 def test_packed_plotly_js_is_kept_for_the_next_report_and_a_bad_cache_is_packed_again(tmp_path, monkeypatch):

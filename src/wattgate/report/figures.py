@@ -88,10 +88,12 @@ def attempt_starts(analysis: Analysis) -> list[float]:
     ev = analysis.inputs.events
     if ev is None or ev.empty:
         return []
-    starts = ev[EVENT_TIME][ev[EVENT_PHASE] == "init"].astype(float).sort_values().to_numpy()
-    # every rank beats `init` as its attempt starts: the ranks of one attempt within a minute of each other
-    firsts = starts[np.r_[True, np.diff(starts) > 60.0]] if len(starts) else starts
-    return [float(t) for t in firsts[1:]]
+    # every rank beats `init` once as each attempt starts: a rank's n-th `init` is attempt n's, however soon the
+    # attempt followed the one before (a rank that joined later counts its own attempts, never earlier ones)
+    inits = ev.loc[ev[EVENT_PHASE] == "init", [EVENT_RANK, EVENT_TIME]].sort_values([EVENT_RANK, EVENT_TIME])
+    attempt = inits.groupby(EVENT_RANK).cumcount()
+    starts = inits[EVENT_TIME].astype(float).groupby(attempt.to_numpy()).min().sort_index()
+    return [float(t) for t in starts.to_numpy()[1:]]
 
 
 def step_ends_of(analysis: Analysis) -> tuple[np.ndarray, np.ndarray, float | None]:
@@ -532,6 +534,7 @@ class Figures:
     power: dict | None = None  # power per GPU over time
     phase_share: dict | None = None  # phase shares per GPU
     steps: dict | None = None  # step time and data wait over time
+    later_attempts: int = 0  # the attempts after the first that the step figure marks (a resumed run)
     loss: dict | None = None  # training and validation loss
 
     def has_any(self) -> bool:
@@ -549,4 +552,5 @@ def render_all(analysis: Analysis, steps, evals=None) -> Figures:
         phase_share=phase_share_figure(analysis),
         steps=steps_figure(analysis, steps),
         loss=loss_figure(steps, evals),
+        later_attempts=len(attempt_starts(analysis)),
     )

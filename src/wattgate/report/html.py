@@ -373,7 +373,7 @@ def render_page(s: Summary, figures: Figures, panels_shown: int) -> str:
                 "no step_time_s in metrics.parquet (or no metrics)",
                 "Per step: the slowest rank's step time and the mean data wait over ranks; shaded: "
                 "checkpoint intervals."
-                + (" Dotted: where a later attempt began (the run was resumed)." * _marks_attempts(figures.steps)),
+                + (" Dotted: where a later attempt began (the run was resumed)." if figures.later_attempts else ""),
             ),
             figure_section(
                 "loss",
@@ -409,9 +409,3 @@ def render_page(s: Summary, figures: Figures, panels_shown: int) -> str:
         '<footer class="note">Written by <code>wattgate report</code>; the numbers are in summary.json.</footer>'
         f"</main>{plotly_js}<script>{LOADER}</script></body></html>\n"
     )
-
-
-def _marks_attempts(figure: dict | None) -> bool:
-    """Whether a figure marks where a later attempt of the run began (figures.attempt_starts)."""
-    notes = (figure or {}).get("layout", {}).get("annotations", [])
-    return any(str(note.get("text", "")).startswith("attempt ") for note in notes)
