@@ -790,6 +790,41 @@ def test_a_resumed_runs_step_figure_marks_where_each_later_attempt_began():
     assert dotted in render_page(analysis.summary, dataclasses.replace(figures, later_attempts=1), 8)
 
 
+def test_a_resumed_runs_memory_peaks_say_they_are_the_last_attempts():
+    """TRAINED is the last attempt's record (a failed attempt writes none): on a resumed run the header's memory
+    card and the Memory section say whose peak they show; a run of one attempt says nothing of attempts."""
+    from wattgate.records.summary import MemoryCard, MemoryPhase
+    from wattgate.report import summarize
+    from wattgate.report.cards import memory_section
+    from wattgate.report.html import header
+
+    peak = MemoryPhase(
+        phase="train",
+        seconds=30.0,
+        measured_host_peak_gib=0.63,
+        measured_device_peak_gib=None,
+        estimated_device_gib=None,
+        usable_device_gib=None,
+        largest_term=None,
+    )
+    memory = MemoryCard(
+        phases=(peak,),
+        measured_host_per_node_gib={"node0": 1.26},
+        estimated_host_per_node_gib=None,
+        host_budget_gib=None,
+        load_s=None,
+        export_s=None,
+        export_dtype=None,
+    )
+    s = summarize(TRAIN).summary
+    s = s.replace(memory=memory, peak_memory_gib=None)
+    assert "attempt" not in header(s) + memory_section(s)
+    assert "peak host memory per rank" in header(s)
+    resumed = s.replace(wall_source="metrics (every step's time over the run's attempts: it was resumed)")
+    assert "peak host memory per rank (last attempt)" in header(resumed)
+    assert "maximum over ranks in the last attempt" in memory_section(resumed)
+
+
 def test_packed_plotly_js_is_kept_for_the_next_report_and_a_bad_cache_is_packed_again(tmp_path, monkeypatch):
     """Packing plotly.js is most of what the page costs beyond the figures: an earlier report's is read back from
     the user's cache folder; a damaged or unwritable cache only costs the packing again, never different bytes."""

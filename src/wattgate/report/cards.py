@@ -259,7 +259,8 @@ def memory_section(s: Summary) -> str:
         f"Host RAM per node: measured {measured_nodes} (sum of the node's ranks' peaks); gate estimate "
         f"{fmt(m.estimated_host_per_node_gib, 2, ' GiB')} of {fmt(m.host_budget_gib, 2, ' GiB')} usable. "
         f"Export dtype {m.export_dtype or 'n/a'}. Device peaks are per rank (on CPU runs the device is "
-        "the host); measured values are the maximum over ranks."
+        "the host); measured values are the maximum over ranks"
+        + (" in the last attempt (TRAINED is its record; a failed attempt records none)." if resumed(s) else ".")
     )
     return section(
         "memory",

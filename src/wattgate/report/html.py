@@ -116,12 +116,14 @@ def header(s: Summary) -> str:
 
 def _peak_memory(s: Summary) -> tuple[str, str]:
     """The header's memory card: the device peak (TRAINED, max over ranks), else on a CPU run the host peak per rank
-    the Memory section shows (the same number, from the same record)."""
+    the Memory section shows (the same number, from the same record). TRAINED is the last attempt's: a failed
+    attempt records no peak, so a resumed run's card says whose peak it is."""
+    whose = " (last attempt)" if resumed(s) else ""
     if s.peak_memory_gib is not None:
-        return "peak device memory", fmt(s.peak_memory_gib, 2, " GiB")
+        return f"peak device memory{whose}", fmt(s.peak_memory_gib, 2, " GiB")
     phases = s.memory.phases if s.memory else ()
     host = [p.measured_host_peak_gib for p in phases if p.measured_host_peak_gib is not None]
-    return "peak host memory per rank", fmt(max(host), 2, " GiB") if host else "n/a"
+    return f"peak host memory per rank{whose}", fmt(max(host), 2, " GiB") if host else "n/a"
 
 
 def _waited(st: Stragglers) -> str:
