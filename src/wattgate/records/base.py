@@ -167,7 +167,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _describe(hint: Any) -> str:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    origin, args = _shape(hint)
     if hint is int:
         return "an integer"
     if hint is float:
@@ -190,8 +190,14 @@ def _describe(hint: Any) -> str:
     return "a value"
 
 
+@cache
+def _shape(hint: Any) -> tuple[Any, tuple]:
+    """A hint's origin and arguments, looked up once per hint: a large record converts thousands of values."""
+    return typing.get_origin(hint), typing.get_args(hint)
+
+
 def _convert(value: Any, hint: Any, where: Where, key: str, meta: Mapping) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    origin, args = _shape(hint)
     if hint is Any:
         return value
     if origin in (Union, types.UnionType):
