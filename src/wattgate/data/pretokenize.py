@@ -27,11 +27,19 @@ from wattgate.data.shards import ShardWriter
 from wattgate.data.mixture import Source, is_mixture, parse_sources, source_name
 from wattgate.data.encode import EncodePool, Tokenize, encode_workers, encoded_batches
 from wattgate.data.records import BadRecordPolicy, Fields, raw_records
-from wattgate.data.split import VALIDATION_FILE, SplitSettings, carve, doc_ids_sha256, write_validation_ids
+from wattgate.data.split import (
+    VALIDATION_FILE,
+    carve,
+    doc_ids_sha256,
+    validation_enabled,
+    validation_source,
+    validation_split,
+    write_validation_ids,
+)
 from wattgate.data.tokenizer import load_tokenizer, tokenizer_sha256
 from wattgate.errors import InputError
 from wattgate.records.base import ABSENT
-from wattgate.records.run_config import RunConfig
+from wattgate.records.run_config import DataValidationConfig, RunConfig
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -139,18 +147,18 @@ class Pretokenizer:
 
 
 def held_out_mask(
-    split: SplitSettings, writer: ShardWriter, first_validation_input: int, per_source: list | None = None
+    split: DataValidationConfig, writer: ShardWriter, first_validation_input: int, per_source: list | None = None
 ) -> np.ndarray:
     """Which documents the validation split holds (see data/split.py), with one-line errors for empty sides.
 
-    `per_source`: a mixture's (first doc, end doc, SplitSettings) per source: each source is carved with its
+    `per_source`: a mixture's (first doc, end doc, its carve) per source: each source is carved with its
     own settings, and a training copy of a held-out document joins the held-out side (copies never straddle)."""
     hashes = np.asarray(writer.hashes, dtype=np.int64)
     n = len(hashes)
     if per_source and not split.inputs:
         held = np.zeros(n, dtype=bool)
         for start, end, own in per_source:
-            if own.enabled:
+            if validation_enabled(own):
                 held[start:end] = carve(hashes[start:end], own.fraction, own.max_docs, own.seed)
         held |= np.isin(hashes, hashes[held])
         if not held.any():
@@ -188,14 +196,14 @@ def held_out_mask(
     return held
 
 
-def validation_record(split: SplitSettings, writer: ShardWriter, held: np.ndarray) -> ManifestValidation:
+def validation_record(split: DataValidationConfig, writer: ShardWriter, held: np.ndarray) -> ManifestValidation:
     """manifest.json's `validation` section: the split's settings, sides and the hash of its doc_id list."""
     hashes = np.asarray(writer.hashes, dtype=np.int64)
     lengths = np.asarray(writer.lengths, dtype=np.int64)
     loss = np.asarray(writer.loss_counts, dtype=np.int64)
     ids = np.flatnonzero(held)
     return ManifestValidation(
-        source=split.source,
+        source=validation_source(split),
         inputs=tuple(split.inputs),
         source_sha256=sha256_tree(list(split.inputs)) if split.inputs else None,
         fraction=split.fraction,
@@ -214,16 +222,16 @@ def validation_record(split: SplitSettings, writer: ShardWriter, held: np.ndarra
     )
 
 
-def split_for(split: SplitSettings, src: Source) -> SplitSettings:
+def split_for(split: DataValidationConfig, src: Source) -> DataValidationConfig:
     """A mixture source's carve: data.validation's settings with the source's own override on top."""
     own = src.validation
     if own is None:
-        return SplitSettings((), split.fraction, split.max_docs, split.seed)
-    return SplitSettings(
-        (),
-        float(own.fraction if own.fraction is not None else split.fraction),
-        split.max_docs if own.max_docs is ABSENT else own.max_docs,  # null given: no cap for this source
-        own.seed if own.seed is not None else split.seed,
+        return split.replace(inputs=())
+    return DataValidationConfig(
+        inputs=(),
+        fraction=float(own.fraction if own.fraction is not None else split.fraction),
+        max_docs=split.max_docs if own.max_docs is ABSENT else own.max_docs,  # null given: no cap for this source
+        seed=own.seed if own.seed is not None else split.seed,
     )
 
 
@@ -247,7 +255,7 @@ def pretokenize(
 ) -> Manifest:
     """Run the stage; returns the manifest written to `out/manifest.json`."""
     settings = PretokenizeSettings.from_config(config)
-    split = SplitSettings.from_config(config)
+    split = validation_split(config.data.validation)
     sources = parse_sources(config)
     inputs = [src.path for src in sources]
     check_distinct_content(inputs, "data.inputs")
@@ -294,11 +302,11 @@ def pretokenize(
                     )
         per_source = (
             [(first, end, split_for(split, src)) for src, first, end in ranges]
-            if mixture and not split.inputs and (split.enabled or any(src.validation for src in sources))
+            if mixture and not split.inputs and (validation_enabled(split) or any(src.validation for src in sources))
             else None
         )
         validation = None
-        if split.enabled or (per_source and any(s.enabled for _, _, s in per_source)):
+        if validation_enabled(split) or (per_source and any(validation_enabled(s) for _, _, s in per_source)):
             held = held_out_mask(split, writer, first_validation_input, per_source)
             write_validation_ids(tmp / VALIDATION_FILE, np.flatnonzero(held))
             validation = validation_record(split, writer, held)
