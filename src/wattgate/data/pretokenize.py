@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from wattgate.data.split import (
 from wattgate.data.tokenizer import load_tokenizer, tokenizer_sha256
 from wattgate.errors import InputError
 from wattgate.records.base import ABSENT
-from wattgate.records.run_config import DataValidationConfig, RunConfig
+from wattgate.records.run_config import DataValidationConfig, PretokenizeConfig, RunConfig
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -47,34 +47,22 @@ if TYPE_CHECKING:
 FORMAT_VERSION = MANIFEST_FORMAT_VERSION  # the reader's (run_files): one number
 
 
-@dataclass(frozen=True)
-class PretokenizeSettings:
-    loss_on: str
-    max_tokens: int
-    overlong: str
-    on_bad_record: str
-    append_eos: bool
-    batch_size: int
-    shard_docs: int
-    text_field: str
-    messages_field: str
-    max_doc_chars: int
-
-    @classmethod
-    def from_config(cls, config: RunConfig) -> PretokenizeSettings:
-        p = config.pretokenize
-        return cls(
-            loss_on=p.loss_on,
-            max_tokens=max_doc_tokens(config),
-            overlong=p.overlong,
-            on_bad_record=p.on_bad_record,
-            append_eos=p.append_eos,
-            batch_size=p.batch_size,
-            shard_docs=p.shard_docs,
-            text_field=config.data.text_field,
-            messages_field=config.data.messages_field,
-            max_doc_chars=p.max_doc_chars,
-        )
+def recorded_settings(config: RunConfig) -> dict[str, Any]:
+    """manifest.json's `config`: the settings that shaped the shards (pretokenize's, with max_tokens resolved, and
+    data.text_field / messages_field); the gate's settings check compares it with the config being gated."""
+    p = config.pretokenize
+    return {
+        "loss_on": p.loss_on,
+        "max_tokens": max_doc_tokens(config),
+        "overlong": p.overlong,
+        "on_bad_record": p.on_bad_record,
+        "append_eos": p.append_eos,
+        "batch_size": p.batch_size,
+        "shard_docs": p.shard_docs,
+        "text_field": config.data.text_field,
+        "messages_field": config.data.messages_field,
+        "max_doc_chars": p.max_doc_chars,
+    }
 
 
 def cut_overlong(ids: np.ndarray, mask: np.ndarray, max_tokens: int, policy: str):
@@ -116,10 +104,12 @@ class OverlongCount:
 @dataclass(frozen=True)
 class Pretokenizer:
     """One pretokenize run's path from input files to shards: the encoding pool, how records are read and
-    tokenized, and what the documents go to (the shard writer, the progress bar, the overlong count)."""
+    tokenized (`max_tokens`: the longest document kept whole, max_doc_tokens), and what the documents go to (the
+    shard writer, the progress bar, the overlong count)."""
 
     pool: EncodePool
-    settings: PretokenizeSettings
+    settings: PretokenizeConfig
+    max_tokens: int
     fields: Fields
     policy: BadRecordPolicy
     writer: ShardWriter
@@ -129,12 +119,12 @@ class Pretokenizer:
     def tokenize_inputs(self, inputs: list[str], source: str = "data.inputs") -> None:
         """Stream `inputs` through the tokenizer into the writer in input order (encoded on the pool while the
         next batches are read), counting overlong documents."""
-        settings, policy, overlong = self.settings, self.policy, self.overlong
+        settings, max_tokens, policy, overlong = self.settings, self.max_tokens, self.policy, self.overlong
         for batch in encoded_batches(raw_records(inputs, self.fields, source), self.pool, settings.batch_size):
             self.pool.tokenize.account(batch, policy)
             for ids, mask in batch.docs:
-                pieces = cut_overlong(ids, mask, settings.max_tokens, settings.overlong)
-                if len(ids) > settings.max_tokens:
+                pieces = cut_overlong(ids, mask, max_tokens, settings.overlong)
+                if len(ids) > max_tokens:
                     overlong.documents += 1
                     overlong.split_chunks += len(pieces) if settings.overlong == "split" else 0
                 for piece_ids, piece_mask in pieces:
@@ -254,7 +244,7 @@ def pretokenize(
     config: RunConfig, tokenizer_dir: str | Path, out: str | Path, progress: bool | None = None
 ) -> Manifest:
     """Run the stage; returns the manifest written to `out/manifest.json`."""
-    settings = PretokenizeSettings.from_config(config)
+    settings, max_tokens = config.pretokenize, max_doc_tokens(config)
     split = validation_split(config.data.validation)
     sources = parse_sources(config)
     inputs = [src.path for src in sources]
@@ -262,7 +252,7 @@ def pretokenize(
     tokenizer = load_tokenizer(tokenizer_dir)
     dropped: Counter = Counter()
     policy = BadRecordPolicy(settings.on_bad_record, dropped)
-    fields = Fields(text=settings.text_field, messages=settings.messages_field, max_chars=settings.max_doc_chars)
+    fields = Fields(text=config.data.text_field, messages=config.data.messages_field, max_chars=settings.max_doc_chars)
     workers = encode_workers(inputs + list(split.inputs), fields)
     tokenize = Tokenize(tokenizer, fields, settings.loss_on, settings.append_eos, str(tokenizer_dir))
 
@@ -273,7 +263,14 @@ def pretokenize(
         bar = tqdm(unit="doc", desc="pretokenize", disable=None if progress is None else not progress, file=sys.stderr)
         overlong = OverlongCount()
         pretokenizer = Pretokenizer(
-            pool=pool, settings=settings, fields=fields, policy=policy, writer=writer, bar=bar, overlong=overlong
+            pool=pool,
+            settings=settings,
+            max_tokens=max_tokens,
+            fields=fields,
+            policy=policy,
+            writer=writer,
+            bar=bar,
+            overlong=overlong,
         )
         ranges = []  # (source, first doc_id, end doc_id): sources are tokenized in order, so each is a range
         for src in sources:
@@ -335,12 +332,12 @@ def pretokenize(
             dropped=dict(sorted(dropped.items())),
             chat_turns=dict(sorted(policy.noted.items())),  # kept but irregular (e.g. assistant first)
             overlong=Overlong(
-                max_tokens=settings.max_tokens,
+                max_tokens=max_tokens,
                 policy=settings.overlong,
                 documents=overlong_docs,
                 split_chunks=split_chunks,
             ),
-            config=asdict(settings),
+            config=recorded_settings(config),
             validation=validation,
         )
         write_manifest(tmp, manifest)
