@@ -10,7 +10,7 @@ import pytest
 from wattgate.config import run_config
 from wattgate.data.mixture import parse_sources, source_name
 from wattgate.data.pretokenize import split_for
-from wattgate.data.split import SplitSettings
+from wattgate.data.split import validation_split
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.gate.inputs import load_inputs
@@ -386,7 +386,7 @@ def test_a_sources_own_carve_overrides_only_what_it_gives_and_a_null_cap_is_no_c
             }
         }
     )
-    split = SplitSettings.from_config(config)
+    split = validation_split(config.data.validation)
     a, b, c = (split_for(split, s) for s in parse_sources(config))
     assert (a.fraction, a.max_docs, a.seed) == (0.1, None, 3)  # max_docs: null given: no cap for this source
     assert (b.fraction, b.max_docs, b.seed) == (0.2, 5, 1)

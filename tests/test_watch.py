@@ -27,12 +27,13 @@ from wattgate.records.run_config import RunConfig
 from wattgate.telemetry.kill import kill_tree, process_tree, stop_job
 from wattgate.telemetry.watch import run_watch, watch
 from wattgate.telemetry.watch_inputs import TraceTail
-from wattgate.telemetry.watch_verdicts import WatchedJob, WatchSettings, diagnose, position
+from wattgate.records.watcher import WatcherSettings
+from wattgate.telemetry.watch_verdicts import WatchedJob, diagnose, position
 
 from conftest import dead_pid
 
 H100 = shipped_table("h100")
-S = WatchSettings(
+S = WatcherSettings(
     hang_after_s=10,
     checkpoint_after_s=100,
     startup_after_s=50,

@@ -17,7 +17,7 @@ import pytest
 
 from wattgate.triage_tables import shipped_table
 from wattgate.records.heartbeat import Beat
-from wattgate.records.watcher import Verdict, WatcherRecord
+from wattgate.records.watcher import Verdict, WatcherRecord, WatcherSettings
 from wattgate.telemetry.hang_cost import CostBasis, watcher_cost
 from wattgate.telemetry.watch import watch
 from wattgate.telemetry.watch_verdicts import WatchedJob, assess, diagnose
@@ -31,9 +31,7 @@ NOW = 1_000_000.0
 
 
 def settings(**kw):
-    from wattgate.telemetry.watch_verdicts import WatchSettings
-
-    return WatchSettings(**(S | {"kill_grace_s": 2} | kw))
+    return WatcherSettings(**(S | {"kill_grace_s": 2} | kw))
 
 
 def job(world, table=None, s=None):

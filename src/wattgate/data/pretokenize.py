@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,11 +27,19 @@ from wattgate.data.shards import ShardWriter
 from wattgate.data.mixture import Source, is_mixture, parse_sources, source_name
 from wattgate.data.encode import EncodePool, Tokenize, encode_workers, encoded_batches
 from wattgate.data.records import BadRecordPolicy, Fields, raw_records
-from wattgate.data.split import VALIDATION_FILE, SplitSettings, carve, doc_ids_sha256, write_validation_ids
+from wattgate.data.split import (
+    VALIDATION_FILE,
+    carve,
+    doc_ids_sha256,
+    validation_enabled,
+    validation_source,
+    validation_split,
+    write_validation_ids,
+)
 from wattgate.data.tokenizer import load_tokenizer, tokenizer_sha256
 from wattgate.errors import InputError
 from wattgate.records.base import ABSENT
-from wattgate.records.run_config import RunConfig
+from wattgate.records.run_config import DataValidationConfig, PretokenizeConfig, RunConfig
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -39,34 +47,22 @@ if TYPE_CHECKING:
 FORMAT_VERSION = MANIFEST_FORMAT_VERSION  # the reader's (run_files): one number
 
 
-@dataclass(frozen=True)
-class PretokenizeSettings:
-    loss_on: str
-    max_tokens: int
-    overlong: str
-    on_bad_record: str
-    append_eos: bool
-    batch_size: int
-    shard_docs: int
-    text_field: str
-    messages_field: str
-    max_doc_chars: int
-
-    @classmethod
-    def from_config(cls, config: RunConfig) -> PretokenizeSettings:
-        p = config.pretokenize
-        return cls(
-            loss_on=p.loss_on,
-            max_tokens=max_doc_tokens(config),
-            overlong=p.overlong,
-            on_bad_record=p.on_bad_record,
-            append_eos=p.append_eos,
-            batch_size=p.batch_size,
-            shard_docs=p.shard_docs,
-            text_field=config.data.text_field,
-            messages_field=config.data.messages_field,
-            max_doc_chars=p.max_doc_chars,
-        )
+def recorded_settings(config: RunConfig) -> dict[str, Any]:
+    """manifest.json's `config`: the settings that shaped the shards (pretokenize's, with max_tokens resolved, and
+    data.text_field / messages_field); the gate's settings check compares it with the config being gated."""
+    p = config.pretokenize
+    return {
+        "loss_on": p.loss_on,
+        "max_tokens": max_doc_tokens(config),
+        "overlong": p.overlong,
+        "on_bad_record": p.on_bad_record,
+        "append_eos": p.append_eos,
+        "batch_size": p.batch_size,
+        "shard_docs": p.shard_docs,
+        "text_field": config.data.text_field,
+        "messages_field": config.data.messages_field,
+        "max_doc_chars": p.max_doc_chars,
+    }
 
 
 def cut_overlong(ids: np.ndarray, mask: np.ndarray, max_tokens: int, policy: str):
@@ -108,10 +104,12 @@ class OverlongCount:
 @dataclass(frozen=True)
 class Pretokenizer:
     """One pretokenize run's path from input files to shards: the encoding pool, how records are read and
-    tokenized, and what the documents go to (the shard writer, the progress bar, the overlong count)."""
+    tokenized (`max_tokens`: the longest document kept whole, max_doc_tokens), and what the documents go to (the
+    shard writer, the progress bar, the overlong count)."""
 
     pool: EncodePool
-    settings: PretokenizeSettings
+    settings: PretokenizeConfig
+    max_tokens: int
     fields: Fields
     policy: BadRecordPolicy
     writer: ShardWriter
@@ -121,12 +119,12 @@ class Pretokenizer:
     def tokenize_inputs(self, inputs: list[str], source: str = "data.inputs") -> None:
         """Stream `inputs` through the tokenizer into the writer in input order (encoded on the pool while the
         next batches are read), counting overlong documents."""
-        settings, policy, overlong = self.settings, self.policy, self.overlong
+        settings, max_tokens, policy, overlong = self.settings, self.max_tokens, self.policy, self.overlong
         for batch in encoded_batches(raw_records(inputs, self.fields, source), self.pool, settings.batch_size):
             self.pool.tokenize.account(batch, policy)
             for ids, mask in batch.docs:
-                pieces = cut_overlong(ids, mask, settings.max_tokens, settings.overlong)
-                if len(ids) > settings.max_tokens:
+                pieces = cut_overlong(ids, mask, max_tokens, settings.overlong)
+                if len(ids) > max_tokens:
                     overlong.documents += 1
                     overlong.split_chunks += len(pieces) if settings.overlong == "split" else 0
                 for piece_ids, piece_mask in pieces:
@@ -139,18 +137,18 @@ class Pretokenizer:
 
 
 def held_out_mask(
-    split: SplitSettings, writer: ShardWriter, first_validation_input: int, per_source: list | None = None
+    split: DataValidationConfig, writer: ShardWriter, first_validation_input: int, per_source: list | None = None
 ) -> np.ndarray:
     """Which documents the validation split holds (see data/split.py), with one-line errors for empty sides.
 
-    `per_source`: a mixture's (first doc, end doc, SplitSettings) per source: each source is carved with its
+    `per_source`: a mixture's (first doc, end doc, its carve) per source: each source is carved with its
     own settings, and a training copy of a held-out document joins the held-out side (copies never straddle)."""
     hashes = np.asarray(writer.hashes, dtype=np.int64)
     n = len(hashes)
     if per_source and not split.inputs:
         held = np.zeros(n, dtype=bool)
         for start, end, own in per_source:
-            if own.enabled:
+            if validation_enabled(own):
                 held[start:end] = carve(hashes[start:end], own.fraction, own.max_docs, own.seed)
         held |= np.isin(hashes, hashes[held])
         if not held.any():
@@ -188,14 +186,14 @@ def held_out_mask(
     return held
 
 
-def validation_record(split: SplitSettings, writer: ShardWriter, held: np.ndarray) -> ManifestValidation:
+def validation_record(split: DataValidationConfig, writer: ShardWriter, held: np.ndarray) -> ManifestValidation:
     """manifest.json's `validation` section: the split's settings, sides and the hash of its doc_id list."""
     hashes = np.asarray(writer.hashes, dtype=np.int64)
     lengths = np.asarray(writer.lengths, dtype=np.int64)
     loss = np.asarray(writer.loss_counts, dtype=np.int64)
     ids = np.flatnonzero(held)
     return ManifestValidation(
-        source=split.source,
+        source=validation_source(split),
         inputs=tuple(split.inputs),
         source_sha256=sha256_tree(list(split.inputs)) if split.inputs else None,
         fraction=split.fraction,
@@ -214,16 +212,16 @@ def validation_record(split: SplitSettings, writer: ShardWriter, held: np.ndarra
     )
 
 
-def split_for(split: SplitSettings, src: Source) -> SplitSettings:
+def split_for(split: DataValidationConfig, src: Source) -> DataValidationConfig:
     """A mixture source's carve: data.validation's settings with the source's own override on top."""
     own = src.validation
     if own is None:
-        return SplitSettings((), split.fraction, split.max_docs, split.seed)
-    return SplitSettings(
-        (),
-        float(own.fraction if own.fraction is not None else split.fraction),
-        split.max_docs if own.max_docs is ABSENT else own.max_docs,  # null given: no cap for this source
-        own.seed if own.seed is not None else split.seed,
+        return split.replace(inputs=())
+    return DataValidationConfig(
+        inputs=(),
+        fraction=float(own.fraction if own.fraction is not None else split.fraction),
+        max_docs=split.max_docs if own.max_docs is ABSENT else own.max_docs,  # null given: no cap for this source
+        seed=own.seed if own.seed is not None else split.seed,
     )
 
 
@@ -246,15 +244,15 @@ def pretokenize(
     config: RunConfig, tokenizer_dir: str | Path, out: str | Path, progress: bool | None = None
 ) -> Manifest:
     """Run the stage; returns the manifest written to `out/manifest.json`."""
-    settings = PretokenizeSettings.from_config(config)
-    split = SplitSettings.from_config(config)
+    settings, max_tokens = config.pretokenize, max_doc_tokens(config)
+    split = validation_split(config.data.validation)
     sources = parse_sources(config)
     inputs = [src.path for src in sources]
     check_distinct_content(inputs, "data.inputs")
     tokenizer = load_tokenizer(tokenizer_dir)
     dropped: Counter = Counter()
     policy = BadRecordPolicy(settings.on_bad_record, dropped)
-    fields = Fields(text=settings.text_field, messages=settings.messages_field, max_chars=settings.max_doc_chars)
+    fields = Fields(text=config.data.text_field, messages=config.data.messages_field, max_chars=settings.max_doc_chars)
     workers = encode_workers(inputs + list(split.inputs), fields)
     tokenize = Tokenize(tokenizer, fields, settings.loss_on, settings.append_eos, str(tokenizer_dir))
 
@@ -265,7 +263,14 @@ def pretokenize(
         bar = tqdm(unit="doc", desc="pretokenize", disable=None if progress is None else not progress, file=sys.stderr)
         overlong = OverlongCount()
         pretokenizer = Pretokenizer(
-            pool=pool, settings=settings, fields=fields, policy=policy, writer=writer, bar=bar, overlong=overlong
+            pool=pool,
+            settings=settings,
+            max_tokens=max_tokens,
+            fields=fields,
+            policy=policy,
+            writer=writer,
+            bar=bar,
+            overlong=overlong,
         )
         ranges = []  # (source, first doc_id, end doc_id): sources are tokenized in order, so each is a range
         for src in sources:
@@ -294,11 +299,11 @@ def pretokenize(
                     )
         per_source = (
             [(first, end, split_for(split, src)) for src, first, end in ranges]
-            if mixture and not split.inputs and (split.enabled or any(src.validation for src in sources))
+            if mixture and not split.inputs and (validation_enabled(split) or any(src.validation for src in sources))
             else None
         )
         validation = None
-        if split.enabled or (per_source and any(s.enabled for _, _, s in per_source)):
+        if validation_enabled(split) or (per_source and any(validation_enabled(s) for _, _, s in per_source)):
             held = held_out_mask(split, writer, first_validation_input, per_source)
             write_validation_ids(tmp / VALIDATION_FILE, np.flatnonzero(held))
             validation = validation_record(split, writer, held)
@@ -327,12 +332,12 @@ def pretokenize(
             dropped=dict(sorted(dropped.items())),
             chat_turns=dict(sorted(policy.noted.items())),  # kept but irregular (e.g. assistant first)
             overlong=Overlong(
-                max_tokens=settings.max_tokens,
+                max_tokens=max_tokens,
                 policy=settings.overlong,
                 documents=overlong_docs,
                 split_chunks=split_chunks,
             ),
-            config=asdict(settings),
+            config=recorded_settings(config),
             validation=validation,
         )
         write_manifest(tmp, manifest)

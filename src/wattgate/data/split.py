@@ -13,7 +13,6 @@ sorted doc_ids of the held-out documents. manifest.json's `validation` section r
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import pyarrow.parquet as pq
 
 from wattgate.errors import InputError
 from wattgate.records.manifest import VALIDATION_FILE as VALIDATION_FILE, Manifest
-from wattgate.records.run_config import RunConfig
+from wattgate.records.run_config import DataValidationConfig
 from wattgate.run_files import arrow_numpy
 
 VALIDATION_SCHEMA = pa.schema([("doc_id", pa.int64())])
@@ -30,32 +29,27 @@ VALIDATION_SCHEMA = pa.schema([("doc_id", pa.int64())])
 _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-@dataclass(frozen=True)
-class SplitSettings:
-    inputs: tuple[str, ...]
-    fraction: float
-    max_docs: int | None
-    seed: int
+def validation_split(v: DataValidationConfig) -> DataValidationConfig:
+    """data.validation as pretokenize carves it: refused in one line when it names both separate inputs and a
+    carve; `fraction` a float, so the manifest and messages say 0.0 for a config's 0."""
+    fraction = float(v.fraction)
+    if v.inputs and (fraction or v.max_docs):
+        raise InputError(
+            f"data.validation: inputs ({len(v.inputs)} file(s)) and "
+            f"{'fraction ' + str(fraction) if fraction else 'max_docs ' + str(v.max_docs)} given together; "
+            "hold out either separate files or a carve from data.inputs"
+        )
+    return v.replace(fraction=fraction)
 
-    @classmethod
-    def from_config(cls, config: RunConfig) -> SplitSettings:
-        v = config.data.validation
-        s = cls(tuple(v.inputs), float(v.fraction), v.max_docs, v.seed)
-        if s.inputs and (s.fraction or s.max_docs):
-            raise InputError(
-                f"data.validation: inputs ({len(s.inputs)} file(s)) and "
-                f"{'fraction ' + str(s.fraction) if s.fraction else 'max_docs ' + str(s.max_docs)} given together; "
-                "hold out either separate files or a carve from data.inputs"
-            )
-        return s
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.inputs or self.fraction or self.max_docs)
+def validation_enabled(v: DataValidationConfig) -> bool:
+    """Whether the split holds anything out: separate inputs, or a carve by fraction or max_docs."""
+    return bool(v.inputs or v.fraction or v.max_docs)
 
-    @property
-    def source(self) -> str:
-        return "inputs" if self.inputs else "carve"
+
+def validation_source(v: DataValidationConfig) -> str:
+    """manifest.json's validation `source`: separate `inputs`, or a `carve` from data.inputs."""
+    return "inputs" if v.inputs else "carve"
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:

@@ -12,10 +12,11 @@ import numpy as np
 
 from wattgate.run_files import write_manifest
 from wattgate.records.manifest import Manifest
+from wattgate.records.run_config import DataValidationConfig
 from wattgate.data.pretokenize import held_out_mask, source_docs, validation_record
 from wattgate.data.shards import ShardWriter
 from wattgate.data.mixture import Source
-from wattgate.data.split import VALIDATION_FILE, SplitSettings, write_validation_ids
+from wattgate.data.split import VALIDATION_FILE, write_validation_ids
 
 
 def write_random_pretokenized(
@@ -52,7 +53,7 @@ def write_random_pretokenized(
         first += count
     validation = None
     if validation_fraction:
-        split = SplitSettings((), validation_fraction, None, seed)
+        split = DataValidationConfig(inputs=(), fraction=validation_fraction, max_docs=None, seed=seed)
         held = held_out_mask(split, writer, writer.num_docs)
         write_validation_ids(path / VALIDATION_FILE, np.flatnonzero(held))
         validation = validation_record(split, writer, held)

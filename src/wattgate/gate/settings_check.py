@@ -9,10 +9,9 @@ and what the config says.
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 
-from wattgate.data.pretokenize import PretokenizeSettings
+from wattgate.data.pretokenize import recorded_settings
 from wattgate.data.tokenizer import tokenizer_sha256
 from wattgate.errors import InputError
 from wattgate.gate.checks import Check
@@ -21,13 +20,13 @@ from wattgate.records.plan import Plan
 from wattgate.records.run_config import RunConfig
 
 NAME = "settings"
-# PretokenizeSettings' fields by the config key they come from (the rest are pretokenize.<field>)
+# the recorded settings by the config key they come from (the rest are pretokenize.<field>)
 CONFIG_KEYS = {"text_field": "data.text_field", "messages_field": "data.messages_field"}
 
 
 def _pretokenize_problems(config: RunConfig, manifest: Manifest) -> list[str]:
     made = manifest.config or {}
-    now = asdict(PretokenizeSettings.from_config(config))
+    now = recorded_settings(config)
     return [
         f"{CONFIG_KEYS.get(key, f'pretokenize.{key}')}: pretokenized with {made[key]!r}, the config says {now[key]!r}"
         for key in sorted(now)

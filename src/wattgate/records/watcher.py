@@ -16,6 +16,7 @@ from typing import Literal
 
 from wattgate.records.base import ABSENT, Record, spec
 from wattgate.records.attempt import Stopped
+from wattgate.records.run_config import WatcherConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -29,6 +30,10 @@ class WatcherSettings(Record):
     action: str
     poll_s: float
     kill_grace_s: float
+
+    @classmethod
+    def from_config(cls, watcher: WatcherConfig) -> WatcherSettings:
+        return cls(**{f.name: getattr(watcher, f.name) for f in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -27,11 +27,11 @@ from wattgate.telemetry.failures import name_failure
 from wattgate.telemetry.hang_cost import CostBasis, watcher_cost
 from wattgate.telemetry.lag_watch import LagWatch, warning_line
 from wattgate.triage_tables import TriageSettings
-from wattgate.records.watcher import AbortRequest, JobKill, WatcherRecord, WatchWarning
+from wattgate.records.watcher import AbortRequest, JobKill, WatcherRecord, WatcherSettings, WatchWarning
 from wattgate.run_files import ABORT_REQUEST, WATCHER, check_no_finding, is_watcher_record
 from wattgate.telemetry.kill import _alive, stop_job
 from wattgate.telemetry.watch_inputs import COLLECTIVE_PHASES, ActivityMeter, BeatReader, TraceTail, first_steps
-from wattgate.telemetry.watch_verdicts import WatchedJob, WatchSettings, assess, with_expected_collectives
+from wattgate.telemetry.watch_verdicts import WatchedJob, assess, with_expected_collectives
 from wattgate.records.gate import Collectives
 from wattgate.records.run_config import RunConfig
 
@@ -199,5 +199,5 @@ def run_watch(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    job = WatchedJob(world=world_size(config), settings=WatchSettings.from_config(config), table=table)
+    job = WatchedJob(world=world_size(config), settings=WatcherSettings.from_config(config.watcher), table=table)
     return watch(run, job, pid=pid, slurm_job=slurm_job, out=out, stop=stop, cost_basis=CostBasis.from_config(config))

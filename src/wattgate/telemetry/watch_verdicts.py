@@ -36,19 +36,8 @@ from wattgate.telemetry.watch_inputs import (
     state_notes,
 )
 from wattgate.records.gate import Collectives
-from wattgate.records.run_config import RunConfig
 
 PHASE_ORDER = {phase: i for i, phase in enumerate(WATCH_PHASES)}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class WatchSettings(WatcherSettings):
-    """The watcher's limits and action (watcher.json `settings`), from the config's `watcher`."""
-
-    @classmethod
-    def from_config(cls, config: RunConfig) -> WatchSettings:
-        watcher = config.watcher.to_json()
-        return cls(**{k: watcher[k] for k in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,7 +46,7 @@ class WatchedJob:
     model's power bands (None: no triage table, so power is no evidence)."""
 
     world: int
-    settings: WatchSettings
+    settings: WatcherSettings
     table: TriageTable | None
 
 
@@ -70,7 +59,7 @@ def position(beat: Beat) -> tuple[int, int, float, int]:
     return beat.step, PHASE_ORDER.get(beat.phase, 0), started, -micros
 
 
-def phase_limit(beats: dict[int, Beat], s: WatchSettings) -> tuple[float, str]:
+def phase_limit(beats: dict[int, Beat], s: WatcherSettings) -> tuple[float, str]:
     """The stall allowed now: long only for a phase every rank announced at the same step, or while some rank
     still starts up (a rank reading its weight shard while the others wait in the first step's all-gather)."""
     if any(b.phase == "init" for b in beats.values()):
