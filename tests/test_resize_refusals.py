@@ -36,7 +36,12 @@ def run4(tmp_path):
         folder = tmp_path / "train" / "t" / "checkpoints" / f"step-{step}"
         folder.mkdir(parents=True)
         identity = run_identity(config, plan_dir, pretok)
-        body = {"step": step, "position": {"epoch": 0, "step": step, "plan": plan.packs_sha256}, "files": {}}
+        body = {
+            "step": step,
+            "position": {"epoch": 0, "step": step, "plan": plan.packs_sha256},
+            "files": {},
+            "hash_algorithm": "xxh3_128",
+        }
         (folder / "state.json").write_text(
             json.dumps(state if state is not None else body | {"identity": identity.to_json()})
         )
@@ -85,7 +90,13 @@ def test_drop_with_a_resize_keeps_every_document_and_passes_conservation(tmp_pat
     folder = tmp_path / "train" / "t" / "checkpoints" / "step-2"
     folder.mkdir(parents=True)
     position = {"epoch": 0, "step": 2, "plan": plan.packs_sha256}
-    state = {"step": 2, "position": position, "files": {}, "identity": run_identity(config, plan_dir, pretok).to_json()}
+    state = {
+        "step": 2,
+        "position": position,
+        "files": {},
+        "hash_algorithm": "xxh3_128",
+        "identity": run_identity(config, plan_dir, pretok).to_json(),
+    }
     (folder / "state.json").write_text(json.dumps(state))
     config3 = config_for(3, remainder="drop")  # 8 packs per step do not divide over 3 ranks: the rest re-packed
     continued = build_plan(config3, pretok, plan_dir)
@@ -123,7 +134,9 @@ def test_4_2_3_segments_check_counts_the_prefix_over_every_segment(run4):
     position = {"epoch": 0, "step": 9, "plan": plan2.packs_sha256}
     identity = run_identity(config2, plan_dir, pretok)
     (folder / "state.json").write_text(
-        json.dumps({"step": 9, "position": position, "files": {}, "identity": identity.to_json()})
+        json.dumps(
+            {"step": 9, "position": position, "files": {}, "hash_algorithm": "xxh3_128", "identity": identity.to_json()}
+        )
     )
     config3 = config_for(3)
     plan3 = build_plan(config3, pretok, plan_dir)

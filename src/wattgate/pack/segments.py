@@ -185,6 +185,8 @@ def newest_checkpoint(checkpoints: Path) -> FoundCheckpoint | None:
         try:
             state = CheckpointState.from_json(data, str(path / "state.json"))
         except InputError:  # train skips such a folder too (train/checkpoint.py is_complete)
+            state = None
+        if state is None or state.hash_algorithm is None:  # None only in a dry run's, which is never on disk
             print(f"pack: WARNING: skipping {path}: its state.json is not a checkpoint state", flush=True)
             continue
         if all((path / n).is_file() and (path / n).stat().st_size == state.size_of(n) for n in state.files):
