@@ -262,6 +262,14 @@ def test_a_shard_without_loss_mask_is_one_line(dirs, tmp_path):
     assert "shard-00000.parquet" in message and "missing column(s) loss_mask" in message, message
 
 
+def test_a_shard_without_num_loss_tokens_or_content_hash_is_one_line(dirs, tmp_path):
+    config, pretok, plan = dirs
+    path = pretok / "shard-00000.parquet"
+    pq.write_table(pq.read_table(path).drop_columns(["num_loss_tokens", "content_hash"]), path)
+    message = one_line_error(lambda: run_gate(config, pretok, plan, tmp_path / "gate"))
+    assert "shard-00000.parquet: missing column(s) num_loss_tokens, content_hash; rerun pretokenize" in message
+
+
 # ---------------------------------------------------------------- what a gate stopped by bad input leaves in --out
 
 

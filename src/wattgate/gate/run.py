@@ -181,10 +181,7 @@ def leakage_with_duplicates(check: C.Check, mixture: MixtureInputs | None, input
     """The leakage check, its detail naming documents that appear in two sources of a mixture (counted once)."""
     if mixture is None:
         return check
-    hashes = inputs.validation.content_hashes if inputs.validation is not None else None
-    if hashes is None:
-        hashes = inputs.content_hashes
-    note = cross_source_duplicates(mixture, hashes)
+    note = cross_source_duplicates(mixture, inputs.content_hashes)
     return C.Check(check.name, check.passed, f"{check.detail}; {note}" if note else check.detail)
 
 
