@@ -14,7 +14,7 @@ plans, and only the world size changed, pack does not start over. The plan becom
 
 Steps in a segment's packs.parquet are numbered from 0 within each epoch of that segment; the segment
 records its first global step. plan.json's `segments` lists them all, `epoch_ends` the global step that
-ends each epoch. The gate proves the whole (gate/checks.py check_segments).
+ends each epoch. The gate proves the whole (gate/schedule_checks.py check_segments).
 """
 
 from __future__ import annotations
