@@ -37,7 +37,8 @@ from pathlib import Path
 import pandas as pd
 
 from benchlib import Parser, figure, positive_int
-from wattgate.testing.synthetic_trace import TraceSpec, build_trace, gpus_of, job, write_nvidia_smi_csv
+from wattgate.testing.nvidia_smi_log import write_nvidia_smi_csv
+from wattgate.testing.synthetic_trace import TraceSpec, build_trace, gpus_of, job
 from wattgate.power.importers import import_trace, write_trace
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import run_triage

@@ -25,7 +25,7 @@ import numpy as np
 from benchlib import Parser, figure, positive_int
 from wattgate.config import run_config, validate_config
 from wattgate.data.mixture import Source
-from wattgate.gate.checks import Corpus, RemainderPolicy, check_conservation
+from wattgate.gate.conservation_check import Corpus, RemainderPolicy, check_conservation
 from wattgate.gate.mixture_checks import cross_source_duplicates, mixture_inputs
 from wattgate.pack.assign import Layout
 from wattgate.pack.mixture import SourceDocs, choose, mixture_record

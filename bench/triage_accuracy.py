@@ -32,7 +32,7 @@ idle (one GPU, no heartbeats: nothing but idle power to see). Then a real
 106-step training run of a small, host-bound model, with its heartbeats and
 metrics and power only: its steps should read compute, its checkpoint
 intervals checkpoint, the init before the first step and the teardown after
-"done" idle (see synthetic_trace.train_parts).
+"done" idle (see trace_scoring.train_parts).
 
 Speed. triage() on a 16 GPU x 24 h x 10 Hz trace (13.8M rows, built in
 memory), best and median of --repeat runs, against the target of ~3 s on the
@@ -62,17 +62,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from benchlib import Parser, figure, positive_float, positive_int
-from wattgate.testing.synthetic_trace import (
-    PUBLISHED_H200,
-    TraceSpec,
-    accuracy,
-    build_trace,
-    calibration_agreement,
-    gpus_of,
-    job,
-    train_agreement,
-    write_run_info,
-)
+from wattgate.testing.synthetic_trace import TraceSpec, accuracy, build_trace, gpus_of, job, write_run_info
+from wattgate.testing.trace_scoring import PUBLISHED_H200, calibration_agreement, train_agreement
 from wattgate.gpus import SHIPPED
 from wattgate.power.triage import load_run_info, run_triage, triage
 from wattgate.records.trace_meta import TraceMeta

@@ -1,6 +1,6 @@
 """The real traces kept with the tests (one NVIDIA H200): a labelled calibration trace and a training run.
 
-wattgate.testing.synthetic_trace scores triage against them (calibration_agreement, train_agreement).
+wattgate.testing.trace_scoring scores triage against them (calibration_agreement, train_agreement).
 """
 
 from pathlib import Path

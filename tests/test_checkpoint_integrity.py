@@ -216,18 +216,15 @@ def test_a_restart_from_step_0_keeps_its_new_checkpoints_over_stale_higher_ones(
     assert steps_in(root) == ["step-3", "step-4", "step-9"]
 
 
-def test_a_checkpoint_from_before_hashes_loads_by_size_with_one_line(tmp_path, capsys):
+def test_a_state_json_without_hashes_is_skipped_with_one_line(tmp_path, capsys):
     root = tmp_path / "checkpoints"
-    for step in (3, 6):
-        d = root / f"step-{step}"
-        d.mkdir(parents=True)
-        (d / "__0_0.distcp").write_bytes(b"x" * 10)
-        write_json_atomic(d / "state.json", {"step": step, "files": {"__0_0.distcp": 10}})
-    (root / "step-6" / "__0_0.distcp").write_bytes(b"x" * 9)
-    assert ckpt.latest_complete(root) == root / "step-3"
+    d = root / "step-3"
+    d.mkdir(parents=True)
+    (d / "__0_0.distcp").write_bytes(b"x" * 10)
+    write_json_atomic(d / "state.json", {"step": 3, "files": {"__0_0.distcp": {"bytes": 10}}})
+    assert ckpt.latest_complete(root) is None
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "step-6: __0_0.distcp is 9 bytes, expected 10" in err[0]
-    assert err[1].endswith(f"checkpoint {root / 'step-3'} predates content hashes: checked by size only (unverified)")
+    assert len(err) == 1 and "step-3: state.json is not a checkpoint state (missing key 'hash_algorithm')" in err[0]
 
 
 # ---------------------------------------------------------------- a full disk during a checkpoint

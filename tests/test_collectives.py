@@ -230,7 +230,9 @@ def test_a_continued_plan_is_proved_from_its_first_step(tmp_path):
     position = {"epoch": 0, "step": 2, "plan": plan.packs_sha256}
     identity = run_identity(config_for(4), tmp_path / "plan", pretok)
     (folder / "state.json").write_text(
-        json.dumps({"step": 2, "position": position, "files": {}, "identity": identity.to_json()})
+        json.dumps(
+            {"step": 2, "position": position, "files": {}, "hash_algorithm": "xxh3_128", "identity": identity.to_json()}
+        )
     )
     continued = build_plan(config_for(3), pretok, tmp_path / "plan")
     first = continued.first_step

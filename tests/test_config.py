@@ -5,7 +5,7 @@ import sys
 import pytest
 import yaml
 
-from wattgate.config import load_config, load_schema, validate_config
+from wattgate.config import config_differences, load_config, load_schema, run_config, validate_config
 from wattgate.errors import InputError
 
 from conftest import REPO
@@ -104,3 +104,10 @@ def test_names_ending_in_a_newline_fail_the_schema_in_the_cli_and_in_snakemake(p
         validate_config(_with(path, ok + "\n"))
     with pytest.raises(WorkflowError):
         validate(copy.deepcopy(_with(path, ok + "\n")), str(REPO / "workflow/schemas/config.schema.yaml"))
+
+
+def test_config_differences_names_each_key_that_differs_between_two_configs():
+    mine = run_config({"data": {"inputs": ["a.jsonl"]}, "train": {"lr": 1e-4}})
+    gated = run_config({"data": {"inputs": ["a.jsonl"]}, "train": {"lr": 2e-4}})
+    assert config_differences(mine, mine) == []
+    assert config_differences(mine, gated) == ["train.lr: 0.0001 (gated 0.0002)"]

@@ -15,6 +15,8 @@ from wattgate.data.pretokenize import pretokenize
 from wattgate.errors import InputError
 from wattgate.gate import checks as C
 from wattgate.gate import memory as M
+from wattgate.gate.conservation_check import Corpus, check_conservation
+from wattgate.gate.fit_checks import check_checkpoint_space, check_fit
 from wattgate.model_spec import export_dtype_name, largest_local_slice, largest_param, load_model_spec
 from wattgate.gate.inputs import load_inputs
 from wattgate.gate.memory import GIB, Budget, FitSettings, estimate_memory
@@ -181,8 +183,8 @@ def test_conservation_duplicate_and_missing_document(inputs):
 
 
 def test_conservation_dropped_without_reason(inputs):
-    corpus = C.Corpus(doc_tokens=inputs.doc_tokens, manifest_tokens=inputs.manifest.num_tokens)
-    check = C.check_conservation(inputs.packs, 2, corpus, PlanStats(dropped={"x": DroppedDocs(docs=3)}))
+    corpus = Corpus(doc_tokens=inputs.doc_tokens, manifest_tokens=inputs.manifest.num_tokens)
+    check = check_conservation(inputs.packs, 2, corpus, PlanStats(dropped={"x": DroppedDocs(docs=3)}))
     assert not check.passed and "reasons account for 3" in check.detail
 
 
@@ -204,14 +206,14 @@ H100 = Budget(80 * GIB, "H100 table entry", "rank")
 
 
 def test_fit_fails_when_estimate_exceeds_memory():
-    check = C.check_fit({"steady": {"activations": 90 * GIB, "runtime_overhead": 3 * GIB}}, {"steady": H100}, 0.1)
+    check = check_fit({"steady": {"activations": 90 * GIB, "runtime_overhead": 3 * GIB}}, {"steady": H100}, 0.1)
     assert not check.passed and "largest term activations" in check.detail
-    assert C.check_fit({"steady": {"activations": 60 * GIB}}, {"steady": H100}, 0.1).passed
+    assert check_fit({"steady": {"activations": 60 * GIB}}, {"steady": H100}, 0.1).passed
 
 
 def test_checkpoint_space():
-    assert not C.check_checkpoint_space(100 * GIB, 2, 10 * GIB, 200 * GIB, "/scratch").passed
-    assert C.check_checkpoint_space(10 * GIB, 2, 1 * GIB, 200 * GIB, "/scratch").passed
+    assert not check_checkpoint_space(100 * GIB, 2, 10 * GIB, 200 * GIB, "/scratch").passed
+    assert check_checkpoint_space(10 * GIB, 2, 1 * GIB, 200 * GIB, "/scratch").passed
 
 
 def test_balance_names_the_worst_step(inputs):
@@ -361,7 +363,7 @@ def example_config(name: str, model_path: Path, **train) -> RunConfig:
 
 def fit_of(config: RunConfig):
     fit = config_fit_estimate(config, load_model_spec(config))
-    return fit, C.check_fit(fit.phases, fit.budgets, config.gate.memory_headroom)
+    return fit, check_fit(fit.phases, fit.budgets, config.gate.memory_headroom)
 
 
 def fit_block(fit, headroom: float) -> list[str]:
@@ -526,7 +528,7 @@ def test_a_budget_too_small_fails_and_names_the_phase():
         "export": H100,
         "host_per_node": Budget(64 * GIB, "cluster.host_mem_gib", "node"),
     }
-    check = C.check_fit(phases, budgets, 0.1)
+    check = check_fit(phases, budgets, 0.1)
     assert not check.passed
     assert check.detail.startswith("export: estimated peak 80.0 GiB per rank > 72.0 GiB usable")
     assert "largest term sharded_adam_state_fp32 50.0 GiB" in check.detail
@@ -536,7 +538,7 @@ def test_a_budget_too_small_fails_and_names_the_phase():
     # an unknown host budget is shown, not checked, and does not fail the gate
     budgets["host_per_node"] = Budget(None, M.NOT_CHECKED, "node")
     phases["export"] = {"sharded_adam_state_fp32": 50 * GIB}
-    check = C.check_fit(phases, budgets, 0.1)
+    check = check_fit(phases, budgets, 0.1)
     assert check.passed and "host_per_node 72.0 GiB per node not checked: set cluster.host_mem_gib" in check.detail
 
 

@@ -216,6 +216,7 @@ def test_a_resized_mixture_keeps_every_source_count_exact(tmp_path, new_world):
         "step": 2,
         "position": position,
         "files": {},
+        "hash_algorithm": "xxh3_128",
         "identity": run_identity(config(4), plan_dir, pretok).to_json(),
     }
     (folder / "state.json").write_text(json.dumps(state))

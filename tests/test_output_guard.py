@@ -384,6 +384,17 @@ def test_out_replaces_its_own_output_and_accepts_an_empty_folder(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_a_published_folder_whose_marker_lists_no_names_is_refused_in_one_line(tmp_path):
+    out = tmp_path / "out"
+    with atomic_dir(out, stage="pretokenize") as tmp:
+        (tmp / "a.txt").write_text("1")
+    (out / OUTPUT_MARKER).write_text(json.dumps({"format_version": 1, "stage": "pretokenize"}))
+    with pytest.raises(InputError, match=f"by a {re.escape(OUTPUT_MARKER)} without its 'names' list") as caught:
+        with atomic_dir(out, stage="pretokenize") as tmp:
+            (tmp / "b.txt").write_text("2")
+    assert "\n" not in str(caught.value) and sorted(p.name for p in out.iterdir()) == [OUTPUT_MARKER, "a.txt"]
+
+
 def test_marker_is_invisible_to_folder_hashes_and_reruns_are_byte_identical(tmp_path):
     by_hand = tmp_path / "by_hand"
     by_hand.mkdir()

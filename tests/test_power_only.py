@@ -13,7 +13,8 @@ import pyarrow.compute as pc
 import pytest
 
 from wattgate.cli import main
-from wattgate.testing.synthetic_trace import TraceSpec, build_trace, gpus_of, job, write_nvidia_smi_csv
+from wattgate.testing.nvidia_smi_log import write_nvidia_smi_csv
+from wattgate.testing.synthetic_trace import TraceSpec, build_trace, gpus_of, job
 from wattgate.errors import InputError
 from wattgate.power.importers import import_trace, write_trace
 from wattgate.triage_tables import shipped_table

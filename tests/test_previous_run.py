@@ -83,7 +83,13 @@ def test_a_folder_from_before_the_identity_file_is_judged_by_its_newest_checkpoi
     computed, so another corpus or plan still moves the whole earlier run aside, not only its checkpoints."""
     run = finished_run(tmp_path)
     (run / RUN_IDENTITY).unlink()
-    state = {"step": 4, "position": {"step": 4, "plan": "packs-1"}, "files": {}, "identity": IDENTITY.to_json()}
+    state = {
+        "step": 4,
+        "position": {"step": 4, "plan": "packs-1"},
+        "files": {},
+        "hash_algorithm": "xxh3_128",
+        "identity": IDENTITY.to_json(),
+    }
     (run / "checkpoints" / "step-4" / "state.json").write_text(json.dumps(state))
     assert earlier_run_differences(run, IDENTITY) == []
     line = set_aside_earlier_run(run, IDENTITY.replace(pretokenized="d2"))

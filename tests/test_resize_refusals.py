@@ -36,7 +36,12 @@ def run4(tmp_path):
         folder = tmp_path / "train" / "t" / "checkpoints" / f"step-{step}"
         folder.mkdir(parents=True)
         identity = run_identity(config, plan_dir, pretok)
-        body = {"step": step, "position": {"epoch": 0, "step": step, "plan": plan.packs_sha256}, "files": {}}
+        body = {
+            "step": step,
+            "position": {"epoch": 0, "step": step, "plan": plan.packs_sha256},
+            "files": {},
+            "hash_algorithm": "xxh3_128",
+        }
         (folder / "state.json").write_text(
             json.dumps(state if state is not None else body | {"identity": identity.to_json()})
         )
@@ -85,7 +90,13 @@ def test_drop_with_a_resize_keeps_every_document_and_passes_conservation(tmp_pat
     folder = tmp_path / "train" / "t" / "checkpoints" / "step-2"
     folder.mkdir(parents=True)
     position = {"epoch": 0, "step": 2, "plan": plan.packs_sha256}
-    state = {"step": 2, "position": position, "files": {}, "identity": run_identity(config, plan_dir, pretok).to_json()}
+    state = {
+        "step": 2,
+        "position": position,
+        "files": {},
+        "hash_algorithm": "xxh3_128",
+        "identity": run_identity(config, plan_dir, pretok).to_json(),
+    }
     (folder / "state.json").write_text(json.dumps(state))
     config3 = config_for(3, remainder="drop")  # 8 packs per step do not divide over 3 ranks: the rest re-packed
     continued = build_plan(config3, pretok, plan_dir)
@@ -110,7 +121,7 @@ def test_a_state_json_holding_an_array_is_skipped_not_a_crash(run4, capsys):
 def test_4_2_3_segments_check_counts_the_prefix_over_every_segment(run4):
     """Step numbers restart in each segment's packs, so counting the prefix's (epoch, step) keys saw steps 0-5
     of segment 1 as the same steps as segment 0's: the guard 'the prefix is what ran' could not fire."""
-    from wattgate.gate import checks as C
+    from wattgate.gate.schedule_checks import check_segments
     from wattgate.gate.inputs import concat_packs, consumed_rows, read_prefix
     from wattgate.run_files import read_packs
 
@@ -123,7 +134,9 @@ def test_4_2_3_segments_check_counts_the_prefix_over_every_segment(run4):
     position = {"epoch": 0, "step": 9, "plan": plan2.packs_sha256}
     identity = run_identity(config2, plan_dir, pretok)
     (folder / "state.json").write_text(
-        json.dumps({"step": 9, "position": position, "files": {}, "identity": identity.to_json()})
+        json.dumps(
+            {"step": 9, "position": position, "files": {}, "hash_algorithm": "xxh3_128", "identity": identity.to_json()}
+        )
     )
     config3 = config_for(3)
     plan3 = build_plan(config3, pretok, plan_dir)
@@ -131,11 +144,11 @@ def test_4_2_3_segments_check_counts_the_prefix_over_every_segment(run4):
     assert [s.world_size for s in segs] == [4, 2, 3] and [s.first_step for s in segs] == [0, 3, 9]
     packs = read_packs(plan_dir / "packs.parquet")
     prefix, problems = read_prefix(plan_dir, plan3)
-    assert not problems and C.check_segments(plan3, run_config(config3), packs, prefix, ()).passed
+    assert not problems and check_segments(plan3, run_config(config3), packs, prefix, ()).passed
     # segment 1's archive one step short of the 6 steps it claims to have run
     short = [consumed_rows(read_packs(plan_dir / s.packs), s.end_step - s.first_step) for s in segs[:-1]]
     short[1] = consumed_rows(read_packs(plan_dir / segs[1].packs), 5)
-    check = C.check_segments(plan3, run_config(config3), packs, concat_packs(short), ())
+    check = check_segments(plan3, run_config(config3), packs, concat_packs(short), ())
     assert (
         not check.passed
         and "the consumed prefix holds 64 packs, but its segments ran 72 before the boundary at step 9" in check.detail

@@ -20,6 +20,7 @@ from wattgate.errors import InputError
 from wattgate.gate.run import run_gate
 from wattgate.identity import identity_differences, model_identity, run_identity
 from wattgate.train.launch import check_gate_marker
+from wattgate.train.checkpoint import file_hash
 
 from conftest import final_params, make_run, run_train, save_hf_model, torchrun
 
@@ -89,7 +90,9 @@ def test_every_rank_resumes_from_rank_0s_choice(tmp_path):
             d = view / "checkpoints" / f"step-{step}"
             d.mkdir(parents=True)
             (d / "x.distcp").write_bytes(b"x")
-            write_json_atomic(d / "state.json", {"step": step, "files": {"x.distcp": 1}, "identity": identity})
+            files = {"x.distcp": {"bytes": 1, "hash": file_hash(d / "x.distcp")}}
+            state = {"step": step, "files": files, "hash_algorithm": "xxh3_128", "identity": identity}
+            write_json_atomic(d / "state.json", state)
         views.append(view)
     (tmp_path / "identity.json").write_text(json.dumps(identity))
     cmd = [

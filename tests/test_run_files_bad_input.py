@@ -18,7 +18,7 @@ from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.gate.run import run_gate
 from wattgate.pack.plan import build_plan
-from wattgate.run_files import read_manifest, read_packs, read_plan
+from wattgate.run_files import read_manifest, read_marker_hashes, read_packs, read_plan
 
 from conftest import TINY_MODEL
 
@@ -260,6 +260,24 @@ def test_a_shard_without_loss_mask_is_one_line(dirs, tmp_path):
     pq.write_table(pq.read_table(path).drop_columns(["loss_mask"]), path)
     message = one_line_error(lambda: run_gate(config, pretok, plan, tmp_path / "gate"))
     assert "shard-00000.parquet" in message and "missing column(s) loss_mask" in message, message
+
+
+def test_a_shard_without_num_loss_tokens_or_content_hash_is_one_line(dirs, tmp_path):
+    config, pretok, plan = dirs
+    path = pretok / "shard-00000.parquet"
+    pq.write_table(pq.read_table(path).drop_columns(["num_loss_tokens", "content_hash"]), path)
+    message = one_line_error(lambda: run_gate(config, pretok, plan, tmp_path / "gate"))
+    assert "shard-00000.parquet: missing column(s) num_loss_tokens, content_hash; rerun pretokenize" in message
+
+
+def test_a_verdict_marker_naming_no_config_is_one_line(tmp_path):
+    marker = tmp_path / "PASSED"
+    marker.write_text("all gate checks passed; see gate.md\nplan.json sha256 a\npacks.parquet sha256 b\n")
+    assert (
+        one_line_error(lambda: read_marker_hashes(marker)) == f"{marker}: names no config.yaml sha256; rerun the gate"
+    )
+    marker.write_text(marker.read_text() + "config.yaml sha256 c\n")
+    assert read_marker_hashes(marker) == {"plan.json": "a", "packs.parquet": "b", "config.yaml": "c"}
 
 
 # ---------------------------------------------------------------- what a gate stopped by bad input leaves in --out

@@ -16,7 +16,7 @@ import torch
 
 from wattgate.artifacts import write_json_atomic
 from wattgate.cadence import checkpoint_steps
-from wattgate.train.checkpoint import latest_complete
+from wattgate.train.checkpoint import file_hash, latest_complete
 from wattgate.train.data import IGNORE, DocStore, build_batch, read_rank_plan
 from wattgate.train.model import build_unsharded_model
 
@@ -157,7 +157,11 @@ def test_incomplete_checkpoint_is_skipped_with_a_warning(tmp_path, capsys):
         d.mkdir(parents=True)
         (d / "__0_0.distcp").write_bytes(b"x" * 10)
         (d / ".metadata").write_bytes(b"m")
-        write_json_atomic(d / "state.json", {"step": step, "files": {"__0_0.distcp": 10, ".metadata": 1}})
+        files = {
+            name: {"bytes": (d / name).stat().st_size, "hash": file_hash(d / name)}
+            for name in ("__0_0.distcp", ".metadata")
+        }
+        write_json_atomic(d / "state.json", {"step": step, "files": files, "hash_algorithm": "xxh3_128"})
     (root / "step-9.tmp").mkdir()  # an interrupted save: never a candidate
     assert latest_complete(root).name == "step-6"
     (root / "step-6" / "__0_0.distcp").unlink()

@@ -3,7 +3,7 @@
 calibration-trace: `wattgate calibrate`'s known phases, 15 s each (idle, compute, data starvation,
 checkpoint, deadlock), with the phase that ran at every sample. train/: a real 106-step run of a
 small model that is host-bound (~50% utilization, data wait < 1.5% of each step), with its
-heartbeats and metrics. See wattgate.testing.synthetic_trace's "real traces" section for how windows are scored.
+heartbeats and metrics. See wattgate.testing.trace_scoring for how windows are scored.
 """
 
 import json
@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from real_traces import H200_DATA
 
-from wattgate.testing.synthetic_trace import PUBLISHED_H200, calibration_agreement, train_agreement, train_parts
+from wattgate.testing.trace_scoring import PUBLISHED_H200, calibration_agreement, train_agreement, train_parts
 from wattgate.triage_tables import shipped_table
 from wattgate.power.triage import load_run_info, run_triage, triage
 from wattgate.trace import read_trace, trace_meta
@@ -53,7 +53,7 @@ def test_calibration_phases_agree_with_their_labels(calibration, which):
     agree = calibration_agreement(triage(trace, TABLES[which](), deadlock_after_s=10), labels)
     assert set(agree.index) == {"idle", "compute", "data_starvation", "checkpoint", "deadlock"}
     assert (agree["windows"] >= 12).all(), agree
-    assert (agree["agree"] >= 0.9).all(), agree  # checkpoint: idle or checkpoint (synthetic_trace.REAL_ACCEPT)
+    assert (agree["agree"] >= 0.9).all(), agree  # checkpoint: idle or checkpoint (trace_scoring.REAL_ACCEPT)
 
 
 @pytest.mark.parametrize("which", TABLES)

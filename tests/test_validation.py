@@ -262,7 +262,7 @@ def test_triage_reads_a_validation_pass_from_the_heartbeats_as_compute(tmp_path)
 
 def test_pruning_keeps_the_best_validation_checkpoint(tmp_path):
     from wattgate.artifacts import write_json_atomic
-    from wattgate.train.checkpoint import best_checkpoint, prune
+    from wattgate.train.checkpoint import best_checkpoint, file_hash, prune
 
     root = tmp_path / "checkpoints"
     for step, loss in ((3, 2.5), (6, 1.9), (9, None), (12, 2.1)):
@@ -270,7 +270,9 @@ def test_pruning_keeps_the_best_validation_checkpoint(tmp_path):
         d.mkdir(parents=True)
         (d / "x.distcp").write_bytes(b"x")
         position = {"step": step} | ({"eval_loss": loss} if loss is not None else {})
-        write_json_atomic(d / "state.json", {"step": step, "position": position, "files": {"x.distcp": 1}})
+        files = {"x.distcp": {"bytes": 1, "hash": file_hash(d / "x.distcp")}}
+        state = {"step": step, "position": position, "files": files, "hash_algorithm": "xxh3_128"}
+        write_json_atomic(d / "state.json", state)
     (root / "step-15.tmp").mkdir()  # being written: never the best
     assert best_checkpoint(root).name == "step-6"
     prune(root, 2, best_checkpoint(root))

@@ -158,6 +158,18 @@ def test_a_single_held_out_source_adds_no_column(tmp_path):
     assert EvalTable(tmp_path / "eval.parquet", [], sources.names).schema == EVAL_SCHEMA
 
 
+def test_shards_without_a_source_column_are_one_line(tmp_path):
+    from wattgate.errors import InputError
+    from wattgate.train.eval_sources import read_eval_sources
+
+    sources = [("alpha", 20), ("beta", 20)]
+    pretok = fake_pretokenized(tmp_path / "pretokenized", [20] * 40, validation_fraction=0.25, sources=sources)
+    shard = pretok / "shard-00000.parquet"
+    pq.write_table(pq.read_table(shard).drop_columns(["source"]), shard)
+    with pytest.raises(InputError, match=r"shard-00000.parquet: missing column\(s\) source; rerun pretokenize$"):
+        read_eval_sources(pretok)
+
+
 @pytest.mark.slow
 def test_a_mixture_on_2_ranks_reports_each_source_loss_as_its_documents_scored_alone(tmp_path):
     """2 gloo ranks, a 2-source mixture: eval.parquet's per-source losses equal one process scoring each source's

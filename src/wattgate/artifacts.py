@@ -236,7 +236,7 @@ def marker_bytes(stage: str, names: list[str] | None = None) -> bytes:
 
 
 def _marker_names(dest: Path) -> set[str] | None:
-    """The names a published folder's marker lists (None: a marker from before the list, or none)."""
+    """The names a published folder's marker lists (None: it lists none, so it is no marker atomic_dir wrote)."""
     try:
         names = json.loads((dest / OUTPUT_MARKER).read_text()).get("names")
     except (OSError, ValueError, AttributeError):
@@ -255,18 +255,18 @@ def check_replaceable(dest: str | os.PathLike, stage: str) -> None:
     elif not dest.is_dir():
         what = "not a folder"
     elif (found := marker_stage(dest)) is not None:
-        published = _marker_names(dest)
+        if found != stage:
+            what = f"the output of wattgate {found}"
+        elif (published := _marker_names(dest)) is None:
+            what = f"marked as wattgate {stage}'s output by a {OUTPUT_MARKER} without its 'names' list"
         # what a published folder holds beyond what it published
-        own = (OUTPUT_MARKER, *map(glob.escape, published or ()))
-        added = [] if published is None else _foreign_entries(dest, own)
-        if found == stage and not added:
+        elif added := _foreign_entries(dest, (OUTPUT_MARKER, *map(glob.escape, published))):
+            what = (
+                f"wattgate {stage}'s output with {', '.join(added[:3])}{' and more' if len(added) > 3 else ''} "
+                "added by someone else (replacing it would delete them: move them out first)"
+            )
+        else:
             return
-        what = (
-            f"the output of wattgate {found}"
-            if found != stage
-            else f"wattgate {stage}'s output with {', '.join(added[:3])}{' and more' if len(added) > 3 else ''} "
-            "added by someone else (replacing it would delete them: move them out first)"
-        )
     else:
         with os.scandir(dest) as entries:
             if next(entries, None) is None:

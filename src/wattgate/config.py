@@ -209,10 +209,10 @@ def config_sha256(config: RunConfig) -> str:
     return hashlib.sha256(config_bytes(config)).hexdigest()
 
 
-def config_differences(config: RunConfig, gated: dict) -> list[str]:
+def config_differences(config: RunConfig, gated: RunConfig) -> list[str]:
     """'key.path: value (gated value)' for every key whose value differs between the config and the gate's copy of
-    it (its file's validated mapping, as `load_config` reads it)."""
-    return _mapping_differences(config.to_json(), gated, "")
+    it (as `load_run_config` reads it)."""
+    return _mapping_differences(config.to_json(), gated.to_json(), "")
 
 
 def _mapping_differences(mine: dict, theirs: dict, prefix: str) -> list[str]:

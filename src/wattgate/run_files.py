@@ -529,13 +529,17 @@ def marker_text(first_line: str, plan_sha256: PlanHashes | None, config_sha256: 
 
 
 def read_marker_hashes(marker: Path) -> dict[str, str]:
-    """{file name: sha256} from a PASSED/UNENFORCED marker (empty for an old marker without them); the config's
-    under GATED_CONFIG (the sha256 of its canonical text, wattgate.config.config_sha256)."""
+    """{file name: sha256} from a PASSED/UNENFORCED marker: the plan files' and the config's under GATED_CONFIG
+    (the sha256 of its canonical text, wattgate.config.config_sha256). A marker missing any of them is refused in
+    one line (InputError)."""
     hashes = {}
     for line in marker.read_text(errors="replace").splitlines()[1:]:
         name, _, digest = line.partition(" sha256 ")
         if name in (*MARKER_HASH_FILES, GATED_CONFIG) and digest:
             hashes[name] = digest.strip()
+    for name in (*MARKER_HASH_FILES, GATED_CONFIG):
+        if name not in hashes:
+            raise InputError(f"{marker}: names no {name} sha256; rerun the gate")
     return hashes
 
 

@@ -297,7 +297,7 @@ def cost_markdown(cost: CostSection) -> list[str]:
             f"| warm-up | {terms.warmup_s:.1f} | the first steps' one-off cost "
             f"({'measured' if tp.warmup_s is not None else 'not known before a run'}) |",
             f"| {fc.steps} optimizer steps | {terms.steps_s:.1f} | each step's costliest rank / throughput |",
-            f"| {fc.validations} validation passes | {terms.validation_s or 0.0:.1f} | each "
+            f"| {fc.validations} validation passes | {terms.validation_s:.1f} | each "
             "pass's micro-batches' costliest ranks x 1/3 (forward only) / throughput |",
             f"| {fc.checkpoints} checkpoints | {terms.checkpoints_s:.1f} | "
             f"{fc.checkpoint_gib:.3g} GiB each at {fc.storage_gbps:.3g} GB/s ({fc.storage_source}) |",

@@ -51,6 +51,7 @@ class GateInputs:
     manifest: Manifest
     doc_tokens: np.ndarray  # by doc_id, from the shards
     doc_loss_tokens: np.ndarray
+    content_hashes: np.ndarray  # every document's content_hash by doc_id
     packs_sha256: str  # of the files on disk
     manifest_sha256: str
     checkpoint_dir: Path
@@ -58,7 +59,6 @@ class GateInputs:
     prefix: PackRows | None = None  # a continued plan's consumed steps of its earlier segments (pack/segments.py)
     prefix_problems: tuple = ()  # archived segments that are missing or do not hash to plan.json's record
     validation: ValidationInputs | None = None  # the held-out split and its pass (None: no split)
-    content_hashes: np.ndarray | None = None  # every document's content_hash by doc_id (None: shards predate it)
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class ValidationInputs:
     """The validation split (data/split.py) and the plan's validation pass (pack/validation.py)."""
 
     held_out: np.ndarray  # sorted doc_ids
-    content_hashes: np.ndarray | None  # every document's content_hash by doc_id (None: shards predate it)
+    content_hashes: np.ndarray  # every document's content_hash by doc_id
     packs: PackRows | None  # eval_packs.parquet (None: the plan has no validation pass)
     packs_sha256: str | None  # of the file on disk
     problems: tuple[str, ...]  # what could not be read or does not match its record
@@ -83,43 +83,28 @@ class ShardContent:
     shards: int
 
 
-def read_doc_columns(
-    pretokenized: Path, manifest: Manifest, hashes: list | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """num_tokens and num_loss_tokens of every document, indexed by doc_id; `hashes`, a list, receives the
-    content_hash column by doc_id (or None when a shard lacks it)."""
+def read_doc_columns(pretokenized: Path, manifest: Manifest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """num_tokens, num_loss_tokens and content_hash of every document, indexed by doc_id."""
     n = manifest.num_docs  # a count, and shards a list of names: read_manifest checked
     tokens = np.full(n, -1, dtype=np.int64)
     loss = np.zeros(n, dtype=np.int64)
     content = np.zeros(n, dtype=np.int64)
-    has_hashes = True
+    columns = ["doc_id", "num_tokens", "num_loss_tokens", "content_hash"]
     for name in manifest.shards:
         path = pretokenized / name
-        names = parquet_columns(path, "pretokenize")
-        has_loss = "num_loss_tokens" in names
-        missing = [c for c in ("doc_id", "num_tokens") if c not in names]
-        if missing:
-            raise InputError(f"{path}: missing column(s) {', '.join(missing)}; rerun pretokenize")
-        has_hashes &= "content_hash" in names
-        columns = ["doc_id", "num_tokens", "num_loss_tokens" if has_loss else "loss_mask"]
-        t = read_parquet(path, columns + (["content_hash"] if has_hashes else []), "pretokenize")
+        _require_columns(path, parquet_columns(path, "pretokenize"), columns)
+        t = read_parquet(path, columns, "pretokenize")
         ids = arrow_numpy(t.column("doc_id"))
         if len(ids) and (ids.min() < 0 or ids.max() >= n):
             raise InputError(f"{path}: doc_id outside 0..{n - 1} of the manifest; rerun pretokenize")
         tokens[ids] = arrow_numpy(t.column("num_tokens"))
-        if has_hashes:
-            content[ids] = arrow_numpy(t.column("content_hash"))
-        if has_loss:
-            loss[ids] = arrow_numpy(t.column("num_loss_tokens"))
-        else:  # shards from before the num_loss_tokens column
-            loss[ids] = [int(np.sum(m)) for m in t.column("loss_mask").to_pylist()]
+        loss[ids] = arrow_numpy(t.column("num_loss_tokens"))
+        content[ids] = arrow_numpy(t.column("content_hash"))
     if (tokens < 0).any():
         raise InputError(
             f"{pretokenized}: shards miss {(tokens < 0).sum()} of the manifest's doc_ids; rerun pretokenize"
         )
-    if hashes is not None:
-        hashes.append(content if has_hashes else None)
-    return tokens, loss
+    return tokens, loss, content
 
 
 def _leaf_column(meta, prefix: str) -> int | None:
@@ -183,8 +168,8 @@ def verify_shards(pretokenized: Path, manifest: Manifest, full: bool | None = No
 
 def _check_documents(path: Path, name: str, problems: list[str], max_id: int) -> int:
     names = pq.read_schema(path).names
-    columns = ["doc_id", "input_ids", "num_tokens", "loss_mask"] + [c for c in ("num_loss_tokens",) if c in names]
-    _require_columns(path, names, columns[:4])
+    columns = ["doc_id", "input_ids", "num_tokens", "loss_mask", "num_loss_tokens"]
+    _require_columns(path, names, columns)
     with pq.ParquetFile(path) as f:  # not pq.read_table: it imports pyarrow.dataset, and that pandas
         t = f.read(columns=columns)
     ids = t.column("input_ids").combine_chunks()
@@ -211,7 +196,7 @@ def _check_loss_mask(t: pa.Table, name: str, lengths: np.ndarray, problems: list
     flat = arrow_numpy(pc.list_flatten(mask))
     if len(flat) and ((flat != 0) & (flat != 1)).any():
         problems.append(f"{name}: loss_mask holds values other than 0 and 1; rerun pretokenize, pack and gate")
-    elif "num_loss_tokens" in t.column_names:
+    else:
         summed, claimed = _list_sums(mask), arrow_numpy(t.column("num_loss_tokens")).astype(np.int64)
         _first_wrong(
             problems,
@@ -303,8 +288,7 @@ def load_inputs(config: RunConfig, pretokenized: str | Path, plan_dir: str | Pat
     manifest, manifest_raw = read_manifest(pretokenized)
     packs_path = plan_dir / PACKS
     packs = read_packs(packs_path)
-    hashes: list = []
-    doc_tokens, doc_loss = read_doc_columns(pretokenized, manifest, hashes)
+    doc_tokens, doc_loss, content_hashes = read_doc_columns(pretokenized, manifest)
     content = verify_shards(pretokenized, manifest)
     packs_sha256 = sha256_file(packs_path)
     prefix, prefix_problems = read_prefix(plan_dir, plan)
@@ -321,13 +305,13 @@ def load_inputs(config: RunConfig, pretokenized: str | Path, plan_dir: str | Pat
         content=content,
         prefix=prefix,
         prefix_problems=prefix_problems,
-        validation=read_validation(pretokenized, plan_dir, manifest, plan, hashes[0]),
-        content_hashes=hashes[0],
+        validation=read_validation(pretokenized, plan_dir, manifest, plan, content_hashes),
+        content_hashes=content_hashes,
     )
 
 
 def read_validation(
-    pretokenized: Path, plan_dir: Path, manifest: Manifest, plan: Plan, hashes: np.ndarray | None
+    pretokenized: Path, plan_dir: Path, manifest: Manifest, plan: Plan, hashes: np.ndarray
 ) -> ValidationInputs | None:
     """The split and the validation pass as the gate checks them; a file that cannot be read is a problem of
     the validation checks (they fail naming it), not an input error: the gate still reports every check."""

@@ -142,10 +142,10 @@ def epoch_problems(
     return problems
 
 
-def cross_source_duplicates(mix: MixtureInputs, hashes: np.ndarray | None) -> str:
+def cross_source_duplicates(mix: MixtureInputs, hashes: np.ndarray) -> str:
     """A note naming documents whose content appears in two sources ('' when none): one argsort of the content
     hashes (numpy's SIMD sort, ~20 ms at 1M) puts copies side by side."""
-    if hashes is None or len(mix.names) < 2:
+    if len(mix.names) < 2:
         return ""
     order = np.argsort(hashes)
     same = np.flatnonzero(hashes[order[1:]] == hashes[order[:-1]])

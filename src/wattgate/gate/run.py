@@ -25,6 +25,9 @@ from wattgate.gate import checks as C
 from wattgate.gate import proof_reuse as R
 from wattgate.gate import validation_checks as V
 from wattgate.gate.cost import cost_section, jobs_check
+from wattgate.gate.conservation_check import Corpus, RemainderPolicy, check_conservation
+from wattgate.gate.fit_checks import check_checkpoint_space, check_fit
+from wattgate.gate.schedule_checks import check_schedule, check_segments
 from wattgate.gpus import is_cpu
 from wattgate.gate.inputs import GateInputs, concat_packs, load_inputs
 from wattgate.gate.mixture_checks import MixtureInputs, cross_source_duplicates, mixture_inputs
@@ -126,17 +129,17 @@ def run_checks(
             segment_steps or plan.steps_per_epoch,
         ),
         C.check_pack_contents(packs, plan.seq_len, inputs.doc_tokens, inputs.doc_loss_tokens),
-        C.check_conservation(
+        check_conservation(
             whole,
             plan.epochs,
-            C.Corpus(
+            Corpus(
                 doc_tokens=inputs.doc_tokens,
                 manifest_tokens=manifest_tokens(inputs.manifest),
                 doc_loss_tokens=inputs.doc_loss_tokens,
                 held_out=inputs.validation.held_out if inputs.validation is not None else None,
             ),
             stats,
-            remainder=C.RemainderPolicy(
+            remainder=RemainderPolicy(
                 policy=plan.remainder,
                 global_batch_packs=plan.world_size * plan.micro_batch_size * plan.grad_accum,
                 config_policy=config.pack.remainder,
@@ -147,16 +150,16 @@ def run_checks(
         C.check_provenance(
             plan, inputs.packs_sha256, inputs.manifest_sha256, inputs.manifest, spec.vocab_size, inputs.content
         ),
-        C.check_fit(fit.phases, fit.budgets, config.gate.memory_headroom),
-        C.check_checkpoint_space(checkpoint_bytes(spec), config.train.checkpoint_keep, final_bytes, free, where),
+        check_fit(fit.phases, fit.budgets, config.gate.memory_headroom),
+        check_checkpoint_space(checkpoint_bytes(spec), config.train.checkpoint_keep, final_bytes, free, where),
         C.check_balance(
             packs,
             plan.world_size,
             plan.attn_weight,
             config.gate.max_rank_cost_ratio,
         ),
-        C.check_schedule(plan, config),
-        C.check_segments(plan, config, packs, inputs.prefix, inputs.prefix_problems),
+        check_schedule(plan, config),
+        check_segments(plan, config, packs, inputs.prefix, inputs.prefix_problems),
         V.check_validation_steps(
             inputs.validation,
             plan.world_size,
@@ -181,10 +184,7 @@ def leakage_with_duplicates(check: C.Check, mixture: MixtureInputs | None, input
     """The leakage check, its detail naming documents that appear in two sources of a mixture (counted once)."""
     if mixture is None:
         return check
-    hashes = inputs.validation.content_hashes if inputs.validation is not None else None
-    if hashes is None:
-        hashes = inputs.content_hashes
-    note = cross_source_duplicates(mixture, hashes)
+    note = cross_source_duplicates(mixture, inputs.content_hashes)
     return C.Check(check.name, check.passed, f"{check.detail}; {note}" if note else check.detail)
 
 

@@ -160,34 +160,30 @@ def check_leakage(v: ValidationInputs | None, train_packs: PackRows) -> Check:
     if v.problems and not len(v.held_out):
         return Check(name, False, _listed(list(v.problems)))
     problems = []
-    n = len(v.content_hashes) if v.content_hashes is not None else max(int(v.held_out.max(initial=-1)), 0) + 1
-    held = np.zeros(max(n, int(train_packs.doc_ids.max(initial=-1)) + 1), dtype=bool)
+    hashes = v.content_hashes
+    held = np.zeros(max(len(hashes), int(train_packs.doc_ids.max(initial=-1)) + 1), dtype=bool)
     held[v.held_out] = True
     in_training = held[train_packs.doc_ids]  # a gather: O(entries), no sort
     if in_training.any():
         d = int(train_packs.doc_ids[np.flatnonzero(in_training)[0]])
         problems.append(f"{int(in_training.sum())} held-out document entries packed for training, e.g. doc_id {d}")
-    if v.content_hashes is None:
-        problems.append("the shards have no content_hash column (made before validation splits); rerun pretokenize")
-    else:
-        # a table of the held-out hashes' low bits screens every training hash with one gather; only the few
-        # that pass are looked up exactly among the sorted held-out hashes: O(n), no sort of the corpus
-        hashes = v.content_hashes
-        low = hashes & (LEAKAGE_TABLE - 1)
-        table = np.zeros(LEAKAGE_TABLE, dtype=bool)
-        table[low[v.held_out]] = True
-        train = np.flatnonzero(~held[: len(hashes)] & table[low])
-        held_hashes = np.sort(hashes[v.held_out])
-        at = np.minimum(np.searchsorted(held_hashes, hashes[train]), max(len(held_hashes) - 1, 0))
-        twins = train[held_hashes[at] == hashes[train]] if len(held_hashes) else train[:0]
-        if twins.size:
-            copied = np.flatnonzero(held[: len(v.content_hashes)] & np.isin(v.content_hashes, v.content_hashes[twins]))
-            twin = int(twins[v.content_hashes[twins] == v.content_hashes[copied[0]]][0])
-            problems.append(
-                f"{copied.size} held-out document(s) are exact copies of training documents, e.g. validation "
-                f"doc_id {int(copied[0])} = training doc_id {twin}; remove them from data.validation.inputs "
-                "(or carve with data.validation.fraction, which keeps copies on one side)"
-            )
+    # a table of the held-out hashes' low bits screens every training hash with one gather; only the few
+    # that pass are looked up exactly among the sorted held-out hashes: O(n), no sort of the corpus
+    low = hashes & (LEAKAGE_TABLE - 1)
+    table = np.zeros(LEAKAGE_TABLE, dtype=bool)
+    table[low[v.held_out]] = True
+    train = np.flatnonzero(~held[: len(hashes)] & table[low])
+    held_hashes = np.sort(hashes[v.held_out])
+    at = np.minimum(np.searchsorted(held_hashes, hashes[train]), max(len(held_hashes) - 1, 0))
+    twins = train[held_hashes[at] == hashes[train]] if len(held_hashes) else train[:0]
+    if twins.size:
+        copied = np.flatnonzero(held[: len(hashes)] & np.isin(hashes, hashes[twins]))
+        twin = int(twins[hashes[twins] == hashes[copied[0]]][0])
+        problems.append(
+            f"{copied.size} held-out document(s) are exact copies of training documents, e.g. validation "
+            f"doc_id {int(copied[0])} = training doc_id {twin}; remove them from data.validation.inputs "
+            "(or carve with data.validation.fraction, which keeps copies on one side)"
+        )
     if problems:
         return Check(name, False, _listed(problems))
     return Check(name, True, f"{len(v.held_out)} held-out documents share no content with the training documents")

@@ -14,7 +14,7 @@ plans, and only the world size changed, pack does not start over. The plan becom
 
 Steps in a segment's packs.parquet are numbered from 0 within each epoch of that segment; the segment
 records its first global step. plan.json's `segments` lists them all, `epoch_ends` the global step that
-ends each epoch. The gate proves the whole (gate/checks.py check_segments).
+ends each epoch. The gate proves the whole (gate/schedule_checks.py check_segments).
 """
 
 from __future__ import annotations
@@ -185,6 +185,8 @@ def newest_checkpoint(checkpoints: Path) -> FoundCheckpoint | None:
         try:
             state = CheckpointState.from_json(data, str(path / "state.json"))
         except InputError:  # train skips such a folder too (train/checkpoint.py is_complete)
+            state = None
+        if state is None or state.hash_algorithm is None:  # None only in a dry run's, which is never on disk
             print(f"pack: WARNING: skipping {path}: its state.json is not a checkpoint state", flush=True)
             continue
         if all((path / n).is_file() and (path / n).stat().st_size == state.size_of(n) for n in state.files):

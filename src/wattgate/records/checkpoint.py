@@ -62,27 +62,15 @@ class RunIdentity(Record):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointState(Record):
-    """state.json. `files` maps each name to a FileEntry, or (written before content hashes, `hash_algorithm`
-    absent) to its size alone."""
+    """state.json. `files` maps each name to its FileEntry, hashed under `hash_algorithm` (the files a dry run
+    keeps in memory are not hashed: None there; train/checkpoint.py reads no state.json without it)."""
 
     step: int = spec(minimum=0)
     position: Position = spec(default_factory=Position)
-    files: dict[str, FileEntry | int]
+    files: dict[str, FileEntry]
     hash_algorithm: str | None = spec(omit_none=True, default=None)
     world_size: int | None = spec(minimum=1, default=None)
     identity: RunIdentity | None = None
 
-    @property
-    def hashed(self) -> bool:
-        """Whether the files carry content hashes (else sizes alone: a checkpoint from before hashes)."""
-        return self.hash_algorithm is not None
-
     def size_of(self, name: str) -> int:
-        entry = self.files[name]
-        return entry.bytes if isinstance(entry, FileEntry) else entry
-
-    def __post_init__(self):
-        if self.hash_algorithm is None and not all(isinstance(v, int) for v in self.files.values()):
-            raise ValueError("'files' maps each name to its size when there is no 'hash_algorithm'")
-        if self.hash_algorithm is not None and not all(isinstance(v, FileEntry) for v in self.files.values()):
-            raise ValueError("'files' maps each name to its bytes and hash")
+        return self.files[name].bytes

@@ -51,7 +51,7 @@ class ForecastTerms(Record):
     load_s: float
     warmup_s: float
     steps_s: float
-    validation_s: float | None = spec(omit_none=True, default=None)  # a forecast from before validation passes
+    validation_s: float
     checkpoints_s: float
     export_s: float
 
@@ -104,7 +104,7 @@ class Forecast(Record):
     kwh: float | None
     terms_s: ForecastTerms
     steps: int
-    validations: int = 0  # absent in a forecast from before validation passes
+    validations: int
     checkpoints: int
     throughput: ForecastThroughput
     storage_gbps: float

@@ -10,8 +10,7 @@ At resume rank 0 re-hashes the newest candidate before choosing it (`latest_comp
 incomplete or damaged is skipped with one line naming the file and what differs, and moved to the sibling
 `checkpoints.damaged/`, as is every checkpoint above the one resumed from: they are off this run's path, and
 left in place they would count toward `train.checkpoint_keep` and make prune (which keeps the highest steps)
-delete the checkpoints this run writes next. A state.json from before hashes (`files` name -> size) still
-loads, size-checked only, with one line saying it is unverified.
+delete the checkpoints this run writes next.
 
 What every rank does together (the barriers, DCP's save and load, the gathers and the resume verdict) is
 `save_checkpoint`, `agreed_latest` and `load_checkpoint`; where the bytes go is a `CheckpointStorage` they are
@@ -115,9 +114,6 @@ class CheckpointStorage(Protocol):
     def verify(self, path: Path, share: tuple[int, int]) -> tuple[bool, str]:
         """Every rank, at resume: (intact, why not) for its `share` (k, n) of the checkpoint's files."""
 
-    def resumed(self, path: Path) -> None:
-        """Rank 0: `path` is the checkpoint every rank agreed on (a note when it is unverified)."""
-
     def set_aside(self, path: Path) -> Path:
         """Rank 0: a checkpoint that is not intact moved out of the candidates; returns where it went."""
 
@@ -163,9 +159,6 @@ class CheckpointFolder:
 
     def verify(self, path: Path, share: tuple[int, int]) -> tuple[bool, str]:
         return verify(path, share)
-
-    def resumed(self, path: Path) -> None:
-        _warn_unverified(path)
 
     def set_aside(self, path: Path) -> Path:
         return set_aside(path)
@@ -280,7 +273,7 @@ def _step_of(path: Path) -> int:
 
 def _read_state(path: Path) -> tuple[CheckpointState | None, str]:
     """(state.json, "") when it is a checkpoint state, else (None, why): `files` maps every name to
-    {bytes, hash} under `hash_algorithm`, or (written before hashes) to its size alone."""
+    {bytes, hash} under `hash_algorithm`."""
     try:
         data = json.loads((path / STATE).read_text())
     except (OSError, json.JSONDecodeError, RecursionError):
@@ -289,9 +282,11 @@ def _read_state(path: Path) -> tuple[CheckpointState | None, str]:
         state = CheckpointState.from_json(data, STATE)
     except InputError as exc:
         return None, f"{STATE} is not a checkpoint state ({str(exc).removeprefix(STATE + ': ')})"
-    if state.hashed and state.hash_algorithm != HASH_ALGORITHM:
+    if state.hash_algorithm is None:
+        return None, f"{STATE} is not a checkpoint state (missing key 'hash_algorithm')"
+    if state.hash_algorithm != HASH_ALGORITHM:
         return None, f"{STATE} records {state.hash_algorithm!r} hashes; this wattgate verifies {HASH_ALGORITHM}"
-    if state.hashed and any(not isinstance(entry, FileEntry) or entry.hash is None for entry in state.files.values()):
+    if any(entry.hash is None for entry in state.files.values()):
         return None, f"{STATE} is not a checkpoint state ('files' maps each name to its bytes and hash)"
     return state, ""
 
@@ -325,17 +320,14 @@ def file_hash(path: Path) -> str:
 def verify(path: Path, share: tuple[int, int] = (0, 1)) -> tuple[bool, str]:
     """is_complete, then the content hash of every file against the one state.json recorded when it was written.
     `share` (k, n): only every n-th file from the k-th is hashed, so n ranks read a checkpoint once between them
-    (`agreed_latest`). A state.json without hashes passes on sizes alone."""
+    (`agreed_latest`)."""
     ok, why = is_complete(path)
     if not ok:
         return ok, why
     state, _ = _read_state(path)
     assert state is not None  # is_complete just read it
-    if not state.hashed:
-        return True, ""
     k, n = share
     for name, entry in sorted(state.files.items())[k::n]:
-        assert isinstance(entry, FileEntry)  # hashed: every file has one (CheckpointState.__post_init__)
         try:
             got = file_hash(path / name)
         except OSError as exc:
@@ -359,8 +351,6 @@ def agreed_latest(root: Path, rank: int, world: int, storage: CheckpointStorage 
         dist.all_gather_object(verdicts, None if ok else why)
         problem = next((v for v in verdicts if v is not None), None)
         if problem is None:
-            if rank == 0:
-                storage.resumed(candidate)
             return candidate
         if rank == 0:
             where = storage.set_aside(candidate)
@@ -374,16 +364,6 @@ def agreed_latest(root: Path, rank: int, world: int, storage: CheckpointStorage 
 
 def _candidates(root: Path) -> list[Path]:
     return sorted((p for p in root.glob("step-*") if p.is_dir() and p.suffix != ".tmp"), key=_step_of, reverse=True)
-
-
-def _warn_unverified(path: Path) -> None:
-    state, _ = _read_state(path)
-    if state is not None and not state.hashed:
-        print(
-            f"train: WARNING: checkpoint {path} predates content hashes: checked by size only (unverified)",
-            file=sys.stderr,
-            flush=True,
-        )
 
 
 def newest_recorded_identity(root: Path) -> tuple[RunIdentity | None, Position | None] | None:
@@ -450,8 +430,6 @@ def latest_complete(root: Path) -> Path | None:
     for path in _candidates(root):
         ok, why = verify(path)
         if ok:
-            if speak:
-                _warn_unverified(path)
             return path
         where = set_aside(path)
         if speak:

@@ -95,7 +95,7 @@ NO_SOURCES = EvalSources((), np.zeros(0, dtype=np.int32))
 
 
 def read_eval_sources(pretokenized: Path) -> EvalSources:
-    """The held-out documents' sources (NO_SOURCES: no split, shards without a `source` column, or one source)."""
+    """The held-out documents' sources (NO_SOURCES: no split, or one source)."""
     manifest, _ = read_manifest(pretokenized)
     held = read_validation_ids(pretokenized, manifest)
     ranges, split = manifest.source_docs, manifest.validation
@@ -105,13 +105,14 @@ def read_eval_sources(pretokenized: Path) -> EvalSources:
     source_of = np.full(num_docs, -1, dtype=np.int64)  # index into `names`, by doc_id
     loss_tokens = np.zeros(num_docs, dtype=np.int64)
     names: dict[str, int] = {}  # every source in the shards -> its index, by first appearance
+    columns = ["doc_id", "source", "num_loss_tokens"]
     for shard in manifest.shards:
         path = Path(pretokenized) / shard
         try:
-            if "source" not in pq.read_schema(path).names:
-                return NO_SOURCES  # shards without a source column: one source
+            if missing := [c for c in columns if c not in pq.read_schema(path).names]:
+                raise InputError(f"{path}: missing column(s) {', '.join(missing)}; rerun pretokenize")
             with pq.ParquetFile(path) as f:  # not pq.read_table: it imports pyarrow.dataset and pandas
-                t = f.read(columns=["doc_id", "source", "num_loss_tokens"])
+                t = f.read(columns=columns)
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"{path}: cannot read the documents' sources ({exc}); rerun pretokenize") from None
         ids = arrow_numpy(t.column("doc_id")).astype(np.int64)

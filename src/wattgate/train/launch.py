@@ -273,30 +273,28 @@ def check_gate_marker(config: RunConfig, plan: Path, gate: Path) -> Path:
             actual = sha256_file(plan / name)
         except OSError as exc:
             raise InputError(f"{plan / name}: cannot read ({exc.strerror})") from None
-        if recorded.get(name) != actual:
+        if recorded[name] != actual:
             raise InputError(
-                f"{marker}: the gate checked another {name} (sha256 {recorded.get(name, 'not recorded')}, "
+                f"{marker}: the gate checked another {name} (sha256 {recorded[name]}, "
                 f"this one is {actual}); rerun the gate on this plan before launching"
             )
-    check_gated_config(config, marker, recorded.get(GATED_CONFIG))
+    check_gated_config(config, marker, recorded[GATED_CONFIG])
     return marker
 
 
-def check_gated_config(config: RunConfig, marker: Path, gated_sha256: str | None) -> None:
+def check_gated_config(config: RunConfig, marker: Path, gated_sha256: str) -> None:
     """The config this job would train is the one the gate checked (the marker names its sha256), or an
     InputError naming every key that differs from the gate's copy beside the marker."""
-    from wattgate.config import config_differences, config_sha256, load_config
+    from wattgate.config import config_differences, config_sha256, load_run_config
 
-    if gated_sha256 is None:
-        raise InputError(f"{marker}: names no config (a gate from before configs were bound); rerun the gate")
     if config_sha256(config) == gated_sha256:
         return
     copy = marker.parent / GATED_CONFIG
     try:
-        gated = load_config(copy)
+        gated = load_run_config(copy)
     except InputError:
-        gated = {}
-    differs = config_differences(config, gated) if gated else ["(the gate's copy is missing or unreadable)"]
+        gated = None
+    differs = config_differences(config, gated) if gated is not None else ["(the gate's copy is missing or unreadable)"]
     raise InputError(
         f"the config differs from the one the gate checked ({copy}): {'; '.join(differs[:8])}"
         + (f"; and {len(differs) - 8} more" if len(differs) > 8 else "")
