@@ -30,6 +30,7 @@ from wattgate.gate.mixture_checks import cross_source_duplicates, mixture_inputs
 from wattgate.pack.assign import Layout
 from wattgate.pack.mixture import SourceDocs, choose, mixture_record
 from wattgate.pack.plan import plan_epochs, plan_subset
+from wattgate.data.shards import shard_hash_algorithm
 from wattgate.records.manifest import Manifest, SourceRange
 from wattgate.records.plan import Plan, PlanStats
 from wattgate.run_files import PackRows
@@ -153,6 +154,10 @@ def main() -> None:
         num_docs=n,
         shards=(),
         max_token_id=-1,
+        num_tokens=int(lengths.sum()),
+        num_loss_tokens=int(loss.sum()),
+        shard_hashes={},
+        shard_hash_algorithm=shard_hash_algorithm(),
         source_docs=tuple(
             SourceRange(name=s.source.name, path=s.source.path, first_doc=int(a), end_doc=int(b))
             for s, a, b in zip(sources, bounds[:-1], bounds[1:])

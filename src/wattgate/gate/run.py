@@ -50,7 +50,6 @@ from wattgate.gate.settings_check import check_settings
 from wattgate.gate.sources_check import check_sources
 from wattgate.gate.weights_check import check_weights, previous_report, with_model_hashes
 from wattgate.records.gate import PHASE_STEADY, Collectives, GateReport, PlanHashes
-from wattgate.records.manifest import Manifest
 from wattgate.records.run_config import RunConfig
 
 
@@ -98,11 +97,6 @@ def free_bytes_at(path: Path) -> tuple[int, str]:
     return shutil.disk_usage(probe).free, str(probe)
 
 
-def manifest_tokens(manifest: Manifest) -> int:
-    """The manifest's num_tokens, or -1 (conservation then fails, naming the mismatch) when it has none."""
-    return -1 if manifest.num_tokens is None else manifest.num_tokens
-
-
 def run_checks(
     inputs: GateInputs, spec: ModelSpec, terms: dict[str, int], fit: FitEstimate | None = None
 ) -> list[C.Check]:
@@ -134,7 +128,7 @@ def run_checks(
             plan.epochs,
             Corpus(
                 doc_tokens=inputs.doc_tokens,
-                manifest_tokens=manifest_tokens(inputs.manifest),
+                manifest_tokens=inputs.manifest.num_tokens,
                 doc_loss_tokens=inputs.doc_loss_tokens,
                 held_out=inputs.validation.held_out if inputs.validation is not None else None,
             ),

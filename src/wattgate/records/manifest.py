@@ -93,11 +93,11 @@ class Manifest(Record):
     num_docs: int = spec(minimum=0)
     shards: tuple[str, ...]
     max_token_id: int = spec(minimum=-1)  # -1: no token written
-    num_tokens: int | None = _count()
-    num_loss_tokens: int | None = _count()
+    num_tokens: int = spec(minimum=0)
+    num_loss_tokens: int = spec(minimum=0)
+    shard_hashes: dict[str, str]
+    shard_hash_algorithm: str
     vocab_size: int | None = _count()
-    shard_hashes: dict[str, str] | None = _optional()
-    shard_hash_algorithm: str | None = _optional()
     tokenizer_sha256: str | None = _optional()
     tokenizer_path: str | None = _optional()
     source_sha256: str | None = _optional()
