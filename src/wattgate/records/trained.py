@@ -1,8 +1,9 @@
 """TRAINED, the train stage's record (rank 0, written last): losses, throughput, memory peaks per phase,
 validation, what was trained. Format: docs/architecture.md, "results/train/<run_name>/".
 
-Every key is optional on read: a TRAINED written by an earlier wattgate (or by hand, in tests) holds fewer,
-and each reader says "n/a" for what is not there. A loss that diverged is NaN, written as null.
+Every key is optional on read: the report is read after the fact, often of a run that went wrong, and draws what
+a damaged or hand-made TRAINED (tests build partial ones) holds, saying "n/a" for the rest. A loss that diverged
+is NaN, written as null.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 reached (reason, evidence, the ranks and their GPUs' power), what a kill cost, and how the job ended.
 Format: docs/architecture.md, "watcher.json".
 
-watcher.json carries no format_version: a record written by an earlier wattgate (or by hand) may lack what a
-later watcher writes, so every key but `verdict` is optional on read. A key the watcher writes only in some
-cases is absent otherwise (None, or ABSENT for a key that is written null when it has no value). A GPU with no
+watcher.json carries no format_version. Every key but `verdict` is optional on read: the report shows what a
+damaged or hand-made record (tests write partial ones) holds. A key the watcher writes only in some cases is
+absent otherwise (None, or ABSENT for a key that is written null when it has no value). A GPU with no
 power reading is NaN in memory and null on disk.
 """
 

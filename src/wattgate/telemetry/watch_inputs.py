@@ -264,8 +264,8 @@ class TraceTail:
         self.telemetry = telemetry
         self.keep_s = keep_s
         self.seen: dict[Path, int] = {}  # segment folder -> highest segment number read
-        # (time, host, gpu, power W, util %, clocks-event reasons or None) of each segment read
-        self.chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
+        # (time, host, gpu, power W, util %, clocks-event reasons) of each segment read
+        self.chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
 
     def update(self) -> None:
         for folder in self.telemetry.glob(f".*.parquet{SEGMENT_DIR_SUFFIX}"):
@@ -275,16 +275,13 @@ class TraceTail:
                 if hi <= last:
                     continue
                 try:
-                    names = pq.read_schema(seg).names  # a sampler from before the reasons column has none
-                    cols = [TIME, HOST, GPU, POWER_W, UTIL_GPU] + [REASONS] * (REASONS in names)
-                    t = pq.read_table(seg, columns=cols)
+                    t = pq.read_table(seg, columns=[TIME, HOST, GPU, POWER_W, UTIL_GPU, REASONS])
                 except (OSError, ValueError):
                     continue  # merged away between listing and reading; its rows arrive in the merged file
                 last = max(last, hi)
                 if len(t):
-                    reasons = None
-                    if REASONS in cols:  # -1: no reading (the straggler warning's cause, telemetry/lag_watch.py)
-                        reasons = pc.fill_null(t[REASONS], -1).to_numpy().astype(np.int64)
+                    # -1: no reading (the straggler warning's cause, telemetry/lag_watch.py)
+                    reasons = pc.fill_null(t[REASONS], -1).to_numpy().astype(np.int64)
                     self.chunks.append(
                         (
                             t[TIME].to_numpy(),
@@ -323,8 +320,5 @@ class TraceTail:
         if not recent:
             return {}
         t, host, gpu, power = (np.concatenate(x) for x in list(zip(*recent))[:4])
-        have = [c[5] for c in recent]
-        reasons = None
-        if any(r is not None for r in have):
-            reasons = np.concatenate([r if r is not None else np.full(len(c[0]), -1) for r, c in zip(have, recent)])
+        reasons = np.concatenate([c[5] for c in recent])
         return busy_from_samples(t, host, gpu, power.astype(np.float64), reasons, since, now, low_max_w)
