@@ -98,7 +98,7 @@ def own_group(rec: RankRecord, at: list[Collective]) -> str | None:
 
 def divergence_line(d: CollectiveDivergence) -> str:
     where = f"step {d.step} (class {d.phase})" if d.step else d.phase
-    on = f" in its {d.group} group" if d.group else ""
+    on = f" in its group {d.group}" if d.group else ""
     return (
         f"rank {d.rank} diverges from rank 0 at {where}, collective #{d.index + 1}{on}: rank 0 issues "
         f"{d.rank0}, rank {d.rank} issues {d.this_rank}"
