@@ -19,11 +19,14 @@ import yaml
 
 from wattgate.config import replicate_degree, run_config
 from wattgate.errors import InputError
+from wattgate.gate import memory as M
+from wattgate.gate.run import fit_settings
+from wattgate.model_spec import ModelSpec
 from wattgate.gate.run import run_gate
 from wattgate.proof.prove import prove_collectives
 from wattgate.train.mesh import REPLICATE_DIM, SHARD_DIM, data_parallel_mesh, mesh_groups
 
-from conftest import CADENCE, final_params, make_run, run_train, torchrun
+from conftest import CADENCE, QWEN3_32B, QWEN3_SETTINGS, final_params, make_run, run_train, torchrun
 
 
 def config_of(replicate, nodes=2, gpus_per_node=2) -> dict:
@@ -64,6 +67,25 @@ def test_hsdp_mesh_puts_consecutive_ranks_in_one_shard_group_and_replicate_1_is_
     assert mesh.mesh_dim_names is None and tuple(mesh.shape) == (8,) and groups == {}
     with pytest.raises(InputError, match=r"^parallel.replicate: 3 does not divide the world size 8"):
         data_parallel_mesh("cpu", 8, 3)
+
+
+# ---------------------------------------------------------------- the gate's fit check
+
+SHARDED = ("sharded_params_fp32", "sharded_grads_fp32", "sharded_adam_state_fp32")
+
+
+def test_the_fit_check_shards_the_state_over_the_shard_degree_and_gathers_the_same_units():
+    spec, n = ModelSpec.from_hf_config(QWEN3_32B, "t"), ModelSpec.from_hf_config(QWEN3_32B, "t").num_params
+    flat = M.estimate_memory(spec, M.FitSettings(**QWEN3_SETTINGS, nodes=2))  # 16 ranks, 8 a node
+    hsdp = M.estimate_memory(spec, M.FitSettings(**QWEN3_SETTINGS, nodes=2, replicate=2))  # 2 replicas of 8
+    assert [flat[k] for k in SHARDED] == [n * 4 // 16, n * 4 // 16, n * 8 // 16]
+    assert [hsdp[k] for k in SHARDED] == [n * 4 // 8, n * 4 // 8, n * 8 // 8]
+    # 16 bytes a parameter over 8 ranks instead of 16: twice the sharded state, nothing else changes
+    more = sum(hsdp[k] - flat[k] for k in SHARDED)
+    assert sum(hsdp.values()) - sum(flat.values()) == more == (n * 16 // 8) - (n * 16 // 16)
+    assert {k: v for k, v in hsdp.items() if k not in SHARDED} == {k: v for k, v in flat.items() if k not in SHARDED}
+    config = run_config({"model": {"config": QWEN3_32B}} | config_of("auto", nodes=2, gpus_per_node=8))
+    assert fit_settings(config).replicate == 2 and fit_settings(config).shard_degree == 8
 
 
 # ---------------------------------------------------------------- the collective proof on the 2-D mesh
@@ -123,8 +145,9 @@ def test_a_replica_rank_that_skips_the_replicate_all_reduce_fails_the_gate_namin
 # ---------------------------------------------------------------- a checkpoint resumes under the other mesh
 
 # HSDP reduce-scatters over 2 ranks and all-reduces over 2 replicas where the 1-D mesh reduce-scatters over 4: the
-# same sums in another order, fp32 on CPU (test_resume_resize.py measured 2.4e-7 for a reordered sum after 14 steps)
-PARAM_TOLERANCE = 1e-5
+# same sums in another order, fp32 on CPU, which Adam magnifies where a second moment is tiny (measured: 1.2e-5
+# largest absolute difference after ~9 steps). A lost or repeated step moves parameters by about lr = 1e-2.
+PARAM_TOLERANCE = 1e-4
 
 
 def with_replicate(tmp: Path, replicate: int) -> None:
