@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from wattgate.gate.run import run_gate
 from wattgate.proof.prove import prove_collectives
 from wattgate.train.mesh import REPLICATE_DIM, SHARD_DIM, data_parallel_mesh, mesh_groups
 
-from conftest import CADENCE, QWEN3_32B, QWEN3_SETTINGS, final_params, make_run, run_train, torchrun
+from conftest import CADENCE, QWEN3_32B, QWEN3_SETTINGS, TINY_3_LAYERS, final_params, make_run, run_train, torchrun
 
 
 def config_of(replicate, nodes=2, gpus_per_node=2) -> dict:
@@ -208,3 +209,27 @@ def test_a_checkpoint_saved_under_one_mesh_resumes_under_the_other_every_step_on
     assert pa_.keys() == pb.keys()
     assert max((pa_[k] - pb[k]).abs().max().item() for k in pa_) < PARAM_TOLERANCE
     assert all(pb[k].dtype == torch.float32 for k in pb)
+
+
+def load_check(tmp: Path, ranks: int, replicate: int) -> Path:
+    """`wattgate load-check --export` of TINY_3_LAYERS (seeded init) on `ranks` ranks at `replicate`: its final/."""
+    out, cfg = tmp / f"w{ranks}-r{replicate}", tmp / f"w{ranks}-r{replicate}.yaml"
+    train = {"export_dtype": "float32", "export_max_shard_gib": 1e-5}
+    cluster = {"nodes": 1, "gpus_per_node": ranks}
+    config = {"run_name": "t", "model": {"config": TINY_3_LAYERS}, "train": train, "cluster": cluster}
+    cfg.write_text(yaml.safe_dump(config | {"parallel": {"replicate": replicate}}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    cmd += ["-m", "wattgate", "load-check", "--config", str(cfg), "--out", str(out), "--export"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((out / "load-check.json").read_text())["world_size"] == ranks
+    return out / "final"
+
+
+@pytest.mark.slow
+def test_load_check_under_hsdp_loads_and_exports_the_same_hugging_face_folder(tmp_path):
+    one, hsdp = load_check(tmp_path, 1, 1), load_check(tmp_path, 4, 2)
+    files = sorted(p.name for p in one.iterdir())
+    assert files == sorted(p.name for p in hsdp.iterdir()) and "model.safetensors.index.json" in files
+    for name in files:  # byte for byte: the same weights, gathered from 2 replicas of 2 shards
+        assert (one / name).read_bytes() == (hsdp / name).read_bytes(), name
