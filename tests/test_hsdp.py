@@ -43,6 +43,20 @@ def test_a_replicate_that_does_not_divide_the_world_is_one_line_naming_the_key(v
     assert "a divisor of the world size 4 (cluster.nodes 2 x cluster.gpus_per_node 2): 1, 2, 4; or auto" in line
 
 
+def test_the_gate_stops_at_the_config_before_any_work_naming_parallel_replicate(tmp_path, capsys):
+    from wattgate.cli import main
+
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(config_of(3)))
+    argv = ["gate", "--config", str(cfg), "--pretokenized", str(tmp_path / "p"), "--plan", str(tmp_path / "plan")]
+    assert main([*argv, "--out", str(tmp_path / "gate")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.startswith(f"wattgate gate: error: {cfg}: key 'parallel.replicate': 3 is not allowed") and "\n" not in err
+    )
+    assert not (tmp_path / "gate").exists()
+
+
 def test_replicate_defaults_to_1_and_auto_is_one_replica_per_node():
     assert run_config({}).parallel.replicate == 1 and replicate_degree(run_config({})) == 1
     assert replicate_degree(run_config(config_of("auto", nodes=3, gpus_per_node=4))) == 3
