@@ -77,8 +77,35 @@ def validate_config(config: dict, source: str = "config") -> dict:
                 f"{source}: key '{_key_path(error)}': {error.instance!r} is not a finite number (NaN and infinity "
                 "are refused): give a finite number"
             )
+        if _key_path(error) == REPLICATE_KEY:  # anyOf's own message names neither alternative
+            raise InputError(f"{source}: {replicate_line(error.instance, config.get('cluster'))}")
         raise InputError(f"{source}: key '{_key_path(error)}': {error.message}")
+    replicate = config["parallel"]["replicate"]
+    if replicate != "auto" and _world(config["cluster"]) % replicate:
+        raise InputError(f"{source}: {replicate_line(replicate, config['cluster'])}")
     return config
+
+
+REPLICATE_KEY = "parallel.replicate"
+
+
+def _world(cluster: dict) -> int:
+    return cluster["nodes"] * cluster["gpus_per_node"]
+
+
+def replicate_line(value, cluster: dict | None) -> str:
+    """Why `value` is no parallel.replicate for `cluster` (the validated cluster mapping, or None when it is
+    itself invalid), and what is allowed."""
+    if not isinstance(cluster, dict) or not {"nodes", "gpus_per_node"} <= set(cluster):
+        allowed = "a positive integer that divides the world size, or auto"
+    else:
+        world = _world(cluster)
+        divisors = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
+        allowed = (
+            f"a divisor of the world size {world} (cluster.nodes {cluster['nodes']} x cluster.gpus_per_node "
+            f"{cluster['gpus_per_node']}): {divisors}; or auto, one replica per node"
+        )
+    return f"key '{REPLICATE_KEY}': {value!r} is not allowed; give {allowed}"
 
 
 def _non_finite(value) -> bool:
@@ -195,6 +222,13 @@ def max_doc_tokens(config: RunConfig) -> int:
 
 def world_size(config: RunConfig) -> int:
     return config.cluster.nodes * config.cluster.gpus_per_node
+
+
+def replicate_degree(config: RunConfig) -> int:
+    """HSDP replica groups (parallel.replicate; auto: one per node). The shard degree is world_size / it; the
+    schema check (validate_config) has made sure it divides the world size."""
+    replicate = config.parallel.replicate
+    return config.cluster.nodes if replicate == "auto" else replicate
 
 
 def config_bytes(config: RunConfig) -> bytes:

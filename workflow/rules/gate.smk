@@ -21,7 +21,7 @@ rule invariant_gate:
     conda:
         WATTGATE_ENV
     params:
-        **settings_of("gate", "cluster", "train", "model", "watcher", "telemetry", "forecast"),
+        **settings_of("gate", "cluster", "parallel", "train", "model", "watcher", "telemetry", "forecast"),
         config=run_config_path,
         pretokenized=folder_of,
         plan=lambda wildcards, input: os.path.dirname(input.plan),

@@ -27,7 +27,7 @@ rule train:
     resources:
         **run_gpu_job(),
     params:
-        **settings_of("train", "model", "cluster"),
+        **settings_of("train", "model", "cluster", "parallel"),
         pretokenized=folder_of,
         plan=lambda wildcards, input: os.path.dirname(input.plan),
         gate=lambda wildcards, input: os.path.dirname(input.gate),

@@ -9,7 +9,8 @@ see which one does not fit. Three phases peak differently on the device:
   parameter at a time.
 - steady state (`estimate_memory`): byte counts per parameter follow FSDP2
   with a bf16 MixedPrecisionPolicy: sharded parameters, gradients and AdamW
-  moments stay in fp32 (4 + 4 + 8 bytes, divided by the world size); each
+  moments stay in fp32 (4 + 4 + 8 bytes, divided by the shard degree: the
+  world size, or with HSDP (parallel.replicate) the world over the replicas); each
   layer is all-gathered in bf16 for compute, the current and the prefetched
   one at a time, and its gradient is reduce-scattered in fp32.
 - export: gradients are freed; per parameter every rank casts its shard to
@@ -109,10 +110,22 @@ class FitSettings:
     loss_chunk_tokens: int = 1024  # train.loss_chunk_tokens
     eval_tokens_per_micro_batch: int = 0  # the validation forward's micro-batch; 0: no validation
     optimizer: str = "adamw"  # train.optimizer: adamw keeps two fp32 moments, sgd (no momentum) none
+    replicate: int = 1  # parallel.replicate: HSDP keeps this many replicas of the sharded state
 
     @property
     def ranks_per_node(self) -> int:
         return self.world_size // self.nodes
+
+    @property
+    def shard_degree(self) -> int:
+        """The ranks each parameter, gradient and optimizer state is sharded over: the world, over the replicas."""
+        return self.world_size // self.replicate
+
+    @property
+    def nodes_per_shard_group(self) -> int:
+        """The nodes one shard group spans (its ranks read the whole checkpoint between them); 1 when a node holds
+        one or more whole shard groups."""
+        return max(1, self.shard_degree // self.ranks_per_node)
 
     @property
     def runtime_kind(self) -> str:
@@ -176,7 +189,7 @@ def validation_forward_bytes(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
 
 def optimizer_state(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     """AdamW's two fp32 moments per parameter, sharded; SGD without momentum keeps nothing."""
-    return {"sharded_adam_state_fp32": spec.num_params * 8 // s.world_size} if s.optimizer == "adamw" else {}
+    return {"sharded_adam_state_fp32": spec.num_params * 8 // s.shard_degree} if s.optimizer == "adamw" else {}
 
 
 def estimate_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
@@ -189,8 +202,8 @@ def estimate_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     compute = 2 if s.mixed_precision else 4
     validation = validation_forward_bytes(spec, s) if s.eval_tokens_per_micro_batch else {}
     return {
-        "sharded_params_fp32": spec.num_params * 4 // s.world_size,
-        "sharded_grads_fp32": spec.num_params * 4 // s.world_size,
+        "sharded_params_fp32": spec.num_params * 4 // s.shard_degree,
+        "sharded_grads_fp32": spec.num_params * 4 // s.shard_degree,
         **optimizer_state(spec, s),
         # two layers gathered (current + prefetched) and the root's embedding/head, in compute dtype
         "gathered_params": (2 * spec.layer_params + spec.embedding_params) * compute,
@@ -221,7 +234,7 @@ def load_staging_bytes(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
 
     Random init instead generates fp32 blocks of INIT_BLOCK_ELEMENTS.
     """
-    _, local = largest_local_slice(spec, s.world_size)
+    _, local = largest_local_slice(spec, s.shard_degree)
     if s.source is None:
         return {"init_block_fp32": min(local, INIT_BLOCK_ELEMENTS) * 4}
     return {
@@ -237,7 +250,7 @@ def estimate_load_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     both copies on the device keeps this an upper bound; either is small.
     """
     return {
-        "sharded_params_fp32": spec.num_params * 4 // s.world_size,
+        "sharded_params_fp32": spec.num_params * 4 // s.shard_degree,
         **load_staging_bytes(spec, s),
         "runtime_overhead": RUNTIME_OVERHEAD_BYTES[s.runtime_kind],
     }
@@ -249,10 +262,10 @@ def estimate_export_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     _, shape = largest_param(spec)
     return {
         # still allocated: the model's shards and AdamW's moments (gradients were set to None)
-        "sharded_params_fp32": spec.num_params * 4 // s.world_size,
+        "sharded_params_fp32": spec.num_params * 4 // s.shard_degree,
         **optimizer_state(spec, s),
         "gathered_param_export_dtype": math.prod(shape) * dtype_bytes,
-        "local_cast_export_dtype": largest_local_slice(spec, s.world_size)[1] * dtype_bytes,
+        "local_cast_export_dtype": largest_local_slice(spec, s.shard_degree)[1] * dtype_bytes,
         "runtime_overhead": RUNTIME_OVERHEAD_BYTES[s.runtime_kind],
     }
 
@@ -281,7 +294,8 @@ def estimate_host_memory_per_node(spec: ModelSpec, s: FitSettings) -> dict[str, 
     terms = {
         "process_runtime": ranks * HOST_RUNTIME_BYTES[s.runtime_kind],
         "param_staging": ranks * max(load_host, export_host),
-        "loader_page_cache": -(-checkpoint_file_bytes(spec, s.source) // s.nodes),
+        # each shard group reads the whole checkpoint between its ranks: a node its share of its group's reads
+        "loader_page_cache": -(-checkpoint_file_bytes(spec, s.source) // s.nodes_per_shard_group),
         "torchrun_agent": TORCHRUN_AGENT_BYTES,
     }
     if not s.on_gpu:  # the device is the host: each rank's largest device peak, less the runtime counted above
@@ -377,7 +391,7 @@ class FitEstimate:
 
 def phase_notes(spec: ModelSpec, s: FitSettings) -> dict[str, str]:
     """One line per phase naming what its staging terms are made of."""
-    slice_name, slice_elements = largest_local_slice(spec, s.world_size)
+    slice_name, slice_elements = largest_local_slice(spec, s.shard_degree)
     name, shape = largest_param(spec)
     if s.source is None:
         source = "random init"
@@ -388,7 +402,9 @@ def phase_notes(spec: ModelSpec, s: FitSettings) -> dict[str, str]:
         "load": f"largest local slice: {slice_name}, {slice_elements:,} elements per rank; {source}",
         "steady": logits_note(spec, s),
         "export": f"largest parameter: {name} {list(shape)}, gathered in {s.export_dtype}",
-        "host_per_node": f"{s.ranks_per_node} rank(s) per node; page cache: the checkpoint / {s.nodes} node(s)",
+        "host_per_node": f"{s.ranks_per_node} rank(s) per node; page cache: the checkpoint / "
+        f"{s.nodes_per_shard_group} node(s)"
+        + (f" of a shard group ({s.replicate} replicas)" if s.replicate > 1 else ""),
     }
 
 

@@ -5,10 +5,11 @@ checkout is never taken for the released one), torch's and transformers' version
 model's modules), the model's config (model.config, or model.path's config.json: the weights are never read),
 every train setting (the dry run builds its TrainSettings from the whole section: mixed precision, activation
 checkpointing, attention, cadence, micro-batch and validation sizes), the GPU model (the mixed-precision
-policy), the world size, and every rank's step class at every step (micro-batch counts, log / validation /
-checkpoint / epoch end / last, validation micro-batches) with the steps chosen for the dry run, and the packed
-rows of every rank's micro-batches (with the model's shapes they group the ranks, proof/ranks.py). The data's
-values are not an input: the proof's premise is that collectives never depend on them.
+policy), the world size and its mesh (parallel.replicate), and every rank's step class at every step
+(micro-batch counts, log / validation / checkpoint / epoch end / last, validation micro-batches) with the steps
+chosen for the dry run, and the packed rows of every rank's micro-batches (with the model's shapes they group
+the ranks, proof/ranks.py). The data's values are not an input: the proof's premise is that collectives never
+depend on them.
 
 The proof is kept in the gate's own --out folder (PROOF_CACHE beside gate.json, with the inputs it was proved
 for), so it can only be reused by a rerun of that gate. Nothing here imports torch: a reused proof costs the
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import wattgate
 from wattgate.artifacts import write_json_atomic
+from wattgate.config import replicate_degree
 from wattgate.errors import InputError
 from wattgate.records.gate import Collectives, ProofCache, Reused
 from wattgate.proof.classes import first_steps, plans_by_rank
@@ -83,6 +85,7 @@ def proof_inputs(config: RunConfig, plan_dir: Path) -> dict:
         "train": config.train.to_json(),
         "gpu_model": config.cluster.gpu_model,
         "world_size": plan.world_size,
+        "replicate": replicate_degree(config),  # the mesh: HSDP's groups are other collectives
         "steps": first_steps(classes, first),
         "classes_sha256": _sha256(json.dumps([[c.key() for c in seq] for seq in classes]).encode()),
         "micro_batch_rows_sha256": _sha256(b"|".join(p.rows for p in plans)),  # the rank groups follow them

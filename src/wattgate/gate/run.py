@@ -20,7 +20,7 @@ from wattgate.run_files import (
     claim_output,
     run_folder_beside,
 )
-from wattgate.config import config_bytes, config_sha256, world_size
+from wattgate.config import config_bytes, config_sha256, replicate_degree, world_size
 from wattgate.gate import checks as C
 from wattgate.gate import proof_reuse as R
 from wattgate.gate import validation_checks as V
@@ -70,6 +70,7 @@ def fit_settings(config: RunConfig) -> FitSettings:
         loss_chunk_tokens=t.loss_chunk_tokens,
         eval_tokens_per_micro_batch=validation_tokens_per_micro_batch(config),
         optimizer=t.optimizer,
+        replicate=replicate_degree(config),
     )
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from wattgate.config import replicate_degree
 from wattgate.records.checkpoint import CheckpointState, Position
 from wattgate.gpus import is_cpu
 from wattgate.proof.depth import meta_model, truncate_layers
@@ -44,6 +45,7 @@ from wattgate.proof.record import Collective, CollectiveRecorder, fake_host_read
 from wattgate.proof.relay import RankZeroRelay
 from wattgate.proof.storage import NoBytesCheckpoints, NoBytesExport
 from wattgate.train.loop import Paths, Trainer, rank_trainer
+from wattgate.train.mesh import data_parallel_mesh, mesh_groups
 from wattgate.train.seams import Seams
 from wattgate.train.settings import TrainSettings
 from wattgate.records.gate import ProofBeat
@@ -68,6 +70,7 @@ class RankRecord:
     resume: list[Collective] = field(default_factory=list)  # a second Trainer's load from the newest checkpoint
     resume_step: int | None = None  # the step of the checkpoint it resumed from (None: it found none)
     layers: int = 0  # decoder layers in the proxy
+    mesh_groups: dict[str, tuple[int, ...]] = field(default_factory=dict)  # a 2-D mesh: each dimension's group
     experts: dict | None = None  # MoE: the experts' kernel in training and in this dry run, starved or not
 
 
@@ -110,23 +113,28 @@ PROXY_SOURCE = "fake tensors (collective proof)"
 
 @dataclass
 class ProxyModel:
-    """ModelSource of a dry run: the mesh built from a real (tiny) tensor, the model `proxy_model` builds, and its
-    layer count (and, for Mixture-of-Experts, the experts' kernel) noted in `record`."""
+    """ModelSource of a dry run: the run's mesh (train/mesh.py, over the fake group's world) built from a real
+    (tiny) tensor, its groups named in `recorder` and `record`; the model `proxy_model` builds, and its layer count
+    (and, for Mixture-of-Experts, the experts' kernel) noted in `record`."""
 
     model_cfg: ModelConfig
     s: TrainSettings
-    world: int
+    replicate: int
     on_gpu: bool
     depth: int
     record: RankRecord
+    recorder: CollectiveRecorder
     starved: bool = False
 
     def device_mesh(self):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
-        from torch.distributed.device_mesh import init_device_mesh
 
         with unset_fake_temporarily():  # the mesh's rank lookup reads its (tiny) tensor: a real one
-            return init_device_mesh("cpu", (self.world,))
+            mesh = data_parallel_mesh("cpu", dist.get_world_size(), self.replicate)
+            groups = mesh_groups(mesh)
+        self.recorder.mesh_groups.update(groups)
+        self.record.mesh_groups = dict(groups.values())
+        return mesh
 
     def build(self, mesh, fill: bool):
         model = proxy_model(self.model_cfg, self.s, mesh, self.on_gpu, self.depth)
@@ -209,7 +217,7 @@ def dry_run_rank(
     seams = Seams(
         heartbeat=heartbeat,
         stop=stop,
-        model=ProxyModel(config.model, s, world, on_gpu, depth, record, starved),
+        model=ProxyModel(config.model, s, replicate_degree(config), on_gpu, depth, record, recorder, starved),
         checkpoints=NoBytesCheckpoints(shared, earlier_segment(plan)),
         export=NoBytesExport(),
         hooks=steps_hook,

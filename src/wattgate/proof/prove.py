@@ -18,12 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from wattgate.config import replicate_degree
 from wattgate.errors import InputError
 from wattgate.proof.classes import class_divergence, first_steps, plans_by_rank
 from wattgate.proof.depth import layer_pattern, meta_model, proxy_depths, scaled_count
 from wattgate.proof.dryrun import RankRecord, dry_run_rank
 from wattgate.proof.ranks import group_records, rank_groups, shard_dims
-from wattgate.proof.record import Collective, fingerprint
+from wattgate.proof.record import Collective, fingerprint, ranks_text
 from wattgate.proof.workers import frozen_heap, run_tasks
 from wattgate.run_files import read_plan
 from wattgate.train.loop import Paths
@@ -74,15 +75,32 @@ def collective_divergence(records: list[RankRecord], labels: list[dict[int, str]
             if diff is not None:
                 i, expected, got = diff
                 return CollectiveDivergence(
-                    rank=rec.rank, phase=phase, step=step, index=i, rank0=expected, this_rank=got
+                    rank=rec.rank,
+                    phase=phase,
+                    step=step,
+                    index=i,
+                    rank0=expected,
+                    this_rank=got,
+                    group=own_group(rec, [*ref_seq[i : i + 1], *seq[i : i + 1]]),
                 )
+    return None
+
+
+def own_group(rec: RankRecord, at: list[Collective]) -> str | None:
+    """`rec`'s own group of the mesh dimension the first of `at` (rank 0's collective, then this rank's) issues on:
+    the group that hangs when the two differ ("dp_replicate (ranks 1, 3)"); None on the 1-D mesh."""
+    for collective in at:
+        ranks = rec.mesh_groups.get(collective.group)
+        if ranks is not None:
+            return f"{collective.group} ({ranks_text(ranks)})"
     return None
 
 
 def divergence_line(d: CollectiveDivergence) -> str:
     where = f"step {d.step} (class {d.phase})" if d.step else d.phase
+    on = f" in its group {d.group}" if d.group else ""
     return (
-        f"rank {d.rank} diverges from rank 0 at {where}, collective #{d.index + 1}: rank 0 issues "
+        f"rank {d.rank} diverges from rank 0 at {where}, collective #{d.index + 1}{on}: rank 0 issues "
         f"{d.rank0}, rank {d.rank} issues {d.this_rank}"
     )
 
@@ -163,7 +181,7 @@ def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | N
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="wattgate-proof-")) if own else Path(work)
     proxy, pair = proxy_depths(depth)
-    groups = rank_groups(plans, shard_dims(depth))
+    groups = rank_groups(plans, shard_dims(depth), world // replicate_degree(config))
     ranks = [g[0] for g in groups]  # one dry run per group, rank 0 first
     per_period: dict[int, int] = {}  # per dry-run step: its collectives per period of layers (none: unscaled)
     try:

@@ -2,10 +2,14 @@
 
 A rank's dry run is the trainer's own code given four inputs that differ between ranks (docs/gate.md):
 - its plan: the class of every step it runs and the packed rows of each of its micro-batches (proof/classes.py);
-- its shard of every parameter: FSDP2 splits dim 0 into world-size chunks of ceil(n / world) rows, so a rank holds a
-  full chunk, a shorter last one, or nothing (padded to the full chunk in every all-gather and reduce-scatter, but
-  the local tensors DCP and the export read have its own shape);
-- its place in the mesh (one dimension today: the rank is its place, and the shard above is all it changes);
+- its shard of every parameter: FSDP2 splits dim 0 into shard-degree chunks of ceil(n / shard degree) rows (the
+  shard degree is the world size on the 1-D mesh), so a rank holds a full chunk, a shorter last one, or nothing
+  (padded to the full chunk in every all-gather and reduce-scatter, but the local tensors DCP and the export read
+  have its own shape);
+- its place in the mesh: on the 1-D mesh the rank is its place; with HSDP (parallel.replicate) its place in its
+  shard group decides its shard, over the shard degree rather than the world, and its replica changes nothing
+  the record compares (each collective is recorded on its mesh dimension, the group's ranks named but not
+  compared);
 - whether it is rank 0, which alone publishes checkpoints, writes final/ and sends what the others receive.
 Ranks equal in all four run the same code on the same shapes and counts and so issue the same collectives (the
 proof's premise: collectives follow counts and shapes, never values). Rank 0 is a group of its own, and every other
@@ -33,13 +37,16 @@ def shard_kind(rows: int, world: int, rank: int) -> int:
     return 2 if held == chunk else 1 if held else 0
 
 
-def rank_groups(plans: list[RankPlan], dims: tuple[int, ...]) -> list[list[int]]:
+def rank_groups(plans: list[RankPlan], dims: tuple[int, ...], shard: int | None = None) -> list[list[int]]:
     """The ranks in groups that issue the same collectives (module docstring), rank 0's first and alone, each
-    group's ranks ascending."""
-    world = len(plans)
+    group's ranks ascending; `shard`: the mesh's shard degree (None: the world, the 1-D mesh)."""
+    shard = shard or len(plans)
     groups: dict = {}
     for rank, plan in enumerate(plans):
-        key = None if rank == 0 else (tuple(plan.classes), plan.rows, tuple(shard_kind(n, world, rank) for n in dims))
+        # HSDP: a rank's place in its shard group (rank mod the shard degree) decides its shard; its replica does
+        # not (each collective is recorded on its mesh dimension, the same in every replica)
+        kinds = tuple(shard_kind(n, shard, rank % shard) for n in dims)
+        key = None if rank == 0 else (tuple(plan.classes), plan.rows, kinds)
         groups.setdefault(key, []).append(rank)
     return list(groups.values())
 

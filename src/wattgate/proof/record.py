@@ -22,7 +22,7 @@ import hashlib
 import json
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -48,13 +48,15 @@ class Collective:
     the rest of its arguments (reduce op, root rank, ...)."""
 
     op: str
-    group: str
+    group: str  # a mesh dimension's name (dp_shard, dp_replicate) for its group, else the group's name
     tensors: tuple[str, ...]  # "float32[1024,5120]"
     args: tuple[str, ...]
+    # a mesh dimension's group: this rank's ranks in it, named but not compared (every rank's differ)
+    members: str = field(default="", compare=False)
 
     def __str__(self) -> str:
         inner = ", ".join(self.tensors + self.args)
-        return f"{self.op}({inner}) on group {self.group}"
+        return f"{self.op}({inner}) on group {self.group}" + (f" ({self.members})" if self.members else "")
 
     def key(self) -> list:
         return [self.op, self.group, list(self.tensors), list(self.args)]
@@ -121,6 +123,17 @@ class CollectiveRecorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.collectives: list[Collective] = []
+        # a 2-D mesh's process groups by name: (its dimension's name, its ranks). Group names are counters each rank
+        # makes alike for every group, so rank 0's shard group and rank 2's have different names: a collective is
+        # recorded on its dimension, which every rank shares, and names its ranks
+        self.mesh_groups: dict[str, tuple[str, tuple[int, ...]]] = {}
+
+    def on_group(self, collective: Collective) -> Collective:
+        found = self.mesh_groups.get(collective.group)
+        if found is None:
+            return collective
+        dim, ranks = found
+        return replace(collective, group=dim, members=ranks_text(ranks))
 
     def __torch_dispatch__(self, func, types, args: tuple = (), kwargs: dict | None = None):
         if func is PRIM_DEVICE and isinstance(args[0], FakeTensor):
@@ -132,7 +145,7 @@ class CollectiveRecorder(TorchDispatchMode):
         if any(getattr(t, "__name__", "") == "DTensor" for t in types):
             return NotImplemented  # DTensor unwraps itself and comes back with plain tensors
         if func.namespace in NAMESPACES and func._opname not in NOT_COLLECTIVES:
-            self.collectives.append(tensor_collective(func, args, kwargs))
+            self.collectives.append(self.on_group(tensor_collective(func, args, kwargs)))
         if func is torch.ops.aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
             return _made_up_scalar(args[0].dtype)
         if func is torch.ops.aten.equal.default and any(isinstance(a, FakeTensor) for a in args):
@@ -140,7 +153,12 @@ class CollectiveRecorder(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def add(self, op: str, group, *args: str) -> None:
-        self.collectives.append(Collective(op, _group_name(group) if group is not None else "default", (), args))
+        collective = Collective(op, _group_name(group) if group is not None else "default", (), args)
+        self.collectives.append(self.on_group(collective))
+
+
+def ranks_text(ranks: tuple[int, ...]) -> str:
+    return "ranks " + ", ".join(str(r) for r in ranks)
 
 
 @contextlib.contextmanager

@@ -262,6 +262,8 @@ class CollectiveDivergence(Record):
     index: int
     rank0: str
     this_rank: str
+    # on a 2-D mesh: this rank's own group of the dimension the collective is on ("dp_replicate (ranks 1, 3)")
+    group: str | None = spec(default=None, omit_none=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -237,6 +237,20 @@ class ClusterConfig(Record):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelConfig(Record):
+    """how the ranks' data-parallel world is laid out over FSDP2's device mesh; every rank still trains its own
+    micro-batches (the plan does not depend on it)"""
+
+    # HSDP replica groups: 1 shards every parameter, gradient and optimizer state over the whole world (FSDP2,
+    # ZeRO-3); R > 1 shards them over world / R consecutive ranks and keeps R replicas, whose gradients are all-
+    # reduced across the replicas after each shard group's reduce-scatter. auto = one replica per node
+    # (cluster.nodes): parameters are gathered inside a node only, and just the gradient all-reduce crosses nodes,
+    # the layout torchtitan and Megatron recommend on multi-node Slurm jobs when the model's sharded state fits one
+    # node. Must divide the world size (cluster.nodes x cluster.gpus_per_node)
+    replicate: int | Literal["auto"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig(Record):
     """The config's `train` object."""
 
@@ -455,6 +469,9 @@ class RunConfig(Record):
     pretokenize: PretokenizeConfig
     pack: PackConfig
     cluster: ClusterConfig
+    # how the ranks' data-parallel world is laid out over FSDP2's device mesh; every rank still trains its own
+    # micro-batches (the plan does not depend on it)
+    parallel: ParallelConfig
     train: TrainConfig
     gate: GateConfig
     # the gate's forecast of the train job's wall time, GPU-hours and energy

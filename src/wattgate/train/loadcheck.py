@@ -13,10 +13,12 @@ from pathlib import Path
 import torch.distributed as dist
 
 from wattgate.artifacts import write_json_atomic
+from wattgate.config import replicate_degree
 from wattgate.run_files import claim_output
 from wattgate.train.distributed import setup_rank
 from wattgate.train.settings import TrainSettings
 from wattgate.records.trained import LOAD, LoadCheck
+from wattgate.train.mesh import data_parallel_mesh
 from wattgate.train.metrics import GIB, PhaseMemory, memory_summary
 from wattgate.train.model import build_meta_model, count_params, load_sharded_model
 from wattgate.train.weights import DTYPES, export_hf_folder
@@ -32,14 +34,13 @@ def load_check(config: RunConfig, out: Path, export: bool) -> LoadCheck:
     claim_output(out, STAGE)
     rank, world, device = setup_rank(s.collective_timeout_s, out)
     try:
-        from torch.distributed.device_mesh import init_device_mesh
-
         # imports the model's code outside the measured phase, with a kernel it runs (GPT-OSS and Gemma 2 have no sdpa)
         build_meta_model(config.model, "eager")
         memory = PhaseMemory(device)
         memory.start()
         t0 = time.perf_counter()
-        model, source = load_sharded_model(config.model, s, init_device_mesh(device.type, (world,)), device)
+        mesh = data_parallel_mesh(device.type, world, replicate_degree(config))
+        model, source = load_sharded_model(config.model, s, mesh, device)
         dist.barrier()
         load_s = time.perf_counter() - t0
         memory.end("load")

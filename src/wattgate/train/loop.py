@@ -159,7 +159,7 @@ def train(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path) -> T
                     f"launched with {world}; rerun pack and gate for this launch"
                 )
             where = (rank, world, device)
-            seams = training_seams(config.model, s, out, where)
+            seams = training_seams(config, s, out, where)
             return run_rank((config, s, plan), Paths(pretokenized, plan_dir, out), where, seams)
         finally:
             dist.destroy_process_group()

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from torch.distributed.device_mesh import DeviceMesh
 
-    from wattgate.records.run_config import ModelConfig
+    from wattgate.records.run_config import ModelConfig, RunConfig
 
     from wattgate.train.settings import TrainSettings
     from wattgate.train.steps import StepClass
@@ -91,17 +91,19 @@ class EveryStep:
 
 @dataclass(frozen=True)
 class ShardedModel:
-    """ModelSource of a training run: a 1-D mesh over the world, the model built by train/model.py."""
+    """ModelSource of a training run: the mesh of train/mesh.py (1-D over the world, or HSDP's replicas of shard
+    groups), the model built by train/model.py."""
 
     model_cfg: ModelConfig | dict
     s: TrainSettings
     device: torch.device
     world: int
+    replicate: int = 1  # parallel.replicate, resolved (wattgate.config.replicate_degree)
 
     def device_mesh(self) -> DeviceMesh:
-        from torch.distributed.device_mesh import init_device_mesh
+        from wattgate.train.mesh import data_parallel_mesh
 
-        return init_device_mesh(self.device.type, (self.world,))
+        return data_parallel_mesh(self.device.type, self.world, self.replicate)
 
     def build(self, mesh, fill: bool) -> tuple[torch.nn.Module, str]:
         from wattgate.train.model import load_sharded_model
@@ -121,17 +123,17 @@ class Seams:
     hooks: StepHooks = EveryStep()
 
 
-def training_seams(
-    model_cfg: ModelConfig | dict, s: TrainSettings, out: Path, where: tuple[int, int, torch.device]
-) -> Seams:
+def training_seams(config: RunConfig, s: TrainSettings, out: Path, where: tuple[int, int, torch.device]) -> Seams:
     """The seams of `wattgate train`: this rank's heartbeat files and stop request in run folder `out`, and the
-    model from `model_cfg`; checkpoints, final/ and the steps as the defaults have them."""
+    model of `config` on its mesh (parallel.replicate); checkpoints, final/ and the steps as the defaults have
+    them."""
     import os
 
+    from wattgate.config import replicate_degree
     from wattgate.heartbeats import Heartbeat
     from wattgate.train.distributed import device_uuid
     from wattgate.train.stop import StopRequest
 
     rank, world, device = where
     heartbeat = Heartbeat(out, rank, int(os.environ.get("LOCAL_RANK", "0")), device_uuid(device))
-    return Seams(heartbeat, StopRequest(out), ShardedModel(model_cfg, s, device, world))
+    return Seams(heartbeat, StopRequest(out), ShardedModel(config.model, s, device, world, replicate_degree(config)))
