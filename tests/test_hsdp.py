@@ -5,6 +5,7 @@ all-reduce, and a checkpoint saved under one mesh resumes under the other, every
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -194,14 +195,26 @@ def steps_and_tokens(out: Path) -> list[tuple]:
     return sorted(pq.read_table(out / "metrics.parquet", columns=["step", "rank", "tokens"]).to_pylist(), key=str)
 
 
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory) -> tuple[Path, Path]:
+    """A 4-rank run's inputs and its uninterrupted training on the 1-D mesh: what each resume is compared with."""
+    root = tmp_path_factory.mktemp("hsdp-straight")
+    lengths = np.random.default_rng(5).integers(5, 60, 140).tolist()
+    make_run(root, lengths, gpus=4, grad_accum=1, epochs=1, checkpoint_every=3, export_dtype="float32")
+    with_replicate(root, 1)
+    straight = root / "straight"
+    run_train(root, 4, straight)
+    return root, straight
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("saved, resumed", [(1, 2), (2, 1)])
-def test_a_checkpoint_saved_under_one_mesh_resumes_under_the_other_every_step_once(tmp_path, saved, resumed):
-    lengths = np.random.default_rng(5).integers(5, 60, 140).tolist()
-    make_run(tmp_path, lengths, gpus=4, grad_accum=1, epochs=1, checkpoint_every=3, export_dtype="float32")
-    with_replicate(tmp_path, 1)
-    straight = tmp_path / "straight"
-    run_train(tmp_path, 4, straight)
+def test_a_checkpoint_saved_under_one_mesh_resumes_under_the_other_every_step_once(
+    tmp_path, straight_run, saved, resumed
+):
+    root, straight = straight_run
+    for name in ("pretokenized", "plan-4", "config-4.yaml"):  # the same inputs, this test's own copy
+        (shutil.copytree if (root / name).is_dir() else shutil.copy)(root / name, tmp_path / name)
     total = json.loads((straight / "TRAINED").read_text())["steps"]
     assert total >= 6
 
