@@ -15,7 +15,7 @@ import torch.distributed as dist
 from wattgate.artifacts import write_json_atomic
 from wattgate.run_files import claim_output
 from wattgate.train.distributed import setup_rank
-from wattgate.train.settings import TrainSettings
+from wattgate.model_spec import export_dtype_name
 from wattgate.records.trained import LOAD, LoadCheck
 from wattgate.train.metrics import GIB, PhaseMemory, memory_summary
 from wattgate.train.model import build_meta_model, count_params, load_sharded_model
@@ -26,11 +26,12 @@ STAGE = "loadcheck"
 
 
 def load_check(config: RunConfig, out: Path, export: bool) -> LoadCheck:
-    s = TrainSettings.from_config(config)
+    train = config.train
+    export_dtype = export_dtype_name(config)
     # every rank, before any writes: a run folder's final/ (or anything else) is never replaced; what another
     # rank can have made by now (the marker, the NCCL trace folder of init_distributed) is load-check's own
     claim_output(out, STAGE)
-    rank, world, device = setup_rank(s.collective_timeout_s, out)
+    rank, world, device = setup_rank(train.collective_timeout_s, out)
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -39,12 +40,12 @@ def load_check(config: RunConfig, out: Path, export: bool) -> LoadCheck:
         memory = PhaseMemory(device)
         memory.start()
         t0 = time.perf_counter()
-        model, source = load_sharded_model(config.model, s, init_device_mesh(device.type, (world,)), device)
+        model, source = load_sharded_model(config.model, train, init_device_mesh(device.type, (world,)), device)
         dist.barrier()
         load_s = time.perf_counter() - t0
         memory.end("load")
         if export:
-            export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), [])
+            export_hf_folder(model, out, DTYPES[export_dtype], int(train.export_max_shard_gib * GIB), [])
             memory.end("export")
         peaks = memory_summary(memory.gather())
         report = LoadCheck(
@@ -53,7 +54,7 @@ def load_check(config: RunConfig, out: Path, export: bool) -> LoadCheck:
             params=count_params(model),
             source=source,
             load_s=load_s,
-            export_dtype=s.export_dtype if export else None,
+            export_dtype=export_dtype if export else None,
             memory=peaks,
         )
         if rank == 0:

@@ -25,9 +25,8 @@ if TYPE_CHECKING:
 
     from torch.distributed.device_mesh import DeviceMesh
 
-    from wattgate.records.run_config import ModelConfig
+    from wattgate.records.run_config import ModelConfig, TrainConfig
 
-    from wattgate.train.settings import TrainSettings
     from wattgate.train.steps import StepClass
 
 T = TypeVar("T")
@@ -94,7 +93,7 @@ class ShardedModel:
     """ModelSource of a training run: a 1-D mesh over the world, the model built by train/model.py."""
 
     model_cfg: ModelConfig | dict
-    s: TrainSettings
+    train: TrainConfig
     device: torch.device
     world: int
 
@@ -106,7 +105,7 @@ class ShardedModel:
     def build(self, mesh, fill: bool) -> tuple[torch.nn.Module, str]:
         from wattgate.train.model import load_sharded_model
 
-        return load_sharded_model(self.model_cfg, self.s, mesh, self.device, fill)
+        return load_sharded_model(self.model_cfg, self.train, mesh, self.device, fill)
 
 
 @dataclass(frozen=True)
@@ -122,10 +121,11 @@ class Seams:
 
 
 def training_seams(
-    model_cfg: ModelConfig | dict, s: TrainSettings, out: Path, where: tuple[int, int, torch.device]
+    model_cfg: ModelConfig | dict, train: TrainConfig, out: Path, where: tuple[int, int, torch.device]
 ) -> Seams:
     """The seams of `wattgate train`: this rank's heartbeat files and stop request in run folder `out`, and the
-    model from `model_cfg`; checkpoints, final/ and the steps as the defaults have them."""
+    model from `model_cfg`, built as the `train` section says; checkpoints, final/ and the steps as the defaults
+    have them."""
     import os
 
     from wattgate.heartbeats import Heartbeat
@@ -134,4 +134,4 @@ def training_seams(
 
     rank, world, device = where
     heartbeat = Heartbeat(out, rank, int(os.environ.get("LOCAL_RANK", "0")), device_uuid(device))
-    return Seams(heartbeat, StopRequest(out), ShardedModel(model_cfg, s, device, world))
+    return Seams(heartbeat, StopRequest(out), ShardedModel(model_cfg, train, device, world))
