@@ -89,13 +89,11 @@ def resume_checkpoint(
     return ckpt.agreed_latest(out / "checkpoints", rank, dist.get_world_size(), storage)
 
 
-def export_final(
-    model, export_dtype: str, max_shard_gib: float, out: Path, extra, files: ExportFiles = EXPORT_FOLDER
-) -> Path:
-    """final/: sharded safetensors in `export_dtype` (model_spec.export_dtype_name) in files of at most
+def export_final(model, dtype: str, max_shard_gib: float, out: Path, extra, files: ExportFiles = EXPORT_FOLDER) -> Path:
+    """final/: sharded safetensors in `dtype` (model_spec.export_dtype_name) in files of at most
     `max_shard_gib` (train.export_max_shard_gib), the config, and `extra` (train/export_files.py: the tokenizer
     the data was made with, verified by its hash, and the input model's generation_config.json)."""
-    return export_hf_folder(model, out, DTYPES[export_dtype], int(max_shard_gib * GIB), extra, files)
+    return export_hf_folder(model, out, DTYPES[dtype], int(max_shard_gib * GIB), extra, files)
 
 
 def train(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path) -> Trained | None:
@@ -154,7 +152,6 @@ class Trainer:
         self.config, self.train, self.plan, self.paths = config, config.train, plan, paths
         self.rank, self.world, self.device = where
         self.seams, self.hooks = seams, seams.hooks
-        self.export_dtype = export_dtype_name(config)
         self.startup_s = process_age_s()  # launch, imports and process-group init: the forecast's start-up term
         self.heartbeat = seams.heartbeat
         self.heartbeat.beat(0, 0, "init")
@@ -166,6 +163,7 @@ class Trainer:
         self.memory = PhaseMemory(self.device)
         self.pin = self.device.type == "cuda"
         self.stop_request = seams.stop
+        self.final_dtype = export_dtype_name(config)  # train.export_dtype, auto resolved to the model's
         self.skipped_steps = 0  # train.on_nonfinite skip_step: steps whose update was dropped in this attempt
         self.eval_interrupted = False  # a stop agreed inside a validation pass (the pass is redone on resume)
         self.eval_stop_reason: str | None = None  # that stop's reason (stop_agreed_in_eval)
@@ -542,7 +540,7 @@ class Trainer:
         # the tokenizer is verified by its hash on every rank once the weights are written (train/export_files.py)
         extra = partial(export_extra_files, self.paths.pretokenized, self.config.model)
         max_shard_gib = self.train.export_max_shard_gib
-        export_final(self.model, self.export_dtype, max_shard_gib, self.paths.out, extra, self.seams.export)
+        export_final(self.model, self.final_dtype, max_shard_gib, self.paths.out, extra, self.seams.export)
         self.memory.end("export")
 
     def summarize(self) -> Trained | None:

@@ -49,7 +49,7 @@ def write_trained(t, per_rank_memory: list[dict]) -> Trained:
         wall_s=elapsed,
         load_s=worst[LOAD].seconds,
         export_s=worst[EXPORT].seconds,
-        export_dtype=t.export_dtype,
+        export_dtype=t.final_dtype,
         memory=memory,
         startup_s=round(t.startup_s, 3),
         allocator=allocator_record(),
