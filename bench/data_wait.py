@@ -28,7 +28,7 @@ import torch
 from benchlib import Parser, figure, positive_int
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.train.data import DocStore, StepPrefetcher, build_batch, host_tensors
-from wattgate.train.loss import LossSettings, summed_token_loss
+from wattgate.train.loss import summed_token_loss
 
 SEQ_LEN, GRAD_ACCUM, VOCAB, SHARD_DOCS = 4096, 2, 2048, 2000
 FULL = {"seq_len": SEQ_LEN, "steps": 10, "hidden": 128, "layers": 2, "shard_docs": SHARD_DOCS}
@@ -70,7 +70,6 @@ def step_packs(n_docs: int, steps: int, seq_len: int):
 
 def run(model, optimizer, store, steps, prefetch: bool, seq_len: int) -> list[tuple[float, float]]:
     """(data wait, step time) per step after the first."""
-    loss = LossSettings("chunked", 1024)
 
     def build(g):
         return [(b, host_tensors(b, False)) for b in (build_batch(store, m, seq_len) for m in steps[g])]
@@ -83,7 +82,7 @@ def run(model, optimizer, store, steps, prefetch: bool, seq_len: int) -> list[tu
             batches = fetch.get(g) if fetch else build(g)
             wait = time.perf_counter() - t0
             for _, tensors in batches:
-                (summed_token_loss(model, tensors, loss) / 1e4).backward()
+                (summed_token_loss(model, tensors, "chunked", 1024) / 1e4).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if g:

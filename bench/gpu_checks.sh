@@ -254,8 +254,7 @@ from wattgate.model_spec import load_model_spec
 from wattgate.gate.run import fit_settings
 from wattgate.train.data import IGNORE
 from wattgate.train.distributed import setup_rank
-from wattgate.train.loop import build_optimizer
-from wattgate.train.settings import TrainSettings
+from wattgate.train.optimizer import build_optimizer
 from wattgate.train.loss import summed_token_loss
 from wattgate.train.metrics import model_flops_utilization, peak_rss_bytes, reset_peak_rss
 from wattgate.train.model import count_params, load_sharded_model
@@ -278,13 +277,12 @@ config = validate_config({
     "train": {"seq_len": SEQ, "micro_batch_size": mbs, "grad_accum": 1, "loss": kind, "compile": compile_,
               "activation_checkpointing": True}})
 typed = run_config(config)
-s = TrainSettings.from_config(typed)  # carries train.compile and train.loss
+train = typed.train  # carries train.compile and train.loss
 rank, world, device = setup_rank(600, out)
 cuda = device.type == "cuda"
 sync = torch.cuda.synchronize if cuda else (lambda: None)
-model, _ = load_sharded_model(config["model"], s, init_device_mesh(device.type, (1,)), device)
-optimizer = build_optimizer(model, s)
-loss = s.loss
+model, _ = load_sharded_model(config["model"], train, init_device_mesh(device.type, (1,)), device)
+optimizer = build_optimizer(model, train)
 ids = torch.randint(0, VOCAB, (mbs, SEQ), device=device)
 position_ids = (torch.arange(SEQ, device=device) % DOC).repeat(mbs, 1)
 labels = torch.where(position_ids > 0, ids, IGNORE)
@@ -296,7 +294,7 @@ for i in range(WARMUP + STEPS):
         sync()
         torch.cuda.reset_peak_memory_stats(device) if cuda else reset_peak_rss()
     t0 = time.perf_counter()
-    (summed_token_loss(model, tensors, loss) / n_loss).backward()
+    (summed_token_loss(model, tensors, train.loss, train.loss_chunk_tokens) / n_loss).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -133,31 +133,29 @@ def worker(out: Path, steps: int) -> None:
 
     from wattgate.config import run_config
     from wattgate.train.data import IGNORE
-    from wattgate.train.loop import build_optimizer
     from wattgate.train.loss import summed_token_loss
     from wattgate.train.metrics import peak_rss_bytes, reset_peak_rss
     from wattgate.train.model import load_sharded_model
-    from wattgate.train.settings import TrainSettings
+    from wattgate.train.optimizer import build_optimizer
 
     config = yaml.safe_load((out / "config.yaml").read_text())
-    s = TrainSettings.from_config(run_config(config))
-    loss = s.loss  # train.loss and its chunk size
+    train = run_config(config).train
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, _ = load_sharded_model(config["model"], s, init_device_mesh("cpu", (world,)), torch.device("cpu"))
-    optimizer = build_optimizer(model, s)
+    model, _ = load_sharded_model(config["model"], train, init_device_mesh("cpu", (world,)), torch.device("cpu"))
+    optimizer = build_optimizer(model, train)
     g = torch.Generator().manual_seed(rank)
-    shape = (s.micro_batch_size, s.seq_len)
+    shape = (train.micro_batch_size, train.seq_len)
     ids = torch.randint(0, config["model"]["config"]["vocab_size"], shape, generator=g)
     # documents of 1024 tokens; the first 256 of each (a prompt) carry no loss
-    position_ids = (torch.arange(s.seq_len) % 1024).repeat(s.micro_batch_size, 1)
+    position_ids = (torch.arange(train.seq_len) % 1024).repeat(train.micro_batch_size, 1)
     labels = torch.where(position_ids >= 256, ids, IGNORE)
     tensors = {"input_ids": ids, "labels": labels, "position_ids": position_ids}
     reset_peak_rss()
     times, losses = [], []
     for _ in range(steps):
         t0 = time.perf_counter()
-        summed = summed_token_loss(model, tensors, loss)
+        summed = summed_token_loss(model, tensors, train.loss, train.loss_chunk_tokens)
         (summed * world / int((labels != IGNORE).sum())).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -172,22 +172,21 @@ def plain_worker(folder: Path, out: Path) -> None:
     from wattgate.config import run_config
     from wattgate.train.data import IGNORE, DocStore, build_batch, read_rank_plan
     from wattgate.train.loop import group_steps
-    from wattgate.train.settings import TrainSettings
     from wattgate.train.metrics import peak_rss_bytes, reset_peak_rss
     from wattgate.train.model import load_sharded_model
 
     config = yaml.safe_load((folder / "config.yaml").read_text())
-    s = TrainSettings.from_config(run_config(config))
+    train = run_config(config).train
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, _ = load_sharded_model(config["model"], s, init_device_mesh("cpu", (world,)), torch.device("cpu"))
+    model, _ = load_sharded_model(config["model"], train, init_device_mesh("cpu", (world,)), torch.device("cpu"))
     load_peak = peak_rss_bytes()
     reset_peak_rss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=s.lr)
+    optimizer = torch.optim.SGD(model.parameters(), lr=train.lr)
     store = DocStore(folder / "pretokenized")
-    for step_plan in group_steps(read_rank_plan(folder / "plan", rank))[: s.max_steps]:
+    for step_plan in group_steps(read_rank_plan(folder / "plan", rank))[: train.max_steps]:
         for i, m in enumerate(step_plan):
-            b = build_batch(store, m.packs, s.seq_len)
+            b = build_batch(store, m.packs, train.seq_len)
             ids, labels = torch.from_numpy(b.input_ids), torch.from_numpy(b.labels)
             model.set_requires_gradient_sync(i == len(step_plan) - 1)
             logits = model(input_ids=ids, position_ids=torch.from_numpy(b.position_ids), use_cache=False).logits

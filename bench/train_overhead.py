@@ -249,24 +249,26 @@ def bare_worker(work: Path, out: Path) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from wattgate.config import run_config
-    from wattgate.train.loop import lr_at
-    from wattgate.train.settings import TrainSettings
+    from wattgate.train.optimizer import lr_at
     from wattgate.train.attention import resolve_attn_implementation
     from wattgate.train.model import build_unsharded_model
 
     config = yaml.safe_load((work / "config.yaml").read_text())
-    s = TrainSettings.from_config(run_config(config))
+    train = run_config(config).train
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     steps, global_tokens, build_s = prepare_batches(work, config, rank)
-    lrs = [lr_at(g, s, len(steps)) for g in range(len(steps))]
+    lrs = [lr_at(g, train, len(steps)) for g in range(len(steps))]
 
-    model = build_unsharded_model(config["model"], resolve_attn_implementation(s.attn_implementation, "cpu"), s.seed)
+    attn = resolve_attn_implementation(train.attn_implementation, "cpu")
+    model = build_unsharded_model(config["model"], attn, train.seed)
     mesh = init_device_mesh("cpu", (world,))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay, foreach=True)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay, foreach=True
+    )
 
     dist.barrier()
     ends, durations, losses = [], [], []
@@ -283,7 +285,7 @@ def bare_worker(work: Path, out: Path) -> None:
             )
             (summed * scale).backward()
             step_loss.append(summed.detach())
-        torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         t1 = time.perf_counter()

@@ -16,8 +16,8 @@ from wattgate.proof.prove import prove_collectives
 from wattgate.records.gate import Collectives
 from wattgate.run_files import read_plan
 from wattgate.train import loop
+from wattgate.train.rank_inputs import Paths
 from wattgate.train.model import build_meta_model
-from wattgate.train.settings import TrainSettings
 
 from conftest import CADENCE, config_for, make_run, with_micro_batches_changed
 
@@ -31,7 +31,7 @@ def clean(proof_run):
 def test_step_classes_come_from_the_plan_and_cover_every_kind(proof_run):
     _, plan_dir, config = proof_run
     plan, _ = read_plan(plan_dir)
-    classes = classes_by_rank(plan, plan_dir, TrainSettings.from_config(config))
+    classes = classes_by_rank(plan, plan_dir, config.train)
     total = plan.steps_per_epoch
     assert len(classes) == 2 and classes[0] == classes[1] and len(classes[0]) == total > 10
     labels = [c.label for c in classes[0]]
@@ -211,7 +211,7 @@ def test_collectives_scale_by_depth_exactly_as_a_full_depth_dry_run_counts_them(
         "head": 0,
     }
     steps = [c["first_step"] - 1 for c in report["classes"]]
-    full = dry_run_rank(config, loop.Paths(tmp_path / "pretokenized", plan, tmp_path / "full"), 0, steps, 4)
+    full = dry_run_rank(config, Paths(tmp_path / "pretokenized", plan, tmp_path / "full"), 0, steps, 4)
     for c in report["classes"]:
         assert c["collectives_at_depth"] == len(full.steps[c["first_step"] - 1]) > c["collectives"], c
 

@@ -27,7 +27,7 @@ from wattgate.config import run_config
 from wattgate.data.synthetic import write_random_pretokenized
 from wattgate.errors import InputError
 from wattgate.train.data import IGNORE, DocStore, build_batch
-from wattgate.train.loss import DEFAULT_CHUNK_TOKENS, LossSettings, shifted_targets, summed_token_loss, to_tensors
+from wattgate.train.loss import DEFAULT_CHUNK_TOKENS, check_loss_keys, shifted_targets, summed_token_loss, to_tensors
 from wattgate.train.model import apply_activation_checkpointing
 
 from conftest import DOC_LENGTHS, PACKS, SCHEMA_CHOICES, SEQ_LEN, TINY
@@ -80,7 +80,7 @@ def batch(store: DocStore, micro_batch_size: int, masks: str) -> dict[str, torch
 
 def loss_and_grads(model, tensors, kind: str) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
-    loss = summed_token_loss(model, tensors, LossSettings(kind, CHUNK))
+    loss = summed_token_loss(model, tensors, kind, CHUNK)
     loss.backward()
     assert loss.dtype == torch.float32 and loss.ndim == 0
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -116,7 +116,7 @@ def test_chunked_loss_and_gradients_equal_the_full_logits_path(
     if tied:
         assert model.lm_head.weight is model.model.embed_tokens.weight
     with torch.no_grad():  # the validation forward: same figure without a graph
-        no_grad = summed_token_loss(model, tensors, LossSettings("chunked", CHUNK)).item()
+        no_grad = summed_token_loss(model, tensors, "chunked", CHUNK).item()
     assert abs(no_grad - full_loss) <= RTOL * abs(full_loss)
 
 
@@ -135,7 +135,7 @@ def test_the_chunked_step_never_allocates_the_micro_batch_logits(store, kind):
     model = tiny_model("sdpa", tied=True, activation_checkpointing=False, vocab_size=vocab)
     tensors = batch(store, 2, "per_token")
     logits_bytes = 2 * SEQ_LEN * vocab * 4
-    largest = largest_allocation(lambda: summed_token_loss(model, tensors, LossSettings(kind, CHUNK)).backward())
+    largest = largest_allocation(lambda: summed_token_loss(model, tensors, kind, CHUNK).backward())
     if kind == "chunked":  # the [V, H] head gradient (0.5 MB) is the largest, no [B, S, V] tensor (2 MB)
         assert largest < logits_bytes / 2
     else:  # the reference does build them: the measurement can see logits
@@ -147,15 +147,18 @@ def test_targets_shift_within_each_row():
     assert shifted_targets(labels).tolist() == [[5, 6, IGNORE, IGNORE], [7, IGNORE, 8, IGNORE]]
 
 
-def test_loss_settings_come_from_the_schema_defaults_and_refuse_bad_values():
+def test_loss_keys_come_from_the_schema_defaults_and_bad_values_are_refused():
     train = run_config({"run_name": "t", "model": {"config": {"model_type": "qwen3"}}}).train
-    assert LossSettings.from_train(train) == LossSettings("chunked", DEFAULT_CHUNK_TOKENS)
-    assert train.loss_chunk_tokens == DEFAULT_CHUNK_TOKENS
-    assert LossSettings.from_train(train.replace(loss="full", loss_chunk_tokens=64)) == LossSettings("full", 64)
+    assert (train.loss, train.loss_chunk_tokens) == ("chunked", DEFAULT_CHUNK_TOKENS)
+    check_loss_keys("full", 64)
+    # a TrainConfig.replace skips the schema's checks: the loss refuses what it cannot run, whatever built it
     with pytest.raises(InputError, match="train.loss: 'logits'"):
-        LossSettings.from_train(train.replace(loss="logits"))
-    with pytest.raises(InputError, match="train.loss_chunk_tokens"):
-        LossSettings.from_train(train.replace(loss_chunk_tokens=0))
+        check_loss_keys(train.replace(loss="logits").loss, DEFAULT_CHUNK_TOKENS)
+    for bad in (0, True, 1.5):
+        with pytest.raises(InputError, match="train.loss_chunk_tokens"):
+            check_loss_keys("chunked", bad)
+    with pytest.raises(InputError, match="train.loss: 'logits'"):
+        summed_token_loss(None, {}, "logits", DEFAULT_CHUNK_TOKENS)
 
 
 # ---------------------------------------------------------------- FSDP2 on 2 gloo ranks

@@ -33,7 +33,6 @@ from wattgate.pack.plan import build_plan
 from wattgate.train.attention import resolve_attn_implementation
 from wattgate.train.data import IGNORE
 from wattgate.train.loss import (
-    LossSettings,
     chunked_cross_entropy_sum,
     effective_loss_kind,
     final_hidden,
@@ -101,7 +100,7 @@ def own_loss_and_grads(model, tensors) -> tuple[float, dict[str, torch.Tensor]]:
 
 def chunked_loss_and_grads(model, tensors) -> tuple[float, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
-    loss = summed_token_loss(model, tensors, LossSettings("chunked", CHUNK))
+    loss = summed_token_loss(model, tensors, "chunked", CHUNK)
     loss.backward()
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -125,7 +124,7 @@ def test_the_chunked_loss_and_gradients_are_the_models_own(model_type):
     loss, grads = chunked_loss_and_grads(model, tensors)
     assert_same(loss, grads, ref_loss, ref_grads)
     with torch.no_grad():  # the validation forward: the same figure without a graph
-        no_grad = summed_token_loss(model, tensors, LossSettings("chunked", CHUNK)).item()
+        no_grad = summed_token_loss(model, tensors, "chunked", CHUNK).item()
         head = model.get_output_embeddings().weight
         skipped = chunked_cross_entropy_sum(final_hidden(model, tensors), head, shifted_targets(tensors["labels"]), 7)
     assert abs(no_grad - ref_loss) <= RTOL * abs(ref_loss)
@@ -147,7 +146,7 @@ def test_the_softcapped_chunks_never_allocate_the_micro_batch_logits():
     logits_bytes = tensors["input_ids"].numel() * vocab * 4
     for kind in ("chunked", "full"):
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            summed_token_loss(model, tensors, LossSettings(kind, 8)).backward()
+            summed_token_loss(model, tensors, kind, 8).backward()
         largest = max(e.cpu_memory_usage for e in prof.events())
         if kind == "chunked":  # the [V, H] head gradient (0.5 MB) is the largest, never the 1.3 MB logits
             assert largest < logits_bytes / 2
@@ -218,7 +217,7 @@ def test_a_forward_with_an_unknown_logit_transform_trains_on_its_own_logits_with
     ref_loss, ref_grads = own_loss_and_grads(model, tensors)
     loss, grads = chunked_loss_and_grads(model, tensors)  # asked for chunked: runs the model's own forward
     assert_same(loss, grads, ref_loss, ref_grads)
-    summed_token_loss(model, tensors, LossSettings("chunked", CHUNK))
+    summed_token_loss(model, tensors, "chunked", CHUNK)
     notices = [line for line in capsys.readouterr().err.splitlines() if "train.loss" in line]
     assert len(notices) == 1, notices  # once per model, one line
     assert "training with train.loss full instead" in notices[0] and why in notices[0]
@@ -284,11 +283,11 @@ def test_gemma_loads_a_transformers_folder_and_takes_a_training_step(tmp_path, m
     model.train()
     tensors = packed_batch()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    before = summed_token_loss(model, tensors, LossSettings("chunked", CHUNK))
+    before = summed_token_loss(model, tensors, "chunked", CHUNK)
     before.backward()
     optimizer.step()
     with torch.no_grad():
-        after = summed_token_loss(model, tensors, LossSettings("chunked", CHUNK))
+        after = summed_token_loss(model, tensors, "chunked", CHUNK)
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert after.item() < before.item()
 

@@ -237,7 +237,7 @@ def test_the_router_load_balancing_term_trains_as_the_models_own_loss_defines_it
     x the loss tokens); the value is the token loss alone (what validation and the metrics report)."""
     import torch.nn.functional as F
 
-    from wattgate.train.loss import LossSettings, summed_token_loss
+    from wattgate.train.loss import summed_token_loss
     from wattgate.train.model import build_unsharded_model
 
     cfg = {"config": moe_config(model_type, output_router_logits=True, router_aux_loss_coef=0.5)}
@@ -255,7 +255,7 @@ def test_the_router_load_balancing_term_trains_as_the_models_own_loss_defines_it
     ).item()
     assert out.aux_loss.item() > 0 and out.loss.item() * count > token_loss * (1 + 1e-3)  # the term is there
     model.zero_grad(set_to_none=True)
-    loss = summed_token_loss(model, tensors, LossSettings(kind, 7))
+    loss = summed_token_loss(model, tensors, kind, 7)
     loss.backward()
     assert abs(loss.item() - token_loss) <= RTOL * token_loss
     scale = max(1.0, max(g.abs().max().item() for g in reference.values()))
@@ -264,7 +264,7 @@ def test_the_router_load_balancing_term_trains_as_the_models_own_loss_defines_it
     router = [n for n in reference if n.endswith(("mlp.gate.weight", "mlp.router.weight"))]
     model.config.output_router_logits = False  # the negative control: without the term the router's gradient differs
     model.zero_grad(set_to_none=True)
-    summed_token_loss(model, tensors, LossSettings(kind, 7)).backward()
+    summed_token_loss(model, tensors, kind, 7).backward()
     assert max((dict(model.named_parameters())[n].grad - reference[n]).abs().max().item() for n in router) > 1e-3
 
 
@@ -273,7 +273,7 @@ def test_packed_gpt_oss_documents_do_not_see_each_other():
     (train/packed_masks.py), so three packed documents score as each does alone."""
     import torch.nn.functional as F
 
-    from wattgate.train.loss import LossSettings, summed_token_loss
+    from wattgate.train.loss import summed_token_loss
     from wattgate.train.model import build_unsharded_model
 
     model = build_unsharded_model({"config": moe_config("gpt_oss")}, "eager", seed=0).eval()
@@ -289,11 +289,11 @@ def test_packed_gpt_oss_documents_do_not_see_each_other():
             for d in docs
         )
         packed = summed_token_loss(
-            model, {"input_ids": ids, "position_ids": position_ids, "labels": labels}, LossSettings("chunked", 7)
+            model, {"input_ids": ids, "position_ids": position_ids, "labels": labels}, "chunked", 7
         ).item()
         hook = model.get_decoder()._forward_pre_hooks.popitem()  # the negative control: the model's own masks
         leaky = summed_token_loss(
-            model, {"input_ids": ids, "position_ids": position_ids, "labels": labels}, LossSettings("chunked", 7)
+            model, {"input_ids": ids, "position_ids": position_ids, "labels": labels}, "chunked", 7
         ).item()
     assert hook is not None
     assert abs(packed - alone) <= RTOL * alone

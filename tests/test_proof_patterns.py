@@ -9,7 +9,7 @@ import pytest
 from wattgate.proof.depth import layer_pattern, proxy_depths
 from wattgate.proof.dryrun import dry_run_rank
 from wattgate.proof.prove import prove_collectives
-from wattgate.train import loop
+from wattgate.train.rank_inputs import Paths
 
 from conftest import CADENCE, TINY, make_run
 from support.architectures import tiny_config
@@ -91,7 +91,7 @@ def test_collectives_scale_by_whole_periods_exactly_as_a_full_depth_dry_run_coun
     proxy = head + period + (depth["layers"] - head) % period
     assert report["proxy_layers"] == proxy < depth["layers"] and (head, period) in ((0, 2), (0, 3), (2, 1))
     steps = [c["first_step"] - 1 for c in report["classes"]]
-    full = dry_run_rank(config, loop.Paths(tmp_path / "pretokenized", plan, tmp_path / "full"), 0, steps, 99)
+    full = dry_run_rank(config, Paths(tmp_path / "pretokenized", plan, tmp_path / "full"), 0, steps, 99)
     assert full.layers == depth["layers"]
     for c in report["classes"]:
         assert c["collectives_at_depth"] == len(full.steps[c["first_step"] - 1]) > c["collectives"], c

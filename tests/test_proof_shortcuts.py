@@ -16,22 +16,19 @@ from wattgate import forking
 from wattgate.proof import workers
 from wattgate.proof.workers import run_tasks
 from wattgate.run_files import read_plan
-from wattgate.train import loop
-from wattgate.train.settings import TrainSettings
+from wattgate.train.rank_inputs import Paths
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_replayed_dry_run_records_what_running_every_step_records(proof_run, tmp_path, rank):
     pretokenized, plan_dir, config = proof_run
     plan, _ = read_plan(plan_dir)
-    steps = first_steps(classes_by_rank(plan, plan_dir, TrainSettings.from_config(config)))
+    steps = first_steps(classes_by_rank(plan, plan_dir, config.train))
     relay = tmp_path / "relay"
     if rank:  # what rank 0 sends (the resume choice, DCP's plans) reaches rank 1 through rank 0's relay
-        dry_run_rank(config, loop.Paths(pretokenized, plan_dir, tmp_path / "rank-0"), 0, steps, 2, relay=relay)
+        dry_run_rank(config, Paths(pretokenized, plan_dir, tmp_path / "rank-0"), 0, steps, 2, relay=relay)
     records = [
-        dry_run_rank(
-            config, loop.Paths(pretokenized, plan_dir, tmp_path / str(replay)), rank, steps, 2, replay, relay=relay
-        )
+        dry_run_rank(config, Paths(pretokenized, plan_dir, tmp_path / str(replay)), rank, steps, 2, replay, relay=relay)
         for replay in (False, True)
     ]
     ran, replayed = (dataclasses.asdict(r) for r in records)
@@ -43,16 +40,15 @@ def test_a_replayed_dry_run_records_what_running_every_step_records(proof_run, t
 def test_dry_runs_in_worker_processes_return_what_the_gate_process_computes(proof_run, tmp_path):
     pretokenized, plan_dir, config = proof_run
     plan, _ = read_plan(plan_dir)
-    steps = first_steps(classes_by_rank(plan, plan_dir, TrainSettings.from_config(config)))
+    steps = first_steps(classes_by_rank(plan, plan_dir, config.train))
     relay = tmp_path / "relay"
     tasks = [
-        (config, loop.Paths(pretokenized, plan_dir, tmp_path / f"r{r}"), r, steps, 2, True, False, relay)
-        for r in (0, 1, 1)
+        (config, Paths(pretokenized, plan_dir, tmp_path / f"r{r}"), r, steps, 2, True, False, relay) for r in (0, 1, 1)
     ]
     here = run_tasks(dry_run_rank, tasks, processes=1)
     relay = tmp_path / "relay-spread"
     tasks = [
-        (config, loop.Paths(pretokenized, plan_dir, tmp_path / f"w{r}-{i}"), r, steps, 2, True, False, relay)
+        (config, Paths(pretokenized, plan_dir, tmp_path / f"w{r}-{i}"), r, steps, 2, True, False, relay)
         for i, r in enumerate((0, 1, 1))
     ]
     spread = run_tasks(dry_run_rank, tasks, processes=2)  # task 2 in the gate's process, 1 and 3 in a worker

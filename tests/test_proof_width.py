@@ -16,7 +16,6 @@ from wattgate.proof.depth import layer_pattern
 from wattgate.proof.prove import prove_collectives
 from wattgate.proof.ranks import rank_groups, shard_dims, shard_kind
 from wattgate.run_files import read_plan
-from wattgate.train.settings import TrainSettings
 
 from conftest import CADENCE, TINY, train_config, with_micro_batches_changed
 
@@ -51,7 +50,7 @@ def test_shard_kinds_follow_fsdp2s_chunks():
 def test_a_balanced_plan_at_world_1024_is_a_few_groups_of_ranks(wide_run):
     _, plan_dir, config = wide_run
     plan, _ = read_plan(plan_dir)
-    plans = plans_by_rank(plan, plan_dir, TrainSettings.from_config(config))
+    plans = plans_by_rank(plan, plan_dir, config.train)
     groups = rank_groups(plans, shard_dims(layer_pattern(config.model)))
     assert sorted(r for g in groups for r in g) == list(range(WORLD)) and groups[0] == [0]
     # TINY's dim 0 sizes (8, 16, 32, 64, 96) cut the ranks where they stop holding rows

@@ -115,7 +115,7 @@ def test_token_losses_sum_to_the_summed_loss_and_split_exactly_over_sources(tmp_
     from wattgate.run_files import EVAL_PACKS
     from wattgate.train.data import build_batch, read_rank_plan
     from wattgate.train.eval_sources import read_eval_sources
-    from wattgate.train.loss import LossSettings, summed_token_loss, to_tensors, token_losses
+    from wattgate.train.loss import summed_token_loss, to_tensors, token_losses
 
     lengths = np.random.default_rng(7).integers(5, 60, 160).tolist()
     plan, config = make_run(tmp_path, lengths, gpus=1, validation_fraction=0.25, mixture=MIXTURE, micro_batch_size=2)
@@ -129,10 +129,9 @@ def test_token_losses_sum_to_the_summed_loss_and_split_exactly_over_sources(tmp_
         for m in read_rank_plan(plan, 0, EVAL_PACKS):
             batch = build_batch(DocStore(pretok), m.packs, 64)
             tensors = to_tensors(batch, torch.device("cpu"))
-            settings = LossSettings(kind, 16)
             with torch.no_grad():
-                losses = token_losses(model, tensors, settings)
-                whole = summed_token_loss(model, tensors, settings)
+                losses = token_losses(model, tensors, kind, 16)
+                whole = summed_token_loss(model, tensors, kind, 16)
             if kind == "chunked":
                 assert torch.equal(losses.sum(), whole)  # the single-source pass's own figure
             else:

@@ -29,15 +29,14 @@ import wattgate.train.moe as moe
 from wattgate.config import run_config, validate_config
 from wattgate.train.data import IGNORE
 from wattgate.train.distributed import setup_rank
-from wattgate.train.loss import LossSettings, summed_token_loss
+from wattgate.train.loss import summed_token_loss
 from wattgate.train.model import build_meta_model, layer_container, parallelize
-from wattgate.train.settings import TrainSettings
 from wattgate.train.weights import materialize
 
 config = validate_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
 out = Path(sys.argv[2])
 cases = [c.split(":") for c in sys.argv[3:]]
-s = TrainSettings.from_config(run_config(config))
+train = run_config(config).train
 out.mkdir(parents=True, exist_ok=True)
 rank, world, device = setup_rank(60, out)
 mesh = init_device_mesh("cpu", (world,))
@@ -96,7 +95,7 @@ def build(layout: str, sharded: bool, exclude: bool, counts: list):
         layer.mlp.gate.forward = skewed_router(layer.mlp.gate, exclude, counts)
     if sharded:
         parallelize(model, mesh, False, False, False)
-    materialize(model, device, config["model"], s.seed)  # seeded per name: the same values sharded or not
+    materialize(model, device, config["model"], train.seed)  # seeded per name: the same values sharded or not
     return model.train()
 
 
@@ -110,14 +109,14 @@ def micro_batch(r: int) -> dict[str, torch.Tensor]:
 
 
 model_vocab = int(config["model"]["config"]["vocab_size"])
-loss_settings = LossSettings("chunked", 16)
+loss_keys = ("chunked", 16)  # train.loss and its chunk size
 batches = [micro_batch(r) for r in range(world)]
 tokens = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in batches)
 for layout, switch in cases:
     moe.reduce_every_parameter = construction if switch == "on" else (lambda model: False)
     counts: list = []
     model = build(layout, True, rank == 1, counts)
-    summed = summed_token_loss(model, batches[rank], loss_settings)
+    summed = summed_token_loss(model, batches[rank], *loss_keys)
     (summed * world / tokens).backward()  # FSDP2 averages over ranks: the sum over ranks / all loss tokens
     grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad) for n, p in model.named_parameters()}
     routed = [None] * world
@@ -130,7 +129,7 @@ for layout, switch in cases:
         total = torch.zeros(())
         for r in range(world):  # both ranks' micro-batches in one process, each with its rank's routing
             ref = build(layout, False, r == 1, ref_counts)
-            loss = summed_token_loss(ref, batches[r], loss_settings) / tokens
+            loss = summed_token_loss(ref, batches[r], *loss_keys) / tokens
             loss.backward()
             total += loss.detach() * tokens
             for n, p in ref.named_parameters():

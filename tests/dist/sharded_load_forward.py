@@ -12,14 +12,13 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from wattgate.config import run_config, validate_config
 from wattgate.train.distributed import setup_rank
-from wattgate.train.settings import TrainSettings
 from wattgate.train.model import load_sharded_model
 
 config = validate_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
 out = Path(sys.argv[2])
-s = TrainSettings.from_config(run_config(config))
+train = run_config(config).train
 rank, world, device = setup_rank(60, out)
-model, _ = load_sharded_model(config["model"], s, init_device_mesh("cpu", (world,)), device)
+model, _ = load_sharded_model(config["model"], train, init_device_mesh("cpu", (world,)), device)
 vocab = model.config.vocab_size
 ids = (torch.arange(24) * 7 % vocab)[None]
 with torch.no_grad():

@@ -16,16 +16,15 @@ from torch.distributed.tensor import DTensor
 from wattgate.config import run_config, validate_config
 from wattgate.train.data import IGNORE
 from wattgate.train.distributed import setup_rank
-from wattgate.train.settings import TrainSettings
-from wattgate.train.loss import LossSettings, summed_token_loss
+from wattgate.train.loss import summed_token_loss
 from wattgate.train.model import load_sharded_model
 
 config = validate_config(yaml.safe_load(Path(sys.argv[1]).read_text()))
 out = Path(sys.argv[2])
-s = TrainSettings.from_config(run_config(config))
+train = run_config(config).train
 rank, world, device = setup_rank(60, out)
-model, _ = load_sharded_model(config["model"], s, init_device_mesh("cpu", (world,)), device)
-vocab, seq, mbs = model.config.vocab_size, s.seq_len, s.micro_batch_size
+model, _ = load_sharded_model(config["model"], train, init_device_mesh("cpu", (world,)), device)
+vocab, seq, mbs = model.config.vocab_size, train.seq_len, train.micro_batch_size
 
 
 def micro_batch(k: int) -> dict[str, torch.Tensor]:
@@ -41,11 +40,10 @@ def micro_batch(k: int) -> dict[str, torch.Tensor]:
 
 
 def step_grads(kind: str) -> tuple[float, dict[str, torch.Tensor]]:
-    settings = LossSettings(kind, 7)  # 7: chunks that do not divide the rows
     total = 0.0
     for k in range(2):
         model.set_requires_gradient_sync(k == 1)
-        loss = summed_token_loss(model, micro_batch(k), settings)
+        loss = summed_token_loss(model, micro_batch(k), kind, 7)  # 7: chunks that do not divide the rows
         (loss * world).backward()  # FSDP averages over ranks: x world makes it the sum
         total += float(loss.detach())
     grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
@@ -64,8 +62,8 @@ full_loss, full = step_grads("full")
 chunked_loss, chunked = step_grads("chunked")
 resharded_after_backward = head_sharded()
 with torch.no_grad():
-    no_grad_loss = float(summed_token_loss(model, micro_batch(0), LossSettings("chunked", 7)))
-    no_grad_full = float(summed_token_loss(model, micro_batch(0), LossSettings("full", 7)))
+    no_grad_loss = float(summed_token_loss(model, micro_batch(0), "chunked", 7))
+    no_grad_full = float(summed_token_loss(model, micro_batch(0), "full", 7))
 resharded_after_no_grad = head_sharded()
 if rank == 0:
     out.mkdir(parents=True, exist_ok=True)

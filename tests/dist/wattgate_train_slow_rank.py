@@ -15,12 +15,12 @@ slow_rank, spin_s = int(os.environ["WATTGATE_TEST_SLOW_RANK"]), float(os.environ
 original = loop.summed_token_loss
 
 
-def summed_token_loss(model, tensors, settings):
+def summed_token_loss(model, tensors, kind, chunk_tokens):
     if int(os.environ.get("RANK", "0")) == slow_rank:
         end = time.perf_counter() + spin_s
         while time.perf_counter() < end:  # a busy loop: this rank's process uses its core the whole time
             pass
-    return original(model, tensors, settings)
+    return original(model, tensors, kind, chunk_tokens)
 
 
 loop.summed_token_loss = summed_token_loss

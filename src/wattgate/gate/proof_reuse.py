@@ -3,7 +3,7 @@
 The proof is a function of: wattgate's code (its version and the sha256 of its own source, so an edited
 checkout is never taken for the released one), torch's and transformers' versions (FSDP2's collectives, the
 model's modules), the model's config (model.config, or model.path's config.json: the weights are never read),
-every train setting (the dry run builds its TrainSettings from the whole section: mixed precision, activation
+every train setting (the dry run's Trainer reads the whole section: mixed precision, activation
 checkpointing, attention, cadence, micro-batch and validation sizes), the GPU model (the mixed-precision
 policy), the world size and its mesh (parallel.replicate), and every rank's step class at every step
 (micro-batch counts, log / validation / checkpoint / epoch end / last, validation micro-batches) with the steps
@@ -64,7 +64,7 @@ def _version(dist: str) -> str | None:
 def proof_inputs(config: RunConfig, plan_dir: Path) -> dict:
     """Everything the proof's result depends on (see the module docstring), as plain JSON."""
     plan, _ = read_plan(plan_dir)
-    # rank_schedule reads the cadence by the train section's own names (TrainSettings has the same; it imports torch)
+    # the classes as the dry run computes them, from the same train section (rank_schedule's cadence and max_steps)
     plans = plans_by_rank(plan, plan_dir, config.train)
     classes = [p.classes for p in plans]
     first = plan.first_step

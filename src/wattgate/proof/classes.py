@@ -11,6 +11,7 @@ import numpy as np
 
 from wattgate.records.gate import ClassDivergence
 from wattgate.records.plan import Plan
+from wattgate.records.run_config import TrainConfig
 from wattgate.run_files import EVAL_PACKS
 from wattgate.run_files import PACKS, arrow_numpy, read_parquet
 from wattgate.train.steps import StepClass, rank_schedule, rank_step_classes
@@ -55,25 +56,26 @@ class RankPlan:
     rows: bytes
 
 
-def plans_by_rank(plan: Plan, plan_dir: Path, s) -> list[RankPlan]:
-    """Every rank's RankPlan, from the plan's files (the same functions the loop calls)."""
+def plans_by_rank(plan: Plan, plan_dir: Path, train: TrainConfig) -> list[RankPlan]:
+    """Every rank's RankPlan, from the plan's files and the config's `train` section (the same functions the loop
+    calls)."""
     world = plan.world_size
-    train = micro_batches_by_rank(plan_columns(plan_dir, PACKS), world, ("epoch", "step", "micro"))
+    train_micros = micro_batches_by_rank(plan_columns(plan_dir, PACKS), world, ("epoch", "step", "micro"))
     eval_cols = plan_columns(plan_dir, EVAL_PACKS) if plan.validation is not None else None
     evals = micro_batches_by_rank(eval_cols, world, ("micro",))
     validation = any(len(rows) for _, rows in evals)
     out = []
-    for (micros, rows), (_, eval_rows) in zip(train, evals):
+    for (micros, rows), (_, eval_rows) in zip(train_micros, evals):
         steps, counts = np.unique(micros[:, :2], axis=0, return_counts=True)
-        sched = rank_schedule(plan, steps[:, 0].tolist(), s, validation)
+        sched = rank_schedule(plan, steps[:, 0].tolist(), train, validation)
         classes = rank_step_classes(sched, counts.tolist(), len(eval_rows), start=sched.first_step)
         out.append(RankPlan(classes, rows.tobytes() + b"/" + eval_rows.tobytes()))
     return out
 
 
-def classes_by_rank(plan: Plan, plan_dir: Path, s) -> list[list[StepClass]]:
+def classes_by_rank(plan: Plan, plan_dir: Path, train: TrainConfig) -> list[list[StepClass]]:
     """Every rank's class at every global step it runs (a fresh start), from the plan's files."""
-    return [p.classes for p in plans_by_rank(plan, plan_dir, s)]
+    return [p.classes for p in plans_by_rank(plan, plan_dir, train)]
 
 
 def first_steps(classes: list[list[StepClass]], first: int = 0) -> list[int]:

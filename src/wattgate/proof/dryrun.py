@@ -1,11 +1,11 @@
-"""One rank of the planned world, dry-run: the trainer's own code (train/loop.py `rank_trainer`, `Trainer.run`,
-`Trainer.run_step`, `Trainer.load`) on the fake process group, with the model's tensors fake, recording every
-collective it issues. The Trainer is the one `wattgate train` runs, given the dry run's seams (train/seams.py):
-nothing of it is overridden or patched.
+"""One rank of the planned world, dry-run: the trainer's own code (train/rank_inputs.py `rank_batches`, the
+Trainer's start-up, `Trainer.run`, `Trainer.run_step`) on the fake process group, with the model's tensors fake,
+recording every collective it issues. The Trainer is the one `wattgate train` runs, given the dry run's seams
+(train/seams.py): nothing of it is overridden or patched.
 
 The phases, each recorded: start-up (the sequence guard, the resume choice, the model build), one step of each
 class, the export and summary; then the graceful stop path (the first dry-run step again with every rank asked to
-stop, through its checkpoint and STOPPED); then a resume: a second Trainer's `load` (the checkpoint every rank
+stop, through its checkpoint and STOPPED); then a resume: a second Trainer's start-up (the checkpoint every rank
 agrees on, and torch.distributed.checkpoint's load of it).
 
 What differs from a real rank, and why each is outside what the proof claims:
@@ -26,7 +26,6 @@ What differs from a real rank, and why each is outside what the proof claims:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import sys
 from dataclasses import dataclass, field
@@ -44,13 +43,14 @@ from wattgate.proof.hooks import ArmedStop, DryRunSteps, RecordingHeartbeat
 from wattgate.proof.record import Collective, CollectiveRecorder, fake_host_reads, object_collectives
 from wattgate.proof.relay import RankZeroRelay
 from wattgate.proof.storage import NoBytesCheckpoints, NoBytesExport
-from wattgate.train.loop import Paths, Trainer, rank_trainer
+from wattgate.train.loop import Trainer
 from wattgate.train.mesh import data_parallel_mesh, mesh_groups
+from wattgate.train.model import bf16_mixed_precision
+from wattgate.train.rank_inputs import Paths, rank_batches
 from wattgate.train.seams import Seams
-from wattgate.train.settings import TrainSettings
 from wattgate.records.gate import ProofBeat
 from wattgate.records.plan import Plan
-from wattgate.records.run_config import ModelConfig, RunConfig
+from wattgate.records.run_config import ModelConfig, RunConfig, TrainConfig
 
 
 @dataclass
@@ -74,7 +74,7 @@ class RankRecord:
     experts: dict | None = None  # MoE: the experts' kernel in training and in this dry run, starved or not
 
 
-def proxy_model(model_cfg: ModelConfig, s: TrainSettings, mesh, on_gpu: bool, depth: int):
+def proxy_model(model_cfg: ModelConfig, train: TrainConfig, mesh, on_gpu: bool, depth: int):
     """The model at full width and `depth` layers on the meta device, sharded as the trainer shards it, then
     given FakeTensor storage on the CPU (FSDP2 refuses meta parameters in its lazy init)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -88,23 +88,23 @@ def proxy_model(model_cfg: ModelConfig, s: TrainSettings, mesh, on_gpu: bool, de
     # The model stays on meta, outside the fake mode, until materialize: FSDP2 splits each parameter into world-size
     # chunks, ops that cost far more each through FakeTensor dispatch (at world 1024 most of a dry run)
     with unset_fake_temporarily():
-        model = meta_model_of(config, proof_attention(s, config))
+        model = meta_model_of(config, proof_attention(train, config))
         # on_cuda mirrors the real run's mixed-precision policy: its all-gathers are bf16 there
-        parallelize(model, mesh, on_gpu, s.mixed_precision, s.activation_checkpointing, False)
+        parallelize(model, mesh, on_gpu, bf16_mixed_precision(train), train.activation_checkpointing, False)
     # a proxy shallower than model.path reads its own layers' tensors; the folder is checked at its own depth
     full_depth = meta_model(model_cfg) if depth < layers else None
-    materialize(model, torch.device("cpu"), model_cfg, s.seed, fill=False, full_depth=full_depth)
+    materialize(model, torch.device("cpu"), model_cfg, train.seed, fill=False, full_depth=full_depth)
     return model
 
 
-def proof_attention(s: TrainSettings, config) -> str:
+def proof_attention(train: TrainConfig, config) -> str:
     """The attention kernel the dry run builds with: the run's own when it builds on the gate's CPU (sdpa, eager),
     else what `auto` picks on CPU among the kernels this model class supports (Gemma 2: eager). The kernel moves
     no collective (FSDP2's collectives follow the parameters), so only whether the model builds depends on it."""
     from wattgate.train.attention import resolve_attn_implementation
     from wattgate.train.model import causal_lm_class
 
-    requested = s.attn_implementation if s.attn_implementation in ("sdpa", "eager") else "auto"
+    requested = train.attn_implementation if train.attn_implementation in ("sdpa", "eager") else "auto"
     return resolve_attn_implementation(requested, "cpu", False, causal_lm_class(config))
 
 
@@ -118,7 +118,7 @@ class ProxyModel:
     (and, for Mixture-of-Experts, the experts' kernel) noted in `record`."""
 
     model_cfg: ModelConfig
-    s: TrainSettings
+    train: TrainConfig
     replicate: int
     on_gpu: bool
     depth: int
@@ -137,10 +137,10 @@ class ProxyModel:
         return mesh
 
     def build(self, mesh, fill: bool):
-        model = proxy_model(self.model_cfg, self.s, mesh, self.on_gpu, self.depth)
+        model = proxy_model(self.model_cfg, self.train, mesh, self.on_gpu, self.depth)
         self.record.layers = int(model.config.num_hidden_layers)
         # Mixture-of-Experts: a kernel fake tensors run, and on the skewed run no token reaching any expert
-        compute = torch.bfloat16 if self.on_gpu and self.s.mixed_precision else torch.float32
+        compute = torch.bfloat16 if self.on_gpu and bf16_mixed_precision(self.train) else torch.float32
         self.record.experts = prepare_dry_run_experts(model, compute, self.starved)
         return model, PROXY_SOURCE
 
@@ -153,10 +153,10 @@ def earlier_segment(plan: Plan) -> dict[str, CheckpointState]:
     return {f"step-{first}": CheckpointState(step=first, position=Position(step=first), files={})}
 
 
-def stop_and_resume(trainer: Trainer, seams: Seams, stop: ArmedStop, steps: DryRunSteps, record: RankRecord) -> None:
+def stop_and_resume(trainer: Trainer, batches: tuple, stop: ArmedStop, steps: DryRunSteps, record: RankRecord) -> None:
     """After the run: the graceful stop path (the first dry-run step again with every rank asked to stop there, a
-    time limit or preemption, through its checkpoint and STOPPED), then a resume (a second Trainer's `load`: the
-    checkpoint every rank agrees on, and DCP's load of it)."""
+    time limit or preemption, through its checkpoint and STOPPED), then a resume (a second Trainer's start-up over
+    the same `batches`, with the same seams: the checkpoint every rank agrees on, and DCP's load of it)."""
     from wattgate.train.data import StepPrefetcher
 
     collectives = steps.recorder.collectives
@@ -174,9 +174,7 @@ def stop_and_resume(trainer: Trainer, seams: Seams, stop: ArmedStop, steps: DryR
         record.stop, record.stop_step = collectives[mark:], g
     mark = len(collectives)
     where = (trainer.rank, trainer.world, trainer.device)
-    resumed = Trainer(trainer.config, trainer.s, trainer.plan, trainer.paths, where, seams)
-    resumed.memory.start()
-    resumed.load()
+    resumed = Trainer(trainer.config, trainer.plan, trainer.paths, where, trainer.seams, batches)
     record.resume = collectives[mark:]
     record.resume_step = resumed.start if resumed.source != PROXY_SOURCE else None
 
@@ -203,11 +201,11 @@ def dry_run_rank(
 
     plan, _ = read_plan(paths.plan_dir)
     world = plan.world_size
-    s = dataclasses.replace(
-        TrainSettings.from_config(config),
-        data_cache="shared",
-        ledger=paths.out / "throughput.jsonl",
-        tensorboard=False,  # rank 0's own event files, no collective: not worth importing TensorBoard per dry run
+    # data_cache local is not copied, the ledger line goes to the work folder, and no TensorBoard events are
+    # written (rank 0's own event files, no collective: not worth importing TensorBoard per dry run)
+    config = config.replace(
+        train=config.train.replace(data_cache="shared", tensorboard=False),
+        forecast=config.forecast.replace(ledger=str(paths.out / "throughput.jsonl")),
     )
     shared = RankZeroRelay(relay, rank)
     record, recorder = RankRecord(rank), CollectiveRecorder()
@@ -217,7 +215,9 @@ def dry_run_rank(
     seams = Seams(
         heartbeat=heartbeat,
         stop=stop,
-        model=ProxyModel(config.model, s, replicate_degree(config), on_gpu, depth, record, recorder, starved),
+        model=ProxyModel(
+            config.model, config.train, replicate_degree(config), on_gpu, depth, record, recorder, starved
+        ),
         checkpoints=NoBytesCheckpoints(shared, earlier_segment(plan)),
         export=NoBytesExport(),
         hooks=steps_hook,
@@ -230,10 +230,11 @@ def dry_run_rank(
         quiet = contextlib.redirect_stdout(io.StringIO())  # the trainer's progress lines are not the gate's
         with quiet, fake, recorder, fake_host_reads(), object_collectives(recorder, shared):
             where = (rank, world, torch.device("cpu"))
-            trainer, micro_batches, eval_batches = rank_trainer((config, s, plan), paths, where, seams)
-            trainer.run(micro_batches, eval_batches)
+            batches = rank_batches(plan, paths, where, config.train.check_planned_counts)
+            trainer = Trainer(config, plan, paths, where, seams, batches)
+            trainer.run()
             record.end = recorder.collectives[steps_hook.end_mark :]
-            stop_and_resume(trainer, seams, stop, steps_hook, record)
+            stop_and_resume(trainer, batches, stop, steps_hook, record)
     finally:
         shared.close()
         dist.destroy_process_group()

@@ -27,9 +27,8 @@ from wattgate.proof.ranks import group_records, rank_groups, shard_dims
 from wattgate.proof.record import Collective, fingerprint, ranks_text
 from wattgate.proof.workers import frozen_heap, run_tasks
 from wattgate.run_files import read_plan
-from wattgate.train.loop import Paths
+from wattgate.train.rank_inputs import Paths
 from wattgate.train.moe import experts_modules
-from wattgate.train.settings import TrainSettings
 from wattgate.records.gate import (
     CollectiveDivergence,
     Collectives,
@@ -169,8 +168,7 @@ def prove_collectives(config: RunConfig, pretokenized: Path, plan_dir: Path, wor
 def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | None, t0: float) -> Collectives:
     plan, _ = read_plan(plan_dir)
     world = plan.world_size
-    s = TrainSettings.from_config(config)
-    plans = plans_by_rank(plan, plan_dir, s)
+    plans = plans_by_rank(plan, plan_dir, config.train)
     classes = [p.classes for p in plans]
     first = plan.first_step
     steps = first_steps(classes, first)

@@ -16,7 +16,7 @@ from wattgate.artifacts import write_json_atomic
 from wattgate.config import replicate_degree
 from wattgate.run_files import claim_output
 from wattgate.train.distributed import setup_rank
-from wattgate.train.settings import TrainSettings
+from wattgate.model_spec import export_dtype_name
 from wattgate.records.trained import LOAD, LoadCheck
 from wattgate.train.mesh import data_parallel_mesh
 from wattgate.train.metrics import GIB, PhaseMemory, memory_summary
@@ -28,11 +28,12 @@ STAGE = "loadcheck"
 
 
 def load_check(config: RunConfig, out: Path, export: bool) -> LoadCheck:
-    s = TrainSettings.from_config(config)
+    train = config.train
+    export_dtype = export_dtype_name(config)
     # every rank, before any writes: a run folder's final/ (or anything else) is never replaced; what another
     # rank can have made by now (the marker, the NCCL trace folder of init_distributed) is load-check's own
     claim_output(out, STAGE)
-    rank, world, device = setup_rank(s.collective_timeout_s, out)
+    rank, world, device = setup_rank(train.collective_timeout_s, out)
     try:
         # imports the model's code outside the measured phase, with a kernel it runs (GPT-OSS and Gemma 2 have no sdpa)
         build_meta_model(config.model, "eager")
@@ -40,12 +41,12 @@ def load_check(config: RunConfig, out: Path, export: bool) -> LoadCheck:
         memory.start()
         t0 = time.perf_counter()
         mesh = data_parallel_mesh(device.type, world, replicate_degree(config))
-        model, source = load_sharded_model(config.model, s, mesh, device)
+        model, source = load_sharded_model(config.model, train, mesh, device)
         dist.barrier()
         load_s = time.perf_counter() - t0
         memory.end("load")
         if export:
-            export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), [])
+            export_hf_folder(model, out, DTYPES[export_dtype], int(train.export_max_shard_gib * GIB), [])
             memory.end("export")
         peaks = memory_summary(memory.gather())
         report = LoadCheck(
@@ -54,7 +55,7 @@ def load_check(config: RunConfig, out: Path, export: bool) -> LoadCheck:
             params=count_params(model),
             source=source,
             load_s=load_s,
-            export_dtype=s.export_dtype if export else None,
+            export_dtype=export_dtype if export else None,
             memory=peaks,
         )
         if rank == 0:

@@ -1,20 +1,20 @@
 """`wattgate train`: one process per rank (under torchrun), running exactly its planned micro-batches.
 
-`Trainer.run` is the outline of a run: load the sharded model, resume, take the planned steps (each step's
-validation pass and checkpoint decided by wattgate.cadence, the rule the gate and the forecast read too),
-export, summarize. One Trainer holds the run's state (model, optimizer, document store, heartbeat, step
-log, typed settings); each part lives in its own module: distributed (process group), model/weights
-(build, load, export), data (the plan's batches, the prefetch thread), loss (the chunked loss), checkpoint
-(DCP), metrics (step log, memory peaks); wattgate.run_files reads the plan and manifest and writes the
+A Trainer's start-up (its __init__) loads the sharded model, resumes and schedules the rank's steps;
+`Trainer.run` is the outline of the run from there: take the planned steps (each step's validation pass and
+checkpoint decided by wattgate.cadence, the rule the gate and the forecast read too), export, summarize. One
+Trainer holds the run's state (model, optimizer, document store, heartbeat, step log), all made in its __init__,
+and reads the config's `train` section as it is. Each part lives in its own module: rank_inputs (the data and
+this rank's micro-batches), distributed (process group), model/weights (build, load, export), optimizer (the
+optimizer and its learning rate), data (the plan's batches, the prefetch thread), loss (the chunked loss),
+checkpoint (DCP), metrics (step log, memory peaks); wattgate.run_files reads the plan and manifest and writes the
 heartbeats and the metrics and validation tables.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -26,20 +26,20 @@ from typing import TYPE_CHECKING, cast
 import torch
 import torch.distributed as dist
 
-from wattgate.artifacts import sha256_file
 from wattgate.cadence import StepActions
 from wattgate.errors import InputError
 from wattgate.heartbeats import reserve_rank_error
 from wattgate.train.metrics import process_age_s
-from wattgate.run_files import EVAL, EVAL_PACKS, METRICS, MANIFEST, PLAN, claim_output, read_manifest, read_plan
+from wattgate.run_files import EVAL, METRICS, PLAN, claim_output, read_plan
 from wattgate.run_tables import EvalTable, MetricsTable
 from wattgate.records.plan import Plan
 from wattgate.train import checkpoint as ckpt
-from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors, read_rank_plan
+from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors
 from wattgate.train.distributed import setup_rank
 from wattgate.train.export_files import export_extra_files
 from wattgate.train.input_check import verify_inputs
 from wattgate.identity import run_identity
+from wattgate.model_spec import export_dtype_name
 from wattgate.train.eval_sources import NO_SOURCES, read_eval_sources
 from wattgate.train.loss import summed_token_loss, token_losses
 from wattgate.train.metrics import (
@@ -47,10 +47,9 @@ from wattgate.train.metrics import (
     PhaseMemory,
     StepLog,
 )
-from wattgate.train.sequence_guard import check_planned_sequences, planned_sequence
-from wattgate.train.settings import TrainSettings
 from wattgate.train.model import count_params
-from wattgate.schedule import learning_rate
+from wattgate.train.optimizer import build_optimizer, lr_at
+from wattgate.train.rank_inputs import Paths, rank_batches, stage_local_copy
 from wattgate.train.steps import StepClass, rank_schedule, step_class
 from wattgate.train.step_verdicts import NonFiniteState, agreed_stop, doc_ids, nonfinite_line
 from wattgate.train.stop import (
@@ -69,36 +68,6 @@ from wattgate.records.trained import LOAD, Trained
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
-
-
-def build_optimizer(model, s: TrainSettings) -> torch.optim.Optimizer:
-    if s.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=s.lr, betas=s.betas, weight_decay=s.weight_decay, foreach=True)
-
-
-def lr_at(step: int, s: TrainSettings, total: int) -> float:
-    """Linear warmup to lr, then cosine down to lr * min_lr_ratio at the last step (wattgate/schedule.py)."""
-    return learning_rate(step, total, s.lr, s.warmup_steps, s.min_lr_ratio)
-
-
-def stage_local_copy(pretokenized: Path, s: TrainSettings, out: Path) -> tuple[Path, float]:
-    """data_cache local: copy the shards to node-local scratch once per node; returns (path, seconds)."""
-    if s.data_cache != "local":
-        return pretokenized, 0.0
-    root = Path(s.local_cache_dir or os.environ.get("TMPDIR") or "/tmp")
-    _, manifest = read_manifest(pretokenized)
-    dest = root / f"wattgate-{hashlib.sha256(manifest).hexdigest()[:16]}"
-    start = time.perf_counter()
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0 and not (dest / MANIFEST).exists():
-        tmp = root / f"{dest.name}.tmp-{os.getpid()}"
-        shutil.copytree(pretokenized, tmp, dirs_exist_ok=True)
-        if dest.exists():  # another job on this node finished the same copy first
-            shutil.rmtree(tmp)
-        else:
-            tmp.rename(dest)
-    dist.barrier()  # local rank 0 copies; the others wait (a barrier across all ranks is simplest)
-    return dest, time.perf_counter() - start
 
 
 def group_steps(micro_batches: list[MicroBatchPlan]) -> list[list[MicroBatchPlan]]:
@@ -120,30 +89,14 @@ def resume_checkpoint(
     return ckpt.agreed_latest(out / "checkpoints", rank, dist.get_world_size(), storage)
 
 
-def export_final(model, s: TrainSettings, out: Path, extra, files: ExportFiles = EXPORT_FOLDER) -> Path:
-    """final/: sharded safetensors in the export dtype, the config, and `extra` (train/export_files.py: the
-    tokenizer the data was made with, verified by its hash, and the input model's generation_config.json)."""
-    return export_hf_folder(model, out, DTYPES[s.export_dtype], int(s.export_max_shard_gib * GIB), extra, files)
-
-
-def read_eval_plan(plan_dir: Path, plan: Plan, rank: int) -> list[MicroBatchPlan]:
-    """This rank's validation micro-batches (none without a split), from the eval_packs.parquet plan.json names:
-    the gate's marker covers plan.json, and plan.json the pass's file by its hash."""
-    section = plan.validation
-    if section is None:
-        return []
-    path = plan_dir / EVAL_PACKS
-    try:
-        actual = sha256_file(path)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the validation pass ({exc.strerror}); rerun pack and gate") from None
-    if actual != section.packs_sha256:
-        raise InputError(f"{path}: changed since it was planned (sha256 differs from plan.json); rerun pack and gate")
-    return read_rank_plan(plan_dir, rank, EVAL_PACKS)
+def export_final(model, dtype: str, max_shard_gib: float, out: Path, extra, files: ExportFiles = EXPORT_FOLDER) -> Path:
+    """final/: sharded safetensors in `dtype` (model_spec.export_dtype_name) in files of at most
+    `max_shard_gib` (train.export_max_shard_gib), the config, and `extra` (train/export_files.py: the tokenizer
+    the data was made with, verified by its hash, and the input model's generation_config.json)."""
+    return export_hf_folder(model, out, DTYPES[dtype], int(max_shard_gib * GIB), extra, files)
 
 
 def train(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path) -> Trained | None:
-    s = TrainSettings.from_config(config)
     # SIGTERM/SIGUSR1/SIGINT from now on are stop requests, acted on at the next agreed point
     install_stop_signals(config.cluster.slurm.train.stop_margin_s)
     abort_watch = start_abort_watch(out)  # the watcher's kill of a hung job ends this rank even in a collective
@@ -151,7 +104,7 @@ def train(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path) -> T
         claim_output(out, "train")  # every rank, before it writes: what another rank made by now is train's own
         reserve_rank_error(out, int(os.environ.get("RANK", "0")))  # room for the line that names a full disk
         plan, _ = read_plan(plan_dir)
-        rank, world, device = setup_rank(s.collective_timeout_s, out)
+        rank, world, device = setup_rank(config.train.collective_timeout_s, out)
         try:
             if plan.world_size != world:
                 raise InputError(
@@ -159,40 +112,30 @@ def train(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path) -> T
                     f"launched with {world}; rerun pack and gate for this launch"
                 )
             where = (rank, world, device)
-            seams = training_seams(config, s, out, where)
-            return run_rank((config, s, plan), Paths(pretokenized, plan_dir, out), where, seams)
+            seams = training_seams(config, out, where)
+            return run_rank(config, plan, Paths(pretokenized, plan_dir, out), where, seams)
         finally:
             dist.destroy_process_group()
     finally:
         stop_abort_watch(abort_watch)
 
 
-def run_rank(settings: tuple, paths: Paths, where: tuple, seams: Seams) -> Trained | None:
+def run_rank(config: RunConfig, plan: Plan, paths: Paths, where: tuple, seams: Seams) -> Trained | None:
     """One rank's run once its process group is up: its plan, the sequence guard, the Trainer's outline."""
-    trainer, micro_batches, eval_batches = rank_trainer(settings, paths, where, seams)
-    return trainer.run(micro_batches, eval_batches)
-
-
-def rank_trainer(settings: tuple, paths: Paths, where: tuple, seams: Seams) -> tuple[Trainer, list, list]:
-    """This rank's Trainer and its train and validation micro-batches, once the sequence guard has compared every
-    rank's plan. `settings` is (config, TrainSettings, plan.json); the collective proof (wattgate.proof) calls this
-    with its own seams on the fake process group, so start-up is proved as it runs."""
-    config, s, plan = settings
-    rank, _, device = where
-    micro_batches = read_rank_plan(paths.plan_dir, rank)
-    eval_batches = read_eval_plan(paths.plan_dir, plan, rank)
-    if s.check_planned_counts:
-        check_planned_sequences(planned_sequence(micro_batches, eval_batches), device)
-    elif rank == 0:
-        print("train: WARNING: train.check_planned_counts is false: uneven plans will hang", file=sys.stderr)
-    return Trainer(config, s, plan, paths, where, seams), micro_batches, eval_batches
+    batches = rank_batches(plan, paths, where, config.train.check_planned_counts)
+    return Trainer(config, plan, paths, where, seams, batches).run()
 
 
 @dataclass(frozen=True)
-class Paths:
-    pretokenized: Path
-    plan_dir: Path
-    out: Path
+class Loaded:
+    """What Trainer.load gives: the sharded model and optimizer, and where the run starts."""
+
+    identity: RunIdentity | None  # this run's (rank 0, which writes it into state.json; None elsewhere)
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    source: str  # where the values came from: model.path, a seeded init, or the checkpoint folder
+    start: int  # the first step to take (0, or the checkpoint's step)
+    pending_eval: bool  # the checkpoint was taken inside its step's validation pass: redo the pass first
 
 
 class Trainer:
@@ -201,14 +144,18 @@ class Trainer:
     What it writes outside the ranks' collectives (checkpoints, final/, heartbeats), how it is stopped and how
     its model is made come in `seams` (train/seams.py), as do the hooks around its steps."""
 
-    def __init__(self, config: RunConfig, s: TrainSettings, plan: Plan, paths: Paths, where: tuple, seams: Seams):
-        self.config, self.s, self.plan, self.paths = config, s, plan, paths
+    def __init__(self, config: RunConfig, plan: Plan, paths: Paths, where: tuple, seams: Seams, batches: tuple):
+        """The rank's start-up, in order: its inputs checked, the model and optimizer loaded (from the newest
+        checkpoint of this run when there is one), its steps scheduled. `batches`: this rank's train and
+        validation micro-batches (rank_batches)."""
+        micro_batches, eval_batches = batches
+        self.config, self.train, self.plan, self.paths = config, config.train, plan, paths
         self.rank, self.world, self.device = where
         self.seams, self.hooks = seams, seams.hooks
         self.startup_s = process_age_s()  # launch, imports and process-group init: the forecast's start-up term
         self.heartbeat = seams.heartbeat
         self.heartbeat.beat(0, 0, "init")
-        data_dir, self.copy_s = stage_local_copy(paths.pretokenized, s, paths.out)
+        data_dir, self.copy_s = stage_local_copy(paths.pretokenized, self.train, paths.out)
         # the shards, tokenizer and model files are the bytes the gate verified (train/input_check.py): checked
         # now, not at the end, so a changed tokenizer does not cost the run before final/ is refused
         verify_inputs(data_dir, paths.pretokenized, plan, paths.out, self.rank, self.world)
@@ -216,17 +163,81 @@ class Trainer:
         self.memory = PhaseMemory(self.device)
         self.pin = self.device.type == "cuda"
         self.stop_request = seams.stop
+        self.final_dtype = export_dtype_name(config)  # train.export_dtype, auto resolved to the model's
         self.skipped_steps = 0  # train.on_nonfinite skip_step: steps whose update was dropped in this attempt
         self.eval_interrupted = False  # a stop agreed inside a validation pass (the pass is redone on resume)
+        self.eval_stop_reason: str | None = None  # that stop's reason (stop_agreed_in_eval)
+        self.elapsed = 0.0  # the steps' wall time (run)
+        self.memory.start()
+        loaded = self.load()
+        self.identity, self.model, self.optimizer = loaded.identity, loaded.model, loaded.optimizer
+        self.source, self.start, self.pending_eval = loaded.source, loaded.start, loaded.pending_eval
+        # the steps this rank runs, the epoch ends, the cadence
+        grouped = group_steps(micro_batches)
+        self.sched = rank_schedule(plan, [st[0].epoch for st in grouped], self.train, bool(eval_batches))
+        # a plan that continues another world size's run (pack/segments.py) starts at its first global step: the
+        # steps before it were run by the earlier segment and are only placeholders here (train/steps.py)
+        self.first_step = self.sched.first_step
+        if self.start < self.first_step:
+            raise InputError(
+                f"checkpoint step {self.start} is before step {self.first_step}, where this plan continues the "
+                "earlier world size's run; restore that checkpoint or delete the checkpoints and rerun pack"
+            )
+        self.total, self.epoch_ends = self.sched.total, list(self.sched.epoch_ends)
+        self.steps = ([None] * self.first_step + grouped)[: self.total]
+        self.eval_batches = eval_batches
+        # the held-out documents' sources: with two or more, each pass reports a loss per source
+        self.eval_sources = read_eval_sources(paths.pretokenized) if eval_batches else NO_SOURCES
+        self.last_epoch = self.steps[-1][0].epoch if self.steps and self.steps[-1] else 0
+        self.exported_step = self.total  # export() moves it to the best checkpoint's (train.export_from: best)
+        self.heartbeat.set_plan(self.total, self.epoch_ends)
+        self.n_params = count_params(self.model)
+        self.log, self.evals = self.tables()
+        if self.rank == 0:
+            print(
+                f"train: {self.world} rank(s) on {self.device.type}, {self.n_params / 1e6:.2f}M params from "
+                f"{self.source} (load {self.memory.phases[LOAD].seconds:.1f} s), step {self.start}/{self.total}, "
+                f"data_cache {self.train.data_cache} (copy {self.copy_s:.2f} s)"
+                + (f", validation {len(eval_batches)} micro-batch(es) per pass" if eval_batches else ""),
+                flush=True,
+            )
+
+    def load(self) -> Loaded:
+        """The sharded model and optimizer, from the newest checkpoint of this run when there is one."""
+        identity = run_identity(self.config, self.paths.plan_dir, self.paths.pretokenized) if self.rank == 0 else None
+        latest = resume_checkpoint(self.paths.out, identity, self.rank, self.seams.checkpoints)
+        mesh = self.seams.model.device_mesh()
+        model, source = self.seams.model.build(mesh, latest is None)
+        optimizer = build_optimizer(model, self.train)
+        start, pending_eval = 0, False
+        if latest is not None:
+            state = ckpt.load_checkpoint(latest, model, optimizer, self.seams.checkpoints)
+            start, pending_eval, source = state.step, bool(state.position.eval_pending), f"{latest}"
+        self.memory.end("load")
+        return Loaded(identity, model, optimizer, source, start, pending_eval)
+
+    def tables(self) -> tuple[StepLog, EvalTable | None]:
+        """The step log (rank 0's metrics table, from the resume point) and rank 0's validation table."""
+        lead, out = self.rank == 0, self.paths.out
+        log = StepLog(
+            MetricsTable.resume(out / METRICS, self.start) if lead else None,
+            self.train.log_every,
+            self.n_params,
+            self.world,
+            self.config.cluster.gpu_model,
+            self.device.type == "cuda",
+            tensorboard=self.train.tensorboard,
+        )
+        evals = (
+            EvalTable.resume(out / EVAL, self.start, self.eval_sources.names) if lead and self.eval_batches else None
+        )
+        return log, evals
 
     # ---------------------------------------------------------------- the outline
 
-    def run(self, micro_batches: list[MicroBatchPlan], eval_batches: list[MicroBatchPlan]) -> Trained | None:
+    def run(self) -> Trained | None:
         """The run from its start or resume point: TRAINED's record (rank 0; None on other ranks and after a
         graceful stop, which leaves STOPPED instead)."""
-        self.memory.start()
-        self.load()
-        self.schedule(micro_batches, eval_batches)
         t_run = time.perf_counter()
         if self.pending_eval and self.eval_batches:  # a stop inside this step's validation pass: redo the pass
             previous = self.steps[self.start - 1]
@@ -263,66 +274,6 @@ class Trainer:
             )
         self.heartbeat.beat(step, epoch, "done", stopped=reason)
 
-    def load(self) -> None:
-        """The sharded model and optimizer, from the newest checkpoint of this run when there is one."""
-        identity = run_identity(self.config, self.paths.plan_dir, self.paths.pretokenized) if self.rank == 0 else None
-        self.identity = identity  # rank 0 writes it into state.json
-        latest = resume_checkpoint(self.paths.out, identity, self.rank, self.seams.checkpoints)
-        mesh = self.seams.model.device_mesh()
-        self.model, self.source = self.seams.model.build(mesh, latest is None)
-        self.optimizer = build_optimizer(self.model, self.s)
-        self.start, self.pending_eval = 0, False
-        if latest is not None:
-            state = ckpt.load_checkpoint(latest, self.model, self.optimizer, self.seams.checkpoints)
-            self.start = state.step
-            self.pending_eval = bool(state.position.eval_pending)
-            self.source = f"{latest}"
-        self.memory.end("load")
-
-    def schedule(self, micro_batches: list[MicroBatchPlan], eval_batches: list[MicroBatchPlan]) -> None:
-        """The steps this rank runs, the epoch ends, the cadence, and rank 0's tables."""
-        plan, s, out = self.plan, self.s, self.paths.out
-        grouped = group_steps(micro_batches)
-        sched = rank_schedule(plan, [st[0].epoch for st in grouped], s, bool(eval_batches))
-        # a plan that continues another world size's run (pack/segments.py) starts at its first global step: the
-        # steps before it were run by the earlier segment and are only placeholders here (train/steps.py)
-        self.first_step = sched.first_step
-        if self.start < self.first_step:
-            raise InputError(
-                f"checkpoint step {self.start} is before step {self.first_step}, where this plan continues the "
-                "earlier world size's run; restore that checkpoint or delete the checkpoints and rerun pack"
-            )
-        self.sched, self.total, self.epoch_ends = sched, sched.total, list(sched.epoch_ends)
-        self.steps = ([None] * self.first_step + grouped)[: self.total]
-        self.eval_batches = eval_batches
-        # the held-out documents' sources: with two or more, each pass reports a loss per source
-        self.eval_sources = read_eval_sources(self.paths.pretokenized) if eval_batches else NO_SOURCES
-        steps = self.steps
-        self.last_epoch = steps[-1][0].epoch if steps and steps[-1] else 0
-        self.heartbeat.set_plan(self.total, self.epoch_ends)
-        self.n_params = count_params(self.model)
-        lead = self.rank == 0
-        self.log = StepLog(
-            MetricsTable.resume(out / METRICS, self.start) if lead else None,
-            s.log_every,
-            self.n_params,
-            self.world,
-            s.gpu_model,
-            self.device.type == "cuda",
-            tensorboard=s.tensorboard,
-        )
-        self.evals = (
-            EvalTable.resume(out / EVAL, self.start, self.eval_sources.names) if lead and eval_batches else None
-        )
-        if lead:
-            print(
-                f"train: {self.world} rank(s) on {self.device.type}, {self.n_params / 1e6:.2f}M params from "
-                f"{self.source} (load {self.memory.phases[LOAD].seconds:.1f} s), step {self.start}/{self.total}, "
-                f"data_cache {s.data_cache} (copy {self.copy_s:.2f} s)"
-                + (f", validation {len(eval_batches)} micro-batch(es) per pass" if eval_batches else ""),
-                flush=True,
-            )
-
     def actions(self, g: int) -> StepActions:
         """What follows step g (0-based; the cadence counts 1-based): wattgate.cadence, shared with the gate."""
         return self.sched.actions(g, self.start)
@@ -343,7 +294,7 @@ class Trainer:
         wattgate.cadence says so, or a stop every rank agreed on. Returns (step, epoch, reason) after a stop."""
         step_plan = self.planned(g)
         epoch, act = step_plan[0].epoch, self.actions(g)
-        lr = lr_at(g, self.s, self.total)
+        lr = lr_at(g, self.train, self.total)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         t0 = time.perf_counter()
@@ -397,17 +348,17 @@ class Trainer:
         everyone: list = [None] * self.world
         dist.all_gather_object(everyone, mine)
         what = nonfinite_line(g + 1, bad, grad_norm, everyone)
-        if self.s.on_nonfinite == "skip_step" and self.skipped_steps < self.s.nonfinite_skip_limit:
+        if self.train.on_nonfinite == "skip_step" and self.skipped_steps < self.train.nonfinite_skip_limit:
             self.skipped_steps += 1
             if self.rank == 0:
                 print(
                     f"train: WARNING: {what}; update skipped ({self.skipped_steps} of at most "
-                    f"{self.s.nonfinite_skip_limit} in this attempt, train.on_nonfinite skip_step)",
+                    f"{self.train.nonfinite_skip_limit} in this attempt, train.on_nonfinite skip_step)",
                     file=sys.stderr,
                     flush=True,
                 )
             return False
-        limit = f" ({self.skipped_steps} steps skipped already)" if self.s.on_nonfinite == "skip_step" else ""
+        limit = f" ({self.skipped_steps} steps skipped already)" if self.train.on_nonfinite == "skip_step" else ""
         raise NonFiniteState(
             f"{what}{limit}; stopped before the optimizer step: nothing non-finite was checkpointed or exported; "
             "rerun resumes from the newest checkpoint (lower train.lr, check those documents, or set "
@@ -432,7 +383,7 @@ class Trainer:
         """Step g's (Batch, host tensors) per micro-batch: the prefetch thread's work."""
         out = []
         for m in self.planned(g):
-            batch = build_batch(self.store, m.packs, self.s.seq_len)
+            batch = build_batch(self.store, m.packs, self.train.seq_len)
             out.append((batch, host_tensors(batch, self.pin)))
         return out
 
@@ -466,11 +417,11 @@ class Trainer:
             tensors = self.to_device(host)
             to_device_s += time.perf_counter() - t
             sharded.set_requires_gradient_sync(i == len(batches) - 1)  # reduce-scatter once per step
-            summed = summed_token_loss(model, tensors, self.s.loss)
+            summed = summed_token_loss(model, tensors, self.train.loss, self.train.loss_chunk_tokens)
             (summed * scale[0]).backward()
             micro_losses.append(summed.detach())
             step_loss += micro_losses[-1].double()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.s.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.train.grad_clip)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: materialize it on every rank, together
             grad_norm = grad_norm.full_tensor()
         return step_loss.cpu(), grad_norm, to_device_s, micro_losses
@@ -484,19 +435,20 @@ class Trainer:
         # [loss sum, loss tokens], then each source's sums and tokens (train/eval_sources.py): one all-reduce
         totals = torch.zeros(self.eval_sources.size, dtype=torch.float64, device=self.device)
         self.eval_interrupted = False
+        loss = (self.train.loss, self.train.loss_chunk_tokens)
         held_out = (int(d) for m in self.eval_batches for pack in m.packs for d in pack)
         self.store.keep(held_out)  # decoded by the first pass, held for the later ones
         with torch.no_grad():
             for k, m in enumerate(self.eval_batches, 1):
                 self.heartbeat.beat(step, epoch, "eval", micro=k, micros=len(self.eval_batches))
-                batch = build_batch(self.store, m.packs, self.s.seq_len)
+                batch = build_batch(self.store, m.packs, self.train.seq_len)
                 tensors = self.to_device(host_tensors(batch, self.pin))
                 if self.eval_sources:
-                    where = self.eval_sources.positions(m.packs, self.s.seq_len)
-                    losses = self.hooks.forward(tensors, partial(token_losses, self.model, tensors, self.s.loss))
+                    where = self.eval_sources.positions(m.packs, self.train.seq_len)
+                    losses = self.hooks.forward(tensors, partial(token_losses, self.model, tensors, *loss))
                     self.eval_sources.add(totals, losses, batch.labels, where)
                 else:
-                    summed = self.hooks.forward(tensors, partial(summed_token_loss, self.model, tensors, self.s.loss))
+                    summed = self.hooks.forward(tensors, partial(summed_token_loss, self.model, tensors, *loss))
                     totals[0] += summed
                 totals[1] += batch.num_loss_tokens
                 # a long pass checks for a stop every few micro-batches: every rank has the same count, so the
@@ -560,9 +512,9 @@ class Trainer:
             self.model,
             self.optimizer,
             position,
-            self.s.checkpoint_keep,
+            self.train.checkpoint_keep,
             self.identity,
-            keep_best=self.s.keep_best and bool(self.eval_batches),
+            keep_best=self.train.keep_best and bool(self.eval_batches),
             storage=self.seams.checkpoints,
         )
         if self.log.metrics is not None:
@@ -575,8 +527,7 @@ class Trainer:
         """final/ from the last step, or from the best validation checkpoint (train.export_from: best)."""
         self.log.close()
         self.heartbeat.beat(self.total, self.last_epoch, "export")
-        self.exported_step = self.total
-        if self.s.export_from == "best" and self.eval_batches:
+        if self.train.export_from == "best" and self.eval_batches:
             choice: list = [None]
             if self.rank == 0:  # rank 0 picks, as for resume: ranks never choose a checkpoint on their own
                 best = self.seams.checkpoints.best(self.paths.out / "checkpoints")
@@ -588,7 +539,8 @@ class Trainer:
         self.check_finite_weights(self.exported_step, "final/")
         # the tokenizer is verified by its hash on every rank once the weights are written (train/export_files.py)
         extra = partial(export_extra_files, self.paths.pretokenized, self.config.model)
-        export_final(self.model, self.s, self.paths.out, extra, self.seams.export)
+        max_shard_gib = self.train.export_max_shard_gib
+        export_final(self.model, self.final_dtype, max_shard_gib, self.paths.out, extra, self.seams.export)
         self.memory.end("export")
 
     def summarize(self) -> Trained | None:

@@ -33,14 +33,12 @@ from __future__ import annotations
 
 import sys
 import types
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from wattgate.errors import InputError
 from wattgate.train.attention import packed_model_inputs
-from wattgate.records.run_config import TrainConfig
 from wattgate.train.data import IGNORE, Batch, host_tensors
 from wattgate.train.logit_transform import PLAIN, LogitTransform, logit_transform
 from wattgate.train.moe import aux_notice, gradient_only, router_aux, router_aux_term
@@ -54,21 +52,13 @@ ROOT_TOKEN_LOSSES_METHOD = "wattgate_chunked_token_losses"  # the validation pas
 LOSS_NOTICE = "wattgate_loss_notice"  # set once effective_loss_kind has said which loss the model trains on
 
 
-@dataclass(frozen=True)
-class LossSettings:
-    kind: str = "chunked"
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
-
-    @classmethod
-    def from_train(cls, train_cfg: TrainConfig) -> LossSettings:
-        """train.loss and train.loss_chunk_tokens (checked again: a config built in code may not be validated)."""
-        kind = train_cfg.loss
-        chunk = train_cfg.loss_chunk_tokens
-        if kind not in LOSS_KINDS:
-            raise InputError(f"train.loss: {kind!r} is not one of {', '.join(LOSS_KINDS)}")
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise InputError(f"train.loss_chunk_tokens: {chunk!r} must be a positive integer (tokens per chunk)")
-        return cls(kind, chunk)
+def check_loss_keys(kind: str, chunk_tokens: int) -> None:
+    """train.loss and train.loss_chunk_tokens as the loss reads them (checked on every call: a config built in
+    code, or a TrainConfig.replace, skips the schema's checks)."""
+    if kind not in LOSS_KINDS:
+        raise InputError(f"train.loss: {kind!r} is not one of {', '.join(LOSS_KINDS)}")
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+        raise InputError(f"train.loss_chunk_tokens: {chunk_tokens!r} must be a positive integer (tokens per chunk)")
 
 
 def to_tensors(batch: Batch, device: torch.device) -> dict[str, torch.Tensor]:
@@ -271,14 +261,16 @@ def root_loss_method(model, name: str = ROOT_LOSS_METHOD, body=_root_chunked_los
     return method
 
 
-def summed_token_loss(model, tensors: dict[str, torch.Tensor], settings: LossSettings) -> torch.Tensor:
-    """fp32 scalar: the sum of next-token cross-entropy over loss-bearing positions (labels != IGNORE).
+def summed_token_loss(model, tensors: dict[str, torch.Tensor], kind: str, chunk_tokens: int) -> torch.Tensor:
+    """fp32 scalar: the sum of next-token cross-entropy over loss-bearing positions (labels != IGNORE), with
+    loss `kind` (train.loss) and `chunk_tokens` (train.loss_chunk_tokens).
 
     Works with a plain model and an FSDP2-sharded one, with and without a graph (the training step
     and the validation forward under torch.no_grad()).
     """
+    check_loss_keys(kind, chunk_tokens)
     aux_notice(model)  # an MoE model with output_router_logits: its router term is trained too (train/moe.py)
-    if effective_loss_kind(model, settings.kind) == "full":
+    if effective_loss_kind(model, kind) == "full":
         if torch.is_grad_enabled() and router_aux(model) is not None:
             kernel = model.config._attn_implementation
             inputs = packed_model_inputs(tensors["input_ids"], tensors["position_ids"], kernel)
@@ -286,15 +278,16 @@ def summed_token_loss(model, tensors: dict[str, torch.Tensor], settings: LossSet
             logits = out.logits.view(*tensors["input_ids"].shape, out.logits.shape[-1])
             return with_router_term(model, loss_sum(logits, tensors["labels"]), out.router_logits, tensors["labels"])
         return loss_sum(forward_logits(model, tensors), tensors["labels"])
-    return root_loss_method(model)(tensors, settings.chunk_tokens)
+    return root_loss_method(model)(tensors, chunk_tokens)
 
 
-def token_losses(model, tensors: dict[str, torch.Tensor], settings: LossSettings) -> torch.Tensor:
+def token_losses(model, tensors: dict[str, torch.Tensor], kind: str, chunk_tokens: int) -> torch.Tensor:
     """fp32 [micro_batch_size x seq_len], no graph: position t's next-token cross-entropy (the loss of predicting
     labels[t + 1] in its row; 0 where that label is IGNORE and at each row's end). The validation pass sums it per
     source (train/eval_sources.py); for the chunked kind its sum is summed_token_loss's no-graph value."""
-    if effective_loss_kind(model, settings.kind) == "full":
+    check_loss_keys(kind, chunk_tokens)
+    if effective_loss_kind(model, kind) == "full":
         logits = forward_logits(model, tensors)
         targets = shifted_targets(tensors["labels"])
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="none")
-    return root_loss_method(model, ROOT_TOKEN_LOSSES_METHOD, _root_token_losses)(tensors, settings.chunk_tokens)
+    return root_loss_method(model, ROOT_TOKEN_LOSSES_METHOD, _root_token_losses)(tensors, chunk_tokens)

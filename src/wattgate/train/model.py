@@ -15,7 +15,7 @@ import torch
 from wattgate.config import model_config
 from wattgate.errors import InputError
 from wattgate.records.gate import ParamCensus
-from wattgate.records.run_config import ModelConfig
+from wattgate.records.run_config import ModelConfig, TrainConfig
 from wattgate.train.checkpoint_layout import float32_kept, keep_conversion_mapping
 from wattgate.train.packed_masks import install_packed_masks
 
@@ -203,10 +203,17 @@ def count_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def load_sharded_model(model_cfg: ModelConfig | dict, s, mesh, device: torch.device, fill: bool = True):
+def bf16_mixed_precision(train: TrainConfig) -> bool:
+    """train.mixed_precision bf16: bf16 compute over fp32 master weights, where the model runs on GPUs."""
+    return train.mixed_precision == "bf16"
+
+
+def load_sharded_model(
+    model_cfg: ModelConfig | dict, train: TrainConfig, mesh, device: torch.device, fill: bool = True
+):
     """Meta build -> fully_shard -> local shards on `device` -> filled; returns (model, where values came from).
 
-    `s` is the train settings (attention, precision, activation checkpointing, compile, seed).
+    `train` gives the attention kernel, mixed precision, activation checkpointing, compile and the init seed.
     fill=False when a checkpoint will overwrite every parameter (resume).
     """
     from wattgate.train.attention import resolve_attn_implementation
@@ -214,10 +221,11 @@ def load_sharded_model(model_cfg: ModelConfig | dict, s, mesh, device: torch.dev
 
     on_cuda = device.type == "cuda"
     model_class = causal_lm_class(model_hf_config(model_cfg))
-    attn = resolve_attn_implementation(s.attn_implementation, device.type, on_cuda and s.mixed_precision, model_class)
+    mixed = bf16_mixed_precision(train)
+    attn = resolve_attn_implementation(train.attn_implementation, device.type, on_cuda and mixed, model_class)
     model = build_meta_model(model_cfg, attn)
-    parallelize(model, mesh, on_cuda, s.mixed_precision, s.activation_checkpointing, s.compile)
-    source = materialize(model, device, model_cfg, s.seed, fill=fill)
+    parallelize(model, mesh, on_cuda, mixed, train.activation_checkpointing, train.compile)
+    source = materialize(model, device, model_cfg, train.seed, fill=fill)
     return model, source
 
 

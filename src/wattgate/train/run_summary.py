@@ -28,7 +28,7 @@ from wattgate.train.metrics import (
 
 def write_trained(t, per_rank_memory: list[dict]) -> Trained:
     """TRAINED (rank 0): losses, throughput, and each rank's memory peak per phase with load/export times."""
-    log, s, elapsed = t.log, t.s, t.elapsed
+    log, train, elapsed = t.log, t.train, t.elapsed
     log.metrics.flush()
     memory = memory_summary(per_rank_memory)
     worst = memory.max_over_ranks
@@ -44,25 +44,27 @@ def write_trained(t, per_rank_memory: list[dict]) -> Trained:
         device=t.device.type,
         params=t.n_params,
         tokens_per_s=tokens_per_s,
-        data_cache=s.data_cache,
+        data_cache=train.data_cache,
         data_copy_s=t.copy_s,
         wall_s=elapsed,
         load_s=worst[LOAD].seconds,
         export_s=worst[EXPORT].seconds,
-        export_dtype=s.export_dtype,
+        export_dtype=t.final_dtype,
         memory=memory,
         startup_s=round(t.startup_s, 3),
         allocator=allocator_record(),
         checkpoints=log.checkpoints,
         checkpoint_s=round(log.checkpoint_s, 3),
-        validation=validation_summary(t.evals.rows if t.evals is not None else [], t.exported_step, s.export_from),
+        validation=validation_summary(t.evals.rows if t.evals is not None else [], t.exported_step, train.export_from),
         job_s=round(process_age_s(), 3),  # rank 0's whole process, what the forecast predicts
         # what was trained: the config's hash (the gate's marker names the one it checked) and the settings
         # that change the result, readable without the config
         config_sha256=config_sha256(t.config),
         settings=train_identity(t.config.train),
         nonfinite_skipped_steps=t.skipped_steps,
-        mfu=model_flops_utilization(tokens_per_s or 0, t.n_params, t.world, s.gpu_model) if cuda else None,
+        mfu=model_flops_utilization(tokens_per_s or 0, t.n_params, t.world, t.config.cluster.gpu_model)
+        if cuda
+        else None,
         # every phase has its CUDA peak on CUDA ranks (PhaseMemory)
         peak_memory_gib=max(p.cuda_peak_gib for p in worst.values() if p.cuda_peak_gib is not None) if cuda else None,
     )
@@ -115,7 +117,7 @@ def append_throughput(t, summary: Trained) -> None:
     """One line in the throughput ledger (forecast.ledger): this run's rate in the planner's cost units,
     start-up, load and storage times, for the gate's forecast of the next run of the same shape, world size
     and GPU."""
-    log, plan, s, start, total = t.log, t.plan, t.s, t.start, t.total
+    log, plan, config, start, total = t.log, t.plan, t.config, t.start, t.total
     if total <= start or not log.step_times:
         return
     first = t.first_step  # packs.parquet's first step
@@ -124,13 +126,13 @@ def append_throughput(t, summary: Trained) -> None:
     assert startup_s is not None and load_s is not None and export_s is not None and job_s is not None
     costs = plan_step_costs(read_packs(t.paths.plan_dir / PACKS), plan, total - first)
     record = run_record(
-        run_name=s.run_name,
+        run_name=config.run_name,
         run=RunShape(
-            shape=load_model_spec(t.config).shape(),
-            gpu_model=s.gpu_model,
+            shape=load_model_spec(config).shape(),
+            gpu_model=config.cluster.gpu_model,
             world_size=plan.world_size,
-            seq_len=s.seq_len,
-            micro_batch_size=s.micro_batch_size,
+            seq_len=config.train.seq_len,
+            micro_batch_size=config.train.micro_batch_size,
             attn_weight=plan.attn_weight,
         ),
         steps=MeasuredSteps(
@@ -149,4 +151,4 @@ def append_throughput(t, summary: Trained) -> None:
         load_s=load_s,
         job_s=job_s,
     )
-    append_ledger(s.ledger, record)
+    append_ledger(Path(config.forecast.ledger), record)

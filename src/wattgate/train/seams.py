@@ -25,9 +25,8 @@ if TYPE_CHECKING:
 
     from torch.distributed.device_mesh import DeviceMesh
 
-    from wattgate.records.run_config import ModelConfig, RunConfig
+    from wattgate.records.run_config import ModelConfig, RunConfig, TrainConfig
 
-    from wattgate.train.settings import TrainSettings
     from wattgate.train.steps import StepClass
 
 T = TypeVar("T")
@@ -95,7 +94,7 @@ class ShardedModel:
     groups), the model built by train/model.py."""
 
     model_cfg: ModelConfig | dict
-    s: TrainSettings
+    train: TrainConfig
     device: torch.device
     world: int
     replicate: int = 1  # parallel.replicate, resolved (wattgate.config.replicate_degree)
@@ -108,7 +107,7 @@ class ShardedModel:
     def build(self, mesh, fill: bool) -> tuple[torch.nn.Module, str]:
         from wattgate.train.model import load_sharded_model
 
-        return load_sharded_model(self.model_cfg, self.s, mesh, self.device, fill)
+        return load_sharded_model(self.model_cfg, self.train, mesh, self.device, fill)
 
 
 @dataclass(frozen=True)
@@ -123,10 +122,10 @@ class Seams:
     hooks: StepHooks = EveryStep()
 
 
-def training_seams(config: RunConfig, s: TrainSettings, out: Path, where: tuple[int, int, torch.device]) -> Seams:
+def training_seams(config: RunConfig, out: Path, where: tuple[int, int, torch.device]) -> Seams:
     """The seams of `wattgate train`: this rank's heartbeat files and stop request in run folder `out`, and the
-    model of `config` on its mesh (parallel.replicate); checkpoints, final/ and the steps as the defaults have
-    them."""
+    model of `config` on its mesh (parallel.replicate), built as its `train` section says; checkpoints, final/ and
+    the steps as the defaults have them."""
     import os
 
     from wattgate.config import replicate_degree
@@ -136,4 +135,6 @@ def training_seams(config: RunConfig, s: TrainSettings, out: Path, where: tuple[
 
     rank, world, device = where
     heartbeat = Heartbeat(out, rank, int(os.environ.get("LOCAL_RANK", "0")), device_uuid(device))
-    return Seams(heartbeat, StopRequest(out), ShardedModel(config.model, s, device, world, replicate_degree(config)))
+    return Seams(
+        heartbeat, StopRequest(out), ShardedModel(config.model, config.train, device, world, replicate_degree(config))
+    )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from wattgate.cadence import Cadence, StepActions, step_actions
 from wattgate.records.plan import Plan
+from wattgate.records.run_config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -68,19 +69,19 @@ def epoch_end_steps(epochs: list[int]) -> list[int]:
     return [g + 1 for g in range(total) if g + 1 == total or epochs[g + 1] != epochs[g]]
 
 
-def rank_schedule(plan: Plan, step_epochs: list[int], s, validation: bool) -> RankSchedule:
+def rank_schedule(plan: Plan, step_epochs: list[int], train: TrainConfig, validation: bool) -> RankSchedule:
     """The schedule from plan.json, the epoch of each of this rank's planned steps (packs.parquet's current
-    segment, in order) and the train settings `s` (TrainSettings: max_steps and the cadence keys)."""
+    segment, in order) and the config's `train` section (max_steps and the cadence keys)."""
     # a plan that continues another world size's run (pack/segments.py) starts at its first global step
     first = plan.first_step
     total = first + len(step_epochs)
-    if s.max_steps:  # a measurement run (scaling, dataio): the plan's first steps only
-        total = min(total, s.max_steps)
+    if train.max_steps:  # a measurement run (scaling, dataio): the plan's first steps only
+        total = min(total, train.max_steps)
     if plan.epoch_ends:
         ends = [e for e in plan.epoch_ends if e <= total]
     else:
         ends = epoch_end_steps(([-1] * first + list(step_epochs))[:total])
-    cadence = Cadence(s.checkpoint_every, s.checkpoint_at_epoch_end, s.eval_every, validation, s.log_every)
+    cadence = Cadence.from_train(train, validation)
     return RankSchedule(first, total, tuple(ends), cadence)
 
 
