@@ -43,6 +43,7 @@ from wattgate.proof.hooks import ArmedStop, DryRunSteps, RecordingHeartbeat
 from wattgate.proof.record import Collective, CollectiveRecorder, fake_host_reads, object_collectives
 from wattgate.proof.relay import RankZeroRelay
 from wattgate.proof.storage import NoBytesCheckpoints, NoBytesExport
+from wattgate.train.checkpoint_hashing import HASH_ALGORITHM
 from wattgate.train.loop import Trainer
 from wattgate.train.mesh import data_parallel_mesh, mesh_groups
 from wattgate.train.model import bf16_mixed_precision
@@ -150,7 +151,11 @@ def earlier_segment(plan: Plan) -> dict[str, CheckpointState]:
     if not plan.segments:
         return {}
     first = plan.first_step
-    return {f"step-{first}": CheckpointState(step=first, position=Position(step=first), files={})}
+    return {
+        f"step-{first}": CheckpointState(
+            step=first, position=Position(step=first), files={}, hash_algorithm=HASH_ALGORITHM
+        )
+    }
 
 
 def stop_and_resume(trainer: Trainer, batches: tuple, stop: ArmedStop, steps: DryRunSteps, record: RankRecord) -> None:

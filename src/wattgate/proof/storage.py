@@ -211,9 +211,6 @@ class NoBytesCheckpoints:
             return False, f"{Path(path).name} was not saved in the dry run"
         return True, ""
 
-    def resumed(self, path: Path) -> None:
-        pass
-
     def set_aside(self, path: Path) -> Path:
         self.published.pop(Path(path).name, None)
         return Path(path).parent.with_name(Path(path).parent.name + DAMAGED_SUFFIX) / Path(path).name

@@ -62,13 +62,12 @@ class RunIdentity(Record):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointState(Record):
-    """state.json. `files` maps each name to its FileEntry, hashed under `hash_algorithm` (the files a dry run
-    keeps in memory are not hashed: None there; train/checkpoint.py reads no state.json without it)."""
+    """state.json. `files` maps each name to its FileEntry, hashed under `hash_algorithm`."""
 
     step: int = spec(minimum=0)
     position: Position = spec(default_factory=Position)
     files: dict[str, FileEntry]
-    hash_algorithm: str | None = spec(omit_none=True, default=None)
+    hash_algorithm: str
     world_size: int | None = spec(minimum=1, default=None)
     identity: RunIdentity | None = None
 

@@ -282,8 +282,6 @@ def _read_state(path: Path) -> tuple[CheckpointState | None, str]:
         state = CheckpointState.from_json(data, STATE)
     except InputError as exc:
         return None, f"{STATE} is not a checkpoint state ({str(exc).removeprefix(STATE + ': ')})"
-    if state.hash_algorithm is None:
-        return None, f"{STATE} is not a checkpoint state (missing key 'hash_algorithm')"
     if state.hash_algorithm != HASH_ALGORITHM:
         return None, f"{STATE} records {state.hash_algorithm!r} hashes; this wattgate verifies {HASH_ALGORITHM}"
     if any(entry.hash is None for entry in state.files.values()):
