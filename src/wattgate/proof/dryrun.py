@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from wattgate.config import replicate_degree
+from wattgate.config import expert_degree, replicate_degree
 from wattgate.records.checkpoint import CheckpointState, Position
 from wattgate.gpus import is_cpu
 from wattgate.proof.depth import meta_model, truncate_layers
@@ -120,6 +120,7 @@ class ProxyModel:
     model_cfg: ModelConfig
     s: TrainSettings
     replicate: int
+    expert: int
     on_gpu: bool
     depth: int
     record: RankRecord
@@ -130,7 +131,7 @@ class ProxyModel:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():  # the mesh's rank lookup reads its (tiny) tensor: a real one
-            mesh = data_parallel_mesh("cpu", dist.get_world_size(), self.replicate)
+            mesh = data_parallel_mesh("cpu", dist.get_world_size(), self.replicate, self.expert)
             groups = mesh_groups(mesh)
         self.recorder.mesh_groups.update(groups)
         self.record.mesh_groups = dict(groups.values())
@@ -217,7 +218,9 @@ def dry_run_rank(
     seams = Seams(
         heartbeat=heartbeat,
         stop=stop,
-        model=ProxyModel(config.model, s, replicate_degree(config), on_gpu, depth, record, recorder, starved),
+        model=ProxyModel(
+            config.model, s, replicate_degree(config), expert_degree(config), on_gpu, depth, record, recorder, starved
+        ),
         checkpoints=NoBytesCheckpoints(shared, earlier_segment(plan)),
         export=NoBytesExport(),
         hooks=steps_hook,

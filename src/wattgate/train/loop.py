@@ -49,7 +49,7 @@ from wattgate.train.metrics import (
 )
 from wattgate.train.sequence_guard import check_planned_sequences, planned_sequence
 from wattgate.train.settings import TrainSettings
-from wattgate.train.model import count_params
+from wattgate.train.model import clip_grad_norm, count_params
 from wattgate.schedule import learning_rate
 from wattgate.train.steps import StepClass, rank_schedule, step_class
 from wattgate.train.step_verdicts import NonFiniteState, agreed_stop, doc_ids, nonfinite_line
@@ -470,7 +470,7 @@ class Trainer:
             (summed * scale[0]).backward()
             micro_losses.append(summed.detach())
             step_loss += micro_losses[-1].double()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.s.grad_clip)
+        grad_norm = clip_grad_norm(model.parameters(), self.s.grad_clip)  # torch's, mesh by mesh under EP
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: materialize it on every rank, together
             grad_norm = grad_norm.full_tensor()
         return step_loss.cpu(), grad_norm, to_device_s, micro_losses

@@ -99,11 +99,12 @@ class ShardedModel:
     device: torch.device
     world: int
     replicate: int = 1  # parallel.replicate, resolved (wattgate.config.replicate_degree)
+    expert: int = 1  # parallel.expert
 
     def device_mesh(self) -> DeviceMesh:
         from wattgate.train.mesh import data_parallel_mesh
 
-        return data_parallel_mesh(self.device.type, self.world, self.replicate)
+        return data_parallel_mesh(self.device.type, self.world, self.replicate, self.expert)
 
     def build(self, mesh, fill: bool) -> tuple[torch.nn.Module, str]:
         from wattgate.train.model import load_sharded_model
@@ -129,11 +130,12 @@ def training_seams(config: RunConfig, s: TrainSettings, out: Path, where: tuple[
     them."""
     import os
 
-    from wattgate.config import replicate_degree
+    from wattgate.config import expert_degree, replicate_degree
     from wattgate.heartbeats import Heartbeat
     from wattgate.train.distributed import device_uuid
     from wattgate.train.stop import StopRequest
 
     rank, world, device = where
     heartbeat = Heartbeat(out, rank, int(os.environ.get("LOCAL_RANK", "0")), device_uuid(device))
-    return Seams(heartbeat, StopRequest(out), ShardedModel(config.model, s, device, world, replicate_degree(config)))
+    model = ShardedModel(config.model, s, device, world, replicate_degree(config), expert_degree(config))
+    return Seams(heartbeat, StopRequest(out), model)
