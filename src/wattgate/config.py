@@ -83,7 +83,17 @@ def validate_config(config: dict, source: str = "config") -> dict:
     replicate = config["parallel"]["replicate"]
     if replicate != "auto" and _world(config["cluster"]) % replicate:
         raise InputError(f"{source}: {replicate_line(replicate, config['cluster'])}")
+    expert = config["parallel"]["expert"]
+    shard = _world(config["cluster"]) // (config["cluster"]["nodes"] if replicate == "auto" else replicate)
+    if shard % expert:
+        raise InputError(
+            f"{source}: key '{EXPERT_KEY}': {expert} does not divide the shard group size {shard} (world size / "
+            f"parallel.replicate); give one of {', '.join(str(d) for d in range(1, shard + 1) if shard % d == 0)}"
+        )
     return config
+
+
+EXPERT_KEY = "parallel.expert"
 
 
 REPLICATE_KEY = "parallel.replicate"
@@ -229,6 +239,12 @@ def replicate_degree(config: RunConfig) -> int:
     schema check (validate_config) has made sure it divides the world size."""
     replicate = config.parallel.replicate
     return config.cluster.nodes if replicate == "auto" else replicate
+
+
+def expert_degree(config: RunConfig) -> int:
+    """Expert-parallel degree (parallel.expert): validate_config has made sure it divides the shard group size;
+    whether the model has experts it divides is the model spec's check (model_spec.py `expert_checked`)."""
+    return config.parallel.expert
 
 
 def config_bytes(config: RunConfig) -> bytes:

@@ -224,10 +224,21 @@ def load_model_spec(config: RunConfig) -> ModelSpec:
     model = config.model
     if model.path:
         cfg, path = read_model_folder_config(model.path)
-        return ModelSpec.from_hf_config(cfg, str(path))
+        return expert_checked(ModelSpec.from_hf_config(cfg, str(path)), config.parallel.expert, str(path))
     if model.config:
-        return ModelSpec.from_hf_config(model.config, "model.config")
+        spec = ModelSpec.from_hf_config(model.config, "model.config")
+        return expert_checked(spec, config.parallel.expert, f"model.config ({model.config.get('model_type')})")
     raise InputError("config: set model.path (a local model folder) or model.config (a transformers config)")
+
+
+def expert_checked(spec: ModelSpec, expert: int, model: str) -> ModelSpec:
+    """`spec`, once parallel.expert is known to fit it: 1, or on a Mixture-of-Experts model a divisor of its
+    experts (each rank of an expert group holds the same number of them)."""
+    if expert > 1 and spec.num_experts == 0:
+        raise InputError(f"parallel.expert: {expert} needs a Mixture-of-Experts model; {model} is dense (give 1)")
+    if expert > 1 and spec.num_experts % expert:
+        raise InputError(f"parallel.expert: {expert} does not divide the {spec.num_experts} experts of {model}")
+    return spec
 
 
 def config_dtype_name(cfg: dict, source: str) -> str | None:

@@ -5,7 +5,6 @@ non-finite guard is exercised by the real trainer. Arguments: the `wattgate trai
 import os
 import sys
 
-import torch
 
 from wattgate import cli
 from wattgate.train import loop

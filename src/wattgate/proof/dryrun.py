@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from wattgate.config import replicate_degree
+from wattgate.config import expert_degree, replicate_degree
 from wattgate.records.checkpoint import CheckpointState, Position
 from wattgate.gpus import is_cpu
 from wattgate.proof.depth import meta_model, truncate_layers
@@ -121,6 +121,7 @@ class ProxyModel:
     model_cfg: ModelConfig
     train: TrainConfig
     replicate: int
+    expert: int
     on_gpu: bool
     depth: int
     record: RankRecord
@@ -131,7 +132,7 @@ class ProxyModel:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():  # the mesh's rank lookup reads its (tiny) tensor: a real one
-            mesh = data_parallel_mesh("cpu", dist.get_world_size(), self.replicate)
+            mesh = data_parallel_mesh("cpu", dist.get_world_size(), self.replicate, self.expert)
             groups = mesh_groups(mesh)
         self.recorder.mesh_groups.update(groups)
         self.record.mesh_groups = dict(groups.values())
@@ -221,7 +222,15 @@ def dry_run_rank(
         heartbeat=heartbeat,
         stop=stop,
         model=ProxyModel(
-            config.model, config.train, replicate_degree(config), on_gpu, depth, record, recorder, starved
+            config.model,
+            config.train,
+            replicate_degree(config),
+            expert_degree(config),
+            on_gpu,
+            depth,
+            record,
+            recorder,
+            starved,
         ),
         checkpoints=NoBytesCheckpoints(shared, earlier_segment(plan)),
         export=NoBytesExport(),

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from wattgate.train.expert_parallel import ExpertDispatch
 from wattgate.train.moe import experts_modules
 
 
@@ -54,8 +55,16 @@ def prepare_dry_run_experts(model, compute_dtype: torch.dtype, starved: bool) ->
         config._experts_implementation = chosen
     if starved:
         for _, module in experts:
-            module.forward = _starved_forward
+            dispatch = module.__dict__.get("forward")
+            if isinstance(dispatch, ExpertDispatch):  # EP: the tokens still travel, none reaches an expert
+                dispatch.kernel = _starved_kernel
+            else:
+                module.forward = _starved_forward
     return {"training": kernel, "dry_run": chosen, "starved": starved}
+
+
+def _starved_kernel(module, hidden_states, *args):
+    return _starved_forward(hidden_states, *args)
 
 
 def _starved_forward(hidden_states, *args, **kwargs):

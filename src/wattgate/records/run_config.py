@@ -248,6 +248,13 @@ class ParallelConfig(Record):
     # the layout torchtitan and Megatron recommend on multi-node Slurm jobs when the model's sharded state fits one
     # node. Must divide the world size (cluster.nodes x cluster.gpus_per_node)
     replicate: int | Literal["auto"]
+    # expert parallelism (EP) on a Mixture-of-Experts model: each rank holds 1 / expert of every layer's experts,
+    # inside groups of `expert` consecutive ranks of a shard group, and sends each token to the rank holding its
+    # expert with an all-to-all (and the result back with another). The experts' parameters are then sharded over
+    # the expert group and over the ranks holding the same experts; every other parameter stays sharded over the
+    # whole shard group. 1 (the default) keeps every expert sharded like any other parameter. Must divide the shard
+    # group size (world size / parallel.replicate) and the model's number of experts, and be 1 on a dense model
+    expert: int = spec(minimum=1)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

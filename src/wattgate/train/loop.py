@@ -47,7 +47,7 @@ from wattgate.train.metrics import (
     PhaseMemory,
     StepLog,
 )
-from wattgate.train.model import count_params
+from wattgate.train.model import clip_grad_norm, count_params
 from wattgate.train.optimizer import build_optimizer, lr_at
 from wattgate.train.rank_inputs import Paths, rank_batches, stage_local_copy
 from wattgate.train.steps import StepClass, rank_schedule, step_class
@@ -421,7 +421,7 @@ class Trainer:
             (summed * scale[0]).backward()
             micro_losses.append(summed.detach())
             step_loss += micro_losses[-1].double()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.train.grad_clip)
+        grad_norm = clip_grad_norm(model.parameters(), self.train.grad_clip)  # torch's, mesh by mesh under EP
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: materialize it on every rank, together
             grad_norm = grad_norm.full_tensor()
         return step_loss.cpu(), grad_norm, to_device_s, micro_losses

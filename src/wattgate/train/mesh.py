@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 REPLICATE_DIM, SHARD_DIM = "dp_replicate", "dp_shard"
+# parallel.expert E > 1 splits each shard group into (shard / E, E): EXPERT_DIM is E consecutive ranks that hold
+# disjoint experts and exchange tokens, EXPERT_SHARD_DIM the ranks of a shard group holding the same experts;
+# SHARD_DIM is then their flattening (the same ranks, in the same order, as without EP)
+EXPERT_DIM, EXPERT_SHARD_DIM = "ep", "ep_shard"
 
 
 def mesh_shape(world: int, replicate: int) -> tuple[int, ...]:
@@ -31,16 +35,48 @@ def mesh_shape(world: int, replicate: int) -> tuple[int, ...]:
     return (world,) if replicate == 1 else (replicate, world // replicate)
 
 
-def data_parallel_mesh(device_type: str, world: int, replicate: int) -> DeviceMesh:
-    """The mesh of `world` ranks with `replicate` replica groups (module docstring)."""
+def data_parallel_mesh(device_type: str, world: int, replicate: int, expert: int = 1) -> DeviceMesh:
+    """The mesh of `world` ranks with `replicate` replica groups (module docstring), and with `expert` > 1 each
+    shard group split into expert groups (train/expert_parallel.py)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     shape = mesh_shape(world, replicate)
+    if expert > 1:
+        return expert_mesh(device_type, shape, expert)
     if len(shape) == 1:
         return init_device_mesh(device_type, shape)  # as before HSDP existed: the default run is unchanged
     # row-major: rank = replica x shard degree + position, so a shard group is consecutive ranks (a node's ranks
     # when the shard degree is a multiple of the GPUs per node): all-gathers stay on the node's fast links
     return init_device_mesh(device_type, shape, mesh_dim_names=(REPLICATE_DIM, SHARD_DIM))
+
+
+def expert_mesh(device_type: str, shape: tuple[int, ...], expert: int) -> DeviceMesh:
+    """(dp_replicate,) ep_shard, ep: row-major, so an expert group is `expert` consecutive ranks inside a shard
+    group; dp_shard is flattened from (ep_shard, ep) for the parameters that are not experts."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shard = shape[-1]
+    if shard % expert:
+        raise InputError(f"parallel.expert: {expert} does not divide the shard group size {shard}")
+    names = ((REPLICATE_DIM,) if len(shape) == 2 else ()) + (EXPERT_SHARD_DIM, EXPERT_DIM)
+    mesh = init_device_mesh(device_type, (*shape[:-1], shard // expert, expert), mesh_dim_names=names)
+    mesh[(EXPERT_SHARD_DIM, EXPERT_DIM)]._flatten(SHARD_DIM)
+    return mesh
+
+
+def dense_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh the parameters that are not experts shard over: `mesh` itself, or under EP its data-parallel
+    dimensions with the expert ones flattened (the same groups as without EP)."""
+    names = mesh.mesh_dim_names or ()
+    if EXPERT_DIM not in names:
+        return mesh
+    return mesh[(REPLICATE_DIM, SHARD_DIM)] if REPLICATE_DIM in names else mesh[SHARD_DIM]
+
+
+def experts_data_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """Under EP, the mesh over which the ranks holding the same experts shard them (FSDP2's mesh for them)."""
+    names = mesh.mesh_dim_names or ()
+    return mesh[(REPLICATE_DIM, EXPERT_SHARD_DIM)] if REPLICATE_DIM in names else mesh[EXPERT_SHARD_DIM]
 
 
 def mesh_groups(mesh: DeviceMesh) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -49,6 +85,8 @@ def mesh_groups(mesh: DeviceMesh) -> dict[str, tuple[str, tuple[int, ...]]]:
     import torch.distributed as dist
 
     names = mesh.mesh_dim_names or ()
+    if EXPERT_DIM in names:
+        names = (*names, SHARD_DIM)  # the flattened dimension the other parameters shard over
     out: dict[str, tuple[str, tuple[int, ...]]] = {}
     for name in names:
         group = mesh.get_group(name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -184,11 +185,17 @@ def parallelize(
         apply_activation_checkpointing(model)
     if compile:
         compile_layers(model)
-    kwargs = {"mesh": mesh}
+    from wattgate.train.mesh import EXPERT_DIM, dense_mesh
+
+    kwargs: dict[str, Any] = {"mesh": dense_mesh(mesh)}
     if mixed:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if EXPERT_DIM in (mesh.mesh_dim_names or ()):  # parallel.expert > 1: experts sharded over their own groups
+        from wattgate.train.expert_parallel import parallelize_experts
+
+        parallelize_experts(model, mesh, kwargs.get("mp_policy", MixedPrecisionPolicy()))
     for module in float32_units:
-        fully_shard(module, mesh=mesh, mp_policy=MixedPrecisionPolicy(torch.float32, torch.float32))
+        fully_shard(module, mesh=kwargs["mesh"], mp_policy=MixedPrecisionPolicy(torch.float32, torch.float32))
     for layer in layer_container(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -197,6 +204,35 @@ def parallelize(
 
     reduce_every_parameter(model)
     return model
+
+
+def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
+    """torch's clip_grad_norm_ over `parameters`; when their gradients are DTensors on more than one mesh (the
+    experts' and the others' under EP, which torch cannot stack together), each mesh's norm is reduced on its own
+    mesh first and the total is their 2-norm, the same number."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for p in parameters if p.grad is not None]
+    grads = [p.grad for p in params]
+    meshes = {id(g.device_mesh): g.device_mesh for g in grads if isinstance(g, DTensor)}
+    if len(meshes) <= 1:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    parts = []
+    for key in meshes:
+        norm = torch.nn.utils.get_total_norm([g for g in grads if isinstance(g, DTensor) and id(g.device_mesh) == key])
+        parts.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    if plain:
+        parts.append(torch.nn.utils.get_total_norm(plain))
+    total = torch.linalg.vector_norm(torch.stack(parts))
+    for key in meshes:  # scaled mesh by mesh: torch's foreach scaling cannot mix meshes either
+        torch.nn.utils.clip_grads_with_norm_(
+            [p for p in params if isinstance(p.grad, DTensor) and id(p.grad.device_mesh) == key], max_norm, total
+        )
+    plain_params = [p for p in params if not isinstance(p.grad, DTensor)]
+    if plain_params:
+        torch.nn.utils.clip_grads_with_norm_(plain_params, max_norm, total)
+    return total
 
 
 def count_params(model) -> int:

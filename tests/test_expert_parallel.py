@@ -1,0 +1,117 @@
+"""Expert parallelism (parallel.expert): the config's one-line refusals, and on gloo a tiny random-init Qwen3-MoE
+trained at EP 2 (and 4) with the losses, gradients and parameters of EP 1, including routings where a rank sends
+a peer no token, or a rank receives none (every all-to-all is still issued, with zero-size splits).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from support.models import moe_config
+from wattgate.config import run_config, validate_config
+from wattgate.errors import InputError
+from wattgate.model_spec import load_model_spec
+
+REPO = Path(__file__).resolve().parents[1]
+QWEN3_MOE = moe_config("qwen3_moe")  # 4 experts, top 2
+TINY_DENSE = dict(QWEN3_MOE, model_type="qwen3")
+for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+    TINY_DENSE.pop(key)
+
+
+def config(expert, world: int = 4, replicate=1, model: dict | None = None) -> dict:
+    return {
+        "run_name": "t",
+        "model": {"config": model or QWEN3_MOE},
+        "cluster": {"nodes": 1, "gpus_per_node": world},
+        "parallel": {"replicate": replicate, "expert": expert},
+    }
+
+
+@pytest.mark.parametrize(
+    ("expert", "replicate", "says"),
+    [
+        (0, 1, "key 'parallel.expert': 0 is less than the minimum of 1"),
+        ("two", 1, "key 'parallel.expert': 'two' is not of type 'integer'"),
+        (3, 1, "key 'parallel.expert': 3 does not divide the shard group size 4"),
+        (4, 2, "key 'parallel.expert': 4 does not divide the shard group size 2"),
+    ],
+)
+def test_an_expert_degree_the_mesh_cannot_hold_is_one_line_naming_the_key(expert, replicate, says):
+    with pytest.raises(InputError) as err:
+        validate_config(config(expert, replicate=replicate))
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_default_is_one_and_a_divisor_passes():
+    assert validate_config(config(1))["parallel"]["expert"] == 1
+    assert validate_config({k: v for k, v in config(1).items() if k != "parallel"})["parallel"]["expert"] == 1
+    assert load_model_spec(run_config(validate_config(config(2)))).num_experts == 4
+
+
+@pytest.mark.parametrize(
+    ("expert", "world", "model", "says"),
+    [
+        (2, 4, TINY_DENSE, "parallel.expert: 2 needs a Mixture-of-Experts model; model.config (qwen3) is dense"),
+        (8, 8, QWEN3_MOE, "parallel.expert: 8 does not divide the 4 experts of model.config (qwen3_moe)"),
+    ],
+)
+def test_an_expert_degree_the_model_cannot_hold_is_one_line_naming_the_key_and_the_model(expert, world, model, says):
+    with pytest.raises(InputError) as err:
+        load_model_spec(run_config(validate_config(config(expert, world, model=model))))
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------- training at EP E equals EP 1
+
+
+def torchrun(world: int, *args: str, timeout: int = 400) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+
+
+def trained(tmp_path: Path, world: int, routing: str, degrees: list[int]) -> dict[int, dict]:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config(1, world, model=moe_config("qwen3_moe", initializer_range=0.2))))
+    script = str(REPO / "tests/dist/moe_expert_parallel.py")
+    proc = torchrun(world, script, str(path), str(tmp_path / "out"), routing, *map(str, degrees))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {d: json.loads((tmp_path / "out" / f"ep{d}.json").read_text()) for d in degrees}
+
+
+def assert_same_training(reference: dict, other: dict) -> None:
+    for a, b in zip(reference["losses"], other["losses"], strict=True):
+        assert abs(a - b) <= 1e-5 * abs(a), (reference["losses"], other["losses"])
+    assert abs(reference["grad_norm"] - other["grad_norm"]) <= 1e-5 * reference["grad_norm"]
+    for kind in ("grads", "params"):
+        assert set(reference[kind]) == set(other[kind])
+        for name, value in reference[kind].items():
+            torch.testing.assert_close(torch.tensor(other[kind][name]), torch.tensor(value), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("routing", ["free", "one_sided", "starved"])
+def test_two_ranks_at_ep_2_train_as_at_ep_1(tmp_path, routing):
+    """free: the model's router; one_sided: rank 1 sends rank 0 no token (zero-size splits one way); starved: no
+    token reaches rank 0's experts from anyone (rank 0's experts run on an empty batch, its backward all-to-alls
+    still run). Three SGD steps: the same losses, first-step gradients and final parameters."""
+    runs = trained(tmp_path, 2, routing, [1, 2])
+    assert_same_training(runs[1], runs[2])
+
+
+@pytest.mark.slow
+def test_four_ranks_at_ep_2_and_4_train_as_at_ep_1(tmp_path):
+    """EP 2 (two expert groups, each expert held by two ranks: FSDP2 shards it over them) and EP 4 (one expert
+    per rank), with rank 3 sending rank 0 no token."""
+    runs = trained(tmp_path, 4, "one_sided", [1, 2, 4])
+    assert_same_training(runs[1], runs[2])
+    assert_same_training(runs[1], runs[4])
