@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from wattgate.triage_tables import TriageTable
-from wattgate.power.triage.arrays import cumsum0, gpu_runs, true_runs
+from wattgate.power.triage.arrays import cumsum0, gpu_runs, reduce_into, true_runs
 from wattgate.power.triage.levels import PLATEAU_CV, PLATEAU_SHARE, Levels, Edges, span_stats
 from wattgate.power.triage.rules import (
     EDGE_MARGIN,
@@ -168,3 +168,25 @@ def test_plateau_spans_match_the_spans_taken_one_by_one():
             sd = np.sqrt(max((s2[j + 10] - s2[j]) / cnt - m * m, 0.0))
             assert mean[j] == m
             assert steady[j] == (cand[j + 5] and cnt >= PLATEAU_SHARE * 10 and sd <= PLATEAU_CV * m)
+
+
+@pytest.mark.parametrize("ufunc", [np.maximum, np.minimum, np.fmax, np.fmin, np.add])
+def test_reduce_into_equals_ufunc_at_for_sorted_unsorted_and_empty_indexes(ufunc):
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 2, 7, 200):
+        for ordered in (True, False):
+            index = rng.integers(0, 9, n)
+            index = np.sort(index) if ordered else index
+            values = rng.normal(size=n)
+            values[rng.random(n) < 0.2] = np.nan  # fmax/fmin skip NaN, maximum/add carry it: both as .at does
+            start = np.where(rng.random(10) < 0.5, np.nan, rng.normal(size=10))
+            expected, got = start.copy(), start.copy()
+            ufunc.at(expected, index, values)
+            reduce_into(ufunc, got, index, values)
+            np.testing.assert_allclose(got, expected, equal_nan=True, rtol=1e-12)
+            ints = rng.integers(-50, 50, n)
+            expected_i, got_i = np.zeros(10, np.int64), np.zeros(10, np.int64)
+            if ufunc in (np.maximum, np.minimum, np.add):
+                ufunc.at(expected_i, index, ints)
+                reduce_into(ufunc, got_i, index, ints)
+                assert (got_i == expected_i).all()

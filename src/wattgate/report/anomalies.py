@@ -15,6 +15,7 @@ import pandas as pd
 
 from wattgate.records.summary import Anomaly, StragglerEntry
 from wattgate.records.watcher import WatcherRecord
+from wattgate.power.triage.arrays import reduce_into
 from wattgate.report.phases import PhaseWindows, runs
 from wattgate.run_tables import DATA_WAIT_S, RANK, STEP, STEP_TIME_S, TIME
 
@@ -135,8 +136,8 @@ def starved_steps(metrics: pd.DataFrame | None) -> list[Episode]:
     begin = end - step_s[rows].astype(float)
     runs = len(first)
     lo, hi = np.full(runs, np.inf), np.full(runs, -np.inf)
-    np.minimum.at(lo, run, begin)
-    np.maximum.at(hi, run, end)
+    reduce_into(np.minimum, lo, run, begin)  # runs are numbered in row order
+    reduce_into(np.maximum, hi, run, end)
     waited = np.bincount(run, weights=wait[rows].astype(float), minlength=runs)
     steps = np.bincount(run, minlength=runs)
     return [

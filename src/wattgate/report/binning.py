@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from wattgate.power.triage.arrays import reduce_into
 from wattgate.power.triage.phases import LABELS
 
 MAX_POINTS = 2000  # per series of the step and loss figures
@@ -39,7 +40,7 @@ def bin_mean(x: np.ndarray, y: np.ndarray, edges: np.ndarray) -> np.ndarray:
 def _bin_extreme(x: np.ndarray, y: np.ndarray, edges: np.ndarray, ufunc, start: float) -> np.ndarray:
     ok = np.isfinite(y)
     out = np.full(len(edges) - 1, start)
-    ufunc.at(out, bin_index(x[ok], edges), y[ok])
+    reduce_into(ufunc, out, bin_index(x[ok], edges), y[ok])
     return np.where(np.isfinite(out), out, np.nan)
 
 

@@ -13,6 +13,7 @@ import pandas as pd
 
 from wattgate.records.summary import Loss, Segment, Throughput, Validation, ValidationPass
 from wattgate.records.trained import Trained
+from wattgate.power.triage.arrays import reduce_into
 from wattgate.report.anomalies import group_codes
 from wattgate.report.inputs import RunInputs
 from wattgate.run_tables import (
@@ -81,10 +82,10 @@ def _group_max(values: np.ndarray, group: np.ndarray, n: int) -> np.ndarray:
     """Per group the largest value, NaN skipped (NaN if none); integers stay integers."""
     if values.dtype.kind in "iu":
         out = np.full(n, np.iinfo(values.dtype).min, values.dtype)
-        np.maximum.at(out, group, values)
+        reduce_into(np.maximum, out, group, values)
         return out
     out = np.full(n, np.nan)
-    np.fmax.at(out, group, values)
+    reduce_into(np.fmax, out, group, values)
     return out
 
 
@@ -92,7 +93,7 @@ def _group_sum(values: np.ndarray, group: np.ndarray, n: int) -> np.ndarray:
     """Per group the sum, NaN skipped; integers summed exactly as integers."""
     if values.dtype.kind in "iu":
         out = np.zeros(n, np.int64)
-        np.add.at(out, group, values.astype(np.int64, copy=False))
+        reduce_into(np.add, out, group, values.astype(np.int64, copy=False))
         return out
     values = values.astype(float, copy=False)
     nan = np.isnan(values)

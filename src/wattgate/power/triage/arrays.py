@@ -102,3 +102,16 @@ def cumsum0(x: np.ndarray) -> np.ndarray:
     out[0] = 0.0
     np.cumsum(x, dtype=np.float64, out=out[1:])
     return out
+
+
+def reduce_into(ufunc: np.ufunc, out: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
+    """`ufunc.at(out, index, values)`: by runs of one index with `ufunc.reduceat` when `index` never decreases (a
+    time series binned in order, a table grouped in write order), several times faster than `ufunc.at`."""
+    if len(index) > 1 and not (index[1:] >= index[:-1]).all():
+        ufunc.at(out, index, values)
+        return
+    if not len(index):
+        return
+    starts = np.flatnonzero(np.r_[True, index[1:] != index[:-1]])
+    at = index[starts]
+    out[at] = ufunc(out[at], ufunc.reduceat(values, starts))
