@@ -196,6 +196,16 @@ def _shape(hint: Any) -> tuple[Any, tuple]:
     return typing.get_origin(hint), typing.get_args(hint)
 
 
+def _plain_numbers(values: list | tuple, item: Any, meta: Mapping) -> bool:
+    """Whether every entry is already what `item` (int or float, without bounds) asks for: the list is taken as
+    it is (a wrong entry goes the long way, which names it)."""
+    if (item is not int and item is not float) or meta.get("minimum") is not None or meta.get("maximum") is not None:
+        return False
+    if item is int:
+        return all(type(v) is int for v in values)
+    return all(type(v) is int or (type(v) is float and math.isfinite(v)) for v in values)
+
+
 def _convert(value: Any, hint: Any, where: Where, key: str, meta: Mapping) -> Any:
     origin, args = _shape(hint)
     if hint is Any:
@@ -238,6 +248,8 @@ def _convert(value: Any, hint: Any, where: Where, key: str, meta: Mapping) -> An
         if not isinstance(value, list | tuple):
             raise where.bad(key, _describe(hint), value)
         item = args[0]
+        if _plain_numbers(value, item, meta):  # e.g. a timeline of thousands of counts: checked in one pass
+            return tuple(value) if origin is tuple else list(value)
         items = [_convert(v, item, where, f"{key}[{i}]", meta) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict or hint is dict:
