@@ -31,7 +31,7 @@ def model_recurrence(config: RunConfig, proof: Collectives | None) -> tuple[str,
     if proof is not None and proof.depth is not None:
         return proof.depth.model, proof.depth.recurrent or ()
     from wattgate.proof.depth import model_label
-    from wattgate.train.model import model_hf_config, recurrent_layers
+    from wattgate.hf_config import model_hf_config, recurrent_layers
 
     hf_config = model_hf_config(config.model)
     return model_label(config.model, hf_config), recurrent_layers(hf_config)
