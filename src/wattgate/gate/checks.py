@@ -124,13 +124,18 @@ def check_equal_steps(
     )
 
 
-def check_pack_contents(packs: PackRows, seq_len: int, doc_tokens: np.ndarray, doc_loss_tokens: np.ndarray) -> Check:
-    """Every pack fits seq_len, holds documents whose lengths match the shards, and carries loss."""
+def check_pack_contents(
+    packs: PackRows, seq_len: int, doc_tokens: np.ndarray, doc_loss_tokens: np.ndarray, padding_per_epoch: int = 0
+) -> Check:
+    """Every pack fits seq_len, holds documents whose lengths match the shards, and carries loss. `padding_per_epoch`:
+    the empty packs an epoch may hold (a plan of one document per row pads its count to whole steps with them)."""
     name = "pack_contents"
     problems = []
     empty = np.flatnonzero(packs.docs_per_row == 0)
-    if empty.size:
-        problems.append(f"{empty.size} empty pack(s), first at {_where(packs, empty)}")
+    padding = int(np.bincount(packs.epoch[empty]).max()) if empty.size else 0
+    if padding > padding_per_epoch:
+        allowed = f" (a plan of one document per row may pad with {padding_per_epoch})" if padding_per_epoch else ""
+        problems.append(f"{empty.size} empty pack(s), first at {_where(packs, empty)}{allowed}")
     over = np.flatnonzero(packs.num_tokens > seq_len)
     if over.size:
         problems.append(
@@ -171,11 +176,12 @@ def check_pack_contents(packs: PackRows, seq_len: int, doc_tokens: np.ndarray, d
         problems.append(f"{no_loss.size} pack(s) without a loss-bearing token, first at {_where(packs, no_loss)}")
     if problems:
         return Check(name, False, _listed(problems))
+    padded = f"; {empty.size} empty padding pack(s), at most {padding} an epoch" if empty.size else ""
     return Check(
         name,
         True,
         f"{len(packs)} packs, each 1..{seq_len} tokens with loss; longest "
-        f"{int(packs.num_tokens.max()) if len(packs) else 0}",
+        f"{int(packs.num_tokens.max()) if len(packs) else 0}{padded}",
     )
 
 

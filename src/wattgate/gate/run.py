@@ -50,6 +50,7 @@ from wattgate.gate.settings_check import check_settings
 from wattgate.gate.sources_check import check_sources
 from wattgate.gate.weights_check import check_weights, previous_report, with_model_hashes
 from wattgate.records.gate import PHASE_STEADY, Collectives, GateReport, PlanHashes
+from wattgate.records.plan import Plan
 from wattgate.records.run_config import RunConfig
 
 
@@ -123,7 +124,7 @@ def run_checks(
             plan.grad_accum,
             segment_steps or plan.steps_per_epoch,
         ),
-        C.check_pack_contents(packs, plan.seq_len, inputs.doc_tokens, inputs.doc_loss_tokens),
+        C.check_pack_contents(packs, plan.seq_len, inputs.doc_tokens, inputs.doc_loss_tokens, padding_per_epoch(plan)),
         check_conservation(
             whole,
             plan.epochs,
@@ -164,6 +165,14 @@ def run_checks(
         V.check_validation_conservation(inputs.validation, inputs.doc_tokens, inputs.manifest.validation, plan.seq_len),
         leakage_with_duplicates(V.check_leakage(inputs.validation, whole), mixture, inputs),
     ]
+
+
+def padding_per_epoch(plan: Plan) -> int:
+    """The empty packs an epoch of `plan` may hold: fewer than a step's with one document per row and `rebin` (its
+    documents cannot be split to make up the count), else none."""
+    if plan.max_documents_per_row == 1 and plan.remainder == "rebin":
+        return plan.world_size * plan.micro_batch_size * plan.grad_accum - 1
+    return 0
 
 
 def gate_mixture(inputs: GateInputs) -> MixtureInputs | None:
@@ -264,7 +273,7 @@ def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
     # a layer with a recurrent state (Mamba, linear attention) would carry it from one packed document into the next
     validation_packs = inputs.validation.packs if inputs.validation is not None else None
     every_pack = [p for p in (inputs.packs, validation_packs) if p is not None]
-    results.append(check_document_isolation(config, every_pack, proof))
+    results.append(check_document_isolation(config, inputs.plan, every_pack, proof))
     if proof is not None:
         results.append(C.Check("collectives", proof.passed, proof.detail))
     report = gate_json(

@@ -26,6 +26,8 @@ class Layout:
     world_size: int
     micro_batch_size: int
     grad_accum: int
+    # each row one document and padding (pack.documents_per_row one): a model with a recurrent state
+    one_document_rows: bool = False
 
     @property
     def packs_per_micro(self) -> int:

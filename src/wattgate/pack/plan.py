@@ -16,7 +16,7 @@ from wattgate.errors import InputError
 from wattgate.pack.assign import Layout, Placement, assign_ranks, pack_costs, rank_cost_ratios, sort_placement
 from wattgate.pack.bfd import pack_bfd
 from wattgate.pack.planner import plan_packs
-from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs, rebin
+from wattgate.pack.remainder import DROP_REASON_REMAINDER, Packs, one_per_pack, pad_with_empty, rebin
 from wattgate.pack.segments import (
     HISTORY,
     PlanSettings,
@@ -201,11 +201,12 @@ def plan_epochs(
         # steps_per_epoch): BFD per epoch, then rebin each up to the largest count's global-batch multiple
         per_step = layout.packs_per_step
         sorted_docs = chosen
-        bfd = [Packs.from_assignment(pack_bfd(lengths[d], seq_len)) for d in sorted_docs]
+        bfd = [first_packs(lengths[d], seq_len, layout.one_document_rows) for d in sorted_docs]
         count = max(-(-len(b) // per_step) * per_step for b in bfd)
         for e, (docs, b) in enumerate(zip(sorted_docs, bfd)):
             sub = lengths[docs]
-            packs = rebin(b, sub, per_step, at_least=count)
+            # one document per row: nothing to move, padding packs make up the count
+            packs = pad_with_empty(b, count - len(b)) if layout.one_document_rows else rebin(b, sub, per_step, count)
             tokens = packs.sum_per_pack(sub)
             costs = pack_costs(tokens, packs.sum_per_pack(sub**2), attn_weight)
             placement = assign_ranks(costs, layout, 1, seed * 1_000_003 + e)
@@ -240,6 +241,33 @@ def plan_epochs(
     )
     placement = sort_placement(Placement(*[np.concatenate(c) for c in zip(*placements)]))
     return packs, placement, np.concatenate(tokens), np.concatenate(costs)
+
+
+def first_packs(lengths: np.ndarray, seq_len: int, one_document_rows: bool) -> Packs:
+    """The documents packed before the remainder policy: by BFD, or each in a pack of its own."""
+    if one_document_rows:
+        return one_per_pack(len(lengths))
+    return Packs.from_assignment(pack_bfd(lengths, seq_len))
+
+
+def one_document_rows(config: RunConfig) -> tuple[bool, str]:
+    """(whether each row holds one document, why) from pack.documents_per_row; `auto` asks transformers which of
+    the model's layers carry a recurrent state (a model it cannot build packs many: the gate names it)."""
+    setting = config.pack.documents_per_row
+    if setting != "auto":
+        return setting == "one", f"pack.documents_per_row {setting}"
+    from wattgate.hf_config import model_hf_config, recurrent_layers
+
+    try:
+        layers = recurrent_layers(model_hf_config(config.model))
+    except Exception as exc:  # noqa: BLE001 - document_isolation in the gate fails such a model, naming why
+        why = first_line(exc)
+        return False, f"pack.documents_per_row auto: which layers carry a recurrent state is unknown ({why})"
+    if not layers:
+        return False, "pack.documents_per_row auto: every layer attends"
+    shown = ", ".join(layers[:4]) + (f" and {len(layers) - 4} more" if len(layers) > 4 else "")
+    carry = "carries" if len(layers) == 1 else "carry"
+    return True, f"pack.documents_per_row auto: {shown} {carry} a recurrent state across documents"
 
 
 def read_doc_extras(pretokenized: Path, manifest: Manifest) -> tuple[np.ndarray, np.ndarray]:
@@ -293,6 +321,7 @@ def validation_section(held_out: np.ndarray, lengths: np.ndarray, settings: Plan
         settings.eval_micro_batch_size,
         settings.seed,
         settings.attn_weight,
+        one_document_rows=settings.max_documents_per_row == 1,
     )
 
 
@@ -312,7 +341,10 @@ def build_plan(config: RunConfig, pretokenized: str | Path, out: str | Path) -> 
             f"{pretokenized}: doc_id {worst} has {lengths[worst]} tokens > train.seq_len {seq_len}; "
             "rerun pretokenize with pretokenize.max_tokens <= seq_len"
         )
-    layout = Layout(world_size(config), train.micro_batch_size, train.grad_accum)
+    one_rows, why = one_document_rows(config)
+    if one_rows:
+        print(f"pack: one document per row ({why})", flush=True)
+    layout = Layout(world_size(config), train.micro_batch_size, train.grad_accum, one_rows)
     settings = PlanSettings(
         world_size=layout.world_size,
         seq_len=seq_len,
@@ -323,6 +355,7 @@ def build_plan(config: RunConfig, pretokenized: str | Path, out: str | Path) -> 
         seed=pack.seed,
         attn_weight=pack.attn_weight,
         pretokenized_manifest_sha256=manifest_sha,
+        max_documents_per_row=1 if one_rows else None,
     )
     # a run with checkpoints of an earlier plan that differs only in the world size goes on from them
     checkpoints = run_folder_beside(out, config.run_name) / "checkpoints"
@@ -384,6 +417,7 @@ def build_plan(config: RunConfig, pretokenized: str | Path, out: str | Path) -> 
         stats=stats,
         validation=vplan.stats if vplan is not None else None,
         mixture=mixture,
+        max_documents_per_row=settings.max_documents_per_row,
     )
     plan = publish_plan(
         out, plan, lambda tmp: write_packs_table(tmp, placement, packs, lengths, tokens), eval_writer(vplan, lengths)
@@ -487,6 +521,7 @@ def build_continued_plan(
         ),
         validation=vplan.stats if vplan is not None else None,
         mixture=mixture[1],
+        max_documents_per_row=settings.max_documents_per_row,
     )
     print(f"pack: continuing {found.path} (step {boundary}): {change}", flush=True)
     plan = publish_plan(out, plan, lambda tmp: write_rows_table(tmp, cols, lengths), eval_writer(vplan, lengths))

@@ -16,7 +16,9 @@ def plan_packs(
     lengths: np.ndarray, seq_len: int, layout: Layout, remainder: str, epochs: int, seed: int, attn_weight: float
 ):
     """Pure core of the stage: (packs, placement, tokens per pack, cost per pack)."""
-    packs = apply_remainder(lengths, seq_len, remainder, layout.world_size, layout.packs_per_step)
+    packs = apply_remainder(
+        lengths, seq_len, remainder, layout.world_size, layout.packs_per_step, layout.one_document_rows
+    )
     tokens = packs.sum_per_pack(lengths)
     sum_sq = packs.sum_per_pack(lengths**2)
     costs = pack_costs(tokens, sum_sq, attn_weight)

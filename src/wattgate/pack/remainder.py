@@ -181,6 +181,17 @@ def _fill_receivers(donors: _Donors, tokens: list[int], received: dict, target: 
             heapq.heappush(offers, (size[docs[at + 1]], i))
 
 
+def pad_with_empty(packs: Packs, count: int) -> Packs:
+    """`count` more packs that hold no document (padding rows, no loss tokens)."""
+    offsets = np.concatenate([packs.offsets, np.full(count, packs.offsets[-1], dtype=np.int64)])
+    return Packs(docs=packs.docs, offsets=offsets, dropped_docs=packs.dropped_docs)
+
+
+def one_per_pack(count: int) -> Packs:
+    """Documents 0..count-1, each in a pack of its own."""
+    return Packs.from_assignment(np.arange(count, dtype=np.int64))
+
+
 def drop_remainder(packs: Packs, lengths: np.ndarray, multiple: int) -> Packs:
     """Keep the largest multiple of `multiple` packs; drop the lightest ones (listed in dropped_docs)."""
     if len(packs) < multiple:
@@ -199,14 +210,14 @@ def drop_remainder(packs: Packs, lengths: np.ndarray, multiple: int) -> Packs:
     return out
 
 
-def pack_per_rank(lengths: np.ndarray, seq_len: int, world_size: int) -> Packs:
+def pack_per_rank(lengths: np.ndarray, seq_len: int, world_size: int, one_document_rows: bool = False) -> Packs:
     """Naive baseline: documents dealt round-robin to ranks, each rank packs its own (uneven counts)."""
     pack_ids, docs, owners, n_packs = [], [], [], 0
     for rank in range(world_size):
         mine = np.arange(rank, len(lengths), world_size)
         if len(mine) == 0:
             continue
-        local = pack_bfd(lengths[mine], seq_len)
+        local = np.arange(len(mine), dtype=np.int64) if one_document_rows else pack_bfd(lengths[mine], seq_len)
         pack_ids.append(local + n_packs)
         docs.append(mine)
         count = int(local.max()) + 1
@@ -217,9 +228,18 @@ def pack_per_rank(lengths: np.ndarray, seq_len: int, world_size: int) -> Packs:
     return out
 
 
-def apply_remainder(lengths: np.ndarray, seq_len: int, policy: str, world_size: int, multiple: int) -> Packs:
+def apply_remainder(
+    lengths: np.ndarray, seq_len: int, policy: str, world_size: int, multiple: int, one_document_rows: bool = False
+) -> Packs:
+    """The documents in packs, their count a multiple of `multiple` as `policy` makes it. `one_document_rows`: each
+    pack one document; `rebin` cannot split such packs, so padding packs (no document) make up the count."""
     if policy == "none":
-        return pack_per_rank(lengths, seq_len, world_size)
+        return pack_per_rank(lengths, seq_len, world_size, one_document_rows)
+    if one_document_rows:
+        single = one_per_pack(len(lengths))
+        if policy == "rebin":
+            return pad_with_empty(single, (-len(single)) % multiple)
+        return drop_remainder(single, lengths, multiple)
     packs = Packs.from_assignment(pack_bfd(lengths, seq_len))
     if policy == "rebin":
         return rebin(packs, lengths, multiple)

@@ -55,6 +55,7 @@ class PlanSettings:
     seed: int
     attn_weight: float
     pretokenized_manifest_sha256: str
+    max_documents_per_row: int | None = None  # plan.json's: 1 for one document per row
 
     def resume_settings(self) -> tuple:
         """The settings a continued plan must share with the plan it continues (SAME_FOR_RESUME, in order)."""
@@ -290,13 +291,19 @@ def continue_plan(
     if old_pps % (layout_new.world_size * mbs) == 0:
         ga = old_pps // (layout_new.world_size * mbs)
         cols = redeal_steps(
-            rows, ordinal, rest, Layout(layout_new.world_size, mbs, ga), lengths, old.attn_weight, old.seed
+            rows,
+            ordinal,
+            rest,
+            Layout(layout_new.world_size, mbs, ga, layout_new.one_document_rows),
+            lengths,
+            old.attn_weight,
+            old.seed,
         )
         how = "each remaining step keeps its packs"
     else:
         ga = max(1, round(old_pps / (layout_new.world_size * mbs)))
         packing = Packing(
-            layout=Layout(layout_new.world_size, mbs, ga),
+            layout=Layout(layout_new.world_size, mbs, ga, layout_new.one_document_rows),
             seq_len=old.seq_len,
             epochs=old.epochs,
             seed=old.seed,

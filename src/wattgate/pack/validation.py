@@ -21,7 +21,7 @@ import numpy as np
 from wattgate.errors import InputError
 from wattgate.pack.assign import Layout, Placement, assign_ranks, pack_costs, rank_cost_ratios
 from wattgate.pack.bfd import pack_bfd
-from wattgate.pack.remainder import Packs, rebin
+from wattgate.pack.remainder import Packs, one_per_pack, pad_with_empty, rebin
 from wattgate.records.plan import ValidationPass
 from wattgate.run_files import EVAL_PACKS
 
@@ -34,18 +34,19 @@ class ValidationPlan:
     stats: ValidationPass  # plan.json's `validation` (packs_sha256 set on publish)
 
 
-def pad_with_empty(packs: Packs, count: int) -> Packs:
-    """`count` more packs that hold no document (padding rows, no loss tokens)."""
-    offsets = np.concatenate([packs.offsets, np.full(count, packs.offsets[-1], dtype=np.int64)])
-    return Packs(docs=packs.docs, offsets=offsets)
-
-
-def balanced_packs(held_out: np.ndarray, lengths: np.ndarray, seq_len: int, multiple: int) -> tuple[Packs, str]:
-    """The held-out documents in a multiple of `multiple` packs: rebin when they can be split, else padding.
+def balanced_packs(
+    held_out: np.ndarray, lengths: np.ndarray, seq_len: int, multiple: int, one_document_rows: bool = False
+) -> tuple[Packs, str]:
+    """The held-out documents in a multiple of `multiple` packs: rebin when they can be split, else padding
+    (always with `one_document_rows`).
 
     Packed over the held-out documents' own lengths (indices 0..k-1, mapped back to doc ids at the end), so
     the cost follows the split's size, not the corpus's."""
     local = lengths[held_out]
+    if one_document_rows:
+        single = one_per_pack(len(held_out))
+        packs = pad_with_empty(single, (-len(single)) % multiple)
+        return Packs(docs=held_out[packs.docs], offsets=packs.offsets), "one document per pack+empty packs"
     packs = Packs.from_assignment(pack_bfd(local, seq_len))
     need = (-len(packs)) % multiple
     strategy = "bfd"
@@ -56,7 +57,7 @@ def balanced_packs(held_out: np.ndarray, lengths: np.ndarray, seq_len: int, mult
             need = -1
     if need and strategy == "bfd":
         # scarce documents: one pack each (the most ranks do real work), the rest padding
-        single = Packs.from_assignment(np.arange(len(held_out)))
+        single = one_per_pack(len(held_out))
         packs, strategy = pad_with_empty(single, (-len(single)) % multiple), "one document per pack+empty packs"
     return Packs(docs=held_out[packs.docs], offsets=packs.offsets), strategy
 
@@ -69,10 +70,11 @@ def plan_validation(
     micro_batch_size: int,
     seed: int,
     attn_weight: float,
+    one_document_rows: bool = False,
 ) -> ValidationPlan:
     """Pack and place the validation pass (one 'epoch', one 'step', micro = the micro-batch index)."""
-    layout = Layout(world_size, micro_batch_size, 1)
-    packs, strategy = balanced_packs(held_out, lengths, seq_len, layout.packs_per_micro)
+    layout = Layout(world_size, micro_batch_size, 1, one_document_rows)
+    packs, strategy = balanced_packs(held_out, lengths, seq_len, layout.packs_per_micro, layout.one_document_rows)
     doc_len = lengths[packs.docs].astype(np.float64)  # the held-out documents' only: not the corpus's
     tokens = np.rint(np.bincount(packs.pack_of_doc(), weights=doc_len, minlength=len(packs))).astype(np.int64)
     sum_sq = np.bincount(packs.pack_of_doc(), weights=doc_len**2, minlength=len(packs))

@@ -22,6 +22,7 @@ SAME_FOR_RESUME = (
     "seed",
     "attn_weight",
     "pretokenized_manifest_sha256",
+    "max_documents_per_row",
 )
 
 
@@ -174,6 +175,9 @@ class Plan(Record):
     stats: PlanStats = spec(default_factory=PlanStats)
     validation: ValidationPass | None = None
     mixture: PlanMixture | None = spec(omit_none=True, default=None)
+    # 1: every row holds one document (pack.documents_per_row one, or auto on a model with a recurrent state; the
+    # gate's document_isolation reads it); left out when rows hold as many as fit
+    max_documents_per_row: int | None = spec(minimum=1, omit_none=True, default=None)
     # a continued plan (pack/segments.py)
     config_grad_accum: int | None = _count(1)
     segments: tuple[Segment, ...] | None = spec(omit_none=True, default=None)

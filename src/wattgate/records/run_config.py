@@ -134,6 +134,11 @@ class PackConfig(Record):
     # pack cost = tokens + attn_weight * sum(doc_len^2). For a dense causal decoder, attention/dense FLOPs give
     # n_layers * n_heads * head_dim / (2 * n_params): Qwen3-32B 64 * 8192 / 64e9 ~ 8e-6.
     attn_weight: float = spec(minimum=0)
+    # many: a packed row holds as many documents as fit in seq_len; one: each row holds one document and padding (a
+    # model with a recurrent state, Mamba/SSM, short convolutions or linear attention, would carry it from one
+    # packed document into the next); auto: one when transformers gives one of the model's layers a recurrent state,
+    # else many.
+    documents_per_row: Literal["auto", "many", "one"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
