@@ -104,7 +104,10 @@ def test_auto_plans_one_document_per_row_for_a_recurrent_model_and_the_gate_pass
     assert (
         "max_documents_per_row 1" in check["detail"] and "for the same documents packed many per row" in check["detail"]
     )
-    print(check["detail"], recorded["stats"]["efficiency"])
+    # the empty rows that make up the last step idle its ranks for part of a step: named, not a failed balance
+    balance = next(c for c in report["checks"] if c["name"] == "balance")
+    padded = bool((read_packs(one / "packs.parquet").num_tokens == 0).any())
+    assert balance["passed"] and ("padding rows left out" in balance["detail"]) == padded, balance["detail"]
     # the same config forced to `many`: the gate fails, naming the layer
     many = config.replace(pack=config.pack.replace(documents_per_row="many"))
     build_plan(many, tmp_path / "pretokenized", tmp_path / "plan-many")

@@ -153,6 +153,7 @@ def run_checks(
             plan.world_size,
             plan.attn_weight,
             config.gate.max_rank_cost_ratio,
+            padded_steps_allowed=padding_per_epoch(plan) > 0,
         ),
         check_schedule(plan, config),
         check_segments(plan, config, packs, inputs.prefix, inputs.prefix_problems),
