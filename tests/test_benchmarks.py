@@ -29,7 +29,9 @@ RUNS = {name: [sys.executable, f"bench/{name}.py", "--smoke"] for name in SCRIPT
 RUNS["gate-worlds"] = [sys.executable, "bench/gate.py", "--worlds", "--smoke"]
 DRY_RUN = "gpu_checks-dry-run"
 # the longest first, so that the two at a time end together
-LONGEST = (DRY_RUN, "train_overhead", "gate", "gate-worlds", "collectives", "load", "loss", "steady_memory")
+LONGEST = (
+    DRY_RUN, "train_overhead", "gate", "gate-worlds", "collectives", "load", "loss", "steady_memory", "expert_memory",
+)  # fmt: skip
 CONCURRENT = 2
 TIMEOUT_S = 600
 LOAD = r"load average \d+\.\d\d \d+\.\d\d \d+\.\d\d"

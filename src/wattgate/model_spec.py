@@ -111,6 +111,17 @@ class ModelSpec:
         return self._attention_params() + mlp
 
     @property
+    def expert_params(self) -> int:
+        """One MoE layer's routed experts: its 3-D weights [num_experts, ...], what parallel.expert splits between
+        ranks (0 for a dense model). Summed over the distinct shapes (the counted ones when `census` is set): a
+        layout with two expert weights of one shape, or the experts' biases, is counted short, which only leaves
+        more of the layer counted as gathered in full."""
+        if not self.num_experts:
+            return 0
+        shapes = self.weight_shapes().values()
+        return sum(math.prod(s) for s in shapes if len(s) == 3 and s[0] == self.num_experts)
+
+    @property
     def dense_layer_params(self) -> int:
         """A layer of an MoE model that has a dense MLP (intermediate_size) instead of experts."""
         return self._attention_params() + 3 * self.hidden_size * self.intermediate_size

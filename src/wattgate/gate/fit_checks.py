@@ -22,8 +22,9 @@ def _budget_text(budget: Budget, headroom: float) -> str:
     return f"{usable / GIB:.1f} GiB usable ({budget.bytes / GIB:.1f} GiB from {budget.source}, {headroom:.0%} headroom)"
 
 
-def check_fit(phases: dict[str, dict[str, int]], budgets: dict[str, Budget], headroom: float) -> Check:
-    """Estimated peak of every phase (device per rank: load, steady, export; host per node) within its budget.
+def check_fit(phases: dict[str, dict[str, int]], budgets: dict[str, Budget], headroom: float, mesh: str = "") -> Check:
+    """Estimated peak of every phase (device per rank: load, steady, export; host per node) within its budget;
+    `mesh`, when not empty, ends the detail (the mesh the estimate is for: parallel.expert's).
 
     A phase whose budget is unknown (bytes None) is reported as not checked and does not fail.
     """
@@ -44,11 +45,11 @@ def check_fit(phases: dict[str, dict[str, int]], budgets: dict[str, Budget], hea
     if over:
         fitting = [f"{', '.join(items)} GiB per {budget.per}" for budget, items in fits.items()]
         rest = ([f"fits: {', '.join(fitting)}"] if fitting else []) + unchecked
-        return Check("fit", False, "; ".join(over + rest))
+        return Check("fit", False, "; ".join(over + rest + [mesh] * bool(mesh)))
     fitting = [
         f"{', '.join(items)} GiB per {budget.per} of {_budget_text(budget, headroom)}" for budget, items in fits.items()
     ]
-    return Check("fit", True, "; ".join(fitting + unchecked))
+    return Check("fit", True, "; ".join(fitting + unchecked + [mesh] * bool(mesh)))
 
 
 def check_checkpoint_space(checkpoint_bytes: int, keep: int, final_bytes: int, free_bytes: int, where: str) -> Check:

@@ -12,7 +12,11 @@ see which one does not fit. Three phases peak differently on the device:
   moments stay in fp32 (4 + 4 + 8 bytes, divided by the shard degree: the
   world size, or with HSDP (parallel.replicate) the world over the replicas); each
   layer is all-gathered in bf16 for compute, the current and the prefetched
-  one at a time, and its gradient is reduce-scattered in fp32.
+  one at a time, and its gradient is reduce-scattered in fp32. With expert
+  parallelism (parallel.expert E > 1) a rank holds E-th of each MoE layer's
+  experts, sharded over the shard degree / E ranks holding the same ones: the
+  same sharded bytes, but it gathers only its own experts, and each MoE layer
+  exchanges its routed tokens by all-to-all.
 - export: gradients are freed; per parameter every rank casts its shard to
   the export dtype and all-gathers the full parameter, which the rank writing
   the current file streams into it.
@@ -111,6 +115,7 @@ class FitSettings:
     eval_tokens_per_micro_batch: int = 0  # the validation forward's micro-batch; 0: no validation
     optimizer: str = "adamw"  # train.optimizer: adamw keeps two fp32 moments, sgd (no momentum) none
     replicate: int = 1  # parallel.replicate: HSDP keeps this many replicas of the sharded state
+    expert: int = 1  # parallel.expert: each MoE layer's experts split between this many ranks
 
     @property
     def ranks_per_node(self) -> int:
@@ -120,6 +125,11 @@ class FitSettings:
     def shard_degree(self) -> int:
         """The ranks each parameter, gradient and optimizer state is sharded over: the world, over the replicas."""
         return self.world_size // self.replicate
+
+    @property
+    def expert_shard_degree(self) -> int:
+        """The ranks holding the same experts, over which FSDP2 shards them (train/mesh.py ep_shard)."""
+        return self.shard_degree // self.expert
 
     @property
     def nodes_per_shard_group(self) -> int:
@@ -192,6 +202,28 @@ def optimizer_state(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     return {"sharded_adam_state_fp32": spec.num_params * 8 // s.shard_degree} if s.optimizer == "adamw" else {}
 
 
+def gathered_layer_params(spec: ModelSpec, s: FitSettings) -> int:
+    """The parameters of the largest decoder layer a rank gathers: all of them, or under EP only its own E-th of an
+    MoE layer's experts (their FSDP2 unit spans the ranks holding the same experts; another rank's are never
+    gathered). The largest layer is taken to be an MoE one: many experts outweigh a dense MLP."""
+    if s.expert == 1:
+        return spec.layer_params
+    return spec.layer_params - spec.expert_params * (s.expert - 1) // s.expert
+
+
+def expert_all_to_all_bytes(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
+    """Under EP, one MoE layer's token exchange in flight (train/expert_parallel.py): the rows sent, one per token
+    and routed expert, and as many received, in the compute dtype, for the larger of the training and validation
+    micro-batches. Received rows are taken to match the sent ones (a balanced router); what autograd keeps of
+    them is in `activations` already. Nothing without EP."""
+    if s.expert == 1:
+        return {}
+    compute = 2 if s.mixed_precision else 4
+    tokens = max(s.tokens_per_micro_batch, s.eval_tokens_per_micro_batch)
+    rows = tokens * max(1, spec.experts_per_token)
+    return {"expert_all_to_all": 2 * rows * spec.hidden_size * compute}
+
+
 def estimate_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     """Steady-state (training step or validation forward) peak bytes per GPU, term by term.
 
@@ -201,15 +233,18 @@ def estimate_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     """
     compute = 2 if s.mixed_precision else 4
     validation = validation_forward_bytes(spec, s) if s.eval_tokens_per_micro_batch else {}
+    layer = gathered_layer_params(spec, s)
+    # under EP too: E-th of the experts over shard degree / E ranks is every expert over the shard degree
     return {
         "sharded_params_fp32": spec.num_params * 4 // s.shard_degree,
         "sharded_grads_fp32": spec.num_params * 4 // s.shard_degree,
         **optimizer_state(spec, s),
         # two layers gathered (current + prefetched) and the root's embedding/head, in compute dtype
-        "gathered_params": (2 * spec.layer_params + spec.embedding_params) * compute,
-        "unsharded_grads_fp32": (spec.layer_params + spec.embedding_params) * 4,
+        "gathered_params": (2 * layer + spec.embedding_params) * compute,
+        "unsharded_grads_fp32": (layer + spec.embedding_params) * 4,
         "activations": max(activation_bytes(spec, s), validation.get("activations", 0)),
         "logits": max(logits_bytes(spec, s, s.tokens_per_micro_batch), validation.get("logits", 0)),
+        **expert_all_to_all_bytes(spec, s),
         "runtime_overhead": RUNTIME_OVERHEAD_BYTES[s.runtime_kind],
     }
 
@@ -387,6 +422,17 @@ class FitEstimate:
     phases: dict[str, dict[str, int]]  # load, steady, export, host_per_node -> term -> bytes
     budgets: dict[str, Budget]  # the same keys
     notes: dict[str, str]  # phase -> what a person needs to read its terms (e.g. which parameter is largest)
+    mesh: str = ""  # what the fit check's detail says of the mesh; empty for the plain FSDP2 one
+
+
+def expert_mesh_note(spec: ModelSpec, s: FitSettings) -> str:
+    """Under EP, the experts a rank holds and gathers (the fit check's detail names the degree); empty without."""
+    if s.expert == 1:
+        return ""
+    return (
+        f"parallel.expert {s.expert}: a rank holds and gathers {spec.num_experts // s.expert} of each MoE layer's "
+        f"{spec.num_experts} experts, sharded over {s.expert_shard_degree} rank(s)"
+    )
 
 
 def phase_notes(spec: ModelSpec, s: FitSettings) -> dict[str, str]:
@@ -400,7 +446,7 @@ def phase_notes(spec: ModelSpec, s: FitSettings) -> dict[str, str]:
         source = f"{s.source.dtype} checkpoint of {checkpoint_file_bytes(spec, s.source) / GIB:.1f} GiB{found}"
     return {
         "load": f"largest local slice: {slice_name}, {slice_elements:,} elements per rank; {source}",
-        "steady": logits_note(spec, s),
+        "steady": "; ".join(filter(None, (logits_note(spec, s), expert_mesh_note(spec, s)))),
         "export": f"largest parameter: {name} {list(shape)}, gathered in {s.export_dtype}",
         "host_per_node": f"{s.ranks_per_node} rank(s) per node; page cache: the checkpoint / "
         f"{s.nodes_per_shard_group} node(s)"
@@ -416,4 +462,5 @@ def fit_estimate(
         phases=estimate_phases(spec, s, steady),
         budgets={"load": device, "steady": device, "export": device, "host_per_node": host},
         notes=phase_notes(spec, s),
+        mesh=expert_mesh_note(spec, s),
     )

@@ -20,7 +20,7 @@ from wattgate.run_files import (
     claim_output,
     run_folder_beside,
 )
-from wattgate.config import config_bytes, config_sha256, replicate_degree, world_size
+from wattgate.config import config_bytes, config_sha256, expert_degree, replicate_degree, world_size
 from wattgate.gate import checks as C
 from wattgate.gate import proof_reuse as R
 from wattgate.gate import validation_checks as V
@@ -72,6 +72,7 @@ def fit_settings(config: RunConfig) -> FitSettings:
         eval_tokens_per_micro_batch=validation_tokens_per_micro_batch(config),
         optimizer=t.optimizer,
         replicate=replicate_degree(config),
+        expert=expert_degree(config),
     )
 
 
@@ -146,7 +147,7 @@ def run_checks(
         C.check_provenance(
             plan, inputs.packs_sha256, inputs.manifest_sha256, inputs.manifest, spec.vocab_size, inputs.content
         ),
-        check_fit(fit.phases, fit.budgets, config.gate.memory_headroom),
+        check_fit(fit.phases, fit.budgets, config.gate.memory_headroom, fit.mesh),
         check_checkpoint_space(checkpoint_bytes(spec), config.train.checkpoint_keep, final_bytes, free, where),
         C.check_balance(
             packs,
