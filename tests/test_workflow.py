@@ -85,6 +85,9 @@ GATE = "results/gate/demo/PASSED"
         # a train key the plan is not made of reruns the gate, never pack (it reran pack)
         ("train:\n  lr: 0.0005\n  checkpoint_every: 7\n", ["invariant_gate"]),
         ("watcher:\n  hang_after_s: 33\n", ["invariant_gate"]),
+        ("parallel:\n  replicate: 2\n", ["invariant_gate"]),
+        # pack.documents_per_row auto (the default) asks the model whether rows may hold several documents
+        ("model:\n  config:\n    rms_norm_eps: 0.00001\n", ["invariant_gate", "pack_and_balance"]),
         ("cluster:\n  slurm:\n    partition: elsewhere\n", []),  # where jobs queue, not what they compute
     ],
 )

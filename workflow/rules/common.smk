@@ -209,6 +209,9 @@ PACK_TRAIN_KEYS = tuple(
     f"train.{key}" for key in ("seq_len", "micro_batch_size", "grad_accum", "epochs", "eval_micro_batch_size")
 )
 
+# pack.documents_per_row auto asks the model whether its layers carry a recurrent state: pack then reads the model
+PACK_MODEL_KEYS = ("model",) if config.get("pack", {}).get("documents_per_row", "auto") == "auto" else ()
+
 
 # Used only with --sw-deployment-method conda; otherwise rules run in the
 # current environment (the .venv that `make` creates). Relative to this file.
