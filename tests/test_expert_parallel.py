@@ -1,6 +1,7 @@
 """Expert parallelism (parallel.expert): the config's one-line refusals, and on gloo a tiny random-init Qwen3-MoE
 trained at EP 2 (and 4) with the losses, gradients and parameters of EP 1, including routings where a rank sends
-a peer no token, or a rank receives none (every all-to-all is still issued, with zero-size splits).
+a peer no token, or a rank receives none (every all-to-all is still issued, with zero-size splits); Mixtral,
+DeepSeek-V3 and GPT-OSS at EP 2 on their own routers.
 """
 
 from __future__ import annotations
