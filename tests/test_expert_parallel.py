@@ -1,6 +1,7 @@
 """Expert parallelism (parallel.expert): the config's one-line refusals, and on gloo a tiny random-init Qwen3-MoE
 trained at EP 2 (and 4) with the losses, gradients and parameters of EP 1, including routings where a rank sends
-a peer no token, or a rank receives none (every all-to-all is still issued, with zero-size splits).
+a peer no token, or a rank receives none (every all-to-all is still issued, with zero-size splits); Mixtral,
+DeepSeek-V3 and GPT-OSS at EP 2 on their own routers.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import pytest
 import torch
 import yaml
 
-from support.models import moe_config
+from support.architectures import MOE_MATRIX_ONLY
+from support.models import MOE_BASE, moe_config
 from wattgate.config import run_config, validate_config
 from wattgate.errors import InputError
 from wattgate.model_spec import load_model_spec
@@ -79,9 +81,16 @@ def torchrun(world: int, *args: str, timeout: int = 400) -> subprocess.Completed
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
 
 
-def trained(tmp_path: Path, world: int, routing: str, degrees: list[int]) -> dict[int, dict]:
+def family(model_type: str) -> dict:
+    """The tiny 2-layer, 4-expert top-2 `model_type` (DeepSeek-V3: its first layer dense, its second MoE)."""
+    if model_type in MOE_MATRIX_ONLY:
+        return dict(MOE_BASE, model_type=model_type, **MOE_MATRIX_ONLY[model_type][0])
+    return moe_config(model_type)
+
+
+def trained(tmp_path: Path, world: int, routing: str, degrees: list[int], model_type: str = "qwen3_moe") -> dict:
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config(1, world, model=moe_config("qwen3_moe", initializer_range=0.2))))
+    path.write_text(yaml.safe_dump(config(1, world, model=family(model_type))))
     script = str(REPO / "tests/dist/moe_expert_parallel.py")
     proc = torchrun(world, script, str(path), str(tmp_path / "out"), routing, *map(str, degrees))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -99,12 +108,24 @@ def assert_same_training(reference: dict, other: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("routing", ["free", "one_sided", "starved"])
-def test_two_ranks_at_ep_2_train_as_at_ep_1(tmp_path, routing):
+@pytest.mark.parametrize(
+    ("model_type", "routing"),
+    [
+        ("qwen3_moe", "free"),
+        ("qwen3_moe", "one_sided"),
+        ("qwen3_moe", "starved"),
+        ("mixtral", "free"),
+        ("deepseek_v3", "free"),
+        ("gpt_oss", "free"),
+    ],
+)
+def test_two_ranks_at_ep_2_train_as_at_ep_1(tmp_path, model_type, routing):
     """free: the model's router; one_sided: rank 1 sends rank 0 no token (zero-size splits one way); starved: no
     token reaches rank 0's experts from anyone (rank 0's experts run on an empty batch, its backward all-to-alls
-    still run). Three SGD steps: the same losses, first-step gradients and final parameters."""
-    runs = trained(tmp_path, 2, routing, [1, 2])
+    still run). Three SGD steps: the same losses, first-step gradients and final parameters. The other families on
+    their own routers: Mixtral, DeepSeek-V3 (grouped router, a shared expert beside the routed ones, a dense first
+    layer) and GPT-OSS (expert biases, [experts, in, out] layout)."""
+    runs = trained(tmp_path, 2, routing, [1, 2], model_type)
     assert_same_training(runs[1], runs[2])
 
 

@@ -24,7 +24,9 @@ from wattgate.train.data import IGNORE
 from wattgate.train.distributed import setup_rank
 from wattgate.train.loss import summed_token_loss
 from wattgate.train.mesh import data_parallel_mesh
-from wattgate.train.model import build_meta_model, clip_grad_norm, layer_container, parallelize
+from wattgate.train.attention import resolve_attn_implementation
+from wattgate.train.model import causal_lm_class, clip_grad_norm, layer_container, meta_model_of, model_hf_config
+from wattgate.train.model import parallelize
 from wattgate.train.weights import materialize
 
 STEPS = 3
@@ -55,10 +57,12 @@ def excluded_router(router, exclude: list[int]):
 
 
 def build(degree: int):
-    model = build_meta_model(config["model"], "sdpa")
-    first_rank_experts = list(range(model.config.num_experts // max(degrees)))
+    hf_config = model_hf_config(config["model"])
+    # what `auto` picks on CPU: sdpa, or eager where transformers has no sdpa for the class (GPT-OSS)
+    model = meta_model_of(hf_config, resolve_attn_implementation("auto", "cpu", False, causal_lm_class(hf_config)))
     starve = routing == "starved" or (routing == "one_sided" and rank == world - 1)
-    if starve:
+    if starve:  # Qwen3-MoE's router (the skewed routings are run on it)
+        first_rank_experts = list(range(model.config.num_experts // max(degrees)))
         for layer in layer_container(model):
             layer.mlp.gate.forward = excluded_router(layer.mlp.gate, first_rank_experts)
     mesh = data_parallel_mesh("cpu", world, 1, degree)

@@ -45,7 +45,7 @@ from wattgate.proof.relay import RankZeroRelay
 from wattgate.proof.storage import NoBytesCheckpoints, NoBytesExport
 from wattgate.train.checkpoint_hashing import HASH_ALGORITHM
 from wattgate.train.loop import Trainer
-from wattgate.train.mesh import data_parallel_mesh, mesh_groups
+from wattgate.train.mesh import data_parallel_mesh, forget_meshes, mesh_groups
 from wattgate.train.model import bf16_mixed_precision
 from wattgate.train.rank_inputs import Paths, rank_batches
 from wattgate.train.seams import Seams
@@ -238,6 +238,7 @@ def dry_run_rank(
     )
     paths.out.mkdir(parents=True, exist_ok=True)
     hook = sys.excepthook  # init_process_group wraps it with a "[rank<r>]:" prefix that outlives the group
+    forget_meshes()  # this rank's meshes equal another rank's to torch's caches (train/mesh.py)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
         fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -252,5 +253,6 @@ def dry_run_rank(
     finally:
         shared.close()
         dist.destroy_process_group()
+        forget_meshes()
         sys.excepthook = hook
     return record

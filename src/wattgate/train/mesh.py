@@ -79,6 +79,21 @@ def experts_data_mesh(mesh: DeviceMesh) -> DeviceMesh:
     return mesh[(REPLICATE_DIM, EXPERT_SHARD_DIM)] if REPLICATE_DIM in names else mesh[EXPERT_SHARD_DIM]
 
 
+def forget_meshes() -> None:
+    """Empty torch's DTensor caches that hold meshes: sharding propagation (Python and C++), redistribution plans
+    and transforms, the mesh topology. They key on DeviceMesh equality, which compares the ranks' layout and not
+    which rank this process is, so a process that builds the mesh as another rank (the collective proof's dry runs,
+    one after another on fresh fake process groups) would get the earlier rank's mesh back, with group names its
+    own world does not hold ("Could not resolve the process group registered under the name 1")."""
+    from torch.distributed.tensor import _collective_utils, _redistribute
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    _redistribute._gen_transform_infos.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+    _collective_utils.MeshTopoInfo.build_from_mesh.cache_clear()
+
+
 def mesh_groups(mesh: DeviceMesh) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Each named dimension's process group of this rank, by the group's name: (the dimension's name, the group's
     ranks). Empty for the 1-D mesh, whose one group is the world's (the default group, recorded as before)."""

@@ -1,0 +1,100 @@
+"""A checkpoint saved at one expert-parallel degree resumes at another (parallel.expert 2 -> 1 and 1 -> 2, 2 ranks
+on gloo, the tiny Qwen3-MoE): every step once over the data, the losses of the uninterrupted run, and final/ the
+Hugging Face layout with the same tensors. Checkpoints hold the experts' logical [experts, ...] tensors (DTensor
+placements), which torch.distributed.checkpoint reshards on load."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from conftest import final_params, make_run, run_train, torchrun
+from support.models import moe_config
+
+WORLD = 2
+# EP 2 computes each expert's gradient on the rank holding it from the tokens the all-to-all brings, EP 1 on every
+# rank from its own tokens, then reduce-scatters: the same sums in another order (fp32), which Adam magnifies where
+# a second moment is tiny. A lost or repeated step moves parameters by about lr = 1e-2.
+PARAM_TOLERANCE = 1e-4
+
+
+def with_expert(tmp: Path, expert: int) -> None:
+    path = tmp / f"config-{WORLD}.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["model"] = {"config": moe_config("qwen3_moe")}
+    config["parallel"] = {"expert": expert}
+    path.write_text(yaml.safe_dump(config))
+
+
+def killed_after_first_checkpoint(tmp: Path, out: Path) -> None:
+    """The job killed (no clean shutdown) as soon as its first checkpoint is published."""
+    job = subprocess.Popen(
+        torchrun(tmp, WORLD, out),
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    while not list(out.glob("checkpoints/step-*/state.json")):
+        assert job.poll() is None and time.monotonic() < deadline, "no checkpoint published"
+        time.sleep(0.01)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    assert not (out / "TRAINED").exists()
+
+
+def steps_and_tokens(out: Path) -> list[tuple]:
+    return sorted(pq.read_table(out / "metrics.parquet", columns=["step", "rank", "tokens"]).to_pylist(), key=str)
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory) -> tuple[Path, Path]:
+    """The inputs and the uninterrupted training at EP 1: what each resume is compared with."""
+    root = tmp_path_factory.mktemp("ep-straight")
+    lengths = np.random.default_rng(5).integers(5, 60, 100).tolist()
+    make_run(root, lengths, gpus=WORLD, grad_accum=1, epochs=1, checkpoint_every=3, export_dtype="float32")
+    with_expert(root, 1)
+    straight = root / "straight"
+    run_train(root, WORLD, straight)
+    return root, straight
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved, resumed", [(2, 1), (1, 2)])
+def test_a_checkpoint_saved_at_one_expert_degree_resumes_at_the_other_every_step_once(
+    tmp_path, straight_run, saved, resumed
+):
+    root, straight = straight_run
+    for name in ("pretokenized", f"plan-{WORLD}", f"config-{WORLD}.yaml"):  # the same inputs, this test's own copy
+        (shutil.copytree if (root / name).is_dir() else shutil.copy)(root / name, tmp_path / name)
+    total = json.loads((straight / "TRAINED").read_text())["steps"]
+    assert total >= 6
+
+    out = tmp_path / "moved"
+    with_expert(tmp_path, saved)
+    killed_after_first_checkpoint(tmp_path, out)
+    with_expert(tmp_path, resumed)
+    proc = run_train(tmp_path, WORLD, out)
+    summary = json.loads((out / "TRAINED").read_text())
+    assert 3 <= summary["resumed_from_step"] < total, proc.stdout
+    # every step once, on every rank, with the plan's tokens: the data seen exactly once across the change of degree
+    assert steps_and_tokens(out) == steps_and_tokens(straight)
+    a = pq.read_table(straight / "metrics.parquet", columns=["step", "rank", "loss"]).to_pandas()
+    b = pq.read_table(out / "metrics.parquet", columns=["step", "rank", "loss"]).to_pandas()
+    merged = a.merge(b, on=["step", "rank"])
+    assert len(merged) == len(a) and np.allclose(merged["loss_x"], merged["loss_y"], atol=1e-4)
+    # final/ is the Hugging Face layout whatever the degree: the same names and shapes, the same values
+    pa_, pb = final_params(straight), final_params(out)
+    assert pa_.keys() == pb.keys() and any(".experts." in k for k in pb)
+    assert max((pa_[k] - pb[k]).abs().max().item() for k in pa_) < PARAM_TOLERANCE
+    assert all(pb[k].dtype == torch.float32 for k in pb)
