@@ -4,11 +4,7 @@ Hugging Face layout with the same tensors. Checkpoints hold the experts' logical
 placements), which torch.distributed.checkpoint reshards on load."""
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import final_params, make_run, run_train, torchrun
+from conftest import final_params, killed_after_first_checkpoint, make_run, run_train, steps_and_tokens
 from support.models import moe_config
 
 WORLD = 2
@@ -33,28 +29,6 @@ def with_expert(tmp: Path, expert: int) -> None:
     config["model"] = {"config": moe_config("qwen3_moe")}
     config["parallel"] = {"expert": expert}
     path.write_text(yaml.safe_dump(config))
-
-
-def killed_after_first_checkpoint(tmp: Path, out: Path) -> None:
-    """The job killed (no clean shutdown) as soon as its first checkpoint is published."""
-    job = subprocess.Popen(
-        torchrun(tmp, WORLD, out),
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 300
-    while not list(out.glob("checkpoints/step-*/state.json")):
-        assert job.poll() is None and time.monotonic() < deadline, "no checkpoint published"
-        time.sleep(0.01)
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait()
-    assert not (out / "TRAINED").exists()
-
-
-def steps_and_tokens(out: Path) -> list[tuple]:
-    return sorted(pq.read_table(out / "metrics.parquet", columns=["step", "rank", "tokens"]).to_pylist(), key=str)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +56,7 @@ def test_a_checkpoint_saved_at_one_expert_degree_resumes_at_the_other_every_step
 
     out = tmp_path / "moved"
     with_expert(tmp_path, saved)
-    killed_after_first_checkpoint(tmp_path, out)
+    killed_after_first_checkpoint(tmp_path, WORLD, out)
     with_expert(tmp_path, resumed)
     proc = run_train(tmp_path, WORLD, out)
     summary = json.loads((out / "TRAINED").read_text())

@@ -6,10 +6,8 @@ all-reduce, and a checkpoint saved under one mesh resumes under the other, every
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +26,17 @@ from wattgate.gate.run import run_gate
 from wattgate.proof.prove import prove_collectives
 from wattgate.train.mesh import REPLICATE_DIM, SHARD_DIM, data_parallel_mesh, mesh_groups
 
-from conftest import CADENCE, QWEN3_32B, QWEN3_SETTINGS, TINY_3_LAYERS, final_params, make_run, run_train, torchrun
+from conftest import (
+    CADENCE,
+    QWEN3_32B,
+    QWEN3_SETTINGS,
+    TINY_3_LAYERS,
+    final_params,
+    killed_after_first_checkpoint,
+    make_run,
+    run_train,
+    steps_and_tokens,
+)
 
 
 def config_of(replicate, nodes=2, gpus_per_node=2) -> dict:
@@ -173,28 +181,6 @@ def with_replicate(tmp: Path, replicate: int) -> None:
     path.write_text(yaml.safe_dump(config))
 
 
-def killed_after_first_checkpoint(tmp: Path, out: Path) -> None:
-    """The job killed (no clean shutdown) as soon as its first checkpoint is published."""
-    job = subprocess.Popen(
-        torchrun(tmp, 4, out),
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 300
-    while not list(out.glob("checkpoints/step-*/state.json")):
-        assert job.poll() is None and time.monotonic() < deadline, "no checkpoint published"
-        time.sleep(0.01)
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait()
-    assert not (out / "TRAINED").exists()
-
-
-def steps_and_tokens(out: Path) -> list[tuple]:
-    return sorted(pq.read_table(out / "metrics.parquet", columns=["step", "rank", "tokens"]).to_pylist(), key=str)
-
-
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory) -> tuple[Path, Path]:
     """A 4-rank run's inputs and its uninterrupted training on the 1-D mesh: what each resume is compared with."""
@@ -220,7 +206,7 @@ def test_a_checkpoint_saved_under_one_mesh_resumes_under_the_other_every_step_on
 
     out = tmp_path / "moved"
     with_replicate(tmp_path, saved)
-    killed_after_first_checkpoint(tmp_path, out)
+    killed_after_first_checkpoint(tmp_path, 4, out)
     with_replicate(tmp_path, resumed)
     proc = run_train(tmp_path, 4, out)
     summary = json.loads((out / "TRAINED").read_text())

@@ -3,7 +3,6 @@ bitwise resume after kill -9, checkpoint validation, export, heartbeats and metr
 
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -20,7 +19,7 @@ from wattgate.train.checkpoint import file_hash, latest_complete
 from wattgate.train.data import IGNORE, DocStore, build_batch, read_rank_plan
 from wattgate.train.model import build_unsharded_model
 
-from conftest import TINY, fake_pretokenized, final_params, make_run, run_train, torchrun
+from conftest import TINY, fake_pretokenized, final_params, make_run, published_checkpoints, run_train, torchrun
 
 
 # ---------------------------------------------------------------- packing: attention stays in documents
@@ -105,8 +104,7 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path):
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 240
-    # the first published checkpoint: step-<n>/ after its rename, never the step-<n>.tmp/ being written
-    while not [p for p in killed.glob("checkpoints/step-*/state.json") if re.fullmatch(r"step-\d+", p.parent.name)]:
+    while not published_checkpoints(killed):
         assert job.poll() is None and time.time() < deadline, "no checkpoint published"
         time.sleep(0.005)
     os.killpg(job.pid, signal.SIGKILL)  # the whole job: launcher and every rank

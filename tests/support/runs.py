@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -216,3 +219,35 @@ def pretokenize_and_pack(root: Path, config: dict) -> None:
     assert main(["pretokenize", "--config", str(root / "config.yaml"), "--out", str(root / "pretokenized")]) == 0
     argv = ["pack", "--config", str(root / "config.yaml"), "--pretokenized", str(root / "pretokenized")]
     assert main([*argv, "--out", str(root / "plan")]) == 0
+
+
+def published_checkpoints(out: Path) -> list[Path]:
+    """The run's published checkpoints: step-<n>/ after its rename, never the step-<n>.tmp/ being written."""
+    return [p for p in out.glob("checkpoints/step-*/state.json") if re.fullmatch(r"step-\d+", p.parent.name)]
+
+
+def killed_after_first_checkpoint(tmp: Path, gpus: int, out: Path) -> None:
+    """`wattgate train` on `gpus` ranks killed (the whole job, no clean shutdown) once its first checkpoint is
+    published."""
+    job = subprocess.Popen(
+        torchrun(tmp, gpus, out),
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    while not published_checkpoints(out):
+        assert job.poll() is None and time.monotonic() < deadline, "no checkpoint published"
+        time.sleep(0.01)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    assert not (out / "TRAINED").exists()
+
+
+def steps_and_tokens(out: Path) -> list[dict]:
+    """Every (step, rank, tokens) row of the run's metrics, in one order: what a run saw of the data."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(out / "metrics.parquet", columns=["step", "rank", "tokens"]).to_pylist()
+    return sorted(rows, key=str)
