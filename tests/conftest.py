@@ -26,6 +26,7 @@ from support.attention import (  # noqa: E402, F401 (reference_flash_kernel is a
 from support.logs import gpu_rows, write_log  # noqa: E402, F401
 from support.models import QWEN3_32B, QWEN3_SETTINGS, TINY, TINY_3_LAYERS, TINY_MODEL, save_hf_model  # noqa: E402, F401
 from support.runs import (  # noqa: E402, F401 (proof_run is a fixture)
+    assert_resumed_as_straight,
     CADENCE,
     config_for,
     fake_pretokenized,

@@ -11,9 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
-import torch
 import torch.distributed as dist
 import yaml
 
@@ -27,15 +25,14 @@ from wattgate.proof.prove import prove_collectives
 from wattgate.train.mesh import REPLICATE_DIM, SHARD_DIM, data_parallel_mesh, mesh_groups
 
 from conftest import (
+    assert_resumed_as_straight,
     CADENCE,
     QWEN3_32B,
     QWEN3_SETTINGS,
     TINY_3_LAYERS,
-    final_params,
     killed_after_first_checkpoint,
     make_run,
     run_train,
-    steps_and_tokens,
 )
 
 
@@ -211,17 +208,8 @@ def test_a_checkpoint_saved_under_one_mesh_resumes_under_the_other_every_step_on
     proc = run_train(tmp_path, 4, out)
     summary = json.loads((out / "TRAINED").read_text())
     assert 3 <= summary["resumed_from_step"] < total, proc.stdout
-    # every step once, on every rank, with the plan's tokens: the data seen exactly once across the change of mesh
-    assert steps_and_tokens(out) == steps_and_tokens(straight)
-    a = pq.read_table(straight / "metrics.parquet", columns=["step", "rank", "loss"]).to_pandas()
-    b = pq.read_table(out / "metrics.parquet", columns=["step", "rank", "loss"]).to_pandas()
-    merged = a.merge(b, on=["step", "rank"])
-    assert len(merged) == len(a) and np.allclose(merged["loss_x"], merged["loss_y"], atol=1e-4)
-    # final/ is the Hugging Face layout whatever the mesh: the same names and shapes, the same values
-    pa_, pb = final_params(straight), final_params(out)
-    assert pa_.keys() == pb.keys()
-    assert max((pa_[k] - pb[k]).abs().max().item() for k in pa_) < PARAM_TOLERANCE
-    assert all(pb[k].dtype == torch.float32 for k in pb)
+    # the data seen exactly once across the change of mesh; final/ the Hugging Face layout whatever the mesh
+    assert_resumed_as_straight(out, straight, PARAM_TOLERANCE)
 
 
 def load_check(tmp: Path, ranks: int, replicate: int) -> Path:

@@ -251,3 +251,22 @@ def steps_and_tokens(out: Path) -> list[dict]:
 
     rows = pq.read_table(out / "metrics.parquet", columns=["step", "rank", "tokens"]).to_pylist()
     return sorted(rows, key=str)
+
+
+def assert_resumed_as_straight(out: Path, straight: Path, param_tolerance: float) -> dict:
+    """A run resumed under another layout trained as the uninterrupted one: every step once on every rank with the
+    plan's tokens (the data seen exactly once), the same losses (1e-4), and final/ the same float32 tensors by name
+    (within `param_tolerance`); returns final/'s tensors."""
+    import pyarrow.parquet as pq
+    import torch
+
+    assert steps_and_tokens(out) == steps_and_tokens(straight)
+    a = pq.read_table(straight / "metrics.parquet", columns=["step", "rank", "loss"]).to_pandas()
+    b = pq.read_table(out / "metrics.parquet", columns=["step", "rank", "loss"]).to_pandas()
+    merged = a.merge(b, on=["step", "rank"])
+    assert len(merged) == len(a) and np.allclose(merged["loss_x"], merged["loss_y"], atol=1e-4)
+    before, after = final_params(straight), final_params(out)
+    assert before.keys() == after.keys()
+    assert max((before[k] - after[k]).abs().max().item() for k in before) < param_tolerance
+    assert all(after[k].dtype == torch.float32 for k in after)
+    return after
