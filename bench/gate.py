@@ -25,7 +25,11 @@ whole cold gate within 5 s and the rerun within 1 s on an idle 2-core machine.
 `--worlds`: instead, the collective proof's time (wattgate.proof, the gate's `collectives` check) on this
 bench's plan (Qwen3-32B, seq_len 8192, micro_batch_size 1, grad_accum 8) for world sizes 2, 16, 64, 256 and
 1024 on 100,000 and 1,000,000 documents, against the gate's other checks on the same plan (run_gate with the
-proof off); `--worlds --smoke` runs world 2 and 16 on 300 documents (a step or two).
+proof off); `--worlds --smoke` runs world 2 on 300 documents (a step or two). Then the proof on a
+device mesh: a Mixture-of-Experts model (Qwen3-30B-A3B's shapes, 128 experts) on 64 nodes x 8 GPUs with
+parallel.replicate 64 (HSDP, one replica per node) and parallel.expert 8, whose ranks the proof groups by their
+place in the mesh (proof/ranks.py); target: under 60 s on an idle 2-core machine. --smoke: 2 x 2 GPUs, replicate
+2, expert 2.
 
     python bench/gate.py [--n 1000000] [--quick] [--smoke] [--repeat 5] [--default-only | --skip-default]
     python bench/gate.py --worlds [--smoke] [--world-sizes 2 16 ...] [--docs 100000 ...]
@@ -71,8 +75,27 @@ SHARD_DOCS = 250_000
 SOURCE = "synthetic"  # the shards' `source` column: one data.inputs source
 SMOKE_DOCS = 5000
 WORLDS, WORLD_DOCS = (2, 16, 64, 256, 1024), (100_000, 1_000_000)
-SMOKE_WORLDS, SMOKE_WORLD_DOCS = (2, 16), (300,)  # one or two steps: each step class costs seconds
+# a step or two (each step class costs seconds); the mesh smoke has 4 ranks
+SMOKE_WORLDS, SMOKE_WORLD_DOCS = (2,), (300,)
 MAX_TOKEN_ID, VOCAB = 151_000, 151_669
+# the device-mesh proof: (nodes, GPUs per node, parallel.replicate, parallel.expert, documents)
+MESH, SMOKE_MESH = (64, 8, 64, 8, 100_000), (2, 2, 2, 2, 300)
+MESH_TARGET_S = 60.0
+QWEN3_30B_A3B = {
+    "model_type": "qwen3_moe",
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "tie_word_embeddings": False,
+}
 QWEN3_32B = {
     "model_type": "qwen3",
     "vocab_size": 151936,
@@ -147,11 +170,14 @@ def write_pretokenized(folder: Path, lengths: np.ndarray) -> None:
     write_manifest(folder, manifest)
 
 
-def make_config(epochs: int, num_tokens: int, world: int = WORLD_SIZE, collectives: bool = False) -> dict:
-    """The bench's config for `world` ranks (8 per node from 8 up); the proof (`collectives`) off unless asked."""
+def make_config(
+    epochs: int, num_tokens: int, world: int = WORLD_SIZE, collectives: bool = False, per_node: int = 8
+) -> dict:
+    """The bench's config for `world` ranks (`per_node` per node from that many up); the proof (`collectives`) off
+    unless asked."""
     # checkpoint every 100 steps, or fewer when a small --n gives a shorter run (schedule check)
     min_steps = num_tokens // (SEQ_LEN * world * GRAD_ACCUM)
-    nodes, per_node = (world // 8, 8) if world >= 8 and world % 8 == 0 else (1, world)
+    nodes, per_node = (world // per_node, per_node) if world >= per_node and world % per_node == 0 else (1, world)
     return validate_config(
         {
             "train": {
@@ -574,10 +600,37 @@ def bench_worlds(tmp: Path, worlds: list[int], docs: list[int]) -> None:
         shutil.rmtree(pretok)
 
 
+def bench_mesh(tmp: Path, mesh: tuple[int, int, int, int, int]) -> None:
+    """The collective proof's time on a device mesh (module docstring), with how many ranks it dry-ran."""
+    from wattgate.proof.prove import prove_collectives
+
+    nodes, per_node, replicate, expert, n = mesh
+    world = nodes * per_node
+    pretok, plan_dir = tmp / "mesh-pretokenized", tmp / "mesh-plan"
+    lengths = lognormal_lengths(n)
+    write_pretokenized(pretok, lengths)
+    raw = make_config(1, int(lengths.sum()), world, collectives=True, per_node=per_node)
+    raw["model"] = {"config": dict(QWEN3_30B_A3B)}
+    raw["parallel"] = {"replicate": replicate, "expert": expert}
+    config = run_config(validate_config(raw))
+    plan = build_plan(config, pretok, plan_dir)
+    t0 = time.perf_counter()
+    proof = prove_collectives(config, pretok, plan_dir)
+    t_proof = time.perf_counter() - t0
+    assert proof.passed, f"mesh {mesh}: the proof failed: {proof.detail}"
+    steps = plan.epochs * plan.steps_per_epoch
+    what = (
+        f"collective proof, {nodes} x {per_node} GPUs, replicate {replicate}, expert {expert}, Qwen3-30B-A3B shapes "
+        f"({n:,} docs, {steps} step{'' if steps == 1 else 's'})"
+    )
+    print(f"== {what}: {t_proof:.2f} s, {proof.ranks_run} dry run(s) for {world} ranks; {proof.detail}")
+    figure("gate", what, f"{t_proof:.2f} s ({proof.ranks_run} dry runs)", f"the target {MESH_TARGET_S:.0f} s")
+
+
 def main() -> None:
     parser = Parser(
         description=__doc__.splitlines()[0],
-        smoke=f"{SMOKE_DOCS:,} documents, one run per side; with --worlds: world 2 and 16 on 300 documents",
+        smoke=f"{SMOKE_DOCS:,} documents, one run per side; with --worlds: world 2 on 300 documents, a 4-rank mesh",
     )
     parser.add_argument("--n", type=positive_int, default=1_000_000, help="documents")
     parser.add_argument("--quick", action="store_true", help="a short run: 50,000 documents, 2 runs per side")
@@ -599,7 +652,8 @@ def main() -> None:
         if args.worlds:
             worlds = args.world_sizes or (SMOKE_WORLDS if args.smoke else WORLDS)
             docs = args.docs or (SMOKE_WORLD_DOCS if args.smoke else WORLD_DOCS)
-            return bench_worlds(tmp, list(worlds), list(docs))
+            bench_worlds(tmp, list(worlds), list(docs))
+            return bench_mesh(tmp, SMOKE_MESH if args.smoke else MESH)
         if not args.skip_default:
             bench_default_gate(tmp, min(repeat, 3))
         if args.default_only:

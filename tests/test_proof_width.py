@@ -14,7 +14,7 @@ from wattgate.pack.plan import build_plan
 from wattgate.proof.classes import plans_by_rank
 from wattgate.proof.depth import layer_pattern
 from wattgate.proof.prove import prove_collectives
-from wattgate.proof.ranks import rank_groups, shard_dims, shard_kind
+from wattgate.proof.ranks import MeshPlaces, rank_groups, shard_dims, shard_kind
 from wattgate.run_files import read_plan
 
 from conftest import CADENCE, TINY, train_config, with_micro_batches_changed
@@ -45,6 +45,33 @@ def test_shard_kinds_follow_fsdp2s_chunks():
     assert [shard_kind(10, 4, r) for r in range(4)] == [2, 2, 2, 1]
     assert [shard_kind(10, 8, r) for r in range(8)] == [2, 2, 2, 2, 2, 0, 0, 0]
     assert [shard_kind(1024, 1024, r) for r in (0, 1023)] == [2, 2]
+
+
+def test_a_ranks_mesh_place_decides_its_shards_of_the_dense_weights_and_of_its_experts():
+    # 64 nodes x 8, replicate 64: a rank's replica changes nothing it holds, its place in the node does
+    hsdp = MeshPlaces(shard=8)
+    assert {hsdp.kinds(r, (10,)) for r in range(0, 512, 8)} == {(2,)}
+    assert [hsdp.kinds(r, (10,)) for r in range(8, 16)] == [(2,)] * 5 + [(0,)] * 3
+    # expert 2 over a shard group of 8: 12 experts, 6 per expert-group place, sharded over the 4 ranks holding
+    # them in chunks of 2: the ranks at places 6 and 7 (expert-shard place 3) hold none of their experts
+    ep = MeshPlaces(shard=8, expert=2, experts=12)
+    assert [ep.kinds(r, (10,))[1] for r in range(8)] == [2, 2, 2, 2, 2, 2, 0, 0]
+    assert [ep.kinds(r, ()) for r in range(8, 16)] == [ep.kinds(r, ()) for r in range(8)]  # the next replica
+    # 16 experts over expert 8 with 8 per shard group: every rank holds 2 experts whole, whatever its place
+    assert {MeshPlaces(shard=8, expert=8, experts=16).kinds(r, ()) for r in range(64)} == {(2,)}
+
+
+def test_ranks_of_a_mesh_are_grouped_by_their_place_not_their_number(wide_run):
+    _, plan_dir, config = wide_run
+    plan, _ = read_plan(plan_dir)
+    plans = plans_by_rank(plan, plan_dir, config.train)
+    dims = shard_dims(layer_pattern(config.model))
+    one_d = rank_groups(plans, dims)
+    # replicate 128, expert 8 over shard groups of 8 ranks (a node): the groups no longer grow with the world
+    meshed = rank_groups(plans, dims, MeshPlaces(shard=8, expert=8, experts=64))
+    assert sorted(r for g in meshed for r in g) == list(range(WORLD)) and meshed[0] == [0]
+    assert len(meshed) == 2 < len(one_d)
+    assert meshed[1][:3] == [1, 2, 3]
 
 
 def test_a_balanced_plan_at_world_1024_is_a_few_groups_of_ranks(wide_run):

@@ -18,14 +18,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from wattgate.config import replicate_degree
+from wattgate.config import expert_degree, replicate_degree
 from wattgate.errors import InputError
 from wattgate.proof.classes import class_divergence, first_steps, plans_by_rank
 from wattgate.proof.depth import layer_pattern, meta_model, proxy_depths, scaled_count
 from wattgate.proof.dryrun import RankRecord, dry_run_rank
-from wattgate.proof.ranks import group_records, rank_groups, shard_dims
+from wattgate.proof.ranks import MeshPlaces, group_records, rank_groups, shard_dims
 from wattgate.proof.record import Collective, fingerprint, ranks_text
 from wattgate.proof.workers import frozen_heap, run_tasks
+from wattgate.model_spec import load_model_spec
 from wattgate.run_files import read_plan
 from wattgate.train.rank_inputs import Paths
 from wattgate.train.moe import experts_modules
@@ -179,7 +180,7 @@ def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | N
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="wattgate-proof-")) if own else Path(work)
     proxy, pair = proxy_depths(depth)
-    groups = rank_groups(plans, shard_dims(depth), world // replicate_degree(config))
+    groups = rank_groups(plans, shard_dims(depth), mesh_places(config, world))
     ranks = [g[0] for g in groups]  # one dry run per group, rank 0 first
     per_period: dict[int, int] = {}  # per dry-run step: its collectives per period of layers (none: unscaled)
     try:
@@ -254,6 +255,12 @@ def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | N
         moe=moe,
         elapsed_s=round(time.perf_counter() - t0, 2),
     )
+
+
+def mesh_places(config: RunConfig, world: int) -> MeshPlaces:
+    expert = expert_degree(config)
+    experts = load_model_spec(config).num_experts if expert > 1 else 0
+    return MeshPlaces(shard=world // replicate_degree(config), expert=expert, experts=experts)
 
 
 def moe_section(routed: RankRecord, starved: RankRecord, labels: dict[int, str], depth: Depth) -> Moe:

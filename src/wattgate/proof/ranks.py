@@ -6,22 +6,46 @@ A rank's dry run is the trainer's own code given four inputs that differ between
   shard degree is the world size on the 1-D mesh), so a rank holds a full chunk, a shorter last one, or nothing
   (padded to the full chunk in every all-gather and reduce-scatter, but the local tensors DCP and the export read
   have its own shape);
-- its place in the mesh: on the 1-D mesh the rank is its place; with HSDP (parallel.replicate) its place in its
-  shard group decides its shard, over the shard degree rather than the world, and its replica changes nothing
-  the record compares (each collective is recorded on its mesh dimension, the group's ranks named but not
-  compared);
+- its place in the mesh (train/mesh.py): on the 1-D mesh the rank is its place; with HSDP (parallel.replicate)
+  its place in its shard group decides its shard, over the shard degree rather than the world, and its replica
+  changes nothing the record compares (each collective is recorded on its mesh dimension, the group's ranks named
+  but not compared); with expert parallelism (parallel.expert E) its place in its expert group decides which
+  experts it holds (every place the same number: E divides them) and its place among the ranks holding the same
+  experts decides its shard of them, as FSDP2 splits the expert group's share over the shard degree / E;
 - whether it is rank 0, which alone publishes checkpoints, writes final/ and sends what the others receive.
 Ranks equal in all four run the same code on the same shapes and counts and so issue the same collectives (the
 proof's premise: collectives follow counts and shapes, never values). Rank 0 is a group of its own, and every other
 group is dry-run through its lowest rank, so a rank whose plan differs in one step is its own group and is named.
 The number of groups is bounded by the plan's distinct rank plans (one when the plan is balanced) times the few
-shard boundaries, not by the world size.
+shard boundaries, not by the world size nor by the mesh's replica and expert degrees.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from wattgate.proof.classes import RankPlan
 from wattgate.records.gate import Depth, RankGroup
+
+
+@dataclass(frozen=True)
+class MeshPlaces:
+    """The mesh's degrees, as far as they decide what a rank holds: `shard` ranks share one copy of the model
+    (world / parallel.replicate); `expert` (parallel.expert) consecutive ranks of a shard group hold disjoint
+    experts, `experts` per layer (0: a dense model)."""
+
+    shard: int
+    expert: int = 1
+    experts: int = 0
+
+    def kinds(self, rank: int, dims: tuple[int, ...]) -> tuple[int, ...]:
+        """What `rank` holds of each dim 0 in `dims` (shard_kind), and with experts of its share of them."""
+        place = rank % self.shard  # its replica holds the same as replica 0's rank at this place
+        held = tuple(shard_kind(n, self.shard, place) for n in dims)
+        if not self.experts:
+            return held
+        share = self.experts // self.expert  # rows of each expert weight this expert group place holds
+        return (*held, shard_kind(share, self.shard // self.expert, place // self.expert))
 
 
 def shard_dims(depth: Depth) -> tuple[int, ...]:
@@ -37,16 +61,13 @@ def shard_kind(rows: int, world: int, rank: int) -> int:
     return 2 if held == chunk else 1 if held else 0
 
 
-def rank_groups(plans: list[RankPlan], dims: tuple[int, ...], shard: int | None = None) -> list[list[int]]:
+def rank_groups(plans: list[RankPlan], dims: tuple[int, ...], mesh: MeshPlaces | None = None) -> list[list[int]]:
     """The ranks in groups that issue the same collectives (module docstring), rank 0's first and alone, each
-    group's ranks ascending; `shard`: the mesh's shard degree (None: the world, the 1-D mesh)."""
-    shard = shard or len(plans)
+    group's ranks ascending; `mesh`: its degrees (None: the 1-D mesh over the world)."""
+    mesh = mesh or MeshPlaces(shard=len(plans))
     groups: dict = {}
     for rank, plan in enumerate(plans):
-        # HSDP: a rank's place in its shard group (rank mod the shard degree) decides its shard; its replica does
-        # not (each collective is recorded on its mesh dimension, the same in every replica)
-        kinds = tuple(shard_kind(n, shard, rank % shard) for n in dims)
-        key = None if rank == 0 else (tuple(plan.classes), plan.rows, kinds)
+        key = None if rank == 0 else (tuple(plan.classes), plan.rows, mesh.kinds(rank, dims))
         groups.setdefault(key, []).append(rank)
     return list(groups.values())
 
