@@ -27,6 +27,7 @@ from support.logs import gpu_rows, write_log  # noqa: E402, F401
 from support.models import QWEN3_32B, QWEN3_SETTINGS, TINY, TINY_3_LAYERS, TINY_MODEL, save_hf_model  # noqa: E402, F401
 from support.runs import (  # noqa: E402, F401 (proof_run is a fixture)
     assert_resumed_as_straight,
+    assert_trained_as,
     CADENCE,
     config_for,
     fake_pretokenized,

@@ -26,6 +26,7 @@ from wattgate.train.mesh import REPLICATE_DIM, SHARD_DIM, data_parallel_mesh, me
 
 from conftest import (
     assert_resumed_as_straight,
+    assert_trained_as,
     CADENCE,
     QWEN3_32B,
     QWEN3_SETTINGS,
@@ -180,10 +181,11 @@ def with_replicate(tmp: Path, replicate: int) -> None:
 
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory) -> tuple[Path, Path]:
-    """A 4-rank run's inputs and its uninterrupted training on the 1-D mesh: what each resume is compared with."""
+    """A 4-rank run's inputs and its uninterrupted training on the 1-D mesh: what each HSDP run is compared with."""
     root = tmp_path_factory.mktemp("hsdp-straight")
-    lengths = np.random.default_rng(5).integers(5, 60, 140).tolist()
-    make_run(root, lengths, gpus=4, grad_accum=1, epochs=1, checkpoint_every=3, export_dtype="float32")
+    lengths = np.random.default_rng(5).integers(5, 60, 160).tolist()
+    train = dict(grad_accum=1, epochs=1, checkpoint_every=3, export_dtype="float32")
+    make_run(root, lengths, gpus=4, validation_fraction=0.1, **train)
     with_replicate(root, 1)
     straight = root / "straight"
     run_train(root, 4, straight)
@@ -210,6 +212,20 @@ def test_a_checkpoint_saved_under_one_mesh_resumes_under_the_other_every_step_on
     assert 3 <= summary["resumed_from_step"] < total, proc.stdout
     # the data seen exactly once across the change of mesh; final/ the Hugging Face layout whatever the mesh
     assert_resumed_as_straight(out, straight, PARAM_TOLERANCE)
+
+
+@pytest.mark.slow
+def test_an_hsdp_run_trains_as_the_1d_run_and_its_final_folder_scores_as_reported(tmp_path, straight_run):
+    """HSDP 2 x 2 on 4 ranks against the 1-D mesh on the same plan: first-step losses and gradient norm, the
+    validation loss after 8+ steps, and final/ scored by transformers (support/runs.py for the tolerances)."""
+    root, straight = straight_run
+    for name in ("pretokenized", "plan-4", "config-4.yaml"):
+        (shutil.copytree if (root / name).is_dir() else shutil.copy)(root / name, tmp_path / name)
+    with_replicate(tmp_path, 2)
+    run_train(tmp_path, 4, tmp_path / "hsdp")
+    print(assert_trained_as(tmp_path / "hsdp", straight, tmp_path / "pretokenized"))
+    assert json.loads((tmp_path / "hsdp" / "TRAINED").read_text())["mesh"] == {"dp_replicate": 2, "dp_shard": 2}
+    assert "mesh" not in json.loads((straight / "TRAINED").read_text())  # the 1-D mesh: TRAINED as before
 
 
 def load_check(tmp: Path, ranks: int, replicate: int) -> Path:

@@ -64,7 +64,8 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def slurm_workflow(tmp_path_factory):
-    """The embedded default, small (as in test_workflow.py), trained as one job of 2 nodes x 1 CPU rank."""
+    """The embedded default, small (as in test_workflow.py), trained as one job of 2 nodes x 1 CPU rank, with HSDP
+    as the docs recommend for several nodes (parallel.replicate auto: a replica per node, sharded within it)."""
     work = tmp_path_factory.mktemp("wf-slurm")
     copy_workflow(work)
     shutil.copytree(REPO / "slurm", work / "slurm")
@@ -74,6 +75,7 @@ def slurm_workflow(tmp_path_factory):
     config["tokenizer"]["vocab_size"] = 512
     config["train"].update(seq_len=256, micro_batch_size=2, grad_accum=2)
     config["cluster"].update(nodes=2, gpus_per_node=1)
+    config["parallel"] = {"replicate": "auto"}
     # job sizes for the test nodes (their CPUs and half the host's memory each)
     config["cluster"]["slurm"] = {
         "train": {"mem_mb": 1500, "runtime_min": 30, "max_jobs": 1},  # a failed train job is not retried
@@ -180,7 +182,8 @@ def test_two_node_train_job_through_snakemake_profile_slurm(cluster, slurm_workf
     assert sorted(p.name for p in (run / "telemetry").glob("*.parquet")) == ["n1.parquet", "n2.parquet"]
     assert sorted(p.name for p in (run / "heartbeat").glob("rank-*.json")) == ["rank-0.json", "rank-1.json"]
     assert json.loads((run / "watcher.json").read_text())["verdict"] == "healthy"
-    assert json.loads((run / "TRAINED").read_text())["final_loss"] > 0
+    trained = json.loads((run / "TRAINED").read_text())
+    assert trained["final_loss"] > 0 and trained["mesh"] == {"dp_replicate": 2, "dp_shard": 1}
 
     # the gate ran (on the submit host) and passed before the train job was submitted
     assert int((work / "results/gate/demo/PASSED").stat().st_mtime) <= epoch(train["submit"])

@@ -90,6 +90,8 @@ class Trained(Record):
     steps: int | None = spec(minimum=0, default=None)
     resumed_from_step: int | None = spec(minimum=0, default=None)
     world_size: int | None = spec(minimum=1, default=None)
+    # the device mesh's named dimensions and sizes (train/mesh.py mesh_layout); left out on the 1-D mesh
+    mesh: dict[str, int] | None = spec(omit_none=True, default=None)
     device: str | None = None
     params: int | None = spec(minimum=0, default=None)
     tokens_per_s: float | None = spec(minimum=0, default=None)

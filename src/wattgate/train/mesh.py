@@ -35,6 +35,16 @@ def mesh_shape(world: int, replicate: int) -> tuple[int, ...]:
     return (world,) if replicate == 1 else (replicate, world // replicate)
 
 
+def mesh_layout(world: int, replicate: int, expert: int = 1) -> dict[str, int]:
+    """The mesh `data_parallel_mesh` builds, each named dimension's size in mesh order (TRAINED `mesh`); empty
+    for the 1-D mesh, whose one dimension is the world."""
+    shape = mesh_shape(world, replicate)
+    dims = {REPLICATE_DIM: replicate} if len(shape) == 2 else {}
+    if expert > 1:
+        return dims | {EXPERT_SHARD_DIM: shape[-1] // expert, EXPERT_DIM: expert}
+    return dims | ({SHARD_DIM: shape[-1]} if dims else {})
+
+
 def data_parallel_mesh(device_type: str, world: int, replicate: int, expert: int = 1) -> DeviceMesh:
     """The mesh of `world` ranks with `replicate` replica groups (module docstring), and with `expert` > 1 each
     shard group split into expert groups (train/expert_parallel.py)."""

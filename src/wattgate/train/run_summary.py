@@ -8,7 +8,7 @@ from pathlib import Path
 
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.durations import duration
-from wattgate.config import config_sha256
+from wattgate.config import config_sha256, expert_degree, replicate_degree
 from wattgate.forecast.walltime import plan_step_costs
 from wattgate.identity import train_identity
 from wattgate.ledger import MeasuredSteps, RunShape, StorageWrites, append_ledger, run_record
@@ -16,6 +16,7 @@ from wattgate.model_spec import load_model_spec
 from wattgate.records.trained import EXPORT, LOAD, Trained
 from wattgate.run_files import PACKS, TRAINED, TRAINED_MD, read_packs
 from wattgate.train.launch import allocator_record
+from wattgate.train.mesh import mesh_layout
 from wattgate.train.metrics import (
     folder_bytes,
     loss_summary,
@@ -41,6 +42,7 @@ def write_trained(t, per_rank_memory: list[dict]) -> Trained:
         steps=t.total,
         resumed_from_step=t.start,
         world_size=t.world,
+        mesh=mesh_layout(t.world, replicate_degree(t.config), expert_degree(t.config)) or None,
         device=t.device.type,
         params=t.n_params,
         tokens_per_s=tokens_per_s,
@@ -94,6 +96,7 @@ def trained_text(summary: Trained, run: Path) -> str:
         f"# Trained: {run.name}",
         "",
         f"- steps: {_number(summary.steps, 'd')} on {summary.world_size} {summary.device} rank(s)"
+        + (f" (mesh {mesh_text(summary.mesh)})" if summary.mesh else "")
         + (f", resumed from step {summary.resumed_from_step}" if summary.resumed_from_step else ""),
         f"- loss: {_number(summary.first_loss, '.4f')} -> {_number(summary.final_loss, '.4f')}",
         f"- throughput: {_number(summary.tokens_per_s, ',.0f', ' tokens/s')}; training time "
@@ -111,6 +114,11 @@ def trained_text(summary: Trained, run: Path) -> str:
         f"- config sha256: {summary.config_sha256}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def mesh_text(mesh: dict[str, int]) -> str:
+    """ "dp_replicate 2 x dp_shard 2": the mesh's dimensions in order."""
+    return " x ".join(f"{name} {size}" for name, size in mesh.items())
 
 
 def append_throughput(t, summary: Trained) -> None:
