@@ -11,8 +11,12 @@
 #   6. the loss (issue 23): Qwen3-1.7B and -4B shapes (LOSS_SIZES), seq_len 8192, bf16, one GPU, train.loss
 #      full and chunked x micro_batch_size 1 and 2 (LOSS_MBS) x compile off and on (LOSS_COMPILE; activation
 #      checkpointing on): tokens/s, MFU, torch.cuda.max_memory_allocated against the gate's steady estimate, each
-#      in its own process.
-# Usage: [STEPS="1 2 3 4 5 6"] bash bench/gpu_checks.sh [--dry-run] OUTDIR [SECONDS_PER_PHASE]
+#      in its own process;
+#   7. the device mesh: a Qwen3-MoE-shaped model (64 experts, top 8) on every GPU of the node, seq_len 4096, bf16,
+#      trained on the 1-D mesh, with HSDP (parallel.replicate 2) and with expert parallelism (parallel.expert 2):
+#      steady tokens/s and CUDA peak memory per rank of each mesh against the 1-D run. NCCL runs one rank per GPU,
+#      so it needs 2 or more GPUs: on a node with one it says so and runs nothing.
+# Usage: [STEPS="1 2 3 4 5 6 7"] bash bench/gpu_checks.sh [--dry-run] OUTDIR [SECONDS_PER_PHASE]
 # Needs python3 (or $PYTHON) with torch (CUDA), nvidia-ml-py, pyarrow, pandas, transformers, tokenizers, jsonschema.
 # Run from the repository root. A command that fails is named at the end and the exit status is 1; the steps
 # after it still run.
@@ -22,7 +26,7 @@
 # bench/dry_run/pynvml.py (wattgate.testing's fake NVML: one "H200"), calibrate's phases run on the CPU
 # (bench/dry_run/cuda_cli.py), 0.6 s each; the models are tiny (hidden 64, vocab 2048), seq_len 128-256, a few steps;
 # step 5 runs activation checkpointing on only, step 6 micro_batch_size 2 and compile off only (inductor on a
-# CPU takes minutes); the gates skip the collective proof (bench/gate.py's and bench/collectives.py's smoke runs
+# CPU takes minutes), step 7 on two gloo ranks; the gates skip the collective proof (bench/gate.py's and bench/collectives.py's smoke runs
 # run it). The work folders are under OUTDIR/work. Every figure it prints is the stand-ins', not a
 # GPU's: it checks the script, not the hardware.
 set -u -o pipefail
@@ -57,7 +61,7 @@ fi
 FAILED=()
 trap 'FAILED+=("line $LINENO (status $?): $BASH_COMMAND")' ERR
 t0=$(date +%s)
-STEPS=${STEPS:-1 2 3 4 5 6}
+STEPS=${STEPS:-1 2 3 4 5 6 7}
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -338,6 +342,70 @@ for r in rows:
           f"{r['peak_gib']:>8} {r['gate_gib']:>8} {r['peak_gib'] / r['gate_gib']:>9.2f} {r['first_step_s']:>10}")
 EOF
 cp "$work/loss.jsonl" "$OUT/loss.jsonl"
+fi
+if want 7; then
+stamp "7. the device mesh: 1-D, HSDP (replicate 2), expert parallelism (expert 2)"
+work=$WORK_ROOT/wattgate-mesh
+rm -rf "$work"; mkdir -p "$work"
+if ((DRY_RUN)); then RANKS=2; else RANKS=$(nvidia-smi -L | grep -c '^GPU'); fi
+if ((RANKS < 2)); then
+  echo "step 7 needs 2 or more GPUs on the node (NCCL runs one rank per GPU); this node has $RANKS: not run"
+else
+$PY - "$work" "$RANKS" <<'EOF'
+import os, sys, yaml
+from pathlib import Path
+import numpy as np
+from wattgate.data.synthetic import write_random_pretokenized
+work, ranks = Path(sys.argv[1]), int(sys.argv[2])
+dry = os.environ["DRY_RUN"] == "1"
+moe = dict(model_type="qwen3_moe", vocab_size=2048 if dry else 151936, hidden_size=64 if dry else 1024,
+           intermediate_size=128 if dry else 3072, moe_intermediate_size=32 if dry else 512,
+           num_hidden_layers=2 if dry else 8, num_attention_heads=4 if dry else 16, num_key_value_heads=2 if dry else 4,
+           head_dim=16 if dry else 64, num_experts=8 if dry else 64, num_experts_per_tok=2 if dry else 8,
+           norm_topk_prob=True, max_position_embeddings=4096, tie_word_embeddings=False)
+seq = 128 if dry else 4096
+lengths = np.random.default_rng(0).integers(seq // 16, seq, 60 * ranks if dry else 400 * ranks).tolist()
+write_random_pretokenized(work / "pretokenized", lengths, moe["vocab_size"], seed=0)
+for name, parallel in (("1d", {}), ("hsdp", {"replicate": 2}), ("ep", {"expert": 2})):
+    c = {"run_name": name, "model": {"config": moe}, "parallel": parallel,
+         "cluster": {"nodes": 1, "gpus_per_node": ranks, "gpu_model": "H200"},
+         "train": {"seq_len": seq, "micro_batch_size": 1, "grad_accum": 1, "epochs": 1,
+                   "max_steps": 4 if dry else 30, "warmup_steps": 1, "checkpoint_every": 1000,
+                   "checkpoint_at_epoch_end": False, "activation_checkpointing": True, "log_every": 1}}
+    yaml.safe_dump(c, open(work / f"{name}.yaml", "w"))
+EOF
+$W pack --config "$work/1d.yaml" --pretokenized "$work/pretokenized" --out "$work/plan"
+for mesh in 1d hsdp ep; do
+  $PY -m torch.distributed.run --standalone --nproc-per-node="$RANKS" -m wattgate train --config "$work/$mesh.yaml" \
+    --pretokenized "$work/pretokenized" --plan "$work/plan" --run-dir "$work/train-$mesh" 2>&1 | grep -v Warning | tail -2
+  echo "train ($mesh) exit status $?"
+done
+$PY - "$work" <<'EOF'
+import json, os, sys
+from pathlib import Path
+import pyarrow.parquet as pq
+work = Path(sys.argv[1])
+dry = os.environ["DRY_RUN"] == "1"
+warm = 1 if dry else 5  # steps before the steady state
+peak_key = "host_peak_gib" if dry else "cuda_peak_gib"  # the dry run's CPU ranks have no CUDA peak
+figures = {}
+for mesh in ("1d", "hsdp", "ep"):
+    try:
+        t = json.loads((work / f"train-{mesh}" / "TRAINED").read_text())
+    except OSError as exc:
+        print(f"{mesh}: no result ({exc})")
+        continue
+    m = pq.read_table(work / f"train-{mesh}" / "metrics.parquet").to_pandas()
+    steady = m[m.step > warm]
+    tps = steady.tokens.sum() / steady.groupby("step").step_time_s.max().sum()
+    dims = t.get("mesh") or {"dp_shard": t["world_size"]}
+    figures[mesh] = (tps, t["memory"]["max_over_ranks"]["steady"][peak_key], dims)
+base = figures.get("1d")
+for mesh, (tps, peak, dims) in figures.items():
+    vs = f"; vs 1-D: tokens/s {tps / base[0]:.3f}x, peak {peak / base[1]:.3f}x" if base else ""
+    print(f"{mesh}: mesh {dims}, steady {tps:.0f} tok/s, steady peak {peak:.2f} GiB per rank ({peak_key}){vs}")
+EOF
+fi
 fi
 trap - ERR
 stamp "done"
