@@ -88,13 +88,20 @@ def family(model_type: str) -> dict:
     return moe_config(model_type)
 
 
-def trained(tmp_path: Path, world: int, routing: str, degrees: list[int], model_type: str = "qwen3_moe") -> dict:
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config(1, world, model=family(model_type))))
+def trained(tmp_path: Path, world: int, cases: list[tuple[str, str]], degrees: list[int]) -> dict:
+    """Each (model_type, routing) case trained at each degree in one torchrun: {case name: {degree: record}}."""
+    listed = []
+    for model_type, routing in cases:
+        name = f"{model_type}-{routing}"
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config(1, world, model=family(model_type))))
+        listed.append({"name": name, "config": str(path), "routing": routing})
+    (tmp_path / "cases.json").write_text(json.dumps(listed))
     script = str(REPO / "tests/dist/moe_expert_parallel.py")
-    proc = torchrun(world, script, str(path), str(tmp_path / "out"), routing, *map(str, degrees))
+    proc = torchrun(world, script, str(tmp_path / "cases.json"), str(tmp_path / "out"), *map(str, degrees))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {d: json.loads((tmp_path / "out" / f"ep{d}.json").read_text()) for d in degrees}
+    out = tmp_path / "out"
+    return {c["name"]: {d: json.loads((out / c["name"] / f"ep{d}.json").read_text()) for d in degrees} for c in listed}
 
 
 def assert_same_training(reference: dict, other: dict) -> None:
@@ -107,25 +114,31 @@ def assert_same_training(reference: dict, other: dict) -> None:
             torch.testing.assert_close(torch.tensor(other[kind][name]), torch.tensor(value), rtol=1e-5, atol=1e-6)
 
 
+TWO_RANK_CASES = [
+    ("qwen3_moe", "free"),
+    ("qwen3_moe", "one_sided"),
+    ("qwen3_moe", "starved"),
+    ("mixtral", "free"),
+    ("deepseek_v3", "free"),
+    ("gpt_oss", "free"),
+]
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory) -> dict:
+    """Every two-rank case at EP 1 and 2, in one torchrun (its start-up paid once)."""
+    return trained(tmp_path_factory.mktemp("ep-two-ranks"), 2, TWO_RANK_CASES, [1, 2])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("model_type", "routing"),
-    [
-        ("qwen3_moe", "free"),
-        ("qwen3_moe", "one_sided"),
-        ("qwen3_moe", "starved"),
-        ("mixtral", "free"),
-        ("deepseek_v3", "free"),
-        ("gpt_oss", "free"),
-    ],
-)
-def test_two_ranks_at_ep_2_train_as_at_ep_1(tmp_path, model_type, routing):
+@pytest.mark.parametrize(("model_type", "routing"), TWO_RANK_CASES)
+def test_two_ranks_at_ep_2_train_as_at_ep_1(two_rank_runs, model_type, routing):
     """free: the model's router; one_sided: rank 1 sends rank 0 no token (zero-size splits one way); starved: no
     token reaches rank 0's experts from anyone (rank 0's experts run on an empty batch, its backward all-to-alls
     still run). Three SGD steps: the same losses, first-step gradients and final parameters. The other families on
     their own routers: Mixtral, DeepSeek-V3 (grouped router, a shared expert beside the routed ones, a dense first
     layer) and GPT-OSS (expert biases, [experts, in, out] layout)."""
-    runs = trained(tmp_path, 2, routing, [1, 2], model_type)
+    runs = two_rank_runs[f"{model_type}-{routing}"]
     assert_same_training(runs[1], runs[2])
 
 
@@ -133,6 +146,6 @@ def test_two_ranks_at_ep_2_train_as_at_ep_1(tmp_path, model_type, routing):
 def test_four_ranks_at_ep_2_and_4_train_as_at_ep_1(tmp_path):
     """EP 2 (two expert groups, each expert held by two ranks: FSDP2 shards it over them) and EP 4 (one expert
     per rank), with rank 3 sending rank 0 no token."""
-    runs = trained(tmp_path, 4, "one_sided", [1, 2, 4])
+    runs = trained(tmp_path, 4, [("qwen3_moe", "one_sided")], [1, 2, 4])["qwen3_moe-one_sided"]
     assert_same_training(runs[1], runs[2])
     assert_same_training(runs[1], runs[4])
