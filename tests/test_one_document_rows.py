@@ -1,17 +1,25 @@
 """A model whose layers carry a recurrent state (Mamba/SSM, short convolutions, linear attention) trains on rows
 of one document each: the pack stage plans them (pack.documents_per_row auto asks transformers), plan.json records
 max_documents_per_row 1, the gate's document_isolation passes such a plan saying what it costs, and a row of one
-document and padding gives each of that document's tokens the loss of its own forward alone (the five hybrid
-families, tiny, on the torch fallback paths of their mixers)."""
+document and padding gives each of that document's tokens the loss of its own forward alone, and a whole run's
+validation loss is what transformers' own forward of its final/ gives on each held-out document alone (the five
+hybrid families, tiny, on the torch fallback paths of their mixers)."""
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 
 import numpy as np
+import pyarrow.parquet as pq
+import yaml
 import pytest
 import torch
 
 from support.architectures import TINY_DECODER
 from support.runs import make_run
+from support.scoring import scored_by_transformers
 from wattgate.gate.run import run_gate
 from wattgate.pack.assign import Layout
 from wattgate.pack.plan import build_plan
@@ -115,3 +123,32 @@ def test_auto_plans_one_document_per_row_for_a_recurrent_model_and_the_gate_pass
     report = json.loads((tmp_path / "gate-many" / "gate.json").read_text())
     check = next(c for c in report["checks"] if c["name"] == "document_isolation")
     assert not check["passed"] and "layer 0 (conv) carries a recurrent state" in check["detail"]
+
+
+def train_alone(tmp, out) -> None:
+    """`wattgate train` as a world of one started by hand (no torchrun agent: one process fewer to start)."""
+    cmd = [sys.executable, "-m", "wattgate", "train", "--config", str(tmp / "config-1.yaml"), "--run-dir", str(out)]
+    cmd += ["--pretokenized", str(tmp / "pretokenized"), "--plan", str(tmp / "plan-1")]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", list(HYBRIDS))
+def test_a_hybrid_runs_validation_loss_is_its_own_forward_on_each_held_out_document(model_type, tmp_path):
+    """`wattgate train` (one rank) of the tiny hybrid from its folder, planned with pack.documents_per_row auto:
+    rows of one document, so the reported validation loss is final/'s own forward on each document alone."""
+    lengths = np.random.default_rng(1).integers(8, 40, 40).tolist()
+    train = dict(CADENCE, max_steps=3, checkpoint_every=100, eval_every=100, export_dtype="float32")
+    _, config = make_run(tmp_path, lengths, gpus=1, validation_fraction=0.2, **train)
+    folder = saved_model(tmp_path / "model", model_type)["path"]
+    config = config.replace(model=config.model.replace(config=None, path=folder))
+    shutil.rmtree(tmp_path / "plan-1")
+    build_plan(config, tmp_path / "pretokenized", tmp_path / "plan-1")
+    assert json.loads((tmp_path / "plan-1" / "plan.json").read_text())["max_documents_per_row"] == 1
+    (tmp_path / "config-1.yaml").write_text(yaml.safe_dump(config.to_json()))
+    train_alone(tmp_path, tmp_path / "run")
+    reported = pq.read_table(tmp_path / "run" / "eval.parquet", columns=["loss"]).column("loss").to_pylist()[-1]
+    own = scored_by_transformers(tmp_path / "run" / "final", tmp_path / "pretokenized")
+    assert abs(reported - own) <= 1e-5 * own, (model_type, reported, own)
