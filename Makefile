@@ -39,7 +39,7 @@ demo-power: $(VENV)/.installed-test
 # so two at once finish sooner on two cores (tests/conftest.py orders the longest modules first)
 TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30
 
 bench: $(VENV)/.installed-test,bench
 	$(BIN)/python bench/pack.py

@@ -64,7 +64,13 @@ LONGEST_MODULES = (
     "test_forecast",
     "test_run_failures",
     "test_train",
+    "test_hsdp",
     "test_moe",
+    "test_one_document_rows",
+    "test_expert_parallel_resume",
+    "test_expert_parallel_proof",
+    "test_expert_parallel",
+    "test_context_parallel",
 )
 
 
