@@ -20,10 +20,9 @@ summed shard losses of a group are printed per token as a check that every C ran
 
 Expected trend: per-token tensors (hidden states, MLP activations, logits [S/C, vocab] and their gradients) fall by
 ~C. The all-gathered keys/values stay [S] at any C (small here: 2 heads x 32 floats a token). The attention mask is
-bool [B, 1, S/C, S], so it falls by C too, but it is built (document_causal_mask) from int64 row distances [S/C, S]
-beside two more bool [S/C, S]: 11 bytes per (query, key) pair at once, 2.75 GiB per rank at C = 1 and seq_len 16k
-(measured alone), most of C = 1's growth at this model size, and it too falls by C. So the growth falls by about C;
-the peak by less, since the process's own resident bytes (torch, transformers, the model: ~0.41 GiB) do not fall.
+bool [B, 1, S/C, S], built from two comparisons of index vectors (document_causal_mask: 2 bytes per (query, key)
+pair at its peak), so it falls by C too. So the growth falls by about C; the peak by less, since the process's own
+resident bytes (torch, transformers, the model: ~0.41 GiB) do not fall.
 
 Figures, per C > 1: the max per-rank step peak at C against C = 1's in the same run. `--smoke`: seq_len 1024, hidden
 64, 2 layers, 2 ranks, C = 1 and 2.

@@ -119,13 +119,27 @@ def document_causal_mask(
 ) -> torch.Tensor:
     """bool [B, 1, len(query_index), len(key_index)]: query at row position q sees key at k when both are in the
     same document and k <= q (and q - k < sliding_window when given). Within a document row positions differ as
-    positions do, so the window is the model's own."""
-    distance = query_index[:, None] - key_index[None, :]
-    allowed = distance >= 0
+    positions do, so the window is the model's own.
+
+    A document is a contiguous span of its row, so "same document and k <= q" is "the document's first position
+    <= k <= q": two comparisons of index vectors straight into bool, 2 bytes per (query, key) pair at the peak
+    instead of an int64 distance matrix beside two bool ones (11 bytes: most of a 16k row's memory at C = 1,
+    bench/context_memory.py)."""
+    lower = document_first_positions(doc_ids)[:, query_index]  # [B, s]
     if sliding_window is not None:
-        allowed = allowed & (distance < sliding_window)
-    same_doc = doc_ids[:, query_index, None] == doc_ids[:, None, key_index]
-    return (same_doc & allowed[None]).unsqueeze(1)
+        lower = torch.maximum(lower, query_index - sliding_window + 1)
+    keys = key_index.view(1, 1, -1)
+    mask = keys >= lower.unsqueeze(-1)
+    mask &= keys <= query_index.view(1, -1, 1)
+    return mask.unsqueeze(1)
+
+
+def document_first_positions(doc_ids: torch.Tensor) -> torch.Tensor:
+    """int64 [B, S]: the row position where each token's document starts."""
+    positions = torch.arange(doc_ids.shape[-1], device=doc_ids.device).expand_as(doc_ids)
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    return torch.where(starts, positions, 0).cummax(dim=-1).values
 
 
 def gather_sequence(states: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
