@@ -101,24 +101,31 @@ def torchrun(root, ranks: int, context: int, out) -> subprocess.CompletedProcess
 
 
 @pytest.fixture(scope="module")
-def context_runs(tmp_path_factory):
-    """(root, run at C = 1 on 1 rank, run at C = 2 on 2 ranks): the same data, each its own pack of it."""
+def context_inputs(tmp_path_factory):
+    """The root of the pretokenized data, and per C in (1, 2) its config (C ranks, one data-parallel rank) and plan."""
     from wattgate.pack.plan import build_plan
 
     root = tmp_path_factory.mktemp("context")
-    lengths = np.random.default_rng(11).integers(300, 3200, 20).tolist()
+    lengths = np.random.default_rng(11).integers(300, 3200, 14).tolist()
     fake_pretokenized(root / "pretokenized", lengths, seed=1, vocab=96, validation_fraction=0.2)
     for context in (1, 2):
         config = run_config(config_of(context=context, gpus_per_node=context, **TRAIN))
         build_plan(config, root / "pretokenized", root / f"plan-c{context}")
         (root / f"config-c{context}.yaml").write_text(yaml.safe_dump(config.to_json()))
+    return root
+
+
+@pytest.fixture(scope="module")
+def context_runs(context_inputs):
+    """(root, run at C = 1 on 1 rank, run at C = 2 on 2 ranks): the same data, each its own pack of it."""
+    root = context_inputs
     for context in (1, 2):
         torchrun(root, context, context, root / f"run-c{context}")
     return root, root / "run-c1", root / "run-c2"
 
 
-def test_pack_plans_the_same_rows_for_one_rank_and_for_a_context_group_of_two(context_runs):
-    root, _, _ = context_runs
+def test_pack_plans_the_same_rows_for_one_rank_and_for_a_context_group_of_two(context_inputs):
+    root = context_inputs
     one, two = (json.loads((root / f"plan-c{c}" / "plan.json").read_text()) for c in (1, 2))
     assert one == two and one["world_size"] == 1
     for name in ("packs.parquet", "eval_packs.parquet"):
@@ -169,3 +176,82 @@ def test_two_ranks_sharing_each_row_train_as_one_rank_holding_it(context_runs):
     print(f"context 2 vs 1: worst step loss rel {worst:.2e}, validation rel "
           f"{abs(val[-1]['loss'] - ref_val[-1]['loss']) / ref_val[-1]['loss']:.2e}, scored rel "
           f"{abs(scored - val[-1]['loss']) / scored:.2e}")  # fmt: skip
+
+
+def test_a_rank_holds_the_same_positions_on_the_host_as_on_the_device():
+    from wattgate.train.context_loss import ContextPlace
+    from wattgate.train.context_parallel import head_tail_indices
+
+    for context in (2, 4):
+        for rank in range(context):
+            host = ContextPlace(None, context, rank).local(64)
+            assert host.tolist() == head_tail_indices(64, context, rank).tolist()
+
+
+# ---------------------------------------------------------------- the collective proof on the cp mesh
+
+
+def context_config(root, context: int):
+    from wattgate.config import load_run_config
+
+    return load_run_config(root / f"config-c{context}.yaml")
+
+
+def test_the_proof_dry_runs_each_context_place_and_records_the_key_value_gathers_on_cp(context_inputs):
+    from wattgate.proof.prove import prove_collectives
+
+    root = context_inputs
+    report = prove_collectives(context_config(root, 2), root / "pretokenized", root / "plan-c2").to_json()
+    assert report["passed"], report["detail"]
+    assert report["world_size"] == 2 and [g["rank"] for g in report["rank_groups"]] == [0, 1]
+    steps = [s for c in report["classes"] for s in c["sequence"]]
+    # one data rank: the context group is the whole shard group, one process group named by both dimensions
+    gathers = [s for s in steps if "all_gather_into_tensor" in s and " on group cp=dp_shard (ranks 0, 1)" in s]
+    assert gathers and not [s for s in steps if " on group dp_shard " in s], steps[:20]
+
+
+def test_a_context_rank_that_skips_its_key_value_gather_fails_the_gate_naming_the_rank_and_cp(
+    context_inputs, tmp_path, monkeypatch
+):
+    import torch
+    import torch.distributed as dist
+
+    from wattgate.gate.run import run_gate
+    from wattgate.train import context_parallel
+
+    root = context_inputs
+    real = context_parallel.gather_sequence
+
+    def gather_sequence(states, group):
+        # rank 1 takes its chunks to hold only padding and keeps its keys and values to itself
+        if dist.get_rank() == 1:
+            return torch.cat([states, states], dim=2)
+        return real(states, group)
+
+    monkeypatch.setattr(context_parallel, "gather_sequence", gather_sequence)
+    report = run_gate(context_config(root, 2), root / "pretokenized", root / "plan-c2", tmp_path / "gate").to_json()
+    check = next(c for c in report["checks"] if c["name"] == "collectives")
+    assert not check["passed"] and not report["passed"] and not (tmp_path / "gate" / "PASSED").exists()
+    d = report["collectives"]["divergence"]
+    assert d["rank"] == 1 and d["group"] == "cp=dp_shard (ranks 0, 1)", d
+    assert d["rank0"].startswith("_c10d_functional.all_gather_into_tensor("), d
+    assert check["detail"].startswith("rank 1 diverges from rank 0 at "), check["detail"]
+    assert " in its group cp=dp_shard (ranks 0, 1): rank 0 issues _c10d_functional.all_gather" in check["detail"]
+
+
+def test_the_cp_mesh_puts_consecutive_ranks_in_a_context_group_inside_each_shard_group():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    import torch.distributed as dist
+
+    from wattgate.train.mesh import data_parallel_mesh, mesh_groups, mesh_layout
+
+    dist.init_process_group("fake", store=FakeStore(), rank=5, world_size=8)
+    try:
+        mesh = data_parallel_mesh("cpu", 8, 2, context=2)
+        groups = {dim: ranks for dim, ranks in mesh_groups(mesh).values()}
+    finally:
+        dist.destroy_process_group()
+    assert mesh.mesh_dim_names == ("dp_replicate", "dp", "cp") and tuple(mesh.shape) == (2, 2, 2)
+    # rank 5 trains data rank 5 // 2 = 2's rows: its dp coordinate in replica 1
+    assert groups == {"dp_replicate": (1, 5), "dp": (5, 7), "cp": (4, 5), "dp_shard": (4, 5, 6, 7)}
+    assert mesh_layout(8, 2, context=2) == {"dp_replicate": 2, "dp": 2, "cp": 2}

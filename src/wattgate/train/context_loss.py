@@ -23,7 +23,6 @@ from wattgate.train.context_parallel import (
     CONTEXT_KWARG,
     ContextAttention,
     context_loss_sum,
-    head_tail_indices,
     shard_rows,
 )
 from wattgate.train.data import IGNORE, Batch
@@ -53,16 +52,27 @@ class ContextPlace:
     def shard(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return shard_rows(tensors, self.size, self.rank)
 
+    def local(self, seq_len: int) -> np.ndarray:
+        """The row positions this rank holds (head_tail_indices), on the host: the counts are host figures, and
+        the collective proof's dry run makes every torch tensor fake."""
+        chunk = seq_len // (2 * self.size)
+        head, tail = self.rank * chunk, (2 * self.size - 1 - self.rank) * chunk
+        return np.concatenate([np.arange(head, head + chunk), np.arange(tail, tail + chunk)])
+
+    def has_target(self, labels: np.ndarray) -> np.ndarray:
+        """bool [B, S/C]: which of this rank's positions have a target (label t + 1 of the row is t's)."""
+        has_target = np.zeros(labels.shape, dtype=bool)
+        has_target[:, :-1] = labels[:, 1:] != IGNORE
+        return has_target[:, self.local(labels.shape[-1])]
+
     def counted(self, batch: Batch, packs: list) -> Batch:
         """`batch` (whole rows) with this shard's loss tokens and tokens: summed over the group they are the rows'
         (each position counted on the one rank that holds it), so the step's totals count every row once."""
-        local = head_tail_indices(batch.labels.shape[-1], self.size, self.rank).numpy()
-        has_target = np.zeros(batch.labels.shape, dtype=bool)
-        has_target[:, :-1] = batch.labels[:, 1:] != IGNORE  # position t's target is label t + 1
+        local = self.local(batch.labels.shape[-1])
         used = np.array([int(np.sum(np.asarray(p.lengths))) for p in packs], dtype=np.int64)
         return replace(
             batch,
-            num_loss_tokens=int(has_target[:, local].sum()),
+            num_loss_tokens=int(self.has_target(batch.labels).sum()),
             num_tokens=int((local[None, :] < used[:, None]).sum()),
         )
 

@@ -35,7 +35,7 @@ from wattgate.run_files import EVAL, METRICS, PLAN, claim_output, read_plan
 from wattgate.run_tables import EvalTable, MetricsTable
 from wattgate.records.plan import Plan
 from wattgate.train import checkpoint as ckpt
-from wattgate.train.data import IGNORE, DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors
+from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors
 from wattgate.train.distributed import setup_rank
 from wattgate.train.export_files import export_extra_files
 from wattgate.train.input_check import verify_inputs
@@ -520,10 +520,8 @@ class Trainer:
         losses = self.hooks.forward(
             tensors, partial(context_token_losses, self.model, shard, self.context.group, *loss)
         )
-        local = shard["query_index"].cpu().numpy()
-        mine = where.reshape(batch.labels.shape)[:, local].reshape(-1)
-        has_target = (shard["targets"] != IGNORE).cpu().numpy().reshape(-1)
-        self.eval_sources.add_targets(totals, losses, has_target, mine)
+        mine = where.reshape(batch.labels.shape)[:, self.context.local(self.train.seq_len)].reshape(-1)
+        self.eval_sources.add_targets(totals, losses, self.context.has_target(batch.labels).reshape(-1), mine)
 
     def stop_agreed_in_eval(self) -> bool:
         """Inside a validation pass: whether any rank has a stop request (one all-reduce, every rank alike)."""

@@ -145,5 +145,8 @@ def mesh_groups(mesh: DeviceMesh) -> dict[str, tuple[str, tuple[int, ...]]]:
     out: dict[str, tuple[str, tuple[int, ...]]] = {}
     for name in names:
         group = mesh.get_group(name)
-        out[group.group_name] = (name, tuple(dist.get_process_group_ranks(group)))
+        # two dimensions over the same ranks share one group (cp and dp_shard when C is the shard group): both named
+        same = out.get(group.group_name)
+        label = name if same is None or same[0] == name else f"{same[0]}={name}"
+        out[group.group_name] = (label, tuple(dist.get_process_group_ranks(group)))
     return out
