@@ -232,6 +232,8 @@ def test_a_context_rank_that_skips_its_key_value_gather_fails_the_gate_naming_th
     report = run_gate(context_config(root, 2), root / "pretokenized", root / "plan-c2", tmp_path / "gate").to_json()
     check = next(c for c in report["checks"] if c["name"] == "collectives")
     assert not check["passed"] and not report["passed"] and not (tmp_path / "gate" / "PASSED").exists()
+    balance = next(c for c in report["checks"] if c["name"] == "context_balance")  # C = 2: the check runs
+    assert balance["detail"].startswith("max/mean context-rank attention cost"), balance
     d = report["collectives"]["divergence"]
     assert d["rank"] == 1 and d["group"] == "cp=dp_shard (ranks 0, 1)", d
     assert d["rank0"].startswith("_c10d_functional.all_gather_into_tensor("), d
@@ -255,3 +257,46 @@ def test_the_cp_mesh_puts_consecutive_ranks_in_a_context_group_inside_each_shard
     # rank 5 trains data rank 5 // 2 = 2's rows: its dp coordinate in replica 1
     assert groups == {"dp_replicate": (1, 5), "dp": (5, 7), "cp": (4, 5), "dp_shard": (4, 5, 6, 7)}
     assert mesh_layout(8, 2, context=2) == {"dp_replicate": 2, "dp": 2, "cp": 2}
+
+
+# ---------------------------------------------------------------- the gate's context_balance check
+
+
+def packs_of(rows: list[list[int]]):
+    from wattgate.run_files import PackRows
+
+    n = len(rows)
+    lengths = np.array([x for r in rows for x in r], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
+    zeros = np.zeros(n, dtype=np.int64)
+    tokens = np.array([sum(r) for r in rows], dtype=np.int64)
+    return PackRows(
+        zeros, zeros, np.arange(n), zeros, zeros, tokens, np.arange(len(lengths)), lengths, offsets, offsets
+    )
+
+
+def brute_costs(rows: list[list[int]], seq_len: int, context: int) -> list[list[int]]:
+    from wattgate.train.context_parallel import head_tail_indices
+
+    out = []
+    for r in rows:
+        keys = np.zeros(seq_len, dtype=np.int64)  # the keys a query at each position attends
+        o = 0
+        for n in r:
+            keys[o : o + n] = np.arange(1, n + 1)
+            o += n
+        out.append([int(keys[head_tail_indices(seq_len, context, c).numpy()].sum()) for c in range(context)])
+    return out
+
+
+def test_the_context_cost_counts_each_ranks_causal_pairs_within_documents_and_fails_above_the_bound():
+    from wattgate.gate.context_balance_check import check_context_balance, context_rank_costs
+
+    rows = [[64], [10, 20, 30], [7, 1, 40, 13], [33, 31], []]
+    for context in (2, 4):
+        assert context_rank_costs(packs_of(rows), 64, context).tolist() == brute_costs(rows, 64, context)
+    assert len(set(context_rank_costs(packs_of([[64]]), 64, 4)[0].tolist())) == 1  # a row-long document: exact
+    passed = check_context_balance(packs_of([[64]]), 64, 2, 1.05)
+    assert passed.passed and passed.detail.startswith("max/mean context-rank attention cost over the plan's micro")
+    failed = check_context_balance(packs_of([[48]]), 64, 2, 1.05)  # rank 1 holds the document's late positions
+    assert not failed.passed and "limit 1.050 (gate.max_context_cost_ratio)" in failed.detail, failed.detail

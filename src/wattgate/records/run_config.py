@@ -371,6 +371,9 @@ class GateConfig(Record):
     enforce: bool
     # largest allowed max/mean per-step rank cost
     max_rank_cost_ratio: float = spec(minimum=1)
+    # with parallel.context > 1, the largest allowed ratio of the busiest context rank's attention cost to the
+    # mean's over the plan's micro-batches (the context_balance check; not run at parallel.context 1)
+    max_context_cost_ratio: float = spec(minimum=1)
     # share of device memory the fit estimate must leave free
     memory_headroom: float = spec(minimum=0, maximum=0.9)
     # fail the gate when the forecast train job needs more GPU-hours (null = no budget)
