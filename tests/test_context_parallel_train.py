@@ -143,7 +143,8 @@ def step_figures(run) -> dict[int, tuple[float, int, int, float]]:
 
 
 # fp32 on CPU, the same sums in another order (a row's attention in two halves, the loss in two shards and other
-# chunks): per-step losses measured within 2e-6 relative and gradient norms within 1e-5 over the run's steps
+# chunks): measured 1.4e-7 relative on the per-step losses, 1.9e-7 on the gradient norms, 3.6e-8 on the validation
+# loss, 1.4e-9 between final/ scored by transformers and the reported validation loss (5 steps)
 STEP_RTOL = 1e-5
 GRAD_NORM_RTOL = 1e-4
 VALIDATION_RTOL = 1e-4
@@ -173,7 +174,8 @@ def test_two_ranks_sharing_each_row_train_as_one_rank_holding_it(context_runs):
     assert trained["mesh"] == {"dp": 1, "cp": 2} and trained["world_size"] == 2
     assert "mesh" not in json.loads((one / "TRAINED").read_text())
     worst = max(abs(m[0] - theirs[s][0]) / theirs[s][0] for s, m in mine.items())
-    print(f"context 2 vs 1: worst step loss rel {worst:.2e}, validation rel "
+    norms = max(abs(m[3] - theirs[s][3]) / theirs[s][3] for s, m in mine.items())
+    print(f"context 2 vs 1: worst step loss rel {worst:.2e}, grad norm rel {norms:.2e}, validation rel "
           f"{abs(val[-1]['loss'] - ref_val[-1]['loss']) / ref_val[-1]['loss']:.2e}, scored rel "
           f"{abs(scored - val[-1]['loss']) / scored:.2e}")  # fmt: skip
 

@@ -215,7 +215,7 @@ class Trainer:
         latest = resume_checkpoint(self.paths.out, identity, self.rank, self.seams.checkpoints)
         mesh = self.seams.model.device_mesh()
         place = context_group(mesh)
-        context = ContextPlace(place[0], self.world // self.plan.world_size, place[1]) if place else None
+        context = ContextPlace(*place) if place else None
         model, source = self.seams.model.build(mesh, latest is None)
         optimizer = build_optimizer(model, self.train)
         start, pending_eval = 0, False

@@ -98,10 +98,11 @@ def context_mesh(device_type: str, shape: tuple[int, ...], context: int) -> Devi
 
 
 def context_group(mesh: DeviceMesh):
-    """(the context group's process group, this rank's place in it), or None without a cp dimension."""
-    if CONTEXT_DIM not in (mesh.mesh_dim_names or ()):
+    """(the context group's process group, its size, this rank's place in it), or None without a cp dimension."""
+    names = mesh.mesh_dim_names or ()
+    if CONTEXT_DIM not in names:
         return None
-    return mesh.get_group(CONTEXT_DIM), mesh.get_local_rank(CONTEXT_DIM)
+    return mesh.get_group(CONTEXT_DIM), mesh.size(names.index(CONTEXT_DIM)), mesh.get_local_rank(CONTEXT_DIM)
 
 
 def dense_mesh(mesh: DeviceMesh) -> DeviceMesh:
