@@ -18,6 +18,7 @@ from support.runs import fake_pretokenized, train_config
 from support.scoring import scored_by_transformers
 from wattgate.config import data_parallel_size, run_config
 from wattgate.errors import InputError
+from wattgate.run_tables import SOURCE_LOSS_PREFIX
 
 SEQ_LEN = 4096
 # a row-long context on a tiny Qwen3 (rotary positions up to seq_len)
@@ -106,8 +107,10 @@ def context_inputs(tmp_path_factory):
     from wattgate.pack.plan import build_plan
 
     root = tmp_path_factory.mktemp("context")
-    lengths = np.random.default_rng(11).integers(300, 3200, 14).tolist()
-    fake_pretokenized(root / "pretokenized", lengths, seed=1, vocab=96, validation_fraction=0.2)
+    lengths = np.random.default_rng(11).integers(300, 2000, 20).tolist()
+    # two sources: the validation pass reports each one's loss too (per-position losses of each shard)
+    sources = [("web", 10), ("code", 10)]
+    fake_pretokenized(root / "pretokenized", lengths, seed=1, vocab=96, validation_fraction=0.3, sources=sources)
     for context in (1, 2):
         config = run_config(config_of(context=context, gpus_per_node=context, **TRAIN))
         build_plan(config, root / "pretokenized", root / f"plan-c{context}")
@@ -143,8 +146,8 @@ def step_figures(run) -> dict[int, tuple[float, int, int, float]]:
 
 
 # fp32 on CPU, the same sums in another order (a row's attention in two halves, the loss in two shards and other
-# chunks): measured 1.4e-7 relative on the per-step losses, 1.9e-7 on the gradient norms, 3.6e-8 on the validation
-# loss, 1.4e-9 between final/ scored by transformers and the reported validation loss (5 steps)
+# chunks): measured 5.6e-8 relative on the per-step losses, 2.7e-6 on the gradient norms, 3.4e-8 on the validation
+# losses (per source too), 7.4e-10 between final/ scored by transformers and the reported validation loss (5 steps)
 STEP_RTOL = 1e-5
 GRAD_NORM_RTOL = 1e-4
 VALIDATION_RTOL = 1e-4
@@ -162,12 +165,13 @@ def test_two_ranks_sharing_each_row_train_as_one_rank_holding_it(context_runs):
         assert abs(norm - ref[3]) <= GRAD_NORM_RTOL * ref[3], (step, norm, ref[3])
     ranks = {r["rank"] for r in pq.read_table(two / "metrics.parquet", columns=["rank"]).to_pylist()}
     assert ranks == {0, 1}
-    val, ref_val = (
-        pq.read_table(r / "eval.parquet", columns=["step", "loss", "tokens"]).to_pylist() for r in (two, one)
-    )
+    val, ref_val = (pq.read_table(r / "eval.parquet").to_pylist() for r in (two, one))
     assert [(v["step"], v["tokens"]) for v in val] == [(v["step"], v["tokens"]) for v in ref_val]
+    per_source = [k for k in val[0] if k.startswith(SOURCE_LOSS_PREFIX)]
+    assert len(per_source) == 2, val[0]  # each source's loss, from each rank's shard of the rows
     for a, b in zip(val, ref_val):
-        assert abs(a["loss"] - b["loss"]) <= VALIDATION_RTOL * b["loss"], (val, ref_val)
+        for k in ("loss", *per_source):
+            assert abs(a[k] - b[k]) <= VALIDATION_RTOL * b[k], (k, val, ref_val)
     scored = scored_by_transformers(two / "final", root / "pretokenized")
     assert abs(scored - val[-1]["loss"]) <= SCORED_RTOL * scored, (scored, val[-1])
     trained = json.loads((two / "TRAINED").read_text())
