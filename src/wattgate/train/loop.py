@@ -202,7 +202,9 @@ class Trainer:
         self.log, self.evals = self.tables()
         if self.rank == 0:
             print(
-                f"train: {self.world} rank(s) on {self.device.type}, {self.n_params / 1e6:.2f}M params from "
+                f"train: {self.world} rank(s) on {self.device.type}"
+                + (f" ({self.context.size} sharing each row, parallel.context)" if self.context else "")
+                + f", {self.n_params / 1e6:.2f}M params from "
                 f"{self.source} (load {self.memory.phases[LOAD].seconds:.1f} s), step {self.start}/{self.total}, "
                 f"data_cache {self.train.data_cache} (copy {self.copy_s:.2f} s)"
                 + (f", validation {len(eval_batches)} micro-batch(es) per pass" if eval_batches else ""),
