@@ -90,10 +90,35 @@ def validate_config(config: dict, source: str = "config") -> dict:
             f"{source}: key '{EXPERT_KEY}': {expert} does not divide the shard group size {shard} (world size / "
             f"parallel.replicate); give one of {', '.join(str(d) for d in range(1, shard + 1) if shard % d == 0)}"
         )
+    line = context_line(config["parallel"]["context"], shard, expert, config["train"]["seq_len"])
+    if line:
+        raise InputError(f"{source}: key '{CONTEXT_KEY}': {line}")
     return config
 
 
 EXPERT_KEY = "parallel.expert"
+CONTEXT_KEY = "parallel.context"
+
+
+def context_line(context: int, shard: int, expert: int, seq_len: int) -> str | None:
+    """Why `context` ranks cannot share each row of a shard group of `shard` ranks (None: they can)."""
+    if shard % context:
+        divisors = ", ".join(str(d) for d in range(1, shard + 1) if shard % d == 0)
+        return (
+            f"{context} does not divide the shard group size {shard} (world size / parallel.replicate); "
+            f"give one of {divisors}"
+        )
+    if context > 1 and expert > 1:
+        return (
+            f"{context} together with parallel.expert {expert} is not built yet (experts' token exchange inside "
+            "context groups); give 1 for one of them"
+        )
+    if seq_len % (2 * context):
+        return (
+            f"{context} needs train.seq_len divisible by {2 * context} (two head-tail chunks per rank), got "
+            f"{seq_len}; give a train.seq_len that is a multiple of {2 * context}"
+        )
+    return None
 
 
 REPLICATE_KEY = "parallel.replicate"
@@ -239,6 +264,17 @@ def replicate_degree(config: RunConfig) -> int:
     schema check (validate_config) has made sure it divides the world size."""
     replicate = config.parallel.replicate
     return config.cluster.nodes if replicate == "auto" else replicate
+
+
+def context_degree(config: RunConfig) -> int:
+    """Context-parallel degree (parallel.context): ranks sharing each packed row; validate_config has checked it
+    against the shard group, parallel.expert and train.seq_len."""
+    return config.parallel.context
+
+
+def data_parallel_size(config: RunConfig) -> int:
+    """The ranks that train distinct micro-batches: the world over parallel.context (what pack plans for)."""
+    return world_size(config) // context_degree(config)
 
 
 def expert_degree(config: RunConfig) -> int:

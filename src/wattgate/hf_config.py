@@ -61,3 +61,18 @@ def recurrent_layers(hf_config) -> tuple[str, ...]:
         for i, layer in enumerate(DynamicCache(config=hf_config).layers)
         if isinstance(layer, LinearAttentionCacheLayerMixin)
     )
+
+
+def context_refusal(hf_config, context: int) -> str | None:
+    """Why parallel.context `context` cannot run this model (None: it can): a recurrent state runs through a
+    row's tokens in order, so it cannot be split across the ranks that share the row."""
+    if context <= 1:
+        return None
+    layers = recurrent_layers(hf_config)
+    if not layers:
+        return None
+    shown = ", ".join(layers[:3]) + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
+    return (
+        f"parallel.context: {context} cannot split a row across ranks for a model with recurrent-state layers "
+        f"({shown}): their state runs through the row in order; give 1"
+    )

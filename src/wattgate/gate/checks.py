@@ -187,10 +187,12 @@ def check_pack_contents(
 
 def check_launch(plan: Plan, config: RunConfig) -> Check:
     """The plan was made for the launch that will run it."""
-    c, t = config.cluster, config.train
-    # (what the plan says, what the config says, where the config says it)
+    c, t, context = config.cluster, config.train, config.parallel.context
+    # (what the plan says, what the config says, where the config says it); under parallel.context the plan's
+    # world is the data-parallel ranks: C ranks share each one's rows
+    world_key = "cluster.nodes x cluster.gpus_per_node" + (" / parallel.context" if context > 1 else "")
     expected: list[tuple[str, int | None, int, str]] = [
-        ("world_size", plan.world_size, c.nodes * c.gpus_per_node, "cluster.nodes x cluster.gpus_per_node"),
+        ("world_size", plan.world_size, c.nodes * c.gpus_per_node // context, world_key),
         ("micro_batch_size", plan.micro_batch_size, t.micro_batch_size, "train.micro_batch_size"),
         # a plan continuing another world size's run runs its own grad_accum (pack/segments.py), made from the
         # config's
@@ -212,7 +214,9 @@ def check_launch(plan: Plan, config: RunConfig) -> Check:
     return Check(
         "launch",
         True,
-        f"world {plan.world_size} = {c.nodes} node(s) x {c.gpus_per_node}, "
+        f"world {plan.world_size} = {c.nodes} node(s) x {c.gpus_per_node}"
+        + (f" / parallel.context {context} (ranks sharing each row)" if context > 1 else "")
+        + ", "
         f"micro_batch_size {plan.micro_batch_size}, grad_accum {plan.grad_accum}" + fill_note(plan),
     )
 

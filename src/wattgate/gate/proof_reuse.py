@@ -28,7 +28,7 @@ from pathlib import Path
 
 import wattgate
 from wattgate.artifacts import write_json_atomic
-from wattgate.config import expert_degree, replicate_degree
+from wattgate.config import context_degree, expert_degree, replicate_degree
 from wattgate.errors import InputError
 from wattgate.records.gate import Collectives, ProofCache, Reused
 from wattgate.proof.classes import first_steps, plans_by_rank
@@ -88,6 +88,8 @@ def proof_inputs(config: RunConfig, plan_dir: Path) -> dict:
         "replicate": replicate_degree(config),  # the mesh: HSDP's groups are other collectives
         # EP's groups and all-to-alls; absent at 1, so proofs made before the key existed stay reusable
         **({"expert": expert_degree(config)} if expert_degree(config) > 1 else {}),
+        # CP's mesh, its gathers and the plan's world times C; absent at 1 (proofs made before the key stay reusable)
+        **({"context": context_degree(config)} if context_degree(config) > 1 else {}),
         "steps": first_steps(classes, first),
         "classes_sha256": _sha256(json.dumps([[c.key() for c in seq] for seq in classes]).encode()),
         "micro_batch_rows_sha256": _sha256(b"|".join(p.rows for p in plans)),  # the rank groups follow them

@@ -44,6 +44,7 @@ from wattgate.gate.memory import (
 )
 from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_model_spec
 from wattgate.gate.report import InputHashes, gate_json, write_report
+from wattgate.gate.context_balance_check import check_context_balance
 from wattgate.gate.isolation_check import check_document_isolation
 from wattgate.gate.tokenizer_check import check_tokenizer
 from wattgate.gate.settings_check import check_settings
@@ -166,7 +167,15 @@ def run_checks(
         ),
         V.check_validation_conservation(inputs.validation, inputs.doc_tokens, inputs.manifest.validation, plan.seq_len),
         leakage_with_duplicates(V.check_leakage(inputs.validation, whole), mixture, inputs),
-    ]
+    ] + context_checks(packs, plan, config)
+
+
+def context_checks(packs, plan: Plan, config: RunConfig) -> list[C.Check]:
+    """The context_balance check under parallel.context > 1 (none at 1: the gate's checks as before)."""
+    context = config.parallel.context
+    if context == 1:
+        return []
+    return [check_context_balance(packs, plan.seq_len, context, config.gate.max_context_cost_ratio)]
 
 
 def padding_per_epoch(plan: Plan) -> int:

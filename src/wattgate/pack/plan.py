@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from wattgate.artifacts import atomic_path
-from wattgate.config import world_size
+from wattgate.config import context_degree, data_parallel_size
 from wattgate.errors import InputError
 from wattgate.pack.assign import Layout, Placement, assign_ranks, pack_costs, rank_cost_ratios, sort_placement
 from wattgate.pack.bfd import pack_bfd
@@ -270,6 +270,17 @@ def one_document_rows(config: RunConfig) -> tuple[bool, str]:
     return True, f"pack.documents_per_row auto: {shown} {carry} a recurrent state across documents"
 
 
+def check_context_model(config: RunConfig) -> None:
+    """One line before any planning when parallel.context cannot run the model (hf_config.context_refusal)."""
+    if context_degree(config) == 1:
+        return
+    from wattgate.hf_config import context_refusal, model_hf_config
+
+    line = context_refusal(model_hf_config(config.model), context_degree(config))
+    if line:
+        raise InputError(line)
+
+
 def read_doc_extras(pretokenized: Path, manifest: Manifest) -> tuple[np.ndarray, np.ndarray]:
     """content_hash and num_loss_tokens of every document by doc_id: what a mixture's choice and record need."""
     hashes, loss = [], []
@@ -341,10 +352,11 @@ def build_plan(config: RunConfig, pretokenized: str | Path, out: str | Path) -> 
             f"{pretokenized}: doc_id {worst} has {lengths[worst]} tokens > train.seq_len {seq_len}; "
             "rerun pretokenize with pretokenize.max_tokens <= seq_len"
         )
+    check_context_model(config)
     one_rows, why = one_document_rows(config)
     if one_rows:
         print(f"pack: one document per row ({why})", flush=True)
-    layout = Layout(world_size(config), train.micro_batch_size, train.grad_accum, one_rows)
+    layout = Layout(data_parallel_size(config), train.micro_batch_size, train.grad_accum, one_rows)
     settings = PlanSettings(
         world_size=layout.world_size,
         seq_len=seq_len,

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from wattgate.config import expert_degree, replicate_degree
+from wattgate.config import context_degree, expert_degree, replicate_degree
 from wattgate.records.checkpoint import CheckpointState, Position
 from wattgate.gpus import is_cpu
 from wattgate.proof.depth import meta_model, truncate_layers
@@ -127,12 +127,13 @@ class ProxyModel:
     record: RankRecord
     recorder: CollectiveRecorder
     starved: bool = False
+    context: int = 1  # parallel.context
 
     def device_mesh(self):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():  # the mesh's rank lookup reads its (tiny) tensor: a real one
-            mesh = data_parallel_mesh("cpu", dist.get_world_size(), self.replicate, self.expert)
+            mesh = data_parallel_mesh("cpu", dist.get_world_size(), self.replicate, self.expert, self.context)
             groups = mesh_groups(mesh)
         self.recorder.mesh_groups.update(groups)
         self.record.mesh_groups = dict(groups.values())
@@ -206,7 +207,7 @@ def dry_run_rank(
     from wattgate.run_files import read_plan
 
     plan, _ = read_plan(paths.plan_dir)
-    world = plan.world_size
+    world = plan.world_size * context_degree(config)  # under parallel.context the plan's are the data ranks
     # data_cache local is not copied, the ledger line goes to the work folder, and no TensorBoard events are
     # written (rank 0's own event files, no collective: not worth importing TensorBoard per dry run)
     config = config.replace(
@@ -231,6 +232,7 @@ def dry_run_rank(
             record,
             recorder,
             starved,
+            context_degree(config),
         ),
         checkpoints=NoBytesCheckpoints(shared, earlier_segment(plan)),
         export=NoBytesExport(),
@@ -245,7 +247,7 @@ def dry_run_rank(
         quiet = contextlib.redirect_stdout(io.StringIO())  # the trainer's progress lines are not the gate's
         with quiet, fake, recorder, fake_host_reads(), object_collectives(recorder, shared):
             where = (rank, world, torch.device("cpu"))
-            batches = rank_batches(plan, paths, where, config.train.check_planned_counts)
+            batches = rank_batches(plan, paths, where, config.train.check_planned_counts, context_degree(config))
             trainer = Trainer(config, plan, paths, where, seams, batches)
             trainer.run()
             record.end = recorder.collectives[steps_hook.end_mark :]

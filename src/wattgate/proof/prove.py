@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from wattgate.config import expert_degree, replicate_degree
+from wattgate.config import context_degree, expert_degree, replicate_degree
 from wattgate.errors import InputError
 from wattgate.proof.classes import class_divergence, first_steps, plans_by_rank
 from wattgate.proof.depth import layer_pattern, meta_model, proxy_depths, scaled_count
@@ -168,8 +168,9 @@ def prove_collectives(config: RunConfig, pretokenized: Path, plan_dir: Path, wor
 
 def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | None, t0: float) -> Collectives:
     plan, _ = read_plan(plan_dir)
-    world = plan.world_size
-    plans = plans_by_rank(plan, plan_dir, config.train)
+    context = context_degree(config)
+    world = plan.world_size * context  # the plan's are the data-parallel ranks: C ranks train each one's plan
+    plans = [p for p in plans_by_rank(plan, plan_dir, config.train) for _ in range(context)]
     classes = [p.classes for p in plans]
     first = plan.first_step
     steps = first_steps(classes, first)
@@ -260,7 +261,8 @@ def _prove(config: RunConfig, pretokenized: Path, plan_dir: Path, work: Path | N
 def mesh_places(config: RunConfig, world: int) -> MeshPlaces:
     expert = expert_degree(config)
     experts = load_model_spec(config).num_experts if expert > 1 else 0
-    return MeshPlaces(shard=world // replicate_degree(config), expert=expert, experts=experts)
+    shard = world // replicate_degree(config)
+    return MeshPlaces(shard=shard, expert=expert, experts=experts, context=context_degree(config))
 
 
 def moe_section(routed: RankRecord, starved: RankRecord, labels: dict[int, str], depth: Depth) -> Moe:

@@ -11,7 +11,10 @@ A rank's dry run is the trainer's own code given four inputs that differ between
   changes nothing the record compares (each collective is recorded on its mesh dimension, the group's ranks named
   but not compared); with expert parallelism (parallel.expert E) its place in its expert group decides which
   experts it holds (every place the same number: E divides them) and its place among the ranks holding the same
-  experts decides its shard of them, as FSDP2 splits the expert group's share over the shard degree / E;
+  experts decides its shard of them, as FSDP2 splits the expert group's share over the shard degree / E; with
+  context parallelism (parallel.context C) its place in its context group decides which chunks of each row it
+  holds (head-tail: its attention's keys are gathered from the others, its padding differs), and the C ranks of
+  a context group train the same data rank's plan;
 - whether it is rank 0, which alone publishes checkpoints, writes final/ and sends what the others receive.
 Ranks equal in all four run the same code on the same shapes and counts and so issue the same collectives (the
 proof's premise: collectives follow counts and shapes, never values). Rank 0 is a group of its own, and every other
@@ -32,16 +35,20 @@ from wattgate.records.gate import Depth, RankGroup
 class MeshPlaces:
     """The mesh's degrees, as far as they decide what a rank holds: `shard` ranks share one copy of the model
     (world / parallel.replicate); `expert` (parallel.expert) consecutive ranks of a shard group hold disjoint
-    experts, `experts` per layer (0: a dense model)."""
+    experts, `experts` per layer (0: a dense model); `context` (parallel.context) consecutive ranks share each
+    row, each holding its own chunks of it."""
 
     shard: int
     expert: int = 1
     experts: int = 0
+    context: int = 1
 
     def kinds(self, rank: int, dims: tuple[int, ...]) -> tuple[int, ...]:
         """What `rank` holds of each dim 0 in `dims` (shard_kind), and with experts of its share of them."""
         place = rank % self.shard  # its replica holds the same as replica 0's rank at this place
         held = tuple(shard_kind(n, self.shard, place) for n in dims)
+        if self.context > 1:
+            held = (*held, rank % self.context)  # its chunks of every row: its own collectives' sizes and inputs
         if not self.experts:
             return held
         share = self.experts // self.expert  # rows of each expert weight this expert group place holds

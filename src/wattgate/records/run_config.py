@@ -243,8 +243,9 @@ class ClusterConfig(Record):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelConfig(Record):
-    """how the ranks' data-parallel world is laid out over FSDP2's device mesh; every rank still trains its own
-    micro-batches (the plan does not depend on it)"""
+    """how the ranks' world is laid out over FSDP2's device mesh; replicate and expert leave the plan as it is (every
+    rank trains its own micro-batches), context does not (C ranks share each data-parallel rank's micro-
+    batches)"""
 
     # HSDP replica groups: 1 shards every parameter, gradient and optimizer state over the whole world (FSDP2,
     # ZeRO-3); R > 1 shards them over world / R consecutive ranks and keeps R replicas, whose gradients are all-
@@ -260,6 +261,14 @@ class ParallelConfig(Record):
     # whole shard group. 1 (the default) keeps every expert sharded like any other parameter. Must divide the shard
     # group size (world size / parallel.replicate) and the model's number of experts, and be 1 on a dense model
     expert: int = spec(minimum=1)
+    # context parallelism (CP) for long packed rows: C consecutive ranks share each packed row, each holding 1 / C
+    # of its tokens (head-tail chunks, so every rank has the same causal attention work) and gathering the group's
+    # keys and values in every attention layer; parameters stay sharded over the data and context ranks together.
+    # The world is then world / C data-parallel ranks: pack plans for them, and each rank of a context group trains
+    # its data rank's micro-batches. 1 (the default) keeps each row on one rank. Must divide the shard group size
+    # (world size / parallel.replicate), train.seq_len must be a multiple of 2 x C, and it is refused together with
+    # parallel.expert > 1 and for models with recurrent-state layers
+    context: int = spec(minimum=1)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -362,6 +371,9 @@ class GateConfig(Record):
     enforce: bool
     # largest allowed max/mean per-step rank cost
     max_rank_cost_ratio: float = spec(minimum=1)
+    # with parallel.context > 1, the largest allowed ratio of the busiest context rank's attention cost to the
+    # mean's over the plan's micro-batches (the context_balance check; not run at parallel.context 1)
+    max_context_cost_ratio: float = spec(minimum=1)
     # share of device memory the fit estimate must leave free
     memory_headroom: float = spec(minimum=0, maximum=0.9)
     # fail the gate when the forecast train job needs more GPU-hours (null = no budget)
@@ -481,8 +493,8 @@ class RunConfig(Record):
     pretokenize: PretokenizeConfig
     pack: PackConfig
     cluster: ClusterConfig
-    # how the ranks' data-parallel world is laid out over FSDP2's device mesh; every rank still trains its own
-    # micro-batches (the plan does not depend on it)
+    # how the ranks' world is laid out over FSDP2's device mesh; replicate and expert leave the plan as it is (every
+    # rank trains its own micro-batches), context does not (C ranks share each data-parallel rank's micro-batches)
     parallel: ParallelConfig
     train: TrainConfig
     gate: GateConfig

@@ -64,6 +64,16 @@ class EvalSources:
     def add(self, totals: torch.Tensor, losses: torch.Tensor, labels: np.ndarray, positions: np.ndarray) -> None:
         """Add one micro-batch to the pass's totals: `losses` token_losses' per-position fp32 losses, `labels` the
         batch's labels and `positions` self.positions of its packs."""
+        # loss tokens: label t + 1 is position t's target, and both lie in the same document
+        targets = np.zeros(labels.shape, dtype=bool)
+        targets[:, :-1] = labels[:, 1:] != IGNORE
+        self.add_targets(totals, losses, targets.reshape(-1), positions)
+
+    def add_targets(
+        self, totals: torch.Tensor, losses: torch.Tensor, targets: np.ndarray, positions: np.ndarray
+    ) -> None:
+        """`add` with each position's having a target given (bool, flat like `positions`): a context rank's shard
+        of the rows (parallel.context) passes its own positions and targets."""
         n = len(self.names)
         losses = losses.reshape(-1).double()  # fp32 token losses summed in fp64: the whole and every source alike
         totals[0] += losses.sum()
@@ -71,10 +81,7 @@ class EvalSources:
         per_source = torch.zeros(n + 1, dtype=torch.float64, device=losses.device)
         per_source.index_add_(0, index, losses)
         totals[2 : 2 + n] += per_source[:n]
-        # loss tokens: label t + 1 is position t's target, and both lie in the same document
-        targets = np.zeros(labels.shape, dtype=bool)
-        targets[:, :-1] = labels[:, 1:] != IGNORE
-        counts = np.bincount(positions[targets.reshape(-1)], minlength=n + 1)[:n]
+        counts = np.bincount(positions[targets], minlength=n + 1)[:n]
         totals[2 + n :] += torch.from_numpy(counts.astype(np.float64)).to(totals.device)
 
     def row(self, totals: torch.Tensor) -> dict[str, float | int | None]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from wattgate.artifacts import write_json_atomic
-from wattgate.config import expert_degree, replicate_degree
+from wattgate.config import context_degree, expert_degree, replicate_degree
 from wattgate.run_files import claim_output
 from wattgate.train.distributed import setup_rank
 from wattgate.model_spec import export_dtype_name
@@ -40,7 +40,8 @@ def load_check(config: RunConfig, out: Path, export: bool) -> LoadCheck:
         memory = PhaseMemory(device)
         memory.start()
         t0 = time.perf_counter()
-        mesh = data_parallel_mesh(device.type, world, replicate_degree(config), expert_degree(config))
+        degrees = (replicate_degree(config), expert_degree(config), context_degree(config))
+        mesh = data_parallel_mesh(device.type, world, *degrees)
         model, source = load_sharded_model(config.model, train, mesh, device)
         dist.barrier()
         load_s = time.perf_counter() - t0

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from wattgate.cadence import StepActions
+from wattgate.config import context_degree
 from wattgate.errors import InputError
 from wattgate.heartbeats import reserve_rank_error
 from wattgate.train.metrics import process_age_s
@@ -41,6 +42,7 @@ from wattgate.train.input_check import verify_inputs
 from wattgate.identity import run_identity
 from wattgate.model_spec import export_dtype_name
 from wattgate.train.eval_sources import NO_SOURCES, read_eval_sources
+from wattgate.train.context_loss import ContextPlace, context_summed_loss, context_token_losses
 from wattgate.train.loss import summed_token_loss, token_losses
 from wattgate.train.metrics import (
     GIB,
@@ -60,6 +62,7 @@ from wattgate.train.stop import (
     write_stopped,
 )
 from wattgate.train.run_summary import append_throughput, write_trained
+from wattgate.train.mesh import context_group
 from wattgate.train.seams import Seams, training_seams
 from wattgate.train.weights import DTYPES, EXPORT_FOLDER, ExportFiles, export_hf_folder
 from wattgate.records.run_config import RunConfig
@@ -106,10 +109,12 @@ def train(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path) -> T
         plan, _ = read_plan(plan_dir)
         rank, world, device = setup_rank(config.train.collective_timeout_s, out)
         try:
-            if plan.world_size != world:
+            context = context_degree(config)
+            if plan.world_size * context != world:
                 raise InputError(
-                    f"{plan_dir / PLAN}: planned for world size {plan.world_size}, "
-                    f"launched with {world}; rerun pack and gate for this launch"
+                    f"{plan_dir / PLAN}: planned for world size {plan.world_size}"
+                    + (f" x parallel.context {context}" if context > 1 else "")
+                    + f", launched with {world}; rerun pack and gate for this launch"
                 )
             where = (rank, world, device)
             seams = training_seams(config, out, where)
@@ -122,7 +127,7 @@ def train(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path) -> T
 
 def run_rank(config: RunConfig, plan: Plan, paths: Paths, where: tuple, seams: Seams) -> Trained | None:
     """One rank's run once its process group is up: its plan, the sequence guard, the Trainer's outline."""
-    batches = rank_batches(plan, paths, where, config.train.check_planned_counts)
+    batches = rank_batches(plan, paths, where, config.train.check_planned_counts, context_degree(config))
     return Trainer(config, plan, paths, where, seams, batches).run()
 
 
@@ -132,6 +137,7 @@ class Loaded:
 
     identity: RunIdentity | None  # this run's (rank 0, which writes it into state.json; None elsewhere)
     model: torch.nn.Module
+    context: ContextPlace | None  # this rank's context group (parallel.context > 1), None without one
     optimizer: torch.optim.Optimizer
     source: str  # where the values came from: model.path, a seeded init, or the checkpoint folder
     start: int  # the first step to take (0, or the checkpoint's step)
@@ -171,6 +177,7 @@ class Trainer:
         self.memory.start()
         loaded = self.load()
         self.identity, self.model, self.optimizer = loaded.identity, loaded.model, loaded.optimizer
+        self.context = loaded.context
         self.source, self.start, self.pending_eval = loaded.source, loaded.start, loaded.pending_eval
         # the steps this rank runs, the epoch ends, the cadence
         grouped = group_steps(micro_batches)
@@ -195,7 +202,9 @@ class Trainer:
         self.log, self.evals = self.tables()
         if self.rank == 0:
             print(
-                f"train: {self.world} rank(s) on {self.device.type}, {self.n_params / 1e6:.2f}M params from "
+                f"train: {self.world} rank(s) on {self.device.type}"
+                + (f" ({self.context.size} sharing each row, parallel.context)" if self.context else "")
+                + f", {self.n_params / 1e6:.2f}M params from "
                 f"{self.source} (load {self.memory.phases[LOAD].seconds:.1f} s), step {self.start}/{self.total}, "
                 f"data_cache {self.train.data_cache} (copy {self.copy_s:.2f} s)"
                 + (f", validation {len(eval_batches)} micro-batch(es) per pass" if eval_batches else ""),
@@ -207,6 +216,8 @@ class Trainer:
         identity = run_identity(self.config, self.paths.plan_dir, self.paths.pretokenized) if self.rank == 0 else None
         latest = resume_checkpoint(self.paths.out, identity, self.rank, self.seams.checkpoints)
         mesh = self.seams.model.device_mesh()
+        place = context_group(mesh)
+        context = ContextPlace(*place) if place else None
         model, source = self.seams.model.build(mesh, latest is None)
         optimizer = build_optimizer(model, self.train)
         start, pending_eval = 0, False
@@ -214,7 +225,7 @@ class Trainer:
             state = ckpt.load_checkpoint(latest, model, optimizer, self.seams.checkpoints)
             start, pending_eval, source = state.step, bool(state.position.eval_pending), f"{latest}"
         self.memory.end("load")
-        return Loaded(identity, model, optimizer, source, start, pending_eval)
+        return Loaded(identity, model, context, optimizer, source, start, pending_eval)
 
     def tables(self) -> tuple[StepLog, EvalTable | None]:
         """The step log (rank 0's metrics table, from the resume point) and rank 0's validation table."""
@@ -384,8 +395,17 @@ class Trainer:
         out = []
         for m in self.planned(g):
             batch = build_batch(self.store, m.packs, self.train.seq_len)
-            out.append((batch, host_tensors(batch, self.pin)))
+            counted = batch if self.context is None else self.context.counted(batch, m.packs)
+            out.append((counted, host_tensors(batch, self.pin)))
         return out
+
+    def micro_loss(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """fp32 scalar: the summed next-token loss of this rank's tokens of a micro-batch's rows (all of them, or
+        its context shard's under parallel.context: train/context_loss.py)."""
+        kind, chunk = self.train.loss, self.train.loss_chunk_tokens
+        if self.context is None:
+            return summed_token_loss(self.model, tensors, kind, chunk)
+        return context_summed_loss(self.model, self.context.shard(tensors), self.context.group, kind, chunk)
 
     def to_device(self, host: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device, non_blocking=True) for k, v in host.items()}
@@ -417,7 +437,7 @@ class Trainer:
             tensors = self.to_device(host)
             to_device_s += time.perf_counter() - t
             sharded.set_requires_gradient_sync(i == len(batches) - 1)  # reduce-scatter once per step
-            summed = summed_token_loss(model, tensors, self.train.loss, self.train.loss_chunk_tokens)
+            summed = self.micro_loss(tensors)
             (summed * scale[0]).backward()
             micro_losses.append(summed.detach())
             step_loss += micro_losses[-1].double()
@@ -435,7 +455,6 @@ class Trainer:
         # [loss sum, loss tokens], then each source's sums and tokens (train/eval_sources.py): one all-reduce
         totals = torch.zeros(self.eval_sources.size, dtype=torch.float64, device=self.device)
         self.eval_interrupted = False
-        loss = (self.train.loss, self.train.loss_chunk_tokens)
         held_out = (int(d) for m in self.eval_batches for pack in m.packs for d in pack)
         self.store.keep(held_out)  # decoded by the first pass, held for the later ones
         with torch.no_grad():
@@ -444,13 +463,15 @@ class Trainer:
                 batch = build_batch(self.store, m.packs, self.train.seq_len)
                 tensors = self.to_device(host_tensors(batch, self.pin))
                 if self.eval_sources:
-                    where = self.eval_sources.positions(m.packs, self.train.seq_len)
-                    losses = self.hooks.forward(tensors, partial(token_losses, self.model, tensors, *loss))
-                    self.eval_sources.add(totals, losses, batch.labels, where)
+                    self.add_source_losses(totals, tensors, batch, m.packs)
                 else:
-                    summed = self.hooks.forward(tensors, partial(summed_token_loss, self.model, tensors, *loss))
-                    totals[0] += summed
-                totals[1] += batch.num_loss_tokens
+                    totals[0] += self.hooks.forward(tensors, partial(self.micro_loss, tensors))
+                # this rank's loss tokens: under parallel.context its shard's, so the all-reduce counts each once
+                totals[1] += (
+                    batch.num_loss_tokens
+                    if self.context is None
+                    else self.context.counted(batch, m.packs).num_loss_tokens
+                )
                 # a long pass checks for a stop every few micro-batches: every rank has the same count, so the
                 # check is a collective every rank reaches (the pass is abandoned and redone on resume)
                 if k % EVAL_STOP_CHECK_MICROS == 0 and k < len(self.eval_batches) and self.stop_agreed_in_eval():
@@ -487,6 +508,22 @@ class Trainer:
             self.evals.flush()  # before any checkpoint of this step: a resume keeps exactly these rows
             self.log.record_eval(row)
         return loss
+
+    def add_source_losses(self, totals: torch.Tensor, tensors: dict, batch, packs: list) -> None:
+        """A validation micro-batch's per-position losses added to the pass's totals by source
+        (train/eval_sources.py): the whole rows', or under parallel.context this rank's shard of them."""
+        loss = (self.train.loss, self.train.loss_chunk_tokens)
+        where = self.eval_sources.positions(packs, self.train.seq_len)
+        if self.context is None:
+            losses = self.hooks.forward(tensors, partial(token_losses, self.model, tensors, *loss))
+            self.eval_sources.add(totals, losses, batch.labels, where)
+            return
+        shard = self.context.shard(tensors)
+        losses = self.hooks.forward(
+            tensors, partial(context_token_losses, self.model, shard, self.context.group, *loss)
+        )
+        mine = where.reshape(batch.labels.shape)[:, self.context.local(self.train.seq_len)].reshape(-1)
+        self.eval_sources.add_targets(totals, losses, self.context.has_target(batch.labels).reshape(-1), mine)
 
     def stop_agreed_in_eval(self) -> bool:
         """Inside a validation pass: whether any rank has a stop request (one all-reduce, every rank alike)."""

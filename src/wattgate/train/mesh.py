@@ -23,6 +23,10 @@ REPLICATE_DIM, SHARD_DIM = "dp_replicate", "dp_shard"
 # disjoint experts and exchange tokens, EXPERT_SHARD_DIM the ranks of a shard group holding the same experts;
 # SHARD_DIM is then their flattening (the same ranks, in the same order, as without EP)
 EXPERT_DIM, EXPERT_SHARD_DIM = "ep", "ep_shard"
+# parallel.context C > 1 splits each shard group into (shard / C, C): CONTEXT_DIM is C consecutive ranks that share
+# each packed row (their attention gathers keys and values over it), DATA_DIM the ranks of a shard group training
+# distinct rows; SHARD_DIM is again their flattening, so parameters shard over data and context ranks together
+CONTEXT_DIM, DATA_DIM = "cp", "dp"
 
 
 def mesh_shape(world: int, replicate: int) -> tuple[int, ...]:
@@ -35,24 +39,28 @@ def mesh_shape(world: int, replicate: int) -> tuple[int, ...]:
     return (world,) if replicate == 1 else (replicate, world // replicate)
 
 
-def mesh_layout(world: int, replicate: int, expert: int = 1) -> dict[str, int]:
+def mesh_layout(world: int, replicate: int, expert: int = 1, context: int = 1) -> dict[str, int]:
     """The mesh `data_parallel_mesh` builds, each named dimension's size in mesh order (TRAINED `mesh`); empty
     for the 1-D mesh, whose one dimension is the world."""
     shape = mesh_shape(world, replicate)
     dims = {REPLICATE_DIM: replicate} if len(shape) == 2 else {}
     if expert > 1:
         return dims | {EXPERT_SHARD_DIM: shape[-1] // expert, EXPERT_DIM: expert}
+    if context > 1:
+        return dims | {DATA_DIM: shape[-1] // context, CONTEXT_DIM: context}
     return dims | ({SHARD_DIM: shape[-1]} if dims else {})
 
 
-def data_parallel_mesh(device_type: str, world: int, replicate: int, expert: int = 1) -> DeviceMesh:
+def data_parallel_mesh(device_type: str, world: int, replicate: int, expert: int = 1, context: int = 1) -> DeviceMesh:
     """The mesh of `world` ranks with `replicate` replica groups (module docstring), and with `expert` > 1 each
-    shard group split into expert groups (train/expert_parallel.py)."""
+    shard group split into expert groups (train/expert_parallel.py), with `context` > 1 into context groups."""
     from torch.distributed.device_mesh import init_device_mesh
 
     shape = mesh_shape(world, replicate)
     if expert > 1:
         return expert_mesh(device_type, shape, expert)
+    if context > 1:
+        return context_mesh(device_type, shape, context)
     if len(shape) == 1:
         return init_device_mesh(device_type, shape)  # as before HSDP existed: the default run is unchanged
     # row-major: rank = replica x shard degree + position, so a shard group is consecutive ranks (a node's ranks
@@ -74,11 +82,34 @@ def expert_mesh(device_type: str, shape: tuple[int, ...], expert: int) -> Device
     return mesh
 
 
-def dense_mesh(mesh: DeviceMesh) -> DeviceMesh:
-    """The mesh the parameters that are not experts shard over: `mesh` itself, or under EP its data-parallel
-    dimensions with the expert ones flattened (the same groups as without EP)."""
+def context_mesh(device_type: str, shape: tuple[int, ...], context: int) -> DeviceMesh:
+    """(dp_replicate,) dp, cp: row-major, so a context group is `context` consecutive ranks inside a shard group
+    (a node's when it divides the GPUs per node: the per-layer key/value gathers stay on its fast links) and rank
+    r trains data rank r // context's rows; dp_shard is flattened from (dp, cp) for FSDP2."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shard = shape[-1]
+    if shard % context:
+        raise InputError(f"parallel.context: {context} does not divide the shard group size {shard}")
+    names = ((REPLICATE_DIM,) if len(shape) == 2 else ()) + (DATA_DIM, CONTEXT_DIM)
+    mesh = init_device_mesh(device_type, (*shape[:-1], shard // context, context), mesh_dim_names=names)
+    mesh[(DATA_DIM, CONTEXT_DIM)]._flatten(SHARD_DIM)
+    return mesh
+
+
+def context_group(mesh: DeviceMesh):
+    """(the context group's process group, its size, this rank's place in it), or None without a cp dimension."""
     names = mesh.mesh_dim_names or ()
-    if EXPERT_DIM not in names:
+    if CONTEXT_DIM not in names:
+        return None
+    return mesh.get_group(CONTEXT_DIM), mesh.size(names.index(CONTEXT_DIM)), mesh.get_local_rank(CONTEXT_DIM)
+
+
+def dense_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh the parameters that are not experts shard over: `mesh` itself, or under EP (and CP) its
+    data-parallel dimensions with the expert (context) ones flattened (the same groups as without them)."""
+    names = mesh.mesh_dim_names or ()
+    if EXPERT_DIM not in names and CONTEXT_DIM not in names:
         return mesh
     return mesh[(REPLICATE_DIM, SHARD_DIM)] if REPLICATE_DIM in names else mesh[SHARD_DIM]
 
@@ -110,10 +141,13 @@ def mesh_groups(mesh: DeviceMesh) -> dict[str, tuple[str, tuple[int, ...]]]:
     import torch.distributed as dist
 
     names = mesh.mesh_dim_names or ()
-    if EXPERT_DIM in names:
+    if EXPERT_DIM in names or CONTEXT_DIM in names:
         names = (*names, SHARD_DIM)  # the flattened dimension the other parameters shard over
     out: dict[str, tuple[str, tuple[int, ...]]] = {}
     for name in names:
         group = mesh.get_group(name)
-        out[group.group_name] = (name, tuple(dist.get_process_group_ranks(group)))
+        # two dimensions over the same ranks share one group (cp and dp_shard when C is the shard group): both named
+        same = out.get(group.group_name)
+        label = name if same is None or same[0] == name else f"{same[0]}={name}"
+        out[group.group_name] = (label, tuple(dist.get_process_group_ranks(group)))
     return out

@@ -136,8 +136,10 @@ def parallelize(
         apply_activation_checkpointing(model)
     if compile:
         compile_layers(model)
-    from wattgate.train.mesh import EXPERT_DIM, dense_mesh
+    from wattgate.train.mesh import CONTEXT_DIM, EXPERT_DIM, dense_mesh
 
+    if CONTEXT_DIM in (mesh.mesh_dim_names or ()):  # parallel.context > 1: attention across the context group
+        use_context_parallel_attention(model, mesh.size(mesh.mesh_dim_names.index(CONTEXT_DIM)))
     kwargs: dict[str, Any] = {"mesh": dense_mesh(mesh)}
     if mixed:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -155,6 +157,19 @@ def parallelize(
 
     reduce_every_parameter(model)
     return model
+
+
+def use_context_parallel_attention(model, context: int) -> None:
+    """Switch `model` to the context-parallel attention (train/context_parallel.py), whatever train.attn_implementation
+    asked: the rows' keys and values are gathered over the context group there. A model whose layers carry a recurrent
+    state is refused in one line (hf_config.context_refusal)."""
+    from wattgate.hf_config import context_refusal
+    from wattgate.train.context_parallel import use_context_attention
+
+    line = context_refusal(model.config, context)
+    if line:
+        raise InputError(line)
+    use_context_attention(model)
 
 
 def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:

@@ -67,13 +67,16 @@ def read_eval_plan(plan_dir: Path, plan: Plan, rank: int) -> list[MicroBatchPlan
     return read_rank_plan(plan_dir, rank, EVAL_PACKS)
 
 
-def rank_batches(plan: Plan, paths: Paths, where: tuple, check_counts: bool) -> tuple[list, list]:
+def rank_batches(plan: Plan, paths: Paths, where: tuple, check_counts: bool, context: int = 1) -> tuple[list, list]:
     """This rank's train and validation micro-batches, once the sequence guard has compared every rank's plan
     (`check_counts`: train.check_planned_counts); the collective proof (wattgate.proof) calls this and builds the
-    Trainer with its own seams on the fake process group, so start-up is proved as it runs."""
+    Trainer with its own seams on the fake process group, so start-up is proved as it runs.
+
+    With parallel.context C the plan is the data-parallel ranks': rank r trains data rank r // C's micro-batches
+    (train/mesh.py context_mesh: the C consecutive ranks of a context group share them)."""
     rank, _, device = where
-    micro_batches = read_rank_plan(paths.plan_dir, rank)
-    eval_batches = read_eval_plan(paths.plan_dir, plan, rank)
+    micro_batches = read_rank_plan(paths.plan_dir, rank // context)
+    eval_batches = read_eval_plan(paths.plan_dir, plan, rank // context)
     if check_counts:
         check_planned_sequences(planned_sequence(micro_batches, eval_batches), device)
     elif rank == 0:

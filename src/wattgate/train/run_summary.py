@@ -8,7 +8,7 @@ from pathlib import Path
 
 from wattgate.artifacts import write_bytes_atomic, write_json_atomic
 from wattgate.durations import duration
-from wattgate.config import config_sha256, expert_degree, replicate_degree
+from wattgate.config import config_sha256, context_degree, expert_degree, replicate_degree
 from wattgate.forecast.walltime import plan_step_costs
 from wattgate.identity import train_identity
 from wattgate.ledger import MeasuredSteps, RunShape, StorageWrites, append_ledger, run_record
@@ -42,7 +42,8 @@ def write_trained(t, per_rank_memory: list[dict]) -> Trained:
         steps=t.total,
         resumed_from_step=t.start,
         world_size=t.world,
-        mesh=mesh_layout(t.world, replicate_degree(t.config), expert_degree(t.config)) or None,
+        mesh=mesh_layout(t.world, replicate_degree(t.config), expert_degree(t.config), context_degree(t.config))
+        or None,
         device=t.device.type,
         params=t.n_params,
         tokens_per_s=tokens_per_s,
@@ -138,7 +139,7 @@ def append_throughput(t, summary: Trained) -> None:
         run=RunShape(
             shape=load_model_spec(config).shape(),
             gpu_model=config.cluster.gpu_model,
-            world_size=plan.world_size,
+            world_size=t.world,  # the ranks (plan.world_size is the data-parallel ranks under parallel.context)
             seq_len=config.train.seq_len,
             micro_batch_size=config.train.micro_batch_size,
             attn_weight=plan.attn_weight,

@@ -99,11 +99,12 @@ class ShardedModel:
     world: int
     replicate: int = 1  # parallel.replicate, resolved (wattgate.config.replicate_degree)
     expert: int = 1  # parallel.expert
+    context: int = 1  # parallel.context
 
     def device_mesh(self) -> DeviceMesh:
         from wattgate.train.mesh import data_parallel_mesh
 
-        return data_parallel_mesh(self.device.type, self.world, self.replicate, self.expert)
+        return data_parallel_mesh(self.device.type, self.world, self.replicate, self.expert, self.context)
 
     def build(self, mesh, fill: bool) -> tuple[torch.nn.Module, str]:
         from wattgate.train.model import load_sharded_model
@@ -129,12 +130,13 @@ def training_seams(config: RunConfig, out: Path, where: tuple[int, int, torch.de
     the steps as the defaults have them."""
     import os
 
-    from wattgate.config import expert_degree, replicate_degree
+    from wattgate.config import context_degree, expert_degree, replicate_degree
     from wattgate.heartbeats import Heartbeat
     from wattgate.train.distributed import device_uuid
     from wattgate.train.stop import StopRequest
 
     rank, world, device = where
     heartbeat = Heartbeat(out, rank, int(os.environ.get("LOCAL_RANK", "0")), device_uuid(device))
-    model = ShardedModel(config.model, config.train, device, world, replicate_degree(config), expert_degree(config))
+    degrees = (replicate_degree(config), expert_degree(config), context_degree(config))
+    model = ShardedModel(config.model, config.train, device, world, *degrees)
     return Seams(heartbeat, StopRequest(out), model)
