@@ -302,7 +302,13 @@ def test_the_context_cost_counts_each_ranks_causal_pairs_within_documents_and_fa
     for context in (2, 4):
         assert context_rank_costs(packs_of(rows), 64, context).tolist() == brute_costs(rows, 64, context)
     assert len(set(context_rank_costs(packs_of([[64]]), 64, 4)[0].tolist())) == 1  # a row-long document: exact
-    passed = check_context_balance(packs_of([[64]]), 64, 2, 1.05)
+    # a kernel that skips masked pairs pays the document-aware cost
+    passed = check_context_balance(packs_of([[64]]), 64, 2, 1.05, skips_masked_pairs=True)
     assert passed.passed and passed.detail.startswith("max/mean context-rank attention cost over the plan's micro")
-    failed = check_context_balance(packs_of([[48]]), 64, 2, 1.05)  # rank 1 holds the document's late positions
+    failed = check_context_balance(packs_of([[48]]), 64, 2, 1.05, skips_masked_pairs=True)  # rank 1: late positions
     assert not failed.passed and "limit 1.050 (gate.max_context_cost_ratio)" in failed.detail, failed.detail
+    # the context kernel computes each rank's whole block: the same plan is balanced, and the other figure named
+    dense = check_context_balance(packs_of([[48]]), 64, 2, 1.05, skips_masked_pairs=False)
+    aware = context_rank_costs(packs_of([[48]]), 64, 2)[0]
+    assert dense.passed and "attention cost over the plan's micro-batches: 1.000 " in dense.detail, dense.detail
+    assert f"a kernel skipping masked pairs would see {aware.max() / aware.mean():.3f}" in dense.detail

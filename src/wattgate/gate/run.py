@@ -175,7 +175,10 @@ def context_checks(packs, plan: Plan, config: RunConfig) -> list[C.Check]:
     context = config.parallel.context
     if context == 1:
         return []
-    return [check_context_balance(packs, plan.seq_len, context, config.gate.max_context_cost_ratio)]
+    from wattgate.train.context_parallel import SKIPS_MASKED_PAIRS
+
+    bound = config.gate.max_context_cost_ratio
+    return [check_context_balance(packs, plan.seq_len, context, bound, SKIPS_MASKED_PAIRS)]
 
 
 def padding_per_epoch(plan: Plan) -> int:

@@ -25,6 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Whether the context kernel skips the (query, key) pairs its mask removes. It does not: torch's
+# scaled_dot_product_attention with a boolean mask computes every pair of a rank's S/C x S block, so every context
+# rank does the same attention work whatever its documents (the gate's context_balance check reads this)
+SKIPS_MASKED_PAIRS = False
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
