@@ -25,10 +25,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Whether the context kernel skips the (query, key) pairs its mask removes. It does not: torch's
-# scaled_dot_product_attention with a boolean mask computes every pair of a rank's S/C x S block, so every context
-# rank does the same attention work whatever its documents (the gate's context_balance check reads this)
-SKIPS_MASKED_PAIRS = False
 
 import torch
 import torch.distributed as dist
@@ -39,6 +35,10 @@ from wattgate.train.attention import document_starts
 from wattgate.train.data import IGNORE
 from wattgate.train.loss import shifted_targets
 
+# Whether the context kernel skips the (query, key) pairs its mask removes. It does not: torch's
+# scaled_dot_product_attention with a boolean mask computes every pair of a rank's S/C x S block, so every context
+# rank does the same attention work whatever its documents (the gate's context_balance check reads this)
+SKIPS_MASKED_PAIRS = False
 CONTEXT_ATTENTION = "wattgate_context_sdpa"  # the attn_implementation name in transformers' registries
 CONTEXT_KWARG = "wattgate_context"  # the keyword of model(...) that carries a ContextAttention
 # attention features of transformers' interface this function does not implement: refused, never ignored
