@@ -15,8 +15,11 @@
 #   7. the device mesh: a Qwen3-MoE-shaped model (64 experts, top 8) on every GPU of the node, seq_len 4096, bf16,
 #      trained on the 1-D mesh, with HSDP (parallel.replicate 2) and with expert parallelism (parallel.expert 2):
 #      steady tokens/s and CUDA peak memory per rank of each mesh against the 1-D run. NCCL runs one rank per GPU,
-#      so it needs 2 or more GPUs: on a node with one it says so and runs nothing.
-# Usage: [STEPS="1 2 3 4 5 6 7"] bash bench/gpu_checks.sh [--dry-run] OUTDIR [SECONDS_PER_PHASE]
+#      so it needs 2 or more GPUs: on a node with one it says so and runs nothing;
+#   8. long rows: a Qwen3 shape (hidden 2048, 8 layers) at seq_len 32768 on every GPU of the node, one rank per row
+#      (parallel.context 1) and each row split over 2 ranks (parallel.context 2): steady tokens/s and CUDA peak
+#      memory per rank against C = 1 (2 or more GPUs, as step 7).
+# Usage: [STEPS="1 2 3 4 5 6 7 8"] bash bench/gpu_checks.sh [--dry-run] OUTDIR [SECONDS_PER_PHASE]
 # Needs python3 (or $PYTHON) with torch (CUDA), nvidia-ml-py, pyarrow, pandas, transformers, tokenizers, jsonschema.
 # Run from the repository root. A command that fails is named at the end and the exit status is 1; the steps
 # after it still run.
@@ -26,7 +29,7 @@
 # bench/dry_run/pynvml.py (wattgate.testing's fake NVML: one "H200"), calibrate's phases run on the CPU
 # (bench/dry_run/cuda_cli.py), 0.6 s each; the models are tiny (hidden 64, vocab 2048), seq_len 128-256, a few steps;
 # step 5 runs activation checkpointing on only, step 6 micro_batch_size 2 and compile off only (inductor on a
-# CPU takes minutes), step 7 on two gloo ranks; the gates skip the collective proof (bench/gate.py's and bench/collectives.py's smoke runs
+# CPU takes minutes), steps 7 and 8 on two gloo ranks; the gates skip the collective proof (bench/gate.py's and bench/collectives.py's smoke runs
 # run it). The work folders are under OUTDIR/work. Every figure it prints is the stand-ins', not a
 # GPU's: it checks the script, not the hardware.
 set -u -o pipefail
@@ -61,7 +64,7 @@ fi
 FAILED=()
 trap 'FAILED+=("line $LINENO (status $?): $BASH_COMMAND")' ERR
 t0=$(date +%s)
-STEPS=${STEPS:-1 2 3 4 5 6 7}
+STEPS=${STEPS:-1 2 3 4 5 6 7 8}
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -404,6 +407,70 @@ base = figures.get("1d")
 for mesh, (tps, peak, dims) in figures.items():
     vs = f"; vs 1-D: tokens/s {tps / base[0]:.3f}x, peak {peak / base[1]:.3f}x" if base else ""
     print(f"{mesh}: mesh {dims}, steady {tps:.0f} tok/s, steady peak {peak:.2f} GiB per rank ({peak_key}){vs}")
+EOF
+fi
+fi
+if want 8; then
+stamp "8. long rows: context parallelism (parallel.context 2) against one rank per row"
+work=$WORK_ROOT/wattgate-long
+rm -rf "$work"; mkdir -p "$work"
+if ((DRY_RUN)); then RANKS=2; else RANKS=$(nvidia-smi -L | grep -c '^GPU'); fi
+if ((RANKS < 2)); then
+  echo "step 8 needs 2 or more GPUs on the node (NCCL runs one rank per GPU); this node has $RANKS: not run"
+else
+$PY - "$work" "$RANKS" <<'EOF'
+import os, sys, yaml
+from pathlib import Path
+import numpy as np
+from wattgate.data.synthetic import write_random_pretokenized
+work, ranks = Path(sys.argv[1]), int(sys.argv[2])
+dry = os.environ["DRY_RUN"] == "1"
+seq = 256 if dry else 32768
+dense = dict(model_type="qwen3", vocab_size=2048 if dry else 151936, hidden_size=64 if dry else 2048,
+             intermediate_size=128 if dry else 6144, num_hidden_layers=2 if dry else 8, num_attention_heads=4 if dry else 16,
+             num_key_value_heads=2 if dry else 8, head_dim=16 if dry else 128, max_position_embeddings=seq,
+             tie_word_embeddings=True)
+# long documents: a quarter of a row to a whole one, enough rows for every rank's steps at both C
+lengths = np.random.default_rng(0).integers(seq // 4, seq, 12 * ranks).tolist()
+write_random_pretokenized(work / "pretokenized", lengths, dense["vocab_size"], seed=0)
+for context in (1, 2):
+    c = {"run_name": f"c{context}", "model": {"config": dense}, "parallel": {"context": context},
+         "cluster": {"nodes": 1, "gpus_per_node": ranks, "gpu_model": "H200"},
+         "train": {"seq_len": seq, "micro_batch_size": 1, "grad_accum": 1, "epochs": 1,
+                   "max_steps": 3 if dry else 12, "warmup_steps": 1, "checkpoint_every": 1000,
+                   "checkpoint_at_epoch_end": False, "activation_checkpointing": True, "log_every": 1}}
+    yaml.safe_dump(c, open(work / f"c{context}.yaml", "w"))
+EOF
+for context in 1 2; do
+  $W pack --config "$work/c$context.yaml" --pretokenized "$work/pretokenized" --out "$work/plan-c$context" &&
+  $PY -m torch.distributed.run --standalone --nproc-per-node="$RANKS" -m wattgate train --config "$work/c$context.yaml" \
+    --pretokenized "$work/pretokenized" --plan "$work/plan-c$context" --run-dir "$work/train-c$context" 2>&1 \
+    | grep -v Warning | tail -2
+  echo "train (context $context) exit status $?"
+done
+$PY - "$work" <<'EOF'
+import json, os, sys
+from pathlib import Path
+import pyarrow.parquet as pq
+work = Path(sys.argv[1])
+dry = os.environ["DRY_RUN"] == "1"
+warm = 1 if dry else 3  # steps before the steady state
+peak_key = "host_peak_gib" if dry else "cuda_peak_gib"  # the dry run's CPU ranks have no CUDA peak
+figures = {}
+for context in (1, 2):
+    try:
+        t = json.loads((work / f"train-c{context}" / "TRAINED").read_text())
+    except OSError as exc:
+        print(f"context {context}: no result ({exc})")
+        continue
+    m = pq.read_table(work / f"train-c{context}" / "metrics.parquet").to_pandas()
+    steady = m[m.step > warm]
+    tps = steady.tokens.sum() / steady.groupby("step").step_time_s.max().sum()  # every token once (shards' tokens)
+    figures[context] = (tps, t["memory"]["max_over_ranks"]["steady"][peak_key])
+base = figures.get(1)
+for context, (tps, peak) in figures.items():
+    vs = f"; vs C = 1: tokens/s {tps / base[0]:.3f}x, peak {peak / base[1]:.3f}x" if base else ""
+    print(f"context {context}: steady {tps:.0f} tok/s, steady peak {peak:.2f} GiB per rank ({peak_key}){vs}")
 EOF
 fi
 fi
