@@ -150,7 +150,7 @@ def test_gate_json_and_md_give_the_cost_of_the_hang_it_prevented(uneven, tmp_pat
     assert fc["throughput"]["source"] == "measured" and fc["throughput"]["cost_per_s"] == pytest.approx(1000.0)
     assert fc["terms_s"]["startup_s"] == 2.0 and fc["storage_gbps"] == pytest.approx(1 / 3, rel=1e-3)
     inputs = load_inputs(run_config(cfg), work / "pretokenized", work / "plan", tmp_path / "ckpt")
-    costs = plan_step_costs(inputs.packs, inputs.plan, None)
+    costs = plan_step_costs(inputs.packs, inputs.plan, None, 1)
     assert fc["terms_s"]["steps_s"] == pytest.approx(costs.step_max_cost.sum() / 1000.0, abs=1e-3)
     div = failure["divergence"]
     assert (div["epoch"], div["step"], div["micro"]) == independent_divergence(packs_frame(inputs.packs), 3)

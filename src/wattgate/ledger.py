@@ -4,9 +4,9 @@ A line is a `wattgate.records.ledger.LedgerLine`: the gate forecasts from these 
 have is an input error naming the line and the field (every field is checked on read).
 
 train appends one record per finished run (run_record, append_ledger); the gate reads them all (read_ledger)
-for the measured throughput of the same model shape, world size and GPU model. The run's report adds to its
-record how much of its time went to waiting for stragglers (record_wait: `wait_hours`, `wait_share`,
-`wait_source`), which a later run's gate states.
+for the measured throughput of the same model shape, world size, context degree and GPU model. The run's report
+adds to its record how much of its time went to waiting for stragglers (record_wait: `wait_hours`,
+`wait_share`, `wait_source`), which a later run's gate states.
 """
 
 from __future__ import annotations
@@ -122,8 +122,8 @@ def warmup_steps(n: int) -> int:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunShape:
     """What a forecast matches a ledger record on (forecast/throughput.py): the model's shape (the decoder's
-    dimensions), the GPU model, the world size, the sequence length and micro-batch size; and the planner's
-    attention weight, which the record's cost units were counted with."""
+    dimensions), the GPU model, the world size (the launch's ranks), the context degree, the sequence length and
+    micro-batch size; and the planner's attention weight, which the record's cost units were counted with."""
 
     shape: dict
     gpu_model: str
@@ -131,6 +131,9 @@ class RunShape:
     seq_len: int
     micro_batch_size: int
     attn_weight: float
+    # parallel.context: a CP run's rate carries the key/value all-gathers and the masked attention kernel, so it
+    # never stands for a C = 1 run's (nor the reverse)
+    context: int = 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -165,7 +168,8 @@ def run_record(
     load_s: float,
     job_s: float,
 ) -> LedgerLine:
-    """A finished run's throughput: what a forecast for the same shape, world size and GPU model reuses.
+    """A finished run's throughput: what a forecast for the same shape, world size, context degree and GPU model
+    reuses (`context` is written only when > 1: a C = 1 line is what it was before context parallelism).
 
     The rate is measured after the first warm-up steps; their time beyond that rate is warmup_s, a one-off
     term of every run (so a short first run does not make a long second one look slow)."""
@@ -185,6 +189,7 @@ def run_record(
         shape_key=shape_key(run.shape),
         gpu_model=run.gpu_model.lower(),
         world_size=run.world_size,
+        context=run.context if run.context > 1 else None,
         seq_len=run.seq_len,
         micro_batch_size=run.micro_batch_size,
         attn_weight=run.attn_weight,

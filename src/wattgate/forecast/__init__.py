@@ -8,17 +8,20 @@ The train job's wall time is forecast term by term:
 - steps: each optimizer step takes as long as its costliest rank, in the
   planner's own cost model (tokens + attn_weight x sum of squared document
   lengths, pack/assign.py), divided by a throughput in cost units per second
-  per rank;
+  per rank; under parallel.context C a launched rank does 1/C of its data
+  rank's rows, so the plan's costs are divided by C (walltime.py
+  per_context_rank; the key/value all-gathers are not modelled);
 - checkpoints: the DCP checkpoint size divided by the storage bandwidth, at
   every step the trainer checkpoints (checkpoint_steps, the trainer's rule);
 - export: final/ divided by the storage bandwidth.
-GPU-hours are wall time x ranks; energy is the triage table's levels (compute
+GPU-hours are wall time x the launch's ranks; energy is the triage table's levels (compute
 for steps, the wait level for checkpoints, idle for the rest) x the time in
 each, GPUs only.
 
 The throughput comes from the best source available, named in gate.json:
-- measured: the newest run of the same model shape, world size and GPU model
-  in results/throughput.jsonl (the ledger train appends to);
+- measured: the newest run of the same model shape, world size (the launch's
+  ranks), parallel.context and GPU model in results/throughput.jsonl (the
+  ledger train appends to);
 - calibrated: 6 x params FLOPs per token over the bf16 matmul rate `wattgate
   calibrate` measured on this GPU model x forecast.assumed_mfu;
 - analytic: the same over the datasheet peak (train/metrics.py) x

@@ -25,16 +25,24 @@ class Throughput:
 
 
 def measured_record(
-    records: list[LedgerLine], shape: dict, world_size: int, gpu_model: str, seq_len: int, micro_batch_size: int
+    records: list[LedgerLine],
+    shape: dict,
+    world_size: int,
+    gpu_model: str,
+    seq_len: int,
+    micro_batch_size: int,
+    context: int,
 ) -> LedgerLine | None:
-    """The newest ledger record of this shape, world size and GPU model (same seq_len and micro-batch first):
-    the last run the forecast measures from; None when there is none."""
+    """The newest ledger record of this shape, world size (the launch's ranks), context degree and GPU model (same
+    seq_len and micro-batch first): the last run the forecast measures from; None when there is none. A record
+    without `context` is a C = 1 run's (the ledger writes it only when > 1)."""
     key, model = shape_key(shape), gpu_model.lower()
     same = [
         r
         for r in records
         if r.shape_key == key
         and r.world_size == world_size
+        and (r.context or 1) == context
         and (r.gpu_model or "").lower() == model
         and r.cost_per_s > 0
     ]
@@ -45,16 +53,23 @@ def measured_record(
 
 
 def measured_throughput(
-    records: list[LedgerLine], shape: dict, world_size: int, gpu_model: str, seq_len: int, micro_batch_size: int
+    records: list[LedgerLine],
+    shape: dict,
+    world_size: int,
+    gpu_model: str,
+    seq_len: int,
+    micro_batch_size: int,
+    context: int,
 ) -> Throughput | None:
     """The throughput of measured_record."""
-    r = measured_record(records, shape, world_size, gpu_model, seq_len, micro_batch_size)
+    r = measured_record(records, shape, world_size, gpu_model, seq_len, micro_batch_size, context)
     if r is None:
         return None
+    per_row = f", {context} per row" if context > 1 else ""
     return Throughput(
         "measured",
         float(r.cost_per_s),
-        f"run {r.run_name!r} ({r.steps} steps, {r.tokens_per_s or 0:.0f} tokens/s on {world_size} ranks)",
+        f"run {r.run_name!r} ({r.steps} steps, {r.tokens_per_s or 0:.0f} tokens/s on {world_size} ranks{per_row})",
         r.startup_s,
         r.warmup_s,
         r.load_s,
@@ -89,5 +104,7 @@ def host_matmul_throughput(num_params: int, ranks_per_host: int, mfu: float, flo
 
 
 def flops_throughput(num_params: int, flops_per_s: float, mfu: float, source: str, detail: str) -> Throughput:
-    """6 x params FLOPs per token: cost units (token-equivalents) per second per rank at `mfu` of `flops_per_s`."""
+    """6 x params FLOPs per token: cost units (token-equivalents) per second per rank at `mfu` of `flops_per_s`.
+    Per rank: under parallel.context the plan's costs are already a context rank's share (walltime.py
+    `per_context_rank`), so the rate needs no C."""
     return Throughput(source, flops_per_s * mfu / (6.0 * num_params), detail)

@@ -87,15 +87,32 @@ def step_rank_costs(packs: PackRows, world_size: int, attn_weight: float) -> tup
     return per_rank, keys
 
 
-def plan_step_costs(packs: PackRows, plan: Plan, max_steps: int | None) -> PlanCosts:
-    """Each optimizer step's costliest rank in the planner's cost model, in run order, cut at max_steps."""
+def per_context_rank(cost: np.ndarray, context: int) -> np.ndarray:
+    """A data rank's planned cost as each of its `context` ranks (parallel.context) computes it: the share 1/C.
+
+    Each rank of a context group holds 1/C of every row's positions (head-tail chunks), so it runs 1/C of the
+    row's tokens through every layer (the 6 x params FLOPs per token) and the attention of 1/C of its queries.
+    The attention term is divided as if head-tail split it evenly: exact for a row-long document, and for rows of
+    shorter documents the busiest rank's excess is what the gate's context_balance check bounds
+    (gate.max_context_cost_ratio), not modelled here. Not divided, because the cost model never counted them: the
+    key/value all-gather of every attention layer (each rank receives the whole row's keys and values) and the
+    masked kernel's pairs outside the causal documents; a measured rate carries them, which is why the ledger
+    matches a record on its context degree."""
+    return cost / context
+
+
+def plan_step_costs(packs: PackRows, plan: Plan, max_steps: int | None, context: int) -> PlanCosts:
+    """Each optimizer step's costliest rank in the planner's cost model, in run order, cut at max_steps: a
+    launched rank's cost, so under parallel.context C a data rank's over C (per_context_rank)."""
     per_rank, keys = step_rank_costs(packs, plan.world_size, plan.attn_weight)
-    return plan_costs(per_rank, keys, int(packs.step.max()) + 1, plan.steps_per_epoch, max_steps)
+    return plan_costs(
+        per_context_rank(per_rank, context), keys, int(packs.step.max()) + 1, plan.steps_per_epoch, max_steps
+    )
 
 
 @dataclass(frozen=True)
 class Settings:
-    world_size: int
+    world_size: int  # the launch's ranks (plan.json world_size x parallel.context): the GPUs the hours are of
     on_gpu: bool
     checkpoint_every: int
     checkpoint_at_epoch_end: bool

@@ -27,12 +27,13 @@ from wattgate.forecast.walltime import (
     check_jobs,
     forecast,
     job_plan,
+    per_context_rank,
     plan_step_costs,
     step_rank_costs,
     table_levels,
 )
 from wattgate.ledger import read_ledger
-from wattgate.config import world_size
+from wattgate.config import context_degree, world_size
 from wattgate.errors import InputError
 from wattgate.cadence import Cadence, eval_steps
 from wattgate.gate.checks import Check
@@ -70,8 +71,9 @@ def throughput(config: RunConfig, spec: ModelSpec, table) -> tuple[Throughput | 
     CPU the host's own matmul rate."""
     cluster, t = config.cluster, config.train
     records = read_ledger(Path(config.forecast.ledger))
+    context = context_degree(config)
     measured = measured_throughput(
-        records, spec.shape(), world_size(config), cluster.gpu_model, t.seq_len, t.micro_batch_size
+        records, spec.shape(), world_size(config), cluster.gpu_model, t.seq_len, t.micro_batch_size, context
     )
     if measured is not None:
         return measured, ""
@@ -98,7 +100,9 @@ def throughput(config: RunConfig, spec: ModelSpec, table) -> tuple[Throughput | 
         flops = host_matmul_flops(budget_s=0.1)  # tens of repeats: enough for a best-of; the gate's 5 s target
         return host_matmul_throughput(spec.num_params, cluster.gpus_per_node, mfu, flops), ""
     return None, (
-        f"no earlier run of this model shape on {world_size(config)} x {cluster.gpu_model} in "
+        f"no earlier run of this model shape on {world_size(config)} x {cluster.gpu_model}"
+        + (f" at parallel.context {context}" if context > 1 else "")
+        + f" in "
         f"{config.forecast.ledger} and no peak FLOP/s for {cluster.gpu_model}: train once "
         "(it appends its throughput) and rerun the gate"
     )
@@ -107,10 +111,18 @@ def throughput(config: RunConfig, spec: ModelSpec, table) -> tuple[Throughput | 
 def last_run_wait(config: RunConfig, spec: ModelSpec) -> LastRunWait | None:
     """gate.json's `last_run_wait`: how much of the last run's time went to waiting for stragglers, as its report
     recorded it in the ledger (ledger.record_wait), for the run the forecast measures from (the newest of this
-    model shape, world size and GPU model); None when the ledger has no such run."""
+    model shape, world size, context degree and GPU model); None when the ledger has no such run."""
     cluster, t = config.cluster, config.train
     records = read_ledger(Path(config.forecast.ledger))
-    r = measured_record(records, spec.shape(), world_size(config), cluster.gpu_model, t.seq_len, t.micro_batch_size)
+    r = measured_record(
+        records,
+        spec.shape(),
+        world_size(config),
+        cluster.gpu_model,
+        t.seq_len,
+        t.micro_batch_size,
+        context_degree(config),
+    )
     if r is None:
         return None
     hours, share, source = r.wait_hours, r.wait_share, r.wait_source
@@ -163,7 +175,7 @@ def cost_section(inputs: GateInputs, spec: ModelSpec, equal_steps: Check) -> tup
         return CostSection(forecast_unavailable=why, last_run_wait=wait), Check(
             "budget", not (g.max_gpu_hours or g.max_kwh), why
         )
-    costs = with_validation(plan_step_costs(packs, plan, config.train.max_steps), inputs)
+    costs = with_validation(plan_step_costs(packs, plan, config.train.max_steps, context_degree(config)), inputs)
     table = triage_table(config)
     tp, why = throughput(config, spec, table)
     settings = forecast_settings(config, spec)
@@ -214,9 +226,9 @@ def with_validation(costs: PlanCosts, inputs: GateInputs) -> PlanCosts:
     )  # one row per validation micro-batch: each is a collective-bounded unit, like a step
     cadence = Cadence.from_train(inputs.config.train, validation=True)
     steps = eval_steps(len(costs.step_max_cost), costs.epoch_ends, cadence)
-    return dataclasses.replace(
-        costs, eval_steps=tuple(steps), eval_pass_cost=float(per_rank.max(axis=1).sum()) * FORWARD_SHARE
-    )
+    # validation rows are split over the context ranks like training rows: a launched rank's share
+    pass_cost = float(per_context_rank(per_rank, context_degree(inputs.config)).max(axis=1).sum()) * FORWARD_SHARE
+    return dataclasses.replace(costs, eval_steps=tuple(steps), eval_pass_cost=pass_cost)
 
 
 def validation_divergence_at(inputs: GateInputs, costs: PlanCosts) -> Divergence | None:

@@ -66,7 +66,10 @@ class LedgerLine(Record):
     shape: dict[str, Any] | None = spec(omit_none=True, default=None)  # the decoder's dimensions
     shape_key: str | None = _text()  # 16 hex of the shape's sha256
     gpu_model: str | None = _text()  # lower case
-    world_size: int | None = _count(1)
+    world_size: int | None = _count(1)  # the launch's ranks (plan.json world_size x context)
+    # parallel.context: ranks sharing each packed row; written only when > 1, so a line without it (every line
+    # before context parallelism, and every C = 1 run's) reads as 1
+    context: int | None = _count(1)
     seq_len: int | None = _count(1)
     micro_batch_size: int | None = _count(1)
     attn_weight: float | None = spec(minimum=0, maximum=MAX_RATE, omit_none=True, default=None)

@@ -124,8 +124,8 @@ def mesh_text(mesh: dict[str, int]) -> str:
 
 def append_throughput(t, summary: Trained) -> None:
     """One line in the throughput ledger (forecast.ledger): this run's rate in the planner's cost units,
-    start-up, load and storage times, for the gate's forecast of the next run of the same shape, world size
-    and GPU."""
+    start-up, load and storage times, for the gate's forecast of the next run of the same shape, world size (the
+    launch's, as the gate's world_size(config)), parallel.context and GPU."""
     log, plan, config, start, total = t.log, t.plan, t.config, t.start, t.total
     if total <= start or not log.step_times:
         return
@@ -133,7 +133,9 @@ def append_throughput(t, summary: Trained) -> None:
     startup_s, load_s, export_s, job_s = summary.startup_s, summary.load_s, summary.export_s, summary.job_s
     # write_trained measures each of them: only a TRAINED read back may lack one
     assert startup_s is not None and load_s is not None and export_s is not None and job_s is not None
-    costs = plan_step_costs(read_packs(t.paths.plan_dir / PACKS), plan, total - first)
+    context = context_degree(config)
+    # a launched rank's costs (a data rank's over C): the rate is per launched rank, as the gate's forecast reads it
+    costs = plan_step_costs(read_packs(t.paths.plan_dir / PACKS), plan, total - first, context)
     record = run_record(
         run_name=config.run_name,
         run=RunShape(
@@ -143,6 +145,7 @@ def append_throughput(t, summary: Trained) -> None:
             seq_len=config.train.seq_len,
             micro_batch_size=config.train.micro_batch_size,
             attn_weight=plan.attn_weight,
+            context=context,
         ),
         steps=MeasuredSteps(
             costs=costs.step_max_cost[start - first : start - first + len(log.step_times)],
