@@ -22,9 +22,29 @@ def _budget_text(budget: Budget, headroom: float) -> str:
     return f"{usable / GIB:.1f} GiB usable ({budget.bytes / GIB:.1f} GiB from {budget.source}, {headroom:.0%} headroom)"
 
 
-def check_fit(phases: dict[str, dict[str, int]], budgets: dict[str, Budget], headroom: float, mesh: str = "") -> Check:
+def context_suggestion(context_steady: dict[int, int], usable: float) -> str:
+    """The smallest parallel.context whose steady peak fits `usable` bytes, or that none of them does; empty when
+    there is no degree to try (parallel.expert > 1, a model with recurrent-state layers, already the largest)."""
+    if not context_steady:
+        return ""
+    fitting = [c for c, total in sorted(context_steady.items()) if total <= usable]
+    if fitting:
+        return f"parallel.context {fitting[0]} would fit ({context_steady[fitting[0]] / GIB:.1f} GiB per rank)"
+    largest = max(context_steady)
+    return f"no parallel.context up to {largest} fits ({largest}: {context_steady[largest] / GIB:.1f} GiB per rank)"
+
+
+def check_fit(
+    phases: dict[str, dict[str, int]],
+    budgets: dict[str, Budget],
+    headroom: float,
+    mesh: str = "",
+    context_steady: dict[int, int] | None = None,
+) -> Check:
     """Estimated peak of every phase (device per rank: load, steady, export; host per node) within its budget;
-    `mesh`, when not empty, ends the detail (the mesh the estimate is for: parallel.expert's).
+    `mesh`, when not empty, ends the detail (the mesh the estimate is for: parallel.expert's, parallel.context's).
+    When steady does not fit, `context_steady` (the steady peak at each parallel.context the run could grow to)
+    names the smallest that would, after the steady item: more context ranks split each row's activations.
 
     A phase whose budget is unknown (bytes None) is reported as not checked and does not fail.
     """
@@ -40,6 +60,8 @@ def check_fit(phases: dict[str, dict[str, int]], budgets: dict[str, Budget], hea
                 f"{_budget_text(budget, headroom)}; largest term {biggest} {terms[biggest] / GIB:.1f} GiB "
                 f"({FIT_HINTS.get(phase, 'more GPUs')})"
             )
+            if phase == "steady":
+                over.extend(filter(None, [context_suggestion(context_steady or {}, budget.bytes * (1 - headroom))]))
         else:
             fits.setdefault(budget, []).append(f"{phase} {total / GIB:.1f}")
     if over:

@@ -16,7 +16,10 @@ see which one does not fit. Three phases peak differently on the device:
   parallelism (parallel.expert E > 1) a rank holds E-th of each MoE layer's
   experts, sharded over the shard degree / E ranks holding the same ones: the
   same sharded bytes, but it gathers only its own experts, and each MoE layer
-  exchanges its routed tokens by all-to-all.
+  exchanges its routed tokens by all-to-all. With context parallelism (parallel.context C > 1)
+  a rank holds 1/C of each packed row's tokens, so its per-token terms fall by C, but every
+  attention layer gathers the whole row's keys and values and masks [rows, seq_len / C, seq_len]
+  (query, key) pairs (train/context_parallel.py): `context_attention_bytes`.
 - export: gradients are freed; per parameter every rank casts its shard to
   the export dtype and all-gathers the full parameter, which the rank writing
   the current file streams into it.
@@ -28,7 +31,7 @@ copies, and the page cache of the checkpoint files its ranks read.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from wattgate.errors import InputError
@@ -116,6 +119,22 @@ class FitSettings:
     optimizer: str = "adamw"  # train.optimizer: adamw keeps two fp32 moments, sgd (no momentum) none
     replicate: int = 1  # parallel.replicate: HSDP keeps this many replicas of the sharded state
     expert: int = 1  # parallel.expert: each MoE layer's experts split between this many ranks
+    context: int = 1  # parallel.context: ranks sharing each packed row, each holding 1/C of its tokens
+    seq_len: int = 0  # train.seq_len, a row's tokens: what the context terms gather; 0: not given (C must be 1)
+
+    def __post_init__(self) -> None:
+        if self.context > 1 and not self.seq_len:
+            raise ValueError("FitSettings: context > 1 needs seq_len (the row the context terms gather)")
+
+    @property
+    def rank_tokens(self) -> int:
+        """A training micro-batch's tokens on one rank: its rows' 1/C under context parallelism."""
+        return self.tokens_per_micro_batch // self.context
+
+    @property
+    def rank_eval_tokens(self) -> int:
+        """The validation micro-batch's tokens on one rank (0: no validation)."""
+        return self.eval_tokens_per_micro_batch // self.context
 
     @property
     def ranks_per_node(self) -> int:
@@ -181,7 +200,7 @@ def activation_bytes(spec: ModelSpec, s: FitSettings) -> int:
     """What autograd keeps through a training micro-batch's forward."""
     compute = 2 if s.mixed_precision else 4
     per_layer_act = spec.activation_elements_per_token_layer() * compute
-    tokens = s.tokens_per_micro_batch
+    tokens = s.rank_tokens
     if s.activation_checkpointing:
         return tokens * spec.num_layers * spec.hidden_size * compute + tokens * per_layer_act
     return tokens * spec.num_layers * per_layer_act
@@ -189,7 +208,7 @@ def activation_bytes(spec: ModelSpec, s: FitSettings) -> int:
 
 def validation_forward_bytes(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     """The validation forward (no graph): one layer's activations at a time and the loss's logits."""
-    tokens = s.eval_tokens_per_micro_batch
+    tokens = s.rank_eval_tokens
     compute = 2 if s.mixed_precision else 4
     return {
         "activations": tokens * spec.activation_elements_per_token_layer() * compute,
@@ -224,6 +243,47 @@ def expert_all_to_all_bytes(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     return {"expert_all_to_all": 2 * rows * spec.hidden_size * compute}
 
 
+# torch's scaled_dot_product_attention with a boolean mask keeps about this many bytes per (query, key) pair from a
+# layer's forward to its backward (measured on CPU: one layer at 16k x 16k, +1.0 GiB kept; bench/context_memory.py,
+# docs/benchmarks.md). On CUDA the memory-efficient kernel's additive mask in bf16 would be 2: 4 is the upper bound.
+SDPA_MASK_BYTES_PER_PAIR = 4
+
+
+def context_attention_bytes(spec: ModelSpec, s: FitSettings, tokens: int, with_grad: bool) -> dict[str, int]:
+    """What context parallelism's attention adds on a rank for a micro-batch of `tokens` row tokens (before the
+    split), beyond the per-token activations; nothing at C = 1 (no gather, no mask of our own).
+
+    Per gathered row token: the all-gather's keys and values (2 x kv heads x head_dim) and, under GQA, their copies
+    repeated to every query head (2 x q heads x head_dim), in context_sdpa_attention. Assumed at the peak of one
+    layer's backward: its forward copies and as many again for their gradients before the reduce-scatter (so with
+    a graph, twice). Without activation checkpointing sdpa keeps every other layer's repeated keys and values
+    (the gather buffer itself is freed once repeated or, without GQA, is what is kept) until the backward; with it
+    only the layer being recomputed holds them, counted in the first term. The boolean mask is built once per
+    micro-batch (1 byte per pair; one per sliding window: a family mixing sliding and full layers would build
+    two, not counted). sdpa's float copy of the mask
+    is kept per layer without checkpointing, one layer's with it (or without a graph: in flight)."""
+    if s.context == 1 or not tokens:
+        return {}
+    compute = 2 if s.mixed_precision else 4
+    pairs = (tokens // s.context) * s.seq_len  # the rank's queries x their row's keys
+    repeated = 2 * spec.q_dim if spec.num_heads != spec.num_kv_heads else 0
+    in_flight = tokens * (2 * spec.kv_dim + repeated) * compute
+    keeps_layers = with_grad and not s.activation_checkpointing
+    return {
+        "context_gathered_kv": in_flight * (2 if with_grad else 1),
+        **({"context_kept_kv": tokens * 2 * spec.q_dim * compute * (spec.num_layers - 1)} if keeps_layers else {}),
+        "context_mask": pairs,
+        "context_sdpa_mask_copy": pairs * SDPA_MASK_BYTES_PER_PAIR * (spec.num_layers if keeps_layers else 1),
+    }
+
+
+def context_terms(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
+    """Each context term, the larger of the training step's and the validation forward's."""
+    train = context_attention_bytes(spec, s, s.tokens_per_micro_batch, with_grad=True)
+    validation = context_attention_bytes(spec, s, s.eval_tokens_per_micro_batch, with_grad=False)
+    return {name: max(value, validation.get(name, 0)) for name, value in train.items()}
+
+
 def estimate_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
     """Steady-state (training step or validation forward) peak bytes per GPU, term by term.
 
@@ -243,8 +303,9 @@ def estimate_memory(spec: ModelSpec, s: FitSettings) -> dict[str, int]:
         "gathered_params": (2 * layer + spec.embedding_params) * compute,
         "unsharded_grads_fp32": (layer + spec.embedding_params) * 4,
         "activations": max(activation_bytes(spec, s), validation.get("activations", 0)),
-        "logits": max(logits_bytes(spec, s, s.tokens_per_micro_batch), validation.get("logits", 0)),
+        "logits": max(logits_bytes(spec, s, s.rank_tokens), validation.get("logits", 0)),
         **expert_all_to_all_bytes(spec, s),
+        **context_terms(spec, s),
         "runtime_overhead": RUNTIME_OVERHEAD_BYTES[s.runtime_kind],
     }
 
@@ -253,14 +314,14 @@ def logits_note(spec: ModelSpec, s: FitSettings) -> str:
     """gate.md's line naming what the steady `logits` term is."""
     if s.loss != "chunked":
         return (
-            f"logits: train.loss full, the whole [{s.tokens_per_micro_batch:,} tokens x {spec.vocab_size:,}] "
+            f"logits: train.loss full, the whole [{s.rank_tokens:,} tokens x {spec.vocab_size:,}] "
             "logits, their fp32 upcast and gradient"
         )
-    chunk = min(s.loss_chunk_tokens, s.tokens_per_micro_batch)
+    chunk = min(s.loss_chunk_tokens, s.rank_tokens)
     return (
         f"logits: train.loss chunked, one chunk of {chunk:,} tokens x {spec.vocab_size:,} vocab in fp32, "
         f"plus the hidden-state and head gradients the loss computes in its forward (never the whole "
-        f"{s.tokens_per_micro_batch:,}-token micro-batch's logits)"
+        f"{s.rank_tokens:,}-token micro-batch's logits)"
     )
 
 
@@ -423,6 +484,8 @@ class FitEstimate:
     budgets: dict[str, Budget]  # the same keys
     notes: dict[str, str]  # phase -> what a person needs to read its terms (e.g. which parameter is largest)
     mesh: str = ""  # what the fit check's detail says of the mesh; empty for the plain FSDP2 one
+    # steady peak per rank at each parallel.context the run could grow to (context_steady_totals); empty: none
+    context_steady: dict[int, int] = field(default_factory=dict)
 
 
 def expert_mesh_note(spec: ModelSpec, s: FitSettings) -> str:
@@ -433,6 +496,35 @@ def expert_mesh_note(spec: ModelSpec, s: FitSettings) -> str:
         f"parallel.expert {s.expert}: a rank holds and gathers {spec.num_experts // s.expert} of each MoE layer's "
         f"{spec.num_experts} experts, sharded over {s.expert_shard_degree} rank(s)"
     )
+
+
+def context_mesh_note(s: FitSettings) -> str:
+    """Under CP, the share of each row a rank holds (the fit check's detail names the degree); empty without."""
+    if s.context == 1:
+        return ""
+    return (
+        f"parallel.context {s.context}: a rank holds {s.seq_len // s.context:,} of each {s.seq_len:,}-token row and "
+        "gathers the row's keys and values in every attention layer"
+    )
+
+
+def mesh_note(spec: ModelSpec, s: FitSettings) -> str:
+    return "; ".join(filter(None, (expert_mesh_note(spec, s), context_mesh_note(s))))
+
+
+def context_candidates(s: FitSettings) -> list[int]:
+    """The parallel.context degrees larger than the run's that config would accept: divisors of the shard group
+    size with train.seq_len a multiple of 2C (config.context_line). None under parallel.expert > 1, which config
+    refuses together with C > 1, or without a seq_len."""
+    if s.expert > 1 or not s.seq_len:
+        return []
+    shard = s.shard_degree
+    return [c for c in range(s.context + 1, shard + 1) if shard % c == 0 and s.seq_len % (2 * c) == 0]
+
+
+def context_steady_totals(spec: ModelSpec, s: FitSettings) -> dict[int, int]:
+    """The steady peak per rank at each candidate parallel.context: what the fit check's suggestion picks from."""
+    return {c: sum(estimate_memory(spec, replace(s, context=c)).values()) for c in context_candidates(s)}
 
 
 def phase_notes(spec: ModelSpec, s: FitSettings) -> dict[str, str]:
@@ -446,7 +538,7 @@ def phase_notes(spec: ModelSpec, s: FitSettings) -> dict[str, str]:
         source = f"{s.source.dtype} checkpoint of {checkpoint_file_bytes(spec, s.source) / GIB:.1f} GiB{found}"
     return {
         "load": f"largest local slice: {slice_name}, {slice_elements:,} elements per rank; {source}",
-        "steady": "; ".join(filter(None, (logits_note(spec, s), expert_mesh_note(spec, s)))),
+        "steady": "; ".join(filter(None, (logits_note(spec, s), mesh_note(spec, s)))),
         "export": f"largest parameter: {name} {list(shape)}, gathered in {s.export_dtype}",
         "host_per_node": f"{s.ranks_per_node} rank(s) per node; page cache: the checkpoint / "
         f"{s.nodes_per_shard_group} node(s)"
@@ -462,5 +554,6 @@ def fit_estimate(
         phases=estimate_phases(spec, s, steady),
         budgets={"load": device, "steady": device, "export": device, "host_per_node": host},
         notes=phase_notes(spec, s),
-        mesh=expert_mesh_note(spec, s),
+        mesh=mesh_note(spec, s),
+        context_steady=context_steady_totals(spec, s),
     )

@@ -6,6 +6,7 @@ import atexit
 import gc
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,14 @@ from wattgate.run_files import (
     claim_output,
     run_folder_beside,
 )
-from wattgate.config import config_bytes, config_sha256, expert_degree, replicate_degree, world_size
+from wattgate.config import (
+    config_bytes,
+    config_sha256,
+    context_degree,
+    expert_degree,
+    replicate_degree,
+    world_size,
+)
 from wattgate.gate import checks as C
 from wattgate.gate import proof_reuse as R
 from wattgate.gate import validation_checks as V
@@ -45,7 +53,7 @@ from wattgate.gate.memory import (
 from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_model_spec
 from wattgate.gate.report import InputHashes, gate_json, write_report
 from wattgate.gate.context_balance_check import check_context_balance
-from wattgate.gate.isolation_check import check_document_isolation
+from wattgate.gate.isolation_check import check_document_isolation, model_recurrence
 from wattgate.gate.tokenizer_check import check_tokenizer
 from wattgate.gate.settings_check import check_settings
 from wattgate.gate.sources_check import check_sources
@@ -74,6 +82,8 @@ def fit_settings(config: RunConfig) -> FitSettings:
         optimizer=t.optimizer,
         replicate=replicate_degree(config),
         expert=expert_degree(config),
+        context=context_degree(config),
+        seq_len=t.seq_len,
     )
 
 
@@ -91,6 +101,19 @@ def config_fit_estimate(
     return fit_estimate(
         spec, fit_settings(config), Budget(device, source, "rank"), host_memory_budget(config, meminfo), steady
     )
+
+
+def attention_only_suggestion(fit: FitEstimate, config: RunConfig, proof: Collectives | None) -> FitEstimate:
+    """`fit` without its parallel.context degrees for a model with recurrent-state layers, which cannot split a row
+    (pack refuses it: hf_config.context_refusal), or whose layers transformers cannot tell: suggest no C it would
+    refuse."""
+    if not fit.context_steady:
+        return fit
+    try:
+        _, layers = model_recurrence(config, proof)
+    except Exception:  # noqa: BLE001 - unknown layers: the isolation check names why; suggest nothing here
+        layers = ("unknown",)
+    return replace(fit, context_steady={}) if layers else fit
 
 
 def free_bytes_at(path: Path) -> tuple[int, str]:
@@ -148,7 +171,7 @@ def run_checks(
         C.check_provenance(
             plan, inputs.packs_sha256, inputs.manifest_sha256, inputs.manifest, spec.vocab_size, inputs.content
         ),
-        check_fit(fit.phases, fit.budgets, config.gate.memory_headroom, fit.mesh),
+        check_fit(fit.phases, fit.budgets, config.gate.memory_headroom, fit.mesh, fit.context_steady),
         check_checkpoint_space(checkpoint_bytes(spec), config.train.checkpoint_keep, final_bytes, free, where),
         C.check_balance(
             packs,
@@ -265,7 +288,7 @@ def gate_report(config: RunConfig, pretokenized: Path, plan_dir: Path, out: Path
     # its record counts the model's parameters for the memory and cost checks
     proof, keep = collectives_section(config, pretokenized, plan_dir, out)
     spec = counted_spec(config, proof)
-    fit = config_fit_estimate(config, spec)
+    fit = attention_only_suggestion(config_fit_estimate(config, spec), config, proof)
     results = run_checks(inputs, spec, fit.phases[PHASE_STEADY], fit)
     # the tokenizer the export will copy into final/, verified now rather than after the last step
     results.append(check_tokenizer(pretokenized))
