@@ -102,22 +102,24 @@ def _shard_hidden(model, shard: dict[str, torch.Tensor], group) -> torch.Tensor:
     return out.last_hidden_state
 
 
-def _root_context_loss(model, shard: dict[str, torch.Tensor], group, chunk_tokens: int) -> torch.Tensor:
-    """The chunked loss of a shard from the model's own modules; under FSDP2 a forward method of the root."""
+def _head_inputs(model, shard: dict[str, torch.Tensor], group) -> tuple:
+    """What a chunked loss of the shard reads: its final hidden state, the head's weight, its bias, the logit
+    transform."""
     head = model.get_output_embeddings()
     transform = logit_transform(model)[0] or PLAIN
-    hidden = _shard_hidden(model, shard, group)
-    bias = getattr(head, "bias", None)
-    return chunked_cross_entropy_sum(hidden, head.weight, shard["targets"], chunk_tokens, bias, transform)
+    return _shard_hidden(model, shard, group), head.weight, getattr(head, "bias", None), transform
+
+
+def _root_context_loss(model, shard: dict[str, torch.Tensor], group, chunk_tokens: int) -> torch.Tensor:
+    """The chunked loss of a shard from the model's own modules; under FSDP2 a forward method of the root."""
+    hidden, weight, bias, transform = _head_inputs(model, shard, group)
+    return chunked_cross_entropy_sum(hidden, weight, shard["targets"], chunk_tokens, bias, transform)
 
 
 def _root_context_token_losses(model, shard: dict[str, torch.Tensor], group, chunk_tokens: int) -> torch.Tensor:
     """Per-position chunked losses of a shard; under FSDP2 a forward method of the root."""
-    head = model.get_output_embeddings()
-    transform = logit_transform(model)[0] or PLAIN
-    hidden = _shard_hidden(model, shard, group)
-    bias = getattr(head, "bias", None)
-    return chunked_cross_entropy_tokens(hidden, head.weight, shard["targets"], chunk_tokens, bias, transform)
+    hidden, weight, bias, transform = _head_inputs(model, shard, group)
+    return chunked_cross_entropy_tokens(hidden, weight, shard["targets"], chunk_tokens, bias, transform)
 
 
 def context_summed_loss(model, shard: dict[str, torch.Tensor], group, kind: str, chunk_tokens: int) -> torch.Tensor:
