@@ -231,10 +231,12 @@ def test_failing_gate_submits_no_train_job(cluster, slurm_workflow, tmp_path):
 @pytest.mark.slow
 def test_watcher_stops_a_hung_two_node_job_through_srun(cluster, slurm_workflow, tmp_path):
     """The uneven-plan deadlock (both guards off) as a two-node Slurm job: the watcher on the first node
-    SIGTERMs the inner srun, which ends both nodes' tasks, and the rule fails with the watcher's line."""
+    SIGTERMs the inner srun, which ends both nodes' tasks, and the rule fails with the watcher's line. On the 1-D
+    mesh: on the fixture's 2 x 1 HSDP mesh a rank's extra step has no shard collective to wait in, and gloo aborts at
+    the first mismatched replica collective instead of hanging (NCCL would hang)."""
     hang = tmp_path / "hang.yaml"
     hang.write_text(
-        "pack: {remainder: none}\ngate: {enforce: false}\n"
+        "pack: {remainder: none}\ngate: {enforce: false}\nparallel: {replicate: 1}\n"
         "train: {check_planned_counts: false, collective_timeout_s: 600}\nwatcher: {hang_after_s: 5}\n"
     )
     proc = snakemake_slurm(slurm_workflow, "--configfile", str(hang))
