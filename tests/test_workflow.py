@@ -86,6 +86,8 @@ GATE = "results/gate/demo/PASSED"
         ("train:\n  lr: 0.0005\n  checkpoint_every: 7\n", ["invariant_gate"]),
         ("watcher:\n  hang_after_s: 33\n", ["invariant_gate"]),
         ("parallel:\n  replicate: 2\n", ["invariant_gate"]),
+        # the plan is made for the data-parallel ranks, world / parallel.context
+        ("parallel:\n  context: 2\n", ["invariant_gate", "pack_and_balance"]),
         # pack.documents_per_row auto (the default) asks the model whether rows may hold several documents
         ("model:\n  config:\n    rms_norm_eps: 0.00001\n", ["invariant_gate", "pack_and_balance"]),
         ("cluster:\n  slurm:\n    partition: elsewhere\n", []),  # where jobs queue, not what they compute

@@ -118,7 +118,8 @@ rule pack_and_balance:
     resources:
         **cpu_job("cpu"),
     params:
-        **settings_of("pack", *PACK_TRAIN_KEYS, "cluster", "data.max_repeats", *PACK_MODEL_KEYS),
+        # parallel.context: the plan is made for the data-parallel ranks, world / C
+        **settings_of("pack", *PACK_TRAIN_KEYS, "cluster", "data.max_repeats", "parallel.context", *PACK_MODEL_KEYS),
         config=run_config_path,
         pretokenized=folder_of,
         out=lambda wildcards, output: os.path.dirname(output.plan),
