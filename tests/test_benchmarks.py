@@ -101,21 +101,27 @@ def test_smoke_run_prints_its_figure_against_its_baseline(runs, name):
     if name == "pack":  # TRL's baseline runs where the bench extra is installed, and says so where it is not
         baseline = "TRL pack_dataset bfd not measured: trl is not installed"
         assert all((baseline in line) != HAS_TRL for line in lines), lines
-    if name == "gate-worlds":
-        assert {re.search(r"world (\d+),", line).group(1) for line in lines} == {"2", "16"}, lines
+    if name == "gate-worlds":  # world 2's proof, then the proof on a 2 x 2 mesh at replicate 2, expert 2
+        worlds = [re.search(r"world (\d+),", line) for line in lines]
+        assert [w.group(1) for w in worlds if w] == ["2"], lines
+        assert any("2 x 2 GPUs, replicate 2, expert 2" in line for line in lines), lines
 
 
 @pytest.mark.parametrize("name", [DRY_RUN])
 def test_gpu_checks_dry_run_walks_every_step_on_cpu_stand_ins(runs, name):
     out = finished(runs, name)
     stamps = re.findall(r"^== \[\d+ s\] (\w+)", out, re.MULTILINE)
-    assert stamps == ["0", "1", "2", "3", "4", "5", "6", "done"], out[-4000:]
+    assert stamps == ["0", "1", "2", "3", "4", "5", "6", "7", "8", "done"], out[-4000:]
     assert "power source instant" in out  # step 1: the sampler on the stand-in NVML
     assert figure_lines("sampler", out)  # step 2: bench/sampler.py on it
     assert "calibrate: table ->" in out  # step 3
     assert "launch exit status 0" in out and '"verdict": "healthy"' in out  # step 4, under the sampler and watcher
     assert re.search(r"^AC True: .+ steady \d+ tok/s", out, re.MULTILINE)  # step 5
     assert re.search(r"^ tiny +full ", out, re.MULTILINE) and re.search(r"^ tiny +chunked ", out, re.MULTILINE)
+    for mesh in ("1d", "hsdp", "ep"):  # step 7: the three meshes, each against the 1-D run
+        assert re.search(rf"^{mesh}: mesh .+ steady \d+ tok/s, .+ vs 1-D: tokens/s ", out, re.MULTILINE), out[-4000:]
+    for context in (1, 2):  # step 8: a row per rank and a row over two
+        assert re.search(rf"^context {context}: steady \d+ tok/s, .+ vs C = 1: ", out, re.MULTILINE), out[-4000:]
 
 
 @pytest.mark.parametrize(
