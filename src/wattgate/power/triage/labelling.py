@@ -128,9 +128,9 @@ def _labelled(
     ngpu = len(win.keys)
     known = win.n > 0
     kpos = np.flatnonzero(known)
-    # the known windows' columns, as copies (the rules may write to them; the stragglers read the windows meanwhile):
-    # every window known, the usual case, copies whole columns instead of gathering them
-    pick = (lambda a: a.copy()) if len(kpos) == len(known) else (lambda a: a[kpos])
+    # the known windows' columns: every window known, the usual case, as read-only views (the stragglers read the
+    # windows meanwhile; a rule that wrote to one would raise), else gathered
+    pick = _read_only if len(kpos) == len(known) else (lambda a: a[kpos])
     gpu, index = pick(win.gpu_id), pick(win.index)
     p, u, high, low = pick(win.power), pick(win.util), pick(win.high), pick(win.low)
     edges = Edges.of(win.levels, gpu, table)
@@ -171,6 +171,12 @@ def _labelled(
     confidence[kpos] = conf
     cols = columns.result() if columns is not None else _window_columns(win, window_s)
     return _phases_table(cols, labels, confidence)
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def _window_columns(win: _Windows, window_s: float) -> dict[str, pa.Array]:

@@ -86,7 +86,24 @@ def sums(t: Ticks, values: np.ndarray) -> np.ndarray:
 
 
 def counts(t: Ticks, flags: np.ndarray) -> np.ndarray:
-    return np.add.reduceat(flags.reshape(-1, t.k), t.starts, axis=0, dtype=np.int64)[:, t.order].ravel()
+    """Per window run and GPU (in GPU id order), how many of the boolean `flags` ((ticks, k) or flat) are set."""
+    flags = flags.reshape(-1, t.k)
+    lane = _lanes(t.k)
+    if lane is None or int(t.ticks_in.max()) > 255:
+        return np.add.reduceat(flags, t.starts, axis=0, dtype=np.int64)[:, t.order].ravel()
+    # a tick's flags read as a few wide integers, one byte per GPU: adding them adds every GPU's byte at once, and
+    # no byte carries into the next while a run has at most 255 ticks
+    wide = np.ascontiguousarray(flags).view(np.uint8).view(lane)
+    summed = np.add.reduceat(wide[:, 0] if wide.shape[1] == 1 else wide, t.starts, axis=0, dtype=lane)
+    return summed.view(np.uint8).reshape(-1, t.k)[:, t.order].astype(np.int64).ravel()
+
+
+def _lanes(k: int) -> type | None:
+    """The widest unsigned integer whose bytes a row of k one-byte flags fills whole, if wider than a byte."""
+    for width, dtype in ((8, np.uint64), (4, np.uint32), (2, np.uint16)):
+        if k % width == 0:
+            return dtype
+    return None
 
 
 def band_counts(t: Ticks, hi_edge: np.ndarray, lo_edge: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
