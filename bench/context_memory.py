@@ -7,7 +7,7 @@ head_dim 16, not 4 of 64, because attention over a 16k row costs S^2 and 4 x 64 
 3/8 of the row that crosses chunk boundaries at every C. 4 gloo ranks, OMP_NUM_THREADS=1, no activation
 checkpointing. Each C is its own torchrun, one after another (VmHWM cannot go down, so a process per C keeps each
 C's peak its own). At C the ranks form 4/C context groups of C ranks (new_subgroups(C)); each group splits the same
-row head-tail (shard_rows) and runs `context_loss_sum` + backward, STEPS times.
+row (shard_rows: context_layout.py's split) and runs `context_loss_sum` + backward, STEPS times.
 
 Baseline, C = 1: every rank runs the whole row through the same context-parallel attention with a group of one (no
 collective). It is the same code as C > 1 (mask construction, masked SDPA kernel, logits and loss), so the ratio

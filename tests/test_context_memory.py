@@ -79,6 +79,22 @@ def test_fit_settings_reads_parallel_context():
     s = fit_settings(config)
     assert (s.context, s.seq_len, s.rank_tokens) == (4, SEQ, SEQ // 4)
     assert M.context_candidates(s) == [8, 16]
+    assert s.context_kernel == "flex"  # auto on GPUs
+    on_cpu = run_config(config.to_json() | {"cluster": {"nodes": 1, "gpus_per_node": 4, "gpu_model": "cpu"}})
+    explicit = run_config(config.to_json() | {"train": config.to_json()["train"] | {"attn_implementation": "sdpa"}})
+    assert fit_settings(on_cpu).context_kernel == fit_settings(explicit).context_kernel == "sdpa"
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_the_flex_kernel_adds_only_the_gathered_keys_and_values(checkpointing):
+    sdpa = M.estimate_memory(SPEC, settings(4, activation_checkpointing=checkpointing))
+    flex = M.estimate_memory(SPEC, settings(4, activation_checkpointing=checkpointing, context_kernel="flex"))
+    # no pair mask, no float copy of it, no heads repeated: the kernel takes the block mask and GQA as they are
+    assert flex["context_gathered_kv"] == 2 * SEQ * 2 * SPEC.kv_dim * 2
+    assert not {"context_mask", "context_sdpa_mask_copy", "context_kept_kv"} & flex.keys()
+    assert {k: v for k, v in flex.items() if not k.startswith("context_")} == {
+        k: v for k, v in sdpa.items() if not k.startswith("context_")
+    }
 
 
 def test_a_row_that_does_not_fit_names_the_smallest_context_that_does():

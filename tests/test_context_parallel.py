@@ -1,7 +1,9 @@
-"""Context parallelism's core (src/wattgate/train/context_parallel.py): head-tail sharding of packed rows, attention
-exact within documents over a context group, and a loss whose shards sum to the whole rows'.
+"""Context parallelism's core (src/wattgate/context_layout.py, src/wattgate/train/context_parallel.py): the split of
+packed rows over a context group, attention exact within documents over the group with either kernel, and a loss
+whose shards sum to the whole rows'.
 
-The head-tail split, the shards' targets and the attention of a group of one are checked in this process; the
+The split, the shards' targets, the two kernels' agreement and the attention of a group of one are checked in this
+process; the
 gathered attention on real processes (tests/dist/context_parallel.py: 4 gloo ranks, C = 2 and C = 4, three dense
 families) against one rank holding the rows, for the summed loss and every parameter's gradient."""
 
@@ -13,15 +15,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from wattgate import context_layout as layout
 from wattgate.errors import InputError, first_line
 from wattgate.train.context_parallel import (
     ContextAttention,
     context_loss_sum,
-    context_sdpa_attention,
-    head_tail_indices,
+    context_attention,
+    check_context_split,
+    row_positions,
     shard_rows,
     use_context_attention,
 )
@@ -38,32 +43,76 @@ LOSS_RTOL = 1e-6
 GRAD_RTOL = 1e-4
 
 
-# ---------------------------------------------------------------- head-tail sharding
+# ---------------------------------------------------------------- the split of a row over the context ranks
 
 
-@pytest.mark.parametrize("seq_len, context", [(8, 1), (16, 2), (24, 3), (4096, 4)])
-def test_head_tail_indices_cover_the_row_once_over_the_context_ranks(seq_len, context):
-    held = torch.cat([head_tail_indices(seq_len, context, r) for r in range(context)])
-    assert held.numel() == seq_len
-    assert torch.equal(held.sort().values, torch.arange(seq_len))
+def random_rows(rng, count: int, seq_len: int, mean_log: float) -> list[list[int]]:
+    """Rows of lognormal document lengths, some filled, some ending in padding."""
+    rows = []
+    for _ in range(count):
+        docs, left = [], seq_len
+        while left > 0 and rng.random() > 0.05:
+            n = int(min(left, max(1, rng.lognormal(mean_log, 1.0))))
+            docs.append(n)
+            left -= n
+        rows.append(docs)
+    return rows
 
 
-def test_head_tail_rank_holds_chunk_r_and_chunk_2c_minus_1_minus_r():
-    assert head_tail_indices(16, 4, 1).tolist() == [2, 3, 12, 13]
+def brute_pairs(docs: list[int], seq_len: int, held: np.ndarray) -> int:
+    """The causal within-document pairs of the queries at row positions `held` (padding a document of its own)."""
+    keys = np.zeros(seq_len, dtype=np.int64)
+    start = 0
+    for n in [*docs, seq_len - sum(docs)]:
+        keys[start : start + n] = np.arange(1, n + 1)
+        start += n
+    return int(keys[held].sum())
 
 
-@pytest.mark.parametrize("seq_len, context", [(16, 2), (48, 3), (4096, 4), (4096, 8)])
-def test_head_tail_gives_every_rank_the_same_causal_work_on_a_row_long_document(seq_len, context):
-    # one document: query q attends to q + 1 keys
-    pairs = [int((head_tail_indices(seq_len, context, r) + 1).sum()) for r in range(context)]
-    assert len(set(pairs)) == 1
-    assert pairs[0] * context == seq_len * (seq_len + 1) // 2
+@pytest.mark.parametrize("seq_len, context", [(8, 1), (16, 2), (24, 3), (4096, 4), (4096, 8), (768, 3)])
+def test_every_row_is_split_into_equal_shares_that_cover_it_once_each_in_row_order(seq_len, context):
+    rows = random_rows(np.random.default_rng(seq_len + context), 40, seq_len, np.log(seq_len / 4))
+    split = layout.split_rows(rows, seq_len, context)
+    assert split.shape == (len(rows), context, seq_len // context)
+    assert (np.sort(split.reshape(len(rows), -1), axis=1) == np.arange(seq_len)).all()
+    assert (np.diff(split, axis=2) > 0).all()
+
+
+@pytest.mark.parametrize("seq_len, context", [(16, 2), (48, 3), (4096, 4), (4096, 8), (65536, 8)])
+def test_a_row_long_document_gives_every_context_rank_the_same_causal_work(seq_len, context):
+    split = layout.split_rows([[seq_len]], seq_len, context)[0]
+    pairs = [brute_pairs([seq_len], seq_len, split[r]) for r in range(context)]
+    assert len(set(pairs)) == 1 and pairs[0] * context == seq_len * (seq_len + 1) // 2
+
+
+@pytest.mark.parametrize("seq_len, context", [(1024, 2), (4096, 4), (4096, 8), (6144, 3)])
+def test_the_per_row_split_counts_its_pairs_exactly_and_evens_them_out_better_than_head_tail(seq_len, context):
+    rows = random_rows(np.random.default_rng(context), 300, seq_len, np.log(seq_len / 6))
+    sizes = [np.asarray(r, dtype=np.int64) for r in rows]
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+    n = layout.chunk_count(seq_len, context)
+    costs = layout.chunk_costs(layout.row_documents(np.concatenate(sizes), offsets, seq_len), len(rows), seq_len, n)
+    chunks = layout.split_chunks(costs, context)
+    loads = layout.rank_loads(costs, chunks)
+    split = layout.positions_of(chunks, seq_len, n)
+    for i in range(0, len(rows), 37):  # the pairs each rank is charged are the pairs its positions have
+        assert loads[i].tolist() == [brute_pairs(rows[i], seq_len, split[i, r]) for r in range(context)]
+    head_tail = layout.rank_loads(costs, layout.head_tail(len(rows), context, n))
+    assert (loads.max(axis=1) <= head_tail.max(axis=1)).all()
+    ratio = loads.max(axis=1).sum() / loads.mean(axis=1).sum()
+    assert ratio < 1.03 < head_tail.max(axis=1).sum() / head_tail.mean(axis=1).sum(), ratio
+
+
+def test_the_trainer_splits_rows_from_the_plan_as_from_the_rows_own_positions():
+    rows = random_rows(np.random.default_rng(5), 12, 512, np.log(60))
+    batch = packed_rows(512, rows)
+    assert torch.equal(row_positions(batch, 4), torch.from_numpy(layout.split_rows(rows, 512, 4)))
 
 
 @pytest.mark.parametrize("seq_len, context", [(100, 4), (6, 2), (10, 0)])
 def test_a_row_that_does_not_split_into_2c_chunks_is_a_one_line_error_naming_parallel_context(seq_len, context):
     with pytest.raises(InputError) as caught:
-        head_tail_indices(seq_len, context, 0)
+        check_context_split(seq_len, context)
     message = str(caught.value)
     assert message.startswith("parallel.context:") and first_line(caught.value) == message
 
@@ -96,9 +145,10 @@ def test_shards_carry_each_positions_next_label_so_no_target_is_lost_at_a_chunk_
     for context in (1, 2, 4):
         shards = [shard_rows(batch, context, r) for r in range(context)]
         for shard in shards:
-            assert torch.equal(shard["targets"], targets[:, shard["query_index"]])
-            assert torch.equal(shard["input_ids"], batch["input_ids"][:, shard["query_index"]])
-            assert torch.equal(shard["position_ids"], batch["position_ids"][:, shard["query_index"]])
+            index = shard["query_index"]
+            assert torch.equal(shard["targets"], targets.gather(1, index))
+            assert torch.equal(shard["input_ids"], batch["input_ids"].gather(1, index))
+            assert torch.equal(shard["position_ids"], batch["position_ids"].gather(1, index))
         tokens = sum(int((s["targets"] != IGNORE).sum()) for s in shards)
         assert tokens == int((batch["labels"][:, 1:] != IGNORE).sum())
     # the document numbers restart where positions do; padding is a document of its own
@@ -136,12 +186,49 @@ def test_a_model_still_on_its_own_attention_is_refused():
 
 def test_an_attention_feature_it_does_not_implement_is_refused_not_ignored():
     q = torch.zeros(1, 1, 4, 8)
-    index = torch.arange(4)
+    index = torch.arange(4).unsqueeze(0)
     ctx = ContextAttention(None, index, index, torch.zeros(1, 4, dtype=torch.int64))
     with pytest.raises(InputError, match="softcap"):
-        context_sdpa_attention(torch.nn.Module(), q, q, q, None, softcap=50.0, wattgate_context=ctx)
+        context_attention(torch.nn.Module(), q, q, q, None, softcap=50.0, wattgate_context=ctx)
     with pytest.raises(InputError, match="without its context"):
-        context_sdpa_attention(torch.nn.Module(), q, q, q, None)
+        context_attention(torch.nn.Module(), q, q, q, None)
+
+
+# ---------------------------------------------------------------- flex attention (the CUDA kernel) against sdpa
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # flex attention warns that it runs unfused on CPU
+@pytest.mark.parametrize("window", [None, 7])
+def test_flex_attention_attends_exactly_what_sdpa_attends_on_a_split_row(window):
+    rows = [[40, 3, 1, 60], [128], [17, 90]]  # rows 0 and 2 end in padding
+    batch = packed_rows(128, rows)
+    split = row_positions(batch, 4)
+    doc_ids = shard_rows(batch, 4, 0)["doc_ids"]
+    g = torch.Generator().manual_seed(1)
+    for rank in (0, 3):
+        query_index, key_index = split[:, rank], split.flatten(1)
+        q = torch.randn(3, 4, 32, 16, generator=g)
+        k, v = torch.randn(3, 2, 128, 16, generator=g), torch.randn(3, 2, 128, 16, generator=g)
+        outs = []
+        for kernel in ("sdpa", "flex"):
+            ctx = ContextAttention(None, query_index, key_index, doc_ids, kernel)
+            # a group of one: the "gathered" keys are the row's, in the group's order (key_index)
+            out = context_attention(torch.nn.Module(), q, k, v, None, sliding_window=window, wattgate_context=ctx)
+            outs.append(out)
+        assert outs[0][0].shape == outs[1][0].shape == (3, 32, 4, 16)
+        torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_model_on_flex_context_attention_scores_the_rows_as_on_sdpa(family):
+    batch = packed_rows(128, [[60, 2, 1, 65], [20, 25]])
+    model = tiny_model(family, 128)
+    use_context_attention(model)
+    with torch.no_grad():
+        shard = shard_rows(batch, 1, 0)
+        sdpa, flex = (float(context_loss_sum(model, shard, None, kernel)) for kernel in ("sdpa", "flex"))
+    assert flex == pytest.approx(sdpa, rel=LOSS_RTOL)
 
 
 # ---------------------------------------------------------------- real processes: C = 2 and C = 4 on 4 gloo ranks

@@ -90,7 +90,8 @@ def validate_config(config: dict, source: str = "config") -> dict:
             f"{source}: key '{EXPERT_KEY}': {expert} does not divide the shard group size {shard} (world size / "
             f"parallel.replicate); give one of {', '.join(str(d) for d in range(1, shard + 1) if shard % d == 0)}"
         )
-    line = context_line(config["parallel"]["context"], shard, expert, config["train"]["seq_len"])
+    train = config["train"]
+    line = context_line(config["parallel"]["context"], shard, expert, train["seq_len"], train["attn_implementation"])
     if line:
         raise InputError(f"{source}: key '{CONTEXT_KEY}': {line}")
     return config
@@ -100,7 +101,7 @@ EXPERT_KEY = "parallel.expert"
 CONTEXT_KEY = "parallel.context"
 
 
-def context_line(context: int, shard: int, expert: int, seq_len: int) -> str | None:
+def context_line(context: int, shard: int, expert: int, seq_len: int, attention: str = "auto") -> str | None:
     """Why `context` ranks cannot share each row of a shard group of `shard` ranks (None: they can)."""
     if shard % context:
         divisors = ", ".join(str(d) for d in range(1, shard + 1) if shard % d == 0)
@@ -115,8 +116,13 @@ def context_line(context: int, shard: int, expert: int, seq_len: int) -> str | N
         )
     if seq_len % (2 * context):
         return (
-            f"{context} needs train.seq_len divisible by {2 * context} (two head-tail chunks per rank), got "
+            f"{context} needs train.seq_len divisible by {2 * context} (at least two chunks per rank), got "
             f"{seq_len}; give a train.seq_len that is a multiple of {2 * context}"
+        )
+    if context > 1 and attention == "flash_attention_2":
+        return (
+            f"{context} runs its own attention over the group's gathered keys (flex_attention on GPUs, else sdpa), "
+            "not flash_attention_2's varlen kernel; set train.attn_implementation to auto, flex_attention or sdpa"
         )
     return None
 

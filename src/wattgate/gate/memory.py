@@ -121,6 +121,7 @@ class FitSettings:
     expert: int = 1  # parallel.expert: each MoE layer's experts split between this many ranks
     context: int = 1  # parallel.context: ranks sharing each packed row, each holding 1/C of its tokens
     seq_len: int = 0  # train.seq_len, a row's tokens: what the context terms gather; 0: not given (C must be 1)
+    context_kernel: str = "sdpa"  # context_layout.planned_context_kernel: flex keeps no pair mask and no repeated kv
 
     def __post_init__(self) -> None:
         if self.context > 1 and not self.seq_len:
@@ -254,17 +255,21 @@ def context_attention_bytes(spec: ModelSpec, s: FitSettings, tokens: int, with_g
     split), beyond the per-token activations; nothing at C = 1 (no gather, no mask of our own).
 
     Per gathered row token: the all-gather's keys and values (2 x kv heads x head_dim) and, under GQA, their copies
-    repeated to every query head (2 x q heads x head_dim), in context_sdpa_attention. Assumed at the peak of one
+    repeated to every query head (2 x q heads x head_dim), in context_attention. Assumed at the peak of one
     layer's backward: its forward copies and as many again for their gradients before the reduce-scatter (so with
     a graph, twice). Without activation checkpointing sdpa keeps every other layer's repeated keys and values
     (the gather buffer itself is freed once repeated or, without GQA, is what is kept) until the backward; with it
     only the layer being recomputed holds them, counted in the first term. The boolean mask is built once per
     micro-batch (1 byte per pair; one per sliding window: a family mixing sliding and full layers would build
     two, not counted). sdpa's float copy of the mask
-    is kept per layer without checkpointing, one layer's with it (or without a graph: in flight)."""
+    is kept per layer without checkpointing, one layer's with it (or without a graph: in flight). Under the flex
+    kernel (FitSettings.context_kernel) only the gathered keys and values: it repeats no heads, and its block mask
+    holds a few bytes per 128 x 128 block."""
     if s.context == 1 or not tokens:
         return {}
     compute = 2 if s.mixed_precision else 4
+    if s.context_kernel == "flex":  # GQA inside the kernel and a block mask: only the gathered keys and values
+        return {"context_gathered_kv": tokens * 2 * spec.kv_dim * compute * (2 if with_grad else 1)}
     pairs = (tokens // s.context) * s.seq_len  # the rank's queries x their row's keys
     repeated = 2 * spec.q_dim if spec.num_heads != spec.num_kv_heads else 0
     in_flight = tokens * (2 * spec.kv_dim + repeated) * compute

@@ -52,6 +52,7 @@ from wattgate.gate.memory import (
 )
 from wattgate.model_spec import DTYPE_BYTES, ModelSpec, export_dtype_name, load_model_spec
 from wattgate.gate.report import InputHashes, gate_json, write_report
+from wattgate.context_layout import planned_context_kernel
 from wattgate.gate.context_balance_check import check_context_balance
 from wattgate.gate.isolation_check import check_document_isolation, model_recurrence
 from wattgate.gate.tokenizer_check import check_tokenizer
@@ -84,6 +85,7 @@ def fit_settings(config: RunConfig) -> FitSettings:
         expert=expert_degree(config),
         context=context_degree(config),
         seq_len=t.seq_len,
+        context_kernel=planned_context_kernel(t.attn_implementation, on_gpu),
     )
 
 
@@ -198,10 +200,9 @@ def context_checks(packs, plan: Plan, config: RunConfig) -> list[C.Check]:
     context = config.parallel.context
     if context == 1:
         return []
-    from wattgate.train.context_parallel import SKIPS_MASKED_PAIRS
-
+    kernel = planned_context_kernel(config.train.attn_implementation, not is_cpu(config.cluster.gpu_model))
     bound = config.gate.max_context_cost_ratio
-    return [check_context_balance(packs, plan.seq_len, context, bound, SKIPS_MASKED_PAIRS)]
+    return [check_context_balance(packs, plan.seq_len, context, bound, kernel == "flex")]
 
 
 def padding_per_epoch(plan: Plan) -> int:

@@ -262,12 +262,12 @@ class ParallelConfig(Record):
     # group size (world size / parallel.replicate) and the model's number of experts, and be 1 on a dense model
     expert: int = spec(minimum=1)
     # context parallelism (CP) for long packed rows: C consecutive ranks share each packed row, each holding 1 / C
-    # of its tokens (head-tail chunks, so every rank has the same causal attention work) and gathering the group's
-    # keys and values in every attention layer; parameters stay sharded over the data and context ranks together.
-    # The world is then world / C data-parallel ranks: pack plans for them, and each rank of a context group trains
-    # its data rank's micro-batches. 1 (the default) keeps each row on one rank. Must divide the shard group size
-    # (world size / parallel.replicate), train.seq_len must be a multiple of 2 x C, and it is refused together with
-    # parallel.expert > 1 and for models with recurrent-state layers
+    # of its tokens (equal chunks, split per row so every rank has the same causal attention work) and gathering the
+    # group's keys and values in every attention layer; parameters stay sharded over the data and context ranks
+    # together. The world is then world / C data-parallel ranks: pack plans for them, and each rank of a context
+    # group trains its data rank's micro-batches. 1 (the default) keeps each row on one rank. Must divide the shard
+    # group size (world size / parallel.replicate), train.seq_len must be a multiple of 2 x C, and it is refused
+    # together with parallel.expert > 1 and for models with recurrent-state layers
     context: int = spec(minimum=1)
 
 
@@ -307,7 +307,8 @@ class TrainConfig(Record):
     # attention kernel for packed rows; every choice keeps attention inside each document. auto: flash_attention_2
     # on CUDA with bf16 when flash_attn imports, else flex_attention on CUDA (block mask, needs triton), else sdpa
     # (always on CPU; builds a seq_len x seq_len mask per row). An explicit choice that cannot train on the machine
-    # is an input error
+    # is an input error. Under parallel.context > 1: flex_attention on CUDA (auto or flex_attention), else sdpa;
+    # flash_attention_2 is refused there
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"]
     # how the next-token loss is computed, in training and in the validation forward. chunked: the last hidden state
     # (after the final norm) against lm_head with torch's F.linear_cross_entropy, train.loss_chunk_tokens tokens at

@@ -5,9 +5,13 @@ attention is per token, so only attention crosses ranks: each rank all-gathers t
 autograd: backward reduce-scatters their gradients) and its queries attend to every earlier key of their own
 document, none of another's. That is the same attention as one rank holding the row, so the loss is too.
 
-Balance: causal attention costs a query in proportion to its index, so giving rank r the r-th contiguous slice would
-load the last rank C times more than the first on a row-long document. Head-tail splits the row into 2C equal chunks
-and gives rank r chunks r and 2C-1-r: every rank then holds the same number of (query, key) pairs.
+Balance: every rank holds the same number of each row's tokens, in chunks (context_layout.py): head-tail, or per
+row the deal of chunks that evens out the causal within-document pairs, the work of a kernel that skips masked pairs.
+The gate (context_balance) works out the same split from the plan and holds its cost to the bound.
+
+Kernels: on CUDA, flex attention with a block mask from the same document rule (compiled; whole blocks that no query
+attends are skipped); on CPU, sdpa with a boolean mask (flex attention has no backward on CPU). Both compute the same
+attention: tests compare their forwards on CPU, bench/gpu_checks.sh trains with flex.
 
 Loss: positions are not contiguous on a rank, so targets are shifted on the whole row before it is split (position t
 predicts label t+1 of the row, as loss.shifted_targets does): no target is lost at a chunk boundary, and the C shards'
@@ -29,17 +33,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask
 
+from wattgate.context_layout import document_lengths, split_rows
 from wattgate.errors import InputError
-from wattgate.train.attention import document_starts
+from wattgate.train.attention import document_starts, flex_attention_trainable
 from wattgate.train.data import IGNORE
 from wattgate.train.loss import shifted_targets
 
-# Whether the context kernel skips the (query, key) pairs its mask removes. It does not: torch's
-# scaled_dot_product_attention with a boolean mask computes every pair of a rank's S/C x S block, so every context
-# rank does the same attention work whatever its documents (the gate's context_balance check reads this)
-SKIPS_MASKED_PAIRS = False
-CONTEXT_ATTENTION = "wattgate_context_sdpa"  # the attn_implementation name in transformers' registries
+KERNELS = ("sdpa", "flex")  # flex skips the (query, key) blocks its mask removes; sdpa computes every pair
+CONTEXT_ATTENTION = "wattgate_context"  # the attn_implementation name in transformers' registries
 CONTEXT_KWARG = "wattgate_context"  # the keyword of model(...) that carries a ContextAttention
 # attention features of transformers' interface this function does not implement: refused, never ignored
 UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias")
@@ -56,19 +59,26 @@ def check_context_split(seq_len: int, context: int) -> None:
         )
 
 
-def head_tail_indices(seq_len: int, context: int, rank: int) -> torch.Tensor:
-    """int64 [seq_len // context]: the row positions context rank `rank` holds, chunk r then chunk 2C-1-r of 2C."""
-    check_context_split(seq_len, context)
-    if not 0 <= rank < context:
-        raise ValueError(f"context rank {rank} is outside 0..{context - 1}")
-    chunk = seq_len // (2 * context)
-    head, tail = rank * chunk, (2 * context - 1 - rank) * chunk
-    return torch.cat([torch.arange(head, head + chunk), torch.arange(tail, tail + chunk)])
+def context_kernel(requested: str, device_type: str) -> str:
+    """The kernel context attention runs for train.attn_implementation `requested` on `device_type`: flex on CUDA
+    where flex attention trains (auto or flex_attention asked), else sdpa. Config validation refuses
+    flash_attention_2 under parallel.context > 1."""
+    if requested in ("auto", "flex_attention") and device_type == "cuda" and flex_attention_trainable(device_type):
+        return "flex"
+    if requested == "flex_attention":
+        raise InputError(
+            "train.attn_implementation: flex_attention has no backward here (it needs CUDA with triton); set it to "
+            "auto or sdpa"
+        )
+    return "sdpa"
 
 
-def gathered_indices(seq_len: int, context: int) -> torch.Tensor:
-    """int64 [seq_len]: the row position of each token of an all-gather over the group (rank order)."""
-    return torch.cat([head_tail_indices(seq_len, context, r) for r in range(context)])
+def row_positions(tensors: dict[str, torch.Tensor], context: int) -> torch.Tensor:
+    """int64 [B, C, S/C] on the host: the split of rows given as tensors (whole rows, real tensors) by their
+    position_ids, as the trainer makes it from the plan's document lengths (context_layout.split_rows)."""
+    position_ids = tensors["position_ids"].cpu().numpy()
+    check_context_split(position_ids.shape[-1], context)
+    return torch.from_numpy(split_rows(document_lengths(position_ids), position_ids.shape[-1], context))
 
 
 def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
@@ -78,21 +88,27 @@ def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
 
 
 def shard_rows(tensors: dict[str, torch.Tensor], context: int, rank: int) -> dict[str, torch.Tensor]:
-    """Context rank `rank`'s share of a micro-batch's full rows {"input_ids", "labels", "position_ids"} [B, S].
+    """Context rank `rank`'s share of a micro-batch's full rows {"input_ids", "labels", "position_ids"} [B, S] and
+    their split {"context_positions"} [B, C, S/C] (the trainer's, from the plan; absent: made from position_ids).
 
     Returns input_ids, position_ids and targets [B, S/C] (targets already shifted on the full row: the label each
-    local position predicts, IGNORE where none), query_index [S/C] (their row positions), key_index [S] (the row
-    positions of the group's all-gathered tokens) and doc_ids [B, S] (every row token's document).
+    local position predicts, IGNORE where none), query_index [B, S/C] (their row positions), key_index [B, S] (the
+    row positions of the group's all-gathered tokens, rank after rank) and doc_ids [B, S] (every row token's
+    document).
     """
-    seq_len = tensors["input_ids"].shape[-1]
-    device = tensors["input_ids"].device
-    local = head_tail_indices(seq_len, context, rank).to(device)
+    split = tensors.get("context_positions")
+    if split is None:
+        split = row_positions(tensors, context)
+    if split.shape[1] != context or not 0 <= rank < context:
+        raise ValueError(f"context rank {rank} of {context} with a split for {split.shape[1]} ranks")
+    split = split.to(tensors["input_ids"].device)
+    local = split[:, rank]
     return {
-        "input_ids": tensors["input_ids"][:, local],
-        "position_ids": tensors["position_ids"][:, local],
-        "targets": shifted_targets(tensors["labels"])[:, local],
+        "input_ids": tensors["input_ids"].gather(1, local),
+        "position_ids": tensors["position_ids"].gather(1, local),
+        "targets": shifted_targets(tensors["labels"]).gather(1, local),
         "query_index": local,
-        "key_index": gathered_indices(seq_len, context).to(device),
+        "key_index": split.flatten(1),
         "doc_ids": document_ids(tensors["position_ids"]),
     }
 
@@ -100,43 +116,65 @@ def shard_rows(tensors: dict[str, torch.Tensor], context: int, rank: int) -> dic
 @dataclass
 class ContextAttention:
     """One micro-batch's context for the attention function: the group its keys and values are gathered over
-    (None: a group of one) and the global layout of queries and keys. Masks are built on first use and shared by
-    every layer with the same sliding window (one per micro-batch, not one per layer)."""
+    (None: a group of one), the global layout of queries and keys, and the kernel. Masks are built on first use and
+    shared by every layer with the same sliding window (one per micro-batch, not one per layer)."""
 
     group: dist.ProcessGroup | None
-    query_index: torch.Tensor  # [s]
-    key_index: torch.Tensor  # [S]
+    query_index: torch.Tensor  # [B, s]
+    key_index: torch.Tensor  # [B, S]
     doc_ids: torch.Tensor  # [B, S]
-    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
+    kernel: str = "sdpa"
+    masks: dict[int | None, torch.Tensor | BlockMask] = field(default_factory=dict)
 
-    def mask(self, sliding_window: int | None) -> torch.Tensor:
-        """bool [B, 1, s, S], True where a query attends a key: same document, key not later, and (sliding layers)
-        fewer than `sliding_window` positions back, as transformers' sliding_window_overlay counts."""
+    def mask(self, sliding_window: int | None) -> torch.Tensor | BlockMask:
+        """The kernel's mask: sdpa's bool [B, 1, s, S] (document_causal_mask), flex's BlockMask of the same rule."""
         if sliding_window not in self.masks:
-            self.masks[sliding_window] = document_causal_mask(
-                self.query_index, self.key_index, self.doc_ids, sliding_window
-            )
+            lower = lowest_keys(self.query_index, self.doc_ids, sliding_window)
+            if self.kernel == "flex":
+                self.masks[sliding_window] = document_block_mask(self.query_index, self.key_index, lower)
+            else:
+                self.masks[sliding_window] = document_causal_mask(self.query_index, self.key_index, lower)
         return self.masks[sliding_window]
 
 
-def document_causal_mask(
-    query_index: torch.Tensor, key_index: torch.Tensor, doc_ids: torch.Tensor, sliding_window: int | None = None
-) -> torch.Tensor:
-    """bool [B, 1, len(query_index), len(key_index)]: query at row position q sees key at k when both are in the
-    same document and k <= q (and q - k < sliding_window when given). Within a document row positions differ as
-    positions do, so the window is the model's own.
-
-    A document is a contiguous span of its row, so "same document and k <= q" is "the document's first position
-    <= k <= q": two comparisons of index vectors straight into bool, 2 bytes per (query, key) pair at the peak
-    instead of an int64 distance matrix beside two bool ones (11 bytes: most of a 16k row's memory at C = 1,
-    bench/context_memory.py)."""
-    lower = document_first_positions(doc_ids)[:, query_index]  # [B, s]
+def lowest_keys(query_index: torch.Tensor, doc_ids: torch.Tensor, sliding_window: int | None = None) -> torch.Tensor:
+    """int64 [B, s]: the lowest row position each query sees: its document's first position, and under a sliding
+    window fewer than `sliding_window` positions back (as transformers' sliding_window_overlay counts). Within a
+    document row positions differ as positions do, so the window is the model's own."""
+    lower = document_first_positions(doc_ids).gather(1, query_index)
     if sliding_window is not None:
         lower = torch.maximum(lower, query_index - sliding_window + 1)
-    keys = key_index.view(1, 1, -1)
+    return lower
+
+
+def document_causal_mask(query_index: torch.Tensor, key_index: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
+    """bool [B, 1, s, S]: query i (row position query_index[b, i]) sees key j (row position key_index[b, j]) when
+    lower[b, i] <= key <= query: the same document (a document is a contiguous span of its row), not later.
+
+    Two comparisons of index vectors straight into bool, 2 bytes per (query, key) pair at the peak instead of an
+    int64 distance matrix beside two bool ones (11 bytes: most of a 16k row's memory at C = 1,
+    bench/context_memory.py)."""
+    keys = key_index.unsqueeze(1)
     mask = keys >= lower.unsqueeze(-1)
-    mask &= keys <= query_index.view(1, -1, 1)
+    mask &= keys <= query_index.unsqueeze(-1)
     return mask.unsqueeze(1)
+
+
+def document_block_mask(query_index: torch.Tensor, key_index: torch.Tensor, lower: torch.Tensor) -> BlockMask:
+    """flex attention's BlockMask of document_causal_mask's rule: blocks of (query, key) pairs that no query attends
+    are skipped, so a rank pays for its documents' causal pairs, not its whole seq_len/C x seq_len block."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def same_document_not_later(b, h, q, kv):
+        key = key_index[b, kv]
+        return (key >= lower[b, q]) & (key <= query_index[b, q])
+
+    rows, s = query_index.shape
+    # compiled on CUDA: the mask is then made block by block, never as an s x S tensor
+    compiled = {"_compile": True} if query_index.is_cuda else {}
+    return create_block_mask(
+        same_document_not_later, rows, None, s, key_index.shape[1], device=query_index.device, **compiled
+    )
 
 
 def document_first_positions(doc_ids: torch.Tensor) -> torch.Tensor:
@@ -160,7 +198,7 @@ def gather_sequence(states: torch.Tensor, group: dist.ProcessGroup | None) -> to
     return wait_tensor(gathered).movedim(0, 2)
 
 
-def context_sdpa_attention(
+def context_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -187,19 +225,37 @@ def context_sdpa_attention(
     # keys and values in one collective: half the latency of two, and the same bytes
     kv = gather_sequence(torch.cat([key, value], dim=-1), ctx.group)
     key, value = kv.split([key.shape[-1], value.shape[-1]], dim=-1)
+    mask = ctx.mask(kwargs.get("sliding_window"))
+    if isinstance(mask, BlockMask):  # the flex kernel
+        if dropout:
+            raise InputError(f"parallel.context: {name} attention uses dropout {dropout}, which flex attention lacks")
+        gqa = key.shape[1] != query.shape[1]
+        out = flex_kernel()(query, key, value, block_mask=mask, scale=scaling, enable_gqa=gqa)
+        return out.transpose(1, 2).contiguous(), None
     groups = query.shape[1] // key.shape[1]  # query heads per key/value head (GQA)
     if groups > 1:  # repeated, as transformers' sdpa path does when a mask is given (GQA kernels want none)
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=ctx.mask(kwargs.get("sliding_window")), dropout_p=dropout, scale=scaling
-    )
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
+
+
+_FLEX: list = []  # the flex attention function, compiled once per process on CUDA
+
+
+def flex_kernel():
+    """torch's flex_attention, compiled where it runs on CUDA (uncompiled it materializes every score); eager on
+    CPU, where only its forward runs (the tests compare it with sdpa's)."""
+    if not _FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX.append(torch.compile(flex_attention, dynamic=False) if torch.cuda.is_available() else flex_attention)
+    return _FLEX[0]
 
 
 def no_mask(*args, **kwargs) -> None:
     """The mask function registered for CONTEXT_ATTENTION: no mask from transformers (it only sees this rank's
-    slice of the row); context_sdpa_attention builds the row's own."""
+    slice of the row); context_attention builds the row's own."""
     return None
 
 
@@ -207,7 +263,7 @@ def register_context_attention() -> None:
     """Register the attention and mask functions under CONTEXT_ATTENTION (idempotent; class-wide registries)."""
     from transformers import AttentionInterface, AttentionMaskInterface
 
-    AttentionInterface.register(CONTEXT_ATTENTION, context_sdpa_attention)
+    AttentionInterface.register(CONTEXT_ATTENTION, context_attention)
     AttentionMaskInterface.register(CONTEXT_ATTENTION, no_mask)
 
 
@@ -217,7 +273,9 @@ def use_context_attention(model) -> None:
     model.set_attn_implementation(CONTEXT_ATTENTION)
 
 
-def context_loss_sum(model, shard: dict[str, torch.Tensor], group: dist.ProcessGroup | None) -> torch.Tensor:
+def context_loss_sum(
+    model, shard: dict[str, torch.Tensor], group: dist.ProcessGroup | None, kernel: str = "sdpa"
+) -> torch.Tensor:
     """fp32 scalar: the summed next-token cross-entropy of one context shard (shard_rows) through the model's own
     forward and logits; the sum over the group's ranks is the rows' loss_sum."""
     if model.config._attn_implementation != CONTEXT_ATTENTION:
@@ -225,7 +283,7 @@ def context_loss_sum(model, shard: dict[str, torch.Tensor], group: dist.ProcessG
             f"parallel.context: the model runs {model.config._attn_implementation!r} attention, which would keep each "
             f"rank's tokens to themselves; switch it with use_context_attention"
         )
-    ctx = ContextAttention(group, shard["query_index"], shard["key_index"], shard["doc_ids"])
+    ctx = ContextAttention(group, shard["query_index"], shard["key_index"], shard["doc_ids"], kernel)
     logits = model(
         input_ids=shard["input_ids"], position_ids=shard["position_ids"], use_cache=False, **{CONTEXT_KWARG: ctx}
     ).logits

@@ -23,6 +23,7 @@ from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -43,6 +44,7 @@ from wattgate.identity import run_identity
 from wattgate.model_spec import export_dtype_name
 from wattgate.train.eval_sources import NO_SOURCES, read_eval_sources
 from wattgate.train.context_loss import ContextPlace, context_summed_loss, context_token_losses
+from wattgate.train.context_parallel import context_kernel
 from wattgate.train.loss import summed_token_loss, token_losses
 from wattgate.train.metrics import (
     GIB,
@@ -203,7 +205,11 @@ class Trainer:
         if self.rank == 0:
             print(
                 f"train: {self.world} rank(s) on {self.device.type}"
-                + (f" ({self.context.size} sharing each row, parallel.context)" if self.context else "")
+                + (
+                    f" ({self.context.size} sharing each row, parallel.context; {self.context.kernel} attention)"
+                    if self.context
+                    else ""
+                )
                 + f", {self.n_params / 1e6:.2f}M params from "
                 f"{self.source} (load {self.memory.phases[LOAD].seconds:.1f} s), step {self.start}/{self.total}, "
                 f"data_cache {self.train.data_cache} (copy {self.copy_s:.2f} s)"
@@ -217,7 +223,8 @@ class Trainer:
         latest = resume_checkpoint(self.paths.out, identity, self.rank, self.seams.checkpoints)
         mesh = self.seams.model.device_mesh()
         place = context_group(mesh)
-        context = ContextPlace(*place) if place else None
+        kernel = context_kernel(self.train.attn_implementation, self.device.type)
+        context = ContextPlace(*place, kernel) if place else None
         model, source = self.seams.model.build(mesh, latest is None)
         optimizer = build_optimizer(model, self.train)
         start, pending_eval = 0, False
@@ -395,8 +402,11 @@ class Trainer:
         out = []
         for m in self.planned(g):
             batch = build_batch(self.store, m.packs, self.train.seq_len)
-            counted = batch if self.context is None else self.context.counted(batch, m.packs)
-            out.append((counted, host_tensors(batch, self.pin)))
+            if self.context is None:
+                out.append((batch, host_tensors(batch, self.pin)))
+                continue
+            split = self.context.split(m.packs, self.train.seq_len)
+            out.append((self.context.counted(batch, m.packs, split), self.context.host_tensors(batch, split, self.pin)))
         return out
 
     def micro_loss(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -405,7 +415,7 @@ class Trainer:
         kind, chunk = self.train.loss, self.train.loss_chunk_tokens
         if self.context is None:
             return summed_token_loss(self.model, tensors, kind, chunk)
-        return context_summed_loss(self.model, self.context.shard(tensors), self.context.group, kind, chunk)
+        return context_summed_loss(self.model, self.context.shard(tensors), self.context, kind, chunk)
 
     def to_device(self, host: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device, non_blocking=True) for k, v in host.items()}
@@ -461,16 +471,20 @@ class Trainer:
             for k, m in enumerate(self.eval_batches, 1):
                 self.heartbeat.beat(step, epoch, "eval", micro=k, micros=len(self.eval_batches))
                 batch = build_batch(self.store, m.packs, self.train.seq_len)
-                tensors = self.to_device(host_tensors(batch, self.pin))
+                if self.context is None:
+                    split, tensors = None, self.to_device(host_tensors(batch, self.pin))
+                else:
+                    split = self.context.split(m.packs, self.train.seq_len)
+                    tensors = self.to_device(self.context.host_tensors(batch, split, self.pin))
                 if self.eval_sources:
-                    self.add_source_losses(totals, tensors, batch, m.packs)
+                    self.add_source_losses(totals, tensors, batch, m.packs, split)
                 else:
                     totals[0] += self.hooks.forward(tensors, partial(self.micro_loss, tensors))
                 # this rank's loss tokens: under parallel.context its shard's, so the all-reduce counts each once
                 totals[1] += (
                     batch.num_loss_tokens
-                    if self.context is None
-                    else self.context.counted(batch, m.packs).num_loss_tokens
+                    if self.context is None or split is None
+                    else self.context.counted(batch, m.packs, split).num_loss_tokens
                 )
                 # a long pass checks for a stop every few micro-batches: every rank has the same count, so the
                 # check is a collective every rank reaches (the pass is abandoned and redone on resume)
@@ -509,21 +523,22 @@ class Trainer:
             self.log.record_eval(row)
         return loss
 
-    def add_source_losses(self, totals: torch.Tensor, tensors: dict, batch, packs: list) -> None:
+    def add_source_losses(
+        self, totals: torch.Tensor, tensors: dict, batch, packs: list, split: np.ndarray | None
+    ) -> None:
         """A validation micro-batch's per-position losses added to the pass's totals by source
-        (train/eval_sources.py): the whole rows', or under parallel.context this rank's shard of them."""
+        (train/eval_sources.py): the whole rows', or under parallel.context (`split`: its rows' split,
+        ContextPlace.split) this rank's shard of them."""
         loss = (self.train.loss, self.train.loss_chunk_tokens)
         where = self.eval_sources.positions(packs, self.train.seq_len)
-        if self.context is None:
+        if self.context is None or split is None:
             losses = self.hooks.forward(tensors, partial(token_losses, self.model, tensors, *loss))
             self.eval_sources.add(totals, losses, batch.labels, where)
             return
         shard = self.context.shard(tensors)
-        losses = self.hooks.forward(
-            tensors, partial(context_token_losses, self.model, shard, self.context.group, *loss)
-        )
-        mine = where.reshape(batch.labels.shape)[:, self.context.local(self.train.seq_len)].reshape(-1)
-        self.eval_sources.add_targets(totals, losses, self.context.has_target(batch.labels).reshape(-1), mine)
+        losses = self.hooks.forward(tensors, partial(context_token_losses, self.model, shard, self.context, *loss))
+        mine = np.take_along_axis(where.reshape(batch.labels.shape), self.context.local(split), axis=1).reshape(-1)
+        self.eval_sources.add_targets(totals, losses, self.context.has_target(batch.labels, split).reshape(-1), mine)
 
     def stop_agreed_in_eval(self) -> bool:
         """Inside a validation pass: whether any rank has a stop request (one all-reduce, every rank alike)."""
