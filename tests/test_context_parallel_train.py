@@ -235,6 +235,22 @@ def test_the_proof_dry_runs_each_context_place_and_records_the_key_value_gathers
     assert gathers and not [s for s in steps if " on group dp_shard " in s], steps[:20]
 
 
+def test_the_proof_covers_context_groups_inside_replicas_of_a_hybrid_sharded_mesh(context_inputs, tmp_path):
+    from wattgate.pack.plan import build_plan
+    from wattgate.proof.prove import prove_collectives
+
+    root = context_inputs
+    # 8 ranks: 2 replicas (HSDP) x 2 data ranks x 2 context ranks; pack plans for the 4 data-parallel ranks
+    config = run_config(config_of(context=2, gpus_per_node=8, replicate=2, **TRAIN))
+    build_plan(config, root / "pretokenized", tmp_path / "plan")
+    report = prove_collectives(config, root / "pretokenized", tmp_path / "plan").to_json()
+    assert report["passed"], report["detail"]
+    assert report["world_size"] == 8
+    steps = [s for c in report["classes"] for s in c["sequence"]]
+    assert [s for s in steps if "all_gather_into_tensor" in s and " on group cp " in s], steps[:20]
+    assert [s for s in steps if " on group dp_replicate " in s], steps[:20]  # the replicas' gradient all-reduce
+
+
 def test_a_context_rank_that_skips_its_key_value_gather_fails_the_gate_naming_the_rank_and_cp(
     context_inputs, tmp_path, monkeypatch
 ):
