@@ -71,3 +71,33 @@ def fail(bench: str, message: str, status: int = 2):
     """Stop with one line naming the bench."""
     print(f"{bench}: {message}", file=sys.stderr, flush=True)
     raise SystemExit(status)
+
+
+def print_steady_figures(work: str, runs: dict[str, str], warm: int, baseline: str, with_mesh: bool = False) -> None:
+    """One line per finished `wattgate train` run (label -> its run folder under `work`): steady tokens/s (every
+    token once, over the steps' slowest rank) and the steady peak per rank, each against the first run's
+    (`baseline` names it); bench/gpu_checks.sh's mesh and long-row steps. The dry run's CPU ranks have no CUDA peak:
+    DRY_RUN=1 reads the host peak."""
+    import json
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    peak_key = "host_peak_gib" if os.environ.get("DRY_RUN") == "1" else "cuda_peak_gib"
+    figures = {}
+    for label, folder in runs.items():
+        run = Path(work) / folder
+        try:
+            trained = json.loads((run / "TRAINED").read_text())
+        except OSError as exc:
+            print(f"{label}: no result ({exc})")
+            continue
+        m = pq.read_table(run / "metrics.parquet").to_pandas()
+        steady = m[m.step > warm]
+        tps = steady.tokens.sum() / steady.groupby("step").step_time_s.max().sum()
+        mesh = f"mesh {trained.get('mesh') or {'dp_shard': trained['world_size']}}, " if with_mesh else ""
+        figures[label] = (tps, trained["memory"]["max_over_ranks"]["steady"][peak_key], mesh)
+    base = figures.get(next(iter(runs)))
+    for label, (tps, peak, mesh) in figures.items():
+        vs = f"; vs {baseline}: tokens/s {tps / base[0]:.3f}x, peak {peak / base[1]:.3f}x" if base else ""
+        print(f"{label}: {mesh}steady {tps:.0f} tok/s, steady peak {peak:.2f} GiB per rank ({peak_key}){vs}")

@@ -384,29 +384,11 @@ for mesh in 1d hsdp ep; do
   echo "train ($mesh) exit status $?"
 done
 $PY - "$work" <<'EOF'
-import json, os, sys
-from pathlib import Path
-import pyarrow.parquet as pq
-work = Path(sys.argv[1])
-dry = os.environ["DRY_RUN"] == "1"
-warm = 1 if dry else 5  # steps before the steady state
-peak_key = "host_peak_gib" if dry else "cuda_peak_gib"  # the dry run's CPU ranks have no CUDA peak
-figures = {}
-for mesh in ("1d", "hsdp", "ep"):
-    try:
-        t = json.loads((work / f"train-{mesh}" / "TRAINED").read_text())
-    except OSError as exc:
-        print(f"{mesh}: no result ({exc})")
-        continue
-    m = pq.read_table(work / f"train-{mesh}" / "metrics.parquet").to_pandas()
-    steady = m[m.step > warm]
-    tps = steady.tokens.sum() / steady.groupby("step").step_time_s.max().sum()
-    dims = t.get("mesh") or {"dp_shard": t["world_size"]}
-    figures[mesh] = (tps, t["memory"]["max_over_ranks"]["steady"][peak_key], dims)
-base = figures.get("1d")
-for mesh, (tps, peak, dims) in figures.items():
-    vs = f"; vs 1-D: tokens/s {tps / base[0]:.3f}x, peak {peak / base[1]:.3f}x" if base else ""
-    print(f"{mesh}: mesh {dims}, steady {tps:.0f} tok/s, steady peak {peak:.2f} GiB per rank ({peak_key}){vs}")
+import os, sys
+sys.path.insert(0, "bench")
+from benchlib import print_steady_figures
+warm = 1 if os.environ["DRY_RUN"] == "1" else 5  # steps before the steady state
+print_steady_figures(sys.argv[1], {m: f"train-{m}" for m in ("1d", "hsdp", "ep")}, warm, "1-D", with_mesh=True)
 EOF
 fi
 fi
@@ -449,28 +431,11 @@ for context in 1 2; do
   echo "train (context $context) exit status $?"
 done
 $PY - "$work" <<'EOF'
-import json, os, sys
-from pathlib import Path
-import pyarrow.parquet as pq
-work = Path(sys.argv[1])
-dry = os.environ["DRY_RUN"] == "1"
-warm = 1 if dry else 3  # steps before the steady state
-peak_key = "host_peak_gib" if dry else "cuda_peak_gib"  # the dry run's CPU ranks have no CUDA peak
-figures = {}
-for context in (1, 2):
-    try:
-        t = json.loads((work / f"train-c{context}" / "TRAINED").read_text())
-    except OSError as exc:
-        print(f"context {context}: no result ({exc})")
-        continue
-    m = pq.read_table(work / f"train-c{context}" / "metrics.parquet").to_pandas()
-    steady = m[m.step > warm]
-    tps = steady.tokens.sum() / steady.groupby("step").step_time_s.max().sum()  # every token once (shards' tokens)
-    figures[context] = (tps, t["memory"]["max_over_ranks"]["steady"][peak_key])
-base = figures.get(1)
-for context, (tps, peak) in figures.items():
-    vs = f"; vs C = 1: tokens/s {tps / base[0]:.3f}x, peak {peak / base[1]:.3f}x" if base else ""
-    print(f"context {context}: steady {tps:.0f} tok/s, steady peak {peak:.2f} GiB per rank ({peak_key}){vs}")
+import os, sys
+sys.path.insert(0, "bench")
+from benchlib import print_steady_figures
+warm = 1 if os.environ["DRY_RUN"] == "1" else 3  # steps before the steady state
+print_steady_figures(sys.argv[1], {f"context {c}": f"train-c{c}" for c in (1, 2)}, warm, "C = 1")
 EOF
 fi
 fi

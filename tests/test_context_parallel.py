@@ -231,6 +231,23 @@ def test_a_model_on_flex_context_attention_scores_the_rows_as_on_sdpa(family):
     assert flex == pytest.approx(sdpa, rel=LOSS_RTOL)
 
 
+def test_the_trainer_runs_the_kernel_the_gate_planned_for_and_sdpa_where_flex_cannot_train(monkeypatch):
+    from wattgate.context_layout import planned_context_kernel
+    from wattgate.train import context_parallel
+
+    for requested in ("auto", "sdpa", "eager", "flex_attention"):
+        assert planned_context_kernel(requested, on_gpu=False) == ("flex" if requested == "flex_attention" else "sdpa")
+    assert context_parallel.context_kernel("auto", "cpu") == "sdpa"
+    with pytest.raises(InputError, match="flex_attention has no backward here"):
+        context_parallel.context_kernel("flex_attention", "cpu")
+    monkeypatch.setattr(context_parallel, "flex_attention_trainable", lambda device_type: device_type == "cuda")
+    assert (
+        [context_parallel.context_kernel(r, "cuda") for r in ("auto", "flex_attention", "sdpa")]
+        == [planned_context_kernel(r, on_gpu=True) for r in ("auto", "flex_attention", "sdpa")]
+        == ["flex", "flex", "sdpa"]
+    )
+
+
 # ---------------------------------------------------------------- real processes: C = 2 and C = 4 on 4 gloo ranks
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from conftest import assert_resumed_as_straight, assert_trained_as, killed_after_first_checkpoint, make_run, run_train
 from support.models import moe_config
+from support.runs import with_sections
 
 WORLD = 2
 # EP 2 computes each expert's gradient on the rank holding it from the tokens the all-to-all brings, EP 1 on every
@@ -22,11 +22,7 @@ PARAM_TOLERANCE = 1e-4
 
 
 def with_expert(tmp: Path, expert: int) -> None:
-    path = tmp / f"config-{WORLD}.yaml"
-    config = yaml.safe_load(path.read_text())
-    config["model"] = {"config": moe_config("qwen3_moe")}
-    config["parallel"] = {"expert": expert}
-    path.write_text(yaml.safe_dump(config))
+    with_sections(tmp, WORLD, model={"config": moe_config("qwen3_moe")}, parallel={"expert": expert})
 
 
 @pytest.fixture(scope="module")

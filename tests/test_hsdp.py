@@ -35,6 +35,7 @@ from conftest import (
     make_run,
     run_train,
 )
+from support.runs import with_sections
 
 
 def config_of(replicate, nodes=2, gpus_per_node=2) -> dict:
@@ -173,10 +174,7 @@ PARAM_TOLERANCE = 1e-4
 
 
 def with_replicate(tmp: Path, replicate: int) -> None:
-    path = tmp / "config-4.yaml"
-    config = yaml.safe_load(path.read_text())
-    config["parallel"] = {"replicate": replicate}
-    path.write_text(yaml.safe_dump(config))
+    with_sections(tmp, 4, parallel={"replicate": replicate})
 
 
 @pytest.fixture(scope="module")

@@ -87,6 +87,15 @@ def make_run(
     return plan, config
 
 
+def with_sections(tmp: Path, gpus: int, **sections) -> None:
+    """make_run's config-{gpus}.yaml with these top-level sections replaced (parallel, model, ...): the same plan
+    trained another way."""
+    import yaml
+
+    path = tmp / f"config-{gpus}.yaml"
+    path.write_text(yaml.safe_dump(yaml.safe_load(path.read_text()) | sections))
+
+
 def torchrun(tmp: Path, gpus: int, out: Path, **popen) -> list[str]:
     return [
         sys.executable,

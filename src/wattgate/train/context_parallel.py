@@ -29,19 +29,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask
 
-from wattgate.context_layout import document_lengths, split_rows
+from wattgate.context_layout import document_lengths, planned_context_kernel, split_rows
 from wattgate.errors import InputError
 from wattgate.train.attention import document_starts, flex_attention_trainable
 from wattgate.train.data import IGNORE
 from wattgate.train.loss import shifted_targets
 
-KERNELS = ("sdpa", "flex")  # flex skips the (query, key) blocks its mask removes; sdpa computes every pair
 CONTEXT_ATTENTION = "wattgate_context"  # the attn_implementation name in transformers' registries
 CONTEXT_KWARG = "wattgate_context"  # the keyword of model(...) that carries a ContextAttention
 # attention features of transformers' interface this function does not implement: refused, never ignored
@@ -49,7 +47,7 @@ UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias")
 
 
 def check_context_split(seq_len: int, context: int) -> None:
-    """One-line InputError unless seq_len splits into 2 * context equal head-tail chunks."""
+    """One-line InputError unless seq_len splits into 2 * context equal chunks (context_layout.chunk_count)."""
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
         raise InputError(f"parallel.context: {context!r} must be a positive integer (ranks per row)")
     if seq_len % (2 * context):
@@ -60,10 +58,13 @@ def check_context_split(seq_len: int, context: int) -> None:
 
 
 def context_kernel(requested: str, device_type: str) -> str:
-    """The kernel context attention runs for train.attn_implementation `requested` on `device_type`: flex on CUDA
-    where flex attention trains (auto or flex_attention asked), else sdpa. Config validation refuses
-    flash_attention_2 under parallel.context > 1."""
-    if requested in ("auto", "flex_attention") and device_type == "cuda" and flex_attention_trainable(device_type):
+    """The kernel context attention runs for train.attn_implementation `requested` on `device_type`: the one the
+    gate planned for (context_layout.planned_context_kernel), but sdpa where flex attention cannot train under
+    auto (no triton; sdpa is balanced by construction). Config validation refuses flash_attention_2 under
+    parallel.context > 1."""
+    if planned_context_kernel(requested, device_type == "cuda") == "sdpa":
+        return "sdpa"
+    if flex_attention_trainable(device_type):
         return "flex"
     if requested == "flex_attention":
         raise InputError(
