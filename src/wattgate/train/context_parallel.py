@@ -27,6 +27,7 @@ global indices. Rotary needs nothing: each token's position_ids already hold its
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -231,7 +232,7 @@ def context_attention(
         if dropout:
             raise InputError(f"parallel.context: {name} attention uses dropout {dropout}, which flex attention lacks")
         gqa = key.shape[1] != query.shape[1]
-        out = flex_kernel()(query, key, value, block_mask=mask, scale=scaling, enable_gqa=gqa)
+        out = flex_kernel(query.device.type)(query, key, value, block_mask=mask, scale=scaling, enable_gqa=gqa)
         return out.transpose(1, 2).contiguous(), None
     groups = query.shape[1] // key.shape[1]  # query heads per key/value head (GQA)
     if groups > 1:  # repeated, as transformers' sdpa path does when a mask is given (GQA kernels want none)
@@ -241,17 +242,17 @@ def context_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
-_FLEX: list = []  # the flex attention function, compiled once per process on CUDA
+_FLEX: dict[str, Callable] = {}  # the flex attention function per device type, compiled once per process on CUDA
 
 
-def flex_kernel():
-    """torch's flex_attention, compiled where it runs on CUDA (uncompiled it materializes every score); eager on
-    CPU, where only its forward runs (the tests compare it with sdpa's)."""
-    if not _FLEX:
+def flex_kernel(device_type: str) -> Callable:
+    """torch's flex_attention, compiled for CUDA (uncompiled it materializes every score); eager elsewhere, where
+    only its forward runs (on CPU the tests compare it with sdpa's)."""
+    if device_type not in _FLEX:
         from torch.nn.attention.flex_attention import flex_attention
 
-        _FLEX.append(torch.compile(flex_attention, dynamic=False) if torch.cuda.is_available() else flex_attention)
-    return _FLEX[0]
+        _FLEX[device_type] = torch.compile(flex_attention, dynamic=False) if device_type == "cuda" else flex_attention
+    return _FLEX[device_type]
 
 
 def no_mask(*args, **kwargs) -> None:
