@@ -29,8 +29,7 @@ def period(gpu: np.ndarray, codes: np.ndarray | None) -> int:
         return 0
     if codes is not None and codes[0] == codes[-1] and int(codes.min()) == int(codes.max()):
         codes = None  # one host: the GPU index is the key
-    repeat = gpu[1:] == gpu[0] if codes is None else (gpu[1:] == gpu[0]) & (codes[1:] == codes[0])
-    k = int(np.argmax(repeat)) + 1 if repeat.any() else n
+    k = _first_repeat(gpu, codes, n)
     if n % k:
         return 0
     head = gpu[:k]
@@ -41,6 +40,22 @@ def period(gpu: np.ndarray, codes: np.ndarray | None) -> int:
     if codes is not None and not bool((codes.reshape(-1, k) == codes[:k]).all()):
         return 0
     return k
+
+
+def _first_repeat(gpu: np.ndarray, codes: np.ndarray | None, n: int) -> int:
+    """The index of the first row after the first that holds the first row's GPU (n: none); looked for in a
+    short head first, since a tick holds a few GPUs, not a million."""
+    head = 1 << 12
+    while True:
+        end = min(head, n)
+        repeat = gpu[1:end] == gpu[0]
+        if codes is not None:
+            repeat &= codes[1:end] == codes[0]
+        if repeat.any():
+            return int(np.argmax(repeat)) + 1
+        if end == n:
+            return n
+        head = n  # no repeat in the head: the whole chunk
 
 
 @dataclass
