@@ -61,6 +61,14 @@ class ContextPlace:
         tensors = host_tensors(batch, pin) | {"context_positions": torch.from_numpy(split)}
         return {k: v.pin_memory() for k, v in tensors.items()} if pin else tensors
 
+    def prepared(
+        self, batch: Batch, packs: list, seq_len: int, pin: bool
+    ) -> tuple[Batch, dict[str, torch.Tensor], np.ndarray]:
+        """A micro-batch of whole rows as this rank trains it: counted (its shard's tokens), its host tensors with
+        the rows' split, and the split."""
+        split = self.split(packs, seq_len)
+        return self.counted(batch, packs, split), self.host_tensors(batch, split, pin), split
+
     def shard(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return shard_rows(tensors, self.size, self.rank)
 

@@ -36,7 +36,7 @@ from wattgate.run_files import EVAL, METRICS, PLAN, claim_output, read_plan
 from wattgate.run_tables import EvalTable, MetricsTable
 from wattgate.records.plan import Plan
 from wattgate.train import checkpoint as ckpt
-from wattgate.train.data import DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors
+from wattgate.train.data import Batch, DocStore, MicroBatchPlan, StepPrefetcher, build_batch, host_tensors
 from wattgate.train.distributed import setup_rank
 from wattgate.train.export_files import export_extra_files
 from wattgate.train.input_check import verify_inputs
@@ -399,15 +399,15 @@ class Trainer:
 
     def step_batches(self, g: int) -> list:
         """Step g's (Batch, host tensors) per micro-batch: the prefetch thread's work."""
-        out = []
-        for m in self.planned(g):
-            batch = build_batch(self.store, m.packs, self.train.seq_len)
-            if self.context is None:
-                out.append((batch, host_tensors(batch, self.pin)))
-                continue
-            split = self.context.split(m.packs, self.train.seq_len)
-            out.append((self.context.counted(batch, m.packs, split), self.context.host_tensors(batch, split, self.pin)))
-        return out
+        return [self.prepared(m)[:2] for m in self.planned(g)]
+
+    def prepared(self, m: MicroBatchPlan) -> tuple[Batch, dict[str, torch.Tensor], np.ndarray | None]:
+        """A planned micro-batch built on the host: its Batch with this rank's counts, its host tensors, and under
+        parallel.context its rows' split (ContextPlace.prepared), else None."""
+        batch = build_batch(self.store, m.packs, self.train.seq_len)
+        if self.context is None:
+            return batch, host_tensors(batch, self.pin), None
+        return self.context.prepared(batch, m.packs, self.train.seq_len, self.pin)
 
     def micro_loss(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         """fp32 scalar: the summed next-token loss of this rank's tokens of a micro-batch's rows (all of them, or
@@ -470,22 +470,14 @@ class Trainer:
         with torch.no_grad():
             for k, m in enumerate(self.eval_batches, 1):
                 self.heartbeat.beat(step, epoch, "eval", micro=k, micros=len(self.eval_batches))
-                batch = build_batch(self.store, m.packs, self.train.seq_len)
-                if self.context is None:
-                    split, tensors = None, self.to_device(host_tensors(batch, self.pin))
-                else:
-                    split = self.context.split(m.packs, self.train.seq_len)
-                    tensors = self.to_device(self.context.host_tensors(batch, split, self.pin))
+                batch, host, split = self.prepared(m)
+                tensors = self.to_device(host)
                 if self.eval_sources:
                     self.add_source_losses(totals, tensors, batch, m.packs, split)
                 else:
                     totals[0] += self.hooks.forward(tensors, partial(self.micro_loss, tensors))
                 # this rank's loss tokens: under parallel.context its shard's, so the all-reduce counts each once
-                totals[1] += (
-                    batch.num_loss_tokens
-                    if self.context is None or split is None
-                    else self.context.counted(batch, m.packs, split).num_loss_tokens
-                )
+                totals[1] += batch.num_loss_tokens
                 # a long pass checks for a stop every few micro-batches: every rank has the same count, so the
                 # check is a collective every rank reaches (the pass is abandoned and redone on resume)
                 if k % EVAL_STOP_CHECK_MICROS == 0 and k < len(self.eval_batches) and self.stop_agreed_in_eval():
