@@ -91,10 +91,9 @@ def test_the_per_row_split_counts_its_pairs_exactly_and_evens_them_out_better_th
     sizes = [np.asarray(r, dtype=np.int64) for r in rows]
     offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
     n = layout.chunk_count(seq_len, context)
-    costs = layout.chunk_costs(layout.row_documents(np.concatenate(sizes), offsets, seq_len), len(rows), seq_len, n)
-    chunks = layout.split_chunks(costs, context)
+    costs, chunks = layout.split_costs(np.concatenate(sizes), offsets, seq_len, context)
     loads = layout.rank_loads(costs, chunks)
-    split = layout.positions_of(chunks, seq_len, n)
+    split = layout.positions_of(chunks, seq_len)
     for i in range(0, len(rows), 37):  # the pairs each rank is charged are the pairs its positions have
         assert loads[i].tolist() == [brute_pairs(rows[i], seq_len, split[i, r]) for r in range(context)]
     head_tail = layout.rank_loads(costs, layout.head_tail(len(rows), context, n))

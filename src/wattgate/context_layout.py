@@ -67,7 +67,8 @@ def chunk_costs(documents: tuple[np.ndarray, np.ndarray, np.ndarray], rows: int,
     out = np.zeros((rows, n), dtype=np.int64)
     for j in range(n):
         pairs = chunk_pairs(starts, lengths, j * size, (j + 1) * size)
-        np.add.at(out[:, j], row, pairs)  # int64 throughout: a 1M-token row has 5e11 pairs
+        # float64 sums of integers are exact below 2^53: a 1M-token row has 5e11 pairs
+        out[:, j] = np.bincount(row, weights=pairs, minlength=rows).astype(np.int64)
     return out
 
 
@@ -116,10 +117,18 @@ def split_chunks(costs: np.ndarray, context: int) -> np.ndarray:
     return base
 
 
-def positions_of(chunks: np.ndarray, seq_len: int, n: int) -> np.ndarray:
+def positions_of(chunks: np.ndarray, seq_len: int) -> np.ndarray:
     """int64 [rows, C, seq_len/C]: the row positions of the chunks each rank holds, ascending."""
-    size = seq_len // n
+    size = seq_len // (chunks.shape[1] * chunks.shape[2])
     return (chunks[..., None] * size + np.arange(size)).reshape(*chunks.shape[:2], -1)
+
+
+def split_costs(lengths: np.ndarray, offsets: np.ndarray, seq_len: int, context: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each chunk's pairs [rows, n], the split [rows, C, n/C]) of rows whose document lengths are
+    lengths[offsets[i] : offsets[i + 1]] (padding not included): what the gate and the trainer both work out."""
+    n = chunk_count(seq_len, context)
+    costs = chunk_costs(row_documents(lengths, offsets, seq_len), len(offsets) - 1, seq_len, n)
+    return costs, split_chunks(costs, context)
 
 
 def split_rows(lengths: Sequence, seq_len: int, context: int) -> np.ndarray:
@@ -128,9 +137,7 @@ def split_rows(lengths: Sequence, seq_len: int, context: int) -> np.ndarray:
     sizes = [np.asarray(x, dtype=np.int64) for x in lengths]
     offsets = np.concatenate([[0], np.cumsum([len(x) for x in sizes])]).astype(np.int64)
     flat = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
-    n = chunk_count(seq_len, context)
-    costs = chunk_costs(row_documents(flat, offsets, seq_len), len(sizes), seq_len, n)
-    return positions_of(split_chunks(costs, context), seq_len, n)
+    return positions_of(split_costs(flat, offsets, seq_len, context)[1], seq_len)
 
 
 def document_lengths(position_ids: np.ndarray) -> list[np.ndarray]:

@@ -30,10 +30,8 @@ from wattgate.run_files import PackRows
 def context_rank_costs(packs: PackRows, seq_len: int, context: int) -> np.ndarray:
     """int64 [rows, C]: each row's causal within-document attention pairs on each context rank, under the split the
     trainer makes of it (context_layout.py)."""
-    n = layout.chunk_count(seq_len, context)
-    documents = layout.row_documents(packs.doc_lengths, packs.length_offsets, seq_len)
-    costs = layout.chunk_costs(documents, len(packs), seq_len, n)
-    return layout.rank_loads(costs, layout.split_chunks(costs, context))
+    costs, chunks = layout.split_costs(packs.doc_lengths, packs.length_offsets, seq_len, context)
+    return layout.rank_loads(costs, chunks)
 
 
 def cost_ratio(packs: PackRows, costs: np.ndarray, context: int) -> tuple[float, np.ndarray, np.ndarray]:

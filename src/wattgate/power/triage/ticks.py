@@ -45,17 +45,13 @@ def period(gpu: np.ndarray, codes: np.ndarray | None) -> int:
 def _first_repeat(gpu: np.ndarray, codes: np.ndarray | None, n: int) -> int:
     """The index of the first row after the first that holds the first row's GPU (n: none); looked for in a
     short head first, since a tick holds a few GPUs, not a million."""
-    head = 1 << 12
-    while True:
-        end = min(head, n)
+    for end in (min(1 << 12, n), n):  # the head, then (no repeat there) the whole chunk
         repeat = gpu[1:end] == gpu[0]
         if codes is not None:
             repeat &= codes[1:end] == codes[0]
         if repeat.any():
             return int(np.argmax(repeat)) + 1
-        if end == n:
-            return n
-        head = n  # no repeat in the head: the whole chunk
+    return n
 
 
 @dataclass
